@@ -1,0 +1,34 @@
+# farm — the two commands: `make demo` (set up + run the quickstart job) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+FARM := $(VENV)/bin/farm
+
+.PHONY: setup demo models test bench proto clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+# The example models are generated, never downloaded.
+examples/models/.generated: $(VENV)/.installed
+	$(FARM) models generate examples/models --widths 0.35,0.5,0.75,1.0 --sizes 128,224 --quiet
+	touch $@
+
+models: examples/models/.generated
+
+demo: models
+	$(FARM) submit examples/quickstart.yaml
+
+test: setup
+	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+bench: models
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) examples/models build *.egg-info

@@ -1,0 +1,97 @@
+"""The agent: takes tasks from a controller, runs them with its drivers, reports results.
+
+It talks to the controller only through lease / heartbeat / complete, so whether the
+controller is in this process (embedded mode) or across gRPC changes nothing here.
+One thread per sim slot; each slot has its own cpuset so sim runs never share cores.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import traceback
+from typing import Callable, Protocol
+
+from farm.agents.sim import SimDriver, SimSlot
+from farm.proto.results import FailureClass, RunResult
+from farm.proto.tasks import TaskSpec
+
+HEARTBEAT_INTERVAL_S = 1.0
+
+
+class ControllerApi(Protocol):
+    def lease(self, agent: str, targets: set[str], *, job_id: int | None = None) -> TaskSpec | None: ...
+    def heartbeat(self, task_id: int, attempt: int) -> bool: ...
+    def complete(self, task_id: int, attempt: int, agent: str, started_at: float, result: RunResult) -> int | None: ...
+
+
+def split_cores(slots: int, cores: list[int] | None = None) -> list[str | None]:
+    """Disjoint cpusets for `slots` sim slots; one slot keeps the whole machine."""
+    cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
+    if slots <= 1:
+        return [None]
+    if slots > len(cores):
+        raise ValueError(f"{slots} sim slots need {slots} cores, this host has {len(cores)}")
+    per = len(cores) // slots
+    return [",".join(str(c) for c in cores[i * per:(i + 1) * per]) for i in range(slots)]
+
+
+class Agent:
+    def __init__(self, controller: ControllerApi, sim: SimDriver, *, name: str | None = None,
+                 slots: int = 1, on_result: Callable[[TaskSpec, RunResult], None] | None = None) -> None:
+        self.controller = controller
+        self.sim = sim
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.slots = [SimSlot(i, cpuset) for i, cpuset in enumerate(split_cores(slots))]
+        self.on_result = on_result
+        self.stopping = threading.Event()  # set on Ctrl+C / SIGTERM: stop current runs
+        self._threads: list[threading.Thread] = []
+
+    def run_job(self, job_id: int) -> None:
+        """Run the job's tasks until none is left (embedded mode)."""
+        self._threads = [threading.Thread(target=self._slot_loop, args=(slot, job_id), name=f"slot-{slot.index}",
+                                          daemon=True) for slot in self.slots]
+        for t in self._threads:
+            t.start()
+        self.join()
+
+    def join(self) -> None:
+        for t in self._threads:
+            while t.is_alive():
+                t.join(0.2)  # short joins keep the main thread responsive to Ctrl+C
+
+    def stop(self) -> None:
+        """Stop current runs (they are recorded as canceled) and take no new tasks."""
+        self.stopping.set()
+
+    def _slot_loop(self, slot: SimSlot, job_id: int | None) -> None:
+        while not self.stopping.is_set():
+            task = self.controller.lease(self.name, {"sim"}, job_id=job_id)
+            if task is None:
+                return
+            self.run_task(task, slot)
+
+    def run_task(self, task: TaskSpec, slot: SimSlot) -> RunResult:
+        started_at = time.time()
+        last_beat = [time.monotonic()]
+        keep_going = [True]
+
+        def cancel_check() -> bool:
+            if self.stopping.is_set():
+                return True
+            now = time.monotonic()
+            if now - last_beat[0] >= HEARTBEAT_INTERVAL_S:
+                last_beat[0] = now
+                keep_going[0] = self.controller.heartbeat(task.task_id, task.attempt)
+            return not keep_going[0]
+
+        try:
+            result = self.sim.run(task, slot, cancel_check)
+        except Exception:
+            result = RunResult.failed(FailureClass.BUG, "the sim driver failed:\n" + traceback.format_exc(limit=8))
+        self.controller.complete(task.task_id, task.attempt, self.name, started_at, result)
+        if self.on_result:
+            self.on_result(task, result)
+        return result

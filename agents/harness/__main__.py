@@ -1,0 +1,63 @@
+"""Entry point inside the sandbox: `python -m farm.agents.harness TASK.json OUT.json`.
+
+Keeps its own imports light until the task says which runtime to load, so the memory
+baseline is the runtime, not farm.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import traceback
+from pathlib import Path
+
+from farm.agents.harness.task import HarnessOutput, HarnessTask
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def rss_now() -> int | None:
+    return _status_kib("VmRSS")
+
+
+def main(argv: list[str]) -> int:
+    task_path, out_path = Path(argv[0]), Path(argv[1])
+    task = HarnessTask.read(task_path)
+    out = HarnessOutput(ok=False)
+    out.tool_versions["python"] = platform.python_version()
+    from farm.agents.harness.tflite_runner import ModelRejected
+    from farm.agents.harness.inputs import InputShapeError
+
+    try:
+        if task.kind == "script":
+            from farm.agents.harness import script_runner as runner
+        elif task.model_path.lower().endswith(".tflite"):
+            from farm.agents.harness import tflite_runner as runner
+        elif task.model_path.lower().endswith(".onnx"):
+            from farm.agents.harness import onnx_runner as runner
+        else:
+            raise ModelRejected(f"{task.model_path}: the built-in benchmark runs .tflite and .onnx files only")
+        runner.run(task, out, rss_now)
+        out.ok = True
+    except MemoryError as e:
+        out.failure_class, out.message = "resource", f"out of memory: {e}" if str(e) else "out of memory (MemoryError)"
+    except (ModelRejected, InputShapeError) as e:
+        out.failure_class, out.message = "job", str(e)
+    except Exception:
+        out.failure_class, out.message = "bug", "the harness failed:\n" + traceback.format_exc(limit=8)
+    if task.kind != "script":
+        out.peak_rss_bytes = _status_kib("VmHWM")
+    out.write(out_path)
+    return 0 if out.ok else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,72 @@
+"""Built-in benchmark of an .onnx model with ONNX Runtime (CPU, intra_op_num_threads)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import numpy as np
+
+from farm.agents.harness.inputs import random_input, resolve_shape
+from farm.agents.harness.task import HarnessOutput, HarnessTask
+from farm.agents.harness.timing import time_inferences
+from farm.agents.harness.tflite_runner import ModelRejected
+
+_ORT_DTYPES = {
+    "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_,
+}
+_NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(")
+_NO_DOMAIN = re.compile(r"(?:No opset import for domain|Unrecognized attribute|No Op registered for) '?([\w.]+)'?")
+
+
+def _explain(error: Exception) -> str:
+    text = str(error).strip()
+    for pattern in (_NO_KERNEL, _NO_DOMAIN):
+        m = pattern.search(text)
+        if m:
+            return f"unsupported operator {m.group(1)}: ONNX Runtime has no kernel for it ({text.splitlines()[0][:300]})"
+    return text
+
+
+def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
+    import onnxruntime as ort
+
+    out.runtime = "onnxruntime"
+    out.tool_versions["onnxruntime"] = ort.__version__
+    out.baseline_rss_bytes = rss_now()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = task.threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    t0 = time.perf_counter_ns()
+    try:
+        session = ort.InferenceSession(task.model_path, sess_options=options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # ORT raises its own pybind exception types for every load failure
+        raise ModelRejected(_explain(e)) from e
+    out.init_ms = (time.perf_counter_ns() - t0) / 1e6
+    rng = np.random.default_rng(task.seed)
+    feeds = {}
+    for i in session.get_inputs():
+        declared = [d if isinstance(d, int) else None for d in i.shape]
+        shape = resolve_shape(i.name, declared, layout="nchw", batch_size=task.batch_size,
+                              input_size=task.input_size, overrides=task.input_shapes)
+        fixed = [d for d in i.shape]
+        for axis, (want, have) in enumerate(zip(shape, fixed)):
+            if isinstance(have, int) and have > 0 and have != want:
+                raise ModelRejected(
+                    f"input {i.name!r} has a fixed dimension {axis} of {have} but the run asks for {want} "
+                    f"(batch_size / input_size); export the model with a dynamic dimension there"
+                )
+        out.input_shapes[i.name] = shape
+        dtype = _ORT_DTYPES.get(i.type)
+        if dtype is None:
+            raise ModelRejected(f"input {i.name!r} has type {i.type}, which the built-in benchmark cannot fill")
+        feeds[i.name] = random_input(shape, dtype, rng)
+    try:
+        time_inferences(lambda: session.run(None, feeds), out, warmup=task.warmup, iterations=task.iterations)
+    except Exception as e:
+        if isinstance(e, MemoryError):
+            raise
+        raise ModelRejected(_explain(e)) from e

@@ -1,0 +1,68 @@
+"""Built-in benchmark of a .tflite model with the LiteRT interpreter (XNNPACK, num_threads)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import numpy as np
+
+from farm.agents.harness.inputs import random_input, resolve_shape
+from farm.agents.harness.task import HarnessOutput, HarnessTask
+from farm.agents.harness.timing import time_inferences
+
+
+class ModelRejected(Exception):
+    """The runtime refused the model (corrupt file, unsupported operator): a job failure."""
+
+
+_UNRESOLVED_OP = re.compile(r"(?:unresolved custom op|Didn't find op for builtin opcode|op builtin_code out of range)[:\s'\"]*([\w.\-]+)", re.IGNORECASE)
+
+
+def _explain(error: Exception) -> str:
+    text = str(error)
+    m = _UNRESOLVED_OP.search(text)
+    if m:
+        return f"unsupported operator {m.group(1)}: the LiteRT runtime has no kernel for it ({text.strip().splitlines()[0]})"
+    return text.strip()
+
+
+def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
+    from ai_edge_litert import interpreter as litert
+
+    out.runtime = "litert"
+    out.tool_versions["ai-edge-litert"] = _version()
+    out.baseline_rss_bytes = rss_now()
+    resolver = (litert.OpResolverType.AUTO if task.use_xnnpack
+                else litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    t0 = time.perf_counter_ns()
+    try:
+        interp = litert.Interpreter(model_path=task.model_path, num_threads=task.threads,
+                                    experimental_op_resolver_type=resolver)
+        details = interp.get_input_details()
+        for d in details:
+            declared = [int(x) for x in d.get("shape_signature", d["shape"])]
+            shape = resolve_shape(d["name"], declared, layout="nhwc", batch_size=task.batch_size,
+                                  input_size=task.input_size, overrides=task.input_shapes)
+            if list(d["shape"]) != shape:
+                interp.resize_tensor_input(d["index"], shape, strict=False)
+            out.input_shapes[d["name"]] = shape
+        interp.allocate_tensors()
+    except (ValueError, RuntimeError) as e:
+        raise ModelRejected(_explain(e)) from e
+    out.init_ms = (time.perf_counter_ns() - t0) / 1e6
+    rng = np.random.default_rng(task.seed)
+    for d in interp.get_input_details():
+        interp.set_tensor(d["index"], random_input(list(d["shape"]), d["dtype"], rng))
+    try:
+        time_inferences(interp.invoke, out, warmup=task.warmup, iterations=task.iterations)
+    except (ValueError, RuntimeError) as e:
+        raise ModelRejected(_explain(e)) from e
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("ai-edge-litert")
+    except Exception:
+        return "unknown"

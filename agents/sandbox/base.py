@@ -1,0 +1,108 @@
+"""The one interface every sandbox backend (cgroup, docker, process) implements.
+
+A backend starts one command under a CPU and memory budget and lets the telemetry
+sampler read its counters while it runs. Everything else (what runs, how results are
+read back) is the sim driver's business, so a backend stays small.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Budget:
+    """What the job asked for. None means no limit of that kind."""
+
+    cpus: float | None = None  # CPU time quota in cores, e.g. 0.5
+    cpuset: str | None = None  # e.g. "0" or "0-1": cores the run may use
+    memory_bytes: int | None = None  # swap is always off when this is set
+
+
+@dataclass
+class Counters:
+    """One reading of the sandbox's counters, for the sampler."""
+
+    cpu_ns: int | None  # cumulative CPU time of everything in the sandbox
+    memory_bytes: int | None  # current memory charged to the sandbox
+
+
+@dataclass
+class IoTotals:
+    block_read_bytes: int | None = None
+    block_write_bytes: int | None = None
+    net_rx_bytes: int | None = None
+    net_tx_bytes: int | None = None
+
+
+@dataclass
+class ExitInfo:
+    returncode: int | None  # None when killed by us (timeout, cancel)
+    oom_killed: bool
+    timed_out: bool
+    canceled: bool
+    output: str  # combined stdout+stderr, tail-trimmed by the caller
+    wall_s: float
+    peak_memory_bytes: int | None = None  # exact high-water mark where the backend has one
+    peak_memory_source: str = "sampled"  # "kernel" | "rusage" | "sampled"
+    io: IoTotals = field(default_factory=IoTotals)
+
+
+@dataclass
+class MountSpec:
+    """A host path the sandboxed command must see at the same path."""
+
+    path: Path
+    read_only: bool = True
+
+
+class SandboxError(Exception):
+    """The backend could not set up the sandbox (an infrastructure problem, not the job's)."""
+
+
+class RunningSandbox(abc.ABC):
+    """A started command under a budget."""
+
+    started_at: float  # time.monotonic() at spawn
+
+    @abc.abstractmethod
+    def read_counters(self) -> Counters: ...
+
+    @abc.abstractmethod
+    def wait(self, timeout_s: float | None, cancel_check=None) -> ExitInfo:
+        """Wait for exit; kill on timeout or when cancel_check() returns True."""
+
+    @abc.abstractmethod
+    def kill(self) -> None: ...
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release every resource (cgroup dirs, containers). Safe to call twice."""
+
+
+class SandboxBackend(abc.ABC):
+    name: str
+    approximate: bool = False  # True when limits and peaks are best-effort
+
+    @classmethod
+    @abc.abstractmethod
+    def unavailable_reason(cls) -> str | None:
+        """None when this backend can run here, else a sentence saying why not."""
+
+    @abc.abstractmethod
+    def start(
+        self,
+        argv: list[str],
+        budget: Budget,
+        *,
+        env: dict[str, str],
+        cwd: Path,
+        mounts: list[MountSpec],
+    ) -> RunningSandbox:
+        """Spawn argv inside a fresh sandbox. Raises SandboxError on setup failure."""
+
+    def effective_limits(self, budget: Budget) -> Budget:
+        """The budget as really applied (a backend may round or drop parts)."""
+        return budget

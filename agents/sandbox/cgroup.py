@@ -1,0 +1,314 @@
+"""Sandbox backend on Linux control groups, v1 and v2, written to directly through cgroupfs.
+
+The kernel enforces the budget (CFS quota, cpuset, memory limit with swap off) and keeps
+the exact high-water mark of memory, so the peak needs no sampling luck.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from farm.agents.sandbox.base import (
+    Budget, Counters, ExitInfo, IoTotals, MountSpec, RunningSandbox, SandboxBackend, SandboxError,
+)
+from farm.agents.sandbox.process_tree import ReapedProcess
+
+CFS_PERIOD_US = 100_000
+V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "blkio")
+V2_CONTROLLERS = ("cpu", "cpuset", "memory", "io")
+# The shell joins the cgroups first, then becomes the command: nothing runs outside the budget.
+JOIN_AND_EXEC = 'for f in $FARM_CGROUP_PROCS; do echo $$ > "$f" || exit 97; done; exec "$@"'
+JOIN_FAILED_EXIT = 97
+
+
+@dataclass
+class CgroupLayout:
+    """Where each controller lives: v1 has one directory per controller, v2 one for all."""
+
+    version: int
+    roots: dict[str, Path]  # controller -> directory under which farm makes its cgroups
+
+
+def _read(path: Path) -> str:
+    return path.read_text()
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _mounts() -> list[tuple[str, str, list[str]]]:
+    out = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[2] in ("cgroup", "cgroup2"):
+            out.append((parts[1], parts[2], parts[3].split(",")))
+    return out
+
+
+def _own_cgroups() -> dict[str, str]:
+    """controller name (or '' for v2) -> this process's cgroup path."""
+    own = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for c in controllers.split(",") if controllers else [""]:
+            own[c] = path
+    return own
+
+
+def detect_layout() -> CgroupLayout | str:
+    """The usable hierarchy, or a sentence saying why none is."""
+    mounts = _mounts()
+    own = _own_cgroups()
+    forced = os.environ.get("FARM_CGROUP_VERSION")
+    v1 = {}
+    for mountpoint, fstype, opts in mounts:
+        if fstype != "cgroup":
+            continue
+        for c in V1_CONTROLLERS:
+            if c in opts and c not in v1:
+                v1[c] = Path(mountpoint) / own.get(c, "/").lstrip("/") / "farm"
+    if forced != "2" and all(c in v1 for c in ("cpu", "cpuacct", "cpuset", "memory")):
+        for c, root in v1.items():
+            try:
+                root.mkdir(exist_ok=True)
+            except OSError as e:
+                return f"cgroup v1 {c} hierarchy is not writable ({root}: {e.strerror}); run the agent as root or choose backend: docker or process"
+        return CgroupLayout(1, v1)
+    v2_mount = next((Path(m) for m, t, _ in mounts if t == "cgroup2"), None)
+    if v2_mount is None:
+        return "no cgroup hierarchy with cpu, cpuset and memory controllers is mounted"
+    available = set(_read(v2_mount / "cgroup.controllers").split())
+    missing = [c for c in ("cpu", "cpuset", "memory") if c not in available]
+    if missing:
+        return f"cgroup v2 at {v2_mount} lacks the {', '.join(missing)} controller(s) (they may be bound to v1)"
+    parent = Path(os.environ.get("FARM_CGROUP_PARENT", v2_mount / "farm"))
+    try:
+        parent.mkdir(exist_ok=True)
+        _enable_v2_controllers(v2_mount, parent)
+    except OSError as e:
+        return f"cannot prepare cgroup v2 parent {parent}: {e.strerror}; run as root or set FARM_CGROUP_PARENT to a delegated cgroup"
+    return CgroupLayout(2, {"": parent})
+
+
+def _enable_v2_controllers(mount: Path, parent: Path) -> None:
+    """Children of `parent` need cpu/cpuset/memory/io enabled in every ancestor's subtree_control."""
+    chain = [parent]
+    while chain[-1] != mount:
+        chain.append(chain[-1].parent)
+    for directory in reversed(chain):  # root first
+        available = set(_read(directory / "cgroup.controllers").split())
+        wanted = " ".join(f"+{c}" for c in V2_CONTROLLERS if c in available)
+        _write(directory / "cgroup.subtree_control", wanted)
+
+
+class CgroupSandbox(RunningSandbox):
+    def __init__(self, layout: CgroupLayout, dirs: dict[str, Path], process: ReapedProcess) -> None:
+        self.layout = layout
+        self.dirs = dirs
+        self.process = process
+        self.started_at = process.started_at
+        self._closed = False
+
+    # --- counters -------------------------------------------------------
+    def _dir(self, controller: str) -> Path:
+        return self.dirs[controller] if self.layout.version == 1 else self.dirs[""]
+
+    def read_counters(self) -> Counters:
+        try:
+            if self.layout.version == 1:
+                cpu_ns = int(_read(self._dir("cpuacct") / "cpuacct.usage"))
+                mem = int(_read(self._dir("memory") / "memory.usage_in_bytes"))
+            else:
+                stat = _keyed(_read(self._dir("") / "cpu.stat"))
+                cpu_ns = stat["usage_usec"] * 1000
+                mem = int(_read(self._dir("") / "memory.current"))
+        except (OSError, ValueError, KeyError):
+            return Counters(None, None)
+        return Counters(cpu_ns, mem)
+
+    def peak_memory_bytes(self) -> int | None:
+        try:
+            if self.layout.version == 1:
+                return int(_read(self._dir("memory") / "memory.max_usage_in_bytes"))
+            return int(_read(self._dir("") / "memory.peak"))  # kernel >= 5.19
+        except (OSError, ValueError):
+            return None
+
+    def oom_kills(self) -> int:
+        try:
+            if self.layout.version == 1:
+                ctl = _keyed(_read(self._dir("memory") / "memory.oom_control"))
+                if "oom_kill" in ctl:
+                    return ctl["oom_kill"]
+                # Older kernels lack the oom_kill counter: a SIGKILL after hitting the limit is an OOM.
+                hit_limit = int(_read(self._dir("memory") / "memory.failcnt")) > 0
+                return int(hit_limit and self.process.status == -signal.SIGKILL)
+            return _keyed(_read(self._dir("") / "memory.events")).get("oom_kill", 0)
+        except (OSError, ValueError):
+            return 0
+
+    def io_totals(self) -> IoTotals:
+        read = write = 0
+        try:
+            if self.layout.version == 1:
+                for line in _read(self._dir("blkio") / "blkio.throttle.io_service_bytes").splitlines():
+                    parts = line.split()
+                    if len(parts) == 3 and parts[1] == "Read":
+                        read += int(parts[2])
+                    elif len(parts) == 3 and parts[1] == "Write":
+                        write += int(parts[2])
+            else:
+                for line in _read(self._dir("") / "io.stat").splitlines():
+                    fields = dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
+                    read += int(fields.get("rbytes", 0))
+                    write += int(fields.get("wbytes", 0))
+        except (OSError, KeyError, ValueError):
+            return IoTotals()
+        # The sandbox shares the host's network namespace: no per-run network counter exists.
+        return IoTotals(block_read_bytes=read, block_write_bytes=write)
+
+    # --- lifecycle ------------------------------------------------------
+    def wait(self, timeout_s: float | None, cancel_check=None) -> ExitInfo:
+        timed_out, canceled = self.process.wait_until(timeout_s, cancel_check)
+        if timed_out or canceled:
+            self.kill()
+        status = self.process.status
+        oom = self.oom_kills() > 0
+        output = self.process.output_tail()
+        if status == JOIN_FAILED_EXIT:
+            raise SandboxError(f"the command could not join its cgroup: {output.strip()[-300:]}")
+        return ExitInfo(
+            returncode=None if (timed_out or canceled) else status,
+            oom_killed=oom,
+            timed_out=timed_out,
+            canceled=canceled,
+            output=output,
+            wall_s=self.process.wall_s,
+            peak_memory_bytes=self.peak_memory_bytes(),
+            peak_memory_source="kernel",
+            io=self.io_totals(),
+        )
+
+    def kill(self) -> None:
+        self.process.kill()
+        for pid in self._pids():  # anything that left the process group is still in the cgroup
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _pids(self) -> list[int]:
+        procs = self._dir("memory" if self.layout.version == 1 else "") / "cgroup.procs"
+        try:
+            return [int(p) for p in _read(procs).split()]
+        except OSError:
+            return []
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.kill()
+        self.process.close()
+        for directory in self.dirs.values():
+            for _ in range(50):  # a killed task takes a moment to leave the cgroup
+                try:
+                    directory.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.02)
+
+
+def _keyed(text: str) -> dict[str, int]:
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+class CgroupBackend(SandboxBackend):
+    name = "cgroup"
+
+    def __init__(self) -> None:
+        layout = detect_layout()
+        if isinstance(layout, str):
+            raise SandboxError(layout)
+        self.layout = layout
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        if os.geteuid() != 0 and "FARM_CGROUP_PARENT" not in os.environ:
+            return "the cgroup backend needs root (or a delegated cgroup in FARM_CGROUP_PARENT)"
+        layout = detect_layout()
+        return layout if isinstance(layout, str) else None
+
+    def start(self, argv: list[str], budget: Budget, *, env: dict[str, str], cwd: Path,
+              mounts: list[MountSpec]) -> RunningSandbox:
+        run_name = f"run-{uuid.uuid4().hex[:12]}"
+        dirs: dict[str, Path] = {}
+        try:
+            for controller, root in self.layout.roots.items():
+                d = root / run_name
+                d.mkdir()
+                dirs[controller] = d
+            self._apply(dirs, budget)
+        except OSError as e:
+            for d in dirs.values():
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
+            raise SandboxError(f"cannot set up cgroup {run_name}: {e}") from e
+        procs = " ".join(str(d / "cgroup.procs") for d in dirs.values())
+        wrapped = ["/bin/sh", "-c", JOIN_AND_EXEC, "farm-sandbox", *argv]
+        output_path = cwd / "sandbox-output.log"
+        process = ReapedProcess(wrapped, env={**env, "FARM_CGROUP_PROCS": procs}, cwd=cwd,
+                                output_path=output_path)
+        return CgroupSandbox(self.layout, dirs, process)
+
+    def _apply(self, dirs: dict[str, Path], budget: Budget) -> None:
+        if self.layout.version == 1:
+            cpuset_dir = dirs["cpuset"]
+            parent = cpuset_dir.parent
+            for name in ("cpuset.cpus", "cpuset.mems"):
+                if not _read(parent / name).strip():  # v1 needs the farm/ parent populated first
+                    _write(parent / name, _read(parent.parent / name).strip())
+            _write(cpuset_dir / "cpuset.mems", _read(parent / "cpuset.mems").strip())
+            _write(cpuset_dir / "cpuset.cpus", budget.cpuset or _read(parent / "cpuset.cpus").strip())
+            if budget.cpus is not None:
+                _write(dirs["cpu"] / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+                _write(dirs["cpu"] / "cpu.cfs_quota_us", str(max(1000, round(budget.cpus * CFS_PERIOD_US))))
+            mem = dirs["memory"]
+            if budget.memory_bytes is not None:
+                _write(mem / "memory.limit_in_bytes", str(budget.memory_bytes))
+                if (mem / "memory.memsw.limit_in_bytes").exists():
+                    _write(mem / "memory.memsw.limit_in_bytes", str(budget.memory_bytes))
+                try:
+                    _write(mem / "memory.swappiness", "0")
+                except OSError:
+                    pass  # not settable under some parents; swap is capped by memsw anyway
+        else:
+            d = dirs[""]
+            if budget.cpuset:
+                _write(d / "cpuset.cpus", budget.cpuset)
+            if budget.cpus is not None:
+                _write(d / "cpu.max", f"{max(1000, round(budget.cpus * CFS_PERIOD_US))} {CFS_PERIOD_US}")
+            if budget.memory_bytes is not None:
+                _write(d / "memory.max", str(budget.memory_bytes))
+                if (d / "memory.swap.max").exists():
+                    _write(d / "memory.swap.max", "0")
+
+    def effective_limits(self, budget: Budget) -> Budget:
+        cpus = None if budget.cpus is None else max(1000, round(budget.cpus * CFS_PERIOD_US)) / CFS_PERIOD_US
+        return Budget(cpus=cpus, cpuset=budget.cpuset, memory_bytes=budget.memory_bytes)

@@ -1,0 +1,192 @@
+"""Unprivileged fallback: CPU affinity, an address-space cap and a watchdog, no kernel accounting.
+
+Everything here is best-effort, so results from this backend are marked approximate:
+fractional CPU budgets are enforced by stopping and continuing the process group
+(the way `cpulimit` does), and memory by a watchdog that kills above the limit.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from farm.agents.sandbox.base import (
+    Budget, Counters, ExitInfo, IoTotals, MountSpec, RunningSandbox, SandboxBackend,
+)
+from farm.agents.sandbox.process_tree import ReapedProcess
+
+DUTY_PERIOD_S = 0.1
+WATCHDOG_INTERVAL_S = 0.01
+# Runtimes reserve far more address space than they touch: the cap only stops runaways.
+ADDRESS_SPACE_HEADROOM_BYTES = 8 << 30
+
+
+def parse_cpuset(text: str) -> list[int]:
+    """'0-2,5' -> [0, 1, 2, 5]."""
+    cores: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            cores.extend(range(int(lo), int(hi) + 1))
+        else:
+            cores.append(int(part))
+    return sorted(set(cores))
+
+
+def format_cpuset(cores: list[int]) -> str:
+    return ",".join(str(c) for c in cores)
+
+
+class ProcessSandbox(RunningSandbox):
+    def __init__(self, process: ReapedProcess, budget: Budget, cores: list[int]) -> None:
+        self.process = process
+        self.started_at = process.started_at
+        self.budget = budget
+        self.duty = 1.0 if budget.cpus is None else min(1.0, budget.cpus / len(cores))
+        self.oom_killed = False
+        self.peak_sampled = 0
+        self._io_start = self._io_now()
+        self._io_last = self._io_start
+        self._stop = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name="process-watchdog", daemon=True)
+        self._watchdog.start()
+
+    def _tree(self) -> list[psutil.Process]:
+        try:
+            root = psutil.Process(self.process.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def _rss(self) -> int:
+        total = 0
+        for p in self._tree():
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+
+    def _io_now(self) -> tuple[int, int]:
+        read = write = 0
+        for p in self._tree():
+            try:
+                io = p.io_counters()
+                read += io.read_bytes
+                write += io.write_bytes
+            except (psutil.Error, AttributeError):
+                pass
+        return read, write
+
+    def _watch(self) -> None:
+        """Memory watchdog and CPU duty cycle, in one loop so they never disagree."""
+        limit = self.budget.memory_bytes
+        stopped = False
+        period_start = time.monotonic()
+        while not self._stop.is_set() and not self.process.exited.is_set():
+            rss = self._rss()
+            self.peak_sampled = max(self.peak_sampled, rss)
+            if limit is not None and rss > limit:
+                self.oom_killed = True
+                self.process.kill()
+                return
+            io = self._io_now()
+            if io != (0, 0):
+                self._io_last = io
+            if self.duty < 0.999:
+                phase = (time.monotonic() - period_start) % DUTY_PERIOD_S
+                should_stop = phase >= self.duty * DUTY_PERIOD_S
+                if should_stop != stopped:
+                    self.process.signal_group(signal.SIGSTOP if should_stop else signal.SIGCONT)
+                    stopped = should_stop
+            time.sleep(WATCHDOG_INTERVAL_S)
+        if stopped:
+            self.process.signal_group(signal.SIGCONT)
+
+    def read_counters(self) -> Counters:
+        cpu_ns = 0
+        procs = self._tree()
+        if not procs:
+            return Counters(None, None)
+        mem = 0
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                cpu_ns += int((t.user + t.system + t.children_user + t.children_system) * 1e9)
+                mem += p.memory_info().rss
+            except psutil.Error:
+                pass
+        return Counters(cpu_ns, mem)
+
+    def wait(self, timeout_s: float | None, cancel_check=None) -> ExitInfo:
+        timed_out, canceled = self.process.wait_until(timeout_s, cancel_check)
+        self._stop.set()
+        self.process.signal_group(signal.SIGCONT)  # a stopped group cannot die
+        peak = max(self.process.max_rss_bytes or 0, self.peak_sampled) or None
+        read = self._io_last[0] - self._io_start[0]
+        write = self._io_last[1] - self._io_start[1]
+        return ExitInfo(
+            returncode=None if (timed_out or canceled) else self.process.status,
+            oom_killed=self.oom_killed,
+            timed_out=timed_out,
+            canceled=canceled,
+            output=self.process.output_tail(),
+            wall_s=self.process.wall_s,
+            peak_memory_bytes=peak,
+            peak_memory_source="rusage",
+            io=IoTotals(block_read_bytes=max(0, read), block_write_bytes=max(0, write)),
+        )
+
+    def kill(self) -> None:
+        self.process.signal_group(signal.SIGCONT)
+        self.process.kill()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.kill()
+        self.process.close()
+
+
+class ProcessBackend(SandboxBackend):
+    name = "process"
+    approximate = True
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return None  # runs anywhere
+
+    def _cores(self, budget: Budget) -> list[int]:
+        allowed = sorted(os.sched_getaffinity(0))
+        if budget.cpuset:
+            return parse_cpuset(budget.cpuset)
+        if budget.cpus is not None:
+            return allowed[: max(1, min(len(allowed), math.ceil(budget.cpus)))]
+        return allowed
+
+    def start(self, argv: list[str], budget: Budget, *, env: dict[str, str], cwd: Path,
+              mounts: list[MountSpec]) -> RunningSandbox:
+        cores = self._cores(budget)
+        cap = None if budget.memory_bytes is None else budget.memory_bytes + ADDRESS_SPACE_HEADROOM_BYTES
+
+        def limit_child() -> None:  # runs in the child between fork and exec
+            os.sched_setaffinity(0, cores)
+            if cap is not None:
+                resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+        process = ReapedProcess(argv, env=env, cwd=cwd, output_path=cwd / "sandbox-output.log",
+                                preexec_fn=limit_child)
+        return ProcessSandbox(process, budget, cores)
+
+    def effective_limits(self, budget: Budget) -> Budget:
+        return Budget(cpus=budget.cpus, cpuset=format_cpuset(self._cores(budget)),
+                      memory_bytes=budget.memory_bytes)

@@ -1,0 +1,78 @@
+"""Telemetry sampler: reads a running sandbox's counters on a fixed period, in a thread.
+
+CPU % comes from the delta of cumulative CPU time between two readings (never from an
+instantaneous gauge), so a 50 ms period gives exact averages. The sampler times its
+own work with the thread's CPU clock so its overhead is measured, not guessed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from farm.agents.sandbox.base import ExitInfo, RunningSandbox
+from farm.proto.results import Telemetry, TelemetrySample
+
+
+class TelemetrySampler:
+    def __init__(self, sandbox: RunningSandbox, interval_ms: float = 50.0) -> None:
+        self.sandbox = sandbox
+        self.interval_s = interval_ms / 1000.0
+        self.samples: list[TelemetrySample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="telemetry", daemon=True)
+        self._own_cpu_s = 0.0
+        self._wall_s = 0.0
+
+    def start(self) -> "TelemetrySampler":
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        cpu0 = time.thread_time()
+        wall0 = time.monotonic()
+        last_cpu_ns: int | None = None
+        last_t = wall0
+        next_tick = wall0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            counters = self.sandbox.read_counters()
+            if counters.cpu_ns is not None and counters.memory_bytes is not None:
+                cpu_percent = 0.0
+                if last_cpu_ns is not None and now > last_t:
+                    cpu_percent = max(0.0, (counters.cpu_ns - last_cpu_ns) / 1e9 / (now - last_t) * 100.0)
+                if last_cpu_ns is not None:  # the first reading only sets the baseline
+                    self.samples.append(TelemetrySample(
+                        t_s=now - self.sandbox.started_at, cpu_percent=cpu_percent,
+                        memory_bytes=counters.memory_bytes))
+                last_cpu_ns, last_t = counters.cpu_ns, now
+            next_tick += self.interval_s
+            # Fixed-rate schedule: a slow reading does not shift every later sample.
+            self._stop.wait(max(0.0, next_tick - time.monotonic()))
+        self._own_cpu_s = time.thread_time() - cpu0
+        self._wall_s = time.monotonic() - wall0
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def summary(self, exit_info: ExitInfo | None = None) -> Telemetry:
+        s = self.samples
+        t = Telemetry(interval_ms=self.interval_s * 1000.0, samples=list(s))
+        if s:
+            t.cpu_avg_percent = sum(x.cpu_percent for x in s) / len(s)
+            t.cpu_peak_percent = max(x.cpu_percent for x in s)
+            t.memory_avg_bytes = sum(x.memory_bytes for x in s) / len(s)
+            t.memory_peak_bytes = max(x.memory_bytes for x in s)
+        if exit_info is not None:
+            if exit_info.peak_memory_bytes is not None:
+                # The kernel's high-water mark sees spikes between samples; sampling only can't.
+                t.memory_peak_bytes = max(exit_info.peak_memory_bytes, t.memory_peak_bytes or 0)
+                t.memory_peak_source = exit_info.peak_memory_source
+            t.block_read_bytes = exit_info.io.block_read_bytes
+            t.block_write_bytes = exit_info.io.block_write_bytes
+            t.net_rx_bytes = exit_info.io.net_rx_bytes
+            t.net_tx_bytes = exit_info.io.net_tx_bytes
+        if self._wall_s > 0:
+            t.sampler_cpu_percent = self._own_cpu_s / self._wall_s * 100.0
+        return t

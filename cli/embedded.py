@@ -1,0 +1,51 @@
+"""Embedded mode: a controller and a local agent in this process, for one job.
+
+This is what `farm submit` does when no controller is configured; the gRPC mode runs
+the very same Controller and Agent, with the wire in between.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Callable
+
+from farm.agents.agent import Agent
+from farm.agents.sim import SimDriver
+from farm.controller.controller import Controller
+from farm.controller.store import Store
+from farm.proto.results import RunResult
+from farm.proto.tasks import TaskSpec
+
+
+def work_root_for(store: Store) -> Path:
+    return store.path.parent / "work"
+
+
+def run_job_embedded(store: Store, job_id: int, *, slots: int = 1, backend: str | None = None,
+                     job_timeout_s: float | None = None,
+                     on_result: Callable[[TaskSpec, RunResult], None] | None = None) -> bool:
+    """Run every task of the job here. Returns False when it was interrupted by Ctrl+C."""
+    controller = Controller(store)
+    agent = Agent(controller, SimDriver(work_root_for(store), backend_override=backend), slots=slots,
+                  on_result=on_result)
+    timer = None
+    if job_timeout_s:
+        def job_timed_out() -> None:
+            controller.cancel_job(job_id)
+            store.update_job(job_id, message=f"canceled: the job exceeded timeouts.job = {job_timeout_s:g} s")
+        timer = threading.Timer(job_timeout_s, job_timed_out)
+        timer.daemon = True
+        timer.start()
+    try:
+        agent.run_job(job_id)
+        return True
+    except KeyboardInterrupt:
+        # Ctrl+C stops the sandboxed runs too (the original tool left containers behind).
+        controller.cancel_job(job_id)
+        agent.stop()
+        agent.join()
+        return False
+    finally:
+        if timer:
+            timer.cancel()

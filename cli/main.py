@@ -1,0 +1,359 @@
+"""`farm`: the command line. Every command has --json for scripts.
+
+Exit codes: 0 success, 1 the job ran but some runs failed, 2 bad input (job file,
+arguments), 3 farm could not do it here (no backend, store error), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from farm import __version__
+
+EXIT_OK, EXIT_RUNS_FAILED, EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+# Piped output keeps the full table width instead of rich's 80-column guess.
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, soft_wrap=True)
+
+
+class UserError(Exception):
+    """Bad input; printed as one paragraph, exit code 2."""
+
+
+def _open_store(args: argparse.Namespace):
+    from farm.controller.store import Store, StoreError, default_db_path
+    path = Path(args.db) if args.db else default_db_path()
+    try:
+        return Store(path)
+    except StoreError as e:
+        raise UserError(str(e)) from None
+
+
+def _job_id(text: str) -> int:
+    try:
+        return int(str(text).removeprefix("job-"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a job id (see `farm jobs`)") from None
+
+
+def _need_job(store, job_id: int) -> dict[str, Any]:
+    job = store.job(job_id)
+    if job is None:
+        raise UserError(f"no job {job_id} in {store.path}; `farm jobs` lists the jobs there.")
+    return job
+
+
+def _when(ts: float | None) -> str:
+    return "—" if ts is None else dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+# --- submit / resume --------------------------------------------------------------
+def _run_with_progress(args: argparse.Namespace, store, job_id: int, total: int, job_timeout: float | None) -> bool:
+    from farm.cli.embedded import run_job_embedded
+
+    show = not args.json and not args.quiet and err.is_terminal or args.progress
+    progress = Progress(TextColumn("[bold]job {task.fields[job]}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=err,
+                        disable=not show, transient=False)
+    done = store.query("SELECT COUNT(*) AS n FROM tasks WHERE job_id = ? AND status IN ('completed','failed','canceled')", [job_id])[0]["n"]
+    bar = progress.add_task("runs", total=total, completed=done, job=job_id, last="")
+
+    def on_result(task, result) -> None:
+        if result.ok and result.latency:
+            last = f"{task.model_name} t{task.threads}: {result.latency.avg:.2f} ms"
+        elif result.ok:
+            last = f"{task.model_name} t{task.threads}: ok"
+        else:
+            last = f"{task.model_name} t{task.threads}: {result.failure_class.value}"
+        finished = store.query("SELECT COUNT(*) AS n FROM tasks WHERE job_id = ? AND status IN ('completed','failed','canceled')", [job_id])[0]["n"]
+        progress.update(bar, completed=finished, last=last)
+        if not show and not args.json and not args.quiet:
+            err.print(f"[{finished}/{total}] {last}")
+
+    with progress:
+        return run_job_embedded(store, job_id, slots=args.slots, backend=args.backend,
+                                job_timeout_s=job_timeout, on_result=on_result)
+
+
+def _finish(args: argparse.Namespace, store, job_id: int, completed_normally: bool) -> int:
+    from farm.cli.render import failures, results_table, to_json
+    from farm.controller.results import run_records
+
+    records = run_records(store, job_id)
+    job = store.job(job_id)
+    if args.json:
+        print(to_json({"job": job_id, "status": job["status"], "results": records}))
+    else:
+        out.print(results_table(records, title=f"job {job_id} · {job['name']} · {job['status']}"))
+        if any(r.get("approximate") for r in records):
+            out.print("* approximate: the process backend enforces limits best-effort and samples memory.")
+        for line in failures(records):
+            err.print(Text.assemble(("failed ", "red"), line), highlight=False)
+        out.print(f"stored in {store.path} · `farm results {job_id} --format json` for every figure")
+    if not completed_normally:
+        return EXIT_INTERRUPTED
+    return EXIT_OK if job["status"] == "completed" else EXIT_RUNS_FAILED
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from farm.controller.controller import Controller
+    from farm.controller.jobfile import JobFileError, load_job
+
+    try:
+        job = load_job(Path(args.job_file))
+    except JobFileError as e:
+        raise UserError(str(e)) from None
+    if args.priority:
+        job.spec.priority = args.priority
+    store = _open_store(args)
+    controller = Controller(store)
+    job_id = controller.submit(job)
+    total = controller.progress(job_id).total
+    if not args.json and not args.quiet:
+        err.print(f"job {job_id}: {len(job.models)} model(s) × {total // max(1, len(job.models))} run(s) each = {total} run(s), store {store.path}")
+    ok = _run_with_progress(args, store, job_id, total, job.spec.timeouts.job)
+    return _finish(args, store, job_id, ok)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from farm.controller.controller import Controller
+    store = _open_store(args)
+    _need_job(store, args.job)
+    controller = Controller(store)
+    status = controller.job_status(args.job)
+    if status in ("completed", "failed", "canceled"):
+        raise UserError(f"job {args.job} is {status}; only an interrupted or queued job can be resumed.")
+    if status == "running":
+        raise UserError(f"job {args.job} is still running in process {store.job(args.job)['owner_pid']}; cancel it first or wait.")
+    controller.resume(args.job)
+    total = controller.progress(args.job).total
+    spec = json.loads(store.job(args.job)["spec_json"])
+    ok = _run_with_progress(args, store, args.job, total, (spec.get("timeouts") or {}).get("job"))
+    return _finish(args, store, args.job, ok)
+
+
+# --- reading results ----------------------------------------------------------------
+def cmd_results(args: argparse.Namespace) -> int:
+    from farm.cli.render import results_csv, results_table, to_json
+    from farm.controller.results import run_records
+
+    store = _open_store(args)
+    job = _need_job(store, args.job)
+    records = run_records(store, args.job)
+    fmt = "json" if args.json else args.format
+    if fmt == "json":
+        print(to_json(records))
+    elif fmt == "csv":
+        sys.stdout.write(results_csv(records))
+    else:
+        out.print(results_table(records, title=f"job {args.job} · {job['name']} · {job['status']}"))
+    return EXIT_OK
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from farm.cli.render import to_json
+    from farm.controller.controller import Controller
+
+    store = _open_store(args)
+    controller = Controller(store)
+    jobs = controller.jobs(args.limit)
+    for j in jobs:
+        j["status"] = controller.job_status(j["id"])
+    if args.json:
+        print(to_json(jobs))
+        return EXIT_OK
+    t = Table(header_style="bold")
+    for col in ("job", "name", "status", "runs", "ok", "failed", "created", "finished"):
+        t.add_column(col)
+    for j in jobs:
+        t.add_row(str(j["id"]), j["name"] or "", j["status"], str(j["tasks"]), str(j["completed"]),
+                  str(j["failed"]), _when(j["created_at"]), _when(j["finished_at"]))
+    out.print(t)
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from farm.cli.render import to_json
+    from farm.controller.controller import Controller
+
+    store = _open_store(args)
+    job = _need_job(store, args.job)
+    controller = Controller(store)
+    p = controller.progress(args.job)
+    status = controller.job_status(args.job)
+    info = {"job": args.job, "name": job["name"], "status": status, "total": p.total, "pending": p.pending,
+            "running": p.running, "completed": p.completed, "failed": p.failed, "canceled": p.canceled,
+            "created_at": job["created_at"], "started_at": job["started_at"], "finished_at": job["finished_at"],
+            "message": job["message"], "owner_pid": job["owner_pid"], "owner_host": job["owner_host"]}
+    if args.json:
+        print(to_json(info))
+        return EXIT_OK
+    out.print(f"job {args.job} ({job['name']}): [bold]{status}[/bold] — {p.done}/{p.total} done: "
+              f"{p.completed} ok, {p.failed} failed, {p.canceled} canceled, {p.running} running, {p.pending} pending")
+    if job["message"]:
+        out.print(job["message"])
+    if status == "interrupted":
+        out.print(f"the process that ran it ({job['owner_pid']}) has died; `farm resume {args.job}` carries on, "
+                  "keeping every run already stored.")
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from farm.cli.render import to_json
+    from farm.controller.controller import Controller
+
+    store = _open_store(args)
+    _need_job(store, args.job)
+    n = Controller(store).cancel_job(args.job)
+    if args.json:
+        print(to_json({"job": args.job, "canceled_tasks": n}))
+    else:
+        out.print(f"job {args.job}: {n} unfinished run(s) canceled; runs already stored are kept.")
+    return EXIT_OK
+
+
+# --- tools ------------------------------------------------------------------------------
+def cmd_schema(args: argparse.Namespace) -> int:
+    from farm.proto.spec import job_json_schema
+    print(json.dumps(job_json_schema(), indent=2))
+    return EXIT_OK
+
+
+def cmd_models_generate(args: argparse.Namespace) -> int:
+    from farm.cli.render import to_json
+    from farm.models.generate import generate_examples
+
+    dest = Path(args.dir)
+    widths = [float(w) for w in args.widths.split(",")] if args.widths else None
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
+    kwargs: dict[str, Any] = {"formats": tuple(args.formats.split(",")), "zoo": not args.no_zoo}
+    if widths:
+        kwargs["widths"] = widths
+    if sizes:
+        kwargs["input_sizes"] = sizes
+
+    def progress(model) -> None:
+        if not args.json and not args.quiet:
+            err.print(f"  {model.path}")
+
+    models = generate_examples(dest, progress=progress, **kwargs)
+    if args.json:
+        print(to_json([{"path": str(m.path), "name": m.name, "family": m.family, "format": m.format} for m in models]))
+    else:
+        out.print(f"{len(models)} model(s) in {dest}")
+    return EXIT_OK
+
+
+def cmd_backends(args: argparse.Namespace) -> int:
+    from farm.agents.sandbox import BACKEND_NAMES, backend_class
+    from farm.cli.render import to_json
+
+    rows = []
+    for name in BACKEND_NAMES:
+        reason = backend_class(name).unavailable_reason()
+        rows.append({"backend": name, "available": reason is None, "reason": reason,
+                     "approximate": backend_class(name).approximate})
+    if args.json:
+        print(to_json(rows))
+    else:
+        for r in rows:
+            mark = "[green]available[/green]" if r["available"] else f"[yellow]unavailable[/yellow]: {r['reason']}"
+            out.print(f"{r['backend']:8} {mark}{' (approximate)' if r['approximate'] else ''}")
+    return EXIT_OK
+
+
+# --- parser -------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--db", default=None, help="SQLite store (default: $FARM_DB or the user data directory)")
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = argparse.ArgumentParser(prog="farm", description="Profile ML models under a device's CPU and memory budget.")
+    p.add_argument("--version", action="version", version=f"farm {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def runner_options(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--slots", type=int, default=1, help="sim runs at once, each on its own cores (default 1)")
+        sp.add_argument("--backend", choices=["auto", "cgroup", "docker", "process"], default=None,
+                        help="override sim.backend of the job")
+        sp.add_argument("--quiet", action="store_true", help="no progress output")
+        sp.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
+
+    s = sub.add_parser("submit", parents=[common], help="validate a job file and run it")
+    s.add_argument("job_file")
+    s.add_argument("--priority", choices=["interactive", "normal", "low"], default=None)
+    runner_options(s)
+    s.set_defaults(func=cmd_submit)
+
+    s = sub.add_parser("resume", parents=[common], help="carry on an interrupted job")
+    s.add_argument("job", type=_job_id)
+    runner_options(s)
+    s.set_defaults(func=cmd_resume)
+
+    s = sub.add_parser("results", parents=[common], help="a job's results")
+    s.add_argument("job", type=_job_id)
+    s.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    s.set_defaults(func=cmd_results)
+
+    s = sub.add_parser("jobs", parents=[common], help="list jobs")
+    s.add_argument("--limit", type=int, default=50)
+    s.set_defaults(func=cmd_jobs)
+
+    s = sub.add_parser("status", parents=[common], help="one job's progress")
+    s.add_argument("job", type=_job_id)
+    s.set_defaults(func=cmd_status)
+
+    s = sub.add_parser("cancel", parents=[common], help="cancel a job's unfinished runs")
+    s.add_argument("job", type=_job_id)
+    s.set_defaults(func=cmd_cancel)
+
+    s = sub.add_parser("schema", help="print the job file's JSON Schema (for editors)")
+    s.set_defaults(func=cmd_schema)
+
+    s = sub.add_parser("backends", parents=[common], help="which sandbox backends can run here")
+    s.set_defaults(func=cmd_backends)
+
+    m = sub.add_parser("models", help="example models")
+    msub = m.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    g = msub.add_parser("generate", parents=[common], help="write the MobileNetV2 family and the ONNX zoo models")
+    g.add_argument("dir")
+    g.add_argument("--widths", help="comma-separated width multipliers, e.g. 0.25,0.5,1.0")
+    g.add_argument("--sizes", help="comma-separated input sizes, e.g. 96,160,224")
+    g.add_argument("--formats", default="tflite,onnx")
+    g.add_argument("--no-zoo", action="store_true", help="skip the model-zoo architectures")
+    g.add_argument("--quiet", action="store_true")
+    g.set_defaults(func=cmd_models_generate)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as e:
+        err.print(Text.assemble(("error: ", "red"), str(e)), highlight=False)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

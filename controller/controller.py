@@ -1,0 +1,231 @@
+"""The controller: owns the store, expands jobs, leases tasks to agents, applies results.
+
+Its public methods are exactly what crosses the wire later (submit, lease, heartbeat,
+complete, cancel): the embedded mode calls them in-process, the gRPC issue puts them
+behind a service without changing what they do. All state is in SQLite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from farm.controller.jobfile import ResolvedJob
+from farm.controller.schedule import PRIORITY_RANK, expand_tasks
+from farm.controller.store import Store
+from farm.proto.results import FailureClass, JobStatus, RunResult, TaskStatus
+from farm.proto.tasks import TaskSpec
+
+LEASE_TTL_S = 60.0
+TERMINAL_TASK = {TaskStatus.COMPLETED.value, TaskStatus.FAILED.value, TaskStatus.CANCELED.value}
+TERMINAL_JOB = {JobStatus.COMPLETED.value, JobStatus.FAILED.value, JobStatus.CANCELED.value}
+
+
+def should_retry(failure: FailureClass | None, attempt: int, max_attempts: int) -> bool:
+    """infrastructure: retry up to max; timeout: once; everything else never (LAVA's rule)."""
+    if failure == FailureClass.INFRASTRUCTURE:
+        return attempt < max_attempts
+    if failure == FailureClass.TIMEOUT:
+        return attempt < 2
+    return False
+
+
+@dataclass
+class JobProgress:
+    total: int
+    pending: int
+    running: int
+    completed: int
+    failed: int
+    canceled: int
+
+    @property
+    def done(self) -> int:
+        return self.completed + self.failed + self.canceled
+
+
+def _pid_alive(pid: int | None, host: str | None) -> bool:
+    if not pid or host != socket.gethostname():
+        return True  # another host's process: we cannot tell, so assume it lives
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Controller:
+    def __init__(self, store: Store, *, lease_ttl_s: float = LEASE_TTL_S) -> None:
+        self.store = store
+        self.lease_ttl_s = lease_ttl_s
+
+    # --- clients -----------------------------------------------------------------
+    def submit(self, job: ResolvedJob, *, name: str | None = None) -> int:
+        spec = job.spec
+        tasks = expand_tasks(job)
+        return self.store.insert_job({
+            "name": name or spec.name or (job.source_path.stem if job.source_path else "job"),
+            "status": JobStatus.QUEUED.value, "priority": spec.priority, "created_at": time.time(),
+            "spec_json": spec.model_dump_json(), "spec_yaml": job.source,
+            "source_path": str(job.source_path) if job.source_path else None,
+            "base_dir": str(job.base_dir), "owner_pid": os.getpid(), "owner_host": socket.gethostname(),
+        }, tasks)
+
+    def cancel_job(self, job_id: int) -> int:
+        """Cancel what has not finished. Running tasks stop at their next heartbeat."""
+        with self.store.transaction():
+            job = self.store.db["jobs"].get(job_id)
+            if job["status"] in TERMINAL_JOB:
+                return 0
+            n = self.store.db.execute(
+                "UPDATE tasks SET status = ?, failure_class = ?, message = ?, finished_at = ? "
+                "WHERE job_id = ? AND status = ?",
+                [TaskStatus.CANCELED.value, FailureClass.CANCELED.value, "canceled before it ran",
+                 time.time(), job_id, TaskStatus.PENDING.value]).rowcount
+            running = self.store.db.execute(
+                "SELECT COUNT(*) FROM tasks WHERE job_id = ? AND status = ?",
+                [job_id, TaskStatus.RUNNING.value]).fetchone()[0]
+            self.store.db["jobs"].update(job_id, {"status": JobStatus.CANCELED.value,
+                                                  "message": "canceled by the user"})
+            if not running:
+                self.store.db["jobs"].update(job_id, {"finished_at": time.time()})
+        return n + running
+
+    def progress(self, job_id: int) -> JobProgress:
+        counts = {r["status"]: r["n"] for r in self.store.query(
+            "SELECT status, COUNT(*) AS n FROM tasks WHERE job_id = ? GROUP BY status", [job_id])}
+        return JobProgress(
+            total=sum(counts.values()), pending=counts.get("pending", 0), running=counts.get("running", 0),
+            completed=counts.get("completed", 0), failed=counts.get("failed", 0),
+            canceled=counts.get("canceled", 0))
+
+    def job_status(self, job_id: int) -> str:
+        """The stored status, or 'interrupted' when the process running it has died."""
+        job = self.store.job(job_id)
+        if job is None:
+            raise KeyError(job_id)
+        if job["status"] not in TERMINAL_JOB and not _pid_alive(job["owner_pid"], job["owner_host"]):
+            return JobStatus.INTERRUPTED.value
+        return job["status"]
+
+    def resume(self, job_id: int) -> int:
+        """Take over an interrupted job: its unfinished tasks go back to the queue."""
+        with self.store.transaction():
+            n = self.store.db.execute(
+                "UPDATE tasks SET status = ?, leased_by = NULL WHERE job_id = ? AND status = ?",
+                [TaskStatus.PENDING.value, job_id, TaskStatus.RUNNING.value]).rowcount
+            self.store.db["jobs"].update(job_id, {
+                "owner_pid": os.getpid(), "owner_host": socket.gethostname(),
+                "status": JobStatus.QUEUED.value, "finished_at": None})
+        return n
+
+    # --- agents ------------------------------------------------------------------
+    def lease(self, agent: str, targets: set[str], *, job_id: int | None = None) -> TaskSpec | None:
+        """Hand the next pending task for one of `targets` to `agent`, or None."""
+        self.expire_leases()
+        now = time.time()
+        with self.store.transaction():
+            marks = ",".join("?" for _ in targets)
+            where = f"t.status = 'pending' AND t.target IN ({marks}) AND j.status IN ('queued', 'running')"
+            params: list[Any] = list(targets)
+            if job_id is not None:
+                where += " AND t.job_id = ?"
+                params.append(job_id)
+            row = self.store.db.execute(
+                f"SELECT t.id FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE {where} "
+                "ORDER BY t.priority, t.job_id, t.seq LIMIT 1", params).fetchone()
+            if row is None:
+                return None
+            task = self.store.db["tasks"].get(row[0])
+            attempt = task["attempts"] + 1
+            self.store.db["tasks"].update(task["id"], {
+                "status": TaskStatus.RUNNING.value, "attempts": attempt, "leased_by": agent,
+                "lease_expires_at": now + self.lease_ttl_s})
+            job = self.store.db["jobs"].get(task["job_id"])
+            if job["status"] == JobStatus.QUEUED.value:
+                self.store.db["jobs"].update(job["id"], {"status": JobStatus.RUNNING.value, "started_at": now})
+        extra = json.loads(task["spec_json"])
+        return TaskSpec(
+            task_id=task["id"], job_id=task["job_id"], attempt=attempt, target=task["target"],
+            model_name=task["model_name"], model_path=task["model_path"],
+            model_sha256=task["model_sha256"], model_family=task["model_family"],
+            threads=task["threads"], batch_size=task["batch_size"], input_size=task["input_size"],
+            repeat=task["repeat"], workload=extra["workload"], sim=extra["sim"],
+            run_timeout_s=extra["run_timeout_s"], base_dir=extra["base_dir"])
+
+    def heartbeat(self, task_id: int, attempt: int) -> bool:
+        """Renew the lease. False means stop: the task was canceled or its lease lost."""
+        with self.store.transaction():
+            row = self.store.db.execute(
+                "SELECT t.status, t.attempts, j.status FROM tasks t JOIN jobs j ON j.id = t.job_id "
+                "WHERE t.id = ?", [task_id]).fetchone()
+            if row is None:
+                return False
+            status, attempts, job_status = row
+            if status != TaskStatus.RUNNING.value or attempts != attempt or job_status == JobStatus.CANCELED.value:
+                return False
+            self.store.db["tasks"].update(task_id, {"lease_expires_at": time.time() + self.lease_ttl_s})
+        return True
+
+    def complete(self, task_id: int, attempt: int, agent: str, started_at: float, result: RunResult) -> int | None:
+        """Apply a run's result once; decide the task's next state. Returns the run id."""
+        task = self.store.task(task_id)
+        if task is None:
+            raise KeyError(task_id)
+        job = self.store.job(task["job_id"])
+        if result.ok:
+            fields = {"status": TaskStatus.COMPLETED.value, "failure_class": None, "message": ""}
+        elif job["status"] == JobStatus.CANCELED.value or result.failure_class == FailureClass.CANCELED:
+            fields = {"status": TaskStatus.CANCELED.value, "failure_class": FailureClass.CANCELED.value,
+                      "message": result.message}
+        elif should_retry(result.failure_class, attempt, task["max_attempts"]):
+            fields = {"status": TaskStatus.PENDING.value, "failure_class": result.failure_class.value,
+                      "message": f"attempt {attempt} failed ({result.failure_class.value}): {result.message}; retrying"}
+        else:
+            fields = {"status": TaskStatus.FAILED.value,
+                      "failure_class": result.failure_class.value if result.failure_class else FailureClass.BUG.value,
+                      "message": result.message}
+        if fields["status"] in TERMINAL_TASK:
+            fields["finished_at"] = time.time()
+        fields["leased_by"] = None
+        run_id = self.store.record_run(task, attempt, agent, started_at, result, fields)
+        self._finish_job_if_done(task["job_id"])
+        return run_id
+
+    def expire_leases(self) -> int:
+        """Tasks whose agent stopped renewing go back to the queue (the next lease is attempt + 1)."""
+        with self.store.transaction():
+            return self.store.db.execute(
+                "UPDATE tasks SET status = 'pending', leased_by = NULL, "
+                "message = 'lease expired: the agent running it stopped answering' "
+                "WHERE status = 'running' AND lease_expires_at < ?", [time.time()]).rowcount
+
+    def _finish_job_if_done(self, job_id: int) -> None:
+        p = self.progress(job_id)
+        if p.pending or p.running:
+            return
+        job = self.store.job(job_id)
+        if job["status"] == JobStatus.CANCELED.value:
+            status = JobStatus.CANCELED
+        elif p.completed == p.total:
+            status = JobStatus.COMPLETED
+        else:
+            status = JobStatus.FAILED
+        self.store.update_job(job_id, status=status.value, finished_at=time.time())
+
+    def jobs(self, limit: int = 50) -> list[dict[str, Any]]:
+        return self.store.query(
+            "SELECT j.id, j.name, j.status, j.priority, j.created_at, j.finished_at, j.owner_pid, j.owner_host, "
+            "(SELECT COUNT(*) FROM tasks t WHERE t.job_id = j.id) AS tasks, "
+            "(SELECT COUNT(*) FROM tasks t WHERE t.job_id = j.id AND t.status = 'completed') AS completed, "
+            "(SELECT COUNT(*) FROM tasks t WHERE t.job_id = j.id AND t.status = 'failed') AS failed "
+            "FROM jobs j ORDER BY j.id DESC LIMIT ?", [limit])
+
+
+__all__ = ["Controller", "JobProgress", "PRIORITY_RANK", "should_retry"]

@@ -1,0 +1,232 @@
+"""Reading job.yaml: YAML -> JobSpec -> models found and inspected, or one clear error.
+
+Every error is a JobFileError whose message names the file, the line, the field path
+and what is wrong, so the CLI can print it as one paragraph with no traceback.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from farm.models.facts import ModelError, find_unsupported_ops, inspect_model
+from farm.proto.results import ModelFacts
+from farm.proto.spec import BenchmarkWorkload, JobSpec, ModelEntry, ScriptWorkload
+
+BENCHMARK_FORMATS = {".tflite": "tflite", ".onnx": "onnx"}
+
+
+class JobFileError(Exception):
+    """A job file that cannot run; the message is for a person."""
+
+
+@dataclass
+class ResolvedModel:
+    path: Path
+    name: str
+    family: str | None
+    facts: ModelFacts
+
+
+@dataclass
+class ResolvedJob:
+    spec: JobSpec
+    source: str  # the file's text, stored with the job
+    source_path: Path | None
+    base_dir: Path
+    models: list[ResolvedModel]
+    script_dir: Path | None = None
+    script_path: Path | None = None
+
+
+def _node_at(root: yaml.Node | None, loc: tuple[Any, ...]) -> yaml.Node | None:
+    """The deepest YAML node along a pydantic error location."""
+    node = root
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next((v for k, v in node.value if k.value == key), None)
+            if match is None:
+                # an unknown field: point at its key
+                match = next((k for k, _ in node.value if k.value == key), None)
+                return match or node
+            node = match
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int):
+            if key >= len(node.value):
+                return node
+            node = node.value[key]
+        else:
+            return node  # pydantic adds union-branch names (e.g. 'str', 'ModelEntry') to paths
+    return node
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for key in loc:
+        if isinstance(key, int):
+            out += f"[{key}]"
+        elif key in ("str", "ModelEntry", "benchmark", "script", "int", "float", "function-after[_sizes(), list[nullable[int]]]"):
+            continue  # union branch labels, not fields
+        else:
+            out += ("." if out else "") + str(key)
+    return out or "(top level)"
+
+
+def _describe(err: dict[str, Any]) -> str:
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return "unknown field (check the spelling; `farm schema` lists every field)"
+    if kind == "missing":
+        return "required field is missing"
+    msg = err["msg"]
+    return msg.removeprefix("Value error, ")
+
+
+def _pick_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For union fields pydantic reports every branch; keep the most specific ones."""
+    seen: dict[tuple, dict[str, Any]] = {}
+    for err in errors:
+        key = tuple(k for k in err["loc"] if not (isinstance(k, str) and k in ("str", "ModelEntry")))
+        if key in seen and err["type"] == "string_type":
+            continue
+        if key in seen and seen[key]["type"] != "string_type":
+            continue
+        seen[key] = err
+    return list(seen.values())
+
+
+def parse_job_text(text: str, source_name: str) -> tuple[JobSpec, yaml.Node | None]:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{source_name}:{mark.line + 1}" if mark else source_name
+        problem = getattr(e, "problem", None) or str(e)
+        raise JobFileError(f"{where}: not valid YAML: {problem}.") from None
+    if data is None:
+        raise JobFileError(f"{source_name}: the file is empty; a job needs at least `models:`.")
+    if not isinstance(data, dict):
+        raise JobFileError(f"{source_name}:1: a job file must be a mapping of fields (models:, workload:, ...), not a {type(data).__name__}.")
+    try:
+        return JobSpec.model_validate(data), root
+    except ValidationError as e:
+        lines = []
+        for err in _pick_errors(e.errors(include_url=False)):
+            node = _node_at(root, err["loc"])
+            line = node.start_mark.line + 1 if node is not None else 1
+            lines.append(f"{source_name}:{line}: {_field_path(err['loc'])}: {_describe(err)}")
+        raise JobFileError("\n".join(lines)) from None
+
+
+def _model_line(root: yaml.Node | None, index: int) -> int:
+    node = _node_at(root, ("models", index))
+    return node.start_mark.line + 1 if node is not None else 1
+
+
+def resolve_models(spec: JobSpec, root: yaml.Node | None, base_dir: Path, source_name: str) -> list[ResolvedModel]:
+    resolved: list[ResolvedModel] = []
+    for index, raw in enumerate(spec.models):
+        entry = raw if isinstance(raw, ModelEntry) else ModelEntry(path=raw)
+        where = f"{source_name}:{_model_line(root, index)}: models[{index}]"
+        pattern = str(base_dir / os.path.expanduser(entry.path))
+        if glob.has_magic(entry.path):
+            paths = sorted(Path(p) for p in glob.glob(pattern, recursive=True))
+            if not paths:
+                raise JobFileError(f"{where}: the glob {entry.path!r} matches no file (searched from {base_dir}).")
+            if entry.name and len(paths) > 1:
+                raise JobFileError(f"{where}: `name` is given but the glob {entry.path!r} matches {len(paths)} files; give names per file or drop `name`.")
+        else:
+            paths = [Path(pattern)]
+        for path in paths:
+            if not path.exists():
+                raise JobFileError(f"{where}: model file {entry.path!r} does not exist (looked for {path}).")
+            if not os.access(path, os.R_OK) or path.is_dir():
+                raise JobFileError(f"{where}: model file {path} cannot be read (is it a directory, or are permissions missing?).")
+            try:
+                facts = inspect_model(path)
+            except ModelError as e:
+                raise JobFileError(f"{where}: {e}") from None
+            resolved.append(ResolvedModel(path.resolve(), entry.name or "", entry.family, facts))
+    # Default names are file stems; the same stem in two formats keeps its extension to stay distinct.
+    stems = [m.path.stem for m in resolved if not m.name]
+    for m in resolved:
+        if not m.name:
+            m.name = m.path.name if stems.count(m.path.stem) > 1 else m.path.stem
+    names = [m.name for m in resolved]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise JobFileError(f"{source_name}: models: two models share the name(s) {dupes}; give each a distinct `name`.")
+    return resolved
+
+
+def check_benchmark_models(spec: JobSpec, models: list[ResolvedModel], root: yaml.Node | None, source_name: str) -> None:
+    """Only formats the built-in benchmark runs, and no operator the runtime lacks."""
+    for index, model in enumerate(models):
+        suffix = model.path.suffix.lower()
+        if suffix not in BENCHMARK_FORMATS:
+            raise JobFileError(
+                f"{source_name}: models: {model.path.name} is a {suffix or 'extension-less'} file; the built-in "
+                f"benchmark runs .tflite and .onnx — use `workload: {{type: script, ...}}` for other formats."
+            )
+        unsupported = find_unsupported_ops(model.path)
+        if unsupported:
+            raise JobFileError(
+                f"{source_name}: models: {model.path.name} uses operator(s) the {BENCHMARK_FORMATS[suffix]} runtime "
+                f"here does not support: {', '.join(unsupported)}. Replace them, or register a custom-op library."
+            )
+        if isinstance(spec.workload, BenchmarkWorkload):
+            for name in spec.workload.input_shapes:
+                if name not in {t.name for t in model.facts.inputs}:
+                    known = ", ".join(t.name for t in model.facts.inputs)
+                    raise JobFileError(
+                        f"{source_name}: workload.input_shapes: {model.path.name} has no input named {name!r} (its inputs: {known})."
+                    )
+
+
+def check_script(spec: JobSpec, base_dir: Path, root: yaml.Node | None, source_name: str) -> tuple[Path, Path | None]:
+    workload = spec.workload
+    assert isinstance(workload, ScriptWorkload)
+    node = _node_at(root, ("workload",))
+    line = node.start_mark.line + 1 if node is not None else 1
+    script_dir = (base_dir / workload.dir).resolve()
+    if not script_dir.is_dir():
+        raise JobFileError(f"{source_name}:{line}: workload.dir: {workload.dir!r} is not a directory (looked for {script_dir}).")
+    script_path = None
+    if workload.script:
+        script_path = (script_dir / workload.script).resolve()
+        if not script_path.is_file():
+            raise JobFileError(f"{source_name}:{line}: workload.script: {workload.script!r} does not exist in {script_dir}.")
+        try:
+            with open(script_path, "rb"):
+                pass
+        except OSError as e:
+            raise JobFileError(f"{source_name}:{line}: workload.script: {script_path} cannot be read: {e.strerror}.") from None
+    return script_dir, script_path
+
+
+def load_job_text(text: str, source_name: str, base_dir: Path, source_path: Path | None = None) -> ResolvedJob:
+    spec, root = parse_job_text(text, source_name)
+    models = resolve_models(spec, root, base_dir, source_name)
+    job = ResolvedJob(spec=spec, source=text, source_path=source_path, base_dir=base_dir, models=models)
+    if isinstance(spec.workload, BenchmarkWorkload):
+        check_benchmark_models(spec, models, root, source_name)
+    else:
+        job.script_dir, job.script_path = check_script(spec, base_dir, root, source_name)
+    return job
+
+
+def load_job(path: Path) -> ResolvedJob:
+    """Read, validate and resolve a job file, or raise JobFileError."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise JobFileError(f"{path}: no such job file.") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise JobFileError(f"{path}: cannot read the job file: {e}.") from None
+    return load_job_text(text, str(path), path.resolve().parent, path.resolve())

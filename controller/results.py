@@ -1,0 +1,84 @@
+"""Run records for `farm results`: the JSON contract other tools and later issues rely on.
+
+One record per task, from its latest run (a retried task shows the attempt that counted).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from farm.controller.store import Store
+
+MiB = 1 << 20
+
+_SQL = """
+SELECT t.id AS task, t.job_id AS job, t.model_name, t.model_sha256, t.model_family, t.model_path,
+       t.target, t.threads, t.batch_size, t.input_size, t.repeat, t.status AS task_status,
+       t.attempts, t.pair_key, t.failure_class AS task_failure_class, t.message AS task_message,
+       t.model_size_bytes, t.model_param_count,
+       r.id AS run_id, r.attempt, r.status AS run_status, r.failure_class, r.message, r.backend,
+       r.approximate, r.limits_cpus, r.limits_cpuset, r.limits_memory_mb, r.wall_s, r.whole_run_s,
+       r.started_at, r.finished_at, r.tool_versions_json, r.environment_json,
+       s.*
+FROM tasks t
+LEFT JOIN runs r ON r.id = t.last_run_id
+LEFT JOIN summaries s ON s.run_id = r.id
+WHERE t.job_id = ?
+ORDER BY t.model_name, t.threads, t.batch_size, t.input_size, t.repeat, t.target
+"""
+
+
+def _mb(v: float | None) -> float | None:
+    return None if v is None else round(v / MiB, 2)
+
+
+def _round(v: float | None, digits: int = 4) -> float | None:
+    return None if v is None else round(v, digits)
+
+
+def run_records(store: Store, job_id: int) -> list[dict[str, Any]]:
+    records = []
+    for row in store.query(_SQL, [job_id]):
+        latency = None
+        if row.get("latency_avg_ms") is not None:
+            latency = {k: _round(row[f"latency_{k}_ms"]) for k in
+                       ("init", "first", "avg", "p50", "p90", "p99", "std", "min", "max")}
+            latency["warmup_avg"] = _round(row["latency_warmup_avg_ms"])
+            latency["count"] = row["latency_count"]
+        records.append({
+            "job": row["job"],
+            "task": row["task"],
+            "model": {"name": row["model_name"], "sha256": row["model_sha256"], "family": row["model_family"],
+                      "path": row["model_path"], "size_bytes": row["model_size_bytes"],
+                      "param_count": row["model_param_count"]},
+            "target": row["target"],
+            "threads": row["threads"],
+            "batch_size": row["batch_size"],
+            "input_size": row["input_size"],
+            "repeat": row["repeat"],
+            "pair_key": row["pair_key"],
+            "status": row["task_status"],
+            "attempts": row["attempts"],
+            "failure_class": row["task_failure_class"],
+            "message": row["task_message"] or "",
+            "latency_ms": latency,
+            "whole_run_s": _round(row["whole_run_s"]),
+            "peak_memory_mb": _mb(row.get("peak_memory_bytes")),
+            "peak_memory_source": row.get("peak_memory_source"),
+            "avg_memory_mb": _mb(row.get("avg_memory_bytes")),
+            "baseline_memory_mb": _mb(row.get("baseline_memory_bytes")),
+            "peak_rss_mb": _mb(row.get("peak_rss_bytes")),
+            "cpu_percent": {"avg": _round(row.get("cpu_avg_percent"), 1), "peak": _round(row.get("cpu_peak_percent"), 1)},
+            "io": {"block_read_bytes": row.get("block_read_bytes"), "block_write_bytes": row.get("block_write_bytes"),
+                   "net_rx_bytes": row.get("net_rx_bytes"), "net_tx_bytes": row.get("net_tx_bytes")},
+            "sampler": {"interval_ms": row.get("sample_interval_ms"), "samples": row.get("sample_count"),
+                        "cpu_percent": _round(row.get("sampler_cpu_percent"), 3)},
+            "wall_s": _round(row["wall_s"]),
+            "backend": row["backend"],
+            "approximate": bool(row["approximate"]) if row["approximate"] is not None else None,
+            "limits": {"cpus": row["limits_cpus"], "cpuset": row["limits_cpuset"], "memory_mb": row["limits_memory_mb"]},
+            "run": row["run_id"],
+            "tool_versions": json.loads(row["tool_versions_json"]) if row["tool_versions_json"] else {},
+        })
+    return records

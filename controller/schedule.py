@@ -1,0 +1,53 @@
+"""Expand a job into tasks: model × matrix cell × repeat × target, each with its pair key."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from dataclasses import asdict
+from typing import Any
+
+from farm.controller.jobfile import ResolvedJob
+
+PRIORITY_RANK = {"interactive": 0, "normal": 1, "low": 2}
+# Retries per failure class: infrastructure goes elsewhere, timeout once, job never.
+MAX_ATTEMPTS = 3
+
+
+def pair_key(model_sha256: str, threads: int, batch_size: int,
+             input_size: int | None, device: str, repeat: int) -> str:
+    """The key a device task and its sim twin share within one job."""
+    cell = f"t{threads}-b{batch_size}-r{input_size or 'native'}"
+    return f"{model_sha256[:16]}/{cell}/{device}/{repeat}"
+
+
+def expand_tasks(job: ResolvedJob) -> list[dict[str, Any]]:
+    spec = job.spec
+    now = time.time()
+    tasks = []
+    sim = spec.sim.model_dump()
+    workload = spec.workload.model_dump()
+    cells = itertools.product(job.models, spec.matrix.threads, spec.matrix.batch_sizes,
+                              spec.matrix.input_sizes, range(spec.repeats), spec.targets)
+    for seq, (model, threads, batch, size, repeat, target) in enumerate(cells):
+        facts = asdict(model.facts)
+        tasks.append({
+            "seq": seq, "target": target, "model_name": model.name, "model_path": str(model.path),
+            "model_sha256": model.facts.sha256, "model_family": model.family,
+            "model_facts_json": json.dumps(facts), "model_size_bytes": model.facts.size_bytes,
+            "model_param_count": model.facts.param_count, "threads": threads, "batch_size": batch,
+            "input_size": size, "repeat": repeat, "status": "pending", "attempts": 0,
+            "max_attempts": MAX_ATTEMPTS,
+            "pair_key": pair_key(model.facts.sha256, threads, batch, size, target, repeat),
+            "spec_json": json.dumps({
+                "workload": workload, "sim": sim, "run_timeout_s": spec.timeouts.run,
+                "base_dir": str(job.base_dir),
+            }),
+            "priority": PRIORITY_RANK[spec.priority], "created_at": now,
+        })
+    # Run repeat 0 of every cell before repeat 1: a slow drift then touches every model alike.
+    tasks.sort(key=lambda t: (t["repeat"], t["seq"]))
+    for seq, t in enumerate(tasks):
+        t["seq"] = seq
+    return tasks

@@ -1,0 +1,233 @@
+"""The SQLite store: jobs, tasks, runs, summaries, per-iteration and telemetry samples.
+
+WAL mode, a schema version with ordered migrations, and one transaction per finished run,
+so a crash mid-job loses nothing already measured. Several processes may open the same
+file (`farm cancel` while `farm submit` runs); busy_timeout makes them take turns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import sqlite_utils
+
+from farm.proto.results import RunResult
+
+DB_ENV = "FARM_DB"
+
+
+def default_db_path() -> Path:
+    if os.environ.get(DB_ENV):
+        return Path(os.environ[DB_ENV])
+    from platformdirs import user_data_dir
+    return Path(user_data_dir("farm", appauthor=False)) / "farm.db"
+
+
+def _migration_1(db: sqlite_utils.Database) -> None:
+    db["jobs"].create({
+        "id": int, "name": str, "status": str, "priority": str, "created_at": float,
+        "started_at": float, "finished_at": float, "spec_json": str, "spec_yaml": str,
+        "source_path": str, "base_dir": str, "owner_pid": int, "owner_host": str, "message": str,
+    }, pk="id")
+    db["tasks"].create({
+        "id": int, "job_id": int, "seq": int, "target": str, "model_name": str, "model_path": str,
+        "model_sha256": str, "model_family": str, "model_facts_json": str, "threads": int,
+        "batch_size": int, "input_size": int, "repeat": int, "status": str, "attempts": int,
+        "max_attempts": int, "pair_key": str, "spec_json": str, "leased_by": str,
+        "lease_expires_at": float, "priority": int, "created_at": float, "finished_at": float,
+        "last_run_id": int, "failure_class": str, "message": str,
+    }, pk="id", foreign_keys=[("job_id", "jobs", "id")])
+    db["tasks"].create_index(["job_id", "seq"], unique=True)
+    db["tasks"].create_index(["status", "priority", "id"])
+    db["runs"].create({
+        "id": int, "task_id": int, "job_id": int, "attempt": int, "status": str,
+        "failure_class": str, "message": str, "agent": str, "started_at": float,
+        "finished_at": float, "backend": str, "approximate": int, "limits_cpus": float,
+        "limits_cpuset": str, "limits_memory_mb": float, "wall_s": float, "whole_run_s": float,
+        "environment_json": str, "tool_versions_json": str, "log_tail": str,
+    }, pk="id", foreign_keys=[("task_id", "tasks", "id"), ("job_id", "jobs", "id")])
+    # A result delivered twice is applied once.
+    db["runs"].create_index(["task_id", "attempt"], unique=True)
+    db["runs"].create_index(["job_id"])
+    db["summaries"].create({
+        "run_id": int, "latency_init_ms": float, "latency_first_ms": float,
+        "latency_warmup_avg_ms": float, "latency_avg_ms": float, "latency_p50_ms": float,
+        "latency_p90_ms": float, "latency_p99_ms": float, "latency_std_ms": float,
+        "latency_min_ms": float, "latency_max_ms": float, "latency_count": int,
+        "peak_memory_bytes": int, "peak_memory_source": str, "avg_memory_bytes": float,
+        "baseline_memory_bytes": int, "peak_rss_bytes": int, "cpu_avg_percent": float,
+        "cpu_peak_percent": float, "block_read_bytes": int, "block_write_bytes": int,
+        "net_rx_bytes": int, "net_tx_bytes": int, "sampler_cpu_percent": float,
+        "sample_interval_ms": float, "sample_count": int,
+    }, pk="run_id", foreign_keys=[("run_id", "runs", "id")])
+    db["iterations"].create({"run_id": int, "idx": int, "ms": float}, pk=("run_id", "idx"))
+    db["telemetry"].create({"run_id": int, "idx": int, "t_s": float, "cpu_percent": float,
+                            "memory_bytes": int}, pk=("run_id", "idx"))
+
+
+def _migration_2(db: sqlite_utils.Database) -> None:
+    # Model facts become first-class columns so results can be filtered without JSON parsing.
+    db["tasks"].add_column("model_size_bytes", int)
+    db["tasks"].add_column("model_param_count", int)
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migration_1, _migration_2]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class StoreError(Exception):
+    pass
+
+
+class Store:
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        if str(path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(path), check_same_thread=False, timeout=30, isolation_level=None)
+        conn.execute("PRAGMA busy_timeout = 30000")
+        self.db = sqlite_utils.Database(conn)
+        if str(path) != ":memory:":
+            self.db.enable_wal()
+        conn.execute("PRAGMA foreign_keys = ON")
+        self._lock = threading.RLock()  # one connection shared by the agent threads
+        self._migrate()
+
+    # --- schema ------------------------------------------------------------
+    def _migrate(self) -> None:
+        with self.transaction():
+            if "schema_version" not in self.db.table_names():
+                self.db["schema_version"].create({"version": int})
+                self.db["schema_version"].insert({"version": 0})
+            current = self.db.execute("SELECT version FROM schema_version").fetchone()[0]
+            if current > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} was written by a newer farm (schema {current}, this farm knows {SCHEMA_VERSION}); upgrade farm"
+                )
+            for version in range(current, SCHEMA_VERSION):
+                MIGRATIONS[version](self.db)
+            self.db.execute("UPDATE schema_version SET version = ?", [SCHEMA_VERSION])
+
+    def schema_version(self) -> int:
+        return self.db.execute("SELECT version FROM schema_version").fetchone()[0]
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        with self._lock:
+            conn = self.db.conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def query(self, sql: str, params: Any = ()) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self.db.query(sql, params))
+
+    def close(self) -> None:
+        with self._lock:
+            self.db.conn.close()
+
+    # --- jobs and tasks -------------------------------------------------------
+    def insert_job(self, job: dict[str, Any], tasks: list[dict[str, Any]]) -> int:
+        with self.transaction():
+            job_id = self.db["jobs"].insert(job).last_pk
+            for t in tasks:
+                t["job_id"] = job_id
+            self.db["tasks"].insert_all(tasks)
+        return job_id
+
+    def job(self, job_id: int) -> dict[str, Any] | None:
+        rows = self.query("SELECT * FROM jobs WHERE id = ?", [job_id])
+        return rows[0] if rows else None
+
+    def update_job(self, job_id: int, **fields: Any) -> None:
+        with self.transaction():
+            self.db["jobs"].update(job_id, fields)
+
+    def tasks(self, job_id: int) -> list[dict[str, Any]]:
+        return self.query("SELECT * FROM tasks WHERE job_id = ? ORDER BY seq", [job_id])
+
+    def task(self, task_id: int) -> dict[str, Any] | None:
+        rows = self.query("SELECT * FROM tasks WHERE id = ?", [task_id])
+        return rows[0] if rows else None
+
+    def update_task(self, task_id: int, **fields: Any) -> None:
+        with self.transaction():
+            self.db["tasks"].update(task_id, fields)
+
+    # --- runs -------------------------------------------------------------------
+    def record_run(self, task: dict[str, Any], attempt: int, agent: str, started_at: float,
+                   result: RunResult, task_fields: dict[str, Any]) -> int | None:
+        """Store a run with its samples and update its task, atomically.
+
+        Returns the run id, or None when this (task, attempt) was already recorded.
+        """
+        with self.transaction():
+            existing = self.db.execute(
+                "SELECT id FROM runs WHERE task_id = ? AND attempt = ?", [task["id"], attempt]).fetchone()
+            if existing:
+                return None
+            limits = result.limits
+            run_id = self.db["runs"].insert({
+                "task_id": task["id"], "job_id": task["job_id"], "attempt": attempt,
+                "status": result.status.value,
+                "failure_class": result.failure_class.value if result.failure_class else None,
+                "message": result.message, "agent": agent, "started_at": started_at,
+                "finished_at": time.time(), "backend": result.backend,
+                "approximate": int(result.approximate), "limits_cpus": limits.cpus,
+                "limits_cpuset": limits.cpuset, "limits_memory_mb": limits.memory_mb,
+                "wall_s": result.wall_s, "whole_run_s": result.whole_run_s,
+                "environment_json": json.dumps(result.environment),
+                "tool_versions_json": json.dumps(result.tool_versions), "log_tail": result.log_tail,
+            }).last_pk
+            self._insert_summary(run_id, result)
+            if result.iterations_ms:
+                self.db["iterations"].insert_all(
+                    {"run_id": run_id, "idx": i, "ms": ms} for i, ms in enumerate(result.iterations_ms))
+            if result.telemetry and result.telemetry.samples:
+                self.db["telemetry"].insert_all(
+                    {"run_id": run_id, "idx": i, "t_s": s.t_s, "cpu_percent": s.cpu_percent,
+                     "memory_bytes": s.memory_bytes} for i, s in enumerate(result.telemetry.samples))
+            self.db["tasks"].update(task["id"], {**task_fields, "last_run_id": run_id})
+        return run_id
+
+    def _insert_summary(self, run_id: int, r: RunResult) -> None:
+        row: dict[str, Any] = {"run_id": run_id, "baseline_memory_bytes": r.baseline_memory_bytes,
+                               "peak_rss_bytes": r.peak_rss_bytes}
+        if r.latency:
+            lat = r.latency
+            row.update({
+                "latency_init_ms": lat.init, "latency_first_ms": lat.first,
+                "latency_warmup_avg_ms": lat.warmup_avg, "latency_avg_ms": lat.avg,
+                "latency_p50_ms": lat.p50, "latency_p90_ms": lat.p90, "latency_p99_ms": lat.p99,
+                "latency_std_ms": lat.std, "latency_min_ms": lat.min, "latency_max_ms": lat.max,
+                "latency_count": lat.count,
+            })
+        if r.telemetry:
+            t = r.telemetry
+            row.update({
+                "peak_memory_bytes": t.memory_peak_bytes, "peak_memory_source": t.memory_peak_source,
+                "avg_memory_bytes": t.memory_avg_bytes, "cpu_avg_percent": t.cpu_avg_percent,
+                "cpu_peak_percent": t.cpu_peak_percent, "block_read_bytes": t.block_read_bytes,
+                "block_write_bytes": t.block_write_bytes, "net_rx_bytes": t.net_rx_bytes,
+                "net_tx_bytes": t.net_tx_bytes, "sampler_cpu_percent": t.sampler_cpu_percent,
+                "sample_interval_ms": t.interval_ms, "sample_count": len(t.samples),
+            })
+        self.db["summaries"].insert(row)
+
+    def iterations(self, run_id: int) -> list[float]:
+        return [r["ms"] for r in self.query("SELECT ms FROM iterations WHERE run_id = ? ORDER BY idx", [run_id])]
+
+    def telemetry(self, run_id: int) -> list[dict[str, Any]]:
+        return self.query("SELECT t_s, cpu_percent, memory_bytes FROM telemetry WHERE run_id = ? ORDER BY idx", [run_id])

@@ -1,0 +1,198 @@
+"""What a run produces: the result types every driver returns and the store keeps.
+
+These are plain dataclasses so that the same objects can later cross the gRPC wire
+(issue 3) by a straight field-for-field mapping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class FailureClass(StrEnum):
+    """Why a run did not complete; decides retry vs fail (taken from LAVA)."""
+
+    INFRASTRUCTURE = "infrastructure"  # agent, transport or device lost: retry elsewhere
+    JOB = "job"  # bad spec, missing/corrupt model, unsupported operator: never retry
+    RESOURCE = "resource"  # out of memory at the limit
+    TIMEOUT = "timeout"
+    CANCELED = "canceled"
+    BUG = "bug"  # farm itself failed
+
+
+class RunStatus(StrEnum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class TaskStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"  # every task completed
+    FAILED = "failed"  # finished, at least one task failed
+    CANCELED = "canceled"
+    INTERRUPTED = "interrupted"  # the process that ran it died; `farm resume` carries on
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    shape: list[int | str]  # str for a symbolic (dynamic) dimension
+    dtype: str
+
+
+@dataclass
+class ModelFacts:
+    """What farm knows about a model file without running it."""
+
+    path: str
+    format: str  # "tflite" | "onnx" | "other"
+    size_bytes: int
+    sha256: str
+    inputs: list[TensorInfo] = field(default_factory=list)
+    outputs: list[TensorInfo] = field(default_factory=list)
+    op_count: int | None = None
+    param_count: int | None = None
+    op_types: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class LatencyStats:
+    """Per-inference latency in milliseconds."""
+
+    init: float | None
+    first: float | None
+    warmup_avg: float | None
+    avg: float
+    p50: float
+    p90: float
+    p99: float
+    std: float
+    min: float
+    max: float
+    count: int
+
+
+@dataclass
+class Limits:
+    """The budget a run really had (after the backend applied it)."""
+
+    cpus: float | None = None
+    cpuset: str | None = None
+    memory_mb: float | None = None
+
+
+@dataclass
+class TelemetrySample:
+    t_s: float  # seconds since the sandbox started
+    cpu_percent: float  # of one core
+    memory_bytes: int
+
+
+@dataclass
+class Telemetry:
+    interval_ms: float
+    cpu_avg_percent: float | None = None
+    cpu_peak_percent: float | None = None
+    memory_avg_bytes: float | None = None
+    memory_peak_bytes: int | None = None
+    # "kernel" (cgroup high-water mark), "rusage" (per-process max RSS) or "sampled"
+    memory_peak_source: str = "sampled"
+    block_read_bytes: int | None = None
+    block_write_bytes: int | None = None
+    net_rx_bytes: int | None = None
+    net_tx_bytes: int | None = None
+    sampler_cpu_percent: float | None = None  # the sampler's own cost, % of one core
+    samples: list[TelemetrySample] = field(default_factory=list)
+
+
+@dataclass
+class RunResult:
+    """One attempt at one task, as a driver reports it."""
+
+    status: RunStatus
+    failure_class: FailureClass | None = None
+    message: str = ""
+    backend: str = ""
+    limits: Limits = field(default_factory=Limits)
+    approximate: bool = False  # True when limits or peaks are best-effort (process backend)
+    wall_s: float | None = None  # wall time of the sandboxed process, spawn to exit
+    latency: LatencyStats | None = None
+    iterations_ms: list[float] = field(default_factory=list)
+    whole_run_s: float | None = None  # script mode: the user's process start to end
+    telemetry: Telemetry | None = None
+    baseline_memory_bytes: int | None = None  # harness RSS before the model was loaded
+    peak_rss_bytes: int | None = None  # harness VmHWM: comparable to benchmark_model's delta
+    model: ModelFacts | None = None
+    environment: dict[str, Any] = field(default_factory=dict)
+    tool_versions: dict[str, str] = field(default_factory=dict)
+    log_tail: str = ""  # last lines of the sandbox's output, kept for failures
+
+    @property
+    def ok(self) -> bool:
+        return self.status == RunStatus.COMPLETED
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def failed(cls, failure_class: FailureClass, message: str, **kw: Any) -> "RunResult":
+        return cls(status=RunStatus.FAILED, failure_class=failure_class, message=message, **kw)
+
+
+def _from_dict(tp: Any, data: Any) -> Any:
+    """Rebuild nested dataclasses from asdict() output (for JSON that crossed a process)."""
+    if data is None:
+        return None
+    if dataclasses.is_dataclass(tp):
+        hints = {f.name: f.type for f in dataclasses.fields(tp)}
+        kwargs = {}
+        for name, value in data.items():
+            if name not in hints:
+                continue
+            kwargs[name] = _convert_field(tp, name, value)
+        return tp(**kwargs)
+    return data
+
+
+_NESTED = {
+    (RunResult, "limits"): Limits,
+    (RunResult, "latency"): LatencyStats,
+    (RunResult, "telemetry"): Telemetry,
+    (RunResult, "model"): ModelFacts,
+    (RunResult, "status"): RunStatus,
+    (RunResult, "failure_class"): FailureClass,
+    (ModelFacts, "inputs"): [TensorInfo],
+    (ModelFacts, "outputs"): [TensorInfo],
+    (Telemetry, "samples"): [TelemetrySample],
+}
+
+
+def _convert_field(owner: type, name: str, value: Any) -> Any:
+    target = _NESTED.get((owner, name))
+    if target is None or value is None:
+        return value
+    if isinstance(target, list):
+        return [_from_dict(target[0], v) for v in value]
+    if isinstance(target, type) and issubclass(target, StrEnum):
+        return target(value)
+    return _from_dict(target, value)
+
+
+def run_result_from_dict(data: dict[str, Any]) -> RunResult:
+    return _from_dict(RunResult, data)
+
+
+def model_facts_from_dict(data: dict[str, Any]) -> ModelFacts:
+    return _from_dict(ModelFacts, data)

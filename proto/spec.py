@@ -1,0 +1,199 @@
+"""The job spec: what a user writes in job.yaml, validated into typed models.
+
+Validation happens before anything runs; every error names the file, the line, the
+field path and what is wrong (see load_job).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MEMORY_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}
+_CPUSET_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+
+
+def parse_memory(value: Any) -> int:
+    """'2g', '512m', '1.5GiB', 1073741824 -> bytes."""
+    if isinstance(value, bool):
+        raise ValueError("must be a size like 2g or 512m, not a boolean")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise ValueError("must be positive")
+        return int(value)
+    m = _MEMORY_RE.match(str(value))
+    if not m:
+        raise ValueError(f"{value!r} is not a memory size; write a number with k, m or g, e.g. 2g or 512m")
+    size = float(m.group(1)) * MEMORY_UNITS[m.group(2).lower()]
+    if size < 1 << 20:
+        raise ValueError(f"{value!r} is below 1 MiB; did you mean {value}m?")
+    return int(size)
+
+
+def parse_duration(value: Any) -> float:
+    """'90s', '10m', '250ms', 30 -> seconds."""
+    if isinstance(value, bool):
+        raise ValueError("must be a duration like 90s or 10m")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        m = _DURATION_RE.match(str(value))
+        if not m:
+            raise ValueError(f"{value!r} is not a duration; write e.g. 90s, 10m or 1h")
+        seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2).lower() if m.group(2) else None]
+    if seconds <= 0:
+        raise ValueError("must be positive")
+    return seconds
+
+
+class Strict(BaseModel):
+    # Unknown fields are rejected: a typo must not silently fall back to a default.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ModelEntry(Strict):
+    path: str = Field(description="Model file, or a glob such as models/*.tflite; relative to the job file")
+    name: str | None = Field(None, description="Display name; defaults to the file name without extension")
+    family: str | None = Field(None, description="Models of one family share a calibration where the data says so")
+
+
+class BenchmarkWorkload(Strict):
+    """Built-in benchmark for .tflite (LiteRT) and .onnx (ONNX Runtime) files."""
+
+    type: Literal["benchmark"] = "benchmark"
+    iterations: int = Field(50, gt=0, description="Timed inferences per run")
+    warmup: int = Field(5, ge=0, description="Untimed inferences before the timed ones (the first is reported apart)")
+    input_shapes: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description="Shapes for inputs with dynamic dimensions, by input name",
+    )
+    use_xnnpack: bool = Field(True, description="TFLite only: use the XNNPACK delegate")
+
+    @field_validator("input_shapes")
+    @classmethod
+    def _positive_dims(cls, v: dict[str, list[int]]) -> dict[str, list[int]]:
+        for name, shape in v.items():
+            if not shape or any(d <= 0 for d in shape):
+                raise ValueError(f"input {name!r}: every dimension must be a positive integer, got {shape}")
+        return v
+
+
+class ScriptWorkload(Strict):
+    """A user's own command, timed as a whole (the original tool's COMMAND/SCRIPT/DIR/PIPREQUIREMENTS)."""
+
+    type: Literal["script"]
+    command: str = Field("python", description="Program that runs the script, e.g. python or bash")
+    script: str | None = Field(None, description="Script file, relative to dir")
+    args: list[str] = Field(default_factory=list, description="Arguments; {model}, {threads}, {batch_size}, {input_size} are filled in")
+    dir: str = Field(".", description="Working directory, relative to the job file")
+    pip_requirements: list[str] = Field(default_factory=list, description="Installed into a cached virtual environment before the run")
+
+
+Workload = Annotated[Union[BenchmarkWorkload, ScriptWorkload], Field(discriminator="type")]
+
+
+class Matrix(Strict):
+    threads: list[int] = Field(default_factory=lambda: [1], description="Runtime threads")
+    batch_sizes: list[int] = Field(default_factory=lambda: [1], description="Batch dimension of every input")
+    input_sizes: list[int | None] = Field(
+        default_factory=lambda: [None],
+        description="Square spatial size for image inputs (null keeps the model's own)",
+    )
+
+    @field_validator("threads", "batch_sizes")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("must list at least one value")
+        for x in v:
+            if x < 1:
+                raise ValueError(f"every value must be at least 1, got {x}")
+        return v
+
+    @field_validator("input_sizes")
+    @classmethod
+    def _sizes(cls, v: list[int | None]) -> list[int | None]:
+        if not v:
+            raise ValueError("must list at least one value (null keeps the model's own size)")
+        for x in v:
+            if x is not None and x < 1:
+                raise ValueError(f"every size must be at least 1, got {x}")
+        return v
+
+
+class SimBudget(Strict):
+    """The local sandbox that stands in for a device: its CPU and memory budget."""
+
+    cpus: float | None = Field(None, gt=0, description="CPU quota in cores (0.5 = half a core); default: the run's thread count")
+    cpuset: str | None = Field(None, description="Cores the run may use, e.g. '0' or '0-1'")
+    memory: int | None = Field(None, description="Memory limit like 2g or 512m, swap off; default: none")
+    backend: Literal["auto", "cgroup", "docker", "process"] = "auto"
+    image: str | None = Field(None, description="docker backend: image to run in (default: farm's own)")
+    sample_interval_ms: float = Field(50, ge=5, le=10_000, description="Telemetry sampling period")
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory(cls, v: Any) -> int | None:
+        return None if v is None else parse_memory(v)
+
+    @field_validator("cpuset")
+    @classmethod
+    def _cpuset(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        v = str(v).replace(" ", "")
+        if not _CPUSET_RE.match(v):
+            raise ValueError(f"{v!r} is not a cpuset; write cores like '0', '0-1' or '0,2'")
+        return v
+
+
+class Timeouts(Strict):
+    run: float = Field(600, description="One run, e.g. 90s or 10m; a run over it fails as timeout")
+    job: float | None = Field(None, description="The whole job; remaining tasks are canceled")
+
+    @field_validator("run", "job", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> float | None:
+        return None if v is None else parse_duration(v)
+
+
+class JobSpec(Strict):
+    name: str | None = Field(None, description="A label for `farm jobs`; defaults to the file name")
+    models: list[Union[str, ModelEntry]] = Field(description="Model files or globs")
+    workload: Workload = Field(default_factory=BenchmarkWorkload)
+    matrix: Matrix = Field(default_factory=Matrix)
+    repeats: int = Field(1, ge=1, le=1000, description="Runs of every matrix cell")
+    targets: list[str] = Field(default_factory=lambda: ["sim"], description="Where to run: 'sim' here; devices, types and tags arrive with the device drivers")
+    sim: SimBudget = Field(default_factory=SimBudget)
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    priority: Literal["interactive", "normal", "low"] = "normal"
+
+    @field_validator("models")
+    @classmethod
+    def _not_empty(cls, v: list) -> list:
+        if not v:
+            raise ValueError("list at least one model file or glob")
+        return v
+
+    @field_validator("targets")
+    @classmethod
+    def _known_targets(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("list at least one target, e.g. [sim]")
+        unknown = [t for t in v if t != "sim"]
+        if unknown:
+            raise ValueError(f"unknown target(s) {unknown}: only 'sim' is available until device drivers are configured")
+        return v
+
+
+def job_json_schema() -> dict[str, Any]:
+    schema = JobSpec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "farm job"
+    return schema
