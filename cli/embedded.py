@@ -6,6 +6,7 @@ the very same Controller and Agent, with the wire in between.
 
 from __future__ import annotations
 
+import signal
 import threading
 from pathlib import Path
 from typing import Callable
@@ -37,15 +38,23 @@ def run_job_embedded(store: Store, job_id: int, *, slots: int = 1, backend: str 
         timer = threading.Timer(job_timeout_s, job_timed_out)
         timer.daemon = True
         timer.start()
+    interrupted = []
+
+    def on_signal(signum, frame) -> None:
+        # Only flag here: the main thread may be inside a store transaction.
+        interrupted.append(signum)
+        agent.stop()
+
+    # Ctrl+C and SIGTERM stop the sandboxed runs too (the original tool left containers behind).
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         agent.run_job(job_id)
-        return True
-    except KeyboardInterrupt:
-        # Ctrl+C stops the sandboxed runs too (the original tool left containers behind).
-        controller.cancel_job(job_id)
-        agent.stop()
-        agent.join()
-        return False
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if timer:
             timer.cancel()
+    if interrupted:
+        controller.cancel_job(job_id)
+        return False
+    return True

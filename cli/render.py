@@ -74,7 +74,7 @@ def results_table(records: list[dict[str, Any]], title: str | None = None) -> Ta
 
 def failures(records: list[dict[str, Any]]) -> list[str]:
     return [f"{r['model']['name']} (threads {r['threads']}, repeat {r['repeat']}): {r['failure_class']}: {r['message']}"
-            for r in records if r["failure_class"] and r["status"] != "completed"]
+            for r in records if r["failure_class"] and r["status"] not in ("completed", "canceled")]
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:

@@ -211,7 +211,7 @@ class Controller:
         if p.pending or p.running:
             return
         job = self.store.job(job_id)
-        if job["status"] == JobStatus.CANCELED.value:
+        if job["status"] == JobStatus.CANCELED.value or p.canceled:
             status = JobStatus.CANCELED
         elif p.completed == p.total:
             status = JobStatus.COMPLETED

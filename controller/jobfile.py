@@ -32,6 +32,7 @@ class ResolvedModel:
     name: str
     family: str | None
     facts: ModelFacts
+    entry_index: int  # which `models:` entry it came from, for error lines
 
 
 @dataclass
@@ -48,13 +49,14 @@ class ResolvedJob:
 def _node_at(root: yaml.Node | None, loc: tuple[Any, ...]) -> yaml.Node | None:
     """The deepest YAML node along a pydantic error location."""
     node = root
-    for key in loc:
+    for i, key in enumerate(loc):
         if isinstance(node, yaml.MappingNode):
             match = next((v for k, v in node.value if k.value == key), None)
             if match is None:
+                if i + 1 < len(loc):
+                    continue  # a union branch label such as 'benchmark', not a field
                 # an unknown field: point at its key
-                match = next((k for k, _ in node.value if k.value == key), None)
-                return match or node
+                return next((k for k, _ in node.value if k.value == key), node)
             node = match
         elif isinstance(node, yaml.SequenceNode) and isinstance(key, int):
             if key >= len(node.value):
@@ -152,7 +154,7 @@ def resolve_models(spec: JobSpec, root: yaml.Node | None, base_dir: Path, source
                 facts = inspect_model(path)
             except ModelError as e:
                 raise JobFileError(f"{where}: {e}") from None
-            resolved.append(ResolvedModel(path.resolve(), entry.name or "", entry.family, facts))
+            resolved.append(ResolvedModel(path.resolve(), entry.name or "", entry.family, facts, index))
     # Default names are file stems; the same stem in two formats keeps its extension to stay distinct.
     stems = [m.path.stem for m in resolved if not m.name]
     for m in resolved:
@@ -167,17 +169,18 @@ def resolve_models(spec: JobSpec, root: yaml.Node | None, base_dir: Path, source
 
 def check_benchmark_models(spec: JobSpec, models: list[ResolvedModel], root: yaml.Node | None, source_name: str) -> None:
     """Only formats the built-in benchmark runs, and no operator the runtime lacks."""
-    for index, model in enumerate(models):
+    for model in models:
+        where = f"{source_name}:{_model_line(root, model.entry_index)}: models[{model.entry_index}]"
         suffix = model.path.suffix.lower()
         if suffix not in BENCHMARK_FORMATS:
             raise JobFileError(
-                f"{source_name}: models: {model.path.name} is a {suffix or 'extension-less'} file; the built-in "
+                f"{where}: {model.path.name} is a {suffix or 'extension-less'} file; the built-in "
                 f"benchmark runs .tflite and .onnx — use `workload: {{type: script, ...}}` for other formats."
             )
         unsupported = find_unsupported_ops(model.path)
         if unsupported:
             raise JobFileError(
-                f"{source_name}: models: {model.path.name} uses operator(s) the {BENCHMARK_FORMATS[suffix]} runtime "
+                f"{where}: {model.path.name} uses operator(s) the {BENCHMARK_FORMATS[suffix]} runtime "
                 f"here does not support: {', '.join(unsupported)}. Replace them, or register a custom-op library."
             )
         if isinstance(spec.workload, BenchmarkWorkload):
@@ -185,28 +188,30 @@ def check_benchmark_models(spec: JobSpec, models: list[ResolvedModel], root: yam
                 if name not in {t.name for t in model.facts.inputs}:
                     known = ", ".join(t.name for t in model.facts.inputs)
                     raise JobFileError(
-                        f"{source_name}: workload.input_shapes: {model.path.name} has no input named {name!r} (its inputs: {known})."
+                        f"{where}: workload.input_shapes: {model.path.name} has no input named {name!r} (its inputs: {known})."
                     )
 
 
 def check_script(spec: JobSpec, base_dir: Path, root: yaml.Node | None, source_name: str) -> tuple[Path, Path | None]:
     workload = spec.workload
     assert isinstance(workload, ScriptWorkload)
-    node = _node_at(root, ("workload",))
-    line = node.start_mark.line + 1 if node is not None else 1
+    def line(field: str) -> int:
+        node = _node_at(root, ("workload", field))
+        return node.start_mark.line + 1 if node is not None else 1
+
     script_dir = (base_dir / workload.dir).resolve()
     if not script_dir.is_dir():
-        raise JobFileError(f"{source_name}:{line}: workload.dir: {workload.dir!r} is not a directory (looked for {script_dir}).")
+        raise JobFileError(f"{source_name}:{line('dir')}: workload.dir: {workload.dir!r} is not a directory (looked for {script_dir}).")
     script_path = None
     if workload.script:
         script_path = (script_dir / workload.script).resolve()
         if not script_path.is_file():
-            raise JobFileError(f"{source_name}:{line}: workload.script: {workload.script!r} does not exist in {script_dir}.")
+            raise JobFileError(f"{source_name}:{line('script')}: workload.script: {workload.script!r} does not exist in {script_dir}.")
         try:
             with open(script_path, "rb"):
                 pass
         except OSError as e:
-            raise JobFileError(f"{source_name}:{line}: workload.script: {script_path} cannot be read: {e.strerror}.") from None
+            raise JobFileError(f"{source_name}:{line('script')}: workload.script: {script_path} cannot be read: {e.strerror}.") from None
     return script_dir, script_path
 
 

@@ -11,6 +11,7 @@ import time
 
 from farm.agents.harness.task import HarnessOutput, HarnessTask
 from farm.agents.harness.tflite_runner import ModelRejected
+from farm.agents.sandbox.process_tree import die_with_parent
 
 TIMING_KEYS = ("latency_ms", "inference_ms")
 
@@ -41,7 +42,7 @@ def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
     t0 = time.perf_counter()
     try:
         proc = subprocess.Popen(task.command, cwd=task.script_dir, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1)
+                                stderr=subprocess.STDOUT, text=True, bufsize=1, preexec_fn=die_with_parent)
     except FileNotFoundError:
         raise ModelRejected(f"command {task.command[0]!r} was not found on the PATH of the sandbox") from None
     except PermissionError:

@@ -6,6 +6,7 @@ reaper thread calls wait4() so the exit time and the kernel's rusage are exact.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -14,6 +15,14 @@ import time
 from pathlib import Path
 
 OUTPUT_TAIL_BYTES = 64 * 1024
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def die_with_parent() -> None:
+    """In a child before exec: the kernel kills it if farm dies (even by kill -9), so no
+    orphaned run keeps loading the cores the next measurement uses."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class ReapedProcess:
@@ -24,9 +33,14 @@ class ReapedProcess:
         self.output_path = output_path
         self._output = open(output_path, "wb")
         self.started_at = time.monotonic()
+        def child_setup() -> None:
+            die_with_parent()
+            if preexec_fn is not None:
+                preexec_fn()
+
         self.proc = subprocess.Popen(
             argv, env=env, cwd=str(cwd), stdin=subprocess.DEVNULL, stdout=self._output,
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec_fn,
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=child_setup,
         )
         self.pid = self.proc.pid
         self.exited = threading.Event()

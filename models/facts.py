@@ -1,0 +1,442 @@
+"""What farm can learn about a model file without running it: ModelFacts, and unsupported operators."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import io
+import math
+import re
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from ai_edge_litert import schema_py_generated as tflite_schema
+
+from farm.models.generate_tflite import single_custom_op_tflite
+from farm.proto.results import ModelFacts, TensorInfo
+
+TFLITE_SUFFIXES = frozenset({".tflite"})
+ONNX_SUFFIXES = frozenset({".onnx"})
+TFLITE_FILE_IDENTIFIER = b"TFL3"
+DYNAMIC_DIM = "?"  # how a dimension unknown until run time is shown when it has no name
+DEFAULT_ONNX_DOMAINS = frozenset({"", "ai.onnx"})
+
+
+class ModelError(ValueError):
+    """The model file is missing, unreadable or not a valid model of its format."""
+
+
+def model_format(path: Path) -> str:
+    """'tflite', 'onnx' or 'other', from the file name."""
+    suffix = path.suffix.lower()
+    if suffix in TFLITE_SUFFIXES:
+        return "tflite"
+    if suffix in ONNX_SUFFIXES:
+        return "onnx"
+    return "other"
+
+
+def inspect_model(path: Path) -> ModelFacts:
+    """Size, hash, inputs/outputs, operator and parameter counts of a .tflite or .onnx file.
+
+    Raises ModelError naming the file when it cannot be read or parsed.
+    """
+    path = Path(path)
+    data = _read(path)
+    facts = ModelFacts(
+        path=str(path),
+        format=model_format(path),
+        size_bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+    )
+    if facts.format == "tflite":
+        _fill_tflite_facts(facts, _parse_tflite(path, data))
+    elif facts.format == "onnx":
+        _fill_onnx_facts(facts, _parse_onnx(path, data))
+    return facts
+
+
+def find_unsupported_ops(path: Path) -> list[str]:
+    """Operators in the model that the installed runtime (LiteRT / onnxruntime) cannot run.
+
+    TFLite: custom ops no resolver provides (by custom_code) and builtin codes this LiteRT does
+    not know ('BUILTIN_<code>'), or an op at a version it lacks ('NAME v<version>').
+    ONNX: op types with no CPU kernel, as 'Op' in the default domain and 'domain:Op' elsewhere.
+    Empty for 'other' files and for models that load cleanly. Raises ModelError for corrupt files.
+    """
+    path = Path(path)
+    fmt = model_format(path)
+    if fmt == "tflite":
+        data = _read(path)
+        return _tflite_unsupported_ops(data, _parse_tflite(path, data))
+    if fmt == "onnx":
+        data = _read(path)
+        return _onnx_unsupported_ops(data, _parse_onnx(path, data))
+    return []
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise ModelError(f"{path} does not exist") from None
+    except IsADirectoryError:
+        raise ModelError(f"{path} is a directory, not a model file") from None
+    except OSError as exc:
+        raise ModelError(f"{path} cannot be read: {exc.strerror or exc}") from None
+
+
+def _unique(names: list[str]) -> list[str]:
+    return list(dict.fromkeys(names))
+
+
+# --- TFLite -----------------------------------------------------------------------------------
+
+_BUILTIN_NAMES: dict[int, str] = {
+    value: name
+    for name, value in vars(tflite_schema.BuiltinOperator).items()
+    if not name.startswith("_") and isinstance(value, int)
+}
+_TFLITE_DTYPES: dict[int, str] = {
+    value: name.lower()  # FLOAT32 -> float32, BFLOAT16 -> bfloat16: the numpy / ml_dtypes names
+    for name, value in vars(tflite_schema.TensorType).items()
+    if not name.startswith("_") and isinstance(value, int)
+}
+
+
+def _parse_tflite(path: Path, data: bytes) -> tflite_schema.ModelT:
+    if len(data) < 8:
+        raise ModelError(f"{path} is not a valid TFLite flatbuffer (only {len(data)} bytes)")
+    identifier = data[4:8]
+    if identifier != TFLITE_FILE_IDENTIFIER:
+        shown = identifier.decode("ascii", errors="backslashreplace")
+        raise ModelError(f"{path} is not a valid TFLite flatbuffer (file identifier {shown!r}, expected 'TFL3')")
+    try:
+        model = tflite_schema.ModelT.InitFromPackedBuf(data, 0)
+    except Exception as exc:  # the generated reader has no verifier: garbage offsets fail anywhere
+        raise ModelError(f"{path} is not a valid TFLite flatbuffer (truncated or corrupt: {exc})") from None
+    problem = _tflite_structure_problem(model)
+    if problem:
+        raise ModelError(f"{path} is not a valid TFLite flatbuffer ({problem})")
+    return model
+
+
+def _tflite_structure_problem(model: tflite_schema.ModelT) -> str | None:
+    """The first broken cross-reference in the model, so later code can index freely."""
+    subgraphs = model.subgraphs or []
+    if not subgraphs:
+        return "no subgraphs"
+    buffer_count = len(model.buffers or [])
+    opcode_count = len(model.operatorCodes or [])
+    for sg_index, subgraph in enumerate(subgraphs):
+        if subgraph is None:
+            return f"subgraph {sg_index} is missing"
+        tensors = subgraph.tensors or []
+        for tensor in tensors:
+            if tensor is None:
+                return f"subgraph {sg_index} has a missing tensor"
+            if not 0 <= tensor.buffer < max(buffer_count, 1):
+                return f"tensor {tensor.name!r} refers to buffer {tensor.buffer} of {buffer_count}"
+        for io_index in [*_ints(subgraph.inputs), *_ints(subgraph.outputs)]:
+            if not 0 <= io_index < len(tensors):
+                return f"subgraph {sg_index} input/output {io_index} is not one of its {len(tensors)} tensors"
+        for op_index, operator in enumerate(subgraph.operators or []):
+            if operator is None or not 0 <= operator.opcodeIndex < opcode_count:
+                return f"operator {op_index} of subgraph {sg_index} has no valid operator code"
+            for tensor_index in [*_ints(operator.inputs), *_ints(operator.outputs)]:
+                if not -1 <= tensor_index < len(tensors):  # -1 marks an omitted optional input
+                    return f"operator {op_index} of subgraph {sg_index} uses tensor {tensor_index} of {len(tensors)}"
+    return None
+
+
+def _ints(values: Any) -> list[int]:
+    return [] if values is None else [int(v) for v in values]
+
+
+def _tflite_builtin_code(code: tflite_schema.OperatorCodeT) -> int:
+    # Writers fill deprecated_builtin_code (int8, <=127) and builtin_code (int32); old files only the former.
+    return max(int(code.builtinCode), int(code.deprecatedBuiltinCode))
+
+
+def _tflite_op_name(code: tflite_schema.OperatorCodeT) -> str:
+    builtin = _tflite_builtin_code(code)
+    if builtin == tflite_schema.BuiltinOperator.CUSTOM:
+        return _decode(code.customCode) or "CUSTOM"
+    return _BUILTIN_NAMES.get(builtin, f"BUILTIN_{builtin}")
+
+
+def _decode(value: str | bytes | None) -> str:
+    if value is None:
+        return ""
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
+
+
+def _tflite_tensor_info(tensor: tflite_schema.TensorT) -> TensorInfo:
+    signature = _ints(tensor.shapeSignature)
+    dims = signature if signature else _ints(tensor.shape)
+    shape: list[int | str] = [DYNAMIC_DIM if dim < 0 else dim for dim in dims]
+    return TensorInfo(
+        name=_decode(tensor.name),
+        shape=shape,
+        dtype=_TFLITE_DTYPES.get(int(tensor.type), f"tflite_type_{tensor.type}"),
+    )
+
+
+def _tflite_buffer_has_data(buffer: tflite_schema.BufferT | None) -> bool:
+    if buffer is None:
+        return False
+    return (buffer.data is not None and len(buffer.data) > 0) or buffer.size > 0  # size: data outside the flatbuffer
+
+
+def _fill_tflite_facts(facts: ModelFacts, model: tflite_schema.ModelT) -> None:
+    codes = model.operatorCodes or []
+    buffers = model.buffers or []
+    main = model.subgraphs[0]
+    tensors = main.tensors or []
+    facts.inputs = [_tflite_tensor_info(tensors[i]) for i in _ints(main.inputs)]
+    facts.outputs = [_tflite_tensor_info(tensors[i]) for i in _ints(main.outputs)]
+
+    op_types: Counter[str] = Counter()
+    constant_elements: dict[int, int] = {}  # buffer index -> elements; a shared buffer counts once
+    for subgraph in model.subgraphs:
+        for operator in subgraph.operators or []:
+            op_types[_tflite_op_name(codes[operator.opcodeIndex])] += 1
+        for tensor in subgraph.tensors or []:
+            if tensor.buffer > 0 and _tflite_buffer_has_data(buffers[tensor.buffer]):
+                constant_elements[tensor.buffer] = math.prod(_ints(tensor.shape))
+    facts.op_count = sum(op_types.values())
+    facts.op_types = dict(op_types)
+    facts.param_count = sum(constant_elements.values())
+
+
+def _tflite_unsupported_ops(data: bytes, model: tflite_schema.ModelT) -> list[str]:
+    codes = model.operatorCodes or []
+    used = {op.opcodeIndex for sg in model.subgraphs for op in sg.operators or []}
+    custom_codes = [
+        _tflite_op_name(codes[i])
+        for i in sorted(used)
+        if _tflite_builtin_code(codes[i]) == tflite_schema.BuiltinOperator.CUSTOM
+    ]
+    unknown_builtins = [
+        _tflite_op_name(codes[i]) for i in sorted(used) if _tflite_builtin_code(codes[i]) not in _BUILTIN_NAMES
+    ]
+    message = _litert_load_error(data)
+    if message is None:
+        return []  # every operator resolved (custom ones included)
+    unsupported = [*_tflite_ops_named_in_error(message), *unknown_builtins]
+    unsupported += [name for name in custom_codes if name not in unsupported and not _litert_has_custom_op(name)]
+    return _unique(unsupported)
+
+
+def _litert_interpreter(model_content: bytes) -> Any:
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType  # native library: load on first use
+
+    # Without the default XNNPACK delegate, allocation only resolves and prepares kernels: fast.
+    return Interpreter(
+        model_content=model_content,
+        num_threads=1,
+        experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
+    )
+
+
+def _litert_load_error(model_content: bytes) -> str | None:
+    """LiteRT's message when it cannot build and allocate the model, else None."""
+    try:
+        _litert_interpreter(model_content).allocate_tensors()
+    except (ValueError, RuntimeError) as exc:
+        return str(exc)
+    return None
+
+
+_TFLITE_ERROR_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"unresolved custom op: ([^\s.]+(?:\.[^\s.]+)*)\."), "{0}"),
+    (re.compile(r"Didn't find op for builtin opcode '(\w+)' version '(\d+)'"), "{0} v{1}"),
+    (re.compile(r"builtin_code out of range: (\d+)"), "BUILTIN_{0}"),
+    (re.compile(r"Could not get '([\w.]+)' operation parameters"), "{0}"),
+)
+
+
+def _tflite_ops_named_in_error(message: str) -> list[str]:
+    names: list[str] = []
+    for pattern, template in _TFLITE_ERROR_PATTERNS:
+        for match in pattern.finditer(message):
+            names.append(template.format(*match.groups()))
+    return names
+
+
+@functools.lru_cache(maxsize=256)
+def _litert_has_custom_op(custom_code: str) -> bool:
+    """Whether LiteRT's resolver provides `custom_code` (some custom ops ship built in)."""
+    message = _litert_load_error(single_custom_op_tflite(custom_code))
+    return message is None or "unresolved custom op" not in message
+
+
+# --- ONNX -------------------------------------------------------------------------------------
+
+
+def _parse_onnx(path: Path, data: bytes) -> onnx.ModelProto:
+    try:
+        model = onnx.load_model_from_string(data)
+    except Exception as exc:  # protobuf DecodeError and friends
+        raise ModelError(f"{path} is not a valid ONNX model (protobuf does not parse: {exc})") from None
+    # Random bytes can decode as a protobuf of unknown fields: demand the parts every model has.
+    if not model.HasField("graph") or not model.opset_import:
+        missing = "graph" if not model.HasField("graph") else "opset_import"
+        raise ModelError(f"{path} is not a valid ONNX model (no {missing}; IR version {model.ir_version})")
+    return model
+
+
+def _onnx_dtype(elem_type: int) -> str:
+    if elem_type == onnx.TensorProto.STRING:
+        return "string"
+    try:
+        return str(onnx.helper.tensor_dtype_to_np_dtype(elem_type).name)
+    except (KeyError, ValueError, TypeError):
+        return onnx.TensorProto.DataType.Name(elem_type).lower() if elem_type else "undefined"
+
+
+def _onnx_value_info(value: onnx.ValueInfoProto) -> TensorInfo:
+    kind = value.type.WhichOneof("value")
+    if kind != "tensor_type":
+        return TensorInfo(name=value.name, shape=[], dtype=kind or "undefined")  # sequence, map, optional
+    tensor_type = value.type.tensor_type
+    shape: list[int | str] = []
+    for dim in tensor_type.shape.dim:
+        if dim.HasField("dim_value"):
+            shape.append(int(dim.dim_value))
+        else:
+            shape.append(dim.dim_param or DYNAMIC_DIM)
+    return TensorInfo(name=value.name, shape=shape, dtype=_onnx_dtype(tensor_type.elem_type))
+
+
+def _onnx_op_key(node: onnx.NodeProto) -> str:
+    return node.op_type if node.domain in DEFAULT_ONNX_DOMAINS else f"{node.domain}:{node.op_type}"
+
+
+def _onnx_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node, including those in If/Loop/Scan bodies."""
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from _onnx_nodes(attribute.g)
+            elif attribute.type == onnx.AttributeProto.GRAPHS:
+                for subgraph in attribute.graphs:
+                    yield from _onnx_nodes(subgraph)
+
+
+def _onnx_param_count(graph: onnx.GraphProto) -> int:
+    """Initializer elements; a shape initializer feeding ConstantOfShape counts as the tensor it makes.
+
+    The model zoo's 'light' models keep only weight shapes and rebuild the weights with
+    ConstantOfShape at load time; counting the shapes' own 2-4 elements would say nothing.
+    """
+    initializers = {init.name: init for init in graph.initializer}
+    materialised: dict[str, int] = {}
+    for node in _onnx_nodes(graph):
+        if node.op_type == "ConstantOfShape" and node.input and node.input[0] in initializers:
+            shape = onnx.numpy_helper.to_array(initializers[node.input[0]])
+            materialised[node.input[0]] = int(np.prod(shape, dtype=np.int64))
+    consumers: Counter[str] = Counter(name for node in _onnx_nodes(graph) for name in node.input)
+    total = 0
+    for name, init in initializers.items():
+        only_a_shape = name in materialised and consumers[name] == 1
+        total += materialised[name] if only_a_shape else int(math.prod(init.dims))
+    total += sum(int(math.prod(sparse.dims)) for sparse in graph.sparse_initializer)
+    return total
+
+
+def _fill_onnx_facts(facts: ModelFacts, model: onnx.ModelProto) -> None:
+    graph = model.graph
+    initializer_names = {init.name for init in graph.initializer}
+    # Before IR 4 every initializer was also listed as a graph input: those are weights, not inputs.
+    facts.inputs = [_onnx_value_info(v) for v in graph.input if v.name not in initializer_names]
+    facts.outputs = [_onnx_value_info(v) for v in graph.output]
+    op_types = Counter(_onnx_op_key(node) for node in _onnx_nodes(graph))
+    facts.op_count = sum(op_types.values())
+    facts.op_types = dict(op_types)
+    facts.param_count = _onnx_param_count(graph)
+
+
+@functools.lru_cache(maxsize=1)
+def _onnxruntime_cpu_kernels() -> frozenset[tuple[str, str]] | None:
+    """(domain, op type) pairs with a CPU kernel in the installed onnxruntime; None if it cannot say."""
+    try:
+        from onnxruntime.capi import _pybind_state as ort_native
+
+        kernel_defs = ort_native.get_all_opkernel_def()
+    except (ImportError, AttributeError, RuntimeError):  # a minimal build without the kernel registry API
+        return None
+    return frozenset(
+        ("" if k.domain in DEFAULT_ONNX_DOMAINS else k.domain, k.op_name)
+        for k in kernel_defs
+        if k.provider == "CPUExecutionProvider"
+    )
+
+
+def _expands_to_function(node: onnx.NodeProto, model: onnx.ModelProto) -> bool:
+    """onnxruntime inlines model-local functions and ONNX ops defined by a function body."""
+    domain = "" if node.domain in DEFAULT_ONNX_DOMAINS else node.domain
+    if any(f.name == node.op_type and f.domain == node.domain for f in model.functions):
+        return True
+    try:
+        schema = onnx.defs.get_schema(node.op_type, domain=domain)
+    except Exception:  # SchemaError for unknown ops; TypeError for op names that are not valid text
+        return False
+    # Properties of the C++ schema that onnx's type stubs leave out.
+    return bool(getattr(schema, "has_function", False) or getattr(schema, "has_context_dependent_function", False))
+
+
+def _onnx_unsupported_ops(data: bytes, model: onnx.ModelProto) -> list[str]:
+    kernels = _onnxruntime_cpu_kernels()
+    missing = [
+        _onnx_op_key(node)
+        for node in _onnx_nodes(model.graph)
+        if kernels is not None
+        and ("" if node.domain in DEFAULT_ONNX_DOMAINS else node.domain, node.op_type) not in kernels
+        and not _expands_to_function(node, model)
+    ]
+    if missing:
+        return _unique(missing)
+    # Every op type has some kernel; onnxruntime itself still decides on versions and input types.
+    return _onnxruntime_ops_named_in_error(_onnxruntime_load_error(data))
+
+
+def _onnxruntime_load_error(data: bytes) -> str | None:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3  # errors only: no "removing unused initializer" chatter
+    try:
+        # onnxruntime print()s an "EP Error ... falling back" banner before re-raising: keep it off stdout.
+        with contextlib.redirect_stdout(io.StringIO()):
+            onnxruntime.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... classes
+        return str(exc)
+    return None
+
+
+_ONNX_ERROR_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"Could not find an implementation for (\w+)\((\d+)\)"), "{0}"),
+    (re.compile(r"Fatal error: ([\w.]*):(\w+)\(-?\d+\) is not a registered function/op"), "{0}:{1}"),
+    (re.compile(r"No Op registered for (\w+) with domain_version"), "{0}"),
+    (re.compile(r'In Node, \("[^"]*", (\w+), "([^"]*)", -?\d+\).*?No opset import for domain'), "{1}:{0}"),
+    (re.compile(r"Unrecognized (?:op|operator)[^\w]*(\w+)"), "{0}"),
+)
+
+
+def _onnxruntime_ops_named_in_error(message: str | None) -> list[str]:
+    if not message:
+        return []
+    names: list[str] = []
+    for pattern, template in _ONNX_ERROR_PATTERNS:
+        for match in pattern.finditer(message):
+            # Default-domain ops are named without a domain, as in ModelFacts.op_types.
+            names.append(template.format(*match.groups()).removeprefix("ai.onnx:").removeprefix(":"))
+    return _unique(names)

@@ -1,0 +1,81 @@
+"""Shared fixtures: a private store per test, small models, and running the real `farm` CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from farm.agents.sandbox import backend_class
+
+FARM = [sys.executable, "-m", "farm.cli.main"]
+
+
+@dataclass
+class FarmRun:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def json(self):
+        return json.loads(self.stdout)
+
+
+@pytest.fixture
+def farm_db(tmp_path: Path) -> Path:
+    return tmp_path / "farm.db"
+
+
+@pytest.fixture
+def farm(farm_db: Path, tmp_path: Path):
+    """Run the real CLI in a subprocess, as a user would, against this test's store."""
+
+    def run(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> FarmRun:
+        full_env = {**os.environ, "FARM_DB": str(farm_db), **(env or {})}
+        p = subprocess.run([*FARM, *args], cwd=cwd or tmp_path, capture_output=True, text=True,
+                           timeout=timeout, env=full_env)
+        return FarmRun(p.returncode, p.stdout, p.stderr)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    from farm.models.generate import (
+        write_corrupt_tflite, write_tiny_onnx, write_tiny_tflite, write_unsupported_op_onnx,
+        write_unsupported_op_tflite,
+    )
+    d = tmp_path_factory.mktemp("models")
+    return {
+        "tflite": write_tiny_tflite(d / "tiny.tflite"),
+        "onnx": write_tiny_onnx(d / "tiny.onnx"),
+        "corrupt_tflite": write_corrupt_tflite(d / "corrupt.tflite"),
+        "unsupported_tflite": write_unsupported_op_tflite(d / "custom_op.tflite"),
+        "unsupported_onnx": write_unsupported_op_onnx(d / "custom_op.onnx"),
+    }
+
+
+@pytest.fixture(scope="session")
+def mobilenet_models(tmp_path_factory) -> dict[str, Path]:
+    """A small real family: MobileNetV2 at two widths, input 96, both formats."""
+    from farm.models.generate import generate_examples
+    d = tmp_path_factory.mktemp("mobilenet")
+    models = generate_examples(d, widths=[0.35, 1.0], input_sizes=[96], zoo=False)
+    return {m.path.name: m.path for m in models}
+
+
+def require_backend(name: str) -> None:
+    reason = backend_class(name).unavailable_reason()
+    if reason:
+        pytest.skip(f"{name} backend unavailable: {reason}")
+
+
+def write_job(directory: Path, text: str, name: str = "job.yaml") -> Path:
+    path = directory / name
+    path.write_text(text)
+    return path
