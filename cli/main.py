@@ -245,9 +245,9 @@ def cmd_models_generate(args: argparse.Namespace) -> int:
     if sizes:
         kwargs["input_sizes"] = sizes
 
-    def progress(model) -> None:
+    def progress(model, done: int, total: int) -> None:
         if not args.json and not args.quiet:
-            err.print(f"  {model.path}")
+            err.print(f"[{done}/{total}] {model.path}{'' if model.written else ' (unchanged)'}", highlight=False)
 
     models = generate_examples(dest, progress=progress, **kwargs)
     if args.json:

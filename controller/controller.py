@@ -163,13 +163,15 @@ class Controller:
         """Renew the lease. False means stop: the task was canceled or its lease lost."""
         with self.store.transaction():
             row = self.store.db.execute(
-                "SELECT t.status, t.attempts, j.status FROM tasks t JOIN jobs j ON j.id = t.job_id "
+                "SELECT t.status, t.attempts, t.lease_expires_at, j.status FROM tasks t JOIN jobs j ON j.id = t.job_id "
                 "WHERE t.id = ?", [task_id]).fetchone()
             if row is None:
                 return False
-            status, attempts, job_status = row
+            status, attempts, expires_at, job_status = row
             if status != TaskStatus.RUNNING.value or attempts != attempt or job_status == JobStatus.CANCELED.value:
                 return False
+            if expires_at is not None and expires_at < time.time():
+                return False  # too late: the task may already be another agent's
             self.store.db["tasks"].update(task_id, {"lease_expires_at": time.time() + self.lease_ttl_s})
         return True
 

@@ -1,0 +1,113 @@
+"""The sim's budget is real: memory past the limit ends as `resource` naming the limit,
+half a CPU takes twice as long as one, and a short allocation spike is in the peak.
+
+Each behaviour runs through `farm submit` for every backend that can run here; the
+cgroup tests need root (CI runs as root), the docker ones an engine (see test_sandbox_docker)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import require_backend, write_job
+from farm.agents.sandbox import backend_class
+from farm.agents.sandbox.base import Budget
+from farm.agents.telemetry import TelemetrySampler
+
+MiB = 1 << 20
+ALLOCATE_400MB = "b = bytearray(400 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('survived')\n"
+# Fixed work, not fixed time: the wall time then shows how much CPU the budget allowed.
+CPU_BOUND = "x = 0\nfor i in range(12_000_000): x += i * i\n"
+
+
+def _script_job(tmp_path: Path, tiny_models, script: str, sim: str, name: str) -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    os.symlink(tiny_models["tflite"], d / "tiny.tflite")
+    (d / "work.py").write_text(script)
+    return write_job(d, f"models: [tiny.tflite]\nworkload: {{type: script, script: work.py}}\nsim: {sim}\n")
+
+
+@pytest.mark.parametrize("backend", ["cgroup", "process"])
+def test_allocation_past_the_limit_is_a_resource_failure_naming_it(backend: str, tmp_path: Path, tiny_models, farm) -> None:
+    require_backend(backend)
+    job = _script_job(tmp_path, tiny_models, ALLOCATE_400MB, "{memory: 128m}", "oom")
+    run = farm("submit", str(job), "--backend", backend, "--json")
+    assert run.returncode == 1, run.stderr
+    r = run.json()["results"][0]
+    assert r["failure_class"] == "resource", r
+    assert "128 MiB limit" in r["message"] and "peak reached" in r["message"]
+    assert r["attempts"] == 1  # out of memory is the model's size, not bad luck: never retried
+    assert r["peak_memory_mb"] <= 128 * 1.05 if backend == "cgroup" else r["peak_memory_mb"] > 100
+
+
+@pytest.mark.parametrize("backend", ["cgroup", "process"])
+def test_half_a_cpu_takes_twice_as_long_as_one(backend: str, tmp_path: Path, tiny_models, farm) -> None:
+    require_backend(backend)
+    walls = {}
+    # Side by side in one test, interleaved, so machine noise hits both alike.
+    for rnd in range(2):
+        for cpus in (1.0, 0.5):
+            job = _script_job(tmp_path, tiny_models, CPU_BOUND, f"{{cpus: {cpus}, cpuset: '0'}}", f"cpu{cpus}-{rnd}")
+            run = farm("submit", str(job), "--backend", backend, "--json")
+            assert run.returncode == 0, run.stderr
+            r = run.json()["results"][0]
+            assert r["limits"]["cpus"] == cpus
+            walls.setdefault(cpus, []).append(r["whole_run_s"])
+    ratio = min(walls[0.5]) / min(walls[1.0])
+    assert 1.6 < ratio < 2.6, walls
+
+
+@pytest.mark.parametrize("backend", ["cgroup", "process"])
+def test_a_100ms_allocation_spike_is_in_the_peak(backend: str) -> None:
+    """200 MB held for 100 ms between long quiet phases: 3 s sampling would miss it."""
+    require_backend(backend)
+    sandbox_backend = backend_class(backend)()
+    script = ("import time\ntime.sleep(0.6)\nb = bytearray(200 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
+              "time.sleep(0.1)\ndel b\ntime.sleep(0.6)\n")
+    with tempfile.TemporaryDirectory() as d:
+        sandbox = sandbox_backend.start([sys.executable, "-c", script], Budget(memory_bytes=1 << 30),
+                                        env={"PATH": os.environ["PATH"]}, cwd=Path(d), mounts=[])
+        sampler = TelemetrySampler(sandbox, interval_ms=50).start()
+        exit_info = sandbox.wait(30)
+        sampler.stop()
+        if backend == "cgroup":
+            # the kernel's own counter, read here independently of farm's summary
+            kernel_peak = int((sandbox.dirs["memory"] / "memory.max_usage_in_bytes").read_text()) \
+                if sandbox.layout.version == 1 else int((sandbox.dirs[""] / "memory.peak").read_text())
+        sandbox.close()
+    summary = sampler.summary(exit_info)
+    assert exit_info.returncode == 0
+    assert summary.memory_peak_bytes >= 200 * MiB
+    if backend == "cgroup":
+        assert summary.memory_peak_source == "kernel"
+        assert abs(summary.memory_peak_bytes - kernel_peak) <= 0.01 * kernel_peak
+    # memory at the end is back near the start: the spike came and went
+    assert summary.samples[-1].memory_bytes < 100 * MiB
+    # the sampler really ran at about its period and measured its own cost
+    assert len(summary.samples) >= 15
+    assert summary.sampler_cpu_percent is not None and summary.sampler_cpu_percent < 20
+
+
+def test_auto_prefers_kernel_accounting_and_reports_the_backend(farm) -> None:
+    rows = {r["backend"]: r for r in farm("backends", "--json").json()}
+    assert rows["process"]["available"] and rows["process"]["approximate"]
+    if rows["cgroup"]["available"]:
+        from farm.agents.sandbox import choose_backend
+        assert choose_backend("auto").name == "cgroup"
+    else:
+        assert rows["cgroup"]["reason"]
+
+
+def test_process_backend_results_are_marked_approximate(tmp_path: Path, tiny_models, farm) -> None:
+    job = _script_job(tmp_path, tiny_models, "print('hi')\n", "{cpus: 1}", "approx")
+    run = farm("submit", str(job), "--backend", "process")
+    assert run.returncode == 0, run.stderr
+    assert "process*" in run.stdout and "approximate" in run.stdout
+    r = farm("results", "1", "--json").json()[0]
+    assert r["approximate"] is True and r["backend"] == "process"
