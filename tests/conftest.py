@@ -70,6 +70,12 @@ def mobilenet_models(tmp_path_factory) -> dict[str, Path]:
 
 
 def require_backend(name: str) -> None:
+    """Skip, with the reason printed, when a backend cannot run here (docker: after trying to start the engine)."""
+    if name == "docker":
+        from docker_engine import ensure_engine
+        reason = ensure_engine()
+        if reason:
+            pytest.skip(f"docker backend unavailable: {reason}")
     reason = backend_class(name).unavailable_reason()
     if reason:
         pytest.skip(f"{name} backend unavailable: {reason}")

@@ -2,7 +2,8 @@
 half a CPU takes twice as long as one, and a short allocation spike is in the peak.
 
 Each behaviour runs through `farm submit` for every backend that can run here; the
-cgroup tests need root (CI runs as root), the docker ones an engine (see test_sandbox_docker)."""
+cgroup tests need root (CI runs as root), the docker ones an engine, which the tests
+start when Debian's dockerd is installed (tests/docker_engine.py)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def _script_job(tmp_path: Path, tiny_models, script: str, sim: str, name: str) -
     return write_job(d, f"models: [tiny.tflite]\nworkload: {{type: script, script: work.py}}\nsim: {sim}\n")
 
 
-@pytest.mark.parametrize("backend", ["cgroup", "process"])
+@pytest.mark.parametrize("backend", ["cgroup", "docker", "process"])
 def test_allocation_past_the_limit_is_a_resource_failure_naming_it(backend: str, tmp_path: Path, tiny_models, farm) -> None:
     require_backend(backend)
     job = _script_job(tmp_path, tiny_models, ALLOCATE_400MB, "{memory: 128m}", "oom")
@@ -43,24 +44,31 @@ def test_allocation_past_the_limit_is_a_resource_failure_naming_it(backend: str,
     assert r["failure_class"] == "resource", r
     assert "128 MiB limit" in r["message"] and "peak reached" in r["message"]
     assert r["attempts"] == 1  # out of memory is the model's size, not bad luck: never retried
-    assert r["peak_memory_mb"] <= 128 * 1.05 if backend == "cgroup" else r["peak_memory_mb"] > 100
+    if backend == "process":
+        assert r["peak_memory_mb"] > 100  # the watchdog's sample just above the limit
+    else:
+        assert 100 < r["peak_memory_mb"] <= 128 * 1.01  # the kernel held it at the limit
 
 
-@pytest.mark.parametrize("backend", ["cgroup", "process"])
+@pytest.mark.parametrize("backend", ["cgroup", "docker", "process"])
 def test_half_a_cpu_takes_twice_as_long_as_one(backend: str, tmp_path: Path, tiny_models, farm) -> None:
     require_backend(backend)
-    walls = {}
-    # Side by side in one test, interleaved, so machine noise hits both alike.
-    for rnd in range(2):
-        for cpus in (1.0, 0.5):
-            job = _script_job(tmp_path, tiny_models, CPU_BOUND, f"{{cpus: {cpus}, cpuset: '0'}}", f"cpu{cpus}-{rnd}")
-            run = farm("submit", str(job), "--backend", backend, "--json")
-            assert run.returncode == 0, run.stderr
-            r = run.json()["results"][0]
-            assert r["limits"]["cpus"] == cpus
-            walls.setdefault(cpus, []).append(r["whole_run_s"])
-    ratio = min(walls[0.5]) / min(walls[1.0])
-    assert 1.6 < ratio < 2.6, walls
+    walls: dict[float, list[float]] = {0.5: [], 1.0: []}
+    # Side by side in one test, in a balanced order, so the shared machine's drift hits both alike.
+    for i, cpus in enumerate((1.0, 0.5, 0.5, 1.0, 1.0, 0.5)):
+        job = _script_job(tmp_path, tiny_models, CPU_BOUND, f"{{cpus: {cpus}}}", f"cpu{i}")
+        run = farm("submit", str(job), "--backend", backend, "--json")
+        assert run.returncode == 0, run.stderr
+        r = run.json()["results"][0]
+        assert r["limits"]["cpus"] == cpus and r["backend"] == backend
+        walls[cpus].append(r["whole_run_s"])
+        # the share of a core it got, as farm's sampler saw it: the quota itself
+        tolerance = 25 if backend == "process" else 15  # the process backend's duty cycle is approximate
+        assert abs(r["cpu_percent"]["avg"] - 100 * cpus) < tolerance, r["cpu_percent"]
+    ratio = sum(walls[0.5]) / sum(walls[1.0])
+    # This VM's per-core speed drifts by up to ±30 % between runs; the balanced order and
+    # sums cancel most of it, the bound takes the rest.
+    assert 1.6 < ratio < 3.0, walls
 
 
 @pytest.mark.parametrize("backend", ["cgroup", "process"])

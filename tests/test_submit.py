@@ -204,3 +204,14 @@ def test_ctrl_c_stops_the_sandboxed_run_too(tmp_path: Path, tiny_models, farm, f
     _wait_for(lambda: not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2], 10)
     r = farm("results", "1", "--format", "json").json()[0]
     assert r["status"] == "canceled" and r["failure_class"] == "canceled"
+
+
+def test_job_timeout_cancels_the_rest(tmp_path: Path, tiny_models, farm) -> None:
+    job = _script_job(tmp_path, tiny_models, "import time\ntime.sleep(0.8)\n", "repeats: 10\ntimeouts: {job: 2s}")
+    started = time.monotonic()
+    run = farm("submit", str(job), "--json")
+    assert time.monotonic() - started < 20
+    assert run.json()["status"] == "canceled"
+    status = farm("status", "1", "--json").json()
+    assert "timeouts.job = 2 s" in status["message"]
+    assert status["completed"] >= 1 and status["canceled"] >= 1 and status["completed"] + status["canceled"] == 10
