@@ -66,9 +66,10 @@ def test_half_a_cpu_takes_twice_as_long_as_one(backend: str, tmp_path: Path, tin
         tolerance = 25 if backend == "process" else 15  # the process backend's duty cycle is approximate
         assert abs(r["cpu_percent"]["avg"] - 100 * cpus) < tolerance, r["cpu_percent"]
     ratio = sum(walls[0.5]) / sum(walls[1.0])
-    # This VM's per-core speed drifts by up to ±30 % between runs; the balanced order and
-    # sums cancel most of it, the bound takes the rest.
-    assert 1.6 < ratio < 3.0, walls
+    # This VM's per-core speed drifts by up to ±35 % between identical runs (seen: 1.13 s and
+    # 1.54 s), so the wall ratio gets a wide band that still excludes "no limit" (1.0); the
+    # exact check of the quota is the CPU share above, which speed drift does not move.
+    assert 1.4 < ratio < 3.0, walls
 
 
 @pytest.mark.parametrize("backend", ["cgroup", "process"])

@@ -16,6 +16,7 @@ from pathlib import Path
 from farm.agents.sandbox.base import (
     Budget, Counters, ExitInfo, IoTotals, MountSpec, RunningSandbox, SandboxBackend, SandboxError,
 )
+from farm.agents.sandbox.cgroupfs import CgroupFiles, read_int
 from farm.agents.sandbox.process_tree import ReapedProcess
 
 CFS_PERIOD_US = 100_000
@@ -114,6 +115,8 @@ class CgroupSandbox(RunningSandbox):
         self.dirs = dirs
         self.process = process
         self.started_at = process.started_at
+        self.files = (CgroupFiles({c: dirs[c] for c in ("cpuacct", "memory", "blkio") if c in dirs}, None)
+                      if layout.version == 1 else CgroupFiles({}, dirs[""]))
         self._closed = False
 
     # --- counters -------------------------------------------------------
@@ -121,56 +124,18 @@ class CgroupSandbox(RunningSandbox):
         return self.dirs[controller] if self.layout.version == 1 else self.dirs[""]
 
     def read_counters(self) -> Counters:
-        try:
-            if self.layout.version == 1:
-                cpu_ns = int(_read(self._dir("cpuacct") / "cpuacct.usage"))
-                mem = int(_read(self._dir("memory") / "memory.usage_in_bytes"))
-            else:
-                stat = _keyed(_read(self._dir("") / "cpu.stat"))
-                cpu_ns = stat["usage_usec"] * 1000
-                mem = int(_read(self._dir("") / "memory.current"))
-        except (OSError, ValueError, KeyError):
-            return Counters(None, None)
-        return Counters(cpu_ns, mem)
-
-    def peak_memory_bytes(self) -> int | None:
-        try:
-            if self.layout.version == 1:
-                return int(_read(self._dir("memory") / "memory.max_usage_in_bytes"))
-            return int(_read(self._dir("") / "memory.peak"))  # kernel >= 5.19
-        except (OSError, ValueError):
-            return None
+        return Counters(self.files.cpu_ns(), self.files.memory_bytes())
 
     def oom_kills(self) -> int:
-        try:
-            if self.layout.version == 1:
-                ctl = _keyed(_read(self._dir("memory") / "memory.oom_control"))
-                if "oom_kill" in ctl:
-                    return ctl["oom_kill"]
-                # Older kernels lack the oom_kill counter: a SIGKILL after hitting the limit is an OOM.
-                hit_limit = int(_read(self._dir("memory") / "memory.failcnt")) > 0
-                return int(hit_limit and self.process.status == -signal.SIGKILL)
-            return _keyed(_read(self._dir("") / "memory.events")).get("oom_kill", 0)
-        except (OSError, ValueError):
-            return 0
+        kills = self.files.oom_kills()
+        if kills is not None:
+            return kills
+        # Older v1 kernels lack the oom_kill counter: a SIGKILL after hitting the limit is an OOM.
+        failcnt = read_int(self._dir("memory") / "memory.failcnt") or 0
+        return int(failcnt > 0 and self.process.status == -signal.SIGKILL)
 
     def io_totals(self) -> IoTotals:
-        read = write = 0
-        try:
-            if self.layout.version == 1:
-                for line in _read(self._dir("blkio") / "blkio.throttle.io_service_bytes").splitlines():
-                    parts = line.split()
-                    if len(parts) == 3 and parts[1] == "Read":
-                        read += int(parts[2])
-                    elif len(parts) == 3 and parts[1] == "Write":
-                        write += int(parts[2])
-            else:
-                for line in _read(self._dir("") / "io.stat").splitlines():
-                    fields = dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
-                    read += int(fields.get("rbytes", 0))
-                    write += int(fields.get("wbytes", 0))
-        except (OSError, KeyError, ValueError):
-            return IoTotals()
+        read, write = self.files.block_io()
         # The sandbox shares the host's network namespace: no per-run network counter exists.
         return IoTotals(block_read_bytes=read, block_write_bytes=write)
 
@@ -191,7 +156,7 @@ class CgroupSandbox(RunningSandbox):
             canceled=canceled,
             output=output,
             wall_s=self.process.wall_s,
-            peak_memory_bytes=self.peak_memory_bytes(),
+            peak_memory_bytes=self.files.peak_memory_bytes(),
             peak_memory_source="kernel",
             io=self.io_totals(),
         )
@@ -226,15 +191,6 @@ class CgroupSandbox(RunningSandbox):
                     break
                 except OSError:
                     time.sleep(0.02)
-
-
-def _keyed(text: str) -> dict[str, int]:
-    out = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
-            out[parts[0]] = int(parts[1])
-    return out
 
 
 class CgroupBackend(SandboxBackend):

@@ -1,0 +1,118 @@
+"""Reading a cgroup's counters (CPU time, memory, peak, OOM kills, block I/O), v1 and v2.
+
+Shared by the cgroup backend (its own cgroups) and the docker backend (a container's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CgroupFiles:
+    """One cgroup's directories: per controller on v1, a single directory on v2."""
+
+    v1_dirs: dict[str, Path]  # "cpuacct" | "memory" | "blkio" -> directory
+    v2_dir: Path | None
+
+    def all_dirs(self) -> list[Path]:
+        return list(self.v1_dirs.values()) + ([self.v2_dir] if self.v2_dir else [])
+
+    def exists(self) -> bool:
+        return any(d.is_dir() for d in self.all_dirs())
+
+    def cpu_ns(self) -> int | None:
+        if "cpuacct" in self.v1_dirs:
+            return read_int(self.v1_dirs["cpuacct"] / "cpuacct.usage")
+        if self.v2_dir:
+            usage_usec = _read_keyed(self.v2_dir / "cpu.stat").get("usage_usec")
+            return usage_usec * 1000 if usage_usec is not None else None
+        return None
+
+    def memory_bytes(self) -> int | None:
+        if "memory" in self.v1_dirs:
+            return read_int(self.v1_dirs["memory"] / "memory.usage_in_bytes")
+        if self.v2_dir:
+            return read_int(self.v2_dir / "memory.current")
+        return None
+
+    def peak_memory_bytes(self) -> int | None:
+        if "memory" in self.v1_dirs:
+            return read_int(self.v1_dirs["memory"] / "memory.max_usage_in_bytes")
+        if self.v2_dir:
+            return read_int(self.v2_dir / "memory.peak")  # kernel >= 5.19
+        return None
+
+    def oom_kills(self) -> int | None:
+        # v1 counts only in the limited cgroup itself; v2 also propagates it to parents.
+        if "memory" in self.v1_dirs:
+            return _read_keyed(self.v1_dirs["memory"] / "memory.oom_control").get("oom_kill")
+        if self.v2_dir:
+            return _read_keyed(self.v2_dir / "memory.events").get("oom_kill")
+        return None
+
+    def block_io(self) -> tuple[int | None, int | None]:
+        """(read bytes, written bytes) summed over devices."""
+        if "blkio" in self.v1_dirs:
+            blkio = self.v1_dirs["blkio"]
+            for name in ("blkio.throttle.io_service_bytes_recursive", "blkio.throttle.io_service_bytes"):
+                totals = _read_v1_blkio(blkio / name)
+                if totals is not None:
+                    return totals
+            return None, None
+        if self.v2_dir:
+            return _read_v2_io_stat(self.v2_dir / "io.stat")
+        return None, None
+
+
+def read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _read_keyed(path: Path) -> dict[str, int]:
+    """'key value' lines (cpu.stat, memory.events, memory.oom_control)."""
+    values: dict[str, int] = {}
+    try:
+        text = path.read_text()
+    except OSError:
+        return values
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+            values[parts[0]] = int(parts[1])
+    return values
+
+
+def _read_v1_blkio(path: Path) -> tuple[int, int] | None:
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    read_bytes = write_bytes = 0
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] == "Read":
+            read_bytes += int(parts[2])
+        elif len(parts) == 3 and parts[1] == "Write":
+            write_bytes += int(parts[2])
+    return read_bytes, write_bytes
+
+
+def _read_v2_io_stat(path: Path) -> tuple[int | None, int | None]:
+    try:
+        text = path.read_text()
+    except OSError:
+        return None, None
+    read_bytes = write_bytes = 0
+    for line in text.splitlines():
+        for field in line.split()[1:]:
+            key, _, value = field.partition("=")
+            if key == "rbytes":
+                read_bytes += int(value)
+            elif key == "wbytes":
+                write_bytes += int(value)
+    return read_bytes, write_bytes
