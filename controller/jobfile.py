@@ -46,37 +46,31 @@ class ResolvedJob:
     script_path: Path | None = None
 
 
-def _node_at(root: yaml.Node | None, loc: tuple[Any, ...]) -> yaml.Node | None:
-    """The deepest YAML node along a pydantic error location."""
-    node = root
+def _locate(root: yaml.Node | None, loc: tuple[Any, ...], missing: bool = False) -> tuple[yaml.Node | None, str]:
+    """The YAML node a pydantic error location points at, and its field path (models[1].path).
+
+    Pydantic puts union-branch labels ('str', 'ModelEntry', 'benchmark') into locations;
+    they are recognised as keys that are not in the document and left out.
+    """
+    node, path = root, ""
     for i, key in enumerate(loc):
-        if isinstance(node, yaml.MappingNode):
-            match = next((v for k, v in node.value if k.value == key), None)
-            if match is None:
-                if i + 1 < len(loc):
-                    continue  # a union branch label such as 'benchmark', not a field
-                # an unknown field: point at its key
-                return next((k for k, _ in node.value if k.value == key), node)
-            node = match
-        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int):
+        last = i + 1 == len(loc)
+        if isinstance(node, yaml.SequenceNode) and isinstance(key, int):
+            path += f"[{key}]"
             if key >= len(node.value):
-                return node
+                return node, path
             node = node.value[key]
+        elif isinstance(node, yaml.MappingNode):
+            match = next(((k, v) for k, v in node.value if k.value == key), None)
+            if match is None:
+                if last and missing:  # a missing field: name it, point at its parent
+                    return node, path + ("." if path else "") + str(key)
+                continue
+            path += ("." if path else "") + str(key)
+            node = match[0] if last else match[1]  # the last key: point at the field's own line
         else:
-            return node  # pydantic adds union-branch names (e.g. 'str', 'ModelEntry') to paths
-    return node
-
-
-def _field_path(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for key in loc:
-        if isinstance(key, int):
-            out += f"[{key}]"
-        elif key in ("str", "ModelEntry", "benchmark", "script", "int", "float", "function-after[_sizes(), list[nullable[int]]]"):
-            continue  # union branch labels, not fields
-        else:
-            out += ("." if out else "") + str(key)
-    return out or "(top level)"
+            break  # a scalar: what follows are branch labels
+    return node, path or "(top level)"
 
 
 def _describe(err: dict[str, Any]) -> str:
@@ -89,17 +83,21 @@ def _describe(err: dict[str, Any]) -> str:
     return msg.removeprefix("Value error, ")
 
 
-def _pick_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """For union fields pydantic reports every branch; keep the most specific ones."""
-    seen: dict[tuple, dict[str, Any]] = {}
+# A value that fits no branch of a union gets one error per branch; these say least.
+_BRANCH_MISMATCH = {"string_type", "model_type", "model_attributes_type", "union_tag_invalid"}
+
+
+def _error_lines(errors: list[dict[str, Any]], root: yaml.Node | None, source_name: str) -> list[str]:
+    by_path: dict[str, tuple[int, dict[str, Any]]] = {}
     for err in errors:
-        key = tuple(k for k in err["loc"] if not (isinstance(k, str) and k in ("str", "ModelEntry")))
-        if key in seen and err["type"] == "string_type":
-            continue
-        if key in seen and seen[key]["type"] != "string_type":
-            continue
-        seen[key] = err
-    return list(seen.values())
+        node, path = _locate(root, err["loc"], missing=err["type"] == "missing")
+        line = node.start_mark.line + 1 if node is not None else 1
+        if path not in by_path or by_path[path][1]["type"] in _BRANCH_MISMATCH:
+            by_path[path] = (line, err)
+    # "not a string" next to "models[0].path: missing" only repeats the other branch's view
+    keep = {p: v for p, v in by_path.items() if not (
+        v[1]["type"] in _BRANCH_MISMATCH and any(o != p and o.startswith(p) for o in by_path))}
+    return [f"{source_name}:{line}: {path}: {_describe(err)}" for path, (line, err) in keep.items()]
 
 
 def parse_job_text(text: str, source_name: str) -> tuple[JobSpec, yaml.Node | None]:
@@ -118,16 +116,11 @@ def parse_job_text(text: str, source_name: str) -> tuple[JobSpec, yaml.Node | No
     try:
         return JobSpec.model_validate(data), root
     except ValidationError as e:
-        lines = []
-        for err in _pick_errors(e.errors(include_url=False)):
-            node = _node_at(root, err["loc"])
-            line = node.start_mark.line + 1 if node is not None else 1
-            lines.append(f"{source_name}:{line}: {_field_path(err['loc'])}: {_describe(err)}")
-        raise JobFileError("\n".join(lines)) from None
+        raise JobFileError("\n".join(_error_lines(e.errors(include_url=False), root, source_name))) from None
 
 
 def _model_line(root: yaml.Node | None, index: int) -> int:
-    node = _node_at(root, ("models", index))
+    node, _ = _locate(root, ("models", index))
     return node.start_mark.line + 1 if node is not None else 1
 
 
@@ -196,7 +189,7 @@ def check_script(spec: JobSpec, base_dir: Path, root: yaml.Node | None, source_n
     workload = spec.workload
     assert isinstance(workload, ScriptWorkload)
     def line(field: str) -> int:
-        node = _node_at(root, ("workload", field))
+        node, _ = _locate(root, ("workload", field))
         return node.start_mark.line + 1 if node is not None else 1
 
     script_dir = (base_dir / workload.dir).resolve()
