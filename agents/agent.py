@@ -14,6 +14,7 @@ import time
 import traceback
 from typing import Callable, Protocol
 
+from farm.agents.sandbox.base import format_cpuset
 from farm.agents.sim import SimDriver, SimSlot
 from farm.proto.results import FailureClass, RunResult
 from farm.proto.tasks import TaskSpec
@@ -35,7 +36,7 @@ def split_cores(slots: int, cores: list[int] | None = None) -> list[str | None]:
     if slots > len(cores):
         raise ValueError(f"{slots} sim slots need {slots} cores, this host has {len(cores)}")
     per = len(cores) // slots
-    return [",".join(str(c) for c in cores[i * per:(i + 1) * per]) for i in range(slots)]
+    return [format_cpuset(cores[i * per:(i + 1) * per]) for i in range(slots)]
 
 
 class Agent:

@@ -127,7 +127,7 @@ class SimDriver:
         except SandboxError as e:
             self._cleanup(run_dir)
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{backend.name} sandbox: {e}", **base)
-        sampler = TelemetrySampler(sandbox, task.sim.get("sample_interval_ms", 50.0)).start()
+        sampler = TelemetrySampler(sandbox, task.sim.get("sample_interval_ms", 50.0), avoid_cpuset=budget.cpuset).start()
         try:
             exit_info = sandbox.wait(task.run_timeout_s, cancel_check)
         except SandboxError as e:

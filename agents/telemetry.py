@@ -7,16 +7,18 @@ own work with the thread's CPU clock so its overhead is measured, not guessed.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
-from farm.agents.sandbox.base import ExitInfo, RunningSandbox
+from farm.agents.sandbox.base import ExitInfo, RunningSandbox, parse_cpuset
 from farm.proto.results import Telemetry, TelemetrySample
 
 
 class TelemetrySampler:
-    def __init__(self, sandbox: RunningSandbox, interval_ms: float = 50.0) -> None:
+    def __init__(self, sandbox: RunningSandbox, interval_ms: float = 50.0, *, avoid_cpuset: str | None = None) -> None:
         self.sandbox = sandbox
+        self.avoid_cpuset = avoid_cpuset
         self.interval_s = interval_ms / 1000.0
         self.samples: list[TelemetrySample] = []
         self._stop = threading.Event()
@@ -28,7 +30,16 @@ class TelemetrySampler:
         self._thread.start()
         return self
 
+    def _keep_off_measured_cores(self) -> None:
+        """Pin this thread (pid 0 = the calling thread) to cores the run does not use, if any."""
+        if not self.avoid_cpuset:
+            return
+        others = os.sched_getaffinity(0) - set(parse_cpuset(self.avoid_cpuset))
+        if others:
+            os.sched_setaffinity(0, others)
+
     def _loop(self) -> None:
+        self._keep_off_measured_cores()
         cpu0 = time.thread_time()
         wall0 = time.monotonic()
         last_cpu_ns: int | None = None

@@ -215,3 +215,15 @@ def test_job_timeout_cancels_the_rest(tmp_path: Path, tiny_models, farm) -> None
     status = farm("status", "1", "--json").json()
     assert "timeouts.job = 2 s" in status["message"]
     assert status["completed"] >= 1 and status["canceled"] >= 1 and status["completed"] + status["canceled"] == 10
+
+
+def test_two_sim_slots_run_on_disjoint_cores(tmp_path: Path, tiny_models, farm) -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores")
+    job = _script_job(tmp_path, tiny_models, "import time\ntime.sleep(0.3)\n", "repeats: 4")
+    run = farm("submit", str(job), "--slots", "2", "--json")
+    assert run.returncode == 0, run.stderr
+    cpusets = {r["limits"]["cpuset"] for r in run.json()["results"]}
+    assert len(cpusets) == 2 and None not in cpusets  # each slot pinned to its own core(s)
+    a, b = (set(c.split(",")) for c in cpusets)
+    assert not a & b

@@ -12,6 +12,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+def parse_cpuset(text: str) -> list[int]:
+    """'0-2,5' -> [0, 1, 2, 5]."""
+    cores: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            cores.extend(range(int(lo), int(hi) + 1))
+        else:
+            cores.append(int(part))
+    return sorted(set(cores))
+
+
+def format_cpuset(cores: list[int]) -> str:
+    return ",".join(str(c) for c in cores)
+
+
 @dataclass
 class Budget:
     """What the job asked for. None means no limit of that kind."""

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 
 from farm.agents.sandbox.base import (
-    Budget, Counters, ExitInfo, IoTotals, MountSpec, RunningSandbox, SandboxBackend,
+    Budget, format_cpuset, parse_cpuset, Counters, ExitInfo, IoTotals, MountSpec, RunningSandbox, SandboxBackend,
 )
 from farm.agents.sandbox.process_tree import ReapedProcess
 
@@ -26,25 +26,6 @@ DUTY_PERIOD_S = 0.1
 WATCHDOG_INTERVAL_S = 0.01
 # Runtimes reserve far more address space than they touch: the cap only stops runaways.
 ADDRESS_SPACE_HEADROOM_BYTES = 8 << 30
-
-
-def parse_cpuset(text: str) -> list[int]:
-    """'0-2,5' -> [0, 1, 2, 5]."""
-    cores: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            cores.extend(range(int(lo), int(hi) + 1))
-        else:
-            cores.append(int(part))
-    return sorted(set(cores))
-
-
-def format_cpuset(cores: list[int]) -> str:
-    return ",".join(str(c) for c in cores)
 
 
 class ProcessSandbox(RunningSandbox):
