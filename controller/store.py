@@ -78,7 +78,21 @@ def _migration_2(db: sqlite_utils.Database) -> None:
     db["tasks"].add_column("model_param_count", int)
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migration_1, _migration_2]
+def _migration_3(db: sqlite_utils.Database) -> None:
+    # Calibrations are versioned per (device, metric, threads, runtime, family) key and keep
+    # the runs they were fitted on.
+    db["calibrations"].create({
+        "id": int, "device": str, "metric": str, "threads": int, "runtime": str, "precision": str,
+        "family": str, "version": int, "created_at": float, "kind": str, "n": int, "a": float,
+        "b": float, "r2": float, "loo_mape": float, "within_10": float, "kendall_tau": float,
+        "spearman_rho": float, "warnings_json": str, "fit_json": str, "source": str,
+    }, pk="id")
+    db["calibrations"].create_index(["device", "metric", "threads", "runtime", "family", "version"], unique=True)
+    db["calibration_runs"].create({"calibration_id": int, "model": str, "sim_run_id": int, "device_run_id": int},
+                                  foreign_keys=[("calibration_id", "calibrations", "id")])
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migration_1, _migration_2, _migration_3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
