@@ -6,7 +6,7 @@
 3. Peak-memory error on spiky workloads: farm's figure vs the kernel's counter, and what
    sampling every 50 ms and every 3 s (the original tool's floor) would have reported.
 
-Prints a markdown report and writes it to benchmarks/results/<date>.md.
+Prints a markdown report and writes it to benchmarks/results/<date>-<backend>.{md,json}.
 """
 
 from __future__ import annotations
@@ -184,8 +184,9 @@ def main() -> int:
     print(text)
     out = ROOT / "results"
     out.mkdir(exist_ok=True)
-    (out / f"{report['date']}.md").write_text(text)
-    (out / f"{report['date']}.json").write_text(json.dumps(report, indent=2))
+    stem = f"{report['date']}-{report['sampler_overhead']['backend']}"
+    (out / f"{stem}.md").write_text(text)
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
     return 0
 
 

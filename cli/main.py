@@ -7,37 +7,24 @@ arguments), 3 farm could not do it here (no backend, store error), 130 interrupt
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from farm import __version__
+from farm.cli import console
 
 EXIT_OK, EXIT_RUNS_FAILED, EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
-# Piped output keeps the full table width instead of rich's 80-column guess.
-out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, soft_wrap=True)
-
-
-class UserError(Exception):
-    """Bad input; printed as one paragraph, exit code 2."""
-
-
-def _open_store(args: argparse.Namespace):
-    from farm.controller.store import Store, StoreError, default_db_path
-    path = Path(args.db) if args.db else default_db_path()
-    try:
-        return Store(path)
-    except StoreError as e:
-        raise UserError(str(e)) from None
+UserError = console.UserError
+out, err = console.out, console.err
+_open_store = console.open_store
+_when = console.when
 
 
 def _job_id(text: str) -> int:
@@ -52,10 +39,6 @@ def _need_job(store, job_id: int) -> dict[str, Any]:
     if job is None:
         raise UserError(f"no job {job_id} in {store.path}; `farm jobs` lists the jobs there.")
     return job
-
-
-def _when(ts: float | None) -> str:
-    return "—" if ts is None else dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
 # --- submit / resume --------------------------------------------------------------
@@ -319,6 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("cancel", parents=[common], help="cancel a job's unfinished runs")
     s.add_argument("job", type=_job_id)
     s.set_defaults(func=cmd_cancel)
+
+    from farm.cli.calibrate_commands import add_commands as add_calibration_commands
+    add_calibration_commands(sub, common)
 
     s = sub.add_parser("schema", help="print the job file's JSON Schema (for editors)")
     s.set_defaults(func=cmd_schema)

@@ -1,0 +1,31 @@
+"""What every `farm` command shares: the consoles, the store, and the bad-input error."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+# Piped output keeps the full table width instead of rich's 80-column guess.
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, soft_wrap=True)
+
+
+class UserError(Exception):
+    """Bad input; printed as one paragraph, exit code 2."""
+
+
+def open_store(args: argparse.Namespace):
+    from farm.controller.store import Store, StoreError, default_db_path
+    path = Path(args.db) if getattr(args, "db", None) else default_db_path()
+    try:
+        return Store(path)
+    except StoreError as e:
+        raise UserError(str(e)) from None
+
+
+def when(ts: float | None) -> str:
+    return "—" if ts is None else dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
