@@ -1,0 +1,288 @@
+"""`farm calibrate`, `farm calibrations`, `farm predict`, `farm rank`: the answer users come for.
+
+Two modes each: against the store (jobs measured by farm) and offline (CSV in, JSON or
+CSV out), so the math can be checked on published data and used with numbers measured
+elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from farm.cli.console import UserError, err, open_store, out, when
+
+GROUP_ALL = "(all)"
+
+
+def _fmt(v: float | None, spec: str = ".3g") -> str:
+    return "—" if v is None else format(v, spec)
+
+
+def _fit_row(cal, **labels: Any) -> dict[str, Any]:
+    f = cal.fits[cal.chosen]
+    return {**labels, "kind": cal.chosen, "a": f.a, "b": f.b, "r2": f.r2, "n": f.n, "loo_mape": f.loo_mape,
+            "loo_within_10": f.loo_within_10, "kendall_tau": f.kendall_tau, "spearman_rho": f.spearman_rho,
+            "possible_flips": [list(p) for p in f.possible_flips], "warnings": list(cal.warnings),
+            "fits": {k: {"a": v.a, "b": v.b, "r2": v.r2, "loo_mape": v.loo_mape, "loo_within_10": v.loo_within_10}
+                     for k, v in cal.fits.items()}}
+
+
+def _fit_table(rows: list[dict[str, Any]], label_cols: list[str]) -> Table:
+    t = Table(header_style="bold")
+    for c in label_cols + ["fit", "device ≈", "R²", "n", "LOO MAPE %", "±10 %", "τ", "ρ", "may flip"]:
+        t.add_column(c)
+    for r in rows:
+        formula = f"{_fmt(r['a'])}·x {'+' if (r['b'] or 0) >= 0 else '−'} {_fmt(abs(r['b'] or 0))}"
+        if r["kind"] == "log":
+            formula = f"{_fmt(r['b'])}·x^{_fmt(r['a'])}"
+        flips = ", ".join(f"{a}/{b}" for a, b in r["possible_flips"][:3]) + (" …" if len(r["possible_flips"]) > 3 else "")
+        t.add_row(*[Text(str(r[c])) for c in label_cols], r["kind"], formula, _fmt(r["r2"], ".3f"), str(r["n"]),
+                  _fmt(r["loo_mape"], ".1f"), _fmt(100 * r["loo_within_10"] if r["loo_within_10"] is not None else None, ".0f"),
+                  _fmt(r["kendall_tau"], ".2f"), _fmt(r["spearman_rho"], ".2f"), Text(flips or "—"))
+    return t
+
+
+# --- calibrate ------------------------------------------------------------------------------
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.pairs:
+        return _calibrate_offline(args)
+    if not (args.sim_job and args.device_job and args.device):
+        raise UserError("farm calibrate needs --pairs FILE, or --sim-job A --device-job B --device NAME "
+                            "(pairs the same models, cells and repeats of two jobs).")
+    from farm.controller.calibrations import CalibrationError, fit_and_store, jobs_source, pair_jobs
+
+    store = open_store(args)
+    results, refused = [], []
+    try:
+        for metric in args.metric or ["latency"]:
+            paired = pair_jobs(store, args.sim_job, args.device_job, metric)
+            if not paired:
+                refused.append(f"{metric}: jobs {args.sim_job} and {args.device_job} have no completed runs of the same "
+                               "model, matrix cell and repeat")
+                continue
+            stored, why = fit_and_store(store, args.device, metric, paired, min_pairs=args.min_pairs,
+                                        source=jobs_source(store, args.sim_job, args.device_job))
+            refused += why
+            results += [_fit_row(s.calibration, id=s.id, device=s.device, metric=s.metric, threads=s.threads,
+                                 family=s.family or GROUP_ALL, version=s.version) for s in stored]
+    except CalibrationError as e:
+        raise UserError(str(e)) from None
+    if args.json:
+        print(json.dumps({"calibrations": results, "refused": refused}, indent=2, default=str))
+    else:
+        if results:
+            out.print(_fit_table(results, ["device", "metric", "threads", "family", "version"]))
+        for line in refused:
+            err.print(Text.assemble(("not fitted ", "yellow"), line))
+        for r in results:
+            for w in r["warnings"]:
+                err.print(Text.assemble(("warning ", "yellow"), f"{r['device']} {r['metric']} threads={r['threads']}: {w}"))
+    return 0 if results else 1
+
+
+def _calibrate_offline(args: argparse.Namespace) -> int:
+    from farm.controller.calibration import CalibrationInputError, NotEnoughPairs, calibrate, read_pairs_csv
+
+    try:
+        groups = read_pairs_csv(Path(args.pairs), x=args.x, y=args.y, model=args.model_col, group=args.group)
+    except (CalibrationInputError, OSError) as e:
+        raise UserError(str(e)) from None
+    fits, rows, refused = {}, [], []
+    for group, pairs in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        try:
+            cal = calibrate(pairs, min_pairs=args.min_pairs)
+        except NotEnoughPairs as e:
+            refused.append(f"{group or GROUP_ALL}: {e}")
+            continue
+        fits[group or GROUP_ALL] = cal.to_json()
+        rows.append(_fit_row(cal, group=group or GROUP_ALL))
+    document = {"farm_calibration": 1, "x": args.x, "y": args.y, "group": args.group, "groups": fits}
+    if args.output:
+        Path(args.output).write_text(json.dumps(document, indent=2))
+    if args.json:
+        print(json.dumps({"calibrations": rows, "refused": refused, "written": args.output}, indent=2, default=str))
+    else:
+        if rows:
+            out.print(_fit_table(rows, ["group"]))
+        for line in refused:
+            err.print(Text.assemble(("not fitted ", "yellow"), line))
+        for r in rows:
+            for w in r["warnings"]:
+                err.print(Text.assemble(("warning ", "yellow"), f"{r['group']}: {w}"))
+        if args.output:
+            out.print(f"fit written to {args.output}")
+    return 0 if rows else 1
+
+
+def cmd_calibrations(args: argparse.Namespace) -> int:
+    from farm.controller.calibrations import calibration_history
+
+    rows = calibration_history(open_store(args), args.device, args.metric)
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    t = Table(header_style="bold")
+    for c in ("id", "device", "metric", "threads", "family", "version", "created", "fit", "a", "b", "R²", "n",
+              "LOO MAPE %", "ρ", "warnings"):
+        t.add_column(c)
+    for r in rows:
+        t.add_row(str(r["id"]), Text(r["device"]), r["metric"], str(r["threads"]), Text(r["family"] or GROUP_ALL),
+                  str(r["version"]), when(r["created_at"]), r["kind"], _fmt(r["a"]), _fmt(r["b"]),
+                  _fmt(r["r2"], ".3f"), str(r["n"]), _fmt(r["loo_mape"], ".1f"), _fmt(r["spearman_rho"], ".2f"),
+                  Text("; ".join(r["warnings"]) or "—"))
+    out.print(t)
+    return 0
+
+
+# --- predict ---------------------------------------------------------------------------------
+def cmd_predict(args: argparse.Namespace) -> int:
+    if args.calibration:
+        return _predict_offline(args)
+    if not (args.model and args.device):
+        raise UserError("farm predict needs MODEL --device D (uses the store's calibration), or "
+                            "--calibration fit.json --input x.csv (offline).")
+    from farm.cli.predict_model import PredictError, predict_model
+
+    try:
+        predictions = predict_model(open_store(args), Path(args.model), args.device, args.metric or ["latency"],
+                                    threads=args.threads, backend=args.backend, confidence=args.confidence)
+    except PredictError as e:
+        raise UserError(str(e)) from None
+    if args.json:
+        print(json.dumps(predictions, indent=2, default=str))
+        return 0
+    t = Table(header_style="bold", title=f"{Path(args.model).name} on {args.device}")
+    for c in ("metric", "threads", "sim", "predicted", f"{int(args.confidence * 100)} % interval", "calibration", "sim run"):
+        t.add_column(c)
+    for p in predictions:
+        t.add_row(p["metric"], str(p["threads"]), f"{_fmt(p['sim'])} {p['unit']}", f"{_fmt(p['estimate'])} {p['unit']}",
+                  f"{_fmt(p['low'])} – {_fmt(p['high'])}",
+                  f"#{p['calibration']['id']} v{p['calibration']['version']} {p['calibration']['kind']}",
+                  "reused" if p["sim_reused"] else "measured now")
+    out.print(t)
+    for p in predictions:
+        for w in p["warnings"]:
+            err.print(Text.assemble(("warning ", "yellow"), f"{p['metric']} threads={p['threads']}: {w}"))
+    return 0
+
+
+def _predict_offline(args: argparse.Namespace) -> int:
+    from farm.controller.calibration import Calibration, CalibrationInputError, predict_rows
+
+    try:
+        document = json.loads(Path(args.calibration).read_text())
+        groups = {g: Calibration.from_json(c) for g, c in document["groups"].items()}
+    except (OSError, ValueError, KeyError) as e:
+        raise UserError(f"{args.calibration}: not a farm calibration file ({e}); write one with "
+                            "`farm calibrate --pairs pairs.csv -o fit.json`.") from None
+    if not args.input:
+        raise UserError("farm predict --calibration needs --input x.csv (columns: model, x[, group]).")
+    try:
+        with open(args.input, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as e:
+        raise UserError(f"{args.input}: {e.strerror}") from None
+    x_col = args.x or document.get("x") or "x"
+    group_col = document.get("group")
+    out_rows = []
+    try:
+        for line, row in enumerate(rows, start=2):
+            group = row.get(group_col) if group_col else None
+            cal = groups.get(group or GROUP_ALL)
+            if cal is None:
+                raise UserError(f"{args.input}:{line}: no calibration for group {group!r} in {args.calibration} "
+                                    f"(it has {', '.join(groups)})")
+            out_rows += predict_rows(cal, [row], x=x_col)
+    except CalibrationInputError as e:
+        raise UserError(f"{args.input}: {e}") from None
+    if args.output:
+        with open(args.output, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(out_rows[0]) if out_rows else ["model"])
+            writer.writeheader()
+            writer.writerows(out_rows)
+    if args.json:
+        print(json.dumps(out_rows, indent=2, default=str))
+    elif not args.output:
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(out_rows[0]) if out_rows else ["model"])
+        writer.writeheader()
+        writer.writerows(out_rows)
+    else:
+        out.print(f"{len(out_rows)} prediction(s) written to {args.output}")
+    return 0
+
+
+# --- rank ------------------------------------------------------------------------------------
+def cmd_rank(args: argparse.Namespace) -> int:
+    from farm.controller.ranking import RankError, rank_job
+
+    try:
+        ranking = rank_job(open_store(args), args.job, args.metric, device_jobs=args.device_job or [],
+                           devices=args.device or [])
+    except RankError as e:
+        raise UserError(str(e)) from None
+    if args.json:
+        print(json.dumps(ranking, indent=2, default=str))
+        return 0
+    for group in ranking["groups"]:
+        t = Table(header_style="bold", title=f"job {args.job} · {args.metric} · threads {group['threads']}")
+        t.add_column("#")
+        for col in group["columns"]:
+            t.add_column(f"{col['name']}\nτ = {_fmt(col['kendall_tau'], '.2f')}" if col["kendall_tau"] is not None else col["name"])
+        for i in range(len(group["columns"][0]["order"])):
+            cells = []
+            for col in group["columns"]:
+                name, value = col["order"][i] if i < len(col["order"]) else ("", None)
+                cells.append(Text(f"{name} ({_fmt(value)})"))
+            t.add_row(str(i + 1), *cells)
+        out.print(t)
+    return 0
+
+
+def add_commands(sub, common: argparse.ArgumentParser) -> None:
+    s = sub.add_parser("calibrate", parents=[common], help="fit device ≈ a·sim + b from paired runs or a CSV")
+    s.add_argument("--sim-job", type=int, help="the job measured in the sim")
+    s.add_argument("--device-job", type=int, help="the same models measured on the device (or another budget)")
+    s.add_argument("--device", help="the name the calibration is stored under")
+    s.add_argument("--metric", action="append", choices=["latency", "whole_run", "peak_memory", "avg_memory"],
+                   help="repeatable; default latency")
+    s.add_argument("--pairs", help="offline: a CSV with model, x (sim) and y (device) columns")
+    s.add_argument("--x", default="x", help="offline: the sim column (default x)")
+    s.add_argument("--y", default="y", help="offline: the device column (default y)")
+    s.add_argument("--model-col", default="model", help="offline: the model name column (default model)")
+    s.add_argument("--group", help="offline: fit one calibration per value of this column")
+    s.add_argument("-o", "--output", help="offline: write the fit as JSON here")
+    s.add_argument("--min-pairs", type=int, default=4)
+    s.set_defaults(func=cmd_calibrate)
+
+    s = sub.add_parser("calibrations", parents=[common], help="stored calibrations with their history")
+    s.add_argument("--device")
+    s.add_argument("--metric")
+    s.set_defaults(func=cmd_calibrations)
+
+    s = sub.add_parser("predict", parents=[common], help="on-device estimate of a model from the sim alone")
+    s.add_argument("model", nargs="?", help="a .tflite or .onnx file")
+    s.add_argument("--device", help="a device with a stored calibration")
+    s.add_argument("--metric", action="append", choices=["latency", "whole_run", "peak_memory", "avg_memory"])
+    s.add_argument("--threads", type=int, help="default: every thread count the device is calibrated for")
+    s.add_argument("--backend", choices=["auto", "cgroup", "docker", "process"], default=None)
+    s.add_argument("--confidence", type=float, default=0.9)
+    s.add_argument("--calibration", help="offline: a fit written by `farm calibrate --pairs ... -o`")
+    s.add_argument("--input", help="offline: CSV with model and x columns")
+    s.add_argument("--x", help="offline: the x column (default: the one the fit used)")
+    s.add_argument("-o", "--output", help="offline: write predictions CSV here")
+    s.set_defaults(func=cmd_predict)
+
+    s = sub.add_parser("rank", parents=[common], help="models ordered by sim and by each device, with Kendall τ")
+    s.add_argument("job", type=int)
+    s.add_argument("--metric", default="latency", choices=["latency", "whole_run", "peak_memory", "avg_memory"])
+    s.add_argument("--device-job", type=int, action="append", help="a job measured on a device (repeatable)")
+    s.add_argument("--device", action="append", help="a calibrated device: its predicted order (repeatable)")
+    s.set_defaults(func=cmd_rank)

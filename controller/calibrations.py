@@ -1,0 +1,208 @@
+"""From stored runs to stored calibrations: pairing, fitting per group, versioning.
+
+Pairs come from completed runs only. Until device drivers exist, a "device" can be any
+job measured elsewhere or under another budget: `--sim-job A --device-job B` pairs the two
+jobs' runs of the same model (by sha256), matrix cell and repeat.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from farm.controller.calibration import Calibration, NotEnoughPairs, Pair, calibrate
+from farm.controller.store import Store
+
+MiB = 1 << 20
+
+# metric name -> (SQL expression over summaries s / runs r, unit)
+METRICS: dict[str, tuple[str, str]] = {
+    "latency": ("s.latency_avg_ms", "ms"),
+    "whole_run": ("COALESCE(r.whole_run_s, r.wall_s)", "s"),
+    "peak_memory": (f"s.peak_memory_bytes / {float(MiB)}", "MB"),
+    "avg_memory": (f"s.avg_memory_bytes / {float(MiB)}", "MB"),
+}
+ALL_FAMILIES = ""  # the family key of a fit over every family
+
+
+class CalibrationError(ValueError):
+    """Nothing to fit, or an unknown metric/job: a message for a person."""
+
+
+@dataclass
+class MeasuredValue:
+    model: str
+    sha256: str
+    family: str | None
+    threads: int
+    batch_size: int
+    input_size: int | None
+    repeat: int
+    runtime: str
+    value: float
+    run_id: int
+    features: dict[str, float]
+
+
+def _metric_sql(metric: str) -> str:
+    if metric not in METRICS:
+        raise CalibrationError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    return METRICS[metric][0]
+
+
+def job_values(store: Store, job_id: int, metric: str) -> list[MeasuredValue]:
+    """The metric of every completed run of a job (the attempt that counted)."""
+    if store.job(job_id) is None:
+        raise CalibrationError(f"no job {job_id} in {store.path}")
+    expr = _metric_sql(metric)
+    rows = store.query(
+        f"SELECT t.model_name, t.model_sha256, t.model_family, t.threads, t.batch_size, t.input_size, t.repeat, "
+        f"t.model_size_bytes, t.model_param_count, t.model_facts_json, r.id AS run_id, r.environment_json, "
+        f"{expr} AS value FROM tasks t JOIN runs r ON r.id = t.last_run_id JOIN summaries s ON s.run_id = r.id "
+        f"WHERE t.job_id = ? AND t.status = 'completed'", [job_id])
+    out = []
+    for row in rows:
+        if row["value"] is None:
+            continue
+        env = json.loads(row["environment_json"] or "{}")
+        facts = json.loads(row["model_facts_json"] or "{}")
+        features = {k: float(v) for k, v in (("size_bytes", row["model_size_bytes"]),
+                                              ("param_count", row["model_param_count"]),
+                                              ("macs", facts.get("macs"))) if v}
+        out.append(MeasuredValue(row["model_name"], row["model_sha256"], row["model_family"], row["threads"],
+                                 row["batch_size"], row["input_size"], row["repeat"], env.get("runtime", ""),
+                                 float(row["value"]), row["run_id"], features))
+    return out
+
+
+@dataclass
+class PairedRun:
+    pair: Pair
+    threads: int
+    runtime: str
+    sim_run_id: int
+    device_run_id: int
+
+
+def pair_jobs(store: Store, sim_job: int, device_job: int, metric: str) -> list[PairedRun]:
+    """Runs of the same model (sha256), cell and repeat in both jobs, averaged over repeats later."""
+    device = {(v.sha256, v.threads, v.batch_size, v.input_size, v.repeat): v for v in job_values(store, device_job, metric)}
+    pairs = []
+    for s in job_values(store, sim_job, metric):
+        d = device.get((s.sha256, s.threads, s.batch_size, s.input_size, s.repeat))
+        if d is None:
+            continue
+        pairs.append(PairedRun(Pair(s.model, s.value, d.value, s.family, s.features), s.threads, s.runtime,
+                               s.run_id, d.run_id))
+    return pairs
+
+
+@dataclass
+class StoredCalibration:
+    id: int
+    device: str
+    metric: str
+    threads: int
+    runtime: str
+    family: str
+    version: int
+    calibration: Calibration
+    source: dict[str, Any]  # the jobs it came from and the sim budget/workload to reproduce the x side
+
+
+def jobs_source(store: Store, sim_job: int, device_job: int) -> dict[str, Any]:
+    """What a prediction needs to measure a new model exactly as the calibration's sim side was."""
+    spec = json.loads(store.job(sim_job)["spec_json"])
+    return {"sim_job": sim_job, "device_job": device_job, "sim": spec["sim"], "workload": spec["workload"]}
+
+
+def fit_and_store(store: Store, device: str, metric: str, paired: list[PairedRun], *, source: dict[str, Any],
+                  min_pairs: int = 4, confidence: float = 0.9) -> tuple[list[StoredCalibration], list[str]]:
+    """One calibration per (threads, runtime) and, where a family has enough models, per family.
+
+    Returns the stored calibrations and the groups that were refused, with why.
+    """
+    groups: dict[tuple[int, str, str], list[PairedRun]] = defaultdict(list)
+    for p in paired:
+        groups[(p.threads, p.runtime, ALL_FAMILIES)].append(p)
+        if p.pair.family:
+            groups[(p.threads, p.runtime, p.pair.family)].append(p)
+    stored, refused = [], []
+    for (threads, runtime, family), runs in sorted(groups.items()):
+        label = f"{device} {metric} threads={threads} runtime={runtime or '?'}" + (f" family={family}" if family else "")
+        if family and len({r.pair.family for r in runs}) == 1 and len(runs) == len(groups[(threads, runtime, ALL_FAMILIES)]):
+            continue  # one family only: the per-family fit would repeat the pooled one
+        try:
+            cal = calibrate([r.pair for r in runs], confidence=confidence, min_pairs=min_pairs)
+        except NotEnoughPairs as e:
+            refused.append(f"{label}: {e}")
+            continue
+        stored.append(_store_one(store, device, metric, threads, runtime, family, cal, runs, source))
+    return stored, refused
+
+
+def _store_one(store: Store, device: str, metric: str, threads: int, runtime: str, family: str,
+               cal: Calibration, runs: list[PairedRun], source: dict[str, Any]) -> StoredCalibration:
+    chosen = cal.fits[cal.chosen]
+    with store.transaction():
+        version = store.db.execute(
+            "SELECT COALESCE(MAX(version), 0) + 1 FROM calibrations WHERE device = ? AND metric = ? AND threads = ? "
+            "AND runtime = ? AND family = ?", [device, metric, threads, runtime, family]).fetchone()[0]
+        cal_id = store.db["calibrations"].insert({
+            "device": device, "metric": metric, "threads": threads, "runtime": runtime, "precision": "fp32",
+            "family": family, "version": version, "created_at": time.time(), "kind": cal.chosen, "n": chosen.n,
+            "a": chosen.a, "b": chosen.b, "r2": chosen.r2, "loo_mape": chosen.loo_mape,
+            "within_10": chosen.loo_within_10, "kendall_tau": chosen.kendall_tau,
+            "spearman_rho": chosen.spearman_rho, "warnings_json": json.dumps(cal.warnings),
+            "fit_json": json.dumps(cal.to_json()), "source": json.dumps(source),
+        }).last_pk
+        store.db["calibration_runs"].insert_all(
+            {"calibration_id": cal_id, "model": r.pair.model, "sim_run_id": r.sim_run_id,
+             "device_run_id": r.device_run_id} for r in runs)
+    return StoredCalibration(cal_id, device, metric, threads, runtime, family, version, cal, source)
+
+
+def _row_to_stored(row: dict[str, Any]) -> StoredCalibration:
+    return StoredCalibration(row["id"], row["device"], row["metric"], row["threads"], row["runtime"], row["family"],
+                             row["version"], Calibration.from_json(json.loads(row["fit_json"])),
+                             json.loads(row["source"] or "{}"))
+
+
+def calibration_history(store: Store, device: str | None = None, metric: str | None = None) -> list[dict[str, Any]]:
+    where, params = [], []
+    if device:
+        where.append("device = ?")
+        params.append(device)
+    if metric:
+        where.append("metric = ?")
+        params.append(metric)
+    sql = ("SELECT id, device, metric, threads, runtime, family, version, created_at, kind, n, a, b, r2, loo_mape, "
+           "within_10, kendall_tau, spearman_rho, warnings_json, source FROM calibrations")
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    rows = store.query(sql + " ORDER BY device, metric, threads, runtime, family, version", params)
+    for r in rows:
+        r["warnings"] = json.loads(r.pop("warnings_json") or "[]")
+    return rows
+
+
+def current_calibration(store: Store, device: str, metric: str, threads: int, runtime: str | None = None,
+                        family: str | None = None) -> StoredCalibration | None:
+    """The newest version for the key; a family's own fit when it has one, else the pooled fit."""
+    for fam in ([family] if family else []) + [ALL_FAMILIES]:
+        sql = "SELECT * FROM calibrations WHERE device = ? AND metric = ? AND threads = ? AND family = ?"
+        params: list[Any] = [device, metric, threads, fam]
+        if runtime is not None:
+            sql += " AND runtime = ?"
+            params.append(runtime)
+        rows = store.query(sql + " ORDER BY version DESC, id DESC LIMIT 1", params)
+        if rows:
+            return _row_to_stored(rows[0])
+    return None
+
+
+def devices_with_calibrations(store: Store) -> list[str]:
+    return [r["device"] for r in store.query("SELECT DISTINCT device FROM calibrations ORDER BY device")]
