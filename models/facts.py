@@ -55,10 +55,24 @@ def inspect_model(path: Path) -> ModelFacts:
         sha256=hashlib.sha256(data).hexdigest(),
     )
     if facts.format == "tflite":
-        _fill_tflite_facts(facts, _parse_tflite(path, data))
+        tflite_model = _parse_tflite(path, data)
+        _fill_tflite_facts(facts, tflite_model)
+        facts.macs = _estimated_macs(facts.format, tflite_model)
     elif facts.format == "onnx":
-        _fill_onnx_facts(facts, _parse_onnx(path, data))
+        onnx_model = _parse_onnx(path, data)
+        _fill_onnx_facts(facts, onnx_model)
+        facts.macs = _estimated_macs(facts.format, onnx_model)
     return facts
+
+
+def _estimated_macs(fmt: str, parsed: Any) -> int | None:
+    """The MAC estimate of an already parsed model, or None: an estimate never makes inspection fail."""
+    try:
+        from farm.models import macs  # imported here: macs builds on this module's parsers
+
+        return macs.tflite_macs(parsed) if fmt == "tflite" else macs.onnx_macs(parsed)
+    except Exception:  # a graph the estimator misreads must not cost the user the facts it already has
+        return None
 
 
 def find_unsupported_ops(path: Path) -> list[str]:

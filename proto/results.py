@@ -65,6 +65,7 @@ class ModelFacts:
     op_count: int | None = None
     param_count: int | None = None
     op_types: dict[str, int] = field(default_factory=dict)
+    macs: int | None = None  # multiply-accumulates of one inference (batch 1); None if not estimable
 
 
 @dataclass

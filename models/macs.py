@@ -1,0 +1,340 @@
+"""Multiply-accumulate (MAC) count of one inference, estimated from a model's graph without running it.
+
+Only the operators that dominate compute are counted: convolutions (plain, grouped, depthwise,
+transposed, 3-D in TFLite) and matrix products (fully connected, Gemm, MatMul, batch matmul,
+and ONNX's quantised forms of these). Element-wise ops, activations, pooling, normalisation,
+softmax and data movement count as 0, which is how the usual published figures are counted
+(MobileNetV2's "300M multiply-adds", torchvision's per-model GFLOPS).
+
+Shapes are those the model declares, with a dynamic batch taken as 1. Bodies of control-flow
+ops (TFLite WHILE/IF subgraphs, ONNX If/Loop/Scan) are not counted: how often they run is
+only known at run time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import onnx
+from ai_edge_litert import schema_py_generated as tflite_schema
+
+from farm.models.facts import (
+    DEFAULT_ONNX_DOMAINS,
+    _ints,
+    _parse_onnx,
+    _parse_tflite,
+    _read,
+    _tflite_builtin_code,
+    model_format,
+)
+
+# A dimension that is unknown (symbolic, or not inferred); any MAC-counted op touching one makes the total unknown.
+Shape = list[int | None]
+
+# Initializers up to this many elements stay in the copy given to shape inference: shape, axes and
+# index tensors are this small, and inference reads their values; larger ones only need their dims.
+SMALL_INITIALIZER_ELEMENTS = 1024
+
+
+class _UnknownShape(Exception):
+    """A shape a MAC-counted operator needs could not be determined."""
+
+
+def estimate_macs(path: Path) -> int | None:
+    """MACs of one inference of the .tflite or .onnx model at `path`, at its declared input shape.
+
+    Convolutions and matrix products only; element-wise, activation and pooling ops count as 0.
+    None for other formats, and when a counted operator's shapes cannot be determined (for
+    example a dynamic dimension other than the batch). Raises facts.ModelError when the file is
+    missing or not a valid model, exactly as inspect_model does.
+    """
+    path = Path(path)
+    fmt = model_format(path)
+    if fmt == "tflite":
+        data = _read(path)
+        return tflite_macs(_parse_tflite(path, data))
+    if fmt == "onnx":
+        data = _read(path)
+        return onnx_macs(_parse_onnx(path, data))
+    return None
+
+
+# --- TFLite -----------------------------------------------------------------------------------
+
+
+def _tflite_shape(tensors: Sequence[tflite_schema.TensorT], index: int) -> list[int]:
+    """Concrete dims of a tensor: `shape` holds the converter's example sizes; a negative batch becomes 1."""
+    if index < 0:
+        raise _UnknownShape("omitted optional tensor")
+    dims = _ints(tensors[index].shape)
+    if not dims:
+        raise _UnknownShape(f"tensor {index} has no shape")
+    if dims[0] < 0:
+        dims[0] = 1  # dynamic batch: count one sample
+    if any(dim < 0 for dim in dims):
+        raise _UnknownShape(f"tensor {index} has a dynamic dimension {dims}")
+    return dims
+
+
+def _tflite_conv_2d(operator: tflite_schema.OperatorT, tensors: Sequence[tflite_schema.TensorT]) -> int:
+    # Weight is OHWI with I = input channels / groups, so each output element costs kH*kW*I MACs.
+    output = _tflite_shape(tensors, operator.outputs[0])
+    weight = _tflite_shape(tensors, operator.inputs[1])
+    return math.prod(output) * math.prod(weight[1:])
+
+
+def _tflite_depthwise_conv_2d(operator: tflite_schema.OperatorT, tensors: Sequence[tflite_schema.TensorT]) -> int:
+    # Weight is 1HWC: each output element reads one kH x kW window of one input channel.
+    output = _tflite_shape(tensors, operator.outputs[0])
+    weight = _tflite_shape(tensors, operator.inputs[1])
+    return math.prod(output) * weight[1] * weight[2]
+
+
+def _tflite_conv_3d(operator: tflite_schema.OperatorT, tensors: Sequence[tflite_schema.TensorT]) -> int:
+    # Weight is DHWIO: each output element costs kD*kH*kW*I MACs.
+    output = _tflite_shape(tensors, operator.outputs[0])
+    weight = _tflite_shape(tensors, operator.inputs[1])
+    return math.prod(output) * math.prod(weight[:-1])
+
+
+def _tflite_transpose_conv(operator: tflite_schema.OperatorT, tensors: Sequence[tflite_schema.TensorT]) -> int:
+    # Inputs are (output_shape, weight OHWI, input): every input element is scattered through kH*kW*O weights.
+    weight = _tflite_shape(tensors, operator.inputs[1])
+    data = _tflite_shape(tensors, operator.inputs[2])
+    return math.prod(data) * math.prod(weight[:-1])
+
+
+def _tflite_fully_connected(operator: tflite_schema.OperatorT, tensors: Sequence[tflite_schema.TensorT]) -> int:
+    # Weight is (units, depth); each output element is one dot product of length `depth`.
+    output = _tflite_shape(tensors, operator.outputs[0])
+    weight = _tflite_shape(tensors, operator.inputs[1])
+    return math.prod(output) * weight[-1]
+
+
+def _tflite_batch_matmul(operator: tflite_schema.OperatorT, tensors: Sequence[tflite_schema.TensorT]) -> int:
+    # Output (..., M, N) from lhs (..., M, K), or (..., K, M) when adjX is set.
+    output = _tflite_shape(tensors, operator.outputs[0])
+    lhs = _tflite_shape(tensors, operator.inputs[0])
+    options = operator.builtinOptions
+    adjoint_lhs = bool(getattr(options, "adjX", False))
+    depth = lhs[-2] if adjoint_lhs and len(lhs) >= 2 else lhs[-1]
+    return math.prod(output) * depth
+
+
+_BuiltinOperator = tflite_schema.BuiltinOperator
+_TFLITE_COUNTERS: dict[int, Callable[[tflite_schema.OperatorT, Sequence[tflite_schema.TensorT]], int]] = {
+    _BuiltinOperator.CONV_2D: _tflite_conv_2d,
+    _BuiltinOperator.DEPTHWISE_CONV_2D: _tflite_depthwise_conv_2d,
+    _BuiltinOperator.CONV_3D: _tflite_conv_3d,
+    _BuiltinOperator.TRANSPOSE_CONV: _tflite_transpose_conv,
+    _BuiltinOperator.FULLY_CONNECTED: _tflite_fully_connected,
+    _BuiltinOperator.BATCH_MATMUL: _tflite_batch_matmul,
+}
+
+
+def _has_dynamic_non_batch_input(subgraph: tflite_schema.SubGraphT) -> bool:
+    # `shape` then holds placeholder 1s for those dims: counting at them would understate the model.
+    tensors = subgraph.tensors or []
+    return any(dim < 0 for index in _ints(subgraph.inputs) for dim in _ints(tensors[index].shapeSignature)[1:])
+
+
+def tflite_macs(model: tflite_schema.ModelT) -> int | None:
+    """MACs of the main subgraph of a parsed (and facts-validated) TFLite model; None if a shape is unknown."""
+    codes = model.operatorCodes or []
+    main = model.subgraphs[0]
+    tensors = main.tensors or []
+    if _has_dynamic_non_batch_input(main):
+        return None
+    total = 0
+    try:
+        for operator in main.operators or []:
+            counter = _TFLITE_COUNTERS.get(_tflite_builtin_code(codes[operator.opcodeIndex]))
+            if counter is not None:
+                total += counter(operator, tensors)
+    except (_UnknownShape, IndexError, TypeError):  # IndexError/TypeError: an op with too few inputs or outputs
+        return None
+    return total
+
+
+# --- ONNX -------------------------------------------------------------------------------------
+
+
+def _constant_of_shape_weights(graph: onnx.GraphProto) -> dict[str, list[int]]:
+    """Output name -> shape of each ConstantOfShape fed by a constant shape tensor.
+
+    The zoo's light models rebuild every weight that way; declaring those shapes up front lets
+    Conv/Gemm weight shapes resolve whatever the installed onnx's inference does with them.
+    """
+    constant_values: dict[str, onnx.TensorProto] = {init.name: init for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in DEFAULT_ONNX_DOMAINS and node.output:
+            for attribute in node.attribute:
+                if attribute.name == "value" and attribute.type == onnx.AttributeProto.TENSOR:
+                    constant_values[node.output[0]] = attribute.t
+    shapes: dict[str, list[int]] = {}
+    for node in graph.node:
+        if node.op_type != "ConstantOfShape" or node.domain not in DEFAULT_ONNX_DOMAINS:
+            continue
+        if not node.input or node.input[0] not in constant_values or not node.output:
+            continue
+        dims = onnx.numpy_helper.to_array(constant_values[node.input[0]]).reshape(-1)
+        shapes[node.output[0]] = [int(dim) for dim in dims]
+    return shapes
+
+
+def _constant_of_shape_dtype(node: onnx.NodeProto) -> int:
+    # ConstantOfShape yields float32 unless its `value` attribute says otherwise.
+    for attribute in node.attribute:
+        if attribute.name == "value" and attribute.type == onnx.AttributeProto.TENSOR:
+            return int(attribute.t.data_type)
+    return onnx.TensorProto.FLOAT
+
+
+def _inference_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A weightless copy for shape inference: big initializers become shape-only inputs, batch is 1."""
+    source = model.graph
+    graph = onnx.GraphProto(name=source.name)
+    graph.node.extend(source.node)
+    graph.output.extend(source.output)
+    graph.value_info.extend(source.value_info)
+
+    declared_inputs = {value.name for value in source.input}
+    initializer_names = {init.name for init in source.initializer}
+    for value in source.input:
+        batch_one = onnx.ValueInfoProto()
+        batch_one.CopyFrom(value)
+        if value.name not in initializer_names and value.type.HasField("tensor_type"):
+            dims = batch_one.type.tensor_type.shape.dim
+            if len(dims) > 0 and not dims[0].HasField("dim_value"):
+                dims[0].dim_value = 1  # dynamic batch: count one sample
+        graph.input.append(batch_one)
+    for init in source.initializer:
+        if math.prod(init.dims) <= SMALL_INITIALIZER_ELEMENTS:
+            graph.initializer.append(init)
+        elif init.name not in declared_inputs:
+            graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    for sparse in source.sparse_initializer:
+        if sparse.values.name not in declared_inputs:
+            graph.input.append(
+                onnx.helper.make_tensor_value_info(sparse.values.name, sparse.values.data_type, list(sparse.dims))
+            )
+
+    known_outputs = {value.name for value in graph.value_info}
+    producers = {node.output[0]: node for node in source.node if node.output}
+    for name, shape in _constant_of_shape_weights(source).items():
+        if name not in known_outputs:
+            dtype = _constant_of_shape_dtype(producers[name])
+            graph.value_info.append(onnx.helper.make_tensor_value_info(name, dtype, shape))
+
+    light = onnx.ModelProto(
+        ir_version=model.ir_version,
+        producer_name=model.producer_name,
+        domain=model.domain,
+        model_version=model.model_version,
+    )
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    light.graph.CopyFrom(graph)
+    return light
+
+
+def _onnx_shapes(model: onnx.ModelProto) -> dict[str, Shape]:
+    """Every tensor shape shape inference can work out; unknown dims are None."""
+    inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    graph = inferred.graph
+    shapes: dict[str, Shape] = {init.name: [int(d) for d in init.dims] for init in graph.initializer}
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        if not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
+            continue
+        shapes[value.name] = [
+            int(dim.dim_value) if dim.HasField("dim_value") else None for dim in value.type.tensor_type.shape.dim
+        ]
+    return shapes
+
+
+def _known(shapes: dict[str, Shape], node: onnx.NodeProto, position: int, *, output: bool = False) -> list[int]:
+    names = node.output if output else node.input
+    if position >= len(names) or not names[position]:
+        raise _UnknownShape(f"{node.op_type} {node.name!r} lacks {'output' if output else 'input'} {position}")
+    shape = shapes.get(names[position])
+    if shape is None or any(dim is None for dim in shape):
+        raise _UnknownShape(f"shape of {names[position]!r} is not known")
+    return [int(dim) for dim in shape if dim is not None]
+
+
+def _onnx_int_attribute(node: onnx.NodeProto, name: str, default: int) -> int:
+    for attribute in node.attribute:
+        if attribute.name == name:
+            return int(attribute.i)
+    return default
+
+
+def _onnx_conv(node: onnx.NodeProto, shapes: dict[str, Shape], weight_input: int) -> int:
+    # Weight (M, C/group, k...): each output element costs prod(C/group, k...) MACs; groups are in the weight.
+    output = _known(shapes, node, 0, output=True)
+    weight = _known(shapes, node, weight_input)
+    return math.prod(output) * math.prod(weight[1:])
+
+
+def _onnx_conv_transpose(node: onnx.NodeProto, shapes: dict[str, Shape]) -> int:
+    # Weight (C, M/group, k...): every input element is scattered through prod(M/group, k...) weights.
+    data = _known(shapes, node, 0)
+    weight = _known(shapes, node, 1)
+    return math.prod(data) * math.prod(weight[1:])
+
+
+def _onnx_gemm(node: onnx.NodeProto, shapes: dict[str, Shape]) -> int:
+    # Y (M, N) = A (M, K) · B (K, N), with transA/transB swapping A's and B's axes.
+    output = _known(shapes, node, 0, output=True)
+    try:
+        a = _known(shapes, node, 0)
+        depth = a[0] if _onnx_int_attribute(node, "transA", 0) else a[-1]
+    except _UnknownShape:
+        b = _known(shapes, node, 1)
+        depth = b[-1] if _onnx_int_attribute(node, "transB", 0) else b[0]
+    return math.prod(output) * depth
+
+
+def _onnx_matmul(node: onnx.NodeProto, shapes: dict[str, Shape], a_input: int, b_input: int) -> int:
+    # numpy matmul: the contracted axis is A's last (a 1-D A is one row), else B's second to last.
+    output = _known(shapes, node, 0, output=True)
+    try:
+        depth = _known(shapes, node, a_input)[-1]
+    except _UnknownShape:
+        b = _known(shapes, node, b_input)
+        depth = b[0] if len(b) == 1 else b[-2]
+    return math.prod(output) * depth
+
+
+_ONNX_COUNTERS: dict[str, Callable[[onnx.NodeProto, dict[str, Shape]], int]] = {
+    "Conv": lambda node, shapes: _onnx_conv(node, shapes, weight_input=1),
+    "ConvInteger": lambda node, shapes: _onnx_conv(node, shapes, weight_input=1),
+    "QLinearConv": lambda node, shapes: _onnx_conv(node, shapes, weight_input=3),  # x, x_scale, x_zp, w, ...
+    "ConvTranspose": _onnx_conv_transpose,
+    "Gemm": _onnx_gemm,
+    "MatMul": lambda node, shapes: _onnx_matmul(node, shapes, a_input=0, b_input=1),
+    "MatMulInteger": lambda node, shapes: _onnx_matmul(node, shapes, a_input=0, b_input=1),
+    "QLinearMatMul": lambda node, shapes: _onnx_matmul(node, shapes, a_input=0, b_input=3),  # a, a_scale, a_zp, b
+}
+
+
+def onnx_macs(model: onnx.ModelProto) -> int | None:
+    """MACs of the main graph of a parsed ONNX model; None if a counted node's shapes stay unknown."""
+    counted = [
+        node for node in model.graph.node if node.domain in DEFAULT_ONNX_DOMAINS and node.op_type in _ONNX_COUNTERS
+    ]
+    if not counted:
+        return 0  # nothing to infer: skip the costly shape inference
+    try:
+        shapes = _onnx_shapes(_inference_copy(model))
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, ValueError):
+        return None  # the graph is inconsistent enough that inference gives up even in non-strict mode
+    total = 0
+    try:
+        for node in counted:
+            total += _ONNX_COUNTERS[node.op_type](node, shapes)
+    except _UnknownShape:
+        return None
+    return total

@@ -1,0 +1,260 @@
+"""farm.models.macs: MAC estimates against published figures, hand counts, and inspect_model's use of them.
+
+References: MobileNetV2 width 1.0 / 0.35 at 224 -> 300M / 59M multiply-adds (Sandler et al. 2018,
+Table 6 and the width/resolution table of the paper's repository). ResNet-50 -> 4.09 and
+SqueezeNet 1.1 -> 0.35 (SqueezeNet 1.0: 0.82) "GFLOPS" on torchvision's model pages, which count
+one multiply-add as one operation. The zoo's squeezenet starts with a 3x3/2 conv to 64 channels,
+i.e. version 1.1, so the accepted band 0.35-0.85 G spans both versions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from ai_edge_litert import schema_py_generated as schema
+from onnx import TensorProto, helper
+
+from farm.models.facts import ModelError, inspect_model
+from farm.models.generate import mobilenetv2_bytes, write_corrupt_onnx, write_corrupt_tflite, write_tiny_tflite
+from farm.models.generate_tflite import TFLiteGraphBuilder
+from farm.models.macs import estimate_macs
+from farm.models.zoo import zoo_models
+
+MOBILENETV2_1_0_R224_MACS = 300e6
+MOBILENETV2_0_35_R224_MACS = 59e6
+RESNET50_MACS = 4.1e9
+SQUEEZENET_MACS_RANGE = (0.35e9 * 0.95, 0.85e9)  # v1.1 (0.35G) with a little slack .. v1.0 (0.82G)
+
+# (width, input size) variants written once per module: enough for size, width and format checks.
+VARIANTS: tuple[tuple[float, int], ...] = ((1.0, 224), (0.35, 224), (1.0, 128), (0.5, 224))
+
+
+@pytest.fixture(scope="module")
+def mobilenets(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[float, int, str], Path]:
+    dest = tmp_path_factory.mktemp("mobilenets")
+    paths: dict[tuple[float, int, str], Path] = {}
+    for width, size in VARIANTS:
+        for fmt in ("tflite", "onnx"):
+            path = dest / f"mbv2_{width}_{size}.{fmt}"
+            path.write_bytes(mobilenetv2_bytes(fmt, width, size))
+            paths[(width, size, fmt)] = path
+    return paths
+
+
+def within(value: int | None, reference: float, tolerance: float) -> bool:
+    return value is not None and abs(value - reference) <= tolerance * reference
+
+
+# --- published figures -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["tflite", "onnx"])
+def test_mobilenetv2_matches_the_papers_multiply_adds(
+    mobilenets: dict[tuple[float, int, str], Path], fmt: str
+) -> None:
+    full = estimate_macs(mobilenets[(1.0, 224, fmt)])
+    slim = estimate_macs(mobilenets[(0.35, 224, fmt)])
+    assert within(full, MOBILENETV2_1_0_R224_MACS, 0.10), full
+    assert within(slim, MOBILENETV2_0_35_R224_MACS, 0.15), slim
+
+
+def test_tflite_and_onnx_twins_agree(mobilenets: dict[tuple[float, int, str], Path]) -> None:
+    for width, size in VARIANTS:
+        tflite = estimate_macs(mobilenets[(width, size, "tflite")])
+        onnx_count = estimate_macs(mobilenets[(width, size, "onnx")])
+        assert tflite is not None and onnx_count is not None
+        assert abs(tflite - onnx_count) <= 0.01 * onnx_count, (width, size, tflite, onnx_count)
+
+
+def test_macs_grow_with_width_and_input_size(mobilenets: dict[tuple[float, int, str], Path]) -> None:
+    for fmt in ("tflite", "onnx"):
+        by_width = [estimate_macs(mobilenets[(width, 224, fmt)]) or 0 for width in (0.35, 0.5, 1.0)]
+        assert by_width == sorted(by_width) and len(set(by_width)) == 3, by_width
+        small, large = (estimate_macs(mobilenets[(1.0, size, fmt)]) or 0 for size in (128, 224))
+        # Convolutions scale with the pixel count; only the classifier does not.
+        assert 0 < small < large and large / small == pytest.approx((224 / 128) ** 2, rel=0.05)
+
+
+@pytest.fixture(scope="module")
+def zoo() -> dict[str, Path]:
+    models = zoo_models()
+    if not {"resnet50", "squeezenet"} <= models.keys():
+        pytest.skip("this onnx package ships no light model zoo")
+    return models
+
+
+def test_zoo_resnet50_and_squeezenet(zoo: dict[str, Path]) -> None:
+    resnet = estimate_macs(zoo["resnet50"])
+    assert within(resnet, RESNET50_MACS, 0.10), resnet
+    squeezenet = estimate_macs(zoo["squeezenet"])
+    assert squeezenet is not None and SQUEEZENET_MACS_RANGE[0] <= squeezenet <= SQUEEZENET_MACS_RANGE[1], squeezenet
+
+
+def test_zoo_weights_built_by_constant_of_shape_resolve_in_every_model(zoo: dict[str, Path]) -> None:
+    # Every light model holds its Conv/Gemm weights as ConstantOfShape outputs: none may come back unknown.
+    for name, path in zoo.items():
+        macs = estimate_macs(path)
+        assert macs is not None and macs > 1e8, (name, macs)
+
+
+# --- hand counts of small graphs -------------------------------------------------------------
+
+
+def test_tiny_tflite_conv_by_hand(tmp_path: Path) -> None:
+    path = write_tiny_tflite(tmp_path / "tiny.tflite")
+    assert estimate_macs(path) == 8 * 8 * 4 * (3 * 3 * 3)  # output H*W*C x kernel H*W*in C
+
+
+def test_tflite_transpose_conv_and_batch_matmul_by_hand(tmp_path: Path) -> None:
+    graph = TFLiteGraphBuilder()
+    image = graph.activation("image", [1, 4, 4, 8])
+    output_shape = graph.constant("output_shape", np.array([1, 8, 8, 16], dtype=np.int32))
+    weight = graph.constant("weight", np.zeros((16, 3, 3, 8), dtype=np.float32))  # OHWI
+    upsampled = graph.activation("upsampled", [1, 8, 8, 16])
+    options = schema.TransposeConvOptionsT()
+    options.padding = schema.Padding.SAME
+    options.strideH = options.strideW = 2
+    graph.operator(
+        schema.BuiltinOperator.TRANSPOSE_CONV,
+        [output_shape, weight, image],
+        [upsampled],
+        schema.BuiltinOptions.TransposeConvOptions,
+        options,
+    )
+    lhs = graph.activation("lhs", [1, 2, 5, 7])  # (batch, heads, M, K)
+    rhs = graph.activation("rhs", [1, 2, 7, 3])
+    product = graph.activation("product", [1, 2, 5, 3])
+    graph.operator(
+        schema.BuiltinOperator.BATCH_MATMUL,
+        [lhs, rhs],
+        [product],
+        schema.BuiltinOptions.BatchMatMulOptions,
+        schema.BatchMatMulOptionsT(),
+    )
+    path = tmp_path / "ops.tflite"
+    path.write_bytes(graph.to_bytes([image, lhs, rhs], [upsampled, product], "hand-count fixture"))
+    transpose_conv = (4 * 4 * 8) * (16 * 3 * 3)  # every input element through kH*kW*out channels
+    batch_matmul = 2 * 5 * 3 * 7
+    assert estimate_macs(path) == transpose_conv + batch_matmul
+
+
+def _save(model: onnx.ModelProto, path: Path) -> Path:
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def test_onnx_grouped_conv_transpose_gemm_and_matmul_by_hand(tmp_path: Path) -> None:
+    def weight(name: str, shape: list[int]) -> TensorProto:
+        return helper.make_tensor(name, TensorProto.FLOAT, shape, np.zeros(shape, dtype=np.float32).ravel().tolist())
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w_grouped"], ["grouped"], group=4, kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("ConvTranspose", ["grouped", "w_up"], ["up"], strides=[2, 2], kernel_shape=[2, 2]),
+        helper.make_node("GlobalAveragePool", ["up"], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["flat"]),
+        helper.make_node("Gemm", ["flat", "w_fc"], ["fc"], transB=1),
+        helper.make_node("MatMul", ["fc", "w_mm"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "hand_count",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [
+            weight("w_grouped", [16, 2, 3, 3]),  # 8 in channels / 4 groups
+            weight("w_up", [16, 4, 2, 2]),
+            weight("w_fc", [10, 4]),
+            weight("w_mm", [10, 5]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    grouped = (16 * 6 * 6) * (2 * 3 * 3)
+    conv_transpose = (16 * 6 * 6) * (4 * 2 * 2)
+    gemm = 10 * 4
+    matmul = 5 * 10
+    assert estimate_macs(_save(model, tmp_path / "ops.onnx")) == grouped + conv_transpose + gemm + matmul
+
+
+def test_dynamic_batch_counts_one_sample(tmp_path: Path, mobilenets: dict[tuple[float, int, str], Path]) -> None:
+    for fmt in ("tflite", "onnx"):
+        dynamic = tmp_path / f"dynamic.{fmt}"
+        dynamic.write_bytes(mobilenetv2_bytes(fmt, 1.0, 128, dynamic_batch=True))
+        assert estimate_macs(dynamic) == estimate_macs(mobilenets[(1.0, 128, fmt)])
+
+
+def test_dynamic_spatial_size_is_unknown_not_a_guess(tmp_path: Path) -> None:
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3])
+    graph = helper.make_graph(
+        [conv],
+        "dynamic_spatial",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "height", "width"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor("w", TensorProto.FLOAT, [4, 3, 3, 3], [0.0] * 108)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path = _save(model, tmp_path / "dynamic_spatial.onnx")
+    assert estimate_macs(path) is None
+    assert inspect_model(path).macs is None
+
+
+def test_tflite_dynamic_spatial_size_is_unknown(tmp_path: Path) -> None:
+    graph = TFLiteGraphBuilder()
+    image = graph.activation("image", [1, 8, 8, 3])
+    graph.tensors[image].shapeSignature = [-1, -1, -1, 3]  # as converters mark a free image size
+    weight = graph.constant("weight", np.zeros((4, 3, 3, 3), dtype=np.float32))
+    features = graph.activation("features", [1, 8, 8, 4])
+    graph.tensors[features].shapeSignature = [-1, -1, -1, 4]
+    options = schema.Conv2DOptionsT()
+    options.padding = schema.Padding.SAME
+    options.strideH = options.strideW = 1
+    graph.operator(
+        schema.BuiltinOperator.CONV_2D, [image, weight, -1], [features], schema.BuiltinOptions.Conv2DOptions, options
+    )
+    path = tmp_path / "dynamic_spatial.tflite"
+    path.write_bytes(graph.to_bytes([image], [features], "free image size"))
+    assert estimate_macs(path) is None
+    assert inspect_model(path).macs is None
+
+
+def test_other_formats_have_no_estimate(tmp_path: Path) -> None:
+    other = tmp_path / "weights.bin"
+    other.write_bytes(b"\x00" * 64)
+    assert estimate_macs(other) is None
+    assert inspect_model(other).macs is None
+
+
+# --- inspect_model ---------------------------------------------------------------------------
+
+
+def test_inspect_model_fills_macs(mobilenets: dict[tuple[float, int, str], Path]) -> None:
+    for fmt in ("tflite", "onnx"):
+        path = mobilenets[(1.0, 224, fmt)]
+        facts = inspect_model(path)
+        assert facts.macs is not None and facts.macs == estimate_macs(path)
+
+
+def test_corrupt_files_still_raise_model_error(tmp_path: Path) -> None:
+    for path in (write_corrupt_tflite(tmp_path / "corrupt.tflite"), write_corrupt_onnx(tmp_path / "corrupt.onnx")):
+        with pytest.raises(ModelError, match="not a valid"):
+            inspect_model(path)
+        with pytest.raises(ModelError, match="not a valid"):
+            estimate_macs(path)
+
+
+def test_an_estimator_failure_leaves_macs_none(
+    mobilenets: dict[tuple[float, int, str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from farm.models import macs
+
+    def broken(_model: object) -> int:
+        raise RuntimeError("estimator bug")
+
+    monkeypatch.setattr(macs, "onnx_macs", broken)
+    monkeypatch.setattr(macs, "tflite_macs", broken)
+    for fmt in ("tflite", "onnx"):
+        facts = inspect_model(mobilenets[(0.35, 224, fmt)])
+        assert facts.macs is None
+        assert facts.param_count is not None  # everything else is still there
