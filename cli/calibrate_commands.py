@@ -30,7 +30,7 @@ def _fit_row(cal, **labels: Any) -> dict[str, Any]:
     f = cal.fits[cal.chosen]
     return {**labels, "kind": cal.chosen, "a": f.a, "b": f.b, "r2": f.r2, "n": f.n, "loo_mape": f.loo_mape,
             "loo_within_10": f.loo_within_10, "kendall_tau": f.kendall_tau, "spearman_rho": f.spearman_rho,
-            "possible_flips": [list(p) for p in f.possible_flips], "warnings": list(cal.warnings),
+            "possible_flips": [[p.first, p.second] for p in f.possible_flips], "warnings": list(cal.warnings),
             "fits": {k: {"a": v.a, "b": v.b, "r2": v.r2, "loo_mape": v.loo_mape, "loo_within_10": v.loo_within_10}
                      for k, v in cal.fits.items()}}
 
@@ -45,7 +45,8 @@ def _fit_table(rows: list[dict[str, Any]], label_cols: list[str]) -> Table:
             formula = f"{_fmt(r['b'])}·x^{_fmt(r['a'])}"
         flips = ", ".join(f"{a}/{b}" for a, b in r["possible_flips"][:3]) + (" …" if len(r["possible_flips"]) > 3 else "")
         t.add_row(*[Text(str(r[c])) for c in label_cols], r["kind"], formula, _fmt(r["r2"], ".3f"), str(r["n"]),
-                  _fmt(r["loo_mape"], ".1f"), _fmt(100 * r["loo_within_10"] if r["loo_within_10"] is not None else None, ".0f"),
+                  _fmt(100 * r["loo_mape"] if r["loo_mape"] is not None else None, ".1f"),
+                  _fmt(100 * r["loo_within_10"] if r["loo_within_10"] is not None else None, ".0f"),
                   _fmt(r["kendall_tau"], ".2f"), _fmt(r["spearman_rho"], ".2f"), Text(flips or "—"))
     return t
 
@@ -136,7 +137,8 @@ def cmd_calibrations(args: argparse.Namespace) -> int:
     for r in rows:
         t.add_row(str(r["id"]), Text(r["device"]), r["metric"], str(r["threads"]), Text(r["family"] or GROUP_ALL),
                   str(r["version"]), when(r["created_at"]), r["kind"], _fmt(r["a"]), _fmt(r["b"]),
-                  _fmt(r["r2"], ".3f"), str(r["n"]), _fmt(r["loo_mape"], ".1f"), _fmt(r["spearman_rho"], ".2f"),
+                  _fmt(r["r2"], ".3f"), str(r["n"]), _fmt(100 * r["loo_mape"] if r["loo_mape"] is not None else None, ".1f"),
+                  _fmt(r["spearman_rho"], ".2f"),
                   Text("; ".join(r["warnings"]) or "—"))
     out.print(t)
     return 0
@@ -246,6 +248,23 @@ def cmd_rank(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from farm.controller.report import ReportError, write_report
+
+    if not args.output and not args.png:
+        raise UserError("farm report needs -o report.html and/or --png DIR")
+    try:
+        written = write_report(open_store(args), args.job, Path(args.output) if args.output else None,
+                               Path(args.png) if args.png else None)
+    except ReportError as e:
+        raise UserError(str(e)) from None
+    if args.json:
+        print(json.dumps({"written": [str(p) for p in written]}, indent=2))
+    else:
+        out.print(f"{len(written)} file(s) written: " + ", ".join(str(p) for p in written[:4]) + (" …" if len(written) > 4 else ""))
+    return 0
+
+
 def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("calibrate", parents=[common], help="fit device ≈ a·sim + b from paired runs or a CSV")
     s.add_argument("--sim-job", type=int, help="the job measured in the sim")
@@ -286,3 +305,9 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("--device-job", type=int, action="append", help="a job measured on a device (repeatable)")
     s.add_argument("--device", action="append", help="a calibrated device: its predicted order (repeatable)")
     s.set_defaults(func=cmd_rank)
+
+    s = sub.add_parser("report", parents=[common], help="one HTML file with the calibration plots and rankings")
+    s.add_argument("job", type=int)
+    s.add_argument("-o", "--output", help="the HTML file (plots embedded)")
+    s.add_argument("--png", help="also write the figures as PNG files into this folder")
+    s.set_defaults(func=cmd_report)

@@ -206,3 +206,29 @@ def current_calibration(store: Store, device: str, metric: str, threads: int, ru
 
 def devices_with_calibrations(store: Store) -> list[str]:
     return [r["device"] for r in store.query("SELECT DISTINCT device FROM calibrations ORDER BY device")]
+
+
+def add_predictions(store: Store, job_id: int, records: list[dict[str, Any]], devices: list[str],
+                    sim_budget: dict[str, Any]) -> None:
+    """`predict_for`: put each device's calibrated estimate beside every completed record."""
+    for record in records:
+        if record["status"] != "completed":
+            continue
+        record["predictions"] = {}
+        for device in devices:
+            entry: dict[str, Any] = {}
+            for metric, key in (("latency", ("latency_ms", "avg")), ("peak_memory", ("peak_memory_mb", None)),
+                                ("avg_memory", ("avg_memory_mb", None))):
+                x = record[key[0]][key[1]] if key[1] and record[key[0]] else record.get(key[0])
+                if x is None:
+                    continue
+                stored = current_calibration(store, device, metric, record["threads"],
+                                             runtime=record.get("runtime"), family=record["model"]["family"])
+                if stored is None:
+                    continue
+                p = stored.calibration.fits[stored.calibration.chosen].predict(x)
+                entry[metric] = {"estimate": p.estimate, "low": p.low, "high": p.high, "calibration": stored.id,
+                                 "version": stored.version,
+                                 # a calibration from another sim budget does not apply to these numbers
+                                 "same_sim_budget": stored.source.get("sim") == sim_budget}
+            record["predictions"][device] = entry or None

@@ -79,6 +79,11 @@ def run_records(store: Store, job_id: int) -> list[dict[str, Any]]:
             "approximate": bool(row["approximate"]) if row["approximate"] is not None else None,
             "limits": {"cpus": row["limits_cpus"], "cpuset": row["limits_cpuset"], "memory_mb": row["limits_memory_mb"]},
             "run": row["run_id"],
+            "runtime": json.loads(row["environment_json"]).get("runtime") if row["environment_json"] else None,
             "tool_versions": json.loads(row["tool_versions_json"]) if row["tool_versions_json"] else {},
         })
+    spec = json.loads(store.job(job_id)["spec_json"])
+    if spec.get("predict_for"):
+        from farm.controller.calibrations import add_predictions
+        add_predictions(store, job_id, records, spec["predict_for"], spec["sim"])
     return records

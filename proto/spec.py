@@ -173,6 +173,10 @@ class JobSpec(Strict):
     sim: SimBudget = Field(default_factory=SimBudget)
     timeouts: Timeouts = Field(default_factory=Timeouts)
     priority: Literal["interactive", "normal", "low"] = "normal"
+    predict_for: list[str] = Field(
+        default_factory=list,
+        description="Calibrated devices to predict every completed run for, from the sim alone (see `farm calibrations`)",
+    )
 
     @field_validator("models")
     @classmethod

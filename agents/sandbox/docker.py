@@ -38,6 +38,7 @@ from farm.agents.sandbox.base import (
     SandboxError,
 )
 from farm.agents.sandbox.docker_image import DEFAULT_IMAGE, ensure_default_image, host_runtime_mounts
+from farm.agents.sandbox.cgroup import CFS_PERIOD_US
 from farm.agents.sandbox.cgroupfs import CgroupFiles
 
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
@@ -603,7 +604,9 @@ class DockerBackend(SandboxBackend):
         private_parent = f"/{PRIVATE_CGROUP_ROOT}/{token}" if self._uses_cgroupfs_driver() else None
         limits: dict[str, Any] = {}
         if budget.cpus is not None:
-            limits["nano_cpus"] = int(round(budget.cpus * 1e9))
+            # the same short CFS period as the cgroup backend, so both throttle alike
+            limits["cpu_period"] = CFS_PERIOD_US
+            limits["cpu_quota"] = max(1000, int(round(budget.cpus * CFS_PERIOD_US)))
         if budget.cpuset:
             limits["cpuset_cpus"] = budget.cpuset
         if budget.memory_bytes is not None:
@@ -643,13 +646,13 @@ class DockerBackend(SandboxBackend):
     def effective_limits(self, budget: Budget) -> Budget:
         """What the engine recorded for the last container started with this budget.
 
-        Before any such container, the engine's rounding predicted: whole nanocpus, whole bytes.
+        Before any such container, the rounding predicted: whole microseconds of quota, whole bytes.
         """
         applied = self._applied.get(_budget_key(budget))
         if applied is not None:
             return applied
         return Budget(
-            cpus=round(budget.cpus * 1e9) / 1e9 if budget.cpus is not None else None,
+            cpus=max(1000, round(budget.cpus * CFS_PERIOD_US)) / CFS_PERIOD_US if budget.cpus is not None else None,
             cpuset=budget.cpuset or None,
             memory_bytes=int(budget.memory_bytes) if budget.memory_bytes is not None else None,
         )

@@ -1,0 +1,69 @@
+"""`farm rank`: models ordered by the sim and by each device, side by side, with Kendall τ.
+
+"Which of my models is best there?" is often the real question: a device column can be a
+job measured on the device (or under another budget) or a calibrated device's predictions.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from statistics import mean
+from typing import Any
+
+from scipy.stats import kendalltau
+
+from farm.controller.calibrations import CalibrationError, current_calibration, job_values
+from farm.controller.store import Store
+
+
+class RankError(ValueError):
+    pass
+
+
+def _means(store: Store, job: int, metric: str) -> dict[int, dict[str, tuple[float, str | None]]]:
+    """threads -> model -> (mean over repeats and cells, family)."""
+    acc: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    family: dict[str, str | None] = {}
+    for v in job_values(store, job, metric):
+        acc[v.threads][v.model].append(v.value)
+        family[v.model] = v.family
+    return {t: {m: (mean(vals), family[m]) for m, vals in models.items()} for t, models in acc.items()}
+
+
+def _tau(reference: dict[str, float], other: dict[str, float]) -> float | None:
+    common = sorted(set(reference) & set(other))
+    if len(common) < 3:
+        return None
+    tau = kendalltau([reference[m] for m in common], [other[m] for m in common]).statistic
+    return None if tau != tau else float(tau)  # NaN when one side is constant
+
+
+def rank_job(store: Store, job: int, metric: str, *, device_jobs: list[int], devices: list[str]) -> dict[str, Any]:
+    try:
+        sim = _means(store, job, metric)
+        measured = {d: _means(store, d, metric) for d in device_jobs}
+    except CalibrationError as e:
+        raise RankError(str(e)) from None
+    if not sim:
+        raise RankError(f"job {job} has no completed run with a {metric} figure to rank")
+    groups = []
+    for threads in sorted(sim):
+        sim_values = {m: v for m, (v, _) in sim[threads].items()}
+        columns = [{"name": f"sim (job {job})", "kendall_tau": None,
+                    "order": sorted(sim_values.items(), key=lambda kv: kv[1])}]
+        for d, by_threads in measured.items():
+            values = {m: v for m, (v, _) in by_threads.get(threads, {}).items()}
+            columns.append({"name": f"job {d}", "kendall_tau": _tau(sim_values, values),
+                            "order": sorted(values.items(), key=lambda kv: kv[1])})
+        for device in devices:
+            predicted = {}
+            for model, (x, fam) in sim[threads].items():
+                stored = current_calibration(store, device, metric, threads, family=fam)
+                if stored is None:
+                    raise RankError(f"no {metric} calibration for device {device!r} at {threads} thread(s); "
+                                    "run `farm calibrate` first (`farm calibrations` lists what exists)")
+                predicted[model] = stored.calibration.fits[stored.calibration.chosen].predict(x).estimate
+            columns.append({"name": f"{device} (predicted)", "kendall_tau": _tau(sim_values, predicted),
+                            "order": sorted(predicted.items(), key=lambda kv: kv[1])})
+        groups.append({"threads": threads, "columns": columns})
+    return {"job": job, "metric": metric, "groups": groups}

@@ -1,0 +1,126 @@
+"""The calibration loop as a user runs it: measure a family in the sim, measure it again
+on a "device" (here: the sim under half the CPU, standing in until device drivers land),
+calibrate, list, predict a new model, rank, report — all through the CLI."""
+
+from __future__ import annotations
+
+import csv
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from conftest import write_job
+
+G6_LATENCY = [(0.0111, 0.020), (0.0218, 0.054), (0.0380, 0.090), (0.0544, 0.117), (0.0616, 0.253), (0.3626, 1.309)]
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory) -> Path:
+    from farm.models.generate import generate_examples
+    d = tmp_path_factory.mktemp("family")
+    generate_examples(d, widths=[0.35, 0.5, 0.75, 1.0, 1.4], input_sizes=[96], formats=("tflite",), zoo=False)
+    return d
+
+
+def _job(d: Path, name: str, cpus: float, models: str) -> Path:
+    return write_job(d, f"""
+name: {name}
+models: [{models}]
+workload: {{type: benchmark, iterations: 30, warmup: 3}}
+sim: {{cpus: {cpus}, memory: 1g}}
+""", f"{name}.yaml")
+
+
+def test_calibrate_predict_rank_report(family: Path, farm, tmp_path: Path) -> None:
+    train = ", ".join(f"mobilenetv2_w{w}_r96.tflite" for w in ("0.35", "0.5", "0.75", "1.4"))
+    assert farm("submit", str(_job(family, "sim", 1.0, train)), "--quiet").returncode == 0
+    assert farm("submit", str(_job(family, "slow-device", 0.5, train)), "--quiet").returncode == 0
+
+    cal = farm("calibrate", "--sim-job", "1", "--device-job", "2", "--device", "half-cpu",
+               "--metric", "latency", "--metric", "peak_memory", "--json")
+    assert cal.returncode == 0, cal.stderr
+    fits = {c["metric"]: c for c in cal.json()["calibrations"]}
+    lat = fits["latency"]
+    assert lat["n"] == 4 and lat["version"] == 1
+    assert 1.3 < lat["fits"]["ols"]["a"] < 3.0  # half the CPU: about twice as slow
+    assert lat["spearman_rho"] > 0.7
+
+    # a second fit is a new version; history keeps both
+    farm("calibrate", "--sim-job", "1", "--device-job", "2", "--device", "half-cpu", "--json")
+    history = farm("calibrations", "--device", "half-cpu", "--json").json()
+    assert sorted(r["version"] for r in history if r["metric"] == "latency") == [1, 2]
+
+    # predict a model the calibration never saw, from the sim alone
+    pred = farm("predict", str(family / "mobilenetv2_w1.0_r96.tflite"), "--device", "half-cpu", "--json")
+    assert pred.returncode == 0, pred.stderr
+    p = pred.json()[0]
+    assert p["metric"] == "latency" and p["sim_reused"] is False and p["calibration"]["version"] == 2
+    assert p["low"] <= p["estimate"] <= p["high"] and p["estimate"] > p["sim"]
+    again = farm("predict", str(family / "mobilenetv2_w1.0_r96.tflite"), "--device", "half-cpu", "--json").json()[0]
+    assert again["sim_reused"] is True  # an identical sim run is reused, not repeated
+
+    # predict_for: every run of a new job comes back with the device's estimate beside it
+    (family / "new.yaml").write_text(_job(family, "new", 1.0, "mobilenetv2_w1.0_r96.tflite").read_text()
+                                     + "predict_for: [half-cpu]\n")
+    new = farm("submit", str(family / "new.yaml"), "--json")
+    assert new.returncode == 0, new.stderr
+    predicted = new.json()["results"][0]["predictions"]["half-cpu"]["latency"]
+    assert predicted["estimate"] > 0 and predicted["same_sim_budget"] is True
+
+    ranking = farm("rank", "1", "--device-job", "2", "--device", "half-cpu", "--json").json()
+    cols = ranking["groups"][0]["columns"]
+    assert [c["name"] for c in cols] == ["sim (job 1)", "job 2", "half-cpu (predicted)"]
+    assert cols[0]["order"][0][0] == "mobilenetv2_w0.35_r96"  # the smallest model is fastest in the sim
+
+    report = tmp_path / "report.html"
+    pngs = tmp_path / "png"
+    made = farm("report", "1", "-o", str(report), "--png", str(pngs), "--json")
+    assert made.returncode == 0, made.stderr
+    page = report.read_text()
+    assert "half-cpu" in page and "data:image/png;base64," in page and "Rankings" in page
+    figures = sorted(pngs.glob("*.png"))
+    assert figures
+    for f in figures:
+        head = f.read_bytes()[:24]
+        assert head[:8] == b"\x89PNG\r\n\x1a\n"
+        width, height = struct.unpack(">II", head[16:24])
+        assert (width, height) == (640, 480)
+
+
+def test_offline_calibration_reproduces_the_published_g6_fit(tmp_path: Path, farm) -> None:
+    pairs = tmp_path / "g6.csv"
+    with open(pairs, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "x", "y"])
+        for i, (x, y) in enumerate(G6_LATENCY):
+            w.writerow([f"m{i}", x, y])
+    fit_file = tmp_path / "fit.json"
+    run = farm("calibrate", "--pairs", str(pairs), "-o", str(fit_file), "--json")
+    assert run.returncode == 0, run.stderr
+    ols = run.json()["calibrations"][0]["fits"]["ols"]
+    assert ols["a"] == pytest.approx(3.70, abs=0.05) and ols["r2"] >= 0.99
+
+    new = tmp_path / "new.csv"
+    new.write_text("model,x\nbig,0.2\nsmall,0.015\n")
+    out = tmp_path / "pred.csv"
+    assert farm("predict", "--calibration", str(fit_file), "--input", str(new), "-o", str(out)).returncode == 0
+    rows = list(csv.DictReader(open(out)))
+    assert [r["model"] for r in rows] == ["big", "small"]
+    doc = json.loads(fit_file.read_text())
+    assert doc["groups"]
+
+
+def test_too_few_pairs_is_refused_with_the_number_needed(tmp_path: Path, farm) -> None:
+    pairs = tmp_path / "few.csv"
+    pairs.write_text("model,x,y\na,1,2\nb,2,4\n")
+    run = farm("calibrate", "--pairs", str(pairs))
+    assert run.returncode == 1 and "4" in run.stderr
+
+
+def test_bad_pairs_file_names_line_and_column(tmp_path: Path, farm) -> None:
+    pairs = tmp_path / "bad.csv"
+    pairs.write_text("model,x,y\na,1,2\nb,fast,4\n")
+    run = farm("calibrate", "--pairs", str(pairs))
+    assert run.returncode == 2 and "bad.csv" in run.stderr and "3" in run.stderr and "x" in run.stderr
