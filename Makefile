@@ -29,6 +29,7 @@ test: setup
 
 bench: models
 	$(PY) benchmarks/run.py
+	$(PY) benchmarks/calibration.py
 
 clean:
 	rm -rf $(VENV) examples/models build *.egg-info

@@ -90,7 +90,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _calibrate_offline(args: argparse.Namespace) -> int:
-    from farm.controller.calibration import CalibrationInputError, NotEnoughPairs, calibrate, read_pairs_csv
+    from farm.controller.calibration import CalibrationInputError, calibrate, read_pairs_csv
 
     try:
         groups = read_pairs_csv(Path(args.pairs), x=args.x, y=args.y, model=args.model_col, group=args.group)
@@ -100,7 +100,7 @@ def _calibrate_offline(args: argparse.Namespace) -> int:
     for group, pairs in sorted(groups.items(), key=lambda kv: str(kv[0])):
         try:
             cal = calibrate(pairs, min_pairs=args.min_pairs)
-        except NotEnoughPairs as e:
+        except ValueError as e:  # too few pairs, or values too bunched up to fit
             refused.append(f"{group or GROUP_ALL}: {e}")
             continue
         fits[group or GROUP_ALL] = cal.to_json()
@@ -202,9 +202,9 @@ def _predict_offline(args: argparse.Namespace) -> int:
             if cal is None:
                 raise UserError(f"{args.input}:{line}: no calibration for group {group!r} in {args.calibration} "
                                     f"(it has {', '.join(groups)})")
-            out_rows += predict_rows(cal, [row], x=x_col)
+            out_rows += predict_rows(cal, [row], x=x_col, source=args.input, first_line=line)
     except CalibrationInputError as e:
-        raise UserError(f"{args.input}: {e}") from None
+        raise UserError(str(e)) from None
     if args.output:
         with open(args.output, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(out_rows[0]) if out_rows else ["model"])

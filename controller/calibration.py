@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import csv
 import math
+import warnings as python_warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,7 +236,15 @@ class Calibration:
     def predict(self, x: float, features: Mapping[str, float] | None = None,
                 kind: str | None = None) -> Prediction:
         """Predict with the chosen fit (or ``kind``) at this calibration's confidence."""
-        return self.fits[kind or self.chosen].predict(x, features, self.confidence)
+        return self.fit(kind).predict(x, features, self.confidence)
+
+    def fit(self, kind: str | None = None) -> FitResult:
+        """The fit of ``kind``, or the chosen one; a clear error for a kind that was not fitted."""
+        if kind is None:
+            return self.chosen_fit
+        if kind not in self.fits:
+            raise ValueError(f"this calibration has no {kind!r} fit (it has {', '.join(self.fits)})")
+        return self.fits[kind]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -244,7 +253,8 @@ class Calibration:
             "confidence": self.confidence,
             "warnings": list(self.warnings),
             "fits": {kind: fit.to_json() for kind, fit in self.fits.items()},
-            "pairs": [{"model": p.model, "x": p.x, "y": p.y, "family": p.family, "features": dict(p.features)}
+            "pairs": [{"model": p.model, "x": float(p.x), "y": float(p.y), "family": p.family,
+                       "features": {name: float(value) for name, value in p.features.items()}}
                       for p in self.pairs],
         }
 
@@ -305,7 +315,9 @@ def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confid
         raise NotEnoughPairs(3, distinct_sim, "distinct sim values")
     feature_matrix = _feature_columns(merged, features)
 
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore"), python_warnings.catch_warnings():
+        # Constant device values give NaN ranks; the ρ warning below says so in farm's own words.
+        python_warnings.simplefilter("ignore", stats.ConstantInputWarning)
         tau = float(stats.kendalltau(sim, device).statistic)
         rho = float(stats.spearmanr(sim, device).statistic)
     observed, observed_count = _observed_flips(sim, device, names, warnings)
@@ -327,11 +339,15 @@ def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confid
                 warnings.append(f"log fit skipped: {len(nonpositive)} pair(s) have non-positive values "
                                 f"(e.g. {', '.join(nonpositive[:3])})")
                 continue
-            fits[kind] = _fit_log(shared)
+            log_fit = _fit_log(shared, warnings)
+            if log_fit is not None:
+                fits[kind] = log_fit
         elif kind == "ols":
             fits[kind] = _fit_ols(shared, feature_matrix)
         else:
             fits[kind] = _fit_robust(shared, warnings)
+    if not fits:
+        raise ValueError(f"no fit kind could be fitted ({'; '.join(warnings[-1:])}): add 'ols' or 'robust' to kinds")
     chosen = min(fits, key=lambda k: fits[k].loo_mape if math.isfinite(fits[k].loo_mape) else math.inf)
     for fit in fits.values():
         if fit.possible_flip_count > len(fit.possible_flips):
@@ -409,8 +425,7 @@ def _ols_loo_mape(model: _LinearModel, device: np.ndarray) -> float:
 def _fit_ols(shared: _Shared, feature_matrix: dict[str, np.ndarray]) -> FitResult:
     sim, device = shared.sim, shared.device
     columns = [np.ones_like(sim), sim]
-    model = _least_squares(columns, device)
-    assert model is not None  # ≥ 3 distinct sim values make [1, x] full rank with leverage < 1
+    model = _require_fit(_least_squares(columns, device))
     best_mape = _ols_loo_mape(model, device)
     baseline_mape = best_mape
     used: list[str] = []
@@ -436,10 +451,19 @@ def _fit_ols(shared: _Shared, feature_matrix: dict[str, np.ndarray]) -> FitResul
                        feature_values={name: feature_matrix[name] for name in used})
 
 
-def _fit_log(shared: _Shared) -> FitResult:
+def _require_fit(model: _LinearModel | None) -> _LinearModel:
+    if model is None:
+        raise ValueError("the sim values are too concentrated to fit and validate a line: leaving one model "
+                         "out leaves the others with (almost) a single sim value; add models with other sim values")
+    return model
+
+
+def _fit_log(shared: _Shared, warnings: list[str]) -> FitResult | None:
     log_sim, log_device = np.log(shared.sim), np.log(shared.device)
     model = _least_squares([np.ones_like(log_sim), log_sim], log_device)
-    assert model is not None
+    if model is None:
+        warnings.append("log fit skipped: in log space the sim values are too concentrated to fit and validate")
+        return None
     loo_prediction = np.exp(log_device - model.residuals / (1.0 - model.leverage))
     return _finish_fit("log", shared, model, loo_prediction, log_space=True)
 
@@ -462,8 +486,7 @@ def _fit_robust(shared: _Shared, warnings: list[str]) -> FitResult:
     sim, device = shared.sim, shared.device
     slope, intercept = _theil_sen(sim, device)
     # The interval model: OLS geometry ((XᵀX)⁻¹, leverage) around the Theil–Sen line.
-    geometry = _least_squares([np.ones_like(sim), sim], device)
-    assert geometry is not None
+    geometry = _require_fit(_least_squares([np.ones_like(sim), sim], device))
     scale = geometry.column_scale
     geometry.coefficients = np.array([intercept * scale[0], slope * scale[1]])
     geometry.residuals = device - (intercept + slope * sim)
@@ -644,24 +667,24 @@ def read_pairs_csv(path: str | Path, x: str = "x", y: str = "y", model: str = "m
 
 
 def predict_rows(calibration: Calibration, rows: Iterable[Mapping[str, Any]], *, x: str = "x",
-                 kind: str | None = None, source: str | None = None) -> list[dict[str, Any]]:
+                 kind: str | None = None, source: str | None = None, first_line: int = 2) -> list[dict[str, Any]]:
     """Each row with ``estimate``, ``low`` and ``high`` added (chosen fit, calibration's confidence).
 
     Rows are dicts such as ``csv.DictReader`` yields; the sim value is in column ``x`` and the fit's
     features (if any) in columns of the same name. ``source`` (a file name) makes error messages
-    read ``source:line: column …``, counting the header as line 1.
+    read ``source:line: column …``; the first row is on line ``first_line`` (2: after a header).
     """
-    fit = calibration.fits[kind or calibration.chosen]
+    fit = calibration.fit(kind)
     materialised = [dict(row) for row in rows]
     where = Path(source) if source else Path("<rows>")
-    sim = np.array([_number_cell(row, x, where, index + 2) for index, row in enumerate(materialised)])
-    feature_values = {name: np.array([_number_cell(row, name, where, index + 2)
+    sim = np.array([_number_cell(row, x, where, first_line + index) for index, row in enumerate(materialised)])
+    feature_values = {name: np.array([_number_cell(row, name, where, first_line + index)
                                       for index, row in enumerate(materialised)])
                       for name in fit.features_used}
     if fit.log_space:
         nonpositive = np.flatnonzero(sim <= 0)
         if nonpositive.size:
-            raise CalibrationInputError(f"{where}:{nonpositive[0] + 2}: column {x!r}: the log fit needs "
+            raise CalibrationInputError(f"{where}:{first_line + nonpositive[0]}: column {x!r}: the log fit needs "
                                         f"values > 0, got {sim[nonpositive[0]]:g}")
     if not materialised:
         return []

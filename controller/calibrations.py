@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from farm.controller.calibration import Calibration, NotEnoughPairs, Pair, calibrate
+from farm.controller.calibration import Calibration, Pair, calibrate
 from farm.controller.store import Store
 
 MiB = 1 << 20
@@ -137,7 +137,7 @@ def fit_and_store(store: Store, device: str, metric: str, paired: list[PairedRun
             continue  # one family only: the per-family fit would repeat the pooled one
         try:
             cal = calibrate([r.pair for r in runs], confidence=confidence, min_pairs=min_pairs)
-        except NotEnoughPairs as e:
+        except ValueError as e:  # NotEnoughPairs, or values too bunched up to fit
             refused.append(f"{label}: {e}")
             continue
         stored.append(_store_one(store, device, metric, threads, runtime, family, cal, runs, source))

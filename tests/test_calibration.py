@@ -285,3 +285,36 @@ def test_predict_rows_adds_estimate_and_interval():
     assert rows[1]["low"] < rows[1]["estimate"] < rows[1]["high"]
     with pytest.raises(CalibrationInputError, match=r"x\.csv:3: column 'x': 'fast' is not a number"):
         predict_rows(calibration, [{"x": "0.1"}, {"x": "fast"}], source="x.csv")
+    with pytest.raises(CalibrationInputError, match=r"x\.csv:7: column 'x': missing value"):
+        predict_rows(calibration, [{"x": ""}], source="x.csv", first_line=7)  # one row at a time
+
+
+def test_large_calibrations_use_the_scalable_paths():
+    generator = np.random.default_rng(3)
+    sim = generator.uniform(1, 50, 2500)
+    device = 2.0 * sim + 1.0 + generator.normal(0, 1.0, 2500)
+    calibration = calibrate(pairs_of([f"m{i}" for i in range(2500)], sim, device))
+    robust = calibration.fits["robust"]
+    exact = stats.theilslopes(device, sim, method="joint")
+    assert robust.a == pytest.approx(exact.slope, rel=2e-3) and not robust.loo_exact
+    assert robust.loo_mape == pytest.approx(calibration.fits["ols"].loo_mape, rel=0.05)
+    order = np.argsort(sim)
+    adjacent_flips = int(np.sum(np.diff(device[order]) < 0))
+    assert robust.observed_flip_count == adjacent_flips and len(robust.observed_flips) == 1000
+    assert any("sim-adjacent" in w for w in calibration.warnings)
+    assert any("robust: leave-one-out error approximated" in w for w in calibration.warnings)
+    restored = Calibration.from_json(json.loads(json.dumps(calibration.to_json())))
+    assert restored.predict(20.0) == calibration.predict(20.0)
+
+
+def test_degenerate_inputs_get_clear_errors_and_json_stays_valid():
+    with pytest.raises(NotEnoughPairs, match="3 distinct sim values, have 2"):
+        calibrate([Pair(name, x, y) for name, x, y in [("a", 1.0, 2.0), ("b", 1.0, 2.1), ("c", 2.0, 4.0),
+                                                        ("d", 2.0, 4.2)]])
+    with pytest.raises(ValueError, match="too concentrated"):
+        calibrate(points_as_pairs([(0.0, 1.0), (1e-7, 2.0), (1000.0, 3.0)]), min_pairs=3)
+    constant = calibrate(points_as_pairs([(1.0, 5.0), (2.0, 5.0), (3.0, 5.0), (4.0, 5.0)]))
+    assert any("unsafe" in w for w in constant.warnings)
+    document = json.loads(json.dumps(constant.to_json(), allow_nan=False))  # NaN R² / ρ become null
+    assert document["fits"]["ols"]["r2"] is None
+    assert Calibration.from_json(document).predict(2.5) == constant.predict(2.5)

@@ -1,0 +1,200 @@
+"""Calibration accuracy on real multi-device latencies, and fit time for 10⁶ pairs.
+
+Run by hand: ``/tmp/v/bin/python benchmarks/calibration.py [--draws 200] [--seed 0]``.
+
+For each device pair (one column used as "sim", another as "device"), k calibration models are
+drawn at random (k = 5, 10, 20; ``--draws`` draws each, fixed seed); every fit kind is fitted on
+them and scored on all the other models of the file: share of predictions within ±10 %, median
+over draws of the held-out MAPE, and coverage of the 90 % prediction interval. ``ols`` is plain
+least squares (the published method); ``chosen`` is the kind picked by leave-one-out error.
+Data: ``../shared/data/latency/`` next to the repository (see its README); values < 0.1 ms dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import os
+import statistics
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # the machine is shared; one core keeps timings comparable
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402  (after the thread limits, which numpy reads at import)
+
+from farm.controller.calibration import FIT_KINDS, Pair, calibrate  # noqa: E402
+
+DATA_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "latency"
+KS = (5, 10, 20)
+CONFIDENCE = 0.9
+SMALLEST_VALID_MS = 0.1  # the README: ~273 NB201 cells are degenerate (≈ 0 ms)
+
+
+@dataclass(frozen=True)
+class DevicePair:
+    label: str
+    file: str
+    sim_column: str
+    device_column: str
+
+
+DEVICE_PAIRS = [
+    DevicePair("similar CPUs: Xeon Silver 4114 → Silver 4210R", "help_nb201_latency_all_devices.csv.gz",
+               "silver_4114_ms", "silver_4210r_ms"),
+    DevicePair("similar CPUs: Xeon Gold 6226 → Gold 6240", "help_nb201_latency_all_devices.csv.gz",
+               "gold_6226_ms", "gold_6240_ms"),
+    DevicePair("phone → phone: Pixel 4 A76 (nn-Meter) → Pixel 3 (HW-NAS-Bench)", "oneproxy_nb201_1999x18_plus_help.csv",
+               "true_a76_ms", "rice_pixel3_ms"),
+    DevicePair("phone → phone: Galaxy A50 → Galaxy S7 (whole ms)", "help_nb201_latency_all_devices.csv.gz",
+               "samsung_a50_ms", "samsung_s7_ms"),
+    DevicePair("phone → board: Pixel 3 → Raspberry Pi 4", "help_nb201_latency_all_devices.csv.gz",
+               "pixel3_ms", "raspi4_ms"),
+    DevicePair("desktop GPU → phone: Titan RTX (batch 1) → Pixel 3", "help_nb201_latency_all_devices.csv.gz",
+               "titan_rtx_1_ms", "pixel3_ms"),
+    DevicePair("desktop GPU → phone: GTX (BRP-NAS) → Pixel 4 A76", "oneproxy_nb201_1999x18_plus_help.csv",
+               "eagle_gtx_ms", "true_a76_ms"),
+]
+
+
+@dataclass
+class KindScores:
+    within: list[float]
+    mape: list[float]
+    coverage: list[float]
+
+
+def load_columns(pair: DevicePair) -> tuple[np.ndarray, np.ndarray]:
+    path = DATA_DIR / pair.file
+    if not path.exists():
+        sys.exit(f"error: {path} not found: this benchmark reads the shared latency data in {DATA_DIR} "
+                 f"(a folder named shared/data/latency next to the repository)")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = {pair.sim_column, pair.device_column} - set(reader.fieldnames or ())
+        if missing:
+            sys.exit(f"error: {path}: no column(s) {sorted(missing)}")
+        values = [(row[pair.sim_column], row[pair.device_column]) for row in reader]
+    sim = np.array([float(s) if s else np.nan for s, _ in values])
+    device = np.array([float(d) if d else np.nan for _, d in values])
+    usable = (sim >= SMALLEST_VALID_MS) & (device >= SMALLEST_VALID_MS)  # also drops NaN and −1
+    return sim[usable], device[usable]
+
+
+def evaluate(pair: DevicePair, k: int, draws: int, generator: np.random.Generator) -> dict:
+    sim, device = load_columns(pair)
+    scores = {kind: KindScores([], [], []) for kind in (*FIT_KINDS, "chosen")}
+    chosen_counts: Counter[str] = Counter()
+    warned = skipped = 0
+    for _ in range(draws):
+        picked = generator.choice(sim.size, size=k, replace=False)
+        held_out = np.ones(sim.size, dtype=bool)
+        held_out[picked] = False
+        try:
+            calibration = calibrate([Pair(f"m{i}", sim[i], device[i]) for i in picked], confidence=CONFIDENCE)
+        except ValueError:  # NotEnoughPairs or too-concentrated sim values
+            skipped += 1  # whole-ms columns can give < 3 distinct sim values at k = 5
+            continue
+        chosen_counts[calibration.chosen] += 1
+        warned += any("unsafe" in warning for warning in calibration.warnings)
+        truth = device[held_out]
+        for kind in (*FIT_KINDS, "chosen"):
+            fit = calibration.fits.get(calibration.chosen if kind == "chosen" else kind)
+            if fit is None:
+                continue
+            estimate, low, high = fit.predict_arrays(sim[held_out], confidence=CONFIDENCE)
+            relative = np.abs(estimate - truth) / truth
+            scores[kind].within.append(float(np.mean(relative <= 0.10)))
+            scores[kind].mape.append(float(np.mean(relative)))
+            scores[kind].coverage.append(float(np.mean((truth >= low) & (truth <= high))))
+    return {"scores": scores, "chosen": chosen_counts, "warned": warned, "skipped": skipped,
+            "fitted": draws - skipped, "models": sim.size}
+
+
+def cell(values: list[float], percent_digits: int = 0) -> str:
+    return f"{100 * statistics.fmean(values):.{percent_digits}f}" if values else "–"
+
+
+def median_cell(values: list[float]) -> str:
+    return f"{100 * statistics.median(values):.1f}" if values else "–"
+
+
+def accuracy_tables(draws: int, seed: int) -> str:
+    generator = np.random.default_rng(seed)
+    kinds = (*FIT_KINDS, "chosen")
+    accuracy = ["| device pair (sim → device) | k | " + " | ".join(
+        f"{kind} ±10 % / MAPE" for kind in kinds) + " | chosen ols/log/robust | ρ warning |",
+                "|---|---|" + "---|" * (len(kinds) + 2)]
+    coverage = [f"| device pair | k | " + " | ".join(f"{kind} {CONFIDENCE:.0%} PI coverage" for kind in kinds) + " |",
+                "|---|---|" + "---|" * len(kinds)]
+    for pair in DEVICE_PAIRS:
+        for k in KS:
+            result = evaluate(pair, k, draws, generator)
+            scores, chosen = result["scores"], result["chosen"]
+            label = f"{pair.label} (`{pair.sim_column}` → `{pair.device_column}`, {result['models']} models)"
+            accuracy.append(
+                f"| {label} | {k} | " + " | ".join(
+                    f"{cell(scores[kind].within)} % / {median_cell(scores[kind].mape)} %" for kind in kinds)
+                + f" | {chosen['ols']}/{chosen['log']}/{chosen['robust']}"
+                + f" | {100 * result['warned'] / max(result['fitted'], 1):.0f} %"
+                + (f" ({result['skipped']} draws skipped)" if result["skipped"] else "") + " |")
+            coverage.append(f"| {pair.label} | {k} | " + " | ".join(f"{cell(scores[kind].coverage)} %"
+                                                                  for kind in kinds) + " |")
+    return "\n".join([
+        f"### Held-out accuracy ({draws} draws per row, seed {seed})",
+        "",
+        "Each cell: mean share of held-out predictions within ±10 % / median over draws of the held-out "
+        "MAPE. `ols` is plain least squares; `chosen` is the kind with the lowest leave-one-out MAPE on "
+        "the k calibration models. \"ρ warning\": share of draws whose calibration warned that Spearman "
+        "ρ < 0.9 makes a linear map unsafe.",
+        "",
+        *accuracy,
+        "",
+        f"### Coverage of the {CONFIDENCE:.0%} prediction intervals on held-out models",
+        "",
+        *coverage,
+    ])
+
+
+def timing_table(pair_count: int = 1_000_000, repeats: int = 3) -> str:
+    generator = np.random.default_rng(1)
+    sim = generator.uniform(1.0, 50.0, pair_count)
+    device = 3.0 * sim * np.exp(generator.normal(0.0, 0.05, pair_count)) + 1.0
+    started = time.perf_counter()
+    pairs = [Pair(f"m{i}", x, y) for i, (x, y) in enumerate(zip(sim.tolist(), device.tolist()))]
+    build_s = time.perf_counter() - started
+    rows = [f"| kinds | `calibrate` on 10⁶ pairs, best of {repeats} (s) |", "|---|---|",
+            f"| (building the 10⁶ `Pair` objects, not included below) | {build_s:.2f} |"]
+    for kinds in (("ols",), ("log",), ("robust",), FIT_KINDS):
+        times = []
+        for _ in range(repeats):  # best of a few: the machine is shared
+            started = time.perf_counter()
+            calibrate(pairs, kinds=kinds)
+            times.append(time.perf_counter() - started)
+        rows.append(f"| {', '.join(kinds)} | {min(times):.2f} |")
+    return "\n".join(["### Fit time", "", *rows])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--draws", type=int, default=200, help="random calibration sets per device pair and k")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-timing", action="store_true", help="leave out the 10⁶-pair fit time")
+    parser.add_argument("--only-timing", action="store_true", help="only the 10⁶-pair fit time")
+    arguments = parser.parse_args()
+    print("## Calibration benchmark\n")
+    if not arguments.only_timing:
+        print(accuracy_tables(arguments.draws, arguments.seed))
+        print()
+    if not arguments.skip_timing:
+        print(timing_table())
+
+
+if __name__ == "__main__":
+    main()
