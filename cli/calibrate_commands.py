@@ -28,7 +28,7 @@ def _fmt(v: float | None, spec: str = ".3g") -> str:
 
 def _fit_row(cal, **labels: Any) -> dict[str, Any]:
     f = cal.fits[cal.chosen]
-    return {**labels, "kind": cal.chosen, "a": f.a, "b": f.b, "r2": f.r2, "n": f.n, "loo_mape": f.loo_mape,
+    return {**labels, "kind": cal.chosen, "formula": f.formula, "features_used": list(f.features_used), "a": f.a, "b": f.b, "r2": f.r2, "n": f.n, "loo_mape": f.loo_mape,
             "loo_within_10": f.loo_within_10, "kendall_tau": f.kendall_tau, "spearman_rho": f.spearman_rho,
             "possible_flips": [[p.first, p.second] for p in f.possible_flips], "warnings": list(cal.warnings),
             "fits": {k: {"a": v.a, "b": v.b, "r2": v.r2, "loo_mape": v.loo_mape, "loo_within_10": v.loo_within_10}
@@ -37,12 +37,10 @@ def _fit_row(cal, **labels: Any) -> dict[str, Any]:
 
 def _fit_table(rows: list[dict[str, Any]], label_cols: list[str]) -> Table:
     t = Table(header_style="bold")
-    for c in label_cols + ["fit", "device ≈", "R²", "n", "LOO MAPE %", "±10 %", "τ", "ρ", "may flip"]:
+    for c in label_cols + ["fit", "formula", "R²", "n", "LOO MAPE %", "±10 %", "τ", "ρ", "may flip"]:
         t.add_column(c)
     for r in rows:
-        formula = f"{_fmt(r['a'])}·x {'+' if (r['b'] or 0) >= 0 else '−'} {_fmt(abs(r['b'] or 0))}"
-        if r["kind"] == "log":
-            formula = f"{_fmt(r['b'])}·x^{_fmt(r['a'])}"
+        formula = r["formula"].split("  (")[0]  # the log fit's log-space form is in --json
         flips = ", ".join(f"{a}/{b}" for a, b in r["possible_flips"][:3]) + (" …" if len(r["possible_flips"]) > 3 else "")
         t.add_row(*[Text(str(r[c])) for c in label_cols], r["kind"], formula, _fmt(r["r2"], ".3f"), str(r["n"]),
                   _fmt(100 * r["loo_mape"] if r["loo_mape"] is not None else None, ".1f"),

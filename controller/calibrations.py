@@ -26,6 +26,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "avg_memory": (f"s.avg_memory_bytes / {float(MiB)}", "MB"),
 }
 ALL_FAMILIES = ""  # the family key of a fit over every family
+# Model facts offered as extra regressors; each is kept only where leave-one-out says it helps.
+FEATURES = ("param_count", "macs", "size_bytes")
 
 
 class CalibrationError(ValueError):
@@ -136,7 +138,8 @@ def fit_and_store(store: Store, device: str, metric: str, paired: list[PairedRun
         if family and len({r.pair.family for r in runs}) == 1 and len(runs) == len(groups[(threads, runtime, ALL_FAMILIES)]):
             continue  # one family only: the per-family fit would repeat the pooled one
         try:
-            cal = calibrate([r.pair for r in runs], confidence=confidence, min_pairs=min_pairs)
+            offered = [f for f in FEATURES if all(f in r.pair.features for r in runs)]
+            cal = calibrate([r.pair for r in runs], confidence=confidence, min_pairs=min_pairs, features=offered)
         except ValueError as e:  # NotEnoughPairs, or values too bunched up to fit
             refused.append(f"{label}: {e}")
             continue
@@ -226,9 +229,14 @@ def add_predictions(store: Store, job_id: int, records: list[dict[str, Any]], de
                                              runtime=record.get("runtime"), family=record["model"]["family"])
                 if stored is None:
                     continue
-                p = stored.calibration.fits[stored.calibration.chosen].predict(x)
+                p = stored.calibration.fits[stored.calibration.chosen].predict(x, features=model_features(record["model"]))
                 entry[metric] = {"estimate": p.estimate, "low": p.low, "high": p.high, "calibration": stored.id,
                                  "version": stored.version,
                                  # a calibration from another sim budget does not apply to these numbers
                                  "same_sim_budget": stored.source.get("sim") == sim_budget}
             record["predictions"][device] = entry or None
+
+
+def model_features(model: dict[str, Any]) -> dict[str, float]:
+    """The regressor values of a results record's model (FEATURES that it has)."""
+    return {f: float(model[f]) for f in FEATURES if model.get(f)}

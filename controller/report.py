@@ -73,14 +73,20 @@ def scatter_figure(c: StoredCalibration) -> bytes:
     ax.scatter(xs, ys, color="tab:blue", zorder=3)
     for p in cal.pairs:
         ax.annotate(p.model, (p.x, p.y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    lo, hi = min(xs), max(xs)
-    grid = [lo + (hi - lo) * i / 50 for i in range(51)]
-    preds = [fit.predict(x, confidence=cal.confidence) for x in grid]
-    ax.plot(grid, [p.estimate for p in preds], color="tab:red", label=cal.chosen)
-    ax.fill_between(grid, [p.low for p in preds], [p.high for p in preds], color="tab:red", alpha=0.15,
-                    label=f"{int(cal.confidence * 100)} % prediction interval")
-    formula = f"y = {fit.a:.3g}x {'+' if fit.b >= 0 else '−'} {abs(fit.b):.3g}" if cal.chosen != "log" \
-        else f"y = {fit.b:.3g}·x^{fit.a:.3g}"
+    if fit.features_used:
+        # the fit also uses model facts, so it is no single line in x: show its value per model
+        fitted = [fit.predict(p.x, features=p.features, confidence=cal.confidence) for p in cal.pairs]
+        ax.errorbar(xs, [f.estimate for f in fitted], yerr=[[f.estimate - f.low for f in fitted],
+                    [f.high - f.estimate for f in fitted]], fmt="x", color="tab:red",
+                    label=f"{cal.chosen} + {', '.join(fit.features_used)}")
+    else:
+        lo, hi = min(xs), max(xs)
+        grid = [lo + (hi - lo) * i / 50 for i in range(51)]
+        preds = [fit.predict(x, confidence=cal.confidence) for x in grid]
+        ax.plot(grid, [p.estimate for p in preds], color="tab:red", label=cal.chosen)
+        ax.fill_between(grid, [p.low for p in preds], [p.high for p in preds], color="tab:red", alpha=0.15,
+                        label=f"{int(cal.confidence * 100)} % prediction interval")
+    formula = fit.formula
     ax.text(0.04, 0.94, f"{formula}\nR² = {fit.r2:.3f}", transform=ax.transAxes, va="top",
             bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
     ax.set_xlabel(f"sim {c.metric} ({unit})")
@@ -96,7 +102,7 @@ def residual_figure(c: StoredCalibration) -> bytes:
     cal = c.calibration
     fit = cal.fits[cal.chosen]
     fig, ax = plt.subplots(figsize=FIGURE_SIZE_IN)
-    residuals = [p.y - fit.predict(p.x).estimate for p in cal.pairs]
+    residuals = [p.y - fit.predict(p.x, features=p.features).estimate for p in cal.pairs]
     ax.axhline(0, color="grey", lw=1)
     ax.scatter([p.x for p in cal.pairs], residuals, color="tab:purple")
     for p, r in zip(cal.pairs, residuals):
@@ -137,8 +143,8 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure]]:
                        [[k, _g(f.a), _g(f.b), _g(f.r2), _g(100 * f.loo_mape), _g(100 * f.loo_within_10)]
                         for k, f in cal.fits.items()])
         per_model = _table(["model", "sim", "device (measured)", "predicted", "error %"],
-                           [[p.model, _g(p.x), _g(p.y), _g(fit.predict(p.x).estimate),
-                             _g(100 * (fit.predict(p.x).estimate - p.y) / p.y if p.y else None)] for p in cal.pairs])
+                           [[p.model, _g(p.x), _g(p.y), _g(fit.predict(p.x, features=p.features).estimate),
+                             _g(100 * (fit.predict(p.x, features=p.features).estimate - p.y) / p.y if p.y else None)] for p in cal.pairs])
         flips = ", ".join(f"{f.first} / {f.second}" for f in fit.possible_flips) or "none"
         warnings = "".join(f"<p class=warn>{html.escape(w)}</p>" for w in cal.warnings)
         sections.append(
