@@ -1,0 +1,141 @@
+"""The android driver: one task on one phone with TFLite's `benchmark_model`, as a RunResult.
+
+Composes the adb transport (agents/android.py), the device type (flags, taskset mask) and
+the output parser (agents/parsers/benchmark_model.py). Every way it can fail is mapped to
+a failure class: the phone gone → infrastructure, the model refused → job (raw output kept).
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from farm.agents.android import (
+    AdbTarget, AndroidCommandTimeout, AndroidDevice, AndroidFacts, AndroidInfrastructureError,
+)
+from farm.agents.device_types import DeviceType
+from farm.agents.parsers.benchmark_model import BenchmarkOutputError, UnsupportedOperatorError, parse_benchmark_model
+from farm.proto.results import FailureClass, Limits, RunResult, RunStatus, Telemetry
+from farm.proto.tasks import TaskSpec
+
+MiB = 1 << 20
+RAW_OUTPUT_CHARS = 8000
+
+
+@dataclass
+class AndroidDeviceConfig:
+    """One phone in the lab's device list."""
+
+    name: str
+    host: str
+    key_path: Path
+    port: int = 5555
+    benchmark_model: dict[str, Path] = field(default_factory=dict)  # ABI -> the lab's build of the tool
+    thermal_limit_c: float = 45.0  # start only below this; a run that ends above it is flagged
+    cooldown_timeout_s: float = 300.0
+    cooldown_poll_s: float = 5.0
+
+
+def _hottest(facts: AndroidFacts) -> float | None:
+    # the battery zone lags the SoC by minutes: the guard looks at the SoC's own sensors
+    temps = [t for zone, t in facts.thermal_c.items() if "battery" not in zone.lower()]
+    return max(temps) if temps else None
+
+
+def benchmark_command(tool: str, model: str, task: TaskSpec, device_type: DeviceType | None) -> str:
+    w = task.workload
+    flags = [f"--graph={model}", f"--num_threads={task.threads}", f"--warmup_runs={w.get('warmup', 1)}",
+             f"--num_runs={w.get('iterations', 50)}", "--min_secs=0",  # the run count is ours, not the tool's
+             f"--use_xnnpack={'true' if w.get('use_xnnpack', True) else 'false'}",
+             "--report_peak_memory_footprint=true"]
+    if device_type is not None:
+        ours = {f.split("=", 1)[0] for f in flags}
+        flags += [f for f in device_type.native_tool.flags if f.split("=", 1)[0] not in ours]
+    command = " ".join([shlex.quote(tool), *map(shlex.quote, flags)])
+    mask = device_type.native_tool.taskset_mask_by_threads.get(task.threads) if device_type else None
+    return f"taskset {mask} {command}" if mask else command
+
+
+class AndroidDriver:
+    name = "android"
+
+    def __init__(self, config: AndroidDeviceConfig, device_type: DeviceType | None = None) -> None:
+        self.config = config
+        self.device_type = device_type
+
+    def _target(self) -> AdbTarget:
+        return AdbTarget(host=self.config.host, port=self.config.port, key_path=self.config.key_path)
+
+    def facts(self) -> AndroidFacts:
+        with AndroidDevice(self._target()) as device:
+            return device.facts()
+
+    def _tool(self, device: AndroidDevice, abi: str) -> str:
+        local = self.config.benchmark_model.get(abi)
+        if local is not None:
+            return device.push_by_hash(Path(local), executable=True).remote_path  # cached on the phone by hash
+        if device.shell("command -v benchmark_model", idempotent=True).ok:
+            return "benchmark_model"
+        raise LookupError(f"no benchmark_model for ABI {abi} on {self.config.name}: set benchmark_model.{abi} "
+                          "in its device entry to the lab's build of the tool")
+
+    def _cool_down(self, device: AndroidDevice, cancel_check: Callable[[], bool]) -> AndroidFacts:
+        deadline = time.monotonic() + self.config.cooldown_timeout_s
+        facts = device.facts()
+        while (_hottest(facts) or 0) >= self.config.thermal_limit_c and time.monotonic() < deadline:
+            if cancel_check():
+                break
+            time.sleep(self.config.cooldown_poll_s)
+            facts = device.facts()
+        return facts
+
+    def run(self, task: TaskSpec, cancel_check: Callable[[], bool]) -> RunResult:
+        budget = Limits()  # the phone's own: nothing is imposed
+        base = dict(backend="android", limits=budget)
+        if task.workload.get("type") != "benchmark":
+            return RunResult.failed(FailureClass.JOB, "script workloads run on Linux and Jetson boards; "
+                                    f"{self.config.name} is an Android phone (use type: benchmark)", **base)
+        if not task.model_path.endswith(".tflite"):
+            return RunResult.failed(FailureClass.JOB, f"{Path(task.model_path).name}: benchmark_model on Android runs "
+                                    ".tflite models", **base)
+        try:
+            with AndroidDevice(self._target()) as device:
+                before = self._cool_down(device, cancel_check)
+                tool = self._tool(device, before.abi)
+                model = device.push_by_hash(Path(task.model_path)).remote_path
+                command = benchmark_command(tool, model, task, self.device_type)
+                started = time.monotonic()
+                shell = device.shell(command, timeout_s=task.run_timeout_s)
+                wall = time.monotonic() - started
+                after = device.facts()
+        except AndroidCommandTimeout as e:
+            return RunResult.failed(FailureClass.TIMEOUT, f"{self.config.name}: {e}", **base)
+        except AndroidInfrastructureError as e:
+            return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{self.config.name}: {e}", **base)
+        except LookupError as e:
+            return RunResult.failed(FailureClass.INFRASTRUCTURE, str(e), **base)
+        environment = {"device": before.to_environment(), "command": command,
+                       "temperature_before_c": _hottest(before), "temperature_after_c": _hottest(after),
+                       "thermal_throttled": (_hottest(after) or 0) >= self.config.thermal_limit_c,
+                       "device_type": self.device_type.name if self.device_type else None}
+        raw = shell.output[-RAW_OUTPUT_CHARS:]
+        try:
+            parsed = parse_benchmark_model(shell.output)
+        except UnsupportedOperatorError as e:
+            return RunResult.failed(FailureClass.JOB, f"{Path(task.model_path).name}: unsupported operator {e.operator} "
+                                    f"on {self.config.name}", environment=environment, log_tail=raw, **base)
+        except BenchmarkOutputError:
+            return RunResult.failed(
+                FailureClass.JOB, f"benchmark_model on {self.config.name} exited with status {shell.exit_status} "
+                "and printed no result farm can read; its raw output is kept with the run",
+                environment=environment, log_tail=raw, **base)
+        peak = parsed.periodic_peak_mb if parsed.periodic_peak_mb is not None else parsed.memory_overall_mb
+        telemetry = Telemetry(interval_ms=50.0, memory_peak_bytes=None if peak is None else int(peak * MiB),
+                              memory_peak_source="benchmark_model")
+        return RunResult(
+            status=RunStatus.COMPLETED, latency=parsed.to_latency_stats(), telemetry=telemetry, wall_s=wall,
+            peak_rss_bytes=None if parsed.memory_overall_mb is None else int(parsed.memory_overall_mb * MiB),
+            environment=environment, tool_versions={"benchmark_model": parsed.generation}, log_tail=raw, **base)

@@ -1,0 +1,86 @@
+"""One task on an emulated phone through the android driver: the command it builds, the result
+it returns, and the failure class of every way it can go wrong."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+
+import pytest
+
+from adb_emulator import AdbDeviceEmulator, EmulatedPhone
+from farm.agents.android import load_or_create_lab_key
+from farm.agents.android_driver import AndroidDeviceConfig, AndroidDriver, benchmark_command
+from farm.agents.device_types import load_device_types
+from farm.proto.tasks import TaskSpec
+
+
+def _task(model: Path, threads: int = 1) -> TaskSpec:
+    return TaskSpec(task_id=1, job_id=1, attempt=1, target="phone", model_name=model.stem, model_path=str(model),
+                    model_sha256="", model_family=None, threads=threads, batch_size=1, input_size=None, repeat=0,
+                    workload={"type": "benchmark", "iterations": 50, "warmup": 2, "use_xnnpack": True},
+                    sim={}, run_timeout_s=30, base_dir=str(model.parent))
+
+
+@pytest.fixture
+def lab_key(tmp_path: Path) -> Path:
+    key = tmp_path / "lab" / "adbkey"
+    load_or_create_lab_key(key)
+    return key
+
+
+def _driver(emulator: AdbDeviceEmulator, key: Path, **kw) -> AndroidDriver:
+    config = AndroidDeviceConfig(name="g6-1", host="127.0.0.1", port=emulator.port, key_path=key,
+                                 cooldown_poll_s=0.1, **kw)
+    return AndroidDriver(config, load_device_types()["lg-g6"])
+
+
+def test_a_run_on_the_phone_returns_latency_memory_and_facts(tmp_path: Path, lab_key: Path, tiny_models) -> None:
+    with AdbDeviceEmulator(tmp_path / "phone", authorized_keys=[Path(f"{lab_key}.pub").read_text()]) as phone:
+        result = _driver(phone, lab_key).run(_task(tiny_models["tflite"]), lambda: False)
+    assert result.ok, result.message
+    assert result.latency.avg == pytest.approx(55.0432) and result.latency.init == pytest.approx(18.777)
+    assert result.peak_rss_bytes == int(18.7227 * (1 << 20))
+    env = result.environment
+    assert env["device"]["model"] == "LG-H870" and env["device_type"] == "lg-g6"
+    assert env["temperature_before_c"] == 36.0 and env["thermal_throttled"] is False
+    assert "--num_threads=1" in env["command"] and "--num_runs=50" in env["command"]
+
+
+def test_the_command_uses_the_types_flags_and_taskset_mask(tmp_path: Path) -> None:
+    pixel = load_device_types()["pixel-4"]
+    command = benchmark_command("/data/local/tmp/farm/abc", "/data/local/tmp/farm/m.tflite",
+                                _task(tmp_path / "m.tflite", threads=2), pixel)
+    assert command.startswith("taskset c0 /data/local/tmp/farm/abc ")
+    assert command.count("--num_runs=") == 1  # the job's run count wins over the profile's default
+
+
+def test_unsupported_operator_and_garbage_are_job_failures_with_raw_output(tmp_path: Path, lab_key: Path,
+                                                                           tiny_models) -> None:
+    model = tiny_models["tflite"]
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()
+    for phone_config, expected in ((EmulatedPhone(unsupported_ops={digest: "FarmUnknownOp"}), "FarmUnknownOp"),
+                                   (EmulatedPhone(garbage_output={digest: "Segmentation fault"}), "raw output")):
+        with AdbDeviceEmulator(tmp_path / f"phone-{expected[:3]}", phone=phone_config,
+                               authorized_keys=[Path(f"{lab_key}.pub").read_text()]) as phone:
+            result = _driver(phone, lab_key).run(_task(model), lambda: False)
+        assert result.failure_class == "job" and expected in result.message
+        if expected == "raw output":
+            assert "Segmentation fault" in result.log_tail
+
+
+def test_phone_unplugged_mid_run_is_infrastructure(tmp_path: Path, lab_key: Path, tiny_models) -> None:
+    with AdbDeviceEmulator(tmp_path / "phone", phone=EmulatedPhone(benchmark_seconds=5),
+                           authorized_keys=[Path(f"{lab_key}.pub").read_text()]) as phone:
+        threading.Timer(1.5, phone.kill).start()
+        result = _driver(phone, lab_key).run(_task(tiny_models["tflite"]), lambda: False)
+    assert result.failure_class == "infrastructure" and "g6-1" in result.message
+
+
+def test_a_hot_phone_is_waited_for_and_a_hot_finish_is_flagged(tmp_path: Path, lab_key: Path, tiny_models) -> None:
+    hot = EmulatedPhone(thermal_zones={"tsens_tz_sensor0": 52000, "battery": 30000})
+    with AdbDeviceEmulator(tmp_path / "phone", phone=hot, authorized_keys=[Path(f"{lab_key}.pub").read_text()]) as phone:
+        result = _driver(phone, lab_key, cooldown_timeout_s=0.3).run(_task(tiny_models["tflite"]), lambda: False)
+    assert result.ok and result.environment["thermal_throttled"] is True
+    assert result.environment["temperature_before_c"] == 52.0
