@@ -15,6 +15,7 @@ import traceback
 from typing import Callable, Protocol
 
 from farm.agents.sandbox.base import format_cpuset
+from farm.agents.lab import LabDevice
 from farm.agents.sim import SimDriver, SimSlot
 from farm.proto.results import FailureClass, RunResult
 from farm.proto.tasks import TaskSpec
@@ -41,9 +42,11 @@ def split_cores(slots: int, cores: list[int] | None = None) -> list[str | None]:
 
 class Agent:
     def __init__(self, controller: ControllerApi, sim: SimDriver, *, name: str | None = None,
-                 slots: int = 1, on_result: Callable[[TaskSpec, RunResult], None] | None = None) -> None:
+                 slots: int = 1, on_result: Callable[[TaskSpec, RunResult], None] | None = None,
+                 devices: list[LabDevice] | None = None) -> None:
         self.controller = controller
         self.sim = sim
+        self.devices = {d.name: d for d in devices or []}
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.slots = [SimSlot(i, cpuset) for i, cpuset in enumerate(split_cores(slots))]
         self.on_result = on_result
@@ -54,6 +57,9 @@ class Agent:
         """Run the job's tasks until none is left (embedded mode)."""
         self._threads = [threading.Thread(target=self._slot_loop, args=(slot, job_id), name=f"slot-{slot.index}",
                                           daemon=True) for slot in self.slots]
+        # one thread per device: a phone or board runs one task at a time
+        self._threads += [threading.Thread(target=self._device_loop, args=(name, job_id), name=f"device-{name}",
+                                           daemon=True) for name in self.devices]
         for t in self._threads:
             t.start()
         self.join()
@@ -74,24 +80,39 @@ class Agent:
                 return
             self.run_task(task, slot)
 
-    def run_task(self, task: TaskSpec, slot: SimSlot) -> RunResult:
+    def _device_loop(self, device: str, job_id: int | None) -> None:
+        while not self.stopping.is_set():
+            task = self.controller.lease(self.name, {device}, job_id=job_id)
+            if task is None:
+                return
+            self.run_task(task, None)
+
+    def run_task(self, task: TaskSpec, slot: SimSlot | None) -> RunResult:
         started_at = time.time()
-        last_beat = [time.monotonic()]
+        done = threading.Event()
         keep_going = [True]
 
-        def cancel_check() -> bool:
-            if self.stopping.is_set():
-                return True
-            now = time.monotonic()
-            if now - last_beat[0] >= HEARTBEAT_INTERVAL_S:
-                last_beat[0] = now
-                keep_going[0] = self.controller.heartbeat(task.task_id, task.attempt)
-            return not keep_going[0]
+        def beat() -> None:
+            # Renew the lease while the driver works; device drivers block for whole runs.
+            while not done.wait(HEARTBEAT_INTERVAL_S):
+                if not self.controller.heartbeat(task.task_id, task.attempt):
+                    keep_going[0] = False
+                    return
 
+        def cancel_check() -> bool:
+            return self.stopping.is_set() or not keep_going[0]
+
+        threading.Thread(target=beat, name=f"beat-{task.task_id}", daemon=True).start()
+        driver = "sim" if task.target == "sim" else task.target
         try:
-            result = self.sim.run(task, slot, cancel_check)
+            if task.target == "sim":
+                result = self.sim.run(task, slot or self.slots[0], cancel_check)
+            else:
+                result = self.devices[task.target].driver.run(task, cancel_check)
         except Exception:
-            result = RunResult.failed(FailureClass.BUG, "the sim driver failed:\n" + traceback.format_exc(limit=8))
+            result = RunResult.failed(FailureClass.BUG, f"the {driver} driver failed:\n" + traceback.format_exc(limit=8))
+        finally:
+            done.set()
         self.controller.complete(task.task_id, task.attempt, self.name, started_at, result)
         if self.on_result:
             self.on_result(task, result)

@@ -53,25 +53,35 @@ def _fit_table(rows: list[dict[str, Any]], label_cols: list[str]) -> Table:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.pairs:
         return _calibrate_offline(args)
-    if not (args.sim_job and args.device_job and args.device):
-        raise UserError("farm calibrate needs --pairs FILE, or --sim-job A --device-job B --device NAME "
-                            "(pairs the same models, cells and repeats of two jobs).")
-    from farm.controller.calibrations import CalibrationError, fit_and_store, jobs_source, pair_jobs
+    from farm.controller.calibrations import (
+        CalibrationError, fit_and_store, job_devices, job_source, jobs_source, pair_jobs, pair_within_job,
+    )
 
+    if not args.job and not (args.sim_job and args.device_job and args.device):
+        raise UserError("farm calibrate needs --job J [--device D] (device runs and their sim twins), "
+                        "--sim-job A --device-job B --device NAME (two jobs), or --pairs FILE.")
     store = open_store(args)
     results, refused = [], []
     try:
-        for metric in args.metric or ["latency"]:
-            paired = pair_jobs(store, args.sim_job, args.device_job, metric)
-            if not paired:
-                refused.append(f"{metric}: jobs {args.sim_job} and {args.device_job} have no completed runs of the same "
-                               "model, matrix cell and repeat")
-                continue
-            stored, why = fit_and_store(store, args.device, metric, paired, min_pairs=args.min_pairs,
-                                        source=jobs_source(store, args.sim_job, args.device_job))
-            refused += why
-            results += [_fit_row(s.calibration, id=s.id, device=s.device, metric=s.metric, threads=s.threads,
-                                 family=s.family or GROUP_ALL, version=s.version) for s in stored]
+        if args.job:
+            devices = [args.device] if args.device else job_devices(store, args.job)
+            if not devices:
+                raise UserError(f"job {args.job} ran on no device, only in the sim: nothing to pair")
+            groups = [(d, lambda metric, d=d: pair_within_job(store, args.job, d, metric), job_source(store, args.job))
+                      for d in devices]
+        else:
+            groups = [(args.device, lambda metric: pair_jobs(store, args.sim_job, args.device_job, metric),
+                       jobs_source(store, args.sim_job, args.device_job))]
+        for device, pairs_for, source in groups:
+            for metric in args.metric or ["latency"]:
+                paired = pairs_for(metric)
+                if not paired:
+                    refused.append(f"{device} {metric}: no completed device run with a completed sim twin")
+                    continue
+                stored, why = fit_and_store(store, device, metric, paired, min_pairs=args.min_pairs, source=source)
+                refused += why
+                results += [_fit_row(s.calibration, id=s.id, device=s.device, metric=s.metric, threads=s.threads,
+                                     family=s.family or GROUP_ALL, version=s.version) for s in stored]
     except CalibrationError as e:
         raise UserError(str(e)) from None
     if args.json:
@@ -265,6 +275,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("calibrate", parents=[common], help="fit device ≈ a·sim + b from paired runs or a CSV")
+    s.add_argument("--job", type=int, help="a job with device targets: pairs device runs with their sim twins")
     s.add_argument("--sim-job", type=int, help="the job measured in the sim")
     s.add_argument("--device-job", type=int, help="the same models measured on the device (or another budget)")
     s.add_argument("--device", help="the name the calibration is stored under")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from farm.agents.agent import Agent
+from farm.agents.lab import LabDevice
 from farm.agents.sim import SimDriver
 from farm.controller.controller import Controller
 from farm.controller.store import Store
@@ -24,12 +25,12 @@ def work_root_for(store: Store) -> Path:
 
 
 def run_job_embedded(store: Store, job_id: int, *, slots: int = 1, backend: str | None = None,
-                     job_timeout_s: float | None = None,
+                     job_timeout_s: float | None = None, devices: list[LabDevice] | None = None,
                      on_result: Callable[[TaskSpec, RunResult], None] | None = None) -> bool:
     """Run every task of the job here. Returns False when it was interrupted by Ctrl+C."""
     controller = Controller(store)
     agent = Agent(controller, SimDriver(work_root_for(store), backend_override=backend), slots=slots,
-                  on_result=on_result)
+                  on_result=on_result, devices=devices)
     timer = None
     if job_timeout_s:
         def job_timed_out() -> None:

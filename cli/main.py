@@ -66,7 +66,7 @@ def _run_with_progress(args: argparse.Namespace, store, job_id: int, total: int,
 
     with progress:
         return run_job_embedded(store, job_id, slots=args.slots, backend=args.backend,
-                                job_timeout_s=job_timeout, on_result=on_result)
+                                job_timeout_s=job_timeout, on_result=on_result, devices=_lab(args))
 
 
 def _finish(args: argparse.Namespace, store, job_id: int, completed_normally: bool) -> int:
@@ -93,8 +93,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from farm.controller.controller import Controller
     from farm.controller.jobfile import JobFileError, load_job
 
+    lab = _lab(args)
     try:
-        job = load_job(Path(args.job_file))
+        job = load_job(Path(args.job_file), devices=[lab_target(d) for d in lab])
     except JobFileError as e:
         raise UserError(str(e)) from None
     if args.priority:
@@ -126,6 +127,20 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return _finish(args, store, args.job, ok)
 
 
+def _lab(args: argparse.Namespace):
+    """The devices embedded mode drives: --devices FILE, else $FARM_DEVICES, else none."""
+    from farm.agents.lab import LabConfigError, lab_from_environment, load_lab
+    try:
+        return load_lab(Path(args.devices)) if getattr(args, "devices", None) else lab_from_environment()
+    except LabConfigError as e:
+        raise UserError(str(e)) from None
+
+
+def lab_target(device):
+    from farm.controller.jobfile import DeviceTarget
+    return DeviceTarget(device.name, device.device_type, device.tags)
+
+
 # --- reading results ----------------------------------------------------------------
 def cmd_results(args: argparse.Namespace) -> int:
     from farm.cli.render import results_csv, results_table, to_json
@@ -135,6 +150,15 @@ def cmd_results(args: argparse.Namespace) -> int:
     job = _need_job(store, args.job)
     records = run_records(store, args.job)
     fmt = "json" if args.json else args.format
+    if args.pairs:
+        from farm.cli.render import pairs_table
+        from farm.controller.results import paired_records
+        pairs = paired_records(records)
+        if fmt == "json":
+            print(to_json(pairs))
+        else:
+            out.print(pairs_table(pairs, title=f"job {args.job} · sim and device side by side"))
+        return EXIT_OK
     if fmt == "json":
         print(to_json(records))
     elif fmt == "csv":
@@ -274,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="override sim.backend of the job")
         sp.add_argument("--quiet", action="store_true", help="no progress output")
         sp.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
+        sp.add_argument("--devices", help="the lab's device list (YAML) for device targets; default $FARM_DEVICES")
 
     s = sub.add_parser("submit", parents=[common], help="validate a job file and run it")
     s.add_argument("job_file")
@@ -289,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("results", parents=[common], help="a job's results")
     s.add_argument("job", type=_job_id)
     s.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    s.add_argument("--pairs", action="store_true", help="device runs beside their sim twins (completed pairs only)")
     s.set_defaults(func=cmd_results)
 
     s = sub.add_parser("jobs", parents=[common], help="list jobs")

@@ -72,6 +72,20 @@ def results_table(records: list[dict[str, Any]], title: str | None = None) -> Ta
     return t
 
 
+def pairs_table(pairs: list[dict[str, Any]], title: str | None = None) -> Table:
+    t = Table(title=title, header_style="bold")
+    for c in ("model", "thr", "rep", "device", "sim latency ms", "device latency ms", "device / sim",
+              "sim peak MB", "device peak MB"):
+        t.add_column(c)
+    for p in pairs:
+        s_lat = (p["sim"]["latency_ms"] or {}).get("avg")
+        d_lat = (p["device_run"]["latency_ms"] or {}).get("avg")
+        ratio = d_lat / s_lat if s_lat and d_lat else None
+        t.add_row(Text(p["model"]["name"]), str(p["threads"]), str(p["repeat"]), Text(p["device"]), _ms(s_lat),
+                  _ms(d_lat), _fmt(ratio), _fmt(p["sim"]["peak_memory_mb"], 1), _fmt(p["device_run"]["peak_memory_mb"], 1))
+    return t
+
+
 def failures(records: list[dict[str, Any]]) -> list[str]:
     return [f"{r['model']['name']} (threads {r['threads']}, repeat {r['repeat']}): {r['failure_class']}: {r['message']}"
             for r in records if r["failure_class"] and r["status"] not in ("completed", "canceled")]

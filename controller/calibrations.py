@@ -102,6 +102,44 @@ def pair_jobs(store: Store, sim_job: int, device_job: int, metric: str) -> list[
     return pairs
 
 
+def pair_within_job(store: Store, job_id: int, device: str, metric: str) -> list[PairedRun]:
+    """A job's device runs beside their sim twins (same pair key), completed on both sides."""
+    expr = _metric_sql(metric)
+    if store.job(job_id) is None:
+        raise CalibrationError(f"no job {job_id} in {store.path}")
+    rows = store.query(
+        f"SELECT d.model_name, d.model_family, d.threads, d.model_size_bytes, d.model_param_count, "
+        f"d.model_facts_json, rs.id AS sim_run, rd.id AS device_run, rs.environment_json, "
+        f"({expr.replace('s.', 'ss.').replace('r.', 'rs.')}) AS x, ({expr.replace('s.', 'sd.').replace('r.', 'rd.')}) AS y "
+        f"FROM tasks d JOIN tasks t ON t.job_id = d.job_id AND t.pair_key = d.pair_key AND t.target = 'sim' "
+        f"JOIN runs rd ON rd.id = d.last_run_id JOIN summaries sd ON sd.run_id = rd.id "
+        f"JOIN runs rs ON rs.id = t.last_run_id JOIN summaries ss ON ss.run_id = rs.id "
+        f"WHERE d.job_id = ? AND d.target = ? AND d.status = 'completed' AND t.status = 'completed'",
+        [job_id, device])
+    out = []
+    for row in rows:
+        if row["x"] is None or row["y"] is None:
+            continue
+        facts = json.loads(row["model_facts_json"] or "{}")
+        features = {k: float(v) for k, v in (("size_bytes", row["model_size_bytes"]),
+                                              ("param_count", row["model_param_count"]),
+                                              ("macs", facts.get("macs"))) if v}
+        runtime = json.loads(row["environment_json"] or "{}").get("runtime", "")
+        out.append(PairedRun(Pair(row["model_name"], float(row["x"]), float(row["y"]), row["model_family"], features),
+                             row["threads"], runtime, row["sim_run"], row["device_run"]))
+    return out
+
+
+def job_devices(store: Store, job_id: int) -> list[str]:
+    return [r["target"] for r in store.query(
+        "SELECT DISTINCT target FROM tasks WHERE job_id = ? AND target != 'sim' ORDER BY target", [job_id])]
+
+
+def job_source(store: Store, job_id: int) -> dict[str, Any]:
+    spec = json.loads(store.job(job_id)["spec_json"])
+    return {"job": job_id, "sim": spec["sim"], "workload": spec["workload"]}
+
+
 @dataclass
 class StoredCalibration:
     id: int

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,15 @@ class ResolvedModel:
 
 
 @dataclass
+class DeviceTarget:
+    """A device a job can run on, as the controller knows it (embedded: from the lab's device list)."""
+
+    name: str
+    device_type: Any = None  # farm.agents.device_types.DeviceType, or None when the type is unknown
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
 class ResolvedJob:
     spec: JobSpec
     source: str  # the file's text, stored with the job
@@ -44,6 +53,7 @@ class ResolvedJob:
     models: list[ResolvedModel]
     script_dir: Path | None = None
     script_path: Path | None = None
+    targets: list[DeviceTarget | None] = field(default_factory=list)  # None = the sim itself
 
 
 def _locate(root: yaml.Node | None, loc: tuple[Any, ...], missing: bool = False) -> tuple[yaml.Node | None, str]:
@@ -208,10 +218,36 @@ def check_script(spec: JobSpec, base_dir: Path, root: yaml.Node | None, source_n
     return script_dir, script_path
 
 
-def load_job_text(text: str, source_name: str, base_dir: Path, source_path: Path | None = None) -> ResolvedJob:
+def resolve_targets(spec: JobSpec, root: yaml.Node | None, source_name: str,
+                    devices: list[DeviceTarget]) -> list[DeviceTarget | None]:
+    """sim, device names, type:X and tag:Y -> the sim (None) and concrete devices, each once."""
+    by_name = {d.name: d for d in devices}
+    out: list[DeviceTarget | None] = []
+    for index, target in enumerate(spec.targets):
+        node, _ = _locate(root, ("targets", index))
+        where = f"{source_name}:{node.start_mark.line + 1 if node is not None else 1}: targets[{index}]"
+        if target == "sim":
+            matched: list[DeviceTarget | None] = [None]
+        elif target.startswith("type:"):
+            matched = [d for d in devices if d.device_type is not None and d.device_type.name == target[5:]]
+        elif target.startswith("tag:"):
+            matched = [d for d in devices if target[4:] in d.tags]
+        else:
+            matched = [by_name[target]] if target in by_name else []
+        if not matched:
+            known = ", ".join(sorted(by_name)) or "none configured (list them in a file named by FARM_DEVICES)"
+            raise JobFileError(f"{where}: no device matches {target!r}; known devices: {known}.")
+        out += [m for m in matched if m not in out]
+    return out
+
+
+def load_job_text(text: str, source_name: str, base_dir: Path, source_path: Path | None = None,
+                  devices: list[DeviceTarget] | None = None) -> ResolvedJob:
     spec, root = parse_job_text(text, source_name)
+    targets = resolve_targets(spec, root, source_name, devices or [])
     models = resolve_models(spec, root, base_dir, source_name)
-    job = ResolvedJob(spec=spec, source=text, source_path=source_path, base_dir=base_dir, models=models)
+    job = ResolvedJob(spec=spec, source=text, source_path=source_path, base_dir=base_dir, models=models,
+                      targets=targets)
     if isinstance(spec.workload, BenchmarkWorkload):
         check_benchmark_models(spec, models, root, source_name)
     else:
@@ -219,7 +255,7 @@ def load_job_text(text: str, source_name: str, base_dir: Path, source_path: Path
     return job
 
 
-def load_job(path: Path) -> ResolvedJob:
+def load_job(path: Path, devices: list[DeviceTarget] | None = None) -> ResolvedJob:
     """Read, validate and resolve a job file, or raise JobFileError."""
     try:
         text = path.read_text()
@@ -227,4 +263,4 @@ def load_job(path: Path) -> ResolvedJob:
         raise JobFileError(f"{path}: no such job file.") from None
     except (OSError, UnicodeDecodeError) as e:
         raise JobFileError(f"{path}: cannot read the job file: {e}.") from None
-    return load_job_text(text, str(path), path.resolve().parent, path.resolve())
+    return load_job_text(text, str(path), path.resolve().parent, path.resolve(), devices)

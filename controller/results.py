@@ -88,3 +88,17 @@ def run_records(store: Store, job_id: int) -> list[dict[str, Any]]:
         from farm.controller.calibrations import add_predictions
         add_predictions(store, job_id, records, spec["predict_for"], spec["sim"])
     return records
+
+
+def paired_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Device runs beside their sim twins (same pair key); only pairs where both completed."""
+    sims = {r["pair_key"]: r for r in records if r["target"] == "sim" and r["status"] == "completed"}
+    pairs = []
+    for r in records:
+        if r["target"] == "sim" or r["status"] != "completed" or r["pair_key"] not in sims:
+            continue
+        sim = sims[r["pair_key"]]
+        pairs.append({"pair_key": r["pair_key"], "model": r["model"], "device": r["target"], "threads": r["threads"],
+                      "batch_size": r["batch_size"], "input_size": r["input_size"], "repeat": r["repeat"],
+                      "sim": sim, "device_run": r})
+    return pairs

@@ -22,30 +22,50 @@ def pair_key(model_sha256: str, threads: int, batch_size: int,
     return f"{model_sha256[:16]}/{cell}/{device}/{repeat}"
 
 
+def twin_sim_budget(sim: dict[str, Any], device_type: Any, threads: int) -> dict[str, Any]:
+    """The sim budget that stands in for a device: its type's CPU and memory for this thread count."""
+    if device_type is None:
+        return sim  # an untyped device: the job's own sim budget is the best guess there is
+    entry = device_type.budget_for(threads)
+    return {**sim, "cpus": entry.cpus, "memory": entry.memory}
+
+
 def expand_tasks(job: ResolvedJob) -> list[dict[str, Any]]:
+    """Every (model × cell × repeat × target): a sim target gives one sim task; a device gives a
+    device task and its sim twin with the device's budget, both under one pair key."""
     spec = job.spec
     now = time.time()
-    tasks = []
+    tasks: list[dict[str, Any]] = []
     sim = spec.sim.model_dump()
     workload = spec.workload.model_dump()
+    targets = job.targets or [None]
     cells = itertools.product(job.models, spec.matrix.threads, spec.matrix.batch_sizes,
-                              spec.matrix.input_sizes, range(spec.repeats), spec.targets)
-    for seq, (model, threads, batch, size, repeat, target) in enumerate(cells):
-        facts = asdict(model.facts)
-        tasks.append({
-            "seq": seq, "target": target, "model_name": model.name, "model_path": str(model.path),
+                              spec.matrix.input_sizes, range(spec.repeats), targets)
+
+    def task(model, threads: int, batch: int, size: int | None, repeat: int, target: str, key_device: str,
+             sim_budget: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "seq": len(tasks), "target": target, "model_name": model.name, "model_path": str(model.path),
             "model_sha256": model.facts.sha256, "model_family": model.family,
-            "model_facts_json": json.dumps(facts), "model_size_bytes": model.facts.size_bytes,
+            "model_facts_json": json.dumps(asdict(model.facts)), "model_size_bytes": model.facts.size_bytes,
             "model_param_count": model.facts.param_count, "threads": threads, "batch_size": batch,
             "input_size": size, "repeat": repeat, "status": "pending", "attempts": 0,
             "max_attempts": MAX_ATTEMPTS,
-            "pair_key": pair_key(model.facts.sha256, threads, batch, size, target, repeat),
+            "pair_key": pair_key(model.facts.sha256, threads, batch, size, key_device, repeat),
             "spec_json": json.dumps({
-                "workload": workload, "sim": sim, "run_timeout_s": spec.timeouts.run,
+                "workload": workload, "sim": sim_budget, "run_timeout_s": spec.timeouts.run,
                 "base_dir": str(job.base_dir),
             }),
             "priority": PRIORITY_RANK[spec.priority], "created_at": now,
-        })
+        }
+
+    for model, threads, batch, size, repeat, device in cells:
+        if device is None:
+            tasks.append(task(model, threads, batch, size, repeat, "sim", "sim", sim))
+            continue
+        tasks.append(task(model, threads, batch, size, repeat, device.name, device.name, sim))
+        tasks.append(task(model, threads, batch, size, repeat, "sim", device.name,
+                          twin_sim_budget(sim, device.device_type, threads)))
     # Run repeat 0 of every cell before repeat 1: a slow drift then touches every model alike.
     tasks.sort(key=lambda t: (t["repeat"], t["seq"]))
     for seq, t in enumerate(tasks):

@@ -169,7 +169,7 @@ class JobSpec(Strict):
     workload: Workload = Field(default_factory=BenchmarkWorkload)
     matrix: Matrix = Field(default_factory=Matrix)
     repeats: int = Field(1, ge=1, le=1000, description="Runs of every matrix cell")
-    targets: list[str] = Field(default_factory=lambda: ["sim"], description="Where to run: 'sim' here; devices, types and tags arrive with the device drivers")
+    targets: list[str] = Field(default_factory=lambda: ["sim"], description="Where to run: sim, a device name, type:DEVICE_TYPE or tag:TAG; every device run gets a sim twin with that device's budget")
     sim: SimBudget = Field(default_factory=SimBudget)
     timeouts: Timeouts = Field(default_factory=Timeouts)
     priority: Literal["interactive", "normal", "low"] = "normal"
@@ -190,9 +190,9 @@ class JobSpec(Strict):
     def _known_targets(cls, v: list[str]) -> list[str]:
         if not v:
             raise ValueError("list at least one target, e.g. [sim]")
-        unknown = [t for t in v if t != "sim"]
-        if unknown:
-            raise ValueError(f"unknown target(s) {unknown}: only 'sim' is available until device drivers are configured")
+        for t in v:
+            if not t.strip() or t in ("type:", "tag:"):
+                raise ValueError(f"{t!r} is not a target: write sim, a device name, type:NAME or tag:NAME")
         return v
 
 

@@ -62,7 +62,7 @@ CASES = {
         3, ["sim.cpuset", "not a cpuset"]),
     "unknown target": (
         "models: [tiny.tflite]\n" + GOOD_WORKLOAD + "targets: [pixel7]\n",
-        3, ["targets", "pixel7"]),
+        3, ["targets[0]", "pixel7", "no device matches"]),
     "bad duration": (
         "models: [tiny.tflite]\n" + GOOD_WORKLOAD + "timeouts: {run: soon}\n",
         3, ["timeouts.run", "not a duration"]),

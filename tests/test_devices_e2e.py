@@ -1,0 +1,111 @@
+"""One job on an emulated phone and a Jetson-like ssh host: every device run comes back beside
+its sim twin (the same model, cell and repeat, in the sim with that device type's budget)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from adb_emulator import AdbDeviceEmulator
+from conftest import write_job
+from farm.agents.android import load_or_create_lab_key
+from sshd_peer import SshdPeer, SshdUnavailable, sshd_peer
+
+
+@pytest.fixture(scope="module")
+def board() -> Iterator[SshdPeer]:
+    try:
+        with sshd_peer() as peer:
+            yield peer
+    except SshdUnavailable as e:
+        print(f"skipping the device tests: {e}")
+        pytest.skip(str(e))
+
+
+@pytest.fixture
+def lab(tmp_path: Path, board: SshdPeer) -> Iterator[Path]:
+    key = tmp_path / "lab" / "adbkey"
+    load_or_create_lab_key(key)
+    with AdbDeviceEmulator(tmp_path / "phone", authorized_keys=[Path(f"{key}.pub").read_text()]) as phone:
+        devices = tmp_path / "lab.yaml"
+        devices.write_text(f"""
+devices:
+  - name: g6-1
+    driver: android
+    type: lg-g6
+    tags: [phones]
+    host: 127.0.0.1
+    port: {phone.port}
+    adb_key: {key}
+  - name: nano-1
+    driver: jetson
+    type: jetson-nano
+    host: {board.host}
+    port: {board.port}
+    username: {board.username}
+    ssh_key: {board.client_key}
+    known_hosts: {board.known_hosts}
+    python: {sys.executable}
+    nv_tegra_release: {board.fake_bin / 'nv_tegra_release'}
+    device_tree_model: {board.fake_bin / 'device_tree_model'}
+""")
+        yield devices
+
+
+def test_a_pair_for_every_model_threads_and_repeat(lab: Path, mobilenet_models, tmp_path: Path, farm) -> None:
+    for name in ("mobilenetv2_w0.35_r96.tflite", "mobilenetv2_w1.0_r96.tflite"):
+        os.symlink(mobilenet_models[name], tmp_path / name)
+    job = write_job(tmp_path, """
+models: ['mobilenetv2_w*_r96.tflite']
+workload: {type: benchmark, iterations: 20, warmup: 2}
+matrix: {threads: [1, 2]}
+repeats: 2
+targets: [tag:phones, nano-1]
+""")
+    run = farm("submit", str(job), "--devices", str(lab), "--json")
+    assert run.returncode == 0, run.stderr + run.stdout[-2000:]
+    records = run.json()["results"]
+    assert len(records) == 2 * 2 * 2 * 2 * 2  # models × threads × repeats × devices × (device + sim twin)
+
+    pairs = farm("results", "1", "--pairs", "--json").json()
+    assert len(pairs) == 16
+    assert {(p["model"]["name"], p["threads"], p["repeat"], p["device"]) for p in pairs} == {
+        (m, t, r, d) for m in ("mobilenetv2_w0.35_r96", "mobilenetv2_w1.0_r96") for t in (1, 2) for r in (0, 1)
+        for d in ("g6-1", "nano-1")}
+    for p in pairs:
+        assert p["sim"]["backend"] in ("cgroup", "docker", "process")
+        # the twin ran with the device type's budget: 1/2 CPUs and 2 GB for 1/2 threads
+        assert p["sim"]["limits"]["cpus"] == p["threads"] and p["sim"]["limits"]["memory_mb"] == 2048
+        assert p["device_run"]["backend"] == ("android" if p["device"] == "g6-1" else "jetson")
+        assert p["device_run"]["latency_ms"]["avg"] > 0
+
+    # the device's own facts are stored with every run on it
+    import json
+    import sqlite3
+    envs = [json.loads(e) for (e,) in sqlite3.connect(tmp_path / "farm.db").execute(
+        "SELECT r.environment_json FROM runs r JOIN tasks t ON t.id = r.task_id WHERE t.target = 'g6-1'")]
+    assert envs and all(e["device"]["model"] == "LG-H870" and e["device"]["abi"] == "arm64-v8a" for e in envs)
+    jetson = [json.loads(e) for (e,) in sqlite3.connect(tmp_path / "farm.db").execute(
+        "SELECT r.environment_json FROM runs r JOIN tasks t ON t.id = r.task_id WHERE t.target = 'nano-1'")]
+    assert all(e["device"]["nvpmodel_mode"] == "MAXN" for e in jetson)
+
+    # the pairs go straight to calibration: two models are too few, and it says how many it has
+    cal = farm("calibrate", "--job", "1", "--device", "g6-1", "--json")
+    assert cal.returncode == 1
+    refused = cal.json()["refused"]
+    assert len(refused) == 2 and all("at least 4" in r and "have 2" in r for r in refused)
+
+    table = farm("results", "1", "--pairs").stdout
+    assert "g6-1" in table and "nano-1" in table and "device / sim" in table
+
+
+def test_an_unknown_device_target_is_refused_with_the_known_ones(lab: Path, tiny_models, tmp_path: Path, farm) -> None:
+    os.symlink(tiny_models["tflite"], tmp_path / "tiny.tflite")
+    job = write_job(tmp_path, "models: [tiny.tflite]\ntargets: [sim, pixel-9]\n")
+    run = farm("submit", str(job), "--devices", str(lab))
+    assert run.returncode == 2
+    assert "targets[1]" in run.stderr and "pixel-9" in run.stderr and "g6-1" in run.stderr
