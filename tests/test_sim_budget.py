@@ -62,9 +62,10 @@ def test_half_a_cpu_takes_twice_as_long_as_one(backend: str, tmp_path: Path, tin
         r = run.json()["results"][0]
         assert r["limits"]["cpus"] == cpus and r["backend"] == backend
         walls[cpus].append(r["whole_run_s"])
-        # the share of a core it got, as farm's sampler saw it: the quota itself
-        tolerance = 25 if backend == "process" else 15  # the process backend's duty cycle is approximate
-        assert abs(r["cpu_percent"]["avg"] - 100 * cpus) < tolerance, r["cpu_percent"]
+        # the quota is a cap on the share of a core the run got, as farm's sampler saw it (a busy
+        # machine can give it less, never more)
+        slack = 1.25 if backend == "process" else 1.15  # the process backend's duty cycle is approximate
+        assert r["cpu_percent"]["avg"] <= 100 * cpus * slack, r["cpu_percent"]
     ratio = sum(walls[0.5]) / sum(walls[1.0])
     # This VM's per-core speed drifts by up to ±35 % between identical runs (seen: 1.13 s and
     # 1.54 s), so the wall ratio gets a wide band that still excludes "no limit" (1.0); the
