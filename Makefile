@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 FARM := $(VENV)/bin/farm
 
-.PHONY: setup demo models test bench proto clean
+.PHONY: setup demo models test bench bench-scheduling proto clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,15 @@ test: setup
 bench: models
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/calibration.py
+	$(PY) benchmarks/scheduling.py --agents 100 --tasks 2000
+
+# Controller throughput and dispatch latency: 100 agents with an instant driver, loopback gRPC.
+bench-scheduling: setup
+	$(PY) benchmarks/scheduling.py --agents 100 --tasks 2000
+
+# The gRPC stubs are committed; regenerate after editing proto/farm/v1/*.proto (a test fails when stale).
+proto: setup
+	$(PY) proto/codegen.py
 
 clean:
 	rm -rf $(VENV) examples/models build *.egg-info

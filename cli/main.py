@@ -287,6 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--db", default=None, help="SQLite store (default: $FARM_DB or the user data directory)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
+    from farm.cli.remote import add_client_options, add_remote_commands
+    add_client_options(common)
 
     p = argparse.ArgumentParser(prog="farm", description="Profile ML models under a device's CPU and memory budget.")
     p.add_argument("--version", action="version", version=f"farm {__version__}")
@@ -303,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("submit", parents=[common], help="validate a job file and run it")
     s.add_argument("job_file")
     s.add_argument("--priority", choices=["interactive", "normal", "low"], default=None)
+    s.add_argument("--detach", action="store_true", help="with --controller: return once the job is queued")
     runner_options(s)
     s.set_defaults(func=cmd_submit)
 
@@ -348,17 +351,24 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-zoo", action="store_true", help="skip the model-zoo architectures")
     g.add_argument("--quiet", action="store_true")
     g.set_defaults(func=cmd_models_generate)
+
+    add_remote_commands(sub, common)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from farm.cli.remote import RemoteError, remote_handler
     try:
-        return args.func(args)
+        # With a controller configured (--controller, FARM_CONTROLLER, config file) the command goes to it.
+        return (remote_handler(args) or args.func)(args)
     except UserError as e:
         err.print(Text.assemble(("error: ", "red"), str(e)), highlight=False)
         return EXIT_BAD_INPUT
+    except RemoteError as e:
+        err.print(Text.assemble(("error: ", "red"), str(e)), highlight=False)
+        return e.exit_code
     except KeyboardInterrupt:
         err.print("interrupted")
         return EXIT_INTERRUPTED

@@ -150,14 +150,47 @@ class Controller:
             job = self.store.db["jobs"].get(task["job_id"])
             if job["status"] == JobStatus.QUEUED.value:
                 self.store.db["jobs"].update(job["id"], {"status": JobStatus.RUNNING.value, "started_at": now})
-        extra = json.loads(task["spec_json"])
-        return TaskSpec(
-            task_id=task["id"], job_id=task["job_id"], attempt=attempt, target=task["target"],
-            model_name=task["model_name"], model_path=task["model_path"],
-            model_sha256=task["model_sha256"], model_family=task["model_family"],
-            threads=task["threads"], batch_size=task["batch_size"], input_size=task["input_size"],
-            repeat=task["repeat"], workload=extra["workload"], sim=extra["sim"],
-            run_timeout_s=extra["run_timeout_s"], base_dir=extra["base_dir"])
+        return _task_spec(task, attempt)
+
+    def lease_batch(self, slots: list[tuple[str, frozenset[str]]]) -> tuple[list[TaskSpec | None], bool]:
+        """Lease for many idle slots (agent, targets) in one transaction: the gRPC dispatcher's round.
+
+        Same order as lease() (priority, job, seq); each task goes to the first free slot that
+        serves its target. Returns the tasks by slot and whether every pending task for these
+        targets was looked at (if not, a slot left empty may still find work with lease()).
+        The caller expires leases first.
+        """
+        leased: list[TaskSpec | None] = [None] * len(slots)
+        wanted = set().union(*(targets for _, targets in slots)) if slots else set()
+        if not wanted:
+            return leased, True
+        now = time.time()
+        with self.store.transaction():
+            marks = ",".join("?" for _ in wanted)
+            rows = self.store.db.execute(
+                f"SELECT t.* FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE t.status = 'pending' "
+                f"AND t.target IN ({marks}) AND j.status IN ('queued', 'running') "
+                "ORDER BY t.priority, t.job_id, t.seq LIMIT ?", [*wanted, len(slots)])
+            columns = [c[0] for c in rows.description]
+            free = list(range(len(slots)))
+            started_jobs: set[int] = set()
+            fetched = rows.fetchall()
+            for values in fetched:
+                task = dict(zip(columns, values))
+                slot = next((i for i in free if task["target"] in slots[i][1]), None)
+                if slot is None:
+                    continue  # no free slot serves this target this round
+                free.remove(slot)
+                attempt = task["attempts"] + 1
+                self.store.db.execute(
+                    "UPDATE tasks SET status = ?, attempts = ?, leased_by = ?, lease_expires_at = ? WHERE id = ?",
+                    [TaskStatus.RUNNING.value, attempt, slots[slot][0], now + self.lease_ttl_s, task["id"]])
+                started_jobs.add(task["job_id"])
+                leased[slot] = _task_spec(task, attempt)
+            for job_id in started_jobs:
+                self.store.db.execute("UPDATE jobs SET status = ?, started_at = ? WHERE id = ? AND status = ?",
+                                      [JobStatus.RUNNING.value, now, job_id, JobStatus.QUEUED.value])
+        return leased, len(fetched) < len(slots)
 
     def heartbeat(self, task_id: int, attempt: int) -> bool:
         """Renew the lease. False means stop: the task was canceled or its lease lost."""
@@ -209,6 +242,10 @@ class Controller:
                 "WHERE status = 'running' AND lease_expires_at < ?", [time.time()]).rowcount
 
     def _finish_job_if_done(self, job_id: int) -> None:
+        left = self.store.query("SELECT EXISTS(SELECT 1 FROM tasks WHERE job_id = ? AND status IN ('pending', 'running')) AS n",
+                                [job_id])
+        if left[0]["n"]:
+            return  # the common case, answered from the (job_id, status) index without counting
         p = self.progress(job_id)
         if p.pending or p.running:
             return
@@ -228,6 +265,17 @@ class Controller:
             "(SELECT COUNT(*) FROM tasks t WHERE t.job_id = j.id AND t.status = 'completed') AS completed, "
             "(SELECT COUNT(*) FROM tasks t WHERE t.job_id = j.id AND t.status = 'failed') AS failed "
             "FROM jobs j ORDER BY j.id DESC LIMIT ?", [limit])
+
+
+def _task_spec(task: dict[str, Any], attempt: int) -> TaskSpec:
+    extra = json.loads(task["spec_json"])
+    return TaskSpec(
+        task_id=task["id"], job_id=task["job_id"], attempt=attempt, target=task["target"],
+        model_name=task["model_name"], model_path=task["model_path"],
+        model_sha256=task["model_sha256"], model_family=task["model_family"],
+        threads=task["threads"], batch_size=task["batch_size"], input_size=task["input_size"],
+        repeat=task["repeat"], workload=extra["workload"], sim=extra["sim"],
+        run_timeout_s=extra["run_timeout_s"], base_dir=extra["base_dir"])
 
 
 __all__ = ["Controller", "JobProgress", "PRIORITY_RANK", "should_retry"]

@@ -92,7 +92,22 @@ def _migration_3(db: sqlite_utils.Database) -> None:
                                   foreign_keys=[("calibration_id", "calibrations", "id")])
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migration_1, _migration_2, _migration_3]
+def _migration_4(db: sqlite_utils.Database) -> None:
+    # The gRPC controller remembers its agents and their devices, so `farm devices` still lists
+    # a device whose agent is offline, and a restarted controller knows who to expect.
+    db["agents"].create({
+        "name": str, "session_id": str, "state": str, "farm_version": str, "capabilities_json": str,
+        "hostname": str, "peer": str, "connected_at": float, "last_seen": float,
+    }, pk="name")
+    db["devices"].create({
+        "name": str, "agent": str, "driver": str, "device_type": str, "tags_json": str,
+        "facts_json": str, "slots": int, "state": str, "last_seen": float,
+    }, pk="name")
+    # Every applied result asks "is anything of this job left?"; without this it scans the job's tasks.
+    db["tasks"].create_index(["job_id", "status"])
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migration_1, _migration_2, _migration_3, _migration_4]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -1,0 +1,360 @@
+"""The agent's end of the wire: ControllerApi (lease / heartbeat / complete) over one gRPC stream.
+
+The Agent calls it exactly as it calls the in-process Controller. Underneath, one thread
+holds the stream: it dials out, says hello (version, capabilities, devices, the tasks it still
+runs), sends heartbeats for every running task, and reconnects with exponential backoff and
+jitter when the stream breaks. Tasks keep running while the controller is away; their results
+wait here until the controller acknowledges them, so none is lost and (the controller being
+idempotent by task and attempt) none is counted twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import os
+import queue
+import random
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+
+from farm import __version__
+from farm.controller.auth import TlsFiles
+from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2
+from farm.proto.results import FailureClass, RunResult
+from farm.proto.tasks import TaskSpec
+from farm.proto.wire import result_to_message, task_from_message
+
+log = logging.getLogger("farm.agent")
+
+PROTOCOL_VERSION = 1  # must equal farm.controller.grpc_server.PROTOCOL_VERSION
+CAPABILITIES = ("sim", "artifacts-sha256", "drain")
+MAX_MESSAGE_BYTES = 16 << 20
+MAX_ARTIFACT_BYTES = 4 << 30
+BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.25, 10.0
+# These refusals will not go away by retrying: the agent stops and says why.
+FATAL_CODES = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+               grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT,
+               grpc.StatusCode.ABORTED}  # ABORTED: another live process took over this agent's name
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+class ControllerRefused(Exception):
+    """The controller refused this agent for a reason retrying cannot fix."""
+
+
+def open_channel(address: str, *, tls: TlsFiles | None = None) -> grpc.Channel:
+    """A channel to the controller: TLS when a CA is given (mutual TLS with a cert and key too)."""
+    options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+               ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+               ("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeout_ms", 10_000),
+               ("grpc.keepalive_permit_without_calls", 1)]
+    if tls is None or tls.ca is None:
+        return grpc.insecure_channel(address, options=options)
+    credentials = grpc.ssl_channel_credentials(root_certificates=tls.read("ca"), private_key=tls.read("key"),
+                                               certificate_chain=tls.read("cert"))
+    return grpc.secure_channel(address, credentials, options=options)
+
+
+def token_metadata(token: str | None) -> list[tuple[str, str]]:
+    return [("authorization", f"Bearer {token}")] if token else []
+
+
+@dataclass
+class DeviceInfo:
+    """A device this agent registers: the sim (one per agent) or what a driver found."""
+
+    name: str
+    driver: str
+    device_type: str
+    tags: list[str] = field(default_factory=list)
+    facts_json: str = "{}"
+    slots: int = 1
+
+
+@dataclass
+class _Request:
+    request_id: int
+    targets: frozenset[str]
+    offer: TaskSpec | None = None
+    answered: threading.Event = field(default_factory=threading.Event)
+
+
+class RemoteController:
+    """ControllerApi over gRPC; call start() first, drain() on SIGTERM, close() at the end."""
+
+    def __init__(self, address: str, *, name: str, token: str | None, devices: list[DeviceInfo],
+                 tls: TlsFiles | None = None, artifact_dir: Path | None = None,
+                 protocol_version: int = PROTOCOL_VERSION) -> None:
+        self.address = address
+        self.name = name
+        self.token = token
+        self.devices = devices
+        self.tls = tls
+        self.artifact_dir = artifact_dir
+        self.protocol_version = protocol_version
+        self.connected = threading.Event()
+        self.draining = threading.Event()
+        self.fatal: ControllerRefused | None = None
+        self.reconnects = 0
+        self.offered_at: dict[tuple[int, int], float] = {}  # when the controller offered each task (benchmarks)
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._requests: dict[int, _Request] = {}
+        self._running: dict[tuple[int, int], TaskSpec] = {}
+        self._canceled: set[tuple[int, int]] = set()
+        self._unacked: dict[tuple[int, int], agent_pb2.TaskResult] = {}
+        self._outbox: "queue.Queue[agent_pb2.AgentMessage | None] | None" = None
+        self._heartbeat_interval_s = 1.0
+        self._thread = threading.Thread(target=self._connection_loop, name="controller-stream", daemon=True)
+
+    # --- lifecycle -------------------------------------------------------------------
+    def start(self) -> "RemoteController":
+        self._thread.start()
+        return self
+
+    def drain(self) -> None:
+        """Finish what runs, take nothing new (SIGTERM)."""
+        if self.draining.is_set():
+            return
+        self.draining.set()
+        self._send(agent_pb2.AgentMessage(drain=agent_pb2.Drain()))
+        with self._lock:
+            for request in self._requests.values():
+                request.answered.set()
+
+    def wait_for_acks(self, timeout_s: float) -> bool:
+        """Wait until the controller has every result; False when some are still undelivered."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.fatal is None:
+            with self._lock:
+                if not self._unacked:
+                    return True
+            time.sleep(0.05)
+        with self._lock:
+            return not self._unacked
+
+    def close(self) -> None:
+        self._closed.set()
+        self.drain()
+        outbox = self._outbox
+        if outbox is not None:
+            outbox.put(None)
+        self._thread.join(5)
+
+    # --- ControllerApi ------------------------------------------------------------------
+    def lease(self, agent: str, targets: set[str], *, job_id: int | None = None) -> TaskSpec | None:
+        """Block until the controller offers a task for this slot; None once draining or refused."""
+        wanted = frozenset(targets)  # "sim", or one device's name: the controller resolved types and tags at submit
+        while not self.draining.is_set() and self.fatal is None:
+            request = _Request(next(self._ids), wanted)
+            with self._lock:
+                self._requests[request.request_id] = request
+            self._send(self._work_request(request))
+            request.answered.wait()
+            with self._lock:
+                self._requests.pop(request.request_id, None)
+            if request.offer is None:
+                continue
+            task = request.offer
+            try:  # in the slot's thread, so a download never holds up the stream
+                task.model_path = self.local_model_path(task)
+            except (OSError, ValueError, grpc.RpcError) as e:
+                # Not the model's fault: another agent (or a later try) may have it.
+                self.complete(task.task_id, task.attempt, agent, time.time(), RunResult.failed(
+                    FailureClass.INFRASTRUCTURE, f"agent {self.name} could not fetch model {task.model_sha256[:12]}: {e}"))
+                continue
+            return task
+        return None
+
+    def heartbeat(self, task_id: int, attempt: int) -> bool:
+        """Leases are renewed by the stream thread; here the agent only learns of a cancel."""
+        with self._lock:
+            return (task_id, attempt) not in self._canceled and self.fatal is None
+
+    def complete(self, task_id: int, attempt: int, agent: str, started_at: float, result: RunResult) -> int | None:
+        message = agent_pb2.TaskResult(task=common_pb2.TaskRef(task_id=task_id, attempt=attempt),
+                                       started_at=started_at, agent=agent)
+        result_to_message(result, message.result)
+        with self._lock:
+            self._running.pop((task_id, attempt), None)
+            self._canceled.discard((task_id, attempt))
+            self.offered_at.pop((task_id, attempt), None)
+            self._unacked[(task_id, attempt)] = message  # kept until acknowledged, across reconnects
+        self._send(agent_pb2.AgentMessage(result=message))
+        return None  # the run id arrives later in the acknowledgement
+
+    # --- the stream ------------------------------------------------------------------------
+    def _work_request(self, request: _Request) -> agent_pb2.AgentMessage:
+        return agent_pb2.AgentMessage(work_request=agent_pb2.WorkRequest(
+            request_id=request.request_id, targets=sorted(request.targets)))
+
+    def _send(self, message: agent_pb2.AgentMessage) -> None:
+        outbox = self._outbox
+        if outbox is not None and self.connected.is_set():
+            outbox.put(message)
+        # not connected: the hello of the next connection carries the state, and requests and results are re-sent
+
+    def _hello(self) -> agent_pb2.AgentMessage:
+        with self._lock:
+            running = [common_pb2.TaskRef(task_id=t, attempt=a) for t, a in [*self._running, *self._unacked]]
+        hello = agent_pb2.Hello(agent_name=self.name, farm_version=__version__, protocol_version=self.protocol_version,
+                                capabilities=list(CAPABILITIES), running=running, hostname=socket.gethostname())
+        for d in self.devices:
+            hello.devices.add(name=d.name, driver=d.driver, device_type=d.device_type, tags=d.tags,
+                              facts_json=d.facts_json, slots=d.slots)
+        return agent_pb2.AgentMessage(hello=hello)
+
+    def _outgoing(self, outbox: "queue.Queue[agent_pb2.AgentMessage | None]") -> Iterator[agent_pb2.AgentMessage]:
+        yield self._hello()
+        last_beat = time.monotonic()
+        while True:
+            try:
+                message = outbox.get(timeout=max(0.0, self._heartbeat_interval_s - (time.monotonic() - last_beat)))
+            except queue.Empty:
+                message = False  # time for a heartbeat, nothing else to send
+            if time.monotonic() - last_beat >= self._heartbeat_interval_s:
+                # On a clock, not on silence: a busy stream must still renew its leases.
+                last_beat = time.monotonic()
+                yield self._heartbeat()
+            if message is None:
+                return
+            if message is not False:
+                yield message
+
+    def _heartbeat(self) -> agent_pb2.AgentMessage:
+        with self._lock:
+            running = [common_pb2.TaskRef(task_id=t, attempt=a) for t, a in self._running]
+        return agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(running=running))
+
+    def _connection_loop(self) -> None:
+        backoff = BACKOFF_FIRST_S
+        while not self._closed.is_set():
+            try:
+                self._one_connection()
+                backoff = BACKOFF_FIRST_S  # the controller closed a stream that had worked
+            except ControllerRefused as e:
+                self.fatal = e
+                log.error("%s", e)
+                with self._lock:
+                    for request in self._requests.values():
+                        request.answered.set()
+                return
+            except grpc.RpcError as e:
+                if not self._closed.is_set():
+                    log.warning("controller %s unreachable (%s: %s); reconnecting in about %.1f s",
+                                self.address, e.code().name, e.details(), backoff)
+            if self._closed.is_set():
+                return
+            # Jitter spreads a rack's reconnects after a controller restart.
+            self._closed.wait(backoff * random.uniform(0.5, 1.5))
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+            self.reconnects += 1
+
+    def _one_connection(self) -> None:
+        channel = open_channel(self.address, tls=self.tls)
+        outbox: "queue.Queue[agent_pb2.AgentMessage | None]" = queue.Queue()
+        try:
+            stub = agent_pb2_grpc.AgentServiceStub(channel)
+            responses = stub.Connect(self._outgoing(outbox), metadata=token_metadata(self.token))
+            for message in responses:
+                kind = message.WhichOneof("kind")
+                if kind == "welcome":
+                    self._on_welcome(message.welcome, outbox)
+                elif kind == "offer":
+                    self._on_offer(message.offer)
+                elif kind == "cancel":
+                    with self._lock:
+                        self._canceled.add((message.cancel.task.task_id, message.cancel.task.attempt))
+                    log.info("task %d attempt %d canceled by the controller: %s", message.cancel.task.task_id,
+                             message.cancel.task.attempt, message.cancel.reason)
+                elif kind == "ack":
+                    with self._lock:
+                        self._unacked.pop((message.ack.task.task_id, message.ack.task.attempt), None)
+        except grpc.RpcError as e:
+            if e.code() in FATAL_CODES:
+                raise ControllerRefused(f"the controller at {self.address} refused this agent: {e.details()}") from None
+            raise
+        finally:
+            self.connected.clear()
+            self._outbox = None
+            outbox.put(None)
+            channel.close()
+
+    def _on_welcome(self, welcome: agent_pb2.Welcome, outbox: "queue.Queue[agent_pb2.AgentMessage | None]") -> None:
+        self._heartbeat_interval_s = welcome.heartbeat_interval_s or 1.0
+        self._outbox = outbox
+        self.connected.set()
+        log.info("connected to controller %s (farm %s, session %s)", self.address, welcome.controller_version,
+                 welcome.session_id[:8])
+        with self._lock:
+            pending = [self._work_request(r) for r in self._requests.values() if r.offer is None and not r.answered.is_set()]
+            unacked = list(self._unacked.values())
+        for message in pending:
+            outbox.put(message)
+        for result in unacked:
+            outbox.put(agent_pb2.AgentMessage(result=result))
+        if self.draining.is_set():
+            outbox.put(agent_pb2.AgentMessage(drain=agent_pb2.Drain()))
+
+    def _on_offer(self, offer: agent_pb2.TaskOffer) -> None:
+        task = task_from_message(offer.task)
+        self.offered_at[(task.task_id, task.attempt)] = offer.offered_at
+        with self._lock:
+            request = self._requests.get(offer.request_id)
+            taken = request is not None and request.offer is None and not request.answered.is_set()
+            if taken:
+                self._running[(task.task_id, task.attempt)] = task
+        if not taken:
+            # The slot gave up (draining): hand the task back as an infrastructure failure, so it runs elsewhere.
+            self.complete(task.task_id, task.attempt, self.name, time.time(), RunResult.failed(
+                FailureClass.INFRASTRUCTURE, f"agent {self.name} was draining when the task was offered"))
+            return
+        request.offer = task
+        request.answered.set()
+
+    # --- artifacts --------------------------------------------------------------------------
+    def local_model_path(self, task: TaskSpec) -> str:
+        """The task's model on this host: its own path when present, else the cache, fetched by sha256."""
+        if os.path.exists(task.model_path) or self.artifact_dir is None:
+            return task.model_path
+        if not SHA256_HEX.match(task.model_sha256):
+            raise ValueError(f"task {task.task_id}: model sha256 {task.model_sha256!r} is not a sha256")
+        suffix = Path(task.model_path).suffix if re.match(r"^\.[A-Za-z0-9]{1,10}$", Path(task.model_path).suffix) else ""
+        cached = self.artifact_dir / f"{task.model_sha256}{suffix}"  # runtimes pick the format by suffix
+        if not cached.exists():
+            self.fetch_artifact(task.model_sha256, cached)
+        return str(cached)
+
+    def fetch_artifact(self, sha256: str, destination: Path) -> Path:
+        """Download a content-addressed artifact, check its size and hash, then move it into place."""
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        partial = destination.with_name(destination.name + f".part{os.getpid()}")
+        digest, written = hashlib.sha256(), 0
+        channel = open_channel(self.address, tls=self.tls)
+        try:
+            stub = agent_pb2_grpc.AgentServiceStub(channel)
+            with partial.open("wb") as f:
+                for chunk in stub.FetchArtifact(common_pb2.ArtifactRequest(sha256=sha256),
+                                                metadata=token_metadata(self.token), timeout=600):
+                    if chunk.size > MAX_ARTIFACT_BYTES or written + len(chunk.data) > chunk.size or chunk.offset != written:
+                        raise ValueError(f"artifact {sha256}: chunk at {chunk.offset} does not fit a {chunk.size} byte artifact")
+                    digest.update(chunk.data)
+                    f.write(chunk.data)
+                    written += len(chunk.data)
+            if digest.hexdigest() != sha256:
+                raise ValueError(f"artifact {sha256}: the received bytes hash to {digest.hexdigest()}")
+            os.replace(partial, destination)
+        finally:
+            channel.close()
+            partial.unlink(missing_ok=True)
+        return destination

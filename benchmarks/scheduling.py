@@ -1,0 +1,199 @@
+"""`make bench-scheduling`: how fast the gRPC controller hands out work, with an instant driver.
+
+The controller runs in this process (so its per-step timings can be read); the agents run in
+one child process, each with its own channel and stream and one slot whose driver returns a
+result at once. Measured:
+
+- throughput: tasks per second from SubmitJob to the last result stored;
+- dispatch latency: from the controller's offer (its clock) to the driver starting (the
+  agent's clock; same host), p50 / p99;
+- where the controller's time goes: seconds in lease / complete / heartbeat / lease expiry.
+
+Prints a markdown report and writes it to benchmarks/results/<date>-scheduling.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import multiprocessing
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _agents(address: str, count: int, out_path: str, ready: "multiprocessing.Event", stop: "multiprocessing.Event") -> None:
+    """The child process: `count` agents with an instant driver; writes their dispatch latencies."""
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    from farm.agents.agent import Agent
+    from farm.agents.remote_controller import DeviceInfo, RemoteController
+    from farm.proto.results import LatencyStats, RunResult, RunStatus
+
+    latencies: list[float] = []
+
+    class InstantDriver:
+        """A driver that 'runs' a task in no time: only the scheduling path is measured."""
+
+        def __init__(self, client: RemoteController) -> None:
+            self.client = client
+
+        def run(self, task, slot, cancel_check) -> RunResult:
+            offered = self.client.offered_at.get((task.task_id, task.attempt))
+            if offered:
+                latencies.append(time.time() - offered)
+            return RunResult(status=RunStatus.COMPLETED, backend="instant", iterations_ms=[1.0],
+                             latency=LatencyStats(None, None, None, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1))
+
+    clients, threads = [], []
+    for i in range(count):
+        name = f"bench{i:03d}"
+        client = RemoteController(address, name=name, token=None, devices=[DeviceInfo(f"{name}/sim", "sim", "sim")]).start()
+        agent = Agent(client, InstantDriver(client), name=name, slots=1)
+        thread = threading.Thread(target=agent.run_job, args=(None,), daemon=True)
+        thread.start()
+        clients.append(client)
+        threads.append(thread)
+    for client in clients:
+        client.connected.wait(30)
+    ready.set()
+    stop.wait()
+    for client in clients:
+        client.drain()
+    for client in clients:
+        client.wait_for_acks(10)
+        client.close()
+    Path(out_path).write_text(json.dumps(latencies))
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def run(agents: int, tasks: int) -> dict:
+    from farm.controller.grpc_server import serve
+    from farm.controller.store import Store
+    from farm.models.generate import write_tiny_onnx
+    from farm.proto.generated import farm_pb2, farm_pb2_grpc
+
+    import grpc
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        write_tiny_onnx(tmp_path / "tiny.onnx")
+        store = Store(tmp_path / "bench.db")
+        server = serve(store, "127.0.0.1:0", tokens=None, lease_ttl_s=60)
+        address = f"127.0.0.1:{server.port}"
+        ctx = multiprocessing.get_context("spawn")
+        ready, stop = ctx.Event(), ctx.Event()
+        out = tmp_path / "latencies.json"
+        child = ctx.Process(target=_agents, args=(address, agents, str(out), ready, stop))
+        child.start()
+        try:
+            if not ready.wait(120):
+                raise RuntimeError("the agents did not connect within 120 s")
+            cells = -(-tasks // 1000)  # the job file allows at most 1000 repeats; more tasks come from more cells
+            if tasks % cells:
+                raise ValueError(f"--tasks {tasks}: use a multiple of {cells}")
+            job = f"name: bench\nmodels: [tiny.onnx]\nmatrix: {{threads: {list(range(1, cells + 1))}}}\nrepeats: {tasks // cells}\n"
+            channel = grpc.insecure_channel(address)
+            stub = farm_pb2_grpc.FarmServiceStub(channel)
+            started = time.perf_counter()
+            job_id = stub.SubmitJob(farm_pb2.SubmitJobRequest(job_yaml=job, base_dir=str(tmp_path))).job_id
+            submitted = time.perf_counter()
+            while True:
+                done = store.query("SELECT COUNT(*) AS n FROM tasks WHERE job_id = ? AND status = 'completed'", [job_id])[0]["n"]
+                if done == tasks:
+                    break
+                time.sleep(0.005)
+            finished = time.perf_counter()
+            channel.close()
+        finally:
+            stop.set()
+            child.join(60)
+            if child.is_alive():
+                child.kill()
+            timings = {k: {"seconds": round(v[0], 3), "calls": int(v[1])} for k, v in server.farm.timings.items()}
+            server.stop()
+        latencies = json.loads(out.read_text()) if out.exists() else []
+    wall = finished - started
+    return {
+        "agents": agents, "tasks": tasks, "cores": os.cpu_count(),
+        "submit_s": round(submitted - started, 3), "wall_s": round(wall, 3),
+        "tasks_per_s": round(tasks / wall, 1),
+        "tasks_per_s_after_submit": round(tasks / (finished - submitted), 1),
+        "dispatch_ms": {"p50": round(_percentile(latencies, 0.5) * 1000, 2), "p99": round(_percentile(latencies, 0.99) * 1000, 2),
+                        "mean": round(statistics.fmean(latencies) * 1000, 2), "n": len(latencies)} if latencies else None,
+        "controller_time": timings,
+    }
+
+
+def report(r: dict, rounds: list[dict]) -> str:
+    d = r["dispatch_ms"] or {}
+    t = r["controller_time"]
+    store_s = sum(v["seconds"] for v in t.values())
+    lines = [
+        f"# Scheduling benchmark, {dt.date.today()} ({r['agents']} agents, {r['tasks']} tasks, {r['cores']} cores)",
+        "",
+        f"The median of {len(rounds)} rounds by throughput (all rounds: "
+        f"{', '.join(str(x['tasks_per_s']) for x in rounds)} tasks/s; p99 "
+        f"{', '.join(str((x['dispatch_ms'] or {}).get('p99')) for x in rounds)} ms).",
+        "",
+        "| measure | value | aim |",
+        "|---|---|---|",
+        f"| tasks/s, submit to last result stored | {r['tasks_per_s']} | ≥ 1000 |",
+        f"| tasks/s after SubmitJob returned | {r['tasks_per_s_after_submit']} | |",
+        f"| SubmitJob (validate + expand + insert) | {r['submit_s']} s | |",
+        f"| dispatch p50, offer → driver start | {d.get('p50')} ms | |",
+        f"| dispatch p99 | {d.get('p99')} ms | < 50 ms |",
+        "",
+        "Controller time per step (in its gRPC handler threads and the dispatcher):",
+        "",
+        "| step | seconds | calls | ms/call |",
+        "|---|---|---|---|",
+    ]
+    for step, v in t.items():
+        per = v["seconds"] / v["calls"] * 1000 if v["calls"] else 0
+        lines.append(f"| {step} | {v['seconds']} | {v['calls']} | {per:.2f} |")
+    lines += [
+        "",
+        f"Where the time goes: {store_s:.2f} s of the {r['wall_s']} s wall are the controller's SQLite steps, "
+        "which share one connection and so run one at a time. Applying a result (one transaction: the run, "
+        "its summary and samples, the task) is the largest; leasing is batched (up to 16 slots per "
+        "transaction). The rest is Python gRPC framing on both ends: the 100 agents share one Python "
+        "process here, and with the controller that is two GIL-bound processes on two cores. "
+        "Dispatch latency is mostly that agent process taking its turn.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agents", type=int, default=100)
+    parser.add_argument("--tasks", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3, help="runs; the median by throughput is reported")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    rounds = [run(args.agents, args.tasks) for _ in range(args.rounds)]
+    result = sorted(rounds, key=lambda x: x["tasks_per_s"])[len(rounds) // 2]
+    result["rounds"] = [{"tasks_per_s": x["tasks_per_s"], "dispatch_ms": x["dispatch_ms"]} for x in rounds]
+    text = report(result, rounds)
+    print(text)
+    if not args.no_write:
+        out = ROOT / "results" / f"{dt.date.today()}-scheduling"
+        out.parent.mkdir(exist_ok=True)
+        out.with_suffix(".md").write_text(text)
+        out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""Who may call what: bearer tokens with roles, checked by a server interceptor; TLS credentials.
+
+The tokens file has one token a line: `ROLE TOKEN [AGENT_NAME]`, `#` for comments. Roles:
+`agent` (the agent stream and artifact downloads), `client` (jobs, results, listings) and
+`admin` (both). An agent token with a name may only connect as that agent, so one rack host
+cannot take over another's session.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import grpc
+
+ROLES = ("agent", "client", "admin")
+METADATA_KEY = "authorization"
+# Health checks and reflection stay open: load balancers and grpcurl call them without a token.
+OPEN_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+SERVICE_ROLES = {
+    "/farm.v1.AgentService/": {"agent", "admin"},
+    "/farm.v1.FarmService/": {"client", "admin"},
+}
+ROLE_USE = {"agent": "`farm agent --token`", "client": "`farm --controller ... --token` (or FARM_TOKEN)"}
+
+
+class TokenFileError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Identity:
+    role: str
+    agent_name: str | None = None  # pinned agent name, when the tokens file gives one
+
+
+class TokenTable:
+    def __init__(self, tokens: dict[str, Identity]) -> None:
+        self._tokens = tokens
+
+    @classmethod
+    def from_file(cls, path: Path) -> "TokenTable":
+        tokens: dict[str, Identity] = {}
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as e:
+            raise TokenFileError(f"cannot read the tokens file {path}: {e}") from None
+        for number, line in enumerate(lines, 1):
+            words = line.split("#", 1)[0].split()
+            if not words:
+                continue
+            if len(words) not in (2, 3) or words[0] not in ROLES:
+                raise TokenFileError(f"{path}:{number}: expected `ROLE TOKEN [AGENT_NAME]` with ROLE one of {', '.join(ROLES)}")
+            if len(words[1]) < 16:
+                raise TokenFileError(f"{path}:{number}: a token must have at least 16 characters (e.g. `openssl rand -hex 24`)")
+            tokens[words[1]] = Identity(words[0], words[2] if len(words) == 3 else None)
+        if not tokens:
+            raise TokenFileError(f"{path}: no tokens; add lines like `client <token>` and `agent <token> <agent-name>`")
+        return cls(tokens)
+
+    def lookup(self, token: str) -> Identity | None:
+        found = None
+        for known, identity in self._tokens.items():
+            if hmac.compare_digest(known.encode(), token.encode()):  # constant time: no timing oracle
+                found = identity
+        return found
+
+
+def bearer_token(metadata: Any) -> str | None:
+    for key, value in metadata or ():
+        if key == METADATA_KEY and isinstance(value, str):
+            return value.removeprefix("Bearer ").strip()
+    return None
+
+
+def identity_of(context: grpc.ServicerContext, tokens: TokenTable | None) -> Identity:
+    """The caller's identity inside a handler (the interceptor has already let it in)."""
+    if tokens is None:
+        return Identity("admin")
+    return tokens.lookup(bearer_token(context.invocation_metadata()) or "") or Identity("none")
+
+
+def check_access(method: str, token: str | None, tokens: TokenTable) -> tuple[grpc.StatusCode, str] | None:
+    """None when the call may proceed, else the status and a message a person can act on."""
+    if method.startswith(OPEN_PREFIXES):
+        return None
+    needed = next((roles for prefix, roles in SERVICE_ROLES.items() if method.startswith(prefix)), {"admin"})
+    if not token:
+        return (grpc.StatusCode.UNAUTHENTICATED,
+                f"{method}: no token was sent. Pass --token (or set FARM_TOKEN) with a token from the "
+                "controller's tokens file.")
+    identity = tokens.lookup(token)
+    if identity is None:
+        return (grpc.StatusCode.UNAUTHENTICATED,
+                f"{method}: this controller does not know the token that was sent (…{token[-4:]}). "
+                "Check for a typo or an old token; the controller's operator lists valid ones in its tokens file.")
+    if identity.role not in needed:
+        wanted = sorted(needed - {"admin"})[0]
+        return (grpc.StatusCode.PERMISSION_DENIED,
+                f"{method}: this is {_article(identity.role)} {identity.role} token, and this call needs {_article(wanted)} "
+                f"{wanted} token. "
+                f"Use a {wanted} token with {ROLE_USE[wanted]}.")
+    return None
+
+
+def _article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+def _abort_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
+    def abort(request_or_iterator: Any, context: grpc.ServicerContext) -> Any:
+        context.abort(code, message)
+
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(abort)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(abort)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(abort)
+    return grpc.unary_unary_rpc_method_handler(abort)
+
+
+class TokenInterceptor(grpc.ServerInterceptor):
+    def __init__(self, tokens: TokenTable) -> None:
+        self.tokens = tokens
+
+    def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails) -> Any:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        refusal = check_access(handler_call_details.method, bearer_token(handler_call_details.invocation_metadata),
+                               self.tokens)
+        return handler if refusal is None else _abort_handler(handler, *refusal)
+
+
+@dataclass
+class TlsFiles:
+    """PEM files: a server's cert+key (+ the CA it checks clients with), or a client's CA (+ cert+key)."""
+
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+
+    def read(self, which: str) -> bytes | None:
+        path = getattr(self, which)
+        if path is None:
+            return None
+        try:
+            return Path(path).read_bytes()
+        except OSError as e:
+            raise TokenFileError(f"cannot read the TLS {which} file {path}: {e}") from None
+
+
+def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
+    if not (tls.cert and tls.key):
+        raise TokenFileError("TLS needs both --tls-cert and --tls-key")
+    client_ca = tls.read("ca")
+    # With a client CA, agents and clients must present a certificate it signed (mutual TLS).
+    return grpc.ssl_server_credentials([(tls.read("key"), tls.read("cert"))], root_certificates=client_ca,
+                                       require_client_auth=client_ca is not None)
+
+
+AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def valid_agent_name(name: str) -> bool:
+    """Names from the wire end up in device names and log lines; keep them plain."""
+    return bool(AGENT_NAME.match(name))

@@ -1,0 +1,85 @@
+"""The dataclass <-> protobuf mapping: TaskSpec and RunResult cross the wire field for field.
+
+Names match one for one; a dict or mixed-type list travels as `<name>_json`, and a None
+becomes an unset `optional` field, so what arrives equals what was sent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from enum import Enum
+from typing import Any
+
+from google.protobuf.message import Message
+
+from farm.proto.results import RunResult, run_result_from_dict
+from farm.proto.tasks import TaskSpec
+
+
+def fill_message(message: Message, obj: Any) -> Message:
+    """Copy a dataclass (or dict) into a message of the same shape."""
+    fields = message.DESCRIPTOR.fields_by_name
+    items = obj.items() if isinstance(obj, dict) else ((f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    for name, value in items:
+        if value is None:
+            continue
+        if f"{name}_json" in fields:
+            setattr(message, f"{name}_json", json.dumps(value))
+            continue
+        field = fields[name]
+        target = getattr(message, name)
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            target.update(value)
+        elif field.is_repeated:
+            if field.message_type is not None:
+                for item in value:
+                    fill_message(target.add(), item)
+            else:
+                target.extend(value)
+        elif field.message_type is not None:
+            target.SetInParent()  # an all-default sub-message must still arrive as present
+            fill_message(target, value)
+        else:
+            setattr(message, name, value.value if isinstance(value, Enum) else value)
+    return message
+
+
+def message_to_dict(message: Message) -> dict[str, Any]:
+    """The inverse of fill_message, as the plain dict dataclasses.asdict would give."""
+    out: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.name.endswith("_json"):
+            if value:
+                out[field.name.removesuffix("_json")] = json.loads(value)
+            continue
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            out[field.name] = dict(value)
+        elif field.is_repeated:
+            out[field.name] = [message_to_dict(v) for v in value] if field.message_type is not None else list(value)
+        elif field.has_presence and not message.HasField(field.name):
+            out[field.name] = None
+        elif field.message_type is not None:
+            out[field.name] = message_to_dict(value)
+        else:
+            out[field.name] = value
+    return out
+
+
+def task_to_message(task: TaskSpec, message: Message) -> Message:
+    return fill_message(message, task)
+
+
+def task_from_message(message: Message) -> TaskSpec:
+    data = message_to_dict(message)
+    data.setdefault("extra", {})
+    return TaskSpec(**data)
+
+
+def result_to_message(result: RunResult, message: Message) -> Message:
+    return fill_message(message, result)
+
+
+def result_from_message(message: Message) -> RunResult:
+    return run_result_from_dict(message_to_dict(message))

@@ -1,0 +1,134 @@
+"""Real `farm controller serve` and `farm agent` processes on 127.0.0.1 for the gRPC tests.
+
+Every process gets PR_SET_PDEATHSIG, so it dies with the test run even if pytest is killed,
+and is stopped at the end of its test; tests talk to them through the real CLI or raw stubs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from conftest import FARM
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.1) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+@dataclass
+class FarmProcess:
+    name: str
+    process: subprocess.Popen
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill9(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self, timeout: float = 15) -> int:
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        return self.process.returncode
+
+
+@dataclass
+class Cluster:
+    """A controller and its agents for one test; address is 127.0.0.1:PORT."""
+
+    root: Path
+    env: dict[str, str]
+    processes: list[FarmProcess] = field(default_factory=list)
+    address: str | None = None
+
+    def spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> FarmProcess:
+        log = self.root / f"{name}.log"
+        handle = log.open("ab")
+        p = subprocess.Popen([*FARM, *args], stdout=handle, stderr=subprocess.STDOUT, cwd=self.root,
+                             env={**os.environ, **self.env, **(env or {})}, preexec_fn=_die_with_parent)
+        handle.close()
+        proc = FarmProcess(name, p, log)
+        self.processes.append(proc)
+        return proc
+
+    def start_controller(self, *extra: str, port: int = 0, db: Path | None = None, name: str = "controller") -> FarmProcess:
+        db = db or self.root / "controller.db"
+        proc = self.spawn(name, "controller", "serve", "--listen", f"127.0.0.1:{port}", "--db", str(db), *extra)
+
+        def listening() -> str | None:
+            if not proc.alive():
+                raise AssertionError(f"the controller exited: {proc.output()}")
+            match = re.search(r"listening on (127\.0\.0\.1:\d+)", proc.output())
+            return match.group(1) if match else None
+
+        self.address = str(wait_for(listening, 30, "the controller to listen"))
+        return proc
+
+    def start_agent(self, name: str, *extra: str, token: str | None = None) -> FarmProcess:
+        args = ["agent", "--controller", self.address, "--name", name, "--work-dir", str(self.root / f"work-{name}"),
+                *extra]
+        if token:
+            args += ["--token", token]
+        return self.spawn(f"agent-{name}", *args)
+
+    def farm(self, *args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([*FARM, *args], capture_output=True, text=True, timeout=timeout, cwd=self.root,
+                              env={**os.environ, **self.env, **(env or {})})
+
+    def db(self, path: Path | None = None) -> sqlite3.Connection:
+        return sqlite3.connect(path or self.root / "controller.db", timeout=30)
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.processes):
+            proc.stop()
+
+
+def sleep_job(directory: Path, model: Path, *, tasks: int, seconds: float, name: str = "job.yaml") -> Path:
+    """A script job whose runs take `seconds` each: long enough to kill something mid-run."""
+    (directory / "slow.py").write_text(
+        "import json, sys, time\n"
+        f"time.sleep({seconds})\n"
+        "print(json.dumps({'latency_ms': 1.0}))\n")
+    link = directory / model.name
+    if not link.exists():
+        os.symlink(model, link)
+    job = directory / name
+    job.write_text(f"""
+name: slow
+models: [{model.name}]
+workload: {{type: script, command: python, script: slow.py, dir: .}}
+repeats: {tasks}
+sim: {{memory: 512m, backend: process}}
+""")
+    return job

@@ -1,0 +1,166 @@
+"""The wire itself: committed stubs match the .proto files, TaskSpec and RunResult cross it
+unchanged, the standard health and reflection services answer, and an agent of another
+protocol version is refused with a message that says what to do."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from farm.agents.remote_controller import DeviceInfo, RemoteController
+from farm.proto.generated import common_pb2
+from farm.proto.results import (
+    FailureClass, LatencyStats, Limits, ModelFacts, RunResult, RunStatus, Telemetry, TelemetrySample, TensorInfo,
+)
+from farm.proto.tasks import TaskSpec
+from farm.proto.wire import result_from_message, result_to_message, task_from_message, task_to_message
+from grpc_processes import Cluster, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_committed_stubs_match_the_proto_files(tmp_path: Path) -> None:
+    pytest.importorskip("grpc_tools", reason="grpcio-tools (the test extra) regenerates the stubs")
+    from farm.proto.codegen import GENERATED, generate
+
+    fresh = {p.name: p.read_text() for p in generate(tmp_path)}
+    committed = {p.name: p.read_text() for p in GENERATED.iterdir() if p.is_file() and p.suffix in (".py", ".pyi")}
+    stale = sorted(name for name in fresh.keys() | committed.keys() if fresh.get(name) != committed.get(name))
+    assert not stale, f"proto/generated is stale ({', '.join(stale)}): run `make proto` and commit the result"
+
+
+def test_a_task_and_a_full_result_cross_the_wire_unchanged() -> None:
+    task = TaskSpec(task_id=7, job_id=2, attempt=3, target="sim", model_name="m", model_path="/m.onnx",
+                    model_sha256="ab" * 32, model_family=None, threads=2, batch_size=1, input_size=None, repeat=1,
+                    workload={"type": "benchmark", "iterations": 100, "input_shapes": {"x": [1, 3]}},
+                    sim={"cpus": None, "memory": 1 << 29}, run_timeout_s=600.0, base_dir="/jobs")
+    wire = common_pb2.TaskSpec.FromString(task_to_message(task, common_pb2.TaskSpec()).SerializeToString())
+    assert task_from_message(wire) == task
+
+    result = RunResult(
+        status=RunStatus.COMPLETED, backend="cgroup", limits=Limits(cpus=1.0, memory_mb=512.0), wall_s=0.5,
+        latency=LatencyStats(init=3.0, first=2.0, warmup_avg=None, avg=1.0, p50=1.0, p90=1.2, p99=1.3, std=0.1,
+                             min=0.9, max=1.4, count=3),
+        iterations_ms=[0.9, 1.0, 1.4], telemetry=Telemetry(interval_ms=50.0, cpu_avg_percent=99.0, memory_peak_bytes=1 << 25,
+                                                           memory_peak_source="kernel", samples=[TelemetrySample(0.05, 98.0, 1 << 24)]),
+        peak_rss_bytes=1 << 26, model=ModelFacts(path="/m.onnx", format="onnx", size_bytes=10, sha256="ab" * 32,
+                                                 inputs=[TensorInfo("x", [1, "N", 3], "float32")], op_types={"Conv": 2}),
+        environment={"governor": "performance", "temps": [40.5, 41]}, tool_versions={"onnxruntime": "1.20"})
+    wire_result = common_pb2.RunResult.FromString(result_to_message(result, common_pb2.RunResult()).SerializeToString())
+    assert result_from_message(wire_result) == result
+    failed = RunResult.failed(FailureClass.RESOURCE, "out of memory at the 512 MiB limit")
+    assert result_from_message(result_to_message(failed, common_pb2.RunResult())) == failed
+
+
+@pytest.fixture
+def controller(tmp_path: Path):
+    c = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": ""})
+    c.start_controller("--no-auth")
+    yield c
+    c.stop_all()
+
+
+def test_health_answers_serving_and_reflection_lists_the_services(controller: Cluster) -> None:
+    with grpc.insecure_channel(controller.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "farm.v1.FarmService", "farm.v1.AgentService"):
+            answer = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        replies = reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10)
+        services = {s.name for reply in replies for s in reply.list_services_response.service}
+    assert {"farm.v1.FarmService", "farm.v1.AgentService", "grpc.health.v1.Health"} <= services
+
+
+def test_an_agent_of_another_protocol_version_is_refused_clearly(controller: Cluster) -> None:
+    agent = RemoteController(controller.address, name="old-agent", token=None, protocol_version=99,
+                             devices=[DeviceInfo("old-agent/sim", "sim", "sim")]).start()
+    try:
+        wait_for(lambda: agent.fatal is not None, 20, "the refusal")
+        assert agent.lease("old-agent", {"sim"}) is None  # the agent stops asking for work
+    finally:
+        agent.close()
+    message = str(agent.fatal)
+    assert "version mismatch" in message and "protocol 99" in message and "protocol 1" in message
+    assert "Install the same farm version" in message
+
+
+def test_a_reconnecting_agent_takes_over_its_own_session(controller: Cluster) -> None:
+    first = RemoteController(controller.address, name="rack", token=None, devices=[DeviceInfo("rack/sim", "sim", "sim")]).start()
+    second = None
+    try:
+        wait_for(first.connected.is_set, 20, "the first session")
+        second = RemoteController(controller.address, name="rack", token=None,
+                                  devices=[DeviceInfo("rack/sim", "sim", "sim")]).start()
+        wait_for(second.connected.is_set, 20, "the second session")
+        # the old stream learns why it ended (a real reconnect's old stream is already dead and never hears it)
+        wait_for(lambda: first.fatal is not None, 20, "the old session to be told")
+        assert "took over this session" in str(first.fatal)
+        time.sleep(0.5)
+        assert second.connected.is_set() and second.fatal is None
+        agents = controller.farm("agents", "--json", "--controller", controller.address)
+        assert agents.returncode == 0, agents.stderr
+        assert '"state": "online"' in agents.stdout and agents.stdout.count('"name": "rack"') == 1
+    finally:
+        first.close()
+        if second:
+            second.close()
+
+
+def test_an_agent_fetches_a_model_it_lacks_by_sha256(controller: Cluster, tiny_models, tmp_path: Path) -> None:
+    import hashlib
+    import os
+
+    os.symlink(tiny_models["onnx"], controller.root / "tiny.onnx")
+    (controller.root / "job.yaml").write_text("models: [tiny.onnx]\n")
+    assert controller.farm("submit", str(controller.root / "job.yaml"), "--controller", controller.address,
+                           "--detach").returncode == 0
+    sha = hashlib.sha256(tiny_models["onnx"].read_bytes()).hexdigest()
+    client = RemoteController(controller.address, name="far-away", token=None, devices=[], artifact_dir=tmp_path / "cache")
+    task = TaskSpec(task_id=1, job_id=1, attempt=1, target="sim", model_name="tiny", model_path="/elsewhere/tiny.onnx",
+                    model_sha256=sha, model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
+                    workload={}, sim={}, run_timeout_s=60, base_dir="/elsewhere")
+    local = Path(client.local_model_path(task))
+    assert local == tmp_path / "cache" / f"{sha}.onnx"
+    assert local.read_bytes() == tiny_models["onnx"].read_bytes()
+    # names from the wire never become paths: only a sha256 of a model some task names is served
+    for bad in ("../../etc/passwd", "0" * 64):
+        with pytest.raises(grpc.RpcError) as refused:
+            client.fetch_artifact(bad, tmp_path / "cache" / "x")
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    assert not (tmp_path / "cache" / "x").exists()
+
+
+def test_oversized_job_files_and_path_like_agent_names_are_refused(controller: Cluster) -> None:
+    big = controller.root / "big.yaml"
+    big.write_text("models: [tiny.onnx]\n" + "# padding\n" * 120_000)
+    run = controller.farm("submit", str(big), "--controller", controller.address)
+    assert run.returncode == 2 and "over 1048576 bytes" in run.stderr, run.stderr
+
+    sneaky = RemoteController(controller.address, name="../../etc", token=None, devices=[]).start()
+    try:
+        wait_for(lambda: sneaky.fatal is not None, 20, "the refusal")
+    finally:
+        sneaky.close()
+    assert "is not allowed" in str(sneaky.fatal)
+
+
+def test_one_device_cannot_be_registered_by_two_agents(controller: Cluster) -> None:
+    phone = DeviceInfo("g6-1", "android", "lg-g6", tags=["phones"])
+    first = RemoteController(controller.address, name="rack-a", token=None, devices=[phone]).start()
+    second = RemoteController(controller.address, name="rack-b", token=None, devices=[phone])
+    try:
+        wait_for(first.connected.is_set, 20, "rack-a")
+        second.start()
+        wait_for(lambda: second.fatal is not None, 20, "the refusal")
+    finally:
+        first.close()
+        second.close()
+    assert "already registered by agent 'rack-a'" in str(second.fatal)
+    devices = controller.farm("devices", "--json", "--controller", controller.address)
+    assert '"name": "g6-1"' in devices.stdout and '"agent": "rack-a"' in devices.stdout
