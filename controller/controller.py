@@ -21,6 +21,8 @@ from farm.proto.results import FailureClass, JobStatus, RunResult, TaskStatus
 from farm.proto.tasks import TaskSpec
 
 LEASE_TTL_S = 60.0
+# A quarantined device (or one in maintenance) is offered no task until it is released.
+HEALTHY_TARGET = "AND t.target NOT IN (SELECT name FROM device_health WHERE health IN ('bad', 'maintenance'))"
 TERMINAL_TASK = {TaskStatus.COMPLETED.value, TaskStatus.FAILED.value, TaskStatus.CANCELED.value}
 TERMINAL_JOB = {JobStatus.COMPLETED.value, JobStatus.FAILED.value, JobStatus.CANCELED.value}
 
@@ -132,7 +134,7 @@ class Controller:
         now = time.time()
         with self.store.transaction():
             marks = ",".join("?" for _ in targets)
-            where = f"t.status = 'pending' AND t.target IN ({marks}) AND j.status IN ('queued', 'running')"
+            where = f"t.status = 'pending' AND t.target IN ({marks}) AND j.status IN ('queued', 'running') {HEALTHY_TARGET}"
             params: list[Any] = list(targets)
             if job_id is not None:
                 where += " AND t.job_id = ?"
@@ -169,7 +171,7 @@ class Controller:
             marks = ",".join("?" for _ in wanted)
             rows = self.store.db.execute(
                 f"SELECT t.* FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE t.status = 'pending' "
-                f"AND t.target IN ({marks}) AND j.status IN ('queued', 'running') "
+                f"AND t.target IN ({marks}) AND j.status IN ('queued', 'running') {HEALTHY_TARGET} "
                 "ORDER BY t.priority, t.job_id, t.seq LIMIT ?", [*wanted, len(slots)])
             columns = [c[0] for c in rows.description]
             free = list(range(len(slots)))
@@ -230,8 +232,36 @@ class Controller:
             fields["finished_at"] = time.time()
         fields["leased_by"] = None
         run_id = self.store.record_run(task, attempt, agent, started_at, result, fields)
+        if (task["target"] != "sim" and fields["status"] == TaskStatus.FAILED.value
+                and result.failure_class == FailureClass.INFRASTRUCTURE):
+            self.quarantine(task["target"], f"{attempt} infrastructure failures in a row; last: {result.message}")
         self._finish_job_if_done(task["job_id"])
         return run_id
+
+    # --- device health -------------------------------------------------------------
+    def quarantine(self, device: str, reason: str) -> int:
+        """No more tasks for `device` until it is released; its waiting tasks fail (infrastructure)."""
+        now = time.time()
+        with self.store.transaction():
+            self.store.db["device_health"].upsert({"name": device, "health": "bad", "reason": reason,
+                                                   "changed_at": now}, pk="name")
+            failed = self.store.db.execute(
+                "UPDATE tasks SET status = 'failed', failure_class = 'infrastructure', finished_at = ?, message = ? "
+                "WHERE target = ? AND status = 'pending'",
+                [now, f"device {device} is quarantined ({reason}); check it, then `farm device release {device}`",
+                 device]).rowcount
+            jobs = [r[0] for r in self.store.db.execute("SELECT DISTINCT job_id FROM tasks WHERE target = ?", [device])]
+        for job_id in jobs:
+            self._finish_job_if_done(job_id)
+        return failed
+
+    def release(self, device: str) -> None:
+        with self.store.transaction():
+            self.store.db["device_health"].upsert({"name": device, "health": "good", "reason": "released by a person",
+                                                   "changed_at": time.time()}, pk="name")
+
+    def device_health(self) -> list[dict[str, Any]]:
+        return self.store.query("SELECT * FROM device_health ORDER BY name")
 
     def expire_leases(self) -> int:
         """Tasks whose agent stopped renewing go back to the queue (the next lease is attempt + 1)."""

@@ -107,7 +107,14 @@ def _migration_4(db: sqlite_utils.Database) -> None:
     db["tasks"].create_index(["job_id", "status"])
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migration_1, _migration_2, _migration_3, _migration_4]
+def _migration_5(db: sqlite_utils.Database) -> None:
+    # A device's health is the lab's judgement (good / bad / maintenance), apart from whether
+    # its agent is connected: a quarantined device gets no tasks until someone releases it.
+    db["device_health"].create({"name": str, "health": str, "reason": str, "changed_at": float}, pk="name")
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
+    _migration_1, _migration_2, _migration_3, _migration_4, _migration_5]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -109,3 +109,27 @@ def test_an_unknown_device_target_is_refused_with_the_known_ones(lab: Path, tiny
     run = farm("submit", str(job), "--devices", str(lab))
     assert run.returncode == 2
     assert "targets[1]" in run.stderr and "pixel-9" in run.stderr and "g6-1" in run.stderr
+
+
+def test_a_phone_that_stays_unplugged_is_retried_then_quarantined(lab: Path, tmp_path: Path, mobilenet_models,
+                                                                 farm) -> None:
+    import yaml
+    entries = yaml.safe_load(lab.read_text())
+    phone_port = entries["devices"][0]["port"]
+    entries["devices"][0]["port"] = 1  # nothing answers there: the phone is unplugged
+    lab.write_text(yaml.safe_dump(entries))
+    os.symlink(mobilenet_models["mobilenetv2_w0.35_r96.tflite"], tmp_path / "m.tflite")
+    job = write_job(tmp_path, "models: [m.tflite]\nworkload: {type: benchmark, iterations: 5}\nrepeats: 2\n"
+                              "targets: [g6-1]\n")
+    run = farm("submit", str(job), "--devices", str(lab), "--json")
+    assert run.returncode == 1
+    records = {(r["target"], r["repeat"]): r for r in run.json()["results"]}
+    first, second = records[("g6-1", 0)], records[("g6-1", 1)]
+    assert first["failure_class"] == "infrastructure" and first["attempts"] == 3
+    assert "quarantined" in second["message"] and second["attempts"] == 0  # never offered to the dead phone
+    assert records[("sim", 0)]["status"] == "completed"  # the twins still ran
+    health = {r["name"]: r for r in farm("device", "health", "--json").json()}
+    assert health["g6-1"]["health"] == "bad"
+    assert farm("device", "release", "g6-1").returncode == 0
+    assert {r["name"]: r for r in farm("device", "health", "--json").json()}["g6-1"]["health"] == "good"
+    assert phone_port  # the emulator itself was never touched

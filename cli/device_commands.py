@@ -1,0 +1,59 @@
+"""`farm device release|quarantine|health`: the lab's judgement of a device, kept in the store.
+
+A device whose tasks keep failing for infrastructure reasons is quarantined by the controller
+itself; a person looks at it and releases it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.table import Table
+from rich.text import Text
+
+from farm.cli.console import open_store, out, when
+
+
+def cmd_device(args: argparse.Namespace) -> int:
+    from farm.controller.controller import Controller
+
+    controller = Controller(open_store(args))
+    if args.action == "release":
+        controller.release(args.device)
+        message = f"{args.device} released: it takes tasks again"
+    elif args.action == "quarantine":
+        n = controller.quarantine(args.device, args.reason or "quarantined by a person")
+        message = f"{args.device} quarantined; {n} waiting task(s) failed (infrastructure)"
+    else:
+        rows = controller.device_health()
+        if args.json:
+            print(json.dumps(rows, indent=2))
+            return 0
+        t = Table(header_style="bold")
+        for c in ("device", "health", "since", "reason"):
+            t.add_column(c)
+        for r in rows:
+            t.add_row(Text(r["name"]), r["health"], when(r["changed_at"]), Text(r["reason"] or ""))
+        out.print(t)
+        return 0
+    if args.json:
+        print(json.dumps({"device": args.device, "action": args.action}))
+    else:
+        out.print(message)
+    return 0
+
+
+def add_commands(sub, common: argparse.ArgumentParser) -> None:
+    s = sub.add_parser("device", parents=[common], help="a device's health: release, quarantine, list")
+    s.add_argument("action", choices=["release", "quarantine", "health"])
+    s.add_argument("device", nargs="?", default=None)
+    s.add_argument("--reason", help="quarantine: why (shown to whoever looks next)")
+    s.set_defaults(func=_checked)
+
+
+def _checked(args: argparse.Namespace) -> int:
+    from farm.cli.console import UserError
+    if args.action != "health" and not args.device:
+        raise UserError(f"farm device {args.action} needs a device name (`farm device health` lists them)")
+    return cmd_device(args)
