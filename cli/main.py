@@ -336,6 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_calibration_commands(sub, common)
     from farm.cli.device_commands import add_commands as add_device_commands
     add_device_commands(sub, common)
+    from farm.cli.refresh_commands import add_commands as add_refresh_commands
+    add_refresh_commands(sub, common)
 
     s = sub.add_parser("schema", help="print the job file's JSON Schema (for editors)")
     s.set_defaults(func=cmd_schema)

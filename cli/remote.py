@@ -360,6 +360,7 @@ def _logging(verbose: bool) -> None:
 def cmd_controller_serve(args: argparse.Namespace) -> int:
     from farm.controller.auth import TlsFiles, TokenFileError, TokenTable
     from farm.controller.grpc_server import serve
+    from farm.controller.metrics import MetricsListenError
     from farm.controller.store import Store, StoreError, default_db_path
 
     _logging(args.verbose)
@@ -377,15 +378,23 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
                            cert=Path(args.tls_cert) if args.tls_cert else None, key=Path(args.tls_key) if args.tls_key else None)
         store = Store(Path(args.db) if args.db else default_db_path())
         running = serve(store, args.listen, tokens=tokens, tls=tls, lease_ttl_s=args.lease_ttl,
-                        heartbeat_interval_s=args.heartbeat_interval)
+                        heartbeat_interval_s=args.heartbeat_interval, metrics_listen=args.metrics_listen)
     except (TokenFileError, StoreError) as e:
         raise RemoteError(str(e)) from None
+    except ValueError as e:  # a --metrics-listen that is not HOST:PORT
+        raise RemoteError(str(e)) from None
+    except MetricsListenError as e:
+        raise RemoteError(str(e), EXIT_ENVIRONMENT) from None
     except (OSError, RuntimeError) as e:
         raise RemoteError(f"cannot listen on {args.listen}: {e}", EXIT_ENVIRONMENT) from None
     host = args.listen.rsplit(":", 1)[0]
     mode = "mutual TLS" if tls and tls.ca else "TLS" if tls else "plain text"
     print(f"farm controller listening on {host}:{running.port} ({mode}; store {store.path}; lease TTL "
           f"{args.lease_ttl:g} s)", file=sys.stderr, flush=True)
+    if running.metrics:
+        metrics_host = args.metrics_listen.rpartition(":")[0] or "127.0.0.1"
+        print(f"farm controller metrics on http://{metrics_host}:{running.metrics_port}/metrics",
+              file=sys.stderr, flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
@@ -468,6 +477,8 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     s.add_argument("--tls-client-ca", default=None, help="require client certificates signed by this CA (mutual TLS)")
     s.add_argument("--lease-ttl", type=float, default=30.0, help="seconds a lease lives without a heartbeat (default 30)")
     s.add_argument("--heartbeat-interval", type=float, default=None, help="seconds between agent heartbeats (default TTL/4)")
+    s.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
+                   help="also serve Prometheus metrics at http://HOST:PORT/metrics (no auth: loopback or a trusted network)")
     s.add_argument("--verbose", action="store_true")
     s.set_defaults(func=cmd_controller_serve)
 

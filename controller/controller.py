@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from farm.controller.jobfile import ResolvedJob
+from farm.controller.metrics import record_lease_expiries
 from farm.controller.schedule import PRIORITY_RANK, expand_tasks
 from farm.controller.store import Store
 from farm.proto.results import FailureClass, JobStatus, RunResult, TaskStatus
@@ -71,13 +72,30 @@ class Controller:
     def submit(self, job: ResolvedJob, *, name: str | None = None) -> int:
         spec = job.spec
         tasks = expand_tasks(job)
-        return self.store.insert_job({
+        job_id = self.store.insert_job({
             "name": name or spec.name or (job.source_path.stem if job.source_path else "job"),
             "status": JobStatus.QUEUED.value, "priority": spec.priority, "created_at": time.time(),
             "spec_json": spec.model_dump_json(), "spec_yaml": job.source,
             "source_path": str(job.source_path) if job.source_path else None,
             "base_dir": str(job.base_dir), "owner_pid": os.getpid(), "owner_host": socket.gethostname(),
         }, tasks)
+        # a quarantined device takes no work: its runs in this job fail now, saying why, instead of waiting
+        for row in self.store.query("SELECT name, reason FROM device_health WHERE health IN ('bad', 'maintenance') "
+                                    "AND name IN (SELECT target FROM tasks WHERE job_id = ?)", [job_id]):
+            self._fail_waiting_tasks(row["name"], row["reason"], job_id=job_id)
+        self._finish_job_if_done(job_id)
+        return job_id
+
+    def _fail_waiting_tasks(self, device: str, reason: str, *, job_id: int | None = None) -> int:
+        sql = ("UPDATE tasks SET status = 'failed', failure_class = 'infrastructure', finished_at = ?, message = ? "
+               "WHERE target = ? AND status = 'pending'")
+        params: list[Any] = [time.time(), f"device {device} is quarantined ({reason}); check it, then "
+                             f"`farm device release {device}`", device]
+        if job_id is not None:
+            sql += " AND job_id = ?"
+            params.append(job_id)
+        with self.store.transaction():
+            return self.store.db.execute(sql, params).rowcount
 
     def cancel_job(self, job_id: int) -> int:
         """Cancel what has not finished. Running tasks stop at their next heartbeat."""
@@ -241,18 +259,17 @@ class Controller:
     # --- device health -------------------------------------------------------------
     def quarantine(self, device: str, reason: str) -> int:
         """No more tasks for `device` until it is released; its waiting tasks fail (infrastructure)."""
-        now = time.time()
         with self.store.transaction():
             self.store.db["device_health"].upsert({"name": device, "health": "bad", "reason": reason,
-                                                   "changed_at": now}, pk="name")
-            failed = self.store.db.execute(
-                "UPDATE tasks SET status = 'failed', failure_class = 'infrastructure', finished_at = ?, message = ? "
-                "WHERE target = ? AND status = 'pending'",
-                [now, f"device {device} is quarantined ({reason}); check it, then `farm device release {device}`",
-                 device]).rowcount
-            jobs = [r[0] for r in self.store.db.execute("SELECT DISTINCT job_id FROM tasks WHERE target = ?", [device])]
+                                                   "changed_at": time.time()}, pk="name")
+        failed = self._fail_waiting_tasks(device, reason)
+        jobs = [r["job_id"] for r in self.store.query("SELECT DISTINCT job_id FROM tasks WHERE target = ?", [device])]
         for job_id in jobs:
             self._finish_job_if_done(job_id)
+        from farm.controller.alerts import alerts_from_environment, quarantine_event
+        hook = alerts_from_environment()
+        if hook is not None:
+            hook.send(quarantine_event(device, reason))  # rare and important: sent before returning
         return failed
 
     def release(self, device: str) -> None:
@@ -266,10 +283,12 @@ class Controller:
     def expire_leases(self) -> int:
         """Tasks whose agent stopped renewing go back to the queue (the next lease is attempt + 1)."""
         with self.store.transaction():
-            return self.store.db.execute(
+            expired = self.store.db.execute(
                 "UPDATE tasks SET status = 'pending', leased_by = NULL, "
                 "message = 'lease expired: the agent running it stopped answering' "
                 "WHERE status = 'running' AND lease_expires_at < ?", [time.time()]).rowcount
+        record_lease_expiries(expired)  # farm_lease_expiries_total: agents that went silent mid-task
+        return expired
 
     def _finish_job_if_done(self, job_id: int) -> None:
         left = self.store.query("SELECT EXISTS(SELECT 1 FROM tasks WHERE job_id = ? AND status IN ('pending', 'running')) AS n",

@@ -32,6 +32,7 @@ from farm import __version__
 from farm.controller.auth import Identity, TlsFiles, TokenInterceptor, TokenTable, identity_of, server_credentials, valid_agent_name
 from farm.controller.controller import TERMINAL_JOB, Controller
 from farm.controller.jobfile import JobFileError, load_job_text
+from farm.controller.metrics import MetricsServer, serve_metrics
 from farm.controller.results import run_records
 from farm.controller.store import Store
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2, farm_pb2, farm_pb2_grpc
@@ -549,17 +550,28 @@ class RunningServer:
     farm: FarmServer
     port: int
     health: health.HealthServicer
+    metrics: MetricsServer | None = None  # the Prometheus endpoint, when --metrics-listen was given
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self.metrics.port if self.metrics else None
 
     def stop(self, grace_s: float = 2.0) -> None:
         for service in ("", FARM_SERVICE, AGENT_SERVICE):
             self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.metrics:
+            self.metrics.shutdown()
         self.farm.stop()
         self.grpc_server.stop(grace_s).wait(grace_s + 1)
 
 
 def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles | None = None,
-          lease_ttl_s: float = 30.0, heartbeat_interval_s: float | None = None, max_workers: int = 256) -> RunningServer:
-    """Start the controller's gRPC server (not blocking); the port is the bound one (for :0)."""
+          lease_ttl_s: float = 30.0, heartbeat_interval_s: float | None = None, max_workers: int = 256,
+          metrics_listen: str | None = None) -> RunningServer:
+    """Start the controller's gRPC server (not blocking); the port is the bound one (for :0).
+
+    With metrics_listen (HOST:PORT), Prometheus metrics are served at http://HOST:PORT/metrics too.
+    """
     # WAL + NORMAL survives a killed process intact; only a power cut can drop the last commits, and
     # then their tasks re-run when the leases run out. It saves an fsync per lease and per result.
     store.db.execute("PRAGMA synchronous = NORMAL")
@@ -582,8 +594,10 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
     port = server.add_secure_port(listen, server_credentials(tls)) if tls else server.add_insecure_port(listen)
     if port == 0:
         raise OSError(f"cannot listen on {listen}: the address is in use or not local")
+    # Bound before anything starts, so a busy metrics port fails the start instead of half-serving.
+    metrics = serve_metrics(store, metrics_listen) if metrics_listen else None
     farm.start()
     server.start()
     for service in ("", FARM_SERVICE, AGENT_SERVICE):
         health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-    return RunningServer(server, farm, port, health_servicer)
+    return RunningServer(server, farm, port, health_servicer, metrics)

@@ -113,8 +113,17 @@ def _migration_5(db: sqlite_utils.Database) -> None:
     db["device_health"].create({"name": str, "health": str, "reason": str, "changed_at": float}, pk="name")
 
 
+def _migration_6(db: sqlite_utils.Database) -> None:
+    # Each refresh compares a device's new calibration with the one before it.
+    db["calibration_drift"].create({
+        "id": int, "device": str, "metric": str, "threads": int, "calibration_id": int, "previous_id": int,
+        "slope_change": float, "intercept_change": float, "r2_drop": float, "prediction_shift": float,
+        "exceeded": int, "reasons": str, "created_at": float,
+    }, pk="id")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
-    _migration_1, _migration_2, _migration_3, _migration_4, _migration_5]
+    _migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

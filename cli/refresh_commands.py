@@ -1,0 +1,114 @@
+"""`farm refresh` (the nightly reference suite and what follows it) and `farm drift`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.table import Table
+from rich.text import Text
+
+from farm.cli.console import UserError, err, open_store, out, when
+
+DEFAULT_SUITE = Path(__file__).resolve().parent.parent / "examples" / "reference-suite.yaml"
+
+
+def _ensure_suite_models(suite: Path) -> None:
+    """The suite's models are generated (deterministically), never downloaded: write the missing ones."""
+    import yaml
+
+    from farm.models.generate import generate_examples
+    spec = yaml.safe_load(suite.read_text())
+    wanted = [suite.parent / (m["path"] if isinstance(m, dict) else m) for m in spec.get("models", [])]
+    missing = [p for p in wanted if not p.exists() and p.name.startswith("mobilenetv2_w")]
+    if missing:
+        widths = sorted({float(p.stem.split("_w")[1].split("_r")[0]) for p in missing})
+        sizes = sorted({int(p.stem.split("_r")[1]) for p in missing})
+        generate_examples(missing[0].parent, widths=widths, input_sizes=sizes, formats=("tflite",), zoo=False)
+
+
+def cmd_refresh(args: argparse.Namespace) -> int:
+    from farm.cli.main import _lab, _run_with_progress, lab_target
+    from farm.controller.controller import Controller
+    from farm.controller.jobfile import JobFileError, load_job
+    from farm.controller.refresh import DriftThresholds, after_reference_run, report_json
+
+    suite = Path(args.suite) if args.suite else DEFAULT_SUITE
+    if not suite.exists():
+        raise UserError(f"{suite}: no such reference suite")
+    _ensure_suite_models(suite)
+    lab = _lab(args)
+    if not lab:
+        raise UserError("farm refresh needs devices to refresh: --devices lab.yaml or $FARM_DEVICES")
+    try:
+        job = load_job(suite, devices=[lab_target(d) for d in lab])
+    except JobFileError as e:
+        raise UserError(str(e)) from None
+    job.spec.targets = [d.name for d in lab]
+    job.targets = [lab_target(d) for d in lab]  # every configured device, each with its sim twin
+    job.spec.priority = "low"  # nightly work yields to interactive jobs
+    store = open_store(args)
+    job_id = Controller(store).submit(job, name="reference-suite")
+    total = Controller(store).progress(job_id).total
+    if not _run_with_progress(args, store, job_id, total, job.spec.timeouts.job):
+        return 130
+    webhook = None
+    from farm.controller.alerts import alerts_from_environment
+    webhook = alerts_from_environment()
+    thresholds = DriftThresholds(slope_change=args.max_slope_change, prediction_shift=args.max_prediction_shift,
+                                 intercept_change=args.max_intercept_change, r2_drop=args.max_r2_drop)
+    report = after_reference_run(store, job_id, thresholds=thresholds, k=args.k,
+                                 alert=webhook.send if webhook else None)
+    if args.json:
+        print(json.dumps(report_json(report), indent=2, default=str))
+    else:
+        out.print(f"reference suite: job {job_id}; {len(report.calibrations)} calibration version(s) written")
+        for d in report.drift:
+            verdict = Text(f"drift: {'; '.join(d.reasons)}", "yellow") if d.exceeded else Text("no drift", "green")
+            out.print(Text.assemble(f"{d.device} latency threads={d.threads}: ", verdict))
+        for device, why in report.quarantined.items():
+            err.print(Text.assemble(("quarantined ", "red"), f"{device}: " + "; ".join(why)))
+        for line in report.refused:
+            err.print(Text.assemble(("not fitted ", "yellow"), line))
+    return 1 if report.quarantined else 0
+
+
+def cmd_drift(args: argparse.Namespace) -> int:
+    from farm.controller.refresh import drift_history
+    rows = drift_history(open_store(args), args.device)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    t = Table(header_style="bold")
+    for c in ("when", "device", "metric", "threads", "calibration", "slope Δ", "intercept Δ", "R² drop",
+              "prediction shift", "verdict"):
+        t.add_column(c)
+    for r in rows:
+        t.add_row(when(r["created_at"]), Text(r["device"]), r["metric"], str(r["threads"]),
+                  f"#{r['previous_id']} → #{r['calibration_id']}", f"{100 * r['slope_change']:.1f} %",
+                  f"{100 * r['intercept_change']:.1f} %", f"{r['r2_drop']:.3f}", f"{100 * r['prediction_shift']:.1f} %",
+                  Text(r["reasons"] or "ok", "yellow" if r["exceeded"] else "green"))
+    out.print(t)
+    return 0
+
+
+def add_commands(sub, common: argparse.ArgumentParser) -> None:
+    s = sub.add_parser("refresh", parents=[common], help="run the reference suite on every device, refit, check drift")
+    s.add_argument("--suite", help=f"the reference suite job file (default {DEFAULT_SUITE.name})")
+    s.add_argument("--devices", help="the lab's device list (default $FARM_DEVICES)")
+    s.add_argument("--k", type=float, default=3.0, help="quarantine when a golden result leaves its history by k·σ")
+    s.add_argument("--max-slope-change", type=float, default=0.30, help="drift threshold (relative, default 0.30)")
+    s.add_argument("--max-prediction-shift", type=float, default=0.25, help="drift threshold (relative, default 0.25)")
+    s.add_argument("--max-intercept-change", type=float, default=0.30,
+                   help="drift threshold (relative to the mean device value, default 0.30)")
+    s.add_argument("--max-r2-drop", type=float, default=0.05, help="drift threshold (default 0.05)")
+    s.add_argument("--slots", type=int, default=1)
+    s.add_argument("--backend", choices=["auto", "cgroup", "docker", "process"], default=None)
+    s.add_argument("--quiet", action="store_true")
+    s.add_argument("--progress", action="store_true")
+    s.set_defaults(func=cmd_refresh)
+
+    s = sub.add_parser("drift", parents=[common], help="how each device's calibration moved between refreshes")
+    s.add_argument("--device")
+    s.set_defaults(func=cmd_drift)

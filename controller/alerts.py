@@ -1,0 +1,157 @@
+"""Alerts as a webhook: a JSON POST on quarantine and on calibration drift beyond threshold.
+
+Any receiver that takes JSON works (a chat bridge, an incident tool, a small script). Delivery
+is retried with exponential backoff on connection errors and 5xx answers; a 4xx means the
+receiver refuses this event, so it is not sent again. A hook that stays down costs a log
+line, never an exception in the controller, and send_async keeps a slow hook off the
+scheduling path.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import http.client
+import json
+import logging
+import os
+import queue
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Callable
+
+from farm import __version__
+
+log = logging.getLogger("farm.controller.alerts")
+
+WEBHOOK_ENV = "FARM_WEBHOOK_URL"
+USER_AGENT = f"farm/{__version__}"
+# 408 and 429 ask the sender to come back later; every other 4xx is final.
+RETRYABLE_CLIENT_STATUSES = frozenset({408, 429})
+# Events waiting for a hook that is down: past this many, new ones are dropped (and logged).
+ASYNC_QUEUE_LIMIT = 1000
+
+
+def _iso_utc(at: float | None) -> str:
+    moment = dt.datetime.fromtimestamp(time.time() if at is None else at, tz=dt.timezone.utc)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def quarantine_event(device: str, reason: str, *, at: float | None = None) -> dict[str, Any]:
+    """The event for a device that gets no more tasks until `farm device release`."""
+    return {"event": "device_quarantined", "device": device, "reason": reason, "at": _iso_utc(at)}
+
+
+def drift_event(*, device: str, metric: str, threads: int | None, slope_change: float | None,
+                intercept_change: float | None, r2_drop: float | None, prediction_shift: float | None,
+                calibration_id: int | None, previous_id: int | None, at: float | None = None) -> dict[str, Any]:
+    """The event for a new calibration that moved beyond its thresholds from the previous one."""
+    return {"event": "calibration_drift", "device": device, "metric": metric, "threads": threads,
+            "slope_change": slope_change, "intercept_change": intercept_change, "r2_drop": r2_drop,
+            "prediction_shift": prediction_shift, "calibration_id": calibration_id, "previous_id": previous_id,
+            "at": _iso_utc(at)}
+
+
+def _redacted(url: str) -> str:
+    # Hook URLs often carry their secret in the path or query: logs name only scheme and host.
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname or '?'}{f':{parts.port}' if parts.port else ''}/…"
+
+
+class Webhook:
+    def __init__(self, url: str, *, attempts: int = 5, backoff_s: float = 0.5, timeout_s: float = 5,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+            raise ValueError(f"webhook URL must be http:// or https://, got {_redacted(url)}")
+        self.url = url
+        self.attempts = max(1, attempts)
+        self.backoff_s = backoff_s
+        self.timeout_s = timeout_s
+        self._sleep = sleep
+        self._queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=ASYNC_QUEUE_LIMIT)
+        self._worker: threading.Thread | None = None
+        self._worker_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Webhook({_redacted(self.url)}, attempts={self.attempts})"
+
+    def send(self, event: dict[str, Any]) -> bool:
+        """POST the event; True once the receiver answers 2xx. Never raises."""
+        try:
+            body = json.dumps(event).encode()
+        except (TypeError, ValueError) as e:
+            log.error("webhook: event %r is not JSON (%s); not sent", event.get("event"), e)
+            return False
+        last_error = ""
+        for attempt in range(1, self.attempts + 1):
+            retryable, last_error = self._post_once(body)
+            if retryable is None:
+                return True
+            if not retryable:
+                log.warning("webhook %s refused %s: %s; not retried", _redacted(self.url), event.get("event"), last_error)
+                return False
+            if attempt < self.attempts:
+                self._sleep(self.backoff_s * 2 ** (attempt - 1))
+        log.warning("webhook %s: %s not delivered after %d attempts; last: %s",
+                    _redacted(self.url), event.get("event"), self.attempts, last_error)
+        return False
+
+    def _post_once(self, body: bytes) -> tuple[bool | None, str]:
+        """(None, '') on success, else (whether to retry, what went wrong)."""
+        request = urllib.request.Request(self.url, data=body, method="POST", headers={
+            "Content-Type": "application/json", "User-Agent": USER_AGENT})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                response.read()
+                return None, ""
+        except urllib.error.HTTPError as e:
+            e.close()
+            retry = e.code >= 500 or e.code in RETRYABLE_CLIENT_STATUSES
+            return retry, f"HTTP {e.code} {e.reason}"
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:  # refused, reset, DNS, TLS, timeout, garbled
+            return True, f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+        except Exception as e:  # noqa: BLE001 — an alert must never take the controller down
+            log.exception("webhook: unexpected error")
+            return False, f"{type(e).__name__}: {e}"
+
+    # --- background delivery -------------------------------------------------------------------
+    def send_async(self, event: dict[str, Any]) -> None:
+        """Queue the event for a background thread (in order); returns at once."""
+        try:
+            self._queue.put_nowait(event)
+        except queue.Full:
+            log.warning("webhook %s: %d events waiting; dropping %s", _redacted(self.url), ASYNC_QUEUE_LIMIT,
+                        event.get("event"))
+            return
+        with self._worker_lock:
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._deliver_forever, name="farm-webhook", daemon=True)
+                self._worker.start()
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until every queued event was delivered or given up; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def _deliver_forever(self) -> None:
+        while True:
+            event = self._queue.get()
+            try:
+                self.send(event)
+            finally:
+                self._queue.task_done()
+
+
+def alerts_from_environment() -> Webhook | None:
+    """The webhook named by $FARM_WEBHOOK_URL, or None when it is unset or empty."""
+    url = os.environ.get(WEBHOOK_ENV, "").strip()
+    return Webhook(url) if url else None
+
+
+__all__ = ["Webhook", "alerts_from_environment", "drift_event", "quarantine_event", "WEBHOOK_ENV"]

@@ -1,0 +1,202 @@
+"""After a reference-suite run: refit every device, measure drift against the previous
+calibration, and check each device's golden results against its own history.
+
+Calibrations go stale silently unless something checks (a phone gets an OS update, a board
+loses its fan); this is the check. A device whose golden results leave their history by
+more than k·σ is quarantined until a person releases it.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from farm.controller.alerts import drift_event
+from farm.controller.calibrations import (
+    ALL_FAMILIES, StoredCalibration, current_calibration, fit_and_store, job_devices, job_source, pair_within_job,
+)
+from farm.controller.controller import Controller
+from farm.controller.store import Store
+
+REFERENCE_SUITE_NAME = "reference-suite"
+
+
+@dataclass
+class DriftThresholds:
+    # Defaults sit above what two quiet refreshes differ by on a shared 2-core machine (slope up
+    # to ~16 %, as the sim side itself moves that much); set them from your lab's own quiet nights.
+    slope_change: float = 0.30  # relative change of a
+    intercept_change: float = 0.30  # change of b, relative to the mean device value
+    r2_drop: float = 0.05
+    prediction_shift: float = 0.25  # mean relative move of the reference models' predictions
+
+
+@dataclass
+class Drift:
+    device: str
+    metric: str
+    threads: int
+    calibration_id: int
+    previous_id: int
+    slope_change: float
+    intercept_change: float
+    r2_drop: float
+    prediction_shift: float
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def exceeded(self) -> bool:
+        return bool(self.reasons)
+
+
+def _plain_line(c: StoredCalibration) -> tuple[float, float, float]:
+    xs = np.array([p.x for p in c.calibration.pairs])
+    ys = np.array([p.y for p in c.calibration.pairs])
+    a, b = np.polyfit(xs, ys, 1)
+    residual = ys - (a * xs + b)
+    total = float(((ys - ys.mean()) ** 2).sum())
+    return float(a), float(b), 1.0 - float((residual ** 2).sum()) / total if total else 1.0
+
+
+def drift_between(old: StoredCalibration, new: StoredCalibration, thresholds: DriftThresholds) -> Drift:
+    """How far the new fit moved: coefficients, R², and the predictions for the new fit's own models."""
+    # The chosen fits may use model facts as regressors; the coefficients compared are those of
+    # the plain line y = a·x + b through each calibration's pairs, which always exists.
+    a_old, b_old, r2_old = _plain_line(old)
+    a_new, b_new, r2_new = _plain_line(new)
+    mean_y = statistics.fmean(p.y for p in new.calibration.pairs) or 1.0
+    slope = abs(a_new - a_old) / abs(a_old) if a_old else float("inf")
+    intercept = abs(b_new - b_old) / abs(mean_y)
+    r2_drop = max(0.0, r2_old - r2_new)
+    old_fit, new_fit = old.calibration.chosen_fit, new.calibration.chosen_fit
+    shifts = []
+    for p in new.calibration.pairs:
+        before = old_fit.predict(p.x, features=p.features).estimate
+        if before:
+            shifts.append(abs(new_fit.predict(p.x, features=p.features).estimate - before) / abs(before))
+    shift = statistics.fmean(shifts) if shifts else 0.0
+    drift = Drift(new.device, new.metric, new.threads, new.id, old.id, slope, intercept, r2_drop, shift)
+    for name, value in (("slope_change", slope), ("intercept_change", intercept), ("r2_drop", r2_drop),
+                        ("prediction_shift", shift)):
+        limit = getattr(thresholds, name)
+        if value > limit:
+            drift.reasons.append(f"{name} {value:.3g} > {limit:g}")
+    return drift
+
+
+def record_drift(store: Store, drift: Drift) -> None:
+    row = {k: v for k, v in asdict(drift).items() if k != "reasons"}
+    with store.transaction():
+        store.db["calibration_drift"].insert({**row, "exceeded": int(drift.exceeded),
+                                              "reasons": "; ".join(drift.reasons), "created_at": time.time()})
+
+
+def drift_history(store: Store, device: str | None = None) -> list[dict[str, Any]]:
+    sql = "SELECT * FROM calibration_drift" + (" WHERE device = ?" if device else "") + " ORDER BY id"
+    return store.query(sql, [device] if device else [])
+
+
+@dataclass
+class GoldenOutlier:
+    device: str
+    model: str
+    threads: int
+    value: float
+    history_mean: float
+    history_sigma: float
+    k: float
+
+    def describe(self) -> str:
+        return (f"{self.model} at {self.threads} thread(s) took {self.value:.4g} ms, its history is "
+                f"{self.history_mean:.4g} ± {self.history_sigma:.3g} ms (more than {self.k:g}σ away)")
+
+
+def _device_latencies(store: Store, job_id: int, device: str) -> dict[tuple[str, int], float]:
+    rows = store.query(
+        "SELECT t.model_sha256, t.model_name, t.threads, s.latency_avg_ms FROM tasks t "
+        "JOIN runs r ON r.id = t.last_run_id JOIN summaries s ON s.run_id = r.id "
+        "WHERE t.job_id = ? AND t.target = ? AND t.status = 'completed'", [job_id, device])
+    values: dict[tuple[str, int], list[float]] = {}
+    for row in rows:
+        if row["latency_avg_ms"] is not None:
+            values.setdefault((row["model_sha256"], row["threads"]), []).append(row["latency_avg_ms"])
+    return {key: statistics.fmean(v) for key, v in values.items()}
+
+
+def golden_outliers(store: Store, job_id: int, device: str, *, k: float = 3.0, min_history: int = 2,
+                    sigma_floor: float = 0.05) -> list[GoldenOutlier]:
+    """Reference models whose latency on `device` left their own history (earlier suite jobs)."""
+    earlier = [r["id"] for r in store.query(
+        "SELECT id FROM jobs WHERE name = ? AND id < ? ORDER BY id", [REFERENCE_SUITE_NAME, job_id])]
+    history: dict[tuple[str, int], list[float]] = {}
+    for jid in earlier:
+        for key, value in _device_latencies(store, jid, device).items():
+            history.setdefault(key, []).append(value)
+    names = {r["model_sha256"]: r["model_name"] for r in store.query(
+        "SELECT DISTINCT model_sha256, model_name FROM tasks WHERE job_id = ?", [job_id])}
+    outliers = []
+    for key, value in _device_latencies(store, job_id, device).items():
+        past = history.get(key, [])
+        if len(past) < min_history:
+            continue  # too little history to call anything an outlier
+        mean = statistics.fmean(past)
+        # run-to-run noise of a few % is normal: σ never counts as smaller than that
+        sigma = max(statistics.pstdev(past), sigma_floor * mean)
+        if abs(value - mean) > k * sigma:
+            outliers.append(GoldenOutlier(device, names.get(key[0], key[0][:12]), key[1], value, mean, sigma, k))
+    return outliers
+
+
+@dataclass
+class RefreshReport:
+    job: int
+    calibrations: list[dict[str, Any]] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    drift: list[Drift] = field(default_factory=list)
+    quarantined: dict[str, list[str]] = field(default_factory=dict)
+
+
+def after_reference_run(store: Store, job_id: int, *, thresholds: DriftThresholds | None = None, k: float = 3.0,
+                        alert: Callable[[dict[str, Any]], None] | None = None) -> RefreshReport:
+    """Refit every device of the suite job, record drift, quarantine devices whose golden results moved."""
+    thresholds = thresholds or DriftThresholds()
+    report = RefreshReport(job_id)
+    controller = Controller(store)
+    for device in job_devices(store, job_id):
+        paired = pair_within_job(store, job_id, device, "latency")
+        previous = {p.threads: current_calibration(store, device, "latency", p.threads, runtime=p.runtime)
+                    for p in paired}
+        stored, refused = fit_and_store(store, device, "latency", paired, source=job_source(store, job_id))
+        report.refused += refused
+        for new in stored:
+            report.calibrations.append({"id": new.id, "device": device, "threads": new.threads,
+                                        "family": new.family or None, "version": new.version})
+            old = previous.get(new.threads)
+            if new.family != ALL_FAMILIES or old is None or old.family != ALL_FAMILIES:
+                continue
+            drift = drift_between(old, new, thresholds)
+            record_drift(store, drift)
+            report.drift.append(drift)
+            if drift.exceeded and alert:
+                alert(drift_event(device=drift.device, metric=drift.metric, threads=drift.threads,
+                                  slope_change=drift.slope_change, intercept_change=drift.intercept_change,
+                                  r2_drop=drift.r2_drop, prediction_shift=drift.prediction_shift,
+                                  calibration_id=drift.calibration_id, previous_id=drift.previous_id))
+        outliers = golden_outliers(store, job_id, device, k=k)
+        if outliers:
+            reason = "golden results left their history: " + "; ".join(o.describe() for o in outliers)
+            controller.quarantine(device, reason)  # the controller also tells the webhook
+            report.quarantined[device] = [o.describe() for o in outliers]
+    return report
+
+
+def report_json(report: RefreshReport) -> dict[str, Any]:
+    return {"job": report.job, "calibrations": report.calibrations, "refused": report.refused,
+            "drift": [{**asdict(d), "exceeded": d.exceeded} for d in report.drift],
+            "quarantined": report.quarantined}
+
+

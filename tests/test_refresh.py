@@ -1,0 +1,102 @@
+"""Two quiet refreshes, then the phone gets twice as slow (its timings double): the third
+refresh writes a new calibration version, reports drift, quarantines the phone because its
+golden results left their history, and tells a real webhook; a user job then gets no run on it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from adb_emulator import AdbDeviceEmulator, EmulatedPhone
+from conftest import write_job
+from farm.agents.android import load_or_create_lab_key
+from farm.models.facts import inspect_model
+from farm.models.generate import generate_examples
+
+WIDTHS = (0.35, 0.5, 0.75, 1.0, 1.4)
+
+
+def _timings(us: float) -> dict[str, float]:
+    return {"init": 20000, "first": us * 1.3, "warmup_avg": us * 1.05, "avg": us, "std": us * 0.01, "min": us * 0.97,
+            "max": us * 1.05, "median": us, "p5": us * 0.98, "p95": us * 1.03, "memory_init_mb": 5.0,
+            "memory_overall_mb": 20.0}
+
+
+@pytest.fixture
+def webhook() -> Iterator[list[dict]]:
+    received: list[dict] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    received.append({"url": f"http://127.0.0.1:{server.server_address[1]}/hook"})
+    yield received
+    server.shutdown()
+
+
+def test_a_slower_phone_drifts_and_is_quarantined(tmp_path: Path, farm, webhook: list[dict]) -> None:
+    suite_dir = tmp_path / "suite"
+    suite_dir.mkdir()
+    suite = suite_dir / "reference-suite.yaml"
+    shutil.copy(Path(__file__).parent.parent / "examples" / "reference-suite.yaml", suite)
+    suite.write_text(suite.read_text().replace("threads: [1, 2]", "threads: [1]"))
+    models = generate_examples(suite_dir / "models", widths=list(WIDTHS), input_sizes=[160], formats=("tflite",), zoo=False)
+    # the phone's speed: proportional to each model's MACs, like a real device's
+    table = {inspect_model(m.path).sha256: _timings(inspect_model(m.path).macs / 60) for m in models}
+
+    key = tmp_path / "adbkey"
+    load_or_create_lab_key(key)
+    with AdbDeviceEmulator(tmp_path / "phone", phone=EmulatedPhone(benchmark_us=table),
+                           authorized_keys=[Path(f"{key}.pub").read_text()]) as phone:
+        lab = tmp_path / "lab.yaml"
+        lab.write_text(f"devices:\n  - {{name: g6-1, driver: android, type: lg-g6, host: 127.0.0.1, "
+                       f"port: {phone.port}, adb_key: {key}}}\n")
+        env = {"FARM_WEBHOOK_URL": webhook[0]["url"]}
+        # Thresholds well above this VM's quiet-night noise (the sim side moves up to ~20 %) and
+        # well below what a halved device does (about +100 %).
+        loose = ["--max-slope-change", "0.5", "--max-prediction-shift", "0.5", "--max-intercept-change", "0.5",
+                 "--max-r2-drop", "0.2"]
+        for _ in range(2):
+            quiet = farm("refresh", "--suite", str(suite), "--devices", str(lab), "--json", *loose, env=env)
+            assert quiet.returncode == 0, quiet.stderr
+        assert not any(d["exceeded"] for d in quiet.json()["drift"]), [d["reasons"] for d in quiet.json()["drift"]]
+
+        config = phone.device_path("/system/benchmark_model.json")
+        slowed = json.loads(config.read_text())
+        slowed["timings"] = {sha: _timings(t["avg"] * 2) for sha, t in table.items()}
+        config.write_text(json.dumps(slowed))  # the phone now runs at half speed
+        third = farm("refresh", "--suite", str(suite), "--devices", str(lab), "--json", *loose, env=env)
+
+    assert third.returncode == 1, third.stderr
+    report = third.json()
+    assert [c["version"] for c in report["calibrations"] if c["family"] is None] == [3]
+    drift = report["drift"][0]
+    assert drift["exceeded"] and drift["slope_change"] > 0.5
+    assert "g6-1" in report["quarantined"]
+    events = {e.get("event"): e for e in webhook[1:]}
+    assert events["calibration_drift"]["device"] == "g6-1"
+    assert events["device_quarantined"]["device"] == "g6-1" and "history" in events["device_quarantined"]["reason"]
+
+    history = farm("drift", "--device", "g6-1", "--json").json()
+    assert [bool(r["exceeded"]) for r in history] == [False, True]
+
+    # a user job is not scheduled on the quarantined phone (its sim twin still runs)
+    job = write_job(tmp_path, f"models: [{models[0].path}]\nworkload: {{type: benchmark, iterations: 5}}\n"
+                              "targets: [g6-1]\n", "user.yaml")
+    user = farm("submit", str(job), "--devices", str(lab), "--json")
+    device_run = next(r for r in user.json()["results"] if r["target"] == "g6-1")
+    assert device_run["attempts"] == 0 and "quarantined" in device_run["message"]
