@@ -85,3 +85,15 @@ def write_job(directory: Path, text: str, name: str = "job.yaml") -> Path:
     path = directory / name
     path.write_text(text)
     return path
+
+
+@pytest.fixture(scope="module")
+def board():
+    """A Jetson-like board: Debian's sshd on a loopback port with fake Jetson tools on its PATH."""
+    from sshd_peer import SshdUnavailable, sshd_peer
+    try:
+        with sshd_peer() as peer:
+            yield peer
+    except SshdUnavailable as e:
+        print(f"skipping: {e}")
+        pytest.skip(str(e))

@@ -13,17 +13,7 @@ import pytest
 from adb_emulator import AdbDeviceEmulator
 from conftest import write_job
 from farm.agents.android import load_or_create_lab_key
-from sshd_peer import SshdPeer, SshdUnavailable, sshd_peer
-
-
-@pytest.fixture(scope="module")
-def board() -> Iterator[SshdPeer]:
-    try:
-        with sshd_peer() as peer:
-            yield peer
-    except SshdUnavailable as e:
-        print(f"skipping the device tests: {e}")
-        pytest.skip(str(e))
+from sshd_peer import SshdPeer
 
 
 @pytest.fixture

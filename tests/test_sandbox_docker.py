@@ -15,7 +15,7 @@ import pytest
 
 from farm.agents.sandbox.base import Budget, ExitInfo, MountSpec
 from farm.agents.sandbox.docker import CONTAINER_LABEL, CgroupFiles, DockerBackend, DockerSandbox
-from farm.agents.sandbox.docker_image import DEFAULT_IMAGE, ensure_default_image
+from farm.agents.sandbox.docker_image import ensure_default_image
 
 try:
     from tests.docker_engine import ensure_engine

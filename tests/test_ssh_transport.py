@@ -7,7 +7,6 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -19,16 +18,6 @@ from farm.agents.ssh_transport import (
 from farm.proto.results import FailureClass
 
 from sshd_peer import SshdPeer, SshdUnavailable, sshd_peer
-
-
-@pytest.fixture(scope="module")
-def board() -> Iterator[SshdPeer]:
-    try:
-        with sshd_peer() as peer:
-            yield peer
-    except SshdUnavailable as e:
-        print(f"skipping the ssh tests: {e}")
-        pytest.skip(str(e))
 
 
 def target(peer: SshdPeer, **kw) -> SshTarget:

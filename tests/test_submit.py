@@ -7,7 +7,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -146,7 +145,6 @@ def _completed_runs(db: Path) -> int:
         return 0
 
 
-SLOW_SCRIPT = "import time\ntime.sleep(1.0 if '{rep}' else 1.0)\nprint('{\"latency_ms\": 1.0}')\n"
 
 
 def _slow_job(tmp_path: Path, tiny_models) -> Path:
