@@ -25,6 +25,9 @@ def cmd_device(args: argparse.Namespace) -> int:
     elif args.action == "quarantine":
         n = controller.quarantine(args.device, args.reason or "quarantined by a person")
         message = f"{args.device} quarantined; {n} waiting task(s) failed (infrastructure)"
+    elif args.action == "maintenance":
+        n = controller.quarantine(args.device, args.reason or "in maintenance", health="maintenance")
+        message = f"{args.device} in maintenance; {n} waiting task(s) failed (infrastructure)"
     else:
         rows = controller.device_health()
         if args.json:
@@ -46,7 +49,7 @@ def cmd_device(args: argparse.Namespace) -> int:
 
 def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("device", parents=[common], help="a device's health: release, quarantine, list")
-    s.add_argument("action", choices=["release", "quarantine", "health"])
+    s.add_argument("action", choices=["release", "quarantine", "maintenance", "health"])
     s.add_argument("device", nargs="?", default=None)
     s.add_argument("--reason", help="quarantine: why (shown to whoever looks next)")
     s.set_defaults(func=_checked)
@@ -57,3 +60,35 @@ def _checked(args: argparse.Namespace) -> int:
     if args.action != "health" and not args.device:
         raise UserError(f"farm device {args.action} needs a device name (`farm device health` lists them)")
     return cmd_device(args)
+
+
+def cmd_lab_devices(args: argparse.Namespace) -> int:
+    """`farm devices` without a controller: the lab's device list, each with health, its last
+    reference-suite check and the age of its newest calibration."""
+    import time
+
+    from farm.cli.main import _lab
+    store = open_store(args)
+    health = {r["name"]: r for r in store.query("SELECT * FROM device_health")}
+    rows = []
+    for d in _lab(args):
+        last_check = store.query(
+            "SELECT MAX(t.finished_at) AS at FROM tasks t JOIN jobs j ON j.id = t.job_id "
+            "WHERE j.name = 'reference-suite' AND t.target = ? AND t.status = 'completed'", [d.name])[0]["at"]
+        newest = store.query("SELECT MAX(created_at) AS at FROM calibrations WHERE device = ?", [d.name])[0]["at"]
+        h = health.get(d.name)
+        rows.append({"name": d.name, "driver": d.entry.driver, "device_type": d.device_type.name if d.device_type else None,
+                     "tags": d.tags, "health": h["health"] if h else "unknown", "reason": h["reason"] if h else None,
+                     "last_check": last_check, "calibration_age_s": time.time() - newest if newest else None})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    t = Table(header_style="bold")
+    for c in ("device", "type", "driver", "tags", "health", "last check", "calibration age", "reason"):
+        t.add_column(c)
+    for r in rows:
+        age = r["calibration_age_s"]
+        t.add_row(Text(r["name"]), r["device_type"] or "—", r["driver"], ",".join(r["tags"]), r["health"],
+                  when(r["last_check"]), "—" if age is None else f"{age / 3600:.1f} h", Text(r["reason"] or ""))
+    out.print(t)
+    return 0

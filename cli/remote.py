@@ -297,6 +297,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
     from farm.cli.render import to_json
     from farm.proto.generated import farm_pb2
 
+    if not controller_address(args):
+        from farm.cli.device_commands import cmd_lab_devices
+        return cmd_lab_devices(args)  # embedded: the lab's own list, with health and calibration age
     devices = FarmClient.from_args(args).call("ListDevices", farm_pb2.ListDevicesRequest()).devices
     rows = [{"name": d.name, "agent": d.agent, "driver": d.driver, "device_type": d.device_type, "tags": list(d.tags),
              "slots": d.slots, "state": d.state, "last_seen": d.last_seen, "facts": json.loads(d.facts_json or "{}")}
@@ -499,7 +502,9 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     a.add_argument("--verbose", action="store_true")
     a.set_defaults(func=cmd_agent)
 
-    d = sub.add_parser("devices", parents=[common], help="devices the controller's agents registered")
+    d = sub.add_parser("devices", parents=[common],
+                       help="devices: the controller's agents' (remote) or the lab's device list (embedded)")
+    d.add_argument("--devices", help="embedded: the lab's device list (default $FARM_DEVICES)")
     d.set_defaults(func=cmd_devices)
     g = sub.add_parser("agents", parents=[common], help="agents known to the controller")
     g.set_defaults(func=cmd_agents)

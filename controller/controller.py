@@ -257,10 +257,12 @@ class Controller:
         return run_id
 
     # --- device health -------------------------------------------------------------
-    def quarantine(self, device: str, reason: str) -> int:
-        """No more tasks for `device` until it is released; its waiting tasks fail (infrastructure)."""
+    def quarantine(self, device: str, reason: str, *, health: str = "bad") -> int:
+        """No more tasks for `device` until it is released; its waiting tasks fail (infrastructure).
+
+        health "maintenance" is the same, but chosen by a person rather than found by farm."""
         with self.store.transaction():
-            self.store.db["device_health"].upsert({"name": device, "health": "bad", "reason": reason,
+            self.store.db["device_health"].upsert({"name": device, "health": health, "reason": reason,
                                                    "changed_at": time.time()}, pk="name")
         failed = self._fail_waiting_tasks(device, reason)
         jobs = [r["job_id"] for r in self.store.query("SELECT DISTINCT job_id FROM tasks WHERE target = ?", [device])]

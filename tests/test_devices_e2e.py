@@ -122,4 +122,7 @@ def test_a_phone_that_stays_unplugged_is_retried_then_quarantined(lab: Path, tmp
     assert health["g6-1"]["health"] == "bad"
     assert farm("device", "release", "g6-1").returncode == 0
     assert {r["name"]: r for r in farm("device", "health", "--json").json()}["g6-1"]["health"] == "good"
+    assert farm("device", "maintenance", "g6-1", "--reason", "battery swap").returncode == 0
+    held = {r["name"]: r for r in farm("device", "health", "--json").json()}["g6-1"]
+    assert held["health"] == "maintenance" and held["reason"] == "battery swap"
     assert phone_port  # the emulator itself was never touched

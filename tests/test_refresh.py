@@ -91,6 +91,10 @@ def test_a_slower_phone_drifts_and_is_quarantined(tmp_path: Path, farm, webhook:
     assert events["calibration_drift"]["device"] == "g6-1"
     assert events["device_quarantined"]["device"] == "g6-1" and "history" in events["device_quarantined"]["reason"]
 
+    listed = {d["name"]: d for d in farm("devices", "--devices", str(lab), "--json").json()}
+    assert listed["g6-1"]["health"] == "bad" and listed["g6-1"]["last_check"] is not None
+    assert 0 <= listed["g6-1"]["calibration_age_s"] < 600
+
     history = farm("drift", "--device", "g6-1", "--json").json()
     assert [bool(r["exceeded"]) for r in history] == [False, True]
 
