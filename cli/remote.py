@@ -381,7 +381,9 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
                            cert=Path(args.tls_cert) if args.tls_cert else None, key=Path(args.tls_key) if args.tls_key else None)
         store = Store(Path(args.db) if args.db else default_db_path())
         running = serve(store, args.listen, tokens=tokens, tls=tls, lease_ttl_s=args.lease_ttl,
-                        heartbeat_interval_s=args.heartbeat_interval, metrics_listen=args.metrics_listen)
+                        heartbeat_interval_s=args.heartbeat_interval, metrics_listen=args.metrics_listen,
+                        refresh_cron=args.refresh_cron,
+                        refresh_suite=Path(args.refresh_suite) if args.refresh_suite else None)
     except (TokenFileError, StoreError) as e:
         raise RemoteError(str(e)) from None
     except ValueError as e:  # a --metrics-listen that is not HOST:PORT
@@ -482,6 +484,9 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     s.add_argument("--heartbeat-interval", type=float, default=None, help="seconds between agent heartbeats (default TTL/4)")
     s.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
                    help="also serve Prometheus metrics at http://HOST:PORT/metrics (no auth: loopback or a trusted network)")
+    s.add_argument("--refresh-cron", default=None, metavar="'M H DOM MON DOW'",
+                   help="submit the reference suite to every registered device on this schedule, e.g. '30 2 * * *'")
+    s.add_argument("--refresh-suite", default=None, help="the reference suite job file (default examples/reference-suite.yaml)")
     s.add_argument("--verbose", action="store_true")
     s.set_defaults(func=cmd_controller_serve)
 

@@ -551,6 +551,7 @@ class RunningServer:
     port: int
     health: health.HealthServicer
     metrics: MetricsServer | None = None  # the Prometheus endpoint, when --metrics-listen was given
+    nightly: Any = None  # controller.nightly.NightlyRefresh, when --refresh-cron was given
 
     @property
     def metrics_port(self) -> int | None:
@@ -561,13 +562,19 @@ class RunningServer:
             self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         if self.metrics:
             self.metrics.shutdown()
+        if self.nightly:
+            self.nightly.stop()
         self.farm.stop()
         self.grpc_server.stop(grace_s).wait(grace_s + 1)
 
 
+DEFAULT_REFRESH_SUITE = Path(__file__).resolve().parent.parent / "examples" / "reference-suite.yaml"
+
+
 def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles | None = None,
           lease_ttl_s: float = 30.0, heartbeat_interval_s: float | None = None, max_workers: int = 256,
-          metrics_listen: str | None = None) -> RunningServer:
+          metrics_listen: str | None = None, refresh_cron: str | None = None,
+          refresh_suite: Path | None = None) -> RunningServer:
     """Start the controller's gRPC server (not blocking); the port is the bound one (for :0).
 
     With metrics_listen (HOST:PORT), Prometheus metrics are served at http://HOST:PORT/metrics too.
@@ -596,8 +603,17 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
         raise OSError(f"cannot listen on {listen}: the address is in use or not local")
     # Bound before anything starts, so a busy metrics port fails the start instead of half-serving.
     metrics = serve_metrics(store, metrics_listen) if metrics_listen else None
+    nightly = None
+    if refresh_cron:
+        from farm.controller.alerts import alerts_from_environment
+        from farm.controller.nightly import Cron, NightlyRefresh
+        hook = alerts_from_environment()
+        nightly = NightlyRefresh(store, refresh_suite or DEFAULT_REFRESH_SUITE, Cron.parse(refresh_cron),
+                                 farm.device_targets, alert=hook.send if hook else None)
     farm.start()
     server.start()
+    if nightly:
+        nightly.start()
     for service in ("", FARM_SERVICE, AGENT_SERVICE):
         health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-    return RunningServer(server, farm, port, health_servicer, metrics)
+    return RunningServer(server, farm, port, health_servicer, metrics, nightly)

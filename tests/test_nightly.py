@@ -1,0 +1,67 @@
+"""The controller's own nightly refresh: a cron expression, the reference suite submitted at
+low priority to every registered device, and the checks run when that job is done."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+from pathlib import Path
+
+import pytest
+
+from adb_emulator import AdbDeviceEmulator
+from farm.agents.android import load_or_create_lab_key
+from farm.agents.lab import load_lab
+from farm.cli.embedded import run_job_embedded
+from farm.controller.jobfile import DeviceTarget
+from farm.controller.nightly import Cron, CronError, NightlyRefresh
+from farm.controller.store import Store
+from farm.models.generate import generate_examples
+
+
+@pytest.mark.parametrize("expr, after, expected", [
+    ("30 2 * * *", dt.datetime(2026, 11, 21, 23, 0), dt.datetime(2026, 11, 22, 2, 30)),
+    ("*/15 * * * *", dt.datetime(2026, 11, 21, 23, 7, 30), dt.datetime(2026, 11, 21, 23, 15)),
+    ("0 3 * * 1-5", dt.datetime(2026, 11, 21, 12, 0), dt.datetime(2026, 11, 23, 3, 0)),  # Sat -> Mon
+    ("0 0 1 1,7 *", dt.datetime(2026, 2, 1), dt.datetime(2026, 7, 1)),
+])
+def test_cron_next_run(expr: str, after: dt.datetime, expected: dt.datetime) -> None:
+    assert Cron.parse(expr).next_after(after) == expected
+
+
+@pytest.mark.parametrize("expr", ["30 2 * *", "61 * * * *", "a b c d e", "*/0 * * * *", "5-1 * * * *"])
+def test_bad_cron_is_refused_clearly(expr: str) -> None:
+    with pytest.raises(CronError):
+        Cron.parse(expr)
+
+
+def test_the_suite_is_submitted_when_due_and_checked_when_done(tmp_path: Path) -> None:
+    suite = tmp_path / "reference-suite.yaml"
+    shutil.copy(Path(__file__).parent.parent / "examples" / "reference-suite.yaml", suite)
+    suite.write_text(suite.read_text().replace("threads: [1, 2]", "threads: [1]").replace("iterations: 50", "iterations: 10"))
+    generate_examples(tmp_path / "models", widths=[0.35, 0.5, 0.75, 1.0, 1.4], input_sizes=[160], formats=("tflite",),
+                      zoo=False)
+    key = tmp_path / "adbkey"
+    load_or_create_lab_key(key)
+    now = [dt.datetime(2026, 11, 22, 2, 29)]
+    store = Store(tmp_path / "farm.db")
+    with AdbDeviceEmulator(tmp_path / "phone", authorized_keys=[Path(f"{key}.pub").read_text()]) as phone:
+        lab_file = tmp_path / "lab.yaml"
+        lab_file.write_text(f"devices:\n  - {{name: g6-1, driver: android, type: lg-g6, host: 127.0.0.1, "
+                            f"port: {phone.port}, adb_key: {key}}}\n")
+        lab = load_lab(lab_file)
+        nightly = NightlyRefresh(store, suite, Cron.parse("30 2 * * *"),
+                                 lambda: [DeviceTarget(d.name, d.device_type, d.tags) for d in lab],
+                                 clock=lambda: now[0])
+        assert nightly.tick() is None  # 02:29: not yet
+        now[0] = dt.datetime(2026, 11, 22, 2, 30)
+        job_id = nightly.tick()
+        job = store.job(job_id)
+        assert job["name"] == "reference-suite" and job["priority"] == "low"
+        assert {t["target"] for t in store.tasks(job_id)} == {"g6-1", "sim"}
+        assert nightly.tick() is None  # once per scheduled time
+        run_job_embedded(store, job_id, devices=lab)
+    nightly.tick()  # the finished suite is checked: a first calibration version for the phone
+    versions = store.query("SELECT device, version FROM calibrations WHERE family = ''")
+    assert versions == [{"device": "g6-1", "version": 1}]
+    assert nightly.next_run == dt.datetime(2026, 11, 23, 2, 30)
