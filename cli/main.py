@@ -101,6 +101,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.priority:
         job.spec.priority = args.priority
     store = _open_store(args)
+    device_targets = [t.name for t in job.targets if t is not None]
+    if device_targets:
+        from farm.cli.refresh_commands import health_check_before
+        health_check_before(args, store, lab, device_targets)
     controller = Controller(store)
     job_id = controller.submit(job)
     total = controller.progress(job_id).total

@@ -14,6 +14,12 @@ from farm.cli.console import UserError, err, open_store, out, when
 DEFAULT_SUITE = Path(__file__).resolve().parent.parent / "examples" / "reference-suite.yaml"
 
 
+def suite_path(given: str | None = None) -> Path:
+    """--suite, else $FARM_REFERENCE_SUITE, else the repository's examples/reference-suite.yaml."""
+    import os
+    return Path(given or os.environ.get("FARM_REFERENCE_SUITE") or DEFAULT_SUITE)
+
+
 def _ensure_suite_models(suite: Path) -> None:
     """The suite's models are generated (deterministically), never downloaded: write the missing ones."""
     import yaml
@@ -28,42 +34,51 @@ def _ensure_suite_models(suite: Path) -> None:
         generate_examples(missing[0].parent, widths=widths, input_sizes=sizes, formats=("tflite",), zoo=False)
 
 
-def cmd_refresh(args: argparse.Namespace) -> int:
-    from farm.cli.main import _lab, _run_with_progress, lab_target
+def run_reference_suite(args: argparse.Namespace, store, lab: list, suite: Path, *, priority: str = "low",
+                        thresholds=None, k: float = 3.0):
+    """Submit and run the suite on `lab` (each device with its sim twin), then refit and check.
+    Returns the RefreshReport, or None when interrupted."""
+    from farm.cli.main import _run_with_progress, lab_target
+    from farm.controller.alerts import alerts_from_environment
     from farm.controller.controller import Controller
     from farm.controller.jobfile import JobFileError, load_job
-    from farm.controller.refresh import DriftThresholds, after_reference_run, report_json
+    from farm.controller.refresh import after_reference_run
 
-    suite = Path(args.suite) if args.suite else DEFAULT_SUITE
     if not suite.exists():
         raise UserError(f"{suite}: no such reference suite")
     _ensure_suite_models(suite)
-    lab = _lab(args)
-    if not lab:
-        raise UserError("farm refresh needs devices to refresh: --devices lab.yaml or $FARM_DEVICES")
     try:
         job = load_job(suite, devices=[lab_target(d) for d in lab])
     except JobFileError as e:
         raise UserError(str(e)) from None
     job.spec.targets = [d.name for d in lab]
-    job.targets = [lab_target(d) for d in lab]  # every configured device, each with its sim twin
-    job.spec.priority = "low"  # nightly work yields to interactive jobs
-    store = open_store(args)
-    job_id = Controller(store).submit(job, name="reference-suite")
-    total = Controller(store).progress(job_id).total
-    if not _run_with_progress(args, store, job_id, total, job.spec.timeouts.job):
-        return 130
-    webhook = None
-    from farm.controller.alerts import alerts_from_environment
+    job.targets = [lab_target(d) for d in lab]  # every device given, each with its sim twin
+    job.spec.priority = priority
+    controller = Controller(store)
+    job_id = controller.submit(job, name="reference-suite")
+    if not _run_with_progress(args, store, job_id, controller.progress(job_id).total, job.spec.timeouts.job):
+        return None
     webhook = alerts_from_environment()
+    return after_reference_run(store, job_id, thresholds=thresholds, k=k, alert=webhook.send if webhook else None)
+
+
+def cmd_refresh(args: argparse.Namespace) -> int:
+    from farm.cli.main import _lab
+    from farm.controller.refresh import DriftThresholds, report_json
+
+    lab = _lab(args)
+    if not lab:
+        raise UserError("farm refresh needs devices to refresh: --devices lab.yaml or $FARM_DEVICES")
     thresholds = DriftThresholds(slope_change=args.max_slope_change, prediction_shift=args.max_prediction_shift,
                                  intercept_change=args.max_intercept_change, r2_drop=args.max_r2_drop)
-    report = after_reference_run(store, job_id, thresholds=thresholds, k=args.k,
-                                 alert=webhook.send if webhook else None)
+    report = run_reference_suite(args, open_store(args), lab, suite_path(args.suite),
+                                 thresholds=thresholds, k=args.k)
+    if report is None:
+        return 130
     if args.json:
         print(json.dumps(report_json(report), indent=2, default=str))
     else:
-        out.print(f"reference suite: job {job_id}; {len(report.calibrations)} calibration version(s) written")
+        out.print(f"reference suite: job {report.job}; {len(report.calibrations)} calibration version(s) written")
         for d in report.drift:
             verdict = Text(f"drift: {'; '.join(d.reasons)}", "yellow") if d.exceeded else Text("no drift", "green")
             out.print(Text.assemble(f"{d.device} latency threads={d.threads}: ", verdict))
@@ -72,6 +87,23 @@ def cmd_refresh(args: argparse.Namespace) -> int:
         for line in report.refused:
             err.print(Text.assemble(("not fitted ", "yellow"), line))
     return 1 if report.quarantined else 0
+
+
+def health_check_before(args: argparse.Namespace, store, lab: list, targets: list[str]) -> None:
+    """Before user work on a device whose last check is older than FARM_HEALTH_MAX_AGE_H hours
+    (default 24; 0 turns it off), run the reference suite on it first (LAVA's health checks)."""
+    import os
+
+    from farm.controller.refresh import stale_devices
+    max_age_h = float(os.environ.get("FARM_HEALTH_MAX_AGE_H", "24"))
+    if max_age_h <= 0:
+        return
+    stale = set(stale_devices(store, targets, max_age_h * 3600))
+    if not stale:
+        return
+    if not args.json and not args.quiet:
+        err.print(f"health check first: {', '.join(sorted(stale))} last checked over {max_age_h:g} h ago")
+    run_reference_suite(args, store, [d for d in lab if d.name in stale], suite_path(), priority="interactive")
 
 
 def cmd_drift(args: argparse.Namespace) -> int:

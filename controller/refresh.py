@@ -200,3 +200,17 @@ def report_json(report: RefreshReport) -> dict[str, Any]:
             "quarantined": report.quarantined}
 
 
+
+
+def stale_devices(store: Store, devices: list[str], max_age_s: float) -> list[str]:
+    """Devices whose last reference-suite check is older than max_age_s (never-checked ones excluded:
+    their health is unknown, and the nightly refresh gives them a history first)."""
+    now = time.time()
+    stale = []
+    for device in devices:
+        last = store.query(
+            "SELECT MAX(t.finished_at) AS at FROM tasks t JOIN jobs j ON j.id = t.job_id "
+            "WHERE j.name = ? AND t.target = ? AND t.status = 'completed'", [REFERENCE_SUITE_NAME, device])[0]["at"]
+        if last is not None and now - last > max_age_s:
+            stale.append(device)
+    return stale

@@ -104,3 +104,28 @@ def test_a_slower_phone_drifts_and_is_quarantined(tmp_path: Path, farm, webhook:
     user = farm("submit", str(job), "--devices", str(lab), "--json")
     device_run = next(r for r in user.json()["results"] if r["target"] == "g6-1")
     assert device_run["attempts"] == 0 and "quarantined" in device_run["message"]
+
+
+def test_a_stale_device_gets_a_health_check_before_user_work(tmp_path: Path, farm) -> None:
+    suite_dir = tmp_path / "suite"
+    suite_dir.mkdir()
+    suite = suite_dir / "reference-suite.yaml"
+    shutil.copy(Path(__file__).parent.parent / "examples" / "reference-suite.yaml", suite)
+    suite.write_text(suite.read_text().replace("threads: [1, 2]", "threads: [1]").replace("iterations: 50", "iterations: 10"))
+    key = tmp_path / "adbkey"
+    load_or_create_lab_key(key)
+    with AdbDeviceEmulator(tmp_path / "phone", authorized_keys=[Path(f"{key}.pub").read_text()]) as phone:
+        lab = tmp_path / "lab.yaml"
+        lab.write_text(f"devices:\n  - {{name: g6-1, driver: android, type: lg-g6, host: 127.0.0.1, "
+                       f"port: {phone.port}, adb_key: {key}}}\n")
+        env = {"FARM_REFERENCE_SUITE": str(suite)}
+        assert farm("refresh", "--devices", str(lab), "--quiet", env=env).returncode == 0
+        model = suite_dir / "models" / "mobilenetv2_w0.5_r160.tflite"
+        job = write_job(tmp_path, f"models: [{model}]\nworkload: {{type: benchmark, iterations: 5}}\ntargets: [g6-1]\n",
+                        "user.yaml")
+        fresh = farm("submit", str(job), "--devices", str(lab), "--json", env=env)  # checked seconds ago: no check
+        assert fresh.returncode == 0, fresh.stderr
+        stale = farm("submit", str(job), "--devices", str(lab), "--json", env={**env, "FARM_HEALTH_MAX_AGE_H": "0.0001"})
+        assert stale.returncode == 0, stale.stderr
+    names = [j["name"] for j in reversed(farm("jobs", "--json").json())]
+    assert names == ["reference-suite", "user", "reference-suite", "user"]
