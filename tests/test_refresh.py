@@ -95,6 +95,23 @@ def test_a_slower_phone_drifts_and_is_quarantined(tmp_path: Path, farm, webhook:
     assert listed["g6-1"]["health"] == "bad" and listed["g6-1"]["last_check"] is not None
     assert 0 <= listed["g6-1"]["calibration_age_s"] < 600
 
+    # the controller's metrics endpoint, scraped by a real HTTP client, shows the same
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from farm.controller.metrics import start_metrics_server
+    from farm.controller.store import Store
+    server, port = start_metrics_server(Store(tmp_path / "farm.db"), "127.0.0.1", 0)
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    finally:
+        server.shutdown()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("farm_device_health", (("device", "g6-1"), ("health", "bad")))] == 1
+    assert samples[("farm_calibration_drift_exceeded", (("device", "g6-1"), ("metric", "latency"), ("threads", "1")))] == 1
+
     history = farm("drift", "--device", "g6-1", "--json").json()
     assert [bool(r["exceeded"]) for r in history] == [False, True]
 
