@@ -110,6 +110,7 @@ def pair_within_job(store: Store, job_id: int, device: str, metric: str) -> list
     rows = store.query(
         f"SELECT d.model_name, d.model_family, d.threads, d.model_size_bytes, d.model_param_count, "
         f"d.model_facts_json, rs.id AS sim_run, rd.id AS device_run, rs.environment_json, "
+        f"rd.environment_json AS device_environment, "
         f"({expr.replace('s.', 'ss.').replace('r.', 'rs.')}) AS x, ({expr.replace('s.', 'sd.').replace('r.', 'rd.')}) AS y "
         f"FROM tasks d JOIN tasks t ON t.job_id = d.job_id AND t.pair_key = d.pair_key AND t.target = 'sim' "
         f"JOIN runs rd ON rd.id = d.last_run_id JOIN summaries sd ON sd.run_id = rd.id "
@@ -125,6 +126,9 @@ def pair_within_job(store: Store, job_id: int, device: str, metric: str) -> list
                                               ("param_count", row["model_param_count"]),
                                               ("macs", facts.get("macs"))) if v}
         runtime = json.loads(row["environment_json"] or "{}").get("runtime", "")
+        power = (json.loads(row["device_environment"] or "{}").get("device") or {}).get("power_identity")
+        if power:
+            runtime = f"{runtime}@{power}"  # a Jetson in another power mode is another device to calibrate
         out.append(PairedRun(Pair(row["model_name"], float(row["x"]), float(row["y"]), row["model_family"], features),
                              row["threads"], runtime, row["sim_run"], row["device_run"]))
     return out
@@ -237,9 +241,11 @@ def current_calibration(store: Store, device: str, metric: str, threads: int, ru
         sql = "SELECT * FROM calibrations WHERE device = ? AND metric = ? AND threads = ? AND family = ?"
         params: list[Any] = [device, metric, threads, fam]
         if runtime is not None:
-            sql += " AND runtime = ?"
-            params.append(runtime)
-        rows = store.query(sql + " ORDER BY version DESC, id DESC LIMIT 1", params)
+            # a board's calibrations are also keyed by its power mode ("litert@nvpmodel=MAXN;..."):
+            # a sim run's plain runtime matches each of them, the newest wins
+            sql += " AND (runtime = ? OR runtime LIKE ?)"
+            params += [runtime, f"{runtime}@%"]
+        rows = store.query(sql + " ORDER BY id DESC LIMIT 1", params)
         if rows:
             return _row_to_stored(rows[0])
     return None

@@ -89,6 +89,12 @@ targets: [tag:phones, nano-1]
     refused = cal.json()["refused"]
     assert len(refused) == 2 and all("at least 4" in r and "have 2" in r for r in refused)
 
+    # the Jetson's power mode is part of its calibration key: with enough models it is fitted per mode
+    from farm.controller.calibrations import pair_within_job
+    from farm.controller.store import Store
+    nano_pairs = pair_within_job(Store(tmp_path / "farm.db"), 1, "nano-1", "latency")
+    assert nano_pairs and {p.runtime for p in nano_pairs} == {"litert@nvpmodel=MAXN;clocks-dynamic"}
+
     table = farm("results", "1", "--pairs").stdout
     assert "g6-1" in table and "nano-1" in table and "device / sim" in table
 
