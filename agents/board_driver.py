@@ -16,7 +16,9 @@ from typing import Callable, Literal
 
 from farm.agents.harness.stats import latency_stats
 from farm.agents.harness.task import HarnessOutput, HarnessTask
-from farm.agents.jetson import DEVICE_TREE_MODEL, NV_TEGRA_RELEASE, read_jetson_facts, run_with_tegrastats
+from farm.agents.jetson import (
+    DEVICE_TREE_MODEL, NV_TEGRA_RELEASE, jtop_usable, read_jetson_facts, run_with_jtop, run_with_tegrastats,
+)
 from farm.agents.linux_board import read_linux_facts, run_with_proc_sampling
 from farm.agents.ssh_transport import SshInfrastructureError, SshTarget, SshTimeoutError, SshTransport
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus
@@ -44,6 +46,8 @@ class BoardDeviceConfig:
     # where the board says what it is (other paths only for test peers and unusual images)
     nv_tegra_release: str = NV_TEGRA_RELEASE
     device_tree_model: str = DEVICE_TREE_MODEL
+    # jetson: "auto" samples with jtop when its service is active and usable, else tegrastats
+    telemetry: Literal["auto", "jtop", "tegrastats"] = "auto"
 
     def target(self) -> SshTarget:
         return SshTarget(self.host, self.username, self.key_path, self.known_hosts, port=self.port,
@@ -88,19 +92,29 @@ class BoardDriver:
                 out = f"{c.remote_dir}/out-{task.task_id}-{task.attempt}.json"
                 command = (f"OMP_NUM_THREADS={task.threads} {shlex.quote(c.python)} -m farm.agents.harness "
                            f"{shlex.quote(remote_task)} {shlex.quote(out)}")
+                source = None
                 if c.kind == "jetson":
-                    sampled = run_with_tegrastats(ssh, command, task.run_timeout_s, c.sample_interval_ms)
-                    energy_mj = sampled.summary.energy_mj
+                    want_jtop = c.telemetry == "jtop" or (c.telemetry == "auto" and facts.get("jtop_service") == "active")
+                    if want_jtop and jtop_usable(ssh, c.python):
+                        sampled = run_with_jtop(ssh, c.python, command, task.run_timeout_s, c.sample_interval_ms,
+                                                facts.get("memory_total_mb"))
+                        energy_mj, source = sampled.energy_mj, "jtop"
+                        if not sampled.samples:  # the run stands; say why its telemetry is missing
+                            source = f"jtop (no samples: {sampled.sampler_stderr[-200:] or 'no output'})"
+                    else:
+                        sampled = run_with_tegrastats(ssh, command, task.run_timeout_s, c.sample_interval_ms)
+                        energy_mj = sampled.summary.energy_mj
+                        source = "tegrastats" + (" (jtop unusable)" if want_jtop else "")
                 else:
                     sampled = run_with_proc_sampling(ssh, command, task.run_timeout_s, c.sample_interval_ms)
-                    energy_mj = None
+                    energy_mj, source = None, "proc"
                 status, text, _ = ssh.run(f"cat {shlex.quote(out)} && rm -f {shlex.quote(out)}", 30)
         except SshTimeoutError as e:
             return RunResult.failed(FailureClass.TIMEOUT, f"{c.name}: {e}", **base)
         except SshInfrastructureError as e:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{c.name}: {e}", **base)
         log = (sampled.result.stdout + sampled.result.stderr)[-LOG_TAIL_CHARS:]
-        environment = {"device": facts, "command": command}
+        environment = {"device": facts, "command": command, "telemetry_source": source}
         if status != 0:
             return RunResult.failed(FailureClass.BUG if sampled.result.status == 0 else FailureClass.JOB,
                                     f"the harness on {c.name} exited with status {sampled.result.status} without a "

@@ -11,7 +11,9 @@ and attach `.telemetry()` and `.summary.energy_mj`.
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,3 +161,92 @@ def run_with_tegrastats(ssh: SshTransport, command: str, timeout_s: float, inter
     sampled = sampler.stop()
     samples = parse_tegrastats_output(sampled.stdout)
     return TegrastatsRun(result, samples, summarize(samples, interval_ms), interval_ms, wall_s, sampled.stderr.strip())
+
+
+# Runs on the board with jetson-stats installed: one JSON line per jtop update, nothing else.
+JTOP_SAMPLER = r'''
+import json
+from jtop import jtop
+with jtop(interval={interval_s}) as j:
+    while j.ok():
+        s = j.stats
+        print(json.dumps({{k: (v if isinstance(v, (int, float, str)) or v is None else str(v)) for k, v in s.items()}}),
+              flush=True)
+'''
+
+
+@dataclass
+class JtopSample:
+    cpu_total_percent: float | None
+    ram_fraction: float | None
+    power_total_mw: float | None
+
+
+def parse_jtop_line(line: str) -> JtopSample | None:
+    """One line of the sampler above -> the figures farm uses (CPUn % or 'OFF', RAM, Power TOT)."""
+    try:
+        stats = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(stats, dict):
+        return None
+    cpus = [v for k, v in stats.items() if k.startswith("CPU") and k[3:].isdigit() and isinstance(v, (int, float))]
+    ram = stats.get("RAM")
+    ram = ram / 100 if isinstance(ram, (int, float)) and ram > 1 else ram  # newer jtop: fraction; older: %
+    power = stats.get("Power TOT")
+    return JtopSample(float(sum(cpus)) if cpus else None, float(ram) if isinstance(ram, (int, float)) else None,
+                      float(power) if isinstance(power, (int, float)) else None)
+
+
+@dataclass
+class JtopRun:
+    result: CommandResult
+    samples: list[JtopSample]
+    interval_ms: float
+    wall_s: float
+    memory_total_mb: float | None
+    sampler_stderr: str = ""
+
+    @property
+    def energy_mj(self) -> float | None:
+        power = [s.power_total_mw for s in self.samples if s.power_total_mw is not None]
+        return sum(p * self.interval_ms / 1000 for p in power) if power else None
+
+    def telemetry(self) -> Telemetry:
+        period_s = self.interval_ms / 1000
+        cpu = [s.cpu_total_percent for s in self.samples if s.cpu_total_percent is not None]
+        mem = [s.ram_fraction * self.memory_total_mb * 2**20 for s in self.samples
+               if s.ram_fraction is not None and self.memory_total_mb]
+        return Telemetry(
+            interval_ms=self.interval_ms,
+            cpu_avg_percent=sum(cpu) / len(cpu) if cpu else None, cpu_peak_percent=max(cpu) if cpu else None,
+            memory_avg_bytes=sum(mem) / len(mem) if mem else None, memory_peak_bytes=int(max(mem)) if mem else None,
+            memory_peak_source="sampled",
+            samples=[TelemetrySample(round((i + 1) * period_s, 3), s.cpu_total_percent or 0.0,
+                                     int((s.ram_fraction or 0) * (self.memory_total_mb or 0) * 2**20))
+                     for i, s in enumerate(self.samples)])
+
+
+def jtop_usable(ssh: SshTransport, python: str) -> bool:
+    """The board's Python has jetson-stats and its service answers (checked before a run, since a
+    sampler that fails afterwards cannot be replaced by tegrastats for that run)."""
+    probe = "from jtop import jtop\nwith jtop() as j:\n    assert j.ok()"
+    status, _, _ = ssh.run(f"{shlex.quote(python)} -c {shlex.quote(probe)}", 30)
+    return status == 0
+
+
+def run_with_jtop(ssh: SshTransport, python: str, command: str, timeout_s: float, interval_ms: int,
+                  memory_total_mb: float | None) -> JtopRun:
+    sampler = ssh.start_background(
+        f"{shlex.quote(python)} -u -c {shlex.quote(JTOP_SAMPLER.format(interval_s=interval_ms / 1000))}",
+        max_s=timeout_s + 60)
+    started = time.monotonic()
+    try:
+        result = ssh.run(command, timeout_s)
+    except BaseException:
+        sampler.stop_quietly()
+        raise
+    wall_s = time.monotonic() - started
+    sampled = sampler.stop()
+    samples = [s for s in (parse_jtop_line(line) for line in sampled.stdout.splitlines()) if s is not None]
+    return JtopRun(result, samples, interval_ms, wall_s, memory_total_mb, sampled.stderr.strip())

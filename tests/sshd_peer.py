@@ -118,7 +118,8 @@ def sshd_peer(extra_env: dict[str, str] | None = None) -> Iterator[SshdPeer]:
         (d / "authorized_keys").write_text(client_pub + "\n")
         port = free_loopback_port()
         path = f"{FAKE_JETSON_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-        env_lines = [f"SetEnv PATH={path}"] + [f"SetEnv {k}={v}" for k, v in (extra_env or {}).items()]
+        # sshd keeps only the first SetEnv line, so every variable goes on that one line
+        env_lines = ["SetEnv " + " ".join([f"PATH={path}"] + [f"{k}={v}" for k, v in (extra_env or {}).items()])]
         (d / "sshd_config").write_text("\n".join([
             f"Port {port}",
             "ListenAddress 127.0.0.1",

@@ -57,3 +57,18 @@ def test_unknown_host_key_is_refused_with_its_fingerprint(board: SshdPeer, mobil
 def test_an_unsupported_operator_is_a_job_failure_naming_it(board: SshdPeer, tiny_models) -> None:
     result = BoardDriver(_config(board)).run(_task(tiny_models["unsupported_tflite"]), lambda: False)
     assert result.failure_class == "job" and "FarmUnknownOp" in result.message
+
+
+def test_jtop_samples_when_it_is_usable_and_tegrastats_stands_in_when_not(board: SshdPeer, mobilenet_models) -> None:
+    from sshd_peer import sshd_peer
+    model = mobilenet_models["mobilenetv2_w0.35_r96.tflite"]
+    fallback = BoardDriver(_config(board, telemetry="jtop")).run(_task(model), lambda: False)
+    assert fallback.ok and fallback.environment["telemetry_source"] == "tegrastats (jtop unusable)"
+
+    fake_jtop = Path(__file__).parent / "fake_jtop"
+    with sshd_peer(extra_env={"PYTHONPATH": str(fake_jtop)}) as with_jtop:
+        result = BoardDriver(_config(with_jtop, telemetry="jtop")).run(_task(model), lambda: False)
+    assert result.ok, result.message
+    assert result.environment["telemetry_source"] == "jtop"
+    assert result.telemetry.cpu_avg_percent == 112  # CPU1..4 added up, the OFF core left out
+    assert result.environment["energy_per_inference_mj"] > 0  # from jtop's Power TOT
