@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import contextlib
 import re
 import secrets
 import shlex
@@ -27,10 +28,13 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Empty, Queue
 from typing import Sequence
+
+from farm.agents.sandbox.base import Budget
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
@@ -112,8 +116,11 @@ class AdbDeviceEmulator:
     """Start with `with AdbDeviceEmulator(tmp_path, authorized_keys=[pub]) as phone:`; `phone.port`."""
 
     def __init__(self, root: Path, *, phone: EmulatedPhone | None = None, authorized_keys: Sequence[str] = (),
-                 accept_new_keys: bool = False) -> None:
+                 accept_new_keys: bool = False, budget: Budget | None = None) -> None:
         self.root = Path(root).resolve()
+        # The phone's CPU and memory: every shell command runs in one cgroup with this budget.
+        self.budget = budget
+        self.cgroup_dirs: dict[str, Path] = {}
         self.phone = phone or EmulatedPhone()
         self.authorized_keys = [android_public_key(k) for k in authorized_keys]
         self.accept_new_keys = accept_new_keys  # True: someone taps "Allow" as soon as a new key shows up
@@ -142,6 +149,8 @@ class AdbDeviceEmulator:
         self.kill()
 
     def start(self) -> None:
+        if self.budget is not None:
+            self._make_cgroup()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         threading.Thread(target=self._accept_loop, name="adb-emulator-accept", daemon=True).start()
@@ -152,6 +161,42 @@ class AdbDeviceEmulator:
         if self._listener is not None:
             self._listener.close()
         self.drop_connections()
+        self._remove_cgroup()
+
+    def _make_cgroup(self) -> None:
+        from farm.agents.sandbox.cgroup import CgroupBackend
+        backend = CgroupBackend()  # raises SandboxError with the reason when no cgroup can be made
+        name = f"emulated-phone-{os.getpid()}-{id(self)}"
+        for controller, root in backend.layout.roots.items():
+            d = root / name
+            d.mkdir()
+            self.cgroup_dirs[controller] = d
+        backend._apply(self.cgroup_dirs, self.budget)
+
+    def _remove_cgroup(self) -> None:
+        for d in self.cgroup_dirs.values():
+            procs = d / "cgroup.procs"
+            for pid in (procs.read_text().split() if procs.exists() else []):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.02)
+        self.cgroup_dirs = {}
+
+    def shell_argv(self, command: str) -> tuple[list[str], dict[str, str]]:
+        """The argv that runs a shell command as the phone would: inside its cgroup when it has a budget."""
+        argv = ["/bin/sh", "-c", self._to_sandbox(command or "true")]
+        if not self.cgroup_dirs:
+            return argv, {}
+        from farm.agents.sandbox.cgroup import JOIN_AND_EXEC
+        procs = " ".join(str(d / "cgroup.procs") for d in self.cgroup_dirs.values())
+        return ["/bin/sh", "-c", JOIN_AND_EXEC, "emulated-phone", *argv], {"FARM_CGROUP_PROCS": procs}
 
     def drop_connections(self) -> None:
         """Reset every open connection but keep listening, like adbd restarting or a Wi-Fi blip."""
@@ -403,8 +448,9 @@ class _Connection:
         device = self.device
         env = {"PATH": f"{device.root}/system/bin:/usr/bin:/bin", "HOME": f"{device.root}/data/local/tmp",
                "TMPDIR": f"{device.root}/data/local/tmp", "LANG": "C"}
-        proc = subprocess.Popen(["/bin/sh", "-c", device._to_sandbox(command or "true")], cwd=device.root,
-                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        argv, extra_env = device.shell_argv(command)
+        proc = subprocess.Popen(argv, cwd=device.root,
+                                env={**env, **extra_env}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         stream.process = proc
         device._register(proc)

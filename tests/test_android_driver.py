@@ -4,6 +4,7 @@ it returns, and the failure class of every way it can go wrong."""
 from __future__ import annotations
 
 import hashlib
+import sys
 import threading
 from pathlib import Path
 
@@ -84,3 +85,20 @@ def test_a_hot_phone_is_waited_for_and_a_hot_finish_is_flagged(tmp_path: Path, l
         result = _driver(phone, lab_key, cooldown_timeout_s=0.3).run(_task(tiny_models["tflite"]), lambda: False)
     assert result.ok and result.environment["thermal_throttled"] is True
     assert result.environment["temperature_before_c"] == 52.0
+
+
+def test_the_emulated_phone_runs_its_shell_under_a_cgroup_budget(tmp_path: Path, lab_key: Path) -> None:
+    from conftest import require_backend
+    from farm.agents.android import AdbTarget, AndroidDevice
+    from farm.agents.sandbox.base import Budget
+    require_backend("cgroup")
+    budget = Budget(cpus=0.5, memory_bytes=64 << 20)
+    with AdbDeviceEmulator(tmp_path / "phone", budget=budget,
+                           authorized_keys=[Path(f"{lab_key}.pub").read_text()]) as phone:
+        target = AdbTarget(host="127.0.0.1", port=phone.port, key_path=lab_key)
+        with AndroidDevice(target) as device:
+            where = device.shell("cat /proc/self/cgroup", idempotent=True).output
+            hog = device.shell(f"{sys.executable} -c 'b = bytearray(200 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1'",
+                               timeout_s=30)
+        assert "emulated-phone" in where  # the phone's shell lives in the phone's cgroup
+        assert hog.exit_status != 0  # 200 MB does not fit a 64 MB phone
