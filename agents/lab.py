@@ -130,3 +130,30 @@ def load_lab(path: Path) -> list[LabDevice]:
 def lab_from_environment() -> list[LabDevice]:
     path = os.environ.get(DEVICES_ENV)
     return load_lab(Path(path)) if path else []
+
+
+def discover_types(devices: list[LabDevice]) -> list[str]:
+    """Give each untyped device the type its own facts match (getprop model on a phone, the
+    device-tree model on a board). Returns what could not be reached or matched, for the log."""
+    from farm.agents.device_types import load_device_types, match_device_type
+
+    types = load_device_types()
+    problems = []
+    for device in devices:
+        if device.device_type is not None:
+            continue
+        try:
+            facts = device.driver.facts()
+        except Exception as e:  # an unreachable device keeps no type; its runs will say why
+            problems.append(f"{device.name}: facts unavailable ({e})")
+            continue
+        if isinstance(device.entry, AndroidEntry):
+            probe = {"os": "android", "getprop": {"ro.product.model": facts.model}}
+        else:
+            probe = {"os": device.entry.driver, "device_tree_model": facts.get("board_model") or ""}
+        device.device_type = match_device_type(probe, types)
+        if device.device_type is None:
+            problems.append(f"{device.name}: no device type matches its facts; add one (see agents/device_types)")
+        elif isinstance(device.driver, AndroidDriver):
+            device.driver.device_type = device.device_type
+    return problems

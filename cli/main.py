@@ -132,12 +132,19 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _lab(args: argparse.Namespace):
-    """The devices embedded mode drives: --devices FILE, else $FARM_DEVICES, else none."""
+    """The devices embedded mode drives: --devices FILE, else $FARM_DEVICES, else none (read once per command)."""
+    if getattr(args, "_lab_devices", None) is not None:
+        return args._lab_devices
     from farm.agents.lab import LabConfigError, lab_from_environment, load_lab
     try:
-        return load_lab(Path(args.devices)) if getattr(args, "devices", None) else lab_from_environment()
+        lab = load_lab(Path(args.devices)) if getattr(args, "devices", None) else lab_from_environment()
     except LabConfigError as e:
         raise UserError(str(e)) from None
+    from farm.agents.lab import discover_types
+    for problem in discover_types(lab):  # untyped entries get the type their facts match
+        err.print(Text.assemble(("device ", "yellow"), problem))
+    args._lab_devices = lab
+    return lab
 
 
 def lab_target(device):

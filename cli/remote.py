@@ -425,12 +425,14 @@ def cmd_agent(args: argparse.Namespace) -> int:
         raise RemoteError("`farm agent` needs --controller HOST:PORT (or FARM_CONTROLLER)")
     if not valid_agent_name(args.name):
         raise RemoteError(f"--name {args.name!r}: use letters, digits, '.', '_' and '-' (at most 64)")
-    from farm.agents.lab import LabConfigError, lab_from_environment, load_lab
+    from farm.agents.lab import LabConfigError, discover_types, lab_from_environment, load_lab
 
     try:
         lab = load_lab(Path(args.devices)) if args.devices else lab_from_environment()
     except LabConfigError as e:
         raise RemoteError(str(e)) from None
+    for problem in discover_types(lab):  # untyped entries get the type their facts match
+        print(f"device {problem}", file=sys.stderr, flush=True)
     work_dir = Path(args.work_dir or Path.home() / ".cache" / "farm" / "agent" / args.name)
     devices = [DeviceInfo(name=f"{args.name}/sim", driver="sim", device_type="sim", tags=args.tag or [],
                           facts_json=json.dumps(host_facts()), slots=args.sim_slots)]

@@ -132,3 +132,17 @@ def test_a_phone_that_stays_unplugged_is_retried_then_quarantined(lab: Path, tmp
     held = {r["name"]: r for r in farm("device", "health", "--json").json()}["g6-1"]
     assert held["health"] == "maintenance" and held["reason"] == "battery swap"
     assert phone_port  # the emulator itself was never touched
+
+
+def test_an_untyped_phone_gets_its_type_from_its_own_facts(tmp_path: Path, farm) -> None:
+    from farm.agents.lab import discover_types, load_lab
+    key = tmp_path / "adbkey"
+    load_or_create_lab_key(key)
+    with AdbDeviceEmulator(tmp_path / "phone", authorized_keys=[Path(f"{key}.pub").read_text()]) as phone:
+        lab = tmp_path / "lab.yaml"
+        lab.write_text(f"devices:\n  - {{name: mystery, driver: android, host: 127.0.0.1, port: {phone.port}, "
+                       f"adb_key: {key}}}\n  - {{name: gone, driver: android, host: 127.0.0.1, port: 1, adb_key: {key}}}\n")
+        devices = load_lab(lab)
+        problems = discover_types(devices)
+    assert devices[0].device_type.name == "lg-g6"  # the emulator says ro.product.model=LG-H870
+    assert devices[1].device_type is None and problems and problems[0].startswith("gone:")
