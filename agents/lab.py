@@ -73,6 +73,7 @@ class BoardEntry(Strict):
     python: str = "python3"
     nv_tegra_release: str | None = None
     device_tree_model: str | None = None
+    telemetry: Literal["auto", "jtop", "tegrastats"] = "auto"  # jetson: jtop when its service is usable
 
 
 class LabConfig(Strict):
@@ -99,7 +100,7 @@ class LabDevice:
                 name=entry.name, kind=entry.driver, host=entry.host, port=entry.port, username=entry.username,
                 key_path=_path(entry.ssh_key), known_hosts=_path(entry.known_hosts),
                 pinned_fingerprint=entry.host_key, trust_on_first_use=entry.trust_on_first_use,
-                python=entry.python, **extra))
+                python=entry.python, telemetry=entry.telemetry, **extra))
 
 
 def load_lab(path: Path) -> list[LabDevice]:
