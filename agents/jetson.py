@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,15 +149,7 @@ def tegrastats_telemetry(samples: list[TegrastatsSample], interval_ms: float) ->
 
 def run_with_tegrastats(ssh: SshTransport, command: str, timeout_s: float, interval_ms: int = 100) -> TegrastatsRun:
     """Run `command` on the Jetson while `tegrastats --interval` samples; returns its result and the samples."""
-    sampler = ssh.start_background(f"tegrastats --interval {int(interval_ms)}", max_s=timeout_s + 60)
-    started = time.monotonic()
-    try:
-        result = ssh.run(command, timeout_s)
-    except BaseException:
-        sampler.stop_quietly()
-        raise
-    wall_s = time.monotonic() - started
-    sampled = sampler.stop()
+    result, sampled, wall_s = ssh.run_sampled(f"tegrastats --interval {int(interval_ms)}", command, timeout_s)
     samples = parse_tegrastats_output(sampled.stdout)
     return TegrastatsRun(result, samples, summarize(samples, interval_ms), interval_ms, wall_s, sampled.stderr.strip())
 
@@ -237,16 +228,7 @@ def jtop_usable(ssh: SshTransport, python: str) -> bool:
 
 def run_with_jtop(ssh: SshTransport, python: str, command: str, timeout_s: float, interval_ms: int,
                   memory_total_mb: float | None) -> JtopRun:
-    sampler = ssh.start_background(
-        f"{shlex.quote(python)} -u -c {shlex.quote(JTOP_SAMPLER.format(interval_s=interval_ms / 1000))}",
-        max_s=timeout_s + 60)
-    started = time.monotonic()
-    try:
-        result = ssh.run(command, timeout_s)
-    except BaseException:
-        sampler.stop_quietly()
-        raise
-    wall_s = time.monotonic() - started
-    sampled = sampler.stop()
+    sampler = f"{shlex.quote(python)} -u -c {shlex.quote(JTOP_SAMPLER.format(interval_s=interval_ms / 1000))}"
+    result, sampled, wall_s = ssh.run_sampled(sampler, command, timeout_s)
     samples = [s for s in (parse_jtop_line(line) for line in sampled.stdout.splitlines()) if s is not None]
     return JtopRun(result, samples, interval_ms, wall_s, memory_total_mb, sampled.stderr.strip())

@@ -7,7 +7,6 @@ The driver that turns a farm task into a RunResult composes these: upload the mo
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,14 +201,6 @@ def run_with_proc_sampling(ssh: SshTransport, command: str, timeout_s: float, in
     """Run `command` on the board while sampling /proc; returns its result and the parsed samples."""
     if cpu_cores is None:
         cpu_cores = _int_or_none(ssh.run("nproc", 30).stdout) or 1
-    sampler = ssh.start_background(proc_sampler_command(interval_ms), max_s=timeout_s + 60)
-    started = time.monotonic()
-    try:
-        result = ssh.run(command, timeout_s)
-    except BaseException:
-        sampler.stop_quietly()
-        raise
-    wall_s = time.monotonic() - started
-    sampled = sampler.stop()
+    result, sampled, wall_s = ssh.run_sampled(proc_sampler_command(interval_ms), command, timeout_s)
     samples = parse_proc_samples(sampled.stdout, cpu_cores)
     return ProcSampledRun(result, samples, summarize_proc(samples), interval_ms, wall_s, sampled.stderr.strip())

@@ -345,6 +345,18 @@ class SshTransport:
         self.run(f"mv -f -- {quoted_partial} {shlex.quote(remote_path)}", 60)
         return UploadResult(remote_path, sha, size, uploaded=True)
 
+    def run_sampled(self, sampler: str, command: str, timeout_s: float) -> tuple[CommandResult, CommandResult, float]:
+        """Run `command` while `sampler` runs beside it; returns (command result, sampler output, wall s)."""
+        background = self.start_background(sampler, max_s=timeout_s + 60)
+        started = time.monotonic()
+        try:
+            result = self.run(command, timeout_s)
+        except BaseException:
+            background.stop_quietly()
+            raise
+        wall_s = time.monotonic() - started
+        return result, background.stop(), wall_s
+
     def start_background(self, command: str, max_s: float) -> "BackgroundCommand":
         """Start a long-running command (a sampler); `.stop()` ends it and returns its output.
 
