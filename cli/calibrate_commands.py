@@ -54,7 +54,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.pairs:
         return _calibrate_offline(args)
     from farm.controller.calibrations import (
-        CalibrationError, fit_and_store, job_devices, job_source, jobs_source, pair_jobs, pair_within_job,
+        CalibrationError, fit_and_store, calibration_source, job_devices, pair_jobs, pair_within_job,
     )
 
     if not args.job and not (args.sim_job and args.device_job and args.device):
@@ -67,11 +67,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             devices = [args.device] if args.device else job_devices(store, args.job)
             if not devices:
                 raise UserError(f"job {args.job} ran on no device, only in the sim: nothing to pair")
-            groups = [(d, lambda metric, d=d: pair_within_job(store, args.job, d, metric), job_source(store, args.job))
+            groups = [(d, lambda metric, d=d: pair_within_job(store, args.job, d, metric), calibration_source(store, args.job))
                       for d in devices]
         else:
             groups = [(args.device, lambda metric: pair_jobs(store, args.sim_job, args.device_job, metric),
-                       jobs_source(store, args.sim_job, args.device_job))]
+                       calibration_source(store, args.sim_job, args.device_job))]
         for device, pairs_for, source in groups:
             for metric in args.metric or ["latency"]:
                 paired = pairs_for(metric)

@@ -68,13 +68,13 @@ def cmd_lab_devices(args: argparse.Namespace) -> int:
     import time
 
     from farm.cli.main import _lab
+    from farm.controller.refresh import last_reference_checks
     store = open_store(args)
     health = {r["name"]: r for r in store.query("SELECT * FROM device_health")}
+    checks = last_reference_checks(store)
     rows = []
     for d in _lab(args):
-        last_check = store.query(
-            "SELECT MAX(t.finished_at) AS at FROM tasks t JOIN jobs j ON j.id = t.job_id "
-            "WHERE j.name = 'reference-suite' AND t.target = ? AND t.status = 'completed'", [d.name])[0]["at"]
+        last_check = checks.get(d.name)
         newest = store.query("SELECT MAX(created_at) AS at FROM calibrations WHERE device = ?", [d.name])[0]["at"]
         h = health.get(d.name)
         rows.append({"name": d.name, "driver": d.entry.driver, "device_type": d.device_type.name if d.device_type else None,

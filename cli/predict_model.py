@@ -10,7 +10,9 @@ from typing import Any
 
 import yaml
 
-from farm.controller.calibrations import METRICS, calibration_history, current_calibration, job_values
+from farm.controller.calibrations import (
+    METRICS, calibration_history, current_calibration, job_values, model_features,
+)
 from farm.controller.controller import Controller
 from farm.controller.jobfile import JobFileError, load_job_text
 from farm.controller.store import Store
@@ -88,8 +90,9 @@ def predict_model(store: Store, model: Path, device: str, metrics: list[str], *,
                 raise PredictError(f"device {device!r} has no {metric} calibration for {runtime} at {t} thread(s)")
             x = sum(measured) / len(measured)
             fit = stored.calibration.fits[stored.calibration.chosen]
-            features = {"param_count": facts.param_count, "macs": facts.macs, "size_bytes": facts.size_bytes}
-            p = fit.predict(x, features={k: float(v) for k, v in features.items() if v}, confidence=confidence)
+            features = model_features({"param_count": facts.param_count, "macs": facts.macs,
+                                       "size_bytes": facts.size_bytes})
+            p = fit.predict(x, features=features, confidence=confidence)
             predictions.append({
                 "model": model.name, "sha256": facts.sha256, "device": device, "metric": metric, "threads": t,
                 "unit": METRICS[metric][1], "sim": x, "estimate": p.estimate, "low": p.low, "high": p.high,

@@ -71,9 +71,8 @@ def job_values(store: Store, job_id: int, metric: str) -> list[MeasuredValue]:
             continue
         env = json.loads(row["environment_json"] or "{}")
         facts = json.loads(row["model_facts_json"] or "{}")
-        features = {k: float(v) for k, v in (("size_bytes", row["model_size_bytes"]),
-                                              ("param_count", row["model_param_count"]),
-                                              ("macs", facts.get("macs"))) if v}
+        features = model_features({"size_bytes": row["model_size_bytes"],
+                                   "param_count": row["model_param_count"], "macs": facts.get("macs")})
         out.append(MeasuredValue(row["model_name"], row["model_sha256"], row["model_family"], row["threads"],
                                  row["batch_size"], row["input_size"], row["repeat"], env.get("runtime", ""),
                                  float(row["value"]), row["run_id"], features))
@@ -122,9 +121,8 @@ def pair_within_job(store: Store, job_id: int, device: str, metric: str) -> list
         if row["x"] is None or row["y"] is None:
             continue
         facts = json.loads(row["model_facts_json"] or "{}")
-        features = {k: float(v) for k, v in (("size_bytes", row["model_size_bytes"]),
-                                              ("param_count", row["model_param_count"]),
-                                              ("macs", facts.get("macs"))) if v}
+        features = model_features({"size_bytes": row["model_size_bytes"],
+                                   "param_count": row["model_param_count"], "macs": facts.get("macs")})
         runtime = json.loads(row["environment_json"] or "{}").get("runtime", "")
         power = (json.loads(row["device_environment"] or "{}").get("device") or {}).get("power_identity")
         if power:
@@ -137,11 +135,6 @@ def pair_within_job(store: Store, job_id: int, device: str, metric: str) -> list
 def job_devices(store: Store, job_id: int) -> list[str]:
     return [r["target"] for r in store.query(
         "SELECT DISTINCT target FROM tasks WHERE job_id = ? AND target != 'sim' ORDER BY target", [job_id])]
-
-
-def job_source(store: Store, job_id: int) -> dict[str, Any]:
-    spec = json.loads(store.job(job_id)["spec_json"])
-    return {"job": job_id, "sim": spec["sim"], "workload": spec["workload"]}
 
 
 @dataclass
@@ -157,10 +150,12 @@ class StoredCalibration:
     source: dict[str, Any]  # the jobs it came from and the sim budget/workload to reproduce the x side
 
 
-def jobs_source(store: Store, sim_job: int, device_job: int) -> dict[str, Any]:
-    """What a prediction needs to measure a new model exactly as the calibration's sim side was."""
+def calibration_source(store: Store, sim_job: int, device_job: int | None = None) -> dict[str, Any]:
+    """The jobs a calibration came from, and what a prediction needs to measure a new model exactly
+    as its sim side was (budget and workload). device_job None: device runs and twins in one job."""
     spec = json.loads(store.job(sim_job)["spec_json"])
-    return {"sim_job": sim_job, "device_job": device_job, "sim": spec["sim"], "workload": spec["workload"]}
+    jobs = {"job": sim_job} if device_job is None else {"sim_job": sim_job, "device_job": device_job}
+    return {**jobs, "sim": spec["sim"], "workload": spec["workload"]}
 
 
 def fit_and_store(store: Store, device: str, metric: str, paired: list[PairedRun], *, source: dict[str, Any],
@@ -210,7 +205,7 @@ def _store_one(store: Store, device: str, metric: str, threads: int, runtime: st
     return StoredCalibration(cal_id, device, metric, threads, runtime, family, version, cal, source)
 
 
-def _row_to_stored(row: dict[str, Any]) -> StoredCalibration:
+def stored_calibration(row: dict[str, Any]) -> StoredCalibration:
     return StoredCalibration(row["id"], row["device"], row["metric"], row["threads"], row["runtime"], row["family"],
                              row["version"], Calibration.from_json(json.loads(row["fit_json"])),
                              json.loads(row["source"] or "{}"))
@@ -247,7 +242,7 @@ def current_calibration(store: Store, device: str, metric: str, threads: int, ru
             params += [runtime, f"{runtime}@%"]
         rows = store.query(sql + " ORDER BY id DESC LIMIT 1", params)
         if rows:
-            return _row_to_stored(rows[0])
+            return stored_calibration(rows[0])
     return None
 
 
@@ -282,5 +277,5 @@ def add_predictions(store: Store, job_id: int, records: list[dict[str, Any]], de
 
 
 def model_features(model: dict[str, Any]) -> dict[str, float]:
-    """The regressor values of a results record's model (FEATURES that it has)."""
+    """The regressor values a model has (FEATURES), from a results record's model or any such mapping."""
     return {f: float(model[f]) for f in FEATURES if model.get(f)}

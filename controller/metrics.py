@@ -28,8 +28,6 @@ log = logging.getLogger("farm.controller.metrics")
 
 HEALTH_VALUES = ("good", "unknown", "bad", "maintenance")
 PRIORITY_NAMES = {rank: name for name, rank in PRIORITY_RANK.items()}
-# Whoever adds the periodic health check may name its column any of these; the first found is exported.
-HEALTH_CHECK_COLUMNS = ("last_check_at", "last_checked_at", "checked_at", "last_check")
 DRIFT_TABLE = "calibration_drift"
 
 _lease_expiries_lock = threading.Lock()
@@ -102,20 +100,20 @@ class StoreCollector(Collector):
         # A registered device with no health row has never been judged: unknown.
         for row in self.store.query("SELECT name FROM devices"):
             current[row["name"]] = "unknown"
-        check_column = self._first_column("device_health", HEALTH_CHECK_COLUMNS)
-        select_check = f", {check_column} AS checked" if check_column else ""
         last_check = GaugeMetricFamily(
-            "farm_device_last_health_check_timestamp_seconds", "When the device's last health check ran (Unix time).",
-            labels=["device"])
-        for row in self.store.query(f"SELECT name, health{select_check} FROM device_health"):
+            "farm_device_last_health_check_timestamp_seconds",
+            "When the device's last reference-suite check completed (Unix time).", labels=["device"])
+        # the last check is derived from the reference-suite runs themselves, not stored twice
+        from farm.controller.refresh import last_reference_checks
+        for device, at in sorted(last_reference_checks(self.store).items()):
+            last_check.add_metric([device], float(at))
+        for row in self.store.query("SELECT name, health FROM device_health"):
             current[row["name"]] = row["health"] or "unknown"
-            if check_column and row["checked"] is not None:
-                last_check.add_metric([row["name"]], float(row["checked"]))
         for device in sorted(current):
             values = HEALTH_VALUES if current[device] in HEALTH_VALUES else (*HEALTH_VALUES, current[device])
             for value in values:
                 health.add_metric([device, value], 1.0 if value == current[device] else 0.0)
-        return [health, last_check] if check_column else [health]
+        return [health, last_check]
 
     def _calibration_age(self) -> Iterable[Metric]:
         age = GaugeMetricFamily("farm_calibration_age_seconds",
@@ -154,10 +152,6 @@ class StoreCollector(Collector):
     # --- schema probes -------------------------------------------------------------------------
     def _table_exists(self, table: str) -> bool:
         return bool(self.store.query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [table]))
-
-    def _first_column(self, table: str, candidates: tuple[str, ...]) -> str | None:
-        columns = {row["name"] for row in self.store.query(f"PRAGMA table_info({table})")}
-        return next((c for c in candidates if c in columns), None)
 
 
 def metrics_registry(store: Store) -> CollectorRegistry:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from farm.controller.alerts import drift_event
 from farm.controller.calibrations import (
-    ALL_FAMILIES, StoredCalibration, current_calibration, fit_and_store, job_devices, job_source, pair_within_job,
+    ALL_FAMILIES, StoredCalibration, current_calibration, calibration_source, fit_and_store, job_devices, pair_within_job,
 )
 from farm.controller.controller import Controller
 from farm.controller.store import Store
@@ -170,7 +170,7 @@ def after_reference_run(store: Store, job_id: int, *, thresholds: DriftThreshold
         paired = pair_within_job(store, job_id, device, "latency")
         previous = {p.threads: current_calibration(store, device, "latency", p.threads, runtime=p.runtime)
                     for p in paired}
-        stored, refused = fit_and_store(store, device, "latency", paired, source=job_source(store, job_id))
+        stored, refused = fit_and_store(store, device, "latency", paired, source=calibration_source(store, job_id))
         report.refused += refused
         for new in stored:
             report.calibrations.append({"id": new.id, "device": device, "threads": new.threads,
@@ -202,15 +202,16 @@ def report_json(report: RefreshReport) -> dict[str, Any]:
 
 
 
+def last_reference_checks(store: Store) -> dict[str, float]:
+    """device -> when its last reference-suite run completed (Unix time): its last health check."""
+    return {r["target"]: r["at"] for r in store.query(
+        "SELECT t.target, MAX(t.finished_at) AS at FROM tasks t JOIN jobs j ON j.id = t.job_id "
+        "WHERE j.name = ? AND t.target != 'sim' AND t.status = 'completed' GROUP BY t.target", [REFERENCE_SUITE_NAME])}
+
+
 def stale_devices(store: Store, devices: list[str], max_age_s: float) -> list[str]:
     """Devices whose last reference-suite check is older than max_age_s (never-checked ones excluded:
     their health is unknown, and the nightly refresh gives them a history first)."""
     now = time.time()
-    stale = []
-    for device in devices:
-        last = store.query(
-            "SELECT MAX(t.finished_at) AS at FROM tasks t JOIN jobs j ON j.id = t.job_id "
-            "WHERE j.name = ? AND t.target = ? AND t.status = 'completed'", [REFERENCE_SUITE_NAME, device])[0]["at"]
-        if last is not None and now - last > max_age_s:
-            stale.append(device)
-    return stale
+    checked = last_reference_checks(store)
+    return [d for d in devices if d in checked and now - checked[d] > max_age_s]

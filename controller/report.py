@@ -20,7 +20,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display: render to memory
 import matplotlib.pyplot as plt  # noqa: E402
 
-from farm.controller.calibrations import METRICS, StoredCalibration, _row_to_stored  # noqa: E402
+from farm.controller.calibrations import METRICS, StoredCalibration, stored_calibration  # noqa: E402
 from farm.controller.ranking import RankError, rank_job  # noqa: E402
 from farm.controller.store import Store  # noqa: E402
 
@@ -48,7 +48,7 @@ def calibrations_for_job(store: Store, job_id: int) -> list[StoredCalibration]:
     newest: dict[tuple, dict[str, Any]] = {}
     for row in rows:
         newest[(row["device"], row["metric"], row["threads"], row["runtime"], row["family"])] = row
-    return [_row_to_stored(r) for r in newest.values()]
+    return [stored_calibration(r) for r in newest.values()]
 
 
 def _png(fig) -> bytes:

@@ -281,14 +281,14 @@ def test_metrics_registry_is_not_the_global_one(lab: Controller) -> None:
     assert server.registry.get_sample_value("farm_tasks", {"state": "pending"}) == 3
 
 
-def test_last_health_check_is_exported_once_the_column_exists(lab: Controller) -> None:
+def test_last_health_check_is_exported_once_a_reference_suite_ran(lab: Controller) -> None:
     from farm.controller.metrics import metrics_registry
     registry = metrics_registry(lab.store)
     assert registry.get_sample_value("farm_device_last_health_check_timestamp_seconds", {"device": "pixel-1"}) is None
-    columns = lab.store.db["device_health"].columns_dict
-    if "last_check_at" not in columns:  # until the periodic health check adds it
-        lab.store.db["device_health"].add_column("last_check_at", float)
-    lab.store.db.execute("UPDATE device_health SET last_check_at = 1700000000 WHERE name = 'pixel-1'")
+    with lab.store.transaction():  # a completed reference-suite run on the phone is its health check
+        job = lab.store.db["jobs"].insert({"name": "reference-suite", "status": "completed"}).last_pk
+        lab.store.db["tasks"].insert({"job_id": job, "seq": 0, "target": "pixel-1", "status": "completed",
+                                      "finished_at": 1_700_000_000})
     value = registry.get_sample_value("farm_device_last_health_check_timestamp_seconds", {"device": "pixel-1"})
     assert value == 1_700_000_000
 
