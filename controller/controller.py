@@ -86,16 +86,19 @@ class Controller:
         self._finish_job_if_done(job_id)
         return job_id
 
-    def _fail_waiting_tasks(self, device: str, reason: str, *, job_id: int | None = None) -> int:
-        sql = ("UPDATE tasks SET status = 'failed', failure_class = 'infrastructure', finished_at = ?, message = ? "
-               "WHERE target = ? AND status = 'pending'")
-        params: list[Any] = [time.time(), f"device {device} is quarantined ({reason}); check it, then "
-                             f"`farm device release {device}`", device]
+    def _fail_waiting_tasks(self, device: str, reason: str, *, job_id: int | None = None) -> list[int]:
+        """Fail the device's pending tasks; returns the jobs they belonged to (once each)."""
+        where, params = "target = ? AND status = 'pending'", [device]
         if job_id is not None:
-            sql += " AND job_id = ?"
+            where += " AND job_id = ?"
             params.append(job_id)
         with self.store.transaction():
-            return self.store.db.execute(sql, params).rowcount
+            jobs = [r[0] for r in self.store.db.execute(f"SELECT job_id FROM tasks WHERE {where}", params)]
+            self.store.db.execute(
+                f"UPDATE tasks SET status = 'failed', failure_class = 'infrastructure', finished_at = ?, message = ? "
+                f"WHERE {where}", [time.time(), f"device {device} is quarantined ({reason}); check it, then "
+                                   f"`farm device release {device}`", *params])
+        return jobs
 
     def cancel_job(self, job_id: int) -> int:
         """Cancel what has not finished. Running tasks stop at their next heartbeat."""
@@ -264,15 +267,14 @@ class Controller:
         with self.store.transaction():
             self.store.db["device_health"].upsert({"name": device, "health": health, "reason": reason,
                                                    "changed_at": time.time()}, pk="name")
-        failed = self._fail_waiting_tasks(device, reason)
-        jobs = [r["job_id"] for r in self.store.query("SELECT DISTINCT job_id FROM tasks WHERE target = ?", [device])]
-        for job_id in jobs:
+        jobs = self._fail_waiting_tasks(device, reason)
+        for job_id in set(jobs):  # only the jobs that just lost tasks can have finished
             self._finish_job_if_done(job_id)
         from farm.controller.alerts import alerts_from_environment, quarantine_event
         hook = alerts_from_environment()
         if hook is not None:
             hook.send(quarantine_event(device, reason))  # rare and important: sent before returning
-        return failed
+        return len(jobs)  # tasks failed (one entry per task)
 
     def release(self, device: str) -> None:
         with self.store.transaction():
