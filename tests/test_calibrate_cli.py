@@ -72,7 +72,10 @@ def test_calibrate_predict_rank_report(family: Path, farm, tmp_path: Path) -> No
     ranking = farm("rank", "1", "--device-job", "2", "--device", "half-cpu", "--json").json()
     cols = ranking["groups"][0]["columns"]
     assert [c["name"] for c in cols] == ["sim (job 1)", "job 2", "half-cpu (predicted)"]
-    assert cols[0]["order"][0][0] == "mobilenetv2_w0.35_r96"  # the smallest model is fastest in the sim
+    sim_order = cols[0]["order"]
+    assert [v for _, v in sim_order] == sorted(v for _, v in sim_order)  # fastest first
+    # w1.4 has 5x the MACs of w0.35: slowest for sure (w0.35 and w0.5 are close enough to swap)
+    assert sim_order[-1][0] == "mobilenetv2_w1.4_r96"
 
     report = tmp_path / "report.html"
     pngs = tmp_path / "png"
