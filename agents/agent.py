@@ -7,6 +7,7 @@ One thread per sim slot; each slot has its own cpuset so sim runs never share co
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -17,10 +18,11 @@ from typing import Callable, Protocol
 from farm.agents.sandbox.base import format_cpuset
 from farm.agents.lab import LabDevice
 from farm.agents.sim import SimDriver, SimSlot
-from farm.proto.results import FailureClass, RunResult
+from farm.proto.results import FailureClass, ResultRefused, RunResult
 from farm.proto.tasks import TaskSpec
 
 HEARTBEAT_INTERVAL_S = 1.0
+log = logging.getLogger("farm.agent")
 
 
 class ControllerApi(Protocol):
@@ -113,7 +115,11 @@ class Agent:
             result = RunResult.failed(FailureClass.BUG, f"the {driver} driver failed:\n" + traceback.format_exc(limit=8))
         finally:
             done.set()
-        self.controller.complete(task.task_id, task.attempt, self.name, started_at, result)
+        try:
+            self.controller.complete(task.task_id, task.attempt, self.name, started_at, result)
+        except ResultRefused as e:  # the lease ran out meanwhile: the task already went back to the queue
+            log.warning("task %d attempt %d: result not stored: %s", task.task_id, task.attempt, e)
+            return result
         if self.on_result:
             self.on_result(task, result)
         return result

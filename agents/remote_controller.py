@@ -5,7 +5,8 @@ holds the stream: it dials out, says hello (version, capabilities, devices, the 
 runs), sends heartbeats for every running task, and reconnects with exponential backoff and
 jitter when the stream breaks. Tasks keep running while the controller is away; their results
 wait here until the controller acknowledges them, so none is lost and (the controller being
-idempotent by task and attempt) none is counted twice.
+idempotent by task and attempt) none is counted twice. A result is cut to fit one message
+(wire.result_for_the_wire) before it is kept, so none can break the stream again and again.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from farm.controller.auth import TlsFiles
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2
 from farm.proto.results import FailureClass, RunResult
 from farm.proto.tasks import TaskSpec
-from farm.proto.wire import result_to_message, task_from_message
+from farm.proto.escape import printable
+from farm.proto.wire import result_for_the_wire, task_from_message
 
 log = logging.getLogger("farm.agent")
 
@@ -184,7 +186,7 @@ class RemoteController:
     def complete(self, task_id: int, attempt: int, agent: str, started_at: float, result: RunResult) -> int | None:
         message = agent_pb2.TaskResult(task=common_pb2.TaskRef(task_id=task_id, attempt=attempt),
                                        started_at=started_at, agent=agent)
-        result_to_message(result, message.result)
+        result_for_the_wire(result, message.result)
         with self._lock:
             self._running.pop((task_id, attempt), None)
             self._canceled.discard((task_id, attempt))
@@ -216,7 +218,7 @@ class RemoteController:
 
     def _outgoing(self, outbox: "queue.Queue[agent_pb2.AgentMessage | None]") -> Iterator[agent_pb2.AgentMessage]:
         yield self._hello()
-        last_beat = time.monotonic()
+        last_beat = float("-inf")  # the first heartbeat follows the hello at once: the hello renews no lease
         while True:
             try:
                 message = outbox.get(timeout=max(0.0, self._heartbeat_interval_s - (time.monotonic() - last_beat)))
@@ -276,10 +278,13 @@ class RemoteController:
                     with self._lock:
                         self._canceled.add((message.cancel.task.task_id, message.cancel.task.attempt))
                     log.info("task %d attempt %d canceled by the controller: %s", message.cancel.task.task_id,
-                             message.cancel.task.attempt, message.cancel.reason)
+                             message.cancel.task.attempt, printable(message.cancel.reason))
                 elif kind == "ack":
                     with self._lock:
                         self._unacked.pop((message.ack.task.task_id, message.ack.task.attempt), None)
+                    if message.ack.note and message.ack.note != "already applied":
+                        log.warning("task %d attempt %d: the controller says: %s", message.ack.task.task_id,
+                                    message.ack.task.attempt, printable(message.ack.note, limit=1000))
         except grpc.RpcError as e:
             if e.code() in FATAL_CODES:
                 raise ControllerRefused(f"the controller at {self.address} refused this agent: {e.details()}") from None

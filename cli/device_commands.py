@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from farm.cli.console import open_store, out, when
+from farm.cli.remote import RemoteError, controller_address, remote_forget_device
 
 
 def cmd_device(args: argparse.Namespace) -> int:
@@ -48,8 +49,9 @@ def cmd_device(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub, common: argparse.ArgumentParser) -> None:
-    s = sub.add_parser("device", parents=[common], help="a device's health: release, quarantine, list")
-    s.add_argument("action", choices=["release", "quarantine", "maintenance", "health"])
+    s = sub.add_parser("device", parents=[common],
+                       help="a device's health: release, quarantine, list; forget: free its name on a controller (admin)")
+    s.add_argument("action", choices=["release", "quarantine", "maintenance", "health", "forget"])
     s.add_argument("device", nargs="?", default=None)
     s.add_argument("--reason", help="quarantine: why (shown to whoever looks next)")
     s.set_defaults(func=_checked)
@@ -59,6 +61,11 @@ def _checked(args: argparse.Namespace) -> int:
     from farm.cli.console import UserError
     if args.action != "health" and not args.device:
         raise UserError(f"farm device {args.action} needs a device name (`farm device health` lists them)")
+    if args.action == "forget":
+        if not controller_address(args):
+            raise RemoteError("`farm device forget NAME` frees a name on a controller: pass --controller HOST:PORT "
+                              "and an admin --token")
+        return remote_forget_device(args)
     return cmd_device(args)
 
 

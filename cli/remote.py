@@ -285,6 +285,20 @@ def remote_cancel(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def remote_forget_device(args: argparse.Namespace) -> int:
+    """`farm device forget NAME --controller ...`: an admin frees a device name an offline agent registered."""
+    from farm.cli.render import to_json
+    from farm.proto.generated import farm_pb2
+
+    response = FarmClient.from_args(args).call("ForgetDevice", farm_pb2.ForgetDeviceRequest(name=args.device))
+    if args.json:
+        print(to_json({"device": response.name, "agent": response.agent, "action": "forget"}))
+    else:
+        _out().print(f"device {response.name} forgotten: it no longer belongs to agent {response.agent}; the next "
+                     "agent that registers it owns it", markup=False, highlight=False)
+    return EXIT_OK
+
+
 def remote_resume(args: argparse.Namespace) -> int:
     raise RemoteError("a controller carries on its own jobs after a restart; `farm status JOB --controller ...` "
                       "shows where one is. `farm resume` is for embedded jobs.")
@@ -292,6 +306,9 @@ def remote_resume(args: argparse.Namespace) -> int:
 
 def cmd_devices(args: argparse.Namespace) -> int:
     from rich.table import Table
+    from rich.text import Text
+
+    from farm.proto.escape import printable
 
     from farm.cli.main import _when
     from farm.cli.render import to_json
@@ -310,15 +327,18 @@ def cmd_devices(args: argparse.Namespace) -> int:
     t = Table(header_style="bold")
     for col in ("device", "type", "driver", "agent", "slots", "tags", "state", "last seen"):
         t.add_column(col)
-    for r in rows:
-        t.add_row(r["name"], r["device_type"], r["driver"], r["agent"], str(r["slots"]), ",".join(r["tags"]),
-                  r["state"], _when(r["last_seen"]))
+    for r in rows:  # every cell came from an agent: escaped, and never read as markup
+        t.add_row(*(Text(printable(v)) for v in (r["name"], r["device_type"], r["driver"], r["agent"], r["slots"],
+                                                 ",".join(r["tags"]), r["state"])), _when(r["last_seen"]))
     _out().print(t)
     return EXIT_OK
 
 
 def cmd_agents(args: argparse.Namespace) -> int:
     from rich.table import Table
+    from rich.text import Text
+
+    from farm.proto.escape import printable
 
     from farm.cli.main import _when
     from farm.cli.render import to_json
@@ -334,9 +354,9 @@ def cmd_agents(args: argparse.Namespace) -> int:
     t = Table(header_style="bold")
     for col in ("agent", "state", "farm", "host", "running", "connected", "last seen"):
         t.add_column(col)
-    for r in rows:
-        t.add_row(r["name"], r["state"], r["farm_version"], r["hostname"], str(r["running"]), _when(r["connected_at"]),
-                  _when(r["last_seen"]))
+    for r in rows:  # every cell came from an agent: escaped, and never read as markup
+        t.add_row(*(Text(printable(v)) for v in (r["name"], r["state"], r["farm_version"], r["hostname"], r["running"])),
+                  _when(r["connected_at"]), _when(r["last_seen"]))
     _out().print(t)
     return EXIT_OK
 
@@ -361,8 +381,8 @@ def _logging(verbose: bool) -> None:
 
 
 def cmd_controller_serve(args: argparse.Namespace) -> int:
-    from farm.controller.auth import TlsFiles, TokenFileError, TokenTable
-    from farm.controller.grpc_server import serve
+    from farm.controller.auth import TlsFiles, TokenFileError, TokenTable, check_tokens_file, is_loopback
+    from farm.controller.grpc_server import DEFAULT_MAX_STREAMS, DEFAULT_MAX_WATCHES, serve
     from farm.controller.metrics import MetricsListenError
     from farm.controller.store import Store, StoreError, default_db_path
 
@@ -371,9 +391,11 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
     if not tokens_file and not args.no_auth:
         raise RemoteError("the controller needs a tokens file (--tokens PATH or FARM_TOKENS) with lines like "
                           "`client <token>` and `agent <token> <agent-name>`; --no-auth serves without (loopback only)")
-    if args.no_auth and not args.listen.startswith(("127.", "localhost:", "[::1]:")):
-        raise RemoteError(f"--no-auth is only allowed on a loopback address, not {args.listen}")
+    if args.no_auth and not is_loopback(args.listen):
+        raise RemoteError(f"--no-auth is only allowed on a loopback address (127.0.0.1, ::1, localhost), not {args.listen}")
     try:
+        if tokens_file:
+            check_tokens_file(Path(tokens_file))
         tokens = TokenTable.from_file(Path(tokens_file)) if tokens_file else None
         tls = None
         if args.tls_cert or args.tls_key:
@@ -382,6 +404,8 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
         store = Store(Path(args.db) if args.db else default_db_path())
         running = serve(store, args.listen, tokens=tokens, tls=tls, lease_ttl_s=args.lease_ttl,
                         heartbeat_interval_s=args.heartbeat_interval, metrics_listen=args.metrics_listen,
+                        max_streams=args.max_streams or DEFAULT_MAX_STREAMS,
+                        max_watches=args.max_watches or DEFAULT_MAX_WATCHES, reflection_on=args.reflection,
                         refresh_cron=args.refresh_cron,
                         refresh_suite=Path(args.refresh_suite) if args.refresh_suite else None)
     except (TokenFileError, StoreError) as e:
@@ -489,6 +513,13 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     s.add_argument("--refresh-cron", default=None, metavar="'M H DOM MON DOW'",
                    help="submit the reference suite to every registered device on this schedule, e.g. '30 2 * * *'")
     s.add_argument("--refresh-suite", default=None, help="the reference suite job file (default examples/reference-suite.yaml)")
+    s.add_argument("--max-streams", type=int, default=None,
+                   help="calls open at once, each with its own thread: one per agent, one per watcher "
+                        "(default 2500: 1,000 agents and their watchers)")
+    s.add_argument("--max-watches", type=int, default=None,
+                   help="WatchJob streams one token (or host, without tokens) may hold open (default 64)")
+    s.add_argument("--reflection", action="store_true",
+                   help="serve gRPC reflection (for grpcurl); callers need a token when tokens are on")
     s.add_argument("--verbose", action="store_true")
     s.set_defaults(func=cmd_controller_serve)
 

@@ -2,29 +2,44 @@
 
 The tokens file has one token a line: `ROLE TOKEN [AGENT_NAME]`, `#` for comments. Roles:
 `agent` (the agent stream and artifact downloads), `client` (jobs, results, listings) and
-`admin` (both). An agent token with a name may only connect as that agent, so one rack host
-cannot take over another's session.
+`admin` (both, plus the operator's calls such as freeing a device name). An agent token with a
+name may only connect as that agent, so one rack host cannot take over another's session.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
 import hmac
+import ipaddress
+import logging
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import grpc
+from cryptography import x509
+
+log = logging.getLogger("farm.controller")
 
 ROLES = ("agent", "client", "admin")
 METADATA_KEY = "authorization"
-# Health checks and reflection stay open: load balancers and grpcurl call them without a token.
-OPEN_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+BEARER = "Bearer "
+# A health check stays open (load balancers call it without a token); its Watch stream does not, since
+# open streams are what a caller without a token could exhaust the server with.
+OPEN_METHODS = ("/grpc.health.v1.Health/Check",)
+# The first prefix that matches decides: a method before its service.
 SERVICE_ROLES = {
+    "/farm.v1.FarmService/ForgetDevice": {"admin"},
     "/farm.v1.AgentService/": {"agent", "admin"},
     "/farm.v1.FarmService/": {"client", "admin"},
+    "/grpc.reflection.": {"agent", "client", "admin"},  # served only with --reflection
+    "/grpc.health.v1.": {"agent", "client", "admin"},
 }
-ROLE_USE = {"agent": "`farm agent --token`", "client": "`farm --controller ... --token` (or FARM_TOKEN)"}
+ROLE_USE = {"agent": "`farm agent --token`", "client": "`farm --controller ... --token` (or FARM_TOKEN)",
+            "admin": "`--token` (an `admin` line of the controller's tokens file)"}
 
 
 class TokenFileError(Exception):
@@ -35,11 +50,13 @@ class TokenFileError(Exception):
 class Identity:
     role: str
     agent_name: str | None = None  # pinned agent name, when the tokens file gives one
+    line: int = 0  # its line in the tokens file: tells two tokens of one role apart (limits, logs)
 
 
 class TokenTable:
     def __init__(self, tokens: dict[str, Identity]) -> None:
-        self._tokens = tokens
+        # Digests of equal length, so the comparison takes the same time whatever was sent.
+        self._tokens = {_digest(token): identity for token, identity in tokens.items()}
 
     @classmethod
     def from_file(cls, path: Path) -> "TokenTable":
@@ -56,49 +73,68 @@ class TokenTable:
                 raise TokenFileError(f"{path}:{number}: expected `ROLE TOKEN [AGENT_NAME]` with ROLE one of {', '.join(ROLES)}")
             if len(words[1]) < 16:
                 raise TokenFileError(f"{path}:{number}: a token must have at least 16 characters (e.g. `openssl rand -hex 24`)")
-            tokens[words[1]] = Identity(words[0], words[2] if len(words) == 3 else None)
+            tokens[words[1]] = Identity(words[0], words[2] if len(words) == 3 else None, number)
         if not tokens:
             raise TokenFileError(f"{path}: no tokens; add lines like `client <token>` and `agent <token> <agent-name>`")
         return cls(tokens)
 
     def lookup(self, token: str) -> Identity | None:
-        found = None
+        sent, found = _digest(token), None
         for known, identity in self._tokens.items():
-            if hmac.compare_digest(known.encode(), token.encode()):  # constant time: no timing oracle
+            if hmac.compare_digest(known, sent):  # constant time: no timing oracle
                 found = identity
         return found
 
 
-def bearer_token(metadata: Any) -> str | None:
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def authorization(metadata: Any) -> str | None:
+    """The authorization header as sent (`Bearer <token>` when well formed)."""
     for key, value in metadata or ():
         if key == METADATA_KEY and isinstance(value, str):
-            return value.removeprefix("Bearer ").strip()
+            return value
     return None
+
+
+def bearer_token(header: str | None) -> str | None:
+    """The token of a `Bearer <token>` header; None for anything else (a bare token is not accepted)."""
+    if not header or not header.startswith(BEARER):
+        return None
+    return header[len(BEARER):].strip() or None
 
 
 def identity_of(context: grpc.ServicerContext, tokens: TokenTable | None) -> Identity:
     """The caller's identity inside a handler (the interceptor has already let it in)."""
     if tokens is None:
         return Identity("admin")
-    return tokens.lookup(bearer_token(context.invocation_metadata()) or "") or Identity("none")
+    return tokens.lookup(bearer_token(authorization(context.invocation_metadata())) or "") or Identity("none")
 
 
-def check_access(method: str, token: str | None, tokens: TokenTable) -> tuple[grpc.StatusCode, str] | None:
-    """None when the call may proceed, else the status and a message a person can act on."""
-    if method.startswith(OPEN_PREFIXES):
+def check_access(method: str, header: str | None, tokens: TokenTable) -> tuple[grpc.StatusCode, str] | None:
+    """None when the call may proceed, else the status and a message a person can act on.
+
+    The message never repeats any part of what was sent: a log or a screen it lands on must not leak it."""
+    if method in OPEN_METHODS:
         return None
     needed = next((roles for prefix, roles in SERVICE_ROLES.items() if method.startswith(prefix)), {"admin"})
-    if not token:
+    if not header:
         return (grpc.StatusCode.UNAUTHENTICATED,
                 f"{method}: no token was sent. Pass --token (or set FARM_TOKEN) with a token from the "
                 "controller's tokens file.")
+    token = bearer_token(header)
+    if token is None:
+        return (grpc.StatusCode.UNAUTHENTICATED,
+                f"{method}: the authorization metadata must read `Bearer <token>`; farm's own clients send it so "
+                "when given --token.")
     identity = tokens.lookup(token)
     if identity is None:
         return (grpc.StatusCode.UNAUTHENTICATED,
-                f"{method}: this controller does not know the token that was sent (…{token[-4:]}). "
+                f"{method}: this controller does not know the token that was sent. "
                 "Check for a typo or an old token; the controller's operator lists valid ones in its tokens file.")
     if identity.role not in needed:
-        wanted = sorted(needed - {"admin"})[0]
+        wanted = sorted(needed - {"admin"} or {"admin"})[0]
         return (grpc.StatusCode.PERMISSION_DENIED,
                 f"{method}: this is {_article(identity.role)} {identity.role} token, and this call needs {_article(wanted)} "
                 f"{wanted} token. "
@@ -131,7 +167,7 @@ class TokenInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        refusal = check_access(handler_call_details.method, bearer_token(handler_call_details.invocation_metadata),
+        refusal = check_access(handler_call_details.method, authorization(handler_call_details.invocation_metadata),
                                self.tokens)
         return handler if refusal is None else _abort_handler(handler, *refusal)
 
@@ -169,3 +205,41 @@ AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 def valid_agent_name(name: str) -> bool:
     """Names from the wire end up in device names and log lines; keep them plain."""
     return bool(AGENT_NAME.match(name))
+
+
+def is_loopback(listen: str) -> bool:
+    """Whether HOST:PORT (or [V6]:PORT) names this machine only; parsed, never matched as a prefix."""
+    host = listen.rpartition(":")[0] if ":" in listen else listen
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve anywhere
+
+
+def check_tokens_file(path: Path) -> None:
+    """Warn when others on the host can read the tokens (they would be any role they like)."""
+    mode = path.stat().st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning(f"the tokens file {path} can be read by its group or by others (mode {stat.S_IMODE(mode):04o}); "
+             f"anyone who reads it holds every role. Run `chmod 600 {path}`.")
+
+
+def check_server_certificate(tls: TlsFiles, now: dt.datetime | None = None) -> None:
+    """Refuse a server certificate that has expired or is not valid yet: clients would fail later, obscurely."""
+    data = tls.read("cert")
+    if data is None:
+        return
+    try:
+        certificate = x509.load_pem_x509_certificate(data)
+    except ValueError as e:
+        raise TokenFileError(f"the TLS certificate {tls.cert} is not a PEM certificate: {e}") from None
+    now = now or dt.datetime.now(dt.timezone.utc)
+    if certificate.not_valid_after_utc < now:
+        raise TokenFileError(f"the TLS certificate {tls.cert} expired on {certificate.not_valid_after_utc:%Y-%m-%d %H:%M} "
+                             "UTC; issue a new one and pass it with --tls-cert")
+    if certificate.not_valid_before_utc > now:
+        raise TokenFileError(f"the TLS certificate {tls.cert} is valid only from "
+                             f"{certificate.not_valid_before_utc:%Y-%m-%d %H:%M} UTC; check this host's clock")

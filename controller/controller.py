@@ -215,16 +215,20 @@ class Controller:
                                       [JobStatus.RUNNING.value, now, job_id, JobStatus.QUEUED.value])
         return leased, len(fetched) < len(slots)
 
-    def heartbeat(self, task_id: int, attempt: int) -> bool:
-        """Renew the lease. False means stop: the task was canceled or its lease lost."""
+    def heartbeat(self, task_id: int, attempt: int, agent: str | None = None) -> bool:
+        """Renew the lease. False means stop: the task was canceled or its lease lost.
+
+        With `agent`, only that agent's own lease is renewed (the gRPC side: agents are not trusted)."""
         with self.store.transaction():
             row = self.store.db.execute(
-                "SELECT t.status, t.attempts, t.lease_expires_at, j.status FROM tasks t JOIN jobs j ON j.id = t.job_id "
-                "WHERE t.id = ?", [task_id]).fetchone()
+                "SELECT t.status, t.attempts, t.lease_expires_at, j.status, t.leased_by FROM tasks t "
+                "JOIN jobs j ON j.id = t.job_id WHERE t.id = ?", [task_id]).fetchone()
             if row is None:
                 return False
-            status, attempts, expires_at, job_status = row
+            status, attempts, expires_at, job_status, leased_by = row
             if status != TaskStatus.RUNNING.value or attempts != attempt or job_status == JobStatus.CANCELED.value:
+                return False
+            if agent is not None and leased_by != agent:
                 return False
             if expires_at is not None and expires_at < time.time():
                 return False  # too late: the task may already be another agent's
@@ -232,7 +236,9 @@ class Controller:
         return True
 
     def complete(self, task_id: int, attempt: int, agent: str, started_at: float, result: RunResult) -> int | None:
-        """Apply a run's result once; decide the task's next state. Returns the run id."""
+        """Apply a run's result once; decide the task's next state. Returns the run id (None: a duplicate).
+
+        Raises ResultRefused unless the attempt is running and leased to `agent`."""
         task = self.store.task(task_id)
         if task is None:
             raise KeyError(task_id)
@@ -285,14 +291,30 @@ class Controller:
         return self.store.query("SELECT * FROM device_health ORDER BY name")
 
     def expire_leases(self) -> int:
-        """Tasks whose agent stopped renewing go back to the queue (the next lease is attempt + 1)."""
-        with self.store.transaction():
-            expired = self.store.db.execute(
-                "UPDATE tasks SET status = 'pending', leased_by = NULL, "
-                "message = 'lease expired: the agent running it stopped answering' "
-                "WHERE status = 'running' AND lease_expires_at < ?", [time.time()]).rowcount
+        """Tasks whose agent stopped renewing go back to the queue (the next lease is attempt + 1).
+
+        The lost attempt is stored as a run of its own (infrastructure), so `runs` has every attempt."""
+        expired = self.lose_attempts("status = 'running' AND lease_expires_at < ?", [time.time()],
+                                     "lease expired on agent {agent}: it stopped renewing the lease")
         record_lease_expiries(expired)  # farm_lease_expiries_total: agents that went silent mid-task
         return expired
+
+    def lose_attempts(self, where: str, params: list[Any], reason: str) -> int:
+        """Running attempts (tasks matching `where`) that will not report: each is stored as a failed run
+        (infrastructure, `reason` with {agent}) and retried while attempts are left. Returns how many."""
+        now = time.time()
+        with self.store.transaction():
+            rows = self.store.db.execute(
+                f"SELECT id, job_id, attempts, max_attempts, leased_by FROM tasks WHERE {where}", params)
+            columns = [c[0] for c in rows.description]
+            lost = [dict(zip(columns, r)) for r in rows.fetchall()]
+            if not lost:
+                return 0
+            failed_jobs = self.store.record_lost_attempts(
+                lost, reason, now=now, retry=lambda attempt, most: should_retry(FailureClass.INFRASTRUCTURE, attempt, most))
+        for job_id in set(failed_jobs):
+            self._finish_job_if_done(job_id)
+        return len(lost)
 
     def _finish_job_if_done(self, job_id: int) -> None:
         left = self.store.query("SELECT EXISTS(SELECT 1 FROM tasks WHERE job_id = ? AND status IN ('pending', 'running')) AS n",

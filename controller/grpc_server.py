@@ -29,14 +29,19 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from farm import __version__
-from farm.controller.auth import Identity, TlsFiles, TokenInterceptor, TokenTable, identity_of, server_credentials, valid_agent_name
+from farm.controller.auth import (
+    Identity, TlsFiles, TokenInterceptor, TokenTable, check_server_certificate, identity_of, is_loopback,
+    server_credentials, valid_agent_name,
+)
 from farm.controller.controller import TERMINAL_JOB, Controller
 from farm.controller.jobfile import JobFileError, load_job_text
 from farm.controller.metrics import MetricsServer, serve_metrics
 from farm.controller.results import run_records
 from farm.controller.store import Store
+from farm.proto.escape import printable
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2, farm_pb2, farm_pb2_grpc
-from farm.proto.wire import result_from_message, task_to_message
+from farm.proto.results import FailureClass, ResultRefused, RunResult
+from farm.proto.wire import MAX_RESULT_BYTES, result_from_message, task_to_message
 
 log = logging.getLogger("farm.controller")
 
@@ -51,6 +56,11 @@ DISPATCH_IDLE_S = 0.5  # how often the dispatcher looks again when nothing woke 
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 FARM_SERVICE = "farm.v1.FarmService"
 AGENT_SERVICE = "farm.v1.AgentService"
+# grpc's sync server gives every open stream a thread for its whole life: 1,000 agents (one Connect
+# each) and a watcher apiece, plus room for the short calls. Threads start only when used.
+DEFAULT_MAX_STREAMS = 2500
+DEFAULT_MAX_WATCHES = 64  # WatchJob streams per caller (token, or peer host without tokens)
+MAX_DEVICES_PER_AGENT = 10_000
 
 
 def _ref(task_id: int, attempt: int) -> common_pb2.TaskRef:
@@ -87,13 +97,17 @@ class FarmServer:
     """Owns the Controller, the agent sessions and the dispatcher; the servicers call into it."""
 
     def __init__(self, store: Store, *, lease_ttl_s: float = 30.0, heartbeat_interval_s: float | None = None,
-                 tokens: TokenTable | None = None) -> None:
+                 tokens: TokenTable | None = None, max_watches: int = DEFAULT_MAX_WATCHES) -> None:
         self.store = store
         self.controller = Controller(store, lease_ttl_s=lease_ttl_s)
         self.heartbeat_interval_s = heartbeat_interval_s or max(0.2, lease_ttl_s / 4)
         self.tokens = tokens
         self.sessions: dict[str, AgentSession] = {}
-        self._lock = threading.RLock()  # sessions and result application
+        self._lock = threading.RLock()  # sessions, the device index and the watch counts
+        # Which agent registered each device (online or not): a name stays its agent's until an admin frees it.
+        self.device_owner: dict[str, str] = {r["name"]: r["agent"] for r in store.query("SELECT name, agent FROM devices")}
+        self.max_watches = max_watches
+        self.watches: dict[str, int] = {}  # open WatchJob streams per caller
         self._wake = threading.Event()
         # Targets known to have no pending task, so idle slots are not asked about again and again;
         # forgotten whenever tasks may have become pending (submit, retry, expiry, release, idle round).
@@ -190,7 +204,7 @@ class FarmServer:
                 self._empty_targets |= targets
                 continue
             if session.closed.is_set():  # the stream broke meanwhile: the task goes straight back
-                self.release(task.task_id, f"released: agent {session.name} went away as it was offered")
+                self.release(task.task_id, "released: agent {agent} went away as it was offered")
                 continue
             now = time.time()
             with self._lock:
@@ -210,6 +224,8 @@ class FarmServer:
 
         Returns the session and the leases held for this agent that it no longer runs
         (offered while the stream was breaking): those go straight back to the queue.
+        A hello renews no lease: the agent's first heartbeat, sent right after it, renews what still
+        runs, while a task whose result cannot be delivered is left to run out its lease.
         """
         session = AgentSession(name=hello.agent_name, session_id=uuid.uuid4().hex, peer=peer, hello=hello)
         still_running = {(r.task_id, r.attempt) for r in hello.running}
@@ -220,32 +236,27 @@ class FarmServer:
                 old.taken_over_by = peer
                 old.close()
             self.sessions[hello.agent_name] = session
+            rows = self.store.query("SELECT id, attempts FROM tasks WHERE status = 'running' AND leased_by = ?",
+                                    [hello.agent_name])
             released = []
-            with self.store.transaction():
-                rows = self.store.db.execute(
-                    "SELECT id, attempts FROM tasks WHERE status = 'running' AND leased_by = ?", [hello.agent_name]).fetchall()
-                for task_id, attempt in rows:
-                    if (task_id, attempt) in still_running:
-                        session.running.add((task_id, attempt))
-                    else:
-                        released.append((task_id, attempt))
-                        self.store.db.execute(
-                            "UPDATE tasks SET status = 'pending', leased_by = NULL, message = ? WHERE id = ?",
-                            [f"released: agent {hello.agent_name} reconnected without it", task_id])
-                self._record_agent(session, "online")
+            for row in rows:
+                if (row["id"], row["attempts"]) in still_running:
+                    session.running.add((row["id"], row["attempts"]))
+                else:
+                    released.append((row["id"], row["attempts"]))
             if released:
+                marks = ",".join("?" for _ in released)
+                self.controller.lose_attempts(
+                    f"status = 'running' AND leased_by = ? AND id IN ({marks})", [hello.agent_name, *(t for t, _ in released)],
+                    "released: agent {agent} reconnected without it")
                 self._queue_changed = True
-        for task_id, attempt in session.running:
-            if not self.controller.heartbeat(task_id, attempt):
-                session.send(agent_pb2.ControllerMessage(cancel=agent_pb2.CancelTask(
-                    task=_ref(task_id, attempt), reason="the task was canceled or re-leased while the agent was away")))
+            with self.store.transaction():
+                self._record_agent(session, "online")
         self.wake()
         return session, released
 
     def release(self, task_id: int, reason: str) -> None:
-        with self.store.transaction():
-            self.store.db.execute("UPDATE tasks SET status = 'pending', leased_by = NULL, message = ? "
-                                  "WHERE id = ? AND status = 'running'", [reason, task_id])
+        self.controller.lose_attempts("id = ? AND status = 'running'", [task_id], reason)
         self._queue_changed = True
 
     def close_session(self, session: AgentSession) -> None:
@@ -264,12 +275,16 @@ class FarmServer:
             "farm_version": hello.farm_version, "capabilities_json": json.dumps(list(hello.capabilities)),
             "hostname": hello.hostname, "peer": session.peer, "connected_at": session.connected_at, "last_seen": now,
         }, pk="name")
-        for device in hello.devices:
-            self.store.db["devices"].upsert({
-                "name": device.name, "agent": session.name, "driver": device.driver,
-                "device_type": device.device_type, "tags_json": json.dumps(list(device.tags)),
-                "facts_json": device.facts_json or "{}", "slots": device.slots, "state": state, "last_seen": now,
-            }, pk="name")
+        # One statement for every device: registration stays linear in the number of devices.
+        self.store.db.conn.executemany(
+            "INSERT INTO devices (name, agent, driver, device_type, tags_json, facts_json, slots, state, last_seen) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET agent = excluded.agent, "
+            "driver = excluded.driver, device_type = excluded.device_type, tags_json = excluded.tags_json, "
+            "facts_json = excluded.facts_json, slots = excluded.slots, state = excluded.state, last_seen = excluded.last_seen",
+            [(d.name, session.name, d.driver, d.device_type, json.dumps(list(d.tags)), d.facts_json or "{}", d.slots,
+              state, now) for d in hello.devices])
+        with self._lock:
+            self.device_owner.update((d.name, session.name) for d in hello.devices)
 
     def on_agent_message(self, session: AgentSession, message: agent_pb2.AgentMessage) -> None:
         session.last_seen = time.time()
@@ -280,15 +295,24 @@ class FarmServer:
                     session.requests[message.work_request.request_id] = frozenset(message.work_request.targets)
                 self.wake()
         elif kind == "heartbeat":
+            current = self.sessions.get(session.name) is session
             for ref in message.heartbeat.running:
                 started = time.perf_counter()
-                alive = self.controller.heartbeat(ref.task_id, ref.attempt)
+                alive = current and self.controller.heartbeat(ref.task_id, ref.attempt, session.name)
                 self._timed("heartbeat", started)
                 if not alive:
+                    if not self._leased_to(session.name, ref.task_id, ref.attempt):
+                        log.warning("agent %s heartbeat for task %d attempt %d refused: not a lease of its session",
+                                    session.name, ref.task_id, ref.attempt)
                     session.send(agent_pb2.ControllerMessage(cancel=agent_pb2.CancelTask(
-                        task=ref, reason="the job was canceled, or the lease ran out and the task went elsewhere")))
+                        task=ref, reason="the job was canceled, or this agent holds no lease on this attempt "
+                                         "(it ran out and the task went elsewhere)")))
         elif kind == "result":
-            session.send(agent_pb2.ControllerMessage(ack=self.apply_result(session.name, message.result)))
+            if self.sessions.get(session.name) is session:
+                ack = self.apply_result(session.name, message.result)
+            else:
+                ack = agent_pb2.ResultAck(task=message.result.task, note="refused: this session was taken over; do not resend")
+            session.send(agent_pb2.ControllerMessage(ack=ack))
             with self._lock:
                 session.running.discard((message.result.task.task_id, message.result.task.attempt))
             task = self.store.task(message.result.task.task_id)
@@ -302,25 +326,45 @@ class FarmServer:
         elif kind == "progress":
             pass  # progress is informational; the stored state changes with results
 
+    def _leased_to(self, agent: str, task_id: int, attempt: int) -> bool:
+        rows = self.store.query("SELECT 1 FROM tasks WHERE id = ? AND attempts = ? AND status = 'running' AND leased_by = ?",
+                                [task_id, attempt, agent])
+        return bool(rows)
+
     def apply_result(self, agent: str, message: agent_pb2.TaskResult) -> agent_pb2.ResultAck:
-        """Apply a result once: a duplicate or a superseded attempt is acknowledged, not stored again."""
+        """Apply a result once, and only from the agent holding that attempt's lease.
+
+        Anything else is acknowledged with a note saying why (so a real agent stops resending it) and
+        stores nothing. A result too large, or one farm cannot read, fails its task rather than being retried.
+        The store's lock is the only one held while a large result is written."""
         task_id, attempt = message.task.task_id, message.task.attempt
         ack = agent_pb2.ResultAck(task=message.task)
-        with self._lock:
-            task = self.store.task(task_id)
-            if task is None:
-                ack.note = f"no task {task_id} in this controller's store"
-                return ack
-            if task["attempts"] != attempt:
-                ack.note = f"attempt {attempt} was superseded by attempt {task['attempts']} (its lease ran out)"
-                return ack
-            started = time.perf_counter()
-            run_id = self.controller.complete(task_id, attempt, agent, message.started_at,
-                                              result_from_message(message.result))
-            self._timed("complete", started)
+        size, problem = message.result.ByteSize(), ""
+        if size > MAX_RESULT_BYTES:
+            problem = (f"its result is {size} bytes, over the {MAX_RESULT_BYTES} byte limit per result; "
+                       "farm agents cap their samples to fit, so this agent is out of date or not farm's")
+            result = RunResult.failed(FailureClass.JOB, f"agent {agent} sent a result that cannot be stored: {problem}")
+        else:
+            try:
+                result = result_from_message(message.result)
+            except (ValueError, TypeError, KeyError) as e:  # an unknown status or failure class, JSON that is not
+                problem = f"its result cannot be read ({printable(e)})"
+                result = RunResult.failed(FailureClass.BUG, f"agent {agent} sent a result farm cannot read: {printable(e)}")
+        started = time.perf_counter()
+        try:
+            run_id = self.controller.complete(task_id, attempt, agent, message.started_at, result)
+        except ResultRefused as e:
+            log.warning("agent %s: result for task %d attempt %d refused: %s", agent, task_id, attempt, printable(e))
+            ack.note = f"refused: {e}; nothing was stored. Do not resend."
+            return ack
+        self._timed("complete", started)
         ack.applied = run_id is not None
         ack.run_id = run_id or 0
-        ack.note = "" if ack.applied else "already applied"
+        if problem:
+            log.warning("agent %s: task %d attempt %d failed: %s", agent, task_id, attempt, problem)
+            ack.note = f"stored as a failure: {problem}. Do not resend."
+        elif not ack.applied:
+            ack.note = "already applied"
         return ack
 
     def cancel_job(self, job_id: int) -> int:
@@ -335,13 +379,35 @@ class FarmServer:
                         task=_ref(row["id"], row["attempts"]), reason=f"job {job_id} was canceled")))
         return n
 
-    def device_holder(self, device: str) -> str | None:
-        """The online agent that registered this device, if any."""
+    def forget_device(self, name: str) -> str:
+        """An admin frees a device name its agent registered; returns that agent. Raises LookupError
+        when no agent registered it, ValueError while its agent is connected."""
         with self._lock:
-            for session in self.sessions.values():
-                if any(d.name == device for d in session.hello.devices):
-                    return session.name
-        return None
+            owner = self.device_owner.get(name)
+            if owner is None:
+                raise LookupError(f"no agent has registered a device named {printable(name)!r}; `farm devices` lists them")
+            if owner in self.sessions:
+                raise ValueError(f"device {name!r} belongs to agent {owner!r}, which is connected: remove the device "
+                                 f"from that agent's device list and restart it, or stop the agent, then forget it")
+            with self.store.transaction():
+                self.store.db.execute("DELETE FROM devices WHERE name = ?", [name])
+            del self.device_owner[name]
+        log.info("device %s forgotten: it no longer belongs to agent %s", name, owner)
+        return owner
+
+    def open_watch(self, caller: str) -> bool:
+        """Count one more WatchJob stream for `caller`; False when it already has its share."""
+        with self._lock:
+            if self.watches.get(caller, 0) >= self.max_watches:
+                return False
+            self.watches[caller] = self.watches.get(caller, 0) + 1
+            return True
+
+    def close_watch(self, caller: str) -> None:
+        with self._lock:
+            self.watches[caller] -= 1
+            if not self.watches[caller]:
+                del self.watches[caller]
 
     def device_targets(self) -> list[Any]:
         """The devices a job can target: every non-sim device an agent has registered (online or not)."""
@@ -386,8 +452,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         hello = first.hello
         self._check_hello(hello, identity, context)
         session, released = self.server.open_session(hello, context.peer())
-        log.info("agent %s connected from %s (farm %s, %d device(s))", hello.agent_name, context.peer(),
-                 hello.farm_version, len(hello.devices))
+        log.info("agent %s connected from %s (farm %s, host %s, %d device(s))", hello.agent_name, context.peer(),
+                 printable(hello.farm_version), printable(hello.hostname), len(hello.devices))
         reader = threading.Thread(target=self._read, args=(session, request_iterator), name=f"agent-{session.name}", daemon=True)
         reader.start()
         try:
@@ -424,20 +490,29 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             context.abort(grpc.StatusCode.PERMISSION_DENIED,
                           f"this agent token belongs to agent {identity.agent_name!r}; it cannot connect as "
                           f"{hello.agent_name!r}. Start the agent with --name {identity.agent_name} or use its own token.")
+        if len(hello.devices) > MAX_DEVICES_PER_AGENT:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"agent {hello.agent_name!r} registers {len(hello.devices)} "
+                          f"devices; one agent may register at most {MAX_DEVICES_PER_AGENT}")
+        seen: set[str] = set()
         for device in hello.devices:
             owner, _, local = device.name.partition("/")
             plain = not local and valid_agent_name(device.name)
             if not plain and not (owner == hello.agent_name and valid_agent_name(local)):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"device name {device.name!r} is not allowed: use letters, digits, '.', '_' and '-', "
-                              f"or {hello.agent_name}/NAME for this agent's own")
+                              f"device name {printable(device.name)!r} is not allowed: use letters, digits, '.', '_' "
+                              f"and '-', or {hello.agent_name}/NAME for this agent's own")
             if device.name == "sim" or device.name.startswith(("type:", "tag:")):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"device name {device.name!r} is reserved")
-            holder = self.server.device_holder(device.name)
+            if device.name in seen:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"device {device.name!r} appears twice in the hello")
+            seen.add(device.name)
+            holder = self.server.device_owner.get(device.name)  # a dict: registration is linear in devices
             if holder is not None and holder != hello.agent_name:
+                state = "online" if holder in self.server.sessions else "offline"
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"device {device.name!r} is already registered by agent {holder!r}, which is online. "
-                              "One device, one agent: remove it from one of the two device lists.")
+                              f"device {device.name!r} belongs to agent {holder!r} ({state}), which registered it first. "
+                              "One device, one agent: remove it from one of the two device lists; if it has moved, "
+                              f"an admin frees the name with `farm device forget {device.name} --controller HOST:PORT`.")
 
     def _read(self, session: AgentSession, request_iterator: Iterator[agent_pb2.AgentMessage]) -> None:
         try:
@@ -501,15 +576,23 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
 
     def WatchJob(self, request: farm_pb2.JobRequest, context: grpc.ServicerContext) -> Iterator[farm_pb2.Job]:
         self._job(request.job_id, context)
-        last = None
-        while context.is_active():
-            message = _job_message(self.server, self.server.store.job(request.job_id))
-            if message != last:
-                yield message
-                last = message
-            if message.status in TERMINAL_JOB:
-                return
-            time.sleep(0.2)
+        caller = _caller(context, self.server.tokens)
+        if not self.server.open_watch(caller):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"this caller already watches {self.server.max_watches} jobs, the most one token (or host) "
+                          "may; stop some watchers (`farm status JOB` polls instead) or raise --max-watches")
+        try:
+            last = None
+            while context.is_active():
+                message = _job_message(self.server, self.server.store.job(request.job_id))
+                if message != last:
+                    yield message
+                    last = message
+                if message.status in TERMINAL_JOB:
+                    return
+                time.sleep(0.2)
+        finally:
+            self.server.close_watch(caller)
 
     def CancelJob(self, request: farm_pb2.JobRequest, context: grpc.ServicerContext) -> farm_pb2.CancelJobResponse:
         self._job(request.job_id, context)
@@ -543,6 +626,23 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         self._job(request.job_id, context)
         return farm_pb2.GetResultsResponse(records_json=json.dumps(run_records(self.server.store, request.job_id)))
 
+    def ForgetDevice(self, request: farm_pb2.ForgetDeviceRequest, context: grpc.ServicerContext) -> farm_pb2.ForgetDeviceResponse:
+        try:  # admin only: auth.SERVICE_ROLES
+            owner = self.server.forget_device(request.name)
+        except LookupError as e:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        except ValueError as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        return farm_pb2.ForgetDeviceResponse(name=request.name, agent=owner)
+
+
+def _caller(context: grpc.ServicerContext, tokens: TokenTable | None) -> str:
+    """Who is calling, for per-caller limits: the token's line in the tokens file, else the peer's host."""
+    if tokens is not None:
+        identity = identity_of(context, tokens)
+        return f"{identity.role}@{identity.line}"
+    return context.peer().rpartition(":")[0]
+
 
 @dataclass
 class RunningServer:
@@ -572,32 +672,47 @@ DEFAULT_REFRESH_SUITE = Path(__file__).resolve().parent.parent / "examples" / "r
 
 
 def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles | None = None,
-          lease_ttl_s: float = 30.0, heartbeat_interval_s: float | None = None, max_workers: int = 256,
+          lease_ttl_s: float = 30.0, heartbeat_interval_s: float | None = None, max_streams: int = DEFAULT_MAX_STREAMS,
+          max_watches: int = DEFAULT_MAX_WATCHES, reflection_on: bool = False,
           metrics_listen: str | None = None, refresh_cron: str | None = None,
           refresh_suite: Path | None = None) -> RunningServer:
     """Start the controller's gRPC server (not blocking); the port is the bound one (for :0).
 
     With metrics_listen (HOST:PORT), Prometheus metrics are served at http://HOST:PORT/metrics too.
+    max_streams caps the calls open at once (each holds a thread); reflection is served only when asked
+    for, and then only to callers with a token when tokens are on.
     """
+    if tls:
+        check_server_certificate(tls)  # an expired certificate fails now, not in every client later
+    if tokens and not tls and not is_loopback(listen):
+        log.warning("tokens travel in plain text to %s: anyone on the network path can read them and use them. "
+                    "Serve TLS (--tls-cert, --tls-key) or listen on a loopback address.", listen)
+    if metrics_listen and not is_loopback(metrics_listen):
+        log.warning("the metrics endpoint on %s has no authentication: it shows device names, agents and job counts "
+                    "to anyone who can reach it. Listen on a loopback address or keep it on a trusted network.",
+                    metrics_listen)
     # WAL + NORMAL survives a killed process intact; only a power cut can drop the last commits, and
     # then their tasks re-run when the leases run out. It saves an fsync per lease and per result.
     store.db.execute("PRAGMA synchronous = NORMAL")
-    farm = FarmServer(store, lease_ttl_s=lease_ttl_s, heartbeat_interval_s=heartbeat_interval_s, tokens=tokens)
+    farm = FarmServer(store, lease_ttl_s=lease_ttl_s, heartbeat_interval_s=heartbeat_interval_s, tokens=tokens,
+                      max_watches=max_watches)
     options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                # A dead agent's half-open TCP connection is noticed within a minute.
                ("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeout_ms", 10_000),
                ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
                ("grpc.keepalive_permit_without_calls", 1)]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
+    # A thread for every admitted call, so a call is refused (RESOURCE_EXHAUSTED) rather than left queued.
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_streams, thread_name_prefix="rpc"),
                          interceptors=[TokenInterceptor(tokens)] if tokens else [], options=options,
-                         maximum_concurrent_rpcs=max_workers - 8)
+                         maximum_concurrent_rpcs=max_streams)
     agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(farm), server)
     farm_pb2_grpc.add_FarmServiceServicer_to_server(FarmServicer(farm), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = (FARM_SERVICE, AGENT_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
-    reflection.enable_server_reflection(names, server)
+    if reflection_on:
+        reflection.enable_server_reflection((FARM_SERVICE, AGENT_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME),
+                                            server)
     port = server.add_secure_port(listen, server_credentials(tls)) if tls else server.add_insecure_port(listen)
     if port == 0:
         raise OSError(f"cannot listen on {listen}: the address is in use or not local")

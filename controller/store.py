@@ -3,12 +3,16 @@
 WAL mode, a schema version with ordered migrations, and one transaction per finished run,
 so a crash mid-job loses nothing already measured. Several processes may open the same
 file (`farm cancel` while `farm submit` runs); busy_timeout makes them take turns.
+One connection writes; queries outside a transaction use reader connections of their own,
+so a long write (a run with a million samples) never makes a listing wait (WAL readers see
+the last commit). The file is created readable by its owner only.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import sqlite3
 import threading
 import time
@@ -18,7 +22,7 @@ from typing import Any, Callable, Iterator
 
 import sqlite_utils
 
-from farm.proto.results import RunResult
+from farm.proto.results import FailureClass, ResultRefused, RunResult, RunStatus, TaskStatus
 
 DB_ENV = "FARM_DB"
 
@@ -134,15 +138,20 @@ class StoreError(Exception):
 class Store:
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
-        if str(path) != ":memory:":
+        self._on_disk = str(path) != ":memory:"
+        if self._on_disk:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Results, job files and agent facts are the lab's business; SQLite gives -wal/-shm the same mode.
+            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
         conn = sqlite3.connect(str(path), check_same_thread=False, timeout=30, isolation_level=None)
         conn.execute("PRAGMA busy_timeout = 30000")
         self.db = sqlite_utils.Database(conn)
-        if str(path) != ":memory:":
+        if self._on_disk:
             self.db.enable_wal()
         conn.execute("PRAGMA foreign_keys = ON")
         self._lock = threading.RLock()  # one connection shared by the agent threads
+        self._local = threading.local()  # whether this thread is inside a transaction
+        self._readers: "queue.SimpleQueue[sqlite3.Connection]" = queue.SimpleQueue()  # idle reader connections
         self._migrate()
 
     # --- schema ------------------------------------------------------------
@@ -168,20 +177,45 @@ class Store:
         with self._lock:
             conn = self.db.conn
             conn.execute("BEGIN IMMEDIATE")
+            self._local.writing = True
             try:
                 yield
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
+            finally:
+                self._local.writing = False
             conn.execute("COMMIT")
 
     def query(self, sql: str, params: Any = ()) -> list[dict[str, Any]]:
-        with self._lock:
-            return list(self.db.query(sql, params))
+        if not self._on_disk or getattr(self._local, "writing", False):  # a transaction reads its own writes
+            with self._lock:
+                return list(self.db.query(sql, params))
+        try:
+            conn = self._readers.get_nowait()
+        except queue.Empty:
+            conn = self._open_reader()
+        try:
+            cursor = conn.execute(sql, params)
+            columns = [c[0] for c in cursor.description]
+            return [dict(zip(columns, row)) for row in cursor]
+        finally:
+            self._readers.put(conn)
+
+    def _open_reader(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30, isolation_level=None)
+        conn.execute("PRAGMA busy_timeout = 30000")
+        conn.execute("PRAGMA query_only = ON")
+        return conn
 
     def close(self) -> None:
         with self._lock:
             self.db.conn.close()
+        while True:
+            try:
+                self._readers.get_nowait().close()
+            except queue.Empty:
+                break
 
     # --- jobs and tasks -------------------------------------------------------
     def insert_job(self, job: dict[str, Any], tasks: list[dict[str, Any]]) -> int:
@@ -216,13 +250,17 @@ class Store:
                    result: RunResult, task_fields: dict[str, Any]) -> int | None:
         """Store a run with its samples and update its task, atomically.
 
-        Returns the run id, or None when this (task, attempt) was already recorded.
+        Returns the run id, or None when this agent already delivered this same result. Raises
+        ResultRefused, storing nothing, unless the attempt is running and leased to `agent`.
         """
         with self.transaction():
             existing = self.db.execute(
-                "SELECT id FROM runs WHERE task_id = ? AND attempt = ?", [task["id"], attempt]).fetchone()
+                "SELECT agent, status, message FROM runs WHERE task_id = ? AND attempt = ?", [task["id"], attempt]).fetchone()
             if existing:
-                return None
+                if existing == (agent, result.status.value, result.message):
+                    return None  # delivered twice (the first ack was lost): applied once
+                raise ResultRefused(f"attempt {attempt} of task {task['id']} is already stored: {existing[2]}")
+            self._check_lease(task["id"], attempt, agent)
             limits = result.limits
             run_id = self.db["runs"].insert({
                 "task_id": task["id"], "job_id": task["job_id"], "attempt": attempt,
@@ -237,15 +275,50 @@ class Store:
                 "tool_versions_json": json.dumps(result.tool_versions), "log_tail": result.log_tail,
             }).last_pk
             self._insert_summary(run_id, result)
-            if result.iterations_ms:
-                self.db["iterations"].insert_all(
-                    {"run_id": run_id, "idx": i, "ms": ms} for i, ms in enumerate(result.iterations_ms))
+            if result.iterations_ms:  # executemany: a million samples in a second or two, not a minute
+                self.db.conn.executemany("INSERT INTO iterations (run_id, idx, ms) VALUES (?, ?, ?)",
+                                         ((run_id, i, ms) for i, ms in enumerate(result.iterations_ms)))
             if result.telemetry and result.telemetry.samples:
-                self.db["telemetry"].insert_all(
-                    {"run_id": run_id, "idx": i, "t_s": s.t_s, "cpu_percent": s.cpu_percent,
-                     "memory_bytes": s.memory_bytes} for i, s in enumerate(result.telemetry.samples))
+                self.db.conn.executemany(
+                    "INSERT INTO telemetry (run_id, idx, t_s, cpu_percent, memory_bytes) VALUES (?, ?, ?, ?, ?)",
+                    ((run_id, i, s.t_s, s.cpu_percent, s.memory_bytes) for i, s in enumerate(result.telemetry.samples)))
             self.db["tasks"].update(task["id"], {**task_fields, "last_run_id": run_id})
         return run_id
+
+    def _check_lease(self, task_id: int, attempt: int, agent: str) -> None:
+        row = self.db.execute("SELECT status, attempts, leased_by FROM tasks WHERE id = ?", [task_id]).fetchone()
+        if row is None:
+            raise ResultRefused(f"there is no task {task_id}")
+        status, attempts, leased_by = row
+        if attempts != attempt:
+            raise ResultRefused(f"attempt {attempt} of task {task_id} is not the current one (attempt {attempts})")
+        if status != TaskStatus.RUNNING.value:
+            raise ResultRefused(f"task {task_id} is {status}: attempt {attempt} holds no lease")
+        if leased_by != agent:
+            raise ResultRefused(f"task {task_id} attempt {attempt} is not leased to agent {agent}")
+
+    def record_lost_attempts(self, tasks: list[dict[str, Any]], reason: str, *, retry: Callable[[int, int], bool],
+                             now: float) -> list[int]:
+        """Inside a transaction: each running attempt in `tasks` (id, job_id, attempts, max_attempts, leased_by)
+        becomes a failed run (infrastructure); its task goes back to the queue, or fails when `retry` says no.
+
+        `reason` may name the agent as {agent}. Returns the jobs whose tasks failed for good."""
+        failed_jobs = []
+        for t in tasks:
+            message = reason.format(agent=t["leased_by"] or "(none)")
+            run_id = self.db.execute(
+                "INSERT OR IGNORE INTO runs (task_id, job_id, attempt, status, failure_class, message, agent, finished_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [t["id"], t["job_id"], t["attempts"], RunStatus.FAILED.value, FailureClass.INFRASTRUCTURE.value, message,
+                 t["leased_by"], now]).lastrowid
+            if retry(t["attempts"], t["max_attempts"]):
+                fields = {"status": TaskStatus.PENDING.value, "message": message}
+            else:
+                fields = {"status": TaskStatus.FAILED.value, "failure_class": FailureClass.INFRASTRUCTURE.value,
+                          "finished_at": now, "message": f"{message} (attempt {t['attempts']} of {t['max_attempts']})"}
+                failed_jobs.append(t["job_id"])
+            self.db["tasks"].update(t["id"], {**fields, "leased_by": None, "last_run_id": run_id})
+        return failed_jobs
 
     def _insert_summary(self, run_id: int, r: RunResult) -> None:
         row: dict[str, Any] = {"run_id": run_id, "baseline_memory_bytes": r.baseline_memory_bytes,

@@ -197,3 +197,9 @@ def run_result_from_dict(data: dict[str, Any]) -> RunResult:
 
 def model_facts_from_dict(data: dict[str, Any]) -> ModelFacts:
     return _from_dict(ModelFacts, data)
+
+
+class ResultRefused(Exception):
+    """A result for a task attempt that is not leased to the agent sending it; nothing was stored.
+
+    The message says why (superseded, not running, leased elsewhere); an agent is told it in its ack."""

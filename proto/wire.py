@@ -13,8 +13,13 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from farm.proto.results import RunResult, run_result_from_dict
+from farm.proto.results import FailureClass, RunResult, run_result_from_dict
 from farm.proto.tasks import TaskSpec
+
+# One result on the wire, well under the 16 MiB gRPC message limit, so it always arrives whole.
+MAX_RESULT_BYTES = 8 << 20
+# Per-iteration timings and telemetry samples an agent sends per run (the summary is computed from all).
+MAX_SAMPLES = 100_000
 
 
 def fill_message(message: Message, obj: Any) -> Message:
@@ -83,3 +88,28 @@ def result_to_message(result: RunResult, message: Message) -> Message:
 
 def result_from_message(message: Message) -> RunResult:
     return run_result_from_dict(message_to_dict(message))
+
+
+def result_for_the_wire(result: RunResult, message: Message) -> Message:
+    """Fill `message` with a result that fits MAX_RESULT_BYTES: samples past MAX_SAMPLES are cut with a
+    note; a result that is still too large becomes a `job` failure that says so (it can never be delivered)."""
+    notes = []
+    if len(result.iterations_ms) > MAX_SAMPLES:
+        notes.append(f"kept the first {MAX_SAMPLES} of {len(result.iterations_ms)} per-iteration timings")
+        result = dataclasses.replace(result, iterations_ms=result.iterations_ms[:MAX_SAMPLES])
+    if result.telemetry and len(result.telemetry.samples) > MAX_SAMPLES:
+        notes.append(f"kept the first {MAX_SAMPLES} of {len(result.telemetry.samples)} telemetry samples")
+        result = dataclasses.replace(result, telemetry=dataclasses.replace(
+            result.telemetry, samples=result.telemetry.samples[:MAX_SAMPLES]))
+    if notes:
+        note = "; ".join(notes) + " (the summary covers them all)"
+        result = dataclasses.replace(result, message=f"{result.message}; {note}" if result.message else note)
+    fill_message(message, result)
+    size = message.ByteSize()
+    if size > MAX_RESULT_BYTES:
+        message.Clear()
+        fill_message(message, RunResult.failed(FailureClass.JOB, (
+            f"the run's result is {size} bytes with samples capped at {MAX_SAMPLES}, over the {MAX_RESULT_BYTES} "
+            "byte limit per result (its log tail, environment or tool versions are too large); shorten what the "
+            "workload prints")))
+    return message

@@ -74,19 +74,23 @@ def test_a_superseded_attempt_is_acknowledged_but_not_stored(server: FarmServer)
     ok = RunResult(status=RunStatus.COMPLETED, iterations_ms=[1.0],
                    latency=LatencyStats(None, None, None, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1))
 
-    def deliver(attempt: int) -> agent_pb2.ResultAck:
+    def deliver(attempt: int, agent: str) -> agent_pb2.ResultAck:
         message = agent_pb2.TaskResult(started_at=time.time())
         message.task.task_id, message.task.attempt = task.task_id, attempt
         result_to_message(ok, message.result)
-        return server.apply_result("agent", message)
+        return server.apply_result(agent, message)
 
-    late = deliver(1)
-    assert not late.applied and "superseded by attempt 2" in late.note
-    assert deliver(2).applied
-    twice = deliver(2)
+    late = deliver(1, "slow")
+    assert not late.applied and "lease expired on agent slow" in late.note and "Do not resend" in late.note
+    assert not deliver(2, "slow").applied  # attempt 2 is leased to another agent
+    assert deliver(2, "fast").applied
+    twice = deliver(2, "fast")
     assert not twice.applied and twice.note == "already applied"
-    runs = server.store.query("SELECT attempt FROM runs WHERE task_id = ?", [task.task_id])
-    assert [r["attempt"] for r in runs] == [2]
+    runs = server.store.query("SELECT attempt, agent, failure_class FROM runs WHERE task_id = ? ORDER BY attempt",
+                              [task.task_id])
+    # the lost attempt is a run of its own, the late result changed nothing
+    assert runs == [{"attempt": 1, "agent": "slow", "failure_class": "infrastructure"},
+                    {"attempt": 2, "agent": "fast", "failure_class": None}]
 
 
 class _Refused(Exception):

@@ -65,15 +65,35 @@ def controller(tmp_path: Path):
     c.stop_all()
 
 
-def test_health_answers_serving_and_reflection_lists_the_services(controller: Cluster) -> None:
+def _reflected_services(channel: grpc.Channel) -> set[str]:
+    reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+    replies = reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10)
+    return {s.name for reply in replies for s in reply.list_services_response.service}
+
+
+def test_reflection_is_off_unless_asked_for(controller: Cluster) -> None:
+    with grpc.insecure_channel(controller.address) as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            _reflected_services(channel)
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_health_answers_serving_and_reflection_lists_the_services(tmp_path: Path) -> None:
+    controller = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": ""})
+    controller.start_controller("--no-auth", "--reflection")
+    try:
+        _check_health_and_reflection(controller)
+    finally:
+        controller.stop_all()
+
+
+def _check_health_and_reflection(controller: Cluster) -> None:
     with grpc.insecure_channel(controller.address) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         for service in ("", "farm.v1.FarmService", "farm.v1.AgentService"):
             answer = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
             assert answer.status == health_pb2.HealthCheckResponse.SERVING
-        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
-        replies = reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10)
-        services = {s.name for reply in replies for s in reply.list_services_response.service}
+        services = _reflected_services(channel)
     assert {"farm.v1.FarmService", "farm.v1.AgentService", "grpc.health.v1.Health"} <= services
 
 
@@ -161,6 +181,6 @@ def test_one_device_cannot_be_registered_by_two_agents(controller: Cluster) -> N
     finally:
         first.close()
         second.close()
-    assert "already registered by agent 'rack-a'" in str(second.fatal)
+    assert "belongs to agent 'rack-a' (online)" in str(second.fatal)
     devices = controller.farm("devices", "--json", "--controller", controller.address)
     assert '"name": "g6-1"' in devices.stdout and '"agent": "rack-a"' in devices.stdout

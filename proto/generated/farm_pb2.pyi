@@ -137,3 +137,17 @@ class GetResultsResponse(_message.Message):
     RECORDS_JSON_FIELD_NUMBER: _ClassVar[int]
     records_json: str
     def __init__(self, records_json: _Optional[str] = ...) -> None: ...
+
+class ForgetDeviceRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ForgetDeviceResponse(_message.Message):
+    __slots__ = ("name", "agent")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    agent: str
+    def __init__(self, name: _Optional[str] = ..., agent: _Optional[str] = ...) -> None: ...

@@ -75,6 +75,11 @@ class FarmServiceStub:
                 request_serializer=farm_dot_v1_dot_farm__pb2.JobRequest.SerializeToString,
                 response_deserializer=farm_dot_v1_dot_farm__pb2.GetResultsResponse.FromString,
                 _registered_method=True)
+        self.ForgetDevice = channel.unary_unary(
+                '/farm.v1.FarmService/ForgetDevice',
+                request_serializer=farm_dot_v1_dot_farm__pb2.ForgetDeviceRequest.SerializeToString,
+                response_deserializer=farm_dot_v1_dot_farm__pb2.ForgetDeviceResponse.FromString,
+                _registered_method=True)
 
 
 class FarmServiceServicer:
@@ -129,6 +134,13 @@ class FarmServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForgetDevice(self, request, context):
+        """Admin only: free a device name its (offline) agent registered, so another agent may take it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FarmServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -171,6 +183,11 @@ def add_FarmServiceServicer_to_server(servicer, server):
                     servicer.GetResults,
                     request_deserializer=farm_dot_v1_dot_farm__pb2.JobRequest.FromString,
                     response_serializer=farm_dot_v1_dot_farm__pb2.GetResultsResponse.SerializeToString,
+            ),
+            'ForgetDevice': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetDevice,
+                    request_deserializer=farm_dot_v1_dot_farm__pb2.ForgetDeviceRequest.FromString,
+                    response_serializer=farm_dot_v1_dot_farm__pb2.ForgetDeviceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -389,6 +406,33 @@ class FarmService:
             '/farm.v1.FarmService/GetResults',
             farm_dot_v1_dot_farm__pb2.JobRequest.SerializeToString,
             farm_dot_v1_dot_farm__pb2.GetResultsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetDevice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/farm.v1.FarmService/ForgetDevice',
+            farm_dot_v1_dot_farm__pb2.ForgetDeviceRequest.SerializeToString,
+            farm_dot_v1_dot_farm__pb2.ForgetDeviceResponse.FromString,
             options,
             channel_credentials,
             insecure,
