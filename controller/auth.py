@@ -138,7 +138,7 @@ def check_access(method: str, header: str | None, tokens: TokenTable) -> tuple[g
         return (grpc.StatusCode.PERMISSION_DENIED,
                 f"{method}: this is {_article(identity.role)} {identity.role} token, and this call needs {_article(wanted)} "
                 f"{wanted} token. "
-                f"Use a {wanted} token with {ROLE_USE[wanted]}.")
+                f"Use {_article(wanted)} {wanted} token with {ROLE_USE[wanted]}.")
     return None
 
 

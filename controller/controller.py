@@ -18,7 +18,7 @@ from farm.controller.jobfile import ResolvedJob
 from farm.controller.metrics import record_lease_expiries
 from farm.controller.schedule import PRIORITY_RANK, expand_tasks
 from farm.controller.store import Store
-from farm.proto.results import FailureClass, JobStatus, RunResult, TaskStatus
+from farm.proto.results import FailureClass, JobStatus, ResultRefused, RunResult, TaskStatus
 from farm.proto.tasks import TaskSpec
 
 LEASE_TTL_S = 60.0
@@ -241,7 +241,7 @@ class Controller:
         Raises ResultRefused unless the attempt is running and leased to `agent`."""
         task = self.store.task(task_id)
         if task is None:
-            raise KeyError(task_id)
+            raise ResultRefused(f"there is no task {task_id}")
         job = self.store.job(task["job_id"])
         if result.ok:
             fields = {"status": TaskStatus.COMPLETED.value, "failure_class": None, "message": ""}

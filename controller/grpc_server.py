@@ -671,6 +671,19 @@ class RunningServer:
 DEFAULT_REFRESH_SUITE = Path(__file__).resolve().parent.parent / "examples" / "reference-suite.yaml"
 
 
+def startup_warnings(listen: str, *, tokens: bool, tls: bool, metrics_listen: str | None) -> list[str]:
+    """What an operator should hear about before the first agent connects."""
+    warnings = []
+    if tokens and not tls and not is_loopback(listen):
+        warnings.append(f"tokens travel in plain text to {listen}: anyone on the network path can read them and use "
+                        "them. Serve TLS (--tls-cert, --tls-key) or listen on a loopback address.")
+    if metrics_listen and not is_loopback(metrics_listen):
+        warnings.append(f"the metrics endpoint on {metrics_listen} has no authentication: it shows device names, agents "
+                        "and job counts to anyone who can reach it. Listen on a loopback address or keep it on a "
+                        "trusted network.")
+    return warnings
+
+
 def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles | None = None,
           lease_ttl_s: float = 30.0, heartbeat_interval_s: float | None = None, max_streams: int = DEFAULT_MAX_STREAMS,
           max_watches: int = DEFAULT_MAX_WATCHES, reflection_on: bool = False,
@@ -684,13 +697,8 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
     """
     if tls:
         check_server_certificate(tls)  # an expired certificate fails now, not in every client later
-    if tokens and not tls and not is_loopback(listen):
-        log.warning("tokens travel in plain text to %s: anyone on the network path can read them and use them. "
-                    "Serve TLS (--tls-cert, --tls-key) or listen on a loopback address.", listen)
-    if metrics_listen and not is_loopback(metrics_listen):
-        log.warning("the metrics endpoint on %s has no authentication: it shows device names, agents and job counts "
-                    "to anyone who can reach it. Listen on a loopback address or keep it on a trusted network.",
-                    metrics_listen)
+    for warning in startup_warnings(listen, tokens=tokens is not None, tls=tls is not None, metrics_listen=metrics_listen):
+        log.warning("%s", warning)
     # WAL + NORMAL survives a killed process intact; only a power cut can drop the last commits, and
     # then their tasks re-run when the leases run out. It saves an fsync per lease and per result.
     store.db.execute("PRAGMA synchronous = NORMAL")

@@ -290,10 +290,10 @@ class Store:
         if row is None:
             raise ResultRefused(f"there is no task {task_id}")
         status, attempts, leased_by = row
-        if attempts != attempt:
-            raise ResultRefused(f"attempt {attempt} of task {task_id} is not the current one (attempt {attempts})")
         if status != TaskStatus.RUNNING.value:
             raise ResultRefused(f"task {task_id} is {status}: attempt {attempt} holds no lease")
+        if attempts != attempt:
+            raise ResultRefused(f"attempt {attempt} of task {task_id} is not the current one (attempt {attempts})")
         if leased_by != agent:
             raise ResultRefused(f"task {task_id} attempt {attempt} is not leased to agent {agent}")
 

@@ -108,10 +108,13 @@ def test_an_agent_killed_mid_task_loses_nothing_and_counts_nothing_twice(cluster
 
     runs = _runs_per_task(cluster)
     retried = cluster.db().execute("SELECT id, attempts FROM tasks WHERE attempts > 1").fetchall()
-    # the killed attempt left no run; its task ran again elsewhere, as attempt + 1
+    # the killed attempt is stored as a lost run; its task ran again elsewhere, as attempt + 1
     assert len(retried) == 1
     task_id, attempts = retried[0]
-    assert runs[task_id] == [(attempts, "completed", "survivor")]
+    assert runs.pop(task_id) == [(attempts - 1, "failed", "victim"), (attempts, "completed", "survivor")]
+    assert cluster.db().execute("SELECT failure_class, message FROM runs WHERE task_id = ? AND attempt = ?",
+                                [task_id, attempts - 1]).fetchone() == (
+        "infrastructure", "lease expired on agent victim: it stopped renewing the lease")
     assert all(len(r) == 1 and r[0][1] == "completed" for r in runs.values())  # one stored result per task
     records = json.loads(cluster.farm("results", "1", "--format", "json", "--controller", cluster.address).stdout)
     assert len(records) == 4 and {r["status"] for r in records} == {"completed"}
