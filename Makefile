@@ -31,6 +31,7 @@ bench: models
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/calibration.py
 	$(PY) benchmarks/scheduling.py --agents 100 --tasks 2000
+	$(PY) benchmarks/wire_capacity.py
 
 # Controller throughput and dispatch latency: 100 agents with an instant driver, loopback gRPC.
 bench-scheduling: setup

@@ -14,6 +14,7 @@ from rich.text import Text
 
 from farm.cli.console import open_store, out, when
 from farm.cli.remote import RemoteError, controller_address, remote_forget_device
+from farm.proto.escape import printable
 
 
 def cmd_device(args: argparse.Namespace) -> int:
@@ -38,7 +39,7 @@ def cmd_device(args: argparse.Namespace) -> int:
         for c in ("device", "health", "since", "reason"):
             t.add_column(c)
         for r in rows:
-            t.add_row(Text(r["name"]), r["health"], when(r["changed_at"]), Text(r["reason"] or ""))
+            t.add_row(Text(r["name"]), r["health"], when(r["changed_at"]), Text(printable(r["reason"] or "", limit=None)))
         out.print(t)
         return 0
     if args.json:

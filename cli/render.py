@@ -10,6 +10,8 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from farm.proto.escape import printable
+
 
 def _fmt(v: float | None, digits: int = 2) -> str:
     return "—" if v is None else f"{v:.{digits}f}"
@@ -87,8 +89,9 @@ def pairs_table(pairs: list[dict[str, Any]], title: str | None = None) -> Table:
 
 
 def failures(records: list[dict[str, Any]]) -> list[str]:
-    return [f"{r['model']['name']} (threads {r['threads']}, repeat {r['repeat']}): {r['failure_class']}: {r['message']}"
-            for r in records if r["failure_class"] and r["status"] not in ("completed", "canceled")]
+    # a message may quote an agent or a script: escaped, but its lines kept
+    return [f"{r['model']['name']} (threads {r['threads']}, repeat {r['repeat']}): {r['failure_class']}: "
+            f"{printable(r['message'], limit=None, multiline=True)}" for r in records if r["failure_class"] and r["status"] not in ("completed", "canceled")]
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:

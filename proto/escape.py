@@ -21,9 +21,13 @@ def _escape(match: re.Match[str]) -> str:
     return f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
 
 
-def printable(text: object, limit: int | None = DEFAULT_LIMIT) -> str:
-    """`text` with every control character shown as an escape, cut to `limit` characters (None: whole)."""
+def printable(text: object, limit: int | None = DEFAULT_LIMIT, *, multiline: bool = False) -> str:
+    """`text` with every control character shown as an escape, cut to `limit` characters (None: whole).
+
+    multiline keeps line breaks, for a message printed on its own (a traceback, a script's last output)."""
     value = str(text)
     if limit is not None and len(value) > limit:
         value = f"{value[:limit]}… ({len(value)} characters)"
+    if multiline:
+        return "\n".join(_UNSAFE.sub(_escape, line) for line in value.split("\n"))
     return _UNSAFE.sub(_escape, value)
