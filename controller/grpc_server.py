@@ -67,6 +67,10 @@ def _ref(task_id: int, attempt: int) -> common_pb2.TaskRef:
     return common_pb2.TaskRef(task_id=task_id, attempt=attempt)
 
 
+class DeviceTaken(Exception):
+    """A hello names a device another agent registered; the message says whose and how to free it."""
+
+
 @dataclass
 class AgentSession:
     """One connected agent stream."""
@@ -230,6 +234,14 @@ class FarmServer:
         session = AgentSession(name=hello.agent_name, session_id=uuid.uuid4().hex, peer=peer, hello=hello)
         still_running = {(r.task_id, r.attempt) for r in hello.running}
         with self._lock:
+            for device in hello.devices:  # a dict lookup each: registration is linear in the number of devices
+                holder = self.device_owner.get(device.name)
+                if holder is not None and holder != hello.agent_name:
+                    state = "online" if holder in self.sessions else "offline"
+                    raise DeviceTaken(
+                        f"device {device.name!r} belongs to agent {holder!r} ({state}), which registered it first. "
+                        "One device, one agent: remove it from one of the two device lists; if it has moved, an "
+                        f"admin frees the name with `farm device forget {device.name} --controller HOST:PORT`.")
             old = self.sessions.get(hello.agent_name)
             if old is not None:
                 log.info("agent %s reconnected from %s; its old session %s is closed", hello.agent_name, peer, old.session_id)
@@ -451,7 +463,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message on the agent stream must be a hello")
         hello = first.hello
         self._check_hello(hello, identity, context)
-        session, released = self.server.open_session(hello, context.peer())
+        try:
+            session, released = self.server.open_session(hello, context.peer())
+        except DeviceTaken as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         log.info("agent %s connected from %s (farm %s, host %s, %d device(s))", hello.agent_name, context.peer(),
                  printable(hello.farm_version), printable(hello.hostname), len(hello.devices))
         reader = threading.Thread(target=self._read, args=(session, request_iterator), name=f"agent-{session.name}", daemon=True)
@@ -506,13 +521,6 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             if device.name in seen:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"device {device.name!r} appears twice in the hello")
             seen.add(device.name)
-            holder = self.server.device_owner.get(device.name)  # a dict: registration is linear in devices
-            if holder is not None and holder != hello.agent_name:
-                state = "online" if holder in self.server.sessions else "offline"
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"device {device.name!r} belongs to agent {holder!r} ({state}), which registered it first. "
-                              "One device, one agent: remove it from one of the two device lists; if it has moved, "
-                              f"an admin frees the name with `farm device forget {device.name} --controller HOST:PORT`.")
 
     def _read(self, session: AgentSession, request_iterator: Iterator[agent_pb2.AgentMessage]) -> None:
         try:

@@ -475,3 +475,13 @@ def test_start_up_refuses_an_expired_certificate_and_warns_about_exposure(tmp_pa
     assert any("tokens travel in plain text" in w for w in warnings)
     assert any("metrics endpoint on 0.0.0.0:9100" in w for w in warnings)
     assert startup_warnings("127.0.0.1:7443", tokens=True, tls=False, metrics_listen="127.0.0.1:9100") == []
+
+
+def test_printable_escapes_what_could_forge_a_line_or_drive_a_terminal() -> None:
+    from farm.proto.escape import printable
+
+    assert printable("rack\n2026 INFO forged") == "rack\\n2026 INFO forged"
+    assert printable("\x1b[2Jx\x07\x9b\u202egnp.exe") == "\\x1b[2Jx\\x07\\x9b\\u202egnp.exe"
+    assert printable("plain-name_1.0 ü") == "plain-name_1.0 ü"  # ordinary text is left alone
+    assert printable("x" * 500, limit=10) == "xxxxxxxxxx… (500 characters)"
+    assert printable("line one\nline \x1b two", limit=None, multiline=True) == "line one\nline \\x1b two"
