@@ -138,15 +138,11 @@ class Controller:
         return job["status"]
 
     def resume(self, job_id: int) -> int:
-        """Take over an interrupted job: its unfinished tasks go back to the queue."""
-        with self.store.transaction():
-            n = self.store.db.execute(
-                "UPDATE tasks SET status = ?, leased_by = NULL WHERE job_id = ? AND status = ?",
-                [TaskStatus.PENDING.value, job_id, TaskStatus.RUNNING.value]).rowcount
-            self.store.db["jobs"].update(job_id, {
-                "owner_pid": os.getpid(), "owner_host": socket.gethostname(),
-                "status": JobStatus.QUEUED.value, "finished_at": None})
-        return n
+        """Take over an interrupted job: its unfinished tasks go back to the queue (each lost attempt a run)."""
+        self.store.update_job(job_id, owner_pid=os.getpid(), owner_host=socket.gethostname(),
+                              status=JobStatus.QUEUED.value, finished_at=None)
+        return self.lose_attempts("job_id = ? AND status = 'running'", [job_id],
+                                  "interrupted: the farm process running it on agent {agent} stopped")
 
     # --- agents ------------------------------------------------------------------
     def lease(self, agent: str, targets: set[str], *, job_id: int | None = None) -> TaskSpec | None:
