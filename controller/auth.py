@@ -221,7 +221,10 @@ def is_loopback(listen: str) -> bool:
 
 def check_tokens_file(path: Path) -> None:
     """Warn when others on the host can read the tokens (they would be any role they like)."""
-    mode = path.stat().st_mode
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return  # reading it fails next, with the reason
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         log.warning(f"the tokens file {path} can be read by its group or by others (mode {stat.S_IMODE(mode):04o}); "
              f"anyone who reads it holds every role. Run `chmod 600 {path}`.")

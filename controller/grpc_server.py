@@ -35,7 +35,7 @@ from farm.controller.auth import (
 )
 from farm.controller.controller import TERMINAL_JOB, Controller
 from farm.controller.jobfile import JobFileError, load_job_text
-from farm.controller.metrics import MetricsServer, serve_metrics
+from farm.controller.metrics import MetricsServer, parse_listen, serve_metrics
 from farm.controller.results import run_records
 from farm.controller.store import Store
 from farm.proto.escape import printable
@@ -685,7 +685,7 @@ def startup_warnings(listen: str, *, tokens: bool, tls: bool, metrics_listen: st
     if tokens and not tls and not is_loopback(listen):
         warnings.append(f"tokens travel in plain text to {listen}: anyone on the network path can read them and use "
                         "them. Serve TLS (--tls-cert, --tls-key) or listen on a loopback address.")
-    if metrics_listen and not is_loopback(metrics_listen):
+    if metrics_listen and not is_loopback(f"[{parse_listen(metrics_listen)[0]}]:0"):  # a bare :PORT is loopback there
         warnings.append(f"the metrics endpoint on {metrics_listen} has no authentication: it shows device names, agents "
                         "and job counts to anyone who can reach it. Listen on a loopback address or keep it on a "
                         "trusted network.")
