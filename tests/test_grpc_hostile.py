@@ -485,3 +485,34 @@ def test_printable_escapes_what_could_forge_a_line_or_drive_a_terminal() -> None
     assert printable("plain-name_1.0 ü") == "plain-name_1.0 ü"  # ordinary text is left alone
     assert printable("x" * 500, limit=10) == "xxxxxxxxxx… (500 characters)"
     assert printable("line one\nline \x1b two", limit=None, multiline=True) == "line one\nline \\x1b two"
+
+
+def test_the_stream_cap_is_a_setting_and_refuses_clearly_when_reached(tmp_path: Path, tiny_models) -> None:
+    cluster = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_CONFIG": str(tmp_path / "none")})
+    os.symlink(tiny_models["onnx"], tmp_path / "tiny.onnx")
+    (tmp_path / "job.yaml").write_text("models: [tiny.onnx]\n")
+    try:
+        cluster.start_controller("--no-auth", "--max-streams", "4")
+        job = json.loads(cluster.farm("submit", str(tmp_path / "job.yaml"), "--controller", cluster.address,
+                                      "--detach", "--json").stdout)["job"]
+        with grpc.insecure_channel(cluster.address) as channel:
+            stub = farm_pb2_grpc.FarmServiceStub(channel)
+            watches = [stub.WatchJob(farm_pb2.JobRequest(job_id=job)) for _ in range(4)]
+            for w in watches:
+                next(w)
+            with pytest.raises(grpc.RpcError) as full:
+                stub.ListJobs(farm_pb2.ListJobsRequest(), timeout=10)
+            assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            for w in watches:
+                w.cancel()
+            wait_for(lambda: _answers(stub), 20, "the streams to close and the controller to answer again")
+    finally:
+        cluster.stop_all()
+
+
+def _answers(stub: farm_pb2_grpc.FarmServiceStub) -> bool:
+    try:
+        stub.ListJobs(farm_pb2.ListJobsRequest(), timeout=10)
+        return True
+    except grpc.RpcError:
+        return False
