@@ -23,12 +23,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from farm.agents.remote_controller import DeviceInfo, RemoteController
 from farm.controller.auth import is_loopback
 from farm.controller.grpc_server import startup_warnings
 from farm.controller.store import Store
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2, farm_pb2, farm_pb2_grpc
-from farm.proto.results import FailureClass, LatencyStats, RunResult, RunStatus
+from farm.proto.results import LatencyStats, RunResult, RunStatus
 from farm.proto.wire import MAX_RESULT_BYTES, MAX_SAMPLES, result_for_the_wire, result_to_message
 from grpc_processes import Cluster, wait_for
 
@@ -438,9 +437,6 @@ def test_a_token_must_be_a_bearer_token_and_is_never_echoed(lab: Cluster) -> Non
 
 
 def test_start_up_refuses_an_expired_certificate_and_warns_about_exposure(tmp_path: Path) -> None:
-    pytest.importorskip("cryptography")
-    from test_grpc_security import _write_certificates
-
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -464,7 +460,6 @@ def test_start_up_refuses_an_expired_certificate_and_warns_about_exposure(tmp_pa
                            timeout=60)
     assert refused.returncode == 2 and "expired on" in refused.stderr and "--tls-cert" in refused.stderr, refused.stderr
     assert f"chmod 600 {tokens}" in refused.stderr  # the readable tokens file was pointed out first
-    assert _write_certificates  # the valid-certificate cases live in test_grpc_security
 
     sneaky = cluster.farm("controller", "serve", "--listen", "127.evil.example:0", "--no-auth", timeout=60)
     assert sneaky.returncode == 2 and "only allowed on a loopback address" in sneaky.stderr
