@@ -61,6 +61,8 @@ AGENT_SERVICE = "farm.v1.AgentService"
 DEFAULT_MAX_STREAMS = 2500
 DEFAULT_MAX_WATCHES = 64  # WatchJob streams per caller (token, or peer host without tokens)
 MAX_DEVICES_PER_AGENT = 10_000
+MAX_OPEN_REQUESTS = MAX_DEVICES_PER_AGENT + 256  # idle slots one agent may have waiting: a slot per device, plus sim slots
+MAX_CANCELS_PER_HEARTBEAT = 64  # answers to refs that are not the session's own: bounded, so a forged list amplifies nothing
 
 
 def _ref(task_id: int, attempt: int) -> common_pb2.TaskRef:
@@ -84,6 +86,7 @@ class AgentSession:
     state: str = "online"
     outbox: "queue.Queue[agent_pb2.ControllerMessage | None]" = field(default_factory=queue.Queue)
     requests: dict[int, frozenset[str]] = field(default_factory=dict)  # idle slots: request id -> targets
+    targets: frozenset[str] = frozenset()  # what its slots may ask for: "sim" and the devices of its hello
     running: set[tuple[int, int]] = field(default_factory=set)
     closed: threading.Event = field(default_factory=threading.Event)
     taken_over_by: str | None = None  # peer of the newer connection under the same name
@@ -231,7 +234,8 @@ class FarmServer:
         A hello renews no lease: the agent's first heartbeat, sent right after it, renews what still
         runs, while a task whose result cannot be delivered is left to run out its lease.
         """
-        session = AgentSession(name=hello.agent_name, session_id=uuid.uuid4().hex, peer=peer, hello=hello)
+        session = AgentSession(name=hello.agent_name, session_id=uuid.uuid4().hex, peer=peer, hello=hello,
+                               targets=frozenset({"sim", *(d.name for d in hello.devices)}))
         still_running = {(r.task_id, r.attempt) for r in hello.running}
         with self._lock:
             for device in hello.devices:  # a dict lookup each: registration is linear in the number of devices
@@ -302,20 +306,32 @@ class FarmServer:
         session.last_seen = time.time()
         kind = message.WhichOneof("kind")
         if kind == "work_request":
-            if session.state == "online":
+            targets = frozenset(message.work_request.targets)
+            if not targets or not targets <= session.targets:
+                # Another agent's device would hand this one its tasks, and with them the right to report their results.
+                log.warning("agent %s asked for work on %s, which it did not register; ignored", session.name,
+                            printable(",".join(sorted(targets - session.targets)[:5])))
+            elif len(session.requests) >= MAX_OPEN_REQUESTS:
+                log.warning("agent %s has %d idle slots waiting already; request ignored", session.name, len(session.requests))
+            elif session.state == "online":
                 with self._lock:
-                    session.requests[message.work_request.request_id] = frozenset(message.work_request.targets)
+                    session.requests[message.work_request.request_id] = targets
                 self.wake()
         elif kind == "heartbeat":
-            current = self.sessions.get(session.name) is session
-            for ref in message.heartbeat.running:
-                started = time.perf_counter()
-                alive = current and self.controller.heartbeat(ref.task_id, ref.attempt, session.name)
-                self._timed("heartbeat", started)
+            with self._lock:  # only this session's own leases are renewed; the rest is refused without a query
+                held = set(session.running) if self.sessions.get(session.name) is session else set()
+            refs = list(message.heartbeat.running)
+            foreign = [ref for ref in refs if (ref.task_id, ref.attempt) not in held]
+            if foreign:
+                log.warning("agent %s heartbeat for %d task attempt(s) not leased to its session (task %d attempt %d, "
+                            "...); refused", session.name, len(foreign), foreign[0].task_id, foreign[0].attempt)
+            for ref in [ref for ref in refs if (ref.task_id, ref.attempt) in held] + foreign[:MAX_CANCELS_PER_HEARTBEAT]:
+                alive = False
+                if (ref.task_id, ref.attempt) in held:
+                    started = time.perf_counter()
+                    alive = self.controller.heartbeat(ref.task_id, ref.attempt, session.name)
+                    self._timed("heartbeat", started)
                 if not alive:
-                    if not self._leased_to(session.name, ref.task_id, ref.attempt):
-                        log.warning("agent %s heartbeat for task %d attempt %d refused: not a lease of its session",
-                                    session.name, ref.task_id, ref.attempt)
                     session.send(agent_pb2.ControllerMessage(cancel=agent_pb2.CancelTask(
                         task=ref, reason="the job was canceled, or this agent holds no lease on this attempt "
                                          "(it ran out and the task went elsewhere)")))
@@ -337,11 +353,6 @@ class FarmServer:
                     self._record_agent(session, "draining")
         elif kind == "progress":
             pass  # progress is informational; the stored state changes with results
-
-    def _leased_to(self, agent: str, task_id: int, attempt: int) -> bool:
-        rows = self.store.query("SELECT 1 FROM tasks WHERE id = ? AND attempts = ? AND status = 'running' AND leased_by = ?",
-                                [task_id, attempt, agent])
-        return bool(rows)
 
     def apply_result(self, agent: str, message: agent_pb2.TaskResult) -> agent_pb2.ResultAck:
         """Apply a result once, and only from the agent holding that attempt's lease.

@@ -204,7 +204,26 @@ def test_a_heartbeat_for_another_agents_task_does_not_keep_its_lease(lab: Cluste
                          [task.task_id]).fetchone()
         assert run == (1, "failed", "infrastructure", "lease expired on agent a1: it stopped renewing the lease", "a1")
         assert db.execute("SELECT status, leased_by FROM tasks WHERE id = ?", [task.task_id]).fetchone() == ("pending", None)
-    assert "agent a2 heartbeat for task" in lab.processes[0].output()
+    assert "agent a2 heartbeat for 1 task attempt(s) not leased to its session" in lab.processes[0].output()
+
+
+def test_an_agent_cannot_ask_for_the_tasks_of_another_agents_device(lab: Cluster) -> None:
+    owner = RawAgent(lab.address, "a1", A1, devices=["phone1"])
+    intruder = RawAgent(lab.address, "a2", A2)
+    try:
+        owner.expect("welcome"), intruder.expect("welcome")
+        (lab.root / "phone.yaml").write_text("models: [tiny.onnx]\ntargets: [phone1]\n")
+        run = lab.farm("submit", str(lab.root / "phone.yaml"), "--controller", lab.address, "--token", CLIENT,
+                       "--detach")
+        assert run.returncode == 0, run.stderr
+        intruder.send(work_request=agent_pb2.WorkRequest(request_id=1, targets=["phone1"]))
+        wait_for(lambda: "agent a2 asked for work on phone1, which it did not register; ignored"
+                 in lab.processes[0].output(), 30, "the refusal in the log")
+        assert intruder.lease(request_id=2, target="sim").target == "sim"  # its own kind of work still comes
+        assert owner.lease(request_id=1, target="phone1").target == "phone1"  # the phone's task waited for its owner
+        assert intruder.inbox.empty()
+    finally:
+        owner.close(), intruder.close()
 
 
 # --- attack 11: a device name belongs to its agent until an admin frees it ---------------------
