@@ -24,15 +24,39 @@ from farm.models.generate import generate_examples
     ("*/15 * * * *", dt.datetime(2026, 11, 21, 23, 7, 30), dt.datetime(2026, 11, 21, 23, 15)),
     ("0 3 * * 1-5", dt.datetime(2026, 11, 21, 12, 0), dt.datetime(2026, 11, 23, 3, 0)),  # Sat -> Mon
     ("0 0 1 1,7 *", dt.datetime(2026, 2, 1), dt.datetime(2026, 7, 1)),
+    # day-of-month OR day-of-week when both are restricted: the 1st, or any Monday (not 2027-02-01)
+    ("0 0 1 * 1", dt.datetime(2026, 11, 22, 13, 0), dt.datetime(2026, 11, 23, 0, 0)),
+    ("0 0 1 * 1", dt.datetime(2026, 11, 30, 1, 0), dt.datetime(2026, 12, 1, 0, 0)),
+    ("0 0 13 * 5", dt.datetime(2026, 11, 8), dt.datetime(2026, 11, 13)),  # Friday the 13th counts once
+    ("0 4 * * 7", dt.datetime(2026, 11, 22, 5, 0), dt.datetime(2026, 11, 29, 4, 0)),  # 7 is Sunday, like 0
+    ("0 4 * * 0", dt.datetime(2026, 11, 22, 5, 0), dt.datetime(2026, 11, 29, 4, 0)),
+    ("0 9 * JAN MON", dt.datetime(2026, 11, 22), dt.datetime(2027, 1, 4, 9, 0)),  # names: Mondays in January
+    ("30 1 * * mon-fri", dt.datetime(2026, 11, 21, 12, 0), dt.datetime(2026, 11, 23, 1, 30)),
+    ("@daily", dt.datetime(2026, 11, 22, 13, 5), dt.datetime(2026, 11, 23, 0, 0)),
+    ("@midnight", dt.datetime(2026, 11, 22, 13, 5), dt.datetime(2026, 11, 23, 0, 0)),
+    ("@hourly", dt.datetime(2026, 11, 22, 13, 5), dt.datetime(2026, 11, 22, 14, 0)),
+    ("@weekly", dt.datetime(2026, 11, 22, 13, 5), dt.datetime(2026, 11, 29, 0, 0)),  # Sunday midnight
+    ("@monthly", dt.datetime(2026, 11, 22), dt.datetime(2026, 12, 1)),
+    ("@yearly", dt.datetime(2026, 11, 22), dt.datetime(2027, 1, 1)),
+    ("@DAILY", dt.datetime(2026, 11, 22, 13, 5), dt.datetime(2026, 11, 23, 0, 0)),
 ])
 def test_cron_next_run(expr: str, after: dt.datetime, expected: dt.datetime) -> None:
     assert Cron.parse(expr).next_after(after) == expected
 
 
-@pytest.mark.parametrize("expr", ["30 2 * *", "61 * * * *", "a b c d e", "*/0 * * * *", "5-1 * * * *"])
+@pytest.mark.parametrize("expr", ["30 2 * *", "61 * * * *", "a b c d e", "*/0 * * * *", "5-1 * * * *",
+                                  "0 0 * * 8", "0 0 * FOO *", "@reboot", "@sometimes", "0 0 30 2 *",
+                                  "0 0 1 * 1 5"])
 def test_bad_cron_is_refused_clearly(expr: str) -> None:
     with pytest.raises(CronError):
         Cron.parse(expr)
+
+
+def test_cron_matches_says_whether_a_minute_is_scheduled() -> None:
+    cron = Cron.parse("0 0 1 * 1")  # the 1st, or a Monday
+    assert cron.matches(dt.datetime(2026, 12, 1))  # a Tuesday, the 1st
+    assert cron.matches(dt.datetime(2026, 11, 23))  # a Monday, the 23rd
+    assert not cron.matches(dt.datetime(2026, 11, 24))
 
 
 def test_the_suite_is_submitted_when_due_and_checked_when_done(tmp_path: Path) -> None:
