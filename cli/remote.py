@@ -488,7 +488,7 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
                    help="also serve Prometheus metrics at http://HOST:PORT/metrics (no auth: loopback or a trusted network)")
     s.add_argument("--refresh-cron", default=None, metavar="'M H DOM MON DOW'",
                    help="submit the reference suite to every registered device on this schedule, e.g. '30 2 * * *' or '@daily'")
-    s.add_argument("--refresh-suite", default=None, help="the reference suite job file (default examples/reference-suite.yaml)")
+    s.add_argument("--refresh-suite", default=None, help="the reference suite job file (default: the one farm ships)")
     s.add_argument("--verbose", action="store_true")
     s.set_defaults(func=cmd_controller_serve)
 

@@ -69,11 +69,11 @@ class Controller:
         self.lease_ttl_s = lease_ttl_s
 
     # --- clients -----------------------------------------------------------------
-    def submit(self, job: ResolvedJob, *, name: str | None = None) -> int:
+    def submit(self, job: ResolvedJob, *, name: str | None = None, kind: str = "user") -> int:
         spec = job.spec
         tasks = expand_tasks(job)
         job_id = self.store.insert_job({
-            "name": name or spec.name or (job.source_path.stem if job.source_path else "job"),
+            "name": name or spec.name or (job.source_path.stem if job.source_path else "job"), "kind": kind,
             "status": JobStatus.QUEUED.value, "priority": spec.priority, "created_at": time.time(),
             "spec_json": spec.model_dump_json(), "spec_yaml": job.source,
             "source_path": str(job.source_path) if job.source_path else None,
@@ -272,8 +272,8 @@ class Controller:
             self._finish_job_if_done(job_id)
         from farm.controller.alerts import alerts_from_environment, quarantine_event
         hook = alerts_from_environment()
-        if hook is not None:
-            hook.send(quarantine_event(device, reason))  # rare and important: sent before returning
+        if hook is not None:  # queued: a hook that is down must not hold the caller (apply_result holds a lock)
+            hook.send_async(quarantine_event(device, reason))
         return len(jobs)  # tasks failed (one entry per task)
 
     def release(self, device: str) -> None:

@@ -17,9 +17,9 @@ from typing import Callable
 
 from croniter import CroniterError, croniter
 
-from farm.controller.controller import Controller
-from farm.controller.jobfile import DeviceTarget, JobFileError, load_job
-from farm.controller.refresh import REFERENCE_SUITE_NAME, after_reference_run
+from farm.controller.jobfile import DeviceTarget, JobFileError
+from farm.controller.reference_suite import HEALTH_CHECK, SuiteError, submit_reference_suite
+from farm.controller.refresh import after_reference_run
 from farm.controller.store import Store
 
 log = logging.getLogger("farm.nightly")
@@ -81,18 +81,18 @@ _MACROS = frozenset({"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@
 class NightlyRefresh:
     """Submits the reference suite when the cron says so; checks each such job once it is done."""
 
-    def __init__(self, store: Store, suite: Path, cron: Cron, devices: Callable[[], list[DeviceTarget]], *,
+    def __init__(self, store: Store, suite: Path | None, cron: Cron, devices: Callable[[], list[DeviceTarget]], *,
                  alert: Callable[[dict], object] | None = None, clock: Callable[[], dt.datetime] = dt.datetime.now) -> None:
         self.store = store
-        self.suite = suite
+        self.suite = suite  # None: the suite that ships with farm
         self.cron = cron
         self.devices = devices
         self.alert = alert
         self.clock = clock
         self.next_run = cron.next_after(clock())
         self.checked: set[int] = {r["id"] for r in store.query(
-            "SELECT id FROM jobs WHERE name = ? AND status IN ('completed', 'failed', 'canceled')",
-            [REFERENCE_SUITE_NAME])}  # a restarted controller does not re-check old refreshes
+            "SELECT id FROM jobs WHERE kind = ? AND status IN ('completed', 'failed', 'canceled')",
+            [HEALTH_CHECK])}  # a restarted controller does not re-check old refreshes
         self._stop = threading.Event()
 
     def tick(self) -> int | None:
@@ -111,20 +111,16 @@ class NightlyRefresh:
             log.warning("nightly refresh skipped: no device is registered")
             return None
         try:
-            job = load_job(self.suite, devices=devices)
-        except JobFileError as e:
+            job_id = submit_reference_suite(self.store, devices, self.suite, priority="low")
+        except (JobFileError, SuiteError) as e:
             log.error("nightly refresh skipped: %s", e)
             return None
-        job.targets = list(devices)  # every device, each with its sim twin
-        job.spec.targets = [d.name for d in devices]
-        job.spec.priority = "low"
-        job_id = Controller(self.store).submit(job, name=REFERENCE_SUITE_NAME)
         log.info("nightly refresh: reference suite submitted as job %d for %d device(s)", job_id, len(devices))
         return job_id
 
     def check_finished(self) -> None:
-        for row in self.store.query("SELECT id FROM jobs WHERE name = ? AND status IN ('completed', 'failed')",
-                                    [REFERENCE_SUITE_NAME]):
+        for row in self.store.query("SELECT id FROM jobs WHERE kind = ? AND status IN ('completed', 'failed')",
+                                    [HEALTH_CHECK]):
             if row["id"] in self.checked:
                 continue
             self.checked.add(row["id"])
