@@ -154,18 +154,10 @@ class Controller:
         self.expire_leases()
         now = time.time()
         with self.store.transaction():
-            marks = ",".join("?" for _ in targets)
-            where = f"t.status = 'pending' AND t.target IN ({marks}) AND j.status IN ('queued', 'running') {HEALTHY_TARGET}"
-            params: list[Any] = list(targets)
-            if job_id is not None:
-                where += " AND t.job_id = ?"
-                params.append(job_id)
-            row = self.store.db.execute(
-                f"SELECT t.id FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE {where} "
-                "ORDER BY t.priority, t.job_id, t.seq LIMIT 1", params).fetchone()
-            if row is None:
+            first = self._next_pending(targets, 1, job_id=job_id)
+            if not first:
                 return None
-            task = self.store.db["tasks"].get(row[0])
+            task = first[0]
             attempt = task["attempts"] + 1
             self.store.db["tasks"].update(task["id"], {
                 "status": TaskStatus.RUNNING.value, "attempts": attempt, "leased_by": agent,
@@ -189,17 +181,10 @@ class Controller:
             return leased, True
         now = time.time()
         with self.store.transaction():
-            marks = ",".join("?" for _ in wanted)
-            rows = self.store.db.execute(
-                f"SELECT t.* FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE t.status = 'pending' "
-                f"AND t.target IN ({marks}) AND j.status IN ('queued', 'running') {HEALTHY_TARGET} "
-                "ORDER BY t.priority, t.job_id, t.seq LIMIT ?", [*wanted, len(slots)])
-            columns = [c[0] for c in rows.description]
             free = list(range(len(slots)))
             started_jobs: set[int] = set()
-            fetched = rows.fetchall()
-            for values in fetched:
-                task = dict(zip(columns, values))
+            fetched = self._next_pending(wanted, len(slots))
+            for task in fetched:
                 slot = next((i for i in free if task["target"] in slots[i][1]), None)
                 if slot is None:
                     continue  # no free slot serves this target this round
@@ -214,6 +199,25 @@ class Controller:
                 self.store.db.execute("UPDATE jobs SET status = ?, started_at = ? WHERE id = ? AND status = ?",
                                       [JobStatus.RUNNING.value, now, job_id, JobStatus.QUEUED.value])
         return leased, len(fetched) < len(slots)
+
+    def _next_pending(self, targets: set[str] | frozenset[str], limit: int, *,
+                      job_id: int | None = None) -> list[dict[str, Any]]:
+        """The first `limit` leasable tasks for any of `targets`, in lease order (priority, job, seq).
+
+        One walk of the (status, target, priority, job_id, seq) index per target, merged here: the
+        cost stays flat with queue depth, even when other devices' backlogs come first."""
+        where = f"t.status = 'pending' AND t.target = ? AND j.status IN ('queued', 'running') {HEALTHY_TARGET}"
+        if job_id is not None:
+            where += " AND t.job_id = ?"
+        rows: list[dict[str, Any]] = []
+        for target in sorted(targets):
+            cursor = self.store.db.execute(
+                f"SELECT t.* FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE {where} "
+                "ORDER BY t.priority, t.job_id, t.seq LIMIT ?", [target, *([job_id] if job_id is not None else []), limit])
+            columns = [c[0] for c in cursor.description]
+            rows += [dict(zip(columns, values)) for values in cursor.fetchall()]
+        rows.sort(key=lambda t: (t["priority"], t["job_id"], t["seq"]))
+        return rows[:limit]
 
     def heartbeat(self, task_id: int, attempt: int) -> bool:
         """Renew the lease. False means stop: the task was canceled or its lease lost."""

@@ -123,9 +123,10 @@ def _migration_6(db: sqlite_utils.Database) -> None:
 
 
 def _migration_7(db: sqlite_utils.Database) -> None:
-    # The lease query's own order (status = 'pending', then priority, job, seq): SQLite walks the
-    # index and stops at the first task that fits, instead of sorting every pending row.
-    db["tasks"].create_index(["status", "priority", "job_id", "seq"], index_name="idx_tasks_lease_order")
+    # The lease query's own order for one target (status = 'pending', target, then priority, job,
+    # seq): SQLite walks the index and stops at the first task that fits, instead of sorting every
+    # pending row, and never walks past other devices' backlogs.
+    db["tasks"].create_index(["status", "target", "priority", "job_id", "seq"], index_name="idx_tasks_lease_order")
     db.execute("DROP INDEX IF EXISTS idx_tasks_status_priority_id")  # the old order (by id): a wasted write per task
 
 
