@@ -62,8 +62,10 @@ def ensure_suite_models(suite: Path) -> list[Path]:
     """Generate the suite's missing MobileNetV2 models beside it (never downloaded); returns those written."""
     try:
         spec = yaml.safe_load(suite.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
+    except OSError as e:
         raise SuiteError(f"{suite}: cannot read the reference suite: {e}") from None
+    except yaml.YAMLError:
+        return []  # loading the job names the file, line and field
     entries = spec.get("models", []) if isinstance(spec, dict) else []
     paths = [suite.parent / (m.get("path", "") if isinstance(m, dict) else str(m)) for m in entries]
     missing = [p for p in paths if not p.exists() and _GENERATED_MODEL.match(p.name)]
