@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 FARM := $(VENV)/bin/farm
 
-.PHONY: setup demo models test bench bench-scheduling proto clean
+.PHONY: setup demo models test bench bench-scheduling bench-lease proto clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,7 @@ demo: models
 	$(FARM) submit examples/quickstart.yaml
 
 test: setup
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
 
 bench: models
@@ -32,10 +33,15 @@ bench: models
 	$(PY) benchmarks/calibration.py
 	$(PY) benchmarks/scheduling.py --agents 100 --tasks 2000
 	$(PY) benchmarks/wire_capacity.py
+	$(PY) benchmarks/lease.py
 
 # Controller throughput and dispatch latency: 100 agents with an instant driver, loopback gRPC.
 bench-scheduling: setup
 	$(PY) benchmarks/scheduling.py --agents 100 --tasks 2000
+
+# One lease with 1k, 10k and 100k tasks pending (flat with the lease-order index; compared with the old one).
+bench-lease: setup
+	$(PY) benchmarks/lease.py
 
 # The gRPC stubs are committed; regenerate after editing proto/farm/v1/*.proto (a test fails when stale).
 proto: setup

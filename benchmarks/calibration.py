@@ -131,7 +131,7 @@ def accuracy_tables(draws: int, seed: int) -> str:
     accuracy = ["| device pair (sim → device) | k | " + " | ".join(
         f"{kind} ±10 % / MAPE" for kind in kinds) + " | chosen ols/log/robust | ρ warning |",
                 "|---|---|" + "---|" * (len(kinds) + 2)]
-    coverage = [f"| device pair | k | " + " | ".join(f"{kind} {CONFIDENCE:.0%} PI coverage" for kind in kinds) + " |",
+    coverage = ["| device pair | k | " + " | ".join(f"{kind} {CONFIDENCE:.0%} PI coverage" for kind in kinds) + " |",
                 "|---|---|" + "---|" * len(kinds)]
     for pair in DEVICE_PAIRS:
         for k in KS:

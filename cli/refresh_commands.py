@@ -11,55 +11,35 @@ from rich.text import Text
 
 from farm.cli.console import UserError, err, open_store, out, when
 
-DEFAULT_SUITE = Path(__file__).resolve().parent.parent / "examples" / "reference-suite.yaml"
 
-
-def suite_path(given: str | None = None) -> Path:
-    """--suite, else $FARM_REFERENCE_SUITE, else the repository's examples/reference-suite.yaml."""
+def suite_path(given: str | None = None) -> Path | None:
+    """--suite, else $FARM_REFERENCE_SUITE, else None: the suite that ships with farm."""
     import os
-    return Path(given or os.environ.get("FARM_REFERENCE_SUITE") or DEFAULT_SUITE)
+    chosen = given or os.environ.get("FARM_REFERENCE_SUITE")
+    return Path(chosen) if chosen else None
 
 
-def _ensure_suite_models(suite: Path) -> None:
-    """The suite's models are generated (deterministically), never downloaded: write the missing ones."""
-    import yaml
-
-    from farm.models.generate import generate_examples
-    spec = yaml.safe_load(suite.read_text())
-    wanted = [suite.parent / (m["path"] if isinstance(m, dict) else m) for m in spec.get("models", [])]
-    missing = [p for p in wanted if not p.exists() and p.name.startswith("mobilenetv2_w")]
-    if missing:
-        widths = sorted({float(p.stem.split("_w")[1].split("_r")[0]) for p in missing})
-        sizes = sorted({int(p.stem.split("_r")[1]) for p in missing})
-        generate_examples(missing[0].parent, widths=widths, input_sizes=sizes, formats=("tflite",), zoo=False)
-
-
-def run_reference_suite(args: argparse.Namespace, store, lab: list, suite: Path, *, priority: str = "low",
+def run_reference_suite(args: argparse.Namespace, store, lab: list, suite: Path | None, *, priority: str = "low",
                         thresholds=None, k: float = 3.0):
     """Submit and run the suite on `lab` (each device with its sim twin), then refit and check.
     Returns the RefreshReport, or None when interrupted."""
     from farm.cli.main import _run_with_progress, lab_target
     from farm.controller.alerts import alerts_from_environment
     from farm.controller.controller import Controller
-    from farm.controller.jobfile import JobFileError, load_job
+    from farm.controller.jobfile import JobFileError
+    from farm.controller.reference_suite import SuiteError, submit_reference_suite
     from farm.controller.refresh import after_reference_run
+    from farm.proto.spec import JobSpec
 
-    if not suite.exists():
-        raise UserError(f"{suite}: no such reference suite")
-    _ensure_suite_models(suite)
     try:
-        job = load_job(suite, devices=[lab_target(d) for d in lab])
-    except JobFileError as e:
+        job_id = submit_reference_suite(store, [lab_target(d) for d in lab], suite, priority=priority)
+    except (JobFileError, SuiteError) as e:
         raise UserError(str(e)) from None
-    job.spec.targets = [d.name for d in lab]
-    job.targets = [lab_target(d) for d in lab]  # every device given, each with its sim twin
-    job.spec.priority = priority
-    controller = Controller(store)
-    job_id = controller.submit(job, name="reference-suite")
-    if not _run_with_progress(args, store, job_id, controller.progress(job_id).total, job.spec.timeouts.job):
+    timeout = JobSpec.model_validate_json(store.job(job_id)["spec_json"]).timeouts.job
+    if not _run_with_progress(args, store, job_id, Controller(store).progress(job_id).total, timeout):
         return None
     webhook = alerts_from_environment()
-    return after_reference_run(store, job_id, thresholds=thresholds, k=k, alert=webhook.send if webhook else None)
+    return after_reference_run(store, job_id, thresholds=thresholds, k=k, alert=webhook.send_async if webhook else None)
 
 
 def cmd_refresh(args: argparse.Namespace) -> int:
@@ -127,7 +107,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
 
 def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("refresh", parents=[common], help="run the reference suite on every device, refit, check drift")
-    s.add_argument("--suite", help=f"the reference suite job file (default {DEFAULT_SUITE.name})")
+    s.add_argument("--suite", help="the reference suite job file (default: the one farm ships; $FARM_REFERENCE_SUITE)")
     s.add_argument("--devices", help="the lab's device list (default $FARM_DEVICES)")
     s.add_argument("--k", type=float, default=3.0, help="quarantine when a golden result leaves its history by k·σ")
     s.add_argument("--max-slope-change", type=float, default=0.30, help="drift threshold (relative, default 0.30)")

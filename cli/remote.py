@@ -511,8 +511,8 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     s.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
                    help="also serve Prometheus metrics at http://HOST:PORT/metrics (no auth: loopback or a trusted network)")
     s.add_argument("--refresh-cron", default=None, metavar="'M H DOM MON DOW'",
-                   help="submit the reference suite to every registered device on this schedule, e.g. '30 2 * * *'")
-    s.add_argument("--refresh-suite", default=None, help="the reference suite job file (default examples/reference-suite.yaml)")
+                   help="submit the reference suite to every registered device on this schedule, e.g. '30 2 * * *' or '@daily'")
+    s.add_argument("--refresh-suite", default=None, help="the reference suite job file (default: the one farm ships)")
     s.add_argument("--max-streams", type=int, default=None,
                    help="calls open at once, each with its own thread: one per agent, one per watcher "
                         "(default 2500: 1,000 agents and their watchers)")

@@ -3,18 +3,20 @@
 Any receiver that takes JSON works (a chat bridge, an incident tool, a small script). Delivery
 is retried with exponential backoff on connection errors and 5xx answers; a 4xx means the
 receiver refuses this event, so it is not sent again. A hook that stays down costs a log
-line, never an exception in the controller, and send_async keeps a slow hook off the
-scheduling path.
+line, never an exception in the controller. The controller only ever calls send_async: a
+slow or hanging hook is a background thread's problem, never held under a lock that agent
+streams wait on.
 """
 
 from __future__ import annotations
 
+import atexit
+import collections
 import datetime as dt
 import http.client
 import json
 import logging
 import os
-import queue
 import threading
 import time
 import urllib.error
@@ -30,8 +32,10 @@ WEBHOOK_ENV = "FARM_WEBHOOK_URL"
 USER_AGENT = f"farm/{__version__}"
 # 408 and 429 ask the sender to come back later; every other 4xx is final.
 RETRYABLE_CLIENT_STATUSES = frozenset({408, 429})
-# Events waiting for a hook that is down: past this many, new ones are dropped (and logged).
+# Events waiting for a hook that is down: past this many, the oldest are dropped (counted, logged).
 ASYNC_QUEUE_LIMIT = 1000
+# How long a finishing process (a `farm refresh`) waits for alerts still queued.
+EXIT_DRAIN_S = 15.0
 
 
 def _iso_utc(at: float | None) -> str:
@@ -62,7 +66,7 @@ def _redacted(url: str) -> str:
 
 class Webhook:
     def __init__(self, url: str, *, attempts: int = 5, backoff_s: float = 0.5, timeout_s: float = 5,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, queue_limit: int = ASYNC_QUEUE_LIMIT) -> None:
         if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
             raise ValueError(f"webhook URL must be http:// or https://, got {_redacted(url)}")
         self.url = url
@@ -70,9 +74,13 @@ class Webhook:
         self.backoff_s = backoff_s
         self.timeout_s = timeout_s
         self._sleep = sleep
-        self._queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=ASYNC_QUEUE_LIMIT)
+        self.queue_limit = queue_limit
+        self.dropped = 0  # events dropped because queue_limit were already waiting
+        self._pending: collections.deque[dict[str, Any]] = collections.deque()
+        self._sending = 0  # 1 while the sender thread holds an event it took off the queue
+        self._pending_changed = threading.Condition()
         self._worker: threading.Thread | None = None
-        self._worker_lock = threading.Lock()
+        self._drains_at_exit = False
 
     def __repr__(self) -> str:
         return f"Webhook({_redacted(self.url)}, attempts={self.attempts})"
@@ -118,40 +126,71 @@ class Webhook:
 
     # --- background delivery -------------------------------------------------------------------
     def send_async(self, event: dict[str, Any]) -> None:
-        """Queue the event for a background thread (in order); returns at once."""
-        try:
-            self._queue.put_nowait(event)
-        except queue.Full:
-            log.warning("webhook %s: %d events waiting; dropping %s", _redacted(self.url), ASYNC_QUEUE_LIMIT,
-                        event.get("event"))
-            return
-        with self._worker_lock:
+        """Queue the event for this hook's background thread (delivered in order); returns at once.
+
+        Past queue_limit waiting events the oldest is dropped, counted in `dropped` and logged: the
+        newest say most about the lab now."""
+        with self._pending_changed:
+            if len(self._pending) >= self.queue_limit:
+                oldest = self._pending.popleft()
+                self.dropped += 1
+                log.warning("webhook %s: %d events waiting; dropped the oldest (%s), %d dropped so far",
+                            _redacted(self.url), self.queue_limit, oldest.get("event"), self.dropped)
+            self._pending.append(event)
+            self._pending_changed.notify_all()
             if self._worker is None or not self._worker.is_alive():
                 self._worker = threading.Thread(target=self._deliver_forever, name="farm-webhook", daemon=True)
                 self._worker.start()
+                if not self._drains_at_exit:  # a short-lived `farm refresh` still delivers what it queued
+                    atexit.register(self._drain_at_exit)
+                    self._drains_at_exit = True
 
     def drain(self, timeout_s: float) -> bool:
         """Wait until every queued event was delivered or given up; False on timeout."""
         deadline = time.monotonic() + timeout_s
-        while self._queue.unfinished_tasks:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.01)
+        with self._pending_changed:
+            while self._pending or self._sending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._pending_changed.wait(left)
         return True
+
+    def _drain_at_exit(self) -> None:
+        if not self.drain(EXIT_DRAIN_S):
+            log.warning("webhook %s: %d event(s) not delivered before exit", _redacted(self.url),
+                        len(self._pending) + self._sending)
 
     def _deliver_forever(self) -> None:
         while True:
-            event = self._queue.get()
+            with self._pending_changed:
+                while not self._pending:
+                    self._pending_changed.wait()
+                event = self._pending.popleft()
+                self._sending = 1
             try:
                 self.send(event)
             finally:
-                self._queue.task_done()
+                with self._pending_changed:
+                    self._sending = 0
+                    self._pending_changed.notify_all()
+
+
+_HOOKS: dict[str, Webhook] = {}
+_HOOKS_LOCK = threading.Lock()
 
 
 def alerts_from_environment() -> Webhook | None:
-    """The webhook named by $FARM_WEBHOOK_URL, or None when it is unset or empty."""
+    """The webhook named by $FARM_WEBHOOK_URL, or None when it is unset or empty.
+
+    One Webhook per URL in a process, so every alert waits in one queue for one sender thread."""
     url = os.environ.get(WEBHOOK_ENV, "").strip()
-    return Webhook(url) if url else None
+    if not url:
+        return None
+    with _HOOKS_LOCK:
+        if url not in _HOOKS:
+            _HOOKS[url] = Webhook(url)
+        return _HOOKS[url]
 
 
 __all__ = ["Webhook", "alerts_from_environment", "drift_event", "quarantine_event", "WEBHOOK_ENV"]

@@ -69,11 +69,11 @@ class Controller:
         self.lease_ttl_s = lease_ttl_s
 
     # --- clients -----------------------------------------------------------------
-    def submit(self, job: ResolvedJob, *, name: str | None = None) -> int:
+    def submit(self, job: ResolvedJob, *, name: str | None = None, kind: str = "user") -> int:
         spec = job.spec
         tasks = expand_tasks(job)
         job_id = self.store.insert_job({
-            "name": name or spec.name or (job.source_path.stem if job.source_path else "job"),
+            "name": name or spec.name or (job.source_path.stem if job.source_path else "job"), "kind": kind,
             "status": JobStatus.QUEUED.value, "priority": spec.priority, "created_at": time.time(),
             "spec_json": spec.model_dump_json(), "spec_yaml": job.source,
             "source_path": str(job.source_path) if job.source_path else None,
@@ -150,18 +150,10 @@ class Controller:
         self.expire_leases()
         now = time.time()
         with self.store.transaction():
-            marks = ",".join("?" for _ in targets)
-            where = f"t.status = 'pending' AND t.target IN ({marks}) AND j.status IN ('queued', 'running') {HEALTHY_TARGET}"
-            params: list[Any] = list(targets)
-            if job_id is not None:
-                where += " AND t.job_id = ?"
-                params.append(job_id)
-            row = self.store.db.execute(
-                f"SELECT t.id FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE {where} "
-                "ORDER BY t.priority, t.job_id, t.seq LIMIT 1", params).fetchone()
-            if row is None:
+            first = self._next_pending(targets, 1, job_id=job_id)
+            if not first:
                 return None
-            task = self.store.db["tasks"].get(row[0])
+            task = first[0]
             attempt = task["attempts"] + 1
             self.store.db["tasks"].update(task["id"], {
                 "status": TaskStatus.RUNNING.value, "attempts": attempt, "leased_by": agent,
@@ -185,17 +177,10 @@ class Controller:
             return leased, True
         now = time.time()
         with self.store.transaction():
-            marks = ",".join("?" for _ in wanted)
-            rows = self.store.db.execute(
-                f"SELECT t.* FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE t.status = 'pending' "
-                f"AND t.target IN ({marks}) AND j.status IN ('queued', 'running') {HEALTHY_TARGET} "
-                "ORDER BY t.priority, t.job_id, t.seq LIMIT ?", [*wanted, len(slots)])
-            columns = [c[0] for c in rows.description]
             free = list(range(len(slots)))
             started_jobs: set[int] = set()
-            fetched = rows.fetchall()
-            for values in fetched:
-                task = dict(zip(columns, values))
+            fetched = self._next_pending(wanted, len(slots))
+            for task in fetched:
                 slot = next((i for i in free if task["target"] in slots[i][1]), None)
                 if slot is None:
                     continue  # no free slot serves this target this round
@@ -210,6 +195,25 @@ class Controller:
                 self.store.db.execute("UPDATE jobs SET status = ?, started_at = ? WHERE id = ? AND status = ?",
                                       [JobStatus.RUNNING.value, now, job_id, JobStatus.QUEUED.value])
         return leased, len(fetched) < len(slots)
+
+    def _next_pending(self, targets: set[str] | frozenset[str], limit: int, *,
+                      job_id: int | None = None) -> list[dict[str, Any]]:
+        """The first `limit` leasable tasks for any of `targets`, in lease order (priority, job, seq).
+
+        One walk of the (status, target, priority, job_id, seq) index per target, merged here: the
+        cost stays flat with queue depth, even when other devices' backlogs come first."""
+        where = f"t.status = 'pending' AND t.target = ? AND j.status IN ('queued', 'running') {HEALTHY_TARGET}"
+        if job_id is not None:
+            where += " AND t.job_id = ?"
+        rows: list[dict[str, Any]] = []
+        for target in sorted(targets):
+            cursor = self.store.db.execute(
+                f"SELECT t.* FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE {where} "
+                "ORDER BY t.priority, t.job_id, t.seq LIMIT ?", [target, *([job_id] if job_id is not None else []), limit])
+            columns = [c[0] for c in cursor.description]
+            rows += [dict(zip(columns, values)) for values in cursor.fetchall()]
+        rows.sort(key=lambda t: (t["priority"], t["job_id"], t["seq"]))
+        return rows[:limit]
 
     def heartbeat(self, task_id: int, attempt: int, agent: str | None = None) -> bool:
         """Renew the lease. False means stop: the task was canceled or its lease lost.
@@ -274,8 +278,8 @@ class Controller:
             self._finish_job_if_done(job_id)
         from farm.controller.alerts import alerts_from_environment, quarantine_event
         hook = alerts_from_environment()
-        if hook is not None:
-            hook.send(quarantine_event(device, reason))  # rare and important: sent before returning
+        if hook is not None:  # queued: a hook that is down must not hold the caller (apply_result holds a lock)
+            hook.send_async(quarantine_event(device, reason))
         return len(jobs)  # tasks failed (one entry per task)
 
     def release(self, device: str) -> None:

@@ -687,9 +687,6 @@ class RunningServer:
         self.grpc_server.stop(grace_s).wait(grace_s + 1)
 
 
-DEFAULT_REFRESH_SUITE = Path(__file__).resolve().parent.parent / "examples" / "reference-suite.yaml"
-
-
 def startup_warnings(listen: str, *, tokens: bool, tls: bool, metrics_listen: str | None) -> list[str]:
     """What an operator should hear about before the first agent connects."""
     warnings = []
@@ -750,8 +747,8 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
         from farm.controller.alerts import alerts_from_environment
         from farm.controller.nightly import Cron, NightlyRefresh
         hook = alerts_from_environment()
-        nightly = NightlyRefresh(store, refresh_suite or DEFAULT_REFRESH_SUITE, Cron.parse(refresh_cron),
-                                 farm.device_targets, alert=hook.send if hook else None)
+        nightly = NightlyRefresh(store, refresh_suite, Cron.parse(refresh_cron),  # None: the suite farm ships
+                                 farm.device_targets, alert=hook.send_async if hook else None)
     farm.start()
     server.start()
     if nightly:

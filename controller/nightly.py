@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from farm.controller.controller import Controller
-from farm.controller.jobfile import DeviceTarget, JobFileError, load_job
-from farm.controller.refresh import REFERENCE_SUITE_NAME, after_reference_run
+from croniter import CroniterError, croniter
+
+from farm.controller.jobfile import DeviceTarget, JobFileError
+from farm.controller.reference_suite import HEALTH_CHECK, SuiteError, submit_reference_suite
+from farm.controller.refresh import after_reference_run
 from farm.controller.store import Store
 
 log = logging.getLogger("farm.nightly")
-_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day", 1, 31), ("month", 1, 12), ("weekday", 0, 6))
+# A numeric range written backwards: croniter reads it as wrapping around, cron(8) refuses it.
+_BACKWARD_RANGE = re.compile(r"(?<![\w/])(\d+)-(\d+)")
 
 
 class CronError(ValueError):
@@ -29,80 +33,66 @@ class CronError(ValueError):
 
 @dataclass(frozen=True)
 class Cron:
-    """A five-field cron expression: minute hour day-of-month month day-of-week (0 = Sunday)."""
+    """A cron expression as cron(8) reads it, by croniter: five fields (minute hour day-of-month
+    month day-of-week), day-of-month OR day-of-week when both are restricted, 0 or 7 = Sunday,
+    names (JAN, MON) and @yearly/@monthly/@weekly/@daily/@midnight/@hourly."""
 
-    minute: frozenset[int]
-    hour: frozenset[int]
-    day: frozenset[int]
-    month: frozenset[int]
-    weekday: frozenset[int]
     text: str
 
     @classmethod
     def parse(cls, text: str) -> "Cron":
-        parts = text.split()
-        if len(parts) != 5:
-            raise CronError(f"{text!r}: a cron expression has 5 fields (minute hour day month weekday), e.g. '30 2 * * *'")
-        values = {}
-        for part, (name, lo, hi) in zip(parts, _FIELDS):
-            values[name] = frozenset(_field(part, name, lo, hi))
-        return cls(**values, text=text)
+        text = " ".join(text.split())
+        example = "e.g. '30 2 * * *' or '@daily'"
+        if text.startswith("@"):
+            if text.lower() not in _MACROS:
+                raise CronError(f"{text!r}: unknown shorthand; one of {', '.join(sorted(_MACROS))}")
+        elif len(text.split()) != 5:
+            raise CronError(f"{text!r}: a cron expression has 5 fields (minute hour day month weekday), {example}")
+        for field_text, name in zip(text.split(), ("minute", "hour", "day", "month", "weekday")):
+            for a, b in _BACKWARD_RANGE.findall(field_text):
+                if int(a) > int(b):
+                    raise CronError(f"{text!r}: {name} range {a}-{b} runs backwards")
+        cron = cls(text)
+        try:
+            croniter(cron._expression, dt.datetime(2000, 1, 1))
+        except (CroniterError, ValueError, KeyError) as e:
+            raise CronError(f"{text!r}: {e}; {example}") from None
+        cron.next_after(dt.datetime(2000, 1, 1))  # refuses one that never matches ('0 0 30 2 *') now, not at night
+        return cron
 
     def matches(self, t: dt.datetime) -> bool:
-        return (t.minute in self.minute and t.hour in self.hour and t.day in self.day and t.month in self.month
-                and (t.isoweekday() % 7) in self.weekday)
+        return bool(croniter.match(self._expression, t.replace(second=0, microsecond=0)))
 
     def next_after(self, t: dt.datetime) -> dt.datetime:
-        """The first whole minute strictly after t that matches (searches up to a year ahead)."""
-        candidate = t.replace(second=0, microsecond=0) + dt.timedelta(minutes=1)
-        for _ in range(366 * 24 * 60):
-            if self.matches(candidate):
-                return candidate
-            candidate += dt.timedelta(minutes=1)
-        raise CronError(f"{self.text!r} never matches")
+        """The first whole minute strictly after t that matches."""
+        try:
+            return croniter(self._expression, t).get_next(dt.datetime)
+        except CroniterError as e:  # e.g. '0 0 30 2 *': February never has a 30th
+            raise CronError(f"{self.text!r} never matches ({e})") from None
+
+    @property
+    def _expression(self) -> str:
+        return self.text.lower() if self.text.startswith("@") else self.text
 
 
-def _field(part: str, name: str, lo: int, hi: int) -> set[int]:
-    out: set[int] = set()
-    for item in part.split(","):
-        step = 1
-        if "/" in item:
-            item, step_text = item.split("/", 1)
-            if not step_text.isdigit() or int(step_text) == 0:
-                raise CronError(f"{name}: bad step in {part!r}")
-            step = int(step_text)
-        if item == "*":
-            start, end = lo, hi
-        elif "-" in item:
-            a, b = item.split("-", 1)
-            if not (a.isdigit() and b.isdigit()):
-                raise CronError(f"{name}: bad range in {part!r}")
-            start, end = int(a), int(b)
-        elif item.isdigit():
-            start = end = int(item)
-        else:
-            raise CronError(f"{name}: {part!r} is not a number, range, list or *")
-        if not (lo <= start <= end <= hi):
-            raise CronError(f"{name}: {part!r} is outside {lo}-{hi}")
-        out.update(range(start, end + 1, step))
-    return out
+_MACROS = frozenset({"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"})
 
 
 class NightlyRefresh:
     """Submits the reference suite when the cron says so; checks each such job once it is done."""
 
-    def __init__(self, store: Store, suite: Path, cron: Cron, devices: Callable[[], list[DeviceTarget]], *,
+    def __init__(self, store: Store, suite: Path | None, cron: Cron, devices: Callable[[], list[DeviceTarget]], *,
                  alert: Callable[[dict], object] | None = None, clock: Callable[[], dt.datetime] = dt.datetime.now) -> None:
         self.store = store
-        self.suite = suite
+        self.suite = suite  # None: the suite that ships with farm
         self.cron = cron
         self.devices = devices
         self.alert = alert
         self.clock = clock
         self.next_run = cron.next_after(clock())
         self.checked: set[int] = {r["id"] for r in store.query(
-            "SELECT id FROM jobs WHERE name = ? AND status IN ('completed', 'failed', 'canceled')",
-            [REFERENCE_SUITE_NAME])}  # a restarted controller does not re-check old refreshes
+            "SELECT id FROM jobs WHERE kind = ? AND status IN ('completed', 'failed', 'canceled')",
+            [HEALTH_CHECK])}  # a restarted controller does not re-check old refreshes
         self._stop = threading.Event()
 
     def tick(self) -> int | None:
@@ -121,20 +111,16 @@ class NightlyRefresh:
             log.warning("nightly refresh skipped: no device is registered")
             return None
         try:
-            job = load_job(self.suite, devices=devices)
-        except JobFileError as e:
+            job_id = submit_reference_suite(self.store, devices, self.suite, priority="low")
+        except (JobFileError, SuiteError) as e:
             log.error("nightly refresh skipped: %s", e)
             return None
-        job.targets = list(devices)  # every device, each with its sim twin
-        job.spec.targets = [d.name for d in devices]
-        job.spec.priority = "low"
-        job_id = Controller(self.store).submit(job, name=REFERENCE_SUITE_NAME)
         log.info("nightly refresh: reference suite submitted as job %d for %d device(s)", job_id, len(devices))
         return job_id
 
     def check_finished(self) -> None:
-        for row in self.store.query("SELECT id FROM jobs WHERE name = ? AND status IN ('completed', 'failed')",
-                                    [REFERENCE_SUITE_NAME]):
+        for row in self.store.query("SELECT id FROM jobs WHERE kind = ? AND status IN ('completed', 'failed')",
+                                    [HEALTH_CHECK]):
             if row["id"] in self.checked:
                 continue
             self.checked.add(row["id"])

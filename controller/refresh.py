@@ -20,9 +20,8 @@ from farm.controller.calibrations import (
     ALL_FAMILIES, StoredCalibration, current_calibration, calibration_source, fit_and_store, job_devices, pair_within_job,
 )
 from farm.controller.controller import Controller
+from farm.controller.reference_suite import HEALTH_CHECK
 from farm.controller.store import Store
-
-REFERENCE_SUITE_NAME = "reference-suite"
 
 
 @dataclass
@@ -129,9 +128,9 @@ def _device_latencies(store: Store, job_id: int, device: str) -> dict[tuple[str,
 
 def golden_outliers(store: Store, job_id: int, device: str, *, k: float = 3.0, min_history: int = 2,
                     sigma_floor: float = 0.05) -> list[GoldenOutlier]:
-    """Reference models whose latency on `device` left their own history (earlier suite jobs)."""
+    """Reference models whose latency on `device` left their own history (earlier health checks)."""
     earlier = [r["id"] for r in store.query(
-        "SELECT id FROM jobs WHERE name = ? AND id < ? ORDER BY id", [REFERENCE_SUITE_NAME, job_id])]
+        "SELECT id FROM jobs WHERE kind = ? AND id < ? ORDER BY id", [HEALTH_CHECK, job_id])]
     history: dict[tuple[str, int], list[float]] = {}
     for jid in earlier:
         for key, value in _device_latencies(store, jid, device).items():
@@ -203,10 +202,10 @@ def report_json(report: RefreshReport) -> dict[str, Any]:
 
 
 def last_reference_checks(store: Store) -> dict[str, float]:
-    """device -> when its last reference-suite run completed (Unix time): its last health check."""
+    """device -> when its last health check (a reference suite farm submitted) completed, in Unix time."""
     return {r["target"]: r["at"] for r in store.query(
         "SELECT t.target, MAX(t.finished_at) AS at FROM tasks t JOIN jobs j ON j.id = t.job_id "
-        "WHERE j.name = ? AND t.target != 'sim' AND t.status = 'completed' GROUP BY t.target", [REFERENCE_SUITE_NAME])}
+        "WHERE j.kind = ? AND t.target != 'sim' AND t.status = 'completed' GROUP BY t.target", [HEALTH_CHECK])}
 
 
 def stale_devices(store: Store, devices: list[str], max_age_s: float) -> list[str]:

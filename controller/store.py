@@ -126,8 +126,23 @@ def _migration_6(db: sqlite_utils.Database) -> None:
     }, pk="id")
 
 
+def _migration_7(db: sqlite_utils.Database) -> None:
+    # The lease query's own order for one target (status = 'pending', target, then priority, job,
+    # seq): SQLite walks the index and stops at the first task that fits, instead of sorting every
+    # pending row, and never walks past other devices' backlogs.
+    db["tasks"].create_index(["status", "target", "priority", "job_id", "seq"], index_name="idx_tasks_lease_order")
+    db.execute("DROP INDEX IF EXISTS idx_tasks_status_priority_id")  # the old order (by id): a wasted write per task
+
+
+def _migration_8(db: sqlite_utils.Database) -> None:
+    # What a job is for: 'health_check' only for the reference suite farm itself submitted
+    # (controller/reference_suite.py), 'user' for everything else, whatever its name.
+    # Older jobs are not guessed from their name: golden-result history starts again.
+    db["jobs"].add_column("kind", str, not_null_default="user")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
-    _migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6]
+    _migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6, _migration_7, _migration_8]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -2,7 +2,7 @@
 
 - facts: inspect_model() -> ModelFacts, find_unsupported_ops(), ModelError
 - mobilenetv2: the MobileNetV2 architecture with random weights, format-independent
-- generate_onnx / generate_tflite: that network (and tiny test models) as .onnx / .tflite
+- generate_onnx / generate_tflite: that network (and a tiny one-conv model) as .onnx / .tflite
 - zoo: the real model-zoo architectures the onnx package ships
-- generate: generate_examples() writes the whole family, plus fixtures for tests
+- generate: generate_examples() writes the whole family (broken models for tests live in tests/)
 """

@@ -1,4 +1,4 @@
-"""Write farm's example models: the MobileNetV2 family in both formats, the onnx zoo, test fixtures.
+"""Write farm's example models: the MobileNetV2 family in both formats, the onnx zoo, a tiny conv.
 
 Output is deterministic (fixed seed, deterministic serialisation), so a second run finds every
 file already holding the same bytes and writes nothing.
@@ -15,13 +15,8 @@ from typing import Any
 
 import yaml
 
-from farm.models.generate_onnx import (
-    mobilenetv2_onnx,
-    serialize_onnx,
-    tiny_onnx,
-    unsupported_op_onnx,
-)
-from farm.models.generate_tflite import mobilenetv2_tflite, tiny_tflite, unsupported_op_tflite
+from farm.models.generate_onnx import mobilenetv2_onnx, serialize_onnx, tiny_onnx
+from farm.models.generate_tflite import mobilenetv2_tflite, tiny_tflite
 from farm.models.mobilenetv2 import DEFAULT_SEED, INPUT_SIZES, WIDTHS, model_name
 from farm.models.zoo import copy_zoo, zoo_models
 
@@ -149,7 +144,7 @@ def write_manifest(models: Iterable[GeneratedModel], path: Path) -> Path:
     return path
 
 
-# --- fixtures for tests and failure demos ------------------------------------------------------
+# --- the smallest valid models: smoke runs and scheduling benchmarks -----------------------------
 
 
 def write_tiny_tflite(path: Path) -> Path:
@@ -161,29 +156,4 @@ def write_tiny_tflite(path: Path) -> Path:
 def write_tiny_onnx(path: Path) -> Path:
     """One conv on (1, 3, 8, 8): a valid model that loads and runs in milliseconds."""
     write_if_changed(path, serialize_onnx(tiny_onnx()))
-    return path
-
-
-def write_corrupt_tflite(path: Path) -> Path:
-    """A tiny model cut in half: right file identifier, broken flatbuffer. LiteRT refuses it too."""
-    data = tiny_tflite()
-    write_if_changed(path, data[: len(data) // 2])
-    return path
-
-
-def write_corrupt_onnx(path: Path) -> Path:
-    """Bytes that are not an ONNX protobuf."""
-    write_if_changed(path, b"\x08\x07\x12\xff\xff\xff\xff\x0fthis is not an onnx model")
-    return path
-
-
-def write_unsupported_op_tflite(path: Path) -> Path:
-    """A valid model with the custom op 'FarmUnknownOp': LiteRT fails allocate_tensors naming it."""
-    write_if_changed(path, unsupported_op_tflite())
-    return path
-
-
-def write_unsupported_op_onnx(path: Path) -> Path:
-    """A valid model with node farm.test:FarmUnknownOp: onnxruntime fails session creation naming it."""
-    write_if_changed(path, serialize_onnx(unsupported_op_onnx()))
     return path

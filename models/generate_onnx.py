@@ -141,28 +141,3 @@ def tiny_onnx() -> onnx.ModelProto:
     )
     onnx.checker.check_model(model)
     return model
-
-
-UNSUPPORTED_ONNX_DOMAIN = "farm.test"
-UNSUPPORTED_ONNX_OP = "FarmUnknownOp"
-
-
-def unsupported_op_onnx() -> onnx.ModelProto:
-    """A valid graph whose middle node (farm.test:FarmUnknownOp) has no onnxruntime kernel."""
-    nodes = [
-        helper.make_node("Relu", [INPUT_NAME], ["relu"], name="relu"),
-        helper.make_node(UNSUPPORTED_ONNX_OP, ["relu"], ["unknown"], name="unknown", domain=UNSUPPORTED_ONNX_DOMAIN),
-        helper.make_node("Neg", ["unknown"], [OUTPUT_NAME], name="neg"),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "unsupported_op",
-        [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, [1, 4])],
-    )
-    return helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(UNSUPPORTED_ONNX_DOMAIN, 1)],
-        ir_version=IR_VERSION,
-        producer_name=PRODUCER,
-    )

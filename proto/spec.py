@@ -7,7 +7,6 @@ field path and what is wrong (see load_job).
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator

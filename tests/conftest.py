@@ -46,10 +46,8 @@ def farm(farm_db: Path, tmp_path: Path):
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
-    from farm.models.generate import (
-        write_corrupt_tflite, write_tiny_onnx, write_tiny_tflite, write_unsupported_op_onnx,
-        write_unsupported_op_tflite,
-    )
+    from farm.models.generate import write_tiny_onnx, write_tiny_tflite
+    from model_fixtures import write_corrupt_tflite, write_unsupported_op_onnx, write_unsupported_op_tflite
     d = tmp_path_factory.mktemp("models")
     return {
         "tflite": write_tiny_tflite(d / "tiny.tflite"),

@@ -159,7 +159,7 @@ def test_a_forged_result_is_refused_and_the_real_agents_result_still_counts(lab:
         task = real.lease()
         before = _stored(lab)
         stolen = forger.result(task.task_id, task.attempt, _ok())
-        assert not stolen.applied and f"is not leased to agent a2" in stolen.note and "Do not resend" in stolen.note
+        assert not stolen.applied and "is not leased to agent a2" in stolen.note and "Do not resend" in stolen.note
         never_leased = forger.result(task.task_id + 1, 1, _ok())
         assert not never_leased.applied and "pending" in never_leased.note
         assert "there is no task 999" in forger.result(999, 1, _ok()).note

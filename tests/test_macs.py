@@ -18,10 +18,11 @@ from ai_edge_litert import schema_py_generated as schema
 from onnx import TensorProto, helper
 
 from farm.models.facts import ModelError, inspect_model
-from farm.models.generate import mobilenetv2_bytes, write_corrupt_onnx, write_corrupt_tflite, write_tiny_tflite
+from farm.models.generate import mobilenetv2_bytes, write_tiny_tflite
 from farm.models.generate_tflite import TFLiteGraphBuilder
 from farm.models.macs import estimate_macs
 from farm.models.zoo import zoo_models
+from model_fixtures import write_corrupt_onnx, write_corrupt_tflite
 
 MOBILENETV2_1_0_R224_MACS = 300e6
 MOBILENETV2_0_35_R224_MACS = 59e6

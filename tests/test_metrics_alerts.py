@@ -286,7 +286,8 @@ def test_last_health_check_is_exported_once_a_reference_suite_ran(lab: Controlle
     registry = metrics_registry(lab.store)
     assert registry.get_sample_value("farm_device_last_health_check_timestamp_seconds", {"device": "pixel-1"}) is None
     with lab.store.transaction():  # a completed reference-suite run on the phone is its health check
-        job = lab.store.db["jobs"].insert({"name": "reference-suite", "status": "completed"}).last_pk
+        job = lab.store.db["jobs"].insert({"name": "reference-suite", "kind": "health_check",
+                                           "status": "completed"}).last_pk
         lab.store.db["tasks"].insert({"job_id": job, "seq": 0, "target": "pixel-1", "status": "completed",
                                       "finished_at": 1_700_000_000})
     value = registry.get_sample_value("farm_device_last_health_check_timestamp_seconds", {"device": "pixel-1"})

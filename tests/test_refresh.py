@@ -5,7 +5,6 @@ golden results left their history, and tells a real webhook; a user job then get
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -17,6 +16,7 @@ from adb_emulator import AdbDeviceEmulator, EmulatedPhone
 from conftest import write_job
 from farm.agents.android import load_or_create_lab_key
 from farm.models.facts import inspect_model
+from farm.controller.reference_suite import bundled_suite_text
 from farm.models.generate import generate_examples
 
 WIDTHS = (0.35, 0.5, 0.75, 1.0, 1.4)
@@ -52,7 +52,7 @@ def test_a_slower_phone_drifts_and_is_quarantined(tmp_path: Path, farm, webhook:
     suite_dir = tmp_path / "suite"
     suite_dir.mkdir()
     suite = suite_dir / "reference-suite.yaml"
-    shutil.copy(Path(__file__).parent.parent / "examples" / "reference-suite.yaml", suite)
+    suite.write_text(bundled_suite_text())
     suite.write_text(suite.read_text().replace("threads: [1, 2]", "threads: [1]"))
     models = generate_examples(suite_dir / "models", widths=list(WIDTHS), input_sizes=[160], formats=("tflite",), zoo=False)
     # the phone's speed: proportional to each model's MACs, like a real device's
@@ -127,7 +127,7 @@ def test_a_stale_device_gets_a_health_check_before_user_work(tmp_path: Path, far
     suite_dir = tmp_path / "suite"
     suite_dir.mkdir()
     suite = suite_dir / "reference-suite.yaml"
-    shutil.copy(Path(__file__).parent.parent / "examples" / "reference-suite.yaml", suite)
+    suite.write_text(bundled_suite_text())
     suite.write_text(suite.read_text().replace("threads: [1, 2]", "threads: [1]").replace("iterations: 50", "iterations: 10"))
     key = tmp_path / "adbkey"
     load_or_create_lab_key(key)

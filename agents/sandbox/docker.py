@@ -37,7 +37,7 @@ from farm.agents.sandbox.base import (
     SandboxBackend,
     SandboxError,
 )
-from farm.agents.sandbox.docker_image import DEFAULT_IMAGE, ensure_default_image, host_runtime_mounts
+from farm.agents.sandbox.docker_image import ensure_default_image, host_runtime_mounts
 from farm.agents.sandbox.cgroup import CFS_PERIOD_US
 from farm.agents.sandbox.cgroupfs import CgroupFiles
 
