@@ -163,6 +163,81 @@ def _job_dict(job: Any) -> dict[str, Any]:
             "finished_at": job.finished_at if job.HasField("finished_at") else None, "message": job.message}
 
 
+UPLOAD_CHUNK_BYTES = 1 << 20
+
+
+def _upload_chunks(sha256: str, name: str, size: int, read: Callable[[int], bytes]) -> Any:
+    """ArtifactUpload messages: the first names the artifact, every one carries up to 1 MiB."""
+    from farm.proto.generated import farm_pb2
+
+    data = read(UPLOAD_CHUNK_BYTES)
+    yield farm_pb2.ArtifactUpload(sha256=sha256, size=size, name=name, data=data)
+    while data := read(UPLOAD_CHUNK_BYTES):
+        yield farm_pb2.ArtifactUpload(data=data)
+
+
+def upload_job_files(client: FarmClient, path: Path, text: str) -> tuple[list[Any], str]:
+    """Resolve the job's models (and script folder) here, on the client, and upload what the controller lacks.
+
+    Returns the JobModel list and the script archive's sha256 ('' for a benchmark job). The
+    controller never opens a path of ours: it gets the bytes, and names them by sha256.
+    """
+    import hashlib
+    import io
+
+    import grpc
+
+    from farm.controller.jobfile import JobFileError, check_benchmark_models, check_script, parse_job_text, resolve_models
+    from farm.proto.generated import farm_pb2
+    from farm.proto.script_archive import ScriptArchiveError, pack_dir
+    from farm.proto.spec import BenchmarkWorkload
+
+    base_dir = path.resolve().parent
+    try:
+        spec, root = parse_job_text(text, str(path))
+        models = resolve_models(spec, root, base_dir, str(path))
+        archive = b""
+        if isinstance(spec.workload, BenchmarkWorkload):
+            check_benchmark_models(spec, models, root, str(path))
+        else:
+            script_dir, _ = check_script(spec, base_dir, root, str(path))
+            try:
+                archive = pack_dir(script_dir)
+            except ScriptArchiveError as e:
+                raise JobFileError(f"{path}: workload.dir: {e}") from None
+    except JobFileError as e:
+        raise RemoteError(str(e)) from None
+    archive_sha = hashlib.sha256(archive).hexdigest() if archive else ""
+    wanted = [m.facts.sha256 for m in models] + ([archive_sha] if archive else [])
+    answer = client.call("MissingArtifacts", farm_pb2.MissingArtifactsRequest(sha256=wanted))
+    missing = set(answer.missing)
+    for model in models:
+        if model.facts.sha256 not in missing:
+            continue
+        missing.discard(model.facts.sha256)
+        if answer.max_model_bytes and model.facts.size_bytes > answer.max_model_bytes:
+            raise RemoteError(f"{model.path}: {model.facts.size_bytes} bytes is over the controller's limit of "
+                              f"{answer.max_model_bytes} bytes per model file (its --max-model-bytes)")
+        with model.path.open("rb") as f:
+            try:
+                client.stub.UploadArtifact(_upload_chunks(model.facts.sha256, model.path.name, model.facts.size_bytes,
+                                                          f.read), metadata=client.metadata, timeout=3600)
+            except grpc.RpcError as e:
+                raise client.explain(e) from None
+    if archive_sha in missing:
+        if answer.max_script_archive_bytes and len(archive) > answer.max_script_archive_bytes:
+            raise RemoteError(f"{path}: workload.dir packs to {len(archive)} bytes, over the controller's limit of "
+                              f"{answer.max_script_archive_bytes}; give the script a folder of its own")
+        try:
+            client.stub.UploadArtifact(_upload_chunks(archive_sha, "dir.tar", len(archive), io.BytesIO(archive).read),
+                                       metadata=client.metadata, timeout=3600)
+        except grpc.RpcError as e:
+            raise client.explain(e) from None
+    job_models = [farm_pb2.JobModel(entry=m.entry_index, name=m.name, sha256=m.facts.sha256, source=str(m.path))
+                  for m in models]
+    return job_models, archive_sha
+
+
 def remote_submit(args: argparse.Namespace) -> int:
     from farm.proto.generated import farm_pb2
 
@@ -171,9 +246,15 @@ def remote_submit(args: argparse.Namespace) -> int:
         text = path.read_text()
     except OSError as e:
         raise RemoteError(f"{path}: cannot read the job file: {e}.") from None
+    from farm.controller.grpc_server import MAX_JOB_FILE_BYTES
+
+    if len(text.encode()) > MAX_JOB_FILE_BYTES:
+        raise RemoteError(f"{path}: the job file is over {MAX_JOB_FILE_BYTES} bytes")
     client = FarmClient.from_args(args)
+    job_models, archive_sha = upload_job_files(client, path, text)
     response = client.call("SubmitJob", farm_pb2.SubmitJobRequest(
-        job_yaml=text, base_dir=str(path.resolve().parent), file_name=str(path), priority=args.priority or ""))
+        job_yaml=text, base_dir=str(path.resolve().parent), file_name=str(path), priority=args.priority or "",
+        models=job_models, script_archive_sha256=archive_sha))
     if not args.json and not args.quiet:
         _err().print(f"job {response.job_id}: {response.tasks} run(s) on controller {client.address}")
     if args.detach:
@@ -360,6 +441,13 @@ def _logging(verbose: bool) -> None:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
+def _models_root(text: str) -> Path:
+    root = Path(text)
+    if not root.is_absolute() or not root.is_dir():
+        raise RemoteError(f"--models-root {text}: give an absolute path to an existing folder")
+    return root
+
+
 def cmd_controller_serve(args: argparse.Namespace) -> int:
     from farm.controller.auth import TlsFiles, TokenFileError, TokenTable
     from farm.controller.grpc_server import serve
@@ -383,7 +471,9 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
         running = serve(store, args.listen, tokens=tokens, tls=tls, lease_ttl_s=args.lease_ttl,
                         heartbeat_interval_s=args.heartbeat_interval, metrics_listen=args.metrics_listen,
                         refresh_cron=args.refresh_cron,
-                        refresh_suite=Path(args.refresh_suite) if args.refresh_suite else None)
+                        refresh_suite=Path(args.refresh_suite) if args.refresh_suite else None,
+                        models_roots=[_models_root(r) for r in args.models_root or []],
+                        max_model_bytes=args.max_model_bytes, scripts_need_permission=args.scripts_need_permission)
     except (TokenFileError, StoreError) as e:
         raise RemoteError(str(e)) from None
     except ValueError as e:  # a --metrics-listen that is not HOST:PORT
@@ -489,6 +579,13 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     s.add_argument("--refresh-cron", default=None, metavar="'M H DOM MON DOW'",
                    help="submit the reference suite to every registered device on this schedule, e.g. '30 2 * * *'")
     s.add_argument("--refresh-suite", default=None, help="the reference suite job file (default examples/reference-suite.yaml)")
+    s.add_argument("--models-root", action="append", metavar="DIR",
+                   help="a folder on this host whose files jobs may name (repeatable); by default the controller reads "
+                        "no model file from its own disk, `farm submit` uploads them")
+    s.add_argument("--max-model-bytes", type=int, default=None,
+                   help="largest model file accepted, uploaded or under a models root (default 2 GiB)")
+    s.add_argument("--scripts-need-permission", action="store_true",
+                   help="accept script workloads only from tokens with the `script` permission (`client+script`)")
     s.add_argument("--verbose", action="store_true")
     s.set_defaults(func=cmd_controller_serve)
 

@@ -2,7 +2,8 @@
 
 The tokens file has one token a line: `ROLE TOKEN [AGENT_NAME]`, `#` for comments. Roles:
 `agent` (the agent stream and artifact downloads), `client` (jobs, results, listings) and
-`admin` (both). An agent token with a name may only connect as that agent, so one rack host
+`admin` (both). `client+script` is a client that may also submit script workloads (which run
+its own code on the agents) on a controller started with --scripts-need-permission. An agent token with a name may only connect as that agent, so one rack host
 cannot take over another's session.
 """
 
@@ -17,6 +18,8 @@ from typing import Any, Callable
 import grpc
 
 ROLES = ("agent", "client", "admin")
+# Extra permissions a role may carry in the tokens file, written `client+script`.
+PERMISSIONS = ("script",)
 METADATA_KEY = "authorization"
 # Health checks and reflection stay open: load balancers and grpcurl call them without a token.
 OPEN_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
@@ -35,6 +38,20 @@ class TokenFileError(Exception):
 class Identity:
     role: str
     agent_name: str | None = None  # pinned agent name, when the tokens file gives one
+    permissions: frozenset[str] = frozenset()  # e.g. {"script"}: may submit script workloads
+
+    @property
+    def may_run_scripts(self) -> bool:
+        """Script workloads run the submitter's code on the agents: admins, and tokens given `script`."""
+        return self.role == "admin" or "script" in self.permissions
+
+
+def parse_role(word: str) -> tuple[str, frozenset[str]] | None:
+    """`client` or `client+script` -> (role, permissions); None when it is neither."""
+    role, *extra = word.split("+")
+    if role not in ROLES or any(p not in PERMISSIONS for p in extra):
+        return None
+    return role, frozenset(extra)
 
 
 class TokenTable:
@@ -52,11 +69,13 @@ class TokenTable:
             words = line.split("#", 1)[0].split()
             if not words:
                 continue
-            if len(words) not in (2, 3) or words[0] not in ROLES:
-                raise TokenFileError(f"{path}:{number}: expected `ROLE TOKEN [AGENT_NAME]` with ROLE one of {', '.join(ROLES)}")
+            role = parse_role(words[0])
+            if len(words) not in (2, 3) or role is None:
+                raise TokenFileError(f"{path}:{number}: expected `ROLE TOKEN [AGENT_NAME]` with ROLE one of "
+                                     f"{', '.join(ROLES)}, optionally with +{' +'.join(PERMISSIONS)} (e.g. client+script)")
             if len(words[1]) < 16:
                 raise TokenFileError(f"{path}:{number}: a token must have at least 16 characters (e.g. `openssl rand -hex 24`)")
-            tokens[words[1]] = Identity(words[0], words[2] if len(words) == 3 else None)
+            tokens[words[1]] = Identity(role[0], words[2] if len(words) == 3 else None, role[1])
         if not tokens:
             raise TokenFileError(f"{path}: no tokens; add lines like `client <token>` and `agent <token> <agent-name>`")
         return cls(tokens)
