@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -60,6 +61,20 @@ def stage_model(source: Path, destination: Path, sha256: str) -> None:
                            f"sha256 {digest.hexdigest()}. Submit the job again to measure the new file.")
 
 
+def verify_model(path: Path, sha256: str) -> None:
+    """For drivers that send the file on themselves (phones, boards): hash it right before the run."""
+    digest = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ModelChanged(f"{path} is no longer a regular file (submitted sha256 {sha256})")
+        while data := f.read(COPY_CHUNK_BYTES):
+            digest.update(data)
+    if digest.hexdigest() != sha256:
+        raise ModelChanged(f"{path} changed since it was submitted: submitted sha256 {sha256}, the file now has "
+                           f"sha256 {digest.hexdigest()}. Submit the job again to measure the new file.")
+
+
 def read_harness_output(path: Path, run_as: RunAs | None) -> HarnessOutput | None:
     """out.json as the sandboxed user left it: a regular file of theirs, not a link to one of ours."""
     try:
@@ -90,10 +105,14 @@ def _mib(n: int | None) -> float | None:
     return None if n is None else round(n / MiB, 1)
 
 
-def _suffix(path: str) -> str:
-    """A model's extension (runtimes pick the format by it), when it is a plain one."""
+def _model_file_name(path: str) -> str:
+    """The staged model's name: the submitted file's own when it is plain (scripts may look at it), else
+    `model` with its extension (runtimes pick the format by it). The name came over the wire."""
+    name = Path(path).name
+    if re.match(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$", name):
+        return name
     suffix = Path(path).suffix
-    return suffix if suffix[1:].isalnum() and len(suffix) <= 11 else ""
+    return "model" + (suffix if re.match(r"^\.[A-Za-z0-9]{1,10}$", suffix) else "")
 
 
 def _with_model(task: TaskSpec, model_path: str) -> TaskSpec:
@@ -140,7 +159,7 @@ class SimDriver:
         """What the harness runs; `inner` is the run directory as the sandbox sees it (the model and the
         script folder are staged there), None to use the task's paths as they are."""
         w = task.workload
-        model_path = str(inner / f"model{_suffix(task.model_path)}") if inner else task.model_path
+        model_path = str(inner / "model" / _model_file_name(task.model_path)) if inner else task.model_path
         values_task = task if inner is None else _with_model(task, model_path)
         if w["type"] == "script":
             python = script_python(w.get("pip_requirements") or [], self.work_root / "script-envs")
@@ -161,14 +180,15 @@ class SimDriver:
 
     def stage(self, task: TaskSpec, run_dir: Path) -> None:
         """The run's own copies: the model (hash-checked) and, for a script, its folder unpacked."""
-        stage_model(Path(task.model_path), run_dir / f"model{_suffix(task.model_path)}", task.model_sha256)
+        (run_dir / "model").mkdir()
+        stage_model(Path(task.model_path), run_dir / "model" / _model_file_name(task.model_path), task.model_sha256)
         if task.workload["type"] != "script":
             return
         (run_dir / "script").mkdir()
         archive = task.extra.get("script_archive_path")
         if archive is None:  # embedded: the job's own folder on this host, packed the way a client packs it
             archive = run_dir / "script.tar"
-            archive.write_bytes(pack_dir(Path(task.base_dir, task.workload.get("dir") or ".")))
+            archive.write_bytes(pack_dir(Path(task.base_dir, task.workload.get("dir") or "."), skip=(self.work_root,)))
         unpack(Path(archive), run_dir / "script")
 
     def isolation(self, backend: SandboxBackend) -> tuple[Path | None, str]:

@@ -502,10 +502,31 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
 
 
 # --- agent -----------------------------------------------------------------------------------
+def agent_token(args: argparse.Namespace) -> str | None:
+    """--token-file, else --token (visible to every local user in the process list: a warning says so), else
+    $FARM_TOKEN, else the config file. $FARM_TOKEN is removed from the environment either way: no child inherits it."""
+    env_token = os.environ.pop("FARM_TOKEN", None)  # before any child is spawned
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as e:
+            raise RemoteError(f"--token-file {args.token_file}: cannot read it: {e.strerror}") from None
+        if not token:
+            raise RemoteError(f"--token-file {args.token_file}: the file is empty")
+        return token
+    if args.token:
+        logging.getLogger("farm.agent").warning(
+            "--token puts the agent's secret on its command line, where every local user (and every job, without "
+            "namespaces) can read it: use --token-file PATH or FARM_TOKEN instead")
+        return args.token
+    return env_token or _config().get("token")
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     from farm.agents.agent import Agent
     from farm.agents.environment import host_facts
     from farm.agents.remote_controller import DeviceInfo, RemoteController
+    from farm.agents.sandbox.isolation import RunUserError, resolve_run_as
     from farm.agents.sim import SimDriver
     from farm.controller.auth import valid_agent_name
 
@@ -523,15 +544,21 @@ def cmd_agent(args: argparse.Namespace) -> int:
         raise RemoteError(str(e)) from None
     for problem in discover_types(lab):  # untyped entries get the type their facts match
         print(f"device {problem}", file=sys.stderr, flush=True)
+    token = agent_token(args)
+    try:
+        run_as = resolve_run_as(args.run_as)
+    except RunUserError as e:
+        raise RemoteError(str(e)) from None
     work_dir = Path(args.work_dir or Path.home() / ".cache" / "farm" / "agent" / args.name)
+    work_dir.mkdir(mode=0o711, parents=True, exist_ok=True)  # runs pass through to their own folder; nothing is listed
     devices = [DeviceInfo(name=f"{args.name}/sim", driver="sim", device_type="sim", tags=args.tag or [],
                           facts_json=json.dumps(host_facts()), slots=args.sim_slots)]
     # The lab's phones and boards: jobs name them (or their type or tags), the controller resolves them.
     devices += [DeviceInfo(name=d.name, driver=d.entry.driver, device_type=d.device_type.name if d.device_type else "",
                            tags=d.tags) for d in lab]
-    client = RemoteController(address, name=args.name, token=_setting(args, "token", "FARM_TOKEN"), devices=devices,
+    client = RemoteController(address, name=args.name, token=token, devices=devices,
                               tls=client_tls(args), artifact_dir=work_dir / "artifacts")
-    driver = SimDriver(work_dir, backend_override=args.backend)
+    driver = SimDriver(work_dir, backend_override=args.backend, run_as=run_as)
     agent = Agent(client, driver, name=args.name, slots=args.sim_slots, devices=lab)
     log = logging.getLogger("farm.agent")
     signals: list[int] = []
@@ -545,8 +572,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    log.info("agent %s: %d sim slot(s), %d device(s), work dir %s, controller %s", args.name, args.sim_slots,
-             len(lab), work_dir, address)
+    log.info("agent %s: %d sim slot(s), %d device(s), work dir %s, controller %s, runs as %s", args.name,
+             args.sim_slots, len(lab), work_dir, address, run_as.name if run_as else "the agent's own user")
     client.start()
     agent.run_job(None)  # each slot leases until draining
     if client.fatal is not None:
@@ -592,7 +619,11 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     a = sub.add_parser("agent", help="run an agent: dial the controller, run the tasks it leases")
     a.add_argument("--controller", default=None, metavar="HOST:PORT", help="the controller (default $FARM_CONTROLLER)")
     a.add_argument("--name", required=True, help="this agent's name (a reconnect under the same name takes over its session)")
-    a.add_argument("--token", default=None, help="agent token (default $FARM_TOKEN)")
+    a.add_argument("--token", default=None, help="agent token; prefer --token-file or $FARM_TOKEN (a command line is "
+                                                 "visible to every local user)")
+    a.add_argument("--token-file", default=None, metavar="PATH", help="read the agent token from this file (mode 0600)")
+    a.add_argument("--run-as", default=None, metavar="USER",
+                   help="the unprivileged user jobs run as (default when the agent is root: nobody)")
     a.add_argument("--tls-ca", default=None, help="CA that signed the controller's certificate (enables TLS)")
     a.add_argument("--tls-cert", default=None, help="this agent's certificate, for mutual TLS")
     a.add_argument("--tls-key", default=None, help="this agent's key, for mutual TLS")

@@ -38,17 +38,17 @@ def load_submitted_job(request: Any, files: ControllerFiles, devices: list[Devic
     base_dir = Path(request.base_dir or "/")
     if not base_dir.is_absolute():
         raise JobFileError(f"{source_name}: base_dir must be an absolute path")
+    archive = None
+    if isinstance(spec.workload, ScriptWorkload):  # first: a refused folder leaves no model copied in
+        archive = _script_archive(request, spec.workload, root, files, base_dir, source_name, max_script_archive_bytes)
     if request.models:
         models = _uploaded_models(request, spec, root, files, source_name)
     else:
         models = resolve_models(spec, root, base_dir, source_name, gate=files)
     job = ResolvedJob(spec=spec, source=request.job_yaml, source_path=None, base_dir=base_dir, models=models,
-                      targets=targets)
+                      targets=targets, script_archive=archive)
     if isinstance(spec.workload, BenchmarkWorkload):
         check_benchmark_models(spec, models, root, source_name)
-    else:
-        job.script_archive = _script_archive(request, spec.workload, root, files, base_dir, source_name,
-                                             max_script_archive_bytes)
     return job
 
 

@@ -3,7 +3,8 @@
 The client packs `workload.dir` (deterministically, so the same folder has the same sha256 and
 is uploaded once), the controller checks it before accepting the job, and the agent checks it
 again as it unpacks into the run's own directory. Nothing in it can name a path outside that
-directory: no absolute names, no `..`, no links, no devices.
+directory: no absolute names, no `..`, no links, no devices. Links in the folder are packed as
+the files they point to, read with the rights of whoever packs (the user, on their machine).
 """
 
 from __future__ import annotations
@@ -22,48 +23,47 @@ class ScriptArchiveError(ValueError):
     """A folder that cannot be packed, or an archive that is not a safe script folder."""
 
 
-def pack_dir(directory: Path, max_bytes: int = MAX_SCRIPT_ARCHIVE_BYTES) -> bytes:
-    """The folder as a tar: sorted, owner and times zeroed; links that stay inside are followed."""
+def pack_dir(directory: Path, max_bytes: int = MAX_SCRIPT_ARCHIVE_BYTES, skip: tuple[Path, ...] = ()) -> bytes:
+    """The folder as a tar: sorted, owner and times zeroed. A link to a file is packed as the file it
+    points to (read with the packer's own rights); `skip` leaves out folders (farm's own work folder)."""
     directory = directory.resolve()
+    skipped = {p.resolve() for p in skip}
     buffer = io.BytesIO()
     entries = 0
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for current, dirs, files in os.walk(directory, followlinks=False):
-            dirs.sort()
+            dirs[:] = sorted(d for d in dirs if Path(current, d).resolve() not in skipped)
             here = Path(current)
-            for name in sorted(dirs) + sorted(files):
+            for name in dirs + sorted(files):
                 path = here / name
-                relative = path.relative_to(directory).as_posix()
-                real = path.resolve()
-                if path.is_symlink() and not real.is_relative_to(directory):
-                    raise ScriptArchiveError(
-                        f"{path} is a link to {real}, outside {directory}; workload.dir is sent to the agents as an "
-                        "archive and links out of it are not followed. Copy the file in, or give the script a folder "
-                        "of its own.")
-                info = path.stat()  # follows a link that stays inside
+                try:
+                    info = path.stat()  # follows a link
+                except OSError as e:
+                    raise ScriptArchiveError(f"{path} cannot be read: {e.strerror}") from None
                 entries += 1
                 if entries > MAX_ENTRIES:
                     raise ScriptArchiveError(f"{directory} holds more than {MAX_ENTRIES} entries; give the script a "
                                              "folder of its own (workload.dir)")
-                member = tarfile.TarInfo(relative)
+                member = tarfile.TarInfo(path.relative_to(directory).as_posix())
                 member.mode = stat.S_IMODE(info.st_mode) & 0o755
                 if stat.S_ISDIR(info.st_mode):
                     if path.is_symlink():
-                        raise ScriptArchiveError(f"{path} is a link to a folder; workload.dir must hold the files "
-                                                 "themselves")
+                        raise ScriptArchiveError(f"{path} is a link to a folder; workload.dir must hold the folder "
+                                                 "itself (links to files are fine)")
                     member.type = tarfile.DIRTYPE
                     tar.addfile(member)
                 elif stat.S_ISREG(info.st_mode):
-                    member.size = info.st_size
-                    with open(path, "rb") as f:
-                        tar.addfile(member, f)
+                    with open(path, "rb") as f:  # one read: a file that changes meanwhile is still packed whole
+                        data = f.read(max(0, max_bytes - buffer.tell()) + 1)
+                    member.size = len(data)
+                    tar.addfile(member, io.BytesIO(data))
                 else:
                     raise ScriptArchiveError(f"{path} is not a regular file or folder (a device, socket or pipe); "
                                              "workload.dir may hold files and folders only")
                 if buffer.tell() > max_bytes:
                     raise ScriptArchiveError(
-                        f"{directory} is over {max_bytes >> 20} MiB packed; workload.dir is uploaded with the job, "
-                        "so give the script a folder of its own (models are uploaded separately)")
+                        f"{directory} is over {max_bytes >> 20} MiB packed; workload.dir goes with every run, "
+                        "so give the script a folder of its own (models are sent separately)")
     return buffer.getvalue()
 
 
