@@ -25,7 +25,7 @@ from farm.agents.harness.task import HarnessOutput, HarnessTask
 from farm.agents.sandbox import Budget, SandboxBackend, SandboxError, choose_backend
 from farm.agents.sandbox.base import ExitInfo, MountSpec
 from farm.agents.sandbox.isolation import (
-    INNER_RUN_DIR, RunAs, hand_over, isolated_argv, isolation_env, namespaces_unavailable, resolve_run_as,
+    INNER_RUN_DIR, RunAs, hand_over, isolated_argv, isolation_env, namespaces_unavailable, resolve_run_as, user_argv,
 )
 from farm.agents.script_env import ScriptEnvError, script_python
 from farm.agents.telemetry import TelemetrySampler
@@ -162,7 +162,7 @@ class SimDriver:
         model_path = str(inner / "model" / _model_file_name(task.model_path)) if inner else task.model_path
         values_task = task if inner is None else _with_model(task, model_path)
         if w["type"] == "script":
-            python = script_python(w.get("pip_requirements") or [], self.work_root / "script-envs")
+            python = script_python(w.get("pip_requirements") or [], self.work_root / "script-envs", self.run_as)
             command = python if w["command"] in ("python", "python3") else w["command"]
             script_dir = str(inner / "script") if inner else str(Path(task.base_dir, w.get("dir") or ".").resolve())
             argv = [command]
@@ -207,7 +207,6 @@ class SimDriver:
             backend = self.backend_for(task)
         except SandboxError as e:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, str(e))
-        backend.run_user = (self.run_as.uid, self.run_as.gid) if self.run_as else None
         budget = backend.effective_limits(self.budget_for(task, slot))
         limits = Limits(cpus=budget.cpus, cpuset=budget.cpuset, memory_mb=_mib(budget.memory_bytes))
         base = dict(backend=backend.name, limits=limits, approximate=backend.approximate)
@@ -290,10 +289,7 @@ class SimDriver:
         hand_over(run_dir, self.run_as)
         if inner is not None:
             return isolated_argv(argv, self.run_as), {**env, **isolation_env(self.run_as)}
-        if backend.name == "docker":
-            return argv, env  # the container runs as the user itself
-        return ["setpriv", f"--reuid={self.run_as.uid}", f"--regid={self.run_as.gid}", "--clear-groups",
-                "--no-new-privs", "--", *argv], env
+        return user_argv(argv, self.run_as), env  # a container has namespaces of its own
 
     def _classify(self, task: TaskSpec, budget: Budget, exit_info: ExitInfo, output: HarnessOutput | None) -> RunResult:
         peak = exit_info.peak_memory_bytes

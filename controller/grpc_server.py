@@ -661,7 +661,7 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
         from farm.controller.nightly import Cron, NightlyRefresh
         hook = alerts_from_environment()
         nightly = NightlyRefresh(store, refresh_suite or DEFAULT_REFRESH_SUITE, Cron.parse(refresh_cron),
-                                 farm.device_targets, alert=hook.send if hook else None)
+                                 farm.device_targets, alert=hook.send if hook else None, artifacts=files.store)
     farm.start()
     server.start()
     if nightly:

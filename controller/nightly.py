@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from farm.controller.controller import Controller
+from farm.controller.artifacts import ArtifactStore
 from farm.controller.jobfile import DeviceTarget, JobFileError, load_job
 from farm.controller.refresh import REFERENCE_SUITE_NAME, after_reference_run
 from farm.controller.store import Store
@@ -92,8 +93,10 @@ class NightlyRefresh:
     """Submits the reference suite when the cron says so; checks each such job once it is done."""
 
     def __init__(self, store: Store, suite: Path, cron: Cron, devices: Callable[[], list[DeviceTarget]], *,
-                 alert: Callable[[dict], object] | None = None, clock: Callable[[], dt.datetime] = dt.datetime.now) -> None:
+                 alert: Callable[[dict], object] | None = None, clock: Callable[[], dt.datetime] = dt.datetime.now,
+                 artifacts: ArtifactStore | None = None) -> None:
         self.store = store
+        self.artifacts = artifacts  # agents fetch models from the controller's store only: the suite's go in
         self.suite = suite
         self.cron = cron
         self.devices = devices
@@ -125,6 +128,13 @@ class NightlyRefresh:
         except JobFileError as e:
             log.error("nightly refresh skipped: %s", e)
             return None
+        if self.artifacts is not None:
+            try:
+                for model in job.models:
+                    self.artifacts.add_file(model.path)
+            except (OSError, ValueError) as e:
+                log.error("nightly refresh skipped: a reference model cannot be stored for the agents: %s", e)
+                return None
         job.targets = list(devices)  # every device, each with its sim twin
         job.spec.targets = [d.name for d in devices]
         job.spec.priority = "low"

@@ -104,9 +104,6 @@ class RunningSandbox(abc.ABC):
 class SandboxBackend(abc.ABC):
     name: str
     approximate: bool = False  # True when limits and peaks are best-effort
-    # (uid, gid) the command runs as, for backends that switch users themselves (docker); the others get
-    # an argv that switches (farm.agents.sandbox.isolation), set by the sim driver.
-    run_user: tuple[int, int] | None = None
 
     @classmethod
     @abc.abstractmethod

@@ -619,7 +619,7 @@ class DockerBackend(SandboxBackend):
                 name=f"farm-{token}",
                 environment=dict(env),
                 working_dir=str(cwd),
-                user=f"{self.run_user[0]}:{self.run_user[1]}" if self.run_user else "0:0",
+                user="0:0",
                 mounts=self._mounts(mounts),
                 network_mode=self.network_mode,
                 auto_remove=False,  # we read the exit status and OOMKilled after exit

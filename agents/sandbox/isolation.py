@@ -6,7 +6,9 @@ A job's harness or script is other people's code. As root, farm starts it throug
 the run directory bound at /tmp/run) and then `setpriv` (the run user's uid and gid, no
 supplementary groups, no new privileges). The backends are unchanged: the cgroup backend's
 shell joins its cgroups as root and then execs this prefix. The docker backend has its own
-namespaces already and only takes the user. Not root: nothing to drop, the run is as the agent.
+namespaces already: there the command is only started through `setpriv` (from the host's /usr,
+which farm's default image mounts; a custom `sim.image` needs util-linux's setpriv). Not root:
+nothing to drop, the run is as the agent.
 """
 
 from __future__ import annotations
@@ -75,6 +77,12 @@ def isolated_argv(argv: list[str], run_as: RunAs) -> list[str]:
     """argv run as run_as inside fresh mount + PID namespaces; cwd must be the run directory."""
     return ["unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private", "--",
             "/bin/sh", "-c", ENTER, "farm-isolate", *argv]
+
+
+def user_argv(argv: list[str], run_as: RunAs) -> list[str]:
+    """argv run as run_as, without namespaces of its own (a container's, or none where unshare cannot)."""
+    return ["setpriv", f"--reuid={run_as.uid}", f"--regid={run_as.gid}", "--clear-groups", "--no-new-privs", "--",
+            *argv]
 
 
 def isolation_env(run_as: RunAs) -> dict[str, str]:
