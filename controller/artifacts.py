@@ -130,9 +130,8 @@ class ModelRoots:
         if name.startswith("~"):
             raise ArtifactError(f"{name!r}: `~` is not expanded on the controller; give a path under a models root "
                                 f"({self.describe()})")
-        joined = Path(os.path.normpath(base_dir / name))
-        real = Path(os.path.realpath(joined))
-        if not (self._inside(joined) and self._inside(real)):
+        real = Path(os.path.realpath(base_dir / name))  # every link resolved: what would really be opened
+        if not self._inside(real):
             raise ArtifactError(f"{name!r} resolves to {real}, which is outside this controller's models roots "
                                 f"({self.describe()}). `farm submit` uploads models from your machine instead.")
         return real

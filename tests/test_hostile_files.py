@@ -354,3 +354,63 @@ def test_a_model_replaced_after_submit_fails_the_run_naming_both_hashes(lab, tmp
     assert record["failure_class"] == "job"
     assert submitted in record["message"] and _sha(tiny_models["tflite"]) in record["message"], record["message"]
     assert record["attempts"] == 1  # a job failure is never retried
+
+
+def test_embedded_a_model_replaced_between_submit_and_run_is_not_measured(tmp_path: Path, tiny_models) -> None:
+    """The same check where the file is read in place (embedded mode, a device run): both hashes named."""
+    from farm.cli.embedded import run_job_embedded
+    from farm.controller.controller import Controller
+    from farm.controller.jobfile import load_job
+    from farm.controller.store import Store
+
+    shutil.copy(tiny_models["onnx"], tmp_path / "m.onnx")
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text("models: [m.onnx]\nworkload: {type: benchmark, iterations: 3, warmup: 1}\n"
+                        "sim: {backend: process}\n")
+    store = Store(tmp_path / "farm.db")
+    job_id = Controller(store).submit(load_job(job_file))
+    submitted = _sha(tmp_path / "m.onnx")
+    (tmp_path / "m.onnx").write_bytes(tiny_models["onnx"].read_bytes() + b"\0tampered")
+    run_job_embedded(store, job_id)
+    run = store.query("SELECT status, failure_class, message FROM runs WHERE job_id = ?", [job_id])
+    assert len(run) == 1 and run[0]["status"] == "failed" and run[0]["failure_class"] == "job"
+    assert submitted in run[0]["message"] and _sha(tmp_path / "m.onnx") in run[0]["message"], run[0]["message"]
+    store.close()
+
+
+def test_script_folders_pack_plain_files_and_unpack_only_inside(tmp_path: Path) -> None:
+    from farm.proto.script_archive import ScriptArchiveError, pack_dir, unpack
+
+    folder = tmp_path / "script"
+    (folder / "lib").mkdir(parents=True)
+    (folder / "run.py").write_text("print(1)\n")
+    (folder / "lib" / "util.py").write_text("X = 1\n")
+    (tmp_path / "outside.txt").write_text("the packer's own file\n")
+    os.symlink(tmp_path / "outside.txt", folder / "data.txt")  # a link to a file: packed as that file
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(pack_dir(folder))
+    assert pack_dir(folder) == archive.read_bytes()  # deterministic: the same folder, the same sha256
+    out = tmp_path / "out"
+    out.mkdir()
+    unpack(archive, out)
+    assert (out / "data.txt").read_text() == "the packer's own file\n" and not (out / "data.txt").is_symlink()
+    assert (out / "lib" / "util.py").read_text() == "X = 1\n"
+
+    os.mkfifo(folder / "pipe")
+    with pytest.raises(ScriptArchiveError, match="not a regular file or folder"):
+        pack_dir(folder)
+    (folder / "pipe").unlink()
+    with pytest.raises(ScriptArchiveError, match="over 0 MiB"):
+        pack_dir(folder, max_bytes=1000)
+
+    # an archive made elsewhere, with a hard link out of the run directory: refused as the agent unpacks
+    hostile = tmp_path / "hostile.tar"
+    with tarfile.open(hostile, "w") as tar:
+        link = tarfile.TarInfo("shadow")
+        link.type, link.linkname = tarfile.LNKTYPE, "/etc/shadow"
+        tar.addfile(link)
+    target = tmp_path / "target"
+    target.mkdir()
+    with pytest.raises(ScriptArchiveError, match="link, device or pipe"):
+        unpack(hostile, target)
+    assert list(target.iterdir()) == []
