@@ -414,3 +414,31 @@ def test_script_folders_pack_plain_files_and_unpack_only_inside(tmp_path: Path) 
     with pytest.raises(ScriptArchiveError, match="link, device or pipe"):
         unpack(hostile, target)
     assert list(target.iterdir()) == []
+
+
+@pytest.mark.skipif(not ROOT_ONLY, reason="running jobs as another user needs root")
+def test_a_script_that_swaps_its_output_file_for_a_link_gets_only_its_own_output(tmp_path: Path, farm) -> None:
+    """The agent reads the run's output through the file it opened, never by a path the run could replace."""
+    import sqlite3
+
+    from farm.models.generate import write_tiny_onnx
+
+    write_tiny_onnx(tmp_path / "tiny.onnx")
+    (tmp_path / "script").mkdir()
+    (tmp_path / "script" / "swap.py").write_text(
+        "import os\n"
+        "print('swapped the log for a link', flush=True)\n"
+        "os.unlink('../sandbox-output.log')\n"
+        "os.symlink('/etc/shadow', '../sandbox-output.log')\n"
+        "os.symlink('/etc/shadow', '../out.json.tmp')\n"
+        "raise SystemExit(1)\n")
+    (tmp_path / "job.yaml").write_text("models: [tiny.onnx]\nworkload: {type: script, script: swap.py, dir: script}\n"
+                                       "sim: {backend: process}\n")
+    run = farm("submit", str(tmp_path / "job.yaml"), "--json")
+    assert run.returncode == 1, run.stderr
+    with sqlite3.connect(tmp_path / "farm.db") as db:
+        message, log_tail = db.execute("SELECT message, log_tail FROM runs").fetchone()
+    assert "swapped the log for a link" in log_tail
+    shadow_head = Path("/etc/shadow").read_text().split(":", 1)[0] + ":"
+    for text in (message, log_tail, run.stdout):
+        assert shadow_head not in text and "$y$" not in text and "$6$" not in text
