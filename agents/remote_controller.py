@@ -173,7 +173,8 @@ class RemoteController:
             except (OSError, ValueError, grpc.RpcError) as e:
                 # Not the model's fault: another agent (or a later try) may have it.
                 self.complete(task.task_id, task.attempt, agent, time.time(), RunResult.failed(
-                    FailureClass.INFRASTRUCTURE, f"agent {self.name} could not fetch model {task.model_sha256[:12]}: {e}"))
+                    FailureClass.INFRASTRUCTURE,
+                    f"agent {self.name} could not fetch model {task.model_sha256[:12]} (or the script folder): {e}"))
                 continue
             return task
         return None

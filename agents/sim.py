@@ -43,36 +43,29 @@ class ModelChanged(Exception):
     """The model file's bytes are not the ones submitted (attack 15: replaced after submit)."""
 
 
-def stage_model(source: Path, destination: Path, sha256: str) -> None:
-    """Copy the model into the run directory, hashing as it goes: what runs is what was checked.
+def stage_model(source: Path, destination: Path | None, sha256: str) -> None:
+    """Copy the model into the run directory, hashing as it goes (what runs is what was checked); with
+    no destination, only hash it (drivers that send the file on themselves: phones, boards).
 
     Raises ModelChanged naming both hashes when it differs from the submitted sha256.
     """
     fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as f, open(destination, "xb") as out:
+    with os.fdopen(fd, "rb") as f, (open(destination, "xb") if destination else open(os.devnull, "wb")) as out:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise ModelChanged(f"{source} is no longer a regular file (submitted sha256 {sha256})")
         digest = hashlib.sha256()
         while data := f.read(COPY_CHUNK_BYTES):
             digest.update(data)
-            out.write(data)
+            if destination:
+                out.write(data)
     if digest.hexdigest() != sha256:
         raise ModelChanged(f"{source} changed since it was submitted: submitted sha256 {sha256}, the file now has "
                            f"sha256 {digest.hexdigest()}. Submit the job again to measure the new file.")
 
 
 def verify_model(path: Path, sha256: str) -> None:
-    """For drivers that send the file on themselves (phones, boards): hash it right before the run."""
-    digest = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise ModelChanged(f"{path} is no longer a regular file (submitted sha256 {sha256})")
-        while data := f.read(COPY_CHUNK_BYTES):
-            digest.update(data)
-    if digest.hexdigest() != sha256:
-        raise ModelChanged(f"{path} changed since it was submitted: submitted sha256 {sha256}, the file now has "
-                           f"sha256 {digest.hexdigest()}. Submit the job again to measure the new file.")
+    """The file hashed where it is, right before a device driver sends it on."""
+    stage_model(path, None, sha256)
 
 
 def read_harness_output(path: Path, run_as: RunAs | None) -> HarnessOutput | None:
