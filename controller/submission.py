@@ -22,6 +22,7 @@ from farm.proto.script_archive import MAX_SCRIPT_ARCHIVE_BYTES, ScriptArchiveErr
 from farm.proto.spec import BenchmarkWorkload, ModelEntry, ScriptWorkload
 
 MODEL_NAME = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
+SOURCE = re.compile(r"^[^\x00-\x1f\x7f]{1,4096}$")
 
 
 def _line(root: Any, *loc: Any) -> int:
@@ -65,11 +66,12 @@ def _uploaded_models(request: Any, spec: Any, root: Any, files: ControllerFiles,
         if stored is None:
             raise JobFileError(f"{where}: no uploaded file with sha256 {model.sha256[:64]!r} on this controller; "
                                "`farm submit` uploads the models before it submits the job")
+        shown = model.source if SOURCE.match(model.source) else model.name  # display only
         try:
             facts = inspect_model(stored)  # the controller's own reading of the bytes it will serve
         except ModelError as e:
-            raise JobFileError(f"{where}: {model.source or model.name}: {e}") from None
-        facts.path = model.source or model.name
+            raise JobFileError(f"{where}: {shown}: {e}") from None
+        facts.path = shown
         entry = spec.models[model.entry]
         family = entry.family if isinstance(entry, ModelEntry) else None
         models.append(ResolvedModel(stored, model.name, family, facts, model.entry, display=facts.path))
