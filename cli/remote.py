@@ -486,6 +486,11 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
     mode = "mutual TLS" if tls and tls.ca else "TLS" if tls else "plain text"
     print(f"farm controller listening on {host}:{running.port} ({mode}; store {store.path}; lease TTL "
           f"{args.lease_ttl:g} s)", file=sys.stderr, flush=True)
+    files = running.farm.files
+    print(f"farm controller artifact store {files.store.root}; models roots: "
+          f"{files.roots.describe() if files.roots.roots else 'none (clients upload their models)'}"
+          f"{'; script workloads need the `script` permission' if args.scripts_need_permission else ''}",
+          file=sys.stderr, flush=True)
     if running.metrics:
         metrics_host = args.metrics_listen.rpartition(":")[0] or "127.0.0.1"
         print(f"farm controller metrics on http://{metrics_host}:{running.metrics_port}/metrics",
