@@ -13,11 +13,12 @@ import socket
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import Callable, Protocol
 
 from farm.agents.sandbox.base import format_cpuset
 from farm.agents.lab import LabDevice
-from farm.agents.sim import SimDriver, SimSlot
+from farm.agents.sim import ModelChanged, SimDriver, SimSlot, verify_model
 from farm.proto.results import FailureClass, ResultRefused, RunResult
 from farm.proto.tasks import TaskSpec
 
@@ -89,6 +90,17 @@ class Agent:
                 return
             self.run_task(task, None)
 
+    def _model_problem(self, task: TaskSpec) -> RunResult | None:
+        """A device run's model, hashed right before the driver sends it on: not the submitted bytes -> job failure."""
+        try:
+            verify_model(Path(task.model_path), task.model_sha256)
+        except ModelChanged as e:
+            return RunResult.failed(FailureClass.JOB, str(e))
+        except OSError as e:
+            return RunResult.failed(FailureClass.JOB, f"{task.model_path}: cannot be read on agent {self.name}: "
+                                                      f"{e.strerror}")
+        return None
+
     def run_task(self, task: TaskSpec, slot: SimSlot | None) -> RunResult:
         started_at = time.time()
         done = threading.Event()
@@ -108,9 +120,9 @@ class Agent:
         driver = "sim" if task.target == "sim" else task.target
         try:
             if task.target == "sim":
-                result = self.sim.run(task, slot or self.slots[0], cancel_check)
+                result = self.sim.run(task, slot or self.slots[0], cancel_check)  # checks the copy it runs
             else:
-                result = self.devices[task.target].driver.run(task, cancel_check)
+                result = self._model_problem(task) or self.devices[task.target].driver.run(task, cancel_check)
         except Exception:
             result = RunResult.failed(FailureClass.BUG, f"the {driver} driver failed:\n" + traceback.format_exc(limit=8))
         finally:

@@ -170,10 +170,13 @@ class RemoteController:
             task = request.offer
             try:  # in the slot's thread, so a download never holds up the stream
                 task.model_path = self.local_model_path(task)
+                if task.workload.get("type") == "script":
+                    task.extra["script_archive_path"] = str(self.local_script_archive(task))
             except (OSError, ValueError, grpc.RpcError) as e:
                 # Not the model's fault: another agent (or a later try) may have it.
                 self.complete(task.task_id, task.attempt, agent, time.time(), RunResult.failed(
-                    FailureClass.INFRASTRUCTURE, f"agent {self.name} could not fetch model {task.model_sha256[:12]}: {e}"))
+                    FailureClass.INFRASTRUCTURE,
+                    f"agent {self.name} could not fetch model {task.model_sha256[:12]} (or the script folder): {e}"))
                 continue
             return task
         return None
@@ -329,9 +332,9 @@ class RemoteController:
 
     # --- artifacts --------------------------------------------------------------------------
     def local_model_path(self, task: TaskSpec) -> str:
-        """The task's model on this host: its own path when present, else the cache, fetched by sha256."""
-        if os.path.exists(task.model_path) or self.artifact_dir is None:
-            return task.model_path
+        """The task's model in this agent's cache, fetched by sha256: a path from the wire is never opened here."""
+        if self.artifact_dir is None:
+            raise ValueError("this agent has no artifact cache (--work-dir) to fetch models into")
         if not SHA256_HEX.match(task.model_sha256):
             raise ValueError(f"task {task.task_id}: model sha256 {task.model_sha256!r} is not a sha256")
         suffix = Path(task.model_path).suffix if re.match(r"^\.[A-Za-z0-9]{1,10}$", Path(task.model_path).suffix) else ""
@@ -340,9 +343,22 @@ class RemoteController:
             self.fetch_artifact(task.model_sha256, cached)
         return str(cached)
 
+    def local_script_archive(self, task: TaskSpec) -> Path:
+        """A script task's folder, as the tar the client uploaded, in this agent's cache."""
+        sha256 = str(task.extra.get("script_archive") or "")
+        if not SHA256_HEX.match(sha256):
+            raise ValueError(f"task {task.task_id}: a script task came without its uploaded folder (script_archive); "
+                             "is the controller older than this agent?")
+        if self.artifact_dir is None:
+            raise ValueError("this agent has no artifact cache (--work-dir) to fetch script folders into")
+        cached = self.artifact_dir / f"{sha256}.tar"
+        if not cached.exists():
+            self.fetch_artifact(sha256, cached)
+        return cached
+
     def fetch_artifact(self, sha256: str, destination: Path) -> Path:
         """Download a content-addressed artifact, check its size and hash, then move it into place."""
-        destination.parent.mkdir(parents=True, exist_ok=True)
+        destination.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         partial = destination.with_name(destination.name + f".part{os.getpid()}")
         digest, written = hashlib.sha256(), 0
         channel = open_channel(self.address, tls=self.tls)

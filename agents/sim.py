@@ -7,8 +7,12 @@ with a failure class a person can act on.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
 import shutil
+import stat
 import sys
 import uuid
 from dataclasses import dataclass
@@ -20,13 +24,66 @@ from farm.agents.harness.stats import latency_stats
 from farm.agents.harness.task import HarnessOutput, HarnessTask
 from farm.agents.sandbox import Budget, SandboxBackend, SandboxError, choose_backend
 from farm.agents.sandbox.base import ExitInfo, MountSpec
+from farm.agents.sandbox.isolation import (
+    INNER_RUN_DIR, RunAs, hand_over, isolated_argv, isolation_env, namespaces_unavailable, resolve_run_as, user_argv,
+)
 from farm.agents.script_env import ScriptEnvError, script_python
 from farm.agents.telemetry import TelemetrySampler
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus
+from farm.proto.script_archive import ScriptArchiveError, pack_dir, unpack
 from farm.proto.tasks import TaskSpec
 
 MiB = 1 << 20
 LOG_TAIL_CHARS = 4000
+MAX_HARNESS_OUTPUT_BYTES = 256 << 20  # out.json is written by the sandboxed user: read it with a bound
+COPY_CHUNK_BYTES = 1 << 20
+
+
+class ModelChanged(Exception):
+    """The model file's bytes are not the ones submitted (attack 15: replaced after submit)."""
+
+
+def stage_model(source: Path, destination: Path | None, sha256: str) -> None:
+    """Copy the model into the run directory, hashing as it goes (what runs is what was checked); with
+    no destination, only hash it (drivers that send the file on themselves: phones, boards).
+
+    Raises ModelChanged naming both hashes when it differs from the submitted sha256.
+    """
+    fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f, (open(destination, "xb") if destination else open(os.devnull, "wb")) as out:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ModelChanged(f"{source} is no longer a regular file (submitted sha256 {sha256})")
+        digest = hashlib.sha256()
+        while data := f.read(COPY_CHUNK_BYTES):
+            digest.update(data)
+            if destination:
+                out.write(data)
+    if digest.hexdigest() != sha256:
+        raise ModelChanged(f"{source} changed since it was submitted: submitted sha256 {sha256}, the file now has "
+                           f"sha256 {digest.hexdigest()}. Submit the job again to measure the new file.")
+
+
+def verify_model(path: Path, sha256: str) -> None:
+    """The file hashed where it is, right before a device driver sends it on."""
+    stage_model(path, None, sha256)
+
+
+def read_harness_output(path: Path, run_as: RunAs | None) -> HarnessOutput | None:
+    """out.json as the sandboxed user left it: a regular file of theirs, not a link to one of ours."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as e:  # a symlink (ELOOP) or worse: not a harness result
+        raise ValueError(f"the run's result file cannot be read safely: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or (run_as is not None and info.st_uid not in (run_as.uid, 0)):
+            raise ValueError("the run's result file is not a regular file written by the run")
+        data = f.read(MAX_HARNESS_OUTPUT_BYTES + 1)
+    if len(data) > MAX_HARNESS_OUTPUT_BYTES:
+        raise ValueError(f"the run's result file is over {MAX_HARNESS_OUTPUT_BYTES >> 20} MiB")
+    return HarnessOutput(**json.loads(data))
 
 
 @dataclass
@@ -39,6 +96,20 @@ class SimSlot:
 
 def _mib(n: int | None) -> float | None:
     return None if n is None else round(n / MiB, 1)
+
+
+def _model_file_name(path: str) -> str:
+    """The staged model's name: the submitted file's own when it is plain (scripts may look at it), else
+    `model` with its extension (runtimes pick the format by it). The name came over the wire."""
+    name = Path(path).name
+    if re.match(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$", name):
+        return name
+    suffix = Path(path).suffix
+    return "model" + (suffix if re.match(r"^\.[A-Za-z0-9]{1,10}$", suffix) else "")
+
+
+def _with_model(task: TaskSpec, model_path: str) -> TaskSpec:
+    return TaskSpec(**{**task.__dict__, "model_path": model_path})
 
 
 def _format_args(args: list[str], task: TaskSpec) -> list[str]:
@@ -56,8 +127,11 @@ def _format_args(args: list[str], task: TaskSpec) -> list[str]:
 class SimDriver:
     name = "sim"
 
-    def __init__(self, work_root: Path, *, backend_override: str | None = None, keep_run_dirs: bool = False) -> None:
+    def __init__(self, work_root: Path, *, backend_override: str | None = None, keep_run_dirs: bool = False,
+                 run_as: RunAs | None | str = "default") -> None:
         self.work_root = work_root
+        # Jobs run other people's code: as root, in an unprivileged user (`nobody` unless --run-as says).
+        self.run_as = resolve_run_as(None) if run_as == "default" else run_as
         self.backend_override = backend_override
         self.keep_run_dirs = keep_run_dirs
         self._backends: dict[tuple[str, str | None], SandboxBackend] = {}
@@ -74,24 +148,52 @@ class SimDriver:
         cpus = sim.get("cpus") or float(task.threads)  # default: one core per runtime thread
         return Budget(cpus=cpus, cpuset=sim.get("cpuset") or slot.cpuset, memory_bytes=sim.get("memory"))
 
-    def harness_task(self, task: TaskSpec) -> HarnessTask:
+    def harness_task(self, task: TaskSpec, inner: Path | None = None) -> HarnessTask:
+        """What the harness runs; `inner` is the run directory as the sandbox sees it (the model and the
+        script folder are staged there), None to use the task's paths as they are."""
         w = task.workload
+        model_path = str(inner / "model" / _model_file_name(task.model_path)) if inner else task.model_path
+        values_task = task if inner is None else _with_model(task, model_path)
         if w["type"] == "script":
-            python = script_python(w.get("pip_requirements") or [], self.work_root / "script-envs")
+            python = script_python(w.get("pip_requirements") or [], self.work_root / "script-envs", self.run_as)
             command = python if w["command"] in ("python", "python3") else w["command"]
-            script_dir = str(Path(task.base_dir, w.get("dir") or ".").resolve())
+            script_dir = str(inner / "script") if inner else str(Path(task.base_dir, w.get("dir") or ".").resolve())
             argv = [command]
             if w.get("script"):
                 argv.append(str(Path(script_dir, w["script"])))
-            argv += _format_args(w.get("args") or [], task)
-            return HarnessTask(kind="script", model_path=task.model_path, threads=task.threads,
+            argv += _format_args(w.get("args") or [], values_task)
+            return HarnessTask(kind="script", model_path=model_path, threads=task.threads,
                                batch_size=task.batch_size, input_size=task.input_size,
                                command=argv, script_dir=script_dir)
-        return HarnessTask(kind="benchmark", model_path=task.model_path, threads=task.threads,
+        return HarnessTask(kind="benchmark", model_path=model_path, threads=task.threads,
                            batch_size=task.batch_size, input_size=task.input_size,
                            iterations=w["iterations"], warmup=w["warmup"],
                            input_shapes=w.get("input_shapes") or {}, use_xnnpack=w.get("use_xnnpack", True),
                            seed=task.repeat)
+
+    def stage(self, task: TaskSpec, run_dir: Path) -> None:
+        """The run's own copies: the model (hash-checked) and, for a script, its folder unpacked."""
+        (run_dir / "model").mkdir()
+        stage_model(Path(task.model_path), run_dir / "model" / _model_file_name(task.model_path), task.model_sha256)
+        if task.workload["type"] != "script":
+            return
+        (run_dir / "script").mkdir()
+        archive = task.extra.get("script_archive_path")
+        if archive is None:  # embedded: the job's own folder on this host, packed the way a client packs it
+            archive = run_dir / "script.tar"
+            archive.write_bytes(pack_dir(Path(task.base_dir, task.workload.get("dir") or "."), skip=(self.work_root,)))
+        unpack(Path(archive), run_dir / "script")
+
+    def isolation(self, backend: SandboxBackend) -> tuple[Path | None, str]:
+        """Where the run directory appears inside the sandbox (None: at its own path) and how the run is isolated."""
+        if self.run_as is None:
+            return None, "none (the agent is not root: runs are as the agent's own user)"
+        if backend.name == "docker":
+            return None, f"container, user {self.run_as.name}"
+        reason = namespaces_unavailable()
+        if reason:
+            return None, f"user {self.run_as.name} only ({reason})"
+        return INNER_RUN_DIR, f"user {self.run_as.name}, mount + PID namespaces"
 
     def run(self, task: TaskSpec, slot: SimSlot, cancel_check: Callable[[], bool]) -> RunResult:
         try:
@@ -101,27 +203,39 @@ class SimDriver:
         budget = backend.effective_limits(self.budget_for(task, slot))
         limits = Limits(cpus=budget.cpus, cpuset=budget.cpuset, memory_mb=_mib(budget.memory_bytes))
         base = dict(backend=backend.name, limits=limits, approximate=backend.approximate)
-        try:
-            harness_task = self.harness_task(task)
-        except (ScriptEnvError, ValueError) as e:
-            return RunResult.failed(FailureClass.JOB, str(e), **base)
+        inner, isolation = self.isolation(backend)
 
-        run_dir = self.work_root / "runs" / f"task{task.task_id}-a{task.attempt}-{uuid.uuid4().hex[:6]}"
-        run_dir.mkdir(parents=True)
-        os.chmod(run_dir, 0o777)  # a container's user must be able to write its result here
+        runs = self.work_root / "runs"
+        runs.mkdir(parents=True, exist_ok=True)
+        os.chmod(runs, 0o711)  # the run user may pass through to its own directory, not list the others
+        run_dir = runs / f"task{task.task_id}-a{task.attempt}-{uuid.uuid4().hex}"
+        run_dir.mkdir()
+        try:
+            self.stage(task, run_dir)
+            harness_task = self.harness_task(task, inner or run_dir)
+        except ModelChanged as e:
+            self._cleanup(run_dir)
+            return RunResult.failed(FailureClass.JOB, str(e), **base)
+        except (ScriptEnvError, ScriptArchiveError, ValueError) as e:
+            self._cleanup(run_dir)
+            return RunResult.failed(FailureClass.JOB, str(e), **base)
+        except OSError as e:
+            self._cleanup(run_dir)
+            return RunResult.failed(FailureClass.JOB, f"{Path(task.model_path).name}: cannot be read on agent: "
+                                    f"{e.strerror}", **base)
         task_file, out_file = run_dir / "task.json", run_dir / "out.json"
         harness_task.write(task_file)
-        argv = [sys.executable, "-m", "farm.agents.harness", str(task_file), str(out_file)]
+        seen = inner or run_dir
+        argv = [sys.executable, "-m", "farm.agents.harness", str(seen / "task.json"), str(seen / "out.json")]
         env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(run_dir), "LANG": "C.UTF-8",
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(seen), "LANG": "C.UTF-8",
             "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
             # Runtimes must not size their pools from the host's core count.
             "OMP_NUM_THREADS": str(task.threads),
         }
-        mounts = [MountSpec(run_dir, read_only=False), MountSpec(Path(task.model_path))]
-        if harness_task.script_dir:
-            mounts.append(MountSpec(Path(harness_task.script_dir), read_only=False))
-        environment = {**host_facts(), "load_before": load_average()}
+        argv, env = self.launch(argv, env, run_dir, inner, backend)
+        mounts = [MountSpec(run_dir, read_only=False)]  # the model and the script folder are staged inside
+        environment = {**host_facts(), "load_before": load_average(), "isolation": isolation}
         try:
             sandbox = backend.start(argv, budget, env=env, cwd=run_dir, mounts=mounts)
         except SandboxError as e:
@@ -138,7 +252,11 @@ class SimDriver:
             sandbox.close()
         telemetry = sampler.summary(exit_info)
         environment["load_after"] = load_average()
-        output = HarnessOutput.read(out_file) if out_file.exists() else None
+        try:
+            output = read_harness_output(out_file, self.run_as)
+        except (ValueError, TypeError) as e:
+            self._cleanup(run_dir)
+            return RunResult.failed(FailureClass.JOB, f"{Path(task.model_path).name}: {e}", **base)
         result = self._classify(task, budget, exit_info, output)
         result.backend, result.limits, result.approximate = backend.name, limits, backend.approximate
         result.telemetry = telemetry
@@ -154,6 +272,17 @@ class SimDriver:
             environment["runtime"] = output.runtime
         self._cleanup(run_dir)
         return result
+
+    def launch(self, argv: list[str], env: dict[str, str], run_dir: Path, inner: Path | None,
+               backend: SandboxBackend) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment that start argv as the run user (namespaces when `inner`)."""
+        if self.run_as is None:
+            os.chmod(run_dir, 0o777)  # a container's user must be able to write its result here
+            return argv, env
+        hand_over(run_dir, self.run_as)
+        if inner is not None:
+            return isolated_argv(argv, self.run_as), {**env, **isolation_env(self.run_as)}
+        return user_argv(argv, self.run_as), env  # a container has namespaces of its own
 
     def _classify(self, task: TaskSpec, budget: Budget, exit_info: ExitInfo, output: HarnessOutput | None) -> RunResult:
         peak = exit_info.peak_memory_bytes

@@ -90,7 +90,7 @@ def run(agents: int, tasks: int) -> dict:
         tmp_path = Path(tmp)
         write_tiny_onnx(tmp_path / "tiny.onnx")
         store = Store(tmp_path / "bench.db")
-        server = serve(store, "127.0.0.1:0", tokens=None, lease_ttl_s=60)
+        server = serve(store, "127.0.0.1:0", tokens=None, lease_ttl_s=60, models_roots=[tmp_path])  # the job names tiny.onnx here
         address = f"127.0.0.1:{server.port}"
         ctx = multiprocessing.get_context("spawn")
         ready, stop = ctx.Event(), ctx.Event()

@@ -163,6 +163,81 @@ def _job_dict(job: Any) -> dict[str, Any]:
             "finished_at": job.finished_at if job.HasField("finished_at") else None, "message": job.message}
 
 
+UPLOAD_CHUNK_BYTES = 1 << 20
+
+
+def _upload_chunks(sha256: str, name: str, size: int, read: Callable[[int], bytes]) -> Any:
+    """ArtifactUpload messages: the first names the artifact, every one carries up to 1 MiB."""
+    from farm.proto.generated import farm_pb2
+
+    data = read(UPLOAD_CHUNK_BYTES)
+    yield farm_pb2.ArtifactUpload(sha256=sha256, size=size, name=name, data=data)
+    while data := read(UPLOAD_CHUNK_BYTES):
+        yield farm_pb2.ArtifactUpload(data=data)
+
+
+def upload_job_files(client: FarmClient, path: Path, text: str) -> tuple[list[Any], str]:
+    """Resolve the job's models (and script folder) here, on the client, and upload what the controller lacks.
+
+    Returns the JobModel list and the script archive's sha256 ('' for a benchmark job). The
+    controller never opens a path of ours: it gets the bytes, and names them by sha256.
+    """
+    import hashlib
+    import io
+
+    import grpc
+
+    from farm.controller.jobfile import JobFileError, check_benchmark_models, check_script, parse_job_text, resolve_models
+    from farm.proto.generated import farm_pb2
+    from farm.proto.script_archive import ScriptArchiveError, pack_dir
+    from farm.proto.spec import BenchmarkWorkload
+
+    base_dir = path.resolve().parent
+    try:
+        spec, root = parse_job_text(text, str(path))
+        models = resolve_models(spec, root, base_dir, str(path))
+        archive = b""
+        if isinstance(spec.workload, BenchmarkWorkload):
+            check_benchmark_models(spec, models, root, str(path))
+        else:
+            script_dir, _ = check_script(spec, base_dir, root, str(path))
+            try:
+                archive = pack_dir(script_dir)
+            except ScriptArchiveError as e:
+                raise JobFileError(f"{path}: workload.dir: {e}") from None
+    except JobFileError as e:
+        raise RemoteError(str(e)) from None
+    archive_sha = hashlib.sha256(archive).hexdigest() if archive else ""
+    wanted = [m.facts.sha256 for m in models] + ([archive_sha] if archive else [])
+    answer = client.call("MissingArtifacts", farm_pb2.MissingArtifactsRequest(sha256=wanted))
+    missing = set(answer.missing)
+    for model in models:
+        if model.facts.sha256 not in missing:
+            continue
+        missing.discard(model.facts.sha256)
+        if answer.max_model_bytes and model.facts.size_bytes > answer.max_model_bytes:
+            raise RemoteError(f"{model.path}: {model.facts.size_bytes} bytes is over the controller's limit of "
+                              f"{answer.max_model_bytes} bytes per model file (its --max-model-bytes)")
+        with model.path.open("rb") as f:
+            try:
+                client.stub.UploadArtifact(_upload_chunks(model.facts.sha256, model.path.name, model.facts.size_bytes,
+                                                          f.read), metadata=client.metadata, timeout=3600)
+            except grpc.RpcError as e:
+                raise client.explain(e) from None
+    if archive_sha in missing:
+        if answer.max_script_archive_bytes and len(archive) > answer.max_script_archive_bytes:
+            raise RemoteError(f"{path}: workload.dir packs to {len(archive)} bytes, over the controller's limit of "
+                              f"{answer.max_script_archive_bytes}; give the script a folder of its own")
+        try:
+            client.stub.UploadArtifact(_upload_chunks(archive_sha, "dir.tar", len(archive), io.BytesIO(archive).read),
+                                       metadata=client.metadata, timeout=3600)
+        except grpc.RpcError as e:
+            raise client.explain(e) from None
+    job_models = [farm_pb2.JobModel(entry=m.entry_index, name=m.name, sha256=m.facts.sha256, source=str(m.path))
+                  for m in models]
+    return job_models, archive_sha
+
+
 def remote_submit(args: argparse.Namespace) -> int:
     from farm.proto.generated import farm_pb2
 
@@ -171,9 +246,15 @@ def remote_submit(args: argparse.Namespace) -> int:
         text = path.read_text()
     except OSError as e:
         raise RemoteError(f"{path}: cannot read the job file: {e}.") from None
+    from farm.controller.grpc_server import MAX_JOB_FILE_BYTES
+
+    if len(text.encode()) > MAX_JOB_FILE_BYTES:
+        raise RemoteError(f"{path}: the job file is over {MAX_JOB_FILE_BYTES} bytes")
     client = FarmClient.from_args(args)
+    job_models, archive_sha = upload_job_files(client, path, text)
     response = client.call("SubmitJob", farm_pb2.SubmitJobRequest(
-        job_yaml=text, base_dir=str(path.resolve().parent), file_name=str(path), priority=args.priority or ""))
+        job_yaml=text, base_dir=str(path.resolve().parent), file_name=str(path), priority=args.priority or "",
+        models=job_models, script_archive_sha256=archive_sha))
     if not args.json and not args.quiet:
         _err().print(f"job {response.job_id}: {response.tasks} run(s) on controller {client.address}")
     if args.detach:
@@ -380,6 +461,13 @@ def _logging(verbose: bool) -> None:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
+def _models_root(text: str) -> Path:
+    root = Path(text)
+    if not root.is_absolute() or not root.is_dir():
+        raise RemoteError(f"--models-root {text}: give an absolute path to an existing folder")
+    return root
+
+
 def cmd_controller_serve(args: argparse.Namespace) -> int:
     from farm.controller.auth import TlsFiles, TokenFileError, TokenTable, check_tokens_file, is_loopback
     from farm.controller.grpc_server import DEFAULT_MAX_STREAMS, DEFAULT_MAX_WATCHES, serve
@@ -407,7 +495,9 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
                         max_streams=args.max_streams or DEFAULT_MAX_STREAMS,
                         max_watches=args.max_watches or DEFAULT_MAX_WATCHES, reflection_on=args.reflection,
                         refresh_cron=args.refresh_cron,
-                        refresh_suite=Path(args.refresh_suite) if args.refresh_suite else None)
+                        refresh_suite=Path(args.refresh_suite) if args.refresh_suite else None,
+                        models_roots=[_models_root(r) for r in args.models_root or []],
+                        max_model_bytes=args.max_model_bytes, scripts_need_permission=args.scripts_need_permission)
     except (TokenFileError, StoreError) as e:
         raise RemoteError(str(e)) from None
     except ValueError as e:  # a --metrics-listen that is not HOST:PORT
@@ -420,6 +510,11 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
     mode = "mutual TLS" if tls and tls.ca else "TLS" if tls else "plain text"
     print(f"farm controller listening on {host}:{running.port} ({mode}; store {store.path}; lease TTL "
           f"{args.lease_ttl:g} s)", file=sys.stderr, flush=True)
+    files = running.farm.files
+    print(f"farm controller artifact store {files.store.root}; models roots: "
+          f"{files.roots.describe() if files.roots.roots else 'none (clients upload their models)'}"
+          f"{'; script workloads need the `script` permission' if args.scripts_need_permission else ''}",
+          file=sys.stderr, flush=True)
     if running.metrics:
         metrics_host = args.metrics_listen.rpartition(":")[0] or "127.0.0.1"
         print(f"farm controller metrics on http://{metrics_host}:{running.metrics_port}/metrics",
@@ -436,10 +531,31 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
 
 
 # --- agent -----------------------------------------------------------------------------------
+def agent_token(args: argparse.Namespace) -> str | None:
+    """--token-file, else --token (visible to every local user in the process list: a warning says so), else
+    $FARM_TOKEN, else the config file. $FARM_TOKEN is removed from the environment either way: no child inherits it."""
+    env_token = os.environ.pop("FARM_TOKEN", None)  # before any child is spawned
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as e:
+            raise RemoteError(f"--token-file {args.token_file}: cannot read it: {e.strerror}") from None
+        if not token:
+            raise RemoteError(f"--token-file {args.token_file}: the file is empty")
+        return token
+    if args.token:
+        logging.getLogger("farm.agent").warning(
+            "--token puts the agent's secret on its command line, where every local user (and every job, without "
+            "namespaces) can read it: use --token-file PATH or FARM_TOKEN instead")
+        return args.token
+    return env_token or _config().get("token")
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     from farm.agents.agent import Agent
     from farm.agents.environment import host_facts
     from farm.agents.remote_controller import DeviceInfo, RemoteController
+    from farm.agents.sandbox.isolation import RunUserError, resolve_run_as
     from farm.agents.sim import SimDriver
     from farm.controller.auth import valid_agent_name
 
@@ -457,15 +573,21 @@ def cmd_agent(args: argparse.Namespace) -> int:
         raise RemoteError(str(e)) from None
     for problem in discover_types(lab):  # untyped entries get the type their facts match
         print(f"device {problem}", file=sys.stderr, flush=True)
+    token = agent_token(args)
+    try:
+        run_as = resolve_run_as(args.run_as)
+    except RunUserError as e:
+        raise RemoteError(str(e)) from None
     work_dir = Path(args.work_dir or Path.home() / ".cache" / "farm" / "agent" / args.name)
+    work_dir.mkdir(mode=0o711, parents=True, exist_ok=True)  # runs pass through to their own folder; nothing is listed
     devices = [DeviceInfo(name=f"{args.name}/sim", driver="sim", device_type="sim", tags=args.tag or [],
                           facts_json=json.dumps(host_facts()), slots=args.sim_slots)]
     # The lab's phones and boards: jobs name them (or their type or tags), the controller resolves them.
     devices += [DeviceInfo(name=d.name, driver=d.entry.driver, device_type=d.device_type.name if d.device_type else "",
                            tags=d.tags) for d in lab]
-    client = RemoteController(address, name=args.name, token=_setting(args, "token", "FARM_TOKEN"), devices=devices,
+    client = RemoteController(address, name=args.name, token=token, devices=devices,
                               tls=client_tls(args), artifact_dir=work_dir / "artifacts")
-    driver = SimDriver(work_dir, backend_override=args.backend)
+    driver = SimDriver(work_dir, backend_override=args.backend, run_as=run_as)
     agent = Agent(client, driver, name=args.name, slots=args.sim_slots, devices=lab)
     log = logging.getLogger("farm.agent")
     signals: list[int] = []
@@ -479,8 +601,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    log.info("agent %s: %d sim slot(s), %d device(s), work dir %s, controller %s", args.name, args.sim_slots,
-             len(lab), work_dir, address)
+    log.info("agent %s: %d sim slot(s), %d device(s), work dir %s, controller %s, runs as %s", args.name,
+             args.sim_slots, len(lab), work_dir, address, run_as.name if run_as else "the agent's own user")
     client.start()
     agent.run_job(None)  # each slot leases until draining
     if client.fatal is not None:
@@ -520,13 +642,24 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
                    help="WatchJob streams one token (or host, without tokens) may hold open (default 64)")
     s.add_argument("--reflection", action="store_true",
                    help="serve gRPC reflection (for grpcurl); callers need a token when tokens are on")
+    s.add_argument("--models-root", action="append", metavar="DIR",
+                   help="a folder on this host whose files jobs may name (repeatable); by default the controller reads "
+                        "no model file from its own disk, `farm submit` uploads them")
+    s.add_argument("--max-model-bytes", type=int, default=None,
+                   help="largest model file accepted, uploaded or under a models root (default 2 GiB)")
+    s.add_argument("--scripts-need-permission", action="store_true",
+                   help="accept script workloads only from tokens with the `script` permission (`client+script`)")
     s.add_argument("--verbose", action="store_true")
     s.set_defaults(func=cmd_controller_serve)
 
     a = sub.add_parser("agent", help="run an agent: dial the controller, run the tasks it leases")
     a.add_argument("--controller", default=None, metavar="HOST:PORT", help="the controller (default $FARM_CONTROLLER)")
     a.add_argument("--name", required=True, help="this agent's name (a reconnect under the same name takes over its session)")
-    a.add_argument("--token", default=None, help="agent token (default $FARM_TOKEN)")
+    a.add_argument("--token", default=None, help="agent token; prefer --token-file or $FARM_TOKEN (a command line is "
+                                                 "visible to every local user)")
+    a.add_argument("--token-file", default=None, metavar="PATH", help="read the agent token from this file (mode 0600)")
+    a.add_argument("--run-as", default=None, metavar="USER",
+                   help="the unprivileged user jobs run as (default when the agent is root: nobody)")
     a.add_argument("--tls-ca", default=None, help="CA that signed the controller's certificate (enables TLS)")
     a.add_argument("--tls-cert", default=None, help="this agent's certificate, for mutual TLS")
     a.add_argument("--tls-key", default=None, help="this agent's key, for mutual TLS")

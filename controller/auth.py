@@ -2,8 +2,10 @@
 
 The tokens file has one token a line: `ROLE TOKEN [AGENT_NAME]`, `#` for comments. Roles:
 `agent` (the agent stream and artifact downloads), `client` (jobs, results, listings) and
-`admin` (both, plus the operator's calls such as freeing a device name). An agent token with a
-name may only connect as that agent, so one rack host cannot take over another's session.
+`admin` (both, plus the operator's calls such as freeing a device name). `client+script` is a
+client that may also submit script workloads (which run its own code on the agents) on a
+controller started with --scripts-need-permission. An agent token with a name may only connect
+as that agent, so one rack host cannot take over another's session.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from cryptography import x509
 log = logging.getLogger("farm.controller")
 
 ROLES = ("agent", "client", "admin")
+# Extra permissions a role may carry in the tokens file, written `client+script`.
+PERMISSIONS = ("script",)
 METADATA_KEY = "authorization"
 BEARER = "Bearer "
 # A health check stays open (load balancers call it without a token); its Watch stream does not, since
@@ -51,6 +55,20 @@ class Identity:
     role: str
     agent_name: str | None = None  # pinned agent name, when the tokens file gives one
     line: int = 0  # its line in the tokens file: tells two tokens of one role apart (limits, logs)
+    permissions: frozenset[str] = frozenset()  # e.g. {"script"}: may submit script workloads
+
+    @property
+    def may_run_scripts(self) -> bool:
+        """Script workloads run the submitter's code on the agents: admins, and tokens given `script`."""
+        return self.role == "admin" or "script" in self.permissions
+
+
+def parse_role(word: str) -> tuple[str, frozenset[str]] | None:
+    """`client` or `client+script` -> (role, permissions); None when it is neither."""
+    role, *extra = word.split("+")
+    if role not in ROLES or any(p not in PERMISSIONS for p in extra):
+        return None
+    return role, frozenset(extra)
 
 
 class TokenTable:
@@ -69,11 +87,13 @@ class TokenTable:
             words = line.split("#", 1)[0].split()
             if not words:
                 continue
-            if len(words) not in (2, 3) or words[0] not in ROLES:
-                raise TokenFileError(f"{path}:{number}: expected `ROLE TOKEN [AGENT_NAME]` with ROLE one of {', '.join(ROLES)}")
+            role = parse_role(words[0])
+            if len(words) not in (2, 3) or role is None:
+                raise TokenFileError(f"{path}:{number}: expected `ROLE TOKEN [AGENT_NAME]` with ROLE one of "
+                                     f"{', '.join(ROLES)}, optionally with +{' +'.join(PERMISSIONS)} (e.g. client+script)")
             if len(words[1]) < 16:
                 raise TokenFileError(f"{path}:{number}: a token must have at least 16 characters (e.g. `openssl rand -hex 24`)")
-            tokens[words[1]] = Identity(words[0], words[2] if len(words) == 3 else None, number)
+            tokens[words[1]] = Identity(role[0], words[2] if len(words) == 3 else None, number, role[1])
         if not tokens:
             raise TokenFileError(f"{path}: no tokens; add lines like `client <token>` and `agent <token> <agent-name>`")
         return cls(tokens)

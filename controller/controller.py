@@ -350,7 +350,8 @@ def _task_spec(task: dict[str, Any], attempt: int) -> TaskSpec:
         model_sha256=task["model_sha256"], model_family=task["model_family"],
         threads=task["threads"], batch_size=task["batch_size"], input_size=task["input_size"],
         repeat=task["repeat"], workload=extra["workload"], sim=extra["sim"],
-        run_timeout_s=extra["run_timeout_s"], base_dir=extra["base_dir"])
+        run_timeout_s=extra["run_timeout_s"], base_dir=extra["base_dir"],
+        extra={"script_archive": extra["script_archive"]} if extra.get("script_archive") else {})
 
 
 __all__ = ["Controller", "JobProgress", "PRIORITY_RANK", "should_retry"]

@@ -29,16 +29,20 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from farm import __version__
+from farm.controller.artifacts import ArtifactError, ArtifactStore, ControllerFiles, ModelRoots
 from farm.controller.auth import (
     Identity, TlsFiles, TokenInterceptor, TokenTable, check_server_certificate, identity_of, is_loopback,
     server_credentials, valid_agent_name,
 )
 from farm.controller.controller import TERMINAL_JOB, Controller
-from farm.controller.jobfile import JobFileError, load_job_text
+from farm.controller.jobfile import JobFileError
 from farm.controller.metrics import MetricsServer, parse_listen, serve_metrics
 from farm.controller.results import run_records
 from farm.controller.store import Store
+from farm.controller.submission import load_submitted_job
 from farm.proto.escape import printable
+from farm.proto.script_archive import MAX_SCRIPT_ARCHIVE_BYTES
+from farm.proto.spec import ScriptWorkload
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2, farm_pb2, farm_pb2_grpc
 from farm.proto.results import FailureClass, ResultRefused, RunResult
 from farm.proto.wire import MAX_RESULT_BYTES, result_from_message, task_to_message
@@ -50,6 +54,7 @@ PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 16 << 20  # a RunResult with every sample of a long run fits well under this
 MAX_JOB_FILE_BYTES = 1 << 20
 MAX_ARTIFACT_BYTES = 4 << 30
+MAX_MODEL_BYTES = 2 << 30  # one model file, uploaded or under a models root (--max-model-bytes)
 ARTIFACT_CHUNK_BYTES = 1 << 20
 DISPATCH_BATCH = 16  # slots leased per transaction: fewer commits, yet offers still leave in small bursts
 DISPATCH_IDLE_S = 0.5  # how often the dispatcher looks again when nothing woke it (expired leases)
@@ -104,8 +109,11 @@ class FarmServer:
     """Owns the Controller, the agent sessions and the dispatcher; the servicers call into it."""
 
     def __init__(self, store: Store, *, lease_ttl_s: float = 30.0, heartbeat_interval_s: float | None = None,
-                 tokens: TokenTable | None = None, max_watches: int = DEFAULT_MAX_WATCHES) -> None:
+                 tokens: TokenTable | None = None, max_watches: int = DEFAULT_MAX_WATCHES,
+                 files: ControllerFiles | None = None, scripts_need_permission: bool = False) -> None:
         self.store = store
+        self.files = files or controller_files(store)
+        self.scripts_need_permission = scripts_need_permission
         self.controller = Controller(store, lease_ttl_s=lease_ttl_s)
         self.heartbeat_interval_s = heartbeat_interval_s or max(0.2, lease_ttl_s / 4)
         self.tokens = tokens
@@ -442,11 +450,16 @@ class FarmServer:
                 for r in self.store.query("SELECT name, device_type, tags_json FROM devices WHERE driver != 'sim'")]
 
     def artifact_path(self, sha256: str) -> Path | None:
-        """The model file with this content hash, as a task of some job names it (never a path from the wire)."""
-        if not SHA256_HEX.match(sha256):
-            return None
-        rows = self.store.query("SELECT model_path FROM tasks WHERE model_sha256 = ? ORDER BY id DESC LIMIT 1", [sha256])
-        return Path(rows[0]["model_path"]) if rows else None
+        """The stored artifact with this content hash: uploaded, or copied in from a models root at submit."""
+        return self.files.store.path(sha256)
+
+
+def controller_files(store: Store, *, models_roots: list[Path] | None = None,
+                     max_model_bytes: int | None = None) -> ControllerFiles:
+    """The artifact store next to the SQLite store (`farm.db` -> `farm-artifacts/`) and the models roots."""
+    limit = max_model_bytes or MAX_MODEL_BYTES
+    artifacts = ArtifactStore(store.path.with_name(store.path.stem + "-artifacts"), max_bytes=limit)
+    return ControllerFiles(artifacts, ModelRoots(models_roots or [], max_bytes=limit))
 
 
 def _job_message(server: FarmServer, job: dict[str, Any]) -> farm_pb2.Job:
@@ -548,7 +561,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
 
     def FetchArtifact(self, request: common_pb2.ArtifactRequest, context: grpc.ServicerContext) -> Iterator[common_pb2.ArtifactChunk]:
         path = self.server.artifact_path(request.sha256)
-        if path is None or not path.is_file():
+        if path is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no artifact with sha256 {request.sha256[:64]!r} on this controller")
         size = path.stat().st_size
         if size > MAX_ARTIFACT_BYTES:
@@ -574,14 +587,17 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
     def SubmitJob(self, request: farm_pb2.SubmitJobRequest, context: grpc.ServicerContext) -> farm_pb2.SubmitJobResponse:
         if len(request.job_yaml.encode()) > MAX_JOB_FILE_BYTES:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the job file is over {MAX_JOB_FILE_BYTES} bytes")
-        base_dir = Path(request.base_dir or ".")
-        if not base_dir.is_absolute():
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "base_dir must be an absolute path on the controller's host")
         try:
-            job = load_job_text(request.job_yaml, request.file_name or "job.yaml", base_dir,
-                                devices=self.server.device_targets())
+            job = load_submitted_job(request, self.server.files, self.server.device_targets())
         except JobFileError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        identity = identity_of(context, self.server.tokens)
+        if isinstance(job.spec.workload, ScriptWorkload) and self.server.scripts_need_permission \
+                and not identity.may_run_scripts:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          "this controller runs script workloads only for tokens with the `script` permission, and "
+                          f"this {identity.role} token has none. Ask the operator for a `client+script` token, or "
+                          "use `workload: {type: benchmark}`.")
         if request.priority:
             job.spec.priority = request.priority
         job_id = self.server.controller.submit(job)
@@ -589,6 +605,39 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         total = self.server.controller.progress(job_id).total
         log.info("job %d submitted: %d task(s)", job_id, total)
         return farm_pb2.SubmitJobResponse(job_id=job_id, tasks=total, models=len(job.models))
+
+    def MissingArtifacts(self, request: farm_pb2.MissingArtifactsRequest,
+                         context: grpc.ServicerContext) -> farm_pb2.MissingArtifactsResponse:
+        if len(request.sha256) > 10_000:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "ask about at most 10,000 artifacts at once")
+        for sha256 in request.sha256:
+            if not SHA256_HEX.match(sha256):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{sha256[:80]!r} is not a sha256")
+        return farm_pb2.MissingArtifactsResponse(missing=self.server.files.store.missing(request.sha256),
+                                                 max_model_bytes=self.server.files.store.max_bytes,
+                                                 max_script_archive_bytes=MAX_SCRIPT_ARCHIVE_BYTES)
+
+    def UploadArtifact(self, request_iterator: Iterator[farm_pb2.ArtifactUpload],
+                       context: grpc.ServicerContext) -> farm_pb2.UploadArtifactResponse:
+        first = next(request_iterator, None)
+        if first is None or not first.sha256:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first upload message must name sha256 and size")
+        store = self.server.files.store
+        if store.path(first.sha256) is not None:  # content-addressed: already here, nothing more to read
+            return farm_pb2.UploadArtifactResponse(sha256=first.sha256, size=first.size, already_stored=True)
+        limit = MAX_SCRIPT_ARCHIVE_BYTES if first.name.endswith(".tar") else store.max_bytes
+
+        def chunks() -> Iterator[bytes]:
+            yield first.data
+            for message in request_iterator:
+                yield message.data
+
+        try:
+            store.receive(first.sha256, first.size, first.name, chunks(), max_bytes=limit)
+        except ArtifactError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        log.info("artifact %s stored (%d bytes)", first.sha256[:12], first.size)
+        return farm_pb2.UploadArtifactResponse(sha256=first.sha256, size=first.size)
 
     def GetJob(self, request: farm_pb2.JobRequest, context: grpc.ServicerContext) -> farm_pb2.Job:
         return _job_message(self.server, self._job(request.job_id, context))
@@ -704,7 +753,8 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
           lease_ttl_s: float = 30.0, heartbeat_interval_s: float | None = None, max_streams: int = DEFAULT_MAX_STREAMS,
           max_watches: int = DEFAULT_MAX_WATCHES, reflection_on: bool = False,
           metrics_listen: str | None = None, refresh_cron: str | None = None,
-          refresh_suite: Path | None = None) -> RunningServer:
+          refresh_suite: Path | None = None, models_roots: list[Path] | None = None,
+          max_model_bytes: int | None = None, scripts_need_permission: bool = False) -> RunningServer:
     """Start the controller's gRPC server (not blocking); the port is the bound one (for :0).
 
     With metrics_listen (HOST:PORT), Prometheus metrics are served at http://HOST:PORT/metrics too.
@@ -718,8 +768,9 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
     # WAL + NORMAL survives a killed process intact; only a power cut can drop the last commits, and
     # then their tasks re-run when the leases run out. It saves an fsync per lease and per result.
     store.db.execute("PRAGMA synchronous = NORMAL")
+    files = controller_files(store, models_roots=models_roots, max_model_bytes=max_model_bytes)
     farm = FarmServer(store, lease_ttl_s=lease_ttl_s, heartbeat_interval_s=heartbeat_interval_s, tokens=tokens,
-                      max_watches=max_watches)
+                      max_watches=max_watches, files=files, scripts_need_permission=scripts_need_permission)
     options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                # A dead agent's half-open TCP connection is noticed within a minute.
@@ -748,7 +799,8 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
         from farm.controller.nightly import Cron, NightlyRefresh
         hook = alerts_from_environment()
         nightly = NightlyRefresh(store, refresh_suite, Cron.parse(refresh_cron),  # None: the suite farm ships
-                                 farm.device_targets, alert=hook.send_async if hook else None)
+                                 farm.device_targets, alert=hook.send_async if hook else None,
+                                 artifacts=files.store)
     farm.start()
     server.start()
     if nightly:

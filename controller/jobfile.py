@@ -10,7 +10,7 @@ import glob
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 from pydantic import ValidationError
@@ -33,6 +33,7 @@ class ResolvedModel:
     family: str | None
     facts: ModelFacts
     entry_index: int  # which `models:` entry it came from, for error lines
+    display: str | None = None  # where the user has the file, when `path` is the controller's stored copy
 
 
 @dataclass
@@ -54,6 +55,7 @@ class ResolvedJob:
     script_dir: Path | None = None
     script_path: Path | None = None
     targets: list[DeviceTarget | None] = field(default_factory=list)  # None = the sim itself
+    script_archive: str | None = None  # sha256 of workload.dir packed, in the controller's artifact store
 
 
 def _locate(root: yaml.Node | None, loc: tuple[Any, ...], missing: bool = False) -> tuple[yaml.Node | None, str]:
@@ -134,12 +136,26 @@ def _model_line(root: yaml.Node | None, index: int) -> int:
     return node.start_mark.line + 1 if node is not None else 1
 
 
-def resolve_models(spec: JobSpec, root: yaml.Node | None, base_dir: Path, source_name: str) -> list[ResolvedModel]:
+class ModelFileGate(Protocol):
+    """How a controller admits files named by a job from the wire (controller.artifacts.ControllerFiles)."""
+
+    def check_pattern(self, pattern: str, base_dir: Path) -> None: ...
+    def admit(self, name: str, base_dir: Path) -> Path: ...
+
+
+def resolve_models(spec: JobSpec, root: yaml.Node | None, base_dir: Path, source_name: str,
+                   gate: ModelFileGate | None = None) -> list[ResolvedModel]:
+    """gate: None for the user's own files (embedded, the client); a controller passes its gate."""
     resolved: list[ResolvedModel] = []
     for index, raw in enumerate(spec.models):
         entry = raw if isinstance(raw, ModelEntry) else ModelEntry(path=raw)
         where = f"{source_name}:{_model_line(root, index)}: models[{index}]"
-        pattern = str(base_dir / os.path.expanduser(entry.path))
+        if gate is not None:
+            try:
+                gate.check_pattern(entry.path, base_dir)  # before any lookup: nothing is learnt outside the roots
+            except ValueError as e:
+                raise JobFileError(f"{where}: {e}") from None
+        pattern = str(base_dir / (os.path.expanduser(entry.path) if gate is None else entry.path))
         if glob.has_magic(entry.path):
             paths = sorted(Path(p) for p in glob.glob(pattern, recursive=True))
             if not paths:
@@ -149,6 +165,12 @@ def resolve_models(spec: JobSpec, root: yaml.Node | None, base_dir: Path, source
         else:
             paths = [Path(pattern)]
         for path in paths:
+            display = None
+            if gate is not None:
+                try:
+                    display, path = str(path), gate.admit(str(path), base_dir)
+                except ValueError as e:
+                    raise JobFileError(f"{where}: {e}") from None
             if not path.exists():
                 raise JobFileError(f"{where}: model file {entry.path!r} does not exist (looked for {path}).")
             if not os.access(path, os.R_OK) or path.is_dir():
@@ -157,12 +179,15 @@ def resolve_models(spec: JobSpec, root: yaml.Node | None, base_dir: Path, source
                 facts = inspect_model(path)
             except ModelError as e:
                 raise JobFileError(f"{where}: {e}") from None
-            resolved.append(ResolvedModel(path.resolve(), entry.name or "", entry.family, facts, index))
+            if display is not None:
+                facts.path = display
+            resolved.append(ResolvedModel(path.resolve(), entry.name or "", entry.family, facts, index, display))
     # Default names are file stems; the same stem in two formats keeps its extension to stay distinct.
-    stems = [m.path.stem for m in resolved if not m.name]
+    shown = {id(m): Path(m.display or m.path) for m in resolved}
+    stems = [shown[id(m)].stem for m in resolved if not m.name]
     for m in resolved:
         if not m.name:
-            m.name = m.path.name if stems.count(m.path.stem) > 1 else m.path.stem
+            m.name = shown[id(m)].name if stems.count(shown[id(m)].stem) > 1 else shown[id(m)].stem
     names = [m.name for m in resolved]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

@@ -17,6 +17,7 @@ from typing import Callable
 
 from croniter import CroniterError, croniter
 
+from farm.controller.artifacts import ArtifactStore
 from farm.controller.jobfile import DeviceTarget, JobFileError
 from farm.controller.reference_suite import HEALTH_CHECK, SuiteError, submit_reference_suite
 from farm.controller.refresh import after_reference_run
@@ -82,8 +83,10 @@ class NightlyRefresh:
     """Submits the reference suite when the cron says so; checks each such job once it is done."""
 
     def __init__(self, store: Store, suite: Path | None, cron: Cron, devices: Callable[[], list[DeviceTarget]], *,
-                 alert: Callable[[dict], object] | None = None, clock: Callable[[], dt.datetime] = dt.datetime.now) -> None:
+                 alert: Callable[[dict], object] | None = None, clock: Callable[[], dt.datetime] = dt.datetime.now,
+                 artifacts: ArtifactStore | None = None) -> None:
         self.store = store
+        self.artifacts = artifacts  # agents fetch models from the controller's store only: the suite's go in
         self.suite = suite  # None: the suite that ships with farm
         self.cron = cron
         self.devices = devices
@@ -111,7 +114,7 @@ class NightlyRefresh:
             log.warning("nightly refresh skipped: no device is registered")
             return None
         try:
-            job_id = submit_reference_suite(self.store, devices, self.suite, priority="low")
+            job_id = submit_reference_suite(self.store, devices, self.suite, priority="low", artifacts=self.artifacts)
         except (JobFileError, SuiteError) as e:
             log.error("nightly refresh skipped: %s", e)
             return None

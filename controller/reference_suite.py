@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 from platformdirs import user_data_dir
 
+from farm.controller.artifacts import ArtifactStore
 from farm.controller.controller import Controller
 from farm.controller.jobfile import DeviceTarget, JobFileError, ResolvedJob, load_job
 from farm.controller.store import Store
@@ -91,11 +92,20 @@ def load_reference_suite(store: Store, devices: list[DeviceTarget], suite: Path 
 
 
 def submit_reference_suite(store: Store, devices: list[DeviceTarget], suite: Path | None = None, *,
-                           priority: str = "low") -> int:
-    """Submit the suite to `devices` as a health check; returns the job id."""
+                           priority: str = "low", artifacts: ArtifactStore | None = None) -> int:
+    """Submit the suite to `devices` as a health check; returns the job id.
+
+    With `artifacts` (a controller's store), the suite's models are copied in first: remote agents
+    fetch models from there and nowhere else."""
     if not devices:
         raise SuiteError("the reference suite needs at least one device")
     job = load_reference_suite(store, devices, suite, priority=priority)
+    if artifacts is not None:
+        try:
+            for model in job.models:
+                artifacts.add_file(model.path)
+        except (OSError, ValueError) as e:
+            raise SuiteError(f"a reference model cannot be stored for the agents: {e}") from None
     return Controller(store).submit(job, name=REFERENCE_SUITE_NAME, kind=HEALTH_CHECK)
 
 

@@ -45,7 +45,7 @@ def expand_tasks(job: ResolvedJob) -> list[dict[str, Any]]:
     def task(model, threads: int, batch: int, size: int | None, repeat: int, target: str, key_device: str,
              sim_budget: dict[str, Any]) -> dict[str, Any]:
         return {
-            "seq": len(tasks), "target": target, "model_name": model.name, "model_path": str(model.path),
+            "seq": len(tasks), "target": target, "model_name": model.name, "model_path": model.display or str(model.path),
             "model_sha256": model.facts.sha256, "model_family": model.family,
             "model_facts_json": json.dumps(asdict(model.facts)), "model_size_bytes": model.facts.size_bytes,
             "model_param_count": model.facts.param_count, "threads": threads, "batch_size": batch,
@@ -54,7 +54,7 @@ def expand_tasks(job: ResolvedJob) -> list[dict[str, Any]]:
             "pair_key": pair_key(model.facts.sha256, threads, batch, size, key_device, repeat),
             "spec_json": json.dumps({
                 "workload": workload, "sim": sim_budget, "run_timeout_s": spec.timeouts.run,
-                "base_dir": str(job.base_dir),
+                "base_dir": str(job.base_dir), "script_archive": job.script_archive,
             }),
             "priority": PRIORITY_RANK[spec.priority], "created_at": now,
         }

@@ -116,7 +116,8 @@ class Cluster:
 
 def sleep_job(directory: Path, model: Path, *, tasks: int, seconds: float, name: str = "job.yaml") -> Path:
     """A script job whose runs take `seconds` each: long enough to kill something mid-run."""
-    (directory / "slow.py").write_text(
+    (directory / "slow-script").mkdir(exist_ok=True)  # workload.dir is uploaded: the script's own folder
+    (directory / "slow-script" / "slow.py").write_text(
         "import json, sys, time\n"
         f"time.sleep({seconds})\n"
         "print(json.dumps({'latency_ms': 1.0}))\n")
@@ -127,7 +128,7 @@ def sleep_job(directory: Path, model: Path, *, tasks: int, seconds: float, name:
     job.write_text(f"""
 name: slow
 models: [{model.name}]
-workload: {{type: script, command: python, script: slow.py, dir: .}}
+workload: {{type: script, command: python, script: slow.py, dir: slow-script}}
 repeats: {tasks}
 sim: {{memory: 512m, backend: process}}
 """)

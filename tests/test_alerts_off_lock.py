@@ -79,11 +79,12 @@ def test_a_hanging_webhook_does_not_delay_the_result_ack(tmp_path: Path, tiny_mo
     monkeypatch.setenv("FARM_WEBHOOK_URL", hanging_hook.url)
     store = Store(tmp_path / "farm.db")
     running = serve(store, "127.0.0.1:0", tokens=None, lease_ttl_s=30)
-    agent = RemoteController(f"127.0.0.1:{running.port}", name="rack", token=None,
+    agent = RemoteController(f"127.0.0.1:{running.port}", name="rack", token=None, artifact_dir=tmp_path / "cache",
                              devices=[DeviceInfo("pixel-1", "android", "lg-g6")]).start()
     try:
         job = load_job_text(f"models: [{tiny_models['tflite']}]\ntargets: [pixel-1]\n", "job.yaml", tmp_path,
                             devices=[DeviceTarget("pixel-1")])
+        running.farm.files.store.add_file(tiny_models["tflite"])  # agents fetch models from the controller's store
         running.farm.controller.submit(job)
         running.farm.wake(queue_changed=True)
         lost = RunResult.failed(FailureClass.INFRASTRUCTURE, "adb: device offline")

@@ -105,8 +105,10 @@ class _Context:
 
 
 def test_a_job_targets_the_devices_agents_registered_by_name_type_or_tag(server: FarmServer, tiny_models, tmp_path: Path) -> None:
-    from farm.controller.grpc_server import FarmServicer
+    from farm.controller.grpc_server import FarmServicer, controller_files
     from farm.proto.generated import common_pb2, farm_pb2
+
+    server.files = controller_files(server.store, models_roots=[tiny_models["onnx"].parent])  # a --models-root
 
     hello = agent_pb2.Hello(agent_name="rack1", devices=[
         common_pb2.Device(name="rack1/sim", driver="sim", device_type="sim", slots=1),

@@ -189,16 +189,27 @@ def test_kill_9_mid_job_loses_nothing_and_resume_finishes(tmp_path: Path, tiny_m
     assert len(records) == 8 and all(r["status"] == "completed" for r in records)
 
 
+def _script_pid(parent: int) -> int | None:
+    """The script's process, found from outside: in its own namespaces it can neither see nor write our paths."""
+    import psutil
+
+    for p in psutil.Process(parent).children(recursive=True):
+        try:
+            if any(a.endswith("work.py") for a in p.cmdline()):
+                return p.pid
+        except psutil.Error:
+            pass
+    return None
+
+
 def test_ctrl_c_stops_the_sandboxed_run_too(tmp_path: Path, tiny_models, farm, farm_db: Path) -> None:
-    marker = tmp_path / "child.pid"
-    job = _script_job(tmp_path, tiny_models,
-                      f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)\n")
+    job = _script_job(tmp_path, tiny_models, "import time\ntime.sleep(60)\n")
     proc = _submit_in_background(job, farm_db)
-    _wait_for(marker.exists)
+    _wait_for(lambda: _script_pid(proc.pid))
+    child = _script_pid(proc.pid)
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 130
-    child = int(marker.read_text())
     _wait_for(lambda: not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2], 10)
     r = farm("results", "1", "--format", "json").json()[0]
     assert r["status"] == "canceled" and r["failure_class"] == "canceled"

@@ -41,7 +41,10 @@ def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
     tail: list[str] = []
     t0 = time.perf_counter()
     try:
-        proc = subprocess.Popen(task.command, cwd=task.script_dir, stdout=subprocess.PIPE,
+        # `python` is farm's own interpreter: started as this harness was, so it works for the run user even
+        # where the interpreter's real path lies in a folder that user cannot search.
+        executable = "/proc/self/exe" if task.command[0] == sys.executable else None
+        proc = subprocess.Popen(task.command, executable=executable, cwd=task.script_dir, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, bufsize=1, preexec_fn=die_with_parent)
     except FileNotFoundError:
         raise ModelRejected(f"command {task.command[0]!r} was not found on the PATH of the sandbox") from None

@@ -31,7 +31,7 @@ class ReapedProcess:
     def __init__(self, argv: list[str], *, env: dict[str, str], cwd: Path, output_path: Path,
                  preexec_fn=None) -> None:
         self.output_path = output_path
-        self._output = open(output_path, "wb")
+        self._output = open(output_path, "w+b")  # read back through this handle: the path may be swapped
         self.started_at = time.monotonic()
         def child_setup() -> None:
             die_with_parent()
@@ -86,14 +86,13 @@ class ReapedProcess:
         return False, False
 
     def output_tail(self) -> str:
+        """The end of the command's output, from the file farm opened (a link put in its place is not followed)."""
         self._output.flush()
         try:
-            with open(self.output_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - OUTPUT_TAIL_BYTES))
-                return f.read().decode("utf-8", "replace")
-        except OSError:
+            fd = self._output.fileno()
+            size = os.fstat(fd).st_size
+            return os.pread(fd, OUTPUT_TAIL_BYTES, max(0, size - OUTPUT_TAIL_BYTES)).decode("utf-8", "replace")
+        except (OSError, ValueError):
             return ""
 
     def close(self) -> None:

@@ -9,16 +9,70 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SubmitJobRequest(_message.Message):
-    __slots__ = ("job_yaml", "base_dir", "file_name", "priority")
+    __slots__ = ("job_yaml", "base_dir", "file_name", "priority", "models", "script_archive_sha256")
     JOB_YAML_FIELD_NUMBER: _ClassVar[int]
     BASE_DIR_FIELD_NUMBER: _ClassVar[int]
     FILE_NAME_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    SCRIPT_ARCHIVE_SHA256_FIELD_NUMBER: _ClassVar[int]
     job_yaml: str
     base_dir: str
     file_name: str
     priority: str
-    def __init__(self, job_yaml: _Optional[str] = ..., base_dir: _Optional[str] = ..., file_name: _Optional[str] = ..., priority: _Optional[str] = ...) -> None: ...
+    models: _containers.RepeatedCompositeFieldContainer[JobModel]
+    script_archive_sha256: str
+    def __init__(self, job_yaml: _Optional[str] = ..., base_dir: _Optional[str] = ..., file_name: _Optional[str] = ..., priority: _Optional[str] = ..., models: _Optional[_Iterable[_Union[JobModel, _Mapping]]] = ..., script_archive_sha256: _Optional[str] = ...) -> None: ...
+
+class JobModel(_message.Message):
+    __slots__ = ("entry", "name", "sha256", "source")
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    entry: int
+    name: str
+    sha256: str
+    source: str
+    def __init__(self, entry: _Optional[int] = ..., name: _Optional[str] = ..., sha256: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+
+class MissingArtifactsRequest(_message.Message):
+    __slots__ = ("sha256",)
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    sha256: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, sha256: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class MissingArtifactsResponse(_message.Message):
+    __slots__ = ("missing", "max_model_bytes", "max_script_archive_bytes")
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_SCRIPT_ARCHIVE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    missing: _containers.RepeatedScalarFieldContainer[str]
+    max_model_bytes: int
+    max_script_archive_bytes: int
+    def __init__(self, missing: _Optional[_Iterable[str]] = ..., max_model_bytes: _Optional[int] = ..., max_script_archive_bytes: _Optional[int] = ...) -> None: ...
+
+class ArtifactUpload(_message.Message):
+    __slots__ = ("sha256", "size", "name", "data")
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    sha256: str
+    size: int
+    name: str
+    data: bytes
+    def __init__(self, sha256: _Optional[str] = ..., size: _Optional[int] = ..., name: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class UploadArtifactResponse(_message.Message):
+    __slots__ = ("sha256", "size", "already_stored")
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_STORED_FIELD_NUMBER: _ClassVar[int]
+    sha256: str
+    size: int
+    already_stored: bool
+    def __init__(self, sha256: _Optional[str] = ..., size: _Optional[int] = ..., already_stored: _Optional[bool] = ...) -> None: ...
 
 class SubmitJobResponse(_message.Message):
     __slots__ = ("job_id", "tasks", "models")

@@ -80,6 +80,16 @@ class FarmServiceStub:
                 request_serializer=farm_dot_v1_dot_farm__pb2.ForgetDeviceRequest.SerializeToString,
                 response_deserializer=farm_dot_v1_dot_farm__pb2.ForgetDeviceResponse.FromString,
                 _registered_method=True)
+        self.MissingArtifacts = channel.unary_unary(
+                '/farm.v1.FarmService/MissingArtifacts',
+                request_serializer=farm_dot_v1_dot_farm__pb2.MissingArtifactsRequest.SerializeToString,
+                response_deserializer=farm_dot_v1_dot_farm__pb2.MissingArtifactsResponse.FromString,
+                _registered_method=True)
+        self.UploadArtifact = channel.stream_unary(
+                '/farm.v1.FarmService/UploadArtifact',
+                request_serializer=farm_dot_v1_dot_farm__pb2.ArtifactUpload.SerializeToString,
+                response_deserializer=farm_dot_v1_dot_farm__pb2.UploadArtifactResponse.FromString,
+                _registered_method=True)
 
 
 class FarmServiceServicer:
@@ -141,6 +151,20 @@ class FarmServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MissingArtifacts(self, request, context):
+        """Model files and script folders travel from the client, content-addressed: ask which the
+        controller lacks, upload those, then submit the job naming them by sha256.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UploadArtifact(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FarmServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -188,6 +212,16 @@ def add_FarmServiceServicer_to_server(servicer, server):
                     servicer.ForgetDevice,
                     request_deserializer=farm_dot_v1_dot_farm__pb2.ForgetDeviceRequest.FromString,
                     response_serializer=farm_dot_v1_dot_farm__pb2.ForgetDeviceResponse.SerializeToString,
+            ),
+            'MissingArtifacts': grpc.unary_unary_rpc_method_handler(
+                    servicer.MissingArtifacts,
+                    request_deserializer=farm_dot_v1_dot_farm__pb2.MissingArtifactsRequest.FromString,
+                    response_serializer=farm_dot_v1_dot_farm__pb2.MissingArtifactsResponse.SerializeToString,
+            ),
+            'UploadArtifact': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadArtifact,
+                    request_deserializer=farm_dot_v1_dot_farm__pb2.ArtifactUpload.FromString,
+                    response_serializer=farm_dot_v1_dot_farm__pb2.UploadArtifactResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -433,6 +467,60 @@ class FarmService:
             '/farm.v1.FarmService/ForgetDevice',
             farm_dot_v1_dot_farm__pb2.ForgetDeviceRequest.SerializeToString,
             farm_dot_v1_dot_farm__pb2.ForgetDeviceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MissingArtifacts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/farm.v1.FarmService/MissingArtifacts',
+            farm_dot_v1_dot_farm__pb2.MissingArtifactsRequest.SerializeToString,
+            farm_dot_v1_dot_farm__pb2.MissingArtifactsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadArtifact(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/farm.v1.FarmService/UploadArtifact',
+            farm_dot_v1_dot_farm__pb2.ArtifactUpload.SerializeToString,
+            farm_dot_v1_dot_farm__pb2.UploadArtifactResponse.FromString,
             options,
             channel_credentials,
             insecure,

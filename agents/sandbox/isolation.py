@@ -1,0 +1,99 @@
+"""Who the sandboxed command runs as, and what it can see: an unprivileged user in its own
+mount and PID namespaces, with a private /tmp and its run directory, and nothing of the agent's.
+
+A job's harness or script is other people's code. As root, farm starts it through util-linux:
+`unshare` (new mount + PID namespaces, a fresh /proc, tmpfs over /tmp, /var/tmp and /dev/shm,
+the run directory bound at /tmp/run) and then `setpriv` (the run user's uid and gid, no
+supplementary groups, no new privileges). The backends are unchanged: the cgroup backend's
+shell joins its cgroups as root and then execs this prefix. The docker backend has its own
+namespaces already: there the command is only started through `setpriv` (from the host's /usr,
+which farm's default image mounts; a custom `sim.image` needs util-linux's setpriv). Not root:
+nothing to drop, the run is as the agent.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pwd
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_RUN_AS = "nobody"
+# Where the run directory appears inside the namespaces: short, and traversable whatever the host path.
+INNER_RUN_DIR = Path("/tmp/run")
+# Runs inside the new namespaces as root, then becomes the run user. "$@" is the command.
+ENTER = ("set -e; for d in /tmp /var/tmp /dev/shm; do mount -t tmpfs -o mode=1777,size=50% farm-tmp $d; done; "
+         "mkdir /tmp/run; mount -c --bind /proc/self/cwd /tmp/run; cd /tmp/run; "
+         'exec setpriv --reuid="$FARM_RUN_UID" --regid="$FARM_RUN_GID" --clear-groups --no-new-privs -- "$@"')
+
+
+class RunUserError(ValueError):
+    """--run-as names no user on this host, or one farm cannot switch to."""
+
+
+@dataclass(frozen=True)
+class RunAs:
+    name: str
+    uid: int
+    gid: int
+
+
+def resolve_run_as(name: str | None) -> RunAs | None:
+    """The user sandboxed commands run as: `name`, else `nobody` when farm runs as root, else None (as itself)."""
+    if os.geteuid() != 0:
+        if name and name != pwd.getpwuid(os.geteuid()).pw_name:
+            raise RunUserError(f"--run-as {name}: switching users needs root; this agent runs as "
+                               f"{pwd.getpwuid(os.geteuid()).pw_name}, and its runs do too")
+        return None
+    name = name or DEFAULT_RUN_AS
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise RunUserError(f"--run-as {name}: no such user on this host; create one (`useradd --system "
+                           f"--no-create-home farm-run`) or use the default, {DEFAULT_RUN_AS}") from None
+    if entry.pw_uid == 0:
+        raise RunUserError(f"--run-as {name}: that is root; jobs run other people's code, give them a user of their own")
+    return RunAs(name, entry.pw_uid, entry.pw_gid)
+
+
+@functools.cache
+def namespaces_unavailable() -> str | None:
+    """None when unshare + setpriv can isolate a run here, else why not (checked once)."""
+    for tool in ("unshare", "setpriv", "mount"):
+        if shutil.which(tool) is None:
+            return f"{tool} (util-linux) is not installed"
+    probe = subprocess.run(["unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private",
+                            "--", "/bin/sh", "-c", "mount -t tmpfs farm-probe /tmp"],
+                           capture_output=True, text=True, timeout=30, cwd="/")
+    if probe.returncode != 0:
+        return f"unshare could not make mount and PID namespaces: {probe.stderr.strip()[-200:]}"
+    return None
+
+
+def isolated_argv(argv: list[str], run_as: RunAs) -> list[str]:
+    """argv run as run_as inside fresh mount + PID namespaces; cwd must be the run directory."""
+    return ["unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private", "--",
+            "/bin/sh", "-c", ENTER, "farm-isolate", *argv]
+
+
+def user_argv(argv: list[str], run_as: RunAs) -> list[str]:
+    """argv run as run_as, without namespaces of its own (a container's, or none where unshare cannot)."""
+    return ["setpriv", f"--reuid={run_as.uid}", f"--regid={run_as.gid}", "--clear-groups", "--no-new-privs", "--",
+            *argv]
+
+
+def isolation_env(run_as: RunAs) -> dict[str, str]:
+    """What the ENTER script reads; the command itself gets the same allow-listed environment."""
+    return {"FARM_RUN_UID": str(run_as.uid), "FARM_RUN_GID": str(run_as.gid)}
+
+
+def hand_over(run_dir: Path, run_as: RunAs) -> None:
+    """Give the run directory and everything in it to the run user; only it (and root) can enter."""
+    for current, dirs, files in os.walk(run_dir):
+        for name in dirs + files:
+            os.lchown(os.path.join(current, name), run_as.uid, run_as.gid)
+    os.chown(run_dir, run_as.uid, run_as.gid)
+    os.chmod(run_dir, 0o700)

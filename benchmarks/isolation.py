@@ -1,0 +1,107 @@
+"""What running jobs as nobody in their own namespaces costs, and what uploading models costs.
+
+1. The same sim task through SimDriver, interleaved: as root without isolation vs. as the run
+   user in mount + PID namespaces. Reported: median wall per run (staging, namespaces, setpriv
+   included) and median p50 latency of the model (what a user compares).
+2. A controller on loopback: a client uploads a model of --upload-mib MiB (first submit), then
+   submits the same job again (deduplicated: MissingArtifacts answers "none missing").
+
+Usage: python benchmarks/isolation.py [--rounds 7] [--upload-mib 64]  (root, for the first part)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from farm.agents.sim import SimDriver, SimSlot
+from farm.models.generate import generate_examples
+from farm.proto.tasks import TaskSpec
+
+
+def isolation_overhead(rounds: int, work: Path) -> dict[str, dict[str, float]]:
+    model = generate_examples(work / "models", widths=[0.35], input_sizes=[96], zoo=False)[0].path
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    drivers = {"root, no isolation": SimDriver(work / "plain", run_as=None),
+               "nobody + namespaces": SimDriver(work / "isolated")}
+    walls: dict[str, list[float]] = {k: [] for k in drivers}
+    p50s: dict[str, list[float]] = {k: [] for k in drivers}
+    for round_ in range(rounds):
+        for label, driver in drivers.items():
+            task = TaskSpec(task_id=round_, job_id=1, attempt=1, target="sim", model_name="m", model_path=str(model),
+                            model_sha256=sha, model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
+                            workload={"type": "benchmark", "iterations": 50, "warmup": 5},
+                            sim={"backend": "cgroup", "cpuset": "0"}, run_timeout_s=120, base_dir=str(model.parent))
+            started = time.perf_counter()
+            result = driver.run(task, SimSlot(0), lambda: False)
+            walls[label].append(time.perf_counter() - started)
+            if result.latency is None:
+                raise RuntimeError(f"{label}: {result.message}")
+            p50s[label].append(result.latency.p50)
+    return {label: {"wall_s": statistics.median(walls[label]), "p50_ms": statistics.median(p50s[label])}
+            for label in drivers}
+
+
+def upload_cost(mib: int, work: Path) -> dict[str, float]:
+    from farm.cli.remote import FarmClient, upload_job_files
+    from farm.controller.grpc_server import serve
+    from farm.controller.store import Store
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = work / "big.onnx"  # one Add with a weight of `mib` MiB: a valid model of that size
+    weight = numpy_helper.from_array(np.random.default_rng(0).random(mib << 18, dtype=np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "big",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [mib << 18])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [mib << 18])], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), model)
+    job = work / "job.yaml"
+    job.write_text("models: [big.onnx]\n")
+    store = Store(work / "ctl.db")
+    server = serve(store, "127.0.0.1:0", tokens=None)
+    try:
+        client = FarmClient(f"127.0.0.1:{server.port}", None, None)
+        started = time.perf_counter()
+        upload_job_files(client, job, job.read_text())
+        first = time.perf_counter() - started
+        started = time.perf_counter()
+        upload_job_files(client, job, job.read_text())
+        again = time.perf_counter() - started
+        client.close()
+    finally:
+        server.stop()  # the store closes with the process: the dispatcher may still be finishing a round
+    return {"size_mib": model.stat().st_size / (1 << 20), "first_s": first, "deduplicated_s": again}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--upload-mib", type=int, default=64)
+    args = parser.parse_args()
+    print(f"# {platform.node()} · {os.cpu_count()} cpus · Python {sys.version.split()[0]} · "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        if os.geteuid() == 0:
+            rows = isolation_overhead(args.rounds, work)
+            print("| run | median wall s | median p50 ms |\n|---|---|---|")
+            for label, row in rows.items():
+                print(f"| {label} | {row['wall_s']:.3f} | {row['p50_ms']:.3f} |")
+        else:
+            print("(not root: runs are not isolated, nothing to compare)")
+        up = upload_cost(args.upload_mib, work)
+        print(f"\nupload of a {up['size_mib']:.0f} MiB model: first submit {up['first_s']:.2f} s (hash + inspect + "
+              f"upload), the same job again {up['deduplicated_s']:.2f} s (hash + inspect, nothing uploaded)")
+
+
+if __name__ == "__main__":
+    main()

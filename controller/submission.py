@@ -1,0 +1,102 @@
+"""A job from the wire -> a ResolvedJob, reading nothing on the controller's host by a client's say-so.
+
+Two ways in: the client uploaded the models (and workload.dir, packed) and names them by
+sha256 — the usual `farm submit`; or the job names files on the controller's host, which
+must lie under the operator's models roots (ControllerFiles). `base_dir` from the wire only
+says where relative names start; it grants nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from farm.controller.artifacts import ArtifactError, ControllerFiles
+from farm.controller.jobfile import (
+    DeviceTarget, JobFileError, ResolvedJob, ResolvedModel, _locate, check_benchmark_models, parse_job_text,
+    resolve_models, resolve_targets,
+)
+from farm.models.facts import ModelError, inspect_model
+from farm.proto.script_archive import MAX_SCRIPT_ARCHIVE_BYTES, ScriptArchiveError, check_archive
+from farm.proto.spec import BenchmarkWorkload, ModelEntry, ScriptWorkload
+
+MODEL_NAME = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
+SOURCE = re.compile(r"^[^\x00-\x1f\x7f]{1,4096}$")
+
+
+def _line(root: Any, *loc: Any) -> int:
+    node, _ = _locate(root, loc)
+    return node.start_mark.line + 1 if node is not None else 1
+
+
+def load_submitted_job(request: Any, files: ControllerFiles, devices: list[DeviceTarget],
+                       max_script_archive_bytes: int = MAX_SCRIPT_ARCHIVE_BYTES) -> ResolvedJob:
+    """request: a farm_pb2.SubmitJobRequest. Raises JobFileError with a message for the person who submitted."""
+    source_name = request.file_name or "job.yaml"
+    spec, root = parse_job_text(request.job_yaml, source_name)
+    targets = resolve_targets(spec, root, source_name, devices)
+    base_dir = Path(request.base_dir or "/")
+    if not base_dir.is_absolute():
+        raise JobFileError(f"{source_name}: base_dir must be an absolute path")
+    archive = None
+    if isinstance(spec.workload, ScriptWorkload):  # first: a refused folder leaves no model copied in
+        archive = _script_archive(request, spec.workload, root, files, base_dir, source_name, max_script_archive_bytes)
+    if request.models:
+        models = _uploaded_models(request, spec, root, files, source_name)
+    else:
+        models = resolve_models(spec, root, base_dir, source_name, gate=files)
+    job = ResolvedJob(spec=spec, source=request.job_yaml, source_path=None, base_dir=base_dir, models=models,
+                      targets=targets, script_archive=archive)
+    if isinstance(spec.workload, BenchmarkWorkload):
+        check_benchmark_models(spec, models, root, source_name)
+    return job
+
+
+def _uploaded_models(request: Any, spec: Any, root: Any, files: ControllerFiles, source_name: str) -> list[ResolvedModel]:
+    models: list[ResolvedModel] = []
+    for model in request.models:
+        if not 0 <= model.entry < len(spec.models):
+            raise JobFileError(f"{source_name}: models: the upload names entry {model.entry}, and the file has "
+                               f"{len(spec.models)} model entries")
+        where = f"{source_name}:{_line(root, 'models', model.entry)}: models[{model.entry}]"
+        if not MODEL_NAME.match(model.name):
+            raise JobFileError(f"{where}: model name {model.name[:80]!r} must be 1-200 printable characters")
+        stored = files.store.path(model.sha256)
+        if stored is None:
+            raise JobFileError(f"{where}: no uploaded file with sha256 {model.sha256[:64]!r} on this controller; "
+                               "`farm submit` uploads the models before it submits the job")
+        shown = model.source if SOURCE.match(model.source) else model.name  # display only
+        try:
+            facts = inspect_model(stored)  # the controller's own reading of the bytes it will serve
+        except ModelError as e:
+            raise JobFileError(f"{where}: {shown}: {e}") from None
+        facts.path = shown
+        entry = spec.models[model.entry]
+        family = entry.family if isinstance(entry, ModelEntry) else None
+        models.append(ResolvedModel(stored, model.name, family, facts, model.entry, display=facts.path))
+    names = [m.name for m in models]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise JobFileError(f"{source_name}: models: two models share the name(s) {dupes}; give each a distinct `name`.")
+    return models
+
+
+def _script_archive(request: Any, workload: ScriptWorkload, root: Any, files: ControllerFiles, base_dir: Path,
+                    source_name: str, max_bytes: int) -> str:
+    where = f"{source_name}:{_line(root, 'workload', 'dir')}: workload.dir"
+    try:
+        if request.script_archive_sha256:
+            sha256 = request.script_archive_sha256
+        else:  # a folder on the controller's host: only under a models root, packed as a client would
+            sha256 = files.pack_script_dir(workload.dir, base_dir, max_bytes)
+        stored = files.store.path(sha256)
+        if stored is None:
+            raise JobFileError(f"{where}: no uploaded script folder with sha256 {sha256[:64]!r} on this "
+                               "controller; `farm submit` uploads it before it submits the job")
+        if stored.stat().st_size > max_bytes:
+            raise JobFileError(f"{where}: the packed folder is over {max_bytes >> 20} MiB")
+        check_archive(stored, script=workload.script)
+    except (ArtifactError, ScriptArchiveError) as e:
+        raise JobFileError(f"{where}: {e}") from None
+    return sha256
