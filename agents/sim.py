@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
 import uuid
 from dataclasses import dataclass
@@ -19,10 +20,11 @@ from farm.agents.environment import host_facts, load_average
 from farm.agents.harness.stats import latency_stats
 from farm.agents.harness.task import HarnessOutput, HarnessTask
 from farm.agents.sandbox import Budget, SandboxBackend, SandboxError, choose_backend
-from farm.agents.sandbox.base import ExitInfo, MountSpec
+from farm.agents.sandbox.base import ExitInfo, MountSpec, format_cpuset
 from farm.agents.script_env import ScriptEnvError, script_python
 from farm.agents.telemetry import TelemetrySampler
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus
+from farm.proto.spec import default_cpus, parse_cpuset
 from farm.proto.tasks import TaskSpec
 
 MiB = 1 << 20
@@ -53,6 +55,21 @@ def _format_args(args: list[str], task: TaskSpec) -> list[str]:
     return out
 
 
+def cpuset_problem(cpuset: str | None) -> str | None:
+    """Why this host cannot run a job's sim.cpuset, or None: cores it lacks, or a cpuset that does not parse."""
+    if not cpuset:
+        return None
+    usable = sorted(os.sched_getaffinity(0))
+    try:
+        missing = sorted(set(parse_cpuset(cpuset)) - set(usable))
+    except ValueError as e:
+        return f"sim.cpuset: {e}"
+    if not missing:
+        return None
+    return (f"sim.cpuset {cpuset!r} names core(s) {format_cpuset(missing)}, which {socket.gethostname()} cannot use "
+            f"(it has {format_cpuset(usable)}); change sim.cpuset or run the job where those cores exist.")
+
+
 class SimDriver:
     name = "sim"
 
@@ -71,7 +88,7 @@ class SimDriver:
 
     def budget_for(self, task: TaskSpec, slot: SimSlot) -> Budget:
         sim = task.sim
-        cpus = sim.get("cpus") or float(task.threads)  # default: one core per runtime thread
+        cpus = default_cpus(sim.get("cpus"), task.threads)
         return Budget(cpus=cpus, cpuset=sim.get("cpuset") or slot.cpuset, memory_bytes=sim.get("memory"))
 
     def harness_task(self, task: TaskSpec) -> HarnessTask:
@@ -94,6 +111,9 @@ class SimDriver:
                            seed=task.repeat)
 
     def run(self, task: TaskSpec, slot: SimSlot, cancel_check: Callable[[], bool]) -> RunResult:
+        problem = cpuset_problem(task.sim.get("cpuset"))
+        if problem:  # the same on every attempt here: a job failure, not an infrastructure retry
+            return RunResult.failed(FailureClass.JOB, problem)
         try:
             backend = self.backend_for(task)
         except SandboxError as e:

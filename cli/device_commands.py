@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from farm.cli.console import open_store, out, when
+from farm.proto import strict_json
 
 
 def cmd_device(args: argparse.Namespace) -> int:
@@ -31,7 +32,7 @@ def cmd_device(args: argparse.Namespace) -> int:
     else:
         rows = controller.device_health()
         if args.json:
-            print(json.dumps(rows, indent=2))
+            print(strict_json.dumps(rows, indent=2))
             return 0
         t = Table(header_style="bold")
         for c in ("device", "health", "since", "reason"):
@@ -81,7 +82,7 @@ def cmd_lab_devices(args: argparse.Namespace) -> int:
                      "tags": d.tags, "health": h["health"] if h else "unknown", "reason": h["reason"] if h else None,
                      "last_check": last_check, "calibration_age_s": time.time() - newest if newest else None})
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(strict_json.dumps(rows, indent=2))
         return 0
     t = Table(header_style="bold")
     for c in ("device", "type", "driver", "tags", "health", "last check", "calibration age", "reason"):

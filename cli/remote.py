@@ -19,6 +19,8 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from farm.proto.tasks import DEFAULT_MAX_TASKS
+
 if TYPE_CHECKING:
     import grpc
 
@@ -392,6 +394,7 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
         raise RemoteError(str(e), EXIT_ENVIRONMENT) from None
     except (OSError, RuntimeError) as e:
         raise RemoteError(f"cannot listen on {args.listen}: {e}", EXIT_ENVIRONMENT) from None
+    running.farm.max_tasks = args.max_tasks
     host = args.listen.rsplit(":", 1)[0]
     mode = "mutual TLS" if tls and tls.ca else "TLS" if tls else "plain text"
     print(f"farm controller listening on {host}:{running.port} ({mode}; store {store.path}; lease TTL "
@@ -433,7 +436,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
         raise RemoteError(str(e)) from None
     for problem in discover_types(lab):  # untyped entries get the type their facts match
         print(f"device {problem}", file=sys.stderr, flush=True)
-    work_dir = Path(args.work_dir or Path.home() / ".cache" / "farm" / "agent" / args.name)
+    # absolute: the harness runs in its run directory, so a relative path would point nowhere
+    work_dir = Path(args.work_dir or Path.home() / ".cache" / "farm" / "agent" / args.name).absolute()
     devices = [DeviceInfo(name=f"{args.name}/sim", driver="sim", device_type="sim", tags=args.tag or [],
                           facts_json=json.dumps(host_facts()), slots=args.sim_slots)]
     # The lab's phones and boards: jobs name them (or their type or tags), the controller resolves them.
@@ -489,6 +493,8 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     s.add_argument("--refresh-cron", default=None, metavar="'M H DOM MON DOW'",
                    help="submit the reference suite to every registered device on this schedule, e.g. '30 2 * * *'")
     s.add_argument("--refresh-suite", default=None, help="the reference suite job file (default examples/reference-suite.yaml)")
+    s.add_argument("--max-tasks", type=int, default=DEFAULT_MAX_TASKS,
+                   help=f"refuse a submitted job that expands to more runs than this (default {DEFAULT_MAX_TASKS:,})")
     s.add_argument("--verbose", action="store_true")
     s.set_defaults(func=cmd_controller_serve)
 

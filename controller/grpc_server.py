@@ -31,10 +31,11 @@ from grpc_reflection.v1alpha import reflection
 from farm import __version__
 from farm.controller.auth import Identity, TlsFiles, TokenInterceptor, TokenTable, identity_of, server_credentials, valid_agent_name
 from farm.controller.controller import TERMINAL_JOB, Controller
-from farm.controller.jobfile import JobFileError, load_job_text
+from farm.controller.jobfile import DEFAULT_MAX_TASKS, JobFileError, load_job_text
 from farm.controller.metrics import MetricsServer, serve_metrics
 from farm.controller.results import run_records
 from farm.controller.store import Store
+from farm.proto import strict_json
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2, farm_pb2, farm_pb2_grpc
 from farm.proto.wire import result_from_message, task_to_message
 
@@ -85,6 +86,8 @@ class AgentSession:
 
 class FarmServer:
     """Owns the Controller, the agent sessions and the dispatcher; the servicers call into it."""
+
+    max_tasks: int = DEFAULT_MAX_TASKS  # per submitted job (`farm controller serve --max-tasks`)
 
     def __init__(self, store: Store, *, lease_ttl_s: float = 30.0, heartbeat_interval_s: float | None = None,
                  tokens: TokenTable | None = None) -> None:
@@ -485,7 +488,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "base_dir must be an absolute path on the controller's host")
         try:
             job = load_job_text(request.job_yaml, request.file_name or "job.yaml", base_dir,
-                                devices=self.server.device_targets())
+                                devices=self.server.device_targets(), max_tasks=self.server.max_tasks)
         except JobFileError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         if request.priority:
@@ -541,7 +544,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
 
     def GetResults(self, request: farm_pb2.JobRequest, context: grpc.ServicerContext) -> farm_pb2.GetResultsResponse:
         self._job(request.job_id, context)
-        return farm_pb2.GetResultsResponse(records_json=json.dumps(run_records(self.server.store, request.job_id)))
+        return farm_pb2.GetResultsResponse(records_json=strict_json.dumps(run_records(self.server.store, request.job_id)))
 
 
 @dataclass

@@ -21,7 +21,9 @@ from farm.models.generate_onnx import (
     tiny_onnx,
     unsupported_op_onnx,
 )
-from farm.models.generate_tflite import mobilenetv2_tflite, tiny_tflite, unsupported_op_tflite
+from farm.models.generate_tflite import (
+    delegate_only_op_tflite, mobilenetv2_tflite, tiny_tflite, unsupported_op_tflite,
+)
 from farm.models.mobilenetv2 import DEFAULT_SEED, INPUT_SIZES, WIDTHS, model_name
 from farm.models.zoo import copy_zoo, zoo_models
 
@@ -186,4 +188,10 @@ def write_unsupported_op_tflite(path: Path) -> Path:
 def write_unsupported_op_onnx(path: Path) -> Path:
     """A valid model with node farm.test:FarmUnknownOp: onnxruntime fails session creation naming it."""
     write_if_changed(path, serialize_onnx(unsupported_op_onnx()))
+    return path
+
+
+def write_delegate_only_op_tflite(path: Path) -> Path:
+    """A valid model whose only operator (MediaPipe's Convolution2DTransposeBias) runs through XNNPACK alone."""
+    write_if_changed(path, delegate_only_op_tflite())
     return path
