@@ -126,6 +126,9 @@ def _locate(root: yaml.Node | None, loc: tuple[Any, ...], missing: bool = False)
                 return node, path
             node = node.value[key]
         elif isinstance(node, yaml.MappingNode):
+            tag = next((v.value for k, v in node.value if k.value == "type" and isinstance(v, yaml.ScalarNode)), None)
+            if key == tag and not last:
+                continue  # the discriminated union's branch label (workload 'script'), not the field `script`
             match = next(((k, v) for k, v in node.value if k.value == key), None)
             if match is None:
                 if last and missing:  # a missing field: name it, point at its parent
@@ -221,7 +224,7 @@ def _missing_file(path: Path, written: str) -> str:
         os.stat(path)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            return f"model file {written!r} is a symlink loop ({path} links back to itself); point it at a real file."
+            return f"model file {written!r} is a symlink loop (following the links from {path} comes back round); point it at a real file."
         if os.path.islink(path):
             return f"model file {written!r} is a symlink to {os.readlink(path)}, which does not exist."
     return f"model file {written!r} does not exist (looked for {path})."
@@ -437,9 +440,10 @@ def load_job_text(text: str, source_name: str, base_dir: Path, source_path: Path
         job.models = [m for m in models if str(m.path) not in bad]
     else:
         job.script_dir, job.script_path = check_script(spec, base_dir, root, source_name)
+    invalid.sort(key=lambda m: (m.problem.line or 0, m.entry_index))  # in the order the file names them
     if invalid and (not skip_invalid or not job.models):
         hint = [] if job.models or not skip_invalid else [JobProblem(source_name, None, "models", "no model of the job can run.")]
-        raise JobFileError([*sorted((m.problem for m in invalid), key=lambda p: p.line or 0), *hint])
+        raise JobFileError([*(m.problem for m in invalid), *hint])
     job.invalid = invalid
     check_task_count(spec, len(job.models), targets, max_tasks, source_name)
     if host is not None:
