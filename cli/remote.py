@@ -169,6 +169,9 @@ def remote_submit(args: argparse.Namespace) -> int:
     from farm.proto.generated import farm_pb2
 
     path = Path(args.job_file)
+    if getattr(args, "skip_invalid", False):
+        raise RemoteError("--skip-invalid runs in embedded mode only; a controller refuses a job with a bad model, "
+                          "naming each one: drop them from the job file, or submit without --controller.")
     try:
         text = path.read_text()
     except OSError as e:

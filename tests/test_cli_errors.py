@@ -159,6 +159,12 @@ def test_controller_and_agent_with_relative_paths_and_a_task_limit(tmp_path: Pat
         assert refused.returncode == 2 and "expands to 3 runs" in refused.stderr
         assert "over the limit of 2 per job" in refused.stderr
         assert jobs_in(tmp_path / "ctl.db") == [(1, "completed")]
+        with sqlite3.connect(tmp_path / "ctl.db") as conn:  # a hostile agent's Infinity, stored
+            conn.execute("UPDATE summaries SET latency_avg_ms = 9e999")
+        results = cluster.farm("results", "1", "--controller", cluster.address, "--format", "json")
+        records = _strict(results.stdout)
+        assert [r["nonfinite"] for r in records] == [["latency_ms.avg"], ["latency_ms.avg"]]
+        assert [r["latency_ms"]["avg"] for r in records] == [None, None]
     finally:
         cluster.stop_all()
 
@@ -225,3 +231,12 @@ def test_a_stored_infinity_is_printed_as_null_with_a_flag(job: Path, farm, farm_
         assert record["latency_ms"]["p50"] > 0  # the finite figures are untouched
     table = farm("results", "1")
     assert table.returncode == 0 and "Traceback" not in table.stderr
+
+
+def test_strict_json_flags_each_record() -> None:
+    from farm.proto import strict_json
+    document = {"job": 1, "results": [{"a": {"b": [1.0, float("nan")]}, "c": 2.5}, {"a": float("-inf")}]}
+    assert _strict(strict_json.dumps(document)) == {"job": 1, "results": [
+        {"a": {"b": [1.0, None]}, "c": 2.5, "nonfinite": ["a.b[1]"]}, {"a": None, "nonfinite": ["a"]}]}
+    # a record already flagged (by the controller) keeps its flag when printed again
+    assert _strict(strict_json.dumps([{"x": None, "nonfinite": ["x"]}])) == [{"x": None, "nonfinite": ["x"]}]
