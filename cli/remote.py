@@ -419,7 +419,7 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
 
 # --- agent -----------------------------------------------------------------------------------
 def cmd_agent(args: argparse.Namespace) -> int:
-    from farm.agents.agent import Agent
+    from farm.agents.agent import Agent, split_cores
     from farm.agents.environment import host_facts
     from farm.agents.remote_controller import DeviceInfo, RemoteController
     from farm.agents.sim import SimDriver
@@ -439,6 +439,10 @@ def cmd_agent(args: argparse.Namespace) -> int:
         raise RemoteError(str(e)) from None
     for problem in discover_types(lab):  # untyped entries get the type their facts match
         print(f"device {problem}", file=sys.stderr, flush=True)
+    try:
+        split_cores(args.sim_slots)
+    except ValueError as e:
+        raise RemoteError(f"--sim-slots {args.sim_slots}: {e}; each sim slot gets cores of its own.") from None
     # absolute: the harness runs in its run directory, so a relative path would point nowhere
     work_dir = Path(args.work_dir or Path.home() / ".cache" / "farm" / "agent" / args.name).absolute()
     devices = [DeviceInfo(name=f"{args.name}/sim", driver="sim", device_type="sim", tags=args.tag or [],
