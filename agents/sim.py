@@ -24,7 +24,7 @@ from farm.agents.sandbox.base import ExitInfo, MountSpec, format_cpuset
 from farm.agents.script_env import ScriptEnvError, script_python
 from farm.agents.telemetry import TelemetrySampler
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus
-from farm.proto.spec import default_cpus, parse_cpuset
+from farm.proto.spec import cores_missing, default_cpus
 from farm.proto.tasks import TaskSpec
 
 MiB = 1 << 20
@@ -61,7 +61,7 @@ def cpuset_problem(cpuset: str | None) -> str | None:
         return None
     usable = sorted(os.sched_getaffinity(0))
     try:
-        missing = sorted(set(parse_cpuset(cpuset)) - set(usable))
+        missing = cores_missing(cpuset, usable)
     except ValueError as e:
         return f"sim.cpuset: {e}"
     if not missing:

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from farm.models.facts import ModelError, find_unsupported_ops, inspect_model
 from farm.models.runtimes import InputShapeError, resolve_shape
 from farm.proto.results import ModelFacts
-from farm.proto.spec import BenchmarkWorkload, JobSpec, ModelEntry, ScriptWorkload, parse_cpuset
+from farm.proto.spec import BenchmarkWorkload, JobSpec, ModelEntry, ScriptWorkload, cores_missing, parse_cpuset
 from farm.proto.tasks import DEFAULT_MAX_TASKS
 
 BENCHMARK_FORMATS = {".tflite": "tflite", ".onnx": "onnx"}
@@ -395,13 +395,12 @@ def check_host(spec: JobSpec, root: yaml.Node | None, source_name: str, host: Ho
     sim = spec.sim
     cores = host.cores
     if sim.cpuset is not None:
-        wanted = parse_cpuset(sim.cpuset)
-        missing = sorted(set(wanted) - set(cores))
+        missing = cores_missing(sim.cpuset, cores)  # the sim driver checks the same on an agent's host
         if missing:
             raise JobFileError([JobProblem(source_name, _line(root, "sim", "cpuset"), "sim.cpuset",
                                            f"{sim.cpuset!r} names core(s) {','.join(map(str, missing))}, which this "
                                            f"host cannot use (it has {','.join(map(str, cores))}).")])
-        cores = wanted
+        cores = parse_cpuset(sim.cpuset)
     where = f"the {len(cores)} core(s) {'of sim.cpuset' if sim.cpuset else 'this host has'}"
     warnings = []
     if sim.cpus is not None and sim.cpus > len(cores):

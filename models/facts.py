@@ -7,7 +7,10 @@ import functools
 import hashlib
 import io
 import math
+import os
 import re
+import sys
+import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -251,10 +254,30 @@ def _tflite_unsupported_ops(data: bytes, model: tflite_schema.ModelT, use_xnnpac
     return _unique(unsupported)
 
 
+@contextlib.contextmanager
+def _without_delegate_banner() -> Iterator[None]:
+    """LiteRT's C++ side prints "INFO: Created TensorFlow Lite XNNPACK delegate" on fd 2 for every
+    interpreter; validation is not a run, so that line is dropped and anything else passed on."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            rest = [line for line in captured.read().splitlines(keepends=True) if b"XNNPACK delegate" not in line]
+            if rest:
+                os.write(2, b"".join(rest))
+
+
 def _litert_load_error(model_content: bytes, use_xnnpack: bool) -> str | None:
     """LiteRT's message when it cannot build and allocate the model as a run would, else None."""
     try:
-        litert_interpreter(model_content, threads=1, use_xnnpack=use_xnnpack).allocate_tensors()
+        with _without_delegate_banner():
+            litert_interpreter(model_content, threads=1, use_xnnpack=use_xnnpack).allocate_tensors()
     except (ValueError, RuntimeError) as exc:
         return str(exc)
     return None

@@ -58,6 +58,11 @@ def parse_cpuset(value: str) -> list[int]:
     return sorted(cores)
 
 
+def cores_missing(cpuset: str, usable: list[int]) -> list[int]:
+    """The cores of a cpuset that a host cannot use (not online, or outside its affinity)."""
+    return sorted(set(parse_cpuset(cpuset)) - set(usable))
+
+
 def script_placeholders(arg: str) -> list[str]:
     """The {names} in one script argument; a brace that is not a placeholder is refused."""
     try:
