@@ -116,7 +116,7 @@ def _calibrate_offline(args: argparse.Namespace) -> int:
         rows.append(_fit_row(cal, group=group or GROUP_ALL))
     document = {"farm_calibration": 1, "x": args.x, "y": args.y, "group": args.group, "groups": fits}
     if args.output:
-        Path(args.output).write_text(strict_json.dumps(document, indent=2))
+        output_file(args.output).write_text(strict_json.dumps(document, indent=2))
     if args.json:
         print(strict_json.dumps({"calibrations": rows, "refused": refused, "written": args.output}, indent=2))
     else:
@@ -215,7 +215,7 @@ def _predict_offline(args: argparse.Namespace) -> int:
     except CalibrationInputError as e:
         raise UserError(str(e)) from None
     if args.output:
-        with open(args.output, "w", newline="") as f:
+        with open(output_file(args.output), "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(out_rows[0]) if out_rows else ["model"])
             writer.writeheader()
             writer.writerows(out_rows)

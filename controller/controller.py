@@ -135,7 +135,7 @@ class Controller:
                  TaskStatus.PENDING.value, TaskStatus.RUNNING.value, TaskStatus.CANCELED.value, since]).rowcount
             self.store.db["jobs"].update(job_id, {
                 "status": JobStatus.INTERRUPTED.value, "finished_at": None,
-                "message": f"interrupted (Ctrl+C); `farm resume {job_id}` runs what is left"})
+                "message": f"interrupted (Ctrl+C or SIGTERM); `farm resume {job_id}` runs what is left"})
         return n
 
     def progress(self, job_id: int) -> JobProgress:
