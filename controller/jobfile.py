@@ -168,9 +168,14 @@ def _error_lines(errors: list[dict[str, Any]], root: yaml.Node | None, source_na
     return [JobProblem(source_name, line, path, _describe(err)) for path, (line, err) in keep.items()]
 
 
-def _duplicate_keys(node: yaml.Node | None, source_name: str, path: str = "") -> list[JobProblem]:
+def _duplicate_keys(node: yaml.Node | None, source_name: str, path: str = "",
+                    seen: set[int] | None = None) -> list[JobProblem]:
     """A key written twice in one mapping: YAML keeps the last silently, farm refuses it."""
     problems: list[JobProblem] = []
+    seen = set() if seen is None else seen
+    if id(node) in seen:
+        return problems  # an alias: its node was checked where it was defined (and "billion laughs" stay cheap)
+    seen.add(id(node))
     if isinstance(node, yaml.MappingNode):
         first: dict[str, yaml.Node] = {}
         for key, value in node.value:
@@ -181,10 +186,10 @@ def _duplicate_keys(node: yaml.Node | None, source_name: str, path: str = "") ->
                                            f"duplicate key (first at line {first[name].start_mark.line + 1}); "
                                            "YAML would keep only the last one, so write it once"))
             first.setdefault(name, key)
-            problems += _duplicate_keys(value, source_name, field_path)
+            problems += _duplicate_keys(value, source_name, field_path, seen)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            problems += _duplicate_keys(item, source_name, f"{path}[{i}]")
+            problems += _duplicate_keys(item, source_name, f"{path}[{i}]", seen)
     return problems
 
 

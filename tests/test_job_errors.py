@@ -117,6 +117,11 @@ CASES = {
         "models: [tiny.tflite]\n" + GOOD_WORKLOAD + "matrix: {threads: [1, 2], batch_sizes: [1, 2, 3]}\nrepeats: 1000\n"
         "targets: [sim]\n",
         1, ["expands to 6,000", "1 model(s) × 6 matrix cell(s) × 1,000 repeat(s) × 1 target run(s)", "--max-tasks"]),
+    # "billion laughs": ten levels of aliases would be 10^10 entries if anything walked them out
+    "yaml alias bomb": (
+        "l0: &a0 [tiny.tflite, tiny.tflite, tiny.tflite, tiny.tflite, tiny.tflite, tiny.tflite, tiny.tflite]\n"
+        + "".join(f"l{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 11)) + "models: *a10\n",
+        1, ["l0: unknown field", "models[0]"]),
 }
 # Run with --max-tasks 5000 so "task explosion" stays a small file; the default limit has its own test.
 EXTRA_ARGS = {"task explosion": ["--max-tasks", "5000"]}
