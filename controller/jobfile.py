@@ -395,7 +395,8 @@ def _gib(n: float) -> str:
     return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.0f} MiB"
 
 
-def check_host(spec: JobSpec, root: yaml.Node | None, source_name: str, host: HostCapacity) -> list[JobProblem]:
+def check_host(spec: JobSpec, root: yaml.Node | None, source_name: str, host: HostCapacity,
+               targets: list[DeviceTarget | None]) -> list[JobProblem]:
     """The sim budget against the host that runs it: cores it lacks are an error, more than it has a warning."""
     sim = spec.sim
     cores = host.cores
@@ -421,6 +422,16 @@ def check_host(spec: JobSpec, root: yaml.Node | None, source_name: str, host: Ho
         warnings.append(JobProblem(source_name, _line(root, "sim", "memory"), "sim.memory",
                                    f"{_gib(sim.memory)} is more than this host's {_gib(host.memory_bytes)}; the sim "
                                    "cannot give more than it has, so a run may be killed below the limit."))
+    for device in {t.name: t for t in targets if t is not None and t.device_type is not None}.values():
+        twins = [device.device_type.budget_for(threads) for threads in spec.matrix.threads]
+        cpus, memory = max(b.cpus for b in twins), max(b.memory for b in twins)
+        if cpus > len(cores) or (host.memory_bytes and memory > host.memory_bytes):
+            index = next((i for i, t in enumerate(spec.targets) if t in (device.name, f"type:{device.device_type.name}")
+                          or (t.startswith("tag:") and t[4:] in device.tags)), 0)
+            warnings.append(JobProblem(source_name, _line(root, "targets", index), f"targets[{index}]",
+                                       f"the sim twins of {device.name} get up to {cpus:g} CPUs and {_gib(memory)} "
+                                       f"(device type {device.device_type.name}), more than {where} or this host's "
+                                       "memory; the sim cannot give more than it has."))
     return warnings
 
 
@@ -451,7 +462,7 @@ def load_job_text(text: str, source_name: str, base_dir: Path, source_path: Path
     job.invalid = invalid
     check_task_count(spec, len(job.models), targets, max_tasks, source_name)
     if host is not None:
-        job.warnings = check_host(spec, root, source_name, host)
+        job.warnings = check_host(spec, root, source_name, host, targets)
     return job
 
 

@@ -14,7 +14,7 @@ import pytest
 from conftest import write_job
 from farm.cli.embedded import run_job_embedded
 from farm.controller.controller import Controller
-from farm.controller.jobfile import HostCapacity, load_job_text
+from farm.controller.jobfile import DeviceTarget, HostCapacity, load_job_text
 from farm.controller.store import Store
 from farm.models.generate import write_delegate_only_op_tflite
 
@@ -281,3 +281,16 @@ def test_a_cpuset_the_agent_lacks_fails_the_run_as_job_without_retry(job_dir: Pa
     task = store.tasks(job_id)[0]
     assert (task["status"], task["failure_class"], task["attempts"]) == ("failed", "job", 1)
     assert "sim.cpuset '0,4000' names core(s) 4000" in task["message"] and "cannot use" in task["message"]
+
+
+def test_device_twin_budgets_above_the_host_are_a_warning(job_dir: Path) -> None:
+    from farm.agents.device_types import load_device_types
+    orin = load_device_types()["jetson-orin-nano"]
+    devices = [DeviceTarget("orin-1", orin, ["rack-a"])]
+    text = f"models: [tiny.tflite]\n{GOOD_WORKLOAD}matrix: {{threads: [1, 4]}}\ntargets: [sim, tag:rack-a]\n"
+    job = load_job_text(text, "job.yaml", job_dir, devices=devices, host=HostCapacity(cores=[0, 1], memory_bytes=24 << 30))
+    assert [str(w) for w in job.warnings] == [
+        "job.yaml:3: matrix.threads: 4 threads get a budget of as many CPUs, more than the 2 core(s) this host has; "
+        "the sim cannot give more than it has, so those runs get at most 2 and their threads share cores.",
+        "job.yaml:4: targets[1]: the sim twins of orin-1 get up to 4 CPUs and 4.0 GiB (device type jetson-orin-nano), "
+        "more than the 2 core(s) this host has or this host's memory; the sim cannot give more than it has."]
