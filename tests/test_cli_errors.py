@@ -155,9 +155,10 @@ def test_controller_and_agent_with_relative_paths_and_a_task_limit(tmp_path: Pat
         assert ok.returncode == 0, ok.stderr
         assert [r["status"] for r in json.loads(ok.stdout)["results"]] == ["completed", "completed"]
         write_job(tmp_path, JOB + "repeats: 3\n")
-        refused = cluster.farm("submit", "job.yaml", "--controller", cluster.address)
+        refused = cluster.farm("submit", "job.yaml", "--controller", cluster.address, "--json")
         assert refused.returncode == 2 and "expands to 3 runs" in refused.stderr
         assert "over the limit of 2 per job" in refused.stderr
+        assert "over the limit of 2 per job" in _strict(refused.stdout)["error"]  # --json: on stdout too
         assert jobs_in(tmp_path / "ctl.db") == [(1, "completed")]
         with sqlite3.connect(tmp_path / "ctl.db") as conn:  # a hostile agent's Infinity, stored
             conn.execute("UPDATE summaries SET latency_avg_ms = 9e999")
