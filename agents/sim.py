@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import stat
+import socket
 import sys
 import uuid
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from farm.agents.script_env import ScriptEnvError, script_python
 from farm.agents.telemetry import TelemetrySampler
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus
 from farm.proto.script_archive import ScriptArchiveError, pack_dir, unpack
+from farm.agents.sandbox.base import format_cpuset
+from farm.proto.spec import cores_missing, default_cpus
 from farm.proto.tasks import TaskSpec
 
 MiB = 1 << 20
@@ -124,6 +127,21 @@ def _format_args(args: list[str], task: TaskSpec) -> list[str]:
     return out
 
 
+def cpuset_problem(cpuset: str | None) -> str | None:
+    """Why this host cannot run a job's sim.cpuset, or None: cores it lacks, or a cpuset that does not parse."""
+    if not cpuset:
+        return None
+    usable = sorted(os.sched_getaffinity(0))
+    try:
+        missing = cores_missing(cpuset, usable)
+    except ValueError as e:
+        return f"sim.cpuset: {e}"
+    if not missing:
+        return None
+    return (f"sim.cpuset {cpuset!r} names core(s) {format_cpuset(missing)}, which {socket.gethostname()} cannot use "
+            f"(it has {format_cpuset(usable)}); change sim.cpuset or run the job where those cores exist.")
+
+
 class SimDriver:
     name = "sim"
 
@@ -145,7 +163,7 @@ class SimDriver:
 
     def budget_for(self, task: TaskSpec, slot: SimSlot) -> Budget:
         sim = task.sim
-        cpus = sim.get("cpus") or float(task.threads)  # default: one core per runtime thread
+        cpus = default_cpus(sim.get("cpus"), task.threads)
         return Budget(cpus=cpus, cpuset=sim.get("cpuset") or slot.cpuset, memory_bytes=sim.get("memory"))
 
     def harness_task(self, task: TaskSpec, inner: Path | None = None) -> HarnessTask:
@@ -196,6 +214,9 @@ class SimDriver:
         return INNER_RUN_DIR, f"user {self.run_as.name}, mount + PID namespaces"
 
     def run(self, task: TaskSpec, slot: SimSlot, cancel_check: Callable[[], bool]) -> RunResult:
+        problem = cpuset_problem(task.sim.get("cpuset"))
+        if problem:  # the same on every attempt here: a job failure, not an infrastructure retry
+            return RunResult.failed(FailureClass.JOB, problem)
         try:
             backend = self.backend_for(task)
         except SandboxError as e:

@@ -17,7 +17,8 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from farm.cli.console import UserError, err, open_store, out, when
+from farm.cli.console import UserError, err, open_store, out, output_file, when
+from farm.proto import strict_json
 
 GROUP_ALL = "(all)"
 
@@ -85,7 +86,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     except CalibrationError as e:
         raise UserError(str(e)) from None
     if args.json:
-        print(json.dumps({"calibrations": results, "refused": refused}, indent=2, default=str))
+        print(strict_json.dumps({"calibrations": results, "refused": refused}, indent=2))
     else:
         if results:
             out.print(_fit_table(results, ["device", "metric", "threads", "family", "version"]))
@@ -115,9 +116,9 @@ def _calibrate_offline(args: argparse.Namespace) -> int:
         rows.append(_fit_row(cal, group=group or GROUP_ALL))
     document = {"farm_calibration": 1, "x": args.x, "y": args.y, "group": args.group, "groups": fits}
     if args.output:
-        Path(args.output).write_text(json.dumps(document, indent=2))
+        output_file(args.output).write_text(strict_json.dumps(document, indent=2))
     if args.json:
-        print(json.dumps({"calibrations": rows, "refused": refused, "written": args.output}, indent=2, default=str))
+        print(strict_json.dumps({"calibrations": rows, "refused": refused, "written": args.output}, indent=2))
     else:
         if rows:
             out.print(_fit_table(rows, ["group"]))
@@ -136,7 +137,7 @@ def cmd_calibrations(args: argparse.Namespace) -> int:
 
     rows = calibration_history(open_store(args), args.device, args.metric)
     if args.json:
-        print(json.dumps(rows, indent=2, default=str))
+        print(strict_json.dumps(rows, indent=2))
         return 0
     t = Table(header_style="bold")
     for c in ("id", "device", "metric", "threads", "family", "version", "created", "fit", "a", "b", "R²", "n",
@@ -167,7 +168,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     except PredictError as e:
         raise UserError(str(e)) from None
     if args.json:
-        print(json.dumps(predictions, indent=2, default=str))
+        print(strict_json.dumps(predictions, indent=2))
         return 0
     t = Table(header_style="bold", title=f"{Path(args.model).name} on {args.device}")
     for c in ("metric", "threads", "sim", "predicted", f"{int(args.confidence * 100)} % interval", "calibration", "sim run"):
@@ -214,12 +215,12 @@ def _predict_offline(args: argparse.Namespace) -> int:
     except CalibrationInputError as e:
         raise UserError(str(e)) from None
     if args.output:
-        with open(args.output, "w", newline="") as f:
+        with open(output_file(args.output), "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(out_rows[0]) if out_rows else ["model"])
             writer.writeheader()
             writer.writerows(out_rows)
     if args.json:
-        print(json.dumps(out_rows, indent=2, default=str))
+        print(strict_json.dumps(out_rows, indent=2))
     elif not args.output:
         writer = csv.DictWriter(sys.stdout, fieldnames=list(out_rows[0]) if out_rows else ["model"])
         writer.writeheader()
@@ -239,7 +240,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
     except RankError as e:
         raise UserError(str(e)) from None
     if args.json:
-        print(json.dumps(ranking, indent=2, default=str))
+        print(strict_json.dumps(ranking, indent=2))
         return 0
     for group in ranking["groups"]:
         t = Table(header_style="bold", title=f"job {args.job} · {args.metric} · threads {group['threads']}")
@@ -261,13 +262,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if not args.output and not args.png:
         raise UserError("farm report needs -o report.html and/or --png DIR")
+    output = output_file(args.output) if args.output else None
     try:
-        written = write_report(open_store(args), args.job, Path(args.output) if args.output else None,
-                               Path(args.png) if args.png else None)
+        written = write_report(open_store(args), args.job, output, Path(args.png) if args.png else None)
     except ReportError as e:
         raise UserError(str(e)) from None
+    except OSError as e:
+        raise UserError(f"cannot write the report: {e.strerror or e} ({e.filename}).") from None
     if args.json:
-        print(json.dumps({"written": [str(p) for p in written]}, indent=2))
+        print(strict_json.dumps({"written": [str(p) for p in written]}, indent=2))
     else:
         out.print(f"{len(written)} file(s) written: " + ", ".join(str(p) for p in written[:4]) + (" …" if len(written) > 4 else ""))
     return 0

@@ -15,7 +15,11 @@ err = Console(stderr=True, soft_wrap=True)
 
 
 class UserError(Exception):
-    """Bad input; printed as one paragraph, exit code 2."""
+    """Bad input; printed as one paragraph, exit code 2 (with --json also as JSON on stdout)."""
+
+    def __init__(self, message: str, problems: list[dict] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or []  # file / line / field / message, for scripts
 
 
 def open_store(args: argparse.Namespace):
@@ -25,6 +29,17 @@ def open_store(args: argparse.Namespace):
         return Store(path)
     except StoreError as e:
         raise UserError(str(e)) from None
+
+
+def output_file(text: str, option: str = "-o") -> Path:
+    """A file the command will write: its folder must exist, checked before any work is done."""
+    path = Path(text).expanduser().absolute()
+    if path.is_dir():
+        raise UserError(f"{option} {text}: {path} is a folder; give a file name inside it.")
+    if not path.parent.is_dir():
+        raise UserError(f"{option} {text}: the folder {path.parent} does not exist; create it first "
+                        f"(mkdir -p {path.parent}) or write somewhere else. Nothing was written.")
+    return path
 
 
 def when(ts: float | None) -> str:

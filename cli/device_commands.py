@@ -15,6 +15,7 @@ from rich.text import Text
 from farm.cli.console import open_store, out, when
 from farm.cli.remote import RemoteError, controller_address, remote_forget_device
 from farm.proto.escape import printable
+from farm.proto import strict_json
 
 
 def cmd_device(args: argparse.Namespace) -> int:
@@ -33,7 +34,7 @@ def cmd_device(args: argparse.Namespace) -> int:
     else:
         rows = controller.device_health()
         if args.json:
-            print(json.dumps(rows, indent=2))
+            print(strict_json.dumps(rows, indent=2))
             return 0
         t = Table(header_style="bold")
         for c in ("device", "health", "since", "reason"):
@@ -89,7 +90,7 @@ def cmd_lab_devices(args: argparse.Namespace) -> int:
                      "tags": d.tags, "health": h["health"] if h else "unknown", "reason": h["reason"] if h else None,
                      "last_check": last_check, "calibration_age_s": time.time() - newest if newest else None})
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(strict_json.dumps(rows, indent=2))
         return 0
     t = Table(header_style="bold")
     for c in ("device", "type", "driver", "tags", "health", "last check", "calibration age", "reason"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -39,11 +40,11 @@ def run_job_embedded(store: Store, job_id: int, *, slots: int = 1, backend: str 
         timer = threading.Timer(job_timeout_s, job_timed_out)
         timer.daemon = True
         timer.start()
-    interrupted = []
+    interrupted: list[float] = []
 
     def on_signal(signum, frame) -> None:
         # Only flag here: the main thread may be inside a store transaction.
-        interrupted.append(signum)
+        interrupted.append(time.time())
         agent.stop()
 
     # Ctrl+C and SIGTERM stop the sandboxed runs too (the original tool left containers behind).
@@ -56,6 +57,6 @@ def run_job_embedded(store: Store, job_id: int, *, slots: int = 1, backend: str 
         if timer:
             timer.cancel()
     if interrupted:
-        controller.cancel_job(job_id)
+        controller.interrupt_job(job_id, since=interrupted[0])  # resumable, not canceled
         return False
     return True

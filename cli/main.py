@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from farm import __version__
 from farm.cli import console
+from farm.proto import strict_json
+from farm.proto.tasks import DEFAULT_MAX_TASKS
 
 EXIT_OK, EXIT_RUNS_FAILED, EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -32,6 +35,16 @@ def _job_id(text: str) -> int:
         return int(str(text).removeprefix("job-"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a job id (see `farm jobs`)") from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
 
 
 def _need_job(store, job_id: int) -> dict[str, Any]:
@@ -76,7 +89,8 @@ def _finish(args: argparse.Namespace, store, job_id: int, completed_normally: bo
     records = run_records(store, job_id)
     job = store.job(job_id)
     if args.json:
-        print(to_json({"job": job_id, "status": job["status"], "results": records}))
+        print(to_json({"job": job_id, "status": job["status"], "results": records,
+                       **({"warnings": args.warnings} if getattr(args, "warnings", None) else {})}))
     else:
         out.print(results_table(records, title=f"job {job_id} · {job['name']} · {job['status']}"))
         if any(r.get("approximate") for r in records):
@@ -89,15 +103,31 @@ def _finish(args: argparse.Namespace, store, job_id: int, completed_normally: bo
     return EXIT_OK if job["status"] == "completed" else EXIT_RUNS_FAILED
 
 
+def _check_slots(args: argparse.Namespace) -> None:
+    """--slots the host cannot give is bad input, refused before any job is stored."""
+    from farm.agents.agent import split_cores
+    try:
+        split_cores(args.slots)
+    except ValueError as e:
+        raise UserError(f"--slots {args.slots}: {e}; each sim slot gets cores of its own. Use --slots 1 to "
+                        f"{len(os.sched_getaffinity(0))}.") from None
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     from farm.controller.controller import Controller
-    from farm.controller.jobfile import JobFileError, load_job
+    from farm.controller.jobfile import HostCapacity, JobFileError, load_job
 
     lab = _lab(args)
+    _check_slots(args)
     try:
-        job = load_job(Path(args.job_file), devices=[lab_target(d) for d in lab])
+        job = load_job(Path(args.job_file), devices=[lab_target(d) for d in lab], max_tasks=args.max_tasks,
+                       skip_invalid=args.skip_invalid, host=HostCapacity.here())
     except JobFileError as e:
-        raise UserError(str(e)) from None
+        raise UserError(str(e), [p.to_json() for p in e.problems]) from None
+    args.warnings = [p.to_json() for p in job.warnings]
+    for problem in [*job.warnings, *(m.problem for m in job.invalid)]:
+        kind = "warning" if problem in job.warnings else "skipped"
+        err.print(Text.assemble((f"{kind}: ", "yellow"), str(problem)), highlight=False)
     if args.priority:
         job.spec.priority = args.priority
     store = _open_store(args)
@@ -116,6 +146,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from farm.controller.controller import Controller
+    _check_slots(args)
     store = _open_store(args)
     _need_job(store, args.job)
     controller = Controller(store)
@@ -223,7 +254,7 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"{p.completed} ok, {p.failed} failed, {p.canceled} canceled, {p.running} running, {p.pending} pending")
     if job["message"]:
         out.print(job["message"])
-    if status == "interrupted":
+    if status == "interrupted" and job["status"] != "interrupted":  # a stored interruption says so in its message
         out.print(f"the process that ran it ({job['owner_pid']}) has died; `farm resume {args.job}` carries on, "
                   "keeping every run already stored.")
     return EXIT_OK
@@ -254,7 +285,10 @@ def cmd_models_generate(args: argparse.Namespace) -> int:
     from farm.cli.render import to_json
     from farm.models.generate import generate_examples
 
-    dest = Path(args.dir)
+    dest = Path(args.dir).absolute()
+    if dest.exists() and not dest.is_dir():
+        raise UserError(f"{dest} is a file; `farm models generate` writes a folder of models. Give a folder "
+                        "(new or existing) instead; the file was left as it is.")
     widths = [float(w) for w in args.widths.split(",")] if args.widths else None
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
     kwargs: dict[str, Any] = {"formats": tuple(args.formats.split(",")), "zoo": not args.no_zoo}
@@ -267,7 +301,10 @@ def cmd_models_generate(args: argparse.Namespace) -> int:
         if not args.json and not args.quiet:
             err.print(f"[{done}/{total}] {model.path}{'' if model.written else ' (unchanged)'}", highlight=False)
 
-    models = generate_examples(dest, progress=progress, **kwargs)
+    try:
+        models = generate_examples(dest, progress=progress, **kwargs)
+    except OSError as e:
+        raise UserError(f"cannot write the models into {dest}: {e.strerror or e}.") from None
     if args.json:
         print(to_json([{"path": str(m.path), "name": m.name, "family": m.family, "format": m.format} for m in models]))
     else:
@@ -306,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def runner_options(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--slots", type=int, default=1, help="sim runs at once, each on its own cores (default 1)")
+        sp.add_argument("--slots", type=_positive_int, default=1, help="sim runs at once, each on its own cores (default 1)")
         sp.add_argument("--backend", choices=["auto", "cgroup", "docker", "process"], default=None,
                         help="override sim.backend of the job")
         sp.add_argument("--quiet", action="store_true", help="no progress output")
@@ -317,6 +354,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("job_file")
     s.add_argument("--priority", choices=["interactive", "normal", "low"], default=None)
     s.add_argument("--detach", action="store_true", help="with --controller: return once the job is queued")
+    s.add_argument("--skip-invalid", action="store_true",
+                   help="run the models that can run; record the others as `job` failures")
+    s.add_argument("--max-tasks", type=_positive_int, default=DEFAULT_MAX_TASKS,
+                   help=f"refuse a job that expands to more runs than this (default {DEFAULT_MAX_TASKS:,})")
     runner_options(s)
     s.set_defaults(func=cmd_submit)
 
@@ -371,6 +412,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _report_error(args: argparse.Namespace, message: str, code: int, problems: list[dict] | None = None) -> int:
+    """One paragraph on stderr; with --json the same as JSON on stdout, for scripts."""
+    err.print(Text.assemble(("error: ", "red"), message), highlight=False)
+    if getattr(args, "json", False):
+        print(strict_json.dumps({"error": message, "exit_code": code, "problems": problems or []}, indent=2))
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -379,11 +428,13 @@ def main(argv: list[str] | None = None) -> int:
         # With a controller configured (--controller, FARM_CONTROLLER, config file) the command goes to it.
         return (remote_handler(args) or args.func)(args)
     except UserError as e:
-        err.print(Text.assemble(("error: ", "red"), str(e)), highlight=False)
-        return EXIT_BAD_INPUT
+        return _report_error(args, str(e), EXIT_BAD_INPUT, e.problems)
     except RemoteError as e:
-        err.print(Text.assemble(("error: ", "red"), str(e)), highlight=False)
-        return e.exit_code
+        return _report_error(args, str(e), e.exit_code)
+    except sqlite3.Error as e:  # the store failed after it opened (locked by another writer, disk full)
+        from farm.controller.store import default_db_path, store_error_message
+        return _report_error(args, store_error_message(Path(getattr(args, "db", None) or default_db_path()), e),
+                             EXIT_BAD_INPUT)
     except KeyboardInterrupt:
         err.print("interrupted")
         return EXIT_INTERRUPTED

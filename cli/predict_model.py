@@ -38,8 +38,11 @@ def _reusable_job(store: Store, sha256: str, threads: int, source: dict[str, Any
 def _measure(store: Store, model: Path, threads: list[int], source: dict[str, Any], backend: str | None) -> int:
     from farm.cli.embedded import run_job_embedded
 
+    sim = dict(source["sim"])
+    if sim.get("memory") is not None:
+        sim["memory"] = f"{sim['memory']}b"  # stored as bytes; a job file's sizes carry their unit
     spec = {"name": f"predict {model.name}", "models": [str(model.resolve())], "workload": source["workload"],
-            "sim": source["sim"], "matrix": {"threads": threads}, "priority": "interactive"}
+            "sim": sim, "matrix": {"threads": threads}, "priority": "interactive"}
     try:
         job = load_job_text(yaml.safe_dump(spec), f"prediction job for {model}", model.resolve().parent)
     except JobFileError as e:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from rich.table import Table
 from rich.text import Text
 
 from farm.cli.console import UserError, err, open_store, out, when
+from farm.proto import strict_json
 
 
 def suite_path(given: str | None = None) -> Path | None:
@@ -56,7 +56,7 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     if report is None:
         return 130
     if args.json:
-        print(json.dumps(report_json(report), indent=2, default=str))
+        print(strict_json.dumps(report_json(report), indent=2))
     else:
         out.print(f"reference suite: job {report.job}; {len(report.calibrations)} calibration version(s) written")
         for d in report.drift:
@@ -90,7 +90,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
     from farm.controller.refresh import drift_history
     rows = drift_history(open_store(args), args.device)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(strict_json.dumps(rows, indent=2))
         return 0
     t = Table(header_style="bold")
     for c in ("when", "device", "metric", "threads", "calibration", "slope Δ", "intercept Δ", "R² drop",

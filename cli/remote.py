@@ -19,6 +19,8 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from farm.proto.tasks import DEFAULT_MAX_TASKS
+
 if TYPE_CHECKING:
     import grpc
 
@@ -195,11 +197,15 @@ def upload_job_files(client: FarmClient, path: Path, text: str) -> tuple[list[An
     base_dir = path.resolve().parent
     try:
         spec, root = parse_job_text(text, str(path))
-        models = resolve_models(spec, root, base_dir, str(path))
+        models, invalid = resolve_models(spec, root, base_dir, str(path))
         archive = b""
         if isinstance(spec.workload, BenchmarkWorkload):
-            check_benchmark_models(spec, models, root, str(path))
+            invalid += check_benchmark_models(spec, models, root, str(path))
+            if invalid:  # every bad model at once, before anything is uploaded
+                raise JobFileError([m.problem for m in sorted(invalid, key=lambda m: (m.problem.line or 0, m.entry_index))])
         else:
+            if invalid:
+                raise JobFileError([m.problem for m in invalid])
             script_dir, _ = check_script(spec, base_dir, root, str(path))
             try:
                 archive = pack_dir(script_dir)
@@ -242,6 +248,9 @@ def remote_submit(args: argparse.Namespace) -> int:
     from farm.proto.generated import farm_pb2
 
     path = Path(args.job_file)
+    if getattr(args, "skip_invalid", False):
+        raise RemoteError("--skip-invalid runs in embedded mode only; a controller refuses a job with a bad model, "
+                          "naming each one: drop them from the job file, or submit without --controller.")
     try:
         text = path.read_text()
     except OSError as e:
@@ -506,6 +515,7 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
         raise RemoteError(str(e), EXIT_ENVIRONMENT) from None
     except (OSError, RuntimeError) as e:
         raise RemoteError(f"cannot listen on {args.listen}: {e}", EXIT_ENVIRONMENT) from None
+    running.farm.max_tasks = args.max_tasks
     host = args.listen.rsplit(":", 1)[0]
     mode = "mutual TLS" if tls and tls.ca else "TLS" if tls else "plain text"
     print(f"farm controller listening on {host}:{running.port} ({mode}; store {store.path}; lease TTL "
@@ -552,7 +562,7 @@ def agent_token(args: argparse.Namespace) -> str | None:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from farm.agents.agent import Agent
+    from farm.agents.agent import Agent, split_cores
     from farm.agents.environment import host_facts
     from farm.agents.remote_controller import DeviceInfo, RemoteController
     from farm.agents.sandbox.isolation import RunUserError, resolve_run_as
@@ -578,8 +588,13 @@ def cmd_agent(args: argparse.Namespace) -> int:
         run_as = resolve_run_as(args.run_as)
     except RunUserError as e:
         raise RemoteError(str(e)) from None
-    work_dir = Path(args.work_dir or Path.home() / ".cache" / "farm" / "agent" / args.name)
+    # absolute: the harness runs in its run directory, so a relative path would point nowhere
+    work_dir = Path(args.work_dir or Path.home() / ".cache" / "farm" / "agent" / args.name).absolute()
     work_dir.mkdir(mode=0o711, parents=True, exist_ok=True)  # runs pass through to their own folder; nothing is listed
+    try:
+        split_cores(args.sim_slots)
+    except ValueError as e:
+        raise RemoteError(f"--sim-slots {args.sim_slots}: {e}; each sim slot gets cores of its own.") from None
     devices = [DeviceInfo(name=f"{args.name}/sim", driver="sim", device_type="sim", tags=args.tag or [],
                           facts_json=json.dumps(host_facts()), slots=args.sim_slots)]
     # The lab's phones and boards: jobs name them (or their type or tags), the controller resolves them.
@@ -649,6 +664,8 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
                    help="largest model file accepted, uploaded or under a models root (default 2 GiB)")
     s.add_argument("--scripts-need-permission", action="store_true",
                    help="accept script workloads only from tokens with the `script` permission (`client+script`)")
+    s.add_argument("--max-tasks", type=int, default=DEFAULT_MAX_TASKS,
+                   help=f"refuse a submitted job that expands to more runs than this (default {DEFAULT_MAX_TASKS:,})")
     s.add_argument("--verbose", action="store_true")
     s.set_defaults(func=cmd_controller_serve)
 

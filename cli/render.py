@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from typing import Any
 
 from rich.table import Table
+
+from farm.proto import strict_json
 from rich.text import Text
 
 from farm.proto.escape import printable
@@ -119,4 +120,4 @@ def results_csv(records: list[dict[str, Any]]) -> str:
 
 
 def to_json(data: Any) -> str:
-    return json.dumps(data, indent=2, default=str)
+    return strict_json.dumps(data, indent=2)

@@ -120,6 +120,24 @@ class Controller:
                 self.store.db["jobs"].update(job_id, {"finished_at": time.time()})
         return n + running
 
+    def interrupt_job(self, job_id: int, since: float) -> int:
+        """Ctrl+C: the job stops here but is not given up. Runs stopped by it (canceled since `since`)
+        and unstarted ones wait for `farm resume`; their stopped attempts stay stored as runs."""
+        with self.store.transaction():
+            job = self.store.db["jobs"].get(job_id)
+            if job["status"] in (JobStatus.COMPLETED.value, JobStatus.FAILED.value) or (
+                    job["status"] == JobStatus.CANCELED.value and job["message"]):  # `farm cancel` or timeouts.job
+                return 0
+            n = self.store.db.execute(
+                "UPDATE tasks SET status = ?, leased_by = NULL, failure_class = NULL, finished_at = NULL, message = ? "
+                "WHERE job_id = ? AND (status IN (?, ?) OR (status = ? AND finished_at >= ?))",
+                [TaskStatus.PENDING.value, "interrupted before it finished; `farm resume` runs it", job_id,
+                 TaskStatus.PENDING.value, TaskStatus.RUNNING.value, TaskStatus.CANCELED.value, since]).rowcount
+            self.store.db["jobs"].update(job_id, {
+                "status": JobStatus.INTERRUPTED.value, "finished_at": None,
+                "message": f"interrupted (Ctrl+C or SIGTERM); `farm resume {job_id}` runs what is left"})
+        return n
+
     def progress(self, job_id: int) -> JobProgress:
         counts = {r["status"]: r["n"] for r in self.store.query(
             "SELECT status, COUNT(*) AS n FROM tasks WHERE job_id = ? GROUP BY status", [job_id])}
@@ -134,13 +152,13 @@ class Controller:
         if job is None:
             raise KeyError(job_id)
         if job["status"] not in TERMINAL_JOB and not _pid_alive(job["owner_pid"], job["owner_host"]):
-            return JobStatus.INTERRUPTED.value
+            return JobStatus.INTERRUPTED.value  # stored as interrupted (Ctrl+C), or its process died
         return job["status"]
 
     def resume(self, job_id: int) -> int:
         """Take over an interrupted job: its unfinished tasks go back to the queue (each lost attempt a run)."""
         self.store.update_job(job_id, owner_pid=os.getpid(), owner_host=socket.gethostname(),
-                              status=JobStatus.QUEUED.value, finished_at=None)
+                              status=JobStatus.QUEUED.value, finished_at=None, message=None)
         return self.lose_attempts("job_id = ? AND status = 'running'", [job_id],
                                   "interrupted: the farm process running it on agent {agent} stopped")
 

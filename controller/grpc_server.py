@@ -35,11 +35,12 @@ from farm.controller.auth import (
     server_credentials, valid_agent_name,
 )
 from farm.controller.controller import TERMINAL_JOB, Controller
-from farm.controller.jobfile import JobFileError
+from farm.controller.jobfile import DEFAULT_MAX_TASKS, JobFileError
 from farm.controller.metrics import MetricsServer, parse_listen, serve_metrics
 from farm.controller.results import run_records
 from farm.controller.store import Store
 from farm.controller.submission import load_submitted_job
+from farm.proto import strict_json
 from farm.proto.escape import printable
 from farm.proto.script_archive import MAX_SCRIPT_ARCHIVE_BYTES
 from farm.proto.spec import ScriptWorkload
@@ -107,6 +108,8 @@ class AgentSession:
 
 class FarmServer:
     """Owns the Controller, the agent sessions and the dispatcher; the servicers call into it."""
+
+    max_tasks: int = DEFAULT_MAX_TASKS  # per submitted job (`farm controller serve --max-tasks`)
 
     def __init__(self, store: Store, *, lease_ttl_s: float = 30.0, heartbeat_interval_s: float | None = None,
                  tokens: TokenTable | None = None, max_watches: int = DEFAULT_MAX_WATCHES,
@@ -588,7 +591,8 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         if len(request.job_yaml.encode()) > MAX_JOB_FILE_BYTES:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the job file is over {MAX_JOB_FILE_BYTES} bytes")
         try:
-            job = load_submitted_job(request, self.server.files, self.server.device_targets())
+            job = load_submitted_job(request, self.server.files, self.server.device_targets(),
+                                     max_tasks=self.server.max_tasks)
         except JobFileError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         identity = identity_of(context, self.server.tokens)
@@ -692,7 +696,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
 
     def GetResults(self, request: farm_pb2.JobRequest, context: grpc.ServicerContext) -> farm_pb2.GetResultsResponse:
         self._job(request.job_id, context)
-        return farm_pb2.GetResultsResponse(records_json=json.dumps(run_records(self.server.store, request.job_id)))
+        return farm_pb2.GetResultsResponse(records_json=strict_json.dumps(run_records(self.server.store, request.job_id)))
 
     def ForgetDevice(self, request: farm_pb2.ForgetDeviceRequest, context: grpc.ServicerContext) -> farm_pb2.ForgetDeviceResponse:
         try:  # admin only: auth.SERVICE_ROLES

@@ -6,6 +6,7 @@ and what is wrong, so the CLI can print it as one paragraph with no traceback.
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 from dataclasses import dataclass, field
@@ -16,14 +17,66 @@ import yaml
 from pydantic import ValidationError
 
 from farm.models.facts import ModelError, find_unsupported_ops, inspect_model
+from farm.models.runtimes import InputShapeError, resolve_shape
 from farm.proto.results import ModelFacts
-from farm.proto.spec import BenchmarkWorkload, JobSpec, ModelEntry, ScriptWorkload
+from farm.proto.spec import BenchmarkWorkload, JobSpec, ModelEntry, ScriptWorkload, cores_missing, parse_cpuset
+from farm.proto.tasks import DEFAULT_MAX_TASKS
 
 BENCHMARK_FORMATS = {".tflite": "tflite", ".onnx": "onnx"}
+MiB, GiB = 1 << 20, 1 << 30
+
+
+@dataclass
+class JobProblem:
+    """One thing wrong with a job file, where it is: printed as file:line: field: message."""
+
+    file: str
+    line: int | None
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return ": ".join(str(p) for p in (self.file if self.line is None else f"{self.file}:{self.line}",
+                                          self.field, self.message) if p)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "field": self.field or None, "message": self.message}
 
 
 class JobFileError(Exception):
-    """A job file that cannot run; the message is for a person."""
+    """A job file that cannot run; the message is for a person, `problems` for a script."""
+
+    def __init__(self, problems: list[JobProblem] | str) -> None:
+        self.problems = [JobProblem("", None, "", problems)] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+@dataclass
+class HostCapacity:
+    """What the host that will run the sim has: checked against the job's budget at validation."""
+
+    cores: list[int]
+    memory_bytes: int | None
+
+    @classmethod
+    def here(cls) -> "HostCapacity":
+        try:
+            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            memory = None
+        return cls(sorted(os.sched_getaffinity(0)), memory)
+
+
+@dataclass
+class InvalidModel:
+    """A model of the job that cannot run; with skip_invalid it is recorded as a `job` failure."""
+
+    path: str
+    name: str
+    family: str | None
+    entry_index: int
+    problem: JobProblem
+    sha256: str = ""
 
 
 @dataclass
@@ -56,6 +109,8 @@ class ResolvedJob:
     script_path: Path | None = None
     targets: list[DeviceTarget | None] = field(default_factory=list)  # None = the sim itself
     script_archive: str | None = None  # sha256 of workload.dir packed, in the controller's artifact store
+    invalid: list[InvalidModel] = field(default_factory=list)  # skipped models (--skip-invalid)
+    warnings: list[JobProblem] = field(default_factory=list)  # runs will happen, but not quite as written
 
 
 def _locate(root: yaml.Node | None, loc: tuple[Any, ...], missing: bool = False) -> tuple[yaml.Node | None, str]:
@@ -73,6 +128,9 @@ def _locate(root: yaml.Node | None, loc: tuple[Any, ...], missing: bool = False)
                 return node, path
             node = node.value[key]
         elif isinstance(node, yaml.MappingNode):
+            tag = next((v.value for k, v in node.value if k.value == "type" and isinstance(v, yaml.ScalarNode)), None)
+            if key == tag and not last:
+                continue  # the discriminated union's branch label (workload 'script'), not the field `script`
             match = next(((k, v) for k, v in node.value if k.value == key), None)
             if match is None:
                 if last and missing:  # a missing field: name it, point at its parent
@@ -99,7 +157,7 @@ def _describe(err: dict[str, Any]) -> str:
 _BRANCH_MISMATCH = {"string_type", "model_type", "model_attributes_type", "union_tag_invalid"}
 
 
-def _error_lines(errors: list[dict[str, Any]], root: yaml.Node | None, source_name: str) -> list[str]:
+def _error_lines(errors: list[dict[str, Any]], root: yaml.Node | None, source_name: str) -> list[JobProblem]:
     by_path: dict[str, tuple[int, dict[str, Any]]] = {}
     for err in errors:
         node, path = _locate(root, err["loc"], missing=err["type"] == "missing")
@@ -109,7 +167,32 @@ def _error_lines(errors: list[dict[str, Any]], root: yaml.Node | None, source_na
     # "not a string" next to "models[0].path: missing" only repeats the other branch's view
     keep = {p: v for p, v in by_path.items() if not (
         v[1]["type"] in _BRANCH_MISMATCH and any(o != p and o.startswith(p) for o in by_path))}
-    return [f"{source_name}:{line}: {path}: {_describe(err)}" for path, (line, err) in keep.items()]
+    return [JobProblem(source_name, line, path, _describe(err)) for path, (line, err) in keep.items()]
+
+
+def _duplicate_keys(node: yaml.Node | None, source_name: str, path: str = "",
+                    seen: set[int] | None = None) -> list[JobProblem]:
+    """A key written twice in one mapping: YAML keeps the last silently, farm refuses it."""
+    problems: list[JobProblem] = []
+    seen = set() if seen is None else seen
+    if id(node) in seen:
+        return problems  # an alias: its node was checked where it was defined (and "billion laughs" stay cheap)
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first: dict[str, yaml.Node] = {}
+        for key, value in node.value:
+            name = str(key.value)
+            field_path = f"{path}.{name}" if path else name
+            if name in first and name != "<<":
+                problems.append(JobProblem(source_name, key.start_mark.line + 1, field_path,
+                                           f"duplicate key (first at line {first[name].start_mark.line + 1}); "
+                                           "YAML would keep only the last one, so write it once"))
+            first.setdefault(name, key)
+            problems += _duplicate_keys(value, source_name, field_path, seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            problems += _duplicate_keys(item, source_name, f"{path}[{i}]", seen)
+    return problems
 
 
 def parse_job_text(text: str, source_name: str) -> tuple[JobSpec, yaml.Node | None]:
@@ -118,21 +201,23 @@ def parse_job_text(text: str, source_name: str) -> tuple[JobSpec, yaml.Node | No
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f"{source_name}:{mark.line + 1}" if mark else source_name
         problem = getattr(e, "problem", None) or str(e)
-        raise JobFileError(f"{where}: not valid YAML: {problem}.") from None
+        raise JobFileError([JobProblem(source_name, mark.line + 1 if mark else None, "", f"not valid YAML: {problem}.")]) from None
     if data is None:
-        raise JobFileError(f"{source_name}: the file is empty; a job needs at least `models:`.")
+        raise JobFileError([JobProblem(source_name, None, "", "the file is empty; a job needs at least `models:`.")])
     if not isinstance(data, dict):
-        raise JobFileError(f"{source_name}:1: a job file must be a mapping of fields (models:, workload:, ...), not a {type(data).__name__}.")
+        raise JobFileError([JobProblem(source_name, 1, "", f"a job file must be a mapping of fields (models:, workload:, ...), not a {type(data).__name__}.")])
+    duplicates = _duplicate_keys(root, source_name)
+    if duplicates:
+        raise JobFileError(duplicates)
     try:
         return JobSpec.model_validate(data), root
     except ValidationError as e:
-        raise JobFileError("\n".join(_error_lines(e.errors(include_url=False), root, source_name))) from None
+        raise JobFileError(_error_lines(e.errors(include_url=False), root, source_name)) from None
 
 
-def _model_line(root: yaml.Node | None, index: int) -> int:
-    node, _ = _locate(root, ("models", index))
+def _line(root: yaml.Node | None, *loc: Any) -> int:
+    node, _ = _locate(root, loc)
     return node.start_mark.line + 1 if node is not None else 1
 
 
@@ -143,13 +228,39 @@ class ModelFileGate(Protocol):
     def admit(self, name: str, base_dir: Path) -> Path: ...
 
 
+def _model_line(root: yaml.Node | None, index: int) -> int:
+    return _line(root, "models", index)
+
+
+def _missing_file(path: Path, written: str) -> str:
+    """Why a model path that does not open as a file: missing, a dangling link, or a symlink loop."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return f"model file {written!r} is a symlink loop (following the links from {path} comes back round); point it at a real file."
+        if os.path.islink(path):
+            return f"model file {written!r} is a symlink to {os.readlink(path)}, which does not exist."
+    return f"model file {written!r} does not exist (looked for {path})."
+
+
 def resolve_models(spec: JobSpec, root: yaml.Node | None, base_dir: Path, source_name: str,
-                   gate: ModelFileGate | None = None) -> list[ResolvedModel]:
-    """gate: None for the user's own files (embedded, the client); a controller passes its gate."""
+                   gate: ModelFileGate | None = None) -> tuple[list[ResolvedModel], list[InvalidModel]]:
+    """Every model the job names, inspected; the ones that cannot run come back apart, each with its problem.
+
+    gate: None for the user's own files (embedded, the client); a controller passes its gate, and a
+    name outside its roots is refused at once (nothing is looked up outside them)."""
     resolved: list[ResolvedModel] = []
+    invalid: list[InvalidModel] = []
     for index, raw in enumerate(spec.models):
         entry = raw if isinstance(raw, ModelEntry) else ModelEntry(path=raw)
-        where = f"{source_name}:{_model_line(root, index)}: models[{index}]"
+        line, field_path = _model_line(root, index), f"models[{index}]"
+        where = f"{source_name}:{line}: {field_path}"
+
+        def bad(path: str, message: str) -> None:
+            name = entry.name or Path(path).stem
+            invalid.append(InvalidModel(path, name, entry.family, index, JobProblem(source_name, line, field_path, message)))
+
         if gate is not None:
             try:
                 gate.check_pattern(entry.path, base_dir)  # before any lookup: nothing is learnt outside the roots
@@ -159,9 +270,10 @@ def resolve_models(spec: JobSpec, root: yaml.Node | None, base_dir: Path, source
         if glob.has_magic(entry.path):
             paths = sorted(Path(p) for p in glob.glob(pattern, recursive=True))
             if not paths:
-                raise JobFileError(f"{where}: the glob {entry.path!r} matches no file (searched from {base_dir}).")
+                bad(entry.path, f"the glob {entry.path!r} matches no file (searched from {base_dir}).")
+                continue
             if entry.name and len(paths) > 1:
-                raise JobFileError(f"{where}: `name` is given but the glob {entry.path!r} matches {len(paths)} files; give names per file or drop `name`.")
+                raise JobFileError([JobProblem(source_name, line, field_path, f"`name` is given but the glob {entry.path!r} matches {len(paths)} files; give names per file or drop `name`.")])
         else:
             paths = [Path(pattern)]
         for path in paths:
@@ -172,13 +284,16 @@ def resolve_models(spec: JobSpec, root: yaml.Node | None, base_dir: Path, source
                 except ValueError as e:
                     raise JobFileError(f"{where}: {e}") from None
             if not path.exists():
-                raise JobFileError(f"{where}: model file {entry.path!r} does not exist (looked for {path}).")
+                bad(str(path), _missing_file(path, entry.path))
+                continue
             if not os.access(path, os.R_OK) or path.is_dir():
-                raise JobFileError(f"{where}: model file {path} cannot be read (is it a directory, or are permissions missing?).")
+                bad(str(path), f"model file {path} cannot be read (is it a directory, or are permissions missing?).")
+                continue
             try:
                 facts = inspect_model(path)
             except ModelError as e:
-                raise JobFileError(f"{where}: {e}") from None
+                bad(str(path), str(e))
+                continue
             if display is not None:
                 facts.path = display
             resolved.append(ResolvedModel(path.resolve(), entry.name or "", entry.family, facts, index, display))
@@ -191,33 +306,53 @@ def resolve_models(spec: JobSpec, root: yaml.Node | None, base_dir: Path, source
     names = [m.name for m in resolved]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise JobFileError(f"{source_name}: models: two models share the name(s) {dupes}; give each a distinct `name`.")
-    return resolved
+        raise JobFileError([JobProblem(source_name, None, "models", f"two models share the name(s) {dupes}; give each a distinct `name`.")])
+    return resolved, invalid
 
 
-def check_benchmark_models(spec: JobSpec, models: list[ResolvedModel], root: yaml.Node | None, source_name: str) -> None:
-    """Only formats the built-in benchmark runs, and no operator the runtime lacks."""
+def _benchmark_problem(spec: JobSpec, model: ResolvedModel) -> str | None:
+    """Why the built-in benchmark cannot run this model as the job asks, or None."""
+    suffix = model.path.suffix.lower()
+    if suffix not in BENCHMARK_FORMATS:
+        return (f"{model.path.name} is a {suffix or 'extension-less'} file; the built-in benchmark runs .tflite "
+                f"and .onnx — use `workload: {{type: script, ...}}` for other formats.")
+    workload = spec.workload
+    assert isinstance(workload, BenchmarkWorkload)
+    try:
+        unsupported = find_unsupported_ops(model.path, use_xnnpack=workload.use_xnnpack)
+    except ModelError as e:
+        return str(e)
+    if unsupported:
+        return (f"{model.path.name} uses operator(s) the {BENCHMARK_FORMATS[suffix]} runtime here does not "
+                f"support: {', '.join(unsupported)}. Replace them, or register a custom-op library.")
+    inputs = {t.name: t for t in model.facts.inputs}
+    for name in workload.input_shapes:
+        if name not in inputs:
+            return (f"workload.input_shapes: {model.path.name} has no input named {name!r} "
+                    f"(its inputs: {', '.join(inputs)}).")
+    layout = "nhwc" if BENCHMARK_FORMATS[suffix] == "tflite" else "nchw"
+    for batch in spec.matrix.batch_sizes:  # the harness fills shapes with this same function
+        for size in spec.matrix.input_sizes:
+            for tensor in model.facts.inputs:
+                try:
+                    resolve_shape(tensor.name, tensor.shape, layout=layout, batch_size=batch, input_size=size,
+                                  overrides=workload.input_shapes)
+                except InputShapeError as e:
+                    return f"{model.path.name}: {e}."
+    return None
+
+
+def check_benchmark_models(spec: JobSpec, models: list[ResolvedModel], root: yaml.Node | None,
+                           source_name: str) -> list[InvalidModel]:
+    """Only formats the built-in benchmark runs, no operator the runtime lacks, every input shape known."""
+    invalid = []
     for model in models:
-        where = f"{source_name}:{_model_line(root, model.entry_index)}: models[{model.entry_index}]"
-        suffix = model.path.suffix.lower()
-        if suffix not in BENCHMARK_FORMATS:
-            raise JobFileError(
-                f"{where}: {model.path.name} is a {suffix or 'extension-less'} file; the built-in "
-                f"benchmark runs .tflite and .onnx — use `workload: {{type: script, ...}}` for other formats."
-            )
-        unsupported = find_unsupported_ops(model.path)
-        if unsupported:
-            raise JobFileError(
-                f"{where}: {model.path.name} uses operator(s) the {BENCHMARK_FORMATS[suffix]} runtime "
-                f"here does not support: {', '.join(unsupported)}. Replace them, or register a custom-op library."
-            )
-        if isinstance(spec.workload, BenchmarkWorkload):
-            for name in spec.workload.input_shapes:
-                if name not in {t.name for t in model.facts.inputs}:
-                    known = ", ".join(t.name for t in model.facts.inputs)
-                    raise JobFileError(
-                        f"{where}: workload.input_shapes: {model.path.name} has no input named {name!r} (its inputs: {known})."
-                    )
+        problem = _benchmark_problem(spec, model)
+        if problem:
+            invalid.append(InvalidModel(str(model.path), model.name, model.family, model.entry_index,
+                                        JobProblem(source_name, _model_line(root, model.entry_index),
+                                                   f"models[{model.entry_index}]", problem), model.facts.sha256))
+    return invalid
 
 
 def check_script(spec: JobSpec, base_dir: Path, root: yaml.Node | None, source_name: str) -> tuple[Path, Path | None]:
@@ -229,17 +364,17 @@ def check_script(spec: JobSpec, base_dir: Path, root: yaml.Node | None, source_n
 
     script_dir = (base_dir / workload.dir).resolve()
     if not script_dir.is_dir():
-        raise JobFileError(f"{source_name}:{line('dir')}: workload.dir: {workload.dir!r} is not a directory (looked for {script_dir}).")
+        raise JobFileError([JobProblem(source_name, line("dir"), "workload.dir", f"{workload.dir!r} is not a directory (looked for {script_dir}).")])
     script_path = None
     if workload.script:
         script_path = (script_dir / workload.script).resolve()
         if not script_path.is_file():
-            raise JobFileError(f"{source_name}:{line('script')}: workload.script: {workload.script!r} does not exist in {script_dir}.")
+            raise JobFileError([JobProblem(source_name, line("script"), "workload.script", f"{workload.script!r} does not exist in {script_dir}.")])
         try:
             with open(script_path, "rb"):
                 pass
         except OSError as e:
-            raise JobFileError(f"{source_name}:{line('script')}: workload.script: {script_path} cannot be read: {e.strerror}.") from None
+            raise JobFileError([JobProblem(source_name, line("script"), "workload.script", f"{script_path} cannot be read: {e.strerror}.")]) from None
     return script_dir, script_path
 
 
@@ -249,8 +384,6 @@ def resolve_targets(spec: JobSpec, root: yaml.Node | None, source_name: str,
     by_name = {d.name: d for d in devices}
     out: list[DeviceTarget | None] = []
     for index, target in enumerate(spec.targets):
-        node, _ = _locate(root, ("targets", index))
-        where = f"{source_name}:{node.start_mark.line + 1 if node is not None else 1}: targets[{index}]"
         if target == "sim":
             matched: list[DeviceTarget | None] = [None]
         elif target.startswith("type:"):
@@ -261,31 +394,113 @@ def resolve_targets(spec: JobSpec, root: yaml.Node | None, source_name: str,
             matched = [by_name[target]] if target in by_name else []
         if not matched:
             known = ", ".join(sorted(by_name)) or "none configured (list them in a file named by FARM_DEVICES)"
-            raise JobFileError(f"{where}: no device matches {target!r}; known devices: {known}.")
+            raise JobFileError([JobProblem(source_name, _line(root, "targets", index), f"targets[{index}]",
+                                           f"no device matches {target!r}; known devices: {known}.")])
         out += [m for m in matched if m not in out]
     return out
 
 
+def planned_task_count(spec: JobSpec, models: int, targets: list[DeviceTarget | None]) -> tuple[int, str]:
+    """How many tasks expand_tasks will make, and the product spelled out for a person."""
+    cells = len(spec.matrix.threads) * len(spec.matrix.batch_sizes) * len(spec.matrix.input_sizes)
+    runs_per_cell = sum(1 if t is None else 2 for t in targets or [None])  # a device run has a sim twin
+    total = models * cells * spec.repeats * runs_per_cell
+    return total, (f"{models:,} model(s) × {cells:,} matrix cell(s) × {spec.repeats:,} repeat(s) × "
+                   f"{runs_per_cell:,} target run(s)")
+
+
+def check_task_count(spec: JobSpec, models: int, targets: list[DeviceTarget | None], max_tasks: int,
+                     source_name: str) -> None:
+    total, product = planned_task_count(spec, models, targets)
+    if total > max_tasks:
+        raise JobFileError([JobProblem(source_name, 1, "(job)", f"the job expands to {total:,} runs ({product}), "
+                                       f"over the limit of {max_tasks:,} per job; split it, or raise the limit "
+                                       f"with --max-tasks.")])
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.0f} MiB"
+
+
+def check_host(spec: JobSpec, root: yaml.Node | None, source_name: str, host: HostCapacity,
+               targets: list[DeviceTarget | None]) -> list[JobProblem]:
+    """The sim budget against the host that runs it: cores it lacks are an error, more than it has a warning."""
+    sim = spec.sim
+    cores = host.cores
+    if sim.cpuset is not None:
+        missing = cores_missing(sim.cpuset, cores)  # the sim driver checks the same on an agent's host
+        if missing:
+            raise JobFileError([JobProblem(source_name, _line(root, "sim", "cpuset"), "sim.cpuset",
+                                           f"{sim.cpuset!r} names core(s) {','.join(map(str, missing))}, which this "
+                                           f"host cannot use (it has {','.join(map(str, cores))}).")])
+        cores = parse_cpuset(sim.cpuset)
+    where = f"the {len(cores)} core(s) {'of sim.cpuset' if sim.cpuset else 'this host has'}"
+    warnings = []
+    if sim.cpus is not None and sim.cpus > len(cores):
+        warnings.append(JobProblem(source_name, _line(root, "sim", "cpus"), "sim.cpus",
+                                   f"{sim.cpus:g} CPUs is more than {where}; the sim cannot give more than it has, "
+                                   f"so runs get at most {len(cores)}."))
+    elif sim.cpus is None and max(spec.matrix.threads) > len(cores):
+        warnings.append(JobProblem(source_name, _line(root, "matrix", "threads"), "matrix.threads",
+                                   f"{max(spec.matrix.threads)} threads get a budget of as many CPUs, more than "
+                                   f"{where}; the sim cannot give more than it has, so those runs get at most "
+                                   f"{len(cores)} and their threads share cores."))
+    if sim.memory is not None and host.memory_bytes and sim.memory > host.memory_bytes:
+        warnings.append(JobProblem(source_name, _line(root, "sim", "memory"), "sim.memory",
+                                   f"{_gib(sim.memory)} is more than this host's {_gib(host.memory_bytes)}; the sim "
+                                   "cannot give more than it has, so a run may be killed below the limit."))
+    for device in {t.name: t for t in targets if t is not None and t.device_type is not None}.values():
+        twins = [device.device_type.budget_for(threads) for threads in spec.matrix.threads]
+        cpus, memory = max(b.cpus for b in twins), max(b.memory for b in twins)
+        if cpus > len(cores) or (host.memory_bytes and memory > host.memory_bytes):
+            index = next((i for i, t in enumerate(spec.targets) if t in (device.name, f"type:{device.device_type.name}")
+                          or (t.startswith("tag:") and t[4:] in device.tags)), 0)
+            warnings.append(JobProblem(source_name, _line(root, "targets", index), f"targets[{index}]",
+                                       f"the sim twins of {device.name} get up to {cpus:g} CPUs and {_gib(memory)} "
+                                       f"(device type {device.device_type.name}), more than {where} or this host's "
+                                       "memory; the sim cannot give more than it has."))
+    return warnings
+
+
 def load_job_text(text: str, source_name: str, base_dir: Path, source_path: Path | None = None,
-                  devices: list[DeviceTarget] | None = None) -> ResolvedJob:
+                  devices: list[DeviceTarget] | None = None, *, max_tasks: int = DEFAULT_MAX_TASKS,
+                  skip_invalid: bool = False, host: HostCapacity | None = None) -> ResolvedJob:
+    """Validate and resolve a job; every bad model is listed at once.
+
+    skip_invalid keeps the models that can run (the others come back in `invalid`); host is
+    the machine that will run the sim, when that is known here (embedded mode).
+    """
     spec, root = parse_job_text(text, source_name)
     targets = resolve_targets(spec, root, source_name, devices or [])
-    models = resolve_models(spec, root, base_dir, source_name)
+    check_task_count(spec, len(spec.models), targets, max_tasks, source_name)  # before any glob or file
+    models, invalid = resolve_models(spec, root, base_dir, source_name)
     job = ResolvedJob(spec=spec, source=text, source_path=source_path, base_dir=base_dir, models=models,
                       targets=targets)
     if isinstance(spec.workload, BenchmarkWorkload):
-        check_benchmark_models(spec, models, root, source_name)
+        invalid += check_benchmark_models(spec, models, root, source_name)
+        bad = {m.path for m in invalid}
+        job.models = [m for m in models if str(m.path) not in bad]
     else:
         job.script_dir, job.script_path = check_script(spec, base_dir, root, source_name)
+    invalid.sort(key=lambda m: (m.problem.line or 0, m.entry_index))  # in the order the file names them
+    if invalid and (not skip_invalid or not job.models):
+        hint = [] if job.models or not skip_invalid else [JobProblem(source_name, None, "models", "no model of the job can run.")]
+        raise JobFileError([*(m.problem for m in invalid), *hint])
+    job.invalid = invalid
+    check_task_count(spec, len(job.models), targets, max_tasks, source_name)
+    if host is not None:
+        job.warnings = check_host(spec, root, source_name, host, targets)
     return job
 
 
-def load_job(path: Path, devices: list[DeviceTarget] | None = None) -> ResolvedJob:
+def load_job(path: Path, devices: list[DeviceTarget] | None = None, *, max_tasks: int = DEFAULT_MAX_TASKS,
+             skip_invalid: bool = False, host: HostCapacity | None = None) -> ResolvedJob:
     """Read, validate and resolve a job file, or raise JobFileError."""
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise JobFileError(f"{path}: no such job file.") from None
+        raise JobFileError([JobProblem(str(path), None, "", "no such job file.")]) from None
     except (OSError, UnicodeDecodeError) as e:
-        raise JobFileError(f"{path}: cannot read the job file: {e}.") from None
-    return load_job_text(text, str(path), path.resolve().parent, path.resolve(), devices)
+        raise JobFileError([JobProblem(str(path), None, "", f"cannot read the job file: {e}.")]) from None
+    return load_job_text(text, str(path), path.resolve().parent, path.resolve(), devices, max_tasks=max_tasks,
+                         skip_invalid=skip_invalid, host=host)

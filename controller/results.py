@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from farm.controller.store import Store
+from farm.proto.spec import default_cpus
 
 MiB = 1 << 20
 
@@ -16,7 +17,7 @@ _SQL = """
 SELECT t.id AS task, t.job_id AS job, t.model_name, t.model_sha256, t.model_family, t.model_path,
        t.target, t.threads, t.batch_size, t.input_size, t.repeat, t.status AS task_status,
        t.attempts, t.pair_key, t.failure_class AS task_failure_class, t.message AS task_message,
-       t.model_size_bytes, t.model_param_count, t.model_facts_json,
+       t.model_size_bytes, t.model_param_count, t.model_facts_json, t.spec_json AS task_spec_json,
        r.id AS run_id, r.attempt, r.status AS run_status, r.failure_class, r.message, r.backend,
        r.approximate, r.limits_cpus, r.limits_cpuset, r.limits_memory_mb, r.wall_s, r.whole_run_s,
        r.started_at, r.finished_at, r.tool_versions_json, r.environment_json,
@@ -35,6 +36,15 @@ def _mb(v: float | None) -> float | None:
 
 def _round(v: float | None, digits: int = 4) -> float | None:
     return None if v is None else round(v, digits)
+
+
+def _limits(row: dict[str, Any]) -> dict[str, Any]:
+    """The budget a run really had; for a sim task not run yet, the budget it will be given."""
+    if row["run_id"] is not None or row["target"] != "sim":
+        return {"cpus": row["limits_cpus"], "cpuset": row["limits_cpuset"], "memory_mb": row["limits_memory_mb"]}
+    sim = json.loads(row["task_spec_json"])["sim"]
+    return {"cpus": default_cpus(sim.get("cpus"), row["threads"]), "cpuset": sim.get("cpuset"),
+            "memory_mb": _mb(sim.get("memory"))}
 
 
 def run_records(store: Store, job_id: int) -> list[dict[str, Any]]:
@@ -78,7 +88,7 @@ def run_records(store: Store, job_id: int) -> list[dict[str, Any]]:
             "wall_s": _round(row["wall_s"]),
             "backend": row["backend"],
             "approximate": bool(row["approximate"]) if row["approximate"] is not None else None,
-            "limits": {"cpus": row["limits_cpus"], "cpuset": row["limits_cpuset"], "memory_mb": row["limits_memory_mb"]},
+            "limits": _limits(row),
             "run": row["run_id"],
             "runtime": json.loads(row["environment_json"]).get("runtime") if row["environment_json"] else None,
             "tool_versions": json.loads(row["tool_versions_json"]) if row["tool_versions_json"] else {},

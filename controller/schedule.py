@@ -66,6 +66,19 @@ def expand_tasks(job: ResolvedJob) -> list[dict[str, Any]]:
         tasks.append(task(model, threads, batch, size, repeat, device.name, device.name, sim))
         tasks.append(task(model, threads, batch, size, repeat, "sim", device.name,
                           twin_sim_budget(sim, device.device_type, threads)))
+    # A model refused at validation (--skip-invalid) is one `job` failure, stored before any run.
+    for bad in job.invalid:
+        threads, batch, size = spec.matrix.threads[0], spec.matrix.batch_sizes[0], spec.matrix.input_sizes[0]
+        tasks.append({
+            "seq": len(tasks), "target": "sim", "model_name": bad.name, "model_path": bad.path,
+            "model_sha256": bad.sha256, "model_family": bad.family, "model_facts_json": "{}", "threads": threads,
+            "batch_size": batch, "input_size": size, "repeat": 0, "status": "failed", "attempts": 0,
+            "max_attempts": MAX_ATTEMPTS, "pair_key": pair_key(bad.sha256, threads, batch, size, "sim", 0),
+            "spec_json": json.dumps({"workload": workload, "sim": sim, "run_timeout_s": spec.timeouts.run,
+                                     "base_dir": str(job.base_dir)}),
+            "priority": PRIORITY_RANK[spec.priority], "created_at": now, "finished_at": now,
+            "failure_class": "job", "message": f"not run: {bad.problem}",
+        })
     # Run repeat 0 of every cell before repeat 1: a slow drift then touches every model alike.
     tasks.sort(key=lambda t: (t["repeat"], t["seq"]))
     for seq, t in enumerate(tasks):

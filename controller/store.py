@@ -150,27 +150,64 @@ class StoreError(Exception):
     pass
 
 
+BUSY_TIMEOUT_S = 30
+
+
+def store_error_message(path: Path, error: sqlite3.Error) -> str:
+    """What a person can do about an SQLite error on the store, in one paragraph."""
+    text = str(error)
+    if "not a database" in text or "malformed" in text:
+        return (f"{path} is not a farm store that can be read (not SQLite, or damaged: {text}). farm did not "
+                "change it; point --db (or FARM_DB) at another file, or restore it from a backup.")
+    if "locked" in text or "busy" in text:
+        return (f"{path} is locked by another process (waited {BUSY_TIMEOUT_S} s: {text}); nothing was written. "
+                "Wait for that process (e.g. another `farm submit`) to finish, or stop it, and try again.")
+    if "readonly" in text or "unable to open" in text or "disk I/O" in text:
+        return (f"{path} cannot be opened for writing ({text}): check that the file and its folder are writable "
+                "by you (farm also writes the -wal and -shm files beside it), or point --db at another file.")
+    return f"the store {path} failed: {text}"
+
+
 class Store:
     def __init__(self, path: Path | str) -> None:
-        self.path = Path(path)
+        # Absolute from here on: run directories live beside the store and must not depend on the cwd.
+        self.path = Path(path) if str(path) == ":memory:" else Path(path).expanduser().absolute()
         self._on_disk = str(path) != ":memory:"
         if self._on_disk:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            # Results, job files and agent facts are the lab's business; SQLite gives -wal/-shm the same mode.
-            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
-        conn = sqlite3.connect(str(path), check_same_thread=False, timeout=30, isolation_level=None)
-        conn.execute("PRAGMA busy_timeout = 30000")
-        self.db = sqlite_utils.Database(conn)
-        if self._on_disk:
-            self.db.enable_wal()
-        conn.execute("PRAGMA foreign_keys = ON")
-        self._lock = threading.RLock()  # one connection shared by the agent threads
-        self._local = threading.local()  # whether this thread is inside a transaction
-        self._readers: "queue.SimpleQueue[sqlite3.Connection]" = queue.SimpleQueue()  # idle reader connections
-        self._migrate()
+            if self.path.is_dir():
+                raise StoreError(f"{self.path} is a folder, not a farm store; give a file path such as {self.path / 'farm.db'}.")
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise StoreError(f"cannot create the folder of the store {self.path}: {e.strerror or e}.") from None
+            try:
+                # Results, job files and agent facts are the lab's business; SQLite gives -wal/-shm the same mode.
+                os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            except FileExistsError:
+                pass  # an existing store keeps its mode; SQLite says below whether it can be written
+            except OSError as e:
+                raise StoreError(f"{self.path} cannot be opened for writing ({e.strerror or e}): check that the file "
+                                 "and its folder are writable by you, or point --db at another file.") from None
+        try:
+            conn = sqlite3.connect(str(self.path), check_same_thread=False, timeout=BUSY_TIMEOUT_S,
+                                   isolation_level=None)
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
+            self.db = sqlite_utils.Database(conn)
+            if self._on_disk:
+                self.db.enable_wal()
+            conn.execute("PRAGMA foreign_keys = ON")
+            self._lock = threading.RLock()  # one connection shared by the agent threads
+            self._local = threading.local()  # whether this thread is inside a transaction
+            self._readers: "queue.SimpleQueue[sqlite3.Connection]" = queue.SimpleQueue()  # idle reader connections
+            self._migrate()
+        except sqlite3.Error as e:
+            raise StoreError(store_error_message(self.path, e)) from None
 
     # --- schema ------------------------------------------------------------
     def _migrate(self) -> None:
+        # An up-to-date store is only read here, so opening one works while another process writes.
+        if "schema_version" in self.db.table_names() and self.schema_version() == SCHEMA_VERSION:
+            return
         with self.transaction():
             if "schema_version" not in self.db.table_names():
                 self.db["schema_version"].create({"version": int})

@@ -14,12 +14,13 @@ from typing import Any
 
 from farm.controller.artifacts import ArtifactError, ControllerFiles
 from farm.controller.jobfile import (
-    DeviceTarget, JobFileError, ResolvedJob, ResolvedModel, _locate, check_benchmark_models, parse_job_text,
-    resolve_models, resolve_targets,
+    DeviceTarget, InvalidModel, JobFileError, ResolvedJob, ResolvedModel, _locate, check_benchmark_models,
+    check_task_count, parse_job_text, resolve_models, resolve_targets,
 )
 from farm.models.facts import ModelError, inspect_model
 from farm.proto.script_archive import MAX_SCRIPT_ARCHIVE_BYTES, ScriptArchiveError, check_archive
 from farm.proto.spec import BenchmarkWorkload, ModelEntry, ScriptWorkload
+from farm.proto.tasks import DEFAULT_MAX_TASKS
 
 MODEL_NAME = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
 SOURCE = re.compile(r"^[^\x00-\x1f\x7f]{1,4096}$")
@@ -31,26 +32,31 @@ def _line(root: Any, *loc: Any) -> int:
 
 
 def load_submitted_job(request: Any, files: ControllerFiles, devices: list[DeviceTarget],
-                       max_script_archive_bytes: int = MAX_SCRIPT_ARCHIVE_BYTES) -> ResolvedJob:
+                       max_script_archive_bytes: int = MAX_SCRIPT_ARCHIVE_BYTES, *,
+                       max_tasks: int = DEFAULT_MAX_TASKS) -> ResolvedJob:
     """request: a farm_pb2.SubmitJobRequest. Raises JobFileError with a message for the person who submitted."""
     source_name = request.file_name or "job.yaml"
     spec, root = parse_job_text(request.job_yaml, source_name)
     targets = resolve_targets(spec, root, source_name, devices)
+    check_task_count(spec, len(spec.models), targets, max_tasks, source_name)  # before any file is looked at
     base_dir = Path(request.base_dir or "/")
     if not base_dir.is_absolute():
         raise JobFileError(f"{source_name}: base_dir must be an absolute path")
     archive = None
     if isinstance(spec.workload, ScriptWorkload):  # first: a refused folder leaves no model copied in
         archive = _script_archive(request, spec.workload, root, files, base_dir, source_name, max_script_archive_bytes)
+    invalid: list[InvalidModel] = []
     if request.models:
         models = _uploaded_models(request, spec, root, files, source_name)
     else:
-        models = resolve_models(spec, root, base_dir, source_name, gate=files)
-    job = ResolvedJob(spec=spec, source=request.job_yaml, source_path=None, base_dir=base_dir, models=models,
-                      targets=targets, script_archive=archive)
+        models, invalid = resolve_models(spec, root, base_dir, source_name, gate=files)
     if isinstance(spec.workload, BenchmarkWorkload):
-        check_benchmark_models(spec, models, root, source_name)
-    return job
+        invalid += check_benchmark_models(spec, models, root, source_name)
+    if invalid:  # every bad model at once; a remote submit has no --skip-invalid
+        raise JobFileError([m.problem for m in sorted(invalid, key=lambda m: (m.problem.line or 0, m.entry_index))])
+    check_task_count(spec, len(models), targets, max_tasks, source_name)
+    return ResolvedJob(spec=spec, source=request.job_yaml, source_path=None, base_dir=base_dir, models=models,
+                       targets=targets, script_archive=archive)
 
 
 def _uploaded_models(request: Any, spec: Any, root: Any, files: ControllerFiles, source_name: str) -> list[ResolvedModel]:

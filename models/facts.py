@@ -7,7 +7,10 @@ import functools
 import hashlib
 import io
 import math
+import os
 import re
+import sys
+import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +21,7 @@ import onnx
 from ai_edge_litert import schema_py_generated as tflite_schema
 
 from farm.models.generate_tflite import single_custom_op_tflite
+from farm.models.runtimes import litert_interpreter, onnx_session
 from farm.proto.results import ModelFacts, TensorInfo
 
 TFLITE_SUFFIXES = frozenset({".tflite"})
@@ -75,8 +79,11 @@ def _estimated_macs(fmt: str, parsed: Any) -> int | None:
         return None
 
 
-def find_unsupported_ops(path: Path) -> list[str]:
+def find_unsupported_ops(path: Path, *, use_xnnpack: bool = True) -> list[str]:
     """Operators in the model that the installed runtime (LiteRT / onnxruntime) cannot run.
+
+    The model is loaded exactly as a run loads it (models.runtimes): for TFLite, use_xnnpack
+    picks the same op resolver as the job's workload.use_xnnpack does in the harness.
 
     TFLite: custom ops no resolver provides (by custom_code) and builtin codes this LiteRT does
     not know ('BUILTIN_<code>'), or an op at a version it lacks ('NAME v<version>').
@@ -87,7 +94,7 @@ def find_unsupported_ops(path: Path) -> list[str]:
     fmt = model_format(path)
     if fmt == "tflite":
         data = _read(path)
-        return _tflite_unsupported_ops(data, _parse_tflite(path, data))
+        return _tflite_unsupported_ops(data, _parse_tflite(path, data), use_xnnpack)
     if fmt == "onnx":
         data = _read(path)
         return _onnx_unsupported_ops(data, _parse_onnx(path, data))
@@ -228,7 +235,7 @@ def _fill_tflite_facts(facts: ModelFacts, model: tflite_schema.ModelT) -> None:
     facts.param_count = sum(constant_elements.values())
 
 
-def _tflite_unsupported_ops(data: bytes, model: tflite_schema.ModelT) -> list[str]:
+def _tflite_unsupported_ops(data: bytes, model: tflite_schema.ModelT, use_xnnpack: bool) -> list[str]:
     codes = model.operatorCodes or []
     used = {op.opcodeIndex for sg in model.subgraphs for op in sg.operators or []}
     custom_codes = [
@@ -239,29 +246,38 @@ def _tflite_unsupported_ops(data: bytes, model: tflite_schema.ModelT) -> list[st
     unknown_builtins = [
         _tflite_op_name(codes[i]) for i in sorted(used) if _tflite_builtin_code(codes[i]) not in _BUILTIN_NAMES
     ]
-    message = _litert_load_error(data)
+    message = _litert_load_error(data, use_xnnpack)
     if message is None:
         return []  # every operator resolved (custom ones included)
     unsupported = [*_tflite_ops_named_in_error(message), *unknown_builtins]
-    unsupported += [name for name in custom_codes if name not in unsupported and not _litert_has_custom_op(name)]
+    unsupported += [name for name in custom_codes if name not in unsupported and not _litert_has_custom_op(name, use_xnnpack)]
     return _unique(unsupported)
 
 
-def _litert_interpreter(model_content: bytes) -> Any:
-    from ai_edge_litert.interpreter import Interpreter, OpResolverType  # native library: load on first use
+@contextlib.contextmanager
+def _without_delegate_banner() -> Iterator[None]:
+    """LiteRT's C++ side prints "INFO: Created TensorFlow Lite XNNPACK delegate" on fd 2 for every
+    interpreter; validation is not a run, so that line is dropped and anything else passed on."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            rest = [line for line in captured.read().splitlines(keepends=True) if b"XNNPACK delegate" not in line]
+            if rest:
+                os.write(2, b"".join(rest))
 
-    # Without the default XNNPACK delegate, allocation only resolves and prepares kernels: fast.
-    return Interpreter(
-        model_content=model_content,
-        num_threads=1,
-        experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
-    )
 
-
-def _litert_load_error(model_content: bytes) -> str | None:
-    """LiteRT's message when it cannot build and allocate the model, else None."""
+def _litert_load_error(model_content: bytes, use_xnnpack: bool) -> str | None:
+    """LiteRT's message when it cannot build and allocate the model as a run would, else None."""
     try:
-        _litert_interpreter(model_content).allocate_tensors()
+        with _without_delegate_banner():
+            litert_interpreter(model_content, threads=1, use_xnnpack=use_xnnpack).allocate_tensors()
     except (ValueError, RuntimeError) as exc:
         return str(exc)
     return None
@@ -284,9 +300,9 @@ def _tflite_ops_named_in_error(message: str) -> list[str]:
 
 
 @functools.lru_cache(maxsize=256)
-def _litert_has_custom_op(custom_code: str) -> bool:
+def _litert_has_custom_op(custom_code: str, use_xnnpack: bool) -> bool:
     """Whether LiteRT's resolver provides `custom_code` (some custom ops ship built in)."""
-    message = _litert_load_error(single_custom_op_tflite(custom_code))
+    message = _litert_load_error(single_custom_op_tflite(custom_code), use_xnnpack)
     return message is None or "unresolved custom op" not in message
 
 
@@ -422,15 +438,10 @@ def _onnx_unsupported_ops(data: bytes, model: onnx.ModelProto) -> list[str]:
 
 
 def _onnxruntime_load_error(data: bytes) -> str | None:
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3  # errors only: no "removing unused initializer" chatter
     try:
         # onnxruntime print()s an "EP Error ... falling back" banner before re-raising: keep it off stdout.
         with contextlib.redirect_stdout(io.StringIO()):
-            onnxruntime.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+            onnx_session(data, threads=1)
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... classes
         return str(exc)
     return None

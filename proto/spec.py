@@ -7,6 +7,7 @@ field path and what is wrong (see load_job).
 from __future__ import annotations
 
 import re
+import string
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -16,23 +17,63 @@ _MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNOREC
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}
 _CPUSET_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+# What a script workload's args may name; the sim driver fills exactly these.
+SCRIPT_PLACEHOLDERS = ("model", "threads", "batch_size", "input_size")
 
 
 def parse_memory(value: Any) -> int:
-    """'2g', '512m', '1.5GiB', 1073741824 -> bytes."""
+    """'2g', '512m', '1.5GiB', '1073741824b' -> bytes.
+
+    A bare number is refused, quoted or not: 1024 could mean bytes or MiB, and a guess
+    either way has cost a run ("out of memory at the 0 MiB limit"). `b` says bytes.
+    """
     if isinstance(value, bool):
         raise ValueError("must be a size like 2g or 512m, not a boolean")
-    if isinstance(value, (int, float)):
-        if value <= 0:
-            raise ValueError("must be positive")
-        return int(value)
     m = _MEMORY_RE.match(str(value))
     if not m:
         raise ValueError(f"{value!r} is not a memory size; write a number with k, m or g, e.g. 2g or 512m")
+    if not m.group(2) and not m.group(3):
+        raise ValueError(f"{value} has no unit; did you mean {m.group(1)}m? (write k, m or g, or b for bytes)")
     size = float(m.group(1)) * MEMORY_UNITS[m.group(2).lower()]
     if size < 1 << 20:
-        raise ValueError(f"{value!r} is below 1 MiB; did you mean {value}m?")
+        raise ValueError(f"{value!r} is below 1 MiB; did you mean {m.group(1)}m?")
     return int(size)
+
+
+def parse_cpuset(value: str) -> list[int]:
+    """'0-1,3' -> [0, 1, 3]; a range that runs backwards ('5-3') or a syntax error is refused."""
+    text = str(value).replace(" ", "")
+    if not _CPUSET_RE.match(text):
+        raise ValueError(f"{value!r} is not a cpuset; write cores like '0', '0-1' or '0,2'")
+    cores: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        low, high = int(first), int(last or first)
+        if high < low:
+            raise ValueError(f"{value!r}: the range {part} runs backwards; write {high}-{low}")
+        if high - low > 4096:
+            raise ValueError(f"{value!r}: the range {part} names more cores than any host has")
+        cores.update(range(low, high + 1))
+    return sorted(cores)
+
+
+def cores_missing(cpuset: str, usable: list[int]) -> list[int]:
+    """The cores of a cpuset that a host cannot use (not online, or outside its affinity)."""
+    return sorted(set(parse_cpuset(cpuset)) - set(usable))
+
+
+def script_placeholders(arg: str) -> list[str]:
+    """The {names} in one script argument; a brace that is not a placeholder is refused."""
+    try:
+        fields = [name for _, name, spec, _ in string.Formatter().parse(arg) if name is not None]
+    except ValueError as e:
+        raise ValueError(f"{arg!r}: {e} (write {{{{ and }}}} for literal braces)") from None
+    return fields
+
+
+def default_cpus(cpus: float | None, threads: int) -> float:
+    """The CPU budget of a run: sim.cpus, else one core per runtime thread."""
+    return float(cpus) if cpus else float(threads)
 
 
 def parse_duration(value: Any) -> float:
@@ -93,6 +134,16 @@ class ScriptWorkload(Strict):
     dir: str = Field(".", description="Working directory, relative to the job file")
     pip_requirements: list[str] = Field(default_factory=list, description="Installed into a cached virtual environment before the run")
 
+    @field_validator("args")
+    @classmethod
+    def _known_placeholders(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            for name in script_placeholders(arg):
+                if name not in SCRIPT_PLACEHOLDERS:
+                    known = ", ".join(f"{{{p}}}" for p in SCRIPT_PLACEHOLDERS)
+                    raise ValueError(f"{arg!r}: unknown placeholder {{{name}}}; use {known}")
+        return v
+
 
 Workload = Annotated[Union[BenchmarkWorkload, ScriptWorkload], Field(discriminator="type")]
 
@@ -146,10 +197,8 @@ class SimBudget(Strict):
     def _cpuset(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        v = str(v).replace(" ", "")
-        if not _CPUSET_RE.match(v):
-            raise ValueError(f"{v!r} is not a cpuset; write cores like '0', '0-1' or '0,2'")
-        return v
+        parse_cpuset(v)
+        return str(v).replace(" ", "")
 
 
 class Timeouts(Strict):

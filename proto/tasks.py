@@ -10,6 +10,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+# Tasks one job may expand to (models × matrix cells × repeats × target runs) unless the
+# submitter or the controller says otherwise: a 1 MiB job file must not allocate 1e8 rows.
+DEFAULT_MAX_TASKS = 10_000
+
 
 @dataclass
 class TaskSpec:

@@ -211,8 +211,11 @@ def test_ctrl_c_stops_the_sandboxed_run_too(tmp_path: Path, tiny_models, farm, f
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 130
     _wait_for(lambda: not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2], 10)
+    # the stopped attempt is stored as canceled; the task waits for `farm resume` in an interrupted job
+    assert sqlite3.connect(farm_db).execute("SELECT status, failure_class FROM runs").fetchall() == [("failed", "canceled")]
     r = farm("results", "1", "--format", "json").json()[0]
-    assert r["status"] == "canceled" and r["failure_class"] == "canceled"
+    assert r["status"] == "pending" and r["failure_class"] is None
+    assert farm("status", "1", "--json").json()["status"] == "interrupted"
 
 
 def test_job_timeout_cancels_the_rest(tmp_path: Path, tiny_models, farm) -> None:

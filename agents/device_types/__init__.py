@@ -79,7 +79,7 @@ class DeviceType(Strict):
         known = sorted(self.sim_budget)
         base = max((t for t in known if t <= threads), default=known[0])
         entry = self.sim_budget[base]
-        return SimBudgetEntry(cpus=min(float(threads), float(self.cores)), memory=entry.memory)
+        return entry.model_copy(update={"cpus": min(float(threads), float(self.cores))})
 
     def matches(self, facts: dict[str, Any]) -> bool:
         props = facts.get("getprop") or {}

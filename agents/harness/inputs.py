@@ -4,36 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from farm.models.runtimes import InputShapeError, resolve_shape  # shared with the validator
 
-class InputShapeError(ValueError):
-    """A shape the job must fix (names the input and what to set)."""
-
-
-def resolve_shape(name: str, declared: list[int | str | None], *, layout: str, batch_size: int,
-                  input_size: int | None, overrides: dict[str, list[int]]) -> list[int]:
-    """Fill batch, spatial and explicitly given dimensions of one input.
-
-    layout is "nhwc" (TFLite) or "nchw" (ONNX): where the spatial dims of a 4-D image are.
-    """
-    if name in overrides:
-        shape = list(overrides[name])
-        if len(shape) != len(declared):
-            raise InputShapeError(f"input {name!r} has {len(declared)} dimensions, input_shapes gives {len(shape)}")
-    else:
-        shape = [d if isinstance(d, int) and d > 0 else None for d in declared]
-    if shape and (shape[0] is None or name not in overrides):
-        shape[0] = batch_size
-    if input_size is not None and len(shape) == 4:
-        spatial = (1, 2) if layout == "nhwc" else (2, 3)
-        for i in spatial:
-            shape[i] = input_size
-    missing = [i for i, d in enumerate(shape) if d is None]
-    if missing:
-        raise InputShapeError(
-            f"input {name!r} has dynamic dimension(s) {missing} in shape {declared}; "
-            f"set workload.input_shapes.{name} to a full shape"
-        )
-    return [int(d) for d in shape]
+__all__ = ["InputShapeError", "random_input", "resolve_shape"]
 
 
 def random_input(shape: list[int], dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:

@@ -11,6 +11,7 @@ from farm.agents.harness.inputs import random_input, resolve_shape
 from farm.agents.harness.task import HarnessOutput, HarnessTask
 from farm.agents.harness.timing import time_inferences
 from farm.agents.harness.tflite_runner import ModelRejected
+from farm.models.runtimes import onnx_session
 
 _ORT_DTYPES = {
     "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
@@ -36,13 +37,9 @@ def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
     out.runtime = "onnxruntime"
     out.tool_versions["onnxruntime"] = ort.__version__
     out.baseline_rss_bytes = rss_now()
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = task.threads
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
     t0 = time.perf_counter_ns()
     try:
-        session = ort.InferenceSession(task.model_path, sess_options=options, providers=["CPUExecutionProvider"])
+        session = onnx_session(task.model_path, threads=task.threads)
     except Exception as e:  # ORT raises its own pybind exception types for every load failure
         raise ModelRejected(_explain(e)) from e
     out.init_ms = (time.perf_counter_ns() - t0) / 1e6

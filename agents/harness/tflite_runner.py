@@ -10,6 +10,7 @@ import numpy as np
 from farm.agents.harness.inputs import random_input, resolve_shape
 from farm.agents.harness.task import HarnessOutput, HarnessTask
 from farm.agents.harness.timing import time_inferences
+from farm.models.runtimes import litert_interpreter
 
 
 class ModelRejected(Exception):
@@ -28,17 +29,14 @@ def _explain(error: Exception) -> str:
 
 
 def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
-    from ai_edge_litert import interpreter as litert
+    import ai_edge_litert.interpreter  # noqa: F401  the runtime loads before the baseline and the init timer
 
     out.runtime = "litert"
     out.tool_versions["ai-edge-litert"] = _version()
     out.baseline_rss_bytes = rss_now()
-    resolver = (litert.OpResolverType.AUTO if task.use_xnnpack
-                else litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
     t0 = time.perf_counter_ns()
     try:
-        interp = litert.Interpreter(model_path=task.model_path, num_threads=task.threads,
-                                    experimental_op_resolver_type=resolver)
+        interp = litert_interpreter(task.model_path, threads=task.threads, use_xnnpack=task.use_xnnpack)
         details = interp.get_input_details()
         for d in details:
             declared = [int(x) for x in d.get("shape_signature", d["shape"])]

@@ -1,0 +1,242 @@
+"""What goes wrong around a job, not in it: the store, the paths and options given, Ctrl-C, and the
+JSON farm prints. Each case is an error a person can act on (one paragraph, exit 2, no traceback),
+and afterwards the store still opens with every earlier job as it was and no orphan job."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import FARM, write_job
+from grpc_processes import Cluster, wait_for
+
+JOB = """
+name: small
+models: [tiny.tflite]
+workload: {type: benchmark, iterations: 5, warmup: 1}
+sim: {memory: 256m}
+"""
+
+
+@pytest.fixture
+def job(tmp_path: Path, tiny_models) -> Path:
+    os.symlink(tiny_models["tflite"], tmp_path / "tiny.tflite")
+    return write_job(tmp_path, JOB)
+
+
+def one_paragraph_error(run, fragments: list[str]) -> None:
+    assert run.returncode == 2, (run.returncode, run.stderr)
+    assert "Traceback" not in run.stderr and run.stderr.startswith("error: "), run.stderr
+    assert "\n\n" not in run.stderr.strip()
+    for fragment in fragments:
+        assert fragment in run.stderr, f"{fragment!r} not in {run.stderr!r}"
+
+
+def jobs_in(db: Path) -> list[tuple]:
+    """What the store holds, read with plain sqlite3 (it must still open)."""
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        return conn.execute("SELECT id, status FROM jobs ORDER BY id").fetchall()
+
+
+# --- the store --------------------------------------------------------------------------------------
+def test_a_corrupt_store_is_named_and_left_alone(job: Path, farm, farm_db: Path) -> None:
+    garbage = b"this was never an SQLite file " * 200
+    farm_db.write_bytes(garbage)
+    for args in (("jobs",), ("submit", str(job))):
+        one_paragraph_error(farm(*args), [str(farm_db), "not a farm store", "farm did not change it"])
+    assert farm_db.read_bytes() == garbage
+
+
+def test_a_store_that_is_a_folder(job: Path, farm, tmp_path: Path) -> None:
+    folder = tmp_path / "stores"
+    folder.mkdir()
+    one_paragraph_error(farm("submit", str(job), "--db", str(folder)), [str(folder), "is a folder", "farm.db"])
+    assert list(folder.iterdir()) == []
+
+
+def test_a_locked_store_waits_then_says_so_and_stores_nothing(job: Path, farm, farm_db: Path) -> None:
+    assert farm("submit", str(job)).returncode == 0
+    locker = subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, sys, time\n"
+        f"c = sqlite3.connect({str(farm_db)!r}, isolation_level=None)\n"
+        "c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); time.sleep(300)\n")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert locker.stdout.readline().strip() == "locked"
+        assert farm("jobs", "--json").json()[0]["status"] == "completed"  # readers are not held up
+        one_paragraph_error(farm("submit", str(job)), [str(farm_db), "locked by another process", "nothing was written"])
+    finally:
+        locker.kill()
+        locker.wait()
+    assert jobs_in(farm_db) == [(1, "completed")]  # no orphan job, the earlier one intact
+
+
+def test_a_read_only_store(job: Path, farm, tiny_models) -> None:
+    # root may write anywhere, so the user who cannot is nobody; their files live outside pytest's 0700 tmp
+    shared = Path(tempfile.mkdtemp(prefix="farm-ro-", dir="/tmp"))
+    try:
+        os.chmod(shared, 0o755)
+        shutil.copy(tiny_models["tflite"], shared / "tiny.tflite")
+        os.chmod(shared / "tiny.tflite", 0o644)
+        write_job(shared, JOB)
+        db = shared / "farm.db"
+        assert farm("submit", str(shared / "job.yaml"), "--db", str(db)).returncode == 0
+        as_nobody = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *FARM, "submit",
+                                    str(shared / "job.yaml"), "--db", str(db)],
+                                   capture_output=True, text=True, cwd=shared, timeout=120,
+                                   env={**os.environ, "HOME": str(shared)})
+        one_paragraph_error(as_nobody, [str(db), "cannot be opened for writing", "writable"])
+        assert jobs_in(db) == [(1, "completed")]
+    finally:
+        shutil.rmtree(shared)
+
+
+def test_a_relative_db_is_made_absolute(job: Path, farm, tmp_path: Path) -> None:
+    # the run directories live beside the store: a relative path used to fail every run as `bug`
+    run = farm("submit", "job.yaml", "--db", "rel/store.db", "--json", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert [r["status"] for r in run.json()["results"]] == ["completed"]
+    assert jobs_in(tmp_path / "rel" / "store.db") == [(1, "completed")]
+    via_env = farm("submit", "job.yaml", "--json", cwd=tmp_path, env={"FARM_DB": "rel/store.db"})
+    assert via_env.returncode == 0 and via_env.json()["job"] == 2
+
+
+# --- paths and options ------------------------------------------------------------------------------
+def test_report_into_a_missing_folder(job: Path, farm, farm_db: Path, tmp_path: Path) -> None:
+    assert farm("submit", str(job)).returncode == 0
+    one_paragraph_error(farm("report", "1", "-o", str(tmp_path / "no" / "such" / "report.html")),
+                        [str(tmp_path / "no" / "such"), "does not exist", "mkdir -p", "Nothing was written"])
+    assert not (tmp_path / "no").exists()
+    assert jobs_in(farm_db) == [(1, "completed")]
+
+
+def test_more_slots_than_cores_is_refused_before_a_job_is_stored(job: Path, farm, farm_db: Path) -> None:
+    cores = len(os.sched_getaffinity(0))
+    one_paragraph_error(farm("submit", str(job), "--slots", str(cores + 1)),
+                        [f"--slots {cores + 1}", f"need {cores + 1} cores", f"--slots 1 to {cores}"])
+    assert not farm_db.exists() or jobs_in(farm_db) == []  # no orphan "interrupted" job
+    bad_value = farm("submit", str(job), "--slots", "0")
+    assert bad_value.returncode == 2 and "at least 1" in bad_value.stderr
+
+
+def test_models_generate_onto_an_existing_file(farm, tmp_path: Path) -> None:
+    target = tmp_path / "notes.txt"
+    target.write_text("keep me\n")
+    one_paragraph_error(farm("models", "generate", str(target), "--no-zoo", "--widths", "0.35", "--sizes", "96"),
+                        [str(target), "is a file", "left as it is"])
+    assert target.read_text() == "keep me\n"
+
+
+def test_controller_and_agent_with_relative_paths_and_a_task_limit(tmp_path: Path, tiny_models) -> None:
+    os.symlink(tiny_models["tflite"], tmp_path / "tiny.tflite")
+    cluster = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_CONFIG": str(tmp_path / "x.toml")})
+    try:
+        proc = cluster.spawn("controller", "controller", "serve", "--listen", "127.0.0.1:0", "--db", "ctl.db",
+                             "--no-auth", "--max-tasks", "2")
+        cluster.address = str(wait_for(lambda: "listening on" in proc.output() and
+                                       proc.output().split("listening on ")[1].split(" ")[0], 30, "the controller"))
+        assert f"store {tmp_path / 'ctl.db'}" in proc.output()
+        agent = cluster.spawn("agent", "agent", "--controller", cluster.address, "--name", "rack", "--work-dir", "work")
+        wait_for(lambda: "connected to controller" in agent.output(), 30, "the agent to connect")
+        assert f"work dir {tmp_path / 'work'}" in agent.output()
+        write_job(tmp_path, JOB + "repeats: 2\n")
+        ok = cluster.farm("submit", "job.yaml", "--controller", cluster.address, "--json")
+        assert ok.returncode == 0, ok.stderr
+        assert [r["status"] for r in json.loads(ok.stdout)["results"]] == ["completed", "completed"]
+        write_job(tmp_path, JOB + "repeats: 3\n")
+        refused = cluster.farm("submit", "job.yaml", "--controller", cluster.address, "--json")
+        assert refused.returncode == 2 and "expands to 3 runs" in refused.stderr
+        assert "over the limit of 2 per job" in refused.stderr
+        assert "over the limit of 2 per job" in _strict(refused.stdout)["error"]  # --json: on stdout too
+        assert jobs_in(tmp_path / "ctl.db") == [(1, "completed")]
+        with sqlite3.connect(tmp_path / "ctl.db") as conn:  # a hostile agent's Infinity, stored
+            conn.execute("UPDATE summaries SET latency_avg_ms = 9e999")
+        results = cluster.farm("results", "1", "--controller", cluster.address, "--format", "json")
+        records = _strict(results.stdout)
+        assert [r["nonfinite"] for r in records] == [["latency_ms.avg"], ["latency_ms.avg"]]
+        assert [r["latency_ms"]["avg"] for r in records] == [None, None]
+    finally:
+        cluster.stop_all()
+
+
+# --- Ctrl-C ------------------------------------------------------------------------------------------
+def test_ctrl_c_leaves_the_job_interrupted_and_resume_finishes_it(tmp_path: Path, tiny_models, farm, farm_db: Path) -> None:
+    os.symlink(tiny_models["tflite"], tmp_path / "tiny.tflite")
+    (tmp_path / "slow.py").write_text("import json, time\ntime.sleep(1.5)\nprint(json.dumps({'latency_ms': 1.0}))\n")
+    write_job(tmp_path, """
+models: [tiny.tflite]
+workload: {type: script, script: slow.py}
+matrix: {threads: [1, 2]}
+repeats: 3
+sim: {memory: 256m}
+""")
+    submit = subprocess.Popen([*FARM, "submit", "job.yaml"], cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, "FARM_DB": str(farm_db)})
+
+    def first_run_stored() -> bool:
+        if not farm_db.exists():
+            return False
+        with sqlite3.connect(farm_db, timeout=30) as conn:
+            return "runs" in {r[0] for r in conn.execute("SELECT name FROM sqlite_master")} and \
+                conn.execute("SELECT COUNT(*) FROM runs WHERE status = 'completed'").fetchone()[0] >= 1
+
+    wait_for(first_run_stored, 120, "the first run to be stored")
+    submit.send_signal(signal.SIGINT)
+    _, stderr = submit.communicate(timeout=60)
+    assert submit.returncode == 130, stderr
+    assert "Traceback" not in stderr
+
+    status = farm("status", "1", "--json").json()
+    assert status["status"] == "interrupted" and status["canceled"] == 0
+    assert 1 <= status["completed"] < 6 and status["pending"] == 6 - status["completed"]
+    assert "farm resume 1" in status["message"]
+    records = farm("results", "1", "--format", "json").json()
+    for r in records:
+        if r["status"] == "pending":  # not run yet: the budget it will get, not "no cpu cap"
+            assert r["limits"]["cpus"] == r["threads"] and r["limits"]["memory_mb"] == 256
+    assert "no cpu cap" not in farm("results", "1").stdout
+    resumed = farm("resume", "1", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.json()["status"] == "completed"
+    assert [r["status"] for r in resumed.json()["results"]] == ["completed"] * 6
+
+
+# --- strict JSON -------------------------------------------------------------------------------------
+def _strict(text: str):
+    def refuse(constant: str):
+        raise AssertionError(f"{constant} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_stored_infinity_is_printed_as_null_with_a_flag(job: Path, farm, farm_db: Path) -> None:
+    assert farm("submit", str(job)).returncode == 0
+    with sqlite3.connect(farm_db) as conn:  # what a hostile agent's result left in the store
+        conn.execute("UPDATE summaries SET latency_avg_ms = 9e999, latency_p90_ms = -9e999")
+    for args in (("results", "1", "--format", "json"), ("results", "1", "--json")):
+        run = farm(*args)
+        assert run.returncode == 0, run.stderr
+        record = _strict(run.stdout)[0]
+        assert record["latency_ms"]["avg"] is None and record["latency_ms"]["p90"] is None
+        assert record["nonfinite"] == ["latency_ms.avg", "latency_ms.p90"]
+        assert record["latency_ms"]["p50"] > 0  # the finite figures are untouched
+    table = farm("results", "1")
+    assert table.returncode == 0 and "Traceback" not in table.stderr
+
+
+def test_strict_json_flags_each_record() -> None:
+    from farm.proto import strict_json
+    document = {"job": 1, "results": [{"a": {"b": [1.0, float("nan")]}, "c": 2.5}, {"a": float("-inf")}]}
+    assert _strict(strict_json.dumps(document)) == {"job": 1, "results": [
+        {"a": {"b": [1.0, None]}, "c": 2.5, "nonfinite": ["a.b[1]"]}, {"a": None, "nonfinite": ["a"]}]}
+    # a record already flagged (by the controller) keeps its flag when printed again
+    assert _strict(strict_json.dumps([{"x": None, "nonfinite": ["x"]}])) == [{"x": None, "nonfinite": ["x"]}]
