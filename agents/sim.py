@@ -7,6 +7,7 @@ with a failure class a person can act on.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import sys
@@ -15,11 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from farm.agents.contention import judge, quietest_cores, snapshot, wait_until_quiet
 from farm.agents.environment import host_facts, load_average
 from farm.agents.harness.stats import latency_stats
 from farm.agents.harness.task import HarnessOutput, HarnessTask
 from farm.agents.sandbox import Budget, SandboxBackend, SandboxError, choose_backend
-from farm.agents.sandbox.base import ExitInfo, MountSpec
+from farm.agents.sandbox.base import ExitInfo, MountSpec, format_cpuset, parse_cpuset, whole_cores
 from farm.agents.script_env import ScriptEnvError, script_python
 from farm.agents.telemetry import TelemetrySampler
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus
@@ -53,6 +55,15 @@ def _format_args(args: list[str], task: TaskSpec) -> list[str]:
     return out
 
 
+def shaped_cores(cpus: float, cpuset: str | None) -> list[int]:
+    """The cores a budget runs on, shaped like a device: `cpus` whole cores are that many cores of the
+    slot's (or the job's) cpuset, the quietest now; a fraction gets ceil(cpus) cores and keeps its quota
+    (base.cfs_quota_us decides the quota)."""
+    allowed = parse_cpuset(cpuset) if cpuset else sorted(os.sched_getaffinity(0))
+    wanted = whole_cores(cpus) or math.ceil(cpus)
+    return quietest_cores(allowed, wanted)
+
+
 class SimDriver:
     name = "sim"
 
@@ -72,7 +83,9 @@ class SimDriver:
     def budget_for(self, task: TaskSpec, slot: SimSlot) -> Budget:
         sim = task.sim
         cpus = sim.get("cpus") or float(task.threads)  # default: one core per runtime thread
-        return Budget(cpus=cpus, cpuset=sim.get("cpuset") or slot.cpuset, memory_bytes=sim.get("memory"))
+        cores = shaped_cores(cpus, sim.get("cpuset") or slot.cpuset)
+        return Budget(cpus=cpus, cpuset=format_cpuset(cores), memory_bytes=sim.get("memory"),
+                      exclusive=bool(sim.get("exclusive")))
 
     def harness_task(self, task: TaskSpec) -> HarnessTask:
         w = task.workload
@@ -122,26 +135,43 @@ class SimDriver:
         if harness_task.script_dir:
             mounts.append(MountSpec(Path(harness_task.script_dir), read_only=False))
         environment = {**host_facts(), "load_before": load_average()}
+        cores = parse_cpuset(budget.cpuset) if budget.cpuset else sorted(os.sched_getaffinity(0))
+        quiet_wait_s, quiet_before = wait_until_quiet(cores, float(task.sim.get("quiet_wait") or 0), cancel_check)
         try:
             sandbox = backend.start(argv, budget, env=env, cwd=run_dir, mounts=mounts)
         except SandboxError as e:
             self._cleanup(run_dir)
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{backend.name} sandbox: {e}", **base)
+        # the window starts once the sandbox exists: setting it up (an engine creating a container)
+        # is farm's own work, not other tasks' on the run's cores
+        before = snapshot(cores)
+        cpu_ns_at_start = sandbox.read_counters().cpu_ns or 0
         sampler = TelemetrySampler(sandbox, task.sim.get("sample_interval_ms", 50.0), avoid_cpuset=budget.cpuset).start()
         try:
             exit_info = sandbox.wait(task.run_timeout_s, cancel_check)
+            after = snapshot(cores)
+            accounting = sandbox.cpu_accounting()
         except SandboxError as e:
             self._cleanup(run_dir)
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{backend.name} sandbox: {e}", **base)
         finally:
             sampler.stop()
             sandbox.close()
+        contention = judge(
+            before, after, budget_cpus=budget.cpus,
+            run_cpu_s=None if accounting.cpu_ns is None else max(0, accounting.cpu_ns - cpu_ns_at_start) / 1e9,
+            throttled_s=None if accounting.throttled_ns is None else round(accounting.throttled_ns / 1e9, 4),
+            cgroup_pressure_us=accounting.pressure_some_us)
+        contention.quiet_wait_s, contention.quiet_before = quiet_wait_s, quiet_before
+        contention.exclusive = sandbox.exclusive or (
+            f"not exclusive: the {backend.name} backend cannot ask for it" if budget.exclusive else None)
         telemetry = sampler.summary(exit_info)
         environment["load_after"] = load_average()
         output = HarnessOutput.read(out_file) if out_file.exists() else None
         result = self._classify(task, budget, exit_info, output)
         result.backend, result.limits, result.approximate = backend.name, limits, backend.approximate
         result.telemetry = telemetry
+        result.contention = contention
         result.wall_s = exit_info.wall_s
         result.environment = environment
         result.log_tail = exit_info.output[-LOG_TAIL_CHARS:]

@@ -86,6 +86,9 @@ def cmd_refresh(args: argparse.Namespace) -> int:
             err.print(Text.assemble(("quarantined ", "red"), f"{device}: " + "; ".join(why)))
         for line in report.refused:
             err.print(Text.assemble(("not fitted ", "yellow"), line))
+        if report.contended_left_out:
+            err.print(Text.assemble(("left out ", "yellow"), f"{report.contended_left_out} contended sim run(s): "
+                                    "other work used their cores"))
     return 1 if report.quarantined else 0
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import psutil
 
 from farm.agents.sandbox.base import (
-    Budget, format_cpuset, parse_cpuset, Counters, ExitInfo, IoTotals, MountSpec, RunningSandbox, SandboxBackend,
+    CFS_PERIOD_US, Budget, format_cpuset, parse_cpuset, Counters, CpuAccounting, ExitInfo, IoTotals, MountSpec,
+    RunningSandbox, SandboxBackend, applied_cpus, cfs_quota_us,
 )
 from farm.agents.sandbox.process_tree import ReapedProcess
 
@@ -28,12 +29,22 @@ WATCHDOG_INTERVAL_S = 0.01
 ADDRESS_SPACE_HEADROOM_BYTES = 8 << 30
 
 
+def keep_off_cores(cores: list[int]) -> None:
+    """Pin the calling thread to cores the run does not use, if there are any: the watchdog's
+    scans must not count as other work on the run's cores."""
+    others = os.sched_getaffinity(0) - set(cores)
+    if others:
+        os.sched_setaffinity(0, others)
+
+
 class ProcessSandbox(RunningSandbox):
     def __init__(self, process: ReapedProcess, budget: Budget, cores: list[int]) -> None:
         self.process = process
         self.started_at = process.started_at
         self.budget = budget
-        self.duty = 1.0 if budget.cpus is None else min(1.0, budget.cpus / len(cores))
+        self.cores = cores
+        quota = cfs_quota_us(budget)
+        self.duty = 1.0 if quota is None else min(1.0, quota / CFS_PERIOD_US / len(cores))
         self.oom_killed = False
         self.peak_sampled = 0
         self._io_start = self._io_now()
@@ -71,6 +82,7 @@ class ProcessSandbox(RunningSandbox):
 
     def _watch(self) -> None:
         """Memory watchdog and CPU duty cycle, in one loop so they never disagree."""
+        keep_off_cores(self.cores)
         limit = self.budget.memory_bytes
         stopped = False
         period_start = time.monotonic()
@@ -128,6 +140,11 @@ class ProcessSandbox(RunningSandbox):
             io=IoTotals(block_read_bytes=max(0, read), block_write_bytes=max(0, write)),
         )
 
+    def cpu_accounting(self) -> CpuAccounting:
+        if self.process.cpu_ns is not None:  # wait4's rusage: the whole reaped tree
+            return CpuAccounting(self.process.cpu_ns)
+        return super().cpu_accounting()
+
     def kill(self) -> None:
         self.process.signal_group(signal.SIGCONT)
         self.process.kill()
@@ -169,5 +186,5 @@ class ProcessBackend(SandboxBackend):
         return ProcessSandbox(process, budget, cores)
 
     def effective_limits(self, budget: Budget) -> Budget:
-        return Budget(cpus=budget.cpus, cpuset=format_cpuset(self._cores(budget)),
+        return Budget(cpus=applied_cpus(budget), cpuset=format_cpuset(self._cores(budget)),
                       memory_bytes=budget.memory_bytes)
