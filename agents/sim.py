@@ -205,7 +205,8 @@ class SimDriver:
                 f"{exit_info.output.strip()[-500:] or '(none)'}")
         if not output.ok:
             return RunResult.failed(FailureClass(output.failure_class or "bug"), f"{Path(task.model_path).name}: {output.message}")
-        result = RunResult(status=RunStatus.COMPLETED, iterations_ms=output.iterations_ms)
+        # a completed run's message says what farm had to do about it (e.g. a script's leftover children)
+        result = RunResult(status=RunStatus.COMPLETED, iterations_ms=output.iterations_ms, message=output.message)
         if output.iterations_ms:
             result.latency = latency_stats(output.iterations_ms, init_ms=output.init_ms,
                                            first_ms=output.first_ms, warmup_ms=output.warmup_ms)

@@ -262,8 +262,10 @@ class Controller:
                       "message": f"the run was contended ({'; '.join(result.contention.reasons)}) and "
                                  "sim.on_contention is fail"}
         elif result.ok:
-            message = f"contended, kept flagged: {'; '.join(result.contention.reasons)}" if contended else ""
-            fields = {"status": TaskStatus.COMPLETED.value, "failure_class": None, "message": message}
+            notes = [result.message] if result.message else []
+            if contended:
+                notes.append(f"contended, kept flagged: {'; '.join(result.contention.reasons)}")
+            fields = {"status": TaskStatus.COMPLETED.value, "failure_class": None, "message": "; ".join(notes)}
         elif job["status"] == JobStatus.CANCELED.value or result.failure_class == FailureClass.CANCELED:
             fields = {"status": TaskStatus.CANCELED.value, "failure_class": FailureClass.CANCELED.value,
                       "message": result.message}

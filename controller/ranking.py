@@ -46,8 +46,10 @@ def rank_job(store: Store, job: int, metric: str, *, device_jobs: list[int], dev
         measured = {d: _means(store, d, metric, include_contended) for d in device_jobs}
     except CalibrationError as e:
         raise RankError(str(e)) from None
+    left_out = 0 if include_contended else contended_left_out(store, [job, *device_jobs])
     if not sim:
-        raise RankError(f"job {job} has no completed run with a {metric} figure to rank")
+        why = f" ({left_out} contended run(s) left out; --include-contended uses them)" if left_out else ""
+        raise RankError(f"job {job} has no completed run with a {metric} figure to rank{why}")
     groups = []
     for threads in sorted(sim):
         sim_values = {m: v for m, (v, _, _) in sim[threads].items()}
@@ -68,5 +70,4 @@ def rank_job(store: Store, job: int, metric: str, *, device_jobs: list[int], dev
             columns.append({"name": f"{device} (predicted)", "kendall_tau": _tau(sim_values, predicted),
                             "order": sorted(predicted.items(), key=lambda kv: kv[1])})
         groups.append({"threads": threads, "columns": columns})
-    left_out = 0 if include_contended else contended_left_out(store, [job, *device_jobs])
     return {"job": job, "metric": metric, "groups": groups, "contended_left_out": left_out}

@@ -43,6 +43,7 @@ from farm.agents.sandbox.base import (
     parse_cpuset,
 )
 from farm.agents.sandbox.docker_image import DEFAULT_IMAGE, ensure_default_image, host_runtime_mounts
+from farm.agents.sandbox.cgroup import V1_MAX_SHARES, V2_MAX_WEIGHT
 from farm.agents.sandbox.cgroupfs import CgroupFiles
 
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
@@ -480,6 +481,27 @@ class DockerSandbox(RunningSandbox):
                 _remove_private_cgroup(self._private_cgroup_parent)
 
 
+def _claim_parent_weight(cgroup_parent: str) -> None:
+    """Give the per-run parent (and /farm-sandbox above it) farm's full CPU weight, as the cgroup backend
+    does, so a container competes with the host's tasks as one heavy group; best effort."""
+    for mount in _cgroup_mounts():
+        if not (mount.is_v2 or "cpu" in mount.controllers):
+            continue
+        top = mount.host_dir("/" + PRIVATE_CGROUP_ROOT)
+        run = mount.host_dir(cgroup_parent)
+        for directory, (name, value) in ((top, _WEIGHT[mount.is_v2]), (run, _WEIGHT[mount.is_v2])):
+            if directory is None:
+                continue
+            try:
+                directory.mkdir(exist_ok=True)
+                (directory / name).write_text(value)
+            except OSError:
+                pass  # no cpu controller there (v2 without +cpu): the engine's default weight stays
+
+
+_WEIGHT = {False: ("cpu.shares", str(V1_MAX_SHARES)), True: ("cpu.weight", str(V2_MAX_WEIGHT))}
+
+
 def _private_parent_files(cgroup_parent: str) -> CgroupFiles | None:
     mounts = _cgroup_mounts()
     v1_dirs: dict[str, Path] = {}
@@ -631,6 +653,9 @@ class DockerBackend(SandboxBackend):
             limits["cpu_quota"] = quota
         if budget.cpuset:
             limits["cpuset_cpus"] = budget.cpuset
+        limits["cpu_shares"] = V1_MAX_SHARES  # the engine maps it to cpu.weight on cgroup v2
+        if private_parent is not None:
+            _claim_parent_weight(private_parent)
         if budget.memory_bytes is not None:
             limits["mem_limit"] = int(budget.memory_bytes)
             limits["memswap_limit"] = int(budget.memory_bytes)  # equal to memory: no swap
