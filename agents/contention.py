@@ -5,7 +5,8 @@ busy machine can still give clean measurements. The figures:
 
 - others' CPU on the run's cores: the cores' busy time (wall minus idle, /proc/stat; the
   kernel keeps idle exactly and prints it in 10 ms ticks) minus the run's own CPU time
-  (its cgroup's counter) minus steal;
+  (its cgroup's counter) minus steal; and of that, what the run lost: CPU it was entitled
+  to and did not get while others ran (the verdict's figure);
 - steal on those cores (/proc/stat), the host's CPU pressure (/proc/pressure/cpu) and the
   run's own cgroup v2 cpu.pressure where they exist;
 - the CPU the run got against its budget, and the time its quota throttled it;
@@ -25,9 +26,9 @@ from farm.agents.sandbox.base import format_cpuset
 from farm.proto.results import Contention
 
 USER_HZ = 100  # /proc/stat's unit on every Linux architecture farm runs on
-# Thresholds, from benchmarks/contention.py on the project's 2-core VM (BENCHMARKS.md, "Contention"):
-# a hog sharing the run's core took 30-50 %; quiet runs measured 0-3 % (ticks, the agent's own threads).
-OTHERS_MAX = 0.08
+# Thresholds, from benchmarks/contention.py on the project's 2-core VM (BENCHMARKS.md, "Contention").
+# LOST_MAX: the run got less than its entitlement by this share while other tasks ran on its cores.
+LOST_MAX = 0.10
 STEAL_MAX = 0.05  # the hypervisor took the vCPU this share of the time
 CLOCK_DROP_MAX = 0.05  # the cores' clock fell by more than this between start and end
 QUIET_MAX = 0.05  # before a run: the cores count as quiet below this share of others' CPU
@@ -182,8 +183,14 @@ def _share(value: float) -> float:
 
 
 def judge(before: HostSnapshot, after: HostSnapshot, *, run_cpu_s: float | None, budget_cpus: float | None,
-          throttled_s: float | None = None, cgroup_pressure_us: int | None = None) -> Contention:
-    """The evidence of one run and whether it was contended (with every reason, in words)."""
+          demand_cpus: float | None = None, throttled_s: float | None = None,
+          cgroup_pressure_us: int | None = None) -> Contention:
+    """The evidence of one run and whether it was contended (with every reason, in words).
+
+    Other tasks on the run's cores spoil it only by taking CPU the run was entitled to: its
+    budget, no more than its cores, no more than its threads (`demand_cpus`) could use. What
+    they do in a quota's throttled gaps, or on a core the run's threads leave idle, is free.
+    """
     cores = sorted(before.ticks)
     wall = after.at - before.at
     others, steal = busy_share(before, after, run_cpu_s or 0.0)
@@ -197,13 +204,17 @@ def judge(before: HostSnapshot, after: HostSnapshot, *, run_cpu_s: float | None,
     c.budget_cpus = allowed
     if run_cpu_s is not None and allowed and wall > 0:
         c.cpu_of_budget = _share(run_cpu_s / (allowed * wall))
+        entitled = min(allowed, demand_cpus or allowed) * wall
+        others_s = others * len(cores) * wall
+        c.lost_share = _share(min(max(0.0, entitled - run_cpu_s), others_s) / entitled)
     if before.host_pressure_us is not None and after.host_pressure_us is not None and wall > 0:
         c.host_pressure_share = _share((after.host_pressure_us - before.host_pressure_us) / 1e6 / wall)
     if cgroup_pressure_us is not None and wall > 0:
         c.cgroup_pressure_share = _share(cgroup_pressure_us / 1e6 / wall)
-    if c.others_cpu_share is not None and c.others_cpu_share > OTHERS_MAX:
-        c.reasons.append(f"other tasks used {100 * c.others_cpu_share:.0f} % of the run's core(s) {c.cores} "
-                         f"(limit {100 * OTHERS_MAX:.0f} %)")
+    if c.lost_share is not None and c.lost_share > LOST_MAX:
+        c.reasons.append(f"other tasks used {100 * (c.others_cpu_share or 0):.0f} % of the run's core(s) {c.cores} "
+                         f"and the run got {100 * c.lost_share:.0f} % less CPU than its budget allowed "
+                         f"(limit {100 * LOST_MAX:.0f} %)")
     if c.steal_share is not None and c.steal_share > STEAL_MAX:
         c.reasons.append(f"the hypervisor took {100 * c.steal_share:.0f} % of the run's core(s) as steal time "
                          f"(limit {100 * STEAL_MAX:.0f} %)")

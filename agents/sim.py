@@ -158,7 +158,7 @@ class SimDriver:
             sampler.stop()
             sandbox.close()
         contention = judge(
-            before, after, budget_cpus=budget.cpus,
+            before, after, budget_cpus=budget.cpus, demand_cpus=float(task.threads),
             run_cpu_s=None if accounting.cpu_ns is None else max(0, accounting.cpu_ns - cpu_ns_at_start) / 1e9,
             throttled_s=None if accounting.throttled_ns is None else round(accounting.throttled_ns / 1e9, 4),
             cgroup_pressure_us=accounting.pressure_some_us)

@@ -134,6 +134,9 @@ class Contention:
     budget_cpus: float | None = None  # cores the budget allowed (quota, or the cpuset's size)
     cpu_of_budget: float | None = None  # run_cpu_s / (budget_cpus * window_s)
     others_cpu_share: float | None = None  # other tasks' CPU on the run's cores / (cores * window)
+    # the CPU the run was entitled to (budget, cores and threads allowing) but did not get while
+    # other tasks ran on its cores, as a share of that entitlement: the verdict's figure
+    lost_share: float | None = None
     steal_share: float | None = None  # hypervisor steal on the run's cores / (cores * window)
     throttled_s: float | None = None  # time the CFS quota held the run back (its own budget, not contention)
     host_pressure_share: float | None = None  # /proc/pressure/cpu "some" over the window (whole host)

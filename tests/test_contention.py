@@ -152,10 +152,17 @@ def test_verdict_names_each_reason_and_leaves_quiet_runs_alone() -> None:
     # 2 s on core 3: 1.9 s busy (10 ticks idle); the run itself had 1.85 s -> others 0.05 s = 2.5 %
     quiet = judge(_snap(0.0, 100), _snap(2.0, 110), run_cpu_s=1.85, budget_cpus=1.0)
     assert quiet.contended is False and quiet.others_cpu_share == 0.025 and quiet.cores == "3"
-    assert quiet.cpu_of_budget == 0.925
+    assert quiet.cpu_of_budget == 0.925 and quiet.lost_share == 0.025
     # the run got 1.0 s of 2: the rest went to someone else
     busy = judge(_snap(0.0, 100), _snap(2.0, 100), run_cpu_s=1.0, budget_cpus=1.0)
-    assert busy.contended and busy.others_cpu_share == 0.5 and "50 %" in busy.reasons[0]
+    assert busy.contended and busy.others_cpu_share == 0.5 and busy.lost_share == 0.5
+    assert "got 50 % less CPU than its budget" in busy.reasons[0]
+    # half a CPU: others filling the quota's throttled half take nothing from the run
+    gaps = judge(_snap(0.0, 100), _snap(2.0, 100), run_cpu_s=0.97, budget_cpus=0.5, demand_cpus=1.0)
+    assert gaps.others_cpu_share == 0.515 and gaps.lost_share == 0.03 and not gaps.contended
+    # two cores for one thread: the entitlement is one core, so the idle second one is not a loss
+    spare = judge(_snap(0.0, 100), _snap(2.0, 100), run_cpu_s=1.95, budget_cpus=2.0, demand_cpus=1.0)
+    assert spare.budget_cpus == 1.0 and spare.lost_share == 0.025 and not spare.contended
     stolen = judge(_snap(0.0, 100), _snap(2.0, 100, steal=30), run_cpu_s=1.7, budget_cpus=1.0)
     assert stolen.contended and stolen.steal_share == 0.15 and any("steal" in r for r in stolen.reasons)
     slowed = judge(_snap(0.0, 100), _snap(2.0, 102, mhz=1800.0, governor="powersave"), run_cpu_s=1.98,
