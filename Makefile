@@ -30,6 +30,7 @@ test: setup
 bench: models
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/calibration.py
+	$(PY) benchmarks/contention.py
 	$(PY) benchmarks/scheduling.py --agents 100 --tasks 2000
 
 # Controller throughput and dispatch latency: 100 agents with an instant driver, loopback gRPC.
