@@ -83,6 +83,18 @@ def parse_cpuinfo_mhz(text: str) -> dict[int, float]:
     return out
 
 
+def parse_schedstat_wait_ns(text: str) -> int | None:
+    """The run-queue wait (ns) of /proc/<tid>/schedstat ("exec_ns wait_ns timeslices"): time the
+    thread was runnable but another task had its CPU (or its quota held it back)."""
+    fields = text.split()
+    return int(fields[1]) if len(fields) >= 2 and fields[1].isdigit() else None
+
+
+def thread_wait_ns(tid: int) -> int | None:
+    text = _read(f"/proc/{tid}/schedstat")
+    return parse_schedstat_wait_ns(text) if text else None
+
+
 # --- readings ---------------------------------------------------------------------------------
 def _read(path: str | Path) -> str | None:
     try:
@@ -183,13 +195,16 @@ def _share(value: float) -> float:
 
 
 def judge(before: HostSnapshot, after: HostSnapshot, *, run_cpu_s: float | None, budget_cpus: float | None,
-          demand_cpus: float | None = None, throttled_s: float | None = None,
+          demand_cpus: float | None = None, throttled_s: float | None = None, run_wait_s: float | None = None,
           cgroup_pressure_us: int | None = None) -> Contention:
     """The evidence of one run and whether it was contended (with every reason, in words).
 
-    Other tasks on the run's cores spoil it only by taking CPU the run was entitled to: its
-    budget, no more than its cores, no more than its threads (`demand_cpus`) could use. What
-    they do in a quota's throttled gaps, or on a core the run's threads leave idle, is free.
+    Other tasks on the run's cores spoil it only by taking CPU the run wanted and was entitled
+    to. The CPU it lost is the least of three: what it fell short of its entitlement (budget,
+    cores, threads), what others used on its cores, and — where the threads' run-queue waits
+    are known — how long it waited for a CPU beyond its own quota's throttling. Others in a
+    quota's gaps, on a core the run leaves idle, or the run's threads queueing behind each
+    other are not contention.
     """
     cores = sorted(before.ticks)
     wall = after.at - before.at
@@ -206,7 +221,12 @@ def judge(before: HostSnapshot, after: HostSnapshot, *, run_cpu_s: float | None,
         c.cpu_of_budget = _share(run_cpu_s / (allowed * wall))
         entitled = min(allowed, demand_cpus or allowed) * wall
         others_s = others * len(cores) * wall
-        c.lost_share = _share(min(max(0.0, entitled - run_cpu_s), others_s) / entitled)
+        lost = min(max(0.0, entitled - run_cpu_s), others_s)
+        if run_wait_s is not None:
+            # a throttled group's runnable threads all wait out the throttle: that is the budget, not others
+            lost = min(lost, max(0.0, run_wait_s - (throttled_s or 0.0) * (demand_cpus or 1.0)))
+        c.lost_share = _share(lost / entitled)
+    c.run_wait_s = None if run_wait_s is None else round(run_wait_s, 4)
     if before.host_pressure_us is not None and after.host_pressure_us is not None and wall > 0:
         c.host_pressure_share = _share((after.host_pressure_us - before.host_pressure_us) / 1e6 / wall)
     if cgroup_pressure_us is not None and wall > 0:

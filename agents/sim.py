@@ -161,6 +161,7 @@ class SimDriver:
             before, after, budget_cpus=budget.cpus, demand_cpus=float(task.threads),
             run_cpu_s=None if accounting.cpu_ns is None else max(0, accounting.cpu_ns - cpu_ns_at_start) / 1e9,
             throttled_s=None if accounting.throttled_ns is None else round(accounting.throttled_ns / 1e9, 4),
+            run_wait_s=sampler.run_wait_s,
             cgroup_pressure_us=accounting.pressure_some_us)
         contention.quiet_wait_s, contention.quiet_before = quiet_wait_s, quiet_before
         contention.exclusive = sandbox.exclusive or (

@@ -139,6 +139,7 @@ class Contention:
     lost_share: float | None = None
     steal_share: float | None = None  # hypervisor steal on the run's cores / (cores * window)
     throttled_s: float | None = None  # time the CFS quota held the run back (its own budget, not contention)
+    run_wait_s: float | None = None  # the run's threads' run-queue wait, summed (/proc/<tid>/schedstat)
     host_pressure_share: float | None = None  # /proc/pressure/cpu "some" over the window (whole host)
     cgroup_pressure_share: float | None = None  # the run's own cgroup v2 cpu.pressure "some"
     freq_mhz_start: float | None = None  # mean clock of the run's cores

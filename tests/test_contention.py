@@ -12,6 +12,7 @@ from conftest import require_backend, write_job
 from cpu_hog import cpu_hog
 from farm.agents.contention import (
     CoreClock, HostSnapshot, judge, parse_cpuinfo_mhz, parse_pressure_some_us, parse_proc_stat,
+    parse_schedstat_wait_ns,
 )
 from farm.controller.controller import contention_outcome
 
@@ -141,6 +142,7 @@ def test_parsers_read_the_kernels_files() -> None:
     assert ticks[1].busy == 9262 + 2464 + 83 and ticks[1].idle == 13576 + 187 and ticks[1].steal == 40
     assert parse_pressure_some_us(PRESSURE) == 80397736
     assert parse_cpuinfo_mhz(CPUINFO) == {0: 2596.144, 1: 2596.144}
+    assert parse_schedstat_wait_ns("213640634 439762855 122\n") == 439762855
 
 
 def _snap(at: float, idle: int, steal: int = 0, mhz: float = 2600.0, governor: str = "performance") -> HostSnapshot:
@@ -163,6 +165,12 @@ def test_verdict_names_each_reason_and_leaves_quiet_runs_alone() -> None:
     # two cores for one thread: the entitlement is one core, so the idle second one is not a loss
     spare = judge(_snap(0.0, 100), _snap(2.0, 100), run_cpu_s=1.95, budget_cpus=2.0, demand_cpus=1.0)
     assert spare.budget_cpus == 1.0 and spare.lost_share == 0.025 and not spare.contended
+    # others ran while the run sat idle (a model's load, a script's sleep): it never waited for a CPU
+    idle = judge(_snap(0.0, 100), _snap(2.0, 100), run_cpu_s=0.5, budget_cpus=1.0, run_wait_s=0.02)
+    assert idle.others_cpu_share == 0.75 and idle.lost_share == 0.01 and not idle.contended
+    # the same with the run queueing behind them for 1 s: contended
+    queued = judge(_snap(0.0, 100), _snap(2.0, 100), run_cpu_s=0.5, budget_cpus=1.0, run_wait_s=1.0)
+    assert queued.contended and queued.lost_share == 0.5 and queued.run_wait_s == 1.0
     stolen = judge(_snap(0.0, 100), _snap(2.0, 100, steal=30), run_cpu_s=1.7, budget_cpus=1.0)
     assert stolen.contended and stolen.steal_share == 0.15 and any("steal" in r for r in stolen.reasons)
     slowed = judge(_snap(0.0, 100), _snap(2.0, 102, mhz=1800.0, governor="powersave"), run_cpu_s=1.98,

@@ -140,6 +140,10 @@ class RunningSandbox(abc.ABC):
     @abc.abstractmethod
     def kill(self) -> None: ...
 
+    def thread_ids(self) -> list[int]:
+        """The run's threads now (for their scheduler wait times); [] where the backend cannot tell."""
+        return []
+
     def cpu_accounting(self) -> CpuAccounting:
         """The run's CPU time (and throttling, pressure where the backend has them), after wait()."""
         return CpuAccounting(self.read_counters().cpu_ns)

@@ -169,6 +169,9 @@ class CgroupSandbox(RunningSandbox):
     def read_counters(self) -> Counters:
         return Counters(self.files.cpu_ns(), self.files.memory_bytes())
 
+    def thread_ids(self) -> list[int]:
+        return self.files.thread_ids()
+
     def cpu_accounting(self) -> CpuAccounting:
         return CpuAccounting(self.files.cpu_ns(), self.files.throttled_ns(), self.files.pressure_some_us())
 

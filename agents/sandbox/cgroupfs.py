@@ -53,6 +53,16 @@ class CgroupFiles:
                 return int(totals[0]) if totals and totals[0].isdigit() else None
         return None
 
+    def thread_ids(self) -> list[int]:
+        """Every thread in the cgroup (v1 `tasks`, v2 `cgroup.threads`), for per-thread wait times."""
+        files = [d / "tasks" for d in self.v1_dirs.values()][:1] or ([self.v2_dir / "cgroup.threads"] if self.v2_dir else [])
+        for f in files:
+            try:
+                return [int(t) for t in f.read_text().split()]
+            except (OSError, ValueError):
+                return []
+        return []
+
     def memory_bytes(self) -> int | None:
         if "memory" in self.v1_dirs:
             return read_int(self.v1_dirs["memory"] / "memory.usage_in_bytes")

@@ -349,6 +349,11 @@ class DockerSandbox(RunningSandbox):
             memory_bytes=partial.memory_bytes if partial.memory_bytes is not None else (int(memory) if memory is not None else None),
         )
 
+    def thread_ids(self) -> list[int]:
+        with self._lock:
+            cgroup = self._cgroup
+        return cgroup.thread_ids() if cgroup is not None else []
+
     def cpu_accounting(self) -> CpuAccounting:
         """The private parent's counter survives the container (exact); else the last one polled."""
         final = self._final_cgroup()

@@ -152,6 +152,15 @@ class ProcessSandbox(RunningSandbox):
             io=IoTotals(block_read_bytes=max(0, read), block_write_bytes=max(0, write)),
         )
 
+    def thread_ids(self) -> list[int]:
+        tids = []
+        for p in self._tree():
+            try:
+                tids += [t.id for t in p.threads()]
+            except psutil.Error:
+                pass
+        return tids
+
     def cpu_accounting(self) -> CpuAccounting:
         if self.process.cpu_ns is not None:  # wait4's rusage: the whole reaped tree
             return CpuAccounting(self.process.cpu_ns)

@@ -159,7 +159,7 @@ class ModelFacts(_message.Message):
     def __init__(self, path: _Optional[str] = ..., format: _Optional[str] = ..., size_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[TensorInfo, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorInfo, _Mapping]]] = ..., op_count: _Optional[int] = ..., param_count: _Optional[int] = ..., op_types: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class Contention(_message.Message):
-    __slots__ = ("contended", "reasons", "cores", "window_s", "run_cpu_s", "budget_cpus", "cpu_of_budget", "others_cpu_share", "steal_share", "throttled_s", "host_pressure_share", "cgroup_pressure_share", "freq_mhz_start", "freq_mhz_end", "governor_start", "governor_end", "quiet_wait_s", "quiet_before", "exclusive", "lost_share")
+    __slots__ = ("contended", "reasons", "cores", "window_s", "run_cpu_s", "budget_cpus", "cpu_of_budget", "others_cpu_share", "steal_share", "throttled_s", "host_pressure_share", "cgroup_pressure_share", "freq_mhz_start", "freq_mhz_end", "governor_start", "governor_end", "quiet_wait_s", "quiet_before", "exclusive", "lost_share", "run_wait_s")
     CONTENDED_FIELD_NUMBER: _ClassVar[int]
     REASONS_FIELD_NUMBER: _ClassVar[int]
     CORES_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +180,7 @@ class Contention(_message.Message):
     QUIET_BEFORE_FIELD_NUMBER: _ClassVar[int]
     EXCLUSIVE_FIELD_NUMBER: _ClassVar[int]
     LOST_SHARE_FIELD_NUMBER: _ClassVar[int]
+    RUN_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     contended: bool
     reasons: _containers.RepeatedScalarFieldContainer[str]
     cores: str
@@ -200,7 +201,8 @@ class Contention(_message.Message):
     quiet_before: bool
     exclusive: str
     lost_share: float
-    def __init__(self, contended: _Optional[bool] = ..., reasons: _Optional[_Iterable[str]] = ..., cores: _Optional[str] = ..., window_s: _Optional[float] = ..., run_cpu_s: _Optional[float] = ..., budget_cpus: _Optional[float] = ..., cpu_of_budget: _Optional[float] = ..., others_cpu_share: _Optional[float] = ..., steal_share: _Optional[float] = ..., throttled_s: _Optional[float] = ..., host_pressure_share: _Optional[float] = ..., cgroup_pressure_share: _Optional[float] = ..., freq_mhz_start: _Optional[float] = ..., freq_mhz_end: _Optional[float] = ..., governor_start: _Optional[str] = ..., governor_end: _Optional[str] = ..., quiet_wait_s: _Optional[float] = ..., quiet_before: _Optional[bool] = ..., exclusive: _Optional[str] = ..., lost_share: _Optional[float] = ...) -> None: ...
+    run_wait_s: float
+    def __init__(self, contended: _Optional[bool] = ..., reasons: _Optional[_Iterable[str]] = ..., cores: _Optional[str] = ..., window_s: _Optional[float] = ..., run_cpu_s: _Optional[float] = ..., budget_cpus: _Optional[float] = ..., cpu_of_budget: _Optional[float] = ..., others_cpu_share: _Optional[float] = ..., steal_share: _Optional[float] = ..., throttled_s: _Optional[float] = ..., host_pressure_share: _Optional[float] = ..., cgroup_pressure_share: _Optional[float] = ..., freq_mhz_start: _Optional[float] = ..., freq_mhz_end: _Optional[float] = ..., governor_start: _Optional[str] = ..., governor_end: _Optional[str] = ..., quiet_wait_s: _Optional[float] = ..., quiet_before: _Optional[bool] = ..., exclusive: _Optional[str] = ..., lost_share: _Optional[float] = ..., run_wait_s: _Optional[float] = ...) -> None: ...
 
 class RunResult(_message.Message):
     __slots__ = ("status", "failure_class", "message", "backend", "limits", "approximate", "wall_s", "latency", "iterations_ms", "whole_run_s", "telemetry", "baseline_memory_bytes", "peak_rss_bytes", "model", "environment_json", "tool_versions", "log_tail", "contention")
