@@ -94,7 +94,8 @@ def pairs_table(pairs: list[dict[str, Any]], title: str | None = None) -> Table:
         s_lat = (p["sim"]["latency_ms"] or {}).get("avg")
         d_lat = (p["device_run"]["latency_ms"] or {}).get("avg")
         ratio = d_lat / s_lat if s_lat and d_lat else None
-        t.add_row(Text(p["model"]["name"]), str(p["threads"]), str(p["repeat"]), Text(p["device"]), _ms(s_lat),
+        mark = f" {CONTENDED_MARK}" if is_contended(p["sim"]) else ""
+        t.add_row(Text(p["model"]["name"]), str(p["threads"]), str(p["repeat"]), Text(p["device"]), _ms(s_lat) + mark,
                   _ms(d_lat), _fmt(ratio), _fmt(p["sim"]["peak_memory_mb"], 1), _fmt(p["device_run"]["peak_memory_mb"], 1))
     return t
 
