@@ -130,7 +130,7 @@ class Matrix(Strict):
 class SimBudget(Strict):
     """The local sandbox that stands in for a device: its CPU and memory budget."""
 
-    cpus: float | None = Field(None, gt=0, description="CPU quota in cores (0.5 = half a core); default: the run's thread count")
+    cpus: float | None = Field(None, gt=0, description="CPU budget in cores: a whole number is that many whole cores (a cpuset), a fraction a CFS quota (0.5 = half a core); default: the run's thread count")
     cpuset: str | None = Field(None, description="Cores the run may use, e.g. '0' or '0-1'")
     memory: int | None = Field(None, description="Memory limit like 2g or 512m, swap off; default: none")
     backend: Literal["auto", "cgroup", "docker", "process"] = "auto"

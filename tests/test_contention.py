@@ -176,3 +176,18 @@ def test_verdict_names_each_reason_and_leaves_quiet_runs_alone() -> None:
     slowed = judge(_snap(0.0, 100), _snap(2.0, 102, mhz=1800.0, governor="powersave"), run_cpu_s=1.98,
                    budget_cpus=1.0)
     assert slowed.contended and len(slowed.reasons) == 2  # the clock fell and the governor changed
+
+
+def test_an_exclusive_cpuset_is_asked_for_and_what_was_granted_recorded(tmp_path: Path, tiny_models, farm) -> None:
+    require_backend("cgroup")
+    d = tmp_path / "exclusive"
+    d.mkdir()
+    os.symlink(tiny_models["tflite"], d / "tiny.tflite")
+    run = farm("submit", str(_script_job(d, "{cpus: 1, exclusive: true}", "tiny.tflite")), "--backend", "cgroup",
+               "--json")
+    assert run.returncode in (0, 1), run.stderr
+    granted = run.json()["results"][0]["contention"]["exclusive"]
+    # v2: a partition root, or why not; v1 cannot keep the root cgroup's tasks off: it says so
+    assert granted.startswith(("exclusive: cgroup v2", "not exclusive: ", "partly exclusive: cgroup v1")), granted
+    plain = farm("submit", str(_script_job(d, "{cpus: 1}", "tiny.tflite")), "--backend", "cgroup", "--json")
+    assert plain.json()["results"][0]["contention"]["exclusive"] is None  # not asked, not claimed

@@ -6,6 +6,7 @@ the exact high-water mark of memory, so the peak needs no sampling luck.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -321,4 +322,4 @@ class CgroupBackend(SandboxBackend):
                     _write(d / "memory.swap.max", "0")
 
     def effective_limits(self, budget: Budget) -> Budget:
-        return Budget(cpus=applied_cpus(budget), cpuset=budget.cpuset, memory_bytes=budget.memory_bytes)
+        return dataclasses.replace(budget, cpus=applied_cpus(budget))

@@ -16,6 +16,7 @@ Only the Docker Engine API is used (through the `docker` SDK), never the docker 
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import secrets
@@ -702,11 +703,12 @@ class DockerBackend(SandboxBackend):
         """
         applied = self._applied.get(_budget_key(budget))
         if applied is not None:
-            return applied
+            return dataclasses.replace(applied, exclusive=budget.exclusive)
         return Budget(
             cpus=applied_cpus(budget),
             cpuset=budget.cpuset or None,
             memory_bytes=int(budget.memory_bytes) if budget.memory_bytes is not None else None,
+            exclusive=budget.exclusive,
         )
 
 

@@ -7,6 +7,7 @@ fractional CPU budgets are enforced by stopping and continuing the process group
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import resource
@@ -18,7 +19,7 @@ from pathlib import Path
 import psutil
 
 from farm.agents.sandbox.base import (
-    CFS_PERIOD_US, Budget, format_cpuset, parse_cpuset, Counters, CpuAccounting, ExitInfo, IoTotals, MountSpec,
+    Budget, format_cpuset, parse_cpuset, Counters, CpuAccounting, ExitInfo, IoTotals, MountSpec,
     RunningSandbox, SandboxBackend, applied_cpus, cfs_quota_us,
 )
 from farm.agents.sandbox.process_tree import ReapedProcess
@@ -55,8 +56,7 @@ class ProcessSandbox(RunningSandbox):
         self.started_at = process.started_at
         self.budget = budget
         self.cores = cores
-        quota = cfs_quota_us(budget)
-        self.duty = 1.0 if quota is None else min(1.0, quota / CFS_PERIOD_US / len(cores))
+        self.duty = 1.0 if cfs_quota_us(budget) is None else min(1.0, applied_cpus(budget) / len(cores))
         self.oom_killed = False
         self.peak_sampled = 0
         self._io_start = self._io_now()
@@ -208,5 +208,4 @@ class ProcessBackend(SandboxBackend):
         return ProcessSandbox(process, budget, cores)
 
     def effective_limits(self, budget: Budget) -> Budget:
-        return Budget(cpus=applied_cpus(budget), cpuset=format_cpuset(self._cores(budget)),
-                      memory_bytes=budget.memory_bytes)
+        return dataclasses.replace(budget, cpus=applied_cpus(budget), cpuset=format_cpuset(self._cores(budget)))
