@@ -101,7 +101,7 @@ def test_twenty_quiet_runs_are_not_flagged(tmp_path: Path, tiny_models, farm, fa
     for r in results:
         c = r["contention"]
         assert r["attempts"] == 1 and c["others_cpu_share"] is not None and c["cpu_of_budget"] > 0.85, c
-        assert r["limits"]["cpuset"] == c["cores"] and len(c["cores"]) == 1  # one whole core, as a cpuset
+        assert r["limits"]["cpuset"] == c["cores"] and c["cores"].isdigit()  # one whole core, as a cpuset
     assert all(contended == 0 for _, contended in _runs(farm_db, 1))
 
 
