@@ -72,6 +72,8 @@ def test_half_a_cpu_takes_twice_as_long_as_one(backend: str, tmp_path: Path, tin
         slack = 1.25 if backend == "process" else 1.15  # the process backend's duty cycle is approximate
         assert r["cpu_percent"]["avg"] <= 100 * cpus * slack, r["cpu_percent"]
         if not r["contention"]["contended"]:
+            # it had its budget: nearly all of it used over its wall time, so wall ≈ CPU work / cpus
+            assert r["contention"]["cpu_of_budget"] > 0.85, r["contention"]
             walls[cpus].append(r["whole_run_s"])
         else:
             spoiled.append(r["contention"]["reasons"])
@@ -81,9 +83,11 @@ def test_half_a_cpu_takes_twice_as_long_as_one(backend: str, tmp_path: Path, tin
         pytest.skip(f"{backend}: other work took the runs' cores in {len(spoiled)} of {i + 1} runs: "
                     f"{spoiled[-1][0] if spoiled else ''}")
     ratio = sum(walls[0.5][:2]) / sum(walls[1.0][:2])
-    # Uncontended runs only; the band still excludes "no limit" (1.0) and leaves room for the VM's
-    # own clock drift between runs, which no counter inside the guest shows.
-    assert 1.6 < ratio < 2.6, walls
+    # Uncontended runs only. This VM's per-core speed still drifts between identical runs by up to
+    # ±35 % (seen: 1.17 s and 1.53 s, both uncontended, with busy loops on the other vCPU, likely its
+    # SMT sibling on the host): no counter inside the guest shows it, so the wall ratio keeps a band
+    # that excludes "no limit" (1.0); the CPU-share checks above are the exact part.
+    assert 1.4 < ratio < 3.0, walls
 
 
 @pytest.mark.parametrize("backend", ["cgroup", "process"])
