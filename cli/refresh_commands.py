@@ -59,7 +59,8 @@ def run_reference_suite(args: argparse.Namespace, store, lab: list, suite: Path,
     if not _run_with_progress(args, store, job_id, controller.progress(job_id).total, job.spec.timeouts.job):
         return None
     webhook = alerts_from_environment()
-    return after_reference_run(store, job_id, thresholds=thresholds, k=k, alert=webhook.send if webhook else None)
+    return after_reference_run(store, job_id, thresholds=thresholds, k=k, alert=webhook.send if webhook else None,
+                               include_contended=getattr(args, "include_contended", False))
 
 
 def cmd_refresh(args: argparse.Namespace) -> int:
@@ -139,6 +140,8 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
                    help="drift threshold (relative to the mean device value, default 0.30)")
     s.add_argument("--max-r2-drop", type=float, default=0.05, help="drift threshold (default 0.05)")
     s.add_argument("--slots", type=int, default=1)
+    s.add_argument("--include-contended", action="store_true",
+                   help="also fit sim twins whose cores other work used (left out by default)")
     s.add_argument("--backend", choices=["auto", "cgroup", "docker", "process"], default=None)
     s.add_argument("--quiet", action="store_true")
     s.add_argument("--progress", action="store_true")

@@ -163,14 +163,15 @@ class RefreshReport:
 
 
 def after_reference_run(store: Store, job_id: int, *, thresholds: DriftThresholds | None = None, k: float = 3.0,
-                        alert: Callable[[dict[str, Any]], None] | None = None) -> RefreshReport:
+                        alert: Callable[[dict[str, Any]], None] | None = None,
+                        include_contended: bool = False) -> RefreshReport:
     """Refit every device of the suite job, record drift, quarantine devices whose golden results moved."""
     thresholds = thresholds or DriftThresholds()
     report = RefreshReport(job_id)
     controller = Controller(store)
-    report.contended_left_out = contended_left_out(store, [job_id])
+    report.contended_left_out = 0 if include_contended else contended_left_out(store, [job_id])
     for device in job_devices(store, job_id):
-        paired = pair_within_job(store, job_id, device, "latency")
+        paired = pair_within_job(store, job_id, device, "latency", include_contended=include_contended)
         previous = {p.threads: current_calibration(store, device, "latency", p.threads, runtime=p.runtime)
                     for p in paired}
         stored, refused = fit_and_store(store, device, "latency", paired, source=calibration_source(store, job_id))
