@@ -191,3 +191,19 @@ def test_an_exclusive_cpuset_is_asked_for_and_what_was_granted_recorded(tmp_path
     assert granted.startswith(("exclusive: cgroup v2", "not exclusive: ", "partly exclusive: cgroup v1")), granted
     plain = farm("submit", str(_script_job(d, "{cpus: 1}", "tiny.tflite")), "--backend", "cgroup", "--json")
     assert plain.json()["results"][0]["contention"]["exclusive"] is None  # not asked, not claimed
+
+
+def test_the_evidence_crosses_the_wire_unchanged() -> None:
+    """A remote agent's verdict reaches the controller field for field (proto message Contention)."""
+    from dataclasses import fields
+
+    from farm.proto.generated import common_pb2
+    from farm.proto.results import Contention, RunResult, RunStatus
+    from farm.proto.wire import result_from_message, result_to_message
+    evidence = Contention(**{f.name: (["a", "b"] if f.name == "reasons" else True if f.name in ("contended", "quiet_before")
+                                      else f.name if f.name in ("cores", "governor_start", "governor_end", "exclusive")
+                                      else 0.25) for f in fields(Contention)})
+    sent = RunResult(status=RunStatus.COMPLETED, contention=evidence)
+    assert result_from_message(result_to_message(sent, common_pb2.RunResult())).contention == evidence
+    assert result_from_message(result_to_message(RunResult(status=RunStatus.COMPLETED),
+                                                 common_pb2.RunResult())).contention is None
