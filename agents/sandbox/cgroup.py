@@ -118,14 +118,14 @@ V2_MAX_WEIGHT = 10_000
 
 
 def claim_cpu_weight(layout: CgroupLayout, dirs: dict[str, Path]) -> None:
-    if layout.version == 1:
-        for d in (dirs["cpu"].parent, dirs["cpu"]):
-            _write(d / "cpu.shares", str(V1_MAX_SHARES))
-    else:
-        d = dirs[""]
-        for target in (d.parent, d):
-            if (target / "cpu.weight").exists():
-                _write(target / "cpu.weight", str(V2_MAX_WEIGHT))
+    run = dirs["cpu"] if layout.version == 1 else dirs[""]
+    name, value = ("cpu.shares", str(V1_MAX_SHARES)) if layout.version == 1 else ("cpu.weight", str(V2_MAX_WEIGHT))
+    try:  # the parent may be a delegated cgroup whose own weight only its owner sets: best effort
+        _write(run.parent / name, value)
+    except OSError:
+        pass
+    if (run / name).exists():
+        _write(run / name, value)
 
 
 def claim_exclusive_cores(layout: CgroupLayout, dirs: dict[str, Path], budget: Budget) -> str:
