@@ -681,9 +681,11 @@ class DockerBackend(SandboxBackend):
                 detach=True,
                 **limits,
             )
-        except docker.errors.ImageNotFound as exc:
-            raise SandboxError(f"image {image} is not on the Docker engine: load or build it there first") from exc
         except docker.errors.DockerException as exc:
+            if private_parent is not None:
+                _remove_private_cgroup(private_parent)  # the weighted parent made for it above
+            if isinstance(exc, docker.errors.ImageNotFound):
+                raise SandboxError(f"image {image} is not on the Docker engine: load or build it there first") from exc
             raise SandboxError(f"the Docker engine refused the container: {_first_line(exc)}") from exc
         sandbox = DockerSandbox(container, private_cgroup_parent=private_parent, memory_limit=budget.memory_bytes)
         try:
