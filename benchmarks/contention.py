@@ -10,7 +10,7 @@
    and 4 threads, for a whole-core budget given as a cpuset (farm's default now) and as a
    CFS quota (farm's default before issue 10). Aim <= 1.02.
 
-Prints markdown and writes benchmarks/results/<date>-contention.{md,json}.
+Prints markdown and writes benchmarks/results/<date>-contention-<backend>.{md,json}.
 """
 
 from __future__ import annotations
@@ -204,8 +204,9 @@ def main() -> int:
     print(text)
     out = ROOT / "results"
     out.mkdir(exist_ok=True)
-    (out / f"{report['date']}-contention.md").write_text(text)
-    (out / f"{report['date']}-contention.json").write_text(json.dumps(report, indent=2, default=str))
+    stem = f"{report['date']}-contention-{report['detection']['backend']}"
+    (out / f"{stem}.md").write_text(text)
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=2, default=str))
     return 0
 
 
