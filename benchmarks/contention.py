@@ -36,7 +36,7 @@ from farm.agents import contention  # noqa: E402
 from farm.agents.environment import host_facts  # noqa: E402
 from farm.agents.harness.task import HarnessOutput, HarnessTask  # noqa: E402
 from farm.agents.sandbox import choose_backend  # noqa: E402
-from farm.agents.sandbox.base import Budget, format_cpuset  # noqa: E402
+from farm.agents.sandbox.base import Budget, MountSpec, format_cpuset  # noqa: E402
 from farm.agents.sandbox.process import claim_cpu_weight  # noqa: E402
 from farm.agents.sim import SimDriver, SimSlot  # noqa: E402
 from farm.agents.telemetry import TelemetrySampler  # noqa: E402
@@ -117,7 +117,7 @@ def _quota_shaped(model: Path, iterations: int, threads: int, backend_name: str,
     sandbox = backend.start([sys.executable, "-m", "farm.agents.harness", str(task_file), str(out_file)],
                             Budget(cpus=float(threads), memory_bytes=2 << 30),
                             env={"PATH": os.environ["PATH"], "OMP_NUM_THREADS": str(threads), "LANG": "C.UTF-8"},
-                            cwd=work, mounts=[])
+                            cwd=work, mounts=[MountSpec(work, read_only=False), MountSpec(model)])
     sampler = TelemetrySampler(sandbox, 50).start()
     sandbox.wait(600)
     sampler.stop()
@@ -130,6 +130,7 @@ def budget_shape(model: Path, rounds: int, iterations: int, backend: str) -> lis
     rows = []
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
+        os.chmod(work, 0o777)  # a container's user writes its result here
         driver = SimDriver(work)
         for threads in (1, 2, 4):
             used = cores[:min(threads, len(cores))]
