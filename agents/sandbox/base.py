@@ -69,9 +69,14 @@ def cfs_quota_us(budget: Budget) -> int | None:
 
 
 def applied_cpus(budget: Budget) -> float | None:
-    """The CPU budget in cores as the quota applies it (rounded to whole µs), or as the cpuset gives it."""
+    """The CPU budget in cores as the quota applies it (rounded to whole µs), or as the cpuset gives it
+    (no more cores than it has: 4 asked on a 2-core host are 2)."""
     quota = cfs_quota_us(budget)
-    return quota / CFS_PERIOD_US if quota is not None else budget.cpus
+    if quota is not None:
+        return quota / CFS_PERIOD_US
+    if budget.cpus is not None and budget.cpuset:
+        return float(min(budget.cpus, len(parse_cpuset(budget.cpuset))))
+    return budget.cpus
 
 
 @dataclass
