@@ -31,6 +31,7 @@ test: setup
 bench: models
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/calibration.py
+	$(PY) benchmarks/contention.py
 	$(PY) benchmarks/scheduling.py --agents 100 --tasks 2000
 	$(PY) benchmarks/wire_capacity.py
 	$(PY) benchmarks/lease.py

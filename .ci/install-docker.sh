@@ -20,6 +20,7 @@ else
 fi
 
 export DEBIAN_FRONTEND=noninteractive
-"${as_root[@]}" apt-get update -qq
-"${as_root[@]}" apt-get install -y -qq docker.io
+# Another apt run (a test installing sshd or adb beside this one) holds the lock for a while: wait for it.
+"${as_root[@]}" apt-get -o DPkg::Lock::Timeout=600 update -qq
+"${as_root[@]}" apt-get -o DPkg::Lock::Timeout=600 install -y -qq docker.io
 echo "install-docker: installed $(/usr/sbin/dockerd --version)"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -20,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from farm.agents.contention import judge, quietest_cores, snapshot, wait_until_quiet
 from farm.agents.environment import host_facts, load_average
 from farm.agents.harness.stats import latency_stats
 from farm.agents.harness.task import HarnessOutput, HarnessTask
 from farm.agents.sandbox import Budget, SandboxBackend, SandboxError, choose_backend
-from farm.agents.sandbox.base import ExitInfo, MountSpec
+from farm.agents.sandbox.base import ExitInfo, MountSpec, parse_cpuset, whole_cores
 from farm.agents.sandbox.isolation import (
     INNER_RUN_DIR, RunAs, hand_over, isolated_argv, isolation_env, namespaces_unavailable, resolve_run_as, user_argv,
 )
@@ -142,6 +144,15 @@ def cpuset_problem(cpuset: str | None) -> str | None:
             f"(it has {format_cpuset(usable)}); change sim.cpuset or run the job where those cores exist.")
 
 
+def shaped_cores(cpus: float, cpuset: str | None) -> list[int]:
+    """The cores a budget runs on, shaped like a device: `cpus` whole cores are that many cores of the
+    slot's (or the job's) cpuset, the quietest now; a fraction gets ceil(cpus) cores and keeps its quota
+    (base.cfs_quota_us decides the quota)."""
+    allowed = parse_cpuset(cpuset) if cpuset else sorted(os.sched_getaffinity(0))
+    wanted = whole_cores(cpus) or math.ceil(cpus)
+    return quietest_cores(allowed, wanted)
+
+
 class SimDriver:
     name = "sim"
 
@@ -164,7 +175,9 @@ class SimDriver:
     def budget_for(self, task: TaskSpec, slot: SimSlot) -> Budget:
         sim = task.sim
         cpus = default_cpus(sim.get("cpus"), task.threads)
-        return Budget(cpus=cpus, cpuset=sim.get("cpuset") or slot.cpuset, memory_bytes=sim.get("memory"))
+        cores = shaped_cores(cpus, sim.get("cpuset") or slot.cpuset)
+        return Budget(cpus=cpus, cpuset=format_cpuset(cores), memory_bytes=sim.get("memory"),
+                      exclusive=bool(sim.get("exclusive")))
 
     def harness_task(self, task: TaskSpec, inner: Path | None = None) -> HarnessTask:
         """What the harness runs; `inner` is the run directory as the sandbox sees it (the model and the
@@ -257,20 +270,37 @@ class SimDriver:
         argv, env = self.launch(argv, env, run_dir, inner, backend)
         mounts = [MountSpec(run_dir, read_only=False)]  # the model and the script folder are staged inside
         environment = {**host_facts(), "load_before": load_average(), "isolation": isolation}
+        cores = parse_cpuset(budget.cpuset) if budget.cpuset else sorted(os.sched_getaffinity(0))
+        quiet_wait_s, quiet_before = wait_until_quiet(cores, float(task.sim.get("quiet_wait") or 0), cancel_check)
         try:
             sandbox = backend.start(argv, budget, env=env, cwd=run_dir, mounts=mounts)
         except SandboxError as e:
             self._cleanup(run_dir)
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{backend.name} sandbox: {e}", **base)
+        # the window starts once the sandbox exists: setting it up (an engine creating a container)
+        # is farm's own work, not other tasks' on the run's cores
+        before = snapshot(cores)
+        cpu_ns_at_start = sandbox.read_counters().cpu_ns or 0
         sampler = TelemetrySampler(sandbox, task.sim.get("sample_interval_ms", 50.0), avoid_cpuset=budget.cpuset).start()
         try:
             exit_info = sandbox.wait(task.run_timeout_s, cancel_check)
+            after = snapshot(cores)
+            accounting = sandbox.cpu_accounting()
         except SandboxError as e:
             self._cleanup(run_dir)
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{backend.name} sandbox: {e}", **base)
         finally:
             sampler.stop()
             sandbox.close()
+        contention = judge(
+            before, after, budget_cpus=budget.cpus, demand_cpus=float(task.threads),
+            run_cpu_s=None if accounting.cpu_ns is None else max(0, accounting.cpu_ns - cpu_ns_at_start) / 1e9,
+            throttled_s=None if accounting.throttled_ns is None else round(accounting.throttled_ns / 1e9, 4),
+            run_wait_s=sampler.run_wait_s,
+            cgroup_pressure_us=accounting.pressure_some_us)
+        contention.quiet_wait_s, contention.quiet_before = quiet_wait_s, quiet_before
+        contention.exclusive = sandbox.exclusive or (
+            f"not exclusive: the {backend.name} backend cannot ask for it" if budget.exclusive else None)
         telemetry = sampler.summary(exit_info)
         environment["load_after"] = load_average()
         try:
@@ -281,6 +311,7 @@ class SimDriver:
         result = self._classify(task, budget, exit_info, output)
         result.backend, result.limits, result.approximate = backend.name, limits, backend.approximate
         result.telemetry = telemetry
+        result.contention = contention
         result.wall_s = exit_info.wall_s
         result.environment = environment
         result.log_tail = exit_info.output[-LOG_TAIL_CHARS:]
@@ -325,7 +356,8 @@ class SimDriver:
                 f"{exit_info.output.strip()[-500:] or '(none)'}")
         if not output.ok:
             return RunResult.failed(FailureClass(output.failure_class or "bug"), f"{Path(task.model_path).name}: {output.message}")
-        result = RunResult(status=RunStatus.COMPLETED, iterations_ms=output.iterations_ms)
+        # a completed run's message says what farm had to do about it (e.g. a script's leftover children)
+        result = RunResult(status=RunStatus.COMPLETED, iterations_ms=output.iterations_ms, message=output.message)
         if output.iterations_ms:
             result.latency = latency_stats(output.iterations_ms, init_ms=output.init_ms,
                                            first_ms=output.first_ms, warmup_ms=output.warmup_ms)

@@ -11,6 +11,7 @@ import os
 import threading
 import time
 
+from farm.agents.contention import thread_wait_ns
 from farm.agents.sandbox.base import ExitInfo, RunningSandbox, parse_cpuset
 from farm.proto.results import Telemetry, TelemetrySample
 
@@ -25,6 +26,7 @@ class TelemetrySampler:
         self._thread = threading.Thread(target=self._loop, name="telemetry", daemon=True)
         self._own_cpu_s = 0.0
         self._wall_s = 0.0
+        self._waits: dict[int, int] = {}  # thread -> its run-queue wait so far (ns), for contention
 
     def start(self) -> "TelemetrySampler":
         self._thread.start()
@@ -57,11 +59,24 @@ class TelemetrySampler:
                         t_s=now - self.sandbox.started_at, cpu_percent=cpu_percent,
                         memory_bytes=counters.memory_bytes))
                 last_cpu_ns, last_t = counters.cpu_ns, now
+            self._read_waits()
             next_tick += self.interval_s
             # Fixed-rate schedule: a slow reading does not shift every later sample.
             self._stop.wait(max(0.0, next_tick - time.monotonic()))
         self._own_cpu_s = time.thread_time() - cpu0
         self._wall_s = time.monotonic() - wall0
+
+    def _read_waits(self) -> None:
+        for tid in self.sandbox.thread_ids():
+            wait = thread_wait_ns(tid)
+            if wait is not None:
+                self._waits[tid] = wait
+
+    @property
+    def run_wait_s(self) -> float | None:
+        """Time the run's threads waited for a CPU, summed (a thread's last interval before it exits is
+        missed); None where the backend cannot list its threads."""
+        return sum(self._waits.values()) / 1e9 if self._waits else None
 
     def stop(self) -> None:
         self._stop.set()

@@ -21,6 +21,7 @@ from farm.cli.console import UserError, err, open_store, out, output_file, when
 from farm.proto import strict_json
 
 GROUP_ALL = "(all)"
+INCLUDE_CONTENDED_HELP = "also use sim runs whose cores other work used (left out by default)"
 
 
 def _fmt(v: float | None, spec: str = ".3g") -> str:
@@ -55,7 +56,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.pairs:
         return _calibrate_offline(args)
     from farm.controller.calibrations import (
-        CalibrationError, fit_and_store, calibration_source, job_devices, pair_jobs, pair_within_job,
+        CalibrationError, contended_left_out, fit_and_store, calibration_source, job_devices, pair_jobs,
+        pair_within_job,
     )
 
     if not args.job and not (args.sim_job and args.device_job and args.device):
@@ -68,11 +70,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             devices = [args.device] if args.device else job_devices(store, args.job)
             if not devices:
                 raise UserError(f"job {args.job} ran on no device, only in the sim: nothing to pair")
-            groups = [(d, lambda metric, d=d: pair_within_job(store, args.job, d, metric), calibration_source(store, args.job))
-                      for d in devices]
+            groups = [(d, lambda metric, d=d: pair_within_job(store, args.job, d, metric,
+                                                              include_contended=args.include_contended),
+                       calibration_source(store, args.job)) for d in devices]
+            jobs = [args.job]
         else:
-            groups = [(args.device, lambda metric: pair_jobs(store, args.sim_job, args.device_job, metric),
+            groups = [(args.device, lambda metric: pair_jobs(store, args.sim_job, args.device_job, metric,
+                                                             include_contended=args.include_contended),
                        calibration_source(store, args.sim_job, args.device_job))]
+            jobs = [args.sim_job, args.device_job]
+        left_out = 0 if args.include_contended else contended_left_out(store, jobs)
         for device, pairs_for, source in groups:
             for metric in args.metric or ["latency"]:
                 paired = pairs_for(metric)
@@ -86,16 +93,24 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     except CalibrationError as e:
         raise UserError(str(e)) from None
     if args.json:
-        print(strict_json.dumps({"calibrations": results, "refused": refused}, indent=2))
+        print(strict_json.dumps({"calibrations": results, "refused": refused, "contended_left_out": left_out},
+                                indent=2))
     else:
         if results:
             out.print(_fit_table(results, ["device", "metric", "threads", "family", "version"]))
+        _say_left_out(left_out)
         for line in refused:
             err.print(Text.assemble(("not fitted ", "yellow"), line))
         for r in results:
             for w in r["warnings"]:
                 err.print(Text.assemble(("warning ", "yellow"), f"{r['device']} {r['metric']} threads={r['threads']}: {w}"))
     return 0 if results else 1
+
+
+def _say_left_out(n: int) -> None:
+    if n:
+        err.print(Text.assemble(("left out ", "yellow"), f"{n} contended run(s): other work used their cores "
+                                "(--include-contended uses them)"))
 
 
 def _calibrate_offline(args: argparse.Namespace) -> int:
@@ -164,7 +179,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     try:
         predictions = predict_model(open_store(args), Path(args.model), args.device, args.metric or ["latency"],
-                                    threads=args.threads, backend=args.backend, confidence=args.confidence)
+                                    threads=args.threads, backend=args.backend, confidence=args.confidence,
+                                    include_contended=args.include_contended)
     except PredictError as e:
         raise UserError(str(e)) from None
     if args.json:
@@ -236,7 +252,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
 
     try:
         ranking = rank_job(open_store(args), args.job, args.metric, device_jobs=args.device_job or [],
-                           devices=args.device or [])
+                           devices=args.device or [], include_contended=args.include_contended)
     except RankError as e:
         raise UserError(str(e)) from None
     if args.json:
@@ -254,6 +270,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
                 cells.append(Text(f"{name} ({_fmt(value)})"))
             t.add_row(str(i + 1), *cells)
         out.print(t)
+    _say_left_out(ranking["contended_left_out"])
     return 0
 
 
@@ -291,6 +308,7 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("--group", help="offline: fit one calibration per value of this column")
     s.add_argument("-o", "--output", help="offline: write the fit as JSON here")
     s.add_argument("--min-pairs", type=int, default=4)
+    s.add_argument("--include-contended", action="store_true", help=INCLUDE_CONTENDED_HELP)
     s.set_defaults(func=cmd_calibrate)
 
     s = sub.add_parser("calibrations", parents=[common], help="stored calibrations with their history")
@@ -309,6 +327,7 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("--input", help="offline: CSV with model and x columns")
     s.add_argument("--x", help="offline: the x column (default: the one the fit used)")
     s.add_argument("-o", "--output", help="offline: write predictions CSV here")
+    s.add_argument("--include-contended", action="store_true", help=INCLUDE_CONTENDED_HELP)
     s.set_defaults(func=cmd_predict)
 
     s = sub.add_parser("rank", parents=[common], help="models ordered by sim and by each device, with Kendall τ")
@@ -316,6 +335,7 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("--metric", default="latency", choices=["latency", "whole_run", "peak_memory", "avg_memory"])
     s.add_argument("--device-job", type=int, action="append", help="a job measured on a device (repeatable)")
     s.add_argument("--device", action="append", help="a calibrated device: its predicted order (repeatable)")
+    s.add_argument("--include-contended", action="store_true", help=INCLUDE_CONTENDED_HELP)
     s.set_defaults(func=cmd_rank)
 
     s = sub.add_parser("report", parents=[common], help="one HTML file with the calibration plots and rankings")

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from farm.controller.calibrations import (
-    METRICS, calibration_history, current_calibration, job_values, model_features,
+    METRICS, calibration_history, contended_left_out, current_calibration, job_values, model_features,
 )
 from farm.controller.controller import Controller
 from farm.controller.jobfile import JobFileError, load_job_text
@@ -53,7 +53,7 @@ def _measure(store: Store, model: Path, threads: list[int], source: dict[str, An
 
 
 def predict_model(store: Store, model: Path, device: str, metrics: list[str], *, threads: int | None,
-                  backend: str | None, confidence: float) -> list[dict[str, Any]]:
+                  backend: str | None, confidence: float, include_contended: bool = False) -> list[dict[str, Any]]:
     from farm.models.facts import ModelError, inspect_model
 
     if not model.exists():
@@ -79,7 +79,12 @@ def predict_model(store: Store, model: Path, device: str, metrics: list[str], *,
         reused = job_id is not None
         if job_id is None:
             job_id = _measure(store, model, [t], source, backend)
-        values = [v for v in job_values(store, job_id, "latency") if v.sha256 == facts.sha256 and v.threads == t]
+        values = [v for v in job_values(store, job_id, "latency", include_contended=include_contended)
+                  if v.sha256 == facts.sha256 and v.threads == t]
+        if not values and not include_contended and contended_left_out(store, [job_id]):
+            raise PredictError(f"the sim run of {model.name} at {t} thread(s) was contended (other work used its "
+                               f"cores; job {job_id}, `farm results {job_id} --json` shows why): measure again on "
+                               "quieter cores, or pass --include-contended")
         if not values:
             task = store.query("SELECT failure_class, message FROM tasks WHERE job_id = ? AND model_sha256 = ?",
                                [job_id, facts.sha256])
@@ -87,7 +92,8 @@ def predict_model(store: Store, model: Path, device: str, metrics: list[str], *,
             raise PredictError(f"the sim run of {model.name} at {t} thread(s) did not complete ({why}); job {job_id}")
         runtime = values[0].runtime
         for metric in metrics:
-            measured = [v.value for v in job_values(store, job_id, metric) if v.sha256 == facts.sha256 and v.threads == t]
+            measured = [v.value for v in job_values(store, job_id, metric, include_contended=include_contended)
+                        if v.sha256 == facts.sha256 and v.threads == t]
             stored = current_calibration(store, device, metric, t, runtime=runtime)
             if stored is None or not measured:
                 raise PredictError(f"device {device!r} has no {metric} calibration for {runtime} at {t} thread(s)")

@@ -39,7 +39,8 @@ def run_reference_suite(args: argparse.Namespace, store, lab: list, suite: Path 
     if not _run_with_progress(args, store, job_id, Controller(store).progress(job_id).total, timeout):
         return None
     webhook = alerts_from_environment()
-    return after_reference_run(store, job_id, thresholds=thresholds, k=k, alert=webhook.send_async if webhook else None)
+    return after_reference_run(store, job_id, thresholds=thresholds, k=k, alert=webhook.send_async if webhook else None,
+                               include_contended=getattr(args, "include_contended", False))
 
 
 def cmd_refresh(args: argparse.Namespace) -> int:
@@ -66,6 +67,9 @@ def cmd_refresh(args: argparse.Namespace) -> int:
             err.print(Text.assemble(("quarantined ", "red"), f"{device}: " + "; ".join(why)))
         for line in report.refused:
             err.print(Text.assemble(("not fitted ", "yellow"), line))
+        if report.contended_left_out:
+            err.print(Text.assemble(("left out ", "yellow"), f"{report.contended_left_out} contended sim run(s): "
+                                    "other work used their cores"))
     return 1 if report.quarantined else 0
 
 
@@ -116,6 +120,8 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
                    help="drift threshold (relative to the mean device value, default 0.30)")
     s.add_argument("--max-r2-drop", type=float, default=0.05, help="drift threshold (default 0.05)")
     s.add_argument("--slots", type=int, default=1)
+    s.add_argument("--include-contended", action="store_true",
+                   help="also fit sim twins whose cores other work used (left out by default)")
     s.add_argument("--backend", choices=["auto", "cgroup", "docker", "process"], default=None)
     s.add_argument("--quiet", action="store_true")
     s.add_argument("--progress", action="store_true")

@@ -57,6 +57,8 @@ def results_table(records: list[dict[str, Any]], title: str | None = None) -> Ta
         status = r["status"] if not r["failure_class"] else f"[red]{r['failure_class']}[/red]"
         if r["status"] == "completed":
             status = "[green]ok[/green]"
+            if is_contended(r):
+                status = f"[yellow]ok {CONTENDED_MARK}[/yellow]"
         cpu = r["cpu_percent"]
         row: list[str | Text] = [Text(r["model"]["name"]), str(r["threads"])]
         if any(x["batch_size"] != 1 for x in records):
@@ -72,7 +74,18 @@ def results_table(records: list[dict[str, Any]], title: str | None = None) -> Ta
                 _fmt(r["peak_memory_mb"], 1), _fmt(r["avg_memory_mb"], 1),
                 f"{_fmt(cpu['avg'], 0)}/{_fmt(cpu['peak'], 0)}", _fmt(r["wall_s"]), backend]
         t.add_row(*row)
+    contended = sum(is_contended(r) for r in records)
+    if contended:
+        t.caption = (f"{CONTENDED_MARK} contended ({contended} run(s)): other work used the run's cores, its figures "
+                     "are not the budget's; calibrate, predict and rank leave it out (--include-contended keeps it)")
     return t
+
+
+CONTENDED_MARK = "!"
+
+
+def is_contended(record: dict[str, Any]) -> bool:
+    return bool((record.get("contention") or {}).get("contended"))
 
 
 def pairs_table(pairs: list[dict[str, Any]], title: str | None = None) -> Table:
@@ -84,7 +97,8 @@ def pairs_table(pairs: list[dict[str, Any]], title: str | None = None) -> Table:
         s_lat = (p["sim"]["latency_ms"] or {}).get("avg")
         d_lat = (p["device_run"]["latency_ms"] or {}).get("avg")
         ratio = d_lat / s_lat if s_lat and d_lat else None
-        t.add_row(Text(p["model"]["name"]), str(p["threads"]), str(p["repeat"]), Text(p["device"]), _ms(s_lat),
+        mark = f" {CONTENDED_MARK}" if is_contended(p["sim"]) else ""
+        t.add_row(Text(p["model"]["name"]), str(p["threads"]), str(p["repeat"]), Text(p["device"]), _ms(s_lat) + mark,
                   _ms(d_lat), _fmt(ratio), _fmt(p["sim"]["peak_memory_mb"], 1), _fmt(p["device_run"]["peak_memory_mb"], 1))
     return t
 

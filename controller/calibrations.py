@@ -55,16 +55,31 @@ def _metric_sql(metric: str) -> str:
     return METRICS[metric][0]
 
 
-def job_values(store: Store, job_id: int, metric: str) -> list[MeasuredValue]:
-    """The metric of every completed run of a job (the attempt that counted)."""
+# A contended sim run measured other work as much as the model: pairs leave it out unless asked.
+QUIET_ONLY = "COALESCE({run}.contended, 0) = 0"
+
+
+def contended_left_out(store: Store, job_ids: list[int]) -> int:
+    """Completed runs of these jobs that pair selection leaves out as contended (to say how many)."""
+    if not job_ids:
+        return 0
+    marks = ",".join("?" for _ in job_ids)
+    return store.query(
+        f"SELECT COUNT(*) AS n FROM tasks t JOIN runs r ON r.id = t.last_run_id WHERE t.job_id IN ({marks}) "
+        "AND t.status = 'completed' AND r.contended = 1", list(job_ids))[0]["n"]
+
+
+def job_values(store: Store, job_id: int, metric: str, *, include_contended: bool = False) -> list[MeasuredValue]:
+    """The metric of every completed run of a job (the attempt that counted); contended runs only if asked."""
     if store.job(job_id) is None:
         raise CalibrationError(f"no job {job_id} in {store.path}")
     expr = _metric_sql(metric)
+    quiet = "" if include_contended else " AND " + QUIET_ONLY.format(run="r")
     rows = store.query(
         f"SELECT t.model_name, t.model_sha256, t.model_family, t.threads, t.batch_size, t.input_size, t.repeat, "
         f"t.model_size_bytes, t.model_param_count, t.model_facts_json, r.id AS run_id, r.environment_json, "
         f"{expr} AS value FROM tasks t JOIN runs r ON r.id = t.last_run_id JOIN summaries s ON s.run_id = r.id "
-        f"WHERE t.job_id = ? AND t.status = 'completed'", [job_id])
+        f"WHERE t.job_id = ? AND t.status = 'completed'{quiet}", [job_id])
     out = []
     for row in rows:
         if row["value"] is None:
@@ -88,11 +103,13 @@ class PairedRun:
     device_run_id: int
 
 
-def pair_jobs(store: Store, sim_job: int, device_job: int, metric: str) -> list[PairedRun]:
+def pair_jobs(store: Store, sim_job: int, device_job: int, metric: str, *,
+              include_contended: bool = False) -> list[PairedRun]:
     """Runs of the same model (sha256), cell and repeat in both jobs, averaged over repeats later."""
-    device = {(v.sha256, v.threads, v.batch_size, v.input_size, v.repeat): v for v in job_values(store, device_job, metric)}
+    device = {(v.sha256, v.threads, v.batch_size, v.input_size, v.repeat): v
+              for v in job_values(store, device_job, metric, include_contended=include_contended)}
     pairs = []
-    for s in job_values(store, sim_job, metric):
+    for s in job_values(store, sim_job, metric, include_contended=include_contended):
         d = device.get((s.sha256, s.threads, s.batch_size, s.input_size, s.repeat))
         if d is None:
             continue
@@ -101,9 +118,12 @@ def pair_jobs(store: Store, sim_job: int, device_job: int, metric: str) -> list[
     return pairs
 
 
-def pair_within_job(store: Store, job_id: int, device: str, metric: str) -> list[PairedRun]:
-    """A job's device runs beside their sim twins (same pair key), completed on both sides."""
+def pair_within_job(store: Store, job_id: int, device: str, metric: str, *,
+                    include_contended: bool = False) -> list[PairedRun]:
+    """A job's device runs beside their sim twins (same pair key), completed on both sides; a twin
+    whose run was contended only if asked."""
     expr = _metric_sql(metric)
+    quiet = "" if include_contended else " AND " + QUIET_ONLY.format(run="rs")
     if store.job(job_id) is None:
         raise CalibrationError(f"no job {job_id} in {store.path}")
     rows = store.query(
@@ -114,7 +134,7 @@ def pair_within_job(store: Store, job_id: int, device: str, metric: str) -> list
         f"FROM tasks d JOIN tasks t ON t.job_id = d.job_id AND t.pair_key = d.pair_key AND t.target = 'sim' "
         f"JOIN runs rd ON rd.id = d.last_run_id JOIN summaries sd ON sd.run_id = rd.id "
         f"JOIN runs rs ON rs.id = t.last_run_id JOIN summaries ss ON ss.run_id = rs.id "
-        f"WHERE d.job_id = ? AND d.target = ? AND d.status = 'completed' AND t.status = 'completed'",
+        f"WHERE d.job_id = ? AND d.target = ? AND d.status = 'completed' AND t.status = 'completed'{quiet}",
         [job_id, device])
     out = []
     for row in rows:

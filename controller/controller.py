@@ -28,6 +28,18 @@ TERMINAL_TASK = {TaskStatus.COMPLETED.value, TaskStatus.FAILED.value, TaskStatus
 TERMINAL_JOB = {JobStatus.COMPLETED.value, JobStatus.FAILED.value, JobStatus.CANCELED.value}
 
 
+CONTENDED_RETRIES = 2  # sim.on_contention: retry — then the run is kept, flagged
+
+
+def contention_outcome(policy: str, contended_before: int) -> str:
+    """What a completed but contended sim run becomes: 'retry', 'fail' or 'keep' (flagged)."""
+    if policy == "fail":
+        return "fail"
+    if policy == "retry" and contended_before < CONTENDED_RETRIES:
+        return "retry"
+    return "keep"
+
+
 def should_retry(failure: FailureClass | None, attempt: int, max_attempts: int) -> bool:
     """infrastructure: retry up to max; timeout: once; everything else never (LAVA's rule)."""
     if failure == FailureClass.INFRASTRUCTURE:
@@ -261,8 +273,23 @@ class Controller:
         if task is None:
             raise ResultRefused(f"there is no task {task_id}")
         job = self.store.job(task["job_id"])
-        if result.ok:
-            fields = {"status": TaskStatus.COMPLETED.value, "failure_class": None, "message": ""}
+        contended = result.ok and result.contention is not None and result.contention.contended
+        outcome = self._contention_outcome(task) if contended else "keep"
+        if contended and outcome == "retry" and job["status"] != JobStatus.CANCELED.value:
+            # a measurement spoiled by other work is not the model's figure: measure it again;
+            # the retry does not use up the attempts kept for infrastructure failures
+            fields = {"status": TaskStatus.PENDING.value, "failure_class": None,
+                      "max_attempts": task["max_attempts"] + 1,
+                      "message": f"attempt {attempt} was contended ({'; '.join(result.contention.reasons)}); retrying"}
+        elif contended and outcome == "fail":
+            fields = {"status": TaskStatus.FAILED.value, "failure_class": FailureClass.INFRASTRUCTURE.value,
+                      "message": f"the run was contended ({'; '.join(result.contention.reasons)}) and "
+                                 "sim.on_contention is fail"}
+        elif result.ok:
+            notes = [result.message] if result.message else []
+            if contended:
+                notes.append(f"contended, kept flagged: {'; '.join(result.contention.reasons)}")
+            fields = {"status": TaskStatus.COMPLETED.value, "failure_class": None, "message": "; ".join(notes)}
         elif job["status"] == JobStatus.CANCELED.value or result.failure_class == FailureClass.CANCELED:
             fields = {"status": TaskStatus.CANCELED.value, "failure_class": FailureClass.CANCELED.value,
                       "message": result.message}
@@ -282,6 +309,11 @@ class Controller:
             self.quarantine(task["target"], f"{attempt} infrastructure failures in a row; last: {result.message}")
         self._finish_job_if_done(task["job_id"])
         return run_id
+
+    def _contention_outcome(self, task: dict[str, Any]) -> str:
+        policy = json.loads(task["spec_json"])["sim"].get("on_contention", "retry")
+        before = self.store.query("SELECT COUNT(*) AS n FROM runs WHERE task_id = ? AND contended = 1", [task["id"]])
+        return contention_outcome(policy, before[0]["n"])
 
     # --- device health -------------------------------------------------------------
     def quarantine(self, device: str, reason: str, *, health: str = "bad") -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 from scipy.stats import kendalltau
 
-from farm.controller.calibrations import CalibrationError, current_calibration, job_values
+from farm.controller.calibrations import CalibrationError, contended_left_out, current_calibration, job_values
 from farm.controller.store import Store
 
 
@@ -20,11 +20,12 @@ class RankError(ValueError):
     pass
 
 
-def _means(store: Store, job: int, metric: str) -> dict[int, dict[str, tuple[float, str | None, dict[str, float]]]]:
+def _means(store: Store, job: int, metric: str,
+           include_contended: bool = False) -> dict[int, dict[str, tuple[float, str | None, dict[str, float]]]]:
     """threads -> model -> (mean over repeats and cells, family, model features)."""
     acc: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     about: dict[str, tuple[str | None, dict[str, float]]] = {}
-    for v in job_values(store, job, metric):
+    for v in job_values(store, job, metric, include_contended=include_contended):
         acc[v.threads][v.model].append(v.value)
         about[v.model] = (v.family, v.features)
     return {t: {m: (mean(vals), *about[m]) for m, vals in models.items()} for t, models in acc.items()}
@@ -38,14 +39,17 @@ def _tau(reference: dict[str, float], other: dict[str, float]) -> float | None:
     return None if tau != tau else float(tau)  # NaN when one side is constant
 
 
-def rank_job(store: Store, job: int, metric: str, *, device_jobs: list[int], devices: list[str]) -> dict[str, Any]:
+def rank_job(store: Store, job: int, metric: str, *, device_jobs: list[int], devices: list[str],
+             include_contended: bool = False) -> dict[str, Any]:
     try:
-        sim = _means(store, job, metric)
-        measured = {d: _means(store, d, metric) for d in device_jobs}
+        sim = _means(store, job, metric, include_contended)
+        measured = {d: _means(store, d, metric, include_contended) for d in device_jobs}
     except CalibrationError as e:
         raise RankError(str(e)) from None
+    left_out = 0 if include_contended else contended_left_out(store, [job, *device_jobs])
     if not sim:
-        raise RankError(f"job {job} has no completed run with a {metric} figure to rank")
+        why = f" ({left_out} contended run(s) left out; --include-contended uses them)" if left_out else ""
+        raise RankError(f"job {job} has no completed run with a {metric} figure to rank{why}")
     groups = []
     for threads in sorted(sim):
         sim_values = {m: v for m, (v, _, _) in sim[threads].items()}
@@ -66,4 +70,4 @@ def rank_job(store: Store, job: int, metric: str, *, device_jobs: list[int], dev
             columns.append({"name": f"{device} (predicted)", "kendall_tau": _tau(sim_values, predicted),
                             "order": sorted(predicted.items(), key=lambda kv: kv[1])})
         groups.append({"threads": threads, "columns": columns})
-    return {"job": job, "metric": metric, "groups": groups}
+    return {"job": job, "metric": metric, "groups": groups, "contended_left_out": left_out}

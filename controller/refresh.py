@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 from farm.controller.alerts import drift_event
 from farm.controller.calibrations import (
-    ALL_FAMILIES, StoredCalibration, current_calibration, calibration_source, fit_and_store, job_devices, pair_within_job,
+    ALL_FAMILIES, StoredCalibration, contended_left_out, current_calibration, calibration_source, fit_and_store,
+    job_devices, pair_within_job,
 )
 from farm.controller.controller import Controller
 from farm.controller.reference_suite import HEALTH_CHECK
@@ -157,16 +158,19 @@ class RefreshReport:
     refused: list[str] = field(default_factory=list)
     drift: list[Drift] = field(default_factory=list)
     quarantined: dict[str, list[str]] = field(default_factory=dict)
+    contended_left_out: int = 0  # sim twins whose cores were not their own: not fitted
 
 
 def after_reference_run(store: Store, job_id: int, *, thresholds: DriftThresholds | None = None, k: float = 3.0,
-                        alert: Callable[[dict[str, Any]], None] | None = None) -> RefreshReport:
+                        alert: Callable[[dict[str, Any]], None] | None = None,
+                        include_contended: bool = False) -> RefreshReport:
     """Refit every device of the suite job, record drift, quarantine devices whose golden results moved."""
     thresholds = thresholds or DriftThresholds()
     report = RefreshReport(job_id)
     controller = Controller(store)
+    report.contended_left_out = 0 if include_contended else contended_left_out(store, [job_id])
     for device in job_devices(store, job_id):
-        paired = pair_within_job(store, job_id, device, "latency")
+        paired = pair_within_job(store, job_id, device, "latency", include_contended=include_contended)
         previous = {p.threads: current_calibration(store, device, "latency", p.threads, runtime=p.runtime)
                     for p in paired}
         stored, refused = fit_and_store(store, device, "latency", paired, source=calibration_source(store, job_id))
@@ -196,7 +200,7 @@ def after_reference_run(store: Store, job_id: int, *, thresholds: DriftThreshold
 def report_json(report: RefreshReport) -> dict[str, Any]:
     return {"job": report.job, "calibrations": report.calibrations, "refused": report.refused,
             "drift": [{**asdict(d), "exceeded": d.exceeded} for d in report.drift],
-            "quarantined": report.quarantined}
+            "quarantined": report.quarantined, "contended_left_out": report.contended_left_out}
 
 
 

@@ -20,7 +20,7 @@ SELECT t.id AS task, t.job_id AS job, t.model_name, t.model_sha256, t.model_fami
        t.model_size_bytes, t.model_param_count, t.model_facts_json, t.spec_json AS task_spec_json,
        r.id AS run_id, r.attempt, r.status AS run_status, r.failure_class, r.message, r.backend,
        r.approximate, r.limits_cpus, r.limits_cpuset, r.limits_memory_mb, r.wall_s, r.whole_run_s,
-       r.started_at, r.finished_at, r.tool_versions_json, r.environment_json,
+       r.started_at, r.finished_at, r.tool_versions_json, r.environment_json, r.contention_json,
        s.*
 FROM tasks t
 LEFT JOIN runs r ON r.id = t.last_run_id
@@ -91,6 +91,7 @@ def run_records(store: Store, job_id: int) -> list[dict[str, Any]]:
             "limits": _limits(row),
             "run": row["run_id"],
             "runtime": json.loads(row["environment_json"]).get("runtime") if row["environment_json"] else None,
+            "contention": json.loads(row["contention_json"]) if row.get("contention_json") else None,
             "tool_versions": json.loads(row["tool_versions_json"]) if row["tool_versions_json"] else {},
         })
     spec = json.loads(store.job(job_id)["spec_json"])

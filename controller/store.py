@@ -10,6 +10,7 @@ the last commit). The file is created readable by its owner only.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -141,8 +142,16 @@ def _migration_8(db: sqlite_utils.Database) -> None:
     db["jobs"].add_column("kind", str, not_null_default="user")
 
 
+def _migration_9(db: sqlite_utils.Database) -> None:
+    # A sim run carries the evidence of whether its cores were its own; calibrations leave out
+    # contended runs by default, so the flag is a column (indexed by the pair queries' joins on id).
+    db["runs"].add_column("contended", int)
+    db["runs"].add_column("contention_json", str)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
-    _migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6, _migration_7, _migration_8]
+    _migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6, _migration_7, _migration_8,
+    _migration_9]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -325,6 +334,8 @@ class Store:
                 "wall_s": result.wall_s, "whole_run_s": result.whole_run_s,
                 "environment_json": json.dumps(result.environment),
                 "tool_versions_json": json.dumps(result.tool_versions), "log_tail": result.log_tail,
+                "contended": None if result.contention is None else int(result.contention.contended),
+                "contention_json": None if result.contention is None else json.dumps(dataclasses.asdict(result.contention)),
             }).last_pk
             self._insert_summary(run_id, result)
             if result.iterations_ms:  # executemany: a million samples in a second or two, not a minute

@@ -119,6 +119,39 @@ class Telemetry:
 
 
 @dataclass
+class Contention:
+    """Evidence that something other than the run used the run's cores (or the host's clock) while it ran.
+
+    Figures are shares of the run's wall time; the verdict (`contended`, `reasons`) comes
+    from thresholds measured on this project's machines (BENCHMARKS.md, "Contention").
+    """
+
+    contended: bool = False
+    reasons: list[str] = field(default_factory=list)
+    cores: str | None = None  # the cores the run could use, as a cpuset
+    window_s: float | None = None  # spawn to exit, as the host's counters were read
+    run_cpu_s: float | None = None  # CPU time the run itself got
+    budget_cpus: float | None = None  # cores the budget allowed (quota, or the cpuset's size)
+    cpu_of_budget: float | None = None  # run_cpu_s / (budget_cpus * window_s)
+    others_cpu_share: float | None = None  # other tasks' CPU on the run's cores / (cores * window)
+    # the CPU the run was entitled to (budget, cores and threads allowing) but did not get while
+    # other tasks ran on its cores, as a share of that entitlement: the verdict's figure
+    lost_share: float | None = None
+    steal_share: float | None = None  # hypervisor steal on the run's cores / (cores * window)
+    throttled_s: float | None = None  # time the CFS quota held the run back (its own budget, not contention)
+    run_wait_s: float | None = None  # the run's threads' run-queue wait, summed (/proc/<tid>/schedstat)
+    host_pressure_share: float | None = None  # /proc/pressure/cpu "some" over the window (whole host)
+    cgroup_pressure_share: float | None = None  # the run's own cgroup v2 cpu.pressure "some"
+    freq_mhz_start: float | None = None  # mean clock of the run's cores
+    freq_mhz_end: float | None = None
+    governor_start: str | None = None
+    governor_end: str | None = None
+    quiet_wait_s: float | None = None  # how long the run waited for its cores to be quiet
+    quiet_before: bool | None = None  # whether they were, when it started
+    exclusive: str | None = None  # what the kernel granted for an exclusive cpuset, in words
+
+
+@dataclass
 class RunResult:
     """One attempt at one task, as a driver reports it."""
 
@@ -139,6 +172,7 @@ class RunResult:
     environment: dict[str, Any] = field(default_factory=dict)
     tool_versions: dict[str, str] = field(default_factory=dict)
     log_tail: str = ""  # last lines of the sandbox's output, kept for failures
+    contention: Contention | None = None  # sim runs: was the run's CPU its own?
 
     @property
     def ok(self) -> bool:
@@ -174,6 +208,7 @@ _NESTED = {
     (RunResult, "model"): ModelFacts,
     (RunResult, "status"): RunStatus,
     (RunResult, "failure_class"): FailureClass,
+    (RunResult, "contention"): Contention,
     (ModelFacts, "inputs"): [TensorInfo],
     (ModelFacts, "outputs"): [TensorInfo],
     (Telemetry, "samples"): [TelemetrySample],

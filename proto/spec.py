@@ -180,12 +180,19 @@ class Matrix(Strict):
 class SimBudget(Strict):
     """The local sandbox that stands in for a device: its CPU and memory budget."""
 
-    cpus: float | None = Field(None, gt=0, description="CPU quota in cores (0.5 = half a core); default: the run's thread count")
+    cpus: float | None = Field(None, gt=0, description="CPU budget in cores: a whole number is that many whole cores (a cpuset), a fraction a CFS quota (0.5 = half a core); default: the run's thread count")
     cpuset: str | None = Field(None, description="Cores the run may use, e.g. '0' or '0-1'")
     memory: int | None = Field(None, description="Memory limit like 2g or 512m, swap off; default: none")
     backend: Literal["auto", "cgroup", "docker", "process"] = "auto"
     image: str | None = Field(None, description="docker backend: image to run in (default: farm's own)")
     sample_interval_ms: float = Field(50, ge=5, le=10_000, description="Telemetry sampling period")
+    on_contention: Literal["retry", "flag", "fail"] = Field(
+        "retry", description="A run whose cores other work used: retry (up to 2 more times, then keep it flagged), "
+                             "flag (keep it, marked), or fail (as infrastructure)")
+    quiet_wait: float = Field(0, ge=0, le=3600, description="Seconds to wait, at most, for the run's cores to be "
+                                                            "quiet before it starts (0: start at once)")
+    exclusive: bool = Field(False, description="Ask the kernel for the run's cores alone (a cgroup v2 cpuset "
+                                               "partition); best effort, what was granted is recorded")
 
     @field_validator("memory", mode="before")
     @classmethod

@@ -84,6 +84,20 @@ def _log_tail(lines: int = 5) -> str:
         return "(no log)"
 
 
+INSTALL_SCRIPT = Path(__file__).resolve().parent.parent / ".ci" / "install-docker.sh"
+
+
+def install_engine() -> str | None:
+    """Install Debian's docker.io as CI does (.ci/install-docker.sh), as sshd and adb are installed
+    by their tests: `make test` on a fresh machine then runs what `.ci/run` runs. Returns dockerd's path."""
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return None
+    with LOG_PATH.open("ab") as log:
+        subprocess.run(["bash", str(INSTALL_SCRIPT)], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, timeout=900)
+    return find_dockerd()
+
+
 def ensure_engine() -> str | None:
     """None when an engine answers (started here if need be), else why none could."""
     try:
@@ -96,9 +110,10 @@ def ensure_engine() -> str | None:
         return f"DOCKER_HOST={os.environ['DOCKER_HOST']} does not answer and is not ours to start"
     if _daemon_already_starting() and _wait_for_engine(None, START_TIMEOUT_S):
         return None
-    dockerd = find_dockerd()
+    dockerd = find_dockerd() or install_engine()
     if dockerd is None:
-        return "no Docker engine runs and dockerd is not installed: run .ci/install-docker.sh (apt-get install docker.io)"
+        return ("no Docker engine runs and dockerd is not installed, nor could it be here (needs root and apt-get): "
+                f"run .ci/install-docker.sh (apt-get install docker.io); its output: {_log_tail(2)}")
     if os.geteuid() != 0:
         return "no Docker engine runs and starting dockerd needs root"
     failures = []

@@ -130,6 +130,6 @@ name: slow
 models: [{model.name}]
 workload: {{type: script, command: python, script: slow.py, dir: slow-script}}
 repeats: {tasks}
-sim: {{memory: 512m, backend: process}}
-""")
+sim: {{memory: 512m, backend: process, on_contention: flag}}
+""")  # several agents on this host share its cores: flag contended runs, do not measure them again
     return job

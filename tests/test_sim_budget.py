@@ -53,22 +53,40 @@ def test_allocation_past_the_limit_is_a_resource_failure_naming_it(backend: str,
 def test_half_a_cpu_takes_twice_as_long_as_one(backend: str, tmp_path: Path, tiny_models, farm) -> None:
     require_backend(backend)
     walls: dict[float, list[float]] = {0.5: [], 1.0: []}
-    # Side by side in one test, in a balanced order, so the shared machine's drift hits both alike.
-    for i, cpus in enumerate((1.0, 0.5, 0.5, 1.0, 1.0, 0.5)):
-        job = _script_job(tmp_path, tiny_models, CPU_BOUND, f"{{cpus: {cpus}}}", f"cpu{i}")
+    spoiled: list[list[str]] = []
+    # Side by side in one test, in a balanced order, so the shared machine's drift hits both alike;
+    # only runs farm judged uncontended count (other work on the run's core is not the budget),
+    # and rounds repeat, within a bound, until each budget has two of them.
+    order = (1.0, 0.5, 0.5, 1.0)
+    for i in range(3 * len(order)):
+        if min(len(v) for v in walls.values()) >= 2:
+            break
+        cpus = order[i % len(order)]
+        job = _script_job(tmp_path, tiny_models, CPU_BOUND, f"{{cpus: {cpus}, quiet_wait: 2, on_contention: flag}}", f"cpu{i}")
         run = farm("submit", str(job), "--backend", backend, "--json")
         assert run.returncode == 0, run.stderr
         r = run.json()["results"][0]
         assert r["limits"]["cpus"] == cpus and r["backend"] == backend
-        walls[cpus].append(r["whole_run_s"])
         # the quota is a cap on the share of a core the run got, as farm's sampler saw it (a busy
         # machine can give it less, never more)
         slack = 1.25 if backend == "process" else 1.15  # the process backend's duty cycle is approximate
         assert r["cpu_percent"]["avg"] <= 100 * cpus * slack, r["cpu_percent"]
-    ratio = sum(walls[0.5]) / sum(walls[1.0])
-    # This VM's per-core speed drifts by up to ±35 % between identical runs (seen: 1.13 s and
-    # 1.54 s), so the wall ratio gets a wide band that still excludes "no limit" (1.0); the
-    # exact check of the quota is the CPU share above, which speed drift does not move.
+        if not r["contention"]["contended"]:
+            # it had its budget: nearly all of it used over its wall time, so wall ≈ CPU work / cpus
+            assert r["contention"]["cpu_of_budget"] > 0.85, r["contention"]
+            walls[cpus].append(r["whole_run_s"])
+        else:
+            spoiled.append(r["contention"]["reasons"])
+    if min(len(v) for v in walls.values()) < 2:
+        # not a pass: the claim cannot be checked where no run had its core (the evidence is printed)
+        print(f"uncontended runs {walls}; contended: {spoiled}")
+        pytest.skip(f"{backend}: other work took the runs' cores in {len(spoiled)} of {i + 1} runs: "
+                    f"{spoiled[-1][0] if spoiled else ''}")
+    ratio = sum(walls[0.5][:2]) / sum(walls[1.0][:2])
+    # Uncontended runs only. This VM's per-core speed still drifts between identical runs by up to
+    # ±35 % (seen: 1.17 s and 1.53 s, both uncontended, with busy loops on the other vCPU, likely its
+    # SMT sibling on the host): no counter inside the guest shows it, so the wall ratio keeps a band
+    # that excludes "no limit" (1.0); the CPU-share checks above are the exact part.
     assert 1.4 < ratio < 3.0, walls
 
 

@@ -59,7 +59,8 @@ def test_submit_runs_stores_and_prints(small_job: Path, farm, farm_db: Path) -> 
     # every per-iteration sample is kept, not only the summary
     db = sqlite3.connect(farm_db)
     counts = [n for (n,) in db.execute("SELECT COUNT(*) FROM iterations GROUP BY run_id")]
-    assert counts == [25, 25, 25, 25]
+    # one run per task, or more where a contended run was measured again (sim.on_contention: retry)
+    assert len(counts) >= 4 and set(counts) == {25}
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
     csv_out = farm("results", "1", "--format", "csv").stdout.splitlines()
@@ -140,7 +141,8 @@ def _completed_runs(db: Path) -> int:
     if not db.exists():
         return 0
     try:
-        return sqlite3.connect(db).execute("SELECT COUNT(*) FROM runs WHERE status = 'completed'").fetchone()[0]
+        # tasks, not runs: a contended run is measured again (sim.on_contention: retry) as another run
+        return sqlite3.connect(db).execute("SELECT COUNT(*) FROM tasks WHERE status = 'completed'").fetchone()[0]
     except sqlite3.OperationalError:
         return 0
 

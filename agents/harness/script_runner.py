@@ -1,37 +1,94 @@
 """Script mode: run the user's own command, time it as a whole, and collect the
-per-inference timings it prints as JSON lines ({"latency_ms": 12.3})."""
+per-inference timings it prints as JSON lines ({"latency_ms": 12.3}).
+
+The whole-run time ends when the script's own process exits: anything it left running
+(a child holding stdout open) is ended then and named in the run's message. A timing
+line that is not a finite, non-negative number refuses the run with its line number,
+since every figure computed from it would be wrong. Output is decoded as UTF-8 with
+replacement characters: a stray byte never fails a run.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import json
+import math
+import os
 import resource
 import subprocess
 import sys
+import threading
 import time
+
+import psutil
 
 from farm.agents.harness.task import HarnessOutput, HarnessTask
 from farm.agents.harness.tflite_runner import ModelRejected
 from farm.agents.sandbox.process_tree import die_with_parent
 
 TIMING_KEYS = ("latency_ms", "inference_ms")
+OUTPUT_DRAIN_S = 2.0  # after the script exits: how long its output may take to arrive
+
+
+class BadTiming(ValueError):
+    """A timing line whose value no statistic can use (NaN, infinite, negative)."""
 
 
 def parse_timing_line(line: str) -> float | None:
-    """The per-inference time in ms a script printed on this line, if any."""
+    """The per-inference time in ms a script printed on this line, if any.
+
+    Raises BadTiming for a timing key whose value is not a finite number >= 0.
+    """
     line = line.strip()
     if not line.startswith("{"):
         return None
     try:
-        data = json.loads(line)
+        data = json.loads(line)  # accepts NaN and Infinity; 1e400 becomes inf
     except ValueError:
         return None
     if not isinstance(data, dict):
         return None
     for key in TIMING_KEYS:
         value = data.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value) or value < 0:
+                raise BadTiming(f"{key} is {value!r}; a timing must be a finite number of milliseconds >= 0")
             return float(value)
     return None
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def adopt_orphans() -> None:
+    """Make this process the subreaper of everything the script starts: what the script leaves
+    behind is re-parented here (still inside the sandbox's process group, so a timeout kills it)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def end_leftovers() -> str:
+    """Kill what the script left running; say what it was (empty when nothing)."""
+    try:
+        members = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return ""
+    named = []
+    for p in members:
+        try:
+            named.append(f"{p.name()} (pid {p.pid})")
+            p.kill()
+        except psutil.Error:
+            pass
+    for _ in members:  # reap them: they are our children now
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+    if not named:
+        return ""
+    listed = ", ".join(named[:5]) + (" …" if len(named) > 5 else "")
+    return (f"the script exited leaving {len(named)} process(es) running: {listed}; they were ended, "
+            "and whole_run_s stops at the script's own exit")
 
 
 def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
@@ -39,30 +96,51 @@ def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
     out.baseline_rss_bytes = rss_now()
     timings: list[float] = []
     tail: list[str] = []
+    bad: list[str] = []
     t0 = time.perf_counter()
+
+    adopt_orphans()
     try:
         # `python` is farm's own interpreter: started as this harness was, so it works for the run user even
         # where the interpreter's real path lies in a folder that user cannot search.
         executable = "/proc/self/exe" if task.command[0] == sys.executable else None
         proc = subprocess.Popen(task.command, executable=executable, cwd=task.script_dir, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1, preexec_fn=die_with_parent)
+                                stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
     except FileNotFoundError:
         raise ModelRejected(f"command {task.command[0]!r} was not found on the PATH of the sandbox") from None
     except PermissionError:
         raise ModelRejected(f"command {task.command[0]!r} is not executable") from None
     assert proc.stdout is not None
-    for line in proc.stdout:
-        sys.stdout.write(line)  # the user's output stays in the run's log
-        value = parse_timing_line(line)
-        if value is not None:
-            timings.append(value)
-        tail = (tail + [line.rstrip()])[-20:]
+
+    def read_output() -> None:
+        for number, raw in enumerate(proc.stdout, start=1):
+            line = raw.decode("utf-8", "replace")
+            sys.stdout.write(line)  # the user's output stays in the run's log
+            try:
+                value = parse_timing_line(line)
+            except BadTiming as e:
+                bad.append(f"output line {number}: {e}")
+                continue
+            if value is not None:
+                timings.append(value)
+            tail.append(line.rstrip())
+            del tail[:-20]
+
+    reader = threading.Thread(target=read_output, name="script-output", daemon=True)
+    reader.start()
     status = proc.wait()
     out.whole_run_s = time.perf_counter() - t0
+    leftovers = end_leftovers()
+    reader.join(OUTPUT_DRAIN_S)  # whatever still holds the pipe is dead or not ours: never wait forever
+    sys.stdout.flush()
     out.peak_rss_bytes = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    out.message = leftovers
     if status < 0 and status == -9:
         raise MemoryError("the script was killed (SIGKILL), most likely at the memory limit")
     if status != 0:
         last = "\n".join(tail[-5:])
         raise ModelRejected(f"the script exited with status {status}; its last output:\n{last}")
+    if bad:
+        more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+        raise ModelRejected("the script printed timings no statistic can use: " + "; ".join(bad[:3]) + more)
     out.iterations_ms = timings

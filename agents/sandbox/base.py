@@ -38,6 +38,54 @@ class Budget:
     cpus: float | None = None  # CPU time quota in cores, e.g. 0.5
     cpuset: str | None = None  # e.g. "0" or "0-1": cores the run may use
     memory_bytes: int | None = None  # swap is always off when this is set
+    exclusive: bool = False  # ask the kernel for the cpuset's cores alone (best effort)
+
+
+# The CPU quota, for every backend. A 10 ms period (the kernel's default is 100 ms) throttles
+# within one short inference: with 100 ms, a 0.5-CPU budget lets a 1 ms model run unthrottled
+# for its first 50 ms.
+CFS_PERIOD_US = 10_000
+MIN_QUOTA_US = 1000
+
+
+def whole_cores(cpus: float | None) -> int | None:
+    """A budget of whole cores (1.0, 2.0) as an int; None for a fraction or no budget."""
+    return int(cpus) if cpus is not None and cpus >= 1 and float(cpus).is_integer() else None
+
+
+def cfs_quota_us(budget: Budget) -> int | None:
+    """The CFS quota (µs per CFS_PERIOD_US) for a budget, or None when no quota applies.
+
+    A whole number of cores given as a cpuset of that many cores needs no quota: the cpuset is
+    the budget, as a device's own cores are, and a quota would only throttle the bursts of the
+    process's other threads (issue 10). A fraction stays a quota.
+    """
+    if budget.cpus is None:
+        return None
+    n = whole_cores(budget.cpus)
+    if n is not None and budget.cpuset and len(parse_cpuset(budget.cpuset)) <= n:
+        return None
+    return max(MIN_QUOTA_US, round(budget.cpus * CFS_PERIOD_US))
+
+
+def applied_cpus(budget: Budget) -> float | None:
+    """The CPU budget in cores as the quota applies it (rounded to whole µs), or as the cpuset gives it
+    (no more cores than it has: 4 asked on a 2-core host are 2)."""
+    quota = cfs_quota_us(budget)
+    if quota is not None:
+        return quota / CFS_PERIOD_US
+    if budget.cpus is not None and budget.cpuset:
+        return float(min(budget.cpus, len(parse_cpuset(budget.cpuset))))
+    return budget.cpus
+
+
+@dataclass
+class CpuAccounting:
+    """What the run's CPU did, read once after it exited (before its sandbox is released)."""
+
+    cpu_ns: int | None  # CPU time of everything in the sandbox
+    throttled_ns: int | None = None  # time its quota held it back
+    pressure_some_us: int | None = None  # cgroup v2 cpu.pressure "some" total of the run's cgroup
 
 
 @dataclass
@@ -85,6 +133,7 @@ class RunningSandbox(abc.ABC):
     """A started command under a budget."""
 
     started_at: float  # time.monotonic() at spawn
+    exclusive: str | None = None  # what a request for the cores alone was granted, in words
 
     @abc.abstractmethod
     def read_counters(self) -> Counters: ...
@@ -95,6 +144,14 @@ class RunningSandbox(abc.ABC):
 
     @abc.abstractmethod
     def kill(self) -> None: ...
+
+    def thread_ids(self) -> list[int]:
+        """The run's threads now (for their scheduler wait times); [] where the backend cannot tell."""
+        return []
+
+    def cpu_accounting(self) -> CpuAccounting:
+        """The run's CPU time (and throttling, pressure where the backend has them), after wait()."""
+        return CpuAccounting(self.read_counters().cpu_ns)
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -6,6 +6,7 @@ the exact high-water mark of memory, so the peak needs no sampling luck.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -14,14 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from farm.agents.sandbox.base import (
-    Budget, Counters, ExitInfo, IoTotals, MountSpec, RunningSandbox, SandboxBackend, SandboxError,
+    CFS_PERIOD_US, Budget, Counters, CpuAccounting, ExitInfo, IoTotals, MountSpec, RunningSandbox, SandboxBackend,
+    SandboxError, applied_cpus, cfs_quota_us,
 )
 from farm.agents.sandbox.cgroupfs import CgroupFiles, read_int
 from farm.agents.sandbox.process_tree import ReapedProcess
 
-# A 10 ms period (the kernel's default is 100 ms) throttles within one short inference:
-# with 100 ms, a 0.5-CPU budget lets a 1 ms model run unthrottled for its first 50 ms.
-CFS_PERIOD_US = 10_000
 V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "blkio")
 V2_CONTROLLERS = ("cpu", "cpuset", "memory", "io")
 # The shell joins the cgroups first, then becomes the command: nothing runs outside the budget.
@@ -111,13 +110,56 @@ def _enable_v2_controllers(mount: Path, parent: Path) -> None:
         _write(directory / "cgroup.subtree_control", wanted)
 
 
+# A device's cores belong to the model: the run's cgroup (and farm's parent, which competes with
+# the host's other tasks) gets the largest CPU weight, so a stray task on its cores takes ~0.4 %
+# of them instead of half (v1 cpu.shares 262144 vs 1024 each; v2 cpu.weight 10000 vs 100).
+V1_MAX_SHARES = 262_144
+V2_MAX_WEIGHT = 10_000
+
+
+def claim_cpu_weight(layout: CgroupLayout, dirs: dict[str, Path]) -> None:
+    run = dirs["cpu"] if layout.version == 1 else dirs[""]
+    name, value = ("cpu.shares", str(V1_MAX_SHARES)) if layout.version == 1 else ("cpu.weight", str(V2_MAX_WEIGHT))
+    try:  # the parent may be a delegated cgroup whose own weight only its owner sets: best effort
+        _write(run.parent / name, value)
+    except OSError:
+        pass
+    if (run / name).exists():
+        _write(run / name, value)
+
+
+def claim_exclusive_cores(layout: CgroupLayout, dirs: dict[str, Path], budget: Budget) -> str:
+    """Ask for the run's cores alone; best effort. Returns what the kernel granted, in words."""
+    if not budget.cpuset:
+        return "not exclusive: the run has no cpuset"
+    if layout.version == 2:
+        d = dirs[""]
+        try:
+            _write(d / "cpuset.cpus.exclusive", budget.cpuset)
+        except OSError:
+            pass  # older kernels: the partition takes cpuset.cpus alone
+        try:
+            _write(d / "cpuset.cpus.partition", "root")
+            state = _read(d / "cpuset.cpus.partition").strip()
+        except OSError as e:
+            return f"not exclusive: cpuset.cpus.partition=root refused ({e.strerror})"
+        return "exclusive: cgroup v2 partition root" if state == "root" else f"not exclusive: partition is {state}"
+    # v1's cpu_exclusive only keeps sibling cpusets off the cores, never the root's tasks, and
+    # needs every ancestor exclusive too: say so rather than claim what it cannot give.
+    try:
+        _write(dirs["cpuset"] / "cpuset.cpu_exclusive", "1")
+    except OSError as e:
+        return f"not exclusive: cgroup v1 cpuset.cpu_exclusive refused ({e.strerror}; its parent is not exclusive)"
+    return "partly exclusive: cgroup v1 cpu_exclusive keeps other cpusets off, not the root cgroup's tasks"
+
+
 class CgroupSandbox(RunningSandbox):
     def __init__(self, layout: CgroupLayout, dirs: dict[str, Path], process: ReapedProcess) -> None:
         self.layout = layout
         self.dirs = dirs
         self.process = process
         self.started_at = process.started_at
-        self.files = (CgroupFiles({c: dirs[c] for c in ("cpuacct", "memory", "blkio") if c in dirs}, None)
+        self.files = (CgroupFiles({c: dirs[c] for c in ("cpu", "cpuacct", "memory", "blkio") if c in dirs}, None)
                       if layout.version == 1 else CgroupFiles({}, dirs[""]))
         self._closed = False
 
@@ -127,6 +169,12 @@ class CgroupSandbox(RunningSandbox):
 
     def read_counters(self) -> Counters:
         return Counters(self.files.cpu_ns(), self.files.memory_bytes())
+
+    def thread_ids(self) -> list[int]:
+        return self.files.thread_ids()
+
+    def cpu_accounting(self) -> CpuAccounting:
+        return CpuAccounting(self.files.cpu_ns(), self.files.throttled_ns(), self.files.pressure_some_us())
 
     def oom_kills(self) -> int:
         kills = self.files.oom_kills()
@@ -221,6 +269,8 @@ class CgroupBackend(SandboxBackend):
                 d.mkdir()
                 dirs[controller] = d
             self._apply(dirs, budget)
+            claim_cpu_weight(self.layout, dirs)
+            exclusive = claim_exclusive_cores(self.layout, dirs, budget) if budget.exclusive else None
         except OSError as e:
             for d in dirs.values():
                 try:
@@ -233,7 +283,9 @@ class CgroupBackend(SandboxBackend):
         output_path = cwd / "sandbox-output.log"
         process = ReapedProcess(wrapped, env={**env, "FARM_CGROUP_PROCS": procs}, cwd=cwd,
                                 output_path=output_path)
-        return CgroupSandbox(self.layout, dirs, process)
+        sandbox = CgroupSandbox(self.layout, dirs, process)
+        sandbox.exclusive = exclusive
+        return sandbox
 
     def _apply(self, dirs: dict[str, Path], budget: Budget) -> None:
         if self.layout.version == 1:
@@ -244,9 +296,10 @@ class CgroupBackend(SandboxBackend):
                     _write(parent / name, _read(parent.parent / name).strip())
             _write(cpuset_dir / "cpuset.mems", _read(parent / "cpuset.mems").strip())
             _write(cpuset_dir / "cpuset.cpus", budget.cpuset or _read(parent / "cpuset.cpus").strip())
-            if budget.cpus is not None:
+            quota = cfs_quota_us(budget)
+            if quota is not None:
                 _write(dirs["cpu"] / "cpu.cfs_period_us", str(CFS_PERIOD_US))
-                _write(dirs["cpu"] / "cpu.cfs_quota_us", str(max(1000, round(budget.cpus * CFS_PERIOD_US))))
+                _write(dirs["cpu"] / "cpu.cfs_quota_us", str(quota))
             mem = dirs["memory"]
             if budget.memory_bytes is not None:
                 _write(mem / "memory.limit_in_bytes", str(budget.memory_bytes))
@@ -260,13 +313,13 @@ class CgroupBackend(SandboxBackend):
             d = dirs[""]
             if budget.cpuset:
                 _write(d / "cpuset.cpus", budget.cpuset)
-            if budget.cpus is not None:
-                _write(d / "cpu.max", f"{max(1000, round(budget.cpus * CFS_PERIOD_US))} {CFS_PERIOD_US}")
+            quota = cfs_quota_us(budget)
+            if quota is not None:
+                _write(d / "cpu.max", f"{quota} {CFS_PERIOD_US}")
             if budget.memory_bytes is not None:
                 _write(d / "memory.max", str(budget.memory_bytes))
                 if (d / "memory.swap.max").exists():
                     _write(d / "memory.swap.max", "0")
 
     def effective_limits(self, budget: Budget) -> Budget:
-        cpus = None if budget.cpus is None else max(1000, round(budget.cpus * CFS_PERIOD_US)) / CFS_PERIOD_US
-        return Budget(cpus=cpus, cpuset=budget.cpuset, memory_bytes=budget.memory_bytes)
+        return dataclasses.replace(budget, cpus=applied_cpus(budget))

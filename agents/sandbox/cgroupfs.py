@@ -13,7 +13,7 @@ from pathlib import Path
 class CgroupFiles:
     """One cgroup's directories: per controller on v1, a single directory on v2."""
 
-    v1_dirs: dict[str, Path]  # "cpuacct" | "memory" | "blkio" -> directory
+    v1_dirs: dict[str, Path]  # "cpu" | "cpuacct" | "memory" | "blkio" -> directory
     v2_dir: Path | None
 
     def all_dirs(self) -> list[Path]:
@@ -29,6 +29,39 @@ class CgroupFiles:
             usage_usec = _read_keyed(self.v2_dir / "cpu.stat").get("usage_usec")
             return usage_usec * 1000 if usage_usec is not None else None
         return None
+
+    def throttled_ns(self) -> int | None:
+        """Time the CFS quota held the cgroup back (v1 cpu.stat throttled_time, v2 throttled_usec)."""
+        if "cpu" in self.v1_dirs:
+            return _read_keyed(self.v1_dirs["cpu"] / "cpu.stat").get("throttled_time")
+        if self.v2_dir:
+            usec = _read_keyed(self.v2_dir / "cpu.stat").get("throttled_usec")
+            return usec * 1000 if usec is not None else None
+        return None
+
+    def pressure_some_us(self) -> int | None:
+        """The cgroup's own CPU pressure ("some" stall total, µs): v2 only."""
+        if self.v2_dir is None:
+            return None
+        try:
+            text = (self.v2_dir / "cpu.pressure").read_text()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if line.startswith("some "):
+                totals = [f.partition("=")[2] for f in line.split() if f.startswith("total=")]
+                return int(totals[0]) if totals and totals[0].isdigit() else None
+        return None
+
+    def thread_ids(self) -> list[int]:
+        """Every thread in the cgroup (v1 `tasks`, v2 `cgroup.threads`), for per-thread wait times."""
+        files = [d / "tasks" for d in self.v1_dirs.values()][:1] or ([self.v2_dir / "cgroup.threads"] if self.v2_dir else [])
+        for f in files:
+            try:
+                return [int(t) for t in f.read_text().split()]
+            except (OSError, ValueError):
+                return []
+        return []
 
     def memory_bytes(self) -> int | None:
         if "memory" in self.v1_dirs:

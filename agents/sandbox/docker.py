@@ -16,6 +16,7 @@ Only the Docker Engine API is used (through the `docker` SDK), never the docker 
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import secrets
@@ -36,9 +37,14 @@ from farm.agents.sandbox.base import (
     RunningSandbox,
     SandboxBackend,
     SandboxError,
+    CFS_PERIOD_US,
+    CpuAccounting,
+    applied_cpus,
+    cfs_quota_us,
+    parse_cpuset,
 )
 from farm.agents.sandbox.docker_image import ensure_default_image, host_runtime_mounts
-from farm.agents.sandbox.cgroup import CFS_PERIOD_US
+from farm.agents.sandbox.cgroup import V1_MAX_SHARES, V2_MAX_WEIGHT
 from farm.agents.sandbox.cgroupfs import CgroupFiles
 
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
@@ -122,7 +128,7 @@ def container_cgroup(pid: int, container_id: str) -> CgroupFiles | None:
     if not any(container_id in p for p in [*v1_paths.values(), v2_path or ""]):
         return None
     v1_dirs: dict[str, Path] = {}
-    for controller in ("cpuacct", "memory", "blkio"):
+    for controller in ("cpu", "cpuacct", "memory", "blkio"):
         mount = next((m for m in mounts if not m.is_v2 and controller in m.controllers), None)
         if mount and controller in v1_paths:
             host_dir = mount.host_dir(v1_paths[controller])
@@ -241,6 +247,8 @@ class DockerSandbox(RunningSandbox):
         self._last_peak: int | None = None  # kernel high-water mark last seen while running
         self._last_block_io: tuple[int | None, int | None] = (None, None)
         self._max_sampled_memory: int | None = None
+        self._last_cpu_ns: int | None = None  # the container's own CPU counter, last seen
+        self._last_throttled_ns: int | None = None
         self._oom_kills_seen = 0
         self._killed_by_us = False
         self._closed = False
@@ -289,7 +297,12 @@ class DockerSandbox(RunningSandbox):
         oom_kills = cgroup.oom_kills()
         block_io = cgroup.block_io()
         net = _read_net_dev(proc_fd) if proc_fd is not None else None
+        throttled = cgroup.throttled_ns()
         with self._lock:
+            if counters.cpu_ns is not None:
+                self._last_cpu_ns = counters.cpu_ns
+            if throttled is not None:
+                self._last_throttled_ns = throttled
             if peak is not None:
                 self._last_peak = max(peak, self._last_peak or 0)
             if oom_kills:
@@ -336,6 +349,19 @@ class DockerSandbox(RunningSandbox):
             cpu_ns=partial.cpu_ns if partial.cpu_ns is not None else (int(cpu_ns) if cpu_ns is not None else None),
             memory_bytes=partial.memory_bytes if partial.memory_bytes is not None else (int(memory) if memory is not None else None),
         )
+
+    def thread_ids(self) -> list[int]:
+        with self._lock:
+            cgroup = self._cgroup
+        return cgroup.thread_ids() if cgroup is not None else []
+
+    def cpu_accounting(self) -> CpuAccounting:
+        """The private parent's counter survives the container (exact); else the last one polled."""
+        final = self._final_cgroup()
+        cpu_ns = final.cpu_ns() if final is not None and final.exists() else None
+        with self._lock:
+            return CpuAccounting(cpu_ns if cpu_ns is not None else self._last_cpu_ns, self._last_throttled_ns,
+                                 final.pressure_some_us() if final is not None else None)
 
     def _is_running(self) -> bool:
         self.container.reload()
@@ -461,6 +487,27 @@ class DockerSandbox(RunningSandbox):
                 _remove_private_cgroup(self._private_cgroup_parent)
 
 
+def _claim_parent_weight(cgroup_parent: str) -> None:
+    """Give the per-run parent (and /farm-sandbox above it) farm's full CPU weight, as the cgroup backend
+    does, so a container competes with the host's tasks as one heavy group; best effort."""
+    for mount in _cgroup_mounts():
+        if not (mount.is_v2 or "cpu" in mount.controllers):
+            continue
+        top = mount.host_dir("/" + PRIVATE_CGROUP_ROOT)
+        run = mount.host_dir(cgroup_parent)
+        for directory, (name, value) in ((top, _WEIGHT[mount.is_v2]), (run, _WEIGHT[mount.is_v2])):
+            if directory is None:
+                continue
+            try:
+                directory.mkdir(exist_ok=True)
+                (directory / name).write_text(value)
+            except OSError:
+                pass  # no cpu controller there (v2 without +cpu): the engine's default weight stays
+
+
+_WEIGHT = {False: ("cpu.shares", str(V1_MAX_SHARES)), True: ("cpu.weight", str(V2_MAX_WEIGHT))}
+
+
 def _private_parent_files(cgroup_parent: str) -> CgroupFiles | None:
     mounts = _cgroup_mounts()
     v1_dirs: dict[str, Path] = {}
@@ -485,6 +532,8 @@ def _budget_from_host_config(host_config: dict[str, Any]) -> Budget:
         cpus: float | None = nano_cpus / 1e9
     elif cpu_quota > 0:
         cpus = cpu_quota / (cpu_period or 100_000)
+    elif host_config.get("CpusetCpus"):
+        cpus = float(len(parse_cpuset(host_config["CpusetCpus"])))  # whole cores: the cpuset is the budget
     else:
         cpus = None
     memory = int(host_config.get("Memory") or 0)
@@ -603,12 +652,16 @@ class DockerBackend(SandboxBackend):
         # A per-run parent cgroup keeps the kernel's peak after the container's own cgroup is gone.
         private_parent = f"/{PRIVATE_CGROUP_ROOT}/{token}" if self._uses_cgroupfs_driver() else None
         limits: dict[str, Any] = {}
-        if budget.cpus is not None:
+        quota = cfs_quota_us(budget)
+        if quota is not None:
             # the same short CFS period as the cgroup backend, so both throttle alike
             limits["cpu_period"] = CFS_PERIOD_US
-            limits["cpu_quota"] = max(1000, int(round(budget.cpus * CFS_PERIOD_US)))
+            limits["cpu_quota"] = quota
         if budget.cpuset:
             limits["cpuset_cpus"] = budget.cpuset
+        limits["cpu_shares"] = V1_MAX_SHARES  # the engine maps it to cpu.weight on cgroup v2
+        if private_parent is not None:
+            _claim_parent_weight(private_parent)
         if budget.memory_bytes is not None:
             limits["mem_limit"] = int(budget.memory_bytes)
             limits["memswap_limit"] = int(budget.memory_bytes)  # equal to memory: no swap
@@ -628,9 +681,11 @@ class DockerBackend(SandboxBackend):
                 detach=True,
                 **limits,
             )
-        except docker.errors.ImageNotFound as exc:
-            raise SandboxError(f"image {image} is not on the Docker engine: load or build it there first") from exc
         except docker.errors.DockerException as exc:
+            if private_parent is not None:
+                _remove_private_cgroup(private_parent)  # the weighted parent made for it above
+            if isinstance(exc, docker.errors.ImageNotFound):
+                raise SandboxError(f"image {image} is not on the Docker engine: load or build it there first") from exc
             raise SandboxError(f"the Docker engine refused the container: {_first_line(exc)}") from exc
         sandbox = DockerSandbox(container, private_cgroup_parent=private_parent, memory_limit=budget.memory_bytes)
         try:
@@ -650,11 +705,12 @@ class DockerBackend(SandboxBackend):
         """
         applied = self._applied.get(_budget_key(budget))
         if applied is not None:
-            return applied
+            return dataclasses.replace(applied, exclusive=budget.exclusive)
         return Budget(
-            cpus=max(1000, round(budget.cpus * CFS_PERIOD_US)) / CFS_PERIOD_US if budget.cpus is not None else None,
+            cpus=applied_cpus(budget),
             cpuset=budget.cpuset or None,
             memory_bytes=int(budget.memory_bytes) if budget.memory_bytes is not None else None,
+            exclusive=budget.exclusive,
         )
 
 

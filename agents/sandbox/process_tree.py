@@ -46,6 +46,7 @@ class ReapedProcess:
         self.exited = threading.Event()
         self.status: int | None = None
         self.max_rss_bytes: int | None = None
+        self.cpu_ns: int | None = None
         self.ended_at: float | None = None
         threading.Thread(target=self._reap, name=f"reap-{self.pid}", daemon=True).start()
 
@@ -55,6 +56,7 @@ class ReapedProcess:
         self.status = os.waitstatus_to_exitcode(status)
         self.proc.returncode = self.status  # keep Popen from reaping a reused pid later
         self.max_rss_bytes = rusage.ru_maxrss * 1024  # Linux reports KiB
+        self.cpu_ns = int((rusage.ru_utime + rusage.ru_stime) * 1e9)  # the tree's CPU, for contention
         self.exited.set()
 
     @property

@@ -158,8 +158,54 @@ class ModelFacts(_message.Message):
     op_types: _containers.ScalarMap[str, int]
     def __init__(self, path: _Optional[str] = ..., format: _Optional[str] = ..., size_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[TensorInfo, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorInfo, _Mapping]]] = ..., op_count: _Optional[int] = ..., param_count: _Optional[int] = ..., op_types: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
+class Contention(_message.Message):
+    __slots__ = ("contended", "reasons", "cores", "window_s", "run_cpu_s", "budget_cpus", "cpu_of_budget", "others_cpu_share", "steal_share", "throttled_s", "host_pressure_share", "cgroup_pressure_share", "freq_mhz_start", "freq_mhz_end", "governor_start", "governor_end", "quiet_wait_s", "quiet_before", "exclusive", "lost_share", "run_wait_s")
+    CONTENDED_FIELD_NUMBER: _ClassVar[int]
+    REASONS_FIELD_NUMBER: _ClassVar[int]
+    CORES_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    RUN_CPU_S_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_CPUS_FIELD_NUMBER: _ClassVar[int]
+    CPU_OF_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    OTHERS_CPU_SHARE_FIELD_NUMBER: _ClassVar[int]
+    STEAL_SHARE_FIELD_NUMBER: _ClassVar[int]
+    THROTTLED_S_FIELD_NUMBER: _ClassVar[int]
+    HOST_PRESSURE_SHARE_FIELD_NUMBER: _ClassVar[int]
+    CGROUP_PRESSURE_SHARE_FIELD_NUMBER: _ClassVar[int]
+    FREQ_MHZ_START_FIELD_NUMBER: _ClassVar[int]
+    FREQ_MHZ_END_FIELD_NUMBER: _ClassVar[int]
+    GOVERNOR_START_FIELD_NUMBER: _ClassVar[int]
+    GOVERNOR_END_FIELD_NUMBER: _ClassVar[int]
+    QUIET_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    QUIET_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    EXCLUSIVE_FIELD_NUMBER: _ClassVar[int]
+    LOST_SHARE_FIELD_NUMBER: _ClassVar[int]
+    RUN_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    contended: bool
+    reasons: _containers.RepeatedScalarFieldContainer[str]
+    cores: str
+    window_s: float
+    run_cpu_s: float
+    budget_cpus: float
+    cpu_of_budget: float
+    others_cpu_share: float
+    steal_share: float
+    throttled_s: float
+    host_pressure_share: float
+    cgroup_pressure_share: float
+    freq_mhz_start: float
+    freq_mhz_end: float
+    governor_start: str
+    governor_end: str
+    quiet_wait_s: float
+    quiet_before: bool
+    exclusive: str
+    lost_share: float
+    run_wait_s: float
+    def __init__(self, contended: _Optional[bool] = ..., reasons: _Optional[_Iterable[str]] = ..., cores: _Optional[str] = ..., window_s: _Optional[float] = ..., run_cpu_s: _Optional[float] = ..., budget_cpus: _Optional[float] = ..., cpu_of_budget: _Optional[float] = ..., others_cpu_share: _Optional[float] = ..., steal_share: _Optional[float] = ..., throttled_s: _Optional[float] = ..., host_pressure_share: _Optional[float] = ..., cgroup_pressure_share: _Optional[float] = ..., freq_mhz_start: _Optional[float] = ..., freq_mhz_end: _Optional[float] = ..., governor_start: _Optional[str] = ..., governor_end: _Optional[str] = ..., quiet_wait_s: _Optional[float] = ..., quiet_before: _Optional[bool] = ..., exclusive: _Optional[str] = ..., lost_share: _Optional[float] = ..., run_wait_s: _Optional[float] = ...) -> None: ...
+
 class RunResult(_message.Message):
-    __slots__ = ("status", "failure_class", "message", "backend", "limits", "approximate", "wall_s", "latency", "iterations_ms", "whole_run_s", "telemetry", "baseline_memory_bytes", "peak_rss_bytes", "model", "environment_json", "tool_versions", "log_tail")
+    __slots__ = ("status", "failure_class", "message", "backend", "limits", "approximate", "wall_s", "latency", "iterations_ms", "whole_run_s", "telemetry", "baseline_memory_bytes", "peak_rss_bytes", "model", "environment_json", "tool_versions", "log_tail", "contention")
     class ToolVersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +230,7 @@ class RunResult(_message.Message):
     ENVIRONMENT_JSON_FIELD_NUMBER: _ClassVar[int]
     TOOL_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     LOG_TAIL_FIELD_NUMBER: _ClassVar[int]
+    CONTENTION_FIELD_NUMBER: _ClassVar[int]
     status: str
     failure_class: str
     message: str
@@ -201,7 +248,8 @@ class RunResult(_message.Message):
     environment_json: str
     tool_versions: _containers.ScalarMap[str, str]
     log_tail: str
-    def __init__(self, status: _Optional[str] = ..., failure_class: _Optional[str] = ..., message: _Optional[str] = ..., backend: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., approximate: _Optional[bool] = ..., wall_s: _Optional[float] = ..., latency: _Optional[_Union[LatencyStats, _Mapping]] = ..., iterations_ms: _Optional[_Iterable[float]] = ..., whole_run_s: _Optional[float] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., baseline_memory_bytes: _Optional[int] = ..., peak_rss_bytes: _Optional[int] = ..., model: _Optional[_Union[ModelFacts, _Mapping]] = ..., environment_json: _Optional[str] = ..., tool_versions: _Optional[_Mapping[str, str]] = ..., log_tail: _Optional[str] = ...) -> None: ...
+    contention: Contention
+    def __init__(self, status: _Optional[str] = ..., failure_class: _Optional[str] = ..., message: _Optional[str] = ..., backend: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., approximate: _Optional[bool] = ..., wall_s: _Optional[float] = ..., latency: _Optional[_Union[LatencyStats, _Mapping]] = ..., iterations_ms: _Optional[_Iterable[float]] = ..., whole_run_s: _Optional[float] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., baseline_memory_bytes: _Optional[int] = ..., peak_rss_bytes: _Optional[int] = ..., model: _Optional[_Union[ModelFacts, _Mapping]] = ..., environment_json: _Optional[str] = ..., tool_versions: _Optional[_Mapping[str, str]] = ..., log_tail: _Optional[str] = ..., contention: _Optional[_Union[Contention, _Mapping]] = ...) -> None: ...
 
 class Device(_message.Message):
     __slots__ = ("name", "driver", "device_type", "tags", "facts_json", "slots", "state", "agent", "last_seen")

@@ -1,0 +1,62 @@
+"""Script workloads report what the script did: its own run time (not a child's), only
+timings a statistic can use, and its output whatever bytes it prints."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import write_job
+from farm.agents.harness.script_runner import BadTiming, parse_timing_line
+
+
+def _job(tmp_path: Path, tiny_models, script: str, name: str) -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    os.symlink(tiny_models["tflite"], d / "tiny.tflite")
+    (d / "work.py").write_text(script)
+    return write_job(d, "models: [tiny.tflite]\nworkload: {type: script, script: work.py}\nsim: {backend: auto}\n")
+
+
+def test_a_child_that_keeps_stdout_open_does_not_stretch_the_run(tmp_path: Path, tiny_models, farm) -> None:
+    script = ("import json, subprocess\n"
+              "subprocess.Popen(['sleep', '120'])  # inherits stdout and outlives the script\n"
+              "print(json.dumps({'latency_ms': 2.5}))\n")
+    run = farm("submit", str(_job(tmp_path, tiny_models, script, "child")), "--json", timeout=60)
+    assert run.returncode == 0, run.stderr
+    r = run.json()["results"][0]
+    assert r["status"] == "completed" and r["latency_ms"]["avg"] == 2.5
+    assert r["whole_run_s"] < 5  # the script's own life, not the sleeping child's 120 s
+    assert "leaving 1 process(es) running: sleep (pid" in r["message"] and "were ended" in r["message"]
+
+
+@pytest.mark.parametrize("bad, shown", [("NaN", "nan"), ("1e400", "inf"), ("-5", "-5")])
+def test_a_non_finite_or_negative_timing_refuses_the_run_naming_its_line(
+        bad: str, shown: str, tmp_path: Path, tiny_models, farm) -> None:
+    script = f"print('warming up')\nprint('{{\"latency_ms\": 3.0}}')\nprint('{{\"latency_ms\": {bad}}}')\n"
+    run = farm("submit", str(_job(tmp_path, tiny_models, script, f"bad{shown}")), "--json")
+    assert run.returncode == 1, run.stderr
+    r = run.json()["results"][0]
+    assert r["failure_class"] == "job" and r["attempts"] == 1  # the script's output, not bad luck: no retry
+    assert "output line 3: latency_ms is" in r["message"] and shown in r["message"]
+    assert r["latency_ms"] is None
+    assert "Infinity" not in run.stdout and "NaN" not in run.stdout  # the JSON stays JSON
+
+
+def test_a_0xff_byte_in_the_output_is_replaced_not_a_bug(tmp_path: Path, tiny_models, farm) -> None:
+    script = ("import sys\nsys.stdout.buffer.write(b'caf\\xe9 \\xff\\n{\"latency_ms\": 1.25}\\n')\n")
+    run = farm("submit", str(_job(tmp_path, tiny_models, script, "byte")), "--json")
+    assert run.returncode == 0, run.stderr
+    r = run.json()["results"][0]
+    assert r["status"] == "completed" and r["failure_class"] is None and r["latency_ms"]["avg"] == 1.25
+
+
+def test_timing_lines_parse_as_documented() -> None:
+    assert parse_timing_line('{"latency_ms": 12.3}') == 12.3
+    assert parse_timing_line('{"inference_ms": 0}') == 0.0
+    assert parse_timing_line("latency 12 ms") is None and parse_timing_line('{"latency_ms": true}') is None
+    for bad in ('{"latency_ms": NaN}', '{"latency_ms": Infinity}', '{"latency_ms": 1e400}', '{"latency_ms": -0.5}'):
+        with pytest.raises(BadTiming):
+            parse_timing_line(bad)
