@@ -147,7 +147,12 @@ class Prior:
     exponent: float = 1.0
     log_factor: float | None = None
     features: Mapping[str, float] = field(default_factory=dict)
+    feature_transforms: Mapping[str, str] = field(default_factory=dict)  # "log" / "linear", as the fit took them
     source: str = "device = constant factor × sim"
+
+    def feature_prior(self, name: str, transform: str) -> float:
+        """The prior coefficient of a feature entering as ``transform`` (0 when the prior took it otherwise)."""
+        return self.features.get(name, 0.0) if self.feature_transforms.get(name, transform) == transform else 0.0
 
 
 DEFAULT_PRIOR = Prior()
@@ -697,13 +702,13 @@ def _ridge(columns: Sequence[np.ndarray], target: np.ndarray, prior_vector: np.n
 
 
 def _choose_ridge(log_sim: np.ndarray, target: np.ndarray, candidates: Mapping[str, np.ndarray],
-                  prior: Prior) -> _RidgeChoice | None:
+                  prior: Prior, transforms: Mapping[str, str]) -> _RidgeChoice | None:
     """Features by greedy forward selection and λ from RIDGE_LAMBDAS, both by leave-one-out log error."""
 
     def best_for(used: list[str]) -> _RidgeChoice | None:
         columns = [np.ones_like(log_sim), log_sim, *(candidates[name] for name in used)]
         prior_vector = np.array([prior.log_factor or 0.0, prior.exponent,
-                                 *(prior.features.get(name, 0.0) for name in used)])
+                                 *(prior.feature_prior(name, transforms[name]) for name in used)])
         best: _RidgeChoice | None = None
         for ridge_lambda in RIDGE_LAMBDAS:
             fitted = _ridge(columns, target, prior_vector, prior.log_factor is not None, ridge_lambda)
@@ -751,7 +756,7 @@ def _fit_log_ridge(shared: _Shared, feature_matrix: Mapping[str, np.ndarray], pr
                    warnings: list[str]) -> FitResult | None:
     log_sim, log_device = np.log(shared.sim), np.log(shared.device)
     candidates, transforms = _log_feature_columns(feature_matrix)
-    choice = _choose_ridge(log_sim, log_device, candidates, prior)
+    choice = _choose_ridge(log_sim, log_device, candidates, prior, transforms)
     if choice is None:
         warnings.append("log_ridge fit skipped: in log space the sim values are too concentrated to fit and validate")
         return None
@@ -763,7 +768,7 @@ def _fit_log_ridge(shared: _Shared, feature_matrix: Mapping[str, np.ndarray], pr
         for index in range(n):
             keep[index] = False
             inner = _choose_ridge(log_sim[keep], log_device[keep],
-                                  {name: values[keep] for name, values in candidates.items()}, prior)
+                                  {name: values[keep] for name, values in candidates.items()}, prior, transforms)
             keep[index] = True
             if inner is None:  # too concentrated without this model: fall back to the closed form
                 loo_residual[index] = choice.model.residuals[index] / (1.0 - choice.model.leverage[index])
@@ -902,6 +907,14 @@ def _average_repeats(pairs: list[Pair], warnings: list[str]) -> list[Pair]:
     by_model: dict[str, list[Pair]] = {}
     for pair in pairs:
         by_model.setdefault(pair.model, []).append(pair)
+    for model, group in by_model.items():
+        differing = sorted({name for pair in group for name in pair.features
+                            if len({p.features.get(name) for p in group}) > 1})
+        if differing:  # another batch size or input size is another configuration, not a repeat
+            raise CalibrationInputError(
+                f"model {model!r} appears with different {', '.join(differing)} values: those are different "
+                f"configurations, not repeats to average; calibrate them apart (a group per configuration) "
+                f"or give them different model names")
     repeated = sum(1 for group in by_model.values() if len(group) > 1)
     warnings.append(f"{repeated} model(s) had repeated pairs: averaged to one pair per model")
     merged = []
@@ -956,7 +969,9 @@ def read_pairs_csv(path: str | Path, x: str = "x", y: str = "y", model: str = "m
                    features: Sequence[str] = ()) -> dict[str | None, list[Pair]]:
     """Pairs from a CSV with a header, grouped by the ``group`` column (one group ``None`` without it).
 
-    A ``family`` column, when present, fills ``Pair.family``. Errors name file, line and column.
+    A ``family`` column, when present, fills ``Pair.family``. ``features`` are columns read into
+    ``Pair.features``; ``"auto"`` among them stands for every column but x, y, model, group and
+    family whose every cell is a finite number. Errors name file, line and column.
     """
     path = Path(path)
     try:
@@ -969,14 +984,21 @@ def read_pairs_csv(path: str | Path, x: str = "x", y: str = "y", model: str = "m
         if not header:
             raise CalibrationInputError(f"{path}:1: empty file, expected a header with columns "
                                         f"{', '.join([model, x, y])}")
+        auto = "auto" in features
+        features = [name for name in dict.fromkeys(features) if name != "auto"]
         needed = [model, x, y, *([group] if group else []), *features]
         missing = [column for column in needed if column not in header]
         if missing:
             raise CalibrationInputError(f"{path}:1: column(s) {', '.join(map(repr, missing))} not in the "
                                         f"header (columns: {', '.join(header)})")
+        rows = list(reader)
+        if auto:
+            reserved = {model, x, y, group, "family"}
+            features += [column for column in header if column not in reserved and column not in features
+                         and rows and all(_is_number(row.get(column)) for row in rows)]
         groups: dict[str | None, list[Pair]] = {}
-        for row in reader:
-            line = reader.line_num
+        for index, row in enumerate(rows):
+            line = index + 2
             name = _text_cell(row, model, path, line)
             pair = Pair(model=name, x=_number_cell(row, x, path, line), y=_number_cell(row, y, path, line),
                         family=(row.get("family") or None) if "family" in header else None,
@@ -1014,6 +1036,13 @@ def predict_rows(calibration: Calibration, rows: Iterable[Mapping[str, Any]], *,
     for row, e, lo, hi in zip(materialised, estimate, low, high):
         row.update(estimate=float(e), low=float(lo), high=float(hi))
     return materialised
+
+
+def _is_number(text: Any) -> bool:
+    try:
+        return text is not None and math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 def _text_cell(row: Mapping[str, Any], column: str, path: Path, line: int) -> str:

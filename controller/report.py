@@ -139,8 +139,9 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure]]:
         scatter = Figure(f"{slug}-scatter.png", scatter_figure(c))
         residual = Figure(f"{slug}-residuals.png", residual_figure(c))
         figures += [scatter, residual]
-        kinds = _table(["fit", "a", "b", "R²", "LOO MAPE %", "within ±10 %"],
-                       [[k, _g(f.a), _g(f.b), _g(f.r2), _g(100 * f.loo_mape), _g(100 * f.loo_within_10)]
+        kinds = _table(["fit", "formula", "R²", "LOO MAPE %", "within ±10 %", "prior weight"],
+                       [[k, f.formula, _g(f.r2), _g(100 * f.loo_mape), _g(100 * f.loo_within_10),
+                         "—" if f.prior_weight is None else f"{100 * f.prior_weight:.0f} % ({f.prior_source})"]
                         for k, f in cal.fits.items()])
         per_model = _table(["model", "sim", "device (measured)", "predicted", "error %"],
                            [[p.model, _g(p.x), _g(p.y), _g(fit.predict(p.x, features=p.features).estimate),
@@ -149,7 +150,8 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure]]:
         warnings = "".join(f"<p class=warn>{html.escape(w)}</p>" for w in cal.warnings)
         sections.append(
             f"<section><h2>{html.escape(_label(c))}</h2>{warnings}"
-            f"<p>chosen fit <b>{html.escape(cal.chosen)}</b> (lowest leave-one-out error) · n = {fit.n} · "
+            f"<p>chosen fit <b>{html.escape(cal.chosen)}</b>: {html.escape(fit.formula)} · "
+            f"{'<b class=warn>unsafe</b>' if cal.unsafe else 'sim tracks the device'} · n = {fit.n} · "
             f"Kendall τ = {_g(fit.kendall_tau)} · Spearman ρ = {_g(fit.spearman_rho)} · "
             f"order may flip: {html.escape(flips)}</p>"
             f"<div class=figs><img alt='scatter' src='data:image/png;base64,{base64.b64encode(scatter.png).decode()}'>"

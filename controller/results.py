@@ -68,6 +68,9 @@ def run_records(store: Store, job_id: int) -> list[dict[str, Any]]:
             "peak_memory_mb": _mb(row.get("peak_memory_bytes")),
             "peak_memory_source": row.get("peak_memory_source"),
             "avg_memory_mb": _mb(row.get("avg_memory_bytes")),
+            # boards with power rails (Jetsons) integrate it over the timed loop; None elsewhere
+            "energy_per_inference_mj": _round((json.loads(row["environment_json"] or "{}")
+                                               .get("energy_per_inference_mj")) if row["environment_json"] else None),
             "baseline_memory_mb": _mb(row.get("baseline_memory_bytes")),
             "peak_rss_mb": _mb(row.get("peak_rss_bytes")),
             "cpu_percent": {"avg": _round(row.get("cpu_avg_percent"), 1), "peak": _round(row.get("cpu_peak_percent"), 1)},
