@@ -7,7 +7,9 @@ drawn at random (k = 5, 10, 20; ``--draws`` draws each, fixed seed); every fit k
 them and scored on all the other models of the file: share of predictions within ±10 %, median
 over draws of the held-out MAPE, and coverage of the 90 % prediction interval. ``ols`` is plain
 least squares (the published method); ``chosen`` is the kind picked by leave-one-out error.
-Data: ``../shared/data/latency/`` next to the repository (see its README); values < 0.1 ms dropped.
+Data: ``../shared/data/latency/`` next to the repository (see its README), read at bench time and
+not copied into the repository; values < 0.1 ms dropped. The qed rows offer FLOPS and file size
+as model features.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ import numpy as np  # noqa: E402  (after the thread limits, which numpy reads at
 
 from farm.controller.calibration import FIT_KINDS, Pair, calibrate  # noqa: E402
 
-DATA_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "latency"
+# FARM_LATENCY_DATA overrides it (a worktree sits deeper than ../shared)
+DATA_DIR = Path(os.environ.get("FARM_LATENCY_DATA")
+                or Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "latency")
 KS = (5, 10, 20)
 CONFIDENCE = 0.9
 SMALLEST_VALID_MS = 0.1  # the README: ~273 NB201 cells are degenerate (≈ 0 ms)
@@ -42,9 +46,18 @@ class DevicePair:
     file: str
     sim_column: str
     device_column: str
+    features: tuple[str, ...] = ()  # model-feature columns offered to the fits
+    scale: float = 1.0  # multiplies every latency (the qed file is in µs)
 
 
+QED = "qed_tflite_nas_e2e.csv.gz"
+QED_FEATURES = ("FLOPS", "size")
 DEVICE_PAIRS = [
+    *(DevicePair(f"qed: Pixel 4 big core → {label}", QED, "pixel4|1large|float|mean", f"{column}|float|mean",
+                 QED_FEATURES, 1e-3)
+      for label, column in (("Galaxy S10 big core", "s10|1large"), ("Mi 8 SE big core", "mi8se|1large"),
+                            ("Galaxy A03s big core", "a03s|1large"), ("iPhone XS big core", "iphonexs|1large"),
+                            ("Pixel 4 GPU", "pixel4|gpu"))),
     DevicePair("similar CPUs: Xeon Silver 4114 → Silver 4210R", "help_nb201_latency_all_devices.csv.gz",
                "silver_4114_ms", "silver_4210r_ms"),
     DevicePair("similar CPUs: Xeon Gold 6226 → Gold 6240", "help_nb201_latency_all_devices.csv.gz",
@@ -69,7 +82,7 @@ class KindScores:
     coverage: list[float]
 
 
-def load_columns(pair: DevicePair) -> tuple[np.ndarray, np.ndarray]:
+def load_columns(pair: DevicePair) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     path = DATA_DIR / pair.file
     if not path.exists():
         sys.exit(f"error: {path} not found: this benchmark reads the shared latency data in {DATA_DIR} "
@@ -77,19 +90,27 @@ def load_columns(pair: DevicePair) -> tuple[np.ndarray, np.ndarray]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", newline="") as handle:
         reader = csv.DictReader(handle)
-        missing = {pair.sim_column, pair.device_column} - set(reader.fieldnames or ())
+        missing = {pair.sim_column, pair.device_column, *pair.features} - set(reader.fieldnames or ())
         if missing:
             sys.exit(f"error: {path}: no column(s) {sorted(missing)}")
-        values = [(row[pair.sim_column], row[pair.device_column]) for row in reader]
-    sim = np.array([float(s) if s else np.nan for s, _ in values])
-    device = np.array([float(d) if d else np.nan for _, d in values])
+        rows = list(reader)
+    number = lambda text: float(text) if text else np.nan  # noqa: E731
+    sim = np.array([number(row[pair.sim_column]) for row in rows]) * pair.scale
+    device = np.array([number(row[pair.device_column]) for row in rows]) * pair.scale
+    features = {name: np.array([number(row[name]) for row in rows]) for name in pair.features}
     usable = (sim >= SMALLEST_VALID_MS) & (device >= SMALLEST_VALID_MS)  # also drops NaN and −1
-    return sim[usable], device[usable]
+    for values in features.values():
+        usable &= np.isfinite(values) & (values > 0)
+    return sim[usable], device[usable], {name: values[usable] for name, values in features.items()}
+
+
+PLAIN_OLS = "plain ols"
+KINDS = (PLAIN_OLS, *FIT_KINDS, "chosen")
 
 
 def evaluate(pair: DevicePair, k: int, draws: int, generator: np.random.Generator) -> dict:
-    sim, device = load_columns(pair)
-    scores = {kind: KindScores([], [], []) for kind in (*FIT_KINDS, "chosen")}
+    sim, device, features = load_columns(pair)
+    scores = {kind: KindScores([], [], []) for kind in KINDS}
     chosen_counts: Counter[str] = Counter()
     warned = skipped = 0
     for _ in range(draws):
@@ -97,18 +118,25 @@ def evaluate(pair: DevicePair, k: int, draws: int, generator: np.random.Generato
         held_out = np.ones(sim.size, dtype=bool)
         held_out[picked] = False
         try:
-            calibration = calibrate([Pair(f"m{i}", sim[i], device[i]) for i in picked], confidence=CONFIDENCE)
+            calibration = calibrate([Pair(f"m{i}", sim[i], device[i],
+                                          features={name: float(values[i]) for name, values in features.items()})
+                                     for i in picked], confidence=CONFIDENCE, features=list(features))
         except ValueError:  # NotEnoughPairs or too-concentrated sim values
             skipped += 1  # whole-ms columns can give < 3 distinct sim values at k = 5
             continue
         chosen_counts[calibration.chosen] += 1
-        warned += any("unsafe" in warning for warning in calibration.warnings)
+        warned += calibration.unsafe
         truth = device[held_out]
+        held_features = {name: values[held_out] for name, values in features.items()}
+        slope, intercept = np.polyfit(sim[picked], device[picked], 1)  # the published method, nothing else
+        relative = np.abs(slope * sim[held_out] + intercept - truth) / truth
+        scores[PLAIN_OLS].within.append(float(np.mean(relative <= 0.10)))
+        scores[PLAIN_OLS].mape.append(float(np.mean(relative)))
         for kind in (*FIT_KINDS, "chosen"):
             fit = calibration.fits.get(calibration.chosen if kind == "chosen" else kind)
             if fit is None:
                 continue
-            estimate, low, high = fit.predict_arrays(sim[held_out], confidence=CONFIDENCE)
+            estimate, low, high = fit.predict_arrays(sim[held_out], held_features, confidence=CONFIDENCE)
             relative = np.abs(estimate - truth) / truth
             scores[kind].within.append(float(np.mean(relative <= 0.10)))
             scores[kind].mape.append(float(np.mean(relative)))
@@ -125,15 +153,17 @@ def median_cell(values: list[float]) -> str:
     return f"{100 * statistics.median(values):.1f}" if values else "–"
 
 
-def accuracy_tables(draws: int, seed: int) -> str:
+def accuracy_tables(draws: int, seed: int, only: str | None = None) -> str:
     generator = np.random.default_rng(seed)
-    kinds = (*FIT_KINDS, "chosen")
+    kinds = KINDS
     accuracy = ["| device pair (sim → device) | k | " + " | ".join(
-        f"{kind} ±10 % / MAPE" for kind in kinds) + " | chosen ols/log/robust | ρ warning |",
+        f"{kind} ±10 % / MAPE" for kind in kinds) + " | chosen " + "/".join(FIT_KINDS) + " | unsafe |",
                 "|---|---|" + "---|" * (len(kinds) + 2)]
-    coverage = [f"| device pair | k | " + " | ".join(f"{kind} {CONFIDENCE:.0%} PI coverage" for kind in kinds) + " |",
-                "|---|---|" + "---|" * len(kinds)]
+    coverage = [f"| device pair | k | " + " | ".join(f"{kind} {CONFIDENCE:.0%} PI coverage" for kind in kinds[1:])
+                + " |", "|---|---|" + "---|" * (len(kinds) - 1)]
     for pair in DEVICE_PAIRS:
+        if only and only not in pair.label:
+            continue
         for k in KS:
             result = evaluate(pair, k, draws, generator)
             scores, chosen = result["scores"], result["chosen"]
@@ -141,18 +171,18 @@ def accuracy_tables(draws: int, seed: int) -> str:
             accuracy.append(
                 f"| {label} | {k} | " + " | ".join(
                     f"{cell(scores[kind].within)} % / {median_cell(scores[kind].mape)} %" for kind in kinds)
-                + f" | {chosen['ols']}/{chosen['log']}/{chosen['robust']}"
+                + " | " + "/".join(str(chosen[kind]) for kind in FIT_KINDS)
                 + f" | {100 * result['warned'] / max(result['fitted'], 1):.0f} %"
                 + (f" ({result['skipped']} draws skipped)" if result["skipped"] else "") + " |")
             coverage.append(f"| {pair.label} | {k} | " + " | ".join(f"{cell(scores[kind].coverage)} %"
-                                                                  for kind in kinds) + " |")
+                                                                  for kind in kinds[1:]) + " |")
     return "\n".join([
         f"### Held-out accuracy ({draws} draws per row, seed {seed})",
         "",
         "Each cell: mean share of held-out predictions within ±10 % / median over draws of the held-out "
-        "MAPE. `ols` is plain least squares; `chosen` is the kind with the lowest leave-one-out MAPE on "
-        "the k calibration models. \"ρ warning\": share of draws whose calibration warned that Spearman "
-        "ρ < 0.9 makes a linear map unsafe.",
+        "MAPE. `plain ols` is np.polyfit on x alone (the published method); `ols` may add model features; "
+        "`log` is the plain power law; `log_ridge` the shrunk log-space fit with features; `chosen` what "
+        "calibrate picks. \"unsafe\": share of draws whose calibration carried the unsafe verdict.",
         "",
         *accuracy,
         "",
@@ -187,10 +217,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-timing", action="store_true", help="leave out the 10⁶-pair fit time")
     parser.add_argument("--only-timing", action="store_true", help="only the 10⁶-pair fit time")
+    parser.add_argument("--only", help="only device pairs whose label contains this text (e.g. qed)")
     arguments = parser.parse_args()
     print("## Calibration benchmark\n")
     if not arguments.only_timing:
-        print(accuracy_tables(arguments.draws, arguments.seed))
+        print(accuracy_tables(arguments.draws, arguments.seed, arguments.only))
         print()
     if not arguments.skip_timing:
         print(timing_table())

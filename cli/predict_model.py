@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from farm.controller.calibrations import (
-    METRICS, calibration_history, current_calibration, job_values, model_features,
+    METRICS, SIM_SIDE, calibration_history, current_calibration, job_values, model_features,
 )
 from farm.controller.controller import Controller
 from farm.controller.jobfile import JobFileError, load_job_text
@@ -84,7 +84,8 @@ def predict_model(store: Store, model: Path, device: str, metrics: list[str], *,
             raise PredictError(f"the sim run of {model.name} at {t} thread(s) did not complete ({why}); job {job_id}")
         runtime = values[0].runtime
         for metric in metrics:
-            measured = [v.value for v in job_values(store, job_id, metric) if v.sha256 == facts.sha256 and v.threads == t]
+            measured = [v.value for v in job_values(store, job_id, SIM_SIDE.get(metric, metric))
+                        if v.sha256 == facts.sha256 and v.threads == t]
             stored = current_calibration(store, device, metric, t, runtime=runtime)
             if stored is None or not measured:
                 raise PredictError(f"device {device!r} has no {metric} calibration for {runtime} at {t} thread(s)")
@@ -99,6 +100,7 @@ def predict_model(store: Store, model: Path, device: str, metrics: list[str], *,
                 "confidence": confidence, "sim_job": job_id, "sim_reused": reused,
                 "calibration": {"id": stored.id, "version": stored.version, "kind": stored.calibration.chosen,
                                 "family": stored.family or None, "n": fit.n, "r2": fit.r2},
+                "unsafe": stored.calibration.unsafe, "formula": fit.formula,
                 "warnings": list(stored.calibration.warnings),
             })
     return predictions

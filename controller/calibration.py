@@ -664,7 +664,8 @@ def _ridge(columns: Sequence[np.ndarray], target: np.ndarray, prior_vector: np.n
     """Ridge toward ``prior_vector`` with penalty λ·n·Σ sd_j²·(θ_j − prior_j)²; (model, prior weight).
 
     Columns are max-abs scaled as in ``_least_squares``; sd_j is the spread of column j over the
-    calibration models (the intercept's weight is 1 when it is shrunk, else 0).
+    calibration models (the intercept's weight is 1 when it is shrunk, else 0). The closed-form
+    leave-one-out residuals e_i/(1 − h_ii) keep this penalty (sd_j, n) fixed while a model is left out.
     """
     design = np.column_stack(columns)
     scale = np.max(np.abs(design), axis=0)

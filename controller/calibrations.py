@@ -31,8 +31,7 @@ METRICS: dict[str, tuple[str, str]] = {
 SIM_SIDE = {"energy": "latency"}  # metrics whose sim value is another metric
 ALL_FAMILIES = ""  # the family key of a fit over every family
 # Model facts offered as extra regressors; each is kept only where leave-one-out says it helps.
-FEATURES = ("param_count", "macs", "size_bytes", "conv_macs_share", "depthwise_macs_share", "fc_macs_share",
-            "activation_bytes")
+FEATURES = ("param_count", "macs", "size_bytes")
 
 
 class CalibrationError(ValueError):
