@@ -763,30 +763,47 @@ def _fit_log_ridge(shared: _Shared, feature_matrix: Mapping[str, np.ndarray], pr
         return None
     n = log_sim.size
     nested = n <= NESTED_LOO_LIMIT
-    if nested:  # redo the whole choice without each model: the honest error of "choose, then predict"
-        loo_residual = np.empty(n)
-        keep = np.ones(n, dtype=bool)
-        for index in range(n):
-            keep[index] = False
-            inner = _choose_ridge(log_sim[keep], log_device[keep],
-                                  {name: values[keep] for name, values in candidates.items()}, prior, transforms)
-            keep[index] = True
-            if inner is None:  # too concentrated without this model: fall back to the closed form
-                loo_residual[index] = choice.model.residuals[index] / (1.0 - choice.model.leverage[index])
-                continue
-            row = np.array([1.0, log_sim[index], *(candidates[name][index] for name in inner.used)])
-            loo_residual[index] = log_device[index] - (row / inner.model.column_scale) @ inner.model.coefficients
-    else:
-        loo_residual = choice.model.residuals / (1.0 - choice.model.leverage)
+    loo_residual = _nested_loo(log_sim, log_device, candidates, prior, transforms, choice) if nested else \
+        choice.model.residuals / (1.0 - choice.model.leverage)
+    without_features: float | None = None
+    if candidates:
+        # Features must earn their place in the honest (nested) error too, not only in the plain LOO
+        # that chose them: else a constant-ratio family picks up a chance feature now and then.
+        plain = choice if not choice.used else _choose_ridge(log_sim, log_device, {}, prior, transforms)
+        plain_residual = loo_residual if plain is choice else (
+            _nested_loo(log_sim, log_device, {}, prior, transforms, plain) if nested
+            else plain.model.residuals / (1.0 - plain.model.leverage))
+        without_features = _loo_errors(shared.device, np.exp(log_device - plain_residual))[0]
+        if choice.used and not np.mean(loo_residual ** 2) < np.mean(plain_residual ** 2):
+            choice, loo_residual = plain, plain_residual
     residual_std = float(np.sqrt(np.mean(loo_residual ** 2)))
     loo_prediction = np.exp(log_device - loo_residual)
-    fit = _finish_fit(
+    return _finish_fit(
         "log_ridge", shared, choice.model, loo_prediction, log_space=True, features_used=choice.used,
-        loo_mape_without_features=None, feature_values={name: feature_matrix[name] for name in choice.used},
+        loo_mape_without_features=without_features,
+        feature_values={name: feature_matrix[name] for name in choice.used},
         loo_exact=nested, interval=(residual_std, float(n - 1), float(np.mean(choice.model.leverage))),
         feature_transforms={name: transforms[name] for name in choice.used}, ridge_lambda=choice.ridge_lambda,
         prior_weight=choice.prior_weight, prior_source=prior.source)
-    return fit
+
+
+def _nested_loo(log_sim: np.ndarray, log_device: np.ndarray, candidates: Mapping[str, np.ndarray], prior: Prior,
+                transforms: Mapping[str, str], choice: _RidgeChoice) -> np.ndarray:
+    """Log residual of each model predicted by the whole choice (features, λ) redone without it."""
+    n = log_sim.size
+    residual = np.empty(n)
+    keep = np.ones(n, dtype=bool)
+    for index in range(n):
+        keep[index] = False
+        inner = _choose_ridge(log_sim[keep], log_device[keep],
+                              {name: values[keep] for name, values in candidates.items()}, prior, transforms)
+        keep[index] = True
+        if inner is None:  # too concentrated without this model: fall back to the closed form
+            residual[index] = choice.model.residuals[index] / (1.0 - choice.model.leverage[index])
+            continue
+        row = np.array([1.0, log_sim[index], *(candidates[name][index] for name in inner.used)])
+        residual[index] = log_device[index] - (row / inner.model.column_scale) @ inner.model.coefficients
+    return residual
 
 
 def _theil_sen(sim: np.ndarray, device: np.ndarray) -> tuple[float, float]:
