@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gzip
+import math
 import os
 import statistics
 import sys
@@ -30,12 +31,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402  (after the thread limits, which numpy reads at import)
 
-from farm.controller.calibration import FIT_KINDS, Pair, calibrate  # noqa: E402
+from farm.controller.calibration import FIT_KINDS, Pair, Prior, calibrate  # noqa: E402
 
 # FARM_LATENCY_DATA overrides it (a worktree sits deeper than ../shared)
 DATA_DIR = Path(os.environ.get("FARM_LATENCY_DATA")
                 or Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "latency")
 KS = (5, 10, 20)
+PREVIOUS_MODELS = 20  # the "previous version" of a device's calibration in the prior rows
 CONFIDENCE = 0.9
 SMALLEST_VALID_MS = 0.1  # the README: ~273 NB201 cells are degenerate (≈ 0 ms)
 
@@ -108,19 +110,31 @@ PLAIN_OLS = "plain ols"
 KINDS = (PLAIN_OLS, *FIT_KINDS, "chosen")
 
 
-def evaluate(pair: DevicePair, k: int, draws: int, generator: np.random.Generator) -> dict:
+def evaluate(pair: DevicePair, k: int, draws: int, generator: np.random.Generator, previous: int = 0) -> dict:
+    """``previous`` > 0: each draw first calibrates on that many other models (the device's previous
+    version) and the k-model calibration is shrunk toward it."""
     sim, device, features = load_columns(pair)
     scores = {kind: KindScores([], [], []) for kind in KINDS}
     chosen_counts: Counter[str] = Counter()
     warned = skipped = 0
+    prior_weights: list[float] = []
+
+    def pairs_of(indices: np.ndarray) -> list[Pair]:
+        return [Pair(f"m{i}", sim[i], device[i], features={name: float(values[i]) for name, values in features.items()})
+                for i in indices]
+
     for _ in range(draws):
-        picked = generator.choice(sim.size, size=k, replace=False)
+        picked_all = generator.choice(sim.size, size=k + previous, replace=False)
+        picked, earlier = picked_all[:k], picked_all[k:]
         held_out = np.ones(sim.size, dtype=bool)
-        held_out[picked] = False
+        held_out[picked_all] = False
         try:
-            calibration = calibrate([Pair(f"m{i}", sim[i], device[i],
-                                          features={name: float(values[i]) for name, values in features.items()})
-                                     for i in picked], confidence=CONFIDENCE, features=list(features))
+            prior = Prior()
+            if previous:
+                version_1 = calibrate(pairs_of(earlier), confidence=CONFIDENCE, features=list(features))
+                prior = Prior.from_fits([version_1.fits["log_ridge"]], list(features), "previous version")
+            calibration = calibrate(pairs_of(picked), confidence=CONFIDENCE, features=list(features), prior=prior)
+            prior_weights.append(calibration.fits["log_ridge"].prior_weight)
         except ValueError:  # NotEnoughPairs or too-concentrated sim values
             skipped += 1  # whole-ms columns can give < 3 distinct sim values at k = 5
             continue
@@ -142,6 +156,7 @@ def evaluate(pair: DevicePair, k: int, draws: int, generator: np.random.Generato
             scores[kind].mape.append(float(np.mean(relative)))
             scores[kind].coverage.append(float(np.mean((truth >= low) & (truth <= high))))
     return {"scores": scores, "chosen": chosen_counts, "warned": warned, "skipped": skipped,
+            "prior_weight": statistics.fmean(prior_weights) if prior_weights else math.nan,
             "fitted": draws - skipped, "models": sim.size}
 
 
@@ -176,6 +191,20 @@ def accuracy_tables(draws: int, seed: int, only: str | None = None) -> str:
                 + (f" ({result['skipped']} draws skipped)" if result["skipped"] else "") + " |")
             coverage.append(f"| {pair.label} | {k} | " + " | ".join(f"{cell(scores[kind].coverage)} %"
                                                                   for kind in kinds[1:]) + " |")
+    with_prior = ["| device pair | k new + previous | log_ridge ±10 % / MAPE | chosen ±10 % / MAPE | "
+                  "log_ridge PI coverage | mean prior weight | unsafe |", "|---|---|---|---|---|---|---|"]
+    for pair in DEVICE_PAIRS:
+        if not pair.features or (only and only not in pair.label):
+            continue
+        for k in (5, 10):
+            result = evaluate(pair, k, draws, generator, previous=PREVIOUS_MODELS)
+            scores = result["scores"]
+            with_prior.append(
+                f"| {pair.label} | {k} + {PREVIOUS_MODELS} | "
+                + " | ".join(f"{cell(scores[kind].within)} % / {median_cell(scores[kind].mape)} %"
+                             for kind in ("log_ridge", "chosen"))
+                + f" | {cell(scores['log_ridge'].coverage)} % | {100 * result['prior_weight']:.0f} %"
+                + f" | {100 * result['warned'] / max(result['fitted'], 1):.0f} % |")
     return "\n".join([
         f"### Held-out accuracy ({draws} draws per row, seed {seed})",
         "",
@@ -189,6 +218,10 @@ def accuracy_tables(draws: int, seed: int, only: str | None = None) -> str:
         f"### Coverage of the {CONFIDENCE:.0%} prediction intervals on held-out models",
         "",
         *coverage,
+        *(["", f"### With a prior: the device's previous version, fitted on {PREVIOUS_MODELS} other models",
+           "", "The k new models are fitted with log_ridge shrunk toward the previous version's coefficients; "
+           "the prior weight is how much of the shrunk terms the prior decided (0 = the data alone).", "",
+           *with_prior] if len(with_prior) > 2 else []),
     ])
 
 

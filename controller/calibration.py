@@ -150,6 +150,22 @@ class Prior:
     feature_transforms: Mapping[str, str] = field(default_factory=dict)  # "log" / "linear", as the fit took them
     source: str = "device = constant factor × sim"
 
+    @classmethod
+    def from_fits(cls, fits: Sequence[FitResult], features: Sequence[str], source: str) -> Prior:
+        """The mean log-space coefficients of earlier log_ridge fits (a feature a fit did not use: 0)."""
+        exponents = [fit.a for fit in fits]
+        log_factors = [fit.coefficients[0] / fit.column_scale[0] for fit in fits]
+        coefficients: dict[str, float] = {}
+        transforms: dict[str, str] = {}
+        for name in features:
+            values = [fit.feature_coefficient(fit.features_used.index(name)) if name in fit.features_used else 0.0
+                      for fit in fits]
+            used = [fit.feature_transforms[name] for fit in fits if name in fit.features_used]
+            if used:
+                coefficients[name], transforms[name] = float(np.mean(values)), used[0]
+        return cls(exponent=float(np.mean(exponents)), log_factor=float(np.mean(log_factors)),
+                   features=coefficients, feature_transforms=transforms, source=source)
+
     def feature_prior(self, name: str, transform: str) -> float:
         """The prior coefficient of a feature entering as ``transform`` (0 when the prior took it otherwise)."""
         return self.features.get(name, 0.0) if self.feature_transforms.get(name, transform) == transform else 0.0

@@ -8,7 +8,6 @@ jobs' runs of the same model (by sha256), matrix cell and repeat.
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -244,37 +243,18 @@ def lab_prior(store: Store, device: str, metric: str, key: CalibrationKey, famil
             newest[row["device"]] = (row["version"], fit)
     if device in newest:
         version, fit = newest[device]
-        return _prior_from_fits([fit], features, f"{device} version {version}")
+        return Prior.from_fits([FitResult.from_json(fit)], features, f"{device} version {version}")
     device_type = _device_type(store, device)
-    peers = [fit for name, (_, fit) in newest.items() if device_type and _device_type(store, name) == device_type]
+    peers = [FitResult.from_json(fit) for name, (_, fit) in newest.items()
+             if device_type and _device_type(store, name) == device_type]
     if peers:
-        return _prior_from_fits(peers, features, f"{len(peers)} other device(s) of type {device_type}")
+        return Prior.from_fits(peers, features, f"{len(peers)} other device(s) of type {device_type}")
     return Prior()
 
 
 def _device_type(store: Store, device: str) -> str | None:
     rows = store.query("SELECT device_type FROM devices WHERE name = ?", [device])
     return rows[0]["device_type"] if rows else None
-
-
-def _prior_from_fits(fits: list[dict[str, Any]], features: list[str], source: str) -> Prior:
-    """The mean log-space coefficients of stored log_ridge fits (features they did not use: 0)."""
-    exponents, log_factors = [], []
-    per_feature: dict[str, list[float]] = {name: [] for name in features}
-    transforms: dict[str, str] = {}
-    for fit in fits:
-        restored = FitResult.from_json(fit)
-        exponents.append(restored.a)
-        log_factors.append(restored.coefficients[0] / restored.column_scale[0])
-        for name in features:
-            if name in restored.features_used:
-                per_feature[name].append(restored.feature_coefficient(restored.features_used.index(name)))
-                transforms.setdefault(name, restored.feature_transforms[name])
-            else:
-                per_feature[name].append(0.0)
-    return Prior(exponent=statistics.fmean(exponents), log_factor=statistics.fmean(log_factors),
-                 features={name: statistics.fmean(values) for name, values in per_feature.items() if name in transforms},
-                 feature_transforms=transforms, source=source)
 
 
 def _store_one(store: Store, device: str, metric: str, key: CalibrationKey, family: str,
