@@ -5,6 +5,7 @@ current calibration. No device time is spent."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +92,7 @@ def predict_model(store: Store, model: Path, device: str, metrics: list[str], *,
                 raise PredictError(f"device {device!r} has no {metric} calibration for {runtime} at {t} thread(s)")
             x = sum(measured) / len(measured)
             fit = stored.calibration.fits[stored.calibration.chosen]
-            features = model_features({"param_count": facts.param_count, "macs": facts.macs,
-                                       "size_bytes": facts.size_bytes})
+            features = model_features(asdict(facts))
             p = fit.predict(x, features=features, confidence=confidence)
             predictions.append({
                 "model": model.name, "sha256": facts.sha256, "device": device, "metric": metric, "threads": t,

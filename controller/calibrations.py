@@ -30,7 +30,9 @@ METRICS: dict[str, tuple[str, str]] = {
 SIM_SIDE = {"energy": "latency"}  # metrics whose sim value is another metric
 ALL_FAMILIES = ""  # the family key of a fit over every family
 # Model facts offered as extra regressors; each is kept only where leave-one-out says it helps.
-FEATURES = ("param_count", "macs", "size_bytes")
+# (other_macs_share is 1 − the three shares: offering it too would add nothing.)
+FEATURES = ("param_count", "macs", "size_bytes", "conv_macs_share", "depthwise_macs_share", "fc_macs_share",
+            "activation_bytes")
 
 
 class CalibrationError(ValueError):

@@ -11,6 +11,9 @@ from typing import Any
 from farm.controller.store import Store
 
 MiB = 1 << 20
+# Model facts a record carries beside name, size and parameters: what calibrations use as features.
+MODEL_FACTS_IN_RECORDS = ("macs", "conv_macs_share", "depthwise_macs_share", "fc_macs_share", "other_macs_share",
+                          "activation_bytes")
 
 _SQL = """
 SELECT t.id AS task, t.job_id AS job, t.model_name, t.model_sha256, t.model_family, t.model_path,
@@ -40,6 +43,7 @@ def _round(v: float | None, digits: int = 4) -> float | None:
 def run_records(store: Store, job_id: int) -> list[dict[str, Any]]:
     records = []
     for row in store.query(_SQL, [job_id]):
+        facts = json.loads(row["model_facts_json"] or "{}")
         latency = None
         if row.get("latency_avg_ms") is not None:
             latency = {k: _round(row[f"latency_{k}_ms"]) for k in
@@ -52,7 +56,7 @@ def run_records(store: Store, job_id: int) -> list[dict[str, Any]]:
             "model": {"name": row["model_name"], "sha256": row["model_sha256"], "family": row["model_family"],
                       "path": row["model_path"], "size_bytes": row["model_size_bytes"],
                       "param_count": row["model_param_count"],
-                      "macs": json.loads(row["model_facts_json"] or "{}").get("macs")},
+                      **{name: facts.get(name) for name in MODEL_FACTS_IN_RECORDS}},
             "target": row["target"],
             "threads": row["threads"],
             "batch_size": row["batch_size"],
