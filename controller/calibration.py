@@ -88,6 +88,9 @@ UNSAFE_LOG_ERROR = 0.20
 UNSAFE_EXPONENT = (0.8, 1.25)
 UNSAFE_INTERVAL_RATIO = 3.0
 UNSAFE_LINEAR_MAPE = 0.20  # for metrics that cannot go to log space (values ≤ 0)
+# …unless model features carry the device where the sim alone does not: a log_ridge fit with
+# features whose nested leave-one-out error (RMS, log space) is at most this is trusted.
+FEATURES_RESCUE_LOG_ERROR = 0.08
 _SAMPLING_SEED = 20211206  # fixed so a sampled Theil–Sen fit is reproducible
 
 
@@ -495,7 +498,8 @@ def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confid
             warnings.append(f"{fit.kind}: {fit.possible_flip_count} possible flips, the first "
                             f"{len(fit.possible_flips)} listed")
             break
-    unsafe_reasons = _unsafe_reasons(shared, fits[chosen], log_possible=not nonpositive, unsafe_rho=unsafe_rho)
+    unsafe_reasons = _unsafe_reasons(shared, fits[chosen], warnings, log_possible=not nonpositive,
+                                     unsafe_rho=unsafe_rho)
     if unsafe_reasons:
         warnings.append(f"unsafe: {'; '.join(unsafe_reasons)}: a linear map is unsafe for this device and metric "
                         f"(rankings and estimates from the sim may mislead)")
@@ -520,7 +524,8 @@ def _choose_kind(fits: Mapping[str, FitResult]) -> str:
     return best
 
 
-def _unsafe_reasons(shared: _Shared, chosen: FitResult, *, log_possible: bool, unsafe_rho: float) -> list[str]:
+def _unsafe_reasons(shared: _Shared, chosen: FitResult, warnings: list[str], *, log_possible: bool,
+                    unsafe_rho: float) -> list[str]:
     """Why the sim does not track this device, from leave-one-out error, scaling and interval width."""
     reasons = []
     if log_possible:
@@ -535,6 +540,12 @@ def _unsafe_reasons(shared: _Shared, chosen: FitResult, *, log_possible: bool, u
             if not UNSAFE_EXPONENT[0] <= exponent <= UNSAFE_EXPONENT[1]:
                 reasons.append(f"the device scales as sim^{exponent:.2f}, not in proportion "
                                f"(outside {UNSAFE_EXPONENT[0]:g}–{UNSAFE_EXPONENT[1]:g})")
+        if reasons and chosen.kind == "log_ridge" and chosen.features_used \
+                and chosen.residual_std <= FEATURES_RESCUE_LOG_ERROR:
+            warnings.append(f"the sim alone does not track this device ({'; '.join(reasons)}), but with "
+                            f"{', '.join(chosen.features_used)} the fit's nested leave-one-out error is "
+                            f"{100 * chosen.residual_std:.0f} % (RMS): trusted")
+            reasons = []
         if chosen.log_space:
             _, low, high = chosen.predict_arrays(shared.sim, shared.feature_values(chosen), shared.confidence)
             ratio = float(np.median(high / low))

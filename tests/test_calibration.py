@@ -486,3 +486,12 @@ def test_intervals_stay_physical_and_log_fits_name_their_exponent():
     restored = Calibration.from_json(json.loads(json.dumps(calibration.to_json())))
     assert restored.fits["log"].exponent == calibration.fits["log"].exponent
     assert ols.to_json()["a"] == ols.a
+
+
+def test_features_that_carry_the_device_lift_the_unsafe_verdict_and_say_so():
+    pairs = feature_family(seed=1, n=12, feature_power=0.6)  # the sim alone scales wrong; with MACs it fits
+    assert calibrate(pairs).unsafe
+    with_features = calibrate(pairs, features=["macs"])
+    assert with_features.chosen == "log_ridge" and with_features.chosen_fit.features_used == ["macs"]
+    assert not with_features.unsafe
+    assert any("the sim alone does not track this device" in w for w in with_features.warnings)
