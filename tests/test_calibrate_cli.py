@@ -139,7 +139,7 @@ def test_offline_features_round_trip(tmp_path: Path, farm) -> None:
     macs = generator.uniform(2e8, 6e9, 14)
     sim = macs / 1e8 * generator.uniform(0.7, 1.4, 14)
     size = generator.uniform(1e6, 3e7, 14)
-    device = 2.0 * sim * (macs / 1e9) ** 0.4 * np.exp(generator.normal(0, 0.02, 14))
+    device = 2.0 * sim * (macs / 1e9) ** 0.2 * np.exp(generator.normal(0, 0.02, 14))
     pairs = tmp_path / "pairs.csv"
     with open(pairs, "w", newline="") as f:
         w = csv.writer(f)
