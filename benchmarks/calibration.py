@@ -168,6 +168,10 @@ def median_cell(values: list[float]) -> str:
     return f"{100 * statistics.median(values):.1f}" if values else "–"
 
 
+def selected(pair: DevicePair, only: str | None) -> bool:
+    return not only or any(text.strip() and text.strip() in pair.label for text in only.split(","))
+
+
 def accuracy_tables(draws: int, seed: int, only: str | None = None) -> str:
     generator = np.random.default_rng(seed)
     kinds = KINDS
@@ -177,7 +181,7 @@ def accuracy_tables(draws: int, seed: int, only: str | None = None) -> str:
     coverage = [f"| device pair | k | " + " | ".join(f"{kind} {CONFIDENCE:.0%} PI coverage" for kind in kinds[1:])
                 + " |", "|---|---|" + "---|" * (len(kinds) - 1)]
     for pair in DEVICE_PAIRS:
-        if only and only not in pair.label:
+        if not selected(pair, only):
             continue
         for k in KS:
             result = evaluate(pair, k, draws, generator)
@@ -194,7 +198,7 @@ def accuracy_tables(draws: int, seed: int, only: str | None = None) -> str:
     with_prior = ["| device pair | k new + previous | log_ridge ±10 % / MAPE | chosen ±10 % / MAPE | "
                   "log_ridge PI coverage | mean prior weight | unsafe |", "|---|---|---|---|---|---|---|"]
     for pair in DEVICE_PAIRS:
-        if not pair.features or (only and only not in pair.label):
+        if not pair.features or not selected(pair, only):
             continue
         for k in (5, 10):
             result = evaluate(pair, k, draws, generator, previous=PREVIOUS_MODELS)
@@ -250,7 +254,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-timing", action="store_true", help="leave out the 10⁶-pair fit time")
     parser.add_argument("--only-timing", action="store_true", help="only the 10⁶-pair fit time")
-    parser.add_argument("--only", help="only device pairs whose label contains this text (e.g. qed)")
+    parser.add_argument("--only", help="only device pairs whose label contains one of these comma-separated texts "
+                                       "(e.g. qed, or 'similar,phone,desktop' for the HELP rows)")
     arguments = parser.parse_args()
     print("## Calibration benchmark\n")
     if not arguments.only_timing:
