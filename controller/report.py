@@ -60,7 +60,9 @@ def _png(fig) -> bytes:
 
 def _label(c: StoredCalibration) -> str:
     fam = f", family {c.family}" if c.family else ""
-    return f"{c.device} · {c.metric} · {c.threads} thread(s){fam} · v{c.version}"
+    size = f" · input {c.input_size}" if c.input_size else ""
+    return (f"{c.device} · {c.metric} · {c.threads} thread(s) · batch {c.batch_size}{size} · {c.precision}{fam}"
+            f" · v{c.version}")
 
 
 def scatter_figure(c: StoredCalibration) -> bytes:
@@ -135,7 +137,8 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure]]:
     for c in calibrations:
         cal = c.calibration
         fit = cal.fits[cal.chosen]
-        slug = f"{c.device}-{c.metric}-t{c.threads}{'-' + c.family if c.family else ''}-v{c.version}".replace("/", "_")
+        slug = (f"{c.device}-{c.metric}-t{c.threads}-b{c.batch_size}{'-i' + str(c.input_size) if c.input_size else ''}"
+                f"-{c.precision}{'-' + c.family if c.family else ''}-v{c.version}").replace("/", "_")
         scatter = Figure(f"{slug}-scatter.png", scatter_figure(c))
         residual = Figure(f"{slug}-residuals.png", residual_figure(c))
         figures += [scatter, residual]

@@ -51,6 +51,9 @@ def test_calibrate_predict_rank_report(family: Path, farm, tmp_path: Path) -> No
     farm("calibrate", "--sim-job", "1", "--device-job", "2", "--device", "half-cpu", "--json")
     history = farm("calibrations", "--device", "half-cpu", "--json").json()
     assert sorted(r["version"] for r in history if r["metric"] == "latency") == [1, 2]
+    for r in history:  # the whole formula, under honest names
+        assert r["formula"].startswith("y = ") and r["batch_size"] == 1
+        assert ("exponent" in r) == (r["kind"] in ("log", "log_ridge")) and ("a" in r) != ("exponent" in r)
 
     # predict a model the calibration never saw, from the sim alone
     pred = farm("predict", str(family / "mobilenetv2_w1.0_r96.tflite"), "--device", "half-cpu", "--json")
@@ -83,6 +86,7 @@ def test_calibrate_predict_rank_report(family: Path, farm, tmp_path: Path) -> No
     assert made.returncode == 0, made.stderr
     page = report.read_text()
     assert "half-cpu" in page and "data:image/png;base64," in page and "Rankings" in page
+    assert "y = " in page and "batch 1" in page  # every fit's formula, and the calibration key
     figures = sorted(pngs.glob("*.png"))
     assert figures
     for f in figures:
