@@ -41,15 +41,17 @@ leave-one-out MAPE is chosen:
     left-out one, wider when it sits further out). ``prior_weight`` says how much of the fit is
     the prior: 1 − (data degrees of freedom of the shrunk terms) / (their number).
 
-The chosen kind is ``log_ridge`` unless another kind's leave-one-out MAPE is lower by
-``CHOICE_MARGIN`` (an additive offset, as in peak memory, needs a line); for data that cannot go
+The chosen kind is ``log_ridge`` unless another kind's leave-one-out MAPE is at most
+(1 − ``CHOICE_MARGIN``) of its (an additive offset, as in peak memory, needs a line): the other
+kinds' errors are plain, not nested, leave-one-out, so they look better than they are; for data that cannot go
 to log space it is the kind with the lowest leave-one-out MAPE.
 
 The ``unsafe`` verdict (``Calibration.unsafe_reasons``) says the sim does not track the device:
 the plain power law leaves an RMS leave-one-out error above ``UNSAFE_LOG_ERROR``, or its exponent
 is outside ``UNSAFE_EXPONENT``, or the chosen fit's intervals span more than a factor
-``UNSAFE_INTERVAL_RATIO``; without log space, ρ < ``unsafe_rho`` or a MAPE above
-``UNSAFE_LINEAR_MAPE``. Spearman ρ on k points alone is too noisy at k = 5–10 to decide it.
+``UNSAFE_INTERVAL_RATIO``; when a line is chosen (an additive offset, or values ≤ 0), the
+sim-only line's leave-one-out MAPE above ``UNSAFE_LINEAR_MAPE``. Spearman ρ on k points alone is
+too noisy at k = 5–10 to decide it (it stays a warning: close models may swap).
 
 Every prediction interval of a quantity that was never negative stays ≥ 0 (``lower_bound``).
 
@@ -90,7 +92,7 @@ ROBUST_EXACT_LOO_LIMIT = 200
 FEATURE_MIN_RELATIVE_GAIN = 0.10
 # Ridge strengths tried (times n, on standardized columns): 0 is plain least squares, inf the prior.
 RIDGE_LAMBDAS: tuple[float, ...] = (0.0, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, math.inf)
-CHOICE_MARGIN = 0.25  # another kind replaces log_ridge only with a leave-one-out MAPE 25 % lower
+CHOICE_MARGIN = 0.5  # another kind replaces log_ridge only with a leave-one-out MAPE half of its or less
 NESTED_LOO_LIMIT = 30  # above it the choice of λ and features is not redone per left-out model (n refits × grid)
 # The "unsafe" verdict: the sim is not a scaled copy of the device when the plain power-law fit
 # leaves typical (RMS leave-one-out) errors above 20 %, or when the device scales as sim^a with a
@@ -510,7 +512,7 @@ def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confid
             warnings.append(f"{fit.kind}: {fit.possible_flip_count} possible flips, the first "
                             f"{len(fit.possible_flips)} listed")
             break
-    unsafe_reasons = _unsafe_reasons(shared, fits[chosen], log_possible=not nonpositive, unsafe_rho=unsafe_rho)
+    unsafe_reasons = _unsafe_reasons(shared, fits[chosen], log_possible=not nonpositive)
     if unsafe_reasons:
         warnings.append(f"unsafe: {'; '.join(unsafe_reasons)}: a linear map is unsafe for this device and metric "
                         f"(rankings and estimates from the sim may mislead)")
@@ -535,10 +537,13 @@ def _choose_kind(fits: Mapping[str, FitResult]) -> str:
     return best
 
 
-def _unsafe_reasons(shared: _Shared, chosen: FitResult, *, log_possible: bool, unsafe_rho: float) -> list[str]:
-    """Why the sim does not track this device, from leave-one-out error, scaling and interval width."""
+def _unsafe_reasons(shared: _Shared, chosen: FitResult, *, log_possible: bool) -> list[str]:
+    """Why the sim does not track this device, from the sim-only fit of the chosen family (power law
+    or line): its leave-one-out error, its scaling, and the chosen fit's interval width."""
     reasons = []
-    if log_possible:
+    if not shared.rho > 0:  # also NaN: constant device values
+        reasons.append(f"the device does not rise with the sim (Spearman ρ = {shared.rho:.2f})")
+    if log_possible and chosen.log_space:
         log_sim, log_device = np.log(shared.sim), np.log(shared.device)
         plain = _least_squares([np.ones_like(log_sim), log_sim], log_device)
         if plain is not None:
@@ -550,17 +555,17 @@ def _unsafe_reasons(shared: _Shared, chosen: FitResult, *, log_possible: bool, u
             if not UNSAFE_EXPONENT[0] <= exponent <= UNSAFE_EXPONENT[1]:
                 reasons.append(f"the device scales as sim^{exponent:.2f}, not in proportion "
                                f"(outside {UNSAFE_EXPONENT[0]:g}–{UNSAFE_EXPONENT[1]:g})")
-        if chosen.log_space:
-            _, low, high = chosen.predict_arrays(shared.sim, shared.feature_values(chosen), shared.confidence)
-            ratio = float(np.median(high / low))
-            if ratio > UNSAFE_INTERVAL_RATIO:
-                reasons.append(f"its {shared.confidence:.0%} intervals span a factor of {ratio:.1f} "
-                               f"(> {UNSAFE_INTERVAL_RATIO:g})")
-    else:
-        if not shared.rho >= unsafe_rho:
-            reasons.append(f"Spearman ρ = {shared.rho:.3f} < {unsafe_rho:g}")
-        if math.isfinite(chosen.loo_mape) and chosen.loo_mape > UNSAFE_LINEAR_MAPE:
-            reasons.append(f"leave-one-out MAPE {100 * chosen.loo_mape:.0f} % > {100 * UNSAFE_LINEAR_MAPE:.0f} %")
+        _, low, high = chosen.predict_arrays(shared.sim, shared.feature_values(chosen), shared.confidence)
+        ratio = float(np.median(high / low))
+        if ratio > UNSAFE_INTERVAL_RATIO:
+            reasons.append(f"its {shared.confidence:.0%} intervals span a factor of {ratio:.1f} "
+                           f"(> {UNSAFE_INTERVAL_RATIO:g})")
+    else:  # a line fits (an additive offset, or values ≤ 0): the sim-only line's error decides
+        line = _least_squares([np.ones_like(shared.sim), shared.sim], shared.device)
+        line_mape = _ols_loo_mape(line, shared.device) if line is not None else math.inf
+        if not line_mape <= UNSAFE_LINEAR_MAPE:
+            reasons.append(f"the sim alone (a line) leaves a leave-one-out MAPE of {100 * line_mape:.0f} % "
+                           f"(> {100 * UNSAFE_LINEAR_MAPE:.0f} %)")
     return reasons
 
 
