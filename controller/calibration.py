@@ -796,11 +796,12 @@ def _choose_ridge(log_sim: np.ndarray, target: np.ndarray, candidates: Mapping[s
                 best = (float(score), index)
         return best
 
-    used: list[str] = []
+    # A prior from an earlier fit brings its features: its exponent only means what it says beside them.
+    used = _prior_features(candidates, prior, transforms)
     best = best_for(used)
     if best is None:
         return None
-    remaining = list(candidates)
+    remaining = [name for name in candidates if name not in used]
     while remaining and log_sim.size - (len(used) + 3) >= 2:  # keep ≥ 2 residual degrees of freedom
         trials = [(trial, name) for name in remaining if (trial := best_for([*used, name])) is not None]
         if not trials:
@@ -819,6 +820,12 @@ def _choose_ridge(log_sim: np.ndarray, target: np.ndarray, candidates: Mapping[s
         return None
     model, weight = fitted
     return _RidgeChoice(used, model, ridge_lambda, weight, best[0])
+
+
+def _prior_features(candidates: Mapping[str, np.ndarray], prior: Prior, transforms: Mapping[str, str]) -> list[str]:
+    """The offered features the prior has a coefficient for, taken the same way (always in the model)."""
+    return [name for name in candidates
+            if name in prior.features and prior.feature_transforms.get(name, transforms[name]) == transforms[name]]
 
 
 def _log_feature_columns(feature_matrix: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -852,12 +859,14 @@ def _fit_log_ridge(shared: _Shared, feature_matrix: Mapping[str, np.ndarray], pr
     if candidates:
         # Features must earn their place in the honest (nested) error too, not only in the plain LOO
         # that chose them: else a constant-ratio family picks up a chance feature now and then.
-        plain = choice if not choice.used else _choose_ridge(log_sim, log_device, {}, prior, transforms)
+        forced = {name: candidates[name] for name in _prior_features(candidates, prior, transforms)}
+        plain = choice if choice.used == list(forced) else (
+            _choose_ridge(log_sim, log_device, forced, prior, transforms) or choice)
         plain_residual = loo_residual if plain is choice else (
-            _nested_loo(log_sim, log_device, {}, prior, transforms, plain) if nested
+            _nested_loo(log_sim, log_device, forced, prior, transforms, plain) if nested
             else plain.model.residuals / (1.0 - plain.model.leverage))
         without_features = _loo_errors(shared.device, np.exp(log_device - plain_residual))[0]
-        if choice.used and not np.mean(loo_residual ** 2) < np.mean(plain_residual ** 2):
+        if plain is not choice and not np.mean(loo_residual ** 2) < np.mean(plain_residual ** 2):
             choice, loo_residual = plain, plain_residual
     residual_std = float(np.sqrt(np.mean(loo_residual ** 2)))
     loo_prediction = np.exp(log_device - loo_residual)
