@@ -229,6 +229,23 @@ def accuracy_tables(draws: int, seed: int, only: str | None = None) -> str:
     ])
 
 
+def ceiling_table(only: str | None = None) -> str:
+    """What no calibration from these columns can beat: least squares in log space on *all* models
+    of the file (sim and every feature), judged on those same models."""
+    rows = ["| device pair | features | in-sample ±10 % / MAPE |", "|---|---|---|"]
+    for pair in DEVICE_PAIRS:
+        if not pair.features or not selected(pair, only):
+            continue
+        sim, device, features = load_columns(pair)
+        for names in ((), tuple(features)):
+            design = np.column_stack([np.ones_like(sim), np.log(sim), *(np.log(features[name]) for name in names)])
+            coefficients, *_ = np.linalg.lstsq(design, np.log(device), rcond=None)
+            relative = np.abs(np.exp(design @ coefficients) - device) / device
+            rows.append(f"| {pair.label} | {', '.join(('sim', *names))} | "
+                        f"{100 * np.mean(relative <= 0.10):.0f} % / {100 * np.mean(relative):.1f} % |")
+    return "\n".join(["### Ceiling: a log-space fit on all models, judged on the same models", "", *rows])
+
+
 def timing_table(pair_count: int = 1_000_000, repeats: int = 3) -> str:
     generator = np.random.default_rng(1)
     sim = generator.uniform(1.0, 50.0, pair_count)
@@ -254,10 +271,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-timing", action="store_true", help="leave out the 10⁶-pair fit time")
     parser.add_argument("--only-timing", action="store_true", help="only the 10⁶-pair fit time")
+    parser.add_argument("--ceiling", action="store_true", help="only the in-sample ceiling of the feature pairs")
     parser.add_argument("--only", help="only device pairs whose label contains one of these comma-separated texts "
                                        "(e.g. qed, or 'similar,phone,desktop' for the HELP rows)")
     arguments = parser.parse_args()
     print("## Calibration benchmark\n")
+    if arguments.ceiling:
+        print(ceiling_table(arguments.only))
+        return
     if not arguments.only_timing:
         print(accuracy_tables(arguments.draws, arguments.seed, arguments.only))
         print()
