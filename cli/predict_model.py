@@ -87,7 +87,7 @@ def predict_model(store: Store, model: Path, device: str, metrics: list[str], *,
         for metric in metrics:
             measured = [v.value for v in job_values(store, job_id, SIM_SIDE.get(metric, metric))
                         if v.sha256 == facts.sha256 and v.threads == t]
-            stored = current_calibration(store, device, metric, t, runtime=runtime)
+            stored = current_calibration(store, device, metric, t, runtime=runtime, batch_size=values[0].batch_size)
             if stored is None or not measured:
                 raise PredictError(f"device {device!r} has no {metric} calibration for {runtime} at {t} thread(s)")
             x = sum(measured) / len(measured)

@@ -173,7 +173,8 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure]]:
                                for c in cols]
             rows = [[i + 1] + [f"{col['order'][i][0]} ({col['order'][i][1]:.4g})" if i < len(col["order"]) else ""
                                for col in cols] for i in range(max(len(c["order"]) for c in cols))]
-            rankings.append(f"<h3>{html.escape(metric)} · {group['threads']} thread(s)</h3>{_table(headers, rows)}")
+            rankings.append(f"<h3>{html.escape(metric)} · {group['threads']} thread(s) · batch {group['batch_size']}</h3>"
+                            f"{_table(headers, rows)}")
     empty = "" if calibrations else (
         "<p>No calibration uses this job's runs yet: run <code>farm calibrate --sim-job A --device-job B "
         "--device NAME</code>, then make the report again.</p>")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from farm.controller.calibrations import calibration_history, fit_and_store, pair_within_job
+from farm.controller.ranking import rank_job
 from farm.controller.results import run_records
 from farm.controller.schedule import pair_key
 from farm.controller.store import Store
@@ -31,16 +32,18 @@ def _job(store: Store) -> int:
                                     "spec_json": json.dumps({"sim": {"cpus": 1.0}, "workload": {}})}).last_pk
 
 
-def _measure(store: Store, job: int, device: str, model: int, batch: int, sim_ms: float, device_ms: float,
-             energy_mj: float | None) -> None:
-    """One model at one batch size: the device task and its sim twin, both completed (as the scheduler
-    writes tasks and the controller records runs)."""
+def _measure(store: Store, job: int, device: str | None, model: int, batch: int, sim_ms: float,
+             device_ms: float | None, energy_mj: float | None) -> None:
+    """One model at one batch size: the device task and its sim twin (device None: the sim task
+    alone), all completed, as the scheduler writes tasks and the controller records runs."""
     sha = f"{model:016x}" + "0" * 48  # pair keys use the first 16 hex digits
     facts = {"macs": 1e8 * (model + 1), "size_bytes": 1e6 * (model + 2), "param_count": 1e5 * (model + 1)}
-    key = pair_key(sha, 1, batch, None, device, 0)
-    for target, ms, environment in (("sim", sim_ms, {"runtime": "litert"}),
-                                    (device, device_ms, {"runtime": "litert", **(
-                                        {"energy_per_inference_mj": energy_mj} if energy_mj is not None else {})})):
+    key = pair_key(sha, 1, batch, None, device or "sim", 0)
+    sides = [("sim", sim_ms, {"runtime": "litert"})]
+    if device is not None:
+        sides.append((device, device_ms, {"runtime": "litert", **(
+            {"energy_per_inference_mj": energy_mj} if energy_mj is not None else {})}))
+    for target, ms, environment in sides:
         task_id = store.db["tasks"].insert({
             "job_id": job, "seq": store.db["tasks"].count, "target": target, "model_name": f"m{model}",
             "model_path": f"m{model}.tflite", "model_sha256": sha, "model_family": None,
@@ -120,3 +123,18 @@ def test_a_refit_with_few_models_leans_on_the_previous_version_then_on_the_devic
     peer_fit, _ = fit_and_store(store, "nano-2", "latency", pair_within_job(store, other_job, "nano-2", "latency"),
                                 source={})
     assert peer_fit[0].calibration.fits["log_ridge"].prior_source == "1 other device(s) of type jetson-nano"
+
+
+def test_rankings_predict_each_batch_size_with_its_own_calibration(tmp_path: Path) -> None:
+    store, job = _lab(tmp_path)
+    fit_and_store(store, "nano-1", "latency", pair_within_job(store, job, "nano-1", "latency"), source={})
+    new_job = _job(store)
+    for model, sim_ms in enumerate(SIM_MS):
+        for batch in (1, 8):
+            _measure(store, new_job, None, model, batch, batch * sim_ms, None, None)
+    ranking = rank_job(store, new_job, "latency", device_jobs=[], devices=["nano-1"])
+    groups = {group["batch_size"]: group for group in ranking["groups"]}
+    assert sorted(groups) == [1, 8]
+    for batch, ratio in ((1, 2.0), (8, 3.0)):
+        predicted = dict(groups[batch]["columns"][1]["order"])
+        assert predicted["m2"] == pytest.approx(ratio * batch * SIM_MS[2], rel=0.03)
