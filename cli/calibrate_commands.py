@@ -258,7 +258,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
         print(json.dumps(ranking, indent=2, default=str))
         return 0
     for group in ranking["groups"]:
-        t = Table(header_style="bold", title=f"job {args.job} · {args.metric} · threads {group['threads']} · batch {group['batch_size']}")
+        t = Table(header_style="bold",
+                  title=f"job {args.job} · {args.metric} · threads {group['threads']} · batch {group['batch_size']}")
         t.add_column("#")
         for col in group["columns"]:
             t.add_column(f"{col['name']}\nτ = {_fmt(col['kendall_tau'], '.2f')}" if col["kendall_tau"] is not None else col["name"])

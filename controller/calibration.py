@@ -2,8 +2,8 @@
 
 A calibration maps a sim value x (latency, memory, … measured in the constrained sandbox) to a
 device value y for one device × metric (× threads × runtime × precision × family — grouping is the
-caller's business). Four fit kinds are computed and all are reported; the one with the lowest
-leave-one-out MAPE is chosen:
+caller's business). Four fit kinds are computed and all are reported; which one is used is
+said after the list:
 
 ``ols``
     Ordinary least squares, ``y = a·x + b`` — the published method. Optional extra regressors
@@ -33,18 +33,19 @@ leave-one-out MAPE is chosen:
     ``λ·n·Σ sd_j²·(θ_j − prior_j)²`` is scale-free; λ (from ``RIDGE_LAMBDAS``, 0 = plain
     least squares, ∞ = the prior itself) and the features (greedy forward selection, each must
     cut the leave-one-out error by ``FEATURE_MIN_RELATIVE_GAIN``) are chosen by leave-one-out
-    squared log error. Because that choice is itself fitted, its ``loo_*`` figures come from
-    *nested* leave-one-out (the whole choice redone without each model, up to
-    ``NESTED_LOO_LIMIT`` pairs), and its interval is ``ŷ ± t(n−1)·s·√((1 + h₀)/(1 + h̄))`` in
-    log space with ``s`` the RMS nested-LOO log error, ``h₀`` the new model's leverage under the
+    squared log error; a prior from an earlier fit brings that fit's features along. Because
+    that choice is itself fitted, its ``loo_*`` figures come from *nested* leave-one-out (the
+    whole choice redone without each model, up to ``NESTED_LOO_LIMIT`` pairs) — and selected
+    features are dropped again unless they lower that nested error too — and its interval is
+    ``ŷ ± t(n−1)·s·√((1 + h₀)/(1 + h̄))`` in log space with ``s`` the RMS nested-LOO log error, ``h₀`` the new model's leverage under the
     ridge and ``h̄`` the mean leverage of the calibration models (a new model is judged like a
     left-out one, wider when it sits further out). ``prior_weight`` says how much of the fit is
     the prior: 1 − (data degrees of freedom of the shrunk terms) / (their number).
 
 The chosen kind is ``log_ridge`` unless another kind's leave-one-out MAPE is at most
-(1 − ``CHOICE_MARGIN``) of its (an additive offset, as in peak memory, needs a line): the other
-kinds' errors are plain, not nested, leave-one-out, so they look better than they are; for data that cannot go
-to log space it is the kind with the lowest leave-one-out MAPE.
+(1 − ``CHOICE_MARGIN``) of its (an additive offset, as in peak memory, needs a line): the
+other kinds' errors are plain, not nested, leave-one-out, so they look better than they are.
+For data that cannot go to log space it is the kind with the lowest leave-one-out MAPE.
 
 The ``unsafe`` verdict (``Calibration.unsafe_reasons``) says the sim does not track the device:
 the plain power law leaves an RMS leave-one-out error above ``UNSAFE_LOG_ERROR``, or its exponent
