@@ -10,7 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from farm.cli.render import results_table
 from farm.controller.calibrations import calibration_history, fit_and_store, pair_within_job
 from farm.controller.ranking import rank_job
 from farm.controller.results import run_records
@@ -93,6 +95,10 @@ def test_energy_per_inference_is_a_result_and_a_calibration_metric(tmp_path: Pat
     board = [r for r in records if r["target"] == "nano-1"]
     assert all(r["energy_per_inference_mj"] == pytest.approx(BOARD_POWER_W * r["latency_ms"]["avg"]) for r in board)
     assert all(r["energy_per_inference_mj"] is None for r in records if r["target"] == "sim")  # the sim has no rails
+    console = Console(record=True, width=250)
+    console.print(results_table(records))
+    shown = console.export_text()
+    assert "mJ per" in shown and f"{BOARD_POWER_W * board[0]['latency_ms']['avg']:.2f}" in shown
     paired = pair_within_job(store, job, "nano-1", "energy")
     assert len(paired) == 12
     assert all(p.pair.y == pytest.approx(BOARD_POWER_W * 2.0 * p.pair.x, rel=0.02) for p in paired if p.batch_size == 1)
