@@ -20,15 +20,15 @@ class RankError(ValueError):
     pass
 
 
-Cell = tuple[int, int]  # (threads, batch size): another batch size is another ranking, never averaged in
+Cell = tuple[int, int, int]  # (threads, batch size, input size or 0): another one is another ranking
 
 
 def _means(store: Store, job: int, metric: str) -> dict[Cell, dict[str, tuple[float, str | None, dict[str, float]]]]:
-    """(threads, batch size) -> model -> (mean over repeats and input sizes, family, model features)."""
+    """(threads, batch size, input size) -> model -> (mean over repeats, family, model features)."""
     acc: dict[Cell, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     about: dict[str, tuple[str | None, dict[str, float]]] = {}
     for v in job_values(store, job, metric):
-        acc[(v.threads, v.batch_size)][v.model].append(v.value)
+        acc[(v.threads, v.batch_size, v.input_size or 0)][v.model].append(v.value)
         about[v.model] = (v.family, v.features)
     return {cell: {m: (mean(vals), *about[m]) for m, vals in models.items()} for cell, models in acc.items()}
 
@@ -51,7 +51,7 @@ def rank_job(store: Store, job: int, metric: str, *, device_jobs: list[int], dev
         raise RankError(f"job {job} has no completed run with a {metric} figure to rank")
     groups = []
     for cell in sorted(sim):
-        threads, batch_size = cell
+        threads, batch_size, input_size = cell
         sim_values = {m: v for m, (v, _, _) in sim[cell].items()}
         columns = [{"name": f"sim (job {job})", "kendall_tau": None,
                     "order": sorted(sim_values.items(), key=lambda kv: kv[1])}]
@@ -62,12 +62,14 @@ def rank_job(store: Store, job: int, metric: str, *, device_jobs: list[int], dev
         for device in devices:
             predicted = {}
             for model, (x, fam, features) in sim[cell].items():
-                stored = current_calibration(store, device, metric, threads, family=fam, batch_size=batch_size)
+                stored = current_calibration(store, device, metric, threads, family=fam, batch_size=batch_size,
+                                             input_size=input_size or None)
                 if stored is None:
                     raise RankError(f"no {metric} calibration for device {device!r} at {threads} thread(s), batch "
                                     f"{batch_size}; run `farm calibrate` first (`farm calibrations` lists what exists)")
                 predicted[model] = stored.calibration.fits[stored.calibration.chosen].predict(x, features=features).estimate
             columns.append({"name": f"{device} (predicted)", "kendall_tau": _tau(sim_values, predicted),
                             "order": sorted(predicted.items(), key=lambda kv: kv[1])})
-        groups.append({"threads": threads, "batch_size": batch_size, "columns": columns})
+        groups.append({"threads": threads, "batch_size": batch_size, "input_size": input_size or None,
+                       "columns": columns})
     return {"job": job, "metric": metric, "groups": groups}
