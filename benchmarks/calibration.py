@@ -7,7 +7,9 @@ drawn at random (k = 5, 10, 20; ``--draws`` draws each, fixed seed); every fit k
 them and scored on all the other models of the file: share of predictions within ±10 %, median
 over draws of the held-out MAPE, and coverage of the 90 % prediction interval. ``ols`` is plain
 least squares (the published method); ``chosen`` is the kind picked by leave-one-out error.
-Data: ``../shared/data/latency/`` next to the repository (see its README); values < 0.1 ms dropped.
+Data: ``../shared/data/latency/`` next to the repository (see its README), read at bench time and
+not copied into the repository; values < 0.1 ms dropped. The qed rows offer FLOPS and file size
+as model features.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gzip
+import math
 import os
 import statistics
 import sys
@@ -28,10 +31,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402  (after the thread limits, which numpy reads at import)
 
-from farm.controller.calibration import FIT_KINDS, Pair, calibrate  # noqa: E402
+from farm.controller.calibration import FIT_KINDS, Pair, Prior, calibrate  # noqa: E402
 
-DATA_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "latency"
+# FARM_LATENCY_DATA overrides it (a worktree sits deeper than ../shared)
+DATA_DIR = Path(os.environ.get("FARM_LATENCY_DATA")
+                or Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "latency")
 KS = (5, 10, 20)
+PREVIOUS_MODELS = 20  # the "previous version" of a device's calibration in the prior rows
 CONFIDENCE = 0.9
 SMALLEST_VALID_MS = 0.1  # the README: ~273 NB201 cells are degenerate (≈ 0 ms)
 
@@ -42,9 +48,18 @@ class DevicePair:
     file: str
     sim_column: str
     device_column: str
+    features: tuple[str, ...] = ()  # model-feature columns offered to the fits
+    scale: float = 1.0  # multiplies every latency (the qed file is in µs)
 
 
+QED = "qed_tflite_nas_e2e.csv.gz"
+QED_FEATURES = ("FLOPS", "size")
 DEVICE_PAIRS = [
+    *(DevicePair(f"qed: Pixel 4 big core → {label}", QED, "pixel4|1large|float|mean", f"{column}|float|mean",
+                 QED_FEATURES, 1e-3)
+      for label, column in (("Galaxy S10 big core", "s10|1large"), ("Mi 8 SE big core", "mi8se|1large"),
+                            ("Galaxy A03s big core", "a03s|1large"), ("iPhone XS big core", "iphonexs|1large"),
+                            ("Pixel 4 GPU", "pixel4|gpu"))),
     DevicePair("similar CPUs: Xeon Silver 4114 → Silver 4210R", "help_nb201_latency_all_devices.csv.gz",
                "silver_4114_ms", "silver_4210r_ms"),
     DevicePair("similar CPUs: Xeon Gold 6226 → Gold 6240", "help_nb201_latency_all_devices.csv.gz",
@@ -69,7 +84,7 @@ class KindScores:
     coverage: list[float]
 
 
-def load_columns(pair: DevicePair) -> tuple[np.ndarray, np.ndarray]:
+def load_columns(pair: DevicePair) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     path = DATA_DIR / pair.file
     if not path.exists():
         sys.exit(f"error: {path} not found: this benchmark reads the shared latency data in {DATA_DIR} "
@@ -77,43 +92,71 @@ def load_columns(pair: DevicePair) -> tuple[np.ndarray, np.ndarray]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", newline="") as handle:
         reader = csv.DictReader(handle)
-        missing = {pair.sim_column, pair.device_column} - set(reader.fieldnames or ())
+        missing = {pair.sim_column, pair.device_column, *pair.features} - set(reader.fieldnames or ())
         if missing:
             sys.exit(f"error: {path}: no column(s) {sorted(missing)}")
-        values = [(row[pair.sim_column], row[pair.device_column]) for row in reader]
-    sim = np.array([float(s) if s else np.nan for s, _ in values])
-    device = np.array([float(d) if d else np.nan for _, d in values])
+        rows = list(reader)
+    number = lambda text: float(text) if text else np.nan  # noqa: E731
+    sim = np.array([number(row[pair.sim_column]) for row in rows]) * pair.scale
+    device = np.array([number(row[pair.device_column]) for row in rows]) * pair.scale
+    features = {name: np.array([number(row[name]) for row in rows]) for name in pair.features}
     usable = (sim >= SMALLEST_VALID_MS) & (device >= SMALLEST_VALID_MS)  # also drops NaN and −1
-    return sim[usable], device[usable]
+    for values in features.values():
+        usable &= np.isfinite(values) & (values > 0)
+    return sim[usable], device[usable], {name: values[usable] for name, values in features.items()}
 
 
-def evaluate(pair: DevicePair, k: int, draws: int, generator: np.random.Generator) -> dict:
-    sim, device = load_columns(pair)
-    scores = {kind: KindScores([], [], []) for kind in (*FIT_KINDS, "chosen")}
+PLAIN_OLS = "plain ols"
+KINDS = (PLAIN_OLS, *FIT_KINDS, "chosen")
+
+
+def evaluate(pair: DevicePair, k: int, draws: int, generator: np.random.Generator, previous: int = 0) -> dict:
+    """``previous`` > 0: each draw first calibrates on that many other models (the device's previous
+    version) and the k-model calibration is shrunk toward it."""
+    sim, device, features = load_columns(pair)
+    scores = {kind: KindScores([], [], []) for kind in KINDS}
     chosen_counts: Counter[str] = Counter()
     warned = skipped = 0
+    prior_weights: list[float] = []
+
+    def pairs_of(indices: np.ndarray) -> list[Pair]:
+        return [Pair(f"m{i}", sim[i], device[i], features={name: float(values[i]) for name, values in features.items()})
+                for i in indices]
+
     for _ in range(draws):
-        picked = generator.choice(sim.size, size=k, replace=False)
+        picked_all = generator.choice(sim.size, size=k + previous, replace=False)
+        picked, earlier = picked_all[:k], picked_all[k:]
         held_out = np.ones(sim.size, dtype=bool)
-        held_out[picked] = False
+        held_out[picked_all] = False
         try:
-            calibration = calibrate([Pair(f"m{i}", sim[i], device[i]) for i in picked], confidence=CONFIDENCE)
+            prior = Prior()
+            if previous:
+                version_1 = calibrate(pairs_of(earlier), confidence=CONFIDENCE, features=list(features))
+                prior = Prior.from_fits([version_1.fits["log_ridge"]], list(features), "previous version")
+            calibration = calibrate(pairs_of(picked), confidence=CONFIDENCE, features=list(features), prior=prior)
+            prior_weights.append(calibration.fits["log_ridge"].prior_weight)
         except ValueError:  # NotEnoughPairs or too-concentrated sim values
             skipped += 1  # whole-ms columns can give < 3 distinct sim values at k = 5
             continue
         chosen_counts[calibration.chosen] += 1
-        warned += any("unsafe" in warning for warning in calibration.warnings)
+        warned += calibration.unsafe
         truth = device[held_out]
+        held_features = {name: values[held_out] for name, values in features.items()}
+        slope, intercept = np.polyfit(sim[picked], device[picked], 1)  # the published method, nothing else
+        relative = np.abs(slope * sim[held_out] + intercept - truth) / truth
+        scores[PLAIN_OLS].within.append(float(np.mean(relative <= 0.10)))
+        scores[PLAIN_OLS].mape.append(float(np.mean(relative)))
         for kind in (*FIT_KINDS, "chosen"):
             fit = calibration.fits.get(calibration.chosen if kind == "chosen" else kind)
             if fit is None:
                 continue
-            estimate, low, high = fit.predict_arrays(sim[held_out], confidence=CONFIDENCE)
+            estimate, low, high = fit.predict_arrays(sim[held_out], held_features, confidence=CONFIDENCE)
             relative = np.abs(estimate - truth) / truth
             scores[kind].within.append(float(np.mean(relative <= 0.10)))
             scores[kind].mape.append(float(np.mean(relative)))
             scores[kind].coverage.append(float(np.mean((truth >= low) & (truth <= high))))
     return {"scores": scores, "chosen": chosen_counts, "warned": warned, "skipped": skipped,
+            "prior_weight": statistics.fmean(prior_weights) if prior_weights else math.nan,
             "fitted": draws - skipped, "models": sim.size}
 
 
@@ -125,15 +168,21 @@ def median_cell(values: list[float]) -> str:
     return f"{100 * statistics.median(values):.1f}" if values else "–"
 
 
-def accuracy_tables(draws: int, seed: int) -> str:
+def selected(pair: DevicePair, only: str | None) -> bool:
+    return not only or any(text.strip() and text.strip() in pair.label for text in only.split(","))
+
+
+def accuracy_tables(draws: int, seed: int, only: str | None = None) -> str:
     generator = np.random.default_rng(seed)
-    kinds = (*FIT_KINDS, "chosen")
+    kinds = KINDS
     accuracy = ["| device pair (sim → device) | k | " + " | ".join(
-        f"{kind} ±10 % / MAPE" for kind in kinds) + " | chosen ols/log/robust | ρ warning |",
+        f"{kind} ±10 % / MAPE" for kind in kinds) + " | chosen " + "/".join(FIT_KINDS) + " | unsafe |",
                 "|---|---|" + "---|" * (len(kinds) + 2)]
-    coverage = ["| device pair | k | " + " | ".join(f"{kind} {CONFIDENCE:.0%} PI coverage" for kind in kinds) + " |",
-                "|---|---|" + "---|" * len(kinds)]
+    coverage = ["| device pair | k | " + " | ".join(f"{kind} {CONFIDENCE:.0%} PI coverage" for kind in kinds[1:])
+                + " |", "|---|---|" + "---|" * (len(kinds) - 1)]
     for pair in DEVICE_PAIRS:
+        if not selected(pair, only):
+            continue
         for k in KS:
             result = evaluate(pair, k, draws, generator)
             scores, chosen = result["scores"], result["chosen"]
@@ -141,25 +190,60 @@ def accuracy_tables(draws: int, seed: int) -> str:
             accuracy.append(
                 f"| {label} | {k} | " + " | ".join(
                     f"{cell(scores[kind].within)} % / {median_cell(scores[kind].mape)} %" for kind in kinds)
-                + f" | {chosen['ols']}/{chosen['log']}/{chosen['robust']}"
+                + " | " + "/".join(str(chosen[kind]) for kind in FIT_KINDS)
                 + f" | {100 * result['warned'] / max(result['fitted'], 1):.0f} %"
                 + (f" ({result['skipped']} draws skipped)" if result["skipped"] else "") + " |")
             coverage.append(f"| {pair.label} | {k} | " + " | ".join(f"{cell(scores[kind].coverage)} %"
-                                                                  for kind in kinds) + " |")
+                                                                  for kind in kinds[1:]) + " |")
+    with_prior = ["| device pair | k new + previous | log_ridge ±10 % / MAPE | chosen ±10 % / MAPE | "
+                  "log_ridge PI coverage | mean prior weight | unsafe |", "|---|---|---|---|---|---|---|"]
+    for pair in DEVICE_PAIRS:
+        if not pair.features or not selected(pair, only):
+            continue
+        for k in (5, 10):
+            result = evaluate(pair, k, draws, generator, previous=PREVIOUS_MODELS)
+            scores = result["scores"]
+            with_prior.append(
+                f"| {pair.label} | {k} + {PREVIOUS_MODELS} | "
+                + " | ".join(f"{cell(scores[kind].within)} % / {median_cell(scores[kind].mape)} %"
+                             for kind in ("log_ridge", "chosen"))
+                + f" | {cell(scores['log_ridge'].coverage)} % | {100 * result['prior_weight']:.0f} %"
+                + f" | {100 * result['warned'] / max(result['fitted'], 1):.0f} % |")
     return "\n".join([
         f"### Held-out accuracy ({draws} draws per row, seed {seed})",
         "",
         "Each cell: mean share of held-out predictions within ±10 % / median over draws of the held-out "
-        "MAPE. `ols` is plain least squares; `chosen` is the kind with the lowest leave-one-out MAPE on "
-        "the k calibration models. \"ρ warning\": share of draws whose calibration warned that Spearman "
-        "ρ < 0.9 makes a linear map unsafe.",
+        "MAPE. `plain ols` is np.polyfit on x alone (the published method); `ols` may add model features; "
+        "`log` is the plain power law; `log_ridge` the shrunk log-space fit with features; `chosen` what "
+        "calibrate picks. \"unsafe\": share of draws whose calibration carried the unsafe verdict.",
         "",
         *accuracy,
         "",
         f"### Coverage of the {CONFIDENCE:.0%} prediction intervals on held-out models",
         "",
         *coverage,
+        *(["", f"### With a prior: the device's previous version, fitted on {PREVIOUS_MODELS} other models",
+           "", "The k new models are fitted with log_ridge shrunk toward the previous version's coefficients; "
+           "the prior weight is how much of the shrunk terms the prior decided (0 = the data alone).", "",
+           *with_prior] if len(with_prior) > 2 else []),
     ])
+
+
+def ceiling_table(only: str | None = None) -> str:
+    """What no calibration from these columns can beat: least squares in log space on *all* models
+    of the file (sim and every feature), judged on those same models."""
+    rows = ["| device pair | features | in-sample ±10 % / MAPE |", "|---|---|---|"]
+    for pair in DEVICE_PAIRS:
+        if not pair.features or not selected(pair, only):
+            continue
+        sim, device, features = load_columns(pair)
+        for names in ((), tuple(features)):
+            design = np.column_stack([np.ones_like(sim), np.log(sim), *(np.log(features[name]) for name in names)])
+            coefficients, *_ = np.linalg.lstsq(design, np.log(device), rcond=None)
+            relative = np.abs(np.exp(design @ coefficients) - device) / device
+            rows.append(f"| {pair.label} | {', '.join(('sim', *names))} | "
+                        f"{100 * np.mean(relative <= 0.10):.0f} % / {100 * np.mean(relative):.1f} % |")
+    return "\n".join(["### Ceiling: a log-space fit on all models, judged on the same models", "", *rows])
 
 
 def timing_table(pair_count: int = 1_000_000, repeats: int = 3) -> str:
@@ -187,10 +271,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-timing", action="store_true", help="leave out the 10⁶-pair fit time")
     parser.add_argument("--only-timing", action="store_true", help="only the 10⁶-pair fit time")
+    parser.add_argument("--ceiling", action="store_true", help="only the in-sample ceiling of the feature pairs")
+    parser.add_argument("--only", help="only device pairs whose label contains one of these comma-separated texts "
+                                       "(e.g. qed, or 'similar,phone,desktop' for the HELP rows)")
     arguments = parser.parse_args()
     print("## Calibration benchmark\n")
+    if arguments.ceiling:
+        print(ceiling_table(arguments.only))
+        return
     if not arguments.only_timing:
-        print(accuracy_tables(arguments.draws, arguments.seed))
+        print(accuracy_tables(arguments.draws, arguments.seed, arguments.only))
         print()
     if not arguments.skip_timing:
         print(timing_table())

@@ -28,26 +28,40 @@ def _fmt(v: float | None, spec: str = ".3g") -> str:
     return "—" if v is None else format(v, spec)
 
 
+def _coefficients(fit) -> dict[str, float]:
+    """A line's a (slope) and b (intercept); a power law's exponent and factor: never one name for both."""
+    return {"exponent": fit.a, "factor": fit.b} if fit.log_space else {"a": fit.a, "b": fit.b}
+
+
 def _fit_row(cal, **labels: Any) -> dict[str, Any]:
     f = cal.fits[cal.chosen]
-    return {**labels, "kind": cal.chosen, "formula": f.formula, "features_used": list(f.features_used), "a": f.a, "b": f.b, "r2": f.r2, "n": f.n, "loo_mape": f.loo_mape,
+    return {**labels, "kind": cal.chosen, "formula": f.formula, "features_used": list(f.features_used),
+            **_coefficients(f), "r2": f.r2, "n": f.n, "loo_mape": f.loo_mape,
             "loo_within_10": f.loo_within_10, "kendall_tau": f.kendall_tau, "spearman_rho": f.spearman_rho,
+            "unsafe": cal.unsafe, "unsafe_reasons": list(cal.unsafe_reasons),
+            "prior_weight": f.prior_weight, "prior_source": f.prior_source,
             "possible_flips": [[p.first, p.second] for p in f.possible_flips], "warnings": list(cal.warnings),
-            "fits": {k: {"a": v.a, "b": v.b, "r2": v.r2, "loo_mape": v.loo_mape, "loo_within_10": v.loo_within_10}
-                     for k, v in cal.fits.items()}}
+            "fits": {k: {**_coefficients(v), "formula": v.formula, "r2": v.r2, "loo_mape": v.loo_mape,
+                         "loo_within_10": v.loo_within_10} for k, v in cal.fits.items()}}
+
+
+def _prior_cell(weight: float | None, source: str | None) -> str:
+    return "—" if weight is None else f"{100 * weight:.0f} % ({source})"
 
 
 def _fit_table(rows: list[dict[str, Any]], label_cols: list[str]) -> Table:
     t = Table(header_style="bold")
-    for c in label_cols + ["fit", "formula", "R²", "n", "LOO MAPE %", "±10 %", "τ", "ρ", "may flip"]:
+    for c in label_cols + ["fit", "formula", "R²", "n", "LOO MAPE %", "±10 %", "τ", "ρ", "prior weight", "verdict",
+                           "may flip"]:
         t.add_column(c)
     for r in rows:
-        formula = r["formula"].split("  (")[0]  # the log fit's log-space form is in --json
         flips = ", ".join(f"{a}/{b}" for a, b in r["possible_flips"][:3]) + (" …" if len(r["possible_flips"]) > 3 else "")
-        t.add_row(*[Text(str(r[c])) for c in label_cols], r["kind"], formula, _fmt(r["r2"], ".3f"), str(r["n"]),
-                  _fmt(100 * r["loo_mape"] if r["loo_mape"] is not None else None, ".1f"),
+        t.add_row(*[Text(str(r[c])) for c in label_cols], r["kind"], Text(r["formula"]), _fmt(r["r2"], ".3f"),
+                  str(r["n"]), _fmt(100 * r["loo_mape"] if r["loo_mape"] is not None else None, ".1f"),
                   _fmt(100 * r["loo_within_10"] if r["loo_within_10"] is not None else None, ".0f"),
-                  _fmt(r["kendall_tau"], ".2f"), _fmt(r["spearman_rho"], ".2f"), Text(flips or "—"))
+                  _fmt(r["kendall_tau"], ".2f"), _fmt(r["spearman_rho"], ".2f"),
+                  Text(_prior_cell(r["prior_weight"], r["prior_source"])),
+                  Text("unsafe", style="red") if r["unsafe"] else Text("ok"), Text(flips or "—"))
     return t
 
 
@@ -117,13 +131,14 @@ def _calibrate_offline(args: argparse.Namespace) -> int:
     from farm.controller.calibration import CalibrationInputError, calibrate, read_pairs_csv
 
     try:
-        groups = read_pairs_csv(Path(args.pairs), x=args.x, y=args.y, model=args.model_col, group=args.group)
+        groups = read_pairs_csv(Path(args.pairs), x=args.x, y=args.y, model=args.model_col, group=args.group,
+                                features=args.feature or ())
     except (CalibrationInputError, OSError) as e:
         raise UserError(str(e)) from None
     fits, rows, refused = {}, [], []
     for group, pairs in sorted(groups.items(), key=lambda kv: str(kv[0])):
         try:
-            cal = calibrate(pairs, min_pairs=args.min_pairs)
+            cal = calibrate(pairs, min_pairs=args.min_pairs, features=sorted(pairs[0].features))
         except ValueError as e:  # too few pairs, or values too bunched up to fit
             refused.append(f"{group or GROUP_ALL}: {e}")
             continue
@@ -155,14 +170,15 @@ def cmd_calibrations(args: argparse.Namespace) -> int:
         print(strict_json.dumps(rows, indent=2))
         return 0
     t = Table(header_style="bold")
-    for c in ("id", "device", "metric", "threads", "family", "version", "created", "fit", "a", "b", "R²", "n",
-              "LOO MAPE %", "ρ", "warnings"):
+    for c in ("id", "device", "metric", "threads", "batch", "input", "precision", "family", "version", "created",
+              "fit", "formula", "R²", "n", "LOO MAPE %", "ρ", "prior weight", "warnings"):
         t.add_column(c)
     for r in rows:
-        t.add_row(str(r["id"]), Text(r["device"]), r["metric"], str(r["threads"]), Text(r["family"] or GROUP_ALL),
-                  str(r["version"]), when(r["created_at"]), r["kind"], _fmt(r["a"]), _fmt(r["b"]),
+        t.add_row(str(r["id"]), Text(r["device"]), r["metric"], str(r["threads"]), str(r["batch_size"] or 1),
+                  str(r["input_size"] or "—"), r["precision"] or "fp32", Text(r["family"] or GROUP_ALL),
+                  str(r["version"]), when(r["created_at"]), r["kind"], Text(r["formula"]),
                   _fmt(r["r2"], ".3f"), str(r["n"]), _fmt(100 * r["loo_mape"] if r["loo_mape"] is not None else None, ".1f"),
-                  _fmt(r["spearman_rho"], ".2f"),
+                  _fmt(r["spearman_rho"], ".2f"), Text(_prior_cell(r["prior_weight"], r["prior_source"])),
                   Text("; ".join(r["warnings"]) or "—"))
     out.print(t)
     return 0
@@ -259,7 +275,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
         print(strict_json.dumps(ranking, indent=2))
         return 0
     for group in ranking["groups"]:
-        t = Table(header_style="bold", title=f"job {args.job} · {args.metric} · threads {group['threads']}")
+        t = Table(header_style="bold",
+                  title=f"job {args.job} · {args.metric} · threads {group['threads']} · batch {group['batch_size']}")
         t.add_column("#")
         for col in group["columns"]:
             t.add_column(f"{col['name']}\nτ = {_fmt(col['kendall_tau'], '.2f')}" if col["kendall_tau"] is not None else col["name"])
@@ -299,9 +316,12 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("--sim-job", type=int, help="the job measured in the sim")
     s.add_argument("--device-job", type=int, help="the same models measured on the device (or another budget)")
     s.add_argument("--device", help="the name the calibration is stored under")
-    s.add_argument("--metric", action="append", choices=["latency", "whole_run", "peak_memory", "avg_memory"],
-                   help="repeatable; default latency")
+    s.add_argument("--metric", action="append", choices=["latency", "whole_run", "peak_memory", "avg_memory", "energy"],
+                   help="repeatable; default latency (energy: per inference, boards with power rails)")
     s.add_argument("--pairs", help="offline: a CSV with model, x (sim) and y (device) columns")
+    s.add_argument("--feature", action="append", metavar="COL",
+                   help="offline, repeatable: a numeric column offered as a model feature (MACs, params, size…); "
+                        "'auto' = every numeric column but x, y, model and group")
     s.add_argument("--x", default="x", help="offline: the sim column (default x)")
     s.add_argument("--y", default="y", help="offline: the device column (default y)")
     s.add_argument("--model-col", default="model", help="offline: the model name column (default model)")

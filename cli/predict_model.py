@@ -5,13 +5,14 @@ current calibration. No device time is spent."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from farm.controller.calibrations import (
-    METRICS, calibration_history, contended_left_out, current_calibration, job_values, model_features,
+    METRICS, SIM_SIDE, calibration_history, contended_left_out, current_calibration, job_values, model_features,
 )
 from farm.controller.controller import Controller
 from farm.controller.jobfile import JobFileError, load_job_text
@@ -92,15 +93,15 @@ def predict_model(store: Store, model: Path, device: str, metrics: list[str], *,
             raise PredictError(f"the sim run of {model.name} at {t} thread(s) did not complete ({why}); job {job_id}")
         runtime = values[0].runtime
         for metric in metrics:
-            measured = [v.value for v in job_values(store, job_id, metric, include_contended=include_contended)
+            measured = [v.value for v in job_values(store, job_id, SIM_SIDE.get(metric, metric),
+                                                    include_contended=include_contended)
                         if v.sha256 == facts.sha256 and v.threads == t]
-            stored = current_calibration(store, device, metric, t, runtime=runtime)
+            stored = current_calibration(store, device, metric, t, runtime=runtime, batch_size=values[0].batch_size)
             if stored is None or not measured:
                 raise PredictError(f"device {device!r} has no {metric} calibration for {runtime} at {t} thread(s)")
             x = sum(measured) / len(measured)
             fit = stored.calibration.fits[stored.calibration.chosen]
-            features = model_features({"param_count": facts.param_count, "macs": facts.macs,
-                                       "size_bytes": facts.size_bytes})
+            features = model_features(asdict(facts))
             p = fit.predict(x, features=features, confidence=confidence)
             predictions.append({
                 "model": model.name, "sha256": facts.sha256, "device": device, "metric": metric, "threads": t,
@@ -108,6 +109,7 @@ def predict_model(store: Store, model: Path, device: str, metrics: list[str], *,
                 "confidence": confidence, "sim_job": job_id, "sim_reused": reused,
                 "calibration": {"id": stored.id, "version": stored.version, "kind": stored.calibration.chosen,
                                 "family": stored.family or None, "n": fit.n, "r2": fit.r2},
+                "unsafe": stored.calibration.unsafe, "formula": fit.formula,
                 "warnings": list(stored.calibration.warnings),
             })
     return predictions

@@ -28,6 +28,7 @@ def _ms(v: float | None) -> str:
 def results_table(records: list[dict[str, Any]], title: str | None = None) -> Table:
     show_repeat = any(r["repeat"] for r in records)
     show_size = any(r["input_size"] for r in records)
+    show_energy = any(r.get("energy_per_inference_mj") is not None for r in records)  # boards with power rails
     t = Table(title=title, header_style="bold", show_lines=False)
     t.add_column("model")
     t.add_column("thr", justify="right")
@@ -43,6 +44,8 @@ def results_table(records: list[dict[str, Any]], title: str | None = None) -> Ta
     t.add_column("p90 ms", justify="right")
     t.add_column("peak MB", justify="right")
     t.add_column("avg MB", justify="right")
+    if show_energy:
+        t.add_column("mJ per\ninference", justify="right")
     t.add_column("CPU %\navg/peak", justify="right")
     t.add_column("wall s", justify="right")
     t.add_column("backend")
@@ -72,6 +75,7 @@ def results_table(records: list[dict[str, Any]], title: str | None = None) -> Ta
                 f"{_ms(lat.get('avg'))} ± {_ms(lat.get('std'))}" if lat else "—",
                 _ms(lat.get("p90")) if lat else "—",
                 _fmt(r["peak_memory_mb"], 1), _fmt(r["avg_memory_mb"], 1),
+                *([_fmt(r.get("energy_per_inference_mj"))] if show_energy else []),
                 f"{_fmt(cpu['avg'], 0)}/{_fmt(cpu['peak'], 0)}", _fmt(r["wall_s"]), backend]
         t.add_row(*row)
     contended = sum(is_contended(r) for r in records)

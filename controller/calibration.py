@@ -2,8 +2,8 @@
 
 A calibration maps a sim value x (latency, memory, … measured in the constrained sandbox) to a
 device value y for one device × metric (× threads × runtime × precision × family — grouping is the
-caller's business). Three fit kinds are computed and all are reported; the one with the lowest
-leave-one-out MAPE is chosen:
+caller's business). Four fit kinds are computed and all are reported; which one is used is
+said after the list:
 
 ``ols``
     Ordinary least squares, ``y = a·x + b`` — the published method. Optional extra regressors
@@ -11,8 +11,8 @@ leave-one-out MAPE is chosen:
     they cut the error. Prediction interval: the classic t-based interval with leverage,
     ``ŷ ± t(n−p) · s · √(1 + x₀ᵀ(XᵀX)⁻¹x₀)``.
 ``log``
-    Least squares in log space, ``log y = log b + a·log x``, i.e. the power law ``y = b·x^a``
-    (``a`` is the exponent, ``b`` the factor). Predictions are back-transformed with ``exp``, so
+    Least squares in log space, ``log y = b + a·log x``, i.e. the power law ``y = e^b·x^a``
+    (stored as ``exponent`` and ``factor`` = e^b). Predictions are back-transformed with ``exp``, so
     the estimate is the geometric-mean (median) prediction. Interval: the classic t-interval in log
     space, back-transformed (asymmetric on the original scale, proportional to the estimate).
 ``robust``
@@ -24,6 +24,37 @@ leave-one-out MAPE is chosen:
     ``THEIL_SEN_SAMPLED_PAIRS`` pairwise slopes; above ``ROBUST_EXACT_LOO_LIMIT`` pairs its
     leave-one-out residuals are approximated as ``e_i / (1 − h_ii)`` with the OLS leverages (one
     point moves a median of ~n²/2 slopes very little); a warning says so and ``loo_exact`` is False.
+
+``log_ridge``
+    The few-shot fit: in log space, ``log y = b + a·log x + Σ c_j·f_j`` over model features f_j
+    (counts and sizes enter as their log, shares as they are), shrunk by ridge toward a prior:
+    by default "the device is a constant factor of the sim" (a = 1, every c_j = 0, b free), or
+    the device's previous calibration / its device type's (``Prior``). The penalty
+    ``λ·n·Σ sd_j²·(θ_j − prior_j)²`` is scale-free; λ (from ``RIDGE_LAMBDAS``, 0 = plain
+    least squares, ∞ = the prior itself) and the features (greedy forward selection, each must
+    cut the leave-one-out error by ``FEATURE_MIN_RELATIVE_GAIN``) are chosen by leave-one-out
+    squared log error; a prior from an earlier fit brings that fit's features along. Because
+    that choice is itself fitted, its ``loo_*`` figures come from *nested* leave-one-out (the
+    whole choice redone without each model, up to ``NESTED_LOO_LIMIT`` pairs) — and selected
+    features are dropped again unless they lower that nested error too — and its interval is
+    ``ŷ ± t(n−1)·s·√((1 + h₀)/(1 + h̄))`` in log space with ``s`` the RMS nested-LOO log error, ``h₀`` the new model's leverage under the
+    ridge and ``h̄`` the mean leverage of the calibration models (a new model is judged like a
+    left-out one, wider when it sits further out). ``prior_weight`` says how much of the fit is
+    the prior: 1 − (data degrees of freedom of the shrunk terms) / (their number).
+
+The chosen kind is ``log_ridge`` unless another kind's leave-one-out MAPE is at most
+(1 − ``CHOICE_MARGIN``) of its (an additive offset, as in peak memory, needs a line): the
+other kinds' errors are plain, not nested, leave-one-out, so they look better than they are.
+For data that cannot go to log space it is the kind with the lowest leave-one-out MAPE.
+
+The ``unsafe`` verdict (``Calibration.unsafe_reasons``) says the sim does not track the device:
+the plain power law leaves an RMS leave-one-out error above ``UNSAFE_LOG_ERROR``, or its exponent
+is outside ``UNSAFE_EXPONENT``, or the chosen fit's intervals span more than a factor
+``UNSAFE_INTERVAL_RATIO``; when a line is chosen (an additive offset, or values ≤ 0), the
+sim-only line's leave-one-out MAPE above ``UNSAFE_LINEAR_MAPE``. Spearman ρ on k points alone is
+too noisy at k = 5–10 to decide it (it stays a warning: close models may swap).
+
+Every prediction interval of a quantity that was never negative stays ≥ 0 (``lower_bound``).
 
 For every kind: ``r2`` is ``1 − SS_res/SS_tot`` of the kind's predictions on the *original* scale
 (for OLS without features this equals the squared Pearson correlation); ``loo_mape`` and
@@ -48,7 +79,8 @@ from typing import Any
 import numpy as np
 from scipy import linalg, stats
 
-FIT_KINDS: tuple[str, ...] = ("ols", "log", "robust")
+FIT_KINDS: tuple[str, ...] = ("ols", "log", "robust", "log_ridge")
+LOG_KINDS = ("log", "log_ridge")
 JSON_FORMAT = "farm.calibration/1"
 WITHIN_SHARE = 0.10  # "within ±10 %" as in nn-Meter / HELP reporting
 MAX_LISTED_FLIPS = 1000  # longer flip lists are counted, not listed, to keep calibrations small
@@ -58,7 +90,22 @@ THEIL_SEN_SAMPLED_PAIRS = 1_000_000
 ROBUST_EXACT_LOO_LIMIT = 200
 # A feature must cut the OLS leave-one-out MAPE by this share to be kept. A pure-noise column
 # still gets in by chance in ~10 % of draws at n = 10, ~4 % at n = 20 (2 % with no threshold: ~20 %).
-FEATURE_MIN_RELATIVE_GAIN = 0.10  # exact robust LOO is n refits of an O(n² log n) estimator
+FEATURE_MIN_RELATIVE_GAIN = 0.10
+# Ridge strengths tried (times n, on standardized columns): 0 is plain least squares, inf the prior.
+RIDGE_LAMBDAS: tuple[float, ...] = (0.0, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, math.inf)
+CHOICE_MARGIN = 0.5  # another kind replaces log_ridge only with a leave-one-out MAPE half of its or less
+NESTED_LOO_LIMIT = 30  # above it the choice of λ and features is not redone per left-out model (n refits × grid)
+# The "unsafe" verdict: the sim is not a scaled copy of the device when the plain power-law fit
+# leaves typical (RMS leave-one-out) errors above 20 %, or when the device scales as sim^a with a
+# far from 1 (a model 10× slower in the sim would be < 6.3× or > 17.8× slower on the device), or
+# when the chosen 90 %-style interval is wider than a factor UNSAFE_INTERVAL_RATIO (high/low).
+UNSAFE_LOG_ERROR = 0.20
+UNSAFE_EXPONENT = (0.8, 1.25)
+UNSAFE_INTERVAL_RATIO = 3.0
+UNSAFE_LINEAR_MAPE = 0.20  # for metrics that cannot go to log space (values ≤ 0)
+# Model features do not lift the verdict: on k models a features fit can look good by chance where
+# the sim does not track the device (the Pixel 4 CPU → GPU case: nested LOO 4–8 % on some 10-model
+# draws, 44 % of held-out models within ±10 %).
 _SAMPLING_SEED = 20211206  # fixed so a sampled Theil–Sen fit is reproducible
 
 
@@ -106,13 +153,57 @@ class Flip:
     second: str
 
 
+@dataclass(frozen=True)
+class Prior:
+    """What a ``log_ridge`` fit is shrunk toward when pairs are few, in its log space.
+
+    ``log_factor`` None leaves the intercept free (the default prior "device = constant factor ×
+    sim"); a number (from a previous calibration) shrinks it too. ``features`` gives a prior
+    coefficient per feature; features not named are pulled toward 0.
+    """
+
+    exponent: float = 1.0
+    log_factor: float | None = None
+    features: Mapping[str, float] = field(default_factory=dict)
+    feature_transforms: Mapping[str, str] = field(default_factory=dict)  # "log" / "linear", as the fit took them
+    source: str = "device = constant factor × sim"
+
+    @classmethod
+    def from_fits(cls, fits: Sequence[FitResult], features: Sequence[str], source: str) -> Prior:
+        """The mean log-space coefficients of earlier log_ridge fits (a feature a fit did not use: 0)."""
+        exponents = [fit.a for fit in fits]
+        log_factors = [fit.coefficients[0] / fit.column_scale[0] for fit in fits]
+        coefficients: dict[str, float] = {}
+        transforms: dict[str, str] = {}
+        for name in features:
+            values = [fit.feature_coefficient(fit.features_used.index(name)) if name in fit.features_used else 0.0
+                      for fit in fits]
+            used = [fit.feature_transforms[name] for fit in fits if name in fit.features_used]
+            if used:
+                coefficients[name], transforms[name] = float(np.mean(values)), used[0]
+        return cls(exponent=float(np.mean(exponents)), log_factor=float(np.mean(log_factors)),
+                   features=coefficients, feature_transforms=transforms, source=source)
+
+    def feature_prior(self, name: str, transform: str) -> float:
+        """The prior coefficient of a feature entering as ``transform`` (0 when the prior took it otherwise)."""
+        return self.features.get(name, 0.0) if self.feature_transforms.get(name, transform) == transform else 0.0
+
+
+DEFAULT_PRIOR = Prior()
+
+
 @dataclass
 class FitResult:
-    """One fit kind's coefficients, quality figures and everything needed to predict with intervals."""
+    """One fit kind's coefficients, quality figures and everything needed to predict with intervals.
+
+    ``a`` and ``b`` are the generic pair of a two-term fit: slope and intercept for the linear
+    kinds; for the log kinds ``a`` is the exponent and ``b`` the factor e^(log-space intercept),
+    stored in JSON under those honest names (``exponent``, ``factor``).
+    """
 
     kind: str
-    a: float  # slope of x (ols, robust) or exponent (log)
-    b: float  # intercept (ols, robust) or factor (log)
+    a: float  # slope of x (ols, robust) or exponent (log kinds)
+    b: float  # intercept (ols, robust) or factor (log kinds)
     r2: float  # 1 − SS_res/SS_tot on the original scale
     n: int  # distinct models used
     loo_mape: float  # fraction
@@ -131,18 +222,47 @@ class FitResult:
     log_space: bool = False
     coefficients: list[float] = field(default_factory=list)  # for the scaled columns
     column_scale: list[float] = field(default_factory=list)  # columns are divided by these
-    covariance_factor: list[list[float]] = field(default_factory=list)  # (X_sᵀ X_s)⁻¹
-    dof: int = 1  # degrees of freedom of the t quantile
+    covariance_factor: list[list[float]] = field(default_factory=list)  # (X_sᵀ X_s + Λ)⁻¹
+    dof: float = 1.0  # degrees of freedom of the t quantile
+    # log_ridge only: how each feature enters ("log" or "linear"), the shrinkage and its prior.
+    feature_transforms: dict[str, str] = field(default_factory=dict)
+    mean_leverage: float | None = None  # set: half-width scales by √((1 + h₀)/(1 + h̄)), see module doc
+    ridge_lambda: float | None = None
+    prior_weight: float | None = None  # 0 = the data alone, 1 = the prior alone
+    prior_source: str | None = None
+    lower_bound: float | None = None  # 0 for a quantity that cannot be negative (latency, memory, energy)
+
+    @property
+    def exponent(self) -> float | None:
+        return self.a if self.log_space else None
+
+    @property
+    def factor(self) -> float | None:
+        return self.b if self.log_space else None
+
+    def feature_coefficient(self, index: int) -> float:
+        """The coefficient of ``features_used[index]`` in the fit's own space (unscaled)."""
+        return self.coefficients[2 + index] / self.column_scale[2 + index]
 
     @property
     def formula(self) -> str:
-        """The fit as a human-readable equation (for the log kind with its log-space form too)."""
+        """The whole fit as an equation a person can apply by hand (every term, every feature)."""
         if self.log_space:
             log_factor = self.coefficients[0] / self.column_scale[0]
-            return f"y = {self.b:.4g}·x^{self.a:.4g}  (log y = {log_factor:.4g} + {self.a:.4g}·log x)"
+            terms = [f"e^{log_factor:.4g}", f"x^{self.a:.4g}"]
+            log_terms = [f"{log_factor:.4g}", f"{self.a:.4g}·log x"]
+            for index, name in enumerate(self.features_used):
+                c = self.feature_coefficient(index)
+                if self.feature_transforms.get(name, "log") == "log":
+                    terms.append(f"{name}^{c:.4g}")
+                    log_terms.append(f"{c:.4g}·log {name}")
+                else:
+                    terms.append(f"e^({c:.4g}·{name})")
+                    log_terms.append(f"{c:.4g}·{name}")
+            return f"y = {' · '.join(terms)}  (log y = {' + '.join(log_terms)})".replace("+ -", "− ")
         terms = f"y = {self.a:.4g}·x {'−' if self.b < 0 else '+'} {abs(self.b):.4g}"
         for index, name in enumerate(self.features_used):
-            coefficient = self.coefficients[2 + index] / self.column_scale[2 + index]
+            coefficient = self.feature_coefficient(index)
             terms += f" {'−' if coefficient < 0 else '+'} {abs(coefficient):.4g}·{name}"
         return terms
 
@@ -165,20 +285,30 @@ class FitResult:
         for name in self.features_used:
             if features is None or name not in features:
                 raise ValueError(f"this {self.kind} fit uses feature {name!r}: pass it to predict")
-            columns.append(np.broadcast_to(np.asarray(features[name], dtype=float), sim.shape))
+            values = np.broadcast_to(np.asarray(features[name], dtype=float), sim.shape)
+            if self.feature_transforms.get(name) == "log":
+                if np.any(values <= 0):
+                    raise ValueError(f"this {self.kind} fit uses log {name}: {name} must be > 0")
+                values = np.log(values)
+            columns.append(values)
         design = np.column_stack(columns) / np.asarray(self.column_scale)
         centre = design @ np.asarray(self.coefficients)
         leverage = np.einsum("ij,jk,ik->i", design, np.asarray(self.covariance_factor), design)
-        half_width = _t_quantile(confidence, self.dof) * self.residual_std * np.sqrt(1.0 + leverage)
+        spread = (1.0 + leverage) / (1.0 + self.mean_leverage) if self.mean_leverage is not None else 1.0 + leverage
+        half_width = _t_quantile(confidence, self.dof) * self.residual_std * np.sqrt(spread)
         low, high = centre - half_width, centre + half_width
         if self.log_space:
             return np.exp(centre), np.exp(low), np.exp(high)
+        if self.lower_bound is not None:  # a latency interval reaching below 0 ms says nothing true
+            centre, low, high = (np.maximum(v, self.lower_bound) for v in (centre, low, high))
         return centre, low, high
 
     def to_json(self) -> dict[str, Any]:
-        """Plain JSON types; NaN becomes null."""
+        """Plain JSON types; NaN becomes null. Log fits store ``exponent``/``factor``, the others ``a``/``b``."""
+        coefficients = ({"exponent": _nan_to_none(self.a), "factor": _nan_to_none(self.b)} if self.log_space
+                        else {"a": _nan_to_none(self.a), "b": _nan_to_none(self.b)})
         return {
-            "kind": self.kind, "a": _nan_to_none(self.a), "b": _nan_to_none(self.b),
+            "kind": self.kind, **coefficients,
             "r2": _nan_to_none(self.r2), "n": self.n, "loo_mape": _nan_to_none(self.loo_mape),
             "loo_within_10": _nan_to_none(self.loo_within_10),
             "residual_std": _nan_to_none(self.residual_std),
@@ -191,13 +321,20 @@ class FitResult:
             "loo_exact": self.loo_exact, "log_space": self.log_space,
             "coefficients": list(self.coefficients), "column_scale": list(self.column_scale),
             "covariance_factor": [list(row) for row in self.covariance_factor], "dof": self.dof,
+            "feature_transforms": dict(self.feature_transforms), "mean_leverage": self.mean_leverage,
+            "ridge_lambda": None if self.ridge_lambda is None or math.isinf(self.ridge_lambda) else self.ridge_lambda,
+            "ridge_lambda_infinite": self.ridge_lambda is not None and math.isinf(self.ridge_lambda),
+            "prior_weight": self.prior_weight, "prior_source": self.prior_source, "lower_bound": self.lower_bound,
             "formula": self.formula,  # informational; recomputed on read
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> FitResult:
+        log_space = bool(data["log_space"])
+        first, second = ("exponent", "factor") if log_space and "exponent" in data else ("a", "b")
+        ridge_lambda = math.inf if data.get("ridge_lambda_infinite") else data.get("ridge_lambda")
         return cls(
-            kind=data["kind"], a=_none_to_nan(data["a"]), b=_none_to_nan(data["b"]),
+            kind=data["kind"], a=_none_to_nan(data[first]), b=_none_to_nan(data[second]),
             r2=_none_to_nan(data["r2"]), n=int(data["n"]), loo_mape=_none_to_nan(data["loo_mape"]),
             loo_within_10=_none_to_nan(data["loo_within_10"]),
             residual_std=_none_to_nan(data["residual_std"]),
@@ -208,11 +345,17 @@ class FitResult:
             loo_mape_without_features=data["loo_mape_without_features"],
             possible_flip_count=int(data["possible_flip_count"]),
             observed_flip_count=int(data["observed_flip_count"]),
-            loo_exact=bool(data["loo_exact"]), log_space=bool(data["log_space"]),
+            loo_exact=bool(data["loo_exact"]), log_space=log_space,
             coefficients=[float(v) for v in data["coefficients"]],
             column_scale=[float(v) for v in data["column_scale"]],
             covariance_factor=[[float(v) for v in row] for row in data["covariance_factor"]],
-            dof=int(data["dof"]),
+            dof=float(data["dof"]),
+            feature_transforms={str(k): str(v) for k, v in (data.get("feature_transforms") or {}).items()},
+            mean_leverage=None if data.get("mean_leverage") is None else float(data["mean_leverage"]),
+            ridge_lambda=None if ridge_lambda is None else float(ridge_lambda),
+            prior_weight=None if data.get("prior_weight") is None else float(data["prior_weight"]),
+            prior_source=data.get("prior_source"),
+            lower_bound=None if data.get("lower_bound") is None else float(data["lower_bound"]),
         )
 
 
@@ -228,6 +371,12 @@ class Calibration:
     warnings: list[str]
     pairs: list[Pair]
     confidence: float
+    unsafe_reasons: list[str] = field(default_factory=list)  # empty: the sim tracks this device
+
+    @property
+    def unsafe(self) -> bool:
+        """The verdict: do not trust estimates or rankings from this calibration (see unsafe_reasons)."""
+        return bool(self.unsafe_reasons)
 
     @property
     def chosen_fit(self) -> FitResult:
@@ -251,6 +400,8 @@ class Calibration:
             "format": JSON_FORMAT,
             "chosen": self.chosen,
             "confidence": self.confidence,
+            "unsafe": self.unsafe,
+            "unsafe_reasons": list(self.unsafe_reasons),
             "warnings": list(self.warnings),
             "fits": {kind: fit.to_json() for kind, fit in self.fits.items()},
             "pairs": [{"model": p.model, "x": float(p.x), "y": float(p.y), "family": p.family,
@@ -270,7 +421,7 @@ class Calibration:
                       features={k: float(v) for k, v in p.get("features", {}).items()})
                  for p in data["pairs"]]
         return cls(chosen=data["chosen"], fits=fits, warnings=list(data["warnings"]), pairs=pairs,
-                   confidence=float(data["confidence"]))
+                   confidence=float(data["confidence"]), unsafe_reasons=list(data.get("unsafe_reasons") or []))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,14 +429,18 @@ class Calibration:
 
 
 def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confidence: float = 0.9,
-              min_pairs: int = 4, unsafe_rho: float = 0.9, features: Sequence[str] = ()) -> Calibration:
+              min_pairs: int = 4, unsafe_rho: float = 0.9, features: Sequence[str] = (),
+              prior: Prior = DEFAULT_PRIOR) -> Calibration:
     """Fit every kind in ``kinds`` to the pairs and choose the one with the lowest leave-one-out MAPE.
 
     Pairs with the same model name are repeats: their x, y and features are averaged into one pair
     per model before fitting (a warning says how many models had repeats), so ``n`` counts models.
-    ``features`` names entries of ``Pair.features`` offered to the OLS fit as extra regressors;
-    greedy forward selection keeps one only if it lowers the OLS leave-one-out MAPE by at least
-    ``FEATURE_MIN_RELATIVE_GAIN`` (10 %) relative, and only while ≥ 2 residual degrees of freedom remain.
+    The same model with *different* feature values (another batch size, input size…) is another
+    configuration, not a repeat: that is refused rather than averaged.
+    ``features`` names entries of ``Pair.features`` offered to the OLS fit and the ``log_ridge`` fit
+    as extra regressors; greedy forward selection keeps one only if it lowers the fit's leave-one-out
+    error by at least ``FEATURE_MIN_RELATIVE_GAIN`` (10 %) relative, and only while ≥ 2 residual
+    degrees of freedom remain. ``prior`` is what ``log_ridge`` shrinks toward (module doc).
 
     Raises :class:`NotEnoughPairs` with fewer than ``min_pairs`` models or fewer than 3 distinct sim
     values, and ``ValueError`` for non-finite values or a bad argument. Warns (in
@@ -323,23 +478,24 @@ def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confid
     observed, observed_count = _observed_flips(sim, device, names, warnings)
     if not rho >= unsafe_rho:  # also catches NaN (constant device values)
         warnings.append(
-            f"Spearman ρ = {rho:.3f} < {unsafe_rho:g} between sim and device order: a linear map is "
-            f"unsafe for this device and metric (rankings and estimates from the sim may mislead)")
+            f"Spearman ρ = {rho:.3f} < {unsafe_rho:g} between sim and device order: models close in the "
+            f"sim may swap places on the device")
     zero_device = int(np.count_nonzero(device == 0))
     if zero_device:
         warnings.append(f"{zero_device} device value(s) are 0: left out of the MAPE and ±10 % figures")
 
     shared = _Shared(sim=sim, device=device, names=names, tau=tau, rho=rho, observed=observed,
-                     observed_count=observed_count, confidence=confidence)
+                     observed_count=observed_count, confidence=confidence, features=feature_matrix)
+    nonpositive = [names[i] for i in np.flatnonzero((sim <= 0) | (device <= 0))]
     fits: dict[str, FitResult] = {}
     for kind in kinds:
-        if kind == "log":
-            nonpositive = [names[i] for i in np.flatnonzero((sim <= 0) | (device <= 0))]
+        if kind in LOG_KINDS:
             if nonpositive:
-                warnings.append(f"log fit skipped: {len(nonpositive)} pair(s) have non-positive values "
+                warnings.append(f"{kind} fit skipped: {len(nonpositive)} pair(s) have non-positive values "
                                 f"(e.g. {', '.join(nonpositive[:3])})")
                 continue
-            log_fit = _fit_log(shared, warnings)
+            log_fit = (_fit_log(shared, warnings) if kind == "log"
+                       else _fit_log_ridge(shared, feature_matrix, prior, warnings))
             if log_fit is not None:
                 fits[kind] = log_fit
         elif kind == "ols":
@@ -348,13 +504,70 @@ def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confid
             fits[kind] = _fit_robust(shared, warnings)
     if not fits:
         raise ValueError(f"no fit kind could be fitted ({'; '.join(warnings[-1:])}): add 'ols' or 'robust' to kinds")
-    chosen = min(fits, key=lambda k: fits[k].loo_mape if math.isfinite(fits[k].loo_mape) else math.inf)
+    if not np.any(device < 0):
+        for fit in fits.values():
+            fit.lower_bound = 0.0  # a device figure that was never negative cannot be predicted below 0
+    chosen = _choose_kind(fits)
     for fit in fits.values():
         if fit.possible_flip_count > len(fit.possible_flips):
             warnings.append(f"{fit.kind}: {fit.possible_flip_count} possible flips, the first "
                             f"{len(fit.possible_flips)} listed")
             break
-    return Calibration(chosen=chosen, fits=fits, warnings=warnings, pairs=merged, confidence=confidence)
+    unsafe_reasons = _unsafe_reasons(shared, fits[chosen], log_possible=not nonpositive)
+    if unsafe_reasons:
+        warnings.append(f"unsafe: {'; '.join(unsafe_reasons)}: a linear map is unsafe for this device and metric "
+                        f"(rankings and estimates from the sim may mislead)")
+    return Calibration(chosen=chosen, fits=fits, warnings=warnings, pairs=merged, confidence=confidence,
+                       unsafe_reasons=unsafe_reasons)
+
+
+def _choose_kind(fits: Mapping[str, FitResult]) -> str:
+    """The kind with the lowest leave-one-out MAPE, but ``log_ridge`` unless beaten by CHOICE_MARGIN.
+
+    log_ridge already contains the plain power law (λ = 0) and the constant factor (λ = ∞), and its
+    error is nested leave-one-out while the others' are plain leave-one-out (optimistic for the
+    OLS features): on k = 5–20 models, picking the best of four by a noisy error costs more than it
+    gains, so another kind must be clearly better (an additive offset, as in peak memory, is).
+    """
+    def error(kind: str) -> float:
+        return fits[kind].loo_mape if math.isfinite(fits[kind].loo_mape) else math.inf
+
+    best = min(fits, key=error)
+    if "log_ridge" in fits and best != "log_ridge" and not error(best) < (1.0 - CHOICE_MARGIN) * error("log_ridge"):
+        return "log_ridge"
+    return best
+
+
+def _unsafe_reasons(shared: _Shared, chosen: FitResult, *, log_possible: bool) -> list[str]:
+    """Why the sim does not track this device, from the sim-only fit of the chosen family (power law
+    or line): its leave-one-out error, its scaling, and the chosen fit's interval width."""
+    reasons = []
+    if not shared.rho > 0:  # also NaN: constant device values
+        reasons.append(f"the device does not rise with the sim (Spearman ρ = {shared.rho:.2f})")
+    if log_possible and chosen.log_space:
+        log_sim, log_device = np.log(shared.sim), np.log(shared.device)
+        plain = _least_squares([np.ones_like(log_sim), log_sim], log_device)
+        if plain is not None:
+            loo_error = float(np.sqrt(np.mean((plain.residuals / (1.0 - plain.leverage)) ** 2)))
+            exponent = float(plain.coefficients[1] / plain.column_scale[1])
+            if loo_error > UNSAFE_LOG_ERROR:
+                reasons.append(f"the sim alone leaves a typical leave-one-out error of {100 * loo_error:.0f} % "
+                               f"(> {100 * UNSAFE_LOG_ERROR:.0f} %)")
+            if not UNSAFE_EXPONENT[0] <= exponent <= UNSAFE_EXPONENT[1]:
+                reasons.append(f"the device scales as sim^{exponent:.2f}, not in proportion "
+                               f"(outside {UNSAFE_EXPONENT[0]:g}–{UNSAFE_EXPONENT[1]:g})")
+        _, low, high = chosen.predict_arrays(shared.sim, shared.feature_values(chosen), shared.confidence)
+        ratio = float(np.median(high / low))
+        if ratio > UNSAFE_INTERVAL_RATIO:
+            reasons.append(f"its {shared.confidence:.0%} intervals span a factor of {ratio:.1f} "
+                           f"(> {UNSAFE_INTERVAL_RATIO:g})")
+    else:  # a line fits (an additive offset, or values ≤ 0): the sim-only line's error decides
+        line = _least_squares([np.ones_like(shared.sim), shared.sim], shared.device)
+        line_mape = _ols_loo_mape(line, shared.device) if line is not None else math.inf
+        if not line_mape <= UNSAFE_LINEAR_MAPE:
+            reasons.append(f"the sim alone (a line) leaves a leave-one-out MAPE of {100 * line_mape:.0f} % "
+                           f"(> {100 * UNSAFE_LINEAR_MAPE:.0f} %)")
+    return reasons
 
 
 @dataclass
@@ -369,6 +582,10 @@ class _Shared:
     observed: list[Flip]
     observed_count: int
     confidence: float
+    features: dict[str, np.ndarray] = field(default_factory=dict)  # every offered feature, raw values
+
+    def feature_values(self, fit: FitResult) -> dict[str, np.ndarray]:
+        return {name: self.features[name] for name in fit.features_used}
 
 
 @dataclass
@@ -468,6 +685,220 @@ def _fit_log(shared: _Shared, warnings: list[str]) -> FitResult | None:
     return _finish_fit("log", shared, model, loo_prediction, log_space=True)
 
 
+@dataclass
+class _RidgeChoice:
+    """One log_ridge model: which features, which λ, and the fit on scaled columns."""
+
+    used: list[str]
+    model: _LinearModel
+    ridge_lambda: float
+    prior_weight: float
+    score: float  # mean squared leave-one-out log error (λ and features fixed)
+
+
+def _ridge(columns: Sequence[np.ndarray], target: np.ndarray, prior_vector: np.ndarray,
+           penalize_intercept: bool, ridge_lambda: float) -> tuple[_LinearModel, float] | None:
+    """Ridge toward ``prior_vector`` with penalty λ·n·Σ sd_j²·(θ_j − prior_j)²; (model, prior weight).
+
+    Columns are max-abs scaled as in ``_least_squares``; sd_j is the spread of column j over the
+    calibration models (the intercept's weight is 1 when it is shrunk, else 0). The closed-form
+    leave-one-out residuals e_i/(1 − h_ii) keep this penalty (sd_j, n) fixed while a model is left out.
+    """
+    design = np.column_stack(columns)
+    scale = np.max(np.abs(design), axis=0)
+    scale[scale == 0] = 1.0
+    scaled = design / scale
+    prior_scaled = prior_vector * scale
+    n, p = scaled.shape
+    weights = scaled.std(axis=0) ** 2
+    weights[0] = 1.0 if penalize_intercept else 0.0
+    penalized = p - (0 if penalize_intercept else 1)
+    if math.isinf(ridge_lambda):  # the prior itself, with the intercept re-estimated when it is free
+        coefficients = prior_scaled.copy()
+        covariance = np.zeros((p, p))
+        if not penalize_intercept:
+            coefficients[0] = float(np.mean(target - scaled[:, 1:] @ prior_scaled[1:]))
+            covariance[0, 0] = 1.0 / n
+        leverage = np.full(n, 0.0 if penalize_intercept else 1.0 / n)
+        model = _LinearModel(coefficients, scale, covariance, target - scaled @ coefficients, leverage)
+        return model, 1.0
+    penalty = np.diag(ridge_lambda * n * weights)
+    gram = scaled.T @ scaled + penalty
+    try:
+        covariance = np.linalg.inv(gram)
+    except np.linalg.LinAlgError:
+        return None
+    if not np.all(np.isfinite(covariance)) or np.linalg.cond(gram) > 1e12:
+        return None  # collinear columns without enough shrinkage: no unique fit
+    coefficients = covariance @ (scaled.T @ target + penalty @ prior_scaled)
+    leverage = np.einsum("ij,jk,ik->i", scaled, covariance, scaled)
+    if leverage.max() > 1.0 - 1e-9:
+        return None  # some point alone determines a coefficient: its LOO error is undefined
+    data_dof = float(leverage.sum()) - (0.0 if penalize_intercept else 1.0)
+    prior_weight = min(1.0, max(0.0, 1.0 - data_dof / penalized)) if penalized else 0.0
+    return _LinearModel(coefficients, scale, covariance, target - scaled @ coefficients, leverage), prior_weight
+
+
+def _ridge_path_scores(columns: Sequence[np.ndarray], target: np.ndarray, prior_vector: np.ndarray,
+                       penalize_intercept: bool) -> np.ndarray:
+    """Mean squared leave-one-out residual of ``_ridge`` for every λ of RIDGE_LAMBDAS from one SVD.
+
+    The same penalty in raw units, λ·n·(β₀² if shrunk + Σ sd_j²·β_j²) around the prior, written with
+    standardized columns Z so that it is λ·n·‖γ‖²: then H(λ) = [1/n] + U·diag(s²/(s² + λn))·Uᵀ.
+    inf marks a λ whose fit is not unique or whose leave-one-out error is undefined.
+    """
+    design = np.column_stack(columns)
+    n = design.shape[0]
+    shifted = target - design @ prior_vector  # the prior becomes 0
+    rest = design[:, 1:]
+    spread = rest.std(axis=0)
+    if penalize_intercept:
+        standardized, response, base = np.column_stack([np.ones(n), rest / spread]), shifted, 0.0
+    else:
+        standardized, response, base = (rest - rest.mean(axis=0)) / spread, shifted - shifted.mean(), 1.0 / n
+    u, singular, _ = np.linalg.svd(standardized, full_matrices=False)
+    projected = u.T @ response
+    squared = singular ** 2
+    scores = np.full(len(RIDGE_LAMBDAS), np.inf)
+    for index, ridge_lambda in enumerate(RIDGE_LAMBDAS):
+        if math.isinf(ridge_lambda):
+            shrink = np.zeros_like(squared)
+        elif ridge_lambda == 0.0:
+            if singular.min() <= 1e-6 * singular.max():
+                continue  # collinear columns without shrinkage: no unique fit
+            shrink = np.ones_like(squared)
+        else:
+            shrink = squared / (squared + ridge_lambda * n)
+        leverage = base + (u ** 2) @ shrink
+        if leverage.max() > 1.0 - 1e-9:
+            continue
+        residual = response - u @ (shrink * projected)
+        scores[index] = float(np.mean((residual / (1.0 - leverage)) ** 2))
+    return scores
+
+
+def _choose_ridge(log_sim: np.ndarray, target: np.ndarray, candidates: Mapping[str, np.ndarray],
+                  prior: Prior, transforms: Mapping[str, str]) -> _RidgeChoice | None:
+    """Features by greedy forward selection and λ from RIDGE_LAMBDAS, both by leave-one-out log error."""
+
+    def setup(used: list[str]) -> tuple[list[np.ndarray], np.ndarray]:
+        columns = [np.ones_like(log_sim), log_sim, *(candidates[name] for name in used)]
+        prior_vector = np.array([prior.log_factor or 0.0, prior.exponent,
+                                 *(prior.feature_prior(name, transforms[name]) for name in used)])
+        return columns, prior_vector
+
+    def best_for(used: list[str]) -> tuple[float, int] | None:
+        """(score, index into RIDGE_LAMBDAS); a tie keeps the smaller λ."""
+        columns, prior_vector = setup(used)
+        scores = _ridge_path_scores(columns, target, prior_vector, prior.log_factor is not None)
+        best: tuple[float, int] | None = None
+        for index, score in enumerate(scores):
+            if math.isfinite(score) and (best is None or score < best[0] * (1.0 - 1e-12)):
+                best = (float(score), index)
+        return best
+
+    # A prior from an earlier fit brings its features: its exponent only means what it says beside them.
+    used = _prior_features(candidates, prior, transforms)
+    best = best_for(used)
+    if best is None:
+        return None
+    remaining = [name for name in candidates if name not in used]
+    while remaining and log_sim.size - (len(used) + 3) >= 2:  # keep ≥ 2 residual degrees of freedom
+        trials = [(trial, name) for name in remaining if (trial := best_for([*used, name])) is not None]
+        if not trials:
+            break
+        trial, name = min(trials, key=lambda t: t[0][0])
+        # A feature must cut the RMS leave-one-out log error by FEATURE_MIN_RELATIVE_GAIN to stay.
+        if not math.sqrt(trial[0]) < math.sqrt(best[0]) * (1.0 - FEATURE_MIN_RELATIVE_GAIN):
+            break
+        used.append(name)
+        remaining.remove(name)
+        best = trial
+    ridge_lambda = RIDGE_LAMBDAS[best[1]]
+    columns, prior_vector = setup(used)
+    fitted = _ridge(columns, target, prior_vector, prior.log_factor is not None, ridge_lambda)
+    if fitted is None:  # the scaled solve judged the columns collinear where the SVD did not
+        return None
+    model, weight = fitted
+    return _RidgeChoice(used, model, ridge_lambda, weight, best[0])
+
+
+def _prior_features(candidates: Mapping[str, np.ndarray], prior: Prior, transforms: Mapping[str, str]) -> list[str]:
+    """The offered features the prior has a coefficient for, taken the same way (always in the model)."""
+    return [name for name in candidates
+            if name in prior.features and prior.feature_transforms.get(name, transforms[name]) == transforms[name]]
+
+
+def _log_feature_columns(feature_matrix: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Counts and sizes (all > 0, some > 1) enter in log space as their log; shares (0…1) as they are.
+
+    Features that do not vary over the calibration models carry no information and are left out.
+    """
+    columns, transforms = {}, {}
+    for name, values in feature_matrix.items():
+        if np.ptp(values) == 0:
+            continue
+        transform = "log" if np.all(values > 0) and np.max(values) > 1 else "linear"
+        columns[name] = np.log(values) if transform == "log" else values
+        transforms[name] = transform
+    return columns, transforms
+
+
+def _fit_log_ridge(shared: _Shared, feature_matrix: Mapping[str, np.ndarray], prior: Prior,
+                   warnings: list[str]) -> FitResult | None:
+    log_sim, log_device = np.log(shared.sim), np.log(shared.device)
+    candidates, transforms = _log_feature_columns(feature_matrix)
+    choice = _choose_ridge(log_sim, log_device, candidates, prior, transforms)
+    if choice is None:
+        warnings.append("log_ridge fit skipped: in log space the sim values are too concentrated to fit and validate")
+        return None
+    n = log_sim.size
+    nested = n <= NESTED_LOO_LIMIT
+    loo_residual = _nested_loo(log_sim, log_device, candidates, prior, transforms, choice) if nested else \
+        choice.model.residuals / (1.0 - choice.model.leverage)
+    without_features: float | None = None
+    if candidates:
+        # Features must earn their place in the honest (nested) error too, not only in the plain LOO
+        # that chose them: else a constant-ratio family picks up a chance feature now and then.
+        forced = {name: candidates[name] for name in _prior_features(candidates, prior, transforms)}
+        plain = choice if choice.used == list(forced) else (
+            _choose_ridge(log_sim, log_device, forced, prior, transforms) or choice)
+        plain_residual = loo_residual if plain is choice else (
+            _nested_loo(log_sim, log_device, forced, prior, transforms, plain) if nested
+            else plain.model.residuals / (1.0 - plain.model.leverage))
+        without_features = _loo_errors(shared.device, np.exp(log_device - plain_residual))[0]
+        if plain is not choice and not np.mean(loo_residual ** 2) < np.mean(plain_residual ** 2):
+            choice, loo_residual = plain, plain_residual
+    residual_std = float(np.sqrt(np.mean(loo_residual ** 2)))
+    loo_prediction = np.exp(log_device - loo_residual)
+    return _finish_fit(
+        "log_ridge", shared, choice.model, loo_prediction, log_space=True, features_used=choice.used,
+        loo_mape_without_features=without_features,
+        feature_values={name: feature_matrix[name] for name in choice.used},
+        loo_exact=nested, interval=(residual_std, float(n - 1), float(np.mean(choice.model.leverage))),
+        feature_transforms={name: transforms[name] for name in choice.used}, ridge_lambda=choice.ridge_lambda,
+        prior_weight=choice.prior_weight, prior_source=prior.source)
+
+
+def _nested_loo(log_sim: np.ndarray, log_device: np.ndarray, candidates: Mapping[str, np.ndarray], prior: Prior,
+                transforms: Mapping[str, str], choice: _RidgeChoice) -> np.ndarray:
+    """Log residual of each model predicted by the whole choice (features, λ) redone without it."""
+    n = log_sim.size
+    residual = np.empty(n)
+    keep = np.ones(n, dtype=bool)
+    for index in range(n):
+        keep[index] = False
+        inner = _choose_ridge(log_sim[keep], log_device[keep],
+                              {name: values[keep] for name, values in candidates.items()}, prior, transforms)
+        keep[index] = True
+        if inner is None:  # too concentrated without this model: fall back to the closed form
+            residual[index] = choice.model.residuals[index] / (1.0 - choice.model.leverage[index])
+            continue
+        row = np.array([1.0, log_sim[index], *(candidates[name][index] for name in inner.used)])
+        residual[index] = log_device[index] - (row / inner.model.column_scale) @ inner.model.coefficients
+    return residual
+
+
 def _theil_sen(sim: np.ndarray, device: np.ndarray) -> tuple[float, float]:
     """(slope, intercept): exact via scipy when small, else from a fixed-seed sample of slopes."""
     if sim.size <= THEIL_SEN_EXACT_LIMIT:
@@ -509,11 +940,17 @@ def _fit_robust(shared: _Shared, warnings: list[str]) -> FitResult:
 
 def _finish_fit(kind: str, shared: _Shared, model: _LinearModel, loo_prediction: np.ndarray, *,
                 log_space: bool, features_used: Sequence[str] = (), loo_mape_without_features: float | None = None,
-                feature_values: Mapping[str, np.ndarray] | None = None, loo_exact: bool = True) -> FitResult:
-    """Compute the figures every kind reports, from its linear model in fit space."""
-    parameter_count = model.coefficients.size
-    dof = shared.sim.size - parameter_count
-    residual_std = float(np.sqrt(np.sum(model.residuals ** 2) / dof))
+                feature_values: Mapping[str, np.ndarray] | None = None, loo_exact: bool = True,
+                interval: tuple[float, float, float | None] | None = None, **extra: Any) -> FitResult:
+    """Compute the figures every kind reports, from its linear model in fit space.
+
+    ``interval`` (residual_std, dof, mean_leverage) replaces the classic least-squares interval
+    figures; ``extra`` sets further FitResult fields (the log_ridge kind's transforms and prior).
+    """
+    if interval is None:
+        dof = float(shared.sim.size - model.coefficients.size)
+        interval = (float(np.sqrt(np.sum(model.residuals ** 2) / dof)), dof, None)
+    residual_std, dof, mean_leverage = interval
     slope = float(model.coefficients[1] / model.column_scale[1])
     intercept = float(model.coefficients[0] / model.column_scale[0])
     fit = FitResult(
@@ -524,7 +961,8 @@ def _finish_fit(kind: str, shared: _Shared, model: _LinearModel, loo_prediction:
         observed_flip_count=shared.observed_count, loo_exact=loo_exact, log_space=log_space,
         coefficients=[float(v) for v in model.coefficients],
         column_scale=[float(v) for v in model.column_scale],
-        covariance_factor=[[float(v) for v in row] for row in model.covariance_factor], dof=int(dof),
+        covariance_factor=[[float(v) for v in row] for row in model.covariance_factor], dof=dof,
+        mean_leverage=mean_leverage, **extra,
     )
     fit.loo_mape, fit.loo_within_10 = _loo_errors(shared.device, loo_prediction)
     estimate, low, high = fit.predict_arrays(shared.sim, feature_values, shared.confidence)
@@ -580,6 +1018,14 @@ def _average_repeats(pairs: list[Pair], warnings: list[str]) -> list[Pair]:
     by_model: dict[str, list[Pair]] = {}
     for pair in pairs:
         by_model.setdefault(pair.model, []).append(pair)
+    for model, group in by_model.items():
+        differing = sorted({name for pair in group for name in pair.features
+                            if len({p.features.get(name) for p in group}) > 1})
+        if differing:  # another batch size or input size is another configuration, not a repeat
+            raise CalibrationInputError(
+                f"model {model!r} appears with different {', '.join(differing)} values: those are different "
+                f"configurations, not repeats to average; calibrate them apart (a group per configuration) "
+                f"or give them different model names")
     repeated = sum(1 for group in by_model.values() if len(group) > 1)
     warnings.append(f"{repeated} model(s) had repeated pairs: averaged to one pair per model")
     merged = []
@@ -634,7 +1080,9 @@ def read_pairs_csv(path: str | Path, x: str = "x", y: str = "y", model: str = "m
                    features: Sequence[str] = ()) -> dict[str | None, list[Pair]]:
     """Pairs from a CSV with a header, grouped by the ``group`` column (one group ``None`` without it).
 
-    A ``family`` column, when present, fills ``Pair.family``. Errors name file, line and column.
+    A ``family`` column, when present, fills ``Pair.family``. ``features`` are columns read into
+    ``Pair.features``; ``"auto"`` among them stands for every column but x, y, model, group and
+    family whose every cell is a finite number. Errors name file, line and column.
     """
     path = Path(path)
     try:
@@ -647,14 +1095,21 @@ def read_pairs_csv(path: str | Path, x: str = "x", y: str = "y", model: str = "m
         if not header:
             raise CalibrationInputError(f"{path}:1: empty file, expected a header with columns "
                                         f"{', '.join([model, x, y])}")
+        auto = "auto" in features
+        features = [name for name in dict.fromkeys(features) if name != "auto"]
         needed = [model, x, y, *([group] if group else []), *features]
         missing = [column for column in needed if column not in header]
         if missing:
             raise CalibrationInputError(f"{path}:1: column(s) {', '.join(map(repr, missing))} not in the "
                                         f"header (columns: {', '.join(header)})")
+        rows = list(reader)
+        if auto:
+            reserved = {model, x, y, group, "family"}
+            features += [column for column in header if column not in reserved and column not in features
+                         and rows and all(_is_number(row.get(column)) for row in rows)]
         groups: dict[str | None, list[Pair]] = {}
-        for row in reader:
-            line = reader.line_num
+        for index, row in enumerate(rows):
+            line = index + 2
             name = _text_cell(row, model, path, line)
             pair = Pair(model=name, x=_number_cell(row, x, path, line), y=_number_cell(row, y, path, line),
                         family=(row.get("family") or None) if "family" in header else None,
@@ -692,6 +1147,13 @@ def predict_rows(calibration: Calibration, rows: Iterable[Mapping[str, Any]], *,
     for row, e, lo, hi in zip(materialised, estimate, low, high):
         row.update(estimate=float(e), low=float(lo), high=float(hi))
     return materialised
+
+
+def _is_number(text: Any) -> bool:
+    try:
+        return text is not None and math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 def _text_cell(row: Mapping[str, Any], column: str, path: Path, line: int) -> str:

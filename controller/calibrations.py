@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from farm.controller.calibration import Calibration, Pair, calibrate
+from farm.controller.calibration import Calibration, FitResult, Pair, Prior, calibrate
 from farm.controller.store import Store
 
 MiB = 1 << 20
@@ -24,10 +24,15 @@ METRICS: dict[str, tuple[str, str]] = {
     "whole_run": ("COALESCE(r.whole_run_s, r.wall_s)", "s"),
     "peak_memory": (f"s.peak_memory_bytes / {float(MiB)}", "MB"),
     "avg_memory": (f"s.avg_memory_bytes / {float(MiB)}", "MB"),
+    # Only boards with power rails (Jetsons) measure it; the sim has no rails, so its side is latency.
+    "energy": ("json_extract(r.environment_json, '$.energy_per_inference_mj')", "mJ"),
 }
+SIM_SIDE = {"energy": "latency"}  # metrics whose sim value is another metric
 ALL_FAMILIES = ""  # the family key of a fit over every family
 # Model facts offered as extra regressors; each is kept only where leave-one-out says it helps.
-FEATURES = ("param_count", "macs", "size_bytes")
+# (other_macs_share is 1 − the three shares: offering it too would add nothing.)
+FEATURES = ("param_count", "macs", "size_bytes", "conv_macs_share", "depthwise_macs_share", "fc_macs_share",
+            "activation_bytes")
 
 
 class CalibrationError(ValueError):
@@ -47,6 +52,7 @@ class MeasuredValue:
     value: float
     run_id: int
     features: dict[str, float]
+    precision: str = "fp32"
 
 
 def _metric_sql(metric: str) -> str:
@@ -87,11 +93,21 @@ def job_values(store: Store, job_id: int, metric: str, *, include_contended: boo
         env = json.loads(row["environment_json"] or "{}")
         facts = json.loads(row["model_facts_json"] or "{}")
         features = model_features({"size_bytes": row["model_size_bytes"],
-                                   "param_count": row["model_param_count"], "macs": facts.get("macs")})
+                                   "param_count": row["model_param_count"], **facts})
         out.append(MeasuredValue(row["model_name"], row["model_sha256"], row["model_family"], row["threads"],
                                  row["batch_size"], row["input_size"], row["repeat"], env.get("runtime", ""),
-                                 float(row["value"]), row["run_id"], features))
+                                 float(row["value"]), row["run_id"], features, model_precision(facts)))
     return out
+
+
+def model_precision(facts: dict[str, Any]) -> str:
+    """int8 / fp16 / fp32 from a model's facts: its inputs' type, or quantize ops inside a float model."""
+    dtypes = {str(t.get("dtype", "")).lower() for t in facts.get("inputs") or []}
+    if dtypes & {"int8", "uint8"} or "QUANTIZE" in (facts.get("op_types") or {}):
+        return "int8"
+    if dtypes & {"float16"}:
+        return "fp16"
+    return "fp32"
 
 
 @dataclass
@@ -101,6 +117,9 @@ class PairedRun:
     runtime: str
     sim_run_id: int
     device_run_id: int
+    batch_size: int = 1
+    input_size: int | None = None
+    precision: str = "fp32"
 
 
 def pair_jobs(store: Store, sim_job: int, device_job: int, metric: str, *,
@@ -109,12 +128,12 @@ def pair_jobs(store: Store, sim_job: int, device_job: int, metric: str, *,
     device = {(v.sha256, v.threads, v.batch_size, v.input_size, v.repeat): v
               for v in job_values(store, device_job, metric, include_contended=include_contended)}
     pairs = []
-    for s in job_values(store, sim_job, metric, include_contended=include_contended):
+    for s in job_values(store, sim_job, SIM_SIDE.get(metric, metric), include_contended=include_contended):
         d = device.get((s.sha256, s.threads, s.batch_size, s.input_size, s.repeat))
         if d is None:
             continue
         pairs.append(PairedRun(Pair(s.model, s.value, d.value, s.family, s.features), s.threads, s.runtime,
-                               s.run_id, d.run_id))
+                               s.run_id, d.run_id, s.batch_size, s.input_size, s.precision))
     return pairs
 
 
@@ -124,13 +143,14 @@ def pair_within_job(store: Store, job_id: int, device: str, metric: str, *,
     whose run was contended only if asked."""
     expr = _metric_sql(metric)
     quiet = "" if include_contended else " AND " + QUIET_ONLY.format(run="rs")
+    sim_expr = _metric_sql(SIM_SIDE.get(metric, metric))
     if store.job(job_id) is None:
         raise CalibrationError(f"no job {job_id} in {store.path}")
     rows = store.query(
-        f"SELECT d.model_name, d.model_family, d.threads, d.model_size_bytes, d.model_param_count, "
-        f"d.model_facts_json, rs.id AS sim_run, rd.id AS device_run, rs.environment_json, "
+        f"SELECT d.model_name, d.model_family, d.threads, d.batch_size, d.input_size, d.model_size_bytes, "
+        f"d.model_param_count, d.model_facts_json, rs.id AS sim_run, rd.id AS device_run, rs.environment_json, "
         f"rd.environment_json AS device_environment, "
-        f"({expr.replace('s.', 'ss.').replace('r.', 'rs.')}) AS x, ({expr.replace('s.', 'sd.').replace('r.', 'rd.')}) AS y "
+        f"({sim_expr.replace('s.', 'ss.').replace('r.', 'rs.')}) AS x, ({expr.replace('s.', 'sd.').replace('r.', 'rd.')}) AS y "
         f"FROM tasks d JOIN tasks t ON t.job_id = d.job_id AND t.pair_key = d.pair_key AND t.target = 'sim' "
         f"JOIN runs rd ON rd.id = d.last_run_id JOIN summaries sd ON sd.run_id = rd.id "
         f"JOIN runs rs ON rs.id = t.last_run_id JOIN summaries ss ON ss.run_id = rs.id "
@@ -142,13 +162,14 @@ def pair_within_job(store: Store, job_id: int, device: str, metric: str, *,
             continue
         facts = json.loads(row["model_facts_json"] or "{}")
         features = model_features({"size_bytes": row["model_size_bytes"],
-                                   "param_count": row["model_param_count"], "macs": facts.get("macs")})
+                                   "param_count": row["model_param_count"], **facts})
         runtime = json.loads(row["environment_json"] or "{}").get("runtime", "")
         power = (json.loads(row["device_environment"] or "{}").get("device") or {}).get("power_identity")
         if power:
             runtime = f"{runtime}@{power}"  # a Jetson in another power mode is another device to calibrate
         out.append(PairedRun(Pair(row["model_name"], float(row["x"]), float(row["y"]), row["model_family"], features),
-                             row["threads"], runtime, row["sim_run"], row["device_run"]))
+                             row["threads"], runtime, row["sim_run"], row["device_run"], row["batch_size"] or 1,
+                             row["input_size"], model_precision(facts)))
     return out
 
 
@@ -168,6 +189,9 @@ class StoredCalibration:
     version: int
     calibration: Calibration
     source: dict[str, Any]  # the jobs it came from and the sim budget/workload to reproduce the x side
+    batch_size: int = 1
+    input_size: int | None = None
+    precision: str = "fp32"
 
 
 def calibration_source(store: Store, sim_job: int, device_job: int | None = None) -> dict[str, Any]:
@@ -180,41 +204,97 @@ def calibration_source(store: Store, sim_job: int, device_job: int | None = None
 
 def fit_and_store(store: Store, device: str, metric: str, paired: list[PairedRun], *, source: dict[str, Any],
                   min_pairs: int = 4, confidence: float = 0.9) -> tuple[list[StoredCalibration], list[str]]:
-    """One calibration per (threads, runtime) and, where a family has enough models, per family.
+    """One calibration per key (threads, runtime, batch size, input size, precision) and, where a
+    family has enough models, per family. Different batch or input sizes are never pooled.
 
     Returns the stored calibrations and the groups that were refused, with why.
     """
-    groups: dict[tuple[int, str, str], list[PairedRun]] = defaultdict(list)
+    groups: dict[tuple[CalibrationKey, str], list[PairedRun]] = defaultdict(list)
     for p in paired:
-        groups[(p.threads, p.runtime, ALL_FAMILIES)].append(p)
+        key = CalibrationKey(p.threads, p.runtime, p.batch_size, p.input_size, p.precision)
+        groups[(key, ALL_FAMILIES)].append(p)
         if p.pair.family:
-            groups[(p.threads, p.runtime, p.pair.family)].append(p)
+            groups[(key, p.pair.family)].append(p)
     stored, refused = [], []
-    for (threads, runtime, family), runs in sorted(groups.items()):
-        label = f"{device} {metric} threads={threads} runtime={runtime or '?'}" + (f" family={family}" if family else "")
-        if family and len({r.pair.family for r in runs}) == 1 and len(runs) == len(groups[(threads, runtime, ALL_FAMILIES)]):
+    for (key, family), runs in sorted(groups.items(), key=lambda item: (item[0][0].sort_key(), item[0][1])):
+        label = f"{device} {metric} {key}" + (f" family={family}" if family else "")
+        if family and len({r.pair.family for r in runs}) == 1 and len(runs) == len(groups[(key, ALL_FAMILIES)]):
             continue  # one family only: the per-family fit would repeat the pooled one
         try:
             offered = [f for f in FEATURES if all(f in r.pair.features for r in runs)]
-            cal = calibrate([r.pair for r in runs], confidence=confidence, min_pairs=min_pairs, features=offered)
+            prior = lab_prior(store, device, metric, key, family, offered)
+            cal = calibrate([r.pair for r in runs], confidence=confidence, min_pairs=min_pairs, features=offered,
+                            prior=prior)
         except ValueError as e:  # NotEnoughPairs, or values too bunched up to fit
             refused.append(f"{label}: {e}")
             continue
-        stored.append(_store_one(store, device, metric, threads, runtime, family, cal, runs, source))
+        stored.append(_store_one(store, device, metric, key, family, cal, runs, source))
     return stored, refused
 
 
-def _store_one(store: Store, device: str, metric: str, threads: int, runtime: str, family: str,
+@dataclass(frozen=True)
+class CalibrationKey:
+    """What a calibration is for, apart from device, metric and family: never averaged together."""
+
+    threads: int
+    runtime: str
+    batch_size: int = 1
+    input_size: int | None = None
+    precision: str = "fp32"
+
+    def sort_key(self) -> tuple[int, str, int, int, str]:
+        return (self.threads, self.runtime, self.batch_size, self.input_size or 0, self.precision)
+
+    def __str__(self) -> str:
+        return (f"threads={self.threads} runtime={self.runtime or '?'} batch={self.batch_size}"
+                + (f" input={self.input_size}" if self.input_size else "") + f" precision={self.precision}")
+
+
+def lab_prior(store: Store, device: str, metric: str, key: CalibrationKey, family: str,
+              features: list[str]) -> Prior:
+    """What the lab already knows: this device's newest log_ridge fit for the key, else the mean of
+    the newest ones of other devices of the same device type, else "device = constant factor × sim"."""
+    rows = store.query(
+        "SELECT device, version, fit_json FROM calibrations WHERE metric = ? AND threads = ? AND runtime = ? "
+        "AND batch_size IS ? AND input_size IS ? AND precision = ? AND family = ? ORDER BY id DESC",
+        [metric, key.threads, key.runtime, key.batch_size, key.input_size, key.precision, family])
+    newest: dict[str, tuple[int, dict[str, Any]]] = {}
+    for row in rows:
+        fit = json.loads(row["fit_json"])["fits"].get("log_ridge")
+        if fit is not None and row["device"] not in newest:
+            newest[row["device"]] = (row["version"], fit)
+    if device in newest:
+        version, fit = newest[device]
+        return Prior.from_fits([FitResult.from_json(fit)], features, f"{device} version {version}")
+    device_type = _device_type(store, device)
+    peers = [FitResult.from_json(fit) for name, (_, fit) in newest.items()
+             if device_type and _device_type(store, name) == device_type]
+    if peers:
+        return Prior.from_fits(peers, features, f"{len(peers)} other device(s) of type {device_type}")
+    return Prior()
+
+
+def _device_type(store: Store, device: str) -> str | None:
+    rows = store.query("SELECT device_type FROM devices WHERE name = ?", [device])
+    return rows[0]["device_type"] if rows else None
+
+
+def _store_one(store: Store, device: str, metric: str, key: CalibrationKey, family: str,
                cal: Calibration, runs: list[PairedRun], source: dict[str, Any]) -> StoredCalibration:
     chosen = cal.fits[cal.chosen]
+    threads, runtime = key.threads, key.runtime
     with store.transaction():
         version = store.db.execute(
             "SELECT COALESCE(MAX(version), 0) + 1 FROM calibrations WHERE device = ? AND metric = ? AND threads = ? "
-            "AND runtime = ? AND family = ?", [device, metric, threads, runtime, family]).fetchone()[0]
+            "AND runtime = ? AND batch_size IS ? AND input_size IS ? AND precision = ? AND family = ?",
+            [device, metric, threads, runtime, key.batch_size, key.input_size, key.precision, family]).fetchone()[0]
         cal_id = store.db["calibrations"].insert({
-            "device": device, "metric": metric, "threads": threads, "runtime": runtime, "precision": "fp32",
+            "device": device, "metric": metric, "threads": threads, "runtime": runtime, "precision": key.precision,
+            "batch_size": key.batch_size, "input_size": key.input_size,
             "family": family, "version": version, "created_at": time.time(), "kind": cal.chosen, "n": chosen.n,
-            "a": chosen.a, "b": chosen.b, "r2": chosen.r2, "loo_mape": chosen.loo_mape,
+            # a and b are a line's slope and intercept; a log fit's exponent/factor live in fit_json under those names
+            "a": None if chosen.log_space else chosen.a, "b": None if chosen.log_space else chosen.b,
+            "r2": chosen.r2, "loo_mape": chosen.loo_mape,
             "within_10": chosen.loo_within_10, "kendall_tau": chosen.kendall_tau,
             "spearman_rho": chosen.spearman_rho, "warnings_json": json.dumps(cal.warnings),
             "fit_json": json.dumps(cal.to_json()), "source": json.dumps(source),
@@ -222,13 +302,15 @@ def _store_one(store: Store, device: str, metric: str, threads: int, runtime: st
         store.db["calibration_runs"].insert_all(
             {"calibration_id": cal_id, "model": r.pair.model, "sim_run_id": r.sim_run_id,
              "device_run_id": r.device_run_id} for r in runs)
-    return StoredCalibration(cal_id, device, metric, threads, runtime, family, version, cal, source)
+    return StoredCalibration(cal_id, device, metric, threads, runtime, family, version, cal, source,
+                             key.batch_size, key.input_size, key.precision)
 
 
 def stored_calibration(row: dict[str, Any]) -> StoredCalibration:
     return StoredCalibration(row["id"], row["device"], row["metric"], row["threads"], row["runtime"], row["family"],
                              row["version"], Calibration.from_json(json.loads(row["fit_json"])),
-                             json.loads(row["source"] or "{}"))
+                             json.loads(row["source"] or "{}"), row.get("batch_size") or 1, row.get("input_size"),
+                             row.get("precision") or "fp32")
 
 
 def calibration_history(store: Store, device: str | None = None, metric: str | None = None) -> list[dict[str, Any]]:
@@ -239,22 +321,38 @@ def calibration_history(store: Store, device: str | None = None, metric: str | N
     if metric:
         where.append("metric = ?")
         params.append(metric)
-    sql = ("SELECT id, device, metric, threads, runtime, family, version, created_at, kind, n, a, b, r2, loo_mape, "
-           "within_10, kendall_tau, spearman_rho, warnings_json, source FROM calibrations")
+    sql = ("SELECT id, device, metric, threads, runtime, batch_size, input_size, precision, family, version, "
+           "created_at, kind, n, r2, loo_mape, within_10, kendall_tau, spearman_rho, warnings_json, source, fit_json "
+           "FROM calibrations")
     if where:
         sql += " WHERE " + " AND ".join(where)
-    rows = store.query(sql + " ORDER BY device, metric, threads, runtime, family, version", params)
+    rows = store.query(sql + " ORDER BY device, metric, threads, runtime, batch_size, input_size, precision, family, "
+                             "version", params)
     for r in rows:
         r["warnings"] = json.loads(r.pop("warnings_json") or "[]")
+        calibration = Calibration.from_json(json.loads(r.pop("fit_json")))
+        fit = calibration.chosen_fit
+        # the whole chosen fit, under honest names: a line's a/b, a power law's exponent/factor
+        r.update(formula=fit.formula, features_used=list(fit.features_used), unsafe=calibration.unsafe,
+                 prior_weight=fit.prior_weight, prior_source=fit.prior_source,
+                 **({"exponent": fit.a, "factor": fit.b} if fit.log_space else {"a": fit.a, "b": fit.b}))
     return rows
 
 
 def current_calibration(store: Store, device: str, metric: str, threads: int, runtime: str | None = None,
-                        family: str | None = None) -> StoredCalibration | None:
-    """The newest version for the key; a family's own fit when it has one, else the pooled fit."""
+                        family: str | None = None, batch_size: int | None = None, input_size: int | None = None,
+                        precision: str | None = None) -> StoredCalibration | None:
+    """The newest version for the key; a family's own fit when it has one, else the pooled fit.
+
+    batch size / input size / precision None: any (the newest wins).
+    """
     for fam in ([family] if family else []) + [ALL_FAMILIES]:
         sql = "SELECT * FROM calibrations WHERE device = ? AND metric = ? AND threads = ? AND family = ?"
         params: list[Any] = [device, metric, threads, fam]
+        for column, value in (("batch_size", batch_size), ("input_size", input_size), ("precision", precision)):
+            if value is not None:
+                sql += f" AND {column} = ?"
+                params.append(value)
         if runtime is not None:
             # a board's calibrations are also keyed by its power mode ("litert@nvpmodel=MAXN;..."):
             # a sim run's plain runtime matches each of them, the newest wins
@@ -285,7 +383,8 @@ def add_predictions(store: Store, job_id: int, records: list[dict[str, Any]], de
                 if x is None:
                     continue
                 stored = current_calibration(store, device, metric, record["threads"],
-                                             runtime=record.get("runtime"), family=record["model"]["family"])
+                                             runtime=record.get("runtime"), family=record["model"]["family"],
+                                             batch_size=record.get("batch_size"), input_size=record.get("input_size"))
                 if stored is None:
                     continue
                 p = stored.calibration.fits[stored.calibration.chosen].predict(x, features=model_features(record["model"]))
@@ -298,4 +397,4 @@ def add_predictions(store: Store, job_id: int, records: list[dict[str, Any]], de
 
 def model_features(model: dict[str, Any]) -> dict[str, float]:
     """The regressor values a model has (FEATURES), from a results record's model or any such mapping."""
-    return {f: float(model[f]) for f in FEATURES if model.get(f)}
+    return {f: float(model[f]) for f in FEATURES if model.get(f) is not None}

@@ -20,15 +20,18 @@ class RankError(ValueError):
     pass
 
 
+Cell = tuple[int, int, int]  # (threads, batch size, input size or 0): another one is another ranking
+
+
 def _means(store: Store, job: int, metric: str,
-           include_contended: bool = False) -> dict[int, dict[str, tuple[float, str | None, dict[str, float]]]]:
-    """threads -> model -> (mean over repeats and cells, family, model features)."""
-    acc: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+           include_contended: bool = False) -> dict[Cell, dict[str, tuple[float, str | None, dict[str, float]]]]:
+    """(threads, batch size, input size) -> model -> (mean over repeats, family, model features)."""
+    acc: dict[Cell, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     about: dict[str, tuple[str | None, dict[str, float]]] = {}
     for v in job_values(store, job, metric, include_contended=include_contended):
-        acc[v.threads][v.model].append(v.value)
+        acc[(v.threads, v.batch_size, v.input_size or 0)][v.model].append(v.value)
         about[v.model] = (v.family, v.features)
-    return {t: {m: (mean(vals), *about[m]) for m, vals in models.items()} for t, models in acc.items()}
+    return {cell: {m: (mean(vals), *about[m]) for m, vals in models.items()} for cell, models in acc.items()}
 
 
 def _tau(reference: dict[str, float], other: dict[str, float]) -> float | None:
@@ -51,23 +54,26 @@ def rank_job(store: Store, job: int, metric: str, *, device_jobs: list[int], dev
         why = f" ({left_out} contended run(s) left out; --include-contended uses them)" if left_out else ""
         raise RankError(f"job {job} has no completed run with a {metric} figure to rank{why}")
     groups = []
-    for threads in sorted(sim):
-        sim_values = {m: v for m, (v, _, _) in sim[threads].items()}
+    for cell in sorted(sim):
+        threads, batch_size, input_size = cell
+        sim_values = {m: v for m, (v, _, _) in sim[cell].items()}
         columns = [{"name": f"sim (job {job})", "kendall_tau": None,
                     "order": sorted(sim_values.items(), key=lambda kv: kv[1])}]
-        for d, by_threads in measured.items():
-            values = {m: v for m, (v, _, _) in by_threads.get(threads, {}).items()}
+        for d, by_cell in measured.items():
+            values = {m: v for m, (v, _, _) in by_cell.get(cell, {}).items()}
             columns.append({"name": f"job {d}", "kendall_tau": _tau(sim_values, values),
                             "order": sorted(values.items(), key=lambda kv: kv[1])})
         for device in devices:
             predicted = {}
-            for model, (x, fam, features) in sim[threads].items():
-                stored = current_calibration(store, device, metric, threads, family=fam)
+            for model, (x, fam, features) in sim[cell].items():
+                stored = current_calibration(store, device, metric, threads, family=fam, batch_size=batch_size,
+                                             input_size=input_size or None)
                 if stored is None:
-                    raise RankError(f"no {metric} calibration for device {device!r} at {threads} thread(s); "
-                                    "run `farm calibrate` first (`farm calibrations` lists what exists)")
+                    raise RankError(f"no {metric} calibration for device {device!r} at {threads} thread(s), batch "
+                                    f"{batch_size}; run `farm calibrate` first (`farm calibrations` lists what exists)")
                 predicted[model] = stored.calibration.fits[stored.calibration.chosen].predict(x, features=features).estimate
             columns.append({"name": f"{device} (predicted)", "kendall_tau": _tau(sim_values, predicted),
                             "order": sorted(predicted.items(), key=lambda kv: kv[1])})
-        groups.append({"threads": threads, "columns": columns})
+        groups.append({"threads": threads, "batch_size": batch_size, "input_size": input_size or None,
+                       "columns": columns})
     return {"job": job, "metric": metric, "groups": groups, "contended_left_out": left_out}

@@ -60,7 +60,9 @@ def _png(fig) -> bytes:
 
 def _label(c: StoredCalibration) -> str:
     fam = f", family {c.family}" if c.family else ""
-    return f"{c.device} · {c.metric} · {c.threads} thread(s){fam} · v{c.version}"
+    size = f" · input {c.input_size}" if c.input_size else ""
+    return (f"{c.device} · {c.metric} · {c.threads} thread(s) · batch {c.batch_size}{size} · {c.precision}{fam}"
+            f" · v{c.version}")
 
 
 def scatter_figure(c: StoredCalibration) -> bytes:
@@ -135,12 +137,14 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure]]:
     for c in calibrations:
         cal = c.calibration
         fit = cal.fits[cal.chosen]
-        slug = f"{c.device}-{c.metric}-t{c.threads}{'-' + c.family if c.family else ''}-v{c.version}".replace("/", "_")
+        slug = (f"{c.device}-{c.metric}-t{c.threads}-b{c.batch_size}{'-i' + str(c.input_size) if c.input_size else ''}"
+                f"-{c.precision}{'-' + c.family if c.family else ''}-v{c.version}").replace("/", "_")
         scatter = Figure(f"{slug}-scatter.png", scatter_figure(c))
         residual = Figure(f"{slug}-residuals.png", residual_figure(c))
         figures += [scatter, residual]
-        kinds = _table(["fit", "a", "b", "R²", "LOO MAPE %", "within ±10 %"],
-                       [[k, _g(f.a), _g(f.b), _g(f.r2), _g(100 * f.loo_mape), _g(100 * f.loo_within_10)]
+        kinds = _table(["fit", "formula", "R²", "LOO MAPE %", "within ±10 %", "prior weight"],
+                       [[k, f.formula, _g(f.r2), _g(100 * f.loo_mape), _g(100 * f.loo_within_10),
+                         "—" if f.prior_weight is None else f"{100 * f.prior_weight:.0f} % ({f.prior_source})"]
                         for k, f in cal.fits.items()])
         per_model = _table(["model", "sim", "device (measured)", "predicted", "error %"],
                            [[p.model, _g(p.x), _g(p.y), _g(fit.predict(p.x, features=p.features).estimate),
@@ -149,7 +153,8 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure]]:
         warnings = "".join(f"<p class=warn>{html.escape(w)}</p>" for w in cal.warnings)
         sections.append(
             f"<section><h2>{html.escape(_label(c))}</h2>{warnings}"
-            f"<p>chosen fit <b>{html.escape(cal.chosen)}</b> (lowest leave-one-out error) · n = {fit.n} · "
+            f"<p>chosen fit <b>{html.escape(cal.chosen)}</b>: {html.escape(fit.formula)} · "
+            f"{'<b class=warn>unsafe</b>' if cal.unsafe else 'sim tracks the device'} · n = {fit.n} · "
             f"Kendall τ = {_g(fit.kendall_tau)} · Spearman ρ = {_g(fit.spearman_rho)} · "
             f"order may flip: {html.escape(flips)}</p>"
             f"<div class=figs><img alt='scatter' src='data:image/png;base64,{base64.b64encode(scatter.png).decode()}'>"
@@ -168,7 +173,8 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure]]:
                                for c in cols]
             rows = [[i + 1] + [f"{col['order'][i][0]} ({col['order'][i][1]:.4g})" if i < len(col["order"]) else ""
                                for col in cols] for i in range(max(len(c["order"]) for c in cols))]
-            rankings.append(f"<h3>{html.escape(metric)} · {group['threads']} thread(s)</h3>{_table(headers, rows)}")
+            rankings.append(f"<h3>{html.escape(metric)} · {group['threads']} thread(s) · batch {group['batch_size']}</h3>"
+                            f"{_table(headers, rows)}")
     empty = "" if calibrations else (
         "<p>No calibration uses this job's runs yet: run <code>farm calibrate --sim-job A --device-job B "
         "--device NAME</code>, then make the report again.</p>")

@@ -12,6 +12,9 @@ from farm.controller.store import Store
 from farm.proto.spec import default_cpus
 
 MiB = 1 << 20
+# Model facts a record carries beside name, size and parameters: what calibrations use as features.
+MODEL_FACTS_IN_RECORDS = ("macs", "conv_macs_share", "depthwise_macs_share", "fc_macs_share", "other_macs_share",
+                          "activation_bytes")
 
 _SQL = """
 SELECT t.id AS task, t.job_id AS job, t.model_name, t.model_sha256, t.model_family, t.model_path,
@@ -50,6 +53,7 @@ def _limits(row: dict[str, Any]) -> dict[str, Any]:
 def run_records(store: Store, job_id: int) -> list[dict[str, Any]]:
     records = []
     for row in store.query(_SQL, [job_id]):
+        facts = json.loads(row["model_facts_json"] or "{}")
         latency = None
         if row.get("latency_avg_ms") is not None:
             latency = {k: _round(row[f"latency_{k}_ms"]) for k in
@@ -62,7 +66,7 @@ def run_records(store: Store, job_id: int) -> list[dict[str, Any]]:
             "model": {"name": row["model_name"], "sha256": row["model_sha256"], "family": row["model_family"],
                       "path": row["model_path"], "size_bytes": row["model_size_bytes"],
                       "param_count": row["model_param_count"],
-                      "macs": json.loads(row["model_facts_json"] or "{}").get("macs")},
+                      **{name: facts.get(name) for name in MODEL_FACTS_IN_RECORDS}},
             "target": row["target"],
             "threads": row["threads"],
             "batch_size": row["batch_size"],
@@ -78,6 +82,9 @@ def run_records(store: Store, job_id: int) -> list[dict[str, Any]]:
             "peak_memory_mb": _mb(row.get("peak_memory_bytes")),
             "peak_memory_source": row.get("peak_memory_source"),
             "avg_memory_mb": _mb(row.get("avg_memory_bytes")),
+            # boards with power rails (Jetsons) integrate it over the timed loop; None elsewhere
+            "energy_per_inference_mj": _round((json.loads(row["environment_json"] or "{}")
+                                               .get("energy_per_inference_mj")) if row["environment_json"] else None),
             "baseline_memory_mb": _mb(row.get("baseline_memory_bytes")),
             "peak_rss_mb": _mb(row.get("peak_rss_bytes")),
             "cpu_percent": {"avg": _round(row.get("cpu_avg_percent"), 1), "peak": _round(row.get("cpu_peak_percent"), 1)},

@@ -149,9 +149,20 @@ def _migration_9(db: sqlite_utils.Database) -> None:
     db["runs"].add_column("contention_json", str)
 
 
+def _migration_10(db: sqlite_utils.Database) -> None:
+    # Batch size, input size and precision are part of a calibration's key: a model at batch 8 is
+    # not a repeat of the same model at batch 1.
+    db["calibrations"].add_column("batch_size", int)
+    db["calibrations"].add_column("input_size", int)
+    db.execute("UPDATE calibrations SET batch_size = 1 WHERE batch_size IS NULL")
+    db.execute("DROP INDEX IF EXISTS idx_calibrations_device_metric_threads_runtime_family_version")
+    db["calibrations"].create_index(["device", "metric", "threads", "runtime", "batch_size", "input_size",
+                                     "precision", "family", "version"], unique=True)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6, _migration_7, _migration_8,
-    _migration_9]
+    _migration_9, _migration_10]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -61,22 +61,29 @@ def inspect_model(path: Path) -> ModelFacts:
     if facts.format == "tflite":
         tflite_model = _parse_tflite(path, data)
         _fill_tflite_facts(facts, tflite_model)
-        facts.macs = _estimated_macs(facts.format, tflite_model)
+        _fill_mac_profile(facts, tflite_model)
     elif facts.format == "onnx":
         onnx_model = _parse_onnx(path, data)
         _fill_onnx_facts(facts, onnx_model)
-        facts.macs = _estimated_macs(facts.format, onnx_model)
+        _fill_mac_profile(facts, onnx_model)
     return facts
 
 
-def _estimated_macs(fmt: str, parsed: Any) -> int | None:
-    """The MAC estimate of an already parsed model, or None: an estimate never makes inspection fail."""
+def _fill_mac_profile(facts: ModelFacts, parsed: Any) -> None:
+    """MACs, their split by operator kind and activation bytes; left None when not estimable."""
     try:
         from farm.models import macs  # imported here: macs builds on this module's parsers
 
-        return macs.tflite_macs(parsed) if fmt == "tflite" else macs.onnx_macs(parsed)
+        profile = macs.tflite_mac_profile(parsed) if facts.format == "tflite" else macs.onnx_mac_profile(parsed)
     except Exception:  # a graph the estimator misreads must not cost the user the facts it already has
-        return None
+        return
+    if profile is None:
+        return
+    facts.macs = profile.total
+    shares = profile.shares()
+    facts.conv_macs_share, facts.depthwise_macs_share = shares["conv_macs_share"], shares["depthwise_macs_share"]
+    facts.fc_macs_share, facts.other_macs_share = shares["fc_macs_share"], shares["other_macs_share"]
+    facts.activation_bytes = profile.activation_bytes
 
 
 def find_unsupported_ops(path: Path, *, use_xnnpack: bool = True) -> list[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -26,12 +27,34 @@ from farm.models.facts import (
     _parse_onnx,
     _parse_tflite,
     _read,
+    _tflite_buffer_has_data,
     _tflite_builtin_code,
     model_format,
 )
 
 # A dimension that is unknown (symbolic, or not inferred); any MAC-counted op touching one makes the total unknown.
 Shape = list[int | None]
+
+# Where a model's MACs are done: latency per MAC differs by kind (a depthwise MAC is memory-bound,
+# a 1x1 conv MAC is not), which is what lets a calibration tell models with equal MACs apart.
+MAC_KINDS: tuple[str, ...] = ("conv", "depthwise", "fc", "other")
+
+
+@dataclass(frozen=True)
+class MacProfile:
+    """MACs of one inference by kind of operator, and the bytes of every non-constant tensor."""
+
+    by_kind: dict[str, int]
+    activation_bytes: int | None  # inputs, outputs and intermediates at the declared shapes; None if unknown
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_kind.values())
+
+    def shares(self) -> dict[str, float]:
+        """``<kind>_macs_share`` for each kind (0 when the model has no MACs at all)."""
+        total = self.total
+        return {f"{kind}_macs_share": (self.by_kind.get(kind, 0) / total if total else 0.0) for kind in MAC_KINDS}
 
 # Initializers up to this many elements stay in the copy given to shape inference: shape, axes and
 # index tensors are this small, and inference reads their values; larger ones only need their dims.
@@ -140,22 +163,49 @@ def _has_dynamic_non_batch_input(subgraph: tflite_schema.SubGraphT) -> bool:
     return any(dim < 0 for index in _ints(subgraph.inputs) for dim in _ints(tensors[index].shapeSignature)[1:])
 
 
+_TFLITE_KINDS: dict[int, str] = {
+    _BuiltinOperator.CONV_2D: "conv",
+    _BuiltinOperator.DEPTHWISE_CONV_2D: "depthwise",
+    _BuiltinOperator.FULLY_CONNECTED: "fc",
+    _BuiltinOperator.BATCH_MATMUL: "fc",
+}  # CONV_3D and TRANSPOSE_CONV: "other"
+_TFLITE_ITEM_BYTES: dict[int, int] = {
+    getattr(tflite_schema.TensorType, name): size for name, size in (
+        ("FLOAT32", 4), ("FLOAT16", 2), ("FLOAT64", 8), ("INT32", 4), ("UINT32", 4), ("INT64", 8),
+        ("UINT64", 8), ("INT16", 2), ("UINT16", 2), ("INT8", 1), ("UINT8", 1), ("BOOL", 1), ("COMPLEX64", 8))
+    if hasattr(tflite_schema.TensorType, name)}
+
+
 def tflite_macs(model: tflite_schema.ModelT) -> int | None:
     """MACs of the main subgraph of a parsed (and facts-validated) TFLite model; None if a shape is unknown."""
+    profile = tflite_mac_profile(model)
+    return None if profile is None else profile.total
+
+
+def tflite_mac_profile(model: tflite_schema.ModelT) -> MacProfile | None:
+    """MACs by operator kind and activation bytes of the main subgraph; None if a counted shape is unknown."""
     codes = model.operatorCodes or []
     main = model.subgraphs[0]
     tensors = main.tensors or []
     if _has_dynamic_non_batch_input(main):
         return None
-    total = 0
+    by_kind = dict.fromkeys(MAC_KINDS, 0)
     try:
         for operator in main.operators or []:
-            counter = _TFLITE_COUNTERS.get(_tflite_builtin_code(codes[operator.opcodeIndex]))
+            code = _tflite_builtin_code(codes[operator.opcodeIndex])
+            counter = _TFLITE_COUNTERS.get(code)
             if counter is not None:
-                total += counter(operator, tensors)
+                by_kind[_TFLITE_KINDS.get(code, "other")] += counter(operator, tensors)
     except (_UnknownShape, IndexError, TypeError):  # IndexError/TypeError: an op with too few inputs or outputs
         return None
-    return total
+    buffers = model.buffers or []
+    activation_bytes = 0
+    for tensor in tensors:
+        buffer = buffers[tensor.buffer] if 0 <= tensor.buffer < len(buffers) else None
+        if _tflite_buffer_has_data(buffer):
+            continue  # a weight, not an activation
+        activation_bytes += math.prod(max(dim, 1) for dim in _ints(tensor.shape)) * _TFLITE_ITEM_BYTES.get(tensor.type, 4)
+    return MacProfile(by_kind, activation_bytes)
 
 
 # --- ONNX -------------------------------------------------------------------------------------
@@ -240,18 +290,22 @@ def _inference_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return light
 
 
-def _onnx_shapes(model: onnx.ModelProto) -> dict[str, Shape]:
-    """Every tensor shape shape inference can work out; unknown dims are None."""
+def _onnx_shapes(model: onnx.ModelProto) -> tuple[dict[str, Shape], dict[str, int]]:
+    """Every tensor shape shape inference can work out (unknown dims are None), and element sizes."""
     inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
     graph = inferred.graph
     shapes: dict[str, Shape] = {init.name: [int(d) for d in init.dims] for init in graph.initializer}
+    item_bytes: dict[str, int] = {}
     for value in [*graph.input, *graph.value_info, *graph.output]:
         if not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
             continue
         shapes[value.name] = [
             int(dim.dim_value) if dim.HasField("dim_value") else None for dim in value.type.tensor_type.shape.dim
         ]
-    return shapes
+        elem_type = value.type.tensor_type.elem_type
+        if elem_type:
+            item_bytes[value.name] = onnx.helper.tensor_dtype_to_np_dtype(elem_type).itemsize
+    return shapes, item_bytes
 
 
 def _known(shapes: dict[str, Shape], node: onnx.NodeProto, position: int, *, output: bool = False) -> list[int]:
@@ -327,14 +381,38 @@ def onnx_macs(model: onnx.ModelProto) -> int | None:
     ]
     if not counted:
         return 0  # nothing to infer: skip the costly shape inference
+    profile = onnx_mac_profile(model)
+    return None if profile is None else profile.total
+
+
+def _onnx_kind(node: onnx.NodeProto, shapes: dict[str, Shape]) -> str:
+    if node.op_type in ("Conv", "ConvInteger", "QLinearConv"):
+        weight = shapes.get(node.input[3 if node.op_type == "QLinearConv" else 1]) or []
+        # each output channel sees one input channel: a depthwise convolution
+        return "depthwise" if _onnx_int_attribute(node, "group", 1) > 1 and len(weight) > 1 and weight[1] == 1 else "conv"
+    return "other" if node.op_type == "ConvTranspose" else "fc"
+
+
+def onnx_mac_profile(model: onnx.ModelProto) -> MacProfile | None:
+    """MACs by operator kind and activation bytes of the main graph; None if a counted shape is unknown."""
     try:
-        shapes = _onnx_shapes(_inference_copy(model))
+        shapes, item_bytes = _onnx_shapes(_inference_copy(model))
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, ValueError):
         return None  # the graph is inconsistent enough that inference gives up even in non-strict mode
-    total = 0
+    by_kind = dict.fromkeys(MAC_KINDS, 0)
     try:
-        for node in counted:
-            total += _ONNX_COUNTERS[node.op_type](node, shapes)
+        for node in model.graph.node:
+            if node.domain in DEFAULT_ONNX_DOMAINS and node.op_type in _ONNX_COUNTERS:
+                by_kind[_onnx_kind(node, shapes)] += _ONNX_COUNTERS[node.op_type](node, shapes)
     except _UnknownShape:
         return None
-    return total
+    weights = {init.name for init in model.graph.initializer}
+    activations = {value.name for value in model.graph.input if value.name not in weights}
+    activations |= {name for node in model.graph.node for name in node.output if name and node.op_type != "Constant"}
+    activation_bytes = 0
+    for name in activations:
+        shape = shapes.get(name)
+        if shape is None or any(dim is None for dim in shape):
+            return MacProfile(by_kind, None)
+        activation_bytes += math.prod(int(dim) for dim in shape) * item_bytes.get(name, 4)
+    return MacProfile(by_kind, activation_bytes)

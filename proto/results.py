@@ -66,6 +66,13 @@ class ModelFacts:
     param_count: int | None = None
     op_types: dict[str, int] = field(default_factory=dict)
     macs: int | None = None  # multiply-accumulates of one inference (batch 1); None if not estimable
+    # Where the MACs are done (shares sum to 1) and the bytes of inputs, outputs and intermediates:
+    # the features a calibration uses to tell models with equal MACs apart. None if not estimable.
+    conv_macs_share: float | None = None
+    depthwise_macs_share: float | None = None
+    fc_macs_share: float | None = None
+    other_macs_share: float | None = None
+    activation_bytes: int | None = None
 
 
 @dataclass

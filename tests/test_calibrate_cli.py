@@ -51,6 +51,9 @@ def test_calibrate_predict_rank_report(family: Path, farm, tmp_path: Path) -> No
     farm("calibrate", "--sim-job", "1", "--device-job", "2", "--device", "half-cpu", "--json")
     history = farm("calibrations", "--device", "half-cpu", "--json").json()
     assert sorted(r["version"] for r in history if r["metric"] == "latency") == [1, 2]
+    for r in history:  # the whole formula, under honest names
+        assert r["formula"].startswith("y = ") and r["batch_size"] == 1
+        assert ("exponent" in r) == (r["kind"] in ("log", "log_ridge")) and ("a" in r) != ("exponent" in r)
 
     # predict a model the calibration never saw, from the sim alone
     pred = farm("predict", str(family / "mobilenetv2_w1.0_r96.tflite"), "--device", "half-cpu", "--json")
@@ -83,6 +86,7 @@ def test_calibrate_predict_rank_report(family: Path, farm, tmp_path: Path) -> No
     assert made.returncode == 0, made.stderr
     page = report.read_text()
     assert "half-cpu" in page and "data:image/png;base64," in page and "Rankings" in page
+    assert "y = " in page and "batch 1" in page  # every fit's formula, and the calibration key
     figures = sorted(pngs.glob("*.png"))
     assert figures
     for f in figures:
@@ -127,3 +131,52 @@ def test_bad_pairs_file_names_line_and_column(tmp_path: Path, farm) -> None:
     pairs.write_text("model,x,y\na,1,2\nb,fast,4\n")
     run = farm("calibrate", "--pairs", str(pairs))
     assert run.returncode == 2 and "bad.csv" in run.stderr and "3" in run.stderr and "x" in run.stderr
+
+
+def test_offline_features_round_trip(tmp_path: Path, farm) -> None:
+    """calibrate --pairs CSV --feature … → fit.json → predict --input x.csv → out.csv, with the same columns."""
+    import numpy as np
+
+    from farm.controller.calibration import Calibration
+
+    generator = np.random.default_rng(2)
+    macs = generator.uniform(2e8, 6e9, 14)
+    sim = macs / 1e8 * generator.uniform(0.7, 1.4, 14)
+    size = generator.uniform(1e6, 3e7, 14)
+    device = 2.0 * sim * (macs / 1e9) ** 0.2 * np.exp(generator.normal(0, 0.02, 14))
+    pairs = tmp_path / "pairs.csv"
+    with open(pairs, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "x", "y", "macs", "size", "note"])
+        for i in range(12):
+            w.writerow([f"m{i}", sim[i], device[i], macs[i], size[i], "measured"])
+    fit_file = tmp_path / "fit.json"
+    run = farm("calibrate", "--pairs", str(pairs), "--feature", "auto", "-o", str(fit_file), "--json")
+    assert run.returncode == 0, run.stderr
+    row = run.json()["calibrations"][0]
+    assert row["kind"] == "log_ridge" and row["features_used"][0] == "macs"
+    assert row["formula"].startswith("y = e^") and "macs^" in row["formula"] and "exponent" in row and "a" not in row
+    assert row["unsafe"] is False and row["prior_source"] == "device = constant factor × sim"
+    explicit = farm("calibrate", "--pairs", str(pairs), "--feature", "macs", "--json")
+    assert explicit.json()["calibrations"][0]["features_used"] == ["macs"]
+
+    new = tmp_path / "new.csv"
+    with open(new, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "x", "macs", "size"])
+        for i in (12, 13):
+            w.writerow([f"m{i}", sim[i], macs[i], size[i]])
+    out = tmp_path / "out.csv"
+    assert farm("predict", "--calibration", str(fit_file), "--input", str(new), "-o", str(out)).returncode == 0
+    rows = list(csv.DictReader(open(out)))
+    calibration = Calibration.from_json(json.loads(fit_file.read_text())["groups"]["(all)"])
+    for i, r in zip((12, 13), rows):
+        expected = calibration.predict(float(sim[i]), {"macs": float(macs[i]), "size": float(size[i])})
+        assert float(r["estimate"]) == pytest.approx(expected.estimate, rel=1e-9)
+        assert float(r["low"]) < float(r["estimate"]) < float(r["high"])
+        assert float(r["estimate"]) == pytest.approx(device[i], rel=0.1)  # the held-out models' truth
+
+    missing = tmp_path / "missing.csv"
+    missing.write_text(f"model,x\nm12,{sim[12]}\n")
+    refused = farm("predict", "--calibration", str(fit_file), "--input", str(missing))
+    assert refused.returncode == 2 and "macs" in refused.stderr and "missing.csv" in refused.stderr

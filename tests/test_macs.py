@@ -253,9 +253,41 @@ def test_an_estimator_failure_leaves_macs_none(
     def broken(_model: object) -> int:
         raise RuntimeError("estimator bug")
 
-    monkeypatch.setattr(macs, "onnx_macs", broken)
-    monkeypatch.setattr(macs, "tflite_macs", broken)
+    monkeypatch.setattr(macs, "onnx_mac_profile", broken)
+    monkeypatch.setattr(macs, "tflite_mac_profile", broken)
     for fmt in ("tflite", "onnx"):
         facts = inspect_model(mobilenets[(0.35, 224, fmt)])
         assert facts.macs is None
         assert facts.param_count is not None  # everything else is still there
+
+
+# --- where the MACs are: the op mix a calibration uses as features ----------------------------
+
+
+def test_mac_shares_split_mobilenetv2_the_same_way_in_both_formats(
+    mobilenets: dict[tuple[float, int, str], Path],
+) -> None:
+    facts = {fmt: inspect_model(mobilenets[(1.0, 224, fmt)]) for fmt in ("tflite", "onnx")}
+    for fmt, f in facts.items():
+        shares = [f.conv_macs_share, f.depthwise_macs_share, f.fc_macs_share, f.other_macs_share]
+        assert sum(shares) == pytest.approx(1.0), fmt
+        # MobileNetV2 is mostly 1x1 convs; its 3x3 depthwise layers do a few percent, the classifier less.
+        assert f.conv_macs_share > 0.8 and 0.01 < f.depthwise_macs_share < 0.15 and 0 < f.fc_macs_share < 0.01, shares
+        assert f.other_macs_share == 0.0
+    assert facts["tflite"].depthwise_macs_share == pytest.approx(facts["onnx"].depthwise_macs_share, rel=0.02)
+    # inputs, outputs and every intermediate at float32: larger than the input and output alone
+    for f in facts.values():
+        assert f.activation_bytes is not None and f.activation_bytes > (224 * 224 * 3 + 1000) * 4
+    # the ONNX twin keeps separate normalisation/activation nodes (each writes a tensor) where TFLite fuses them
+    assert facts["onnx"].activation_bytes > facts["tflite"].activation_bytes
+
+
+def test_tiny_conv_profile_by_hand(tmp_path: Path) -> None:
+    from farm.models.generate import write_tiny_onnx
+
+    # TFLite: one CONV_2D, float32 input and output only; ONNX: Conv then Relu, one tensor more
+    for path, tensors in ((write_tiny_tflite(tmp_path / "tiny.tflite"), [8 * 8 * 3, 8 * 8 * 4]),
+                          (write_tiny_onnx(tmp_path / "tiny.onnx"), [8 * 8 * 3, 8 * 8 * 4, 8 * 8 * 4])):
+        facts = inspect_model(path)
+        assert facts.conv_macs_share == 1.0 and facts.depthwise_macs_share == 0.0
+        assert facts.activation_bytes == 4 * sum(tensors)
