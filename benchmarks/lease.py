@@ -30,6 +30,7 @@ from farm.controller.controller import HEALTHY_TARGET, Controller
 from farm.controller.jobfile import DeviceTarget, load_job_text
 from farm.controller.store import Store
 from farm.models.generate import write_tiny_onnx
+from results_file import write_results  # benchmarks/ is on sys.path when a benchmark runs
 
 ROOT = Path(__file__).resolve().parent
 TASKS_PER_JOB = 1000
@@ -122,10 +123,7 @@ def main() -> None:
     text = report(rows)
     print(text)
     if not args.no_write:
-        out = ROOT / "results" / f"{dt.date.today()}-lease"
-        out.parent.mkdir(exist_ok=True)
-        out.with_suffix(".md").write_text(text)
-        out.with_suffix(".json").write_text(json.dumps(rows, indent=2))
+        write_results("lease", text, rows)
 
 
 if __name__ == "__main__":

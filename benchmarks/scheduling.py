@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from results_file import write_results  # benchmarks/ is on sys.path when a benchmark runs
 
 ROOT = Path(__file__).resolve().parent
 
@@ -188,10 +189,7 @@ def main() -> None:
     text = report(result, rounds)
     print(text)
     if not args.no_write:
-        out = ROOT / "results" / f"{dt.date.today()}-scheduling"
-        out.parent.mkdir(exist_ok=True)
-        out.with_suffix(".md").write_text(text)
-        out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+        write_results("scheduling", text, result)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from results_file import write_results  # benchmarks/ is on sys.path when a benchmark runs
 
 ROOT = Path(__file__).resolve().parent
 FARM = [sys.executable, "-m", "farm.cli.main"]
@@ -303,10 +304,7 @@ def main() -> None:
     text = report(result)
     print(text)
     if not args.no_write:
-        out = ROOT / "results" / f"{dt.date.today()}-wire"
-        out.parent.mkdir(exist_ok=True)
-        out.with_suffix(".md").write_text(text)
-        out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+        write_results("wire", text, result)
 
 
 if __name__ == "__main__":
