@@ -175,6 +175,9 @@ def after_reference_run(store: Store, job_id: int, *, thresholds: DriftThreshold
                     for p in paired}
         stored, refused = fit_and_store(store, device, "latency", paired, source=calibration_source(store, job_id))
         report.refused += refused
+        if not paired:  # say why nothing was fitted, rather than an empty list that looks like success
+            report.refused.append(f"{device}: no completed sim/device pair in job {job_id} "
+                                  f"(`farm results {job_id}` shows the failed runs and why)")
         for new in stored:
             report.calibrations.append({"id": new.id, "device": device, "threads": new.threads,
                                         "family": new.family or None, "version": new.version})

@@ -59,7 +59,8 @@ def test_farm_refresh_runs_the_bundled_suite_from_a_wheel(installed: Path, tmp_p
         refresh = _run([str(installed / "farm"), "refresh", "--devices", str(lab), "--json"], cwd=tmp_path, env=env,
                        timeout=900)
     report = json.loads(refresh.stdout)
-    assert {c["threads"] for c in report["calibrations"] if c["device"] == "g6-1" and c["family"] is None} == {1, 2}
+    assert {c["threads"] for c in report["calibrations"] if c["device"] == "g6-1" and c["family"] is None} == {1, 2}, \
+        json.dumps({k: v for k, v in report.items() if k != "calibrations"} | {"fits": [(c["device"], c["family"], c["threads"]) for c in report["calibrations"]]})
     models = tmp_path / "data" / "reference-suite" / "models"  # generated beside the store, on first use
     assert sorted(p.name for p in models.iterdir()) == [
         f"mobilenetv2_w{w}_r160.tflite" for w in ("0.35", "0.5", "0.75", "1.0", "1.4")]

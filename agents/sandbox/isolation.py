@@ -18,15 +18,25 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import farm
 
 DEFAULT_RUN_AS = "nobody"
 # Where the run directory appears inside the namespaces: short, and traversable whatever the host path.
 INNER_RUN_DIR = Path("/tmp/run")
-# Runs inside the new namespaces as root, then becomes the run user. "$@" is the command.
-ENTER = ("set -e; for d in /tmp /var/tmp /dev/shm; do mount -t tmpfs -o mode=1777,size=50% farm-tmp $d; done; "
-         "mkdir /tmp/run; mount -c --bind /proc/self/cwd /tmp/run; cd /tmp/run; "
+# The folders the run gets fresh (tmpfs); anything farm itself runs from inside them is bound back.
+PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+MAX_KEPT = 6  # ENTER holds each on a file descriptor from 3 to 8 (sh has single-digit descriptors)
+# Runs inside the new namespaces as root, then becomes the run user. "$@" is the command. The
+# runtime folders in FARM_KEEP (one a line) are opened before /tmp is covered and bound back read-only.
+ENTER = ('set -e; IFS="\n"; n=3; for p in $FARM_KEEP; do eval "exec $n<\\"\\$p\\""; n=$((n+1)); done; '
+         "for d in /tmp /var/tmp /dev/shm; do mount -t tmpfs -o mode=1777,size=50% farm-tmp $d; done; "
+         "mkdir /tmp/run; mount -c --bind /proc/self/cwd /tmp/run; "
+         'n=3; for p in $FARM_KEEP; do mkdir -p "$p"; mount -c --bind "/proc/self/fd/$n" "$p"; '
+         'mount -o remount,bind,ro "$p"; eval "exec $n<&-"; n=$((n+1)); done; unset IFS; cd /tmp/run; '
          'exec setpriv --reuid="$FARM_RUN_UID" --regid="$FARM_RUN_GID" --clear-groups --no-new-privs -- "$@"')
 
 
@@ -87,7 +97,23 @@ def user_argv(argv: list[str], run_as: RunAs) -> list[str]:
 
 def isolation_env(run_as: RunAs) -> dict[str, str]:
     """What the ENTER script reads; the command itself gets the same allow-listed environment."""
-    return {"FARM_RUN_UID": str(run_as.uid), "FARM_RUN_GID": str(run_as.gid)}
+    return {"FARM_RUN_UID": str(run_as.uid), "FARM_RUN_GID": str(run_as.gid),
+            "FARM_KEEP": "\n".join(str(p) for p in runtime_paths_to_keep())}
+
+
+def runtime_paths_to_keep() -> list[Path]:
+    """The folders farm's interpreter and farm's own code live in that a private /tmp would hide (a venv
+    or a checkout under /tmp): the harness must still start, so they are bound back, read-only."""
+    candidates = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix),
+                  Path(os.path.realpath(sys.executable)).parent.parent}
+    for name in ("farm", "farm.agents", "farm.proto", "farm.models", "farm.controller", "farm.cli"):
+        module = sys.modules.get(name) or (farm if name == "farm" else None)
+        for folder in getattr(module, "__path__", []):
+            candidates.add(Path(folder).resolve())
+    inside = sorted(p for p in candidates if any(p.is_relative_to(d) and p != Path(d) for d in PRIVATE_DIRS))
+    # the outermost folders only: a venv's own subfolders come with it
+    outermost = [p for p in inside if not any(p != q and p.is_relative_to(q) for q in inside) and "\n" not in str(p)]
+    return outermost[:MAX_KEPT]
 
 
 def hand_over(run_dir: Path, run_as: RunAs) -> None:
