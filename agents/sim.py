@@ -157,8 +157,11 @@ class SimDriver:
     name = "sim"
 
     def __init__(self, work_root: Path, *, backend_override: str | None = None, keep_run_dirs: bool = False,
-                 run_as: RunAs | None | str = "default") -> None:
+                 run_as: RunAs | None | str = "default", keep_out: tuple[Path, ...] = ()) -> None:
         self.work_root = work_root
+        # Files a job's folder is never packed with: the store an embedded farm has open in this process
+        # (reading and closing them here would drop SQLite's locks and lose writes).
+        self.keep_out = keep_out
         # Jobs run other people's code: as root, in an unprivileged user (`nobody` unless --run-as says).
         self.run_as = resolve_run_as(None) if run_as == "default" else run_as
         self.backend_override = backend_override
@@ -212,7 +215,7 @@ class SimDriver:
         archive = task.extra.get("script_archive_path")
         if archive is None:  # embedded: the job's own folder on this host, packed the way a client packs it
             archive = run_dir / "script.tar"
-            archive.write_bytes(pack_dir(Path(task.base_dir, task.workload.get("dir") or "."), skip=(self.work_root,)))
+            archive.write_bytes(pack_dir(Path(task.base_dir, task.workload.get("dir") or "."), skip=(self.work_root, *self.keep_out)))
         unpack(Path(archive), run_dir / "script")
 
     def isolation(self, backend: SandboxBackend) -> tuple[Path | None, str]:

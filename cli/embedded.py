@@ -25,12 +25,17 @@ def work_root_for(store: Store) -> Path:
     return store.path.parent / "work"
 
 
+def store_files(store: Store) -> tuple[Path, ...]:
+    """The store and the files SQLite keeps beside it (WAL, shared memory, rollback journal)."""
+    return (store.path, *(store.path.with_name(store.path.name + suffix) for suffix in ("-wal", "-shm", "-journal")))
+
+
 def run_job_embedded(store: Store, job_id: int, *, slots: int = 1, backend: str | None = None,
                      job_timeout_s: float | None = None, devices: list[LabDevice] | None = None,
                      on_result: Callable[[TaskSpec, RunResult], None] | None = None) -> bool:
     """Run every task of the job here. Returns False when it was interrupted by Ctrl+C."""
     controller = Controller(store)
-    agent = Agent(controller, SimDriver(work_root_for(store), backend_override=backend), slots=slots,
+    agent = Agent(controller, SimDriver(work_root_for(store), backend_override=backend, keep_out=store_files(store)), slots=slots,
                   on_result=on_result, devices=devices)
     timer = None
     if job_timeout_s:

@@ -25,7 +25,8 @@ class ScriptArchiveError(ValueError):
 
 def pack_dir(directory: Path, max_bytes: int = MAX_SCRIPT_ARCHIVE_BYTES, skip: tuple[Path, ...] = ()) -> bytes:
     """The folder as a tar: sorted, owner and times zeroed. A link to a file is packed as the file it
-    points to (read with the packer's own rights); `skip` leaves out folders (farm's own work folder)."""
+    points to (read with the packer's own rights); `skip` leaves out folders and files (farm's own work
+    folder, a live store: closing a file SQLite has open in this process drops its locks)."""
     directory = directory.resolve()
     skipped = {p.resolve() for p in skip}
     buffer = io.BytesIO()
@@ -34,7 +35,7 @@ def pack_dir(directory: Path, max_bytes: int = MAX_SCRIPT_ARCHIVE_BYTES, skip: t
         for current, dirs, files in os.walk(directory, followlinks=False):
             dirs[:] = sorted(d for d in dirs if Path(current, d).resolve() not in skipped)
             here = Path(current)
-            for name in dirs + sorted(files):
+            for name in dirs + sorted(f for f in files if Path(current, f).resolve() not in skipped):
                 path = here / name
                 try:
                     info = path.stat()  # follows a link

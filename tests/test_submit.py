@@ -155,8 +155,10 @@ def _slow_job(tmp_path: Path, tiny_models) -> Path:
 
 
 def _submit_in_background(job: Path, farm_db: Path) -> subprocess.Popen:
+    # Output to files, not pipes nobody reads: a full pipe would stall the submit, not the thing under test.
     return subprocess.Popen([*FARM, "submit", str(job), "--quiet"], env={**os.environ, "FARM_DB": str(farm_db)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=(job.parent / "submit.out").open("w"), stderr=(job.parent / "submit.err").open("w"),
+                            text=True)
 
 
 def test_cancel_from_another_process_keeps_finished_runs(tmp_path: Path, tiny_models, farm, farm_db: Path) -> None:
@@ -241,3 +243,21 @@ def test_two_sim_slots_run_on_disjoint_cores(tmp_path: Path, tiny_models, farm) 
     assert len(cpusets) == 2 and None not in cpusets  # each slot pinned to its own core(s)
     a, b = (set(c.split(",")) for c in cpusets)
     assert not a & b
+
+
+def test_a_script_folder_holding_the_live_store_loses_no_write(tmp_path: Path, tiny_models, farm, farm_db: Path) -> None:
+    # The job folder is the store's folder: packing it must not read (and close) the store's files in the
+    # process that has them open. That drops SQLite's locks; another process reading meanwhile (here: the
+    # test, as `farm status` would) then checkpoints and removes the WAL under it, and the runs are lost.
+    assert farm_db.parent == tmp_path
+    job = _script_job(tmp_path, tiny_models, "import json, time\ntime.sleep(0.3)\nprint(json.dumps({'latency_ms': 1.0}))\n",
+                      "repeats: 6")
+    proc = _submit_in_background(job, farm_db)
+    while proc.poll() is None:  # a reader beside the running job
+        _completed_runs(farm_db)
+        time.sleep(0.05)
+    assert proc.returncode == 0, (job.parent / "submit.err").read_text()
+    with sqlite3.connect(farm_db) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert conn.execute("SELECT COUNT(*) FROM tasks WHERE status = 'completed'").fetchone()[0] == 6
+    assert farm("status", "1", "--json").json()["completed"] == 6
