@@ -14,6 +14,7 @@ nothing to drop, the run is as the agent.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import pwd
 import shutil
@@ -106,10 +107,11 @@ def runtime_paths_to_keep() -> list[Path]:
     or a checkout under /tmp): the harness must still start, so they are bound back, read-only."""
     candidates = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix),
                   Path(os.path.realpath(sys.executable)).parent.parent}
-    for name in ("farm", "farm.agents", "farm.proto", "farm.models", "farm.controller", "farm.cli"):
-        module = sys.modules.get(name) or (farm if name == "farm" else None)
-        for folder in getattr(module, "__path__", []):
+    for name in ("farm.agents", "farm.proto", "farm.models", "farm.controller", "farm.cli"):
+        spec = importlib.util.find_spec(name)  # found, not imported: the harness imports more than the agent has
+        for folder in (spec.submodule_search_locations or []) if spec else []:
             candidates.add(Path(folder).resolve())
+    candidates.update(Path(folder).resolve() for folder in farm.__path__)
     inside = sorted(p for p in candidates if any(p.is_relative_to(d) and p != Path(d) for d in PRIVATE_DIRS))
     # the outermost folders only: a venv's own subfolders come with it
     outermost = [p for p in inside if not any(p != q and p.is_relative_to(q) for q in inside) and "\n" not in str(p)]
