@@ -390,6 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_commands(sub, common)
     from farm.cli.refresh_commands import add_commands as add_refresh_commands
     add_refresh_commands(sub, common)
+    from farm.cli.web_commands import add_parser as add_web_parser; add_web_parser(sub, common)  # noqa: E702
 
     s = sub.add_parser("schema", help="print the job file's JSON Schema (for editors)")
     s.set_defaults(func=cmd_schema)

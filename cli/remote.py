@@ -516,6 +516,7 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
     except (OSError, RuntimeError) as e:
         raise RemoteError(f"cannot listen on {args.listen}: {e}", EXIT_ENVIRONMENT) from None
     running.farm.max_tasks = args.max_tasks
+    web = _start_web(args, store, running, tokens, tls) if args.web_listen else None
     host = args.listen.rsplit(":", 1)[0]
     mode = "mutual TLS" if tls and tls.ca else "TLS" if tls else "plain text"
     print(f"farm controller listening on {host}:{running.port} ({mode}; store {store.path}; lease TTL "
@@ -529,15 +530,46 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
         metrics_host = args.metrics_listen.rpartition(":")[0] or "127.0.0.1"
         print(f"farm controller metrics on http://{metrics_host}:{running.metrics_port}/metrics",
               file=sys.stderr, flush=True)
+    if web:
+        print(f"farm controller dashboard on {web.url}", file=sys.stderr, flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
     while not stop.wait(1.0):
         pass
     logging.getLogger("farm.controller").info("stopping: agents keep their tasks and reconnect to the next controller")
+    if web:
+        web.stop()
     running.stop()
     store.close()
     return EXIT_OK
+
+
+def _start_web(args: argparse.Namespace, store: Any, running: Any, tokens: Any, tls: Any) -> Any:
+    """The dashboard in this process: its buttons call the controller as the CLI and RPCs do (a cancel reaches
+    the agents now, a released device gets tasks at once)."""
+    from farm.controller.auth import is_loopback
+    from farm.web.server import Operator, WebListenError, parse_web_listen, start_dashboard
+
+    def release(device: str) -> None:
+        running.farm.controller.release(device)
+        running.farm.wake(queue_changed=True)
+
+    try:
+        host, port = parse_web_listen(args.web_listen)
+        if tokens is None and not is_loopback(f"[{host}]:{port}"):
+            raise WebListenError(f"--no-auth is only allowed on loopback addresses; the dashboard's --web-listen "
+                                 f"{args.web_listen} is not one")
+    except WebListenError as e:
+        running.stop()
+        raise RemoteError(str(e)) from None
+    operator = Operator(running.farm.cancel_job, lambda device, reason, health: running.farm.controller.quarantine(
+        device, reason, health=health), release)
+    try:
+        return start_dashboard(store, args.web_listen, operator, tokens=tokens, tls=tls)
+    except WebListenError as e:
+        running.stop()
+        raise RemoteError(str(e), EXIT_ENVIRONMENT) from None
 
 
 # --- agent -----------------------------------------------------------------------------------
@@ -647,6 +679,8 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     s.add_argument("--heartbeat-interval", type=float, default=None, help="seconds between agent heartbeats (default TTL/4)")
     s.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
                    help="also serve Prometheus metrics at http://HOST:PORT/metrics (no auth: loopback or a trusted network)")
+    s.add_argument("--web-listen", default=None, metavar="HOST:PORT",
+                   help="also serve the lab dashboard at http(s)://HOST:PORT/ (same tokens; TLS with --tls-cert)")
     s.add_argument("--refresh-cron", default=None, metavar="'M H DOM MON DOW'",
                    help="submit the reference suite to every registered device on this schedule, e.g. '30 2 * * *' or '@daily'")
     s.add_argument("--refresh-suite", default=None, help="the reference suite job file (default: the one farm ships)")

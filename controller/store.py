@@ -423,3 +423,77 @@ class Store:
 
     def telemetry(self, run_id: int) -> list[dict[str, Any]]:
         return self.query("SELECT t_s, cpu_percent, memory_bytes FROM telemetry WHERE run_id = ? ORDER BY idx", [run_id])
+
+    # --- queries for the dashboard (r14-web) -------------------------------------------
+    def dashboard_devices(self) -> list[dict[str, Any]]:
+        """Every device the lab knows (registered by an agent, or only judged healthy/bad), with its health."""
+        return self.query(
+            "SELECT d.name, d.agent, d.driver, d.device_type, d.tags_json, d.slots, d.state, d.last_seen, "
+            "h.health, h.reason, h.changed_at FROM devices d LEFT JOIN device_health h ON h.name = d.name "
+            "UNION ALL SELECT h.name, NULL, NULL, NULL, NULL, NULL, NULL, NULL, h.health, h.reason, h.changed_at "
+            "FROM device_health h WHERE h.name NOT IN (SELECT name FROM devices) ORDER BY 1")
+
+    def dashboard_calibration_times(self) -> dict[str, float]:
+        """device -> when its newest calibration was stored."""
+        return {r["device"]: r["at"] for r in self.query(
+            "SELECT device, MAX(created_at) AS at FROM calibrations GROUP BY device")}
+
+    def dashboard_running_tasks(self) -> list[dict[str, Any]]:
+        return self.query("SELECT id, job_id, target, model_name, threads, repeat, attempts, leased_by "
+                          "FROM tasks WHERE status = 'running' ORDER BY id")
+
+    def dashboard_queue(self) -> list[dict[str, Any]]:
+        """Pending tasks per target and job, in lease order (priority, then job)."""
+        return self.query("SELECT target, job_id, MIN(priority) AS priority, COUNT(*) AS pending FROM tasks "
+                          "WHERE status = 'pending' GROUP BY target, job_id ORDER BY MIN(priority), job_id, target")
+
+    def dashboard_agents(self) -> list[dict[str, Any]]:
+        return self.query("SELECT name, state, farm_version, hostname, peer, connected_at, last_seen FROM agents "
+                          "ORDER BY name")
+
+    def dashboard_jobs(self, limit: int) -> list[dict[str, Any]]:
+        """The newest jobs, each with its task counts per status (one grouped query, not one per job)."""
+        jobs = self.query("SELECT id, name, kind, status, priority, created_at, started_at, finished_at, message "
+                          "FROM jobs ORDER BY id DESC LIMIT ?", [limit])
+        if not jobs:
+            return jobs
+        counts = self.query("SELECT job_id, status, COUNT(*) AS n FROM tasks WHERE job_id BETWEEN ? AND ? "
+                            "GROUP BY job_id, status", [jobs[-1]["id"], jobs[0]["id"]])
+        by_job: dict[int, dict[str, int]] = {}
+        for c in counts:
+            by_job.setdefault(c["job_id"], {})[c["status"]] = c["n"]
+        for j in jobs:
+            j["counts"] = by_job.get(j["id"], {})
+        return jobs
+
+    def dashboard_job_count(self) -> int:
+        return self.query("SELECT COUNT(*) AS n FROM jobs")[0]["n"]
+
+    def dashboard_calibration(self, calibration_id: int) -> dict[str, Any] | None:
+        rows = self.query("SELECT * FROM calibrations WHERE id = ?", [calibration_id])
+        return rows[0] if rows else None
+
+    def dashboard_calibration_versions(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every version of the calibration key `row` belongs to, oldest first."""
+        return self.query(
+            "SELECT * FROM calibrations WHERE device = ? AND metric = ? AND threads = ? AND runtime = ? "
+            "AND batch_size IS ? AND input_size IS ? AND precision IS ? AND family = ? ORDER BY version",
+            [row["device"], row["metric"], row["threads"], row["runtime"], row["batch_size"], row["input_size"],
+             row["precision"], row["family"]])
+
+    def dashboard_latest_calibrations(self) -> list[dict[str, Any]]:
+        """The newest version of every calibration key, with how many versions it has."""
+        return self.query(
+            "SELECT c.id, c.device, c.metric, c.threads, c.runtime, c.batch_size, c.input_size, c.precision, c.family, "
+            "c.version, c.created_at, c.kind, c.n, c.r2, c.loo_mape, c.kendall_tau, c.spearman_rho, c.fit_json, c.source, "
+            "g.versions FROM calibrations c JOIN (SELECT MAX(id) AS id, COUNT(*) AS versions FROM calibrations "
+            "GROUP BY device, metric, threads, runtime, batch_size, input_size, precision, family) g ON g.id = c.id "
+            "ORDER BY c.device, c.metric, c.threads, c.runtime, c.batch_size, c.input_size, c.precision, c.family")
+
+    def dashboard_drift(self, device: str, metric: str, threads: int) -> list[dict[str, Any]]:
+        return self.query("SELECT * FROM calibration_drift WHERE device = ? AND metric = ? AND threads = ? ORDER BY id",
+                          [device, metric, threads])
+
+    def dashboard_job_status_counts(self, job_id: int) -> dict[str, int]:
+        return {r["status"]: r["n"] for r in self.query(
+            "SELECT status, COUNT(*) AS n FROM tasks WHERE job_id = ? GROUP BY status", [job_id])}

@@ -1,0 +1,88 @@
+"""A real headless browser for the dashboard tests: Debian's chromium driven through chromium-driver (selenium).
+
+Waits are explicit and generous: on a busy 2-core machine a page can take seconds to paint.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+WAIT_S = 60
+
+
+def browser_available() -> str | None:
+    """Why the browser cannot run here, or None."""
+    if not Path(CHROMIUM).exists() or not (Path(CHROMEDRIVER).exists() or shutil.which("chromedriver")):
+        return "needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "needs selenium (pip install -e '.[test]')"
+    return None
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator["Browser"]:
+    reason = browser_available()
+    if reason:
+        pytest.skip(reason)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--window-size=1280,900", "--no-first-run", "--disable-extensions",
+                 f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log")),
+                              options=options)
+    driver.set_page_load_timeout(WAIT_S)
+    try:
+        yield Browser(driver)
+    finally:
+        driver.quit()
+
+
+class Browser:
+    def __init__(self, driver) -> None:
+        self.driver = driver
+
+    def get(self, url: str) -> None:
+        self.driver.get(url)
+
+    def wait(self, condition: Callable[[object], object], what: str, timeout: float = WAIT_S) -> object:
+        from selenium.common.exceptions import TimeoutException
+        from selenium.webdriver.support.ui import WebDriverWait
+        try:
+            return WebDriverWait(self.driver, timeout, poll_frequency=0.25).until(condition)
+        except TimeoutException:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; page {self.driver.current_url}:\n"
+                                 f"{self.text()[:3000]}") from None
+
+    def find(self, css: str):
+        from selenium.webdriver.common.by import By
+        return self.wait(lambda d: d.find_element(By.CSS_SELECTOR, css), f"an element {css!r}")
+
+    def find_all(self, css: str) -> list:
+        from selenium.webdriver.common.by import By
+        return self.driver.find_elements(By.CSS_SELECTOR, css)
+
+    def text(self) -> str:
+        from selenium.webdriver.common.by import By
+        try:
+            return self.driver.find_element(By.TAG_NAME, "body").text
+        except Exception:
+            return self.driver.page_source
+
+    def log_in(self, base_url: str, token: str) -> None:
+        self.get(base_url + "login")
+        self.find("#token").send_keys(token)
+        self.find("#login").click()
+        self.wait(lambda d: "/lab" in d.current_url and d.find_elements("css selector", "header nav"), "the lab page")

@@ -1,0 +1,361 @@
+"""The dashboard's HTML: one function per page or live part, every value escaped on its way in.
+
+Device names, model names, reasons and messages come from agents, job files and people:
+they reach the page only through `e()`. Numbers are formatted here, with their units.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from html import escape
+from typing import Any, Iterable
+from urllib.parse import quote
+
+from farm.web import svg
+from farm.web.views import (AverageRow, CalibrationSummary, CalibrationView, DeviceRow, JobView, LabView,
+                            is_contended)
+
+CONTENDED_MARK = "!"
+
+
+def e(value: Any) -> str:
+    return escape("" if value is None else str(value), quote=True)
+
+
+def num(v: float | None, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "—"
+    return f"{v:.{digits}g}" if abs(v) < 10 ** digits else f"{v:.0f}"
+
+
+def when(t: float | None) -> str:
+    if not t:
+        return "—"
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def age(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 86400 * 2:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def sort_key(v: Any) -> str:
+    """The value a sortable column sorts by (numbers numerically, missing values last)."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return ""
+    return e(v)
+
+
+def table(table_id: str, headers: list[tuple[str, str]], rows: Iterable[list[tuple[Any, str]]],
+          caption: str = "") -> str:
+    """headers: (label, "num"|"text"); each cell: (sort value, HTML already escaped)."""
+    head = "".join(f'<th data-type="{kind}" tabindex="0">{e(label)}</th>' for label, kind in headers)
+    body = "".join("<tr>" + "".join(f'<td data-sort="{sort_key(value)}">{html}</td>' for value, html in row) + "</tr>"
+                   for row in rows)
+    cap = f"<caption>{e(caption)}</caption>" if caption else ""
+    return (f'<div class="scroll"><table class="sortable" id="{e(table_id)}">{cap}<thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table></div>")
+
+
+def layout(title: str, body: str, *, active: str, role: str | None, csrf: str, message: str = "",
+           open_mode: bool = False) -> str:
+    nav = "".join(f'<a href="{href}"{" aria-current=page" if name == active else ""}>{label}</a>'
+                  for name, href, label in (("lab", "/lab", "Lab"), ("jobs", "/jobs", "Jobs"),
+                                            ("calibrations", "/calibrations", "Calibrations")))
+    who = ""
+    if role:
+        who = (f'<span class="who">{e(role)}{" (open: no tokens)" if open_mode else ""}</span>'
+               + ("" if open_mode else f'<form method="post" action="/logout" class="inline">'
+                  f'<input type="hidden" name="csrf" value="{e(csrf)}"><button>log out</button></form>'))
+    flash = f'<p class="flash" role="status">{e(message)}</p>' if message else ""
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f'<title>{e(title)} · farm</title><link rel="stylesheet" href="/static/dashboard.css">'
+            f'<script src="/static/dashboard.js" defer></script></head><body>'
+            f'<header><strong>farm</strong><nav>{nav}</nav>{who}</header><main>{flash}<h1>{e(title)}</h1>{body}</main>'
+            f"</body></html>")
+
+
+def login_page(message: str = "", next_path: str = "/lab") -> str:
+    flash = f'<p class="flash error" role="alert">{e(message)}</p>' if message else ""
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>log in · farm</title>'
+            f'<link rel="stylesheet" href="/static/dashboard.css"></head><body><main class="login">'
+            f"<h1>farm</h1>{flash}"
+            f'<form method="post" action="/login"><label>Token (a client or admin line of the controller\'s tokens file)'
+            f'<input type="password" name="token" id="token" autocomplete="current-password" required></label>'
+            f'<input type="hidden" name="next" value="{e(next_path)}">'
+            f'<button type="submit" id="login">Log in</button></form></main></body></html>')
+
+
+def live(part: str, url: str, html: str, every_s: float = 2.0) -> str:
+    """A region the page re-fetches from the server while it is open (dashboard.js)."""
+    return f'<div id="{e(part)}" data-live="{e(url)}" data-every="{every_s:g}">{html}</div>'
+
+
+# --- lab ------------------------------------------------------------------------------------------
+def _device_actions(d: DeviceRow, csrf: str) -> str:
+    hidden = f'<input type="hidden" name="csrf" value="{e(csrf)}"><input type="hidden" name="device" value="{e(d.name)}">'
+    buttons = []
+    if d.health in ("bad", "maintenance"):
+        buttons.append('<button name="action" value="release" class="release">release</button>')
+    else:
+        buttons.append('<button name="action" value="quarantine">quarantine</button>'
+                       '<button name="action" value="maintenance">maintenance</button>')
+    reason = "" if d.health in ("bad", "maintenance") else '<input name="reason" placeholder="reason" maxlength="500">'
+    return f'<form method="post" action="/actions/device" class="actions">{hidden}{reason}{"".join(buttons)}</form>'
+
+
+def lab_devices(view: LabView, *, csrf: str, may_operate: bool) -> str:
+    headers = [("device", "text"), ("type", "text"), ("agent", "text"), ("connection", "text"), ("health", "text"),
+               ("reason", "text"), ("since", "num"), ("last health check", "num"), ("calibration age", "num"),
+               ("current task", "text")]
+    if may_operate:
+        headers.append(("actions", "text"))
+    rows = []
+    for d in view.devices:
+        current = ", ".join(f'<a href="/jobs/{t["job_id"]}">job {t["job_id"]}</a> task {t["id"]} {e(t["model_name"])}'
+                            for t in d.current) or "idle"
+        row = [(d.name, f'<span class="device-name">{e(d.name)}</span>'), (d.device_type, e(d.device_type or "—")),
+               (d.agent, e(d.agent or "—")), (d.state, f'<span class="state {e(d.state)}">{e(d.state)}</span>'),
+               (d.health, f'<span class="health {e(d.health)}">{e(d.health)}</span>'), (d.reason, e(d.reason or "")),
+               (d.changed_at, e(when(d.changed_at))), (d.last_check, e(when(d.last_check))),
+               (d.calibration_age_s, e(age(d.calibration_age_s))), (len(d.current), current)]
+        if may_operate:
+            row.append(("", _device_actions(d, csrf)))
+        rows.append(row)
+    devices = table("devices", headers, rows) if rows else "<p>No devices yet: agents register theirs when they connect.</p>"
+    agents = table("agents", [("agent", "text"), ("connection", "text"), ("host", "text"), ("peer", "text"),
+                              ("farm", "text"), ("connected", "num"), ("last seen", "num")],
+                   [[(a["name"], e(a["name"])), (a["state"], f'<span class="state {e(a["state"])}">{e(a["state"])}</span>'),
+                     (a["hostname"], e(a["hostname"])), (a["peer"], e(a["peer"])), (a["farm_version"], e(a["farm_version"])),
+                     (a["connected_at"], e(when(a["connected_at"]))), (a["last_seen"], e(when(a["last_seen"])))]
+                    for a in view.agents]) if view.agents else "<p>No agent has connected (embedded runs use none).</p>"
+    running = table("running", [("task", "num"), ("job", "num"), ("target", "text"), ("model", "text"),
+                                ("attempt", "num"), ("agent", "text")],
+                    [[(t["id"], e(t["id"])), (t["job_id"], f'<a href="/jobs/{t["job_id"]}">{t["job_id"]}</a>'),
+                      (t["target"], e(t["target"])), (t["model_name"], e(t["model_name"])), (t["attempts"], e(t["attempts"])),
+                      (t["leased_by"], e(t["leased_by"] or "—"))] for t in view.running]) if view.running else "<p>Nothing running.</p>"
+    queue = table("queue", [("job", "num"), ("target", "text"), ("priority", "num"), ("pending", "num")],
+                  [[(q["job_id"], f'<a href="/jobs/{q["job_id"]}">{q["job_id"]}</a>'), (q["target"], e(q["target"])),
+                    (q["priority"], e(q["priority"])), (q["pending"], e(q["pending"]))] for q in view.queue]
+                  ) if view.queue else "<p>The queue is empty.</p>"
+    return (f"<h2>Devices ({len(view.devices)})</h2>{devices}<h2>Agents ({len(view.agents)})</h2>{agents}"
+            f"<h2>Running ({len(view.running)})</h2>{running}<h2>Queue ({view.pending} pending)</h2>{queue}")
+
+
+# --- jobs -----------------------------------------------------------------------------------------
+def progress_bar(p: dict[str, int]) -> str:
+    """Drawn as SVG: widths are attributes, so the page needs no inline style (the CSP allows none)."""
+    total = max(p["total"], 1)
+    x, bars = 0.0, []
+    for state in ("completed", "failed", "canceled", "running"):
+        width = 100 * p[state] / total
+        if width:
+            bars.append(f'<rect class="{state}" x="{x:.2f}" y="0" width="{width:.2f}" height="6"/>')
+            x += width
+    text = (f'{p["done"]}/{p["total"]} done · {p["completed"]} completed · {p["failed"]} failed · '
+            f'{p["running"]} running · {p["pending"]} pending')
+    return (f'<svg class="progress" role="progressbar" aria-valuemin="0" aria-valuemax="{p["total"]}" '
+            f'aria-valuenow="{p["done"]}" viewBox="0 0 100 6" preserveAspectRatio="none">'
+            f'<rect class="track" x="0" y="0" width="100" height="6"/>{"".join(bars)}</svg>'
+            f'<span class="progress-text" data-done="{p["done"]}" data-total="{p["total"]}">{e(text)}</span>')
+
+
+def jobs_list(jobs: list[dict[str, Any]], total: int) -> str:
+    if not jobs:
+        return "<p>No jobs yet: <code>farm submit job.yaml</code>.</p>"
+    rows = [[(j["id"], f'<a href="/jobs/{j["id"]}">{j["id"]}</a>'), (j["name"], e(j["name"])), (j["kind"], e(j["kind"])),
+             (j["status"], f'<span class="status {e(j["status"])}">{e(j["status"])}</span>'),
+             (j["priority"], e(j["priority"])), (j["created_at"], e(when(j["created_at"]))),
+             (j["progress"]["done"], progress_bar(j["progress"]))] for j in jobs]
+    caption = f"newest {len(jobs)} of {total} jobs" if total > len(jobs) else ""
+    return table("jobs", [("job", "num"), ("name", "text"), ("kind", "text"), ("status", "text"), ("priority", "text"),
+                          ("created", "num"), ("progress", "num")], rows, caption)
+
+
+def job_progress_part(job: dict[str, Any], progress: dict[str, int]) -> str:
+    return (f'<p>status <span class="status {e(job["status"])}" id="job-status">{e(job["status"])}</span></p>'
+            f'<div id="job-progress-bar">{progress_bar(progress)}</div>')
+
+
+def _budget(r: dict[str, Any]) -> str:
+    lim = r["limits"] or {}
+    text = f"{lim['cpus']:g} cpu" if lim.get("cpus") else "no cpu cap"
+    if lim.get("memory_mb"):
+        text += f", {lim['memory_mb']:g} MB"
+    return text
+
+
+def results_part(view: JobView) -> str:
+    records = view.records
+    rows = []
+    for r in records:
+        lat = r["latency_ms"] or {}
+        status = r["status"] if not r["failure_class"] else f'{r["status"]} ({r["failure_class"]})'
+        mark = ""
+        if r["status"] == "completed" and is_contended(r):
+            mark = (f' <abbr class="contended" title="contended: other work used the run\'s cores; calibrate, predict '
+                    f'and rank leave it out">{CONTENDED_MARK}</abbr>')
+        rows.append([(r["model"]["name"], e(r["model"]["name"])), (r["target"], e(r["target"])), (r["threads"], e(r["threads"])),
+                     (r["batch_size"], e(r["batch_size"])), (r["input_size"], e(r["input_size"] or "—")),
+                     (r["repeat"], e(r["repeat"])), (status, f'<span class="status {e(r["status"])}">{e(status)}</span>{mark}'),
+                     (lat.get("avg"), num(lat.get("avg"))), (lat.get("p50"), num(lat.get("p50"))),
+                     (lat.get("p90"), num(lat.get("p90"))), (lat.get("std"), num(lat.get("std"))),
+                     (r["peak_memory_mb"], num(r["peak_memory_mb"])), (r["avg_memory_mb"], num(r["avg_memory_mb"])),
+                     ((r["cpu_percent"] or {}).get("avg"), num((r["cpu_percent"] or {}).get("avg"))),
+                     (r["wall_s"], num(r["wall_s"])), (_budget(r), e(_budget(r))),
+                     (r["backend"], e(r["backend"] or "—"))])
+    contended = sum(is_contended(r) for r in records)
+    caption = (f"{CONTENDED_MARK} contended ({contended} run(s)): other work used the run's cores, its figures are not "
+               "the budget's" if contended else "")
+    return table("results", [("model", "text"), ("target", "text"), ("threads", "num"), ("batch", "num"), ("input", "num"),
+                             ("repeat", "num"), ("status", "text"), ("latency avg ms", "num"), ("p50 ms", "num"),
+                             ("p90 ms", "num"), ("std ms", "num"), ("peak MB", "num"), ("avg MB", "num"),
+                             ("CPU % avg", "num"), ("wall s", "num"), ("budget", "text"), ("backend", "text")],
+                 rows, caption) if records else "<p>No tasks.</p>"
+
+
+def averages_table(rows: list[AverageRow]) -> str:
+    return table("averages", [("model", "text"), ("target", "text"), ("threads", "num"), ("batch", "num"),
+                              ("input", "num"), ("runs", "num"), ("contended (left out)", "num"),
+                              ("latency ms (mean)", "num"), ("± ms (sd over repeats)", "num"), ("peak MB", "num"),
+                              ("avg MB", "num")],
+                 [[(a.model, e(a.model)), (a.target, e(a.target)), (a.threads, e(a.threads)), (a.batch_size, e(a.batch_size)),
+                   (a.input_size, e(a.input_size or "—")), (a.runs, e(a.runs)),
+                   (a.contended, e(a.contended) + (f" {CONTENDED_MARK}" if a.contended else "")),
+                   (a.latency_ms, num(a.latency_ms)), (a.latency_spread_ms, num(a.latency_spread_ms)),
+                   (a.peak_memory_mb, num(a.peak_memory_mb)), (a.avg_memory_mb, num(a.avg_memory_mb))] for a in rows])
+
+
+def pairs_table(pairs: list[dict[str, Any]]) -> str:
+    rows = []
+    for p in pairs:
+        s_lat = (p["sim"]["latency_ms"] or {}).get("avg")
+        d_lat = (p["device_run"]["latency_ms"] or {}).get("avg")
+        ratio = d_lat / s_lat if s_lat and d_lat else None
+        mark = f" {CONTENDED_MARK}" if is_contended(p["sim"]) else ""
+        rows.append([(p["model"]["name"], e(p["model"]["name"])), (p["device"], e(p["device"])), (p["threads"], e(p["threads"])),
+                     (p["repeat"], e(p["repeat"])), (s_lat, num(s_lat) + mark), (d_lat, num(d_lat)), (ratio, num(ratio)),
+                     (p["sim"]["peak_memory_mb"], num(p["sim"]["peak_memory_mb"])),
+                     (p["device_run"]["peak_memory_mb"], num(p["device_run"]["peak_memory_mb"]))])
+    return table("pairs", [("model", "text"), ("device", "text"), ("threads", "num"), ("repeat", "num"),
+                           ("sim latency ms", "num"), ("device latency ms", "num"), ("device / sim", "num"),
+                           ("sim peak MB", "num"), ("device peak MB", "num")], rows)
+
+
+def job_page(view: JobView, *, csrf: str, may_cancel: bool) -> str:
+    job = view.job
+    job_id = job["id"]
+    cancel = ""
+    if may_cancel and job["status"] in ("queued", "running"):
+        cancel = (f'<form method="post" action="/jobs/{job_id}/cancel" class="inline"><input type="hidden" name="csrf" '
+                  f'value="{e(csrf)}"><button class="danger" id="cancel">cancel job</button></form>')
+    parts = [f'<p class="meta">{e(job["name"])} · {e(job["kind"])} · priority {e(job["priority"])} · created '
+             f'{e(when(job["created_at"]))} {cancel}</p>',
+             f'<p class="downloads">download <a href="/jobs/{job_id}/results.csv" download>CSV</a> · '
+             f'<a href="/jobs/{job_id}/results.json" download>JSON</a></p>']
+    if job.get("message"):
+        parts.append(f'<p class="message">{e(job["message"])}</p>')
+    parts.append(live("job-progress", f"/jobs/{job_id}?part=progress", job_progress_part(job, view.progress)))
+    parts.append("<h2>Results</h2>" + live("job-results", f"/jobs/{job_id}?part=results", results_part(view), 5))
+    if view.averages and any(a.runs > 1 or a.contended for a in view.averages):
+        parts.append("<h2>Averages over repeats</h2>" + averages_table(view.averages))
+    if view.pairs:
+        parts.append("<h2>Sim / device pairs</h2>" + pairs_table(view.pairs))
+    if view.sweeps:
+        parts.append("<h2>Sweeps</h2>" + "".join(f'<figure>{svg.render(c)}</figure>' for c in view.sweeps))
+    for i, (title, columns, rows) in enumerate(view.op_tables):
+        if i == 0:
+            parts.append("<h2>Per-operator profiles</h2>")
+        parts.append(table(f"ops-{i}", [(c, "text") for c in columns],
+                           [[(v, e(num(v) if isinstance(v, float) else v)) for v in row] for row in rows], title))
+    return "".join(parts)
+
+
+# --- calibrations -------------------------------------------------------------------------------
+def verdict(unsafe: bool) -> str:
+    return '<span class="verdict unsafe">unsafe</span>' if unsafe else '<span class="verdict ok">usable</span>'
+
+
+def calibrations_list(items: list[CalibrationSummary]) -> str:
+    if not items:
+        return "<p>No calibrations yet: <code>farm calibrate</code> or a refresh stores them.</p>"
+    rows = [[(c.row["device"], e(c.row["device"])), (c.row["metric"], e(c.row["metric"])), (c.row["threads"], e(c.row["threads"])),
+             (c.row["runtime"], e(c.row["runtime"])), (c.row["batch_size"], e(c.row["batch_size"])),
+             (c.row["family"], e(c.row["family"] or "all")),
+             (c.row["version"], f'<a href="/calibrations/{c.row["id"]}">v{c.row["version"]}</a> of {c.row["versions"]}'),
+             (c.row["n"], e(c.row["n"])), (c.row["r2"], num(c.row["r2"])),
+             (c.row["loo_mape"], num(None if c.row["loo_mape"] is None else 100 * c.row["loo_mape"]) + " %"),
+             (c.row["kendall_tau"], num(c.row["kendall_tau"])), (int(c.unsafe), verdict(c.unsafe)),
+             (c.row["created_at"], e(when(c.row["created_at"])))] for c in items]
+    return table("calibrations", [("device", "text"), ("metric", "text"), ("threads", "num"), ("runtime", "text"),
+                                  ("batch", "num"), ("family", "text"), ("version", "num"), ("models", "num"),
+                                  ("R²", "num"), ("LOO error", "num"), ("Kendall τ", "num"), ("verdict", "num"),
+                                  ("stored", "num")], rows)
+
+
+def calibration_page(v: CalibrationView) -> str:
+    fit = v.fit
+    facts = [("fit", v.chosen), ("formula", v.formula), ("R²", num(fit.r2)),
+             ("leave-one-out error", f"{num(100 * fit.loo_mape)} % (mean absolute, each model predicted without itself)"),
+             ("within 10 %", f"{num(100 * fit.loo_within_10)} % of models"),
+             ("rank agreement", f"Kendall τ {num(fit.kendall_tau)} · Spearman ρ {num(fit.spearman_rho)}"),
+             ("models", str(fit.n)), ("interval", f"{v.confidence:.0%} prediction interval"),
+             ("stored", when(v.row["created_at"])), ("unit", v.unit)]
+    dl = "".join(f"<dt>{e(k)}</dt><dd>{e(val)}</dd>" for k, val in facts)
+    reasons = "".join(f"<li>{e(r)}</li>" for r in v.unsafe_reasons)
+    warnings = "".join(f"<li>{e(w)}</li>" for w in v.warnings)
+    parts = [f'<p>{verdict(bool(v.unsafe_reasons))}</p>' + (f'<ul class="reasons">{reasons}</ul>' if reasons else ""),
+             f'<div class="two"><figure id="scatter">{svg.render(v.chart)}</figure><dl class="facts">{dl}</dl></div>']
+    if warnings:
+        parts.append(f'<h2>Warnings</h2><ul>{warnings}</ul>')
+    parts.append("<h2>Models</h2>" + table("models", [("model", "text"), ("family", "text"), (f"sim {v.unit}", "num"),
+                                                      (f"device {v.unit}", "num"), ("fitted", "num"), ("low", "num"),
+                                                      ("high", "num")],
+                                           [[(m["model"], e(m["model"])), (m["family"], e(m["family"] or "—")),
+                                             (m["sim"], num(m["sim"])), (m["device"], num(m["device"])),
+                                             (m["fitted"], num(m["fitted"])), (m["low"], num(m["low"])),
+                                             (m["high"], num(m["high"]))] for m in v.models]))
+    parts.append("<h2>History</h2>")
+    if len(v.versions) > 1:
+        parts.append(f'<figure id="history">{svg.render(v.history_chart)}</figure>')
+    parts.append(table("versions", [("version", "num"), ("stored", "num"), ("fit", "text"), ("models", "num"), ("R²", "num"),
+                                    ("LOO error %", "num"), ("Kendall τ", "num"), ("verdict", "num"), ("formula", "text")],
+                       [[(x["version"], f'<a href="/calibrations/{x["id"]}">v{x["version"]}</a>'),
+                         (x["created_at"], e(when(x["created_at"]))), (x["kind"], e(x["kind"])), (x["n"], e(x["n"])),
+                         (x["r2"], num(x["r2"])), (x["loo_mape"], num(None if x["loo_mape"] is None else 100 * x["loo_mape"])),
+                         (x["kendall_tau"], num(x["kendall_tau"])), (int(x["unsafe"]), verdict(x["unsafe"])),
+                         (x["formula"], e(x["formula"]))] for x in v.versions]))
+    parts.append("<h2>Drift between refreshes</h2>")
+    if v.drift:
+        parts.append(table("drift", [("stored", "num"), ("calibration", "num"), ("previous", "num"), ("slope change", "num"),
+                                     ("intercept change", "num"), ("R² drop", "num"), ("prediction shift", "num"),
+                                     ("exceeded", "num"), ("reasons", "text")],
+                           [[(d["created_at"], e(when(d["created_at"]))),
+                             (d["calibration_id"], f'<a href="/calibrations/{d["calibration_id"]}">{d["calibration_id"]}</a>'),
+                             (d["previous_id"], f'<a href="/calibrations/{d["previous_id"]}">{d["previous_id"]}</a>'),
+                             (d["slope_change"], num(d["slope_change"])), (d["intercept_change"], num(d["intercept_change"])),
+                             (d["r2_drop"], num(d["r2_drop"])), (d["prediction_shift"], num(d["prediction_shift"])),
+                             (d["exceeded"], "yes" if d["exceeded"] else "no"), (d["reasons"], e(d["reasons"] or ""))]
+                            for d in v.drift]))
+    else:
+        parts.append("<p>No refresh has compared this calibration with an earlier one yet.</p>")
+    return "".join(parts)
+
+
+def error_page(status: int, message: str) -> str:
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{status} · farm</title>'
+            f'<link rel="stylesheet" href="/static/dashboard.css"></head><body><main><h1>{status}</h1>'
+            f'<p>{e(message)}</p><p><a href="/lab">back to the lab</a></p></main></body></html>')
+
+
+def flash_url(path: str, message: str) -> str:
+    return f"{path}?msg={quote(message[:300])}"
+

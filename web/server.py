@@ -1,0 +1,483 @@
+"""The lab dashboard over HTTP(S): the standard library's ThreadingHTTPServer, nothing fetched at run time.
+
+Who may see what is the controller's rule (controller/auth.py): a client or admin token reads
+every page; cancelling a job takes a client or admin token, a device's health (release,
+quarantine, maintenance) an admin token. A browser logs in once with its token and gets a signed
+session cookie (web/session.py); scripts send `Authorization: Bearer <token>`. Every request that
+changes something must come from the dashboard's own origin (Origin, else Referer) and, from a
+browser session, carry the form's CSRF token.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import re
+import ssl
+import threading
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.cookies import CookieError, SimpleCookie
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any, Callable
+from urllib.parse import parse_qs, quote, urlsplit
+
+from farm.cli.render import results_csv, to_json
+from farm.controller.auth import Identity, TlsFiles, TokenTable, bearer_token, is_loopback
+from farm.controller.controller import Controller
+from farm.controller.results import run_records
+from farm.controller.store import Store
+from farm.web import pages, views
+from farm.web.session import COOKIE, Session, SessionSigner
+
+log = logging.getLogger("farm.web")
+
+VIEW_ROLES = frozenset({"client", "admin"})  # the roles that may read results and list devices over gRPC
+CANCEL_ROLES = frozenset({"client", "admin"})  # CancelJob is a client call
+DEVICE_ROLES = frozenset({"admin"})  # a device's health is the operator's call
+MAX_FORM_BYTES = 64 * 1024
+REQUEST_TIMEOUT_S = 30  # a client that stops sending mid-request loses its thread after this
+STATIC = {"dashboard.css": "text/css; charset=utf-8", "dashboard.js": "text/javascript; charset=utf-8"}
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                               "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+DEVICE_ACTIONS = ("release", "quarantine", "maintenance")
+
+
+@dataclass
+class Operator:
+    """What the dashboard's buttons call: the same controller functions as the CLI."""
+
+    cancel_job: Callable[[int], int]
+    quarantine: Callable[[str, str, str], int]  # (device, reason, health) -> waiting tasks failed
+    release: Callable[[str], None]
+
+    @classmethod
+    def embedded(cls, controller: Controller) -> "Operator":
+        return cls(controller.cancel_job, lambda device, reason, health: controller.quarantine(device, reason, health=health),
+                   controller.release)
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes = b""
+    content_type: str = "text/html; charset=utf-8"
+    headers: dict[str, str] | None = None
+
+
+class Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Dashboard:
+    """The pages and actions, apart from the socket: a request in, a Response out."""
+
+    def __init__(self, store: Store, operator: Operator, *, tokens: TokenTable | None, tls: bool,
+                 loopback: bool, signer: SessionSigner | None = None) -> None:
+        self.store = store
+        self.operator = operator
+        self.tokens = tokens
+        self.tls = tls
+        self.loopback = loopback  # bound to a loopback address: Host must name this machine (DNS rebinding)
+        self.signer = signer or SessionSigner()
+        self._open_session = Session("admin", 0, "open", float("inf"))  # no tokens: everyone is admin (as over gRPC)
+
+    @property
+    def open_mode(self) -> bool:
+        return self.tokens is None
+
+    # --- who is asking ------------------------------------------------------------------------
+    def identify(self, headers: Any) -> tuple[Identity | None, Session | None, bool]:
+        """(identity, browser session, sent a bearer token); identity None when nobody valid is asking."""
+        if self.tokens is None:
+            return Identity("admin"), self._open_session, False
+        header = headers.get("Authorization")
+        if header:
+            identity = self.tokens.lookup(bearer_token(header) or "")
+            return identity, None, True
+        session = self.signer.verify(_cookie(headers.get("Cookie")))
+        if session is None:
+            return None, None, False
+        return Identity(session.role, None, session.line), session, False
+
+    def origin_ok(self, headers: Any) -> bool | None:
+        """True: sent from this dashboard; False: from elsewhere; None: the request names no origin."""
+        expected = f"{'https' if self.tls else 'http'}://{headers.get('Host', '')}"
+        origin = headers.get("Origin")
+        if origin is not None:
+            return origin == expected
+        referer = headers.get("Referer")
+        if referer is not None:
+            return referer == expected or referer.startswith(expected + "/")
+        return None
+
+    def host_ok(self, headers: Any) -> bool:
+        if not self.loopback:
+            return True
+        host = (headers.get("Host") or "").rsplit(":", 1)[0] if not (headers.get("Host") or "").startswith("[") \
+            else (headers.get("Host") or "").split("]")[0] + "]"
+        host = host.strip("[]")
+        if host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
+
+    # --- requests -----------------------------------------------------------------------------
+    def handle(self, method: str, target: str, headers: Any, body: bytes) -> Response:
+        try:
+            if not self.host_ok(headers):
+                raise Refused(HTTPStatus.MISDIRECTED_REQUEST,
+                              "this dashboard listens on a loopback address and answers only to localhost names")
+            url = urlsplit(target)
+            query = {k: v[-1] for k, v in parse_qs(url.query, max_num_fields=20).items()}
+            path = url.path
+            if method == "GET" and path.startswith("/static/"):
+                return self.static(path[len("/static/"):])
+            if path == "/login":
+                return self.login(method, headers, body, query)
+            identity, session, bearer = self.identify(headers)
+            if identity is None or identity.role not in VIEW_ROLES:
+                return self.refuse_unauthenticated(method, path, identity, bearer)
+            if method == "POST":
+                return self.post(path, headers, body, identity, session, bearer)
+            if method != "GET":
+                raise Refused(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not served here")
+            return self.get(path, query, identity, session)
+        except Refused as r:
+            return Response(r.status, pages.error_page(r.status, str(r)).encode())
+
+    def refuse_unauthenticated(self, method: str, path: str, identity: Identity | None, bearer: bool) -> Response:
+        if identity is not None:  # a valid token of a role that may not read results (an agent's)
+            return Response(HTTPStatus.FORBIDDEN, pages.error_page(
+                403, f"the token is for the {identity.role} role; the dashboard needs a client or admin token").encode())
+        if bearer:
+            return Response(HTTPStatus.UNAUTHORIZED, b"this controller does not know the token that was sent\n",
+                            "text/plain; charset=utf-8", {"WWW-Authenticate": 'Bearer realm="farm"'})
+        if method == "GET" and (path in ("/", "/lab", "/jobs", "/calibrations")
+                                or re.fullmatch(r"/(jobs|calibrations)/\d{1,18}", path)):
+            return Response(HTTPStatus.UNAUTHORIZED, pages.login_page("log in to see this page", path).encode(),
+                            headers={"WWW-Authenticate": 'Bearer realm="farm"'})
+        return Response(HTTPStatus.UNAUTHORIZED, b"log in first (or send Authorization: Bearer <token>)\n",
+                        "text/plain; charset=utf-8", {"WWW-Authenticate": 'Bearer realm="farm"'})
+
+    def static(self, name: str) -> Response:
+        if name not in STATIC:
+            raise Refused(HTTPStatus.NOT_FOUND, "no such file")
+        return Response(HTTPStatus.OK, resources.files("farm.web").joinpath("static", name).read_bytes(), STATIC[name])
+
+    def login(self, method: str, headers: Any, body: bytes, query: dict[str, str]) -> Response:
+        if self.open_mode:
+            return _redirect("/lab")
+        if method == "GET":
+            return Response(HTTPStatus.OK, pages.login_page(next_path=_safe_next(query.get("next"))).encode())
+        if method != "POST":
+            raise Refused(HTTPStatus.METHOD_NOT_ALLOWED, "log in with the form")
+        if self.origin_ok(headers) is not True:  # login CSRF: another site must not log a browser in as itself
+            raise Refused(HTTPStatus.FORBIDDEN, "a log-in must come from this dashboard's own page")
+        form = _form(headers, body)
+        identity = self.tokens.lookup(form.get("token", "").strip())
+        if identity is None:
+            return Response(HTTPStatus.UNAUTHORIZED, pages.login_page(
+                "this controller does not know that token; check for a typo or an old token").encode())
+        if identity.role not in VIEW_ROLES:
+            return Response(HTTPStatus.FORBIDDEN, pages.login_page(
+                f"that token is for the {identity.role} role; the dashboard needs a client or admin token").encode())
+        cookie, _ = self.signer.issue(identity.role, identity.line)
+        attributes = f"Path=/; HttpOnly; SameSite=Strict; Max-Age={int(self.signer.ttl_s)}" + ("; Secure" if self.tls else "")
+        log.info("dashboard log-in: %s token (line %d)", identity.role, identity.line)
+        return _redirect(_safe_next(form.get("next")), {"Set-Cookie": f"{COOKIE}={cookie}; {attributes}"})
+
+    def csrf(self, session: Session | None) -> str:
+        return self.signer.csrf_token(session) if session else ""
+
+    def post(self, path: str, headers: Any, body: bytes, identity: Identity, session: Session | None,
+             bearer: bool) -> Response:
+        origin = self.origin_ok(headers)
+        if origin is False or (origin is None and not bearer):
+            raise Refused(HTTPStatus.FORBIDDEN, "refused: this request did not come from the dashboard's own pages "
+                                                "(its Origin or Referer names another site, or none)")
+        form = _form(headers, body)
+        if not bearer and not self.signer.csrf_ok(session, form.get("csrf")):
+            raise Refused(HTTPStatus.FORBIDDEN, "refused: the form's CSRF token is missing or stale; reload the page "
+                                                "and try again")
+        if path == "/logout":
+            return _redirect("/login", {"Set-Cookie": f"{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"})
+        if path == "/actions/device":
+            return self.device_action(form, identity)
+        match = re.fullmatch(r"/jobs/(\d{1,18})/cancel", path)
+        if match:
+            return self.cancel(int(match.group(1)), identity)
+        raise Refused(HTTPStatus.NOT_FOUND, "no such action")
+
+    def device_action(self, form: dict[str, str], identity: Identity) -> Response:
+        if identity.role not in DEVICE_ROLES:
+            raise Refused(HTTPStatus.FORBIDDEN, f"a device's health needs an admin token; this one is for the {identity.role} role")
+        device, action = form.get("device", ""), form.get("action", "")
+        if action not in DEVICE_ACTIONS:
+            raise Refused(HTTPStatus.BAD_REQUEST, f"unknown action; choose one of {', '.join(DEVICE_ACTIONS)}")
+        if not device or len(device) > 256 or device not in {d.name for d in views.lab_view(self.store).devices}:
+            raise Refused(HTTPStatus.NOT_FOUND, "no such device in this lab")
+        reason = form.get("reason", "").strip()[:500]
+        if action == "release":
+            self.operator.release(device)
+            message = f"{device} released: it takes tasks again"
+        elif action == "quarantine":
+            n = self.operator.quarantine(device, reason or "quarantined by a person (dashboard)", "bad")
+            message = f"{device} quarantined; {n} waiting task(s) failed (infrastructure)"
+        else:
+            n = self.operator.quarantine(device, reason or "in maintenance (dashboard)", "maintenance")
+            message = f"{device} in maintenance; {n} waiting task(s) failed (infrastructure)"
+        log.info("dashboard: %s token (line %d) %s %r", identity.role, identity.line, action, device)
+        return _redirect(self.flash("/lab", message))
+
+    def cancel(self, job_id: int, identity: Identity) -> Response:
+        if identity.role not in CANCEL_ROLES:
+            raise Refused(HTTPStatus.FORBIDDEN, f"cancelling a job needs a client or admin token; this one is for the {identity.role} role")
+        if self.store.job(job_id) is None:
+            raise Refused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
+        n = self.operator.cancel_job(job_id)
+        log.info("dashboard: %s token (line %d) canceled job %d", identity.role, identity.line, job_id)
+        return _redirect(self.flash(f"/jobs/{job_id}", f"job {job_id} canceled ({n} unfinished task(s))"))
+
+    def flash(self, path: str, message: str) -> str:
+        message = message[:300]
+        return f"{path}?msg={quote(message)}&sig={self.signer.sign_text(message)}"
+
+    # --- pages ---------------------------------------------------------------------------------
+    def get(self, path: str, query: dict[str, str], identity: Identity, session: Session | None) -> Response:
+        csrf = self.csrf(session)
+        message = query.get("msg", "") if self.signer.text_ok(query.get("msg", ""), query.get("sig")) else ""
+
+        def page(title: str, body: str, active: str) -> Response:
+            return Response(HTTPStatus.OK, pages.layout(title, body, active=active, role=identity.role, csrf=csrf,
+                                                        message=message, open_mode=self.open_mode).encode())
+
+        if path == "/":
+            return _redirect("/lab")
+        if path == "/lab":
+            html = pages.lab_devices(views.lab_view(self.store), csrf=csrf, may_operate=identity.role in DEVICE_ROLES)
+            if query.get("part") == "devices":
+                return Response(HTTPStatus.OK, html.encode())
+            return page("Lab", pages.live("lab-live", "/lab?part=devices", html, 3), "lab")
+        if path == "/jobs":
+            jobs, total = views.jobs_view(self.store, _limit(query.get("limit")))
+            html = pages.jobs_list(jobs, total)
+            if query.get("part") == "list":
+                return Response(HTTPStatus.OK, html.encode())
+            url = "/jobs?part=list" + (f"&limit={_limit(query.get('limit'))}" if query.get("limit") else "")
+            return page("Jobs", pages.live("jobs-live", url, html, 3), "jobs")
+        match = re.fullmatch(r"/jobs/(\d{1,18})(/results\.(csv|json))?", path)
+        if match:
+            return self.job(int(match.group(1)), match.group(3), query, identity, csrf, page)
+        match = re.fullmatch(r"/api/jobs/(\d{1,18})", path)
+        if match:
+            summary = views.job_summary(self.store, int(match.group(1)))
+            if summary is None:
+                raise Refused(HTTPStatus.NOT_FOUND, "no such job")
+            return Response(HTTPStatus.OK, json.dumps(summary).encode(), "application/json")
+        if path == "/calibrations":
+            return page("Calibrations", pages.calibrations_list(views.calibrations_view(self.store)), "calibrations")
+        match = re.fullmatch(r"/calibrations/(\d{1,18})", path)
+        if match:
+            view = views.calibration_view(self.store, int(match.group(1)))
+            if view is None:
+                raise Refused(HTTPStatus.NOT_FOUND, "no such calibration")
+            return page(f"Calibration {view.row['id']}: {views._key_label(view.row)} v{view.row['version']}",
+                        pages.calibration_page(view), "calibrations")
+        raise Refused(HTTPStatus.NOT_FOUND, "no such page")
+
+    def job(self, job_id: int, download: str | None, query: dict[str, str], identity: Identity, csrf: str,
+            page: Callable[[str, str, str], Response]) -> Response:
+        if self.store.job(job_id) is None:
+            raise Refused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
+        if download:
+            records = run_records(self.store, job_id)
+            data = results_csv(records) if download == "csv" else to_json(records)
+            kind = "text/csv; charset=utf-8" if download == "csv" else "application/json"
+            return Response(HTTPStatus.OK, data.encode(), kind,
+                            {"Content-Disposition": f'attachment; filename="farm-job-{job_id}.{download}"'})
+        if query.get("part") == "progress":
+            summary = views.job_summary(self.store, job_id)
+            return Response(HTTPStatus.OK, pages.job_progress_part(self.store.job(job_id), summary["progress"]).encode())
+        view = views.job_view(self.store, job_id)
+        if query.get("part") == "results":
+            return Response(HTTPStatus.OK, pages.results_part(view).encode())
+        return page(f"Job {job_id}", pages.job_page(view, csrf=csrf, may_cancel=identity.role in CANCEL_ROLES), "jobs")
+
+
+def _cookie(header: str | None) -> str | None:
+    if not header:
+        return None
+    try:
+        jar = SimpleCookie(header)
+    except CookieError:
+        return None
+    morsel = jar.get(COOKIE)
+    return morsel.value if morsel else None
+
+
+def _form(headers: Any, body: bytes) -> dict[str, str]:
+    kind = (headers.get("Content-Type") or "").split(";")[0].strip()
+    if body and kind != "application/x-www-form-urlencoded":
+        raise Refused(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "send the form as application/x-www-form-urlencoded")
+    try:
+        fields = parse_qs(body.decode("utf-8"), max_num_fields=20, strict_parsing=False)
+    except (UnicodeDecodeError, ValueError):
+        raise Refused(HTTPStatus.BAD_REQUEST, "the form is not UTF-8 url-encoded fields") from None
+    return {k: v[-1] for k, v in fields.items()}
+
+
+def _safe_next(path: str | None) -> str:
+    """Only a path on this dashboard: never another site (an open redirect after log-in)."""
+    if path and re.fullmatch(r"/[A-Za-z0-9/_.\-]*", path) and not path.startswith("//"):
+        return path
+    return "/lab"
+
+
+def _limit(text: str | None) -> int:
+    try:
+        return max(1, min(int(text or views.JOBS_SHOWN), 5000))
+    except ValueError:
+        return views.JOBS_SHOWN
+
+
+def _redirect(location: str, headers: dict[str, str] | None = None) -> Response:
+    return Response(HTTPStatus.SEE_OTHER, b"", "text/plain; charset=utf-8", {"Location": location, **(headers or {})})
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: "DashboardServer"
+    protocol_version = "HTTP/1.1"
+    timeout = REQUEST_TIMEOUT_S
+    server_version = "farm-dashboard"
+    sys_version = ""
+
+    def setup(self) -> None:
+        super().setup()
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.do_handshake()  # here, in this request's thread: a slow client holds no one else up
+
+    def _serve(self, method: str) -> None:
+        length = self.headers.get("Content-Length")
+        body = b""
+        if length:
+            if not length.isdigit() or int(length) > MAX_FORM_BYTES:
+                self._send(Response(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, b"request body too large\n", "text/plain"))
+                self.close_connection = True
+                return
+            body = self.rfile.read(int(length))
+        try:
+            response = self.server.dashboard.handle(method, self.path, self.headers, body)
+        except Exception:  # a bug in one page must not take the server down; the log has the trace
+            log.exception("dashboard request %s %s failed", method, self.path[:200])
+            response = Response(HTTPStatus.INTERNAL_SERVER_ERROR,
+                                pages.error_page(500, "this page failed; the controller's log has the details").encode())
+        self._send(response)
+
+    def _send(self, response: Response) -> None:
+        self.send_response(response.status)
+        for name, value in {**SECURITY_HEADERS, **(response.headers or {})}.items():
+            self.send_header(name, value)
+        self.send_header("Content-Type", response.content_type)
+        self.send_header("Content-Length", str(len(response.body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(response.body)
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        self._serve("GET")
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._serve("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._serve("POST")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("dashboard %s %s", self.address_string(), format % args)
+
+
+class DashboardServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], dashboard: Dashboard) -> None:
+        self.dashboard = dashboard
+        super().__init__(address, _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("dashboard connection from %s failed", client_address, exc_info=True)
+
+
+class WebListenError(Exception):
+    pass
+
+
+@dataclass
+class RunningDashboard:
+    server: DashboardServer
+    thread: threading.Thread
+    url: str
+
+    @property
+    def port(self) -> int:
+        return self.server.server_address[1]
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def parse_web_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise WebListenError(f"--web-listen {listen}: expected HOST:PORT, e.g. 127.0.0.1:8080 (:0 picks a port)")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def start_dashboard(store: Store, listen: str, operator: Operator, *, tokens: TokenTable | None,
+                    tls: TlsFiles | None = None) -> RunningDashboard:
+    """Serve the dashboard on HOST:PORT in a background thread (not blocking); TLS with the controller's
+    certificate and key when given (browsers bring no client certificate: the token is the check)."""
+    host, port = parse_web_listen(listen)
+    loopback = is_loopback(f"[{host}]:{port}")
+    dashboard = Dashboard(store, operator, tokens=tokens, tls=bool(tls and tls.cert), loopback=loopback)
+    try:
+        server = DashboardServer((host, port), dashboard)
+    except OSError as e:
+        raise WebListenError(f"cannot serve the dashboard on {listen}: {e.strerror or e}") from None
+    if tls and tls.cert:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            context.load_cert_chain(str(tls.cert), str(tls.key))
+        except (OSError, ssl.SSLError) as e:
+            server.server_close()
+            raise WebListenError(f"cannot load the TLS certificate {tls.cert} and key {tls.key}: {e}") from None
+        server.socket = context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
+    thread = threading.Thread(target=server.serve_forever, name="dashboard", daemon=True)
+    thread.start()
+    shown = f"[{host}]" if ":" in host else host
+    return RunningDashboard(server, thread, f"{'https' if dashboard.tls else 'http'}://{shown}:{server.server_address[1]}/")
+
+
+def open_warning(listen: str, *, tokens: bool) -> str | None:
+    """What to say when a dashboard without tokens is bound where others can reach it."""
+    host, port = parse_web_listen(listen)
+    if tokens or is_loopback(f"[{host}]:{port}"):
+        return None
+    return (f"the dashboard on {listen} has no tokens: anyone who can reach it may read every result and release, "
+            "quarantine or cancel. Pass --tokens, or listen on a loopback address.")
+

@@ -1,0 +1,144 @@
+"""Charts as SVG text, drawn on the server: no script library, nothing fetched at run time.
+
+Every label is HTML-escaped here (model and device names come from users); non-finite values
+are dropped before scaling, so one NaN cannot blank a chart.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from html import escape
+
+WIDTH, HEIGHT = 640, 400
+LEFT, RIGHT, TOP, BOTTOM = 64, 16, 28, 48
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
+
+
+@dataclass
+class Band:
+    """A fitted line with its prediction interval, sampled along x."""
+
+    xs: list[float]
+    estimate: list[float]
+    low: list[float]
+    high: list[float]
+    label: str
+
+
+@dataclass
+class Chart:
+    title: str
+    x_label: str
+    y_label: str
+    points: list[tuple[str, float, float]] = field(default_factory=list)  # (label, x, y)
+    band: Band | None = None
+    # fitted value with its interval per point, for a fit that is no single line in x
+    error_bars: list[tuple[float, float, float, float]] = field(default_factory=list)  # (x, estimate, low, high)
+    series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # name -> line through (x, y)
+    note: str = ""  # shown in the top-left corner (formula, R²)
+
+
+def _finite(*values: float) -> bool:
+    return all(isinstance(v, (int, float)) and math.isfinite(v) for v in values)
+
+
+def _ticks(lo: float, hi: float, count: int = 5) -> list[float]:
+    if hi <= lo:
+        return [lo]
+    raw = (hi - lo) / count
+    step = 10 ** math.floor(math.log10(raw))
+    for m in (1, 2, 5, 10):
+        if raw <= m * step:
+            step *= m
+            break
+    first = math.ceil(lo / step) * step
+    return [first + i * step for i in range(int((hi - first) / step) + 1)]
+
+
+def _label(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def render(chart: Chart) -> str:
+    xs: list[float] = []
+    ys: list[float] = []
+    points = [(n, x, y) for n, x, y in chart.points if _finite(x, y)]
+    for _, x, y in points:
+        xs.append(x)
+        ys.append(y)
+    bars = [b for b in chart.error_bars if _finite(*b)]
+    for x, e, lo, hi in bars:
+        xs.append(x)
+        ys += [lo, hi]
+    band = chart.band
+    if band:
+        keep = [i for i in range(len(band.xs)) if _finite(band.xs[i], band.estimate[i], band.low[i], band.high[i])]
+        band = Band([band.xs[i] for i in keep], [band.estimate[i] for i in keep], [band.low[i] for i in keep],
+                    [band.high[i] for i in keep], band.label)
+        xs += band.xs
+        ys += band.low + band.high
+    series = {name: [(x, y) for x, y in line if _finite(x, y)] for name, line in chart.series.items()}
+    for line in series.values():
+        xs += [x for x, _ in line]
+        ys += [y for _, y in line]
+    parts = [f'<svg class="chart" role="img" viewBox="0 0 {WIDTH} {HEIGHT}" xmlns="http://www.w3.org/2000/svg" '
+             f'preserveAspectRatio="xMidYMid meet"><title>{escape(chart.title)}</title>',
+             f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="#fff"/>',
+             f'<text x="{WIDTH / 2}" y="18" text-anchor="middle" class="chart-title">{escape(chart.title)}</text>']
+    if not xs:
+        parts.append(f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle">no finite values to plot</text></svg>')
+        return "".join(parts)
+    x_lo, x_hi = min(xs), max(xs)
+    y_lo, y_hi = min(ys), max(ys)
+    if x_hi == x_lo:
+        x_lo, x_hi = x_lo - 1, x_hi + 1
+    if y_hi == y_lo:
+        y_lo, y_hi = y_lo - 1, y_hi + 1
+    pad_x, pad_y = (x_hi - x_lo) * 0.05, (y_hi - y_lo) * 0.05
+    x_lo, x_hi, y_lo, y_hi = x_lo - pad_x, x_hi + pad_x, y_lo - pad_y, y_hi + pad_y
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def px(x: float) -> float:
+        return round(LEFT + (x - x_lo) / (x_hi - x_lo) * plot_w, 2)
+
+    def py(y: float) -> float:
+        return round(TOP + plot_h - (y - y_lo) / (y_hi - y_lo) * plot_h, 2)
+
+    parts.append(f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>')
+    for t in _ticks(x_lo, x_hi):
+        parts.append(f'<line x1="{px(t)}" y1="{TOP}" x2="{px(t)}" y2="{TOP + plot_h}" stroke="#eee"/>'
+                     f'<text x="{px(t)}" y="{TOP + plot_h + 16}" text-anchor="middle" class="tick">{_label(t)}</text>')
+    for t in _ticks(y_lo, y_hi):
+        parts.append(f'<line x1="{LEFT}" y1="{py(t)}" x2="{LEFT + plot_w}" y2="{py(t)}" stroke="#eee"/>'
+                     f'<text x="{LEFT - 6}" y="{py(t) + 4}" text-anchor="end" class="tick">{_label(t)}</text>')
+    parts.append(f'<text x="{LEFT + plot_w / 2}" y="{HEIGHT - 8}" text-anchor="middle">{escape(chart.x_label)}</text>'
+                 f'<text transform="translate(14 {TOP + plot_h / 2}) rotate(-90)" text-anchor="middle">'
+                 f'{escape(chart.y_label)}</text>')
+    if band and band.xs:
+        outline = [f"{px(x)},{py(h)}" for x, h in zip(band.xs, band.high)]
+        outline += [f"{px(x)},{py(lo)}" for x, lo in reversed(list(zip(band.xs, band.low)))]
+        parts.append(f'<polygon class="band" points="{" ".join(outline)}" fill="#d62728" fill-opacity="0.15" '
+                     f'stroke="none"><title>{escape(band.label)}</title></polygon>')
+        line = " ".join(f"{px(x)},{py(e)}" for x, e in zip(band.xs, band.estimate))
+        parts.append(f'<polyline class="fit" points="{line}" fill="none" stroke="#d62728" stroke-width="2"/>')
+    for x, e, lo, hi in bars:
+        parts.append(f'<line class="fit" x1="{px(x)}" y1="{py(lo)}" x2="{px(x)}" y2="{py(hi)}" stroke="#d62728"/>'
+                     f'<path d="M{px(x) - 4},{py(e) - 4}l8,8m0,-8l-8,8" stroke="#d62728" stroke-width="2"/>')
+    for i, (name, line) in enumerate(sorted(series.items())):
+        color = PALETTE[i % len(PALETTE)]
+        pts = sorted(line)
+        parts.append(f'<polyline class="series" points="{" ".join(f"{px(x)},{py(y)}" for x, y in pts)}" fill="none" '
+                     f'stroke="{color}" stroke-width="2"><title>{escape(name)}</title></polyline>')
+        parts += [f'<circle cx="{px(x)}" cy="{py(y)}" r="3" fill="{color}"><title>{escape(name)}: {_label(x)}, '
+                  f'{_label(y)}</title></circle>' for x, y in pts]
+        parts.append(f'<text x="{LEFT + plot_w - 6}" y="{TOP + 14 + 14 * i}" text-anchor="end" fill="{color}" '
+                     f'class="legend">{escape(name[:60])}</text>')
+    for name, x, y in points:
+        parts.append(f'<circle class="point" cx="{px(x)}" cy="{py(y)}" r="4" fill="#1f77b4">'
+                     f'<title>{escape(name)}: sim {_label(x)}, device {_label(y)}</title></circle>'
+                     f'<text x="{px(x) + 5}" y="{py(y) - 5}" class="point-label">{escape(name[:40])}</text>')
+    for i, text in enumerate(chart.note.splitlines()):
+        parts.append(f'<text x="{LEFT + 8}" y="{TOP + 16 + 14 * i}" class="note">{escape(text)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)

@@ -1,0 +1,265 @@
+"""What each dashboard page shows, read from the store and the controller's own modules.
+
+No SQL here (the store's dashboard queries own it) and no HTML (pages.py): plain data, so the
+pages, the JSON endpoints and the tests see the same numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from farm.controller.calibrations import METRICS, stored_calibration
+from farm.controller.refresh import last_reference_checks
+from farm.controller.results import paired_records, run_records
+from farm.controller.store import Store
+from farm.web.svg import Band, Chart
+
+JOBS_SHOWN = 200  # newest jobs on the jobs page; older ones by URL
+SWEEP_DIMENSIONS = (("threads", "threads"), ("batch_size", "batch size"), ("input_size", "input size"))
+OP_ROWS_SHOWN = 200  # per-operator rows per run; a model with thousands of ops lists its heaviest
+
+
+@dataclass
+class DeviceRow:
+    name: str
+    device_type: str | None
+    driver: str | None
+    agent: str | None
+    state: str  # the agent's connection: online / offline / unknown
+    health: str  # good / bad / maintenance / unknown
+    reason: str | None
+    changed_at: float | None
+    last_check: float | None  # the last reference-suite run that completed on it
+    calibration_age_s: float | None
+    current: list[dict[str, Any]] = field(default_factory=list)  # running tasks on it
+
+
+@dataclass
+class LabView:
+    devices: list[DeviceRow]
+    agents: list[dict[str, Any]]
+    running: list[dict[str, Any]]
+    queue: list[dict[str, Any]]
+
+    @property
+    def pending(self) -> int:
+        return sum(q["pending"] for q in self.queue)
+
+
+def lab_view(store: Store, now: float | None = None) -> LabView:
+    now = now or time.time()
+    checks = last_reference_checks(store)
+    calibrated = store.dashboard_calibration_times()
+    running = store.dashboard_running_tasks()
+    by_target: dict[str, list[dict[str, Any]]] = {}
+    for task in running:
+        by_target.setdefault(task["target"], []).append(task)
+    devices = [DeviceRow(name=d["name"], device_type=d["device_type"], driver=d["driver"], agent=d["agent"],
+                         state=d["state"] or "unknown", health=d["health"] or "unknown", reason=d["reason"],
+                         changed_at=d["changed_at"], last_check=checks.get(d["name"]),
+                         calibration_age_s=now - calibrated[d["name"]] if d["name"] in calibrated else None,
+                         current=by_target.get(d["name"], []))
+               for d in store.dashboard_devices()]
+    return LabView(devices, store.dashboard_agents(), running, store.dashboard_queue())
+
+
+def job_progress(counts: dict[str, int]) -> dict[str, int]:
+    total = sum(counts.values())
+    done = sum(counts.get(s, 0) for s in ("completed", "failed", "canceled"))
+    return {"total": total, "done": done, **{s: counts.get(s, 0) for s in
+                                             ("pending", "running", "completed", "failed", "canceled")}}
+
+
+def jobs_view(store: Store, limit: int = JOBS_SHOWN) -> tuple[list[dict[str, Any]], int]:
+    jobs = store.dashboard_jobs(limit)
+    for j in jobs:
+        j["progress"] = job_progress(j.pop("counts"))
+    return jobs, store.dashboard_job_count()
+
+
+@dataclass
+class AverageRow:
+    """One matrix cell of one model on one target, over its repeats (contended runs left out)."""
+
+    model: str
+    target: str
+    threads: int
+    batch_size: int
+    input_size: int | None
+    runs: int  # completed, uncontended
+    contended: int
+    latency_ms: float | None
+    latency_spread_ms: float | None  # standard deviation of the repeats' averages
+    peak_memory_mb: float | None
+    avg_memory_mb: float | None
+
+
+@dataclass
+class JobView:
+    job: dict[str, Any]
+    progress: dict[str, int]
+    records: list[dict[str, Any]]
+    averages: list[AverageRow]
+    pairs: list[dict[str, Any]]
+    sweeps: list[Chart]
+    op_tables: list[tuple[str, list[str], list[list[Any]]]]  # (title, columns, rows)
+
+
+def is_contended(record: dict[str, Any]) -> bool:
+    return bool((record.get("contention") or {}).get("contended"))
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def averages(records: list[dict[str, Any]]) -> list[AverageRow]:
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in records:
+        key = (r["model"]["name"], r["model"]["sha256"], r["target"], r["threads"], r["batch_size"], r["input_size"])
+        groups.setdefault(key, []).append(r)
+    rows = []
+    for (model, _, target, threads, batch, size), group in groups.items():
+        done = [r for r in group if r["status"] == "completed"]
+        quiet = [r for r in done if not is_contended(r)]
+        lat = [r["latency_ms"]["avg"] for r in quiet if r["latency_ms"] and r["latency_ms"].get("avg") is not None]
+        peak = [r["peak_memory_mb"] for r in quiet if r["peak_memory_mb"] is not None]
+        avg_mem = [r["avg_memory_mb"] for r in quiet if r["avg_memory_mb"] is not None]
+        rows.append(AverageRow(model, target, threads, batch, size, len(quiet), len(done) - len(quiet), _mean(lat),
+                               statistics.stdev(lat) if len(lat) > 1 else None, _mean(peak), _mean(avg_mem)))
+    return rows
+
+
+def sweep_charts(rows: list[AverageRow]) -> list[Chart]:
+    """Latency against each matrix dimension that varies, one line per model and target."""
+    charts = []
+    for attr, label in SWEEP_DIMENSIONS:
+        if len({getattr(r, attr) for r in rows if getattr(r, attr) is not None}) < 2:
+            continue
+        others = [a for a, _ in SWEEP_DIMENSIONS if a != attr and len({getattr(r, a) for r in rows}) > 1]
+        series: dict[str, list[tuple[float, float]]] = {}
+        for r in rows:
+            if r.latency_ms is None or getattr(r, attr) is None:
+                continue
+            name = f"{r.model} @ {r.target}" + "".join(f" {a}={getattr(r, a)}" for a in others)
+            series.setdefault(name, []).append((float(getattr(r, attr)), r.latency_ms))
+        charts.append(Chart(f"latency by {label}", label, "latency avg (ms)", series=series))
+    return charts
+
+
+def _op_table(profile: Any) -> tuple[list[str], list[list[Any]]] | None:
+    """A record's `op_profile` as columns and rows: a list of per-op objects, or a mapping op -> figures."""
+    if isinstance(profile, dict):
+        profile = [{"op": name, **(value if isinstance(value, dict) else {"value": value})}
+                   for name, value in profile.items()]
+    if not isinstance(profile, list) or not profile:
+        return None
+    rows = [p for p in profile if isinstance(p, dict)][:OP_ROWS_SHOWN]
+    columns: list[str] = []
+    for p in rows:
+        columns += [str(k) for k in p if str(k) not in columns and not isinstance(p[k], (dict, list))]
+    return columns, [[p.get(c) for c in columns] for p in rows]
+
+
+def job_view(store: Store, job_id: int) -> JobView | None:
+    job = store.job(job_id)
+    if job is None:
+        return None
+    progress = job_progress(store.dashboard_job_status_counts(job_id))
+    records = run_records(store, job_id)
+    rows = averages(records)
+    tables = []
+    for r in records:
+        table = _op_table(r.get("op_profile"))
+        if table:
+            tables.append((f"{r['model']['name']} @ {r['target']} · threads {r['threads']} · repeat {r['repeat']}",
+                           *table))
+    return JobView(job, progress, records, rows, paired_records(records), sweep_charts(rows), tables)
+
+
+def job_summary(store: Store, job_id: int) -> dict[str, Any] | None:
+    """What the live parts of a job page poll for."""
+    job = store.job(job_id)
+    if job is None:
+        return None
+    return {"id": job_id, "status": job["status"], "progress": job_progress(store.dashboard_job_status_counts(job_id))}
+
+
+@dataclass
+class CalibrationSummary:
+    row: dict[str, Any]
+    unsafe: bool
+    formula: str
+
+
+def calibrations_view(store: Store) -> list[CalibrationSummary]:
+    out = []
+    for row in store.dashboard_latest_calibrations():
+        cal = stored_calibration(row).calibration
+        out.append(CalibrationSummary({k: v for k, v in row.items() if k != "fit_json"}, cal.unsafe,
+                                      cal.chosen_fit.formula))
+    return out
+
+
+@dataclass
+class CalibrationView:
+    row: dict[str, Any]
+    unit: str
+    chosen: str
+    formula: str
+    fit: Any  # the chosen FitResult
+    unsafe_reasons: list[str]
+    warnings: list[str]
+    confidence: float
+    chart: Chart
+    versions: list[dict[str, Any]]
+    history_chart: Chart
+    drift: list[dict[str, Any]]
+    models: list[dict[str, Any]]  # each pair with its fitted value and interval
+
+
+def _key_label(row: dict[str, Any]) -> str:
+    size = f" · input {row['input_size']}" if row.get("input_size") else ""
+    family = f" · family {row['family']}" if row.get("family") else ""
+    return (f"{row['device']} · {row['metric']} · {row['threads']} thread(s) · batch {row.get('batch_size') or 1}"
+            f"{size} · {row.get('precision') or 'fp32'}{family}")
+
+
+def calibration_view(store: Store, calibration_id: int) -> CalibrationView | None:
+    row = store.dashboard_calibration(calibration_id)
+    if row is None:
+        return None
+    cal = stored_calibration(row).calibration
+    fit = cal.chosen_fit
+    unit = METRICS.get(row["metric"], ("", ""))[1]
+    chart = Chart(f"{_key_label(row)} · v{row['version']}", f"sim {row['metric']} ({unit})",
+                  f"device {row['metric']} ({unit})", points=[(p.model, p.x, p.y) for p in cal.pairs],
+                  note=f"{fit.formula}\nR² = {fit.r2:.3f}")
+    fitted = [fit.predict(p.x, features=p.features, confidence=cal.confidence) for p in cal.pairs]
+    if fit.features_used:  # no single line in x: each model's fitted value with its interval
+        chart.error_bars = [(p.x, f.estimate, f.low, f.high) for p, f in zip(cal.pairs, fitted)]
+    elif cal.pairs:
+        lo, hi = min(p.x for p in cal.pairs), max(p.x for p in cal.pairs)
+        grid = [lo + (hi - lo) * i / 60 for i in range(61)]
+        preds = [fit.predict(x, confidence=cal.confidence) for x in grid]
+        chart.band = Band(grid, [p.estimate for p in preds], [p.low for p in preds], [p.high for p in preds],
+                          f"{cal.chosen}, {cal.confidence:.0%} prediction interval")
+    models = [{"model": p.model, "family": p.family, "sim": p.x, "device": p.y, "fitted": f.estimate, "low": f.low,
+               "high": f.high} for p, f in zip(cal.pairs, fitted)]
+    versions = []
+    for v in store.dashboard_calibration_versions(row):
+        c = stored_calibration(v).calibration
+        versions.append({"id": v["id"], "version": v["version"], "created_at": v["created_at"], "kind": v["kind"],
+                         "n": v["n"], "r2": v["r2"], "loo_mape": v["loo_mape"], "kendall_tau": v["kendall_tau"],
+                         "unsafe": c.unsafe, "formula": c.chosen_fit.formula,
+                         "source": json.loads(v["source"] or "{}")})
+    history = Chart("R² and leave-one-out error over versions", "version", "value", series={
+        "R²": [(v["version"], v["r2"]) for v in versions if v["r2"] is not None],
+        "LOO error (fraction)": [(v["version"], v["loo_mape"]) for v in versions if v["loo_mape"] is not None]})
+    return CalibrationView(row, unit, cal.chosen, fit.formula, fit, cal.unsafe_reasons, cal.warnings, cal.confidence,
+                           chart, versions, history, store.dashboard_drift(row["device"], row["metric"], row["threads"]),
+                           models)
