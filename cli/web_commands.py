@@ -55,7 +55,9 @@ def cmd_web(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub, common: argparse.ArgumentParser) -> None:
-    s = sub.add_parser("web", parents=[common], help="serve the lab dashboard (devices, jobs, calibrations) over a local store")
+    # not `common`: its --tls-cert is a client's certificate, here it is the server's
+    s = sub.add_parser("web", help="serve the lab dashboard (devices, jobs, calibrations) over a local store")
+    s.add_argument("--db", default=None, help="SQLite store (default: $FARM_DB or the user data directory)")
     s.add_argument("--listen", default=DEFAULT_WEB_LISTEN, metavar="HOST:PORT",
                    help=f"where to serve it (default {DEFAULT_WEB_LISTEN}; :0 picks a port)")
     s.add_argument("--tokens", default=None, help="a tokens file (`ROLE TOKEN` a line): pages need a client or admin "

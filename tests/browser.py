@@ -58,10 +58,12 @@ class Browser:
         self.driver.get(url)
 
     def wait(self, condition: Callable[[object], object], what: str, timeout: float = WAIT_S) -> object:
-        from selenium.common.exceptions import TimeoutException
+        from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException, TimeoutException
         from selenium.webdriver.support.ui import WebDriverWait
         try:
-            return WebDriverWait(self.driver, timeout, poll_frequency=0.25).until(condition)
+            # live regions replace their elements while we look: a stale or missing element is "not yet"
+            return WebDriverWait(self.driver, timeout, poll_frequency=0.25, ignored_exceptions=(
+                NoSuchElementException, StaleElementReferenceException)).until(condition)
         except TimeoutException:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; page {self.driver.current_url}:\n"
                                  f"{self.text()[:3000]}") from None
@@ -73,6 +75,11 @@ class Browser:
     def find_all(self, css: str) -> list:
         from selenium.webdriver.common.by import By
         return self.driver.find_elements(By.CSS_SELECTOR, css)
+
+    def attribute(self, css: str, name: str) -> str | None:
+        """Read in the page itself, in one step: a live region may replace the element between two calls."""
+        return self.driver.execute_script(
+            "const el = document.querySelector(arguments[0]); return el ? el.getAttribute(arguments[1]) : null;", css, name)
 
     def text(self) -> str:
         from selenium.webdriver.common.by import By

@@ -113,23 +113,21 @@ def _device_actions(d: DeviceRow, csrf: str) -> str:
 
 
 def lab_devices(view: LabView, *, csrf: str, may_operate: bool) -> str:
-    headers = [("device", "text"), ("type", "text"), ("agent", "text"), ("connection", "text"), ("health", "text"),
-               ("reason", "text"), ("since", "num"), ("last health check", "num"), ("calibration age", "num"),
-               ("current task", "text")]
-    if may_operate:
-        headers.append(("actions", "text"))
+    # health and its buttons first: what a person walking past the rack looks for, also on a phone
+    headers = [("device", "text"), ("health", "text"), *([("actions", "text")] if may_operate else []),
+               ("reason", "text"), ("connection", "text"), ("current task", "text"), ("last health check", "num"),
+               ("calibration age", "num"), ("since", "num"), ("type", "text"), ("agent", "text")]
     rows = []
     for d in view.devices:
         current = ", ".join(f'<a href="/jobs/{t["job_id"]}">job {t["job_id"]}</a> task {t["id"]} {e(t["model_name"])}'
                             for t in d.current) or "idle"
-        row = [(d.name, f'<span class="device-name">{e(d.name)}</span>'), (d.device_type, e(d.device_type or "—")),
-               (d.agent, e(d.agent or "—")), (d.state, f'<span class="state {e(d.state)}">{e(d.state)}</span>'),
-               (d.health, f'<span class="health {e(d.health)}">{e(d.health)}</span>'), (d.reason, e(d.reason or "")),
-               (d.changed_at, e(when(d.changed_at))), (d.last_check, e(when(d.last_check))),
-               (d.calibration_age_s, e(age(d.calibration_age_s))), (len(d.current), current)]
-        if may_operate:
-            row.append(("", _device_actions(d, csrf)))
-        rows.append(row)
+        rows.append([(d.name, f'<span class="device-name">{e(d.name)}</span>'),
+                     (d.health, f'<span class="health {e(d.health)}">{e(d.health)}</span>'),
+                     *([("", _device_actions(d, csrf))] if may_operate else []), (d.reason, e(d.reason or "")),
+                     (d.state, f'<span class="state {e(d.state)}">{e(d.state)}</span>'), (len(d.current), current),
+                     (d.last_check, e(when(d.last_check))), (d.calibration_age_s, e(age(d.calibration_age_s))),
+                     (d.changed_at, e(when(d.changed_at))), (d.device_type, e(d.device_type or "—")),
+                     (d.agent, e(d.agent or "—"))])
     devices = table("devices", headers, rows) if rows else "<p>No devices yet: agents register theirs when they connect.</p>"
     agents = table("agents", [("agent", "text"), ("connection", "text"), ("host", "text"), ("peer", "text"),
                               ("farm", "text"), ("connected", "num"), ("last seen", "num")],
