@@ -35,6 +35,7 @@ bench: models
 	$(PY) benchmarks/scheduling.py --agents 100 --tasks 2000
 	$(PY) benchmarks/wire_capacity.py
 	$(PY) benchmarks/lease.py
+	$(PY) benchmarks/web.py
 
 # Controller throughput and dispatch latency: 100 agents with an instant driver, loopback gRPC.
 bench-scheduling: setup

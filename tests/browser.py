@@ -27,8 +27,9 @@ def browser_available() -> str | None:
     return None
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator["Browser"]:
+@pytest.fixture(name="browser")
+def browser_fixture(tmp_path: Path) -> Iterator["Browser"]:
+    """A test takes `browser` as an argument after `from browser import browser_fixture`."""
     reason = browser_available()
     if reason:
         pytest.skip(reason)

@@ -1,0 +1,187 @@
+"""`farm web --db`: the dashboard over a local store — open on loopback, HTTPS with a certificate,
+a job page with its averages, sweeps and downloads — and the pieces it is drawn with."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import ssl
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from grpc_processes import Cluster, wait_for
+from test_grpc_security import _write_certificates
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    c = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_CONFIG": str(tmp_path / "none.toml")})
+    yield c
+    c.stop_all()
+
+
+def _dashboard_url(proc) -> str:
+    def ready() -> str | None:
+        if not proc.alive():
+            raise AssertionError(f"farm web exited: {proc.output()}")
+        m = re.search(r"dashboard on (https?://127\.0\.0\.1:\d+/)", proc.output())
+        return m.group(1) if m else None
+    return str(wait_for(ready, 60, "the dashboard to listen"))
+
+
+def _get(url: str, headers: dict | None = None, context: ssl.SSLContext | None = None):
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=60, context=context) as r:
+            return r.status, dict(r.headers), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read().decode()
+
+
+def _fake_result(avg: float, contended: bool = False):
+    from farm.proto.results import Contention, LatencyStats, Limits, RunResult, RunStatus, Telemetry
+    return RunResult(status=RunStatus.COMPLETED, backend="process", limits=Limits(cpus=1.0, memory_mb=512), wall_s=1.0,
+                     latency=LatencyStats(None, avg, avg, avg, avg, avg, avg, 0.1, avg, avg, 10),
+                     telemetry=Telemetry(interval_ms=100, memory_avg_bytes=30e6, memory_peak_bytes=int(50e6)),
+                     environment={"runtime": "onnxruntime"}, contention=Contention(contended=contended))
+
+
+def _run_matrix_job(db: Path, model: Path) -> int:
+    """A job over threads 1, 2, 4 with two repeats, run through lease/complete as an agent would report it."""
+    from farm.controller.controller import Controller
+    from farm.controller.jobfile import load_job_text
+    from farm.controller.store import Store
+
+    store = Store(db)
+    controller = Controller(store)
+    job_id = controller.submit(load_job_text(f"name: sweep\nmodels: [{model}]\nmatrix: {{threads: [1, 2, 4]}}\n"
+                                             "repeats: 2\n", "job.yaml", model.parent))
+    while (spec := controller.lease("rack1", {"sim"}, job_id=job_id)) is not None:
+        contended = spec.threads == 4 and spec.repeat == 1  # one contended run: marked, left out of the mean
+        avg = 30.0 / spec.threads + spec.repeat + (100 if contended else 0)
+        controller.complete(spec.task_id, spec.attempt, "rack1", time.time() - 1, _fake_result(avg, contended))
+    store.close()
+    return job_id
+
+
+def test_farm_web_serves_a_local_store_open_on_loopback(cluster: Cluster, tiny_models) -> None:
+    db = cluster.root / "farm.db"
+    job_id = _run_matrix_job(db, tiny_models["onnx"])
+    proc = cluster.spawn("web", "web", "--db", str(db), "--listen", "127.0.0.1:0")
+    url = _dashboard_url(proc)
+    assert "open: no tokens" in proc.output()
+
+    status, headers, page = _get(f"{url}jobs/{job_id}")
+    assert status == 200
+    assert "Averages over repeats" in page and 'class="contended"' in page
+    # threads 4: repeat 0 (7.5 ms) counts, the contended repeat 1 (108.5 ms) is left out of the mean
+    assert re.search(r'<td data-sort="4">4</td><td data-sort="1">1</td><td data-sort="">—</td><td data-sort="1">1</td>'
+                     r'<td data-sort="1">1 !</td><td data-sort="7.5">7.5</td>', page)
+    assert page.count('<svg class="chart"') == 1 and "latency by threads" in page
+    status, headers, body = _get(f"{url}jobs/{job_id}/results.json")
+    assert status == 200 and "attachment" in headers["Content-Disposition"]
+    from farm.controller.results import run_records
+    from farm.controller.store import Store
+    assert json.loads(body) == json.loads(json.dumps(run_records(Store(db), job_id)))
+    status, headers, csv_text = _get(f"{url}jobs/{job_id}/results.csv")
+    assert status == 200 and csv_text.count("\n") == 1 + 6 and csv_text.startswith("job,task,")
+
+    # loopback only answers to localhost names: a page fetched through a rebinding DNS name gets nothing
+    status, _, page = _get(f"{url}lab", headers={"Host": "evil.example"})
+    assert status == 421 and "sweep" not in page
+    # open, but still same-origin with a CSRF token for actions
+    status, _, _ = _get(f"{url}lab")
+    request = urllib.request.Request(f"{url}jobs/{job_id}/cancel", data=b"", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused.value.code == 403
+
+
+def test_farm_web_serves_https_with_a_certificate_and_tokens(cluster: Cluster) -> None:
+    certs = _write_certificates(cluster.root)
+    tokens = cluster.root / "tokens"
+    tokens.write_text("client client-token-0123456789ab\n")
+    tokens.chmod(0o600)
+    proc = cluster.spawn("web", "web", "--db", str(cluster.root / "farm.db"), "--listen", "127.0.0.1:0",
+                         "--tokens", str(tokens), "--tls-cert", str(certs["server"]), "--tls-key", str(certs["server_key"]))
+    url = _dashboard_url(proc)
+    assert url.startswith("https://")
+    context = ssl.create_default_context(cafile=str(certs["ca"]))
+    assert _get(f"{url}lab", context=context)[0] == 401
+    status, _, page = _get(f"{url}lab", headers={"Authorization": "Bearer client-token-0123456789ab"}, context=context)
+    assert status == 200 and "Devices" in page
+    request = urllib.request.Request(f"{url}login", data=b"token=client-token-0123456789ab",
+                                     headers={"Origin": url.rstrip("/"),
+                                              "Content-Type": "application/x-www-form-urlencoded"})
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect, urllib.request.HTTPSHandler(context=context))
+    with pytest.raises(urllib.error.HTTPError) as answer:
+        opener.open(request, timeout=60)
+    cookie = answer.value.headers["Set-Cookie"]
+    assert answer.value.code == 303 and "; Secure" in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    with pytest.raises((urllib.error.URLError, ConnectionError)):  # plain HTTP on the TLS port gets no page
+        urllib.request.urlopen(url.replace("https://", "http://") + "lab", timeout=30)
+
+
+def test_controller_refuses_a_bad_or_open_web_listen(cluster: Cluster) -> None:
+    bad = cluster.farm("controller", "serve", "--listen", "127.0.0.1:0", "--db", str(cluster.root / "c.db"),
+                       "--no-auth", "--web-listen", "nonsense")
+    assert bad.returncode == 2 and "HOST:PORT" in bad.stderr
+    wide = cluster.farm("controller", "serve", "--listen", "127.0.0.1:0", "--db", str(cluster.root / "c.db"),
+                        "--no-auth", "--web-listen", "0.0.0.0:0")
+    assert wide.returncode == 2 and "loopback" in wide.stderr
+
+
+def test_an_open_dashboard_away_from_loopback_is_warned_about() -> None:
+    from farm.web.server import open_warning
+    assert open_warning("127.0.0.1:8080", tokens=False) is None
+    assert open_warning("[::1]:8080", tokens=False) is None
+    assert "no tokens" in open_warning("0.0.0.0:8080", tokens=False)
+    assert open_warning("0.0.0.0:8080", tokens=True) is None
+
+
+# --- the pieces -------------------------------------------------------------------------------------
+def test_a_session_cookie_cannot_be_forged_kept_past_expiry_or_reused_for_another_csrf() -> None:
+    from farm.web.session import SessionSigner
+    signer = SessionSigner()
+    cookie, session = signer.issue("client", 3, now=1000.0)
+    assert signer.verify(cookie, now=1001.0) == session
+    assert signer.verify(cookie, now=1000.0 + signer.ttl_s + 1) is None
+    payload, mac = cookie.split(".")
+    import base64
+    forged = base64.urlsafe_b64encode(json.dumps({"r": "admin", "l": 3, "s": session.sid, "e": 9e9}).encode()).decode()
+    assert signer.verify(f"{forged.rstrip('=')}.{mac}", now=1001.0) is None
+    assert SessionSigner().verify(cookie, now=1001.0) is None  # another process, another secret
+    other_cookie, other = signer.issue("client", 3, now=1000.0)
+    assert signer.csrf_ok(session, signer.csrf_token(session))
+    assert not signer.csrf_ok(session, signer.csrf_token(other)) and not signer.csrf_ok(session, "")
+
+
+def test_charts_drop_non_finite_values_and_escape_labels() -> None:
+    from farm.web.svg import Band, Chart, render
+    chart = Chart("<b>title</b>", "x & y", "y", points=[("<script>", 1.0, 2.0), ("nan", math.nan, 1.0), ("ok", 3.0, 4.0)],
+                  band=Band([1.0, 2.0, math.inf], [2.0, 3.0, 4.0], [1.5, 2.5, 3.5], [2.5, 3.5, 4.5], "band"))
+    text = render(chart)
+    assert "<script>" not in text and "&lt;script&gt;" in text and "&lt;b&gt;title" in text
+    assert text.count('class="point"') == 2 and "nan" not in text.replace("&lt;", "").lower().split("<title>")[0]
+    assert "no finite values" in render(Chart("empty", "x", "y", points=[("a", math.nan, 1.0)]))
+
+
+def test_operator_profiles_become_tables() -> None:
+    from farm.web.views import _op_table
+    assert _op_table([{"op": "CONV_2D", "ms": 1.5, "count": 3}, {"op": "ADD", "ms": 0.1}]) == (
+        ["op", "ms", "count"], [["CONV_2D", 1.5, 3], ["ADD", 0.1, None]])
+    assert _op_table({"CONV_2D": {"ms": 2.0}, "ADD": 0.5}) == (["op", "ms", "value"],
+                                                               [["CONV_2D", 2.0, None], ["ADD", None, 0.5]])
+    assert _op_table(None) is None and _op_table("junk") is None
