@@ -143,6 +143,8 @@ class Dashboard:
             url = urlsplit(target)
             query = {k: v[-1] for k, v in parse_qs(url.query, max_num_fields=20).items()}
             path = url.path
+            if path == "/favicon.ico":
+                return Response(HTTPStatus.NO_CONTENT)  # browsers ask for it on every page; there is none
             if method == "GET" and path.startswith("/static/"):
                 return self.static(path[len("/static/"):])
             if path == "/login":

@@ -245,8 +245,8 @@ def calibration_view(store: Store, calibration_id: int) -> CalibrationView | Non
     elif cal.pairs:
         lo, hi = min(p.x for p in cal.pairs), max(p.x for p in cal.pairs)
         grid = [lo + (hi - lo) * i / 60 for i in range(61)]
-        preds = [fit.predict(x, confidence=cal.confidence) for x in grid]
-        chart.band = Band(grid, [p.estimate for p in preds], [p.low for p in preds], [p.high for p in preds],
+        estimate, low, high = fit.predict_arrays(grid, confidence=cal.confidence)  # one call, not one per point
+        chart.band = Band(grid, estimate.tolist(), low.tolist(), high.tolist(),
                           f"{cal.chosen}, {cal.confidence:.0%} prediction interval")
     models = [{"model": p.model, "family": p.family, "sim": p.x, "device": p.y, "fitted": f.estimate, "low": f.low,
                "high": f.high} for p, f in zip(cal.pairs, fitted)]
