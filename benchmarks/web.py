@@ -3,7 +3,7 @@
 The store is filled through farm's own paths: 10 agents register 200 devices (FarmServer.open_session,
 as a Hello does), 1,000 jobs are submitted (Controller.submit; 4 tasks each: two repeats on one
 phone and their sim twins), the first 300 run to completion through lease/complete with measured-
-looking results (a contended sim run among them), 20 devices are quarantined, and one key is
+looking results (a contended sim run among them), plus one job of 60 runs over threads 1, 2, 4, 20 devices are quarantined, and one key is
 calibrated 50 times (fit_and_store: 50 versions). Then each page is fetched over HTTP on loopback
 with a bearer token, as a script or the browser would, and the time from request to the last byte
 is taken (median, p95 over --repeats fetches, after one warm-up).
@@ -77,6 +77,11 @@ def seed(store: Store, model: Path, *, jobs: int, devices: int, versions: int, c
             leased = store.task(spec.task_id)
             controller.complete(spec.task_id, spec.attempt, leased["leased_by"], time.time() - 1,
                                 fake_result(rng, contended=spec.task_id % 7 == 0))
+    big = controller.submit(load_job_text(f"name: sweep\nmodels: [{model}]\nmatrix: {{threads: [1, 2, 4]}}\nrepeats: 10\n"
+                                          f"targets: [{names[1]}]\n", "bench.yaml", model.parent, devices=targets))
+    while (spec := controller.lease("rack1", {"sim", names[1]}, job_id=big)) is not None:
+        controller.complete(spec.task_id, spec.attempt, "rack1", time.time() - 1,
+                            fake_result(rng, contended=spec.task_id % 7 == 0))
     for n in names[:20]:
         controller.quarantine(n, "3 infrastructure failures in a row; last: adb: device offline")
     models = [f"net-{k}" for k in range(10)]
@@ -86,7 +91,7 @@ def seed(store: Store, model: Path, *, jobs: int, devices: int, versions: int, c
                   for k, m in enumerate(models)]
         stored, _ = fit_and_store(store, names[0], "latency", paired, source={"job": 1})
         cal_id = stored[0].id
-    return {"job": 1, "calibration": cal_id}
+    return {"job": 1, "big_job": big, "calibration": cal_id}
 
 
 def fetch(url: str) -> float:
@@ -115,7 +120,9 @@ def main() -> None:
         seeded_s = time.perf_counter() - started
         tokens = TokenTable({TOKEN: Identity("admin", None, 1)})
         running = start_dashboard(store, "127.0.0.1:0", Operator.embedded(Controller(store)), tokens=tokens)
-        pages = {"lab": "lab", "jobs": "jobs", f"job {ids['job']} (4 runs)": f"jobs/{ids['job']}",
+        pages = {"lab": "lab", "jobs (newest 200)": "jobs", "jobs (all)": f"jobs?limit={args.jobs + 1}",
+                 f"job {ids['job']} (4 runs)": f"jobs/{ids['job']}",
+                 f"job {ids['big_job']} (60 runs, threads sweep)": f"jobs/{ids['big_job']}",
                  "calibrations": "calibrations", f"calibration ({args.versions} versions)": f"calibrations/{ids['calibration']}"}
         rows = []
         for label, path in pages.items():
@@ -128,7 +135,7 @@ def main() -> None:
         store.close()
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     lines = [f"# Dashboard page times, {dt.date.today()} ({machine})", "",
-             f"Store: {args.jobs:,} jobs ({args.jobs * 4:,} tasks, 300 jobs run), {args.devices} devices on 10 agents "
+             f"Store: {args.jobs + 1:,} jobs ({args.jobs * 4 + 60:,} tasks, 301 jobs run), {args.devices} devices on 10 agents "
              f"(20 quarantined), one calibration key with {args.versions} versions (seeded in {seeded_s:.0f} s). "
              f"Time from request to last byte over loopback HTTP with a bearer token, {args.repeats} fetches each.", "",
              "| page | path | median ms | p95 ms |", "|---|---|---|---|"]

@@ -256,3 +256,22 @@ def test_hostile_names_are_escaped_in_every_page(lab) -> None:
     assert "&lt;img src=x onerror=&quot;window.pwned=1&quot;&gt;phone" in _request(lab.url, "/lab", headers=auth).text
     headers = dict(_request(lab.url, "/lab", headers=auth).getheaders())
     assert "script-src 'self'" in headers["Content-Security-Policy"] and headers["X-Frame-Options"] == "DENY"
+
+
+def test_a_client_cancels_a_queued_job_from_its_page(lab, tiny_models) -> None:
+    job = sleep_job(lab.root, tiny_models["onnx"], tasks=2, seconds=1, name="cancel-me.yaml")
+    submitted = lab.farm("submit", str(job), "--controller", lab.address, "--token", CLIENT, "--detach", "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = json.loads(submitted.stdout)["job"]  # no agent is connected now: it waits in the queue
+    cookie = _login_cookie(lab.url, CLIENT)
+    page = _request(lab.url, f"/jobs/{job_id}", headers={"Cookie": cookie})
+    assert page.status == 200 and 'id="cancel"' in page.text
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
+    r = _request(lab.url, f"/jobs/{job_id}/cancel", method="POST", body=urllib.parse.urlencode({"csrf": csrf}),
+                 headers={"Content-Type": "application/x-www-form-urlencoded", "Cookie": cookie,
+                          "Origin": lab.url.rstrip("/")})
+    assert r.status == 303 and r.getheader("Location").startswith(f"/jobs/{job_id}?msg=")
+    status = lab.farm("status", str(job_id), "--controller", lab.address, "--token", CLIENT, "--json")
+    assert json.loads(status.stdout)["status"] == "canceled", status.stdout
+    shown = _request(lab.url, r.getheader("Location"), headers={"Cookie": cookie})
+    assert f"job {job_id} canceled" in shown.text and 'id="cancel"' not in shown.text
