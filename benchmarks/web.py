@@ -4,7 +4,7 @@ The store is filled through farm's own paths: 10 agents register 200 devices (Fa
 as a Hello does), 1,000 jobs are submitted (Controller.submit; 4 tasks each: two repeats on one
 phone and their sim twins), the first 300 run to completion through lease/complete with measured-
 looking results (a contended sim run among them), plus one job of 60 runs over threads 1, 2, 4, 20 devices are quarantined, and one key is
-calibrated 50 times (fit_and_store: 50 versions). Then each page is fetched over HTTP on loopback
+calibrated 50 times (fit_and_store: 50 versions), 49 other devices once. Then each page is fetched over HTTP on loopback
 with a bearer token, as a script or the browser would, and the time from request to the last byte
 is taken (median, p95 over --repeats fetches, after one warm-up).
 
@@ -91,6 +91,10 @@ def seed(store: Store, model: Path, *, jobs: int, devices: int, versions: int, c
                   for k, m in enumerate(models)]
         stored, _ = fit_and_store(store, names[0], "latency", paired, source={"job": 1})
         cal_id = stored[0].id
+    for name in names[1:50]:  # the calibrations list: 50 keys, one of them with every version
+        paired = [PairedRun(Pair(m, x := 5 + 3 * k, 1.7 * x + 2 + rng.gauss(0, 0.5)), 1, "onnxruntime", 0, 0)
+                  for k, m in enumerate(models)]
+        fit_and_store(store, name, "latency", paired, source={"job": 1})
     return {"job": 1, "big_job": big, "calibration": cal_id}
 
 
@@ -120,10 +124,10 @@ def main() -> None:
         seeded_s = time.perf_counter() - started
         tokens = TokenTable({TOKEN: Identity("admin", None, 1)})
         running = start_dashboard(store, "127.0.0.1:0", Operator.embedded(Controller(store)), tokens=tokens)
-        pages = {"lab": "lab", "jobs (newest 200)": "jobs", "jobs (all)": f"jobs?limit={args.jobs + 1}",
+        pages = {"lab (200 devices)": "lab", "jobs (newest 200)": "jobs", "jobs (all)": f"jobs?limit={args.jobs + 1}",
                  f"job {ids['job']} (4 runs)": f"jobs/{ids['job']}",
                  f"job {ids['big_job']} (60 runs, threads sweep)": f"jobs/{ids['big_job']}",
-                 "calibrations": "calibrations", f"calibration ({args.versions} versions)": f"calibrations/{ids['calibration']}"}
+                 "calibrations (50 keys)": "calibrations", f"calibration ({args.versions} versions)": f"calibrations/{ids['calibration']}"}
         rows = []
         for label, path in pages.items():
             url = running.url + path
@@ -136,7 +140,7 @@ def main() -> None:
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     lines = [f"# Dashboard page times, {dt.date.today()} ({machine})", "",
              f"Store: {args.jobs + 1:,} jobs ({args.jobs * 4 + 60:,} tasks, 301 jobs run), {args.devices} devices on 10 agents "
-             f"(20 quarantined), one calibration key with {args.versions} versions (seeded in {seeded_s:.0f} s). "
+             f"(20 quarantined), 50 calibration keys, one of them with {args.versions} versions (seeded in {seeded_s:.0f} s). "
              f"Time from request to last byte over loopback HTTP with a bearer token, {args.repeats} fetches each.", "",
              "| page | path | median ms | p95 ms |", "|---|---|---|---|"]
     lines += [f"| {r['page']} | `{r['path']}` | {r['median_ms']} | {r['p95_ms']} |" for r in rows]
