@@ -222,7 +222,7 @@ class CalibrationView:
     models: list[dict[str, Any]]  # each pair with its fitted value and interval
 
 
-def _key_label(row: dict[str, Any]) -> str:
+def key_label(row: dict[str, Any]) -> str:
     size = f" · input {row['input_size']}" if row.get("input_size") else ""
     family = f" · family {row['family']}" if row.get("family") else ""
     return (f"{row['device']} · {row['metric']} · {row['threads']} thread(s) · batch {row.get('batch_size') or 1}"
@@ -236,7 +236,7 @@ def calibration_view(store: Store, calibration_id: int) -> CalibrationView | Non
     cal = stored_calibration(row).calibration
     fit = cal.chosen_fit
     unit = METRICS.get(row["metric"], ("", ""))[1]
-    chart = Chart(f"{_key_label(row)} · v{row['version']}", f"sim {row['metric']} ({unit})",
+    chart = Chart(f"{key_label(row)} · v{row['version']}", f"sim {row['metric']} ({unit})",
                   f"device {row['metric']} ({unit})", points=[(p.model, p.x, p.y) for p in cal.pairs],
                   note=f"{fit.formula}\nR² = {fit.r2:.3f}")
     fitted = [fit.predict(p.x, features=p.features, confidence=cal.confidence) for p in cal.pairs]
