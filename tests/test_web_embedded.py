@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from browser import browser_fixture  # noqa: F401 (the `browser` fixture)
 from grpc_processes import Cluster, wait_for
 from test_grpc_security import _write_certificates
 
@@ -82,8 +83,8 @@ def test_farm_web_serves_a_local_store_open_on_loopback(cluster: Cluster, tiny_m
     assert status == 200
     assert "Averages over repeats" in page and 'class="contended"' in page
     # threads 4: repeat 0 (7.5 ms) counts, the contended repeat 1 (108.5 ms) is left out of the mean
-    assert re.search(r'<td data-sort="4">4</td><td data-sort="1">1</td><td data-sort="">—</td><td data-sort="1">1</td>'
-                     r'<td data-sort="1">1 !</td><td data-sort="7.5">7.5</td>', page)
+    assert re.search(r'<td data-sort="4">4</td><td data-sort="1">1</td><td data-sort="">—</td>'
+                     r'<td data-sort="1.0">1</td><td data-sort="1">1</td><td data-sort="1">1 !</td><td data-sort="7.5">7.5</td>', page)
     assert page.count('<svg class="chart"') == 1 and "latency by threads" in page
     status, headers, body = _get(f"{url}jobs/{job_id}/results.json")
     assert status == 200 and "attachment" in headers["Content-Disposition"]
@@ -102,6 +103,40 @@ def test_farm_web_serves_a_local_store_open_on_loopback(cluster: Cluster, tiny_m
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=60)
     assert refused.value.code == 403
+
+
+COLUMN = """const th = Array.from(document.querySelectorAll('#results thead th')).find(h => h.textContent === arguments[0]);
+const i = Array.from(th.parentNode.children).indexOf(th) + 1;
+return Array.from(document.querySelectorAll(`#results tbody tr td:nth-child(${i})`)).map(td => td.getAttribute('data-sort'));"""
+
+
+def test_results_sort_by_a_column_and_every_page_fits_a_phone(cluster: Cluster, tiny_models, browser) -> None:
+    db = cluster.root / "farm.db"
+    job_id = _run_matrix_job(db, tiny_models["onnx"])
+    url = _dashboard_url(cluster.spawn("web", "web", "--db", str(db), "--listen", "127.0.0.1:0"))
+    browser.get(f"{url}jobs/{job_id}")
+    header = browser.wait(lambda d: d.find_element("xpath", '//table[@id="results"]//th[text()="latency avg ms"]'),
+                          "the results table")
+    before = [float(v) for v in browser.driver.execute_script(COLUMN, "latency avg ms")]
+    assert before != sorted(before)  # listed by model and threads, not by latency
+    header.click()
+    browser.wait(lambda d: [float(v) for v in d.execute_script(COLUMN, "latency avg ms")] == sorted(before),
+                 "the rows sorted by latency, fastest first")
+    header.click()
+    browser.wait(lambda d: [float(v) for v in d.execute_script(COLUMN, "latency avg ms")] == sorted(before, reverse=True),
+                 "the rows sorted by latency, slowest first")
+    threads = [int(v) for v in browser.driver.execute_script(COLUMN, "threads")]
+    assert threads[:3] == [4, 1, 1]  # the contended 4-thread run (108.5 ms), then the 1-thread runs
+
+    browser.driver.set_window_size(390, 844)  # a phone
+    for path in ("lab", "jobs", f"jobs/{job_id}", "calibrations"):
+        browser.get(url + path)
+        browser.find("header nav")
+        fits = browser.driver.execute_script(
+            "return [document.documentElement.scrollWidth, window.innerWidth];")
+        assert fits[0] <= fits[1] + 1, f"/{path} is wider than the phone's screen ({fits[0]} > {fits[1]} px)"
+    browser.get(f"{url}jobs/{job_id}")
+    assert 200 < browser.find("svg.chart").size["width"] <= 390  # the sweep plot shrinks to the screen
 
 
 def test_farm_web_serves_https_with_a_certificate_and_tokens(cluster: Cluster) -> None:

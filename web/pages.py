@@ -222,11 +222,12 @@ def results_part(view: JobView) -> str:
 
 def averages_table(rows: list[AverageRow]) -> str:
     return table("averages", [("model", "text"), ("target", "text"), ("threads", "num"), ("batch", "num"),
-                              ("input", "num"), ("runs", "num"), ("contended (left out)", "num"),
+                              ("input", "num"), ("CPU budget", "num"), ("runs", "num"), ("contended (left out)", "num"),
                               ("latency ms (mean)", "num"), ("± ms (sd over repeats)", "num"), ("peak MB", "num"),
                               ("avg MB", "num")],
                  [[(a.model, e(a.model)), (a.target, e(a.target)), (a.threads, e(a.threads)), (a.batch_size, e(a.batch_size)),
-                   (a.input_size, e(a.input_size or "—")), (a.runs, e(a.runs)),
+                   (a.input_size, e(a.input_size or "—")), (a.cpus, e("—" if a.cpus is None else f"{a.cpus:g}")),
+                   (a.runs, e(a.runs)),
                    (a.contended, e(a.contended) + (f" {CONTENDED_MARK}" if a.contended else "")),
                    (a.latency_ms, num(a.latency_ms)), (a.latency_spread_ms, num(a.latency_spread_ms)),
                    (a.peak_memory_mb, num(a.peak_memory_mb)), (a.avg_memory_mb, num(a.avg_memory_mb))] for a in rows])

@@ -19,7 +19,8 @@ from farm.controller.store import Store
 from farm.web.svg import Band, Chart
 
 JOBS_SHOWN = 200  # newest jobs on the jobs page; older ones by URL
-SWEEP_DIMENSIONS = (("threads", "threads"), ("batch_size", "batch size"), ("input_size", "input size"))
+SWEEP_DIMENSIONS = (("threads", "threads"), ("batch_size", "batch size"), ("input_size", "input size"),
+                    ("cpus", "CPU budget (cores)"))
 OP_ROWS_SHOWN = 200  # per-operator rows per run; a model with thousands of ops lists its heaviest
 
 
@@ -90,6 +91,7 @@ class AverageRow:
     threads: int
     batch_size: int
     input_size: int | None
+    cpus: float | None  # the run's CPU budget (a sim budget may be swept too)
     runs: int  # completed, uncontended
     contended: int
     latency_ms: float | None
@@ -120,16 +122,17 @@ def _mean(values: list[float]) -> float | None:
 def averages(records: list[dict[str, Any]]) -> list[AverageRow]:
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in records:
-        key = (r["model"]["name"], r["model"]["sha256"], r["target"], r["threads"], r["batch_size"], r["input_size"])
+        key = (r["model"]["name"], r["model"]["sha256"], r["target"], r["threads"], r["batch_size"], r["input_size"],
+               (r.get("limits") or {}).get("cpus"))
         groups.setdefault(key, []).append(r)
     rows = []
-    for (model, _, target, threads, batch, size), group in groups.items():
+    for (model, _, target, threads, batch, size, cpus), group in groups.items():
         done = [r for r in group if r["status"] == "completed"]
         quiet = [r for r in done if not is_contended(r)]
         lat = [r["latency_ms"]["avg"] for r in quiet if r["latency_ms"] and r["latency_ms"].get("avg") is not None]
         peak = [r["peak_memory_mb"] for r in quiet if r["peak_memory_mb"] is not None]
         avg_mem = [r["avg_memory_mb"] for r in quiet if r["avg_memory_mb"] is not None]
-        rows.append(AverageRow(model, target, threads, batch, size, len(quiet), len(done) - len(quiet), _mean(lat),
+        rows.append(AverageRow(model, target, threads, batch, size, cpus, len(quiet), len(done) - len(quiet), _mean(lat),
                                statistics.stdev(lat) if len(lat) > 1 else None, _mean(peak), _mean(avg_mem)))
     return rows
 
