@@ -124,13 +124,12 @@ class Dashboard:
     def host_ok(self, headers: Any) -> bool:
         if not self.loopback:
             return True
-        host = (headers.get("Host") or "").rsplit(":", 1)[0] if not (headers.get("Host") or "").startswith("[") \
-            else (headers.get("Host") or "").split("]")[0] + "]"
-        host = host.strip("[]")
-        if host == "localhost":
+        host = headers.get("Host") or ""
+        name = host[1:host.find("]")] if host.startswith("[") else host.rpartition(":")[0] if ":" in host else host
+        if name == "localhost":
             return True
         try:
-            return ipaddress.ip_address(host).is_loopback
+            return ipaddress.ip_address(name).is_loopback
         except ValueError:
             return False
 

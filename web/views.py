@@ -65,6 +65,11 @@ def lab_view(store: Store, now: float | None = None) -> LabView:
                          calibration_age_s=now - calibrated[d["name"]] if d["name"] in calibrated else None,
                          current=by_target.get(d["name"], []))
                for d in store.dashboard_devices()]
+    known = {d.name for d in devices}
+    # a device only calibrated so far (embedded labs register none): listed, its health unknown
+    devices += [DeviceRow(name=name, device_type=None, driver=None, agent=None, state="unknown", health="unknown",
+                          reason=None, changed_at=None, last_check=checks.get(name), calibration_age_s=now - at,
+                          current=by_target.get(name, [])) for name, at in sorted(calibrated.items()) if name not in known]
     return LabView(devices, store.dashboard_agents(), running, store.dashboard_queue())
 
 
