@@ -563,6 +563,10 @@ def _start_web(args: argparse.Namespace, store: Any, running: Any, tokens: Any, 
     except WebListenError as e:
         running.stop()
         raise RemoteError(str(e)) from None
+    if tokens is not None and tls is None and not is_loopback(f"[{host}]:{port}"):
+        logging.getLogger("farm.web").warning(
+            "the dashboard on %s is plain HTTP: a token typed into its log-in form, and the session cookie, cross the "
+            "network in clear text. Serve TLS (--tls-cert, --tls-key) or listen on a loopback address.", args.web_listen)
     operator = Operator(running.farm.cancel_job, lambda device, reason, health: running.farm.controller.quarantine(
         device, reason, health=health), release)
     try:
