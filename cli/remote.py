@@ -549,7 +549,7 @@ def _start_web(args: argparse.Namespace, store: Any, running: Any, tokens: Any, 
     """The dashboard in this process: its buttons call the controller as the CLI and RPCs do (a cancel reaches
     the agents now, a released device gets tasks at once)."""
     from farm.controller.auth import is_loopback
-    from farm.web.server import Operator, WebListenError, parse_web_listen, start_dashboard
+    from farm.web.server import Operator, WebListenError, listen_warnings, parse_web_listen, start_dashboard
 
     def release(device: str) -> None:
         running.farm.controller.release(device)
@@ -563,10 +563,8 @@ def _start_web(args: argparse.Namespace, store: Any, running: Any, tokens: Any, 
     except WebListenError as e:
         running.stop()
         raise RemoteError(str(e)) from None
-    if tokens is not None and tls is None and not is_loopback(f"[{host}]:{port}"):
-        logging.getLogger("farm.web").warning(
-            "the dashboard on %s is plain HTTP: a token typed into its log-in form, and the session cookie, cross the "
-            "network in clear text. Serve TLS (--tls-cert, --tls-key) or listen on a loopback address.", args.web_listen)
+    for warning in listen_warnings(args.web_listen, tokens=tokens is not None, tls=tls is not None):
+        logging.getLogger("farm.web").warning("%s", warning)
     operator = Operator(running.farm.cancel_job, lambda device, reason, health: running.farm.controller.quarantine(
         device, reason, health=health), release)
     try:

@@ -20,7 +20,7 @@ DEFAULT_WEB_LISTEN = "127.0.0.1:8765"
 def cmd_web(args: argparse.Namespace) -> int:
     from farm.controller.auth import TlsFiles, TokenFileError, TokenTable, check_tokens_file
     from farm.controller.controller import Controller
-    from farm.web.server import Operator, WebListenError, open_warning, start_dashboard
+    from farm.web.server import Operator, WebListenError, listen_warnings, start_dashboard
 
     try:
         tokens = None
@@ -32,7 +32,7 @@ def cmd_web(args: argparse.Namespace) -> int:
             if not (args.tls_cert and args.tls_key):
                 raise UserError("TLS needs both --tls-cert and --tls-key")
             tls = TlsFiles(cert=Path(args.tls_cert), key=Path(args.tls_key))
-        warning = open_warning(args.listen, tokens=tokens is not None)
+        warnings = listen_warnings(args.listen, tokens=tokens is not None, tls=tls is not None)
     except (TokenFileError, WebListenError) as e:
         raise UserError(str(e)) from None
     store = open_store(args)
@@ -40,7 +40,7 @@ def cmd_web(args: argparse.Namespace) -> int:
         running = start_dashboard(store, args.listen, Operator.embedded(Controller(store)), tokens=tokens, tls=tls)
     except WebListenError as e:
         raise UserError(str(e)) from None
-    if warning:
+    for warning in warnings:
         err.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
     print(f"farm dashboard on {running.url} (store {store.path}; "
           f"{'tokens from ' + args.tokens if tokens else 'open: no tokens'})", file=sys.stderr, flush=True)

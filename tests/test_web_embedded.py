@@ -178,12 +178,13 @@ def test_controller_refuses_a_bad_or_open_web_listen(cluster: Cluster) -> None:
     assert wide.returncode == 2 and "loopback" in wide.stderr
 
 
-def test_an_open_dashboard_away_from_loopback_is_warned_about() -> None:
-    from farm.web.server import open_warning
-    assert open_warning("127.0.0.1:8080", tokens=False) is None
-    assert open_warning("[::1]:8080", tokens=False) is None
-    assert "no tokens" in open_warning("0.0.0.0:8080", tokens=False)
-    assert open_warning("0.0.0.0:8080", tokens=True) is None
+def test_a_dashboard_others_can_reach_is_warned_about() -> None:
+    from farm.web.server import listen_warnings
+    assert listen_warnings("127.0.0.1:8080", tokens=False, tls=False) == []
+    assert listen_warnings("[::1]:8080", tokens=False, tls=False) == []
+    assert "no tokens" in listen_warnings("0.0.0.0:8080", tokens=False, tls=True)[0]
+    assert "clear text" in listen_warnings("10.1.2.3:8080", tokens=True, tls=False)[0]
+    assert listen_warnings("0.0.0.0:8080", tokens=True, tls=True) == []
 
 
 # --- the pieces -------------------------------------------------------------------------------------

@@ -474,11 +474,15 @@ def start_dashboard(store: Store, listen: str, operator: Operator, *, tokens: To
     return RunningDashboard(server, thread, f"{'https' if dashboard.tls else 'http'}://{shown}:{server.server_address[1]}/")
 
 
-def open_warning(listen: str, *, tokens: bool) -> str | None:
-    """What to say when a dashboard without tokens is bound where others can reach it."""
+def listen_warnings(listen: str, *, tokens: bool, tls: bool) -> list[str]:
+    """What an operator should hear about a dashboard bound where others can reach it."""
     host, port = parse_web_listen(listen)
-    if tokens or is_loopback(f"[{host}]:{port}"):
-        return None
-    return (f"the dashboard on {listen} has no tokens: anyone who can reach it may read every result and release, "
-            "quarantine or cancel. Pass --tokens, or listen on a loopback address.")
-
+    if is_loopback(f"[{host}]:{port}"):
+        return []
+    if not tokens:
+        return [f"the dashboard on {listen} has no tokens: anyone who can reach it may read every result and release, "
+                "quarantine or cancel. Pass --tokens, or listen on a loopback address."]
+    if not tls:
+        return [f"the dashboard on {listen} is plain HTTP: a token typed into its log-in form, and the session cookie, "
+                "cross the network in clear text. Serve TLS (--tls-cert, --tls-key) or listen on a loopback address."]
+    return []
