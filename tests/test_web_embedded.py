@@ -221,3 +221,35 @@ def test_operator_profiles_become_tables() -> None:
     assert _op_table({"CONV_2D": {"ms": 2.0}, "ADD": 0.5}) == (["op", "ms", "value"],
                                                                [["CONV_2D", 2.0, None], ["ADD", None, 0.5]])
     assert _op_table(None) is None and _op_table("junk") is None
+
+
+def test_a_calibrations_history_and_drift_over_refreshes(tmp_path: Path) -> None:
+    from farm.controller.calibration import Pair
+    from farm.controller.calibrations import PairedRun, fit_and_store
+    from farm.controller.controller import Controller
+    from farm.controller.refresh import DriftThresholds, drift_between, record_drift
+    from farm.controller.store import Store
+    from farm.web.server import Operator, start_dashboard
+
+    store = Store(tmp_path / "farm.db")
+    versions = []
+    for slope in (2.0, 2.1, 3.0):  # the third refresh moved: its slope change exceeds the threshold
+        paired = [PairedRun(Pair(f"net-{k}", 4.0 + 3 * k, slope * (4.0 + 3 * k) + 1 + (0.3 if k % 2 else -0.3)), 2,
+                            "litert", 0, 0) for k in range(6)]
+        stored, refused = fit_and_store(store, "pixel-7", "latency", paired, source={"job": 0})
+        assert stored, refused
+        versions.append(stored[0])
+    for old, new in zip(versions, versions[1:]):
+        record_drift(store, drift_between(old, new, DriftThresholds()))
+    running = start_dashboard(store, "127.0.0.1:0", Operator.embedded(Controller(store)), tokens=None)
+    try:
+        status, _, page = _get(f"{running.url}calibrations/{versions[-1].id}")
+        listing = _get(f"{running.url}calibrations")[2]
+    finally:
+        running.stop()
+    assert status == 200
+    assert page.count('href="/calibrations/') >= 3 and ">v3</a>" in page  # every version of the key
+    assert 'id="history"' in page and 'id="drift-chart"' in page
+    drift_rows = page[page.index('id="drift"'):]
+    assert drift_rows.count("<tr>") == 1 + 2 and "slope_change" in drift_rows and ">yes<" in drift_rows
+    assert ">v3</a> of 3" in listing and "pixel-7" in listing

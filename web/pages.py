@@ -334,6 +334,7 @@ def calibration_page(v: CalibrationView) -> str:
                          (x["formula"], e(x["formula"]))] for x in v.versions]))
     parts.append("<h2>Drift between refreshes</h2>")
     if v.drift:
+        parts.append(f'<figure id="drift-chart">{svg.render(v.drift_chart)}</figure>')
         parts.append(table("drift", [("stored", "num"), ("calibration", "num"), ("previous", "num"), ("slope change", "num"),
                                      ("intercept change", "num"), ("R² drop", "num"), ("prediction shift", "num"),
                                      ("exceeded", "num"), ("reasons", "text")],

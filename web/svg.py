@@ -37,6 +37,7 @@ class Chart:
     error_bars: list[tuple[float, float, float, float]] = field(default_factory=list)  # (x, estimate, low, high)
     series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # name -> line through (x, y)
     note: str = ""  # shown in the top-left corner (formula, R²)
+    integer_x: bool = False  # x counts something (versions, refreshes): no ticks between whole numbers
 
 
 def _finite(*values: float) -> bool:
@@ -107,6 +108,8 @@ def render(chart: Chart) -> str:
 
     parts.append(f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>')
     for t in _ticks(x_lo, x_hi):
+        if chart.integer_x and t != int(t):
+            continue
         parts.append(f'<line x1="{px(t)}" y1="{TOP}" x2="{px(t)}" y2="{TOP + plot_h}" stroke="#eee"/>'
                      f'<text x="{px(t)}" y="{TOP + plot_h + 16}" text-anchor="middle" class="tick">{_label(t)}</text>')
     for t in _ticks(y_lo, y_hi):

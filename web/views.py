@@ -227,6 +227,7 @@ class CalibrationView:
     versions: list[dict[str, Any]]
     history_chart: Chart
     drift: list[dict[str, Any]]
+    drift_chart: Chart
     models: list[dict[str, Any]]  # each pair with its fitted value and interval
 
 
@@ -265,9 +266,14 @@ def calibration_view(store: Store, calibration_id: int) -> CalibrationView | Non
                          "n": v["n"], "r2": v["r2"], "loo_mape": v["loo_mape"], "kendall_tau": v["kendall_tau"],
                          "unsafe": c.unsafe, "formula": c.chosen_fit.formula,
                          "source": json.loads(v["source"] or "{}")})
-    history = Chart("R² and leave-one-out error over versions", "version", "value", series={
+    history = Chart("R² and leave-one-out error over versions", "version", "value", integer_x=True, series={
         "R²": [(v["version"], v["r2"]) for v in versions if v["r2"] is not None],
         "LOO error (fraction)": [(v["version"], v["loo_mape"]) for v in versions if v["loo_mape"] is not None]})
+    drift = store.dashboard_drift(row["device"], row["metric"], row["threads"])
+    drift_chart = Chart("drift at each refresh (relative to the calibration before)", "refresh", "change",
+                        integer_x=True, series={
+        name: [(i, d[column]) for i, d in enumerate(drift, 1) if d[column] is not None]
+        for name, column in (("slope change", "slope_change"), ("intercept change", "intercept_change"),
+                             ("R² drop", "r2_drop"), ("prediction shift", "prediction_shift"))})
     return CalibrationView(row, unit, cal.chosen, fit.formula, fit, cal.unsafe_reasons, cal.warnings, cal.confidence,
-                           chart, versions, history, store.dashboard_drift(row["device"], row["metric"], row["threads"]),
-                           models)
+                           chart, versions, history, drift, drift_chart, models)
