@@ -253,3 +253,32 @@ def test_a_calibrations_history_and_drift_over_refreshes(tmp_path: Path) -> None
     drift_rows = page[page.index('id="drift"'):]
     assert drift_rows.count("<tr>") == 1 + 2 and "slope_change" in drift_rows and ">yes<" in drift_rows
     assert ">v3</a> of 3" in listing and "pixel-7" in listing
+
+
+def test_idle_connections_cannot_take_every_thread(tmp_path: Path) -> None:
+    import socket
+
+    from farm.controller.controller import Controller
+    from farm.controller.store import Store
+    from farm.web.server import MAX_CONNECTIONS, Operator, start_dashboard
+
+    store = Store(tmp_path / "farm.db")
+    running = start_dashboard(store, "127.0.0.1:0", Operator.embedded(Controller(store)), tokens=None)
+    idle = [socket.create_connection(("127.0.0.1", running.port), timeout=30) for _ in range(MAX_CONNECTIONS)]
+    try:
+        with pytest.raises((urllib.error.URLError, ConnectionError)):  # one more is closed, not queued
+            urllib.request.urlopen(f"{running.url}lab", timeout=30)
+        for s in idle:
+            s.close()
+
+        def serves() -> bool:
+            try:
+                return _get(f"{running.url}lab")[0] == 200
+            except (urllib.error.URLError, ConnectionError):
+                return False  # the closed connections' threads have not all ended yet
+
+        wait_for(serves, 30, "the dashboard to serve again", interval=0.5)
+    finally:
+        for s in idle:
+            s.close()
+        running.stop()

@@ -39,6 +39,7 @@ CANCEL_ROLES = frozenset({"client", "admin"})  # CancelJob is a client call
 DEVICE_ROLES = frozenset({"admin"})  # a device's health is the operator's call
 MAX_FORM_BYTES = 64 * 1024
 REQUEST_TIMEOUT_S = 30  # a client that stops sending mid-request loses its thread after this
+MAX_CONNECTIONS = 64  # open at once (browsers keep ~6 per tab alive)
 STATIC = {"dashboard.css": "text/css; charset=utf-8", "dashboard.js": "text/javascript; charset=utf-8"}
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -416,7 +417,22 @@ class DashboardServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], dashboard: Dashboard) -> None:
         self.dashboard = dashboard
+        # a thread per connection, so a cap: a client opening connections and sending nothing holds no more
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # full: closed at once rather than queued behind the others
+            log.warning("dashboard: %d connections open; one from %s was closed", MAX_CONNECTIONS, client_address[0])
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("dashboard connection from %s failed", client_address, exc_info=True)
