@@ -378,6 +378,24 @@ def check_script(spec: JobSpec, base_dir: Path, root: yaml.Node | None, source_n
     return script_dir, script_path
 
 
+def check_build_files(spec: JobSpec, script_dir: Path, root: yaml.Node | None, source_name: str) -> None:
+    """sim.build's Dockerfile and wheel folder are in workload.dir (the build context), checked before any run."""
+    build = spec.sim.build
+    if build is None:
+        return
+    for key, want_dir in (("dockerfile", False), ("pip_wheels", True)):
+        name = getattr(build, key)
+        if name is None:
+            continue
+        path = (script_dir / name).resolve()
+        ok = path.is_relative_to(script_dir) and (path.is_dir() if want_dir else path.is_file())
+        if not ok:
+            kind = "a folder" if want_dir else "a file"
+            raise JobFileError([JobProblem(source_name, _line(root, "sim", "build", key), f"sim.build.{key}",
+                                           f"{name!r} is not {kind} inside workload.dir ({script_dir}); the build "
+                                           "reads only that folder.")])
+
+
 def resolve_targets(spec: JobSpec, root: yaml.Node | None, source_name: str,
                     devices: list[DeviceTarget]) -> list[DeviceTarget | None]:
     """sim, device names, type:X and tag:Y -> the sim (None) and concrete devices, each once."""
@@ -482,6 +500,7 @@ def load_job_text(text: str, source_name: str, base_dir: Path, source_path: Path
         job.models = [m for m in models if str(m.path) not in bad]
     else:
         job.script_dir, job.script_path = check_script(spec, base_dir, root, source_name)
+        check_build_files(spec, job.script_dir, root, source_name)
     invalid.sort(key=lambda m: (m.problem.line or 0, m.entry_index))  # in the order the file names them
     if invalid and (not skip_invalid or not job.models):
         hint = [] if job.models or not skip_invalid else [JobProblem(source_name, None, "models", "no model of the job can run.")]
