@@ -213,7 +213,9 @@ class ImageBuilder:
         except docker.errors.DockerException as exc:
             raise SandboxError(f"the Docker engine failed during the build: {exc}") from exc
         if error is not None:
-            raise BuildFailed(f"building {build.dockerfile} failed: {error}", log.tail())
+            hint = ("; farm's base image has no shell of its own at build time (the host's /usr is mounted only when "
+                    "a run starts): use sim.build.run steps, or a FROM image with a shell") if "/bin/sh" in error else ""
+            raise BuildFailed(f"building {build.dockerfile} failed: {error}{hint}", log.tail())
 
     def _from_steps(self, build: SimBuild, context: bytes | None, tag: str, key: str, log: "_Log") -> None:
         import docker.errors
@@ -252,7 +254,8 @@ class ImageBuilder:
                 log.write(container.logs(stdout=True, stderr=True).decode("utf-8", "replace"))
                 code = int(status.get("StatusCode", -1))
                 if code != 0:
-                    raise BuildFailed(f"sim.build failed: a step exited with status {code}", log.tail())
+                    step = next((line[2:] for line in reversed(log.tail().splitlines()) if line.startswith("+ step ")), "")
+                    raise BuildFailed(f"sim.build failed with status {code}{' at ' + step if step else ''}", log.tail())
                 repository, _, name = tag.partition(":")
                 container.commit(repository=repository, tag=name, changes=[*image_env(build), f"LABEL {BUILD_LABEL}={key}"])
                 log.write(f"farm: built {tag}\n")
