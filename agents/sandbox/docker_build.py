@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import shlex
 import sys
 import sysconfig
@@ -141,12 +142,18 @@ class ImageBuilder:
         with self._guard:
             return self._locks.setdefault(key, threading.Lock())
 
-    def _base_id(self, build: SimBuild) -> str | None:
+    def _base_id(self, build: SimBuild, context: bytes | None) -> str | None:
         import docker.errors
 
         if build.dockerfile:
             ensure_default_image(self.client)  # a Dockerfile may start FROM farm's base image
-            return None
+            ids = []
+            for name in _from_images(context, build.dockerfile):
+                try:  # a FROM image retagged with new content must not hit the old cache
+                    ids.append(str(self.client.images.get(name).id))
+                except docker.errors.DockerException:
+                    ids.append(name)  # a stage name, or missing: the build itself says so
+            return ",".join(ids)
         base = build.base or ensure_default_image(self.client)
         try:
             return str(self.client.images.get(base).id)
@@ -163,7 +170,7 @@ class ImageBuilder:
         import docker.errors
 
         started = time.monotonic()
-        key = build_key(build, self._base_id(build), context)
+        key = build_key(build, self._base_id(build, context), context)
         tag = f"{BUILD_REPOSITORY}:{key}"
         log_path = self.log_dir / f"{key}.log"
         with self._lock(key):
@@ -269,6 +276,19 @@ class ImageBuilder:
                         container.remove(force=True)
                     except docker.errors.DockerException:
                         pass
+
+
+def _from_images(context: bytes | None, dockerfile: str) -> list[str]:
+    """The images a Dockerfile's FROM lines name (no variables expanded), to key the cache on their ids."""
+    if context is None:
+        return []
+    with tarfile.open(fileobj=io.BytesIO(context)) as tar:
+        try:
+            member = tar.extractfile(dockerfile)
+        except KeyError:
+            return []
+        text = member.read(1 << 20).decode("utf-8", "replace") if member else ""
+    return re.findall(r"(?im)^\s*FROM\s+(?:--\S+\s+)*(\S+)", text)
 
 
 def _member_names(context: bytes) -> set[str]:
