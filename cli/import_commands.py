@@ -71,8 +71,9 @@ def cmd_import_auptimizer(args: argparse.Namespace) -> int:
 def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("import", help="convert another tool's setup into a farm job file")
     isub = s.add_subparsers(dest="import_command", required=True, metavar="TOOL")
-    a = isub.add_parser("auptimizer", parents=[common],
-                        help="an Auptimizer profiler env.template (and its -m/-f models) as a job file")
+    # a local conversion: no store and no controller, so only --json of the common options
+    a = isub.add_parser("auptimizer", help="an Auptimizer profiler env.template (and its -m/-f models) as a job file")
+    a.add_argument("--json", action="store_true", help="machine-readable output: the job and the notes")
     a.add_argument("env_file", metavar="ENV.template")
     chosen = a.add_mutually_exclusive_group()
     chosen.add_argument("-m", "--models", help="comma-separated model files, as `aup.profiler -m` took them")
