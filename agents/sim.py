@@ -195,7 +195,8 @@ class SimDriver:
         if self._builder is None:
             self._builder = ImageBuilder(self.work_root)
         built = self._builder.build(build, context)
-        return built.tag, {"image": built.tag, "cached": built.cached, "log": str(built.log_path),
+        log = str(built.log_path) if built.log_path.exists() else None  # an image another work folder built
+        return built.tag, {"image": built.tag, "cached": built.cached, "log": log,
                            "seconds": round(built.seconds, 3)}
 
     def _script_folder(self, task: TaskSpec) -> bytes:
