@@ -13,6 +13,7 @@ tag is a cache hit: nothing is rebuilt. Every build's log is kept beside the cac
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import io
 import json
@@ -226,6 +227,7 @@ class ImageBuilder:
 
     def _from_steps(self, build: SimBuild, context: bytes | None, tag: str, key: str, log: "_Log") -> None:
         import docker.errors
+        import requests  # the docker SDK's transport, loaded with it: a read past the timeout raises its error
         from docker.types import Mount
 
         base = build.base or ensure_default_image(self.client)
@@ -252,13 +254,17 @@ class ImageBuilder:
                                  "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
                     labels={BUILD_LABEL: key}, detach=True)
                 container.start()
-                try:
-                    status = container.wait(timeout=BUILD_TIMEOUT_S)
-                except Exception:  # the engine's read timed out: the build ran too long
+                deadline = time.monotonic() + BUILD_TIMEOUT_S
+                decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+                try:  # streamed into the bounded log: a step that prints without end costs no memory
+                    for chunk in container.logs(stdout=True, stderr=True, stream=True, follow=True):
+                        log.write(decoder.decode(chunk))
+                        if time.monotonic() > deadline:
+                            raise TimeoutError
+                    status = container.wait(timeout=60)
+                except (TimeoutError, requests.exceptions.ReadTimeout):  # silent or busy past the limit
                     container.kill()
-                    log.write(container.logs(stdout=True, stderr=True).decode("utf-8", "replace"))
                     raise BuildFailed(f"sim.build ran over {BUILD_TIMEOUT_S:g} s and was stopped", log.tail()) from None
-                log.write(container.logs(stdout=True, stderr=True).decode("utf-8", "replace"))
                 code = int(status.get("StatusCode", -1))
                 if code != 0:
                     step = next((line[2:] for line in reversed(log.tail().splitlines()) if line.startswith("+ step ")), "")
