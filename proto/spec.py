@@ -204,6 +204,12 @@ class SimBuild(Strict):
     run: list[str] = Field(default_factory=list, description="Shell commands run once at build time, in workload.dir, after apt and pip (Auptimizer's PRERUN)")
     dockerfile: str | None = Field(None, description="A Dockerfile inside workload.dir, built with workload.dir as its context (instead of the steps)")
     network: bool | None = Field(None, description="Network during the build; default: on only to fetch apt packages or pip packages from an index")
+    timeout: float = Field(1800, description="The build's time limit, e.g. 90s or 30m; a build over it fails as job")
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> float:
+        return parse_duration(v)
 
     @field_validator("apt")
     @classmethod

@@ -321,3 +321,15 @@ def test_a_failing_build_is_a_job_failure_with_the_log_tail(farm, tmp_path: Path
     run = out["results"][0]
     assert code == 1 and run["status"] == "failed" and run["failure_class"] == "job", run
     assert "status 7" in run["message"] and "boom-marker" in run["message"] and "step" in run["message"], run
+
+
+@pytest.mark.docker
+def test_a_build_over_its_timeout_is_stopped_as_a_job_failure(farm, tmp_path: Path, tiny_models) -> None:
+    require_backend("docker")
+    job = tmp_path / "job.yaml"
+    job.write_text(f"models: [{tiny_models['tflite']}]\n"
+                   f"sim:\n  backend: docker\n  build:\n    run: ['echo {uuid.uuid4().hex}; sleep 120']\n    timeout: 2s\n")
+    code, out = submit_json(farm, job)
+    run = out["results"][0]
+    assert code == 1 and run["failure_class"] == "job" and "ran over its timeout of 2 s" in run["message"], run
+    assert run["image_build"] is None  # no image was made

@@ -36,7 +36,7 @@ from farm.proto.spec import SimBuild
 
 BUILD_REPOSITORY = "farm-build"
 BUILD_FORMAT = "1"  # bump when the way steps run changes, so old images are not reused
-BUILD_TIMEOUT_S = 1800.0
+ENGINE_READ_TIMEOUT_S = 3600  # one read of the build's stream; the build's own limit is sim.build.timeout
 LOG_TAIL_CHARS = 4000
 MAX_LOG_BYTES = 16 << 20  # a build that prints without end is cut here, not kept whole
 CONTEXT_MOUNT = "/farm-build/context"
@@ -69,7 +69,7 @@ def build_key(build: SimBuild, base_image_id: str | None, context: bytes | None)
     runtime = [] if build.dockerfile else [str(m.path) for m in host_runtime_mounts()] + [sys.version]
     material = {
         "format": BUILD_FORMAT,
-        "build": build.model_dump(mode="json"),
+        "build": build.model_dump(mode="json", exclude={"timeout"}),  # a new limit makes no new image
         "base": base_image_id,
         "context": hashlib.sha256(context).hexdigest() if context is not None else None,
         "runtime": runtime,
@@ -134,7 +134,7 @@ class ImageBuilder:
             import docker
 
             try:  # a build streams nothing for minutes while a step runs: a long read timeout
-                self._client = docker.from_env(timeout=int(BUILD_TIMEOUT_S))
+                self._client = docker.from_env(timeout=ENGINE_READ_TIMEOUT_S)
             except docker.errors.DockerException as exc:
                 raise SandboxError(f"no Docker engine answers for the image build: {exc}") from exc
         return self._client
@@ -195,6 +195,8 @@ class ImageBuilder:
 
     def _from_dockerfile(self, build: SimBuild, context: bytes | None, tag: str, key: str, log: "_Log") -> None:
         import docker.errors
+        import requests  # the docker SDK's transport: a read past the request's timeout raises its error
+        import urllib3
 
         assert build.dockerfile is not None
         if context is None or build.dockerfile not in _member_names(context):
@@ -204,14 +206,20 @@ class ImageBuilder:
             stream = self.client.api.build(
                 fileobj=io.BytesIO(context), custom_context=True, dockerfile=build.dockerfile, tag=tag,
                 rm=True, forcerm=True, pull=False, decode=True, labels={BUILD_LABEL: key},
-                network_mode="default" if wants_network(build) else "none", timeout=int(BUILD_TIMEOUT_S))
+                network_mode="default" if wants_network(build) else "none", timeout=int(build.timeout) + 1)
             error = None
+            deadline = time.monotonic() + build.timeout
             for chunk in stream:
+                if time.monotonic() > deadline:
+                    raise TimeoutError
                 if "stream" in chunk:
                     log.write(str(chunk["stream"]))
                 if "error" in chunk:
                     error = str(chunk["error"]).strip()
                     log.write(f"error: {error}\n")
+        except (TimeoutError, requests.exceptions.RequestException, urllib3.exceptions.HTTPError):  # closing the request cancels the build
+            raise BuildFailed(f"building {build.dockerfile} ran over sim.build.timeout = {build.timeout:g} s and was "
+                              "stopped; raise it if the build needs longer", log.tail()) from None
         except docker.errors.APIError as exc:
             # the engine refuses a bad Dockerfile up front (parse errors, unknown instruction): the job's fault
             if exc.status_code is not None and 400 <= exc.status_code < 500:
@@ -228,6 +236,7 @@ class ImageBuilder:
     def _from_steps(self, build: SimBuild, context: bytes | None, tag: str, key: str, log: "_Log") -> None:
         import docker.errors
         import requests  # the docker SDK's transport, loaded with it: a read past the timeout raises its error
+        import urllib3
         from docker.types import Mount
 
         base = build.base or ensure_default_image(self.client)
@@ -254,17 +263,21 @@ class ImageBuilder:
                                  "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
                     labels={BUILD_LABEL: key}, detach=True)
                 container.start()
-                deadline = time.monotonic() + BUILD_TIMEOUT_S
+                timed_out = threading.Event()
+                watchdog = threading.Timer(build.timeout, _stop, (container, timed_out))
+                watchdog.start()
                 decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
                 try:  # streamed into the bounded log: a step that prints without end costs no memory
                     for chunk in container.logs(stdout=True, stderr=True, stream=True, follow=True):
                         log.write(decoder.decode(chunk))
-                        if time.monotonic() > deadline:
-                            raise TimeoutError
                     status = container.wait(timeout=60)
-                except (TimeoutError, requests.exceptions.ReadTimeout):  # silent or busy past the limit
-                    container.kill()
-                    raise BuildFailed(f"sim.build ran over {BUILD_TIMEOUT_S:g} s and was stopped", log.tail()) from None
+                except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError):  # silent past the read timeout
+                    _stop(container, timed_out)
+                finally:
+                    watchdog.cancel()
+                if timed_out.is_set():
+                    raise BuildFailed(f"sim.build ran over its timeout of {build.timeout:g} s and was stopped; "
+                                      "raise sim.build.timeout if it needs longer", log.tail())
                 code = int(status.get("StatusCode", -1))
                 if code != 0:
                     step = next((line[2:] for line in reversed(log.tail().splitlines()) if line.startswith("+ step ")), "")
@@ -282,6 +295,15 @@ class ImageBuilder:
                         container.remove(force=True)
                     except docker.errors.DockerException:
                         pass
+
+
+def _stop(container: Any, timed_out: threading.Event) -> None:
+    """The build's time is up: kill its container (which ends the log stream the builder is reading)."""
+    timed_out.set()
+    try:
+        container.kill()
+    except Exception:
+        pass  # it exited meanwhile: the outcome is read from the stream anyway
 
 
 def _from_images(context: bytes | None, dockerfile: str) -> list[str]:
