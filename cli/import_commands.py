@@ -48,8 +48,9 @@ def cmd_import_auptimizer(args: argparse.Namespace) -> int:
         conversion = convert(env, models, target, keep_image=args.keep_image, pip_wheels=args.pip_wheels)
     except EnvFileError as e:
         raise UserError(str(e), [p.to_json() for p in e.problems]) from None
-    text = (f"# converted by `farm import auptimizer` from {Path(args.env_file).name}; notes: farm import prints them\n"
-            + yaml.safe_dump(conversion.job, sort_keys=False, allow_unicode=True))
+    header = [f"# converted by `farm import auptimizer` from {printable(Path(args.env_file).name)}"]
+    header += [f"# note: {printable(str(n), limit=None)}" for n in conversion.notes]  # they stay with the job
+    text = "\n".join(header) + "\n" + yaml.safe_dump(conversion.job, sort_keys=False, allow_unicode=True)
     try:  # the job must load as `farm submit` will load it, before anything is written
         load_job_text(text, str(target), target.parent, target)
     except JobFileError as e:

@@ -93,6 +93,7 @@ def test_benchmark_env_maps_every_variable_and_notes_what_it_cannot_carry(farm, 
     assert "once when the image is built" in notes["PRERUN"][0]
     lines = {n["field"]: n["line"] for n in r.json()["notes"]}
     assert lines["IMAGEREPO"] == 3 and lines["OUTPUTFILE"] == 11  # file:line of each variable
+    assert "# note: " + str(bench_dir / "env.template") + ":3: IMAGEREPO: not carried" in (bench_dir / "job.yaml").read_text()
 
 
 def test_mnist_env_with_export_expansion_bare_bytes_and_the_docker_args_alias(farm, tmp_path: Path) -> None:
@@ -181,6 +182,17 @@ def test_unknown_variables_and_repeats_are_notes_not_errors(farm, bench_dir: Pat
     assert "not an Auptimizer profiler variable" in notes[("GPUS", 3)]
     assert "not an Auptimizer profiler variable" in notes[("OTHER", 5)]
     assert "first on line 2" in notes[("SCRIPT", 4)]
+
+
+def test_control_characters_in_values_reach_neither_the_terminal_nor_the_job_file_raw(farm, bench_dir: Path) -> None:
+    env = bench_dir / "escape.template"
+    env.write_text("DIR=.\nSCRIPT=bench.py\nOUTPUTFILE='out\x1b[2J\u2028x: 1.txt'\n")
+    r = farm("import", "auptimizer", str(env), "-m", "a.tflite", "-o", str(bench_dir / "job.yaml"))
+    assert r.returncode == 0, r.stderr
+    written = (bench_dir / "job.yaml").read_text()
+    for text in (r.stderr, written):
+        assert "\x1b" not in text and "\u2028" not in text and "out\\x1b[2J\\u2028x: 1.txt" in text
+    assert yaml.safe_load(written)["models"] == ["../a.tflite"]  # the comment did not break into YAML
 
 
 # --- sim.build at submit ---------------------------------------------------------------------
