@@ -375,6 +375,7 @@ def check_script(spec: JobSpec, base_dir: Path, root: yaml.Node | None, source_n
                 pass
         except OSError as e:
             raise JobFileError([JobProblem(source_name, line("script"), "workload.script", f"{script_path} cannot be read: {e.strerror}.")]) from None
+    check_build_files(spec, script_dir, root, source_name)  # the build reads workload.dir too
     return script_dir, script_path
 
 
@@ -500,7 +501,6 @@ def load_job_text(text: str, source_name: str, base_dir: Path, source_path: Path
         job.models = [m for m in models if str(m.path) not in bad]
     else:
         job.script_dir, job.script_path = check_script(spec, base_dir, root, source_name)
-        check_build_files(spec, job.script_dir, root, source_name)
     invalid.sort(key=lambda m: (m.problem.line or 0, m.entry_index))  # in the order the file names them
     if invalid and (not skip_invalid or not job.models):
         hint = [] if job.models or not skip_invalid else [JobProblem(source_name, None, "models", "no model of the job can run.")]
