@@ -345,3 +345,27 @@ def test_a_build_over_its_timeout_is_stopped_as_a_job_failure(farm, tmp_path: Pa
     run = out["results"][0]
     assert code == 1 and run["failure_class"] == "job" and "ran over its timeout of 2 s" in run["message"], run
     assert run["image_build"] is None  # no image was made
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(300)
+def test_a_converted_job_builds_on_a_remote_agent_from_the_folder_the_controller_sent(tmp_path: Path) -> None:
+    from grpc_processes import Cluster, wait_for
+
+    require_backend("docker")
+    cluster = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_CONFIG": str(tmp_path / "none.toml")})
+    try:
+        shutil.copytree(FIXTURES / "mnist", tmp_path / "mnist")
+        (tmp_path / "mnist" / "mnist_code" / "nonce.txt").write_text(uuid.uuid4().hex)  # a fresh cache key
+        converted = cluster.farm("import", "auptimizer", str(tmp_path / "mnist" / "env.template"), "-o", str(tmp_path / "job.yaml"))
+        assert converted.returncode == 0, converted.stderr
+        cluster.start_controller("--no-auth")
+        agent = cluster.start_agent("builder")
+        wait_for(lambda: "connected to controller" in agent.output(), 30, "the agent to connect")
+        remote = cluster.farm("submit", str(tmp_path / "job.yaml"), "--controller", str(cluster.address), "--json", timeout=240)
+        assert remote.returncode == 0, (remote.stdout, remote.stderr, agent.output()[-2000:])
+        run = json.loads(remote.stdout)["results"][0]
+        assert run["status"] == "completed" and run["image_build"]["cached"] is False, run
+        assert Path(run["image_build"]["log"]).is_relative_to(tmp_path / "work-builder")  # kept on the agent
+    finally:
+        cluster.stop_all()
