@@ -369,3 +369,16 @@ def test_a_converted_job_builds_on_a_remote_agent_from_the_folder_the_controller
         assert Path(run["image_build"]["log"]).is_relative_to(tmp_path / "work-builder")  # kept on the agent
     finally:
         cluster.stop_all()
+
+
+@pytest.mark.docker
+def test_keep_image_starts_the_build_from_imagerepo_which_is_never_pulled(farm, bench_dir: Path) -> None:
+    require_backend("docker")
+    r = farm("import", "auptimizer", str(bench_dir / "env.template"), "-m", "../a.tflite", "--keep-image",
+             "-o", str(bench_dir.parent / "job.yaml"), "--pip-wheels", "wheels", cwd=bench_dir)
+    assert r.returncode == 0, r.stderr
+    assert yaml.safe_load((bench_dir.parent / "job.yaml").read_text())["sim"]["build"]["base"] == "tensorflow/tensorflow:2.3.0"
+    code, out = submit_json(farm, bench_dir.parent / "job.yaml")
+    run = out["results"][0]
+    assert code == 1 and run["failure_class"] == "job", run
+    assert "'tensorflow/tensorflow:2.3.0' is not on this agent's Docker engine, and farm never pulls" in run["message"]
