@@ -27,6 +27,7 @@ from farm.agents.harness.stats import latency_stats
 from farm.agents.harness.task import HarnessOutput, HarnessTask
 from farm.agents.sandbox import Budget, SandboxBackend, SandboxError, choose_backend
 from farm.agents.sandbox.base import ExitInfo, MountSpec, parse_cpuset, whole_cores
+from farm.agents.sandbox.docker_build import BuildFailed, ImageBuilder
 from farm.agents.sandbox.isolation import (
     INNER_RUN_DIR, RunAs, hand_over, isolated_argv, isolation_env, namespaces_unavailable, resolve_run_as, user_argv,
 )
@@ -35,7 +36,7 @@ from farm.agents.telemetry import TelemetrySampler
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus
 from farm.proto.script_archive import ScriptArchiveError, pack_dir, unpack
 from farm.agents.sandbox.base import format_cpuset
-from farm.proto.spec import cores_missing, default_cpus
+from farm.proto.spec import SimBuild, cores_missing, default_cpus
 from farm.proto.tasks import TaskSpec
 
 MiB = 1 << 20
@@ -167,13 +168,43 @@ class SimDriver:
         self.backend_override = backend_override
         self.keep_run_dirs = keep_run_dirs
         self._backends: dict[tuple[str, str | None], SandboxBackend] = {}
+        self._builder: ImageBuilder | None = None
 
-    def backend_for(self, task: TaskSpec) -> SandboxBackend:
+    def backend_for(self, task: TaskSpec, image: str | None = None) -> SandboxBackend:
         name = self.backend_override or task.sim.get("backend", "auto")
-        key = (name, task.sim.get("image"))
+        image = image or task.sim.get("image")
+        key = (name, image)
         if key not in self._backends:  # probing a backend (docker ping, cgroup mkdir) once is enough
-            self._backends[key] = choose_backend(name, image=task.sim.get("image"))
+            self._backends[key] = choose_backend(name, image=image)
         return self._backends[key]
+
+    def built_image(self, task: TaskSpec) -> tuple[str | None, dict | None]:
+        """The image sim.build asks for (built now, or from the cache) and what to record of it; (None, None)
+        when the job builds nothing. Raises BuildFailed (the job's fault) or SandboxError (the engine's)."""
+        if not task.sim.get("build"):
+            return None, None
+        name = self.backend_override or task.sim.get("backend", "auto")
+        if name != "docker":
+            raise BuildFailed(f"sim.build makes a Docker image, but this run uses the {name} backend "
+                              "(--backend overrides the job's sim.backend: docker); drop --backend", "")
+        try:
+            build = SimBuild.model_validate(task.sim["build"])  # typed again on arrival
+            context = self._script_folder(task) if task.workload["type"] == "script" else None
+        except (ValueError, OSError) as e:
+            raise BuildFailed(f"sim.build: {e}", "") from None
+        if self._builder is None:
+            self._builder = ImageBuilder(self.work_root)
+        built = self._builder.build(build, context)
+        log = str(built.log_path) if built.log_path.exists() else None  # an image another work folder built
+        return built.tag, {"image": built.tag, "cached": built.cached, "log": log,
+                           "seconds": round(built.seconds, 3)}
+
+    def _script_folder(self, task: TaskSpec) -> bytes:
+        """workload.dir packed, as the run gets it: the controller's archive, or (embedded) the job's own folder."""
+        archive = task.extra.get("script_archive_path")
+        if archive is not None:
+            return Path(archive).read_bytes()
+        return pack_dir(Path(task.base_dir, task.workload.get("dir") or "."), skip=(self.work_root, *self.keep_out))
 
     def budget_for(self, task: TaskSpec, slot: SimSlot) -> Budget:
         sim = task.sim
@@ -234,7 +265,12 @@ class SimDriver:
         if problem:  # the same on every attempt here: a job failure, not an infrastructure retry
             return RunResult.failed(FailureClass.JOB, problem)
         try:
-            backend = self.backend_for(task)
+            image, build = self.built_image(task)
+            backend = self.backend_for(task, image)
+        except BuildFailed as e:
+            failed = RunResult.failed(FailureClass.JOB, f"{e}{' — last lines of the build log: ' + e.log_tail.strip()[-600:] if e.log_tail.strip() else ''}")
+            failed.log_tail = e.log_tail
+            return failed
         except SandboxError as e:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, str(e))
         budget = backend.effective_limits(self.budget_for(task, slot))
@@ -273,6 +309,8 @@ class SimDriver:
         argv, env = self.launch(argv, env, run_dir, inner, backend)
         mounts = [MountSpec(run_dir, read_only=False)]  # the model and the script folder are staged inside
         environment = {**host_facts(), "load_before": load_average(), "isolation": isolation}
+        if build is not None:
+            environment["build"] = build
         cores = parse_cpuset(budget.cpuset) if budget.cpuset else sorted(os.sched_getaffinity(0))
         quiet_wait_s, quiet_before = wait_until_quiet(cores, float(task.sim.get("quiet_wait") or 0), cancel_check)
         try:

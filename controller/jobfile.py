@@ -375,7 +375,26 @@ def check_script(spec: JobSpec, base_dir: Path, root: yaml.Node | None, source_n
                 pass
         except OSError as e:
             raise JobFileError([JobProblem(source_name, line("script"), "workload.script", f"{script_path} cannot be read: {e.strerror}.")]) from None
+    check_build_files(spec, script_dir, root, source_name)  # the build reads workload.dir too
     return script_dir, script_path
+
+
+def check_build_files(spec: JobSpec, script_dir: Path, root: yaml.Node | None, source_name: str) -> None:
+    """sim.build's Dockerfile and wheel folder are in workload.dir (the build context), checked before any run."""
+    build = spec.sim.build
+    if build is None:
+        return
+    for key, want_dir in (("dockerfile", False), ("pip_wheels", True)):
+        name = getattr(build, key)
+        if name is None:
+            continue
+        path = (script_dir / name).resolve()
+        ok = path.is_relative_to(script_dir) and (path.is_dir() if want_dir else path.is_file())
+        if not ok:
+            kind = "a folder" if want_dir else "a file"
+            raise JobFileError([JobProblem(source_name, _line(root, "sim", "build", key), f"sim.build.{key}",
+                                           f"{name!r} is not {kind} inside workload.dir ({script_dir}); the build "
+                                           "reads only that folder.")])
 
 
 def resolve_targets(spec: JobSpec, root: yaml.Node | None, source_name: str,

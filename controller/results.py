@@ -98,6 +98,7 @@ def run_records(store: Store, job_id: int) -> list[dict[str, Any]]:
             "limits": _limits(row),
             "run": row["run_id"],
             "runtime": json.loads(row["environment_json"]).get("runtime") if row["environment_json"] else None,
+            "image_build": json.loads(row["environment_json"]).get("build") if row["environment_json"] else None,
             "contention": json.loads(row["contention_json"]) if row.get("contention_json") else None,
             "tool_versions": json.loads(row["tool_versions_json"]) if row["tool_versions_json"] else {},
         })

@@ -10,7 +10,7 @@ import re
 import string
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MEMORY_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
@@ -177,6 +177,87 @@ class Matrix(Strict):
         return v
 
 
+_APT_PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]*(:[a-z0-9-]+)?(=[A-Za-z0-9.+:~-]+)?$")
+MAX_BUILD_ITEMS = 200
+MAX_BUILD_ITEM_CHARS = 4096
+
+
+def inside_path(value: str, what: str) -> str:
+    """A relative path that stays inside its folder (no absolute path, no `..`), for files the build reads."""
+    text = str(value).strip()
+    parts = text.replace("\\", "/").split("/")
+    if not text or text.startswith("/") or ".." in parts or "\0" in text:
+        raise ValueError(f"{value!r}: {what} must be a path inside workload.dir (relative, without ..)")
+    return text
+
+
+class SimBuild(Strict):
+    """An image the docker backend builds for the job, cached by the hash of all that goes into it.
+
+    Either steps (base, apt, pip, run) or a Dockerfile; its files come from workload.dir.
+    """
+
+    base: str | None = Field(None, description="Image the steps start from (default: farm's own base image); it must be on the engine, nothing is pulled")
+    apt: list[str] = Field(default_factory=list, description="Debian packages, unpacked into /opt/farm-build/apt (needs the network at build time)")
+    pip: list[str] = Field(default_factory=list, description="pip requirements, installed into /opt/farm-build/site-packages (on PYTHONPATH in the run)")
+    pip_wheels: str | None = Field(None, description="Folder inside workload.dir holding wheels: pip installs from it only (--no-index), offline")
+    run: list[str] = Field(default_factory=list, description="Shell commands run once at build time, in workload.dir, after apt and pip (Auptimizer's PRERUN)")
+    dockerfile: str | None = Field(None, description="A Dockerfile inside workload.dir, built with workload.dir as its context (instead of the steps)")
+    network: bool | None = Field(None, description="Network during the build; default: on only to fetch apt packages or pip packages from an index")
+    timeout: float = Field(1800, description="The build's time limit, e.g. 90s or 30m; a build over it fails as job")
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> float:
+        return parse_duration(v)
+
+    @field_validator("apt")
+    @classmethod
+    def _apt_names(cls, v: list[str]) -> list[str]:
+        if len(v) > MAX_BUILD_ITEMS:
+            raise ValueError(f"at most {MAX_BUILD_ITEMS} packages")
+        for name in v:
+            if not _APT_PACKAGE_RE.match(name):
+                raise ValueError(f"{name!r} is not a Debian package name (like libgomp1 or curl=7.88.1-10)")
+        return v
+
+    @field_validator("pip")
+    @classmethod
+    def _pip_requirements(cls, v: list[str]) -> list[str]:
+        if len(v) > MAX_BUILD_ITEMS:
+            raise ValueError(f"at most {MAX_BUILD_ITEMS} requirements")
+        for req in v:
+            if not req.strip() or req.lstrip().startswith("-") or any(c in req for c in "\n\r\0"):
+                raise ValueError(f"{req!r} is not a requirement; write one like numpy==1.26.4 (pip options are not taken)")
+        return v
+
+    @field_validator("run")
+    @classmethod
+    def _commands(cls, v: list[str]) -> list[str]:
+        if len(v) > MAX_BUILD_ITEMS:
+            raise ValueError(f"at most {MAX_BUILD_ITEMS} commands")
+        for command in v:
+            if not command.strip() or "\0" in command or len(command) > MAX_BUILD_ITEM_CHARS:
+                raise ValueError(f"{command[:60]!r}: a command must be non-empty, without NUL, at most {MAX_BUILD_ITEM_CHARS} characters")
+        return v
+
+    @field_validator("dockerfile", "pip_wheels")
+    @classmethod
+    def _inside(cls, v: str | None) -> str | None:
+        return None if v is None else inside_path(v, "the file")
+
+    @model_validator(mode="after")
+    def _one_way(self) -> "SimBuild":
+        if self.dockerfile and (self.base or self.apt or self.pip or self.pip_wheels or self.run):
+            raise ValueError("give either a dockerfile or steps (base, apt, pip, pip_wheels, run), not both: "
+                             "the Dockerfile's FROM and RUN lines say the rest")
+        if not (self.dockerfile or self.base or self.apt or self.pip or self.run):
+            raise ValueError("nothing to build: give base, apt, pip, run or dockerfile (or drop sim.build)")
+        if self.pip_wheels and not self.pip:
+            raise ValueError("pip_wheels names where to install from; list the packages in pip too")
+        return self
+
+
 class SimBudget(Strict):
     """The local sandbox that stands in for a device: its CPU and memory budget."""
 
@@ -185,6 +266,7 @@ class SimBudget(Strict):
     memory: int | None = Field(None, description="Memory limit like 2g or 512m, swap off; default: none")
     backend: Literal["auto", "cgroup", "docker", "process"] = "auto"
     image: str | None = Field(None, description="docker backend: image to run in (default: farm's own)")
+    build: SimBuild | None = Field(None, description="docker backend: build the image to run in (see SimBuild)")
     sample_interval_ms: float = Field(50, ge=5, le=10_000, description="Telemetry sampling period")
     on_contention: Literal["retry", "flag", "fail"] = Field(
         "retry", description="A run whose cores other work used: retry (up to 2 more times, then keep it flagged), "
@@ -193,6 +275,15 @@ class SimBudget(Strict):
                                                             "quiet before it starts (0: start at once)")
     exclusive: bool = Field(False, description="Ask the kernel for the run's cores alone (a cgroup v2 cpuset "
                                                "partition); best effort, what was granted is recorded")
+
+    @model_validator(mode="after")
+    def _build_needs_docker(self) -> "SimBudget":
+        if self.build is not None and self.backend != "docker":
+            raise ValueError("build: an image is built only for backend: docker; set sim.backend: docker")
+        if self.build is not None and self.image:
+            raise ValueError("build: give image (run in it as it is) or build (make one), not both; "
+                             "build.base names the image a build starts from")
+        return self
 
     @field_validator("memory", mode="before")
     @classmethod
@@ -239,6 +330,14 @@ class JobSpec(Strict):
         if not v:
             raise ValueError("list at least one model file or glob")
         return v
+
+    @model_validator(mode="after")
+    def _build_files_need_a_folder(self) -> "JobSpec":
+        build = self.sim.build
+        if build is not None and (build.dockerfile or build.pip_wheels) and not isinstance(self.workload, ScriptWorkload):
+            raise ValueError("sim.build: dockerfile and pip_wheels are read from workload.dir, which only a script "
+                             "workload has; use steps (base, apt, pip, run) with the benchmark")
+        return self
 
     @field_validator("targets")
     @classmethod
