@@ -114,6 +114,9 @@ class BenchmarkWorkload(Strict):
         description="Shapes for inputs with dynamic dimensions, by input name",
     )
     use_xnnpack: bool = Field(True, description="TFLite only: use the XNNPACK delegate")
+    op_profiling: bool = Field(False, description="Also time every operator: phones pass --enable_op_profiling=true "
+                                                  "to benchmark_model; the sim traces ONNX models with ONNX Runtime's "
+                                                  "profiler in a separate pass after the timed loop")
 
     @field_validator("input_shapes")
     @classmethod
