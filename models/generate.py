@@ -104,7 +104,9 @@ def generate_examples(
             name = model_name(width, input_size) + suffix
             for fmt in formats:
                 path = dest / f"{name}.{fmt}"
-                data = mobilenetv2_bytes(fmt, width, input_size, dynamic_batch=dynamic_batch, seed=seed)
+                # ONNX Runtime cannot resize a fixed input (LiteRT can): the ONNX files always take any batch
+                data = mobilenetv2_bytes(fmt, width, input_size, dynamic_batch=dynamic_batch or fmt == "onnx",
+                                         seed=seed)
                 written = write_if_changed(path, data)
                 record(GeneratedModel(path, name, MOBILENETV2_FAMILY, fmt, width, input_size, written))
 
