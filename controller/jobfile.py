@@ -400,9 +400,27 @@ def resolve_targets(spec: JobSpec, root: yaml.Node | None, source_name: str,
     return out
 
 
+def check_cpu_sweep(spec: JobSpec, root: yaml.Node | None, source_name: str,
+                    targets: list[DeviceTarget | None]) -> None:
+    """matrix.cpus sweeps the sim's own budget: one place for it, and no device (a twin takes its device's)."""
+    if spec.matrix.cpus == [None]:
+        return
+    where = _line(root, "matrix", "cpus")
+    if spec.sim.cpus is not None:
+        raise JobFileError([JobProblem(source_name, where, "matrix.cpus",
+                                       f"sim.cpus ({spec.sim.cpus:g}) and matrix.cpus both set the CPU budget; keep "
+                                       "one: matrix.cpus to sweep it, sim.cpus for one budget.")])
+    devices = [t.name for t in targets if t is not None]
+    if devices:
+        raise JobFileError([JobProblem(source_name, where, "matrix.cpus",
+                                       f"matrix.cpus sweeps the sim's budget, but the job also targets "
+                                       f"{', '.join(devices[:3])}, whose sim twins take their device type's budget; "
+                                       "run the CPU sweep as its own job with targets: [sim].")])
+
+
 def planned_task_count(spec: JobSpec, models: int, targets: list[DeviceTarget | None]) -> tuple[int, str]:
     """How many tasks expand_tasks will make, and the product spelled out for a person."""
-    cells = len(spec.matrix.threads) * len(spec.matrix.batch_sizes) * len(spec.matrix.input_sizes)
+    cells = len(spec.matrix.threads) * len(spec.matrix.batch_sizes) * len(spec.matrix.input_sizes) * len(spec.matrix.cpus)
     runs_per_cell = sum(1 if t is None else 2 for t in targets or [None])  # a device run has a sim twin
     total = models * cells * spec.repeats * runs_per_cell
     return total, (f"{models:,} model(s) × {cells:,} matrix cell(s) × {spec.repeats:,} repeat(s) × "
@@ -440,7 +458,11 @@ def check_host(spec: JobSpec, root: yaml.Node | None, source_name: str, host: Ho
         warnings.append(JobProblem(source_name, _line(root, "sim", "cpus"), "sim.cpus",
                                    f"{sim.cpus:g} CPUs is more than {where}; the sim cannot give more than it has, "
                                    f"so runs get at most {len(cores)}."))
-    elif sim.cpus is None and max(spec.matrix.threads) > len(cores):
+    elif any(c is not None and c > len(cores) for c in spec.matrix.cpus):
+        warnings.append(JobProblem(source_name, _line(root, "matrix", "cpus"), "matrix.cpus",
+                                   f"{max(c for c in spec.matrix.cpus if c is not None):g} CPUs is more than {where}; "
+                                   f"the sim cannot give more than it has, so those runs get at most {len(cores)}."))
+    elif sim.cpus is None and None in spec.matrix.cpus and max(spec.matrix.threads) > len(cores):
         warnings.append(JobProblem(source_name, _line(root, "matrix", "threads"), "matrix.threads",
                                    f"{max(spec.matrix.threads)} threads get a budget of as many CPUs, more than "
                                    f"{where}; the sim cannot give more than it has, so those runs get at most "
@@ -472,6 +494,7 @@ def load_job_text(text: str, source_name: str, base_dir: Path, source_path: Path
     """
     spec, root = parse_job_text(text, source_name)
     targets = resolve_targets(spec, root, source_name, devices or [])
+    check_cpu_sweep(spec, root, source_name, targets)
     check_task_count(spec, len(spec.models), targets, max_tasks, source_name)  # before any glob or file
     models, invalid = resolve_models(spec, root, base_dir, source_name)
     job = ResolvedJob(spec=spec, source=text, source_path=source_path, base_dir=base_dir, models=models,

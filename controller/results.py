@@ -29,7 +29,7 @@ FROM tasks t
 LEFT JOIN runs r ON r.id = t.last_run_id
 LEFT JOIN summaries s ON s.run_id = r.id
 WHERE t.job_id = ?
-ORDER BY t.model_name, t.threads, t.batch_size, t.input_size, t.repeat, t.target
+ORDER BY t.model_name, t.threads, t.batch_size, t.input_size, t.repeat, t.target, t.seq
 """
 
 
@@ -55,6 +55,14 @@ def samples_per_s(throughput: float | None, batch_size: int | None) -> float | N
     return None if throughput is None else throughput * (batch_size or 1)
 
 
+def _budget_cpus(row: dict[str, Any]) -> float | None:
+    """A sim run's CPU budget as the job set it (matrix.cpus, sim.cpus or the thread count): the swept figure.
+    None on a device, which has no budget imposed."""
+    if row["target"] != "sim":
+        return None
+    return default_cpus(json.loads(row["task_spec_json"])["sim"].get("cpus"), row["threads"])
+
+
 def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[str, Any]]:
     """One record per task; with `ops`, each carries its run's op profile (`op_profile`: op types, then nodes)."""
     records, notes = [], []
@@ -76,6 +84,7 @@ def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[st
                       **{name: facts.get(name) for name in MODEL_FACTS_IN_RECORDS}},
             "target": row["target"],
             "threads": row["threads"],
+            "cpus": _budget_cpus(row),
             "batch_size": row["batch_size"],
             "input_size": row["input_size"],
             "repeat": row["repeat"],
