@@ -413,6 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_models_generate)
 
     add_remote_commands(sub, common)
+    from farm.cli.inspect_commands import add_parser as add_inspect_command
+    add_inspect_command(sub)
     return p
 
 
