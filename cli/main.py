@@ -403,7 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("models", help="example models")
     msub = m.add_subparsers(dest="models_command", required=True, metavar="ACTION")
-    g = msub.add_parser("generate", parents=[common], help="write the MobileNetV2 family and the ONNX zoo models")
+    g = msub.add_parser("generate", parents=[common], help="write the MobileNetV2 family, the ONNX zoo models and "
+                        "SqueezeNet 1.1 / GoogLeNet as .tflite")
     g.add_argument("dir")
     g.add_argument("--widths", help="comma-separated width multipliers, e.g. 0.25,0.5,1.0")
     g.add_argument("--sizes", help="comma-separated input sizes, e.g. 96,160,224")

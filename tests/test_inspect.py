@@ -90,3 +90,25 @@ def test_a_missing_or_foreign_file_is_bad_input(tmp_path: Path, farm) -> None:
     broken = tmp_path / "broken.tflite"
     broken.write_bytes(b"\x00" * 64)
     assert farm("inspect", str(broken)).returncode == 2
+
+
+def test_the_classics_built_as_tflite_match_the_zoos_onnx_originals(tmp_path: Path, farm) -> None:
+    """SqueezeNet 1.1 and GoogLeNet, built by farm for phones, against the onnx package's zoo copies
+    (an independent export of the same architectures): the same weights count and the same MACs for
+    SqueezeNet (its maps are the original's); GoogLeNet within the paper's "1.5 billion multiply-adds"."""
+    run = farm("models", "generate", str(tmp_path / "m"), "--widths", "0.25", "--sizes", "96", "--json")
+    assert run.returncode == 0, run.stderr
+    generated = {m["name"]: m for m in json.loads(run.stdout) if m["format"] == "tflite"}
+    assert generated["squeezenet1_1"]["family"] == generated["inception_v1"]["family"] == "zoo"
+    squeeze = json.loads(farm("inspect", generated["squeezenet1_1"]["path"], "--json").stdout)
+    inception = json.loads(farm("inspect", generated["inception_v1"]["path"], "--json").stdout)
+    assert squeeze["param_count"] == 1_235_496 + 2  # torchvision's squeezenet1_1, plus the pool's 2 axes
+    assert squeeze["macs"] == pytest.approx(0.35e9, rel=0.01)  # torchvision: 0.35 GFLOPS (MACs)
+    assert inception["macs"] == pytest.approx(1.5e9, rel=0.06)
+    assert inception["op_types"]["CONCATENATION"] == 9 and inception["op_types"]["CONV_2D"] == 57
+    zoo = zoo_models()
+    if "squeezenet" in zoo and "inception_v1" in zoo:
+        zoo_squeeze = json.loads(farm("inspect", str(zoo["squeezenet"]), "--json").stdout)
+        zoo_inception = json.loads(farm("inspect", str(zoo["inception_v1"]), "--json").stdout)
+        assert squeeze["macs"] == zoo_squeeze["macs"]
+        assert abs(inception["param_count"] - zoo_inception["param_count"]) <= 2
