@@ -141,3 +141,29 @@ def _environment(tmp_path: Path, run_id: int) -> dict:
         return json.loads(store.query("SELECT environment_json FROM runs WHERE id = ?", [run_id])[0]["environment_json"])
     finally:
         store.close()
+
+
+def test_op_profiles_cross_the_wire_to_a_controller_and_back(tmp_path: Path, mobilenet_models) -> None:
+    from grpc_processes import Cluster, wait_for
+
+    cluster = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_CONFIG": str(tmp_path / "none.toml")})
+    try:
+        os.symlink(mobilenet_models["mobilenetv2_w0.35_r96.onnx"], tmp_path / "m.onnx")
+        job = write_job(tmp_path, "models: [m.onnx]\nworkload: {type: benchmark, iterations: 5, warmup: 1, "
+                                  "op_profiling: true}\nmatrix: {batch_sizes: [2]}\nsim: {on_contention: flag}\n")
+        cluster.start_controller("--no-auth")
+        agent = cluster.start_agent("rack1")
+        wait_for(lambda: "connected to controller" in agent.output(), 30, "the agent to connect")
+        submitted = cluster.farm("submit", str(job), "--controller", cluster.address, "--json")
+        assert submitted.returncode == 0, submitted.stderr
+        (record,) = json.loads(cluster.farm("results", "1", "--ops", "--json", "--controller", cluster.address).stdout)
+        assert record["status"] == "completed", record["message"]
+        assert record["samples_per_s"] == pytest.approx(2 * record["throughput_per_s"], rel=1e-3)
+        kinds = {o["kind"] for o in record["op_profile"]}
+        assert kinds == {"node", "op_type"} and any(o["node_type"] == "Conv" for o in record["op_profile"])
+        plain = json.loads(cluster.farm("results", "1", "--json", "--controller", cluster.address).stdout)
+        assert "op_profile" not in plain[0]
+        table = cluster.farm("results", "1", "--ops", "--controller", cluster.address).stdout
+        assert "ms per inference" in table and "Conv" in table
+    finally:
+        cluster.stop_all()
