@@ -21,7 +21,7 @@ from farm.agents.jetson import (
 )
 from farm.agents.linux_board import read_linux_facts, run_with_proc_sampling
 from farm.agents.ssh_transport import SshInfrastructureError, SshTarget, SshTimeoutError, SshTransport
-from farm.proto.op_profile import OpProfileRow, bounded
+from farm.proto import op_profile
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus
 from farm.proto.tasks import TaskSpec
 
@@ -137,7 +137,7 @@ class BoardDriver:
         return RunResult(
             status=RunStatus.COMPLETED, iterations_ms=output.iterations_ms, latency=latency,
             throughput_per_s=throughput_per_s(latency, output.measure_wall_s), startup_ms=startup_ms(latency),
-            op_profile=bounded([OpProfileRow(**row) for row in output.op_profile if isinstance(row, dict)]),
+            op_profile=op_profile.from_dicts(output.op_profile),
             telemetry=telemetry, wall_s=sampled.wall_s, baseline_memory_bytes=output.baseline_rss_bytes,
             peak_rss_bytes=output.peak_rss_bytes, environment=environment, tool_versions=output.tool_versions,
             log_tail=log, **base)

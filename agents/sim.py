@@ -32,7 +32,7 @@ from farm.agents.sandbox.isolation import (
 )
 from farm.agents.script_env import ScriptEnvError, script_python
 from farm.agents.telemetry import TelemetrySampler
-from farm.proto.op_profile import OpProfileRow, bounded
+from farm.proto import op_profile
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus
 from farm.proto.script_archive import ScriptArchiveError, pack_dir, unpack
 from farm.agents.sandbox.base import format_cpuset
@@ -326,8 +326,8 @@ class SimDriver:
             result.whole_run_s = output.whole_run_s
             environment["input_shapes"] = output.input_shapes
             environment["runtime"] = output.runtime
-            if output.op_profile_note:
-                environment["op_profile_note"] = output.op_profile_note
+            if output.op_profile_note:  # written in the sandbox: a bounded string, whatever it was
+                environment["op_profile_note"] = str(output.op_profile_note)[:500]
         self._cleanup(run_dir)
         return result
 
@@ -369,7 +369,7 @@ class SimDriver:
                                            first_ms=output.first_ms, warmup_ms=output.warmup_ms)
             result.throughput_per_s = throughput_per_s(result.latency, output.measure_wall_s)
             result.startup_ms = startup_ms(result.latency)
-        result.op_profile = bounded([OpProfileRow(**row) for row in output.op_profile if isinstance(row, dict)])
+        result.op_profile = op_profile.from_dicts(output.op_profile)
         return result
 
     def _cleanup(self, run_dir: Path) -> None:

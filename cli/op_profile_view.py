@@ -8,6 +8,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from farm.proto.escape import printable
+
 DEFAULT_ROWS = 10  # per run and kind on a terminal; --json carries every stored row
 
 
@@ -38,7 +40,7 @@ def op_profile_tables(records: list[dict[str, Any]], rows: int = DEFAULT_ROWS) -
         if not profile:
             why = r.get("op_profile_note") or ("the run did not complete" if r["status"] != "completed" else
                                                "no op profile: set workload.op_profiling: true")
-            parts.append(Text.assemble(label, (f": {why}", "dim")))
+            parts.append(Text.assemble(label, (f": {printable(why)}", "dim")))
             continue
         types = [o for o in profile if o["kind"] == "op_type"][:rows]
         nodes = [o for o in profile if o["kind"] == "node"][:rows]

@@ -7,6 +7,7 @@ by the store that keeps it (what arrives over the wire is not trusted to be smal
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -51,6 +52,23 @@ def _clean(row: OpProfileRow) -> OpProfileRow | None:
                         name=printable(row.name, MAX_NAME_CHARS), avg_ms=avg, percent=_finite(row.percent),
                         first_ms=_finite(row.first_ms), count=_count(row.count),
                         times_called=_count(row.times_called), mem_kb=_finite(row.mem_kb))
+
+
+def from_dicts(items: object) -> list[OpProfileRow]:
+    """Rows from JSON a sandboxed run wrote (hostile until checked): anything that is not a row of the
+    right shape is dropped, never raised on; `bounded` then cleans and cuts what is left."""
+    if not isinstance(items, list):
+        return []
+    rows = []
+    names = {f.name for f in dataclasses.fields(OpProfileRow)}
+    for item in items[:100_000]:
+        if not isinstance(item, dict) or not set(item) <= names:
+            continue
+        if not isinstance(item.get("kind"), str) or not isinstance(item.get("node_type"), str) \
+                or not isinstance(item.get("name", ""), str) or not isinstance(item.get("avg_ms"), (int, float)):
+            continue
+        rows.append(OpProfileRow(**item))
+    return bounded(rows)
 
 
 def bounded(rows: list[OpProfileRow]) -> list[OpProfileRow]:

@@ -16,7 +16,7 @@ from conftest import write_job
 from farm.agents.android import load_or_create_lab_key
 from farm.agents.parsers.onnxruntime_profile import OrtProfileError, ort_op_profile, parse_ort_profile
 from farm.controller.store import Store
-from farm.proto.op_profile import MAX_NODES, MAX_OP_TYPES, NODE, OP_TYPE, OpProfileRow, bounded
+from farm.proto.op_profile import MAX_NODES, MAX_OP_TYPES, NODE, OP_TYPE, OpProfileRow, bounded, from_dicts
 
 
 def _trace(runs: list[dict[str, tuple[str, int]]]) -> str:
@@ -62,6 +62,14 @@ def test_a_hostile_profile_is_cut_to_the_slowest_rows_with_printable_names() -> 
     assert len(nodes[0].name) < 300
     assert [r.avg_ms for r in nodes[1:4]] == [4999.0, 4998.0, 4997.0]  # slowest first
     assert not {"nan", "neg", "kind"} & {r.name for r in kept}
+
+
+def test_rows_a_sandboxed_run_wrote_are_checked_before_they_are_believed() -> None:
+    good = {"kind": "node", "node_type": "Conv", "name": "c1", "avg_ms": 1.5}
+    garbage = [None, 3, "x", {"kind": "node"}, {**good, "evil": 1}, {**good, "avg_ms": "fast"},
+               {**good, "node_type": ["Conv"]}, {**good, "name": {"a": 1}}]
+    assert [r.name for r in from_dicts([*garbage, good])] == ["c1"]
+    assert from_dicts({"not": "a list"}) == [] and from_dicts(None) == []
 
 
 def test_an_onnx_run_in_the_sim_has_throughput_startup_and_an_op_profile(tmp_path: Path, mobilenet_models,
