@@ -175,3 +175,18 @@ def test_op_profiles_cross_the_wire_to_a_controller_and_back(tmp_path: Path, mob
         assert "ms per inference" in table and "Conv" in table
     finally:
         cluster.stop_all()
+
+
+def test_an_op_profile_is_bounded_on_the_wire_too() -> None:
+    from farm.proto.generated import common_pb2
+    from farm.proto.results import LatencyStats, RunResult, RunStatus
+    from farm.proto.wire import result_for_the_wire, result_from_message
+
+    rows = [OpProfileRow(kind=NODE, node_type="Conv", name=f"n{i}", avg_ms=float(i), first_ms=float(i), times_called=1)
+            for i in range(10_000)]
+    result = RunResult(status=RunStatus.COMPLETED, latency=LatencyStats(1, 2, 1, 1, 1, 1, 1, 0, 1, 1, 5),
+                       throughput_per_s=1000.0, startup_ms=3.0, op_profile=rows)
+    back = result_from_message(result_for_the_wire(result, common_pb2.RunResult()))
+    assert len(back.op_profile) == MAX_NODES and back.op_profile[0] == rows[-1]
+    assert back.throughput_per_s == 1000.0 and back.startup_ms == 3.0
+    assert back.op_profile[0].count is None and back.op_profile[0].percent is None  # unset stays unset
