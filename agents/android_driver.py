@@ -49,13 +49,17 @@ def _hottest(facts: AndroidFacts) -> float | None:
     return max(temps) if temps else None
 
 
+def _wants_op_profile(task: TaskSpec) -> bool:
+    return bool(task.workload.get("op_profiling"))
+
+
 def benchmark_command(tool: str, model: str, task: TaskSpec, device_type: DeviceType | None) -> str:
     w = task.workload
     flags = [f"--graph={model}", f"--num_threads={task.threads}", f"--warmup_runs={w.get('warmup', 1)}",
              f"--num_runs={w.get('iterations', 50)}", "--min_secs=0",  # the run count is ours, not the tool's
              f"--use_xnnpack={'true' if w.get('use_xnnpack', True) else 'false'}",
              "--report_peak_memory_footprint=true"]
-    if w.get("op_profiling"):
+    if _wants_op_profile(task):
         flags.append("--enable_op_profiling=true")
     if device_type is not None:
         ours = {f.split("=", 1)[0] for f in flags}
@@ -63,10 +67,6 @@ def benchmark_command(tool: str, model: str, task: TaskSpec, device_type: Device
     command = " ".join([shlex.quote(tool), *map(shlex.quote, flags)])
     mask = device_type.native_tool.taskset_mask_by_threads.get(task.threads) if device_type else None
     return f"taskset {mask} {command}" if mask else command
-
-
-def _wants_op_profile(task: TaskSpec) -> bool:
-    return bool(task.workload.get("op_profiling"))
 
 
 def op_profile_rows(parsed: BenchmarkModelOutput) -> list[OpProfileRow]:
