@@ -60,7 +60,8 @@ def _budget_cpus(row: dict[str, Any]) -> float | None:
     None on a device, which has no budget imposed."""
     if row["target"] != "sim":
         return None
-    return default_cpus(json.loads(row["task_spec_json"])["sim"].get("cpus"), row["threads"])
+    sim = json.loads(row["task_spec_json"] or "{}").get("sim") or {}
+    return default_cpus(sim.get("cpus"), row["threads"])
 
 
 def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[str, Any]]:
