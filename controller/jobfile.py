@@ -342,6 +342,39 @@ def _benchmark_problem(spec: JobSpec, model: ResolvedModel) -> str | None:
     return None
 
 
+def fixed_dimension_warnings(spec: JobSpec, models: list[ResolvedModel], root: yaml.Node | None,
+                             source_name: str) -> list[JobProblem]:
+    """Matrix cells an ONNX model cannot run: ONNX Runtime feeds only the shape a model declares, so a fixed
+    batch or spatial size that the matrix changes fails those runs (LiteRT resizes .tflite inputs itself)."""
+    workload = spec.workload
+    if not isinstance(workload, BenchmarkWorkload):
+        return []
+    problems = []
+    for model in models:
+        if BENCHMARK_FORMATS.get(model.path.suffix.lower()) != "onnx":
+            continue
+        for tensor in model.facts.inputs:
+            dims = tensor.shape
+            if tensor.name in workload.input_shapes or not dims or not isinstance(dims[0], int):
+                batch_bad = []
+            else:
+                batch_bad = [b for b in spec.matrix.batch_sizes if b != dims[0]]
+            if batch_bad:
+                problems.append(JobProblem(source_name, _line(root, "matrix", "batch_sizes"), "matrix.batch_sizes",
+                                           f"{model.path.name} has a fixed batch of {dims[0]} (input {tensor.name!r}): "
+                                           f"its runs at batch {', '.join(map(str, batch_bad))} will fail; export it "
+                                           "with a dynamic batch dimension."))
+            spatial = dims[2:4] if len(dims) == 4 and tensor.name not in workload.input_shapes else []
+            size_bad = [z for z in spec.matrix.input_sizes if z is not None and spatial
+                        and any(isinstance(d, int) and d != z for d in spatial)]
+            if size_bad:
+                problems.append(JobProblem(source_name, _line(root, "matrix", "input_sizes"), "matrix.input_sizes",
+                                           f"{model.path.name} has a fixed input size of {spatial[0]}x{spatial[1]} "
+                                           f"(input {tensor.name!r}): its runs at {', '.join(map(str, size_bad))} will "
+                                           "fail; use a model file per size (farm models generate --sizes)."))
+    return problems
+
+
 def check_benchmark_models(spec: JobSpec, models: list[ResolvedModel], root: yaml.Node | None,
                            source_name: str) -> list[InvalidModel]:
     """Only formats the built-in benchmark runs, no operator the runtime lacks, every input shape known."""
@@ -513,6 +546,7 @@ def load_job_text(text: str, source_name: str, base_dir: Path, source_path: Path
     check_task_count(spec, len(job.models), targets, max_tasks, source_name)
     if host is not None:
         job.warnings = check_host(spec, root, source_name, host, targets)
+    job.warnings = [*job.warnings, *fixed_dimension_warnings(spec, job.models, root, source_name)]
     return job
 
 

@@ -45,3 +45,25 @@ def test_a_cpu_sweep_beside_sim_cpus_or_a_device_is_refused(tmp_path: Path, tiny
         path = write_job(tmp_path, f"models: [tiny.onnx]\nmatrix: {{cpus: {bad}}}\n", "bad.yaml")
         run = farm("submit", str(path), "--json")
         assert run.returncode == 2 and why in run.stdout, (bad, run.stdout)
+
+
+def test_sweep_cells_an_onnx_model_cannot_run_are_named_before_they_run(tmp_path: Path, tiny_models,
+                                                                        mobilenet_models, farm) -> None:
+    os.symlink(tiny_models["onnx"], tmp_path / "tiny.onnx")  # fixed (1, 3, 8, 8)
+    os.symlink(mobilenet_models["mobilenetv2_w0.35_r96.onnx"], tmp_path / "m.onnx")  # any batch, 96x96
+    job = write_job(tmp_path, """
+models: [tiny.onnx, m.onnx]
+workload: {type: benchmark, iterations: 2, warmup: 1}
+matrix:
+  batch_sizes: [1, 2]
+  input_sizes: [null]
+""")
+    run = farm("submit", str(job), "--json")
+    warnings = run.json()["warnings"]
+    assert [(w["field"], w["line"]) for w in warnings] == [("matrix.batch_sizes", 5)]
+    assert "tiny.onnx has a fixed batch of 1" in warnings[0]["message"] and "batch 2" in warnings[0]["message"]
+    by_cell = {(r["model"]["name"], r["batch_size"]): r["status"] for r in run.json()["results"]}
+    # the generated MobileNetV2 takes any batch; the warned cell fails as the warning said
+    assert by_cell == {("tiny", 1): "completed", ("tiny", 2): "failed", ("mobilenetv2_w0.35_r96", 1): "completed",
+                       ("mobilenetv2_w0.35_r96", 2): "completed"}
+    assert run.returncode == 1
