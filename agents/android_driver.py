@@ -17,7 +17,11 @@ from farm.agents.android import (
     AdbTarget, AndroidCommandTimeout, AndroidDevice, AndroidFacts, AndroidInfrastructureError,
 )
 from farm.agents.device_types import DeviceType
-from farm.agents.parsers.benchmark_model import BenchmarkOutputError, UnsupportedOperatorError, parse_benchmark_model
+from farm.agents.harness.stats import startup_ms, throughput_per_s
+from farm.agents.parsers.benchmark_model import (
+    BenchmarkModelOutput, BenchmarkOutputError, UnsupportedOperatorError, parse_benchmark_model,
+)
+from farm.proto.op_profile import NODE, OP_TYPE, OpProfileRow, bounded
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus, Telemetry
 from farm.proto.tasks import TaskSpec
 
@@ -45,18 +49,33 @@ def _hottest(facts: AndroidFacts) -> float | None:
     return max(temps) if temps else None
 
 
+def _wants_op_profile(task: TaskSpec) -> bool:
+    return bool(task.workload.get("op_profiling"))
+
+
 def benchmark_command(tool: str, model: str, task: TaskSpec, device_type: DeviceType | None) -> str:
     w = task.workload
     flags = [f"--graph={model}", f"--num_threads={task.threads}", f"--warmup_runs={w.get('warmup', 1)}",
              f"--num_runs={w.get('iterations', 50)}", "--min_secs=0",  # the run count is ours, not the tool's
              f"--use_xnnpack={'true' if w.get('use_xnnpack', True) else 'false'}",
              "--report_peak_memory_footprint=true"]
+    if _wants_op_profile(task):
+        flags.append("--enable_op_profiling=true")
     if device_type is not None:
         ours = {f.split("=", 1)[0] for f in flags}
         flags += [f for f in device_type.native_tool.flags if f.split("=", 1)[0] not in ours]
     command = " ".join([shlex.quote(tool), *map(shlex.quote, flags)])
     mask = device_type.native_tool.taskset_mask_by_threads.get(task.threads) if device_type else None
     return f"taskset {mask} {command}" if mask else command
+
+
+def op_profile_rows(parsed: BenchmarkModelOutput) -> list[OpProfileRow]:
+    """The regular runs' tables as farm's op profile: "Summary by node type" and the "Run Order" nodes."""
+    rows = [OpProfileRow(kind=OP_TYPE, node_type=r.node_type, avg_ms=r.avg_ms, percent=r.percent, count=r.count,
+                         times_called=r.times_called, mem_kb=r.mem_kb) for r in parsed.op_types]
+    rows += [OpProfileRow(kind=NODE, node_type=r.node_type, name=r.name, avg_ms=r.avg_ms, percent=r.percent,
+                          first_ms=r.first_ms, times_called=r.times_called, mem_kb=r.mem_kb) for r in parsed.run_order]
+    return rows
 
 
 class AndroidDriver:
@@ -135,7 +154,13 @@ class AndroidDriver:
         peak = parsed.periodic_peak_mb if parsed.periodic_peak_mb is not None else parsed.memory_overall_mb
         telemetry = Telemetry(interval_ms=50.0, memory_peak_bytes=None if peak is None else int(peak * MiB),
                               memory_peak_source="benchmark_model")
+        latency = parsed.to_latency_stats()
+        if _wants_op_profile(task) and not parsed.op_types and not parsed.run_order:
+            environment["op_profile_note"] = ("benchmark_model was asked for --enable_op_profiling=true and printed no "
+                                              "profiling tables (a build without the profiler?)")
         return RunResult(
-            status=RunStatus.COMPLETED, latency=parsed.to_latency_stats(), telemetry=telemetry, wall_s=wall,
+            status=RunStatus.COMPLETED, latency=latency, telemetry=telemetry, wall_s=wall,
+            throughput_per_s=throughput_per_s(latency), startup_ms=startup_ms(latency),
+            op_profile=bounded(op_profile_rows(parsed)),
             peak_rss_bytes=None if parsed.memory_overall_mb is None else int(parsed.memory_overall_mb * MiB),
             environment=environment, tool_versions={"benchmark_model": parsed.generation}, log_tail=raw, **base)

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
 
-from farm.agents.harness.stats import latency_stats
+from farm.agents.harness.stats import latency_stats, startup_ms, throughput_per_s
 from farm.agents.harness.task import HarnessOutput, HarnessTask
 from farm.agents.jetson import (
     DEVICE_TREE_MODEL, NV_TEGRA_RELEASE, jtop_usable, read_jetson_facts, run_with_jtop, run_with_tegrastats,
 )
 from farm.agents.linux_board import read_linux_facts, run_with_proc_sampling
 from farm.agents.ssh_transport import SshInfrastructureError, SshTarget, SshTimeoutError, SshTransport
+from farm.proto import op_profile
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus
 from farm.proto.tasks import TaskSpec
 
@@ -84,7 +85,8 @@ class BoardDriver:
                                       batch_size=task.batch_size, input_size=task.input_size,
                                       iterations=w["iterations"], warmup=w["warmup"],
                                       input_shapes=w.get("input_shapes") or {},
-                                      use_xnnpack=w.get("use_xnnpack", True), seed=task.repeat)
+                                      use_xnnpack=w.get("use_xnnpack", True), seed=task.repeat,
+                                      op_profiling=bool(w.get("op_profiling")))
                 with tempfile.TemporaryDirectory() as d:
                     local_task = Path(d) / "task.json"
                     harness.write(local_task)
@@ -130,10 +132,12 @@ class BoardDriver:
             # the sampled window also holds start-up: charge the timed loop its share of the energy
             environment["energy_per_inference_mj"] = energy_mj * (output.measure_wall_s / sampled.wall_s) / len(
                 output.iterations_ms)
+        latency = latency_stats(output.iterations_ms, init_ms=output.init_ms, first_ms=output.first_ms,
+                                warmup_ms=output.warmup_ms)
         return RunResult(
-            status=RunStatus.COMPLETED, iterations_ms=output.iterations_ms,
-            latency=latency_stats(output.iterations_ms, init_ms=output.init_ms, first_ms=output.first_ms,
-                                  warmup_ms=output.warmup_ms),
+            status=RunStatus.COMPLETED, iterations_ms=output.iterations_ms, latency=latency,
+            throughput_per_s=throughput_per_s(latency, output.measure_wall_s), startup_ms=startup_ms(latency),
+            op_profile=op_profile.from_dicts(output.op_profile),
             telemetry=telemetry, wall_s=sampled.wall_s, baseline_memory_bytes=output.baseline_rss_bytes,
             peak_rss_bytes=output.peak_rss_bytes, environment=environment, tool_versions=output.tool_versions,
             log_tail=log, **base)

@@ -23,7 +23,7 @@ from typing import Callable
 
 from farm.agents.contention import judge, quietest_cores, snapshot, wait_until_quiet
 from farm.agents.environment import host_facts, load_average
-from farm.agents.harness.stats import latency_stats
+from farm.agents.harness.stats import latency_stats, startup_ms, throughput_per_s
 from farm.agents.harness.task import HarnessOutput, HarnessTask
 from farm.agents.sandbox import Budget, SandboxBackend, SandboxError, choose_backend
 from farm.agents.sandbox.base import ExitInfo, MountSpec, parse_cpuset, whole_cores
@@ -33,6 +33,7 @@ from farm.agents.sandbox.isolation import (
 )
 from farm.agents.script_env import ScriptEnvError, script_python
 from farm.agents.telemetry import TelemetrySampler
+from farm.proto import op_profile
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus
 from farm.proto.script_archive import ScriptArchiveError, pack_dir, unpack
 from farm.agents.sandbox.base import format_cpuset
@@ -234,7 +235,7 @@ class SimDriver:
                            batch_size=task.batch_size, input_size=task.input_size,
                            iterations=w["iterations"], warmup=w["warmup"],
                            input_shapes=w.get("input_shapes") or {}, use_xnnpack=w.get("use_xnnpack", True),
-                           seed=task.repeat)
+                           seed=task.repeat, op_profiling=bool(w.get("op_profiling")))
 
     def stage(self, task: TaskSpec, run_dir: Path) -> None:
         """The run's own copies: the model (hash-checked) and, for a script, its folder unpacked."""
@@ -363,6 +364,8 @@ class SimDriver:
             result.whole_run_s = output.whole_run_s
             environment["input_shapes"] = output.input_shapes
             environment["runtime"] = output.runtime
+            if output.op_profile_note:  # written in the sandbox: a bounded string, whatever it was
+                environment["op_profile_note"] = str(output.op_profile_note)[:500]
         self._cleanup(run_dir)
         return result
 
@@ -402,6 +405,9 @@ class SimDriver:
         if output.iterations_ms:
             result.latency = latency_stats(output.iterations_ms, init_ms=output.init_ms,
                                            first_ms=output.first_ms, warmup_ms=output.warmup_ms)
+            result.throughput_per_s = throughput_per_s(result.latency, output.measure_wall_s)
+            result.startup_ms = startup_ms(result.latency)
+        result.op_profile = op_profile.from_dicts(output.op_profile)
         return result
 
     def _cleanup(self, run_dir: Path) -> None:

@@ -190,7 +190,7 @@ def cmd_results(args: argparse.Namespace) -> int:
 
     store = _open_store(args)
     job = _need_job(store, args.job)
-    records = run_records(store, args.job)
+    records = run_records(store, args.job, ops=args.ops)
     fmt = "json" if args.json else args.format
     if args.pairs:
         from farm.cli.render import pairs_table
@@ -205,6 +205,9 @@ def cmd_results(args: argparse.Namespace) -> int:
         print(to_json(records))
     elif fmt == "csv":
         sys.stdout.write(results_csv(records))
+    elif args.ops:
+        from farm.cli.op_profile_view import op_profile_tables
+        out.print(op_profile_tables(records))
     else:
         out.print(results_table(records, title=f"job {args.job} · {job['name']} · {job['status']}"))
     return EXIT_OK
@@ -370,6 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("job", type=_job_id)
     s.add_argument("--format", choices=["table", "csv", "json"], default="table")
     s.add_argument("--pairs", action="store_true", help="device runs beside their sim twins (completed pairs only)")
+    s.add_argument("--ops", action="store_true", help="each run's slowest operator types and nodes (workload.op_profiling)")
     s.set_defaults(func=cmd_results)
 
     s = sub.add_parser("jobs", parents=[common], help="list jobs")
@@ -401,7 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("models", help="example models")
     msub = m.add_subparsers(dest="models_command", required=True, metavar="ACTION")
-    g = msub.add_parser("generate", parents=[common], help="write the MobileNetV2 family and the ONNX zoo models")
+    g = msub.add_parser("generate", parents=[common], help="write the MobileNetV2 family, the ONNX zoo models and "
+                        "SqueezeNet 1.1 / GoogLeNet as .tflite")
     g.add_argument("dir")
     g.add_argument("--widths", help="comma-separated width multipliers, e.g. 0.25,0.5,1.0")
     g.add_argument("--sizes", help="comma-separated input sizes, e.g. 96,160,224")
@@ -411,6 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_models_generate)
 
     add_remote_commands(sub, common)
+    from farm.cli.inspect_commands import add_parser as add_inspect_command
+    add_inspect_command(sub)
     return p
 
 

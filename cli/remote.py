@@ -303,7 +303,8 @@ def _print_results(args: argparse.Namespace, client: FarmClient, job_id: int, fi
     from farm.proto.generated import farm_pb2
 
     job = client.call("GetJob", farm_pb2.JobRequest(job_id=job_id))
-    records = json.loads(client.call("GetResults", farm_pb2.JobRequest(job_id=job_id), timeout=120).records_json)
+    ops = bool(getattr(args, "ops", False))
+    records = json.loads(client.call("GetResults", farm_pb2.JobRequest(job_id=job_id, ops=ops), timeout=120).records_json)
     fmt = "json" if args.json else getattr(args, "format", "table")
     if args.command == "submit" and args.json:
         print(to_json({"job": job_id, "status": job.status, "results": records}))
@@ -311,6 +312,9 @@ def _print_results(args: argparse.Namespace, client: FarmClient, job_id: int, fi
         print(to_json(records))
     elif fmt == "csv":
         sys.stdout.write(results_csv(records))
+    elif ops:
+        from farm.cli.op_profile_view import op_profile_tables
+        _out().print(op_profile_tables(records))
     else:
         _out().print(results_table(records, title=f"job {job_id} · {job.name} · {job.status}"))
         if args.command == "submit":

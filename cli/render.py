@@ -42,6 +42,7 @@ def results_table(records: list[dict[str, Any]], title: str | None = None) -> Ta
     t.add_column("status")
     t.add_column("latency ms\navg ± std", justify="right")
     t.add_column("p90 ms", justify="right")
+    t.add_column("inf/s", justify="right")  # throughput_per_s: inferences (batches) per second
     t.add_column("peak MB", justify="right")
     t.add_column("avg MB", justify="right")
     if show_energy:
@@ -73,7 +74,7 @@ def results_table(records: list[dict[str, Any]], title: str | None = None) -> Ta
         backend = (r["backend"] or "—") + ("*" if r.get("approximate") else "")
         row += [budget, status,
                 f"{_ms(lat.get('avg'))} ± {_ms(lat.get('std'))}" if lat else "—",
-                _ms(lat.get("p90")) if lat else "—",
+                _ms(lat.get("p90")) if lat else "—", _ms(r.get("throughput_per_s")),
                 _fmt(r["peak_memory_mb"], 1), _fmt(r["avg_memory_mb"], 1),
                 *([_fmt(r.get("energy_per_inference_mj"))] if show_energy else []),
                 f"{_fmt(cpu['avg'], 0)}/{_fmt(cpu['peak'], 0)}", _fmt(r["wall_s"]), backend]

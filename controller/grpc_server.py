@@ -696,7 +696,8 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
 
     def GetResults(self, request: farm_pb2.JobRequest, context: grpc.ServicerContext) -> farm_pb2.GetResultsResponse:
         self._job(request.job_id, context)
-        return farm_pb2.GetResultsResponse(records_json=strict_json.dumps(run_records(self.server.store, request.job_id)))
+        return farm_pb2.GetResultsResponse(records_json=strict_json.dumps(
+            run_records(self.server.store, request.job_id, ops=request.ops)))
 
     def ForgetDevice(self, request: farm_pb2.ForgetDeviceRequest, context: grpc.ServicerContext) -> farm_pb2.ForgetDeviceResponse:
         try:  # admin only: auth.SERVICE_ROLES

@@ -342,6 +342,39 @@ def _benchmark_problem(spec: JobSpec, model: ResolvedModel) -> str | None:
     return None
 
 
+def fixed_dimension_warnings(spec: JobSpec, models: list[ResolvedModel], root: yaml.Node | None,
+                             source_name: str) -> list[JobProblem]:
+    """Matrix cells an ONNX model cannot run: ONNX Runtime feeds only the shape a model declares, so a fixed
+    batch or spatial size that the matrix changes fails those runs (LiteRT resizes .tflite inputs itself)."""
+    workload = spec.workload
+    if not isinstance(workload, BenchmarkWorkload):
+        return []
+    problems = []
+    for model in models:
+        if BENCHMARK_FORMATS.get(model.path.suffix.lower()) != "onnx":
+            continue
+        for tensor in model.facts.inputs:
+            dims = tensor.shape
+            if tensor.name in workload.input_shapes or not dims or not isinstance(dims[0], int):
+                batch_bad = []
+            else:
+                batch_bad = [b for b in spec.matrix.batch_sizes if b != dims[0]]
+            if batch_bad:
+                problems.append(JobProblem(source_name, _line(root, "matrix", "batch_sizes"), "matrix.batch_sizes",
+                                           f"{model.path.name} has a fixed batch of {dims[0]} (input {tensor.name!r}): "
+                                           f"its runs at batch {', '.join(map(str, batch_bad))} will fail; export it "
+                                           "with a dynamic batch dimension."))
+            spatial = dims[2:4] if len(dims) == 4 and tensor.name not in workload.input_shapes else []
+            size_bad = [z for z in spec.matrix.input_sizes if z is not None and spatial
+                        and any(isinstance(d, int) and d != z for d in spatial)]
+            if size_bad:
+                problems.append(JobProblem(source_name, _line(root, "matrix", "input_sizes"), "matrix.input_sizes",
+                                           f"{model.path.name} has a fixed input size of {spatial[0]}x{spatial[1]} "
+                                           f"(input {tensor.name!r}): its runs at {', '.join(map(str, size_bad))} will "
+                                           "fail; use a model file per size (farm models generate --sizes)."))
+    return problems
+
+
 def check_benchmark_models(spec: JobSpec, models: list[ResolvedModel], root: yaml.Node | None,
                            source_name: str) -> list[InvalidModel]:
     """Only formats the built-in benchmark runs, no operator the runtime lacks, every input shape known."""
@@ -419,9 +452,27 @@ def resolve_targets(spec: JobSpec, root: yaml.Node | None, source_name: str,
     return out
 
 
+def check_cpu_sweep(spec: JobSpec, root: yaml.Node | None, source_name: str,
+                    targets: list[DeviceTarget | None]) -> None:
+    """matrix.cpus sweeps the sim's own budget: one place for it, and no device (a twin takes its device's)."""
+    if spec.matrix.cpus == [None]:
+        return
+    where = _line(root, "matrix", "cpus")
+    if spec.sim.cpus is not None:
+        raise JobFileError([JobProblem(source_name, where, "matrix.cpus",
+                                       f"sim.cpus ({spec.sim.cpus:g}) and matrix.cpus both set the CPU budget; keep "
+                                       "one: matrix.cpus to sweep it, sim.cpus for one budget.")])
+    devices = [t.name for t in targets if t is not None]
+    if devices:
+        raise JobFileError([JobProblem(source_name, where, "matrix.cpus",
+                                       f"matrix.cpus sweeps the sim's budget, but the job also targets "
+                                       f"{', '.join(devices[:3])}, whose sim twins take their device type's budget; "
+                                       "run the CPU sweep as its own job with targets: [sim].")])
+
+
 def planned_task_count(spec: JobSpec, models: int, targets: list[DeviceTarget | None]) -> tuple[int, str]:
     """How many tasks expand_tasks will make, and the product spelled out for a person."""
-    cells = len(spec.matrix.threads) * len(spec.matrix.batch_sizes) * len(spec.matrix.input_sizes)
+    cells = len(spec.matrix.threads) * len(spec.matrix.batch_sizes) * len(spec.matrix.input_sizes) * len(spec.matrix.cpus)
     runs_per_cell = sum(1 if t is None else 2 for t in targets or [None])  # a device run has a sim twin
     total = models * cells * spec.repeats * runs_per_cell
     return total, (f"{models:,} model(s) × {cells:,} matrix cell(s) × {spec.repeats:,} repeat(s) × "
@@ -459,7 +510,11 @@ def check_host(spec: JobSpec, root: yaml.Node | None, source_name: str, host: Ho
         warnings.append(JobProblem(source_name, _line(root, "sim", "cpus"), "sim.cpus",
                                    f"{sim.cpus:g} CPUs is more than {where}; the sim cannot give more than it has, "
                                    f"so runs get at most {len(cores)}."))
-    elif sim.cpus is None and max(spec.matrix.threads) > len(cores):
+    elif any(c is not None and c > len(cores) for c in spec.matrix.cpus):
+        warnings.append(JobProblem(source_name, _line(root, "matrix", "cpus"), "matrix.cpus",
+                                   f"{max(c for c in spec.matrix.cpus if c is not None):g} CPUs is more than {where}; "
+                                   f"the sim cannot give more than it has, so those runs get at most {len(cores)}."))
+    elif sim.cpus is None and None in spec.matrix.cpus and max(spec.matrix.threads) > len(cores):
         warnings.append(JobProblem(source_name, _line(root, "matrix", "threads"), "matrix.threads",
                                    f"{max(spec.matrix.threads)} threads get a budget of as many CPUs, more than "
                                    f"{where}; the sim cannot give more than it has, so those runs get at most "
@@ -491,6 +546,7 @@ def load_job_text(text: str, source_name: str, base_dir: Path, source_path: Path
     """
     spec, root = parse_job_text(text, source_name)
     targets = resolve_targets(spec, root, source_name, devices or [])
+    check_cpu_sweep(spec, root, source_name, targets)
     check_task_count(spec, len(spec.models), targets, max_tasks, source_name)  # before any glob or file
     models, invalid = resolve_models(spec, root, base_dir, source_name)
     job = ResolvedJob(spec=spec, source=text, source_path=source_path, base_dir=base_dir, models=models,
@@ -509,6 +565,7 @@ def load_job_text(text: str, source_name: str, base_dir: Path, source_path: Path
     check_task_count(spec, len(job.models), targets, max_tasks, source_name)
     if host is not None:
         job.warnings = check_host(spec, root, source_name, host, targets)
+    job.warnings = [*job.warnings, *fixed_dimension_warnings(spec, job.models, root, source_name)]
     return job
 
 

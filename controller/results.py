@@ -29,7 +29,7 @@ FROM tasks t
 LEFT JOIN runs r ON r.id = t.last_run_id
 LEFT JOIN summaries s ON s.run_id = r.id
 WHERE t.job_id = ?
-ORDER BY t.model_name, t.threads, t.batch_size, t.input_size, t.repeat, t.target
+ORDER BY t.model_name, t.threads, t.batch_size, t.input_size, t.repeat, t.target, t.seq
 """
 
 
@@ -50,10 +50,26 @@ def _limits(row: dict[str, Any]) -> dict[str, Any]:
             "memory_mb": _mb(sim.get("memory"))}
 
 
-def run_records(store: Store, job_id: int) -> list[dict[str, Any]]:
-    records = []
+def samples_per_s(throughput: float | None, batch_size: int | None) -> float | None:
+    """Samples (inputs) per second: every inference of a batch-N run handles N of them."""
+    return None if throughput is None else throughput * (batch_size or 1)
+
+
+def _budget_cpus(row: dict[str, Any]) -> float | None:
+    """A sim run's CPU budget as the job set it (matrix.cpus, sim.cpus or the thread count): the swept figure.
+    None on a device, which has no budget imposed."""
+    if row["target"] != "sim":
+        return None
+    sim = json.loads(row["task_spec_json"] or "{}").get("sim") or {}
+    return default_cpus(sim.get("cpus"), row["threads"])
+
+
+def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[str, Any]]:
+    """One record per task; with `ops`, each carries its run's op profile (`op_profile`: op types, then nodes)."""
+    records, notes = [], []
     for row in store.query(_SQL, [job_id]):
         facts = json.loads(row["model_facts_json"] or "{}")
+        notes.append(json.loads(row["environment_json"] or "{}").get("op_profile_note"))
         latency = None
         if row.get("latency_avg_ms") is not None:
             latency = {k: _round(row[f"latency_{k}_ms"]) for k in
@@ -69,6 +85,7 @@ def run_records(store: Store, job_id: int) -> list[dict[str, Any]]:
                       **{name: facts.get(name) for name in MODEL_FACTS_IN_RECORDS}},
             "target": row["target"],
             "threads": row["threads"],
+            "cpus": _budget_cpus(row),
             "batch_size": row["batch_size"],
             "input_size": row["input_size"],
             "repeat": row["repeat"],
@@ -79,6 +96,10 @@ def run_records(store: Store, job_id: int) -> list[dict[str, Any]]:
             "message": row["task_message"] or "",
             "latency_ms": latency,
             "whole_run_s": _round(row["whole_run_s"]),
+            # inferences (batches) per second over the timed loop, and samples per second (x batch size)
+            "throughput_per_s": _round(row.get("throughput_per_s"), 3),
+            "samples_per_s": _round(samples_per_s(row.get("throughput_per_s"), row["batch_size"]), 3),
+            "startup_ms": _round(row.get("startup_ms")),  # init + first inference: a cold start
             "peak_memory_mb": _mb(row.get("peak_memory_bytes")),
             "peak_memory_source": row.get("peak_memory_source"),
             "avg_memory_mb": _mb(row.get("avg_memory_bytes")),
@@ -102,6 +123,11 @@ def run_records(store: Store, job_id: int) -> list[dict[str, Any]]:
             "contention": json.loads(row["contention_json"]) if row.get("contention_json") else None,
             "tool_versions": json.loads(row["tool_versions_json"]) if row["tool_versions_json"] else {},
         })
+    if ops:
+        profiles = store.op_profiles([r["run"] for r in records if r["run"] is not None])
+        for r, note in zip(records, notes, strict=True):
+            r["op_profile"] = profiles.get(r["run"], [])
+            r["op_profile_note"] = note  # why a run asked for a profile and has none
     spec = json.loads(store.job(job_id)["spec_json"])
     if spec.get("predict_for"):
         from farm.controller.calibrations import add_predictions

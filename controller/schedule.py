@@ -16,9 +16,9 @@ MAX_ATTEMPTS = 3
 
 
 def pair_key(model_sha256: str, threads: int, batch_size: int,
-             input_size: int | None, device: str, repeat: int) -> str:
-    """The key a device task and its sim twin share within one job."""
-    cell = f"t{threads}-b{batch_size}-r{input_size or 'native'}"
+             input_size: int | None, device: str, repeat: int, cpus: float | None = None) -> str:
+    """The key a device task and its sim twin share within one job (a swept sim budget is part of the cell)."""
+    cell = f"t{threads}-b{batch_size}-r{input_size or 'native'}" + (f"-c{cpus:g}" if cpus is not None else "")
     return f"{model_sha256[:16]}/{cell}/{device}/{repeat}"
 
 
@@ -40,10 +40,10 @@ def expand_tasks(job: ResolvedJob) -> list[dict[str, Any]]:
     workload = spec.workload.model_dump()
     targets = job.targets or [None]
     cells = itertools.product(job.models, spec.matrix.threads, spec.matrix.batch_sizes,
-                              spec.matrix.input_sizes, range(spec.repeats), targets)
+                              spec.matrix.input_sizes, spec.matrix.cpus, range(spec.repeats), targets)
 
     def task(model, threads: int, batch: int, size: int | None, repeat: int, target: str, key_device: str,
-             sim_budget: dict[str, Any]) -> dict[str, Any]:
+             sim_budget: dict[str, Any], cpus: float | None = None) -> dict[str, Any]:
         return {
             "seq": len(tasks), "target": target, "model_name": model.name, "model_path": model.display or str(model.path),
             "model_sha256": model.facts.sha256, "model_family": model.family,
@@ -51,7 +51,7 @@ def expand_tasks(job: ResolvedJob) -> list[dict[str, Any]]:
             "model_param_count": model.facts.param_count, "threads": threads, "batch_size": batch,
             "input_size": size, "repeat": repeat, "status": "pending", "attempts": 0,
             "max_attempts": MAX_ATTEMPTS,
-            "pair_key": pair_key(model.facts.sha256, threads, batch, size, key_device, repeat),
+            "pair_key": pair_key(model.facts.sha256, threads, batch, size, key_device, repeat, cpus),
             "spec_json": json.dumps({
                 "workload": workload, "sim": sim_budget, "run_timeout_s": spec.timeouts.run,
                 "base_dir": str(job.base_dir), "script_archive": job.script_archive,
@@ -59,9 +59,10 @@ def expand_tasks(job: ResolvedJob) -> list[dict[str, Any]]:
             "priority": PRIORITY_RANK[spec.priority], "created_at": now,
         }
 
-    for model, threads, batch, size, repeat, device in cells:
-        if device is None:
-            tasks.append(task(model, threads, batch, size, repeat, "sim", "sim", sim))
+    for model, threads, batch, size, cpus, repeat, device in cells:
+        if device is None:  # matrix.cpus (sim targets only, checked in jobfile) is this run's budget
+            budget = sim if cpus is None else {**sim, "cpus": cpus}
+            tasks.append(task(model, threads, batch, size, repeat, "sim", "sim", budget, cpus))
             continue
         tasks.append(task(model, threads, batch, size, repeat, device.name, device.name, sim))
         tasks.append(task(model, threads, batch, size, repeat, "sim", device.name,

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator
 
 import sqlite_utils
 
+from farm.proto import op_profile
 from farm.proto.results import FailureClass, ResultRefused, RunResult, RunStatus, TaskStatus
 
 DB_ENV = "FARM_DB"
@@ -160,9 +161,20 @@ def _migration_10(db: sqlite_utils.Database) -> None:
                                      "precision", "family", "version"], unique=True)
 
 
+def _migration_11(db: sqlite_utils.Database) -> None:
+    # Profile depth (issue 13): throughput and cold-start cost as figures of their own, and the slowest
+    # operators of a run (bounded per run by farm.proto.op_profile).
+    db["summaries"].add_column("throughput_per_s", float)
+    db["summaries"].add_column("startup_ms", float)
+    db["op_profiles"].create({
+        "run_id": int, "idx": int, "kind": str, "node_type": str, "name": str, "avg_ms": float, "percent": float,
+        "first_ms": float, "count": int, "times_called": int, "mem_kb": float,
+    }, pk=("run_id", "idx"), foreign_keys=[("run_id", "runs", "id")])
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6, _migration_7, _migration_8,
-    _migration_9, _migration_10]
+    _migration_9, _migration_10, _migration_11]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -349,6 +361,7 @@ class Store:
                 "contention_json": None if result.contention is None else json.dumps(dataclasses.asdict(result.contention)),
             }).last_pk
             self._insert_summary(run_id, result)
+            self._insert_op_profile(run_id, result)
             if result.iterations_ms:  # executemany: a million samples in a second or two, not a minute
                 self.db.conn.executemany("INSERT INTO iterations (run_id, idx, ms) VALUES (?, ?, ?)",
                                          ((run_id, i, ms) for i, ms in enumerate(result.iterations_ms)))
@@ -396,7 +409,8 @@ class Store:
 
     def _insert_summary(self, run_id: int, r: RunResult) -> None:
         row: dict[str, Any] = {"run_id": run_id, "baseline_memory_bytes": r.baseline_memory_bytes,
-                               "peak_rss_bytes": r.peak_rss_bytes}
+                               "peak_rss_bytes": r.peak_rss_bytes, "throughput_per_s": r.throughput_per_s,
+                               "startup_ms": r.startup_ms}
         if r.latency:
             lat = r.latency
             row.update({
@@ -497,3 +511,25 @@ class Store:
     def dashboard_job_status_counts(self, job_id: int) -> dict[str, int]:
         return {r["status"]: r["n"] for r in self.query(
             "SELECT status, COUNT(*) AS n FROM tasks WHERE job_id = ? GROUP BY status", [job_id])}
+    # --- r13-profile: per-operator profiles ----------------------------------------------------
+    def _insert_op_profile(self, run_id: int, r: RunResult) -> None:
+        """Inside record_run's transaction: the run's op profile, bounded and cleaned again (it came over the wire)."""
+        rows = op_profile.bounded(r.op_profile)
+        if rows:
+            self.db.conn.executemany(
+                "INSERT INTO op_profiles (run_id, idx, kind, node_type, name, avg_ms, percent, first_ms, count, "
+                "times_called, mem_kb) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                ((run_id, i, o.kind, o.node_type, o.name, o.avg_ms, o.percent, o.first_ms, o.count, o.times_called,
+                  o.mem_kb) for i, o in enumerate(rows)))
+
+    def op_profiles(self, run_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+        """Each run's op profile rows (op types, then nodes; slowest first), by run id."""
+        found: dict[int, list[dict[str, Any]]] = {run_id: [] for run_id in run_ids}
+        for start in range(0, len(run_ids), 500):  # SQLite's bound on ? parameters
+            chunk = run_ids[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            for row in self.query(f"SELECT * FROM op_profiles WHERE run_id IN ({marks}) ORDER BY run_id, idx", chunk):
+                run_id = row.pop("run_id")
+                row.pop("idx")
+                found[run_id].append(row)
+        return found

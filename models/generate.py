@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from farm.models.classic_tflite import CLASSIC_TFLITE
 from farm.models.generate_onnx import mobilenetv2_onnx, serialize_onnx, tiny_onnx
 from farm.models.generate_tflite import mobilenetv2_tflite, tiny_tflite
 from farm.models.mobilenetv2 import DEFAULT_SEED, INPUT_SIZES, WIDTHS, model_name
@@ -89,7 +90,9 @@ def generate_examples(
     if unknown_formats:
         raise ValueError(f"unknown model format(s) {unknown_formats} (expected {', '.join(FORMATS)})")
     zoo_names: list[str] = list(zoo_models()) if zoo is True else [] if zoo is False else list(zoo)
-    total = len(widths) * len(input_sizes) * len(formats) + len(zoo_names)
+    # the classics as .tflite too (phones run nothing else): SqueezeNet 1.1 and GoogLeNet, built here
+    classics = list(CLASSIC_TFLITE) if zoo is True and "tflite" in formats else []
+    total = len(widths) * len(input_sizes) * len(formats) + len(zoo_names) + len(classics)
     dest.mkdir(parents=True, exist_ok=True)
     generated: list[GeneratedModel] = []
 
@@ -104,9 +107,16 @@ def generate_examples(
             name = model_name(width, input_size) + suffix
             for fmt in formats:
                 path = dest / f"{name}.{fmt}"
-                data = mobilenetv2_bytes(fmt, width, input_size, dynamic_batch=dynamic_batch, seed=seed)
+                # ONNX Runtime cannot resize a fixed input (LiteRT can): the ONNX files always take any batch
+                data = mobilenetv2_bytes(fmt, width, input_size, dynamic_batch=dynamic_batch or fmt == "onnx",
+                                         seed=seed)
                 written = write_if_changed(path, data)
                 record(GeneratedModel(path, name, MOBILENETV2_FAMILY, fmt, width, input_size, written))
+
+    for name in classics:
+        path = dest / f"{name}.tflite"
+        record(GeneratedModel(path, name, ZOO_FAMILY, "tflite", input_size=224,
+                              written=write_if_changed(path, CLASSIC_TFLITE[name](seed=seed))))
 
     for name in zoo_names:
         target = dest / f"{name}.onnx"

@@ -23,12 +23,14 @@ from ai_edge_litert import schema_py_generated as tflite_schema
 
 from farm.models.facts import (
     DEFAULT_ONNX_DOMAINS,
+    _decode,
     _ints,
     _parse_onnx,
     _parse_tflite,
     _read,
     _tflite_buffer_has_data,
     _tflite_builtin_code,
+    _tflite_op_name,
     model_format,
 )
 
@@ -416,3 +418,115 @@ def onnx_mac_profile(model: onnx.ModelProto) -> MacProfile | None:
             return MacProfile(by_kind, None)
         activation_bytes += math.prod(int(dim) for dim in shape) * item_bytes.get(name, 4)
     return MacProfile(by_kind, activation_bytes)
+
+
+# --- per layer (`farm inspect`) -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One operator of the main graph: what it is, the MACs it does, the weights it reads first, what it makes."""
+
+    index: int
+    name: str
+    op: str
+    kind: str | None  # MAC kind (conv, depthwise, fc, other); None for an operator whose MACs count as 0
+    macs: int | None  # None: a counted operator whose shapes are not known
+    params: int  # weight elements, each counted at its first consumer (so they sum to the model's)
+    output_shape: list[int | None]  # at batch 1; None for a dimension not known before running
+
+
+def _counted(counter: Callable[[], int]) -> int | None:
+    try:
+        return counter()
+    except (_UnknownShape, IndexError, TypeError):
+        return None
+
+
+def tflite_layers(model: tflite_schema.ModelT) -> list[Layer]:
+    """Every operator of the main subgraph, in execution order."""
+    codes = model.operatorCodes or []
+    main = model.subgraphs[0]
+    tensors = main.tensors or []
+    buffers = model.buffers or []
+    dynamic = _has_dynamic_non_batch_input(main)
+    seen_buffers: set[int] = set()
+    layers = []
+    for index, operator in enumerate(main.operators or []):
+        code = _tflite_builtin_code(codes[operator.opcodeIndex])
+        counter = _TFLITE_COUNTERS.get(code)
+        macs: int | None = 0
+        if counter is not None:
+            macs = None if dynamic else _counted(lambda: counter(operator, tensors))
+        params = 0
+        for i in _ints(operator.inputs):
+            if 0 <= i < len(tensors):
+                b = tensors[i].buffer
+                if b > 0 and b not in seen_buffers and b < len(buffers) and _tflite_buffer_has_data(buffers[b]):
+                    seen_buffers.add(b)
+                    params += math.prod(_ints(tensors[i].shape))
+        outputs = _ints(operator.outputs)
+        out = tensors[outputs[0]] if outputs and 0 <= outputs[0] < len(tensors) else None
+        dims = (_ints(out.shapeSignature) or _ints(out.shape)) if out is not None else []
+        shape: list[int | None] = [1 if k == 0 and d < 0 else (None if d < 0 else d) for k, d in enumerate(dims)]
+        name = (_decode(out.name) if out is not None else "") or f"op{index}"
+        layers.append(Layer(index, name, _tflite_op_name(codes[operator.opcodeIndex]),
+                            _TFLITE_KINDS.get(code, "other") if counter is not None else None, macs, params, shape))
+    return layers
+
+
+def onnx_layers(model: onnx.ModelProto) -> list[Layer]:
+    """Every node of the main graph but the ones that only make weights (Constant, ConstantOfShape)."""
+    graph = model.graph
+    try:
+        shapes, _ = _onnx_shapes(_inference_copy(model))
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, ValueError):
+        shapes = {}
+    initializers = {init.name: int(math.prod(init.dims)) for init in graph.initializer}
+    consumers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers[name] = consumers.get(name, 0) + 1
+    weights = dict(initializers)
+    weight_makers = set()
+    for name, dims in _constant_of_shape_weights(graph).items():
+        weights[name] = math.prod(dims)  # the zoo's light models rebuild each weight from its shape
+    for node in graph.node:
+        if node.op_type == "ConstantOfShape" and node.domain in DEFAULT_ONNX_DOMAINS and node.input:
+            weight_makers.update(node.output)
+            if consumers.get(node.input[0]) == 1:
+                weights.pop(node.input[0], None)  # only a shape: counted as the tensor it makes
+        elif node.op_type == "Constant" and node.domain in DEFAULT_ONNX_DOMAINS:
+            weight_makers.update(node.output)
+    seen: set[str] = set()
+    layers = []
+    for index, node in enumerate(graph.node):
+        if node.output and all(o in weight_makers for o in node.output if o):
+            continue
+        op = node.op_type if node.domain in DEFAULT_ONNX_DOMAINS else f"{node.domain}:{node.op_type}"
+        counted = node.domain in DEFAULT_ONNX_DOMAINS and node.op_type in _ONNX_COUNTERS
+        macs: int | None = 0
+        kind = None
+        if counted:
+            macs = _counted(lambda: _ONNX_COUNTERS[node.op_type](node, shapes))
+            kind = _onnx_kind(node, shapes) if macs is not None else None
+        params = 0
+        for name in node.input:
+            if name in weights and name not in seen:
+                seen.add(name)
+                params += weights[name]
+        shape = shapes.get(node.output[0]) if node.output else None
+        layers.append(Layer(index, node.name or (node.output[0] if node.output else f"node{index}"), op, kind, macs,
+                            params, list(shape) if shape is not None else []))
+    return layers
+
+
+def model_layers(path: Path) -> list[Layer]:
+    """The per-layer table of a .tflite or .onnx file; empty for other formats. Raises facts.ModelError."""
+    path = Path(path)
+    fmt = model_format(path)
+    if fmt == "tflite":
+        return tflite_layers(_parse_tflite(path, _read(path)))
+    if fmt == "onnx":
+        return onnx_layers(_parse_onnx(path, _read(path)))
+    return []

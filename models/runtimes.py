@@ -24,11 +24,15 @@ def litert_interpreter(model: str | bytes, *, threads: int, use_xnnpack: bool) -
     return Interpreter(**source, num_threads=threads, experimental_op_resolver_type=resolver)
 
 
-def onnx_session(model: str | bytes, *, threads: int) -> Any:
-    """An ONNX Runtime CPU session as a run builds it."""
+def onnx_session(model: str | bytes, *, threads: int, profile_prefix: str | None = None) -> Any:
+    """An ONNX Runtime CPU session as a run builds it; with profile_prefix, one that traces every node
+    (its trace file is named by `session.end_profiling()`)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3  # errors only: no "removing unused initializer" chatter

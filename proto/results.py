@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from farm.proto.op_profile import OpProfileRow
+
 
 class FailureClass(StrEnum):
     """Why a run did not complete; decides retry vs fail (taken from LAVA)."""
@@ -180,6 +182,9 @@ class RunResult:
     tool_versions: dict[str, str] = field(default_factory=dict)
     log_tail: str = ""  # last lines of the sandbox's output, kept for failures
     contention: Contention | None = None  # sim runs: was the run's CPU its own?
+    throughput_per_s: float | None = None  # inferences (batches) per second over the timed loop
+    startup_ms: float | None = None  # init + first inference: what a cold start costs
+    op_profile: list[OpProfileRow] = field(default_factory=list)  # slowest nodes and op types (proto/op_profile.py)
 
     @property
     def ok(self) -> bool:
@@ -219,6 +224,7 @@ _NESTED = {
     (ModelFacts, "inputs"): [TensorInfo],
     (ModelFacts, "outputs"): [TensorInfo],
     (Telemetry, "samples"): [TelemetrySample],
+    (RunResult, "op_profile"): [OpProfileRow],
 }
 
 

@@ -114,6 +114,9 @@ class BenchmarkWorkload(Strict):
         description="Shapes for inputs with dynamic dimensions, by input name",
     )
     use_xnnpack: bool = Field(True, description="TFLite only: use the XNNPACK delegate")
+    op_profiling: bool = Field(False, description="Also time every operator: phones pass --enable_op_profiling=true "
+                                                  "to benchmark_model; the sim traces ONNX models with ONNX Runtime's "
+                                                  "profiler in a separate pass after the timed loop")
 
     @field_validator("input_shapes")
     @classmethod
@@ -155,6 +158,24 @@ class Matrix(Strict):
         default_factory=lambda: [None],
         description="Square spatial size for image inputs (null keeps the model's own)",
     )
+
+    cpus: list[float | None] = Field(
+        default_factory=lambda: [None],
+        description="Sim CPU budgets to sweep, in cores like sim.cpus (null: the run's thread count); sim targets "
+                    "only, and not together with sim.cpus",
+    )
+
+    @field_validator("cpus")
+    @classmethod
+    def _budgets(cls, v: list[float | None]) -> list[float | None]:
+        if not v:
+            raise ValueError("must list at least one CPU budget (null: one core per thread)")
+        for x in v:
+            if x is not None and not (0 < x < 4096):  # also refuses NaN and infinity
+                raise ValueError(f"every CPU budget must be a number of cores above 0, got {x}")
+        if len(set(v)) != len(v):
+            raise ValueError("a CPU budget is listed twice; each is one cell of the sweep")
+        return v
 
     @field_validator("threads", "batch_sizes")
     @classmethod

@@ -13,6 +13,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+from farm.proto.op_profile import MAX_NODES, MAX_OP_TYPES, bounded
 from farm.proto.results import FailureClass, RunResult, run_result_from_dict
 from farm.proto.tasks import TaskSpec
 
@@ -101,6 +102,8 @@ def result_for_the_wire(result: RunResult, message: Message) -> Message:
         notes.append(f"kept the first {MAX_SAMPLES} of {len(result.telemetry.samples)} telemetry samples")
         result = dataclasses.replace(result, telemetry=dataclasses.replace(
             result.telemetry, samples=result.telemetry.samples[:MAX_SAMPLES]))
+    if len(result.op_profile) > MAX_NODES + MAX_OP_TYPES:  # drivers bound it already; an old agent might not
+        result = dataclasses.replace(result, op_profile=bounded(result.op_profile))
     if notes:
         note = "; ".join(notes) + " (the summary covers them all)"
         result = dataclasses.replace(result, message=f"{result.message}; {note}" if result.message else note)

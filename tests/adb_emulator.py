@@ -97,6 +97,14 @@ class EmulatedPhone:
     unsupported_ops: dict[str, str] = field(default_factory=dict)
     garbage_output: dict[str, str] = field(default_factory=dict)
     benchmark_seconds: float = 0.0  # how long one benchmark_model run takes
+    # What --enable_op_profiling=true adds after the summary: real captured tables (an Arm TC2 run of a
+    # delegate-partitioned model, tests/fixtures/benchmark_model/g_*), from the initialization section on.
+    op_profiling_output: str = field(default_factory=lambda: _captured_op_profiling_tables())
+
+
+def _captured_op_profiling_tables() -> str:
+    text = (Path(__file__).parent / "fixtures" / "benchmark_model" / "g_arm_tc2_op_profiling_abridged.txt").read_text()
+    return text[text.index("INFO: Profiling Info for Benchmark Initialization:"):]
 
 
 class _Stream:
@@ -249,7 +257,8 @@ class AdbDeviceEmulator:
             + f"Hardware\t: Qualcomm Technologies, Inc {p.properties.get('ro.soc.model', '')}\n")
         bench_config = self.root / "system" / "benchmark_model.json"
         bench_config.write_text(json.dumps({"timings": p.benchmark_us, "unsupported": p.unsupported_ops,
-                                            "garbage": p.garbage_output, "seconds": p.benchmark_seconds}))
+                                            "garbage": p.garbage_output, "seconds": p.benchmark_seconds,
+                                            "op_profiling": p.op_profiling_output}))
         bin_dir = self.root / "system" / "bin"
         _script(bin_dir / "getprop", f"""#!/bin/sh
 if [ $# -eq 0 ]; then sed 's/^\\([^=]*\\)=\\(.*\\)$/[\\1]: [\\2]/' {shlex.quote(str(props))}; exit 0; fi
@@ -634,4 +643,6 @@ print()
 print(f"INFO: Inference timings in us: Init: {t['init']:g}, First inference: {t['first']:g}, Warmup (avg): {t['warmup_avg']:g}, Inference (avg): {t['avg']:g}")
 print("INFO: Note: as the benchmark tool itself affects memory footprint, the following is only APPROXIMATE to the actual memory footprint of the model at runtime. Take the information at your discretion.")
 print(f"INFO: Memory footprint delta from the start of the tool (MB): init={t['memory_init_mb']:g} overall={t['memory_overall_mb']:g}")
+if args.get("enable_op_profiling") in ("true", "1"):
+    print(config["op_profiling"], end="")
 '''

@@ -55,6 +55,10 @@ def test_the_command_uses_the_types_flags_and_taskset_mask(tmp_path: Path) -> No
                                 _task(tmp_path / "m.tflite", threads=2), pixel)
     assert command.startswith("taskset c0 /data/local/tmp/farm/abc ")
     assert command.count("--num_runs=") == 1  # the job's run count wins over the profile's default
+    assert "--enable_op_profiling" not in command  # profiling costs time: only when the job asks
+    task = _task(tmp_path / "m.tflite", threads=2)
+    task.workload["op_profiling"] = True
+    assert "--enable_op_profiling=true" in benchmark_command("bm", "m.tflite", task, pixel)
 
 
 def test_unsupported_operator_and_garbage_are_job_failures_with_raw_output(tmp_path: Path, lab_key: Path,

@@ -37,6 +37,8 @@ def test_jetson_run_has_latency_power_mode_and_energy(board: SshdPeer, mobilenet
     assert device["nvpmodel_mode"] == "MAXN" and device["l4t_release"] == "32.7.4"
     assert result.environment["energy_per_inference_mj"] > 0
     assert result.telemetry.samples  # tegrastats lines, parsed
+    assert 0 < result.throughput_per_s <= 1000 / result.latency.avg * 1.001  # over the loop's own wall time
+    assert result.startup_ms == result.latency.init + result.latency.first
 
 
 def test_linux_board_run_samples_proc(board: SshdPeer, mobilenet_models) -> None:

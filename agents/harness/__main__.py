@@ -11,17 +11,8 @@ import sys
 import traceback
 from pathlib import Path
 
+from farm.agents.harness.memory import status_kib as _status_kib
 from farm.agents.harness.task import HarnessOutput, HarnessTask
-
-
-def _status_kib(field: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def rss_now() -> int | None:
@@ -53,7 +44,7 @@ def main(argv: list[str]) -> int:
         out.failure_class, out.message = "job", str(e)
     except Exception:
         out.failure_class, out.message = "bug", "the harness failed:\n" + traceback.format_exc(limit=8)
-    if task.kind != "script":
+    if task.kind != "script" and out.peak_rss_bytes is None:  # a runner that profiles ops took it before that pass
         out.peak_rss_bytes = _status_kib("VmHWM")
     out.write(out_path)
     return 0 if out.ok else 3

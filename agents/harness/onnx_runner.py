@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
+from farm.agents.harness.memory import status_kib
 from farm.agents.harness.inputs import random_input, resolve_shape
 from farm.agents.harness.task import HarnessOutput, HarnessTask
 from farm.agents.harness.timing import time_inferences
 from farm.agents.harness.tflite_runner import ModelRejected
+from farm.agents.parsers.onnxruntime_profile import ort_op_profile
 from farm.models.runtimes import onnx_session
+from farm.proto.op_profile import bounded
+
+PROFILED_RUNS = 20  # inferences of the profiled pass: the first (cold) is kept apart from the average
 
 _ORT_DTYPES = {
     "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
@@ -67,3 +75,23 @@ def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
         if isinstance(e, MemoryError):
             raise
         raise ModelRejected(_explain(e)) from e
+    if task.op_profiling:
+        out.peak_rss_bytes = status_kib("VmHWM")  # the timed session's peak, before a second session exists
+        del session
+        profile_ops(task, feeds, out)
+
+
+def profile_ops(task: HarnessTask, feeds: dict, out: HarnessOutput) -> None:
+    """A separate, traced session after the timed loop, so tracing never slows the timings it sits beside."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="farm-ort-profile-") as folder:
+            session = onnx_session(task.model_path, threads=task.threads, profile_prefix=str(Path(folder) / "ops"))
+            for _ in range(max(2, min(task.iterations, PROFILED_RUNS))):
+                session.run(None, feeds)
+            rows = ort_op_profile(Path(session.end_profiling()).read_text())
+    except MemoryError:
+        raise
+    except Exception as e:  # the timed figures stand; the run says why it has no op profile
+        out.op_profile_note = f"the profiled pass failed, so there is no op profile: {_explain(e)[:300]}"
+        return
+    out.op_profile = [dataclasses.asdict(r) for r in bounded(rows)]

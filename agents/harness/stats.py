@@ -27,3 +27,20 @@ def latency_stats(iterations_ms: list[float], *, init_ms: float | None = None,
         max=float(a.max()),
         count=int(a.size),
     )
+
+
+def throughput_per_s(latency: LatencyStats | None, measure_wall_s: float | None = None) -> float | None:
+    """Inferences (batches) per second: timed iterations over the loop's own wall time where it was measured
+    (the loop's overhead counts, as it would for a caller), else 1000 / the average latency (a tool's summary)."""
+    if latency is None:
+        return None
+    if measure_wall_s and measure_wall_s > 0 and latency.count:
+        return latency.count / measure_wall_s
+    return 1000.0 / latency.avg if latency.avg and latency.avg > 0 else None
+
+
+def startup_ms(latency: LatencyStats | None) -> float | None:
+    """What a cold start costs before the first result: loading the model (init) plus the first inference."""
+    if latency is None or latency.init is None or latency.first is None:
+        return None
+    return latency.init + latency.first

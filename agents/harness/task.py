@@ -25,6 +25,7 @@ class HarnessTask:
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
     use_xnnpack: bool = True
     seed: int = 0
+    op_profiling: bool = False  # after the timed loop, a profiled pass gives per-operator times
     # script mode
     command: list[str] = field(default_factory=list)  # already formatted argv
     script_dir: str | None = None
@@ -53,6 +54,8 @@ class HarnessOutput:
     peak_rss_bytes: int | None = None
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
     tool_versions: dict[str, str] = field(default_factory=dict)
+    op_profile: list[dict[str, Any]] = field(default_factory=list)  # OpProfileRow fields, one dict a row
+    op_profile_note: str = ""  # why a run asked for an op profile and has none
 
     def write(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")

@@ -56,6 +56,9 @@ def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
         time_inferences(interp.invoke, out, warmup=task.warmup, iterations=task.iterations)
     except (ValueError, RuntimeError) as e:
         raise ModelRejected(_explain(e)) from e
+    if task.op_profiling:
+        out.op_profile_note = (f"no per-operator profile: the LiteRT Python interpreter ({_version()}) exposes no "
+                               "op profiler; benchmark_model on a phone or board gives one")
 
 
 def _version() -> str:

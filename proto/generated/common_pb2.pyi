@@ -205,7 +205,7 @@ class Contention(_message.Message):
     def __init__(self, contended: _Optional[bool] = ..., reasons: _Optional[_Iterable[str]] = ..., cores: _Optional[str] = ..., window_s: _Optional[float] = ..., run_cpu_s: _Optional[float] = ..., budget_cpus: _Optional[float] = ..., cpu_of_budget: _Optional[float] = ..., others_cpu_share: _Optional[float] = ..., steal_share: _Optional[float] = ..., throttled_s: _Optional[float] = ..., host_pressure_share: _Optional[float] = ..., cgroup_pressure_share: _Optional[float] = ..., freq_mhz_start: _Optional[float] = ..., freq_mhz_end: _Optional[float] = ..., governor_start: _Optional[str] = ..., governor_end: _Optional[str] = ..., quiet_wait_s: _Optional[float] = ..., quiet_before: _Optional[bool] = ..., exclusive: _Optional[str] = ..., lost_share: _Optional[float] = ..., run_wait_s: _Optional[float] = ...) -> None: ...
 
 class RunResult(_message.Message):
-    __slots__ = ("status", "failure_class", "message", "backend", "limits", "approximate", "wall_s", "latency", "iterations_ms", "whole_run_s", "telemetry", "baseline_memory_bytes", "peak_rss_bytes", "model", "environment_json", "tool_versions", "log_tail", "contention")
+    __slots__ = ("status", "failure_class", "message", "backend", "limits", "approximate", "wall_s", "latency", "iterations_ms", "whole_run_s", "telemetry", "baseline_memory_bytes", "peak_rss_bytes", "model", "environment_json", "tool_versions", "log_tail", "contention", "throughput_per_s", "startup_ms", "op_profile")
     class ToolVersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -231,6 +231,9 @@ class RunResult(_message.Message):
     TOOL_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     LOG_TAIL_FIELD_NUMBER: _ClassVar[int]
     CONTENTION_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_PER_S_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_MS_FIELD_NUMBER: _ClassVar[int]
+    OP_PROFILE_FIELD_NUMBER: _ClassVar[int]
     status: str
     failure_class: str
     message: str
@@ -249,7 +252,32 @@ class RunResult(_message.Message):
     tool_versions: _containers.ScalarMap[str, str]
     log_tail: str
     contention: Contention
-    def __init__(self, status: _Optional[str] = ..., failure_class: _Optional[str] = ..., message: _Optional[str] = ..., backend: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., approximate: _Optional[bool] = ..., wall_s: _Optional[float] = ..., latency: _Optional[_Union[LatencyStats, _Mapping]] = ..., iterations_ms: _Optional[_Iterable[float]] = ..., whole_run_s: _Optional[float] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., baseline_memory_bytes: _Optional[int] = ..., peak_rss_bytes: _Optional[int] = ..., model: _Optional[_Union[ModelFacts, _Mapping]] = ..., environment_json: _Optional[str] = ..., tool_versions: _Optional[_Mapping[str, str]] = ..., log_tail: _Optional[str] = ..., contention: _Optional[_Union[Contention, _Mapping]] = ...) -> None: ...
+    throughput_per_s: float
+    startup_ms: float
+    op_profile: _containers.RepeatedCompositeFieldContainer[OpProfileRow]
+    def __init__(self, status: _Optional[str] = ..., failure_class: _Optional[str] = ..., message: _Optional[str] = ..., backend: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., approximate: _Optional[bool] = ..., wall_s: _Optional[float] = ..., latency: _Optional[_Union[LatencyStats, _Mapping]] = ..., iterations_ms: _Optional[_Iterable[float]] = ..., whole_run_s: _Optional[float] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., baseline_memory_bytes: _Optional[int] = ..., peak_rss_bytes: _Optional[int] = ..., model: _Optional[_Union[ModelFacts, _Mapping]] = ..., environment_json: _Optional[str] = ..., tool_versions: _Optional[_Mapping[str, str]] = ..., log_tail: _Optional[str] = ..., contention: _Optional[_Union[Contention, _Mapping]] = ..., throughput_per_s: _Optional[float] = ..., startup_ms: _Optional[float] = ..., op_profile: _Optional[_Iterable[_Union[OpProfileRow, _Mapping]]] = ...) -> None: ...
+
+class OpProfileRow(_message.Message):
+    __slots__ = ("kind", "node_type", "name", "avg_ms", "percent", "first_ms", "count", "times_called", "mem_kb")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NODE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    AVG_MS_FIELD_NUMBER: _ClassVar[int]
+    PERCENT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_MS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    TIMES_CALLED_FIELD_NUMBER: _ClassVar[int]
+    MEM_KB_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    node_type: str
+    name: str
+    avg_ms: float
+    percent: float
+    first_ms: float
+    count: int
+    times_called: int
+    mem_kb: float
+    def __init__(self, kind: _Optional[str] = ..., node_type: _Optional[str] = ..., name: _Optional[str] = ..., avg_ms: _Optional[float] = ..., percent: _Optional[float] = ..., first_ms: _Optional[float] = ..., count: _Optional[int] = ..., times_called: _Optional[int] = ..., mem_kb: _Optional[float] = ...) -> None: ...
 
 class Device(_message.Message):
     __slots__ = ("name", "driver", "device_type", "tags", "facts_json", "slots", "state", "agent", "last_seen")

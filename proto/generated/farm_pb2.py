@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from farm.proto.generated import common_pb2 as farm_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x66\x61rm/v1/farm.proto\x12\x07\x66\x61rm.v1\x1a\x14\x66\x61rm/v1/common.proto\"\x9d\x01\n\x10SubmitJobRequest\x12\x10\n\x08job_yaml\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61se_dir\x18\x02 \x01(\t\x12\x11\n\tfile_name\x18\x03 \x01(\t\x12\x10\n\x08priority\x18\x04 \x01(\t\x12!\n\x06models\x18\x05 \x03(\x0b\x32\x11.farm.v1.JobModel\x12\x1d\n\x15script_archive_sha256\x18\x06 \x01(\t\"G\n\x08JobModel\x12\r\n\x05\x65ntry\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\")\n\x17MissingArtifactsRequest\x12\x0e\n\x06sha256\x18\x01 \x03(\t\"f\n\x18MissingArtifactsResponse\x12\x0f\n\x07missing\x18\x01 \x03(\t\x12\x17\n\x0fmax_model_bytes\x18\x02 \x01(\x03\x12 \n\x18max_script_archive_bytes\x18\x03 \x01(\x03\"J\n\x0e\x41rtifactUpload\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"N\n\x16UploadArtifactResponse\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x16\n\x0e\x61lready_stored\x18\x03 \x01(\x08\"B\n\x11SubmitJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\r\n\x05tasks\x18\x02 \x01(\x05\x12\x0e\n\x06models\x18\x03 \x01(\x05\"\x1c\n\nJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\"\x9e\x02\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x10\n\x08priority\x18\x04 \x01(\t\x12\r\n\x05total\x18\x05 \x01(\x05\x12\x0f\n\x07pending\x18\x06 \x01(\x05\x12\x0f\n\x07running\x18\x07 \x01(\x05\x12\x11\n\tcompleted\x18\x08 \x01(\x05\x12\x0e\n\x06\x66\x61iled\x18\t \x01(\x05\x12\x10\n\x08\x63\x61nceled\x18\n \x01(\x05\x12\x12\n\ncreated_at\x18\x0b \x01(\x01\x12\x17\n\nstarted_at\x18\x0c \x01(\x01H\x00\x88\x01\x01\x12\x18\n\x0b\x66inished_at\x18\r \x01(\x01H\x01\x88\x01\x01\x12\x0f\n\x07message\x18\x0e \x01(\tB\r\n\x0b_started_atB\x0e\n\x0c_finished_at\";\n\x11\x43\x61ncelJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x16\n\x0e\x63\x61nceled_tasks\x18\x02 \x01(\x05\" \n\x0fListJobsRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\".\n\x10ListJobsResponse\x12\x1a\n\x04jobs\x18\x01 \x03(\x0b\x32\x0c.farm.v1.Job\"\x14\n\x12ListDevicesRequest\"7\n\x13ListDevicesResponse\x12 \n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x0f.farm.v1.Device\"\x13\n\x11ListAgentsRequest\"\xc2\x01\n\tAgentInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x14\n\x0c\x66\x61rm_version\x18\x04 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x05 \x03(\t\x12\x10\n\x08hostname\x18\x06 \x01(\t\x12\x0c\n\x04peer\x18\x07 \x01(\t\x12\x14\n\x0c\x63onnected_at\x18\x08 \x01(\x01\x12\x11\n\tlast_seen\x18\t \x01(\x01\x12\x0f\n\x07running\x18\n \x01(\x05\"8\n\x12ListAgentsResponse\x12\"\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x12.farm.v1.AgentInfo\"*\n\x12GetResultsResponse\x12\x14\n\x0crecords_json\x18\x01 \x01(\t\"#\n\x13\x46orgetDeviceRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"3\n\x14\x46orgetDeviceResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t2\xf3\x05\n\x0b\x46\x61rmService\x12\x42\n\tSubmitJob\x12\x19.farm.v1.SubmitJobRequest\x1a\x1a.farm.v1.SubmitJobResponse\x12+\n\x06GetJob\x12\x13.farm.v1.JobRequest\x1a\x0c.farm.v1.Job\x12/\n\x08WatchJob\x12\x13.farm.v1.JobRequest\x1a\x0c.farm.v1.Job0\x01\x12<\n\tCancelJob\x12\x13.farm.v1.JobRequest\x1a\x1a.farm.v1.CancelJobResponse\x12?\n\x08ListJobs\x12\x18.farm.v1.ListJobsRequest\x1a\x19.farm.v1.ListJobsResponse\x12H\n\x0bListDevices\x12\x1b.farm.v1.ListDevicesRequest\x1a\x1c.farm.v1.ListDevicesResponse\x12\x45\n\nListAgents\x12\x1a.farm.v1.ListAgentsRequest\x1a\x1b.farm.v1.ListAgentsResponse\x12>\n\nGetResults\x12\x13.farm.v1.JobRequest\x1a\x1b.farm.v1.GetResultsResponse\x12K\n\x0c\x46orgetDevice\x12\x1c.farm.v1.ForgetDeviceRequest\x1a\x1d.farm.v1.ForgetDeviceResponse\x12W\n\x10MissingArtifacts\x12 .farm.v1.MissingArtifactsRequest\x1a!.farm.v1.MissingArtifactsResponse\x12L\n\x0eUploadArtifact\x12\x17.farm.v1.ArtifactUpload\x1a\x1f.farm.v1.UploadArtifactResponse(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x66\x61rm/v1/farm.proto\x12\x07\x66\x61rm.v1\x1a\x14\x66\x61rm/v1/common.proto\"\x9d\x01\n\x10SubmitJobRequest\x12\x10\n\x08job_yaml\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61se_dir\x18\x02 \x01(\t\x12\x11\n\tfile_name\x18\x03 \x01(\t\x12\x10\n\x08priority\x18\x04 \x01(\t\x12!\n\x06models\x18\x05 \x03(\x0b\x32\x11.farm.v1.JobModel\x12\x1d\n\x15script_archive_sha256\x18\x06 \x01(\t\"G\n\x08JobModel\x12\r\n\x05\x65ntry\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\")\n\x17MissingArtifactsRequest\x12\x0e\n\x06sha256\x18\x01 \x03(\t\"f\n\x18MissingArtifactsResponse\x12\x0f\n\x07missing\x18\x01 \x03(\t\x12\x17\n\x0fmax_model_bytes\x18\x02 \x01(\x03\x12 \n\x18max_script_archive_bytes\x18\x03 \x01(\x03\"J\n\x0e\x41rtifactUpload\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"N\n\x16UploadArtifactResponse\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x16\n\x0e\x61lready_stored\x18\x03 \x01(\x08\"B\n\x11SubmitJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\r\n\x05tasks\x18\x02 \x01(\x05\x12\x0e\n\x06models\x18\x03 \x01(\x05\"*\n\nJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x0c\n\x03ops\x18\x95\n \x01(\x08\"\x9e\x02\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x10\n\x08priority\x18\x04 \x01(\t\x12\r\n\x05total\x18\x05 \x01(\x05\x12\x0f\n\x07pending\x18\x06 \x01(\x05\x12\x0f\n\x07running\x18\x07 \x01(\x05\x12\x11\n\tcompleted\x18\x08 \x01(\x05\x12\x0e\n\x06\x66\x61iled\x18\t \x01(\x05\x12\x10\n\x08\x63\x61nceled\x18\n \x01(\x05\x12\x12\n\ncreated_at\x18\x0b \x01(\x01\x12\x17\n\nstarted_at\x18\x0c \x01(\x01H\x00\x88\x01\x01\x12\x18\n\x0b\x66inished_at\x18\r \x01(\x01H\x01\x88\x01\x01\x12\x0f\n\x07message\x18\x0e \x01(\tB\r\n\x0b_started_atB\x0e\n\x0c_finished_at\";\n\x11\x43\x61ncelJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x16\n\x0e\x63\x61nceled_tasks\x18\x02 \x01(\x05\" \n\x0fListJobsRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\".\n\x10ListJobsResponse\x12\x1a\n\x04jobs\x18\x01 \x03(\x0b\x32\x0c.farm.v1.Job\"\x14\n\x12ListDevicesRequest\"7\n\x13ListDevicesResponse\x12 \n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x0f.farm.v1.Device\"\x13\n\x11ListAgentsRequest\"\xc2\x01\n\tAgentInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x14\n\x0c\x66\x61rm_version\x18\x04 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x05 \x03(\t\x12\x10\n\x08hostname\x18\x06 \x01(\t\x12\x0c\n\x04peer\x18\x07 \x01(\t\x12\x14\n\x0c\x63onnected_at\x18\x08 \x01(\x01\x12\x11\n\tlast_seen\x18\t \x01(\x01\x12\x0f\n\x07running\x18\n \x01(\x05\"8\n\x12ListAgentsResponse\x12\"\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x12.farm.v1.AgentInfo\"*\n\x12GetResultsResponse\x12\x14\n\x0crecords_json\x18\x01 \x01(\t\"#\n\x13\x46orgetDeviceRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"3\n\x14\x46orgetDeviceResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t2\xf3\x05\n\x0b\x46\x61rmService\x12\x42\n\tSubmitJob\x12\x19.farm.v1.SubmitJobRequest\x1a\x1a.farm.v1.SubmitJobResponse\x12+\n\x06GetJob\x12\x13.farm.v1.JobRequest\x1a\x0c.farm.v1.Job\x12/\n\x08WatchJob\x12\x13.farm.v1.JobRequest\x1a\x0c.farm.v1.Job0\x01\x12<\n\tCancelJob\x12\x13.farm.v1.JobRequest\x1a\x1a.farm.v1.CancelJobResponse\x12?\n\x08ListJobs\x12\x18.farm.v1.ListJobsRequest\x1a\x19.farm.v1.ListJobsResponse\x12H\n\x0bListDevices\x12\x1b.farm.v1.ListDevicesRequest\x1a\x1c.farm.v1.ListDevicesResponse\x12\x45\n\nListAgents\x12\x1a.farm.v1.ListAgentsRequest\x1a\x1b.farm.v1.ListAgentsResponse\x12>\n\nGetResults\x12\x13.farm.v1.JobRequest\x1a\x1b.farm.v1.GetResultsResponse\x12K\n\x0c\x46orgetDevice\x12\x1c.farm.v1.ForgetDeviceRequest\x1a\x1d.farm.v1.ForgetDeviceResponse\x12W\n\x10MissingArtifacts\x12 .farm.v1.MissingArtifactsRequest\x1a!.farm.v1.MissingArtifactsResponse\x12L\n\x0eUploadArtifact\x12\x17.farm.v1.ArtifactUpload\x1a\x1f.farm.v1.UploadArtifactResponse(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,31 +48,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMITJOBRESPONSE']._serialized_start=589
   _globals['_SUBMITJOBRESPONSE']._serialized_end=655
   _globals['_JOBREQUEST']._serialized_start=657
-  _globals['_JOBREQUEST']._serialized_end=685
-  _globals['_JOB']._serialized_start=688
-  _globals['_JOB']._serialized_end=974
-  _globals['_CANCELJOBRESPONSE']._serialized_start=976
-  _globals['_CANCELJOBRESPONSE']._serialized_end=1035
-  _globals['_LISTJOBSREQUEST']._serialized_start=1037
-  _globals['_LISTJOBSREQUEST']._serialized_end=1069
-  _globals['_LISTJOBSRESPONSE']._serialized_start=1071
-  _globals['_LISTJOBSRESPONSE']._serialized_end=1117
-  _globals['_LISTDEVICESREQUEST']._serialized_start=1119
-  _globals['_LISTDEVICESREQUEST']._serialized_end=1139
-  _globals['_LISTDEVICESRESPONSE']._serialized_start=1141
-  _globals['_LISTDEVICESRESPONSE']._serialized_end=1196
-  _globals['_LISTAGENTSREQUEST']._serialized_start=1198
-  _globals['_LISTAGENTSREQUEST']._serialized_end=1217
-  _globals['_AGENTINFO']._serialized_start=1220
-  _globals['_AGENTINFO']._serialized_end=1414
-  _globals['_LISTAGENTSRESPONSE']._serialized_start=1416
-  _globals['_LISTAGENTSRESPONSE']._serialized_end=1472
-  _globals['_GETRESULTSRESPONSE']._serialized_start=1474
-  _globals['_GETRESULTSRESPONSE']._serialized_end=1516
-  _globals['_FORGETDEVICEREQUEST']._serialized_start=1518
-  _globals['_FORGETDEVICEREQUEST']._serialized_end=1553
-  _globals['_FORGETDEVICERESPONSE']._serialized_start=1555
-  _globals['_FORGETDEVICERESPONSE']._serialized_end=1606
-  _globals['_FARMSERVICE']._serialized_start=1609
-  _globals['_FARMSERVICE']._serialized_end=2364
+  _globals['_JOBREQUEST']._serialized_end=699
+  _globals['_JOB']._serialized_start=702
+  _globals['_JOB']._serialized_end=988
+  _globals['_CANCELJOBRESPONSE']._serialized_start=990
+  _globals['_CANCELJOBRESPONSE']._serialized_end=1049
+  _globals['_LISTJOBSREQUEST']._serialized_start=1051
+  _globals['_LISTJOBSREQUEST']._serialized_end=1083
+  _globals['_LISTJOBSRESPONSE']._serialized_start=1085
+  _globals['_LISTJOBSRESPONSE']._serialized_end=1131
+  _globals['_LISTDEVICESREQUEST']._serialized_start=1133
+  _globals['_LISTDEVICESREQUEST']._serialized_end=1153
+  _globals['_LISTDEVICESRESPONSE']._serialized_start=1155
+  _globals['_LISTDEVICESRESPONSE']._serialized_end=1210
+  _globals['_LISTAGENTSREQUEST']._serialized_start=1212
+  _globals['_LISTAGENTSREQUEST']._serialized_end=1231
+  _globals['_AGENTINFO']._serialized_start=1234
+  _globals['_AGENTINFO']._serialized_end=1428
+  _globals['_LISTAGENTSRESPONSE']._serialized_start=1430
+  _globals['_LISTAGENTSRESPONSE']._serialized_end=1486
+  _globals['_GETRESULTSRESPONSE']._serialized_start=1488
+  _globals['_GETRESULTSRESPONSE']._serialized_end=1530
+  _globals['_FORGETDEVICEREQUEST']._serialized_start=1532
+  _globals['_FORGETDEVICEREQUEST']._serialized_end=1567
+  _globals['_FORGETDEVICERESPONSE']._serialized_start=1569
+  _globals['_FORGETDEVICERESPONSE']._serialized_end=1620
+  _globals['_FARMSERVICE']._serialized_start=1623
+  _globals['_FARMSERVICE']._serialized_end=2378
 # @@protoc_insertion_point(module_scope)

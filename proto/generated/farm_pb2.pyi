@@ -85,10 +85,12 @@ class SubmitJobResponse(_message.Message):
     def __init__(self, job_id: _Optional[int] = ..., tasks: _Optional[int] = ..., models: _Optional[int] = ...) -> None: ...
 
 class JobRequest(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("job_id", "ops")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    OPS_FIELD_NUMBER: _ClassVar[int]
     job_id: int
-    def __init__(self, job_id: _Optional[int] = ...) -> None: ...
+    ops: bool
+    def __init__(self, job_id: _Optional[int] = ..., ops: _Optional[bool] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("id", "name", "status", "priority", "total", "pending", "running", "completed", "failed", "canceled", "created_at", "started_at", "finished_at", "message")
