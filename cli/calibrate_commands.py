@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -298,13 +299,15 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UserError("farm report needs -o report.html and/or --png DIR")
     output = output_file(args.output) if args.output else None
     try:
-        written = write_report(open_store(args), args.job, output, Path(args.png) if args.png else None)
+        written, warnings = write_report(open_store(args), args.job, output, Path(args.png) if args.png else None)
     except ReportError as e:
         raise UserError(str(e)) from None
     except OSError as e:
         raise UserError(f"cannot write the report: {e.strerror or e} ({e.filename}).") from None
+    for warning in warnings:
+        err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
     if args.json:
-        print(strict_json.dumps({"written": [str(p) for p in written]}, indent=2))
+        print(strict_json.dumps({"written": [str(p) for p in written], "warnings": warnings}, indent=2))
     else:
         out.print(f"{len(written)} file(s) written: " + ", ".join(str(p) for p in written[:4]) + (" …" if len(written) > 4 else ""))
     return 0
@@ -358,7 +361,7 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("--include-contended", action="store_true", help=INCLUDE_CONTENDED_HELP)
     s.set_defaults(func=cmd_rank)
 
-    s = sub.add_parser("report", parents=[common], help="one HTML file with the calibration plots and rankings")
+    s = sub.add_parser("report", parents=[common], help="one self-contained HTML page: results, sweep and telemetry plots, calibrations, rankings")
     s.add_argument("job", type=int)
     s.add_argument("-o", "--output", help="the HTML file (plots embedded)")
     s.add_argument("--png", help="also write the figures as PNG files into this folder")

@@ -6,11 +6,13 @@ import csv
 import io
 from typing import Any
 
+from rich.console import Console, Group, RenderableType
+from rich.measure import Measurement
 from rich.table import Table
-
-from farm.proto import strict_json
 from rich.text import Text
 
+from farm.controller.results import average_repeats
+from farm.proto import strict_json
 from farm.proto.escape import printable
 
 
@@ -25,64 +27,135 @@ def _ms(v: float | None) -> str:
     return f"{v:.3g}" if v < 1000 else f"{v:.0f}"
 
 
-def results_table(records: list[dict[str, Any]], title: str | None = None) -> Table:
-    show_repeat = any(r["repeat"] for r in records)
+def _budget(lim: dict[str, Any]) -> str:
+    budget = f"{_fmt(lim['cpus'], 2).rstrip('0').rstrip('.')} cpu" if lim["cpus"] else "no cpu cap"
+    if lim["memory_mb"]:
+        budget += f", {lim['memory_mb']:g} MB"
+    if lim["cpuset"]:
+        budget += f" @{lim['cpuset']}"
+    return budget
+
+
+def _status(r: dict[str, Any]) -> str:
+    if r["status"] != "completed":
+        return r["status"] if not r["failure_class"] else f"[red]{r['failure_class']}[/red]"
+    runs, done = r.get("runs", 1), r.get("completed", 1)
+    ok = "ok" if done == runs else f"{done}/{runs} ok"
+    if is_contended(r) or r.get("contended"):
+        return f"[yellow]{ok} {CONTENDED_MARK}[/yellow]"
+    return f"[green]{ok}[/green]" if done == runs else f"[yellow]{ok}[/yellow]"
+
+
+def _has(records: list[dict[str, Any]], key: str) -> bool:
+    """A figure another part of farm may add to records: shown only where some record carries it."""
+    return any(r.get(key) is not None for r in records)
+
+
+def model_column_width(records: list[dict[str, Any]]) -> int:
+    return max([len("model")] + [len(printable(r["model"]["name"], limit=None)) for r in records])
+
+
+def results_table(records: list[dict[str, Any]], title: str | None = None, *, wide: bool = False,
+                  runs: bool = False) -> Group:
+    """Averaged over repeats unless `runs`; readable at 100 columns unless `wide`: model names are
+    never cut (other columns wrap), detail (p90, avg memory, CPU, wall time, backend, budget) is in --wide."""
+    per_run = records
+    if not runs:
+        records = average_repeats(records)
+    show_repeat = runs and any(r["repeat"] for r in records)
+    show_n = not runs and any(r.get("runs", 1) > 1 for r in records)
+    show_target = any(r["target"] != "sim" for r in records)
+    show_batch = any(r["batch_size"] != 1 for r in records)
     show_size = any(r["input_size"] for r in records)
-    show_energy = any(r.get("energy_per_inference_mj") is not None for r in records)  # boards with power rails
-    t = Table(title=title, header_style="bold", show_lines=False)
-    t.add_column("model")
+    show_cpus = not wide and any((r["limits"] or {}).get("cpus") not in (None, r["threads"]) for r in records)
+    show_energy = _has(records, "energy_per_inference_mj")  # boards with power rails
+    show_throughput = _has(records, "throughput_per_s")
+    show_samples = wide and any(r.get("samples_per_s") is not None and r["batch_size"] != 1 for r in records)
+    show_startup = wide and _has(records, "startup_ms")
+    t = Table(title=title, header_style="bold", show_lines=False, show_edge=wide, pad_edge=wide)
+    t.add_column("model", no_wrap=True, min_width=model_column_width(records))
+    if show_target:
+        t.add_column("on", overflow="fold")
     t.add_column("thr", justify="right")
-    if any(r["batch_size"] != 1 for r in records):
+    if show_cpus:
+        t.add_column("cpu", justify="right")
+    if show_batch:
         t.add_column("batch", justify="right")
     if show_size:
         t.add_column("size", justify="right")
     if show_repeat:
         t.add_column("rep", justify="right")
-    t.add_column("budget")
+    if show_n:
+        t.add_column("n", justify="right")
+    if wide:
+        t.add_column("budget")
     t.add_column("status")
-    t.add_column("latency ms\navg ± std", justify="right")
-    t.add_column("p90 ms", justify="right")
+    t.add_column("latency ms\navg ± sd", justify="right")
+    if wide:
+        t.add_column("p90 ms", justify="right")
     t.add_column("peak MB", justify="right")
-    t.add_column("avg MB", justify="right")
+    if wide:
+        t.add_column("avg MB", justify="right")
+    if show_throughput:
+        t.add_column("inf/s", justify="right")
+    if show_samples:
+        t.add_column("samples/s", justify="right")
+    if show_startup:
+        t.add_column("startup ms", justify="right")
     if show_energy:
         t.add_column("mJ per\ninference", justify="right")
-    t.add_column("CPU %\navg/peak", justify="right")
-    t.add_column("wall s", justify="right")
-    t.add_column("backend")
+    if wide:
+        t.add_column("CPU %\navg/peak", justify="right")
+        t.add_column("wall s", justify="right")
+        t.add_column("backend")
     for r in records:
         lat = r["latency_ms"] or {}
-        lim = r["limits"]
-        budget = f"{_fmt(lim['cpus'], 2).rstrip('0').rstrip('.')} cpu" if lim["cpus"] else "no cpu cap"
-        if lim["memory_mb"]:
-            budget += f", {lim['memory_mb']:g} MB"
-        if lim["cpuset"]:
-            budget += f" @{lim['cpuset']}"
-        status = r["status"] if not r["failure_class"] else f"[red]{r['failure_class']}[/red]"
-        if r["status"] == "completed":
-            status = "[green]ok[/green]"
-            if is_contended(r):
-                status = f"[yellow]ok {CONTENDED_MARK}[/yellow]"
-        cpu = r["cpu_percent"]
-        row: list[str | Text] = [Text(r["model"]["name"]), str(r["threads"])]
-        if any(x["batch_size"] != 1 for x in records):
+        lim = r["limits"] or {}
+        row: list[str | Text] = [Text(printable(r["model"]["name"], limit=None))]
+        if show_target:
+            row.append(Text(printable(r["target"])))
+        row.append(str(r["threads"]))
+        if show_cpus:
+            row.append(_fmt(lim.get("cpus"), 2).rstrip("0").rstrip(".") if lim.get("cpus") else "—")
+        if show_batch:
             row.append(str(r["batch_size"]))
         if show_size:
             row.append(str(r["input_size"] or "—"))
         if show_repeat:
             row.append(str(r["repeat"]))
-        backend = (r["backend"] or "—") + ("*" if r.get("approximate") else "")
-        row += [budget, status,
-                f"{_ms(lat.get('avg'))} ± {_ms(lat.get('std'))}" if lat else "—",
-                _ms(lat.get("p90")) if lat else "—",
-                _fmt(r["peak_memory_mb"], 1), _fmt(r["avg_memory_mb"], 1),
-                *([_fmt(r.get("energy_per_inference_mj"))] if show_energy else []),
-                f"{_fmt(cpu['avg'], 0)}/{_fmt(cpu['peak'], 0)}", _fmt(r["wall_s"]), backend]
+        if show_n:
+            row.append(str(r.get("averaged") or r.get("runs", 1)))
+        if wide:
+            row.append(_budget(lim))
+        row += [_status(r), f"{_ms(lat.get('avg'))} ± {_ms(lat.get('std'))}" if lat else "—"]
+        if wide:
+            row.append(_ms(lat.get("p90")) if lat else "—")
+        row.append(_fmt(r["peak_memory_mb"], 1))
+        if wide:
+            row.append(_fmt(r["avg_memory_mb"], 1))
+        if show_throughput:
+            row.append(_ms(r.get("throughput_per_s")))
+        if show_samples:
+            row.append(_ms(r.get("samples_per_s")))
+        if show_startup:
+            row.append(_ms(r.get("startup_ms")))
+        if show_energy:
+            row.append(_fmt(r.get("energy_per_inference_mj")))
+        if wide:
+            cpu = r["cpu_percent"] or {}
+            backend = (r["backend"] or "—") + ("*" if r.get("approximate") else "")
+            row += [f"{_fmt(cpu.get('avg'), 0)}/{_fmt(cpu.get('peak'), 0)}", _fmt(r["wall_s"]), backend]
         t.add_row(*row)
-    contended = sum(is_contended(r) for r in records)
+    notes = []
+    if show_n:
+        notes.append("n: runs averaged (a cell's repeats; sd is their spread, `--runs` lists each)")
+    contended = sum(is_contended(r) for r in per_run)
     if contended:
-        t.caption = (f"{CONTENDED_MARK} contended ({contended} run(s)): other work used the run's cores, its figures "
+        notes.append(f"{CONTENDED_MARK} contended ({contended} run(s)): other work used the run's cores, its figures "
                      "are not the budget's; calibrate, predict and rank leave it out (--include-contended keeps it)")
-    return t
+    if not wide:
+        notes.append("--wide: p90, avg memory, CPU, wall time, backend and budget")
+    return Group(t, *(Text(n, style="dim") for n in notes))
 
 
 CONTENDED_MARK = "!"
@@ -92,19 +165,65 @@ def is_contended(record: dict[str, Any]) -> bool:
     return bool((record.get("contention") or {}).get("contended"))
 
 
-def pairs_table(pairs: list[dict[str, Any]], title: str | None = None) -> Table:
-    t = Table(title=title, header_style="bold")
-    for c in ("model", "thr", "rep", "device", "sim latency ms", "device latency ms", "device / sim",
-              "sim peak MB", "device peak MB"):
-        t.add_column(c)
+def pairs_table(pairs: list[dict[str, Any]], title: str | None = None, *, wide: bool = False) -> RenderableType:
+    t = Table(title=title, header_style="bold", show_edge=wide, pad_edge=wide)
+    t.add_column("model", no_wrap=True, min_width=max([5] + [len(printable(p["model"]["name"], limit=None)) for p in pairs]))
+    for c in ("thr", "rep", "device", "sim\nlat ms", "device\nlat ms", "device\n/ sim"):
+        t.add_column(c, justify="left" if c == "device" else "right")
+    if wide:
+        t.add_column("sim\npeak MB", justify="right")
+        t.add_column("device\npeak MB", justify="right")
     for p in pairs:
         s_lat = (p["sim"]["latency_ms"] or {}).get("avg")
         d_lat = (p["device_run"]["latency_ms"] or {}).get("avg")
         ratio = d_lat / s_lat if s_lat and d_lat else None
         mark = f" {CONTENDED_MARK}" if is_contended(p["sim"]) else ""
-        t.add_row(Text(p["model"]["name"]), str(p["threads"]), str(p["repeat"]), Text(p["device"]), _ms(s_lat) + mark,
-                  _ms(d_lat), _fmt(ratio), _fmt(p["sim"]["peak_memory_mb"], 1), _fmt(p["device_run"]["peak_memory_mb"], 1))
+        row = [Text(printable(p["model"]["name"], limit=None)), str(p["threads"]), str(p["repeat"]),
+               Text(printable(p["device"])), _ms(s_lat) + mark, _ms(d_lat), _fmt(ratio)]
+        if wide:
+            row += [_fmt(p["sim"]["peak_memory_mb"], 1), _fmt(p["device_run"]["peak_memory_mb"], 1)]
+        t.add_row(*row)
+    if not pairs:
+        return Text(f"{title + ': ' if title else ''}no completed pairs. A pair is a device run and its sim twin, both "
+                    "completed: give the job a device target (targets: [NAME]), or compare two jobs with "
+                    "`farm rank A --device-job B`.")
+    return Group(t, *([] if wide else [Text("--wide: peak memory on both sides", style="dim")]))
+
+
+def jobs_table(jobs: list[dict[str, Any]], when, *, wide: bool = False) -> RenderableType:
+    """`farm jobs`; `when` formats a timestamp. An empty store says how to fill it."""
+    t = Table(header_style="bold", show_edge=wide, pad_edge=wide)
+    t.add_column("job", justify="right")
+    t.add_column("name", overflow="fold")
+    for col in ("status", "runs", "ok", "failed"):
+        t.add_column(col, justify="left" if col == "status" else "right")
+    t.add_column("created")
+    if wide:
+        t.add_column("finished")
+    for j in jobs:
+        row = [str(j["id"]), Text(printable(j["name"] or "", limit=None)), j["status"], str(j["tasks"]),
+               str(j["completed"]), str(j["failed"]), when(j["created_at"])]
+        if wide:
+            row.append(when(j["finished_at"]))
+        t.add_row(*row)
+    if not jobs:
+        return Text("no jobs in this store yet: `farm submit examples/quickstart.yaml` runs one "
+                    "(`make demo` generates its models first).")
     return t
+
+
+def show(console: Console, renderable: RenderableType, *, wide: bool = False) -> None:
+    """Print; --wide tables at their natural width, past the terminal's edge rather than squeezed into it."""
+    if not wide:
+        console.print(renderable)
+        return
+    natural = Measurement.get(console, console.options.update_width(100_000), renderable).maximum
+    before = console.width
+    console.width = max(before, natural)
+    try:
+        console.print(renderable)
+    finally:
+        console.width = before
 
 
 def failures(records: list[dict[str, Any]]) -> list[str]:

@@ -423,3 +423,12 @@ class Store:
 
     def telemetry(self, run_id: int) -> list[dict[str, Any]]:
         return self.query("SELECT t_s, cpu_percent, memory_bytes FROM telemetry WHERE run_id = ? ORDER BY idx", [run_id])
+
+    # --- r13-report --------------------------------------------------------------
+    def calibrations_using_job(self, job_id: int) -> list[dict[str, Any]]:
+        """Every stored calibration version fitted on this job's runs (either side), oldest version first."""
+        return self.query(
+            "SELECT c.* FROM calibrations c WHERE c.id IN ("
+            " SELECT cr.calibration_id FROM calibration_runs cr JOIN runs r"
+            " ON r.id = cr.sim_run_id OR r.id = cr.device_run_id WHERE r.job_id = ?)"
+            " ORDER BY c.device, c.metric, c.threads, c.family, c.version", [job_id])
