@@ -6,7 +6,7 @@ import csv
 import io
 from typing import Any
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
@@ -51,12 +51,66 @@ def _has(records: list[dict[str, Any]], key: str) -> bool:
     return any(r.get(key) is not None for r in records)
 
 
-def model_column_width(records: list[dict[str, Any]]) -> int:
-    return max([len("model")] + [len(printable(r["model"]["name"], limit=None)) for r in records])
+class ModelTable:
+    """A table whose first column is a model name, which is never cut. When whole names leave the
+    figures too little room, each model's name gets a line of its own above its rows instead
+    (the columns keep one width throughout, so they still line up). Built like a rich Table:
+    add_column for the columns after the model, add_row(name, *cells)."""
+
+    def __init__(self, title: str | None, wide: bool) -> None:
+        self.title, self.wide = title, wide
+        self.columns: list[tuple[str, dict[str, Any]]] = []
+        self.rows: list[tuple[Text, list[str | Text]]] = []
+        self.notes: list[str] = []
+
+    def add_column(self, header: str, **kwargs: Any) -> None:
+        self.columns.append((header, kwargs))
+
+    def add_row(self, name: Text, *cells: str | Text) -> None:
+        self.rows.append((name, list(cells)))
+
+    def _table(self, rows: list[tuple[Text, list[str | Text]]], *, model: bool, widths: list[int] | None = None,
+               header: bool = True, title: str | None = None) -> Table:
+        t = Table(title=title, header_style="bold", show_edge=self.wide, pad_edge=self.wide, show_header=header)
+        if model:
+            t.add_column("model", no_wrap=True, min_width=max([5] + [n.cell_len for n, _ in rows]))
+        for i, (head, kwargs) in enumerate(self.columns):
+            t.add_column(head, **({**kwargs, "width": widths[i], "no_wrap": True} if widths else kwargs))
+        for name, cells in rows:
+            t.add_row(*([name] if model else []), *cells)
+        return t
+
+    def _natural_widths(self) -> list[int]:
+        widths = []
+        for i, (head, _) in enumerate(self.columns):
+            cells = [c if isinstance(c, Text) else Text.from_markup(c) for _, row in self.rows for c in row[i:i + 1]]
+            widths.append(max([len(line) for line in head.split("\n")] + [c.cell_len for c in cells]))
+        return widths
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        names = max([5] + [n.cell_len for n, _ in self.rows])
+        whole = self._table(self.rows, model=True, title=self.title)
+        natural = Measurement.get(console, options.update_width(100_000), whole).maximum
+        if self.wide or natural <= options.max_width or names <= options.max_width * 0.45:
+            yield whole  # fits, or rich can wrap the figures' columns and still leave them readable
+        else:
+            widths = self._natural_widths()
+            groups: list[tuple[Text, list]] = []
+            for name, cells in self.rows:
+                if not groups or groups[-1][0].plain != name.plain:
+                    groups.append((name, []))
+                groups[-1][1].append((name, cells))
+            for i, (name, rows) in enumerate(groups):
+                if i == 0:
+                    yield self._table([], model=False, widths=widths, title=self.title)
+                yield Text.assemble(name, style="bold")
+                yield self._table(rows, model=False, widths=widths, header=False)
+        for note in self.notes:
+            yield Text(note, style="dim")
 
 
 def results_table(records: list[dict[str, Any]], title: str | None = None, *, wide: bool = False,
-                  runs: bool = False) -> Group:
+                  runs: bool = False) -> ModelTable:
     """Averaged over repeats unless `runs`; readable at 100 columns unless `wide`: model names are
     never cut (other columns wrap), detail (p90, avg memory, CPU, wall time, backend, budget) is in --wide."""
     per_run = records
@@ -72,8 +126,7 @@ def results_table(records: list[dict[str, Any]], title: str | None = None, *, wi
     show_throughput = _has(records, "throughput_per_s")
     show_samples = wide and any(r.get("samples_per_s") is not None and r["batch_size"] != 1 for r in records)
     show_startup = wide and _has(records, "startup_ms")
-    t = Table(title=title, header_style="bold", show_lines=False, show_edge=wide, pad_edge=wide)
-    t.add_column("model", no_wrap=True, min_width=model_column_width(records))
+    t = ModelTable(title, wide)
     if show_target:
         t.add_column("on", overflow="fold")
     t.add_column("thr", justify="right")
@@ -155,7 +208,8 @@ def results_table(records: list[dict[str, Any]], title: str | None = None, *, wi
                      "are not the budget's; calibrate, predict and rank leave it out (--include-contended keeps it)")
     if not wide:
         notes.append("--wide: p90, avg memory, CPU, wall time, backend and budget")
-    return Group(t, *(Text(n, style="dim") for n in notes))
+    t.notes = notes
+    return t
 
 
 CONTENDED_MARK = "!"
@@ -166,8 +220,7 @@ def is_contended(record: dict[str, Any]) -> bool:
 
 
 def pairs_table(pairs: list[dict[str, Any]], title: str | None = None, *, wide: bool = False) -> RenderableType:
-    t = Table(title=title, header_style="bold", show_edge=wide, pad_edge=wide)
-    t.add_column("model", no_wrap=True, min_width=max([5] + [len(printable(p["model"]["name"], limit=None)) for p in pairs]))
+    t = ModelTable(title, wide)
     for c in ("thr", "rep", "device", "sim\nlat ms", "device\nlat ms", "device\n/ sim"):
         t.add_column(c, justify="left" if c == "device" else "right")
     if wide:
@@ -187,7 +240,8 @@ def pairs_table(pairs: list[dict[str, Any]], title: str | None = None, *, wide: 
         return Text(f"{title + ': ' if title else ''}no completed pairs. A pair is a device run and its sim twin, both "
                     "completed: give the job a device target (targets: [NAME]), or compare two jobs with "
                     "`farm rank A --device-job B`.")
-    return Group(t, *([] if wide else [Text("--wide: peak memory on both sides", style="dim")]))
+    t.notes = [] if wide else ["--wide: peak memory on both sides"]
+    return t
 
 
 def jobs_table(jobs: list[dict[str, Any]], when, *, wide: bool = False) -> RenderableType:

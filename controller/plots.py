@@ -248,7 +248,9 @@ def place_labels(ax: Axes, points: Iterable[tuple[float, float]], labels: Iterab
     """Annotate points so no two labels overlap: each label tries a few positions around its point
     and is left out when none is free (the table beside the figure names every point)."""
     fig = ax.figure
+    fig.canvas.draw()  # limits and layout settle first: label boxes are measured where they will be drawn
     renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
     placed: list = []
     texts = []
     offsets = [(4, 4), (4, -10), (-4, 4), (-4, -10), (4, 14), (4, -20), (-4, 14), (-4, -20)]
@@ -257,7 +259,7 @@ def place_labels(ax: Axes, points: Iterable[tuple[float, float]], labels: Iterab
             t = ax.annotate(plain(label), (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
                             ha="left" if dx > 0 else "right")
             box = t.get_window_extent(renderer).expanded(1.05, 1.1)
-            inside = ax.get_window_extent(renderer).contains(box.x0, box.y0) and ax.get_window_extent(renderer).contains(box.x1, box.y1)
+            inside = frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1)
             if inside and not any(box.overlaps(b) for b in placed):
                 placed.append(box)
                 texts.append(t)
