@@ -212,24 +212,24 @@ def results_section(averaged: list[dict[str, Any]]) -> str:
         ("model", lambda r: r["model"]["name"]),
         *([("target", lambda r: r["target"])] if any(r["target"] != "sim" for r in averaged) else []),
         ("threads", lambda r: r["threads"]),
-        ("CPU budget (cores)", lambda r: _g((r["limits"] or {}).get("cpus"))),
-        ("memory limit (MB)", lambda r: _g((r["limits"] or {}).get("memory_mb"))),
+        ("budget (cores · MB)", lambda r: f"{_g((r['limits'] or {}).get('cpus'))} · {_g((r['limits'] or {}).get('memory_mb'))}"),
         *([("batch", lambda r: r["batch_size"])] if any(r["batch_size"] != 1 for r in averaged) else []),
         *([("input (px)", lambda r: r["input_size"] or "model's")] if any(r["input_size"] for r in averaged) else []),
         ("runs (ok/all)", lambda r: f"{r.get('completed', 0)}/{r.get('runs', 1)}"
          + (f", {r['contended']} contended" if r.get("contended") else "")),
-        ("status", lambda r: r["status"] if not r["failure_class"] else f"{r['status']}: {r['failure_class']}"),
-        ("latency avg (ms)", lambda r: _g((r["latency_ms"] or {}).get("avg"))),
-        ("latency sd (ms)", lambda r: _g((r["latency_ms"] or {}).get("std"))),
+        ("status", lambda r: ("ok" if r["status"] == "completed" else r["status"])
+         + (f": {r['failure_class']}" if r["failure_class"] else "")),
+        ("latency avg ± sd (ms)", lambda r: f"{_g((r['latency_ms'] or {}).get('avg'))} ± {_g((r['latency_ms'] or {}).get('std'), 2)}"
+         if r["latency_ms"] else "—"),
         ("latency p90 (ms)", lambda r: _g((r["latency_ms"] or {}).get("p90"))),
-        ("first inference (ms)", lambda r: _g((r["latency_ms"] or {}).get("first"))),
+        ("first (ms)", lambda r: _g((r["latency_ms"] or {}).get("first"))),
         *([("startup (ms)", lambda r: _g(r.get("startup_ms")))] if _has(averaged, "startup_ms") else []),
-        ("throughput (inferences/s)", lambda r: _g(plots.throughput_of(r))),
+        ("throughput (inf/s)", lambda r: _g(plots.throughput_of(r))),
         *([("samples/s", lambda r: _g(r.get("samples_per_s")))] if _has(averaged, "samples_per_s") else []),
         ("peak memory (MB)", lambda r: _g(r.get("peak_memory_mb"))),
         ("avg memory (MB)", lambda r: _g(r.get("avg_memory_mb"))),
-        ("CPU avg / peak (%)", lambda r: f"{_g((r['cpu_percent'] or {}).get('avg'), 3)} / "
-                                         f"{_g((r['cpu_percent'] or {}).get('peak'), 3)}"),
+        ("CPU avg/peak (%)", lambda r: f"{_g((r['cpu_percent'] or {}).get('avg'), 3)}/"
+                                       f"{_g((r['cpu_percent'] or {}).get('peak'), 3)}"),
         *([("energy (mJ/inference)", lambda r: _g(r.get("energy_per_inference_mj")))]
           if _has(averaged, "energy_per_inference_mj") else []),
         ("wall (s)", lambda r: _g(r.get("wall_s"), 3)),
@@ -237,8 +237,8 @@ def results_section(averaged: list[dict[str, Any]]) -> str:
     ]
     rows = [[get(r) for _, get in columns] for r in averaged]
     note = ("<p class=note>One row per model and setting: figures are the mean over its completed repeats "
-            "(contended runs only where a cell has no clean one); latency sd is the spread of the repeats' "
-            "averages where there are two or more, else the run's own. Throughput is the run's own figure, or "
+            "(contended runs only where a cell has no clean one); sd is the spread of the repeats' "
+            "averages where there are two or more, else the run's own; first: the first inference. Throughput (inferences/s) is the run's own figure, or "
             "1000 / average latency. <code>farm results JOB --runs --wide</code> lists every run.</p>")
     return _table([h for h, _ in columns], rows, "results") + note
 
@@ -371,7 +371,7 @@ def ops_section(records: list[dict[str, Any]]) -> str:
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1360px;margin:1.5em auto;padding:0 1em;color:#222}
 h1{font-size:1.5em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
-table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;font-size:13px;vertical-align:top}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px;vertical-align:top}
 th{background:#f4f4f4;text-align:left}table.results td{white-space:nowrap}
 td{overflow-wrap:anywhere}td:first-child{white-space:nowrap}figure{margin:6px 0}img{max-width:100%;border:1px solid #eee}
 .figs{display:flex;flex-wrap:wrap;gap:6px}.warn{color:#a60}.note{color:#555;font-size:13px}.src{font-size:14px}

@@ -61,7 +61,7 @@ def test_plain_job_report_has_the_table_and_plots_and_renders_in_a_browser(model
     # the results table comes first, with units, one averaged row per model; the spec is last and folded
     assert page.index("<h2 id=results>") < page.index("<h2 id=sweeps>") < page.index("<h2 id=spec>")
     table = page[page.index("<table class='results'>"):page.index("</table>", page.index("<table class='results'>"))]
-    for header in ("latency avg (ms)", "peak memory (MB)", "throughput (inferences/s)", "runs (ok/all)"):
+    for header in ("latency avg ± sd (ms)", "peak memory (MB)", "throughput (inf/s)", "runs (ok/all)", "budget (cores · MB)"):
         assert header in table
     assert table.count("<tr>") == 1 + 2 and table.count(">2/2<") == 2
     assert page.rstrip().endswith("</pre></details>\n</body></html>")
