@@ -164,24 +164,14 @@ def _calibrate_offline(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrations(args: argparse.Namespace) -> int:
+    from farm.cli.render import calibrations_table, show
     from farm.controller.calibrations import calibration_history
 
     rows = calibration_history(open_store(args), args.device, args.metric)
     if args.json:
         print(strict_json.dumps(rows, indent=2))
         return 0
-    t = Table(header_style="bold")
-    for c in ("id", "device", "metric", "threads", "batch", "input", "precision", "family", "version", "created",
-              "fit", "formula", "R²", "n", "LOO MAPE %", "ρ", "prior weight", "warnings"):
-        t.add_column(c)
-    for r in rows:
-        t.add_row(str(r["id"]), Text(r["device"]), r["metric"], str(r["threads"]), str(r["batch_size"] or 1),
-                  str(r["input_size"] or "—"), r["precision"] or "fp32", Text(r["family"] or GROUP_ALL),
-                  str(r["version"]), when(r["created_at"]), r["kind"], Text(r["formula"]),
-                  _fmt(r["r2"], ".3f"), str(r["n"]), _fmt(100 * r["loo_mape"] if r["loo_mape"] is not None else None, ".1f"),
-                  _fmt(r["spearman_rho"], ".2f"), Text(_prior_cell(r["prior_weight"], r["prior_source"])),
-                  Text("; ".join(r["warnings"]) or "—"))
-    out.print(t)
+    show(out, calibrations_table(rows, when, wide=args.wide), wide=args.wide)
     return 0
 
 
@@ -337,6 +327,7 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("calibrations", parents=[common], help="stored calibrations with their history")
     s.add_argument("--device")
     s.add_argument("--metric")
+    s.add_argument("--wide", action="store_true", help="every column: batch, input size, precision, family, when, fit, ρ, prior")
     s.set_defaults(func=cmd_calibrations)
 
     s = sub.add_parser("predict", parents=[common], help="on-device estimate of a model from the sim alone")

@@ -6,7 +6,7 @@ import csv
 import io
 from typing import Any
 
-from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
@@ -312,3 +312,51 @@ def results_csv(records: list[dict[str, Any]]) -> str:
 
 def to_json(data: Any) -> str:
     return strict_json.dumps(data, indent=2)
+
+
+def calibrations_table(rows: list[dict[str, Any]], when, *, wide: bool = False) -> RenderableType:
+    """`farm calibrations`: what each version is and how good, in 100 columns; the key's rest in --wide."""
+    if not rows:
+        return Text("no calibrations stored yet: `farm calibrate --sim-job A --device-job B --device NAME` fits one "
+                    "(see examples/sim.yaml and examples/device.yaml), or `farm refresh --devices lab.yaml`.")
+    t = Table(header_style="bold", show_edge=wide, pad_edge=wide)
+    t.add_column("id", justify="right")
+    t.add_column("device", overflow="fold")
+    t.add_column("metric", overflow="fold")
+    t.add_column("thr", justify="right")
+    if wide:
+        for c in ("batch", "input", "precision", "family", "created", "fit"):
+            t.add_column(c)
+    t.add_column("v", justify="right")
+    t.add_column("formula", overflow="fold")
+    t.add_column("R²", justify="right")
+    t.add_column("n", justify="right")
+    t.add_column("LOO\nMAPE %", justify="right")
+    if wide:
+        t.add_column("ρ", justify="right")
+        t.add_column("prior weight")
+    t.add_column("warnings", overflow="fold")
+
+    def num(v: float | None, spec: str) -> str:
+        return "—" if v is None else format(v, spec)
+
+    for r in rows:
+        row: list[str | Text] = [str(r["id"]), Text(printable(r["device"], limit=None)), r["metric"], str(r["threads"])]
+        if wide:
+            prior = "—" if r["prior_weight"] is None else f"{100 * r['prior_weight']:.0f} % ({r['prior_source']})"
+            row += [str(r["batch_size"] or 1), str(r["input_size"] or "—"), r["precision"] or "fp32",
+                    Text(printable(r["family"] or "(all)", limit=None)), when(r["created_at"]), r["kind"]]
+        row += [str(r["version"]), Text(r["formula"]), num(r["r2"], ".3f"), str(r["n"]),
+                num(100 * r["loo_mape"] if r["loo_mape"] is not None else None, ".1f")]
+        if wide:
+            row += [num(r["spearman_rho"], ".2f"), Text(prior)]
+        row.append(Text(printable("; ".join(r["warnings"]) or "—", limit=None)))
+        t.add_row(*row)
+    if wide:
+        return t
+    return Group(t, Text("--wide: batch, input size, precision, family, when, fit kind, ρ, prior weight", style="dim"))
+
+
+def empty_list(kind: str, what_to_do: str) -> Text:
+    """What a list command prints instead of bare headers."""
+    return Text(f"no {kind} yet: {what_to_do}")
