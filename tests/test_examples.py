@@ -55,6 +55,8 @@ def test_sim_and_device_examples_calibrate_and_report(examples: Path, farm, tmp_
                "--metric", "peak_memory", "--include-contended", "--json")
     assert cal.returncode == 0, cal.stdout + cal.stderr
     assert {c["metric"] for c in cal.json()["calibrations"]} == {"latency", "peak_memory"}
+    listed = farm("calibrations", env={"COLUMNS": "100"}).stdout
+    assert "half-cpu" in listed and "peak_memory" in listed and max(len(ln) for ln in listed.splitlines()) <= 100
     report = tmp_path / "report.html"
     assert farm("report", "1", "-o", str(report), "--png", str(tmp_path / "figures")).returncode == 0
     page = report.read_text()

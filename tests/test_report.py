@@ -178,7 +178,8 @@ def test_tables_keep_model_names_whole(models: Path, farm, tmp_path: Path, colum
     job = _job(models, f"wide{columns}", f"models: [{LONG}.tflite, mobilenetv2_w0.5_r128.tflite]\nrepeats: 2")
     env = {"COLUMNS": str(columns)}
     empty = farm("jobs", env=env)
-    assert empty.returncode == 0 and "no jobs in this store yet" in empty.stdout and "farm submit" in empty.stdout
+    said = " ".join(empty.stdout.split())
+    assert empty.returncode == 0 and "no jobs in this store yet" in said and "farm submit" in said
     assert farm("submit", str(job), "--quiet", env=env).returncode == 0
     shown = farm("results", "1", env=env).stdout
     assert LONG in shown and "mobilenetv2_w0.5_r128" in shown
@@ -193,4 +194,12 @@ def test_tables_keep_model_names_whole(models: Path, farm, tmp_path: Path, colum
     jobs = farm("jobs", env=env).stdout
     assert f"wide{columns}" in jobs
     pairs = farm("results", "1", "--pairs", env=env).stdout
-    assert "no completed pairs" in pairs and "targets:" in pairs
+    assert "no completed pairs" in pairs and "targets: [NAME]" in " ".join(pairs.split())
+
+
+def test_empty_lists_say_what_to_do(farm) -> None:
+    for command, hint in ((["calibrations"], "farm calibrate --sim-job"), (["device", "health"], "farm refresh"),
+                          (["drift"], "farm refresh"), (["jobs"], "farm submit examples/quickstart.yaml")):
+        run = farm(*command, env={"COLUMNS": "100"})
+        assert run.returncode == 0, run.stderr
+        assert hint in " ".join(run.stdout.split()) and "┃" not in run.stdout, command  # a sentence, not bare headers
