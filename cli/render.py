@@ -58,7 +58,9 @@ class ModelTable:
     add_column for the columns after the model, add_row(name, *cells)."""
 
     def __init__(self, title: str | None, wide: bool) -> None:
-        self.title, self.wide = title, wide
+        # a title carries the job's name: shown as text, never as markup or a terminal escape
+        self.title = Text(printable(title, limit=None)) if title is not None else None
+        self.wide = wide
         self.columns: list[tuple[str, dict[str, Any]]] = []
         self.rows: list[tuple[Text, list[str | Text]]] = []
         self.notes: list[str] = []
@@ -70,7 +72,7 @@ class ModelTable:
         self.rows.append((name, list(cells)))
 
     def _table(self, rows: list[tuple[Text, list[str | Text]]], *, model: bool, widths: list[int] | None = None,
-               header: bool = True, title: str | None = None) -> Table:
+               header: bool = True, title: Text | None = None) -> Table:
         t = Table(title=title, header_style="bold", show_edge=self.wide, pad_edge=self.wide, show_header=header)
         if model:
             t.add_column("model", no_wrap=True, min_width=max([5] + [n.cell_len for n, _ in rows]))
@@ -237,7 +239,7 @@ def pairs_table(pairs: list[dict[str, Any]], title: str | None = None, *, wide: 
             row += [_fmt(p["sim"]["peak_memory_mb"], 1), _fmt(p["device_run"]["peak_memory_mb"], 1)]
         t.add_row(*row)
     if not pairs:
-        return Text(f"{title + ': ' if title else ''}no completed pairs. A pair is a device run and its sim twin, both "
+        return Text(f"{printable(title, limit=None) + ': ' if title else ''}no completed pairs. A pair is a device run and its sim twin, both "
                     "completed: give the job a device target (targets: [NAME]), or compare two jobs with "
                     "`farm rank A --device-job B`.")
     t.notes = [] if wide else ["--wide: peak memory on both sides"]

@@ -31,6 +31,7 @@ from farm.proto.escape import printable  # noqa: E402
 DPI = 100
 PLOT_TEXT_LIMIT = 60  # characters of a name in a figure; tables beside it carry the whole name
 MAX_LINES = 10  # lines per panel; more would be unreadable (the table has them all)
+MAX_BARS = 60  # rows of the overview chart
 _INPUT_SUFFIX = re.compile(r"_r(\d+)(?=$|[._])")
 
 
@@ -193,6 +194,8 @@ def overview_figure(records: list[dict[str, Any]]) -> Figure | None:
     rows = [r for r in records if latency_of(r) is not None or r.get("peak_memory_mb") is not None]
     if not rows:
         return None
+    total = len(rows)
+    rows = rows[:MAX_BARS]
     labels = []
     for r in rows:
         bits = [plain(r["model"]["name"], 48), f"t{r['threads']}"]
@@ -215,7 +218,8 @@ def overview_figure(records: list[dict[str, Any]]) -> Figure | None:
     mem.set_xlabel("peak memory (MB)")
     for ax in (lat, mem):
         ax.grid(axis="x", alpha=0.3)
-    fig.suptitle("every model and setting (averaged over repeats)", fontsize=10)
+    fig.suptitle("every model and setting (averaged over repeats)" if total == len(rows) else
+                 f"the first {len(rows)} of {total} models and settings (the table has all)", fontsize=10)
     fig.tight_layout()
     return Figure("overview.png", png_bytes(fig), "every model and setting")
 

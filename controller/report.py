@@ -28,9 +28,11 @@ from farm.controller.plots import Figure, plain, safe_file_name
 from farm.controller.ranking import RankError, rank_job
 from farm.controller.results import average_repeats, run_records
 from farm.controller.store import Store
+from farm.proto.escape import printable
 
 FIGURE_SIZE_IN = (6.4, 4.8)
 MAX_TELEMETRY_FIGURES = 12  # one per model; a job of hundreds of models keeps its samples in the store
+MAX_SWEEP_FIGURES = 40  # a figure per family and swept parameter; past this the page stops being read
 MAX_OP_TABLES = 24
 TOP_OPS = 20
 
@@ -50,7 +52,8 @@ def calibrations_for_job(store: Store, job_id: int) -> list[StoredCalibration]:
 
 
 def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+    """Text from a job or a device as HTML: control characters shown as escapes, markup as text."""
+    return html.escape(printable(value, limit=None), quote=True)
 
 
 def _g(v: Any, digits: int = 4) -> str:
@@ -248,7 +251,7 @@ def _failures(records: list[dict[str, Any]]) -> str:
     if not failed:
         return ""
     items = "".join(f"<li><b>{_e(r['model']['name'])}</b> (threads {r['threads']}, repeat {r['repeat']}, "
-                    f"{_e(r['target'])}): {_e(r['failure_class'])}: <pre class=msg>{_e(r['message'][:2000])}</pre></li>"
+                    f"{_e(r['target'])}): {_e(r['failure_class'])}: <pre class=msg>{html.escape(printable(r['message'], limit=2000, multiline=True))}</pre></li>"
                     for r in failed[:50])
     more = f"<li>… and {len(failed) - 50} more (<code>farm results JOB --format json</code>)</li>" if len(failed) > 50 else ""
     return f"<details class=warn><summary>{len(failed)} failed run(s)</summary><ul>{items}{more}</ul></details>"
@@ -262,13 +265,20 @@ def sweep_section(averaged: list[dict[str, Any]], figures: list[Figure]) -> str:
     families: dict[str, list[dict[str, Any]]] = {}
     for r in done:
         families.setdefault(plots.family_of(r), []).append(r)
+    left_out = 0
     for x in swept:
         others = [p for p in swept if p is not x and not (x.key == "input_size" and p.key == "input_size")]
         for family, rows in sorted(families.items()):
+            if len([f for f in figures if f.name.startswith("sweep-")]) >= MAX_SWEEP_FIGURES:
+                left_out += 1
+                continue
             fig = plots.sweep_figure(family, rows, x, others)
             if fig is not None:
                 figures.append(fig)
                 parts.append(f"<h3>{_e(family)} against {_e(x.label)}</h3>{_img(fig)}")
+    if left_out:
+        parts.append(f"<p class=warn>{left_out} more family × parameter figure(s) left out: the page shows the first "
+                     f"{MAX_SWEEP_FIGURES}; give models a shared <code>family:</code> in the job to group them.</p>")
     if not swept:
         parts.append("<p class=note>Nothing was swept (one thread count, CPU budget, batch size and input size per "
                      "model): the overview below compares the models. <code>matrix: {threads: [1, 2, 4]}</code> "
@@ -290,7 +300,8 @@ def telemetry_section(store: Store, records: list[dict[str, Any]], figures: list
             skipped += 1
             continue
         lines = []
-        for r in sorted(runs, key=lambda r: (r["repeat"], r["target"], r["threads"], r["batch_size"], r["input_size"] or 0)):
+        ordered = sorted(runs, key=lambda r: (r["repeat"], r["target"], r["threads"], r["batch_size"], r["input_size"] or 0))
+        for r in ordered[:plots.MAX_LINES]:
             label = f"t{r['threads']}" + (f" b{r['batch_size']}" if r["batch_size"] != 1 else "") \
                 + (f" r{r['input_size']}" if r["input_size"] else "") + (f" on {plain(r['target'], 24)}" if r["target"] != "sim" else "") \
                 + f" rep {r['repeat']}"

@@ -20,7 +20,7 @@ from farm.controller.report import ops_section
 from farm.controller.results import average_repeats, run_records
 from farm.controller.store import Store
 
-HOSTILE = "<script>alert(1)</script>$x_{1}$&\"'"
+HOSTILE = "<script>alert(1)</script>$x_{1}$&\"'\x1b[31m"
 LONG = "mobilenetv2_w0.35_r96_a_model_name_long_enough_to_be_cut"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -110,7 +110,7 @@ def test_sweep_plots_per_family_against_threads_and_input_size(models: Path, far
 
 
 def test_hostile_model_names_stay_text(models: Path, farm, tmp_path: Path) -> None:
-    quoted = HOSTILE.replace('"', '\\"')
+    quoted = HOSTILE.replace('"', '\\"').replace("\x1b", "\\e")  # YAML's escape for ESC
     job = write_job(models, f"""name: "{quoted}"
 models:
   - path: mobilenetv2_w0.35_r96.tflite
@@ -126,6 +126,9 @@ sim: {{memory: 1g}}
     assert made.returncode == 0, made.stderr
     page = page_path.read_text()
     assert "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "\x1b" not in page and "\\x1b[31m" in page  # a terminal escape is shown, not kept
+    shown = farm("results", "1", "--wide").stdout
+    assert "\x1b" not in shown and "<script>alert(1)</script>$x_{1}$" in shown
     for p in png_dir.iterdir():  # file names from hostile strings are safe names in the folder
         assert re.fullmatch(r"[A-Za-z0-9._-]+\.png", p.name), p.name
         _png_check(p.read_bytes())
@@ -203,3 +206,12 @@ def test_empty_lists_say_what_to_do(farm) -> None:
         run = farm(*command, env={"COLUMNS": "100"})
         assert run.returncode == 0, run.stderr
         assert hint in " ".join(run.stdout.split()) and "┃" not in run.stdout, command  # a sentence, not bare headers
+
+
+def test_a_job_of_many_models_keeps_the_overview_readable() -> None:
+    records = [{"model": {"name": f"model_{i}", "family": None}, "threads": 1, "batch_size": 1, "input_size": None,
+                "target": "sim", "latency_ms": {"avg": 1.0 + i, "std": 0.1}, "peak_memory_mb": 10.0 + i}
+               for i in range(500)]
+    fig = plots.overview_figure(records)
+    image = _png_check(fig.png)
+    assert image.size[1] <= (0.28 * plots.MAX_BARS + 1.2) * plots.DPI + 1  # 60 bars, not 500
