@@ -215,3 +215,20 @@ def test_a_job_of_many_models_keeps_the_overview_readable() -> None:
     fig = plots.overview_figure(records)
     image = _png_check(fig.png)
     assert image.size[1] <= (0.28 * plots.MAX_BARS + 1.2) * plots.DPI + 1  # 60 bars, not 500
+
+
+def test_the_cpu_budget_gets_its_own_plot_only_when_swept_apart_from_threads() -> None:
+    def record(threads: int, cpus: float, name: str = "mobilenetv2_w0.5_r160") -> dict:
+        return {"model": {"name": name, "family": None}, "threads": threads, "batch_size": 1, "input_size": None,
+                "target": "sim", "limits": {"cpus": cpus}, "latency_ms": {"avg": 10 / cpus, "std": 0.1},
+                "peak_memory_mb": 20.0}
+    follows = [record(1, 1.0), record(2, 2.0)]  # the default: the budget is the thread count
+    assert [p.key for p in plots.swept_params(follows)] == ["threads"]
+    apart = [record(1, 0.5), record(1, 1.0), record(2, 1.0), record(2, 2.0)]  # matrix.cpus beside threads
+    assert [p.key for p in plots.swept_params(apart)] == ["threads", "cpus"]
+    cpus = next(p for p in plots.swept_params(apart) if p.key == "cpus")
+    threads = next(p for p in plots.swept_params(apart) if p.key == "threads")
+    fig = plots.sweep_figure("mobilenetv2_w0.5", apart, cpus, [threads])  # a line per thread count
+    assert fig is not None and fig.name == "sweep-mobilenetv2_w0.5-cpus.png"
+    _png_check(fig.png)
+    assert plots.family_of(apart[0]) == "mobilenetv2_w0.5" and plots.input_size_of(apart[0]) == 160
