@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -163,24 +164,14 @@ def _calibrate_offline(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrations(args: argparse.Namespace) -> int:
+    from farm.cli.render import calibrations_table, show
     from farm.controller.calibrations import calibration_history
 
     rows = calibration_history(open_store(args), args.device, args.metric)
     if args.json:
         print(strict_json.dumps(rows, indent=2))
         return 0
-    t = Table(header_style="bold")
-    for c in ("id", "device", "metric", "threads", "batch", "input", "precision", "family", "version", "created",
-              "fit", "formula", "R²", "n", "LOO MAPE %", "ρ", "prior weight", "warnings"):
-        t.add_column(c)
-    for r in rows:
-        t.add_row(str(r["id"]), Text(r["device"]), r["metric"], str(r["threads"]), str(r["batch_size"] or 1),
-                  str(r["input_size"] or "—"), r["precision"] or "fp32", Text(r["family"] or GROUP_ALL),
-                  str(r["version"]), when(r["created_at"]), r["kind"], Text(r["formula"]),
-                  _fmt(r["r2"], ".3f"), str(r["n"]), _fmt(100 * r["loo_mape"] if r["loo_mape"] is not None else None, ".1f"),
-                  _fmt(r["spearman_rho"], ".2f"), Text(_prior_cell(r["prior_weight"], r["prior_source"])),
-                  Text("; ".join(r["warnings"]) or "—"))
-    out.print(t)
+    show(out, calibrations_table(rows, when, wide=args.wide), wide=args.wide)
     return 0
 
 
@@ -298,13 +289,15 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UserError("farm report needs -o report.html and/or --png DIR")
     output = output_file(args.output) if args.output else None
     try:
-        written = write_report(open_store(args), args.job, output, Path(args.png) if args.png else None)
+        written, warnings = write_report(open_store(args), args.job, output, Path(args.png) if args.png else None)
     except ReportError as e:
         raise UserError(str(e)) from None
     except OSError as e:
         raise UserError(f"cannot write the report: {e.strerror or e} ({e.filename}).") from None
+    for warning in warnings:
+        err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
     if args.json:
-        print(strict_json.dumps({"written": [str(p) for p in written]}, indent=2))
+        print(strict_json.dumps({"written": [str(p) for p in written], "warnings": warnings}, indent=2))
     else:
         out.print(f"{len(written)} file(s) written: " + ", ".join(str(p) for p in written[:4]) + (" …" if len(written) > 4 else ""))
     return 0
@@ -334,6 +327,7 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("calibrations", parents=[common], help="stored calibrations with their history")
     s.add_argument("--device")
     s.add_argument("--metric")
+    s.add_argument("--wide", action="store_true", help="every column: batch, input size, precision, family, when, fit, ρ, prior")
     s.set_defaults(func=cmd_calibrations)
 
     s = sub.add_parser("predict", parents=[common], help="on-device estimate of a model from the sim alone")
@@ -358,7 +352,7 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("--include-contended", action="store_true", help=INCLUDE_CONTENDED_HELP)
     s.set_defaults(func=cmd_rank)
 
-    s = sub.add_parser("report", parents=[common], help="one HTML file with the calibration plots and rankings")
+    s = sub.add_parser("report", parents=[common], help="one self-contained HTML page: results, sweep and telemetry plots, calibrations, rankings")
     s.add_argument("job", type=int)
     s.add_argument("-o", "--output", help="the HTML file (plots embedded)")
     s.add_argument("--png", help="also write the figures as PNG files into this folder")

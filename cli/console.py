@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import sys
 from pathlib import Path
 
 from rich.console import Console
 
-# Piped output keeps the full table width instead of rich's 80-column guess.
-out = Console(width=None if sys.stdout.isatty() else 160)
+# Piped output keeps the full table width instead of rich's 80-column guess; $COLUMNS wins when set.
+out = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160)
 err = Console(stderr=True, soft_wrap=True)
 
 

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from farm.cli.console import open_store, out, when
+from farm.cli.render import empty_list
 from farm.cli.remote import RemoteError, controller_address, remote_forget_device
 from farm.proto.escape import printable
 from farm.proto import strict_json
@@ -35,6 +36,10 @@ def cmd_device(args: argparse.Namespace) -> int:
         rows = controller.device_health()
         if args.json:
             print(strict_json.dumps(rows, indent=2))
+            return 0
+        if not rows:
+            out.print(empty_list("device health records", "a device gets one at its first `farm refresh` or health check "
+                                 "(`farm refresh --devices lab.yaml`; examples/lab.yaml shows the file)."))
             return 0
         t = Table(header_style="bold")
         for c in ("device", "health", "since", "reason"):
@@ -91,6 +96,10 @@ def cmd_lab_devices(args: argparse.Namespace) -> int:
                      "last_check": last_check, "calibration_age_s": time.time() - newest if newest else None})
     if args.json:
         print(strict_json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        out.print(empty_list("devices", "list your phones and boards in a YAML file and pass it with --devices FILE "
+                             "or $FARM_DEVICES (examples/lab.yaml shows every driver)."))
         return 0
     t = Table(header_style="bold")
     for c in ("device", "type", "driver", "tags", "health", "last check", "calibration age", "reason"):

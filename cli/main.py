@@ -83,7 +83,7 @@ def _run_with_progress(args: argparse.Namespace, store, job_id: int, total: int,
 
 
 def _finish(args: argparse.Namespace, store, job_id: int, completed_normally: bool) -> int:
-    from farm.cli.render import failures, results_table, to_json
+    from farm.cli.render import failures, results_table, show, to_json
     from farm.controller.results import run_records
 
     records = run_records(store, job_id)
@@ -92,7 +92,8 @@ def _finish(args: argparse.Namespace, store, job_id: int, completed_normally: bo
         print(to_json({"job": job_id, "status": job["status"], "results": records,
                        **({"warnings": args.warnings} if getattr(args, "warnings", None) else {})}))
     else:
-        out.print(results_table(records, title=f"job {job_id} · {job['name']} · {job['status']}"))
+        show(out, results_table(records, title=f"job {job_id} · {job['name']} · {job['status']}", **_table_form(args)),
+             wide=_table_form(args)["wide"])
         if any(r.get("approximate") for r in records):
             out.print("* approximate: the process backend enforces limits best-effort and samples memory.")
         for line in failures(records):
@@ -144,6 +145,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return _finish(args, store, job_id, ok)
 
 
+def _table_form(args: argparse.Namespace) -> dict[str, bool]:
+    return {"wide": getattr(args, "wide", False), "runs": getattr(args, "runs", False)}
+
+
+def table_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--wide", action="store_true", help="every column (p90, avg memory, CPU, wall time, backend, budget)")
+    sp.add_argument("--runs", action="store_true", help="one row per run instead of repeats averaged")
+
+
 def cmd_resume(args: argparse.Namespace) -> int:
     from farm.controller.controller import Controller
     _check_slots(args)
@@ -185,7 +195,7 @@ def lab_target(device):
 
 # --- reading results ----------------------------------------------------------------
 def cmd_results(args: argparse.Namespace) -> int:
-    from farm.cli.render import results_csv, results_table, to_json
+    from farm.cli.render import results_csv, results_table, show, to_json
     from farm.controller.results import run_records
 
     store = _open_store(args)
@@ -199,7 +209,7 @@ def cmd_results(args: argparse.Namespace) -> int:
         if fmt == "json":
             print(to_json(pairs))
         else:
-            out.print(pairs_table(pairs, title=f"job {args.job} · sim and device side by side"))
+            show(out, pairs_table(pairs, title=f"job {args.job} · sim and device side by side", wide=args.wide), wide=args.wide)
         return EXIT_OK
     if fmt == "json":
         print(to_json(records))
@@ -209,14 +219,13 @@ def cmd_results(args: argparse.Namespace) -> int:
         from farm.cli.op_profile_view import op_profile_tables
         out.print(op_profile_tables(records))
     else:
-        out.print(results_table(records, title=f"job {args.job} · {job['name']} · {job['status']}"))
+        show(out, results_table(records, title=f"job {args.job} · {job['name']} · {job['status']}", **_table_form(args)),
+             wide=args.wide)
     return EXIT_OK
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
-    from farm.cli.render import to_json
+    from farm.cli.render import jobs_table, show, to_json
     from farm.controller.controller import Controller
 
     store = _open_store(args)
@@ -227,13 +236,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     if args.json:
         print(to_json(jobs))
         return EXIT_OK
-    t = Table(header_style="bold")
-    for col in ("job", "name", "status", "runs", "ok", "failed", "created", "finished"):
-        t.add_column(col)
-    for j in jobs:
-        t.add_row(str(j["id"]), j["name"] or "", j["status"], str(j["tasks"]), str(j["completed"]),
-                  str(j["failed"]), _when(j["created_at"]), _when(j["finished_at"]))
-    out.print(t)
+    show(out, jobs_table(jobs, _when, wide=args.wide), wide=args.wide)
     return EXIT_OK
 
 
@@ -351,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="override sim.backend of the job")
         sp.add_argument("--quiet", action="store_true", help="no progress output")
         sp.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
+        table_options(sp)
         sp.add_argument("--devices", help="the lab's device list (YAML) for device targets; default $FARM_DEVICES")
 
     s = sub.add_parser("submit", parents=[common], help="validate a job file and run it")
@@ -374,10 +378,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--format", choices=["table", "csv", "json"], default="table")
     s.add_argument("--pairs", action="store_true", help="device runs beside their sim twins (completed pairs only)")
     s.add_argument("--ops", action="store_true", help="each run's slowest operator types and nodes (workload.op_profiling)")
+    table_options(s)
     s.set_defaults(func=cmd_results)
 
     s = sub.add_parser("jobs", parents=[common], help="list jobs")
     s.add_argument("--limit", type=int, default=50)
+    s.add_argument("--wide", action="store_true", help="also when each job finished")
     s.set_defaults(func=cmd_jobs)
 
     s = sub.add_parser("status", parents=[common], help="one job's progress")

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from farm.cli.console import UserError, err, open_store, out, when
+from farm.cli.render import empty_list
 from farm.proto import strict_json
 
 
@@ -95,6 +96,10 @@ def cmd_drift(args: argparse.Namespace) -> int:
     rows = drift_history(open_store(args), args.device)
     if args.json:
         print(strict_json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        out.print(empty_list("drift records", "drift compares a device's calibration with its previous version; "
+                             "each `farm refresh --devices lab.yaml` after the first makes one."))
         return 0
     t = Table(header_style="bold")
     for c in ("when", "device", "metric", "threads", "calibration", "slope Δ", "intercept Δ", "R² drop",

@@ -299,7 +299,7 @@ def _watch(client: FarmClient, job_id: int, *, quiet: bool) -> str:
 def _print_results(args: argparse.Namespace, client: FarmClient, job_id: int, final_status: str | None = None) -> int:
     from rich.text import Text
 
-    from farm.cli.render import failures, results_csv, results_table, to_json
+    from farm.cli.render import failures, results_csv, results_table, show, to_json
     from farm.proto.generated import farm_pb2
 
     job = client.call("GetJob", farm_pb2.JobRequest(job_id=job_id))
@@ -316,7 +316,8 @@ def _print_results(args: argparse.Namespace, client: FarmClient, job_id: int, fi
         from farm.cli.op_profile_view import op_profile_tables
         _out().print(op_profile_tables(records))
     else:
-        _out().print(results_table(records, title=f"job {job_id} · {job.name} · {job.status}"))
+        show(_out(), results_table(records, title=f"job {job_id} · {job.name} · {job.status}", wide=getattr(args, "wide", False),
+                                   runs=getattr(args, "runs", False)), wide=getattr(args, "wide", False))
         if args.command == "submit":
             for line in failures(records):
                 _err().print(Text.assemble(("failed ", "red"), line), highlight=False)

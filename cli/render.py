@@ -6,11 +6,13 @@ import csv
 import io
 from typing import Any
 
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
-
-from farm.proto import strict_json
 from rich.text import Text
 
+from farm.controller.results import average_repeats
+from farm.proto import strict_json
 from farm.proto.escape import printable
 
 
@@ -25,64 +27,190 @@ def _ms(v: float | None) -> str:
     return f"{v:.3g}" if v < 1000 else f"{v:.0f}"
 
 
-def results_table(records: list[dict[str, Any]], title: str | None = None) -> Table:
-    show_repeat = any(r["repeat"] for r in records)
+def _budget(lim: dict[str, Any]) -> str:
+    budget = f"{_fmt(lim['cpus'], 2).rstrip('0').rstrip('.')} cpu" if lim["cpus"] else "no cpu cap"
+    if lim["memory_mb"]:
+        budget += f", {lim['memory_mb']:g} MB"
+    if lim["cpuset"]:
+        budget += f" @{lim['cpuset']}"
+    return budget
+
+
+def _status(r: dict[str, Any]) -> str:
+    if r["status"] != "completed":
+        return r["status"] if not r["failure_class"] else f"[red]{r['failure_class']}[/red]"
+    runs, done = r.get("runs", 1), r.get("completed", 1)
+    ok = "ok" if done == runs else f"{done}/{runs} ok"
+    if is_contended(r) or r.get("contended"):
+        return f"[yellow]{ok} {CONTENDED_MARK}[/yellow]"
+    return f"[green]{ok}[/green]" if done == runs else f"[yellow]{ok}[/yellow]"
+
+
+def _has(records: list[dict[str, Any]], key: str) -> bool:
+    """A figure another part of farm may add to records: shown only where some record carries it."""
+    return any(r.get(key) is not None for r in records)
+
+
+class ModelTable:
+    """A table whose first column is a model name, which is never cut. When whole names leave the
+    figures too little room, each model's name gets a line of its own above its rows instead
+    (the columns keep one width throughout, so they still line up). Built like a rich Table:
+    add_column for the columns after the model, add_row(name, *cells)."""
+
+    def __init__(self, title: str | None, wide: bool) -> None:
+        # a title carries the job's name: shown as text, never as markup or a terminal escape
+        self.title = Text(printable(title, limit=None)) if title is not None else None
+        self.wide = wide
+        self.columns: list[tuple[str, dict[str, Any]]] = []
+        self.rows: list[tuple[Text, list[str | Text]]] = []
+        self.notes: list[str] = []
+
+    def add_column(self, header: str, **kwargs: Any) -> None:
+        self.columns.append((header, kwargs))
+
+    def add_row(self, name: Text, *cells: str | Text) -> None:
+        self.rows.append((name, list(cells)))
+
+    def _table(self, rows: list[tuple[Text, list[str | Text]]], *, model: bool, widths: list[int] | None = None,
+               header: bool = True, title: Text | None = None) -> Table:
+        t = Table(title=title, header_style="bold", show_edge=self.wide, pad_edge=self.wide, show_header=header)
+        if model:
+            t.add_column("model", no_wrap=True, min_width=max([5] + [n.cell_len for n, _ in rows]))
+        for i, (head, kwargs) in enumerate(self.columns):
+            t.add_column(head, **({**kwargs, "width": widths[i], "no_wrap": True} if widths else kwargs))
+        for name, cells in rows:
+            t.add_row(*([name] if model else []), *cells)
+        return t
+
+    def _natural_widths(self) -> list[int]:
+        widths = []
+        for i, (head, _) in enumerate(self.columns):
+            cells = [c if isinstance(c, Text) else Text.from_markup(c) for _, row in self.rows for c in row[i:i + 1]]
+            widths.append(max([len(line) for line in head.split("\n")] + [c.cell_len for c in cells]))
+        return widths
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        names = max([5] + [n.cell_len for n, _ in self.rows])
+        whole = self._table(self.rows, model=True, title=self.title)
+        natural = Measurement.get(console, options.update_width(100_000), whole).maximum
+        if self.wide or natural <= options.max_width or names <= options.max_width * 0.45:
+            yield whole  # fits, or rich can wrap the figures' columns and still leave them readable
+        else:
+            widths = self._natural_widths()
+            groups: list[tuple[Text, list]] = []
+            for name, cells in self.rows:
+                if not groups or groups[-1][0].plain != name.plain:
+                    groups.append((name, []))
+                groups[-1][1].append((name, cells))
+            for i, (name, rows) in enumerate(groups):
+                if i == 0:
+                    yield self._table([], model=False, widths=widths, title=self.title)
+                yield Text.assemble(name, style="bold")
+                yield self._table(rows, model=False, widths=widths, header=False)
+        for note in self.notes:
+            yield Text(note, style="dim")
+
+
+def results_table(records: list[dict[str, Any]], title: str | None = None, *, wide: bool = False,
+                  runs: bool = False) -> ModelTable:
+    """Averaged over repeats unless `runs`; readable at 100 columns unless `wide`: model names are
+    never cut (other columns wrap), detail (p90, avg memory, CPU, wall time, backend, budget) is in --wide."""
+    per_run = records
+    if not runs:
+        records = average_repeats(records)
+    show_repeat = runs and any(r["repeat"] for r in records)
+    show_n = not runs and any(r.get("runs", 1) > 1 for r in records)
+    show_target = any(r["target"] != "sim" for r in records)
+    show_batch = any(r["batch_size"] != 1 for r in records)
     show_size = any(r["input_size"] for r in records)
-    show_energy = any(r.get("energy_per_inference_mj") is not None for r in records)  # boards with power rails
-    t = Table(title=title, header_style="bold", show_lines=False)
-    t.add_column("model")
+    show_cpus = not wide and any((r["limits"] or {}).get("cpus") not in (None, r["threads"]) for r in records)
+    show_energy = _has(records, "energy_per_inference_mj")  # boards with power rails
+    show_throughput = _has(records, "throughput_per_s")
+    show_samples = wide and any(r.get("samples_per_s") is not None and r["batch_size"] != 1 for r in records)
+    show_startup = wide and _has(records, "startup_ms")
+    t = ModelTable(title, wide)
+    if show_target:
+        t.add_column("on", overflow="fold")
     t.add_column("thr", justify="right")
-    if any(r["batch_size"] != 1 for r in records):
+    if show_cpus:
+        t.add_column("cpu", justify="right")
+    if show_batch:
         t.add_column("batch", justify="right")
     if show_size:
         t.add_column("size", justify="right")
     if show_repeat:
         t.add_column("rep", justify="right")
-    t.add_column("budget")
+    if show_n:
+        t.add_column("n", justify="right")
+    if wide:
+        t.add_column("budget")
     t.add_column("status")
-    t.add_column("latency ms\navg ± std", justify="right")
-    t.add_column("p90 ms", justify="right")
-    t.add_column("inf/s", justify="right")  # throughput_per_s: inferences (batches) per second
+    t.add_column("latency ms\navg ± sd", justify="right")
+    if wide:
+        t.add_column("p90 ms", justify="right")
     t.add_column("peak MB", justify="right")
-    t.add_column("avg MB", justify="right")
+    if wide:
+        t.add_column("avg MB", justify="right")
+    if show_throughput:
+        t.add_column("inf/s", justify="right")
+    if show_samples:
+        t.add_column("samples/s", justify="right")
+    if show_startup:
+        t.add_column("startup ms", justify="right")
     if show_energy:
         t.add_column("mJ per\ninference", justify="right")
-    t.add_column("CPU %\navg/peak", justify="right")
-    t.add_column("wall s", justify="right")
-    t.add_column("backend")
+    if wide:
+        t.add_column("CPU %\navg/peak", justify="right")
+        t.add_column("wall s", justify="right")
+        t.add_column("backend")
     for r in records:
         lat = r["latency_ms"] or {}
-        lim = r["limits"]
-        budget = f"{_fmt(lim['cpus'], 2).rstrip('0').rstrip('.')} cpu" if lim["cpus"] else "no cpu cap"
-        if lim["memory_mb"]:
-            budget += f", {lim['memory_mb']:g} MB"
-        if lim["cpuset"]:
-            budget += f" @{lim['cpuset']}"
-        status = r["status"] if not r["failure_class"] else f"[red]{r['failure_class']}[/red]"
-        if r["status"] == "completed":
-            status = "[green]ok[/green]"
-            if is_contended(r):
-                status = f"[yellow]ok {CONTENDED_MARK}[/yellow]"
-        cpu = r["cpu_percent"]
-        row: list[str | Text] = [Text(r["model"]["name"]), str(r["threads"])]
-        if any(x["batch_size"] != 1 for x in records):
+        lim = r["limits"] or {}
+        row: list[str | Text] = [Text(printable(r["model"]["name"], limit=None))]
+        if show_target:
+            row.append(Text(printable(r["target"])))
+        row.append(str(r["threads"]))
+        if show_cpus:
+            row.append(_fmt(lim.get("cpus"), 2).rstrip("0").rstrip(".") if lim.get("cpus") else "—")
+        if show_batch:
             row.append(str(r["batch_size"]))
         if show_size:
             row.append(str(r["input_size"] or "—"))
         if show_repeat:
             row.append(str(r["repeat"]))
-        backend = (r["backend"] or "—") + ("*" if r.get("approximate") else "")
-        row += [budget, status,
-                f"{_ms(lat.get('avg'))} ± {_ms(lat.get('std'))}" if lat else "—",
-                _ms(lat.get("p90")) if lat else "—", _ms(r.get("throughput_per_s")),
-                _fmt(r["peak_memory_mb"], 1), _fmt(r["avg_memory_mb"], 1),
-                *([_fmt(r.get("energy_per_inference_mj"))] if show_energy else []),
-                f"{_fmt(cpu['avg'], 0)}/{_fmt(cpu['peak'], 0)}", _fmt(r["wall_s"]), backend]
+        if show_n:
+            row.append(str(r.get("averaged") or r.get("runs", 1)))
+        if wide:
+            row.append(_budget(lim))
+        row += [_status(r), f"{_ms(lat.get('avg'))} ± {_ms(lat.get('std'))}" if lat else "—"]
+        if wide:
+            row.append(_ms(lat.get("p90")) if lat else "—")
+        row.append(_fmt(r["peak_memory_mb"], 1))
+        if wide:
+            row.append(_fmt(r["avg_memory_mb"], 1))
+        if show_throughput:
+            row.append(_ms(r.get("throughput_per_s")))
+        if show_samples:
+            row.append(_ms(r.get("samples_per_s")))
+        if show_startup:
+            row.append(_ms(r.get("startup_ms")))
+        if show_energy:
+            row.append(_fmt(r.get("energy_per_inference_mj")))
+        if wide:
+            cpu = r["cpu_percent"] or {}
+            backend = (r["backend"] or "—") + ("*" if r.get("approximate") else "")
+            row += [f"{_fmt(cpu.get('avg'), 0)}/{_fmt(cpu.get('peak'), 0)}", _fmt(r["wall_s"]), backend]
         t.add_row(*row)
-    contended = sum(is_contended(r) for r in records)
+    notes = []
+    if show_n:
+        notes.append("n: runs averaged (a cell's repeats; sd is their spread, `--runs` lists each)")
+    contended = sum(is_contended(r) for r in per_run)
     if contended:
-        t.caption = (f"{CONTENDED_MARK} contended ({contended} run(s)): other work used the run's cores, its figures "
+        notes.append(f"{CONTENDED_MARK} contended ({contended} run(s)): other work used the run's cores, its figures "
                      "are not the budget's; calibrate, predict and rank leave it out (--include-contended keeps it)")
+    if not wide:
+        notes.append("--wide: p90, avg memory, CPU, wall time, backend and budget")
+    t.notes = notes
     return t
 
 
@@ -93,19 +221,65 @@ def is_contended(record: dict[str, Any]) -> bool:
     return bool((record.get("contention") or {}).get("contended"))
 
 
-def pairs_table(pairs: list[dict[str, Any]], title: str | None = None) -> Table:
-    t = Table(title=title, header_style="bold")
-    for c in ("model", "thr", "rep", "device", "sim latency ms", "device latency ms", "device / sim",
-              "sim peak MB", "device peak MB"):
-        t.add_column(c)
+def pairs_table(pairs: list[dict[str, Any]], title: str | None = None, *, wide: bool = False) -> RenderableType:
+    t = ModelTable(title, wide)
+    for c in ("thr", "rep", "device", "sim\nlat ms", "device\nlat ms", "device\n/ sim"):
+        t.add_column(c, justify="left" if c == "device" else "right")
+    if wide:
+        t.add_column("sim\npeak MB", justify="right")
+        t.add_column("device\npeak MB", justify="right")
     for p in pairs:
         s_lat = (p["sim"]["latency_ms"] or {}).get("avg")
         d_lat = (p["device_run"]["latency_ms"] or {}).get("avg")
         ratio = d_lat / s_lat if s_lat and d_lat else None
         mark = f" {CONTENDED_MARK}" if is_contended(p["sim"]) else ""
-        t.add_row(Text(p["model"]["name"]), str(p["threads"]), str(p["repeat"]), Text(p["device"]), _ms(s_lat) + mark,
-                  _ms(d_lat), _fmt(ratio), _fmt(p["sim"]["peak_memory_mb"], 1), _fmt(p["device_run"]["peak_memory_mb"], 1))
+        row = [Text(printable(p["model"]["name"], limit=None)), str(p["threads"]), str(p["repeat"]),
+               Text(printable(p["device"])), _ms(s_lat) + mark, _ms(d_lat), _fmt(ratio)]
+        if wide:
+            row += [_fmt(p["sim"]["peak_memory_mb"], 1), _fmt(p["device_run"]["peak_memory_mb"], 1)]
+        t.add_row(*row)
+    if not pairs:
+        return Text(f"{printable(title, limit=None) + ': ' if title else ''}no completed pairs. A pair is a device run and its sim twin, both "
+                    "completed: give the job a device target (targets: [NAME]), or compare two jobs with "
+                    "`farm rank A --device-job B`.")
+    t.notes = [] if wide else ["--wide: peak memory on both sides"]
     return t
+
+
+def jobs_table(jobs: list[dict[str, Any]], when, *, wide: bool = False) -> RenderableType:
+    """`farm jobs`; `when` formats a timestamp. An empty store says how to fill it."""
+    t = Table(header_style="bold", show_edge=wide, pad_edge=wide)
+    t.add_column("job", justify="right")
+    t.add_column("name", overflow="fold")
+    for col in ("status", "runs", "ok", "failed"):
+        t.add_column(col, justify="left" if col == "status" else "right")
+    t.add_column("created")
+    if wide:
+        t.add_column("finished")
+    for j in jobs:
+        row = [str(j["id"]), Text(printable(j["name"] or "", limit=None)), j["status"], str(j["tasks"]),
+               str(j["completed"]), str(j["failed"]), when(j["created_at"])]
+        if wide:
+            row.append(when(j["finished_at"]))
+        t.add_row(*row)
+    if not jobs:
+        return Text("no jobs in this store yet: `farm submit examples/quickstart.yaml` runs one "
+                    "(`make demo` generates its models first).")
+    return t
+
+
+def show(console: Console, renderable: RenderableType, *, wide: bool = False) -> None:
+    """Print; --wide tables at their natural width, past the terminal's edge rather than squeezed into it."""
+    if not wide:
+        console.print(renderable)
+        return
+    natural = Measurement.get(console, console.options.update_width(100_000), renderable).maximum
+    before = console.width
+    console.width = max(before, natural)
+    try:
+        console.print(renderable)
+    finally:
+        console.width = before
 
 
 def failures(records: list[dict[str, Any]]) -> list[str]:
@@ -140,3 +314,51 @@ def results_csv(records: list[dict[str, Any]]) -> str:
 
 def to_json(data: Any) -> str:
     return strict_json.dumps(data, indent=2)
+
+
+def calibrations_table(rows: list[dict[str, Any]], when, *, wide: bool = False) -> RenderableType:
+    """`farm calibrations`: what each version is and how good, in 100 columns; the key's rest in --wide."""
+    if not rows:
+        return Text("no calibrations stored yet: `farm calibrate --sim-job A --device-job B --device NAME` fits one "
+                    "(see examples/sim.yaml and examples/device.yaml), or `farm refresh --devices lab.yaml`.")
+    t = Table(header_style="bold", show_edge=wide, pad_edge=wide)
+    t.add_column("id", justify="right")
+    t.add_column("device", overflow="fold")
+    t.add_column("metric", overflow="fold")
+    t.add_column("thr", justify="right")
+    if wide:
+        for c in ("batch", "input", "precision", "family", "created", "fit"):
+            t.add_column(c)
+    t.add_column("v", justify="right")
+    t.add_column("formula", overflow="fold")
+    t.add_column("R²", justify="right")
+    t.add_column("n", justify="right")
+    t.add_column("LOO\nMAPE %", justify="right")
+    if wide:
+        t.add_column("ρ", justify="right")
+        t.add_column("prior weight")
+    t.add_column("warnings", overflow="fold")
+
+    def num(v: float | None, spec: str) -> str:
+        return "—" if v is None else format(v, spec)
+
+    for r in rows:
+        row: list[str | Text] = [str(r["id"]), Text(printable(r["device"], limit=None)), r["metric"], str(r["threads"])]
+        if wide:
+            prior = "—" if r["prior_weight"] is None else f"{100 * r['prior_weight']:.0f} % ({r['prior_source']})"
+            row += [str(r["batch_size"] or 1), str(r["input_size"] or "—"), r["precision"] or "fp32",
+                    Text(printable(r["family"] or "(all)", limit=None)), when(r["created_at"]), r["kind"]]
+        row += [str(r["version"]), Text(r["formula"]), num(r["r2"], ".3f"), str(r["n"]),
+                num(100 * r["loo_mape"] if r["loo_mape"] is not None else None, ".1f")]
+        if wide:
+            row += [num(r["spearman_rho"], ".2f"), Text(prior)]
+        row.append(Text(printable("; ".join(r["warnings"]) or "—", limit=None)))
+        t.add_row(*row)
+    if wide:
+        return t
+    return Group(t, Text("--wide: batch, input size, precision, family, when, fit kind, ρ, prior weight", style="dim"))
+
+
+def empty_list(kind: str, what_to_do: str) -> Text:
+    """What a list command prints instead of bare headers."""
+    return Text(f"no {kind} yet: {what_to_do}")

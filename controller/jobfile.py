@@ -17,6 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from farm.models.facts import ModelError, find_unsupported_ops, inspect_model
+from farm.models.generate import generate_hint
 from farm.models.runtimes import InputShapeError, resolve_shape
 from farm.proto.results import ModelFacts
 from farm.proto.spec import BenchmarkWorkload, JobSpec, ModelEntry, ScriptWorkload, cores_missing, parse_cpuset
@@ -241,7 +242,8 @@ def _missing_file(path: Path, written: str) -> str:
             return f"model file {written!r} is a symlink loop (following the links from {path} comes back round); point it at a real file."
         if os.path.islink(path):
             return f"model file {written!r} is a symlink to {os.readlink(path)}, which does not exist."
-    return f"model file {written!r} does not exist (looked for {path})."
+    hint = generate_hint(path)
+    return f"model file {written!r} does not exist (looked for {path})" + (f"; {hint}." if hint else ".")
 
 
 def resolve_models(spec: JobSpec, root: yaml.Node | None, base_dir: Path, source_name: str,

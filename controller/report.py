@@ -1,63 +1,79 @@
-"""`farm report JOB`: one self-contained HTML file (plots embedded as PNG) per job.
+"""`farm report JOB`: one self-contained HTML file (plots embedded as PNG, no script, no CDN) per job.
 
-Per calibration that used the job's runs: the sim-vs-device scatter with the fitted line,
-formula and R² (as in the published figures), the residuals, and per model the measured
-and predicted values; then the ranking tables.
+In order: what the job is and any warning; the results table (units in every header, averaged
+over repeats); sweep plots per model family (controller/plots.py says what a family is); an
+overview of every cell; memory and CPU over time from the stored telemetry samples; model facts;
+per-operator tables where runs carry `op_profile`; per calibration that used the job's runs the
+sim-vs-device scatter with the fitted line, formula and R² (as in the published figures), the
+residuals and per model the measured and predicted values; rankings; the job spec, folded.
+Every string from a job or a device is escaped.
 """
 
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import html
-import io
 import json
-from dataclasses import dataclass
+import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import matplotlib.pyplot as plt
 
-matplotlib.use("Agg")  # no display: render to memory
-import matplotlib.pyplot as plt  # noqa: E402
-
-from farm.controller.calibrations import METRICS, StoredCalibration, stored_calibration  # noqa: E402
-from farm.controller.ranking import RankError, rank_job  # noqa: E402
-from farm.controller.store import Store  # noqa: E402
+from farm.controller import plots
+from farm.controller.calibrations import METRICS, StoredCalibration, stored_calibration
+from farm.controller.plots import Figure, plain, safe_file_name
+from farm.controller.ranking import RankError, rank_job
+from farm.controller.results import average_repeats, run_records
+from farm.controller.store import Store
+from farm.proto.escape import printable
 
 FIGURE_SIZE_IN = (6.4, 4.8)
-FIGURE_DPI = 100  # 640 × 480 px
+MAX_TELEMETRY_FIGURES = 12  # one per model; a job of hundreds of models keeps its samples in the store
+MAX_SWEEP_FIGURES = 40  # a figure per family and swept parameter; past this the page stops being read
+MAX_OP_TABLES = 24
+TOP_OPS = 20
+
+__all__ = ["Figure", "ReportError", "build_report", "write_report"]
 
 
 class ReportError(ValueError):
     pass
 
 
-@dataclass
-class Figure:
-    name: str
-    png: bytes
-
-
 def calibrations_for_job(store: Store, job_id: int) -> list[StoredCalibration]:
     """The newest version of every calibration fitted on this job's runs (either side)."""
-    rows = store.query(
-        "SELECT c.* FROM calibrations c WHERE c.id IN ("
-        " SELECT cr.calibration_id FROM calibration_runs cr JOIN runs r"
-        " ON r.id = cr.sim_run_id OR r.id = cr.device_run_id WHERE r.job_id = ?)"
-        " ORDER BY c.device, c.metric, c.threads, c.family, c.version", [job_id])
     newest: dict[tuple, dict[str, Any]] = {}
-    for row in rows:
+    for row in store.calibrations_using_job(job_id):
         newest[(row["device"], row["metric"], row["threads"], row["runtime"], row["family"])] = row
     return [stored_calibration(r) for r in newest.values()]
 
 
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=FIGURE_DPI)
-    plt.close(fig)
-    return buf.getvalue()
+def _e(value: Any) -> str:
+    """Text from a job or a device as HTML: control characters shown as escapes, markup as text."""
+    return html.escape(printable(value, limit=None), quote=True)
 
 
+def _g(v: Any, digits: int = 4) -> str:
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        return "—"
+    return f"{v:.{digits}g}"
+
+
+def _table(headers: list[str], rows: list[list[Any]], cls: str = "") -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{_e(v)}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<table class='{cls}'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _img(f: Figure) -> str:
+    return (f"<figure><img alt='{_e(f.title or f.name)}' src='data:image/png;base64,{base64.b64encode(f.png).decode()}'>"
+            "</figure>")
+
+
+# --- calibration sections -------------------------------------------------------------------
 def _label(c: StoredCalibration) -> str:
     fam = f", family {c.family}" if c.family else ""
     size = f" · input {c.input_size}" if c.input_size else ""
@@ -65,16 +81,21 @@ def _label(c: StoredCalibration) -> str:
             f" · v{c.version}")
 
 
+def _unit(metric: str) -> str:
+    return METRICS.get(metric, ("", ""))[1]
+
+
+def _sim_metric(c: StoredCalibration) -> str:
+    return "latency" if c.metric == "energy" else c.metric  # energy is calibrated against the sim's latency
+
+
 def scatter_figure(c: StoredCalibration) -> bytes:
     cal = c.calibration
     fit = cal.fits[cal.chosen]
-    unit = METRICS.get(c.metric, ("", ""))[1]
     xs = [p.x for p in cal.pairs]
     ys = [p.y for p in cal.pairs]
     fig, ax = plt.subplots(figsize=FIGURE_SIZE_IN)
     ax.scatter(xs, ys, color="tab:blue", zorder=3)
-    for p in cal.pairs:
-        ax.annotate(p.model, (p.x, p.y), fontsize=7, xytext=(3, 3), textcoords="offset points")
     if fit.features_used:
         # the fit also uses model facts, so it is no single line in x: show its value per model
         fitted = [fit.predict(p.x, features=p.features, confidence=cal.confidence) for p in cal.pairs]
@@ -88,16 +109,16 @@ def scatter_figure(c: StoredCalibration) -> bytes:
         ax.plot(grid, [p.estimate for p in preds], color="tab:red", label=cal.chosen)
         ax.fill_between(grid, [p.low for p in preds], [p.high for p in preds], color="tab:red", alpha=0.15,
                         label=f"{int(cal.confidence * 100)} % prediction interval")
-    formula = fit.formula
-    ax.text(0.04, 0.94, f"{formula}\nR² = {fit.r2:.3f}", transform=ax.transAxes, va="top",
+    ax.text(0.04, 0.94, f"{plain(fit.formula, None)}\nR² = {fit.r2:.3f}", transform=ax.transAxes, va="top",
             bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
-    ax.set_xlabel(f"sim {c.metric} ({unit})")
-    ax.set_ylabel(f"{c.device} {c.metric} ({unit})")
-    ax.set_title(_label(c), fontsize=9)
+    ax.set_xlabel(f"sim {_sim_metric(c)} ({_unit(_sim_metric(c))})")
+    ax.set_ylabel(f"{plain(c.device, 30)} {c.metric} ({_unit(c.metric)})")
+    ax.set_title(plain(_label(c), 90), fontsize=8)
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    return _png(fig)
+    plots.place_labels(ax, zip(xs, ys), [p.model for p in cal.pairs])
+    return plots.png_bytes(fig)
 
 
 def residual_figure(c: StoredCalibration) -> bytes:
@@ -107,62 +128,66 @@ def residual_figure(c: StoredCalibration) -> bytes:
     residuals = [p.y - fit.predict(p.x, features=p.features).estimate for p in cal.pairs]
     ax.axhline(0, color="grey", lw=1)
     ax.scatter([p.x for p in cal.pairs], residuals, color="tab:purple")
-    for p, r in zip(cal.pairs, residuals):
-        ax.annotate(p.model, (p.x, r), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax.set_xlabel(f"sim {c.metric}")
-    ax.set_ylabel("device − fitted")
-    ax.set_title(f"residuals · {_label(c)}", fontsize=9)
+    ax.set_xlabel(f"sim {_sim_metric(c)} ({_unit(_sim_metric(c))})")
+    ax.set_ylabel(f"device − fitted ({_unit(c.metric)})")
+    ax.set_title(plain(f"residuals · {_label(c)}", 90), fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    return _png(fig)
+    plots.place_labels(ax, zip([p.x for p in cal.pairs], residuals), [p.model for p in cal.pairs])
+    return plots.png_bytes(fig)
 
 
-def _table(headers: list[str], rows: list[list[Any]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _g(v: float | None) -> str:
-    return "—" if v is None else f"{v:.4g}"
-
-
-def build_report(store: Store, job_id: int) -> tuple[str, list[Figure]]:
+def _job_name(store: Store, job_id: Any) -> str:
+    if not isinstance(job_id, int):
+        return ""
     job = store.job(job_id)
-    if job is None:
-        raise ReportError(f"no job {job_id} in {store.path}")
-    calibrations = calibrations_for_job(store, job_id)
-    figures: list[Figure] = []
-    sections: list[str] = []
-    for c in calibrations:
-        cal = c.calibration
-        fit = cal.fits[cal.chosen]
-        slug = (f"{c.device}-{c.metric}-t{c.threads}-b{c.batch_size}{'-i' + str(c.input_size) if c.input_size else ''}"
-                f"-{c.precision}{'-' + c.family if c.family else ''}-v{c.version}").replace("/", "_")
-        scatter = Figure(f"{slug}-scatter.png", scatter_figure(c))
-        residual = Figure(f"{slug}-residuals.png", residual_figure(c))
-        figures += [scatter, residual]
-        kinds = _table(["fit", "formula", "R²", "LOO MAPE %", "within ±10 %", "prior weight"],
-                       [[k, f.formula, _g(f.r2), _g(100 * f.loo_mape), _g(100 * f.loo_within_10),
-                         "—" if f.prior_weight is None else f"{100 * f.prior_weight:.0f} % ({f.prior_source})"]
-                        for k, f in cal.fits.items()])
-        per_model = _table(["model", "sim", "device (measured)", "predicted", "error %"],
-                           [[p.model, _g(p.x), _g(p.y), _g(fit.predict(p.x, features=p.features).estimate),
-                             _g(100 * (fit.predict(p.x, features=p.features).estimate - p.y) / p.y if p.y else None)] for p in cal.pairs])
-        flips = ", ".join(f"{f.first} / {f.second}" for f in fit.possible_flips) or "none"
-        warnings = "".join(f"<p class=warn>{html.escape(w)}</p>" for w in cal.warnings)
-        sections.append(
-            f"<section><h2>{html.escape(_label(c))}</h2>{warnings}"
-            f"<p>chosen fit <b>{html.escape(cal.chosen)}</b>: {html.escape(fit.formula)} · "
+    return f"job {job_id}" + (f" ({job['name']})" if job and job["name"] else "" if job else " (not in this store)")
+
+
+def _sources(store: Store, c: StoredCalibration) -> str:
+    src = c.source or {}
+    if "device_job" in src:
+        return f"sim side: {_job_name(store, src.get('sim_job'))} · device side: {_job_name(store, src['device_job'])}"
+    if "job" in src:
+        return f"device runs and their sim twins: {_job_name(store, src['job'])}"
+    return "fitted from pairs outside any job"
+
+
+def calibration_section(store: Store, c: StoredCalibration, figures: list[Figure]) -> str:
+    cal = c.calibration
+    fit = cal.fits[cal.chosen]
+    unit, sim_unit = _unit(c.metric), _unit(_sim_metric(c))
+    slug = safe_file_name(f"cal-{c.device}-{c.metric}-t{c.threads}-b{c.batch_size}"
+                          f"{'-i' + str(c.input_size) if c.input_size else ''}-{c.precision}"
+                          f"{'-' + c.family if c.family else ''}-v{c.version}", 120)
+    scatter = Figure(f"{slug}-scatter.png", scatter_figure(c), f"scatter {_label(c)}")
+    residual = Figure(f"{slug}-residuals.png", residual_figure(c), f"residuals {_label(c)}")
+    figures += [scatter, residual]
+    kinds = _table(["fit", "formula", "R²", "LOO MAPE (%)", "within ±10 % (%)", "prior weight"],
+                   [[k, f.formula, _g(f.r2), _g(100 * f.loo_mape), _g(100 * f.loo_within_10),
+                     "—" if f.prior_weight is None else f"{100 * f.prior_weight:.0f} % ({f.prior_source})"]
+                    for k, f in cal.fits.items()])
+    rows = []
+    for p in cal.pairs:
+        predicted = fit.predict(p.x, features=p.features).estimate
+        rows.append([p.model, _g(p.x), _g(p.y), _g(predicted), _g(100 * (predicted - p.y) / p.y if p.y else None, 3)])
+    per_model = _table(["model", f"sim ({sim_unit})", f"device, measured ({unit})", f"predicted ({unit})", "error (%)"], rows)
+    flips = ", ".join(f"{f.first} / {f.second}" for f in fit.possible_flips) or "none"
+    warnings = "".join(f"<p class=warn>{_e(w)}</p>" for w in cal.warnings)
+    return (f"<section><h3>{_e(_label(c))}</h3><p class=src>{_e(_sources(store, c))}</p>{warnings}"
+            f"<p>chosen fit <b>{_e(cal.chosen)}</b>: {_e(fit.formula)} · "
             f"{'<b class=warn>unsafe</b>' if cal.unsafe else 'sim tracks the device'} · n = {fit.n} · "
             f"Kendall τ = {_g(fit.kendall_tau)} · Spearman ρ = {_g(fit.spearman_rho)} · "
-            f"order may flip: {html.escape(flips)}</p>"
-            f"<div class=figs><img alt='scatter' src='data:image/png;base64,{base64.b64encode(scatter.png).decode()}'>"
-            f"<img alt='residuals' src='data:image/png;base64,{base64.b64encode(residual.png).decode()}'></div>"
-            f"{kinds}<h3>per model</h3>{per_model}</section>")
-    device_jobs = sorted({c.source.get("device_job") for c in calibrations if c.source.get("device_job")} - {job_id})
-    rankings = []
-    for metric in sorted({c.metric for c in calibrations} or {"latency"}):
+            f"order may flip: {_e(flips)}</p>"
+            f"<div class=figs>{_img(scatter)}{_img(residual)}</div>"
+            f"{kinds}<h4>per model</h4>{per_model}</section>")
+
+
+def rankings_section(store: Store, job_id: int, calibrations: list[StoredCalibration]) -> str:
+    device_jobs = sorted({c.source.get("device_job") for c in calibrations if isinstance(c.source.get("device_job"), int)}
+                         - {job_id})
+    parts = []
+    for metric in sorted({c.metric for c in calibrations if c.metric != "energy"} or {"latency"}):
         try:
             ranking = rank_job(store, job_id, metric, device_jobs=device_jobs, devices=[])
         except RankError:
@@ -171,33 +196,280 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure]]:
             cols = group["columns"]
             headers = ["#"] + [f"{c['name']}" + (f" (τ = {c['kendall_tau']:.2f})" if c["kendall_tau"] is not None else "")
                                for c in cols]
-            rows = [[i + 1] + [f"{col['order'][i][0]} ({col['order'][i][1]:.4g})" if i < len(col["order"]) else ""
-                               for col in cols] for i in range(max(len(c["order"]) for c in cols))]
-            rankings.append(f"<h3>{html.escape(metric)} · {group['threads']} thread(s) · batch {group['batch_size']}</h3>"
-                            f"{_table(headers, rows)}")
-    empty = "" if calibrations else (
-        "<p>No calibration uses this job's runs yet: run <code>farm calibrate --sim-job A --device-job B "
-        "--device NAME</code>, then make the report again.</p>")
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>farm report · job {job_id}</title>
-<style>body{{font-family:sans-serif;max-width:1320px;margin:2em auto;color:#222}}
-table{{border-collapse:collapse;margin:.5em 0}}td,th{{border:1px solid #ccc;padding:2px 8px;font-size:13px}}
-.figs img{{margin:4px;border:1px solid #eee}}.warn{{color:#a60}}</style></head><body>
-<h1>farm report · job {job_id} · {html.escape(job['name'] or '')}</h1>
-<p>{len(calibrations)} calibration(s). Spec:</p><pre>{html.escape(json.dumps(json.loads(job['spec_json']), indent=1))}</pre>
-{empty}{''.join(sections)}<h2>Rankings</h2>{''.join(rankings) or '<p>no completed runs to rank</p>'}
+            rows = [[i + 1] + [f"{col['order'][i][0]} ({_g(col['order'][i][1])} {_unit(metric)})"
+                               if i < len(col["order"]) else "" for col in cols]
+                    for i in range(max(len(c["order"]) for c in cols))]
+            parts.append(f"<h3>{_e(metric)} · {group['threads']} thread(s) · batch {group['batch_size']}</h3>"
+                         f"{_table(headers, rows)}")
+    return "".join(parts) or "<p>no completed runs to rank</p>"
+
+
+# --- results, plots, facts ------------------------------------------------------------------
+def _has(records: list[dict[str, Any]], key: str) -> bool:
+    return any(r.get(key) is not None for r in records)
+
+
+def results_section(averaged: list[dict[str, Any]]) -> str:
+    """One row per cell; a column only where some run has the figure (energy: boards with rails)."""
+    columns: list[tuple[str, Any]] = [
+        ("model", lambda r: r["model"]["name"]),
+        *([("target", lambda r: r["target"])] if any(r["target"] != "sim" for r in averaged) else []),
+        ("threads", lambda r: r["threads"]),
+        ("budget (cores · MB)", lambda r: f"{_g((r['limits'] or {}).get('cpus'))} · {_g((r['limits'] or {}).get('memory_mb'))}"),
+        *([("batch", lambda r: r["batch_size"])] if any(r["batch_size"] != 1 for r in averaged) else []),
+        *([("input (px)", lambda r: r["input_size"] or "model's")] if any(r["input_size"] for r in averaged) else []),
+        ("runs (ok/all)", lambda r: f"{r.get('completed', 0)}/{r.get('runs', 1)}"
+         + (f", {r['contended']} contended" if r.get("contended") else "")),
+        ("status", lambda r: ("ok" if r["status"] == "completed" else r["status"])
+         + (f": {r['failure_class']}" if r["failure_class"] else "")),
+        ("latency avg ± sd (ms)", lambda r: f"{_g((r['latency_ms'] or {}).get('avg'))} ± {_g((r['latency_ms'] or {}).get('std'), 2)}"
+         if r["latency_ms"] else "—"),
+        ("latency p90 (ms)", lambda r: _g((r["latency_ms"] or {}).get("p90"))),
+        ("first (ms)", lambda r: _g((r["latency_ms"] or {}).get("first"))),
+        *([("startup (ms)", lambda r: _g(r.get("startup_ms")))] if _has(averaged, "startup_ms") else []),
+        ("throughput (inf/s)", lambda r: _g(plots.throughput_of(r))),
+        *([("samples/s", lambda r: _g(r.get("samples_per_s")))] if _has(averaged, "samples_per_s") else []),
+        ("peak memory (MB)", lambda r: _g(r.get("peak_memory_mb"))),
+        ("avg memory (MB)", lambda r: _g(r.get("avg_memory_mb"))),
+        ("CPU avg/peak (%)", lambda r: f"{_g((r['cpu_percent'] or {}).get('avg'), 3)}/"
+                                       f"{_g((r['cpu_percent'] or {}).get('peak'), 3)}"),
+        *([("energy (mJ/inference)", lambda r: _g(r.get("energy_per_inference_mj")))]
+          if _has(averaged, "energy_per_inference_mj") else []),
+        ("wall (s)", lambda r: _g(r.get("wall_s"), 3)),
+        ("backend", lambda r: (r["backend"] or "—") + (" (approximate)" if r.get("approximate") else "")),
+    ]
+    rows = [[get(r) for _, get in columns] for r in averaged]
+    note = ("<p class=note>One row per model and setting: figures are the mean over its completed repeats "
+            "(contended runs only where a cell has no clean one); sd is the spread of the repeats' "
+            "averages where there are two or more, else the run's own; first: the first inference. Throughput (inferences/s) is the run's own figure, or "
+            "1000 / average latency. <code>farm results JOB --runs --wide</code> lists every run.</p>")
+    return _table([h for h, _ in columns], rows, "results") + note
+
+
+def _failures(records: list[dict[str, Any]]) -> str:
+    failed = [r for r in records if r["status"] == "failed"]
+    if not failed:
+        return ""
+    items = "".join(f"<li><b>{_e(r['model']['name'])}</b> (threads {r['threads']}, repeat {r['repeat']}, "
+                    f"{_e(r['target'])}): {_e(r['failure_class'])}: <pre class=msg>{html.escape(printable(r['message'], limit=2000, multiline=True))}</pre></li>"
+                    for r in failed[:50])
+    more = f"<li>… and {len(failed) - 50} more (<code>farm results JOB --format json</code>)</li>" if len(failed) > 50 else ""
+    return f"<details class=warn><summary>{len(failed)} failed run(s)</summary><ul>{items}{more}</ul></details>"
+
+
+def sweep_section(averaged: list[dict[str, Any]], figures: list[Figure]) -> str:
+    done = [r for r in averaged if r["status"] == "completed" and r.get("completed", 1)]
+    parts = []
+    overview = plots.overview_figure(done)
+    swept = plots.swept_params(done)
+    families: dict[str, list[dict[str, Any]]] = {}
+    for r in done:
+        families.setdefault(plots.family_of(r), []).append(r)
+    left_out = 0
+    for x in swept:
+        others = [p for p in swept if p is not x and not (x.key == "input_size" and p.key == "input_size")]
+        for family, rows in sorted(families.items()):
+            if len([f for f in figures if f.name.startswith("sweep-")]) >= MAX_SWEEP_FIGURES:
+                left_out += 1
+                continue
+            fig = plots.sweep_figure(family, rows, x, others)
+            if fig is not None:
+                figures.append(fig)
+                parts.append(f"<h3>{_e(family)} against {_e(x.label)}</h3>{_img(fig)}")
+    if left_out:
+        parts.append(f"<p class=warn>{left_out} more family × parameter figure(s) left out: the page shows the first "
+                     f"{MAX_SWEEP_FIGURES}; give models a shared <code>family:</code> in the job to group them.</p>")
+    if not swept:
+        parts.append("<p class=note>Nothing was swept (one thread count, CPU budget, batch size and input size per "
+                     "model): the overview below compares the models. <code>matrix: {threads: [1, 2, 4]}</code> "
+                     "(also <code>batch_sizes</code>, <code>input_sizes</code>) gives a line per model.</p>")
+    if overview is not None:
+        figures.append(overview)
+        parts.append(f"<h3>every model and setting</h3>{_img(overview)}")
+    return "".join(parts)
+
+
+def telemetry_section(store: Store, records: list[dict[str, Any]], figures: list[Figure]) -> str:
+    by_model: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        if r["status"] == "completed" and r["run"] is not None:
+            by_model.setdefault(r["model"]["name"], []).append(r)
+    parts, skipped = [], 0
+    for i, (model, runs) in enumerate(sorted(by_model.items())):
+        if i >= MAX_TELEMETRY_FIGURES:
+            skipped += 1
+            continue
+        lines = []
+        ordered = sorted(runs, key=lambda r: (r["repeat"], r["target"], r["threads"], r["batch_size"], r["input_size"] or 0))
+        for r in ordered[:plots.MAX_LINES]:
+            label = f"t{r['threads']}" + (f" b{r['batch_size']}" if r["batch_size"] != 1 else "") \
+                + (f" r{r['input_size']}" if r["input_size"] else "") + (f" on {plain(r['target'], 24)}" if r["target"] != "sim" else "") \
+                + f" rep {r['repeat']}"
+            lines.append((label, store.telemetry(r["run"])))
+        fig = plots.telemetry_figure(model, lines)
+        if fig is not None:
+            figures.append(fig)
+            parts.append(_img(fig))
+    if not parts:
+        return "<p class=note>No telemetry samples are stored for this job's completed runs.</p>"
+    more = (f"<p class=note>{skipped} more model(s) have samples in the store (the figure shows the first "
+            f"{MAX_TELEMETRY_FIGURES}).</p>") if skipped else ""
+    return ("<p class=note>Sampled every <code>sim.sample_interval_ms</code> during each run; the first "
+            f"{plots.MAX_LINES} runs of each model.</p>" + "".join(parts) + more)
+
+
+def facts_section(records: list[dict[str, Any]]) -> str:
+    seen: dict[tuple, dict[str, Any]] = {}
+    for r in records:
+        seen.setdefault((r["model"]["name"], r["model"]["sha256"]), r["model"])
+    known = {"name", "sha256", "family", "path", "size_bytes", "param_count"}
+    extra = sorted({k for m in seen.values() for k, v in m.items() if k not in known and v is not None})
+
+    def fmt(key: str, v: Any) -> str:
+        if key.endswith("_share"):
+            return _g(100 * v, 3) + " %" if isinstance(v, (int, float)) else "—"
+        if key in ("macs", "flops"):
+            return _g(v / 1e6, 4) if isinstance(v, (int, float)) else "—"
+        if key.endswith("_bytes"):
+            return _g(v / (1 << 20), 4) if isinstance(v, (int, float)) else "—"
+        return _g(v) if isinstance(v, (int, float)) else str(v)
+
+    def header(key: str) -> str:
+        if key in ("macs", "flops"):
+            return f"{key.upper()} (M)"
+        if key.endswith("_bytes"):
+            return key.removesuffix("_bytes").replace("_", " ") + " (MB)"
+        return key.replace("_", " ")
+
+    headers = ["model", "family", "format", "file size (KB)", "parameters (M)", *[header(k) for k in extra], "sha256"]
+    rows = [[m["name"], m.get("family") or "—", Path(m.get("path") or "").suffix.lstrip(".") or "—",
+             _g((m.get("size_bytes") or 0) / 1024) if m.get("size_bytes") else "—",
+             _g(m["param_count"] / 1e6) if isinstance(m.get("param_count"), (int, float)) else "—",
+             *[fmt(k, m.get(k)) for k in extra], (m.get("sha256") or "")[:16]] for m in seen.values()]
+    return _table(headers, rows)
+
+
+def _op_rows(profile: Any) -> list[list[Any]] | None:
+    """A run's `op_profile` as table rows, or None when it is not a list of {op, count, avg_ms, pct}."""
+    if not isinstance(profile, list):
+        return None
+    rows = []
+    for entry in profile:
+        if not isinstance(entry, dict) or not isinstance(entry.get("op"), str):
+            continue
+        rows.append([entry["op"], _g(entry.get("count")), _g(entry.get("avg_ms")), _g(entry.get("pct"), 3)])
+    rows.sort(key=lambda row: -float(row[3]) if row[3] != "—" else 0.0)
+    return rows or None
+
+
+def ops_section(records: list[dict[str, Any]]) -> str:
+    parts, seen = [], set()
+    for r in records:
+        rows = _op_rows(r.get("op_profile"))
+        key = (r["model"]["name"], r["target"], r["threads"], r["batch_size"], r["input_size"])
+        if rows is None or key in seen:
+            continue
+        seen.add(key)
+        if len(seen) > MAX_OP_TABLES:
+            parts.append(f"<p class=note>More runs carry operator profiles: <code>farm results JOB --format json</code> "
+                         f"(the first {MAX_OP_TABLES} are shown).</p>")
+            break
+        more = f"<p class=note>{len(rows) - TOP_OPS} more operator(s) below these.</p>" if len(rows) > TOP_OPS else ""
+        parts.append(f"<h3>{_e(r['model']['name'])} · {r['threads']} thread(s) · {_e(r['target'])} · repeat {r['repeat']}</h3>"
+                     f"{_table(['operator', 'count', 'avg (ms)', 'share of time (%)'], rows[:TOP_OPS])}{more}")
+    return "".join(parts)
+
+
+STYLE = """body{font-family:system-ui,sans-serif;max-width:1360px;margin:1.5em auto;padding:0 1em;color:#222}
+h1{font-size:1.5em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px;vertical-align:top}
+th{background:#f4f4f4;text-align:left}table.results td{white-space:nowrap}
+td{overflow-wrap:anywhere}td:first-child{white-space:nowrap}figure{margin:6px 0}img{max-width:100%;border:1px solid #eee}
+.figs{display:flex;flex-wrap:wrap;gap:6px}.warn{color:#a60}.note{color:#555;font-size:13px}.src{font-size:14px}
+pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f8f8f8;padding:.5em}pre.msg{margin:.2em 0}
+.wrap{overflow-x:auto}"""
+
+
+def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str]]:
+    """The page, its figures (also written with --png) and the warnings shown at its top."""
+    job = store.job(job_id)
+    if job is None:
+        raise ReportError(f"no job {job_id} in {store.path}; `farm jobs` lists the jobs there.")
+    records = run_records(store, job_id)
+    averaged = average_repeats(records)
+    calibrations = calibrations_for_job(store, job_id)
+    figures: list[Figure] = []
+    warnings: list[str] = []
+    done = sum(r["status"] == "completed" for r in records)
+    if not done:
+        warnings.append(f"job {job_id} has no completed run ({len(records)} run(s): "
+                        + ", ".join(f"{n} {s}" for s, n in sorted(Counter(r["status"] for r in records).items()))
+                        + "): there is nothing to plot; `farm status` and `farm results` say why.")
+    sweeps = sweep_section(averaged, figures) if done else ""
+    telemetry = telemetry_section(store, records, figures) if done else ""
+    ops = ops_section(records)
+    cal_sections = "".join(calibration_section(store, c, figures) for c in calibrations)
+    if not calibrations:
+        cal_sections = ("<p class=note>No calibration uses this job's runs yet: <code>farm calibrate --sim-job A "
+                        "--device-job B --device NAME</code> (or <code>--job J</code> for a job with device targets), "
+                        "then make the report again.</p>")
+    if any(r.get("approximate") for r in records):
+        warnings.append("some runs used the approximate process backend: limits best-effort, memory sampled.")
+    contended = sum(bool((r.get("contention") or {}).get("contended")) for r in records)
+    if contended:
+        warnings.append(f"{contended} run(s) contended: other work used their cores; their figures are not the budget's.")
+    targets = sorted({r["target"] for r in records})
+    spec = json.dumps(json.loads(job["spec_json"]), indent=1)
+    when = "".join(f" · {label} {_when(job[key])}" for label, key in (("created", "created_at"), ("finished", "finished_at"))
+                   if job.get(key))
+    toc = [("results", "Results"), ("sweeps", "Plots"), ("telemetry", "Memory and CPU over time"), ("facts", "Models"),
+           *([("ops", "Operators")] if ops else []), ("calibrations", "Calibrations"), ("rankings", "Rankings"),
+           ("spec", "Job spec")]
+    page = f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>farm report · job {job_id} · {_e(job['name'] or '')}</title><style>{STYLE}</style></head><body>
+<h1>farm report · job {job_id} · {_e(job['name'] or '')}</h1>
+<p>status <b>{_e(job['status'])}</b> · {len(records)} run(s), {done} completed · {len({r['model']['sha256'] for r in records})} model(s)
+ · on {_e(', '.join(targets))}{_e(when)} · {len(calibrations)} calibration(s)</p>
+<nav>{' · '.join(f"<a href='#{a}'>{t}</a>" for a, t in toc)}</nav>
+{''.join(f"<p class=warn>⚠ {_e(w)}</p>" for w in warnings)}{_failures(records)}
+<h2 id=results>Results</h2><div class=wrap>{results_section(averaged)}</div>
+<h2 id=sweeps>Plots</h2>{sweeps or '<p class=note>no completed run to plot</p>'}
+<h2 id=telemetry>Memory and CPU over time</h2>{telemetry or '<p class=note>no completed run</p>'}
+<h2 id=facts>Models</h2><div class=wrap>{facts_section(records)}</div>
+{f'<h2 id=ops>Operators</h2>{ops}' if ops else ''}
+<h2 id=calibrations>Calibrations</h2>{cal_sections}
+<h2 id=rankings>Rankings</h2>{rankings_section(store, job_id, calibrations)}
+<h2 id=spec>Job spec</h2><details><summary>the job as submitted (JSON, {len(spec.splitlines())} lines)</summary><pre>{_e(spec)}</pre></details>
 </body></html>"""
-    return page, figures
+    return page, figures, warnings
 
 
-def write_report(store: Store, job_id: int, output: Path | None, png_dir: Path | None) -> list[Path]:
-    page, figures = build_report(store, job_id)
+def _when(ts: float | None) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if ts else "—"
+
+
+def write_report(store: Store, job_id: int, output: Path | None, png_dir: Path | None) -> tuple[list[Path], list[str]]:
+    """Write the page and/or the figures; the warnings say what the report could not show
+    (a PNG folder is not made when there is no figure to put in it)."""
+    page, figures, warnings = build_report(store, job_id)
     written = []
     if output is not None:
-        output.write_text(page)
+        output.write_text(page, encoding="utf-8")
         written.append(output)
     if png_dir is not None:
-        png_dir.mkdir(parents=True, exist_ok=True)
-        for f in figures:
-            (png_dir / f.name).write_bytes(f.png)
-            written.append(png_dir / f.name)
-    return written
+        if not figures:
+            warnings.append(f"no figures, so {png_dir} was not written: the job has no completed run to plot.")
+        else:
+            png_dir.mkdir(parents=True, exist_ok=True)
+            names: set[str] = set()
+            for f in figures:
+                name = f.name
+                n = 1
+                while name in names:  # two families that make one safe file name
+                    n += 1
+                    name = f"{Path(f.name).stem}-{n}.png"
+                names.add(name)
+                (png_dir / name).write_bytes(f.png)
+                written.append(png_dir / name)
+    return written, warnings

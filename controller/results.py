@@ -147,3 +147,80 @@ def paired_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                       "batch_size": r["batch_size"], "input_size": r["input_size"], "repeat": r["repeat"],
                       "sim": sim, "device_run": r})
     return pairs
+
+
+# --- r13-report: repeats averaged into one row per cell (tables and the report share this rule) ---
+def cell_key(record: dict[str, Any]) -> tuple:
+    """What makes runs repeats of one another: everything but the repeat number and the cores they got."""
+    limits = record["limits"] or {}
+    return (record["model"]["name"], record["model"]["sha256"], record["target"], record["threads"],
+            record["batch_size"], record["input_size"], limits.get("cpus"), limits.get("memory_mb"))
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _numbers(runs: list[dict[str, Any]], *path: str) -> list[float]:
+    found = []
+    for r in runs:
+        v: Any = r
+        for key in path:
+            v = v.get(key) if isinstance(v, dict) else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            found.append(float(v))
+    return found
+
+
+# Figures averaged over repeats: (path in the record, how digits are kept).
+AVERAGED_FIGURES: tuple[tuple[str, ...], ...] = (
+    ("latency_ms", "avg"), ("latency_ms", "p50"), ("latency_ms", "p90"), ("latency_ms", "p99"),
+    ("latency_ms", "init"), ("latency_ms", "first"), ("latency_ms", "min"), ("latency_ms", "max"),
+    ("peak_memory_mb",), ("avg_memory_mb",), ("peak_rss_mb",), ("baseline_memory_mb",),
+    ("cpu_percent", "avg"), ("wall_s",), ("whole_run_s",), ("energy_per_inference_mj",),
+    ("throughput_per_s",), ("samples_per_s",), ("startup_ms",),
+)
+
+
+def average_repeats(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per matrix cell and target: figures are the mean over its completed runs.
+
+    Contended runs count only when a cell has no clean one. `runs`, `completed` and `contended`
+    say what went in; latency_ms.std is the spread of the runs' averages when there are two or
+    more (repeat to repeat), else the run's own spread."""
+    cells: dict[tuple, list[dict[str, Any]]] = {}
+    for r in records:
+        cells.setdefault(cell_key(r), []).append(r)
+    averaged = []
+    for runs in cells.values():
+        done = [r for r in runs if r["status"] == "completed"]
+        clean = [r for r in done if not (r.get("contention") or {}).get("contended")]
+        used = clean or done
+        first = (used or runs)[0]
+        row: dict[str, Any] = {**first, "repeat": None, "runs": len(runs), "completed": len(done),
+                               "contended": len(done) - len(clean), "averaged": len(used)}
+        if done and len(done) < len(runs):
+            row["status"] = "completed"
+            row["failure_class"] = None
+        if used:
+            latency = dict(first["latency_ms"] or {}) if first.get("latency_ms") else None
+            cpu = dict(first["cpu_percent"] or {})
+            for path in AVERAGED_FIGURES:
+                value = _mean(_numbers(used, *path))
+                if len(path) == 1:
+                    if path[0] in row or value is not None:
+                        row[path[0]] = value
+                elif path[0] == "latency_ms" and latency is not None:
+                    latency[path[1]] = value
+                elif path[0] == "cpu_percent":
+                    cpu[path[1]] = value
+            peaks = _numbers(used, "cpu_percent", "peak")
+            cpu["peak"] = max(peaks) if peaks else None
+            avgs = _numbers(used, "latency_ms", "avg")
+            if latency is not None and len(avgs) >= 2:
+                m = sum(avgs) / len(avgs)
+                latency["std"] = (sum((v - m) ** 2 for v in avgs) / (len(avgs) - 1)) ** 0.5
+            row["latency_ms"] = latency
+            row["cpu_percent"] = cpu
+        averaged.append(row)
+    return averaged

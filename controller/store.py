@@ -533,3 +533,11 @@ class Store:
                 row.pop("idx")
                 found[run_id].append(row)
         return found
+    # --- r13-report --------------------------------------------------------------
+    def calibrations_using_job(self, job_id: int) -> list[dict[str, Any]]:
+        """Every stored calibration version fitted on this job's runs (either side), oldest version first."""
+        return self.query(
+            "SELECT c.* FROM calibrations c WHERE c.id IN ("
+            " SELECT cr.calibration_id FROM calibration_runs cr JOIN runs r"
+            " ON r.id = cr.sim_run_id OR r.id = cr.device_run_id WHERE r.job_id = ?)"
+            " ORDER BY c.device, c.metric, c.threads, c.family, c.version", [job_id])

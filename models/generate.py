@@ -7,6 +7,8 @@ file already holding the same bytes and writes nothing.
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -167,3 +169,24 @@ def write_tiny_onnx(path: Path) -> Path:
     """One conv on (1, 3, 8, 8): a valid model that loads and runs in milliseconds."""
     write_if_changed(path, serialize_onnx(tiny_onnx()))
     return path
+
+
+_EXAMPLE_NAME = re.compile(r"mobilenetv2_w(\d+(?:\.\d+)?)_r(\d+)(_dynbatch)?\.(tflite|onnx)")
+
+
+def generate_hint(path: Path) -> str | None:
+    """For a missing model file that is one of farm's generated examples, the command that writes it."""
+    folder = shlex.quote(str(path.parent))
+    m = _EXAMPLE_NAME.fullmatch(path.name)
+    if m:
+        width, size, dynamic, fmt = m.groups()
+        if dynamic:
+            return ("it is one of farm's example models, with a dynamic batch dimension: `farm models generate --help` "
+                    "says how to write it")
+        return (f"it is one of farm's example models: `farm models generate {folder} --widths {width} --sizes {size} "
+                f"--formats {fmt} --no-zoo` writes it (`make models` writes every model the examples use into "
+                "examples/models)")
+    if path.suffix == ".onnx" and path.stem in zoo_models():
+        return (f"it is one of the ONNX zoo models farm copies: `farm models generate {folder} --formats onnx "
+                "--widths 1.0 --sizes 224` writes it with the others")
+    return None

@@ -87,8 +87,10 @@ def test_calibrate_predict_rank_report(family: Path, farm, tmp_path: Path) -> No
     page = report.read_text()
     assert "half-cpu" in page and "data:image/png;base64," in page and "Rankings" in page
     assert "y = " in page and "batch 1" in page  # every fit's formula, and the calibration key
-    figures = sorted(pngs.glob("*.png"))
-    assert figures
+    assert "sim side: job 1 (sim) · device side: job 2 (slow-device)" in page  # the jobs it came from, named
+    assert "device, measured (ms)" in page and "predicted (ms)" in page  # units in the tables
+    figures = sorted(pngs.glob("cal-*.png"))
+    assert len(figures) == 4  # scatter and residuals, for latency and for peak memory
     for f in figures:
         head = f.read_bytes()[:24]
         assert head[:8] == b"\x89PNG\r\n\x1a\n"
