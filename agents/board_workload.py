@@ -1,0 +1,232 @@
+"""A workload on a board over ssh: what goes there, the command that runs it, and the clean-up.
+
+Everything a run needs is sent by content hash and checked on arrival: the board harness (one
+file, the board's own python3, no farm install), the model, and a script's folder (the same
+tar the sim unpacks). Each run gets its own directory on the board, removed afterwards with any
+process the script left behind, also after a timeout. A script's pip requirements go into a venv
+on the board, made once per interpreter and requirement set.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import tempfile
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from farm.agents.board_harness import HARNESS_FILE
+from farm.agents.board_harness.board_harness import PROTOCOL
+from farm.agents.harness.stats import latency_stats
+from farm.agents.parsers.board_harness import HarnessOutputError, parse_env_output, parse_harness_output
+from farm.agents.sim import _format_args
+from farm.agents.ssh_transport import SshTransport, UploadResult
+from farm.proto.results import FailureClass, RunResult, RunStatus
+from farm.proto.script_archive import check_archive, pack_dir
+from farm.proto.tasks import TaskSpec
+
+LOG_TAIL_CHARS = 4000
+MIN_PYTHON = (3, 6)
+TIMEOUT_GRACE_S = 30  # the harness stops a script at the run's timeout itself; ssh waits this much longer
+PY_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
+
+
+class BoardNotReady(Exception):
+    """The board lacks what every job needs (python3, its venv module, a runtime): infrastructure."""
+
+
+class BoardJobError(Exception):
+    """The job's own fault, found while staging (its script folder, its requirements)."""
+
+    def __init__(self, message: str, failure_class: str = "job") -> None:
+        super().__init__(message)
+        self.failure_class = failure_class
+
+
+@dataclass
+class BoardRunTask:
+    """What `board_harness.py run` reads: the sim's HarnessTask fields plus the board's own."""
+
+    kind: str
+    model_path: str
+    threads: int = 1
+    batch_size: int = 1
+    input_size: int | None = None
+    iterations: int = 50
+    warmup: int = 5
+    input_shapes: dict[str, list[int]] | None = None
+    use_xnnpack: bool = True
+    seed: int = 0
+    command: list[str] | None = None
+    script_dir: str | None = None
+    archive: str | None = None
+    timeout_s: float | None = None
+    sample_interval_ms: float = 100
+    pgid_file: str | None = None
+    protocol: int = PROTOCOL
+
+
+@dataclass
+class StagedRun:
+    run_dir: str
+    command: str  # runs the harness (after checking its hash); the telemetry sampler runs beside it
+    ssh_timeout_s: float
+    harness: UploadResult
+    python_version: str
+    venv: str | None = None  # the requirements' venv python, when the script has requirements
+
+
+def board_python_version(ssh: SshTransport, python: str) -> str:
+    """The board interpreter's version; BoardNotReady when there is none or it is older than 3.6."""
+    probe = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
+    status, out, err = ssh.run(f"{shlex.quote(python)} -c {shlex.quote(probe)}", 30)
+    version = out.strip().splitlines()[-1] if out.strip() else ""
+    m = PY_VERSION.match(version)
+    if status != 0 or not m:
+        raise BoardNotReady(f"no usable python at {python!r} on the board ({(err or out).strip()[-200:] or 'no output'}); "
+                            "install python3 (3.6 or newer) there, or set `python:` in the device entry")
+    if (int(m[1]), int(m[2])) < MIN_PYTHON:
+        raise BoardNotReady(f"the board's {python} is Python {version}; farm's board harness needs 3.6 or newer "
+                            "(set `python:` in the device entry to a newer one)")
+    return version
+
+
+def harness_command(python: str, harness: UploadResult, *args: str, env: str = "") -> str:
+    """Run the pushed harness only if the file on the board still has the hash it was pushed with."""
+    check = f"echo {shlex.quote(harness.sha256 + '  ' + harness.remote_path)} | sha256sum -c --status"
+    run = env + " ".join([shlex.quote(python), shlex.quote(harness.remote_path), *map(shlex.quote, args)])
+    return (f"{{ {check} || {{ echo 'farm: the board harness on the board is not the file that was pushed "
+            f"(sha256 differs)' >&2; exit 97; }}; }} && {run}")
+
+
+def upload_script_archive(ssh: SshTransport, task: TaskSpec, remote_dir: str) -> str:
+    """The script folder as the tar the sim unpacks (the uploaded one on remote agents, else packed here),
+    checked, then sent by hash; its path on the board."""
+    with tempfile.TemporaryDirectory(prefix="farm-board-") as tmp:
+        given = task.extra.get("script_archive_path")
+        archive = Path(given) if given else Path(tmp, "script.tar")
+        try:
+            if not given:
+                archive.write_bytes(pack_dir(Path(task.base_dir, task.workload.get("dir") or ".")))
+            check_archive(archive, script=task.workload.get("script"))
+        except ValueError as e:  # ScriptArchiveError: links to folders, devices, a missing script
+            raise BoardJobError(str(e)) from None
+        return ssh.upload_by_hash(archive, remote_dir).remote_path
+
+
+def make_venv(ssh: SshTransport, python: str, harness: UploadResult, remote_dir: str, requirements: list[str],
+              timeout_s: float) -> str:
+    """The venv python with `requirements` installed on the board (made once, then reused)."""
+    request = json.dumps({"requirements": requirements, "timeout_s": timeout_s}).encode()
+    command = harness_command(python, harness, "env", f"{remote_dir}/venvs")
+    status, out, err = ssh.run(command, timeout_s + TIMEOUT_GRACE_S, stdin=request)
+    try:
+        env = parse_env_output(out)
+    except HarnessOutputError as e:
+        raise BoardNotReady(f"the board harness could not make the requirements' venv (status {status}): {e}; "
+                            f"{err.strip()[-300:]}") from None
+    if env.ok and env.python:
+        return env.python
+    if env.failure_class == "infrastructure":
+        raise BoardNotReady(env.message)
+    raise BoardJobError(env.message, env.failure_class or "job")
+
+
+def stage_run(ssh: SshTransport, task: TaskSpec, *, python: str, remote_dir: str, sample_interval_ms: float,
+              env_timeout_s: float) -> StagedRun:
+    """Send what the run needs and write its task file; returns the command that runs it."""
+    version = board_python_version(ssh, python)
+    ssh.run(f"mkdir -p {shlex.quote(remote_dir)}", 30)
+    harness = ssh.upload_by_hash(HARNESS_FILE, remote_dir)  # cached by hash, like benchmark_model on phones
+    model = ssh.upload_by_hash(Path(task.model_path), remote_dir).remote_path
+    run_dir = f"{remote_dir}/runs/t{task.task_id}-a{task.attempt}-{uuid.uuid4().hex[:12]}"
+    w = task.workload
+    venv = None
+    if w.get("type") == "script":
+        archive = upload_script_archive(ssh, task, remote_dir)
+        if w.get("pip_requirements"):
+            venv = make_venv(ssh, python, harness, remote_dir, list(w["pip_requirements"]), env_timeout_s)
+        script_dir = f"{run_dir}/script"
+        command = (venv or python) if w.get("command", "python") in ("python", "python3") else w["command"]
+        argv = [command] + ([f"{script_dir}/{w['script']}"] if w.get("script") else [])
+        try:
+            argv += _format_args(w.get("args") or [], TaskSpec(**{**task.__dict__, "model_path": model}))
+        except ValueError as e:
+            raise BoardJobError(str(e)) from None
+        spec = BoardRunTask(kind="script", model_path=model, threads=task.threads, batch_size=task.batch_size,
+                            input_size=task.input_size, command=argv, script_dir=script_dir, archive=archive,
+                            timeout_s=task.run_timeout_s, sample_interval_ms=sample_interval_ms,
+                            pgid_file=f"{run_dir}/script.pgid")
+    else:
+        spec = BoardRunTask(kind="benchmark", model_path=model, threads=task.threads, batch_size=task.batch_size,
+                            input_size=task.input_size, iterations=w["iterations"], warmup=w["warmup"],
+                            input_shapes=w.get("input_shapes") or {}, use_xnnpack=w.get("use_xnnpack", True),
+                            seed=task.repeat)
+    task_file = f"{run_dir}/task.json"
+    status, _, err = ssh.run(f"mkdir -p {shlex.quote(run_dir)} && cat > {shlex.quote(task_file)}", 30,
+                             stdin=json.dumps(asdict(spec)).encode())
+    if status != 0:
+        raise BoardNotReady(f"cannot write the run's directory {run_dir} on the board: {err.strip()[-300:]}")
+    command = f"cd {shlex.quote(run_dir)} && " + harness_command(python, harness, "run", task_file,
+                                                                 env=f"OMP_NUM_THREADS={int(task.threads)} ")
+    return StagedRun(run_dir, command, task.run_timeout_s + TIMEOUT_GRACE_S, harness, version, venv)
+
+
+def clean_up(ssh: SshTransport, run_dir: str) -> None:
+    """Kill whatever the run's script left behind (its process group) and remove the run's directory."""
+    quoted = shlex.quote(run_dir)
+    ssh.run(f"PG=$(cat {quoted}/script.pgid 2>/dev/null); case \"$PG\" in ''|*[!0-9]*) ;; "
+            f"*) [ \"$PG\" -gt 1 ] && kill -KILL -- -\"$PG\" 2>/dev/null;; esac; rm -rf -- {quoted}", 60)
+
+
+def board_result(task: TaskSpec, board: str, staged: StagedRun, sampled, energy_mj: float | None, facts: dict,
+                 source: str, base: dict) -> RunResult:
+    """The harness's result line and the board's telemetry as one RunResult."""
+    status = sampled.result.status
+    log = (sampled.result.stdout + sampled.result.stderr)[-LOG_TAIL_CHARS:]
+    environment: dict[str, Any] = {"device": facts, "command": staged.command, "telemetry_source": source}
+    name = Path(task.model_path).name
+    try:
+        output = parse_harness_output(sampled.result.stdout)
+    except HarnessOutputError as e:
+        if status in (97, 126, 127):  # the harness changed on the board, or its python cannot be run
+            return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{board}: the board harness could not start "
+                                    f"(status {status}): {sampled.result.stderr.strip()[-300:]}",
+                                    environment=environment, log_tail=log, **base)
+        return RunResult.failed(FailureClass.BUG if status == 0 else FailureClass.JOB,
+                                f"the harness on {board} exited with status {status} without a result ({e}): "
+                                f"{log.strip()[-300:] or '(no output)'}", environment=environment, log_tail=log, **base)
+    if output.output_tail:
+        log = (output.output_tail + "\n" + sampled.result.stderr)[-LOG_TAIL_CHARS:]
+    environment.update({"runtime": output.runtime, "input_shapes": output.input_shapes,
+                        "board_harness_sha256": staged.harness.sha256})
+    if task.workload.get("type") == "script":
+        environment.update({
+            "script_output_bytes": output.output_bytes,
+            # the script's own process group, beside the board-wide figures of the telemetry
+            "process_memory": {"avg_bytes": output.process_memory_avg_bytes,
+                               "peak_bytes": output.process_memory_peak_bytes,
+                               "samples": output.process_memory_samples},
+        })
+        if staged.venv:
+            environment["venv_python"] = staged.venv
+    if not output.ok:
+        return RunResult.failed(FailureClass(output.failure_class or "bug"), f"{name} on {board}: {output.message}",
+                                environment=environment, log_tail=log, whole_run_s=output.whole_run_s, **base)
+    if energy_mj is not None and sampled.wall_s > 0:
+        environment["energy_mj"] = energy_mj  # the sampled window: the harness's whole life on the board
+        n = len(output.iterations_ms)
+        # charge the inferences their share of the window (it also holds start-up and, for scripts, the rest)
+        busy_s = output.measure_wall_s if output.measure_wall_s else sum(output.iterations_ms) / 1000
+        if n and busy_s:
+            environment["energy_per_inference_mj"] = energy_mj * min(1.0, busy_s / sampled.wall_s) / n
+    return RunResult(
+        status=RunStatus.COMPLETED, message=output.message, iterations_ms=output.iterations_ms,
+        latency=latency_stats(output.iterations_ms, init_ms=output.init_ms, first_ms=output.first_ms,
+                              warmup_ms=output.warmup_ms) if output.iterations_ms else None,
+        telemetry=sampled.telemetry(), wall_s=sampled.wall_s, whole_run_s=output.whole_run_s,
+        baseline_memory_bytes=output.baseline_rss_bytes, peak_rss_bytes=output.peak_rss_bytes,
+        environment=environment, tool_versions=output.tool_versions, log_tail=log, **base)
