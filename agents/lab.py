@@ -18,7 +18,7 @@ A YAML file (`farm agent --devices lab.yaml`, or FARM_DEVICES for embedded mode)
         ssh_key: ~/.ssh/farm_ed25519
         known_hosts: ~/.ssh/known_hosts
         host_key: SHA256:...       # optional pin; else the key must be in known_hosts
-        python: /opt/farm/bin/python
+        python: /usr/bin/python3  # the board's own (3.6+), with numpy and the runtimes; no farm there
 """
 
 from __future__ import annotations

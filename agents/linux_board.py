@@ -1,7 +1,7 @@
 """Any Linux board over ssh (Raspberry Pi, TI, Rockchip…): its facts, and a command run under /proc sampling.
 
-The driver that turns a farm task into a RunResult composes these: upload the model by hash,
-`run_with_proc_sampling(ssh, "python3 -m farm.agents.harness TASK.json OUT.json", …)`, read OUT.json.
+The driver that turns a farm task into a RunResult composes these: stage the run (board_workload.py),
+`run_with_proc_sampling(ssh, "python3 board_harness.py run TASK.json", …)`, parse its result line.
 """
 
 from __future__ import annotations
