@@ -17,7 +17,7 @@ from farm.agents.jetson import (
     DEVICE_TREE_MODEL, NV_TEGRA_RELEASE, jtop_usable, read_jetson_facts, run_with_jtop, run_with_tegrastats,
 )
 from farm.agents.linux_board import read_linux_facts, run_with_proc_sampling
-from farm.agents.ssh_transport import SshInfrastructureError, SshTarget, SshTimeoutError, SshTransport
+from farm.agents.ssh_transport import SshCanceled, SshInfrastructureError, SshTarget, SshTimeoutError, SshTransport
 from farm.proto.results import FailureClass, Limits, RunResult
 from farm.proto.tasks import TaskSpec
 
@@ -75,12 +75,15 @@ class BoardDriver:
                     staged = stage_run(ssh, task, python=c.python, remote_dir=c.remote_dir,
                                        sample_interval_ms=c.sample_interval_ms, env_timeout_s=c.env_timeout_s)
                     facts["python"] = staged.python_version
-                    sampled, energy_mj, source = self._sampled(ssh, staged, facts)
+                    sampled, energy_mj, source = self._sampled(ssh, staged, facts, cancel_check)
                 finally:
                     if staged is not None:
                         clean_up(ssh, staged.run_dir)  # also after a timeout: the board is left as it was
         except BoardJobError as e:
             return RunResult.failed(FailureClass(e.failure_class), f"{c.name}: {e}", **base)
+        except SshCanceled:
+            return RunResult.failed(FailureClass.CANCELED, f"{c.name}: canceled while running; the run's processes "
+                                    "on the board were ended", **base)
         except BoardNotReady as e:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{c.name}: {e}", **base)
         except SshTimeoutError as e:
@@ -89,7 +92,7 @@ class BoardDriver:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{c.name}: {e}", **base)
         return board_result(task, c.name, staged, sampled, energy_mj, facts, source, base)
 
-    def _sampled(self, ssh: SshTransport, staged: StagedRun, facts: dict):
+    def _sampled(self, ssh: SshTransport, staged: StagedRun, facts: dict, cancel_check: Callable[[], bool]):
         """The staged command under the board's telemetry: jtop or tegrastats on a Jetson, /proc elsewhere."""
         c = self.config
         command, timeout_s = staged.command, staged.ssh_timeout_s
@@ -97,11 +100,12 @@ class BoardDriver:
             want_jtop = c.telemetry == "jtop" or (c.telemetry == "auto" and facts.get("jtop_service") == "active")
             if want_jtop and jtop_usable(ssh, c.python):
                 sampled = run_with_jtop(ssh, c.python, command, timeout_s, c.sample_interval_ms,
-                                        facts.get("memory_total_mb"))
+                                        facts.get("memory_total_mb"), cancel_check)
                 source = "jtop"
                 if not sampled.samples:  # the run stands; say why its telemetry is missing
                     source = f"jtop (no samples: {sampled.sampler_stderr[-200:] or 'no output'})"
                 return sampled, sampled.energy_mj, source
-            sampled = run_with_tegrastats(ssh, command, timeout_s, c.sample_interval_ms)
+            sampled = run_with_tegrastats(ssh, command, timeout_s, c.sample_interval_ms, cancel_check)
             return sampled, sampled.summary.energy_mj, "tegrastats" + (" (jtop unusable)" if want_jtop else "")
-        return run_with_proc_sampling(ssh, command, timeout_s, c.sample_interval_ms), None, "proc"
+        return run_with_proc_sampling(ssh, command, timeout_s, c.sample_interval_ms,
+                                      cancel_check=cancel_check), None, "proc"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import os
 import sys
+import time
 import uuid
 import zipfile
 from pathlib import Path
@@ -107,6 +108,21 @@ def test_a_script_that_never_ends_times_out_and_the_board_is_cleaned(board: Sshd
     assert _board_is_clean(tmp_path)
     left = [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
     assert not left, left
+
+
+def test_a_canceled_script_stops_at_once_and_the_board_is_cleaned(board: SshdPeer, tiny_models,
+                                                                  tmp_path: Path) -> None:
+    marker = uuid.uuid4().hex
+    script_dir = _script(tmp_path, "import subprocess, sys, time\n"
+                                   f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', '{marker}'])\n"
+                                   "time.sleep(300)\n")
+    started = time.monotonic()
+    result = BoardDriver(_config(board, tmp_path)).run(_script_task(tiny_models["tflite"], script_dir, timeout_s=300),
+                                                       lambda: time.monotonic() - started > 3)
+    assert result.failure_class == "canceled", result.message
+    assert time.monotonic() - started < 60
+    assert _board_is_clean(tmp_path)
+    assert not [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
 
 
 def test_a_link_to_a_folder_outside_is_refused_and_a_linked_file_arrives_as_a_file(
