@@ -82,6 +82,14 @@ def test_the_jetson_experiment_runs_end_to_end_paired(board: SshdPeer, mobilenet
         assert board_run["energy_per_inference_mj"] > 0  # the fake Nano's power rails
     table = farm("results", "1", "--pairs").stdout
     assert "nano-1" in table
+    # the pairs go to calibration on the experiment's metrics: two models are too few, and it says so
+    # (contended twins counted too: on a busy test machine the sim's honest contention flag is not the point here)
+    cal = farm("calibrate", "--job", "1", "--device", "nano-1", "--metric", "whole_run", "--metric", "avg_memory",
+               "--metric", "peak_memory", "--include-contended", "--json")
+    refused = cal.json()["refused"]
+    assert cal.returncode == 1 and len(refused) == 3, cal.stdout + cal.stderr
+    assert all("at least 4" in r and "have 2" in r for r in refused), refused
+    assert {r.split()[1] for r in refused} == {"whole_run", "avg_memory", "peak_memory"}
 
 
 def test_the_jetson_experiment_through_a_controller_and_a_remote_agent(board: SshdPeer, mobilenet_models,
