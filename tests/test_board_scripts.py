@@ -251,3 +251,15 @@ def test_a_changed_harness_on_the_board_is_not_run(board: SshdPeer, tiny_models,
     # the next run pushes it again: upload_by_hash sees the wrong hash
     assert driver.run(_script_task(tiny_models["tflite"], script_dir), lambda: False).ok
     assert pushed.read_bytes() == HARNESS_FILE.read_bytes()
+
+
+def test_a_board_that_cannot_reach_the_package_index_is_an_infrastructure_failure(board: SshdPeer, tiny_models,
+                                                                                 tmp_path: Path) -> None:
+    script_dir = _script(tmp_path, "print(1)\n")
+    # nothing listens on port 1: the index is unreachable, which is the board's network, not the job
+    task = _script_task(tiny_models["tflite"], script_dir,
+                        pip_requirements=["--index-url", "http://127.0.0.1:1/simple", "farm-nothing-here"])
+    result = BoardDriver(_config(board, tmp_path)).run(task, lambda: False)
+    assert result.failure_class == "infrastructure", result.message
+    assert "could not reach the package index" in result.message and "Connection refused" in result.message
+    assert _board_is_clean(tmp_path)
