@@ -263,3 +263,16 @@ def test_a_board_that_cannot_reach_the_package_index_is_an_infrastructure_failur
     assert result.failure_class == "infrastructure", result.message
     assert "could not reach the package index" in result.message and "Connection refused" in result.message
     assert _board_is_clean(tmp_path)
+
+
+def test_what_a_script_leaves_running_is_ended_and_named_as_the_sim_does(board: SshdPeer, tiny_models,
+                                                                        tmp_path: Path) -> None:
+    marker = uuid.uuid4().hex
+    script_dir = _script(tmp_path, "import json, subprocess, sys\n"
+                                   f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '{marker}'])\n"
+                                   "print(json.dumps({'latency_ms': 2.5}))\n")
+    result = BoardDriver(_config(board, tmp_path)).run(_script_task(tiny_models["tflite"], script_dir), lambda: False)
+    assert result.ok, result.message
+    assert result.whole_run_s < 30  # the script's own life, not its child's 120 s
+    assert "leaving 1 process(es) running: python" in result.message and "were ended" in result.message
+    assert not [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
