@@ -23,7 +23,7 @@ from farm.agents.board_harness.board_harness import PROTOCOL
 from farm.agents.harness.stats import latency_stats
 from farm.agents.parsers.board_harness import HarnessOutputError, parse_env_output, parse_harness_output
 from farm.agents.sim import _format_args
-from farm.agents.ssh_transport import SshTransport, UploadResult
+from farm.agents.ssh_transport import SshTransport, UploadResult, file_sha256
 from farm.proto.results import FailureClass, RunResult, RunStatus
 from farm.proto.script_archive import check_archive, pack_dir
 from farm.proto.tasks import TaskSpec
@@ -79,19 +79,53 @@ class StagedRun:
     venv: str | None = None  # the requirements' venv python, when the script has requirements
 
 
-def board_python_version(ssh: SshTransport, python: str) -> str:
-    """The board interpreter's version; BoardNotReady when there is none or it is older than 3.6."""
-    probe = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
-    status, out, err = ssh.run(f"{shlex.quote(python)} -c {shlex.quote(probe)}", 30)
-    version = out.strip().splitlines()[-1] if out.strip() else ""
+PYTHON_PROBE = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
+_HAVE = "@@farm-have"
+_TASK_WRITTEN = "@@farm-task-written"
+
+
+def python_version_from_probe(python: str, text: str) -> str:
+    """The version PYTHON_PROBE printed; BoardNotReady when there is none or it is older than 3.6."""
+    lines = text.strip().splitlines()
+    version = lines[-1].strip() if lines else ""
     m = PY_VERSION.match(version)
-    if status != 0 or not m:
-        raise BoardNotReady(f"no usable python at {python!r} on the board ({(err or out).strip()[-200:] or 'no output'}); "
+    if not m:
+        raise BoardNotReady(f"no usable python at {python!r} on the board ({text.strip()[-200:] or 'no output'}); "
                             "install python3 (3.6 or newer) there, or set `python:` in the device entry")
     if (int(m[1]), int(m[2])) < MIN_PYTHON:
         raise BoardNotReady(f"the board's {python} is Python {version}; farm's board harness needs 3.6 or newer "
                             "(set `python:` in the device entry to a newer one)")
     return version
+
+
+def remote_name(remote_dir: str, local: Path, sha256: str) -> str:
+    """Where upload_by_hash puts a file: its sha256 with its extension."""
+    return f"{remote_dir.rstrip('/')}/{sha256}{local.suffix}"
+
+
+def probe_and_send(ssh: SshTransport, python: str, remote_dir: str, files: list[Path],
+                   task_file: str | None = None, task_json: str | None = None) -> tuple[str, list[UploadResult]]:
+    """One round trip for what every run asks first (the board's python version, which files it already has,
+    and the run's task file), then the missing files by hash: each ssh command costs a fraction of a second."""
+    local = [(f, file_sha256(f), f.stat().st_size) for f in files]
+    remote = [remote_name(remote_dir, f, sha) for f, sha, _ in local]
+    q = shlex.quote
+    command = (f"( {q(python)} -c {q(PYTHON_PROBE)} ) </dev/null 2>&1; echo {_HAVE}; mkdir -p {q(remote_dir)} && "
+               f"sha256sum -- {' '.join(map(q, remote))} </dev/null 2>/dev/null; true")
+    if task_file and task_json is not None:
+        command += (f"; mkdir -p {q(str(Path(task_file).parent))} && cat > {q(task_file)} && echo {_TASK_WRITTEN}")
+    _, out, err = ssh.run(command, 60, stdin=(task_json or "").encode())
+    probe, _, listing = out.partition(_HAVE + "\n")
+    version = python_version_from_probe(python, probe)
+    if task_file and task_json is not None and _TASK_WRITTEN not in listing:
+        raise BoardNotReady(f"cannot write the run's task file {task_file} on the board: {err.strip()[-300:]}")
+    have = {}
+    for line in listing.splitlines():
+        digest, _, path = line.partition("  ")
+        have[path.strip()] = digest
+    sent = [UploadResult(path, sha, size, uploaded=False) if have.get(path) == sha else ssh.upload_by_hash(f, remote_dir)
+            for (f, sha, size), path in zip(local, remote)]
+    return version, sent
 
 
 def harness_command(python: str, harness: UploadResult, *args: str, env: str = "") -> str:
@@ -102,19 +136,17 @@ def harness_command(python: str, harness: UploadResult, *args: str, env: str = "
             f"(sha256 differs)' >&2; exit 97; }}; }} && {run}")
 
 
-def upload_script_archive(ssh: SshTransport, task: TaskSpec, remote_dir: str) -> str:
-    """The script folder as the tar the sim unpacks (the uploaded one on remote agents, else packed here),
-    checked, then sent by hash; its path on the board."""
-    with tempfile.TemporaryDirectory(prefix="farm-board-") as tmp:
-        given = task.extra.get("script_archive_path")
-        archive = Path(given) if given else Path(tmp, "script.tar")
-        try:
-            if not given:
-                archive.write_bytes(pack_dir(Path(task.base_dir, task.workload.get("dir") or ".")))
-            check_archive(archive, script=task.workload.get("script"))
-        except ValueError as e:  # ScriptArchiveError: links to folders, devices, a missing script
-            raise BoardJobError(str(e)) from None
-        return ssh.upload_by_hash(archive, remote_dir).remote_path
+def local_archive(task: TaskSpec, tmp: str) -> Path:
+    """The script folder as the tar the sim unpacks (the uploaded one on remote agents, else packed here), checked."""
+    given = task.extra.get("script_archive_path")
+    archive = Path(given) if given else Path(tmp, "script.tar")
+    try:
+        if not given:
+            archive.write_bytes(pack_dir(Path(task.base_dir, task.workload.get("dir") or ".")))
+        check_archive(archive, script=task.workload.get("script"))
+    except ValueError as e:  # ScriptArchiveError: links to folders, devices, a missing script
+        raise BoardJobError(str(e)) from None
+    return archive
 
 
 def make_venv(ssh: SshTransport, python: str, harness: UploadResult, remote_dir: str, requirements: list[str],
@@ -135,41 +167,54 @@ def make_venv(ssh: SshTransport, python: str, harness: UploadResult, remote_dir:
     raise BoardJobError(env.message, env.failure_class or "job")
 
 
-def stage_run(ssh: SshTransport, task: TaskSpec, *, python: str, remote_dir: str, sample_interval_ms: float,
-              env_timeout_s: float) -> StagedRun:
-    """Send what the run needs and write its task file; returns the command that runs it."""
-    version = board_python_version(ssh, python)
-    ssh.run(f"mkdir -p {shlex.quote(remote_dir)}", 30)
-    harness = ssh.upload_by_hash(HARNESS_FILE, remote_dir)  # cached by hash, like benchmark_model on phones
-    model = ssh.upload_by_hash(Path(task.model_path), remote_dir).remote_path
-    run_dir = f"{remote_dir}/runs/t{task.task_id}-a{task.attempt}-{uuid.uuid4().hex[:12]}"
+def run_task_spec(task: TaskSpec, run_dir: str, model: str, archive: str | None, python: str,
+                  sample_interval_ms: float) -> BoardRunTask:
+    """What the harness is asked to run; `python` runs a script whose command is python."""
     w = task.workload
-    venv = None
-    if w.get("type") == "script":
-        archive = upload_script_archive(ssh, task, remote_dir)
-        if w.get("pip_requirements"):
-            venv = make_venv(ssh, python, harness, remote_dir, list(w["pip_requirements"]), env_timeout_s)
-        script_dir = f"{run_dir}/script"
-        command = (venv or python) if w.get("command", "python") in ("python", "python3") else w["command"]
-        argv = [command] + ([f"{script_dir}/{w['script']}"] if w.get("script") else [])
-        try:
-            argv += _format_args(w.get("args") or [], TaskSpec(**{**task.__dict__, "model_path": model}))
-        except ValueError as e:
-            raise BoardJobError(str(e)) from None
-        spec = BoardRunTask(kind="script", model_path=model, threads=task.threads, batch_size=task.batch_size,
-                            input_size=task.input_size, command=argv, script_dir=script_dir, archive=archive,
-                            timeout_s=task.run_timeout_s, sample_interval_ms=sample_interval_ms,
-                            pgid_file=f"{run_dir}/script.pgid")
-    else:
-        spec = BoardRunTask(kind="benchmark", model_path=model, threads=task.threads, batch_size=task.batch_size,
+    if w.get("type") != "script":
+        return BoardRunTask(kind="benchmark", model_path=model, threads=task.threads, batch_size=task.batch_size,
                             input_size=task.input_size, iterations=w["iterations"], warmup=w["warmup"],
                             input_shapes=w.get("input_shapes") or {}, use_xnnpack=w.get("use_xnnpack", True),
                             seed=task.repeat)
+    script_dir = f"{run_dir}/script"
+    command = python if w.get("command", "python") in ("python", "python3") else w["command"]
+    argv = [command] + ([f"{script_dir}/{w['script']}"] if w.get("script") else [])
+    try:
+        argv += _format_args(w.get("args") or [], TaskSpec(**{**task.__dict__, "model_path": model}))
+    except ValueError as e:
+        raise BoardJobError(str(e)) from None
+    return BoardRunTask(kind="script", model_path=model, threads=task.threads, batch_size=task.batch_size,
+                        input_size=task.input_size, command=argv, script_dir=script_dir, archive=archive,
+                        timeout_s=task.run_timeout_s, sample_interval_ms=sample_interval_ms,
+                        pgid_file=f"{run_dir}/script.pgid")
+
+
+def stage_run(ssh: SshTransport, task: TaskSpec, *, python: str, remote_dir: str, sample_interval_ms: float,
+              env_timeout_s: float) -> StagedRun:
+    """Send what the run needs and write its task file; returns the command that runs it."""
+    w = task.workload
+    script = w.get("type") == "script"
+    requirements = list(w.get("pip_requirements") or []) if script else []
+    run_dir = f"{remote_dir}/runs/t{task.task_id}-a{task.attempt}-{uuid.uuid4().hex[:12]}"
     task_file = f"{run_dir}/task.json"
-    status, _, err = ssh.run(f"mkdir -p {shlex.quote(run_dir)} && cat > {shlex.quote(task_file)}", 30,
-                             stdin=json.dumps(asdict(spec)).encode())
-    if status != 0:
-        raise BoardNotReady(f"cannot write the run's directory {run_dir} on the board: {err.strip()[-300:]}")
+    with tempfile.TemporaryDirectory(prefix="farm-board-") as tmp:
+        files = [HARNESS_FILE, Path(task.model_path)] + ([local_archive(task, tmp)] if script else [])
+        shas = [file_sha256(f) for f in files]
+        model = remote_name(remote_dir, files[1], shas[1])
+        archive = remote_name(remote_dir, files[2], shas[2]) if script else None
+        # the task file goes with the first round trip, unless a venv must be made first (it names its python)
+        spec = None if requirements else run_task_spec(task, run_dir, model, archive, python, sample_interval_ms)
+        version, sent = probe_and_send(ssh, python, remote_dir, files, task_file,
+                                       json.dumps(asdict(spec)) if spec else None)
+    harness = sent[0]  # cached by hash, like benchmark_model on phones
+    venv = None
+    if requirements:
+        venv = make_venv(ssh, python, harness, remote_dir, requirements, env_timeout_s)
+        spec = run_task_spec(task, run_dir, model, archive, venv, sample_interval_ms)
+        status, _, err = ssh.run(f"mkdir -p {shlex.quote(run_dir)} && cat > {shlex.quote(task_file)}", 30,
+                                 stdin=json.dumps(asdict(spec)).encode())
+        if status != 0:
+            raise BoardNotReady(f"cannot write the run's directory {run_dir} on the board: {err.strip()[-300:]}")
     command = f"cd {shlex.quote(run_dir)} && " + harness_command(python, harness, "run", task_file,
                                                                  env=f"OMP_NUM_THREADS={int(task.threads)} ")
     return StagedRun(run_dir, command, task.run_timeout_s + TIMEOUT_GRACE_S, harness, version, venv)
