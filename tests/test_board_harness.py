@@ -118,3 +118,25 @@ def test_the_harness_refuses_an_archive_that_links_out(tmp_path: Path) -> None:
     out = parse_harness_output(run.stdout)
     assert out.failure_class == "job" and "'data' is a link" in out.message
     assert not (tmp_path / "run" / "script" / "data").exists()
+
+
+def _run_script_locally(tmp_path: Path, script: str) -> object:
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "w.py").write_text(script)
+    task = {"protocol": 1, "kind": "script", "model_path": "m.tflite", "threads": 1,
+            "command": [sys.executable, str(tmp_path / "s" / "w.py")], "script_dir": str(tmp_path / "s"),
+            "timeout_s": 60, "sample_interval_ms": 20}
+    (tmp_path / "task.json").write_text(json.dumps(task))
+    run = subprocess.run([sys.executable, str(HARNESS_FILE), "run", str(tmp_path / "task.json")],
+                         capture_output=True, text=True)
+    return parse_harness_output(run.stdout)
+
+
+def test_a_last_timing_line_without_its_newline_counts(tmp_path: Path) -> None:
+    out = _run_script_locally(tmp_path, "import sys\nsys.stdout.write('{\"latency_ms\": 1}\\n{\"latency_ms\": 2}')\n")
+    assert out.ok and out.iterations_ms == [1.0, 2.0]
+
+
+def test_bad_timings_refuse_the_run_naming_the_line_as_the_sim_does(tmp_path: Path) -> None:
+    out = _run_script_locally(tmp_path, "print('warming up')\nprint('{\"latency_ms\": 3}')\nprint('{\"latency_ms\": NaN}')\n")
+    assert out.failure_class == "job" and "output line 3: latency_ms is nan" in out.message

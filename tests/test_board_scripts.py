@@ -276,3 +276,14 @@ def test_what_a_script_leaves_running_is_ended_and_named_as_the_sim_does(board: 
     assert result.whole_run_s < 30  # the script's own life, not its child's 120 s
     assert "leaving 1 process(es) running: python" in result.message and "were ended" in result.message
     assert not [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
+
+
+def test_a_board_python_without_numpy_fails_the_benchmark_as_the_jobs_saying_what_to_install(
+        board: SshdPeer, tiny_models, tmp_path: Path) -> None:
+    # Debian's own python3 here has no numpy, like a fresh board
+    task = _script_task(tiny_models["tflite"], tmp_path)
+    task.workload = {"type": "benchmark", "iterations": 5, "warmup": 1, "use_xnnpack": True}
+    result = BoardDriver(_config(board, tmp_path, python="/usr/bin/python3")).run(task, lambda: False)
+    assert result.failure_class == "job", result.message
+    assert "has no numpy" in result.message and "pip install numpy" in result.message
+    assert result.environment["device"]["python"].startswith("3.")

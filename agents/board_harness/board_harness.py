@@ -58,7 +58,8 @@ class JobError(Exception):
 
 
 class BoardError(Exception):
-    """The board cannot do what every job needs (a missing runtime, no venv module): infrastructure."""
+    """The board cannot do what every job needs (an agent of another protocol): infrastructure.
+    A missing runtime is the job's (fail fast, no quarantine): the message says what to install."""
 
 
 def parse_timing_line(line):
@@ -186,8 +187,8 @@ def tflite_interpreter_class(out):
         out["tool_versions"]["tensorflow"] = tf.__version__
         return tf.lite.Interpreter, "tensorflow"
     except ImportError:
-        raise BoardError("no TFLite runtime on this board's python ({}): pip install tflite-runtime or "
-                         "ai-edge-litert there".format(sys.executable))
+        raise JobError("this board's python ({}) has no TFLite runtime for a .tflite model: pip install "
+                       "tflite-runtime or ai-edge-litert there, or send .onnx models".format(sys.executable))
 
 
 def run_tflite(task, out):
@@ -234,8 +235,8 @@ def run_onnx(task, out):
     try:
         import onnxruntime as ort
     except ImportError:
-        raise BoardError("no onnxruntime on this board's python ({}): pip install onnxruntime there".format(
-            sys.executable))
+        raise JobError("this board's python ({}) has no onnxruntime for an .onnx model: pip install onnxruntime "
+                       "there, or send .tflite models".format(sys.executable))
     out["runtime"] = "onnxruntime"
     out["tool_versions"]["onnxruntime"] = ort.__version__
     out["baseline_rss_bytes"] = status_bytes("VmRSS")
@@ -277,7 +278,8 @@ def run_benchmark(task, out):
     try:
         import numpy  # noqa: F401  every runtime's inputs are numpy arrays
     except ImportError:
-        raise BoardError("numpy is not installed for this board's python ({})".format(sys.executable))
+        raise JobError("this board's python ({}) has no numpy, which the built-in benchmark needs: pip install "
+                       "numpy there (or run the model from a script workload)".format(sys.executable))
     if path.endswith(".tflite"):
         run_tflite(task, out)
     elif path.endswith(".onnx"):
@@ -406,6 +408,20 @@ def run_script(task, out):
             f.write(str(proc.pid))
     sampler = GroupMemorySampler(proc.pid, max(0.02, task.get("sample_interval_ms", 100) / 1000.0)).start()
 
+    def take(raw, number):
+        line = raw.decode("utf-8", "replace")
+        try:
+            value = parse_timing_line(line)
+        except BadTiming as e:
+            bad.append("output line {}: {}".format(number, e))
+            return
+        if value is not None:
+            if len(timings) < MAX_TIMINGS:
+                timings.append(value)
+            else:
+                counts["dropped"] += 1
+        tail.append(line.rstrip()[:TAIL_LINE_CHARS])
+
     def read_output():
         number = 0
         partial = b""
@@ -417,19 +433,11 @@ def run_script(task, out):
             if not chunk.endswith(b"\n") and len(partial) < READ_CHUNK:
                 partial += chunk  # the rest of a long line comes in the next read
                 continue
-            line, partial = (partial + chunk)[:READ_CHUNK * 2].decode("utf-8", "replace"), b""
             number += 1
-            try:
-                value = parse_timing_line(line)
-            except BadTiming as e:
-                bad.append("output line {}: {}".format(number, e))
-                continue
-            if value is not None:
-                if len(timings) < MAX_TIMINGS:
-                    timings.append(value)
-                else:
-                    counts["dropped"] += 1
-            tail.append(line.rstrip()[:TAIL_LINE_CHARS])
+            take((partial + chunk)[:READ_CHUNK * 2], number)
+            partial = b""
+        if partial:  # the last line, without its newline
+            take(partial, number + 1)
 
     reader = threading.Thread(target=read_output, name="script-output")
     reader.daemon = True
