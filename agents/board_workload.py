@@ -23,7 +23,7 @@ from farm.agents.board_harness.board_harness import PROTOCOL
 from farm.agents.harness.stats import latency_stats
 from farm.agents.parsers.board_harness import HarnessOutputError, parse_env_output, parse_harness_output
 from farm.agents.sim import _format_args
-from farm.agents.ssh_transport import SshTransport, UploadResult, file_sha256
+from farm.agents.ssh_transport import SshInfrastructureError, SshTransport, UploadResult, file_sha256
 from farm.proto.results import FailureClass, RunResult, RunStatus
 from farm.proto.script_archive import check_archive, pack_dir
 from farm.proto.tasks import TaskSpec
@@ -204,8 +204,12 @@ def stage_run(ssh: SshTransport, task: TaskSpec, *, python: str, remote_dir: str
         archive = remote_name(remote_dir, files[2], shas[2]) if script else None
         # the task file goes with the first round trip, unless a venv must be made first (it names its python)
         spec = None if requirements else run_task_spec(task, run_dir, model, archive, python, sample_interval_ms)
-        version, sent = probe_and_send(ssh, python, remote_dir, files, task_file,
-                                       json.dumps(asdict(spec)) if spec else None)
+        try:
+            version, sent = probe_and_send(ssh, python, remote_dir, files, task_file,
+                                           json.dumps(asdict(spec)) if spec else None)
+        except (BoardNotReady, SshInfrastructureError):
+            clean_up_quietly(ssh, run_dir)  # the task file may be there already
+            raise
     harness = sent[0]  # cached by hash, like benchmark_model on phones
     venv = None
     if requirements:
@@ -214,6 +218,7 @@ def stage_run(ssh: SshTransport, task: TaskSpec, *, python: str, remote_dir: str
         status, _, err = ssh.run(f"mkdir -p {shlex.quote(run_dir)} && cat > {shlex.quote(task_file)}", 30,
                                  stdin=json.dumps(asdict(spec)).encode())
         if status != 0:
+            clean_up_quietly(ssh, run_dir)
             raise BoardNotReady(f"cannot write the run's directory {run_dir} on the board: {err.strip()[-300:]}")
     command = f"cd {shlex.quote(run_dir)} && " + harness_command(python, harness, "run", task_file,
                                                                  env=f"OMP_NUM_THREADS={int(task.threads)} ")
@@ -225,6 +230,14 @@ def clean_up(ssh: SshTransport, run_dir: str) -> None:
     quoted = shlex.quote(run_dir)
     ssh.run(f"PG=$(cat {quoted}/script.pgid 2>/dev/null); case \"$PG\" in ''|*[!0-9]*) ;; "
             f"*) [ \"$PG\" -gt 1 ] && kill -KILL -- -\"$PG\" 2>/dev/null;; esac; rm -rf -- {quoted}", 60)
+
+
+def clean_up_quietly(ssh: SshTransport, run_dir: str) -> None:
+    """Clean up after a failure whose own error is the one to report."""
+    try:
+        clean_up(ssh, run_dir)
+    except SshInfrastructureError:
+        pass
 
 
 def board_result(task: TaskSpec, board: str, staged: StagedRun, sampled, energy_mj: float | None, facts: dict,

@@ -161,6 +161,7 @@ def test_a_board_without_python3_is_an_infrastructure_failure_that_says_what_to_
         _script_task(tiny_models["tflite"], script_dir), lambda: False)
     assert result.failure_class == "infrastructure"
     assert "install python3 (3.6 or newer)" in result.message and "/opt/no-such/python3" in result.message
+    assert _board_is_clean(tmp_path)  # the task file sent with the probe is gone again
 
 
 def _python_shim(tmp_path: Path, version: str) -> Path:
@@ -186,6 +187,7 @@ def test_a_python_36_board_runs_the_harness_and_an_older_one_is_refused(board: S
     old = BoardDriver(_config(board, tmp_path, python=str(_python_shim(tmp_path, "3.5.2")))).run(
         _script_task(tiny_models["tflite"], script_dir), lambda: False)
     assert old.failure_class == "infrastructure" and "Python 3.5.2" in old.message and "3.6" in old.message
+    assert _board_is_clean(tmp_path)
 
     jetpack4 = BoardDriver(_config(board, tmp_path, python=str(_python_shim(tmp_path, "3.6.9"))))
     result = jetpack4.run(_script_task(tiny_models["tflite"], script_dir), lambda: False)
