@@ -12,6 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from farm.models.mobilenetv2 import model_name
+from farm.models.zoo import zoo_models
 from farm.proto.spec import JobSpec
 from grpc_processes import Cluster, wait_for
 from sshd_peer import SshdPeer
@@ -58,6 +60,13 @@ def test_the_example_is_the_published_setup() -> None:
     assert spec.matrix.threads == [1] and spec.sim.cpus == 1 and spec.sim.memory == 4 << 30
     assert spec.targets == ["type:jetson-nano"]
     assert (EXAMPLES / spec.workload.dir / spec.workload.script).is_file()
+    # every model is one `make models` writes (its widths and sizes, plus the zoo)
+    make_models = {f"{model_name(w, size)}.{fmt}" for w in (0.35, 0.5, 0.75, 1.0) for size in (128, 224)
+                   for fmt in ("tflite", "onnx")} | {f"{name}.onnx" for name in zoo_models()}
+    assert "models generate examples/models --widths 0.35,0.5,0.75,1.0 --sizes 128,224" in (
+        EXAMPLES.parent / "Makefile").read_text()
+    for entry in spec.models:
+        assert Path(entry.path).parent == Path("models") and Path(entry.path).name in make_models, entry.path
 
 
 def test_the_jetson_experiment_runs_end_to_end_paired(board: SshdPeer, mobilenet_models, tmp_path: Path,
