@@ -123,8 +123,8 @@ def probe_and_send(ssh: SshTransport, python: str, remote_dir: str, files: list[
     for line in listing.splitlines():
         digest, _, path = line.partition("  ")
         have[path.strip()] = digest
-    sent = [UploadResult(path, sha, size, uploaded=False) if have.get(path) == sha else ssh.upload_by_hash(f, remote_dir)
-            for (f, sha, size), path in zip(local, remote)]
+    sent = [UploadResult(path, sha, size, uploaded=False) if have.get(path) == sha
+            else ssh.upload_by_hash(f, remote_dir, known_missing=True) for (f, sha, size), path in zip(local, remote)]
     return version, sent
 
 

@@ -322,12 +322,14 @@ class SshTransport:
         status, out, _ = self.run(f"sha256sum -- {shlex.quote(remote_path)} 2>/dev/null", timeout_s)
         return out.split()[0] if status == 0 and out.split() else None
 
-    def upload_by_hash(self, local: Path, remote_dir: str, timeout_s: float = 600) -> UploadResult:
-        """Copy a file under its sha256 name (extension kept); skip it when the board already has it."""
+    def upload_by_hash(self, local: Path, remote_dir: str, timeout_s: float = 600, *,
+                       known_missing: bool = False) -> UploadResult:
+        """Copy a file under its sha256 name (extension kept); skip it when the board already has it
+        (`known_missing`: the caller just asked the board, skip asking again)."""
         sha = file_sha256(local)
         size = local.stat().st_size
         remote_path = f"{remote_dir.rstrip('/')}/{sha}{local.suffix}"
-        if self.remote_sha256(remote_path) == sha:
+        if not known_missing and self.remote_sha256(remote_path) == sha:
             return UploadResult(remote_path, sha, size, uploaded=False)
         partial = f"{remote_path}.part"
         quoted_dir, quoted_partial = shlex.quote(remote_dir), shlex.quote(partial)
