@@ -140,3 +140,15 @@ def test_a_last_timing_line_without_its_newline_counts(tmp_path: Path) -> None:
 def test_bad_timings_refuse_the_run_naming_the_line_as_the_sim_does(tmp_path: Path) -> None:
     out = _run_script_locally(tmp_path, "print('warming up')\nprint('{\"latency_ms\": 3}')\nprint('{\"latency_ms\": NaN}')\n")
     assert out.failure_class == "job" and "output line 3: latency_ms is nan" in out.message
+
+
+def test_a_child_that_leaves_the_scripts_group_is_still_ended_and_named(tmp_path: Path) -> None:
+    import psutil
+    marker = f"farm-escapee-{tmp_path.name}"
+    out = _run_script_locally(tmp_path, "import json, subprocess, sys\n"
+                                        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', "
+                                        f"'{marker}'], start_new_session=True)\n"
+                                        "print(json.dumps({'latency_ms': 1}))\n")
+    assert out.ok and out.iterations_ms == [1.0]
+    assert "leaving 1 process(es) running" in out.message and "were ended" in out.message
+    assert not [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]

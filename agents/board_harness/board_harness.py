@@ -17,6 +17,7 @@ Kept 3.6-compatible (`vermin --target=3.6-` in the tests): no dataclasses, no wa
 `from __future__ import annotations`, no subprocess capture_output, no perf_counter_ns.
 """
 
+import ctypes
 import fcntl
 import hashlib
 import json
@@ -309,8 +310,21 @@ def unpack_script_dir(archive, destination):
         tar.extractall(destination, members=members)
 
 
-def group_members(pgid):
-    """(pid, name, rss bytes) of every process in a process group, read from /proc."""
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def adopt_orphans():
+    """Make the harness the subreaper of what the script starts: a child that leaves the script's process
+    group (setsid, a daemon) is still re-parented here, so it can be found and ended (the sim does the same)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux, or no prctl: the process group alone is what gets cleaned up
+
+
+def group_members(pgid, parent=None):
+    """(pid, name, rss bytes) of every process in a process group (or, given `parent`, a child of it),
+    read from /proc."""
     page = os.sysconf("SC_PAGE_SIZE")
     found = []
     for entry in os.listdir("/proc"):
@@ -324,7 +338,7 @@ def group_members(pgid):
         name = stat[stat.find("(") + 1:stat.rfind(")")]
         fields = stat[stat.rfind(")") + 2:].split()
         try:  # fields[0] is the state: pgrp is field 5 of stat(5), rss field 24
-            if int(fields[2]) == pgid:
+            if int(fields[2]) == pgid or (parent is not None and int(fields[1]) == parent):
                 found.append((int(entry), name, int(fields[21]) * page))
         except (IndexError, ValueError):
             continue
@@ -365,12 +379,24 @@ class GroupMemorySampler(object):
 
 
 def end_leftovers(pgid, out):
-    """Kill what the script left running in its group and say what it was (the sim's rule)."""
-    left = group_members(pgid)
+    """Kill what the script left running (its group, and orphans re-parented here) and say what it was
+    (the sim's rule)."""
+    left = group_members(pgid, parent=os.getpid())
     try:
         os.killpg(pgid, signal.SIGKILL)
     except OSError:
         pass
+    for pid, _, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for _ in left:  # reap the orphans: they are the harness's children now
+        try:
+            if os.waitpid(-1, os.WNOHANG) == (0, 0):
+                break
+        except ChildProcessError:
+            break
     out["leftovers"] = ["{} (pid {})".format(name, pid) for pid, name, _ in left][:20]
     if not left:
         return ""
@@ -394,6 +420,7 @@ def run_script(task, out):
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     env["OMP_NUM_THREADS"] = str(task["threads"])
+    adopt_orphans()
     t0 = time.perf_counter()
     try:
         # its own session: the group is what the timeout, the memory sampler and the clean-up act on
