@@ -16,6 +16,7 @@ from typing import Callable
 from farm.agents.android import (
     AdbTarget, AndroidCommandTimeout, AndroidDevice, AndroidFacts, AndroidInfrastructureError,
 )
+from farm.agents.android_script import phone_script_problem, run_script_on_phone
 from farm.agents.device_types import DeviceType
 from farm.agents.harness.stats import startup_ms, throughput_per_s
 from farm.agents.parsers.benchmark_model import (
@@ -115,8 +116,7 @@ class AndroidDriver:
         budget = Limits()  # the phone's own: nothing is imposed
         base = dict(backend="android", limits=budget)
         if task.workload.get("type") != "benchmark":
-            return RunResult.failed(FailureClass.JOB, "script workloads run on Linux and Jetson boards; "
-                                    f"{self.config.name} is an Android phone (use type: benchmark)", **base)
+            return self._run_script(task, cancel_check, base)
         if not task.model_path.endswith(".tflite"):
             return RunResult.failed(FailureClass.JOB, f"{Path(task.model_path).name}: benchmark_model on Android runs "
                                     ".tflite models", **base)
@@ -164,3 +164,21 @@ class AndroidDriver:
             op_profile=bounded(op_profile_rows(parsed)),
             peak_rss_bytes=None if parsed.memory_overall_mb is None else int(parsed.memory_overall_mb * MiB),
             environment=environment, tool_versions={"benchmark_model": parsed.generation}, log_tail=raw, **base)
+
+    def _run_script(self, task: TaskSpec, cancel_check: Callable[[], bool], base: dict) -> RunResult:
+        """A shell-script workload (command: sh); anything else is refused saying what does run on a phone."""
+        problem = phone_script_problem(task.workload, self.config.name)
+        if problem:
+            return RunResult.failed(FailureClass.JOB, problem, **base)
+        try:
+            with AndroidDevice(self._target()) as device:
+                before = self._cool_down(device, cancel_check)
+                result = run_script_on_phone(device, task, self.config.name)
+        except AndroidCommandTimeout as e:
+            return RunResult.failed(FailureClass.TIMEOUT, f"{self.config.name}: {e}", **base)
+        except AndroidInfrastructureError as e:
+            return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{self.config.name}: {e}", **base)
+        result.limits = base["limits"]
+        result.environment.update({"device": before.to_environment(), "temperature_before_c": _hottest(before),
+                                   "device_type": self.device_type.name if self.device_type else None})
+        return result

@@ -1,5 +1,6 @@
-"""The jetson and linux drivers: one task on a board over ssh, with farm's own harness
-(`python -m farm.agents.harness`) and the runtimes installed there, as a RunResult.
+"""The jetson and linux drivers: one task on a board over ssh, with the board harness (one file
+pushed by hash, run by the board's own python3 ≥ 3.6; see agents/board_workload.py) and the
+runtimes installed there, as a RunResult. Benchmarks and script workloads alike.
 
 The two differ only in what samples the run — tegrastats on a Jetson (power rails, so energy
 per inference), /proc on any other board — so they share this module and pick the sampler.
@@ -7,25 +8,18 @@ per inference), /proc on any other board — so they share this module and pick 
 
 from __future__ import annotations
 
-import json
-import shlex
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
 
-from farm.agents.harness.stats import latency_stats, startup_ms, throughput_per_s
-from farm.agents.harness.task import HarnessOutput, HarnessTask
+from farm.agents.board_workload import BoardJobError, BoardNotReady, StagedRun, board_result, clean_up, stage_run
 from farm.agents.jetson import (
     DEVICE_TREE_MODEL, NV_TEGRA_RELEASE, jtop_usable, read_jetson_facts, run_with_jtop, run_with_tegrastats,
 )
 from farm.agents.linux_board import read_linux_facts, run_with_proc_sampling
-from farm.agents.ssh_transport import SshInfrastructureError, SshTarget, SshTimeoutError, SshTransport
-from farm.proto import op_profile
-from farm.proto.results import FailureClass, Limits, RunResult, RunStatus
+from farm.agents.ssh_transport import SshCanceled, SshInfrastructureError, SshTarget, SshTimeoutError, SshTransport
+from farm.proto.results import FailureClass, Limits, RunResult
 from farm.proto.tasks import TaskSpec
-
-LOG_TAIL_CHARS = 4000
 
 
 @dataclass
@@ -41,7 +35,7 @@ class BoardDeviceConfig:
     port: int = 22
     pinned_fingerprint: str | None = None
     trust_on_first_use: bool = False
-    python: str = "python3"  # the board's interpreter that has farm and its runtimes installed
+    python: str = "python3"  # the board's interpreter (3.6 or newer) that has the runtimes (numpy, tflite/onnx)
     remote_dir: str = "/tmp/farm"
     sample_interval_ms: int = 100
     # where the board says what it is (other paths only for test peers and unusual images)
@@ -49,6 +43,7 @@ class BoardDeviceConfig:
     device_tree_model: str = DEVICE_TREE_MODEL
     # jetson: "auto" samples with jtop when its service is active and usable, else tegrastats
     telemetry: Literal["auto", "jtop", "tegrastats"] = "auto"
+    env_timeout_s: float = 1800  # making a script's venv with its pip requirements (once per set)
 
     def target(self) -> SshTarget:
         return SshTarget(self.host, self.username, self.key_path, self.known_hosts, port=self.port,
@@ -71,73 +66,46 @@ class BoardDriver:
 
     def run(self, task: TaskSpec, cancel_check: Callable[[], bool]) -> RunResult:
         base = dict(backend=self.config.kind, limits=Limits())
-        w = task.workload
-        if w.get("type") != "benchmark":
-            return RunResult.failed(FailureClass.JOB, f"{self.config.name}: script workloads on boards are not "
-                                    "supported yet; use type: benchmark", **base)
         c = self.config
+        staged = None
         try:
             with SshTransport(c.target()) as ssh:
                 facts = self._facts(ssh)
-                ssh.run(f"mkdir -p {shlex.quote(c.remote_dir)}", 30)
-                model = ssh.upload_by_hash(Path(task.model_path), c.remote_dir).remote_path  # cached by hash
-                harness = HarnessTask(kind="benchmark", model_path=model, threads=task.threads,
-                                      batch_size=task.batch_size, input_size=task.input_size,
-                                      iterations=w["iterations"], warmup=w["warmup"],
-                                      input_shapes=w.get("input_shapes") or {},
-                                      use_xnnpack=w.get("use_xnnpack", True), seed=task.repeat,
-                                      op_profiling=bool(w.get("op_profiling")))
-                with tempfile.TemporaryDirectory() as d:
-                    local_task = Path(d) / "task.json"
-                    harness.write(local_task)
-                    remote_task = ssh.upload_by_hash(local_task, c.remote_dir).remote_path
-                out = f"{c.remote_dir}/out-{task.task_id}-{task.attempt}.json"
-                command = (f"OMP_NUM_THREADS={task.threads} {shlex.quote(c.python)} -m farm.agents.harness "
-                           f"{shlex.quote(remote_task)} {shlex.quote(out)}")
-                source = None
-                if c.kind == "jetson":
-                    want_jtop = c.telemetry == "jtop" or (c.telemetry == "auto" and facts.get("jtop_service") == "active")
-                    if want_jtop and jtop_usable(ssh, c.python):
-                        sampled = run_with_jtop(ssh, c.python, command, task.run_timeout_s, c.sample_interval_ms,
-                                                facts.get("memory_total_mb"))
-                        energy_mj, source = sampled.energy_mj, "jtop"
-                        if not sampled.samples:  # the run stands; say why its telemetry is missing
-                            source = f"jtop (no samples: {sampled.sampler_stderr[-200:] or 'no output'})"
-                    else:
-                        sampled = run_with_tegrastats(ssh, command, task.run_timeout_s, c.sample_interval_ms)
-                        energy_mj = sampled.summary.energy_mj
-                        source = "tegrastats" + (" (jtop unusable)" if want_jtop else "")
-                else:
-                    sampled = run_with_proc_sampling(ssh, command, task.run_timeout_s, c.sample_interval_ms)
-                    energy_mj, source = None, "proc"
-                status, text, _ = ssh.run(f"cat {shlex.quote(out)} && rm -f {shlex.quote(out)}", 30)
+                try:
+                    staged = stage_run(ssh, task, python=c.python, remote_dir=c.remote_dir,
+                                       sample_interval_ms=c.sample_interval_ms, env_timeout_s=c.env_timeout_s)
+                    facts["python"] = staged.python_version
+                    sampled, energy_mj, source = self._sampled(ssh, staged, facts, cancel_check)
+                finally:
+                    if staged is not None:
+                        clean_up(ssh, staged.run_dir)  # also after a timeout: the board is left as it was
+        except BoardJobError as e:
+            return RunResult.failed(FailureClass(e.failure_class), f"{c.name}: {e}", **base)
+        except SshCanceled:
+            return RunResult.failed(FailureClass.CANCELED, f"{c.name}: canceled while running; the run's processes "
+                                    "on the board were ended", **base)
+        except BoardNotReady as e:
+            return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{c.name}: {e}", **base)
         except SshTimeoutError as e:
             return RunResult.failed(FailureClass.TIMEOUT, f"{c.name}: {e}", **base)
         except SshInfrastructureError as e:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{c.name}: {e}", **base)
-        log = (sampled.result.stdout + sampled.result.stderr)[-LOG_TAIL_CHARS:]
-        environment = {"device": facts, "command": command, "telemetry_source": source}
-        if status != 0:
-            return RunResult.failed(FailureClass.BUG if sampled.result.status == 0 else FailureClass.JOB,
-                                    f"the harness on {c.name} exited with status {sampled.result.status} without a "
-                                    f"result: {log.strip()[-300:] or '(no output)'}", environment=environment,
-                                    log_tail=log, **base)
-        output = HarnessOutput(**json.loads(text))
-        if not output.ok:
-            return RunResult.failed(FailureClass(output.failure_class or "bug"),
-                                    f"{Path(task.model_path).name} on {c.name}: {output.message}",
-                                    environment=environment, log_tail=log, **base)
-        telemetry = sampled.telemetry()
-        if energy_mj is not None and output.iterations_ms and sampled.wall_s > 0 and output.measure_wall_s:
-            # the sampled window also holds start-up: charge the timed loop its share of the energy
-            environment["energy_per_inference_mj"] = energy_mj * (output.measure_wall_s / sampled.wall_s) / len(
-                output.iterations_ms)
-        latency = latency_stats(output.iterations_ms, init_ms=output.init_ms, first_ms=output.first_ms,
-                                warmup_ms=output.warmup_ms)
-        return RunResult(
-            status=RunStatus.COMPLETED, iterations_ms=output.iterations_ms, latency=latency,
-            throughput_per_s=throughput_per_s(latency, output.measure_wall_s), startup_ms=startup_ms(latency),
-            op_profile=op_profile.from_dicts(output.op_profile),
-            telemetry=telemetry, wall_s=sampled.wall_s, baseline_memory_bytes=output.baseline_rss_bytes,
-            peak_rss_bytes=output.peak_rss_bytes, environment=environment, tool_versions=output.tool_versions,
-            log_tail=log, **base)
+        return board_result(task, c.name, staged, sampled, energy_mj, facts, source, base)
+
+    def _sampled(self, ssh: SshTransport, staged: StagedRun, facts: dict, cancel_check: Callable[[], bool]):
+        """The staged command under the board's telemetry: jtop or tegrastats on a Jetson, /proc elsewhere."""
+        c = self.config
+        command, timeout_s = staged.command, staged.ssh_timeout_s
+        if c.kind == "jetson":
+            want_jtop = c.telemetry == "jtop" or (c.telemetry == "auto" and facts.get("jtop_service") == "active")
+            if want_jtop and jtop_usable(ssh, c.python):
+                sampled = run_with_jtop(ssh, c.python, command, timeout_s, c.sample_interval_ms,
+                                        facts.get("memory_total_mb"), cancel_check)
+                source = "jtop"
+                if not sampled.samples:  # the run stands; say why its telemetry is missing
+                    source = f"jtop (no samples: {sampled.sampler_stderr[-200:] or 'no output'})"
+                return sampled, sampled.energy_mj, source
+            sampled = run_with_tegrastats(ssh, command, timeout_s, c.sample_interval_ms, cancel_check)
+            return sampled, sampled.summary.energy_mj, "tegrastats" + (" (jtop unusable)" if want_jtop else "")
+        return run_with_proc_sampling(ssh, command, timeout_s, c.sample_interval_ms,
+                                      cancel_check=cancel_check), None, "proc"

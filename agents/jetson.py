@@ -4,8 +4,8 @@ A Jetson is a Linux board plus NVIDIA's tools, so its facts extend the Linux one
 mode is part of the device's identity for calibration: the same board at 5 W and at MAXN is
 two different devices as far as `device ≈ a·sim + b` goes.
 
-The driver that turns a farm task into a RunResult composes these: upload the model by hash,
-`run_with_tegrastats(ssh, "python3 -m farm.agents.harness TASK.json OUT.json", …)`, read OUT.json,
+The driver that turns a farm task into a RunResult composes these: stage the run (board_workload.py),
+`run_with_tegrastats(ssh, "python3 board_harness.py run TASK.json", …)`, parse its result line,
 and attach `.telemetry()` and `.summary.energy_mj`.
 """
 
@@ -15,7 +15,7 @@ import json
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from farm.agents.linux_board import LINUX_PROBES, LinuxBoardFacts, linux_facts_from_probes, run_probes
 from farm.agents.parsers.tegrastats import (
@@ -147,9 +147,11 @@ def tegrastats_telemetry(samples: list[TegrastatsSample], interval_ms: float) ->
     )
 
 
-def run_with_tegrastats(ssh: SshTransport, command: str, timeout_s: float, interval_ms: int = 100) -> TegrastatsRun:
+def run_with_tegrastats(ssh: SshTransport, command: str, timeout_s: float, interval_ms: int = 100,
+                        cancel_check: Callable[[], bool] | None = None) -> TegrastatsRun:
     """Run `command` on the Jetson while `tegrastats --interval` samples; returns its result and the samples."""
-    result, sampled, wall_s = ssh.run_sampled(f"tegrastats --interval {int(interval_ms)}", command, timeout_s)
+    result, sampled, wall_s = ssh.run_sampled(f"tegrastats --interval {int(interval_ms)}", command, timeout_s,
+                                              cancel_check)
     samples = parse_tegrastats_output(sampled.stdout)
     return TegrastatsRun(result, samples, summarize(samples, interval_ms), interval_ms, wall_s, sampled.stderr.strip())
 
@@ -227,8 +229,8 @@ def jtop_usable(ssh: SshTransport, python: str) -> bool:
 
 
 def run_with_jtop(ssh: SshTransport, python: str, command: str, timeout_s: float, interval_ms: int,
-                  memory_total_mb: float | None) -> JtopRun:
+                  memory_total_mb: float | None, cancel_check: Callable[[], bool] | None = None) -> JtopRun:
     sampler = f"{shlex.quote(python)} -u -c {shlex.quote(JTOP_SAMPLER.format(interval_s=interval_ms / 1000))}"
-    result, sampled, wall_s = ssh.run_sampled(sampler, command, timeout_s)
+    result, sampled, wall_s = ssh.run_sampled(sampler, command, timeout_s, cancel_check)
     samples = [s for s in (parse_jtop_line(line) for line in sampled.stdout.splitlines()) if s is not None]
     return JtopRun(result, samples, interval_ms, wall_s, memory_total_mb, sampled.stderr.strip())

@@ -18,7 +18,7 @@ A YAML file (`farm agent --devices lab.yaml`, or FARM_DEVICES for embedded mode)
         ssh_key: ~/.ssh/farm_ed25519
         known_hosts: ~/.ssh/known_hosts
         host_key: SHA256:...       # optional pin; else the key must be in known_hosts
-        python: /opt/farm/bin/python
+        python: /usr/bin/python3  # the board's own (3.6+), with numpy and the runtimes; no farm there
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ class BoardEntry(Strict):
     nv_tegra_release: str | None = None
     device_tree_model: str | None = None
     telemetry: Literal["auto", "jtop", "tegrastats"] = "auto"  # jetson: jtop when its service is usable
+    env_timeout_s: float = Field(1800, gt=0)  # making a script's venv with its pip requirements (once per set)
 
 
 class LabConfig(Strict):
@@ -100,7 +101,7 @@ class LabDevice:
                 name=entry.name, kind=entry.driver, host=entry.host, port=entry.port, username=entry.username,
                 key_path=_path(entry.ssh_key), known_hosts=_path(entry.known_hosts),
                 pinned_fingerprint=entry.host_key, trust_on_first_use=entry.trust_on_first_use,
-                python=entry.python, telemetry=entry.telemetry, **extra))
+                python=entry.python, telemetry=entry.telemetry, env_timeout_s=entry.env_timeout_s, **extra))
 
 
 def load_lab(path: Path) -> list[LabDevice]:

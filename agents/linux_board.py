@@ -1,14 +1,14 @@
 """Any Linux board over ssh (Raspberry Pi, TI, Rockchip…): its facts, and a command run under /proc sampling.
 
-The driver that turns a farm task into a RunResult composes these: upload the model by hash,
-`run_with_proc_sampling(ssh, "python3 -m farm.agents.harness TASK.json OUT.json", …)`, read OUT.json.
+The driver that turns a farm task into a RunResult composes these: stage the run (board_workload.py),
+`run_with_proc_sampling(ssh, "python3 board_harness.py run TASK.json", …)`, parse its result line.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from farm.agents.ssh_transport import CommandResult, SshTransport
 from farm.proto.results import Telemetry, TelemetrySample
@@ -197,10 +197,10 @@ def proc_telemetry(samples: list[ProcSample], interval_ms: float) -> Telemetry:
 
 
 def run_with_proc_sampling(ssh: SshTransport, command: str, timeout_s: float, interval_ms: float = 100,
-                           cpu_cores: int | None = None) -> ProcSampledRun:
+                           cpu_cores: int | None = None, cancel_check: Callable[[], bool] | None = None) -> ProcSampledRun:
     """Run `command` on the board while sampling /proc; returns its result and the parsed samples."""
     if cpu_cores is None:
         cpu_cores = _int_or_none(ssh.run("nproc", 30).stdout) or 1
-    result, sampled, wall_s = ssh.run_sampled(proc_sampler_command(interval_ms), command, timeout_s)
+    result, sampled, wall_s = ssh.run_sampled(proc_sampler_command(interval_ms), command, timeout_s, cancel_check)
     samples = parse_proc_samples(sampled.stdout, cpu_cores)
     return ProcSampledRun(result, samples, summarize_proc(samples), interval_ms, wall_s, sampled.stderr.strip())

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import paramiko
 
@@ -67,6 +67,10 @@ class SshInfrastructureError(Exception):
 
 class SshTimeoutError(SshInfrastructureError):
     """A command, or the connection itself, took longer than allowed."""
+
+
+class SshCanceled(SshInfrastructureError):
+    """The caller canceled while a command ran; the command's process group was killed on the board."""
 
 
 class HostKeyError(SshInfrastructureError):
@@ -251,7 +255,8 @@ class SshTransport:
             raise SshInfrastructureError(self.lost_message(f"could not start `{command}` ({e})")) from e
         return channel
 
-    def run(self, command: str, timeout_s: float, stdin: bytes | None = None) -> CommandResult:
+    def run(self, command: str, timeout_s: float, stdin: bytes | None = None,
+            cancel_check: Callable[[], bool] | None = None) -> CommandResult:
         """Run a shell command on the board and wait for it; a non-zero exit is a result, not an error.
 
         Over its timeout the command's whole process group is killed on the board (ssh itself
@@ -264,8 +269,8 @@ class SshTransport:
         channel.shutdown_write()
         err = bytearray()
         try:
-            out, _ = self._collect(channel, command, time.monotonic() + timeout_s, timeout_s, err)
-        except SshTimeoutError:
+            out, _ = self._collect(channel, command, time.monotonic() + timeout_s, timeout_s, err, cancel_check)
+        except (SshTimeoutError, SshCanceled):
             self._kill_group(_strip_pid_line(err)[0])
             raise
         pid_free_err = _strip_pid_line(err)[1]
@@ -280,7 +285,7 @@ class SshTransport:
             pass  # the timeout is the error worth reporting
 
     def _collect(self, channel: paramiko.Channel, command: str, deadline: float, timeout_s: float,
-                 err: bytearray | None = None) -> tuple[str, str]:
+                 err: bytearray | None = None, cancel_check: Callable[[], bool] | None = None) -> tuple[str, str]:
         out = bytearray()
         err = bytearray() if err is None else err
         transport = channel.get_transport()
@@ -303,6 +308,8 @@ class SshTransport:
                         f"raise the timeout or check whether the board is overloaded or hung"
                     )
                 if not progressed:
+                    if cancel_check is not None and cancel_check():
+                        raise SshCanceled(f"`{command}` on {self.target.label} was canceled")
                     time.sleep(_POLL_S)
         finally:
             if not channel.exit_status_ready():
@@ -315,12 +322,14 @@ class SshTransport:
         status, out, _ = self.run(f"sha256sum -- {shlex.quote(remote_path)} 2>/dev/null", timeout_s)
         return out.split()[0] if status == 0 and out.split() else None
 
-    def upload_by_hash(self, local: Path, remote_dir: str, timeout_s: float = 600) -> UploadResult:
-        """Copy a file under its sha256 name (extension kept); skip it when the board already has it."""
+    def upload_by_hash(self, local: Path, remote_dir: str, timeout_s: float = 600, *,
+                       known_missing: bool = False) -> UploadResult:
+        """Copy a file under its sha256 name (extension kept); skip it when the board already has it
+        (`known_missing`: the caller just asked the board, skip asking again)."""
         sha = file_sha256(local)
         size = local.stat().st_size
         remote_path = f"{remote_dir.rstrip('/')}/{sha}{local.suffix}"
-        if self.remote_sha256(remote_path) == sha:
+        if not known_missing and self.remote_sha256(remote_path) == sha:
             return UploadResult(remote_path, sha, size, uploaded=False)
         partial = f"{remote_path}.part"
         quoted_dir, quoted_partial = shlex.quote(remote_dir), shlex.quote(partial)
@@ -345,12 +354,13 @@ class SshTransport:
         self.run(f"mv -f -- {quoted_partial} {shlex.quote(remote_path)}", 60)
         return UploadResult(remote_path, sha, size, uploaded=True)
 
-    def run_sampled(self, sampler: str, command: str, timeout_s: float) -> tuple[CommandResult, CommandResult, float]:
+    def run_sampled(self, sampler: str, command: str, timeout_s: float,
+                    cancel_check: Callable[[], bool] | None = None) -> tuple[CommandResult, CommandResult, float]:
         """Run `command` while `sampler` runs beside it; returns (command result, sampler output, wall s)."""
         background = self.start_background(sampler, max_s=timeout_s + 60)
         started = time.monotonic()
         try:
-            result = self.run(command, timeout_s)
+            result = self.run(command, timeout_s, cancel_check=cancel_check)
         except BaseException:
             background.stop_quietly()
             raise

@@ -11,8 +11,6 @@ replacement characters: a stray byte never fails a run.
 from __future__ import annotations
 
 import ctypes
-import json
-import math
 import os
 import resource
 import subprocess
@@ -22,39 +20,13 @@ import time
 
 import psutil
 
+# The timing-line rule lives in the board harness, so a board and the sim read a script's output alike.
+from farm.agents.board_harness.board_harness import TIMING_KEYS, BadTiming, parse_timing_line  # noqa: F401
 from farm.agents.harness.task import HarnessOutput, HarnessTask
 from farm.agents.harness.tflite_runner import ModelRejected
 from farm.agents.sandbox.process_tree import die_with_parent
 
-TIMING_KEYS = ("latency_ms", "inference_ms")
 OUTPUT_DRAIN_S = 2.0  # after the script exits: how long its output may take to arrive
-
-
-class BadTiming(ValueError):
-    """A timing line whose value no statistic can use (NaN, infinite, negative)."""
-
-
-def parse_timing_line(line: str) -> float | None:
-    """The per-inference time in ms a script printed on this line, if any.
-
-    Raises BadTiming for a timing key whose value is not a finite number >= 0.
-    """
-    line = line.strip()
-    if not line.startswith("{"):
-        return None
-    try:
-        data = json.loads(line)  # accepts NaN and Infinity; 1e400 becomes inf
-    except ValueError:
-        return None
-    if not isinstance(data, dict):
-        return None
-    for key in TIMING_KEYS:
-        value = data.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value) or value < 0:
-                raise BadTiming(f"{key} is {value!r}; a timing must be a finite number of milliseconds >= 0")
-            return float(value)
-    return None
 
 
 PR_SET_CHILD_SUBREAPER = 36
