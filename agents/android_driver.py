@@ -16,9 +16,10 @@ from typing import Callable
 from farm.agents.android import (
     AdbTarget, AndroidCommandTimeout, AndroidDevice, AndroidFacts, AndroidInfrastructureError,
 )
-from farm.agents.device_types import DeviceType
+from farm.proto.device_types import DeviceType
 from farm.agents.parsers.benchmark_model import BenchmarkOutputError, UnsupportedOperatorError, parse_benchmark_model
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus, Telemetry
+from farm.proto.spec import BenchmarkWorkload
 from farm.proto.tasks import TaskSpec
 
 MiB = 1 << 20
@@ -47,9 +48,11 @@ def _hottest(facts: AndroidFacts) -> float | None:
 
 def benchmark_command(tool: str, model: str, task: TaskSpec, device_type: DeviceType | None) -> str:
     w = task.workload
-    flags = [f"--graph={model}", f"--num_threads={task.threads}", f"--warmup_runs={w.get('warmup', 1)}",
-             f"--num_runs={w.get('iterations', 50)}", "--min_secs=0",  # the run count is ours, not the tool's
-             f"--use_xnnpack={'true' if w.get('use_xnnpack', True) else 'false'}",
+    if not isinstance(w, BenchmarkWorkload):
+        raise ValueError(f"task {task.task_id} has a {w.type} workload; benchmark_model runs benchmarks")
+    flags = [f"--graph={model}", f"--num_threads={task.threads}", f"--warmup_runs={w.warmup}",
+             f"--num_runs={w.iterations}", "--min_secs=0",  # the run count is ours, not the tool's
+             f"--use_xnnpack={'true' if w.use_xnnpack else 'false'}",
              "--report_peak_memory_footprint=true"]
     if device_type is not None:
         ours = {f.split("=", 1)[0] for f in flags}
@@ -95,7 +98,7 @@ class AndroidDriver:
     def run(self, task: TaskSpec, cancel_check: Callable[[], bool]) -> RunResult:
         budget = Limits()  # the phone's own: nothing is imposed
         base = dict(backend="android", limits=budget)
-        if task.workload.get("type") != "benchmark":
+        if not isinstance(task.workload, BenchmarkWorkload):
             return RunResult.failed(FailureClass.JOB, "script workloads run on Linux and Jetson boards; "
                                     f"{self.config.name} is an Android phone (use type: benchmark)", **base)
         if not task.model_path.endswith(".tflite"):

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from farm.agents.harness.stats import latency_stats
-from farm.agents.harness.task import HarnessOutput, HarnessTask
+from farm.agents.harness.task import HarnessOutput, benchmark_task, runtime_env
 from farm.agents.jetson import (
     DEVICE_TREE_MODEL, NV_TEGRA_RELEASE, jtop_usable, read_jetson_facts, run_with_jtop, run_with_tegrastats,
 )
 from farm.agents.linux_board import read_linux_facts, run_with_proc_sampling
 from farm.agents.ssh_transport import SshInfrastructureError, SshTarget, SshTimeoutError, SshTransport
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus
+from farm.proto.spec import BenchmarkWorkload
 from farm.proto.tasks import TaskSpec
 
 LOG_TAIL_CHARS = 4000
@@ -70,8 +71,7 @@ class BoardDriver:
 
     def run(self, task: TaskSpec, cancel_check: Callable[[], bool]) -> RunResult:
         base = dict(backend=self.config.kind, limits=Limits())
-        w = task.workload
-        if w.get("type") != "benchmark":
+        if not isinstance(task.workload, BenchmarkWorkload):
             return RunResult.failed(FailureClass.JOB, f"{self.config.name}: script workloads on boards are not "
                                     "supported yet; use type: benchmark", **base)
         c = self.config
@@ -80,17 +80,14 @@ class BoardDriver:
                 facts = self._facts(ssh)
                 ssh.run(f"mkdir -p {shlex.quote(c.remote_dir)}", 30)
                 model = ssh.upload_by_hash(Path(task.model_path), c.remote_dir).remote_path  # cached by hash
-                harness = HarnessTask(kind="benchmark", model_path=model, threads=task.threads,
-                                      batch_size=task.batch_size, input_size=task.input_size,
-                                      iterations=w["iterations"], warmup=w["warmup"],
-                                      input_shapes=w.get("input_shapes") or {},
-                                      use_xnnpack=w.get("use_xnnpack", True), seed=task.repeat)
+                harness = benchmark_task(task, model)
                 with tempfile.TemporaryDirectory() as d:
                     local_task = Path(d) / "task.json"
                     harness.write(local_task)
                     remote_task = ssh.upload_by_hash(local_task, c.remote_dir).remote_path
                 out = f"{c.remote_dir}/out-{task.task_id}-{task.attempt}.json"
-                command = (f"OMP_NUM_THREADS={task.threads} {shlex.quote(c.python)} -m farm.agents.harness "
+                env = " ".join(f"{k}={shlex.quote(v)}" for k, v in runtime_env(task.threads).items())
+                command = (f"{env} {shlex.quote(c.python)} -m farm.agents.harness "
                            f"{shlex.quote(remote_task)} {shlex.quote(out)}")
                 source = None
                 if c.kind == "jetson":

@@ -5,7 +5,7 @@ A YAML file (`farm agent --devices lab.yaml`, or FARM_DEVICES for embedded mode)
     devices:
       - name: g6-1
         driver: android            # android | jetson | linux
-        type: lg-g6                # a device type (agents/device_types); optional: matched from facts
+        type: lg-g6                # a device type (proto/device_types); optional: matched from facts
         tags: [rack-a]
         host: 10.0.0.21            # adb over TCP
         port: 5555
@@ -32,7 +32,7 @@ from pydantic import Field, ValidationError
 
 from farm.agents.android_driver import AndroidDeviceConfig, AndroidDriver
 from farm.agents.board_driver import BoardDeviceConfig, BoardDriver
-from farm.agents.device_types import DeviceType, load_device_types
+from farm.proto.device_types import DeviceType, load_device_types
 from farm.proto.spec import Strict
 
 DEVICES_ENV = "FARM_DEVICES"
@@ -136,7 +136,7 @@ def lab_from_environment() -> list[LabDevice]:
 def discover_types(devices: list[LabDevice]) -> list[str]:
     """Give each untyped device the type its own facts match (getprop model on a phone, the
     device-tree model on a board). Returns what could not be reached or matched, for the log."""
-    from farm.agents.device_types import load_device_types, match_device_type
+    from farm.proto.device_types import load_device_types, match_device_type
 
     types = load_device_types()
     problems = []
@@ -154,7 +154,7 @@ def discover_types(devices: list[LabDevice]) -> list[str]:
             probe = {"os": device.entry.driver, "device_tree_model": facts.get("board_model") or ""}
         device.device_type = match_device_type(probe, types)
         if device.device_type is None:
-            problems.append(f"{device.name}: no device type matches its facts; add one (see agents/device_types)")
+            problems.append(f"{device.name}: no device type matches its facts; add one (see proto/device_types)")
         elif isinstance(device.driver, AndroidDriver):
             device.driver.device_type = device.device_type
     return problems

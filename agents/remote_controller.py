@@ -26,11 +26,13 @@ from pathlib import Path
 from typing import Iterator
 
 import grpc
+from pydantic import ValidationError
 
 from farm import __version__
 from farm.controller.auth import TlsFiles
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2
 from farm.proto.results import FailureClass, RunResult
+from farm.proto.spec import ScriptWorkload
 from farm.proto.tasks import TaskSpec
 from farm.proto.escape import printable
 from farm.proto.wire import result_for_the_wire, task_from_message
@@ -170,7 +172,7 @@ class RemoteController:
             task = request.offer
             try:  # in the slot's thread, so a download never holds up the stream
                 task.model_path = self.local_model_path(task)
-                if task.workload.get("type") == "script":
+                if isinstance(task.workload, ScriptWorkload):
                     task.extra["script_archive_path"] = str(self.local_script_archive(task))
             except (OSError, ValueError, grpc.RpcError) as e:
                 # Not the model's fault: another agent (or a later try) may have it.
@@ -315,7 +317,17 @@ class RemoteController:
             outbox.put(agent_pb2.AgentMessage(drain=agent_pb2.Drain()))
 
     def _on_offer(self, offer: agent_pb2.TaskOffer) -> None:
-        task = task_from_message(offer.task)
+        try:
+            task = task_from_message(offer.task)
+        except ValidationError as e:  # a controller of another version, or a bug: say so instead of dying
+            self.complete(offer.task.task_id, offer.task.attempt, self.name, time.time(), RunResult.failed(
+                FailureClass.BUG, f"agent {self.name} cannot read the task the controller sent: "
+                                  f"{e.errors()[0]['loc']}: {e.errors()[0]['msg']}"))
+            with self._lock:
+                request = self._requests.get(offer.request_id)
+            if request is not None:
+                request.answered.set()  # the slot asks again
+            return
         self.offered_at[(task.task_id, task.attempt)] = offer.offered_at
         with self._lock:
             request = self._requests.get(offer.request_id)

@@ -24,7 +24,7 @@ from typing import Callable
 from farm.agents.contention import judge, quietest_cores, snapshot, wait_until_quiet
 from farm.agents.environment import host_facts, load_average
 from farm.agents.harness.stats import latency_stats
-from farm.agents.harness.task import HarnessOutput, HarnessTask
+from farm.agents.harness.task import HarnessOutput, HarnessTask, benchmark_task, runtime_env, script_task
 from farm.agents.sandbox import Budget, SandboxBackend, SandboxError, choose_backend
 from farm.agents.sandbox.base import ExitInfo, MountSpec, parse_cpuset, whole_cores
 from farm.agents.sandbox.isolation import (
@@ -35,7 +35,7 @@ from farm.agents.telemetry import TelemetrySampler
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus
 from farm.proto.script_archive import ScriptArchiveError, pack_dir, unpack
 from farm.agents.sandbox.base import format_cpuset
-from farm.proto.spec import cores_missing, default_cpus
+from farm.proto.spec import ScriptWorkload, cores_missing, default_cpus
 from farm.proto.tasks import TaskSpec
 
 MiB = 1 << 20
@@ -113,12 +113,8 @@ def _model_file_name(path: str) -> str:
     return "model" + (suffix if re.match(r"^\.[A-Za-z0-9]{1,10}$", suffix) else "")
 
 
-def _with_model(task: TaskSpec, model_path: str) -> TaskSpec:
-    return TaskSpec(**{**task.__dict__, "model_path": model_path})
-
-
-def _format_args(args: list[str], task: TaskSpec) -> list[str]:
-    values = {"model": task.model_path, "threads": task.threads, "batch_size": task.batch_size,
+def _format_args(args: list[str], task: TaskSpec, model_path: str) -> list[str]:
+    values = {"model": model_path, "threads": task.threads, "batch_size": task.batch_size,
               "input_size": task.input_size if task.input_size is not None else ""}
     out = []
     for a in args:
@@ -169,53 +165,45 @@ class SimDriver:
         self._backends: dict[tuple[str, str | None], SandboxBackend] = {}
 
     def backend_for(self, task: TaskSpec) -> SandboxBackend:
-        name = self.backend_override or task.sim.get("backend", "auto")
-        key = (name, task.sim.get("image"))
+        name = self.backend_override or task.sim.backend
+        key = (name, task.sim.image)
         if key not in self._backends:  # probing a backend (docker ping, cgroup mkdir) once is enough
-            self._backends[key] = choose_backend(name, image=task.sim.get("image"))
+            self._backends[key] = choose_backend(name, image=task.sim.image)
         return self._backends[key]
 
     def budget_for(self, task: TaskSpec, slot: SimSlot) -> Budget:
         sim = task.sim
-        cpus = default_cpus(sim.get("cpus"), task.threads)
-        cores = shaped_cores(cpus, sim.get("cpuset") or slot.cpuset)
-        return Budget(cpus=cpus, cpuset=format_cpuset(cores), memory_bytes=sim.get("memory"),
-                      exclusive=bool(sim.get("exclusive")))
+        cpus = default_cpus(sim.cpus, task.threads)
+        cores = shaped_cores(cpus, sim.cpuset or slot.cpuset)
+        return Budget(cpus=cpus, cpuset=format_cpuset(cores), memory_bytes=sim.memory, exclusive=sim.exclusive)
 
     def harness_task(self, task: TaskSpec, inner: Path | None = None) -> HarnessTask:
         """What the harness runs; `inner` is the run directory as the sandbox sees it (the model and the
         script folder are staged there), None to use the task's paths as they are."""
         w = task.workload
         model_path = str(inner / "model" / _model_file_name(task.model_path)) if inner else task.model_path
-        values_task = task if inner is None else _with_model(task, model_path)
-        if w["type"] == "script":
-            python = script_python(w.get("pip_requirements") or [], self.work_root / "script-envs", self.run_as)
-            command = python if w["command"] in ("python", "python3") else w["command"]
-            script_dir = str(inner / "script") if inner else str(Path(task.base_dir, w.get("dir") or ".").resolve())
+        if isinstance(w, ScriptWorkload):
+            python = script_python(w.pip_requirements, self.work_root / "script-envs", self.run_as)
+            command = python if w.command in ("python", "python3") else w.command
+            script_dir = str(inner / "script") if inner else str(Path(task.base_dir, w.dir).resolve())
             argv = [command]
-            if w.get("script"):
-                argv.append(str(Path(script_dir, w["script"])))
-            argv += _format_args(w.get("args") or [], values_task)
-            return HarnessTask(kind="script", model_path=model_path, threads=task.threads,
-                               batch_size=task.batch_size, input_size=task.input_size,
-                               command=argv, script_dir=script_dir)
-        return HarnessTask(kind="benchmark", model_path=model_path, threads=task.threads,
-                           batch_size=task.batch_size, input_size=task.input_size,
-                           iterations=w["iterations"], warmup=w["warmup"],
-                           input_shapes=w.get("input_shapes") or {}, use_xnnpack=w.get("use_xnnpack", True),
-                           seed=task.repeat)
+            if w.script:
+                argv.append(str(Path(script_dir, w.script)))
+            argv += _format_args(w.args, task, model_path)
+            return script_task(task, model_path, argv, script_dir)
+        return benchmark_task(task, model_path)
 
     def stage(self, task: TaskSpec, run_dir: Path) -> None:
         """The run's own copies: the model (hash-checked) and, for a script, its folder unpacked."""
         (run_dir / "model").mkdir()
         stage_model(Path(task.model_path), run_dir / "model" / _model_file_name(task.model_path), task.model_sha256)
-        if task.workload["type"] != "script":
+        if not isinstance(task.workload, ScriptWorkload):
             return
         (run_dir / "script").mkdir()
         archive = task.extra.get("script_archive_path")
         if archive is None:  # embedded: the job's own folder on this host, packed the way a client packs it
             archive = run_dir / "script.tar"
-            archive.write_bytes(pack_dir(Path(task.base_dir, task.workload.get("dir") or "."), skip=(self.work_root, *self.keep_out)))
+            archive.write_bytes(pack_dir(Path(task.base_dir, task.workload.dir), skip=(self.work_root, *self.keep_out)))
         unpack(Path(archive), run_dir / "script")
 
     def isolation(self, backend: SandboxBackend) -> tuple[Path | None, str]:
@@ -230,7 +218,7 @@ class SimDriver:
         return INNER_RUN_DIR, f"user {self.run_as.name}, mount + PID namespaces"
 
     def run(self, task: TaskSpec, slot: SimSlot, cancel_check: Callable[[], bool]) -> RunResult:
-        problem = cpuset_problem(task.sim.get("cpuset"))
+        problem = cpuset_problem(task.sim.cpuset)
         if problem:  # the same on every attempt here: a job failure, not an infrastructure retry
             return RunResult.failed(FailureClass.JOB, problem)
         try:
@@ -267,14 +255,13 @@ class SimDriver:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(seen), "LANG": "C.UTF-8",
             "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
-            # Runtimes must not size their pools from the host's core count.
-            "OMP_NUM_THREADS": str(task.threads),
+            **runtime_env(task.threads),
         }
         argv, env = self.launch(argv, env, run_dir, inner, backend)
         mounts = [MountSpec(run_dir, read_only=False)]  # the model and the script folder are staged inside
         environment = {**host_facts(), "load_before": load_average(), "isolation": isolation}
         cores = parse_cpuset(budget.cpuset) if budget.cpuset else sorted(os.sched_getaffinity(0))
-        quiet_wait_s, quiet_before = wait_until_quiet(cores, float(task.sim.get("quiet_wait") or 0), cancel_check)
+        quiet_wait_s, quiet_before = wait_until_quiet(cores, task.sim.quiet_wait, cancel_check)
         try:
             sandbox = backend.start(argv, budget, env=env, cwd=run_dir, mounts=mounts)
         except SandboxError as e:
@@ -284,7 +271,7 @@ class SimDriver:
         # is farm's own work, not other tasks' on the run's cores
         before = snapshot(cores)
         cpu_ns_at_start = sandbox.read_counters().cpu_ns or 0
-        sampler = TelemetrySampler(sandbox, task.sim.get("sample_interval_ms", 50.0), avoid_cpuset=budget.cpuset).start()
+        sampler = TelemetrySampler(sandbox, task.sim.sample_interval_ms, avoid_cpuset=budget.cpuset).start()
         try:
             exit_info = sandbox.wait(task.run_timeout_s, cancel_check)
             after = snapshot(cores)

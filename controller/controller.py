@@ -7,7 +7,6 @@ behind a service without changing what they do. All state is in SQLite.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -19,7 +18,7 @@ from farm.controller.metrics import record_lease_expiries
 from farm.controller.schedule import PRIORITY_RANK, expand_tasks
 from farm.controller.store import Store
 from farm.proto.results import FailureClass, JobStatus, ResultRefused, RunResult, TaskStatus
-from farm.proto.tasks import TaskSpec
+from farm.proto.tasks import TaskPlan, TaskSpec
 
 LEASE_TTL_S = 60.0
 # A quarantined device (or one in maintenance) is offered no task until it is released.
@@ -311,7 +310,7 @@ class Controller:
         return run_id
 
     def _contention_outcome(self, task: dict[str, Any]) -> str:
-        policy = json.loads(task["spec_json"])["sim"].get("on_contention", "retry")
+        policy = TaskPlan.model_validate_json(task["spec_json"]).sim.on_contention
         before = self.store.query("SELECT COUNT(*) AS n FROM runs WHERE task_id = ? AND contended = 1", [task["id"]])
         return contention_outcome(policy, before[0]["n"])
 
@@ -393,15 +392,15 @@ class Controller:
 
 
 def _task_spec(task: dict[str, Any], attempt: int) -> TaskSpec:
-    extra = json.loads(task["spec_json"])
+    plan = TaskPlan.model_validate_json(task["spec_json"])
     return TaskSpec(
         task_id=task["id"], job_id=task["job_id"], attempt=attempt, target=task["target"],
         model_name=task["model_name"], model_path=task["model_path"],
         model_sha256=task["model_sha256"], model_family=task["model_family"],
         threads=task["threads"], batch_size=task["batch_size"], input_size=task["input_size"],
-        repeat=task["repeat"], workload=extra["workload"], sim=extra["sim"],
-        run_timeout_s=extra["run_timeout_s"], base_dir=extra["base_dir"],
-        extra={"script_archive": extra["script_archive"]} if extra.get("script_archive") else {})
+        repeat=task["repeat"], workload=plan.workload, sim=plan.sim,
+        run_timeout_s=plan.run_timeout_s, base_dir=plan.base_dir,
+        extra={"script_archive": plan.script_archive} if plan.script_archive else {})
 
 
 __all__ = ["Controller", "JobProgress", "PRIORITY_RANK", "should_retry"]

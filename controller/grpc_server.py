@@ -445,7 +445,7 @@ class FarmServer:
 
     def device_targets(self) -> list[Any]:
         """The devices a job can target: every non-sim device an agent has registered (online or not)."""
-        from farm.agents.device_types import load_device_types
+        from farm.proto.device_types import load_device_types
         from farm.controller.jobfile import DeviceTarget
 
         types = load_device_types()

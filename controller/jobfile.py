@@ -18,8 +18,9 @@ from pydantic import ValidationError
 
 from farm.models.facts import ModelError, find_unsupported_ops, inspect_model
 from farm.models.runtimes import InputShapeError, resolve_shape
+from farm.proto.device_types import DeviceType
 from farm.proto.results import ModelFacts
-from farm.proto.spec import BenchmarkWorkload, JobSpec, ModelEntry, ScriptWorkload, cores_missing, parse_cpuset
+from farm.proto.spec import BenchmarkWorkload, JobSpec, ModelEntry, ScriptWorkload, cores_missing, default_cpus, parse_cpuset
 from farm.proto.tasks import DEFAULT_MAX_TASKS
 
 BENCHMARK_FORMATS = {".tflite": "tflite", ".onnx": "onnx"}
@@ -94,7 +95,7 @@ class DeviceTarget:
     """A device a job can run on, as the controller knows it (embedded: from the lab's device list)."""
 
     name: str
-    device_type: Any = None  # farm.agents.device_types.DeviceType, or None when the type is unknown
+    device_type: DeviceType | None = None  # None when the type is unknown
     tags: list[str] = field(default_factory=list)
 
 
@@ -440,7 +441,7 @@ def check_host(spec: JobSpec, root: yaml.Node | None, source_name: str, host: Ho
         warnings.append(JobProblem(source_name, _line(root, "sim", "cpus"), "sim.cpus",
                                    f"{sim.cpus:g} CPUs is more than {where}; the sim cannot give more than it has, "
                                    f"so runs get at most {len(cores)}."))
-    elif sim.cpus is None and max(spec.matrix.threads) > len(cores):
+    elif sim.cpus is None and default_cpus(None, max(spec.matrix.threads)) > len(cores):
         warnings.append(JobProblem(source_name, _line(root, "matrix", "threads"), "matrix.threads",
                                    f"{max(spec.matrix.threads)} threads get a budget of as many CPUs, more than "
                                    f"{where}; the sim cannot give more than it has, so those runs get at most "

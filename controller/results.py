@@ -10,6 +10,7 @@ from typing import Any
 
 from farm.controller.store import Store
 from farm.proto.spec import default_cpus
+from farm.proto.tasks import sim_budget
 
 MiB = 1 << 20
 # Model facts a record carries beside name, size and parameters: what calibrations use as features.
@@ -45,9 +46,8 @@ def _limits(row: dict[str, Any]) -> dict[str, Any]:
     """The budget a run really had; for a sim task not run yet, the budget it will be given."""
     if row["run_id"] is not None or row["target"] != "sim":
         return {"cpus": row["limits_cpus"], "cpuset": row["limits_cpuset"], "memory_mb": row["limits_memory_mb"]}
-    sim = json.loads(row["task_spec_json"])["sim"]
-    return {"cpus": default_cpus(sim.get("cpus"), row["threads"]), "cpuset": sim.get("cpuset"),
-            "memory_mb": _mb(sim.get("memory"))}
+    sim = sim_budget(json.loads(row["task_spec_json"])["sim"])
+    return {"cpus": default_cpus(sim.cpus, row["threads"]), "cpuset": sim.cpuset, "memory_mb": _mb(sim.memory)}
 
 
 def run_records(store: Store, job_id: int) -> list[dict[str, Any]]:

@@ -71,9 +71,12 @@ def script_placeholders(arg: str) -> list[str]:
     return fields
 
 
-def default_cpus(cpus: float | None, threads: int) -> float:
-    """The CPU budget of a run: sim.cpus, else one core per runtime thread."""
-    return float(cpus) if cpus else float(threads)
+def default_cpus(cpus: float | None, threads: int, cores: int | None = None) -> float:
+    """The CPU budget of a run: sim.cpus, else one core per runtime thread — on a device, no more
+    than the cores it has. The one rule every reader of `threads` uses for a budget."""
+    if cpus:
+        return float(cpus)
+    return float(min(threads, cores) if cores else threads)
 
 
 def parse_duration(value: Any) -> float:

@@ -1,4 +1,4 @@
-"""The dataclass <-> protobuf mapping: TaskSpec and RunResult cross the wire field for field.
+"""The model <-> protobuf mapping: TaskSpec and RunResult cross the wire field for field.
 
 Names match one for one; a dict or mixed-type list travels as `<name>_json`, and a None
 becomes an unset `optional` field, so what arrives equals what was sent.
@@ -12,6 +12,7 @@ from enum import Enum
 from typing import Any
 
 from google.protobuf.message import Message
+from pydantic import BaseModel
 
 from farm.proto.results import FailureClass, RunResult, run_result_from_dict
 from farm.proto.tasks import TaskSpec
@@ -23,14 +24,20 @@ MAX_SAMPLES = 100_000
 
 
 def fill_message(message: Message, obj: Any) -> Message:
-    """Copy a dataclass (or dict) into a message of the same shape."""
+    """Copy a dataclass, pydantic model (or dict) into a message of the same shape."""
     fields = message.DESCRIPTOR.fields_by_name
-    items = obj.items() if isinstance(obj, dict) else ((f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    if isinstance(obj, dict):
+        items = obj.items()
+    elif isinstance(obj, BaseModel):
+        items = ((name, getattr(obj, name)) for name in type(obj).model_fields)
+    else:
+        items = ((f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj))
     for name, value in items:
         if value is None:
             continue
         if f"{name}_json" in fields:
-            setattr(message, f"{name}_json", json.dumps(value))
+            plain = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+            setattr(message, f"{name}_json", json.dumps(plain))
             continue
         field = fields[name]
         target = getattr(message, name)
@@ -79,7 +86,7 @@ def task_to_message(task: TaskSpec, message: Message) -> Message:
 def task_from_message(message: Message) -> TaskSpec:
     data = message_to_dict(message)
     data.setdefault("extra", {})
-    return TaskSpec(**data)
+    return TaskSpec.model_validate(data)  # the workload and budget become the spec's models again
 
 
 def result_to_message(result: RunResult, message: Message) -> Message:
