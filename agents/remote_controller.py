@@ -17,7 +17,6 @@ import logging
 import os
 import queue
 import random
-import re
 import socket
 import threading
 import time
@@ -29,12 +28,13 @@ import grpc
 from pydantic import ValidationError
 
 from farm import __version__
-from farm.controller.auth import TlsFiles
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2
 from farm.proto.results import FailureClass, RunResult
 from farm.proto.spec import ScriptWorkload
 from farm.proto.tasks import TaskSpec
 from farm.proto.escape import printable
+from farm.proto.names import is_sha256, safe_suffix
+from farm.proto.tls import TlsFiles
 from farm.proto.wire import result_for_the_wire, task_from_message
 
 log = logging.getLogger("farm.agent")
@@ -48,7 +48,6 @@ BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.25, 10.0
 FATAL_CODES = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
                grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT,
                grpc.StatusCode.ABORTED}  # ABORTED: another live process took over this agent's name
-SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
 class ControllerRefused(Exception):
@@ -347,9 +346,9 @@ class RemoteController:
         """The task's model in this agent's cache, fetched by sha256: a path from the wire is never opened here."""
         if self.artifact_dir is None:
             raise ValueError("this agent has no artifact cache (--work-dir) to fetch models into")
-        if not SHA256_HEX.match(task.model_sha256):
+        if not is_sha256(task.model_sha256):
             raise ValueError(f"task {task.task_id}: model sha256 {task.model_sha256!r} is not a sha256")
-        suffix = Path(task.model_path).suffix if re.match(r"^\.[A-Za-z0-9]{1,10}$", Path(task.model_path).suffix) else ""
+        suffix = safe_suffix(Path(task.model_path).suffix)
         cached = self.artifact_dir / f"{task.model_sha256}{suffix}"  # runtimes pick the format by suffix
         if not cached.exists():
             self.fetch_artifact(task.model_sha256, cached)
@@ -358,7 +357,7 @@ class RemoteController:
     def local_script_archive(self, task: TaskSpec) -> Path:
         """A script task's folder, as the tar the client uploaded, in this agent's cache."""
         sha256 = str(task.extra.get("script_archive") or "")
-        if not SHA256_HEX.match(sha256):
+        if not is_sha256(sha256):
             raise ValueError(f"task {task.task_id}: a script task came without its uploaded folder (script_archive); "
                              "is the controller older than this agent?")
         if self.artifact_dir is None:

@@ -32,6 +32,7 @@ from farm.agents.sandbox.isolation import (
 )
 from farm.agents.script_env import ScriptEnvError, script_python
 from farm.agents.telemetry import TelemetrySampler
+from farm.proto.names import safe_suffix
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus
 from farm.proto.script_archive import ScriptArchiveError, pack_dir, unpack
 from farm.agents.sandbox.base import format_cpuset
@@ -110,7 +111,7 @@ def _model_file_name(path: str) -> str:
     if re.match(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$", name):
         return name
     suffix = Path(path).suffix
-    return "model" + (suffix if re.match(r"^\.[A-Za-z0-9]{1,10}$", suffix) else "")
+    return "model" + safe_suffix(suffix)
 
 
 def _format_args(args: list[str], task: TaskSpec, model_path: str) -> list[str]:

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import queue
-import re
 import socket
 import threading
 import time
@@ -32,7 +31,7 @@ from farm import __version__
 from farm.controller.artifacts import ArtifactError, ArtifactStore, ControllerFiles, ModelRoots
 from farm.controller.auth import (
     Identity, TlsFiles, TokenInterceptor, TokenTable, check_server_certificate, identity_of, is_loopback,
-    server_credentials, valid_agent_name,
+    server_credentials,
 )
 from farm.controller.controller import TERMINAL_JOB, Controller
 from farm.controller.jobfile import DEFAULT_MAX_TASKS, JobFileError
@@ -42,6 +41,7 @@ from farm.controller.store import Store
 from farm.controller.submission import load_submitted_job
 from farm.proto import strict_json
 from farm.proto.escape import printable
+from farm.proto.names import SHA256_HEX, valid_agent_name
 from farm.proto.script_archive import MAX_SCRIPT_ARCHIVE_BYTES
 from farm.proto.spec import ScriptWorkload
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2, farm_pb2, farm_pb2_grpc
@@ -59,7 +59,6 @@ MAX_MODEL_BYTES = 2 << 30  # one model file, uploaded or under a models root (--
 ARTIFACT_CHUNK_BYTES = 1 << 20
 DISPATCH_BATCH = 16  # slots leased per transaction: fewer commits, yet offers still leave in small bursts
 DISPATCH_IDLE_S = 0.5  # how often the dispatcher looks again when nothing woke it (expired leases)
-SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 FARM_SERVICE = "farm.v1.FarmService"
 AGENT_SERVICE = "farm.v1.AgentService"
 # grpc's sync server gives every open stream a thread for its whole life: 1,000 agents (one Connect
