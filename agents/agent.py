@@ -119,8 +119,8 @@ class Agent:
         threading.Thread(target=beat, name=f"beat-{task.task_id}", daemon=True).start()
         driver = "sim" if task.target == "sim" else task.target
         try:
-            if task.target == "sim":
-                result = self.sim.run(task, slot or self.slots[0], cancel_check)  # checks the copy it runs
+            if task.target == "sim":  # the sim checks the copy it runs; a device's model is checked before it is sent
+                result = self.sim.in_slot(slot or self.slots[0]).run(task, cancel_check)
             else:
                 result = self._model_problem(task) or self.devices[task.target].driver.run(task, cancel_check)
         except Exception:

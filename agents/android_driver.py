@@ -7,15 +7,19 @@ a failure class: the phone gone → infrastructure, the model refused → job (r
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Literal
+
+from pydantic import Field
 
 from farm.agents.android import (
     AdbTarget, AndroidCommandTimeout, AndroidDevice, AndroidFacts, AndroidInfrastructureError,
 )
+from farm.agents.drivers import DeviceEntry, register
 from farm.proto.device_types import DeviceType
 from farm.agents.parsers.benchmark_model import BenchmarkOutputError, UnsupportedOperatorError, parse_benchmark_model
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus, Telemetry
@@ -62,12 +66,37 @@ def benchmark_command(tool: str, model: str, task: TaskSpec, device_type: Device
     return f"taskset {mask} {command}" if mask else command
 
 
+class AndroidEntry(DeviceEntry):
+    """A phone in the lab's device list (adb over TCP)."""
+
+    driver: Literal["android"]
+    host: str
+    port: int = 5555
+    adb_key: str = "~/.config/farm/adbkey"
+    benchmark_model: dict[str, str] = Field(default_factory=dict)
+    thermal_limit_c: float = 45.0
+
+
+def _path(p: str) -> Path:
+    return Path(os.path.expanduser(p))
+
+
 class AndroidDriver:
     name = "android"
 
     def __init__(self, config: AndroidDeviceConfig, device_type: DeviceType | None = None) -> None:
         self.config = config
         self.device_type = device_type
+
+    @classmethod
+    def from_entry(cls, entry: AndroidEntry, device_type: DeviceType | None) -> "AndroidDriver":
+        return cls(AndroidDeviceConfig(
+            name=entry.name, host=entry.host, port=entry.port, key_path=_path(entry.adb_key),
+            benchmark_model={abi: _path(p) for abi, p in entry.benchmark_model.items()},
+            thermal_limit_c=entry.thermal_limit_c), device_type)
+
+    def type_probe(self, facts: AndroidFacts) -> dict[str, Any]:
+        return {"os": "android", "getprop": {"ro.product.model": facts.model}}
 
     def _target(self) -> AdbTarget:
         return AdbTarget(host=self.config.host, port=self.config.port, key_path=self.config.key_path)
@@ -142,3 +171,6 @@ class AndroidDriver:
             status=RunStatus.COMPLETED, latency=parsed.to_latency_stats(), telemetry=telemetry, wall_s=wall,
             peak_rss_bytes=None if parsed.memory_overall_mb is None else int(parsed.memory_overall_mb * MiB),
             environment=environment, tool_versions={"benchmark_model": parsed.generation}, log_tail=raw, **base)
+
+
+register("android", AndroidEntry, AndroidDriver.from_entry)

@@ -8,12 +8,14 @@ per inference), /proc on any other board — so they share this module and pick 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
+from farm.agents.drivers import DeviceEntry, register
 from farm.agents.harness.stats import latency_stats
 from farm.agents.harness.task import HarnessOutput, benchmark_task, runtime_env
 from farm.agents.jetson import (
@@ -21,6 +23,7 @@ from farm.agents.jetson import (
 )
 from farm.agents.linux_board import read_linux_facts, run_with_proc_sampling
 from farm.agents.ssh_transport import SshInfrastructureError, SshTarget, SshTimeoutError, SshTransport
+from farm.proto.device_types import DeviceType
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus
 from farm.proto.spec import BenchmarkWorkload
 from farm.proto.tasks import TaskSpec
@@ -55,10 +58,41 @@ class BoardDeviceConfig:
                          pinned_fingerprint=self.pinned_fingerprint, trust_on_first_use=self.trust_on_first_use)
 
 
+class BoardEntry(DeviceEntry):
+    """A Jetson or any Linux board in the lab's device list (ssh)."""
+
+    driver: Literal["jetson", "linux"]
+    host: str
+    port: int = 22
+    username: str
+    ssh_key: str
+    known_hosts: str = "~/.ssh/known_hosts"
+    host_key: str | None = None
+    trust_on_first_use: bool = False
+    python: str = "python3"
+    nv_tegra_release: str | None = None
+    device_tree_model: str | None = None
+    telemetry: Literal["auto", "jtop", "tegrastats"] = "auto"  # jetson: jtop when its service is usable
+
+
 class BoardDriver:
-    def __init__(self, config: BoardDeviceConfig) -> None:
+    def __init__(self, config: BoardDeviceConfig, device_type: DeviceType | None = None) -> None:
         self.config = config
         self.name = config.kind
+        self.device_type = device_type
+
+    @classmethod
+    def from_entry(cls, entry: BoardEntry, device_type: DeviceType | None) -> "BoardDriver":
+        where: dict[str, Any] = {k: v for k, v in (("nv_tegra_release", entry.nv_tegra_release),
+                                                  ("device_tree_model", entry.device_tree_model)) if v}
+        return cls(BoardDeviceConfig(
+            name=entry.name, kind=entry.driver, host=entry.host, port=entry.port, username=entry.username,
+            key_path=Path(os.path.expanduser(entry.ssh_key)), known_hosts=Path(os.path.expanduser(entry.known_hosts)),
+            pinned_fingerprint=entry.host_key, trust_on_first_use=entry.trust_on_first_use,
+            python=entry.python, telemetry=entry.telemetry, **where), device_type)
+
+    def type_probe(self, facts: dict) -> dict[str, Any]:
+        return {"os": self.config.kind, "device_tree_model": facts.get("board_model") or ""}
 
     def facts(self) -> dict:
         with SshTransport(self.config.target()) as ssh:
@@ -134,3 +168,7 @@ class BoardDriver:
             telemetry=telemetry, wall_s=sampled.wall_s, baseline_memory_bytes=output.baseline_rss_bytes,
             peak_rss_bytes=output.peak_rss_bytes, environment=environment, tool_versions=output.tool_versions,
             log_tail=log, **base)
+
+
+register("jetson", BoardEntry, BoardDriver.from_entry)
+register("linux", BoardEntry, BoardDriver.from_entry)

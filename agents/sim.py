@@ -7,6 +7,7 @@ with a failure class a person can act on.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -164,6 +165,13 @@ class SimDriver:
         self.backend_override = backend_override
         self.keep_run_dirs = keep_run_dirs
         self._backends: dict[tuple[str, str | None], SandboxBackend] = {}
+        self.slot = SimSlot(0)  # where run() runs; in_slot gives each agent slot its own
+
+    def in_slot(self, slot: SimSlot) -> "SimDriver":
+        """This driver for one slot's cores; the probed backends are shared with the original."""
+        driver = copy.copy(self)
+        driver.slot = slot
+        return driver
 
     def backend_for(self, task: TaskSpec) -> SandboxBackend:
         name = self.backend_override or task.sim.backend
@@ -218,7 +226,7 @@ class SimDriver:
             return None, f"user {self.run_as.name} only ({reason})"
         return INNER_RUN_DIR, f"user {self.run_as.name}, mount + PID namespaces"
 
-    def run(self, task: TaskSpec, slot: SimSlot, cancel_check: Callable[[], bool]) -> RunResult:
+    def run(self, task: TaskSpec, cancel_check: Callable[[], bool]) -> RunResult:
         problem = cpuset_problem(task.sim.cpuset)
         if problem:  # the same on every attempt here: a job failure, not an infrastructure retry
             return RunResult.failed(FailureClass.JOB, problem)
@@ -226,7 +234,7 @@ class SimDriver:
             backend = self.backend_for(task)
         except SandboxError as e:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, str(e))
-        budget = backend.effective_limits(self.budget_for(task, slot))
+        budget = backend.effective_limits(self.budget_for(task, self.slot))
         limits = Limits(cpus=budget.cpus, cpuset=budget.cpuset, memory_mb=_mib(budget.memory_bytes))
         base = dict(backend=backend.name, limits=limits, approximate=backend.approximate)
         inner, isolation = self.isolation(backend)
