@@ -236,6 +236,12 @@ class JobSpec(Strict):
         description="Calibrated devices to predict every completed run for, from the sim alone (see `farm calibrations`)",
     )
 
+    @field_validator("workload", mode="before")
+    @classmethod
+    def _benchmark_by_default(cls, v: Any) -> Any:
+        # `workload: {iterations: 5}` is the built-in benchmark, as the field's default is
+        return {"type": "benchmark", **v} if isinstance(v, dict) and "type" not in v else v
+
     @field_validator("models")
     @classmethod
     def _not_empty(cls, v: list) -> list:

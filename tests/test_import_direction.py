@@ -40,6 +40,16 @@ def test_no_role_imports_against_the_flow() -> None:
     assert not wrong, "imports that run against the data flow:\n" + "\n".join(wrong)
 
 
+def test_the_shipped_package_never_imports_test_fixtures() -> None:
+    """Broken-model generators (tests/model_fixtures.py) are for tests; the package writes only models that work."""
+    wrong = [f"{path.relative_to(ROOT)}:{line}: imports {module}"
+             for folder in ("farm", "proto", "models", "agents", "controller", "cli")
+             for path in sorted((ROOT / folder).rglob("*.py"))
+             for line, module in imported_modules(path)
+             if module.split(".")[0] in ("model_fixtures", "conftest", "tests")]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_the_check_sees_an_import_inside_a_function(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from farm.controller.store import Store\n    return Store\n")

@@ -529,7 +529,8 @@ class DockerBackend(SandboxBackend):
             import docker
             import docker.errors
         except ImportError:
-            return "the `docker` Python package is not installed: pip install 'docker>=7' or choose backend: cgroup"
+            return ("the `docker` Python package is not installed: pip install 'docker>=7' (farm-agent[docker]) "
+                    "or choose backend: cgroup")
         address = engine_address()
         try:
             client = docker.from_env(timeout=10)
