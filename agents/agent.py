@@ -56,7 +56,7 @@ class Agent:
         self.stopping = threading.Event()  # set on Ctrl+C / SIGTERM: stop current runs
         self._threads: list[threading.Thread] = []
 
-    def run_job(self, job_id: int) -> None:
+    def run_job(self, job_id: int | None) -> None:
         """Run the job's tasks until none is left (embedded mode)."""
         self._threads = [threading.Thread(target=self._slot_loop, args=(slot, job_id), name=f"slot-{slot.index}",
                                           daemon=True) for slot in self.slots]

@@ -126,7 +126,7 @@ class AndroidDriver:
 
     def run(self, task: TaskSpec, cancel_check: Callable[[], bool]) -> RunResult:
         budget = Limits()  # the phone's own: nothing is imposed
-        base = dict(backend="android", limits=budget)
+        base: dict[str, Any] = dict(backend="android", limits=budget)
         if not isinstance(task.workload, BenchmarkWorkload):
             return RunResult.failed(FailureClass.JOB, "script workloads run on Linux and Jetson boards; "
                                     f"{self.config.name} is an Android phone (use type: benchmark)", **base)

@@ -19,9 +19,10 @@ from farm.agents.drivers import DeviceEntry, register
 from farm.agents.harness.stats import latency_stats
 from farm.agents.harness.task import HarnessOutput, benchmark_task, runtime_env
 from farm.agents.jetson import (
-    DEVICE_TREE_MODEL, NV_TEGRA_RELEASE, jtop_usable, read_jetson_facts, run_with_jtop, run_with_tegrastats,
+    DEVICE_TREE_MODEL, NV_TEGRA_RELEASE, JtopRun, TegrastatsRun, jtop_usable, read_jetson_facts, run_with_jtop,
+    run_with_tegrastats,
 )
-from farm.agents.linux_board import read_linux_facts, run_with_proc_sampling
+from farm.agents.linux_board import ProcSampledRun, read_linux_facts, run_with_proc_sampling
 from farm.agents.ssh_transport import SshInfrastructureError, SshTarget, SshTimeoutError, SshTransport
 from farm.proto.device_types import DeviceType
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus
@@ -78,7 +79,7 @@ class BoardEntry(DeviceEntry):
 class BoardDriver:
     def __init__(self, config: BoardDeviceConfig, device_type: DeviceType | None = None) -> None:
         self.config = config
-        self.name = config.kind
+        self.name: str = config.kind
         self.device_type = device_type
 
     @classmethod
@@ -104,7 +105,7 @@ class BoardDriver:
         return read_linux_facts(ssh).as_environment()
 
     def run(self, task: TaskSpec, cancel_check: Callable[[], bool]) -> RunResult:
-        base = dict(backend=self.config.kind, limits=Limits())
+        base: dict[str, Any] = dict(backend=self.config.kind, limits=Limits())
         if not isinstance(task.workload, BenchmarkWorkload):
             return RunResult.failed(FailureClass.JOB, f"{self.config.name}: script workloads on boards are not "
                                     "supported yet; use type: benchmark", **base)
@@ -124,6 +125,8 @@ class BoardDriver:
                 command = (f"{env} {shlex.quote(c.python)} -m farm.agents.harness "
                            f"{shlex.quote(remote_task)} {shlex.quote(out)}")
                 source = None
+                sampled: JtopRun | TegrastatsRun | ProcSampledRun
+                energy_mj: float | None
                 if c.kind == "jetson":
                     want_jtop = c.telemetry == "jtop" or (c.telemetry == "auto" and facts.get("jtop_service") == "active")
                     if want_jtop and jtop_usable(ssh, c.python):
@@ -133,8 +136,8 @@ class BoardDriver:
                         if not sampled.samples:  # the run stands; say why its telemetry is missing
                             source = f"jtop (no samples: {sampled.sampler_stderr[-200:] or 'no output'})"
                     else:
-                        sampled = run_with_tegrastats(ssh, command, task.run_timeout_s, c.sample_interval_ms)
-                        energy_mj = sampled.summary.energy_mj
+                        tegrastats = run_with_tegrastats(ssh, command, task.run_timeout_s, c.sample_interval_ms)
+                        sampled, energy_mj = tegrastats, tegrastats.summary.energy_mj
                         source = "tegrastats" + (" (jtop unusable)" if want_jtop else "")
                 else:
                     sampled = run_with_proc_sampling(ssh, command, task.run_timeout_s, c.sample_interval_ms)
@@ -145,7 +148,7 @@ class BoardDriver:
         except SshInfrastructureError as e:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{c.name}: {e}", **base)
         log = (sampled.result.stdout + sampled.result.stderr)[-LOG_TAIL_CHARS:]
-        environment = {"device": facts, "command": command, "telemetry_source": source}
+        environment: dict[str, Any] = {"device": facts, "command": command, "telemetry_source": source}
         if status != 0:
             return RunResult.failed(FailureClass.BUG if sampled.result.status == 0 else FailureClass.JOB,
                                     f"the harness on {c.name} exited with status {sampled.result.status} without a "

@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Literal
 
 import grpc
 from pydantic import ValidationError
@@ -224,6 +224,7 @@ class RemoteController:
         yield self._hello()
         last_beat = float("-inf")  # the first heartbeat follows the hello at once: the hello renews no lease
         while True:
+            message: agent_pb2.AgentMessage | None | Literal[False]
             try:
                 message = outbox.get(timeout=max(0.0, self._heartbeat_interval_s - (time.monotonic() - last_beat)))
             except queue.Empty:
@@ -338,6 +339,7 @@ class RemoteController:
             self.complete(task.task_id, task.attempt, self.name, time.time(), RunResult.failed(
                 FailureClass.INFRASTRUCTURE, f"agent {self.name} was draining when the task was offered"))
             return
+        assert request is not None  # taken says so
         request.offer = task
         request.answered.set()
 

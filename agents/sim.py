@@ -20,7 +20,7 @@ import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from farm.agents.contention import judge, quietest_cores, snapshot, wait_until_quiet
 from farm.agents.environment import host_facts, load_average
@@ -161,7 +161,7 @@ class SimDriver:
         # (reading and closing them here would drop SQLite's locks and lose writes).
         self.keep_out = keep_out
         # Jobs run other people's code: as root, in an unprivileged user (`nobody` unless --run-as says).
-        self.run_as = resolve_run_as(None) if run_as == "default" else run_as
+        self.run_as: RunAs | None = resolve_run_as(None) if isinstance(run_as, str) else run_as
         self.backend_override = backend_override
         self.keep_run_dirs = keep_run_dirs
         self._backends: dict[tuple[str, str | None], SandboxBackend] = {}
@@ -236,7 +236,7 @@ class SimDriver:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, str(e))
         budget = backend.effective_limits(self.budget_for(task, self.slot))
         limits = Limits(cpus=budget.cpus, cpuset=budget.cpuset, memory_mb=_mib(budget.memory_bytes))
-        base = dict(backend=backend.name, limits=limits, approximate=backend.approximate)
+        base: dict[str, Any] = dict(backend=backend.name, limits=limits, approximate=backend.approximate)
         inner, isolation = self.isolation(backend)
 
         runs = self.work_root / "runs"

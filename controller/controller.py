@@ -99,7 +99,8 @@ class Controller:
 
     def _fail_waiting_tasks(self, device: str, reason: str, *, job_id: int | None = None) -> list[int]:
         """Fail the device's pending tasks; returns the jobs they belonged to (once each)."""
-        where, params = "target = ? AND status = 'pending'", [device]
+        where = "target = ? AND status = 'pending'"
+        params: list[Any] = [device]
         if job_id is not None:
             where += " AND job_id = ?"
             params.append(job_id)
@@ -114,7 +115,7 @@ class Controller:
     def cancel_job(self, job_id: int) -> int:
         """Cancel what has not finished. Running tasks stop at their next heartbeat."""
         with self.store.transaction():
-            job = self.store.db["jobs"].get(job_id)
+            job = self.store.db.table("jobs").get(job_id)
             if job["status"] in TERMINAL_JOB:
                 return 0
             n = self.store.db.execute(
@@ -125,17 +126,17 @@ class Controller:
             running = self.store.db.execute(
                 "SELECT COUNT(*) FROM tasks WHERE job_id = ? AND status = ?",
                 [job_id, TaskStatus.RUNNING.value]).fetchone()[0]
-            self.store.db["jobs"].update(job_id, {"status": JobStatus.CANCELED.value,
+            self.store.db.table("jobs").update(job_id, {"status": JobStatus.CANCELED.value,
                                                   "message": "canceled by the user"})
             if not running:
-                self.store.db["jobs"].update(job_id, {"finished_at": time.time()})
+                self.store.db.table("jobs").update(job_id, {"finished_at": time.time()})
         return n + running
 
     def interrupt_job(self, job_id: int, since: float) -> int:
         """Ctrl+C: the job stops here but is not given up. Runs stopped by it (canceled since `since`)
         and unstarted ones wait for `farm resume`; their stopped attempts stay stored as runs."""
         with self.store.transaction():
-            job = self.store.db["jobs"].get(job_id)
+            job = self.store.db.table("jobs").get(job_id)
             if job["status"] in (JobStatus.COMPLETED.value, JobStatus.FAILED.value) or (
                     job["status"] == JobStatus.CANCELED.value and job["message"]):  # `farm cancel` or timeouts.job
                 return 0
@@ -144,7 +145,7 @@ class Controller:
                 "WHERE job_id = ? AND (status IN (?, ?) OR (status = ? AND finished_at >= ?))",
                 [TaskStatus.PENDING.value, "interrupted before it finished; `farm resume` runs it", job_id,
                  TaskStatus.PENDING.value, TaskStatus.RUNNING.value, TaskStatus.CANCELED.value, since]).rowcount
-            self.store.db["jobs"].update(job_id, {
+            self.store.db.table("jobs").update(job_id, {
                 "status": JobStatus.INTERRUPTED.value, "finished_at": None,
                 "message": f"interrupted (Ctrl+C or SIGTERM); `farm resume {job_id}` runs what is left"})
         return n
@@ -184,12 +185,12 @@ class Controller:
                 return None
             task = first[0]
             attempt = task["attempts"] + 1
-            self.store.db["tasks"].update(task["id"], {
+            self.store.db.table("tasks").update(task["id"], {
                 "status": TaskStatus.RUNNING.value, "attempts": attempt, "leased_by": agent,
                 "lease_expires_at": now + self.lease_ttl_s})
-            job = self.store.db["jobs"].get(task["job_id"])
+            job = self.store.db.table("jobs").get(task["job_id"])
             if job["status"] == JobStatus.QUEUED.value:
-                self.store.db["jobs"].update(job["id"], {"status": JobStatus.RUNNING.value, "started_at": now})
+                self.store.db.table("jobs").update(job["id"], {"status": JobStatus.RUNNING.value, "started_at": now})
         return _task_spec(task, attempt)
 
     def lease_batch(self, slots: list[tuple[str, frozenset[str]]]) -> tuple[list[TaskSpec | None], bool]:
@@ -261,7 +262,7 @@ class Controller:
                 return False
             if expires_at is not None and expires_at < time.time():
                 return False  # too late: the task may already be another agent's
-            self.store.db["tasks"].update(task_id, {"lease_expires_at": time.time() + self.lease_ttl_s})
+            self.store.db.table("tasks").update(task_id, {"lease_expires_at": time.time() + self.lease_ttl_s})
         return True
 
     def complete(self, task_id: int, attempt: int, agent: str, started_at: float, result: RunResult) -> int | None:
@@ -272,6 +273,8 @@ class Controller:
         if task is None:
             raise ResultRefused(f"there is no task {task_id}")
         job = self.store.job(task["job_id"])
+        assert job is not None  # a task's job is never deleted
+        reasons = "; ".join(result.contention.reasons) if result.contention is not None else ""
         contended = result.ok and result.contention is not None and result.contention.contended
         outcome = self._contention_outcome(task) if contended else "keep"
         if contended and outcome == "retry" and job["status"] != JobStatus.CANCELED.value:
@@ -279,22 +282,23 @@ class Controller:
             # the retry does not use up the attempts kept for infrastructure failures
             fields = {"status": TaskStatus.PENDING.value, "failure_class": None,
                       "max_attempts": task["max_attempts"] + 1,
-                      "message": f"attempt {attempt} was contended ({'; '.join(result.contention.reasons)}); retrying"}
+                      "message": f"attempt {attempt} was contended ({reasons}); retrying"}
         elif contended and outcome == "fail":
             fields = {"status": TaskStatus.FAILED.value, "failure_class": FailureClass.INFRASTRUCTURE.value,
-                      "message": f"the run was contended ({'; '.join(result.contention.reasons)}) and "
+                      "message": f"the run was contended ({reasons}) and "
                                  "sim.on_contention is fail"}
         elif result.ok:
             notes = [result.message] if result.message else []
             if contended:
-                notes.append(f"contended, kept flagged: {'; '.join(result.contention.reasons)}")
+                notes.append(f"contended, kept flagged: {reasons}")
             fields = {"status": TaskStatus.COMPLETED.value, "failure_class": None, "message": "; ".join(notes)}
         elif job["status"] == JobStatus.CANCELED.value or result.failure_class == FailureClass.CANCELED:
             fields = {"status": TaskStatus.CANCELED.value, "failure_class": FailureClass.CANCELED.value,
                       "message": result.message}
         elif should_retry(result.failure_class, attempt, task["max_attempts"]):
-            fields = {"status": TaskStatus.PENDING.value, "failure_class": result.failure_class.value,
-                      "message": f"attempt {attempt} failed ({result.failure_class.value}): {result.message}; retrying"}
+            failure = (result.failure_class or FailureClass.BUG).value  # a failed result always has its class
+            fields = {"status": TaskStatus.PENDING.value, "failure_class": failure,
+                      "message": f"attempt {attempt} failed ({failure}): {result.message}; retrying"}
         else:
             fields = {"status": TaskStatus.FAILED.value,
                       "failure_class": result.failure_class.value if result.failure_class else FailureClass.BUG.value,
@@ -320,7 +324,7 @@ class Controller:
 
         health "maintenance" is the same, but chosen by a person rather than found by farm."""
         with self.store.transaction():
-            self.store.db["device_health"].upsert({"name": device, "health": health, "reason": reason,
+            self.store.db.table("device_health").upsert({"name": device, "health": health, "reason": reason,
                                                    "changed_at": time.time()}, pk="name")
         jobs = self._fail_waiting_tasks(device, reason)
         for job_id in set(jobs):  # only the jobs that just lost tasks can have finished
@@ -333,7 +337,7 @@ class Controller:
 
     def release(self, device: str) -> None:
         with self.store.transaction():
-            self.store.db["device_health"].upsert({"name": device, "health": "good", "reason": "released by a person",
+            self.store.db.table("device_health").upsert({"name": device, "health": "good", "reason": "released by a person",
                                                    "changed_at": time.time()}, pk="name")
 
     def device_health(self) -> list[dict[str, Any]]:
@@ -374,6 +378,7 @@ class Controller:
         if p.pending or p.running:
             return
         job = self.store.job(job_id)
+        assert job is not None  # it has tasks
         if job["status"] == JobStatus.CANCELED.value or p.canceled:
             status = JobStatus.CANCELED
         elif p.completed == p.total:

@@ -160,7 +160,7 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure]]:
             f"<div class=figs><img alt='scatter' src='data:image/png;base64,{base64.b64encode(scatter.png).decode()}'>"
             f"<img alt='residuals' src='data:image/png;base64,{base64.b64encode(residual.png).decode()}'></div>"
             f"{kinds}<h3>per model</h3>{per_model}</section>")
-    device_jobs = sorted({c.source.get("device_job") for c in calibrations if c.source.get("device_job")} - {job_id})
+    device_jobs = sorted({int(c.source["device_job"]) for c in calibrations if c.source.get("device_job")} - {job_id})
     rankings = []
     for metric in sorted({c.metric for c in calibrations} or {"latency"}):
         try:

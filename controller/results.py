@@ -101,7 +101,8 @@ def run_records(store: Store, job_id: int) -> list[dict[str, Any]]:
             "contention": json.loads(row["contention_json"]) if row.get("contention_json") else None,
             "tool_versions": json.loads(row["tool_versions_json"]) if row["tool_versions_json"] else {},
         })
-    spec = json.loads(store.job(job_id)["spec_json"])
+    job = store.job(job_id)
+    spec = json.loads(job["spec_json"]) if job else {}
     if spec.get("predict_for"):
         from farm.controller.calibrations import add_predictions
         add_predictions(store, job_id, records, spec["predict_for"], spec["sim"])

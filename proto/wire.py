@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from enum import Enum
+from collections.abc import Iterable
 from typing import Any
 
 from google.protobuf.message import Message
@@ -26,6 +27,7 @@ MAX_SAMPLES = 100_000
 def fill_message(message: Message, obj: Any) -> Message:
     """Copy a dataclass, pydantic model (or dict) into a message of the same shape."""
     fields = message.DESCRIPTOR.fields_by_name
+    items: Iterable[tuple[str, Any]]
     if isinstance(obj, dict):
         items = obj.items()
     elif isinstance(obj, BaseModel):

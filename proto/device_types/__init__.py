@@ -21,6 +21,9 @@ BUILTIN_DIR = Path(__file__).parent
 USER_DIR = Path(os.path.expanduser("~/.config/farm/device_types"))
 
 
+CalibrationKeyName = Literal["threads", "runtime", "power_mode", "precision"]
+
+
 class DeviceTypeError(ValueError):
     """A profile that cannot be used; the message names the file and field."""
 
@@ -64,8 +67,7 @@ class DeviceType(Strict):
     native_tool: NativeTool
     sim_budget: dict[int, SimBudgetEntry] = Field(description="thread count -> sim budget")
     match: Match = Field(default_factory=Match)
-    calibration_keys: list[Literal["threads", "runtime", "power_mode", "precision"]] = Field(
-        default_factory=lambda: ["threads", "runtime"])
+    calibration_keys: list[CalibrationKeyName] = Field(default_factory=lambda: list[CalibrationKeyName](["threads", "runtime"]))
     source: str = ""  # the file it came from, filled by the loader
 
     @property
