@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from farm.controller.jobfile import ResolvedJob
-from farm.controller.metrics import record_lease_expiries
+from farm.controller.lease_expiries import record_lease_expiries
 from farm.controller.schedule import PRIORITY_RANK, expand_tasks
 from farm.controller.store import Store
 from farm.proto.results import FailureClass, JobStatus, ResultRefused, RunResult, TaskStatus
