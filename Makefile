@@ -26,6 +26,7 @@ demo: models
 
 test: setup
 	$(VENV)/bin/ruff check .
+	$(PY) tools/typecheck.py
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
 
 bench: models

@@ -56,7 +56,7 @@ class Agent:
         self.stopping = threading.Event()  # set on Ctrl+C / SIGTERM: stop current runs
         self._threads: list[threading.Thread] = []
 
-    def run_job(self, job_id: int) -> None:
+    def run_job(self, job_id: int | None) -> None:
         """Run the job's tasks until none is left (embedded mode)."""
         self._threads = [threading.Thread(target=self._slot_loop, args=(slot, job_id), name=f"slot-{slot.index}",
                                           daemon=True) for slot in self.slots]
@@ -119,8 +119,8 @@ class Agent:
         threading.Thread(target=beat, name=f"beat-{task.task_id}", daemon=True).start()
         driver = "sim" if task.target == "sim" else task.target
         try:
-            if task.target == "sim":
-                result = self.sim.run(task, slot or self.slots[0], cancel_check)  # checks the copy it runs
+            if task.target == "sim":  # the sim checks the copy it runs; a device's model is checked before it is sent
+                result = self.sim.in_slot(slot or self.slots[0]).run(task, cancel_check)
             else:
                 result = self._model_problem(task) or self.devices[task.target].driver.run(task, cancel_check)
         except Exception:

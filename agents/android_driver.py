@@ -7,23 +7,28 @@ a failure class: the phone gone → infrastructure, the model refused → job (r
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Literal
+
+from pydantic import Field
 
 from farm.agents.android import (
     AdbTarget, AndroidCommandTimeout, AndroidDevice, AndroidFacts, AndroidInfrastructureError,
 )
 from farm.agents.android_script import phone_script_problem, run_script_on_phone
-from farm.agents.device_types import DeviceType
+from farm.agents.drivers import DeviceEntry, register
 from farm.agents.harness.stats import startup_ms, throughput_per_s
 from farm.agents.parsers.benchmark_model import (
     BenchmarkModelOutput, BenchmarkOutputError, UnsupportedOperatorError, parse_benchmark_model,
 )
+from farm.proto.device_types import DeviceType
 from farm.proto.op_profile import NODE, OP_TYPE, OpProfileRow, bounded
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus, Telemetry
+from farm.proto.spec import BenchmarkWorkload, ScriptWorkload
 from farm.proto.tasks import TaskSpec
 
 MiB = 1 << 20
@@ -51,14 +56,16 @@ def _hottest(facts: AndroidFacts) -> float | None:
 
 
 def _wants_op_profile(task: TaskSpec) -> bool:
-    return bool(task.workload.get("op_profiling"))
+    return isinstance(task.workload, BenchmarkWorkload) and task.workload.op_profiling
 
 
 def benchmark_command(tool: str, model: str, task: TaskSpec, device_type: DeviceType | None) -> str:
     w = task.workload
-    flags = [f"--graph={model}", f"--num_threads={task.threads}", f"--warmup_runs={w.get('warmup', 1)}",
-             f"--num_runs={w.get('iterations', 50)}", "--min_secs=0",  # the run count is ours, not the tool's
-             f"--use_xnnpack={'true' if w.get('use_xnnpack', True) else 'false'}",
+    if not isinstance(w, BenchmarkWorkload):
+        raise ValueError(f"task {task.task_id} has a {w.type} workload; benchmark_model runs benchmarks")
+    flags = [f"--graph={model}", f"--num_threads={task.threads}", f"--warmup_runs={w.warmup}",
+             f"--num_runs={w.iterations}", "--min_secs=0",  # the run count is ours, not the tool's
+             f"--use_xnnpack={'true' if w.use_xnnpack else 'false'}",
              "--report_peak_memory_footprint=true"]
     if _wants_op_profile(task):
         flags.append("--enable_op_profiling=true")
@@ -79,12 +86,37 @@ def op_profile_rows(parsed: BenchmarkModelOutput) -> list[OpProfileRow]:
     return rows
 
 
+class AndroidEntry(DeviceEntry):
+    """A phone in the lab's device list (adb over TCP)."""
+
+    driver: Literal["android"]
+    host: str
+    port: int = 5555
+    adb_key: str = "~/.config/farm/adbkey"
+    benchmark_model: dict[str, str] = Field(default_factory=dict)
+    thermal_limit_c: float = 45.0
+
+
+def _path(p: str) -> Path:
+    return Path(os.path.expanduser(p))
+
+
 class AndroidDriver:
     name = "android"
 
     def __init__(self, config: AndroidDeviceConfig, device_type: DeviceType | None = None) -> None:
         self.config = config
         self.device_type = device_type
+
+    @classmethod
+    def from_entry(cls, entry: AndroidEntry, device_type: DeviceType | None) -> "AndroidDriver":
+        return cls(AndroidDeviceConfig(
+            name=entry.name, host=entry.host, port=entry.port, key_path=_path(entry.adb_key),
+            benchmark_model={abi: _path(p) for abi, p in entry.benchmark_model.items()},
+            thermal_limit_c=entry.thermal_limit_c), device_type)
+
+    def type_probe(self, facts: AndroidFacts) -> dict[str, Any]:
+        return {"os": "android", "getprop": {"ro.product.model": facts.model}}
 
     def _target(self) -> AdbTarget:
         return AdbTarget(host=self.config.host, port=self.config.port, key_path=self.config.key_path)
@@ -114,8 +146,8 @@ class AndroidDriver:
 
     def run(self, task: TaskSpec, cancel_check: Callable[[], bool]) -> RunResult:
         budget = Limits()  # the phone's own: nothing is imposed
-        base = dict(backend="android", limits=budget)
-        if task.workload.get("type") != "benchmark":
+        base: dict[str, Any] = dict(backend="android", limits=budget)
+        if not isinstance(task.workload, BenchmarkWorkload):
             return self._run_script(task, cancel_check, base)
         if not task.model_path.endswith(".tflite"):
             return RunResult.failed(FailureClass.JOB, f"{Path(task.model_path).name}: benchmark_model on Android runs "
@@ -167,13 +199,16 @@ class AndroidDriver:
 
     def _run_script(self, task: TaskSpec, cancel_check: Callable[[], bool], base: dict) -> RunResult:
         """A shell-script workload (command: sh); anything else is refused saying what does run on a phone."""
-        problem = phone_script_problem(task.workload, self.config.name)
+        w = task.workload
+        if not isinstance(w, ScriptWorkload):
+            return RunResult.failed(FailureClass.BUG, f"task {task.task_id}: a {w.type} workload is not a script", **base)
+        problem = phone_script_problem(w, self.config.name)
         if problem:
             return RunResult.failed(FailureClass.JOB, problem, **base)
         try:
             with AndroidDevice(self._target()) as device:
                 before = self._cool_down(device, cancel_check)
-                result = run_script_on_phone(device, task, self.config.name)
+                result = run_script_on_phone(device, task, w, self.config.name)
         except AndroidCommandTimeout as e:
             return RunResult.failed(FailureClass.TIMEOUT, f"{self.config.name}: {e}", **base)
         except AndroidInfrastructureError as e:
@@ -182,3 +217,5 @@ class AndroidDriver:
         result.environment.update({"device": before.to_environment(), "temperature_before_c": _hottest(before),
                                    "device_type": self.device_type.name if self.device_type else None})
         return result
+
+register("android", AndroidEntry, AndroidDriver.from_entry)

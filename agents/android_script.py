@@ -16,13 +16,15 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from farm.agents.android import DEFAULT_REMOTE_DIR, AndroidDevice
 from farm.agents.board_harness.board_harness import MAX_TIMINGS, BadTiming, parse_timing_line
 from farm.agents.harness.stats import latency_stats
-from farm.agents.sim import _format_args
+from farm.agents.sim import format_script_args
 from farm.proto.results import FailureClass, RunResult, RunStatus
 from farm.proto.script_archive import ScriptArchiveError, check_archive, pack_dir
+from farm.proto.spec import ScriptWorkload
 from farm.proto.tasks import TaskSpec
 
 SHELLS = ("sh", "/system/bin/sh")
@@ -32,24 +34,24 @@ _TAIL = "@@farm-phone-tail"
 _END_LINE = re.compile(rf"^{_END} rc=(\d+) t0=(\S*) t1=(\S*) bytes=(\d*)$", re.MULTILINE)
 
 
-def phone_script_problem(workload: dict, phone: str) -> str | None:
+def phone_script_problem(workload: ScriptWorkload, phone: str) -> str | None:
     """Why this script workload cannot run on a phone (None: it can), saying what does run there."""
     what_runs = (f"{phone} is an Android phone: it runs type: benchmark (.tflite with benchmark_model) and shell "
                  "scripts (command: sh); Python scripts run on Linux and Jetson boards (driver: linux or jetson) "
                  "and in the sim")
-    if workload.get("command", "python") not in SHELLS:
-        return f"command {workload.get('command', 'python')!r} does not run on a phone. {what_runs}"
-    if workload.get("pip_requirements"):
+    if workload.command not in SHELLS:
+        return f"command {workload.command!r} does not run on a phone. {what_runs}"
+    if workload.pip_requirements:
         return f"pip_requirements need Python. {what_runs}"
     return None
 
 
-def _archive(task: TaskSpec, tmp: str) -> Path:
+def _archive(task: TaskSpec, workload: ScriptWorkload, tmp: str) -> Path:
     given = task.extra.get("script_archive_path")
     archive = Path(given) if given else Path(tmp, "script.tar")
     if not given:
-        archive.write_bytes(pack_dir(Path(task.base_dir, task.workload.get("dir") or ".")))
-    check_archive(archive, script=task.workload.get("script"))
+        archive.write_bytes(pack_dir(Path(task.base_dir, workload.dir)))
+    check_archive(archive, script=workload.script)
     return archive
 
 
@@ -64,21 +66,20 @@ def phone_script_command(run_dir: str, archive: str, argv: list[str], timeout_s:
             f"tail -c {TAIL_BYTES} {d}/out.log; }}")
 
 
-def run_script_on_phone(device: AndroidDevice, task: TaskSpec, phone: str) -> RunResult:
+def run_script_on_phone(device: AndroidDevice, task: TaskSpec, w: ScriptWorkload, phone: str) -> RunResult:
     """One shell-script task on the phone (the caller holds the connection and maps its errors)."""
-    w = task.workload
-    base = dict(backend="android")
+    base: dict[str, Any] = dict(backend="android")
     with tempfile.TemporaryDirectory(prefix="farm-phone-") as tmp:
         try:
-            archive = _archive(task, tmp)
+            archive = _archive(task, w, tmp)
         except ScriptArchiveError as e:
             return RunResult.failed(FailureClass.JOB, str(e), **base)
         pushed_archive = device.push_by_hash(archive).remote_path
     model = device.push_by_hash(Path(task.model_path)).remote_path
     run_dir = f"{DEFAULT_REMOTE_DIR}/runs/t{task.task_id}-a{task.attempt}-{uuid.uuid4().hex[:12]}"
     try:
-        argv = [w.get("command", "sh")] + ([f"{run_dir}/script/{w['script']}"] if w.get("script") else [])
-        argv += _format_args(w.get("args") or [], TaskSpec(**{**task.__dict__, "model_path": model}))
+        argv = [w.command] + ([f"{run_dir}/script/{w.script}"] if w.script else [])
+        argv += format_script_args(w.args, task, model)
     except ValueError as e:
         return RunResult.failed(FailureClass.JOB, str(e), **base)
     command = phone_script_command(run_dir, pushed_archive, argv, task.run_timeout_s)
@@ -88,7 +89,7 @@ def run_script_on_phone(device: AndroidDevice, task: TaskSpec, phone: str) -> Ru
     finally:
         device.shell(f"rm -rf {shlex.quote(run_dir)}", 60, idempotent=True)
     wall_s = time.monotonic() - started
-    environment = {"command": " ".join(argv), "runtime": "script"}
+    environment: dict[str, Any] = {"command": " ".join(argv), "runtime": "script"}
     end = _END_LINE.search(shell.output)
     if end is None:
         return RunResult.failed(FailureClass.JOB, f"the script could not start on {phone} (status "

@@ -8,16 +8,22 @@ per inference), /proc on any other board — so they share this module and pick 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
+
+from pydantic import Field
 
 from farm.agents.board_workload import BoardJobError, BoardNotReady, StagedRun, board_result, clean_up, stage_run
+from farm.agents.drivers import DeviceEntry, register
 from farm.agents.jetson import (
-    DEVICE_TREE_MODEL, NV_TEGRA_RELEASE, jtop_usable, read_jetson_facts, run_with_jtop, run_with_tegrastats,
+    DEVICE_TREE_MODEL, NV_TEGRA_RELEASE, JtopRun, TegrastatsRun, jtop_usable, read_jetson_facts, run_with_jtop,
+    run_with_tegrastats,
 )
-from farm.agents.linux_board import read_linux_facts, run_with_proc_sampling
+from farm.agents.linux_board import ProcSampledRun, read_linux_facts, run_with_proc_sampling
 from farm.agents.ssh_transport import SshCanceled, SshInfrastructureError, SshTarget, SshTimeoutError, SshTransport
+from farm.proto.device_types import DeviceType
 from farm.proto.results import FailureClass, Limits, RunResult
 from farm.proto.tasks import TaskSpec
 
@@ -50,10 +56,42 @@ class BoardDeviceConfig:
                          pinned_fingerprint=self.pinned_fingerprint, trust_on_first_use=self.trust_on_first_use)
 
 
+class BoardEntry(DeviceEntry):
+    """A Jetson or any Linux board in the lab's device list (ssh)."""
+
+    driver: Literal["jetson", "linux"]
+    host: str
+    port: int = 22
+    username: str
+    ssh_key: str
+    known_hosts: str = "~/.ssh/known_hosts"
+    host_key: str | None = None
+    trust_on_first_use: bool = False
+    python: str = "python3"
+    nv_tegra_release: str | None = None
+    device_tree_model: str | None = None
+    telemetry: Literal["auto", "jtop", "tegrastats"] = "auto"  # jetson: jtop when its service is usable
+    env_timeout_s: float = Field(1800, gt=0)  # making a script's venv with its pip requirements (once per set)
+
+
 class BoardDriver:
-    def __init__(self, config: BoardDeviceConfig) -> None:
+    def __init__(self, config: BoardDeviceConfig, device_type: DeviceType | None = None) -> None:
         self.config = config
-        self.name = config.kind
+        self.name: str = config.kind
+        self.device_type = device_type
+
+    @classmethod
+    def from_entry(cls, entry: BoardEntry, device_type: DeviceType | None) -> "BoardDriver":
+        where: dict[str, Any] = {k: v for k, v in (("nv_tegra_release", entry.nv_tegra_release),
+                                                  ("device_tree_model", entry.device_tree_model)) if v}
+        return cls(BoardDeviceConfig(
+            name=entry.name, kind=entry.driver, host=entry.host, port=entry.port, username=entry.username,
+            key_path=Path(os.path.expanduser(entry.ssh_key)), known_hosts=Path(os.path.expanduser(entry.known_hosts)),
+            pinned_fingerprint=entry.host_key, trust_on_first_use=entry.trust_on_first_use,
+            python=entry.python, telemetry=entry.telemetry, env_timeout_s=entry.env_timeout_s, **where), device_type)
+
+    def type_probe(self, facts: dict) -> dict[str, Any]:
+        return {"os": self.config.kind, "device_tree_model": facts.get("board_model") or ""}
 
     def facts(self) -> dict:
         with SshTransport(self.config.target()) as ssh:
@@ -65,7 +103,7 @@ class BoardDriver:
         return read_linux_facts(ssh).as_environment()
 
     def run(self, task: TaskSpec, cancel_check: Callable[[], bool]) -> RunResult:
-        base = dict(backend=self.config.kind, limits=Limits())
+        base: dict[str, Any] = dict(backend=self.config.kind, limits=Limits())
         c = self.config
         staged = None
         try:
@@ -92,20 +130,25 @@ class BoardDriver:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{c.name}: {e}", **base)
         return board_result(task, c.name, staged, sampled, energy_mj, facts, source, base)
 
-    def _sampled(self, ssh: SshTransport, staged: StagedRun, facts: dict, cancel_check: Callable[[], bool]):
+    def _sampled(self, ssh: SshTransport, staged: StagedRun, facts: dict, cancel_check: Callable[[], bool]
+                 ) -> tuple[JtopRun | TegrastatsRun | ProcSampledRun, float | None, str]:
         """The staged command under the board's telemetry: jtop or tegrastats on a Jetson, /proc elsewhere."""
         c = self.config
         command, timeout_s = staged.command, staged.ssh_timeout_s
         if c.kind == "jetson":
             want_jtop = c.telemetry == "jtop" or (c.telemetry == "auto" and facts.get("jtop_service") == "active")
             if want_jtop and jtop_usable(ssh, c.python):
-                sampled = run_with_jtop(ssh, c.python, command, timeout_s, c.sample_interval_ms,
-                                        facts.get("memory_total_mb"), cancel_check)
+                jtop = run_with_jtop(ssh, c.python, command, timeout_s, c.sample_interval_ms,
+                                     facts.get("memory_total_mb"), cancel_check)
                 source = "jtop"
-                if not sampled.samples:  # the run stands; say why its telemetry is missing
-                    source = f"jtop (no samples: {sampled.sampler_stderr[-200:] or 'no output'})"
-                return sampled, sampled.energy_mj, source
-            sampled = run_with_tegrastats(ssh, command, timeout_s, c.sample_interval_ms, cancel_check)
-            return sampled, sampled.summary.energy_mj, "tegrastats" + (" (jtop unusable)" if want_jtop else "")
+                if not jtop.samples:  # the run stands; say why its telemetry is missing
+                    source = f"jtop (no samples: {jtop.sampler_stderr[-200:] or 'no output'})"
+                return jtop, jtop.energy_mj, source
+            tegrastats = run_with_tegrastats(ssh, command, timeout_s, c.sample_interval_ms, cancel_check)
+            return tegrastats, tegrastats.summary.energy_mj, "tegrastats" + (" (jtop unusable)" if want_jtop else "")
         return run_with_proc_sampling(ssh, command, timeout_s, c.sample_interval_ms,
                                       cancel_check=cancel_check), None, "proc"
+
+
+register("jetson", BoardEntry, BoardDriver.from_entry)
+register("linux", BoardEntry, BoardDriver.from_entry)

@@ -22,10 +22,11 @@ from farm.agents.board_harness import HARNESS_FILE
 from farm.agents.board_harness.board_harness import PROTOCOL
 from farm.agents.harness.stats import latency_stats, startup_ms, throughput_per_s
 from farm.agents.parsers.board_harness import HarnessOutputError, parse_env_output, parse_harness_output
-from farm.agents.sim import _format_args
+from farm.agents.sim import format_script_args
 from farm.agents.ssh_transport import SshInfrastructureError, SshTransport, UploadResult, file_sha256
 from farm.proto.results import FailureClass, RunResult, RunStatus
 from farm.proto.script_archive import check_archive, pack_dir
+from farm.proto.spec import BenchmarkWorkload, ScriptWorkload
 from farm.proto.tasks import TaskSpec
 
 LOG_TAIL_CHARS = 4000
@@ -138,12 +139,15 @@ def harness_command(python: str, harness: UploadResult, *args: str, env: str = "
 
 def local_archive(task: TaskSpec, tmp: str) -> Path:
     """The script folder as the tar the sim unpacks (the uploaded one on remote agents, else packed here), checked."""
+    w = task.workload
+    if not isinstance(w, ScriptWorkload):
+        raise BoardJobError(f"task {task.task_id} has a {w.type} workload; only scripts have a folder")
     given = task.extra.get("script_archive_path")
     archive = Path(given) if given else Path(tmp, "script.tar")
     try:
         if not given:
-            archive.write_bytes(pack_dir(Path(task.base_dir, task.workload.get("dir") or ".")))
-        check_archive(archive, script=task.workload.get("script"))
+            archive.write_bytes(pack_dir(Path(task.base_dir, w.dir)))
+        check_archive(archive, script=w.script)
     except ValueError as e:  # ScriptArchiveError: links to folders, devices, a missing script
         raise BoardJobError(str(e)) from None
     return archive
@@ -171,16 +175,15 @@ def run_task_spec(task: TaskSpec, run_dir: str, model: str, archive: str | None,
                   sample_interval_ms: float) -> BoardRunTask:
     """What the harness is asked to run; `python` runs a script whose command is python."""
     w = task.workload
-    if w.get("type") != "script":
+    if isinstance(w, BenchmarkWorkload):
         return BoardRunTask(kind="benchmark", model_path=model, threads=task.threads, batch_size=task.batch_size,
-                            input_size=task.input_size, iterations=w["iterations"], warmup=w["warmup"],
-                            input_shapes=w.get("input_shapes") or {}, use_xnnpack=w.get("use_xnnpack", True),
-                            seed=task.repeat)
+                            input_size=task.input_size, iterations=w.iterations, warmup=w.warmup,
+                            input_shapes=dict(w.input_shapes), use_xnnpack=w.use_xnnpack, seed=task.repeat)
     script_dir = f"{run_dir}/script"
-    command = python if w.get("command", "python") in ("python", "python3") else w["command"]
-    argv = [command] + ([f"{script_dir}/{w['script']}"] if w.get("script") else [])
+    command = python if w.command in ("python", "python3") else w.command
+    argv = [command] + ([f"{script_dir}/{w.script}"] if w.script else [])
     try:
-        argv += _format_args(w.get("args") or [], TaskSpec(**{**task.__dict__, "model_path": model}))
+        argv += format_script_args(w.args, task, model)
     except ValueError as e:
         raise BoardJobError(str(e)) from None
     return BoardRunTask(kind="script", model_path=model, threads=task.threads, batch_size=task.batch_size,
@@ -193,8 +196,8 @@ def stage_run(ssh: SshTransport, task: TaskSpec, *, python: str, remote_dir: str
               env_timeout_s: float) -> StagedRun:
     """Send what the run needs and write its task file; returns the command that runs it."""
     w = task.workload
-    script = w.get("type") == "script"
-    requirements = list(w.get("pip_requirements") or []) if script else []
+    script = isinstance(w, ScriptWorkload)
+    requirements = list(w.pip_requirements) if isinstance(w, ScriptWorkload) else []
     run_dir = f"{remote_dir}/runs/t{task.task_id}-a{task.attempt}-{uuid.uuid4().hex[:12]}"
     task_file = f"{run_dir}/task.json"
     with tempfile.TemporaryDirectory(prefix="farm-board-") as tmp:
@@ -261,7 +264,7 @@ def board_result(task: TaskSpec, board: str, staged: StagedRun, sampled, energy_
         log = (output.output_tail + "\n" + sampled.result.stderr)[-LOG_TAIL_CHARS:]
     environment.update({"runtime": output.runtime, "input_shapes": output.input_shapes,
                         "board_harness_sha256": staged.harness.sha256})
-    if task.workload.get("type") == "script":
+    if isinstance(task.workload, ScriptWorkload):
         environment.update({
             "script_output_bytes": output.output_bytes,
             # the script's own process group, beside the board-wide figures of the telemetry

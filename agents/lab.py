@@ -4,8 +4,8 @@ A YAML file (`farm agent --devices lab.yaml`, or FARM_DEVICES for embedded mode)
 
     devices:
       - name: g6-1
-        driver: android            # android | jetson | linux
-        type: lg-g6                # a device type (agents/device_types); optional: matched from facts
+        driver: android            # a registered driver (agents/*_driver.py): android, jetson, linux
+        type: lg-g6                # a device type (proto/device_types); optional: matched from facts
         tags: [rack-a]
         host: 10.0.0.21            # adb over TCP
         port: 5555
@@ -25,15 +25,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
-from farm.agents.android_driver import AndroidDeviceConfig, AndroidDriver
-from farm.agents.board_driver import BoardDeviceConfig, BoardDriver
-from farm.agents.device_types import DeviceType, load_device_types
-from farm.proto.spec import Strict
+from farm.agents.drivers import DeviceDriver, DeviceEntry, load_drivers
+from farm.proto.device_types import DeviceType, load_device_types, match_device_type
 
 DEVICES_ENV = "FARM_DEVICES"
 
@@ -42,66 +40,32 @@ class LabConfigError(ValueError):
     """The device list cannot be used; the message names the file and the entry."""
 
 
-def _path(p: str) -> Path:
-    return Path(os.path.expanduser(p))
-
-
-class AndroidEntry(Strict):
-    name: str
-    driver: Literal["android"]
-    type: str | None = None
-    tags: list[str] = Field(default_factory=list)
-    host: str
-    port: int = 5555
-    adb_key: str = "~/.config/farm/adbkey"
-    benchmark_model: dict[str, str] = Field(default_factory=dict)
-    thermal_limit_c: float = 45.0
-
-
-class BoardEntry(Strict):
-    name: str
-    driver: Literal["jetson", "linux"]
-    type: str | None = None
-    tags: list[str] = Field(default_factory=list)
-    host: str
-    port: int = 22
-    username: str
-    ssh_key: str
-    known_hosts: str = "~/.ssh/known_hosts"
-    host_key: str | None = None
-    trust_on_first_use: bool = False
-    python: str = "python3"
-    nv_tegra_release: str | None = None
-    device_tree_model: str | None = None
-    telemetry: Literal["auto", "jtop", "tegrastats"] = "auto"  # jetson: jtop when its service is usable
-    env_timeout_s: float = Field(1800, gt=0)  # making a script's venv with its pip requirements (once per set)
-
-
-class LabConfig(Strict):
-    devices: list[Union[AndroidEntry, BoardEntry]] = Field(default_factory=list)
+class LabConfig(BaseModel):
+    devices: list[dict[str, Any]] = Field(default_factory=list)  # each checked by its driver's own entry schema
 
 
 class LabDevice:
     """A configured device: its entry, its type, and the driver that runs tasks on it."""
 
-    def __init__(self, entry: AndroidEntry | BoardEntry, device_type: DeviceType | None) -> None:
+    def __init__(self, entry: DeviceEntry, device_type: DeviceType | None) -> None:
         self.entry = entry
         self.name = entry.name
         self.device_type = device_type
         self.tags = list(entry.tags)
-        if isinstance(entry, AndroidEntry):
-            self.driver: AndroidDriver | BoardDriver = AndroidDriver(AndroidDeviceConfig(
-                name=entry.name, host=entry.host, port=entry.port, key_path=_path(entry.adb_key),
-                benchmark_model={abi: _path(p) for abi, p in entry.benchmark_model.items()},
-                thermal_limit_c=entry.thermal_limit_c), device_type)
-        else:
-            extra: dict[str, Any] = {k: v for k, v in (("nv_tegra_release", entry.nv_tegra_release),
-                                                      ("device_tree_model", entry.device_tree_model)) if v}
-            self.driver = BoardDriver(BoardDeviceConfig(
-                name=entry.name, kind=entry.driver, host=entry.host, port=entry.port, username=entry.username,
-                key_path=_path(entry.ssh_key), known_hosts=_path(entry.known_hosts),
-                pinned_fingerprint=entry.host_key, trust_on_first_use=entry.trust_on_first_use,
-                python=entry.python, telemetry=entry.telemetry, env_timeout_s=entry.env_timeout_s, **extra))
+        self.driver: DeviceDriver = load_drivers()[entry.driver].build(entry, device_type)
+
+
+def _entry(raw: Any, index: int) -> DeviceEntry:
+    """One device entry, validated by the schema of the driver it names."""
+    drivers = load_drivers()
+    name = raw.get("driver") if isinstance(raw, dict) else None
+    if name not in drivers:
+        raise ValueError(f"devices.{index}.driver: {name!r} is not a driver; use one of {', '.join(sorted(drivers))}")
+    try:
+        return drivers[name].entry.model_validate(raw)
+    except ValidationError as e:
+        raise ValueError("; ".join(f"devices.{index}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+                                   for err in e.errors())) from None
 
 
 def load_lab(path: Path) -> list[LabDevice]:
@@ -111,12 +75,15 @@ def load_lab(path: Path) -> list[LabDevice]:
         raise LabConfigError(f"{path}: cannot read the device list: {e}") from None
     try:
         config = LabConfig.model_validate(data)
+        entries = [_entry(raw, i) for i, raw in enumerate(config.devices)]
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
         raise LabConfigError(f"{path}: {problems}") from None
+    except ValueError as e:
+        raise LabConfigError(f"{path}: {e}") from None
     types = load_device_types()
     devices, seen = [], set()
-    for entry in config.devices:
+    for entry in entries:
         if entry.name in seen:
             raise LabConfigError(f"{path}: two devices are named {entry.name!r}")
         seen.add(entry.name)
@@ -137,8 +104,6 @@ def lab_from_environment() -> list[LabDevice]:
 def discover_types(devices: list[LabDevice]) -> list[str]:
     """Give each untyped device the type its own facts match (getprop model on a phone, the
     device-tree model on a board). Returns what could not be reached or matched, for the log."""
-    from farm.agents.device_types import load_device_types, match_device_type
-
     types = load_device_types()
     problems = []
     for device in devices:
@@ -149,13 +114,9 @@ def discover_types(devices: list[LabDevice]) -> list[str]:
         except Exception as e:  # an unreachable device keeps no type; its runs will say why
             problems.append(f"{device.name}: facts unavailable ({e})")
             continue
-        if isinstance(device.entry, AndroidEntry):
-            probe = {"os": "android", "getprop": {"ro.product.model": facts.model}}
-        else:
-            probe = {"os": device.entry.driver, "device_tree_model": facts.get("board_model") or ""}
-        device.device_type = match_device_type(probe, types)
+        device.device_type = match_device_type(device.driver.type_probe(facts), types)
         if device.device_type is None:
-            problems.append(f"{device.name}: no device type matches its facts; add one (see agents/device_types)")
-        elif isinstance(device.driver, AndroidDriver):
+            problems.append(f"{device.name}: no device type matches its facts; add one (see proto/device_types)")
+        else:
             device.driver.device_type = device.device_type
     return problems

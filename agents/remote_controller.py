@@ -17,22 +17,24 @@ import logging
 import os
 import queue
 import random
-import re
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Literal
 
 import grpc
+from pydantic import ValidationError
 
 from farm import __version__
-from farm.controller.auth import TlsFiles
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2
 from farm.proto.results import FailureClass, RunResult
+from farm.proto.spec import ScriptWorkload
 from farm.proto.tasks import TaskSpec
 from farm.proto.escape import printable
+from farm.proto.names import is_sha256, safe_suffix
+from farm.proto.tls import TlsFiles
 from farm.proto.wire import result_for_the_wire, task_from_message
 
 log = logging.getLogger("farm.agent")
@@ -46,7 +48,6 @@ BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.25, 10.0
 FATAL_CODES = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
                grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT,
                grpc.StatusCode.ABORTED}  # ABORTED: another live process took over this agent's name
-SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
 class ControllerRefused(Exception):
@@ -170,7 +171,7 @@ class RemoteController:
             task = request.offer
             try:  # in the slot's thread, so a download never holds up the stream
                 task.model_path = self.local_model_path(task)
-                if task.workload.get("type") == "script":
+                if isinstance(task.workload, ScriptWorkload):
                     task.extra["script_archive_path"] = str(self.local_script_archive(task))
             except (OSError, ValueError, grpc.RpcError) as e:
                 # Not the model's fault: another agent (or a later try) may have it.
@@ -223,6 +224,7 @@ class RemoteController:
         yield self._hello()
         last_beat = float("-inf")  # the first heartbeat follows the hello at once: the hello renews no lease
         while True:
+            message: agent_pb2.AgentMessage | None | Literal[False]
             try:
                 message = outbox.get(timeout=max(0.0, self._heartbeat_interval_s - (time.monotonic() - last_beat)))
             except queue.Empty:
@@ -315,7 +317,17 @@ class RemoteController:
             outbox.put(agent_pb2.AgentMessage(drain=agent_pb2.Drain()))
 
     def _on_offer(self, offer: agent_pb2.TaskOffer) -> None:
-        task = task_from_message(offer.task)
+        try:
+            task = task_from_message(offer.task)
+        except ValidationError as e:  # a controller of another version, or a bug: say so instead of dying
+            self.complete(offer.task.task_id, offer.task.attempt, self.name, time.time(), RunResult.failed(
+                FailureClass.BUG, f"agent {self.name} cannot read the task the controller sent: "
+                                  f"{e.errors()[0]['loc']}: {e.errors()[0]['msg']}"))
+            with self._lock:
+                request = self._requests.get(offer.request_id)
+            if request is not None:
+                request.answered.set()  # the slot asks again
+            return
         self.offered_at[(task.task_id, task.attempt)] = offer.offered_at
         with self._lock:
             request = self._requests.get(offer.request_id)
@@ -327,6 +339,7 @@ class RemoteController:
             self.complete(task.task_id, task.attempt, self.name, time.time(), RunResult.failed(
                 FailureClass.INFRASTRUCTURE, f"agent {self.name} was draining when the task was offered"))
             return
+        assert request is not None  # taken says so
         request.offer = task
         request.answered.set()
 
@@ -335,9 +348,9 @@ class RemoteController:
         """The task's model in this agent's cache, fetched by sha256: a path from the wire is never opened here."""
         if self.artifact_dir is None:
             raise ValueError("this agent has no artifact cache (--work-dir) to fetch models into")
-        if not SHA256_HEX.match(task.model_sha256):
+        if not is_sha256(task.model_sha256):
             raise ValueError(f"task {task.task_id}: model sha256 {task.model_sha256!r} is not a sha256")
-        suffix = Path(task.model_path).suffix if re.match(r"^\.[A-Za-z0-9]{1,10}$", Path(task.model_path).suffix) else ""
+        suffix = safe_suffix(Path(task.model_path).suffix)
         cached = self.artifact_dir / f"{task.model_sha256}{suffix}"  # runtimes pick the format by suffix
         if not cached.exists():
             self.fetch_artifact(task.model_sha256, cached)
@@ -346,7 +359,7 @@ class RemoteController:
     def local_script_archive(self, task: TaskSpec) -> Path:
         """A script task's folder, as the tar the client uploaded, in this agent's cache."""
         sha256 = str(task.extra.get("script_archive") or "")
-        if not SHA256_HEX.match(sha256):
+        if not is_sha256(sha256):
             raise ValueError(f"task {task.task_id}: a script task came without its uploaded folder (script_archive); "
                              "is the controller older than this agent?")
         if self.artifact_dir is None:

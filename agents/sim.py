@@ -7,6 +7,7 @@ with a failure class a person can act on.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -19,12 +20,12 @@ import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from farm.agents.contention import judge, quietest_cores, snapshot, wait_until_quiet
 from farm.agents.environment import host_facts, load_average
 from farm.agents.harness.stats import latency_stats, startup_ms, throughput_per_s
-from farm.agents.harness.task import HarnessOutput, HarnessTask
+from farm.agents.harness.task import HarnessOutput, HarnessTask, benchmark_task, runtime_env, script_task
 from farm.agents.sandbox import Budget, SandboxBackend, SandboxError, choose_backend
 from farm.agents.sandbox.base import ExitInfo, MountSpec, parse_cpuset, whole_cores
 from farm.agents.sandbox.docker_build import BuildFailed, ImageBuilder
@@ -34,10 +35,11 @@ from farm.agents.sandbox.isolation import (
 from farm.agents.script_env import ScriptEnvError, script_python
 from farm.agents.telemetry import TelemetrySampler
 from farm.proto import op_profile
+from farm.proto.names import safe_suffix
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus
 from farm.proto.script_archive import ScriptArchiveError, pack_dir, unpack
 from farm.agents.sandbox.base import format_cpuset
-from farm.proto.spec import SimBuild, cores_missing, default_cpus
+from farm.proto.spec import ScriptWorkload, cores_missing, default_cpus
 from farm.proto.tasks import TaskSpec
 
 MiB = 1 << 20
@@ -112,15 +114,11 @@ def _model_file_name(path: str) -> str:
     if re.match(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$", name):
         return name
     suffix = Path(path).suffix
-    return "model" + (suffix if re.match(r"^\.[A-Za-z0-9]{1,10}$", suffix) else "")
+    return "model" + safe_suffix(suffix)
 
 
-def _with_model(task: TaskSpec, model_path: str) -> TaskSpec:
-    return TaskSpec(**{**task.__dict__, "model_path": model_path})
-
-
-def _format_args(args: list[str], task: TaskSpec) -> list[str]:
-    values = {"model": task.model_path, "threads": task.threads, "batch_size": task.batch_size,
+def format_script_args(args: list[str], task: TaskSpec, model_path: str) -> list[str]:
+    values = {"model": model_path, "threads": task.threads, "batch_size": task.batch_size,
               "input_size": task.input_size if task.input_size is not None else ""}
     out = []
     for a in args:
@@ -165,15 +163,22 @@ class SimDriver:
         # (reading and closing them here would drop SQLite's locks and lose writes).
         self.keep_out = keep_out
         # Jobs run other people's code: as root, in an unprivileged user (`nobody` unless --run-as says).
-        self.run_as = resolve_run_as(None) if run_as == "default" else run_as
+        self.run_as: RunAs | None = resolve_run_as(None) if isinstance(run_as, str) else run_as
         self.backend_override = backend_override
         self.keep_run_dirs = keep_run_dirs
         self._backends: dict[tuple[str, str | None], SandboxBackend] = {}
         self._builder: ImageBuilder | None = None
+        self.slot = SimSlot(0)  # where run() runs; in_slot gives each agent slot its own
+
+    def in_slot(self, slot: SimSlot) -> "SimDriver":
+        """This driver for one slot's cores; the probed backends and the image builder are shared."""
+        driver = copy.copy(self)
+        driver.slot = slot
+        return driver
 
     def backend_for(self, task: TaskSpec, image: str | None = None) -> SandboxBackend:
-        name = self.backend_override or task.sim.get("backend", "auto")
-        image = image or task.sim.get("image")
+        name = self.backend_override or task.sim.backend
+        image = image or task.sim.image
         key = (name, image)
         if key not in self._backends:  # probing a backend (docker ping, cgroup mkdir) once is enough
             self._backends[key] = choose_backend(name, image=image)
@@ -182,15 +187,15 @@ class SimDriver:
     def built_image(self, task: TaskSpec) -> tuple[str | None, dict | None]:
         """The image sim.build asks for (built now, or from the cache) and what to record of it; (None, None)
         when the job builds nothing. Raises BuildFailed (the job's fault) or SandboxError (the engine's)."""
-        if not task.sim.get("build"):
+        build = task.sim.build
+        if build is None:
             return None, None
-        name = self.backend_override or task.sim.get("backend", "auto")
+        name = self.backend_override or task.sim.backend
         if name != "docker":
             raise BuildFailed(f"sim.build makes a Docker image, but this run uses the {name} backend "
                               "(--backend overrides the job's sim.backend: docker); drop --backend", "")
         try:
-            build = SimBuild.model_validate(task.sim["build"])  # typed again on arrival
-            context = self._script_folder(task) if task.workload["type"] == "script" else None
+            context = self._script_folder(task) if isinstance(task.workload, ScriptWorkload) else None
         except (ValueError, OSError) as e:
             raise BuildFailed(f"sim.build: {e}", "") from None
         if self._builder is None:
@@ -205,49 +210,42 @@ class SimDriver:
         archive = task.extra.get("script_archive_path")
         if archive is not None:
             return Path(archive).read_bytes()
-        return pack_dir(Path(task.base_dir, task.workload.get("dir") or "."), skip=(self.work_root, *self.keep_out))
+        folder = task.workload.dir if isinstance(task.workload, ScriptWorkload) else "."
+        return pack_dir(Path(task.base_dir, folder), skip=(self.work_root, *self.keep_out))
 
     def budget_for(self, task: TaskSpec, slot: SimSlot) -> Budget:
         sim = task.sim
-        cpus = default_cpus(sim.get("cpus"), task.threads)
-        cores = shaped_cores(cpus, sim.get("cpuset") or slot.cpuset)
-        return Budget(cpus=cpus, cpuset=format_cpuset(cores), memory_bytes=sim.get("memory"),
-                      exclusive=bool(sim.get("exclusive")))
+        cpus = default_cpus(sim.cpus, task.threads)
+        cores = shaped_cores(cpus, sim.cpuset or slot.cpuset)
+        return Budget(cpus=cpus, cpuset=format_cpuset(cores), memory_bytes=sim.memory, exclusive=sim.exclusive)
 
     def harness_task(self, task: TaskSpec, inner: Path | None = None) -> HarnessTask:
         """What the harness runs; `inner` is the run directory as the sandbox sees it (the model and the
         script folder are staged there), None to use the task's paths as they are."""
         w = task.workload
         model_path = str(inner / "model" / _model_file_name(task.model_path)) if inner else task.model_path
-        values_task = task if inner is None else _with_model(task, model_path)
-        if w["type"] == "script":
-            python = script_python(w.get("pip_requirements") or [], self.work_root / "script-envs", self.run_as)
-            command = python if w["command"] in ("python", "python3") else w["command"]
-            script_dir = str(inner / "script") if inner else str(Path(task.base_dir, w.get("dir") or ".").resolve())
+        if isinstance(w, ScriptWorkload):
+            python = script_python(w.pip_requirements, self.work_root / "script-envs", self.run_as)
+            command = python if w.command in ("python", "python3") else w.command
+            script_dir = str(inner / "script") if inner else str(Path(task.base_dir, w.dir).resolve())
             argv = [command]
-            if w.get("script"):
-                argv.append(str(Path(script_dir, w["script"])))
-            argv += _format_args(w.get("args") or [], values_task)
-            return HarnessTask(kind="script", model_path=model_path, threads=task.threads,
-                               batch_size=task.batch_size, input_size=task.input_size,
-                               command=argv, script_dir=script_dir)
-        return HarnessTask(kind="benchmark", model_path=model_path, threads=task.threads,
-                           batch_size=task.batch_size, input_size=task.input_size,
-                           iterations=w["iterations"], warmup=w["warmup"],
-                           input_shapes=w.get("input_shapes") or {}, use_xnnpack=w.get("use_xnnpack", True),
-                           seed=task.repeat, op_profiling=bool(w.get("op_profiling")))
+            if w.script:
+                argv.append(str(Path(script_dir, w.script)))
+            argv += format_script_args(w.args, task, model_path)
+            return script_task(task, model_path, argv, script_dir)
+        return benchmark_task(task, model_path)
 
     def stage(self, task: TaskSpec, run_dir: Path) -> None:
         """The run's own copies: the model (hash-checked) and, for a script, its folder unpacked."""
         (run_dir / "model").mkdir()
         stage_model(Path(task.model_path), run_dir / "model" / _model_file_name(task.model_path), task.model_sha256)
-        if task.workload["type"] != "script":
+        if not isinstance(task.workload, ScriptWorkload):
             return
         (run_dir / "script").mkdir()
         archive = task.extra.get("script_archive_path")
         if archive is None:  # embedded: the job's own folder on this host, packed the way a client packs it
             archive = run_dir / "script.tar"
-            archive.write_bytes(pack_dir(Path(task.base_dir, task.workload.get("dir") or "."), skip=(self.work_root, *self.keep_out)))
+            archive.write_bytes(pack_dir(Path(task.base_dir, task.workload.dir), skip=(self.work_root, *self.keep_out)))
         unpack(Path(archive), run_dir / "script")
 
     def isolation(self, backend: SandboxBackend) -> tuple[Path | None, str]:
@@ -261,8 +259,8 @@ class SimDriver:
             return None, f"user {self.run_as.name} only ({reason})"
         return INNER_RUN_DIR, f"user {self.run_as.name}, mount + PID namespaces"
 
-    def run(self, task: TaskSpec, slot: SimSlot, cancel_check: Callable[[], bool]) -> RunResult:
-        problem = cpuset_problem(task.sim.get("cpuset"))
+    def run(self, task: TaskSpec, cancel_check: Callable[[], bool]) -> RunResult:
+        problem = cpuset_problem(task.sim.cpuset)
         if problem:  # the same on every attempt here: a job failure, not an infrastructure retry
             return RunResult.failed(FailureClass.JOB, problem)
         try:
@@ -274,9 +272,9 @@ class SimDriver:
             return failed
         except SandboxError as e:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, str(e))
-        budget = backend.effective_limits(self.budget_for(task, slot))
+        budget = backend.effective_limits(self.budget_for(task, self.slot))
         limits = Limits(cpus=budget.cpus, cpuset=budget.cpuset, memory_mb=_mib(budget.memory_bytes))
-        base = dict(backend=backend.name, limits=limits, approximate=backend.approximate)
+        base: dict[str, Any] = dict(backend=backend.name, limits=limits, approximate=backend.approximate)
         inner, isolation = self.isolation(backend)
 
         runs = self.work_root / "runs"
@@ -304,8 +302,7 @@ class SimDriver:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(seen), "LANG": "C.UTF-8",
             "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
-            # Runtimes must not size their pools from the host's core count.
-            "OMP_NUM_THREADS": str(task.threads),
+            **runtime_env(task.threads),
         }
         argv, env = self.launch(argv, env, run_dir, inner, backend)
         mounts = [MountSpec(run_dir, read_only=False)]  # the model and the script folder are staged inside
@@ -313,7 +310,7 @@ class SimDriver:
         if build is not None:
             environment["build"] = build
         cores = parse_cpuset(budget.cpuset) if budget.cpuset else sorted(os.sched_getaffinity(0))
-        quiet_wait_s, quiet_before = wait_until_quiet(cores, float(task.sim.get("quiet_wait") or 0), cancel_check)
+        quiet_wait_s, quiet_before = wait_until_quiet(cores, task.sim.quiet_wait, cancel_check)
         try:
             sandbox = backend.start(argv, budget, env=env, cwd=run_dir, mounts=mounts)
         except SandboxError as e:
@@ -323,7 +320,7 @@ class SimDriver:
         # is farm's own work, not other tasks' on the run's cores
         before = snapshot(cores)
         cpu_ns_at_start = sandbox.read_counters().cpu_ns or 0
-        sampler = TelemetrySampler(sandbox, task.sim.get("sample_interval_ms", 50.0), avoid_cpuset=budget.cpuset).start()
+        sampler = TelemetrySampler(sandbox, task.sim.sample_interval_ms, avoid_cpuset=budget.cpuset).start()
         try:
             exit_info = sandbox.wait(task.run_timeout_s, cancel_check)
             after = snapshot(cores)

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, NamedTuple
 
 import paramiko
 
@@ -118,15 +118,12 @@ class SshTarget:
         return self.host if self.port == 22 else f"[{self.host}]:{self.port}"
 
 
-@dataclass(frozen=True)
-class CommandResult:
+class CommandResult(NamedTuple):
+    """`status, out, err = ssh.run(...)` reads naturally at call sites, each part typed."""
+
     status: int  # -1 when a signal ended the command (ssh reports no exit code then)
     stdout: str
     stderr: str
-
-    def __iter__(self) -> Iterator[int | str]:
-        # `status, out, err = ssh.run(...)` reads naturally at call sites.
-        return iter((self.status, self.stdout, self.stderr))
 
 
 @dataclass(frozen=True)

@@ -67,10 +67,10 @@ def detection(model: Path, rounds: int, iterations: int, backend: str, quiet_cor
                 core = quiet_core if kind == "quiet" else hog_core
                 task = _task(model, iterations, backend, 1, {"cpus": 1.0, "cpuset": str(core)})
                 if kind == "quiet":
-                    r = driver.run(task, SimSlot(0), lambda: False)
+                    r = driver.run(task, lambda: False)
                 else:
                     with cpu_hog(core, weighted=kind == "hog at farm's weight"):
-                        r = driver.run(task, SimSlot(0), lambda: False)
+                        r = driver.run(task, lambda: False)
                 assert r.ok, r.message
                 c = r.contention
                 runs[kind].append({"p50_ms": r.latency.p50, "contended": c.contended, "lost": c.lost_share,

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from farm.agents.sim import SimDriver, SimSlot
+from farm.agents.sim import SimDriver
 from farm.models.generate import generate_examples
 from farm.proto.tasks import TaskSpec
 
@@ -40,7 +40,7 @@ def isolation_overhead(rounds: int, work: Path) -> dict[str, dict[str, float]]:
                             workload={"type": "benchmark", "iterations": 50, "warmup": 5},
                             sim={"backend": "cgroup", "cpuset": "0"}, run_timeout_s=120, base_dir=str(model.parent))
             started = time.perf_counter()
-            result = driver.run(task, SimSlot(0), lambda: False)
+            result = driver.run(task, lambda: False)
             walls[label].append(time.perf_counter() - started)
             if result.latency is None:
                 raise RuntimeError(f"{label}: {result.message}")

@@ -26,7 +26,7 @@ from farm.agents.environment import host_facts
 from farm.agents.harness.task import HarnessOutput, HarnessTask
 from farm.agents.sandbox import choose_backend
 from farm.agents.sandbox.base import Budget
-from farm.agents.sim import SimDriver, SimSlot
+from farm.agents.sim import SimDriver
 from farm.agents.telemetry import TelemetrySampler
 from farm.models.generate import generate_examples
 from farm.proto.tasks import TaskSpec
@@ -80,7 +80,7 @@ def fidelity(models: list[Path], rounds: int, iterations: int, backend: str) -> 
         for model in models:
             farm_ms, bare_ms = [], []
             for _ in range(rounds):  # interleaved: drift of the shared machine hits both alike
-                r = driver.run(_task(model, iterations, backend), SimSlot(0), lambda: False)
+                r = driver.run(_task(model, iterations, backend), lambda: False)
                 assert r.ok, r.message
                 farm_ms.append(r.latency.p50)
                 bare_ms.append(_bare(model, iterations, work))

@@ -12,7 +12,7 @@ import csv
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from rich.markup import escape
 from rich.table import Table
@@ -20,6 +20,9 @@ from rich.text import Text
 
 from farm.cli.console import UserError, err, open_store, out, output_file, when
 from farm.proto import strict_json
+
+if TYPE_CHECKING:  # the controller's stack loads only when a command needs it
+    from farm.controller.calibrations import PairedRun
 
 GROUP_ALL = "(all)"
 INCLUDE_CONTENDED_HELP = "also use sim runs whose cores other work used (left out by default)"
@@ -80,14 +83,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                         "--sim-job A --device-job B --device NAME (two jobs), or --pairs FILE.")
     store = open_store(args)
     results, refused = [], []
+    groups: list[tuple[str, Callable[[str], list[PairedRun]], dict[str, Any]]]
     try:
         if args.job:
             devices = [args.device] if args.device else job_devices(store, args.job)
             if not devices:
                 raise UserError(f"job {args.job} ran on no device, only in the sim: nothing to pair")
-            groups = [(d, lambda metric, d=d: pair_within_job(store, args.job, d, metric,
-                                                              include_contended=args.include_contended),
-                       calibration_source(store, args.job)) for d in devices]
+            def within(device: str) -> Callable[[str], list[PairedRun]]:
+                return lambda metric: pair_within_job(store, args.job, device, metric,
+                                                      include_contended=args.include_contended)
+            groups = [(d, within(d), calibration_source(store, args.job)) for d in devices]
             jobs = [args.job]
         else:
             groups = [(args.device, lambda metric: pair_jobs(store, args.sim_job, args.device_job, metric,

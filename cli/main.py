@@ -23,6 +23,9 @@ from farm.proto import strict_json
 from farm.proto.tasks import DEFAULT_MAX_TASKS
 
 EXIT_OK, EXIT_RUNS_FAILED, EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+# What `pip install farm` has and the agent-only farm-agent does not (deploy/agent_wheel.py).
+FULL_INSTALL_ONLY = {"scipy", "matplotlib", "sqlite_utils", "croniter", "prometheus_client", "grpc_health",
+                     "grpc_reflection"}
 
 UserError = console.UserError
 out, err = console.out, console.err
@@ -450,6 +453,12 @@ def main(argv: list[str] | None = None) -> int:
         from farm.controller.store import default_db_path, store_error_message
         return _report_error(args, store_error_message(Path(getattr(args, "db", None) or default_db_path()), e),
                              EXIT_BAD_INPUT)
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in FULL_INSTALL_ONLY:
+            raise
+        return _report_error(args, f"`farm {args.command}` needs {e.name}, which this install lacks: farm-agent runs "
+                             "agents only; `pip install farm` for the controller, calibration and reports.",
+                             EXIT_ENVIRONMENT)
     except KeyboardInterrupt:
         err.print("interrupted")
         return EXIT_INTERRUPTED

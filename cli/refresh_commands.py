@@ -11,6 +11,7 @@ from rich.text import Text
 from farm.cli.console import UserError, err, open_store, out, when
 from farm.cli.render import empty_list
 from farm.proto import strict_json
+from farm.proto.spec import Priority
 
 
 def suite_path(given: str | None = None) -> Path | None:
@@ -20,7 +21,7 @@ def suite_path(given: str | None = None) -> Path | None:
     return Path(chosen) if chosen else None
 
 
-def run_reference_suite(args: argparse.Namespace, store, lab: list, suite: Path | None, *, priority: str = "low",
+def run_reference_suite(args: argparse.Namespace, store, lab: list, suite: Path | None, *, priority: Priority = "low",
                         thresholds=None, k: float = 3.0):
     """Submit and run the suite on `lab` (each device with its sim twin), then refit and check.
     Returns the RefreshReport, or None when interrupted."""

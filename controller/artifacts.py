@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from farm.proto.names import SAFE_SUFFIX, SHA256_HEX
 from farm.proto.script_archive import pack_dir
 
 DEFAULT_MAX_MODEL_BYTES = 2 << 30
 COPY_CHUNK_BYTES = 1 << 20
-SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
-SAFE_SUFFIX = re.compile(r"^\.[A-Za-z0-9]{1,10}$")
 
 
 class ArtifactError(ValueError):

@@ -15,7 +15,6 @@ import hashlib
 import hmac
 import ipaddress
 import logging
-import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,9 @@ from typing import Any, Callable
 
 import grpc
 from cryptography import x509
+
+from farm.proto.names import valid_agent_name as valid_agent_name  # re-exported: the CLI checks names with it
+from farm.proto.tls import CredentialFileError, TlsFiles
 
 log = logging.getLogger("farm.controller")
 
@@ -46,8 +48,7 @@ ROLE_USE = {"agent": "`farm agent --token`", "client": "`farm --controller ... -
             "admin": "`--token` (an `admin` line of the controller's tokens file)"}
 
 
-class TokenFileError(Exception):
-    pass
+TokenFileError = CredentialFileError  # a tokens file and a TLS file fail alike: the message names the file
 
 
 @dataclass(frozen=True)
@@ -192,24 +193,6 @@ class TokenInterceptor(grpc.ServerInterceptor):
         return handler if refusal is None else _abort_handler(handler, *refusal)
 
 
-@dataclass
-class TlsFiles:
-    """PEM files: a server's cert+key (+ the CA it checks clients with), or a client's CA (+ cert+key)."""
-
-    ca: Path | None = None
-    cert: Path | None = None
-    key: Path | None = None
-
-    def read(self, which: str) -> bytes | None:
-        path = getattr(self, which)
-        if path is None:
-            return None
-        try:
-            return Path(path).read_bytes()
-        except OSError as e:
-            raise TokenFileError(f"cannot read the TLS {which} file {path}: {e}") from None
-
-
 def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
     if not (tls.cert and tls.key):
         raise TokenFileError("TLS needs both --tls-cert and --tls-key")
@@ -217,14 +200,6 @@ def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
     # With a client CA, agents and clients must present a certificate it signed (mutual TLS).
     return grpc.ssl_server_credentials([(tls.read("key"), tls.read("cert"))], root_certificates=client_ca,
                                        require_client_auth=client_ca is not None)
-
-
-AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
-def valid_agent_name(name: str) -> bool:
-    """Names from the wire end up in device names and log lines; keep them plain."""
-    return bool(AGENT_NAME.match(name))
 
 
 def is_loopback(listen: str) -> bool:

@@ -260,11 +260,11 @@ class FitResult:
                     terms.append(f"e^({c:.4g}·{name})")
                     log_terms.append(f"{c:.4g}·{name}")
             return f"y = {' · '.join(terms)}  (log y = {' + '.join(log_terms)})".replace("+ -", "− ")
-        terms = f"y = {self.a:.4g}·x {'−' if self.b < 0 else '+'} {abs(self.b):.4g}"
+        line = f"y = {self.a:.4g}·x {'−' if self.b < 0 else '+'} {abs(self.b):.4g}"
         for index, name in enumerate(self.features_used):
             coefficient = self.feature_coefficient(index)
-            terms += f" {'−' if coefficient < 0 else '+'} {abs(coefficient):.4g}·{name}"
-        return terms
+            line += f" {'−' if coefficient < 0 else '+'} {abs(coefficient):.4g}·{name}"
+        return line
 
     def predict(self, x: float, features: Mapping[str, float] | None = None,
                 confidence: float = 0.9) -> Prediction:
@@ -1060,7 +1060,7 @@ def _check_confidence(confidence: float) -> None:
         raise ValueError(f"confidence must be between 0 and 1 (exclusive), got {confidence}")
 
 
-def _t_quantile(confidence: float, dof: int) -> float:
+def _t_quantile(confidence: float, dof: float) -> float:
     return float(stats.t.ppf(0.5 + confidence / 2.0, dof))
 
 

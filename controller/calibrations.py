@@ -197,7 +197,10 @@ class StoredCalibration:
 def calibration_source(store: Store, sim_job: int, device_job: int | None = None) -> dict[str, Any]:
     """The jobs a calibration came from, and what a prediction needs to measure a new model exactly
     as its sim side was (budget and workload). device_job None: device runs and twins in one job."""
-    spec = json.loads(store.job(sim_job)["spec_json"])
+    job = store.job(sim_job)
+    if job is None:
+        raise ValueError(f"no job {sim_job} in {store.path}")
+    spec = json.loads(job["spec_json"])
     jobs = {"job": sim_job} if device_job is None else {"sim_job": sim_job, "device_job": device_job}
     return {**jobs, "sim": spec["sim"], "workload": spec["workload"]}
 
@@ -288,7 +291,7 @@ def _store_one(store: Store, device: str, metric: str, key: CalibrationKey, fami
             "SELECT COALESCE(MAX(version), 0) + 1 FROM calibrations WHERE device = ? AND metric = ? AND threads = ? "
             "AND runtime = ? AND batch_size IS ? AND input_size IS ? AND precision = ? AND family = ?",
             [device, metric, threads, runtime, key.batch_size, key.input_size, key.precision, family]).fetchone()[0]
-        cal_id = store.db["calibrations"].insert({
+        cal_id = store.db.table("calibrations").insert({
             "device": device, "metric": metric, "threads": threads, "runtime": runtime, "precision": key.precision,
             "batch_size": key.batch_size, "input_size": key.input_size,
             "family": family, "version": version, "created_at": time.time(), "kind": cal.chosen, "n": chosen.n,
@@ -299,9 +302,10 @@ def _store_one(store: Store, device: str, metric: str, key: CalibrationKey, fami
             "spearman_rho": chosen.spearman_rho, "warnings_json": json.dumps(cal.warnings),
             "fit_json": json.dumps(cal.to_json()), "source": json.dumps(source),
         }).last_pk
-        store.db["calibration_runs"].insert_all(
+        store.db.table("calibration_runs").insert_all(
             {"calibration_id": cal_id, "model": r.pair.model, "sim_run_id": r.sim_run_id,
              "device_run_id": r.device_run_id} for r in runs)
+    assert cal_id is not None  # the row was just inserted
     return StoredCalibration(cal_id, device, metric, threads, runtime, family, version, cal, source,
                              key.batch_size, key.input_size, key.precision)
 

@@ -7,7 +7,6 @@ behind a service without changing what they do. All state is in SQLite.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -15,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from farm.controller.jobfile import ResolvedJob
-from farm.controller.metrics import record_lease_expiries
+from farm.controller.lease_expiries import record_lease_expiries
 from farm.controller.schedule import PRIORITY_RANK, expand_tasks
 from farm.controller.store import Store
 from farm.proto.results import FailureClass, JobStatus, ResultRefused, RunResult, TaskStatus
-from farm.proto.tasks import TaskSpec
+from farm.proto.tasks import TaskPlan, TaskSpec
 
 LEASE_TTL_S = 60.0
 # A quarantined device (or one in maintenance) is offered no task until it is released.
@@ -100,7 +99,8 @@ class Controller:
 
     def _fail_waiting_tasks(self, device: str, reason: str, *, job_id: int | None = None) -> list[int]:
         """Fail the device's pending tasks; returns the jobs they belonged to (once each)."""
-        where, params = "target = ? AND status = 'pending'", [device]
+        where = "target = ? AND status = 'pending'"
+        params: list[Any] = [device]
         if job_id is not None:
             where += " AND job_id = ?"
             params.append(job_id)
@@ -115,7 +115,7 @@ class Controller:
     def cancel_job(self, job_id: int) -> int:
         """Cancel what has not finished. Running tasks stop at their next heartbeat."""
         with self.store.transaction():
-            job = self.store.db["jobs"].get(job_id)
+            job = self.store.db.table("jobs").get(job_id)
             if job["status"] in TERMINAL_JOB:
                 return 0
             n = self.store.db.execute(
@@ -126,17 +126,17 @@ class Controller:
             running = self.store.db.execute(
                 "SELECT COUNT(*) FROM tasks WHERE job_id = ? AND status = ?",
                 [job_id, TaskStatus.RUNNING.value]).fetchone()[0]
-            self.store.db["jobs"].update(job_id, {"status": JobStatus.CANCELED.value,
+            self.store.db.table("jobs").update(job_id, {"status": JobStatus.CANCELED.value,
                                                   "message": "canceled by the user"})
             if not running:
-                self.store.db["jobs"].update(job_id, {"finished_at": time.time()})
+                self.store.db.table("jobs").update(job_id, {"finished_at": time.time()})
         return n + running
 
     def interrupt_job(self, job_id: int, since: float) -> int:
         """Ctrl+C: the job stops here but is not given up. Runs stopped by it (canceled since `since`)
         and unstarted ones wait for `farm resume`; their stopped attempts stay stored as runs."""
         with self.store.transaction():
-            job = self.store.db["jobs"].get(job_id)
+            job = self.store.db.table("jobs").get(job_id)
             if job["status"] in (JobStatus.COMPLETED.value, JobStatus.FAILED.value) or (
                     job["status"] == JobStatus.CANCELED.value and job["message"]):  # `farm cancel` or timeouts.job
                 return 0
@@ -145,7 +145,7 @@ class Controller:
                 "WHERE job_id = ? AND (status IN (?, ?) OR (status = ? AND finished_at >= ?))",
                 [TaskStatus.PENDING.value, "interrupted before it finished; `farm resume` runs it", job_id,
                  TaskStatus.PENDING.value, TaskStatus.RUNNING.value, TaskStatus.CANCELED.value, since]).rowcount
-            self.store.db["jobs"].update(job_id, {
+            self.store.db.table("jobs").update(job_id, {
                 "status": JobStatus.INTERRUPTED.value, "finished_at": None,
                 "message": f"interrupted (Ctrl+C or SIGTERM); `farm resume {job_id}` runs what is left"})
         return n
@@ -185,12 +185,12 @@ class Controller:
                 return None
             task = first[0]
             attempt = task["attempts"] + 1
-            self.store.db["tasks"].update(task["id"], {
+            self.store.db.table("tasks").update(task["id"], {
                 "status": TaskStatus.RUNNING.value, "attempts": attempt, "leased_by": agent,
                 "lease_expires_at": now + self.lease_ttl_s})
-            job = self.store.db["jobs"].get(task["job_id"])
+            job = self.store.db.table("jobs").get(task["job_id"])
             if job["status"] == JobStatus.QUEUED.value:
-                self.store.db["jobs"].update(job["id"], {"status": JobStatus.RUNNING.value, "started_at": now})
+                self.store.db.table("jobs").update(job["id"], {"status": JobStatus.RUNNING.value, "started_at": now})
         return _task_spec(task, attempt)
 
     def lease_batch(self, slots: list[tuple[str, frozenset[str]]]) -> tuple[list[TaskSpec | None], bool]:
@@ -262,7 +262,7 @@ class Controller:
                 return False
             if expires_at is not None and expires_at < time.time():
                 return False  # too late: the task may already be another agent's
-            self.store.db["tasks"].update(task_id, {"lease_expires_at": time.time() + self.lease_ttl_s})
+            self.store.db.table("tasks").update(task_id, {"lease_expires_at": time.time() + self.lease_ttl_s})
         return True
 
     def complete(self, task_id: int, attempt: int, agent: str, started_at: float, result: RunResult) -> int | None:
@@ -273,6 +273,8 @@ class Controller:
         if task is None:
             raise ResultRefused(f"there is no task {task_id}")
         job = self.store.job(task["job_id"])
+        assert job is not None  # a task's job is never deleted
+        reasons = "; ".join(result.contention.reasons) if result.contention is not None else ""
         contended = result.ok and result.contention is not None and result.contention.contended
         outcome = self._contention_outcome(task) if contended else "keep"
         if contended and outcome == "retry" and job["status"] != JobStatus.CANCELED.value:
@@ -280,22 +282,23 @@ class Controller:
             # the retry does not use up the attempts kept for infrastructure failures
             fields = {"status": TaskStatus.PENDING.value, "failure_class": None,
                       "max_attempts": task["max_attempts"] + 1,
-                      "message": f"attempt {attempt} was contended ({'; '.join(result.contention.reasons)}); retrying"}
+                      "message": f"attempt {attempt} was contended ({reasons}); retrying"}
         elif contended and outcome == "fail":
             fields = {"status": TaskStatus.FAILED.value, "failure_class": FailureClass.INFRASTRUCTURE.value,
-                      "message": f"the run was contended ({'; '.join(result.contention.reasons)}) and "
+                      "message": f"the run was contended ({reasons}) and "
                                  "sim.on_contention is fail"}
         elif result.ok:
             notes = [result.message] if result.message else []
             if contended:
-                notes.append(f"contended, kept flagged: {'; '.join(result.contention.reasons)}")
+                notes.append(f"contended, kept flagged: {reasons}")
             fields = {"status": TaskStatus.COMPLETED.value, "failure_class": None, "message": "; ".join(notes)}
         elif job["status"] == JobStatus.CANCELED.value or result.failure_class == FailureClass.CANCELED:
             fields = {"status": TaskStatus.CANCELED.value, "failure_class": FailureClass.CANCELED.value,
                       "message": result.message}
         elif should_retry(result.failure_class, attempt, task["max_attempts"]):
-            fields = {"status": TaskStatus.PENDING.value, "failure_class": result.failure_class.value,
-                      "message": f"attempt {attempt} failed ({result.failure_class.value}): {result.message}; retrying"}
+            failure = (result.failure_class or FailureClass.BUG).value  # a failed result always has its class
+            fields = {"status": TaskStatus.PENDING.value, "failure_class": failure,
+                      "message": f"attempt {attempt} failed ({failure}): {result.message}; retrying"}
         else:
             fields = {"status": TaskStatus.FAILED.value,
                       "failure_class": result.failure_class.value if result.failure_class else FailureClass.BUG.value,
@@ -311,7 +314,7 @@ class Controller:
         return run_id
 
     def _contention_outcome(self, task: dict[str, Any]) -> str:
-        policy = json.loads(task["spec_json"])["sim"].get("on_contention", "retry")
+        policy = TaskPlan.model_validate_json(task["spec_json"]).sim.on_contention
         before = self.store.query("SELECT COUNT(*) AS n FROM runs WHERE task_id = ? AND contended = 1", [task["id"]])
         return contention_outcome(policy, before[0]["n"])
 
@@ -321,7 +324,7 @@ class Controller:
 
         health "maintenance" is the same, but chosen by a person rather than found by farm."""
         with self.store.transaction():
-            self.store.db["device_health"].upsert({"name": device, "health": health, "reason": reason,
+            self.store.db.table("device_health").upsert({"name": device, "health": health, "reason": reason,
                                                    "changed_at": time.time()}, pk="name")
         jobs = self._fail_waiting_tasks(device, reason)
         for job_id in set(jobs):  # only the jobs that just lost tasks can have finished
@@ -334,7 +337,7 @@ class Controller:
 
     def release(self, device: str) -> None:
         with self.store.transaction():
-            self.store.db["device_health"].upsert({"name": device, "health": "good", "reason": "released by a person",
+            self.store.db.table("device_health").upsert({"name": device, "health": "good", "reason": "released by a person",
                                                    "changed_at": time.time()}, pk="name")
 
     def device_health(self) -> list[dict[str, Any]]:
@@ -375,6 +378,7 @@ class Controller:
         if p.pending or p.running:
             return
         job = self.store.job(job_id)
+        assert job is not None  # it has tasks
         if job["status"] == JobStatus.CANCELED.value or p.canceled:
             status = JobStatus.CANCELED
         elif p.completed == p.total:
@@ -393,15 +397,15 @@ class Controller:
 
 
 def _task_spec(task: dict[str, Any], attempt: int) -> TaskSpec:
-    extra = json.loads(task["spec_json"])
+    plan = TaskPlan.model_validate_json(task["spec_json"])
     return TaskSpec(
         task_id=task["id"], job_id=task["job_id"], attempt=attempt, target=task["target"],
         model_name=task["model_name"], model_path=task["model_path"],
         model_sha256=task["model_sha256"], model_family=task["model_family"],
         threads=task["threads"], batch_size=task["batch_size"], input_size=task["input_size"],
-        repeat=task["repeat"], workload=extra["workload"], sim=extra["sim"],
-        run_timeout_s=extra["run_timeout_s"], base_dir=extra["base_dir"],
-        extra={"script_archive": extra["script_archive"]} if extra.get("script_archive") else {})
+        repeat=task["repeat"], workload=plan.workload, sim=plan.sim,
+        run_timeout_s=plan.run_timeout_s, base_dir=plan.base_dir,
+        extra={"script_archive": plan.script_archive} if plan.script_archive else {})
 
 
 __all__ = ["Controller", "JobProgress", "PRIORITY_RANK", "should_retry"]

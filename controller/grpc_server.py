@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import queue
-import re
 import socket
 import threading
 import time
@@ -22,7 +21,7 @@ import uuid
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, cast, get_args
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -32,7 +31,7 @@ from farm import __version__
 from farm.controller.artifacts import ArtifactError, ArtifactStore, ControllerFiles, ModelRoots
 from farm.controller.auth import (
     Identity, TlsFiles, TokenInterceptor, TokenTable, check_server_certificate, identity_of, is_loopback,
-    server_credentials, valid_agent_name,
+    server_credentials,
 )
 from farm.controller.controller import TERMINAL_JOB, Controller
 from farm.controller.jobfile import DEFAULT_MAX_TASKS, JobFileError
@@ -42,8 +41,9 @@ from farm.controller.store import Store
 from farm.controller.submission import load_submitted_job
 from farm.proto import strict_json
 from farm.proto.escape import printable
+from farm.proto.names import SHA256_HEX, valid_agent_name
 from farm.proto.script_archive import MAX_SCRIPT_ARCHIVE_BYTES
-from farm.proto.spec import ScriptWorkload
+from farm.proto.spec import Priority, ScriptWorkload
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2, farm_pb2, farm_pb2_grpc
 from farm.proto.results import FailureClass, ResultRefused, RunResult
 from farm.proto.wire import MAX_RESULT_BYTES, result_from_message, task_to_message
@@ -59,7 +59,6 @@ MAX_MODEL_BYTES = 2 << 30  # one model file, uploaded or under a models root (--
 ARTIFACT_CHUNK_BYTES = 1 << 20
 DISPATCH_BATCH = 16  # slots leased per transaction: fewer commits, yet offers still leave in small bursts
 DISPATCH_IDLE_S = 0.5  # how often the dispatcher looks again when nothing woke it (expired leases)
-SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 FARM_SERVICE = "farm.v1.FarmService"
 AGENT_SERVICE = "farm.v1.AgentService"
 # grpc's sync server gives every open stream a thread for its whole life: 1,000 agents (one Connect
@@ -297,7 +296,7 @@ class FarmServer:
 
     def _record_agent(self, session: AgentSession, state: str) -> None:
         hello, now = session.hello, time.time()
-        self.store.db["agents"].upsert({
+        self.store.db.table("agents").upsert({
             "name": session.name, "session_id": session.session_id, "state": state,
             "farm_version": hello.farm_version, "capabilities_json": json.dumps(list(hello.capabilities)),
             "hostname": hello.hostname, "peer": session.peer, "connected_at": session.connected_at, "last_seen": now,
@@ -445,7 +444,7 @@ class FarmServer:
 
     def device_targets(self) -> list[Any]:
         """The devices a job can target: every non-sim device an agent has registered (online or not)."""
-        from farm.agents.device_types import load_device_types
+        from farm.proto.device_types import load_device_types
         from farm.controller.jobfile import DeviceTarget
 
         types = load_device_types()
@@ -488,6 +487,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         first = next(request_iterator, None)
         if first is None or first.WhichOneof("kind") != "hello":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message on the agent stream must be a hello")
+        assert first is not None  # abort() raised otherwise (grpc is untyped: mypy cannot tell)
         hello = first.hello
         self._check_hello(hello, identity, context)
         try:
@@ -566,6 +566,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         path = self.server.artifact_path(request.sha256)
         if path is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no artifact with sha256 {request.sha256[:64]!r} on this controller")
+        assert path is not None  # abort() raised otherwise
         size = path.stat().st_size
         if size > MAX_ARTIFACT_BYTES:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -585,6 +586,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         job = self.server.store.job(job_id)
         if job is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no job {job_id} on this controller; `farm jobs` lists its jobs")
+        assert job is not None  # abort() raised otherwise
         return job
 
     def SubmitJob(self, request: farm_pb2.SubmitJobRequest, context: grpc.ServicerContext) -> farm_pb2.SubmitJobResponse:
@@ -603,7 +605,10 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
                           f"this {identity.role} token has none. Ask the operator for a `client+script` token, or "
                           "use `workload: {type: benchmark}`.")
         if request.priority:
-            job.spec.priority = request.priority
+            if request.priority not in get_args(Priority):  # from the wire: a bad one would fail the submit later
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"priority {printable(request.priority[:40])!r} is not "
+                              "one of interactive, normal, low")
+            job.spec.priority = cast(Priority, request.priority)
         job_id = self.server.controller.submit(job)
         self.server.wake(queue_changed=True)
         total = self.server.controller.progress(job_id).total
@@ -626,6 +631,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         first = next(request_iterator, None)
         if first is None or not first.sha256:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first upload message must name sha256 and size")
+        assert first is not None  # abort() raised otherwise
         store = self.server.files.store
         if store.path(first.sha256) is not None:  # content-addressed: already here, nothing more to read
             return farm_pb2.UploadArtifactResponse(sha256=first.sha256, size=first.size, already_stored=True)
@@ -656,7 +662,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         try:
             last = None
             while context.is_active():
-                message = _job_message(self.server, self.server.store.job(request.job_id))
+                message = _job_message(self.server, self._job(request.job_id, context))
                 if message != last:
                     yield message
                     last = message
@@ -671,7 +677,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         return farm_pb2.CancelJobResponse(job_id=request.job_id, canceled_tasks=self.server.cancel_job(request.job_id))
 
     def ListJobs(self, request: farm_pb2.ListJobsRequest, context: grpc.ServicerContext) -> farm_pb2.ListJobsResponse:
-        jobs = [self.server.store.job(j["id"]) for j in self.server.controller.jobs(request.limit or 50)]
+        jobs = [self._job(j["id"], context) for j in self.server.controller.jobs(request.limit or 50)]
         return farm_pb2.ListJobsResponse(jobs=[_job_message(self.server, j) for j in jobs])
 
     def ListDevices(self, request: farm_pb2.ListDevicesRequest, context: grpc.ServicerContext) -> farm_pb2.ListDevicesResponse:

@@ -11,6 +11,7 @@ import glob
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import yaml
@@ -19,8 +20,9 @@ from pydantic import ValidationError
 from farm.models.facts import ModelError, find_unsupported_ops, inspect_model
 from farm.models.generate import generate_hint
 from farm.models.runtimes import InputShapeError, resolve_shape
+from farm.proto.device_types import DeviceType
 from farm.proto.results import ModelFacts
-from farm.proto.spec import BenchmarkWorkload, JobSpec, ModelEntry, ScriptWorkload, cores_missing, parse_cpuset
+from farm.proto.spec import BenchmarkWorkload, JobSpec, ModelEntry, ScriptWorkload, cores_missing, default_cpus, parse_cpuset
 from farm.proto.tasks import DEFAULT_MAX_TASKS
 
 BENCHMARK_FORMATS = {".tflite": "tflite", ".onnx": "onnx"}
@@ -95,7 +97,7 @@ class DeviceTarget:
     """A device a job can run on, as the controller knows it (embedded: from the lab's device list)."""
 
     name: str
-    device_type: Any = None  # farm.agents.device_types.DeviceType, or None when the type is unknown
+    device_type: DeviceType | None = None  # None when the type is unknown
     tags: list[str] = field(default_factory=list)
 
 
@@ -144,7 +146,7 @@ def _locate(root: yaml.Node | None, loc: tuple[Any, ...], missing: bool = False)
     return node, path or "(top level)"
 
 
-def _describe(err: dict[str, Any]) -> str:
+def _describe(err: Mapping[str, Any]) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
         return "unknown field (check the spelling; `farm schema` lists every field)"
@@ -158,8 +160,8 @@ def _describe(err: dict[str, Any]) -> str:
 _BRANCH_MISMATCH = {"string_type", "model_type", "model_attributes_type", "union_tag_invalid"}
 
 
-def _error_lines(errors: list[dict[str, Any]], root: yaml.Node | None, source_name: str) -> list[JobProblem]:
-    by_path: dict[str, tuple[int, dict[str, Any]]] = {}
+def _error_lines(errors: Sequence[Mapping[str, Any]], root: yaml.Node | None, source_name: str) -> list[JobProblem]:
+    by_path: dict[str, tuple[int, Mapping[str, Any]]] = {}
     for err in errors:
         node, path = _locate(root, err["loc"], missing=err["type"] == "missing")
         line = node.start_mark.line + 1 if node is not None else 1
@@ -516,7 +518,7 @@ def check_host(spec: JobSpec, root: yaml.Node | None, source_name: str, host: Ho
         warnings.append(JobProblem(source_name, _line(root, "matrix", "cpus"), "matrix.cpus",
                                    f"{max(c for c in spec.matrix.cpus if c is not None):g} CPUs is more than {where}; "
                                    f"the sim cannot give more than it has, so those runs get at most {len(cores)}."))
-    elif sim.cpus is None and None in spec.matrix.cpus and max(spec.matrix.threads) > len(cores):
+    elif sim.cpus is None and None in spec.matrix.cpus and default_cpus(None, max(spec.matrix.threads)) > len(cores):
         warnings.append(JobProblem(source_name, _line(root, "matrix", "threads"), "matrix.threads",
                                    f"{max(spec.matrix.threads)} threads get a budget of as many CPUs, more than "
                                    f"{where}; the sim cannot give more than it has, so those runs get at most "
@@ -526,14 +528,16 @@ def check_host(spec: JobSpec, root: yaml.Node | None, source_name: str, host: Ho
                                    f"{_gib(sim.memory)} is more than this host's {_gib(host.memory_bytes)}; the sim "
                                    "cannot give more than it has, so a run may be killed below the limit."))
     for device in {t.name: t for t in targets if t is not None and t.device_type is not None}.values():
-        twins = [device.device_type.budget_for(threads) for threads in spec.matrix.threads]
+        device_type = device.device_type
+        assert device_type is not None  # the filter above
+        twins = [device_type.budget_for(threads) for threads in spec.matrix.threads]
         cpus, memory = max(b.cpus for b in twins), max(b.memory for b in twins)
         if cpus > len(cores) or (host.memory_bytes and memory > host.memory_bytes):
-            index = next((i for i, t in enumerate(spec.targets) if t in (device.name, f"type:{device.device_type.name}")
+            index = next((i for i, t in enumerate(spec.targets) if t in (device.name, f"type:{device_type.name}")
                           or (t.startswith("tag:") and t[4:] in device.tags)), 0)
             warnings.append(JobProblem(source_name, _line(root, "targets", index), f"targets[{index}]",
                                        f"the sim twins of {device.name} get up to {cpus:g} CPUs and {_gib(memory)} "
-                                       f"(device type {device.device_type.name}), more than {where} or this host's "
+                                       f"(device type {device_type.name}), more than {where} or this host's "
                                        "memory; the sim cannot give more than it has."))
     return warnings
 

@@ -20,6 +20,7 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from farm.controller.lease_expiries import lease_expiries_total, record_lease_expiries
 from farm.controller.schedule import PRIORITY_RANK
 from farm.controller.store import Store
 from farm.proto.results import TaskStatus
@@ -30,26 +31,8 @@ HEALTH_VALUES = ("good", "unknown", "bad", "maintenance")
 PRIORITY_NAMES = {rank: name for name, rank in PRIORITY_RANK.items()}
 DRIFT_TABLE = "calibration_drift"
 
-_lease_expiries_lock = threading.Lock()
-_lease_expiries_total = 0
-
-
 class MetricsListenError(OSError):
     """The metrics port could not be bound; the message names the metrics address, not the gRPC one."""
-
-
-def record_lease_expiries(count: int) -> None:
-    """Called by Controller.expire_leases with how many leases it just returned to the queue."""
-    global _lease_expiries_total
-    if count <= 0:
-        return
-    with _lease_expiries_lock:
-        _lease_expiries_total += count
-
-
-def lease_expiries_total() -> int:
-    with _lease_expiries_lock:
-        return _lease_expiries_total
 
 
 class StoreCollector(Collector):

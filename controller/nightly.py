@@ -13,7 +13,7 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from croniter import CroniterError, croniter
 
@@ -83,7 +83,7 @@ class NightlyRefresh:
     """Submits the reference suite when the cron says so; checks each such job once it is done."""
 
     def __init__(self, store: Store, suite: Path | None, cron: Cron, devices: Callable[[], list[DeviceTarget]], *,
-                 alert: Callable[[dict], object] | None = None, clock: Callable[[], dt.datetime] = dt.datetime.now,
+                 alert: Callable[[dict[str, Any]], None] | None = None, clock: Callable[[], dt.datetime] = dt.datetime.now,
                  artifacts: ArtifactStore | None = None) -> None:
         self.store = store
         self.artifacts = artifacts  # agents fetch models from the controller's store only: the suite's go in

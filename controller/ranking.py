@@ -57,7 +57,7 @@ def rank_job(store: Store, job: int, metric: str, *, device_jobs: list[int], dev
     for cell in sorted(sim):
         threads, batch_size, input_size = cell
         sim_values = {m: v for m, (v, _, _) in sim[cell].items()}
-        columns = [{"name": f"sim (job {job})", "kendall_tau": None,
+        columns: list[dict[str, Any]] = [{"name": f"sim (job {job})", "kendall_tau": None,
                     "order": sorted(sim_values.items(), key=lambda kv: kv[1])}]
         for d, by_cell in measured.items():
             values = {m: v for m, (v, _, _) in by_cell.get(cell, {}).items()}

@@ -21,6 +21,7 @@ from farm.controller.controller import Controller
 from farm.controller.jobfile import DeviceTarget, JobFileError, ResolvedJob, load_job
 from farm.controller.store import Store
 from farm.models.generate import generate_examples, write_if_changed
+from farm.proto.spec import Priority
 
 REFERENCE_SUITE_NAME = "reference-suite"
 HEALTH_CHECK = "health_check"  # jobs.kind of a suite job farm submitted; every other job is "user"
@@ -82,7 +83,7 @@ def ensure_suite_models(suite: Path) -> list[Path]:
 
 
 def load_reference_suite(store: Store, devices: list[DeviceTarget], suite: Path | None = None, *,
-                         priority: str = "low") -> ResolvedJob:
+                         priority: Priority = "low") -> ResolvedJob:
     """The suite as a job on every given device, each with its sim twin. Raises SuiteError or JobFileError."""
     job = load_job(prepare_suite(store, suite), devices=devices)
     job.targets = list(devices)
@@ -92,7 +93,7 @@ def load_reference_suite(store: Store, devices: list[DeviceTarget], suite: Path 
 
 
 def submit_reference_suite(store: Store, devices: list[DeviceTarget], suite: Path | None = None, *,
-                           priority: str = "low", artifacts: ArtifactStore | None = None) -> int:
+                           priority: Priority = "low", artifacts: ArtifactStore | None = None) -> int:
     """Submit the suite to `devices` as a health check; returns the job id.
 
     With `artifacts` (a controller's store), the suite's models are copied in first: remote agents

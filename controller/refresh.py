@@ -91,7 +91,7 @@ def drift_between(old: StoredCalibration, new: StoredCalibration, thresholds: Dr
 def record_drift(store: Store, drift: Drift) -> None:
     row = {k: v for k, v in asdict(drift).items() if k != "reasons"}
     with store.transaction():
-        store.db["calibration_drift"].insert({**row, "exceeded": int(drift.exceeded),
+        store.db.table("calibration_drift").insert({**row, "exceeded": int(drift.exceeded),
                                               "reasons": "; ".join(drift.reasons), "created_at": time.time()})
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from farm.controller.store import Store
 from farm.proto.spec import default_cpus
+from farm.proto.tasks import sim_budget
 
 MiB = 1 << 20
 # Model facts a record carries beside name, size and parameters: what calibrations use as features.
@@ -45,9 +46,8 @@ def _limits(row: dict[str, Any]) -> dict[str, Any]:
     """The budget a run really had; for a sim task not run yet, the budget it will be given."""
     if row["run_id"] is not None or row["target"] != "sim":
         return {"cpus": row["limits_cpus"], "cpuset": row["limits_cpuset"], "memory_mb": row["limits_memory_mb"]}
-    sim = json.loads(row["task_spec_json"])["sim"]
-    return {"cpus": default_cpus(sim.get("cpus"), row["threads"]), "cpuset": sim.get("cpuset"),
-            "memory_mb": _mb(sim.get("memory"))}
+    sim = sim_budget(json.loads(row["task_spec_json"])["sim"])
+    return {"cpus": default_cpus(sim.cpus, row["threads"]), "cpuset": sim.cpuset, "memory_mb": _mb(sim.memory)}
 
 
 def samples_per_s(throughput: float | None, batch_size: int | None) -> float | None:
@@ -60,8 +60,8 @@ def _budget_cpus(row: dict[str, Any]) -> float | None:
     None on a device, which has no budget imposed."""
     if row["target"] != "sim":
         return None
-    sim = json.loads(row["task_spec_json"] or "{}").get("sim") or {}
-    return default_cpus(sim.get("cpus"), row["threads"])
+    sim = sim_budget(json.loads(row["task_spec_json"] or "{}").get("sim") or {})
+    return default_cpus(sim.cpus, row["threads"])
 
 
 def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[str, Any]]:
@@ -128,7 +128,8 @@ def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[st
         for r, note in zip(records, notes, strict=True):
             r["op_profile"] = profiles.get(r["run"], [])
             r["op_profile_note"] = note  # why a run asked for a profile and has none
-    spec = json.loads(store.job(job_id)["spec_json"])
+    job = store.job(job_id)
+    spec = json.loads(job["spec_json"]) if job else {}
     if spec.get("predict_for"):
         from farm.controller.calibrations import add_predictions
         add_predictions(store, job_id, records, spec["predict_for"], spec["sim"])

@@ -9,6 +9,9 @@ from dataclasses import asdict
 from typing import Any
 
 from farm.controller.jobfile import ResolvedJob
+from farm.proto.device_types import DeviceType
+from farm.proto.spec import SimBudget
+from farm.proto.tasks import TaskPlan
 
 PRIORITY_RANK = {"interactive": 0, "normal": 1, "low": 2}
 # Retries per failure class: infrastructure goes elsewhere, timeout once, job never.
@@ -22,12 +25,12 @@ def pair_key(model_sha256: str, threads: int, batch_size: int,
     return f"{model_sha256[:16]}/{cell}/{device}/{repeat}"
 
 
-def twin_sim_budget(sim: dict[str, Any], device_type: Any, threads: int) -> dict[str, Any]:
+def twin_sim_budget(sim: SimBudget, device_type: DeviceType | None, threads: int) -> SimBudget:
     """The sim budget that stands in for a device: its type's CPU and memory for this thread count."""
     if device_type is None:
         return sim  # an untyped device: the job's own sim budget is the best guess there is
     entry = device_type.budget_for(threads)
-    return {**sim, "cpus": entry.cpus, "memory": entry.memory}
+    return sim.model_copy(update={"cpus": entry.cpus, "memory": entry.memory})
 
 
 def expand_tasks(job: ResolvedJob) -> list[dict[str, Any]]:
@@ -36,14 +39,17 @@ def expand_tasks(job: ResolvedJob) -> list[dict[str, Any]]:
     spec = job.spec
     now = time.time()
     tasks: list[dict[str, Any]] = []
-    sim = spec.sim.model_dump()
-    workload = spec.workload.model_dump()
+    sim = spec.sim
+
+    def plan(budget: SimBudget) -> str:
+        return TaskPlan(workload=spec.workload, sim=budget, run_timeout_s=spec.timeouts.run,
+                        base_dir=str(job.base_dir), script_archive=job.script_archive).model_dump_json()
     targets = job.targets or [None]
     cells = itertools.product(job.models, spec.matrix.threads, spec.matrix.batch_sizes,
                               spec.matrix.input_sizes, spec.matrix.cpus, range(spec.repeats), targets)
 
     def task(model, threads: int, batch: int, size: int | None, repeat: int, target: str, key_device: str,
-             sim_budget: dict[str, Any], cpus: float | None = None) -> dict[str, Any]:
+             budget: SimBudget, cpus: float | None = None) -> dict[str, Any]:
         return {
             "seq": len(tasks), "target": target, "model_name": model.name, "model_path": model.display or str(model.path),
             "model_sha256": model.facts.sha256, "model_family": model.family,
@@ -52,16 +58,13 @@ def expand_tasks(job: ResolvedJob) -> list[dict[str, Any]]:
             "input_size": size, "repeat": repeat, "status": "pending", "attempts": 0,
             "max_attempts": MAX_ATTEMPTS,
             "pair_key": pair_key(model.facts.sha256, threads, batch, size, key_device, repeat, cpus),
-            "spec_json": json.dumps({
-                "workload": workload, "sim": sim_budget, "run_timeout_s": spec.timeouts.run,
-                "base_dir": str(job.base_dir), "script_archive": job.script_archive,
-            }),
+            "spec_json": plan(budget),
             "priority": PRIORITY_RANK[spec.priority], "created_at": now,
         }
 
     for model, threads, batch, size, cpus, repeat, device in cells:
         if device is None:  # matrix.cpus (sim targets only, checked in jobfile) is this run's budget
-            budget = sim if cpus is None else {**sim, "cpus": cpus}
+            budget = sim if cpus is None else sim.model_copy(update={"cpus": cpus})
             tasks.append(task(model, threads, batch, size, repeat, "sim", "sim", budget, cpus))
             continue
         tasks.append(task(model, threads, batch, size, repeat, device.name, device.name, sim))
@@ -75,8 +78,7 @@ def expand_tasks(job: ResolvedJob) -> list[dict[str, Any]]:
             "model_sha256": bad.sha256, "model_family": bad.family, "model_facts_json": "{}", "threads": threads,
             "batch_size": batch, "input_size": size, "repeat": 0, "status": "failed", "attempts": 0,
             "max_attempts": MAX_ATTEMPTS, "pair_key": pair_key(bad.sha256, threads, batch, size, "sim", 0),
-            "spec_json": json.dumps({"workload": workload, "sim": sim, "run_timeout_s": spec.timeouts.run,
-                                     "base_dir": str(job.base_dir)}),
+            "spec_json": plan(sim),
             "priority": PRIORITY_RANK[spec.priority], "created_at": now, "finished_at": now,
             "failure_class": "job", "message": f"not run: {bad.problem}",
         })

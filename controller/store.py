@@ -37,12 +37,12 @@ def default_db_path() -> Path:
 
 
 def _migration_1(db: sqlite_utils.Database) -> None:
-    db["jobs"].create({
+    db.table("jobs").create({
         "id": int, "name": str, "status": str, "priority": str, "created_at": float,
         "started_at": float, "finished_at": float, "spec_json": str, "spec_yaml": str,
         "source_path": str, "base_dir": str, "owner_pid": int, "owner_host": str, "message": str,
     }, pk="id")
-    db["tasks"].create({
+    db.table("tasks").create({
         "id": int, "job_id": int, "seq": int, "target": str, "model_name": str, "model_path": str,
         "model_sha256": str, "model_family": str, "model_facts_json": str, "threads": int,
         "batch_size": int, "input_size": int, "repeat": int, "status": str, "attempts": int,
@@ -50,9 +50,9 @@ def _migration_1(db: sqlite_utils.Database) -> None:
         "lease_expires_at": float, "priority": int, "created_at": float, "finished_at": float,
         "last_run_id": int, "failure_class": str, "message": str,
     }, pk="id", foreign_keys=[("job_id", "jobs", "id")])
-    db["tasks"].create_index(["job_id", "seq"], unique=True)
-    db["tasks"].create_index(["status", "priority", "id"])
-    db["runs"].create({
+    db.table("tasks").create_index(["job_id", "seq"], unique=True)
+    db.table("tasks").create_index(["status", "priority", "id"])
+    db.table("runs").create({
         "id": int, "task_id": int, "job_id": int, "attempt": int, "status": str,
         "failure_class": str, "message": str, "agent": str, "started_at": float,
         "finished_at": float, "backend": str, "approximate": int, "limits_cpus": float,
@@ -60,9 +60,9 @@ def _migration_1(db: sqlite_utils.Database) -> None:
         "environment_json": str, "tool_versions_json": str, "log_tail": str,
     }, pk="id", foreign_keys=[("task_id", "tasks", "id"), ("job_id", "jobs", "id")])
     # A result delivered twice is applied once.
-    db["runs"].create_index(["task_id", "attempt"], unique=True)
-    db["runs"].create_index(["job_id"])
-    db["summaries"].create({
+    db.table("runs").create_index(["task_id", "attempt"], unique=True)
+    db.table("runs").create_index(["job_id"])
+    db.table("summaries").create({
         "run_id": int, "latency_init_ms": float, "latency_first_ms": float,
         "latency_warmup_avg_ms": float, "latency_avg_ms": float, "latency_p50_ms": float,
         "latency_p90_ms": float, "latency_p99_ms": float, "latency_std_ms": float,
@@ -73,55 +73,55 @@ def _migration_1(db: sqlite_utils.Database) -> None:
         "net_rx_bytes": int, "net_tx_bytes": int, "sampler_cpu_percent": float,
         "sample_interval_ms": float, "sample_count": int,
     }, pk="run_id", foreign_keys=[("run_id", "runs", "id")])
-    db["iterations"].create({"run_id": int, "idx": int, "ms": float}, pk=("run_id", "idx"))
-    db["telemetry"].create({"run_id": int, "idx": int, "t_s": float, "cpu_percent": float,
+    db.table("iterations").create({"run_id": int, "idx": int, "ms": float}, pk=("run_id", "idx"))
+    db.table("telemetry").create({"run_id": int, "idx": int, "t_s": float, "cpu_percent": float,
                             "memory_bytes": int}, pk=("run_id", "idx"))
 
 
 def _migration_2(db: sqlite_utils.Database) -> None:
     # Model facts become first-class columns so results can be filtered without JSON parsing.
-    db["tasks"].add_column("model_size_bytes", int)
-    db["tasks"].add_column("model_param_count", int)
+    db.table("tasks").add_column("model_size_bytes", int)
+    db.table("tasks").add_column("model_param_count", int)
 
 
 def _migration_3(db: sqlite_utils.Database) -> None:
     # Calibrations are versioned per (device, metric, threads, runtime, family) key and keep
     # the runs they were fitted on.
-    db["calibrations"].create({
+    db.table("calibrations").create({
         "id": int, "device": str, "metric": str, "threads": int, "runtime": str, "precision": str,
         "family": str, "version": int, "created_at": float, "kind": str, "n": int, "a": float,
         "b": float, "r2": float, "loo_mape": float, "within_10": float, "kendall_tau": float,
         "spearman_rho": float, "warnings_json": str, "fit_json": str, "source": str,
     }, pk="id")
-    db["calibrations"].create_index(["device", "metric", "threads", "runtime", "family", "version"], unique=True)
-    db["calibration_runs"].create({"calibration_id": int, "model": str, "sim_run_id": int, "device_run_id": int},
+    db.table("calibrations").create_index(["device", "metric", "threads", "runtime", "family", "version"], unique=True)
+    db.table("calibration_runs").create({"calibration_id": int, "model": str, "sim_run_id": int, "device_run_id": int},
                                   foreign_keys=[("calibration_id", "calibrations", "id")])
 
 
 def _migration_4(db: sqlite_utils.Database) -> None:
     # The gRPC controller remembers its agents and their devices, so `farm devices` still lists
     # a device whose agent is offline, and a restarted controller knows who to expect.
-    db["agents"].create({
+    db.table("agents").create({
         "name": str, "session_id": str, "state": str, "farm_version": str, "capabilities_json": str,
         "hostname": str, "peer": str, "connected_at": float, "last_seen": float,
     }, pk="name")
-    db["devices"].create({
+    db.table("devices").create({
         "name": str, "agent": str, "driver": str, "device_type": str, "tags_json": str,
         "facts_json": str, "slots": int, "state": str, "last_seen": float,
     }, pk="name")
     # Every applied result asks "is anything of this job left?"; without this it scans the job's tasks.
-    db["tasks"].create_index(["job_id", "status"])
+    db.table("tasks").create_index(["job_id", "status"])
 
 
 def _migration_5(db: sqlite_utils.Database) -> None:
     # A device's health is the lab's judgement (good / bad / maintenance), apart from whether
     # its agent is connected: a quarantined device gets no tasks until someone releases it.
-    db["device_health"].create({"name": str, "health": str, "reason": str, "changed_at": float}, pk="name")
+    db.table("device_health").create({"name": str, "health": str, "reason": str, "changed_at": float}, pk="name")
 
 
 def _migration_6(db: sqlite_utils.Database) -> None:
     # Each refresh compares a device's new calibration with the one before it.
-    db["calibration_drift"].create({
+    db.table("calibration_drift").create({
         "id": int, "device": str, "metric": str, "threads": int, "calibration_id": int, "previous_id": int,
         "slope_change": float, "intercept_change": float, "r2_drop": float, "prediction_shift": float,
         "exceeded": int, "reasons": str, "created_at": float,
@@ -132,7 +132,7 @@ def _migration_7(db: sqlite_utils.Database) -> None:
     # The lease query's own order for one target (status = 'pending', target, then priority, job,
     # seq): SQLite walks the index and stops at the first task that fits, instead of sorting every
     # pending row, and never walks past other devices' backlogs.
-    db["tasks"].create_index(["status", "target", "priority", "job_id", "seq"], index_name="idx_tasks_lease_order")
+    db.table("tasks").create_index(["status", "target", "priority", "job_id", "seq"], index_name="idx_tasks_lease_order")
     db.execute("DROP INDEX IF EXISTS idx_tasks_status_priority_id")  # the old order (by id): a wasted write per task
 
 
@@ -140,24 +140,24 @@ def _migration_8(db: sqlite_utils.Database) -> None:
     # What a job is for: 'health_check' only for the reference suite farm itself submitted
     # (controller/reference_suite.py), 'user' for everything else, whatever its name.
     # Older jobs are not guessed from their name: golden-result history starts again.
-    db["jobs"].add_column("kind", str, not_null_default="user")
+    db.table("jobs").add_column("kind", str, not_null_default="user")
 
 
 def _migration_9(db: sqlite_utils.Database) -> None:
     # A sim run carries the evidence of whether its cores were its own; calibrations leave out
     # contended runs by default, so the flag is a column (indexed by the pair queries' joins on id).
-    db["runs"].add_column("contended", int)
-    db["runs"].add_column("contention_json", str)
+    db.table("runs").add_column("contended", int)
+    db.table("runs").add_column("contention_json", str)
 
 
 def _migration_10(db: sqlite_utils.Database) -> None:
     # Batch size, input size and precision are part of a calibration's key: a model at batch 8 is
     # not a repeat of the same model at batch 1.
-    db["calibrations"].add_column("batch_size", int)
-    db["calibrations"].add_column("input_size", int)
+    db.table("calibrations").add_column("batch_size", int)
+    db.table("calibrations").add_column("input_size", int)
     db.execute("UPDATE calibrations SET batch_size = 1 WHERE batch_size IS NULL")
     db.execute("DROP INDEX IF EXISTS idx_calibrations_device_metric_threads_runtime_family_version")
-    db["calibrations"].create_index(["device", "metric", "threads", "runtime", "batch_size", "input_size",
+    db.table("calibrations").create_index(["device", "metric", "threads", "runtime", "batch_size", "input_size",
                                      "precision", "family", "version"], unique=True)
 
 
@@ -242,8 +242,8 @@ class Store:
             return
         with self.transaction():
             if "schema_version" not in self.db.table_names():
-                self.db["schema_version"].create({"version": int})
-                self.db["schema_version"].insert({"version": 0})
+                self.db.table("schema_version").create({"version": int})
+                self.db.table("schema_version").insert({"version": 0})
             current = self.db.execute("SELECT version FROM schema_version").fetchone()[0]
             if current > SCHEMA_VERSION:
                 raise StoreError(
@@ -304,10 +304,11 @@ class Store:
     # --- jobs and tasks -------------------------------------------------------
     def insert_job(self, job: dict[str, Any], tasks: list[dict[str, Any]]) -> int:
         with self.transaction():
-            job_id = self.db["jobs"].insert(job).last_pk
+            job_id = self.db.table("jobs").insert(job).last_pk
+            assert job_id is not None  # just inserted
             for t in tasks:
                 t["job_id"] = job_id
-            self.db["tasks"].insert_all(tasks)
+            self.db.table("tasks").insert_all(tasks)
         return job_id
 
     def job(self, job_id: int) -> dict[str, Any] | None:
@@ -316,7 +317,7 @@ class Store:
 
     def update_job(self, job_id: int, **fields: Any) -> None:
         with self.transaction():
-            self.db["jobs"].update(job_id, fields)
+            self.db.table("jobs").update(job_id, fields)
 
     def tasks(self, job_id: int) -> list[dict[str, Any]]:
         return self.query("SELECT * FROM tasks WHERE job_id = ? ORDER BY seq", [job_id])
@@ -327,7 +328,7 @@ class Store:
 
     def update_task(self, task_id: int, **fields: Any) -> None:
         with self.transaction():
-            self.db["tasks"].update(task_id, fields)
+            self.db.table("tasks").update(task_id, fields)
 
     # --- runs -------------------------------------------------------------------
     def record_run(self, task: dict[str, Any], attempt: int, agent: str, started_at: float,
@@ -346,7 +347,7 @@ class Store:
                 raise ResultRefused(f"attempt {attempt} of task {task['id']} is already stored: {existing[2]}")
             self._check_lease(task["id"], attempt, agent)
             limits = result.limits
-            run_id = self.db["runs"].insert({
+            run_id = self.db.table("runs").insert({
                 "task_id": task["id"], "job_id": task["job_id"], "attempt": attempt,
                 "status": result.status.value,
                 "failure_class": result.failure_class.value if result.failure_class else None,
@@ -360,6 +361,7 @@ class Store:
                 "contended": None if result.contention is None else int(result.contention.contended),
                 "contention_json": None if result.contention is None else json.dumps(dataclasses.asdict(result.contention)),
             }).last_pk
+            assert run_id is not None  # just inserted
             self._insert_summary(run_id, result)
             self._insert_op_profile(run_id, result)
             if result.iterations_ms:  # executemany: a million samples in a second or two, not a minute
@@ -369,7 +371,7 @@ class Store:
                 self.db.conn.executemany(
                     "INSERT INTO telemetry (run_id, idx, t_s, cpu_percent, memory_bytes) VALUES (?, ?, ?, ?, ?)",
                     ((run_id, i, s.t_s, s.cpu_percent, s.memory_bytes) for i, s in enumerate(result.telemetry.samples)))
-            self.db["tasks"].update(task["id"], {**task_fields, "last_run_id": run_id})
+            self.db.table("tasks").update(task["id"], {**task_fields, "last_run_id": run_id})
         return run_id
 
     def _check_lease(self, task_id: int, attempt: int, agent: str) -> None:
@@ -398,13 +400,14 @@ class Store:
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [t["id"], t["job_id"], t["attempts"], RunStatus.FAILED.value, FailureClass.INFRASTRUCTURE.value, message,
                  t["leased_by"], now]).lastrowid
+            fields: dict[str, Any]
             if retry(t["attempts"], t["max_attempts"]):
                 fields = {"status": TaskStatus.PENDING.value, "message": message}
             else:
                 fields = {"status": TaskStatus.FAILED.value, "failure_class": FailureClass.INFRASTRUCTURE.value,
                           "finished_at": now, "message": f"{message} (attempt {t['attempts']} of {t['max_attempts']})"}
                 failed_jobs.append(t["job_id"])
-            self.db["tasks"].update(t["id"], {**fields, "leased_by": None, "last_run_id": run_id})
+            self.db.table("tasks").update(t["id"], {**fields, "leased_by": None, "last_run_id": run_id})
         return failed_jobs
 
     def _insert_summary(self, run_id: int, r: RunResult) -> None:
@@ -430,7 +433,7 @@ class Store:
                 "net_tx_bytes": t.net_tx_bytes, "sampler_cpu_percent": t.sampler_cpu_percent,
                 "sample_interval_ms": t.interval_ms, "sample_count": len(t.samples),
             })
-        self.db["summaries"].insert(row)
+        self.db.table("summaries").insert(row)
 
     def iterations(self, run_id: int) -> list[float]:
         return [r["ms"] for r in self.query("SELECT ms FROM iterations WHERE run_id = ? ORDER BY idx", [run_id])]

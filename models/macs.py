@@ -416,7 +416,7 @@ def onnx_mac_profile(model: onnx.ModelProto) -> MacProfile | None:
         shape = shapes.get(name)
         if shape is None or any(dim is None for dim in shape):
             return MacProfile(by_kind, None)
-        activation_bytes += math.prod(int(dim) for dim in shape) * item_bytes.get(name, 4)
+        activation_bytes += math.prod([int(dim or 0) for dim in shape]) * item_bytes.get(name, 4)
     return MacProfile(by_kind, activation_bytes)
 
 

@@ -8,6 +8,7 @@ light: the runtimes are native libraries, loaded on first use.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -39,12 +40,13 @@ def onnx_session(model: str | bytes, *, threads: int, profile_prefix: str | None
     return ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
 
 
-def resolve_shape(name: str, declared: list[int | str | None], *, layout: str, batch_size: int,
+def resolve_shape(name: str, declared: Sequence[int | str | None], *, layout: str, batch_size: int,
                   input_size: int | None, overrides: dict[str, list[int]]) -> list[int]:
     """Fill batch, spatial and explicitly given dimensions of one input.
 
     layout is "nhwc" (TFLite) or "nchw" (ONNX): where the spatial dims of a 4-D image are.
     """
+    shape: list[int | None]
     if name in overrides:
         shape = list(overrides[name])
         if len(shape) != len(declared):
@@ -63,4 +65,4 @@ def resolve_shape(name: str, declared: list[int | str | None], *, layout: str, b
             f"input {name!r} has dynamic dimension(s) {missing} in shape {declared}; "
             f"set workload.input_shapes.{name} to a full shape"
         )
-    return [int(d) for d in shape]
+    return [d for d in shape if d is not None]  # none is, after the check above

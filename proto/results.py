@@ -1,17 +1,22 @@
 """What a run produces: the result types every driver returns and the store keeps.
 
-These are plain dataclasses so that the same objects can later cross the gRPC wire
-(issue 3) by a straight field-for-field mapping.
+These are pydantic dataclasses: the same objects cross the gRPC wire field for field
+(proto/wire.py), go to the store as `dataclasses.asdict` JSON, and come back validated
+by pydantic (run_result_from_dict) rather than rebuilt by hand.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import field
 from enum import StrEnum
 from typing import Any
 
 from farm.proto.op_profile import OpProfileRow
+from pydantic import TypeAdapter
+# Positional construction, dataclasses.asdict/replace and field() keep working; pydantic checks every
+# field's type, and a field this version does not know (a newer agent's, a newer store's) is ignored.
+from pydantic.dataclasses import dataclass
 
 
 class FailureClass(StrEnum):
@@ -198,53 +203,17 @@ class RunResult:
         return cls(status=RunStatus.FAILED, failure_class=failure_class, message=message, **kw)
 
 
-def _from_dict(tp: Any, data: Any) -> Any:
-    """Rebuild nested dataclasses from asdict() output (for JSON that crossed a process)."""
-    if data is None:
-        return None
-    if dataclasses.is_dataclass(tp):
-        hints = {f.name: f.type for f in dataclasses.fields(tp)}
-        kwargs = {}
-        for name, value in data.items():
-            if name not in hints:
-                continue
-            kwargs[name] = _convert_field(tp, name, value)
-        return tp(**kwargs)
-    return data
-
-
-_NESTED = {
-    (RunResult, "limits"): Limits,
-    (RunResult, "latency"): LatencyStats,
-    (RunResult, "telemetry"): Telemetry,
-    (RunResult, "model"): ModelFacts,
-    (RunResult, "status"): RunStatus,
-    (RunResult, "failure_class"): FailureClass,
-    (RunResult, "contention"): Contention,
-    (ModelFacts, "inputs"): [TensorInfo],
-    (ModelFacts, "outputs"): [TensorInfo],
-    (Telemetry, "samples"): [TelemetrySample],
-    (RunResult, "op_profile"): [OpProfileRow],
-}
-
-
-def _convert_field(owner: type, name: str, value: Any) -> Any:
-    target = _NESTED.get((owner, name))
-    if target is None or value is None:
-        return value
-    if isinstance(target, list):
-        return [_from_dict(target[0], v) for v in value]
-    if isinstance(target, type) and issubclass(target, StrEnum):
-        return target(value)
-    return _from_dict(target, value)
+_RUN_RESULT = TypeAdapter(RunResult)
+_MODEL_FACTS = TypeAdapter(ModelFacts)
 
 
 def run_result_from_dict(data: dict[str, Any]) -> RunResult:
-    return _from_dict(RunResult, data)
+    """A RunResult from `to_dict()` output that crossed a process or came out of the store, validated."""
+    return _RUN_RESULT.validate_python(data)
 
 
 def model_facts_from_dict(data: dict[str, Any]) -> ModelFacts:
-    return _from_dict(ModelFacts, data)
+    return _MODEL_FACTS.validate_python(data)
 
 
 class ResultRefused(Exception):

@@ -70,7 +70,7 @@ def pack_dir(directory: Path, max_bytes: int = MAX_SCRIPT_ARCHIVE_BYTES, skip: t
 
 def check_members(tar: tarfile.TarFile, *, script: str | None = None) -> list[tarfile.TarInfo]:
     """Every member, when each is a plain file or folder with a relative name inside the archive."""
-    members = []
+    members: list[tarfile.TarInfo] = []
     for member in tar:
         if len(members) >= MAX_ENTRIES:
             raise ScriptArchiveError(f"the script archive has more than {MAX_ENTRIES} entries")

@@ -17,6 +17,7 @@ _MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNOREC
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}
 _CPUSET_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+Priority = Literal["interactive", "normal", "low"]
 # What a script workload's args may name; the sim driver fills exactly these.
 SCRIPT_PLACEHOLDERS = ("model", "threads", "batch_size", "input_size")
 
@@ -71,9 +72,12 @@ def script_placeholders(arg: str) -> list[str]:
     return fields
 
 
-def default_cpus(cpus: float | None, threads: int) -> float:
-    """The CPU budget of a run: sim.cpus, else one core per runtime thread."""
-    return float(cpus) if cpus else float(threads)
+def default_cpus(cpus: float | None, threads: int, cores: int | None = None) -> float:
+    """The CPU budget of a run: sim.cpus, else one core per runtime thread — on a device, no more
+    than the cores it has. The one rule every reader of `threads` uses for a budget."""
+    if cpus:
+        return float(cpus)
+    return float(min(threads, cores) if cores else threads)
 
 
 def parse_duration(value: Any) -> float:
@@ -155,7 +159,7 @@ class Matrix(Strict):
     threads: list[int] = Field(default_factory=lambda: [1], description="Runtime threads")
     batch_sizes: list[int] = Field(default_factory=lambda: [1], description="Batch dimension of every input")
     input_sizes: list[int | None] = Field(
-        default_factory=lambda: [None],
+        default_factory=lambda: list[int | None]([None]),
         description="Square spatial size for image inputs (null keeps the model's own)",
     )
 
@@ -339,11 +343,17 @@ class JobSpec(Strict):
     targets: list[str] = Field(default_factory=lambda: ["sim"], description="Where to run: sim, a device name, type:DEVICE_TYPE or tag:TAG; every device run gets a sim twin with that device's budget")
     sim: SimBudget = Field(default_factory=SimBudget)
     timeouts: Timeouts = Field(default_factory=Timeouts)
-    priority: Literal["interactive", "normal", "low"] = "normal"
+    priority: Priority = "normal"
     predict_for: list[str] = Field(
         default_factory=list,
         description="Calibrated devices to predict every completed run for, from the sim alone (see `farm calibrations`)",
     )
+
+    @field_validator("workload", mode="before")
+    @classmethod
+    def _benchmark_by_default(cls, v: Any) -> Any:
+        # `workload: {iterations: 5}` is the built-in benchmark, as the field's default is
+        return {"type": "benchmark", **v} if isinstance(v, dict) and "type" not in v else v
 
     @field_validator("models")
     @classmethod

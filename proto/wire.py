@@ -1,4 +1,4 @@
-"""The dataclass <-> protobuf mapping: TaskSpec and RunResult cross the wire field for field.
+"""The model <-> protobuf mapping: TaskSpec and RunResult cross the wire field for field.
 
 Names match one for one; a dict or mixed-type list travels as `<name>_json`, and a None
 becomes an unset `optional` field, so what arrives equals what was sent.
@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from enum import Enum
+from collections.abc import Iterable
 from typing import Any
 
 from google.protobuf.message import Message
+from pydantic import BaseModel
 
 from farm.proto.op_profile import MAX_NODES, MAX_OP_TYPES, bounded
 from farm.proto.results import FailureClass, RunResult, run_result_from_dict
@@ -24,14 +26,21 @@ MAX_SAMPLES = 100_000
 
 
 def fill_message(message: Message, obj: Any) -> Message:
-    """Copy a dataclass (or dict) into a message of the same shape."""
+    """Copy a dataclass, pydantic model (or dict) into a message of the same shape."""
     fields = message.DESCRIPTOR.fields_by_name
-    items = obj.items() if isinstance(obj, dict) else ((f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    items: Iterable[tuple[str, Any]]
+    if isinstance(obj, dict):
+        items = obj.items()
+    elif isinstance(obj, BaseModel):
+        items = ((name, getattr(obj, name)) for name in type(obj).model_fields)
+    else:
+        items = ((f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj))
     for name, value in items:
         if value is None:
             continue
         if f"{name}_json" in fields:
-            setattr(message, f"{name}_json", json.dumps(value))
+            plain = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+            setattr(message, f"{name}_json", json.dumps(plain))
             continue
         field = fields[name]
         target = getattr(message, name)
@@ -80,7 +89,7 @@ def task_to_message(task: TaskSpec, message: Message) -> Message:
 def task_from_message(message: Message) -> TaskSpec:
     data = message_to_dict(message)
     data.setdefault("extra", {})
-    return TaskSpec(**data)
+    return TaskSpec.model_validate(data)  # the workload and budget become the spec's models again
 
 
 def result_to_message(result: RunResult, message: Message) -> Message:

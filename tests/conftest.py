@@ -59,6 +59,17 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def farm_wheel(tmp_path_factory) -> Path:
+    """farm built as a wheel from this checkout, once per test session (the install tests share it)."""
+    root = tmp_path_factory.mktemp("dist")
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", str(Path(__file__).resolve().parents[1]),
+                        "-w", str(root)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (wheel,) = root.glob("farm-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="session")
 def mobilenet_models(tmp_path_factory) -> dict[str, Path]:
     """A small real family: MobileNetV2 at two widths, input 96, both formats."""
     from farm.models.generate import generate_examples

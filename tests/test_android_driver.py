@@ -13,7 +13,7 @@ import pytest
 from adb_emulator import AdbDeviceEmulator, EmulatedPhone
 from farm.agents.android import load_or_create_lab_key
 from farm.agents.android_driver import AndroidDeviceConfig, AndroidDriver, benchmark_command
-from farm.agents.device_types import load_device_types
+from farm.proto.device_types import load_device_types
 from farm.proto.tasks import TaskSpec
 
 

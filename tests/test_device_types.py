@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.agents.device_types import DeviceTypeError, load_device_types, match_device_type
+from farm.proto.device_types import DeviceTypeError, load_device_types, match_device_type
 
 BUILTIN = {"lg-g6", "samsung-s8", "pixel-4", "jetson-nano", "jetson-orin-nano", "raspberry-pi-4"}
 

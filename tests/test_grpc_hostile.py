@@ -10,6 +10,7 @@ stored has changed.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 import queue
@@ -530,3 +531,24 @@ def _answers(stub: farm_pb2_grpc.FarmServiceStub) -> bool:
         return True
     except grpc.RpcError:
         return False
+
+
+def test_a_priority_from_the_wire_outside_the_three_is_refused(lab: Cluster, tiny_models) -> None:
+    """The type checker found it: SubmitJob's priority went into the job unchecked and failed the submit later."""
+    data = tiny_models["onnx"].read_bytes()
+    sha256 = hashlib.sha256(data).hexdigest()
+    with grpc.insecure_channel(lab.address) as channel:
+        stub = farm_pb2_grpc.FarmServiceStub(channel)
+        stub.UploadArtifact(iter([farm_pb2.ArtifactUpload(sha256=sha256, size=len(data), name="tiny.onnx", data=data)]),
+                            metadata=_bearer(CLIENT), timeout=30)
+        request = farm_pb2.SubmitJobRequest(job_yaml="models: [tiny.onnx]\n", base_dir="/jobs", file_name="job.yaml",
+                                            priority="urgent\x1b[2J",
+                                            models=[farm_pb2.JobModel(entry=0, name="tiny", sha256=sha256)])
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.SubmitJob(request, metadata=_bearer(CLIENT), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "is not one of interactive, normal, low" in refused.value.details()
+        assert "\x1b" not in refused.value.details()
+        request.priority = "interactive"
+        assert stub.SubmitJob(request, metadata=_bearer(CLIENT), timeout=30).job_id > 0
+    _still_serving(lab)

@@ -144,7 +144,7 @@ def test_an_agent_fetches_a_model_it_lacks_by_sha256(controller: Cluster, tiny_m
     client = RemoteController(controller.address, name="far-away", token=None, devices=[], artifact_dir=tmp_path / "cache")
     task = TaskSpec(task_id=1, job_id=1, attempt=1, target="sim", model_name="tiny", model_path="/elsewhere/tiny.onnx",
                     model_sha256=sha, model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
-                    workload={}, sim={}, run_timeout_s=60, base_dir="/elsewhere")
+                    workload={"type": "benchmark"}, sim={}, run_timeout_s=60, base_dir="/elsewhere")
     local = Path(client.local_model_path(task))
     assert local == tmp_path / "cache" / f"{sha}.onnx"
     assert local.read_bytes() == tiny_models["onnx"].read_bytes()

@@ -284,7 +284,7 @@ def test_a_cpuset_the_agent_lacks_fails_the_run_as_job_without_retry(job_dir: Pa
 
 
 def test_device_twin_budgets_above_the_host_are_a_warning(job_dir: Path) -> None:
-    from farm.agents.device_types import load_device_types
+    from farm.proto.device_types import load_device_types
     orin = load_device_types()["jetson-orin-nano"]
     devices = [DeviceTarget("orin-1", orin, ["rack-a"])]
     text = f"models: [tiny.tflite]\n{GOOD_WORKLOAD}matrix: {{threads: [1, 4]}}\ntargets: [sim, tag:rack-a]\n"

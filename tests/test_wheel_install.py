@@ -27,11 +27,10 @@ def _run(cmd: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeou
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def installed(tmp_path_factory: pytest.TempPathFactory, farm_wheel: Path) -> Path:
     """bin/ of a fresh venv holding farm installed from its wheel."""
     root = tmp_path_factory.mktemp("wheel")
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", str(ROOT), "-w", str(root / "dist")], cwd=root)
-    (wheel,) = (root / "dist").glob("farm-*.whl")
+    wheel = farm_wheel
     _run([sys.executable, "-m", "venv", str(root / "venv")], cwd=root)  # without --system-site-packages
     _run([str(root / "venv" / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)], cwd=root)
     return root / "venv" / "bin"

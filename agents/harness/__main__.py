@@ -6,6 +6,7 @@ baseline is the runtime, not farm.
 
 from __future__ import annotations
 
+import importlib
 import platform
 import sys
 import traceback
@@ -28,12 +29,13 @@ def main(argv: list[str]) -> int:
     from farm.agents.harness.inputs import InputShapeError
 
     try:
+        # only the runtime the task needs is imported: each is slow to load
         if task.kind == "script":
-            from farm.agents.harness import script_runner as runner
+            runner = importlib.import_module("farm.agents.harness.script_runner")
         elif task.model_path.lower().endswith(".tflite"):
-            from farm.agents.harness import tflite_runner as runner
+            runner = importlib.import_module("farm.agents.harness.tflite_runner")
         elif task.model_path.lower().endswith(".onnx"):
-            from farm.agents.harness import onnx_runner as runner
+            runner = importlib.import_module("farm.agents.harness.onnx_runner")
         else:
             raise ModelRejected(f"{task.model_path}: the built-in benchmark runs .tflite and .onnx files only")
         runner.run(task, out, rss_now)

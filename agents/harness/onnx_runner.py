@@ -54,7 +54,7 @@ def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
     rng = np.random.default_rng(task.seed)
     feeds = {}
     for i in session.get_inputs():
-        declared = [d if isinstance(d, int) else None for d in i.shape]
+        declared: list[int | str | None] = [d if isinstance(d, int) else None for d in i.shape]
         shape = resolve_shape(i.name, declared, layout="nchw", batch_size=task.batch_size,
                               input_size=task.input_size, overrides=task.input_shapes)
         fixed = [d for d in i.shape]
@@ -68,7 +68,7 @@ def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
         dtype = _ORT_DTYPES.get(i.type)
         if dtype is None:
             raise ModelRejected(f"input {i.name!r} has type {i.type}, which the built-in benchmark cannot fill")
-        feeds[i.name] = random_input(shape, dtype, rng)
+        feeds[i.name] = random_input(shape, np.dtype(dtype), rng)
     try:
         time_inferences(lambda: session.run(None, feeds), out, warmup=task.warmup, iterations=task.iterations)
     except Exception as e:

@@ -83,9 +83,10 @@ def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
     except PermissionError:
         raise ModelRejected(f"command {task.command[0]!r} is not executable") from None
     assert proc.stdout is not None
+    stdout = proc.stdout
 
     def read_output() -> None:
-        for number, raw in enumerate(proc.stdout, start=1):
+        for number, raw in enumerate(stdout, start=1):
             line = raw.decode("utf-8", "replace")
             sys.stdout.write(line)  # the user's output stays in the run's log
             try:

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from farm.proto.spec import BenchmarkWorkload
+from farm.proto.tasks import TaskSpec
+
 
 @dataclass
 class HarnessTask:
@@ -36,6 +39,30 @@ class HarnessTask:
     @classmethod
     def read(cls, path: Path) -> "HarnessTask":
         return cls(**json.loads(path.read_text()))
+
+
+def benchmark_task(task: TaskSpec, model_path: str) -> HarnessTask:
+    """The harness's benchmark task for a farm task, with the model at `model_path` where the harness runs.
+
+    The one place a task's workload becomes what the harness runs (sim, boards)."""
+    w = task.workload
+    if not isinstance(w, BenchmarkWorkload):
+        raise ValueError(f"task {task.task_id} has a {w.type} workload, not a benchmark")
+    return HarnessTask(kind="benchmark", model_path=model_path, threads=task.threads, batch_size=task.batch_size,
+                       input_size=task.input_size, iterations=w.iterations, warmup=w.warmup,
+                       input_shapes=dict(w.input_shapes), use_xnnpack=w.use_xnnpack, seed=task.repeat,
+                       op_profiling=w.op_profiling)
+
+
+def script_task(task: TaskSpec, model_path: str, command: list[str], script_dir: str) -> HarnessTask:
+    """The harness's script task: `command` already formatted (sim.py fills the placeholders)."""
+    return HarnessTask(kind="script", model_path=model_path, threads=task.threads, batch_size=task.batch_size,
+                       input_size=task.input_size, command=command, script_dir=script_dir)
+
+
+def runtime_env(threads: int) -> dict[str, str]:
+    """What a run's environment says about threads: runtimes must not size their pools from the host's cores."""
+    return {"OMP_NUM_THREADS": str(threads)}
 
 
 @dataclass

@@ -33,7 +33,7 @@ def choose_backend(name: str, *, image: str | None = None) -> SandboxBackend:
         cls = backend_class(candidate)
         reason = cls.unavailable_reason()
         if reason is None:
-            return cls(image=image) if candidate == "docker" else cls()
+            return cls(image=image) if candidate == "docker" else cls()  # type: ignore[call-arg]  # only docker takes an image
         reasons.append(f"{candidate}: {reason}")
     raise SandboxError("no sandbox backend can run here — " + "; ".join(reasons))
 

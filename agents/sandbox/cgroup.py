@@ -18,7 +18,7 @@ from farm.agents.sandbox.base import (
     CFS_PERIOD_US, Budget, Counters, CpuAccounting, ExitInfo, IoTotals, MountSpec, RunningSandbox, SandboxBackend,
     SandboxError, applied_cpus, cfs_quota_us,
 )
-from farm.agents.sandbox.cgroupfs import CgroupFiles, read_int
+from farm.agents.sandbox.cgroupfs import CgroupFiles, cgroup_mounts, process_cgroups, read_int
 from farm.agents.sandbox.process_tree import ReapedProcess
 
 V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "blkio")
@@ -45,37 +45,18 @@ def _write(path: Path, value: str) -> None:
         f.write(value)
 
 
-def _mounts() -> list[tuple[str, str, list[str]]]:
-    out = []
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        parts = line.split()
-        if len(parts) >= 4 and parts[2] in ("cgroup", "cgroup2"):
-            out.append((parts[1], parts[2], parts[3].split(",")))
-    return out
-
-
-def _own_cgroups() -> dict[str, str]:
-    """controller name (or '' for v2) -> this process's cgroup path."""
-    own = {}
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        for c in controllers.split(",") if controllers else [""]:
-            own[c] = path
-    return own
-
-
 def detect_layout() -> CgroupLayout | str:
     """The usable hierarchy, or a sentence saying why none is."""
-    mounts = _mounts()
-    own = _own_cgroups()
+    mounts = cgroup_mounts()
+    own = process_cgroups()
     forced = os.environ.get("FARM_CGROUP_VERSION")
     v1 = {}
-    for mountpoint, fstype, opts in mounts:
-        if fstype != "cgroup":
+    for mount in mounts:
+        if mount.is_v2:
             continue
         for c in V1_CONTROLLERS:
-            if c in opts and c not in v1:
-                v1[c] = Path(mountpoint) / own.get(c, "/").lstrip("/") / "farm"
+            if c in mount.controllers and c not in v1:
+                v1[c] = mount.mount_point / own.get(c, "/").lstrip("/") / "farm"
     if forced != "2" and all(c in v1 for c in ("cpu", "cpuacct", "cpuset", "memory")):
         for c, root in v1.items():
             try:
@@ -83,7 +64,7 @@ def detect_layout() -> CgroupLayout | str:
             except OSError as e:
                 return f"cgroup v1 {c} hierarchy is not writable ({root}: {e.strerror}); run the agent as root or choose backend: docker or process"
         return CgroupLayout(1, v1)
-    v2_mount = next((Path(m) for m, t, _ in mounts if t == "cgroup2"), None)
+    v2_mount = next((m.mount_point for m in mounts if m.is_v2), None)
     if v2_mount is None:
         return "no cgroup hierarchy with cpu, cpuset and memory controllers is mounted"
     available = set(_read(v2_mount / "cgroup.controllers").split())

@@ -1,12 +1,62 @@
-"""Reading a cgroup's counters (CPU time, memory, peak, OOM kills, block I/O), v1 and v2.
+"""Finding cgroups and reading their counters (CPU time, memory, peak, OOM kills, block I/O), v1 and v2.
 
-Shared by the cgroup backend (its own cgroups) and the docker backend (a container's).
+The one place cgroup mounts and a process's cgroups are discovered; shared by the cgroup backend
+(its own cgroups), the docker backend (a container's) and the test phone's budget.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CgroupMount:
+    mount_point: Path
+    root: str  # the hierarchy path mounted there ("/" unless we live in a cgroup namespace)
+    controllers: frozenset[str]
+    is_v2: bool
+
+    def host_dir(self, cgroup_path: str) -> Path | None:
+        """Where cgroup_path (as /proc/<pid>/cgroup names it) lives under this mount."""
+        if self.root == "/":
+            relative = cgroup_path
+        elif cgroup_path == self.root or cgroup_path.startswith(self.root.rstrip("/") + "/"):
+            relative = cgroup_path[len(self.root.rstrip("/")) :]
+        else:
+            return None
+        return self.mount_point / relative.lstrip("/")
+
+
+def cgroup_mounts() -> list[CgroupMount]:
+    """cgroup v1 and v2 mounts of this host, from /proc/self/mountinfo."""
+    mounts: list[CgroupMount] = []
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return mounts
+    for line in lines:
+        before, _, after = line.partition(" - ")
+        fields, tail = before.split(), after.split()
+        if len(fields) < 5 or len(tail) < 3 or tail[0] not in ("cgroup", "cgroup2"):
+            continue
+        root, mount_point = fields[3], fields[4].replace("\\040", " ")
+        if tail[0] == "cgroup2":
+            mounts.append(CgroupMount(Path(mount_point), root, frozenset(), is_v2=True))
+        else:
+            options = set(tail[2].split(","))
+            mounts.append(CgroupMount(Path(mount_point), root, frozenset(options), is_v2=False))
+    return mounts
+
+
+def process_cgroups(pid: int | str = "self") -> dict[str, str]:
+    """A process's cgroups from /proc/<pid>/cgroup: controller -> path ('' for the v2 hierarchy)."""
+    own: dict[str, str] = {}
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for c in controllers.split(",") if controllers else [""]:
+            own[c] = path
+    return own
 
 
 @dataclass(frozen=True)

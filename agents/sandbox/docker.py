@@ -23,7 +23,6 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,7 @@ from farm.agents.sandbox.base import (
 )
 from farm.agents.sandbox.docker_image import ensure_default_image, host_runtime_mounts
 from farm.agents.sandbox.cgroup import V1_MAX_SHARES, V2_MAX_WEIGHT
-from farm.agents.sandbox.cgroupfs import CgroupFiles
+from farm.agents.sandbox.cgroupfs import CgroupFiles, cgroup_mounts, process_cgroups
 
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 CONTAINER_LABEL = "farm.sandbox"  # every container we create carries it, for leak checks
@@ -64,45 +63,6 @@ def engine_address() -> str:
 # cgroup files of one container on this host
 
 
-@dataclass(frozen=True)
-class _CgroupMount:
-    mount_point: Path
-    root: str  # the hierarchy path mounted there ("/" unless we live in a cgroup namespace)
-    controllers: frozenset[str]
-    is_v2: bool
-
-    def host_dir(self, cgroup_path: str) -> Path | None:
-        """Where cgroup_path (as /proc/<pid>/cgroup names it) lives under this mount."""
-        if self.root == "/":
-            relative = cgroup_path
-        elif cgroup_path == self.root or cgroup_path.startswith(self.root.rstrip("/") + "/"):
-            relative = cgroup_path[len(self.root.rstrip("/")) :]
-        else:
-            return None
-        return self.mount_point / relative.lstrip("/")
-
-
-def _cgroup_mounts() -> list[_CgroupMount]:
-    """cgroup v1 and v2 mounts of this host, from /proc/self/mountinfo."""
-    mounts: list[_CgroupMount] = []
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return mounts
-    for line in lines:
-        before, _, after = line.partition(" - ")
-        fields, tail = before.split(), after.split()
-        if len(fields) < 5 or len(tail) < 3 or tail[0] not in ("cgroup", "cgroup2"):
-            continue
-        root, mount_point = fields[3], fields[4].replace("\\040", " ")
-        if tail[0] == "cgroup2":
-            mounts.append(_CgroupMount(Path(mount_point), root, frozenset(), is_v2=True))
-        else:
-            options = set(tail[2].split(","))
-            mounts.append(_CgroupMount(Path(mount_point), root, frozenset(options), is_v2=False))
-    return mounts
-
-
 def container_cgroup(pid: int, container_id: str) -> CgroupFiles | None:
     """The cgroup of a container's init process, or None when it is not a local container.
 
@@ -111,20 +71,11 @@ def container_cgroup(pid: int, container_id: str) -> CgroupFiles | None:
     another machine's engine or was reused after the container exited.
     """
     try:
-        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        v1_paths = process_cgroups(pid)
     except OSError:
         return None
-    mounts = _cgroup_mounts()
-    v1_paths: dict[str, str] = {}
-    v2_path: str | None = None
-    for line in lines:
-        hierarchy_id, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if hierarchy_id == "0" and controllers == "":
-            v2_path = path
-        else:
-            for controller in controllers.split(","):
-                v1_paths[controller] = path
+    mounts = cgroup_mounts()
+    v2_path = v1_paths.pop("", None)
     if not any(container_id in p for p in [*v1_paths.values(), v2_path or ""]):
         return None
     v1_dirs: dict[str, Path] = {}
@@ -148,7 +99,7 @@ def container_cgroup(pid: int, container_id: str) -> CgroupFiles | None:
 def _private_cgroup_dirs(cgroup_parent: str) -> list[Path]:
     """Every directory a private cgroup_parent occupies, across all hierarchies."""
     dirs = []
-    for mount in _cgroup_mounts():
+    for mount in cgroup_mounts():
         host_dir = mount.host_dir(cgroup_parent)
         if host_dir is not None:
             dirs.append(host_dir)
@@ -490,7 +441,7 @@ class DockerSandbox(RunningSandbox):
 def _claim_parent_weight(cgroup_parent: str) -> None:
     """Give the per-run parent (and /farm-sandbox above it) farm's full CPU weight, as the cgroup backend
     does, so a container competes with the host's tasks as one heavy group; best effort."""
-    for mount in _cgroup_mounts():
+    for mount in cgroup_mounts():
         if not (mount.is_v2 or "cpu" in mount.controllers):
             continue
         top = mount.host_dir("/" + PRIVATE_CGROUP_ROOT)
@@ -509,7 +460,7 @@ _WEIGHT = {False: ("cpu.shares", str(V1_MAX_SHARES)), True: ("cpu.weight", str(V
 
 
 def _private_parent_files(cgroup_parent: str) -> CgroupFiles | None:
-    mounts = _cgroup_mounts()
+    mounts = cgroup_mounts()
     v1_dirs: dict[str, Path] = {}
     for controller in ("cpuacct", "memory", "blkio"):
         mount = next((m for m in mounts if not m.is_v2 and controller in m.controllers), None)
@@ -578,7 +529,8 @@ class DockerBackend(SandboxBackend):
             import docker
             import docker.errors
         except ImportError:
-            return "the `docker` Python package is not installed: pip install 'docker>=7' or choose backend: cgroup"
+            return ("the `docker` Python package is not installed: pip install 'docker>=7' (farm-agent[docker]) "
+                    "or choose backend: cgroup")
         address = engine_address()
         try:
             client = docker.from_env(timeout=10)

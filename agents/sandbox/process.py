@@ -56,7 +56,8 @@ class ProcessSandbox(RunningSandbox):
         self.started_at = process.started_at
         self.budget = budget
         self.cores = cores
-        self.duty = 1.0 if cfs_quota_us(budget) is None else min(1.0, applied_cpus(budget) / len(cores))
+        quota_cpus = applied_cpus(budget) if cfs_quota_us(budget) is not None else None
+        self.duty = 1.0 if quota_cpus is None else min(1.0, quota_cpus / len(cores))
         self.oom_killed = False
         self.peak_sampled = 0
         self._io_start = self._io_now()

@@ -15,10 +15,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
-from farm.proto.spec import Strict, parse_memory
+from farm.proto.spec import Strict, default_cpus, parse_memory
 
 BUILTIN_DIR = Path(__file__).parent
 USER_DIR = Path(os.path.expanduser("~/.config/farm/device_types"))
+
+
+CalibrationKeyName = Literal["threads", "runtime", "power_mode", "precision"]
 
 
 class DeviceTypeError(ValueError):
@@ -64,8 +67,7 @@ class DeviceType(Strict):
     native_tool: NativeTool
     sim_budget: dict[int, SimBudgetEntry] = Field(description="thread count -> sim budget")
     match: Match = Field(default_factory=Match)
-    calibration_keys: list[Literal["threads", "runtime", "power_mode", "precision"]] = Field(
-        default_factory=lambda: ["threads", "runtime"])
+    calibration_keys: list[CalibrationKeyName] = Field(default_factory=lambda: list[CalibrationKeyName](["threads", "runtime"]))
     source: str = ""  # the file it came from, filled by the loader
 
     @property
@@ -79,7 +81,7 @@ class DeviceType(Strict):
         known = sorted(self.sim_budget)
         base = max((t for t in known if t <= threads), default=known[0])
         entry = self.sim_budget[base]
-        return entry.model_copy(update={"cpus": min(float(threads), float(self.cores))})
+        return entry.model_copy(update={"cpus": default_cpus(None, threads, self.cores)})
 
     def matches(self, facts: dict[str, Any]) -> bool:
         props = facts.get("getprop") or {}

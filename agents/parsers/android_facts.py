@@ -1,0 +1,96 @@
+"""A phone's facts script output (getprop, cpufreq, meminfo, thermal zones, battery) as AndroidFacts: pure, over text."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class AndroidFacts:
+    """What the phone says about itself; goes into every run's environment."""
+
+    serial: str
+    model: str = ""
+    manufacturer: str = ""
+    fingerprint: str = ""
+    abi: str = ""
+    abi_list: list[str] = field(default_factory=list)
+    soc: str = ""  # ro.soc.model (Android 12+), else ro.board.platform
+    android_release: str = ""
+    sdk: int | None = None
+    cpu_max_khz: dict[int, int] = field(default_factory=dict)  # core → cpuinfo_max_freq
+    cpu_cur_khz: dict[int, int] = field(default_factory=dict)
+    governors: dict[int, str] = field(default_factory=dict)
+    mem_total_mb: float | None = None
+    mem_available_mb: float | None = None
+    thermal_c: dict[str, float] = field(default_factory=dict)  # zone type → °C
+    battery_level: int | None = None
+    battery_temp_c: float | None = None
+    battery_plugged: str | None = None  # "ac" | "usb" | "wireless" | "none"
+
+    @property
+    def cores(self) -> int:
+        return len(self.cpu_max_khz)
+
+    def to_environment(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_facts(text: str, *, serial: str) -> AndroidFacts:
+    """Pure: the facts script's output → AndroidFacts (tolerant of missing files and properties)."""
+    facts = AndroidFacts(serial=serial)
+    props: dict[str, str] = {}
+    plugged = []
+    for line in text.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "prop":
+            key, _, value = rest.partition("=")
+            props[key] = value.strip()
+        elif kind == "cpu":
+            core, *fields = rest.split()
+            values = dict(f.split("=", 1) for f in fields if "=" in f)
+            if not core.isdigit():
+                continue
+            if values.get("max", "").isdigit():
+                facts.cpu_max_khz[int(core)] = int(values["max"])
+            if values.get("cur", "").isdigit():
+                facts.cpu_cur_khz[int(core)] = int(values["cur"])
+            if values.get("governor"):
+                facts.governors[int(core)] = values["governor"]
+        elif kind == "mem":
+            match = re.match(r"(\w+):\s*(\d+)\s*kB", rest)
+            if match:
+                mb = int(match.group(2)) / 1024
+                if match.group(1) == "MemTotal":
+                    facts.mem_total_mb = round(mb, 1)
+                else:
+                    facts.mem_available_mb = round(mb, 1)
+        elif kind == "thermal":
+            zone, _, value = rest.rpartition("=")
+            if zone and re.fullmatch(r"-?\d+", value.strip()):
+                raw = int(value)
+                # Most zones report millidegrees; a few old kernels report whole degrees.
+                facts.thermal_c[zone] = raw / 1000 if abs(raw) >= 1000 else float(raw)
+        elif kind == "battery":
+            key, _, value = rest.partition(":")
+            value = value.strip()
+            if key == "level" and value.isdigit():
+                facts.battery_level = int(value)
+            elif key == "temperature" and re.fullmatch(r"-?\d+", value):
+                facts.battery_temp_c = int(value) / 10  # dumpsys reports tenths of a degree
+            elif key.endswith("powered") and value == "true":
+                plugged.append(key.split()[0].lower())
+    facts.model = props.get("ro.product.model", "")
+    facts.manufacturer = props.get("ro.product.manufacturer", "")
+    facts.fingerprint = props.get("ro.build.fingerprint", "")
+    facts.abi = props.get("ro.product.cpu.abi", "")
+    facts.abi_list = [a for a in props.get("ro.product.cpu.abilist", "").split(",") if a]
+    facts.soc = props.get("ro.soc.model") or props.get("ro.board.platform", "")
+    facts.android_release = props.get("ro.build.version.release", "")
+    sdk = props.get("ro.build.version.sdk", "")
+    facts.sdk = int(sdk) if sdk.isdigit() else None
+    if any(line.startswith("battery ") for line in text.splitlines()):
+        facts.battery_plugged = plugged[0] if plugged else "none"
+    return facts

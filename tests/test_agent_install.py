@@ -1,0 +1,87 @@
+"""An agent-only host installs farm-agent: farm's wheel under another name with only the agent's
+requirements (deploy/agent_wheel.py). In a fresh venv it has none of the controller's stack, runs
+a real controller's sim task, and a command that needs the rest says so instead of a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpc_processes import Cluster, _die_with_parent, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.wheel, pytest.mark.timeout(900)]
+CONTROLLER_STACK = ("scipy", "matplotlib", "sqlite_utils", "croniter", "prometheus_client", "docker")
+
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kw)
+    assert p.returncode == 0, f"{' '.join(map(str, cmd))} exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return p
+
+
+@pytest.fixture(scope="module")
+def agent_bin(tmp_path_factory: pytest.TempPathFactory, farm_wheel: Path) -> Path:
+    root = tmp_path_factory.mktemp("agent-install")
+    built = _run([sys.executable, str(ROOT / "deploy" / "agent_wheel.py"), str(farm_wheel), "-o", str(root / "dist")])
+    wheel = Path(built.stdout.strip())
+    assert wheel.name.startswith("farm_agent-")
+    _run([sys.executable, "-m", "venv", str(root / "venv")])  # without --system-site-packages
+    _run([str(root / "venv" / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)], cwd=root)
+    return root / "venv" / "bin"
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FARM_", "PYTHON", "VIRTUAL_ENV"))}
+    return {**env, "HOME": str(tmp_path / "home"), "FARM_DB": str(tmp_path / "farm.db")}
+
+
+def test_the_agent_install_lacks_the_controller_stack(agent_bin: Path, tmp_path: Path) -> None:
+    probe = ("import importlib.util, json, farm\n"
+             f"print(json.dumps([farm.__file__, [m for m in {CONTROLLER_STACK!r} if importlib.util.find_spec(m)]]))\n")
+    where, present = json.loads(_run([str(agent_bin / "python"), "-c", probe], cwd=tmp_path, env=_env(tmp_path)).stdout)
+    assert "site-packages" in where and not Path(where).is_relative_to(ROOT)
+    assert present == []
+    pip_list = _run([str(agent_bin / "python"), "-m", "pip", "list", "--format=json"], cwd=tmp_path).stdout
+    assert "farm-agent" in {d["name"] for d in json.loads(pip_list)}
+
+
+def test_a_command_that_needs_the_full_install_says_so(agent_bin: Path, tmp_path: Path) -> None:
+    p = subprocess.run([str(agent_bin / "farm"), "calibrations"], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path, env=_env(tmp_path))
+    assert p.returncode == 3, p.stderr
+    assert "farm-agent runs agents only" in p.stderr and "pip install farm" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_the_agent_install_runs_a_controllers_sim_task(agent_bin: Path, tmp_path: Path, tiny_models) -> None:
+    cluster = Cluster(tmp_path, {"HOME": str(tmp_path / "home")})
+    try:
+        cluster.start_controller("--no-auth")
+        log = tmp_path / "slim-agent.log"
+        with log.open("ab") as handle:
+            agent = subprocess.Popen([str(agent_bin / "farm"), "agent", "--controller", str(cluster.address), "--name",
+                                      "slim", "--work-dir", str(tmp_path / "work-slim")], stdout=handle,
+                                     stderr=subprocess.STDOUT, cwd=tmp_path, env=_env(tmp_path),
+                                     preexec_fn=_die_with_parent)
+        try:
+            wait_for(lambda: "slim" in cluster.farm("agents", "--controller", str(cluster.address)).stdout, 60,
+                     "the agent from farm-agent to register")
+            os.symlink(tiny_models["onnx"], tmp_path / "tiny.onnx")
+            (tmp_path / "job.yaml").write_text("models: [tiny.onnx]\nworkload: {iterations: 5, warmup: 1}\n"
+                                               "sim: {on_contention: flag}\n")
+            run = cluster.farm("submit", str(tmp_path / "job.yaml"), "--controller", str(cluster.address), "--json",
+                               timeout=300)
+            assert run.returncode == 0, run.stderr + log.read_text(errors="replace")[-2000:]
+            (result,) = json.loads(run.stdout)["results"]
+            assert result["status"] == "completed" and result["latency_ms"]["avg"] > 0, result
+        finally:
+            agent.terminate()
+            agent.wait(30)
+    finally:
+        cluster.stop_all()
