@@ -166,7 +166,8 @@ def results_table(records: list[dict[str, Any]], title: str | None = None, *, wi
     for r in records:
         lat = r["latency_ms"] or {}
         lim = r["limits"] or {}
-        row: list[str | Text] = [Text(printable(r["model"]["name"], limit=None))]
+        name = Text(printable(r["model"]["name"], limit=None))
+        row: list[str | Text] = []
         if show_target:
             row.append(Text(printable(r["target"])))
         row.append(str(r["threads"]))
@@ -200,7 +201,7 @@ def results_table(records: list[dict[str, Any]], title: str | None = None, *, wi
             cpu = r["cpu_percent"] or {}
             backend = (r["backend"] or "—") + ("*" if r.get("approximate") else "")
             row += [f"{_fmt(cpu.get('avg'), 0)}/{_fmt(cpu.get('peak'), 0)}", _fmt(r["wall_s"]), backend]
-        t.add_row(*row)
+        t.add_row(name, *row)
     notes = []
     if show_n:
         notes.append("n: runs averaged (a cell's repeats; sd is their spread, `--runs` lists each)")
@@ -233,11 +234,11 @@ def pairs_table(pairs: list[dict[str, Any]], title: str | None = None, *, wide: 
         d_lat = (p["device_run"]["latency_ms"] or {}).get("avg")
         ratio = d_lat / s_lat if s_lat and d_lat else None
         mark = f" {CONTENDED_MARK}" if is_contended(p["sim"]) else ""
-        row = [Text(printable(p["model"]["name"], limit=None)), str(p["threads"]), str(p["repeat"]),
-               Text(printable(p["device"])), _ms(s_lat) + mark, _ms(d_lat), _fmt(ratio)]
+        cells: list[str | Text] = [str(p["threads"]), str(p["repeat"]), Text(printable(p["device"])),
+                                   _ms(s_lat) + mark, _ms(d_lat), _fmt(ratio)]
         if wide:
-            row += [_fmt(p["sim"]["peak_memory_mb"], 1), _fmt(p["device_run"]["peak_memory_mb"], 1)]
-        t.add_row(*row)
+            cells += [_fmt(p["sim"]["peak_memory_mb"], 1), _fmt(p["device_run"]["peak_memory_mb"], 1)]
+        t.add_row(Text(printable(p["model"]["name"], limit=None)), *cells)
     if not pairs:
         return Text(f"{printable(title, limit=None) + ': ' if title else ''}no completed pairs. A pair is a device run and its sim twin, both "
                     "completed: give the job a device target (targets: [NAME]), or compare two jobs with "

@@ -253,11 +253,12 @@ def place_labels(ax: Axes, points: Iterable[tuple[float, float]], labels: Iterab
     and is left out when none is free (the table beside the figure names every point)."""
     fig = ax.figure
     fig.canvas.draw()  # limits and layout settle first: label boxes are measured where they will be drawn
-    renderer = fig.canvas.get_renderer()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # the Agg canvas farm draws on has one
     frame = ax.get_window_extent(renderer)
     placed: list = [t.get_window_extent(renderer) for t in ax.texts]  # the formula box, and any other text
-    if ax.get_legend() is not None:
-        placed.append(ax.get_legend().get_window_extent(renderer))
+    legend = ax.get_legend()
+    if legend is not None:
+        placed.append(legend.get_window_extent(renderer))
     texts = []
     offsets = [(4, 4), (4, -10), (-4, 4), (-4, -10), (4, 14), (4, -20), (-4, 14), (-4, -20)]
     for (x, y), label in zip(points, labels):

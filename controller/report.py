@@ -184,8 +184,7 @@ def calibration_section(store: Store, c: StoredCalibration, figures: list[Figure
 
 
 def rankings_section(store: Store, job_id: int, calibrations: list[StoredCalibration]) -> str:
-    device_jobs = sorted({c.source.get("device_job") for c in calibrations if isinstance(c.source.get("device_job"), int)}
-                         - {job_id})
+    device_jobs = sorted({job for c in calibrations if isinstance(job := c.source.get("device_job"), int)} - {job_id})
     parts = []
     for metric in sorted({c.metric for c in calibrations if c.metric != "energy"} or {"latency"}):
         try:

@@ -164,9 +164,9 @@ def _migration_10(db: sqlite_utils.Database) -> None:
 def _migration_11(db: sqlite_utils.Database) -> None:
     # Profile depth (issue 13): throughput and cold-start cost as figures of their own, and the slowest
     # operators of a run (bounded per run by farm.proto.op_profile).
-    db["summaries"].add_column("throughput_per_s", float)
-    db["summaries"].add_column("startup_ms", float)
-    db["op_profiles"].create({
+    db.table("summaries").add_column("throughput_per_s", float)
+    db.table("summaries").add_column("startup_ms", float)
+    db.table("op_profiles").create({
         "run_id": int, "idx": int, "kind": str, "node_type": str, "name": str, "avg_ms": float, "percent": float,
         "first_ms": float, "count": int, "times_called": int, "mem_kb": float,
     }, pk=("run_id", "idx"), foreign_keys=[("run_id", "runs", "id")])

@@ -164,7 +164,7 @@ class Matrix(Strict):
     )
 
     cpus: list[float | None] = Field(
-        default_factory=lambda: [None],
+        default_factory=lambda: list[float | None]([None]),
         description="Sim CPU budgets to sweep, in cores like sim.cpus (null: the run's thread count); sim targets "
                     "only, and not together with sim.cpus",
     )

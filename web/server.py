@@ -189,7 +189,7 @@ class Dashboard:
         if self.origin_ok(headers) is not True:  # login CSRF: another site must not log a browser in as itself
             raise Refused(HTTPStatus.FORBIDDEN, "a log-in must come from this dashboard's own page")
         form = _form(headers, body)
-        identity = self.tokens.lookup(form.get("token", "").strip())
+        identity = self.tokens.lookup(form.get("token", "").strip()) if self.tokens is not None else None
         if identity is None:
             return Response(HTTPStatus.UNAUTHORIZED, pages.login_page(
                 "this controller does not know that token; check for a typo or an old token").encode())
@@ -211,7 +211,7 @@ class Dashboard:
             raise Refused(HTTPStatus.FORBIDDEN, "refused: this request did not come from the dashboard's own pages "
                                                 "(its Origin or Referer names another site, or none)")
         form = _form(headers, body)
-        if not bearer and not self.signer.csrf_ok(session, form.get("csrf")):
+        if not bearer and (session is None or not self.signer.csrf_ok(session, form.get("csrf"))):
             raise Refused(HTTPStatus.FORBIDDEN, "refused: the form's CSRF token is missing or stale; reload the page "
                                                 "and try again")
         if path == "/logout":
@@ -311,9 +311,13 @@ class Dashboard:
             return Response(HTTPStatus.OK, data.encode(), kind,
                             {"Content-Disposition": f'attachment; filename="farm-job-{job_id}.{download}"'})
         if query.get("part") == "progress":
-            summary = views.job_summary(self.store, job_id)
-            return Response(HTTPStatus.OK, pages.job_progress_part(self.store.job(job_id), summary["progress"]).encode())
+            job, summary = self.store.job(job_id), views.job_summary(self.store, job_id)
+            if job is None or summary is None:  # removed since the check above
+                raise Refused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
+            return Response(HTTPStatus.OK, pages.job_progress_part(job, summary["progress"]).encode())
         view = views.job_view(self.store, job_id)
+        if view is None:
+            raise Refused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
         if query.get("part") == "results":
             return Response(HTTPStatus.OK, pages.results_part(view).encode())
         return page(f"Job {job_id}", pages.job_page(view, csrf=csrf, may_cancel=identity.role in CANCEL_ROLES), "jobs")

@@ -68,11 +68,11 @@ class SessionSigner:
         return self._mac("csrf", session.sid)
 
     def csrf_ok(self, session: Session, sent: str | None) -> bool:
-        return bool(sent) and hmac.compare_digest(sent, self.csrf_token(session))
+        return sent is not None and sent != "" and hmac.compare_digest(sent, self.csrf_token(session))
 
     def sign_text(self, text: str) -> str:
         """A MAC for a message the dashboard shows after a redirect: a link from elsewhere cannot put words on it."""
         return self._mac("text", text)
 
     def text_ok(self, text: str, mac: str | None) -> bool:
-        return bool(text) and bool(mac) and hmac.compare_digest(mac, self.sign_text(text))
+        return bool(text) and mac is not None and mac != "" and hmac.compare_digest(mac, self.sign_text(text))

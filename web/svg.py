@@ -123,8 +123,8 @@ def render(chart: Chart) -> str:
         outline += [f"{px(x)},{py(lo)}" for x, lo in reversed(list(zip(band.xs, band.low)))]
         parts.append(f'<polygon class="band" points="{" ".join(outline)}" fill="#d62728" fill-opacity="0.15" '
                      f'stroke="none"><title>{escape(band.label)}</title></polygon>')
-        line = " ".join(f"{px(x)},{py(e)}" for x, e in zip(band.xs, band.estimate))
-        parts.append(f'<polyline class="fit" points="{line}" fill="none" stroke="#d62728" stroke-width="2"/>')
+        fit_points = " ".join(f"{px(x)},{py(e)}" for x, e in zip(band.xs, band.estimate))
+        parts.append(f'<polyline class="fit" points="{fit_points}" fill="none" stroke="#d62728" stroke-width="2"/>')
     for x, e, lo, hi in bars:
         parts.append(f'<line class="fit" x1="{px(x)}" y1="{py(lo)}" x2="{px(x)}" y2="{py(hi)}" stroke="#d62728"/>'
                      f'<path d="M{px(x) - 4},{py(e) - 4}l8,8m0,-8l-8,8" stroke="#d62728" stroke-width="2"/>')

@@ -67,6 +67,12 @@ def _number(data: dict[str, Any], key: str, *, integer: bool = False) -> float |
     return int(value) if integer else float(value)
 
 
+def _count(data: dict[str, Any], key: str) -> int | None:
+    """A whole number >= 0, or None when absent."""
+    value = _number(data, key, integer=True)
+    return None if value is None else int(value)
+
+
 def _numbers(data: dict[str, Any], key: str, limit: int) -> list[float]:
     values = data.get(key) or []
     if not isinstance(values, list) or len(values) > limit:
@@ -131,16 +137,16 @@ def parse_harness_output(text: str) -> BoardHarnessOutput:
         init_ms=_number(data, "init_ms"), first_ms=_number(data, "first_ms"),
         warmup_ms=_numbers(data, "warmup_ms", MAX_ITERATIONS), iterations_ms=_numbers(data, "iterations_ms", MAX_ITERATIONS),
         whole_run_s=_number(data, "whole_run_s"), measure_wall_s=_number(data, "measure_wall_s"),
-        baseline_rss_bytes=_number(data, "baseline_rss_bytes", integer=True),
-        peak_rss_bytes=_number(data, "peak_rss_bytes", integer=True),
+        baseline_rss_bytes=_count(data, "baseline_rss_bytes"),
+        peak_rss_bytes=_count(data, "peak_rss_bytes"),
         input_shapes={k[:200]: v for k, v in list(shapes.items())[:64]},
         tool_versions={str(k)[:60]: str(v)[:120] for k, v in list(versions.items())[:20]},
         process_memory_avg_bytes=_number(data, "process_memory_avg_bytes"),
-        process_memory_peak_bytes=_number(data, "process_memory_peak_bytes", integer=True),
-        process_memory_samples=_number(data, "process_memory_samples", integer=True) or 0,
-        output_bytes=_number(data, "output_bytes", integer=True) or 0,
+        process_memory_peak_bytes=_count(data, "process_memory_peak_bytes"),
+        process_memory_samples=_count(data, "process_memory_samples") or 0,
+        output_bytes=_count(data, "output_bytes") or 0,
         output_tail=_text(data, "output_tail"),
-        timings_dropped=_number(data, "timings_dropped", integer=True) or 0,
+        timings_dropped=_count(data, "timings_dropped") or 0,
         leftovers=[str(x)[:200] for x in leftovers[:20]] if isinstance(leftovers, list) else [],
     )
 

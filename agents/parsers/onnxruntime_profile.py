@@ -26,13 +26,14 @@ def parse_ort_profile(text: str) -> list[OpProfileRow]:
     op-type rows come from `by_type`. Raises OrtProfileError for text that is not a trace."""
     try:
         events: Any = json.loads(text)
-    except ValueError as e:
-        raise OrtProfileError(f"the profiling trace is not JSON: {e}") from None
+    except ValueError as error:
+        raise OrtProfileError(f"the profiling trace is not JSON: {error}") from None
     if isinstance(events, dict):  # the trace-event format also allows {"traceEvents": [...]}
         events = events.get("traceEvents")
     if not isinstance(events, list):
         raise OrtProfileError("the profiling trace is not a list of events")
-    runs = sum(1 for e in events if isinstance(e, dict) and e.get("cat") == "Session" and e.get("name") == "model_run")
+    runs = sum(1 for event in events
+               if isinstance(event, dict) and event.get("cat") == "Session" and event.get("name") == "model_run")
     nodes: dict[str, OpProfileRow] = {}
     calls: dict[str, int] = {}
     for e in events:
