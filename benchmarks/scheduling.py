@@ -31,7 +31,8 @@ from results_file import write_results  # benchmarks/ is on sys.path when a benc
 ROOT = Path(__file__).resolve().parent
 
 
-def _agents(address: str, count: int, out_path: str, ready: "multiprocessing.Event", stop: "multiprocessing.Event") -> None:
+def _agents(address: str, count: int, out_path: str, ready: "multiprocessing.Event", stop: "multiprocessing.Event",
+            work: str) -> None:
     """The child process: `count` agents with an instant driver; writes their dispatch latencies."""
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from farm.agents.agent import Agent
@@ -56,7 +57,9 @@ def _agents(address: str, count: int, out_path: str, ready: "multiprocessing.Eve
     clients, threads = [], []
     for i in range(count):
         name = f"bench{i:03d}"
-        client = RemoteController(address, name=name, token=None, devices=[DeviceInfo(f"{name}/sim", "sim", "sim")]).start()
+        # Models come from the controller's artifact store into each agent's own cache, as on a real farm.
+        client = RemoteController(address, name=name, token=None, devices=[DeviceInfo(f"{name}/sim", "sim", "sim")],
+                                  artifact_dir=Path(work) / name).start()
         agent = Agent(client, InstantDriver(client), name=name, slots=1)
         thread = threading.Thread(target=agent.run_job, args=(None,), daemon=True)
         thread.start()
@@ -96,7 +99,7 @@ def run(agents: int, tasks: int) -> dict:
         ctx = multiprocessing.get_context("spawn")
         ready, stop = ctx.Event(), ctx.Event()
         out = tmp_path / "latencies.json"
-        child = ctx.Process(target=_agents, args=(address, agents, str(out), ready, stop))
+        child = ctx.Process(target=_agents, args=(address, agents, str(out), ready, stop, str(tmp_path / "agents")))
         child.start()
         try:
             if not ready.wait(120):
@@ -110,12 +113,13 @@ def run(agents: int, tasks: int) -> dict:
             started = time.perf_counter()
             job_id = stub.SubmitJob(farm_pb2.SubmitJobRequest(job_yaml=job, base_dir=str(tmp_path))).job_id
             submitted = time.perf_counter()
-            while True:
-                done = store.query("SELECT COUNT(*) AS n FROM tasks WHERE job_id = ? AND status = 'completed'", [job_id])[0]["n"]
-                if done == tasks:
-                    break
+            count = "SELECT COUNT(*) AS n FROM tasks WHERE job_id = ? AND status IN ({})"
+            while store.query(count.format("'pending', 'running'"), [job_id])[0]["n"]:
                 time.sleep(0.005)
             finished = time.perf_counter()
+            if (done := store.query(count.format("'completed'"), [job_id])[0]["n"]) != tasks:
+                raise RuntimeError(f"{tasks - done} of {tasks} tasks did not complete (a benchmark of failures measures "
+                                   f"nothing): {store.query('SELECT message FROM tasks WHERE status != ? LIMIT 1', ['completed'])}")
             channel.close()
         finally:
             stop.set()
