@@ -40,11 +40,7 @@ class Figure:
 
 def calibrations_for_job(store: Store, job_id: int) -> list[StoredCalibration]:
     """The newest version of every calibration fitted on this job's runs (either side)."""
-    rows = store.query(
-        "SELECT c.* FROM calibrations c WHERE c.id IN ("
-        " SELECT cr.calibration_id FROM calibration_runs cr JOIN runs r"
-        " ON r.id = cr.sim_run_id OR r.id = cr.device_run_id WHERE r.job_id = ?)"
-        " ORDER BY c.device, c.metric, c.threads, c.family, c.version", [job_id])
+    rows = store.calibrations_of_job(job_id)
     newest: dict[tuple, dict[str, Any]] = {}
     for row in rows:
         newest[(row["device"], row["metric"], row["threads"], row["runtime"], row["family"])] = row
