@@ -247,16 +247,21 @@ class Controller:
         """Apply many results in one transaction (one commit): each is applied as complete() would,
         in a savepoint of its own, so a refused one stores nothing and leaves the others be."""
         outcomes: list[Applied | ResultRefused] = []
+        jobs: set[int] = set()
         with self.store.transaction():
             for d in deliveries:
                 try:
                     with self.store.transaction():
-                        outcomes.append(self._complete(d.task_id, d.attempt, d.agent, d.started_at, d.result))
+                        outcomes.append(self._complete(d.task_id, d.attempt, d.agent, d.started_at, d.result, jobs))
                 except ResultRefused as e:
                     outcomes.append(e)
+            for job_id in sorted(jobs):  # once per job and batch, not per result
+                self._finish_job_if_done(job_id)
         return outcomes
 
-    def _complete(self, task_id: int, attempt: int, agent: str, started_at: float, result: RunResult) -> "Applied":
+    def _complete(self, task_id: int, attempt: int, agent: str, started_at: float, result: RunResult,
+                  touched_jobs: set[int]) -> "Applied":
+        """complete() inside complete_batch's transaction; the caller finishes `touched_jobs` once all are applied."""
         task = self.store.task(task_id)
         if task is None:
             raise ResultRefused(f"there is no task {task_id}")
@@ -295,7 +300,7 @@ class Controller:
         if (task["target"] != "sim" and fields["status"] == TaskStatus.FAILED.value
                 and result.failure_class == FailureClass.INFRASTRUCTURE):
             self.quarantine(task["target"], f"{attempt} infrastructure failures in a row; last: {result.message}")
-        self._finish_job_if_done(task["job_id"])
+        touched_jobs.add(task["job_id"])
         return Applied(run_id, fields["status"])
 
     def _contention_outcome(self, task: dict[str, Any]) -> str:

@@ -190,6 +190,11 @@ def store_error_message(path: Path, error: sqlite3.Error) -> str:
     return f"the store {path} failed: {text}"
 
 
+def _rows(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
+    columns = [c[0] for c in cursor.description]
+    return [dict(zip(columns, row)) for row in cursor]
+
+
 class Store:
     def __init__(self, path: Path | str) -> None:
         # Absolute from here on: run directories live beside the store and must not depend on the cwd.
@@ -276,15 +281,13 @@ class Store:
     def query(self, sql: str, params: Any = ()) -> list[dict[str, Any]]:
         if not self._on_disk or getattr(self._local, "writing", False):  # a transaction reads its own writes
             with self._lock:
-                return list(self.db.query(sql, params))
+                return _rows(self.db.conn.execute(sql, params))
         try:
             conn = self._readers.get_nowait()
         except queue.Empty:
             conn = self._open_reader()
         try:
-            cursor = conn.execute(sql, params)
-            columns = [c[0] for c in cursor.description]
-            return [dict(zip(columns, row)) for row in cursor]
+            return _rows(conn.execute(sql, params))
         finally:
             self._readers.put(conn)
 
