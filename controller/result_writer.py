@@ -84,6 +84,7 @@ class ResultWriter:
         self.max_batch = max(1, max_batch)
         self._timed = timed
         self._queue: "queue.SimpleQueue[QueuedResult | None]" = queue.SimpleQueue()
+        self.transactions = 0  # batches committed (a benchmark or test compares it with the results applied)
         self._thread = threading.Thread(target=self._run, name="result-writer", daemon=True)
 
     def start(self) -> None:
@@ -137,6 +138,7 @@ class ResultWriter:
                                item.message.started_at, result) for item, (result, _) in zip(batch, decoded)]
         started = time.perf_counter()
         outcomes = self.controller.complete_batch(deliveries)
+        self.transactions += 1
         self._timed("complete", started, len(batch))
         return [(acknowledgement(item.agent, item.message, outcome, problem),
                  isinstance(outcome, Applied) and outcome.task_status == TaskStatus.PENDING.value)
