@@ -1,8 +1,9 @@
 """The controller behind gRPC: the same Controller, with agents and clients on the wire.
 
 Each agent holds one bidirectional stream (AgentService.Connect). An idle agent slot sends a
-WorkRequest; one dispatcher thread matches waiting requests to pending tasks through
-Controller.lease, so the SQLite store sees one writer for leases. Leases are renewed by the
+WorkRequest; one dispatcher thread (dispatch.py) matches waiting requests to pending tasks, and one
+writer thread (result_writer.py) applies results in batches, acknowledging each after its commit;
+sessions.py keeps who is connected. This module holds the servicers. Leases are renewed by the
 agent's heartbeats; when a stream breaks nothing is dropped at once: the agent may be back
 in a moment (it takes over its own session), and if it is not, the lease runs out and the
 task goes back to the queue with attempt + 1.
