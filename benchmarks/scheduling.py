@@ -1,8 +1,8 @@
 """`make bench-scheduling`: how fast the gRPC controller hands out work, with an instant driver.
 
 The controller runs in this process (so its per-step timings can be read); the agents run in
-one child process, each with its own channel and stream and one slot whose driver returns a
-result at once. Measured:
+one child process (or --agent-processes of them), each agent with its own channel and stream and
+one slot whose driver returns a result at once. Measured:
 
 - throughput: tasks per second from SubmitJob to the last result stored;
 - dispatch latency: from the controller's offer (its clock) to the driver starting (the
@@ -35,8 +35,8 @@ from results_file import write_results  # benchmarks/ is on sys.path when a benc
 ROOT = Path(__file__).resolve().parent
 
 
-def _agents(address: str, count: int, out_path: str, ready: "multiprocessing.Event", stop: "multiprocessing.Event",
-            work: str) -> None:
+def _agents(address: str, first: int, count: int, out_path: str, ready: "multiprocessing.Event",
+            stop: "multiprocessing.Event", work: str) -> None:
     """The child process: `count` agents with an instant driver; writes their dispatch latencies."""
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from farm.agents.agent import Agent
@@ -59,8 +59,8 @@ def _agents(address: str, count: int, out_path: str, ready: "multiprocessing.Eve
                              latency=LatencyStats(None, None, None, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1))
 
     clients, threads = [], []
-    for i in range(count):
-        name = f"bench{i:03d}"
+    for i in range(first, first + count):
+        name = f"bench{i:04d}"
         # Models come from the controller's artifact store into each agent's own cache, as on a real farm.
         client = RemoteController(address, name=name, token=None, devices=[DeviceInfo(f"{name}/sim", "sim", "sim")],
                                   artifact_dir=Path(work) / name).start()
@@ -88,7 +88,7 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def run(agents: int, tasks: int) -> dict:
+def run(agents: int, tasks: int, processes: int = 1) -> dict:
     from farm.controller.grpc_server import serve
     from farm.controller.store import Store
     from farm.models.generate import write_tiny_onnx
@@ -103,12 +103,17 @@ def run(agents: int, tasks: int) -> dict:
         server = serve(store, "127.0.0.1:0", tokens=None, lease_ttl_s=60, models_roots=[tmp_path])  # the job names tiny.onnx here
         address = f"127.0.0.1:{server.port}"
         ctx = multiprocessing.get_context("spawn")
-        ready, stop = ctx.Event(), ctx.Event()
-        out = tmp_path / "latencies.json"
-        child = ctx.Process(target=_agents, args=(address, agents, str(out), ready, stop, str(tmp_path / "agents")))
-        child.start()
+        # The agents are split over `processes` child processes (one Python process caps them at one core).
+        stop = ctx.Event()
+        readies = [ctx.Event() for _ in range(processes)]
+        outs = [tmp_path / f"agents-{k}.json" for k in range(processes)]
+        counts = [agents // processes + (k < agents % processes) for k in range(processes)]
+        children = [ctx.Process(target=_agents, args=(address, sum(counts[:k]), counts[k], str(outs[k]), readies[k], stop,
+                                                      str(tmp_path / "agents"))) for k in range(processes)]
+        for child in children:
+            child.start()
         try:
-            if not ready.wait(120):
+            if not all(ready.wait(120) for ready in readies):
                 raise RuntimeError("the agents did not connect within 120 s")
             cells = -(-tasks // 1000)  # the job file allows at most 1000 repeats; more tasks come from more cells
             if tasks % cells:
@@ -129,13 +134,15 @@ def run(agents: int, tasks: int) -> dict:
             channel.close()
         finally:
             stop.set()
-            child.join(60)
-            if child.is_alive():
-                child.kill()
+            for child in children:
+                child.join(60)
+                if child.is_alive():
+                    child.kill()
             timings = {k: {"seconds": round(v[0], 3), "calls": int(v[1])} for k, v in server.farm.timings.items()}
             server.stop()
-        agents_out = json.loads(out.read_text()) if out.exists() else {"latencies": [], "cpu_s": None}
-        latencies = agents_out["latencies"]
+        agents_out = [json.loads(out.read_text()) for out in outs if out.exists()]
+        latencies = [x for part in agents_out for x in part["latencies"]]
+        agents_cpu_s = sum(part["cpu_s"] for part in agents_out) if len(agents_out) == processes else None
     wall = finished - started
     return {
         "agents": agents, "tasks": tasks, "cores": os.cpu_count(),
@@ -148,7 +155,8 @@ def run(agents: int, tasks: int) -> dict:
         "controller_time": timings,
         # CPU seconds while the job ran: the controller process (every thread) and the agents' process
         "cpu_s": {"controller": round(controller_cpu_s, 2),
-                  "agents": None if agents_out["cpu_s"] is None else round(agents_out["cpu_s"], 2)},
+                  "agents": None if agents_cpu_s is None else round(agents_cpu_s, 2)},
+        "agent_processes": processes,
     }
 
 
@@ -210,24 +218,25 @@ def baseline_tree(rev: str, into: Path) -> Path:
     return src
 
 
-def one_round(agents: int, tasks: int, pythonpath: Path | None) -> dict:
+def one_round(agents: int, tasks: int, processes: int, pythonpath: Path | None) -> dict:
     """One run in a fresh process: with `pythonpath`, of the farm found there (the baseline)."""
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = str(pythonpath)
-    done = subprocess.run([sys.executable, __file__, "--agents", str(agents), "--tasks", str(tasks), "--one-round-json"],
+    done = subprocess.run([sys.executable, __file__, "--agents", str(agents), "--tasks", str(tasks),
+                           "--agent-processes", str(processes), "--one-round-json"],
                           env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def compare(agents: int, tasks: int, rounds: int, rev: str) -> tuple[str, dict]:
+def compare(agents: int, tasks: int, processes: int, rounds: int, rev: str) -> tuple[str, dict]:
     """Rounds of the baseline and of this tree, interleaved (so both see the same machine), as ratios."""
     with tempfile.TemporaryDirectory() as tmp:
         tree = baseline_tree(rev, Path(tmp))
         runs: dict[str, list[dict]] = {"baseline": [], "current": []}
         for _ in range(rounds):
-            runs["baseline"].append(one_round(agents, tasks, tree))
-            runs["current"].append(one_round(agents, tasks, None))
+            runs["baseline"].append(one_round(agents, tasks, processes, tree))
+            runs["current"].append(one_round(agents, tasks, processes, None))
     commit = subprocess.run(["git", "-C", str(ROOT.parent), "rev-parse", "--short", rev], capture_output=True,
                             text=True).stdout.strip()
 
@@ -244,7 +253,8 @@ def compare(agents: int, tasks: int, rounds: int, rev: str) -> tuple[str, dict]:
              / max(1, r["controller_time"]["complete"]["calls"]) * 1000),
             ("lease, ms per transaction", lambda r: r["controller_time"]["lease"]["seconds"]
              / max(1, r["controller_time"]["lease"]["calls"]) * 1000)]
-    lines = [f"# Scheduling before/after, {dt.date.today()} ({agents} agents, {tasks} tasks, {os.cpu_count()} cores)", "",
+    lines = [f"# Scheduling before/after, {dt.date.today()} ({agents} agents in {processes} process(es), {tasks} tasks, "
+             f"{os.cpu_count()} cores)", "",
              f"Baseline: farm at {rev} ({commit}); current: this tree. {rounds} rounds each, interleaved; medians.", "",
              "| measure | baseline | current | current / baseline |", "|---|---|---|---|"]
     for label, pick in rows:
@@ -260,21 +270,22 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=100)
     parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3, help="runs; the median by throughput is reported")
+    parser.add_argument("--agent-processes", type=int, default=1, help="child processes the agents are split over")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--baseline", metavar="REV", help="also run farm as of git revision REV (rounds interleaved) "
                                                           "and report current / baseline")
     parser.add_argument("--one-round-json", action="store_true", help=argparse.SUPPRESS)  # compare()'s child
     args = parser.parse_args()
     if args.one_round_json:
-        print(json.dumps(run(args.agents, args.tasks)))
+        print(json.dumps(run(args.agents, args.tasks, args.agent_processes)))
         return
     if args.baseline:
-        text, data = compare(args.agents, args.tasks, args.rounds, args.baseline)
+        text, data = compare(args.agents, args.tasks, args.agent_processes, args.rounds, args.baseline)
         print(text)
         if not args.no_write:
             write_results("scheduling-compare", text, data)
         return
-    rounds = [run(args.agents, args.tasks) for _ in range(args.rounds)]
+    rounds = [run(args.agents, args.tasks, args.agent_processes) for _ in range(args.rounds)]
     result = sorted(rounds, key=lambda x: x["tasks_per_s"])[len(rounds) // 2]
     result["rounds"] = [{"tasks_per_s": x["tasks_per_s"], "dispatch_ms": x["dispatch_ms"]} for x in rounds]
     text = report(result, rounds)
