@@ -26,15 +26,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from farm.controller.controller import HEALTHY_TARGET, Controller
+from farm.controller.controller import Controller
 from farm.controller.jobfile import DeviceTarget, load_job_text
-from farm.controller.store import Store
+from farm.controller.store import HEALTHY_TARGET, Store
 from farm.models.generate import write_tiny_onnx
 from results_file import write_results  # benchmarks/ is on sys.path when a benchmark runs
 
 ROOT = Path(__file__).resolve().parent
 TASKS_PER_JOB = 1000
-# The SELECT of Controller.lease for one target (kept in step with Controller._next_pending).
+# The SELECT of Controller.lease for one target (kept in step with Store.next_pending).
 LEASE_SELECT = ("SELECT t.* FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE t.status = 'pending' AND t.target = ? "
                 f"AND j.status IN ('queued', 'running') {HEALTHY_TARGET} ORDER BY t.priority, t.job_id, t.seq LIMIT ?")
 OLD_INDEX = "CREATE INDEX idx_tasks_status_priority_id ON tasks (status, priority, id)"

@@ -1,8 +1,8 @@
 """`make bench-scheduling`: how fast the gRPC controller hands out work, with an instant driver.
 
 The controller runs in this process (so its per-step timings can be read); the agents run in
-one child process, each with its own channel and stream and one slot whose driver returns a
-result at once. Measured:
+one child process (or --agent-processes of them), each agent with its own channel and stream and
+one slot whose driver returns a result at once. Measured:
 
 - throughput: tasks per second from SubmitJob to the last result stored;
 - dispatch latency: from the controller's offer (its clock) to the driver starting (the
@@ -20,8 +20,12 @@ import json
 import multiprocessing
 import os
 import signal
+import io
+import shutil
 import statistics
+import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -31,7 +35,8 @@ from results_file import write_results  # benchmarks/ is on sys.path when a benc
 ROOT = Path(__file__).resolve().parent
 
 
-def _agents(address: str, count: int, out_path: str, ready: "multiprocessing.Event", stop: "multiprocessing.Event") -> None:
+def _agents(address: str, first: int, count: int, out_path: str, ready: "multiprocessing.Event",
+            stop: "multiprocessing.Event", work: str) -> None:
     """The child process: `count` agents with an instant driver; writes their dispatch latencies."""
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from farm.agents.agent import Agent
@@ -54,9 +59,11 @@ def _agents(address: str, count: int, out_path: str, ready: "multiprocessing.Eve
                              latency=LatencyStats(None, None, None, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1))
 
     clients, threads = [], []
-    for i in range(count):
-        name = f"bench{i:03d}"
-        client = RemoteController(address, name=name, token=None, devices=[DeviceInfo(f"{name}/sim", "sim", "sim")]).start()
+    for i in range(first, first + count):
+        name = f"bench{i:04d}"
+        # Models come from the controller's artifact store into each agent's own cache, as on a real farm.
+        client = RemoteController(address, name=name, token=None, devices=[DeviceInfo(f"{name}/sim", "sim", "sim")],
+                                  artifact_dir=Path(work) / name).start()
         agent = Agent(client, InstantDriver(client), name=name, slots=1)
         thread = threading.Thread(target=agent.run_job, args=(None,), daemon=True)
         thread.start()
@@ -64,14 +71,16 @@ def _agents(address: str, count: int, out_path: str, ready: "multiprocessing.Eve
         threads.append(thread)
     for client in clients:
         client.connected.wait(30)
+    cpu_ready = time.process_time()
     ready.set()
     stop.wait()
+    cpu_s = time.process_time() - cpu_ready  # the agents' CPU while the job ran (and a moment after)
     for client in clients:
         client.drain()
     for client in clients:
         client.wait_for_acks(10)
         client.close()
-    Path(out_path).write_text(json.dumps(latencies))
+    Path(out_path).write_text(json.dumps({"latencies": latencies, "cpu_s": cpu_s}))
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -79,7 +88,7 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def run(agents: int, tasks: int) -> dict:
+def run(agents: int, tasks: int, processes: int = 1) -> dict:
     from farm.controller.grpc_server import serve
     from farm.controller.store import Store
     from farm.models.generate import write_tiny_onnx
@@ -94,12 +103,17 @@ def run(agents: int, tasks: int) -> dict:
         server = serve(store, "127.0.0.1:0", tokens=None, lease_ttl_s=60, models_roots=[tmp_path])  # the job names tiny.onnx here
         address = f"127.0.0.1:{server.port}"
         ctx = multiprocessing.get_context("spawn")
-        ready, stop = ctx.Event(), ctx.Event()
-        out = tmp_path / "latencies.json"
-        child = ctx.Process(target=_agents, args=(address, agents, str(out), ready, stop))
-        child.start()
+        # The agents are split over `processes` child processes (one Python process caps them at one core).
+        stop = ctx.Event()
+        readies = [ctx.Event() for _ in range(processes)]
+        outs = [tmp_path / f"agents-{k}.json" for k in range(processes)]
+        counts = [agents // processes + (k < agents % processes) for k in range(processes)]
+        children = [ctx.Process(target=_agents, args=(address, sum(counts[:k]), counts[k], str(outs[k]), readies[k], stop,
+                                                      str(tmp_path / "agents"))) for k in range(processes)]
+        for child in children:
+            child.start()
         try:
-            if not ready.wait(120):
+            if not all(ready.wait(120) for ready in readies):
                 raise RuntimeError("the agents did not connect within 120 s")
             cells = -(-tasks // 1000)  # the job file allows at most 1000 repeats; more tasks come from more cells
             if tasks % cells:
@@ -107,33 +121,42 @@ def run(agents: int, tasks: int) -> dict:
             job = f"name: bench\nmodels: [tiny.onnx]\nmatrix: {{threads: {list(range(1, cells + 1))}}}\nrepeats: {tasks // cells}\n"
             channel = grpc.insecure_channel(address)
             stub = farm_pb2_grpc.FarmServiceStub(channel)
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             job_id = stub.SubmitJob(farm_pb2.SubmitJobRequest(job_yaml=job, base_dir=str(tmp_path))).job_id
             submitted = time.perf_counter()
-            while True:
-                done = store.query("SELECT COUNT(*) AS n FROM tasks WHERE job_id = ? AND status = 'completed'", [job_id])[0]["n"]
-                if done == tasks:
-                    break
+            count = "SELECT COUNT(*) AS n FROM tasks WHERE job_id = ? AND status IN ({})"
+            while store.query(count.format("'pending', 'running'"), [job_id])[0]["n"]:
                 time.sleep(0.005)
-            finished = time.perf_counter()
+            finished, controller_cpu_s = time.perf_counter(), time.process_time() - cpu_started
+            if (done := store.query(count.format("'completed'"), [job_id])[0]["n"]) != tasks:
+                raise RuntimeError(f"{tasks - done} of {tasks} tasks did not complete (a benchmark of failures measures "
+                                   f"nothing): {store.query('SELECT message FROM tasks WHERE status != ? LIMIT 1', ['completed'])}")
             channel.close()
         finally:
             stop.set()
-            child.join(60)
-            if child.is_alive():
-                child.kill()
+            for child in children:
+                child.join(60)
+                if child.is_alive():
+                    child.kill()
             timings = {k: {"seconds": round(v[0], 3), "calls": int(v[1])} for k, v in server.farm.timings.items()}
             server.stop()
-        latencies = json.loads(out.read_text()) if out.exists() else []
+        agents_out = [json.loads(out.read_text()) for out in outs if out.exists()]
+        latencies = [x for part in agents_out for x in part["latencies"]]
+        agents_cpu_s = sum(part["cpu_s"] for part in agents_out) if len(agents_out) == processes else None
     wall = finished - started
     return {
         "agents": agents, "tasks": tasks, "cores": os.cpu_count(),
+        "farm_from": str(Path(sys.modules[serve.__module__].__file__).parent),  # which tree ran (baseline or this one)
         "submit_s": round(submitted - started, 3), "wall_s": round(wall, 3),
         "tasks_per_s": round(tasks / wall, 1),
         "tasks_per_s_after_submit": round(tasks / (finished - submitted), 1),
         "dispatch_ms": {"p50": round(_percentile(latencies, 0.5) * 1000, 2), "p99": round(_percentile(latencies, 0.99) * 1000, 2),
                         "mean": round(statistics.fmean(latencies) * 1000, 2), "n": len(latencies)} if latencies else None,
         "controller_time": timings,
+        # CPU seconds while the job ran: the controller process (every thread) and the agents' process
+        "cpu_s": {"controller": round(controller_cpu_s, 2),
+                  "agents": None if agents_cpu_s is None else round(agents_cpu_s, 2)},
+        "agent_processes": processes,
     }
 
 
@@ -155,6 +178,7 @@ def report(r: dict, rounds: list[dict]) -> str:
         f"| SubmitJob (validate + expand + insert) | {r['submit_s']} s | |",
         f"| dispatch p50, offer → driver start | {d.get('p50')} ms | |",
         f"| dispatch p99 | {d.get('p99')} ms | < 50 ms |",
+        f"| CPU while the job ran: controller / agents process | {r['cpu_s']['controller']} / {r['cpu_s']['agents']} s | |",
         "",
         "Controller time per step (in its gRPC handler threads and the dispatcher):",
         "",
@@ -166,14 +190,79 @@ def report(r: dict, rounds: list[dict]) -> str:
         lines.append(f"| {step} | {v['seconds']} | {v['calls']} | {per:.2f} |")
     lines += [
         "",
-        f"Where the time goes: {store_s:.2f} s of the {r['wall_s']} s wall are the controller's SQLite steps, "
-        "which share one connection and so run one at a time. Applying a result (one transaction: the run, "
-        "its summary and samples, the task) is the largest; leasing is batched (up to 16 slots per "
-        "transaction). The rest is Python gRPC framing on both ends: the 100 agents share one Python "
-        "process here, and with the controller that is two GIL-bound processes on two cores. "
-        "Dispatch latency is mostly that agent process taking its turn.",
+        f"Where the time goes: {store_s:.2f} s of the {r['wall_s']} s wall are the controller's store steps: "
+        "the dispatcher's lease transactions (up to 16 slots each) and expiry checks, and the result writer's "
+        "transactions (every result queued meanwhile, one commit; \"complete\" counts results). The two threads "
+        "share the one SQLite writer. The rest is Python gRPC framing on both ends: the agents share one Python "
+        "process here, and with the controller that is two GIL-bound processes on two cores (see the CPU row).",
     ]
     return "\n".join(lines) + "\n"
+
+
+# Top-level source folders and where pyproject's package-dir puts them under farm.
+PACKAGE_DIRS = {"proto": "proto", "controller": "controller", "agents": "agents", "cli": "cli", "models": "models"}
+
+
+def baseline_tree(rev: str, into: Path) -> Path:
+    """farm as it was at git revision `rev`, laid out as a plain package; PYTHONPATH=<returned folder>
+    puts it ahead of the editable install (whose finder comes after the path's)."""
+    archive, src = into / "archive", into / "src"
+    archive.mkdir(parents=True)
+    data = subprocess.run(["git", "-C", str(ROOT.parent), "archive", rev, "farm", *PACKAGE_DIRS.values()],
+                          check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(archive, filter="data")
+    shutil.copytree(archive / "farm", src / "farm")
+    for package, folder in PACKAGE_DIRS.items():
+        (src / "farm" / package).symlink_to(archive / folder, target_is_directory=True)
+    return src
+
+
+def one_round(agents: int, tasks: int, processes: int, pythonpath: Path | None) -> dict:
+    """One run in a fresh process: with `pythonpath`, of the farm found there (the baseline)."""
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = str(pythonpath)
+    done = subprocess.run([sys.executable, __file__, "--agents", str(agents), "--tasks", str(tasks),
+                           "--agent-processes", str(processes), "--one-round-json"],
+                          env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def compare(agents: int, tasks: int, processes: int, rounds: int, rev: str) -> tuple[str, dict]:
+    """Rounds of the baseline and of this tree, interleaved (so both see the same machine), as ratios."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = baseline_tree(rev, Path(tmp))
+        runs: dict[str, list[dict]] = {"baseline": [], "current": []}
+        for _ in range(rounds):
+            runs["baseline"].append(one_round(agents, tasks, processes, tree))
+            runs["current"].append(one_round(agents, tasks, processes, None))
+    commit = subprocess.run(["git", "-C", str(ROOT.parent), "rev-parse", "--short", rev], capture_output=True,
+                            text=True).stdout.strip()
+
+    def med(name: str, pick) -> float:
+        values = [pick(r) for r in runs[name] if pick(r) is not None]
+        return statistics.median(values) if values else float("nan")
+
+    rows = [("tasks/s, submit to last result stored", lambda r: r["tasks_per_s"]),
+            ("dispatch p50 (ms)", lambda r: (r["dispatch_ms"] or {}).get("p50")),
+            ("dispatch p99 (ms)", lambda r: (r["dispatch_ms"] or {}).get("p99")),
+            ("controller CPU while the job ran (s)", lambda r: r["cpu_s"]["controller"]),
+            ("agents' CPU while the job ran (s)", lambda r: r["cpu_s"]["agents"]),
+            ("result application, ms per result", lambda r: r["controller_time"]["complete"]["seconds"]
+             / max(1, r["controller_time"]["complete"]["calls"]) * 1000),
+            ("lease, ms per transaction", lambda r: r["controller_time"]["lease"]["seconds"]
+             / max(1, r["controller_time"]["lease"]["calls"]) * 1000)]
+    lines = [f"# Scheduling before/after, {dt.date.today()} ({agents} agents in {processes} process(es), {tasks} tasks, "
+             f"{os.cpu_count()} cores)", "",
+             f"Baseline: farm at {rev} ({commit}); current: this tree. {rounds} rounds each, interleaved; medians.", "",
+             "| measure | baseline | current | current / baseline |", "|---|---|---|---|"]
+    for label, pick in rows:
+        before, after = med("baseline", pick), med("current", pick)
+        lines.append(f"| {label} | {before:.3g} | {after:.3g} | {after / before:.2f} |")
+    lines += ["", "All rounds, tasks/s: baseline " + ", ".join(str(r["tasks_per_s"]) for r in runs["baseline"])
+              + "; current " + ", ".join(str(r["tasks_per_s"]) for r in runs["current"]) + "."]
+    return "\n".join(lines) + "\n", {"baseline_rev": rev, "baseline_commit": commit, **runs}
 
 
 def main() -> None:
@@ -181,9 +270,22 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=100)
     parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3, help="runs; the median by throughput is reported")
+    parser.add_argument("--agent-processes", type=int, default=1, help="child processes the agents are split over")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--baseline", metavar="REV", help="also run farm as of git revision REV (rounds interleaved) "
+                                                          "and report current / baseline")
+    parser.add_argument("--one-round-json", action="store_true", help=argparse.SUPPRESS)  # compare()'s child
     args = parser.parse_args()
-    rounds = [run(args.agents, args.tasks) for _ in range(args.rounds)]
+    if args.one_round_json:
+        print(json.dumps(run(args.agents, args.tasks, args.agent_processes)))
+        return
+    if args.baseline:
+        text, data = compare(args.agents, args.tasks, args.agent_processes, args.rounds, args.baseline)
+        print(text)
+        if not args.no_write:
+            write_results("scheduling-compare", text, data)
+        return
+    rounds = [run(args.agents, args.tasks, args.agent_processes) for _ in range(args.rounds)]
     result = sorted(rounds, key=lambda x: x["tasks_per_s"])[len(rounds) // 2]
     result["rounds"] = [{"tasks_per_s": x["tasks_per_s"], "dispatch_ms": x["dispatch_ms"]} for x in rounds]
     text = report(result, rounds)

@@ -61,31 +61,18 @@ def _metric_sql(metric: str) -> str:
     return METRICS[metric][0]
 
 
-# A contended sim run measured other work as much as the model: pairs leave it out unless asked.
-QUIET_ONLY = "COALESCE({run}.contended, 0) = 0"
-
-
 def contended_left_out(store: Store, job_ids: list[int]) -> int:
-    """Completed runs of these jobs that pair selection leaves out as contended (to say how many)."""
-    if not job_ids:
-        return 0
-    marks = ",".join("?" for _ in job_ids)
-    return store.query(
-        f"SELECT COUNT(*) AS n FROM tasks t JOIN runs r ON r.id = t.last_run_id WHERE t.job_id IN ({marks}) "
-        "AND t.status = 'completed' AND r.contended = 1", list(job_ids))[0]["n"]
+    """Completed runs of these jobs that pair selection leaves out as contended (to say how many).
+
+    A contended sim run measured other work as much as the model: pairs leave it out unless asked."""
+    return store.contended_completed_runs(job_ids)
 
 
 def job_values(store: Store, job_id: int, metric: str, *, include_contended: bool = False) -> list[MeasuredValue]:
     """The metric of every completed run of a job (the attempt that counted); contended runs only if asked."""
     if store.job(job_id) is None:
         raise CalibrationError(f"no job {job_id} in {store.path}")
-    expr = _metric_sql(metric)
-    quiet = "" if include_contended else " AND " + QUIET_ONLY.format(run="r")
-    rows = store.query(
-        f"SELECT t.model_name, t.model_sha256, t.model_family, t.threads, t.batch_size, t.input_size, t.repeat, "
-        f"t.model_size_bytes, t.model_param_count, t.model_facts_json, r.id AS run_id, r.environment_json, "
-        f"{expr} AS value FROM tasks t JOIN runs r ON r.id = t.last_run_id JOIN summaries s ON s.run_id = r.id "
-        f"WHERE t.job_id = ? AND t.status = 'completed'{quiet}", [job_id])
+    rows = store.completed_values(job_id, _metric_sql(metric), include_contended=include_contended)
     out = []
     for row in rows:
         if row["value"] is None:
@@ -142,20 +129,10 @@ def pair_within_job(store: Store, job_id: int, device: str, metric: str, *,
     """A job's device runs beside their sim twins (same pair key), completed on both sides; a twin
     whose run was contended only if asked."""
     expr = _metric_sql(metric)
-    quiet = "" if include_contended else " AND " + QUIET_ONLY.format(run="rs")
     sim_expr = _metric_sql(SIM_SIDE.get(metric, metric))
     if store.job(job_id) is None:
         raise CalibrationError(f"no job {job_id} in {store.path}")
-    rows = store.query(
-        f"SELECT d.model_name, d.model_family, d.threads, d.batch_size, d.input_size, d.model_size_bytes, "
-        f"d.model_param_count, d.model_facts_json, rs.id AS sim_run, rd.id AS device_run, rs.environment_json, "
-        f"rd.environment_json AS device_environment, "
-        f"({sim_expr.replace('s.', 'ss.').replace('r.', 'rs.')}) AS x, ({expr.replace('s.', 'sd.').replace('r.', 'rd.')}) AS y "
-        f"FROM tasks d JOIN tasks t ON t.job_id = d.job_id AND t.pair_key = d.pair_key AND t.target = 'sim' "
-        f"JOIN runs rd ON rd.id = d.last_run_id JOIN summaries sd ON sd.run_id = rd.id "
-        f"JOIN runs rs ON rs.id = t.last_run_id JOIN summaries ss ON ss.run_id = rs.id "
-        f"WHERE d.job_id = ? AND d.target = ? AND d.status = 'completed' AND t.status = 'completed'{quiet}",
-        [job_id, device])
+    rows = store.paired_values(job_id, device, sim_expr, expr, include_contended=include_contended)
     out = []
     for row in rows:
         if row["x"] is None or row["y"] is None:
@@ -174,8 +151,7 @@ def pair_within_job(store: Store, job_id: int, device: str, metric: str, *,
 
 
 def job_devices(store: Store, job_id: int) -> list[str]:
-    return [r["target"] for r in store.query(
-        "SELECT DISTINCT target FROM tasks WHERE job_id = ? AND target != 'sim' ORDER BY target", [job_id])]
+    return store.job_targets(job_id)
 
 
 @dataclass
@@ -257,10 +233,7 @@ def lab_prior(store: Store, device: str, metric: str, key: CalibrationKey, famil
               features: list[str]) -> Prior:
     """What the lab already knows: this device's newest log_ridge fit for the key, else the mean of
     the newest ones of other devices of the same device type, else "device = constant factor × sim"."""
-    rows = store.query(
-        "SELECT device, version, fit_json FROM calibrations WHERE metric = ? AND threads = ? AND runtime = ? "
-        "AND batch_size IS ? AND input_size IS ? AND precision = ? AND family = ? ORDER BY id DESC",
-        [metric, key.threads, key.runtime, key.batch_size, key.input_size, key.precision, family])
+    rows = store.calibration_fits(metric, key.threads, key.runtime, key.batch_size, key.input_size, key.precision, family)
     newest: dict[str, tuple[int, dict[str, Any]]] = {}
     for row in rows:
         fit = json.loads(row["fit_json"])["fits"].get("log_ridge")
@@ -278,34 +251,24 @@ def lab_prior(store: Store, device: str, metric: str, key: CalibrationKey, famil
 
 
 def _device_type(store: Store, device: str) -> str | None:
-    rows = store.query("SELECT device_type FROM devices WHERE name = ?", [device])
-    return rows[0]["device_type"] if rows else None
+    return store.device_type(device)
 
 
 def _store_one(store: Store, device: str, metric: str, key: CalibrationKey, family: str,
                cal: Calibration, runs: list[PairedRun], source: dict[str, Any]) -> StoredCalibration:
     chosen = cal.fits[cal.chosen]
     threads, runtime = key.threads, key.runtime
-    with store.transaction():
-        version = store.db.execute(
-            "SELECT COALESCE(MAX(version), 0) + 1 FROM calibrations WHERE device = ? AND metric = ? AND threads = ? "
-            "AND runtime = ? AND batch_size IS ? AND input_size IS ? AND precision = ? AND family = ?",
-            [device, metric, threads, runtime, key.batch_size, key.input_size, key.precision, family]).fetchone()[0]
-        cal_id = store.db.table("calibrations").insert({
-            "device": device, "metric": metric, "threads": threads, "runtime": runtime, "precision": key.precision,
-            "batch_size": key.batch_size, "input_size": key.input_size,
-            "family": family, "version": version, "created_at": time.time(), "kind": cal.chosen, "n": chosen.n,
-            # a and b are a line's slope and intercept; a log fit's exponent/factor live in fit_json under those names
-            "a": None if chosen.log_space else chosen.a, "b": None if chosen.log_space else chosen.b,
-            "r2": chosen.r2, "loo_mape": chosen.loo_mape,
-            "within_10": chosen.loo_within_10, "kendall_tau": chosen.kendall_tau,
-            "spearman_rho": chosen.spearman_rho, "warnings_json": json.dumps(cal.warnings),
-            "fit_json": json.dumps(cal.to_json()), "source": json.dumps(source),
-        }).last_pk
-        store.db.table("calibration_runs").insert_all(
-            {"calibration_id": cal_id, "model": r.pair.model, "sim_run_id": r.sim_run_id,
-             "device_run_id": r.device_run_id} for r in runs)
-    assert cal_id is not None  # the row was just inserted
+    cal_id, version = store.add_calibration({
+        "device": device, "metric": metric, "threads": threads, "runtime": runtime, "precision": key.precision,
+        "batch_size": key.batch_size, "input_size": key.input_size,
+        "family": family, "created_at": time.time(), "kind": cal.chosen, "n": chosen.n,
+        # a and b are a line's slope and intercept; a log fit's exponent/factor live in fit_json under those names
+        "a": None if chosen.log_space else chosen.a, "b": None if chosen.log_space else chosen.b,
+        "r2": chosen.r2, "loo_mape": chosen.loo_mape,
+        "within_10": chosen.loo_within_10, "kendall_tau": chosen.kendall_tau,
+        "spearman_rho": chosen.spearman_rho, "warnings_json": json.dumps(cal.warnings),
+        "fit_json": json.dumps(cal.to_json()), "source": json.dumps(source),
+    }, [{"model": r.pair.model, "sim_run_id": r.sim_run_id, "device_run_id": r.device_run_id} for r in runs])
     return StoredCalibration(cal_id, device, metric, threads, runtime, family, version, cal, source,
                              key.batch_size, key.input_size, key.precision)
 
@@ -318,20 +281,7 @@ def stored_calibration(row: dict[str, Any]) -> StoredCalibration:
 
 
 def calibration_history(store: Store, device: str | None = None, metric: str | None = None) -> list[dict[str, Any]]:
-    where, params = [], []
-    if device:
-        where.append("device = ?")
-        params.append(device)
-    if metric:
-        where.append("metric = ?")
-        params.append(metric)
-    sql = ("SELECT id, device, metric, threads, runtime, batch_size, input_size, precision, family, version, "
-           "created_at, kind, n, r2, loo_mape, within_10, kendall_tau, spearman_rho, warnings_json, source, fit_json "
-           "FROM calibrations")
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    rows = store.query(sql + " ORDER BY device, metric, threads, runtime, batch_size, input_size, precision, family, "
-                             "version", params)
+    rows = store.calibration_rows(device, metric)
     for r in rows:
         r["warnings"] = json.loads(r.pop("warnings_json") or "[]")
         calibration = Calibration.from_json(json.loads(r.pop("fit_json")))
@@ -351,25 +301,16 @@ def current_calibration(store: Store, device: str, metric: str, threads: int, ru
     batch size / input size / precision None: any (the newest wins).
     """
     for fam in ([family] if family else []) + [ALL_FAMILIES]:
-        sql = "SELECT * FROM calibrations WHERE device = ? AND metric = ? AND threads = ? AND family = ?"
-        params: list[Any] = [device, metric, threads, fam]
-        for column, value in (("batch_size", batch_size), ("input_size", input_size), ("precision", precision)):
-            if value is not None:
-                sql += f" AND {column} = ?"
-                params.append(value)
-        if runtime is not None:
-            # a board's calibrations are also keyed by its power mode ("litert@nvpmodel=MAXN;..."):
-            # a sim run's plain runtime matches each of them, the newest wins
-            sql += " AND (runtime = ? OR runtime LIKE ?)"
-            params += [runtime, f"{runtime}@%"]
-        rows = store.query(sql + " ORDER BY id DESC LIMIT 1", params)
-        if rows:
-            return stored_calibration(rows[0])
+        # a sim run's plain runtime matches each power mode of a board's calibrations: the newest wins
+        row = store.newest_calibration(device, metric, threads, fam, runtime=runtime, batch_size=batch_size,
+                                       input_size=input_size, precision=precision)
+        if row:
+            return stored_calibration(row)
     return None
 
 
 def devices_with_calibrations(store: Store) -> list[str]:
-    return [r["device"] for r in store.query("SELECT DISTINCT device FROM calibrations ORDER BY device")]
+    return store.calibrated_devices()
 
 
 def add_predictions(store: Store, job_id: int, records: list[dict[str, Any]], devices: list[str],

@@ -13,16 +13,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from farm.controller.alerts import alerts_from_environment, quarantine_event
 from farm.controller.jobfile import ResolvedJob
-from farm.controller.lease_expiries import record_lease_expiries
+from farm.controller.counters import record_lease_expiries
 from farm.controller.schedule import PRIORITY_RANK, expand_tasks
 from farm.controller.store import Store
 from farm.proto.results import FailureClass, JobStatus, ResultRefused, RunResult, TaskStatus
 from farm.proto.tasks import TaskPlan, TaskSpec
 
 LEASE_TTL_S = 60.0
-# A quarantined device (or one in maintenance) is offered no task until it is released.
-HEALTHY_TARGET = "AND t.target NOT IN (SELECT name FROM device_health WHERE health IN ('bad', 'maintenance'))"
 TERMINAL_TASK = {TaskStatus.COMPLETED.value, TaskStatus.FAILED.value, TaskStatus.CANCELED.value}
 TERMINAL_JOB = {JobStatus.COMPLETED.value, JobStatus.FAILED.value, JobStatus.CANCELED.value}
 
@@ -62,6 +61,25 @@ class JobProgress:
         return self.completed + self.failed + self.canceled
 
 
+@dataclass(frozen=True)
+class Delivery:
+    """A result as an agent delivered it for one attempt."""
+
+    task_id: int
+    attempt: int
+    agent: str
+    started_at: float
+    result: RunResult
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What applying a result did: its run id (None: delivered before) and the task's new status."""
+
+    run_id: int | None
+    task_status: str
+
+
 def _pid_alive(pid: int | None, host: str | None) -> bool:
     if not pid or host != socket.gethostname():
         return True  # another host's process: we cannot tell, so assume it lives
@@ -91,68 +109,46 @@ class Controller:
             "base_dir": str(job.base_dir), "owner_pid": os.getpid(), "owner_host": socket.gethostname(),
         }, tasks)
         # a quarantined device takes no work: its runs in this job fail now, saying why, instead of waiting
-        for row in self.store.query("SELECT name, reason FROM device_health WHERE health IN ('bad', 'maintenance') "
-                                    "AND name IN (SELECT target FROM tasks WHERE job_id = ?)", [job_id]):
+        for row in self.store.quarantined_targets(job_id):
             self._fail_waiting_tasks(row["name"], row["reason"], job_id=job_id)
         self._finish_job_if_done(job_id)
         return job_id
 
     def _fail_waiting_tasks(self, device: str, reason: str, *, job_id: int | None = None) -> list[int]:
         """Fail the device's pending tasks; returns the jobs they belonged to (once each)."""
-        where = "target = ? AND status = 'pending'"
-        params: list[Any] = [device]
-        if job_id is not None:
-            where += " AND job_id = ?"
-            params.append(job_id)
-        with self.store.transaction():
-            jobs = [r[0] for r in self.store.db.execute(f"SELECT job_id FROM tasks WHERE {where}", params)]
-            self.store.db.execute(
-                f"UPDATE tasks SET status = 'failed', failure_class = 'infrastructure', finished_at = ?, message = ? "
-                f"WHERE {where}", [time.time(), f"device {device} is quarantined ({reason}); check it, then "
-                                   f"`farm device release {device}`", *params])
-        return jobs
+        return self.store.fail_waiting_tasks(
+            device, f"device {device} is quarantined ({reason}); check it, then `farm device release {device}`",
+            time.time(), job_id=job_id)
 
     def cancel_job(self, job_id: int) -> int:
         """Cancel what has not finished. Running tasks stop at their next heartbeat."""
         with self.store.transaction():
-            job = self.store.db.table("jobs").get(job_id)
-            if job["status"] in TERMINAL_JOB:
+            job = self.store.job(job_id)
+            if job is None or job["status"] in TERMINAL_JOB:
                 return 0
-            n = self.store.db.execute(
-                "UPDATE tasks SET status = ?, failure_class = ?, message = ?, finished_at = ? "
-                "WHERE job_id = ? AND status = ?",
-                [TaskStatus.CANCELED.value, FailureClass.CANCELED.value, "canceled before it ran",
-                 time.time(), job_id, TaskStatus.PENDING.value]).rowcount
-            running = self.store.db.execute(
-                "SELECT COUNT(*) FROM tasks WHERE job_id = ? AND status = ?",
-                [job_id, TaskStatus.RUNNING.value]).fetchone()[0]
-            self.store.db.table("jobs").update(job_id, {"status": JobStatus.CANCELED.value,
-                                                  "message": "canceled by the user"})
+            n = self.store.cancel_pending_tasks(job_id, "canceled before it ran", time.time())
+            running = self.store.task_counts(job_id).get(TaskStatus.RUNNING.value, 0)
+            self.store.update_job(job_id, status=JobStatus.CANCELED.value, message="canceled by the user")
             if not running:
-                self.store.db.table("jobs").update(job_id, {"finished_at": time.time()})
+                self.store.update_job(job_id, finished_at=time.time())
         return n + running
 
     def interrupt_job(self, job_id: int, since: float) -> int:
         """Ctrl+C: the job stops here but is not given up. Runs stopped by it (canceled since `since`)
         and unstarted ones wait for `farm resume`; their stopped attempts stay stored as runs."""
         with self.store.transaction():
-            job = self.store.db.table("jobs").get(job_id)
-            if job["status"] in (JobStatus.COMPLETED.value, JobStatus.FAILED.value) or (
+            job = self.store.job(job_id)
+            if job is None or job["status"] in (JobStatus.COMPLETED.value, JobStatus.FAILED.value) or (
                     job["status"] == JobStatus.CANCELED.value and job["message"]):  # `farm cancel` or timeouts.job
                 return 0
-            n = self.store.db.execute(
-                "UPDATE tasks SET status = ?, leased_by = NULL, failure_class = NULL, finished_at = NULL, message = ? "
-                "WHERE job_id = ? AND (status IN (?, ?) OR (status = ? AND finished_at >= ?))",
-                [TaskStatus.PENDING.value, "interrupted before it finished; `farm resume` runs it", job_id,
-                 TaskStatus.PENDING.value, TaskStatus.RUNNING.value, TaskStatus.CANCELED.value, since]).rowcount
-            self.store.db.table("jobs").update(job_id, {
+            n = self.store.requeue_interrupted_tasks(job_id, since, "interrupted before it finished; `farm resume` runs it")
+            self.store.update_job(job_id, **{
                 "status": JobStatus.INTERRUPTED.value, "finished_at": None,
                 "message": f"interrupted (Ctrl+C or SIGTERM); `farm resume {job_id}` runs what is left"})
         return n
 
     def progress(self, job_id: int) -> JobProgress:
-        counts = {r["status"]: r["n"] for r in self.store.query(
-            "SELECT status, COUNT(*) AS n FROM tasks WHERE job_id = ? GROUP BY status", [job_id])}
+        counts = self.store.task_counts(job_id)
         return JobProgress(
             total=sum(counts.values()), pending=counts.get("pending", 0), running=counts.get("running", 0),
             completed=counts.get("completed", 0), failed=counts.get("failed", 0),
@@ -171,7 +167,7 @@ class Controller:
         """Take over an interrupted job: its unfinished tasks go back to the queue (each lost attempt a run)."""
         self.store.update_job(job_id, owner_pid=os.getpid(), owner_host=socket.gethostname(),
                               status=JobStatus.QUEUED.value, finished_at=None, message=None)
-        return self.lose_attempts("job_id = ? AND status = 'running'", [job_id],
+        return self.lose_attempts(self.store.running_attempts(job_id=job_id),
                                   "interrupted: the farm process running it on agent {agent} stopped")
 
     # --- agents ------------------------------------------------------------------
@@ -180,17 +176,13 @@ class Controller:
         self.expire_leases()
         now = time.time()
         with self.store.transaction():
-            first = self._next_pending(targets, 1, job_id=job_id)
+            first = self.store.next_pending(targets, 1, job_id=job_id)
             if not first:
                 return None
             task = first[0]
             attempt = task["attempts"] + 1
-            self.store.db.table("tasks").update(task["id"], {
-                "status": TaskStatus.RUNNING.value, "attempts": attempt, "leased_by": agent,
-                "lease_expires_at": now + self.lease_ttl_s})
-            job = self.store.db.table("jobs").get(task["job_id"])
-            if job["status"] == JobStatus.QUEUED.value:
-                self.store.db.table("jobs").update(job["id"], {"status": JobStatus.RUNNING.value, "started_at": now})
+            self.store.lease_task(task["id"], attempt, agent, now + self.lease_ttl_s)
+            self.store.start_job(task["job_id"], now)
         return _task_spec(task, attempt)
 
     def lease_batch(self, slots: list[tuple[str, frozenset[str]]]) -> tuple[list[TaskSpec | None], bool]:
@@ -209,50 +201,26 @@ class Controller:
         with self.store.transaction():
             free = list(range(len(slots)))
             started_jobs: set[int] = set()
-            fetched = self._next_pending(wanted, len(slots))
+            fetched = self.store.next_pending(wanted, len(slots))
             for task in fetched:
                 slot = next((i for i in free if task["target"] in slots[i][1]), None)
                 if slot is None:
                     continue  # no free slot serves this target this round
                 free.remove(slot)
                 attempt = task["attempts"] + 1
-                self.store.db.execute(
-                    "UPDATE tasks SET status = ?, attempts = ?, leased_by = ?, lease_expires_at = ? WHERE id = ?",
-                    [TaskStatus.RUNNING.value, attempt, slots[slot][0], now + self.lease_ttl_s, task["id"]])
+                self.store.lease_task(task["id"], attempt, slots[slot][0], now + self.lease_ttl_s)
                 started_jobs.add(task["job_id"])
                 leased[slot] = _task_spec(task, attempt)
             for job_id in started_jobs:
-                self.store.db.execute("UPDATE jobs SET status = ?, started_at = ? WHERE id = ? AND status = ?",
-                                      [JobStatus.RUNNING.value, now, job_id, JobStatus.QUEUED.value])
+                self.store.start_job(job_id, now)
         return leased, len(fetched) < len(slots)
-
-    def _next_pending(self, targets: set[str] | frozenset[str], limit: int, *,
-                      job_id: int | None = None) -> list[dict[str, Any]]:
-        """The first `limit` leasable tasks for any of `targets`, in lease order (priority, job, seq).
-
-        One walk of the (status, target, priority, job_id, seq) index per target, merged here: the
-        cost stays flat with queue depth, even when other devices' backlogs come first."""
-        where = f"t.status = 'pending' AND t.target = ? AND j.status IN ('queued', 'running') {HEALTHY_TARGET}"
-        if job_id is not None:
-            where += " AND t.job_id = ?"
-        rows: list[dict[str, Any]] = []
-        for target in sorted(targets):
-            cursor = self.store.db.execute(
-                f"SELECT t.* FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE {where} "
-                "ORDER BY t.priority, t.job_id, t.seq LIMIT ?", [target, *([job_id] if job_id is not None else []), limit])
-            columns = [c[0] for c in cursor.description]
-            rows += [dict(zip(columns, values)) for values in cursor.fetchall()]
-        rows.sort(key=lambda t: (t["priority"], t["job_id"], t["seq"]))
-        return rows[:limit]
 
     def heartbeat(self, task_id: int, attempt: int, agent: str | None = None) -> bool:
         """Renew the lease. False means stop: the task was canceled or its lease lost.
 
         With `agent`, only that agent's own lease is renewed (the gRPC side: agents are not trusted)."""
         with self.store.transaction():
-            row = self.store.db.execute(
-                "SELECT t.status, t.attempts, t.lease_expires_at, j.status, t.leased_by FROM tasks t "
-                "JOIN jobs j ON j.id = t.job_id WHERE t.id = ?", [task_id]).fetchone()
+            row = self.store.lease_state(task_id)
             if row is None:
                 return False
             status, attempts, expires_at, job_status, leased_by = row
@@ -262,13 +230,37 @@ class Controller:
                 return False
             if expires_at is not None and expires_at < time.time():
                 return False  # too late: the task may already be another agent's
-            self.store.db.table("tasks").update(task_id, {"lease_expires_at": time.time() + self.lease_ttl_s})
+            self.store.renew_lease(task_id, time.time() + self.lease_ttl_s)
         return True
 
     def complete(self, task_id: int, attempt: int, agent: str, started_at: float, result: RunResult) -> int | None:
         """Apply a run's result once; decide the task's next state. Returns the run id (None: a duplicate).
 
         Raises ResultRefused unless the attempt is running and leased to `agent`."""
+        outcome = self.complete_batch([Delivery(task_id, attempt, agent, started_at, result)])[0]
+        if isinstance(outcome, ResultRefused):
+            raise outcome
+        return outcome.run_id
+
+    def complete_batch(self, deliveries: list["Delivery"]) -> list["Applied | ResultRefused"]:
+        """Apply many results in one transaction (one commit): each is applied as complete() would,
+        in a savepoint of its own, so a refused one stores nothing and leaves the others be."""
+        outcomes: list[Applied | ResultRefused] = []
+        jobs: set[int] = set()
+        with self.store.transaction():
+            for d in deliveries:
+                try:
+                    with self.store.transaction():
+                        outcomes.append(self._complete(d.task_id, d.attempt, d.agent, d.started_at, d.result, jobs))
+                except ResultRefused as e:
+                    outcomes.append(e)
+            for job_id in sorted(jobs):  # once per job and batch, not per result
+                self._finish_job_if_done(job_id)
+        return outcomes
+
+    def _complete(self, task_id: int, attempt: int, agent: str, started_at: float, result: RunResult,
+                  touched_jobs: set[int]) -> "Applied":
+        """complete() inside complete_batch's transaction; the caller finishes `touched_jobs` once all are applied."""
         task = self.store.task(task_id)
         if task is None:
             raise ResultRefused(f"there is no task {task_id}")
@@ -310,57 +302,53 @@ class Controller:
         if (task["target"] != "sim" and fields["status"] == TaskStatus.FAILED.value
                 and result.failure_class == FailureClass.INFRASTRUCTURE):
             self.quarantine(task["target"], f"{attempt} infrastructure failures in a row; last: {result.message}")
-        self._finish_job_if_done(task["job_id"])
-        return run_id
+        touched_jobs.add(task["job_id"])
+        return Applied(run_id, fields["status"])
 
     def _contention_outcome(self, task: dict[str, Any]) -> str:
         policy = TaskPlan.model_validate_json(task["spec_json"]).sim.on_contention
-        before = self.store.query("SELECT COUNT(*) AS n FROM runs WHERE task_id = ? AND contended = 1", [task["id"]])
-        return contention_outcome(policy, before[0]["n"])
+        return contention_outcome(policy, self.store.contended_runs(task["id"]))
 
     # --- device health -------------------------------------------------------------
     def quarantine(self, device: str, reason: str, *, health: str = "bad") -> int:
         """No more tasks for `device` until it is released; its waiting tasks fail (infrastructure).
 
         health "maintenance" is the same, but chosen by a person rather than found by farm."""
-        with self.store.transaction():
-            self.store.db.table("device_health").upsert({"name": device, "health": health, "reason": reason,
-                                                   "changed_at": time.time()}, pk="name")
+        self.store.set_device_health(device, health, reason, time.time())
         jobs = self._fail_waiting_tasks(device, reason)
         for job_id in set(jobs):  # only the jobs that just lost tasks can have finished
             self._finish_job_if_done(job_id)
-        from farm.controller.alerts import alerts_from_environment, quarantine_event
         hook = alerts_from_environment()
         if hook is not None:  # queued: a hook that is down must not hold the caller (apply_result holds a lock)
             hook.send_async(quarantine_event(device, reason))
         return len(jobs)  # tasks failed (one entry per task)
 
     def release(self, device: str) -> None:
-        with self.store.transaction():
-            self.store.db.table("device_health").upsert({"name": device, "health": "good", "reason": "released by a person",
-                                                   "changed_at": time.time()}, pk="name")
+        self.store.set_device_health(device, "good", "released by a person", time.time())
 
     def device_health(self) -> list[dict[str, Any]]:
-        return self.store.query("SELECT * FROM device_health ORDER BY name")
+        return self.store.device_health()
 
     def expire_leases(self) -> int:
         """Tasks whose agent stopped renewing go back to the queue (the next lease is attempt + 1).
 
         The lost attempt is stored as a run of its own (infrastructure), so `runs` has every attempt."""
-        expired = self.lose_attempts("status = 'running' AND lease_expires_at < ?", [time.time()],
-                                     "lease expired on agent {agent}: it stopped renewing the lease")
+        # read on a reader connection first: the common round finds nothing and so takes no write lock
+        lost = self.store.running_attempts(expired_before=time.time())
+        expired = self.lose_attempts(lost, "lease expired on agent {agent}: it stopped renewing the lease") if lost else 0
         record_lease_expiries(expired)  # farm_lease_expiries_total: agents that went silent mid-task
         return expired
 
-    def lose_attempts(self, where: str, params: list[Any], reason: str) -> int:
-        """Running attempts (tasks matching `where`) that will not report: each is stored as a failed run
-        (infrastructure, `reason` with {agent}) and retried while attempts are left. Returns how many."""
+    def lose_attempts(self, running: list[dict[str, Any]], reason: str) -> int:
+        """Running attempts (Store.running_attempts rows) that will not report: each is stored as a failed run
+        (infrastructure, `reason` with {agent}) and retried while attempts are left. Returns how many.
+
+        Each is checked again inside the transaction: one that reported or moved on meanwhile is left be."""
         now = time.time()
         with self.store.transaction():
-            rows = self.store.db.execute(
-                f"SELECT id, job_id, attempts, max_attempts, leased_by FROM tasks WHERE {where}", params)
-            columns = [c[0] for c in rows.description]
-            lost = [dict(zip(columns, r)) for r in rows.fetchall()]
+            lost = self.store.running_attempts(task_ids=[t["id"] for t in running]) if running else []
+            current = {(t["id"], t["attempts"], t["leased_by"]) for t in running}
+            lost = [t for t in lost if (t["id"], t["attempts"], t["leased_by"]) in current]
             if not lost:
                 return 0
             failed_jobs = self.store.record_lost_attempts(
@@ -370,10 +358,8 @@ class Controller:
         return len(lost)
 
     def _finish_job_if_done(self, job_id: int) -> None:
-        left = self.store.query("SELECT EXISTS(SELECT 1 FROM tasks WHERE job_id = ? AND status IN ('pending', 'running')) AS n",
-                                [job_id])
-        if left[0]["n"]:
-            return  # the common case, answered from the (job_id, status) index without counting
+        if self.store.job_has_open_tasks(job_id):
+            return  # the common case
         p = self.progress(job_id)
         if p.pending or p.running:
             return
@@ -388,12 +374,7 @@ class Controller:
         self.store.update_job(job_id, status=status.value, finished_at=time.time())
 
     def jobs(self, limit: int = 50) -> list[dict[str, Any]]:
-        return self.store.query(
-            "SELECT j.id, j.name, j.status, j.priority, j.created_at, j.finished_at, j.owner_pid, j.owner_host, "
-            "(SELECT COUNT(*) FROM tasks t WHERE t.job_id = j.id) AS tasks, "
-            "(SELECT COUNT(*) FROM tasks t WHERE t.job_id = j.id AND t.status = 'completed') AS completed, "
-            "(SELECT COUNT(*) FROM tasks t WHERE t.job_id = j.id AND t.status = 'failed') AS failed "
-            "FROM jobs j ORDER BY j.id DESC LIMIT ?", [limit])
+        return self.store.job_list(limit)
 
 
 def _task_spec(task: dict[str, Any], attempt: int) -> TaskSpec:

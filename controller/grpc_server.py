@@ -1,8 +1,9 @@
 """The controller behind gRPC: the same Controller, with agents and clients on the wire.
 
 Each agent holds one bidirectional stream (AgentService.Connect). An idle agent slot sends a
-WorkRequest; one dispatcher thread matches waiting requests to pending tasks through
-Controller.lease, so the SQLite store sees one writer for leases. Leases are renewed by the
+WorkRequest; one dispatcher thread (dispatch.py) matches waiting requests to pending tasks, and one
+writer thread (result_writer.py) applies results in batches, acknowledging each after its commit;
+sessions.py keeps who is connected. This module holds the servicers. Leases are renewed by the
 agent's heartbeats; when a stream breaks nothing is dropped at once: the agent may be back
 in a moment (it takes over its own session), and if it is not, the lease runs out and the
 task goes back to the queue with attempt + 1.
@@ -17,9 +18,9 @@ import queue
 import socket
 import threading
 import time
-import uuid
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Iterator, cast, get_args
 
@@ -33,10 +34,14 @@ from farm.controller.auth import (
     Identity, TlsFiles, TokenInterceptor, TokenTable, check_server_certificate, identity_of, is_loopback,
     server_credentials,
 )
+from farm.proto.device_types import load_device_types
 from farm.controller.controller import TERMINAL_JOB, Controller
-from farm.controller.jobfile import DEFAULT_MAX_TASKS, JobFileError
+from farm.controller.dispatch import Dispatcher, StepTimings
+from farm.controller.jobfile import DEFAULT_MAX_TASKS, DeviceTarget, JobFileError
 from farm.controller.metrics import MetricsServer, parse_listen, serve_metrics
+from farm.controller.result_writer import RESULT_BATCH, QueuedResult, ResultWriter
 from farm.controller.results import run_records
+from farm.controller.sessions import AgentSession, DeviceTaken, Sessions
 from farm.controller.store import Store
 from farm.controller.submission import load_submitted_job
 from farm.proto import strict_json
@@ -45,8 +50,6 @@ from farm.proto.names import SHA256_HEX, valid_agent_name
 from farm.proto.script_archive import MAX_SCRIPT_ARCHIVE_BYTES
 from farm.proto.spec import Priority, ScriptWorkload
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2, farm_pb2, farm_pb2_grpc
-from farm.proto.results import FailureClass, ResultRefused, RunResult
-from farm.proto.wire import MAX_RESULT_BYTES, result_from_message, task_to_message
 
 log = logging.getLogger("farm.controller")
 
@@ -57,8 +60,6 @@ MAX_JOB_FILE_BYTES = 1 << 20
 MAX_ARTIFACT_BYTES = 4 << 30
 MAX_MODEL_BYTES = 2 << 30  # one model file, uploaded or under a models root (--max-model-bytes)
 ARTIFACT_CHUNK_BYTES = 1 << 20
-DISPATCH_BATCH = 16  # slots leased per transaction: fewer commits, yet offers still leave in small bursts
-DISPATCH_IDLE_S = 0.5  # how often the dispatcher looks again when nothing woke it (expired leases)
 FARM_SERVICE = "farm.v1.FarmService"
 AGENT_SERVICE = "farm.v1.AgentService"
 # grpc's sync server gives every open stream a thread for its whole life: 1,000 agents (one Connect
@@ -74,243 +75,66 @@ def _ref(task_id: int, attempt: int) -> common_pb2.TaskRef:
     return common_pb2.TaskRef(task_id=task_id, attempt=attempt)
 
 
-class DeviceTaken(Exception):
-    """A hello names a device another agent registered; the message says whose and how to free it."""
-
-
-@dataclass
-class AgentSession:
-    """One connected agent stream."""
-
-    name: str
-    session_id: str
-    peer: str
-    hello: agent_pb2.Hello
-    connected_at: float = field(default_factory=time.time)
-    last_seen: float = field(default_factory=time.time)
-    state: str = "online"
-    outbox: "queue.Queue[agent_pb2.ControllerMessage | None]" = field(default_factory=queue.Queue)
-    requests: dict[int, frozenset[str]] = field(default_factory=dict)  # idle slots: request id -> targets
-    targets: frozenset[str] = frozenset()  # what its slots may ask for: "sim" and the devices of its hello
-    running: set[tuple[int, int]] = field(default_factory=set)
-    closed: threading.Event = field(default_factory=threading.Event)
-    taken_over_by: str | None = None  # peer of the newer connection under the same name
-
-    def send(self, message: agent_pb2.ControllerMessage) -> None:
-        if not self.closed.is_set():
-            self.outbox.put(message)
-
-    def close(self) -> None:
-        self.closed.set()
-        self.outbox.put(None)  # wakes the response generator so the stream ends
-
-
 class FarmServer:
-    """Owns the Controller, the agent sessions and the dispatcher; the servicers call into it."""
+    """What the servicers call: the Controller, the agent sessions, the dispatcher and the result writer,
+    each its own object (sessions.py, dispatch.py, result_writer.py); this one routes agent messages."""
 
     max_tasks: int = DEFAULT_MAX_TASKS  # per submitted job (`farm controller serve --max-tasks`)
 
     def __init__(self, store: Store, *, lease_ttl_s: float = 30.0, heartbeat_interval_s: float | None = None,
                  tokens: TokenTable | None = None, max_watches: int = DEFAULT_MAX_WATCHES,
-                 files: ControllerFiles | None = None, scripts_need_permission: bool = False) -> None:
+                 files: ControllerFiles | None = None, scripts_need_permission: bool = False,
+                 result_batch: int = RESULT_BATCH) -> None:
         self.store = store
         self.files = files or controller_files(store)
         self.scripts_need_permission = scripts_need_permission
         self.controller = Controller(store, lease_ttl_s=lease_ttl_s)
         self.heartbeat_interval_s = heartbeat_interval_s or max(0.2, lease_ttl_s / 4)
         self.tokens = tokens
-        self.sessions: dict[str, AgentSession] = {}
-        self._lock = threading.RLock()  # sessions, the device index and the watch counts
-        # Which agent registered each device (online or not): a name stays its agent's until an admin frees it.
-        self.device_owner: dict[str, str] = {r["name"]: r["agent"] for r in store.query("SELECT name, agent FROM devices")}
+        self.agents = Sessions(store, self.controller)
+        self.sessions = self.agents.by_name
+        self.device_owner = self.agents.device_owner
+        self._lock = self.agents.lock  # sessions, the device index and the watch counts
         self.max_watches = max_watches
         self.watches: dict[str, int] = {}  # open WatchJob streams per caller
-        self._wake = threading.Event()
-        # Targets known to have no pending task, so idle slots are not asked about again and again;
-        # forgotten whenever tasks may have become pending (submit, retry, expiry, release, idle round).
-        self._empty_targets: set[str] = set()
-        self._queue_changed = True
-        self._stopping = threading.Event()
-        self._dispatcher = threading.Thread(target=self._dispatch_loop, name="dispatcher", daemon=True)
-        self.dispatch_count = 0
-        # Seconds spent and calls made per step, so a benchmark can say where the time goes.
-        self.timings: dict[str, list[float]] = {"lease": [0.0, 0], "complete": [0.0, 0], "heartbeat": [0.0, 0],
-                                                "expire": [0.0, 0]}
+        self.timings = StepTimings()
+        self.dispatcher = Dispatcher(self.controller, self.agents, self.timings)
+        self.results = ResultWriter(self.controller, max_batch=result_batch, timed=self.timings.add)
 
-    def _timed(self, step: str, started: float) -> None:
-        entry = self.timings[step]
-        entry[0] += time.perf_counter() - started
-        entry[1] += 1
+    @property
+    def dispatch_count(self) -> int:
+        return self.dispatcher.count
 
     # --- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
-        self._adopt_unfinished_jobs()
-        self._dispatcher.start()
+        # After a restart: this process owns the open jobs, and running leases get a full TTL
+        # so their agents have time to reconnect before anything is re-queued.
+        self.store.adopt_unfinished(os.getpid(), socket.gethostname(), time.time() + self.controller.lease_ttl_s)
+        self.results.start()
+        self.dispatcher.start()
 
     def stop(self) -> None:
-        self._stopping.set()
-        self._wake.set()
+        self.dispatcher.stop()
         with self._lock:
             for session in list(self.sessions.values()):
                 session.close()
-
-    def _adopt_unfinished_jobs(self) -> None:
-        """After a restart: this process owns the open jobs, and running leases get a full TTL
-        so their agents have time to reconnect before anything is re-queued."""
-        now = time.time()
-        with self.store.transaction():
-            self.store.db.execute(
-                "UPDATE jobs SET owner_pid = ?, owner_host = ? WHERE status IN ('queued', 'running')",
-                [os.getpid(), socket.gethostname()])
-            self.store.db.execute("UPDATE tasks SET lease_expires_at = ? WHERE status = 'running'",
-                                  [now + self.controller.lease_ttl_s])
-            self.store.db.execute("UPDATE agents SET state = 'offline'")
-            self.store.db.execute("UPDATE devices SET state = 'offline'")
+        self.results.stop()
 
     def wake(self, queue_changed: bool = False) -> None:
-        if queue_changed:
-            self._queue_changed = True
-        self._wake.set()
-
-    # --- dispatch ----------------------------------------------------------------------
-    def _dispatch_loop(self) -> None:
-        while not self._stopping.is_set():
-            if not self._wake.wait(DISPATCH_IDLE_S):
-                self._queue_changed = True  # an idle round looks at everything again
-            self._wake.clear()
-            try:
-                self.dispatch_once()
-            except Exception:  # a bad round must not stop dispatching for good
-                log.exception("dispatch round failed")
+        self.dispatcher.wake(queue_changed)
 
     def dispatch_once(self) -> int:
-        """Offer pending tasks to the waiting slots; returns how many were offered."""
-        started = time.perf_counter()
-        if self.controller.expire_leases():
-            self._queue_changed = True
-        self._timed("expire", started)
-        if self._queue_changed:
-            self._queue_changed = False
-            self._empty_targets.clear()
-        with self._lock:
-            waiting = [(s, rid, targets) for s in self.sessions.values() if s.state == "online"
-                       for rid, targets in list(s.requests.items())]
-        waiting = [w for w in waiting if not w[2] <= self._empty_targets and not w[0].closed.is_set()]
-        if not waiting:
-            return 0
-        offered = 0
-        for first in range(0, len(waiting), DISPATCH_BATCH):
-            offered += self._dispatch_batch(waiting[first:first + DISPATCH_BATCH])
-        return offered
-
-    def _dispatch_batch(self, waiting: list[tuple[AgentSession, int, frozenset[str]]]) -> int:
-        waiting = [w for w in waiting if not w[2] <= self._empty_targets]  # an earlier batch may have found none
-        if not waiting:
-            return 0
-        started = time.perf_counter()
-        # One transaction for several slots; a slot it could not serve asks on its own.
-        leased, exhausted = self.controller.lease_batch([(session.name, targets) for session, _, targets in waiting])
-        self._timed("lease", started)
-        offered = 0
-        for (session, request_id, targets), task in zip(waiting, leased):
-            if task is None and not exhausted:
-                started = time.perf_counter()
-                task = self.controller.lease(session.name, set(targets))
-                self._timed("lease", started)
-            if task is None:
-                self._empty_targets |= targets
-                continue
-            if session.closed.is_set():  # the stream broke meanwhile: the task goes straight back
-                self.release(task.task_id, "released: agent {agent} went away as it was offered")
-                continue
-            now = time.time()
-            with self._lock:
-                session.requests.pop(request_id, None)
-                session.running.add((task.task_id, task.attempt))
-            offer = agent_pb2.TaskOffer(request_id=request_id, lease_expires_at=now + self.controller.lease_ttl_s,
-                                        offered_at=now)
-            task_to_message(task, offer.task)
-            session.send(agent_pb2.ControllerMessage(offer=offer))
-            offered += 1
-            self.dispatch_count += 1
-        return offered
+        return self.dispatcher.dispatch_once()
 
     # --- agent sessions -------------------------------------------------------------------
     def open_session(self, hello: agent_pb2.Hello, peer: str) -> tuple[AgentSession, list[tuple[int, int]]]:
-        """Register a (re)connecting agent; it takes over its own stale session.
-
-        Returns the session and the leases held for this agent that it no longer runs
-        (offered while the stream was breaking): those go straight back to the queue.
-        A hello renews no lease: the agent's first heartbeat, sent right after it, renews what still
-        runs, while a task whose result cannot be delivered is left to run out its lease.
-        """
-        session = AgentSession(name=hello.agent_name, session_id=uuid.uuid4().hex, peer=peer, hello=hello,
-                               targets=frozenset({"sim", *(d.name for d in hello.devices)}))
-        still_running = {(r.task_id, r.attempt) for r in hello.running}
-        with self._lock:
-            for device in hello.devices:  # a dict lookup each: registration is linear in the number of devices
-                holder = self.device_owner.get(device.name)
-                if holder is not None and holder != hello.agent_name:
-                    state = "online" if holder in self.sessions else "offline"
-                    raise DeviceTaken(
-                        f"device {device.name!r} belongs to agent {holder!r} ({state}), which registered it first. "
-                        "One device, one agent: remove it from one of the two device lists; if it has moved, an "
-                        f"admin frees the name with `farm device forget {device.name} --controller HOST:PORT`.")
-            old = self.sessions.get(hello.agent_name)
-            if old is not None:
-                log.info("agent %s reconnected from %s; its old session %s is closed", hello.agent_name, peer, old.session_id)
-                old.taken_over_by = peer
-                old.close()
-            self.sessions[hello.agent_name] = session
-            rows = self.store.query("SELECT id, attempts FROM tasks WHERE status = 'running' AND leased_by = ?",
-                                    [hello.agent_name])
-            released = []
-            for row in rows:
-                if (row["id"], row["attempts"]) in still_running:
-                    session.running.add((row["id"], row["attempts"]))
-                else:
-                    released.append((row["id"], row["attempts"]))
-            if released:
-                marks = ",".join("?" for _ in released)
-                self.controller.lose_attempts(
-                    f"status = 'running' AND leased_by = ? AND id IN ({marks})", [hello.agent_name, *(t for t, _ in released)],
-                    "released: agent {agent} reconnected without it")
-                self._queue_changed = True
-            with self.store.transaction():
-                self._record_agent(session, "online")
-        self.wake()
+        """Sessions.open, then the dispatcher looks again (released leases are pending once more)."""
+        session, released = self.agents.open(hello, peer)
+        self.wake(queue_changed=bool(released))
         return session, released
 
-    def release(self, task_id: int, reason: str) -> None:
-        self.controller.lose_attempts("id = ? AND status = 'running'", [task_id], reason)
-        self._queue_changed = True
-
     def close_session(self, session: AgentSession) -> None:
-        session.close()
-        with self._lock:
-            if self.sessions.get(session.name) is session:
-                del self.sessions[session.name]
-                with self.store.transaction():
-                    self._record_agent(session, "offline")
-        log.info("agent %s disconnected (session %s)", session.name, session.session_id)
-
-    def _record_agent(self, session: AgentSession, state: str) -> None:
-        hello, now = session.hello, time.time()
-        self.store.db.table("agents").upsert({
-            "name": session.name, "session_id": session.session_id, "state": state,
-            "farm_version": hello.farm_version, "capabilities_json": json.dumps(list(hello.capabilities)),
-            "hostname": hello.hostname, "peer": session.peer, "connected_at": session.connected_at, "last_seen": now,
-        }, pk="name")
-        # One statement for every device: registration stays linear in the number of devices.
-        self.store.db.conn.executemany(
-            "INSERT INTO devices (name, agent, driver, device_type, tags_json, facts_json, slots, state, last_seen) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET agent = excluded.agent, "
-            "driver = excluded.driver, device_type = excluded.device_type, tags_json = excluded.tags_json, "
-            "facts_json = excluded.facts_json, slots = excluded.slots, state = excluded.state, last_seen = excluded.last_seen",
-            [(d.name, session.name, d.driver, d.device_type, json.dumps(list(d.tags)), d.facts_json or "{}", d.slots,
-              state, now) for d in hello.devices])
-        with self._lock:
-            self.device_owner.update((d.name, session.name) for d in hello.devices)
+        self.agents.close(session)
 
     def on_agent_message(self, session: AgentSession, message: agent_pb2.AgentMessage) -> None:
         session.last_seen = time.time()
@@ -329,7 +153,7 @@ class FarmServer:
                 self.wake()
         elif kind == "heartbeat":
             with self._lock:  # only this session's own leases are renewed; the rest is refused without a query
-                held = set(session.running) if self.sessions.get(session.name) is session else set()
+                held = set(session.running) if self.agents.current(session) else set()
             refs = list(message.heartbeat.running)
             foreign = [ref for ref in refs if (ref.task_id, ref.attempt) not in held]
             if foreign:
@@ -340,70 +164,47 @@ class FarmServer:
                 if (ref.task_id, ref.attempt) in held:
                     started = time.perf_counter()
                     alive = self.controller.heartbeat(ref.task_id, ref.attempt, session.name)
-                    self._timed("heartbeat", started)
+                    self.timings.add("heartbeat", started)
                 if not alive:
                     session.send(agent_pb2.ControllerMessage(cancel=agent_pb2.CancelTask(
                         task=ref, reason="the job was canceled, or this agent holds no lease on this attempt "
                                          "(it ran out and the task went elsewhere)")))
         elif kind == "result":
-            if self.sessions.get(session.name) is session:
-                ack = self.apply_result(session.name, message.result)
+            if self.agents.current(session):  # queued: the writer acks it once it is committed
+                self.results.put(QueuedResult(session.name, message.result, partial(self._acknowledge, session),
+                                              failed=session.close))
             else:
-                ack = agent_pb2.ResultAck(task=message.result.task, note="refused: this session was taken over; do not resend")
-            session.send(agent_pb2.ControllerMessage(ack=ack))
-            with self._lock:
-                session.running.discard((message.result.task.task_id, message.result.task.attempt))
-            task = self.store.task(message.result.task.task_id)
-            self.wake(queue_changed=task is not None and task["status"] == "pending")  # a retry is queued
+                self._acknowledge(session, agent_pb2.ResultAck(
+                    task=message.result.task, note="refused: this session was taken over; do not resend"), False)
         elif kind == "drain":
             with self._lock:
                 session.state = "draining"
                 session.requests.clear()
-                with self.store.transaction():
-                    self._record_agent(session, "draining")
+                self.agents.record(session, "draining")
         elif kind == "progress":
             pass  # progress is informational; the stored state changes with results
 
-    def apply_result(self, agent: str, message: agent_pb2.TaskResult) -> agent_pb2.ResultAck:
-        """Apply a result once, and only from the agent holding that attempt's lease.
+    def _acknowledge(self, session: AgentSession, ack: agent_pb2.ResultAck, requeued: bool) -> None:
+        session.send(agent_pb2.ControllerMessage(ack=ack))
+        with self._lock:
+            session.running.discard((ack.task.task_id, ack.task.attempt))
+        self.wake(queue_changed=requeued)  # a retry is queued
 
-        Anything else is acknowledged with a note saying why (so a real agent stops resending it) and
-        stores nothing. A result too large, or one farm cannot read, fails its task rather than being retried.
-        The store's lock is the only one held while a large result is written."""
-        task_id, attempt = message.task.task_id, message.task.attempt
-        ack = agent_pb2.ResultAck(task=message.task)
-        size, problem = message.result.ByteSize(), ""
-        if size > MAX_RESULT_BYTES:
-            problem = (f"its result is {size} bytes, over the {MAX_RESULT_BYTES} byte limit per result; "
-                       "farm agents cap their samples to fit, so this agent is out of date or not farm's")
-            result = RunResult.failed(FailureClass.JOB, f"agent {agent} sent a result that cannot be stored: {problem}")
-        else:
-            try:
-                result = result_from_message(message.result)
-            except (ValueError, TypeError, KeyError) as e:  # an unknown status or failure class, JSON that is not
-                problem = f"its result cannot be read ({printable(e)})"
-                result = RunResult.failed(FailureClass.BUG, f"agent {agent} sent a result farm cannot read: {printable(e)}")
-        started = time.perf_counter()
-        try:
-            run_id = self.controller.complete(task_id, attempt, agent, message.started_at, result)
-        except ResultRefused as e:
-            log.warning("agent %s: result for task %d attempt %d refused: %s", agent, task_id, attempt, printable(e))
-            ack.note = f"refused: {e}; nothing was stored. Do not resend."
-            return ack
-        self._timed("complete", started)
-        ack.applied = run_id is not None
-        ack.run_id = run_id or 0
-        if problem:
-            log.warning("agent %s: task %d attempt %d failed: %s", agent, task_id, attempt, problem)
-            ack.note = f"stored as a failure: {problem}. Do not resend."
-        elif not ack.applied:
-            ack.note = "already applied"
-        return ack
+    def apply_result(self, agent: str, message: agent_pb2.TaskResult) -> agent_pb2.ResultAck:
+        """Apply one result now, in the caller's thread (the stream's results go through the writer's queue).
+
+        Only the agent holding that attempt's lease stores anything; anything else is acknowledged with
+        a note saying why (so a real agent stops resending it)."""
+        acks: list[agent_pb2.ResultAck] = []
+        self.results.write([QueuedResult(agent, message, lambda ack, requeued: acks.append(ack))])
+        if not acks:
+            raise RuntimeError(f"the result for task {message.task.task_id} could not be applied; see the log")
+        return acks[0]
 
     def cancel_job(self, job_id: int) -> int:
         """Cancel in the store, then tell the agents running its tasks now rather than at their next heartbeat."""
         n = self.controller.cancel_job(job_id)
-        rows = self.store.query("SELECT id, attempts, leased_by FROM tasks WHERE job_id = ? AND status = 'running'", [job_id])
+        rows = self.store.running_attempts(job_id=job_id)
         with self._lock:
             for row in rows:
                 session = self.sessions.get(row["leased_by"] or "")
@@ -413,20 +214,7 @@ class FarmServer:
         return n
 
     def forget_device(self, name: str) -> str:
-        """An admin frees a device name its agent registered; returns that agent. Raises LookupError
-        when no agent registered it, ValueError while its agent is connected."""
-        with self._lock:
-            owner = self.device_owner.get(name)
-            if owner is None:
-                raise LookupError(f"no agent has registered a device named {printable(name)!r}; `farm devices` lists them")
-            if owner in self.sessions:
-                raise ValueError(f"device {name!r} belongs to agent {owner!r}, which is connected: remove the device "
-                                 f"from that agent's device list and restart it, or stop the agent, then forget it")
-            with self.store.transaction():
-                self.store.db.execute("DELETE FROM devices WHERE name = ?", [name])
-            del self.device_owner[name]
-        log.info("device %s forgotten: it no longer belongs to agent %s", name, owner)
-        return owner
+        return self.agents.forget_device(name)
 
     def open_watch(self, caller: str) -> bool:
         """Count one more WatchJob stream for `caller`; False when it already has its share."""
@@ -444,12 +232,9 @@ class FarmServer:
 
     def device_targets(self) -> list[Any]:
         """The devices a job can target: every non-sim device an agent has registered (online or not)."""
-        from farm.proto.device_types import load_device_types
-        from farm.controller.jobfile import DeviceTarget
-
         types = load_device_types()
         return [DeviceTarget(r["name"], types.get(r["device_type"] or ""), json.loads(r["tags_json"] or "[]"))
-                for r in self.store.query("SELECT name, device_type, tags_json FROM devices WHERE driver != 'sim'")]
+                for r in self.store.device_rows(sim=False)]
 
     def artifact_path(self, sha256: str) -> Path | None:
         """The stored artifact with this content hash: uploaded, or copied in from a models root at submit."""
@@ -681,14 +466,14 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         return farm_pb2.ListJobsResponse(jobs=[_job_message(self.server, j) for j in jobs])
 
     def ListDevices(self, request: farm_pb2.ListDevicesRequest, context: grpc.ServicerContext) -> farm_pb2.ListDevicesResponse:
-        rows = self.server.store.query("SELECT * FROM devices ORDER BY name")
+        rows = self.server.store.devices()
         return farm_pb2.ListDevicesResponse(devices=[common_pb2.Device(
             name=r["name"], driver=r["driver"] or "", device_type=r["device_type"] or "",
             tags=json.loads(r["tags_json"] or "[]"), facts_json=r["facts_json"] or "{}", slots=r["slots"] or 0,
             state=r["state"] or "", agent=r["agent"] or "", last_seen=r["last_seen"] or 0.0) for r in rows])
 
     def ListAgents(self, request: farm_pb2.ListAgentsRequest, context: grpc.ServicerContext) -> farm_pb2.ListAgentsResponse:
-        rows = self.server.store.query("SELECT * FROM agents ORDER BY name")
+        rows = self.server.store.agents()
         agents = []
         for r in rows:
             session = self.server.sessions.get(r["name"])
@@ -776,9 +561,7 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
         check_server_certificate(tls)  # an expired certificate fails now, not in every client later
     for warning in startup_warnings(listen, tokens=tokens is not None, tls=tls is not None, metrics_listen=metrics_listen):
         log.warning("%s", warning)
-    # WAL + NORMAL survives a killed process intact; only a power cut can drop the last commits, and
-    # then their tasks re-run when the leases run out. It saves an fsync per lease and per result.
-    store.db.execute("PRAGMA synchronous = NORMAL")
+    store.sync_normal()
     files = controller_files(store, models_roots=models_roots, max_model_bytes=max_model_bytes)
     farm = FarmServer(store, lease_ttl_s=lease_ttl_s, heartbeat_interval_s=heartbeat_interval_s, tokens=tokens,
                       max_watches=max_watches, files=files, scripts_need_permission=scripts_need_permission)

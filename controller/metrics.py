@@ -20,7 +20,8 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from farm.controller.lease_expiries import lease_expiries_total, record_lease_expiries
+from farm.controller.counters import lease_expiries_total, record_lease_expiries
+from farm.controller.reference_suite import HEALTH_CHECK
 from farm.controller.schedule import PRIORITY_RANK
 from farm.controller.store import Store
 from farm.proto.results import TaskStatus
@@ -62,15 +63,14 @@ class StoreCollector(Collector):
         depth = GaugeMetricFamily("farm_queue_depth", "Pending tasks waiting for an agent, by job priority.",
                                   labels=["priority"])
         pending = {name: 0 for name in PRIORITY_RANK}
-        for row in self.store.query("SELECT priority, COUNT(*) AS n FROM tasks WHERE status = 'pending' GROUP BY priority"):
-            name = PRIORITY_NAMES.get(row["priority"], str(row["priority"]))
-            pending[name] = pending.get(name, 0) + row["n"]
+        for priority, n in self.store.pending_by_priority().items():
+            name = PRIORITY_NAMES.get(priority, str(priority))
+            pending[name] = pending.get(name, 0) + n
         for name, n in pending.items():
             depth.add_metric([name], n)
         by_state = GaugeMetricFamily("farm_tasks", "Tasks in the store, by state.", labels=["state"])
         states = {status.value: 0 for status in TaskStatus}
-        for row in self.store.query("SELECT status, COUNT(*) AS n FROM tasks GROUP BY status"):
-            states[str(row["status"])] = row["n"]
+        states.update(self.store.tasks_by_status())
         for state, n in states.items():
             by_state.add_metric([state], n)
         return [depth, by_state]
@@ -81,16 +81,15 @@ class StoreCollector(Collector):
             labels=["device", "health"])
         current: dict[str, str] = {}
         # A registered device with no health row has never been judged: unknown.
-        for row in self.store.query("SELECT name FROM devices"):
+        for row in self.store.device_rows():
             current[row["name"]] = "unknown"
         last_check = GaugeMetricFamily(
             "farm_device_last_health_check_timestamp_seconds",
             "When the device's last reference-suite check completed (Unix time).", labels=["device"])
         # the last check is derived from the reference-suite runs themselves, not stored twice
-        from farm.controller.refresh import last_reference_checks
-        for device, at in sorted(last_reference_checks(self.store).items()):
+        for device, at in sorted(self.store.last_reference_checks(HEALTH_CHECK).items()):
             last_check.add_metric([device], float(at))
-        for row in self.store.query("SELECT name, health FROM device_health"):
+        for row in self.store.device_health():
             current[row["name"]] = row["health"] or "unknown"
         for device in sorted(current):
             values = HEALTH_VALUES if current[device] in HEALTH_VALUES else (*HEALTH_VALUES, current[device])
@@ -103,9 +102,7 @@ class StoreCollector(Collector):
                                 "Seconds since the newest calibration of this device and metric was fitted.",
                                 labels=["device", "metric"])
         now = self.clock()
-        for row in self.store.query(
-                "SELECT device, metric, MAX(created_at) AS newest FROM calibrations "
-                "WHERE created_at IS NOT NULL GROUP BY device, metric ORDER BY device, metric"):
+        for row in self.store.newest_calibration_times():
             age.add_metric([row["device"], row["metric"]], max(0.0, now - row["newest"]))
         return [age]
 
@@ -119,13 +116,7 @@ class StoreCollector(Collector):
         exceeded = GaugeMetricFamily(
             "farm_calibration_drift_exceeded", "1 when the latest drift check went beyond its thresholds.",
             labels=["device", "metric", "threads"])
-        # The newest row per (device, metric, threads): drift is computed per calibration key.
-        rows = self.store.query(
-            f"SELECT d.device, d.metric, d.threads, d.prediction_shift, d.exceeded FROM {DRIFT_TABLE} d "
-            f"WHERE d.rowid = (SELECT e.rowid FROM {DRIFT_TABLE} e WHERE e.device = d.device AND e.metric = d.metric "
-            "AND e.threads IS d.threads ORDER BY e.created_at DESC, e.rowid DESC LIMIT 1) "
-            "ORDER BY d.device, d.metric, d.threads")
-        for row in rows:
+        for row in self.store.latest_drift():
             labels = [row["device"], row["metric"], "" if row["threads"] is None else str(row["threads"])]
             if row["prediction_shift"] is not None:
                 shift.add_metric(labels, float(row["prediction_shift"]))
@@ -134,7 +125,7 @@ class StoreCollector(Collector):
 
     # --- schema probes -------------------------------------------------------------------------
     def _table_exists(self, table: str) -> bool:
-        return bool(self.store.query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [table]))
+        return self.store.has_table(table)
 
 
 def metrics_registry(store: Store) -> CollectorRegistry:

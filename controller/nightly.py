@@ -93,9 +93,8 @@ class NightlyRefresh:
         self.alert = alert
         self.clock = clock
         self.next_run = cron.next_after(clock())
-        self.checked: set[int] = {r["id"] for r in store.query(
-            "SELECT id FROM jobs WHERE kind = ? AND status IN ('completed', 'failed', 'canceled')",
-            [HEALTH_CHECK])}  # a restarted controller does not re-check old refreshes
+        # a restarted controller does not re-check old refreshes
+        self.checked: set[int] = set(store.jobs_of_kind(HEALTH_CHECK, ("completed", "failed", "canceled")))
         self._stop = threading.Event()
 
     def tick(self) -> int | None:
@@ -122,13 +121,12 @@ class NightlyRefresh:
         return job_id
 
     def check_finished(self) -> None:
-        for row in self.store.query("SELECT id FROM jobs WHERE kind = ? AND status IN ('completed', 'failed')",
-                                    [HEALTH_CHECK]):
-            if row["id"] in self.checked:
+        for job_id in self.store.jobs_of_kind(HEALTH_CHECK, ("completed", "failed")):
+            if job_id in self.checked:
                 continue
-            self.checked.add(row["id"])
-            report = after_reference_run(self.store, row["id"], alert=self.alert)
-            log.info("nightly refresh job %d: %d calibration(s), %d drift check(s), quarantined %s", row["id"],
+            self.checked.add(job_id)
+            report = after_reference_run(self.store, job_id, alert=self.alert)
+            log.info("nightly refresh job %d: %d calibration(s), %d drift check(s), quarantined %s", job_id,
                      len(report.calibrations), len(report.drift), sorted(report.quarantined) or "none")
 
     def run_forever(self, interval_s: float = 30.0) -> None:

@@ -90,14 +90,12 @@ def drift_between(old: StoredCalibration, new: StoredCalibration, thresholds: Dr
 
 def record_drift(store: Store, drift: Drift) -> None:
     row = {k: v for k, v in asdict(drift).items() if k != "reasons"}
-    with store.transaction():
-        store.db.table("calibration_drift").insert({**row, "exceeded": int(drift.exceeded),
-                                              "reasons": "; ".join(drift.reasons), "created_at": time.time()})
+    store.add_drift({**row, "exceeded": int(drift.exceeded), "reasons": "; ".join(drift.reasons),
+                     "created_at": time.time()})
 
 
 def drift_history(store: Store, device: str | None = None) -> list[dict[str, Any]]:
-    sql = "SELECT * FROM calibration_drift" + (" WHERE device = ?" if device else "") + " ORDER BY id"
-    return store.query(sql, [device] if device else [])
+    return store.drift_history(device)
 
 
 @dataclass
@@ -116,10 +114,7 @@ class GoldenOutlier:
 
 
 def _device_latencies(store: Store, job_id: int, device: str) -> dict[tuple[str, int], float]:
-    rows = store.query(
-        "SELECT t.model_sha256, t.model_name, t.threads, s.latency_avg_ms FROM tasks t "
-        "JOIN runs r ON r.id = t.last_run_id JOIN summaries s ON s.run_id = r.id "
-        "WHERE t.job_id = ? AND t.target = ? AND t.status = 'completed'", [job_id, device])
+    rows = store.device_latencies(job_id, device)
     values: dict[tuple[str, int], list[float]] = {}
     for row in rows:
         if row["latency_avg_ms"] is not None:
@@ -130,14 +125,12 @@ def _device_latencies(store: Store, job_id: int, device: str) -> dict[tuple[str,
 def golden_outliers(store: Store, job_id: int, device: str, *, k: float = 3.0, min_history: int = 2,
                     sigma_floor: float = 0.05) -> list[GoldenOutlier]:
     """Reference models whose latency on `device` left their own history (earlier health checks)."""
-    earlier = [r["id"] for r in store.query(
-        "SELECT id FROM jobs WHERE kind = ? AND id < ? ORDER BY id", [HEALTH_CHECK, job_id])]
+    earlier = store.earlier_jobs_of_kind(HEALTH_CHECK, job_id)
     history: dict[tuple[str, int], list[float]] = {}
     for jid in earlier:
         for key, value in _device_latencies(store, jid, device).items():
             history.setdefault(key, []).append(value)
-    names = {r["model_sha256"]: r["model_name"] for r in store.query(
-        "SELECT DISTINCT model_sha256, model_name FROM tasks WHERE job_id = ?", [job_id])}
+    names = store.job_model_names(job_id)
     outliers = []
     for key, value in _device_latencies(store, job_id, device).items():
         past = history.get(key, [])
@@ -210,9 +203,7 @@ def report_json(report: RefreshReport) -> dict[str, Any]:
 
 def last_reference_checks(store: Store) -> dict[str, float]:
     """device -> when its last health check (a reference suite farm submitted) completed, in Unix time."""
-    return {r["target"]: r["at"] for r in store.query(
-        "SELECT t.target, MAX(t.finished_at) AS at FROM tasks t JOIN jobs j ON j.id = t.job_id "
-        "WHERE j.kind = ? AND t.target != 'sim' AND t.status = 'completed' GROUP BY t.target", [HEALTH_CHECK])}
+    return store.last_reference_checks(HEALTH_CHECK)
 
 
 def stale_devices(store: Store, devices: list[str], max_age_s: float) -> list[str]:

@@ -17,22 +17,6 @@ MiB = 1 << 20
 MODEL_FACTS_IN_RECORDS = ("macs", "conv_macs_share", "depthwise_macs_share", "fc_macs_share", "other_macs_share",
                           "activation_bytes")
 
-_SQL = """
-SELECT t.id AS task, t.job_id AS job, t.model_name, t.model_sha256, t.model_family, t.model_path,
-       t.target, t.threads, t.batch_size, t.input_size, t.repeat, t.status AS task_status,
-       t.attempts, t.pair_key, t.failure_class AS task_failure_class, t.message AS task_message,
-       t.model_size_bytes, t.model_param_count, t.model_facts_json, t.spec_json AS task_spec_json,
-       r.id AS run_id, r.attempt, r.status AS run_status, r.failure_class, r.message, r.backend,
-       r.approximate, r.limits_cpus, r.limits_cpuset, r.limits_memory_mb, r.wall_s, r.whole_run_s,
-       r.started_at, r.finished_at, r.tool_versions_json, r.environment_json, r.contention_json,
-       s.*
-FROM tasks t
-LEFT JOIN runs r ON r.id = t.last_run_id
-LEFT JOIN summaries s ON s.run_id = r.id
-WHERE t.job_id = ?
-ORDER BY t.model_name, t.threads, t.batch_size, t.input_size, t.repeat, t.target, t.seq
-"""
-
 
 def _mb(v: float | None) -> float | None:
     return None if v is None else round(v / MiB, 2)
@@ -67,7 +51,7 @@ def _budget_cpus(row: dict[str, Any]) -> float | None:
 def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[str, Any]]:
     """One record per task; with `ops`, each carries its run's op profile (`op_profile`: op types, then nodes)."""
     records, notes = [], []
-    for row in store.query(_SQL, [job_id]):
+    for row in store.run_rows(job_id):
         facts = json.loads(row["model_facts_json"] or "{}")
         notes.append(json.loads(row["environment_json"] or "{}").get("op_profile_note"))
         latency = None

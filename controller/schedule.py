@@ -45,6 +45,7 @@ def expand_tasks(job: ResolvedJob) -> list[dict[str, Any]]:
         return TaskPlan(workload=spec.workload, sim=budget, run_timeout_s=spec.timeouts.run,
                         base_dir=str(job.base_dir), script_archive=job.script_archive).model_dump_json()
     targets = job.targets or [None]
+    facts_json = {id(model): json.dumps(asdict(model.facts)) for model in job.models}  # once per model, not per task
     cells = itertools.product(job.models, spec.matrix.threads, spec.matrix.batch_sizes,
                               spec.matrix.input_sizes, spec.matrix.cpus, range(spec.repeats), targets)
 
@@ -53,7 +54,7 @@ def expand_tasks(job: ResolvedJob) -> list[dict[str, Any]]:
         return {
             "seq": len(tasks), "target": target, "model_name": model.name, "model_path": model.display or str(model.path),
             "model_sha256": model.facts.sha256, "model_family": model.family,
-            "model_facts_json": json.dumps(asdict(model.facts)), "model_size_bytes": model.facts.size_bytes,
+            "model_facts_json": facts_json[id(model)], "model_size_bytes": model.facts.size_bytes,
             "model_param_count": model.facts.param_count, "threads": threads, "batch_size": batch,
             "input_size": size, "repeat": repeat, "status": "pending", "attempts": 0,
             "max_attempts": MAX_ATTEMPTS,

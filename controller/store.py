@@ -183,6 +183,8 @@ class StoreError(Exception):
 
 
 BUSY_TIMEOUT_S = 30
+# A quarantined device (or one in maintenance) is offered no task until it is released.
+HEALTHY_TARGET = "AND t.target NOT IN (SELECT name FROM device_health WHERE health IN ('bad', 'maintenance'))"
 
 
 def store_error_message(path: Path, error: sqlite3.Error) -> str:
@@ -198,6 +200,11 @@ def store_error_message(path: Path, error: sqlite3.Error) -> str:
         return (f"{path} cannot be opened for writing ({text}): check that the file and its folder are writable "
                 "by you (farm also writes the -wal and -shm files beside it), or point --db at another file.")
     return f"the store {path} failed: {text}"
+
+
+def _rows(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
+    columns = [c[0] for c in cursor.description]
+    return [dict(zip(columns, row)) for row in cursor]
 
 
 class Store:
@@ -258,8 +265,20 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
+        """One write transaction; inside another one it is a savepoint, so a step of a batch (one result
+        of many) that fails undoes only its own writes and the batch still commits once."""
         with self._lock:
             conn = self.db.conn
+            if getattr(self._local, "writing", False):
+                conn.execute("SAVEPOINT step")  # SQLite nests savepoints of the same name
+                try:
+                    yield
+                except BaseException:
+                    conn.execute("ROLLBACK TO step")
+                    conn.execute("RELEASE step")
+                    raise
+                conn.execute("RELEASE step")
+                return
             conn.execute("BEGIN IMMEDIATE")
             self._local.writing = True
             try:
@@ -274,15 +293,13 @@ class Store:
     def query(self, sql: str, params: Any = ()) -> list[dict[str, Any]]:
         if not self._on_disk or getattr(self._local, "writing", False):  # a transaction reads its own writes
             with self._lock:
-                return list(self.db.query(sql, params))
+                return _rows(self.db.conn.execute(sql, params))
         try:
             conn = self._readers.get_nowait()
         except queue.Empty:
             conn = self._open_reader()
         try:
-            cursor = conn.execute(sql, params)
-            columns = [c[0] for c in cursor.description]
-            return [dict(zip(columns, row)) for row in cursor]
+            return _rows(conn.execute(sql, params))
         finally:
             self._readers.put(conn)
 
@@ -304,11 +321,12 @@ class Store:
     # --- jobs and tasks -------------------------------------------------------
     def insert_job(self, job: dict[str, Any], tasks: list[dict[str, Any]]) -> int:
         with self.transaction():
-            job_id = self.db.table("jobs").insert(job).last_pk
-            assert job_id is not None  # just inserted
-            for t in tasks:
-                t["job_id"] = job_id
-            self.db.table("tasks").insert_all(tasks)
+            job_id = self._insert_row("jobs", job)
+            columns = list(dict.fromkeys(["job_id", *(k for t in tasks for k in t)]))  # refused models add a few
+            # one statement for every task: a 100,000-task job is inserted in a second or two
+            self.db.conn.executemany(
+                f"INSERT INTO tasks ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                ([job_id if c == "job_id" else t.get(c) for c in columns] for t in tasks))
         return job_id
 
     def job(self, job_id: int) -> dict[str, Any] | None:
@@ -347,7 +365,7 @@ class Store:
                 raise ResultRefused(f"attempt {attempt} of task {task['id']} is already stored: {existing[2]}")
             self._check_lease(task["id"], attempt, agent)
             limits = result.limits
-            run_id = self.db.table("runs").insert({
+            run_id = self._insert_row("runs", {
                 "task_id": task["id"], "job_id": task["job_id"], "attempt": attempt,
                 "status": result.status.value,
                 "failure_class": result.failure_class.value if result.failure_class else None,
@@ -360,8 +378,7 @@ class Store:
                 "tool_versions_json": json.dumps(result.tool_versions), "log_tail": result.log_tail,
                 "contended": None if result.contention is None else int(result.contention.contended),
                 "contention_json": None if result.contention is None else json.dumps(dataclasses.asdict(result.contention)),
-            }).last_pk
-            assert run_id is not None  # just inserted
+            })
             self._insert_summary(run_id, result)
             self._insert_op_profile(run_id, result)
             if result.iterations_ms:  # executemany: a million samples in a second or two, not a minute
@@ -371,8 +388,20 @@ class Store:
                 self.db.conn.executemany(
                     "INSERT INTO telemetry (run_id, idx, t_s, cpu_percent, memory_bytes) VALUES (?, ?, ?, ?, ?)",
                     ((run_id, i, s.t_s, s.cpu_percent, s.memory_bytes) for i, s in enumerate(result.telemetry.samples)))
-            self.db.table("tasks").update(task["id"], {**task_fields, "last_run_id": run_id})
+            self._update_row("tasks", task["id"], {**task_fields, "last_run_id": run_id})
         return run_id
+
+    # Plain statements on the hot path (a result, a lease): sqlite_utils' insert and update read the
+    # table's schema on every call, which was most of a result's cost in the scheduling benchmark.
+    def _insert_row(self, table: str, row: dict[str, Any]) -> int:
+        sql = f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})"
+        row_id = self.db.conn.execute(sql, list(row.values())).lastrowid
+        assert row_id is not None  # an INSERT always sets it
+        return row_id
+
+    def _update_row(self, table: str, pk: int, fields: dict[str, Any]) -> None:
+        sql = f"UPDATE {table} SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?"
+        self.db.conn.execute(sql, [*fields.values(), pk])
 
     def _check_lease(self, task_id: int, attempt: int, agent: str) -> None:
         row = self.db.execute("SELECT status, attempts, leased_by FROM tasks WHERE id = ?", [task_id]).fetchone()
@@ -433,7 +462,7 @@ class Store:
                 "net_tx_bytes": t.net_tx_bytes, "sampler_cpu_percent": t.sampler_cpu_percent,
                 "sample_interval_ms": t.interval_ms, "sample_count": len(t.samples),
             })
-        self.db.table("summaries").insert(row)
+        self._insert_row("summaries", row)
 
     def iterations(self, run_id: int) -> list[float]:
         return [r["ms"] for r in self.query("SELECT ms FROM iterations WHERE run_id = ? ORDER BY idx", [run_id])]
@@ -544,3 +573,348 @@ class Store:
             " SELECT cr.calibration_id FROM calibration_runs cr JOIN runs r"
             " ON r.id = cr.sim_run_id OR r.id = cr.device_run_id WHERE r.job_id = ?)"
             " ORDER BY c.device, c.metric, c.threads, c.family, c.version", [job_id])
+
+    # --- queries (r12-sched) ------------------------------------------------------------------
+    # Every statement the controller runs lives below, named for what it asks; controller/ modules
+    # call these and hold no SQL of their own (tests/test_sql_in_store_only.py fails otherwise).
+
+    # jobs and tasks
+    def job_list(self, limit: int) -> list[dict[str, Any]]:
+        return self.query(
+            "SELECT j.id, j.name, j.status, j.priority, j.created_at, j.finished_at, j.owner_pid, j.owner_host, "
+            "(SELECT COUNT(*) FROM tasks t WHERE t.job_id = j.id) AS tasks, "
+            "(SELECT COUNT(*) FROM tasks t WHERE t.job_id = j.id AND t.status = 'completed') AS completed, "
+            "(SELECT COUNT(*) FROM tasks t WHERE t.job_id = j.id AND t.status = 'failed') AS failed "
+            "FROM jobs j ORDER BY j.id DESC LIMIT ?", [limit])
+
+    def jobs_of_kind(self, kind: str, statuses: tuple[str, ...]) -> list[int]:
+        marks = ",".join("?" for _ in statuses)
+        return [r["id"] for r in self.query(f"SELECT id FROM jobs WHERE kind = ? AND status IN ({marks}) ORDER BY id",
+                                            [kind, *statuses])]
+
+    def earlier_jobs_of_kind(self, kind: str, before_job: int) -> list[int]:
+        return [r["id"] for r in self.query("SELECT id FROM jobs WHERE kind = ? AND id < ? ORDER BY id", [kind, before_job])]
+
+    def task_counts(self, job_id: int) -> dict[str, int]:
+        """A job's tasks by status."""
+        return {r["status"]: r["n"] for r in self.query(
+            "SELECT status, COUNT(*) AS n FROM tasks WHERE job_id = ? GROUP BY status", [job_id])}
+
+    def job_has_open_tasks(self, job_id: int) -> bool:
+        # answered from the (job_id, status) index without counting
+        return bool(self.query("SELECT EXISTS(SELECT 1 FROM tasks WHERE job_id = ? AND status IN ('pending', 'running')) "
+                               "AS n", [job_id])[0]["n"])
+
+    def job_targets(self, job_id: int) -> list[str]:
+        """The devices a job has tasks for (sim left out)."""
+        return [r["target"] for r in self.query(
+            "SELECT DISTINCT target FROM tasks WHERE job_id = ? AND target != 'sim' ORDER BY target", [job_id])]
+
+    def job_model_names(self, job_id: int) -> dict[str, str]:
+        """sha256 -> model name, for a job's models."""
+        return {r["model_sha256"]: r["model_name"] for r in self.query(
+            "SELECT DISTINCT model_sha256, model_name FROM tasks WHERE job_id = ?", [job_id])}
+
+    def cancel_pending_tasks(self, job_id: int, message: str, now: float) -> int:
+        with self.transaction():
+            return self.db.conn.execute(
+                "UPDATE tasks SET status = ?, failure_class = ?, message = ?, finished_at = ? WHERE job_id = ? AND status = ?",
+                [TaskStatus.CANCELED.value, FailureClass.CANCELED.value, message, now, job_id,
+                 TaskStatus.PENDING.value]).rowcount
+
+    def requeue_interrupted_tasks(self, job_id: int, since: float, message: str) -> int:
+        """A job's unstarted tasks and those canceled since `since` (stopped by Ctrl+C) wait again."""
+        with self.transaction():
+            return self.db.conn.execute(
+                "UPDATE tasks SET status = ?, leased_by = NULL, failure_class = NULL, finished_at = NULL, message = ? "
+                "WHERE job_id = ? AND (status IN (?, ?) OR (status = ? AND finished_at >= ?))",
+                [TaskStatus.PENDING.value, message, job_id, TaskStatus.PENDING.value, TaskStatus.RUNNING.value,
+                 TaskStatus.CANCELED.value, since]).rowcount
+
+    def fail_waiting_tasks(self, device: str, message: str, now: float, *, job_id: int | None = None) -> list[int]:
+        """Fail the device's pending tasks (infrastructure); returns the job of each."""
+        where = "target = ? AND status = 'pending'"
+        params: list[Any] = [device]
+        if job_id is not None:
+            where += " AND job_id = ?"
+            params.append(job_id)
+        with self.transaction():
+            jobs = [r[0] for r in self.db.conn.execute(f"SELECT job_id FROM tasks WHERE {where}", params)]
+            self.db.conn.execute(f"UPDATE tasks SET status = 'failed', failure_class = 'infrastructure', finished_at = ?, "
+                                 f"message = ? WHERE {where}", [now, message, *params])
+        return jobs
+
+    # leases
+    def next_pending(self, targets: set[str] | frozenset[str], limit: int, *,
+                     job_id: int | None = None) -> list[dict[str, Any]]:
+        """The first `limit` leasable tasks for any of `targets`, in lease order (priority, job, seq).
+
+        One walk of the (status, target, priority, job_id, seq) index per target, merged here: the
+        cost stays flat with queue depth, even when other devices' backlogs come first."""
+        where = f"t.status = 'pending' AND t.target = ? AND j.status IN ('queued', 'running') {HEALTHY_TARGET}"
+        if job_id is not None:
+            where += " AND t.job_id = ?"
+        rows: list[dict[str, Any]] = []
+        for target in sorted(targets):
+            cursor = self.db.conn.execute(
+                f"SELECT t.* FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE {where} "
+                "ORDER BY t.priority, t.job_id, t.seq LIMIT ?", [target, *([job_id] if job_id is not None else []), limit])
+            columns = [c[0] for c in cursor.description]
+            rows += [dict(zip(columns, values)) for values in cursor.fetchall()]
+        rows.sort(key=lambda t: (t["priority"], t["job_id"], t["seq"]))
+        return rows[:limit]
+
+    def lease_task(self, task_id: int, attempt: int, agent: str, expires_at: float) -> None:
+        self.db.conn.execute("UPDATE tasks SET status = ?, attempts = ?, leased_by = ?, lease_expires_at = ? WHERE id = ?",
+                             [TaskStatus.RUNNING.value, attempt, agent, expires_at, task_id])
+
+    def start_job(self, job_id: int, now: float) -> None:
+        """A queued job is running from its first lease on."""
+        self.db.conn.execute("UPDATE jobs SET status = 'running', started_at = ? WHERE id = ? AND status = 'queued'",
+                             [now, job_id])
+
+    def lease_state(self, task_id: int) -> tuple[str, int, float | None, str, str | None] | None:
+        """(task status, attempts, lease_expires_at, job status, leased_by) of a task."""
+        return self.db.conn.execute(
+            "SELECT t.status, t.attempts, t.lease_expires_at, j.status, t.leased_by FROM tasks t "
+            "JOIN jobs j ON j.id = t.job_id WHERE t.id = ?", [task_id]).fetchone()
+
+    def renew_lease(self, task_id: int, expires_at: float) -> None:
+        with self.transaction():
+            self.db.conn.execute("UPDATE tasks SET lease_expires_at = ? WHERE id = ?", [expires_at, task_id])
+
+    def running_attempts(self, *, job_id: int | None = None, agent: str | None = None, expired_before: float | None = None,
+                         task_ids: list[int] | None = None) -> list[dict[str, Any]]:
+        """Running tasks (id, job_id, attempts, max_attempts, leased_by) matching every filter given."""
+        where, params = ["status = 'running'"], []
+        for clause, value in (("job_id = ?", job_id), ("leased_by = ?", agent), ("lease_expires_at < ?", expired_before)):
+            if value is not None:
+                where.append(clause)
+                params.append(value)
+        if task_ids is not None:
+            where.append(f"id IN ({','.join('?' for _ in task_ids)})")
+            params += task_ids
+        return self.query(f"SELECT id, job_id, attempts, max_attempts, leased_by FROM tasks WHERE {' AND '.join(where)} "
+                          "ORDER BY id", params)
+
+    def contended_runs(self, task_id: int) -> int:
+        return self.query("SELECT COUNT(*) AS n FROM runs WHERE task_id = ? AND contended = 1", [task_id])[0]["n"]
+
+    def adopt_unfinished(self, pid: int, host: str, lease_expires_at: float) -> None:
+        """After a restart: this process owns the open jobs, running leases get a fresh expiry, and every
+        agent and device is offline until it says hello."""
+        with self.transaction():
+            self.db.conn.execute("UPDATE jobs SET owner_pid = ?, owner_host = ? WHERE status IN ('queued', 'running')",
+                                 [pid, host])
+            self.db.conn.execute("UPDATE tasks SET lease_expires_at = ? WHERE status = 'running'", [lease_expires_at])
+            self.db.conn.execute("UPDATE agents SET state = 'offline'")
+            self.db.conn.execute("UPDATE devices SET state = 'offline'")
+
+    # agents and devices
+    def record_agent(self, agent: dict[str, Any], devices: list[tuple[Any, ...]]) -> None:
+        """Upsert an agent and its devices (name, agent, driver, device_type, tags_json, facts_json, slots,
+        state, last_seen), one statement for every device: registration stays linear in their number."""
+        with self.transaction():
+            self.db.table("agents").upsert(agent, pk="name")
+            self.db.conn.executemany(
+                "INSERT INTO devices (name, agent, driver, device_type, tags_json, facts_json, slots, state, last_seen) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET agent = excluded.agent, "
+                "driver = excluded.driver, device_type = excluded.device_type, tags_json = excluded.tags_json, "
+                "facts_json = excluded.facts_json, slots = excluded.slots, state = excluded.state, "
+                "last_seen = excluded.last_seen", devices)
+
+    def agents(self) -> list[dict[str, Any]]:
+        return self.query("SELECT * FROM agents ORDER BY name")
+
+    def devices(self) -> list[dict[str, Any]]:
+        return self.query("SELECT * FROM devices ORDER BY name")
+
+    def device_owners(self) -> dict[str, str]:
+        return {r["name"]: r["agent"] for r in self.query("SELECT name, agent FROM devices")}
+
+    def device_rows(self, *, sim: bool = True) -> list[dict[str, Any]]:
+        """Registered devices (name, device_type, tags_json), sim slots left out unless asked."""
+        return self.query("SELECT name, device_type, tags_json FROM devices" + ("" if sim else " WHERE driver != 'sim'"))
+
+    def device_type(self, device: str) -> str | None:
+        rows = self.query("SELECT device_type FROM devices WHERE name = ?", [device])
+        return rows[0]["device_type"] if rows else None
+
+    def forget_device(self, name: str) -> None:
+        with self.transaction():
+            self.db.conn.execute("DELETE FROM devices WHERE name = ?", [name])
+
+    # device health
+    def set_device_health(self, device: str, health: str, reason: str, now: float) -> None:
+        with self.transaction():
+            self.db.conn.execute(
+                "INSERT INTO device_health (name, health, reason, changed_at) VALUES (?, ?, ?, ?) ON CONFLICT(name) "
+                "DO UPDATE SET health = excluded.health, reason = excluded.reason, changed_at = excluded.changed_at",
+                [device, health, reason, now])
+
+    def device_health(self) -> list[dict[str, Any]]:
+        return self.query("SELECT * FROM device_health ORDER BY name")
+
+    def quarantined_targets(self, job_id: int) -> list[dict[str, Any]]:
+        """The job's targets that are quarantined or in maintenance (name, reason)."""
+        return self.query("SELECT name, reason FROM device_health WHERE health IN ('bad', 'maintenance') "
+                          "AND name IN (SELECT target FROM tasks WHERE job_id = ?)", [job_id])
+
+    def last_reference_checks(self, health_check_kind: str) -> dict[str, float]:
+        """device -> when its last health check (a job of that kind) completed on it, in Unix time."""
+        return {r["target"]: r["at"] for r in self.query(
+            "SELECT t.target, MAX(t.finished_at) AS at FROM tasks t JOIN jobs j ON j.id = t.job_id "
+            "WHERE j.kind = ? AND t.target != 'sim' AND t.status = 'completed' GROUP BY t.target", [health_check_kind])}
+
+    # metrics
+    def pending_by_priority(self) -> dict[int, int]:
+        return {r["priority"]: r["n"] for r in self.query(
+            "SELECT priority, COUNT(*) AS n FROM tasks WHERE status = 'pending' GROUP BY priority")}
+
+    def tasks_by_status(self) -> dict[str, int]:
+        return {str(r["status"]): r["n"] for r in self.query("SELECT status, COUNT(*) AS n FROM tasks GROUP BY status")}
+
+    def newest_calibration_times(self) -> list[dict[str, Any]]:
+        """(device, metric, newest): when each device's metric was last calibrated."""
+        return self.query("SELECT device, metric, MAX(created_at) AS newest FROM calibrations "
+                          "WHERE created_at IS NOT NULL GROUP BY device, metric ORDER BY device, metric")
+
+    def latest_drift(self) -> list[dict[str, Any]]:
+        """The newest drift row per (device, metric, threads): drift is computed per calibration key."""
+        return self.query(
+            "SELECT d.device, d.metric, d.threads, d.prediction_shift, d.exceeded FROM calibration_drift d "
+            "WHERE d.rowid = (SELECT e.rowid FROM calibration_drift e WHERE e.device = d.device AND e.metric = d.metric "
+            "AND e.threads IS d.threads ORDER BY e.created_at DESC, e.rowid DESC LIMIT 1) "
+            "ORDER BY d.device, d.metric, d.threads")
+
+    def has_table(self, table: str) -> bool:
+        return bool(self.query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [table]))
+
+    # drift and golden results
+    def add_drift(self, row: dict[str, Any]) -> None:
+        with self.transaction():
+            self._insert_row("calibration_drift", row)
+
+    def drift_history(self, device: str | None = None) -> list[dict[str, Any]]:
+        return self.query("SELECT * FROM calibration_drift" + (" WHERE device = ?" if device else "") + " ORDER BY id",
+                          [device] if device else [])
+
+    def device_latencies(self, job_id: int, device: str) -> list[dict[str, Any]]:
+        """(model_sha256, model_name, threads, latency_avg_ms) of a job's completed runs on `device`."""
+        return self.query(
+            "SELECT t.model_sha256, t.model_name, t.threads, s.latency_avg_ms FROM tasks t "
+            "JOIN runs r ON r.id = t.last_run_id JOIN summaries s ON s.run_id = r.id "
+            "WHERE t.job_id = ? AND t.target = ? AND t.status = 'completed'", [job_id, device])
+
+    # results
+    def run_rows(self, job_id: int) -> list[dict[str, Any]]:
+        """Every task of a job with its counted run and summary (None columns for a task not run)."""
+        return self.query(
+            "SELECT t.id AS task, t.job_id AS job, t.model_name, t.model_sha256, t.model_family, t.model_path, "
+            "t.target, t.threads, t.batch_size, t.input_size, t.repeat, t.status AS task_status, "
+            "t.attempts, t.pair_key, t.failure_class AS task_failure_class, t.message AS task_message, "
+            "t.model_size_bytes, t.model_param_count, t.model_facts_json, t.spec_json AS task_spec_json, "
+            "r.id AS run_id, r.attempt, r.status AS run_status, r.failure_class, r.message, r.backend, "
+            "r.approximate, r.limits_cpus, r.limits_cpuset, r.limits_memory_mb, r.wall_s, r.whole_run_s, "
+            "r.started_at, r.finished_at, r.tool_versions_json, r.environment_json, r.contention_json, s.* "
+            "FROM tasks t LEFT JOIN runs r ON r.id = t.last_run_id LEFT JOIN summaries s ON s.run_id = r.id "
+            "WHERE t.job_id = ? ORDER BY t.model_name, t.threads, t.batch_size, t.input_size, t.repeat, t.target, t.seq",
+            [job_id])
+
+    # calibrations (`value_sql` is a metric's expression over summaries s / runs r, from calibrations.METRICS)
+    def contended_completed_runs(self, job_ids: list[int]) -> int:
+        """Completed runs of these jobs whose sim run was contended."""
+        if not job_ids:
+            return 0
+        marks = ",".join("?" for _ in job_ids)
+        return self.query(
+            f"SELECT COUNT(*) AS n FROM tasks t JOIN runs r ON r.id = t.last_run_id WHERE t.job_id IN ({marks}) "
+            "AND t.status = 'completed' AND r.contended = 1", list(job_ids))[0]["n"]
+
+    def completed_values(self, job_id: int, value_sql: str, *, include_contended: bool) -> list[dict[str, Any]]:
+        """A metric of every completed run of a job (the attempt that counted), with its model's facts."""
+        quiet = "" if include_contended else " AND COALESCE(r.contended, 0) = 0"
+        return self.query(
+            f"SELECT t.model_name, t.model_sha256, t.model_family, t.threads, t.batch_size, t.input_size, t.repeat, "
+            f"t.model_size_bytes, t.model_param_count, t.model_facts_json, r.id AS run_id, r.environment_json, "
+            f"{value_sql} AS value FROM tasks t JOIN runs r ON r.id = t.last_run_id JOIN summaries s ON s.run_id = r.id "
+            f"WHERE t.job_id = ? AND t.status = 'completed'{quiet}", [job_id])
+
+    def paired_values(self, job_id: int, device: str, sim_sql: str, device_sql: str, *,
+                      include_contended: bool) -> list[dict[str, Any]]:
+        """A job's completed device runs beside their completed sim twins (same pair key): x from the sim, y from
+        the device."""
+        quiet = "" if include_contended else " AND COALESCE(rs.contended, 0) = 0"
+        return self.query(
+            f"SELECT d.model_name, d.model_family, d.threads, d.batch_size, d.input_size, d.model_size_bytes, "
+            f"d.model_param_count, d.model_facts_json, rs.id AS sim_run, rd.id AS device_run, rs.environment_json, "
+            f"rd.environment_json AS device_environment, "
+            f"({sim_sql.replace('s.', 'ss.').replace('r.', 'rs.')}) AS x, "
+            f"({device_sql.replace('s.', 'sd.').replace('r.', 'rd.')}) AS y "
+            f"FROM tasks d JOIN tasks t ON t.job_id = d.job_id AND t.pair_key = d.pair_key AND t.target = 'sim' "
+            f"JOIN runs rd ON rd.id = d.last_run_id JOIN summaries sd ON sd.run_id = rd.id "
+            f"JOIN runs rs ON rs.id = t.last_run_id JOIN summaries ss ON ss.run_id = rs.id "
+            f"WHERE d.job_id = ? AND d.target = ? AND d.status = 'completed' AND t.status = 'completed'{quiet}",
+            [job_id, device])
+
+    def calibration_fits(self, metric: str, threads: int, runtime: str, batch_size: int | None, input_size: int | None,
+                         precision: str, family: str) -> list[dict[str, Any]]:
+        """(device, version, fit_json) of every calibration of this key, newest first."""
+        return self.query(
+            "SELECT device, version, fit_json FROM calibrations WHERE metric = ? AND threads = ? AND runtime = ? "
+            "AND batch_size IS ? AND input_size IS ? AND precision = ? AND family = ? ORDER BY id DESC",
+            [metric, threads, runtime, batch_size, input_size, precision, family])
+
+    def add_calibration(self, row: dict[str, Any], runs: list[dict[str, Any]]) -> tuple[int, int]:
+        """Store a calibration as the next version of its key, with the runs it was fitted on; (id, version)."""
+        with self.transaction():
+            version = self.db.conn.execute(
+                "SELECT COALESCE(MAX(version), 0) + 1 FROM calibrations WHERE device = ? AND metric = ? AND threads = ? "
+                "AND runtime = ? AND batch_size IS ? AND input_size IS ? AND precision = ? AND family = ?",
+                [row["device"], row["metric"], row["threads"], row["runtime"], row["batch_size"], row["input_size"],
+                 row["precision"], row["family"]]).fetchone()[0]
+            cal_id = self._insert_row("calibrations", {**row, "version": version})
+            for run in runs:
+                self._insert_row("calibration_runs", {"calibration_id": cal_id, **run})
+        return cal_id, version
+
+    def calibration_rows(self, device: str | None = None, metric: str | None = None) -> list[dict[str, Any]]:
+        where, params = [], []
+        if device:
+            where.append("device = ?")
+            params.append(device)
+        if metric:
+            where.append("metric = ?")
+            params.append(metric)
+        sql = ("SELECT id, device, metric, threads, runtime, batch_size, input_size, precision, family, version, "
+               "created_at, kind, n, r2, loo_mape, within_10, kendall_tau, spearman_rho, warnings_json, source, fit_json "
+               "FROM calibrations")
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        return self.query(sql + " ORDER BY device, metric, threads, runtime, batch_size, input_size, precision, family, "
+                                "version", params)
+
+    def newest_calibration(self, device: str, metric: str, threads: int, family: str, *, runtime: str | None,
+                           batch_size: int | None, input_size: int | None, precision: str | None) -> dict[str, Any] | None:
+        """The newest calibration of the key; None filters match any. A board's calibrations are also keyed by
+        its power mode ("litert@nvpmodel=MAXN;..."): a plain runtime matches each of them."""
+        sql = "SELECT * FROM calibrations WHERE device = ? AND metric = ? AND threads = ? AND family = ?"
+        params: list[Any] = [device, metric, threads, family]
+        for column, value in (("batch_size", batch_size), ("input_size", input_size), ("precision", precision)):
+            if value is not None:
+                sql += f" AND {column} = ?"
+                params.append(value)
+        if runtime is not None:
+            sql += " AND (runtime = ? OR runtime LIKE ?)"
+            params += [runtime, f"{runtime}@%"]
+        rows = self.query(sql + " ORDER BY id DESC LIMIT 1", params)
+        return rows[0] if rows else None
+
+    def calibrated_devices(self) -> list[str]:
+        return [r["device"] for r in self.query("SELECT DISTINCT device FROM calibrations ORDER BY device")]
+
+    def sync_normal(self) -> None:
+        """WAL + NORMAL survives a killed process intact; only a power cut can drop the last commits, and
+        then their tasks re-run when the leases run out. It saves an fsync per lease and per result."""
+        with self._lock:
+            self.db.conn.execute("PRAGMA synchronous = NORMAL")
