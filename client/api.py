@@ -141,6 +141,8 @@ OnProgress = Callable[[Progress], None]
 class Farm(ABC):
     """Every question a `farm` command asks; the CLI picks the implementation, never the command."""
 
+    embedded = False  # True: jobs run in this process (or one it starts), from a local store
+
     @property
     @abstractmethod
     def where(self) -> str:
@@ -148,10 +150,12 @@ class Farm(ABC):
 
     # --- jobs ---------------------------------------------------------------------------
     @abstractmethod
-    def submit(self, text: str, source: Path, *, priority: str | None = None, max_tasks: int | None = None,
-               skip_invalid: bool = False, detach: bool = False, on_warning: Callable[[str, str], None] | None = None) -> Submitted:
-        """Queue a job file's text (`source` names it; relative model paths start at its folder).
-        detach: embedded, a background process runs it; remote, the controller does anyway."""
+    def submit(self, source: Path, text: str | None = None, *, priority: str | None = None,
+               max_tasks: int | None = None, skip_invalid: bool = False, detach: bool = False,
+               on_warning: Callable[[str, str], None] | None = None, on_progress: OnProgress | None = None) -> Submitted:
+        """Queue a job file (or `text` in its place: relative model paths start at `source`'s folder).
+        detach: embedded, a background process runs it; remote, the controller does anyway.
+        on_warning(kind, message) hears what the job file got away with; on_progress, any health check run first."""
 
     @abstractmethod
     def wait(self, job: int, on_progress: OnProgress | None = None) -> bool:

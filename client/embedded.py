@@ -7,6 +7,7 @@ process for --detach), the lab's device list, and the health check before user w
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -41,6 +42,8 @@ def _job_info(controller: Controller, job_id: int) -> JobInfo:
 class EmbeddedFarm(Farm):
     """slots/backend/lab: how this process runs jobs (`farm submit --slots --backend --devices`)."""
 
+    embedded = True
+
     def __init__(self, db: Path | str | None = None, *, slots: int = 1, backend: str | None = None,
                  lab: Callable[[], list[Any]] | None = None, health_check_max_age_h: float | None = None) -> None:
         path = Path(db) if db else default_db_path()
@@ -70,16 +73,17 @@ class EmbeddedFarm(Farm):
         return self._lab
 
     # --- jobs ---------------------------------------------------------------------------
-    def submit(self, text: str, source: Path, *, priority: str | None = None, max_tasks: int | None = None,
-               skip_invalid: bool = False, detach: bool = False, on_warning: Callable[[str, str], None] | None = None,
-               on_progress: OnProgress | None = None) -> Submitted:
-        from farm.controller.jobfile import DEFAULT_MAX_TASKS, HostCapacity, JobFileError, load_job_text
+    def submit(self, source: Path, text: str | None = None, *, priority: str | None = None,
+               max_tasks: int | None = None, skip_invalid: bool = False, detach: bool = False,
+               on_warning: Callable[[str, str], None] | None = None, on_progress: OnProgress | None = None) -> Submitted:
+        from farm.controller.jobfile import DEFAULT_MAX_TASKS, HostCapacity, JobFileError, load_job, load_job_text
 
         lab = self.lab()
+        options: dict[str, Any] = {"devices": [lab_target(d) for d in lab], "max_tasks": max_tasks or DEFAULT_MAX_TASKS,
+                                   "skip_invalid": skip_invalid, "host": HostCapacity.here()}
         try:
-            job = load_job_text(text, str(source), source.resolve().parent, source, devices=[lab_target(d) for d in lab],
-                                max_tasks=max_tasks or DEFAULT_MAX_TASKS, skip_invalid=skip_invalid,
-                                host=HostCapacity.here())
+            job = load_job(source, **options) if text is None else \
+                load_job_text(text, str(source), source.resolve().parent, **options)
         except JobFileError as e:
             raise FarmError(str(e), problems=[p.to_json() for p in e.problems]) from None
         for problem in [*job.warnings, *(m.problem for m in job.invalid)]:
@@ -150,9 +154,9 @@ class EmbeddedFarm(Farm):
 
     def _run_here(self, job: int, on_progress: OnProgress | None) -> bool:
         from farm.cli.embedded import run_job_embedded
-        from farm.proto.spec import JobSpec
 
-        timeout = JobSpec.model_validate_json(self.store.job(job)["spec_json"]).timeouts.job
+        # the stored spec is the validated one, sizes in bytes: read, not validated again
+        timeout = (json.loads(self.store.job(job)["spec_json"]).get("timeouts") or {}).get("job")
         total = self.controller.progress(job).total
 
         def on_result(task: Any, result: Any) -> None:

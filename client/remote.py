@@ -163,11 +163,17 @@ class RemoteFarm(Farm):
             self._upload(sha256, path.name, size, f.read)
 
     # --- jobs ---------------------------------------------------------------------------
-    def submit(self, text: str, source: Path, *, priority: str | None = None, max_tasks: int | None = None,
-               skip_invalid: bool = False, detach: bool = False, on_warning: Callable[[str, str], None] | None = None) -> Submitted:
+    def submit(self, source: Path, text: str | None = None, *, priority: str | None = None,
+               max_tasks: int | None = None, skip_invalid: bool = False, detach: bool = False,
+               on_warning: Callable[[str, str], None] | None = None, on_progress: OnProgress | None = None) -> Submitted:
         if skip_invalid:
             raise FarmError("--skip-invalid runs in embedded mode only; a controller refuses a job with a bad model, "
                             "naming each one: drop them from the job file, or submit without --controller.")
+        if text is None:
+            try:
+                text = source.read_text()
+            except OSError as e:
+                raise FarmError(f"{source}: cannot read the job file: {e}.") from None
         if len(text.encode()) > MAX_JOB_FILE_BYTES:
             raise FarmError(f"{source}: the job file is over {MAX_JOB_FILE_BYTES} bytes")
         job_models, archive_sha = self._upload_job_files(source, text)
