@@ -192,14 +192,14 @@ def finish_refresh(store: Store, job: int, *, k: float, max_slope_change: float,
     from farm.controller.reference_suite import HEALTH_CHECK
     from farm.controller.refresh import DriftThresholds, after_reference_run, report_json
 
+    values = [check_finite("--k", k, 0.1, 1000)] + [check_finite(name, v, 0, 1000) for name, v in (
+        ("--max-slope-change", max_slope_change), ("--max-prediction-shift", max_prediction_shift),
+        ("--max-intercept-change", max_intercept_change), ("--max-r2-drop", max_r2_drop))]
     row = store.job(job)
     if row is None or row["kind"] != HEALTH_CHECK:
         raise ServiceError(f"job {job} is not a reference suite farm submitted; `farm refresh` starts one")
     if row["status"] not in ("completed", "failed", "canceled"):
         raise ServiceError(f"job {job} is {row['status']}: the refresh checks it once it has finished")
-    values = [check_finite("--k", k, 0.1, 1000)] + [check_finite(name, v, 0, 1000) for name, v in (
-        ("--max-slope-change", max_slope_change), ("--max-prediction-shift", max_prediction_shift),
-        ("--max-intercept-change", max_intercept_change), ("--max-r2-drop", max_r2_drop))]
     thresholds = DriftThresholds(slope_change=values[1], prediction_shift=values[2], intercept_change=values[3],
                                  r2_drop=values[4])
     return report_json(after_reference_run(store, job, thresholds=thresholds, k=k, alert=alert,
