@@ -104,6 +104,7 @@ def test_every_command_says_the_same_embedded_and_through_a_controller(cluster: 
     written = []
     for where, target in (("--db", str(embedded_db)), ("--controller", cluster.address)):
         out = cluster.root / f"report-{where.strip('-')}"
+        out.mkdir()
         run = cluster.farm("report", "1", "-o", str(out / "report.html"), "--png", str(out / "png"), "--json", where, target)
         assert run.returncode == 0, run.stderr
         written.append(out)
@@ -144,10 +145,14 @@ def test_every_command_says_the_same_embedded_and_through_a_controller(cluster: 
         assert local.returncode == remote.returncode == 2, (args, local.stderr, remote.stderr)
         assert json.loads(local.stdout)["error"] and json.loads(remote.stdout)["error"]
 
-    # submit itself: the same job both ways, the same records where a run's place cannot matter
+    # submit itself: the same job both ways (remote: --detach, then `farm watch`), the same records where a
+    # run's place cannot matter
     job = _job(family, "again", 1.0, WIDTHS[:2])
     local = cluster.farm("submit", str(job), "--json", "--db", str(embedded_db), "--backend", "process", timeout=600)
-    remote = cluster.farm("submit", str(job), "--json", "--controller", cluster.address, timeout=600)
+    queued = cluster.farm("submit", str(job), "--detach", "--json", "--controller", cluster.address)
+    assert queued.returncode == 0, queued.stderr
+    remote = cluster.farm("watch", str(json.loads(queued.stdout)["job"]), "--json", "--controller", cluster.address,
+                          timeout=600)
     assert local.returncode == remote.returncode == 0, (local.stderr, remote.stderr)
     key = lambda r: (r["model"]["name"], r["model"]["sha256"], r["threads"], r["repeat"], r["status"],  # noqa: E731
                      r["limits"]["cpus"], r["limits"]["memory_mb"], r["latency_ms"]["count"])
@@ -241,3 +246,29 @@ def test_the_new_calls_refuse_hostile_requests(tmp_path: Path) -> None:
         assert cluster.processes[0].alive()
     finally:
         cluster.stop_all()
+
+
+def test_submit_detach_without_a_controller_runs_in_the_background_and_watch_follows_it(tmp_path: Path, farm,
+                                                                                         tiny_models) -> None:
+    shutil.copy(tiny_models["tflite"], tmp_path / "tiny.tflite")
+    job = write_job(tmp_path, """
+name: background
+models: [tiny.tflite]
+workload: {type: benchmark, iterations: 3}
+repeats: 3
+sim: {memory: 256m, backend: process, on_contention: flag}
+""")
+    queued = farm("submit", str(job), "--detach", "--json")
+    assert queued.returncode == 0, queued.stderr
+    answer = queued.json()
+    assert answer["job"] == 1 and answer["status"] == "queued" and answer["tasks"] == 3
+    log = Path(answer["log"])
+    assert log.parent == tmp_path  # beside the store
+    watched = farm("watch", "1", "--json")
+    assert watched.returncode == 0, watched.stderr + log.read_text()
+    assert watched.json()["status"] == "completed" and len(watched.json()["results"]) == 3
+    status = farm("status", "1", "--json").json()
+    assert status["owner_pid"] != os.getpid() and status["completed"] == 3  # the background process ran it
+    said = farm("submit", str(job), "--detach")
+    assert "farm watch 2" in said.stderr and "background" in said.stderr
+    assert farm("watch", "2", "--quiet").returncode == 0
