@@ -56,7 +56,8 @@ def open_farm(args: argparse.Namespace):
                                                        getattr(args, "tls_cert", None), getattr(args, "tls_key", None)))
     from farm.client.embedded import EmbeddedFarm
     return EmbeddedFarm(getattr(args, "db", None), slots=getattr(args, "slots", None) or 1,
-                        backend=getattr(args, "backend", None), lab=lambda: lab_devices(args))
+                        backend=getattr(args, "backend", None), lab=lambda: lab_devices(args),
+                        devices_file=getattr(args, "devices", None))
 
 
 def output_file(text: str, option: str = "-o") -> Path:

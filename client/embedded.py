@@ -28,15 +28,10 @@ POLL_S = 0.3  # how often `wait` looks at a job another process runs
 
 
 def _job_info(controller: Controller, job_id: int) -> JobInfo:
-    job = controller.store.job(job_id)
-    if job is None:
+    info = service.job_info(controller, job_id)
+    if info is None:
         raise FarmError(f"no job {job_id} in {controller.store.path}; `farm jobs` lists the jobs there.")
-    p = controller.progress(job_id)
-    return JobInfo(job=job_id, name=job["name"] or "", status=controller.job_status(job_id),
-                   priority=job["priority"] or "", total=p.total, pending=p.pending, running=p.running,
-                   completed=p.completed, failed=p.failed, canceled=p.canceled, created_at=job["created_at"],
-                   started_at=job["started_at"], finished_at=job["finished_at"], message=job["message"],
-                   owner_pid=job["owner_pid"], owner_host=job["owner_host"])
+    return JobInfo(**info)
 
 
 class EmbeddedFarm(Farm):
@@ -45,7 +40,8 @@ class EmbeddedFarm(Farm):
     embedded = True
 
     def __init__(self, db: Path | str | None = None, *, slots: int = 1, backend: str | None = None,
-                 lab: Callable[[], list[Any]] | None = None, health_check_max_age_h: float | None = None) -> None:
+                 lab: Callable[[], list[Any]] | None = None, devices_file: Path | str | None = None,
+                 health_check_max_age_h: float | None = None) -> None:
         path = Path(db) if db else default_db_path()
         try:
             self.store = Store(path)
@@ -53,6 +49,7 @@ class EmbeddedFarm(Farm):
             raise FarmError(str(e)) from None
         self.controller = Controller(self.store)
         self.slots, self.backend = slots, backend
+        self.devices_file = Path(devices_file).absolute() if devices_file else None  # handed to a --detach run
         self._lab_source = lab or _lab_from_environment
         self._lab: list[Any] | None = None
         if health_check_max_age_h is None:
@@ -103,7 +100,8 @@ class EmbeddedFarm(Farm):
         """A detached `farm resume JOB` runs the queued job; its output goes to a log beside the store."""
         log = self.store.path.parent / f"job-{job_id}.log"
         command = [sys.executable, "-m", "farm.cli.main", "resume", str(job_id), "--db", str(self.store.path),
-                   "--quiet", "--slots", str(self.slots), *(["--backend", self.backend] if self.backend else [])]
+                   "--quiet", "--slots", str(self.slots), *(["--backend", self.backend] if self.backend else []),
+                   *(["--devices", str(self.devices_file)] if self.devices_file else [])]
         with log.open("ab") as out:
             try:
                 process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,

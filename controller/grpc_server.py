@@ -470,16 +470,15 @@ def controller_files(store: Store, *, models_roots: list[Path] | None = None,
 
 
 def _job_message(server: FarmServer, job: dict[str, Any]) -> farm_pb2.Job:
-    p = server.controller.progress(job["id"])
+    info = answers.job_info(server.controller, job["id"])  # what `farm status` shows embedded, too
     message = farm_pb2.Job(
-        id=job["id"], name=job["name"] or "", status=server.controller.job_status(job["id"]),
-        priority=job["priority"] or "", total=p.total, pending=p.pending, running=p.running,
-        completed=p.completed, failed=p.failed, canceled=p.canceled, created_at=job["created_at"] or 0.0,
-        message=job["message"] or "")
-    if job["started_at"] is not None:
-        message.started_at = job["started_at"]
-    if job["finished_at"] is not None:
-        message.finished_at = job["finished_at"]
+        id=info["job"], name=info["name"], status=info["status"], priority=info["priority"], total=info["total"],
+        pending=info["pending"], running=info["running"], completed=info["completed"], failed=info["failed"],
+        canceled=info["canceled"], created_at=info["created_at"] or 0.0, message=info["message"] or "")
+    if info["started_at"] is not None:
+        message.started_at = info["started_at"]
+    if info["finished_at"] is not None:
+        message.finished_at = info["finished_at"]
     return message
 
 

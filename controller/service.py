@@ -75,6 +75,20 @@ def _need_job(store: Store, job: int) -> None:
         raise ServiceError(f"no job {job} in this farm; `farm jobs` lists them")
 
 
+# --- jobs --------------------------------------------------------------------------------------
+def job_info(controller: Controller, job_id: int) -> dict[str, Any] | None:
+    """A job and its progress as `farm status --json` shows it (farm.client.api.JobInfo's fields), or None."""
+    job = controller.store.job(job_id)
+    if job is None:
+        return None
+    p = controller.progress(job_id)
+    return {"job": job_id, "name": job["name"] or "", "status": controller.job_status(job_id),
+            "priority": job["priority"] or "", "total": p.total, "pending": p.pending, "running": p.running,
+            "completed": p.completed, "failed": p.failed, "canceled": p.canceled, "created_at": job["created_at"],
+            "started_at": job["started_at"], "finished_at": job["finished_at"], "message": job["message"] or None,
+            "owner_pid": job["owner_pid"], "owner_host": job["owner_host"]}
+
+
 # --- calibrate ---------------------------------------------------------------------------------
 def calibrate(store: Store, *, job: int | None, sim_job: int | None, device_job: int | None, device: str | None,
               metrics: list[str], min_pairs: int, include_contended: bool) -> dict[str, Any]:

@@ -38,7 +38,7 @@ def _normalized(value):
 def family(tmp_path_factory) -> Path:
     from farm.models.generate import generate_examples
     d = tmp_path_factory.mktemp("family")
-    generate_examples(d, widths=[float(w) for w in WIDTHS], input_sizes=[96], formats=("tflite",), zoo=False)
+    generate_examples(d, widths=[float(w) for w in WIDTHS] + [1.4], input_sizes=[96], formats=("tflite",), zoo=False)
     return d
 
 
@@ -113,12 +113,12 @@ def test_every_command_says_the_same_embedded_and_through_a_controller(cluster: 
     assert (written[0] / "report.html").read_text() == (written[1] / "report.html").read_text()
 
     # predict measures the new model in the sim (here, or on the controller's agent), then reuses that run
-    model = str(family / "mobilenetv2_w1.0_r96.tflite")
+    model = str(family / "mobilenetv2_w1.4_r96.tflite")  # never measured yet
     first = both("predict", model, "--device", "half-cpu", "--include-contended", compare=False)
     measured = {"sim", "estimate", "low", "high", "sim_job"}  # each farm measured the model once, itself
     assert [{k: v for k, v in p.items() if k not in measured} for p in first[0]] == \
            [{k: v for k, v in p.items() if k not in measured} for p in first[1]]
-    assert all(p["sim_reused"] is False and p["model"] == "mobilenetv2_w1.0_r96.tflite" for p in first[0] + first[1])
+    assert all(p["sim_reused"] is False and p["model"] == "mobilenetv2_w1.4_r96.tflite" for p in first[0] + first[1])
     again = both("predict", model, "--device", "half-cpu", "--include-contended", compare=False)
     assert all(p["sim_reused"] is True for p in again[0] + again[1])
 
