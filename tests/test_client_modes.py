@@ -272,3 +272,54 @@ sim: {memory: 256m, backend: process, on_contention: flag}
     said = farm("submit", str(job), "--detach")
     assert "farm watch 2" in said.stderr and "background" in said.stderr
     assert farm("watch", "2", "--quiet").returncode == 0
+
+
+def test_farm_refresh_against_a_controller_runs_the_suite_on_its_agents_devices(tmp_path: Path) -> None:
+    from adb_emulator import AdbDeviceEmulator, EmulatedPhone
+    from farm.agents.android import load_or_create_lab_key
+    from farm.controller.reference_suite import bundled_suite_text
+    from farm.models.facts import inspect_model
+    from farm.models.generate import generate_examples
+
+    suite_dir = tmp_path / "suite"
+    suite_dir.mkdir()
+    suite = suite_dir / "reference-suite.yaml"
+    suite.write_text(bundled_suite_text().replace("threads: [1, 2]", "threads: [1]").replace("iterations: 50", "iterations: 10"))
+    models = generate_examples(suite_dir / "models", widths=[0.35, 0.5, 0.75, 1.0, 1.4], input_sizes=[160],
+                               formats=("tflite",), zoo=False)
+    table = {}
+    for m in models:  # the phone's speed: proportional to each model's MACs, like a real device's
+        us = inspect_model(m.path).macs / 60
+        table[inspect_model(m.path).sha256] = {"init": 20000, "first": us * 1.3, "warmup_avg": us, "avg": us,
+                                               "std": us * 0.01, "min": us * 0.97, "max": us * 1.05, "median": us,
+                                               "p5": us * 0.98, "p95": us * 1.03, "memory_init_mb": 5.0,
+                                               "memory_overall_mb": 20.0}
+    key = tmp_path / "adbkey"
+    load_or_create_lab_key(key)
+    cluster = Cluster(tmp_path, env={"FARM_CONFIG": str(tmp_path / "none.toml"), "FARM_DB": str(tmp_path / "local.db"),
+                                     "FARM_CONTROLLER": "", "FARM_DEVICES": "", "FARM_REFERENCE_SUITE": ""})
+    with AdbDeviceEmulator(tmp_path / "phone", phone=EmulatedPhone(benchmark_us=table),
+                           authorized_keys=[Path(f"{key}.pub").read_text()]) as phone:
+        lab = tmp_path / "lab.yaml"
+        lab.write_text(f"devices:\n  - {{name: g6-1, driver: android, type: lg-g6, host: 127.0.0.1, "
+                       f"port: {phone.port}, adb_key: {key}}}\n")
+        try:
+            cluster.start_controller("--no-auth", "--refresh-suite", str(suite))
+            agent = cluster.start_agent("rack1", "--devices", str(lab), "--backend", "process")
+            wait_for(lambda: "connected to controller" in agent.output(), 60, "the agent to connect")
+            refused = cluster.farm("refresh", "--suite", str(suite), "--controller", cluster.address)
+            assert refused.returncode == 2 and "its own suite" in refused.stderr
+            loose = ["--max-slope-change", "0.5", "--max-prediction-shift", "0.5", "--max-intercept-change", "0.5",
+                     "--max-r2-drop", "0.2"]
+            reports = []
+            for _ in range(2):
+                run = cluster.farm("refresh", "--json", "--controller", cluster.address, *loose, timeout=900)
+                assert run.returncode == 0, run.stderr + agent.output()[-3000:]
+                reports.append(json.loads(run.stdout))
+            assert [c["version"] for c in reports[1]["calibrations"] if c["device"] == "g6-1" and c["family"] is None] == [2]
+            assert [d["device"] for d in reports[1]["drift"]] == ["g6-1"]
+            drift = cluster.farm("drift", "--device", "g6-1", "--json", "--controller", cluster.address)
+            assert len(json.loads(drift.stdout)) == 1
+            assert not (tmp_path / "local.db").exists()
+        finally:
+            cluster.stop_all()
