@@ -309,14 +309,16 @@ def test_farm_refresh_against_a_controller_runs_the_suite_on_its_agents_devices(
             wait_for(lambda: "connected to controller" in agent.output(), 60, "the agent to connect")
             refused = cluster.farm("refresh", "--suite", str(suite), "--controller", cluster.address)
             assert refused.returncode == 2 and "its own suite" in refused.stderr
+            # a busy shared host contends the sim twins: keep them (the refit, not its quality, is the point here)
             loose = ["--max-slope-change", "0.5", "--max-prediction-shift", "0.5", "--max-intercept-change", "0.5",
-                     "--max-r2-drop", "0.2"]
+                     "--max-r2-drop", "0.2", "--include-contended"]
             reports = []
             for _ in range(2):
                 run = cluster.farm("refresh", "--json", "--controller", cluster.address, *loose, timeout=900)
                 assert run.returncode == 0, run.stderr + agent.output()[-3000:]
                 reports.append(json.loads(run.stdout))
-            assert [c["version"] for c in reports[1]["calibrations"] if c["device"] == "g6-1" and c["family"] is None] == [2]
+            assert [c["version"] for c in reports[1]["calibrations"] if c["device"] == "g6-1" and c["family"] is None] \
+                == [2], reports
             assert [d["device"] for d in reports[1]["drift"]] == ["g6-1"]
             drift = cluster.farm("drift", "--device", "g6-1", "--json", "--controller", cluster.address)
             assert len(json.loads(drift.stdout)) == 1
