@@ -91,6 +91,8 @@ class EmbeddedFarm(Farm):
         targets = [t.name for t in job.targets if t is not None]
         if targets and not detach:
             self._health_check_before(lab, targets, on_progress, on_warning)
+        elif targets and on_warning and self.health_check_max_age_h > 0:
+            on_warning("note", "--detach runs no health check first; `farm refresh` checks the devices")
         job_id = self.controller.submit(job)
         log = self._start_background(job_id) if detach else None
         return Submitted(job=job_id, tasks=self.controller.progress(job_id).total, models=len(job.models),
