@@ -91,10 +91,18 @@ def _check_slots(args: argparse.Namespace) -> None:
                         f"{len(os.sched_getaffinity(0))}.") from None
 
 
-def cmd_submit(args: argparse.Namespace) -> int:
-    farm = open_farm(args)
+def _runner_options(args: argparse.Namespace, farm: Farm) -> None:
+    """--slots, --backend and --devices shape a run in this process: checked here, refused for a controller."""
     if farm.embedded:
         _check_slots(args)
+    elif args.slots != 1 or args.backend or args.devices:
+        raise UserError(f"--slots, --backend and --devices shape a run in this process; the {farm.where} runs jobs on "
+                        "its agents (`farm agent --sim-slots --backend --devices`): drop them, or run embedded")
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    farm = open_farm(args)
+    _runner_options(args, farm)
 
     def warn(kind: str, message: str) -> None:
         err.print(Text.assemble((f"{kind}: ", "yellow"), message), highlight=False)
@@ -124,7 +132,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     farm = open_farm(args)
     if farm.embedded:
         _check_slots(args)
-    farm.resume(args.job)
+    farm.resume(args.job)  # a controller refuses: it carries on its own jobs
     return _follow(args, farm, args.job)
 
 
