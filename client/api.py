@@ -12,9 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-EXIT_OK, EXIT_RUNS_FAILED, EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_BAD_INPUT, EXIT_ENVIRONMENT = 2, 3  # the CLI's exit codes for a FarmError (cli/main.py lists them all)
 TERMINAL = ("completed", "failed", "canceled")
-DEVICE_ACTIONS = ("quarantine", "release", "maintenance")
 # A JSON document exactly as the command's --json prints it (calibrate, rank, predict...).
 Document = dict[str, Any]
 
