@@ -121,6 +121,7 @@ class FarmServer:
         self.files = files or controller_files(store)
         self.scripts_need_permission = scripts_need_permission
         self.refresh_suite: Path | None = None  # the reference suite `farm refresh` submits (None: farm's own)
+        self.nightly: Any = None  # controller.nightly.NightlyRefresh with --refresh-cron: it leaves clients' refreshes alone
         self.controller = Controller(store, lease_ttl_s=lease_ttl_s)
         self.heartbeat_interval_s = heartbeat_interval_s or max(0.2, lease_ttl_s / 4)
         self.tokens = tokens
@@ -799,6 +800,8 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
                                             artifacts=self.server.files.store)
         except (JobFileError, SuiteError) as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        if self.server.nightly is not None:  # the client's FinishRefresh checks this one, not the nightly as well
+            self.server.nightly.checked.add(job_id)
         self.server.wake(queue_changed=True)
         log.info("refresh: reference suite submitted as job %d for %d device(s) by a client", job_id, len(devices))
         return farm_pb2.SubmitJobResponse(job_id=job_id, tasks=self.server.controller.progress(job_id).total)
@@ -912,6 +915,7 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
                                  farm.device_targets, alert=hook.send_async if hook else None,
                                  artifacts=files.store)
     farm.refresh_suite = refresh_suite  # `farm refresh` against this controller submits the nightly's suite
+    farm.nightly = nightly
     farm.start()
     server.start()
     if nightly:
