@@ -4,6 +4,9 @@ The embedded client (farm.client.embedded) calls these on a local store; the gRP
 (FarmServicer) calls them on the controller's, so `farm calibrate` says the same thing in both
 modes. Every function takes values already checked for type; the servicer checks the wire's
 sizes and names first. Errors are ServiceError: a message for the person who asked.
+
+The calibration stack (numpy, scipy, matplotlib) is imported by the functions that use it:
+`farm jobs` or `farm status` should not wait a second for scipy.
 """
 
 from __future__ import annotations
@@ -17,10 +20,6 @@ from typing import Any, Callable
 
 import yaml
 
-from farm.controller.calibrations import (
-    METRICS, SIM_SIDE, CalibrationError, calibration_history, calibration_source, contended_left_out,
-    current_calibration, fit_and_store, job_devices, job_values, model_features, pair_jobs, pair_within_job,
-)
 from farm.controller.controller import Controller
 from farm.controller.jobfile import JobFileError, ResolvedJob, load_job_text
 from farm.controller.store import Store
@@ -93,6 +92,11 @@ def job_info(controller: Controller, job_id: int) -> dict[str, Any] | None:
 def calibrate(store: Store, *, job: int | None, sim_job: int | None, device_job: int | None, device: str | None,
               metrics: list[str], min_pairs: int, include_contended: bool) -> dict[str, Any]:
     """Fit and store a calibration per device × metric × key: {calibrations, refused, contended_left_out}."""
+    from farm.controller.calibrations import (
+        CalibrationError, calibration_source, contended_left_out, fit_and_store, job_devices, pair_jobs,
+        pair_within_job,
+    )
+
     if not job and not (sim_job and device_job and device):
         raise ServiceError("farm calibrate needs --job J [--device D] (device runs and their sim twins), "
                            "--sim-job A --device-job B --device NAME (two jobs), or --pairs FILE.")
@@ -138,6 +142,7 @@ def calibrate(store: Store, *, job: int | None, sim_job: int | None, device_job:
 
 
 def calibrations(store: Store, device: str | None, metric: str | None) -> list[dict[str, Any]]:
+    from farm.controller.calibrations import calibration_history
     return calibration_history(store, device or None, metric or None)
 
 
@@ -257,6 +262,9 @@ def predict(store: Store, model: Path, model_name: str, device: str, metrics: li
 
     `model` is a file on the store's host (the user's, embedded; an uploaded artifact, remote);
     measured_jobs are the jobs run for this question so far (their runs are `measured now`)."""
+    from farm.controller.calibrations import (
+        METRICS, SIM_SIDE, calibration_history, contended_left_out, current_calibration, job_values, model_features,
+    )
     from farm.models.facts import ModelError, inspect_model
 
     check_name("--device", device)
