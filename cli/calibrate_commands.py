@@ -1,8 +1,8 @@
-"""`farm calibrate`, `farm calibrations`, `farm predict`, `farm rank`: the answer users come for.
+"""`farm calibrate`, `farm calibrations`, `farm predict`, `farm rank`, `farm report`: the answer users come for.
 
-Two modes each: against the store (jobs measured by farm) and offline (CSV in, JSON or
-CSV out), so the math can be checked on published data and used with numbers measured
-elsewhere.
+Two modes each: against the farm (jobs measured by farm; the local store or a controller,
+whichever open_farm picks) and offline (CSV in, JSON or CSV out, computed here, no store), so
+the math can be checked on published data and used with numbers measured elsewhere.
 """
 
 from __future__ import annotations
@@ -12,41 +12,21 @@ import csv
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any
 
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from farm.cli.console import UserError, err, open_store, out, output_file, when
+from farm.cli.console import UserError, err, job_progress, open_farm, out, output_file, when
+from farm.client.api import CalibrateAsk, PredictAsk, RankAsk
 from farm.proto import strict_json
 
-if TYPE_CHECKING:  # the controller's stack loads only when a command needs it
-    from farm.controller.calibrations import PairedRun
-
-GROUP_ALL = "(all)"
 INCLUDE_CONTENDED_HELP = "also use sim runs whose cores other work used (left out by default)"
 
 
 def _fmt(v: float | None, spec: str = ".3g") -> str:
     return "—" if v is None else format(v, spec)
-
-
-def _coefficients(fit) -> dict[str, float]:
-    """A line's a (slope) and b (intercept); a power law's exponent and factor: never one name for both."""
-    return {"exponent": fit.a, "factor": fit.b} if fit.log_space else {"a": fit.a, "b": fit.b}
-
-
-def _fit_row(cal, **labels: Any) -> dict[str, Any]:
-    f = cal.fits[cal.chosen]
-    return {**labels, "kind": cal.chosen, "formula": f.formula, "features_used": list(f.features_used),
-            **_coefficients(f), "r2": f.r2, "n": f.n, "loo_mape": f.loo_mape,
-            "loo_within_10": f.loo_within_10, "kendall_tau": f.kendall_tau, "spearman_rho": f.spearman_rho,
-            "unsafe": cal.unsafe, "unsafe_reasons": list(cal.unsafe_reasons),
-            "prior_weight": f.prior_weight, "prior_source": f.prior_source,
-            "possible_flips": [[p.first, p.second] for p in f.possible_flips], "warnings": list(cal.warnings),
-            "fits": {k: {**_coefficients(v), "formula": v.formula, "r2": v.r2, "loo_mape": v.loo_mape,
-                         "loo_within_10": v.loo_within_10} for k, v in cal.fits.items()}}
 
 
 def _prior_cell(weight: float | None, source: str | None) -> str:
@@ -73,53 +53,17 @@ def _fit_table(rows: list[dict[str, Any]], label_cols: list[str]) -> Table:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.pairs:
         return _calibrate_offline(args)
-    from farm.controller.calibrations import (
-        CalibrationError, contended_left_out, fit_and_store, calibration_source, job_devices, pair_jobs,
-        pair_within_job,
-    )
-
-    if not args.job and not (args.sim_job and args.device_job and args.device):
-        raise UserError("farm calibrate needs --job J [--device D] (device runs and their sim twins), "
-                        "--sim-job A --device-job B --device NAME (two jobs), or --pairs FILE.")
-    store = open_store(args)
-    results, refused = [], []
-    groups: list[tuple[str, Callable[[str], list[PairedRun]], dict[str, Any]]]
-    try:
-        if args.job:
-            devices = [args.device] if args.device else job_devices(store, args.job)
-            if not devices:
-                raise UserError(f"job {args.job} ran on no device, only in the sim: nothing to pair")
-            def within(device: str) -> Callable[[str], list[PairedRun]]:
-                return lambda metric: pair_within_job(store, args.job, device, metric,
-                                                      include_contended=args.include_contended)
-            groups = [(d, within(d), calibration_source(store, args.job)) for d in devices]
-            jobs = [args.job]
-        else:
-            groups = [(args.device, lambda metric: pair_jobs(store, args.sim_job, args.device_job, metric,
-                                                             include_contended=args.include_contended),
-                       calibration_source(store, args.sim_job, args.device_job))]
-            jobs = [args.sim_job, args.device_job]
-        left_out = 0 if args.include_contended else contended_left_out(store, jobs)
-        for device, pairs_for, source in groups:
-            for metric in args.metric or ["latency"]:
-                paired = pairs_for(metric)
-                if not paired:
-                    refused.append(f"{device} {metric}: no completed device run with a completed sim twin")
-                    continue
-                stored, why = fit_and_store(store, device, metric, paired, min_pairs=args.min_pairs, source=source)
-                refused += why
-                results += [_fit_row(s.calibration, id=s.id, device=s.device, metric=s.metric, threads=s.threads,
-                                     family=s.family or GROUP_ALL, version=s.version) for s in stored]
-    except CalibrationError as e:
-        raise UserError(str(e)) from None
+    document = open_farm(args).calibrate(CalibrateAsk(
+        job=args.job, sim_job=args.sim_job, device_job=args.device_job, device=args.device,
+        metrics=tuple(args.metric or ["latency"]), min_pairs=args.min_pairs, include_contended=args.include_contended))
+    results = document["calibrations"]
     if args.json:
-        print(strict_json.dumps({"calibrations": results, "refused": refused, "contended_left_out": left_out},
-                                indent=2))
+        print(strict_json.dumps(document, indent=2))
     else:
         if results:
             out.print(_fit_table(results, ["device", "metric", "threads", "family", "version"]))
-        _say_left_out(left_out)
-        for line in refused:
+        _say_left_out(document["contended_left_out"])
+        for line in document["refused"]:
             err.print(Text.assemble(("not fitted ", "yellow"), line))
         for r in results:
             for w in r["warnings"]:
@@ -135,6 +79,7 @@ def _say_left_out(n: int) -> None:
 
 def _calibrate_offline(args: argparse.Namespace) -> int:
     from farm.controller.calibration import CalibrationInputError, calibrate, read_pairs_csv
+    from farm.controller.service import GROUP_ALL, fit_row
 
     try:
         groups = read_pairs_csv(Path(args.pairs), x=args.x, y=args.y, model=args.model_col, group=args.group,
@@ -149,7 +94,7 @@ def _calibrate_offline(args: argparse.Namespace) -> int:
             refused.append(f"{group or GROUP_ALL}: {e}")
             continue
         fits[group or GROUP_ALL] = cal.to_json()
-        rows.append(_fit_row(cal, group=group or GROUP_ALL))
+        rows.append(fit_row(cal, group=group or GROUP_ALL))
     document = {"farm_calibration": 1, "x": args.x, "y": args.y, "group": args.group, "groups": fits}
     if args.output:
         output_file(args.output).write_text(strict_json.dumps(document, indent=2))
@@ -170,9 +115,8 @@ def _calibrate_offline(args: argparse.Namespace) -> int:
 
 def cmd_calibrations(args: argparse.Namespace) -> int:
     from farm.cli.render import calibrations_table, show
-    from farm.controller.calibrations import calibration_history
 
-    rows = calibration_history(open_store(args), args.device, args.metric)
+    rows = open_farm(args).calibrations(args.device, args.metric)
     if args.json:
         print(strict_json.dumps(rows, indent=2))
         return 0
@@ -187,14 +131,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if not (args.model and args.device):
         raise UserError("farm predict needs MODEL --device D (uses the store's calibration), or "
                             "--calibration fit.json --input x.csv (offline).")
-    from farm.cli.predict_model import PredictError, predict_model
-
-    try:
-        predictions = predict_model(open_store(args), Path(args.model), args.device, args.metric or ["latency"],
-                                    threads=args.threads, backend=args.backend, confidence=args.confidence,
-                                    include_contended=args.include_contended)
-    except PredictError as e:
-        raise UserError(str(e)) from None
+    farm = open_farm(args)
+    if args.backend and not farm.embedded:
+        raise UserError(f"--backend chooses the sandbox of a run in this process; the {farm.where} measures with its "
+                        "agents' own (`farm agent --backend`): drop --backend")
+    ask = PredictAsk(model=Path(args.model), device=args.device, metrics=tuple(args.metric or ["latency"]),
+                     threads=args.threads, confidence=args.confidence, include_contended=args.include_contended)
+    with job_progress(args, 0) as update:  # the sim run of the model, when no earlier one can be reused
+        predictions = farm.predict(ask, update)
     if args.json:
         print(strict_json.dumps(predictions, indent=2))
         return 0
@@ -215,6 +159,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def _predict_offline(args: argparse.Namespace) -> int:
     from farm.controller.calibration import Calibration, CalibrationInputError, predict_rows
+    from farm.controller.service import GROUP_ALL
 
     try:
         document = json.loads(Path(args.calibration).read_text())
@@ -260,13 +205,8 @@ def _predict_offline(args: argparse.Namespace) -> int:
 
 # --- rank ------------------------------------------------------------------------------------
 def cmd_rank(args: argparse.Namespace) -> int:
-    from farm.controller.ranking import RankError, rank_job
-
-    try:
-        ranking = rank_job(open_store(args), args.job, args.metric, device_jobs=args.device_job or [],
-                           devices=args.device or [], include_contended=args.include_contended)
-    except RankError as e:
-        raise UserError(str(e)) from None
+    ranking = open_farm(args).rank(RankAsk(job=args.job, metric=args.metric, device_jobs=tuple(args.device_job or ()),
+                                           devices=tuple(args.device or ()), include_contended=args.include_contended))
     if args.json:
         print(strict_json.dumps(ranking, indent=2))
         return 0
@@ -288,15 +228,23 @@ def cmd_rank(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from farm.controller.report import ReportError, write_report
+    from farm.controller.service import REPORT_HTML
 
     if not args.output and not args.png:
         raise UserError("farm report needs -o report.html and/or --png DIR")
     output = output_file(args.output) if args.output else None
-    try:
-        written, warnings = write_report(open_store(args), args.job, output, Path(args.png) if args.png else None)
-    except ReportError as e:
-        raise UserError(str(e)) from None
+    png_dir = Path(args.png).expanduser().absolute() if args.png else None
+    report = open_farm(args).report(args.job, html=output is not None, png=png_dir is not None)
+    warnings = report.warnings
+    written = []
+    try:  # rendered where the data is (a controller, or here); written here
+        for f in report.files:
+            path = output if f.name == REPORT_HTML else png_dir / f.name
+            if path is None:
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(f.data)
+            written.append(path)
     except OSError as e:
         raise UserError(f"cannot write the report: {e.strerror or e} ({e.filename}).") from None
     for warning in warnings:

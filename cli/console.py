@@ -8,28 +8,57 @@ import os
 import sys
 from pathlib import Path
 
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from farm.client.api import FarmError
+from farm.client.api import Progress as FarmProgress
 
 # Piped output keeps the full table width instead of rich's 80-column guess; $COLUMNS wins when set.
 out = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160)
 err = Console(stderr=True, soft_wrap=True)
 
 
-class UserError(Exception):
+class UserError(FarmError):
     """Bad input; printed as one paragraph, exit code 2 (with --json also as JSON on stdout)."""
 
     def __init__(self, message: str, problems: list[dict] | None = None) -> None:
-        super().__init__(message)
-        self.problems = problems or []  # file / line / field / message, for scripts
+        super().__init__(message, problems=problems)
 
 
-def open_store(args: argparse.Namespace):
-    from farm.controller.store import Store, StoreError, default_db_path
-    path = Path(args.db) if getattr(args, "db", None) else default_db_path()
+def lab_devices(args: argparse.Namespace) -> list:
+    """The devices embedded mode drives: --devices FILE, else $FARM_DEVICES, else none (read once per command)."""
+    if getattr(args, "_lab_devices", None) is not None:
+        return args._lab_devices
+    from farm.agents.lab import LabConfigError, discover_types, lab_from_environment, load_lab
     try:
-        return Store(path)
-    except StoreError as e:
+        lab = load_lab(Path(args.devices)) if getattr(args, "devices", None) else lab_from_environment()
+    except LabConfigError as e:
         raise UserError(str(e)) from None
+    for problem in discover_types(lab):  # untyped entries get the type their facts match
+        err.print(Text.assemble(("device ", "yellow"), problem))
+    args._lab_devices = lab
+    return lab
+
+
+def open_farm(args: argparse.Namespace):
+    """The farm this command talks to: the controller named by --controller, $FARM_CONTROLLER or the config
+    file (never a local store then, reachable or not), else the embedded store (--db, $FARM_DB)."""
+    from farm.client.config import Credentials, address_of
+
+    address = address_of(getattr(args, "controller", None))
+    if address:
+        from farm.client.remote import RemoteFarm
+        return RemoteFarm(address, Credentials.resolve(getattr(args, "token", None), getattr(args, "tls_ca", None),
+                                                       getattr(args, "tls_cert", None), getattr(args, "tls_key", None)))
+    from farm.client.embedded import EmbeddedFarm
+    return EmbeddedFarm(getattr(args, "db", None), slots=getattr(args, "slots", None) or 1,
+                        backend=getattr(args, "backend", None), lab=lambda: lab_devices(args),
+                        devices_file=getattr(args, "devices", None))
 
 
 def output_file(text: str, option: str = "-o") -> Path:
@@ -45,3 +74,25 @@ def output_file(text: str, option: str = "-o") -> Path:
 
 def when(ts: float | None) -> str:
     return "—" if ts is None else dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@contextmanager
+def job_progress(args: argparse.Namespace, job_id: int) -> Iterator[Callable[[FarmProgress], None]]:
+    """A bar on a terminal (or with --progress), else a line per finished run; nothing with --json/--quiet."""
+    quiet = args.json or getattr(args, "quiet", False)
+    show = not quiet and err.is_terminal or getattr(args, "progress", False)
+    progress = Progress(TextColumn("[bold]job {task.fields[job]}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=err,
+                        disable=not show, transient=False)
+    bar = progress.add_task("runs", total=None, job=job_id, last="")
+    printed = [-1]
+
+    def update(p: FarmProgress) -> None:
+        summary = p.last or f"{p.completed} ok, {p.failed} failed, {p.running} running"
+        progress.update(bar, total=p.total, completed=p.done, last=summary, job=p.job)
+        if not show and not quiet and (p.last or p.done != printed[0]):
+            err.print(f"[{p.done}/{p.total}] {summary}", highlight=False)
+            printed[0] = p.done
+
+    with progress:
+        yield update

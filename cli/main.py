@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from rich.text import Text
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from farm import __version__
 from farm.cli import console
+from farm.cli.console import job_progress, open_farm
+from farm.client.api import Farm, FarmError
 from farm.proto import strict_json
 from farm.proto.tasks import DEFAULT_MAX_TASKS
 
@@ -29,7 +30,6 @@ FULL_INSTALL_ONLY = {"scipy", "matplotlib", "sqlite_utils", "croniter", "prometh
 
 UserError = console.UserError
 out, err = console.out, console.err
-_open_store = console.open_store
 _when = console.when
 
 
@@ -50,61 +50,39 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _need_job(store, job_id: int) -> dict[str, Any]:
-    job = store.job(job_id)
-    if job is None:
-        raise UserError(f"no job {job_id} in {store.path}; `farm jobs` lists the jobs there.")
-    return job
-
-
-# --- submit / resume --------------------------------------------------------------
-def _run_with_progress(args: argparse.Namespace, store, job_id: int, total: int, job_timeout: float | None) -> bool:
-    from farm.cli.embedded import run_job_embedded
-
-    show = not args.json and not args.quiet and err.is_terminal or args.progress
-    progress = Progress(TextColumn("[bold]job {task.fields[job]}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=err,
-                        disable=not show, transient=False)
-    done = store.query("SELECT COUNT(*) AS n FROM tasks WHERE job_id = ? AND status IN ('completed','failed','canceled')", [job_id])[0]["n"]
-    bar = progress.add_task("runs", total=total, completed=done, job=job_id, last="")
-
-    def on_result(task, result) -> None:
-        if result.ok and result.latency:
-            last = f"{task.model_name} t{task.threads}: {result.latency.avg:.2f} ms"
-        elif result.ok:
-            last = f"{task.model_name} t{task.threads}: ok"
-        else:
-            last = f"{task.model_name} t{task.threads}: {result.failure_class.value}"
-        finished = store.query("SELECT COUNT(*) AS n FROM tasks WHERE job_id = ? AND status IN ('completed','failed','canceled')", [job_id])[0]["n"]
-        progress.update(bar, completed=finished, last=last)
-        if not show and not args.json and not args.quiet:
-            err.print(f"[{finished}/{total}] {last}")
-
-    with progress:
-        return run_job_embedded(store, job_id, slots=args.slots, backend=args.backend,
-                                job_timeout_s=job_timeout, on_result=on_result, devices=_lab(args))
-
-
-def _finish(args: argparse.Namespace, store, job_id: int, completed_normally: bool) -> int:
+# --- submit / resume / watch ---------------------------------------------------------
+def _finish(args: argparse.Namespace, farm: Farm, job_id: int, completed_normally: bool) -> int:
     from farm.cli.render import failures, results_table, show, to_json
-    from farm.controller.results import run_records
 
-    records = run_records(store, job_id)
-    job = store.job(job_id)
+    records = farm.results(job_id)
+    job = farm.job(job_id)
     if args.json:
-        print(to_json({"job": job_id, "status": job["status"], "results": records,
+        print(to_json({"job": job_id, "status": job.status, "results": records,
                        **({"warnings": args.warnings} if getattr(args, "warnings", None) else {})}))
     else:
-        show(out, results_table(records, title=f"job {job_id} · {job['name']} · {job['status']}", **_table_form(args)),
+        show(out, results_table(records, title=f"job {job_id} · {job.name} · {job.status}", **_table_form(args)),
              wide=_table_form(args)["wide"])
         if any(r.get("approximate") for r in records):
             out.print("* approximate: the process backend enforces limits best-effort and samples memory.")
         for line in failures(records):
             err.print(Text.assemble(("failed ", "red"), line), highlight=False)
-        out.print(f"stored in {store.path} · `farm results {job_id} --format json` for every figure")
+        out.print(f"kept by the {farm.where} · `farm results {job_id} --format json` for every figure", highlight=False)
     if not completed_normally:
         return EXIT_INTERRUPTED
-    return EXIT_OK if job["status"] == "completed" else EXIT_RUNS_FAILED
+    return EXIT_OK if job.status == "completed" else EXIT_RUNS_FAILED
+
+
+def _follow(args: argparse.Namespace, farm: Farm, job_id: int) -> int:
+    """Run (embedded) or watch (a controller, a background run) the job to its end, then its results."""
+    try:
+        with job_progress(args, job_id) as update:
+            ok = farm.wait(job_id, update)
+    except KeyboardInterrupt:
+        if farm.embedded:
+            raise
+        err.print(f"stopped watching; job {job_id} carries on at the {farm.where} (`farm cancel {job_id}` stops it)")
+        return EXIT_INTERRUPTED
+    return _finish(args, farm, job_id, ok)
 
 
 def _check_slots(args: argparse.Namespace) -> None:
@@ -117,35 +95,41 @@ def _check_slots(args: argparse.Namespace) -> None:
                         f"{len(os.sched_getaffinity(0))}.") from None
 
 
-def cmd_submit(args: argparse.Namespace) -> int:
-    from farm.controller.controller import Controller
-    from farm.controller.jobfile import HostCapacity, JobFileError, load_job
+def _runner_options(args: argparse.Namespace, farm: Farm) -> None:
+    """--slots, --backend and --devices shape a run in this process: checked here, refused for a controller."""
+    if farm.embedded:
+        _check_slots(args)
+    elif args.slots != 1 or args.backend or args.devices:
+        raise UserError(f"--slots, --backend and --devices shape a run in this process; the {farm.where} runs jobs on "
+                        "its agents (`farm agent --sim-slots --backend --devices`): drop them, or run embedded")
 
-    lab = _lab(args)
-    _check_slots(args)
-    try:
-        job = load_job(Path(args.job_file), devices=[lab_target(d) for d in lab], max_tasks=args.max_tasks,
-                       skip_invalid=args.skip_invalid, host=HostCapacity.here())
-    except JobFileError as e:
-        raise UserError(str(e), [p.to_json() for p in e.problems]) from None
-    args.warnings = [p.to_json() for p in job.warnings]
-    for problem in [*job.warnings, *(m.problem for m in job.invalid)]:
-        kind = "warning" if problem in job.warnings else "skipped"
-        err.print(Text.assemble((f"{kind}: ", "yellow"), str(problem)), highlight=False)
-    if args.priority:
-        job.spec.priority = args.priority
-    store = _open_store(args)
-    device_targets = [t.name for t in job.targets if t is not None]
-    if device_targets:
-        from farm.cli.refresh_commands import health_check_before
-        health_check_before(args, store, lab, device_targets)
-    controller = Controller(store)
-    job_id = controller.submit(job)
-    total = controller.progress(job_id).total
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    farm = open_farm(args)
+    _runner_options(args, farm)
+
+    def warn(kind: str, message: str) -> None:
+        err.print(Text.assemble((f"{kind}: ", "yellow"), message), highlight=False)
+
+    with job_progress(args, 0) as update:  # a health check may run first (embedded, devices not checked lately)
+        submitted = farm.submit(Path(args.job_file), priority=args.priority, max_tasks=args.max_tasks,
+                                skip_invalid=args.skip_invalid, detach=args.detach, on_warning=warn,
+                                on_progress=update)
+    args.warnings = submitted.warnings
     if not args.json and not args.quiet:
-        err.print(f"job {job_id}: {len(job.models)} model(s) × {total // max(1, len(job.models))} run(s) each = {total} run(s), store {store.path}")
-    ok = _run_with_progress(args, store, job_id, total, job.spec.timeouts.job)
-    return _finish(args, store, job_id, ok)
+        each = submitted.tasks // max(1, submitted.models)
+        err.print(f"job {submitted.job}: {submitted.models} model(s) × {each} run(s) each = {submitted.tasks} run(s), "
+                  f"{farm.where}", highlight=False)
+    if args.detach:
+        if args.json:
+            print(strict_json.dumps({"job": submitted.job, "status": "queued", "tasks": submitted.tasks,
+                                     **({"log": str(submitted.log)} if submitted.log else {})}))
+        elif not args.quiet:
+            where = f"a background process runs it (output: {submitted.log})" if submitted.log else f"the {farm.where} runs it"
+            err.print(f"job {submitted.job} queued; {where}. `farm watch {submitted.job}` follows it, "
+                      f"`farm status {submitted.job}` tells where it is.", highlight=False)
+        return EXIT_OK
+    return _follow(args, farm, submitted.job)
 
 
 def _table_form(args: argparse.Namespace) -> dict[str, bool]:
@@ -158,52 +142,24 @@ def table_options(sp: argparse.ArgumentParser) -> None:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from farm.controller.controller import Controller
-    _check_slots(args)
-    store = _open_store(args)
-    _need_job(store, args.job)
-    controller = Controller(store)
-    status = controller.job_status(args.job)
-    if status in ("completed", "failed", "canceled"):
-        raise UserError(f"job {args.job} is {status}; only an interrupted or queued job can be resumed.")
-    if status == "running":
-        raise UserError(f"job {args.job} is still running in process {store.job(args.job)['owner_pid']}; cancel it first or wait.")
-    controller.resume(args.job)
-    total = controller.progress(args.job).total
-    spec = json.loads(store.job(args.job)["spec_json"])
-    ok = _run_with_progress(args, store, args.job, total, (spec.get("timeouts") or {}).get("job"))
-    return _finish(args, store, args.job, ok)
+    farm = open_farm(args)
+    if farm.embedded:
+        _check_slots(args)
+    farm.resume(args.job)  # a controller refuses: it carries on its own jobs
+    return _follow(args, farm, args.job)
 
 
-def _lab(args: argparse.Namespace):
-    """The devices embedded mode drives: --devices FILE, else $FARM_DEVICES, else none (read once per command)."""
-    if getattr(args, "_lab_devices", None) is not None:
-        return args._lab_devices
-    from farm.agents.lab import LabConfigError, lab_from_environment, load_lab
-    try:
-        lab = load_lab(Path(args.devices)) if getattr(args, "devices", None) else lab_from_environment()
-    except LabConfigError as e:
-        raise UserError(str(e)) from None
-    from farm.agents.lab import discover_types
-    for problem in discover_types(lab):  # untyped entries get the type their facts match
-        err.print(Text.assemble(("device ", "yellow"), problem))
-    args._lab_devices = lab
-    return lab
-
-
-def lab_target(device):
-    from farm.controller.jobfile import DeviceTarget
-    return DeviceTarget(device.name, device.device_type, device.tags)
+def cmd_watch(args: argparse.Namespace) -> int:
+    """Follow a job (a controller's, or an embedded one a background run or another terminal runs) to its end."""
+    return _follow(args, open_farm(args), args.job)
 
 
 # --- reading results ----------------------------------------------------------------
 def cmd_results(args: argparse.Namespace) -> int:
     from farm.cli.render import results_csv, results_table, show, to_json
-    from farm.controller.results import run_records
 
-    store = _open_store(args)
-    job = _need_job(store, args.job)
-    records = run_records(store, args.job, ops=args.ops)
+    farm = open_farm(args)
+    records = farm.results(args.job, ops=args.ops)
     fmt = "json" if args.json else args.format
     if args.pairs:
         from farm.cli.render import pairs_table
@@ -222,22 +178,18 @@ def cmd_results(args: argparse.Namespace) -> int:
         from farm.cli.op_profile_view import op_profile_tables
         out.print(op_profile_tables(records))
     else:
-        show(out, results_table(records, title=f"job {args.job} · {job['name']} · {job['status']}", **_table_form(args)),
+        job = farm.job(args.job)
+        show(out, results_table(records, title=f"job {args.job} · {job.name} · {job.status}", **_table_form(args)),
              wide=args.wide)
     return EXIT_OK
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     from farm.cli.render import jobs_table, show, to_json
-    from farm.controller.controller import Controller
 
-    store = _open_store(args)
-    controller = Controller(store)
-    jobs = controller.jobs(args.limit)
-    for j in jobs:
-        j["status"] = controller.job_status(j["id"])
+    jobs = open_farm(args).jobs(args.limit)
     if args.json:
-        print(to_json(jobs))
+        print(to_json([j.to_json() for j in jobs]))
         return EXIT_OK
     show(out, jobs_table(jobs, _when, wide=args.wide), wide=args.wide)
     return EXIT_OK
@@ -245,37 +197,26 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from farm.cli.render import to_json
-    from farm.controller.controller import Controller
 
-    store = _open_store(args)
-    job = _need_job(store, args.job)
-    controller = Controller(store)
-    p = controller.progress(args.job)
-    status = controller.job_status(args.job)
-    info = {"job": args.job, "name": job["name"], "status": status, "total": p.total, "pending": p.pending,
-            "running": p.running, "completed": p.completed, "failed": p.failed, "canceled": p.canceled,
-            "created_at": job["created_at"], "started_at": job["started_at"], "finished_at": job["finished_at"],
-            "message": job["message"], "owner_pid": job["owner_pid"], "owner_host": job["owner_host"]}
+    job = open_farm(args).job(args.job)
     if args.json:
-        print(to_json(info))
+        print(to_json(job.to_json()))
         return EXIT_OK
-    out.print(f"job {args.job} ({job['name']}): [bold]{status}[/bold] — {p.done}/{p.total} done: "
-              f"{p.completed} ok, {p.failed} failed, {p.canceled} canceled, {p.running} running, {p.pending} pending")
-    if job["message"]:
-        out.print(job["message"])
-    if status == "interrupted" and job["status"] != "interrupted":  # a stored interruption says so in its message
-        out.print(f"the process that ran it ({job['owner_pid']}) has died; `farm resume {args.job}` carries on, "
+    out.print(Text.assemble(f"job {args.job} (", job.name, "): ", (job.status, "bold"),
+                            f" — {job.done}/{job.total} done: {job.completed} ok, {job.failed} failed, "
+                            f"{job.canceled} canceled, {job.running} running, {job.pending} pending"))
+    if job.message:
+        out.print(Text(job.message))
+    if job.status == "interrupted" and not job.message:  # a stored interruption says so in its message
+        out.print(f"the process that ran it ({job.owner_pid}) has died; `farm resume {args.job}` carries on, "
                   "keeping every run already stored.")
     return EXIT_OK
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from farm.cli.render import to_json
-    from farm.controller.controller import Controller
 
-    store = _open_store(args)
-    _need_job(store, args.job)
-    n = Controller(store).cancel_job(args.job)
+    n = open_farm(args).cancel(args.job)
     if args.json:
         print(to_json({"job": args.job, "canceled_tasks": n}))
     else:
@@ -363,7 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("submit", parents=[common], help="validate a job file and run it")
     s.add_argument("job_file")
     s.add_argument("--priority", choices=["interactive", "normal", "low"], default=None)
-    s.add_argument("--detach", action="store_true", help="with --controller: return once the job is queued")
+    s.add_argument("--detach", action="store_true",
+                   help="return once the job is queued: a controller runs it, or (embedded) a background process "
+                        "logging beside the store; `farm watch JOB` follows it")
     s.add_argument("--skip-invalid", action="store_true",
                    help="run the models that can run; record the others as `job` failures")
     s.add_argument("--max-tasks", type=_positive_int, default=DEFAULT_MAX_TASKS,
@@ -375,6 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("job", type=_job_id)
     runner_options(s)
     s.set_defaults(func=cmd_resume)
+
+    s = sub.add_parser("watch", parents=[common], help="follow a job to its end, then its results (exit code as submit's)")
+    s.add_argument("job", type=_job_id)
+    s.add_argument("--quiet", action="store_true", help="no progress output")
+    s.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
+    s.set_defaults(func=cmd_watch)
 
     s = sub.add_parser("results", parents=[common], help="a job's results")
     s.add_argument("job", type=_job_id)
@@ -441,14 +390,11 @@ def _report_error(args: argparse.Namespace, message: str, code: int, problems: l
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from farm.cli.remote import RemoteError, remote_handler
     try:
-        # With a controller configured (--controller, FARM_CONTROLLER, config file) the command goes to it.
-        return (remote_handler(args) or args.func)(args)
-    except UserError as e:
-        return _report_error(args, str(e), EXIT_BAD_INPUT, e.problems)
-    except RemoteError as e:
-        return _report_error(args, str(e), e.exit_code)
+        # Each command asks open_farm(args): the controller when one is configured, else the local store.
+        return args.func(args)
+    except FarmError as e:
+        return _report_error(args, str(e), e.exit_code, e.problems)
     except sqlite3.Error as e:  # the store failed after it opened (locked by another writer, disk full)
         from farm.controller.store import default_db_path, store_error_message
         return _report_error(args, store_error_message(Path(getattr(args, "db", None) or default_db_path()), e),

@@ -1,10 +1,6 @@
-"""`farm` against a remote controller: `farm controller serve`, `farm agent`, `farm devices`,
-`farm agents`, and the client side of submit / results / jobs / status / cancel.
-
-The controller address comes from --controller, else $FARM_CONTROLLER, else `controller = ...`
-in the config file ($FARM_CONFIG, default ~/.config/farm/config.toml); the same goes for the
-token and the TLS files. With none configured, the commands run embedded, as before.
-"""
+"""`farm controller serve`, `farm agent`, `farm devices` and `farm agents`, and the --controller options
+every command shares. Which farm a command talks to is farm.client.config's rule; the client side
+of every command is farm.client.remote."""
 
 from __future__ import annotations
 
@@ -15,15 +11,14 @@ import os
 import signal
 import sys
 import threading
-import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
+from farm.client.api import FarmError
+from farm.client.config import DEFAULT_PORT, Credentials, address_of, read_config
 from farm.proto.tasks import DEFAULT_MAX_TASKS
 
 if TYPE_CHECKING:
-    import grpc
-
     from farm.controller.auth import TlsFiles
 
 # The sandboxes fork; gRPC's fork handlers are not needed (children exec at once) and only log noise.
@@ -31,56 +26,21 @@ if TYPE_CHECKING:
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 EXIT_OK, EXIT_RUNS_FAILED, EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-DEFAULT_PORT = 7443
 
 
-class RemoteError(Exception):
-    """A refusal or an unreachable controller, said so a person can act on it."""
-
-    def __init__(self, message: str, exit_code: int = EXIT_BAD_INPUT) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-# --- configuration --------------------------------------------------------------------
-def config_path() -> Path:
-    if os.environ.get("FARM_CONFIG"):
-        return Path(os.environ["FARM_CONFIG"])
-    from platformdirs import user_config_dir
-    return Path(user_config_dir("farm", appauthor=False)) / "config.toml"
-
-
-def _config() -> dict[str, Any]:
-    path = config_path()
-    if not path.is_file():
-        return {}
-    try:
-        return tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise RemoteError(f"{path}: cannot read the farm config file: {e}") from None
-
-
-def _setting(args: argparse.Namespace, name: str, env: str) -> str | None:
-    """--flag, else $ENV, else the config file's key."""
-    value = getattr(args, name, None) or os.environ.get(env)
-    return value or _config().get(name)
+RemoteError = FarmError  # a refusal or an unreachable controller, said so a person can act on it
 
 
 def controller_address(args: argparse.Namespace) -> str | None:
-    address = _setting(args, "controller", "FARM_CONTROLLER")
-    if address and ":" not in address:
-        address = f"{address}:{DEFAULT_PORT}"
-    return address
+    return address_of(getattr(args, "controller", None))
 
 
 def client_tls(args: argparse.Namespace) -> TlsFiles | None:
     from farm.controller.auth import TlsFiles
 
-    ca = _setting(args, "tls_ca", "FARM_TLS_CA")
-    if not ca:
-        return None
-    cert, key = _setting(args, "tls_cert", "FARM_TLS_CERT"), _setting(args, "tls_key", "FARM_TLS_KEY")
-    return TlsFiles(ca=Path(ca), cert=Path(cert) if cert else None, key=Path(key) if key else None)
+    c = Credentials.resolve(None, getattr(args, "tls_ca", None), getattr(args, "tls_cert", None),
+                            getattr(args, "tls_key", None))
+    return TlsFiles(ca=c.tls_ca, cert=c.tls_cert, key=c.tls_key) if c.tls_ca else None
 
 
 def add_client_options(parser: argparse.ArgumentParser) -> None:
@@ -94,338 +54,37 @@ def add_client_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tls-key", default=None, help="client key, for mutual TLS")
 
 
-# --- the client ------------------------------------------------------------------------------
-class FarmClient:
-    """FarmService calls with the token attached and errors turned into RemoteError."""
-
-    def __init__(self, address: str, token: str | None, tls: TlsFiles | None) -> None:
-        from farm.agents.remote_controller import open_channel, token_metadata
-        from farm.proto.generated import farm_pb2_grpc
-
-        self.address = address
-        self.channel = open_channel(address, tls=tls)
-        self.stub = farm_pb2_grpc.FarmServiceStub(self.channel)
-        self.metadata = token_metadata(token)
-        self.tls = tls
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "FarmClient":
-        address = controller_address(args)
-        if not address:
-            raise RemoteError(f"`farm {args.command}` needs a controller: pass --controller HOST:PORT, set "
-                              f"FARM_CONTROLLER, or put `controller = \"HOST:PORT\"` in {config_path()}")
-        return cls(address, _setting(args, "token", "FARM_TOKEN"), client_tls(args))
-
-    def call(self, method: str, request: Any, timeout: float = 30) -> Any:
-        import grpc
-
-        try:
-            return getattr(self.stub, method)(request, metadata=self.metadata, timeout=timeout)
-        except grpc.RpcError as e:
-            raise self.explain(e) from None
-
-    def explain(self, e: "grpc.RpcError") -> RemoteError:
-        import grpc
-
-        code, details = e.code(), e.details() or ""
-        if code == grpc.StatusCode.UNAVAILABLE:
-            if self.tls is None:
-                hint = "if it serves TLS, pass --tls-ca (or FARM_TLS_CA)"
-            elif self.tls.cert is None:
-                hint = ("check that it serves TLS with a certificate signed by --tls-ca for this host name; if it "
-                        "requires client certificates (mutual TLS), pass --tls-cert and --tls-key")
-            else:
-                hint = "check that it serves TLS with a certificate signed by --tls-ca for this host name, and accepts yours"
-            return RemoteError(f"cannot reach the controller at {self.address}: {details}. Is `farm controller serve` "
-                               f"running there? {hint[0].upper()}{hint[1:]}.", EXIT_ENVIRONMENT)
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return RemoteError(f"the controller at {self.address} did not answer in time", EXIT_ENVIRONMENT)
-        return RemoteError(f"the controller at {self.address} refused: {details}")
-
-    def close(self) -> None:
-        self.channel.close()
-
-
-# --- client commands -------------------------------------------------------------------------
-def _out() -> Any:
-    from farm.cli.main import out
-    return out
-
-
-def _err() -> Any:
-    from farm.cli.main import err
-    return err
-
-
-def _job_dict(job: Any) -> dict[str, Any]:
-    return {"job": job.id, "name": job.name, "status": job.status, "priority": job.priority, "total": job.total,
-            "pending": job.pending, "running": job.running, "completed": job.completed, "failed": job.failed,
-            "canceled": job.canceled, "created_at": job.created_at,
-            "started_at": job.started_at if job.HasField("started_at") else None,
-            "finished_at": job.finished_at if job.HasField("finished_at") else None, "message": job.message}
-
-
-UPLOAD_CHUNK_BYTES = 1 << 20
-
-
-def _upload_chunks(sha256: str, name: str, size: int, read: Callable[[int], bytes]) -> Any:
-    """ArtifactUpload messages: the first names the artifact, every one carries up to 1 MiB."""
-    from farm.proto.generated import farm_pb2
-
-    data = read(UPLOAD_CHUNK_BYTES)
-    yield farm_pb2.ArtifactUpload(sha256=sha256, size=size, name=name, data=data)
-    while data := read(UPLOAD_CHUNK_BYTES):
-        yield farm_pb2.ArtifactUpload(data=data)
-
-
-def upload_job_files(client: FarmClient, path: Path, text: str) -> tuple[list[Any], str]:
-    """Resolve the job's models (and script folder) here, on the client, and upload what the controller lacks.
-
-    Returns the JobModel list and the script archive's sha256 ('' for a benchmark job). The
-    controller never opens a path of ours: it gets the bytes, and names them by sha256.
-    """
-    import hashlib
-    import io
-
-    import grpc
-
-    from farm.controller.jobfile import JobFileError, check_benchmark_models, check_script, parse_job_text, resolve_models
-    from farm.proto.generated import farm_pb2
-    from farm.proto.script_archive import ScriptArchiveError, pack_dir
-    from farm.proto.spec import BenchmarkWorkload
-
-    base_dir = path.resolve().parent
-    try:
-        spec, root = parse_job_text(text, str(path))
-        models, invalid = resolve_models(spec, root, base_dir, str(path))
-        archive = b""
-        if isinstance(spec.workload, BenchmarkWorkload):
-            invalid += check_benchmark_models(spec, models, root, str(path))
-            if invalid:  # every bad model at once, before anything is uploaded
-                raise JobFileError([m.problem for m in sorted(invalid, key=lambda m: (m.problem.line or 0, m.entry_index))])
-        else:
-            if invalid:
-                raise JobFileError([m.problem for m in invalid])
-            script_dir, _ = check_script(spec, base_dir, root, str(path))
-            try:
-                archive = pack_dir(script_dir)
-            except ScriptArchiveError as e:
-                raise JobFileError(f"{path}: workload.dir: {e}") from None
-    except JobFileError as e:
-        raise RemoteError(str(e)) from None
-    archive_sha = hashlib.sha256(archive).hexdigest() if archive else ""
-    wanted = [m.facts.sha256 for m in models] + ([archive_sha] if archive else [])
-    answer = client.call("MissingArtifacts", farm_pb2.MissingArtifactsRequest(sha256=wanted))
-    missing = set(answer.missing)
-    for model in models:
-        if model.facts.sha256 not in missing:
-            continue
-        missing.discard(model.facts.sha256)
-        if answer.max_model_bytes and model.facts.size_bytes > answer.max_model_bytes:
-            raise RemoteError(f"{model.path}: {model.facts.size_bytes} bytes is over the controller's limit of "
-                              f"{answer.max_model_bytes} bytes per model file (its --max-model-bytes)")
-        with model.path.open("rb") as f:
-            try:
-                client.stub.UploadArtifact(_upload_chunks(model.facts.sha256, model.path.name, model.facts.size_bytes,
-                                                          f.read), metadata=client.metadata, timeout=3600)
-            except grpc.RpcError as e:
-                raise client.explain(e) from None
-    if archive_sha in missing:
-        if answer.max_script_archive_bytes and len(archive) > answer.max_script_archive_bytes:
-            raise RemoteError(f"{path}: workload.dir packs to {len(archive)} bytes, over the controller's limit of "
-                              f"{answer.max_script_archive_bytes}; give the script a folder of its own")
-        try:
-            client.stub.UploadArtifact(_upload_chunks(archive_sha, "dir.tar", len(archive), io.BytesIO(archive).read),
-                                       metadata=client.metadata, timeout=3600)
-        except grpc.RpcError as e:
-            raise client.explain(e) from None
-    job_models = [farm_pb2.JobModel(entry=m.entry_index, name=m.name, sha256=m.facts.sha256, source=str(m.path))
-                  for m in models]
-    return job_models, archive_sha
-
-
-def remote_submit(args: argparse.Namespace) -> int:
-    from farm.proto.generated import farm_pb2
-
-    path = Path(args.job_file)
-    if getattr(args, "skip_invalid", False):
-        raise RemoteError("--skip-invalid runs in embedded mode only; a controller refuses a job with a bad model, "
-                          "naming each one: drop them from the job file, or submit without --controller.")
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise RemoteError(f"{path}: cannot read the job file: {e}.") from None
-    from farm.controller.grpc_server import MAX_JOB_FILE_BYTES
-
-    if len(text.encode()) > MAX_JOB_FILE_BYTES:
-        raise RemoteError(f"{path}: the job file is over {MAX_JOB_FILE_BYTES} bytes")
-    client = FarmClient.from_args(args)
-    job_models, archive_sha = upload_job_files(client, path, text)
-    response = client.call("SubmitJob", farm_pb2.SubmitJobRequest(
-        job_yaml=text, base_dir=str(path.resolve().parent), file_name=str(path), priority=args.priority or "",
-        models=job_models, script_archive_sha256=archive_sha))
-    if not args.json and not args.quiet:
-        _err().print(f"job {response.job_id}: {response.tasks} run(s) on controller {client.address}")
-    if args.detach:
-        if args.json:
-            print(json.dumps({"job": response.job_id, "status": "queued", "tasks": response.tasks}))
-        return EXIT_OK
-    try:
-        status = _watch(client, response.job_id, quiet=args.json or args.quiet)
-    except KeyboardInterrupt:
-        _err().print(f"stopped watching; job {response.job_id} carries on at the controller "
-                     f"(`farm cancel {response.job_id}` stops it)")
-        return EXIT_INTERRUPTED
-    return _print_results(args, client, response.job_id, final_status=status)
-
-
-def _watch(client: FarmClient, job_id: int, *, quiet: bool) -> str:
-    import grpc
-
-    from farm.proto.generated import farm_pb2
-
-    last_done, status = -1, "queued"
-    try:
-        for job in client.stub.WatchJob(farm_pb2.JobRequest(job_id=job_id), metadata=client.metadata):
-            done = job.completed + job.failed + job.canceled
-            if done != last_done and not quiet:
-                _err().print(f"[{done}/{job.total}] {job.completed} ok, {job.failed} failed, {job.running} running")
-            last_done, status = done, job.status
-    except grpc.RpcError as e:
-        raise client.explain(e) from None
-    return status
-
-
-def _print_results(args: argparse.Namespace, client: FarmClient, job_id: int, final_status: str | None = None) -> int:
-    from rich.text import Text
-
-    from farm.cli.render import failures, results_csv, results_table, show, to_json
-    from farm.proto.generated import farm_pb2
-
-    job = client.call("GetJob", farm_pb2.JobRequest(job_id=job_id))
-    ops = bool(getattr(args, "ops", False))
-    records = json.loads(client.call("GetResults", farm_pb2.JobRequest(job_id=job_id, ops=ops), timeout=120).records_json)
-    fmt = "json" if args.json else getattr(args, "format", "table")
-    if args.command == "submit" and args.json:
-        print(to_json({"job": job_id, "status": job.status, "results": records}))
-    elif fmt == "json":
-        print(to_json(records))
-    elif fmt == "csv":
-        sys.stdout.write(results_csv(records))
-    elif ops:
-        from farm.cli.op_profile_view import op_profile_tables
-        _out().print(op_profile_tables(records))
-    else:
-        show(_out(), results_table(records, title=f"job {job_id} · {job.name} · {job.status}", wide=getattr(args, "wide", False),
-                                   runs=getattr(args, "runs", False)), wide=getattr(args, "wide", False))
-        if args.command == "submit":
-            for line in failures(records):
-                _err().print(Text.assemble(("failed ", "red"), line), highlight=False)
-    if args.command == "submit":
-        return EXIT_OK if job.status == "completed" else EXIT_RUNS_FAILED
-    return EXIT_OK
-
-
-def remote_results(args: argparse.Namespace) -> int:
-    return _print_results(args, FarmClient.from_args(args), args.job)
-
-
-def remote_jobs(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
-    from farm.cli.main import _when
-    from farm.cli.render import to_json
-    from farm.proto.generated import farm_pb2
-
-    jobs = [_job_dict(j) for j in FarmClient.from_args(args).call("ListJobs", farm_pb2.ListJobsRequest(limit=args.limit)).jobs]
-    if args.json:
-        print(to_json([{**j, "id": j["job"], "tasks": j["total"]} for j in jobs]))
-        return EXIT_OK
-    t = Table(header_style="bold")
-    for col in ("job", "name", "status", "runs", "ok", "failed", "created", "finished"):
-        t.add_column(col)
-    for j in jobs:
-        t.add_row(str(j["job"]), j["name"], j["status"], str(j["total"]), str(j["completed"]), str(j["failed"]),
-                  _when(j["created_at"]), _when(j["finished_at"]))
-    _out().print(t)
-    return EXIT_OK
-
-
-def remote_status(args: argparse.Namespace) -> int:
-    from farm.cli.render import to_json
-    from farm.proto.generated import farm_pb2
-
-    job = _job_dict(FarmClient.from_args(args).call("GetJob", farm_pb2.JobRequest(job_id=args.job)))
-    if args.json:
-        print(to_json(job))
-        return EXIT_OK
-    done = job["completed"] + job["failed"] + job["canceled"]
-    _out().print(f"job {job['job']} ({job['name']}): [bold]{job['status']}[/bold] — {done}/{job['total']} done: "
-                 f"{job['completed']} ok, {job['failed']} failed, {job['canceled']} canceled, {job['running']} running, "
-                 f"{job['pending']} pending")
-    if job["message"]:
-        _out().print(job["message"])
-    return EXIT_OK
-
-
-def remote_cancel(args: argparse.Namespace) -> int:
-    from farm.cli.render import to_json
-    from farm.proto.generated import farm_pb2
-
-    response = FarmClient.from_args(args).call("CancelJob", farm_pb2.JobRequest(job_id=args.job))
-    if args.json:
-        print(to_json({"job": args.job, "canceled_tasks": response.canceled_tasks}))
-    else:
-        _out().print(f"job {args.job}: {response.canceled_tasks} unfinished run(s) canceled; runs already stored are kept.")
-    return EXIT_OK
-
-
-def remote_forget_device(args: argparse.Namespace) -> int:
-    """`farm device forget NAME --controller ...`: an admin frees a device name an offline agent registered."""
-    from farm.cli.render import to_json
-    from farm.proto.generated import farm_pb2
-
-    response = FarmClient.from_args(args).call("ForgetDevice", farm_pb2.ForgetDeviceRequest(name=args.device))
-    if args.json:
-        print(to_json({"device": response.name, "agent": response.agent, "action": "forget"}))
-    else:
-        _out().print(f"device {response.name} forgotten: it no longer belongs to agent {response.agent}; the next "
-                     "agent that registers it owns it", markup=False, highlight=False)
-    return EXIT_OK
-
-
-def remote_resume(args: argparse.Namespace) -> int:
-    raise RemoteError("a controller carries on its own jobs after a restart; `farm status JOB --controller ...` "
-                      "shows where one is. `farm resume` is for embedded jobs.")
-
-
+# --- devices and agents ------------------------------------------------------------------------
 def cmd_devices(args: argparse.Namespace) -> int:
+    """The controller's agents' devices; embedded, the lab's device list with health, last check, calibration age."""
     from rich.table import Table
     from rich.text import Text
 
+    from farm.cli.console import open_farm, out, when
+    from farm.cli.render import to_json
     from farm.proto.escape import printable
 
-    from farm.cli.main import _when
-    from farm.cli.render import to_json
-    from farm.proto.generated import farm_pb2
-
-    if not controller_address(args):
-        from farm.cli.device_commands import cmd_lab_devices
-        return cmd_lab_devices(args)  # embedded: the lab's own list, with health and calibration age
-    devices = FarmClient.from_args(args).call("ListDevices", farm_pb2.ListDevicesRequest()).devices
-    rows = [{"name": d.name, "agent": d.agent, "driver": d.driver, "device_type": d.device_type, "tags": list(d.tags),
-             "slots": d.slots, "state": d.state, "last_seen": d.last_seen, "facts": json.loads(d.facts_json or "{}")}
-            for d in devices]
+    farm = open_farm(args)
+    rows = farm.devices()
     if args.json:
         print(to_json(rows))
         return EXIT_OK
     t = Table(header_style="bold")
+    if farm.embedded:
+        for c in ("device", "type", "driver", "tags", "health", "last check", "calibration age", "reason"):
+            t.add_column(c)
+        for r in rows:
+            age = r["calibration_age_s"]
+            t.add_row(Text(r["name"]), r["device_type"] or "—", r["driver"], ",".join(r["tags"]), r["health"],
+                      when(r["last_check"]), "—" if age is None else f"{age / 3600:.1f} h", Text(r["reason"] or ""))
+        out.print(t)
+        return EXIT_OK
     for col in ("device", "type", "driver", "agent", "slots", "tags", "state", "last seen"):
         t.add_column(col)
     for r in rows:  # every cell came from an agent: escaped, and never read as markup
         t.add_row(*(Text(printable(v)) for v in (r["name"], r["device_type"], r["driver"], r["agent"], r["slots"],
-                                                 ",".join(r["tags"]), r["state"])), _when(r["last_seen"]))
-    _out().print(t)
+                                                 ",".join(r["tags"]), r["state"])), when(r["last_seen"]))
+    out.print(t)
     return EXIT_OK
 
 
@@ -433,16 +92,11 @@ def cmd_agents(args: argparse.Namespace) -> int:
     from rich.table import Table
     from rich.text import Text
 
+    from farm.cli.console import open_farm, out, when
+    from farm.cli.render import to_json
     from farm.proto.escape import printable
 
-    from farm.cli.main import _when
-    from farm.cli.render import to_json
-    from farm.proto.generated import farm_pb2
-
-    agents = FarmClient.from_args(args).call("ListAgents", farm_pb2.ListAgentsRequest()).agents
-    rows = [{"name": a.name, "state": a.state, "farm_version": a.farm_version, "hostname": a.hostname, "peer": a.peer,
-             "capabilities": list(a.capabilities), "running": a.running, "connected_at": a.connected_at,
-             "last_seen": a.last_seen} for a in agents]
+    rows = open_farm(args).agents()
     if args.json:
         print(to_json(rows))
         return EXIT_OK
@@ -451,22 +105,9 @@ def cmd_agents(args: argparse.Namespace) -> int:
         t.add_column(col)
     for r in rows:  # every cell came from an agent: escaped, and never read as markup
         t.add_row(*(Text(printable(v)) for v in (r["name"], r["state"], r["farm_version"], r["hostname"], r["running"])),
-                  _when(r["connected_at"]), _when(r["last_seen"]))
-    _out().print(t)
+                  when(r["connected_at"]), when(r["last_seen"]))
+    out.print(t)
     return EXIT_OK
-
-
-REMOTE_HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "submit": remote_submit, "results": remote_results, "jobs": remote_jobs, "status": remote_status,
-    "cancel": remote_cancel, "resume": remote_resume,
-}
-
-
-def remote_handler(args: argparse.Namespace) -> Callable[[argparse.Namespace], int] | None:
-    """The remote variant of an embedded command when a controller is configured, else None."""
-    if args.command not in REMOTE_HANDLERS or not controller_address(args):
-        return None
-    return REMOTE_HANDLERS[args.command]
 
 
 # --- controller serve -------------------------------------------------------------------------
@@ -597,7 +238,7 @@ def agent_token(args: argparse.Namespace) -> str | None:
             "--token puts the agent's secret on its command line, where every local user (and every job, without "
             "namespaces) can read it: use --token-file PATH or FARM_TOKEN instead")
         return args.token
-    return env_token or _config().get("token")
+    return env_token or read_config().get("token")
 
 
 def cmd_agent(args: argparse.Namespace) -> int:

@@ -247,7 +247,7 @@ def pairs_table(pairs: list[dict[str, Any]], title: str | None = None, *, wide: 
     return t
 
 
-def jobs_table(jobs: list[dict[str, Any]], when, *, wide: bool = False) -> RenderableType:
+def jobs_table(jobs: list[Any], when, *, wide: bool = False) -> RenderableType:
     """`farm jobs`; `when` formats a timestamp. An empty store says how to fill it."""
     t = Table(header_style="bold", show_edge=wide, pad_edge=wide)
     t.add_column("job", justify="right")
@@ -258,10 +258,10 @@ def jobs_table(jobs: list[dict[str, Any]], when, *, wide: bool = False) -> Rende
     if wide:
         t.add_column("finished")
     for j in jobs:
-        row = [str(j["id"]), Text(printable(j["name"] or "", limit=None)), j["status"], str(j["tasks"]),
-               str(j["completed"]), str(j["failed"]), when(j["created_at"])]
+        row = [str(j.job), Text(printable(j.name or "", limit=None)), j.status, str(j.total),
+               str(j.completed), str(j.failed), when(j.created_at)]
         if wide:
-            row.append(when(j["finished_at"]))
+            row.append(when(j.finished_at))
         t.add_row(*row)
     if not jobs:
         return Text("no jobs in this store yet: `farm submit examples/quickstart.yaml` runs one "

@@ -39,6 +39,10 @@ OPEN_METHODS = ("/grpc.health.v1.Health/Check",)
 # The first prefix that matches decides: a method before its service.
 SERVICE_ROLES = {
     "/farm.v1.FarmService/ForgetDevice": {"admin"},
+    # they change what the lab's devices do (quarantine, the reference suite on every device)
+    "/farm.v1.FarmService/SetDeviceHealth": {"admin"},
+    "/farm.v1.FarmService/StartRefresh": {"admin"},
+    "/farm.v1.FarmService/FinishRefresh": {"admin"},
     "/farm.v1.AgentService/": {"agent", "admin"},
     "/farm.v1.FarmService/": {"client", "admin"},
     "/grpc.reflection.": {"agent", "client", "admin"},  # served only with --reflection

@@ -42,6 +42,8 @@ from farm.controller.metrics import MetricsServer, parse_listen, serve_metrics
 from farm.controller.result_writer import RESULT_BATCH, QueuedResult, ResultWriter
 from farm.controller.results import run_records
 from farm.controller.sessions import AgentSession, DeviceTaken, Sessions
+from farm.controller import service as answers
+from farm.controller.service import ServiceError
 from farm.controller.store import Store
 from farm.controller.submission import load_submitted_job
 from farm.proto import strict_json
@@ -57,6 +59,7 @@ log = logging.getLogger("farm.controller")
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 16 << 20  # a RunResult with every sample of a long run fits well under this
 MAX_JOB_FILE_BYTES = 1 << 20
+MAX_REPORT_BYTES = MAX_MESSAGE_BYTES - (1 << 20)  # a rendered report travels in one answer
 MAX_ARTIFACT_BYTES = 4 << 30
 MAX_MODEL_BYTES = 2 << 30  # one model file, uploaded or under a models root (--max-model-bytes)
 ARTIFACT_CHUNK_BYTES = 1 << 20
@@ -88,6 +91,8 @@ class FarmServer:
         self.store = store
         self.files = files or controller_files(store)
         self.scripts_need_permission = scripts_need_permission
+        self.refresh_suite: Path | None = None  # the reference suite `farm refresh` submits (None: farm's own)
+        self.nightly: Any = None  # controller.nightly.NightlyRefresh with --refresh-cron: it leaves clients' refreshes alone
         self.controller = Controller(store, lease_ttl_s=lease_ttl_s)
         self.heartbeat_interval_s = heartbeat_interval_s or max(0.2, lease_ttl_s / 4)
         self.tokens = tokens
@@ -250,16 +255,15 @@ def controller_files(store: Store, *, models_roots: list[Path] | None = None,
 
 
 def _job_message(server: FarmServer, job: dict[str, Any]) -> farm_pb2.Job:
-    p = server.controller.progress(job["id"])
+    info = answers.job_info(server.controller, job["id"])  # what `farm status` shows embedded, too
     message = farm_pb2.Job(
-        id=job["id"], name=job["name"] or "", status=server.controller.job_status(job["id"]),
-        priority=job["priority"] or "", total=p.total, pending=p.pending, running=p.running,
-        completed=p.completed, failed=p.failed, canceled=p.canceled, created_at=job["created_at"] or 0.0,
-        message=job["message"] or "")
-    if job["started_at"] is not None:
-        message.started_at = job["started_at"]
-    if job["finished_at"] is not None:
-        message.finished_at = job["finished_at"]
+        id=info["job"], name=info["name"], status=info["status"], priority=info["priority"], total=info["total"],
+        pending=info["pending"], running=info["running"], completed=info["completed"], failed=info["failed"],
+        canceled=info["canceled"], created_at=info["created_at"] or 0.0, message=info["message"] or "")
+    if info["started_at"] is not None:
+        message.started_at = info["started_at"]
+    if info["finished_at"] is not None:
+        message.finished_at = info["finished_at"]
     return message
 
 
@@ -499,6 +503,112 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return farm_pb2.ForgetDeviceResponse(name=request.name, agent=owner)
 
+    # --- what a user can ask beyond jobs: answered by controller/service.py, as embedded mode does ----
+    def _answer(self, context: grpc.ServicerContext, function: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except ServiceError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+    def _document(self, context: grpc.ServicerContext, function: Any, *args: Any, **kwargs: Any) -> farm_pb2.DocumentResponse:
+        return farm_pb2.DocumentResponse(document_json=strict_json.dumps(self._answer(context, function, *args, **kwargs)))
+
+    @staticmethod
+    def _bounded(context: grpc.ServicerContext, *lists: Any) -> None:
+        if any(len(values) > answers.MAX_LIST for values in lists):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"at most {answers.MAX_LIST} values a list")
+
+    def Calibrate(self, request: farm_pb2.CalibrateRequest, context: grpc.ServicerContext) -> farm_pb2.DocumentResponse:
+        self._bounded(context, request.metrics)
+        return self._document(context, answers.calibrate, self.server.store, job=request.job or None,
+                              sim_job=request.sim_job or None, device_job=request.device_job or None,
+                              device=request.device or None, metrics=list(request.metrics) or ["latency"],
+                              min_pairs=request.min_pairs or 4, include_contended=request.include_contended)
+
+    def ListCalibrations(self, request: farm_pb2.ListCalibrationsRequest,
+                         context: grpc.ServicerContext) -> farm_pb2.DocumentResponse:
+        return self._document(context, answers.calibrations, self.server.store, request.device[:200] or None,
+                              request.metric[:40] or None)
+
+    def Predict(self, request: farm_pb2.PredictRequest, context: grpc.ServicerContext) -> farm_pb2.PredictResponse:
+        self._bounded(context, request.metrics)
+        if len(request.measured_jobs) > 64:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "measured_jobs: at most 64")
+        model = self.server.artifact_path(request.model_sha256) if SHA256_HEX.match(request.model_sha256) else None
+        if model is None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no uploaded model with sha256 {request.model_sha256[:64]!r} "
+                          "on this controller; `farm predict` uploads it first")
+        answer = self._answer(context, answers.predict, self.server.store, model, request.model_name,
+                              request.device, list(request.metrics) or ["latency"],
+                              threads=request.threads if request.HasField("threads") else None,
+                              confidence=request.confidence or 0.9, include_contended=request.include_contended,
+                              measured_jobs=tuple(request.measured_jobs))
+        if isinstance(answer, answers.MeasureFirst):  # sim only: the agents measure it like any job
+            job_id = self.server.controller.submit(answer.job)
+            self.server.wake(queue_changed=True)
+            return farm_pb2.PredictResponse(measure_job=job_id)
+        return farm_pb2.PredictResponse(document_json=strict_json.dumps(answer))
+
+    def Rank(self, request: farm_pb2.RankRequest, context: grpc.ServicerContext) -> farm_pb2.DocumentResponse:
+        self._bounded(context, request.device_jobs, request.devices)
+        return self._document(context, answers.rank, self.server.store, job=request.job, metric=request.metric[:40] or "latency",
+                              device_jobs=list(request.device_jobs), devices=list(request.devices),
+                              include_contended=request.include_contended)
+
+    def Report(self, request: farm_pb2.ReportRequest, context: grpc.ServicerContext) -> farm_pb2.ReportResponse:
+        files, warnings = self._answer(context, answers.report, self.server.store, request.job, html=request.html,
+                                       png=request.png)
+        size = sum(len(data) for _, data in files)
+        if size > MAX_REPORT_BYTES:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"the report of job {request.job} is {size >> 20} MiB, over the {MAX_REPORT_BYTES >> 20} MiB "
+                          "one answer may carry; ask for the HTML without --png, or render it on the controller's host")
+        return farm_pb2.ReportResponse(files=[farm_pb2.ReportFile(name=n, data=d) for n, d in files], warnings=warnings)
+
+    def Drift(self, request: farm_pb2.DriftRequest, context: grpc.ServicerContext) -> farm_pb2.DocumentResponse:
+        return self._document(context, answers.drift, self.server.store, request.device[:200] or None)
+
+    def DeviceHealth(self, request: farm_pb2.DeviceHealthRequest, context: grpc.ServicerContext) -> farm_pb2.DocumentResponse:
+        return self._document(context, answers.device_health, self.server.store)
+
+    def SetDeviceHealth(self, request: farm_pb2.SetDeviceHealthRequest,
+                        context: grpc.ServicerContext) -> farm_pb2.SetDeviceHealthResponse:
+        answer = self._answer(context, answers.set_device_health, self.server.controller, request.device,
+                              request.action, request.reason or None)  # admin only: auth.SERVICE_ROLES
+        log.info("device %s: %s by a client (%d waiting task(s) failed)", printable(request.device), request.action,
+                 answer["failed_tasks"])
+        self.server.wake(queue_changed=True)  # a released device takes tasks again now
+        return farm_pb2.SetDeviceHealthResponse(device=answer["device"], action=answer["action"],
+                                                failed_tasks=answer["failed_tasks"])
+
+    def StartRefresh(self, request: farm_pb2.StartRefreshRequest, context: grpc.ServicerContext) -> farm_pb2.SubmitJobResponse:
+        from farm.controller.reference_suite import SuiteError, submit_reference_suite
+
+        devices = self.server.device_targets()
+        if not devices:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no device is registered with this controller: "
+                          "start an agent with --devices lab.yaml first")
+        try:
+            job_id = submit_reference_suite(self.server.store, devices, self.server.refresh_suite, priority="low",
+                                            artifacts=self.server.files.store)
+        except (JobFileError, SuiteError) as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        if self.server.nightly is not None:  # the client's FinishRefresh checks this one, not the nightly as well
+            self.server.nightly.checked.add(job_id)
+        self.server.wake(queue_changed=True)
+        log.info("refresh: reference suite submitted as job %d for %d device(s) by a client", job_id, len(devices))
+        return farm_pb2.SubmitJobResponse(job_id=job_id, tasks=self.server.controller.progress(job_id).total)
+
+    def FinishRefresh(self, request: farm_pb2.FinishRefreshRequest, context: grpc.ServicerContext) -> farm_pb2.DocumentResponse:
+        from farm.controller.alerts import alerts_from_environment
+
+        hook = alerts_from_environment()
+        return self._document(context, answers.finish_refresh, self.server.store, request.job, k=request.k,
+                              max_slope_change=request.max_slope_change,
+                              max_prediction_shift=request.max_prediction_shift,
+                              max_intercept_change=request.max_intercept_change, max_r2_drop=request.max_r2_drop,
+                              include_contended=request.include_contended, alert=hook.send_async if hook else None)
+
 
 def _caller(context: grpc.ServicerContext, tokens: TokenTable | None) -> str:
     """Who is calling, for per-caller limits: the token's line in the tokens file, else the peer's host."""
@@ -595,6 +705,8 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
         nightly = NightlyRefresh(store, refresh_suite, Cron.parse(refresh_cron),  # None: the suite farm ships
                                  farm.device_targets, alert=hook.send_async if hook else None,
                                  artifacts=files.store)
+    farm.refresh_suite = refresh_suite  # `farm refresh` against this controller submits the nightly's suite
+    farm.nightly = nightly
     farm.start()
     server.start()
     if nightly:

@@ -918,3 +918,24 @@ class Store:
         then their tasks re-run when the leases run out. It saves an fsync per lease and per result."""
         with self._lock:
             self.db.conn.execute("PRAGMA synchronous = NORMAL")
+    # --- queries for the client (r12-client) ---------------------------------------------
+    def finished_task_count(self, job_id: int) -> int:
+        return self.query("SELECT COUNT(*) AS n FROM tasks WHERE job_id = ? AND status IN "
+                          "('completed','failed','canceled')", [job_id])[0]["n"]
+
+    def completed_jobs_with_model(self, sha256: str, threads: int) -> list[dict[str, Any]]:
+        """Jobs (id, spec_json), newest first, with a completed run of this model at these threads."""
+        return self.query("SELECT DISTINCT j.id, j.spec_json FROM jobs j JOIN tasks t ON t.job_id = j.id "
+                          "WHERE t.model_sha256 = ? AND t.threads = ? AND t.status = 'completed' ORDER BY j.id DESC",
+                          [sha256, threads])
+
+    def model_tasks(self, job_id: int, sha256: str, threads: int) -> list[dict[str, Any]]:
+        """A job's tasks for one model at one thread count: their status and, when failed, why."""
+        return self.query("SELECT status, failure_class, message FROM tasks WHERE job_id = ? AND model_sha256 = ? "
+                          "AND threads = ? ORDER BY id", [job_id, sha256, threads])
+
+    def device_health_by_name(self) -> dict[str, dict[str, Any]]:
+        return {r["name"]: r for r in self.query("SELECT * FROM device_health")}
+
+    def newest_calibration_at(self, device: str) -> float | None:
+        return self.query("SELECT MAX(created_at) AS at FROM calibrations WHERE device = ?", [device])[0]["at"]

@@ -8,6 +8,158 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class DocumentResponse(_message.Message):
+    __slots__ = ("document_json",)
+    DOCUMENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    document_json: str
+    def __init__(self, document_json: _Optional[str] = ...) -> None: ...
+
+class CalibrateRequest(_message.Message):
+    __slots__ = ("job", "sim_job", "device_job", "device", "metrics", "min_pairs", "include_contended")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    SIM_JOB_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_JOB_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    MIN_PAIRS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_CONTENDED_FIELD_NUMBER: _ClassVar[int]
+    job: int
+    sim_job: int
+    device_job: int
+    device: str
+    metrics: _containers.RepeatedScalarFieldContainer[str]
+    min_pairs: int
+    include_contended: bool
+    def __init__(self, job: _Optional[int] = ..., sim_job: _Optional[int] = ..., device_job: _Optional[int] = ..., device: _Optional[str] = ..., metrics: _Optional[_Iterable[str]] = ..., min_pairs: _Optional[int] = ..., include_contended: _Optional[bool] = ...) -> None: ...
+
+class ListCalibrationsRequest(_message.Message):
+    __slots__ = ("device", "metric")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    metric: str
+    def __init__(self, device: _Optional[str] = ..., metric: _Optional[str] = ...) -> None: ...
+
+class PredictRequest(_message.Message):
+    __slots__ = ("model_sha256", "model_name", "device", "metrics", "threads", "confidence", "include_contended", "measured_jobs")
+    MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_CONTENDED_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_JOBS_FIELD_NUMBER: _ClassVar[int]
+    model_sha256: str
+    model_name: str
+    device: str
+    metrics: _containers.RepeatedScalarFieldContainer[str]
+    threads: int
+    confidence: float
+    include_contended: bool
+    measured_jobs: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, model_sha256: _Optional[str] = ..., model_name: _Optional[str] = ..., device: _Optional[str] = ..., metrics: _Optional[_Iterable[str]] = ..., threads: _Optional[int] = ..., confidence: _Optional[float] = ..., include_contended: _Optional[bool] = ..., measured_jobs: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PredictResponse(_message.Message):
+    __slots__ = ("document_json", "measure_job")
+    DOCUMENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    MEASURE_JOB_FIELD_NUMBER: _ClassVar[int]
+    document_json: str
+    measure_job: int
+    def __init__(self, document_json: _Optional[str] = ..., measure_job: _Optional[int] = ...) -> None: ...
+
+class RankRequest(_message.Message):
+    __slots__ = ("job", "metric", "device_jobs", "devices", "include_contended")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_JOBS_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_CONTENDED_FIELD_NUMBER: _ClassVar[int]
+    job: int
+    metric: str
+    device_jobs: _containers.RepeatedScalarFieldContainer[int]
+    devices: _containers.RepeatedScalarFieldContainer[str]
+    include_contended: bool
+    def __init__(self, job: _Optional[int] = ..., metric: _Optional[str] = ..., device_jobs: _Optional[_Iterable[int]] = ..., devices: _Optional[_Iterable[str]] = ..., include_contended: _Optional[bool] = ...) -> None: ...
+
+class ReportRequest(_message.Message):
+    __slots__ = ("job", "html", "png")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    HTML_FIELD_NUMBER: _ClassVar[int]
+    PNG_FIELD_NUMBER: _ClassVar[int]
+    job: int
+    html: bool
+    png: bool
+    def __init__(self, job: _Optional[int] = ..., html: _Optional[bool] = ..., png: _Optional[bool] = ...) -> None: ...
+
+class ReportFile(_message.Message):
+    __slots__ = ("name", "data")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    data: bytes
+    def __init__(self, name: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ReportResponse(_message.Message):
+    __slots__ = ("files", "warnings")
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    files: _containers.RepeatedCompositeFieldContainer[ReportFile]
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, files: _Optional[_Iterable[_Union[ReportFile, _Mapping]]] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DriftRequest(_message.Message):
+    __slots__ = ("device",)
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    def __init__(self, device: _Optional[str] = ...) -> None: ...
+
+class DeviceHealthRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SetDeviceHealthRequest(_message.Message):
+    __slots__ = ("device", "action", "reason")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    action: str
+    reason: str
+    def __init__(self, device: _Optional[str] = ..., action: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SetDeviceHealthResponse(_message.Message):
+    __slots__ = ("device", "action", "failed_tasks")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    FAILED_TASKS_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    action: str
+    failed_tasks: int
+    def __init__(self, device: _Optional[str] = ..., action: _Optional[str] = ..., failed_tasks: _Optional[int] = ...) -> None: ...
+
+class StartRefreshRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FinishRefreshRequest(_message.Message):
+    __slots__ = ("job", "k", "max_slope_change", "max_prediction_shift", "max_intercept_change", "max_r2_drop", "include_contended")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    MAX_SLOPE_CHANGE_FIELD_NUMBER: _ClassVar[int]
+    MAX_PREDICTION_SHIFT_FIELD_NUMBER: _ClassVar[int]
+    MAX_INTERCEPT_CHANGE_FIELD_NUMBER: _ClassVar[int]
+    MAX_R2_DROP_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_CONTENDED_FIELD_NUMBER: _ClassVar[int]
+    job: int
+    k: float
+    max_slope_change: float
+    max_prediction_shift: float
+    max_intercept_change: float
+    max_r2_drop: float
+    include_contended: bool
+    def __init__(self, job: _Optional[int] = ..., k: _Optional[float] = ..., max_slope_change: _Optional[float] = ..., max_prediction_shift: _Optional[float] = ..., max_intercept_change: _Optional[float] = ..., max_r2_drop: _Optional[float] = ..., include_contended: _Optional[bool] = ...) -> None: ...
+
 class SubmitJobRequest(_message.Message):
     __slots__ = ("job_yaml", "base_dir", "file_name", "priority", "models", "script_archive_sha256")
     JOB_YAML_FIELD_NUMBER: _ClassVar[int]

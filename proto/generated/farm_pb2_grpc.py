@@ -90,6 +90,56 @@ class FarmServiceStub:
                 request_serializer=farm_dot_v1_dot_farm__pb2.ArtifactUpload.SerializeToString,
                 response_deserializer=farm_dot_v1_dot_farm__pb2.UploadArtifactResponse.FromString,
                 _registered_method=True)
+        self.Calibrate = channel.unary_unary(
+                '/farm.v1.FarmService/Calibrate',
+                request_serializer=farm_dot_v1_dot_farm__pb2.CalibrateRequest.SerializeToString,
+                response_deserializer=farm_dot_v1_dot_farm__pb2.DocumentResponse.FromString,
+                _registered_method=True)
+        self.ListCalibrations = channel.unary_unary(
+                '/farm.v1.FarmService/ListCalibrations',
+                request_serializer=farm_dot_v1_dot_farm__pb2.ListCalibrationsRequest.SerializeToString,
+                response_deserializer=farm_dot_v1_dot_farm__pb2.DocumentResponse.FromString,
+                _registered_method=True)
+        self.Predict = channel.unary_unary(
+                '/farm.v1.FarmService/Predict',
+                request_serializer=farm_dot_v1_dot_farm__pb2.PredictRequest.SerializeToString,
+                response_deserializer=farm_dot_v1_dot_farm__pb2.PredictResponse.FromString,
+                _registered_method=True)
+        self.Rank = channel.unary_unary(
+                '/farm.v1.FarmService/Rank',
+                request_serializer=farm_dot_v1_dot_farm__pb2.RankRequest.SerializeToString,
+                response_deserializer=farm_dot_v1_dot_farm__pb2.DocumentResponse.FromString,
+                _registered_method=True)
+        self.Report = channel.unary_unary(
+                '/farm.v1.FarmService/Report',
+                request_serializer=farm_dot_v1_dot_farm__pb2.ReportRequest.SerializeToString,
+                response_deserializer=farm_dot_v1_dot_farm__pb2.ReportResponse.FromString,
+                _registered_method=True)
+        self.Drift = channel.unary_unary(
+                '/farm.v1.FarmService/Drift',
+                request_serializer=farm_dot_v1_dot_farm__pb2.DriftRequest.SerializeToString,
+                response_deserializer=farm_dot_v1_dot_farm__pb2.DocumentResponse.FromString,
+                _registered_method=True)
+        self.DeviceHealth = channel.unary_unary(
+                '/farm.v1.FarmService/DeviceHealth',
+                request_serializer=farm_dot_v1_dot_farm__pb2.DeviceHealthRequest.SerializeToString,
+                response_deserializer=farm_dot_v1_dot_farm__pb2.DocumentResponse.FromString,
+                _registered_method=True)
+        self.SetDeviceHealth = channel.unary_unary(
+                '/farm.v1.FarmService/SetDeviceHealth',
+                request_serializer=farm_dot_v1_dot_farm__pb2.SetDeviceHealthRequest.SerializeToString,
+                response_deserializer=farm_dot_v1_dot_farm__pb2.SetDeviceHealthResponse.FromString,
+                _registered_method=True)
+        self.StartRefresh = channel.unary_unary(
+                '/farm.v1.FarmService/StartRefresh',
+                request_serializer=farm_dot_v1_dot_farm__pb2.StartRefreshRequest.SerializeToString,
+                response_deserializer=farm_dot_v1_dot_farm__pb2.SubmitJobResponse.FromString,
+                _registered_method=True)
+        self.FinishRefresh = channel.unary_unary(
+                '/farm.v1.FarmService/FinishRefresh',
+                request_serializer=farm_dot_v1_dot_farm__pb2.FinishRefreshRequest.SerializeToString,
+                response_deserializer=farm_dot_v1_dot_farm__pb2.DocumentResponse.FromString,
+                _registered_method=True)
 
 
 class FarmServiceServicer:
@@ -165,6 +215,76 @@ class FarmServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Calibrate(self, request, context):
+        """What a user can ask of the farm beyond jobs (controller/service.py answers both modes).
+        Rich answers carry the command's own JSON document, exactly as `farm <command> --json`
+        prints it, in `document_json`: the table a person sees is rendered from it on the client.
+        writes calibration versions
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCalibrations(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Predict(self, request, context):
+        """may queue a sim-only job
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Rank(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Report(self, request, context):
+        """the rendered files
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drift(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeviceHealth(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetDeviceHealth(self, request, context):
+        """Admin only (auth.SERVICE_ROLES): they change what the lab's devices do.
+        quarantine | release | maintenance
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StartRefresh(self, request, context):
+        """the reference suite, every registered device
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FinishRefresh(self, request, context):
+        """refit, drift, golden checks of that job
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FarmServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -222,6 +342,56 @@ def add_FarmServiceServicer_to_server(servicer, server):
                     servicer.UploadArtifact,
                     request_deserializer=farm_dot_v1_dot_farm__pb2.ArtifactUpload.FromString,
                     response_serializer=farm_dot_v1_dot_farm__pb2.UploadArtifactResponse.SerializeToString,
+            ),
+            'Calibrate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Calibrate,
+                    request_deserializer=farm_dot_v1_dot_farm__pb2.CalibrateRequest.FromString,
+                    response_serializer=farm_dot_v1_dot_farm__pb2.DocumentResponse.SerializeToString,
+            ),
+            'ListCalibrations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCalibrations,
+                    request_deserializer=farm_dot_v1_dot_farm__pb2.ListCalibrationsRequest.FromString,
+                    response_serializer=farm_dot_v1_dot_farm__pb2.DocumentResponse.SerializeToString,
+            ),
+            'Predict': grpc.unary_unary_rpc_method_handler(
+                    servicer.Predict,
+                    request_deserializer=farm_dot_v1_dot_farm__pb2.PredictRequest.FromString,
+                    response_serializer=farm_dot_v1_dot_farm__pb2.PredictResponse.SerializeToString,
+            ),
+            'Rank': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rank,
+                    request_deserializer=farm_dot_v1_dot_farm__pb2.RankRequest.FromString,
+                    response_serializer=farm_dot_v1_dot_farm__pb2.DocumentResponse.SerializeToString,
+            ),
+            'Report': grpc.unary_unary_rpc_method_handler(
+                    servicer.Report,
+                    request_deserializer=farm_dot_v1_dot_farm__pb2.ReportRequest.FromString,
+                    response_serializer=farm_dot_v1_dot_farm__pb2.ReportResponse.SerializeToString,
+            ),
+            'Drift': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drift,
+                    request_deserializer=farm_dot_v1_dot_farm__pb2.DriftRequest.FromString,
+                    response_serializer=farm_dot_v1_dot_farm__pb2.DocumentResponse.SerializeToString,
+            ),
+            'DeviceHealth': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeviceHealth,
+                    request_deserializer=farm_dot_v1_dot_farm__pb2.DeviceHealthRequest.FromString,
+                    response_serializer=farm_dot_v1_dot_farm__pb2.DocumentResponse.SerializeToString,
+            ),
+            'SetDeviceHealth': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetDeviceHealth,
+                    request_deserializer=farm_dot_v1_dot_farm__pb2.SetDeviceHealthRequest.FromString,
+                    response_serializer=farm_dot_v1_dot_farm__pb2.SetDeviceHealthResponse.SerializeToString,
+            ),
+            'StartRefresh': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartRefresh,
+                    request_deserializer=farm_dot_v1_dot_farm__pb2.StartRefreshRequest.FromString,
+                    response_serializer=farm_dot_v1_dot_farm__pb2.SubmitJobResponse.SerializeToString,
+            ),
+            'FinishRefresh': grpc.unary_unary_rpc_method_handler(
+                    servicer.FinishRefresh,
+                    request_deserializer=farm_dot_v1_dot_farm__pb2.FinishRefreshRequest.FromString,
+                    response_serializer=farm_dot_v1_dot_farm__pb2.DocumentResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -521,6 +691,276 @@ class FarmService:
             '/farm.v1.FarmService/UploadArtifact',
             farm_dot_v1_dot_farm__pb2.ArtifactUpload.SerializeToString,
             farm_dot_v1_dot_farm__pb2.UploadArtifactResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Calibrate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/farm.v1.FarmService/Calibrate',
+            farm_dot_v1_dot_farm__pb2.CalibrateRequest.SerializeToString,
+            farm_dot_v1_dot_farm__pb2.DocumentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCalibrations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/farm.v1.FarmService/ListCalibrations',
+            farm_dot_v1_dot_farm__pb2.ListCalibrationsRequest.SerializeToString,
+            farm_dot_v1_dot_farm__pb2.DocumentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Predict(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/farm.v1.FarmService/Predict',
+            farm_dot_v1_dot_farm__pb2.PredictRequest.SerializeToString,
+            farm_dot_v1_dot_farm__pb2.PredictResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rank(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/farm.v1.FarmService/Rank',
+            farm_dot_v1_dot_farm__pb2.RankRequest.SerializeToString,
+            farm_dot_v1_dot_farm__pb2.DocumentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Report(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/farm.v1.FarmService/Report',
+            farm_dot_v1_dot_farm__pb2.ReportRequest.SerializeToString,
+            farm_dot_v1_dot_farm__pb2.ReportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drift(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/farm.v1.FarmService/Drift',
+            farm_dot_v1_dot_farm__pb2.DriftRequest.SerializeToString,
+            farm_dot_v1_dot_farm__pb2.DocumentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeviceHealth(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/farm.v1.FarmService/DeviceHealth',
+            farm_dot_v1_dot_farm__pb2.DeviceHealthRequest.SerializeToString,
+            farm_dot_v1_dot_farm__pb2.DocumentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetDeviceHealth(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/farm.v1.FarmService/SetDeviceHealth',
+            farm_dot_v1_dot_farm__pb2.SetDeviceHealthRequest.SerializeToString,
+            farm_dot_v1_dot_farm__pb2.SetDeviceHealthResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartRefresh(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/farm.v1.FarmService/StartRefresh',
+            farm_dot_v1_dot_farm__pb2.StartRefreshRequest.SerializeToString,
+            farm_dot_v1_dot_farm__pb2.SubmitJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FinishRefresh(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/farm.v1.FarmService/FinishRefresh',
+            farm_dot_v1_dot_farm__pb2.FinishRefreshRequest.SerializeToString,
+            farm_dot_v1_dot_farm__pb2.DocumentResponse.FromString,
             options,
             channel_credentials,
             insecure,

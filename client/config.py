@@ -1,0 +1,62 @@
+"""Which farm a client talks to: --controller, else $FARM_CONTROLLER, else `controller = ...` in the
+config file ($FARM_CONFIG, default ~/.config/farm/config.toml); the same for the token and TLS files.
+With no controller named anywhere the farm is embedded: a local store ($FARM_DB or --db)."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from farm.client.api import FarmError
+
+DEFAULT_PORT = 7443
+
+
+def config_path() -> Path:
+    if os.environ.get("FARM_CONFIG"):
+        return Path(os.environ["FARM_CONFIG"])
+    from platformdirs import user_config_dir
+    return Path(user_config_dir("farm", appauthor=False)) / "config.toml"
+
+
+def read_config() -> dict[str, Any]:
+    path = config_path()
+    if not path.is_file():
+        return {}
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise FarmError(f"{path}: cannot read the farm config file: {e}") from None
+
+
+def setting(given: str | None, name: str, env: str) -> str | None:
+    """The value given (a flag), else $ENV, else the config file's key."""
+    value = given or os.environ.get(env)
+    return value or read_config().get(name)
+
+
+def address_of(given: str | None) -> str | None:
+    """The controller's HOST:PORT (the default port when only a host is named), or None: embedded."""
+    address = setting(given, "controller", "FARM_CONTROLLER")
+    if address and ":" not in address:
+        address = f"{address}:{DEFAULT_PORT}"
+    return address
+
+
+@dataclass(frozen=True)
+class Credentials:
+    token: str | None = None
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+    @classmethod
+    def resolve(cls, token: str | None = None, tls_ca: str | None = None, tls_cert: str | None = None,
+                tls_key: str | None = None) -> "Credentials":
+        ca = setting(tls_ca, "tls_ca", "FARM_TLS_CA")
+        cert, key = setting(tls_cert, "tls_cert", "FARM_TLS_CERT"), setting(tls_key, "tls_key", "FARM_TLS_KEY")
+        return cls(setting(token, "token", "FARM_TOKEN"), Path(ca) if ca else None,
+                   Path(cert) if ca and cert else None, Path(key) if ca and key else None)

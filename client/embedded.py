@@ -1,0 +1,312 @@
+"""`Farm` over a local store: a controller and an agent in this process run the jobs.
+
+Every answer comes from farm.controller.service, the same functions the gRPC servicer calls;
+this module adds only what embedded mode has of its own: runs here (or in a background
+process for --detach), the lab's device list, and the health check before user work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from farm.client.api import (
+    EXIT_ENVIRONMENT, TERMINAL, CalibrateAsk, Document, Farm, FarmError, JobInfo, OnProgress, PredictAsk, Progress,
+    RankAsk, RefreshAsk, Report, ReportFile, Submitted,
+)
+from farm.controller import service
+from farm.controller.controller import Controller
+from farm.controller.store import Store, StoreError, default_db_path
+
+POLL_S = 0.3  # how often `wait` looks at a job another process runs
+
+
+def _job_info(controller: Controller, job_id: int) -> JobInfo:
+    info = service.job_info(controller, job_id)
+    if info is None:
+        raise FarmError(f"no job {job_id} in {controller.store.path}; `farm jobs` lists the jobs there.")
+    return JobInfo(**info)
+
+
+class EmbeddedFarm(Farm):
+    """slots/backend/lab: how this process runs jobs (`farm submit --slots --backend --devices`)."""
+
+    embedded = True
+
+    def __init__(self, db: Path | str | None = None, *, slots: int = 1, backend: str | None = None,
+                 lab: Callable[[], list[Any]] | None = None, devices_file: Path | str | None = None,
+                 health_check_max_age_h: float | None = None) -> None:
+        path = Path(db) if db else default_db_path()
+        try:
+            self.store = Store(path)
+        except StoreError as e:
+            raise FarmError(str(e)) from None
+        self.controller = Controller(self.store)
+        self.slots, self.backend = slots, backend
+        self.devices_file = Path(devices_file).absolute() if devices_file else None  # handed to a --detach run
+        self._lab_source = lab or _lab_from_environment
+        self._lab: list[Any] | None = None
+        if health_check_max_age_h is None:
+            health_check_max_age_h = float(os.environ.get("FARM_HEALTH_MAX_AGE_H", "24"))
+        self.health_check_max_age_h = health_check_max_age_h
+
+    @property
+    def where(self) -> str:
+        return f"store {self.store.path}"
+
+    def close(self) -> None:
+        self.store.close()
+
+    def lab(self) -> list[Any]:
+        """The lab's devices this process drives (read once)."""
+        if self._lab is None:
+            self._lab = self._lab_source()
+        return self._lab
+
+    # --- jobs ---------------------------------------------------------------------------
+    def submit(self, source: Path, text: str | None = None, *, priority: str | None = None,
+               max_tasks: int | None = None, skip_invalid: bool = False, detach: bool = False,
+               on_warning: Callable[[str, str], None] | None = None, on_progress: OnProgress | None = None) -> Submitted:
+        from farm.controller.jobfile import DEFAULT_MAX_TASKS, HostCapacity, JobFileError, load_job, load_job_text
+
+        lab = self.lab()
+        options: dict[str, Any] = {"devices": [lab_target(d) for d in lab], "max_tasks": max_tasks or DEFAULT_MAX_TASKS,
+                                   "skip_invalid": skip_invalid, "host": HostCapacity.here()}
+        try:
+            job = load_job(source, **options) if text is None else \
+                load_job_text(text, str(source), source.resolve().parent, **options)
+        except JobFileError as e:
+            raise FarmError(str(e), problems=[p.to_json() for p in e.problems]) from None
+        for problem in [*job.warnings, *(m.problem for m in job.invalid)]:
+            if on_warning:
+                on_warning("warning" if problem in job.warnings else "skipped", str(problem))
+        if priority:
+            job.spec.priority = priority
+        targets = [t.name for t in job.targets if t is not None]
+        if targets and not detach:
+            self._health_check_before(lab, targets, on_progress, on_warning)
+        elif targets and on_warning and self.health_check_max_age_h > 0:
+            on_warning("note", "--detach runs no health check first; `farm refresh` checks the devices")
+        job_id = self.controller.submit(job)
+        log = self._start_background(job_id) if detach else None
+        return Submitted(job=job_id, tasks=self.controller.progress(job_id).total, models=len(job.models),
+                         where=self.where, warnings=[p.to_json() for p in job.warnings], log=log)
+
+    def _start_background(self, job_id: int) -> Path:
+        """A detached `farm resume JOB` runs the queued job; its output goes to a log beside the store."""
+        log = self.store.path.parent / f"job-{job_id}.log"
+        command = [sys.executable, "-m", "farm.cli.main", "resume", str(job_id), "--db", str(self.store.path),
+                   "--quiet", "--slots", str(self.slots), *(["--backend", self.backend] if self.backend else []),
+                   *(["--devices", str(self.devices_file)] if self.devices_file else [])]
+        with log.open("ab") as out:
+            try:
+                process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                           start_new_session=True)  # Ctrl+C here does not stop it
+            except OSError as e:
+                raise FarmError(f"cannot start the background run of job {job_id}: {e}; `farm resume {job_id}` "
+                                "runs it in this terminal", EXIT_ENVIRONMENT) from None
+        # the background process owns it now: `farm status` and `farm watch` follow that process
+        self.store.update_job(job_id, owner_pid=process.pid)
+        return log
+
+    def _health_check_before(self, lab: list[Any], targets: list[str], on_progress: OnProgress | None,
+                             on_warning: Callable[[str, str], None] | None) -> None:
+        """Before user work on a device whose last check is older than FARM_HEALTH_MAX_AGE_H hours
+        (default 24; 0 turns it off), run the reference suite on it first (LAVA's health checks)."""
+        from farm.controller.refresh import stale_devices
+
+        if self.health_check_max_age_h <= 0:
+            return
+        stale = set(stale_devices(self.store, targets, self.health_check_max_age_h * 3600))
+        if not stale:
+            return
+        if on_warning:
+            on_warning("health check first", f"{', '.join(sorted(stale))} last checked over "
+                                              f"{self.health_check_max_age_h:g} h ago")
+        self._reference_run([d for d in lab if d.name in stale], priority="interactive", on_progress=on_progress)
+
+    def wait(self, job: int, on_progress: OnProgress | None = None) -> bool:
+        info = _job_info(self.controller, job)
+        if info.status == "interrupted":
+            raise FarmError(f"job {job} is interrupted: no process runs it. `farm resume {job}` carries on, keeping "
+                            "every run already stored.", 1)
+        if info.owner_pid == os.getpid() and info.owner_host == socket.gethostname() and not info.finished:
+            return self._run_here(job, on_progress)
+        last = None
+        while True:  # another process runs it (a --detach background run, another terminal): follow the store
+            info = _job_info(self.controller, job)
+            step = Progress(job, info.status, info.total, info.completed, info.failed, info.running, info.canceled)
+            if step != last and on_progress:
+                on_progress(step)
+            last = step
+            if info.finished:
+                return True
+            if info.status == "interrupted":
+                raise FarmError(f"job {job} was interrupted (the process running it stopped); `farm resume {job}` "
+                                "carries on", 1)
+            time.sleep(POLL_S)
+
+    def _run_here(self, job: int, on_progress: OnProgress | None) -> bool:
+        from farm.cli.embedded import run_job_embedded
+
+        # the stored spec is the validated one, sizes in bytes: read, not validated again
+        timeout = (json.loads(self.store.job(job)["spec_json"]).get("timeouts") or {}).get("job")
+        total = self.controller.progress(job).total
+
+        def on_result(task: Any, result: Any) -> None:
+            if result.ok and result.latency:
+                last = f"{task.model_name} t{task.threads}: {result.latency.avg:.2f} ms"
+            elif result.ok:
+                last = f"{task.model_name} t{task.threads}: ok"
+            else:
+                last = f"{task.model_name} t{task.threads}: {result.failure_class.value}"
+            p = self.controller.progress(job)
+            if on_progress:
+                on_progress(Progress(job, "running", total, p.completed, p.failed, p.running, p.canceled, last))
+
+        return run_job_embedded(self.store, job, slots=self.slots, backend=self.backend, job_timeout_s=timeout,
+                                on_result=on_result, devices=self.lab())
+
+    def resume(self, job: int) -> None:
+        status = _job_info(self.controller, job).status
+        if status in TERMINAL:
+            raise FarmError(f"job {job} is {status}; only an interrupted or queued job can be resumed.")
+        if status == "running":
+            raise FarmError(f"job {job} is still running in process {self.store.job(job)['owner_pid']}; cancel it "
+                            "first or wait.")
+        self.controller.resume(job)
+
+    def job(self, job: int) -> JobInfo:
+        return _job_info(self.controller, job)
+
+    def jobs(self, limit: int = 50) -> list[JobInfo]:
+        return [_job_info(self.controller, j["id"]) for j in self.controller.jobs(limit)]
+
+    def cancel(self, job: int) -> int:
+        _job_info(self.controller, job)
+        return self.controller.cancel_job(job)
+
+    def results(self, job: int, *, ops: bool = False) -> list[dict[str, Any]]:
+        from farm.controller.results import run_records
+        _job_info(self.controller, job)
+        return run_records(self.store, job, ops=ops)
+
+    # --- devices ------------------------------------------------------------------------
+    def devices(self) -> list[dict[str, Any]]:
+        """The lab's device list, each with health, its last reference-suite check and calibration age."""
+        from farm.controller.refresh import last_reference_checks
+
+        health = self.store.device_health_by_name()
+        checks = last_reference_checks(self.store)
+        rows = []
+        for d in self.lab():
+            newest = self.store.newest_calibration_at(d.name)
+            h = health.get(d.name)
+            rows.append({"name": d.name, "driver": d.entry.driver,
+                         "device_type": d.device_type.name if d.device_type else None, "tags": d.tags,
+                         "health": h["health"] if h else "unknown", "reason": h["reason"] if h else None,
+                         "last_check": checks.get(d.name),
+                         "calibration_age_s": time.time() - newest if newest else None})
+        return rows
+
+    def agents(self) -> list[dict[str, Any]]:
+        raise FarmError("`farm agents` lists a controller's agents: pass --controller HOST:PORT (or set "
+                        "FARM_CONTROLLER); embedded runs have one agent, in the process that runs the job")
+
+    def device_health(self) -> list[dict[str, Any]]:
+        return service.device_health(self.store)
+
+    def set_device_health(self, device: str, action: str, reason: str | None = None) -> dict[str, Any]:
+        return _answer(service.set_device_health, self.controller, device, action, reason)
+
+    def forget_device(self, device: str) -> dict[str, Any]:
+        raise FarmError("`farm device forget NAME` frees a name on a controller: pass --controller HOST:PORT and an "
+                        "admin --token")
+
+    # --- analysis -----------------------------------------------------------------------
+    def calibrate(self, ask: CalibrateAsk) -> Document:
+        return _answer(service.calibrate, self.store, job=ask.job, sim_job=ask.sim_job, device_job=ask.device_job,
+                       device=ask.device, metrics=list(ask.metrics), min_pairs=ask.min_pairs,
+                       include_contended=ask.include_contended)
+
+    def calibrations(self, device: str | None = None, metric: str | None = None) -> list[dict[str, Any]]:
+        return service.calibrations(self.store, device, metric)
+
+    def predict(self, ask: PredictAsk, on_progress: OnProgress | None = None) -> list[dict[str, Any]]:
+        measured: list[int] = []
+        while True:  # the service says which sim job to run first; run it here, then ask again
+            answer = _answer(service.predict, self.store, ask.model.resolve(), ask.model.name, ask.device,
+                             list(ask.metrics), threads=ask.threads, confidence=ask.confidence,
+                             include_contended=ask.include_contended, measured_jobs=tuple(measured))
+            if not isinstance(answer, service.MeasureFirst):
+                return answer
+            job_id = self.controller.submit(answer.job)
+            measured.append(job_id)
+            if not self._run_here(job_id, on_progress):
+                raise KeyboardInterrupt
+
+    def rank(self, ask: RankAsk) -> Document:
+        return _answer(service.rank, self.store, job=ask.job, metric=ask.metric, device_jobs=list(ask.device_jobs),
+                       devices=list(ask.devices), include_contended=ask.include_contended)
+
+    def report(self, job: int, *, html: bool = True, png: bool = False) -> Report:
+        files, warnings = _answer(service.report, self.store, job, html=html, png=png)
+        return Report([ReportFile(name, data) for name, data in files], warnings)
+
+    def _reference_run(self, lab: list[Any], *, priority: str, on_progress: OnProgress | None,
+                       suite: Path | None = None) -> int | None:
+        from farm.controller.jobfile import JobFileError
+        from farm.controller.reference_suite import SuiteError, submit_reference_suite
+
+        suite = suite or (Path(os.environ["FARM_REFERENCE_SUITE"]) if os.environ.get("FARM_REFERENCE_SUITE") else None)
+        try:
+            job_id = submit_reference_suite(self.store, [lab_target(d) for d in lab], suite, priority=priority)
+        except (JobFileError, SuiteError) as e:
+            raise FarmError(str(e)) from None
+        return job_id if self._run_here(job_id, on_progress) else None
+
+    def refresh(self, ask: RefreshAsk, on_progress: OnProgress | None = None) -> Document | None:
+        from farm.controller.alerts import alerts_from_environment
+
+        lab = self.lab()
+        if not lab:
+            raise FarmError("farm refresh needs devices to refresh: --devices lab.yaml or $FARM_DEVICES")
+        job_id = self._reference_run(lab, priority="low", on_progress=on_progress, suite=ask.suite)
+        if job_id is None:
+            return None
+        webhook = alerts_from_environment()
+        return _answer(service.finish_refresh, self.store, job_id, k=ask.k, max_slope_change=ask.max_slope_change,
+                       max_prediction_shift=ask.max_prediction_shift, max_intercept_change=ask.max_intercept_change,
+                       max_r2_drop=ask.max_r2_drop, include_contended=ask.include_contended,
+                       alert=webhook.send_async if webhook else None)
+
+    def drift(self, device: str | None = None) -> list[dict[str, Any]]:
+        return service.drift(self.store, device)
+
+
+def _answer(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    try:
+        return function(*args, **kwargs)
+    except service.ServiceError as e:
+        raise FarmError(str(e)) from None
+
+
+def lab_target(device: Any) -> Any:
+    from farm.controller.jobfile import DeviceTarget
+    return DeviceTarget(device.name, device.device_type, device.tags)
+
+
+def _lab_from_environment() -> list[Any]:
+    from farm.agents.lab import LabConfigError, discover_types, lab_from_environment
+    try:
+        lab = lab_from_environment()
+    except LabConfigError as e:
+        raise FarmError(str(e)) from None
+    discover_types(lab)
+    return lab

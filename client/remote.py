@@ -1,0 +1,300 @@
+"""`Farm` over gRPC: every question goes to the controller's FarmService; nothing opens a local store.
+
+Model files (a job's, or the one `predict` measures) are resolved here with the user's own
+rights and uploaded by content; the controller never opens a path of ours.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import grpc
+
+from farm.client.api import (
+    EXIT_ENVIRONMENT, CalibrateAsk, Document, Farm, FarmError, JobInfo, OnProgress, PredictAsk, Progress, RankAsk,
+    RefreshAsk, Report, ReportFile, Submitted,
+)
+from farm.client.config import Credentials
+from farm.proto.escape import printable
+from farm.proto.generated import farm_pb2, farm_pb2_grpc
+
+# The sandboxes fork; gRPC's fork handlers are not needed (children exec at once) and only log noise.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+UPLOAD_CHUNK_BYTES = 1 << 20
+MAX_JOB_FILE_BYTES = 1 << 20  # the controller's limit too (grpc_server.MAX_JOB_FILE_BYTES)
+MAX_REPORT_BYTES = 64 << 20  # what a report answer may carry (the channel's receive limit)
+# A report file's name from the wire becomes a file here: a plain name, nothing else.
+REPORT_FILE = re.compile(r"^[^/\\\x00-\x1f\x7f.][^/\\\x00-\x1f\x7f]{0,250}\.(png|html)$")
+
+
+class FarmClient:
+    """FarmService calls with the token attached and errors turned into FarmError."""
+
+    def __init__(self, address: str, credentials: Credentials) -> None:
+        from farm.agents.remote_controller import open_channel, token_metadata
+        from farm.controller.auth import TlsFiles
+
+        self.address = address
+        self.tls = TlsFiles(ca=credentials.tls_ca, cert=credentials.tls_cert, key=credentials.tls_key) \
+            if credentials.tls_ca else None
+        self.channel = open_channel(address, tls=self.tls)
+        self.stub = farm_pb2_grpc.FarmServiceStub(self.channel)
+        self.metadata = token_metadata(credentials.token)
+
+    def call(self, method: str, request: Any, timeout: float = 30) -> Any:
+        try:
+            return getattr(self.stub, method)(request, metadata=self.metadata, timeout=timeout)
+        except grpc.RpcError as e:
+            raise self.explain(e) from None
+
+    def explain(self, e: grpc.RpcError) -> FarmError:
+        code, details = e.code(), e.details() or ""
+        if code == grpc.StatusCode.UNAVAILABLE:
+            if self.tls is None:
+                hint = "if it serves TLS, pass --tls-ca (or FARM_TLS_CA)"
+            elif self.tls.cert is None:
+                hint = ("check that it serves TLS with a certificate signed by --tls-ca for this host name; if it "
+                        "requires client certificates (mutual TLS), pass --tls-cert and --tls-key")
+            else:
+                hint = "check that it serves TLS with a certificate signed by --tls-ca for this host name, and accepts yours"
+            return FarmError(f"cannot reach the controller at {self.address}: {details}. Is `farm controller serve` "
+                             f"running there? {hint[0].upper()}{hint[1:]}.", EXIT_ENVIRONMENT)
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return FarmError(f"the controller at {self.address} did not answer in time", EXIT_ENVIRONMENT)
+        return FarmError(f"the controller at {self.address} refused: {details}")
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def _upload_chunks(sha256: str, name: str, size: int, read: Callable[[int], bytes]) -> Iterator[Any]:
+    """ArtifactUpload messages: the first names the artifact, every one carries up to 1 MiB."""
+    data = read(UPLOAD_CHUNK_BYTES)
+    yield farm_pb2.ArtifactUpload(sha256=sha256, size=size, name=name, data=data)
+    while data := read(UPLOAD_CHUNK_BYTES):
+        yield farm_pb2.ArtifactUpload(data=data)
+
+
+def job_info(job: Any) -> JobInfo:
+    return JobInfo(job=job.id, name=job.name, status=job.status, priority=job.priority, total=job.total,
+                   pending=job.pending, running=job.running, completed=job.completed, failed=job.failed,
+                   canceled=job.canceled, created_at=job.created_at,
+                   started_at=job.started_at if job.HasField("started_at") else None,
+                   finished_at=job.finished_at if job.HasField("finished_at") else None, message=job.message or None)
+
+
+class RemoteFarm(Farm):
+    def __init__(self, address: str, credentials: Credentials | None = None) -> None:
+        self.client = FarmClient(address, credentials or Credentials.resolve())
+
+    @property
+    def where(self) -> str:
+        return f"controller {self.client.address}"
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _document(self, method: str, request: Any, timeout: float = 120) -> Any:
+        return json.loads(self.client.call(method, request, timeout=timeout).document_json)
+
+    # --- uploads ------------------------------------------------------------------------
+    def _upload(self, sha256: str, name: str, size: int, read: Callable[[int], bytes]) -> None:
+        try:
+            self.client.stub.UploadArtifact(_upload_chunks(sha256, name, size, read), metadata=self.client.metadata,
+                                            timeout=3600)
+        except grpc.RpcError as e:
+            raise self.client.explain(e) from None
+
+    def _upload_job_files(self, source: Path, text: str) -> tuple[list[Any], str]:
+        """Resolve the job's models (and script folder) here and upload what the controller lacks.
+        Returns the JobModel list and the script archive's sha256 ('' for a benchmark job)."""
+        from farm.controller.jobfile import JobFileError, check_benchmark_models, check_script, parse_job_text, resolve_models
+        from farm.proto.script_archive import ScriptArchiveError, pack_dir
+        from farm.proto.spec import BenchmarkWorkload
+
+        base_dir = source.resolve().parent
+        try:
+            spec, root = parse_job_text(text, str(source))
+            models, invalid = resolve_models(spec, root, base_dir, str(source))
+            archive = b""
+            if isinstance(spec.workload, BenchmarkWorkload):
+                invalid += check_benchmark_models(spec, models, root, str(source))
+                if invalid:  # every bad model at once, before anything is uploaded
+                    raise JobFileError([m.problem for m in sorted(invalid, key=lambda m: (m.problem.line or 0, m.entry_index))])
+            else:
+                if invalid:
+                    raise JobFileError([m.problem for m in invalid])
+                script_dir, _ = check_script(spec, base_dir, root, str(source))
+                try:
+                    archive = pack_dir(script_dir)
+                except ScriptArchiveError as e:
+                    raise JobFileError(f"{source}: workload.dir: {e}") from None
+        except JobFileError as e:
+            raise FarmError(str(e), problems=[p.to_json() for p in e.problems]) from None
+        archive_sha = hashlib.sha256(archive).hexdigest() if archive else ""
+        wanted = [m.facts.sha256 for m in models] + ([archive_sha] if archive else [])
+        answer = self.client.call("MissingArtifacts", farm_pb2.MissingArtifactsRequest(sha256=wanted))
+        missing = set(answer.missing)
+        for model in models:
+            if model.facts.sha256 not in missing:
+                continue
+            missing.discard(model.facts.sha256)
+            self._upload_model(model.path, model.facts.sha256, model.facts.size_bytes, answer.max_model_bytes)
+        if archive_sha in missing:
+            if answer.max_script_archive_bytes and len(archive) > answer.max_script_archive_bytes:
+                raise FarmError(f"{source}: workload.dir packs to {len(archive)} bytes, over the controller's limit of "
+                                f"{answer.max_script_archive_bytes}; give the script a folder of its own")
+            self._upload(archive_sha, "dir.tar", len(archive), io.BytesIO(archive).read)
+        job_models = [farm_pb2.JobModel(entry=m.entry_index, name=m.name, sha256=m.facts.sha256, source=str(m.path))
+                      for m in models]
+        return job_models, archive_sha
+
+    def _upload_model(self, path: Path, sha256: str, size: int, limit: int) -> None:
+        if limit and size > limit:
+            raise FarmError(f"{path}: {size} bytes is over the controller's limit of {limit} bytes per model file "
+                            "(its --max-model-bytes)")
+        with path.open("rb") as f:
+            self._upload(sha256, path.name, size, f.read)
+
+    # --- jobs ---------------------------------------------------------------------------
+    def submit(self, source: Path, text: str | None = None, *, priority: str | None = None,
+               max_tasks: int | None = None, skip_invalid: bool = False, detach: bool = False,
+               on_warning: Callable[[str, str], None] | None = None, on_progress: OnProgress | None = None) -> Submitted:
+        if skip_invalid:
+            raise FarmError("--skip-invalid runs in embedded mode only; a controller refuses a job with a bad model, "
+                            "naming each one: drop them from the job file, or submit without --controller.")
+        if text is None:
+            try:
+                text = source.read_text()
+            except OSError as e:
+                raise FarmError(f"{source}: cannot read the job file: {e}.") from None
+        if len(text.encode()) > MAX_JOB_FILE_BYTES:
+            raise FarmError(f"{source}: the job file is over {MAX_JOB_FILE_BYTES} bytes")
+        job_models, archive_sha = self._upload_job_files(source, text)
+        response = self.client.call("SubmitJob", farm_pb2.SubmitJobRequest(
+            job_yaml=text, base_dir=str(source.resolve().parent), file_name=str(source), priority=priority or "",
+            models=job_models, script_archive_sha256=archive_sha))
+        return Submitted(job=response.job_id, tasks=response.tasks, models=response.models, where=self.where)
+
+    def wait(self, job: int, on_progress: OnProgress | None = None) -> bool:
+        try:
+            for message in self.client.stub.WatchJob(farm_pb2.JobRequest(job_id=job), metadata=self.client.metadata):
+                if on_progress:
+                    on_progress(Progress(job, message.status, message.total, message.completed, message.failed,
+                                         message.running, message.canceled))
+        except grpc.RpcError as e:
+            raise self.client.explain(e) from None
+        return True
+
+    def resume(self, job: int) -> None:
+        raise FarmError("a controller carries on its own jobs after a restart; `farm status JOB --controller ...` "
+                        "shows where one is. `farm resume` is for embedded jobs.")
+
+    def job(self, job: int) -> JobInfo:
+        return job_info(self.client.call("GetJob", farm_pb2.JobRequest(job_id=job)))
+
+    def jobs(self, limit: int = 50) -> list[JobInfo]:
+        return [job_info(j) for j in self.client.call("ListJobs", farm_pb2.ListJobsRequest(limit=limit)).jobs]
+
+    def cancel(self, job: int) -> int:
+        return self.client.call("CancelJob", farm_pb2.JobRequest(job_id=job)).canceled_tasks
+
+    def results(self, job: int, *, ops: bool = False) -> list[dict[str, Any]]:
+        return json.loads(self.client.call("GetResults", farm_pb2.JobRequest(job_id=job, ops=ops),
+                                           timeout=120).records_json)
+
+    # --- devices ------------------------------------------------------------------------
+    def devices(self) -> list[dict[str, Any]]:
+        devices = self.client.call("ListDevices", farm_pb2.ListDevicesRequest()).devices
+        return [{"name": d.name, "agent": d.agent, "driver": d.driver, "device_type": d.device_type,
+                 "tags": list(d.tags), "slots": d.slots, "state": d.state, "last_seen": d.last_seen,
+                 "facts": json.loads(d.facts_json or "{}")} for d in devices]
+
+    def agents(self) -> list[dict[str, Any]]:
+        agents = self.client.call("ListAgents", farm_pb2.ListAgentsRequest()).agents
+        return [{"name": a.name, "state": a.state, "farm_version": a.farm_version, "hostname": a.hostname,
+                 "peer": a.peer, "capabilities": list(a.capabilities), "running": a.running,
+                 "connected_at": a.connected_at, "last_seen": a.last_seen} for a in agents]
+
+    def device_health(self) -> list[dict[str, Any]]:
+        return self._document("DeviceHealth", farm_pb2.DeviceHealthRequest())
+
+    def set_device_health(self, device: str, action: str, reason: str | None = None) -> dict[str, Any]:
+        r = self.client.call("SetDeviceHealth", farm_pb2.SetDeviceHealthRequest(device=device, action=action,
+                                                                               reason=reason or ""))
+        return {"device": r.device, "action": r.action, "failed_tasks": r.failed_tasks}
+
+    def forget_device(self, device: str) -> dict[str, Any]:
+        r = self.client.call("ForgetDevice", farm_pb2.ForgetDeviceRequest(name=device))
+        return {"device": r.name, "agent": r.agent, "action": "forget"}
+
+    # --- analysis -----------------------------------------------------------------------
+    def calibrate(self, ask: CalibrateAsk) -> Document:
+        return self._document("Calibrate", farm_pb2.CalibrateRequest(
+            job=ask.job or 0, sim_job=ask.sim_job or 0, device_job=ask.device_job or 0, device=ask.device or "",
+            metrics=list(ask.metrics), min_pairs=ask.min_pairs, include_contended=ask.include_contended))
+
+    def calibrations(self, device: str | None = None, metric: str | None = None) -> list[dict[str, Any]]:
+        return self._document("ListCalibrations", farm_pb2.ListCalibrationsRequest(device=device or "",
+                                                                                   metric=metric or ""))
+
+    def predict(self, ask: PredictAsk, on_progress: OnProgress | None = None) -> list[dict[str, Any]]:
+        from farm.models.facts import ModelError, inspect_model
+
+        if not ask.model.is_file():
+            raise FarmError(f"{ask.model}: no such model file")
+        try:
+            facts = inspect_model(ask.model)
+        except ModelError as e:
+            raise FarmError(str(e)) from None
+        answer = self.client.call("MissingArtifacts", farm_pb2.MissingArtifactsRequest(sha256=[facts.sha256]))
+        if answer.missing:
+            self._upload_model(ask.model, facts.sha256, facts.size_bytes, answer.max_model_bytes)
+        measured: list[int] = []
+        while True:  # each answer is the predictions, or a sim job the controller queued to measure first
+            r = self.client.call("Predict", farm_pb2.PredictRequest(
+                model_sha256=facts.sha256, model_name=ask.model.name, device=ask.device, metrics=list(ask.metrics),
+                threads=ask.threads, confidence=ask.confidence, include_contended=ask.include_contended,
+                measured_jobs=measured), timeout=120)
+            if not r.measure_job:
+                return json.loads(r.document_json)
+            if r.measure_job in measured:
+                raise FarmError(f"the controller asked to measure job {r.measure_job} twice; `farm status "
+                                f"{r.measure_job}` shows it", EXIT_ENVIRONMENT)
+            measured.append(r.measure_job)
+            self.wait(r.measure_job, on_progress)
+
+    def rank(self, ask: RankAsk) -> Document:
+        return self._document("Rank", farm_pb2.RankRequest(
+            job=ask.job, metric=ask.metric, device_jobs=list(ask.device_jobs), devices=list(ask.devices),
+            include_contended=ask.include_contended))
+
+    def report(self, job: int, *, html: bool = True, png: bool = False) -> Report:
+        answer = self.client.call("Report", farm_pb2.ReportRequest(job=job, html=html, png=png), timeout=300)
+        files = answer.files
+        for f in files:  # names from the wire become files here
+            if not REPORT_FILE.match(f.name):
+                raise FarmError(f"the controller at {self.client.address} sent a report file named {f.name[:80]!r}; "
+                                "refused (not a plain file name)", EXIT_ENVIRONMENT)
+        return Report([ReportFile(f.name, f.data) for f in files], [printable(w) for w in answer.warnings[:50]])
+
+    def refresh(self, ask: RefreshAsk, on_progress: OnProgress | None = None) -> Document | None:
+        if ask.suite is not None:
+            raise FarmError("--suite: a controller refreshes with its own suite (`farm controller serve "
+                            "--refresh-suite`), on the devices its agents registered")
+        started = self.client.call("StartRefresh", farm_pb2.StartRefreshRequest())
+        self.wait(started.job_id, on_progress)
+        return self._document("FinishRefresh", farm_pb2.FinishRefreshRequest(
+            job=started.job_id, k=ask.k, max_slope_change=ask.max_slope_change,
+            max_prediction_shift=ask.max_prediction_shift, max_intercept_change=ask.max_intercept_change,
+            max_r2_drop=ask.max_r2_drop, include_contended=ask.include_contended), timeout=600)
+
+    def drift(self, device: str | None = None) -> list[dict[str, Any]]:
+        return self._document("Drift", farm_pb2.DriftRequest(device=device or ""))

@@ -1,0 +1,332 @@
+"""What a user can ask of a farm, over one store: the single place each answer is computed.
+
+The embedded client (farm.client.embedded) calls these on a local store; the gRPC servicer
+(FarmServicer) calls them on the controller's, so `farm calibrate` says the same thing in both
+modes. Every function takes values already checked for type; the servicer checks the wire's
+sizes and names first. Errors are ServiceError: a message for the person who asked.
+
+The calibration stack (numpy, scipy, matplotlib) is imported by the functions that use it:
+`farm jobs` or `farm status` should not wait a second for scipy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from farm.controller.controller import Controller
+from farm.controller.jobfile import JobFileError, ResolvedJob, load_job_text
+from farm.controller.store import Store
+
+GROUP_ALL = "(all)"
+CALIBRATE_METRICS = ("latency", "whole_run", "peak_memory", "avg_memory", "energy")
+PREDICT_METRICS = ("latency", "whole_run", "peak_memory", "avg_memory")
+DEVICE_ACTIONS = ("quarantine", "release", "maintenance")
+# Names a person gives a device or a model: printable, bounded (they reach tables, HTML and logs).
+NAME = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
+MAX_REASON_CHARS = 2000
+MAX_LIST = 256  # metrics, device jobs, devices in one request
+
+
+class ServiceError(ValueError):
+    """The question cannot be answered as asked; the message says why and what to do."""
+
+
+def check_name(what: str, value: str) -> str:
+    if not NAME.match(value or ""):
+        raise ServiceError(f"{what} {value[:80]!r}: give 1-200 printable characters")
+    return value
+
+
+def check_finite(what: str, value: float, low: float | None = None, high: float | None = None) -> float:
+    if not math.isfinite(value) or (low is not None and value < low) or (high is not None and value > high):
+        raise ServiceError(f"{what} {value!r}: give a finite number" +
+                           (f" between {low:g} and {high:g}" if low is not None and high is not None else ""))
+    return value
+
+
+def _coefficients(fit: Any) -> dict[str, float]:
+    """A line's a (slope) and b (intercept); a power law's exponent and factor: never one name for both."""
+    return {"exponent": fit.a, "factor": fit.b} if fit.log_space else {"a": fit.a, "b": fit.b}
+
+
+def fit_row(cal: Any, **labels: Any) -> dict[str, Any]:
+    """One fitted calibration as `farm calibrate --json` lists it."""
+    f = cal.fits[cal.chosen]
+    return {**labels, "kind": cal.chosen, "formula": f.formula, "features_used": list(f.features_used),
+            **_coefficients(f), "r2": f.r2, "n": f.n, "loo_mape": f.loo_mape,
+            "loo_within_10": f.loo_within_10, "kendall_tau": f.kendall_tau, "spearman_rho": f.spearman_rho,
+            "unsafe": cal.unsafe, "unsafe_reasons": list(cal.unsafe_reasons),
+            "prior_weight": f.prior_weight, "prior_source": f.prior_source,
+            "possible_flips": [[p.first, p.second] for p in f.possible_flips], "warnings": list(cal.warnings),
+            "fits": {k: {**_coefficients(v), "formula": v.formula, "r2": v.r2, "loo_mape": v.loo_mape,
+                         "loo_within_10": v.loo_within_10} for k, v in cal.fits.items()}}
+
+
+def _need_job(store: Store, job: int) -> None:
+    if store.job(job) is None:
+        raise ServiceError(f"no job {job} in this farm; `farm jobs` lists them")
+
+
+# --- jobs --------------------------------------------------------------------------------------
+def job_info(controller: Controller, job_id: int) -> dict[str, Any] | None:
+    """A job and its progress as `farm status --json` shows it (farm.client.api.JobInfo's fields), or None."""
+    job = controller.store.job(job_id)
+    if job is None:
+        return None
+    p = controller.progress(job_id)
+    return {"job": job_id, "name": job["name"] or "", "status": controller.job_status(job_id),
+            "priority": job["priority"] or "", "total": p.total, "pending": p.pending, "running": p.running,
+            "completed": p.completed, "failed": p.failed, "canceled": p.canceled, "created_at": job["created_at"],
+            "started_at": job["started_at"], "finished_at": job["finished_at"], "message": job["message"] or None,
+            "owner_pid": job["owner_pid"], "owner_host": job["owner_host"]}
+
+
+# --- calibrate ---------------------------------------------------------------------------------
+def calibrate(store: Store, *, job: int | None, sim_job: int | None, device_job: int | None, device: str | None,
+              metrics: list[str], min_pairs: int, include_contended: bool) -> dict[str, Any]:
+    """Fit and store a calibration per device × metric × key: {calibrations, refused, contended_left_out}."""
+    from farm.controller.calibrations import (
+        CalibrationError, calibration_source, contended_left_out, fit_and_store, job_devices, pair_jobs,
+        pair_within_job,
+    )
+
+    if not job and not (sim_job and device_job and device):
+        raise ServiceError("farm calibrate needs --job J [--device D] (device runs and their sim twins), "
+                           "--sim-job A --device-job B --device NAME (two jobs), or --pairs FILE.")
+    for metric in metrics:
+        if metric not in CALIBRATE_METRICS:
+            raise ServiceError(f"unknown metric {metric[:40]!r}; choose one of {', '.join(CALIBRATE_METRICS)}")
+    if not 2 <= min_pairs <= 100_000:
+        raise ServiceError(f"--min-pairs {min_pairs}: give a number from 2 to 100000")
+    if device is not None:
+        check_name("--device", device)
+    results: list[dict[str, Any]] = []
+    refused: list[str] = []
+    try:
+        if job:
+            _need_job(store, job)
+            devices = [device] if device else job_devices(store, job)
+            if not devices:
+                raise ServiceError(f"job {job} ran on no device, only in the sim: nothing to pair")
+            groups = [(d, lambda metric, d=d: pair_within_job(store, job, d, metric, include_contended=include_contended),
+                       calibration_source(store, job)) for d in devices]
+            jobs = [job]
+        else:
+            _need_job(store, sim_job)
+            _need_job(store, device_job)
+            groups = [(device, lambda metric: pair_jobs(store, sim_job, device_job, metric,
+                                                        include_contended=include_contended),
+                       calibration_source(store, sim_job, device_job))]
+            jobs = [sim_job, device_job]
+        left_out = 0 if include_contended else contended_left_out(store, jobs)
+        for name, pairs_for, source in groups:
+            for metric in metrics:
+                paired = pairs_for(metric)
+                if not paired:
+                    refused.append(f"{name} {metric}: no completed device run with a completed sim twin")
+                    continue
+                stored, why = fit_and_store(store, name, metric, paired, min_pairs=min_pairs, source=source)
+                refused += why
+                results += [fit_row(s.calibration, id=s.id, device=s.device, metric=s.metric, threads=s.threads,
+                                    family=s.family or GROUP_ALL, version=s.version) for s in stored]
+    except CalibrationError as e:
+        raise ServiceError(str(e)) from None
+    return {"calibrations": results, "refused": refused, "contended_left_out": left_out}
+
+
+def calibrations(store: Store, device: str | None, metric: str | None) -> list[dict[str, Any]]:
+    from farm.controller.calibrations import calibration_history
+    return calibration_history(store, device or None, metric or None)
+
+
+# --- rank, report, drift -----------------------------------------------------------------------
+def rank(store: Store, *, job: int, metric: str, device_jobs: list[int], devices: list[str],
+         include_contended: bool) -> dict[str, Any]:
+    from farm.controller.ranking import RankError, rank_job
+
+    if len(device_jobs) > MAX_LIST or len(devices) > MAX_LIST:
+        raise ServiceError(f"rank at most {MAX_LIST} device jobs and {MAX_LIST} devices at once")
+    for d in devices:
+        check_name("--device", d)
+    try:
+        return rank_job(store, job, metric, device_jobs=device_jobs, devices=devices,
+                        include_contended=include_contended)
+    except RankError as e:
+        raise ServiceError(str(e)) from None
+
+
+REPORT_HTML = "report.html"
+
+
+def report(store: Store, job: int, *, html: bool, png: bool) -> tuple[list[tuple[str, bytes]], list[str]]:
+    """The report's files, rendered here — (name, bytes), the HTML page first — and its warnings."""
+    from farm.controller.report import ReportError, build_report
+
+    try:
+        page, figures, warnings = build_report(store, job)
+    except ReportError as e:
+        raise ServiceError(str(e)) from None
+    files = ([(REPORT_HTML, page.encode())] if html else []) + ([(f.name, f.png) for f in figures] if png else [])
+    return files, warnings
+
+
+def drift(store: Store, device: str | None) -> list[dict[str, Any]]:
+    from farm.controller.refresh import drift_history
+    return drift_history(store, device or None)
+
+
+# --- devices -----------------------------------------------------------------------------------
+def device_health(store: Store) -> list[dict[str, Any]]:
+    return Controller(store).device_health()
+
+
+def set_device_health(controller: Controller, device: str, action: str, reason: str | None) -> dict[str, Any]:
+    """quarantine | release | maintenance: {device, action, failed_tasks}."""
+    check_name("device", device)
+    if action not in DEVICE_ACTIONS:
+        raise ServiceError(f"device action {action[:40]!r}: one of {', '.join(DEVICE_ACTIONS)}")
+    if reason and len(reason) > MAX_REASON_CHARS:
+        raise ServiceError(f"--reason is {len(reason)} characters; give at most {MAX_REASON_CHARS}")
+    failed = 0
+    if action == "release":
+        controller.release(device)
+    elif action == "quarantine":
+        failed = controller.quarantine(device, reason or "quarantined by a person")
+    else:
+        failed = controller.quarantine(device, reason or "in maintenance", health="maintenance")
+    return {"device": device, "action": action, "failed_tasks": failed}
+
+
+# --- refresh -----------------------------------------------------------------------------------
+def finish_refresh(store: Store, job: int, *, k: float, max_slope_change: float, max_prediction_shift: float,
+                   max_intercept_change: float, max_r2_drop: float, include_contended: bool,
+                   alert: Callable[[dict], object] | None) -> dict[str, Any]:
+    """After a reference-suite job: refit, record drift, quarantine devices whose golden results moved."""
+    from farm.controller.reference_suite import HEALTH_CHECK
+    from farm.controller.refresh import DriftThresholds, after_reference_run, report_json
+
+    values = [check_finite("--k", k, 0.1, 1000)] + [check_finite(name, v, 0, 1000) for name, v in (
+        ("--max-slope-change", max_slope_change), ("--max-prediction-shift", max_prediction_shift),
+        ("--max-intercept-change", max_intercept_change), ("--max-r2-drop", max_r2_drop))]
+    row = store.job(job)
+    if row is None or row["kind"] != HEALTH_CHECK:
+        raise ServiceError(f"job {job} is not a reference suite farm submitted; `farm refresh` starts one")
+    if row["status"] not in ("completed", "failed", "canceled"):
+        raise ServiceError(f"job {job} is {row['status']}: the refresh checks it once it has finished")
+    thresholds = DriftThresholds(slope_change=values[1], prediction_shift=values[2], intercept_change=values[3],
+                                 r2_drop=values[4])
+    return report_json(after_reference_run(store, job, thresholds=thresholds, k=k, alert=alert,
+                                           include_contended=include_contended))
+
+
+# --- predict -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MeasureFirst:
+    """No sim run of the model fits the calibration yet: run this job (sim only), then ask again."""
+
+    job: ResolvedJob
+    threads: int
+
+
+def _reusable_job(store: Store, sha256: str, threads: int, source: dict[str, Any]) -> int | None:
+    """A job measured with the same sim budget and workload that has this model at these threads."""
+    for row in store.completed_jobs_with_model(sha256, threads):
+        spec = json.loads(row["spec_json"])
+        if spec["sim"] == source["sim"] and spec["workload"] == source["workload"]:
+            return row["id"]
+    return None
+
+
+def _measurement(model: Path, model_name: str, threads: int, source: dict[str, Any]) -> ResolvedJob:
+    sim = dict(source["sim"])
+    if sim.get("memory") is not None:
+        sim["memory"] = f"{sim['memory']}b"  # stored as bytes; a job file's sizes carry their unit
+    spec = {"name": f"predict {model_name}", "models": [{"path": str(model), "name": Path(model_name).stem or "model"}],
+            "workload": source["workload"], "sim": sim, "matrix": {"threads": [threads]}, "priority": "interactive"}
+    try:
+        return load_job_text(yaml.safe_dump(spec), f"prediction job for {model_name}", model.parent)
+    except JobFileError as e:
+        raise ServiceError(str(e)) from None
+
+
+def predict(store: Store, model: Path, model_name: str, device: str, metrics: list[str], *, threads: int | None,
+            confidence: float, include_contended: bool = False,
+            measured_jobs: tuple[int, ...] = ()) -> list[dict[str, Any]] | MeasureFirst:
+    """On-device estimates of `model` from the sim alone, or the sim job to run first.
+
+    `model` is a file on the store's host (the user's, embedded; an uploaded artifact, remote);
+    measured_jobs are the jobs run for this question so far (their runs are `measured now`)."""
+    from farm.controller.calibrations import (
+        METRICS, SIM_SIDE, calibration_history, contended_left_out, current_calibration, job_values, model_features,
+    )
+    from farm.models.facts import ModelError, inspect_model
+
+    check_name("--device", device)
+    check_name("model name", model_name)
+    check_finite("--confidence", confidence, 0.5, 0.999)
+    if threads is not None and not 1 <= threads <= 1024:
+        raise ServiceError(f"--threads {threads}: give 1 to 1024")
+    if not metrics or len(metrics) > len(PREDICT_METRICS) or any(m not in PREDICT_METRICS for m in metrics):
+        raise ServiceError(f"--metric: one or more of {', '.join(PREDICT_METRICS)}")
+    if not model.exists():
+        raise ServiceError(f"{model_name}: no such model file")
+    try:
+        facts = inspect_model(model)
+    except ModelError as e:
+        raise ServiceError(f"{model_name}: {e}") from None
+    history = calibration_history(store, device)
+    if not history:
+        raise ServiceError(f"no calibration for device {device!r} in this farm; run `farm calibrate` first")
+    thread_counts = sorted({r["threads"] for r in history if threads in (None, r["threads"])})
+    if not thread_counts:
+        raise ServiceError(f"device {device!r} has no calibration at {threads} thread(s); it has "
+                           f"{sorted({r['threads'] for r in history})}")
+    predictions = []
+    for t in thread_counts:
+        newest = current_calibration(store, device, metrics[0] if metrics[0] in METRICS else "latency", t)
+        source = newest.source if newest else {}
+        if "sim" not in source:
+            raise ServiceError(f"calibration #{newest.id if newest else '?'} does not record its sim budget; refit it")
+        job_id = _reusable_job(store, facts.sha256, t, source)
+        if job_id is None:  # a measurement of this question that did not complete says why below
+            job_id = next((j for j in measured_jobs if store.model_tasks(j, facts.sha256, t)), None)
+        if job_id is None:
+            return MeasureFirst(_measurement(model, model_name, t, source), t)
+        values = [v for v in job_values(store, job_id, "latency", include_contended=include_contended)
+                  if v.sha256 == facts.sha256 and v.threads == t]
+        if not values and not include_contended and contended_left_out(store, [job_id]):
+            raise ServiceError(f"the sim run of {model_name} at {t} thread(s) was contended (other work used its "
+                               f"cores; job {job_id}, `farm results {job_id} --json` shows why): measure again on "
+                               "quieter cores, or pass --include-contended")
+        if not values:
+            task = store.model_tasks(job_id, facts.sha256, t)
+            why = f"{task[0]['failure_class']}: {task[0]['message']}" if task else "no run"
+            raise ServiceError(f"the sim run of {model_name} at {t} thread(s) did not complete ({why}); job {job_id}")
+        runtime = values[0].runtime
+        for metric in metrics:
+            measured = [v.value for v in job_values(store, job_id, SIM_SIDE.get(metric, metric),
+                                                    include_contended=include_contended)
+                        if v.sha256 == facts.sha256 and v.threads == t]
+            stored = current_calibration(store, device, metric, t, runtime=runtime, batch_size=values[0].batch_size)
+            if stored is None or not measured:
+                raise ServiceError(f"device {device!r} has no {metric} calibration for {runtime} at {t} thread(s)")
+            x = sum(measured) / len(measured)
+            fit = stored.calibration.fits[stored.calibration.chosen]
+            p = fit.predict(x, features=model_features(asdict(facts)), confidence=confidence)
+            predictions.append({
+                "model": model_name, "sha256": facts.sha256, "device": device, "metric": metric, "threads": t,
+                "unit": METRICS[metric][1], "sim": x, "estimate": p.estimate, "low": p.low, "high": p.high,
+                "confidence": confidence, "sim_job": job_id, "sim_reused": job_id not in measured_jobs,
+                "calibration": {"id": stored.id, "version": stored.version, "kind": stored.calibration.chosen,
+                                "family": stored.family or None, "n": fit.n, "r2": fit.r2},
+                "unsafe": stored.calibration.unsafe, "formula": fit.formula,
+                "warnings": list(stored.calibration.warnings),
+            })
+    return predictions

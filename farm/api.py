@@ -1,0 +1,233 @@
+"""farm from Python: `farm.connect()` -> submit jobs, wait for them, read typed results, calibrate, predict.
+
+    import farm
+    with farm.connect() as lab:                 # embedded, or the controller in $FARM_CONTROLLER / config
+        job = lab.submit("job.yaml")            # or a dict shaped like a job file
+        job.wait(progress=True)
+        df = job.results().to_pandas()
+
+The same `Farm` the CLI uses (farm.client) answers: embedded, `wait()` runs the job in this
+process; with a controller, the controller's agents run it and `wait()` watches.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from farm.client.api import (
+    CalibrateAsk, Farm, FarmError, JobInfo, PredictAsk, Progress, Submitted,
+)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run as `farm results --format json` has it; `record` keeps every field."""
+
+    job: int
+    model: str
+    sha256: str
+    target: str
+    threads: int
+    batch_size: int
+    repeat: int
+    status: str
+    failure_class: str | None
+    latency_ms: float | None  # the timed loop's mean
+    latency_p90_ms: float | None
+    peak_memory_mb: float | None
+    avg_memory_mb: float | None
+    wall_s: float | None
+    backend: str | None
+    record: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, r: dict[str, Any]) -> "RunRecord":
+        latency = r.get("latency_ms") or {}
+        return cls(job=r["job"], model=r["model"]["name"], sha256=r["model"]["sha256"], target=r["target"],
+                   threads=r["threads"], batch_size=r["batch_size"], repeat=r["repeat"], status=r["status"],
+                   failure_class=r["failure_class"], latency_ms=latency.get("avg"), latency_p90_ms=latency.get("p90"),
+                   peak_memory_mb=r["peak_memory_mb"], avg_memory_mb=r["avg_memory_mb"], wall_s=r["wall_s"],
+                   backend=r["backend"], record=r)
+
+
+class Results(list):
+    """A job's RunRecords, in the store's order."""
+
+    def to_pandas(self) -> Any:
+        """One row per run (the typed fields; `record` holds the rest). Needs pandas."""
+        try:
+            import pandas
+        except ImportError:
+            raise FarmError("Results.to_pandas() needs pandas, which is not installed: `pip install pandas` "
+                            "(or read the records as they are: each is a RunRecord)") from None
+        columns = [f for f in RunRecord.__dataclass_fields__ if f != "record"]
+        return pandas.DataFrame([{c: getattr(r, c) for c in columns} for r in self], columns=columns)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    model: str
+    device: str
+    metric: str
+    threads: int
+    unit: str
+    sim: float
+    estimate: float
+    low: float
+    high: float
+    confidence: float
+    sim_reused: bool
+    warnings: list[str]
+    document: dict[str, Any] = field(repr=False, compare=False)  # as `farm predict --json` prints it
+
+    @classmethod
+    def from_json(cls, p: dict[str, Any]) -> "Prediction":
+        return cls(model=p["model"], device=p["device"], metric=p["metric"], threads=p["threads"], unit=p["unit"],
+                   sim=p["sim"], estimate=p["estimate"], low=p["low"], high=p["high"], confidence=p["confidence"],
+                   sim_reused=p["sim_reused"], warnings=list(p["warnings"]), document=p)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    id: int
+    device: str
+    metric: str
+    threads: int
+    family: str
+    version: int
+    formula: str
+    r2: float | None
+    n: int
+    unsafe: bool
+    document: dict[str, Any] = field(repr=False, compare=False)  # as `farm calibrate --json` lists it
+
+    @classmethod
+    def from_json(cls, c: dict[str, Any]) -> "Calibration":
+        return cls(id=c["id"], device=c["device"], metric=c["metric"], threads=c["threads"], family=c["family"],
+                   version=c["version"], formula=c["formula"], r2=c["r2"], n=c["n"], unsafe=c["unsafe"], document=c)
+
+
+def _print_progress(p: Progress) -> None:
+    line = p.last or f"{p.completed} ok, {p.failed} failed, {p.running} running"
+    print(f"job {p.job}: [{p.done}/{p.total}] {line}", file=sys.stderr, flush=True)
+
+
+class Job:
+    """A submitted job: wait for it, read its results, cancel it."""
+
+    def __init__(self, lab: "Lab", id: int, submitted: Submitted | None = None) -> None:
+        self._lab = lab
+        self.id = id
+        self.submitted = submitted
+
+    def __repr__(self) -> str:
+        return f"<farm job {self.id} on the {self._lab.where}>"
+
+    def info(self) -> JobInfo:
+        return self._lab.farm.job(self.id)
+
+    @property
+    def status(self) -> str:
+        return self.info().status
+
+    def wait(self, progress: bool = False) -> JobInfo:
+        """Until the job ends (embedded: runs it here). progress=True prints each step on stderr."""
+        if not self._lab.farm.wait(self.id, _print_progress if progress else None):
+            raise KeyboardInterrupt(f"job {self.id} was interrupted; lab.resume({self.id}) carries on")
+        return self.info()
+
+    def results(self) -> Results:
+        return Results(RunRecord.from_json(r) for r in self._lab.farm.results(self.id))
+
+    def cancel(self) -> int:
+        return self._lab.farm.cancel(self.id)
+
+
+class Lab:
+    """A connection to a farm (what `farm.connect()` returns). Close it, or use it in a `with` block."""
+
+    def __init__(self, farm: Farm) -> None:
+        self.farm = farm
+
+    @property
+    def where(self) -> str:
+        return self.farm.where
+
+    def __repr__(self) -> str:
+        return f"<farm {self.where}>"
+
+    def __enter__(self) -> "Lab":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.farm.close()
+
+    def submit(self, job: str | Path | dict[str, Any], *, priority: str | None = None, detach: bool = False,
+               base_dir: str | Path | None = None) -> Job:
+        """A job file's path, or a dict shaped like one (model paths relative to base_dir, default the
+        current folder). detach=True (embedded): a background process runs it instead of `wait()`."""
+        if isinstance(job, dict):
+            import yaml
+
+            source = Path(base_dir or Path.cwd()).absolute() / f"{job.get('name') or 'job'}.yaml"
+            submitted = self.farm.submit(source, yaml.safe_dump(job, sort_keys=False), priority=priority, detach=detach)
+        else:
+            submitted = self.farm.submit(Path(job), priority=priority, detach=detach)
+        return Job(self, submitted.job, submitted)
+
+    def job(self, id: int) -> Job:
+        self.farm.job(id)  # raises FarmError for a job this farm does not have
+        return Job(self, id)
+
+    def jobs(self, limit: int = 50) -> list[JobInfo]:
+        return self.farm.jobs(limit)
+
+    def resume(self, id: int) -> Job:
+        self.farm.resume(id)
+        return Job(self, id)
+
+    def devices(self) -> list[dict[str, Any]]:
+        """Embedded: the lab's device list ($FARM_DEVICES) with health; a controller: its agents' devices."""
+        return self.farm.devices()
+
+    def calibrate(self, *, job: int | None = None, sim_job: int | None = None, device_job: int | None = None,
+                  device: str | None = None, metrics: Iterable[str] = ("latency",), min_pairs: int = 4,
+                  include_contended: bool = False) -> list[Calibration]:
+        """Fit and store calibrations (a new version each); see `farm calibrate`. Groups too small to fit
+        are left out; `calibrate_document` has them, with why."""
+        return [Calibration.from_json(c) for c in self.calibrate_document(
+            job=job, sim_job=sim_job, device_job=device_job, device=device, metrics=metrics, min_pairs=min_pairs,
+            include_contended=include_contended)["calibrations"]]
+
+    def calibrate_document(self, **ask: Any) -> dict[str, Any]:
+        ask["metrics"] = tuple(ask.get("metrics") or ("latency",))
+        return self.farm.calibrate(CalibrateAsk(**ask))
+
+    def predict(self, model: str | Path, device: str, *, metrics: Iterable[str] = ("latency",),
+                threads: int | None = None, confidence: float = 0.9, include_contended: bool = False,
+                progress: bool = False) -> list[Prediction]:
+        """On-device estimates from the sim alone (the model is measured in the sim first unless a run fits)."""
+        ask = PredictAsk(model=Path(model), device=device, metrics=tuple(metrics), threads=threads,
+                         confidence=confidence, include_contended=include_contended)
+        return [Prediction.from_json(p) for p in self.farm.predict(ask, _print_progress if progress else None)]
+
+
+def connect(controller: str | None = None, *, db: str | Path | None = None, token: str | None = None,
+            slots: int = 1, backend: str | None = None) -> Lab:
+    """The controller given, else $FARM_CONTROLLER or the config file's; else the embedded store
+    (db, else $FARM_DB, else the user data folder). slots/backend: how embedded runs go."""
+    from farm.client import open_farm
+    from farm.client.config import Credentials
+
+    address_given = controller
+    credentials = Credentials.resolve(token) if token else None
+    return Lab(open_farm(address_given, db=db, credentials=credentials, slots=slots, backend=backend))
+
+
+__all__ = ["Calibration", "FarmError", "Job", "JobInfo", "Lab", "Prediction", "Results", "RunRecord", "connect"]

@@ -1,0 +1,53 @@
+"""farm from Python, as a notebook user has it: the example script runs end to end, `import farm`
+stays cheap, and results are typed records."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "python_api.py"
+
+
+def test_the_python_api_example_runs(tmp_path: Path) -> None:
+    env = {**os.environ, "FARM_CONTROLLER": "", "FARM_CONFIG": str(tmp_path / "none.toml")}
+    run = subprocess.run([sys.executable, str(EXAMPLE), str(tmp_path)], capture_output=True, text=True, timeout=900,
+                         env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert f"connected to the store {tmp_path / 'farm.db'}" in run.stdout
+    assert "job 1 (sim): completed, 4/4 runs" in run.stdout and "job 2 (half-cpu): completed, 4/4 runs" in run.stdout
+    assert "calibration #1 half-cpu latency: y = " in run.stdout
+    assert "mobilenetv2_w1.4_r96.tflite on half-cpu: " in run.stdout
+    assert "job 1: [4/4]" in run.stderr  # wait(progress=True)
+
+
+def test_import_farm_loads_nothing_else() -> None:
+    code = "import farm, sys; print(sorted(m for m in sys.modules if m.startswith(('farm', 'grpc', 'numpy'))))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "['farm']"
+
+
+def test_results_are_typed_records_and_pandas_is_optional(tmp_path: Path, tiny_models) -> None:
+    import farm
+
+    with farm.connect(db=tmp_path / "farm.db", backend="process") as lab:
+        job = lab.submit({"name": "tiny", "models": [str(tiny_models["tflite"])],
+                          "workload": {"type": "benchmark", "iterations": 3},
+                          "sim": {"memory": "256m", "on_contention": "flag"}})
+        assert job.wait().status == "completed"
+        results = job.results()
+        assert [(r.model, r.status, r.threads) for r in results] == [("tiny", "completed", 1)]
+        assert results[0].latency_ms > 0 and results[0].record["latency_ms"]["avg"] == results[0].latency_ms
+        try:
+            import pandas  # noqa: F401
+        except ImportError:
+            with pytest.raises(farm.FarmError, match="pip install pandas"):
+                results.to_pandas()
+        else:
+            frame = results.to_pandas()
+            assert list(frame["model"]) == ["tiny"] and frame["latency_ms"][0] == results[0].latency_ms
+        with pytest.raises(farm.FarmError, match="no job 99"):
+            lab.job(99)
