@@ -11,7 +11,6 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from farm.controller.results import average_repeats
 from farm.proto import strict_json
 from farm.proto.escape import printable
 
@@ -117,6 +116,7 @@ def results_table(records: list[dict[str, Any]], title: str | None = None, *, wi
     never cut (other columns wrap), detail (p90, avg memory, CPU, wall time, backend, budget) is in --wide."""
     per_run = records
     if not runs:
+        from farm.controller.results import average_repeats  # the controller's stack: not on an agent-only install
         records = average_repeats(records)
     show_repeat = runs and any(r["repeat"] for r in records)
     show_n = not runs and any(r.get("runs", 1) > 1 for r in records)

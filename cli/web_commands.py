@@ -12,14 +12,15 @@ import sys
 import threading
 from pathlib import Path
 
-from farm.cli.console import UserError, err, open_store
+from farm.cli.console import UserError, err
 
 DEFAULT_WEB_LISTEN = "127.0.0.1:8765"
 
 
 def cmd_web(args: argparse.Namespace) -> int:
     from farm.controller.auth import TlsFiles, TokenFileError, TokenTable, check_tokens_file
-    from farm.controller.controller import Controller
+    from farm.client.api import FarmError
+    from farm.client.embedded import EmbeddedFarm
     from farm.web.server import Operator, WebListenError, listen_warnings, start_dashboard
 
     try:
@@ -35,9 +36,13 @@ def cmd_web(args: argparse.Namespace) -> int:
         warnings = listen_warnings(args.listen, tokens=tokens is not None, tls=tls is not None)
     except (TokenFileError, WebListenError) as e:
         raise UserError(str(e)) from None
-    store = open_store(args)
+    try:  # the dashboard reads this store itself: `farm web` is the embedded twin of --web-listen
+        farm = EmbeddedFarm(args.db)
+    except FarmError as e:
+        raise UserError(str(e)) from None
+    store = farm.store
     try:
-        running = start_dashboard(store, args.listen, Operator.embedded(Controller(store)), tokens=tokens, tls=tls)
+        running = start_dashboard(store, args.listen, Operator.embedded(farm.controller), tokens=tokens, tls=tls)
     except WebListenError as e:
         raise UserError(str(e)) from None
     for warning in warnings:

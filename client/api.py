@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from farm.proto.spec import Priority
+
 EXIT_BAD_INPUT, EXIT_ENVIRONMENT = 2, 3  # the CLI's exit codes for a FarmError (cli/main.py lists them all)
 TERMINAL = ("completed", "failed", "canceled")
 # A JSON document exactly as the command's --json prints it (calibrate, rank, predict...).
@@ -155,7 +157,7 @@ class Farm(ABC):
 
     # --- jobs ---------------------------------------------------------------------------
     @abstractmethod
-    def submit(self, source: Path, text: str | None = None, *, priority: str | None = None,
+    def submit(self, source: Path, text: str | None = None, *, priority: Priority | None = None,
                max_tasks: int | None = None, skip_invalid: bool = False, detach: bool = False,
                on_warning: Callable[[str, str], None] | None = None, on_progress: OnProgress | None = None) -> Submitted:
         """Queue a job file (or `text` in its place: relative model paths start at `source`'s folder).

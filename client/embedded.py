@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from farm.proto.spec import Priority
 from farm.client.api import (
     EXIT_ENVIRONMENT, TERMINAL, CalibrateAsk, Document, Farm, FarmError, JobInfo, OnProgress, PredictAsk, Progress,
     RankAsk, RefreshAsk, Report, ReportFile, Submitted,
@@ -70,7 +71,7 @@ class EmbeddedFarm(Farm):
         return self._lab
 
     # --- jobs ---------------------------------------------------------------------------
-    def submit(self, source: Path, text: str | None = None, *, priority: str | None = None,
+    def submit(self, source: Path, text: str | None = None, *, priority: Priority | None = None,
                max_tasks: int | None = None, skip_invalid: bool = False, detach: bool = False,
                on_warning: Callable[[str, str], None] | None = None, on_progress: OnProgress | None = None) -> Submitted:
         from farm.controller.jobfile import DEFAULT_MAX_TASKS, HostCapacity, JobFileError, load_job, load_job_text
@@ -156,7 +157,10 @@ class EmbeddedFarm(Farm):
         from farm.cli.embedded import run_job_embedded
 
         # the stored spec is the validated one, sizes in bytes: read, not validated again
-        timeout = (json.loads(self.store.job(job)["spec_json"]).get("timeouts") or {}).get("job")
+        row = self.store.job(job)
+        if row is None:
+            raise FarmError(f"no job {job} in {self.store.path}; `farm jobs` lists the jobs there.")
+        timeout = (json.loads(row["spec_json"]).get("timeouts") or {}).get("job")
         total = self.controller.progress(job).total
 
         def on_result(task: Any, result: Any) -> None:
@@ -178,7 +182,7 @@ class EmbeddedFarm(Farm):
         if status in TERMINAL:
             raise FarmError(f"job {job} is {status}; only an interrupted or queued job can be resumed.")
         if status == "running":
-            raise FarmError(f"job {job} is still running in process {self.store.job(job)['owner_pid']}; cancel it "
+            raise FarmError(f"job {job} is still running in process {(self.store.job(job) or {}).get('owner_pid')}; cancel it "
                             "first or wait.")
         self.controller.resume(job)
 
@@ -259,7 +263,7 @@ class EmbeddedFarm(Farm):
         files, warnings = _answer(service.report, self.store, job, html=html, png=png)
         return Report([ReportFile(name, data) for name, data in files], warnings)
 
-    def _reference_run(self, lab: list[Any], *, priority: str, on_progress: OnProgress | None,
+    def _reference_run(self, lab: list[Any], *, priority: Priority, on_progress: OnProgress | None,
                        suite: Path | None = None) -> int | None:
         from farm.controller.jobfile import JobFileError
         from farm.controller.reference_suite import SuiteError, submit_reference_suite

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 
 import grpc
 
+from farm.proto.spec import Priority
 from farm.client.api import (
     EXIT_ENVIRONMENT, CalibrateAsk, Document, Farm, FarmError, JobInfo, OnProgress, PredictAsk, Progress, RankAsk,
     RefreshAsk, Report, ReportFile, Submitted,
@@ -164,7 +165,7 @@ class RemoteFarm(Farm):
             self._upload(sha256, path.name, size, f.read)
 
     # --- jobs ---------------------------------------------------------------------------
-    def submit(self, source: Path, text: str | None = None, *, priority: str | None = None,
+    def submit(self, source: Path, text: str | None = None, *, priority: Priority | None = None,
                max_tasks: int | None = None, skip_invalid: bool = False, detach: bool = False,
                on_warning: Callable[[str, str], None] | None = None, on_progress: OnProgress | None = None) -> Submitted:
         if skip_invalid:

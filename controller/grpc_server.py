@@ -256,6 +256,8 @@ def controller_files(store: Store, *, models_roots: list[Path] | None = None,
 
 def _job_message(server: FarmServer, job: dict[str, Any]) -> farm_pb2.Job:
     info = answers.job_info(server.controller, job["id"])  # what `farm status` shows embedded, too
+    if info is None:  # `job` is the row just read: it cannot be gone unless forgotten in between
+        raise LookupError(f"job {job['id']} is not in the store")
     message = farm_pb2.Job(
         id=info["job"], name=info["name"], status=info["status"], priority=info["priority"], total=info["total"],
         pending=info["pending"], running=info["running"], completed=info["completed"], failed=info["failed"],

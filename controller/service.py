@@ -115,16 +115,23 @@ def calibrate(store: Store, *, job: int | None, sim_job: int | None, device_job:
             devices = [device] if device else job_devices(store, job)
             if not devices:
                 raise ServiceError(f"job {job} ran on no device, only in the sim: nothing to pair")
-            groups = [(d, lambda metric, d=d: pair_within_job(store, job, d, metric, include_contended=include_contended),
-                       calibration_source(store, job)) for d in devices]
+            within_job = job
+
+            def within(name: str) -> Callable[[str], list[Any]]:
+                return lambda metric: pair_within_job(store, within_job, name, metric,
+                                                      include_contended=include_contended)
+            groups: list[tuple[str, Callable[[str], list[Any]], dict[str, Any]]] = [
+                (d, within(d), calibration_source(store, job)) for d in devices]
             jobs = [job]
         else:
-            _need_job(store, sim_job)
-            _need_job(store, device_job)
-            groups = [(device, lambda metric: pair_jobs(store, sim_job, device_job, metric,
+            assert sim_job is not None and device_job is not None and device is not None  # checked above
+            sim_side, device_side = sim_job, device_job
+            _need_job(store, sim_side)
+            _need_job(store, device_side)
+            groups = [(device, lambda metric: pair_jobs(store, sim_side, device_side, metric,
                                                         include_contended=include_contended),
-                       calibration_source(store, sim_job, device_job))]
-            jobs = [sim_job, device_job]
+                       calibration_source(store, sim_side, device_side))]
+            jobs = [sim_side, device_side]
         left_out = 0 if include_contended else contended_left_out(store, jobs)
         for name, pairs_for, source in groups:
             for metric in metrics:
@@ -207,7 +214,7 @@ def set_device_health(controller: Controller, device: str, action: str, reason: 
 # --- refresh -----------------------------------------------------------------------------------
 def finish_refresh(store: Store, job: int, *, k: float, max_slope_change: float, max_prediction_shift: float,
                    max_intercept_change: float, max_r2_drop: float, include_contended: bool,
-                   alert: Callable[[dict], object] | None) -> dict[str, Any]:
+                   alert: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
     """After a reference-suite job: refit, record drift, quarantine devices whose golden results moved."""
     from farm.controller.reference_suite import HEALTH_CHECK
     from farm.controller.refresh import DriftThresholds, after_reference_run, report_json
