@@ -31,7 +31,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402  (after the thread limits, which numpy reads at import)
 
-from farm.controller.calibration import FIT_KINDS, Pair, Prior, calibrate  # noqa: E402
+from farm.controller.analysis.calibration import FIT_KINDS, Pair, Prior, calibrate  # noqa: E402
 
 # FARM_LATENCY_DATA overrides it (a worktree sits deeper than ../shared)
 DATA_DIR = Path(os.environ.get("FARM_LATENCY_DATA")

@@ -26,9 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from farm.controller.controller import Controller
-from farm.controller.jobfile import DeviceTarget, load_job_text
-from farm.controller.store import HEALTHY_TARGET, Store
+from farm.controller.scheduling.controller import Controller
+from farm.controller.scheduling.jobfile import DeviceTarget, load_job_text
+from farm.controller.scheduling.store import HEALTHY_TARGET, Store
 from farm.models.generate import write_tiny_onnx
 from results_file import write_results  # benchmarks/ is on sys.path when a benchmark runs
 

@@ -25,12 +25,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-from farm.controller.calibration import Pair
-from farm.controller.calibrations import PairedRun, fit_and_store
-from farm.controller.controller import Controller
+from farm.controller.analysis.calibration import Pair
+from farm.controller.analysis.calibrations import PairedRun, fit_and_store
+from farm.controller.scheduling.controller import Controller
 from farm.controller.grpc_server import FarmServer
-from farm.controller.jobfile import DeviceTarget, load_job_text
-from farm.controller.store import Store
+from farm.controller.scheduling.jobfile import DeviceTarget, load_job_text
+from farm.controller.scheduling.store import Store
 from farm.models.generate import write_tiny_onnx
 from farm.proto.generated import agent_pb2, common_pb2
 from farm.proto.results import Contention, LatencyStats, Limits, RunResult, RunStatus, Telemetry

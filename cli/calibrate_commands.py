@@ -78,7 +78,7 @@ def _say_left_out(n: int) -> None:
 
 
 def _calibrate_offline(args: argparse.Namespace) -> int:
-    from farm.controller.calibration import CalibrationInputError, calibrate, read_pairs_csv
+    from farm.controller.analysis.calibration import CalibrationInputError, calibrate, read_pairs_csv
     from farm.controller.service import GROUP_ALL, fit_row
 
     try:
@@ -158,7 +158,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _predict_offline(args: argparse.Namespace) -> int:
-    from farm.controller.calibration import Calibration, CalibrationInputError, predict_rows
+    from farm.controller.analysis.calibration import Calibration, CalibrationInputError, predict_rows
     from farm.controller.service import GROUP_ALL
 
     try:

@@ -15,8 +15,8 @@ from typing import Callable
 from farm.agents.agent import Agent
 from farm.agents.lab import LabDevice
 from farm.agents.sim import SimDriver
-from farm.controller.controller import Controller
-from farm.controller.store import Store
+from farm.controller.scheduling.controller import Controller
+from farm.controller.scheduling.store import Store
 from farm.proto.results import RunResult
 from farm.proto.tasks import TaskSpec
 

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from farm.cli.auptimizer_env import MAX_MODELS, EnvFileError, Problem, convert, parse_env, read_model_list
 from farm.cli.console import UserError, err, out, output_file
-from farm.controller.jobfile import JobFileError, load_job_text
+from farm.controller.scheduling.jobfile import JobFileError, load_job_text
 from farm.proto import strict_json
 from farm.proto.escape import printable
 

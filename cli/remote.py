@@ -126,8 +126,8 @@ def _models_root(text: str) -> Path:
 def cmd_controller_serve(args: argparse.Namespace) -> int:
     from farm.controller.auth import TlsFiles, TokenFileError, TokenTable, check_tokens_file, is_loopback
     from farm.controller.grpc_server import DEFAULT_MAX_STREAMS, DEFAULT_MAX_WATCHES, serve
-    from farm.controller.metrics import MetricsListenError
-    from farm.controller.store import Store, StoreError, default_db_path
+    from farm.controller.operations.metrics import MetricsListenError
+    from farm.controller.scheduling.store import Store, StoreError, default_db_path
 
     _logging(args.verbose)
     tokens_file = args.tokens or os.environ.get("FARM_TOKENS")

@@ -116,7 +116,7 @@ def results_table(records: list[dict[str, Any]], title: str | None = None, *, wi
     never cut (other columns wrap), detail (p90, avg memory, CPU, wall time, backend, budget) is in --wide."""
     per_run = records
     if not runs:
-        from farm.controller.results import average_repeats  # the controller's stack: not on an agent-only install
+        from farm.controller.analysis.results import average_repeats  # the controller's stack: not on an agent-only install
         records = average_repeats(records)
     show_repeat = runs and any(r["repeat"] for r in records)
     show_n = not runs and any(r.get("runs", 1) > 1 for r in records)

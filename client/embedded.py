@@ -22,8 +22,8 @@ from farm.client.api import (
     RankAsk, RefreshAsk, Report, ReportFile, Submitted,
 )
 from farm.controller import service
-from farm.controller.controller import Controller
-from farm.controller.store import Store, StoreError, default_db_path
+from farm.controller.scheduling.controller import Controller
+from farm.controller.scheduling.store import Store, StoreError, default_db_path
 
 POLL_S = 0.3  # how often `wait` looks at a job another process runs
 
@@ -74,7 +74,7 @@ class EmbeddedFarm(Farm):
     def submit(self, source: Path, text: str | None = None, *, priority: Priority | None = None,
                max_tasks: int | None = None, skip_invalid: bool = False, detach: bool = False,
                on_warning: Callable[[str, str], None] | None = None, on_progress: OnProgress | None = None) -> Submitted:
-        from farm.controller.jobfile import DEFAULT_MAX_TASKS, HostCapacity, JobFileError, load_job, load_job_text
+        from farm.controller.scheduling.jobfile import DEFAULT_MAX_TASKS, HostCapacity, JobFileError, load_job, load_job_text
 
         lab = self.lab()
         options: dict[str, Any] = {"devices": [lab_target(d) for d in lab], "max_tasks": max_tasks or DEFAULT_MAX_TASKS,
@@ -120,7 +120,7 @@ class EmbeddedFarm(Farm):
                              on_warning: Callable[[str, str], None] | None) -> None:
         """Before user work on a device whose last check is older than FARM_HEALTH_MAX_AGE_H hours
         (default 24; 0 turns it off), run the reference suite on it first (LAVA's health checks)."""
-        from farm.controller.refresh import stale_devices
+        from farm.controller.operations.refresh import stale_devices
 
         if self.health_check_max_age_h <= 0:
             return
@@ -197,14 +197,14 @@ class EmbeddedFarm(Farm):
         return self.controller.cancel_job(job)
 
     def results(self, job: int, *, ops: bool = False) -> list[dict[str, Any]]:
-        from farm.controller.results import run_records
+        from farm.controller.analysis.results import run_records
         _job_info(self.controller, job)
         return run_records(self.store, job, ops=ops)
 
     # --- devices ------------------------------------------------------------------------
     def devices(self) -> list[dict[str, Any]]:
         """The lab's device list, each with health, its last reference-suite check and calibration age."""
-        from farm.controller.refresh import last_reference_checks
+        from farm.controller.operations.refresh import last_reference_checks
 
         health = self.store.device_health_by_name()
         checks = last_reference_checks(self.store)
@@ -265,8 +265,8 @@ class EmbeddedFarm(Farm):
 
     def _reference_run(self, lab: list[Any], *, priority: Priority, on_progress: OnProgress | None,
                        suite: Path | None = None) -> int | None:
-        from farm.controller.jobfile import JobFileError
-        from farm.controller.reference_suite import SuiteError, submit_reference_suite
+        from farm.controller.scheduling.jobfile import JobFileError
+        from farm.controller.operations.reference_suite import SuiteError, submit_reference_suite
 
         suite = suite or (Path(os.environ["FARM_REFERENCE_SUITE"]) if os.environ.get("FARM_REFERENCE_SUITE") else None)
         try:
@@ -276,7 +276,7 @@ class EmbeddedFarm(Farm):
         return job_id if self._run_here(job_id, on_progress) else None
 
     def refresh(self, ask: RefreshAsk, on_progress: OnProgress | None = None) -> Document | None:
-        from farm.controller.alerts import alerts_from_environment
+        from farm.controller.operations.alerts import alerts_from_environment
 
         lab = self.lab()
         if not lab:
@@ -302,7 +302,7 @@ def _answer(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def lab_target(device: Any) -> Any:
-    from farm.controller.jobfile import DeviceTarget
+    from farm.controller.scheduling.jobfile import DeviceTarget
     return DeviceTarget(device.name, device.device_type, device.tags)
 
 

@@ -116,7 +116,7 @@ class RemoteFarm(Farm):
     def _upload_job_files(self, source: Path, text: str) -> tuple[list[Any], str]:
         """Resolve the job's models (and script folder) here and upload what the controller lacks.
         Returns the JobModel list and the script archive's sha256 ('' for a benchmark job)."""
-        from farm.controller.jobfile import JobFileError, check_benchmark_models, check_script, parse_job_text, resolve_models
+        from farm.controller.scheduling.jobfile import JobFileError, check_benchmark_models, check_script, parse_job_text, resolve_models
         from farm.proto.script_archive import ScriptArchiveError, pack_dir
         from farm.proto.spec import BenchmarkWorkload
 

@@ -29,23 +29,23 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from farm import __version__
-from farm.controller.artifacts import ArtifactError, ArtifactStore, ControllerFiles, ModelRoots
+from farm.controller.scheduling.artifacts import ArtifactError, ArtifactStore, ControllerFiles, ModelRoots
 from farm.controller.auth import (
     Identity, TlsFiles, TokenInterceptor, TokenTable, check_server_certificate, identity_of, is_loopback,
     server_credentials,
 )
 from farm.proto.device_types import load_device_types
-from farm.controller.controller import TERMINAL_JOB, Controller
-from farm.controller.dispatch import Dispatcher, StepTimings
-from farm.controller.jobfile import DEFAULT_MAX_TASKS, DeviceTarget, JobFileError
-from farm.controller.metrics import MetricsServer, parse_listen, serve_metrics
-from farm.controller.result_writer import RESULT_BATCH, QueuedResult, ResultWriter
-from farm.controller.results import run_records
-from farm.controller.sessions import AgentSession, DeviceTaken, Sessions
+from farm.controller.scheduling.controller import TERMINAL_JOB, Controller
+from farm.controller.scheduling.dispatch import Dispatcher, StepTimings
+from farm.controller.scheduling.jobfile import DEFAULT_MAX_TASKS, DeviceTarget, JobFileError
+from farm.controller.operations.metrics import MetricsServer, parse_listen, serve_metrics
+from farm.controller.scheduling.result_writer import RESULT_BATCH, QueuedResult, ResultWriter
+from farm.controller.analysis.results import run_records
+from farm.controller.scheduling.sessions import AgentSession, DeviceTaken, Sessions
 from farm.controller import service as answers
 from farm.controller.service import ServiceError
-from farm.controller.store import Store
-from farm.controller.submission import load_submitted_job
+from farm.controller.scheduling.store import Store
+from farm.controller.scheduling.submission import load_submitted_job
 from farm.proto import strict_json
 from farm.proto.escape import printable
 from farm.proto.names import SHA256_HEX, valid_agent_name
@@ -584,7 +584,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
                                                 failed_tasks=answer["failed_tasks"])
 
     def StartRefresh(self, request: farm_pb2.StartRefreshRequest, context: grpc.ServicerContext) -> farm_pb2.SubmitJobResponse:
-        from farm.controller.reference_suite import SuiteError, submit_reference_suite
+        from farm.controller.operations.reference_suite import SuiteError, submit_reference_suite
 
         devices = self.server.device_targets()
         if not devices:
@@ -602,7 +602,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         return farm_pb2.SubmitJobResponse(job_id=job_id, tasks=self.server.controller.progress(job_id).total)
 
     def FinishRefresh(self, request: farm_pb2.FinishRefreshRequest, context: grpc.ServicerContext) -> farm_pb2.DocumentResponse:
-        from farm.controller.alerts import alerts_from_environment
+        from farm.controller.operations.alerts import alerts_from_environment
 
         hook = alerts_from_environment()
         return self._document(context, answers.finish_refresh, self.server.store, request.job, k=request.k,
@@ -701,8 +701,8 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
     metrics = serve_metrics(store, metrics_listen) if metrics_listen else None
     nightly = None
     if refresh_cron:
-        from farm.controller.alerts import alerts_from_environment
-        from farm.controller.nightly import Cron, NightlyRefresh
+        from farm.controller.operations.alerts import alerts_from_environment
+        from farm.controller.operations.nightly import Cron, NightlyRefresh
         hook = alerts_from_environment()
         nightly = NightlyRefresh(store, refresh_suite, Cron.parse(refresh_cron),  # None: the suite farm ships
                                  farm.device_targets, alert=hook.send_async if hook else None,

@@ -20,9 +20,9 @@ from typing import Any, Callable
 
 import yaml
 
-from farm.controller.controller import Controller
-from farm.controller.jobfile import JobFileError, ResolvedJob, load_job_text
-from farm.controller.store import Store
+from farm.controller.scheduling.controller import Controller
+from farm.controller.scheduling.jobfile import JobFileError, ResolvedJob, load_job_text
+from farm.controller.scheduling.store import Store
 
 GROUP_ALL = "(all)"
 CALIBRATE_METRICS = ("latency", "whole_run", "peak_memory", "avg_memory", "energy")
@@ -92,7 +92,7 @@ def job_info(controller: Controller, job_id: int) -> dict[str, Any] | None:
 def calibrate(store: Store, *, job: int | None, sim_job: int | None, device_job: int | None, device: str | None,
               metrics: list[str], min_pairs: int, include_contended: bool) -> dict[str, Any]:
     """Fit and store a calibration per device × metric × key: {calibrations, refused, contended_left_out}."""
-    from farm.controller.calibrations import (
+    from farm.controller.analysis.calibrations import (
         CalibrationError, calibration_source, contended_left_out, fit_and_store, job_devices, pair_jobs,
         pair_within_job,
     )
@@ -149,14 +149,14 @@ def calibrate(store: Store, *, job: int | None, sim_job: int | None, device_job:
 
 
 def calibrations(store: Store, device: str | None, metric: str | None) -> list[dict[str, Any]]:
-    from farm.controller.calibrations import calibration_history
+    from farm.controller.analysis.calibrations import calibration_history
     return calibration_history(store, device or None, metric or None)
 
 
 # --- rank, report, drift -----------------------------------------------------------------------
 def rank(store: Store, *, job: int, metric: str, device_jobs: list[int], devices: list[str],
          include_contended: bool) -> dict[str, Any]:
-    from farm.controller.ranking import RankError, rank_job
+    from farm.controller.analysis.ranking import RankError, rank_job
 
     if len(device_jobs) > MAX_LIST or len(devices) > MAX_LIST:
         raise ServiceError(f"rank at most {MAX_LIST} device jobs and {MAX_LIST} devices at once")
@@ -174,7 +174,7 @@ REPORT_HTML = "report.html"
 
 def report(store: Store, job: int, *, html: bool, png: bool) -> tuple[list[tuple[str, bytes]], list[str]]:
     """The report's files, rendered here — (name, bytes), the HTML page first — and its warnings."""
-    from farm.controller.report import ReportError, build_report
+    from farm.controller.analysis.report import ReportError, build_report
 
     try:
         page, figures, warnings = build_report(store, job)
@@ -185,7 +185,7 @@ def report(store: Store, job: int, *, html: bool, png: bool) -> tuple[list[tuple
 
 
 def drift(store: Store, device: str | None) -> list[dict[str, Any]]:
-    from farm.controller.refresh import drift_history
+    from farm.controller.operations.refresh import drift_history
     return drift_history(store, device or None)
 
 
@@ -216,8 +216,8 @@ def finish_refresh(store: Store, job: int, *, k: float, max_slope_change: float,
                    max_intercept_change: float, max_r2_drop: float, include_contended: bool,
                    alert: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
     """After a reference-suite job: refit, record drift, quarantine devices whose golden results moved."""
-    from farm.controller.reference_suite import HEALTH_CHECK
-    from farm.controller.refresh import DriftThresholds, after_reference_run, report_json
+    from farm.controller.operations.reference_suite import HEALTH_CHECK
+    from farm.controller.operations.refresh import DriftThresholds, after_reference_run, report_json
 
     values = [check_finite("--k", k, 0.1, 1000)] + [check_finite(name, v, 0, 1000) for name, v in (
         ("--max-slope-change", max_slope_change), ("--max-prediction-shift", max_prediction_shift),
@@ -270,7 +270,7 @@ def predict(store: Store, model: Path, model_name: str, device: str, metrics: li
 
     `model` is a file on the store's host (the user's, embedded; an uploaded artifact, remote);
     measured_jobs are the jobs run for this question so far (their runs are `measured now`)."""
-    from farm.controller.calibrations import (
+    from farm.controller.analysis.calibrations import (
         METRICS, SIM_SIDE, calibration_history, contended_left_out, current_calibration, job_values, model_features,
     )
     from farm.models.facts import ModelError, inspect_model

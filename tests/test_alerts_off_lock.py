@@ -14,11 +14,11 @@ from typing import Any, Iterator
 import pytest
 
 from farm.agents.remote_controller import DeviceInfo, RemoteController
-from farm.controller.alerts import Webhook, alerts_from_environment, quarantine_event
+from farm.controller.operations.alerts import Webhook, alerts_from_environment, quarantine_event
 from farm.controller.grpc_server import serve
-from farm.controller.jobfile import DeviceTarget, load_job_text
-from farm.controller.schedule import MAX_ATTEMPTS
-from farm.controller.store import Store
+from farm.controller.scheduling.jobfile import DeviceTarget, load_job_text
+from farm.controller.scheduling.schedule import MAX_ATTEMPTS
+from farm.controller.scheduling.store import Store
 from farm.proto.results import FailureClass, RunResult
 
 

@@ -141,7 +141,7 @@ def test_offline_features_round_trip(tmp_path: Path, farm) -> None:
     """calibrate --pairs CSV --feature … → fit.json → predict --input x.csv → out.csv, with the same columns."""
     import numpy as np
 
-    from farm.controller.calibration import Calibration
+    from farm.controller.analysis.calibration import Calibration
 
     generator = np.random.default_rng(2)
     macs = generator.uniform(2e8, 6e9, 14)

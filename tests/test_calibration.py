@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from farm.controller.calibration import (
+from farm.controller.analysis.calibration import (
     Calibration,
     CalibrationInputError,
     Flip,
@@ -392,7 +392,7 @@ def explicit_loo_squared_log_error(log_x, log_y, features, ridge_lambda):
 
 
 def test_log_ridge_leave_one_out_agrees_with_explicit_refits():
-    from farm.controller.calibration import RIDGE_LAMBDAS
+    from farm.controller.analysis.calibration import RIDGE_LAMBDAS
 
     pairs = feature_family(seed=11, n=9, feature_power=0.0, noise=0.05)
     fit = calibrate(pairs).fits["log_ridge"]  # no features offered: only λ is chosen
@@ -438,7 +438,7 @@ def test_features_are_used_where_the_device_depends_on_them():
 
 
 def test_prior_pulls_few_pairs_toward_what_the_lab_knows():
-    from farm.controller.calibration import Prior
+    from farm.controller.analysis.calibration import Prior
 
     pairs = feature_family(seed=4, n=5, feature_power=0.0, noise=0.08)
     known = Prior(exponent=1.0, log_factor=math.log(2.5), source="g6-1 version 3")

@@ -13,11 +13,11 @@ import pytest
 from rich.console import Console
 
 from farm.cli.render import results_table
-from farm.controller.calibrations import calibration_history, fit_and_store, pair_within_job
-from farm.controller.ranking import rank_job
-from farm.controller.results import run_records
-from farm.controller.schedule import pair_key
-from farm.controller.store import Store
+from farm.controller.analysis.calibrations import calibration_history, fit_and_store, pair_within_job
+from farm.controller.analysis.ranking import rank_job
+from farm.controller.analysis.results import run_records
+from farm.controller.scheduling.schedule import pair_key
+from farm.controller.scheduling.store import Store
 from farm.proto.results import LatencyStats, RunResult, RunStatus
 
 SIM_MS = [3.0, 5.5, 8.0, 12.0, 17.0, 25.0]  # six models, batch 1 in the sim

@@ -277,7 +277,7 @@ sim: {memory: 256m, backend: process, on_contention: flag}
 def test_farm_refresh_against_a_controller_runs_the_suite_on_its_agents_devices(tmp_path: Path) -> None:
     from adb_emulator import AdbDeviceEmulator, EmulatedPhone
     from farm.agents.android import load_or_create_lab_key
-    from farm.controller.reference_suite import bundled_suite_text
+    from farm.controller.operations.reference_suite import bundled_suite_text
     from farm.models.facts import inspect_model
     from farm.models.generate import generate_examples
 

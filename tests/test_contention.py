@@ -14,7 +14,7 @@ from farm.agents.contention import (
     CoreClock, HostSnapshot, judge, parse_cpuinfo_mhz, parse_pressure_some_us, parse_proc_stat,
     parse_schedstat_wait_ns,
 )
-from farm.controller.controller import contention_outcome
+from farm.controller.scheduling.controller import contention_outcome
 
 # Fixed work, a fraction of a second on this project's VM; the model's width and format scale it,
 # so the calibration below has four distinct x values.

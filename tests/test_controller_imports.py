@@ -6,9 +6,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import farm.controller.store
+import farm.controller.scheduling.store
 
-CONTROLLER = Path(farm.controller.store.__file__).resolve().parent
+CONTROLLER = Path(farm.controller.scheduling.store.__file__).resolve().parent
 PACKAGE = "farm.controller."
 
 

@@ -91,8 +91,8 @@ targets: [tag:phones, nano-1]
     assert len(refused) == 2 and all("at least 4" in r and "have 2" in r for r in refused)
 
     # the Jetson's power mode is part of its calibration key: with enough models it is fitted per mode
-    from farm.controller.calibrations import pair_within_job
-    from farm.controller.store import Store
+    from farm.controller.analysis.calibrations import pair_within_job
+    from farm.controller.scheduling.store import Store
     nano_pairs = pair_within_job(Store(tmp_path / "farm.db"), 1, "nano-1", "latency")
     assert nano_pairs and {p.runtime for p in nano_pairs} == {"litert@nvpmodel=MAXN;clocks-dynamic"}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from farm.agents.lab import load_lab
-from farm.controller.jobfile import JobFileError, load_job
+from farm.controller.scheduling.jobfile import JobFileError, load_job
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -76,7 +76,7 @@ def test_lab_example_loads_every_device_with_its_type() -> None:
     assert {d.name: d.device_type.name for d in devices} == {
         "g6-1": "lg-g6", "s8-1": "samsung-s8", "nano-1": "jetson-nano", "pi4-1": "raspberry-pi-4"}
     # a job can target them by name, type and tag
-    from farm.controller.jobfile import DeviceTarget
+    from farm.controller.scheduling.jobfile import DeviceTarget
     targets = [DeviceTarget(d.name, d.device_type, d.tags) for d in devices]
     assert {d.entry.driver for d in devices} == {"android", "jetson", "linux"} and targets
 

@@ -360,9 +360,9 @@ def test_a_model_replaced_after_submit_fails_the_run_naming_both_hashes(lab, tmp
 def test_embedded_a_model_replaced_between_submit_and_run_is_not_measured(tmp_path: Path, tiny_models) -> None:
     """The same check where the file is read in place (embedded mode, a device run): both hashes named."""
     from farm.cli.embedded import run_job_embedded
-    from farm.controller.controller import Controller
-    from farm.controller.jobfile import load_job
-    from farm.controller.store import Store
+    from farm.controller.scheduling.controller import Controller
+    from farm.controller.scheduling.jobfile import load_job
+    from farm.controller.scheduling.store import Store
 
     shutil.copy(tiny_models["onnx"], tmp_path / "m.onnx")
     job_file = tmp_path / "job.yaml"

@@ -52,5 +52,5 @@ def test_the_shipped_package_never_imports_test_fixtures() -> None:
 
 def test_the_check_sees_an_import_inside_a_function(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
-    source.write_text("def f():\n    from farm.controller.store import Store\n    return Store\n")
-    assert imported_modules(source) == [(2, "farm.controller.store")]
+    source.write_text("def f():\n    from farm.controller.scheduling.store import Store\n    return Store\n")
+    assert imported_modules(source) == [(2, "farm.controller.scheduling.store")]

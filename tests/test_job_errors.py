@@ -13,9 +13,9 @@ import pytest
 
 from conftest import write_job
 from farm.cli.embedded import run_job_embedded
-from farm.controller.controller import Controller
-from farm.controller.jobfile import DeviceTarget, HostCapacity, load_job_text
-from farm.controller.store import Store
+from farm.controller.scheduling.controller import Controller
+from farm.controller.scheduling.jobfile import DeviceTarget, HostCapacity, load_job_text
+from farm.controller.scheduling.store import Store
 from model_fixtures import write_delegate_only_op_tflite
 
 GOOD_WORKLOAD = "workload: {type: benchmark, iterations: 3, warmup: 1}\n"

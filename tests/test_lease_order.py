@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 
-from farm.controller.controller import Controller
-from farm.controller.jobfile import DeviceTarget, load_job_text
-from farm.controller.store import MIGRATIONS, Store
+from farm.controller.scheduling.controller import Controller
+from farm.controller.scheduling.jobfile import DeviceTarget, load_job_text
+from farm.controller.scheduling.store import MIGRATIONS, Store
 
 
 def _submit(controller: Controller, model: Path, repeats: int, *, priority: str = "normal", target: str = "pixel-9") -> int:

@@ -25,11 +25,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from farm import __version__
-from farm.controller.alerts import Webhook, alerts_from_environment, drift_event, quarantine_event
-from farm.controller.controller import Controller
-from farm.controller.jobfile import load_job_text
-from farm.controller.metrics import lease_expiries_total, parse_listen, start_metrics_server
-from farm.controller.store import Store
+from farm.controller.operations.alerts import Webhook, alerts_from_environment, drift_event, quarantine_event
+from farm.controller.scheduling.controller import Controller
+from farm.controller.scheduling.jobfile import load_job_text
+from farm.controller.operations.metrics import lease_expiries_total, parse_listen, start_metrics_server
+from farm.controller.scheduling.store import Store
 
 
 # --- a webhook receiver ------------------------------------------------------------------------
@@ -109,7 +109,7 @@ def test_webhook_retries_503_with_backoff_then_delivers(hook: HookReceiver) -> N
 def test_webhook_does_not_retry_a_400(hook: HookReceiver, caplog: pytest.LogCaptureFixture) -> None:
     hook.statuses = [400]
     webhook = Webhook(hook.url, attempts=5, backoff_s=0.01)
-    with caplog.at_level(logging.WARNING, logger="farm.controller.alerts"):
+    with caplog.at_level(logging.WARNING, logger="farm.controller.operations.alerts"):
         assert webhook.send(quarantine_event("pixel-1", "x")) is False
     assert len(hook.requests) == 1
     assert "HTTP 400" in caplog.text and "not retried" in caplog.text
@@ -120,7 +120,7 @@ def test_webhook_gives_up_after_all_attempts_without_raising(hook: HookReceiver,
                                                             caplog: pytest.LogCaptureFixture) -> None:
     hook.statuses = [500, 502, 503]
     webhook = Webhook(hook.url, attempts=3, backoff_s=0.001)
-    with caplog.at_level(logging.WARNING, logger="farm.controller.alerts"):
+    with caplog.at_level(logging.WARNING, logger="farm.controller.operations.alerts"):
         assert webhook.send(quarantine_event("pixel-1", "x")) is False
     assert len(hook.requests) == 3
     assert "not delivered after 3 attempts" in caplog.text and "HTTP 503" in caplog.text
@@ -282,7 +282,7 @@ def test_metrics_registry_is_not_the_global_one(lab: Controller) -> None:
 
 
 def test_last_health_check_is_exported_once_a_reference_suite_ran(lab: Controller) -> None:
-    from farm.controller.metrics import metrics_registry
+    from farm.controller.operations.metrics import metrics_registry
     registry = metrics_registry(lab.store)
     assert registry.get_sample_value("farm_device_last_health_check_timestamp_seconds", {"device": "pixel-1"}) is None
     with lab.store.transaction():  # a completed reference-suite run on the phone is its health check

@@ -12,13 +12,13 @@ from adb_emulator import AdbDeviceEmulator
 from farm.agents.android import load_or_create_lab_key
 from farm.agents.lab import load_lab
 from farm.cli.embedded import run_job_embedded
-from farm.controller.jobfile import DeviceTarget
-from farm.controller.nightly import Cron, CronError, NightlyRefresh
-from farm.controller.controller import Controller
-from farm.controller.jobfile import load_job_text
-from farm.controller.reference_suite import HEALTH_CHECK, bundled_suite_text, submit_reference_suite
-from farm.controller.refresh import last_reference_checks
-from farm.controller.store import Store
+from farm.controller.scheduling.jobfile import DeviceTarget
+from farm.controller.operations.nightly import Cron, CronError, NightlyRefresh
+from farm.controller.scheduling.controller import Controller
+from farm.controller.scheduling.jobfile import load_job_text
+from farm.controller.operations.reference_suite import HEALTH_CHECK, bundled_suite_text, submit_reference_suite
+from farm.controller.operations.refresh import last_reference_checks
+from farm.controller.scheduling.store import Store
 
 
 @pytest.mark.parametrize("expr, after, expected", [

@@ -16,7 +16,7 @@ from adb_emulator import AdbDeviceEmulator, EmulatedPhone
 from conftest import write_job
 from farm.agents.android import load_or_create_lab_key
 from farm.models.facts import inspect_model
-from farm.controller.reference_suite import bundled_suite_text
+from farm.controller.operations.reference_suite import bundled_suite_text
 from farm.models.generate import generate_examples
 
 WIDTHS = (0.35, 0.5, 0.75, 1.0, 1.4)
@@ -100,8 +100,8 @@ def test_a_slower_phone_drifts_and_is_quarantined(tmp_path: Path, farm, webhook:
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from farm.controller.metrics import start_metrics_server
-    from farm.controller.store import Store
+    from farm.controller.operations.metrics import start_metrics_server
+    from farm.controller.scheduling.store import Store
     server, port = start_metrics_server(Store(tmp_path / "farm.db"), "127.0.0.1", 0)
     try:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from farm.controller.grpc_server import AgentSession, FarmServer
-from farm.controller.jobfile import load_job_text
-from farm.controller.store import Store
+from farm.controller.scheduling.jobfile import load_job_text
+from farm.controller.scheduling.store import Store
 from farm.proto.generated import agent_pb2
 from farm.proto.results import LatencyStats, RunResult, RunStatus
 from farm.proto.wire import result_to_message

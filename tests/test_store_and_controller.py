@@ -12,9 +12,9 @@ import pytest
 
 from farm.agents.harness.script_runner import parse_timing_line
 from farm.agents.harness.stats import latency_stats
-from farm.controller.controller import Controller, should_retry
-from farm.controller.jobfile import load_job_text
-from farm.controller.store import MIGRATIONS, SCHEMA_VERSION, Store
+from farm.controller.scheduling.controller import Controller, should_retry
+from farm.controller.scheduling.jobfile import load_job_text
+from farm.controller.scheduling.store import MIGRATIONS, SCHEMA_VERSION, Store
 from farm.proto.results import FailureClass, LatencyStats, RunResult, RunStatus
 
 
@@ -58,7 +58,7 @@ def test_old_schema_is_migrated_in_place(tmp_path: Path) -> None:
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "new.db"
     Store(path).db.execute("UPDATE schema_version SET version = 999")
-    from farm.controller.store import StoreError
+    from farm.controller.scheduling.store import StoreError
     with pytest.raises(StoreError, match="newer farm"):
         Store(path)
 

@@ -15,9 +15,9 @@ from conftest import require_backend
 from farm.agents.android_driver import benchmark_command
 from farm.agents.sandbox import backend_class
 from farm.agents.sim import SimDriver, SimSlot
-from farm.controller.controller import Controller
-from farm.controller.jobfile import load_job_text
-from farm.controller.store import Store
+from farm.controller.scheduling.controller import Controller
+from farm.controller.scheduling.jobfile import load_job_text
+from farm.controller.scheduling.store import Store
 from farm.proto.device_types import load_device_types
 from farm.proto.generated import common_pb2
 from farm.proto.results import RunResult, RunStatus, run_result_from_dict

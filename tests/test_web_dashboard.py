@@ -32,10 +32,10 @@ QUARANTINED = "phone-7"
 
 def _seed(db: Path) -> int:
     """Before the controller starts: a calibration fitted on hostile model names, two quarantined devices."""
-    from farm.controller.calibration import Pair
-    from farm.controller.calibrations import PairedRun, fit_and_store
-    from farm.controller.controller import Controller
-    from farm.controller.store import Store
+    from farm.controller.analysis.calibration import Pair
+    from farm.controller.analysis.calibrations import PairedRun, fit_and_store
+    from farm.controller.scheduling.controller import Controller
+    from farm.controller.scheduling.store import Store
 
     store = Store(db)
     names = [HOSTILE_MODEL] + [f"net-{k}" for k in range(1, 8)]

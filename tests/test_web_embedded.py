@@ -56,9 +56,9 @@ def _fake_result(avg: float, contended: bool = False):
 
 def _run_matrix_job(db: Path, model: Path) -> int:
     """A job over threads 1, 2, 4 with two repeats, run through lease/complete as an agent would report it."""
-    from farm.controller.controller import Controller
-    from farm.controller.jobfile import load_job_text
-    from farm.controller.store import Store
+    from farm.controller.scheduling.controller import Controller
+    from farm.controller.scheduling.jobfile import load_job_text
+    from farm.controller.scheduling.store import Store
 
     store = Store(db)
     controller = Controller(store)
@@ -88,8 +88,8 @@ def test_farm_web_serves_a_local_store_open_on_loopback(cluster: Cluster, tiny_m
     assert page.count('<svg class="chart"') == 1 and "latency by threads" in page
     status, headers, body = _get(f"{url}jobs/{job_id}/results.json")
     assert status == 200 and "attachment" in headers["Content-Disposition"]
-    from farm.controller.results import run_records
-    from farm.controller.store import Store
+    from farm.controller.analysis.results import run_records
+    from farm.controller.scheduling.store import Store
     assert json.loads(body) == json.loads(json.dumps(run_records(Store(db), job_id)))
     status, headers, csv_text = _get(f"{url}jobs/{job_id}/results.csv")
     assert status == 200 and csv_text.count("\n") == 1 + 6 and csv_text.startswith("job,task,")
@@ -224,11 +224,11 @@ def test_operator_profiles_become_tables() -> None:
 
 
 def test_a_calibrations_history_and_drift_over_refreshes(tmp_path: Path) -> None:
-    from farm.controller.calibration import Pair
-    from farm.controller.calibrations import PairedRun, fit_and_store
-    from farm.controller.controller import Controller
-    from farm.controller.refresh import DriftThresholds, drift_between, record_drift
-    from farm.controller.store import Store
+    from farm.controller.analysis.calibration import Pair
+    from farm.controller.analysis.calibrations import PairedRun, fit_and_store
+    from farm.controller.scheduling.controller import Controller
+    from farm.controller.operations.refresh import DriftThresholds, drift_between, record_drift
+    from farm.controller.scheduling.store import Store
     from farm.web.server import Operator, start_dashboard
 
     store = Store(tmp_path / "farm.db")
@@ -258,8 +258,8 @@ def test_a_calibrations_history_and_drift_over_refreshes(tmp_path: Path) -> None
 def test_idle_connections_cannot_take_every_thread(tmp_path: Path) -> None:
     import socket
 
-    from farm.controller.controller import Controller
-    from farm.controller.store import Store
+    from farm.controller.scheduling.controller import Controller
+    from farm.controller.scheduling.store import Store
     from farm.web.server import MAX_CONNECTIONS, Operator, start_dashboard
 
     store = Store(tmp_path / "farm.db")

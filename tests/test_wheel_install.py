@@ -69,9 +69,9 @@ def test_farm_refresh_runs_the_bundled_suite_from_a_wheel(installed: Path, tmp_p
     assert [(j["name"], j["status"], j["completed"], j["tasks"]) for j in jobs] == [("reference-suite", "completed", 20, 20)]
 
     # the controller's nightly path (what --refresh-cron calls) submits the same bundled suite, as a health check
-    script = ("from farm.controller.nightly import Cron, NightlyRefresh\n"
-              "from farm.controller.jobfile import DeviceTarget\n"
-              "from farm.controller.store import Store, default_db_path\n"
+    script = ("from farm.controller.operations.nightly import Cron, NightlyRefresh\n"
+              "from farm.controller.scheduling.jobfile import DeviceTarget\n"
+              "from farm.controller.scheduling.store import Store, default_db_path\n"
               "store = Store(default_db_path())\n"
               "job = NightlyRefresh(store, None, Cron.parse('@daily'), lambda: [DeviceTarget('g6-1')]).submit()\n"
               "row = store.job(job)\n"

@@ -26,9 +26,9 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 from farm.cli.render import results_csv, to_json
 from farm.controller.auth import Identity, TlsFiles, TokenTable, bearer_token, is_loopback
-from farm.controller.controller import Controller
-from farm.controller.results import run_records
-from farm.controller.store import Store
+from farm.controller.scheduling.controller import Controller
+from farm.controller.analysis.results import run_records
+from farm.controller.scheduling.store import Store
 from farm.web import pages, views
 from farm.web.session import COOKIE, Session, SessionSigner
 

@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from farm.controller.calibrations import METRICS, stored_calibration
-from farm.controller.refresh import last_reference_checks
-from farm.controller.results import paired_records, run_records
-from farm.controller.store import Store
+from farm.controller.analysis.calibrations import METRICS, stored_calibration
+from farm.controller.operations.refresh import last_reference_checks
+from farm.controller.analysis.results import paired_records, run_records
+from farm.controller.scheduling.store import Store
 from farm.web.svg import Band, Chart
 
 JOBS_SHOWN = 200  # newest jobs on the jobs page; older ones by URL

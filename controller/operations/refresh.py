@@ -15,14 +15,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from farm.controller.alerts import drift_event
-from farm.controller.calibrations import (
+from farm.controller.operations.alerts import drift_event
+from farm.controller.analysis.calibrations import (
     ALL_FAMILIES, StoredCalibration, contended_left_out, current_calibration, calibration_source, fit_and_store,
     job_devices, pair_within_job,
 )
-from farm.controller.controller import Controller
-from farm.controller.reference_suite import HEALTH_CHECK
-from farm.controller.store import Store
+from farm.controller.scheduling.controller import Controller
+from farm.controller.operations.reference_suite import HEALTH_CHECK
+from farm.controller.scheduling.store import Store
 
 
 @dataclass

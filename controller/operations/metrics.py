@@ -20,13 +20,13 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from farm.controller.counters import lease_expiries_total, record_lease_expiries
-from farm.controller.reference_suite import HEALTH_CHECK
-from farm.controller.schedule import PRIORITY_RANK
-from farm.controller.store import Store
+from farm.controller.scheduling.counters import lease_expiries_total, record_lease_expiries
+from farm.controller.operations.reference_suite import HEALTH_CHECK
+from farm.controller.scheduling.schedule import PRIORITY_RANK
+from farm.controller.scheduling.store import Store
 from farm.proto.results import TaskStatus
 
-log = logging.getLogger("farm.controller.metrics")
+log = logging.getLogger("farm.controller.operations.metrics")
 
 HEALTH_VALUES = ("good", "unknown", "bad", "maintenance")
 PRIORITY_NAMES = {rank: name for name, rank in PRIORITY_RANK.items()}

@@ -8,7 +8,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from farm.controller.jobfile import ResolvedJob
+from farm.controller.scheduling.jobfile import ResolvedJob
 from farm.proto.device_types import DeviceType
 from farm.proto.spec import SimBudget
 from farm.proto.tasks import TaskPlan

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from farm.controller.store import Store
+from farm.controller.scheduling.store import Store
 from farm.proto.spec import default_cpus
 from farm.proto.tasks import sim_budget
 
@@ -115,7 +115,7 @@ def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[st
     job = store.job(job_id)
     spec = json.loads(job["spec_json"]) if job else {}
     if spec.get("predict_for"):
-        from farm.controller.calibrations import add_predictions
+        from farm.controller.analysis.calibrations import add_predictions
         add_predictions(store, job_id, records, spec["predict_for"], spec["sim"])
     return records
 

@@ -15,8 +15,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from farm.controller.controller import Controller
-from farm.controller.store import Store
+from farm.controller.scheduling.controller import Controller
+from farm.controller.scheduling.store import Store
 from farm.proto.escape import printable
 from farm.proto.generated import agent_pb2
 

@@ -1,6 +1,6 @@
 """The controller's own nightly refresh: a cron expression decides when the reference suite is
 submitted (at low priority, so interactive work goes first) to every registered device, and
-when such a job finishes its refit / drift / golden checks run (controller/refresh.py).
+when such a job finishes its refit / drift / golden checks run (controller/operations/refresh.py).
 
 For labs that prefer systemd, deploy/farm-refresh.timer does the same from outside.
 """
@@ -17,11 +17,11 @@ from typing import Any, Callable
 
 from croniter import CroniterError, croniter
 
-from farm.controller.artifacts import ArtifactStore
-from farm.controller.jobfile import DeviceTarget, JobFileError
-from farm.controller.reference_suite import HEALTH_CHECK, SuiteError, submit_reference_suite
-from farm.controller.refresh import after_reference_run
-from farm.controller.store import Store
+from farm.controller.scheduling.artifacts import ArtifactStore
+from farm.controller.scheduling.jobfile import DeviceTarget, JobFileError
+from farm.controller.operations.reference_suite import HEALTH_CHECK, SuiteError, submit_reference_suite
+from farm.controller.operations.refresh import after_reference_run
+from farm.controller.scheduling.store import Store
 
 log = logging.getLogger("farm.nightly")
 # A numeric range written backwards: croniter reads it as wrapping around, cron(8) refuses it.

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from farm.controller.controller import Applied, Controller, Delivery
+from farm.controller.scheduling.controller import Applied, Controller, Delivery
 from farm.proto.escape import printable
 from farm.proto.generated import agent_pb2
 from farm.proto.results import FailureClass, ResultRefused, RunResult, TaskStatus

@@ -16,10 +16,10 @@ from pathlib import Path
 import yaml
 from platformdirs import user_data_dir
 
-from farm.controller.artifacts import ArtifactStore
-from farm.controller.controller import Controller
-from farm.controller.jobfile import DeviceTarget, JobFileError, ResolvedJob, load_job
-from farm.controller.store import Store
+from farm.controller.scheduling.artifacts import ArtifactStore
+from farm.controller.scheduling.controller import Controller
+from farm.controller.scheduling.jobfile import DeviceTarget, JobFileError, ResolvedJob, load_job
+from farm.controller.scheduling.store import Store
 from farm.models.generate import generate_examples, write_if_changed
 from farm.proto.spec import Priority
 
@@ -35,7 +35,7 @@ class SuiteError(ValueError):
 
 
 def bundled_suite_text() -> str:
-    return resources.files("farm.controller").joinpath(SUITE_FILE).read_text(encoding="utf-8")
+    return resources.files("farm.controller.operations").joinpath(SUITE_FILE).read_text(encoding="utf-8")
 
 
 def suite_dir(store: Store) -> Path:

@@ -1,7 +1,7 @@
 """`farm report JOB`: one self-contained HTML file (plots embedded as PNG, no script, no CDN) per job.
 
 In order: what the job is and any warning; the results table (units in every header, averaged
-over repeats); sweep plots per model family (controller/plots.py says what a family is); an
+over repeats); sweep plots per model family (controller/analysis/plots.py says what a family is); an
 overview of every cell; memory and CPU over time from the stored telemetry samples; model facts;
 per-operator tables where runs carry `op_profile`; per calibration that used the job's runs the
 sim-vs-device scatter with the fitted line, formula and R² (as in the published figures), the
@@ -22,12 +22,12 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
-from farm.controller import plots
-from farm.controller.calibrations import METRICS, StoredCalibration, stored_calibration
-from farm.controller.plots import Figure, plain, safe_file_name
-from farm.controller.ranking import RankError, rank_job
-from farm.controller.results import average_repeats, run_records
-from farm.controller.store import Store
+from farm.controller.analysis import plots
+from farm.controller.analysis.calibrations import METRICS, StoredCalibration, stored_calibration
+from farm.controller.analysis.plots import Figure, plain, safe_file_name
+from farm.controller.analysis.ranking import RankError, rank_job
+from farm.controller.analysis.results import average_repeats, run_records
+from farm.controller.scheduling.store import Store
 from farm.proto.escape import printable
 
 FIGURE_SIZE_IN = (6.4, 4.8)

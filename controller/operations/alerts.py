@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from farm import __version__
 
-log = logging.getLogger("farm.controller.alerts")
+log = logging.getLogger("farm.controller.operations.alerts")
 
 WEBHOOK_ENV = "FARM_WEBHOOK_URL"
 USER_AGENT = f"farm/{__version__}"

@@ -12,8 +12,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from farm.controller.artifacts import ArtifactError, ControllerFiles
-from farm.controller.jobfile import (
+from farm.controller.scheduling.artifacts import ArtifactError, ControllerFiles
+from farm.controller.scheduling.jobfile import (
     DeviceTarget, InvalidModel, JobFileError, ResolvedJob, ResolvedModel, _locate, check_benchmark_models,
     check_task_count, parse_job_text, resolve_models, resolve_targets,
 )

@@ -12,8 +12,8 @@ from typing import Any
 
 from scipy.stats import kendalltau
 
-from farm.controller.calibrations import CalibrationError, contended_left_out, current_calibration, job_values
-from farm.controller.store import Store
+from farm.controller.analysis.calibrations import CalibrationError, contended_left_out, current_calibration, job_values
+from farm.controller.scheduling.store import Store
 
 
 class RankError(ValueError):

@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from farm.controller.alerts import alerts_from_environment, quarantine_event
-from farm.controller.jobfile import ResolvedJob
-from farm.controller.counters import record_lease_expiries
-from farm.controller.schedule import PRIORITY_RANK, expand_tasks
-from farm.controller.store import Store
+from farm.controller.operations.alerts import alerts_from_environment, quarantine_event
+from farm.controller.scheduling.jobfile import ResolvedJob
+from farm.controller.scheduling.counters import record_lease_expiries
+from farm.controller.scheduling.schedule import PRIORITY_RANK, expand_tasks
+from farm.controller.scheduling.store import Store
 from farm.proto.results import FailureClass, JobStatus, ResultRefused, RunResult, TaskStatus
 from farm.proto.tasks import TaskPlan, TaskSpec
 

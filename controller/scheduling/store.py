@@ -138,7 +138,7 @@ def _migration_7(db: sqlite_utils.Database) -> None:
 
 def _migration_8(db: sqlite_utils.Database) -> None:
     # What a job is for: 'health_check' only for the reference suite farm itself submitted
-    # (controller/reference_suite.py), 'user' for everything else, whatever its name.
+    # (controller/operations/reference_suite.py), 'user' for everything else, whatever its name.
     # Older jobs are not guessed from their name: golden-result history starts again.
     db.table("jobs").add_column("kind", str, not_null_default="user")
 

@@ -13,8 +13,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from farm.controller.calibration import Calibration, FitResult, Pair, Prior, calibrate
-from farm.controller.store import Store
+from farm.controller.analysis.calibration import Calibration, FitResult, Pair, Prior, calibrate
+from farm.controller.scheduling.store import Store
 
 MiB = 1 << 20
 

@@ -12,8 +12,8 @@ import logging
 import threading
 import time
 
-from farm.controller.controller import Controller
-from farm.controller.sessions import AgentSession, Sessions
+from farm.controller.scheduling.controller import Controller
+from farm.controller.scheduling.sessions import AgentSession, Sessions
 from farm.proto.generated import agent_pb2
 from farm.proto.wire import task_to_message
 

@@ -1,0 +1,2 @@
+"""Analysis: what the stored runs say — calibration math and its versions, rankings,
+reports and the results table."""
