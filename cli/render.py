@@ -297,12 +297,21 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
         out[prefix] = value
 
 
+# A spreadsheet runs a cell that starts like a formula: a model or device name from a job file
+# must stay text when the CSV is opened (OWASP's "CSV injection").
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _csv_cell(value: Any) -> Any:
+    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_START) else value
+
+
 def results_csv(records: list[dict[str, Any]]) -> str:
     rows = []
     for r in records:
         flat: dict[str, Any] = {}
         _flatten("", {k: v for k, v in r.items() if k != "tool_versions"}, flat)
-        rows.append(flat)
+        rows.append({k: _csv_cell(v) for k, v in flat.items()})
     fields: list[str] = []
     for row in rows:
         fields += [k for k in row if k not in fields]

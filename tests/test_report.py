@@ -232,3 +232,15 @@ def test_the_cpu_budget_gets_its_own_plot_only_when_swept_apart_from_threads() -
     assert fig is not None and fig.name == "sweep-mobilenetv2_w0.5-cpus.png"
     _png_check(fig.png)
     assert plots.family_of(apart[0]) == "mobilenetv2_w0.5" and plots.input_size_of(apart[0]) == 160
+
+
+def test_csv_keeps_formula_like_names_as_text() -> None:
+    # a job file names its models: a spreadsheet must not run one called like a formula
+    import csv
+    import io
+
+    from farm.cli.render import results_csv
+    records = [{"model": {"name": "=HYPERLINK(\"http://x\")"}, "target": "@sim", "threads": 1, "latency_ms": {"avg": -1.5}}]
+    row = next(csv.DictReader(io.StringIO(results_csv(records))))
+    assert row["model.name"] == "'=HYPERLINK(\"http://x\")" and row["target"] == "'@sim"
+    assert row["latency_ms.avg"] == "-1.5"  # numbers stay numbers
