@@ -57,7 +57,7 @@ def test_the_command_uses_the_types_flags_and_taskset_mask(tmp_path: Path) -> No
     assert command.count("--num_runs=") == 1  # the job's run count wins over the profile's default
     assert "--enable_op_profiling" not in command  # profiling costs time: only when the job asks
     task = _task(tmp_path / "m.tflite", threads=2)
-    task.workload["op_profiling"] = True
+    task.workload = task.workload.model_copy(update={"op_profiling": True})
     assert "--enable_op_profiling=true" in benchmark_command("bm", "m.tflite", task, pixel)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 
+from farm.proto.spec import BenchmarkWorkload
 from farm.agents.board_driver import BoardDeviceConfig, BoardDriver
 from farm.agents.board_workload import harness_command
 from farm.agents.ssh_transport import SshTransport, UploadResult
@@ -284,7 +285,7 @@ def test_a_board_python_without_numpy_fails_the_benchmark_as_the_jobs_saying_wha
         board: SshdPeer, tiny_models, tmp_path: Path) -> None:
     # Debian's own python3 here has no numpy, like a fresh board
     task = _script_task(tiny_models["tflite"], tmp_path)
-    task.workload = {"type": "benchmark", "iterations": 5, "warmup": 1, "use_xnnpack": True}
+    task.workload = BenchmarkWorkload(type="benchmark", iterations=5, warmup=1, use_xnnpack=True)
     result = BoardDriver(_config(board, tmp_path, python="/usr/bin/python3")).run(task, lambda: False)
     assert result.failure_class == "job", result.message
     assert "has no numpy" in result.message and "pip install numpy" in result.message

@@ -16,7 +16,7 @@ from farm.controller.scheduling.jobfile import JobFileError, load_job
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
-BUNDLED_SUITE = REPO / "controller" / "reference-suite.yaml"
+BUNDLED_SUITE = REPO / "controller" / "operations" / "reference-suite.yaml"
 
 
 def _make_models_arguments() -> tuple[list[float], list[int]]:

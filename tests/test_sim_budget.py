@@ -133,7 +133,7 @@ def test_auto_prefers_kernel_accounting_and_reports_the_backend(farm) -> None:
 
 def test_process_backend_results_are_marked_approximate(tmp_path: Path, tiny_models, farm) -> None:
     job = _script_job(tmp_path, tiny_models, "print('hi')\n", "{cpus: 1}", "approx")
-    run = farm("submit", str(job), "--backend", "process")
+    run = farm("submit", str(job), "--backend", "process", "--wide")  # the backend column is a --wide one
     assert run.returncode == 0, run.stderr
     assert "process*" in run.stdout and "approximate" in run.stdout
     r = farm("results", "1", "--json").json()[0]
