@@ -5,7 +5,9 @@ Waits are explicit and generous: on a busy 2-core machine a page can take second
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -16,10 +18,28 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 WAIT_S = 60
 
 
+def _installed() -> bool:
+    return Path(CHROMIUM).exists() and (Path(CHROMEDRIVER).exists() or shutil.which("chromedriver") is not None)
+
+
+def install_chromium() -> bool:
+    """As root with apt, install Debian's chromium and its driver when missing, as the sshd, adb and Docker
+    peers do: `make test` then runs what `.ci/run` runs. True when both are there."""
+    if _installed():
+        return True
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        for args in (["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"],
+                     ["sh", "-c", "apt-get update -qq && apt-get install -y -qq chromium chromium-driver"]):
+            if subprocess.run(args, capture_output=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+                              timeout=900).returncode == 0 and _installed():
+                return True
+    return _installed()
+
+
 def browser_available() -> str | None:
     """Why the browser cannot run here, or None."""
-    if not Path(CHROMIUM).exists() or not (Path(CHROMEDRIVER).exists() or shutil.which("chromedriver")):
-        return "needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)"
+    if not install_chromium():
+        return "needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver; needs root)"
     try:
         import selenium  # noqa: F401
     except ImportError:

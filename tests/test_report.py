@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageStat
 
+from browser import install_chromium
 from conftest import write_job
 from farm.controller.analysis import plots
 from farm.controller.analysis.report import ops_section
@@ -22,7 +23,7 @@ from farm.controller.scheduling.store import Store
 
 HOSTILE = "<script>alert(1)</script>$x_{1}$&\"'\x1b[31m"
 LONG = "mobilenetv2_w0.35_r96_a_model_name_long_enough_to_be_cut"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"  # browser.install_chromium() installs it as root
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +80,8 @@ def test_plain_job_report_has_the_table_and_plots_and_renders_in_a_browser(model
         _png_check(data)
 
     # a real browser draws it: the screenshot is not blank
-    if not Path(CHROMIUM).exists():
-        pytest.skip("chromium is not installed (apt-get install -y chromium; .ci/run installs it)")
+    if not install_chromium():
+        pytest.skip("chromium is not installed and cannot be here (apt-get install -y chromium; needs root)")
     shot = tmp_path / "shot.png"
     run = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
                           "--window-size=1280,900", page_path.as_uri()], capture_output=True, text=True, timeout=120)
