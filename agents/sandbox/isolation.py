@@ -102,16 +102,25 @@ def isolation_env(run_as: RunAs) -> dict[str, str]:
             "FARM_KEEP": "\n".join(str(p) for p in runtime_paths_to_keep())}
 
 
+def farm_code_folders() -> set[Path]:
+    """Where farm's packages are on disk: site-packages/farm/..., or a checkout's role folders."""
+    code = {Path(folder).resolve() for folder in farm.__path__}
+    for name in ("farm.agents", "farm.proto", "farm.models", "farm.controller", "farm.cli"):
+        spec = importlib.util.find_spec(name)  # found, not imported: the harness imports more than the agent has
+        code.update(Path(folder).resolve() for folder in (spec.submodule_search_locations or []) if spec else [])
+    return code
+
+
 def runtime_paths_to_keep() -> list[Path]:
     """The folders farm's interpreter and farm's own code live in that a private /tmp would hide (a venv
     or a checkout under /tmp): the harness must still start, so they are bound back, read-only."""
     candidates = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix),
                   Path(os.path.realpath(sys.executable)).parent.parent}
-    for name in ("farm.agents", "farm.proto", "farm.models", "farm.controller", "farm.cli"):
-        spec = importlib.util.find_spec(name)  # found, not imported: the harness imports more than the agent has
-        for folder in (spec.submodule_search_locations or []) if spec else []:
-            candidates.add(Path(folder).resolve())
-    candidates.update(Path(folder).resolve() for folder in farm.__path__)
+    code = farm_code_folders()
+    parents = {folder.parent for folder in code}
+    # A checkout holds every role folder side by side: its root is one bind, where the role folders
+    # one each would pass MAX_KEPT (and the harness then could not import farm.proto).
+    candidates.update(parents if len(parents) == 1 else code)
     inside = sorted(p for p in candidates if any(p.is_relative_to(d) and p != Path(d) for d in PRIVATE_DIRS))
     # the outermost folders only: a venv's own subfolders come with it
     outermost = [p for p in inside if not any(p != q and p.is_relative_to(q) for q in inside) and "\n" not in str(p)]
