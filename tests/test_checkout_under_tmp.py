@@ -33,9 +33,10 @@ def test_a_checkout_under_tmp_runs_its_sim_jobs_in_namespaces(tmp_path: Path, ti
     p = _run(["git", "clone", "--quiet", str(ROOT), str(clone)], cwd=tmp_path)
     if p.returncode != 0:
         pytest.skip(f"cannot clone this checkout: {p.stderr[-300:]}")
-    # a venv of its own for the clone's editable install; the libraries come from this environment
+    # a venv of its own for the clone's editable install; the libraries (pip and setuptools too) come
+    # from this environment, so nothing is downloaded
     venv = clone / ".venv"
-    assert _run([sys.executable, "-m", "venv", str(venv)], cwd=clone).returncode == 0
+    assert _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=clone).returncode == 0
     (site_dir,) = venv.glob("lib/python3*/site-packages")
     (site_dir / "libraries.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     install = _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps",

@@ -107,7 +107,8 @@ def farm_code_folders() -> set[Path]:
     code = {Path(folder).resolve() for folder in farm.__path__}
     for name in ("farm.agents", "farm.proto", "farm.models", "farm.controller", "farm.cli"):
         spec = importlib.util.find_spec(name)  # found, not imported: the harness imports more than the agent has
-        code.update(Path(folder).resolve() for folder in (spec.submodule_search_locations or []) if spec else [])
+        folders = (spec.submodule_search_locations or []) if spec else []
+        code.update(Path(folder).resolve() for folder in folders)
     return code
 
 
