@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import signal
 import secrets
 import threading
 import time
@@ -52,6 +53,7 @@ PRIVATE_CGROUP_ROOT = "farm-sandbox"  # top of the per-run parent cgroups (cgrou
 POLL_INTERVAL_S = 0.1
 ENGINE_TIMEOUT_S = 30  # for one Engine API request; stats may take ~2 s on a busy host
 KILL_WAIT_S = 10.0
+OOM_PEAK_SHARE = 0.9  # memory this close to the limit at a SIGKILL nobody sent: the OOM killer
 
 
 def engine_address() -> str:
@@ -373,6 +375,11 @@ class DockerSandbox(RunningSandbox):
             # A parent cgroup's mark may carry a few KiB of kernel memory over the child's limit.
             peak = min(peak, self._memory_limit)
         oom_killed = bool(state.get("OOMKilled")) or oom_kills > 0
+        if (not oom_killed and not self._killed_by_us and int(state.get("ExitCode", -1)) == 128 + signal.SIGKILL
+                and peak is not None and self._memory_limit and peak >= OOM_PEAK_SHARE * self._memory_limit):
+            # the kernel's oom_kill count left with the container's cgroup and the engine missed the event:
+            # a SIGKILL nobody sent, with memory at the limit, is the OOM killer (as the cgroup backend judges)
+            oom_killed = True
         started = _parse_engine_time(state.get("StartedAt", ""))
         finished = _parse_engine_time(state.get("FinishedAt", ""))
         if started is not None and finished is not None and finished >= started:

@@ -122,6 +122,9 @@ def runtime_paths_to_keep() -> list[Path]:
     # A checkout holds every role folder side by side: its root is one bind, where the role folders
     # one each would pass MAX_KEPT (and the harness then could not import farm.proto).
     candidates.update(parents if len(parents) == 1 else code)
+    # libraries a .pth file adds from elsewhere (another venv's site-packages) are imported by the harness too
+    candidates.update(Path(entry).resolve() for entry in sys.path
+                      if Path(entry).name in ("site-packages", "dist-packages") and Path(entry).is_dir())
     inside = sorted(p for p in candidates if any(p.is_relative_to(d) and p != Path(d) for d in PRIVATE_DIRS))
     # the outermost folders only: a venv's own subfolders come with it
     outermost = [p for p in inside if not any(p != q and p.is_relative_to(q) for q in inside) and "\n" not in str(p)]
