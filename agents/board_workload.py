@@ -21,6 +21,7 @@ from typing import Any
 from farm.agents.board_harness import HARNESS_FILE
 from farm.agents.board_harness.board_harness import PROTOCOL
 from farm.agents.harness.stats import latency_stats, startup_ms, throughput_per_s
+from farm.agents.harness.task import HarnessTask, benchmark_task, script_task
 from farm.agents.parsers.board_harness import HarnessOutputError, parse_env_output, parse_harness_output
 from farm.agents.sim import format_script_args
 from farm.agents.ssh_transport import SshInfrastructureError, SshTransport, UploadResult, file_sha256
@@ -48,21 +49,10 @@ class BoardJobError(Exception):
 
 
 @dataclass
-class BoardRunTask:
-    """What `board_harness.py run` reads: the sim's HarnessTask fields plus the board's own."""
+class BoardRunTask(HarnessTask):
+    """What `board_harness.py run` reads: the sim's HarnessTask (built by the same functions) plus the
+    board's own fields."""
 
-    kind: str
-    model_path: str
-    threads: int = 1
-    batch_size: int = 1
-    input_size: int | None = None
-    iterations: int = 50
-    warmup: int = 5
-    input_shapes: dict[str, list[int]] | None = None
-    use_xnnpack: bool = True
-    seed: int = 0
-    command: list[str] | None = None
-    script_dir: str | None = None
     archive: str | None = None
     timeout_s: float | None = None
     sample_interval_ms: float = 100
@@ -176,9 +166,7 @@ def run_task_spec(task: TaskSpec, run_dir: str, model: str, archive: str | None,
     """What the harness is asked to run; `python` runs a script whose command is python."""
     w = task.workload
     if isinstance(w, BenchmarkWorkload):
-        return BoardRunTask(kind="benchmark", model_path=model, threads=task.threads, batch_size=task.batch_size,
-                            input_size=task.input_size, iterations=w.iterations, warmup=w.warmup,
-                            input_shapes=dict(w.input_shapes), use_xnnpack=w.use_xnnpack, seed=task.repeat)
+        return BoardRunTask(**asdict(benchmark_task(task, model)))
     script_dir = f"{run_dir}/script"
     command = python if w.command in ("python", "python3") else w.command
     argv = [command] + ([f"{script_dir}/{w.script}"] if w.script else [])
@@ -186,8 +174,7 @@ def run_task_spec(task: TaskSpec, run_dir: str, model: str, archive: str | None,
         argv += format_script_args(w.args, task, model)
     except ValueError as e:
         raise BoardJobError(str(e)) from None
-    return BoardRunTask(kind="script", model_path=model, threads=task.threads, batch_size=task.batch_size,
-                        input_size=task.input_size, command=argv, script_dir=script_dir, archive=archive,
+    return BoardRunTask(**asdict(script_task(task, model, argv, script_dir)), archive=archive,
                         timeout_s=task.run_timeout_s, sample_interval_ms=sample_interval_ms,
                         pgid_file=f"{run_dir}/script.pgid")
 

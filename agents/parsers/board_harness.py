@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from farm.agents.harness.task import HarnessOutput
 from farm.agents.board_harness.board_harness import PROTOCOL, RESULT_MARK
 
 MAX_RESULT_CHARS = 32 << 20
@@ -25,21 +26,9 @@ class HarnessOutputError(ValueError):
 
 
 @dataclass
-class BoardHarnessOutput:
-    ok: bool
-    failure_class: str | None = None
-    message: str = ""
-    runtime: str = ""
-    init_ms: float | None = None
-    first_ms: float | None = None
-    warmup_ms: list[float] = field(default_factory=list)
-    iterations_ms: list[float] = field(default_factory=list)
-    whole_run_s: float | None = None
-    measure_wall_s: float | None = None
-    baseline_rss_bytes: int | None = None
-    peak_rss_bytes: int | None = None
-    input_shapes: dict[str, list[int]] = field(default_factory=dict)
-    tool_versions: dict[str, str] = field(default_factory=dict)
+class BoardHarnessOutput(HarnessOutput):
+    """The sim harness's output fields, plus what a board run reports of a script."""
+
     process_memory_avg_bytes: float | None = None  # the script's process group, summed, sampled
     process_memory_peak_bytes: int | None = None
     process_memory_samples: int = 0
