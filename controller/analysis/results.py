@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from farm.controller.scheduling.store import Store
-from farm.proto.spec import default_cpus
+from farm.proto.spec import SimBudget, default_cpus
 from farm.proto.tasks import sim_budget
 
 MiB = 1 << 20
@@ -26,11 +26,10 @@ def _round(v: float | None, digits: int = 4) -> float | None:
     return None if v is None else round(v, digits)
 
 
-def _limits(row: dict[str, Any]) -> dict[str, Any]:
+def _limits(row: dict[str, Any], sim: SimBudget | None) -> dict[str, Any]:
     """The budget a run really had; for a sim task not run yet, the budget it will be given."""
-    if row["run_id"] is not None or row["target"] != "sim":
+    if row["run_id"] is not None or sim is None:
         return {"cpus": row["limits_cpus"], "cpuset": row["limits_cpuset"], "memory_mb": row["limits_memory_mb"]}
-    sim = sim_budget(json.loads(row["task_spec_json"])["sim"])
     return {"cpus": default_cpus(sim.cpus, row["threads"]), "cpuset": sim.cpuset, "memory_mb": _mb(sim.memory)}
 
 
@@ -39,13 +38,11 @@ def samples_per_s(throughput: float | None, batch_size: int | None) -> float | N
     return None if throughput is None else throughput * (batch_size or 1)
 
 
-def _budget_cpus(row: dict[str, Any]) -> float | None:
-    """A sim run's CPU budget as the job set it (matrix.cpus, sim.cpus or the thread count): the swept figure.
-    None on a device, which has no budget imposed."""
+def _planned_sim(row: dict[str, Any]) -> SimBudget | None:
+    """A sim task's budget as its plan holds it (matrix.cpus, sim.cpus...); None on a device, which has none imposed."""
     if row["target"] != "sim":
         return None
-    sim = sim_budget(json.loads(row["task_spec_json"] or "{}").get("sim") or {})
-    return default_cpus(sim.cpus, row["threads"])
+    return sim_budget(json.loads(row["task_spec_json"] or "{}").get("sim") or {})
 
 
 def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[str, Any]]:
@@ -53,7 +50,9 @@ def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[st
     records, notes = [], []
     for row in store.run_rows(job_id):
         facts = json.loads(row["model_facts_json"] or "{}")
-        notes.append(json.loads(row["environment_json"] or "{}").get("op_profile_note"))
+        environment = json.loads(row["environment_json"] or "{}")  # read once: several figures come from it
+        sim = _planned_sim(row)
+        notes.append(environment.get("op_profile_note"))
         latency = None
         if row.get("latency_avg_ms") is not None:
             latency = {k: _round(row[f"latency_{k}_ms"]) for k in
@@ -69,7 +68,7 @@ def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[st
                       **{name: facts.get(name) for name in MODEL_FACTS_IN_RECORDS}},
             "target": row["target"],
             "threads": row["threads"],
-            "cpus": _budget_cpus(row),
+            "cpus": default_cpus(sim.cpus, row["threads"]) if sim else None,  # the swept figure
             "batch_size": row["batch_size"],
             "input_size": row["input_size"],
             "repeat": row["repeat"],
@@ -88,8 +87,7 @@ def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[st
             "peak_memory_source": row.get("peak_memory_source"),
             "avg_memory_mb": _mb(row.get("avg_memory_bytes")),
             # boards with power rails (Jetsons) integrate it over the timed loop; None elsewhere
-            "energy_per_inference_mj": _round((json.loads(row["environment_json"] or "{}")
-                                               .get("energy_per_inference_mj")) if row["environment_json"] else None),
+            "energy_per_inference_mj": _round(environment.get("energy_per_inference_mj")),
             "baseline_memory_mb": _mb(row.get("baseline_memory_bytes")),
             "peak_rss_mb": _mb(row.get("peak_rss_bytes")),
             "cpu_percent": {"avg": _round(row.get("cpu_avg_percent"), 1), "peak": _round(row.get("cpu_peak_percent"), 1)},
@@ -100,10 +98,10 @@ def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[st
             "wall_s": _round(row["wall_s"]),
             "backend": row["backend"],
             "approximate": bool(row["approximate"]) if row["approximate"] is not None else None,
-            "limits": _limits(row),
+            "limits": _limits(row, sim),
             "run": row["run_id"],
-            "runtime": json.loads(row["environment_json"]).get("runtime") if row["environment_json"] else None,
-            "image_build": json.loads(row["environment_json"]).get("build") if row["environment_json"] else None,
+            "runtime": environment.get("runtime"),
+            "image_build": environment.get("build"),
             "contention": json.loads(row["contention_json"]) if row.get("contention_json") else None,
             "tool_versions": json.loads(row["tool_versions_json"]) if row["tool_versions_json"] else {},
         })
