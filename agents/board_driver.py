@@ -71,7 +71,7 @@ class BoardEntry(DeviceEntry):
     nv_tegra_release: str | None = None
     device_tree_model: str | None = None
     telemetry: Literal["auto", "jtop", "tegrastats"] = "auto"  # jetson: jtop when its service is usable
-    env_timeout_s: float = Field(1800, gt=0)  # making a script's venv with its pip requirements (once per set)
+    env_timeout_s: float = Field(1800, gt=0, allow_inf_nan=False)  # making a script's venv with its pip requirements (once per set)
 
 
 class BoardDriver:

@@ -6,6 +6,7 @@ field path and what is wrong (see load_job).
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from typing import Annotated, Any, Literal, Union
@@ -91,6 +92,8 @@ def parse_duration(value: Any) -> float:
         if not m:
             raise ValueError(f"{value!r} is not a duration; write e.g. 90s, 10m or 1h")
         seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2).lower() if m.group(2) else None]
+    if not math.isfinite(seconds):  # a NaN limit never trips (every comparison is false), an infinite one never ends
+        raise ValueError(f"{value!r} is not a finite duration; write e.g. 90s, 10m or 1h")
     if seconds <= 0:
         raise ValueError("must be positive")
     return seconds

@@ -35,3 +35,10 @@ def test_a_lab_entry_is_checked_by_its_own_drivers_schema(tmp_path: Path) -> Non
                    "  - {name: g6-1, driver: android, host: 10.0.0.2, type: lg-g6}\n")
     nano, g6 = load_lab(lab)
     assert (nano.driver.name, g6.driver.name, g6.device_type and g6.device_type.name) == ("jetson", "android", "lg-g6")
+
+
+def test_a_non_finite_board_install_timeout_is_refused_naming_the_field(tmp_path: Path) -> None:
+    lab = tmp_path / "lab.yaml"
+    lab.write_text("devices:\n  - {name: b1, driver: linux, host: 127.0.0.1, username: u, ssh_key: k, env_timeout_s: .inf}\n")
+    with pytest.raises(LabConfigError, match=r"devices\.0\.env_timeout_s: .*finite"):
+        load_lab(lab)

@@ -73,6 +73,12 @@ CASES = {
     "bad duration": (
         "models: [tiny.tflite]\n" + GOOD_WORKLOAD + "timeouts: {run: soon}\n",
         3, ["timeouts.run", "not a duration"]),
+    "non-finite timeout": (  # a NaN limit would never trip
+        "models: [tiny.tflite]\n" + GOOD_WORKLOAD + "timeouts: {run: .nan}\n",
+        3, ["timeouts.run", "not a finite duration"]),
+    "infinite build timeout": (
+        "models: [tiny.tflite]\n" + GOOD_WORKLOAD + "sim: {backend: docker, build: {run: ['true'], timeout: .inf}}\n",
+        3, ["sim.build.timeout", "not a finite duration"]),
     "unknown workload type": (
         "models: [tiny.tflite]\nworkload: {type: profile}\n",
         2, ["workload", "type"]),
