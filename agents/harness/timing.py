@@ -1,29 +1,20 @@
-"""The timing loop shared by every runtime: warmup, first inference, timed iterations."""
+"""The timing loop shared by every runtime: warmup, first inference, timed iterations.
+
+The loop itself is the board harness's (Python 3.6, no farm on the board): one loop times the
+sim and the boards, so their figures differ by the hardware and nothing else."""
 
 from __future__ import annotations
 
-import time
-from typing import Callable
+from typing import Any, Callable
 
+from farm.agents.board_harness.board_harness import time_inferences as board_time_inferences
 from farm.agents.harness.task import HarnessOutput
 
 
 def time_inferences(invoke: Callable[[], object], out: HarnessOutput, *, warmup: int, iterations: int) -> None:
     """Fills first_ms, warmup_ms, iterations_ms and measure_wall_s of `out`."""
-    clock = time.perf_counter_ns
-    t0 = clock()
-    invoke()
-    out.first_ms = (clock() - t0) / 1e6
-    # The first inference counts as the first warmup run, as benchmark_model does.
-    for _ in range(max(0, warmup - 1)):
-        t0 = clock()
-        invoke()
-        out.warmup_ms.append((clock() - t0) / 1e6)
-    samples = []
-    start = clock()
-    for _ in range(iterations):
-        t0 = clock()
-        invoke()
-        samples.append(clock() - t0)
-    out.measure_wall_s = (clock() - start) / 1e9
-    out.iterations_ms = [s / 1e6 for s in samples]
+    figures: dict[str, Any] = {"warmup_ms": out.warmup_ms}
+    board_time_inferences(invoke, figures, warmup, iterations)
+    out.first_ms = figures["first_ms"]
+    out.iterations_ms = figures["iterations_ms"]
+    out.measure_wall_s = figures["measure_wall_s"]
