@@ -31,7 +31,14 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from farm.models.published_nets import IMAGE_FAMILY, JETSON_EXPERIMENT_MODELS, VIDEO_FAMILY
+from farm.controller.scheduling.jobfile import JobFileError, load_job
+from farm.models.published_nets import (
+    IMAGE_FAMILY,
+    JETSON_EXPERIMENT_MODELS,
+    VIDEO_FAMILY,
+    mobilenetv2_3d,
+    shufflenetv2,
+)
 
 # name -> (parameters, MACs, relative MAC tolerance, depth) of the published image models
 IMAGE_FIGURES: dict[str, tuple[int, float, float, int | None]] = {
@@ -236,3 +243,48 @@ def test_a_second_generate_rewrites_nothing(published, tmp_path: Path, farm) -> 
                "--sizes", "224")
     assert run.returncode == 0, run.stderr
     assert run.stderr.count("(unchanged)") == len(JETSON_EXPERIMENT_MODELS), run.stderr
+
+
+def test_video_models_run_in_the_sim_with_the_built_in_benchmark(published, tmp_path: Path, farm) -> None:
+    """The sim's ONNX Runtime benchmark fills a 5-D clip input like an image one: batch from the matrix, the rest
+    from the model (16 frames of 112x112)."""
+    job = tmp_path / "video.yaml"
+    job.write_text(f"""
+name: video-sim
+models:
+  - {{path: {published['shufflenetv2_3d_x0.25']}, family: video}}
+  - {{path: {published['mobilenetv2_3d_x0.25']}, family: video}}
+workload: {{type: benchmark, iterations: 3, warmup: 1}}
+matrix: {{threads: [1], batch_sizes: [1, 2]}}
+targets: [sim]
+sim: {{cpus: 1, memory: 2g}}
+""")
+    run = farm("submit", str(job), "--json")
+    assert run.returncode == 0, run.stderr[-3000:] + run.stdout[-3000:]
+    records = run.json()["results"]
+    assert len(records) == 4 and all(r["status"] == "completed" for r in records), [r["message"] for r in records]
+    assert all(r["model"]["family"] == "video" and r["latency_ms"]["count"] == 3 for r in records)
+    # the clip's other dimensions are fixed in the model: a run that asked for others would have been refused
+    assert sorted(r["batch_size"] for r in records) == [1, 1, 2, 2]
+    assert all(r["samples_per_s"] == pytest.approx(r["throughput_per_s"] * r["batch_size"], rel=0.01) for r in records)
+
+
+def test_a_missing_published_model_says_which_command_writes_it(tmp_path: Path) -> None:
+    example = (Path(__file__).resolve().parent.parent / "examples" / "jetson-experiment.yaml").read_text()
+    (tmp_path / "jetson-experiment").mkdir()
+    (tmp_path / "jetson-experiment" / "infer.py").write_text("")
+    # its sim twins only (no Nano here), before `make models`
+    (tmp_path / "jetson-experiment.yaml").write_text(example.replace("targets: [type:jetson-nano]", "targets: [sim]"))
+    with pytest.raises(JobFileError) as e:
+        load_job(tmp_path / "jetson-experiment.yaml")
+    message = str(e.value)
+    for name in ("resnet18.onnx", "shufflenetv2_3d_x0.25.onnx", "mobilenetv2_3d_x2.onnx"):
+        assert f"{name}' does not exist" in message
+    assert f"farm models generate {tmp_path / 'models'} --published" in message
+
+
+def test_a_width_the_papers_do_not_define_is_refused() -> None:
+    with pytest.raises(ValueError, match="ShuffleNetV2 has no width 0.3; published: "):
+        shufflenetv2(0.3, video=True)
+    with pytest.raises(ValueError, match="width multiplier must be positive"):
+        mobilenetv2_3d(0.0)
