@@ -241,7 +241,8 @@ def cmd_models_generate(args: argparse.Namespace) -> int:
                         "(new or existing) instead; the file was left as it is.")
     widths = [float(w) for w in args.widths.split(",")] if args.widths else None
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
-    kwargs: dict[str, Any] = {"formats": tuple(args.formats.split(",")), "zoo": not args.no_zoo}
+    kwargs: dict[str, Any] = {"formats": tuple(args.formats.split(",")), "zoo": not args.no_zoo,
+                              "published": args.published}
     if widths:
         kwargs["widths"] = widths
     if sizes:
@@ -370,6 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--sizes", help="comma-separated input sizes, e.g. 96,160,224")
     g.add_argument("--formats", default="tflite,onnx")
     g.add_argument("--no-zoo", action="store_true", help="skip the model-zoo architectures")
+    g.add_argument("--published", action="store_true", help="also write the published Jetson experiment's models "
+                   "as ONNX: ShuffleNetV2-0.5x, SqueezeNet 1.1, ResNet18, InceptionV3 and 11 3D-CNN video models")
     g.add_argument("--quiet", action="store_true")
     g.set_defaults(func=cmd_models_generate)
 

@@ -21,6 +21,7 @@ from farm.models.classic_tflite import CLASSIC_TFLITE
 from farm.models.generate_onnx import mobilenetv2_onnx, serialize_onnx, tiny_onnx
 from farm.models.generate_tflite import mobilenetv2_tflite, tiny_tflite
 from farm.models.mobilenetv2 import DEFAULT_SEED, INPUT_SIZES, WIDTHS, model_name
+from farm.models.published_nets import JETSON_EXPERIMENT_MODELS
 from farm.models.zoo import copy_zoo, zoo_models
 
 FORMATS: tuple[str, ...] = ("tflite", "onnx")
@@ -33,7 +34,7 @@ DYNAMIC_BATCH_SUFFIX = "_dynbatch"
 class GeneratedModel:
     path: Path
     name: str  # file stem: mobilenetv2_w0.5_r160, resnet50
-    family: str  # "mobilenetv2" | "zoo"
+    family: str  # "mobilenetv2" | "zoo" | "image" | "video" (the published Jetson experiment's)
     format: str  # "tflite" | "onnx"
     width: float | None = None
     input_size: int | None = None
@@ -80,13 +81,15 @@ def generate_examples(
     formats: Sequence[str] = FORMATS,
     zoo: bool | Iterable[str] = True,
     dynamic_batch: bool = False,
+    published: bool = False,
     seed: int = DEFAULT_SEED,
     progress: ProgressCallback | None = None,
 ) -> list[GeneratedModel]:
     """Write MobileNetV2 for every width x input size x format, plus the zoo, into `dest`.
 
-    `zoo` is True (every zoo model), False (none) or the zoo names to copy. Files that already
-    hold the same bytes are not rewritten (GeneratedModel.written is False for them).
+    `zoo` is True (every zoo model), False (none) or the zoo names to copy. `published` adds the
+    published Jetson experiment's 5 image and 11 video models as ONNX (families "image" and "video").
+    Files that already hold the same bytes are not rewritten (GeneratedModel.written is False for them).
     """
     unknown_formats = [fmt for fmt in formats if fmt not in FORMATS]
     if unknown_formats:
@@ -95,6 +98,11 @@ def generate_examples(
     # the classics as .tflite too (phones run nothing else): SqueezeNet 1.1 and GoogLeNet, built here
     classics = list(CLASSIC_TFLITE) if zoo is True and "tflite" in formats else []
     total = len(widths) * len(input_sizes) * len(formats) + len(zoo_names) + len(classics)
+    grid = {f"{model_name(width, size)}{DYNAMIC_BATCH_SUFFIX if dynamic_batch else ''}.{fmt}"
+            for width in widths for size in input_sizes for fmt in formats}
+    # MobileNetV2 1.0x at 224 is one of them when the grid has it too: written once
+    extra = [model for model in JETSON_EXPERIMENT_MODELS if f"{model.name}.onnx" not in grid] if published else []
+    total += len(extra)
     dest.mkdir(parents=True, exist_ok=True)
     generated: list[GeneratedModel] = []
 
@@ -125,6 +133,11 @@ def generate_examples(
         before = target.read_bytes() if target.is_file() else None
         (path,) = copy_zoo(dest, [name])
         record(GeneratedModel(path, name, ZOO_FAMILY, "onnx", written=before != path.read_bytes()))
+
+    for published_model in extra:
+        path = dest / f"{published_model.name}.onnx"
+        written = write_if_changed(path, serialize_onnx(published_model.build(seed=seed)))
+        record(GeneratedModel(path, published_model.name, published_model.family, "onnx", written=written))
     return generated
 
 
@@ -186,6 +199,10 @@ def generate_hint(path: Path) -> str | None:
         return (f"it is one of farm's example models: `farm models generate {folder} --widths {width} --sizes {size} "
                 f"--formats {fmt} --no-zoo` writes it (`make models` writes every model the examples use into "
                 "examples/models)")
+    if path.suffix == ".onnx" and path.stem in {model.name for model in JETSON_EXPERIMENT_MODELS}:
+        return (f"it is one of the published Jetson experiment's models: `farm models generate {folder} --published "
+                "--no-zoo --formats onnx --widths 1.0 --sizes 224` writes them (`make models` writes every model the "
+                "examples use into examples/models)")
     if path.suffix == ".onnx" and path.stem in zoo_models():
         return (f"it is one of the ONNX zoo models farm copies: `farm models generate {folder} --formats onnx "
                 "--widths 1.0 --sizes 224` writes it with the others")

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper
 from farm.models.facts import ModelError, inspect_model
 from farm.models.generate import mobilenetv2_bytes, write_tiny_tflite
 from farm.models.generate_tflite import TFLiteGraphBuilder
-from farm.models.macs import estimate_macs
+from farm.models.macs import estimate_macs, model_layers
 from farm.models.zoo import zoo_models
 from model_fixtures import write_corrupt_onnx, write_corrupt_tflite
 
@@ -177,6 +177,39 @@ def test_onnx_grouped_conv_transpose_gemm_and_matmul_by_hand(tmp_path: Path) -> 
     gemm = 10 * 4
     matmul = 5 * 10
     assert estimate_macs(_save(model, tmp_path / "ops.onnx")) == grouped + conv_transpose + gemm + matmul
+
+
+def test_onnx_conv3d_plain_grouped_and_depthwise_by_hand(tmp_path: Path) -> None:
+    """Video models' 3-D convolutions: kT*kH*kW*(C/groups) MACs per output element, strides in time too."""
+    def weight(name: str, shape: list[int]) -> TensorProto:
+        return helper.make_tensor(name, TensorProto.FLOAT, shape, np.zeros(shape, dtype=np.float32).ravel().tolist())
+
+    nodes = [  # (1, 3, 8, 16, 16) -> stem 3x3x3 /1x2x2 -> (1, 8, 8, 8, 8)
+        helper.make_node("Conv", ["x", "w_stem"], ["stem"], kernel_shape=[3, 3, 3], strides=[1, 2, 2],
+                         pads=[1, 1, 1, 1, 1, 1]),
+        # grouped 3x1x1 in time only, 2 groups: (1, 12, 8, 8, 8)
+        helper.make_node("Conv", ["stem", "w_grouped"], ["grouped"], group=2, kernel_shape=[3, 1, 1],
+                         pads=[1, 0, 0, 1, 0, 0]),
+        # depthwise 3x3x3 /2: (1, 12, 4, 4, 4)
+        helper.make_node("Conv", ["grouped", "w_dw"], ["y"], group=12, kernel_shape=[3, 3, 3], strides=[2, 2, 2],
+                         pads=[1, 1, 1, 1, 1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes, "conv3d_hand_count",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 8, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [weight("w_stem", [8, 3, 3, 3, 3]), weight("w_grouped", [12, 4, 3, 1, 1]), weight("w_dw", [12, 1, 3, 3, 3])],
+    )
+    path = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+                 tmp_path / "conv3d.onnx")
+    stem = (8 * 8 * 8 * 8) * (3 * 27)
+    grouped = (12 * 8 * 8 * 8) * (4 * 3)
+    depthwise = (12 * 4 * 4 * 4) * 27
+    assert estimate_macs(path) == stem + grouped + depthwise
+    layers = model_layers(path)
+    assert [(layer.kind, layer.macs, layer.params) for layer in layers] == [
+        ("conv", stem, 8 * 3 * 27), ("conv", grouped, 12 * 4 * 3), ("depthwise", depthwise, 12 * 27)]
+    assert [layer.output_shape for layer in layers] == [[1, 8, 8, 8, 8], [1, 12, 8, 8, 8], [1, 12, 4, 4, 4]]
 
 
 def test_dynamic_batch_counts_one_sample(tmp_path: Path, mobilenets: dict[tuple[float, int, str], Path]) -> None:

@@ -1,11 +1,12 @@
-"""The published Jetson Nano experiment's script, without PyTorch: load one image model, classify
-a stream of random images one batch at a time, and print each inference's time as a JSON line.
+"""The published Jetson Nano experiment's script, without PyTorch: load one image or video model,
+classify a stream of random images (N, C, H, W) or 16-frame clips (N, C, T, H, W) one batch at a
+time, and print each inference's time as a JSON line.
 
 farm times the whole script (load + every inference) and samples its memory, on the board with
 jtop or tegrastats and in the sim with the cgroup, as the original did with jetson-stats and
 docker stats. It runs on the board's own python3 (JetPack 4 ships 3.6: keep it 3.6-compatible).
 
-    python infer.py MODEL THREADS BATCH IMAGES
+    python infer.py MODEL THREADS BATCH INFERENCES
 """
 
 import json
@@ -50,7 +51,10 @@ def tflite_model(path, threads):
 def main(model, threads, batch, images):
     infer, shape, layout = (onnx_model if model.endswith(".onnx") else tflite_model)(model, threads)
     shape[0] = batch
-    defaults = [3, 224, 224] if layout == "nchw" else [224, 224, 3]
+    if len(shape) == 5:  # a video model: channels, frames, height, width
+        defaults = [3, 16, 112, 112] if layout == "nchw" else [16, 112, 112, 3]
+    else:
+        defaults = [3, 224, 224] if layout == "nchw" else [224, 224, 3]
     shape = [d if d is not None else defaults[i - 1] for i, d in enumerate(shape)]
     rng = np.random.RandomState(0)
     done = 0
@@ -61,7 +65,7 @@ def main(model, threads, batch, images):
         print(json.dumps({"latency_ms": (time.perf_counter() - t0) * 1e3,
                           "top1": int(np.argmax(scores.reshape(batch, -1)[0]))}), flush=True)
         done += batch
-    print("classified {} images with {}".format(done, model.rsplit("/", 1)[-1]))
+    print("classified {} {} with {}".format(done, "clips" if len(shape) == 5 else "images", model.rsplit("/", 1)[-1]))
 
 
 if __name__ == "__main__":
