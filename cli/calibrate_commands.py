@@ -216,13 +216,16 @@ def cmd_rank(args: argparse.Namespace) -> int:
         t.add_column("#")
         for col in group["columns"]:
             t.add_column(f"{col['name']}\nτ = {_fmt(col['kendall_tau'], '.2f')}" if col["kendall_tau"] is not None else col["name"])
-        for i in range(len(group["columns"][0]["order"])):
+        for i in range(max(len(col["order"]) for col in group["columns"])):
             cells = []
             for col in group["columns"]:
                 name, value = col["order"][i] if i < len(col["order"]) else ("", None)
-                cells.append(Text(f"{name} ({_fmt(value)})"))
+                cells.append(Text(f"{name} ({_fmt(value)})" if name else ""))
             t.add_row(str(i + 1), *cells)
         out.print(t)
+        for col in group["columns"]:
+            for note in col.get("notes", ()):
+                out.print(Text(f"{col['name']}: {note}"), style="yellow")
     _say_left_out(ranking["contended_left_out"])
     return 0
 
