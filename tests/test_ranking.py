@@ -37,7 +37,7 @@ def _job(store: Store) -> int:
 def _paired(store: Store, job: int, family: str, index: int, sim_ms: float, phone_ms: float) -> None:
     """One model's phone task and its sim twin, completed, as the scheduler writes tasks and the
     controller records runs."""
-    number = {"cnn": 0, "vit": 100, "rnn": 200}[family] + index
+    number = {"cnn": 0, "vit": 100, "rnn": 200}.get(family, 300) + index
     sha = f"{number:016x}" + "0" * 48
     facts = {"macs": 1e8 * (index + 1), "size_bytes": 1e6 * (index + 2), "param_count": 1e5 * (index + 1)}
     key = pair_key(sha, 1, 1, None, PHONE, 0)
@@ -115,3 +115,11 @@ def test_rank_cli_prints_the_note(paired_job: tuple[Store, int], farm) -> None:
     data = farm("rank", str(job), "--device", PHONE, "--db", str(store.path), "--json").json()
     assert [c["name"] for c in data["groups"][0]["columns"]] == [f"sim (job {job})", f"{PHONE} (job {job})",
                                                                  f"{PHONE} (predicted)"]
+
+
+def test_a_hostile_family_name_reaches_the_terminal_escaped(paired_job: tuple[Store, int], farm) -> None:
+    store, job = paired_job
+    _paired(store, job, "evil\x1b[2J", 0, 5.0, 5.0)
+    r = farm("rank", str(job), "--device", PHONE, "--db", str(store.path))
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout + r.stderr and "no calibration for this family (evil\\x1b[2J)" in r.stdout
