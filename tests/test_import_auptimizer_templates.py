@@ -172,3 +172,14 @@ def test_a_fifo_as_env_file_or_requirements_is_refused_without_blocking(farm, tm
     for env in ("env.template", "fifo.template"):
         r = farm("import", "auptimizer", str(folder / env), "-o", str(folder / "job.yaml"), "--json", timeout=60)
         assert r.returncode == 2 and "not a regular file" in json.dumps(r.json()), r.stdout
+
+
+def test_a_dir_that_is_a_symlink_out_of_the_env_files_folder_is_refused(farm, tmp_path: Path) -> None:
+    home = _write(tmp_path / "home", {"run.py": "print(1)\n", ".ssh/id_rsa": "PRIVATE\n"})
+    folder = _write(tmp_path / "t", {"env.template": "DIR=code\nSCRIPT=run.py\n"})
+    (folder / "code").symlink_to(home)
+    r = farm("import", "auptimizer", str(folder / "env.template"), "-o", str(folder / "job.yaml"), "--json")
+    assert r.returncode == 2, r.stdout
+    problem = r.json()["problems"][0]
+    assert problem["field"] == "DIR" and "outside the env file's folder" in problem["message"]
+    assert not (folder / "job.yaml").exists()
