@@ -25,6 +25,7 @@ MAX_ENV_BYTES = 1 << 20
 MAX_LIST_BYTES = 1 << 20
 MAX_MODELS = 10_000
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_IMAGE_RE = re.compile(r"[a-z0-9][a-z0-9._/-]{0,199}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?")
 # A character that would make a shell do something other than assign (a pipe, a redirect, a subshell).
 _SHELL_ACTIONS = set("|&;<>()`")
 
@@ -599,15 +600,21 @@ def convert(env: EnvFile, model_names: list[ModelName], out_path: Path, *, keep_
                                  "in DIR, not before every run; what it writes outside /usr is in the image."))
         if value("IMAGEREPO"):
             line = env.values["IMAGEREPO"].line
-            if keep_image:
+            if not build and not keep_image and _IMAGE_RE.fullmatch(value("IMAGEREPO") or ""):
+                sim["image"] = value("IMAGEREPO")
+                notes.append(Problem(source, line, "IMAGEREPO", "becomes sim.image: the script runs with the image's "
+                                     "own Python and packages; it must be on the agent's Docker engine (farm never "
+                                     "pulls)."))
+            elif keep_image:
                 build["base"] = value("IMAGEREPO")
                 notes.append(Problem(source, line, "IMAGEREPO", "the build starts from it; it must be on the agent's "
                                      "Docker engine (farm never pulls), and its /usr is covered by the agent's own."))
             else:
-                notes.append(Problem(source, line, "IMAGEREPO", "not carried: farm runs the script with the agent's own "
-                                     "Python and libraries (its /usr, mounted read-only), so the image's would be "
-                                     "hidden; packages go in PIPREQUIREMENTS/APTREQUIREMENTS (--keep-image starts "
-                                     "the build from it anyway)."))
+                notes.append(Problem(source, line, "IMAGEREPO", "not carried: with PIPREQUIREMENTS/APTREQUIREMENTS/"
+                                     "PRERUN farm builds those steps on its own base and runs the script with the "
+                                     "agent's own Python (its /usr, mounted read-only), so the image's would be "
+                                     "hidden (--keep-image starts the build from it anyway; without those steps "
+                                     "IMAGEREPO runs as sim.image, in the image's own Python)."))
     if build:
         try:  # checked here, so a bad package names its variable and line, not the job file's
             SimBuild.model_validate(build)
