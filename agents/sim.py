@@ -179,7 +179,7 @@ class SimDriver:
 
     def backend_for(self, task: TaskSpec, image: str | None = None) -> SandboxBackend:
         name = self.backend_override or task.sim.backend
-        own = image is None and task.sim.image is not None  # the user's image as it is: its own Python runs the script
+        own = task.sim.image is not None  # the user's image (or a venv built in it): its own Python runs the script
         image = image or task.sim.image
         key = (name, image, own)
         if key not in self._backends:  # probing a backend (docker ping, cgroup mkdir) once is enough
@@ -202,7 +202,7 @@ class SimDriver:
             raise BuildFailed(f"sim.build: {e}", "") from None
         if self._builder is None:
             self._builder = ImageBuilder(self.work_root)
-        built = self._builder.build(build, context)
+        built = self._builder.build(build, context, in_image=task.sim.image)
         log = str(built.log_path) if built.log_path.exists() else None  # an image another work folder built
         return built.tag, {"image": built.tag, "cached": built.cached, "log": log,
                            "seconds": round(built.seconds, 3)}
@@ -279,7 +279,7 @@ class SimDriver:
             return failed
         except SandboxError as e:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, str(e))
-        own_python = build is None and task.sim.image is not None
+        own_python = task.sim.image is not None
         if own_python and backend.name != "docker":
             return RunResult.failed(FailureClass.JOB, f"sim.image {task.sim.image!r} runs in a Docker image, but this "
                                     f"run uses the {backend.name} backend (--backend overrides the job's "

@@ -446,7 +446,7 @@ class ModelName:
 
 
 def convert(env: EnvFile, model_names: list[ModelName], out_path: Path, *, keep_image: bool = False,
-            pip_wheels: str | None = None) -> Conversion:
+            pip_wheels: str | None = None, host_python: bool = False) -> Conversion:
     """The job a converted env file becomes, and a note for each variable that changes meaning or is dropped."""
     source = str(env.path)
     notes = list(env.notes)
@@ -600,21 +600,24 @@ def convert(env: EnvFile, model_names: list[ModelName], out_path: Path, *, keep_
                                  "in DIR, not before every run; what it writes outside /usr is in the image."))
         if value("IMAGEREPO"):
             line = env.values["IMAGEREPO"].line
-            if not build and not keep_image and _IMAGE_RE.fullmatch(value("IMAGEREPO") or ""):
+            if "apt" not in build and not keep_image and not host_python and _IMAGE_RE.fullmatch(value("IMAGEREPO") or ""):
                 sim["image"] = value("IMAGEREPO")
+                steps = (" PIPREQUIREMENTS and PRERUN run in it, at build time, into a venv of the image's own "
+                         "Python (as the profiler's `RUN pip install` did, without the PEP 668 refusal)."
+                         if build else "")
                 notes.append(Problem(source, line, "IMAGEREPO", "becomes sim.image: the script runs with the image's "
                                      "own Python and packages; it must be on the agent's Docker engine (farm never "
-                                     "pulls)."))
+                                     f"pulls).{steps}"))
             elif keep_image:
                 build["base"] = value("IMAGEREPO")
                 notes.append(Problem(source, line, "IMAGEREPO", "the build starts from it; it must be on the agent's "
                                      "Docker engine (farm never pulls), and its /usr is covered by the agent's own."))
             else:
-                notes.append(Problem(source, line, "IMAGEREPO", "not carried: with PIPREQUIREMENTS/APTREQUIREMENTS/"
-                                     "PRERUN farm builds those steps on its own base and runs the script with the "
-                                     "agent's own Python (its /usr, mounted read-only), so the image's would be "
-                                     "hidden (--keep-image starts the build from it anyway; without those steps "
-                                     "IMAGEREPO runs as sim.image, in the image's own Python)."))
+                why = "--host-python" if host_python else "with APTREQUIREMENTS"
+                notes.append(Problem(source, line, "IMAGEREPO", f"not carried ({why}): farm builds the steps on its "
+                                     "own base and runs the script with the agent's own Python (its /usr, mounted "
+                                     "read-only), so the image's would be hidden (--keep-image starts the build from "
+                                     "it anyway; otherwise IMAGEREPO runs as sim.image)."))
     if build:
         try:  # checked here, so a bad package names its variable and line, not the job file's
             SimBuild.model_validate(build)

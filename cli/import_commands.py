@@ -39,7 +39,8 @@ def cmd_import_auptimizer(args: argparse.Namespace) -> int:
     try:
         names = _model_names(args)
         env = parse_env(Path(args.env_file))
-        conversion = convert(env, names, target, keep_image=args.keep_image, pip_wheels=args.pip_wheels)
+        conversion = convert(env, names, target, keep_image=args.keep_image, pip_wheels=args.pip_wheels,
+                             host_python=args.host_python)
     except EnvFileError as e:
         raise UserError(str(e), [p.to_json() for p in e.problems]) from None
     header = [f"# converted by `farm import auptimizer` from {printable(Path(args.env_file).name)}"]
@@ -77,6 +78,8 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     a.add_argument("--force", action="store_true", help="replace the -o file when it exists")
     a.add_argument("--keep-image", action="store_true",
                    help="start the image build from IMAGEREPO (it must be on the agent's engine; farm never pulls)")
+    a.add_argument("--host-python", action="store_true",
+                   help="do not run in IMAGEREPO (sim.image): run the script with the agent's own Python")
     a.add_argument("--pip-wheels", metavar="FOLDER",
                    help="install PIPREQUIREMENTS offline, only from the wheels in this folder inside DIR")
     a.set_defaults(func=cmd_import_auptimizer)

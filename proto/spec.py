@@ -315,8 +315,9 @@ class SimBudget(Strict):
             raise ValueError("image: a run in an image needs backend: docker; set sim.backend: docker")
         if self.image is not None and not _IMAGE_NAME_RE.fullmatch(self.image):
             raise ValueError(f"image: {self.image[:80]!r} is not a Docker image name (like myimage:1.0)")
-        if self.build is not None and self.image:
-            raise ValueError("build: give image (run in it as it is) or build (make one), not both; "
+        if self.build is not None and self.image and (self.build.dockerfile or self.build.base or self.build.apt):
+            raise ValueError("build: with image, only pip, pip_wheels and run steps (installed into a venv of the "
+                             "image's own Python); a dockerfile, base or apt make an image of their own: "
                              "build.base names the image a build starts from")
         return self
 

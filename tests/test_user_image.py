@@ -21,11 +21,12 @@ import pytest
 import yaml
 
 from conftest import require_backend
+from test_import_auptimizer import write_wheel
 
 CACHE = Path("/var/cache/farm-tests/user-image")
 WHEEL = "cowsay-6.1-py3-none-any.whl"
-IMAGE = "farm-test-user-python:1"
-SKIP_STDLIB = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "__pycache__", "pydoc_data"}
+IMAGE = "farm-test-user-python:4"
+SKIP_STDLIB = {"test", "idlelib", "tkinter", "turtledemo", "lib2to3", "__pycache__", "pydoc_data"}
 SCRIPT = """import sys
 import cowsay  # only in the image's venv: the run fails without it
 # the image's own interpreter (Debian's 3.11.2 in its venv), not the 3.11.7 farm runs on
@@ -63,7 +64,8 @@ def _libraries(binary: str) -> list[str]:
 
 
 def _context() -> bytes:
-    """Build context: a Dockerfile FROM farm's base, the interpreter, its libraries and stdlib, the wheel."""
+    """Build context: a Dockerfile FROM farm's base, the interpreter, its libraries and stdlib (with
+    ensurepip, so `python -m venv` works in the image), a shell, the wheel."""
     data = io.BytesIO()
     python = os.path.realpath("/usr/bin/python3.11")
     with tarfile.open(fileobj=data, mode="w") as tar:
@@ -71,6 +73,12 @@ def _context() -> bytes:
             tar.add(os.path.realpath(path), arcname="root" + os.path.realpath(path), recursive=False)
 
         add(python)
+        add("/usr/bin/dash")  # a shell of the image's own, for build steps
+        for wheel in Path("/usr/share/python-wheels").glob("*.whl"):  # where Debian's ensurepip looks for them
+            tar.add(wheel, arcname=f"root/usr/share/python-wheels/{wheel.name}")
+        shell = tarfile.TarInfo("root/usr/bin/sh")
+        shell.type, shell.linkname = tarfile.SYMTYPE, "dash"
+        tar.addfile(shell)
         for path in _libraries(python):  # under the name the binary asks for (libz.so.1, not libz.so.1.2.13)
             real = os.path.realpath(path)
             tar.add(real, arcname=f"root{os.path.dirname(real)}/{os.path.basename(path)}", recursive=False)
@@ -100,6 +108,9 @@ def _context() -> bytes:
 @pytest.fixture(scope="module")
 def user_image() -> str:
     require_backend("docker")
+    for needed in ("/usr/bin/python3.11", "/usr/bin/dash", "/usr/share/python-wheels"):
+        if not Path(needed).exists():  # the image is made of the host's Debian python3.11, dash and pip wheels
+            pytest.skip(f"{needed} is not on this host (apt-get install python3.11-venv dash)")
     import docker
 
     from farm.agents.sandbox.docker_image import ensure_default_image
@@ -150,3 +161,31 @@ def test_sim_image_on_another_backend_is_a_job_file_error(farm, tmp_path: Path, 
     job.write_text(f"models: [{tiny_models['tflite']}]\nsim: {{backend: docker, image: 'bad image;rm'}}\n")
     r = farm("submit", str(job))
     assert r.returncode == 2 and "is not a Docker image name" in r.stderr, r.stderr
+
+
+@pytest.mark.docker
+def test_piprequirements_and_prerun_install_into_a_venv_of_the_images_python(farm, tmp_path: Path,
+                                                                              user_image: str, tiny_models) -> None:
+    """The profiler's `RUN pip install $PIPREQUIREMENTS` in IMAGEREPO: farm makes a venv of the image's own
+    Python (no PEP 668 externally-managed refusal) and PRERUN runs with it first on PATH."""
+    folder = tmp_path / "tmpl"
+    folder.mkdir()
+    write_wheel(folder / "wheels", source="ITERATIONS = 7\n")  # benchhelper, on neither the host nor the image
+    (folder / "env.template").write_text(
+        f'IMAGEREPO="{user_image}"\nDIR="."\nSCRIPT="use.py"\nCOMMAND="python"\nPIPREQUIREMENTS="benchhelper==1.0"\n'
+        'PRERUN="python -c \'import benchhelper, sys; open(\\"/opt/prerun.txt\\", \\"w\\").write(sys.prefix)\'"\n'
+        'DOCKMEMORY="512m"\n')
+    (folder / "use.py").write_text(
+        "import sys\nimport benchhelper\n"
+        "assert benchhelper.ITERATIONS == 7 and sys.version_info[:3] == (3, 11, 2), sys.version\n"
+        "assert open('/opt/prerun.txt').read() == sys.prefix == '/opt/farm-venv', open('/opt/prerun.txt').read()\n")
+    shutil.copy(tiny_models["tflite"], folder / "m.tflite")
+    r = farm("import", "auptimizer", str(folder / "env.template"), "-m", "m.tflite", "--pip-wheels", "wheels",
+             "-o", str(folder / "job.yaml"), "--json")
+    assert r.returncode == 0, r.stderr
+    job = yaml.safe_load((folder / "job.yaml").read_text())
+    assert job["sim"]["image"] == user_image and job["sim"]["build"]["pip"] == ["benchhelper==1.0"]
+    run = farm("submit", str(folder / "job.yaml"), "--json", timeout=900)
+    result = run.json()["results"][0]
+    assert run.returncode == 0 and result["status"] == "completed", result
+    assert result["image_build"]["image"].startswith("farm-build:")
