@@ -152,7 +152,6 @@ def test_a_converted_template_runs_with_the_images_own_python_and_packages(farm,
     assert result["limits"]["memory_mb"] == 512.0 and result["peak_memory_mb"] > 0
 
 
-@pytest.mark.docker
 def test_sim_image_on_another_backend_is_a_job_file_error(farm, tmp_path: Path, tiny_models) -> None:
     job = tmp_path / "job.yaml"
     job.write_text(f"models: [{tiny_models['tflite']}]\nsim: {{backend: process, image: 'myimage:1'}}\n")
@@ -189,3 +188,12 @@ def test_piprequirements_and_prerun_install_into_a_venv_of_the_images_python(far
     result = run.json()["results"][0]
     assert run.returncode == 0 and result["status"] == "completed", result
     assert result["image_build"]["image"].startswith("farm-build:")
+
+
+def test_a_backend_override_on_a_sim_image_job_fails_it_as_job(farm, tmp_path: Path, tiny_models) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(f"models: [{tiny_models['tflite']}]\nsim: {{backend: docker, image: 'my-image:1'}}\n")
+    run = farm("submit", str(job), "--backend", "process", "--json", timeout=300)
+    result = run.json()["results"][0]
+    assert result["status"] == "failed" and result["failure_class"] == "job", result
+    assert "sim.image 'my-image:1' runs in a Docker image" in result["message"] and "drop --backend" in result["message"]
