@@ -29,6 +29,7 @@ from farm.agents.harness.task import HarnessOutput, HarnessTask, benchmark_task,
 from farm.agents.sandbox import Budget, SandboxBackend, SandboxError, choose_backend
 from farm.agents.sandbox.base import ExitInfo, MountSpec, parse_cpuset, whole_cores
 from farm.agents.sandbox.docker_build import BuildFailed, ImageBuilder
+from farm.agents.sandbox.user_image import UserImageError, harness_argv
 from farm.agents.sandbox.isolation import (
     INNER_RUN_DIR, RunAs, hand_over, isolated_argv, isolation_env, namespaces_unavailable, resolve_run_as, user_argv,
 )
@@ -166,7 +167,7 @@ class SimDriver:
         self.run_as: RunAs | None = resolve_run_as(None) if isinstance(run_as, str) else run_as
         self.backend_override = backend_override
         self.keep_run_dirs = keep_run_dirs
-        self._backends: dict[tuple[str, str | None], SandboxBackend] = {}
+        self._backends: dict[tuple[str, str | None, bool], SandboxBackend] = {}
         self._builder: ImageBuilder | None = None
         self.slot = SimSlot(0)  # where run() runs; in_slot gives each agent slot its own
 
@@ -178,10 +179,11 @@ class SimDriver:
 
     def backend_for(self, task: TaskSpec, image: str | None = None) -> SandboxBackend:
         name = self.backend_override or task.sim.backend
+        own = task.sim.image is not None  # the user's image (or a venv built in it): its own Python runs the script
         image = image or task.sim.image
-        key = (name, image)
+        key = (name, image, own)
         if key not in self._backends:  # probing a backend (docker ping, cgroup mkdir) once is enough
-            self._backends[key] = choose_backend(name, image=image)
+            self._backends[key] = choose_backend(name, image=image, user_image=own)
         return self._backends[key]
 
     def built_image(self, task: TaskSpec) -> tuple[str | None, dict | None]:
@@ -200,7 +202,7 @@ class SimDriver:
             raise BuildFailed(f"sim.build: {e}", "") from None
         if self._builder is None:
             self._builder = ImageBuilder(self.work_root)
-        built = self._builder.build(build, context)
+        built = self._builder.build(build, context, in_image=task.sim.image)
         log = str(built.log_path) if built.log_path.exists() else None  # an image another work folder built
         return built.tag, {"image": built.tag, "cached": built.cached, "log": log,
                            "seconds": round(built.seconds, 3)}
@@ -219,13 +221,18 @@ class SimDriver:
         cores = shaped_cores(cpus, sim.cpuset or slot.cpuset)
         return Budget(cpus=cpus, cpuset=format_cpuset(cores), memory_bytes=sim.memory, exclusive=sim.exclusive)
 
-    def harness_task(self, task: TaskSpec, inner: Path | None = None) -> HarnessTask:
+    def harness_task(self, task: TaskSpec, inner: Path | None = None, own_python: bool = False) -> HarnessTask:
         """What the harness runs; `inner` is the run directory as the sandbox sees it (the model and the
-        script folder are staged there), None to use the task's paths as they are."""
+        script folder are staged there), None to use the task's paths as they are. own_python: the user's
+        image runs the script, so `python` is the image's (found on its PATH)."""
         w = task.workload
         model_path = str(inner / "model" / _model_file_name(task.model_path)) if inner else task.model_path
         if isinstance(w, ScriptWorkload):
-            python = script_python(w.pip_requirements, self.work_root / "script-envs", self.run_as)
+            if own_python and w.pip_requirements:
+                raise ValueError("workload.pip_requirements installs into farm's own Python; with sim.image the "
+                                 "image's Python runs the script: install the packages into the image")
+            python = w.command if own_python else script_python(w.pip_requirements, self.work_root / "script-envs",
+                                                                  self.run_as)
             command = python if w.command in ("python", "python3") else w.command
             script_dir = str(inner / "script") if inner else str(Path(task.base_dir, w.dir).resolve())
             argv = [command]
@@ -272,6 +279,11 @@ class SimDriver:
             return failed
         except SandboxError as e:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, str(e))
+        own_python = task.sim.image is not None
+        if own_python and backend.name != "docker":
+            return RunResult.failed(FailureClass.JOB, f"sim.image {task.sim.image!r} runs in a Docker image, but this "
+                                    f"run uses the {backend.name} backend (--backend overrides the job's "
+                                    "sim.backend: docker); drop --backend")
         budget = backend.effective_limits(self.budget_for(task, self.slot))
         limits = Limits(cpus=budget.cpus, cpuset=budget.cpuset, memory_mb=_mib(budget.memory_bytes))
         base: dict[str, Any] = dict(backend=backend.name, limits=limits, approximate=backend.approximate)
@@ -284,7 +296,7 @@ class SimDriver:
         run_dir.mkdir()
         try:
             self.stage(task, run_dir)
-            harness_task = self.harness_task(task, inner or run_dir)
+            harness_task = self.harness_task(task, inner or run_dir, own_python)
         except ModelChanged as e:
             self._cleanup(run_dir)
             return RunResult.failed(FailureClass.JOB, str(e), **base)
@@ -304,7 +316,14 @@ class SimDriver:
             "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
             **runtime_env(task.threads),
         }
-        argv, env = self.launch(argv, env, run_dir, inner, backend)
+        try:
+            if own_python:  # farm's harness from the host, the script's Python from the image (user_image.py)
+                argv, env = self.launch_in_user_image(task_file, out_file, env, run_dir, backend)
+            else:
+                argv, env = self.launch(argv, env, run_dir, inner, backend)
+        except (SandboxError, UserImageError) as e:
+            self._cleanup(run_dir)
+            return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{backend.name} sandbox: {e}", **base)
         mounts = [MountSpec(run_dir, read_only=False)]  # the model and the script folder are staged inside
         environment = {**host_facts(), "load_before": load_average(), "isolation": isolation}
         if build is not None:
@@ -376,6 +395,21 @@ class SimDriver:
         if inner is not None:
             return isolated_argv(argv, self.run_as), {**env, **isolation_env(self.run_as)}
         return user_argv(argv, self.run_as), env  # a container has namespaces of its own
+
+    def launch_in_user_image(self, task_file: Path, out_file: Path, env: dict[str, str], run_dir: Path,
+                             backend: SandboxBackend) -> tuple[list[str], dict[str, str]]:
+        """The harness started by the host's loader inside the user's image, as the run user; PATH is the
+        image's own, so the script's `python` is the image's."""
+        switch = None
+        if self.run_as is None:
+            os.chmod(run_dir, 0o777)
+        else:
+            hand_over(run_dir, self.run_as)
+            switch = user_argv([], self.run_as)[1:-1]  # setpriv's options, without the program and "--"
+        image_path = getattr(backend, "image_path_env", None)  # the docker backend's; checked docker above
+        path = image_path() if image_path is not None else None
+        return (harness_argv(str(task_file), str(out_file), switch),
+                {**env, "PATH": path or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"})
 
     def _classify(self, task: TaskSpec, budget: Budget, exit_info: ExitInfo, output: HarnessOutput | None) -> RunResult:
         peak = exit_info.peak_memory_bytes

@@ -1,7 +1,8 @@
 """Auptimizer profiler env files (env.template) read without running them, and mapped to a farm job.
 
 Auptimizer `source`d the file in bash; farm reads it as data: `[export] NAME=VALUE` lines with
-shell quoting ('...', "...", backslashes), comments, and $NAME / ${NAME} expansion. Anything a
+shell quoting ('...', "...", backslashes), comments, and $NAME / ${NAME} expansion from the file's
+own earlier lines (never from the importer's environment). Anything a
 shell would have to run (command substitution, pipes, a second word) is refused with its file
 and line, never executed.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ MAX_ENV_BYTES = 1 << 20
 MAX_LIST_BYTES = 1 << 20
 MAX_MODELS = 10_000
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_IMAGE_RE = re.compile(r"[a-z0-9][a-z0-9._/-]{0,199}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?")
 # A character that would make a shell do something other than assign (a pipe, a redirect, a subshell).
 _SHELL_ACTIONS = set("|&;<>()`")
 
@@ -72,6 +75,9 @@ class EnvFile:
 def read_bounded(path: Path, limit: int, what: str) -> str:
     """A small text file, or an EnvFileError naming it: missing, a folder, too big, binary, not UTF-8."""
     try:
+        if path.exists() and not path.is_dir() and not stat.S_ISREG(path.stat().st_mode):
+            raise EnvFileError([Problem(str(path), None, "", f"is not a regular file (a FIFO or device would block "
+                                        f"or never end); give the {what} itself.")])
         with open(path, "rb") as f:
             data = f.read(limit + 1)
     except FileNotFoundError:
@@ -95,8 +101,8 @@ def read_bounded(path: Path, limit: int, what: str) -> str:
 class _Scanner:
     """Reads the file's assignments one character at a time, the way a POSIX shell splits them."""
 
-    def __init__(self, text: str, source: str, environ: dict[str, str]) -> None:
-        self.text, self.source, self.environ = text, source, environ
+    def __init__(self, text: str, source: str) -> None:
+        self.text, self.source = text, source
         self.pos, self.line = 0, 1
         self.values: dict[str, Assignment] = {}
         self.notes: list[Problem] = []
@@ -232,17 +238,17 @@ class _Scanner:
             other = match.group()
         if other in self.values:
             return self.values[other].value
-        if other in self.environ:
-            self.notes.append(Problem(self.source, self.line, name, f"${other} is not set in the file; taken from your "
-                                      f"environment ({self.environ[other][:80]!r}), as a shell would."))
-            return self.environ[other]
-        raise self.error(f"${other} is set neither earlier in the file nor in your environment; write the value.", name)
+        # Never the importer's own environment: a hostile file could copy a secret (${FARM_TOKEN}) into the job
+        # or a note. Kept as written, and the note never shows a value.
+        self.notes.append(Problem(self.source, self.line, name, f"${{{other}}} is not set earlier in the file; kept "
+                                  "as written (farm never reads your environment into a job); write the value."))
+        return "${" + other + "}"
 
 
-def parse_env(path: Path, environ: dict[str, str] | None = None) -> EnvFile:
+def parse_env(path: Path) -> EnvFile:
     """The assignments of an env file, or EnvFileError at the first thing a shell would not simply assign."""
     text = read_bounded(path, MAX_ENV_BYTES, "env file")
-    scanner = _Scanner(text, str(path), dict(os.environ) if environ is None else environ)
+    scanner = _Scanner(text, str(path))
     scanner.run()
     return EnvFile(path, scanner.values, scanner.notes)
 
@@ -276,16 +282,29 @@ def _literal_braces(text: str) -> str:
     return text.replace("{", "{{").replace("}", "}}")
 
 
-def _package_list(env: EnvFile, variable: str, search: list[Path]) -> tuple[list[str], list[Problem]]:
-    """APTREQUIREMENTS / PIPREQUIREMENTS: a requirements file (one a line) or the packages themselves."""
+def _package_list(env: EnvFile, variable: str, search: list[Path], root: Path) -> tuple[list[str], list[Problem]]:
+    """APTREQUIREMENTS / PIPREQUIREMENTS: the packages themselves, or a requirements file (`-r file` as the
+    profiler's `pip install $PIPREQUIREMENTS` took it, or a lone file name). A file is read only when it
+    is a regular file under the env file's folder (root): a hostile env file cannot copy /etc/shadow in."""
     item = env.values[variable]
     words = item.value.replace(",", " ").split()
     notes: list[Problem] = []
-    if len(words) == 1 and (words[0].endswith(".txt") or "/" in words[0]):
-        found = next((d / words[0] for d in search if (d / words[0]).is_file()), None)
+    named = words[1] if len(words) == 2 and words[0] in ("-r", "--requirement") else (
+        words[0] if len(words) == 1 and (words[0].endswith(".txt") or "/" in words[0]) else None)
+    if named is not None:
+        if named.startswith("~"):
+            raise EnvFileError([Problem(str(env.path), item.line, variable, f"{named!r} is outside the env file's "
+                                        f"folder {root}; farm reads no file outside it.")])
+        candidates = [(d / named).resolve() for d in search]
+        outside = [c for c in candidates if not c.is_relative_to(root)]
+        if outside:
+            raise EnvFileError([Problem(str(env.path), item.line, variable, f"{named!r} is {outside[0]}, outside the "
+                                        f"env file's folder {root}; farm reads no file outside it (put the "
+                                        "requirements file beside the env file or in DIR).")])
+        found = next((c for c in candidates if c.exists() and not c.is_dir()), None)  # a FIFO: read_bounded says so
         if found is None:
-            raise EnvFileError([Problem(str(env.path), item.line, variable, f"{words[0]!r} looks like a requirements "
-                                        f"file but is not in {', '.join(str(d) for d in search)}.")])
+            raise EnvFileError([Problem(str(env.path), item.line, variable, f"{named!r} looks like a requirements "
+                                        f"file but is not in {', '.join(dict.fromkeys(str(d) for d in search))}.")])
         lines = [line.split("#", 1)[0].strip() for line in read_bounded(found, MAX_LIST_BYTES, "requirements file").splitlines()]
         words = []
         for line in filter(None, lines):
@@ -298,22 +317,36 @@ def _package_list(env: EnvFile, variable: str, search: list[Path]) -> tuple[list
     return words, notes
 
 
-def _dock_args(env: EnvFile, sim: dict[str, Any], notes: list[Problem]) -> None:
-    """The docker-run options farm has a field for; every other one is named in a note."""
+def _dock_args(env: EnvFile, sim: dict[str, Any], notes: list[Problem]) -> list[tuple[str, str]]:
+    """The docker-run options farm has a field for; every other one is named in a note. Returns the dropped
+    mounts as (what was written, the path inside the container)."""
     item = env.values["DOCK_ARGS"]
     try:
         tokens = shlex.split(item.value)
     except ValueError as e:
         raise EnvFileError([Problem(str(env.path), item.line, item.name, f"cannot split the options: {e}.")]) from None
     fields = {"--cpus": "cpus", "--cpuset-cpus": "cpuset", "--memory": "memory", "-m": "memory"}
+    takes_value = {*fields, "-v", "--volume", "--mount"}
+    mounts: list[tuple[str, str]] = []
     i = 0
     while i < len(tokens):
         token = tokens[i]
         option, has_value, value = token.partition("=")
-        if option in fields and not has_value and i + 1 < len(tokens):
+        if option in takes_value and not has_value and i + 1 < len(tokens):
             value, i = tokens[i + 1], i + 1
         i += 1
         key = fields.get(option)
+        if option in ("-v", "--volume", "--mount") and not has_value and value:
+            token = f"{option} {value}"
+        if option in ("-v", "--volume") and value:
+            parts = value.split(":")
+            if len(parts) >= 2 and parts[1].startswith("/"):
+                mounts.append((token, parts[1]))
+        elif option == "--mount" and value:
+            fields_of = dict(f.split("=", 1) for f in value.split(",") if "=" in f)
+            target = fields_of.get("target") or fields_of.get("destination") or fields_of.get("dst") or ""
+            if target.startswith("/"):
+                mounts.append((token, target))
         if key is None:
             reason = ("farm turns swap off (the limit is the memory)" if option == "--memory-swap"
                       else "farm sets the container's other options itself (no network, its own mounts and user)")
@@ -325,6 +358,52 @@ def _dock_args(env: EnvFile, sim: dict[str, Any], notes: list[Problem]) -> None:
         else:
             sim[key] = value
             notes.append(Problem(str(env.path), item.line, item.name, f"{token!r} becomes sim.{key}."))
+    return mounts
+
+
+def _given_dockerfile(env: EnvFile, env_dir: Path, source: str, notes: list[Problem]) -> Path | None:
+    """DOCFILE when the file is there (the profiler's cwd, the env file's folder, is where it looked). When it
+    is missing the profiler wrote it itself from IMAGEREPO and the requirement lines: farm builds those steps."""
+    item = env.values.get("DOCFILE")
+    if item is None or not item.value.strip():
+        return None
+    if item.value.startswith("~"):
+        raise EnvFileError([Problem(source, item.line, "DOCFILE", f"{item.value!r} is outside the env file's folder "
+                                    f"{env_dir}; the build's context is that folder.")])
+    path = (env_dir / item.value).resolve()
+    if not path.is_relative_to(env_dir):
+        raise EnvFileError([Problem(source, item.line, "DOCFILE", f"{item.value!r} is {path}, outside the env file's "
+                                    f"folder {env_dir}; the build's context is that folder, so move the Dockerfile "
+                                    "into it.")])
+    if path.is_file():
+        return path
+    if path.exists():
+        raise EnvFileError([Problem(source, item.line, "DOCFILE", f"{item.value!r} is not a file ({path}).")])
+    notes.append(Problem(source, item.line, "DOCFILE", f"{item.value!r} does not exist: Auptimizer's profiler writes "
+                         "it then (FROM $IMAGEREPO, the APTREQUIREMENTS, PRERUN and PIPREQUIREMENTS lines), and farm "
+                         "builds the same steps from those variables."))
+    return None
+
+
+def _from_dropped_mount(env: EnvFile, workload: dict[str, Any], mounts: list[tuple[str, str]],
+                        notes: list[Problem]) -> None:
+    """An interpreter that existed only through a `-v` mount farm does not carry would fail every run: a Python
+    one becomes the image's `python`, anything else is kept; either way a note names the mount and the fix."""
+    command = str(workload["command"])
+    for written, inside in mounts:
+        if not Path(command).is_relative_to(inside):
+            continue
+        item = env.values.get("COMMAND")
+        line = item.line if item is not None else None
+        if Path(command).name.startswith("python"):
+            workload["command"] = "python"
+            fix = ("farm runs `python` instead (the image's own with sim.image, else the agent's); install what "
+                   "that environment held with PIPREQUIREMENTS or build it into the image (sim.image)")
+        else:
+            fix = "put the program into the image (a Dockerfile or sim.image) and name it there, or every run fails"
+        notes.append(Problem(str(env.path), line, "COMMAND", f"{command} existed only through the mount {written!r}, "
+                             f"which farm does not carry (runs see no host folders): {fix}."))
+        return
 
 
 def _memory(value: str) -> str:
@@ -333,8 +412,41 @@ def _memory(value: str) -> str:
     return f"{text}b" if text.isdigit() else text
 
 
-def convert(env: EnvFile, models: list[Path], out_path: Path, *, keep_image: bool = False,
-            pip_wheels: str | None = None) -> Conversion:
+def _resolve_models(named: list[ModelName], script_dir: Path, notes: list[Problem]) -> list[Path]:
+    """-m/-f names as the profiler passed them to the script running in DIR: a relative name is a file
+    inside DIR; one that is not there but is beside the list file (or the cwd, for -m) is taken with a note."""
+    found: list[Path] = []
+    problems: list[Problem] = []
+    for item in named:
+        path = Path(item.name).expanduser()
+        if path.is_absolute():
+            candidates = [path]
+        else:
+            candidates = [script_dir / path, item.fallback / path]
+        hit = next((c for c in candidates if c.is_file()), None)
+        if hit is None:
+            looked = " or ".join(str(c) for c in dict.fromkeys(candidates))
+            problems.append(Problem(item.where, None, "", f"model file {item.name!r} does not exist (looked for {looked})."))
+            continue
+        if not path.is_absolute() and hit != candidates[0]:
+            notes.append(Problem(item.where, None, "models", f"{item.name!r} is not in DIR ({script_dir}), where "
+                                 f"Auptimizer's script looked; taken from {hit}."))
+        found.append(hit.resolve())
+    if problems:
+        raise EnvFileError(problems)
+    return found
+
+
+@dataclass
+class ModelName:
+    """One -m/-f model name, where it was given (for messages), and the folder tried after DIR."""
+    name: str
+    where: str
+    fallback: Path
+
+
+def convert(env: EnvFile, model_names: list[ModelName], out_path: Path, *, keep_image: bool = False,
+            pip_wheels: str | None = None, host_python: bool = False) -> Conversion:
     """The job a converted env file becomes, and a note for each variable that changes meaning or is dropped."""
     source = str(env.path)
     notes = list(env.notes)
@@ -360,14 +472,23 @@ def convert(env: EnvFile, models: list[Path], out_path: Path, *, keep_image: boo
         item = env.values.get(name)
         return EnvFileError([Problem(source, item.line if item else None, name, message)])
 
-    # DIR: the folder that goes into the container; Auptimizer ran from the env file's folder
+    # DIR: the folder that goes into the container (the profiler's `COPY $DIR .`), relative to the env
+    # file's folder, where the profiler ran and built from. Nothing outside that folder is sent or read.
     if value("DIR"):
-        script_dir = (env_dir / os.path.expanduser(value("DIR") or "")).resolve()
+        written = value("DIR") or ""
+        if written.startswith("~"):
+            raise fail("DIR", f"{written!r} is your home folder (or another user's), outside the env file's folder "
+                              f"{env_dir}; farm sends only files under it. Point DIR at the script's folder inside it.")
+        script_dir = (env_dir / written).resolve()
+        if not script_dir.is_relative_to(env_dir):
+            raise fail("DIR", f"{written!r} is {script_dir}, outside the env file's folder {env_dir}; farm sends only "
+                              "files under it. Move the env file up, or the scripts into its folder.")
         if not script_dir.is_dir():
-            raise fail("DIR", f"{value('DIR')!r} is not a folder (looked for {script_dir}).")
+            raise fail("DIR", f"{written!r} is not a folder (looked for {script_dir}).")
     else:
         script_dir = env_dir
         notes.append(Problem(source, None, "DIR", f"not set: the env file's folder {env_dir} is the script's folder."))
+    models = _resolve_models(model_names, script_dir, notes)
     script = value("SCRIPT")
     if script is not None:
         script_path = (script_dir / script).resolve()
@@ -421,7 +542,7 @@ def convert(env: EnvFile, models: list[Path], out_path: Path, *, keep_image: boo
             raise fail("DOCKMEMORY", str(e)) from None
         sim["memory"] = _memory(value("DOCKMEMORY") or "")
     if value("DOCK_ARGS"):
-        _dock_args(env, sim, notes)
+        _from_dropped_mount(env, workload, _dock_args(env, sim, notes), notes)
         if "memory" in sim:
             try:
                 parse_memory(_memory(str(sim["memory"])))
@@ -436,27 +557,37 @@ def convert(env: EnvFile, models: list[Path], out_path: Path, *, keep_image: boo
 
     build: dict[str, Any] = {}
     search = [script_dir, env_dir]
-    if value("DOCFILE"):
-        dockerfile = (env_dir / (value("DOCFILE") or "")).resolve()
-        if not dockerfile.is_file():
-            raise fail("DOCFILE", f"{value('DOCFILE')!r} is not a file (looked for {dockerfile}).")
+    dockerfile = _given_dockerfile(env, env_dir, source, notes)
+    if dockerfile is not None:
         if not dockerfile.is_relative_to(script_dir):
-            raise fail("DOCFILE", f"{dockerfile} is outside DIR ({script_dir}); the build's context is DIR, so "
-                                  "move the Dockerfile into it.")
-        build["dockerfile"] = dockerfile.relative_to(script_dir).as_posix()
+            # The profiler built from the env file's folder (`docker build -f $DOCFILE .`): that folder is the
+            # context, so workload.dir becomes it and the script is named from there.
+            inner = script_dir.relative_to(env_dir).as_posix()
+            if "script" in workload:
+                workload["script"] = f"{inner}/{workload['script']}"
+            workload["args"] = [f"{inner}/{a}" if script is not None and a == _literal_braces(script) else a
+                                for a in workload["args"]]
+            workload["dir"] = _relative(env_dir, out_dir)
+            notes.append(Problem(source, env.values["DOCFILE"].line, "DOCFILE", f"{dockerfile.name} is beside the env "
+                                 "file, outside DIR: the env file's folder is the build context, as the profiler's "
+                                 f"`docker build .` had it, and the script runs from there as {inner}/{script}."))
+            context = env_dir
+        else:
+            context = script_dir
+        build["dockerfile"] = dockerfile.relative_to(context).as_posix()
         for name in ("IMAGEREPO", "APTREQUIREMENTS", "PIPREQUIREMENTS", "PRERUN"):
             if value(name):
                 notes.append(Problem(source, env.values[name].line, name, "not carried: DOCFILE is set, and its "
                                      "Dockerfile builds the image (write this step there)."))
     else:
         if value("APTREQUIREMENTS"):
-            build["apt"], more = _package_list(env, "APTREQUIREMENTS", search)
+            build["apt"], more = _package_list(env, "APTREQUIREMENTS", search, env_dir)
             notes += more
             notes.append(Problem(source, env.values["APTREQUIREMENTS"].line, "APTREQUIREMENTS",
                                  "packages are unpacked into /opt/farm-build/apt (the run's /usr is the agent's own); "
                                  "list the libraries they depend on too, and the agent needs the network to fetch them."))
         if value("PIPREQUIREMENTS"):
-            build["pip"], more = _package_list(env, "PIPREQUIREMENTS", search)
+            build["pip"], more = _package_list(env, "PIPREQUIREMENTS", search, env_dir)
             notes += more
             if pip_wheels is not None:
                 wheels = (script_dir / pip_wheels).resolve()
@@ -469,15 +600,24 @@ def convert(env: EnvFile, models: list[Path], out_path: Path, *, keep_image: boo
                                  "in DIR, not before every run; what it writes outside /usr is in the image."))
         if value("IMAGEREPO"):
             line = env.values["IMAGEREPO"].line
-            if keep_image:
+            if "apt" not in build and not keep_image and not host_python and _IMAGE_RE.fullmatch(value("IMAGEREPO") or ""):
+                sim["image"] = value("IMAGEREPO")
+                steps = (" PIPREQUIREMENTS and PRERUN run in it, at build time, into a venv of the image's own "
+                         "Python (as the profiler's `RUN pip install` did, without the PEP 668 refusal)."
+                         if build else "")
+                notes.append(Problem(source, line, "IMAGEREPO", "becomes sim.image: the script runs with the image's "
+                                     "own Python and packages; it must be on the agent's Docker engine (farm never "
+                                     f"pulls).{steps}"))
+            elif keep_image:
                 build["base"] = value("IMAGEREPO")
                 notes.append(Problem(source, line, "IMAGEREPO", "the build starts from it; it must be on the agent's "
                                      "Docker engine (farm never pulls), and its /usr is covered by the agent's own."))
             else:
-                notes.append(Problem(source, line, "IMAGEREPO", "not carried: farm runs the script with the agent's own "
-                                     "Python and libraries (its /usr, mounted read-only), so the image's would be "
-                                     "hidden; packages go in PIPREQUIREMENTS/APTREQUIREMENTS (--keep-image starts "
-                                     "the build from it anyway)."))
+                why = "--host-python" if host_python else "with APTREQUIREMENTS"
+                notes.append(Problem(source, line, "IMAGEREPO", f"not carried ({why}): farm builds the steps on its "
+                                     "own base and runs the script with the agent's own Python (its /usr, mounted "
+                                     "read-only), so the image's would be hidden (--keep-image starts the build from "
+                                     "it anyway; otherwise IMAGEREPO runs as sim.image)."))
     if build:
         try:  # checked here, so a bad package names its variable and line, not the job file's
             SimBuild.model_validate(build)

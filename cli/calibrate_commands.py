@@ -21,6 +21,7 @@ from rich.text import Text
 from farm.cli.console import UserError, err, job_progress, open_farm, out, output_file, when
 from farm.client.api import CalibrateAsk, PredictAsk, RankAsk
 from farm.proto import strict_json
+from farm.proto.escape import printable
 
 INCLUDE_CONTENDED_HELP = "also use sim runs whose cores other work used (left out by default)"
 
@@ -215,14 +216,18 @@ def cmd_rank(args: argparse.Namespace) -> int:
                   title=f"job {args.job} · {args.metric} · threads {group['threads']} · batch {group['batch_size']}")
         t.add_column("#")
         for col in group["columns"]:
-            t.add_column(f"{col['name']}\nτ = {_fmt(col['kendall_tau'], '.2f')}" if col["kendall_tau"] is not None else col["name"])
-        for i in range(len(group["columns"][0]["order"])):
+            name = escape(printable(col["name"]))
+            t.add_column(f"{name}\nτ = {_fmt(col['kendall_tau'], '.2f')}" if col["kendall_tau"] is not None else name)
+        for i in range(max(len(col["order"]) for col in group["columns"])):
             cells = []
             for col in group["columns"]:
                 name, value = col["order"][i] if i < len(col["order"]) else ("", None)
-                cells.append(Text(f"{name} ({_fmt(value)})"))
+                cells.append(Text(f"{printable(name)} ({_fmt(value)})" if name else ""))
             t.add_row(str(i + 1), *cells)
         out.print(t)
+        for col in group["columns"]:
+            for note in col.get("notes", ()):
+                out.print(Text(printable(f"{col['name']}: {note}", limit=None)), style="yellow")
     _say_left_out(ranking["contended_left_out"])
     return 0
 

@@ -10,42 +10,37 @@ from pathlib import Path
 import yaml
 from rich.text import Text
 
-from farm.cli.auptimizer_env import MAX_MODELS, EnvFileError, Problem, convert, parse_env, read_model_list
+from farm.cli.auptimizer_env import MAX_MODELS, EnvFileError, ModelName, convert, parse_env, read_model_list
 from farm.cli.console import UserError, err, out, output_file
 from farm.controller.scheduling.jobfile import JobFileError, load_job_text
 from farm.proto import strict_json
 from farm.proto.escape import printable
 
 
-def _models(args: argparse.Namespace) -> list[Path]:
-    """The model files named by -m or -f, each checked to exist now (the job would fail on them later)."""
-    named: list[tuple[Path, str]] = []
+def _model_names(args: argparse.Namespace) -> list[ModelName]:
+    """The model names given by -m or -f; each is looked for inside DIR when the env file is read."""
     if args.models:
         items = [m.strip() for m in args.models.split(",") if m.strip()]
         if len(items) > MAX_MODELS:
             raise UserError(f"-m lists {len(items):,} models, over {MAX_MODELS:,}; use -f with a list file.")
-        named = [(Path(m).expanduser().absolute(), f"-m {m}") for m in items]
-    elif args.model_list:
+        return [ModelName(m, f"-m {m}", Path.cwd()) for m in items]
+    if args.model_list:
         list_path = Path(args.model_list)
-        for name, line in read_model_list(list_path):
-            candidate = Path(name).expanduser()
-            if not candidate.is_absolute():
-                beside = list_path.parent / candidate
-                candidate = beside if beside.exists() else candidate
-            named.append((candidate.absolute(), f"{list_path}:{line}"))
-    problems = [Problem(where, None, "", f"model file {str(path)!r} does not exist.") for path, where in named
-                if not path.is_file()]
-    if problems:
-        raise EnvFileError(problems)
-    return [path.resolve() for path, _ in named]
+        return [ModelName(name, f"{list_path}:{line}", list_path.parent.absolute())
+                for name, line in read_model_list(list_path)]
+    return []
 
 
 def cmd_import_auptimizer(args: argparse.Namespace) -> int:
     target = output_file(args.output, "-o")
+    if target.exists() and not args.force:
+        raise UserError(f"-o {args.output}: {target} exists; nothing was written. Give --force to replace it, "
+                        "or another file name.")
     try:
-        models = _models(args)
+        names = _model_names(args)
         env = parse_env(Path(args.env_file))
-        conversion = convert(env, models, target, keep_image=args.keep_image, pip_wheels=args.pip_wheels)
+        conversion = convert(env, names, target, keep_image=args.keep_image, pip_wheels=args.pip_wheels,
+                             host_python=args.host_python)
     except EnvFileError as e:
         raise UserError(str(e), [p.to_json() for p in e.problems]) from None
     header = [f"# converted by `farm import auptimizer` from {printable(Path(args.env_file).name)}"]
@@ -77,11 +72,14 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     a.add_argument("--json", action="store_true", help="machine-readable output: the job and the notes")
     a.add_argument("env_file", metavar="ENV.template")
     chosen = a.add_mutually_exclusive_group()
-    chosen.add_argument("-m", "--models", help="comma-separated model files, as `aup.profiler -m` took them")
-    chosen.add_argument("-f", "--model-list", help="a file naming one model a line, as `aup.profiler -f` took it")
+    chosen.add_argument("-m", "--models", help="comma-separated model files, inside DIR as `aup.profiler -m` took them")
+    chosen.add_argument("-f", "--model-list", help="a file naming one model a line (inside DIR), as `aup.profiler -f` took it")
     a.add_argument("-o", "--output", required=True, help="the job file to write (e.g. job.yaml)")
+    a.add_argument("--force", action="store_true", help="replace the -o file when it exists")
     a.add_argument("--keep-image", action="store_true",
                    help="start the image build from IMAGEREPO (it must be on the agent's engine; farm never pulls)")
+    a.add_argument("--host-python", action="store_true",
+                   help="do not run in IMAGEREPO (sim.image): run the script with the agent's own Python")
     a.add_argument("--pip-wheels", metavar="FOLDER",
                    help="install PIPREQUIREMENTS offline, only from the wheels in this folder inside DIR")
     a.set_defaults(func=cmd_import_auptimizer)

@@ -306,8 +306,8 @@ def predict(store: Store, model: Path, model_name: str, device: str, metrics: li
             job_id = next((j for j in measured_jobs if store.model_tasks(j, facts.sha256, t)), None)
         if job_id is None:
             return MeasureFirst(_measurement(model, model_name, t, source), t)
-        values = [v for v in job_values(store, job_id, "latency", include_contended=include_contended)
-                  if v.sha256 == facts.sha256 and v.threads == t]
+        values = [v for v in job_values(store, job_id, "latency", include_contended=include_contended, target="sim")
+                  if v.sha256 == facts.sha256 and v.threads == t]  # x is the sim's, never a paired device's
         if not values and not include_contended and contended_left_out(store, [job_id]):
             raise ServiceError(f"the sim run of {model_name} at {t} thread(s) was contended (other work used its "
                                f"cores; job {job_id}, `farm results {job_id} --json` shows why): measure again on "
@@ -319,7 +319,7 @@ def predict(store: Store, model: Path, model_name: str, device: str, metrics: li
         runtime = values[0].runtime
         for metric in metrics:
             measured = [v.value for v in job_values(store, job_id, SIM_SIDE.get(metric, metric),
-                                                    include_contended=include_contended)
+                                                    include_contended=include_contended, target="sim")
                         if v.sha256 == facts.sha256 and v.threads == t]
             stored = current_calibration(store, device, metric, t, runtime=runtime, batch_size=values[0].batch_size)
             if stored is None or not measured:

@@ -286,6 +286,9 @@ class SimBuild(Strict):
         return self
 
 
+_IMAGE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._/-]{0,199}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?")
+
+
 class SimBudget(Strict):
     """The local sandbox that stands in for a device: its CPU and memory budget."""
 
@@ -293,7 +296,7 @@ class SimBudget(Strict):
     cpuset: str | None = Field(None, description="Cores the run may use, e.g. '0' or '0-1'")
     memory: int | None = Field(None, description="Memory limit like 2g or 512m, swap off; default: none")
     backend: Literal["auto", "cgroup", "docker", "process"] = "auto"
-    image: str | None = Field(None, description="docker backend: image to run in (default: farm's own)")
+    image: str | None = Field(None, description="docker backend: the user's image to run in, as it is: its own Python and packages run the script (farm's harness, limits and sampler work from outside it); it must be on the engine, nothing is pulled")
     build: SimBuild | None = Field(None, description="docker backend: build the image to run in (see SimBuild)")
     sample_interval_ms: float = Field(50, ge=5, le=10_000, description="Telemetry sampling period")
     on_contention: Literal["retry", "flag", "fail"] = Field(
@@ -308,8 +311,13 @@ class SimBudget(Strict):
     def _build_needs_docker(self) -> "SimBudget":
         if self.build is not None and self.backend != "docker":
             raise ValueError("build: an image is built only for backend: docker; set sim.backend: docker")
-        if self.build is not None and self.image:
-            raise ValueError("build: give image (run in it as it is) or build (make one), not both; "
+        if self.image is not None and self.backend != "docker":
+            raise ValueError("image: a run in an image needs backend: docker; set sim.backend: docker")
+        if self.image is not None and not _IMAGE_NAME_RE.fullmatch(self.image):
+            raise ValueError(f"image: {self.image[:80]!r} is not a Docker image name (like myimage:1.0)")
+        if self.build is not None and self.image and (self.build.dockerfile or self.build.base or self.build.apt):
+            raise ValueError("build: with image, only pip, pip_wheels and run steps (installed into a venv of the "
+                             "image's own Python); a dockerfile, base or apt make an image of their own: "
                              "build.base names the image a build starts from")
         return self
 

@@ -85,15 +85,21 @@ def test_benchmark_env_maps_every_variable_and_notes_what_it_cannot_carry(farm, 
     assert job["workload"] == {"type": "script", "command": "python", "script": "bench.py", "args": ["{model}"], "dir": "."}
     assert job["sim"] == {"backend": "docker", "cpus": 1.0, "memory": "1g", "cpuset": "0",
                           "build": {"pip": ["benchhelper==1.0"], "pip_wheels": "wheels",
-                                    "run": ["mkdir -p /opt/bench && echo ready > /opt/bench/prerun.txt"]}}
+                                    "run": ["mkdir -p /opt/bench && echo ready > /opt/bench/prerun.txt"]},
+                          "image": "tensorflow/tensorflow:2.3.0"}
     notes = notes_by_variable(r)
-    for dropped in ("IMAGEREPO", "SAMPLETIME", "OUTPUTFILE"):
+    assert "becomes sim.image" in notes["IMAGEREPO"][0] and "into a venv" in notes["IMAGEREPO"][0]
+    for dropped in ("SAMPLETIME", "OUTPUTFILE"):
         assert any("not carried" in m for m in notes[dropped]), notes
     assert "sim.cpuset" in notes["DOCK_ARGS"][0]
     assert "once when the image is built" in notes["PRERUN"][0]
     lines = {n["field"]: n["line"] for n in r.json()["notes"]}
     assert lines["IMAGEREPO"] == 3 and lines["OUTPUTFILE"] == 11  # file:line of each variable
-    assert "# note: " + str(bench_dir / "env.template") + ":3: IMAGEREPO: not carried" in (bench_dir / "job.yaml").read_text()
+    assert "# note: " + str(bench_dir / "env.template") + ":3: IMAGEREPO: becomes sim.image" in (bench_dir / "job.yaml").read_text()
+    r = farm("import", "auptimizer", str(bench_dir / "env.template"), "-m", "a.tflite", "--host-python", "--force",
+             "-o", str(bench_dir / "job.yaml"), "--pip-wheels", "wheels", "--json")
+    assert "image" not in yaml.safe_load((bench_dir / "job.yaml").read_text())["sim"]
+    assert "not carried (--host-python)" in notes_by_variable(r)["IMAGEREPO"][0]
 
 
 def test_mnist_env_with_export_expansion_bare_bytes_and_the_docker_args_alias(farm, tmp_path: Path) -> None:
@@ -125,7 +131,7 @@ HOSTILE = {
     "an unquoted second word": ("DIR=.\nCOMMAND=python bench.py\n", 2, "COMMAND", "quote the whole value"),
     "a pipe": ("DIR=.\nPRERUN=hi|sh\n", 2, "PRERUN", "would make a shell run something"),
     "not an assignment": ("DIR=.\nrm -rf /\n", 2, "", "not an assignment"),
-    "an unset variable": ("DIR=$FARM_SURELY_UNSET_42\n", 1, "DIR", "set neither earlier"),
+    "an unset variable": ("DIR=$FARM_SURELY_UNSET_42\n", 1, "DIR", "'${FARM_SURELY_UNSET_42}' is not a folder"),
     "a default expansion": ("DIR=${X:-.}\n", 1, "DIR", "only $NAME and ${NAME}"),
     "a missing DIR": ('DIR="no/such/folder"\nSCRIPT=bench.py\n', 1, "DIR", "is not a folder"),
     "a missing SCRIPT": ("DIR=.\nSCRIPT=nope.py\nCOMMAND=python\n", 2, "SCRIPT", "is not a file in DIR"),
@@ -133,7 +139,18 @@ HOSTILE = {
     "memory without a unit that is too small": ("DIR=.\nSCRIPT=bench.py\nDOCKMEMORY=512\n", 3, "DOCKMEMORY", "below 1 MiB"),
     "memory that is not a size": ("DIR=.\nSCRIPT=bench.py\nDOCKMEMORY=lots\n", 3, "DOCKMEMORY", "not a memory size"),
     "cpus that are not a number": ("DIR=.\nSCRIPT=bench.py\nDOCKCPUS=two\n", 3, "DOCKCPUS", "not a number"),
-    "a Dockerfile outside DIR": ("DIR=wheels\nCOMMAND=python\nDOCFILE=bench.py\n", 3, "DOCFILE", "outside DIR"),
+    "a Dockerfile outside the env file's folder": ("DIR=wheels\nCOMMAND=python\nDOCFILE=../Dockerfile\n", 3, "DOCFILE",
+                                                   "outside the env file's folder"),
+    # N10: a hostile env file reads nothing outside its folder and packs nothing outside it
+    "PIPREQUIREMENTS=/etc/shadow": ("DIR=.\nSCRIPT=bench.py\nPIPREQUIREMENTS=/etc/shadow\n", 3, "PIPREQUIREMENTS",
+                                    "'/etc/shadow' is /etc/shadow, outside the env file's folder"),
+    "pip -r a file outside": ("DIR=.\nSCRIPT=bench.py\nPIPREQUIREMENTS='-r ../../../etc/passwd'\n", 3,
+                              "PIPREQUIREMENTS", "outside the env file's folder"),
+    "pip -r a file in home": ("DIR=.\nSCRIPT=bench.py\nPIPREQUIREMENTS='-r ~/secrets.txt'\n", 3,
+                              "PIPREQUIREMENTS", "outside the env file's folder"),
+    "DIR=~": ("DIR=~\nSCRIPT=bench.py\n", 1, "DIR", "your home folder"),
+    "DIR above the env file": ("DIR=..\nSCRIPT=bench/bench.py\n", 1, "DIR", "outside the env file's folder"),
+    "DIR absolute elsewhere": ("DIR=/etc\nSCRIPT=passwd\n", 1, "DIR", "'/etc' is /etc, outside the env file's folder"),
     "a pip option smuggled in": ("DIR=.\nSCRIPT=bench.py\nPIPREQUIREMENTS='--pre numpy'\n", 3, "PIPREQUIREMENTS",
                                  "pip options are not taken"),
     "an apt name that is an option": ("DIR=.\nSCRIPT=bench.py\nAPTREQUIREMENTS='-o=x curl'\n", 3, "APTREQUIREMENTS",
@@ -218,7 +235,7 @@ def test_a_build_with_a_dockerfile_outside_the_folder_is_refused_at_submit(farm,
 def test_converted_benchmark_job_builds_its_image_runs_and_reuses_it(farm, bench_dir: Path) -> None:
     require_backend("docker")
     r = farm("import", "auptimizer", str(bench_dir / "env.template"), "-m", "../a.tflite,../b.tflite",
-             "-o", str(bench_dir.parent / "job.yaml"), "--pip-wheels", "wheels", cwd=bench_dir)
+             "-o", str(bench_dir.parent / "job.yaml"), "--pip-wheels", "wheels", "--host-python", cwd=bench_dir)
     assert r.returncode == 0, r.stderr
     code, first = submit_json(farm, bench_dir.parent / "job.yaml")
     # bench.py exits non-zero unless the wheel (pip) and the PRERUN file are in the image

@@ -22,7 +22,7 @@ def backend_class(name: str) -> type[SandboxBackend]:
     raise ValueError(f"unknown sandbox backend {name!r}; choose one of auto, {', '.join(BACKEND_NAMES)}")
 
 
-def choose_backend(name: str, *, image: str | None = None) -> SandboxBackend:
+def choose_backend(name: str, *, image: str | None = None, user_image: bool = False) -> SandboxBackend:
     """The backend named, or for 'auto' the best one that can run here.
 
     Raises SandboxError with the reason when the named backend cannot run.
@@ -33,7 +33,9 @@ def choose_backend(name: str, *, image: str | None = None) -> SandboxBackend:
         cls = backend_class(candidate)
         reason = cls.unavailable_reason()
         if reason is None:
-            return cls(image=image) if candidate == "docker" else cls()  # type: ignore[call-arg]  # only docker takes an image
+            if candidate == "docker":  # only docker takes an image
+                return cls(image=image, user_image=user_image)  # type: ignore[call-arg]
+            return cls()
         reasons.append(f"{candidate}: {reason}")
     raise SandboxError("no sandbox backend can run here — " + "; ".join(reasons))
 

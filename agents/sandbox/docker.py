@@ -44,6 +44,7 @@ from farm.agents.sandbox.base import (
     parse_cpuset,
 )
 from farm.agents.sandbox.docker_image import ensure_default_image, host_runtime_mounts
+from farm.agents.sandbox.user_image import mounts as user_image_mounts
 from farm.agents.sandbox.cgroup import V1_MAX_SHARES, V2_MAX_WEIGHT
 from farm.agents.sandbox.cgroupfs import CgroupFiles, cgroup_mounts, process_cgroups
 
@@ -519,12 +520,15 @@ class DockerBackend(SandboxBackend):
         network_mode: str = "none",
         mount_host_runtime: bool = True,
         client: Any = None,
+        user_image: bool = False,
     ) -> None:
         # network_mode "none": models are profiled offline; pass "bridge" for a job that needs the network.
         # mount_host_runtime=False suits a self-contained user image whose own /usr must not be hidden.
         self.image = image
         self.network_mode = network_mode
         self.mount_host_runtime = mount_host_runtime
+        # user_image: the image's own /usr and Python stay visible; farm's runtime is under /farm-host (user_image.py)
+        self.user_image = user_image
         self._client = client
         self._image_ready: str | None = None
         self._cgroup_driver: str | None = None
@@ -582,16 +586,31 @@ class DockerBackend(SandboxBackend):
     def _mounts(self, mounts: list[MountSpec]) -> list[Any]:
         from docker.types import Mount
 
-        by_path: dict[str, MountSpec] = {}
-        if self.mount_host_runtime:
+        by_target: dict[str, tuple[str, bool]] = {}  # target -> (source, read-only)
+        if self.user_image:
+            for source, target in user_image_mounts():
+                by_target[target] = (source, True)
+        elif self.mount_host_runtime:
             for spec in host_runtime_mounts():
-                by_path[str(spec.path)] = spec
+                by_target[str(spec.path)] = (str(spec.path), True)
         for spec in mounts:
-            by_path[str(Path(spec.path).absolute())] = spec  # the caller's choice (e.g. read-write) wins
+            path = str(Path(spec.path).absolute())
+            by_target[path] = (path, spec.read_only)  # the caller's choice (e.g. read-write) wins
         return [
-            Mount(target=path, source=path, type="bind", read_only=spec.read_only)
-            for path, spec in sorted(by_path.items())
+            Mount(target=target, source=source, type="bind", read_only=read_only)
+            for target, (source, read_only) in sorted(by_target.items())
         ]
+
+    def image_path_env(self) -> str | None:
+        """The PATH the image itself sets (its venv first, say), for a run in the user's image."""
+        import docker.errors
+
+        try:
+            env = self.client.images.get(self._image()).attrs.get("Config", {}).get("Env") or []
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"image {self._image()} is not on the Docker engine: load or build it there first "
+                               f"({_first_line(exc)})") from exc
+        return next((e.split("=", 1)[1] for e in env if e.startswith("PATH=")), None)
 
     def start(
         self,

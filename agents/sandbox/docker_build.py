@@ -42,6 +42,7 @@ MAX_LOG_BYTES = 16 << 20  # a build that prints without end is cut here, not kep
 CONTEXT_MOUNT = "/farm-build/context"
 PREFIX = "/opt/farm-build"
 SITE_PACKAGES = f"{PREFIX}/site-packages"
+VENV = "/opt/farm-venv"  # sim.image + steps: the image's own Python makes it, pip installs there (no PEP 668 refusal)
 APT_ROOT = f"{PREFIX}/apt"
 BUILD_LABEL = "farm.build"
 # What apt-get download reads on the host; the run never sees these.
@@ -107,6 +108,24 @@ def step_script(build: SimBuild) -> str:
     return "\n".join([lines[0], *shown]) + "\n"
 
 
+def venv_step_script(build: SimBuild) -> str:
+    """The steps inside the user's image, with its own shell and Python: a venv (seeing the image's packages)
+    that pip installs into, then the run commands with that venv first on PATH."""
+    lines = ["set -e", 'PY="$(command -v python3 || command -v python)"',
+             f'"$PY" -m venv --system-site-packages {VENV}']
+    if build.pip:
+        source = (["--no-index", "--find-links", shlex.quote(f"{CONTEXT_MOUNT}/{build.pip_wheels}")]
+                  if build.pip_wheels else [])
+        lines += [" ".join([f"{VENV}/bin/python", "-m", "pip", "install", "--no-cache-dir", "--disable-pip-version-check",
+                            *source, *(shlex.quote(r) for r in build.pip)])]
+    for command in build.run:
+        lines += [f"cd {CONTEXT_MOUNT}", command]
+    shown = []
+    for number, line in enumerate(lines[1:], start=1):
+        shown += [f"echo {shlex.quote(f'+ step {number}: {line}')}", line]
+    return "\n".join([lines[0], *shown]) + "\n"
+
+
 def image_env(build: SimBuild) -> list[str]:
     """ENV lines the built image gets, so the run finds what the steps installed."""
     env = [f"ENV PATH={IMAGE_PATH_ENV}"]
@@ -143,8 +162,11 @@ class ImageBuilder:
         with self._guard:
             return self._locks.setdefault(key, threading.Lock())
 
-    def _base_id(self, build: SimBuild, context: bytes | None) -> str | None:
+    def _base_id(self, build: SimBuild, context: bytes | None, in_image: str | None = None) -> str | None:
         import docker.errors
+
+        if in_image is not None:
+            build = build.model_copy(update={"base": in_image})
 
         if build.dockerfile:
             ensure_default_image(self.client)  # a Dockerfile may start FROM farm's base image
@@ -164,14 +186,16 @@ class ImageBuilder:
         except docker.errors.DockerException as exc:
             raise SandboxError(f"the Docker engine could not look up {base!r}: {exc}") from exc
 
-    def build(self, build: SimBuild, context: bytes | None) -> BuiltImage:
-        """The image for `build` (context: workload.dir as pack_dir made it), from the cache or built now.
+    def build(self, build: SimBuild, context: bytes | None, in_image: str | None = None) -> BuiltImage:
+        """The image for `build` (context: workload.dir as pack_dir made it), from the cache or built now;
+        in_image: the steps run inside this user image (sim.image), into a venv of its own Python.
 
         Raises BuildFailed (the job's fault: a step or the Dockerfile failed) or SandboxError (the engine's)."""
         import docker.errors
 
         started = time.monotonic()
-        key = build_key(build, self._base_id(build, context), context)
+        base_id = self._base_id(build, context, in_image)
+        key = build_key(build, f"in-image {base_id}" if in_image else base_id, context)
         tag = f"{BUILD_REPOSITORY}:{key}"
         log_path = self.log_dir / f"{key}.log"
         with self._lock(key):
@@ -188,7 +212,7 @@ class ImageBuilder:
                 if build.dockerfile:
                     self._from_dockerfile(build, context, tag, key, log)
                 else:
-                    self._from_steps(build, context, tag, key, log)
+                    self._from_steps(build, context, tag, key, log, in_image)
             finally:
                 log.close()
         return BuiltImage(tag, False, log_path, time.monotonic() - started)
@@ -233,14 +257,20 @@ class ImageBuilder:
                     "a run starts): use sim.build.run steps, or a FROM image with a shell") if "/bin/sh" in error else ""
             raise BuildFailed(f"building {build.dockerfile} failed: {error}{hint}", log.tail())
 
-    def _from_steps(self, build: SimBuild, context: bytes | None, tag: str, key: str, log: "_Log") -> None:
+    def _image_path(self, image: str | None) -> str:
+        return _image_path_of(self.client, image) if image else IMAGE_PATH_ENV
+
+    def _from_steps(self, build: SimBuild, context: bytes | None, tag: str, key: str, log: "_Log",
+                    in_image: str | None = None) -> None:
         import docker.errors
         import requests  # the docker SDK's transport, loaded with it: a read past the timeout raises its error
         import urllib3
         from docker.types import Mount
 
-        base = build.base or ensure_default_image(self.client)
-        script = step_script(build)
+        base = in_image or build.base or ensure_default_image(self.client)
+        script = venv_step_script(build) if in_image else step_script(build)
+        path = f"{VENV}/bin:{self._image_path(in_image)}" if in_image else IMAGE_PATH_ENV
+        changes = [f"ENV PATH={path}"] if in_image else image_env(build)
         log.write(f"farm: building {tag} from {base}\n")
         with tempfile.TemporaryDirectory(prefix="farm-build-") as scratch:
             context_dir = Path(scratch, "context")
@@ -249,8 +279,8 @@ class ImageBuilder:
                 archive = Path(scratch, "context.tar")
                 archive.write_bytes(context)
                 unpack(archive, context_dir)
-            mounts = [Mount(target=str(m.path), source=str(m.path), type="bind", read_only=True)
-                      for m in host_runtime_mounts()]
+            mounts = [] if in_image else [Mount(target=str(m.path), source=str(m.path), type="bind", read_only=True)
+                                          for m in host_runtime_mounts()]  # in the user's image: its own /usr
             mounts.append(Mount(target=CONTEXT_MOUNT, source=str(context_dir), type="bind", read_only=True))
             if build.apt:
                 mounts += [Mount(target=p, source=p, type="bind", read_only=True) for p in APT_HOST_PATHS if Path(p).exists()]
@@ -259,7 +289,7 @@ class ImageBuilder:
                 container = self.client.containers.create(
                     base, command=["/bin/sh", "-c", script], user="0:0", working_dir=CONTEXT_MOUNT,
                     mounts=mounts, network_mode="bridge" if wants_network(build) else "none",
-                    environment={"PATH": IMAGE_PATH_ENV, "HOME": "/root", "LANG": "C.UTF-8",
+                    environment={"PATH": path, "HOME": "/root", "LANG": "C.UTF-8",
                                  "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
                     labels={BUILD_LABEL: key}, detach=True)
                 container.start()
@@ -283,7 +313,7 @@ class ImageBuilder:
                     step = next((line[2:] for line in reversed(log.tail().splitlines()) if line.startswith("+ step ")), "")
                     raise BuildFailed(f"sim.build failed with status {code}{' at ' + step if step else ''}", log.tail())
                 repository, _, name = tag.partition(":")
-                container.commit(repository=repository, tag=name, changes=[*image_env(build), f"LABEL {BUILD_LABEL}={key}"])
+                container.commit(repository=repository, tag=name, changes=[*changes, f"LABEL {BUILD_LABEL}={key}"])
                 log.write(f"farm: built {tag}\n")
             except docker.errors.ImageNotFound:
                 raise BuildFailed(f"sim.build.base {base!r} is not on this agent's Docker engine", log.tail()) from None
@@ -295,6 +325,12 @@ class ImageBuilder:
                         container.remove(force=True)
                     except docker.errors.DockerException:
                         pass
+
+
+def _image_path_of(client: Any, image: str) -> str:
+    """The PATH an image sets, or the usual one."""
+    env = client.images.get(image).attrs.get("Config", {}).get("Env") or []
+    return next((e.split("=", 1)[1] for e in env if e.startswith("PATH=")), IMAGE_PATH_ENV)
 
 
 def _stop(container: Any, timed_out: threading.Event) -> None:

@@ -68,11 +68,13 @@ def contended_left_out(store: Store, job_ids: list[int]) -> int:
     return store.contended_completed_runs(job_ids)
 
 
-def job_values(store: Store, job_id: int, metric: str, *, include_contended: bool = False) -> list[MeasuredValue]:
-    """The metric of every completed run of a job (the attempt that counted); contended runs only if asked."""
+def job_values(store: Store, job_id: int, metric: str, *, include_contended: bool = False,
+               target: str | None = None) -> list[MeasuredValue]:
+    """The metric of every completed run of a job (the attempt that counted); contended runs only if asked;
+    one target's runs only (the sim or a device) when given."""
     if store.job(job_id) is None:
         raise CalibrationError(f"no job {job_id} in {store.path}")
-    rows = store.completed_values(job_id, _metric_sql(metric), include_contended=include_contended)
+    rows = store.completed_values(job_id, _metric_sql(metric), include_contended=include_contended, target=target)
     out = []
     for row in rows:
         if row["value"] is None:

@@ -831,14 +831,17 @@ class Store:
             f"SELECT COUNT(*) AS n FROM tasks t JOIN runs r ON r.id = t.last_run_id WHERE t.job_id IN ({marks}) "
             "AND t.status = 'completed' AND r.contended = 1", list(job_ids))[0]["n"]
 
-    def completed_values(self, job_id: int, value_sql: str, *, include_contended: bool) -> list[dict[str, Any]]:
-        """A metric of every completed run of a job (the attempt that counted), with its model's facts."""
+    def completed_values(self, job_id: int, value_sql: str, *, include_contended: bool,
+                         target: str | None = None) -> list[dict[str, Any]]:
+        """A metric of every completed run of a job (the attempt that counted), with its model's facts;
+        only one target's runs (the sim or one device) when given."""
         quiet = "" if include_contended else " AND COALESCE(r.contended, 0) = 0"
+        quiet += "" if target is None else " AND t.target = ?"
         return self.query(
             f"SELECT t.model_name, t.model_sha256, t.model_family, t.threads, t.batch_size, t.input_size, t.repeat, "
             f"t.model_size_bytes, t.model_param_count, t.model_facts_json, r.id AS run_id, r.environment_json, "
             f"{value_sql} AS value FROM tasks t JOIN runs r ON r.id = t.last_run_id JOIN summaries s ON s.run_id = r.id "
-            f"WHERE t.job_id = ? AND t.status = 'completed'{quiet}", [job_id])
+            f"WHERE t.job_id = ? AND t.status = 'completed'{quiet}", [job_id] + ([] if target is None else [target]))
 
     def paired_values(self, job_id: int, device: str, sim_sql: str, device_sql: str, *,
                       include_contended: bool) -> list[dict[str, Any]]:
