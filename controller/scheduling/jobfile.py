@@ -17,10 +17,11 @@ from typing import Any, Protocol
 import yaml
 from pydantic import ValidationError
 
-from farm.models.facts import ModelError, find_unsupported_ops, inspect_model
+from farm.models.facts import ModelError, inspect_model, runtime_refusal
 from farm.models.generate import generate_hint
 from farm.models.runtimes import InputShapeError, resolve_shape
 from farm.proto.device_types import DeviceType
+from farm.proto.escape import printable
 from farm.proto.results import ModelFacts
 from farm.proto.spec import BenchmarkWorkload, JobSpec, ModelEntry, ScriptWorkload, cores_missing, default_cpus, parse_cpuset
 from farm.proto.tasks import DEFAULT_MAX_TASKS
@@ -323,12 +324,14 @@ def _benchmark_problem(spec: JobSpec, model: ResolvedModel) -> str | None:
     workload = spec.workload
     assert isinstance(workload, BenchmarkWorkload)
     try:
-        unsupported = find_unsupported_ops(model.path, use_xnnpack=workload.use_xnnpack)
+        refusal = runtime_refusal(model.path, use_xnnpack=workload.use_xnnpack)
     except ModelError as e:
         return str(e)
-    if unsupported:
-        return (f"{model.path.name} uses operator(s) the {BENCHMARK_FORMATS[suffix]} runtime here does not "
-                f"support: {', '.join(unsupported)}. Replace them, or register a custom-op library.")
+    if refusal is not None:  # the runtime's verdict, loaded with the options a run uses
+        ops = f" (operator(s) it names: {', '.join(refusal.ops)})" if refusal.ops else ""
+        hint = " Replace them, or register a custom-op library." if refusal.ops else ""
+        return (f"{model.path.name} cannot be loaded by the {BENCHMARK_FORMATS[suffix]} runtime that runs it{ops}; "
+                f"{refusal.runtime} says: {printable(refusal.message, 600)}.{hint}")
     inputs = {t.name: t for t in model.facts.inputs}
     for name in workload.input_shapes:
         if name not in inputs:
