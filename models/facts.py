@@ -46,10 +46,11 @@ def model_format(path: Path) -> str:
     return "other"
 
 
-def inspect_model(path: Path) -> ModelFacts:
+def inspect_model(path: Path, input_shapes: dict[str, list[int]] | None = None) -> ModelFacts:
     """Size, hash, inputs/outputs, operator and parameter counts of a .tflite or .onnx file.
 
-    Raises ModelError naming the file when it cannot be read or parsed.
+    input_shapes fixes inputs' shapes (ONNX: dynamic dimensions) so MACs can be counted, as a run fixes them.
+    Raises ModelError naming the file when it cannot be read or parsed, or when input_shapes does not fit.
     """
     path = Path(path)
     data = _read(path)
@@ -60,11 +61,14 @@ def inspect_model(path: Path) -> ModelFacts:
         sha256=hashlib.sha256(data).hexdigest(),
     )
     if facts.format == "tflite":
+        if input_shapes:
+            raise ModelError(f"{path}: input shapes can be given for .onnx models only (a .tflite file's MACs are "
+                             "counted at the shapes its converter wrote)")
         tflite_model = _parse_tflite(path, data)
         _fill_tflite_facts(facts, tflite_model)
         _fill_mac_profile(facts, tflite_model)
     elif facts.format == "onnx":
-        onnx_model = _parse_onnx(path, data)
+        onnx_model = set_onnx_input_shapes(path, _parse_onnx(path, data), input_shapes or {})
         _fill_onnx_facts(facts, onnx_model)
         _fill_mac_profile(facts, onnx_model)
     return facts
@@ -357,6 +361,29 @@ def _parse_onnx(path: Path, data: bytes) -> onnx.ModelProto:
         missing = "graph" if not model.HasField("graph") else "opset_import"
         raise ModelError(f"{path} is not a valid ONNX model (no {missing}; IR version {model.ir_version})")
     return model
+
+
+def set_onnx_input_shapes(path: Path, model: onnx.ModelProto, shapes: dict[str, list[int]]) -> onnx.ModelProto:
+    """The model with these inputs' shapes fixed (a copy); ModelError for a name it lacks or a rank or fixed
+    dimension that differs."""
+    if not shapes:
+        return model
+    initializers = {init.name for init in model.graph.initializer}
+    inputs = {value.name: value for value in model.graph.input if value.name not in initializers}
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    targets = {value.name: value for value in fixed.graph.input}
+    for name, shape in shapes.items():
+        if name not in inputs:
+            raise ModelError(f"{path}: no input named {name!r} (its inputs: {', '.join(inputs)})")
+        dims = targets[name].type.tensor_type.shape.dim
+        if len(dims) != len(shape):
+            raise ModelError(f"{path}: input {name!r} has {len(dims)} dimensions, the shape given has {len(shape)}")
+        for axis, (dim, want) in enumerate(zip(dims, shape)):
+            if dim.HasField("dim_value") and dim.dim_value != want:
+                raise ModelError(f"{path}: input {name!r} has a fixed dimension {axis} of {dim.dim_value}, not {want}")
+            dim.dim_value = int(want)
+    return fixed
 
 
 def _onnx_dtype(elem_type: int) -> str:

@@ -32,6 +32,7 @@ from farm.models.facts import (
     _tflite_builtin_code,
     _tflite_op_name,
     model_format,
+    set_onnx_input_shapes,
 )
 
 # A dimension that is unknown (symbolic, or not inferred); any MAC-counted op touching one makes the total unknown.
@@ -521,12 +522,13 @@ def onnx_layers(model: onnx.ModelProto) -> list[Layer]:
     return layers
 
 
-def model_layers(path: Path) -> list[Layer]:
-    """The per-layer table of a .tflite or .onnx file; empty for other formats. Raises facts.ModelError."""
+def model_layers(path: Path, input_shapes: dict[str, list[int]] | None = None) -> list[Layer]:
+    """The per-layer table of a .tflite or .onnx file; empty for other formats. Raises facts.ModelError.
+    input_shapes: as facts.inspect_model's (ONNX only)."""
     path = Path(path)
     fmt = model_format(path)
     if fmt == "tflite":
         return tflite_layers(_parse_tflite(path, _read(path)))
     if fmt == "onnx":
-        return onnx_layers(_parse_onnx(path, _read(path)))
+        return onnx_layers(set_onnx_input_shapes(path, _parse_onnx(path, _read(path)), input_shapes or {}))
     return []

@@ -95,7 +95,7 @@ def write_delegate_only_op_tflite(path: Path) -> Path:
 
 # --- Control flow and Constant nodes, as PyTorch and Paddle2ONNX exports have them -----------
 
-CONTROL_WIDTH = 64  # features of the control-flow models' data input
+CONTROL_WIDTH = 256  # features of the control-flow models' data input: the If branches differ ~10x in cost
 BIG_BRANCH_MATMULS = 24  # the `sr == 16000` branch repeats its product this often; the other branch once
 
 
@@ -193,4 +193,16 @@ def type_clash_onnx() -> bytes:
                               [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, [1, 4]),
                                helper.make_tensor_value_info("ints", TensorProto.INT64, [1, 4])],
                               [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, [1, 4])])
+    return _onnx_model(graph)
+
+
+def dynamic_conv_onnx() -> bytes:
+    """A 3x3 convolution (3 -> 8 channels, same padding) on an input of dynamic batch, height and width,
+    as detection models export: MACs are known only once the shape is."""
+    weight = numpy_helper.from_array(np.ones((8, 3, 3, 3), np.float32), "w")
+    nodes = [helper.make_node("Conv", ["images", "w"], ["features"], name="conv", pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "dynamic_conv",
+                              [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
+                              [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 8, "height", "width"])],
+                              initializer=[weight])
     return _onnx_model(graph)

@@ -3,14 +3,19 @@ with the runtime's own words. Constant nodes (folded at load time, so no kernel)
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import numpy as np
 import onnxruntime
 import pytest
 
 from conftest import write_job
 from farm.models.facts import inspect_model, runtime_refusal
+from farm.proto.spec import MAX_INPUT_FILE_BYTES
 from model_fixtures import (
+    CONTROL_WIDTH,
+    dynamic_conv_onnx,
     type_clash_onnx,
     write_control_flow_models,
     write_unsupported_op_onnx,
@@ -62,3 +67,108 @@ def test_a_load_failure_without_an_operator_name_is_still_refused(farm, tmp_path
     one_paragraph_error(farm("submit", str(write_job(tmp_path, JOB.format(models="clash.onnx")))),
                         ["clash.onnx", "cannot be loaded", "onnxruntime says"])
 
+
+
+# --- workload.inputs: values users control --------------------------------------------------------
+
+IF_JOB = """models: [if_sr.onnx]
+workload:
+  type: benchmark
+  iterations: 30
+  warmup: 3
+{inputs}"""
+
+
+def _p50_and_values(farm, job: Path, number: int) -> tuple[float, dict[str, str]]:
+    run = farm("submit", str(job))
+    assert run.returncode == 0, run.stderr
+    (record,) = farm("results", str(number), "--format", "json").json()
+    assert record["status"] == "completed", record["message"]
+    return record["latency_ms"]["p50"], record["input_values"]
+
+
+def test_an_int64_control_input_given_a_value_picks_the_branch(control_flow: dict[str, Path], farm,
+                                                               tmp_path: Path) -> None:
+    """silero-vad's shape: `sr == 16000` takes the expensive branch; a random int never does."""
+    given_8k = write_job(tmp_path, IF_JOB.format(inputs="  inputs:\n    sr: {value: 8000}\n"), "8k.yaml")
+    given_16k = write_job(tmp_path, IF_JOB.format(inputs="  inputs:\n    sr: {value: 16000}\n"), "16k.yaml")
+    defaulted = write_job(tmp_path, IF_JOB.format(inputs=""), "default.yaml")
+    cheap, values_8k = _p50_and_values(farm, given_8k, 1)
+    costly, values_16k = _p50_and_values(farm, given_16k, 2)
+    by_default, values_default = _p50_and_values(farm, defaulted, 3)
+    assert values_8k["sr"] == "value 8000 (given)" and values_16k["sr"] == "value 16000 (given)"
+    assert values_default == {"input": "random uniform [0, 1)", "sr": "value 16000 (default for a sample-rate input)"}
+    # 24 chained 256x256 products against one: a gap no busy machine closes (the ratio is ~10x quiet)
+    assert costly > 2 * cheap and by_default > 2 * cheap, (cheap, costly, by_default)
+
+
+def test_input_values_from_a_file_and_a_random_range(control_flow: dict[str, Path], farm, tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.full((1, CONTROL_WIDTH), 0.5, np.float32))
+    job = write_job(tmp_path, IF_JOB.format(inputs="  inputs:\n    input: {file: x.npy}\n"
+                                                   "    sr: {random: {low: 8000, high: 8000}}\n"))
+    _, values = _p50_and_values(farm, job, 1)
+    assert values == {"input": "file x.npy (given)", "sr": "random uniform [8000, 8000] (given)"}
+    stored = farm("jobs", "--json").json()
+    assert stored and stored[0]["status"] == "completed"
+
+
+@pytest.mark.parametrize("inputs, fragments", [
+    ("    sr: {value: .nan}\n", ["workload.inputs.sr.value", "not a finite number"]),
+    ("    sr: {value: 16000.5}\n", ["workload.inputs.sr", "int64", "whole numbers"]),
+    ("    sr: {value: 99999999999999999999999}\n", ["workload.inputs.sr", "whole numbers"]),
+    ("    sr: {value: hello}\n", ["workload.inputs.sr.value", "number"]),
+    ("    sr: {}\n", ["workload.inputs.sr", "give value, file, random or shape"]),
+    ("    sr: {random: {low: 5, high: 1}}\n", ["workload.inputs.sr.random", "above high"]),
+    ("    sr: {random: {low: 0, high: .inf}}\n", ["workload.inputs.sr.random", "finite"]),
+    ("    sr: {value: 1, random: {low: 0, high: 1}}\n", ["workload.inputs.sr", "not random with another"]),
+    ("    nosuch: {value: 1}\n", ["workload.inputs", "no input named 'nosuch'"]),
+    ("    \"bad\\x1bname\": {value: 1}\n", ["without control characters"]),
+    ("    input: {value: [[1, 2], [3]]}\n", ["workload.inputs.input.value", "ragged"]),
+    ("    input: {file: ../outside.npy}\n", ["workload.inputs.input.file", "outside the job's folder"]),
+    ("    input: {file: fifo.npy}\n", ["workload.inputs.input.file", "not a regular file"]),
+    ("    input: {file: nan.npy}\n", ["workload.inputs.input.file", "NaN or infinite"]),
+    ("    input: {file: pickle.npy}\n", ["workload.inputs.input.file", "without pickles"]),
+    ("    input: {file: big.npy}\n", ["workload.inputs.input.file", "bytes; input files are at most"]),
+    ("    input: {file: nowhere.npy}\n", ["workload.inputs.input.file", "cannot be opened"]),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_hostile_input_values_are_refused_naming_the_field(control_flow: dict[str, Path], farm, tmp_path: Path,
+                                                           inputs: str, fragments: list[str]) -> None:
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    for path in control_flow.values():
+        (job_dir / path.name).write_bytes(path.read_bytes())
+    (tmp_path / "outside.npy").write_bytes(b"")
+    os.mkfifo(job_dir / "fifo.npy")  # a reader would block forever: refused by type before any open
+    np.save(job_dir / "nan.npy", np.array([[np.nan] * CONTROL_WIDTH], np.float32))
+    np.save(job_dir / "pickle.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with open(job_dir / "big.npy", "wb") as f:
+        f.truncate(MAX_INPUT_FILE_BYTES + 1)  # sparse: the size is checked before any read
+    one_paragraph_error(farm("submit", str(write_job(job_dir, IF_JOB.format(inputs="  inputs:\n" + inputs))),
+                             timeout=120), fragments)
+    assert farm("jobs", "--json").json() == []
+
+
+def test_inspect_counts_weights_in_constant_nodes_and_subgraphs(control_flow: dict[str, Path], farm) -> None:
+    counts = {name: farm("inspect", str(path), "--json").json()["param_count"] for name, path in control_flow.items()}
+    assert counts == {
+        "constant": CONTROL_WIDTH * 16 + 16,  # Constant-node weight and bias
+        "if_sr": 2 * CONTROL_WIDTH * CONTROL_WIDTH + 1,  # a weight in each If branch, and the 16000 it compares with
+        "loop": CONTROL_WIDTH * CONTROL_WIDTH + 2,  # the body's weight, the trip count and the condition
+    }
+
+
+def test_inspect_with_shape_counts_macs_of_a_dynamic_model(farm, tmp_path: Path) -> None:
+    path = tmp_path / "dynamic.onnx"
+    path.write_bytes(dynamic_conv_onnx())
+    unknown = farm("inspect", str(path), "--json").json()
+    assert unknown["macs"] is None
+    assert "--shape" in farm("inspect", str(path)).stdout
+    report = farm("inspect", str(path), "--shape", "images=1x3x64x48", "--json").json()
+    # 3x3 conv, 3 -> 8 channels, same padding: every output element costs 3*3*3 MACs
+    assert report["macs"] == 8 * 64 * 48 * 3 * 3 * 3
+    assert report["inputs"][0]["shape"] == [1, 3, 64, 48]
+    assert farm("inspect", str(path), "--shape", "images=2x3x64x48", "--json").json()["macs"] == 2 * report["macs"]
+    for bad, fragment in (("images=1x3x64", "has 4 dimensions"), ("nosuch=1x3x8x8", "no input named 'nosuch'"),
+                          ("images=1x0x8x8", "positive whole dimensions"), ("images", "NAME=DIMS"),
+                          ("images=1x4x8x8", "fixed dimension 1 of 3")):
+        one_paragraph_error(farm("inspect", str(path), "--shape", bad), [fragment])
