@@ -380,7 +380,7 @@ def set_onnx_input_shapes(path: Path, model: onnx.ModelProto, shapes: dict[str, 
         if len(dims) != len(shape):
             raise ModelError(f"{path}: input {name!r} has {len(dims)} dimensions, the shape given has {len(shape)}")
         for axis, (dim, want) in enumerate(zip(dims, shape)):
-            if dim.HasField("dim_value") and dim.dim_value != want:
+            if dim.HasField("dim_value") and dim.dim_value > 0 and dim.dim_value != want:  # -1: exporters' "dynamic"
                 raise ModelError(f"{path}: input {name!r} has a fixed dimension {axis} of {dim.dim_value}, not {want}")
             dim.dim_value = int(want)
     return fixed

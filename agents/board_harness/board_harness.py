@@ -124,7 +124,7 @@ def resolve_shape(name, declared, layout, batch_size, input_size, overrides):
             raise JobError("input {!r} has {} dimensions, input_shapes gives {}".format(name, len(declared), len(shape)))
     else:
         shape = [d if isinstance(d, int) and d > 0 else None for d in declared]
-    if shape and (shape[0] is None or name not in overrides):
+    if shape and (shape[0] is None or (name not in overrides and batch_size != 1)):  # as models/runtimes.py
         shape[0] = batch_size
     if input_size is not None and len(shape) == 4:
         for i in ((1, 2) if layout == "nhwc" else (2, 3)):
