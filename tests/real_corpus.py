@@ -198,3 +198,37 @@ def tflite_weight_elements(path: Path) -> int:
 
 def weight_elements(path: Path) -> int:
     return onnx_weight_elements(path) if path.suffix == ".onnx" else tflite_weight_elements(path)
+
+
+def bare_p50_ms_sandboxed(path: Path, shapes: dict[str, list[int]], *, threads: int, iterations: int, warmup: int,
+                          cpuset: str, backend: str = "auto") -> float:
+    """bare_p50_ms in a process of its own under the same kind of sandbox and CPU budget farm's runs get (a
+    cgroup of its own weighs as much as farm's run against a busy machine), without farm's harness,
+    sampler or driver: the runtime's loop alone, so the ratio shows what farm adds."""
+    import tempfile
+
+    from farm.agents.sandbox import choose_backend
+    from farm.agents.sandbox.base import Budget
+
+    sandbox_backend = choose_backend(backend)
+    argv = [sys.executable, str(Path(__file__).resolve()), str(path), json.dumps(shapes), str(threads),
+            str(iterations), str(warmup)]
+    with tempfile.TemporaryDirectory(prefix="farm-bare-") as folder:
+        sandbox = sandbox_backend.start(argv, Budget(cpus=float(threads), cpuset=cpuset),
+                                        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": str(threads)},
+                                        cwd=Path(folder), mounts=[])
+        try:
+            info = sandbox.wait(600)
+        finally:
+            sandbox.close()
+    lines = [line for line in info.output.splitlines() if line.startswith("p50_ms ")]
+    if not lines:
+        raise RuntimeError(f"the bare loop for {path} printed no result: {info.output[-500:]}")
+    return float(lines[-1].split()[1])
+
+
+if __name__ == "__main__":  # the bare loop in a process of its own: PATH SHAPES_JSON THREADS ITERATIONS WARMUP
+    model_path, shapes_json, threads_arg, iterations_arg, warmup_arg = sys.argv[1:6]
+    p50 = bare_p50_ms(Path(model_path), json.loads(shapes_json), threads=int(threads_arg),
+                      iterations=int(iterations_arg), warmup=int(warmup_arg))
+    print(f"p50_ms {p50}", flush=True)
