@@ -172,3 +172,18 @@ def test_inspect_with_shape_counts_macs_of_a_dynamic_model(farm, tmp_path: Path)
                           ("images=1x0x8x8", "positive whole dimensions"), ("images", "NAME=DIMS"),
                           ("images=1x4x8x8", "fixed dimension 1 of 3")):
         one_paragraph_error(farm("inspect", str(path), "--shape", bad), [fragment])
+
+
+def test_the_board_harness_feeds_inputs_as_the_sim_does() -> None:
+    """Boards run their own Python 3.6-safe harness: the same inputs rule, so a board times the same branch."""
+    from farm.agents.board_harness import board_harness
+
+    rng = np.random.RandomState(0)
+    data, where = board_harness.feed(np, "sr", [], np.int64, None, rng)
+    assert (data.item(), where) == (16000, "value 16000 (default for a sample-rate input)")
+    data, where = board_harness.feed(np, "sr", [], np.int64, {"value": 8000}, rng)
+    assert (data.item(), where) == (8000, "value (given)")
+    data, _ = board_harness.feed(np, "x", [2, 3], np.float32, {"random": {"low": 5, "high": 6}}, rng)
+    assert data.shape == (2, 3) and data.dtype == np.float32 and 5 <= data.min() and data.max() <= 6
+    with pytest.raises(board_harness.JobError, match="whole numbers"):
+        board_harness.feed(np, "sr", [], np.int64, {"value": 0.5}, rng)
