@@ -311,7 +311,7 @@ def _onnx_shapes(model: onnx.ModelProto) -> tuple[dict[str, Shape], dict[str, in
     return shapes, item_bytes
 
 
-RUNTIME_SHAPE_INPUT_ELEMENTS = 1 << 26  # one inference at most this big (inputs' elements) to learn shapes
+RUNTIME_SHAPE_INPUT_ELEMENTS = 1 << 23  # one inference at most this big (inputs' elements) to learn shapes
 
 
 def _runtime_shapes(model: onnx.ModelProto, names: list[str]) -> dict[str, Shape]:

@@ -187,3 +187,12 @@ def test_the_board_harness_feeds_inputs_as_the_sim_does() -> None:
     assert data.shape == (2, 3) and data.dtype == np.float32 and 5 <= data.min() and data.max() <= 6
     with pytest.raises(board_harness.JobError, match="whole numbers"):
         board_harness.feed(np, "sr", [], np.int64, {"value": 0.5}, rng)
+
+
+def test_a_fixed_leading_dimension_is_kept_at_batch_1() -> None:
+    """silero-vad's state is [2, 1, 128]: its 2 is layers, not a batch; only another batch replaces it."""
+    from farm.models.runtimes import resolve_shape
+
+    assert resolve_shape("state", [2, 1, 128], layout="nchw", batch_size=1, input_size=None, overrides={}) == [2, 1, 128]
+    assert resolve_shape("x", [None, 3], layout="nchw", batch_size=1, input_size=None, overrides={}) == [1, 3]
+    assert resolve_shape("x", [1, 3], layout="nhwc", batch_size=4, input_size=None, overrides={}) == [4, 3]

@@ -435,7 +435,8 @@ def fixed_dimension_warnings(spec: JobSpec, models: list[ResolvedModel], root: y
             if tensor.name in overrides or not dims or not isinstance(dims[0], int):
                 batch_bad = []
             else:
-                batch_bad = [b for b in spec.matrix.batch_sizes if b != dims[0]]
+                # batch 1 keeps a fixed first dimension as it is (runtimes.resolve_shape): only other batches fail
+                batch_bad = [b for b in spec.matrix.batch_sizes if b != dims[0] and b != 1]
             if batch_bad:
                 problems.append(JobProblem(source_name, _line(root, "matrix", "batch_sizes"), "matrix.batch_sizes",
                                            f"{model.path.name} has a fixed batch of {dims[0]} (input {tensor.name!r}): "
