@@ -11,6 +11,7 @@ import onnxruntime
 import pytest
 
 from conftest import write_job
+from farm.controller.scheduling.jobfile import JobFileError
 from farm.models.facts import inspect_model, runtime_refusal
 from farm.proto.spec import MAX_INPUT_FILE_BYTES
 from model_fixtures import (
@@ -196,3 +197,14 @@ def test_a_fixed_leading_dimension_is_kept_at_batch_1() -> None:
     assert resolve_shape("state", [2, 1, 128], layout="nchw", batch_size=1, input_size=None, overrides={}) == [2, 1, 128]
     assert resolve_shape("x", [None, 3], layout="nchw", batch_size=1, input_size=None, overrides={}) == [1, 3]
     assert resolve_shape("x", [1, 3], layout="nhwc", batch_size=4, input_size=None, overrides={}) == [4, 3]
+
+
+def test_a_controller_never_reads_an_input_file_named_over_the_wire() -> None:
+    from farm.controller.scheduling.submission import load_submitted_job
+    from farm.proto.generated import farm_pb2
+
+    request = farm_pb2.SubmitJobRequest(
+        job_yaml="models: [m.onnx]\nworkload:\n  type: benchmark\n  inputs:\n    x: {file: /etc/shadow}\n",
+        file_name="job.yaml", base_dir="/")
+    with pytest.raises(JobFileError, match=r"workload.inputs.x.file: input files are read where the job is submitted"):
+        load_submitted_job(request, None, [])  # type: ignore[arg-type]  # refused before any file is looked at
