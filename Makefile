@@ -38,6 +38,7 @@ bench: models
 	$(PY) benchmarks/wire_capacity.py
 	$(PY) benchmarks/lease.py
 	$(PY) benchmarks/web.py
+	$(PY) benchmarks/corpus.py
 
 # Controller throughput and dispatch latency: 100 agents with an instant driver, loopback gRPC.
 bench-scheduling: setup

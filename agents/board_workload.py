@@ -250,6 +250,7 @@ def board_result(task: TaskSpec, board: str, staged: StagedRun, sampled, energy_
     if output.output_tail:
         log = (output.output_tail + "\n" + sampled.result.stderr)[-LOG_TAIL_CHARS:]
     environment.update({"runtime": output.runtime, "input_shapes": output.input_shapes,
+                        "input_values": {str(k)[:200]: str(v)[:200] for k, v in list(output.input_values.items())[:64]},
                         "board_harness_sha256": staged.harness.sha256})
     if isinstance(task.workload, ScriptWorkload):
         environment.update({

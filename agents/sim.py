@@ -379,6 +379,8 @@ class SimDriver:
             result.peak_rss_bytes = output.peak_rss_bytes
             result.whole_run_s = output.whole_run_s
             environment["input_shapes"] = output.input_shapes
+            # written in the sandbox: bounded, whatever it holds
+            environment["input_values"] = {str(k)[:200]: str(v)[:200] for k, v in list(output.input_values.items())[:64]}
             environment["runtime"] = output.runtime
             if output.op_profile_note:  # written in the sandbox: a bounded string, whatever it was
                 environment["op_profile_note"] = str(output.op_profile_note)[:500]

@@ -40,15 +40,34 @@ def _shape(shape: list[Any]) -> str:
     return "×".join("?" if d is None else str(d) for d in shape) if shape else "—"
 
 
-def inspect_report(path: Path) -> dict[str, Any]:
-    """Every figure `farm inspect` shows, as plain data (the --json output). Raises facts.ModelError."""
+def parse_shape_args(values: list[str]) -> dict[str, list[int]]:
+    """--shape NAME=1x3x640x640 (repeatable) as {NAME: [1, 3, 640, 640]}; UserError naming the bad one."""
+    shapes: dict[str, list[int]] = {}
+    for value in values:
+        name, sep, dims = value.rpartition("=")
+        try:
+            shape = [int(d) for d in dims.lower().replace(",", "x").split("x")]
+        except ValueError:
+            shape = []
+        if not sep or not name or not shape or any(d <= 0 or d > 1 << 31 for d in shape):
+            raise UserError(f"--shape {value[:120]!r}: give NAME=DIMS with positive whole dimensions, e.g. "
+                            "--shape images=1x3x640x640")
+        if name in shapes:
+            raise UserError(f"--shape: input {name[:80]!r} is given twice")
+        shapes[name] = shape
+    return shapes
+
+
+def inspect_report(path: Path, input_shapes: dict[str, list[int]] | None = None) -> dict[str, Any]:
+    """Every figure `farm inspect` shows, as plain data (the --json output). Raises facts.ModelError.
+    input_shapes fixes dynamic input dimensions (ONNX), so MACs can be counted."""
     from farm.models.facts import ModelError, inspect_model  # the runtimes' parsers: loaded for this command only
     from farm.models.macs import model_layers
 
-    facts = inspect_model(path)
+    facts = inspect_model(path, input_shapes)
     if facts.format == "other":
         raise ModelError(f"{path}: farm reads .tflite and .onnx files; this one is neither (by its extension)")
-    layers = model_layers(path)
+    layers = model_layers(path, input_shapes)
     total_macs = facts.macs
     return {
         "path": str(path), "format": facts.format, "size_bytes": facts.size_bytes, "sha256": facts.sha256,
@@ -93,7 +112,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     path = Path(args.model)
     try:
-        report = inspect_report(path)
+        report = inspect_report(path, parse_shape_args(args.shape))
     except ModelError as e:
         raise UserError(str(e)) from None
     if args.json:
@@ -105,7 +124,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     out.print(f"parameters {_si(report['param_count'])} · MACs {_si(report['macs'])} · FLOPs {_si(report['flops'])}"
               f" (batch 1{'; ' + shares if shares else ''})")
     if report["macs"] is None:
-        out.print("MACs unknown: a convolution or matrix product has a shape that is only known at run time")
+        out.print("MACs unknown: a convolution or matrix product has a shape that is only known at run time; "
+                  "fix the inputs' dynamic dimensions with --shape NAME=1x3x224x224")
     out.print(_tensors_table("inputs", report["inputs"]))
     out.print(_tensors_table("outputs", report["outputs"]))
     ops = Table(title=f"operators ({report['op_count']})", title_justify="left", header_style="bold")
@@ -122,6 +142,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("inspect", help="a model's inputs, outputs, parameters, MACs/FLOPs, operators and layers")
     s.add_argument("model", help="a .tflite or .onnx file")
     s.add_argument("--json", action="store_true", help="machine-readable output, every layer")
+    s.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
+                   help="an input's full shape, e.g. images=1x3x640x640, for MACs of a model with dynamic dimensions "
+                        "(repeatable; .onnx)")
     s.add_argument("--all-layers", action="store_true", help=f"every layer, not the first {DEFAULT_LAYER_ROWS}")
     s.set_defaults(func=cmd_inspect)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import io
@@ -45,10 +46,11 @@ def model_format(path: Path) -> str:
     return "other"
 
 
-def inspect_model(path: Path) -> ModelFacts:
+def inspect_model(path: Path, input_shapes: dict[str, list[int]] | None = None) -> ModelFacts:
     """Size, hash, inputs/outputs, operator and parameter counts of a .tflite or .onnx file.
 
-    Raises ModelError naming the file when it cannot be read or parsed.
+    input_shapes fixes inputs' shapes (ONNX: dynamic dimensions) so MACs can be counted, as a run fixes them.
+    Raises ModelError naming the file when it cannot be read or parsed, or when input_shapes does not fit.
     """
     path = Path(path)
     data = _read(path)
@@ -59,11 +61,14 @@ def inspect_model(path: Path) -> ModelFacts:
         sha256=hashlib.sha256(data).hexdigest(),
     )
     if facts.format == "tflite":
+        if input_shapes:
+            raise ModelError(f"{path}: input shapes can be given for .onnx models only (a .tflite file's MACs are "
+                             "counted at the shapes its converter wrote)")
         tflite_model = _parse_tflite(path, data)
         _fill_tflite_facts(facts, tflite_model)
         _fill_mac_profile(facts, tflite_model)
     elif facts.format == "onnx":
-        onnx_model = _parse_onnx(path, data)
+        onnx_model = set_onnx_input_shapes(path, _parse_onnx(path, data), input_shapes or {})
         _fill_onnx_facts(facts, onnx_model)
         _fill_mac_profile(facts, onnx_model)
     return facts
@@ -86,26 +91,58 @@ def _fill_mac_profile(facts: ModelFacts, parsed: Any) -> None:
     facts.activation_bytes = profile.activation_bytes
 
 
-def find_unsupported_ops(path: Path, *, use_xnnpack: bool = True) -> list[str]:
-    """Operators in the model that the installed runtime (LiteRT / onnxruntime) cannot run.
+@dataclasses.dataclass(frozen=True)
+class RuntimeRefusal:
+    """The runtime that would run a model cannot load it: its own message, and the operators it names."""
 
-    The model is loaded exactly as a run loads it (models.runtimes): for TFLite, use_xnnpack
-    picks the same op resolver as the job's workload.use_xnnpack does in the harness.
+    runtime: str  # "litert" | "onnxruntime"
+    message: str  # the runtime's words, first lines only
+    ops: tuple[str, ...]  # operator names found in the message (or custom codes the resolver lacks); may be empty
 
-    TFLite: custom ops no resolver provides (by custom_code) and builtin codes this LiteRT does
-    not know ('BUILTIN_<code>'), or an op at a version it lacks ('NAME v<version>').
-    ONNX: op types with no CPU kernel, as 'Op' in the default domain and 'domain:Op' elsewhere.
-    Empty for 'other' files and for models that load cleanly. Raises ModelError for corrupt files.
+
+def runtime_refusal(path: Path, *, use_xnnpack: bool = True) -> RuntimeRefusal | None:
+    """Why the runtime a run uses cannot load this model, or None when it loads.
+
+    The verdict is the runtime's own: the model is loaded exactly as a run loads it (models.runtimes;
+    for TFLite, use_xnnpack picks the same op resolver as the job's workload.use_xnnpack). Static
+    operator lists never refuse a model: ONNX Runtime folds Constant nodes and inlines functions, and
+    LiteRT ships some custom ops, so only loading tells. None for 'other' files.
+    Raises ModelError for files that do not parse as their format.
     """
     path = Path(path)
     fmt = model_format(path)
     if fmt == "tflite":
         data = _read(path)
-        return _tflite_unsupported_ops(data, _parse_tflite(path, data), use_xnnpack)
+        model = _parse_tflite(path, data)
+        message = _litert_load_error(data, use_xnnpack)
+        if message is None:
+            return None
+        return RuntimeRefusal("litert", _first_lines(message), tuple(_tflite_unsupported_ops(message, model, use_xnnpack)))
     if fmt == "onnx":
         data = _read(path)
-        return _onnx_unsupported_ops(data, _parse_onnx(path, data))
-    return []
+        _parse_onnx(path, data)
+        message = _onnxruntime_load_error(data)
+        if message is None:
+            return None
+        return RuntimeRefusal("onnxruntime", _first_lines(message), tuple(_onnxruntime_ops_named_in_error(message)))
+    return None
+
+
+def find_unsupported_ops(path: Path, *, use_xnnpack: bool = True) -> list[str]:
+    """Operators the installed runtime (LiteRT / onnxruntime) names when it refuses the model; [] when it loads.
+
+    TFLite: custom ops no resolver provides (by custom_code) and builtin codes this LiteRT does
+    not know ('BUILTIN_<code>'), or an op at a version it lacks ('NAME v<version>').
+    ONNX: the op types ONNX Runtime's error names, as 'Op' in the default domain and 'domain:Op' elsewhere.
+    A model the runtime refuses for another reason gives [] here: runtime_refusal() has the verdict.
+    """
+    refusal = runtime_refusal(path, use_xnnpack=use_xnnpack)
+    return [] if refusal is None else list(refusal.ops)
+
+
+def _first_lines(message: str, limit: int = 600) -> str:
+    text = " ".join(line.strip() for line in message.strip().splitlines()[:4] if line.strip())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _read(path: Path) -> bytes:
@@ -242,7 +279,8 @@ def _fill_tflite_facts(facts: ModelFacts, model: tflite_schema.ModelT) -> None:
     facts.param_count = sum(constant_elements.values())
 
 
-def _tflite_unsupported_ops(data: bytes, model: tflite_schema.ModelT, use_xnnpack: bool) -> list[str]:
+def _tflite_unsupported_ops(message: str, model: tflite_schema.ModelT, use_xnnpack: bool) -> list[str]:
+    """The operators behind LiteRT's refusal `message`: those it names, unknown builtins, missing custom ops."""
     codes = model.operatorCodes or []
     used = {op.opcodeIndex for sg in model.subgraphs for op in sg.operators or []}
     custom_codes = [
@@ -253,9 +291,6 @@ def _tflite_unsupported_ops(data: bytes, model: tflite_schema.ModelT, use_xnnpac
     unknown_builtins = [
         _tflite_op_name(codes[i]) for i in sorted(used) if _tflite_builtin_code(codes[i]) not in _BUILTIN_NAMES
     ]
-    message = _litert_load_error(data, use_xnnpack)
-    if message is None:
-        return []  # every operator resolved (custom ones included)
     unsupported = [*_tflite_ops_named_in_error(message), *unknown_builtins]
     unsupported += [name for name in custom_codes if name not in unsupported and not _litert_has_custom_op(name, use_xnnpack)]
     return _unique(unsupported)
@@ -328,6 +363,29 @@ def _parse_onnx(path: Path, data: bytes) -> onnx.ModelProto:
     return model
 
 
+def set_onnx_input_shapes(path: Path, model: onnx.ModelProto, shapes: dict[str, list[int]]) -> onnx.ModelProto:
+    """The model with these inputs' shapes fixed (a copy); ModelError for a name it lacks or a rank or fixed
+    dimension that differs."""
+    if not shapes:
+        return model
+    initializers = {init.name for init in model.graph.initializer}
+    inputs = {value.name: value for value in model.graph.input if value.name not in initializers}
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    targets = {value.name: value for value in fixed.graph.input}
+    for name, shape in shapes.items():
+        if name not in inputs:
+            raise ModelError(f"{path}: no input named {name!r} (its inputs: {', '.join(inputs)})")
+        dims = targets[name].type.tensor_type.shape.dim
+        if len(dims) != len(shape):
+            raise ModelError(f"{path}: input {name!r} has {len(dims)} dimensions, the shape given has {len(shape)}")
+        for axis, (dim, want) in enumerate(zip(dims, shape)):
+            if dim.HasField("dim_value") and dim.dim_value > 0 and dim.dim_value != want:  # -1: exporters' "dynamic"
+                raise ModelError(f"{path}: input {name!r} has a fixed dimension {axis} of {dim.dim_value}, not {want}")
+            dim.dim_value = int(want)
+    return fixed
+
+
 def _onnx_dtype(elem_type: int) -> str:
     if elem_type == onnx.TensorProto.STRING:
         return "string"
@@ -367,24 +425,55 @@ def _onnx_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
                     yield from _onnx_nodes(subgraph)
 
 
-def _onnx_param_count(graph: onnx.GraphProto) -> int:
-    """Initializer elements; a shape initializer feeding ConstantOfShape counts as the tensor it makes.
+def _onnx_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """The graph and every If/Loop/Scan body inside it, at any depth."""
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from _onnx_graphs(attribute.g)
+            elif attribute.type == onnx.AttributeProto.GRAPHS:
+                for subgraph in attribute.graphs:
+                    yield from _onnx_graphs(subgraph)
 
-    The model zoo's 'light' models keep only weight shapes and rebuild the weights with
-    ConstantOfShape at load time; counting the shapes' own 2-4 elements would say nothing.
+
+def _constant_node_elements(node: onnx.NodeProto) -> int:
+    """Elements of the tensor a Constant node makes (its one value attribute)."""
+    for attribute in node.attribute:
+        if attribute.type == onnx.AttributeProto.TENSOR:
+            return int(math.prod(attribute.t.dims))
+        if attribute.type == onnx.AttributeProto.SPARSE_TENSOR:
+            return int(math.prod(attribute.sparse_tensor.dims))
+        if attribute.type in (onnx.AttributeProto.FLOATS, onnx.AttributeProto.INTS, onnx.AttributeProto.STRINGS):
+            return len(attribute.floats) + len(attribute.ints) + len(attribute.strings)
+        if attribute.type in (onnx.AttributeProto.FLOAT, onnx.AttributeProto.INT, onnx.AttributeProto.STRING):
+            return 1
+    return 0
+
+
+def _onnx_param_count(graph: onnx.GraphProto) -> int:
+    """Elements of every constant tensor: initializers (sparse too) and Constant nodes, in the main graph
+    and in every If/Loop/Scan body (PyTorch and Paddle2ONNX exports keep weights in Constant nodes, often
+    inside If branches). A shape initializer feeding only a ConstantOfShape counts as the tensor it makes:
+    the model zoo's 'light' models keep only weight shapes and rebuild the weights at load time.
     """
-    initializers = {init.name: init for init in graph.initializer}
+    graphs = list(_onnx_graphs(graph))
+    initializers = {init.name: init for g in graphs for init in g.initializer}
     materialised: dict[str, int] = {}
+    consumers: Counter[str] = Counter()
     for node in _onnx_nodes(graph):
+        consumers.update(node.input)
         if node.op_type == "ConstantOfShape" and node.input and node.input[0] in initializers:
             shape = onnx.numpy_helper.to_array(initializers[node.input[0]])
             materialised[node.input[0]] = int(np.prod(shape, dtype=np.int64))
-    consumers: Counter[str] = Counter(name for node in _onnx_nodes(graph) for name in node.input)
     total = 0
-    for name, init in initializers.items():
-        only_a_shape = name in materialised and consumers[name] == 1
-        total += materialised[name] if only_a_shape else int(math.prod(init.dims))
-    total += sum(int(math.prod(sparse.dims)) for sparse in graph.sparse_initializer)
+    for g in graphs:
+        for init in g.initializer:
+            only_a_shape = init.name in materialised and consumers[init.name] == 1
+            total += materialised[init.name] if only_a_shape else int(math.prod(init.dims))
+        total += sum(int(math.prod(sparse.dims)) for sparse in g.sparse_initializer)
+        total += sum(_constant_node_elements(node) for node in g.node
+                     if node.op_type == "Constant" and node.domain in DEFAULT_ONNX_DOMAINS)
     return total
 
 
@@ -398,50 +487,6 @@ def _fill_onnx_facts(facts: ModelFacts, model: onnx.ModelProto) -> None:
     facts.op_count = sum(op_types.values())
     facts.op_types = dict(op_types)
     facts.param_count = _onnx_param_count(graph)
-
-
-@functools.lru_cache(maxsize=1)
-def _onnxruntime_cpu_kernels() -> frozenset[tuple[str, str]] | None:
-    """(domain, op type) pairs with a CPU kernel in the installed onnxruntime; None if it cannot say."""
-    try:
-        from onnxruntime.capi import _pybind_state as ort_native
-
-        kernel_defs = ort_native.get_all_opkernel_def()
-    except (ImportError, AttributeError, RuntimeError):  # a minimal build without the kernel registry API
-        return None
-    return frozenset(
-        ("" if k.domain in DEFAULT_ONNX_DOMAINS else k.domain, k.op_name)
-        for k in kernel_defs
-        if k.provider == "CPUExecutionProvider"
-    )
-
-
-def _expands_to_function(node: onnx.NodeProto, model: onnx.ModelProto) -> bool:
-    """onnxruntime inlines model-local functions and ONNX ops defined by a function body."""
-    domain = "" if node.domain in DEFAULT_ONNX_DOMAINS else node.domain
-    if any(f.name == node.op_type and f.domain == node.domain for f in model.functions):
-        return True
-    try:
-        schema = onnx.defs.get_schema(node.op_type, domain=domain)
-    except Exception:  # SchemaError for unknown ops; TypeError for op names that are not valid text
-        return False
-    # Properties of the C++ schema that onnx's type stubs leave out.
-    return bool(getattr(schema, "has_function", False) or getattr(schema, "has_context_dependent_function", False))
-
-
-def _onnx_unsupported_ops(data: bytes, model: onnx.ModelProto) -> list[str]:
-    kernels = _onnxruntime_cpu_kernels()
-    missing = [
-        _onnx_op_key(node)
-        for node in _onnx_nodes(model.graph)
-        if kernels is not None
-        and ("" if node.domain in DEFAULT_ONNX_DOMAINS else node.domain, node.op_type) not in kernels
-        and not _expands_to_function(node, model)
-    ]
-    if missing:
-        return _unique(missing)
-    # Every op type has some kernel; onnxruntime itself still decides on versions and input types.
-    return _onnxruntime_ops_named_in_error(_onnxruntime_load_error(data))
 
 
 def _onnxruntime_load_error(data: bytes) -> str | None:

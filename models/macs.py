@@ -32,6 +32,7 @@ from farm.models.facts import (
     _tflite_builtin_code,
     _tflite_op_name,
     model_format,
+    set_onnx_input_shapes,
 )
 
 # A dimension that is unknown (symbolic, or not inferred); any MAC-counted op touching one makes the total unknown.
@@ -310,6 +311,64 @@ def _onnx_shapes(model: onnx.ModelProto) -> tuple[dict[str, Shape], dict[str, in
     return shapes, item_bytes
 
 
+RUNTIME_SHAPE_INPUT_ELEMENTS = 1 << 23  # one inference at most this big (inputs' elements) to learn shapes
+
+
+def _runtime_shapes(model: onnx.ModelProto, names: list[str]) -> dict[str, Shape]:
+    """Shapes ONNX Runtime gives these main-graph tensors in one inference on zeros (a sample-rate input
+    gets 16000), when static inference cannot follow the graph (shapes computed through If branches,
+    Paddle2ONNX's shape arithmetic). Empty when an input's shape is not fixed or the run fails."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from farm.models.runtimes import onnx_session
+
+    initializers = {init.name for init in model.graph.initializer}
+    feeds = {}
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        dims = value.type.tensor_type.shape.dim
+        shape = [int(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else 0 for d in dims]
+        if any(d == 0 for d in shape) or math.prod(shape) > RUNTIME_SHAPE_INPUT_ELEMENTS:
+            return {}
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        rate = value.name.lower() in ("sr", "sample_rate", "sampling_rate") and dtype.kind in "iu"
+        feeds[value.name] = np.full(shape, 16000 if rate else 0, dtype=dtype)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    outputs = {value.name for value in probe.graph.output}
+    for name in names:
+        if name not in outputs and name not in initializers and name not in feeds:
+            probe.graph.output.append(onnx.ValueInfoProto(name=name))
+            outputs.add(name)
+    try:
+        session = onnx_session(probe.SerializeToString(), threads=1)
+        wanted = [o.name for o in session.get_outputs()]
+        values = session.run(wanted, feeds)
+    except (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.RuntimeException,
+            ort.capi.onnxruntime_pybind11_state.InvalidArgument, ort.capi.onnxruntime_pybind11_state.InvalidGraph,
+            ValueError, RuntimeError, MemoryError):
+        return {}
+    found: dict[str, Shape] = {name: list(np.shape(value)) for name, value in zip(wanted, values)}
+    found.update({name: list(array.shape) for name, array in feeds.items()})
+    return found
+
+
+def _with_runtime_shapes(model: onnx.ModelProto, shapes: dict[str, Shape]) -> dict[str, Shape]:
+    """shapes, with what the runtime says for the counted nodes' tensors that inference left unknown."""
+    unknown = []
+    for node in model.graph.node:
+        if node.domain in DEFAULT_ONNX_DOMAINS and node.op_type in _ONNX_COUNTERS:
+            for name in [*node.input, *node.output]:
+                shape = shapes.get(name)
+                if name and (shape is None or any(dim is None for dim in shape)):
+                    unknown.append(name)
+    if not unknown:
+        return shapes
+    return {**shapes, **_runtime_shapes(model, unknown)}
+
+
 def _known(shapes: dict[str, Shape], node: onnx.NodeProto, position: int, *, output: bool = False) -> list[int]:
     names = node.output if output else node.input
     if position >= len(names) or not names[position]:
@@ -401,6 +460,7 @@ def onnx_mac_profile(model: onnx.ModelProto) -> MacProfile | None:
         shapes, item_bytes = _onnx_shapes(_inference_copy(model))
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, ValueError):
         return None  # the graph is inconsistent enough that inference gives up even in non-strict mode
+    shapes = _with_runtime_shapes(model, shapes)
     by_kind = dict.fromkeys(MAC_KINDS, 0)
     try:
         for node in model.graph.node:
@@ -482,6 +542,7 @@ def onnx_layers(model: onnx.ModelProto) -> list[Layer]:
         shapes, _ = _onnx_shapes(_inference_copy(model))
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, ValueError):
         shapes = {}
+    shapes = _with_runtime_shapes(model, shapes)
     initializers = {init.name: int(math.prod(init.dims)) for init in graph.initializer}
     consumers: dict[str, int] = {}
     for node in graph.node:
@@ -521,12 +582,13 @@ def onnx_layers(model: onnx.ModelProto) -> list[Layer]:
     return layers
 
 
-def model_layers(path: Path) -> list[Layer]:
-    """The per-layer table of a .tflite or .onnx file; empty for other formats. Raises facts.ModelError."""
+def model_layers(path: Path, input_shapes: dict[str, list[int]] | None = None) -> list[Layer]:
+    """The per-layer table of a .tflite or .onnx file; empty for other formats. Raises facts.ModelError.
+    input_shapes: as facts.inspect_model's (ONNX only)."""
     path = Path(path)
     fmt = model_format(path)
     if fmt == "tflite":
         return tflite_layers(_parse_tflite(path, _read(path)))
     if fmt == "onnx":
-        return onnx_layers(_parse_onnx(path, _read(path)))
+        return onnx_layers(set_onnx_input_shapes(path, _parse_onnx(path, _read(path)), input_shapes or {}))
     return []

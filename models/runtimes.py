@@ -53,7 +53,9 @@ def resolve_shape(name: str, declared: Sequence[int | str | None], *, layout: st
             raise InputShapeError(f"input {name!r} has {len(declared)} dimensions, input_shapes gives {len(shape)}")
     else:
         shape = [d if isinstance(d, int) and d > 0 else None for d in declared]
-    if shape and (shape[0] is None or name not in overrides):
+    # The batch fills a dynamic first dimension; a fixed one only when a batch other than 1 is asked for:
+    # a fixed leading 2 is often not a batch at all (an RNN state's layers, silero-vad's [2, 1, 128]).
+    if shape and (shape[0] is None or (name not in overrides and batch_size != 1)):
         shape[0] = batch_size
     if input_size is not None and len(shape) == 4:
         spatial = (1, 2) if layout == "nhwc" else (2, 3)

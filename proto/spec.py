@@ -110,6 +110,86 @@ class ModelEntry(Strict):
     family: str | None = Field(None, description="Models of one family share a calibration where the data says so")
 
 
+MAX_INPUT_VALUE_ELEMENTS = 262_144  # a value (or .npy file) given inline: 1 MiB of float32; larger inputs are random
+MAX_INPUT_FILE_BYTES = 4 * 1024 * 1024  # a .npy file's size on disk, checked before it is read
+
+
+def _input_value_elements(value: Any, depth: int = 0) -> int:
+    """Elements of a number or nested list of numbers; ValueError names what is wrong."""
+    if depth > 8:
+        raise ValueError("value nests deeper than 8 dimensions")
+    if isinstance(value, bool) or isinstance(value, (int, float)):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"value {value} is not a finite number")
+        return 1
+    if isinstance(value, list):
+        total = 0
+        for item in value:
+            total += _input_value_elements(item, depth + 1)
+            if total > MAX_INPUT_VALUE_ELEMENTS:
+                raise ValueError(f"value has more than {MAX_INPUT_VALUE_ELEMENTS} elements; use `random` for large inputs")
+        return total
+    raise ValueError(f"value must be a number or a list of numbers, got {type(value).__name__}")
+
+
+def input_value_shape(value: Any) -> list[int]:
+    """The shape of a number ([]) or of regular nested lists; ValueError for ragged ones."""
+    if not isinstance(value, list):
+        return []
+    if not value:
+        raise ValueError("value is an empty list")
+    shapes = [input_value_shape(item) for item in value]
+    if any(shape != shapes[0] for shape in shapes):
+        raise ValueError("value is ragged: its lists differ in length")
+    return [len(value), *shapes[0]]
+
+
+class RandomRange(Strict):
+    low: float = Field(description="Smallest value (inclusive)")
+    high: float = Field(description="Largest value (inclusive for integer inputs, exclusive for float ones)")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "RandomRange":
+        if not (math.isfinite(self.low) and math.isfinite(self.high)):
+            raise ValueError(f"low and high must be finite numbers, got low={self.low}, high={self.high}")
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low:g}) is above high ({self.high:g})")
+        return self
+
+
+class InputSpec(Strict):
+    """What one model input is fed: a value, a .npy file, random numbers in a range, and/or a shape."""
+
+    value: Any = Field(None, description="A number (filled to the input's shape) or nested lists of numbers")
+    file: str | None = Field(None, description="A .npy file (relative to the job file, inside its folder); read "
+                                                "when the job is submitted, its values kept with the job")
+    random: RandomRange | None = Field(None, description="Uniform random values in [low, high]")
+    shape: list[int] | None = Field(None, description="The input's full shape (as workload.input_shapes)")
+
+    @field_validator("value")
+    @classmethod
+    def _numbers(cls, v: Any) -> Any:
+        if v is not None:
+            _input_value_elements(v)
+            input_value_shape(v)
+        return v
+
+    @field_validator("shape")
+    @classmethod
+    def _positive(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or any(d <= 0 for d in v)):
+            raise ValueError(f"every dimension must be a positive integer, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "InputSpec":
+        if self.random is not None and (self.value is not None or self.file is not None):
+            raise ValueError("give one of value, file or random, not random with another")
+        if self.value is None and self.file is None and self.random is None and self.shape is None:
+            raise ValueError("give value, file, random or shape")
+        return self
+
+
 class BenchmarkWorkload(Strict):
     """Built-in benchmark for .tflite (LiteRT) and .onnx (ONNX Runtime) files."""
 
@@ -121,6 +201,11 @@ class BenchmarkWorkload(Strict):
         description="Shapes for inputs with dynamic dimensions, by input name",
     )
     use_xnnpack: bool = Field(True, description="TFLite only: use the XNNPACK delegate")
+    inputs: dict[str, InputSpec] = Field(
+        default_factory=dict,
+        description="What each input is fed, by input name: {value: 16000}, {file: x.npy}, {random: {low, high}} "
+                    "or {shape: [...]}; inputs not named get random values (a sample-rate input 16000)",
+    )
     op_profiling: bool = Field(False, description="Also time every operator: phones pass --enable_op_profiling=true "
                                                   "to benchmark_model; the sim traces ONNX models with ONNX Runtime's "
                                                   "profiler in a separate pass after the timed loop")
@@ -132,6 +217,28 @@ class BenchmarkWorkload(Strict):
             if not shape or any(d <= 0 for d in shape):
                 raise ValueError(f"input {name!r}: every dimension must be a positive integer, got {shape}")
         return v
+
+    @field_validator("inputs")
+    @classmethod
+    def _input_names(cls, v: dict[str, InputSpec]) -> dict[str, InputSpec]:
+        for name in v:
+            if not 0 < len(name) <= 1000 or any(ord(c) < 32 or 0x7f <= ord(c) < 0xa0 for c in name):
+                raise ValueError(f"input name {name[:80]!r} must be 1-1000 characters without control characters")
+        return v
+
+    @model_validator(mode="after")
+    def _one_shape_per_input(self) -> "BenchmarkWorkload":
+        both = sorted(name for name, spec in self.inputs.items() if spec.shape is not None and name in self.input_shapes)
+        if both:
+            raise ValueError(f"input(s) {both} have a shape in both input_shapes and inputs; give it once")
+        return self
+
+    def shape_overrides(self) -> dict[str, list[int]]:
+        """Every input's explicit shape: input_shapes and inputs.NAME.shape together."""
+        from_values = {n: input_value_shape(s.value) for n, s in self.inputs.items()
+                       if s.shape is None and isinstance(s.value, list)}  # a whole tensor given: its shape is the input's
+        return {**from_values, **self.input_shapes,
+                **{n: list(s.shape) for n, s in self.inputs.items() if s.shape is not None}}
 
 
 class ScriptWorkload(Strict):

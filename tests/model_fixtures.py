@@ -9,7 +9,8 @@ from pathlib import Path
 
 from ai_edge_litert import schema_py_generated as schema
 import numpy as np
-from onnx import TensorProto, helper
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 
 from farm.models.generate import write_if_changed
 from farm.models.generate_onnx import INPUT_NAME, IR_VERSION, OPSET, OUTPUT_NAME, PRODUCER, serialize_onnx
@@ -90,3 +91,118 @@ def write_delegate_only_op_tflite(path: Path) -> Path:
     """A valid model whose only operator (MediaPipe's Convolution2DTransposeBias) runs through XNNPACK alone."""
     write_if_changed(path, delegate_only_op_tflite())
     return path
+
+
+# --- Control flow and Constant nodes, as PyTorch and Paddle2ONNX exports have them -----------
+
+CONTROL_WIDTH = 256  # features of the control-flow models' data input: the If branches differ ~10x in cost
+BIG_BRANCH_MATMULS = 24  # the `sr == 16000` branch repeats its product this often; the other branch once
+
+
+def _constant(name: str, array: np.ndarray) -> onnx.NodeProto:
+    return helper.make_node("Constant", [], [name], name=f"const_{name}", value=numpy_helper.from_array(array, name))
+
+
+def _onnx_model(graph: onnx.GraphProto) -> bytes:
+    return serialize_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                                            ir_version=IR_VERSION, producer_name=PRODUCER))
+
+
+def constant_weights_onnx() -> bytes:
+    """A linear layer whose weight and bias are Constant nodes, not initializers (torch.onnx's habit)."""
+    rng = np.random.default_rng(1)
+    nodes = [
+        _constant("w", rng.standard_normal((CONTROL_WIDTH, 16)).astype(np.float32)),
+        _constant("b", rng.standard_normal((16,)).astype(np.float32)),
+        helper.make_node("MatMul", [INPUT_NAME, "w"], ["mm"], name="matmul"),
+        helper.make_node("Add", ["mm", "b"], [OUTPUT_NAME], name="bias"),
+    ]
+    graph = helper.make_graph(nodes, "constant_weights",
+                              [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, [1, CONTROL_WIDTH])],
+                              [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, [1, 16])])
+    return _onnx_model(graph)
+
+
+def if_sample_rate_onnx() -> bytes:
+    """silero-vad's shape: a float input and an int64 scalar `sr`; `sr == 16000` takes a branch of
+    BIG_BRANCH_MATMULS chained products, any other rate a branch of one. Weights live in Constant
+    nodes inside the branches. Parameters: (1 + 1) * CONTROL_WIDTH**2 plus the threshold scalar."""
+    rng = np.random.default_rng(2)
+
+    def branch(name: str, products: int) -> onnx.GraphProto:
+        nodes = [_constant(f"{name}_w", (rng.standard_normal((CONTROL_WIDTH, CONTROL_WIDTH)) * 0.05).astype(np.float32))]
+        previous = INPUT_NAME
+        for i in range(products):
+            nodes.append(helper.make_node("MatMul", [previous, f"{name}_w"], [f"{name}_{i}"], name=f"{name}_mm{i}"))
+            previous = f"{name}_{i}"
+        nodes.append(helper.make_node("Identity", [previous], [f"{name}_out"], name=f"{name}_id"))
+        return helper.make_graph(nodes, name, [],
+                                 [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, [1, CONTROL_WIDTH])])
+
+    nodes = [
+        _constant("rate", np.array(16000, np.int64)),
+        helper.make_node("Equal", ["sr", "rate"], ["is_16k"], name="is_16k"),
+        helper.make_node("If", ["is_16k"], [OUTPUT_NAME], name="by_rate",
+                         then_branch=branch("fast_path_16k", BIG_BRANCH_MATMULS), else_branch=branch("other_rate", 1)),
+    ]
+    graph = helper.make_graph(nodes, "if_sample_rate",
+                              [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, [1, CONTROL_WIDTH]),
+                               helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+                              [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, [1, CONTROL_WIDTH])])
+    return _onnx_model(graph)
+
+
+def loop_onnx(trips: int = 4) -> bytes:
+    """A Loop of `trips` iterations whose body multiplies by a Constant weight (a recurrent export's shape)."""
+    rng = np.random.default_rng(3)
+    body = helper.make_graph(
+        [_constant("loop_w", (rng.standard_normal((CONTROL_WIDTH, CONTROL_WIDTH)) * 0.05).astype(np.float32)),
+         helper.make_node("MatMul", ["state_in", "loop_w"], ["state_out"], name="body_mm"),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"], name="keep_going")],
+        "loop_body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("state_in", TensorProto.FLOAT, [1, CONTROL_WIDTH])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("state_out", TensorProto.FLOAT, [1, CONTROL_WIDTH])])
+    nodes = [
+        _constant("trips", np.array(trips, np.int64)),
+        _constant("go", np.array(True)),
+        helper.make_node("Loop", ["trips", "go", INPUT_NAME], [OUTPUT_NAME], name="loop", body=body),
+    ]
+    graph = helper.make_graph(nodes, "loop",
+                              [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, [1, CONTROL_WIDTH])],
+                              [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, [1, CONTROL_WIDTH])])
+    return _onnx_model(graph)
+
+
+def write_control_flow_models(folder: Path) -> dict[str, Path]:
+    """constant.onnx, if_sr.onnx and loop.onnx in `folder`."""
+    paths = {"constant": folder / "constant.onnx", "if_sr": folder / "if_sr.onnx", "loop": folder / "loop.onnx"}
+    write_if_changed(paths["constant"], constant_weights_onnx())
+    write_if_changed(paths["if_sr"], if_sample_rate_onnx())
+    write_if_changed(paths["loop"], loop_onnx())
+    return paths
+
+
+def type_clash_onnx() -> bytes:
+    """Every op is a standard one with a CPU kernel, but Add gets float and int64: ONNX Runtime refuses
+    the graph at load time without naming an unknown operator."""
+    nodes = [helper.make_node("Add", [INPUT_NAME, "ints"], [OUTPUT_NAME], name="add")]
+    graph = helper.make_graph(nodes, "type_clash",
+                              [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, [1, 4]),
+                               helper.make_tensor_value_info("ints", TensorProto.INT64, [1, 4])],
+                              [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, [1, 4])])
+    return _onnx_model(graph)
+
+
+def dynamic_conv_onnx() -> bytes:
+    """A 3x3 convolution (3 -> 8 channels, same padding) on an input of dynamic batch, height and width,
+    as detection models export: MACs are known only once the shape is."""
+    weight = numpy_helper.from_array(np.ones((8, 3, 3, 3), np.float32), "w")
+    nodes = [helper.make_node("Conv", ["images", "w"], ["features"], name="conv", pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "dynamic_conv",
+                              [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
+                              [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 8, "height", "width"])],
+                              initializer=[weight])
+    return _onnx_model(graph)

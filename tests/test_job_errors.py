@@ -51,7 +51,7 @@ CASES = {
         1, ["models[0]", "custom_op.tflite", "FarmUnknownOp"]),
     "unsupported operator onnx": (
         "models: [custom_op.onnx]\n" + GOOD_WORKLOAD,
-        1, ["models[0]", "custom_op.onnx", "FarmUnknownOp", "not support"]),
+        1, ["models[0]", "custom_op.onnx", "FarmUnknownOp", "cannot be loaded", "onnxruntime says"]),
     "missing script": (
         "models: [tiny.tflite]\nworkload:\n  type: script\n  script: infer.py\n",
         4, ["workload.script", "infer.py", "does not exist"]),

@@ -97,6 +97,7 @@ def new_result():
     return {"protocol": PROTOCOL, "ok": False, "failure_class": None, "message": "", "runtime": "",
             "init_ms": None, "first_ms": None, "warmup_ms": [], "iterations_ms": [], "whole_run_s": None,
             "measure_wall_s": None, "baseline_rss_bytes": None, "peak_rss_bytes": None, "input_shapes": {},
+            "input_values": {},
             "tool_versions": {"python": platform.python_version()}, "process_memory_avg_bytes": None,
             "process_memory_peak_bytes": None, "process_memory_samples": 0, "output_bytes": 0,
             "output_tail": "", "timings_dropped": 0, "leftovers": []}
@@ -124,7 +125,7 @@ def resolve_shape(name, declared, layout, batch_size, input_size, overrides):
             raise JobError("input {!r} has {} dimensions, input_shapes gives {}".format(name, len(declared), len(shape)))
     else:
         shape = [d if isinstance(d, int) and d > 0 else None for d in declared]
-    if shape and (shape[0] is None or name not in overrides):
+    if shape and (shape[0] is None or (name not in overrides and batch_size != 1)):  # as models/runtimes.py
         shape[0] = batch_size
     if input_size is not None and len(shape) == 4:
         for i in ((1, 2) if layout == "nhwc" else (2, 3)):
@@ -146,6 +147,43 @@ def random_input(np, shape, dtype, rng):
     if dtype.kind == "b":
         return rng.randint(0, 2, size=shape).astype(bool)
     raise JobError("inputs of type {} are not supported by the built-in benchmark".format(dtype))
+
+
+SAMPLE_RATE_NAMES = ("sr", "sample_rate", "samplerate", "sampling_rate", "fs")
+
+
+def feed(np, name, shape, dtype, spec, rng):
+    """What one input gets and where its values came from, as the sim's harness (agents/harness/inputs.py)
+    decides: workload.inputs' value or random range, else 16000 for a sample-rate input, else random."""
+    dtype = np.dtype(dtype)
+    spec = spec or {}
+    if spec.get("value") is not None:
+        try:
+            values = np.broadcast_to(np.asarray(spec["value"], dtype=np.float64), shape)
+        except ValueError:
+            raise JobError("workload.inputs.{}: a value of shape {} does not fit the input's shape {}".format(
+                name, list(np.shape(spec["value"])), shape))
+        where = "file {}".format(spec["file"]) if spec.get("file") else "value"
+        return checked(np, name, values, dtype), "{} (given)".format(where)
+    if spec.get("random") is not None:
+        low, high = float(spec["random"]["low"]), float(spec["random"]["high"])
+        if dtype.kind in "iu":
+            values = rng.randint(int(math.ceil(low)), int(math.floor(high)) + 1, size=shape)
+        else:
+            values = rng.uniform(low, high, size=shape)
+        return checked(np, name, values, dtype), "random uniform [{:g}, {:g}] (given)".format(low, high)
+    if name.lower() in SAMPLE_RATE_NAMES and dtype.kind in "iuf":
+        return np.full(shape, 16000, dtype=dtype), "value 16000 (default for a sample-rate input)"
+    return random_input(np, shape, dtype, rng), "random"
+
+
+def checked(np, name, values, dtype):
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if np.any(values != np.round(values)) or values.min() < info.min or values.max() > info.max:
+            raise JobError("workload.inputs.{}: input {!r} is {}, so its values must be whole numbers in [{}, {}]".format(
+                name, name, dtype, info.min, info.max))
+    return np.ascontiguousarray(values).astype(dtype)
 
 
 def time_inferences(invoke, out, warmup, iterations):
@@ -219,7 +257,9 @@ def run_tflite(task, out):
     out["init_ms"] = (time.perf_counter() - t0) * 1e3
     rng = np.random.RandomState(task.get("seed", 0))  # numpy 1.13 on JetPack 4 has no default_rng
     for d in interp.get_input_details():
-        interp.set_tensor(d["index"], random_input(np, list(d["shape"]), d["dtype"], rng))
+        data, out["input_values"][d["name"]] = feed(np, d["name"], list(d["shape"]), d["dtype"],
+                                                    (task.get("inputs") or {}).get(d["name"]), rng)
+        interp.set_tensor(d["index"], data)
     try:
         time_inferences(interp.invoke, out, task["warmup"], task["iterations"])
     except (ValueError, RuntimeError) as e:
@@ -265,7 +305,8 @@ def run_onnx(task, out):
         if i.type not in ORT_DTYPES:
             raise JobError("input {!r} has type {}, which the built-in benchmark cannot fill".format(i.name, i.type))
         out["input_shapes"][i.name] = shape
-        feeds[i.name] = random_input(np, shape, ORT_DTYPES[i.type], rng)
+        feeds[i.name], out["input_values"][i.name] = feed(np, i.name, shape, ORT_DTYPES[i.type],
+                                                          (task.get("inputs") or {}).get(i.name), rng)
     try:
         time_inferences(lambda: session.run(None, feeds), out, task["warmup"], task["iterations"])
     except MemoryError:

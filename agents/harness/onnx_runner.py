@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from farm.agents.harness.memory import status_kib
-from farm.agents.harness.inputs import random_input, resolve_shape
+from farm.agents.harness.inputs import InputShapeError, feed, resolve_shape
 from farm.agents.harness.task import HarnessOutput, HarnessTask
 from farm.agents.harness.timing import time_inferences
 from farm.agents.harness.tflite_runner import ModelRejected
@@ -53,6 +53,7 @@ def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
     out.init_ms = (time.perf_counter_ns() - t0) / 1e6
     rng = np.random.default_rng(task.seed)
     feeds = {}
+    metadata = dict(session.get_modelmeta().custom_metadata_map)
     for i in session.get_inputs():
         declared: list[int | str | None] = [d if isinstance(d, int) else None for d in i.shape]
         shape = resolve_shape(i.name, declared, layout="nchw", batch_size=task.batch_size,
@@ -68,7 +69,11 @@ def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
         dtype = _ORT_DTYPES.get(i.type)
         if dtype is None:
             raise ModelRejected(f"input {i.name!r} has type {i.type}, which the built-in benchmark cannot fill")
-        feeds[i.name] = random_input(shape, np.dtype(dtype), rng)
+        try:
+            feeds[i.name], out.input_values[i.name] = feed(i.name, shape, np.dtype(dtype), task.inputs.get(i.name),
+                                                           rng, metadata)
+        except InputShapeError as e:
+            raise ModelRejected(str(e)) from e
     try:
         time_inferences(lambda: session.run(None, feeds), out, warmup=task.warmup, iterations=task.iterations)
     except Exception as e:

@@ -26,6 +26,7 @@ class HarnessTask:
     iterations: int = 50
     warmup: int = 5
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # workload.inputs, as plain data
     use_xnnpack: bool = True
     seed: int = 0
     op_profiling: bool = False  # after the timed loop, a profiled pass gives per-operator times
@@ -50,7 +51,8 @@ def benchmark_task(task: TaskSpec, model_path: str) -> HarnessTask:
         raise ValueError(f"task {task.task_id} has a {w.type} workload, not a benchmark")
     return HarnessTask(kind="benchmark", model_path=model_path, threads=task.threads, batch_size=task.batch_size,
                        input_size=task.input_size, iterations=w.iterations, warmup=w.warmup,
-                       input_shapes=dict(w.input_shapes), use_xnnpack=w.use_xnnpack, seed=task.repeat,
+                       input_shapes=w.shape_overrides(),
+                       inputs={n: s.model_dump(exclude_none=True) for n, s in w.inputs.items()}, use_xnnpack=w.use_xnnpack, seed=task.repeat,
                        op_profiling=w.op_profiling)
 
 
@@ -80,6 +82,7 @@ class HarnessOutput:
     baseline_rss_bytes: int | None = None
     peak_rss_bytes: int | None = None
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    input_values: dict[str, str] = field(default_factory=dict)  # input name -> where its values came from
     tool_versions: dict[str, str] = field(default_factory=dict)
     op_profile: list[dict[str, Any]] = field(default_factory=list)  # OpProfileRow fields, one dict a row
     op_profile_note: str = ""  # why a run asked for an op profile and has none

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from farm.agents.harness.inputs import random_input, resolve_shape
+from farm.agents.harness.inputs import InputShapeError, feed, resolve_shape
 from farm.agents.harness.task import HarnessOutput, HarnessTask
 from farm.agents.harness.timing import time_inferences
 from farm.models.runtimes import litert_interpreter
@@ -51,7 +51,12 @@ def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
     out.init_ms = (time.perf_counter_ns() - t0) / 1e6
     rng = np.random.default_rng(task.seed)
     for d in interp.get_input_details():
-        interp.set_tensor(d["index"], random_input(list(d["shape"]), d["dtype"], rng))
+        try:
+            data, out.input_values[d["name"]] = feed(d["name"], list(d["shape"]), d["dtype"], task.inputs.get(d["name"]),
+                                                     rng, {})
+        except InputShapeError as e:
+            raise ModelRejected(str(e)) from e
+        interp.set_tensor(d["index"], data)
     try:
         time_inferences(interp.invoke, out, warmup=task.warmup, iterations=task.iterations)
     except (ValueError, RuntimeError) as e:

@@ -9,20 +9,23 @@ from __future__ import annotations
 import errno
 import glob
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+import numpy as np
 import yaml
 from pydantic import ValidationError
 
-from farm.models.facts import ModelError, find_unsupported_ops, inspect_model
+from farm.models.facts import ModelError, inspect_model, runtime_refusal
 from farm.models.generate import generate_hint
 from farm.models.runtimes import InputShapeError, resolve_shape
 from farm.proto.device_types import DeviceType
+from farm.proto.escape import printable
 from farm.proto.results import ModelFacts
-from farm.proto.spec import BenchmarkWorkload, JobSpec, ModelEntry, ScriptWorkload, cores_missing, default_cpus, parse_cpuset
+from farm.proto.spec import MAX_INPUT_FILE_BYTES, MAX_INPUT_VALUE_ELEMENTS, BenchmarkWorkload, InputSpec, JobSpec, ModelEntry, ScriptWorkload, cores_missing, default_cpus, parse_cpuset
 from farm.proto.tasks import DEFAULT_MAX_TASKS
 
 BENCHMARK_FORMATS = {".tflite": "tflite", ".onnx": "onnx"}
@@ -323,27 +326,96 @@ def _benchmark_problem(spec: JobSpec, model: ResolvedModel) -> str | None:
     workload = spec.workload
     assert isinstance(workload, BenchmarkWorkload)
     try:
-        unsupported = find_unsupported_ops(model.path, use_xnnpack=workload.use_xnnpack)
+        refusal = runtime_refusal(model.path, use_xnnpack=workload.use_xnnpack)
     except ModelError as e:
         return str(e)
-    if unsupported:
-        return (f"{model.path.name} uses operator(s) the {BENCHMARK_FORMATS[suffix]} runtime here does not "
-                f"support: {', '.join(unsupported)}. Replace them, or register a custom-op library.")
+    if refusal is not None:  # the runtime's verdict, loaded with the options a run uses
+        ops = f" (operator(s) it names: {', '.join(refusal.ops)})" if refusal.ops else ""
+        hint = " Replace them, or register a custom-op library." if refusal.ops else ""
+        return (f"{model.path.name} cannot be loaded by the {BENCHMARK_FORMATS[suffix]} runtime that runs it{ops}; "
+                f"{refusal.runtime} says: {printable(refusal.message, 600)}.{hint}")
     inputs = {t.name: t for t in model.facts.inputs}
-    for name in workload.input_shapes:
-        if name not in inputs:
-            return (f"workload.input_shapes: {model.path.name} has no input named {name!r} "
-                    f"(its inputs: {', '.join(inputs)}).")
+    for field_name, names in (("input_shapes", workload.input_shapes), ("inputs", workload.inputs)):
+        for name in names:
+            if name not in inputs:
+                return (f"workload.{field_name}: {model.path.name} has no input named {printable(name, 80)!r} "
+                        f"(its inputs: {printable(', '.join(inputs), 300)}).")
+    for name, given in workload.inputs.items():
+        problem = _input_value_problem(name, given, inputs[name].dtype)
+        if problem:
+            return f"workload.inputs.{printable(name, 80)}: {model.path.name}: {problem}."
     layout = "nhwc" if BENCHMARK_FORMATS[suffix] == "tflite" else "nchw"
     for batch in spec.matrix.batch_sizes:  # the harness fills shapes with this same function
         for size in spec.matrix.input_sizes:
             for tensor in model.facts.inputs:
                 try:
                     resolve_shape(tensor.name, tensor.shape, layout=layout, batch_size=batch, input_size=size,
-                                  overrides=workload.input_shapes)
+                                  overrides=workload.shape_overrides())
                 except InputShapeError as e:
                     return f"{model.path.name}: {e}."
     return None
+
+
+def _flat_numbers(value: Any) -> list[float]:
+    return [x for item in value for x in _flat_numbers(item)] if isinstance(value, list) else [float(value)]
+
+
+def _input_value_problem(name: str, given: InputSpec, dtype: str) -> str | None:
+    """Why a value or range cannot feed an input of this dtype (whole numbers in range for integer inputs)."""
+    if given.value is None and given.random is None:
+        return None
+    try:
+        info: Any = np.iinfo(np.dtype(dtype))
+    except (TypeError, ValueError):
+        return None if dtype.startswith(("float", "bool")) else f"input {printable(name, 80)!r} is {dtype}, which takes no given values"
+    numbers = _flat_numbers(given.value) if given.value is not None else []
+    if given.random is not None:
+        numbers += [given.random.low, given.random.high]
+    if any(x != round(x) or not info.min <= x <= info.max for x in numbers):
+        return f"input {printable(name, 80)!r} is {dtype}, so its values must be whole numbers in [{info.min}, {info.max}]"
+    return None
+
+
+def load_input_files(spec: JobSpec, root: yaml.Node | None, base_dir: Path, source_name: str) -> None:
+    """Read each workload.inputs.NAME.file (a .npy inside the job's folder) into its value, checked like a model
+    file: a regular file by type before any read, its size before reading, numbers only and all finite."""
+    workload = spec.workload
+    if not isinstance(workload, BenchmarkWorkload):
+        return
+    folder = base_dir.resolve()
+    for name, given in workload.inputs.items():
+        if given.file is None or given.value is not None:
+            continue  # a value already read (a stored spec) is not read again
+        field_path = f"workload.inputs.{printable(name, 80)}.file"
+
+        def bad(message: str) -> JobFileError:
+            return JobFileError([JobProblem(source_name, _line(root, "workload", "inputs", name, "file"), field_path,
+                                            message)])
+        path = (folder / os.path.expanduser(given.file)).resolve()
+        if not path.is_relative_to(folder):
+            raise bad(f"{printable(given.file, 200)!r} is outside the job's folder ({folder}); inputs are read from there only.")
+        try:
+            info = os.stat(path)
+        except OSError as e:
+            raise bad(f"{printable(given.file, 200)!r} cannot be opened ({e.strerror}; looked for {path}).") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise bad(f"{printable(given.file, 200)!r} is not a regular file (a FIFO, device or folder is never read).")
+        if info.st_size > MAX_INPUT_FILE_BYTES:
+            raise bad(f"{printable(given.file, 200)!r} is {info.st_size} bytes; input files are at most "
+                      f"{MAX_INPUT_FILE_BYTES} bytes (use `random` for large inputs).")
+        try:
+            with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
+                array = np.load(f, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise bad(f"{printable(given.file, 200)!r} is not a .npy array numpy can read without pickles ({printable(e, 200)}).") from None
+        if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
+            raise bad(f"{printable(given.file, 200)!r} holds {getattr(array, 'dtype', type(array).__name__)}; give numbers.")
+        if array.size > MAX_INPUT_VALUE_ELEMENTS or array.size == 0:
+            raise bad(f"{printable(given.file, 200)!r} has {array.size} elements; give 1 to {MAX_INPUT_VALUE_ELEMENTS}.")
+        if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+            raise bad(f"{printable(given.file, 200)!r} holds NaN or infinite values; inputs must be finite.")
+        values = array.tolist() if array.ndim else array.item()
+        workload.inputs[name] = given.model_copy(update={"value": values})
 
 
 def fixed_dimension_warnings(spec: JobSpec, models: list[ResolvedModel], root: yaml.Node | None,
@@ -354,21 +426,23 @@ def fixed_dimension_warnings(spec: JobSpec, models: list[ResolvedModel], root: y
     if not isinstance(workload, BenchmarkWorkload):
         return []
     problems = []
+    overrides = workload.shape_overrides()
     for model in models:
         if BENCHMARK_FORMATS.get(model.path.suffix.lower()) != "onnx":
             continue
         for tensor in model.facts.inputs:
             dims = tensor.shape
-            if tensor.name in workload.input_shapes or not dims or not isinstance(dims[0], int):
+            if tensor.name in overrides or not dims or not isinstance(dims[0], int):
                 batch_bad = []
             else:
-                batch_bad = [b for b in spec.matrix.batch_sizes if b != dims[0]]
+                # batch 1 keeps a fixed first dimension as it is (runtimes.resolve_shape): only other batches fail
+                batch_bad = [b for b in spec.matrix.batch_sizes if b != dims[0] and b != 1]
             if batch_bad:
                 problems.append(JobProblem(source_name, _line(root, "matrix", "batch_sizes"), "matrix.batch_sizes",
                                            f"{model.path.name} has a fixed batch of {dims[0]} (input {tensor.name!r}): "
                                            f"its runs at batch {', '.join(map(str, batch_bad))} will fail; export it "
                                            "with a dynamic batch dimension."))
-            spatial = dims[2:4] if len(dims) == 4 and tensor.name not in workload.input_shapes else []
+            spatial = dims[2:4] if len(dims) == 4 and tensor.name not in overrides else []
             size_bad = [z for z in spec.matrix.input_sizes if z is not None and spatial
                         and any(isinstance(d, int) and d != z for d in spatial)]
             if size_bad:
@@ -551,6 +625,7 @@ def load_job_text(text: str, source_name: str, base_dir: Path, source_path: Path
     the machine that will run the sim, when that is known here (embedded mode).
     """
     spec, root = parse_job_text(text, source_name)
+    load_input_files(spec, root, base_dir, source_name)
     targets = resolve_targets(spec, root, source_name, devices or [])
     check_cpu_sweep(spec, root, source_name, targets)
     check_task_count(spec, len(spec.models), targets, max_tasks, source_name)  # before any glob or file

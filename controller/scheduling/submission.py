@@ -18,6 +18,7 @@ from farm.controller.scheduling.jobfile import (
     check_task_count, parse_job_text, resolve_models, resolve_targets,
 )
 from farm.models.facts import ModelError, inspect_model
+from farm.proto.escape import printable
 from farm.proto.script_archive import MAX_SCRIPT_ARCHIVE_BYTES, ScriptArchiveError, check_archive
 from farm.proto.spec import BenchmarkWorkload, ModelEntry, ScriptWorkload
 from farm.proto.tasks import DEFAULT_MAX_TASKS
@@ -45,6 +46,11 @@ def load_submitted_job(request: Any, files: ControllerFiles, devices: list[Devic
     archive = None
     if isinstance(spec.workload, ScriptWorkload):  # first: a refused folder leaves no model copied in
         archive = _script_archive(request, spec.workload, root, files, base_dir, source_name, max_script_archive_bytes)
+    if isinstance(spec.workload, BenchmarkWorkload):
+        unread = sorted(name for name, given in spec.workload.inputs.items() if given.file is not None and given.value is None)
+        if unread:  # nothing is read from this machine's disk on a remote user's say-so
+            raise JobFileError(f"{source_name}: workload.inputs.{printable(unread[0], 80)}.file: input files are read "
+                               "where the job is submitted; a controller takes the values inline (value: [...])")
     invalid: list[InvalidModel] = []
     if request.models:
         models = _uploaded_models(request, spec, root, files, source_name)
