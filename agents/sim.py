@@ -29,8 +29,10 @@ from farm.agents.harness.task import HarnessOutput, HarnessTask, benchmark_task,
 from farm.agents.sandbox import Budget, SandboxBackend, SandboxError, choose_backend
 from farm.agents.sandbox.base import ExitInfo, MountSpec, parse_cpuset, whole_cores
 from farm.agents.sandbox.docker_build import BuildFailed, ImageBuilder
+from farm.agents.sandbox.docker import DockerBackend
 from farm.agents.sandbox.isolation import (
-    INNER_RUN_DIR, RunAs, hand_over, isolated_argv, isolation_env, namespaces_unavailable, resolve_run_as, user_argv,
+    INNER_RUN_DIR, RunAs, hand_over, isolated_argv, isolation_env, namespaces_unavailable, resolve_run_as,
+    seal_run_dir, strip_set_ids, unseal_run_dir, user_argv,
 )
 from farm.agents.script_env import ScriptEnvError, script_python
 from farm.agents.telemetry import TelemetrySampler
@@ -181,7 +183,10 @@ class SimDriver:
         image = image or task.sim.image
         key = (name, image)
         if key not in self._backends:  # probing a backend (docker ping, cgroup mkdir) once is enough
-            self._backends[key] = choose_backend(name, image=image)
+            backend = choose_backend(name, image=image)
+            if isinstance(backend, DockerBackend) and self.run_as is not None:
+                backend.run_user = f"{self.run_as.uid}:{self.run_as.gid}"  # the container's first process is it
+            self._backends[key] = backend
         return self._backends[key]
 
     def built_image(self, task: TaskSpec) -> tuple[str | None, dict | None]:
@@ -250,10 +255,11 @@ class SimDriver:
 
     def isolation(self, backend: SandboxBackend) -> tuple[Path | None, str]:
         """Where the run directory appears inside the sandbox (None: at its own path) and how the run is isolated."""
+        if backend.name == "docker":  # at a fixed path inside: the host's run path is in no argv or process list
+            user = self.run_as.name if self.run_as else "the agent's own"
+            return INNER_RUN_DIR, f"container, user {user}"
         if self.run_as is None:
             return None, "none (the agent is not root: runs are as the agent's own user)"
-        if backend.name == "docker":
-            return None, f"container, user {self.run_as.name}"
         reason = namespaces_unavailable()
         if reason:
             return None, f"user {self.run_as.name} only ({reason})"
@@ -304,15 +310,19 @@ class SimDriver:
             "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
             **runtime_env(task.threads),
         }
-        argv, env = self.launch(argv, env, run_dir, inner, backend)
-        mounts = [MountSpec(run_dir, read_only=False)]  # the model and the script folder are staged inside
-        environment = {**host_facts(), "load_before": load_average(), "isolation": isolation}
+        argv, env = self.launch(argv, env, run_dir, inner, backend, budget.memory_bytes)
+        # the model and the script folder are staged inside; a container sees it at `inner`
+        mounts = [MountSpec(run_dir, read_only=False, target=inner if backend.name == "docker" else None)]
+        sealed = seal_run_dir(run_dir)  # nosuid,nodev: no set-uid file the run writes works, here or on the host
+        environment = {**host_facts(), "load_before": load_average(),
+                       "isolation": isolation + ("" if sealed or self.run_as is None else ", run directory not nosuid")}
         if build is not None:
             environment["build"] = build
         cores = parse_cpuset(budget.cpuset) if budget.cpuset else sorted(os.sched_getaffinity(0))
         quiet_wait_s, quiet_before = wait_until_quiet(cores, task.sim.quiet_wait, cancel_check)
         try:
-            sandbox = backend.start(argv, budget, env=env, cwd=run_dir, mounts=mounts)
+            sandbox = backend.start(argv, budget, env=env, cwd=(inner or run_dir) if backend.name == "docker" else run_dir,
+                                    mounts=mounts)
         except SandboxError as e:
             self._cleanup(run_dir)
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{backend.name} sandbox: {e}", **base)
@@ -367,14 +377,16 @@ class SimDriver:
         return result
 
     def launch(self, argv: list[str], env: dict[str, str], run_dir: Path, inner: Path | None,
-               backend: SandboxBackend) -> tuple[list[str], dict[str, str]]:
+               backend: SandboxBackend, memory_bytes: int | None = None) -> tuple[list[str], dict[str, str]]:
         """The command line and environment that start argv as the run user (namespaces when `inner`)."""
         if self.run_as is None:
             os.chmod(run_dir, 0o777)  # a container's user must be able to write its result here
             return argv, env
         hand_over(run_dir, self.run_as)
+        if backend.name == "docker":
+            return argv, env  # the container starts as the run user (DockerBackend.run_user): nothing to drop
         if inner is not None:
-            return isolated_argv(argv, self.run_as), {**env, **isolation_env(self.run_as)}
+            return isolated_argv(argv, self.run_as), {**env, **isolation_env(self.run_as, memory_bytes)}
         return user_argv(argv, self.run_as), env  # a container has namespaces of its own
 
     def _classify(self, task: TaskSpec, budget: Budget, exit_info: ExitInfo, output: HarnessOutput | None) -> RunResult:
@@ -408,5 +420,8 @@ class SimDriver:
         return result
 
     def _cleanup(self, run_dir: Path) -> None:
-        if not self.keep_run_dirs:
+        unseal_run_dir(run_dir)
+        if self.keep_run_dirs:
+            strip_set_ids(run_dir)  # kept for a person to look at: no set-uid file of the run's stays usable
+        else:
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -13,11 +13,15 @@ nothing to drop, the run is as the agent.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import functools
 import importlib.util
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -34,8 +38,9 @@ MAX_KEPT = 6  # ENTER holds each on a file descriptor from 3 to 8 (sh has single
 # Runs inside the new namespaces as root, then becomes the run user. "$@" is the command. The
 # runtime folders in FARM_KEEP (one a line) are opened before /tmp is covered and bound back read-only.
 ENTER = ('set -e; IFS="\n"; n=3; for p in $FARM_KEEP; do eval "exec $n<\\"\\$p\\""; n=$((n+1)); done; '
-         "for d in /tmp /var/tmp /dev/shm; do mount -t tmpfs -o mode=1777,size=50% farm-tmp $d; done; "
-         "mkdir /tmp/run; mount -c --bind /proc/self/cwd /tmp/run; "
+         "mount -t tmpfs -o mode=1777,nosuid,nodev,size=$FARM_TMP_SIZE farm-tmp /tmp; "
+         "for d in /var/tmp /dev/shm; do mount -t tmpfs -o mode=1777,nosuid,nodev,size=$FARM_SMALL_TMP_SIZE farm-tmp $d; done; "
+         "mkdir /tmp/run; mount -c --bind /proc/self/cwd /tmp/run; mount -o remount,bind,nosuid,nodev /tmp/run; "
          'n=3; for p in $FARM_KEEP; do mkdir -p "$p"; mount -c --bind "/proc/self/fd/$n" "$p"; '
          'mount -o remount,bind,ro "$p"; eval "exec $n<&-"; n=$((n+1)); done; unset IFS; cd /tmp/run; '
          'exec setpriv --reuid="$FARM_RUN_UID" --regid="$FARM_RUN_GID" --clear-groups --no-new-privs -- "$@"')
@@ -96,10 +101,20 @@ def user_argv(argv: list[str], run_as: RunAs) -> list[str]:
             *argv]
 
 
-def isolation_env(run_as: RunAs) -> dict[str, str]:
+def tmp_sizes(memory_bytes: int | None) -> tuple[str, str]:
+    """tmpfs sizes of /tmp and of /var/tmp and /dev/shm each: together the run's memory budget, so what a
+    run keeps in its temp folders is bounded by sim.memory (without one, half the host's RAM as before)."""
+    if memory_bytes is None:
+        return "50%", "50%"
+    return str(max(memory_bytes // 2, 1 << 20)), str(max(memory_bytes // 4, 1 << 20))
+
+
+def isolation_env(run_as: RunAs, memory_bytes: int | None = None) -> dict[str, str]:
     """What the ENTER script reads; the command itself gets the same allow-listed environment."""
+    tmp, small_tmp = tmp_sizes(memory_bytes)
     return {"FARM_RUN_UID": str(run_as.uid), "FARM_RUN_GID": str(run_as.gid),
-            "FARM_KEEP": "\n".join(str(p) for p in runtime_paths_to_keep())}
+            "FARM_KEEP": "\n".join(str(p) for p in runtime_paths_to_keep()),
+            "FARM_TMP_SIZE": tmp, "FARM_SMALL_TMP_SIZE": small_tmp}
 
 
 def farm_code_folders() -> set[Path]:
@@ -138,3 +153,49 @@ def hand_over(run_dir: Path, run_as: RunAs) -> None:
             os.lchown(os.path.join(current, name), run_as.uid, run_as.gid)
     os.chown(run_dir, run_as.uid, run_as.gid)
     os.chmod(run_dir, 0o700)
+
+
+# mount(2) flags (linux/fs.h): Python has no os.mount
+MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND = 0x2, 0x4, 0x20, 0x1000
+MNT_DETACH = 0x2
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def seal_run_dir(run_dir: Path) -> bool:
+    """Make the run directory a nosuid,nodev mount of itself (root only), so no set-uid binary or device
+    node a run writes there works, on the host or in any bind of it (a container's, the namespaces').
+    False when it could not be done (not root, or no mount rights): the run still is unprivileged."""
+    if os.geteuid() != 0:
+        return False
+    libc, target = _libc(), os.fsencode(run_dir)
+    if libc.mount(target, target, None, MS_BIND, None) != 0:
+        return False
+    if libc.mount(None, target, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV, None) != 0:
+        libc.umount2(target, MNT_DETACH)
+        return False
+    return True
+
+
+def unseal_run_dir(run_dir: Path) -> None:
+    """Undo seal_run_dir (detached: a process still holding a file there cannot keep it busy); a
+    directory that was never sealed is left as it is."""
+    if _libc().umount2(os.fsencode(run_dir), MNT_DETACH) != 0 and ctypes.get_errno() not in (
+            errno.EINVAL, errno.ENOENT, errno.EPERM):
+        raise OSError(ctypes.get_errno(), f"could not unmount the run directory {run_dir}")
+
+
+def strip_set_ids(run_dir: Path) -> int:
+    """Clear set-uid/set-gid bits a run left in its directory (kept for inspection); how many files had one."""
+    stripped = 0
+    for current, _dirs, files in os.walk(run_dir):
+        for name in files:
+            path = os.path.join(current, name)
+            info = os.lstat(path)
+            if stat.S_ISREG(info.st_mode) and info.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                os.chmod(path, stat.S_IMODE(info.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+                stripped += 1
+    return stripped
