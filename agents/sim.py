@@ -28,7 +28,7 @@ from farm.agents.harness.stats import latency_stats, startup_ms, throughput_per_
 from farm.agents.harness.task import HarnessOutput, HarnessTask, benchmark_task, runtime_env, script_task
 from farm.agents.sandbox import Budget, SandboxBackend, SandboxError, choose_backend
 from farm.agents.sandbox.base import ExitInfo, MountSpec, parse_cpuset, whole_cores
-from farm.agents.sandbox.docker_build import BuildFailed, ImageBuilder
+from farm.agents.sandbox.docker_build import BuildFailed, BuildPolicy, ImageBuilder
 from farm.agents.sandbox.docker import DockerBackend
 from farm.agents.sandbox.isolation import (
     INNER_RUN_DIR, RunAs, hand_over, isolated_argv, isolation_env, namespaces_unavailable, resolve_run_as,
@@ -159,8 +159,10 @@ class SimDriver:
     name = "sim"
 
     def __init__(self, work_root: Path, *, backend_override: str | None = None, keep_run_dirs: bool = False,
-                 run_as: RunAs | None | str = "default", keep_out: tuple[Path, ...] = ()) -> None:
+                 run_as: RunAs | None | str = "default", keep_out: tuple[Path, ...] = (),
+                 build_policy: BuildPolicy = BuildPolicy()) -> None:
         self.work_root = work_root
+        self.build_policy = build_policy  # what a job's sim.build may use: network, base images
         # Files a job's folder is never packed with: the store an embedded farm has open in this process
         # (reading and closing them here would drop SQLite's locks and lose writes).
         self.keep_out = keep_out
@@ -204,7 +206,7 @@ class SimDriver:
         except (ValueError, OSError) as e:
             raise BuildFailed(f"sim.build: {e}", "") from None
         if self._builder is None:
-            self._builder = ImageBuilder(self.work_root)
+            self._builder = ImageBuilder(self.work_root, policy=self.build_policy)
         built = self._builder.build(build, context)
         log = str(built.log_path) if built.log_path.exists() else None  # an image another work folder built
         return built.tag, {"image": built.tag, "cached": built.cached, "log": log,

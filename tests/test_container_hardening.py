@@ -7,23 +7,22 @@ runs), with an image imported from farm's own tiny root filesystem, as an agent 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import stat
-import tarfile
 from pathlib import Path
 
 import pytest
 
 from conftest import require_backend
 from farm.agents.sandbox.docker import DockerBackend
+from farm.agents.sandbox.docker_build import BuildPolicy
 from farm.agents.sandbox.docker_image import IMAGE_PATH_ENV, build_rootfs_tar
 from farm.agents.sim import SimDriver
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import load_job_text
 from farm.controller.scheduling.store import Store
-from farm.proto.results import RunStatus
+from farm.proto.results import FailureClass, RunStatus
 from farm.proto.tasks import TaskSpec
 
 HOSTILE_IMAGE = "farm-test-hostile-entrypoint:1"
@@ -66,9 +65,12 @@ def hostile_image() -> str:
     return HOSTILE_IMAGE
 
 
-def _task(tmp_path: Path, tiny_models, sim: str) -> TaskSpec:
+def _task(tmp_path: Path, tiny_models, sim: str, files: dict[str, str] | None = None) -> TaskSpec:
+    tmp_path.mkdir(exist_ok=True)
     job_dir = tmp_path / "job"
     job_dir.mkdir()
+    for name, text in (files or {}).items():
+        (job_dir / name).write_text(text)
     os.symlink(tiny_models["tflite"], job_dir / "tiny.tflite")
     (job_dir / "probe.py").write_text(PROBE)
     job = load_job_text(f"models: [tiny.tflite]\nworkload: {{type: script, script: probe.py}}\nsim: {sim}\n",
@@ -133,12 +135,42 @@ def test_the_container_is_created_hardened_whatever_the_image_says(hostile_image
     assert host["Tmpfs"]["/tmp"] == f"rw,exec,nosuid,nodev,mode=1777,size={64 << 20}"
 
 
-def _tar(files: dict[str, str]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, text in files.items():
-            data = text.encode()
-            entry = tarfile.TarInfo(name)
-            entry.size = len(data)
-            tar.addfile(entry, io.BytesIO(data))
-    return buffer.getvalue()
+def _build_task(tmp_path: Path, tiny_models, build: str, files: dict[str, str] | None = None) -> TaskSpec:
+    return _task(tmp_path, tiny_models, f"{{backend: docker, build: {build}}}", files)
+
+
+@pytest.mark.docker
+def test_a_build_from_a_base_image_not_on_the_agents_list_is_refused_naming_the_flag(
+        tmp_path: Path, tiny_models, hostile_image) -> None:
+    task = _build_task(tmp_path, tiny_models, f"{{base: {hostile_image}, run: ['true']}}")
+    lab_agent = SimDriver(tmp_path / "work", run_as=None, build_policy=BuildPolicy.lab(False, []))
+    result = lab_agent.run(task, lambda: False)
+    assert result.status == RunStatus.FAILED and result.failure_class == FailureClass.JOB, result.message
+    assert f"sim.build.base {hostile_image!r} is not on this agent's allow-list" in result.message
+    assert f"farm agent --allow-build-base {hostile_image}" in result.message
+    # a Dockerfile's FROM is held to the same list (its own stage names and scratch are not images)
+    dockerfile = f"FROM scratch AS empty\nFROM {hostile_image} AS base\nFROM base\n"
+    task = _build_task(tmp_path / "dockerfile", tiny_models, "{dockerfile: Dockerfile}", {"Dockerfile": dockerfile})
+    result = lab_agent.run(task, lambda: False)
+    assert result.failure_class == FailureClass.JOB, result.message
+    assert f"FROM {hostile_image!r} is not on this agent's allow-list" in result.message, result.message
+    assert "--allow-build-base" in result.message
+
+
+@pytest.mark.docker
+def test_a_listed_base_builds_offline_and_its_entrypoint_never_runs(tmp_path: Path, tiny_models, hostile_image) -> None:
+    task = _build_task(tmp_path, tiny_models, f"{{base: {hostile_image}, run: ['test ! -e /root/entrypoint-ran', 'test ! -e /root/rootsh']}}")
+    lab_agent = SimDriver(tmp_path / "work", run_as=None, build_policy=BuildPolicy.lab(False, [hostile_image]))
+    result = lab_agent.run(task, lambda: False)
+    assert result.status == RunStatus.COMPLETED, (result.message, result.log_tail)
+    assert result.environment["build"]["cached"] is False
+
+
+@pytest.mark.docker
+def test_a_build_asking_for_the_network_is_refused_unless_the_agent_allows_it(tmp_path: Path, tiny_models) -> None:
+    task = _build_task(tmp_path, tiny_models, "{network: true, run: ['true']}")
+    result = SimDriver(tmp_path / "work", run_as=None, build_policy=BuildPolicy.lab(False, [])).run(task, lambda: False)
+    assert result.failure_class == FailureClass.JOB, result.message
+    assert "sim.build.network is true" in result.message and "farm agent --allow-build-network" in result.message
+
+
