@@ -40,6 +40,7 @@ MAX_KEPT = 6  # ENTER holds each on a file descriptor from 3 to 8 (sh has single
 ENTER = ('set -e; IFS="\n"; n=3; for p in $FARM_KEEP; do eval "exec $n<\\"\\$p\\""; n=$((n+1)); done; '
          "mount -t tmpfs -o mode=1777,nosuid,nodev,size=$FARM_TMP_SIZE farm-tmp /tmp; "
          "for d in /var/tmp /dev/shm; do mount -t tmpfs -o mode=1777,nosuid,nodev,size=$FARM_SMALL_TMP_SIZE farm-tmp $d; done; "
+         'for d in $FARM_COVER; do mount -t tmpfs -o mode=0755,nosuid,nodev,size=1m farm-cover "$d"; done; '
          "mkdir /tmp/run; mount -c --bind /proc/self/cwd /tmp/run; mount -o remount,bind,nosuid,nodev /tmp/run; "
          'n=3; for p in $FARM_KEEP; do mkdir -p "$p"; mount -c --bind "/proc/self/fd/$n" "$p"; '
          'mount -o remount,bind,ro "$p"; eval "exec $n<&-"; n=$((n+1)); done; unset IFS; cd /tmp/run; '
@@ -114,6 +115,7 @@ def isolation_env(run_as: RunAs, memory_bytes: int | None = None) -> dict[str, s
     tmp, small_tmp = tmp_sizes(memory_bytes)
     return {"FARM_RUN_UID": str(run_as.uid), "FARM_RUN_GID": str(run_as.gid),
             "FARM_KEEP": "\n".join(str(p) for p in runtime_paths_to_keep()),
+            "FARM_COVER": "\n".join(str(p) for p in closed_folders(runtime_candidates())),
             "FARM_TMP_SIZE": tmp, "FARM_SMALL_TMP_SIZE": small_tmp}
 
 
@@ -127,9 +129,36 @@ def farm_code_folders() -> set[Path]:
     return code
 
 
+def closed_folders(paths: set[Path]) -> list[Path]:
+    """The first folder above each path that other users cannot pass through (a 0700 /root holding pyenv's
+    Python): the run user could reach nothing under it, so the namespaces cover it with an empty tmpfs
+    and bind the runtime inside back, read-only."""
+    closed = set()
+    for path in paths:
+        for ancestor in reversed(path.parents[:-1]):  # from the top down, / itself excluded
+            try:
+                mode = ancestor.stat().st_mode
+            except OSError:
+                break
+            if not mode & stat.S_IXOTH:
+                closed.add(ancestor)
+                break
+    return sorted(p for p in closed if "\n" not in str(p) and not any(Path(d).is_relative_to(p) for d in PRIVATE_DIRS))
+
+
 def runtime_paths_to_keep() -> list[Path]:
-    """The folders farm's interpreter and farm's own code live in that a private /tmp would hide (a venv
-    or a checkout under /tmp): the harness must still start, so they are bound back, read-only."""
+    """The folders farm's interpreter and farm's own code live in that a private /tmp (or a covered closed
+    folder) would hide: the harness must still start, so they are bound back, read-only."""
+    candidates = runtime_candidates()
+    covered = [*(Path(d) for d in PRIVATE_DIRS), *closed_folders(candidates)]
+    inside = sorted(p for p in candidates if any(p.is_relative_to(d) and p != d for d in covered))
+    # the outermost folders only: a venv's own subfolders come with it
+    outermost = [p for p in inside if not any(p != q and p.is_relative_to(q) for q in inside) and "\n" not in str(p)]
+    return outermost[:MAX_KEPT]
+
+
+def runtime_candidates() -> set[Path]:
+    """Where farm's interpreter, its libraries and farm's own code are."""
     candidates = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix),
                   Path(os.path.realpath(sys.executable)).parent.parent}
     code = farm_code_folders()
@@ -140,10 +169,7 @@ def runtime_paths_to_keep() -> list[Path]:
     # libraries a .pth file adds from elsewhere (another venv's site-packages) are imported by the harness too
     candidates.update(Path(entry).resolve() for entry in sys.path
                       if Path(entry).name in ("site-packages", "dist-packages") and Path(entry).is_dir())
-    inside = sorted(p for p in candidates if any(p.is_relative_to(d) and p != Path(d) for d in PRIVATE_DIRS))
-    # the outermost folders only: a venv's own subfolders come with it
-    outermost = [p for p in inside if not any(p != q and p.is_relative_to(q) for q in inside) and "\n" not in str(p)]
-    return outermost[:MAX_KEPT]
+    return candidates
 
 
 def hand_over(run_dir: Path, run_as: RunAs) -> None:
