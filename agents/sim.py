@@ -27,7 +27,7 @@ from farm.agents.environment import host_facts, load_average
 from farm.agents.harness.stats import latency_stats, startup_ms, throughput_per_s
 from farm.agents.harness.task import HarnessOutput, HarnessTask, benchmark_task, runtime_env, script_task
 from farm.agents.sandbox import Budget, SandboxBackend, SandboxError, choose_backend
-from farm.agents.sandbox.base import ExitInfo, MountSpec, parse_cpuset, whole_cores
+from farm.agents.sandbox.base import ExitInfo, MountSpec, parse_cpuset, pids_limit, whole_cores
 from farm.agents.sandbox.docker_build import BuildFailed, BuildPolicy, ImageBuilder
 from farm.agents.sandbox.docker import DockerBackend
 from farm.agents.sandbox.isolation import (
@@ -77,6 +77,26 @@ def stage_model(source: Path, destination: Path | None, sha256: str) -> None:
 def verify_model(path: Path, sha256: str) -> None:
     """The file hashed where it is, right before a device driver sends it on."""
     stage_model(path, None, sha256)
+
+
+# What a process sees when the kernel refuses it more processes or threads, or more temp space.
+PIDS_REFUSED = ("can't start new thread", "Resource temporarily unavailable", "fork: retry", "fork: Interrupted")
+SPACE_REFUSED = ("No space left on device", "Disk quota exceeded")
+
+
+def budget_limit_hit(budget: Budget, exit_info: ExitInfo, output: HarnessOutput | None) -> str | None:
+    """The message for a failed run that ran into its pids limit or its temp space, or None."""
+    if output is not None and output.ok:
+        return None
+    said = exit_info.output + (output.message or "" if output is not None else "")
+    if exit_info.pids_limit_hit or any(text in said for text in PIDS_REFUSED):
+        return (f"the run reached its pids limit ({pids_limit(budget)} processes and threads at once) and the kernel "
+                "refused it more; a model or script needs far fewer: look for a loop that starts processes or threads")
+    if any(text in said for text in SPACE_REFUSED):
+        memory = f"{_mib(budget.memory_bytes):g} MiB" if budget.memory_bytes is not None else "half the host's memory"
+        return (f"the run filled its temp space: /tmp, /var/tmp and /dev/shm are kept in memory and sized from sim.memory "
+                f"({memory}); write large files into the run directory ($HOME) or raise sim.memory")
+    return None
 
 
 def read_harness_output(path: Path, run_as: RunAs | None) -> HarnessOutput | None:
@@ -404,6 +424,9 @@ class SimDriver:
                 FailureClass.RESOURCE,
                 f"out of memory at the {_mib(budget.memory_bytes):g} MiB limit (sim.memory); peak reached "
                 f"{_mib(peak) if peak is not None else 'unknown'} MiB. Raise sim.memory or use a smaller model/batch.")
+        limit = budget_limit_hit(budget, exit_info, output)
+        if limit is not None:
+            return RunResult.failed(FailureClass.RESOURCE, limit)
         if output is None:
             return RunResult.failed(
                 FailureClass.BUG,

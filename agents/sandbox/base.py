@@ -131,6 +131,7 @@ class ExitInfo:
     peak_memory_bytes: int | None = None  # exact high-water mark where the backend has one
     peak_memory_source: str = "sampled"  # "kernel" | "rusage" | "sampled"
     io: IoTotals = field(default_factory=IoTotals)
+    pids_limit_hit: bool = False  # the kernel refused a fork or a thread at the run's pids limit
 
 
 @dataclass
