@@ -402,7 +402,8 @@ class SimDriver:
                backend: SandboxBackend, memory_bytes: int | None = None) -> tuple[list[str], dict[str, str]]:
         """The command line and environment that start argv as the run user (namespaces when `inner`)."""
         if self.run_as is None:
-            os.chmod(run_dir, 0o777)  # a container's user must be able to write its result here
+            # a root agent's containers run as nobody, who must write its result here; otherwise the run is us
+            os.chmod(run_dir, 0o777 if os.geteuid() == 0 and backend.name == "docker" else 0o700)
             return argv, env
         hand_over(run_dir, self.run_as)
         if backend.name == "docker":

@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from farm.agents.sandbox.base import SandboxError
-from farm.agents.sandbox.docker_image import DEFAULT_IMAGE, IMAGE_PATH_ENV, ensure_default_image, host_runtime_mounts
+from farm.agents.sandbox.docker_image import (
+    DEFAULT_IMAGE, IMAGE_PATH_ENV, IMAGE_REPOSITORY, ensure_default_image, host_runtime_mounts,
+)
 from farm.proto.script_archive import unpack
 from farm.proto.spec import SimBuild
 
@@ -187,7 +189,7 @@ class ImageBuilder:
         import docker.errors
 
         assert self.policy.bases is not None
-        if name in self.policy.bases:
+        if name in self.policy.bases or name.startswith(IMAGE_REPOSITORY + ":"):  # farm's own, any layout
             return True
         try:
             wanted = self.client.images.get(name).id
