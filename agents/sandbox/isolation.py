@@ -6,9 +6,8 @@ A job's harness or script is other people's code. As root, farm starts it throug
 the run directory bound at /tmp/run) and then `setpriv` (the run user's uid and gid, no
 supplementary groups, no new privileges). The backends are unchanged: the cgroup backend's
 shell joins its cgroups as root and then execs this prefix. The docker backend has its own
-namespaces already: there the command is only started through `setpriv` (from the host's /usr,
-which farm's default image mounts; a custom `sim.image` needs util-linux's setpriv). Not root:
-nothing to drop, the run is as the agent.
+namespaces already: there the container itself starts as the run user (docker.py), with nothing
+of root to drop. Not root: nothing to drop, the run is as the agent.
 """
 
 from __future__ import annotations
