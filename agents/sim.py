@@ -27,11 +27,13 @@ from farm.agents.environment import host_facts, load_average
 from farm.agents.harness.stats import latency_stats, startup_ms, throughput_per_s
 from farm.agents.harness.task import HarnessOutput, HarnessTask, benchmark_task, runtime_env, script_task
 from farm.agents.sandbox import Budget, SandboxBackend, SandboxError, choose_backend
-from farm.agents.sandbox.base import ExitInfo, MountSpec, parse_cpuset, whole_cores
-from farm.agents.sandbox.docker_build import BuildFailed, ImageBuilder
+from farm.agents.sandbox.base import ExitInfo, MountSpec, parse_cpuset, pids_limit, whole_cores
+from farm.agents.sandbox.docker import DockerBackend
+from farm.agents.sandbox.docker_build import BuildFailed, BuildPolicy, ImageBuilder
 from farm.agents.sandbox.user_image import UserImageError, harness_argv
 from farm.agents.sandbox.isolation import (
-    INNER_RUN_DIR, RunAs, hand_over, isolated_argv, isolation_env, namespaces_unavailable, resolve_run_as, user_argv,
+    INNER_RUN_DIR, RunAs, hand_over, isolated_argv, isolation_env, namespaces_unavailable, resolve_run_as,
+    seal_run_dir, strip_set_ids, unseal_run_dir, user_argv,
 )
 from farm.agents.script_env import ScriptEnvError, script_python
 from farm.agents.telemetry import TelemetrySampler
@@ -76,6 +78,26 @@ def stage_model(source: Path, destination: Path | None, sha256: str) -> None:
 def verify_model(path: Path, sha256: str) -> None:
     """The file hashed where it is, right before a device driver sends it on."""
     stage_model(path, None, sha256)
+
+
+# What a process sees when the kernel refuses it more processes or threads, or more temp space.
+PIDS_REFUSED = ("can't start new thread", "Resource temporarily unavailable", "fork: retry", "fork: Interrupted")
+SPACE_REFUSED = ("No space left on device", "Disk quota exceeded")
+
+
+def budget_limit_hit(budget: Budget, exit_info: ExitInfo, output: HarnessOutput | None) -> str | None:
+    """The message for a failed run that ran into its pids limit or its temp space, or None."""
+    if output is not None and output.ok:
+        return None
+    said = exit_info.output + (output.message or "" if output is not None else "")
+    if exit_info.pids_limit_hit or any(text in said for text in PIDS_REFUSED):
+        return (f"the run reached its pids limit ({pids_limit(budget)} processes and threads at once) and the kernel "
+                "refused it more; a model or script needs far fewer: look for a loop that starts processes or threads")
+    if any(text in said for text in SPACE_REFUSED):
+        memory = f"{_mib(budget.memory_bytes):g} MiB" if budget.memory_bytes is not None else "half the host's memory"
+        return (f"the run filled its temp space: /tmp, /var/tmp and /dev/shm are kept in memory and sized from sim.memory "
+                f"({memory}); write large files into the run directory ($HOME) or raise sim.memory")
+    return None
 
 
 def read_harness_output(path: Path, run_as: RunAs | None) -> HarnessOutput | None:
@@ -158,8 +180,10 @@ class SimDriver:
     name = "sim"
 
     def __init__(self, work_root: Path, *, backend_override: str | None = None, keep_run_dirs: bool = False,
-                 run_as: RunAs | None | str = "default", keep_out: tuple[Path, ...] = ()) -> None:
+                 run_as: RunAs | None | str = "default", keep_out: tuple[Path, ...] = (),
+                 build_policy: BuildPolicy = BuildPolicy()) -> None:
         self.work_root = work_root
+        self.build_policy = build_policy  # what a job's sim.build may use: network, base images
         # Files a job's folder is never packed with: the store an embedded farm has open in this process
         # (reading and closing them here would drop SQLite's locks and lose writes).
         self.keep_out = keep_out
@@ -183,7 +207,10 @@ class SimDriver:
         image = image or task.sim.image
         key = (name, image, own)
         if key not in self._backends:  # probing a backend (docker ping, cgroup mkdir) once is enough
-            self._backends[key] = choose_backend(name, image=image, user_image=own)
+            backend = choose_backend(name, image=image, user_image=own)
+            if isinstance(backend, DockerBackend) and self.run_as is not None:
+                backend.run_user = f"{self.run_as.uid}:{self.run_as.gid}"  # the container's first process is it
+            self._backends[key] = backend
         return self._backends[key]
 
     def built_image(self, task: TaskSpec) -> tuple[str | None, dict | None]:
@@ -201,7 +228,7 @@ class SimDriver:
         except (ValueError, OSError) as e:
             raise BuildFailed(f"sim.build: {e}", "") from None
         if self._builder is None:
-            self._builder = ImageBuilder(self.work_root)
+            self._builder = ImageBuilder(self.work_root, policy=self.build_policy)
         built = self._builder.build(build, context, in_image=task.sim.image)
         log = str(built.log_path) if built.log_path.exists() else None  # an image another work folder built
         return built.tag, {"image": built.tag, "cached": built.cached, "log": log,
@@ -257,10 +284,11 @@ class SimDriver:
 
     def isolation(self, backend: SandboxBackend) -> tuple[Path | None, str]:
         """Where the run directory appears inside the sandbox (None: at its own path) and how the run is isolated."""
+        if backend.name == "docker":  # at a fixed path inside: the host's run path is in no argv or process list
+            user = self.run_as.name if self.run_as else "the agent's own"
+            return INNER_RUN_DIR, f"container, user {user}"
         if self.run_as is None:
             return None, "none (the agent is not root: runs are as the agent's own user)"
-        if backend.name == "docker":
-            return None, f"container, user {self.run_as.name}"
         reason = namespaces_unavailable()
         if reason:
             return None, f"user {self.run_as.name} only ({reason})"
@@ -318,20 +346,24 @@ class SimDriver:
         }
         try:
             if own_python:  # farm's harness from the host, the script's Python from the image (user_image.py)
-                argv, env = self.launch_in_user_image(task_file, out_file, env, run_dir, backend)
+                argv, env = self.launch_in_user_image(seen / "task.json", seen / "out.json", env, run_dir, backend)
             else:
-                argv, env = self.launch(argv, env, run_dir, inner, backend)
+                argv, env = self.launch(argv, env, run_dir, inner, backend, budget.memory_bytes)
         except (SandboxError, UserImageError) as e:
             self._cleanup(run_dir)
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{backend.name} sandbox: {e}", **base)
-        mounts = [MountSpec(run_dir, read_only=False)]  # the model and the script folder are staged inside
-        environment = {**host_facts(), "load_before": load_average(), "isolation": isolation}
+        # the model and the script folder are staged inside; a container sees it at `inner`
+        mounts = [MountSpec(run_dir, read_only=False, target=inner if backend.name == "docker" else None)]
+        sealed = seal_run_dir(run_dir)  # nosuid,nodev: no set-uid file the run writes works, here or on the host
+        environment = {**host_facts(), "load_before": load_average(),
+                       "isolation": isolation + ("" if sealed or self.run_as is None else ", run directory not nosuid")}
         if build is not None:
             environment["build"] = build
         cores = parse_cpuset(budget.cpuset) if budget.cpuset else sorted(os.sched_getaffinity(0))
         quiet_wait_s, quiet_before = wait_until_quiet(cores, task.sim.quiet_wait, cancel_check)
         try:
-            sandbox = backend.start(argv, budget, env=env, cwd=run_dir, mounts=mounts)
+            sandbox = backend.start(argv, budget, env=env, cwd=(inner or run_dir) if backend.name == "docker" else run_dir,
+                                    mounts=mounts)
         except SandboxError as e:
             self._cleanup(run_dir)
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{backend.name} sandbox: {e}", **base)
@@ -388,29 +420,32 @@ class SimDriver:
         return result
 
     def launch(self, argv: list[str], env: dict[str, str], run_dir: Path, inner: Path | None,
-               backend: SandboxBackend) -> tuple[list[str], dict[str, str]]:
+               backend: SandboxBackend, memory_bytes: int | None = None) -> tuple[list[str], dict[str, str]]:
         """The command line and environment that start argv as the run user (namespaces when `inner`)."""
         if self.run_as is None:
-            os.chmod(run_dir, 0o777)  # a container's user must be able to write its result here
+            # a root agent's containers run as nobody, who must write its result here; otherwise the run is us
+            os.chmod(run_dir, 0o777 if os.geteuid() == 0 and backend.name == "docker" else 0o700)
             return argv, env
         hand_over(run_dir, self.run_as)
+        if backend.name == "docker":
+            return argv, env  # the container starts as the run user (DockerBackend.run_user): nothing to drop
         if inner is not None:
-            return isolated_argv(argv, self.run_as), {**env, **isolation_env(self.run_as)}
+            return isolated_argv(argv, self.run_as), {**env, **isolation_env(self.run_as, memory_bytes)}
         return user_argv(argv, self.run_as), env  # a container has namespaces of its own
 
     def launch_in_user_image(self, task_file: Path, out_file: Path, env: dict[str, str], run_dir: Path,
                              backend: SandboxBackend) -> tuple[list[str], dict[str, str]]:
-        """The harness started by the host's loader inside the user's image, as the run user; PATH is the
-        image's own, so the script's `python` is the image's."""
-        switch = None
+        """The harness started by the host's loader inside the user's image; the container itself starts as
+        the run user (DockerBackend.run_user), so nothing is dropped here. PATH is the image's own, so the
+        script's `python` is the image's."""
         if self.run_as is None:
-            os.chmod(run_dir, 0o777)
+            # a root agent's containers run as nobody, who must write its result here; otherwise the run is us
+            os.chmod(run_dir, 0o777 if os.geteuid() == 0 else 0o700)
         else:
             hand_over(run_dir, self.run_as)
-            switch = user_argv([], self.run_as)[1:-1]  # setpriv's options, without the program and "--"
-        image_path = getattr(backend, "image_path_env", None)  # the docker backend's; checked docker above
+        image_path = getattr(backend, "image_path_env", None)  # the docker backend's (sim.image is docker only)
         path = image_path() if image_path is not None else None
-        return (harness_argv(str(task_file), str(out_file), switch),
+        return (harness_argv(str(task_file), str(out_file)),
                 {**env, "PATH": path or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"})
 
     def _classify(self, task: TaskSpec, budget: Budget, exit_info: ExitInfo, output: HarnessOutput | None) -> RunResult:
@@ -426,6 +461,9 @@ class SimDriver:
                 FailureClass.RESOURCE,
                 f"out of memory at the {_mib(budget.memory_bytes):g} MiB limit (sim.memory); peak reached "
                 f"{_mib(peak) if peak is not None else 'unknown'} MiB. Raise sim.memory or use a smaller model/batch.")
+        limit = budget_limit_hit(budget, exit_info, output)
+        if limit is not None:
+            return RunResult.failed(FailureClass.RESOURCE, limit)
         if output is None:
             return RunResult.failed(
                 FailureClass.BUG,
@@ -444,5 +482,8 @@ class SimDriver:
         return result
 
     def _cleanup(self, run_dir: Path) -> None:
-        if not self.keep_run_dirs:
+        unseal_run_dir(run_dir)
+        if self.keep_run_dirs:
+            strip_set_ids(run_dir)  # kept for a person to look at: no set-uid file of the run's stays usable
+        else:
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -245,6 +245,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from farm.agents.agent import Agent, split_cores
     from farm.agents.environment import host_facts
     from farm.agents.remote_controller import DeviceInfo, RemoteController
+    from farm.agents.sandbox.docker_build import BuildPolicy
     from farm.agents.sandbox.isolation import RunUserError, resolve_run_as
     from farm.agents.sim import SimDriver
     from farm.controller.auth import valid_agent_name
@@ -282,7 +283,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
                            tags=d.tags) for d in lab]
     client = RemoteController(address, name=args.name, token=token, devices=devices,
                               tls=client_tls(args), artifact_dir=work_dir / "artifacts")
-    driver = SimDriver(work_dir, backend_override=args.backend, run_as=run_as)
+    driver = SimDriver(work_dir, backend_override=args.backend, run_as=run_as,
+                       build_policy=BuildPolicy.lab(args.allow_build_network, args.allow_build_base))
     agent = Agent(client, driver, name=args.name, slots=args.sim_slots, devices=lab)
     log = logging.getLogger("farm.agent")
     signals: list[int] = []
@@ -368,6 +370,11 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     a.add_argument("--backend", choices=["auto", "cgroup", "docker", "process"], default=None,
                    help="override sim.backend of the tasks")
     a.add_argument("--work-dir", default=None, help="run directories and the artifact cache")
+    a.add_argument("--allow-build-network", action="store_true",
+                   help="let a job's sim.build use the network when it asks (default: builds run offline)")
+    a.add_argument("--allow-build-base", action="append", default=None, metavar="IMAGE",
+                   help="an image on this host's Docker engine a job's sim.build may start from (repeatable; "
+                        "farm's own base image always may)")
     a.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to wait for result acknowledgements at exit")
     a.add_argument("--verbose", action="store_true")
     a.set_defaults(func=cmd_agent)

@@ -152,3 +152,48 @@ def test_a_child_that_leaves_the_scripts_group_is_still_ended_and_named(tmp_path
     assert out.ok and out.iterations_ms == [1.0]
     assert "leaving 1 process(es) running" in out.message and "were ended" in out.message
     assert not [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
+
+
+# --- a hostile board (issue 18, N9): bounded, strict, escaped -----------------------------------
+
+def test_a_result_nested_100000_deep_is_refused_without_recursion() -> None:
+    deep = board_harness.RESULT_MARK + '{"protocol": 1, "ok": true, "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
+    with pytest.raises(HarnessOutputError, match="nests deeper than"):
+        parse_harness_output(deep)
+    # brackets inside strings are text, not nesting
+    assert parse_harness_output(_line(message="[" * 10_000)).message == "[" * 8000
+
+
+def test_a_forged_result_line_after_the_real_one_is_refused() -> None:
+    forged = _line(iterations_ms=[1.0, 2.0]) + board_harness.RESULT_MARK + json.dumps(
+        {"protocol": 1, "ok": True, "iterations_ms": [0.001]}) + "\n"
+    with pytest.raises(HarnessOutputError, match="2 result lines.*forged"):
+        parse_harness_output(forged)
+    with pytest.raises(HarnessOutputError, match="2 result lines"):  # before it, too
+        parse_harness_output(board_harness.RESULT_MARK + "{}\n" + _line())
+
+
+def test_a_key_given_twice_is_refused() -> None:
+    line = _line().rstrip("\n")[:-1] + ', "ok": false, "failure_class": "job"}\n'
+    with pytest.raises(HarnessOutputError, match="names ok twice"):
+        parse_harness_output(line)
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"iterations_ms": [1.0, 1e300]}, "finite numbers from 0"),
+    ({"peak_rss_bytes": 10 ** 300}, "peak_rss_bytes"),
+    ({"whole_run_s": 1e12}, "whole_run_s"),
+    ({"input_shapes": {"x": [10 ** 30]}}, "input_shapes"),
+])
+def test_numbers_out_of_range_are_refused(fields: dict, words: str) -> None:
+    with pytest.raises(HarnessOutputError, match=words):
+        parse_harness_output(_line(**fields))
+
+
+def test_control_characters_from_the_board_are_escaped() -> None:
+    out = parse_harness_output(_line(ok=False, failure_class="job", message="bad\x1b[2J\x07 model\nline two\u202e",
+                                     tool_versions={"rt\x1b": "1.0\r\n"}, leftovers=["sleep\x1b[31m"]))
+    assert out.message == "bad\\x1b[2J\\x07 model\nline two\\u202e"  # line breaks kept, the rest shown
+    assert out.tool_versions == {"rt\\x1b": "1.0\\r\\n"} and out.leftovers == ["sleep\\x1b[31m"]
+    with pytest.raises(HarnessOutputError, match="interpreter"):
+        parse_env_output(board_harness.RESULT_MARK + json.dumps({"protocol": 1, "ok": True, "python": "/bin/py\nrm"}))

@@ -6,6 +6,7 @@ sees through the backend's read-only runtime mounts.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -152,6 +153,8 @@ def test_env_cwd_mounts_and_exit_status_reach_the_container(backend: DockerBacke
         "open(os.path.join(os.environ['OUT_DIR'], 'seen.txt'), 'w').write(os.getcwd())\n"
         "sys.exit(3)"
     )
+    uid, gid = (int(n) for n in backend.run_user.split(":"))
+    os.chown(tmp_path, uid, gid)  # the container runs as the run user, never root: give it the folder, as farm does
     sandbox = backend.start(
         [sys.executable, "-c", code],
         Budget(),

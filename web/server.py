@@ -13,9 +13,12 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import math
 import re
+import socket
 import ssl
 import threading
+import time
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
@@ -30,7 +33,7 @@ from farm.controller.scheduling.controller import Controller
 from farm.controller.analysis.results import run_records
 from farm.controller.scheduling.store import Store
 from farm.web import pages, views
-from farm.web.session import COOKIE, Session, SessionSigner
+from farm.web.session import COOKIE, LoginThrottle, Session, SessionSigner
 
 log = logging.getLogger("farm.web")
 
@@ -39,7 +42,13 @@ CANCEL_ROLES = frozenset({"client", "admin"})  # CancelJob is a client call
 DEVICE_ROLES = frozenset({"admin"})  # a device's health is the operator's call
 MAX_FORM_BYTES = 64 * 1024
 REQUEST_TIMEOUT_S = 30  # a client that stops sending mid-request loses its thread after this
-MAX_CONNECTIONS = 64  # open at once (browsers keep ~6 per tab alive)
+MAX_CONNECTIONS = 256  # open at once (browsers keep ~6 per tab alive); a thread each, mostly waiting
+MAX_CONNECTIONS_PER_ADDRESS = 16  # one address (a slowloris) holds a sixteenth of them, never all
+HEADER_DEADLINE_S = 10.0  # the request line and headers, whole, from the first byte waited for (keep-alive idle too)
+BODY_DEADLINE_S = 10.0  # a form body of at most MAX_FORM_BYTES
+SEND_DEADLINE_S = 30.0  # the response, to a client that reads it slowly
+DEADLINE_TICK_S = 0.5
+FULL_LOG_EVERY_S = 10.0
 STATIC = {"dashboard.css": "text/css; charset=utf-8", "dashboard.js": "text/javascript; charset=utf-8"}
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -91,6 +100,7 @@ class Dashboard:
         self.tls = tls
         self.loopback = loopback  # bound to a loopback address: Host must name this machine (DNS rebinding)
         self.signer = signer or SessionSigner()
+        self.throttle = LoginThrottle()  # failed log-ins and bearer tokens per address
         self._open_session = Session("admin", 0, "open", float("inf"))  # no tokens: everyone is admin (as over gRPC)
 
     @property
@@ -135,8 +145,14 @@ class Dashboard:
             return False
 
     # --- requests -----------------------------------------------------------------------------
-    def handle(self, method: str, target: str, headers: Any, body: bytes) -> Response:
+    def handle(self, method: str, target: str, headers: Any, body: bytes, peer: str = "") -> Response:
         try:
+            if self.tokens is not None and (headers.get("Authorization") or (method == "POST" and target.startswith("/login"))):
+                wait = self.throttle.retry_after(peer)
+                if wait > 0:  # refused before the token is looked at: a guess learns nothing
+                    return Response(HTTPStatus.TOO_MANY_REQUESTS, pages.error_page(
+                        429, f"too many failed log-ins from {peer or 'this address'}; try again in {math.ceil(wait)} s")
+                        .encode(), headers={"Retry-After": str(math.ceil(wait))})
             if not self.host_ok(headers):
                 raise Refused(HTTPStatus.MISDIRECTED_REQUEST,
                               "this dashboard listens on a loopback address and answers only to localhost names")
@@ -148,8 +164,13 @@ class Dashboard:
             if method == "GET" and path.startswith("/static/"):
                 return self.static(path[len("/static/"):])
             if path == "/login":
-                return self.login(method, headers, body, query)
+                response = self.login(method, headers, body, query)
+                if method == "POST" and response.status == HTTPStatus.UNAUTHORIZED:
+                    self.throttle.failed(peer)
+                return response
             identity, session, bearer = self.identify(headers)
+            if identity is None and bearer:
+                self.throttle.failed(peer)
             if identity is None or identity.role not in VIEW_ROLES:
                 return self.refuse_unauthenticated(method, path, identity, bearer)
             if method == "POST":
@@ -373,7 +394,16 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         if isinstance(self.request, ssl.SSLSocket):
+            self.server.deadlines.arm(self.request, HEADER_DEADLINE_S)  # the handshake is part of the head
             self.request.do_handshake()  # here, in this request's thread: a slow client holds no one else up
+
+    def handle_one_request(self) -> None:
+        # the whole head within a deadline: a header line every few seconds never trips the per-read timeout
+        self.server.deadlines.arm(self.request, HEADER_DEADLINE_S)
+        try:
+            super().handle_one_request()
+        finally:
+            self.server.deadlines.disarm(self.request)
 
     def _serve(self, method: str) -> None:
         length = self.headers.get("Content-Length")
@@ -383,9 +413,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(Response(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, b"request body too large\n", "text/plain"))
                 self.close_connection = True
                 return
+            self.server.deadlines.arm(self.request, BODY_DEADLINE_S)
             body = self.rfile.read(int(length))
+        self.server.deadlines.disarm(self.request)  # the page's own work is not the client's to stall
         try:
-            response = self.server.dashboard.handle(method, self.path, self.headers, body)
+            response = self.server.dashboard.handle(method, self.path, self.headers, body, self.client_address[0])
         except Exception:  # a bug in one page must not take the server down; the log has the trace
             log.exception("dashboard request %s %s failed", method, self.path[:200])
             response = Response(HTTPStatus.INTERNAL_SERVER_ERROR,
@@ -393,6 +425,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(response)
 
     def _send(self, response: Response) -> None:
+        self.server.deadlines.arm(self.request, SEND_DEADLINE_S)
         self.send_response(response.status)
         for name, value in {**SECURITY_HEADERS, **(response.headers or {})}.items():
             self.send_header(name, value)
@@ -423,23 +456,92 @@ class DashboardServer(ThreadingHTTPServer):
         self.dashboard = dashboard
         # a thread per connection, so a cap: a client opening connections and sending nothing holds no more
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._per_address: dict[str, int] = {}
+        self._count_lock = threading.Lock()
+        self.deadlines = Deadlines()
+        self._last_full_log, self._closed_since_log = float("-inf"), 0
         super().__init__(address, _Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+        address = str(client_address[0])
+        with self._count_lock:
+            held = self._per_address.get(address, 0)
+            if held >= MAX_CONNECTIONS_PER_ADDRESS:
+                full = f"{MAX_CONNECTIONS_PER_ADDRESS} from {address}"
+            elif not self._slots.acquire(blocking=False):
+                full = f"{MAX_CONNECTIONS} in all"
+            else:
+                full = ""
+                self._per_address[address] = held + 1
+        if full:
             self.shutdown_request(request)  # full: closed at once rather than queued behind the others
-            log.warning("dashboard: %d connections open; one from %s was closed", MAX_CONNECTIONS, client_address[0])
+            self._closed_since_log += 1
+            if time.monotonic() - self._last_full_log >= FULL_LOG_EVERY_S:  # a flood must not flood the log too
+                log.warning("dashboard: %s connections open; %d more closed at once (last from %s)", full,
+                            self._closed_since_log, address)
+                self._last_full_log, self._closed_since_log = time.monotonic(), 0
             return
-        super().process_request(request, client_address)
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self._release(address)
+            raise
+
+    def _release(self, address: str) -> None:
+        with self._count_lock:
+            left = self._per_address.pop(address, 1) - 1
+            if left > 0:
+                self._per_address[address] = left
+        self._slots.release()
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self.deadlines.disarm(request)
+            self._release(str(client_address[0]))
+
+    def server_close(self) -> None:
+        self.deadlines.stop()
+        super().server_close()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("dashboard connection from %s failed", client_address, exc_info=True)
+
+
+class Deadlines:
+    """When each connection's current phase (head, body, response) must be done; one thread shuts down the
+    sockets past theirs, which ends the blocked read or write in that connection's own thread."""
+
+    def __init__(self) -> None:
+        self._due: dict[Any, float] = {}
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        threading.Thread(target=self._reap, name="dashboard-deadlines", daemon=True).start()
+
+    def arm(self, sock: Any, seconds: float) -> None:
+        with self._lock:
+            self._due[sock] = time.monotonic() + seconds
+
+    def disarm(self, sock: Any) -> None:
+        with self._lock:
+            self._due.pop(sock, None)
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _reap(self) -> None:
+        while not self._stopped.wait(DEADLINE_TICK_S):
+            now = time.monotonic()
+            with self._lock:
+                late = [sock for sock, due in self._due.items() if due <= now]
+                for sock in late:
+                    del self._due[sock]
+            for sock in late:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass  # closed meanwhile
 
 
 class WebListenError(Exception):

@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 
@@ -76,3 +77,39 @@ class SessionSigner:
 
     def text_ok(self, text: str, mac: str | None) -> bool:
         return bool(text) and mac is not None and mac != "" and hmac.compare_digest(mac, self.sign_text(text))
+
+
+# Log-in guesses per address: a burst for typos, then one a refill interval; over it, 429 without looking.
+LOGIN_BURST = 5
+LOGIN_REFILL_S = 6.0  # ten guesses a minute at most, once the burst is spent
+MAX_TRACKED_ADDRESSES = 10_000  # bounded memory under a spray from many addresses
+
+
+class LoginThrottle:
+    """Failed log-ins per peer address, as a token bucket; a success leaves the bucket as it is."""
+
+    def __init__(self, burst: int = LOGIN_BURST, refill_s: float = LOGIN_REFILL_S) -> None:
+        self.burst, self.refill_s = burst, refill_s
+        self._buckets: dict[str, tuple[float, float]] = {}  # address -> (tokens, when counted)
+        self._lock = threading.Lock()
+
+    def _tokens(self, address: str, now: float) -> float:
+        tokens, when = self._buckets.get(address, (float(self.burst), now))
+        return min(float(self.burst), tokens + (now - when) / self.refill_s)
+
+    def retry_after(self, address: str, now: float | None = None) -> float:
+        """Seconds until this address may guess again; 0 when it may now."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            tokens = self._tokens(address, now)
+        return 0.0 if tokens >= 1 else (1 - tokens) * self.refill_s
+
+    def failed(self, address: str, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if address not in self._buckets and len(self._buckets) >= MAX_TRACKED_ADDRESSES:
+                # forget the addresses whose buckets have refilled; if none has, the oldest entry
+                full = [a for a in self._buckets if self._tokens(a, now) >= self.burst]
+                for old in full or [next(iter(self._buckets))]:
+                    del self._buckets[old]
+            self._buckets[address] = (max(0.0, self._tokens(address, now) - 1), now)

@@ -39,6 +39,22 @@ class Budget:
     cpuset: str | None = None  # e.g. "0" or "0-1": cores the run may use
     memory_bytes: int | None = None  # swap is always off when this is set
     exclusive: bool = False  # ask the kernel for the cpuset's cores alone (best effort)
+    pids: int | None = None  # processes and threads at once; None: RUN_PIDS_LIMIT
+
+
+# Processes + threads a run may hold at once, on every backend: ML runtimes start a few dozen
+# threads; a fork bomb is stopped here instead of filling the host's process table.
+RUN_PIDS_LIMIT = 1024
+
+
+def pids_limit(budget: Budget) -> int:
+    return budget.pids if budget.pids is not None else RUN_PIDS_LIMIT
+
+
+def private_tmp_bytes(budget: Budget) -> int | None:
+    """The size of each private temp mount: the run's memory budget (tmpfs pages are charged to it),
+    so a run can never write more into memory than it may hold; None when no memory budget."""
+    return budget.memory_bytes
 
 
 # The CPU quota, for every backend. A 10 ms period (the kernel's default is 100 ms) throttles
@@ -115,14 +131,16 @@ class ExitInfo:
     peak_memory_bytes: int | None = None  # exact high-water mark where the backend has one
     peak_memory_source: str = "sampled"  # "kernel" | "rusage" | "sampled"
     io: IoTotals = field(default_factory=IoTotals)
+    pids_limit_hit: bool = False  # the kernel refused a fork or a thread at the run's pids limit
 
 
 @dataclass
 class MountSpec:
-    """A host path the sandboxed command must see at the same path."""
+    """A host path the sandboxed command must see (at `target`, or at the same path)."""
 
     path: Path
     read_only: bool = True
+    target: Path | None = None  # where it appears inside, so a host path need not show in argv or ps
 
 
 class SandboxError(Exception):

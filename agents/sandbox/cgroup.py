@@ -16,13 +16,13 @@ from pathlib import Path
 
 from farm.agents.sandbox.base import (
     CFS_PERIOD_US, Budget, Counters, CpuAccounting, ExitInfo, IoTotals, MountSpec, RunningSandbox, SandboxBackend,
-    SandboxError, applied_cpus, cfs_quota_us,
+    SandboxError, applied_cpus, cfs_quota_us, pids_limit,
 )
 from farm.agents.sandbox.cgroupfs import CgroupFiles, cgroup_mounts, process_cgroups, read_int
 from farm.agents.sandbox.process_tree import ReapedProcess
 
-V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "blkio")
-V2_CONTROLLERS = ("cpu", "cpuset", "memory", "io")
+V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "blkio", "pids")
+V2_CONTROLLERS = ("cpu", "cpuset", "memory", "io", "pids")
 # The shell joins the cgroups first, then becomes the command: nothing runs outside the budget.
 JOIN_AND_EXEC = 'for f in $FARM_CGROUP_PROCS; do echo $$ > "$f" || exit 97; done; exec "$@"'
 JOIN_FAILED_EXIT = 97
@@ -190,7 +190,17 @@ class CgroupSandbox(RunningSandbox):
             peak_memory_bytes=self.files.peak_memory_bytes(),
             peak_memory_source="kernel",
             io=self.io_totals(),
+            pids_limit_hit=self.pids_refused() > 0,
         )
+
+    def pids_refused(self) -> int:
+        """Forks and threads the pids controller refused (pids.events `max`); 0 without the controller."""
+        directory = self.dirs.get("pids") if self.layout.version == 1 else self.dirs[""]
+        try:
+            events = _read(directory / "pids.events") if directory is not None else ""
+        except OSError:
+            return 0
+        return next((int(n) for key, _, n in (line.partition(" ") for line in events.splitlines()) if key == "max"), 0)
 
     def kill(self) -> None:
         self.process.kill()
@@ -281,6 +291,8 @@ class CgroupBackend(SandboxBackend):
             if quota is not None:
                 _write(dirs["cpu"] / "cpu.cfs_period_us", str(CFS_PERIOD_US))
                 _write(dirs["cpu"] / "cpu.cfs_quota_us", str(quota))
+            if "pids" in dirs:
+                _write(dirs["pids"] / "pids.max", str(pids_limit(budget)))
             mem = dirs["memory"]
             if budget.memory_bytes is not None:
                 _write(mem / "memory.limit_in_bytes", str(budget.memory_bytes))
@@ -297,6 +309,8 @@ class CgroupBackend(SandboxBackend):
             quota = cfs_quota_us(budget)
             if quota is not None:
                 _write(d / "cpu.max", f"{quota} {CFS_PERIOD_US}")
+            if (d / "pids.max").exists():
+                _write(d / "pids.max", str(pids_limit(budget)))
             if budget.memory_bytes is not None:
                 _write(d / "memory.max", str(budget.memory_bytes))
                 if (d / "memory.swap.max").exists():

@@ -42,6 +42,8 @@ from farm.agents.sandbox.base import (
     applied_cpus,
     cfs_quota_us,
     parse_cpuset,
+    pids_limit,
+    private_tmp_bytes,
 )
 from farm.agents.sandbox.docker_image import ensure_default_image, host_runtime_mounts
 from farm.agents.sandbox.user_image import mounts as user_image_mounts
@@ -55,6 +57,29 @@ POLL_INTERVAL_S = 0.1
 ENGINE_TIMEOUT_S = 30  # for one Engine API request; stats may take ~2 s on a busy host
 KILL_WAIT_S = 10.0
 OOM_PEAK_SHARE = 0.9  # memory this close to the limit at a SIGKILL nobody sent: the OOM killer
+NOBODY = "65534:65534"  # a root agent's containers run as this unless the sim driver names its run user
+PRIVATE_TMP_DIRS = ("/tmp", "/var/tmp")  # writable tmpfs over a read-only root (/dev/shm is the engine's own)
+NO_BUDGET_TMP_BYTES = 1 << 30  # a temp mount's size when the run has no memory budget to size it from
+
+
+def default_run_user() -> str:
+    """uid:gid a container starts as: never root; the agent's own user when the agent is not root."""
+    return NOBODY if os.geteuid() == 0 else f"{os.geteuid()}:{os.getegid()}"
+
+
+def hardening(budget: Budget, *, read_only_root: bool) -> dict[str, Any]:
+    """The container options that keep a job's code unprivileged: no capabilities, no set-uid gains,
+    a pids limit, a read-only root, and temp mounts that cannot hold set-uid or device files and
+    are sized from the memory budget (their pages are charged to the container's memory cgroup)."""
+    size = private_tmp_bytes(budget) or NO_BUDGET_TMP_BYTES
+    return {
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "pids_limit": pids_limit(budget),
+        "read_only": read_only_root,
+        "tmpfs": {d: f"rw,exec,nosuid,nodev,mode=1777,size={size}" for d in PRIVATE_TMP_DIRS},
+        "shm_size": size,
+    }
 
 
 def engine_address() -> str:
@@ -521,10 +546,15 @@ class DockerBackend(SandboxBackend):
         mount_host_runtime: bool = True,
         client: Any = None,
         user_image: bool = False,
+        run_user: str | None = None,
+        read_only_root: bool = True,
     ) -> None:
         # network_mode "none": models are profiled offline; pass "bridge" for a job that needs the network.
         # mount_host_runtime=False suits a self-contained user image whose own /usr must not be hidden.
+        # run_user "uid:gid": the container's first process already is it (no root step an image could use).
         self.image = image
+        self.run_user = run_user or default_run_user()
+        self.read_only_root = read_only_root
         self.network_mode = network_mode
         self.mount_host_runtime = mount_host_runtime
         # user_image: the image's own /usr and Python stay visible; farm's runtime is under /farm-host (user_image.py)
@@ -594,8 +624,8 @@ class DockerBackend(SandboxBackend):
             for spec in host_runtime_mounts():
                 by_target[str(spec.path)] = (str(spec.path), True)
         for spec in mounts:
-            path = str(Path(spec.path).absolute())
-            by_target[path] = (path, spec.read_only)  # the caller's choice (e.g. read-write) wins
+            # the caller's choice (e.g. read-write) wins; a spec with a target appears there, not at its own path
+            by_target[str(Path(spec.target or spec.path).absolute())] = (str(Path(spec.path).absolute()), spec.read_only)
         return [
             Mount(target=target, source=source, type="bind", read_only=read_only)
             for target, (source, read_only) in sorted(by_target.items())
@@ -646,12 +676,15 @@ class DockerBackend(SandboxBackend):
         try:
             container = self.client.containers.create(
                 image,
-                command=list(argv),
+                # farm's command is the entrypoint: an image's ENTRYPOINT never runs, before it or instead
+                entrypoint=[argv[0]],
+                command=list(argv[1:]),
                 name=f"farm-{token}",
                 environment=dict(env),
                 working_dir=str(cwd),
-                user="0:0",
+                user=self.run_user,
                 mounts=self._mounts(mounts),
+                **hardening(budget, read_only_root=self.read_only_root),
                 network_mode=self.network_mode,
                 auto_remove=False,  # we read the exit status and OOMKilled after exit
                 labels={CONTAINER_LABEL: "1"},

@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from farm.agents.sandbox.base import SandboxError
-from farm.agents.sandbox.docker_image import IMAGE_PATH_ENV, ensure_default_image, host_runtime_mounts
+from farm.agents.sandbox.docker_image import (
+    DEFAULT_IMAGE, IMAGE_PATH_ENV, IMAGE_REPOSITORY, ensure_default_image, host_runtime_mounts,
+)
 from farm.proto.script_archive import unpack
 from farm.proto.spec import SimBuild
 
@@ -47,6 +49,22 @@ APT_ROOT = f"{PREFIX}/apt"
 BUILD_LABEL = "farm.build"
 # What apt-get download reads on the host; the run never sees these.
 APT_HOST_PATHS = ("/etc/apt", "/var/lib/apt/lists", "/var/lib/dpkg")
+BUILD_PIDS_LIMIT = 1024  # a build's processes at once: pip and apt need a few dozen, a fork bomb is stopped
+NETWORK_FLAG = "--allow-build-network"
+BASE_FLAG = "--allow-build-base"
+
+
+@dataclass(frozen=True)
+class BuildPolicy:
+    """What an agent lets a job's build do. A lab agent runs other teams' builds: no network and only the
+    base images its operator listed (farm's own always). Embedded, the job is the user's own: anything."""
+
+    allow_network: bool = True
+    bases: frozenset[str] | None = None  # None: any image on the engine
+
+    @classmethod
+    def lab(cls, allow_network: bool, bases: list[str] | None) -> "BuildPolicy":
+        return cls(allow_network=allow_network, bases=frozenset(bases or ()) | {DEFAULT_IMAGE})
 
 
 class BuildFailed(Exception):
@@ -92,7 +110,7 @@ def step_script(build: SimBuild) -> str:
         packages = " ".join(shlex.quote(p) for p in build.apt)
         cache = "/tmp/farm-apt"
         lines += [f"mkdir -p {cache}/archives/partial {APT_ROOT}", f"cd {cache}",
-                  f"apt-get -o Dir::Cache={cache} -o Debug::NoLocking=1 download {packages}",
+                  f"apt-get -o Dir::Cache={cache} -o Debug::NoLocking=1 -o APT::Sandbox::User=root download {packages}",
                   f'for deb in {cache}/*.deb; do dpkg-deb -x "$deb" {APT_ROOT}; done']
     if build.pip:
         source = (["--no-index", "--find-links", shlex.quote(f"{CONTEXT_MOUNT}/{build.pip_wheels}")]
@@ -141,8 +159,9 @@ def image_env(build: SimBuild) -> list[str]:
 class ImageBuilder:
     """Builds and caches job images on one engine; one build per key at a time."""
 
-    def __init__(self, work_root: Path, client: Any = None) -> None:
+    def __init__(self, work_root: Path, client: Any = None, policy: BuildPolicy = BuildPolicy()) -> None:
         self.log_dir = work_root / "builds"
+        self.policy = policy
         self._client = client
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
@@ -161,6 +180,47 @@ class ImageBuilder:
     def _lock(self, key: str) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault(key, threading.Lock())
+
+    def check_policy(self, build: SimBuild, context: bytes | None) -> None:
+        """Raise BuildFailed, naming the agent's flag, when the build needs what this agent does not allow."""
+        if wants_network(build) and not self.policy.allow_network:
+            why = "sim.build.network is true" if build.network else (
+                "sim.build.apt needs it" if build.apt else "sim.build.pip installs from an index")
+            raise BuildFailed(f"the build needs the network ({why}), and this agent builds without it; use "
+                              f"sim.build.pip_wheels (offline) or ask the agent's operator to start it with "
+                              f"`farm agent {NETWORK_FLAG}`", "")
+        if self.policy.bases is None:
+            return
+        if build.dockerfile:
+            names = _base_images(context, build.dockerfile)
+            field_name = f"sim.build.dockerfile {build.dockerfile!r}: FROM"
+        else:
+            names = [build.base] if build.base else []
+            field_name = "sim.build.base"
+        for name in names:
+            if not self._allowed_base(name):
+                allowed = ", ".join(sorted(self.policy.bases))
+                raise BuildFailed(f"{field_name} {name!r} is not on this agent's allow-list of base images ({allowed}); "
+                                  f"its operator adds one with `farm agent {BASE_FLAG} {name}`", "")
+
+    def _allowed_base(self, name: str) -> bool:
+        """On the list by name, or the very image (by id) a listed name points at."""
+        import docker.errors
+
+        assert self.policy.bases is not None
+        if name in self.policy.bases or name.startswith(IMAGE_REPOSITORY + ":"):  # farm's own, any layout
+            return True
+        try:
+            wanted = self.client.images.get(name).id
+        except docker.errors.DockerException:
+            return False
+        for allowed in self.policy.bases:
+            try:
+                if self.client.images.get(allowed).id == wanted:
+                    return True
+            except docker.errors.DockerException:
+                continue
+        return False
 
     def _base_id(self, build: SimBuild, context: bytes | None, in_image: str | None = None) -> str | None:
         import docker.errors
@@ -194,6 +254,8 @@ class ImageBuilder:
         import docker.errors
 
         started = time.monotonic()
+        # before the cache too: a cached image of a refused base is refused alike (sim.image is the base when set)
+        self.check_policy(build.model_copy(update={"base": in_image}) if in_image else build, context)
         base_id = self._base_id(build, context, in_image)
         key = build_key(build, f"in-image {base_id}" if in_image else base_id, context)
         tag = f"{BUILD_REPOSITORY}:{key}"
@@ -287,7 +349,9 @@ class ImageBuilder:
             container = None
             try:
                 container = self.client.containers.create(
-                    base, command=["/bin/sh", "-c", script], user="0:0", working_dir=CONTEXT_MOUNT,
+                    base, entrypoint=["/bin/sh", "-c", script], command=[], user="0:0", working_dir=CONTEXT_MOUNT,
+                    # root only over the image's own files: no capabilities, no set-uid gains, bounded processes
+                    cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=BUILD_PIDS_LIMIT,
                     mounts=mounts, network_mode="bridge" if wants_network(build) else "none",
                     environment={"PATH": path, "HOME": "/root", "LANG": "C.UTF-8",
                                  "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
@@ -353,6 +417,26 @@ def _from_images(context: bytes | None, dockerfile: str) -> list[str]:
             return []
         text = member.read(1 << 20).decode("utf-8", "replace") if member else ""
     return re.findall(r"(?im)^\s*FROM\s+(?:--\S+\s+)*(\S+)", text)
+
+
+def _base_images(context: bytes | None, dockerfile: str) -> list[str]:
+    """The images a Dockerfile starts from: its FROM names less its own stage names and `scratch` (empty)."""
+    stages: set[str] = set()
+    images: list[str] = []
+    if context is None:
+        return images
+    with tarfile.open(fileobj=io.BytesIO(context)) as tar:
+        try:
+            member = tar.extractfile(dockerfile)
+        except KeyError:
+            return images
+        source = member.read(1 << 20).decode("utf-8", "replace") if member else ""
+    for name, alias in re.findall(r"(?im)^\s*FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?", source):
+        if name.lower() != "scratch" and name not in stages:
+            images.append(name)
+        if alias:
+            stages.add(alias)
+    return images
 
 
 def _member_names(context: bytes) -> set[str]:

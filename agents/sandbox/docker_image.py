@@ -22,7 +22,7 @@ from farm.agents.sandbox.base import MountSpec, SandboxError
 
 IMAGE_REPOSITORY = "farm-sim-base"
 # Bump when the root filesystem below changes, so agents import the new layout.
-IMAGE_LAYOUT_VERSION = "1"
+IMAGE_LAYOUT_VERSION = "2"
 DEFAULT_IMAGE = f"{IMAGE_REPOSITORY}:{IMAGE_LAYOUT_VERSION}"
 
 # PATH of the image, so argv[0] resolves even when the caller's env has no PATH.
@@ -36,7 +36,7 @@ _EMPTY_DIRS: dict[str, int] = {
     "etc": 0o755,
     "work": 0o755,
     "usr": 0o755,
-    "root": 0o700,
+    "root": 0o755,  # empty; traversable, as containers run unprivileged and a host runtime may live under /root
     "var": 0o755,
     "var/tmp": 0o1777,
 }

@@ -6,18 +6,21 @@ A job's harness or script is other people's code. As root, farm starts it throug
 the run directory bound at /tmp/run) and then `setpriv` (the run user's uid and gid, no
 supplementary groups, no new privileges). The backends are unchanged: the cgroup backend's
 shell joins its cgroups as root and then execs this prefix. The docker backend has its own
-namespaces already: there the command is only started through `setpriv` (from the host's /usr,
-which farm's default image mounts; a custom `sim.image` needs util-linux's setpriv). Not root:
-nothing to drop, the run is as the agent.
+namespaces already: there the container itself starts as the run user (docker.py), with nothing
+of root to drop. Not root: nothing to drop, the run is as the agent.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import functools
 import importlib.util
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -34,8 +37,10 @@ MAX_KEPT = 6  # ENTER holds each on a file descriptor from 3 to 8 (sh has single
 # Runs inside the new namespaces as root, then becomes the run user. "$@" is the command. The
 # runtime folders in FARM_KEEP (one a line) are opened before /tmp is covered and bound back read-only.
 ENTER = ('set -e; IFS="\n"; n=3; for p in $FARM_KEEP; do eval "exec $n<\\"\\$p\\""; n=$((n+1)); done; '
-         "for d in /tmp /var/tmp /dev/shm; do mount -t tmpfs -o mode=1777,size=50% farm-tmp $d; done; "
-         "mkdir /tmp/run; mount -c --bind /proc/self/cwd /tmp/run; "
+         "mount -t tmpfs -o mode=1777,nosuid,nodev,size=$FARM_TMP_SIZE farm-tmp /tmp; "
+         "for d in /var/tmp /dev/shm; do mount -t tmpfs -o mode=1777,nosuid,nodev,size=$FARM_SMALL_TMP_SIZE farm-tmp $d; done; "
+         'for d in $FARM_COVER; do mount -t tmpfs -o mode=0755,nosuid,nodev,size=1m farm-cover "$d"; done; '
+         "mkdir /tmp/run; mount -c --bind /proc/self/cwd /tmp/run; mount -o remount,bind,nosuid,nodev /tmp/run; "
          'n=3; for p in $FARM_KEEP; do mkdir -p "$p"; mount -c --bind "/proc/self/fd/$n" "$p"; '
          'mount -o remount,bind,ro "$p"; eval "exec $n<&-"; n=$((n+1)); done; unset IFS; cd /tmp/run; '
          'exec setpriv --reuid="$FARM_RUN_UID" --regid="$FARM_RUN_GID" --clear-groups --no-new-privs -- "$@"')
@@ -96,10 +101,21 @@ def user_argv(argv: list[str], run_as: RunAs) -> list[str]:
             *argv]
 
 
-def isolation_env(run_as: RunAs) -> dict[str, str]:
+def tmp_sizes(memory_bytes: int | None) -> tuple[str, str]:
+    """tmpfs sizes of /tmp and of /var/tmp and /dev/shm each: together the run's memory budget, so what a
+    run keeps in its temp folders is bounded by sim.memory (without one, half the host's RAM as before)."""
+    if memory_bytes is None:
+        return "50%", "50%"
+    return str(max(memory_bytes // 2, 1 << 20)), str(max(memory_bytes // 4, 1 << 20))
+
+
+def isolation_env(run_as: RunAs, memory_bytes: int | None = None) -> dict[str, str]:
     """What the ENTER script reads; the command itself gets the same allow-listed environment."""
+    tmp, small_tmp = tmp_sizes(memory_bytes)
     return {"FARM_RUN_UID": str(run_as.uid), "FARM_RUN_GID": str(run_as.gid),
-            "FARM_KEEP": "\n".join(str(p) for p in runtime_paths_to_keep())}
+            "FARM_KEEP": "\n".join(str(p) for p in runtime_paths_to_keep()),
+            "FARM_COVER": "\n".join(str(p) for p in closed_folders(runtime_candidates())),
+            "FARM_TMP_SIZE": tmp, "FARM_SMALL_TMP_SIZE": small_tmp}
 
 
 def farm_code_folders() -> set[Path]:
@@ -112,9 +128,36 @@ def farm_code_folders() -> set[Path]:
     return code
 
 
+def closed_folders(paths: set[Path]) -> list[Path]:
+    """The first folder above each path that other users cannot pass through (a 0700 /root holding pyenv's
+    Python): the run user could reach nothing under it, so the namespaces cover it with an empty tmpfs
+    and bind the runtime inside back, read-only."""
+    closed = set()
+    for path in paths:
+        for ancestor in reversed(path.parents[:-1]):  # from the top down, / itself excluded
+            try:
+                mode = ancestor.stat().st_mode
+            except OSError:
+                break
+            if not mode & stat.S_IXOTH:
+                closed.add(ancestor)
+                break
+    return sorted(p for p in closed if "\n" not in str(p) and not any(Path(d).is_relative_to(p) for d in PRIVATE_DIRS))
+
+
 def runtime_paths_to_keep() -> list[Path]:
-    """The folders farm's interpreter and farm's own code live in that a private /tmp would hide (a venv
-    or a checkout under /tmp): the harness must still start, so they are bound back, read-only."""
+    """The folders farm's interpreter and farm's own code live in that a private /tmp (or a covered closed
+    folder) would hide: the harness must still start, so they are bound back, read-only."""
+    candidates = runtime_candidates()
+    covered = [*(Path(d) for d in PRIVATE_DIRS), *closed_folders(candidates)]
+    inside = sorted(p for p in candidates if any(p.is_relative_to(d) and p != d for d in covered))
+    # the outermost folders only: a venv's own subfolders come with it
+    outermost = [p for p in inside if not any(p != q and p.is_relative_to(q) for q in inside) and "\n" not in str(p)]
+    return outermost[:MAX_KEPT]
+
+
+def runtime_candidates() -> set[Path]:
+    """Where farm's interpreter, its libraries and farm's own code are."""
     candidates = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix),
                   Path(os.path.realpath(sys.executable)).parent.parent}
     code = farm_code_folders()
@@ -125,10 +168,7 @@ def runtime_paths_to_keep() -> list[Path]:
     # libraries a .pth file adds from elsewhere (another venv's site-packages) are imported by the harness too
     candidates.update(Path(entry).resolve() for entry in sys.path
                       if Path(entry).name in ("site-packages", "dist-packages") and Path(entry).is_dir())
-    inside = sorted(p for p in candidates if any(p.is_relative_to(d) and p != Path(d) for d in PRIVATE_DIRS))
-    # the outermost folders only: a venv's own subfolders come with it
-    outermost = [p for p in inside if not any(p != q and p.is_relative_to(q) for q in inside) and "\n" not in str(p)]
-    return outermost[:MAX_KEPT]
+    return candidates
 
 
 def hand_over(run_dir: Path, run_as: RunAs) -> None:
@@ -138,3 +178,49 @@ def hand_over(run_dir: Path, run_as: RunAs) -> None:
             os.lchown(os.path.join(current, name), run_as.uid, run_as.gid)
     os.chown(run_dir, run_as.uid, run_as.gid)
     os.chmod(run_dir, 0o700)
+
+
+# mount(2) flags (linux/fs.h): Python has no os.mount
+MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND = 0x2, 0x4, 0x20, 0x1000
+MNT_DETACH = 0x2
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def seal_run_dir(run_dir: Path) -> bool:
+    """Make the run directory a nosuid,nodev mount of itself (root only), so no set-uid binary or device
+    node a run writes there works, on the host or in any bind of it (a container's, the namespaces').
+    False when it could not be done (not root, or no mount rights): the run still is unprivileged."""
+    if os.geteuid() != 0:
+        return False
+    libc, target = _libc(), os.fsencode(run_dir)
+    if libc.mount(target, target, None, MS_BIND, None) != 0:
+        return False
+    if libc.mount(None, target, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV, None) != 0:
+        libc.umount2(target, MNT_DETACH)
+        return False
+    return True
+
+
+def unseal_run_dir(run_dir: Path) -> None:
+    """Undo seal_run_dir (detached: a process still holding a file there cannot keep it busy); a
+    directory that was never sealed is left as it is."""
+    if _libc().umount2(os.fsencode(run_dir), MNT_DETACH) != 0 and ctypes.get_errno() not in (
+            errno.EINVAL, errno.ENOENT, errno.EPERM):
+        raise OSError(ctypes.get_errno(), f"could not unmount the run directory {run_dir}")
+
+
+def strip_set_ids(run_dir: Path) -> int:
+    """Clear set-uid/set-gid bits a run left in its directory (kept for inspection); how many files had one."""
+    stripped = 0
+    for current, _dirs, files in os.walk(run_dir):
+        for name in files:
+            path = os.path.join(current, name)
+            info = os.lstat(path)
+            if stat.S_ISREG(info.st_mode) and info.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                os.chmod(path, stat.S_IMODE(info.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+                stripped += 1
+    return stripped

@@ -20,7 +20,7 @@ import psutil
 
 from farm.agents.sandbox.base import (
     Budget, format_cpuset, parse_cpuset, Counters, CpuAccounting, ExitInfo, IoTotals, MountSpec,
-    RunningSandbox, SandboxBackend, applied_cpus, cfs_quota_us,
+    RunningSandbox, SandboxBackend, applied_cpus, cfs_quota_us, pids_limit,
 )
 from farm.agents.sandbox.process_tree import ReapedProcess
 
@@ -197,12 +197,15 @@ class ProcessBackend(SandboxBackend):
               mounts: list[MountSpec]) -> RunningSandbox:
         cores = self._cores(budget)
         cap = None if budget.memory_bytes is None else budget.memory_bytes + ADDRESS_SPACE_HEADROOM_BYTES
+        nproc = pids_limit(budget)
 
         def limit_child() -> None:  # runs in the child between fork and exec
             os.sched_setaffinity(0, cores)
             claim_cpu_weight()
             if cap is not None:
                 resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+            # no pids controller here: the run user's process count (per user, so a bound, not an exact budget)
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
         process = ReapedProcess(argv, env=env, cwd=cwd, output_path=cwd / "sandbox-output.log",
                                 preexec_fn=limit_child)

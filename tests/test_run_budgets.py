@@ -1,0 +1,62 @@
+"""A script's budget holds on every backend (issue 18, N5): its temp folders are memory counted within
+sim.memory, and a pids limit stops a loop that starts threads without end; the failure says which limit.
+
+Each runs through `farm submit` as a user would, for every backend that can run here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import require_backend, write_job
+from farm.agents.sandbox.base import RUN_PIDS_LIMIT
+
+# 3 GB in 1 MiB writes to /tmp, from a 512m job: it must be stopped long before the end.
+WRITE_3GB_TO_TMP = ("chunk = b'x' * (1 << 20)\n"
+                    "with open('/tmp/fill', 'wb') as f:\n"
+                    "    for i in range(3 * 1024):\n"
+                    "        f.write(chunk)\n"
+                    "        f.flush()\n"
+                    "print('wrote 3 GB')\n")
+# Fork-bomb-ish but bounded: threads that only sleep, up to a count past the limit, then all end.
+MANY_THREADS = ("import threading, time\n"
+                "stop = threading.Event()\n"
+                f"threads = [threading.Thread(target=stop.wait, args=(20,), daemon=True) for _ in range({RUN_PIDS_LIMIT + 300})]\n"
+                "try:\n"
+                "    for t in threads:\n"
+                "        t.start()\n"
+                "finally:\n"
+                "    stop.set()\n"
+                "print('started them all')\n")
+
+
+def _script_job(tmp_path: Path, tiny_models, script: str, sim: str) -> Path:
+    os.symlink(tiny_models["tflite"], tmp_path / "tiny.tflite")
+    (tmp_path / "work.py").write_text(script)
+    return write_job(tmp_path, f"models: [tiny.tflite]\nworkload: {{type: script, script: work.py}}\nsim: {sim}\n")
+
+
+@pytest.mark.parametrize("backend", ["cgroup", "docker", "process"])
+def test_a_512m_job_writing_3gb_to_tmp_is_stopped_as_resource(backend: str, tmp_path: Path, tiny_models, farm) -> None:
+    require_backend(backend)
+    run = farm("submit", str(_script_job(tmp_path, tiny_models, WRITE_3GB_TO_TMP, "{memory: 512m}")),
+               "--backend", backend, "--json")
+    assert run.returncode == 1, run.stderr
+    r = run.json()["results"][0]
+    assert r["failure_class"] == "resource", r
+    assert "sim.memory" in r["message"] and "512 MiB" in r["message"], r["message"]
+    assert r["attempts"] == 1
+
+
+@pytest.mark.parametrize("backend", ["cgroup", "docker", "process"])
+def test_a_script_starting_threads_without_end_is_stopped_by_the_pids_limit(backend: str, tmp_path: Path,
+                                                                           tiny_models, farm) -> None:
+    require_backend(backend)
+    run = farm("submit", str(_script_job(tmp_path, tiny_models, MANY_THREADS, "{memory: 1g}")),
+               "--backend", backend, "--json")
+    assert run.returncode == 1, run.stderr
+    r = run.json()["results"][0]
+    assert r["failure_class"] == "resource", r
+    assert f"pids limit ({RUN_PIDS_LIMIT} processes and threads" in r["message"], r["message"]
