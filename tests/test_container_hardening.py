@@ -3,12 +3,14 @@ starts as the run user with no capabilities and no way to gain privileges, on a 
 a set-uid binary it writes into its run directory is neither usable nor kept.
 
 Runs a real job through the sim driver on the real Docker engine (started by the tests when none
-runs), with an image imported from farm's own tiny root filesystem, as an agent would."""
+runs), with a user's image (its own Python) on farm's tiny root filesystem, as an agent would."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import tarfile
 import stat
 from pathlib import Path
 
@@ -17,15 +19,15 @@ import pytest
 from conftest import require_backend
 from farm.agents.sandbox.docker import DockerBackend
 from farm.agents.sandbox.docker_build import BuildPolicy
-from farm.agents.sandbox.docker_image import IMAGE_PATH_ENV, build_rootfs_tar
 from farm.agents.sim import SimDriver
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import load_job_text
 from farm.controller.scheduling.store import Store
 from farm.proto.results import FailureClass, RunStatus
 from farm.proto.tasks import TaskSpec
+from user_python_image import ensure_user_python_image
 
-HOSTILE_IMAGE = "farm-test-hostile-entrypoint:1"
+HOSTILE_IMAGE = "farm-test-hostile-entrypoint:2"
 # What a hostile image does first, as root if it could: mark that it ran, plant a set-uid shell, skip farm.
 ENTRYPOINT = '["/bin/sh", "-c", "id -u > $HOME/entrypoint-ran; cp /bin/sh $HOME/rootsh; chmod 4755 $HOME/rootsh"]'
 # The job's own code: what it is, what it can do, and a set-uid copy of the shell left in the run directory.
@@ -55,13 +57,24 @@ json.dump(report, open(os.path.join(home, "report.json"), "w"))
 
 @pytest.fixture(scope="module")
 def hostile_image() -> str:
+    """A user's image with its own Python (sim.image runs the job's `python` from the image) whose
+    ENTRYPOINT would run first, as root."""
     require_backend("docker")
     import docker
 
-    client = docker.from_env()
-    client.api.import_image_from_data(build_rootfs_tar(), repository=HOSTILE_IMAGE.split(":")[0], tag="1",
-                                      changes=[f"ENV PATH={IMAGE_PATH_ENV}", f"ENTRYPOINT {ENTRYPOINT}", "USER 0:0"])
-    client.close()
+    base = ensure_user_python_image()
+    dockerfile = f"FROM {base}\nENTRYPOINT {ENTRYPOINT}\nUSER 0:0\n".encode()
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        tar.addfile(info, io.BytesIO(dockerfile))
+    client = docker.from_env(timeout=600)
+    try:
+        client.images.build(fileobj=io.BytesIO(context.getvalue()), custom_context=True, tag=HOSTILE_IMAGE, rm=True,
+                            network_mode="none")
+    finally:
+        client.close()
     return HOSTILE_IMAGE
 
 

@@ -9,24 +9,17 @@ farm's limits, peak memory and timing still come from the host side.
 
 from __future__ import annotations
 
-import io
-import os
 import shutil
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import require_backend
 from test_import_auptimizer import write_wheel
+from user_python_image import ensure_user_python_image
 
-CACHE = Path("/var/cache/farm-tests/user-image")
-WHEEL = "cowsay-6.1-py3-none-any.whl"
-IMAGE = "farm-test-user-python:4"
-SKIP_STDLIB = {"test", "idlelib", "tkinter", "turtledemo", "lib2to3", "__pycache__", "pydoc_data"}
 SCRIPT = """import sys
 import cowsay  # only in the image's venv: the run fails without it
 # the image's own interpreter (Debian's 3.11.2 in its venv), not the 3.11.7 farm runs on
@@ -38,94 +31,9 @@ open(sys.argv[-1], "rb").read()  # the model farm passed
 """
 
 
-SETUP_VENV = f"""import os, zipfile
-os.makedirs("/opt/venv/bin")
-os.symlink("/usr/bin/python3.11", "/opt/venv/bin/python")
-with open("/opt/venv/pyvenv.cfg", "w") as f:
-    f.write("home = /usr/bin\\ninclude-system-site-packages = false\\n")
-zipfile.ZipFile("/tmp/{WHEEL}").extractall("/opt/venv/lib/python3.11/site-packages")
-"""
-
-
-def _wheel() -> Path:
-    path = CACHE / WHEEL
-    if not path.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "cowsay==6.1", "-d", str(CACHE)],
-                             capture_output=True, text=True, timeout=180)
-        if got.returncode != 0 or not path.exists():
-            pytest.skip(f"the package index is unreachable (pip download cowsay==6.1): {got.stderr.strip()[-300:]}")
-    return path
-
-
-def _libraries(binary: str) -> list[str]:
-    out = subprocess.run(["ldd", binary], capture_output=True, text=True, check=True).stdout
-    return [part for line in out.splitlines() for part in line.split() if part.startswith("/")]
-
-
-def _context() -> bytes:
-    """Build context: a Dockerfile FROM farm's base, the interpreter, its libraries and stdlib (with
-    ensurepip, so `python -m venv` works in the image), a shell, the wheel."""
-    data = io.BytesIO()
-    python = os.path.realpath("/usr/bin/python3.11")
-    with tarfile.open(fileobj=data, mode="w") as tar:
-        def add(path: str) -> None:
-            tar.add(os.path.realpath(path), arcname="root" + os.path.realpath(path), recursive=False)
-
-        add(python)
-        add("/usr/bin/dash")  # a shell of the image's own, for build steps
-        for wheel in Path("/usr/share/python-wheels").glob("*.whl"):  # where Debian's ensurepip looks for them
-            tar.add(wheel, arcname=f"root/usr/share/python-wheels/{wheel.name}")
-        shell = tarfile.TarInfo("root/usr/bin/sh")
-        shell.type, shell.linkname = tarfile.SYMTYPE, "dash"
-        tar.addfile(shell)
-        for path in _libraries(python):  # under the name the binary asks for (libz.so.1, not libz.so.1.2.13)
-            real = os.path.realpath(path)
-            tar.add(real, arcname=f"root{os.path.dirname(real)}/{os.path.basename(path)}", recursive=False)
-        for current, dirs, files in os.walk("/usr/lib/python3.11"):
-            dirs[:] = [d for d in dirs if d not in SKIP_STDLIB and not d.startswith("config-")]
-            for name in files:
-                full = os.path.join(current, name)
-                if not os.path.islink(full):
-                    add(full)
-        loader = tarfile.TarInfo("root/usr/lib64/ld-linux-x86-64.so.2")  # where the binary's PT_INTERP points
-        loader.type, loader.linkname = tarfile.SYMTYPE, "/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
-        tar.addfile(loader)
-        tar.add(_wheel(), arcname=WHEEL)
-        setup = SETUP_VENV.encode()
-        info = tarfile.TarInfo("setup_venv.py")
-        info.size = len(setup)
-        tar.addfile(info, io.BytesIO(setup))
-        dockerfile = (f"FROM farm-sim-base:1\nCOPY root/ /\nCOPY {WHEEL} setup_venv.py /tmp/\n"
-                      'RUN ["/usr/bin/python3.11", "/tmp/setup_venv.py"]\n'
-                      "ENV PATH=/opt/venv/bin:/usr/bin:/bin\n")
-        info = tarfile.TarInfo("Dockerfile")
-        info.size = len(dockerfile.encode())
-        tar.addfile(info, io.BytesIO(dockerfile.encode()))
-    return data.getvalue()
-
-
 @pytest.fixture(scope="module")
 def user_image() -> str:
-    require_backend("docker")
-    for needed in ("/usr/bin/python3.11", "/usr/bin/dash", "/usr/share/python-wheels"):
-        if not Path(needed).exists():  # the image is made of the host's Debian python3.11, dash and pip wheels
-            pytest.skip(f"{needed} is not on this host (apt-get install python3.11-venv dash)")
-    import docker
-
-    from farm.agents.sandbox.docker_image import ensure_default_image
-
-    client = docker.from_env(timeout=600)
-    try:
-        ensure_default_image(client)
-        try:
-            client.images.get(IMAGE)
-        except docker.errors.ImageNotFound:
-            client.images.build(fileobj=io.BytesIO(_context()), custom_context=True, tag=IMAGE, rm=True,
-                                network_mode="none")
-    finally:
-        client.close()
-    return IMAGE
+    return ensure_user_python_image()
 
 
 @pytest.mark.docker
