@@ -1,11 +1,12 @@
 """Who may call what: bearer tokens with roles, checked by a server interceptor; TLS credentials.
 
-The tokens file has one token a line: `ROLE TOKEN [AGENT_NAME]`, `#` for comments. Roles:
+The tokens file has one token a line: `ROLE TOKEN [AGENT_NAME] [team=TEAM]`, `#` for comments. Roles:
 `agent` (the agent stream and artifact downloads), `client` (jobs, results, listings) and
 `admin` (both, plus the operator's calls such as freeing a device name). `client+script` is a
 client that may also submit script workloads (which run its own code on the agents) on a
 controller started with --scripts-need-permission. An agent token with a name may only connect
-as that agent, so one rack host cannot take over another's session.
+as that agent, so one rack host cannot take over another's session. A client's jobs belong to its
+token and, with `team=TEAM`, to its team (controller/service.py: who may read and cancel them).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import hmac
 import ipaddress
 import logging
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -61,6 +62,8 @@ class Identity:
     agent_name: str | None = None  # pinned agent name, when the tokens file gives one
     line: int = 0  # its line in the tokens file: tells two tokens of one role apart (limits, logs)
     permissions: frozenset[str] = frozenset()  # e.g. {"script"}: may submit script workloads
+    owner: str | None = None  # a stable id of the token (a hash prefix, never the token): whose jobs are whose
+    team: str | None = None  # `team=NAME` in the tokens file: jobs shared with the team's other tokens
 
     @property
     def may_run_scripts(self) -> bool:
@@ -79,7 +82,8 @@ def parse_role(word: str) -> tuple[str, frozenset[str]] | None:
 class TokenTable:
     def __init__(self, tokens: dict[str, Identity]) -> None:
         # Digests of equal length, so the comparison takes the same time whatever was sent.
-        self._tokens = {_digest(token): identity for token, identity in tokens.items()}
+        self._tokens = {_digest(token): replace(identity, owner=identity.owner or _digest(token).hex()[:16])
+                        for token, identity in tokens.items()}
 
     @classmethod
     def from_file(cls, path: Path) -> "TokenTable":
@@ -93,15 +97,25 @@ class TokenTable:
             if not words:
                 continue
             role = parse_role(words[0])
-            if len(words) not in (2, 3) or role is None:
-                raise TokenFileError(f"{path}:{number}: expected `ROLE TOKEN [AGENT_NAME]` with ROLE one of "
+            teams = [w[len("team="):] for w in words[2:] if w.startswith("team=")]
+            rest = [w for w in words[2:] if not w.startswith("team=")]
+            if len(words) < 2 or len(rest) > 1 or len(teams) > 1 or role is None:
+                raise TokenFileError(f"{path}:{number}: expected `ROLE TOKEN [AGENT_NAME] [team=TEAM]` with ROLE one of "
                                      f"{', '.join(ROLES)}, optionally with +{' +'.join(PERMISSIONS)} (e.g. client+script)")
             if len(words[1]) < 16:
                 raise TokenFileError(f"{path}:{number}: a token must have at least 16 characters (e.g. `openssl rand -hex 24`)")
-            tokens[words[1]] = Identity(role[0], words[2] if len(words) == 3 else None, number, role[1])
+            if teams and not valid_agent_name(teams[0]):
+                raise TokenFileError(f"{path}:{number}: team {teams[0][:40]!r}: use letters, digits, '.', '_' and '-' "
+                                     "(at most 64)")
+            tokens[words[1]] = Identity(role[0], rest[0] if rest else None, number, role[1],
+                                        owner=_digest(words[1]).hex()[:16], team=teams[0] if teams else None)
         if not tokens:
             raise TokenFileError(f"{path}: no tokens; add lines like `client <token>` and `agent <token> <agent-name>`")
         return cls(tokens)
+
+    def by_line(self, line: int) -> Identity | None:
+        """The identity on this line of the tokens file (a dashboard session remembers the line, never the token)."""
+        return next((i for i in self._tokens.values() if i.line == line), None)
 
     def lookup(self, token: str) -> Identity | None:
         sent, found = _digest(token), None
@@ -185,8 +199,11 @@ def _abort_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, messag
 
 
 class TokenInterceptor(grpc.ServerInterceptor):
-    def __init__(self, tokens: TokenTable) -> None:
+    """Refuses a call its token may not make; `budget` (controller/budgets.py) then counts what it may."""
+
+    def __init__(self, tokens: TokenTable, budget: Any = None) -> None:
         self.tokens = tokens
+        self.budget = budget
 
     def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(handler_call_details)
@@ -194,7 +211,12 @@ class TokenInterceptor(grpc.ServerInterceptor):
             return None
         refusal = check_access(handler_call_details.method, authorization(handler_call_details.invocation_metadata),
                                self.tokens)
-        return handler if refusal is None else _abort_handler(handler, *refusal)
+        if refusal is not None:
+            return _abort_handler(handler, *refusal)
+        if self.budget is None or handler_call_details.method in OPEN_METHODS:
+            return handler
+        identity = self.tokens.lookup(bearer_token(authorization(handler_call_details.invocation_metadata)) or "")
+        return self.budget.wrap(handler, identity, handler_call_details.method) if identity else handler
 
 
 def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:

@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Iterator, cast, get_args
@@ -30,6 +30,7 @@ from grpc_reflection.v1alpha import reflection
 
 from farm import __version__
 from farm.controller.scheduling.artifacts import ArtifactError, ArtifactStore, ControllerFiles, ModelRoots
+from farm.controller.budgets import BudgetSettings, CallBudget, IdleUploads
 from farm.controller.auth import (
     Identity, TlsFiles, TokenInterceptor, TokenTable, check_server_certificate, identity_of, is_loopback,
     server_credentials,
@@ -87,10 +88,12 @@ class FarmServer:
     def __init__(self, store: Store, *, lease_ttl_s: float = 30.0, heartbeat_interval_s: float | None = None,
                  tokens: TokenTable | None = None, max_watches: int = DEFAULT_MAX_WATCHES,
                  files: ControllerFiles | None = None, scripts_need_permission: bool = False,
-                 result_batch: int = RESULT_BATCH) -> None:
+                 result_batch: int = RESULT_BATCH, upload_idle_s: float = BudgetSettings.upload_idle_s,
+                 job_sharing: str = "shared") -> None:
         self.store = store
         self.files = files or controller_files(store)
         self.scripts_need_permission = scripts_need_permission
+        self.job_sharing = job_sharing  # may clients read other teams' jobs (service.Viewer); cancel never
         self.refresh_suite: Path | None = None  # the reference suite `farm refresh` submits (None: farm's own)
         self.nightly: Any = None  # controller.nightly.NightlyRefresh with --refresh-cron: it leaves clients' refreshes alone
         self.controller = Controller(store, lease_ttl_s=lease_ttl_s)
@@ -105,6 +108,7 @@ class FarmServer:
         self.timings = StepTimings()
         self.dispatcher = Dispatcher(self.controller, self.agents, self.timings)
         self.results = ResultWriter(self.controller, max_batch=result_batch, timed=self.timings.add)
+        self.idle_uploads = IdleUploads(upload_idle_s)
 
     @property
     def dispatch_count(self) -> int:
@@ -117,8 +121,10 @@ class FarmServer:
         self.store.adopt_unfinished(os.getpid(), socket.gethostname(), time.time() + self.controller.lease_ttl_s)
         self.results.start()
         self.dispatcher.start()
+        self.idle_uploads.start()
 
     def stop(self) -> None:
+        self.idle_uploads.stop()
         self.dispatcher.stop()
         with self._lock:
             for session in list(self.sessions.values()):
@@ -373,12 +379,28 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
     def __init__(self, server: FarmServer) -> None:
         self.server = server
 
+    def _viewer(self, context: grpc.ServicerContext) -> answers.Viewer:
+        identity = identity_of(context, self.server.tokens)
+        if self.server.tokens is None or identity.role == "admin":
+            return answers.EVERYONE
+        return answers.Viewer(identity.owner or f"line-{identity.line}", identity.team)
+
     def _job(self, job_id: int, context: grpc.ServicerContext) -> dict[str, Any]:
+        """The job, when this caller may read it; another team's job in a `team` lab is as good as absent."""
         job = self.server.store.job(job_id)
-        if job is None:
+        if job is None or not self._viewer(context).may_read(job, self.server.job_sharing):
             context.abort(grpc.StatusCode.NOT_FOUND, f"no job {job_id} on this controller; `farm jobs` lists its jobs")
         assert job is not None  # abort() raised otherwise
         return job
+
+    def _jobs(self, context: grpc.ServicerContext, *job_ids: int) -> None:
+        """Every job a request names (0: none) must be one this caller may read; one it may not is refused as the
+        service refuses a job that does not exist (service._need_job), so the answer tells nothing more."""
+        viewer = self._viewer(context)
+        for job_id in job_ids:
+            job = self.server.store.job(job_id) if job_id else None
+            if job is not None and not viewer.may_read(job, self.server.job_sharing):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no job {job_id} in this farm; `farm jobs` lists them")
 
     def SubmitJob(self, request: farm_pb2.SubmitJobRequest, context: grpc.ServicerContext) -> farm_pb2.SubmitJobResponse:
         if len(request.job_yaml.encode()) > MAX_JOB_FILE_BYTES:
@@ -400,7 +422,8 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"priority {printable(request.priority[:40])!r} is not "
                               "one of interactive, normal, low")
             job.spec.priority = cast(Priority, request.priority)
-        job_id = self.server.controller.submit(job)
+        viewer = self._viewer(context)  # an admin's job is the lab's own
+        job_id = self.server.controller.submit(job, owner=viewer.owner, team=viewer.team)
         self.server.wake(queue_changed=True)
         total = self.server.controller.progress(job_id).total
         log.info("job %d submitted: %d task(s)", job_id, total)
@@ -428,15 +451,21 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
             return farm_pb2.UploadArtifactResponse(sha256=first.sha256, size=first.size, already_stored=True)
         limit = MAX_SCRIPT_ARCHIVE_BYTES if first.name.endswith(".tar") else store.max_bytes
 
+        idle = self.server.idle_uploads
+
         def chunks() -> Iterator[bytes]:
             yield first.data
             for message in request_iterator:
+                idle.touch(context)  # a stream that stops sending is cut (budgets.IdleUploads)
                 yield message.data
 
+        idle.touch(context)
         try:
             store.receive(first.sha256, first.size, first.name, chunks(), max_bytes=limit)
         except ArtifactError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        finally:
+            idle.done(context)
         log.info("artifact %s stored (%d bytes)", first.sha256[:12], first.size)
         return farm_pb2.UploadArtifactResponse(sha256=first.sha256, size=first.size)
 
@@ -464,11 +493,17 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
             self.server.close_watch(caller)
 
     def CancelJob(self, request: farm_pb2.JobRequest, context: grpc.ServicerContext) -> farm_pb2.CancelJobResponse:
-        self._job(request.job_id, context)
+        job = self._job(request.job_id, context)
+        if not self._viewer(context).owns(job):  # reading may be shared; cancelling never is
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"job {request.job_id} belongs to another token{' (team ' + job['team'] + ')' if job['team'] else ''}"
+                          f"{'' if job['submitted_by'] else ' (the lab: an admin submitted it)'}; only its owner, its "
+                          "owner's team or an admin may cancel it")
         return farm_pb2.CancelJobResponse(job_id=request.job_id, canceled_tasks=self.server.cancel_job(request.job_id))
 
     def ListJobs(self, request: farm_pb2.ListJobsRequest, context: grpc.ServicerContext) -> farm_pb2.ListJobsResponse:
-        jobs = [self._job(j["id"], context) for j in self.server.controller.jobs(request.limit or 50)]
+        visible = self._viewer(context).visible(self.server.job_sharing)
+        jobs = [self._job(j["id"], context) for j in self.server.controller.jobs(request.limit or 50, visible)]
         return farm_pb2.ListJobsResponse(jobs=[_job_message(self.server, j) for j in jobs])
 
     def ListDevices(self, request: farm_pb2.ListDevicesRequest, context: grpc.ServicerContext) -> farm_pb2.ListDevicesResponse:
@@ -522,6 +557,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
 
     def Calibrate(self, request: farm_pb2.CalibrateRequest, context: grpc.ServicerContext) -> farm_pb2.DocumentResponse:
         self._bounded(context, request.metrics)
+        self._jobs(context, request.job, request.sim_job, request.device_job)
         return self._document(context, answers.calibrate, self.server.store, job=request.job or None,
                               sim_job=request.sim_job or None, device_job=request.device_job or None,
                               device=request.device or None, metrics=list(request.metrics) or ["latency"],
@@ -536,6 +572,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         self._bounded(context, request.metrics)
         if len(request.measured_jobs) > 64:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "measured_jobs: at most 64")
+        self._jobs(context, *request.measured_jobs)
         model = self.server.artifact_path(request.model_sha256) if SHA256_HEX.match(request.model_sha256) else None
         if model is None:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no uploaded model with sha256 {request.model_sha256[:64]!r} "
@@ -546,18 +583,21 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
                               confidence=request.confidence or 0.9, include_contended=request.include_contended,
                               measured_jobs=tuple(request.measured_jobs))
         if isinstance(answer, answers.MeasureFirst):  # sim only: the agents measure it like any job
-            job_id = self.server.controller.submit(answer.job)
+            viewer = self._viewer(context)
+            job_id = self.server.controller.submit(answer.job, owner=viewer.owner, team=viewer.team)
             self.server.wake(queue_changed=True)
             return farm_pb2.PredictResponse(measure_job=job_id)
         return farm_pb2.PredictResponse(document_json=strict_json.dumps(answer))
 
     def Rank(self, request: farm_pb2.RankRequest, context: grpc.ServicerContext) -> farm_pb2.DocumentResponse:
         self._bounded(context, request.device_jobs, request.devices)
+        self._jobs(context, request.job, *request.device_jobs)
         return self._document(context, answers.rank, self.server.store, job=request.job, metric=request.metric[:40] or "latency",
                               device_jobs=list(request.device_jobs), devices=list(request.devices),
                               include_contended=request.include_contended)
 
     def Report(self, request: farm_pb2.ReportRequest, context: grpc.ServicerContext) -> farm_pb2.ReportResponse:
+        self._jobs(context, request.job)
         files, warnings = self._answer(context, answers.report, self.server.store, request.job, html=request.html,
                                        png=request.png)
         size = sum(len(data) for _, data in files)
@@ -662,13 +702,16 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
           max_watches: int = DEFAULT_MAX_WATCHES, reflection_on: bool = False,
           metrics_listen: str | None = None, refresh_cron: str | None = None,
           refresh_suite: Path | None = None, models_roots: list[Path] | None = None,
-          max_model_bytes: int | None = None, scripts_need_permission: bool = False) -> RunningServer:
+          max_model_bytes: int | None = None, scripts_need_permission: bool = False,
+          budget: BudgetSettings | None = None, job_sharing: str = "shared") -> RunningServer:
     """Start the controller's gRPC server (not blocking); the port is the bound one (for :0).
 
     With metrics_listen (HOST:PORT), Prometheus metrics are served at http://HOST:PORT/metrics too.
     max_streams caps the calls open at once (each holds a thread); reflection is served only when asked
-    for, and then only to callers with a token when tokens are on.
+    for, and then only to callers with a token when tokens are on. `budget` shares max_streams out per
+    caller (controller/budgets.py); its own max_streams is replaced by this one.
     """
+    settings = replace(budget or BudgetSettings(), max_streams=max_streams)
     if tls:
         check_server_certificate(tls)  # an expired certificate fails now, not in every client later
     for warning in startup_warnings(listen, tokens=tokens is not None, tls=tls is not None, metrics_listen=metrics_listen):
@@ -676,7 +719,8 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
     store.sync_normal()
     files = controller_files(store, models_roots=models_roots, max_model_bytes=max_model_bytes)
     farm = FarmServer(store, lease_ttl_s=lease_ttl_s, heartbeat_interval_s=heartbeat_interval_s, tokens=tokens,
-                      max_watches=max_watches, files=files, scripts_need_permission=scripts_need_permission)
+                      max_watches=max_watches, files=files, scripts_need_permission=scripts_need_permission,
+                      upload_idle_s=settings.upload_idle_s, job_sharing=job_sharing)
     options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                # A dead agent's half-open TCP connection is noticed within a minute.
@@ -685,7 +729,7 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
                ("grpc.keepalive_permit_without_calls", 1)]
     # A thread for every admitted call, so a call is refused (RESOURCE_EXHAUSTED) rather than left queued.
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_streams, thread_name_prefix="rpc"),
-                         interceptors=[TokenInterceptor(tokens)] if tokens else [], options=options,
+                         interceptors=[TokenInterceptor(tokens, CallBudget(settings))] if tokens else [], options=options,
                          maximum_concurrent_rpcs=max_streams)
     agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(farm), server)
     farm_pb2_grpc.add_FarmServiceServicer_to_server(FarmServicer(farm), server)

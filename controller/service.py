@@ -69,6 +69,41 @@ def fit_row(cal: Any, **labels: Any) -> dict[str, Any]:
                          "loo_within_10": v.loo_within_10} for k, v in cal.fits.items()}}
 
 
+# --- who may see and change a job (issue 18, N11) ------------------------------------------------
+JOB_SHARING = ("shared", "team")  # the lab's setting: may every client read every job, or only its team's
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who asks: a client token's id and team. `owner` None is an admin, embedded mode or a lab without tokens."""
+
+    owner: str | None = None
+    team: str | None = None
+
+    @property
+    def sees_all(self) -> bool:
+        return self.owner is None
+
+    def owns(self, job: dict[str, Any]) -> bool:
+        """May cancel it: its own token's job or its team's (never shared); the lab's own jobs are the admins'."""
+        if self.sees_all:
+            return True
+        if job.get("submitted_by") is None:
+            return False
+        return job["submitted_by"] == self.owner or (self.team is not None and job.get("team") == self.team)
+
+    def may_read(self, job: dict[str, Any], sharing: str) -> bool:
+        """Reading: everything in a `shared` lab; in a `team` lab, its own, its team's and the lab's own jobs."""
+        return sharing == "shared" or job.get("submitted_by") is None or self.owns(job)
+
+    def visible(self, sharing: str) -> tuple[str, str | None] | None:
+        """The store's job_list filter for this viewer (None: every job)."""
+        return None if sharing == "shared" or self.owner is None else (self.owner, self.team)
+
+
+EVERYONE = Viewer()
+
+
 def _need_job(store: Store, job: int) -> None:
     if store.job(job) is None:
         raise ServiceError(f"no job {job} in this farm; `farm jobs` lists them")
