@@ -48,7 +48,7 @@ from farm.controller.service import ServiceError
 from farm.controller.scheduling.store import Store
 from farm.controller.scheduling.submission import load_submitted_job
 from farm.proto import strict_json
-from farm.proto.escape import printable
+from farm.proto.escape import bounded_message, printable
 from farm.proto.names import SHA256_HEX, valid_agent_name
 from farm.proto.script_archive import MAX_SCRIPT_ARCHIVE_BYTES
 from farm.proto.spec import Priority, ScriptWorkload
@@ -290,7 +290,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         try:
             session, released = self.server.open_session(hello, context.peer())
         except DeviceTaken as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, bounded_message(str(e)))
         log.info("agent %s connected from %s (farm %s, host %s, %d device(s))", hello.agent_name, context.peer(),
                  printable(hello.farm_version), printable(hello.hostname), len(hello.devices))
         reader = threading.Thread(target=self._read, args=(session, request_iterator), name=f"agent-{session.name}", daemon=True)
@@ -409,7 +409,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
             job = load_submitted_job(request, self.server.files, self.server.device_targets(),
                                      max_tasks=self.server.max_tasks)
         except JobFileError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded_message(str(e)))
         identity = identity_of(context, self.server.tokens)
         if isinstance(job.spec.workload, ScriptWorkload) and self.server.scripts_need_permission \
                 and not identity.may_run_scripts:
@@ -463,7 +463,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         try:
             store.receive(first.sha256, first.size, first.name, chunks(), max_bytes=limit)
         except ArtifactError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded_message(str(e)))
         finally:
             idle.done(context)
         log.info("artifact %s stored (%d bytes)", first.sha256[:12], first.size)
@@ -537,7 +537,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         except LookupError as e:
             context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         except ValueError as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, bounded_message(str(e)))
         return farm_pb2.ForgetDeviceResponse(name=request.name, agent=owner)
 
     # --- what a user can ask beyond jobs: answered by controller/service.py, as embedded mode does ----
@@ -545,7 +545,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         try:
             return function(*args, **kwargs)
         except ServiceError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded_message(str(e)))
 
     def _document(self, context: grpc.ServicerContext, function: Any, *args: Any, **kwargs: Any) -> farm_pb2.DocumentResponse:
         return farm_pb2.DocumentResponse(document_json=strict_json.dumps(self._answer(context, function, *args, **kwargs)))
@@ -634,7 +634,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
             job_id = submit_reference_suite(self.server.store, devices, self.server.refresh_suite, priority="low",
                                             artifacts=self.server.files.store)
         except (JobFileError, SuiteError) as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, bounded_message(str(e)))
         if self.server.nightly is not None:  # the client's FinishRefresh checks this one, not the nightly as well
             self.server.nightly.checked.add(job_id)
         self.server.wake(queue_changed=True)
