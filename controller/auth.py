@@ -113,6 +113,10 @@ class TokenTable:
             raise TokenFileError(f"{path}: no tokens; add lines like `client <token>` and `agent <token> <agent-name>`")
         return cls(tokens)
 
+    def pinned_names(self) -> frozenset[str]:
+        """Agent names some token is pinned to: no other agent token may connect under them."""
+        return frozenset(i.agent_name for i in self._tokens.values() if i.role == "agent" and i.agent_name)
+
     def by_line(self, line: int) -> Identity | None:
         """The identity on this line of the tokens file (a dashboard session remembers the line, never the token)."""
         return next((i for i in self._tokens.values() if i.line == line), None)

@@ -329,6 +329,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             context.abort(grpc.StatusCode.PERMISSION_DENIED,
                           f"this agent token belongs to agent {identity.agent_name!r}; it cannot connect as "
                           f"{hello.agent_name!r}. Start the agent with --name {identity.agent_name} or use its own token.")
+        if identity.role == "agent" and not identity.agent_name and self.server.tokens is not None \
+                and hello.agent_name in self.server.tokens.pinned_names():
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"agent name {hello.agent_name!r} belongs to a token pinned to it in the tokens file; this "
+                          "agent token is not that one. Give this agent another --name, or use its own token.")
         if len(hello.devices) > MAX_DEVICES_PER_AGENT:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"agent {hello.agent_name!r} registers {len(hello.devices)} "
                           f"devices; one agent may register at most {MAX_DEVICES_PER_AGENT}")
