@@ -125,8 +125,8 @@ def _models_root(text: str) -> Path:
 
 
 def _budget(args: argparse.Namespace) -> Any:
-    """Per-caller budgets from the command line (controller/budgets.py has the rest of the defaults)."""
-    from farm.controller.budgets import BudgetSettings
+    """Per-caller budgets from the command line (controller/auth.py has the rest of the defaults)."""
+    from farm.controller.auth import BudgetSettings
 
     settings = BudgetSettings()
     for name, value in (("--max-calls-per-token", args.max_calls_per_token), ("--upload-idle-timeout", args.upload_idle_timeout)):

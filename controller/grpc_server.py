@@ -30,9 +30,9 @@ from grpc_reflection.v1alpha import reflection
 
 from farm import __version__
 from farm.controller.scheduling.artifacts import ArtifactError, ArtifactStore, ControllerFiles, ModelRoots
-from farm.controller.budgets import BudgetSettings, CallBudget, IdleUploads
 from farm.controller.auth import (
-    Identity, TlsFiles, TokenInterceptor, TokenTable, check_server_certificate, identity_of, is_loopback,
+    BudgetSettings, CallBudget, Identity, IdleUploads, TlsFiles, TokenInterceptor, TokenTable, check_server_certificate,
+    identity_of, is_loopback,
     server_credentials,
 )
 from farm.proto.device_types import load_device_types
@@ -461,7 +461,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         def chunks() -> Iterator[bytes]:
             yield first.data
             for message in request_iterator:
-                idle.touch(context)  # a stream that stops sending is cut (budgets.IdleUploads)
+                idle.touch(context)  # a stream that stops sending is cut (auth.IdleUploads)
                 yield message.data
 
         idle.touch(context)
@@ -714,7 +714,7 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
     With metrics_listen (HOST:PORT), Prometheus metrics are served at http://HOST:PORT/metrics too.
     max_streams caps the calls open at once (each holds a thread); reflection is served only when asked
     for, and then only to callers with a token when tokens are on. `budget` shares max_streams out per
-    caller (controller/budgets.py); its own max_streams is replaced by this one.
+    caller (controller/auth.py); its own max_streams is replaced by this one.
     """
     settings = replace(budget or BudgetSettings(), max_streams=max_streams)
     if tls:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import yaml
 
+from farm.controller.scheduling.artifacts import GC_GRACE_S
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import JobFileError, ResolvedJob, load_job_text
 from farm.controller.scheduling.store import Store
@@ -102,6 +103,16 @@ class Viewer:
 
 
 EVERYONE = Viewer()
+
+
+# --- artifacts no job names (`farm artifacts gc`, and the nightly) --------------------------------
+def collect_artifacts(store: Store, artifacts: Any, *, grace_s: float = GC_GRACE_S,
+                      dry_run: bool = False) -> dict[str, Any]:
+    """Remove the artifact store's files no job names; artifacts is a scheduling.artifacts.ArtifactStore."""
+    check_finite("grace", grace_s, 0, 3650 * 86400.0)
+    removed = artifacts.collect(store.referenced_artifacts(), grace_s, dry_run=dry_run)
+    return {"removed": [name for name, _ in removed], "files": len(removed), "bytes": sum(size for _, size in removed),
+            "dry_run": dry_run, "store": str(artifacts.root)}
 
 
 def _need_job(store: Store, job: int) -> None:

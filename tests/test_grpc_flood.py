@@ -127,7 +127,7 @@ def test_one_token_flooding_stalled_uploads_starves_no_other_caller(lab: Cluster
 
 def test_budgets_count_per_token_per_address_and_keep_a_share_for_agents() -> None:
     from farm.controller.auth import Identity
-    from farm.controller.budgets import BudgetSettings, CallBudget
+    from farm.controller.auth import BudgetSettings, CallBudget
 
     budget = CallBudget(BudgetSettings(max_streams=10, calls_per_token=3, calls_per_address=4, burst_per_token=1000,
                                        burst_per_address=1000))

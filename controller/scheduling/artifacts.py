@@ -14,6 +14,7 @@ import io
 import os
 import stat
 import tarfile
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from farm.proto.script_archive import MAX_ENTRIES
 
 DEFAULT_MAX_MODEL_BYTES = 2 << 30
 COPY_CHUNK_BYTES = 1 << 20
+GC_GRACE_S = 24 * 3600.0  # gc keeps a file younger than this: an upload may still be waiting for its submit
 
 
 class ArtifactError(ValueError):
@@ -52,7 +54,39 @@ class ArtifactStore:
         return None
 
     def missing(self, hashes: Iterable[str]) -> list[str]:
-        return [h for h in dict.fromkeys(hashes) if self.path(h) is None]
+        """The hashes not stored; the stored ones are touched, so gc leaves a file a client was just told is here."""
+        absent = []
+        for h in dict.fromkeys(hashes):
+            stored = self.path(h)
+            if stored is None:
+                absent.append(h)
+            else:
+                try:
+                    os.utime(stored)
+                except OSError:
+                    pass
+        return absent
+
+    def collect(self, keep: set[str], grace_s: float, *, dry_run: bool = False,
+                now: float | None = None) -> list[tuple[str, int]]:
+        """Remove stored files no job names (`keep`) and unchanged for grace_s (an upload waiting for its
+        submit is young), and abandoned partial uploads; returns (name, bytes) of each removed."""
+        now = time.time() if now is None else now
+        removed = []
+        for entry in sorted(self.root.iterdir()):
+            try:
+                info = entry.lstat()
+            except OSError:
+                continue
+            if not stat.S_ISREG(info.st_mode) or now - info.st_mtime < grace_s:
+                continue
+            partial = entry.name.startswith(".upload-")
+            if not partial and (not SHA256_HEX.match(entry.name[:64]) or entry.name[:64] in keep):
+                continue
+            if not dry_run:
+                entry.unlink(missing_ok=True)
+            removed.append((entry.name, info.st_size))
+        return removed
 
     def receive(self, sha256: str, size: int, name: str, chunks: Iterable[bytes], *, max_bytes: int | None = None) -> Path:
         """Store an upload; raises ArtifactError when it is too big or its bytes do not hash to sha256."""

@@ -529,6 +529,13 @@ class Store:
             j["counts"] = by_job.get(j["id"], {})
         return jobs
 
+    def referenced_artifacts(self) -> set[str]:
+        """The sha256 of every model and packed script folder some job's task names (what gc must keep)."""
+        rows = self.query("SELECT DISTINCT model_sha256 AS sha FROM tasks WHERE model_sha256 IS NOT NULL "
+                          "UNION SELECT DISTINCT json_extract(spec_json, '$.script_archive') FROM tasks "
+                          "WHERE json_extract(spec_json, '$.script_archive') IS NOT NULL")
+        return {r["sha"] for r in rows}
+
     def dashboard_job_count(self, visible_to: tuple[str, str | None] | None = None) -> int:
         where, params = _visible_jobs(visible_to, "")
         return self.query(f"SELECT COUNT(*) AS n FROM jobs {where}", params)[0]["n"]
