@@ -129,7 +129,8 @@ def _budget(args: argparse.Namespace) -> Any:
     from farm.controller.auth import BudgetSettings
 
     settings = BudgetSettings()
-    for name, value in (("--max-calls-per-token", args.max_calls_per_token), ("--upload-idle-timeout", args.upload_idle_timeout)):
+    for name, value in (("--max-calls-per-token", args.max_calls_per_token), ("--upload-idle-timeout", args.upload_idle_timeout),
+                        ("--upload-quota", args.upload_quota and min(args.upload_quota, 1))):
         if value is not None and not (0 < value < 1e9):
             raise RemoteError(f"{name} must be a positive number, not {value}")
     return replace(settings, calls_per_token=args.max_calls_per_token or settings.calls_per_token,
@@ -138,7 +139,7 @@ def _budget(args: argparse.Namespace) -> Any:
 
 def cmd_controller_serve(args: argparse.Namespace) -> int:
     from farm.controller.auth import TlsFiles, TokenFileError, TokenTable, check_tokens_file, is_loopback
-    from farm.controller.grpc_server import DEFAULT_MAX_STREAMS, DEFAULT_MAX_WATCHES, serve
+    from farm.controller.grpc_server import DEFAULT_MAX_STREAMS, DEFAULT_MAX_WATCHES, DEFAULT_UPLOAD_QUOTA, serve
     from farm.controller.operations.metrics import MetricsListenError
     from farm.controller.scheduling.store import Store, StoreError, default_db_path
 
@@ -166,7 +167,8 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
                         refresh_suite=Path(args.refresh_suite) if args.refresh_suite else None,
                         models_roots=[_models_root(r) for r in args.models_root or []],
                         max_model_bytes=args.max_model_bytes, scripts_need_permission=args.scripts_need_permission,
-                        budget=_budget(args), job_sharing=args.job_sharing)
+                        budget=_budget(args), job_sharing=args.job_sharing,
+                        upload_quota=args.upload_quota if args.upload_quota is not None else DEFAULT_UPLOAD_QUOTA)
     except (TokenFileError, StoreError) as e:
         raise RemoteError(str(e)) from None
     except ValueError as e:  # a --metrics-listen that is not HOST:PORT
@@ -357,6 +359,9 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
                         "half of --max-streams, the rest is kept for agents and admins")
     s.add_argument("--upload-idle-timeout", type=float, default=None, metavar="SECONDS",
                    help="cut an upload that sends nothing for this long (default 60)")
+    s.add_argument("--upload-quota", type=int, default=None, metavar="BYTES",
+                   help="bytes one client token's uploads may hold in the artifact store until `farm artifacts gc` "
+                        "removes what no job names (default 20 GiB)")
     s.add_argument("--job-sharing", choices=["shared", "team"], default="shared",
                    help="who may read a client's jobs and results: every client (shared, the default) or only its own "
                         "token and team (`team=NAME` in the tokens file); cancelling is never shared, admins see all")

@@ -70,6 +70,7 @@ AGENT_SERVICE = "farm.v1.AgentService"
 # each) and a watcher apiece, plus room for the short calls. Threads start only when used.
 DEFAULT_MAX_STREAMS = 2500
 DEFAULT_MAX_WATCHES = 64  # WatchJob streams per caller (token, or peer host without tokens)
+DEFAULT_UPLOAD_QUOTA = 20 << 30  # bytes one client token's uploads may hold in the store (--upload-quota)
 MAX_DEVICES_PER_AGENT = 10_000
 MAX_OPEN_REQUESTS = MAX_DEVICES_PER_AGENT + 256  # idle slots one agent may have waiting: a slot per device, plus sim slots
 MAX_CANCELS_PER_HEARTBEAT = 64  # answers to refs that are not the session's own: bounded, so a forged list amplifies nothing
@@ -89,11 +90,12 @@ class FarmServer:
                  tokens: TokenTable | None = None, max_watches: int = DEFAULT_MAX_WATCHES,
                  files: ControllerFiles | None = None, scripts_need_permission: bool = False,
                  result_batch: int = RESULT_BATCH, upload_idle_s: float = BudgetSettings.upload_idle_s,
-                 job_sharing: str = "shared") -> None:
+                 job_sharing: str = "shared", upload_quota: int | None = DEFAULT_UPLOAD_QUOTA) -> None:
         self.store = store
         self.files = files or controller_files(store)
         self.scripts_need_permission = scripts_need_permission
         self.job_sharing = job_sharing  # may clients read other teams' jobs (service.Viewer); cancel never
+        self.upload_quota = upload_quota  # bytes one client token's stored uploads may hold (None: no quota)
         self.refresh_suite: Path | None = None  # the reference suite `farm refresh` submits (None: farm's own)
         self.nightly: Any = None  # controller.nightly.NightlyRefresh with --refresh-cron: it leaves clients' refreshes alone
         self.controller = Controller(store, lease_ttl_s=lease_ttl_s)
@@ -455,6 +457,15 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         if store.path(first.sha256) is not None:  # content-addressed: already here, nothing more to read
             return farm_pb2.UploadArtifactResponse(sha256=first.sha256, size=first.size, already_stored=True)
         limit = MAX_SCRIPT_ARCHIVE_BYTES if first.name.endswith(".tar") else store.max_bytes
+        identity = identity_of(context, self.server.tokens)
+        owner = identity.owner if self.server.tokens is not None and identity.role == "client" else None
+        if owner is not None and self.server.upload_quota is not None:
+            used = self.server.store.upload_usage(owner)
+            if used + max(0, first.size) > self.server.upload_quota:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"this token's uploads hold {used:,} bytes of its {self.server.upload_quota:,} byte quota, "
+                              f"and this one is {first.size:,} more; the controller's operator frees what no job names "
+                              "with `farm artifacts gc`, or raises --upload-quota")
 
         idle = self.server.idle_uploads
 
@@ -471,6 +482,8 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded_message(str(e)))
         finally:
             idle.done(context)
+        if owner is not None:
+            self.server.store.record_upload(first.sha256, owner, first.size, time.time())
         log.info("artifact %s stored (%d bytes)", first.sha256[:12], first.size)
         return farm_pb2.UploadArtifactResponse(sha256=first.sha256, size=first.size)
 
@@ -708,7 +721,8 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
           metrics_listen: str | None = None, refresh_cron: str | None = None,
           refresh_suite: Path | None = None, models_roots: list[Path] | None = None,
           max_model_bytes: int | None = None, scripts_need_permission: bool = False,
-          budget: BudgetSettings | None = None, job_sharing: str = "shared") -> RunningServer:
+          budget: BudgetSettings | None = None, job_sharing: str = "shared",
+          upload_quota: int | None = DEFAULT_UPLOAD_QUOTA) -> RunningServer:
     """Start the controller's gRPC server (not blocking); the port is the bound one (for :0).
 
     With metrics_listen (HOST:PORT), Prometheus metrics are served at http://HOST:PORT/metrics too.
@@ -725,7 +739,7 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
     files = controller_files(store, models_roots=models_roots, max_model_bytes=max_model_bytes)
     farm = FarmServer(store, lease_ttl_s=lease_ttl_s, heartbeat_interval_s=heartbeat_interval_s, tokens=tokens,
                       max_watches=max_watches, files=files, scripts_need_permission=scripts_need_permission,
-                      upload_idle_s=settings.upload_idle_s, job_sharing=job_sharing)
+                      upload_idle_s=settings.upload_idle_s, job_sharing=job_sharing, upload_quota=upload_quota)
     options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                # A dead agent's half-open TCP connection is noticed within a minute.

@@ -111,6 +111,8 @@ def collect_artifacts(store: Store, artifacts: Any, *, grace_s: float = GC_GRACE
     """Remove the artifact store's files no job names; artifacts is a scheduling.artifacts.ArtifactStore."""
     check_finite("grace", grace_s, 0, 3650 * 86400.0)
     removed = artifacts.collect(store.referenced_artifacts(), grace_s, dry_run=dry_run)
+    if not dry_run:  # what is gone no longer counts against its uploader's quota
+        store.forget_uploads([name[:64] for name, _ in removed if not name.startswith(".")])
     return {"removed": [name for name, _ in removed], "files": len(removed), "bytes": sum(size for _, size in removed),
             "dry_run": dry_run, "store": str(artifacts.root)}
 

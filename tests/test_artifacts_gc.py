@@ -78,3 +78,38 @@ def test_gc_removes_only_what_no_job_names(tmp_path: Path, tiny_models) -> None:
             assert refused.returncode != 0 and "--grace-hours" in refused.stderr
     finally:
         cluster.stop_all()
+
+
+def _upload(cluster: Cluster, token: str, data: bytes) -> grpc.StatusCode:
+    with grpc.insecure_channel(cluster.address) as channel:
+        try:
+            farm_pb2_grpc.FarmServiceStub(channel).UploadArtifact(iter([farm_pb2.ArtifactUpload(
+                sha256=hashlib.sha256(data).hexdigest(), size=len(data), name="m.onnx", data=data)]),
+                metadata=_bearer(token), timeout=30)
+            return grpc.StatusCode.OK
+        except grpc.RpcError as e:
+            assert "quota" in (e.details() or "") and "farm artifacts gc" in (e.details() or "")
+            return e.code()
+
+
+def test_an_upload_quota_per_token_is_freed_by_gc(tmp_path: Path) -> None:
+    other = "client-gc-other-0123456789abcdef"
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"client {CLIENT}\nclient {other}\n")
+    tokens.chmod(0o600)
+    cluster = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_CONFIG": str(tmp_path / "none")})
+    try:
+        cluster.start_controller("--tokens", str(tokens), "--upload-quota", "100")
+        assert _upload(cluster, CLIENT, b"a" * 60) == grpc.StatusCode.OK
+        assert _upload(cluster, CLIENT, b"b" * 60) == grpc.StatusCode.RESOURCE_EXHAUSTED  # 120 > 100
+        assert _upload(cluster, CLIENT, b"a" * 60) == grpc.StatusCode.OK  # already stored: no new bytes, nothing counted
+        assert _upload(cluster, other, b"c" * 60) == grpc.StatusCode.OK  # another token's quota is its own
+        assert len(list((tmp_path / "controller-artifacts").iterdir())) == 2  # the refused one was not stored
+        gc = cluster.farm("artifacts", "gc", "--db", str(tmp_path / "controller.db"), "--grace-hours", "0", "--json")
+        assert gc.returncode == 0 and json.loads(gc.stdout)["files"] == 2, gc.stdout + gc.stderr
+        assert _upload(cluster, CLIENT, b"b" * 60) == grpc.StatusCode.OK  # freed
+        bad = cluster.farm("controller", "serve", "--listen", "127.0.0.1:0", "--db", str(tmp_path / "x.db"), "--tokens",
+                           str(tokens), "--upload-quota", "-5", timeout=60)
+        assert bad.returncode != 0 and "--upload-quota" in bad.stderr
+    finally:
+        cluster.stop_all()

@@ -120,6 +120,7 @@ class NightlyRefresh:
         log.info("nightly refresh: reference suite submitted as job %d for %d device(s)", job_id, len(devices))
         if self.artifacts is not None:  # the nightly also collects what no job names any more (`farm artifacts gc`)
             removed = self.artifacts.collect(self.store.referenced_artifacts(), GC_GRACE_S)
+            self.store.forget_uploads([name[:64] for name, _ in removed if not name.startswith(".")])
             log.info("nightly: %d artifact(s) no job names removed (%d bytes)", len(removed), sum(n for _, n in removed))
         return job_id
 

@@ -179,6 +179,13 @@ def _migration_12(db: sqlite_utils.Database) -> None:
     db.table("jobs").add_column("team", str)
 
 
+def _migration_13(db: sqlite_utils.Database) -> None:
+    # Who uploaded which artifact (issue 18, N13): a client token's uploads count against its quota until
+    # `farm artifacts gc` removes them.
+    db.table("artifact_uploads").create({"sha256": str, "owner": str, "size": int, "at": float}, pk=("sha256", "owner"))
+    db.table("artifact_uploads").create_index(["owner"])
+
+
 def _visible_jobs(visible_to: tuple[str, str | None] | None, alias: str) -> tuple[str, list[Any]]:
     """The WHERE clause of service.Viewer.may_read in a `team` lab: the lab's own jobs, the token's, its team's."""
     if visible_to is None:
@@ -190,7 +197,7 @@ def _visible_jobs(visible_to: tuple[str, str | None] | None, alias: str) -> tupl
 
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6, _migration_7, _migration_8,
-    _migration_9, _migration_10, _migration_11, _migration_12]
+    _migration_9, _migration_10, _migration_11, _migration_12, _migration_13]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -528,6 +535,19 @@ class Store:
         for j in jobs:
             j["counts"] = by_job.get(j["id"], {})
         return jobs
+
+    def record_upload(self, sha256: str, owner: str, size: int, at: float) -> None:
+        with self.transaction():
+            self.db.execute("INSERT OR IGNORE INTO artifact_uploads (sha256, owner, size, at) VALUES (?, ?, ?, ?)",
+                            [sha256, owner, size, at])
+
+    def upload_usage(self, owner: str) -> int:
+        """Bytes of the artifacts this token uploaded that are still stored."""
+        return self.query("SELECT COALESCE(SUM(size), 0) AS n FROM artifact_uploads WHERE owner = ?", [owner])[0]["n"]
+
+    def forget_uploads(self, hashes: list[str]) -> None:
+        with self.transaction():
+            self.db.conn.executemany("DELETE FROM artifact_uploads WHERE sha256 = ?", [[h] for h in hashes])
 
     def referenced_artifacts(self) -> set[str]:
         """The sha256 of every model and packed script folder some job's task names (what gc must keep)."""
