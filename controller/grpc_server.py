@@ -513,10 +513,10 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
     def CancelJob(self, request: farm_pb2.JobRequest, context: grpc.ServicerContext) -> farm_pb2.CancelJobResponse:
         job = self._job(request.job_id, context)
         if not self._viewer(context).owns(job):  # reading may be shared; cancelling never is
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"job {request.job_id} belongs to another token{' (team ' + job['team'] + ')' if job['team'] else ''}"
-                          f"{'' if job['submitted_by'] else ' (the lab: an admin submitted it)'}; only its owner, its "
-                          "owner's team or an admin may cancel it")
+            whose = (f"belongs to another token{' (team ' + job['team'] + ')' if job['team'] else ''}; only its owner, "
+                     "its owner's team or an admin may cancel it") if job["submitted_by"] else (
+                "is the lab's own (an admin's, the nightly's, or from before jobs had owners); only an admin may cancel it")
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"job {request.job_id} {whose}")
         return farm_pb2.CancelJobResponse(job_id=request.job_id, canceled_tasks=self.server.cancel_job(request.job_id))
 
     def ListJobs(self, request: farm_pb2.ListJobsRequest, context: grpc.ServicerContext) -> farm_pb2.ListJobsResponse:

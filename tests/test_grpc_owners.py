@@ -143,6 +143,11 @@ def test_in_a_shared_lab_others_read_but_only_the_team_or_an_admin_cancels(tmp_p
         assert _web(web, f"/jobs/{vision}", SPEECH)[0] == 200  # read: shared
         assert _web(web, f"/jobs/{vision}/cancel", SPEECH, post=True)[0] == 403  # cancel: never
         assert _call(cluster, "GetJob", VISION, job).status == "queued"  # nothing changed
+        lab_job = _submit(cluster, ADMIN)  # an admin's job is the lab's own: read by all, cancelled by admins only
+        assert _call(cluster, "GetJob", SPEECH, farm_pb2.JobRequest(job_id=lab_job)).id == lab_job
+        with pytest.raises(grpc.RpcError) as lab_refused:
+            _call(cluster, "CancelJob", SPEECH, farm_pb2.JobRequest(job_id=lab_job))
+        assert "the lab's own" in lab_refused.value.details()
         assert _call(cluster, "CancelJob", ADMIN, farm_pb2.JobRequest(job_id=speech)).job_id == speech
         assert _call(cluster, "GetJob", SPEECH, farm_pb2.JobRequest(job_id=speech)).status == "canceled"
     finally:
