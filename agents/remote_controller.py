@@ -44,10 +44,12 @@ CAPABILITIES = ("sim", "artifacts-sha256", "drain")
 MAX_MESSAGE_BYTES = 16 << 20
 MAX_ARTIFACT_BYTES = 4 << 30
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.25, 10.0
+# A session taken over by another connection under this name: retried, slowly (a second live process with
+# the same --name would otherwise take it back and forth), and said each time.
+TAKEN_BACKOFF_FIRST_S, TAKEN_BACKOFF_MAX_S = 5.0, 300.0
 # These refusals will not go away by retrying: the agent stops and says why.
 FATAL_CODES = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
-               grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT,
-               grpc.StatusCode.ABORTED}  # ABORTED: another live process took over this agent's name
+               grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT}
 
 
 class ControllerRefused(Exception):
@@ -244,7 +246,7 @@ class RemoteController:
         return agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(running=running))
 
     def _connection_loop(self) -> None:
-        backoff = BACKOFF_FIRST_S
+        backoff, taken = BACKOFF_FIRST_S, TAKEN_BACKOFF_FIRST_S
         while not self._closed.is_set():
             try:
                 self._one_connection()
@@ -257,6 +259,13 @@ class RemoteController:
                         request.answered.set()
                 return
             except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.ABORTED and not self._closed.is_set():
+                    log.warning("the controller at %s ended this agent's session: %s; connecting again in %.0f s",
+                                self.address, printable(e.details(), limit=500), taken)
+                    self._closed.wait(taken)
+                    taken = min(taken * 2, TAKEN_BACKOFF_MAX_S)
+                    self.reconnects += 1
+                    continue
                 if not self._closed.is_set():
                     log.warning("controller %s unreachable (%s: %s); reconnecting in about %.1f s",
                                 self.address, e.code().name, e.details(), backoff)

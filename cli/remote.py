@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -123,9 +124,22 @@ def _models_root(text: str) -> Path:
     return root
 
 
+def _budget(args: argparse.Namespace) -> Any:
+    """Per-caller budgets from the command line (controller/auth.py has the rest of the defaults)."""
+    from farm.controller.auth import BudgetSettings
+
+    settings = BudgetSettings()
+    for name, value in (("--max-calls-per-token", args.max_calls_per_token), ("--upload-idle-timeout", args.upload_idle_timeout),
+                        ("--upload-quota", args.upload_quota and min(args.upload_quota, 1))):
+        if value is not None and not (0 < value < 1e9):
+            raise RemoteError(f"{name} must be a positive number, not {value}")
+    return replace(settings, calls_per_token=args.max_calls_per_token or settings.calls_per_token,
+                   upload_idle_s=args.upload_idle_timeout or settings.upload_idle_s)
+
+
 def cmd_controller_serve(args: argparse.Namespace) -> int:
     from farm.controller.auth import TlsFiles, TokenFileError, TokenTable, check_tokens_file, is_loopback
-    from farm.controller.grpc_server import DEFAULT_MAX_STREAMS, DEFAULT_MAX_WATCHES, serve
+    from farm.controller.grpc_server import DEFAULT_MAX_STREAMS, DEFAULT_MAX_WATCHES, DEFAULT_UPLOAD_QUOTA, serve
     from farm.controller.operations.metrics import MetricsListenError
     from farm.controller.scheduling.store import Store, StoreError, default_db_path
 
@@ -152,7 +166,9 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
                         refresh_cron=args.refresh_cron,
                         refresh_suite=Path(args.refresh_suite) if args.refresh_suite else None,
                         models_roots=[_models_root(r) for r in args.models_root or []],
-                        max_model_bytes=args.max_model_bytes, scripts_need_permission=args.scripts_need_permission)
+                        max_model_bytes=args.max_model_bytes, scripts_need_permission=args.scripts_need_permission,
+                        budget=_budget(args), job_sharing=args.job_sharing,
+                        upload_quota=args.upload_quota if args.upload_quota is not None else DEFAULT_UPLOAD_QUOTA)
     except (TokenFileError, StoreError) as e:
         raise RemoteError(str(e)) from None
     except ValueError as e:  # a --metrics-listen that is not HOST:PORT
@@ -214,7 +230,8 @@ def _start_web(args: argparse.Namespace, store: Any, running: Any, tokens: Any, 
     operator = Operator(running.farm.cancel_job, lambda device, reason, health: running.farm.controller.quarantine(
         device, reason, health=health), release)
     try:
-        return start_dashboard(store, args.web_listen, operator, tokens=tokens, tls=tls)
+        return start_dashboard(store, args.web_listen, operator, tokens=tokens, tls=tls,
+                               job_sharing=running.farm.job_sharing)
     except WebListenError as e:
         running.stop()
         raise RemoteError(str(e), EXIT_ENVIRONMENT) from None
@@ -339,6 +356,17 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
                         "(default 2500: 1,000 agents and their watchers)")
     s.add_argument("--max-watches", type=int, default=None,
                    help="WatchJob streams one token (or host, without tokens) may hold open (default 64)")
+    s.add_argument("--max-calls-per-token", type=int, default=None,
+                   help="calls one client token may hold open at once (default 64); all clients together hold at most "
+                        "half of --max-streams, the rest is kept for agents and admins")
+    s.add_argument("--upload-idle-timeout", type=float, default=None, metavar="SECONDS",
+                   help="cut an upload that sends nothing for this long (default 60)")
+    s.add_argument("--upload-quota", type=int, default=None, metavar="BYTES",
+                   help="bytes one client token's uploads may hold in the artifact store until `farm artifacts gc` "
+                        "removes what no job names (default 20 GiB)")
+    s.add_argument("--job-sharing", choices=["shared", "team"], default="shared",
+                   help="who may read a client's jobs and results: every client (shared, the default) or only its own "
+                        "token and team (`team=NAME` in the tokens file); cancelling is never shared, admins see all")
     s.add_argument("--reflection", action="store_true",
                    help="serve gRPC reflection (for grpcurl); callers need a token when tokens are on")
     s.add_argument("--models-root", action="append", metavar="DIR",

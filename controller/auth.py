@@ -1,11 +1,12 @@
 """Who may call what: bearer tokens with roles, checked by a server interceptor; TLS credentials.
 
-The tokens file has one token a line: `ROLE TOKEN [AGENT_NAME]`, `#` for comments. Roles:
+The tokens file has one token a line: `ROLE TOKEN [AGENT_NAME] [team=TEAM]`, `#` for comments. Roles:
 `agent` (the agent stream and artifact downloads), `client` (jobs, results, listings) and
 `admin` (both, plus the operator's calls such as freeing a device name). `client+script` is a
 client that may also submit script workloads (which run its own code on the agents) on a
 controller started with --scripts-need-permission. An agent token with a name may only connect
-as that agent, so one rack host cannot take over another's session.
+as that agent, so one rack host cannot take over another's session. A client's jobs belong to its
+token and, with `team=TEAM`, to its team (controller/service.py: who may read and cancel them).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import hmac
 import ipaddress
 import logging
 import stat
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -61,6 +64,8 @@ class Identity:
     agent_name: str | None = None  # pinned agent name, when the tokens file gives one
     line: int = 0  # its line in the tokens file: tells two tokens of one role apart (limits, logs)
     permissions: frozenset[str] = frozenset()  # e.g. {"script"}: may submit script workloads
+    owner: str | None = None  # a stable id of the token (a hash prefix, never the token): whose jobs are whose
+    team: str | None = None  # `team=NAME` in the tokens file: jobs shared with the team's other tokens
 
     @property
     def may_run_scripts(self) -> bool:
@@ -79,7 +84,8 @@ def parse_role(word: str) -> tuple[str, frozenset[str]] | None:
 class TokenTable:
     def __init__(self, tokens: dict[str, Identity]) -> None:
         # Digests of equal length, so the comparison takes the same time whatever was sent.
-        self._tokens = {_digest(token): identity for token, identity in tokens.items()}
+        self._tokens = {_digest(token): replace(identity, owner=identity.owner or _digest(token).hex()[:16])
+                        for token, identity in tokens.items()}
 
     @classmethod
     def from_file(cls, path: Path) -> "TokenTable":
@@ -93,15 +99,29 @@ class TokenTable:
             if not words:
                 continue
             role = parse_role(words[0])
-            if len(words) not in (2, 3) or role is None:
-                raise TokenFileError(f"{path}:{number}: expected `ROLE TOKEN [AGENT_NAME]` with ROLE one of "
+            teams = [w[len("team="):] for w in words[2:] if w.startswith("team=")]
+            rest = [w for w in words[2:] if not w.startswith("team=")]
+            if len(words) < 2 or len(rest) > 1 or len(teams) > 1 or role is None:
+                raise TokenFileError(f"{path}:{number}: expected `ROLE TOKEN [AGENT_NAME] [team=TEAM]` with ROLE one of "
                                      f"{', '.join(ROLES)}, optionally with +{' +'.join(PERMISSIONS)} (e.g. client+script)")
             if len(words[1]) < 16:
                 raise TokenFileError(f"{path}:{number}: a token must have at least 16 characters (e.g. `openssl rand -hex 24`)")
-            tokens[words[1]] = Identity(role[0], words[2] if len(words) == 3 else None, number, role[1])
+            if teams and not valid_agent_name(teams[0]):
+                raise TokenFileError(f"{path}:{number}: team {teams[0][:40]!r}: use letters, digits, '.', '_' and '-' "
+                                     "(at most 64)")
+            tokens[words[1]] = Identity(role[0], rest[0] if rest else None, number, role[1],
+                                        owner=_digest(words[1]).hex()[:16], team=teams[0] if teams else None)
         if not tokens:
             raise TokenFileError(f"{path}: no tokens; add lines like `client <token>` and `agent <token> <agent-name>`")
         return cls(tokens)
+
+    def pinned_names(self) -> frozenset[str]:
+        """Agent names some token is pinned to: no other agent token may connect under them."""
+        return frozenset(i.agent_name for i in self._tokens.values() if i.role == "agent" and i.agent_name)
+
+    def by_line(self, line: int) -> Identity | None:
+        """The identity on this line of the tokens file (a dashboard session remembers the line, never the token)."""
+        return next((i for i in self._tokens.values() if i.line == line), None)
 
     def lookup(self, token: str) -> Identity | None:
         sent, found = _digest(token), None
@@ -185,8 +205,11 @@ def _abort_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, messag
 
 
 class TokenInterceptor(grpc.ServerInterceptor):
-    def __init__(self, tokens: TokenTable) -> None:
+    """Refuses a call its token may not make; `budget` (CallBudget, below) then counts what it may."""
+
+    def __init__(self, tokens: TokenTable, budget: "CallBudget | None" = None) -> None:
         self.tokens = tokens
+        self.budget = budget
 
     def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(handler_call_details)
@@ -194,7 +217,12 @@ class TokenInterceptor(grpc.ServerInterceptor):
             return None
         refusal = check_access(handler_call_details.method, authorization(handler_call_details.invocation_metadata),
                                self.tokens)
-        return handler if refusal is None else _abort_handler(handler, *refusal)
+        if refusal is not None:
+            return _abort_handler(handler, *refusal)
+        if self.budget is None or handler_call_details.method in OPEN_METHODS:
+            return handler
+        identity = self.tokens.lookup(bearer_token(authorization(handler_call_details.invocation_metadata)) or "")
+        return self.budget.wrap(handler, identity, handler_call_details.method) if identity else handler
 
 
 def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
@@ -245,3 +273,196 @@ def check_server_certificate(tls: TlsFiles, now: dt.datetime | None = None) -> N
     if certificate.not_valid_before_utc > now:
         raise TokenFileError(f"the TLS certificate {tls.cert} is valid only from "
                              f"{certificate.not_valid_before_utc:%Y-%m-%d %H:%M} UTC; check this host's clock")
+
+
+# --- budgets: one token, or one address, never takes the whole controller (issue 18, N2) ---------------
+# grpc's own cap (`--max-streams`) counts every call open at once, whoever makes it: a single client token
+# that opens thousands of streams and stalls them would hold every slot, and agents and other clients would
+# get "resource exhausted". Each call is admitted, in its worker thread before the servicer runs, against
+# budgets of its caller: a client token's calls and uploads open at once (uploads x the 16 MiB message limit
+# bound its bytes in flight) and its call rate (a token bucket); an address's (every client token from one
+# host together) calls and rate; all clients together at most half of --max-streams, so agents and admins
+# always keep the other half; a pinned agent token's calls. Admins and unpinned agent tokens are bounded by
+# grpc's cap only; without tokens (`--no-auth`, loopback only) every caller is the operator.
+
+UPLOAD_METHOD = "/farm.v1.FarmService/UploadArtifact"
+
+
+@dataclass(frozen=True)
+class BudgetSettings:
+    max_streams: int = 2500  # grpc's cap on calls open at once (--max-streams)
+    calls_per_token: int = 64  # one client token's calls open at once (--max-calls-per-token)
+    calls_per_address: int = 256  # every client token from one address together
+    uploads_per_token: int = 8  # UploadArtifact streams of one client token: bytes in flight <= 8 x 16 MiB
+    rate_per_token: float = 200.0  # calls a second, sustained, of one client token ...
+    burst_per_token: int = 1000  # ... and how many it may make at once after a quiet spell
+    rate_per_address: float = 800.0
+    burst_per_address: int = 4000
+    calls_per_pinned_agent: int = 64  # one agent: its stream, downloads, a reconnect overlapping the old stream
+    upload_idle_s: float = 60.0  # an upload that sends nothing for this long is cut (--upload-idle-timeout)
+
+    @property
+    def client_pool(self) -> int:
+        """Calls all clients together may hold: the rest is the agents' and admins' reserved share."""
+        return max(1, self.max_streams // 2)
+
+
+@dataclass
+class _Bucket:
+    rate: float
+    burst: float
+    level: float
+    at: float
+
+    def take(self, now: float) -> bool:
+        self.level = min(self.burst, self.level + (now - self.at) * self.rate)
+        self.at = now
+        if self.level < 1.0:
+            return False
+        self.level -= 1.0
+        return True
+
+
+@dataclass
+class CallBudget:
+    settings: BudgetSettings = field(default_factory=BudgetSettings)
+    open_calls: dict[str, int] = field(default_factory=dict)  # by key: token:LINE, addr:HOST, uploads:LINE, clients
+    buckets: dict[str, _Bucket] = field(default_factory=dict)
+    refused: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def admit(self, identity: Identity, address: str, method: str) -> tuple[list[str], str | None]:
+        """The keys this call is counted under (release them when it ends), or a refusal a person can act on."""
+        s = self.settings
+        limits: list[tuple[str, int, str]] = []
+        if identity.role == "client":
+            limits = [(f"token:{identity.line}", s.calls_per_token,
+                       f"this token has {s.calls_per_token} calls open, the most one client token may "
+                       "(--max-calls-per-token)"),
+                      (f"addr:{address}", s.calls_per_address,
+                       f"client tokens from {address} have {s.calls_per_address} calls open, the most one address may"),
+                      ("clients", s.client_pool,
+                       f"clients hold {s.client_pool} calls, their share of this controller's --max-streams "
+                       "(the rest is kept for agents and admins)")]
+            if method == UPLOAD_METHOD:
+                limits.append((f"uploads:{identity.line}", s.uploads_per_token,
+                               f"this token has {s.uploads_per_token} uploads open, the most one client token may"))
+        elif identity.role == "agent" and identity.agent_name:
+            limits = [(f"agent:{identity.line}", s.calls_per_pinned_agent,
+                       f"agent {identity.agent_name} has {s.calls_per_pinned_agent} calls open, the most one agent may")]
+        with self.lock:
+            for key, limit, why in limits:
+                if self.open_calls.get(key, 0) >= limit:
+                    self.refused += 1
+                    return [], f"{method}: {why}. Wait for some to finish, or ask the operator for more."
+            if identity.role == "client":
+                now = time.monotonic()
+                token = self._bucket(f"rate:{identity.line}", s.rate_per_token, s.burst_per_token, now)
+                if not token.take(now):  # the token's own excess is never charged to its address
+                    self.refused += 1
+                    return [], (f"{method}: this token makes calls faster than the {s.rate_per_token:g} a second one "
+                                "client token may; slow down and try again")
+                if not self._bucket(f"rate:{address}", s.rate_per_address, s.burst_per_address, now).take(now):
+                    self.refused += 1
+                    return [], (f"{method}: client tokens from {address} make calls faster than the "
+                                f"{s.rate_per_address:g} a second one address may; slow down and try again")
+            keys = [key for key, _, _ in limits]
+            for key in keys:
+                self.open_calls[key] = self.open_calls.get(key, 0) + 1
+            return keys, None
+
+    def release(self, keys: list[str]) -> None:
+        with self.lock:
+            for key in keys:
+                self.open_calls[key] -= 1
+                if not self.open_calls[key]:
+                    del self.open_calls[key]
+
+    def _bucket(self, key: str, rate: float, burst: float, now: float) -> _Bucket:
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            if len(self.buckets) > 100_000:  # addresses are many: forget the full (idle) buckets
+                self.buckets = {k: b for k, b in self.buckets.items() if b.level + (now - b.at) * b.rate < b.burst}
+            bucket = self.buckets[key] = _Bucket(rate, burst, burst, now)
+        return bucket
+
+    def wrap(self, handler: grpc.RpcMethodHandler, identity: Identity, method: str) -> grpc.RpcMethodHandler:
+        """The same handler, admitted against the budgets when its call starts and released when it ends."""
+        behavior = (handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream)
+
+        def admitted(context: grpc.ServicerContext) -> Callable[[], None]:
+            keys, refusal = self.admit(identity, peer_address(context), method)
+            if refusal is not None:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+            once = threading.Lock()
+
+            def release() -> None:
+                if once.acquire(blocking=False):  # the callback and the finally: whichever comes first
+                    self.release(keys)
+
+            context.add_callback(release)
+            return release
+
+        if handler.response_streaming:
+            def streaming(request: Any, context: grpc.ServicerContext) -> Any:
+                release = admitted(context)
+                try:
+                    yield from behavior(request, context)
+                finally:
+                    release()
+            run: Callable[..., Any] = streaming
+        else:
+            def unary(request: Any, context: grpc.ServicerContext) -> Any:
+                release = admitted(context)
+                try:
+                    return behavior(request, context)
+                finally:
+                    release()
+            run = unary
+        kind = {(False, False): grpc.unary_unary_rpc_method_handler, (False, True): grpc.unary_stream_rpc_method_handler,
+                (True, False): grpc.stream_unary_rpc_method_handler, (True, True): grpc.stream_stream_rpc_method_handler}
+        return kind[(handler.request_streaming, handler.response_streaming)](
+            run, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+
+
+class IdleUploads:
+    """Uploads that stopped sending: each is cut after `idle_s` without a chunk, so a stalled one frees its slot."""
+
+    def __init__(self, idle_s: float) -> None:
+        self.idle_s = idle_s
+        self.open: dict[int, tuple[grpc.ServicerContext, float]] = {}
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.cut = 0
+        self.thread = threading.Thread(target=self._sweep, name="idle-uploads", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def touch(self, context: grpc.ServicerContext) -> None:
+        with self.lock:
+            self.open[id(context)] = (context, time.monotonic())
+
+    def done(self, context: grpc.ServicerContext) -> None:
+        with self.lock:
+            self.open.pop(id(context), None)
+
+    def _sweep(self) -> None:
+        while not self.stopped.wait(min(1.0, self.idle_s / 4)):
+            now = time.monotonic()
+            with self.lock:
+                idle = [c for c, last in self.open.values() if now - last > self.idle_s]
+                for context in idle:
+                    self.open.pop(id(context), None)
+            for context in idle:
+                self.cut += 1
+                log.warning("an upload sent nothing for %g s; cut (--upload-idle-timeout)", self.idle_s)
+                context.cancel()
+
+
+def peer_address(context: grpc.ServicerContext) -> str:
+    """`ipv4:10.0.0.7:51234` -> `ipv4:10.0.0.7`: the host, whatever port it called from."""
+    return str(context.peer()).rpartition(":")[0]

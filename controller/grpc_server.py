@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Iterator, cast, get_args
@@ -31,7 +31,8 @@ from grpc_reflection.v1alpha import reflection
 from farm import __version__
 from farm.controller.scheduling.artifacts import ArtifactError, ArtifactStore, ControllerFiles, ModelRoots
 from farm.controller.auth import (
-    Identity, TlsFiles, TokenInterceptor, TokenTable, check_server_certificate, identity_of, is_loopback,
+    BudgetSettings, CallBudget, Identity, IdleUploads, TlsFiles, TokenInterceptor, TokenTable, check_server_certificate,
+    identity_of, is_loopback,
     server_credentials,
 )
 from farm.proto.device_types import load_device_types
@@ -47,7 +48,7 @@ from farm.controller.service import ServiceError
 from farm.controller.scheduling.store import Store
 from farm.controller.scheduling.submission import load_submitted_job
 from farm.proto import strict_json
-from farm.proto.escape import printable
+from farm.proto.escape import bounded_message, printable
 from farm.proto.names import SHA256_HEX, valid_agent_name
 from farm.proto.script_archive import MAX_SCRIPT_ARCHIVE_BYTES
 from farm.proto.spec import Priority, ScriptWorkload
@@ -69,6 +70,7 @@ AGENT_SERVICE = "farm.v1.AgentService"
 # each) and a watcher apiece, plus room for the short calls. Threads start only when used.
 DEFAULT_MAX_STREAMS = 2500
 DEFAULT_MAX_WATCHES = 64  # WatchJob streams per caller (token, or peer host without tokens)
+DEFAULT_UPLOAD_QUOTA = 20 << 30  # bytes one client token's uploads may hold in the store (--upload-quota)
 MAX_DEVICES_PER_AGENT = 10_000
 MAX_OPEN_REQUESTS = MAX_DEVICES_PER_AGENT + 256  # idle slots one agent may have waiting: a slot per device, plus sim slots
 MAX_CANCELS_PER_HEARTBEAT = 64  # answers to refs that are not the session's own: bounded, so a forged list amplifies nothing
@@ -87,10 +89,13 @@ class FarmServer:
     def __init__(self, store: Store, *, lease_ttl_s: float = 30.0, heartbeat_interval_s: float | None = None,
                  tokens: TokenTable | None = None, max_watches: int = DEFAULT_MAX_WATCHES,
                  files: ControllerFiles | None = None, scripts_need_permission: bool = False,
-                 result_batch: int = RESULT_BATCH) -> None:
+                 result_batch: int = RESULT_BATCH, upload_idle_s: float = BudgetSettings.upload_idle_s,
+                 job_sharing: str = "shared", upload_quota: int | None = DEFAULT_UPLOAD_QUOTA) -> None:
         self.store = store
         self.files = files or controller_files(store)
         self.scripts_need_permission = scripts_need_permission
+        self.job_sharing = job_sharing  # may clients read other teams' jobs (service.Viewer); cancel never
+        self.upload_quota = upload_quota  # bytes one client token's stored uploads may hold (None: no quota)
         self.refresh_suite: Path | None = None  # the reference suite `farm refresh` submits (None: farm's own)
         self.nightly: Any = None  # controller.nightly.NightlyRefresh with --refresh-cron: it leaves clients' refreshes alone
         self.controller = Controller(store, lease_ttl_s=lease_ttl_s)
@@ -105,6 +110,7 @@ class FarmServer:
         self.timings = StepTimings()
         self.dispatcher = Dispatcher(self.controller, self.agents, self.timings)
         self.results = ResultWriter(self.controller, max_batch=result_batch, timed=self.timings.add)
+        self.idle_uploads = IdleUploads(upload_idle_s)
 
     @property
     def dispatch_count(self) -> int:
@@ -117,8 +123,10 @@ class FarmServer:
         self.store.adopt_unfinished(os.getpid(), socket.gethostname(), time.time() + self.controller.lease_ttl_s)
         self.results.start()
         self.dispatcher.start()
+        self.idle_uploads.start()
 
     def stop(self) -> None:
+        self.idle_uploads.stop()
         self.dispatcher.stop()
         with self._lock:
             for session in list(self.sessions.values()):
@@ -284,7 +292,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         try:
             session, released = self.server.open_session(hello, context.peer())
         except DeviceTaken as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, bounded_message(str(e)))
         log.info("agent %s connected from %s (farm %s, host %s, %d device(s))", hello.agent_name, context.peer(),
                  printable(hello.farm_version), printable(hello.hostname), len(hello.devices))
         reader = threading.Thread(target=self._read, args=(session, request_iterator), name=f"agent-{session.name}", daemon=True)
@@ -323,6 +331,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             context.abort(grpc.StatusCode.PERMISSION_DENIED,
                           f"this agent token belongs to agent {identity.agent_name!r}; it cannot connect as "
                           f"{hello.agent_name!r}. Start the agent with --name {identity.agent_name} or use its own token.")
+        if identity.role == "agent" and not identity.agent_name and self.server.tokens is not None \
+                and hello.agent_name in self.server.tokens.pinned_names():
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"agent name {hello.agent_name!r} belongs to a token pinned to it in the tokens file; this "
+                          "agent token is not that one. Give this agent another --name, or use its own token.")
         if len(hello.devices) > MAX_DEVICES_PER_AGENT:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"agent {hello.agent_name!r} registers {len(hello.devices)} "
                           f"devices; one agent may register at most {MAX_DEVICES_PER_AGENT}")
@@ -373,12 +386,28 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
     def __init__(self, server: FarmServer) -> None:
         self.server = server
 
+    def _viewer(self, context: grpc.ServicerContext) -> answers.Viewer:
+        identity = identity_of(context, self.server.tokens)
+        if self.server.tokens is None or identity.role == "admin":
+            return answers.EVERYONE
+        return answers.Viewer(identity.owner or f"line-{identity.line}", identity.team)
+
     def _job(self, job_id: int, context: grpc.ServicerContext) -> dict[str, Any]:
+        """The job, when this caller may read it; another team's job in a `team` lab is as good as absent."""
         job = self.server.store.job(job_id)
-        if job is None:
+        if job is None or not self._viewer(context).may_read(job, self.server.job_sharing):
             context.abort(grpc.StatusCode.NOT_FOUND, f"no job {job_id} on this controller; `farm jobs` lists its jobs")
         assert job is not None  # abort() raised otherwise
         return job
+
+    def _jobs(self, context: grpc.ServicerContext, *job_ids: int) -> None:
+        """Every job a request names (0: none) must be one this caller may read; one it may not is refused as the
+        service refuses a job that does not exist (service._need_job), so the answer tells nothing more."""
+        viewer = self._viewer(context)
+        for job_id in job_ids:
+            job = self.server.store.job(job_id) if job_id else None
+            if job is not None and not viewer.may_read(job, self.server.job_sharing):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no job {job_id} in this farm; `farm jobs` lists them")
 
     def SubmitJob(self, request: farm_pb2.SubmitJobRequest, context: grpc.ServicerContext) -> farm_pb2.SubmitJobResponse:
         if len(request.job_yaml.encode()) > MAX_JOB_FILE_BYTES:
@@ -387,7 +416,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
             job = load_submitted_job(request, self.server.files, self.server.device_targets(),
                                      max_tasks=self.server.max_tasks)
         except JobFileError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded_message(str(e)))
         identity = identity_of(context, self.server.tokens)
         if isinstance(job.spec.workload, ScriptWorkload) and self.server.scripts_need_permission \
                 and not identity.may_run_scripts:
@@ -400,7 +429,8 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"priority {printable(request.priority[:40])!r} is not "
                               "one of interactive, normal, low")
             job.spec.priority = cast(Priority, request.priority)
-        job_id = self.server.controller.submit(job)
+        viewer = self._viewer(context)  # an admin's job is the lab's own
+        job_id = self.server.controller.submit(job, owner=viewer.owner, team=viewer.team)
         self.server.wake(queue_changed=True)
         total = self.server.controller.progress(job_id).total
         log.info("job %d submitted: %d task(s)", job_id, total)
@@ -427,16 +457,33 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         if store.path(first.sha256) is not None:  # content-addressed: already here, nothing more to read
             return farm_pb2.UploadArtifactResponse(sha256=first.sha256, size=first.size, already_stored=True)
         limit = MAX_SCRIPT_ARCHIVE_BYTES if first.name.endswith(".tar") else store.max_bytes
+        identity = identity_of(context, self.server.tokens)
+        owner = identity.owner if self.server.tokens is not None and identity.role == "client" else None
+        if owner is not None and self.server.upload_quota is not None:
+            used = self.server.store.upload_usage(owner)
+            if used + max(0, first.size) > self.server.upload_quota:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"this token's uploads hold {used:,} bytes of its {self.server.upload_quota:,} byte quota, "
+                              f"and this one is {first.size:,} more; the controller's operator frees what no job names "
+                              "with `farm artifacts gc`, or raises --upload-quota")
+
+        idle = self.server.idle_uploads
 
         def chunks() -> Iterator[bytes]:
             yield first.data
             for message in request_iterator:
+                idle.touch(context)  # a stream that stops sending is cut (auth.IdleUploads)
                 yield message.data
 
+        idle.touch(context)
         try:
             store.receive(first.sha256, first.size, first.name, chunks(), max_bytes=limit)
         except ArtifactError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded_message(str(e)))
+        finally:
+            idle.done(context)
+        if owner is not None:
+            self.server.store.record_upload(first.sha256, owner, first.size, time.time())
         log.info("artifact %s stored (%d bytes)", first.sha256[:12], first.size)
         return farm_pb2.UploadArtifactResponse(sha256=first.sha256, size=first.size)
 
@@ -464,11 +511,17 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
             self.server.close_watch(caller)
 
     def CancelJob(self, request: farm_pb2.JobRequest, context: grpc.ServicerContext) -> farm_pb2.CancelJobResponse:
-        self._job(request.job_id, context)
+        job = self._job(request.job_id, context)
+        if not self._viewer(context).owns(job):  # reading may be shared; cancelling never is
+            whose = (f"belongs to another token{' (team ' + job['team'] + ')' if job['team'] else ''}; only its owner, "
+                     "its owner's team or an admin may cancel it") if job["submitted_by"] else (
+                "is the lab's own (an admin's, the nightly's, or from before jobs had owners); only an admin may cancel it")
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"job {request.job_id} {whose}")
         return farm_pb2.CancelJobResponse(job_id=request.job_id, canceled_tasks=self.server.cancel_job(request.job_id))
 
     def ListJobs(self, request: farm_pb2.ListJobsRequest, context: grpc.ServicerContext) -> farm_pb2.ListJobsResponse:
-        jobs = [self._job(j["id"], context) for j in self.server.controller.jobs(request.limit or 50)]
+        visible = self._viewer(context).visible(self.server.job_sharing)
+        jobs = [self._job(j["id"], context) for j in self.server.controller.jobs(request.limit or 50, visible)]
         return farm_pb2.ListJobsResponse(jobs=[_job_message(self.server, j) for j in jobs])
 
     def ListDevices(self, request: farm_pb2.ListDevicesRequest, context: grpc.ServicerContext) -> farm_pb2.ListDevicesResponse:
@@ -502,7 +555,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         except LookupError as e:
             context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         except ValueError as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, bounded_message(str(e)))
         return farm_pb2.ForgetDeviceResponse(name=request.name, agent=owner)
 
     # --- what a user can ask beyond jobs: answered by controller/service.py, as embedded mode does ----
@@ -510,7 +563,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         try:
             return function(*args, **kwargs)
         except ServiceError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded_message(str(e)))
 
     def _document(self, context: grpc.ServicerContext, function: Any, *args: Any, **kwargs: Any) -> farm_pb2.DocumentResponse:
         return farm_pb2.DocumentResponse(document_json=strict_json.dumps(self._answer(context, function, *args, **kwargs)))
@@ -522,6 +575,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
 
     def Calibrate(self, request: farm_pb2.CalibrateRequest, context: grpc.ServicerContext) -> farm_pb2.DocumentResponse:
         self._bounded(context, request.metrics)
+        self._jobs(context, request.job, request.sim_job, request.device_job)
         return self._document(context, answers.calibrate, self.server.store, job=request.job or None,
                               sim_job=request.sim_job or None, device_job=request.device_job or None,
                               device=request.device or None, metrics=list(request.metrics) or ["latency"],
@@ -536,6 +590,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         self._bounded(context, request.metrics)
         if len(request.measured_jobs) > 64:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "measured_jobs: at most 64")
+        self._jobs(context, *request.measured_jobs)
         model = self.server.artifact_path(request.model_sha256) if SHA256_HEX.match(request.model_sha256) else None
         if model is None:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no uploaded model with sha256 {request.model_sha256[:64]!r} "
@@ -546,18 +601,21 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
                               confidence=request.confidence or 0.9, include_contended=request.include_contended,
                               measured_jobs=tuple(request.measured_jobs))
         if isinstance(answer, answers.MeasureFirst):  # sim only: the agents measure it like any job
-            job_id = self.server.controller.submit(answer.job)
+            viewer = self._viewer(context)
+            job_id = self.server.controller.submit(answer.job, owner=viewer.owner, team=viewer.team)
             self.server.wake(queue_changed=True)
             return farm_pb2.PredictResponse(measure_job=job_id)
         return farm_pb2.PredictResponse(document_json=strict_json.dumps(answer))
 
     def Rank(self, request: farm_pb2.RankRequest, context: grpc.ServicerContext) -> farm_pb2.DocumentResponse:
         self._bounded(context, request.device_jobs, request.devices)
+        self._jobs(context, request.job, *request.device_jobs)
         return self._document(context, answers.rank, self.server.store, job=request.job, metric=request.metric[:40] or "latency",
                               device_jobs=list(request.device_jobs), devices=list(request.devices),
                               include_contended=request.include_contended)
 
     def Report(self, request: farm_pb2.ReportRequest, context: grpc.ServicerContext) -> farm_pb2.ReportResponse:
+        self._jobs(context, request.job)
         files, warnings = self._answer(context, answers.report, self.server.store, request.job, html=request.html,
                                        png=request.png)
         size = sum(len(data) for _, data in files)
@@ -594,7 +652,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
             job_id = submit_reference_suite(self.server.store, devices, self.server.refresh_suite, priority="low",
                                             artifacts=self.server.files.store)
         except (JobFileError, SuiteError) as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, bounded_message(str(e)))
         if self.server.nightly is not None:  # the client's FinishRefresh checks this one, not the nightly as well
             self.server.nightly.checked.add(job_id)
         self.server.wake(queue_changed=True)
@@ -662,13 +720,17 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
           max_watches: int = DEFAULT_MAX_WATCHES, reflection_on: bool = False,
           metrics_listen: str | None = None, refresh_cron: str | None = None,
           refresh_suite: Path | None = None, models_roots: list[Path] | None = None,
-          max_model_bytes: int | None = None, scripts_need_permission: bool = False) -> RunningServer:
+          max_model_bytes: int | None = None, scripts_need_permission: bool = False,
+          budget: BudgetSettings | None = None, job_sharing: str = "shared",
+          upload_quota: int | None = DEFAULT_UPLOAD_QUOTA) -> RunningServer:
     """Start the controller's gRPC server (not blocking); the port is the bound one (for :0).
 
     With metrics_listen (HOST:PORT), Prometheus metrics are served at http://HOST:PORT/metrics too.
     max_streams caps the calls open at once (each holds a thread); reflection is served only when asked
-    for, and then only to callers with a token when tokens are on.
+    for, and then only to callers with a token when tokens are on. `budget` shares max_streams out per
+    caller (controller/auth.py); its own max_streams is replaced by this one.
     """
+    settings = replace(budget or BudgetSettings(), max_streams=max_streams)
     if tls:
         check_server_certificate(tls)  # an expired certificate fails now, not in every client later
     for warning in startup_warnings(listen, tokens=tokens is not None, tls=tls is not None, metrics_listen=metrics_listen):
@@ -676,7 +738,8 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
     store.sync_normal()
     files = controller_files(store, models_roots=models_roots, max_model_bytes=max_model_bytes)
     farm = FarmServer(store, lease_ttl_s=lease_ttl_s, heartbeat_interval_s=heartbeat_interval_s, tokens=tokens,
-                      max_watches=max_watches, files=files, scripts_need_permission=scripts_need_permission)
+                      max_watches=max_watches, files=files, scripts_need_permission=scripts_need_permission,
+                      upload_idle_s=settings.upload_idle_s, job_sharing=job_sharing, upload_quota=upload_quota)
     options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                # A dead agent's half-open TCP connection is noticed within a minute.
@@ -685,7 +748,7 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
                ("grpc.keepalive_permit_without_calls", 1)]
     # A thread for every admitted call, so a call is refused (RESOURCE_EXHAUSTED) rather than left queued.
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_streams, thread_name_prefix="rpc"),
-                         interceptors=[TokenInterceptor(tokens)] if tokens else [], options=options,
+                         interceptors=[TokenInterceptor(tokens, CallBudget(settings))] if tokens else [], options=options,
                          maximum_concurrent_rpcs=max_streams)
     agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(farm), server)
     farm_pb2_grpc.add_FarmServiceServicer_to_server(FarmServicer(farm), server)

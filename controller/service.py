@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import yaml
 
+from farm.controller.scheduling.artifacts import GC_GRACE_S
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import JobFileError, ResolvedJob, load_job_text
 from farm.controller.scheduling.store import Store
@@ -67,6 +68,53 @@ def fit_row(cal: Any, **labels: Any) -> dict[str, Any]:
             "possible_flips": [[p.first, p.second] for p in f.possible_flips], "warnings": list(cal.warnings),
             "fits": {k: {**_coefficients(v), "formula": v.formula, "r2": v.r2, "loo_mape": v.loo_mape,
                          "loo_within_10": v.loo_within_10} for k, v in cal.fits.items()}}
+
+
+# --- who may see and change a job (issue 18, N11) ------------------------------------------------
+JOB_SHARING = ("shared", "team")  # the lab's setting: may every client read every job, or only its team's
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who asks: a client token's id and team. `owner` None is an admin, embedded mode or a lab without tokens."""
+
+    owner: str | None = None
+    team: str | None = None
+
+    @property
+    def sees_all(self) -> bool:
+        return self.owner is None
+
+    def owns(self, job: dict[str, Any]) -> bool:
+        """May cancel it: its own token's job or its team's (never shared); the lab's own jobs are the admins'."""
+        if self.sees_all:
+            return True
+        if job.get("submitted_by") is None:
+            return False
+        return job["submitted_by"] == self.owner or (self.team is not None and job.get("team") == self.team)
+
+    def may_read(self, job: dict[str, Any], sharing: str) -> bool:
+        """Reading: everything in a `shared` lab; in a `team` lab, its own, its team's and the lab's own jobs."""
+        return sharing == "shared" or job.get("submitted_by") is None or self.owns(job)
+
+    def visible(self, sharing: str) -> tuple[str, str | None] | None:
+        """The store's job_list filter for this viewer (None: every job)."""
+        return None if sharing == "shared" or self.owner is None else (self.owner, self.team)
+
+
+EVERYONE = Viewer()
+
+
+# --- artifacts no job names (`farm artifacts gc`, and the nightly) --------------------------------
+def collect_artifacts(store: Store, artifacts: Any, *, grace_s: float = GC_GRACE_S,
+                      dry_run: bool = False) -> dict[str, Any]:
+    """Remove the artifact store's files no job names; artifacts is a scheduling.artifacts.ArtifactStore."""
+    check_finite("grace", grace_s, 0, 3650 * 86400.0)
+    removed = artifacts.collect(store.referenced_artifacts(), grace_s, dry_run=dry_run)
+    if not dry_run:  # what is gone no longer counts against its uploader's quota
+        store.forget_uploads([name[:64] for name, _ in removed if not name.startswith(".")])
+    return {"removed": [name for name, _ in removed], "files": len(removed), "bytes": sum(size for _, size in removed),
+            "dry_run": dry_run, "store": str(artifacts.root)}
 
 
 def _need_job(store: Store, job: int) -> None:

@@ -31,3 +31,28 @@ def printable(text: object, limit: int | None = DEFAULT_LIMIT, *, multiline: boo
     if multiline:
         return "\n".join(_UNSAFE.sub(_escape, line) for line in value.split("\n"))
     return _UNSAFE.sub(_escape, value)
+
+
+MAX_LISTED = 20  # names an error lists before "… and N more"
+MAX_ERROR_CHARS = 4000  # an error's text on the wire: gRPC carries it in metadata (8 KiB by default, all headers)
+
+
+def cut_list(names: list[str], limit: int = MAX_LISTED) -> str:
+    """`a, b, c` — or the first `limit` and "… and N more", so an error about a lab of 5,000 devices stays short."""
+    shown = ", ".join(names[:limit])
+    return shown if len(names) <= limit else f"{shown} … and {len(names) - limit} more"
+
+
+def bounded_message(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """A message cut at a line break to at most `limit` characters, saying how many lines were left out."""
+    if len(text) <= limit:
+        return text
+    lines, kept, size = text.split("\n"), [], 0
+    for line in lines:
+        if size + len(line) + 1 > limit - 60:
+            break
+        kept.append(line)
+        size += len(line) + 1
+    if not kept:  # one very long line
+        return f"{text[:limit - 60]}… ({len(text)} characters)"
+    return "\n".join(kept) + f"\n… and {len(lines) - len(kept)} more line(s)"

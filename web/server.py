@@ -31,6 +31,7 @@ from farm.cli.render import results_csv, to_json
 from farm.controller.auth import Identity, TlsFiles, TokenTable, bearer_token, is_loopback
 from farm.controller.scheduling.controller import Controller
 from farm.controller.analysis.results import run_records
+from farm.controller import service as answers
 from farm.controller.scheduling.store import Store
 from farm.web import pages, views
 from farm.web.session import COOKIE, LoginThrottle, Session, SessionSigner
@@ -93,8 +94,9 @@ class Dashboard:
     """The pages and actions, apart from the socket: a request in, a Response out."""
 
     def __init__(self, store: Store, operator: Operator, *, tokens: TokenTable | None, tls: bool,
-                 loopback: bool, signer: SessionSigner | None = None) -> None:
+                 loopback: bool, signer: SessionSigner | None = None, job_sharing: str = "shared") -> None:
         self.store = store
+        self.job_sharing = job_sharing  # as the controller's --job-sharing: who reads whose jobs
         self.operator = operator
         self.tokens = tokens
         self.tls = tls
@@ -119,7 +121,20 @@ class Dashboard:
         session = self.signer.verify(_cookie(headers.get("Cookie")))
         if session is None:
             return None, None, False
-        return Identity(session.role, None, session.line), session, False
+        known = self.tokens.by_line(session.line)  # its owner id and team, for whose jobs are whose
+        return (known if known and known.role == session.role else Identity(session.role, None, session.line)), session, False
+
+    def viewer(self, identity: Identity) -> answers.Viewer:
+        """Whose jobs this caller may read and cancel: the same rule as over gRPC (service.Viewer)."""
+        if self.tokens is None or identity.role == "admin":
+            return answers.EVERYONE
+        return answers.Viewer(identity.owner or f"line-{identity.line}", identity.team)
+
+    def readable_job(self, job_id: int, identity: Identity) -> dict[str, Any]:
+        job = self.store.job(job_id)
+        if job is None or not self.viewer(identity).may_read(job, self.job_sharing):
+            raise Refused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
+        return job
 
     def origin_ok(self, headers: Any) -> bool | None:
         """True: sent from this dashboard; False: from elsewhere; None: the request names no origin."""
@@ -268,8 +283,9 @@ class Dashboard:
     def cancel(self, job_id: int, identity: Identity) -> Response:
         if identity.role not in CANCEL_ROLES:
             raise Refused(HTTPStatus.FORBIDDEN, f"cancelling a job needs a client or admin token; this one is for the {identity.role} role")
-        if self.store.job(job_id) is None:
-            raise Refused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
+        if not self.viewer(identity).owns(self.readable_job(job_id, identity)):  # reading may be shared; cancelling never
+            raise Refused(HTTPStatus.FORBIDDEN, f"job {job_id} belongs to another token; only its owner, its owner's team "
+                                                "or an admin may cancel it")
         n = self.operator.cancel_job(job_id)
         log.info("dashboard: %s token (line %d) canceled job %d", identity.role, identity.line, job_id)
         return _redirect(self.flash(f"/jobs/{job_id}", f"job {job_id} canceled ({n} unfinished task(s))"))
@@ -295,7 +311,8 @@ class Dashboard:
                 return Response(HTTPStatus.OK, html.encode())
             return page("Lab", pages.live("lab-live", "/lab?part=devices", html, 3), "lab")
         if path == "/jobs":
-            jobs, total = views.jobs_view(self.store, _limit(query.get("limit")))
+            jobs, total = views.jobs_view(self.store, _limit(query.get("limit")),
+                                          self.viewer(identity).visible(self.job_sharing))
             html = pages.jobs_list(jobs, total)
             if query.get("part") == "list":
                 return Response(HTTPStatus.OK, html.encode())
@@ -306,6 +323,7 @@ class Dashboard:
             return self.job(int(match.group(1)), match.group(3), query, identity, csrf, page)
         match = re.fullmatch(r"/api/jobs/(\d{1,18})", path)
         if match:
+            self.readable_job(int(match.group(1)), identity)
             summary = views.job_summary(self.store, int(match.group(1)))
             if summary is None:
                 raise Refused(HTTPStatus.NOT_FOUND, "no such job")
@@ -323,8 +341,7 @@ class Dashboard:
 
     def job(self, job_id: int, download: str | None, query: dict[str, str], identity: Identity, csrf: str,
             page: Callable[[str, str, str], Response]) -> Response:
-        if self.store.job(job_id) is None:
-            raise Refused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
+        job_row = self.readable_job(job_id, identity)
         if download:
             records = run_records(self.store, job_id)
             data = results_csv(records) if download == "csv" else to_json(records)
@@ -341,7 +358,8 @@ class Dashboard:
             raise Refused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
         if query.get("part") == "results":
             return Response(HTTPStatus.OK, pages.results_part(view).encode())
-        return page(f"Job {job_id}", pages.job_page(view, csrf=csrf, may_cancel=identity.role in CANCEL_ROLES), "jobs")
+        return page(f"Job {job_id}", pages.job_page(view, csrf=csrf, may_cancel=identity.role in CANCEL_ROLES
+                                                                  and self.viewer(identity).owns(job_row)), "jobs")
 
 
 def _cookie(header: str | None) -> str | None:
@@ -571,12 +589,13 @@ def parse_web_listen(listen: str) -> tuple[str, int]:
 
 
 def start_dashboard(store: Store, listen: str, operator: Operator, *, tokens: TokenTable | None,
-                    tls: TlsFiles | None = None) -> RunningDashboard:
+                    tls: TlsFiles | None = None, job_sharing: str = "shared") -> RunningDashboard:
     """Serve the dashboard on HOST:PORT in a background thread (not blocking); TLS with the controller's
     certificate and key when given (browsers bring no client certificate: the token is the check)."""
     host, port = parse_web_listen(listen)
     loopback = is_loopback(f"[{host}]:{port}")
-    dashboard = Dashboard(store, operator, tokens=tokens, tls=bool(tls and tls.cert), loopback=loopback)
+    dashboard = Dashboard(store, operator, tokens=tokens, tls=bool(tls and tls.cert), loopback=loopback,
+                          job_sharing=job_sharing)
     try:
         server = DashboardServer((host, port), dashboard)
     except OSError as e:

@@ -80,11 +80,13 @@ def job_progress(counts: dict[str, int]) -> dict[str, int]:
                                              ("pending", "running", "completed", "failed", "canceled")}}
 
 
-def jobs_view(store: Store, limit: int = JOBS_SHOWN) -> tuple[list[dict[str, Any]], int]:
-    jobs = store.dashboard_jobs(limit)
+def jobs_view(store: Store, limit: int = JOBS_SHOWN,
+              visible_to: tuple[str, str | None] | None = None) -> tuple[list[dict[str, Any]], int]:
+    """The newest jobs; visible_to (owner, team) keeps to what that viewer may read (service.Viewer)."""
+    jobs = store.dashboard_jobs(limit, visible_to)
     for j in jobs:
         j["progress"] = job_progress(j.pop("counts"))
-    return jobs, store.dashboard_job_count()
+    return jobs, store.dashboard_job_count(visible_to)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from croniter import CroniterError, croniter
 
-from farm.controller.scheduling.artifacts import ArtifactStore
+from farm.controller.scheduling.artifacts import GC_GRACE_S, ArtifactStore
 from farm.controller.scheduling.jobfile import DeviceTarget, JobFileError
 from farm.controller.operations.reference_suite import HEALTH_CHECK, SuiteError, submit_reference_suite
 from farm.controller.operations.refresh import after_reference_run
@@ -118,6 +118,10 @@ class NightlyRefresh:
             log.error("nightly refresh skipped: %s", e)
             return None
         log.info("nightly refresh: reference suite submitted as job %d for %d device(s)", job_id, len(devices))
+        if self.artifacts is not None:  # the nightly also collects what no job names any more (`farm artifacts gc`)
+            removed = self.artifacts.collect(self.store.referenced_artifacts(), GC_GRACE_S)
+            self.store.forget_uploads([name[:64] for name, _ in removed if not name.startswith(".")])
+            log.info("nightly: %d artifact(s) no job names removed (%d bytes)", len(removed), sum(n for _, n in removed))
         return job_id
 
     def check_finished(self) -> None:

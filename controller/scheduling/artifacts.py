@@ -10,16 +10,20 @@ such a file is copied into the store at submit, so what agents fetch is what was
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import stat
+import tarfile
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from farm.proto.names import SAFE_SUFFIX, SHA256_HEX
-from farm.proto.script_archive import pack_dir
+from farm.proto.script_archive import MAX_ENTRIES
 
 DEFAULT_MAX_MODEL_BYTES = 2 << 30
 COPY_CHUNK_BYTES = 1 << 20
+GC_GRACE_S = 24 * 3600.0  # gc keeps a file younger than this: an upload may still be waiting for its submit
 
 
 class ArtifactError(ValueError):
@@ -50,7 +54,39 @@ class ArtifactStore:
         return None
 
     def missing(self, hashes: Iterable[str]) -> list[str]:
-        return [h for h in dict.fromkeys(hashes) if self.path(h) is None]
+        """The hashes not stored; the stored ones are touched, so gc leaves a file a client was just told is here."""
+        absent = []
+        for h in dict.fromkeys(hashes):
+            stored = self.path(h)
+            if stored is None:
+                absent.append(h)
+            else:
+                try:
+                    os.utime(stored)
+                except OSError:
+                    pass
+        return absent
+
+    def collect(self, keep: set[str], grace_s: float, *, dry_run: bool = False,
+                now: float | None = None) -> list[tuple[str, int]]:
+        """Remove stored files no job names (`keep`) and unchanged for grace_s (an upload waiting for its
+        submit is young), and abandoned partial uploads; returns (name, bytes) of each removed."""
+        now = time.time() if now is None else now
+        removed = []
+        for entry in sorted(self.root.iterdir()):
+            try:
+                info = entry.lstat()
+            except OSError:
+                continue
+            if not stat.S_ISREG(info.st_mode) or now - info.st_mtime < grace_s:
+                continue
+            partial = entry.name.startswith(".upload-")
+            if not partial and (not SHA256_HEX.match(entry.name[:64]) or entry.name[:64] in keep):
+                continue
+            if not dry_run:
+                entry.unlink(missing_ok=True)
+            removed.append((entry.name, info.st_size))
+        return removed
 
     def receive(self, sha256: str, size: int, name: str, chunks: Iterable[bytes], *, max_bytes: int | None = None) -> Path:
         """Store an upload; raises ArtifactError when it is too big or its bytes do not hash to sha256."""
@@ -106,7 +142,10 @@ class ModelRoots:
     """Folders on the controller's host that jobs may name files in (`--models-root`, repeatable)."""
 
     def __init__(self, roots: Iterable[Path], *, max_bytes: int = DEFAULT_MAX_MODEL_BYTES) -> None:
-        self.roots = [Path(os.path.realpath(r)) for r in roots]
+        given = list(roots)
+        self.roots = [Path(os.path.realpath(r)) for r in given]
+        # as the operator wrote them too: a folder is named lexically beneath one of these, then walked without links
+        self.named = list(dict.fromkeys([*self.roots, *(Path(os.path.abspath(r)) for r in given)]))
         self.max_bytes = max_bytes
 
     def describe(self) -> str:
@@ -175,12 +214,116 @@ class ControllerFiles:
             raise ArtifactError(f"{name!r}: {real} cannot be read on the controller ({e.strerror})") from None
 
     def pack_script_dir(self, name: str, base_dir: Path, max_bytes: int) -> str:
-        """workload.dir under a root, packed into the store as the agents will get it; returns its sha256."""
-        real = self.roots.resolve(name, base_dir)
-        if not real.is_dir():
-            raise ArtifactError(f"workload.dir {name!r}: {real} is not a folder")
-        data = pack_dir(real, max_bytes)
+        """workload.dir under a root, packed into the store as the agents will get it; returns its sha256.
+
+        Read beneath the root without following a single link (openat with O_NOFOLLOW at every step, the
+        RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS of openat2): the controller reads with its own rights, so a link
+        in a client's folder must never reach /etc/shadow or the tokens file. A client's own links are packed
+        by `farm submit` on the client's machine, with the client's rights."""
+        self.roots.resolve(name, base_dir)  # outside every root: refused with the usual message first
+        root, parts = self._beneath(name, base_dir)
+        data = pack_beneath(root, parts, max_bytes)
         sha256 = hashlib.sha256(data).hexdigest()
         if self.store.path(sha256) is None:
             self.store.receive(sha256, len(data), "dir.tar", [data], max_bytes=max_bytes)
         return sha256
+
+    def _beneath(self, name: str, base_dir: Path) -> tuple[Path, list[str]]:
+        """The root a folder name lies in, lexically (no link resolved), and the names below it."""
+        path = Path(os.path.normpath(base_dir / name))
+        for root in sorted(self.roots.named, key=lambda r: len(r.parts), reverse=True):
+            if path == root or path.is_relative_to(root):
+                return root, list(path.relative_to(root).parts)
+        raise ArtifactError(f"workload.dir {name!r}: {path} is reached through a link; on the controller a script "
+                            f"folder must be named by its own path under a models root ({self.roots.describe()}), "
+                            "or uploaded by `farm submit`")
+
+
+def _open_beneath(parent: int, name: str, shown: str, *, folder: bool) -> int:
+    """openat(parent, name) refusing a link, with O_NONBLOCK so a pipe cannot hang the controller."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_DIRECTORY if folder else 0)
+    try:
+        info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except OSError as e:
+        raise ArtifactError(f"{shown} cannot be read on the controller ({e.strerror})") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise ArtifactError(f"{shown} is a link; the controller follows no link in a folder it reads on a client's "
+                            "behalf. Upload the folder with `farm submit` (links are packed there with your rights), "
+                            "or replace the link with the file")
+    if folder and not stat.S_ISDIR(info.st_mode):
+        raise ArtifactError(f"{shown} is not a folder")
+    try:
+        return os.open(name, flags, dir_fd=parent)
+    except OSError as e:  # ELOOP: it became a link since the stat
+        raise ArtifactError(f"{shown} cannot be opened on the controller without following a link ({e.strerror})") from None
+
+
+def pack_beneath(root: Path, parts: list[str], max_bytes: int) -> bytes:
+    """The folder root/parts as the same deterministic tar `pack_dir` makes, read without following links:
+    every entry a folder or a regular file, each file's size checked against what is left before it is read."""
+    shown = "workload.dir " + "/".join(parts or ["."])
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for i, part in enumerate(parts):
+            child = _open_beneath(fd, part, f"{shown}: {root.joinpath(*parts[:i + 1])}", folder=True)
+            os.close(fd)
+            fd = child
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            _pack_folder(tar, buffer, fd, root.joinpath(*parts), "", max_bytes, [0])
+        return buffer.getvalue()
+    finally:
+        os.close(fd)
+
+
+def _pack_folder(tar: tarfile.TarFile, buffer: io.BytesIO, fd: int, where: Path, prefix: str, max_bytes: int,
+                 entries: list[int]) -> None:
+    """One folder in os.walk's top-down order (its folders and files sorted, then each folder below)."""
+    kinds = {}
+    try:
+        for entry in os.scandir(fd):
+            kinds[entry.name] = os.stat(entry.name, dir_fd=fd, follow_symlinks=False)
+    except OSError as e:
+        raise ArtifactError(f"workload.dir: {where} cannot be read on the controller ({e.strerror})") from None
+    folders = sorted(n for n, info in kinds.items() if stat.S_ISDIR(info.st_mode))
+    files = sorted(n for n in kinds if n not in folders)
+    for name in folders + files:
+        info, path = kinds[name], where / name
+        entries[0] += 1
+        if entries[0] > MAX_ENTRIES:
+            raise ArtifactError(f"workload.dir holds more than {MAX_ENTRIES} entries; give the script a folder of its own")
+        if stat.S_ISLNK(info.st_mode):
+            raise ArtifactError(f"workload.dir: {path} is a link; the controller follows no link in a folder it reads "
+                                "on a client's behalf. Upload the folder with `farm submit` (links are packed there with "
+                                "your rights), or replace the link with the file")
+        if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
+            raise ArtifactError(f"workload.dir: {path} is not a regular file or folder (a device, socket or pipe); "
+                                "workload.dir may hold files and folders only")
+        member = tarfile.TarInfo(prefix + name)
+        member.mode = stat.S_IMODE(info.st_mode) & 0o755
+        if stat.S_ISDIR(info.st_mode):
+            member.type = tarfile.DIRTYPE
+            tar.addfile(member)
+            continue
+        left = max_bytes - buffer.tell()
+        if info.st_size > left:  # checked before a byte is read
+            raise ArtifactError(f"workload.dir: {path} is {info.st_size} bytes, and the packed folder may be at most "
+                                f"{max_bytes >> 20} MiB")
+        child = _open_beneath(fd, name, f"workload.dir: {path}", folder=False)
+        with os.fdopen(child, "rb") as f:
+            opened = os.fstat(f.fileno())
+            if not stat.S_ISREG(opened.st_mode) or (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
+                raise ArtifactError(f"workload.dir: {path} changed while it was read; submit again")
+            data = f.read(left + 1)
+        if len(data) > left:
+            raise ArtifactError(f"workload.dir: {path} grew past the {max_bytes >> 20} MiB the packed folder may take")
+        member.size = len(data)
+        tar.addfile(member, io.BytesIO(data))
+        if buffer.tell() > max_bytes:
+            raise ArtifactError(f"workload.dir is over {max_bytes >> 20} MiB packed; give the script a folder of its own")
+    for name in folders:
+        child = _open_beneath(fd, name, f"workload.dir: {where / name}", folder=True)
+        try:
+            _pack_folder(tar, buffer, child, where / name, f"{prefix}{name}/", max_bytes, entries)
+        finally:
+            os.close(child)

@@ -98,7 +98,8 @@ class Controller:
         self.lease_ttl_s = lease_ttl_s
 
     # --- clients -----------------------------------------------------------------
-    def submit(self, job: ResolvedJob, *, name: str | None = None, kind: str = "user") -> int:
+    def submit(self, job: ResolvedJob, *, name: str | None = None, kind: str = "user", owner: str | None = None,
+               team: str | None = None) -> int:
         spec = job.spec
         tasks = expand_tasks(job)
         job_id = self.store.insert_job({
@@ -107,6 +108,7 @@ class Controller:
             "spec_json": spec.model_dump_json(), "spec_yaml": job.source,
             "source_path": str(job.source_path) if job.source_path else None,
             "base_dir": str(job.base_dir), "owner_pid": os.getpid(), "owner_host": socket.gethostname(),
+            "submitted_by": owner, "team": team,  # whose job it is (service.Viewer); None: the lab's own
         }, tasks)
         # a quarantined device takes no work: its runs in this job fail now, saying why, instead of waiting
         for row in self.store.quarantined_targets(job_id):
@@ -373,8 +375,8 @@ class Controller:
             status = JobStatus.FAILED
         self.store.update_job(job_id, status=status.value, finished_at=time.time())
 
-    def jobs(self, limit: int = 50) -> list[dict[str, Any]]:
-        return self.store.job_list(limit)
+    def jobs(self, limit: int = 50, visible_to: tuple[str, str | None] | None = None) -> list[dict[str, Any]]:
+        return self.store.job_list(limit, visible_to)
 
 
 def _task_spec(task: dict[str, Any], attempt: int) -> TaskSpec:

@@ -23,7 +23,7 @@ from farm.models.facts import ModelError, inspect_model, runtime_refusal
 from farm.models.generate import generate_hint
 from farm.models.runtimes import InputShapeError, resolve_shape
 from farm.proto.device_types import DeviceType
-from farm.proto.escape import printable
+from farm.proto.escape import cut_list, printable
 from farm.proto.results import ModelFacts
 from farm.proto.spec import MAX_INPUT_FILE_BYTES, MAX_INPUT_VALUE_ELEMENTS, BenchmarkWorkload, InputSpec, JobSpec, ModelEntry, ScriptWorkload, cores_missing, default_cpus, parse_cpuset
 from farm.proto.tasks import DEFAULT_MAX_TASKS
@@ -523,7 +523,7 @@ def resolve_targets(spec: JobSpec, root: yaml.Node | None, source_name: str,
         else:
             matched = [by_name[target]] if target in by_name else []
         if not matched:
-            known = ", ".join(sorted(by_name)) or "none configured (list them in a file named by FARM_DEVICES)"
+            known = cut_list(sorted(by_name)) or "none configured (list them in a file named by FARM_DEVICES)"
             raise JobFileError([JobProblem(source_name, _line(root, "targets", index), f"targets[{index}]",
                                            f"no device matches {target!r}; known devices: {known}.")])
         out += [m for m in matched if m not in out]

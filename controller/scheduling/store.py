@@ -172,9 +172,32 @@ def _migration_11(db: sqlite_utils.Database) -> None:
     }, pk=("run_id", "idx"), foreign_keys=[("run_id", "runs", "id")])
 
 
+def _migration_12(db: sqlite_utils.Database) -> None:
+    # Jobs have owners (issue 18, N11): the submitting token's id (a hash prefix, never the token) and its
+    # team. NULL for jobs from before, from embedded mode and from the controller itself: the lab's own.
+    db.table("jobs").add_column("submitted_by", str)
+    db.table("jobs").add_column("team", str)
+
+
+def _migration_13(db: sqlite_utils.Database) -> None:
+    # Who uploaded which artifact (issue 18, N13): a client token's uploads count against its quota until
+    # `farm artifacts gc` removes them.
+    db.table("artifact_uploads").create({"sha256": str, "owner": str, "size": int, "at": float}, pk=("sha256", "owner"))
+    db.table("artifact_uploads").create_index(["owner"])
+
+
+def _visible_jobs(visible_to: tuple[str, str | None] | None, alias: str) -> tuple[str, list[Any]]:
+    """The WHERE clause of service.Viewer.may_read in a `team` lab: the lab's own jobs, the token's, its team's."""
+    if visible_to is None:
+        return "", []
+    a = alias
+    return (f"WHERE {a}submitted_by IS NULL OR {a}submitted_by = ? OR ({a}team IS NOT NULL AND {a}team = ?) ",
+            [visible_to[0], visible_to[1]])
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6, _migration_7, _migration_8,
-    _migration_9, _migration_10, _migration_11]
+    _migration_9, _migration_10, _migration_11, _migration_12, _migration_13]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -497,10 +520,11 @@ class Store:
         return self.query("SELECT name, state, farm_version, hostname, peer, connected_at, last_seen FROM agents "
                           "ORDER BY name")
 
-    def dashboard_jobs(self, limit: int) -> list[dict[str, Any]]:
+    def dashboard_jobs(self, limit: int, visible_to: tuple[str, str | None] | None = None) -> list[dict[str, Any]]:
         """The newest jobs, each with its task counts per status (one grouped query, not one per job)."""
+        where, params = _visible_jobs(visible_to, "")
         jobs = self.query("SELECT id, name, kind, status, priority, created_at, started_at, finished_at, message "
-                          "FROM jobs ORDER BY id DESC LIMIT ?", [limit])
+                          f"FROM jobs {where}ORDER BY id DESC LIMIT ?", [*params, limit])
         if not jobs:
             return jobs
         counts = self.query("SELECT job_id, status, COUNT(*) AS n FROM tasks WHERE job_id BETWEEN ? AND ? "
@@ -512,8 +536,29 @@ class Store:
             j["counts"] = by_job.get(j["id"], {})
         return jobs
 
-    def dashboard_job_count(self) -> int:
-        return self.query("SELECT COUNT(*) AS n FROM jobs")[0]["n"]
+    def record_upload(self, sha256: str, owner: str, size: int, at: float) -> None:
+        with self.transaction():
+            self.db.execute("INSERT OR IGNORE INTO artifact_uploads (sha256, owner, size, at) VALUES (?, ?, ?, ?)",
+                            [sha256, owner, size, at])
+
+    def upload_usage(self, owner: str) -> int:
+        """Bytes of the artifacts this token uploaded that are still stored."""
+        return self.query("SELECT COALESCE(SUM(size), 0) AS n FROM artifact_uploads WHERE owner = ?", [owner])[0]["n"]
+
+    def forget_uploads(self, hashes: list[str]) -> None:
+        with self.transaction():
+            self.db.conn.executemany("DELETE FROM artifact_uploads WHERE sha256 = ?", [[h] for h in hashes])
+
+    def referenced_artifacts(self) -> set[str]:
+        """The sha256 of every model and packed script folder some job's task names (what gc must keep)."""
+        rows = self.query("SELECT DISTINCT model_sha256 AS sha FROM tasks WHERE model_sha256 IS NOT NULL "
+                          "UNION SELECT DISTINCT json_extract(spec_json, '$.script_archive') FROM tasks "
+                          "WHERE json_extract(spec_json, '$.script_archive') IS NOT NULL")
+        return {r["sha"] for r in rows}
+
+    def dashboard_job_count(self, visible_to: tuple[str, str | None] | None = None) -> int:
+        where, params = _visible_jobs(visible_to, "")
+        return self.query(f"SELECT COUNT(*) AS n FROM jobs {where}", params)[0]["n"]
 
     def dashboard_calibration(self, calibration_id: int) -> dict[str, Any] | None:
         rows = self.query("SELECT * FROM calibrations WHERE id = ?", [calibration_id])
@@ -579,13 +624,16 @@ class Store:
     # call these and hold no SQL of their own (tests/test_sql_in_store_only.py fails otherwise).
 
     # jobs and tasks
-    def job_list(self, limit: int) -> list[dict[str, Any]]:
+    def job_list(self, limit: int, visible_to: tuple[str, str | None] | None = None) -> list[dict[str, Any]]:
+        """The newest jobs; with visible_to (owner, team): only the lab's own, that token's and its team's."""
+        where, params = _visible_jobs(visible_to, "j.")
         return self.query(
             "SELECT j.id, j.name, j.status, j.priority, j.created_at, j.finished_at, j.owner_pid, j.owner_host, "
+            "j.submitted_by, j.team, "
             "(SELECT COUNT(*) FROM tasks t WHERE t.job_id = j.id) AS tasks, "
             "(SELECT COUNT(*) FROM tasks t WHERE t.job_id = j.id AND t.status = 'completed') AS completed, "
             "(SELECT COUNT(*) FROM tasks t WHERE t.job_id = j.id AND t.status = 'failed') AS failed "
-            "FROM jobs j ORDER BY j.id DESC LIMIT ?", [limit])
+            f"FROM jobs j {where}ORDER BY j.id DESC LIMIT ?", [*params, limit])
 
     def jobs_of_kind(self, kind: str, statuses: tuple[str, ...]) -> list[int]:
         marks = ",".join("?" for _ in statuses)
