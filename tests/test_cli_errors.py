@@ -240,3 +240,27 @@ def test_strict_json_flags_each_record() -> None:
         {"a": {"b": [1.0, None]}, "c": 2.5, "nonfinite": ["a.b[1]"]}, {"a": None, "nonfinite": ["a"]}]}
     # a record already flagged (by the controller) keeps its flag when printed again
     assert _strict(strict_json.dumps([{"x": None, "nonfinite": ["x"]}])) == [{"x": None, "nonfinite": ["x"]}]
+
+
+# --- special files: refused by type before any read, so nothing blocks and nothing grows ---------------
+@pytest.mark.parametrize("command", [("submit", "{fifo}"), ("submit", "{job_naming_fifo}"), ("inspect", "{fifo}"),
+                                     ("predict", "{fifo}", "--device", "phone"), ("inspect", "/dev/zero"),
+                                     ("submit", "/dev/zero")])
+def test_a_fifo_or_a_device_is_refused_unread(command: tuple[str, ...], farm, farm_db: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "model.tflite"
+    os.mkfifo(fifo)  # nobody ever writes to it: a read would block forever (the farm() timeout would fail the test)
+    job_naming_fifo = write_job(tmp_path, "models: [model.tflite]\n")
+    args = [a.format(fifo=fifo, job_naming_fifo=job_naming_fifo) for a in command]
+    kind = "a character device" if "/dev/zero" in args else "a FIFO (named pipe)"
+    one_paragraph_error(farm(*args, timeout=60), [kind, "not a regular file", "model file" if command[0] != "submit"
+                                                  or "job_naming" in command[1] else "job file"])
+    assert not os.path.exists(farm_db) or jobs_in(farm_db) == []
+
+
+def test_files_over_the_size_limit_are_refused_by_their_size(tmp_path: Path) -> None:
+    from farm.proto.regular_files import FileRefused, read_regular_file
+    big = tmp_path / "big.yaml"
+    with big.open("wb") as f:
+        f.truncate(10 << 20)  # sparse: 10 MB that were never written, and are never read
+    with pytest.raises(FileRefused, match=r"10,485,760 bytes, over the limit of 1,048,576 bytes for a job file"):
+        read_regular_file(big, "job file", 1 << 20)

@@ -21,6 +21,7 @@ from farm.models.facts import ModelError, find_unsupported_ops, inspect_model
 from farm.models.generate import generate_hint
 from farm.models.runtimes import InputShapeError, resolve_shape
 from farm.proto.device_types import DeviceType
+from farm.proto.regular_files import MAX_JOB_FILE_BYTES, FileRefused, read_regular_file
 from farm.proto.results import ModelFacts
 from farm.proto.spec import BenchmarkWorkload, JobSpec, ModelEntry, ScriptWorkload, cores_missing, default_cpus, parse_cpuset
 from farm.proto.tasks import DEFAULT_MAX_TASKS
@@ -579,9 +580,11 @@ def load_job(path: Path, devices: list[DeviceTarget] | None = None, *, max_tasks
              skip_invalid: bool = False, host: HostCapacity | None = None) -> ResolvedJob:
     """Read, validate and resolve a job file, or raise JobFileError."""
     try:
-        text = path.read_text()
+        text = read_regular_file(path, "job file", MAX_JOB_FILE_BYTES).decode()  # a FIFO or device refused unread
     except FileNotFoundError:
         raise JobFileError([JobProblem(str(path), None, "", "no such job file.")]) from None
+    except FileRefused as e:
+        raise JobFileError([JobProblem(str(path), None, "", str(e).removeprefix(f"{path}: "))]) from None
     except (OSError, UnicodeDecodeError) as e:
         raise JobFileError([JobProblem(str(path), None, "", f"cannot read the job file: {e}.")]) from None
     return load_job_text(text, str(path), path.resolve().parent, path.resolve(), devices, max_tasks=max_tasks,
