@@ -58,7 +58,7 @@ def open_farm(args: argparse.Namespace):
     from farm.client.embedded import EmbeddedFarm
     return EmbeddedFarm(getattr(args, "db", None), slots=getattr(args, "slots", None) or 1,
                         backend=getattr(args, "backend", None), lab=lambda: lab_devices(args),
-                        devices_file=getattr(args, "devices", None))
+                        devices_file=getattr(args, "devices", None), create=getattr(args, "create", False))
 
 
 def output_file(text: str, option: str = "-o") -> Path:

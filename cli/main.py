@@ -114,7 +114,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     with job_progress(args, 0) as update:  # a health check may run first (embedded, devices not checked lately)
         submitted = farm.submit(Path(args.job_file), priority=args.priority, max_tasks=args.max_tasks,
                                 skip_invalid=args.skip_invalid, detach=args.detach, on_warning=warn,
-                                on_progress=update)
+                                on_progress=update, overrides=args.set or ())
     args.warnings = submitted.warnings
     if not args.json and not args.quiet:
         each = submitted.tasks // max(1, submitted.models)
@@ -284,6 +284,7 @@ def cmd_backends(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--db", default=None, help="SQLite store (default: $FARM_DB or the user data directory)")
+    common.add_argument("--create", action="store_true", help="make the folder of --db (or $FARM_DB) when it is missing; without it a missing folder is an error")
     common.add_argument("--json", action="store_true", help="machine-readable output")
     from farm.cli.remote import add_client_options, add_remote_commands
     add_client_options(common)
@@ -311,6 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the models that can run; record the others as `job` failures")
     s.add_argument("--max-tasks", type=_positive_int, default=DEFAULT_MAX_TASKS,
                    help=f"refuse a job that expands to more runs than this (default {DEFAULT_MAX_TASKS:,})")
+    s.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                   help="change one field of the job for this submission (repeatable; YAML value, dotted path), "
+                        "e.g. --set workload.iterations=20 --set 'matrix.threads=[1]'; validated like the file "
+                        "and stored with the job")
     runner_options(s)
     s.set_defaults(func=cmd_submit)
 

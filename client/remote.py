@@ -12,7 +12,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Sequence, Iterator
 
 import grpc
 
@@ -168,7 +168,9 @@ class RemoteFarm(Farm):
     # --- jobs ---------------------------------------------------------------------------
     def submit(self, source: Path, text: str | None = None, *, priority: Priority | None = None,
                max_tasks: int | None = None, skip_invalid: bool = False, detach: bool = False,
-               on_warning: Callable[[str, str], None] | None = None, on_progress: OnProgress | None = None) -> Submitted:
+               on_warning: Callable[[str, str], None] | None = None, on_progress: OnProgress | None = None,
+               overrides: Sequence[str] = ()) -> Submitted:
+        text = self.job_text(source, text, overrides)
         if skip_invalid:
             raise FarmError("--skip-invalid runs in embedded mode only; a controller refuses a job with a bad model, "
                             "naming each one: drop them from the job file, or submit without --controller.")

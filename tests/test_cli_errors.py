@@ -103,7 +103,7 @@ def test_a_read_only_store(job: Path, farm, tiny_models) -> None:
 
 def test_a_relative_db_is_made_absolute(job: Path, farm, tmp_path: Path) -> None:
     # the run directories live beside the store: a relative path used to fail every run as `bug`
-    run = farm("submit", "job.yaml", "--db", "rel/store.db", "--json", cwd=tmp_path)
+    run = farm("submit", "job.yaml", "--db", "rel/store.db", "--json", "--create", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert [r["status"] for r in run.json()["results"]] == ["completed"]
     assert jobs_in(tmp_path / "rel" / "store.db") == [(1, "completed")]
@@ -264,3 +264,44 @@ def test_files_over_the_size_limit_are_refused_by_their_size(tmp_path: Path) -> 
         f.truncate(10 << 20)  # sparse: 10 MB that were never written, and are never read
     with pytest.raises(FileRefused, match=r"10,485,760 bytes, over the limit of 1,048,576 bytes for a job file"):
         read_regular_file(big, "job file", 1 << 20)
+
+
+# --- a store path whose folder is missing: an error (a typo must not look like an empty store) ------
+@pytest.mark.parametrize("how", ["--db", "FARM_DB", "web --db", "controller --db"])
+def test_a_store_in_a_missing_folder_is_an_error_unless_create(how: str, job: Path, farm, tmp_path: Path) -> None:
+    db = tmp_path / "typo" / "deeper" / "farm.db"
+    command = {"--db": ("jobs", "--db", str(db)), "FARM_DB": ("jobs",),
+               "web --db": ("web", "--db", str(db), "--listen", "127.0.0.1:0"),
+               "controller --db": ("controller", "serve", "--no-auth", "--listen", "127.0.0.1:0", "--db", str(db))}[how]
+    env = {"FARM_DB": str(db)} if how == "FARM_DB" else None
+    refused = farm(*command, env=env, timeout=120)
+    assert refused.returncode == 2, refused.stderr
+    assert "Traceback" not in refused.stderr and "\n\n" not in refused.stderr.strip()
+    for fragment in (str(db), f"{tmp_path / 'typo'} is missing", "--create"):
+        assert fragment in refused.stderr, refused.stderr
+    assert not (tmp_path / "typo").exists()  # nothing was made
+    if how in ("--db", "FARM_DB"):
+        made = farm(*command, "--create", env=env)
+        assert made.returncode == 0 and db.is_file(), made.stderr
+
+
+def test_the_python_api_checks_its_arguments_as_the_cli_does(tmp_path: Path) -> None:
+    import farm
+    for kwargs, fragments in (({"backend": "quantum"}, ["'quantum'", "auto, cgroup, docker, process"]),
+                              ({"slots": 0}, ["slots=0", "at least 1"]),
+                              ({"slots": 10_000}, ["connect(slots=10000)", "10000 sim slots need 10000 cores"]),
+                              ({"db": 5}, ["connect(db=5)", "file path"]),
+                              ({"db": tmp_path / "missing" / "farm.db"}, ["missing is missing", "create=True"])):
+        with pytest.raises(farm.FarmError) as refused:
+            farm.connect(db=tmp_path / "farm.db", **{"db": tmp_path / "farm.db", **kwargs}).close()
+        assert all(f in str(refused.value) for f in fragments), str(refused.value)
+    assert not (tmp_path / "missing").exists()
+    with farm.connect(db=tmp_path / "made" / "farm.db", create=True) as lab:
+        assert (tmp_path / "made" / "farm.db").is_file()
+        for job in (None, 3, "", b"job.yaml"):
+            with pytest.raises(farm.FarmError, match="give a job file's path"):
+                lab.submit(job)  # type: ignore[arg-type]
+        with pytest.raises(farm.FarmError, match="interactive, normal, low"):
+            lab.submit(tmp_path / "job.yaml", priority="urgent")
+        with pytest.raises(farm.FarmError, match="--set repeats=lots"):
+            lab.submit({"models": ["x.tflite"]}, overrides={"repeats": "lots"})

@@ -566,7 +566,10 @@ def load_job_text(text: str, source_name: str, base_dir: Path, source_path: Path
         job.script_dir, job.script_path = check_script(spec, base_dir, root, source_name)
     invalid.sort(key=lambda m: (m.problem.line or 0, m.entry_index))  # in the order the file names them
     if invalid and (not skip_invalid or not job.models):
-        hint = [] if job.models or not skip_invalid else [JobProblem(source_name, None, "models", "no model of the job can run.")]
+        hint = [JobProblem(source_name, None, "models", "no model of the job can run.")] if not job.models else \
+            [] if skip_invalid else [JobProblem(source_name, None, "models", (
+                f"the other {len(job.models)} model(s) can run: `farm submit --skip-invalid` runs them and records "
+                "the ones above as `job` failures (or fix or drop those in the job file)."))]
         raise JobFileError([*(m.problem for m in invalid), *hint])
     job.invalid = invalid
     check_task_count(spec, len(job.models), targets, max_tasks, source_name)
