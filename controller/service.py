@@ -107,6 +107,10 @@ def calibrate(store: Store, *, job: int | None, sim_job: int | None, device_job:
         raise ServiceError(f"--min-pairs {min_pairs}: give a number from 2 to 100000")
     if device is not None:
         check_name("--device", device)
+    if not job and sim_job == device_job:  # a job fitted against itself is always "device = sim"
+        raise ServiceError(f"--sim-job {sim_job} --device-job {device_job}: the same job on both sides would fit the "
+                           "sim against itself; give the job whose runs stand for the device as --device-job (or "
+                           "--job J for a job whose device runs have sim twins).")
     results: list[dict[str, Any]] = []
     refused: list[str] = []
     try:

@@ -305,3 +305,8 @@ def test_the_python_api_checks_its_arguments_as_the_cli_does(tmp_path: Path) -> 
             lab.submit(tmp_path / "job.yaml", priority="urgent")
         with pytest.raises(farm.FarmError, match="--set repeats=lots"):
             lab.submit({"models": ["x.tflite"]}, overrides={"repeats": "lots"})
+
+
+def test_calibrating_a_job_against_itself_is_refused(farm) -> None:
+    one_paragraph_error(farm("calibrate", "--sim-job", "1", "--device-job", "1", "--device", "half-cpu"),
+                        ["--sim-job 1 --device-job 1", "against itself", "--job J"])

@@ -34,6 +34,18 @@ CASES = {
     "negative iterations": (
         "models: [tiny.tflite]\nworkload:\n  type: benchmark\n  iterations: -5\n",
         4, ["workload.iterations", "greater than 0"]),
+    "duplicate threads": (
+        "models: [tiny.tflite]\n" + GOOD_WORKLOAD + "matrix:\n  threads: [1, 1, 1]\n",
+        4, ["matrix.threads", "1 listed more than once", "repeats"]),
+    "duplicate input sizes": (
+        "models: [tiny.tflite]\n" + GOOD_WORKLOAD + "matrix:\n  input_sizes: [null, 96, null]\n",
+        4, ["matrix.input_sizes", "null listed more than once"]),
+    "a 100,000-character job name": (
+        "models: [tiny.tflite]\n" + GOOD_WORKLOAD + "name: " + "n" * 100_000 + "\n",
+        3, ["name", "100,000 characters long", "at most 200"]),
+    "a 100,000-character model name": (
+        "models:\n  - {path: tiny.tflite, name: " + "m" * 100_000 + "}\n" + GOOD_WORKLOAD,
+        2, ["models[0].name", "100,000 characters long", "at most 200"]),
     "zero threads": (
         "models: [tiny.tflite]\n" + GOOD_WORKLOAD + "matrix:\n  threads: [1, 0]\n",
         4, ["matrix.threads", "at least 1"]),
@@ -171,8 +183,8 @@ def test_malformed_job_is_refused_with_file_line_and_field(case: str, job_dir: P
         assert f"job.yaml:{line}:" in message, message
     for fragment in fragments:
         assert fragment in message, f"{fragment!r} not in {message!r}"
-    # one paragraph: no blank line inside the message
-    assert "\n\n" not in message.strip()
+    # one paragraph: no blank line inside the message, and never the whole of a hostile value
+    assert "\n\n" not in message.strip() and len(message) < 5000
     # nothing was stored for a refused job
     if farm_db.exists():
         assert sqlite3.connect(farm_db).execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0
