@@ -293,7 +293,7 @@ def test_the_python_api_checks_its_arguments_as_the_cli_does(tmp_path: Path) -> 
                               ({"db": 5}, ["connect(db=5)", "file path"]),
                               ({"db": tmp_path / "missing" / "farm.db"}, ["missing is missing", "create=True"])):
         with pytest.raises(farm.FarmError) as refused:
-            farm.connect(db=tmp_path / "farm.db", **{"db": tmp_path / "farm.db", **kwargs}).close()
+            farm.connect(**{"db": tmp_path / "farm.db", **kwargs}).close()
         assert all(f in str(refused.value) for f in fragments), str(refused.value)
     assert not (tmp_path / "missing").exists()
     with farm.connect(db=tmp_path / "made" / "farm.db", create=True) as lab:
