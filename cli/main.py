@@ -21,6 +21,7 @@ from farm.cli import console
 from farm.cli.console import job_progress, open_farm
 from farm.client.api import Farm, FarmError
 from farm.proto import strict_json
+from farm.proto.escape import printable
 from farm.proto.tasks import DEFAULT_MAX_TASKS
 
 EXIT_OK, EXIT_RUNS_FAILED, EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -202,11 +203,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(to_json(job.to_json()))
         return EXIT_OK
-    out.print(Text.assemble(f"job {args.job} (", job.name, "): ", (job.status, "bold"),
+    out.print(Text.assemble(f"job {args.job} (", printable(job.name), "): ", (job.status, "bold"),
                             f" — {job.done}/{job.total} done: {job.completed} ok, {job.failed} failed, "
                             f"{job.canceled} canceled, {job.running} running, {job.pending} pending"))
     if job.message:
-        out.print(Text(job.message))
+        out.print(Text(printable(job.message, None, multiline=True)))
     if job.status == "interrupted" and not job.message:  # a stored interruption says so in its message
         out.print(f"the process that ran it ({job.owner_pid}) has died; `farm resume {args.job}` carries on, "
                   "keeping every run already stored.")

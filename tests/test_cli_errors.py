@@ -310,3 +310,22 @@ def test_the_python_api_checks_its_arguments_as_the_cli_does(tmp_path: Path) -> 
 def test_calibrating_a_job_against_itself_is_refused(farm) -> None:
     one_paragraph_error(farm("calibrate", "--sim-job", "1", "--device-job", "1", "--device", "half-cpu"),
                         ["--sim-job 1 --device-job 1", "against itself", "--job J"])
+
+
+def test_control_characters_in_job_and_model_names_never_reach_the_terminal(farm, tmp_path: Path, tiny_models) -> None:
+    # the names come from a job file (hostile): an escape would recolour or retitle the terminal, a newline
+    # would forge a line, and rich markup would be obeyed; whatever the run's outcome, every line shows them escaped
+    os.symlink(tiny_models["tflite"], tmp_path / "tiny.tflite")
+    write_job(tmp_path, 'name: "J\\e[31mred\\nforged [bold]x[/bold]"\n'
+                        'models:\n  - {path: tiny.tflite, name: "m\\e]0;title\\a\\rback [bold]y[/bold]"}\n'
+                        "workload: {type: benchmark, iterations: 2, warmup: 0}\nsim: {memory: 256m}\n")
+    said = [farm("submit", "job.yaml", *extra, cwd=tmp_path) for extra in ((), ("--progress",))]  # lines, then a bar
+    said += [farm(*command, cwd=tmp_path) for command in (("jobs",), ("status", "1"), ("results", "1", "--runs"))]
+    for run in said:
+        text = run.stdout + run.stderr
+        assert "Traceback" not in text, text
+        assert not any(c in text for c in "\x1b\x07\r"), repr(text)
+        assert not any(line.startswith(("forged", "back")) for line in text.splitlines()), text
+    progress_lines = [ln for ln in said[0].stderr.splitlines() if ln.startswith("[1/1] ")]
+    assert progress_lines and "m\\x1b]0;title\\x07\\rback [bold]y[/bold]" in progress_lines[0]  # escaped, markup shown
+    assert "J\\x1b[31mred\\nforged [bold]x[/bold]" in said[3].stdout
