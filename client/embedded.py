@@ -103,6 +103,9 @@ class EmbeddedFarm(Farm):
         for problem in [*job.warnings, *(m.problem for m in job.invalid)]:
             if on_warning:
                 on_warning("warning" if problem in job.warnings else "skipped", str(problem))
+        unenforced = self._unenforced_budget(job.spec)
+        if unenforced and on_warning:
+            on_warning("warning", f"{source}: {unenforced}")
         if priority:
             job.spec.priority = priority
         targets = [t.name for t in job.targets if t is not None]
@@ -114,6 +117,19 @@ class EmbeddedFarm(Farm):
         log = self._start_background(job_id) if detach else None
         return Submitted(job=job_id, tasks=self.controller.progress(job_id).total, models=len(job.models),
                          where=self.where, warnings=[p.to_json() for p in job.warnings], log=log)
+
+    def _unenforced_budget(self, spec: Any) -> str | None:
+        """A fractional CPU budget the backend these runs get cannot enforce (said before the job runs)."""
+        from farm.agents.sandbox import AUTO_ORDER, backend_class
+
+        names = AUTO_ORDER if self.backend in (None, "auto") else (self.backend,)
+        chosen = next((backend_class(n) for n in names if backend_class(n).unavailable_reason() is None), None)
+        budgets = [("sim.cpus", spec.sim.cpus)] + [("matrix.cpus", c) for c in spec.matrix.cpus]
+        for field_name, cpus in budgets:
+            reason = chosen.unenforced_cpus(cpus) if chosen is not None else None
+            if reason:
+                return f"{field_name}: {reason} Its runs and calibrations are flagged."
+        return None
 
     def _start_background(self, job_id: int) -> Path:
         """A detached `farm resume JOB` runs the queued job; its output goes to a log beside the store."""

@@ -23,6 +23,7 @@ import yaml
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import JobFileError, ResolvedJob, load_job_text
 from farm.controller.scheduling.store import Store
+from farm.proto.results import UNENFORCED_BUDGET
 
 GROUP_ALL = "(all)"
 CALIBRATE_METRICS = ("latency", "whole_run", "peak_memory", "avg_memory", "energy")
@@ -149,7 +150,23 @@ def calibrate(store: Store, *, job: int | None, sim_job: int | None, device_job:
                                     family=s.family or GROUP_ALL, version=s.version) for s in stored]
     except CalibrationError as e:
         raise ServiceError(str(e)) from None
+    unenforced = _unenforced_budget_runs(store, jobs)
+    for row in results if unenforced else []:
+        row["warnings"] = [*row["warnings"], unenforced]
     return {"calibrations": results, "refused": refused, "contended_left_out": left_out}
+
+
+def _unenforced_budget_runs(store: Store, jobs: list[int]) -> str | None:
+    """A warning when runs of these jobs had a CPU budget their backend could not enforce."""
+    from farm.controller.analysis.results import run_records
+
+    flagged = [(job, r) for job in jobs for r in run_records(store, job) if r["message"].startswith(UNENFORCED_BUDGET)]
+    if not flagged:
+        return None
+    job, first = flagged[0]
+    return (f"{len(flagged)} run(s) of job(s) {', '.join(str(j) for j in sorted({j for j, _ in flagged}))} had a CPU "
+            f"budget their backend did not enforce ({first['message'].removeprefix(UNENFORCED_BUDGET)}) The factor "
+            "understates what the budget does; rerun those jobs with the cgroup or docker backend.")
 
 
 def calibrations(store: Store, device: str | None, metric: str | None) -> list[dict[str, Any]]:

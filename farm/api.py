@@ -106,11 +106,17 @@ class Calibration:
     n: int
     unsafe: bool
     document: dict[str, Any] = field(repr=False, compare=False)  # as `farm calibrate --json` lists it
+    warnings: tuple[str, ...] = ()  # what `farm calibrate` prints as warnings (e.g. a budget not enforced)
 
     @classmethod
     def from_json(cls, c: dict[str, Any]) -> "Calibration":
         return cls(id=c["id"], device=c["device"], metric=c["metric"], threads=c["threads"], family=c["family"],
-                   version=c["version"], formula=c["formula"], r2=c["r2"], n=c["n"], unsafe=c["unsafe"], document=c)
+                   version=c["version"], formula=c["formula"], r2=c["r2"], n=c["n"], unsafe=c["unsafe"], document=c,
+                   warnings=tuple(c.get("warnings") or ()))
+
+
+def _print_warning(kind: str, message: str) -> None:
+    print(f"{kind}: {message}", file=sys.stderr, flush=True)  # as `farm submit` says it
 
 
 def _print_progress(p: Progress) -> None:
@@ -190,9 +196,10 @@ class Lab:
         if isinstance(job, dict):
             source = Path(base_dir or Path.cwd()).absolute() / f"{job.get('name') or 'job'}.yaml"
             submitted = self.farm.submit(source, yaml.safe_dump(job, sort_keys=False), priority=priority,  # type: ignore[arg-type]
-                                         detach=detach, overrides=sets)
+                                         detach=detach, overrides=sets, on_warning=_print_warning)
         else:
-            submitted = self.farm.submit(Path(job), priority=priority, detach=detach, overrides=sets)  # type: ignore[arg-type]
+            submitted = self.farm.submit(Path(job), priority=priority, detach=detach, overrides=sets,  # type: ignore[arg-type]
+                                         on_warning=_print_warning)
         return Job(self, submitted.job, submitted)
 
     def job(self, id: int) -> Job:

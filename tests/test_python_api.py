@@ -51,3 +51,22 @@ def test_results_are_typed_records_and_pandas_is_optional(tmp_path: Path, tiny_m
             assert list(frame["model"]) == ["tiny"] and frame["latency_ms"][0] == results[0].latency_ms
         with pytest.raises(farm.FarmError, match="no job 99"):
             lab.job(99)
+
+
+def test_a_budget_the_backend_cannot_enforce_is_said_before_the_job_runs(tmp_path: Path, tiny_models, capsys) -> None:
+    # the process backend duty-cycles the whole run: half a CPU makes the run slower, not each inference
+    import farm
+    from farm.agents.sandbox import backend_class
+
+    process, exact = backend_class("process"), [backend_class(n) for n in ("cgroup", "docker")]
+    assert "cannot hold each inference to 0.5 CPU" in (process.unenforced_cpus(0.5) or "")
+    assert process.unenforced_cpus(1.0) is None and process.unenforced_cpus(None) is None  # whole cores are pinned
+    assert all(b.unenforced_cpus(0.5) is None for b in exact)
+    with farm.connect(db=tmp_path / "farm.db", backend="process") as lab:
+        for cpus, warned in ((0.5, True), (1.0, False)):
+            lab.submit({"name": f"cpus-{cpus}", "models": [str(tiny_models["tflite"])], "sim": {"cpus": cpus}})
+            said = capsys.readouterr().err
+            assert ("warning: " in said and "sim.cpus: the process backend cannot hold each inference to 0.5 CPU"
+                    in said and "cgroup or docker backend" in said) == warned, said
+        lab.submit({"name": "sweep", "models": [str(tiny_models["tflite"])], "matrix": {"cpus": [1, 0.25]}})
+        assert "matrix.cpus: the process backend cannot hold each inference to 0.25 CPU" in capsys.readouterr().err
