@@ -16,7 +16,7 @@ setup: $(VENV)/.installed
 
 # The example models are generated, never downloaded: every model examples/*.yaml and the reference suite name.
 examples/models/.generated: $(VENV)/.installed Makefile
-	$(FARM) models generate examples/models --widths 0.35,0.5,0.75,1.0,1.4 --sizes 128,160,224 --quiet
+	$(FARM) models generate examples/models --widths 0.25,0.35,0.5,0.75,1.0,1.4 --sizes 128,160,224 --quiet
 	$(FARM) models generate examples/models --published --no-zoo --formats onnx --widths 1.0 --sizes 224 --quiet
 	touch $@
 

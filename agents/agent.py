@@ -19,6 +19,7 @@ from typing import Callable, Protocol
 from farm.agents.sandbox.base import format_cpuset
 from farm.agents.lab import LabDevice
 from farm.agents.sim import ModelChanged, SimDriver, SimSlot, verify_model
+from farm.proto.escape import printable
 from farm.proto.results import FailureClass, ResultRefused, RunResult
 from farm.proto.tasks import TaskSpec
 
@@ -109,7 +110,14 @@ class Agent:
         def beat() -> None:
             # Renew the lease while the driver works; device drivers block for whole runs.
             while not done.wait(HEARTBEAT_INTERVAL_S):
-                if not self.controller.heartbeat(task.task_id, task.attempt):
+                try:
+                    alive = self.controller.heartbeat(task.task_id, task.attempt)
+                except Exception as e:  # e.g. a local store locked by another process: a line, never a traceback
+                    log.warning("run of task %d (attempt %d): could not renew its lease (%s: %s); the run goes on "
+                                "and farm tries again in %g s", task.task_id, task.attempt, type(e).__name__,
+                                printable(e), HEARTBEAT_INTERVAL_S)
+                    continue
+                if not alive:
                     keep_going[0] = False
                     return
 

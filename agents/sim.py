@@ -39,7 +39,7 @@ from farm.agents.script_env import ScriptEnvError, script_python
 from farm.agents.telemetry import TelemetrySampler
 from farm.proto import op_profile
 from farm.proto.names import safe_suffix
-from farm.proto.results import FailureClass, Limits, RunResult, RunStatus
+from farm.proto.results import UNENFORCED_BUDGET, FailureClass, Limits, RunResult, RunStatus
 from farm.proto.script_archive import ScriptArchiveError, pack_dir, unpack
 from farm.agents.sandbox.base import format_cpuset
 from farm.proto.spec import ScriptWorkload, cores_missing, default_cpus
@@ -400,6 +400,9 @@ class SimDriver:
             return RunResult.failed(FailureClass.JOB, f"{Path(task.model_path).name}: {e}", **base)
         result = self._classify(task, budget, exit_info, output)
         result.backend, result.limits, result.approximate = backend.name, limits, backend.approximate
+        unenforced = backend.unenforced_cpus(limits.cpus)
+        if unenforced and result.ok and not result.message:
+            result.message = UNENFORCED_BUDGET + unenforced  # flagged in the run, so calibrations can say so
         result.telemetry = telemetry
         result.contention = contention
         result.wall_s = exit_info.wall_s

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from farm.client.api import FarmError
 from farm.client.api import Progress as FarmProgress
+from farm.proto.escape import printable
 
 # Piped output keeps the full table width instead of rich's 80-column guess; $COLUMNS wins when set.
 out = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160)
@@ -58,7 +59,7 @@ def open_farm(args: argparse.Namespace):
     from farm.client.embedded import EmbeddedFarm
     return EmbeddedFarm(getattr(args, "db", None), slots=getattr(args, "slots", None) or 1,
                         backend=getattr(args, "backend", None), lab=lambda: lab_devices(args),
-                        devices_file=getattr(args, "devices", None))
+                        devices_file=getattr(args, "devices", None), create=getattr(args, "create", False))
 
 
 def output_file(text: str, option: str = "-o") -> Path:
@@ -82,16 +83,17 @@ def job_progress(args: argparse.Namespace, job_id: int) -> Iterator[Callable[[Fa
     quiet = args.json or getattr(args, "quiet", False)
     show = not quiet and err.is_terminal or getattr(args, "progress", False)
     progress = Progress(TextColumn("[bold]job {task.fields[job]}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=err,
+                        TextColumn("{task.fields[last]}", markup=False), TimeElapsedColumn(), console=err,
                         disable=not show, transient=False)
     bar = progress.add_task("runs", total=None, job=job_id, last="")
     printed = [-1]
 
     def update(p: FarmProgress) -> None:
-        summary = p.last or f"{p.completed} ok, {p.failed} failed, {p.running} running"
+        # the run's model name is the job file's (hostile): escaped, and never read as rich markup
+        summary = printable(p.last, 400) if p.last else f"{p.completed} ok, {p.failed} failed, {p.running} running"
         progress.update(bar, total=p.total, completed=p.done, last=summary, job=p.job)
         if not show and not quiet and (p.last or p.done != printed[0]):
-            err.print(f"[{p.done}/{p.total}] {summary}", highlight=False)
+            err.print(Text(f"[{p.done}/{p.total}] {summary}"), highlight=False)
             printed[0] = p.done
 
     with progress:

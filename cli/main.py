@@ -21,6 +21,7 @@ from farm.cli import console
 from farm.cli.console import job_progress, open_farm
 from farm.client.api import Farm, FarmError
 from farm.proto import strict_json
+from farm.proto.escape import printable
 from farm.proto.tasks import DEFAULT_MAX_TASKS
 
 EXIT_OK, EXIT_RUNS_FAILED, EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -114,7 +115,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     with job_progress(args, 0) as update:  # a health check may run first (embedded, devices not checked lately)
         submitted = farm.submit(Path(args.job_file), priority=args.priority, max_tasks=args.max_tasks,
                                 skip_invalid=args.skip_invalid, detach=args.detach, on_warning=warn,
-                                on_progress=update)
+                                on_progress=update, overrides=args.set or ())
     args.warnings = submitted.warnings
     if not args.json and not args.quiet:
         each = submitted.tasks // max(1, submitted.models)
@@ -202,11 +203,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(to_json(job.to_json()))
         return EXIT_OK
-    out.print(Text.assemble(f"job {args.job} (", job.name, "): ", (job.status, "bold"),
+    out.print(Text.assemble(f"job {args.job} (", printable(job.name), "): ", (job.status, "bold"),
                             f" — {job.done}/{job.total} done: {job.completed} ok, {job.failed} failed, "
                             f"{job.canceled} canceled, {job.running} running, {job.pending} pending"))
     if job.message:
-        out.print(Text(job.message))
+        out.print(Text(printable(job.message, None, multiline=True)))
     if job.status == "interrupted" and not job.message:  # a stored interruption says so in its message
         out.print(f"the process that ran it ({job.owner_pid}) has died; `farm resume {args.job}` carries on, "
                   "keeping every run already stored.")
@@ -285,6 +286,7 @@ def cmd_backends(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--db", default=None, help="SQLite store (default: $FARM_DB or the user data directory)")
+    common.add_argument("--create", action="store_true", help="make the folder of --db (or $FARM_DB) when it is missing; without it a missing folder is an error")
     common.add_argument("--json", action="store_true", help="machine-readable output")
     from farm.cli.remote import add_client_options, add_remote_commands
     add_client_options(common)
@@ -312,6 +314,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the models that can run; record the others as `job` failures")
     s.add_argument("--max-tasks", type=_positive_int, default=DEFAULT_MAX_TASKS,
                    help=f"refuse a job that expands to more runs than this (default {DEFAULT_MAX_TASKS:,})")
+    s.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                   help="change one field of the job for this submission (repeatable; YAML value, dotted path), "
+                        "e.g. --set workload.iterations=20 --set 'matrix.threads=[1]'; validated like the file "
+                        "and stored with the job")
     runner_options(s)
     s.set_defaults(func=cmd_submit)
 

@@ -141,7 +141,7 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
     from farm.controller.auth import TlsFiles, TokenFileError, TokenTable, check_tokens_file, is_loopback
     from farm.controller.grpc_server import DEFAULT_MAX_STREAMS, DEFAULT_MAX_WATCHES, DEFAULT_UPLOAD_QUOTA, serve
     from farm.controller.operations.metrics import MetricsListenError
-    from farm.controller.scheduling.store import Store, StoreError, default_db_path
+    from farm.controller.scheduling.store import DB_ENV, Store, StoreError, default_db_path
 
     _logging(args.verbose)
     tokens_file = args.tokens or os.environ.get("FARM_TOKENS")
@@ -158,7 +158,9 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
         if args.tls_cert or args.tls_key:
             tls = TlsFiles(ca=Path(args.tls_client_ca) if args.tls_client_ca else None,
                            cert=Path(args.tls_cert) if args.tls_cert else None, key=Path(args.tls_key) if args.tls_key else None)
-        store = Store(Path(args.db) if args.db else default_db_path())
+        # the user data folder is farm's own to make; a path someone typed is made only with --create
+        store = Store(Path(args.db) if args.db else default_db_path(),
+                      create_folder=args.create or not (args.db or os.environ.get(DB_ENV)))
         running = serve(store, args.listen, tokens=tokens, tls=tls, lease_ttl_s=args.lease_ttl,
                         heartbeat_interval_s=args.heartbeat_interval, metrics_listen=args.metrics_listen,
                         max_streams=args.max_streams or DEFAULT_MAX_STREAMS,
@@ -337,6 +339,7 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     s = csub.add_parser("serve", help="serve agents and clients until SIGTERM")
     s.add_argument("--listen", default=f"127.0.0.1:{DEFAULT_PORT}", help=f"HOST:PORT (default 127.0.0.1:{DEFAULT_PORT}; :0 picks a port)")
     s.add_argument("--db", default=None, help="SQLite store (default: $FARM_DB or the user data directory)")
+    s.add_argument("--create", action="store_true", help="make the folder of --db (or $FARM_DB) when it is missing; without it a missing folder is an error")
     s.add_argument("--tokens", default=None, help="tokens file: `ROLE TOKEN [AGENT_NAME]` a line (default $FARM_TOKENS)")
     s.add_argument("--no-auth", action="store_true", help="accept every caller (loopback addresses only)")
     s.add_argument("--tls-cert", default=None, help="server certificate (PEM); enables TLS")

@@ -285,7 +285,7 @@ def show(console: Console, renderable: RenderableType, *, wide: bool = False) ->
 
 def failures(records: list[dict[str, Any]]) -> list[str]:
     # a message may quote an agent or a script: escaped, but its lines kept
-    return [f"{r['model']['name']} (threads {r['threads']}, repeat {r['repeat']}): {r['failure_class']}: "
+    return [f"{printable(r['model']['name'])} (threads {r['threads']}, repeat {r['repeat']}): {r['failure_class']}: "
             f"{printable(r['message'], limit=None, multiline=True)}" for r in records if r["failure_class"] and r["status"] not in ("completed", "canceled")]
 
 

@@ -37,7 +37,7 @@ def cmd_web(args: argparse.Namespace) -> int:
     except (TokenFileError, WebListenError) as e:
         raise UserError(str(e)) from None
     try:  # the dashboard reads this store itself: `farm web` is the embedded twin of --web-listen
-        farm = EmbeddedFarm(args.db)
+        farm = EmbeddedFarm(args.db, create=args.create)
     except FarmError as e:
         raise UserError(str(e)) from None
     store = farm.store
@@ -63,6 +63,7 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
     # not `common`: its --tls-cert is a client's certificate, here it is the server's
     s = sub.add_parser("web", help="serve the lab dashboard (devices, jobs, calibrations) over a local store")
     s.add_argument("--db", default=None, help="SQLite store (default: $FARM_DB or the user data directory)")
+    s.add_argument("--create", action="store_true", help="make the folder of --db (or $FARM_DB) when it is missing; without it a missing folder is an error")
     s.add_argument("--listen", default=DEFAULT_WEB_LISTEN, metavar="HOST:PORT",
                    help=f"where to serve it (default {DEFAULT_WEB_LISTEN}; :0 picks a port)")
     s.add_argument("--tokens", default=None, help="a tokens file (`ROLE TOKEN` a line): pages need a client or admin "

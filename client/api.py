@@ -10,8 +10,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
+from farm.proto.job_overrides import OverrideError, apply_overrides
+from farm.proto.regular_files import MAX_JOB_FILE_BYTES, FileRefused, read_regular_file
 from farm.proto.spec import Priority
 
 EXIT_BAD_INPUT, EXIT_ENVIRONMENT = 2, 3  # the CLI's exit codes for a FarmError (cli/main.py lists them all)
@@ -156,11 +158,31 @@ class Farm(ABC):
         """`store PATH` or `controller HOST:PORT`: said in messages, so nobody wonders which farm answered."""
 
     # --- jobs ---------------------------------------------------------------------------
+    @staticmethod
+    def job_text(source: Path, text: str | None, overrides: Sequence[str]) -> str | None:
+        """The job's text with its --set overrides applied; None (no overrides, no text): read the file as usual."""
+        if not overrides:
+            return text
+        if text is None:
+            try:
+                text = read_regular_file(source, "job file", MAX_JOB_FILE_BYTES).decode()
+            except FileNotFoundError:
+                raise FarmError(f"{source}: no such job file.") from None
+            except (OSError, UnicodeDecodeError, ValueError) as e:  # FileRefused is a ValueError
+                raise FarmError(f"{source}: cannot read the job file: {e}." if not isinstance(e, FileRefused)
+                                else str(e)) from None
+        try:
+            return apply_overrides(text, overrides)
+        except OverrideError as e:
+            raise FarmError(f"{source}: {e}") from None
+
     @abstractmethod
     def submit(self, source: Path, text: str | None = None, *, priority: Priority | None = None,
                max_tasks: int | None = None, skip_invalid: bool = False, detach: bool = False,
-               on_warning: Callable[[str, str], None] | None = None, on_progress: OnProgress | None = None) -> Submitted:
+               on_warning: Callable[[str, str], None] | None = None, on_progress: OnProgress | None = None,
+               overrides: Sequence[str] = ()) -> Submitted:
         """Queue a job file (or `text` in its place: relative model paths start at `source`'s folder).
+        overrides: `--set FIELD=VALUE` strings applied to the job before it is validated and stored.
         detach: embedded, a background process runs it; remote, the controller does anyway.
         on_warning(kind, message) hears what the job file got away with; on_progress, any health check run first."""
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from farm.proto.spec import Priority
 from farm.client.api import (
@@ -23,7 +23,7 @@ from farm.client.api import (
 )
 from farm.controller import service
 from farm.controller.scheduling.controller import Controller
-from farm.controller.scheduling.store import Store, StoreError, default_db_path
+from farm.controller.scheduling.store import DB_ENV, Store, StoreError, default_db_path
 
 POLL_S = 0.3  # how often `wait` looks at a job another process runs
 
@@ -35,6 +35,17 @@ def _job_info(controller: Controller, job_id: int) -> JobInfo:
     return JobInfo(**info)
 
 
+def check_runner_options(slots: Any, backend: Any) -> None:
+    """slots and backend as the CLI's --slots and --backend allow them (the Python API passes anything)."""
+    from farm.agents.sandbox import BACKEND_NAMES
+
+    if backend is not None and backend not in ("auto", *BACKEND_NAMES):
+        raise FarmError(f"backend={backend!r}: no such sandbox backend; give one of auto, {', '.join(BACKEND_NAMES)} "
+                        "(`farm backends` says which run here).")
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+        raise FarmError(f"slots={slots!r}: give a whole number of sim slots, at least 1 (each gets cores of its own).")
+
+
 class EmbeddedFarm(Farm):
     """slots/backend/lab: how this process runs jobs (`farm submit --slots --backend --devices`)."""
 
@@ -42,10 +53,13 @@ class EmbeddedFarm(Farm):
 
     def __init__(self, db: Path | str | None = None, *, slots: int = 1, backend: str | None = None,
                  lab: Callable[[], list[Any]] | None = None, devices_file: Path | str | None = None,
-                 health_check_max_age_h: float | None = None) -> None:
+                 health_check_max_age_h: float | None = None, create: bool = False) -> None:
+        check_runner_options(slots, backend)  # before the store: a bad argument changes nothing
         path = Path(db) if db else default_db_path()
+        # the user data folder (no --db, no FARM_DB) is farm's own to make; a path someone typed is not
+        create = create or (not db and not os.environ.get(DB_ENV))
         try:
-            self.store = Store(path)
+            self.store = Store(path, create_folder=create)
         except StoreError as e:
             raise FarmError(str(e)) from None
         self.controller = Controller(self.store)
@@ -73,7 +87,9 @@ class EmbeddedFarm(Farm):
     # --- jobs ---------------------------------------------------------------------------
     def submit(self, source: Path, text: str | None = None, *, priority: Priority | None = None,
                max_tasks: int | None = None, skip_invalid: bool = False, detach: bool = False,
-               on_warning: Callable[[str, str], None] | None = None, on_progress: OnProgress | None = None) -> Submitted:
+               on_warning: Callable[[str, str], None] | None = None, on_progress: OnProgress | None = None,
+               overrides: Sequence[str] = ()) -> Submitted:
+        text = self.job_text(source, text, overrides)
         from farm.controller.scheduling.jobfile import DEFAULT_MAX_TASKS, HostCapacity, JobFileError, load_job, load_job_text
 
         lab = self.lab()
@@ -81,12 +97,15 @@ class EmbeddedFarm(Farm):
                                    "skip_invalid": skip_invalid, "host": HostCapacity.here()}
         try:
             job = load_job(source, **options) if text is None else \
-                load_job_text(text, str(source), source.resolve().parent, **options)
+                load_job_text(text, str(source), source.resolve().parent, source.resolve(), **options)
         except JobFileError as e:
             raise FarmError(str(e), problems=[p.to_json() for p in e.problems]) from None
         for problem in [*job.warnings, *(m.problem for m in job.invalid)]:
             if on_warning:
                 on_warning("warning" if problem in job.warnings else "skipped", str(problem))
+        unenforced = self._unenforced_budget(job.spec)
+        if unenforced and on_warning:
+            on_warning("warning", f"{source}: {unenforced}")
         if priority:
             job.spec.priority = priority
         targets = [t.name for t in job.targets if t is not None]
@@ -98,6 +117,19 @@ class EmbeddedFarm(Farm):
         log = self._start_background(job_id) if detach else None
         return Submitted(job=job_id, tasks=self.controller.progress(job_id).total, models=len(job.models),
                          where=self.where, warnings=[p.to_json() for p in job.warnings], log=log)
+
+    def _unenforced_budget(self, spec: Any) -> str | None:
+        """A fractional CPU budget the backend these runs get cannot enforce (said before the job runs)."""
+        from farm.agents.sandbox import AUTO_ORDER, backend_class
+
+        names = AUTO_ORDER if self.backend in (None, "auto") else (self.backend,)
+        chosen = next((backend_class(n) for n in names if backend_class(n).unavailable_reason() is None), None)
+        budgets = [("sim.cpus", spec.sim.cpus)] + [("matrix.cpus", c) for c in spec.matrix.cpus]
+        for field_name, cpus in budgets:
+            reason = chosen.unenforced_cpus(cpus) if chosen is not None else None
+            if reason:
+                return f"{field_name}: {reason} Its runs and calibrations are flagged."
+        return None
 
     def _start_background(self, job_id: int) -> Path:
         """A detached `farm resume JOB` runs the queued job; its output goes to a log beside the store."""

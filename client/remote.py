@@ -12,7 +12,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Sequence, Iterator
 
 import grpc
 
@@ -23,6 +23,7 @@ from farm.client.api import (
 )
 from farm.client.config import Credentials
 from farm.proto.escape import printable
+from farm.proto.regular_files import FileRefused, read_regular_file
 from farm.proto.generated import farm_pb2, farm_pb2_grpc
 
 # The sandboxes fork; gRPC's fork handlers are not needed (children exec at once) and only log noise.
@@ -167,14 +168,18 @@ class RemoteFarm(Farm):
     # --- jobs ---------------------------------------------------------------------------
     def submit(self, source: Path, text: str | None = None, *, priority: Priority | None = None,
                max_tasks: int | None = None, skip_invalid: bool = False, detach: bool = False,
-               on_warning: Callable[[str, str], None] | None = None, on_progress: OnProgress | None = None) -> Submitted:
+               on_warning: Callable[[str, str], None] | None = None, on_progress: OnProgress | None = None,
+               overrides: Sequence[str] = ()) -> Submitted:
+        text = self.job_text(source, text, overrides)
         if skip_invalid:
             raise FarmError("--skip-invalid runs in embedded mode only; a controller refuses a job with a bad model, "
                             "naming each one: drop them from the job file, or submit without --controller.")
         if text is None:
             try:
-                text = source.read_text()
-            except OSError as e:
+                text = read_regular_file(source, "job file", MAX_JOB_FILE_BYTES).decode()
+            except FileRefused as e:
+                raise FarmError(str(e)) from None
+            except (OSError, UnicodeDecodeError) as e:
                 raise FarmError(f"{source}: cannot read the job file: {e}.") from None
         if len(text.encode()) > MAX_JOB_FILE_BYTES:
             raise FarmError(f"{source}: the job file is over {MAX_JOB_FILE_BYTES} bytes")

@@ -24,6 +24,7 @@ from farm.controller.scheduling.artifacts import GC_GRACE_S
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import JobFileError, ResolvedJob, load_job_text
 from farm.controller.scheduling.store import Store
+from farm.proto.results import UNENFORCED_BUDGET
 
 GROUP_ALL = "(all)"
 CALIBRATE_METRICS = ("latency", "whole_run", "peak_memory", "avg_memory", "energy")
@@ -155,6 +156,10 @@ def calibrate(store: Store, *, job: int | None, sim_job: int | None, device_job:
         raise ServiceError(f"--min-pairs {min_pairs}: give a number from 2 to 100000")
     if device is not None:
         check_name("--device", device)
+    if not job and sim_job == device_job:  # a job fitted against itself is always "device = sim"
+        raise ServiceError(f"--sim-job {sim_job} --device-job {device_job}: the same job on both sides would fit the "
+                           "sim against itself; give the job whose runs stand for the device as --device-job (or "
+                           "--job J for a job whose device runs have sim twins).")
     results: list[dict[str, Any]] = []
     refused: list[str] = []
     try:
@@ -193,7 +198,23 @@ def calibrate(store: Store, *, job: int | None, sim_job: int | None, device_job:
                                     family=s.family or GROUP_ALL, version=s.version) for s in stored]
     except CalibrationError as e:
         raise ServiceError(str(e)) from None
+    unenforced = _unenforced_budget_runs(store, jobs)
+    for row in results if unenforced else []:
+        row["warnings"] = [*row["warnings"], unenforced]
     return {"calibrations": results, "refused": refused, "contended_left_out": left_out}
+
+
+def _unenforced_budget_runs(store: Store, jobs: list[int]) -> str | None:
+    """A warning when runs of these jobs had a CPU budget their backend could not enforce."""
+    from farm.controller.analysis.results import run_records
+
+    flagged = [(job, r) for job in jobs for r in run_records(store, job) if r["message"].startswith(UNENFORCED_BUDGET)]
+    if not flagged:
+        return None
+    job, first = flagged[0]
+    return (f"{len(flagged)} run(s) of job(s) {', '.join(str(j) for j in sorted({j for j, _ in flagged}))} had a CPU "
+            f"budget their backend did not enforce ({first['message'].removeprefix(UNENFORCED_BUDGET)}) The factor "
+            "understates what the budget does; rerun those jobs with the cgroup or docker backend.")
 
 
 def calibrations(store: Store, device: str | None, metric: str | None) -> list[dict[str, Any]]:

@@ -23,7 +23,8 @@ def main(work: Path) -> None:
     train = [str(m.path) for m in models if "w1.4" not in m.path.name]
     new_model = next(m.path for m in models if "w1.4" in m.path.name)
 
-    with farm.connect(db=work / "farm.db", backend="process") as lab:
+    # the default backend (cgroup, else docker): the process backend cannot hold a run to half a CPU
+    with farm.connect(db=work / "farm.db") as lab:
         print(f"connected to the {lab.where}")
         jobs = {}
         for name, cpus in (("sim", 1.0), ("half-cpu", 0.5)):
@@ -46,6 +47,8 @@ def main(work: Path) -> None:
                              include_contended=True)  # a shared host's runs may be contended; keep them here
         for c in fits:
             print(f"calibration #{c.id} {c.device} {c.metric}: {c.formula} (R² {c.r2:.3f}, n={c.n})")
+            for warning in c.warnings:
+                print(f"  warning: {warning}")
 
         for p in lab.predict(new_model, device="half-cpu", include_contended=True):
             print(f"{p.model} on {p.device}: {p.estimate:.2f} {p.unit} "

@@ -15,11 +15,14 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping, get_args
 
 from farm.client.api import (
     CalibrateAsk, Farm, FarmError, JobInfo, PredictAsk, Progress, Submitted,
 )
+from farm.proto.spec import Priority
+
+PRIORITIES: tuple[str, ...] = get_args(Priority)
 
 
 @dataclass(frozen=True)
@@ -103,11 +106,17 @@ class Calibration:
     n: int
     unsafe: bool
     document: dict[str, Any] = field(repr=False, compare=False)  # as `farm calibrate --json` lists it
+    warnings: tuple[str, ...] = ()  # what `farm calibrate` prints as warnings (e.g. a budget not enforced)
 
     @classmethod
     def from_json(cls, c: dict[str, Any]) -> "Calibration":
         return cls(id=c["id"], device=c["device"], metric=c["metric"], threads=c["threads"], family=c["family"],
-                   version=c["version"], formula=c["formula"], r2=c["r2"], n=c["n"], unsafe=c["unsafe"], document=c)
+                   version=c["version"], formula=c["formula"], r2=c["r2"], n=c["n"], unsafe=c["unsafe"], document=c,
+                   warnings=tuple(c.get("warnings") or ()))
+
+
+def _print_warning(kind: str, message: str) -> None:
+    print(f"{kind}: {message}", file=sys.stderr, flush=True)  # as `farm submit` says it
 
 
 def _print_progress(p: Progress) -> None:
@@ -169,16 +178,28 @@ class Lab:
         self.farm.close()
 
     def submit(self, job: str | Path | dict[str, Any], *, priority: str | None = None, detach: bool = False,
-               base_dir: str | Path | None = None) -> Job:
+               base_dir: str | Path | None = None, overrides: Mapping[str, Any] | Iterable[str] = ()) -> Job:
         """A job file's path, or a dict shaped like one (model paths relative to base_dir, default the
-        current folder). detach=True (embedded): a background process runs it instead of `wait()`."""
-        if isinstance(job, dict):
-            import yaml
+        current folder). detach=True (embedded): a background process runs it instead of `wait()`.
+        overrides: `farm submit --set`, as {"workload.iterations": 20} or ["workload.iterations=20"]."""
+        import yaml
 
+        if not isinstance(job, (str, Path, dict)) or isinstance(job, str) and not job.strip():
+            raise FarmError(f"submit(job): give a job file's path (str or Path) or a dict shaped like a job file, "
+                            f"not {job!r}.")
+        if priority not in (None, *PRIORITIES):
+            raise FarmError(f"submit(priority={priority!r}): give one of {', '.join(PRIORITIES)} (or leave it out).")
+        if isinstance(overrides, str):
+            raise FarmError(f"submit(overrides={overrides!r}): give a dict or a list of 'FIELD=VALUE' strings.")
+        sets = [f"{k}={yaml.safe_dump(v, default_flow_style=True, width=1 << 20).strip().removesuffix('...').strip()}"
+                for k, v in overrides.items()] if isinstance(overrides, Mapping) else [str(o) for o in overrides]
+        if isinstance(job, dict):
             source = Path(base_dir or Path.cwd()).absolute() / f"{job.get('name') or 'job'}.yaml"
-            submitted = self.farm.submit(source, yaml.safe_dump(job, sort_keys=False), priority=priority, detach=detach)
+            submitted = self.farm.submit(source, yaml.safe_dump(job, sort_keys=False), priority=priority,  # type: ignore[arg-type]
+                                         detach=detach, overrides=sets, on_warning=_print_warning)
         else:
-            submitted = self.farm.submit(Path(job), priority=priority, detach=detach)
+            submitted = self.farm.submit(Path(job), priority=priority, detach=detach, overrides=sets,  # type: ignore[arg-type]
+                                         on_warning=_print_warning)
         return Job(self, submitted.job, submitted)
 
     def job(self, id: int) -> Job:
@@ -219,15 +240,27 @@ class Lab:
 
 
 def connect(controller: str | None = None, *, db: str | Path | None = None, token: str | None = None,
-            slots: int = 1, backend: str | None = None) -> Lab:
+            slots: int = 1, backend: str | None = None, create: bool = False) -> Lab:
     """The controller given, else $FARM_CONTROLLER or the config file's; else the embedded store
-    (db, else $FARM_DB, else the user data folder). slots/backend: how embedded runs go."""
+    (db, else $FARM_DB, else the user data folder). slots/backend: how embedded runs go.
+    create=True makes a missing folder of `db` (as `--create`); otherwise a missing folder is an error."""
     from farm.client import open_farm
     from farm.client.config import Credentials
 
+    for name, value in (("controller", controller), ("token", token)):
+        if value is not None and not isinstance(value, str):
+            raise FarmError(f"connect({name}={value!r}): give a string.")
+    if db is not None and not isinstance(db, (str, Path)):
+        raise FarmError(f"connect(db={db!r}): give the store's file path (str or Path).")
+    if not isinstance(slots, bool) and isinstance(slots, int) and slots >= 1:
+        from farm.agents.agent import split_cores
+        try:
+            split_cores(slots)  # the rule `farm submit --slots` follows
+        except ValueError as e:
+            raise FarmError(f"connect(slots={slots}): {e}; each sim slot gets cores of its own.") from None
     address_given = controller
     credentials = Credentials.resolve(token) if token else None
-    return Lab(open_farm(address_given, db=db, credentials=credentials, slots=slots, backend=backend))
+    return Lab(open_farm(address_given, db=db, credentials=credentials, slots=slots, backend=backend, create=create))
 
 
 __all__ = ["Calibration", "FarmError", "Job", "JobInfo", "Lab", "Prediction", "Results", "RunRecord", "connect"]

@@ -23,6 +23,7 @@ from ai_edge_litert import schema_py_generated as tflite_schema
 
 from farm.models.generate_tflite import single_custom_op_tflite
 from farm.models.runtimes import litert_interpreter, onnx_session
+from farm.proto.regular_files import MAX_MODEL_FILE_BYTES, FileRefused, read_regular_file
 from farm.proto.results import ModelFacts, TensorInfo
 
 TFLITE_SUFFIXES = frozenset({".tflite"})
@@ -147,7 +148,9 @@ def _first_lines(message: str, limit: int = 600) -> str:
 
 def _read(path: Path) -> bytes:
     try:
-        return path.read_bytes()
+        return read_regular_file(path, "model file", MAX_MODEL_FILE_BYTES)  # a FIFO or /dev/zero refused unread
+    except FileRefused as exc:
+        raise ModelError(str(exc)) from None
     except FileNotFoundError:
         raise ModelError(f"{path} does not exist") from None
     except IsADirectoryError:

@@ -165,6 +165,11 @@ class Contention:
     exclusive: str | None = None  # what the kernel granted for an exclusive cpuset, in words
 
 
+# A completed run's message starts with this when its backend could not enforce its CPU budget per
+# inference (the process backend's fractional CPUs): reports and calibrations flag such runs.
+UNENFORCED_BUDGET = "budget not enforced: "
+
+
 @dataclass
 class RunResult:
     """One attempt at one task, as a driver reports it."""

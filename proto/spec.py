@@ -104,10 +104,21 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
+MAX_NAME_CHARS = 200  # job, model and family names: shown in every table and progress line
+
+
+def _bounded_name(v: str | None) -> str | None:
+    if v is not None and len(v) > MAX_NAME_CHARS:
+        raise ValueError(f"is {len(v):,} characters long; a name is at most {MAX_NAME_CHARS}")
+    return v
+
+
 class ModelEntry(Strict):
     path: str = Field(description="Model file, or a glob such as models/*.tflite; relative to the job file")
     name: str | None = Field(None, description="Display name; defaults to the file name without extension")
     family: str | None = Field(None, description="Models of one family share a calibration where the data says so")
+
+    _names = field_validator("name", "family")(_bounded_name)
 
 
 MAX_INPUT_VALUE_ELEMENTS = 262_144  # a value (or .npy file) given inline: 1 MiB of float32; larger inputs are random
@@ -265,6 +276,15 @@ class ScriptWorkload(Strict):
 Workload = Annotated[Union[BenchmarkWorkload, ScriptWorkload], Field(discriminator="type")]
 
 
+def _once_each(v: list[Any]) -> list[Any]:
+    """A matrix value listed twice would run the same cell twice, silently: `repeats` is for that."""
+    twice = sorted({x for x in v if v.count(x) > 1}, key=str)
+    if twice:
+        raise ValueError(f"{', '.join('null' if x is None else str(x) for x in twice)} listed more than once; each value is one cell of the "
+                         "matrix (use `repeats: N` to run a cell again)")
+    return v
+
+
 class Matrix(Strict):
     threads: list[int] = Field(default_factory=lambda: [1], description="Runtime threads")
     batch_sizes: list[int] = Field(default_factory=lambda: [1], description="Batch dimension of every input")
@@ -299,7 +319,7 @@ class Matrix(Strict):
         for x in v:
             if x < 1:
                 raise ValueError(f"every value must be at least 1, got {x}")
-        return v
+        return _once_each(v)
 
     @field_validator("input_sizes")
     @classmethod
@@ -309,7 +329,7 @@ class Matrix(Strict):
         for x in v:
             if x is not None and x < 1:
                 raise ValueError(f"every size must be at least 1, got {x}")
-        return v
+        return _once_each(v)
 
 
 _APT_PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]*(:[a-z0-9-]+)?(=[A-Za-z0-9.+:~-]+)?$")
@@ -455,6 +475,8 @@ class Timeouts(Strict):
 class JobSpec(Strict):
     name: str | None = Field(None, description="A label for `farm jobs`; defaults to the file name")
     models: list[Union[str, ModelEntry]] = Field(description="Model files or globs")
+
+    _name = field_validator("name")(_bounded_name)
     workload: Workload = Field(default_factory=BenchmarkWorkload)
     matrix: Matrix = Field(default_factory=Matrix)
     repeats: int = Field(1, ge=1, le=1000, description="Runs of every matrix cell")

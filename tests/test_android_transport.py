@@ -62,6 +62,27 @@ def test_lab_key_is_generated_once_private_and_reused(tmp_path: Path):
     assert len(lab_key_fingerprint(key).split(":")) == 16
 
 
+def _create_key_in_a_process(path: str) -> str:
+    return load_or_create_lab_key(Path(path)).GetPublicKey()
+
+
+def test_phones_racing_to_create_the_lab_key_all_get_the_one_key(tmp_path: Path):
+    # examples/lab.yaml's two phones start at once with no key yet: threads of one agent (one pid) and
+    # separate agent processes all create it together; every one must get the same, whole key pair
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+    key = tmp_path / "lab" / "adbkey"
+    with ThreadPoolExecutor(6) as threads, ProcessPoolExecutor(3, mp_context=multiprocessing.get_context("spawn")) as procs:
+        futures = [threads.submit(lambda: load_or_create_lab_key(key).GetPublicKey()) for _ in range(6)]
+        futures += [procs.submit(_create_key_in_a_process, str(key)) for _ in range(3)]
+        public_keys = {f.result(timeout=300) for f in futures}
+    assert len(public_keys) == 1  # one key: nobody replaced it after another started using it
+    assert Path(f"{key}.pub").read_text() == public_keys.pop()  # the .pub on disk matches the private key
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert sorted(p.name for p in key.parent.iterdir()) == [".adbkey.lock", "adbkey", "adbkey.pub"]  # no leftovers
+
+
 def test_device_facts_are_read(phone: AdbDeviceEmulator, lab_key: Path):
     with AndroidDevice(target_for(phone, lab_key)) as device:
         facts = device.facts()

@@ -103,7 +103,7 @@ def test_a_read_only_store(job: Path, farm, tiny_models) -> None:
 
 def test_a_relative_db_is_made_absolute(job: Path, farm, tmp_path: Path) -> None:
     # the run directories live beside the store: a relative path used to fail every run as `bug`
-    run = farm("submit", "job.yaml", "--db", "rel/store.db", "--json", cwd=tmp_path)
+    run = farm("submit", "job.yaml", "--db", "rel/store.db", "--json", "--create", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert [r["status"] for r in run.json()["results"]] == ["completed"]
     assert jobs_in(tmp_path / "rel" / "store.db") == [(1, "completed")]
@@ -240,3 +240,144 @@ def test_strict_json_flags_each_record() -> None:
         {"a": {"b": [1.0, None]}, "c": 2.5, "nonfinite": ["a.b[1]"]}, {"a": None, "nonfinite": ["a"]}]}
     # a record already flagged (by the controller) keeps its flag when printed again
     assert _strict(strict_json.dumps([{"x": None, "nonfinite": ["x"]}])) == [{"x": None, "nonfinite": ["x"]}]
+
+
+# --- special files: refused by type before any read, so nothing blocks and nothing grows ---------------
+@pytest.mark.parametrize("command", [("submit", "{fifo}"), ("submit", "{job_naming_fifo}"), ("inspect", "{fifo}"),
+                                     ("predict", "{fifo}", "--device", "phone"), ("inspect", "/dev/zero"),
+                                     ("submit", "/dev/zero")])
+def test_a_fifo_or_a_device_is_refused_unread(command: tuple[str, ...], farm, farm_db: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "model.tflite"
+    os.mkfifo(fifo)  # nobody ever writes to it: a read would block forever (the farm() timeout would fail the test)
+    job_naming_fifo = write_job(tmp_path, "models: [model.tflite]\n")
+    args = [a.format(fifo=fifo, job_naming_fifo=job_naming_fifo) for a in command]
+    kind = "a character device" if "/dev/zero" in args else "a FIFO (named pipe)"
+    one_paragraph_error(farm(*args, timeout=60), [kind, "not a regular file", "model file" if command[0] != "submit"
+                                                  or "job_naming" in command[1] else "job file"])
+    assert not os.path.exists(farm_db) or jobs_in(farm_db) == []
+
+
+def test_files_over_the_size_limit_are_refused_by_their_size(tmp_path: Path) -> None:
+    from farm.proto.regular_files import FileRefused, read_regular_file
+    big = tmp_path / "big.yaml"
+    with big.open("wb") as f:
+        f.truncate(10 << 20)  # sparse: 10 MB that were never written, and are never read
+    with pytest.raises(FileRefused, match=r"10,485,760 bytes, over the limit of 1,048,576 bytes for a job file"):
+        read_regular_file(big, "job file", 1 << 20)
+
+
+# --- a store path whose folder is missing: an error (a typo must not look like an empty store) ------
+@pytest.mark.parametrize("how", ["--db", "FARM_DB", "web --db", "controller --db"])
+def test_a_store_in_a_missing_folder_is_an_error_unless_create(how: str, job: Path, farm, tmp_path: Path) -> None:
+    db = tmp_path / "typo" / "deeper" / "farm.db"
+    command = {"--db": ("jobs", "--db", str(db)), "FARM_DB": ("jobs",),
+               "web --db": ("web", "--db", str(db), "--listen", "127.0.0.1:0"),
+               "controller --db": ("controller", "serve", "--no-auth", "--listen", "127.0.0.1:0", "--db", str(db))}[how]
+    env = {"FARM_DB": str(db)} if how == "FARM_DB" else None
+    refused = farm(*command, env=env, timeout=120)
+    assert refused.returncode == 2, refused.stderr
+    assert "Traceback" not in refused.stderr and "\n\n" not in refused.stderr.strip()
+    for fragment in (str(db), f"{tmp_path / 'typo'} is missing", "--create"):
+        assert fragment in refused.stderr, refused.stderr
+    assert not (tmp_path / "typo").exists()  # nothing was made
+    if how in ("--db", "FARM_DB"):
+        made = farm(*command, "--create", env=env)
+        assert made.returncode == 0 and db.is_file(), made.stderr
+
+
+def test_the_python_api_checks_its_arguments_as_the_cli_does(tmp_path: Path) -> None:
+    import farm
+    for kwargs, fragments in (({"backend": "quantum"}, ["'quantum'", "auto, cgroup, docker, process"]),
+                              ({"slots": 0}, ["slots=0", "at least 1"]),
+                              ({"slots": 10_000}, ["connect(slots=10000)", "10000 sim slots need 10000 cores"]),
+                              ({"db": 5}, ["connect(db=5)", "file path"]),
+                              ({"db": tmp_path / "missing" / "farm.db"}, ["missing is missing", "create=True"])):
+        with pytest.raises(farm.FarmError) as refused:
+            farm.connect(**{"db": tmp_path / "farm.db", **kwargs}).close()
+        assert all(f in str(refused.value) for f in fragments), str(refused.value)
+    assert not (tmp_path / "missing").exists()
+    with farm.connect(db=tmp_path / "made" / "farm.db", create=True) as lab:
+        assert (tmp_path / "made" / "farm.db").is_file()
+        for job in (None, 3, "", b"job.yaml"):
+            with pytest.raises(farm.FarmError, match="give a job file's path"):
+                lab.submit(job)  # type: ignore[arg-type]
+        with pytest.raises(farm.FarmError, match="interactive, normal, low"):
+            lab.submit(tmp_path / "job.yaml", priority="urgent")
+        with pytest.raises(farm.FarmError, match="--set repeats=lots"):
+            lab.submit({"models": ["x.tflite"]}, overrides={"repeats": "lots"})
+
+
+def test_calibrating_a_job_against_itself_is_refused(farm) -> None:
+    one_paragraph_error(farm("calibrate", "--sim-job", "1", "--device-job", "1", "--device", "half-cpu"),
+                        ["--sim-job 1 --device-job 1", "against itself", "--job J"])
+
+
+def test_control_characters_in_job_and_model_names_never_reach_the_terminal(farm, tmp_path: Path, tiny_models) -> None:
+    # the names come from a job file (hostile): an escape would recolour or retitle the terminal, a newline
+    # would forge a line, and rich markup would be obeyed; whatever the run's outcome, every line shows them escaped
+    os.symlink(tiny_models["tflite"], tmp_path / "tiny.tflite")
+    write_job(tmp_path, 'name: "J\\e[31mred\\nforged [bold]x[/bold]"\n'
+                        'models:\n  - {path: tiny.tflite, name: "m\\e]0;title\\a\\rback [bold]y[/bold]"}\n'
+                        "workload: {type: benchmark, iterations: 2, warmup: 0}\nsim: {memory: 256m}\n")
+    said = [farm("submit", "job.yaml", *extra, cwd=tmp_path) for extra in ((), ("--progress",))]  # lines, then a bar
+    said += [farm(*command, cwd=tmp_path) for command in (("jobs",), ("status", "1"), ("results", "1", "--runs"))]
+    for run in said:
+        text = run.stdout + run.stderr
+        assert "Traceback" not in text, text
+        assert not any(c in text for c in "\x1b\x07\r"), repr(text)
+        assert not any(line.startswith(("forged", "back")) for line in text.splitlines()), text
+    progress_lines = [ln for ln in said[0].stderr.splitlines() if ln.startswith("[1/1] ")]
+    assert progress_lines and "m\\x1b]0;title\\x07\\rback [bold]y[/bold]" in progress_lines[0]  # escaped, markup shown
+    assert "J\\x1b[31mred\\nforged [bold]x[/bold]" in said[3].stdout
+
+
+def test_a_store_locked_mid_run_is_a_warning_line_not_a_heartbeat_traceback(monkeypatch, caplog, tmp_path: Path) -> None:
+    # the lease renewals of a running task meet a store another process holds locked (sqlite3's own error,
+    # as the store raises it after its busy timeout); the run goes on, each miss is one log line
+    import threading
+    import time as clock
+
+    from farm.agents import agent as agent_module
+    from farm.proto.results import RunResult
+    from farm.proto.tasks import TaskSpec
+
+    class LockedStore:  # the controller side of a store someone else holds, then lets go
+        def __init__(self) -> None:
+            self.beats = 0
+            self.completed: list[RunResult] = []
+
+        def heartbeat(self, task_id: int, attempt: int) -> bool:
+            self.beats += 1
+            if self.beats <= 2:
+                raise sqlite3.OperationalError("database is locked")
+            return True
+
+        def complete(self, task_id, attempt, agent, started_at, result) -> int:
+            self.completed.append(result)
+            return 1
+
+    class SlowMachine:  # the sim's hardware: a run that takes a few heartbeats
+        def in_slot(self, slot):
+            return self
+
+        def run(self, task, cancel_check) -> RunResult:
+            deadline = clock.monotonic() + 1.0
+            while clock.monotonic() < deadline and not cancel_check():
+                clock.sleep(0.01)
+            return RunResult.failed(agent_module.FailureClass.JOB, "stopped" if cancel_check() else "ran to its end")
+
+    crashes: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda hook: crashes.append(hook.exc_value))
+    monkeypatch.setattr(agent_module, "HEARTBEAT_INTERVAL_S", 0.1)
+    store = LockedStore()
+    runner = agent_module.Agent(store, SlowMachine(), name="a1")  # type: ignore[arg-type]
+    task = TaskSpec(task_id=7, job_id=1, attempt=1, target="sim", model_name="m", model_path=str(tmp_path / "m.tflite"),
+                    model_sha256="0" * 64, model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
+                    workload={"type": "benchmark"}, sim={}, run_timeout_s=60, base_dir=str(tmp_path))
+    with caplog.at_level("WARNING", logger="farm.agent"):
+        result = runner.run_task(task, None)
+    assert not crashes and result.message == "ran to its end" and store.completed == [result]
+    assert store.beats >= 3  # it kept renewing after the lock
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and all("could not renew its lease (OperationalError: database is locked)" in ln
+                                   and "the run goes on" in ln for ln in lines)

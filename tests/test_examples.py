@@ -4,14 +4,18 @@ generated is named with the command that writes it."""
 
 from __future__ import annotations
 
-import re
+import glob
+import shlex
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from farm.agents.lab import load_lab
 from farm.controller.scheduling.jobfile import JobFileError, load_job
+from conftest import FARM
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -19,34 +23,44 @@ EXAMPLES = REPO / "examples"
 BUNDLED_SUITE = REPO / "controller" / "operations" / "reference-suite.yaml"
 
 
-def _make_models_arguments() -> tuple[list[float], list[int]]:
-    """What `make models` generates, read from the Makefile so the two cannot drift apart."""
-    line = next(ln for ln in (REPO / "Makefile").read_text().splitlines() if "models generate examples/models" in ln)
-    widths = re.search(r"--widths (\S+)", line).group(1)
-    sizes = re.search(r"--sizes (\S+)", line).group(1)
-    return [float(w) for w in widths.split(",")], [int(s) for s in sizes.split(",")]
+def _make_models_commands() -> list[list[str]]:
+    """The `farm models generate ...` lines of the Makefile's models recipe, as argument lists."""
+    return [shlex.split(ln.strip().replace("$(FARM)", "", 1))
+            for ln in (REPO / "Makefile").read_text().splitlines() if ln.strip().startswith("$(FARM) models generate")]
+
+
+EXAMPLE_JOBS = sorted(p.name for p in EXAMPLES.glob("*.yaml") if p.name != "lab.yaml")  # lab.yaml lists devices
 
 
 @pytest.fixture(scope="module")
 def examples(tmp_path_factory) -> Path:
-    """A copy of examples/ with the models `make models` writes."""
-    from farm.models.generate import generate_examples
+    """A copy of examples/ with the models `make models` writes: the Makefile's own commands, run here."""
     d = tmp_path_factory.mktemp("examples") / "examples"
     shutil.copytree(EXAMPLES, d, ignore=shutil.ignore_patterns("models"))
-    widths, sizes = _make_models_arguments()
-    generate_examples(d / "models", widths=widths, input_sizes=sizes, zoo=["squeezenet"])
+    commands = _make_models_commands()
+    assert commands, "the Makefile's models recipe no longer runs `farm models generate`"
+    for argv in commands:
+        p = subprocess.run([*FARM, *argv], cwd=d.parent, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
     return d
 
 
-@pytest.mark.parametrize("name", ["quickstart.yaml", "sim.yaml", "device.yaml", "script.yaml"])
-def test_every_example_job_loads(examples: Path, name: str) -> None:
-    job = load_job(examples / name)
+@pytest.mark.parametrize("name", EXAMPLE_JOBS)
+def test_make_models_writes_every_model_each_example_names(examples: Path, name: str) -> None:
+    spec = yaml.safe_load((EXAMPLES / name).read_text())
+    for entry in spec["models"]:
+        path = entry if isinstance(entry, str) else entry["path"]
+        matches = glob.glob(str(examples / path))
+        assert matches, f"examples/{name} names {path}, which `make models` does not write"
+    from farm.controller.scheduling.jobfile import DeviceTarget
+    lab = [DeviceTarget(d.name, d.device_type, d.tags) for d in load_lab(EXAMPLES / "lab.yaml")]
+    job = load_job(examples / name, lab)  # and the job loads with nothing refused, on the example lab
     assert job.models and not job.invalid
 
 
 def test_sim_and_device_examples_calibrate_and_report(examples: Path, farm, tmp_path: Path) -> None:
     sim = load_job(examples / "sim.yaml")
-    assert len(sim.models) == 5 and {m.family for m in sim.models} == {"mobilenetv2"}  # a family, ≥ 4 models
+    assert len(sim.models) == 6 and {m.family for m in sim.models} == {"mobilenetv2"}  # a family, ≥ 4 models
     assert sim.spec.sim.cpus == 1.0 and load_job(examples / "device.yaml").spec.sim.cpus == 0.5
     assert farm("submit", str(examples / "sim.yaml"), "--quiet").returncode == 0
     assert farm("submit", str(examples / "device.yaml"), "--quiet").returncode == 0

@@ -34,6 +34,18 @@ CASES = {
     "negative iterations": (
         "models: [tiny.tflite]\nworkload:\n  type: benchmark\n  iterations: -5\n",
         4, ["workload.iterations", "greater than 0"]),
+    "duplicate threads": (
+        "models: [tiny.tflite]\n" + GOOD_WORKLOAD + "matrix:\n  threads: [1, 1, 1]\n",
+        4, ["matrix.threads", "1 listed more than once", "repeats"]),
+    "duplicate input sizes": (
+        "models: [tiny.tflite]\n" + GOOD_WORKLOAD + "matrix:\n  input_sizes: [null, 96, null]\n",
+        4, ["matrix.input_sizes", "null listed more than once"]),
+    "a 100,000-character job name": (
+        "models: [tiny.tflite]\n" + GOOD_WORKLOAD + "name: " + "n" * 100_000 + "\n",
+        3, ["name", "100,000 characters long", "at most 200"]),
+    "a 100,000-character model name": (
+        "models:\n  - {path: tiny.tflite, name: " + "m" * 100_000 + "}\n" + GOOD_WORKLOAD,
+        2, ["models[0].name", "100,000 characters long", "at most 200"]),
     "zero threads": (
         "models: [tiny.tflite]\n" + GOOD_WORKLOAD + "matrix:\n  threads: [1, 0]\n",
         4, ["matrix.threads", "at least 1"]),
@@ -171,8 +183,8 @@ def test_malformed_job_is_refused_with_file_line_and_field(case: str, job_dir: P
         assert f"job.yaml:{line}:" in message, message
     for fragment in fragments:
         assert fragment in message, f"{fragment!r} not in {message!r}"
-    # one paragraph: no blank line inside the message
-    assert "\n\n" not in message.strip()
+    # one paragraph: no blank line inside the message, and never the whole of a hostile value
+    assert "\n\n" not in message.strip() and len(message) < 5000
     # nothing was stored for a refused job
     if farm_db.exists():
         assert sqlite3.connect(farm_db).execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0
@@ -202,13 +214,14 @@ def test_every_bad_model_is_listed_at_once_and_as_json(job_dir: Path, farm, farm
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert lines[0].startswith("error: job.yaml:3: models[1]") and "symlink loop" in lines[0]
-    assert [line.split(": ")[1] for line in lines[1:]] == ["models[2]", "models[3]", "models[4]"]
+    assert [line.split(": ")[1] for line in lines[1:]] == ["models[2]", "models[3]", "models[4]", "models"]
+    assert "the other 1 model(s) can run: `farm submit --skip-invalid` runs them" in lines[4]
     assert "FarmUnknownOp" in lines[1] and "corrupt.tflite" in lines[2] and "does not exist" in lines[3]
     document = json.loads(result.stdout)  # the same, for scripts
     assert document["exit_code"] == 2
     assert [(p["file"], p["line"], p["field"]) for p in document["problems"]] == [
         ("job.yaml", 3, "models[1]"), ("job.yaml", 4, "models[2]"), ("job.yaml", 5, "models[3]"),
-        ("job.yaml", 6, "models[4]")]
+        ("job.yaml", 6, "models[4]"), ("job.yaml", None, "models")]
     assert not farm_db.exists() or sqlite3.connect(farm_db).execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0
 
 
@@ -300,3 +313,46 @@ def test_device_twin_budgets_above_the_host_are_a_warning(job_dir: Path) -> None
         "the sim cannot give more than it has, so those runs get at most 2 and their threads share cores.",
         "job.yaml:4: targets[1]: the sim twins of orin-1 get up to 4 CPUs and 4.0 GiB (device type jetson-orin-nano), "
         "more than the 2 core(s) this host has or this host's memory; the sim cannot give more than it has."]
+
+
+# --- farm submit --set: any field, for one submission --------------------------------------------------
+SET_CASES = {
+    # --set, fragments the one-paragraph error must hold
+    "repeats=lots": ["--set repeats=lots", "repeats", "integer"],
+    "matrix.threads=[1": ["--set matrix.threads", "not valid YAML", "quote it"],
+    "workload.iterations.x=3": ["--set workload.iterations.x=3", "workload.iterations is 3, not a mapping"],
+    "workload.iteratons=3": ["--set workload.iteratons=3", "workload.iteratons", "unknown field"],
+    "models.4.path=x.onnx": ["--set models.4.path=x.onnx", "models is a list of 1", "0 to 0"],
+    "iterations": ["--set 'iterations'", "FIELD=VALUE"],
+    "matrix.threads=[0]": ["--set matrix.threads=[0]", "at least 1"],
+}
+
+
+@pytest.mark.parametrize("override", list(SET_CASES))
+def test_a_bad_set_is_refused_naming_the_set(override: str, job_dir: Path, farm, farm_db: Path) -> None:
+    write_job(job_dir, "models: [tiny.tflite]\n" + GOOD_WORKLOAD)
+    result = farm("submit", "job.yaml", "--set", override, cwd=job_dir)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith("error: job.yaml: ") and "\n\n" not in result.stderr.strip()
+    for fragment in SET_CASES[override]:
+        assert fragment in result.stderr, (fragment, result.stderr)
+    assert not farm_db.exists() or sqlite3.connect(farm_db).execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0
+
+
+def test_set_overrides_fields_and_the_stored_job_is_the_one_that_ran(job_dir: Path, farm, farm_db: Path) -> None:
+    write_job(job_dir, "name: long\nmodels: [tiny.tflite]\nworkload: {type: benchmark, iterations: 500, warmup: 5}\n"
+                       "matrix: {threads: [1, 2, 4]}\nrepeats: 5\n")
+    result = farm("submit", "job.yaml", "--json", "--set", "workload.iterations=4", "--set", "repeats=1",
+                  "--set", "matrix.threads=[1]", "--set", "sim.memory=256m", "--set", "models.0.name=small",
+                  cwd=job_dir)
+    assert "Traceback" not in result.stderr, result.stderr
+    records = result.json()["results"]
+    assert len(records) == 1 and records[0]["threads"] == 1 and records[0]["model"]["name"] == "small"
+    name, spec_json, spec_yaml = sqlite3.connect(farm_db).execute(
+        "SELECT name, spec_json, spec_yaml FROM jobs").fetchone()
+    spec = json.loads(spec_json)
+    assert name == "long" and spec["workload"]["iterations"] == 4 and spec["repeats"] == 1
+    assert spec["matrix"]["threads"] == [1] and spec["sim"]["memory"] == 256 << 20
+    # the stored text says what was changed on the command line
+    assert spec_yaml.startswith("# farm submit --set workload.iterations=4\n# farm submit --set repeats=1\n")
+    assert (job_dir / "job.yaml").read_text().count("iterations: 500") == 1  # the file itself is untouched

@@ -51,3 +51,43 @@ def test_results_are_typed_records_and_pandas_is_optional(tmp_path: Path, tiny_m
             assert list(frame["model"]) == ["tiny"] and frame["latency_ms"][0] == results[0].latency_ms
         with pytest.raises(farm.FarmError, match="no job 99"):
             lab.job(99)
+
+
+def test_a_budget_the_backend_cannot_enforce_is_said_before_the_job_runs(tmp_path: Path, tiny_models, capsys) -> None:
+    # the process backend duty-cycles the whole run: half a CPU makes the run slower, not each inference
+    import farm
+    from farm.agents.sandbox import backend_class
+
+    process, exact = backend_class("process"), [backend_class(n) for n in ("cgroup", "docker")]
+    assert "cannot hold each inference to 0.5 CPU" in (process.unenforced_cpus(0.5) or "")
+    assert process.unenforced_cpus(1.0) is None and process.unenforced_cpus(None) is None  # whole cores are pinned
+    assert all(b.unenforced_cpus(0.5) is None for b in exact)
+    with farm.connect(db=tmp_path / "farm.db", backend="process") as lab:
+        for cpus, warned in ((0.5, True), (1.0, False)):
+            lab.submit({"name": f"cpus-{cpus}", "models": [str(tiny_models["tflite"])], "sim": {"cpus": cpus}})
+            said = capsys.readouterr().err
+            assert ("warning: " in said and "sim.cpus: the process backend cannot hold each inference to 0.5 CPU"
+                    in said and "cgroup or docker backend" in said) == warned, said
+        lab.submit({"name": "sweep", "models": [str(tiny_models["tflite"])], "matrix": {"cpus": [1, 0.25]}})
+        assert "matrix.cpus: the process backend cannot hold each inference to 0.25 CPU" in capsys.readouterr().err
+
+
+def test_a_calibration_over_runs_whose_budget_was_not_enforced_says_so(tmp_path: Path) -> None:
+    import farm
+    from farm.models.generate import generate_examples
+
+    models = [str(m.path) for m in generate_examples(tmp_path / "models", widths=[0.35, 0.5, 0.75, 1.0],
+                                                     input_sizes=[96], formats=("tflite",), zoo=False)]
+    with farm.connect(db=tmp_path / "farm.db", backend="process") as lab:
+        jobs = []
+        for cpus in (1.0, 0.5):
+            job = lab.submit({"name": f"cpus-{cpus}", "models": models, "workload": {"iterations": 5, "warmup": 1},
+                              "sim": {"cpus": cpus, "memory": "1g", "on_contention": "flag"}})
+            assert job.wait().status == "completed"
+            jobs.append(job)
+        flagged = [r for r in lab.farm.results(jobs[1].id) if r["message"].startswith("budget not enforced: ")]
+        whole_cpu = lab.farm.results(jobs[0].id)  # 1 CPU is a pinned core: enforced, nothing said
+        assert len(flagged) == 4 and not any("budget not enforced" in r["message"] for r in whole_cpu)
+        fits = lab.calibrate(sim_job=jobs[0].id, device_job=jobs[1].id, device="half-cpu", include_contended=True)
+    assert fits and all(any("4 run(s) of job(s) 2 had a CPU budget their backend did not enforce" in w
+                            for w in c.warnings) for c in fits)

@@ -38,6 +38,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory, farm_wheel: Path) -> Pat
 
 def _clean_env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FARM_", "PYTHON", "VIRTUAL_ENV"))}
+    (tmp_path / "data").mkdir(exist_ok=True)  # a store path someone gives must be in a folder that exists
     return {**env, "FARM_DB": str(tmp_path / "data" / "farm.db"), "HOME": str(tmp_path / "home")}
 
 

@@ -181,6 +181,11 @@ class SandboxBackend(abc.ABC):
     approximate: bool = False  # True when limits and peaks are best-effort
 
     @classmethod
+    def unenforced_cpus(cls, cpus: float | None) -> str | None:
+        """Why this backend cannot hold each inference to `cpus` CPUs, or None when it can."""
+        return None
+
+    @classmethod
     @abc.abstractmethod
     def unavailable_reason(cls) -> str | None:
         """None when this backend can run here, else a sentence saying why not."""

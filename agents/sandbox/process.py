@@ -182,6 +182,15 @@ class ProcessBackend(SandboxBackend):
     approximate = True
 
     @classmethod
+    def unenforced_cpus(cls, cpus: float | None) -> str | None:
+        if cpus is None or float(cpus).is_integer():
+            return None  # whole CPUs are cores it pins the run to: enforced
+        return (f"the process backend cannot hold each inference to {cpus:g} CPU: it pauses the whole run for part "
+                f"of every {DUTY_PERIOD_S * 1000:.0f} ms, so a shorter inference is timed at a whole core's speed "
+                "(the run gets slower, its latencies hardly). The cgroup or docker backend enforces it "
+                "(`farm backends` says which run here).")
+
+    @classmethod
     def unavailable_reason(cls) -> str | None:
         return None  # runs anywhere
 

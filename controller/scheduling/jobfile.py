@@ -24,6 +24,7 @@ from farm.models.generate import generate_hint
 from farm.models.runtimes import InputShapeError, resolve_shape
 from farm.proto.device_types import DeviceType
 from farm.proto.escape import cut_list, printable
+from farm.proto.regular_files import MAX_JOB_FILE_BYTES, FileRefused, read_regular_file
 from farm.proto.results import ModelFacts
 from farm.proto.spec import MAX_INPUT_FILE_BYTES, MAX_INPUT_VALUE_ELEMENTS, BenchmarkWorkload, InputSpec, JobSpec, ModelEntry, ScriptWorkload, cores_missing, default_cpus, parse_cpuset
 from farm.proto.tasks import DEFAULT_MAX_TASKS
@@ -640,7 +641,10 @@ def load_job_text(text: str, source_name: str, base_dir: Path, source_path: Path
         job.script_dir, job.script_path = check_script(spec, base_dir, root, source_name)
     invalid.sort(key=lambda m: (m.problem.line or 0, m.entry_index))  # in the order the file names them
     if invalid and (not skip_invalid or not job.models):
-        hint = [] if job.models or not skip_invalid else [JobProblem(source_name, None, "models", "no model of the job can run.")]
+        hint = [JobProblem(source_name, None, "models", "no model of the job can run.")] if not job.models else \
+            [] if skip_invalid else [JobProblem(source_name, None, "models", (
+                f"the other {len(job.models)} model(s) can run: `farm submit --skip-invalid` runs them and records "
+                "the ones above as `job` failures (or fix or drop those in the job file)."))]
         raise JobFileError([*(m.problem for m in invalid), *hint])
     job.invalid = invalid
     check_task_count(spec, len(job.models), targets, max_tasks, source_name)
@@ -654,9 +658,11 @@ def load_job(path: Path, devices: list[DeviceTarget] | None = None, *, max_tasks
              skip_invalid: bool = False, host: HostCapacity | None = None) -> ResolvedJob:
     """Read, validate and resolve a job file, or raise JobFileError."""
     try:
-        text = path.read_text()
+        text = read_regular_file(path, "job file", MAX_JOB_FILE_BYTES).decode()  # a FIFO or device refused unread
     except FileNotFoundError:
         raise JobFileError([JobProblem(str(path), None, "", "no such job file.")]) from None
+    except FileRefused as e:
+        raise JobFileError([JobProblem(str(path), None, "", str(e).removeprefix(f"{path}: "))]) from None
     except (OSError, UnicodeDecodeError) as e:
         raise JobFileError([JobProblem(str(path), None, "", f"cannot read the job file: {e}.")]) from None
     return load_job_text(text, str(path), path.resolve().parent, path.resolve(), devices, max_tasks=max_tasks,

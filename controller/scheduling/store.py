@@ -231,13 +231,20 @@ def _rows(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
 
 
 class Store:
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, *, create_folder: bool = False) -> None:
+        """create_folder: make a missing folder of the store; otherwise it is an error (a mistyped --db
+        would otherwise look like a store whose results were lost)."""
         # Absolute from here on: run directories live beside the store and must not depend on the cwd.
         self.path = Path(path) if str(path) == ":memory:" else Path(path).expanduser().absolute()
         self._on_disk = str(path) != ":memory:"
         if self._on_disk:
             if self.path.is_dir():
                 raise StoreError(f"{self.path} is a folder, not a farm store; give a file path such as {self.path / 'farm.db'}.")
+            if not create_folder and not self.path.parent.is_dir():
+                missing = next(p for p in reversed([self.path.parent, *self.path.parent.parents]) if not p.is_dir())
+                raise StoreError(f"the store {self.path} is in a folder that does not exist ({missing} is missing); "
+                                 "farm creates no folders unless asked: check the path for a typo, or add --create "
+                                 "(farm.connect(db=..., create=True)) to make them and start an empty store there.")
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as e:
