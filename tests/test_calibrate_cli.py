@@ -184,3 +184,26 @@ def test_offline_features_round_trip(tmp_path: Path, farm) -> None:
     missing.write_text(f"model,x\nm12,{sim[12]}\n")
     refused = farm("predict", "--calibration", str(fit_file), "--input", str(missing))
     assert refused.returncode == 2 and "macs" in refused.stderr and "missing.csv" in refused.stderr
+
+
+def test_offline_feature_auto_with_a_feature_without_spread(tmp_path: Path, farm) -> None:
+    """Per-layer columns where no calibration model has a depthwise layer (flops_dw all 0), or only
+    one has (left out, the rest are all 0): the fit leaves the feature out instead of refusing."""
+    import numpy as np
+
+    generator = np.random.default_rng(5)
+    flops = generator.uniform(2e8, 6e9, 10)
+    sim = flops / 1e8 * generator.uniform(0.7, 1.4, 10)
+    device = 1.7 * sim * np.exp(generator.normal(0, 0.03, 10))
+    for name, dw in (("none", np.zeros(10)), ("one", np.r_[3e7, np.zeros(9)])):
+        pairs = tmp_path / f"{name}.csv"
+        with open(pairs, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["model", "x", "y", "flops", "flops_dw", "layers"])
+            for i in range(10):
+                w.writerow([f"m{i}", sim[i], device[i], flops[i], dw[i], 30 + i % 3])
+        run = farm("calibrate", "--pairs", str(pairs), "--feature", "auto", "--json")
+        assert run.returncode == 0, run.stderr
+        row = run.json()["calibrations"][0]
+        assert "flops_dw" not in row["features_used"] and row["unsafe"] is False
+        assert "SVD" not in run.stderr and "divide" not in run.stderr

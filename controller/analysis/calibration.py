@@ -752,6 +752,8 @@ def _ridge_path_scores(columns: Sequence[np.ndarray], target: np.ndarray, prior_
     shifted = target - design @ prior_vector  # the prior becomes 0
     rest = design[:, 1:]
     spread = rest.std(axis=0)
+    if not np.all(spread > 0):  # a constant column (the caller drops them): no fit is unique
+        return np.full(len(RIDGE_LAMBDAS), np.inf)
     if penalize_intercept:
         standardized, response, base = np.column_stack([np.ones(n), rest / spread]), shifted, 0.0
     else:
@@ -779,7 +781,12 @@ def _ridge_path_scores(columns: Sequence[np.ndarray], target: np.ndarray, prior_
 
 def _choose_ridge(log_sim: np.ndarray, target: np.ndarray, candidates: Mapping[str, np.ndarray],
                   prior: Prior, transforms: Mapping[str, str]) -> _RidgeChoice | None:
-    """Features by greedy forward selection and λ from RIDGE_LAMBDAS, both by leave-one-out log error."""
+    """Features by greedy forward selection and λ from RIDGE_LAMBDAS, both by leave-one-out log error.
+
+    A feature with no spread over these models (all zero depthwise FLOPs once the one depthwise
+    model is left out) says nothing about them and cannot be standardized: it is left out.
+    """
+    candidates = {name: values for name, values in candidates.items() if _has_spread(values)}
 
     def setup(used: list[str]) -> tuple[list[np.ndarray], np.ndarray]:
         columns = [np.ones_like(log_sim), log_sim, *(candidates[name] for name in used)]
@@ -829,6 +836,11 @@ def _prior_features(candidates: Mapping[str, np.ndarray], prior: Prior, transfor
             if name in prior.features and prior.feature_transforms.get(name, transforms[name]) == transforms[name]]
 
 
+def _has_spread(values: np.ndarray) -> bool:
+    """Whether a feature varies over these models beyond rounding (else it carries no information)."""
+    return bool(np.ptp(values) > 1e-9 * max(1.0, float(np.max(np.abs(values)))))
+
+
 def _log_feature_columns(feature_matrix: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Counts and sizes (all > 0, some > 1) enter in log space as their log; shares (0…1) as they are.
 
@@ -836,7 +848,7 @@ def _log_feature_columns(feature_matrix: Mapping[str, np.ndarray]) -> tuple[dict
     """
     columns, transforms = {}, {}
     for name, values in feature_matrix.items():
-        if np.ptp(values) == 0:
+        if not _has_spread(values):
             continue
         transform = "log" if np.all(values > 0) and np.max(values) > 1 else "linear"
         columns[name] = np.log(values) if transform == "log" else values
