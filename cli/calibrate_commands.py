@@ -33,17 +33,25 @@ def _prior_cell(weight: float | None, source: str | None) -> str:
     return "—" if weight is None else f"{100 * weight:.0f} % ({source})"
 
 
+def _runner_up_cell(runner_up: dict[str, Any] | None) -> str:
+    """The fit the choice ranked second and its leave-one-out MAPE: what the chosen one beat."""
+    if not runner_up:
+        return "— (one candidate)"
+    mape = runner_up.get("loo_mape")
+    return f"{runner_up['kind']} ({'no figure' if mape is None else format(100 * mape, '.1f')})"
+
+
 def _fit_table(rows: list[dict[str, Any]], label_cols: list[str]) -> Table:
     t = Table(header_style="bold")
-    for c in label_cols + ["fit", "formula", "R²", "n", "LOO MAPE %", "±10 %", "τ", "ρ", "prior weight", "verdict",
-                           "may flip"]:
+    for c in label_cols + ["fit", "formula", "R²", "n", "LOO MAPE %", "±10 %", "runner-up (LOO MAPE %)", "τ", "ρ",
+                           "prior weight", "verdict", "may flip"]:
         t.add_column(c)
     for r in rows:
         flips = ", ".join(f"{a}/{b}" for a, b in r["possible_flips"][:3]) + (" …" if len(r["possible_flips"]) > 3 else "")
         t.add_row(*[Text(str(r[c])) for c in label_cols], r["kind"], Text(r["formula"]), _fmt(r["r2"], ".3f"),
                   str(r["n"]), _fmt(100 * r["loo_mape"] if r["loo_mape"] is not None else None, ".1f"),
                   _fmt(100 * r["loo_within_10"] if r["loo_within_10"] is not None else None, ".0f"),
-                  _fmt(r["kendall_tau"], ".2f"), _fmt(r["spearman_rho"], ".2f"),
+                  Text(_runner_up_cell(r.get("runner_up"))), _fmt(r["kendall_tau"], ".2f"), _fmt(r["spearman_rho"], ".2f"),
                   Text(_prior_cell(r["prior_weight"], r["prior_source"])),
                   Text("unsafe", style="red") if r["unsafe"] else Text("ok"), Text(flips or "—"))
     return t

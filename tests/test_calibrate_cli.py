@@ -208,3 +208,8 @@ def test_offline_feature_auto_with_a_feature_without_spread(tmp_path: Path, farm
         row = run.json()["calibrations"][0]
         assert "flops_dw" not in row["features_used"] and row["unsafe"] is False
         assert "SVD" not in run.stderr and "divide" not in run.stderr
+        # The choice is reported: every candidate's error and the runner-up with its own figures.
+        assert row["kind"] in row["choice"]["errors"] and row["runner_up"]["kind"] == row["choice"]["runner_up"]
+        assert row["runner_up"]["kind"] != row["kind"] and 0 < row["runner_up"]["loo_mape"] < 1
+    text = farm("calibrate", "--pairs", str(pairs), "--feature", "auto")
+    assert text.returncode == 0 and "runner-up" in text.stdout and "nan" not in text.stdout
