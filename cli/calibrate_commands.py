@@ -59,6 +59,11 @@ def _fit_table(rows: list[dict[str, Any]], label_cols: list[str]) -> Table:
 
 # --- calibrate ------------------------------------------------------------------------------
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.suggest is not None:
+        if not args.pairs:
+            raise UserError("--suggest needs --pairs CSV: the candidate models with their sim value (x) and "
+                            "features; rows with a device value (y) count as already measured")
+        return _suggest_offline(args)
     if args.pairs:
         return _calibrate_offline(args)
     document = open_farm(args).calibrate(CalibrateAsk(
@@ -83,6 +88,33 @@ def _say_left_out(n: int) -> None:
     if n:
         err.print(Text.assemble(("left out ", "yellow"), f"{n} contended run(s): other work used their cores "
                                 "(--include-contended uses them)"))
+
+
+def _suggest_offline(args: argparse.Namespace) -> int:
+    """--suggest K --pairs CSV: the K candidates (rows without a y value) to measure on the device next."""
+    from farm.controller.analysis.calibration import CalibrationInputError, read_pairs_csv, suggest_models
+
+    try:
+        groups = read_pairs_csv(Path(args.pairs), x=args.x, y=args.y, model=args.model_col,
+                                features=args.feature or (), require_y=False)
+        rows = [pair for pairs in groups.values() for pair in pairs]
+        measured = [pair for pair in rows if pair.y == pair.y]  # NaN ≠ NaN: rows without y are candidates
+        candidates = [pair for pair in rows if pair.y != pair.y]
+        if not candidates:
+            raise UserError(f"{args.pairs}: every row has a {args.y!r} value: nothing left to suggest "
+                            f"(leave {args.y!r} empty for the models not measured on the device yet)")
+        chosen = suggest_models(candidates, args.suggest, features=sorted(rows[0].features), measured=measured)
+    except (CalibrationInputError, ValueError, OSError) as e:
+        raise UserError(f"{args.pairs}: {e}") from None
+    if args.json:
+        print(strict_json.dumps({"suggested": chosen, "measured": len(measured), "candidates": len(candidates)},
+                                indent=2))
+    else:
+        for name in chosen:
+            out.print(Text(name))
+        err.print(f"{len(chosen)} of {len(candidates)} candidate(s), spread over sim and features "
+                  f"(D-optimal, {len(measured)} already measured)")
+    return 0
 
 
 def _calibrate_offline(args: argparse.Namespace) -> int:
@@ -283,6 +315,8 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("-o", "--output", help="offline: write the fit as JSON here")
     s.add_argument("--min-pairs", type=int, default=4)
     s.add_argument("--include-contended", action="store_true", help=INCLUDE_CONTENDED_HELP)
+    s.add_argument("--suggest", type=int, metavar="K",
+                   help="offline, with --pairs: print the K models (rows without y) to measure on the device next")
     s.set_defaults(func=cmd_calibrate)
 
     s = sub.add_parser("calibrations", parents=[common], help="stored calibrations with their history")

@@ -213,3 +213,30 @@ def test_offline_feature_auto_with_a_feature_without_spread(tmp_path: Path, farm
         assert row["runner_up"]["kind"] != row["kind"] and 0 < row["runner_up"]["loo_mape"] < 1
     text = farm("calibrate", "--pairs", str(pairs), "--feature", "auto")
     assert text.returncode == 0 and "runner-up" in text.stdout and "nan" not in text.stdout
+
+
+def test_suggest_offline(tmp_path: Path, farm) -> None:
+    """calibrate --suggest K --pairs candidates.csv: rows without y are candidates, rows with y measured."""
+    candidates = tmp_path / "candidates.csv"
+    with open(candidates, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "x", "y", "flops"])
+        w.writerow(["done", 1.0, 2.0, 1e8])
+        for i, x in enumerate([1.2, 2, 4, 8, 16, 32, 64]):
+            w.writerow([f"m{i}", x, "", 1e8 * x])
+    run = farm("calibrate", "--pairs", str(candidates), "--suggest", "2", "--feature", "flops", "--json")
+    assert run.returncode == 0, run.stderr
+    document = run.json()
+    assert document["measured"] == 1 and document["candidates"] == 7 and len(document["suggested"]) == 2
+    assert "m6" in document["suggested"] and "done" not in document["suggested"]
+    text = farm("calibrate", "--pairs", str(candidates), "--suggest", "1")
+    assert text.returncode == 0 and text.stdout.split() == ["m6"]
+
+    for count, message in (("0", "1 to 7"), ("99", "1 to 7")):
+        refused = farm("calibrate", "--pairs", str(candidates), "--suggest", count)
+        assert refused.returncode == 2 and message in refused.stderr and "candidates.csv" in refused.stderr
+    hostile = tmp_path / "hostile.csv"
+    hostile.write_text("model,x\nm0,1\nm1,nan\nm2,3\n")
+    refused = farm("calibrate", "--pairs", str(hostile), "--suggest", "1")
+    assert refused.returncode == 2 and "hostile.csv" in refused.stderr and "x" in refused.stderr
+    assert farm("calibrate", "--suggest", "1").returncode == 2

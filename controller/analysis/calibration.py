@@ -1173,16 +1173,61 @@ def _none_to_nan(value: float | None) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
+# Choosing what to measure
+
+
+MAX_SUGGEST_CANDIDATES = 100_000  # the greedy design is O(candidates × k); more is a mistake, not a lab
+
+
+def suggest_models(candidates: Sequence[Pair], count: int, *, features: Sequence[str] = (),
+                   measured: Sequence[Pair] = ()) -> list[str]:
+    """The ``count`` candidate models whose device measurements would most sharpen the fit.
+
+    Greedy D-optimal design over the log-space fit's columns (1, log sim, and each offered feature
+    as ``log_ridge`` takes it, standardized): each step adds the candidate with the largest
+    prediction variance under the models chosen so far (``measured`` already count), which is the
+    one that most raises det(XᵀX) — models spread to the corners of the feature space, not bunched
+    where most models are. ``Pair.y`` of candidates is ignored. Raises ``ValueError`` for a bad
+    count, a non-positive or non-finite sim value, or a feature missing from a candidate.
+    """
+    if not 1 <= count <= len(candidates):
+        raise ValueError(f"--suggest needs 1 to {len(candidates)} (the candidates), got {count}")
+    if len(candidates) > MAX_SUGGEST_CANDIDATES:
+        raise ValueError(f"{len(candidates)} candidates: at most {MAX_SUGGEST_CANDIDATES}")
+    everyone = [*measured, *candidates]
+    sim = np.array([p.x for p in everyone], dtype=float)
+    bad = np.flatnonzero(~(np.isfinite(sim) & (sim > 0)))
+    if bad.size:
+        raise ValueError(f"sim value of model {everyone[bad[0]].model!r} must be a finite number > 0")
+    columns, _ = _log_feature_columns(_feature_columns(everyone, features))
+    rest = np.column_stack([np.log(sim), *columns.values()])
+    spread = rest.std(axis=0)
+    rest = (rest - rest.mean(axis=0)) / np.where(spread > 0, spread, 1.0)
+    design = np.column_stack([np.ones(sim.size), rest])
+    information = 1e-6 * np.eye(design.shape[1]) + design[:len(measured)].T @ design[:len(measured)]
+    pool = list(range(len(measured), sim.size))
+    chosen: list[int] = []
+    for _ in range(count):
+        inverse = np.linalg.inv(information)
+        variance = np.einsum("ij,jk,ik->i", design[pool], inverse, design[pool])
+        best = pool.pop(int(np.argmax(variance)))  # ties: the first listed, so the answer is reproducible
+        chosen.append(best)
+        information += np.outer(design[best], design[best])
+    return [everyone[index].model for index in chosen]
+
+
+# ----------------------------------------------------------------------------------------------
 # CSV helpers for the offline mode
 
 
 def read_pairs_csv(path: str | Path, x: str = "x", y: str = "y", model: str = "model", group: str | None = None,
-                   features: Sequence[str] = ()) -> dict[str | None, list[Pair]]:
+                   features: Sequence[str] = (), require_y: bool = True) -> dict[str | None, list[Pair]]:
     """Pairs from a CSV with a header, grouped by the ``group`` column (one group ``None`` without it).
 
     A ``family`` column, when present, fills ``Pair.family``. ``features`` are columns read into
     ``Pair.features``; ``"auto"`` among them stands for every column but x, y, model, group and
-    family whose every cell is a finite number. Errors name file, line and column.
+    family whose every cell is a finite number. Errors name file, line and column. With
+    ``require_y`` False (candidates for ``suggest_models``) the y column may be absent or empty: y is NaN.
     """
     path = Path(path)
     try:
@@ -1197,7 +1242,7 @@ def read_pairs_csv(path: str | Path, x: str = "x", y: str = "y", model: str = "m
                                         f"{', '.join([model, x, y])}")
         auto = "auto" in features
         features = [name for name in dict.fromkeys(features) if name != "auto"]
-        needed = [model, x, y, *([group] if group else []), *features]
+        needed = [model, x, *([y] if require_y else []), *([group] if group else []), *features]
         missing = [column for column in needed if column not in header]
         if missing:
             raise CalibrationInputError(f"{path}:1: column(s) {', '.join(map(repr, missing))} not in the "
@@ -1211,7 +1256,9 @@ def read_pairs_csv(path: str | Path, x: str = "x", y: str = "y", model: str = "m
         for index, row in enumerate(rows):
             line = index + 2
             name = _text_cell(row, model, path, line)
-            pair = Pair(model=name, x=_number_cell(row, x, path, line), y=_number_cell(row, y, path, line),
+            has_y = require_y or (y in header and (row.get(y) or "").strip() != "")
+            pair = Pair(model=name, x=_number_cell(row, x, path, line),
+                        y=_number_cell(row, y, path, line) if has_y else math.nan,
                         family=(row.get("family") or None) if "family" in header else None,
                         features={f: _number_cell(row, f, path, line) for f in features})
             key = _text_cell(row, group, path, line) if group else None
