@@ -168,3 +168,28 @@ def test_python_api_suggest() -> None:
     assert suggest(candidates, 1, features=["flops"], measured=[{"model": "a", "x": 1.0, "flops": 1e8}]) == ["m4"]
     with pytest.raises(ValueError, match="1 to 5"):
         suggest(candidates, 6)
+
+
+def test_a_prior_from_elsewhere_makes_log_ridge_the_reference() -> None:
+    """With a prior learned on 20 other models (the device's previous version), log_ridge is the
+    reference of the choice, and over 30 draws at k = 5 the choice beats log_work known in hindsight."""
+    from farm.controller.analysis.calibration import Prior
+
+    data = qed_columns()
+    sim, device = data[SIM], data["s10_cpu_ms"]
+    generator = np.random.default_rng(3)
+    shares: dict[str, list[float]] = {"chosen": [], "log_work": []}
+    for _ in range(30):
+        picked = generator.choice(sim.size, size=25, replace=False)
+        pairs = [Pair(f"m{i}", sim[i], device[i], features={"FLOPS": data["FLOPS"][i]}) for i in picked]
+        previous = calibrate(pairs[5:], features=["FLOPS"])
+        prior = Prior.from_fits([previous.fits["log_ridge"]], ["FLOPS"], "previous version")
+        calibration = calibrate(pairs[:5], features=["FLOPS"], prior=prior)
+        assert "without the prior" in calibration.choice["criterion"]
+        held = np.ones(sim.size, dtype=bool)
+        held[picked] = False
+        for kind in shares:
+            fit = calibration.chosen_fit if kind == "chosen" else calibration.fits[kind]
+            estimate, _, _ = fit.predict_arrays(sim[held], {"FLOPS": data["FLOPS"][held]})
+            shares[kind].append(float(np.mean(np.abs(estimate - device[held]) / device[held] <= 0.10)))
+    assert np.mean(shares["chosen"]) > np.mean(shares["log_work"]) + 0.03, {k: np.mean(v) for k, v in shares.items()}

@@ -50,7 +50,7 @@ said after the list:
 The chosen kind is the log kind (``log``, ``log_work``, ``log_ridge``) with the lowest RMS
 leave-one-out log error (``loo_log_rmse``; nested for ``log_ridge``), each counted
 ``CHOICE_TERM_MARGIN``/√n more per term it has more or fewer than the reference (``log_work`` when
-FLOPs are offered, else ``log``); ``Calibration.choice`` records the criterion, every candidate's
+FLOPs are offered, else ``log``; ``log_ridge`` when it has a prior from elsewhere); ``Calibration.choice`` records the criterion, every candidate's
 error and the runner-up. A line replaces it only when its leave-one-out MAPE is at most
 (1 − ``CHOICE_MARGIN``) of the log choice's (an additive offset, as in peak memory, needs a line).
 For data that cannot go to log space it is the kind with the lowest leave-one-out MAPE.
@@ -536,7 +536,7 @@ def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confid
     if not np.any(device < 0):
         for fit in fits.values():
             fit.lower_bound = 0.0  # a device figure that was never negative cannot be predicted below 0
-    chosen, choice = _choose_kind(fits)
+    chosen, choice = _choose_kind(fits, prior_given=prior != DEFAULT_PRIOR)
     for fit in fits.values():
         if fit.possible_flip_count > len(fit.possible_flips):
             warnings.append(f"{fit.kind}: {fit.possible_flip_count} possible flips, the first "
@@ -550,14 +550,16 @@ def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confid
                        unsafe_reasons=unsafe_reasons, choice=choice)
 
 
-def _choose_kind(fits: Mapping[str, FitResult]) -> tuple[str, dict[str, Any]]:
+def _choose_kind(fits: Mapping[str, FitResult], prior_given: bool = False) -> tuple[str, dict[str, Any]]:
     """(chosen kind, how it was chosen): among the log kinds, the lowest leave-one-out log error.
 
     The log kinds' errors are all honest on k = 5–20 models: ``log`` and ``log_work`` choose
     nothing inside (plain closed-form leave-one-out), ``log_ridge`` chooses λ and features and is
     judged by *nested* leave-one-out. The choice between them is itself a small fit, so a kind's error
     counts ``CHOICE_TERM_MARGIN``/√n more per term it has beyond the reference: ``log_work`` (FLOPs carry
-    the operator mix a sim alone misses) when FLOPs or MACs were offered, else the power law. A line (``ols``/``robust``:
+    the operator mix a sim alone misses) when FLOPs or MACs were offered, else the power law — but
+    ``log_ridge`` when it was shrunk toward a prior learned elsewhere (the device's previous version,
+    its peers): then the kinds without that prior pay one term's margin. A line (``ols``/``robust``:
     an additive offset, as in peak memory) replaces the log choice only with a leave-one-out MAPE
     at most (1 − ``CHOICE_MARGIN``) of its; without log kinds the lowest MAPE wins.
     """
@@ -573,10 +575,16 @@ def _choose_kind(fits: Mapping[str, FitResult]) -> tuple[str, dict[str, Any]]:
                       "runner_up": ranked[1] if len(ranked) > 1 else None}
 
     reference = 1.0 if "log_work" in log_kinds else 0.0
+    reference_kind = "log_work" if "log_work" in log_kinds else "sim^a"
+    with_prior = prior_given and "log_ridge" in log_kinds
+    if with_prior:
+        reference_kind = "log_ridge"
 
     margin = CHOICE_TERM_MARGIN / math.sqrt(fits[log_kinds[0]].n)
 
     def penalized(kind: str) -> float:
+        if with_prior:  # the kinds without the prior pay one term's margin
+            return float(fits[kind].loo_log_rmse or math.inf) * (1.0 + margin * (kind != "log_ridge"))
         return float(fits[kind].loo_log_rmse or math.inf) * (1.0 + margin * abs(_extra_terms(fits[kind]) - reference))
 
     ranked = sorted(log_kinds, key=penalized)
@@ -587,8 +595,8 @@ def _choose_kind(fits: Mapping[str, FitResult]) -> tuple[str, dict[str, Any]]:
         ranked, best = [line, *ranked], line
     errors = {kind: fits[kind].loo_log_rmse for kind in log_kinds}
     return best, {"criterion": "leave-one-out RMS log error (nested for log_ridge), "
-                               f"+{100 * margin:.0f} % per term more or fewer than "
-                               f"{'log_work' if reference else 'sim^a'}",
+                               + (f"+{100 * margin:.0f} % for the kinds without the prior" if with_prior else
+                                  f"+{100 * margin:.0f} % per term more or fewer than {reference_kind}"),
                   "errors": errors, "runner_up": ranked[1] if len(ranked) > 1 else None}
 
 
