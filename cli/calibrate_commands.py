@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,11 @@ from farm.proto import strict_json
 INCLUDE_CONTENDED_HELP = "also use sim runs whose cores other work used (left out by default)"
 
 
-def _fmt(v: float | None, spec: str = ".3g") -> str:
-    return "—" if v is None else format(v, spec)
+def _fmt(v: float | None, spec: str = ".3g", why: str = "") -> str:
+    """A figure, or a dash with the reason it cannot be computed (never "nan")."""
+    if v is None or not math.isfinite(v):
+        return f"— ({why})" if why else "—"
+    return format(v, spec)
 
 
 def _prior_cell(weight: float | None, source: str | None) -> str:
@@ -48,10 +52,13 @@ def _fit_table(rows: list[dict[str, Any]], label_cols: list[str]) -> Table:
         t.add_column(c)
     for r in rows:
         flips = ", ".join(f"{a}/{b}" for a, b in r["possible_flips"][:3]) + (" …" if len(r["possible_flips"]) > 3 else "")
-        t.add_row(*[Text(str(r[c])) for c in label_cols], r["kind"], Text(r["formula"]), _fmt(r["r2"], ".3f"),
-                  str(r["n"]), _fmt(100 * r["loo_mape"] if r["loo_mape"] is not None else None, ".1f"),
-                  _fmt(100 * r["loo_within_10"] if r["loo_within_10"] is not None else None, ".0f"),
-                  Text(_runner_up_cell(r.get("runner_up"))), _fmt(r["kendall_tau"], ".2f"), _fmt(r["spearman_rho"], ".2f"),
+        t.add_row(*[Text(str(r[c])) for c in label_cols], r["kind"], Text(r["formula"]),
+                  _fmt(r["r2"], ".3f", "device values all equal"), str(r["n"]),
+                  _fmt(100 * r["loo_mape"] if r["loo_mape"] is not None else None, ".1f", "device values all 0"),
+                  _fmt(100 * r["loo_within_10"] if r["loo_within_10"] is not None else None, ".0f",
+                       "device values all 0"),
+                  Text(_runner_up_cell(r.get("runner_up"))), _fmt(r["kendall_tau"], ".2f", "no order: values tie"),
+                  _fmt(r["spearman_rho"], ".2f", "no order: values tie"),
                   Text(_prior_cell(r["prior_weight"], r["prior_source"])),
                   Text("unsafe", style="red") if r["unsafe"] else Text("ok"), Text(flips or "—"))
     return t

@@ -240,3 +240,13 @@ def test_suggest_offline(tmp_path: Path, farm) -> None:
     refused = farm("calibrate", "--pairs", str(hostile), "--suggest", "1")
     assert refused.returncode == 2 and "hostile.csv" in refused.stderr and "x" in refused.stderr
     assert farm("calibrate", "--suggest", "1").returncode == 2
+
+
+def test_offline_table_never_prints_nan(tmp_path: Path, farm) -> None:
+    """Every device value equal: R², τ, ρ cannot be computed; the table and warnings say why instead of nan."""
+    pairs = tmp_path / "flat.csv"
+    pairs.write_text("model,x,y\na,1,5\nb,2,5\nc,3,5\nd,4,5\ne,5,5\n")
+    run = farm("calibrate", "--pairs", str(pairs), env={"COLUMNS": "250"})
+    assert run.returncode == 0, run.stderr
+    assert "nan" not in (run.stdout + run.stderr).lower()
+    assert "device values all equal" in run.stdout and "every device value is the same" in run.stderr

@@ -506,8 +506,9 @@ def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confid
     observed, observed_count = _observed_flips(sim, device, names, warnings)
     if not rho >= unsafe_rho:  # also catches NaN (constant device values)
         warnings.append(
-            f"Spearman ρ = {rho:.3f} < {unsafe_rho:g} between sim and device order: models close in the "
-            f"sim may swap places on the device")
+            (f"Spearman ρ = {rho:.3f} < {unsafe_rho:g}" if math.isfinite(rho) else
+             "Spearman ρ cannot be computed (every device value is the same)")
+            + " between sim and device order: models close in the sim may swap places on the device")
     zero_device = int(np.count_nonzero(device == 0))
     if zero_device:
         warnings.append(f"{zero_device} device value(s) are 0: left out of the MAPE and ±10 % figures")
@@ -612,7 +613,8 @@ def _unsafe_reasons(shared: _Shared, chosen: FitResult, *, log_possible: bool) -
     or line): its leave-one-out error, its scaling, and the chosen fit's interval width."""
     reasons = []
     if not shared.rho > 0:  # also NaN: constant device values
-        reasons.append(f"the device does not rise with the sim (Spearman ρ = {shared.rho:.2f})")
+        reasons.append(f"the device does not rise with the sim (Spearman ρ = {shared.rho:.2f})" if math.isfinite(shared.rho)
+                       else "the device does not rise with the sim (every device value is the same)")
     if log_possible and chosen.log_space:
         log_sim, log_device = np.log(shared.sim), np.log(shared.device)
         plain = _least_squares([np.ones_like(log_sim), log_sim], log_device)
