@@ -97,6 +97,47 @@ def _say_left_out(n: int) -> None:
                                 "(--include-contended uses them)"))
 
 
+PLOT_WIDTH, PLOT_HEIGHT = 60, 18
+
+
+def scatter_plot(measured: list[float], predicted: list[float], title: str) -> str:
+    """A terminal scatter of predicted against measured (log-log when all > 0): `*` a model,
+    `.` the diagonal where a prediction is exact. Plain ASCII, so any terminal shows it."""
+    values = [v for v in (*measured, *predicted) if math.isfinite(v)]
+    if not values:
+        return f"{title}: nothing to plot (no finite values)"
+    log = min(values) > 0
+    scale = (lambda v: math.log10(v)) if log else (lambda v: v)  # noqa: E731
+    low, high = scale(min(values)), scale(max(values))
+    span = high - low or 1.0
+    grid = [[" "] * PLOT_WIDTH for _ in range(PLOT_HEIGHT)]
+
+    def cell(v: float, size: int) -> int:
+        return min(size - 1, max(0, round((scale(v) - low) / span * (size - 1))))
+
+    for column in range(PLOT_WIDTH):  # the diagonal y = x
+        value = low + span * column / (PLOT_WIDTH - 1)
+        grid[PLOT_HEIGHT - 1 - min(PLOT_HEIGHT - 1, round((value - low) / span * (PLOT_HEIGHT - 1)))][column] = "."
+    for x, y in zip(measured, predicted):
+        if math.isfinite(x) and math.isfinite(y):
+            grid[PLOT_HEIGHT - 1 - cell(y, PLOT_HEIGHT)][cell(x, PLOT_WIDTH)] = "*"
+    top, bottom = max(values), min(values)
+    lines = [f"{title} (predicted ↑ against measured →{', log-log' if log else ''}; . = exact)"]
+    for index, row in enumerate(grid):
+        label = f"{top:.3g}" if index == 0 else f"{bottom:.3g}" if index == PLOT_HEIGHT - 1 else ""
+        lines.append(f"{label:>9} |{''.join(row)}")
+    lines.append(" " * 10 + "+" + "-" * PLOT_WIDTH)
+    lines.append(" " * 10 + f"{bottom:<.3g}".ljust(PLOT_WIDTH - 8) + f"{top:>.3g}")
+    return "\n".join(lines)
+
+
+def _plot_calibration(cal: Any, group: str) -> str:
+    fit = cal.chosen_fit
+    features = {name: [p.features[name] for p in cal.pairs] for name in fit.features_used}
+    estimate, _, _ = fit.predict_arrays([p.x for p in cal.pairs], features, cal.confidence)
+    return scatter_plot([p.y for p in cal.pairs], [float(v) for v in estimate], f"{group}: {cal.chosen}")
+
+
 def _suggest_offline(args: argparse.Namespace) -> int:
     """--suggest K --pairs CSV: the K candidates (rows without a y value) to measure on the device next."""
     from farm.controller.analysis.calibration import CalibrationInputError, read_pairs_csv, suggest_models
@@ -133,7 +174,7 @@ def _calibrate_offline(args: argparse.Namespace) -> int:
                                 features=args.feature or ())
     except (CalibrationInputError, OSError) as e:
         raise UserError(str(e)) from None
-    fits, rows, refused = {}, [], []
+    fits, rows, refused, plots = {}, [], [], []
     for group, pairs in sorted(groups.items(), key=lambda kv: str(kv[0])):
         try:
             cal = calibrate(pairs, min_pairs=args.min_pairs, features=sorted(pairs[0].features))
@@ -142,6 +183,8 @@ def _calibrate_offline(args: argparse.Namespace) -> int:
             continue
         fits[group or GROUP_ALL] = cal.to_json()
         rows.append(fit_row(cal, group=group or GROUP_ALL))
+        if args.plot and not args.json:
+            plots.append(_plot_calibration(cal, str(group or GROUP_ALL)))
     document = {"farm_calibration": 1, "x": args.x, "y": args.y, "group": args.group, "groups": fits}
     if args.output:
         output_file(args.output).write_text(strict_json.dumps(document, indent=2))
@@ -150,6 +193,8 @@ def _calibrate_offline(args: argparse.Namespace) -> int:
     else:
         if rows:
             out.print(_fit_table(rows, ["group"]))
+        for plot in plots:
+            out.print(Text(plot))
         for line in refused:
             err.print(Text.assemble(("not fitted ", "yellow"), line))
         for r in rows:
@@ -322,6 +367,7 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("-o", "--output", help="offline: write the fit as JSON here")
     s.add_argument("--min-pairs", type=int, default=4)
     s.add_argument("--include-contended", action="store_true", help=INCLUDE_CONTENDED_HELP)
+    s.add_argument("--plot", action="store_true", help="offline: a terminal scatter of predicted against measured")
     s.add_argument("--suggest", type=int, metavar="K",
                    help="offline, with --pairs: print the K models (rows without y) to measure on the device next")
     s.set_defaults(func=cmd_calibrate)

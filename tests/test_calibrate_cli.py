@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -250,3 +251,18 @@ def test_offline_table_never_prints_nan(tmp_path: Path, farm) -> None:
     assert run.returncode == 0, run.stderr
     assert "nan" not in (run.stdout + run.stderr).lower()
     assert "device values all equal" in run.stdout and "every device value is the same" in run.stderr
+
+
+def test_plot_is_a_terminal_scatter(tmp_path: Path, farm) -> None:
+    from farm.cli.calibrate_commands import PLOT_HEIGHT, scatter_plot
+
+    text = scatter_plot([1.0, 10.0, 100.0], [1.0, 12.0, 90.0], "g")
+    lines = text.splitlines()
+    assert lines[0].startswith("g (predicted") and "log-log" in lines[0] and len(lines) == PLOT_HEIGHT + 3
+    assert sum(line.count("*") for line in lines) == 3 and lines[1].rstrip().endswith("*")  # 100 → 90 top right
+    assert "nothing to plot" in scatter_plot([math.nan], [math.nan], "g")
+    assert "log-log" not in scatter_plot([-1.0, 2.0], [0.0, 2.0], "g").splitlines()[0]  # values ≤ 0: linear axes
+    pairs = tmp_path / "flat.csv"
+    pairs.write_text("model,x,y\na,1,5\nb,2,5\nc,3,5\nd,4,5\ne,5,5\n")
+    run = farm("calibrate", "--pairs", str(pairs), "--plot")
+    assert run.returncode == 0 and "predicted ↑ against measured" in run.stdout and "*" in run.stdout
