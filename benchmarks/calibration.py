@@ -31,7 +31,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402  (after the thread limits, which numpy reads at import)
 
-from farm.controller.analysis.calibration import FIT_KINDS, Pair, Prior, calibrate  # noqa: E402
+from farm.controller.analysis.calibration import FIT_KINDS, Pair, Prior, calibrate, suggest_models  # noqa: E402
 
 # FARM_LATENCY_DATA overrides it (a worktree sits deeper than ../shared)
 DATA_DIR = Path(os.environ.get("FARM_LATENCY_DATA")
@@ -229,6 +229,41 @@ def accuracy_tables(draws: int, seed: int, only: str | None = None) -> str:
     ])
 
 
+def suggest_table(draws: int, seed: int, only: str | None = None, k: int = 10, pool_size: int = 200) -> str:
+    """`--suggest` against random choice: from a candidate list of ``pool_size`` models measured in the
+    sim, calibrate on the k that ``suggest_models`` picks and on k random ones; judge on the rest."""
+    generator = np.random.default_rng(seed)
+    rows = ["| device pair | k | suggested ±10 % / MAPE | random ±10 % / MAPE | gain (points) |", "|---|---|---|---|---|"]
+    for pair in DEVICE_PAIRS:
+        if not pair.features or not selected(pair, only):
+            continue
+        sim, device, features = load_columns(pair)
+        within: dict[str, list[float]] = {"suggested": [], "random": []}
+        mape: dict[str, list[float]] = {"suggested": [], "random": []}
+        for _ in range(draws):
+            pool = generator.choice(sim.size, size=pool_size, replace=False)
+            candidates = [Pair(f"m{i}", sim[i], math.nan, features={n: float(v[i]) for n, v in features.items()})
+                          for i in pool]
+            picks = {"suggested": [int(name[1:]) for name in suggest_models(candidates, k, features=list(features))],
+                     "random": generator.choice(pool, size=k, replace=False).tolist()}
+            for name, picked in picks.items():
+                held = np.ones(sim.size, dtype=bool)
+                held[picked] = False
+                calibration = calibrate([Pair(f"m{i}", sim[i], device[i],
+                                              features={n: float(v[i]) for n, v in features.items()}) for i in picked],
+                                        confidence=CONFIDENCE, features=list(features))
+                estimate, _, _ = calibration.chosen_fit.predict_arrays(
+                    sim[held], {n: v[held] for n, v in features.items()}, confidence=CONFIDENCE)
+                relative = np.abs(estimate - device[held]) / device[held]
+                within[name].append(float(np.mean(relative <= 0.10)))
+                mape[name].append(float(np.mean(relative)))
+        gain = 100 * (statistics.fmean(within["suggested"]) - statistics.fmean(within["random"]))
+        rows.append(f"| {pair.label} | {k} | {cell(within['suggested'])} % / {median_cell(mape['suggested'])} % | "
+                    f"{cell(within['random'])} % / {median_cell(mape['random'])} % | {gain:+.1f} |")
+    return "\n".join([f"### `--suggest` against random choice ({draws} candidate lists of {pool_size} models, "
+                      f"seed {seed})", "", *rows])
+
+
 def ceiling_table(only: str | None = None) -> str:
     """What no calibration from these columns can beat: least squares in log space on *all* models
     of the file (sim and every feature), judged on those same models."""
@@ -272,12 +307,16 @@ def main() -> None:
     parser.add_argument("--skip-timing", action="store_true", help="leave out the 10⁶-pair fit time")
     parser.add_argument("--only-timing", action="store_true", help="only the 10⁶-pair fit time")
     parser.add_argument("--ceiling", action="store_true", help="only the in-sample ceiling of the feature pairs")
+    parser.add_argument("--suggest", action="store_true", help="only --suggest against random choice (k = 10)")
     parser.add_argument("--only", help="only device pairs whose label contains one of these comma-separated texts "
                                        "(e.g. qed, or 'similar,phone,desktop' for the HELP rows)")
     arguments = parser.parse_args()
     print("## Calibration benchmark\n")
     if arguments.ceiling:
         print(ceiling_table(arguments.only))
+        return
+    if arguments.suggest:
+        print(suggest_table(arguments.draws, arguments.seed, arguments.only))
         return
     if not arguments.only_timing:
         print(accuracy_tables(arguments.draws, arguments.seed, arguments.only))

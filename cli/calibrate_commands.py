@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,25 +27,39 @@ from farm.proto.escape import printable
 INCLUDE_CONTENDED_HELP = "also use sim runs whose cores other work used (left out by default)"
 
 
-def _fmt(v: float | None, spec: str = ".3g") -> str:
-    return "—" if v is None else format(v, spec)
+def _fmt(v: float | None, spec: str = ".3g", why: str = "") -> str:
+    """A figure, or a dash with the reason it cannot be computed (never "nan")."""
+    if v is None or not math.isfinite(v):
+        return f"— ({why})" if why else "—"
+    return format(v, spec)
 
 
 def _prior_cell(weight: float | None, source: str | None) -> str:
     return "—" if weight is None else f"{100 * weight:.0f} % ({source})"
 
 
+def _runner_up_cell(runner_up: dict[str, Any] | None) -> str:
+    """The fit the choice ranked second and its leave-one-out MAPE: what the chosen one beat."""
+    if not runner_up:
+        return "— (one candidate)"
+    mape = runner_up.get("loo_mape")
+    return f"{runner_up['kind']} ({'no figure' if mape is None else format(100 * mape, '.1f')})"
+
+
 def _fit_table(rows: list[dict[str, Any]], label_cols: list[str]) -> Table:
     t = Table(header_style="bold")
-    for c in label_cols + ["fit", "formula", "R²", "n", "LOO MAPE %", "±10 %", "τ", "ρ", "prior weight", "verdict",
-                           "may flip"]:
+    for c in label_cols + ["fit", "formula", "R²", "n", "LOO MAPE %", "±10 %", "runner-up (LOO MAPE %)", "τ", "ρ",
+                           "prior weight", "verdict", "may flip"]:
         t.add_column(c)
     for r in rows:
         flips = ", ".join(f"{a}/{b}" for a, b in r["possible_flips"][:3]) + (" …" if len(r["possible_flips"]) > 3 else "")
-        t.add_row(*[Text(str(r[c])) for c in label_cols], r["kind"], Text(r["formula"]), _fmt(r["r2"], ".3f"),
-                  str(r["n"]), _fmt(100 * r["loo_mape"] if r["loo_mape"] is not None else None, ".1f"),
-                  _fmt(100 * r["loo_within_10"] if r["loo_within_10"] is not None else None, ".0f"),
-                  _fmt(r["kendall_tau"], ".2f"), _fmt(r["spearman_rho"], ".2f"),
+        t.add_row(*[Text(str(r[c])) for c in label_cols], r["kind"], Text(r["formula"]),
+                  _fmt(r["r2"], ".3f", "device values all equal"), str(r["n"]),
+                  _fmt(100 * r["loo_mape"] if r["loo_mape"] is not None else None, ".1f", "device values all 0"),
+                  _fmt(100 * r["loo_within_10"] if r["loo_within_10"] is not None else None, ".0f",
+                       "device values all 0"),
+                  Text(_runner_up_cell(r.get("runner_up"))), _fmt(r["kendall_tau"], ".2f", "no order: values tie"),
+                  _fmt(r["spearman_rho"], ".2f", "no order: values tie"),
                   Text(_prior_cell(r["prior_weight"], r["prior_source"])),
                   Text("unsafe", style="red") if r["unsafe"] else Text("ok"), Text(flips or "—"))
     return t
@@ -52,6 +67,11 @@ def _fit_table(rows: list[dict[str, Any]], label_cols: list[str]) -> Table:
 
 # --- calibrate ------------------------------------------------------------------------------
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.suggest is not None:
+        if not args.pairs:
+            raise UserError("--suggest needs --pairs CSV: the candidate models with their sim value (x) and "
+                            "features; rows with a device value (y) count as already measured")
+        return _suggest_offline(args)
     if args.pairs:
         return _calibrate_offline(args)
     document = open_farm(args).calibrate(CalibrateAsk(
@@ -78,6 +98,74 @@ def _say_left_out(n: int) -> None:
                                 "(--include-contended uses them)"))
 
 
+PLOT_WIDTH, PLOT_HEIGHT = 60, 18
+
+
+def scatter_plot(measured: list[float], predicted: list[float], title: str) -> str:
+    """A terminal scatter of predicted against measured (log-log when all > 0): `*` a model,
+    `.` the diagonal where a prediction is exact. Plain ASCII, so any terminal shows it."""
+    values = [v for v in (*measured, *predicted) if math.isfinite(v)]
+    if not values:
+        return f"{title}: nothing to plot (no finite values)"
+    log = min(values) > 0
+    scale = (lambda v: math.log10(v)) if log else (lambda v: v)  # noqa: E731
+    low, high = scale(min(values)), scale(max(values))
+    span = high - low or 1.0
+    grid = [[" "] * PLOT_WIDTH for _ in range(PLOT_HEIGHT)]
+
+    def cell(v: float, size: int) -> int:
+        return min(size - 1, max(0, round((scale(v) - low) / span * (size - 1))))
+
+    for column in range(PLOT_WIDTH):  # the diagonal y = x
+        value = low + span * column / (PLOT_WIDTH - 1)
+        grid[PLOT_HEIGHT - 1 - min(PLOT_HEIGHT - 1, round((value - low) / span * (PLOT_HEIGHT - 1)))][column] = "."
+    for x, y in zip(measured, predicted):
+        if math.isfinite(x) and math.isfinite(y):
+            grid[PLOT_HEIGHT - 1 - cell(y, PLOT_HEIGHT)][cell(x, PLOT_WIDTH)] = "*"
+    top, bottom = max(values), min(values)
+    lines = [f"{title} (predicted ↑ against measured →{', log-log' if log else ''}; . = exact)"]
+    for index, row in enumerate(grid):
+        label = f"{top:.3g}" if index == 0 else f"{bottom:.3g}" if index == PLOT_HEIGHT - 1 else ""
+        lines.append(f"{label:>9} |{''.join(row)}")
+    lines.append(" " * 10 + "+" + "-" * PLOT_WIDTH)
+    lines.append(" " * 10 + f"{bottom:<.3g}".ljust(PLOT_WIDTH - 8) + f"{top:>.3g}")
+    return "\n".join(lines)
+
+
+def _plot_calibration(cal: Any, group: str) -> str:
+    fit = cal.chosen_fit
+    features = {name: [p.features[name] for p in cal.pairs] for name in fit.features_used}
+    estimate, _, _ = fit.predict_arrays([p.x for p in cal.pairs], features, cal.confidence)
+    return scatter_plot([p.y for p in cal.pairs], [float(v) for v in estimate], f"{group}: {cal.chosen}")
+
+
+def _suggest_offline(args: argparse.Namespace) -> int:
+    """--suggest K --pairs CSV: the K candidates (rows without a y value) to measure on the device next."""
+    from farm.controller.analysis.calibration import CalibrationInputError, read_pairs_csv, suggest_models
+
+    try:
+        groups = read_pairs_csv(Path(args.pairs), x=args.x, y=args.y, model=args.model_col,
+                                features=args.feature or (), require_y=False)
+        rows = [pair for pairs in groups.values() for pair in pairs]
+        measured = [pair for pair in rows if pair.y == pair.y]  # NaN ≠ NaN: rows without y are candidates
+        candidates = [pair for pair in rows if pair.y != pair.y]
+        if not candidates:
+            raise UserError(f"{args.pairs}: every row has a {args.y!r} value: nothing left to suggest "
+                            f"(leave {args.y!r} empty for the models not measured on the device yet)")
+        chosen = suggest_models(candidates, args.suggest, features=sorted(rows[0].features), measured=measured)
+    except (CalibrationInputError, ValueError, OSError) as e:
+        raise UserError(f"{args.pairs}: {e}") from None
+    if args.json:
+        print(strict_json.dumps({"suggested": chosen, "measured": len(measured), "candidates": len(candidates)},
+                                indent=2))
+    else:
+        for name in chosen:
+            out.print(Text(name))
+        err.print(f"{len(chosen)} of {len(candidates)} candidate(s), spread over sim and features "
+                  f"(D-optimal, {len(measured)} already measured)")
+    return 0
+
+
 def _calibrate_offline(args: argparse.Namespace) -> int:
     from farm.controller.analysis.calibration import CalibrationInputError, calibrate, read_pairs_csv
     from farm.controller.service import GROUP_ALL, fit_row
@@ -87,7 +175,7 @@ def _calibrate_offline(args: argparse.Namespace) -> int:
                                 features=args.feature or ())
     except (CalibrationInputError, OSError) as e:
         raise UserError(str(e)) from None
-    fits, rows, refused = {}, [], []
+    fits, rows, refused, plots = {}, [], [], []
     for group, pairs in sorted(groups.items(), key=lambda kv: str(kv[0])):
         try:
             cal = calibrate(pairs, min_pairs=args.min_pairs, features=sorted(pairs[0].features))
@@ -96,6 +184,8 @@ def _calibrate_offline(args: argparse.Namespace) -> int:
             continue
         fits[group or GROUP_ALL] = cal.to_json()
         rows.append(fit_row(cal, group=group or GROUP_ALL))
+        if args.plot and not args.json:
+            plots.append(_plot_calibration(cal, str(group or GROUP_ALL)))
     document = {"farm_calibration": 1, "x": args.x, "y": args.y, "group": args.group, "groups": fits}
     if args.output:
         output_file(args.output).write_text(strict_json.dumps(document, indent=2))
@@ -104,6 +194,8 @@ def _calibrate_offline(args: argparse.Namespace) -> int:
     else:
         if rows:
             out.print(_fit_table(rows, ["group"]))
+        for plot in plots:
+            out.print(Text(plot))
         for line in refused:
             err.print(Text.assemble(("not fitted ", "yellow"), line))
         for r in rows:
@@ -280,6 +372,9 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("-o", "--output", help="offline: write the fit as JSON here")
     s.add_argument("--min-pairs", type=int, default=4)
     s.add_argument("--include-contended", action="store_true", help=INCLUDE_CONTENDED_HELP)
+    s.add_argument("--plot", action="store_true", help="offline: a terminal scatter of predicted against measured")
+    s.add_argument("--suggest", type=int, metavar="K",
+                   help="offline, with --pairs: print the K models (rows without y) to measure on the device next")
     s.set_defaults(func=cmd_calibrate)
 
     s = sub.add_parser("calibrations", parents=[common], help="stored calibrations with their history")

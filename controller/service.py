@@ -67,8 +67,18 @@ def fit_row(cal: Any, **labels: Any) -> dict[str, Any]:
             "unsafe": cal.unsafe, "unsafe_reasons": list(cal.unsafe_reasons),
             "prior_weight": f.prior_weight, "prior_source": f.prior_source,
             "possible_flips": [[p.first, p.second] for p in f.possible_flips], "warnings": list(cal.warnings),
+            "choice": dict(cal.choice), "runner_up": _runner_up(cal),
             "fits": {k: {**_coefficients(v), "formula": v.formula, "r2": v.r2, "loo_mape": v.loo_mape,
                          "loo_within_10": v.loo_within_10} for k, v in cal.fits.items()}}
+
+
+def _runner_up(cal: Any) -> dict[str, Any] | None:
+    """The fit that came second in the choice, with its leave-one-out figures (to compare with the chosen)."""
+    fit = cal.runner_up
+    if fit is None:
+        return None
+    return {"kind": fit.kind, "formula": fit.formula, "loo_mape": fit.loo_mape, "loo_within_10": fit.loo_within_10,
+            "loo_log_rmse": fit.loo_log_rmse}
 
 
 # --- who may see and change a job (issue 18, N11) ------------------------------------------------

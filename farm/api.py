@@ -263,4 +263,24 @@ def connect(controller: str | None = None, *, db: str | Path | None = None, toke
     return Lab(open_farm(address_given, db=db, credentials=credentials, slots=slots, backend=backend, create=create))
 
 
-__all__ = ["Calibration", "FarmError", "Job", "JobInfo", "Lab", "Prediction", "Results", "RunRecord", "connect"]
+def suggest(candidates: Iterable[dict[str, Any]], count: int, *, features: Iterable[str] = (),
+            measured: Iterable[dict[str, Any]] = ()) -> list[str]:
+    """The ``count`` candidate models to measure on a device next, as `farm calibrate --suggest`.
+
+    Each candidate is a dict with ``model``, ``x`` (its sim value) and the named ``features``
+    (FLOPs, size…); ``measured`` models (same keys) are already calibrated on the device and
+    count in the design. Greedy D-optimal: spread over log sim and the features.
+    """
+    from farm.controller.analysis.calibration import Pair, suggest_models
+
+    names = list(features)
+
+    def pair(row: dict[str, Any]) -> Pair:
+        return Pair(model=str(row["model"]), x=float(row["x"]), y=float("nan"),
+                    features={name: float(row[name]) for name in names if name in row})
+
+    return suggest_models([pair(r) for r in candidates], count, features=names, measured=[pair(r) for r in measured])
+
+
+__all__ = ["Calibration", "FarmError", "Job", "JobInfo", "Lab", "Prediction", "Results", "RunRecord", "connect",
+           "suggest"]
