@@ -17,6 +17,7 @@ Needs root (the test sshd); uses tests/sshd_peer.py, the peer the tests use.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -71,7 +72,7 @@ def overhead(peer, work: Path, runs: int) -> list[float]:
     costs = []
     for i in range(runs):
         task = TaskSpec(task_id=i, job_id=1, attempt=1, target="peer", model_name="m", model_path=str(model),
-                        model_sha256="", model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
+                        model_sha256=hashlib.sha256(Path(model).read_bytes()).hexdigest(), model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
                         workload={"type": "script", "command": "python", "script": "noop.py", "args": [],
                                   "dir": "noop", "pip_requirements": []},
                         sim={}, run_timeout_s=60, base_dir=str(work))

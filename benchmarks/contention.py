@@ -16,6 +16,7 @@ Prints markdown and writes benchmarks/results/<date>-contention-<backend>.{md,js
 from __future__ import annotations
 
 import argparse
+import hashlib
 import datetime as dt
 import json
 import os
@@ -46,7 +47,7 @@ from farm.proto.tasks import TaskSpec  # noqa: E402
 
 def _task(model: Path, iterations: int, backend: str, threads: int, sim: dict) -> TaskSpec:
     return TaskSpec(task_id=0, job_id=0, attempt=1, target="sim", model_name=model.stem, model_path=str(model),
-                    model_sha256="", model_family=None, threads=threads, batch_size=1, input_size=None, repeat=0,
+                    model_sha256=hashlib.sha256(Path(model).read_bytes()).hexdigest(), model_family=None, threads=threads, batch_size=1, input_size=None, repeat=0,
                     workload={"type": "benchmark", "iterations": iterations, "warmup": 10, "input_shapes": {},
                               "use_xnnpack": True},
                     sim={"memory": 2 << 30, "backend": backend, "sample_interval_ms": 50.0, **sim},

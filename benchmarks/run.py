@@ -12,6 +12,7 @@ Prints a markdown report and writes it to benchmarks/results/<date>-<backend>.{m
 from __future__ import annotations
 
 import argparse
+import hashlib
 import datetime as dt
 import json
 import os
@@ -55,7 +56,7 @@ def sampler_overhead(backend_name: str, seconds: float) -> dict:
 
 def _task(model: Path, iterations: int, backend: str) -> TaskSpec:
     return TaskSpec(task_id=0, job_id=0, attempt=1, target="sim", model_name=model.stem, model_path=str(model),
-                    model_sha256="", model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
+                    model_sha256=hashlib.sha256(Path(model).read_bytes()).hexdigest(), model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
                     workload={"type": "benchmark", "iterations": iterations, "warmup": 10, "input_shapes": {},
                               "use_xnnpack": True},
                     sim={"cpus": 1.0, "cpuset": "0", "memory": 2 << 30, "backend": backend,
