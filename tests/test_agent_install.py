@@ -77,7 +77,7 @@ def test_the_agent_install_runs_a_controllers_sim_task(agent_bin: Path, tmp_path
                                                "sim: {on_contention: flag}\n")
             run = cluster.farm("submit", str(tmp_path / "job.yaml"), "--controller", str(cluster.address), "--json",
                                timeout=300)
-            assert run.returncode == 0, run.stderr + log.read_text(errors="replace")[-2000:]
+            assert run.returncode == 0, run.stderr + run.stdout[:3000] + log.read_text(errors="replace")[-2000:]
             (result,) = json.loads(run.stdout)["results"]
             assert result["status"] == "completed" and result["latency_ms"]["avg"] > 0, result
         finally:

@@ -161,7 +161,14 @@ def test_oversized_job_files_and_path_like_agent_names_are_refused(controller: C
     big = controller.root / "big.yaml"
     big.write_text("models: [tiny.onnx]\n" + "# padding\n" * 120_000)
     run = controller.farm("submit", str(big), "--controller", controller.address)
-    assert run.returncode == 2 and "over 1048576 bytes" in run.stderr, run.stderr
+    assert run.returncode == 2 and "over the limit of 1,048,576 bytes" in run.stderr, run.stderr
+    # the CLI refuses it before sending; a client that sends it anyway meets the controller's own limit
+    from farm.proto.generated import farm_pb2, farm_pb2_grpc
+    with grpc.insecure_channel(controller.address) as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            farm_pb2_grpc.FarmServiceStub(channel).SubmitJob(farm_pb2.SubmitJobRequest(job_yaml=big.read_text()),
+                                                            timeout=60)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "over 1048576 bytes" in refused.value.details()
 
     sneaky = RemoteController(controller.address, name="../../etc", token=None, devices=[]).start()
     try:

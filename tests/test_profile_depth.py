@@ -97,8 +97,11 @@ matrix: {batch_sizes: [1, 3]}
         assert sum(o["percent"] for o in types.values()) == pytest.approx(100, abs=0.01)
         assert 0 < len(nodes) <= MAX_NODES and all(o["name"] for o in nodes)
         assert nodes == sorted(nodes, key=lambda o: -o["avg_ms"])
-    # the op table is the same per-inference time as the whole, within the profiler's own overhead
-    assert sum(o["avg_ms"] for o in records[0]["op_profile"] if o["kind"] == "op_type") < records[0]["latency_ms"]["avg"] * 1.5
+    # the op table is the same per-inference time as the whole, within the profiler's own overhead; the
+    # profiled pass comes after the timed loop, so a run whose cores other work took compares two machines
+    if not (records[0].get("contention") or {}).get("contended"):
+        assert sum(o["avg_ms"] for o in records[0]["op_profile"] if o["kind"] == "op_type") \
+            < records[0]["latency_ms"]["avg"] * 1.5
     plain = farm("results", "1").stdout
     table = farm("results", "1", "--ops").stdout
     assert "Conv" in table and "ms per inference" in table and "Conv" not in plain

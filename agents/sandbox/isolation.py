@@ -142,7 +142,10 @@ def closed_folders(paths: set[Path]) -> list[Path]:
             if not mode & stat.S_IXOTH:
                 closed.add(ancestor)
                 break
-    return sorted(p for p in closed if "\n" not in str(p) and not any(Path(d).is_relative_to(p) for d in PRIVATE_DIRS))
+    # a private dir is a fresh tmpfs already (a closed folder inside it, /tmp/pytest-of-root, is not there to
+    # cover), and one above a private dir would hide it
+    return sorted(p for p in closed if "\n" not in str(p)
+                  and not any(Path(d).is_relative_to(p) or p.is_relative_to(d) for d in PRIVATE_DIRS))
 
 
 def runtime_paths_to_keep() -> list[Path]:
