@@ -202,7 +202,7 @@ class SimDriver:
         self.run_as: RunAs | None = resolve_run_as(None) if isinstance(run_as, str) else run_as
         self.backend_override = backend_override
         self.keep_run_dirs = keep_run_dirs
-        self._backends: dict[tuple[str, str | None, bool], SandboxBackend] = {}
+        self._backends: dict[tuple[str, str | None, bool, bool], SandboxBackend] = {}
         self._builder: ImageBuilder | None = None
         self.slot = SimSlot(0)  # where run() runs; in_slot gives each agent slot its own
 
@@ -216,11 +216,13 @@ class SimDriver:
         name = self.backend_override or task.sim.backend
         own = task.sim.image is not None  # the user's image (or a venv built in it): its own Python runs the script
         image = image or task.sim.image
-        key = (name, image, own)
+        key = (name, image, own, task.sim.writable_root)
         if key not in self._backends:  # probing a backend (docker ping, cgroup mkdir) once is enough
             backend = choose_backend(name, image=image, user_image=own)
-            if isinstance(backend, DockerBackend) and self.run_as is not None:
-                backend.run_user = f"{self.run_as.uid}:{self.run_as.gid}"  # the container's first process is it
+            if isinstance(backend, DockerBackend):
+                if self.run_as is not None:
+                    backend.run_user = f"{self.run_as.uid}:{self.run_as.gid}"  # the container's first process is it
+                backend.read_only_root = not task.sim.writable_root  # the job may ask; still as the run user
             self._backends[key] = backend
         return self._backends[key]
 
@@ -229,6 +231,8 @@ class SimDriver:
         when the job builds nothing. Raises BuildFailed (the job's fault) or SandboxError (the engine's)."""
         build = task.sim.build
         if build is None:
+            if task.sim.image is not None and self.build_policy.bases is not None:
+                self.image_builder().check_image(task.sim.image)  # no build, but the same list of images
             return None, None
         name = self.backend_override or task.sim.backend
         if name != "docker":
@@ -238,12 +242,15 @@ class SimDriver:
             context = self._script_folder(task) if isinstance(task.workload, ScriptWorkload) else None
         except (ValueError, OSError) as e:
             raise BuildFailed(f"sim.build: {e}", "") from None
-        if self._builder is None:
-            self._builder = ImageBuilder(self.work_root, policy=self.build_policy)
-        built = self._builder.build(build, context, in_image=task.sim.image)
+        built = self.image_builder().build(build, context, in_image=task.sim.image)
         log = str(built.log_path) if built.log_path.exists() else None  # an image another work folder built
         return built.tag, {"image": built.tag, "cached": built.cached, "log": log,
                            "seconds": round(built.seconds, 3)}
+
+    def image_builder(self) -> ImageBuilder:
+        if self._builder is None:
+            self._builder = ImageBuilder(self.work_root, policy=self.build_policy)
+        return self._builder
 
     def _script_folder(self, task: TaskSpec) -> bytes:
         """workload.dir packed, as the run gets it: the controller's archive, or (embedded) the job's own folder."""

@@ -430,6 +430,10 @@ class SimBudget(Strict):
     backend: Literal["auto", "cgroup", "docker", "process"] = "auto"
     image: str | None = Field(None, description="docker backend: the user's image to run in, as it is: its own Python and packages run the script (farm's harness, limits and sampler work from outside it); it must be on the engine, nothing is pulled")
     build: SimBuild | None = Field(None, description="docker backend: build the image to run in (see SimBuild)")
+    writable_root: bool = Field(False, description="docker backend: the container's root file system writable "
+                                                   "(still as the run user, thrown away with the container); "
+                                                   "default: read-only, with /tmp, /var/tmp, /dev/shm and the run "
+                                                   "directory writable")
     sample_interval_ms: float = Field(50, ge=5, le=10_000, description="Telemetry sampling period")
     on_contention: Literal["retry", "flag", "fail"] = Field(
         "retry", description="A run whose cores other work used: retry (up to 2 more times, then keep it flagged), "
@@ -443,6 +447,9 @@ class SimBudget(Strict):
     def _build_needs_docker(self) -> "SimBudget":
         if self.build is not None and self.backend != "docker":
             raise ValueError("build: an image is built only for backend: docker; set sim.backend: docker")
+        if self.writable_root and self.backend != "docker":
+            raise ValueError("writable_root: only a container has a root file system of its own; set "
+                             "sim.backend: docker")
         if self.image is not None and self.backend != "docker":
             raise ValueError("image: a run in an image needs backend: docker; set sim.backend: docker")
         if self.image is not None and not _IMAGE_NAME_RE.fullmatch(self.image):
