@@ -8,6 +8,7 @@ with a failure class a person can act on.
 from __future__ import annotations
 
 import copy
+import errno
 import hashlib
 import json
 import math
@@ -32,8 +33,8 @@ from farm.agents.sandbox.docker import DockerBackend
 from farm.agents.sandbox.docker_build import BuildFailed, BuildPolicy, ImageBuilder
 from farm.agents.sandbox.user_image import UserImageError, harness_argv
 from farm.agents.sandbox.isolation import (
-    INNER_RUN_DIR, RunAs, hand_over, isolated_argv, isolation_env, namespaces_unavailable, resolve_run_as,
-    seal_run_dir, strip_set_ids, unseal_run_dir, user_argv,
+    INNER_RUN_DIR, RunAs, bound_run_dir, hand_over, isolated_argv, isolation_env, keep_run_dir, mount_run_dir,
+    namespaces_unavailable, resolve_run_as, run_dir_full, seal_run_dir, strip_set_ids, unseal_run_dir, user_argv,
 )
 from farm.agents.script_env import ScriptEnvError, script_python
 from farm.agents.telemetry import TelemetrySampler
@@ -42,7 +43,7 @@ from farm.proto.names import safe_suffix
 from farm.proto.results import UNENFORCED_BUDGET, FailureClass, Limits, RunResult, RunStatus
 from farm.proto.script_archive import ScriptArchiveError, pack_dir, unpack
 from farm.agents.sandbox.base import format_cpuset
-from farm.proto.spec import ScriptWorkload, cores_missing, default_cpus
+from farm.proto.spec import DEFAULT_RUN_DISK, ScriptWorkload, cores_missing, default_cpus
 from farm.proto.tasks import TaskSpec
 
 MiB = 1 << 20
@@ -98,6 +99,16 @@ def budget_limit_hit(budget: Budget, exit_info: ExitInfo, output: HarnessOutput 
         return (f"the run filled its temp space: /tmp, /var/tmp and /dev/shm are kept in memory and sized from sim.memory "
                 f"({memory}); write large files into the run directory ($HOME) or raise sim.memory")
     return None
+
+
+def disk_limit_message(task: TaskSpec) -> str:
+    """The failure of a run that filled its run directory's quota, naming the limit and the field it came from."""
+    sim = task.sim
+    field = "sim.disk" if sim.disk else "sim.disk, which defaults to sim.memory" if sim.memory else \
+        f"sim.disk, which defaults to {DEFAULT_RUN_DISK >> 30} GiB without sim.memory"
+    return (f"the run filled its run directory: the files a run writes there are bounded at "
+            f"{_mib(sim.disk_quota()):g} MiB ({field}); write less, or raise sim.disk (what is written there is "
+            "held in memory, so it counts within sim.memory too)")
 
 
 def read_harness_output(path: Path, run_as: RunAs | None) -> HarnessOutput | None:
@@ -191,7 +202,7 @@ class SimDriver:
         self.run_as: RunAs | None = resolve_run_as(None) if isinstance(run_as, str) else run_as
         self.backend_override = backend_override
         self.keep_run_dirs = keep_run_dirs
-        self._backends: dict[tuple[str, str | None, bool], SandboxBackend] = {}
+        self._backends: dict[tuple[str, str | None, bool, bool], SandboxBackend] = {}
         self._builder: ImageBuilder | None = None
         self.slot = SimSlot(0)  # where run() runs; in_slot gives each agent slot its own
 
@@ -205,11 +216,13 @@ class SimDriver:
         name = self.backend_override or task.sim.backend
         own = task.sim.image is not None  # the user's image (or a venv built in it): its own Python runs the script
         image = image or task.sim.image
-        key = (name, image, own)
+        key = (name, image, own, task.sim.writable_root)
         if key not in self._backends:  # probing a backend (docker ping, cgroup mkdir) once is enough
             backend = choose_backend(name, image=image, user_image=own)
-            if isinstance(backend, DockerBackend) and self.run_as is not None:
-                backend.run_user = f"{self.run_as.uid}:{self.run_as.gid}"  # the container's first process is it
+            if isinstance(backend, DockerBackend):
+                if self.run_as is not None:
+                    backend.run_user = f"{self.run_as.uid}:{self.run_as.gid}"  # the container's first process is it
+                backend.read_only_root = not task.sim.writable_root  # the job may ask; still as the run user
             self._backends[key] = backend
         return self._backends[key]
 
@@ -218,6 +231,8 @@ class SimDriver:
         when the job builds nothing. Raises BuildFailed (the job's fault) or SandboxError (the engine's)."""
         build = task.sim.build
         if build is None:
+            if task.sim.image is not None and self.build_policy.bases is not None:
+                self.image_builder().check_image(task.sim.image)  # no build, but the same list of images
             return None, None
         name = self.backend_override or task.sim.backend
         if name != "docker":
@@ -227,12 +242,15 @@ class SimDriver:
             context = self._script_folder(task) if isinstance(task.workload, ScriptWorkload) else None
         except (ValueError, OSError) as e:
             raise BuildFailed(f"sim.build: {e}", "") from None
-        if self._builder is None:
-            self._builder = ImageBuilder(self.work_root, policy=self.build_policy)
-        built = self._builder.build(build, context, in_image=task.sim.image)
+        built = self.image_builder().build(build, context, in_image=task.sim.image)
         log = str(built.log_path) if built.log_path.exists() else None  # an image another work folder built
         return built.tag, {"image": built.tag, "cached": built.cached, "log": log,
                            "seconds": round(built.seconds, 3)}
+
+    def image_builder(self) -> ImageBuilder:
+        if self._builder is None:
+            self._builder = ImageBuilder(self.work_root, policy=self.build_policy)
+        return self._builder
 
     def _script_folder(self, task: TaskSpec) -> bytes:
         """workload.dir packed, as the run gets it: the controller's archive, or (embedded) the job's own folder."""
@@ -322,9 +340,13 @@ class SimDriver:
         os.chmod(runs, 0o711)  # the run user may pass through to its own directory, not list the others
         run_dir = runs / f"task{task.task_id}-a{task.attempt}-{uuid.uuid4().hex}"
         run_dir.mkdir()
+        disk = task.sim.disk_quota()
+        bounded = mount_run_dir(run_dir)  # a tmpfs: the run's files are bounded by sim.disk once staged
         try:
             self.stage(task, run_dir)
             harness_task = self.harness_task(task, inner or run_dir, own_python)
+            if bounded:
+                bound_run_dir(run_dir, disk)
         except ModelChanged as e:
             self._cleanup(run_dir)
             return RunResult.failed(FailureClass.JOB, str(e), **base)
@@ -333,6 +355,9 @@ class SimDriver:
             return RunResult.failed(FailureClass.JOB, str(e), **base)
         except OSError as e:
             self._cleanup(run_dir)
+            if e.errno == errno.ENOSPC:
+                return RunResult.failed(FailureClass.RESOURCE, "the model and script folder do not fit in the run "
+                                        f"directory's tmpfs: {e}", **base)
             return RunResult.failed(FailureClass.JOB, f"{Path(task.model_path).name}: cannot be read on agent: "
                                     f"{e.strerror}", **base)
         task_file, out_file = run_dir / "task.json", run_dir / "out.json"
@@ -354,9 +379,12 @@ class SimDriver:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{backend.name} sandbox: {e}", **base)
         # the model and the script folder are staged inside; a container sees it at `inner`
         mounts = [MountSpec(run_dir, read_only=False, target=inner if backend.name == "docker" else None)]
-        sealed = seal_run_dir(run_dir)  # nosuid,nodev: no set-uid file the run writes works, here or on the host
+        # nosuid,nodev (the tmpfs already is): no set-uid file the run writes works, here or on the host
+        sealed = bounded or seal_run_dir(run_dir)
         environment = {**host_facts(), "load_before": load_average(),
-                       "isolation": isolation + ("" if sealed or self.run_as is None else ", run directory not nosuid")}
+                       "isolation": isolation + ("" if sealed or self.run_as is None else ", run directory not nosuid"),
+                       "disk": (f"{_mib(disk):g} MiB (sim.disk), a tmpfs counted within the run's memory" if bounded
+                                else "not bounded (mounting a tmpfs over the run directory needs root)")}
         if build is not None:
             environment["build"] = build
         cores = parse_cpuset(budget.cpuset) if budget.cpuset else sorted(os.sched_getaffinity(0))
@@ -398,7 +426,10 @@ class SimDriver:
         except (ValueError, TypeError) as e:
             self._cleanup(run_dir)
             return RunResult.failed(FailureClass.JOB, f"{Path(task.model_path).name}: {e}", **base)
-        result = self._classify(task, budget, exit_info, output)
+        if bounded and not (output is not None and output.ok) and run_dir_full(run_dir):
+            result = RunResult.failed(FailureClass.RESOURCE, disk_limit_message(task))
+        else:
+            result = self._classify(task, budget, exit_info, output)
         result.backend, result.limits, result.approximate = backend.name, limits, backend.approximate
         unenforced = backend.unenforced_cpus(limits.cpus)
         if unenforced and result.ok and not result.message:
@@ -485,6 +516,8 @@ class SimDriver:
         return result
 
     def _cleanup(self, run_dir: Path) -> None:
+        if self.keep_run_dirs and os.path.ismount(run_dir):
+            keep_run_dir(run_dir)  # a tmpfs (sim.disk): its files go onto the disk beneath before it is unmounted
         unseal_run_dir(run_dir)
         if self.keep_run_dirs:
             strip_set_ids(run_dir)  # kept for a person to look at: no set-uid file of the run's stays usable

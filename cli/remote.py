@@ -404,8 +404,8 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     a.add_argument("--allow-build-network", action="store_true",
                    help="let a job's sim.build use the network when it asks (default: builds run offline)")
     a.add_argument("--allow-build-base", action="append", default=None, metavar="IMAGE",
-                   help="an image on this host's Docker engine a job's sim.build may start from (repeatable; "
-                        "farm's own base image always may)")
+                   help="an image on this host's Docker engine a job's sim.build may start from, or its sim.image "
+                        "run in (repeatable; farm's own base image always may)")
     a.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to wait for result acknowledgements at exit")
     a.add_argument("--verbose", action="store_true")
     a.set_defaults(func=cmd_agent)

@@ -16,18 +16,21 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import queue
 import stat
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, TypeVar
 
 import grpc
 from cryptography import x509
 
 from farm.proto.names import valid_agent_name as valid_agent_name  # re-exported: the CLI checks names with it
 from farm.proto.tls import CredentialFileError, TlsFiles
+
+T = TypeVar("T")
 
 log = logging.getLogger("farm.controller")
 
@@ -425,42 +428,66 @@ class CallBudget:
             run, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
 
 
+class UploadIdle(Exception):
+    """An upload sent nothing for --upload-idle-timeout seconds; the message says so, for the client."""
+
+
+_END = object()
+
+
 class IdleUploads:
-    """Uploads that stopped sending: each is cut after `idle_s` without a chunk, so a stalled one frees its slot."""
+    """Uploads that stopped sending: each is cut after `idle_s` without a chunk, so a stalled one frees its slot.
+
+    The stream is read by a thread of its own and handed over through a small queue, so the handler waits with
+    a timeout and, when nothing came, ends the call itself with a status and a message saying why (a call
+    cancelled from another thread reaches the client as a bare CANCELLED)."""
 
     def __init__(self, idle_s: float) -> None:
         self.idle_s = idle_s
-        self.open: dict[int, tuple[grpc.ServicerContext, float]] = {}
         self.lock = threading.Lock()
-        self.stopped = threading.Event()
         self.cut = 0
-        self.thread = threading.Thread(target=self._sweep, name="idle-uploads", daemon=True)
 
-    def start(self) -> None:
-        self.thread.start()
+    def paced(self, messages: Iterator[T]) -> Iterator[T]:
+        """messages as they arrive; raises UploadIdle when none came for idle_s. At most two wait read, so
+        the bytes in flight stay bounded."""
+        box: queue.Queue[tuple[Any, BaseException | None]] = queue.Queue(maxsize=2)
+        gone = threading.Event()
 
-    def stop(self) -> None:
-        self.stopped.set()
+        def hand_over(item: tuple[Any, BaseException | None]) -> bool:
+            while not gone.is_set():
+                try:
+                    box.put(item, timeout=1.0)
+                    return True
+                except queue.Full:
+                    continue
+            return False
 
-    def touch(self, context: grpc.ServicerContext) -> None:
-        with self.lock:
-            self.open[id(context)] = (context, time.monotonic())
+        def read() -> None:
+            try:
+                for message in messages:  # ends (or raises) once the call has ended, whoever ended it
+                    if not hand_over((message, None)):
+                        return
+                hand_over((_END, None))
+            except BaseException as e:  # the client went away: the handler raises it as before
+                hand_over((_END, e))
 
-    def done(self, context: grpc.ServicerContext) -> None:
-        with self.lock:
-            self.open.pop(id(context), None)
-
-    def _sweep(self) -> None:
-        while not self.stopped.wait(min(1.0, self.idle_s / 4)):
-            now = time.monotonic()
-            with self.lock:
-                idle = [c for c, last in self.open.values() if now - last > self.idle_s]
-                for context in idle:
-                    self.open.pop(id(context), None)
-            for context in idle:
-                self.cut += 1
-                log.warning("an upload sent nothing for %g s; cut (--upload-idle-timeout)", self.idle_s)
-                context.cancel()
+        threading.Thread(target=read, name="upload-reader", daemon=True).start()
+        try:
+            while True:
+                try:
+                    message, error = box.get(timeout=self.idle_s)
+                except queue.Empty:
+                    with self.lock:
+                        self.cut += 1
+                    raise UploadIdle(f"the upload sent nothing for {self.idle_s:g} s and was cut "
+                                     "(--upload-idle-timeout); send the file again") from None
+                if message is _END:
+                    if error is not None:
+                        raise error
+                    return
+                yield message
+        finally:
+            gone.set()
 
 
 def peer_address(context: grpc.ServicerContext) -> str:

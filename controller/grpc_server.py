@@ -31,7 +31,8 @@ from grpc_reflection.v1alpha import reflection
 from farm import __version__
 from farm.controller.scheduling.artifacts import ArtifactError, ArtifactStore, ControllerFiles, ModelRoots
 from farm.controller.auth import (
-    BudgetSettings, CallBudget, Identity, IdleUploads, TlsFiles, TokenInterceptor, TokenTable, check_server_certificate,
+    BudgetSettings, CallBudget, Identity, IdleUploads, TlsFiles, TokenInterceptor, TokenTable, UploadIdle,
+    check_server_certificate,
     identity_of, is_loopback,
     server_credentials,
 )
@@ -123,10 +124,8 @@ class FarmServer:
         self.store.adopt_unfinished(os.getpid(), socket.gethostname(), time.time() + self.controller.lease_ttl_s)
         self.results.start()
         self.dispatcher.start()
-        self.idle_uploads.start()
 
     def stop(self) -> None:
-        self.idle_uploads.stop()
         self.dispatcher.stop()
         with self._lock:
             for session in list(self.sessions.values()):
@@ -471,17 +470,16 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
 
         def chunks() -> Iterator[bytes]:
             yield first.data
-            for message in request_iterator:
-                idle.touch(context)  # a stream that stops sending is cut (auth.IdleUploads)
+            for message in idle.paced(request_iterator):  # a stream that stops sending is cut (auth.IdleUploads)
                 yield message.data
 
-        idle.touch(context)
         try:
             store.receive(first.sha256, first.size, first.name, chunks(), max_bytes=limit)
         except ArtifactError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded_message(str(e)))
-        finally:
-            idle.done(context)
+        except UploadIdle as e:
+            log.warning("an upload sent nothing for %g s; cut (--upload-idle-timeout)", idle.idle_s)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         if owner is not None:
             self.server.store.record_upload(first.sha256, owner, first.size, time.time())
         log.info("artifact %s stored (%d bytes)", first.sha256[:12], first.size)

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MEMORY_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+DEFAULT_RUN_DISK = 4 << 30  # sim.disk when neither it nor sim.memory is given
+MAX_RUN_DISK = 16 << 40
 _MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}
@@ -422,9 +424,16 @@ class SimBudget(Strict):
     cpus: float | None = Field(None, gt=0, description="CPU budget in cores: a whole number is that many whole cores (a cpuset), a fraction a CFS quota (0.5 = half a core); default: the run's thread count")
     cpuset: str | None = Field(None, description="Cores the run may use, e.g. '0' or '0-1'")
     memory: int | None = Field(None, description="Memory limit like 2g or 512m, swap off; default: none")
+    disk: int | None = Field(None, description="Quota on the files a run writes into its run directory, like "
+                                               "512m or 2g (a tmpfs, so it counts within sim.memory too); "
+                                               "default: sim.memory, or 4g without one")
     backend: Literal["auto", "cgroup", "docker", "process"] = "auto"
     image: str | None = Field(None, description="docker backend: the user's image to run in, as it is: its own Python and packages run the script (farm's harness, limits and sampler work from outside it); it must be on the engine, nothing is pulled")
     build: SimBuild | None = Field(None, description="docker backend: build the image to run in (see SimBuild)")
+    writable_root: bool = Field(False, description="docker backend: the container's root file system writable "
+                                                   "(still as the run user, thrown away with the container); "
+                                                   "default: read-only, with /tmp, /var/tmp, /dev/shm and the run "
+                                                   "directory writable")
     sample_interval_ms: float = Field(50, ge=5, le=10_000, description="Telemetry sampling period")
     on_contention: Literal["retry", "flag", "fail"] = Field(
         "retry", description="A run whose cores other work used: retry (up to 2 more times, then keep it flagged), "
@@ -438,6 +447,9 @@ class SimBudget(Strict):
     def _build_needs_docker(self) -> "SimBudget":
         if self.build is not None and self.backend != "docker":
             raise ValueError("build: an image is built only for backend: docker; set sim.backend: docker")
+        if self.writable_root and self.backend != "docker":
+            raise ValueError("writable_root: only a container has a root file system of its own; set "
+                             "sim.backend: docker")
         if self.image is not None and self.backend != "docker":
             raise ValueError("image: a run in an image needs backend: docker; set sim.backend: docker")
         if self.image is not None and not _IMAGE_NAME_RE.fullmatch(self.image):
@@ -452,6 +464,19 @@ class SimBudget(Strict):
     @classmethod
     def _memory(cls, v: Any) -> int | None:
         return None if v is None else parse_memory(v)
+
+    @field_validator("disk", mode="before")
+    @classmethod
+    def _disk(cls, v: Any) -> int | None:
+        size = None if v is None else parse_memory(v)
+        if size is not None and size > MAX_RUN_DISK:
+            raise ValueError(f"{str(v)[:40]!r} is over {MAX_RUN_DISK >> 40} TiB; a run directory's quota is a "
+                             "tmpfs held in memory: write a size like 512m or 2g")
+        return size
+
+    def disk_quota(self) -> int:
+        """The run directory's quota in bytes: sim.disk, else sim.memory, else DEFAULT_RUN_DISK."""
+        return self.disk or self.memory or DEFAULT_RUN_DISK
 
     @field_validator("cpuset")
     @classmethod

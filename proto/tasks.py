@@ -19,15 +19,16 @@ DEFAULT_MAX_TASKS = 10_000
 
 
 def sim_budget(data: dict[str, Any] | SimBudget) -> SimBudget:
-    """A sim budget as the store and the wire carry it (memory in bytes), validated into the spec's model.
+    """A sim budget as the store and the wire carry it (memory and disk in bytes), validated into the spec's model.
 
     A job file must write memory with a unit (a bare number is refused there); once parsed it travels
     as bytes, which parse_memory reads back with the `b` unit."""
     if isinstance(data, SimBudget):
         return data
-    memory = data.get("memory")
-    if isinstance(memory, int) and not isinstance(memory, bool):
-        data = {**data, "memory": f"{memory}b"}
+    for field in ("memory", "disk"):
+        size = data.get(field)
+        if isinstance(size, int) and not isinstance(size, bool):
+            data = {**data, field: f"{size}b"}
     return SimBudget.model_validate(data)
 
 

@@ -172,7 +172,9 @@ def test_a_build_from_a_base_image_not_on_the_agents_list_is_refused_naming_the_
 
 @pytest.mark.docker
 def test_a_listed_base_builds_offline_and_its_entrypoint_never_runs(tmp_path: Path, tiny_models, hostile_image) -> None:
-    task = _build_task(tmp_path, tiny_models, f"{{base: {hostile_image}, run: ['test ! -e /root/entrypoint-ran', 'test ! -e /root/rootsh']}}")
+    fresh = os.urandom(6).hex()  # a step no earlier test run had: built now, not taken from the engine's cache
+    task = _build_task(tmp_path, tiny_models, f"{{base: {hostile_image}, run: ['test ! -e /root/entrypoint-ran', "
+                                              f"'test ! -e /root/rootsh', 'echo {fresh}']}}")
     lab_agent = SimDriver(tmp_path / "work", run_as=None, build_policy=BuildPolicy.lab(False, [hostile_image]))
     result = lab_agent.run(task, lambda: False)
     assert result.status == RunStatus.COMPLETED, (result.message, result.log_tail)
@@ -187,3 +189,44 @@ def test_a_build_asking_for_the_network_is_refused_unless_the_agent_allows_it(tm
     assert "sim.build.network is true" in result.message and "farm agent --allow-build-network" in result.message
 
 
+
+
+@pytest.mark.docker
+def test_a_run_in_an_image_not_on_the_agents_list_is_refused_and_a_listed_one_runs(
+        tmp_path: Path, tiny_models, hostile_image) -> None:
+    """sim.image with nothing to build is held to the same allow-list as a build's base."""
+    task = _task(tmp_path / "refused", tiny_models, f"{{backend: docker, image: {hostile_image}, memory: 256m}}")
+    result = SimDriver(tmp_path / "work", run_as=None, build_policy=BuildPolicy.lab(False, [])).run(task, lambda: False)
+    assert result.status == RunStatus.FAILED and result.failure_class == FailureClass.JOB, result.message
+    assert f"sim.image {hostile_image!r} is not on this agent's allow-list" in result.message, result.message
+    assert f"farm agent --allow-build-base {hostile_image}" in result.message
+    task = _task(tmp_path / "listed", tiny_models, f"{{backend: docker, image: {hostile_image}, memory: 256m}}")
+    listed = SimDriver(tmp_path / "work", run_as=None, build_policy=BuildPolicy.lab(False, [hostile_image]))
+    result = listed.run(task, lambda: False)
+    assert result.status == RunStatus.COMPLETED, (result.message, result.log_tail)
+
+
+@pytest.mark.docker
+def test_a_job_may_ask_for_a_writable_root_and_still_runs_as_the_run_user(tmp_path: Path, tiny_models,
+                                                                         hostile_image) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the agent's run user")
+    task = _task(tmp_path, tiny_models,
+                 f"{{backend: docker, image: {hostile_image}, memory: 256m, writable_root: true}}")
+    driver = SimDriver(tmp_path / "work", keep_run_dirs=True)
+    result = driver.run(task, lambda: False)
+    assert result.status == RunStatus.COMPLETED, (result.message, result.log_tail)
+    (run_dir,) = (tmp_path / "work" / "runs").iterdir()
+    report = json.loads((run_dir / "report.json").read_text())
+    # the root is writable now, so only its owners' rights keep the run user out of /etc: no longer EROFS
+    assert report["root_write"] == "Permission denied", report
+    assert report["uid"] == driver.run_as.uid != 0 and int(report["cap_eff"], 16) == 0, report
+
+
+def test_writable_root_needs_the_docker_backend() -> None:
+    from pydantic import ValidationError
+
+    from farm.proto.spec import SimBudget
+    with pytest.raises(ValidationError, match="writable_root: only a container"):
+        SimBudget(writable_root=True)
+    assert SimBudget(backend="docker", writable_root=True).writable_root

@@ -107,7 +107,8 @@ async def _flood(address: str) -> None:
 
         # the stalled uploads are cut after --upload-idle-timeout, and the token is served again
         ended = await asyncio.wait_for(asyncio.gather(*[u for u in uploads if not u.done()]), 60)
-        assert {code for code, _ in ended} == {grpc.StatusCode.CANCELLED}
+        assert {code for code, _ in ended} == {grpc.StatusCode.RESOURCE_EXHAUSTED}, ended[:3]
+        assert all("sent nothing for 15 s and was cut (--upload-idle-timeout)" in why for _, why in ended), ended[:3]
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -148,3 +149,35 @@ def test_budgets_count_per_token_per_address_and_keep_a_share_for_agents() -> No
     for keys, _ in answers:
         slow.release(keys)
     assert sum(refusal is None for _, refusal in answers) == 5 and "faster than" in (answers[-1][1] or "")
+
+
+def test_an_idle_upload_is_cut_with_a_reason_and_the_next_one_is_stored(lab: Cluster) -> None:
+    """One stalled upload, after --upload-idle-timeout: the client is told why (not a bare CANCELLED), no partial
+    file is left, and the same token's next upload of the file is stored."""
+
+    async def run() -> None:
+        release = asyncio.Event()
+        async with grpc.aio.insecure_channel(lab.address) as channel:
+            stub = farm_pb2_grpc.FarmServiceStub(channel)
+            started = time.monotonic()
+            code, why = await asyncio.wait_for(_stalled_upload(stub, release, 7), 120)
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, why)
+            assert why == ("the upload sent nothing for 15 s and was cut (--upload-idle-timeout); "
+                           "send the file again"), why
+            assert time.monotonic() - started >= 14  # not before the timeout
+            release.set()
+            data = b"x" * (1 << 20)
+            import hashlib
+            digest = hashlib.sha256(data).hexdigest()
+
+            async def whole():
+                yield farm_pb2.ArtifactUpload(sha256=digest, size=len(data), name="m.onnx", data=data[:4096])
+                yield farm_pb2.ArtifactUpload(data=data[4096:])
+
+            stored = await stub.UploadArtifact(whole(), metadata=_bearer(FLOOD), timeout=PROMPT_S * 3)
+            assert stored.sha256 == digest
+
+    asyncio.run(run())
+    assert lab.processes[0].alive()
+    artifacts = [p.name for p in lab.root.rglob("*") if p.name.startswith(".upload-")]
+    assert artifacts == [], artifacts  # the cut upload's partial file is gone

@@ -203,6 +203,14 @@ class ImageBuilder:
                 raise BuildFailed(f"{field_name} {name!r} is not on this agent's allow-list of base images ({allowed}); "
                                   f"its operator adds one with `farm agent {BASE_FLAG} {name}`", "")
 
+    def check_image(self, image: str) -> None:
+        """sim.image with nothing to build: the image a run starts in is held to the same allow-list as a build's
+        base (a lab agent's operator chooses which images other teams' code may run in)."""
+        if self.policy.bases is not None and not self._allowed_base(image):
+            allowed = ", ".join(sorted(self.policy.bases))
+            raise BuildFailed(f"sim.image {image!r} is not on this agent's allow-list of base images ({allowed}); "
+                              f"its operator adds one with `farm agent {BASE_FLAG} {image}`", "")
+
     def _allowed_base(self, name: str) -> bool:
         """On the list by name, or the very image (by id) a listed name points at."""
         import docker.errors

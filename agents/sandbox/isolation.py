@@ -209,11 +209,64 @@ def seal_run_dir(run_dir: Path) -> bool:
 
 
 def unseal_run_dir(run_dir: Path) -> None:
-    """Undo seal_run_dir (detached: a process still holding a file there cannot keep it busy); a
+    """Undo seal_run_dir or mount_run_dir (detached: a process still holding a file there cannot keep it busy); a
     directory that was never sealed is left as it is."""
     if _libc().umount2(os.fsencode(run_dir), MNT_DETACH) != 0 and ctypes.get_errno() not in (
             errno.EINVAL, errno.ENOENT, errno.EPERM):
         raise OSError(ctypes.get_errno(), f"could not unmount the run directory {run_dir}")
+
+
+def mount_run_dir(run_dir: Path) -> bool:
+    """A fresh tmpfs over the (empty) run directory, nosuid,nodev (root only), so the run's files can be
+    bounded: bound_run_dir sizes it once the model and script are staged. Its pages are charged to the
+    memory cgroup of whoever writes them, so what the run writes there counts within sim.memory too.
+    False when it could not be done (not root, or no mount rights): the run directory is then unbounded."""
+    if os.geteuid() != 0:
+        return False
+    target = os.fsencode(run_dir)
+    # as large as staging needs (a size is a limit, not a reservation; tmpfs's default is half the RAM)
+    return _libc().mount(b"farm-run", target, b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0700,size=16t") == 0
+
+
+def run_dir_used(run_dir: Path) -> int:
+    """Bytes in use on the run directory's file system (the tmpfs of mount_run_dir)."""
+    info = os.statvfs(run_dir)
+    return (info.f_blocks - info.f_bfree) * info.f_frsize
+
+
+def bound_run_dir(run_dir: Path, disk_bytes: int) -> None:
+    """Resize the run directory's tmpfs to what is staged in it plus disk_bytes: what the run may add."""
+    size = run_dir_used(run_dir) + disk_bytes
+    if _libc().mount(None, os.fsencode(run_dir), None, MS_REMOUNT | MS_NOSUID | MS_NODEV,
+                     f"size={size}".encode()) != 0:
+        raise OSError(ctypes.get_errno(), f"could not size the run directory's tmpfs to {size} bytes")
+
+
+def run_dir_full(run_dir: Path) -> bool:
+    """The run directory's tmpfs has no room left (less than 1 MiB, or no inode): the run hit sim.disk."""
+    info = os.statvfs(run_dir)
+    return info.f_bavail * info.f_frsize < (1 << 20) or (info.f_files > 0 and info.f_ffree == 0)
+
+
+def keep_run_dir(run_dir: Path) -> None:
+    """Copy a run directory that is a tmpfs onto the disk beneath it, before it is unmounted (--keep-run-dirs):
+    directories, regular files and links as links; fifos, devices and sockets the run made are left out."""
+    kept = run_dir.with_name(run_dir.name + ".kept")
+
+    def copy_regular(src: str, dst: str) -> None:
+        if stat.S_ISREG(os.lstat(src).st_mode):
+            shutil.copyfile(src, dst, follow_symlinks=False)
+
+    shutil.copytree(run_dir, kept, symlinks=True, copy_function=copy_regular)
+    for current, dirs, files in os.walk(kept):  # owned as they were (the run user's), not by root who copied them
+        for name in [".", *dirs, *files]:
+            copy = os.path.join(current, name)
+            if os.path.lexists(copy):
+                info = os.lstat(os.path.join(run_dir, os.path.relpath(copy, kept)))
+                os.lchown(copy, info.st_uid, info.st_gid)
+    unseal_run_dir(run_dir)
+    os.rmdir(run_dir)
+    os.rename(kept, run_dir)
 
 
 def strip_set_ids(run_dir: Path) -> int:
