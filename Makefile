@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 FARM := $(VENV)/bin/farm
 
-.PHONY: setup demo models test bench bench-scheduling bench-lease proto clean
+.PHONY: setup demo models test bench bench-scheduling bench-lease bench-list-jobs proto clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,7 @@ bench: models
 	$(PY) benchmarks/scheduling.py --agents 100 --tasks 2000
 	$(PY) benchmarks/wire_capacity.py
 	$(PY) benchmarks/lease.py
+	$(PY) benchmarks/list_jobs.py
 	$(PY) benchmarks/web.py
 	$(PY) benchmarks/corpus.py
 
@@ -47,6 +48,10 @@ bench-scheduling: setup
 # One lease with 1k, 10k and 100k tasks pending (flat with the lease-order index; compared with the old one).
 bench-lease: setup
 	$(PY) benchmarks/lease.py
+
+# Listing 50 jobs with 100k tasks pending (the counts kept per job, migration 14).
+bench-list-jobs: setup
+	$(PY) benchmarks/list_jobs.py
 
 # The gRPC stubs are committed; regenerate after editing proto/farm/v1/*.proto (a test fails when stale).
 proto: setup

@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from farm.client.api import FarmError
@@ -80,6 +79,8 @@ def when(ts: float | None) -> str:
 @contextmanager
 def job_progress(args: argparse.Namespace, job_id: int) -> Iterator[Callable[[FarmProgress], None]]:
     """A bar on a terminal (or with --progress), else a line per finished run; nothing with --json/--quiet."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     quiet = args.json or getattr(args, "quiet", False)
     show = not quiet and err.is_terminal or getattr(args, "progress", False)
     progress = Progress(TextColumn("[bold]job {task.fields[job]}"), BarColumn(), MofNCompleteColumn(),

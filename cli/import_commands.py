@@ -7,18 +7,21 @@ import argparse
 import os
 from pathlib import Path
 
-import yaml
+from typing import TYPE_CHECKING
+
 from rich.text import Text
 
-from farm.cli.auptimizer_env import MAX_MODELS, EnvFileError, ModelName, convert, parse_env, read_model_list
 from farm.cli.console import UserError, err, out, output_file
-from farm.controller.scheduling.jobfile import JobFileError, load_job_text
 from farm.proto import strict_json
 from farm.proto.escape import printable
+
+if TYPE_CHECKING:
+    from farm.cli.auptimizer_env import ModelName
 
 
 def _model_names(args: argparse.Namespace) -> list[ModelName]:
     """The model names given by -m or -f; each is looked for inside DIR when the env file is read."""
+    from farm.cli.auptimizer_env import MAX_MODELS, ModelName, read_model_list
     if args.models:
         items = [m.strip() for m in args.models.split(",") if m.strip()]
         if len(items) > MAX_MODELS:
@@ -32,6 +35,12 @@ def _model_names(args: argparse.Namespace) -> list[ModelName]:
 
 
 def cmd_import_auptimizer(args: argparse.Namespace) -> int:
+    # the job model and its checks load for this command only: `farm --help` builds this parser without them
+    import yaml
+
+    from farm.cli.auptimizer_env import EnvFileError, convert, parse_env
+    from farm.controller.scheduling.jobfile import JobFileError, load_job_text
+
     target = output_file(args.output, "-o")
     if target.exists() and not args.force:
         raise UserError(f"-o {args.output}: {target} exists; nothing was written. Give --force to replace it, "

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from farm.client.api import FarmError
 from farm.client.config import DEFAULT_PORT, Credentials, address_of, read_config
-from farm.proto.tasks import DEFAULT_MAX_TASKS
+from farm.proto.task_limits import DEFAULT_MAX_TASKS
 
 if TYPE_CHECKING:
     from farm.controller.auth import TlsFiles

@@ -10,11 +10,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from farm.proto.job_overrides import OverrideError, apply_overrides
 from farm.proto.regular_files import MAX_JOB_FILE_BYTES, FileRefused, read_regular_file
-from farm.proto.spec import Priority
+
+if TYPE_CHECKING:  # the job model (pydantic) loads only when a job is read: `farm jobs` never needs it
+    from farm.proto.spec import Priority
 
 EXIT_BAD_INPUT, EXIT_ENVIRONMENT = 2, 3  # the CLI's exit codes for a FarmError (cli/main.py lists them all)
 TERMINAL = ("completed", "failed", "canceled")
@@ -163,6 +164,7 @@ class Farm(ABC):
         """The job's text with its --set overrides applied; None (no overrides, no text): read the file as usual."""
         if not overrides:
             return text
+        from farm.proto.job_overrides import OverrideError, apply_overrides
         if text is None:
             try:
                 text = read_regular_file(source, "job file", MAX_JOB_FILE_BYTES).decode()

@@ -222,7 +222,7 @@ class EmbeddedFarm(Farm):
         return _job_info(self.controller, job)
 
     def jobs(self, limit: int = 50) -> list[JobInfo]:
-        return [_job_info(self.controller, j["id"]) for j in self.controller.jobs(limit)]
+        return [JobInfo(**info) for info in service.job_infos(self.controller, limit)]
 
     def cancel(self, job: int) -> int:
         _job_info(self.controller, job)

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import yaml
 
 from farm.controller.scheduling.artifacts import GC_GRACE_S
-from farm.controller.scheduling.controller import Controller
+from farm.controller.scheduling.controller import Controller, progress_of, status_of
 from farm.controller.scheduling.jobfile import JobFileError, ResolvedJob, load_job_text
 from farm.controller.scheduling.store import Store
 from farm.proto.results import UNENFORCED_BUDGET
@@ -139,8 +139,18 @@ def job_info(controller: Controller, job_id: int) -> dict[str, Any] | None:
     job = controller.store.job(job_id)
     if job is None:
         return None
-    p = controller.progress(job_id)
-    return {"job": job_id, "name": job["name"] or "", "status": controller.job_status(job_id),
+    return job_info_of(job, controller.store.task_counts(job_id))
+
+
+def job_infos(controller: Controller, limit: int, visible_to: tuple[str, str | None] | None = None) -> list[dict[str, Any]]:
+    """The newest jobs as job_info shows each: the rows and every job's counts in two queries, not four per job."""
+    return [job_info_of(job) for job in controller.jobs(limit, visible_to)]
+
+
+def job_info_of(job: dict[str, Any], counts: dict[str, int] | None = None) -> dict[str, Any]:
+    """job_info from a job row and its counts (default: the row's own, as Store.job_list gives them)."""
+    p = progress_of(job["counts"] if counts is None else counts)
+    return {"job": job["id"], "name": job["name"] or "", "status": status_of(job),
             "priority": job["priority"] or "", "total": p.total, "pending": p.pending, "running": p.running,
             "completed": p.completed, "failed": p.failed, "canceled": p.canceled, "created_at": job["created_at"],
             "started_at": job["started_at"], "finished_at": job["finished_at"], "message": job["message"] or None,

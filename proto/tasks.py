@@ -13,9 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from farm.proto.spec import SimBudget, Workload
 
-# Tasks one job may expand to (models × matrix cells × repeats × target runs) unless the
-# submitter or the controller says otherwise: a 1 MiB job file must not allocate 1e8 rows.
-DEFAULT_MAX_TASKS = 10_000
+from farm.proto.task_limits import DEFAULT_MAX_TASKS  # noqa: F401  (here too, where it always was)
 
 
 def sim_budget(data: dict[str, Any] | SimBudget) -> SimBudget:

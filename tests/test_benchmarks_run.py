@@ -20,6 +20,7 @@ SMALL_FORMS = {
     "scheduling": (["scheduling.py", "--agents", "3", "--tasks", "30", "--rounds", "1", "--no-write"],
                    ["tasks/s, submit to last result stored", "pending → driver start"]),
     "lease": (["lease.py", "--depths", "1000", "--leases", "20", "--no-old", "--no-write"], ["| pending |"]),
+    "list_jobs": (["list_jobs.py", "--pending", "4000", "--calls", "5", "--no-write"], ["| EmbeddedFarm.jobs(50) |"]),
 }
 
 

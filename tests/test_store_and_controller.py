@@ -121,3 +121,49 @@ def test_cancel_stops_leasing_and_heartbeats(controller: Controller) -> None:
     assert controller.lease("a", {"sim"}) is None
     controller.complete(t.task_id, t.attempt, "a", time.time(), RunResult.failed(FailureClass.CANCELED, "stopped"))
     assert controller.job_status(1) == "canceled"
+
+
+def _recounted(store: Store) -> dict[int, dict[str, int]]:
+    """Every job's tasks by status, counted row by row (what the kept counts must always equal)."""
+    counts: dict[int, dict[str, int]] = {}
+    for r in store.query("SELECT job_id, status, COUNT(*) AS n FROM tasks GROUP BY job_id, status"):
+        counts.setdefault(r["job_id"], {})[r["status"]] = r["n"]
+    return counts
+
+
+def test_kept_task_counts_follow_every_change(controller: Controller, tmp_path: Path, tiny_models) -> None:
+    store = controller.store
+    job = load_job_text(f"models: [{tiny_models['tflite']}]\nrepeats: 3\n", "job.yaml", tmp_path)
+    controller.submit(job)
+    assert store.task_counts_of([1, 2]) == _recounted(store) == {1: {"pending": 2}, 2: {"pending": 3}}
+    t = controller.lease("a", {"sim"}, job_id=2)
+    controller.complete(t.task_id, t.attempt, "a", time.time(), _ok())
+    t = controller.lease("a", {"sim"}, job_id=2)
+    controller.complete(t.task_id, t.attempt, "a", time.time(), RunResult.failed(FailureClass.JOB, "bad model"))
+    controller.lease("a", {"sim"}, job_id=2)
+    controller.lease("b", {"sim"}, job_id=1)
+    controller.cancel_job(1)
+    assert store.task_counts_of([1, 2]) == _recounted(store)
+    assert store.task_counts(2) == {"completed": 1, "failed": 1, "running": 1}
+    store.db.execute("UPDATE tasks SET job_id = 2, seq = seq + 100 WHERE job_id = 1")  # a raw change is followed too
+    store.db.execute("DELETE FROM tasks WHERE status = 'canceled' AND id NOT IN (SELECT task_id FROM runs)")
+    assert store.task_counts_of([1, 2]) == _recounted(store)
+    assert store.task_counts(1) == {} and store.task_counts_of([]) == {}
+    listed = {j["id"]: j for j in store.job_list(10)}
+    assert (listed[2]["tasks"], listed[2]["completed"], listed[2]["failed"]) == (sum(_recounted(store)[2].values()), 1, 1)
+
+
+def test_a_store_from_before_kept_counts_gets_them_counted(tmp_path: Path, tiny_models) -> None:
+    path = tmp_path / "farm.db"
+    store = Store(path)
+    Controller(store).submit(load_job_text(f"models: [{tiny_models['tflite']}]\nrepeats: 4\n", "job.yaml", tmp_path))
+    # as schema 13 left it: no kept counts
+    for trigger in ("tasks_counted_insert", "tasks_counted_delete", "tasks_counted_update"):
+        store.db.execute(f"DROP TRIGGER {trigger}")
+    store.db.execute("DROP TABLE job_task_counts")
+    store.db.execute("UPDATE tasks SET status = 'completed' WHERE seq = 0")
+    store.db.execute("UPDATE schema_version SET version = 13")
+    store.close()
+    store = Store(path)
+    assert store.schema_version() == SCHEMA_VERSION
+    assert store.task_counts(1) == {"completed": 1, "pending": 3} == _recounted(store)[1]

@@ -92,6 +92,20 @@ def _pid_alive(pid: int | None, host: str | None) -> bool:
     return True
 
 
+def progress_of(counts: dict[str, int]) -> JobProgress:
+    """A job's progress from its tasks by status (Store.task_counts, or a listing's `counts`)."""
+    return JobProgress(
+        total=sum(counts.values()), pending=counts.get("pending", 0), running=counts.get("running", 0),
+        completed=counts.get("completed", 0), failed=counts.get("failed", 0), canceled=counts.get("canceled", 0))
+
+
+def status_of(job: dict[str, Any]) -> str:
+    """A job row's status, or 'interrupted' when the process running it has died."""
+    if job["status"] not in TERMINAL_JOB and not _pid_alive(job["owner_pid"], job["owner_host"]):
+        return JobStatus.INTERRUPTED.value  # stored as interrupted (Ctrl+C), or its process died
+    return job["status"]
+
+
 class Controller:
     def __init__(self, store: Store, *, lease_ttl_s: float = LEASE_TTL_S) -> None:
         self.store = store
@@ -150,20 +164,14 @@ class Controller:
         return n
 
     def progress(self, job_id: int) -> JobProgress:
-        counts = self.store.task_counts(job_id)
-        return JobProgress(
-            total=sum(counts.values()), pending=counts.get("pending", 0), running=counts.get("running", 0),
-            completed=counts.get("completed", 0), failed=counts.get("failed", 0),
-            canceled=counts.get("canceled", 0))
+        return progress_of(self.store.task_counts(job_id))
 
     def job_status(self, job_id: int) -> str:
         """The stored status, or 'interrupted' when the process running it has died."""
         job = self.store.job(job_id)
         if job is None:
             raise KeyError(job_id)
-        if job["status"] not in TERMINAL_JOB and not _pid_alive(job["owner_pid"], job["owner_host"]):
-            return JobStatus.INTERRUPTED.value  # stored as interrupted (Ctrl+C), or its process died
-        return job["status"]
+        return status_of(job)
 
     def resume(self, job_id: int) -> int:
         """Take over an interrupted job: its unfinished tasks go back to the queue (each lost attempt a run)."""
@@ -391,4 +399,4 @@ def _task_spec(task: dict[str, Any], attempt: int) -> TaskSpec:
         extra={"script_archive": plan.script_archive} if plan.script_archive else {})
 
 
-__all__ = ["Controller", "JobProgress", "PRIORITY_RANK", "should_retry"]
+__all__ = ["Controller", "JobProgress", "PRIORITY_RANK", "progress_of", "should_retry", "status_of"]

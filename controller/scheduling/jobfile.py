@@ -15,13 +15,9 @@ from pathlib import Path
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-import numpy as np
 import yaml
 from pydantic import ValidationError
 
-from farm.models.facts import ModelError, inspect_model, runtime_refusal
-from farm.models.generate import generate_hint
-from farm.models.runtimes import InputShapeError, resolve_shape
 from farm.proto.device_types import DeviceType
 from farm.proto.escape import cut_list, printable
 from farm.proto.regular_files import MAX_JOB_FILE_BYTES, FileRefused, read_regular_file
@@ -241,6 +237,7 @@ def _model_line(root: yaml.Node | None, index: int) -> int:
 
 def _missing_file(path: Path, written: str) -> str:
     """Why a model path that does not open as a file: missing, a dangling link, or a symlink loop."""
+    from farm.models.generate import generate_hint  # loaded when a job is read, not for `farm jobs`
     try:
         os.stat(path)
     except OSError as e:
@@ -258,6 +255,7 @@ def resolve_models(spec: JobSpec, root: yaml.Node | None, base_dir: Path, source
 
     gate: None for the user's own files (embedded, the client); a controller passes its gate, and a
     name outside its roots is refused at once (nothing is looked up outside them)."""
+    from farm.models.facts import ModelError, inspect_model  # numpy, onnx: loaded when a job is read
     resolved: list[ResolvedModel] = []
     invalid: list[InvalidModel] = []
     for index, raw in enumerate(spec.models):
@@ -320,6 +318,8 @@ def resolve_models(spec: JobSpec, root: yaml.Node | None, base_dir: Path, source
 
 def _benchmark_problem(spec: JobSpec, model: ResolvedModel) -> str | None:
     """Why the built-in benchmark cannot run this model as the job asks, or None."""
+    from farm.models.facts import ModelError, runtime_refusal  # loaded when a job is read, not for `farm jobs`
+    from farm.models.runtimes import InputShapeError, resolve_shape
     suffix = model.path.suffix.lower()
     if suffix not in BENCHMARK_FORMATS:
         return (f"{model.path.name} is a {suffix or 'extension-less'} file; the built-in benchmark runs .tflite "
@@ -363,6 +363,7 @@ def _flat_numbers(value: Any) -> list[float]:
 
 def _input_value_problem(name: str, given: InputSpec, dtype: str) -> str | None:
     """Why a value or range cannot feed an input of this dtype (whole numbers in range for integer inputs)."""
+    import numpy as np  # loaded when a job is read, not for `farm jobs`
     if given.value is None and given.random is None:
         return None
     try:
@@ -380,6 +381,7 @@ def _input_value_problem(name: str, given: InputSpec, dtype: str) -> str | None:
 def load_input_files(spec: JobSpec, root: yaml.Node | None, base_dir: Path, source_name: str) -> None:
     """Read each workload.inputs.NAME.file (a .npy inside the job's folder) into its value, checked like a model
     file: a regular file by type before any read, its size before reading, numbers only and all finite."""
+    import numpy as np  # loaded when a job is read, not for `farm jobs`
     workload = spec.workload
     if not isinstance(workload, BenchmarkWorkload):
         return

@@ -1,0 +1,84 @@
+"""`make bench-list-jobs`: how long listing jobs takes with 100k tasks pending.
+
+A real store (WAL, synchronous=NORMAL as the controller runs it) is filled through Controller.submit
+with jobs of 2,000 pending tasks each (a phone with no agent, pixel-9: half device tasks, half their
+sim twins). Then, call by call: EmbeddedFarm.jobs(50) — what `farm jobs` and farm.api ask, and what
+the gRPC ListJobs answers from (the job rows, each job's counts by status and its status) — and
+Store.job_list(50) alone.
+
+Prints a markdown report and writes it to benchmarks/results/<date>-list-jobs.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from farm.client.embedded import EmbeddedFarm
+from farm.controller.scheduling.controller import Controller
+from farm.controller.scheduling.jobfile import DeviceTarget, load_job_text
+from farm.controller.scheduling.store import Store
+from farm.models.generate import write_tiny_onnx
+from results_file import write_results  # benchmarks/ is on sys.path when a benchmark runs
+
+TASKS_PER_JOB = 2000
+
+
+def _ms(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {"median": round(statistics.median(ordered) * 1000, 3),
+            "p99": round(ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))] * 1000, 3)}
+
+
+def _timed(call, times: int) -> list[float]:
+    spent = []
+    for _ in range(times):
+        started = time.perf_counter()
+        call()
+        spent.append(time.perf_counter() - started)
+    return spent
+
+
+def measure(tmp: Path, pending: int, calls: int) -> dict:
+    model = tmp / "tiny.onnx"
+    write_tiny_onnx(model)
+    path = tmp / f"list-{pending}.db"
+    store = Store(path)
+    store.db.execute("PRAGMA synchronous = NORMAL")
+    job = load_job_text(f"models: [{model}]\nrepeats: {TASKS_PER_JOB // 2}\ntargets: [pixel-9]\n", "bench.yaml",
+                        model.parent, devices=[DeviceTarget("pixel-9")])
+    controller = Controller(store)
+    for _ in range(max(1, pending // TASKS_PER_JOB)):
+        controller.submit(job)
+    stored = store.query("SELECT COUNT(*) AS n FROM tasks WHERE status = 'pending'")[0]["n"]
+    farm = EmbeddedFarm(path)
+    listed = len(farm.jobs(50))
+    return {"pending": stored, "jobs_listed": listed, "calls": calls,
+            "farm_jobs_ms": _ms(_timed(lambda: farm.jobs(50), calls)),
+            "job_list_ms": _ms(_timed(lambda: store.job_list(50), calls))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pending", type=int, default=100_000)
+    parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--no-write", action="store_true", help="print only (the smoke run)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        figures = measure(Path(tmp), args.pending, args.calls)
+    text = (f"# listing jobs, {figures['pending']:,} tasks pending, {figures['jobs_listed']} jobs listed, "
+            f"{figures['calls']} calls\n\n| call | median ms | p99 ms |\n| --- | --- | --- |\n"
+            f"| EmbeddedFarm.jobs(50) | {figures['farm_jobs_ms']['median']} | {figures['farm_jobs_ms']['p99']} |\n"
+            f"| Store.job_list(50) | {figures['job_list_ms']['median']} | {figures['job_list_ms']['p99']} |\n")
+    print(text)
+    print(json.dumps(figures))
+    if not args.no_write:
+        print(f"written to {write_results('list-jobs', text, figures)}")
+
+
+if __name__ == "__main__":
+    main()

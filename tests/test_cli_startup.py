@@ -1,0 +1,56 @@
+"""`farm --version`, `farm --help` and `farm jobs` load no numerical, model or gRPC library: every
+command imports what it needs inside its handler, so start-up stays cheap (issue 22; the times are
+in BENCHMARKS.md). Each command runs in a fresh interpreter, which then names what it loaded."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HEAVY = ("numpy", "scipy", "matplotlib", "onnx", "onnxruntime", "grpc")
+
+# runs `farm ARGS` as the console script does, then says which of HEAVY this process loaded
+RUN_AND_LIST = """
+import json, sys
+from farm.cli.main import main
+sys.argv = ["farm", *json.loads(sys.argv[1])]
+try:
+    code = main()
+except SystemExit as e:
+    code = e.code
+sys.stdout.flush()
+print("LOADED=" + json.dumps(sorted(m for m in HEAVY if m in sys.modules)), file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def _loaded(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    proc = subprocess.run([sys.executable, "-c", f"HEAVY = {HEAVY!r}\n{RUN_AND_LIST}", json.dumps(args)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "FARM_DB": str(tmp_path / "env.db")})
+    marker = [line for line in proc.stderr.splitlines() if line.startswith("LOADED=")]
+    assert marker, proc.stderr
+    return proc, json.loads(marker[-1].removeprefix("LOADED="))
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--version"], "farm "),
+    (["--help"], "usage: farm"),
+    (["jobs", "--db", "{tmp}/store/farm.db", "--create"], "jobs in this store yet"),
+    (["jobs", "--db", "{tmp}/store/farm.db", "--create", "--json"], "[]"),
+])
+def test_cheap_commands_load_no_heavy_library(args: list[str], says: str, tmp_path: Path) -> None:
+    proc, loaded = _loaded([a.format(tmp=tmp_path) for a in args], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert says in proc.stdout
+    assert loaded == [], f"`farm {' '.join(args)}` imported {loaded}; import them inside the command that needs them"
+
+
+def test_the_check_sees_a_heavy_import(tmp_path: Path) -> None:
+    # the same probe on a command that reads a model: it must report numpy, or the test above proves nothing
+    proc, loaded = _loaded(["inspect", str(tmp_path / "missing.onnx")], tmp_path)
+    assert proc.returncode != 0 and "numpy" in loaded
