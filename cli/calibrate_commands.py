@@ -60,7 +60,9 @@ def _fit_table(rows: list[dict[str, Any]], label_cols: list[str]) -> Table:
                        "device values all 0"),
                   Text(_runner_up_cell(r.get("runner_up"))), _fmt(r["kendall_tau"], ".2f", "no order: values tie"),
                   _fmt(r["spearman_rho"], ".2f", "no order: values tie"),
-                  Text(_prior_cell(r["prior_weight"], r["prior_source"])),
+                  Text(_prior_cell(r["prior_weight"], r["prior_source"]) + (
+                      f"; log_pop: population {100 * r['population_weight']:.0f} %"
+                      if r.get("population_weight") is not None and r["kind"] != "log_pop" else "")),
                   Text("unsafe", style="red") if r["unsafe"] else Text("ok"), Text(flips or "—"))
     return t
 
