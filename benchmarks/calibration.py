@@ -31,7 +31,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402  (after the thread limits, which numpy reads at import)
 
-from farm.controller.analysis.calibration import FIT_KINDS, Pair, Prior, calibrate, suggest_models  # noqa: E402
+from farm.controller.analysis.calibration import (  # noqa: E402
+    FIT_KINDS,
+    Pair,
+    Prior,
+    calibrate,
+    fit_population_prior,
+    suggest_models,
+)
 
 # FARM_LATENCY_DATA overrides it (a worktree sits deeper than ../shared)
 DATA_DIR = Path(os.environ.get("FARM_LATENCY_DATA")
@@ -300,6 +307,68 @@ def timing_table(pair_count: int = 1_000_000, repeats: int = 3) -> str:
     return "\n".join(["### Fit time", "", *rows])
 
 
+POPULATION_TARGETS = (("Galaxy S10 big core", "s10|1large|float|mean"), ("Mi 8 SE big core", "mi8se|1large|float|mean"),
+                      ("Galaxy A03s big core", "a03s|1large|float|mean"),
+                      ("iPhone XS big core", "iphonexs|1large|float|mean"), ("Pixel 4 GPU", "pixel4|gpu|float|mean"))
+
+
+def population_holdout(draws: int, seed: int, k: int, targets: tuple[tuple[str, str], ...] = POPULATION_TARGETS,
+                       ) -> dict[str, dict[str, list[float]]]:
+    """Device hold-out on the qed phones: for each target, a population prior fitted on every float
+    configuration of the *other* phones, then k random models calibrate the target with and without
+    it (the same draws); the held-out models are predicted by the chosen fit. Per target: share
+    within ±10 % and MAPE per draw for "without" and "with", and the log_pop prior weight."""
+    from population_prior import load_qed  # benchmarks/ is on sys.path when this file runs as a script
+
+    sim, devices, features = load_qed()
+    generator = np.random.default_rng(seed)
+    out: dict[str, dict[str, list[float]]] = {}
+    for label, column in targets:
+        phone = column.split("|")[0]
+        others = {name: values for name, values in devices.items() if name.split("|")[0] != phone}
+        population = fit_population_prior(sim, others, features, f"qed phones other than {phone}")
+        device = devices[column]
+        usable = np.flatnonzero(np.isfinite(sim) & np.isfinite(device) & (sim > 0) & (device > 0))
+        result: dict[str, list[float]] = {"without": [], "with": [], "without_mape": [], "with_mape": [], "weight": []}
+        for _ in range(draws):
+            picked = generator.choice(usable, size=k, replace=False)
+            held = np.setdiff1d(usable, picked)
+            pairs = [Pair(f"m{i}", sim[i], device[i], features={"FLOPS": features["flops"][i], "size": features["size"][i]})
+                     for i in picked]
+            held_features = {"FLOPS": features["flops"][held], "size": features["size"][held]}
+            for name, given in (("without", None), ("with", population)):
+                try:
+                    calibration = calibrate(pairs, confidence=CONFIDENCE, features=["FLOPS", "size"], population=given)
+                except ValueError:
+                    continue
+                estimate, _, _ = calibration.chosen_fit.predict_arrays(sim[held], held_features, CONFIDENCE)
+                relative = np.abs(estimate - device[held]) / device[held]
+                result[name].append(float(np.mean(relative <= 0.10)))
+                result[f"{name}_mape"].append(float(np.mean(relative)))
+                if given is not None and "log_pop" in calibration.fits:
+                    result["weight"].append(float(calibration.fits["log_pop"].prior_weight or 0.0))
+        out[label] = result
+    return out
+
+
+def population_table(draws: int, seed: int) -> str:
+    rows = ["### Population prior: device hold-out on the qed phones (Pixel 4 big core as sim)", "",
+            f"{draws} draws per k, seed {seed}; the prior is fitted on every float configuration of the other "
+            "phones; chosen fit, held-out models: share within ±10 % (median MAPE %)", "",
+            "| device | k | without prior | with population prior | gain (points) | log_pop prior weight |",
+            "|---|---|---|---|---|---|"]
+    for k in (5, 10):
+        gains = []
+        for label, result in population_holdout(draws, seed, k).items():
+            gain = 100 * (statistics.fmean(result["with"]) - statistics.fmean(result["without"]))
+            gains.append(gain)
+            rows.append(f"| {label} | {k} | {cell(result['without'], 1)} ({median_cell(result['without_mape'])}) | "
+                        f"{cell(result['with'], 1)} ({median_cell(result['with_mape'])}) | {gain:+.1f} | "
+                        f"{cell(result['weight'])} % |")
+        rows.append(f"| mean gain | {k} | | | {statistics.fmean(gains):+.1f} | |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--draws", type=int, default=200, help="random calibration sets per device pair and k")
@@ -308,12 +377,16 @@ def main() -> None:
     parser.add_argument("--only-timing", action="store_true", help="only the 10⁶-pair fit time")
     parser.add_argument("--ceiling", action="store_true", help="only the in-sample ceiling of the feature pairs")
     parser.add_argument("--suggest", action="store_true", help="only --suggest against random choice (k = 10)")
+    parser.add_argument("--population", action="store_true", help="only the population prior's device hold-out")
     parser.add_argument("--only", help="only device pairs whose label contains one of these comma-separated texts "
                                        "(e.g. qed, or 'similar,phone,desktop' for the HELP rows)")
     arguments = parser.parse_args()
     print("## Calibration benchmark\n")
     if arguments.ceiling:
         print(ceiling_table(arguments.only))
+        return
+    if arguments.population:
+        print(population_table(arguments.draws, arguments.seed))
         return
     if arguments.suggest:
         print(suggest_table(arguments.draws, arguments.seed, arguments.only))

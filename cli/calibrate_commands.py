@@ -60,7 +60,9 @@ def _fit_table(rows: list[dict[str, Any]], label_cols: list[str]) -> Table:
                        "device values all 0"),
                   Text(_runner_up_cell(r.get("runner_up"))), _fmt(r["kendall_tau"], ".2f", "no order: values tie"),
                   _fmt(r["spearman_rho"], ".2f", "no order: values tie"),
-                  Text(_prior_cell(r["prior_weight"], r["prior_source"])),
+                  Text(_prior_cell(r["prior_weight"], r["prior_source"]) + (
+                      f"; log_pop: population {100 * r['population_weight']:.0f} %"
+                      if r.get("population_weight") is not None and r["kind"] != "log_pop" else "")),
                   Text("unsafe", style="red") if r["unsafe"] else Text("ok"), Text(flips or "—"))
     return t
 
@@ -166,10 +168,30 @@ def _suggest_offline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _population_prior(choice: str) -> Any:
+    """The population prior ``--population-prior`` names: the shipped one, none, or a JSON file."""
+    from farm.controller.analysis.calibration import CalibrationInputError, PopulationPrior
+
+    if choice == "none":
+        return None
+    if choice == "shipped":
+        return PopulationPrior.shipped()
+    path = Path(choice)
+    try:
+        if path.stat().st_size > 1_000_000:
+            raise UserError(f"--population-prior {choice}: larger than 1 MB, not a population prior")
+        return PopulationPrior.from_json(json.loads(path.read_text()), str(path))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"--population-prior {choice}: cannot read it as JSON ({e})") from None
+    except CalibrationInputError as e:
+        raise UserError(str(e)) from None
+
+
 def _calibrate_offline(args: argparse.Namespace) -> int:
     from farm.controller.analysis.calibration import CalibrationInputError, calibrate, read_pairs_csv
     from farm.controller.service import GROUP_ALL, fit_row
 
+    population = _population_prior(args.population_prior)
     try:
         groups = read_pairs_csv(Path(args.pairs), x=args.x, y=args.y, model=args.model_col, group=args.group,
                                 features=args.feature or ())
@@ -178,7 +200,7 @@ def _calibrate_offline(args: argparse.Namespace) -> int:
     fits, rows, refused, plots = {}, [], [], []
     for group, pairs in sorted(groups.items(), key=lambda kv: str(kv[0])):
         try:
-            cal = calibrate(pairs, min_pairs=args.min_pairs, features=sorted(pairs[0].features))
+            cal = calibrate(pairs, min_pairs=args.min_pairs, features=sorted(pairs[0].features), population=population)
         except ValueError as e:  # too few pairs, or values too bunched up to fit
             refused.append(f"{group or GROUP_ALL}: {e}")
             continue
@@ -372,6 +394,9 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("-o", "--output", help="offline: write the fit as JSON here")
     s.add_argument("--min-pairs", type=int, default=4)
     s.add_argument("--include-contended", action="store_true", help=INCLUDE_CONTENDED_HELP)
+    s.add_argument("--population-prior", default="shipped", metavar="shipped|none|FILE",
+                   help="offline: what the FLOPs/MACs and size coefficients are shrunk toward (the log_pop fit): "
+                        "the prior shipped with farm (default), none, or a JSON written by benchmarks/population_prior.py")
     s.add_argument("--plot", action="store_true", help="offline: a terminal scatter of predicted against measured")
     s.add_argument("--suggest", type=int, metavar="K",
                    help="offline, with --pairs: print the K models (rows without y) to measure on the device next")

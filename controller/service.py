@@ -65,11 +65,18 @@ def fit_row(cal: Any, **labels: Any) -> dict[str, Any]:
             **_coefficients(f), "r2": f.r2, "n": f.n, "loo_mape": f.loo_mape,
             "loo_within_10": f.loo_within_10, "kendall_tau": f.kendall_tau, "spearman_rho": f.spearman_rho,
             "unsafe": cal.unsafe, "unsafe_reasons": list(cal.unsafe_reasons),
-            "prior_weight": f.prior_weight, "prior_source": f.prior_source,
+            "prior_weight": f.prior_weight, "prior_source": f.prior_source, **_population(cal),
             "possible_flips": [[p.first, p.second] for p in f.possible_flips], "warnings": list(cal.warnings),
             "choice": dict(cal.choice), "runner_up": _runner_up(cal),
             "fits": {k: {**_coefficients(v), "formula": v.formula, "r2": v.r2, "loo_mape": v.loo_mape,
                          "loo_within_10": v.loo_within_10} for k, v in cal.fits.items()}}
+
+
+def _population(cal: Any) -> dict[str, Any]:
+    """The population prior's weight in the log_pop fit (None: no prior given or no FLOPs/size feature)."""
+    fit = cal.fits.get("log_pop")
+    return {"population_weight": None if fit is None else fit.prior_weight,
+            "population_source": None if fit is None else fit.prior_source}
 
 
 def _runner_up(cal: Any) -> dict[str, Any] | None:

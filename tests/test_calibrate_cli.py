@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import write_job
+from farm.controller.analysis.calibration import LOG_KINDS
 
 G6_LATENCY = [(0.0111, 0.020), (0.0218, 0.054), (0.0380, 0.090), (0.0544, 0.117), (0.0616, 0.253), (0.3626, 1.309)]
 
@@ -56,7 +57,7 @@ def test_calibrate_predict_rank_report(family: Path, farm, tmp_path: Path) -> No
     assert sorted(r["version"] for r in history if r["metric"] == "latency") == [1, 2]
     for r in history:  # the whole formula, under honest names
         assert r["formula"].startswith("y = ") and r["batch_size"] == 1
-        assert ("exponent" in r) == (r["kind"] in ("log", "log_ridge")) and ("a" in r) != ("exponent" in r)
+        assert ("exponent" in r) == (r["kind"] in LOG_KINDS) and ("a" in r) != ("exponent" in r)
 
     # predict a model the calibration never saw, from the sim alone
     pred = farm("predict", str(family / "mobilenetv2_w1.0_r96.tflite"), "--device", "half-cpu", "--json")

@@ -77,6 +77,7 @@ Pure library: numpy and scipy only; the store and the CLI live elsewhere.
 from __future__ import annotations
 
 import csv
+import json
 import math
 import warnings as python_warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -87,8 +88,8 @@ from typing import Any
 import numpy as np
 from scipy import linalg, stats
 
-FIT_KINDS: tuple[str, ...] = ("ols", "log", "robust", "log_ridge", "log_work")
-LOG_KINDS = ("log", "log_ridge", "log_work")
+FIT_KINDS: tuple[str, ...] = ("ols", "log", "robust", "log_ridge", "log_work", "log_pop")
+LOG_KINDS = ("log", "log_ridge", "log_work", "log_pop")
 # The work feature of the ``log_work`` kind: the first offered feature with one of these names
 # (any case). FLOPs or MACs — the two differ by a constant factor, which the intercept absorbs.
 WORK_FEATURES: tuple[str, ...] = ("flops", "macs", "gflops", "gmacs", "mflops", "mmacs")
@@ -205,6 +206,101 @@ class Prior:
 
 
 DEFAULT_PRIOR = Prior()
+
+POPULATION_FORMAT = "farm.population-prior/1"
+# The roles a population prior knows, and the feature names that play them (coefficients of logs are unit-free).
+POPULATION_ROLES: dict[str, tuple[str, ...]] = {
+    "work": ("flops", "macs", "gflops", "gmacs", "mflops", "mmacs"),
+    "size": ("size", "size_bytes", "param_bytes", "model_bytes"),
+}
+POPULATION_PRIOR_FILE = Path(__file__).with_name("population_prior.json")
+
+
+def population_role(name: str) -> str | None:
+    """The population-prior role (``work``, ``size``) a feature name plays, if any."""
+    return next((role for role, names in POPULATION_ROLES.items() if name.lower() in names), None)
+
+
+@dataclass(frozen=True)
+class PopulationPrior:
+    """An empirical-Bayes prior on a device's log-space exponent and feature coefficients, learned across devices.
+
+    Every device of a public data set was fitted as ``log y = b + a·log x + Σ c_j·log f_j``;
+    ``terms`` are ``exponent`` (a) and the feature roles (c_j), ``mean`` and ``covariance`` their
+    mean and covariance across those devices. They are strongly correlated (a device whose time
+    grows faster than the sim's grows slower with FLOPs at a given sim time), so the prior is joint:
+    a ``log_pop`` fit keeps each device's scale b free, takes (a, c) ~ N(mean, covariance) with the
+    noise fixed at ``residual_std`` (the devices' typical log residual) and reports the posterior
+    mean — a ridge whose weight falls as the device's own pairs grow.
+    """
+
+    terms: tuple[str, ...]  # "exponent", then roles of POPULATION_ROLES
+    mean: tuple[float, ...]
+    covariance: tuple[tuple[float, ...], ...]
+    residual_std: float
+    devices: int
+    source: str
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], origin: str = "population prior") -> PopulationPrior:
+        if not isinstance(data, Mapping) or data.get("format") != POPULATION_FORMAT:
+            raise CalibrationInputError(f"{origin}: not a farm population prior (format must be {POPULATION_FORMAT!r})")
+        try:
+            terms = tuple(str(t) for t in data["terms"])
+            mean = tuple(float(data["mean"][t]) for t in terms)
+            covariance = tuple(tuple(float(v) for v in row) for row in data["covariance"])
+            residual_std, devices = float(data["residual_std"]), int(data["devices"])
+            source = str(data.get("source", origin))[:200]
+        except (KeyError, TypeError, ValueError) as e:
+            raise CalibrationInputError(f"{origin}: malformed population prior ({e!r})") from None
+        if not terms or terms[0] != "exponent" or any(t not in POPULATION_ROLES for t in terms[1:]) \
+                or len(set(terms)) != len(terms):
+            raise CalibrationInputError(f"{origin}: terms must be 'exponent' then distinct roles of "
+                                        f"{', '.join(POPULATION_ROLES)}")
+        matrix = np.array(covariance, dtype=float) if covariance else np.zeros((0, 0))
+        if matrix.shape != (len(terms), len(terms)) or not np.all(np.isfinite(matrix)) \
+                or not np.all(np.isfinite(mean)) or not np.allclose(matrix, matrix.T) \
+                or np.linalg.eigvalsh(matrix).min() <= 0:
+            raise CalibrationInputError(f"{origin}: covariance must be a finite symmetric positive-definite "
+                                        f"{len(terms)}×{len(terms)} matrix and every mean finite")
+        if not (math.isfinite(residual_std) and residual_std > 0) or devices < 2:
+            raise CalibrationInputError(f"{origin}: residual_std must be finite and > 0, devices at least 2")
+        return cls(terms, mean, covariance, residual_std, devices, source)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": POPULATION_FORMAT, "source": self.source, "devices": self.devices,
+                "residual_std": self.residual_std, "terms": list(self.terms),
+                "mean": dict(zip(self.terms, self.mean, strict=True)),
+                "covariance": [list(row) for row in self.covariance]}
+
+    @classmethod
+    def shipped(cls) -> PopulationPrior:
+        """The prior shipped with farm (fitted by benchmarks/population_prior.py on the shared public data)."""
+        return cls.from_json(json.loads(POPULATION_PRIOR_FILE.read_text()), POPULATION_PRIOR_FILE.name)
+
+    def with_fits(self, fits: Sequence[FitResult], source: str) -> PopulationPrior:
+        """This prior with other devices' log fits (the lab's store) added as more devices of the population.
+
+        A fit counts when it used a feature for every role of the prior, in log space."""
+        samples = []
+        for fit in fits:
+            roles = {population_role(name): index for index, name in enumerate(fit.features_used)
+                     if fit.feature_transforms.get(name, "log") == "log"}
+            if fit.log_space and all(term in roles for term in self.terms[1:]):
+                vector = [fit.a, *(fit.feature_coefficient(roles[term]) for term in self.terms[1:])]
+                if all(math.isfinite(v) for v in vector):
+                    samples.append(vector)
+        if not samples:
+            return self
+        m, mean, covariance = self.devices, np.array(self.mean), np.array(self.covariance)
+        added = np.array(samples)
+        total = m + len(samples)
+        new_mean = (m * mean + added.sum(axis=0)) / total
+        shift, spread = mean - new_mean, added - new_mean
+        pooled = ((m - 1) * covariance + m * np.outer(shift, shift) + spread.T @ spread) / (total - 1)
+        return PopulationPrior(self.terms, tuple(float(v) for v in new_mean),
+                               tuple(tuple(float(v) for v in row) for row in pooled), self.residual_std, total,
+                               f"{self.source} + {len(samples)} {source}")
 
 
 @dataclass
@@ -458,7 +554,7 @@ class Calibration:
 
 def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confidence: float = 0.9,
               min_pairs: int = 4, unsafe_rho: float = 0.9, features: Sequence[str] = (),
-              prior: Prior = DEFAULT_PRIOR) -> Calibration:
+              prior: Prior = DEFAULT_PRIOR, population: PopulationPrior | None = None) -> Calibration:
     """Fit every kind in ``kinds`` to the pairs and choose the one with the lowest leave-one-out MAPE.
 
     Pairs with the same model name are repeats: their x, y and features are averaged into one pair
@@ -469,6 +565,9 @@ def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confid
     as extra regressors; greedy forward selection keeps one only if it lowers the fit's leave-one-out
     error by at least ``FEATURE_MIN_RELATIVE_GAIN`` (10 %) relative, and only while ≥ 2 residual
     degrees of freedom remain. ``prior`` is what ``log_ridge`` shrinks toward (module doc).
+    ``population`` (a :class:`PopulationPrior`) adds the ``log_pop`` kind: the offered FLOPs/MACs and
+    size features with coefficients shrunk toward what other devices showed; without it (or without
+    such a feature) ``log_pop`` is not fitted.
 
     Raises :class:`NotEnoughPairs` with fewer than ``min_pairs`` models or fewer than 3 distinct sim
     values, and ``ValueError`` for non-finite values or a bad argument. Warns (in
@@ -519,12 +618,15 @@ def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confid
     fits: dict[str, FitResult] = {}
     for kind in kinds:
         if kind in LOG_KINDS:
+            if kind == "log_pop" and population is None:
+                continue  # no population prior given: nothing to borrow
             if nonpositive:
                 warnings.append(f"{kind} fit skipped: {len(nonpositive)} pair(s) have non-positive values "
                                 f"(e.g. {', '.join(nonpositive[:3])})")
                 continue
             log_fit = (_fit_log(shared, warnings) if kind == "log"
                        else _fit_log_work(shared, feature_matrix) if kind == "log_work"
+                       else _fit_log_pop(shared, feature_matrix, population) if kind == "log_pop"
                        else _fit_log_ridge(shared, feature_matrix, prior, warnings))
             if log_fit is not None:
                 fits[kind] = log_fit
@@ -567,7 +669,7 @@ def _choose_kind(fits: Mapping[str, FitResult], prior_given: bool = False) -> tu
     def mape(kind: str) -> float:
         return fits[kind].loo_mape if math.isfinite(fits[kind].loo_mape) else math.inf
 
-    log_kinds = [kind for kind in ("log", "log_work", "log_ridge") if kind in fits
+    log_kinds = [kind for kind in ("log", "log_work", "log_ridge", "log_pop") if kind in fits
                  and fits[kind].loo_log_rmse is not None and math.isfinite(fits[kind].loo_log_rmse or math.nan)]
     if not log_kinds:
         best = min(fits, key=mape)
@@ -577,15 +679,18 @@ def _choose_kind(fits: Mapping[str, FitResult], prior_given: bool = False) -> tu
 
     reference = 1.0 if "log_work" in log_kinds else 0.0
     reference_kind = "log_work" if "log_work" in log_kinds else "sim^a"
-    with_prior = prior_given and "log_ridge" in log_kinds
+    def has_prior(kind: str) -> bool:  # shrunk toward something learned elsewhere
+        return kind == "log_pop" or (prior_given and kind == "log_ridge")
+
+    with_prior = any(has_prior(kind) for kind in log_kinds)
     if with_prior:
-        reference_kind = "log_ridge"
+        reference_kind = " and ".join(kind for kind in log_kinds if has_prior(kind))
 
     margin = CHOICE_TERM_MARGIN / math.sqrt(fits[log_kinds[0]].n)
 
     def penalized(kind: str) -> float:
         if with_prior:  # the kinds without the prior pay one term's margin
-            return float(fits[kind].loo_log_rmse or math.inf) * (1.0 + margin * (kind != "log_ridge"))
+            return float(fits[kind].loo_log_rmse or math.inf) * (1.0 + margin * (not has_prior(kind)))
         return float(fits[kind].loo_log_rmse or math.inf) * (1.0 + margin * abs(_extra_terms(fits[kind]) - reference))
 
     ranked = sorted(log_kinds, key=penalized)
@@ -781,6 +886,104 @@ def _fit_log_work(shared: _Shared, feature_matrix: Mapping[str, np.ndarray]) -> 
     return _finish_fit("log_work", shared, model, np.exp(log_device - loo_residual), log_space=True,
                        features_used=[name], feature_values={name: feature_matrix[name]},
                        feature_transforms={name: "log"}, loo_log_rmse=float(np.sqrt(np.mean(loo_residual ** 2))))
+
+
+POPULATION_MIN_MODELS = 20  # a device measured on fewer models says too little about its coefficients
+
+
+def fit_population_prior(sim: np.ndarray, devices: Mapping[str, np.ndarray], features: Mapping[str, np.ndarray],
+                         source: str) -> PopulationPrior:
+    """The empirical-Bayes prior of many devices measured on the same models against one sim.
+
+    Each device is fitted by least squares as ``log y = b + a·log x + Σ c_j·log f_j`` on its models
+    with every value > 0 and finite (NaN marks a model it was not measured on); the prior is the mean
+    and covariance of (a, c) across devices and the median residual std. ``features`` are named so
+    that :func:`population_role` knows them (FLOPs/MACs, size); at least 3 devices are needed.
+    """
+    named = {population_role(name): np.asarray(values, dtype=float) for name, values in features.items()}
+    roles = [role for role in POPULATION_ROLES if role in named]
+    if not roles:
+        raise ValueError("no feature plays a population role; name one of "
+                         f"{sorted(name for names in POPULATION_ROLES.values() for name in names)}")
+    sim = np.asarray(sim, dtype=float)
+    vectors: list[np.ndarray] = []
+    residuals: list[float] = []
+    for values in devices.values():
+        y = np.asarray(values, dtype=float)
+        with np.errstate(invalid="ignore"):
+            ok = np.isfinite(sim) & np.isfinite(y) & (sim > 0) & (y > 0)
+            for role in roles:
+                ok &= np.isfinite(named[role]) & (named[role] > 0)
+        if ok.sum() < max(POPULATION_MIN_MODELS, len(roles) + 3):
+            continue
+        design = np.column_stack([np.ones(ok.sum()), np.log(sim[ok]), *(np.log(named[r][ok]) for r in roles)])
+        coefficients, *_ = np.linalg.lstsq(design, np.log(y[ok]), rcond=None)
+        residual = np.log(y[ok]) - design @ coefficients
+        residuals.append(float(np.sqrt(np.sum(residual ** 2) / (ok.sum() - design.shape[1]))))
+        vectors.append(coefficients[1:])
+    if len(vectors) < len(roles) + 2:
+        raise ValueError(f"a population prior needs at least {len(roles) + 2} devices with ≥ "
+                         f"{POPULATION_MIN_MODELS} usable models (found {len(vectors)})")
+    stacked = np.array(vectors)
+    covariance = np.cov(stacked, rowvar=False) + 1e-8 * np.eye(stacked.shape[1])  # positive definite
+    return PopulationPrior(("exponent", *roles), tuple(float(v) for v in stacked.mean(axis=0)),
+                           tuple(tuple(float(v) for v in row) for row in covariance),
+                           float(np.median(residuals)), len(vectors), source)
+
+
+def _fit_log_pop(shared: _Shared, feature_matrix: Mapping[str, np.ndarray],
+                 population: PopulationPrior | None) -> FitResult | None:
+    """``log y = b + a·log x + Σ c_j·log f_j`` with b free and (a, c) ~ N(population mean, covariance).
+
+    The posterior mean with the noise fixed at the population's residual std: a ridge whose penalty
+    is known in advance (nothing is chosen inside), so its closed-form leave-one-out error is honest.
+    Only the offered features' part of the prior is used (the marginal of a Gaussian). The prior
+    weight is the share of the (a, c) degrees of freedom the prior supplies rather than the data.
+    """
+    if population is None:
+        return None
+    roles: dict[str, str] = {}
+    for name in sorted(feature_matrix):
+        role = population_role(name)
+        values = feature_matrix[name]
+        if (role is not None and role in population.terms and role not in roles.values()
+                and np.all(values > 0) and _has_spread(values)):
+            roles[name] = role
+    n = shared.sim.size
+    if not roles or n < 4:  # the free scale + a left-out model + residual degrees of freedom
+        return None
+    names = list(roles)
+    index = [0, *(population.terms.index(roles[name]) for name in names)]
+    mean = np.array(population.mean)[index]
+    covariance_prior = np.array(population.covariance)[np.ix_(index, index)]
+    log_sim, log_device = np.log(shared.sim), np.log(shared.device)
+    design = np.column_stack([np.ones(n), log_sim, *(np.log(feature_matrix[name]) for name in names)])
+    scale = np.max(np.abs(design), axis=0)
+    scale[scale == 0] = 1.0
+    scaled = design / scale
+    p = design.shape[1]
+    prior_scaled = np.concatenate([[0.0], mean * scale[1:]])
+    precision = np.zeros((p, p))
+    inverse_scale = np.diag(1.0 / scale[1:])
+    precision[1:, 1:] = population.residual_std ** 2 * (inverse_scale @ np.linalg.inv(covariance_prior) @ inverse_scale)
+    gram = scaled.T @ scaled + precision
+    if np.linalg.cond(gram) > 1e12:
+        return None
+    covariance = np.linalg.inv(gram)
+    coefficients = covariance @ (scaled.T @ log_device + precision @ prior_scaled)
+    leverage = np.einsum("ij,jk,ik->i", scaled, covariance, scaled)
+    if leverage.max() > 1.0 - 1e-9:
+        return None
+    model = _LinearModel(coefficients, scale, covariance, log_device - scaled @ coefficients, leverage)
+    loo_residual = model.residuals / (1.0 - leverage)
+    prior_weight = min(1.0, max(0.0, 1.0 - (float(leverage.sum()) - 1.0) / (p - 1)))
+    residual_std = float(np.sqrt(np.mean(loo_residual ** 2)))
+    return _finish_fit(
+        "log_pop", shared, model, np.exp(log_device - loo_residual), log_space=True, features_used=names,
+        feature_values={name: feature_matrix[name] for name in names},
+        interval=(residual_std, float(n - 1), float(np.mean(leverage))),
+        feature_transforms={name: "log" for name in names}, prior_weight=prior_weight,
+        prior_source=f"population: {population.source}", loo_log_rmse=residual_std)
 
 
 @dataclass

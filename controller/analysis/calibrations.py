@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from farm.controller.analysis.calibration import Calibration, FitResult, Pair, Prior, calibrate
+from farm.controller.analysis.calibration import Calibration, FitResult, Pair, PopulationPrior, Prior, calibrate
 from farm.controller.scheduling.store import Store
 
 MiB = 1 << 20
@@ -205,7 +205,7 @@ def fit_and_store(store: Store, device: str, metric: str, paired: list[PairedRun
             offered = [f for f in FEATURES if all(f in r.pair.features for r in runs)]
             prior = lab_prior(store, device, metric, key, family, offered)
             cal = calibrate([r.pair for r in runs], confidence=confidence, min_pairs=min_pairs, features=offered,
-                            prior=prior)
+                            prior=prior, population=lab_population(store, device, metric, key, family))
         except ValueError as e:  # NotEnoughPairs, or values too bunched up to fit
             refused.append(f"{label}: {e}")
             continue
@@ -250,6 +250,18 @@ def lab_prior(store: Store, device: str, metric: str, key: CalibrationKey, famil
     if peers:
         return Prior.from_fits(peers, features, f"{len(peers)} other device(s) of type {device_type}")
     return Prior()
+
+
+def lab_population(store: Store, device: str, metric: str, key: CalibrationKey, family: str) -> PopulationPrior:
+    """The shipped population prior, with the newest chosen fit of every *other* device the store holds
+    for this key added as more devices of the population (those that used MACs and size in log space)."""
+    rows = store.calibration_fits(metric, key.threads, key.runtime, key.batch_size, key.input_size, key.precision, family)
+    newest: dict[str, FitResult] = {}
+    for row in rows:
+        if row["device"] != device and row["device"] not in newest:
+            document = json.loads(row["fit_json"])
+            newest[row["device"]] = FitResult.from_json(document["fits"][document["chosen"]])
+    return PopulationPrior.shipped().with_fits(list(newest.values()), "device(s) in this store")
 
 
 def _device_type(store: Store, device: str) -> str | None:
