@@ -254,15 +254,17 @@ sim: {{cpus: 1, memory: 2g}}
     records = run.json()["results"]
     assert run.returncode == 0, [(r["target"], r["failure_class"], r["message"]) for r in records] or run.stderr[-3000:]
     assert len(records) == 4 * 2 and all(r["status"] == "completed" for r in records)
-    board_runs = [r for r in records if r["target"] == "arm-1"]
-    assert all(r["environment"]["device"]["arch"] == "aarch64" for r in board_runs)
+    assert {r["target"] for r in records} == {"arm-1", "sim"}  # each board run beside its sim twin
 
     cal = farm("calibrate", "--job", "1", "--device", "arm-1", "--metric", "latency", "--metric", "peak_memory",
                "--include-contended", "--json", env=env)
     assert cal.returncode == 0, cal.stderr + cal.stdout
     fits = {c["metric"]: c for c in cal.json()["calibrations"]}
     latency = fits["latency"]
-    assert latency["n"] == 4 and latency["runtime"].endswith("arch=aarch64")  # the architecture is in the key
+    assert latency["n"] == 4
+    history = farm("calibrations", "--device", "arm-1", "--json", env=env).json()
+    assert history and all(r["runtime"].endswith(";arch=aarch64") or r["runtime"].endswith("@arch=aarch64")
+                           for r in history), history  # the architecture is in the calibration key
     assert latency["fits"]["ols"]["a"] > 1  # the emulated board is slower than the sim per unit of sim time
     pred = farm("predict", str(models / "mobilenetv2_w1.0_r96.tflite"), "--device", "arm-1", "--json", env=env)
     assert pred.returncode == 0, pred.stderr
@@ -273,8 +275,8 @@ sim: {{cpus: 1, memory: 2g}}
         models / "mobilenetv2_w1.0_r96.tflite", {"type": "benchmark", "iterations": 10, "warmup": 2}), lambda: False)
     assert actual.ok, actual.message
     print("AARCH64-CALIBRATION", json.dumps({"latency": {k: latency.get(k) for k in (
-        "kind", "n", "r2", "loo_mape", "within_10", "kendall_tau", "spearman_rho", "formula", "runtime")},
+        "kind", "n", "r2", "loo_mape", "loo_within_10", "kendall_tau", "spearman_rho", "formula", "features_used")},
         "ols": latency["fits"]["ols"], "peak_memory": {k: fits.get("peak_memory", {}).get(k) for k in (
             "kind", "n", "r2", "loo_mape", "spearman_rho", "formula")},
-        "predicted_w1.0": {k: p[k] for k in ("sim", "estimate", "low", "high")},
+        "predicted_w1.0": {k: p[k] for k in ("sim", "estimate", "low", "high")}, "key": history[0]["runtime"],
         "measured_w1.0": actual.latency.avg}, default=str))
