@@ -56,6 +56,7 @@ proto: setup
 # into /var/cache/farm-tests/arm-board/ (`pytest -k aarch64` builds it too when missing).
 arm-board: setup
 	$(PY) tests/arm_board.py build
+	$(PY) tests/arm_board.py build bullseye  # the older-Python board (3.9); its test skips when this fails
 
 clean:
 	rm -rf $(VENV) examples/models build *.egg-info

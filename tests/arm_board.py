@@ -7,8 +7,8 @@ hash of the recipe below (release, packages, wheels): change the recipe and a ne
 The board's sshd runs chrooted inside a private mount and PID namespace (`unshare`), so its /proc is
 the board's own and every mount goes away with it.
 
-    python tests/arm_board.py build     # build the cache (what `make arm-board` runs)
-    python tests/arm_board.py shell     # start the board and print how to ssh in (Ctrl-C stops it)
+    python tests/arm_board.py build [bullseye]   # build the cache (what `make arm-board` runs)
+    python tests/arm_board.py shell [bullseye]   # start the board and print how to ssh in (Ctrl-C stops it)
 """
 
 from __future__ import annotations
@@ -29,13 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sshd_peer import FAKE_JETSON_BIN, MAX_LIFETIME_S, SshdPeer, _keygen, _wait_for_banner, free_loopback_port, sha256_fingerprint  # noqa: E402
 
 CACHE = Path(os.environ.get("FARM_TEST_CACHE", "/var/cache/farm-tests")) / "arm-board"
-RELEASE = "bookworm"  # Python 3.11
+RELEASE = "bookworm"  # Python 3.11: the default board
+# the Debian releases still in the registry, each with its Python (buster, 3.7, is gone: 404)
+RELEASE_PYTHON = {"bookworm": "3.11", "bullseye": "3.9"}
 MIRROR = "http://deb.debian.org/debian"
 PACKAGES = ["python3", "python3-venv", "openssh-server"]
 WHEELS = ["ai-edge-litert", "onnxruntime", "numpy"]
 # pip takes platform tags literally: bookworm's glibc 2.36 runs every one of these
 WHEEL_PLATFORMS = ["manylinux2014_aarch64", "manylinux_2_17_aarch64", "manylinux_2_27_aarch64", "manylinux_2_28_aarch64"]
-WHEEL_PYTHON = "3.11"
 RECIPE_VERSION = 1  # bump when the steps below change in a way the lists above do not show
 BOARD_WHEELHOUSE = "/opt/wheelhouse"  # inside the root; /etc/pip.conf points pip at it
 BOARD_FAKE_BIN = "/opt/farm-fake-jetson"
@@ -46,13 +47,13 @@ class ArmBoardUnavailable(RuntimeError):
     """What the ARM board needs is missing (binfmt, debootstrap, the registry); the message says which."""
 
 
-def recipe_key() -> str:
-    recipe = json.dumps([RECIPE_VERSION, RELEASE, PACKAGES, WHEELS, WHEEL_PLATFORMS, WHEEL_PYTHON])
+def recipe_key(release: str = RELEASE) -> str:
+    recipe = json.dumps([RECIPE_VERSION, release, PACKAGES, WHEELS, WHEEL_PLATFORMS, RELEASE_PYTHON[release]])
     return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
 
-def cache_dir() -> Path:
-    return CACHE / f"{RELEASE}-arm64-{recipe_key()}"
+def cache_dir(release: str = RELEASE) -> Path:
+    return CACHE / f"{release}-arm64-{recipe_key(release)}"
 
 
 def binfmt_problem() -> str | None:
@@ -82,17 +83,19 @@ def _run(argv: list[str], what: str, timeout: float = BUILD_TIMEOUT_S, **kw) -> 
     return p
 
 
-def download_wheels(dest: Path) -> None:
-    """The aarch64 runtime wheels and their dependencies, from PyPI."""
+def download_wheels(dest: Path, python: str) -> None:
+    """The aarch64 runtime wheels for that Python and their dependencies, from PyPI."""
     platforms = [a for p in WHEEL_PLATFORMS for a in ("--platform", p)]
     _run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--dest", str(dest),
-          *platforms, "--python-version", WHEEL_PYTHON, "--implementation", "cp", "--only-binary=:all:", *WHEELS],
+          *platforms, "--python-version", python, "--implementation", "cp", "--only-binary=:all:", *WHEELS],
          "pip download of the aarch64 wheels (is PyPI reachable?)", timeout=600)
 
 
-def build(log=print) -> Path:
-    """The cached root (built when missing): returns its path."""
-    where = cache_dir()
+def build(log=print, release: str = RELEASE) -> Path:
+    """The cached root of that release (built when missing): returns its path."""
+    if release not in RELEASE_PYTHON:
+        raise ArmBoardUnavailable(f"no arm64 board recipe for Debian {release!r} (known: {', '.join(RELEASE_PYTHON)})")
+    where = cache_dir(release)
     root = where / "root"
     if (where / "ready").exists():
         return root
@@ -108,10 +111,10 @@ def build(log=print) -> Path:
     started = time.monotonic()
     wheels = where / "wheels"
     shutil.rmtree(wheels, ignore_errors=True)
-    download_wheels(wheels)
+    download_wheels(wheels, RELEASE_PYTHON[release])
     log(f"arm-board: wheels downloaded in {time.monotonic() - started:.0f} s")
-    _run(["debootstrap", "--arch=arm64", "--variant=minbase", f"--include={','.join(PACKAGES)}", RELEASE, str(root),
-          MIRROR], f"debootstrap --arch=arm64 {RELEASE} (is the Debian registry reachable?)")
+    _run(["debootstrap", "--arch=arm64", "--variant=minbase", f"--include={','.join(PACKAGES)}", release, str(root),
+          MIRROR], f"debootstrap --arch=arm64 {release} (is the Debian registry reachable?)")
     log(f"arm-board: root built in {time.monotonic() - started:.0f} s")
     shutil.copytree(wheels, root / BOARD_WHEELHOUSE.lstrip("/"))
     shutil.copytree(FAKE_JETSON_BIN, root / BOARD_FAKE_BIN.lstrip("/"))
@@ -119,15 +122,15 @@ def build(log=print) -> Path:
     (root / "etc/pip.conf").write_text(f"[global]\nno-index = true\nfind-links = {BOARD_WHEELHOUSE}\n")
     (root / "run/sshd").mkdir(parents=True, exist_ok=True)
     (where / "build.json").write_text(json.dumps({"seconds": round(time.monotonic() - started, 1),
-                                                  "key": recipe_key(), "release": RELEASE}))
+                                                  "key": recipe_key(release), "release": release}))
     (where / "ready").write_text("")
     return root
 
 
 @contextlib.contextmanager
-def arm_board() -> Iterator[SshdPeer]:
+def arm_board(release: str = RELEASE) -> Iterator[SshdPeer]:
     """Start the board's sshd (aarch64, emulated) on a free loopback port; yield how to reach it."""
-    root = build()
+    root = build(release=release)
     with tempfile.TemporaryDirectory(prefix="farm-arm-") as tmp:
         d = Path(tmp)
         session = f"/run/farm-{d.name}"  # the per-session keys and config, inside the root
@@ -174,13 +177,14 @@ def arm_board() -> Iterator[SshdPeer]:
 
 
 def main(argv: list[str]) -> int:
+    release = argv[1] if len(argv) > 1 else RELEASE
     if argv[:1] == ["build"]:
         started = time.monotonic()
-        print(build())
-        print(f"arm-board: ready in {time.monotonic() - started:.0f} s ({cache_dir()})")
+        print(build(release=release))
+        print(f"arm-board: ready in {time.monotonic() - started:.0f} s ({cache_dir(release)})")
         return 0
     if argv[:1] == ["shell"]:
-        with arm_board() as peer:
+        with arm_board(release) as peer:
             print(f"ssh -i {peer.client_key} -o UserKnownHostsFile={peer.known_hosts} -p {peer.port} root@127.0.0.1")
             with contextlib.suppress(KeyboardInterrupt):
                 peer.process.wait()

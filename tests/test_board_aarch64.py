@@ -280,3 +280,60 @@ sim: {{cpus: 1, memory: 2g}}
             "kind", "n", "r2", "loo_mape", "spearman_rho", "formula")},
         "predicted_w1.0": {k: p[k] for k in ("sim", "estimate", "low", "high")}, "key": history[0]["runtime"],
         "measured_w1.0": actual.latency.avg}, default=str))
+
+
+# the short form of examples/jetson-experiment.yaml: four of each family (a fit needs four models), the
+# smallest of the published ones, two inferences a run, one repeat (emulated onnxruntime is slow)
+JETSON_SHORT = {"image": ["shufflenetv2_x0.5", "squeezenet1_1", "mobilenetv2_w1.0_r224", "resnet18"],
+                "video": ["shufflenetv2_3d_x0.25", "shufflenetv2_3d_x0.5", "shufflenetv2_3d_x1", "mobilenetv2_3d_x0.25"]}
+
+
+def test_aarch64_jetson_experiment_short_form_pairs_and_calibrates_per_family(
+        arm: SshdPeer, setup_run: RunResult, tmp_path: Path, farm) -> None:
+    import json
+
+    from farm.models.generate import serialize_onnx
+    from farm.models.published_nets import JETSON_EXPERIMENT_MODELS
+    assert setup_run.ok, setup_run.message
+    problem = sim_run_user_problem()
+    if problem:
+        pytest.skip(problem)
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    shutil.copy(examples / "jetson-experiment.yaml", tmp_path / "jetson-experiment.yaml")
+    shutil.copytree(examples / "jetson-experiment", tmp_path / "jetson-experiment")
+    (tmp_path / "models").mkdir()
+    wanted = {name: family for family, names in JETSON_SHORT.items() for name in names}
+    for model in JETSON_EXPERIMENT_MODELS:
+        if model.name in wanted:
+            assert model.family == wanted[model.name]
+            (tmp_path / "models" / f"{model.name}.onnx").write_bytes(serialize_onnx(model.build(seed=0)))
+    types = tmp_path / "types"
+    types.mkdir()
+    _emulated_type(types)
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(f"""
+devices:
+  - {{name: arm-1, driver: linux, type: emulated-arm64, host: {arm.host}, port: {arm.port}, username: root,
+     ssh_key: {arm.client_key}, known_hosts: {arm.known_hosts}, python: {setup_run.environment['venv_python']}}}
+""")
+    models = ", ".join(f"{{path: models/{name}.onnx, family: {family}}}" for name, family in wanted.items())
+    env = {"FARM_DEVICE_TYPES": str(types)}
+    run = farm("submit", "jetson-experiment.yaml", "--devices", str(lab), "--json", "--set", f"models=[{models}]",
+               "--set", "repeats=1", "--set", 'workload.args=["{model}","{threads}","{batch_size}","2"]',
+               "--set", "targets=[arm-1]", "--set", "sim.memory=2g", env=env, timeout=1500)
+    records = run.json()["results"]
+    assert run.returncode == 0, [(r["target"], r["failure_class"], r["message"]) for r in records] or run.stderr[-3000:]
+    assert len(records) == 8 * 2 and all(r["status"] == "completed" for r in records)
+    assert {r["target"] for r in records} == {"arm-1", "sim"}  # each board run beside its sim twin
+
+    cal = farm("calibrate", "--job", "1", "--device", "arm-1", "--metric", "whole_run", "--include-contended",
+               "--json", env=env)
+    assert cal.returncode == 0, cal.stderr + cal.stdout
+    fits = {c["family"]: c for c in cal.json()["calibrations"] if c["metric"] == "whole_run"}
+    assert {"image", "video"} <= set(fits), cal.stdout  # calibrated apart, as the published figures 3 and 4
+    for family in ("image", "video"):
+        assert fits[family]["n"] == 4 and fits[family]["kind"], fits[family]
+    print("AARCH64-JETSON", json.dumps({family: {k: fit.get(k) for k in (
+        "kind", "n", "r2", "loo_mape", "spearman_rho", "formula", "runtime")} for family, fit in fits.items()}
+        | {"pairs": [(r["model"], r["target"], r.get("whole_run_s")) for r in records]}, default=str))
+
