@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 FARM := $(VENV)/bin/farm
 
-.PHONY: setup demo models test bench bench-scheduling bench-lease bench-list-jobs proto clean
+.PHONY: setup demo models test bench bench-scheduling bench-lease bench-list-jobs proto clean arm-board
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,12 @@ bench-list-jobs: setup
 # The gRPC stubs are committed; regenerate after editing proto/farm/v1/*.proto (a test fails when stale).
 proto: setup
 	$(PY) proto/codegen.py
+
+# The tests' ARM board: a Debian arm64 root (debootstrap, qemu-user binfmt) and aarch64 runtime wheels, built once
+# into /var/cache/farm-tests/arm-board/ (`pytest -k aarch64` builds it too when missing).
+arm-board: setup
+	$(PY) tests/arm_board.py build
+	$(PY) tests/arm_board.py build bullseye  # the older-Python board (3.9); its test skips when this fails
 
 clean:
 	rm -rf $(VENV) examples/models build *.egg-info

@@ -102,8 +102,21 @@ class BoardDriver:
             return read_jetson_facts(ssh, self.config.nv_tegra_release, self.config.device_tree_model).as_environment()
         return read_linux_facts(ssh).as_environment()
 
+    def board_timeout_s(self, task: TaskSpec) -> float:
+        """The job's run timeout (written for the sim) on this board: scaled by its type's declared speed."""
+        speed = self.device_type.relative_speed if self.device_type is not None else 1.0
+        return task.run_timeout_s / speed
+
     def run(self, task: TaskSpec, cancel_check: Callable[[], bool]) -> RunResult:
         base: dict[str, Any] = dict(backend=self.config.kind, limits=Limits())
+        timeout_s = self.board_timeout_s(task)
+        if timeout_s != task.run_timeout_s:
+            task = task.model_copy(update={"run_timeout_s": timeout_s})
+        result = self._run(task, cancel_check, base)
+        result.environment["run_timeout_s"] = timeout_s  # what this board was given, after its speed
+        return result
+
+    def _run(self, task: TaskSpec, cancel_check: Callable[[], bool], base: dict[str, Any]) -> RunResult:
         c = self.config
         staged = None
         try:

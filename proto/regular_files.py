@@ -50,6 +50,20 @@ def check_regular_file(path: Path, what: str, limit: int) -> int:
     return info.st_size
 
 
+def _read_at_most(stream, size: int) -> bytes:
+    """Up to `size` bytes in 1 MiB reads: `read(size)` would allocate all of `size` at once (a model's 4 GiB
+    limit is a MemoryError on a small VM), whatever the file's length."""
+    chunks: list[bytes] = []
+    left = size
+    while left > 0:
+        chunk = stream.read(min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
 def read_regular_file(path: Path, what: str, limit: int) -> bytes:
     """The whole file, refused unless it is a regular file of at most `limit` bytes."""
     check_regular_file(path, what, limit)
@@ -59,7 +73,7 @@ def read_regular_file(path: Path, what: str, limit: int) -> bytes:
         info = os.fstat(stream.fileno())
         if not stat.S_ISREG(info.st_mode):
             raise _refuse_kind(Path(path), what, info.st_mode)
-        data = stream.read(limit + 1)  # bounded even if the file grows while it is read
+        data = _read_at_most(stream, limit + 1)  # bounded even if the file grows while it is read
     if len(data) > limit:
         raise _refuse_size(Path(path), what, len(data), limit)
     return data

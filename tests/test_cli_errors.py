@@ -266,6 +266,18 @@ def test_files_over_the_size_limit_are_refused_by_their_size(tmp_path: Path) -> 
         read_regular_file(big, "job file", 1 << 20)
 
 
+def test_a_small_file_under_a_huge_limit_is_read_without_allocating_the_limit(tmp_path: Path) -> None:
+    """A model's limit is GiBs: reading a small model must not ask for all of it at once (a MemoryError on a
+    small VM, found in the cgroup-v2 VM); 1 TiB is past what this machine could allocate, and more than one
+    read's worth (1 MiB) still comes back whole."""
+    from farm.proto.regular_files import read_regular_file
+    small, medium = tmp_path / "small.onnx", tmp_path / "medium.onnx"
+    small.write_bytes(b"abc")
+    medium.write_bytes(bytes(range(256)) * 5000)
+    assert read_regular_file(small, "model file", 1 << 40) == b"abc"
+    assert read_regular_file(medium, "model file", 1 << 40) == bytes(range(256)) * 5000
+
+
 # --- a store path whose folder is missing: an error (a typo must not look like an empty store) ------
 @pytest.mark.parametrize("how", ["--db", "FARM_DB", "web --db", "controller --db"])
 def test_a_store_in_a_missing_folder_is_an_error_unless_create(how: str, job: Path, farm, tmp_path: Path) -> None:

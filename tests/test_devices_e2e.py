@@ -90,11 +90,13 @@ targets: [tag:phones, nano-1]
     refused = cal.json()["refused"]
     assert len(refused) == 2 and all("at least 4" in r and "have 2" in r for r in refused)
 
-    # the Jetson's power mode is part of its calibration key: with enough models it is fitted per mode
+    # the Jetson's power mode is part of its calibration key: with enough models it is fitted per mode,
     from farm.controller.analysis.calibrations import pair_within_job
     from farm.controller.scheduling.store import Store
     nano_pairs = pair_within_job(Store(tmp_path / "farm.db"), 1, "nano-1", "latency")
-    assert nano_pairs and {p.runtime for p in nano_pairs} == {"litert@nvpmodel=MAXN;clocks-dynamic"}
+    # and so is its architecture (this fake Nano is the test machine: its `uname -m`)
+    import platform
+    assert nano_pairs and {p.runtime for p in nano_pairs} == {f"litert@nvpmodel=MAXN;clocks-dynamic;arch={platform.machine()}"}
 
     table = farm("results", "1", "--pairs").stdout
     assert "g6-1" in table and "nano-1" in table and "/ sim" in table  # the ratio column, header on two lines

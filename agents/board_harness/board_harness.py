@@ -24,6 +24,7 @@ import json
 import math
 import os
 import platform
+import re
 import resource
 import shutil
 import signal
@@ -48,6 +49,9 @@ MAX_ARCHIVE_ENTRIES = 10000
 NETWORK_WORDS = ("NewConnectionError", "Could not fetch URL", "Temporary failure in name resolution",
                  "Network is unreachable", "ConnectTimeoutError", "ReadTimeoutError", "ProxyError",
                  "No route to host", "Connection refused")
+
+# pip's words when nothing it can install matches the board (an x86-only package on an ARM board)
+NO_BUILD = re.compile(r"No matching distribution found for ([A-Za-z0-9._-]+)")
 
 
 class BadTiming(ValueError):
@@ -630,6 +634,13 @@ def command_env(venv_root, requirements, timeout_s, cwd):
                 out["failure_class"] = "infrastructure"
                 out["message"] = ("the board could not reach the package index to install {}: {}; check its network "
                                   "or proxy".format(requirements, lines))
+            elif NO_BUILD.search(text):
+                out["failure_class"] = "job"
+                out["message"] = ("no build of {} for this board's platform (Linux {}, CPython {}): pip found no "
+                                  "wheel or source it can install there (many binary packages ship x86_64 wheels "
+                                  "only); pin a version that has one, or give the board a wheelhouse with it: "
+                                  "{}".format(", ".join(sorted(set(NO_BUILD.findall(text)))), platform.machine(),
+                                              platform.python_version(), lines))
             else:
                 out["failure_class"] = "job"
                 out["message"] = "pip could not install {} on the board: {}".format(requirements, lines)

@@ -143,9 +143,12 @@ def pair_within_job(store: Store, job_id: int, device: str, metric: str, *,
         features = model_features({"size_bytes": row["model_size_bytes"],
                                    "param_count": row["model_param_count"], **facts})
         runtime = json.loads(row["environment_json"] or "{}").get("runtime", "")
-        power = (json.loads(row["device_environment"] or "{}").get("device") or {}).get("power_identity")
-        if power:
-            runtime = f"{runtime}@{power}"  # a Jetson in another power mode is another device to calibrate
+        board: dict[str, Any] = json.loads(row["device_environment"] or "{}").get("device") or {}
+        # a Jetson in another power mode is another device to calibrate; a board of another architecture
+        # costs each operator differently, so its fit is never one with an x86 board's
+        qualifiers = [q for q in (board.get("power_identity"), board.get("arch") and f"arch={board['arch']}") if q]
+        if qualifiers:
+            runtime = f"{runtime}@{';'.join(qualifiers)}"
         out.append(PairedRun(Pair(row["model_name"], float(row["x"]), float(row["y"]), row["model_family"], features),
                              row["threads"], runtime, row["sim_run"], row["device_run"], row["batch_size"] or 1,
                              row["input_size"], model_precision(facts)))

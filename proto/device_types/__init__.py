@@ -68,6 +68,9 @@ class DeviceType(Strict):
     sim_budget: dict[int, SimBudgetEntry] = Field(description="thread count -> sim budget")
     match: Match = Field(default_factory=Match)
     calibration_keys: list[CalibrationKeyName] = Field(default_factory=lambda: list[CalibrationKeyName](["threads", "runtime"]))
+    # how fast the board does the sim host's work (0.1: ten times slower): a job's timeouts are written for
+    # the sim, so on this board they are divided by it
+    relative_speed: float = Field(1.0, gt=0, le=100, allow_inf_nan=False)
     source: str = ""  # the file it came from, filled by the loader
 
     @property
