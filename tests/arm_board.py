@@ -155,8 +155,10 @@ def arm_board(release: str = RELEASE) -> Iterator[SshdPeer]:
             (d / "empty_known_hosts").write_text("")
             log = d / "sshd.log"
             # a private mount and PID namespace: the board's /proc lists the board's processes, and its
-            # mounts (proc, dev) vanish with the namespace
-            inner = (f"mount --make-rprivate / && mount -t proc proc {root}/proc && mount --rbind /dev {root}/dev && "
+            # mounts (proc, sys, dev) vanish with the namespace; a read-only /sys as on a real board (onnxruntime
+            # reads /sys/devices/system/cpu/possible at import and aborts without it)
+            inner = (f"mount --make-rprivate / && mount -t proc proc {root}/proc && "
+                     f"mount -t sysfs -o ro sysfs {root}/sys && mount --rbind /dev {root}/dev && "
                      f"exec chroot {root} /usr/sbin/sshd -D -e -f {session}/sshd_config")
             with log.open("wb") as log_file:
                 process = subprocess.Popen(

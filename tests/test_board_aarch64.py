@@ -337,3 +337,35 @@ devices:
         "kind", "n", "r2", "loo_mape", "spearman_rho", "formula", "runtime")} for family, fit in fits.items()}
         | {"pairs": [(r["model"], r["target"], r.get("whole_run_s")) for r in records]}, default=str))
 
+
+
+# --- a second board with an older Python: Debian bullseye arm64 (3.9; buster is gone from the registry) ----
+
+@pytest.fixture(scope="module")
+def arm_bullseye() -> SshdPeer:
+    from arm_board import ArmBoardUnavailable, arm_board
+    try:
+        with arm_board("bullseye") as peer:
+            yield peer
+    except ArmBoardUnavailable as e:
+        pytest.skip(f"the bullseye arm64 board cannot be built or started here: {e}")
+
+
+def test_aarch64_bullseye_board_runs_the_harness_on_its_python_39(arm_bullseye: SshdPeer, mobilenet_models,
+                                                                  tmp_path: Path) -> None:
+    """The harness's older-Python claim on a real older interpreter: the runtimes' venv made by farm's own
+    set-up from the board's Python 3.9 wheels, then both runtimes' benchmarks."""
+    model = mobilenet_models["mobilenetv2_w0.35_r96.onnx"]
+    workload = _script_workload(tmp_path, SETUP, RUNTIMES)
+    workload["dir"] = str(tmp_path / "job")
+    setup = BoardDriver(_config(arm_bullseye, env_timeout_s=1200)).run(_task(model, workload), lambda: False)
+    assert setup.ok, setup.message + setup.log_tail
+    assert "machine aarch64 python 3.9" in setup.log_tail
+    assert setup.environment["device"]["python"].startswith("3.9.")
+    for name in ("mobilenetv2_w0.35_r96.onnx", "mobilenetv2_w0.35_r96.tflite"):
+        result = BoardDriver(_config(arm_bullseye, python=setup.environment["venv_python"])).run(
+            _task(mobilenet_models[name], {"type": "benchmark", "iterations": 3, "warmup": 1, "use_xnnpack": True},
+                  task_id=23), lambda: False)
+        assert result.ok, name + ": " + result.message + result.log_tail
+        assert len(result.iterations_ms) == 3 and result.environment["device"]["arch"] == "aarch64"
+        assert result.environment["device"]["python"].startswith("3.9.")
