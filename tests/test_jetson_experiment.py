@@ -147,7 +147,7 @@ def test_the_jetson_experiment_runs_end_to_end_paired(board: SshdPeer, published
         assert sim["limits"]["cpus"] == 1 and sim["limits"]["memory_mb"] == 4096  # the Nano's budget
         for side in (board_run, sim):
             assert side["whole_run_s"] > 0 and side["latency_ms"]["count"] == 20  # 20 images or clips, one per line
-            assert side["avg_memory_mb"] > 0 and side["peak_memory_mb"] >= side["avg_memory_mb"]
+            assert side["avg_memory_mb"] > 0 and side["peak_memory_mb"] >= side["avg_memory_mb"], json.dumps(side)[:3000]
         assert board_run["energy_per_inference_mj"] > 0  # the fake Nano's power rails
     table = farm("results", "1", "--pairs").stdout
     assert "nano-1" in table
