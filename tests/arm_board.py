@@ -155,10 +155,16 @@ def arm_board(release: str = RELEASE) -> Iterator[SshdPeer]:
             (d / "empty_known_hosts").write_text("")
             log = d / "sshd.log"
             # a private mount and PID namespace: the board's /proc lists the board's processes, and its
-            # mounts (proc, sys, dev) vanish with the namespace; a read-only /sys as on a real board (onnxruntime
-            # reads /sys/devices/system/cpu/possible at import and aborts without it)
+            # mounts (proc, sys, dev) vanish with the namespace. /sys holds only the CPU lists: onnxruntime
+            # 1.19 (Python 3.9's) aborts at import without /sys/devices/system/cpu/possible, and 1.32 crashes
+            # under qemu-user when it reads the host's whole (x86) sysfs
+            cpu = f"{root}/sys/devices/system/cpu"
             inner = (f"mount --make-rprivate / && mount -t proc proc {root}/proc && "
-                     f"mount -t sysfs -o ro sysfs {root}/sys && mount --rbind /dev {root}/dev && "
+                     f"mount -t tmpfs -o size=1m,mode=0755 farm-sys {root}/sys && mkdir -p {cpu} && "
+                     f"cat /sys/devices/system/cpu/possible > {cpu}/possible && "
+                     f"cat /sys/devices/system/cpu/present > {cpu}/present && "
+                     f"cat /sys/devices/system/cpu/online > {cpu}/online && "
+                     f"mount -o remount,ro {root}/sys && mount --rbind /dev {root}/dev && "
                      f"exec chroot {root} /usr/sbin/sshd -D -e -f {session}/sshd_config")
             with log.open("wb") as log_file:
                 process = subprocess.Popen(
