@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from farm.agents.sandbox.base import format_cpuset
+from farm.agents.drivers import Driver
 from farm.agents.lab import LabDevice
-from farm.agents.sim import ModelChanged, SimDriver, SimSlot, verify_model
+from farm.agents.sim.driver import ModelChanged, SimDriver, SimSlot, verify_model
 from farm.proto.escape import printable
 from farm.proto.results import FailureClass, ResultRefused, RunResult
 from farm.proto.tasks import TaskSpec
@@ -78,31 +79,20 @@ class Agent:
         self.stopping.set()
 
     def _slot_loop(self, slot: SimSlot, job_id: int | None) -> None:
-        while not self.stopping.is_set():
-            task = self.controller.lease(self.name, {"sim"}, job_id=job_id)
-            if task is None:
-                return
-            self.run_task(task, slot)
+        self._drive(self.sim.name, self.sim.in_slot(slot), job_id)  # the sim checks the model copy it runs
 
     def _device_loop(self, device: str, job_id: int | None) -> None:
+        self._drive(device, _ModelChecked(self.devices[device].driver, self.name), job_id)
+
+    def _drive(self, target: str, driver: Driver, job_id: int | None) -> None:
+        """Lease `target`'s tasks and run each with `driver` until none is left or the agent stops."""
         while not self.stopping.is_set():
-            task = self.controller.lease(self.name, {device}, job_id=job_id)
+            task = self.controller.lease(self.name, {target}, job_id=job_id)
             if task is None:
                 return
-            self.run_task(task, None)
+            self.run_task(task, driver)
 
-    def _model_problem(self, task: TaskSpec) -> RunResult | None:
-        """A device run's model, hashed right before the driver sends it on: not the submitted bytes -> job failure."""
-        try:
-            verify_model(Path(task.model_path), task.model_sha256)
-        except ModelChanged as e:
-            return RunResult.failed(FailureClass.JOB, str(e))
-        except OSError as e:
-            return RunResult.failed(FailureClass.JOB, f"{task.model_path}: cannot be read on agent {self.name}: "
-                                                      f"{e.strerror}")
-        return None
-
-    def run_task(self, task: TaskSpec, slot: SimSlot | None) -> RunResult:
+    def run_task(self, task: TaskSpec, driver: Driver) -> RunResult:
         started_at = time.time()
         done = threading.Event()
         keep_going = [True]
@@ -125,14 +115,10 @@ class Agent:
             return self.stopping.is_set() or not keep_going[0]
 
         threading.Thread(target=beat, name=f"beat-{task.task_id}", daemon=True).start()
-        driver = "sim" if task.target == "sim" else task.target
         try:
-            if task.target == "sim":  # the sim checks the copy it runs; a device's model is checked before it is sent
-                result = self.sim.in_slot(slot or self.slots[0]).run(task, cancel_check)
-            else:
-                result = self._model_problem(task) or self.devices[task.target].driver.run(task, cancel_check)
+            result = driver.run(task, cancel_check)
         except Exception:
-            result = RunResult.failed(FailureClass.BUG, f"the {driver} driver failed:\n" + traceback.format_exc(limit=8))
+            result = RunResult.failed(FailureClass.BUG, f"the {task.target} driver failed:\n" + traceback.format_exc(limit=8))
         finally:
             done.set()
         try:
@@ -143,3 +129,23 @@ class Agent:
         if self.on_result:
             self.on_result(task, result)
         return result
+
+
+class _ModelChecked:
+    """A device's driver, with the model hashed right before the driver sends it on: not the submitted bytes ->
+    job failure (the sim checks the copy it runs itself)."""
+
+    def __init__(self, driver: Driver, agent_name: str) -> None:
+        self.driver = driver
+        self.name = driver.name
+        self.agent_name = agent_name
+
+    def run(self, task: TaskSpec, cancel_check: Callable[[], bool]) -> RunResult:
+        try:
+            verify_model(Path(task.model_path), task.model_sha256)
+        except ModelChanged as e:
+            return RunResult.failed(FailureClass.JOB, str(e))
+        except OSError as e:
+            return RunResult.failed(FailureClass.JOB, f"{task.model_path}: cannot be read on agent {self.agent_name}: "
+                                                      f"{e.strerror}")
+        return self.driver.run(task, cancel_check)

@@ -1,10 +1,11 @@
-"""Device drivers by name: a module named `agents/<thing>_driver.py` registers its driver name(s),
+"""Device drivers by name: each device family's `agents/<family>/driver.py` registers its driver name(s),
 the schema of its entry in the lab's device list, and how to build the driver from one. Adding a
-kind of hardware is adding that one module; lab.py and the agent look drivers up here."""
+kind of hardware is adding that one package; lab.py and the agent look drivers up here."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
@@ -62,8 +63,8 @@ def register(name: str, entry: type[DeviceEntry], build: Callable[[Any, DeviceTy
 
 
 def load_drivers() -> dict[str, DriverKind]:
-    """Every driver module of farm.agents, imported once (each registers itself)."""
-    for module in pkgutil.iter_modules(farm.agents.__path__):
-        if module.name.endswith("_driver"):
-            importlib.import_module(f"farm.agents.{module.name}")
+    """Every device family's driver module (farm.agents.<family>.driver), imported once (each registers itself)."""
+    for family in pkgutil.iter_modules(farm.agents.__path__):
+        if family.ispkg and importlib.util.find_spec(f"farm.agents.{family.name}.driver") is not None:
+            importlib.import_module(f"farm.agents.{family.name}.driver")
     return DRIVERS

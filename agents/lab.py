@@ -4,7 +4,7 @@ A YAML file (`farm agent --devices lab.yaml`, or FARM_DEVICES for embedded mode)
 
     devices:
       - name: g6-1
-        driver: android            # a registered driver (agents/*_driver.py): android, jetson, linux
+        driver: android            # a registered driver (agents/<family>/driver.py): android, jetson, linux
         type: lg-g6                # a device type (proto/device_types); optional: matched from facts
         tags: [rack-a]
         host: 10.0.0.21            # adb over TCP

@@ -30,11 +30,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from farm.agents.board_driver import BoardDeviceConfig, BoardDriver  # noqa: E402
+from farm.agents.boards.driver import BoardDeviceConfig, BoardDriver  # noqa: E402
 from farm.agents.board_harness import HARNESS_FILE  # noqa: E402
 from farm.agents.harness.task import HarnessTask  # noqa: E402
-from farm.agents.parsers.board_harness import parse_harness_output  # noqa: E402
-from farm.models.generate import generate_examples  # noqa: E402
+from farm.agents.boards.harness_output import parse_harness_output  # noqa: E402
+from farm.model_generators.generate import generate_examples  # noqa: E402
 from farm.proto.tasks import TaskSpec  # noqa: E402
 from sshd_peer import sshd_peer  # noqa: E402
 

@@ -33,15 +33,15 @@ sys.path.insert(0, str(ROOT.parent / "tests"))  # the tests' real hog, one defin
 
 from cpu_hog import cpu_hog  # noqa: E402
 
-from farm.agents import contention  # noqa: E402
+from farm.agents.sim import contention  # noqa: E402
 from farm.agents.environment import host_facts  # noqa: E402
 from farm.agents.harness.task import HarnessOutput, HarnessTask  # noqa: E402
 from farm.agents.sandbox import choose_backend  # noqa: E402
 from farm.agents.sandbox.base import Budget, MountSpec, format_cpuset  # noqa: E402
 from farm.agents.sandbox.process import claim_cpu_weight  # noqa: E402
-from farm.agents.sim import SimDriver, SimSlot  # noqa: E402
-from farm.agents.telemetry import TelemetrySampler  # noqa: E402
-from farm.models.generate import generate_examples  # noqa: E402
+from farm.agents.sim.driver import SimDriver, SimSlot  # noqa: E402
+from farm.agents.sim.telemetry import TelemetrySampler  # noqa: E402
+from farm.model_generators.generate import generate_examples  # noqa: E402
 from farm.proto.tasks import TaskSpec  # noqa: E402
 
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "tests"))  # the corpus list and its bare-runtime helpers live with the tests
 
 from farm.agents.environment import host_facts  # noqa: E402
-from farm.agents.sim import SimDriver  # noqa: E402
+from farm.agents.sim.driver import SimDriver  # noqa: E402
 from farm.cli.inspect_commands import inspect_report  # noqa: E402
 from farm.controller.scheduling.jobfile import JobFileError, load_job_text  # noqa: E402
 from farm.proto.tasks import TaskSpec  # noqa: E402

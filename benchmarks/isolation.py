@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from farm.agents.sim import SimDriver
-from farm.models.generate import generate_examples
+from farm.agents.sim.driver import SimDriver
+from farm.model_generators.generate import generate_examples
 from farm.proto.tasks import TaskSpec
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import DeviceTarget, load_job_text
 from farm.controller.scheduling.store import HEALTHY_TARGET, Store
-from farm.models.generate import write_tiny_onnx
+from farm.model_generators.generate import write_tiny_onnx
 from results_file import write_results  # benchmarks/ is on sys.path when a benchmark runs
 
 ROOT = Path(__file__).resolve().parent

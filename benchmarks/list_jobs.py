@@ -22,7 +22,7 @@ from farm.client.embedded import EmbeddedFarm
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import DeviceTarget, load_job_text
 from farm.controller.scheduling.store import Store
-from farm.models.generate import write_tiny_onnx
+from farm.model_generators.generate import write_tiny_onnx
 from results_file import write_results  # benchmarks/ is on sys.path when a benchmark runs
 
 TASKS_PER_JOB = 2000

@@ -27,9 +27,9 @@ from farm.agents.environment import host_facts
 from farm.agents.harness.task import HarnessOutput, HarnessTask
 from farm.agents.sandbox import choose_backend
 from farm.agents.sandbox.base import Budget
-from farm.agents.sim import SimDriver
-from farm.agents.telemetry import TelemetrySampler
-from farm.models.generate import generate_examples
+from farm.agents.sim.driver import SimDriver
+from farm.agents.sim.telemetry import TelemetrySampler
+from farm.model_generators.generate import generate_examples
 from farm.proto.tasks import TaskSpec
 
 MiB = 1 << 20

@@ -40,7 +40,7 @@ def _agents(address: str, first: int, count: int, out_path: str, ready: "multipr
     """The child process: `count` agents with an instant driver; writes their dispatch latencies."""
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from farm.agents.agent import Agent
-    from farm.agents.remote_controller import DeviceInfo, RemoteController
+    from farm.agents.link.remote_controller import DeviceInfo, RemoteController
     from farm.proto.results import RunResult
 
     latencies: list[float] = []
@@ -116,7 +116,7 @@ def _percentile(values: list[float], q: float) -> float:
 def run(agents: int, tasks: int, processes: int = 1) -> dict:
     from farm.controller.grpc_server import serve
     from farm.controller.scheduling.store import Store
-    from farm.models.generate import write_tiny_onnx
+    from farm.model_generators.generate import write_tiny_onnx
     from farm.proto.generated import farm_pb2, farm_pb2_grpc
 
     import grpc

@@ -31,7 +31,7 @@ from farm.controller.scheduling.controller import Controller
 from farm.controller.grpc_server import FarmServer
 from farm.controller.scheduling.jobfile import DeviceTarget, load_job_text
 from farm.controller.scheduling.store import Store
-from farm.models.generate import write_tiny_onnx
+from farm.model_generators.generate import write_tiny_onnx
 from farm.proto.generated import agent_pb2, common_pb2
 from farm.proto.results import Contention, LatencyStats, Limits, RunResult, RunStatus, Telemetry
 from farm.web.server import Operator, start_dashboard

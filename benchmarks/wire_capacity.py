@@ -191,7 +191,7 @@ def large_write(iterations: int) -> dict:
     from farm.controller.grpc_server import serve
     from farm.controller.scheduling.jobfile import load_job_text
     from farm.controller.scheduling.store import Store
-    from farm.models.generate import write_tiny_onnx
+    from farm.model_generators.generate import write_tiny_onnx
     from farm.proto.results import LatencyStats, RunResult, RunStatus
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -16,7 +16,7 @@ from typing import Any
 
 from rich.text import Text
 
-from farm import __version__
+from farm.version import __version__
 from farm.cli import console
 from farm.cli.console import job_progress, open_farm
 from farm.client.api import Farm, FarmError
@@ -234,7 +234,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_models_generate(args: argparse.Namespace) -> int:
     from farm.cli.render import to_json
-    from farm.models.generate import generate_examples
+    from farm.model_generators.generate import generate_examples
 
     dest = Path(args.dir).absolute()
     if dest.exists() and not dest.is_dir():

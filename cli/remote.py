@@ -263,10 +263,10 @@ def agent_token(args: argparse.Namespace) -> str | None:
 def cmd_agent(args: argparse.Namespace) -> int:
     from farm.agents.agent import Agent, split_cores
     from farm.agents.environment import host_facts
-    from farm.agents.remote_controller import DeviceInfo, RemoteController
+    from farm.agents.link.remote_controller import DeviceInfo, RemoteController
     from farm.agents.sandbox.docker_build import BuildPolicy
     from farm.agents.sandbox.isolation import RunUserError, resolve_run_as
-    from farm.agents.sim import SimDriver
+    from farm.agents.sim.driver import SimDriver
     from farm.controller.auth import valid_agent_name
 
     _logging(args.verbose)

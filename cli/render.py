@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
 from typing import Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
@@ -11,7 +9,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from farm.proto import strict_json
+from farm.controller.analysis.export import results_csv as results_csv, to_json as to_json  # shared with the dashboard
 from farm.proto.escape import printable
 
 
@@ -287,43 +285,6 @@ def failures(records: list[dict[str, Any]]) -> list[str]:
     # a message may quote an agent or a script: escaped, but its lines kept
     return [f"{printable(r['model']['name'])} (threads {r['threads']}, repeat {r['repeat']}): {r['failure_class']}: "
             f"{printable(r['message'], limit=None, multiline=True)}" for r in records if r["failure_class"] and r["status"] not in ("completed", "canceled")]
-
-
-def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _flatten(f"{prefix}.{k}" if prefix else k, v, out)
-    else:
-        out[prefix] = value
-
-
-# A spreadsheet runs a cell that starts like a formula: a model or device name from a job file
-# must stay text when the CSV is opened (OWASP's "CSV injection").
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-
-
-def _csv_cell(value: Any) -> Any:
-    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_START) else value
-
-
-def results_csv(records: list[dict[str, Any]]) -> str:
-    rows = []
-    for r in records:
-        flat: dict[str, Any] = {}
-        _flatten("", {k: v for k, v in r.items() if k != "tool_versions"}, flat)
-        rows.append({k: _csv_cell(v) for k, v in flat.items()})
-    fields: list[str] = []
-    for row in rows:
-        fields += [k for k in row if k not in fields]
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=fields)
-    writer.writeheader()
-    writer.writerows(rows)
-    return buf.getvalue()
-
-
-def to_json(data: Any) -> str:
-    return strict_json.dumps(data, indent=2)
 
 
 def calibrations_table(rows: list[dict[str, Any]], when, *, wide: bool = False) -> RenderableType:

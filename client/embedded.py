@@ -186,7 +186,7 @@ class EmbeddedFarm(Farm):
             time.sleep(POLL_S)
 
     def _run_here(self, job: int, on_progress: OnProgress | None) -> bool:
-        from farm.cli.embedded import run_job_embedded
+        from farm.client.runner import run_job_embedded
 
         # the stored spec is the validated one, sizes in bytes: read, not validated again
         row = self.store.job(job)

@@ -40,7 +40,7 @@ class FarmClient:
     """FarmService calls with the token attached and errors turned into FarmError."""
 
     def __init__(self, address: str, credentials: Credentials) -> None:
-        from farm.agents.remote_controller import open_channel, token_metadata
+        from farm.agents.link.remote_controller import open_channel, token_metadata
         from farm.controller.auth import TlsFiles
 
         self.address = address

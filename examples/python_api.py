@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import farm
-from farm.models.generate import generate_examples
+from farm.model_generators.generate import generate_examples
 
 WIDTHS = [0.35, 0.5, 0.75, 1.0]
 

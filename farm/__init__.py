@@ -3,7 +3,8 @@
 `farm.connect()` opens a farm from Python (see farm.api); it is imported on first use, so
 `import farm` stays cheap."""
 
-__version__ = "0.1.0"
+from farm.version import __version__
+
 _API = ("connect", "Lab", "Job", "Results", "RunRecord", "Prediction", "Calibration", "FarmError")
 
 

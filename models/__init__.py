@@ -1,8 +1,9 @@
-"""farm.models: example models and what farm knows about a model file.
+"""farm.models: what farm knows about a model file — what ships and runs on every role.
 
 - facts: inspect_model() -> ModelFacts, find_unsupported_ops(), ModelError
-- mobilenetv2: the MobileNetV2 architecture with random weights, format-independent
-- generate_onnx / generate_tflite: that network (and a tiny one-conv model) as .onnx / .tflite
-- zoo: the real model-zoo architectures the onnx package ships
-- generate: generate_examples() writes the whole family (broken models for tests live in tests/)
+- macs: multiply-accumulates per operator, from the graph
+- runtimes: the ONNX Runtime session and LiteRT interpreter a run and the validator both load
+- tflite_writer: the .tflite graph builder (the custom-operator probe; the generators build on it)
+
+The example and fixture models are made by farm.model_generators (model_generators/).
 """

@@ -21,7 +21,7 @@ from pathlib import Path
 import onnx
 from ai_edge_litert import schema_py_generated as tflite_schema
 
-from farm.models.facts import (
+from farm.models.graph import (
     DEFAULT_ONNX_DOMAINS,
     _decode,
     _ints,

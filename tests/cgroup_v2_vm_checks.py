@@ -11,11 +11,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from farm.agents.contention import parse_pressure_some_us
+from farm.agents.sim.contention import parse_pressure_some_us
 from farm.agents.sandbox import choose_backend
 from farm.agents.sandbox.base import Budget
 from farm.agents.sandbox.cgroup import CgroupBackend
-from farm.agents.sim import SimDriver
+from farm.agents.sim.driver import SimDriver
 from farm.proto.tasks import TaskSpec
 
 MiB = 1 << 20

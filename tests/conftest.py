@@ -46,7 +46,7 @@ def farm(farm_db: Path, tmp_path: Path):
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
-    from farm.models.generate import write_tiny_onnx, write_tiny_tflite
+    from farm.model_generators.generate import write_tiny_onnx, write_tiny_tflite
     from model_fixtures import write_corrupt_tflite, write_unsupported_op_onnx, write_unsupported_op_tflite
     d = tmp_path_factory.mktemp("models")
     return {
@@ -72,7 +72,7 @@ def farm_wheel(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def mobilenet_models(tmp_path_factory) -> dict[str, Path]:
     """A small real family: MobileNetV2 at two widths, input 96, both formats."""
-    from farm.models.generate import generate_examples
+    from farm.model_generators.generate import generate_examples
     d = tmp_path_factory.mktemp("mobilenet")
     models = generate_examples(d, widths=[0.35, 1.0], input_sizes=[96], zoo=False)
     return {m.path.name: m.path for m in models}

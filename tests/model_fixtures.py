@@ -12,9 +12,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from farm.models.generate import write_if_changed
-from farm.models.generate_onnx import INPUT_NAME, IR_VERSION, OPSET, OUTPUT_NAME, PRODUCER, serialize_onnx
-from farm.models.generate_tflite import TFLiteGraphBuilder, tiny_tflite
+from farm.model_generators.generate import write_if_changed
+from farm.model_generators.generate_onnx import INPUT_NAME, IR_VERSION, OPSET, OUTPUT_NAME, PRODUCER, serialize_onnx
+from farm.model_generators.generate_tflite import tiny_tflite
+from farm.models.tflite_writer import TFLiteGraphBuilder
 
 UNKNOWN_OP = "FarmUnknownOp"
 UNKNOWN_ONNX_DOMAIN = "farm.test"

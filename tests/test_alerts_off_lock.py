@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from farm.agents.remote_controller import DeviceInfo, RemoteController
+from farm.agents.link.remote_controller import DeviceInfo, RemoteController
 from farm.controller.operations.alerts import Webhook, alerts_from_environment, quarantine_event
 from farm.controller.grpc_server import serve
 from farm.controller.scheduling.jobfile import DeviceTarget, load_job_text

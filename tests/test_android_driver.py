@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from adb_emulator import AdbDeviceEmulator, EmulatedPhone
-from farm.agents.android import load_or_create_lab_key
-from farm.agents.android_driver import AndroidDeviceConfig, AndroidDriver, benchmark_command
+from farm.agents.android.adb import load_or_create_lab_key
+from farm.agents.android.driver import AndroidDeviceConfig, AndroidDriver, benchmark_command
 from farm.proto.device_types import load_device_types
 from farm.proto.tasks import TaskSpec
 
@@ -93,7 +93,7 @@ def test_a_hot_phone_is_waited_for_and_a_hot_finish_is_flagged(tmp_path: Path, l
 
 def test_the_emulated_phone_runs_its_shell_under_a_cgroup_budget(tmp_path: Path, lab_key: Path) -> None:
     from conftest import require_backend
-    from farm.agents.android import AdbTarget, AndroidDevice
+    from farm.agents.android.adb import AdbTarget, AndroidDevice
     from farm.agents.sandbox.base import Budget
     require_backend("cgroup")
     budget = Budget(cpus=0.5, memory_bytes=64 << 20)

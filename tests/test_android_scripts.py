@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from adb_emulator import AdbDeviceEmulator
-from farm.agents.android import load_or_create_lab_key
-from farm.agents.android_driver import AndroidDeviceConfig, AndroidDriver
+from farm.agents.android.adb import load_or_create_lab_key
+from farm.agents.android.driver import AndroidDeviceConfig, AndroidDriver
 from farm.proto.device_types import load_device_types
 from farm.proto.tasks import TaskSpec
 

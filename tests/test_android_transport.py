@@ -15,7 +15,7 @@ import pytest
 from adb_shell.auth.keygen import keygen
 
 from adb_emulator import AdbDeviceEmulator, EmulatedPhone
-from farm.agents.android import (
+from farm.agents.android.adb import (
     AdbTarget,
     AndroidCommandTimeout,
     AndroidConnectionLostError,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.agents.board_driver import BoardDeviceConfig, BoardDriver
+from farm.agents.boards.driver import BoardDeviceConfig, BoardDriver
 from farm.proto.results import RunResult
 from farm.proto.tasks import TaskSpec
 from sshd_peer import SshdPeer
@@ -108,7 +108,7 @@ def test_aarch64_benchmark_runs_in_the_runtimes_venv(arm: SshdPeer, setup_run: R
 def test_aarch64_harness_is_pushed_once_by_hash_and_checked(arm: SshdPeer, setup_run: RunResult,
                                                             mobilenet_models) -> None:
     from farm.agents.board_harness import HARNESS_FILE
-    from farm.agents.ssh_transport import SshTransport, file_sha256
+    from farm.agents.boards.ssh_transport import SshTransport, file_sha256
     sha = file_sha256(HARNESS_FILE)
     assert setup_run.environment["board_harness_sha256"] == sha
     config = _config(arm)
@@ -223,7 +223,7 @@ def test_aarch64_mobilenet_family_pairs_with_sim_twins_calibrates_and_predicts(
         arm: SshdPeer, setup_run: RunResult, tmp_path: Path, farm) -> None:
     import json
 
-    from farm.models.generate import generate_examples
+    from farm.model_generators.generate import generate_examples
     assert setup_run.ok, setup_run.message
     problem = sim_run_user_problem()
     if problem:
@@ -292,8 +292,8 @@ def test_aarch64_jetson_experiment_short_form_pairs_and_calibrates_per_family(
         arm: SshdPeer, setup_run: RunResult, tmp_path: Path, farm) -> None:
     import json
 
-    from farm.models.generate import serialize_onnx
-    from farm.models.published_nets import JETSON_EXPERIMENT_MODELS
+    from farm.model_generators.generate import serialize_onnx
+    from farm.model_generators.published_nets import JETSON_EXPERIMENT_MODELS
     assert setup_run.ok, setup_run.message
     problem = sim_run_user_problem()
     if problem:

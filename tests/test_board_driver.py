@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 
-from farm.agents.board_driver import BoardDeviceConfig, BoardDriver
+from farm.agents.boards.driver import BoardDeviceConfig, BoardDriver
 from farm.proto.tasks import TaskSpec
 from sshd_peer import SshdPeer
 

@@ -14,7 +14,7 @@ import pytest
 from farm.agents.board_harness import HARNESS_FILE
 from farm.agents.board_harness import board_harness
 from farm.agents.harness import script_runner
-from farm.agents.parsers.board_harness import HarnessOutputError, parse_env_output, parse_harness_output
+from farm.agents.boards.harness_output import HarnessOutputError, parse_env_output, parse_harness_output
 from farm.models.runtimes import InputShapeError, resolve_shape
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import psutil
 
 from farm.proto.spec import BenchmarkWorkload
-from farm.agents.board_driver import BoardDeviceConfig, BoardDriver
-from farm.agents.board_workload import harness_command
-from farm.agents.ssh_transport import SshTransport, UploadResult
+from farm.agents.boards.driver import BoardDeviceConfig, BoardDriver
+from farm.agents.boards.workload import harness_command
+from farm.agents.boards.ssh_transport import SshTransport, UploadResult
 from farm.proto.tasks import TaskSpec
 from sshd_peer import SshdPeer
 
@@ -239,7 +239,7 @@ def test_a_script_that_fails_is_a_job_failure_with_its_last_output(board: SshdPe
 
 def test_a_changed_harness_on_the_board_is_not_run(board: SshdPeer, tiny_models, tmp_path: Path) -> None:
     from farm.agents.board_harness import HARNESS_FILE
-    from farm.agents.ssh_transport import file_sha256
+    from farm.agents.boards.ssh_transport import file_sha256
     driver = BoardDriver(_config(board, tmp_path))
     script_dir = _script(tmp_path, "import json\nprint(json.dumps({'latency_ms': 2}))\n")
     assert driver.run(_script_task(tiny_models["tflite"], script_dir), lambda: False).ok

@@ -20,7 +20,7 @@ G6_LATENCY = [(0.0111, 0.020), (0.0218, 0.054), (0.0380, 0.090), (0.0544, 0.117)
 
 @pytest.fixture(scope="module")
 def family(tmp_path_factory) -> Path:
-    from farm.models.generate import generate_examples
+    from farm.model_generators.generate import generate_examples
     d = tmp_path_factory.mktemp("family")
     generate_examples(d, widths=[0.35, 0.5, 0.75, 1.0, 1.4], input_sizes=[96], formats=("tflite",), zoo=False)
     return d

@@ -387,7 +387,7 @@ def test_a_store_locked_mid_run_is_a_warning_line_not_a_heartbeat_traceback(monk
                     model_sha256="0" * 64, model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
                     workload={"type": "benchmark"}, sim={}, run_timeout_s=60, base_dir=str(tmp_path))
     with caplog.at_level("WARNING", logger="farm.agent"):
-        result = runner.run_task(task, None)
+        result = runner.run_task(task, runner.sim)  # the driver the sim slots run with
     assert not crashes and result.message == "ran to its end" and store.completed == [result]
     assert store.beats >= 3  # it kept renewing after the lock
     lines = [r.getMessage() for r in caplog.records]

@@ -36,7 +36,7 @@ def _normalized(value):
 
 @pytest.fixture(scope="module")
 def family(tmp_path_factory) -> Path:
-    from farm.models.generate import generate_examples
+    from farm.model_generators.generate import generate_examples
     d = tmp_path_factory.mktemp("family")
     generate_examples(d, widths=[float(w) for w in WIDTHS] + [1.4], input_sizes=[96], formats=("tflite",), zoo=False)
     return d
@@ -276,10 +276,10 @@ sim: {memory: 256m, backend: process, on_contention: flag}
 
 def test_farm_refresh_against_a_controller_runs_the_suite_on_its_agents_devices(tmp_path: Path) -> None:
     from adb_emulator import AdbDeviceEmulator, EmulatedPhone
-    from farm.agents.android import load_or_create_lab_key
+    from farm.agents.android.adb import load_or_create_lab_key
     from farm.controller.operations.reference_suite import bundled_suite_text
     from farm.models.facts import inspect_model
-    from farm.models.generate import generate_examples
+    from farm.model_generators.generate import generate_examples
 
     suite_dir = tmp_path / "suite"
     suite_dir.mkdir()

@@ -19,7 +19,7 @@ import pytest
 from conftest import require_backend
 from farm.agents.sandbox.docker import DockerBackend
 from farm.agents.sandbox.docker_build import BuildPolicy
-from farm.agents.sim import SimDriver
+from farm.agents.sim.driver import SimDriver
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import load_job_text
 from farm.controller.scheduling.store import Store

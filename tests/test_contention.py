@@ -12,7 +12,7 @@ import pytest
 
 from conftest import require_backend, write_job
 from cpu_hog import cpu_hog
-from farm.agents.contention import (
+from farm.agents.sim.contention import (
     CoreClock, HostSnapshot, judge, parse_cpuinfo_mhz, parse_pressure_some_us, parse_proc_stat,
     parse_schedstat_wait_ns,
 )
@@ -151,7 +151,7 @@ def test_parsers_read_the_kernels_files() -> None:
 
 
 def _snap(at: float, idle: int, steal: int = 0, mhz: float = 2600.0, governor: str = "performance") -> HostSnapshot:
-    from farm.agents.contention import CoreTicks
+    from farm.agents.sim.contention import CoreTicks
     return HostSnapshot(at, {3: CoreTicks(busy=0, idle=idle, steal=steal)}, 1_000_000, CoreClock(mhz, governor))
 
 

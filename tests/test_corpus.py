@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.agents.sim import SimDriver
+from farm.agents.sim.driver import SimDriver
 from farm.cli.inspect_commands import inspect_report
 from farm.controller.scheduling.jobfile import JobFileError, load_job_text
 from farm.proto.tasks import TaskSpec

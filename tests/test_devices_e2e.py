@@ -12,7 +12,7 @@ import pytest
 
 from adb_emulator import AdbDeviceEmulator
 from conftest import write_job
-from farm.agents.android import load_or_create_lab_key
+from farm.agents.android.adb import load_or_create_lab_key
 from sshd_peer import SshdPeer
 
 

@@ -1,4 +1,4 @@
-"""Drivers are looked up by name: each `agents/*_driver.py` registers its names and the schema of its
+"""Drivers are looked up by name: each device family's `agents/<family>/driver.py` registers its names and the schema of its
 device entry, and every driver (the sim's too) runs a task the same way."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from farm.agents.drivers import DeviceEntry, load_drivers
 from farm.agents.lab import LabConfigError, load_lab
-from farm.agents.sim import SimDriver
+from farm.agents.sim.driver import SimDriver
 
 
 def test_every_driver_registers_its_entry_schema_and_runs_tasks_alike() -> None:

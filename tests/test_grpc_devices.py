@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from adb_emulator import AdbDeviceEmulator
-from farm.agents.android import load_or_create_lab_key
+from farm.agents.android.adb import load_or_create_lab_key
 from grpc_processes import Cluster, wait_for
 
 

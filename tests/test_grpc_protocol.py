@@ -11,7 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from farm.agents.remote_controller import DeviceInfo, RemoteController
+from farm.agents.link.remote_controller import DeviceInfo, RemoteController
 from farm.proto.generated import common_pb2
 from farm.proto.results import (
     FailureClass, LatencyStats, Limits, ModelFacts, RunResult, RunStatus, Telemetry, TelemetrySample, TensorInfo,

@@ -359,7 +359,7 @@ def test_a_model_replaced_after_submit_fails_the_run_naming_both_hashes(lab, tmp
 
 def test_embedded_a_model_replaced_between_submit_and_run_is_not_measured(tmp_path: Path, tiny_models) -> None:
     """The same check where the file is read in place (embedded mode, a device run): both hashes named."""
-    from farm.cli.embedded import run_job_embedded
+    from farm.client.runner import run_job_embedded
     from farm.controller.scheduling.controller import Controller
     from farm.controller.scheduling.jobfile import load_job
     from farm.controller.scheduling.store import Store
@@ -422,7 +422,7 @@ def test_a_script_that_swaps_its_output_file_for_a_link_gets_only_its_own_output
     """The agent reads the run's output through the file it opened, never by a path the run could replace."""
     import sqlite3
 
-    from farm.models.generate import write_tiny_onnx
+    from farm.model_generators.generate import write_tiny_onnx
 
     write_tiny_onnx(tmp_path / "tiny.onnx")
     (tmp_path / "script").mkdir()

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from farm.models.generate import write_tiny_tflite
+from farm.model_generators.generate import write_tiny_tflite
 
 
 def _notes(run) -> dict[str, list[str]]:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from farm.models.generate import mobilenetv2_bytes
-from farm.models.zoo import zoo_models
+from farm.model_generators.generate import mobilenetv2_bytes
+from farm.model_generators.zoo import zoo_models
 
 
 @pytest.fixture(scope="module")

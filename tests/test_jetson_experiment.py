@@ -17,10 +17,10 @@ import pytest
 import yaml
 
 from farm.cli.main import build_parser
-from farm.models.generate import generate_examples
-from farm.models.mobilenetv2 import INPUT_SIZES, WIDTHS, model_name
-from farm.models.published_nets import JETSON_EXPERIMENT_MODELS
-from farm.models.zoo import zoo_models
+from farm.model_generators.generate import generate_examples
+from farm.model_generators.mobilenetv2 import INPUT_SIZES, WIDTHS, model_name
+from farm.model_generators.published_nets import JETSON_EXPERIMENT_MODELS
+from farm.model_generators.zoo import zoo_models
 from farm.proto.spec import JobSpec
 from grpc_processes import Cluster, wait_for
 from sshd_peer import SshdPeer

@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 from conftest import write_job
-from farm.cli.embedded import run_job_embedded
+from farm.client.runner import run_job_embedded
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import DeviceTarget, HostCapacity, load_job_text
 from farm.controller.scheduling.store import Store

@@ -18,10 +18,10 @@ from ai_edge_litert import schema_py_generated as schema
 from onnx import TensorProto, helper
 
 from farm.models.facts import ModelError, inspect_model
-from farm.models.generate import mobilenetv2_bytes, write_tiny_tflite
-from farm.models.generate_tflite import TFLiteGraphBuilder
+from farm.model_generators.generate import mobilenetv2_bytes, write_tiny_tflite
+from farm.models.tflite_writer import TFLiteGraphBuilder
 from farm.models.macs import estimate_macs, model_layers
-from farm.models.zoo import zoo_models
+from farm.model_generators.zoo import zoo_models
 from model_fixtures import write_corrupt_onnx, write_corrupt_tflite
 
 MOBILENETV2_1_0_R224_MACS = 300e6
@@ -316,7 +316,7 @@ def test_mac_shares_split_mobilenetv2_the_same_way_in_both_formats(
 
 
 def test_tiny_conv_profile_by_hand(tmp_path: Path) -> None:
-    from farm.models.generate import write_tiny_onnx
+    from farm.model_generators.generate import write_tiny_onnx
 
     # TFLite: one CONV_2D, float32 input and output only; ONNX: Conv then Relu, one tensor more
     for path, tensors in ((write_tiny_tflite(tmp_path / "tiny.tflite"), [8 * 8 * 3, 8 * 8 * 4]),

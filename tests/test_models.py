@@ -12,9 +12,9 @@ import yaml
 from ai_edge_litert.interpreter import Interpreter
 
 from farm.models.facts import ModelError, find_unsupported_ops, inspect_model
-from farm.models.generate import GeneratedModel, generate_examples, write_manifest, write_tiny_onnx, write_tiny_tflite
-from farm.models.mobilenetv2 import WIDTHS, build_mobilenetv2, make_divisible, model_name
-from farm.models.zoo import copy_zoo, zoo_models
+from farm.model_generators.generate import GeneratedModel, generate_examples, write_manifest, write_tiny_onnx, write_tiny_tflite
+from farm.model_generators.mobilenetv2 import WIDTHS, build_mobilenetv2, make_divisible, model_name
+from farm.model_generators.zoo import copy_zoo, zoo_models
 from model_fixtures import write_corrupt_onnx, write_corrupt_tflite, write_unsupported_op_onnx, write_unsupported_op_tflite
 
 REAL_MOBILENETV2_PARAMS = 3_500_000  # the paper's 3.4M; Keras/torchvision count 3.5M
@@ -234,14 +234,16 @@ def test_the_shipped_package_holds_no_broken_model_generators() -> None:
     import importlib
     import pkgutil
 
+    import farm.model_generators
     import farm.models
 
     root = Path(farm.models.__file__).resolve().parents[1]
-    shipped = [m.name for m in pkgutil.iter_modules(farm.models.__path__, "farm.models.")]
-    assert "farm.models.generate" in shipped
+    shipped = [m.name for package in (farm.models, farm.model_generators)
+               for m in pkgutil.iter_modules(package.__path__, package.__name__ + ".")]
+    assert "farm.model_generators.generate" in shipped
     for name in shipped:
         module = importlib.import_module(name)
         assert not [a for a in vars(module) if a.startswith(("write_corrupt", "write_unsupported", "unsupported_op"))], name
-    for folder in ("models", "controller", "cli", "agents", "proto"):  # the package's folders (pyproject package-dir)
+    for folder in ("models", "model_generators", "controller", "client", "cli", "agents", "proto", "web"):  # the package's folders (pyproject package-dir)
         for source in (root / folder).rglob("*.py"):
             assert "model_fixtures" not in source.read_text(), f"{source} imports a test fixture"

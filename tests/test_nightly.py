@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from adb_emulator import AdbDeviceEmulator
-from farm.agents.android import load_or_create_lab_key
+from farm.agents.android.adb import load_or_create_lab_key
 from farm.agents.lab import load_lab
-from farm.cli.embedded import run_job_embedded
+from farm.client.runner import run_job_embedded
 from farm.controller.scheduling.jobfile import DeviceTarget
 from farm.controller.operations.nightly import Cron, CronError, NightlyRefresh
 from farm.controller.scheduling.controller import Controller

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from adb_emulator import AdbDeviceEmulator, EmulatedPhone
-from farm.agents.android import load_or_create_lab_key
+from farm.agents.android.adb import load_or_create_lab_key
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "phones-experiment.yaml"
 S8_PROPERTIES = {"ro.product.model": "SM-G950F", "ro.product.manufacturer": "samsung",

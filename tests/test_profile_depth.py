@@ -13,8 +13,8 @@ import pytest
 
 from adb_emulator import AdbDeviceEmulator
 from conftest import write_job
-from farm.agents.android import load_or_create_lab_key
-from farm.agents.parsers.onnxruntime_profile import OrtProfileError, ort_op_profile, parse_ort_profile
+from farm.agents.android.adb import load_or_create_lab_key
+from farm.agents.harness.onnxruntime_profile import OrtProfileError, ort_op_profile, parse_ort_profile
 from farm.controller.scheduling.store import Store
 from farm.proto.op_profile import MAX_NODES, MAX_OP_TYPES, NODE, OP_TYPE, OpProfileRow, bounded, from_dicts
 

@@ -32,7 +32,7 @@ import onnxruntime as ort
 import pytest
 
 from farm.controller.scheduling.jobfile import JobFileError, load_job
-from farm.models.published_nets import (
+from farm.model_generators.published_nets import (
     IMAGE_FAMILY,
     JETSON_EXPERIMENT_MODELS,
     VIDEO_FAMILY,
@@ -76,7 +76,7 @@ def _half(thw: tuple[int, int, int]) -> tuple[int, int, int]:
 
 
 def _mobilenetv2_3d(width: float) -> _Count:
-    # Köpüklü et al. models/mobilenetv2.py: (t, c, n, s) as in MobileNetV2's Table 2, strides in time too
+    # Köpüklü et al. model_generators/mobilenetv2.py: (t, c, n, s) as in MobileNetV2's Table 2, strides in time too
     table = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]
     n = _Count()
     thw = (16, 56, 56)

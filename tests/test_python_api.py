@@ -74,7 +74,7 @@ def test_a_budget_the_backend_cannot_enforce_is_said_before_the_job_runs(tmp_pat
 
 def test_a_calibration_over_runs_whose_budget_was_not_enforced_says_so(tmp_path: Path) -> None:
     import farm
-    from farm.models.generate import generate_examples
+    from farm.model_generators.generate import generate_examples
 
     models = [str(m.path) for m in generate_examples(tmp_path / "models", widths=[0.35, 0.5, 0.75, 1.0],
                                                      input_sizes=[96], formats=("tflite",), zoo=False)]

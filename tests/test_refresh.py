@@ -14,10 +14,10 @@ import pytest
 
 from adb_emulator import AdbDeviceEmulator, EmulatedPhone
 from conftest import write_job
-from farm.agents.android import load_or_create_lab_key
+from farm.agents.android.adb import load_or_create_lab_key
 from farm.models.facts import inspect_model
 from farm.controller.operations.reference_suite import bundled_suite_text
-from farm.models.generate import generate_examples
+from farm.model_generators.generate import generate_examples
 
 WIDTHS = (0.35, 0.5, 0.75, 1.0, 1.4)
 

@@ -28,7 +28,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"  # browser.install_ch
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> Path:
-    from farm.models.generate import generate_examples
+    from farm.model_generators.generate import generate_examples
     d = tmp_path_factory.mktemp("report-models")
     generate_examples(d, widths=[0.35, 0.5], input_sizes=[96, 128], formats=("tflite",), zoo=False)
     return d

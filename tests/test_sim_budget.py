@@ -17,7 +17,7 @@ import pytest
 from conftest import require_backend, write_job
 from farm.agents.sandbox import backend_class
 from farm.agents.sandbox.base import Budget
-from farm.agents.telemetry import TelemetrySampler
+from farm.agents.sim.telemetry import TelemetrySampler
 
 MiB = 1 << 20
 ALLOCATE_400MB = "b = bytearray(400 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('survived')\n"

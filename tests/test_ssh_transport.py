@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from farm.agents.jetson import read_jetson_facts, run_with_tegrastats
-from farm.agents.linux_board import read_linux_facts, run_with_proc_sampling
-from farm.agents.ssh_transport import (
+from farm.agents.boards.jetson import read_jetson_facts, run_with_tegrastats
+from farm.agents.boards.linux_board import read_linux_facts, run_with_proc_sampling
+from farm.agents.boards.ssh_transport import (
     ChangedHostKeyError, SshInfrastructureError, SshTarget, SshTimeoutError, SshTransport, UnknownHostKeyError,
 )
 from farm.proto.results import FailureClass
@@ -184,13 +184,13 @@ def test_a_sampler_that_cannot_start_leaves_its_reason(board: SshdPeer) -> None:
 # The text → facts steps are pure; these cover variants the fake board does not print.
 
 def test_nvpmodel_query_with_a_warning_first() -> None:
-    from farm.agents.jetson import nvpmodel_from_query
+    from farm.agents.boards.jetson import nvpmodel_from_query
     assert nvpmodel_from_query("NVPM WARN: fan mode is not set!\nNV Power Mode: 15W\n2\n") == ("15W", 2)
     assert nvpmodel_from_query("sh: 1: nvpmodel: not found") == (None, None)
 
 
 def test_jetson_clocks_pinned_when_min_equals_max_everywhere() -> None:
-    from farm.agents.jetson import jetson_clocks_active_from_show
+    from farm.agents.boards.jetson import jetson_clocks_active_from_show
     pinned = ("cpu0: Online=1 Governor=schedutil MinFreq=1479000 MaxFreq=1479000 CurrentFreq=1479000\n"
               "cpu1: Online=0 Governor=schedutil MinFreq=102000 MaxFreq=1479000 CurrentFreq=102000\n"
               "GPU MinFreq=921600000 MaxFreq=921600000 CurrentFreq=921600000\n")
@@ -199,13 +199,13 @@ def test_jetson_clocks_pinned_when_min_equals_max_everywhere() -> None:
 
 
 def test_l4t_release_of_jetpack6_and_7() -> None:
-    from farm.agents.jetson import l4t_release_from_file
+    from farm.agents.boards.jetson import l4t_release_from_file
     assert l4t_release_from_file("# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64") == "36.4.3"
     assert l4t_release_from_file("# R38 (release), REVISION: 2.0, GCID: 41844464, BOARD: generic") == "38.2.0"
 
 
 def test_proc_samples_turn_jiffies_into_percent_of_one_core() -> None:
-    from farm.agents.linux_board import parse_proc_samples
+    from farm.agents.boards.linux_board import parse_proc_samples
     text = "\n".join([
         "@@t 100.0", "cpu  100 0 100 800 0 0 0 0 0 0", "MemTotal: 4000000 kB", "MemAvailable: 3000000 kB",
         "@@t 100.1", "cpu  200 0 200 1000 0 0 0 0 0 0", "MemTotal: 4000000 kB", "MemAvailable: 2000000 kB",

@@ -12,9 +12,9 @@ import pytest
 from pydantic import ValidationError
 
 from conftest import require_backend
-from farm.agents.android_driver import benchmark_command
+from farm.agents.android.driver import benchmark_command
 from farm.agents.sandbox import backend_class
-from farm.agents.sim import SimDriver, SimSlot
+from farm.agents.sim.driver import SimDriver, SimSlot
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import load_job_text
 from farm.controller.scheduling.store import Store

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from adb_emulator import AdbDeviceEmulator
-from farm.agents.android import load_or_create_lab_key
+from farm.agents.android.adb import load_or_create_lab_key
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.wheel, pytest.mark.timeout(900)]

@@ -22,7 +22,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="farm-typecheck-") as tmp:
         farm = Path(tmp, "farm")
         farm.mkdir()
-        for name in ("__init__.py", "py.typed"):
+        for name in ("__init__.py", "version.py", "py.typed"):
             shutil.copy(ROOT / "farm" / name, farm / name)
         for package, folder in package_dir.items():
             parts = package.split(".")

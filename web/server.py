@@ -27,7 +27,7 @@ from importlib import resources
 from typing import Any, Callable
 from urllib.parse import parse_qs, quote, urlsplit
 
-from farm.cli.render import results_csv, to_json
+from farm.controller.analysis.export import results_csv, to_json
 from farm.controller.auth import Identity, TlsFiles, TokenTable, bearer_token, is_loopback
 from farm.controller.scheduling.controller import Controller
 from farm.controller.analysis.results import run_records

@@ -10,7 +10,7 @@ runtime the model asks for (tflite_runtime or ai_edge_litert, onnxruntime).
     python3 board_harness.py env VENV_ROOT    make (or reuse) the venv for the requirements on stdin
 
 Each prints exactly one result line, `@@farm-harness <json>`, last; the agent's parser
-(farm.agents.parsers.board_harness) reads it. A script's own output never reaches stdout: only its
+(farm.agents.boards.harness_output) reads it. A script's own output never reaches stdout: only its
 timing lines and a bounded tail are kept, so a script that prints gigabytes cannot flood the link.
 
 Kept 3.6-compatible (`vermin --target=3.6-` in the tests): no dataclasses, no walrus, no

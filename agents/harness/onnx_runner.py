@@ -15,7 +15,7 @@ from farm.agents.harness.inputs import InputShapeError, feed, resolve_shape
 from farm.agents.harness.task import HarnessOutput, HarnessTask
 from farm.agents.harness.timing import time_inferences
 from farm.agents.harness.tflite_runner import ModelRejected
-from farm.agents.parsers.onnxruntime_profile import ort_op_profile
+from farm.agents.harness.onnxruntime_profile import ort_op_profile
 from farm.models.runtimes import onnx_session
 from farm.proto.op_profile import bounded
 

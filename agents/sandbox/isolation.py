@@ -26,8 +26,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import farm
-
 DEFAULT_RUN_AS = "nobody"
 # Where the run directory appears inside the namespaces: short, and traversable whatever the host path.
 INNER_RUN_DIR = Path("/tmp/run")
@@ -120,8 +118,8 @@ def isolation_env(run_as: RunAs, memory_bytes: int | None = None) -> dict[str, s
 
 def farm_code_folders() -> set[Path]:
     """Where farm's packages are on disk: site-packages/farm/..., or a checkout's role folders."""
-    code = {Path(folder).resolve() for folder in farm.__path__}
-    for name in ("farm.agents", "farm.proto", "farm.models", "farm.controller", "farm.cli"):
+    code: set[Path] = set()
+    for name in ("farm", "farm.agents", "farm.proto", "farm.models", "farm.controller", "farm.cli"):
         spec = importlib.util.find_spec(name)  # found, not imported: the harness imports more than the agent has
         folders = (spec.submodule_search_locations or []) if spec else []
         code.update(Path(folder).resolve() for folder in folders)

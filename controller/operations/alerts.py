@@ -24,7 +24,7 @@ import urllib.parse
 import urllib.request
 from typing import Any, Callable
 
-from farm import __version__
+from farm.version import __version__
 
 log = logging.getLogger("farm.controller.operations.alerts")
 
@@ -193,4 +193,11 @@ def alerts_from_environment() -> Webhook | None:
         return _HOOKS[url]
 
 
-__all__ = ["Webhook", "alerts_from_environment", "drift_event", "quarantine_event", "WEBHOOK_ENV"]
+def alert_quarantine(device: str, reason: str) -> None:
+    """Scheduling's quarantine hook: queued, so a hook that is down never holds the caller (apply_result holds a lock)."""
+    hook = alerts_from_environment()
+    if hook is not None:
+        hook.send_async(quarantine_event(device, reason))
+
+
+__all__ = ["Webhook", "alert_quarantine", "alerts_from_environment", "drift_event", "quarantine_event", "WEBHOOK_ENV"]

@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from farm.controller.operations.alerts import alerts_from_environment, quarantine_event
 from farm.controller.scheduling.jobfile import ResolvedJob
 from farm.controller.scheduling.counters import record_lease_expiries
+from farm.controller.scheduling.hooks import quarantined
 from farm.controller.scheduling.schedule import PRIORITY_RANK, expand_tasks
 from farm.controller.scheduling.store import Store
 from farm.proto.results import FailureClass, JobStatus, ResultRefused, RunResult, TaskStatus
@@ -328,9 +328,7 @@ class Controller:
         jobs = self._fail_waiting_tasks(device, reason)
         for job_id in set(jobs):  # only the jobs that just lost tasks can have finished
             self._finish_job_if_done(job_id)
-        hook = alerts_from_environment()
-        if hook is not None:  # queued: a hook that is down must not hold the caller (apply_result holds a lock)
-            hook.send_async(quarantine_event(device, reason))
+        quarantined(device, reason)  # operations' alert (controller/__init__.py): queued, never holds this lock
         return len(jobs)  # tasks failed (one entry per task)
 
     def release(self, device: str) -> None:

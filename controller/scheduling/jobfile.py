@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import yaml
 from pydantic import ValidationError
 
+from farm.controller.scheduling.hooks import missing_model_hint
 from farm.proto.device_types import DeviceType
 from farm.proto.escape import cut_list, printable
 from farm.proto.regular_files import MAX_JOB_FILE_BYTES, FileRefused, read_regular_file
@@ -237,7 +238,6 @@ def _model_line(root: yaml.Node | None, index: int) -> int:
 
 def _missing_file(path: Path, written: str) -> str:
     """Why a model path that does not open as a file: missing, a dangling link, or a symlink loop."""
-    from farm.models.generate import generate_hint  # loaded when a job is read, not for `farm jobs`
     try:
         os.stat(path)
     except OSError as e:
@@ -245,7 +245,7 @@ def _missing_file(path: Path, written: str) -> str:
             return f"model file {written!r} is a symlink loop (following the links from {path} comes back round); point it at a real file."
         if os.path.islink(path):
             return f"model file {written!r} is a symlink to {os.readlink(path)}, which does not exist."
-    hint = generate_hint(path)
+    hint = missing_model_hint(path)  # the example-model generators' hint, registered in controller/__init__.py
     return f"model file {written!r} does not exist (looked for {path})" + (f"; {hint}." if hint else ".")
 
 

@@ -27,7 +27,7 @@ from typing import Iterator, Literal
 import grpc
 from pydantic import ValidationError
 
-from farm import __version__
+from farm.version import __version__
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2
 from farm.proto.results import FailureClass, RunResult
 from farm.proto.spec import ScriptWorkload

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from farm.models.generate_onnx import INPUT_NAME, IR_VERSION, OPSET, OUTPUT_NAME, PRODUCER
+from farm.model_generators.generate_onnx import INPUT_NAME, IR_VERSION, OPSET, OUTPUT_NAME, PRODUCER
 
 Activation = Literal["relu", "relu6"] | None
 Size = int | Sequence[int]

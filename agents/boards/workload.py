@@ -22,9 +22,9 @@ from farm.agents.board_harness import HARNESS_FILE
 from farm.agents.board_harness.board_harness import PROTOCOL
 from farm.agents.harness.stats import latency_stats, startup_ms, throughput_per_s
 from farm.agents.harness.task import HarnessTask, benchmark_task, script_task
-from farm.agents.parsers.board_harness import HarnessOutputError, parse_env_output, parse_harness_output
-from farm.agents.sim import format_script_args
-from farm.agents.ssh_transport import SshInfrastructureError, SshTransport, UploadResult, file_sha256
+from farm.agents.boards.harness_output import HarnessOutputError, parse_env_output, parse_harness_output
+from farm.agents.sim.driver import format_script_args
+from farm.agents.boards.ssh_transport import SshInfrastructureError, SshTransport, UploadResult, file_sha256
 from farm.proto.results import FailureClass, RunResult, RunStatus
 from farm.proto.script_archive import check_archive, pack_dir
 from farm.proto.spec import BenchmarkWorkload, ScriptWorkload

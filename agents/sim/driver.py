@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from farm.agents.contention import judge, quietest_cores, snapshot, wait_until_quiet
+from farm.agents.sim.contention import judge, quietest_cores, snapshot, wait_until_quiet
 from farm.agents.environment import host_facts, load_average
 from farm.agents.harness.stats import latency_stats, startup_ms, throughput_per_s
 from farm.agents.harness.task import HarnessOutput, HarnessTask, benchmark_task, runtime_env, script_task
@@ -36,8 +36,8 @@ from farm.agents.sandbox.isolation import (
     INNER_RUN_DIR, RunAs, bound_run_dir, hand_over, isolated_argv, isolation_env, keep_run_dir, mount_run_dir,
     namespaces_unavailable, resolve_run_as, run_dir_full, seal_run_dir, strip_set_ids, unseal_run_dir, user_argv,
 )
-from farm.agents.script_env import ScriptEnvError, script_python
-from farm.agents.telemetry import TelemetrySampler
+from farm.agents.sim.script_env import ScriptEnvError, script_python
+from farm.agents.sim.telemetry import TelemetrySampler
 from farm.proto import op_profile
 from farm.proto.names import safe_suffix
 from farm.proto.results import UNENFORCED_BUDGET, FailureClass, Limits, RunResult, RunStatus

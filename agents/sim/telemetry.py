@@ -11,7 +11,7 @@ import os
 import threading
 import time
 
-from farm.agents.contention import thread_wait_ns
+from farm.agents.sim.contention import thread_wait_ns
 from farm.agents.sandbox.base import ExitInfo, RunningSandbox, parse_cpuset
 from farm.proto.results import Telemetry, TelemetrySample
 

@@ -15,11 +15,11 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from farm.agents.linux_board import LINUX_PROBES, LinuxBoardFacts, linux_facts_from_probes, run_probes
+from farm.agents.boards.linux_board import LINUX_PROBES, LinuxBoardFacts, linux_facts_from_probes, run_probes
 from farm.agents.parsers.tegrastats import (
     TegrastatsSample, TegrastatsSummary, parse_tegrastats_output, summarize,
 )
-from farm.agents.ssh_transport import CommandResult, SshTransport
+from farm.agents.boards.ssh_transport import CommandResult, SshTransport
 from farm.proto.results import Telemetry, TelemetrySample
 from farm.agents.parsers.jetson_tools import JtopSample, jetson_clocks_active_from_show, l4t_release_from_file, nvpmodel_from_query, parse_jtop_line
 

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
-from farm.models.generate_tflite import INPUT_NAME, OUTPUT_NAME, TFLiteGraphBuilder
-from farm.models.mobilenetv2 import DEFAULT_SEED
+from farm.models.tflite_writer import INPUT_NAME, OUTPUT_NAME, TFLiteGraphBuilder
+from farm.model_generators.mobilenetv2 import DEFAULT_SEED
 
 SQUEEZENET_NAME = "squeezenet1_1"
 INCEPTION_NAME = "inception_v1"

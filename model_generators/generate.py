@@ -17,12 +17,12 @@ from typing import Any
 
 import yaml
 
-from farm.models.classic_tflite import CLASSIC_TFLITE
-from farm.models.generate_onnx import mobilenetv2_onnx, serialize_onnx, tiny_onnx
-from farm.models.generate_tflite import mobilenetv2_tflite, tiny_tflite
-from farm.models.mobilenetv2 import DEFAULT_SEED, INPUT_SIZES, WIDTHS, model_name
-from farm.models.published_nets import JETSON_EXPERIMENT_MODELS
-from farm.models.zoo import copy_zoo, zoo_models
+from farm.model_generators.classic_tflite import CLASSIC_TFLITE
+from farm.model_generators.generate_onnx import mobilenetv2_onnx, serialize_onnx, tiny_onnx
+from farm.model_generators.generate_tflite import mobilenetv2_tflite, tiny_tflite
+from farm.model_generators.mobilenetv2 import DEFAULT_SEED, INPUT_SIZES, WIDTHS, model_name
+from farm.model_generators.published_nets import JETSON_EXPERIMENT_MODELS
+from farm.model_generators.zoo import copy_zoo, zoo_models
 
 FORMATS: tuple[str, ...] = ("tflite", "onnx")
 MOBILENETV2_FAMILY = "mobilenetv2"

@@ -1,6 +1,6 @@
 """The android driver: one task on one phone with TFLite's `benchmark_model`, as a RunResult.
 
-Composes the adb transport (agents/android.py), the device type (flags, taskset mask) and
+Composes the adb transport (agents/android/adb.py), the device type (flags, taskset mask) and
 the output parser (agents/parsers/benchmark_model.py). Every way it can fail is mapped to
 a failure class: the phone gone → infrastructure, the model refused → job (raw output kept).
 """
@@ -16,10 +16,10 @@ from typing import Any, Callable, Literal
 
 from pydantic import Field
 
-from farm.agents.android import (
+from farm.agents.android.adb import (
     AdbTarget, AndroidCommandTimeout, AndroidDevice, AndroidFacts, AndroidInfrastructureError,
 )
-from farm.agents.android_script import phone_script_problem, run_script_on_phone
+from farm.agents.android.script import phone_script_problem, run_script_on_phone
 from farm.agents.drivers import DeviceEntry, register
 from farm.agents.harness.stats import startup_ms, throughput_per_s
 from farm.agents.parsers.benchmark_model import (

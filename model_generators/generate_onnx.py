@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from farm.models.mobilenetv2 import DEFAULT_SEED, ConvLayer, build_mobilenetv2, model_name, same_padding
+from farm.model_generators.mobilenetv2 import DEFAULT_SEED, ConvLayer, build_mobilenetv2, model_name, same_padding
 
 OPSET = 17
 # IR version 8 goes with opset 17; onnx.helper.make_model would stamp the newest IR version,

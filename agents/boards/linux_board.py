@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from farm.agents.ssh_transport import CommandResult, SshTransport
+from farm.agents.boards.ssh_transport import CommandResult, SshTransport
 from farm.proto.results import Telemetry, TelemetrySample
 from farm.agents.parsers.linux_proc import LinuxBoardFacts, ProcSample, _int_or_none, linux_facts_from_probes, parse_proc_samples
 

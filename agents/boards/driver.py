@@ -1,5 +1,5 @@
 """The jetson and linux drivers: one task on a board over ssh, with the board harness (one file
-pushed by hash, run by the board's own python3 ≥ 3.6; see agents/board_workload.py) and the
+pushed by hash, run by the board's own python3 ≥ 3.6; see agents/boards/workload.py) and the
 runtimes installed there, as a RunResult. Benchmarks and script workloads alike.
 
 The two differ only in what samples the run — tegrastats on a Jetson (power rails, so energy
@@ -15,14 +15,14 @@ from typing import Any, Callable, Literal
 
 from pydantic import Field
 
-from farm.agents.board_workload import BoardJobError, BoardNotReady, StagedRun, board_result, clean_up, stage_run
+from farm.agents.boards.workload import BoardJobError, BoardNotReady, StagedRun, board_result, clean_up, stage_run
 from farm.agents.drivers import DeviceEntry, register
-from farm.agents.jetson import (
+from farm.agents.boards.jetson import (
     DEVICE_TREE_MODEL, NV_TEGRA_RELEASE, JtopRun, TegrastatsRun, jtop_usable, read_jetson_facts, run_with_jtop,
     run_with_tegrastats,
 )
-from farm.agents.linux_board import ProcSampledRun, read_linux_facts, run_with_proc_sampling
-from farm.agents.ssh_transport import SshCanceled, SshInfrastructureError, SshTarget, SshTimeoutError, SshTransport
+from farm.agents.boards.linux_board import ProcSampledRun, read_linux_facts, run_with_proc_sampling
+from farm.agents.boards.ssh_transport import SshCanceled, SshInfrastructureError, SshTarget, SshTimeoutError, SshTransport
 from farm.proto.device_types import DeviceType
 from farm.proto.results import FailureClass, Limits, RunResult
 from farm.proto.tasks import TaskSpec

@@ -1,6 +1,6 @@
-"""Embedded mode: a controller and a local agent in this process, for one job.
+"""The in-process runner: a controller and a local agent in this process, for one job.
 
-This is what `farm submit` does when no controller is configured; the gRPC mode runs
+This is what `farm submit` does when no controller is configured (client/embedded.py calls it); the gRPC mode runs
 the very same Controller and Agent, with the wire in between.
 """
 
@@ -14,7 +14,7 @@ from typing import Callable
 
 from farm.agents.agent import Agent
 from farm.agents.lab import LabDevice
-from farm.agents.sim import SimDriver
+from farm.agents.sim.driver import SimDriver
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.store import Store
 from farm.proto.results import RunResult

@@ -23,9 +23,9 @@ from functools import partial
 
 import onnx
 
-from farm.models.generate_onnx import mobilenetv2_onnx
-from farm.models.mobilenetv2 import DEFAULT_SEED, INVERTED_RESIDUAL_SETTINGS, model_name
-from farm.models.onnx_net import Activation, OnnxNet, Size, Tensor
+from farm.model_generators.generate_onnx import mobilenetv2_onnx
+from farm.model_generators.mobilenetv2 import DEFAULT_SEED, INVERTED_RESIDUAL_SETTINGS, model_name
+from farm.model_generators.onnx_net import Activation, OnnxNet, Size, Tensor
 
 IMAGE_CLASSES = 1000
 VIDEO_CLASSES = 600  # Kinetics-600, on which the paper reports its figures
@@ -135,7 +135,7 @@ MOBILENETV2_3D_WIDTHS = (0.25, 0.5, 0.75, 1.0, 2.0)
 
 
 def mobilenetv2_3d(width: float, *, seed: int = DEFAULT_SEED) -> onnx.ModelProto:
-    """MobileNetV2 with 3x3x3 depthwise convs: Köpüklü et al.'s models/mobilenetv2.py.
+    """MobileNetV2 with 3x3x3 depthwise convs: Köpüklü et al.'s model_generators/mobilenetv2.py.
 
     Channels are int(c * width), the stem has stride 1x2x2, and each stride-2 stage halves time too
     (16 frames -> 1 by the 160-channel stage); the last conv has 1280 channels, int(1280 * width) above 1x.

@@ -18,10 +18,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from farm.agents.android import DEFAULT_REMOTE_DIR, AndroidDevice
+from farm.agents.android.adb import DEFAULT_REMOTE_DIR, AndroidDevice
 from farm.agents.board_harness.board_harness import MAX_TIMINGS, BadTiming, parse_timing_line
 from farm.agents.harness.stats import latency_stats
-from farm.agents.sim import format_script_args
+from farm.agents.sim.driver import format_script_args
 from farm.proto.results import FailureClass, RunResult, RunStatus
 from farm.proto.script_archive import ScriptArchiveError, check_archive, pack_dir
 from farm.proto.spec import ScriptWorkload
