@@ -46,19 +46,17 @@ def lab_devices(args: argparse.Namespace) -> list:
 
 
 def open_farm(args: argparse.Namespace):
-    """The farm this command talks to: the controller named by --controller, $FARM_CONTROLLER or the config
-    file (never a local store then, reachable or not), else the embedded store (--db, $FARM_DB)."""
-    from farm.client.config import Credentials, address_of
+    """farm.client.open_farm with this command's flags: --controller (else $FARM_CONTROLLER or the config
+    file; never a local store then, reachable or not), its credentials, else the embedded store (--db, $FARM_DB)."""
+    from farm.client import open_farm as open_client
+    from farm.client.config import Credentials
 
-    address = address_of(getattr(args, "controller", None))
-    if address:
-        from farm.client.remote import RemoteFarm
-        return RemoteFarm(address, Credentials.resolve(getattr(args, "token", None), getattr(args, "tls_ca", None),
-                                                       getattr(args, "tls_cert", None), getattr(args, "tls_key", None)))
-    from farm.client.embedded import EmbeddedFarm
-    return EmbeddedFarm(getattr(args, "db", None), slots=getattr(args, "slots", None) or 1,
-                        backend=getattr(args, "backend", None), lab=lambda: lab_devices(args),
-                        devices_file=getattr(args, "devices", None), create=getattr(args, "create", False))
+    credentials = Credentials.resolve(getattr(args, "token", None), getattr(args, "tls_ca", None),
+                                      getattr(args, "tls_cert", None), getattr(args, "tls_key", None))
+    return open_client(getattr(args, "controller", None), db=getattr(args, "db", None), credentials=credentials,
+                       slots=getattr(args, "slots", None) or 1, backend=getattr(args, "backend", None),
+                       lab=lambda: lab_devices(args), devices_file=getattr(args, "devices", None),
+                       create=getattr(args, "create", False))
 
 
 def output_file(text: str, option: str = "-o") -> Path:

@@ -19,12 +19,11 @@ from rich.text import Text
 from farm.version import __version__
 from farm.cli import console
 from farm.cli.console import job_progress, open_farm
-from farm.client.api import Farm, FarmError
+from farm.client.api import EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNS_FAILED, Farm, FarmError
 from farm.proto import strict_json
 from farm.proto.escape import printable
 from farm.proto.task_limits import DEFAULT_MAX_TASKS
 
-EXIT_OK, EXIT_RUNS_FAILED, EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 # What `pip install farm` has and the agent-only farm-agent does not (deploy/agent_wheel.py).
 FULL_INSTALL_ONLY = {"scipy", "matplotlib", "sqlite_utils", "croniter", "prometheus_client", "grpc_health",
                      "grpc_reflection"}

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from farm.client.api import FarmError
+from farm.client.api import EXIT_ENVIRONMENT, EXIT_OK, FarmError
 from farm.client.config import DEFAULT_PORT, Credentials, address_of, read_config
 from farm.proto.task_limits import DEFAULT_MAX_TASKS
 
@@ -25,9 +25,6 @@ if TYPE_CHECKING:
 # The sandboxes fork; gRPC's fork handlers are not needed (children exec at once) and only log noise.
 # grpc itself is imported only by the commands that talk to a controller: embedded mode starts faster.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
-
-EXIT_OK, EXIT_RUNS_FAILED, EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-
 
 RemoteError = FarmError  # a refusal or an unreachable controller, said so a person can act on it
 

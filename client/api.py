@@ -17,7 +17,8 @@ from farm.proto.regular_files import MAX_JOB_FILE_BYTES, FileRefused, read_regul
 if TYPE_CHECKING:  # the job model (pydantic) loads only when a job is read: `farm jobs` never needs it
     from farm.proto.spec import Priority
 
-EXIT_BAD_INPUT, EXIT_ENVIRONMENT = 2, 3  # the CLI's exit codes for a FarmError (cli/main.py lists them all)
+# farm's exit codes, the one set: every command's, and the code a FarmError carries (README.md: "Exit codes").
+EXIT_OK, EXIT_RUNS_FAILED, EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 TERMINAL = ("completed", "failed", "canceled")
 # A JSON document exactly as the command's --json prints it (calibrate, rank, predict...).
 Document = dict[str, Any]

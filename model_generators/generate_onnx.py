@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -106,18 +105,6 @@ def mobilenetv2_onnx(
 
 def serialize_onnx(model: onnx.ModelProto) -> bytes:
     return bytes(model.SerializeToString(deterministic=True))
-
-
-def write_mobilenetv2_onnx(
-    path: Path,
-    width: float = 1.0,
-    input_size: int = 224,
-    *,
-    dynamic_batch: bool = False,
-    seed: int = DEFAULT_SEED,
-) -> Path:
-    path.write_bytes(serialize_onnx(mobilenetv2_onnx(width, input_size, dynamic_batch=dynamic_batch, seed=seed)))
-    return path
 
 
 def tiny_onnx() -> onnx.ModelProto:

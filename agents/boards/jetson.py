@@ -4,7 +4,7 @@ A Jetson is a Linux board plus NVIDIA's tools, so its facts extend the Linux one
 mode is part of the device's identity for calibration: the same board at 5 W and at MAXN is
 two different devices as far as `device ≈ a·sim + b` goes.
 
-The driver that turns a farm task into a RunResult composes these: stage the run (board_workload.py),
+The driver that turns a farm task into a RunResult composes these: stage the run (workload.py),
 `run_with_tegrastats(ssh, "python3 board_harness.py run TASK.json", …)`, parse its result line,
 and attach `.telemetry()` and `.summary.energy_mj`.
 """

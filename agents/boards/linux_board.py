@@ -1,6 +1,6 @@
 """Any Linux board over ssh (Raspberry Pi, TI, Rockchip…): its facts, and a command run under /proc sampling.
 
-The driver that turns a farm task into a RunResult composes these: stage the run (board_workload.py),
+The driver that turns a farm task into a RunResult composes these: stage the run (workload.py),
 `run_with_proc_sampling(ssh, "python3 board_harness.py run TASK.json", …)`, parse its result line.
 """
 

@@ -57,7 +57,7 @@ def benchmark_task(task: TaskSpec, model_path: str) -> HarnessTask:
 
 
 def script_task(task: TaskSpec, model_path: str, command: list[str], script_dir: str) -> HarnessTask:
-    """The harness's script task: `command` already formatted (sim.py fills the placeholders)."""
+    """The harness's script task: `command` already formatted (agents/sim/driver.py fills the placeholders)."""
     return HarnessTask(kind="script", model_path=model_path, threads=task.threads, batch_size=task.batch_size,
                        input_size=task.input_size, command=command, script_dir=script_dir)
 
