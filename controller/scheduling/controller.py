@@ -1,8 +1,9 @@
 """The controller: owns the store, expands jobs, leases tasks to agents, applies results.
 
-Its public methods are exactly what crosses the wire later (submit, lease, heartbeat,
-complete, cancel): the embedded mode calls them in-process, the gRPC issue puts them
-behind a service without changing what they do. All state is in SQLite.
+Its public methods are exactly what crosses the wire (submit, lease, heartbeat, complete,
+cancel): the embedded mode calls them in-process (client/runner.py), the gRPC servicer
+(controller/grpc_server.py) puts them behind the wire without changing what they do. All
+state is in SQLite.
 """
 
 from __future__ import annotations
