@@ -21,7 +21,7 @@ from pathlib import Path
 from farm.client.embedded import EmbeddedFarm
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import DeviceTarget, load_job_text
-from farm.controller.scheduling.store import Store
+from farm.controller.store import SQLiteStore as Store
 from farm.models.generate import write_tiny_onnx
 from results_file import write_results  # benchmarks/ is on sys.path when a benchmark runs
 
@@ -59,7 +59,7 @@ def measure(tmp: Path, pending: int, calls: int) -> dict:
     listed = len(farm.jobs(50))
     return {"pending": stored, "jobs_listed": listed, "calls": calls,
             "farm_jobs_ms": _ms(_timed(lambda: farm.jobs(50), calls)),
-            "job_list_ms": _ms(_timed(lambda: store.job_list(50), calls))}
+            "job_list_ms": _ms(_timed(lambda: store.jobs.listing(50), calls))}
 
 
 def main() -> None:

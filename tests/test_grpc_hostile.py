@@ -26,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from farm.controller.auth import is_loopback
 from farm.controller.grpc_server import startup_warnings
-from farm.controller.scheduling.store import Store
+from farm.controller.store import SQLiteStore as Store
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2, farm_pb2, farm_pb2_grpc
 from farm.proto.results import LatencyStats, RunResult, RunStatus
 from farm.proto.wire import MAX_RESULT_BYTES, MAX_SAMPLES, result_for_the_wire, result_to_message

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import require_backend, write_job
 from farm.agents.sandbox.base import RUN_PIDS_LIMIT
-from farm.controller.scheduling.store import Store
+from farm.controller.store import SQLiteStore as Store
 
 # 3 GB in 1 MiB writes to /tmp, from a 512m job: it must be stopped long before the end.
 WRITE_3GB_TO_TMP = ("chunk = b'x' * (1 << 20)\n"
