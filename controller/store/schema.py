@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate", "schema_version", "sqlite_utils", "up_to_date"]
+__all__ = ["MIGRATIONS", "PACKED_SAMPLES", "SCHEMA_VERSION", "migrate", "schema_version", "sqlite_utils", "up_to_date"]
 
 
 def _sqlite_utils_without_numpy() -> Any:
@@ -203,14 +203,32 @@ def _migration_14(db: sqlite_utils.Database) -> None:
                f"WHEN OLD.job_id IS NOT NEW.job_id OR OLD.status IS NOT NEW.status BEGIN {remove} {add} END")
 
 
+def _migration_15(db: sqlite_utils.Database) -> None:
+    # Per-iteration timings and telemetry packed per run (issue 22, controller/store/samples.py): a row per
+    # sample cost 38 bytes for each 8-byte timing. Runs stored before move over after this migration, a batch
+    # of runs per transaction (sqlite.pack_stored_samples), so a killed conversion resumes where it stopped;
+    # migration 16 drops the old tables once they are empty.
+    db.table("run_samples").create({"run_id": int, "iterations": bytes, "telemetry": bytes}, pk="run_id",
+                                   if_not_exists=True)
+
+
+def _migration_16(db: sqlite_utils.Database) -> None:
+    # Every run's samples are packed (migration 15's conversion is done): the row-per-sample tables go.
+    db.execute("DROP TABLE IF EXISTS iterations")
+    db.execute("DROP TABLE IF EXISTS telemetry")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6, _migration_7, _migration_8,
-    _migration_9, _migration_10, _migration_11, _migration_12, _migration_13, _migration_14]
+    _migration_9, _migration_10, _migration_11, _migration_12, _migration_13, _migration_14, _migration_15,
+    _migration_16]
 SCHEMA_VERSION = len(MIGRATIONS)
+# The schema at which stored samples are converted, in transactions of their own, before going further.
+PACKED_SAMPLES = 15
 
 
-def migrate(db: sqlite_utils.Database, path: object) -> None:
-    """Bring the store at `db` to SCHEMA_VERSION, inside the caller's write transaction."""
+def migrate(db: sqlite_utils.Database, path: object, upto: int = SCHEMA_VERSION) -> None:
+    """Bring the store at `db` to schema `upto` (never back), inside the caller's write transaction."""
     if "schema_version" not in db.table_names():
         db.table("schema_version").create({"version": int})
         db.table("schema_version").insert({"version": 0})
@@ -220,9 +238,10 @@ def migrate(db: sqlite_utils.Database, path: object) -> None:
 
         raise StoreError(
             f"{path} was written by a newer farm (schema {current}, this farm knows {SCHEMA_VERSION}); upgrade farm")
-    for version in range(current, SCHEMA_VERSION):
+    for version in range(current, upto):
         MIGRATIONS[version](db)
-    db.execute("UPDATE schema_version SET version = ?", [SCHEMA_VERSION])
+    if current < upto:
+        db.execute("UPDATE schema_version SET version = ?", [upto])
 
 
 def schema_version(db: sqlite_utils.Database) -> int:

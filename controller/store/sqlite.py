@@ -24,7 +24,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
-from farm.controller.store.schema import SCHEMA_VERSION, migrate, schema_version, sqlite_utils, up_to_date
+from farm.controller.store.samples import pack_iterations, pack_telemetry, unpack_iterations, unpack_telemetry
+from farm.controller.store.schema import (
+    PACKED_SAMPLES, SCHEMA_VERSION, migrate, schema_version, sqlite_utils, up_to_date)
 from farm.controller.store.interface import DeviceRecord, StoreError, VisibleTo
 from farm.controller.store.metrics import MiB, UnknownMetric
 from farm.controller.store.rows import (
@@ -41,6 +43,8 @@ BUSY_TIMEOUT_S = 30
 HEALTHY_TARGET = "AND t.target NOT IN (SELECT name FROM device_health WHERE health IN ('bad', 'maintenance'))"
 # SQLite's bound on ? parameters in one statement, with room to spare
 CHUNK = 500
+# runs converted per transaction when an older store's samples are packed (migration 15)
+PACK_BATCH_RUNS = 200
 
 # metric name -> its SQL expression over a summaries row {s} and its runs row {r} (units: metrics.METRIC_UNITS)
 METRIC_SQL: dict[str, str] = {
@@ -149,6 +153,12 @@ class SQLiteStore:
         if up_to_date(self.db):
             return
         with self.transaction():
+            migrate(self.db, self.path, upto=PACKED_SAMPLES)
+        while True:  # runs stored before migration 15, a batch per transaction: a killed conversion resumes
+            with self.transaction():
+                if not pack_stored_samples(self.db, PACK_BATCH_RUNS):
+                    break
+        with self.transaction():
             migrate(self.db, self.path)
 
     def schema_version(self) -> int:
@@ -237,6 +247,35 @@ class SQLiteStore:
         if fields:
             sql = f"UPDATE {table} SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?"
             self.db.conn.execute(sql, [*fields.values(), pk])
+
+
+def pack_stored_samples(db: sqlite_utils.Database, runs: int) -> int:
+    """Inside a transaction: move up to `runs` runs' samples from the row-per-sample tables (schema < 15) into
+    run_samples, packed; returns how many runs moved (0: none left, or the tables are gone)."""
+    tables = set(db.table_names())
+    if not {"iterations", "telemetry"} <= tables:
+        return 0
+    run_ids = [int(r[0]) for r in db.execute(
+        "SELECT run_id FROM iterations UNION SELECT run_id FROM telemetry ORDER BY run_id LIMIT ?", [runs])]
+    if not run_ids:
+        return 0
+    marks = _marks(run_ids)
+    timings: dict[int, list[float | None]] = {run_id: [] for run_id in run_ids}
+    for run_id, ms in db.execute(f"SELECT run_id, ms FROM iterations WHERE run_id IN ({marks}) ORDER BY run_id, idx",
+                                 run_ids):
+        timings[run_id].append(ms)
+    samples: dict[int, list[tuple[float | None, float | None, int | None]]] = {run_id: [] for run_id in run_ids}
+    for run_id, t_s, cpu, memory in db.execute(
+            f"SELECT run_id, t_s, cpu_percent, memory_bytes FROM telemetry WHERE run_id IN ({marks}) "
+            "ORDER BY run_id, idx", run_ids):
+        samples[run_id].append((t_s, cpu, memory))
+    db.conn.executemany(
+        "INSERT OR REPLACE INTO run_samples (run_id, iterations, telemetry) VALUES (?, ?, ?)",
+        [(run_id, pack_iterations(timings[run_id]) if timings[run_id] else None,
+          pack_telemetry(samples[run_id]) if samples[run_id] else None) for run_id in run_ids])
+    db.execute(f"DELETE FROM iterations WHERE run_id IN ({marks})", run_ids)
+    db.execute(f"DELETE FROM telemetry WHERE run_id IN ({marks})", run_ids)
+    return len(run_ids)
 
 
 class _Repository:
@@ -504,13 +543,13 @@ class SQLiteRuns(_Repository):
             })
             self._insert_summary(run_id, result)
             self._insert_op_profile(run_id, result)
-            if result.iterations_ms:  # executemany: a million samples in a second or two, not a minute
-                store.db.conn.executemany("INSERT INTO iterations (run_id, idx, ms) VALUES (?, ?, ?)",
-                                          ((run_id, i, ms) for i, ms in enumerate(result.iterations_ms)))
-            if result.telemetry and result.telemetry.samples:
-                store.db.conn.executemany(
-                    "INSERT INTO telemetry (run_id, idx, t_s, cpu_percent, memory_bytes) VALUES (?, ?, ?, ?, ?)",
-                    ((run_id, i, s.t_s, s.cpu_percent, s.memory_bytes) for i, s in enumerate(result.telemetry.samples)))
+            samples = result.telemetry.samples if result.telemetry else []
+            if result.iterations_ms or samples:  # packed: one row per run, 8 bytes a timing (samples.py)
+                store.insert_row("run_samples", {
+                    "run_id": run_id,
+                    "iterations": pack_iterations(result.iterations_ms) if result.iterations_ms else None,
+                    "telemetry": pack_telemetry((s.t_s, s.cpu_percent, s.memory_bytes) for s in samples) if samples
+                    else None})
             store.update_row("tasks", task.id, {**task_fields, "last_run_id": run_id})
         return run_id
 
@@ -562,11 +601,12 @@ class SQLiteRuns(_Repository):
                   o.mem_kb) for i, o in enumerate(rows)))
 
     def iterations(self, run_id: int) -> list[float]:
-        return [r["ms"] for r in self._query("SELECT ms FROM iterations WHERE run_id = ? ORDER BY idx", [run_id])]
+        rows = self._query("SELECT iterations FROM run_samples WHERE run_id = ?", [run_id])
+        return unpack_iterations(rows[0]["iterations"]) if rows and rows[0]["iterations"] else []
 
     def telemetry(self, run_id: int) -> list[TelemetrySample]:
-        return [TelemetrySample.of(r) for r in self._query(
-            "SELECT t_s, cpu_percent, memory_bytes FROM telemetry WHERE run_id = ? ORDER BY idx", [run_id])]
+        rows = self._query("SELECT telemetry FROM run_samples WHERE run_id = ?", [run_id])
+        return unpack_telemetry(rows[0]["telemetry"]) if rows and rows[0]["telemetry"] else []
 
     def results(self, job_id: int) -> list[ResultRow]:
         """Every task of a job with its counted run and summary (None columns for a task not run)."""
