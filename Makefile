@@ -39,6 +39,7 @@ bench: models
 	$(PY) benchmarks/lease.py
 	$(PY) benchmarks/list_jobs.py
 	$(PY) benchmarks/web.py
+	$(PY) benchmarks/store_size.py
 	$(PY) benchmarks/corpus.py
 
 # Controller throughput and dispatch latency: 100 agents with an instant driver, loopback gRPC.

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT.parent / "tests"))  # the tests' real hog, one defin
 
 from cpu_hog import cpu_hog  # noqa: E402
 
-from farm.agents.sim import contention  # noqa: E402
+from farm.agents.sim.driver import contention  # noqa: E402
 from farm.agents.environment import host_facts  # noqa: E402
 from farm.agents.harness.task import HarnessOutput, HarnessTask  # noqa: E402
 from farm.agents.sandbox import choose_backend  # noqa: E402

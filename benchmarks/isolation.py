@@ -52,7 +52,7 @@ def isolation_overhead(rounds: int, work: Path) -> dict[str, dict[str, float]]:
 def upload_cost(mib: int, work: Path) -> dict[str, float]:
     from farm.cli.remote import FarmClient, upload_job_files
     from farm.controller.grpc_server import serve
-    from farm.controller.scheduling.store import Store
+    from farm.controller.store import SQLiteStore as Store
 
     import numpy as np
     import onnx

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import DeviceTarget, load_job_text
-from farm.controller.scheduling.store import HEALTHY_TARGET, Store
+from farm.controller.store import SQLiteStore as Store
+from farm.controller.store.sqlite import HEALTHY_TARGET
 from farm.model_generators.generate import write_tiny_onnx
 from results_file import write_results  # benchmarks/ is on sys.path when a benchmark runs
 

@@ -4,7 +4,7 @@ A real store (WAL, synchronous=NORMAL as the controller runs it) is filled throu
 with jobs of 2,000 pending tasks each (a phone with no agent, pixel-9: half device tasks, half their
 sim twins). Then, call by call: EmbeddedFarm.jobs(50) — what `farm jobs` and farm.api ask, and what
 the gRPC ListJobs answers from (the job rows, each job's counts by status and its status) — and
-Store.job_list(50) alone.
+store.jobs.listing(50) alone.
 
 Prints a markdown report and writes it to benchmarks/results/<date>-list-jobs.{md,json}.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 from farm.client.embedded import EmbeddedFarm
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import DeviceTarget, load_job_text
-from farm.controller.scheduling.store import Store
+from farm.controller.store import SQLiteStore as Store
 from farm.model_generators.generate import write_tiny_onnx
 from results_file import write_results  # benchmarks/ is on sys.path when a benchmark runs
 
@@ -59,7 +59,7 @@ def measure(tmp: Path, pending: int, calls: int) -> dict:
     listed = len(farm.jobs(50))
     return {"pending": stored, "jobs_listed": listed, "calls": calls,
             "farm_jobs_ms": _ms(_timed(lambda: farm.jobs(50), calls)),
-            "job_list_ms": _ms(_timed(lambda: store.job_list(50), calls))}
+            "job_list_ms": _ms(_timed(lambda: store.jobs.listing(50), calls))}
 
 
 def main() -> None:
@@ -73,7 +73,7 @@ def main() -> None:
     text = (f"# listing jobs, {figures['pending']:,} tasks pending, {figures['jobs_listed']} jobs listed, "
             f"{figures['calls']} calls\n\n| call | median ms | p99 ms |\n| --- | --- | --- |\n"
             f"| EmbeddedFarm.jobs(50) | {figures['farm_jobs_ms']['median']} | {figures['farm_jobs_ms']['p99']} |\n"
-            f"| Store.job_list(50) | {figures['job_list_ms']['median']} | {figures['job_list_ms']['p99']} |\n")
+            f"| store.jobs.listing(50) | {figures['job_list_ms']['median']} | {figures['job_list_ms']['p99']} |\n")
     print(text)
     print(json.dumps(figures))
     if not args.no_write:

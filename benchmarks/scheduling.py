@@ -115,7 +115,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 def run(agents: int, tasks: int, processes: int = 1) -> dict:
     from farm.controller.grpc_server import serve
-    from farm.controller.scheduling.store import Store
+    from farm.controller.store import SQLiteStore as Store
     from farm.model_generators.generate import write_tiny_onnx
     from farm.proto.generated import farm_pb2, farm_pb2_grpc
 

@@ -30,7 +30,7 @@ from farm.controller.analysis.calibrations import PairedRun, fit_and_store
 from farm.controller.scheduling.controller import Controller
 from farm.controller.grpc_server import FarmServer
 from farm.controller.scheduling.jobfile import DeviceTarget, load_job_text
-from farm.controller.scheduling.store import Store
+from farm.controller.store import SQLiteStore as Store
 from farm.model_generators.generate import write_tiny_onnx
 from farm.proto.generated import agent_pb2, common_pb2
 from farm.proto.results import Contention, LatencyStats, Limits, RunResult, RunStatus, Telemetry
@@ -69,12 +69,12 @@ def seed(store: Store, model: Path, *, jobs: int, devices: int, versions: int, c
                             model.parent, devices=targets)
         controller.submit(job)
     for job_id in range(1, completed_jobs + 1):
-        for task in store.tasks(job_id):
+        for task in store.jobs.tasks(job_id):
             spec = controller.lease(f"rack{names.index(task['target']) % 10 if task['target'] != 'sim' else 0}",
                                     {task["target"]}, job_id=job_id)
             if spec is None:
                 continue
-            leased = store.task(spec.task_id)
+            leased = store.jobs.task(spec.task_id)
             controller.complete(spec.task_id, spec.attempt, leased["leased_by"], time.time() - 1,
                                 fake_result(rng, contended=spec.task_id % 7 == 0))
     big = controller.submit(load_job_text(f"name: sweep\nmodels: [{model}]\nmatrix: {{threads: [1, 2, 4]}}\nrepeats: 10\n"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from farm.controller.auth import Identity, TokenTable
 from farm.controller.scheduling.controller import Controller
-from farm.controller.scheduling.store import Store
+from farm.controller.store import SQLiteStore as Store
 from farm.web.server import Operator, start_dashboard
 from results_file import write_results  # benchmarks/ is on sys.path when a benchmark runs
 

@@ -190,7 +190,7 @@ def _list_jobs_loop(address: str, out: str, ready: "multiprocessing.Event", stop
 def large_write(iterations: int) -> dict:
     from farm.controller.grpc_server import serve
     from farm.controller.scheduling.jobfile import load_job_text
-    from farm.controller.scheduling.store import Store
+    from farm.controller.store import SQLiteStore as Store
     from farm.model_generators.generate import write_tiny_onnx
     from farm.proto.results import LatencyStats, RunResult, RunStatus
 
@@ -240,7 +240,7 @@ def registration(sizes: list[int]) -> list[dict]:
     import grpc
 
     from farm.controller.grpc_server import serve
-    from farm.controller.scheduling.store import Store
+    from farm.controller.store import SQLiteStore as Store
     from farm.proto.generated import agent_pb2, agent_pb2_grpc
 
     rows = []

@@ -18,7 +18,7 @@ from farm.proto import strict_json
 def cmd_artifacts_gc(args: argparse.Namespace) -> int:
     from farm.controller import service
     from farm.controller.grpc_server import controller_files
-    from farm.controller.scheduling.store import Store, StoreError, default_db_path
+    from farm.controller.store import StoreError, default_db_path, open_store
 
     if not math.isfinite(args.grace_hours) or not 0 <= args.grace_hours <= 87600:
         raise UserError(f"--grace-hours {args.grace_hours}: give a number of hours between 0 and 87600")
@@ -26,7 +26,7 @@ def cmd_artifacts_gc(args: argparse.Namespace) -> int:
     if not path.exists():
         raise UserError(f"no store at {path}: give the controller's --db")
     try:
-        store = Store(path)
+        store = open_store(path)
     except StoreError as e:
         raise UserError(str(e)) from None
     files = controller_files(store)  # the store's own artifact folder, next to the SQLite file

@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     except FarmError as e:
         return _report_error(args, str(e), e.exit_code, e.problems)
     except sqlite3.Error as e:  # the store failed after it opened (locked by another writer, disk full)
-        from farm.controller.scheduling.store import default_db_path, store_error_message
+        from farm.controller.store import default_db_path, store_error_message
         return _report_error(args, store_error_message(Path(getattr(args, "db", None) or default_db_path()), e),
                              EXIT_BAD_INPUT)
     except ModuleNotFoundError as e:

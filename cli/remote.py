@@ -138,7 +138,7 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
     from farm.controller.auth import TlsFiles, TokenFileError, TokenTable, check_tokens_file, is_loopback
     from farm.controller.grpc_server import DEFAULT_MAX_STREAMS, DEFAULT_MAX_WATCHES, DEFAULT_UPLOAD_QUOTA, serve
     from farm.controller.operations.metrics import MetricsListenError
-    from farm.controller.scheduling.store import DB_ENV, Store, StoreError, default_db_path
+    from farm.controller.store import DB_ENV, StoreError, default_db_path, open_store
 
     _logging(args.verbose)
     tokens_file = args.tokens or os.environ.get("FARM_TOKENS")
@@ -156,7 +156,7 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
             tls = TlsFiles(ca=Path(args.tls_client_ca) if args.tls_client_ca else None,
                            cert=Path(args.tls_cert) if args.tls_cert else None, key=Path(args.tls_key) if args.tls_key else None)
         # the user data folder is farm's own to make; a path someone typed is made only with --create
-        store = Store(Path(args.db) if args.db else default_db_path(),
+        store = open_store(Path(args.db) if args.db else default_db_path(),
                       create_folder=args.create or not (args.db or os.environ.get(DB_ENV)))
         running = serve(store, args.listen, tokens=tokens, tls=tls, lease_ttl_s=args.lease_ttl,
                         heartbeat_interval_s=args.heartbeat_interval, metrics_listen=args.metrics_listen,

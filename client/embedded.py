@@ -23,7 +23,8 @@ from farm.client.api import (
 )
 from farm.controller import service
 from farm.controller.scheduling.controller import Controller
-from farm.controller.scheduling.store import DB_ENV, Store, StoreError, default_db_path
+from farm.controller.store import DB_ENV, StoreError, default_db_path, open_store
+from farm.controller.store.rows import plain
 
 POLL_S = 0.3  # how often `wait` looks at a job another process runs
 
@@ -59,7 +60,7 @@ class EmbeddedFarm(Farm):
         # the user data folder (no --db, no FARM_DB) is farm's own to make; a path someone typed is not
         create = create or (not db and not os.environ.get(DB_ENV))
         try:
-            self.store = Store(path, create_folder=create)
+            self.store = open_store(path, create_folder=create)
         except StoreError as e:
             raise FarmError(str(e)) from None
         self.controller = Controller(self.store)
@@ -145,7 +146,7 @@ class EmbeddedFarm(Farm):
                 raise FarmError(f"cannot start the background run of job {job_id}: {e}; `farm resume {job_id}` "
                                 "runs it in this terminal", EXIT_ENVIRONMENT) from None
         # the background process owns it now: `farm status` and `farm watch` follow that process
-        self.store.update_job(job_id, owner_pid=process.pid)
+        self.store.jobs.update(job_id, owner_pid=process.pid)
         return log
 
     def _health_check_before(self, lab: list[Any], targets: list[str], on_progress: OnProgress | None,
@@ -189,7 +190,7 @@ class EmbeddedFarm(Farm):
         from farm.client.runner import run_job_embedded
 
         # the stored spec is the validated one, sizes in bytes: read, not validated again
-        row = self.store.job(job)
+        row = self.store.jobs.get(job)
         if row is None:
             raise FarmError(f"no job {job} in {self.store.path}; `farm jobs` lists the jobs there.")
         timeout = (json.loads(row["spec_json"]).get("timeouts") or {}).get("job")
@@ -214,7 +215,7 @@ class EmbeddedFarm(Farm):
         if status in TERMINAL:
             raise FarmError(f"job {job} is {status}; only an interrupted or queued job can be resumed.")
         if status == "running":
-            raise FarmError(f"job {job} is still running in process {(self.store.job(job) or {}).get('owner_pid')}; cancel it "
+            raise FarmError(f"job {job} is still running in process {(plain(self.store.jobs.get(job)) or {}).get('owner_pid')}; cancel it "
                             "first or wait.")
         self.controller.resume(job)
 
@@ -238,11 +239,11 @@ class EmbeddedFarm(Farm):
         """The lab's device list, each with health, its last reference-suite check and calibration age."""
         from farm.controller.operations.refresh import last_reference_checks
 
-        health = self.store.device_health_by_name()
+        health = self.store.devices.health_by_name()
         checks = last_reference_checks(self.store)
         rows = []
         for d in self.lab():
-            newest = self.store.newest_calibration_at(d.name)
+            newest = self.store.calibrations.newest_at(d.name)
             h = health.get(d.name)
             rows.append({"name": d.name, "driver": d.entry.driver,
                          "device_type": d.device_type.name if d.device_type else None, "tags": d.tags,

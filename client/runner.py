@@ -16,7 +16,7 @@ from farm.agents.agent import Agent
 from farm.agents.lab import LabDevice
 from farm.agents.sim.driver import SimDriver
 from farm.controller.scheduling.controller import Controller
-from farm.controller.scheduling.store import Store
+from farm.controller.store import Store
 from farm.proto.results import RunResult
 from farm.proto.tasks import TaskSpec
 
@@ -41,7 +41,7 @@ def run_job_embedded(store: Store, job_id: int, *, slots: int = 1, backend: str 
     if job_timeout_s:
         def job_timed_out() -> None:
             controller.cancel_job(job_id)
-            store.update_job(job_id, message=f"canceled: the job exceeded timeouts.job = {job_timeout_s:g} s")
+            store.jobs.update(job_id, message=f"canceled: the job exceeded timeouts.job = {job_timeout_s:g} s")
         timer = threading.Timer(job_timeout_s, job_timed_out)
         timer.daemon = True
         timer.start()

@@ -46,7 +46,8 @@ from farm.controller.analysis.results import run_records
 from farm.controller.scheduling.sessions import AgentSession, DeviceTaken, Sessions
 from farm.controller import service as answers
 from farm.controller.service import ServiceError
-from farm.controller.scheduling.store import Store
+from farm.controller.store import Store
+from farm.controller.store.rows import plain
 from farm.controller.scheduling.submission import load_submitted_job
 from farm.proto import strict_json
 from farm.proto.escape import bounded_message, printable
@@ -121,7 +122,7 @@ class FarmServer:
     def start(self) -> None:
         # After a restart: this process owns the open jobs, and running leases get a full TTL
         # so their agents have time to reconnect before anything is re-queued.
-        self.store.adopt_unfinished(os.getpid(), socket.gethostname(), time.time() + self.controller.lease_ttl_s)
+        self.store.leases.adopt_unfinished(os.getpid(), socket.gethostname(), time.time() + self.controller.lease_ttl_s)
         self.results.start()
         self.dispatcher.start()
 
@@ -216,7 +217,7 @@ class FarmServer:
     def cancel_job(self, job_id: int) -> int:
         """Cancel in the store, then tell the agents running its tasks now rather than at their next heartbeat."""
         n = self.controller.cancel_job(job_id)
-        rows = self.store.running_attempts(job_id=job_id)
+        rows = self.store.leases.running_attempts(job_id=job_id)
         with self._lock:
             for row in rows:
                 session = self.sessions.get(row["leased_by"] or "")
@@ -246,7 +247,7 @@ class FarmServer:
         """The devices a job can target: every non-sim device an agent has registered (online or not)."""
         types = load_device_types()
         return [DeviceTarget(r["name"], types.get(r["device_type"] or ""), json.loads(r["tags_json"] or "[]"))
-                for r in self.store.device_rows(sim=False)]
+                for r in self.store.devices.all(sim=False)]
 
     def artifact_path(self, sha256: str) -> Path | None:
         """The stored artifact with this content hash: uploaded, or copied in from a models root at submit."""
@@ -397,7 +398,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
 
     def _job(self, job_id: int, context: grpc.ServicerContext) -> dict[str, Any]:
         """The job, when this caller may read it; another team's job in a `team` lab is as good as absent."""
-        job = self.server.store.job(job_id)
+        job = plain(self.server.store.jobs.get(job_id))
         if job is None or not self._viewer(context).may_read(job, self.server.job_sharing):
             context.abort(grpc.StatusCode.NOT_FOUND, f"no job {job_id} on this controller; `farm jobs` lists its jobs")
         assert job is not None  # abort() raised otherwise
@@ -408,7 +409,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         service refuses a job that does not exist (service._need_job), so the answer tells nothing more."""
         viewer = self._viewer(context)
         for job_id in job_ids:
-            job = self.server.store.job(job_id) if job_id else None
+            job = plain(self.server.store.jobs.get(job_id)) if job_id else None
             if job is not None and not viewer.may_read(job, self.server.job_sharing):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no job {job_id} in this farm; `farm jobs` lists them")
 
@@ -463,7 +464,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         identity = identity_of(context, self.server.tokens)
         owner = identity.owner if self.server.tokens is not None and identity.role == "client" else None
         if owner is not None and self.server.upload_quota is not None:
-            used = self.server.store.upload_usage(owner)
+            used = self.server.store.artifacts.upload_usage(owner)
             if used + max(0, first.size) > self.server.upload_quota:
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                               f"this token's uploads hold {used:,} bytes of its {self.server.upload_quota:,} byte quota, "
@@ -485,7 +486,7 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
             log.warning("an upload sent nothing for %g s; cut (--upload-idle-timeout)", idle.idle_s)
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         if owner is not None:
-            self.server.store.record_upload(first.sha256, owner, first.size, time.time())
+            self.server.store.artifacts.record_upload(first.sha256, owner, first.size, time.time())
         log.info("artifact %s stored (%d bytes)", first.sha256[:12], first.size)
         return farm_pb2.UploadArtifactResponse(sha256=first.sha256, size=first.size)
 
@@ -531,14 +532,14 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         return farm_pb2.ListJobsResponse(jobs=[_job_info_message(answers.job_info_of(job)) for job in rows])
 
     def ListDevices(self, request: farm_pb2.ListDevicesRequest, context: grpc.ServicerContext) -> farm_pb2.ListDevicesResponse:
-        rows = self.server.store.devices()
+        rows = self.server.store.devices.all()
         return farm_pb2.ListDevicesResponse(devices=[common_pb2.Device(
             name=r["name"], driver=r["driver"] or "", device_type=r["device_type"] or "",
             tags=json.loads(r["tags_json"] or "[]"), facts_json=r["facts_json"] or "{}", slots=r["slots"] or 0,
             state=r["state"] or "", agent=r["agent"] or "", last_seen=r["last_seen"] or 0.0) for r in rows])
 
     def ListAgents(self, request: farm_pb2.ListAgentsRequest, context: grpc.ServicerContext) -> farm_pb2.ListAgentsResponse:
-        rows = self.server.store.agents()
+        rows = self.server.store.devices.agents()
         agents = []
         for r in rows:
             session = self.server.sessions.get(r["name"])

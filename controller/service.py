@@ -23,7 +23,8 @@ import yaml
 from farm.controller.scheduling.artifacts import GC_GRACE_S
 from farm.controller.scheduling.controller import Controller, progress_of, status_of
 from farm.controller.scheduling.jobfile import JobFileError, ResolvedJob, load_job_text
-from farm.controller.scheduling.store import Store
+from farm.controller.store import Store
+from farm.controller.store.rows import plain
 from farm.proto.results import UNENFORCED_BUDGET
 
 GROUP_ALL = "(all)"
@@ -128,25 +129,25 @@ def collect_artifacts(store: Store, artifacts: Any, *, grace_s: float = GC_GRACE
                       dry_run: bool = False) -> dict[str, Any]:
     """Remove the artifact store's files no job names; artifacts is a scheduling.artifacts.ArtifactStore."""
     check_finite("grace", grace_s, 0, 3650 * 86400.0)
-    removed = artifacts.collect(store.referenced_artifacts(), grace_s, dry_run=dry_run)
+    removed = artifacts.collect(store.artifacts.referenced(), grace_s, dry_run=dry_run)
     if not dry_run:  # what is gone no longer counts against its uploader's quota
-        store.forget_uploads([name[:64] for name, _ in removed if not name.startswith(".")])
+        store.artifacts.forget_uploads([name[:64] for name, _ in removed if not name.startswith(".")])
     return {"removed": [name for name, _ in removed], "files": len(removed), "bytes": sum(size for _, size in removed),
             "dry_run": dry_run, "store": str(artifacts.root)}
 
 
 def _need_job(store: Store, job: int) -> None:
-    if store.job(job) is None:
+    if store.jobs.get(job) is None:
         raise ServiceError(f"no job {job} in this farm; `farm jobs` lists them")
 
 
 # --- jobs --------------------------------------------------------------------------------------
 def job_info(controller: Controller, job_id: int) -> dict[str, Any] | None:
     """A job and its progress as `farm status --json` shows it (farm.client.api.JobInfo's fields), or None."""
-    job = controller.store.job(job_id)
+    job = plain(controller.store.jobs.get(job_id))
     if job is None:
         return None
-    return job_info_of(job, controller.store.task_counts(job_id))
+    return job_info_of(job, controller.store.jobs.task_counts(job_id))
 
 
 def job_infos(controller: Controller, limit: int, visible_to: tuple[str, str | None] | None = None) -> list[dict[str, Any]]:
@@ -318,7 +319,7 @@ def finish_refresh(store: Store, job: int, *, k: float, max_slope_change: float,
     values = [check_finite("--k", k, 0.1, 1000)] + [check_finite(name, v, 0, 1000) for name, v in (
         ("--max-slope-change", max_slope_change), ("--max-prediction-shift", max_prediction_shift),
         ("--max-intercept-change", max_intercept_change), ("--max-r2-drop", max_r2_drop))]
-    row = store.job(job)
+    row = store.jobs.get(job)
     if row is None or row["kind"] != HEALTH_CHECK:
         raise ServiceError(f"job {job} is not a reference suite farm submitted; `farm refresh` starts one")
     if row["status"] not in ("completed", "failed", "canceled"):
@@ -340,7 +341,7 @@ class MeasureFirst:
 
 def _reusable_job(store: Store, sha256: str, threads: int, source: dict[str, Any]) -> int | None:
     """A job measured with the same sim budget and workload that has this model at these threads."""
-    for row in store.completed_jobs_with_model(sha256, threads):
+    for row in store.jobs.completed_with_model(sha256, threads):
         spec = json.loads(row["spec_json"])
         if spec["sim"] == source["sim"] and spec["workload"] == source["workload"]:
             return row["id"]
@@ -399,7 +400,7 @@ def predict(store: Store, model: Path, model_name: str, device: str, metrics: li
             raise ServiceError(f"calibration #{newest.id if newest else '?'} does not record its sim budget; refit it")
         job_id = _reusable_job(store, facts.sha256, t, source)
         if job_id is None:  # a measurement of this question that did not complete says why below
-            job_id = next((j for j in measured_jobs if store.model_tasks(j, facts.sha256, t)), None)
+            job_id = next((j for j in measured_jobs if store.jobs.model_tasks(j, facts.sha256, t)), None)
         if job_id is None:
             return MeasureFirst(_measurement(model, model_name, t, source), t)
         values = [v for v in job_values(store, job_id, "latency", include_contended=include_contended, target="sim")
@@ -409,7 +410,7 @@ def predict(store: Store, model: Path, model_name: str, device: str, metrics: li
                                f"cores; job {job_id}, `farm results {job_id} --json` shows why): measure again on "
                                "quieter cores, or pass --include-contended")
         if not values:
-            task = store.model_tasks(job_id, facts.sha256, t)
+            task = store.jobs.model_tasks(job_id, facts.sha256, t)
             why = f"{task[0]['failure_class']}: {task[0]['message']}" if task else "no run"
             raise ServiceError(f"the sim run of {model_name} at {t} thread(s) did not complete ({why}); job {job_id}")
         runtime = values[0].runtime

@@ -18,7 +18,7 @@ from farm.controller.operations.alerts import Webhook, alerts_from_environment, 
 from farm.controller.grpc_server import serve
 from farm.controller.scheduling.jobfile import DeviceTarget, load_job_text
 from farm.controller.scheduling.schedule import MAX_ATTEMPTS
-from farm.controller.scheduling.store import Store
+from farm.controller.store import SQLiteStore as Store
 from farm.proto.results import FailureClass, RunResult
 
 

@@ -21,6 +21,7 @@ SMALL_FORMS = {
                    ["tasks/s, submit to last result stored", "pending → driver start"]),
     "lease": (["lease.py", "--depths", "1000", "--leases", "20", "--no-old", "--no-write"], ["| pending |"]),
     "list_jobs": (["list_jobs.py", "--pending", "4000", "--calls", "5", "--no-write"], ["| EmbeddedFarm.jobs(50) |"]),
+    "store_size": (["store_size.py", "--runs", "20"], ["bytes per run"]),
 }
 
 

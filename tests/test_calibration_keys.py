@@ -17,7 +17,7 @@ from farm.controller.analysis.calibrations import calibration_history, fit_and_s
 from farm.controller.analysis.ranking import rank_job
 from farm.controller.analysis.results import run_records
 from farm.controller.scheduling.schedule import pair_key
-from farm.controller.scheduling.store import Store
+from farm.controller.store import SQLiteStore as Store
 from farm.proto.results import LatencyStats, RunResult, RunStatus
 
 SIM_MS = [3.0, 5.5, 8.0, 12.0, 17.0, 25.0]  # six models, batch 1 in the sim
@@ -53,9 +53,9 @@ def _measure(store: Store, job: int, device: str | None, model: int, batch: int,
             "model_param_count": facts["param_count"], "threads": 1, "batch_size": batch, "input_size": None,
             "repeat": 0, "status": "running", "attempts": 1, "max_attempts": 3, "pair_key": key, "leased_by": "agent-1",
             "spec_json": "{}", "priority": 1, "created_at": time.time()}).last_pk
-        task = store.db["tasks"].get(task_id)
+        task = store.jobs.task(task_id)
         result = RunResult(status=RunStatus.COMPLETED, backend="test", latency=_latency(ms), environment=environment)
-        store.record_run(task, 1, "agent-1", time.time(), result, {"status": "completed"})
+        store.runs.record(task, 1, "agent-1", time.time(), result, {"status": "completed"})
 
 
 def _lab(tmp_path: Path) -> tuple[Store, int]:

@@ -22,7 +22,7 @@ from farm.agents.sandbox.docker_build import BuildPolicy
 from farm.agents.sim.driver import SimDriver
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import load_job_text
-from farm.controller.scheduling.store import Store
+from farm.controller.store import SQLiteStore as Store
 from farm.proto.results import FailureClass, RunStatus
 from farm.proto.tasks import TaskSpec
 from user_python_image import ensure_user_python_image

@@ -6,9 +6,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import farm.controller.scheduling.store
+import farm.controller.scheduling.controller
 
-CONTROLLER = Path(farm.controller.scheduling.store.__file__).resolve().parent
+CONTROLLER = Path(farm.controller.scheduling.controller.__file__).resolve().parent
 PACKAGE = "farm.controller."
 
 

@@ -92,7 +92,7 @@ targets: [tag:phones, nano-1]
 
     # the Jetson's power mode is part of its calibration key: with enough models it is fitted per mode,
     from farm.controller.analysis.calibrations import pair_within_job
-    from farm.controller.scheduling.store import Store
+    from farm.controller.store import SQLiteStore as Store
     nano_pairs = pair_within_job(Store(tmp_path / "farm.db"), 1, "nano-1", "latency")
     # and so is its architecture (this fake Nano is the test machine: its `uname -m`)
     import platform

@@ -26,7 +26,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from farm.controller.auth import is_loopback
 from farm.controller.grpc_server import startup_warnings
-from farm.controller.scheduling.store import Store
+from farm.controller.store import SQLiteStore as Store
+from farm.controller.store.samples import unpack_iterations
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2, farm_pb2, farm_pb2_grpc
 from farm.proto.results import LatencyStats, RunResult, RunStatus
 from farm.proto.wire import MAX_RESULT_BYTES, MAX_SAMPLES, result_for_the_wire, result_to_message
@@ -274,7 +275,7 @@ def test_an_oversized_result_fails_its_task_as_job_and_the_stream_goes_on(lab: C
     with lab.db() as db:
         status, failure, message = db.execute("SELECT status, failure_class, message FROM tasks WHERE id = ?",
                                               [task.task_id]).fetchone()
-        assert db.execute("SELECT COUNT(*) FROM iterations").fetchone()[0] == 0
+        assert db.execute("SELECT COUNT(*) FROM run_samples").fetchone()[0] == 0
     assert (status, failure) == ("failed", "job") and "over the 8388608 byte limit per result" in message
 
 
@@ -349,7 +350,8 @@ def test_a_script_printing_millions_of_timings_stalls_nothing(tmp_path: Path, ti
         run_id, status, message = db.execute("SELECT id, status, message FROM runs WHERE job_id = ?", [jobs[0]]).fetchone()
         assert status == "completed", message
         assert f"kept the first {MAX_SAMPLES} of 2200000 per-iteration timings" in message
-        assert db.execute("SELECT COUNT(*) FROM iterations WHERE run_id = ?", [run_id]).fetchone()[0] == MAX_SAMPLES
+        (packed,) = db.execute("SELECT iterations FROM run_samples WHERE run_id = ?", [run_id]).fetchone()
+        assert len(unpack_iterations(packed)) == MAX_SAMPLES
         assert db.execute("SELECT latency_count FROM summaries WHERE run_id = ?", [run_id]).fetchone()[0] == 2_200_000
         assert db.execute("SELECT status FROM jobs ORDER BY id").fetchall() == [("completed",), ("completed",)]
     assert stat.S_IMODE((tmp_path / "controller.db").stat().st_mode) == 0o600  # hygiene: the store is private

@@ -362,7 +362,7 @@ def test_embedded_a_model_replaced_between_submit_and_run_is_not_measured(tmp_pa
     from farm.client.runner import run_job_embedded
     from farm.controller.scheduling.controller import Controller
     from farm.controller.scheduling.jobfile import load_job
-    from farm.controller.scheduling.store import Store
+    from farm.controller.store import SQLiteStore as Store
 
     shutil.copy(tiny_models["onnx"], tmp_path / "m.onnx")
     job_file = tmp_path / "job.yaml"

@@ -15,7 +15,7 @@ from conftest import write_job
 from farm.client.runner import run_job_embedded
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import DeviceTarget, HostCapacity, load_job_text
-from farm.controller.scheduling.store import Store
+from farm.controller.store import SQLiteStore as Store
 from model_fixtures import write_delegate_only_op_tflite
 
 GOOD_WORKLOAD = "workload: {type: benchmark, iterations: 3, warmup: 1}\n"
@@ -297,7 +297,7 @@ def test_a_cpuset_the_agent_lacks_fails_the_run_as_job_without_retry(job_dir: Pa
     store = Store(tmp_path / "store.db")
     job_id = Controller(store).submit(job)
     assert run_job_embedded(store, job_id)
-    task = store.tasks(job_id)[0]
+    task = store.jobs.tasks(job_id)[0]
     assert (task["status"], task["failure_class"], task["attempts"]) == ("failed", "job", 1)
     assert "sim.cpuset '0,4000' names core(s) 4000" in task["message"] and "cannot use" in task["message"]
 

@@ -13,7 +13,8 @@ import sqlite_utils
 
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import DeviceTarget, load_job_text
-from farm.controller.scheduling.store import MIGRATIONS, Store
+from farm.controller.store import SQLiteStore as Store
+from farm.controller.store.schema import MIGRATIONS
 
 
 def _submit(controller: Controller, model: Path, repeats: int, *, priority: str = "normal", target: str = "pixel-9") -> int:

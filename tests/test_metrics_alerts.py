@@ -29,7 +29,7 @@ from farm.controller.operations.alerts import Webhook, alerts_from_environment, 
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import load_job_text
 from farm.controller.operations.metrics import lease_expiries_total, parse_listen, start_metrics_server
-from farm.controller.scheduling.store import Store
+from farm.controller.store import SQLiteStore as Store
 
 
 # --- a webhook receiver ------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import load_job_text
 from farm.controller.operations.reference_suite import HEALTH_CHECK, bundled_suite_text, submit_reference_suite
 from farm.controller.operations.refresh import last_reference_checks
-from farm.controller.scheduling.store import Store
+from farm.controller.store import SQLiteStore as Store
 
 
 @pytest.mark.parametrize("expr, after, expected", [
@@ -80,12 +80,12 @@ def test_the_suite_is_submitted_when_due_and_checked_when_done(tmp_path: Path) -
         assert nightly.tick() is None  # 02:29: not yet
         now[0] = dt.datetime(2026, 11, 22, 2, 30)
         job_id = nightly.tick()
-        job = store.job(job_id)
+        job = store.jobs.get(job_id)
         assert job["name"] == "reference-suite" and job["priority"] == "low" and job["kind"] == HEALTH_CHECK
         # the suite's models were generated beside it on first use, never downloaded
         assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [
             f"mobilenetv2_w{w}_r160.tflite" for w in ("0.35", "0.5", "0.75", "1.0", "1.4")]
-        assert {t["target"] for t in store.tasks(job_id)} == {"g6-1", "sim"}
+        assert {t["target"] for t in store.jobs.tasks(job_id)} == {"g6-1", "sim"}
         assert nightly.tick() is None  # once per scheduled time
         run_job_embedded(store, job_id, devices=lab)
     nightly.tick()  # the finished suite is checked: a first calibration version for the phone
@@ -107,8 +107,8 @@ def test_only_the_suite_farm_submits_is_a_health_check(tmp_path: Path, tiny_mode
     with store.transaction():  # both jobs' phone runs complete: only one of them checked the phone
         store.db.execute("UPDATE tasks SET status = 'completed', finished_at = job_id * 1000.0")
         store.db.execute("UPDATE jobs SET status = 'completed'")
-    assert store.job(user)["name"] == store.job(check)["name"] == "reference-suite"
-    assert [store.job(j)["kind"] for j in (user, check)] == ["user", HEALTH_CHECK]
+    assert store.jobs.get(user)["name"] == store.jobs.get(check)["name"] == "reference-suite"
+    assert [store.jobs.get(j)["kind"] for j in (user, check)] == ["user", HEALTH_CHECK]
     assert last_reference_checks(store) == {"g6-1": check * 1000.0}
     nightly = NightlyRefresh(Store(tmp_path / "farm.db"), suite, Cron.parse("@daily"), lambda: [phone])
     assert nightly.checked == {check}  # a restarted controller knows which refreshes it already checked

@@ -15,7 +15,7 @@ from adb_emulator import AdbDeviceEmulator
 from conftest import write_job
 from farm.agents.android.adb import load_or_create_lab_key
 from farm.agents.harness.onnxruntime_profile import OrtProfileError, ort_op_profile, parse_ort_profile
-from farm.controller.scheduling.store import Store
+from farm.controller.store import SQLiteStore as Store
 from farm.proto.op_profile import MAX_NODES, MAX_OP_TYPES, NODE, OP_TYPE, OpProfileRow, bounded, from_dicts
 
 
@@ -141,7 +141,7 @@ targets: [g6-1]
     assert "Convolution (NHWC, QU8) GEMM" in table and "exposes no op profiler" in table
     store = Store(tmp_path / "farm.db")
     try:
-        assert len(store.op_profiles([phone_run["run"]])[phone_run["run"]]) == len(phone_run["op_profile"])
+        assert len(store.runs.op_profiles([phone_run["run"]])[phone_run["run"]]) == len(phone_run["op_profile"])
     finally:
         store.close()
 

@@ -15,7 +15,7 @@ from scipy.stats import kendalltau
 from farm.controller.analysis.calibrations import fit_and_store, pair_within_job
 from farm.controller.analysis.ranking import rank_job
 from farm.controller.scheduling.schedule import pair_key
-from farm.controller.scheduling.store import Store
+from farm.controller.store import SQLiteStore as Store
 from farm.proto.results import LatencyStats, RunResult, RunStatus
 
 PHONE = "phone-1"
@@ -51,7 +51,7 @@ def _paired(store: Store, job: int, family: str, index: int, sim_ms: float, phon
             "leased_by": "agent-1", "spec_json": "{}", "priority": 1, "created_at": time.time()}).last_pk
         result = RunResult(status=RunStatus.COMPLETED, backend="test", latency=_latency(ms),
                            environment={"runtime": "litert"})
-        store.record_run(store.db["tasks"].get(task_id), 1, "agent-1", time.time(), result, {"status": "completed"})
+        store.runs.record(store.jobs.task(task_id), 1, "agent-1", time.time(), result, {"status": "completed"})
 
 
 @pytest.fixture

@@ -101,7 +101,7 @@ def test_a_slower_phone_drifts_and_is_quarantined(tmp_path: Path, farm, webhook:
     from prometheus_client.parser import text_string_to_metric_families
 
     from farm.controller.operations.metrics import start_metrics_server
-    from farm.controller.scheduling.store import Store
+    from farm.controller.store import SQLiteStore as Store
     server, port = start_metrics_server(Store(tmp_path / "farm.db"), "127.0.0.1", 0)
     try:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()

@@ -19,7 +19,7 @@ from conftest import write_job
 from farm.controller.analysis import plots
 from farm.controller.analysis.report import ops_section
 from farm.controller.analysis.results import average_repeats, run_records
-from farm.controller.scheduling.store import Store
+from farm.controller.store import SQLiteStore as Store
 
 HOSTILE = "<script>alert(1)</script>$x_{1}$&\"'\x1b[31m"
 LONG = "mobilenetv2_w0.35_r96_a_model_name_long_enough_to_be_cut"

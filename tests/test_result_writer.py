@@ -13,7 +13,7 @@ import pytest
 
 from farm.controller.grpc_server import AgentSession, FarmServer
 from farm.controller.scheduling.jobfile import load_job_text
-from farm.controller.scheduling.store import Store
+from farm.controller.store import SQLiteStore as Store
 from farm.proto.generated import agent_pb2
 from farm.proto.results import LatencyStats, RunResult, RunStatus
 from farm.proto.wire import result_to_message

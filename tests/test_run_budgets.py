@@ -13,7 +13,7 @@ import pytest
 
 from conftest import require_backend, write_job
 from farm.agents.sandbox.base import RUN_PIDS_LIMIT
-from farm.controller.scheduling.store import Store
+from farm.controller.store import SQLiteStore as Store
 
 # 3 GB in 1 MiB writes to /tmp, from a 512m job: it must be stopped long before the end.
 WRITE_3GB_TO_TMP = ("chunk = b'x' * (1 << 20)\n"
@@ -97,7 +97,7 @@ def test_a_job_within_its_disk_quota_runs_and_says_its_quota(backend: str, tmp_p
     run = farm("submit", str(_script_job(tmp_path, tiny_models, script, "{memory: 256m}")), "--backend", backend,
                "--json")
     assert run.returncode == 0, run.stderr
-    [row] = Store(farm_db).run_rows(1)  # the store's first and only job
+    [row] = Store(farm_db).runs.results(1)  # the store's first and only job
     assert row["run_status"] == "completed", row
     expected = "256 MiB (sim.disk)" if os.geteuid() == 0 else "not bounded"
     assert expected in json.loads(row["environment_json"])["disk"], row["environment_json"]

@@ -1,4 +1,5 @@
-"""SQL lives in controller/scheduling/store.py only: every other controller module asks the Store by a method's name.
+"""SQL lives in the store's SQLite implementation (controller/store/) only: every other controller module asks a
+repository by a method's name.
 
 Checked on the source itself (string literals and calls), so a statement pasted back into a
 controller module fails here, whichever test exercises that module."""
@@ -9,9 +10,10 @@ import ast
 import re
 from pathlib import Path
 
-import farm.controller.scheduling.store
+import farm.controller.store
 
-CONTROLLER = Path(farm.controller.scheduling.store.__file__).resolve().parents[1]  # controller/, every role
+CONTROLLER = Path(farm.controller.store.__file__).resolve().parents[1]  # controller/, every role
+STORE = CONTROLLER / "store"
 # A statement's opening words, as SQL writes them (upper case), anywhere in a string literal.
 STATEMENT = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|REPLACE|CREATE|DROP|ALTER|PRAGMA)\s|\bBEGIN IMMEDIATE\b|\bSAVEPOINT\b")
 # Calls that reach SQLite directly, bypassing the Store's methods.
@@ -33,10 +35,10 @@ def sql_outside_store(path: Path) -> list[str]:
 
 
 def test_no_sql_in_controller_modules_but_the_store() -> None:
-    modules = sorted(p for p in CONTROLLER.rglob("*.py") if p.name != "store.py")
+    modules = sorted(p for p in CONTROLLER.rglob("*.py") if STORE not in p.parents)
     assert len(modules) > 10  # the scan looks where the modules are
     found = [hit for module in modules for hit in sql_outside_store(module)]
-    assert not found, "SQL belongs in a named Store method (controller/scheduling/store.py):\n" + "\n".join(found)
+    assert not found, "SQL belongs in a named repository method (controller/store/sqlite.py):\n" + "\n".join(found)
 
 
 def test_the_check_finds_each_kind_of_sql(tmp_path: Path) -> None:

@@ -14,7 +14,8 @@ from farm.agents.harness.script_runner import parse_timing_line
 from farm.agents.harness.stats import latency_stats
 from farm.controller.scheduling.controller import Controller, should_retry
 from farm.controller.scheduling.jobfile import load_job_text
-from farm.controller.scheduling.store import MIGRATIONS, SCHEMA_VERSION, Store
+from farm.controller.store import SQLiteStore as Store
+from farm.controller.store.schema import MIGRATIONS, SCHEMA_VERSION
 from farm.proto.results import FailureClass, LatencyStats, RunResult, RunStatus
 
 
@@ -52,13 +53,13 @@ def test_old_schema_is_migrated_in_place(tmp_path: Path) -> None:
     store = Store(path)
     assert store.schema_version() == SCHEMA_VERSION
     assert "model_param_count" in store.db["tasks"].columns_dict
-    assert store.job(7)["name"] == "old"  # data survives the migration
+    assert store.jobs.get(7)["name"] == "old"  # data survives the migration
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "new.db"
     Store(path).db.execute("UPDATE schema_version SET version = 999")
-    from farm.controller.scheduling.store import StoreError
+    from farm.controller.store import StoreError
     with pytest.raises(StoreError, match="newer farm"):
         Store(path)
 
@@ -108,7 +109,7 @@ def test_infrastructure_failure_is_retried_then_reported(controller: Controller)
         assert t.attempt == attempt
         controller.complete(t.task_id, t.attempt, "a", time.time(),
                             RunResult.failed(FailureClass.INFRASTRUCTURE, "device vanished"))
-    task = controller.store.task(t.task_id)
+    task = controller.store.jobs.task(t.task_id)
     assert task["status"] == "failed" and task["failure_class"] == "infrastructure"
     runs = controller.store.query("SELECT attempt FROM runs WHERE task_id = ? ORDER BY attempt", [t.task_id])
     assert [r["attempt"] for r in runs] == [1, 2, 3]  # every attempt is kept
@@ -135,7 +136,7 @@ def test_kept_task_counts_follow_every_change(controller: Controller, tmp_path: 
     store = controller.store
     job = load_job_text(f"models: [{tiny_models['tflite']}]\nrepeats: 3\n", "job.yaml", tmp_path)
     controller.submit(job)
-    assert store.task_counts_of([1, 2]) == _recounted(store) == {1: {"pending": 2}, 2: {"pending": 3}}
+    assert store.jobs.task_counts_of([1, 2]) == _recounted(store) == {1: {"pending": 2}, 2: {"pending": 3}}
     t = controller.lease("a", {"sim"}, job_id=2)
     controller.complete(t.task_id, t.attempt, "a", time.time(), _ok())
     t = controller.lease("a", {"sim"}, job_id=2)
@@ -143,13 +144,13 @@ def test_kept_task_counts_follow_every_change(controller: Controller, tmp_path: 
     controller.lease("a", {"sim"}, job_id=2)
     controller.lease("b", {"sim"}, job_id=1)
     controller.cancel_job(1)
-    assert store.task_counts_of([1, 2]) == _recounted(store)
-    assert store.task_counts(2) == {"completed": 1, "failed": 1, "running": 1}
+    assert store.jobs.task_counts_of([1, 2]) == _recounted(store)
+    assert store.jobs.task_counts(2) == {"completed": 1, "failed": 1, "running": 1}
     store.db.execute("UPDATE tasks SET job_id = 2, seq = seq + 100 WHERE job_id = 1")  # a raw change is followed too
     store.db.execute("DELETE FROM tasks WHERE status = 'canceled' AND id NOT IN (SELECT task_id FROM runs)")
-    assert store.task_counts_of([1, 2]) == _recounted(store)
-    assert store.task_counts(1) == {} and store.task_counts_of([]) == {}
-    listed = {j["id"]: j for j in store.job_list(10)}
+    assert store.jobs.task_counts_of([1, 2]) == _recounted(store)
+    assert store.jobs.task_counts(1) == {} and store.jobs.task_counts_of([]) == {}
+    listed = {j["id"]: j for j in store.jobs.listing(10)}
     assert (listed[2]["tasks"], listed[2]["completed"], listed[2]["failed"]) == (sum(_recounted(store)[2].values()), 1, 1)
 
 
@@ -166,4 +167,4 @@ def test_a_store_from_before_kept_counts_gets_them_counted(tmp_path: Path, tiny_
     store.close()
     store = Store(path)
     assert store.schema_version() == SCHEMA_VERSION
-    assert store.task_counts(1) == {"completed": 1, "pending": 3} == _recounted(store)[1]
+    assert store.jobs.task_counts(1) == {"completed": 1, "pending": 3} == _recounted(store)[1]

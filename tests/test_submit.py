@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from farm.controller.store.samples import unpack_iterations
+
 from conftest import FARM, write_job
 
 CONTRACT_KEYS = {"job", "task", "model", "target", "threads", "batch_size", "repeat", "status", "failure_class",
@@ -58,7 +60,7 @@ def test_submit_runs_stores_and_prints(small_job: Path, farm, farm_db: Path) -> 
 
     # every per-iteration sample is kept, not only the summary
     db = sqlite3.connect(farm_db)
-    counts = [n for (n,) in db.execute("SELECT COUNT(*) FROM iterations GROUP BY run_id")]
+    counts = [len(unpack_iterations(packed)) for (packed,) in db.execute("SELECT iterations FROM run_samples")]
     # one run per task, or more where a contended run was measured again (sim.on_contention: retry)
     assert len(counts) >= 4 and set(counts) == {25}
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

@@ -17,7 +17,7 @@ from farm.agents.sandbox import backend_class
 from farm.agents.sim.driver import SimDriver, SimSlot
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import load_job_text
-from farm.controller.scheduling.store import Store
+from farm.controller.store import SQLiteStore as Store
 from farm.proto.device_types import load_device_types
 from farm.proto.generated import common_pb2
 from farm.proto.results import RunResult, RunStatus, run_result_from_dict

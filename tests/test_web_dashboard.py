@@ -35,7 +35,7 @@ def _seed(db: Path) -> int:
     from farm.controller.analysis.calibration import Pair
     from farm.controller.analysis.calibrations import PairedRun, fit_and_store
     from farm.controller.scheduling.controller import Controller
-    from farm.controller.scheduling.store import Store
+    from farm.controller.store import SQLiteStore as Store
 
     store = Store(db)
     names = [HOSTILE_MODEL] + [f"net-{k}" for k in range(1, 8)]

@@ -58,7 +58,7 @@ def _run_matrix_job(db: Path, model: Path) -> int:
     """A job over threads 1, 2, 4 with two repeats, run through lease/complete as an agent would report it."""
     from farm.controller.scheduling.controller import Controller
     from farm.controller.scheduling.jobfile import load_job_text
-    from farm.controller.scheduling.store import Store
+    from farm.controller.store import SQLiteStore as Store
 
     store = Store(db)
     controller = Controller(store)
@@ -89,7 +89,7 @@ def test_farm_web_serves_a_local_store_open_on_loopback(cluster: Cluster, tiny_m
     status, headers, body = _get(f"{url}jobs/{job_id}/results.json")
     assert status == 200 and "attachment" in headers["Content-Disposition"]
     from farm.controller.analysis.results import run_records
-    from farm.controller.scheduling.store import Store
+    from farm.controller.store import SQLiteStore as Store
     assert json.loads(body) == json.loads(json.dumps(run_records(Store(db), job_id)))
     status, headers, csv_text = _get(f"{url}jobs/{job_id}/results.csv")
     assert status == 200 and csv_text.count("\n") == 1 + 6 and csv_text.startswith("job,task,")
@@ -228,7 +228,7 @@ def test_a_calibrations_history_and_drift_over_refreshes(tmp_path: Path) -> None
     from farm.controller.analysis.calibrations import PairedRun, fit_and_store
     from farm.controller.scheduling.controller import Controller
     from farm.controller.operations.refresh import DriftThresholds, drift_between, record_drift
-    from farm.controller.scheduling.store import Store
+    from farm.controller.store import SQLiteStore as Store
     from farm.web.server import Operator, start_dashboard
 
     store = Store(tmp_path / "farm.db")
@@ -259,7 +259,7 @@ def test_idle_connections_cannot_take_every_thread(tmp_path: Path) -> None:
     import socket
 
     from farm.controller.scheduling.controller import Controller
-    from farm.controller.scheduling.store import Store
+    from farm.controller.store import SQLiteStore as Store
     from farm.web.server import MAX_CONNECTIONS, Operator, start_dashboard
 
     store = Store(tmp_path / "farm.db")

@@ -19,7 +19,7 @@ import pytest
 
 from farm.controller.auth import Identity, TokenTable
 from farm.controller.scheduling.controller import Controller
-from farm.controller.scheduling.store import Store
+from farm.controller.store import SQLiteStore as Store
 from farm.web.server import HEADER_DEADLINE_S, MAX_CONNECTIONS_PER_ADDRESS, Operator, start_dashboard
 from farm.web.session import LOGIN_BURST
 

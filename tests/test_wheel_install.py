@@ -72,10 +72,10 @@ def test_farm_refresh_runs_the_bundled_suite_from_a_wheel(installed: Path, tmp_p
     # the controller's nightly path (what --refresh-cron calls) submits the same bundled suite, as a health check
     script = ("from farm.controller.operations.nightly import Cron, NightlyRefresh\n"
               "from farm.controller.scheduling.jobfile import DeviceTarget\n"
-              "from farm.controller.scheduling.store import Store, default_db_path\n"
+              "from farm.controller.store import SQLiteStore as Store, default_db_path\n"
               "store = Store(default_db_path())\n"
               "job = NightlyRefresh(store, None, Cron.parse('@daily'), lambda: [DeviceTarget('g6-1')]).submit()\n"
-              "row = store.job(job)\n"
-              "print(row['name'], row['kind'], row['priority'], len(store.tasks(job)))\n")
+              "row = store.jobs.get(job)\n"
+              "print(row['name'], row['kind'], row['priority'], len(store.jobs.tasks(job)))\n")
     nightly = _run([str(installed / "python"), "-c", script], cwd=tmp_path, env=env)
     assert nightly.stdout.split() == ["reference-suite", "health_check", "low", "20"], nightly.stderr

@@ -32,7 +32,8 @@ from farm.controller.auth import Identity, TlsFiles, TokenTable, bearer_token, i
 from farm.controller.scheduling.controller import Controller
 from farm.controller.analysis.results import run_records
 from farm.controller import service as answers
-from farm.controller.scheduling.store import Store
+from farm.controller.store import Store
+from farm.controller.store.rows import plain
 from farm.web import pages, views
 from farm.web.session import COOKIE, LoginThrottle, Session, SessionSigner
 
@@ -131,7 +132,7 @@ class Dashboard:
         return answers.Viewer(identity.owner or f"line-{identity.line}", identity.team)
 
     def readable_job(self, job_id: int, identity: Identity) -> dict[str, Any]:
-        job = self.store.job(job_id)
+        job = plain(self.store.jobs.get(job_id))
         if job is None or not self.viewer(identity).may_read(job, self.job_sharing):
             raise Refused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
         return job
@@ -349,7 +350,7 @@ class Dashboard:
             return Response(HTTPStatus.OK, data.encode(), kind,
                             {"Content-Disposition": f'attachment; filename="farm-job-{job_id}.{download}"'})
         if query.get("part") == "progress":
-            job, summary = self.store.job(job_id), views.job_summary(self.store, job_id)
+            job, summary = plain(self.store.jobs.get(job_id)), views.job_summary(self.store, job_id)
             if job is None or summary is None:  # removed since the check above
                 raise Refused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
             return Response(HTTPStatus.OK, pages.job_progress_part(job, summary["progress"]).encode())

@@ -15,7 +15,8 @@ from typing import Any
 from farm.controller.analysis.calibrations import METRICS, stored_calibration
 from farm.controller.operations.refresh import last_reference_checks
 from farm.controller.analysis.results import paired_records, run_records
-from farm.controller.scheduling.store import Store
+from farm.controller.store import Store
+from farm.controller.store.rows import plain, plain_rows
 from farm.web.svg import Band, Chart
 
 JOBS_SHOWN = 200  # newest jobs on the jobs page; older ones by URL
@@ -54,8 +55,8 @@ class LabView:
 def lab_view(store: Store, now: float | None = None) -> LabView:
     now = now or time.time()
     checks = last_reference_checks(store)
-    calibrated = store.dashboard_calibration_times()
-    running = store.dashboard_running_tasks()
+    calibrated = store.calibrations.newest_by_device()
+    running = plain_rows(store.reads.running_tasks())
     by_target: dict[str, list[dict[str, Any]]] = {}
     for task in running:
         by_target.setdefault(task["target"], []).append(task)
@@ -64,13 +65,13 @@ def lab_view(store: Store, now: float | None = None) -> LabView:
                          changed_at=d["changed_at"], last_check=checks.get(d["name"]),
                          calibration_age_s=now - calibrated[d["name"]] if d["name"] in calibrated else None,
                          current=by_target.get(d["name"], []))
-               for d in store.dashboard_devices()]
+               for d in store.reads.devices()]
     known = {d.name for d in devices}
     # a device only calibrated so far (embedded labs register none): listed, its health unknown
     devices += [DeviceRow(name=name, device_type=None, driver=None, agent=None, state="unknown", health="unknown",
                           reason=None, changed_at=None, last_check=checks.get(name), calibration_age_s=now - at,
                           current=by_target.get(name, [])) for name, at in sorted(calibrated.items()) if name not in known]
-    return LabView(devices, store.dashboard_agents(), running, store.dashboard_queue())
+    return LabView(devices, plain_rows(store.reads.agents()), running, plain_rows(store.reads.queue()))
 
 
 def job_progress(counts: dict[str, int]) -> dict[str, int]:
@@ -83,10 +84,10 @@ def job_progress(counts: dict[str, int]) -> dict[str, int]:
 def jobs_view(store: Store, limit: int = JOBS_SHOWN,
               visible_to: tuple[str, str | None] | None = None) -> tuple[list[dict[str, Any]], int]:
     """The newest jobs; visible_to (owner, team) keeps to what that viewer may read (service.Viewer)."""
-    jobs = store.dashboard_jobs(limit, visible_to)
+    jobs = plain_rows(store.reads.jobs(limit, visible_to))
     for j in jobs:
         j["progress"] = job_progress(j.pop("counts"))
-    return jobs, store.dashboard_job_count(visible_to)
+    return jobs, store.reads.job_count(visible_to)
 
 
 @dataclass
@@ -176,10 +177,10 @@ def _op_table(profile: Any) -> tuple[list[str], list[list[Any]]] | None:
 
 
 def job_view(store: Store, job_id: int) -> JobView | None:
-    job = store.job(job_id)
+    job = plain(store.jobs.get(job_id))
     if job is None:
         return None
-    progress = job_progress(store.dashboard_job_status_counts(job_id))
+    progress = job_progress(store.jobs.task_counts(job_id))
     records = run_records(store, job_id)
     rows = averages(records)
     tables = []
@@ -193,10 +194,10 @@ def job_view(store: Store, job_id: int) -> JobView | None:
 
 def job_summary(store: Store, job_id: int) -> dict[str, Any] | None:
     """What the live parts of a job page poll for."""
-    job = store.job(job_id)
+    job = store.jobs.get(job_id)
     if job is None:
         return None
-    return {"id": job_id, "status": job["status"], "progress": job_progress(store.dashboard_job_status_counts(job_id))}
+    return {"id": job_id, "status": job["status"], "progress": job_progress(store.jobs.task_counts(job_id))}
 
 
 @dataclass
@@ -208,7 +209,7 @@ class CalibrationSummary:
 
 def calibrations_view(store: Store) -> list[CalibrationSummary]:
     out = []
-    for row in store.dashboard_latest_calibrations():
+    for row in store.calibrations.latest():
         cal = stored_calibration(row).calibration
         out.append(CalibrationSummary({k: v for k, v in row.items() if k != "fit_json"}, cal.unsafe,
                                       cal.chosen_fit.formula))
@@ -241,7 +242,7 @@ def key_label(row: dict[str, Any]) -> str:
 
 
 def calibration_view(store: Store, calibration_id: int) -> CalibrationView | None:
-    row = store.dashboard_calibration(calibration_id)
+    row = plain(store.calibrations.get(calibration_id))
     if row is None:
         return None
     cal = stored_calibration(row).calibration
@@ -262,7 +263,7 @@ def calibration_view(store: Store, calibration_id: int) -> CalibrationView | Non
     models = [{"model": p.model, "family": p.family, "sim": p.x, "device": p.y, "fitted": f.estimate, "low": f.low,
                "high": f.high} for p, f in zip(cal.pairs, fitted)]
     versions = []
-    for v in store.dashboard_calibration_versions(row):
+    for v in store.calibrations.versions(row["id"]):
         c = stored_calibration(v).calibration
         versions.append({"id": v["id"], "version": v["version"], "created_at": v["created_at"], "kind": v["kind"],
                          "n": v["n"], "r2": v["r2"], "loo_mape": v["loo_mape"], "kendall_tau": v["kendall_tau"],
@@ -271,7 +272,7 @@ def calibration_view(store: Store, calibration_id: int) -> CalibrationView | Non
     history = Chart("R² and leave-one-out error over versions", "version", "value", integer_x=True, series={
         "R²": [(v["version"], v["r2"]) for v in versions if v["r2"] is not None],
         "LOO error (fraction)": [(v["version"], v["loo_mape"]) for v in versions if v["loo_mape"] is not None]})
-    drift = store.dashboard_drift(row["device"], row["metric"], row["threads"])
+    drift = plain_rows(store.calibrations.drift_history(row["device"], metric=row["metric"], threads=row["threads"]))
     drift_chart = Chart("drift at each refresh (relative to the calibration before)", "refresh", "change",
                         integer_x=True, series={
         name: [(i, d[column]) for i, d in enumerate(drift, 1) if d[column] is not None]

@@ -14,19 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from farm.controller.analysis.calibration import Calibration, FitResult, Pair, PopulationPrior, Prior, calibrate
-from farm.controller.scheduling.store import Store
+from farm.controller.store import METRIC_UNITS, Store
+from farm.controller.store.rows import RowLike
 
 MiB = 1 << 20
 
-# metric name -> (SQL expression over summaries s / runs r, unit)
-METRICS: dict[str, tuple[str, str]] = {
-    "latency": ("s.latency_avg_ms", "ms"),
-    "whole_run": ("COALESCE(r.whole_run_s, r.wall_s)", "s"),
-    "peak_memory": (f"s.peak_memory_bytes / {float(MiB)}", "MB"),
-    "avg_memory": (f"s.avg_memory_bytes / {float(MiB)}", "MB"),
-    # Only boards with power rails (Jetsons) measure it; the sim has no rails, so its side is latency.
-    "energy": ("json_extract(r.environment_json, '$.energy_per_inference_mj')", "mJ"),
-}
+# metric name -> (the store's name for it, unit); the store maps a name to its columns (controller/store)
+METRICS: dict[str, tuple[str, str]] = {name: (name, unit) for name, unit in METRIC_UNITS.items()}
 SIM_SIDE = {"energy": "latency"}  # metrics whose sim value is another metric
 ALL_FAMILIES = ""  # the family key of a fit over every family
 # Model facts offered as extra regressors; each is kept only where leave-one-out says it helps.
@@ -55,7 +49,7 @@ class MeasuredValue:
     precision: str = "fp32"
 
 
-def _metric_sql(metric: str) -> str:
+def _metric_name(metric: str) -> str:
     if metric not in METRICS:
         raise CalibrationError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
     return METRICS[metric][0]
@@ -65,16 +59,16 @@ def contended_left_out(store: Store, job_ids: list[int]) -> int:
     """Completed runs of these jobs that pair selection leaves out as contended (to say how many).
 
     A contended sim run measured other work as much as the model: pairs leave it out unless asked."""
-    return store.contended_completed_runs(job_ids)
+    return store.calibrations.contended_completed_runs(job_ids)
 
 
 def job_values(store: Store, job_id: int, metric: str, *, include_contended: bool = False,
                target: str | None = None) -> list[MeasuredValue]:
     """The metric of every completed run of a job (the attempt that counted); contended runs only if asked;
     one target's runs only (the sim or a device) when given."""
-    if store.job(job_id) is None:
+    if store.jobs.get(job_id) is None:
         raise CalibrationError(f"no job {job_id} in {store.path}")
-    rows = store.completed_values(job_id, _metric_sql(metric), include_contended=include_contended, target=target)
+    rows = store.calibrations.completed_values(job_id, _metric_name(metric), include_contended=include_contended, target=target)
     out = []
     for row in rows:
         if row["value"] is None:
@@ -130,11 +124,11 @@ def pair_within_job(store: Store, job_id: int, device: str, metric: str, *,
                     include_contended: bool = False) -> list[PairedRun]:
     """A job's device runs beside their sim twins (same pair key), completed on both sides; a twin
     whose run was contended only if asked."""
-    expr = _metric_sql(metric)
-    sim_expr = _metric_sql(SIM_SIDE.get(metric, metric))
-    if store.job(job_id) is None:
+    expr = _metric_name(metric)
+    sim_expr = _metric_name(SIM_SIDE.get(metric, metric))
+    if store.jobs.get(job_id) is None:
         raise CalibrationError(f"no job {job_id} in {store.path}")
-    rows = store.paired_values(job_id, device, sim_expr, expr, include_contended=include_contended)
+    rows = store.calibrations.paired_values(job_id, device, sim_expr, expr, include_contended=include_contended)
     out = []
     for row in rows:
         if row["x"] is None or row["y"] is None:
@@ -156,7 +150,7 @@ def pair_within_job(store: Store, job_id: int, device: str, metric: str, *,
 
 
 def job_devices(store: Store, job_id: int) -> list[str]:
-    return store.job_targets(job_id)
+    return store.jobs.targets(job_id)
 
 
 @dataclass
@@ -178,7 +172,7 @@ class StoredCalibration:
 def calibration_source(store: Store, sim_job: int, device_job: int | None = None) -> dict[str, Any]:
     """The jobs a calibration came from, and what a prediction needs to measure a new model exactly
     as its sim side was (budget and workload). device_job None: device runs and twins in one job."""
-    job = store.job(sim_job)
+    job = store.jobs.get(sim_job)
     if job is None:
         raise ValueError(f"no job {sim_job} in {store.path}")
     spec = json.loads(job["spec_json"])
@@ -238,7 +232,7 @@ def lab_prior(store: Store, device: str, metric: str, key: CalibrationKey, famil
               features: list[str]) -> Prior:
     """What the lab already knows: this device's newest log_ridge fit for the key, else the mean of
     the newest ones of other devices of the same device type, else "device = constant factor × sim"."""
-    rows = store.calibration_fits(metric, key.threads, key.runtime, key.batch_size, key.input_size, key.precision, family)
+    rows = store.calibrations.fits(metric, key.threads, key.runtime, key.batch_size, key.input_size, key.precision, family)
     newest: dict[str, tuple[int, dict[str, Any]]] = {}
     for row in rows:
         fit = json.loads(row["fit_json"])["fits"].get("log_ridge")
@@ -258,7 +252,7 @@ def lab_prior(store: Store, device: str, metric: str, key: CalibrationKey, famil
 def lab_population(store: Store, device: str, metric: str, key: CalibrationKey, family: str) -> PopulationPrior:
     """The shipped population prior, with the newest chosen fit of every *other* device the store holds
     for this key added as more devices of the population (those that used MACs and size in log space)."""
-    rows = store.calibration_fits(metric, key.threads, key.runtime, key.batch_size, key.input_size, key.precision, family)
+    rows = store.calibrations.fits(metric, key.threads, key.runtime, key.batch_size, key.input_size, key.precision, family)
     newest: dict[str, FitResult] = {}
     for row in rows:
         if row["device"] != device and row["device"] not in newest:
@@ -268,14 +262,14 @@ def lab_population(store: Store, device: str, metric: str, key: CalibrationKey, 
 
 
 def _device_type(store: Store, device: str) -> str | None:
-    return store.device_type(device)
+    return store.devices.device_type(device)
 
 
 def _store_one(store: Store, device: str, metric: str, key: CalibrationKey, family: str,
                cal: Calibration, runs: list[PairedRun], source: dict[str, Any]) -> StoredCalibration:
     chosen = cal.fits[cal.chosen]
     threads, runtime = key.threads, key.runtime
-    cal_id, version = store.add_calibration({
+    cal_id, version = store.calibrations.add({
         "device": device, "metric": metric, "threads": threads, "runtime": runtime, "precision": key.precision,
         "batch_size": key.batch_size, "input_size": key.input_size,
         "family": family, "created_at": time.time(), "kind": cal.chosen, "n": chosen.n,
@@ -290,7 +284,7 @@ def _store_one(store: Store, device: str, metric: str, key: CalibrationKey, fami
                              key.batch_size, key.input_size, key.precision)
 
 
-def stored_calibration(row: dict[str, Any]) -> StoredCalibration:
+def stored_calibration(row: RowLike) -> StoredCalibration:
     return StoredCalibration(row["id"], row["device"], row["metric"], row["threads"], row["runtime"], row["family"],
                              row["version"], Calibration.from_json(json.loads(row["fit_json"])),
                              json.loads(row["source"] or "{}"), row.get("batch_size") or 1, row.get("input_size"),
@@ -298,7 +292,7 @@ def stored_calibration(row: dict[str, Any]) -> StoredCalibration:
 
 
 def calibration_history(store: Store, device: str | None = None, metric: str | None = None) -> list[dict[str, Any]]:
-    rows = store.calibration_rows(device, metric)
+    rows = [{k: v for k, v in r.items() if k not in ("a", "b")} for r in store.calibrations.rows(device, metric)]
     for r in rows:
         r["warnings"] = json.loads(r.pop("warnings_json") or "[]")
         calibration = Calibration.from_json(json.loads(r.pop("fit_json")))
@@ -319,7 +313,7 @@ def current_calibration(store: Store, device: str, metric: str, threads: int, ru
     """
     for fam in ([family] if family else []) + [ALL_FAMILIES]:
         # a sim run's plain runtime matches each power mode of a board's calibrations: the newest wins
-        row = store.newest_calibration(device, metric, threads, fam, runtime=runtime, batch_size=batch_size,
+        row = store.calibrations.newest(device, metric, threads, fam, runtime=runtime, batch_size=batch_size,
                                        input_size=input_size, precision=precision)
         if row:
             return stored_calibration(row)
@@ -327,7 +321,7 @@ def current_calibration(store: Store, device: str, metric: str, threads: int, ru
 
 
 def devices_with_calibrations(store: Store) -> list[str]:
-    return store.calibrated_devices()
+    return store.calibrations.devices()
 
 
 def add_predictions(store: Store, job_id: int, records: list[dict[str, Any]], devices: list[str],

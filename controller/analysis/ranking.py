@@ -14,7 +14,7 @@ from typing import Any
 from scipy.stats import kendalltau
 
 from farm.controller.analysis.calibrations import CalibrationError, contended_left_out, current_calibration, job_values
-from farm.controller.scheduling.store import Store
+from farm.controller.store import Store
 
 
 class RankError(ValueError):
@@ -40,7 +40,7 @@ def _measured_columns(store: Store, job: int, metric: str, include_contended: bo
                       label: str) -> list[tuple[str, dict[Cell, dict[str, tuple[float, str | None, dict[str, float]]]]]]:
     """A job's measured columns: one per device target from that device's own runs, or the job's sim
     runs when it has no device target (a job run under another budget)."""
-    targets = store.job_targets(job)
+    targets = store.jobs.targets(job)
     if not targets:
         return [(label, _means(store, job, metric, include_contended, target="sim"))]
     return [(f"{t} ({label})", _means(store, job, metric, include_contended, target=t)) for t in targets]
@@ -65,7 +65,7 @@ def rank_job(store: Store, job: int, metric: str, *, device_jobs: list[int], dev
     and a predicted column per calibrated device; τ against the sim over the models both sides have."""
     try:
         sim = _means(store, job, metric, include_contended, target="sim")
-        measured = _measured_columns(store, job, metric, include_contended, f"job {job}") if store.job_targets(job) else []
+        measured = _measured_columns(store, job, metric, include_contended, f"job {job}") if store.jobs.targets(job) else []
         for d in device_jobs:
             measured += _measured_columns(store, d, metric, include_contended, f"job {d}")
     except CalibrationError as e:

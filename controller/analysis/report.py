@@ -27,7 +27,8 @@ from farm.controller.analysis.calibrations import METRICS, StoredCalibration, st
 from farm.controller.analysis.plots import Figure, plain, safe_file_name
 from farm.controller.analysis.ranking import RankError, rank_job
 from farm.controller.analysis.results import average_repeats, run_records
-from farm.controller.scheduling.store import Store
+from farm.controller.store import Store
+from farm.controller.store.rows import CalibrationRow, plain_rows
 from farm.proto.escape import printable
 
 FIGURE_SIZE_IN = (6.4, 4.8)
@@ -45,8 +46,8 @@ class ReportError(ValueError):
 
 def calibrations_for_job(store: Store, job_id: int) -> list[StoredCalibration]:
     """The newest version of every calibration fitted on this job's runs (either side)."""
-    newest: dict[tuple, dict[str, Any]] = {}
-    for row in store.calibrations_using_job(job_id):
+    newest: dict[tuple, CalibrationRow] = {}
+    for row in store.calibrations.using_job(job_id):
         newest[(row["device"], row["metric"], row["threads"], row["runtime"], row["family"])] = row
     return [stored_calibration(r) for r in newest.values()]
 
@@ -140,7 +141,7 @@ def residual_figure(c: StoredCalibration) -> bytes:
 def _job_name(store: Store, job_id: Any) -> str:
     if not isinstance(job_id, int):
         return ""
-    job = store.job(job_id)
+    job = store.jobs.get(job_id)
     return f"job {job_id}" + (f" ({job['name']})" if job and job["name"] else "" if job else " (not in this store)")
 
 
@@ -304,7 +305,7 @@ def telemetry_section(store: Store, records: list[dict[str, Any]], figures: list
             label = f"t{r['threads']}" + (f" b{r['batch_size']}" if r["batch_size"] != 1 else "") \
                 + (f" r{r['input_size']}" if r["input_size"] else "") + (f" on {plain(r['target'], 24)}" if r["target"] != "sim" else "") \
                 + f" rep {r['repeat']}"
-            lines.append((label, store.telemetry(r["run"])))
+            lines.append((label, plain_rows(store.runs.telemetry(r["run"]))))
         fig = plots.telemetry_figure(model, lines)
         if fig is not None:
             figures.append(fig)
@@ -391,7 +392,7 @@ pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f8f8f8;padding:.5em}
 
 def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str]]:
     """The page, its figures (also written with --png) and the warnings shown at its top."""
-    job = store.job(job_id)
+    job = store.jobs.get(job_id)
     if job is None:
         raise ReportError(f"no job {job_id} in {store.path}; `farm jobs` lists the jobs there.")
     records = run_records(store, job_id)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from farm.controller.scheduling.store import Store
+from farm.controller.store import Store
+from farm.controller.store.rows import RowLike, plain_rows
 from farm.proto.spec import SimBudget, default_cpus
 from farm.proto.tasks import sim_budget
 
@@ -26,7 +27,7 @@ def _round(v: float | None, digits: int = 4) -> float | None:
     return None if v is None else round(v, digits)
 
 
-def _limits(row: dict[str, Any], sim: SimBudget | None) -> dict[str, Any]:
+def _limits(row: RowLike, sim: SimBudget | None) -> dict[str, Any]:
     """The budget a run really had; for a sim task not run yet, the budget it will be given."""
     if row["run_id"] is not None or sim is None:
         return {"cpus": row["limits_cpus"], "cpuset": row["limits_cpuset"], "memory_mb": row["limits_memory_mb"]}
@@ -38,7 +39,7 @@ def samples_per_s(throughput: float | None, batch_size: int | None) -> float | N
     return None if throughput is None else throughput * (batch_size or 1)
 
 
-def _planned_sim(row: dict[str, Any]) -> SimBudget | None:
+def _planned_sim(row: RowLike) -> SimBudget | None:
     """A sim task's budget as its plan holds it (matrix.cpus, sim.cpus...); None on a device, which has none imposed."""
     if row["target"] != "sim":
         return None
@@ -48,7 +49,7 @@ def _planned_sim(row: dict[str, Any]) -> SimBudget | None:
 def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[str, Any]]:
     """One record per task; with `ops`, each carries its run's op profile (`op_profile`: op types, then nodes)."""
     records, notes = [], []
-    for row in store.run_rows(job_id):
+    for row in store.runs.results(job_id):
         facts = json.loads(row["model_facts_json"] or "{}")
         environment = json.loads(row["environment_json"] or "{}")  # read once: several figures come from it
         sim = _planned_sim(row)
@@ -108,11 +109,11 @@ def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[st
             "tool_versions": json.loads(row["tool_versions_json"]) if row["tool_versions_json"] else {},
         })
     if ops:
-        profiles = store.op_profiles([r["run"] for r in records if r["run"] is not None])
+        profiles = store.runs.op_profiles([r["run"] for r in records if r["run"] is not None])
         for r, note in zip(records, notes, strict=True):
-            r["op_profile"] = profiles.get(r["run"], [])
+            r["op_profile"] = plain_rows(profiles.get(r["run"], []))
             r["op_profile_note"] = note  # why a run asked for a profile and has none
-    job = store.job(job_id)
+    job = store.jobs.get(job_id)
     spec = json.loads(job["spec_json"]) if job else {}
     if spec.get("predict_for"):
         from farm.controller.analysis.calibrations import add_predictions

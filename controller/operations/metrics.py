@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from farm.controller.scheduling.counters import lease_expiries_total, record_lease_expiries
 from farm.controller.operations.reference_suite import HEALTH_CHECK
 from farm.controller.scheduling.schedule import PRIORITY_RANK
-from farm.controller.scheduling.store import Store
+from farm.controller.store import Store
 from farm.proto.results import TaskStatus
 
 log = logging.getLogger("farm.controller.operations.metrics")
@@ -63,14 +63,14 @@ class StoreCollector(Collector):
         depth = GaugeMetricFamily("farm_queue_depth", "Pending tasks waiting for an agent, by job priority.",
                                   labels=["priority"])
         pending = {name: 0 for name in PRIORITY_RANK}
-        for priority, n in self.store.pending_by_priority().items():
+        for priority, n in self.store.reads.pending_by_priority().items():
             name = PRIORITY_NAMES.get(priority, str(priority))
             pending[name] = pending.get(name, 0) + n
         for name, n in pending.items():
             depth.add_metric([name], n)
         by_state = GaugeMetricFamily("farm_tasks", "Tasks in the store, by state.", labels=["state"])
         states = {status.value: 0 for status in TaskStatus}
-        states.update(self.store.tasks_by_status())
+        states.update(self.store.reads.tasks_by_status())
         for state, n in states.items():
             by_state.add_metric([state], n)
         return [depth, by_state]
@@ -81,16 +81,16 @@ class StoreCollector(Collector):
             labels=["device", "health"])
         current: dict[str, str] = {}
         # A registered device with no health row has never been judged: unknown.
-        for row in self.store.device_rows():
+        for row in self.store.devices.all():
             current[row["name"]] = "unknown"
         last_check = GaugeMetricFamily(
             "farm_device_last_health_check_timestamp_seconds",
             "When the device's last reference-suite check completed (Unix time).", labels=["device"])
         # the last check is derived from the reference-suite runs themselves, not stored twice
-        for device, at in sorted(self.store.last_reference_checks(HEALTH_CHECK).items()):
+        for device, at in sorted(self.store.devices.last_reference_checks(HEALTH_CHECK).items()):
             last_check.add_metric([device], float(at))
-        for row in self.store.device_health():
-            current[row["name"]] = row["health"] or "unknown"
+        for judged in self.store.devices.health():
+            current[judged.name] = judged.health or "unknown"
         for device in sorted(current):
             values = HEALTH_VALUES if current[device] in HEALTH_VALUES else (*HEALTH_VALUES, current[device])
             for value in values:
@@ -102,7 +102,7 @@ class StoreCollector(Collector):
                                 "Seconds since the newest calibration of this device and metric was fitted.",
                                 labels=["device", "metric"])
         now = self.clock()
-        for row in self.store.newest_calibration_times():
+        for row in self.store.calibrations.newest_times():
             age.add_metric([row["device"], row["metric"]], max(0.0, now - row["newest"]))
         return [age]
 
@@ -116,7 +116,7 @@ class StoreCollector(Collector):
         exceeded = GaugeMetricFamily(
             "farm_calibration_drift_exceeded", "1 when the latest drift check went beyond its thresholds.",
             labels=["device", "metric", "threads"])
-        for row in self.store.latest_drift():
+        for row in self.store.calibrations.latest_drift():
             labels = [row["device"], row["metric"], "" if row["threads"] is None else str(row["threads"])]
             if row["prediction_shift"] is not None:
                 shift.add_metric(labels, float(row["prediction_shift"]))

@@ -21,7 +21,7 @@ from farm.controller.scheduling.artifacts import GC_GRACE_S, ArtifactStore
 from farm.controller.scheduling.jobfile import DeviceTarget, JobFileError
 from farm.controller.operations.reference_suite import HEALTH_CHECK, SuiteError, submit_reference_suite
 from farm.controller.operations.refresh import after_reference_run
-from farm.controller.scheduling.store import Store
+from farm.controller.store import Store
 
 log = logging.getLogger("farm.nightly")
 # A numeric range written backwards: croniter reads it as wrapping around, cron(8) refuses it.
@@ -94,7 +94,7 @@ class NightlyRefresh:
         self.clock = clock
         self.next_run = cron.next_after(clock())
         # a restarted controller does not re-check old refreshes
-        self.checked: set[int] = set(store.jobs_of_kind(HEALTH_CHECK, ("completed", "failed", "canceled")))
+        self.checked: set[int] = set(store.jobs.of_kind(HEALTH_CHECK, ("completed", "failed", "canceled")))
         self._stop = threading.Event()
 
     def tick(self) -> int | None:
@@ -119,13 +119,13 @@ class NightlyRefresh:
             return None
         log.info("nightly refresh: reference suite submitted as job %d for %d device(s)", job_id, len(devices))
         if self.artifacts is not None:  # the nightly also collects what no job names any more (`farm artifacts gc`)
-            removed = self.artifacts.collect(self.store.referenced_artifacts(), GC_GRACE_S)
-            self.store.forget_uploads([name[:64] for name, _ in removed if not name.startswith(".")])
+            removed = self.artifacts.collect(self.store.artifacts.referenced(), GC_GRACE_S)
+            self.store.artifacts.forget_uploads([name[:64] for name, _ in removed if not name.startswith(".")])
             log.info("nightly: %d artifact(s) no job names removed (%d bytes)", len(removed), sum(n for _, n in removed))
         return job_id
 
     def check_finished(self) -> None:
-        for job_id in self.store.jobs_of_kind(HEALTH_CHECK, ("completed", "failed")):
+        for job_id in self.store.jobs.of_kind(HEALTH_CHECK, ("completed", "failed")):
             if job_id in self.checked:
                 continue
             self.checked.add(job_id)

@@ -19,7 +19,7 @@ from platformdirs import user_data_dir
 from farm.controller.scheduling.artifacts import ArtifactStore
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import DeviceTarget, JobFileError, ResolvedJob, load_job
-from farm.controller.scheduling.store import Store
+from farm.controller.store import Store
 from farm.model_generators.generate import generate_examples, write_if_changed
 from farm.proto.spec import Priority
 

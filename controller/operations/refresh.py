@@ -22,7 +22,7 @@ from farm.controller.analysis.calibrations import (
 )
 from farm.controller.scheduling.controller import Controller
 from farm.controller.operations.reference_suite import HEALTH_CHECK
-from farm.controller.scheduling.store import Store
+from farm.controller.store import Store
 
 
 @dataclass
@@ -90,12 +90,12 @@ def drift_between(old: StoredCalibration, new: StoredCalibration, thresholds: Dr
 
 def record_drift(store: Store, drift: Drift) -> None:
     row = {k: v for k, v in asdict(drift).items() if k != "reasons"}
-    store.add_drift({**row, "exceeded": int(drift.exceeded), "reasons": "; ".join(drift.reasons),
+    store.calibrations.add_drift({**row, "exceeded": int(drift.exceeded), "reasons": "; ".join(drift.reasons),
                      "created_at": time.time()})
 
 
 def drift_history(store: Store, device: str | None = None) -> list[dict[str, Any]]:
-    return store.drift_history(device)
+    return [row.as_dict() for row in store.calibrations.drift_history(device)]
 
 
 @dataclass
@@ -114,7 +114,7 @@ class GoldenOutlier:
 
 
 def _device_latencies(store: Store, job_id: int, device: str) -> dict[tuple[str, int], float]:
-    rows = store.device_latencies(job_id, device)
+    rows = store.runs.device_latencies(job_id, device)
     values: dict[tuple[str, int], list[float]] = {}
     for row in rows:
         if row["latency_avg_ms"] is not None:
@@ -125,12 +125,12 @@ def _device_latencies(store: Store, job_id: int, device: str) -> dict[tuple[str,
 def golden_outliers(store: Store, job_id: int, device: str, *, k: float = 3.0, min_history: int = 2,
                     sigma_floor: float = 0.05) -> list[GoldenOutlier]:
     """Reference models whose latency on `device` left their own history (earlier health checks)."""
-    earlier = store.earlier_jobs_of_kind(HEALTH_CHECK, job_id)
+    earlier = store.jobs.earlier_of_kind(HEALTH_CHECK, job_id)
     history: dict[tuple[str, int], list[float]] = {}
     for jid in earlier:
         for key, value in _device_latencies(store, jid, device).items():
             history.setdefault(key, []).append(value)
-    names = store.job_model_names(job_id)
+    names = store.jobs.model_names(job_id)
     outliers = []
     for key, value in _device_latencies(store, job_id, device).items():
         past = history.get(key, [])
@@ -203,7 +203,7 @@ def report_json(report: RefreshReport) -> dict[str, Any]:
 
 def last_reference_checks(store: Store) -> dict[str, float]:
     """device -> when its last health check (a reference suite farm submitted) completed, in Unix time."""
-    return store.last_reference_checks(HEALTH_CHECK)
+    return store.devices.last_reference_checks(HEALTH_CHECK)
 
 
 def stale_devices(store: Store, devices: list[str], max_age_s: float) -> list[str]:

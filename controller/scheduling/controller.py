@@ -18,7 +18,8 @@ from farm.controller.scheduling.jobfile import ResolvedJob
 from farm.controller.scheduling.counters import record_lease_expiries
 from farm.controller.scheduling.hooks import quarantined
 from farm.controller.scheduling.schedule import PRIORITY_RANK, expand_tasks
-from farm.controller.scheduling.store import Store
+from farm.controller.store import Store
+from farm.controller.store.rows import RowLike, RunningAttempt, TaskRow, plain_rows
 from farm.proto.results import FailureClass, JobStatus, ResultRefused, RunResult, TaskStatus
 from farm.proto.tasks import TaskPlan, TaskSpec
 
@@ -100,7 +101,7 @@ def progress_of(counts: dict[str, int]) -> JobProgress:
         completed=counts.get("completed", 0), failed=counts.get("failed", 0), canceled=counts.get("canceled", 0))
 
 
-def status_of(job: dict[str, Any]) -> str:
+def status_of(job: RowLike) -> str:
     """A job row's status, or 'interrupted' when the process running it has died."""
     if job["status"] not in TERMINAL_JOB and not _pid_alive(job["owner_pid"], job["owner_host"]):
         return JobStatus.INTERRUPTED.value  # stored as interrupted (Ctrl+C), or its process died
@@ -117,7 +118,7 @@ class Controller:
                team: str | None = None) -> int:
         spec = job.spec
         tasks = expand_tasks(job)
-        job_id = self.store.insert_job({
+        job_id = self.store.jobs.insert({
             "name": name or spec.name or (job.source_path.stem if job.source_path else "job"), "kind": kind,
             "status": JobStatus.QUEUED.value, "priority": spec.priority, "created_at": time.time(),
             "spec_json": spec.model_dump_json(), "spec_yaml": job.source,
@@ -126,59 +127,59 @@ class Controller:
             "submitted_by": owner, "team": team,  # whose job it is (service.Viewer); None: the lab's own
         }, tasks)
         # a quarantined device takes no work: its runs in this job fail now, saying why, instead of waiting
-        for row in self.store.quarantined_targets(job_id):
+        for row in self.store.devices.quarantined_targets(job_id):
             self._fail_waiting_tasks(row["name"], row["reason"], job_id=job_id)
         self._finish_job_if_done(job_id)
         return job_id
 
     def _fail_waiting_tasks(self, device: str, reason: str, *, job_id: int | None = None) -> list[int]:
         """Fail the device's pending tasks; returns the jobs they belonged to (once each)."""
-        return self.store.fail_waiting_tasks(
+        return self.store.jobs.fail_waiting_tasks(
             device, f"device {device} is quarantined ({reason}); check it, then `farm device release {device}`",
             time.time(), job_id=job_id)
 
     def cancel_job(self, job_id: int) -> int:
         """Cancel what has not finished. Running tasks stop at their next heartbeat."""
         with self.store.transaction():
-            job = self.store.job(job_id)
+            job = self.store.jobs.get(job_id)
             if job is None or job["status"] in TERMINAL_JOB:
                 return 0
-            n = self.store.cancel_pending_tasks(job_id, "canceled before it ran", time.time())
-            running = self.store.task_counts(job_id).get(TaskStatus.RUNNING.value, 0)
-            self.store.update_job(job_id, status=JobStatus.CANCELED.value, message="canceled by the user")
+            n = self.store.jobs.cancel_pending_tasks(job_id, "canceled before it ran", time.time())
+            running = self.store.jobs.task_counts(job_id).get(TaskStatus.RUNNING.value, 0)
+            self.store.jobs.update(job_id, status=JobStatus.CANCELED.value, message="canceled by the user")
             if not running:
-                self.store.update_job(job_id, finished_at=time.time())
+                self.store.jobs.update(job_id, finished_at=time.time())
         return n + running
 
     def interrupt_job(self, job_id: int, since: float) -> int:
         """Ctrl+C: the job stops here but is not given up. Runs stopped by it (canceled since `since`)
         and unstarted ones wait for `farm resume`; their stopped attempts stay stored as runs."""
         with self.store.transaction():
-            job = self.store.job(job_id)
+            job = self.store.jobs.get(job_id)
             if job is None or job["status"] in (JobStatus.COMPLETED.value, JobStatus.FAILED.value) or (
                     job["status"] == JobStatus.CANCELED.value and job["message"]):  # `farm cancel` or timeouts.job
                 return 0
-            n = self.store.requeue_interrupted_tasks(job_id, since, "interrupted before it finished; `farm resume` runs it")
-            self.store.update_job(job_id, **{
+            n = self.store.jobs.requeue_interrupted_tasks(job_id, since, "interrupted before it finished; `farm resume` runs it")
+            self.store.jobs.update(job_id, **{
                 "status": JobStatus.INTERRUPTED.value, "finished_at": None,
                 "message": f"interrupted (Ctrl+C or SIGTERM); `farm resume {job_id}` runs what is left"})
         return n
 
     def progress(self, job_id: int) -> JobProgress:
-        return progress_of(self.store.task_counts(job_id))
+        return progress_of(self.store.jobs.task_counts(job_id))
 
     def job_status(self, job_id: int) -> str:
         """The stored status, or 'interrupted' when the process running it has died."""
-        job = self.store.job(job_id)
+        job = self.store.jobs.get(job_id)
         if job is None:
             raise KeyError(job_id)
         return status_of(job)
 
     def resume(self, job_id: int) -> int:
         """Take over an interrupted job: its unfinished tasks go back to the queue (each lost attempt a run)."""
-        self.store.update_job(job_id, owner_pid=os.getpid(), owner_host=socket.gethostname(),
+        self.store.jobs.update(job_id, owner_pid=os.getpid(), owner_host=socket.gethostname(),
                               status=JobStatus.QUEUED.value, finished_at=None, message=None)
-        return self.lose_attempts(self.store.running_attempts(job_id=job_id),
+        return self.lose_attempts(self.store.leases.running_attempts(job_id=job_id),
                                   "interrupted: the farm process running it on agent {agent} stopped")
 
     # --- agents ------------------------------------------------------------------
@@ -187,13 +188,13 @@ class Controller:
         self.expire_leases()
         now = time.time()
         with self.store.transaction():
-            first = self.store.next_pending(targets, 1, job_id=job_id)
+            first = self.store.leases.next_pending(targets, 1, job_id=job_id)
             if not first:
                 return None
             task = first[0]
             attempt = task["attempts"] + 1
-            self.store.lease_task(task["id"], attempt, agent, now + self.lease_ttl_s)
-            self.store.start_job(task["job_id"], now)
+            self.store.leases.lease(task["id"], attempt, agent, now + self.lease_ttl_s)
+            self.store.leases.start_job(task["job_id"], now)
         return _task_spec(task, attempt)
 
     def lease_batch(self, slots: list[tuple[str, frozenset[str]]]) -> tuple[list[TaskSpec | None], bool]:
@@ -212,18 +213,18 @@ class Controller:
         with self.store.transaction():
             free = list(range(len(slots)))
             started_jobs: set[int] = set()
-            fetched = self.store.next_pending(wanted, len(slots))
+            fetched = self.store.leases.next_pending(wanted, len(slots))
             for task in fetched:
                 slot = next((i for i in free if task["target"] in slots[i][1]), None)
                 if slot is None:
                     continue  # no free slot serves this target this round
                 free.remove(slot)
                 attempt = task["attempts"] + 1
-                self.store.lease_task(task["id"], attempt, slots[slot][0], now + self.lease_ttl_s)
+                self.store.leases.lease(task["id"], attempt, slots[slot][0], now + self.lease_ttl_s)
                 started_jobs.add(task["job_id"])
                 leased[slot] = _task_spec(task, attempt)
             for job_id in started_jobs:
-                self.store.start_job(job_id, now)
+                self.store.leases.start_job(job_id, now)
         return leased, len(fetched) < len(slots)
 
     def heartbeat(self, task_id: int, attempt: int, agent: str | None = None) -> bool:
@@ -231,17 +232,18 @@ class Controller:
 
         With `agent`, only that agent's own lease is renewed (the gRPC side: agents are not trusted)."""
         with self.store.transaction():
-            row = self.store.lease_state(task_id)
+            row = self.store.leases.state(task_id)
             if row is None:
                 return False
-            status, attempts, expires_at, job_status, leased_by = row
+            status, attempts, expires_at, job_status, leased_by = (row.task_status, row.attempts, row.lease_expires_at,
+                                                                   row.job_status, row.leased_by)
             if status != TaskStatus.RUNNING.value or attempts != attempt or job_status == JobStatus.CANCELED.value:
                 return False
             if agent is not None and leased_by != agent:
                 return False
             if expires_at is not None and expires_at < time.time():
                 return False  # too late: the task may already be another agent's
-            self.store.renew_lease(task_id, time.time() + self.lease_ttl_s)
+            self.store.leases.renew(task_id, time.time() + self.lease_ttl_s)
         return True
 
     def complete(self, task_id: int, attempt: int, agent: str, started_at: float, result: RunResult) -> int | None:
@@ -272,10 +274,10 @@ class Controller:
     def _complete(self, task_id: int, attempt: int, agent: str, started_at: float, result: RunResult,
                   touched_jobs: set[int]) -> "Applied":
         """complete() inside complete_batch's transaction; the caller finishes `touched_jobs` once all are applied."""
-        task = self.store.task(task_id)
+        task = self.store.jobs.task(task_id)
         if task is None:
             raise ResultRefused(f"there is no task {task_id}")
-        job = self.store.job(task["job_id"])
+        job = self.store.jobs.get(task["job_id"])
         assert job is not None  # a task's job is never deleted
         reasons = "; ".join(result.contention.reasons) if result.contention is not None else ""
         contended = result.ok and result.contention is not None and result.contention.contended
@@ -309,23 +311,23 @@ class Controller:
         if fields["status"] in TERMINAL_TASK:
             fields["finished_at"] = time.time()
         fields["leased_by"] = None
-        run_id = self.store.record_run(task, attempt, agent, started_at, result, fields)
+        run_id = self.store.runs.record(task, attempt, agent, started_at, result, fields)
         if (task["target"] != "sim" and fields["status"] == TaskStatus.FAILED.value
                 and result.failure_class == FailureClass.INFRASTRUCTURE):
             self.quarantine(task["target"], f"{attempt} infrastructure failures in a row; last: {result.message}")
         touched_jobs.add(task["job_id"])
         return Applied(run_id, fields["status"])
 
-    def _contention_outcome(self, task: dict[str, Any]) -> str:
+    def _contention_outcome(self, task: TaskRow) -> str:
         policy = TaskPlan.model_validate_json(task["spec_json"]).sim.on_contention
-        return contention_outcome(policy, self.store.contended_runs(task["id"]))
+        return contention_outcome(policy, self.store.runs.contended_runs(task["id"]))
 
     # --- device health -------------------------------------------------------------
     def quarantine(self, device: str, reason: str, *, health: str = "bad") -> int:
         """No more tasks for `device` until it is released; its waiting tasks fail (infrastructure).
 
         health "maintenance" is the same, but chosen by a person rather than found by farm."""
-        self.store.set_device_health(device, health, reason, time.time())
+        self.store.devices.set_health(device, health, reason, time.time())
         jobs = self._fail_waiting_tasks(device, reason)
         for job_id in set(jobs):  # only the jobs that just lost tasks can have finished
             self._finish_job_if_done(job_id)
@@ -333,46 +335,46 @@ class Controller:
         return len(jobs)  # tasks failed (one entry per task)
 
     def release(self, device: str) -> None:
-        self.store.set_device_health(device, "good", "released by a person", time.time())
+        self.store.devices.set_health(device, "good", "released by a person", time.time())
 
     def device_health(self) -> list[dict[str, Any]]:
-        return self.store.device_health()
+        return plain_rows(self.store.devices.health())
 
     def expire_leases(self) -> int:
         """Tasks whose agent stopped renewing go back to the queue (the next lease is attempt + 1).
 
         The lost attempt is stored as a run of its own (infrastructure), so `runs` has every attempt."""
         # read on a reader connection first: the common round finds nothing and so takes no write lock
-        lost = self.store.running_attempts(expired_before=time.time())
+        lost = self.store.leases.running_attempts(expired_before=time.time())
         expired = self.lose_attempts(lost, "lease expired on agent {agent}: it stopped renewing the lease") if lost else 0
         record_lease_expiries(expired)  # farm_lease_expiries_total: agents that went silent mid-task
         return expired
 
-    def lose_attempts(self, running: list[dict[str, Any]], reason: str) -> int:
+    def lose_attempts(self, running: list[RunningAttempt], reason: str) -> int:
         """Running attempts (Store.running_attempts rows) that will not report: each is stored as a failed run
         (infrastructure, `reason` with {agent}) and retried while attempts are left. Returns how many.
 
         Each is checked again inside the transaction: one that reported or moved on meanwhile is left be."""
         now = time.time()
         with self.store.transaction():
-            lost = self.store.running_attempts(task_ids=[t["id"] for t in running]) if running else []
+            lost = self.store.leases.running_attempts(task_ids=[t["id"] for t in running]) if running else []
             current = {(t["id"], t["attempts"], t["leased_by"]) for t in running}
             lost = [t for t in lost if (t["id"], t["attempts"], t["leased_by"]) in current]
             if not lost:
                 return 0
-            failed_jobs = self.store.record_lost_attempts(
+            failed_jobs = self.store.leases.record_lost_attempts(
                 lost, reason, now=now, retry=lambda attempt, most: should_retry(FailureClass.INFRASTRUCTURE, attempt, most))
         for job_id in set(failed_jobs):
             self._finish_job_if_done(job_id)
         return len(lost)
 
     def _finish_job_if_done(self, job_id: int) -> None:
-        if self.store.job_has_open_tasks(job_id):
+        if self.store.jobs.has_open_tasks(job_id):
             return  # the common case
         p = self.progress(job_id)
         if p.pending or p.running:
             return
-        job = self.store.job(job_id)
+        job = self.store.jobs.get(job_id)
         assert job is not None  # it has tasks
         if job["status"] == JobStatus.CANCELED.value or p.canceled:
             status = JobStatus.CANCELED
@@ -380,13 +382,13 @@ class Controller:
             status = JobStatus.COMPLETED
         else:
             status = JobStatus.FAILED
-        self.store.update_job(job_id, status=status.value, finished_at=time.time())
+        self.store.jobs.update(job_id, status=status.value, finished_at=time.time())
 
     def jobs(self, limit: int = 50, visible_to: tuple[str, str | None] | None = None) -> list[dict[str, Any]]:
-        return self.store.job_list(limit, visible_to)
+        return plain_rows(self.store.jobs.listing(limit, visible_to))
 
 
-def _task_spec(task: dict[str, Any], attempt: int) -> TaskSpec:
+def _task_spec(task: TaskRow, attempt: int) -> TaskSpec:
     plan = TaskPlan.model_validate_json(task["spec_json"])
     return TaskSpec(
         task_id=task["id"], job_id=task["job_id"], attempt=attempt, target=task["target"],

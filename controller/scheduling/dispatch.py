@@ -126,7 +126,7 @@ class Dispatcher:
 
     def release(self, task_id: int, reason: str) -> None:
         """A running task goes back to the queue (its attempt stored as lost, `reason` naming {agent})."""
-        self.controller.lose_attempts(self.controller.store.running_attempts(task_ids=[task_id]), reason)
+        self.controller.lose_attempts(self.controller.store.leases.running_attempts(task_ids=[task_id]), reason)
         self._queue_changed = True
 
 

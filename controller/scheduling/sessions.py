@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from farm.controller.scheduling.controller import Controller
-from farm.controller.scheduling.store import Store
+from farm.controller.store import Store
 from farm.proto.escape import printable
 from farm.proto.generated import agent_pb2
 
@@ -63,7 +63,7 @@ class Sessions:
         self.by_name: dict[str, AgentSession] = {}
         self.lock = threading.RLock()
         # Which agent registered each device (online or not): a name stays its agent's until an admin frees it.
-        self.device_owner: dict[str, str] = store.device_owners()
+        self.device_owner: dict[str, str] = store.devices.owners()
 
     def open(self, hello: agent_pb2.Hello, peer: str) -> tuple[AgentSession, list[tuple[int, int]]]:
         """Register a (re)connecting agent; it takes over its own stale session.
@@ -91,7 +91,7 @@ class Sessions:
                 old.taken_over_by = peer
                 old.close()
             self.by_name[hello.agent_name] = session
-            held = self.store.running_attempts(agent=hello.agent_name)
+            held = self.store.leases.running_attempts(agent=hello.agent_name)
             released = []
             for row in held:
                 if (row["id"], row["attempts"]) in still_running:
@@ -114,7 +114,7 @@ class Sessions:
     def record(self, session: AgentSession, state: str) -> None:
         """Store the agent and its devices in `state` (online, draining, offline)."""
         hello, now = session.hello, time.time()
-        self.store.record_agent({
+        self.store.devices.record_agent({
             "name": session.name, "session_id": session.session_id, "state": state,
             "farm_version": hello.farm_version, "capabilities_json": json.dumps(list(hello.capabilities)),
             "hostname": hello.hostname, "peer": session.peer, "connected_at": session.connected_at, "last_seen": now,
@@ -137,7 +137,7 @@ class Sessions:
             if owner in self.by_name:
                 raise ValueError(f"device {name!r} belongs to agent {owner!r}, which is connected: remove the device "
                                  f"from that agent's device list and restart it, or stop the agent, then forget it")
-            self.store.forget_device(name)
+            self.store.devices.forget(name)
             del self.device_owner[name]
         log.info("device %s forgotten: it no longer belongs to agent %s", name, owner)
         return owner

@@ -1,0 +1,67 @@
+"""Bytes a stored run takes: a realistic result (100 timings, 25 telemetry samples, a summary, an environment).
+
+    python benchmarks/store_size.py [--runs 400]
+
+Fills a fresh store through the store's own repositories (leases, then runs.record, as the controller
+does), VACUUMs, and prints the file's growth per run and the time per record. Run it at two commits
+side by side to compare layouts (BENCHMARKS.md, "Packed samples").
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+
+from farm.controller.store import SQLiteStore
+from farm.proto.results import LatencyStats, RunResult, RunStatus, Telemetry, TelemetrySample
+
+
+def _vacuumed_size(path: Path) -> int:
+    conn = sqlite3.connect(path)
+    conn.execute("VACUUM")  # freed pages go back to the file system, so sizes compare
+    conn.close()
+    return path.stat().st_size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=400)
+    runs = parser.parse_args().runs
+    rng = random.Random(3)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "farm.db"
+        store = SQLiteStore(path)
+        store.jobs.insert({"name": "size", "kind": "user", "status": "queued", "priority": "normal", "created_at": 0.0},
+                          [{"seq": i, "target": "sim", "model_name": "m", "threads": 1, "repeat": i, "status": "pending",
+                            "attempts": 0, "max_attempts": 1, "priority": 1} for i in range(runs)])
+        store.close()
+        base = _vacuumed_size(path)
+        store = SQLiteStore(path)
+        with store.transaction():
+            tasks = store.leases.next_pending({"sim"}, runs)
+            for task in tasks:
+                store.leases.lease(task.id, 1, "agent", time.time() + 600)
+        started = time.perf_counter()
+        for task in tasks:
+            result = RunResult(
+                status=RunStatus.COMPLETED, backend="cgroup", wall_s=1.3,
+                latency=LatencyStats(5.1, 3.2, 2.4, 2.0, 2.0, 2.1, 2.2, 0.05, 1.9, 2.3, 100),
+                iterations_ms=[2.0 + rng.gauss(0, 0.05) for _ in range(100)],
+                telemetry=Telemetry(interval_ms=40, cpu_avg_percent=95.0, memory_peak_bytes=60_000_000,
+                                    memory_avg_bytes=55e6, samples=[
+                                        TelemetrySample(i * 0.04, rng.uniform(80, 100), 50_000_000 + rng.randint(0, 1 << 20))
+                                        for i in range(25)]),
+                environment={"runtime": "onnxruntime", "python": "3.11.2"})
+            store.runs.record(task, 1, "agent", time.time(), result, {"status": "completed"})
+        per_record_ms = (time.perf_counter() - started) / runs * 1000
+        store.close()
+        grown = _vacuumed_size(path) - base
+        print(f"{grown / runs:.0f} bytes per run ({runs} runs); {per_record_ms:.2f} ms per runs.record")
+
+
+if __name__ == "__main__":
+    main()
