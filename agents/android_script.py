@@ -89,19 +89,20 @@ def run_script_on_phone(device: AndroidDevice, task: TaskSpec, w: ScriptWorkload
     finally:
         device.shell(f"rm -rf {shlex.quote(run_dir)}", 60, idempotent=True)
     wall_s = time.monotonic() - started
-    environment: dict[str, Any] = {"command": " ".join(argv), "runtime": "script"}
+    environment: dict[str, Any] = {"command": " ".join(argv)}
     end = _END_LINE.search(shell.output)
     if end is None:
         return RunResult.failed(FailureClass.JOB, f"the script could not start on {phone} (status "
                                 f"{shell.exit_status}): {shell.output.strip()[-300:]}", environment=environment,
-                                log_tail=shell.output[-4000:], **base)
+                                log_tail=shell.output[-4000:], runtime="script", **base)
     rc, t0, t1, size = int(end[1]), end[2], end[3], end[4]
     body, _, tail = shell.output[end.end():].partition(f"\n{_TAIL}\n")
     # toybox's date has %N on current Android; where it prints a literal N, the agent's clock stands in
     whole_run_s = (int(t1) - int(t0)) / 1e9 if t0.isdigit() and t1.isdigit() else wall_s
     environment.update({"script_output_bytes": int(size) if size else None,
                         "whole_run_source": "phone" if t0.isdigit() else "agent (the phone's date has no %N)"})
-    common = dict(environment=environment, log_tail=tail[-4000:], whole_run_s=whole_run_s, wall_s=wall_s, **base)
+    common = dict(environment=environment, log_tail=tail[-4000:], whole_run_s=whole_run_s, wall_s=wall_s,
+                  runtime="script", **base)
     if rc == 137:
         return RunResult.failed(FailureClass.TIMEOUT, f"the script ran longer than timeouts.run = "
                                 f"{task.plan.run_timeout_s:g} s on {phone} and was stopped", **common)

@@ -249,7 +249,7 @@ def board_result(task: TaskSpec, board: str, staged: StagedRun, sampled, energy_
                                 f"{log.strip()[-300:] or '(no output)'}", environment=environment, log_tail=log, **base)
     if output.output_tail:
         log = (output.output_tail + "\n" + sampled.result.stderr)[-LOG_TAIL_CHARS:]
-    environment.update({"runtime": output.runtime, "input_shapes": output.input_shapes,
+    environment.update({"input_shapes": output.input_shapes,
                         "input_values": {str(k)[:200]: str(v)[:200] for k, v in list(output.input_values.items())[:64]},
                         "board_harness_sha256": staged.harness.sha256})
     if isinstance(task.plan.workload, ScriptWorkload):
@@ -264,7 +264,8 @@ def board_result(task: TaskSpec, board: str, staged: StagedRun, sampled, energy_
             environment["venv_python"] = staged.venv
     if not output.ok:
         return RunResult.failed(FailureClass(output.failure_class or "bug"), f"{name} on {board}: {output.message}",
-                                environment=environment, log_tail=log, whole_run_s=output.whole_run_s, **base)
+                                environment=environment, log_tail=log, whole_run_s=output.whole_run_s,
+                                runtime=output.runtime, **base)
     if energy_mj is not None and sampled.wall_s > 0:
         environment["energy_mj"] = energy_mj  # the sampled window: the harness's whole life on the board
         n = len(output.iterations_ms)
@@ -280,4 +281,4 @@ def board_result(task: TaskSpec, board: str, staged: StagedRun, sampled, energy_
         startup_ms=startup_ms(latency) if latency else None,
         telemetry=sampled.telemetry(), wall_s=sampled.wall_s, whole_run_s=output.whole_run_s,
         baseline_memory_bytes=output.baseline_rss_bytes, peak_rss_bytes=output.peak_rss_bytes,
-        environment=environment, tool_versions=output.tool_versions, log_tail=log, **base)
+        environment=environment, tool_versions=output.tool_versions, log_tail=log, runtime=output.runtime, **base)

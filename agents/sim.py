@@ -446,7 +446,7 @@ class SimDriver:
             environment["input_shapes"] = output.input_shapes
             # written in the sandbox: bounded, whatever it holds
             environment["input_values"] = {str(k)[:200]: str(v)[:200] for k, v in list(output.input_values.items())[:64]}
-            environment["runtime"] = output.runtime
+            result.runtime = output.runtime
             if output.op_profile_note:  # written in the sandbox: a bounded string, whatever it was
                 environment["op_profile_note"] = str(output.op_profile_note)[:500]
         self._cleanup(run_dir)

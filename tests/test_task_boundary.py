@@ -26,7 +26,7 @@ from farm.proto.results import RunResult, RunStatus, run_result_from_dict
 from farm.proto.job_overrides import OverrideError, apply_overrides
 from farm.proto.spec import BenchmarkWorkload, ScriptWorkload, SimBudget, default_cpus
 from farm.proto.tasks import TaskSpec
-from farm.proto.wire import task_from_message, task_to_message
+from farm.proto.wire import result_from_message, result_to_message, task_from_message, task_to_message
 
 MiB = 1 << 20
 
@@ -201,3 +201,40 @@ def test_a_prediction_from_a_calibration_whose_sim_side_no_longer_validates_says
     source = {"sim": {"memory": 1024}, "workload": {"type": "benchmark"}}  # below 1 MiB: never a real budget
     with pytest.raises(ServiceError, match="sim.*memory.*refit"):
         _measurement(Path(tiny_models["onnx"]), "tiny.onnx", 1, source)
+
+
+# --- a calibration key is a result field: typed on the wire, stored where old rows have it -------
+def test_the_runtime_crosses_the_wire_as_a_field_of_its_own() -> None:
+    result = RunResult(status=RunStatus.COMPLETED, iterations_ms=[1.0], environment={"input_shapes": {}},
+                       runtime="litert")
+    message = result_to_message(result, common_pb2.RunResult())
+    assert message.runtime == "litert" and "runtime" not in json.loads(message.environment_json)
+    assert result_from_message(common_pb2.RunResult.FromString(message.SerializeToString())) == result
+
+
+def test_a_result_from_an_older_agent_has_its_runtime_lifted_out_of_the_environment() -> None:
+    old = result_to_message(RunResult(status=RunStatus.COMPLETED), common_pb2.RunResult())
+    old.environment_json = json.dumps({"runtime": "onnxruntime", "x": 1})  # as this version's predecessor sent it
+    arrived = result_from_message(old)
+    assert arrived.runtime == "onnxruntime" and arrived.environment == {"x": 1}
+    old.environment_json = '{"runtime": [1]}'
+    hostile = result_from_message(old)
+    assert hostile.runtime is None  # not a name: left where it was, never a calibration key
+
+
+def test_a_stored_runtime_reads_back_alike_for_new_and_old_rows(tmp_path: Path, tiny_models) -> None:
+    from farm.controller.analysis.calibrations import job_values
+    from farm.controller.analysis.results import run_records
+
+    os.symlink(tiny_models["tflite"], tmp_path / "tiny.tflite")
+    store = Store(tmp_path / "farm.db")
+    controller = Controller(store)
+    for runtime, environment in (("litert", {}), (None, {"runtime": "onnxruntime"})):  # a new, then an old agent
+        job = controller.submit(load_job_text("models: [tiny.tflite]\n", "job.yaml", tmp_path))
+        task = controller.lease("agent-1", {"sim"}, job_id=job)
+        assert task is not None
+        result = RunResult(status=RunStatus.COMPLETED, whole_run_s=1.5, environment=dict(environment), runtime=runtime)
+        controller.complete(task.task_id, task.attempt, "agent-1", 0.0, result)
+        [value] = job_values(store, job, "whole_run")
+        [record] = run_records(store, job)
+        assert value.runtime == record["runtime"] == (runtime or environment["runtime"])
