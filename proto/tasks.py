@@ -2,7 +2,7 @@
 
 The workload and the sim budget are the job spec's own models (proto/spec.py): a task is
 validated into them wherever it is built — from the store, from the wire, from JSON — so a
-driver reads `task.workload.warmup`, never a dict with a default of its own.
+driver reads `task.plan.workload.warmup`, never a dict with a default of its own.
 """
 
 from __future__ import annotations

@@ -238,3 +238,14 @@ def test_a_stored_runtime_reads_back_alike_for_new_and_old_rows(tmp_path: Path, 
         [value] = job_values(store, job, "whole_run")
         [record] = run_records(store, job)
         assert value.runtime == record["runtime"] == (runtime or environment["runtime"])
+
+
+def test_every_field_of_the_plan_and_the_task_has_a_place_in_the_message() -> None:
+    from farm.proto.tasks import TaskPlan
+    from farm.proto.wire import _PLAN_FIELDS, _TaskExtra
+
+    # a field added to the plan without a place here would be dropped on the way to a remote agent
+    assert set(TaskPlan.model_fields) == {*_PLAN_FIELDS, *_TaskExtra.model_fields}
+    message_fields = {f.name.removesuffix("_json") for f in common_pb2.TaskSpec.DESCRIPTOR.fields}
+    own = set(TaskSpec.model_fields) - {"plan", "script_archive_path"}  # the local path never travels
+    assert message_fields == own | set(_PLAN_FIELDS) | {"extra"}
