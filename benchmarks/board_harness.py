@@ -35,7 +35,7 @@ from farm.agents.board_harness import HARNESS_FILE  # noqa: E402
 from farm.agents.harness.task import HarnessTask  # noqa: E402
 from farm.agents.boards.harness_output import parse_harness_output  # noqa: E402
 from farm.model_generators.generate import generate_examples  # noqa: E402
-from farm.proto.tasks import TaskSpec  # noqa: E402
+from farm.proto.tasks import TaskPlan, TaskSpec  # noqa: E402
 from sshd_peer import sshd_peer  # noqa: E402
 
 
@@ -73,9 +73,9 @@ def overhead(peer, work: Path, runs: int) -> list[float]:
     for i in range(runs):
         task = TaskSpec(task_id=i, job_id=1, attempt=1, target="peer", model_name="m", model_path=str(model),
                         model_sha256=hashlib.sha256(Path(model).read_bytes()).hexdigest(), model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
-                        workload={"type": "script", "command": "python", "script": "noop.py", "args": [],
+                        plan=TaskPlan(workload={"type": "script", "command": "python", "script": "noop.py", "args": [],
                                   "dir": "noop", "pip_requirements": []},
-                        sim={}, run_timeout_s=60, base_dir=str(work))
+                        sim={}, run_timeout_s=60, base_dir=str(work)))
         t0 = time.monotonic()
         result = driver.run(task, lambda: False)
         total = time.monotonic() - t0

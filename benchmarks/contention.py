@@ -42,16 +42,16 @@ from farm.agents.sandbox.process import claim_cpu_weight  # noqa: E402
 from farm.agents.sim.driver import SimDriver, SimSlot  # noqa: E402
 from farm.agents.sim.telemetry import TelemetrySampler  # noqa: E402
 from farm.model_generators.generate import generate_examples  # noqa: E402
-from farm.proto.tasks import TaskSpec  # noqa: E402
+from farm.proto.tasks import TaskPlan, TaskSpec  # noqa: E402
 
 
 def _task(model: Path, iterations: int, backend: str, threads: int, sim: dict) -> TaskSpec:
     return TaskSpec(task_id=0, job_id=0, attempt=1, target="sim", model_name=model.stem, model_path=str(model),
                     model_sha256=hashlib.sha256(Path(model).read_bytes()).hexdigest(), model_family=None, threads=threads, batch_size=1, input_size=None, repeat=0,
-                    workload={"type": "benchmark", "iterations": iterations, "warmup": 10, "input_shapes": {},
+                    plan=TaskPlan(workload={"type": "benchmark", "iterations": iterations, "warmup": 10, "input_shapes": {},
                               "use_xnnpack": True},
                     sim={"memory": 2 << 30, "backend": backend, "sample_interval_ms": 50.0, **sim},
-                    run_timeout_s=600, base_dir=str(model.parent))
+                    run_timeout_s=600, base_dir=str(model.parent)))
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -26,7 +26,7 @@ from farm.agents.environment import host_facts  # noqa: E402
 from farm.agents.sim.driver import SimDriver  # noqa: E402
 from farm.cli.inspect_commands import inspect_report  # noqa: E402
 from farm.controller.scheduling.jobfile import JobFileError, load_job_text  # noqa: E402
-from farm.proto.tasks import TaskSpec  # noqa: E402
+from farm.proto.tasks import TaskPlan, TaskSpec  # noqa: E402
 from real_corpus import CorpusModel, bare_load_error, bare_p50_ms_sandboxed, fetch_corpus  # noqa: E402
 from results_file import write_results  # noqa: E402
 
@@ -36,10 +36,10 @@ def _task(model: CorpusModel, threads: int, cpuset: str, iterations: int) -> Tas
     return TaskSpec(task_id=0, job_id=0, attempt=1, target="sim", model_name=model.name, model_path=str(model.file),
                     model_sha256=hashlib.sha256(model.file.read_bytes()).hexdigest(), model_family=None,
                     threads=threads, batch_size=1, input_size=None, repeat=0,
-                    workload={"type": "benchmark", "iterations": iterations, "warmup": 5,
+                    plan=TaskPlan(workload={"type": "benchmark", "iterations": iterations, "warmup": 5,
                               "input_shapes": model.shapes, "use_xnnpack": True},
                     sim={"cpus": float(threads), "cpuset": cpuset, "memory": 2 << 30, "sample_interval_ms": 50.0},
-                    run_timeout_s=600, base_dir=str(model.file.parent))
+                    run_timeout_s=600, base_dir=str(model.file.parent)))
 
 
 def _farm_refusal(model: CorpusModel) -> str | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from farm.agents.sim.driver import SimDriver
 from farm.model_generators.generate import generate_examples
-from farm.proto.tasks import TaskSpec
+from farm.proto.tasks import TaskPlan, TaskSpec
 
 
 def isolation_overhead(rounds: int, work: Path) -> dict[str, dict[str, float]]:
@@ -37,8 +37,8 @@ def isolation_overhead(rounds: int, work: Path) -> dict[str, dict[str, float]]:
         for label, driver in drivers.items():
             task = TaskSpec(task_id=round_, job_id=1, attempt=1, target="sim", model_name="m", model_path=str(model),
                             model_sha256=sha, model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
-                            workload={"type": "benchmark", "iterations": 50, "warmup": 5},
-                            sim={"backend": "cgroup", "cpuset": "0"}, run_timeout_s=120, base_dir=str(model.parent))
+                            plan=TaskPlan(workload={"type": "benchmark", "iterations": 50, "warmup": 5},
+                            sim={"backend": "cgroup", "cpuset": "0"}, run_timeout_s=120, base_dir=str(model.parent)))
             started = time.perf_counter()
             result = driver.run(task, lambda: False)
             walls[label].append(time.perf_counter() - started)

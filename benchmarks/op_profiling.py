@@ -19,7 +19,7 @@ from pathlib import Path
 
 from farm.agents.sim.driver import SimDriver, SimSlot
 from farm.model_generators.generate import generate_examples
-from farm.proto.tasks import TaskSpec
+from farm.proto.tasks import TaskPlan, TaskSpec
 
 
 def measure(rounds: int, width: float, size: int, work: Path) -> dict[str, dict[str, float]]:
@@ -33,9 +33,9 @@ def measure(rounds: int, width: float, size: int, work: Path) -> dict[str, dict[
         for label in figures:
             task = TaskSpec(task_id=round_, job_id=1, attempt=1, target="sim", model_name="m", model_path=str(model),
                             model_sha256=sha, model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
-                            workload={"type": "benchmark", "iterations": 50, "warmup": 5,
+                            plan=TaskPlan(workload={"type": "benchmark", "iterations": 50, "warmup": 5,
                                       "op_profiling": label == "op_profiling"},
-                            sim={"cpuset": "0"}, run_timeout_s=300, base_dir=str(model.parent))
+                            sim={"cpuset": "0"}, run_timeout_s=300, base_dir=str(model.parent)))
             started = time.perf_counter()
             result = driver.run(task, SimSlot(0), lambda: False)
             if result.latency is None:

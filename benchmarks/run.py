@@ -30,7 +30,7 @@ from farm.agents.sandbox.base import Budget
 from farm.agents.sim.driver import SimDriver
 from farm.agents.sim.telemetry import TelemetrySampler
 from farm.model_generators.generate import generate_examples
-from farm.proto.tasks import TaskSpec
+from farm.proto.tasks import TaskPlan, TaskSpec
 
 MiB = 1 << 20
 ROOT = Path(__file__).resolve().parent
@@ -57,11 +57,11 @@ def sampler_overhead(backend_name: str, seconds: float) -> dict:
 def _task(model: Path, iterations: int, backend: str) -> TaskSpec:
     return TaskSpec(task_id=0, job_id=0, attempt=1, target="sim", model_name=model.stem, model_path=str(model),
                     model_sha256=hashlib.sha256(Path(model).read_bytes()).hexdigest(), model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
-                    workload={"type": "benchmark", "iterations": iterations, "warmup": 10, "input_shapes": {},
+                    plan=TaskPlan(workload={"type": "benchmark", "iterations": iterations, "warmup": 10, "input_shapes": {},
                               "use_xnnpack": True},
                     sim={"cpus": 1.0, "cpuset": "0", "memory": 2 << 30, "backend": backend,
                          "sample_interval_ms": 50.0},
-                    run_timeout_s=600, base_dir=str(model.parent))
+                    run_timeout_s=600, base_dir=str(model.parent)))
 
 
 def _bare(model: Path, iterations: int, work: Path) -> float:

@@ -18,14 +18,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
+from pydantic import TypeAdapter, ValidationError
 
 from farm.controller.scheduling.artifacts import GC_GRACE_S
 from farm.controller.scheduling.controller import Controller, progress_of, status_of
-from farm.controller.scheduling.jobfile import JobFileError, ResolvedJob, load_job_text
+from farm.controller.scheduling.jobfile import JobFileError, ResolvedJob, resolve_job
 from farm.controller.store import Store
 from farm.controller.store.rows import plain
 from farm.proto.results import UNENFORCED_BUDGET
+from farm.proto.spec import JobSpec, Matrix, ModelEntry, SimBudget, Workload, job_file_text
 
 GROUP_ALL = "(all)"
 CALIBRATE_METRICS = ("latency", "whole_run", "peak_memory", "avg_memory", "energy")
@@ -349,13 +350,18 @@ def _reusable_job(store: Store, sha256: str, threads: int, source: dict[str, Any
 
 
 def _measurement(model: Path, model_name: str, threads: int, source: dict[str, Any]) -> ResolvedJob:
-    sim = dict(source["sim"])
-    if sim.get("memory") is not None:
-        sim["memory"] = f"{sim['memory']}b"  # stored as bytes; a job file's sizes carry their unit
-    spec = {"name": f"predict {model_name}", "models": [{"path": str(model), "name": Path(model_name).stem or "model"}],
-            "workload": source["workload"], "sim": sim, "matrix": {"threads": [threads]}, "priority": "interactive"}
+    """The sim job that measures `model` as the calibration's sim side was measured (its budget and workload)."""
     try:
-        return load_job_text(yaml.safe_dump(spec), f"prediction job for {model_name}", model.parent)
+        spec = JobSpec(name=f"predict {model_name}",
+                       models=[ModelEntry(path=str(model), name=Path(model_name).stem or "model")],
+                       workload=TypeAdapter(Workload).validate_python(source["workload"]),
+                       sim=SimBudget.model_validate(source["sim"]),  # bytes, as the calibration stored them
+                       matrix=Matrix(threads=[threads]), priority="interactive")
+    except ValidationError as e:
+        raise ServiceError(f"the calibration's sim side no longer makes a job ({e.errors()[0]['loc']}: "
+                           f"{e.errors()[0]['msg']}); refit it") from None
+    try:
+        return resolve_job(spec, None, job_file_text(spec), f"prediction job for {model_name}", model.parent)
     except JobFileError as e:
         raise ServiceError(str(e)) from None
 

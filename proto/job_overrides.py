@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from farm.proto.spec import JobSpec
+from farm.proto.spec import JOB_FILE, JobSpec
 
 MAX_OVERRIDES = 100
 
@@ -105,7 +105,7 @@ def apply_overrides(text: str, overrides: Sequence[str]) -> str:
         _assign(document, keys, value, shown)
         paths[".".join(keys)] = shown
     try:
-        JobSpec.model_validate(document)
+        JobSpec.model_validate(document, context=JOB_FILE)
     except ValidationError as e:
         problems = []
         for error in e.errors(include_url=False):

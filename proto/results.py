@@ -195,6 +195,15 @@ class RunResult:
     throughput_per_s: float | None = None  # inferences (batches) per second over the timed loop
     startup_ms: float | None = None  # init + first inference: what a cold start costs
     op_profile: list[OpProfileRow] = field(default_factory=list)  # slowest nodes and op types (proto/op_profile.py)
+    # Calibration keys the run decides (the device's are its type's and its facts'): what ran the model
+    # (onnxruntime, litert, script), so a fit never mixes two runtimes. None: a driver that does not say.
+    runtime: str | None = None
+
+    def __post_init__(self) -> None:
+        # a result written before runtime was a field (an older agent, a stored row) had it in its environment
+        if self.runtime is None and isinstance(self.environment.get("runtime"), str):
+            self.runtime = self.environment["runtime"]
+            self.environment = {k: v for k, v in self.environment.items() if k != "runtime"}
 
     @property
     def ok(self) -> bool:
@@ -206,6 +215,11 @@ class RunResult:
     @classmethod
     def failed(cls, failure_class: FailureClass, message: str, **kw: Any) -> "RunResult":
         return cls(status=RunStatus.FAILED, failure_class=failure_class, message=message, **kw)
+
+    def stored_environment(self) -> dict[str, Any]:
+        """The environment as the store keeps it (runs.environment_json): with the calibration keys, where
+        rows of every version have them, so old and new rows read alike."""
+        return self.environment if self.runtime is None else {**self.environment, "runtime": self.runtime}
 
 
 _RUN_RESULT = TypeAdapter(RunResult)

@@ -11,7 +11,8 @@ import re
 import string
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 MEMORY_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 DEFAULT_RUN_DISK = 4 << 30  # sim.disk when neither it nor sim.memory is given
@@ -42,6 +43,25 @@ def parse_memory(value: Any) -> int:
     if size < 1 << 20:
         raise ValueError(f"{value!r} is below 1 MiB; did you mean {m.group(1)}m?")
     return int(size)
+
+
+# The validation context of what a user wrote (a job file, `--set`): there a size must carry its unit.
+JOB_FILE: dict[str, Any] = {"written_by": "user"}
+
+
+def byte_size(value: Any, info: ValidationInfo | None = None) -> int:
+    """A size in bytes: an int as the store and the wire carry it, or a size with its unit ('512m').
+
+    In a job file (validated with the JOB_FILE context) every size goes through parse_memory, so a
+    bare number is refused there as it always was; everywhere else an int is already bytes."""
+    written_by_user = info is not None and info.context is not None and info.context.get("written_by") == "user"
+    if isinstance(value, int) and not isinstance(value, bool) and not written_by_user:
+        if value < 1 << 20:
+            raise ValueError(f"{value} bytes is below 1 MiB")
+        return value
+    if isinstance(value, float) and not written_by_user:
+        raise ValueError(f"{value!r} is not a whole number of bytes")
+    return parse_memory(value)
 
 
 def parse_cpuset(value: str) -> list[int]:
@@ -462,13 +482,13 @@ class SimBudget(Strict):
 
     @field_validator("memory", mode="before")
     @classmethod
-    def _memory(cls, v: Any) -> int | None:
-        return None if v is None else parse_memory(v)
+    def _memory(cls, v: Any, info: ValidationInfo) -> int | None:
+        return None if v is None else byte_size(v, info)
 
     @field_validator("disk", mode="before")
     @classmethod
-    def _disk(cls, v: Any) -> int | None:
-        size = None if v is None else parse_memory(v)
+    def _disk(cls, v: Any, info: ValidationInfo) -> int | None:
+        size = None if v is None else byte_size(v, info)
         if size is not None and size > MAX_RUN_DISK:
             raise ValueError(f"{str(v)[:40]!r} is over {MAX_RUN_DISK >> 40} TiB; a run directory's quota is a "
                              "tmpfs held in memory: write a size like 512m or 2g")
@@ -551,3 +571,14 @@ def job_json_schema() -> dict[str, Any]:
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "farm job"
     return schema
+
+
+def job_file_text(spec: JobSpec) -> str:
+    """A spec farm built itself as the job file that gives it back (what was set; sizes with their unit, as
+    a job file must write them): the text stored with the job, like a user's file."""
+    document = spec.model_dump(mode="json", exclude_unset=True)
+    sim = document.get("sim") or {}
+    for size in ("memory", "disk"):
+        if isinstance(sim.get(size), int):
+            sim[size] = f"{sim[size]}b"
+    return yaml.safe_dump(document)

@@ -13,11 +13,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from google.protobuf.message import Message
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from farm.proto.op_profile import MAX_NODES, MAX_OP_TYPES, bounded
 from farm.proto.results import FailureClass, RunResult, run_result_from_dict
-from farm.proto.tasks import TaskSpec
+from farm.proto.tasks import Sha256, TaskSpec
 
 # One result on the wire, well under the 16 MiB gRPC message limit, so it always arrives whole.
 MAX_RESULT_BYTES = 8 << 20
@@ -82,14 +82,34 @@ def message_to_dict(message: Message) -> dict[str, Any]:
     return out
 
 
+class _TaskExtra(BaseModel):
+    """TaskSpec.extra_json on the wire: the plan's fields that have no field of their own in the message."""
+
+    model_config = ConfigDict(extra="forbid")  # a key this version does not know is refused, as in TaskSpec
+
+    script_archive: Sha256 | None = None
+
+
+# The plan's fields that travel as fields of their own in the TaskSpec message (numbers kept since v1).
+_PLAN_FIELDS = ("workload", "sim", "run_timeout_s", "base_dir")
+
+
 def task_to_message(task: TaskSpec, message: Message) -> Message:
-    return fill_message(message, task)
+    """The task as the message carries it: its own fields, the plan's flattened beside them, the script
+    archive in extra_json (as agents of earlier versions read it); the agent's local archive path stays here."""
+    fields: dict[str, Any] = {name: getattr(task, name) for name in type(task).model_fields
+                              if name not in ("plan", "script_archive_path")}
+    fields.update((name, getattr(task.plan, name)) for name in _PLAN_FIELDS)
+    fields["extra"] = _TaskExtra(script_archive=task.plan.script_archive).model_dump(exclude_none=True)
+    return fill_message(message, fields)
 
 
 def task_from_message(message: Message) -> TaskSpec:
     data = message_to_dict(message)
-    data.setdefault("extra", {})
-    return TaskSpec.model_validate(data)  # the workload and budget become the spec's models again
+    plan = {name: data.pop(name, None) for name in _PLAN_FIELDS}
+    extra = _TaskExtra.model_validate(data.pop("extra", None) or {})
+    # the workload and budget become the spec's models again; a field the model does not know is refused
+    return TaskSpec.model_validate({**data, "plan": {**plan, "script_archive": extra.script_archive}})
 
 
 def result_to_message(result: RunResult, message: Message) -> Message:

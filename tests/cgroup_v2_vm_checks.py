@@ -16,7 +16,7 @@ from farm.agents.sandbox import choose_backend
 from farm.agents.sandbox.base import Budget
 from farm.agents.sandbox.cgroup import CgroupBackend
 from farm.agents.sim.driver import SimDriver
-from farm.proto.tasks import TaskSpec
+from farm.proto.tasks import TaskPlan, TaskSpec
 
 MiB = 1 << 20
 ALLOCATE_400MB = "b = bytearray(400 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('survived')\n"
@@ -62,7 +62,7 @@ def main() -> None:
             sandbox.close()
         task = TaskSpec(task_id=1, job_id=1, attempt=1, target="sim", model_name="m", model_path="/m.tflite",
                         model_sha256="ab" * 32, model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
-                        workload={"type": "script", "script": "hog.py"}, run_timeout_s=120, base_dir="/", sim={})
+                        plan=TaskPlan(workload={"type": "script", "script": "hog.py"}, run_timeout_s=120, base_dir="/", sim={}))
         verdict = SimDriver(cwd / "work", run_as=None)._classify(task, budget, exit_info, None)
         found["oom"]["failure_class"] = verdict.failure_class.value if verdict.failure_class else None
         found["oom"]["message"] = verdict.message

@@ -14,14 +14,14 @@ from adb_emulator import AdbDeviceEmulator, EmulatedPhone
 from farm.agents.android.adb import load_or_create_lab_key
 from farm.agents.android.driver import AndroidDeviceConfig, AndroidDriver, benchmark_command
 from farm.proto.device_types import load_device_types
-from farm.proto.tasks import TaskSpec
+from farm.proto.tasks import TaskPlan, TaskSpec
 
 
 def _task(model: Path, threads: int = 1) -> TaskSpec:
     return TaskSpec(task_id=1, job_id=1, attempt=1, target="phone", model_name=model.stem, model_path=str(model),
                     model_sha256="", model_family=None, threads=threads, batch_size=1, input_size=None, repeat=0,
-                    workload={"type": "benchmark", "iterations": 50, "warmup": 2, "use_xnnpack": True},
-                    sim={}, run_timeout_s=30, base_dir=str(model.parent))
+                    plan=TaskPlan(workload={"type": "benchmark", "iterations": 50, "warmup": 2, "use_xnnpack": True},
+                    sim={}, run_timeout_s=30, base_dir=str(model.parent)))
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_the_command_uses_the_types_flags_and_taskset_mask(tmp_path: Path) -> No
     assert command.count("--num_runs=") == 1  # the job's run count wins over the profile's default
     assert "--enable_op_profiling" not in command  # profiling costs time: only when the job asks
     task = _task(tmp_path / "m.tflite", threads=2)
-    task.workload = task.workload.model_copy(update={"op_profiling": True})
+    task.plan.workload = task.plan.workload.model_copy(update={"op_profiling": True})
     assert "--enable_op_profiling=true" in benchmark_command("bm", "m.tflite", task, pixel)
 
 

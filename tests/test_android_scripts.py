@@ -11,7 +11,7 @@ from adb_emulator import AdbDeviceEmulator
 from farm.agents.android.adb import load_or_create_lab_key
 from farm.agents.android.driver import AndroidDeviceConfig, AndroidDriver
 from farm.proto.device_types import load_device_types
-from farm.proto.tasks import TaskSpec
+from farm.proto.tasks import TaskPlan, TaskSpec
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def _task(model: Path, script_dir: Path, timeout_s: float = 60, **workload) -> T
          "dir": script_dir.name, "pip_requirements": [], **workload}
     return TaskSpec(task_id=3, job_id=1, attempt=1, target="g6-1", model_name=model.stem, model_path=str(model),
                     model_sha256="", model_family=None, threads=2, batch_size=1, input_size=None, repeat=0,
-                    workload=w, sim={}, run_timeout_s=timeout_s, base_dir=str(script_dir.parent))
+                    plan=TaskPlan(workload=w, sim={}, run_timeout_s=timeout_s, base_dir=str(script_dir.parent)))
 
 
 def _run(tmp_path: Path, lab_key: Path, task: TaskSpec):

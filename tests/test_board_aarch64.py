@@ -16,7 +16,7 @@ import pytest
 
 from farm.agents.boards.driver import BoardDeviceConfig, BoardDriver
 from farm.proto.results import RunResult
-from farm.proto.tasks import TaskSpec
+from farm.proto.tasks import TaskPlan, TaskSpec
 from sshd_peer import SshdPeer
 
 pytestmark = [pytest.mark.timeout(1800)]
@@ -54,8 +54,8 @@ def _config(peer: SshdPeer, python: str = "python3", **kw) -> BoardDeviceConfig:
 def _task(model: Path, workload: dict, timeout_s: float = 600, task_id: int = 21) -> TaskSpec:
     return TaskSpec(task_id=task_id, job_id=1, attempt=1, target="arm-1", model_name=model.stem,
                     model_path=str(model), model_sha256="", model_family=None, threads=1, batch_size=1,
-                    input_size=None, repeat=0, workload=workload, sim={}, run_timeout_s=timeout_s,
-                    base_dir=str(model.parent))
+                    input_size=None, repeat=0, plan=TaskPlan(workload=workload, sim={}, run_timeout_s=timeout_s,
+                    base_dir=str(model.parent)))
 
 
 def _script_workload(tmp: Path, text: str, requirements: list[str], name: str = "job") -> dict:

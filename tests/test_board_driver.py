@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 from farm.agents.boards.driver import BoardDeviceConfig, BoardDriver
-from farm.proto.tasks import TaskSpec
+from farm.proto.tasks import TaskPlan, TaskSpec
 from sshd_peer import SshdPeer
 
 
@@ -24,8 +24,8 @@ def _config(peer: SshdPeer, kind: str = "jetson", **kw) -> BoardDeviceConfig:
 def _task(model: Path) -> TaskSpec:
     return TaskSpec(task_id=7, job_id=1, attempt=1, target="nano-1", model_name=model.stem, model_path=str(model),
                     model_sha256="", model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
-                    workload={"type": "benchmark", "iterations": 40, "warmup": 2, "use_xnnpack": True},
-                    sim={}, run_timeout_s=120, base_dir=str(model.parent))
+                    plan=TaskPlan(workload={"type": "benchmark", "iterations": 40, "warmup": 2, "use_xnnpack": True},
+                    sim={}, run_timeout_s=120, base_dir=str(model.parent)))
 
 
 def test_jetson_run_has_latency_power_mode_and_energy(board: SshdPeer, mobilenet_models) -> None:

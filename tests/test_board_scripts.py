@@ -19,7 +19,7 @@ from farm.proto.spec import BenchmarkWorkload
 from farm.agents.boards.driver import BoardDeviceConfig, BoardDriver
 from farm.agents.boards.workload import harness_command
 from farm.agents.boards.ssh_transport import SshTransport, UploadResult
-from farm.proto.tasks import TaskSpec
+from farm.proto.tasks import TaskPlan, TaskSpec
 from sshd_peer import SshdPeer
 
 
@@ -38,7 +38,7 @@ def _script_task(model: Path, script_dir: Path, timeout_s: float = 120, **worklo
          "dir": script_dir.name, "pip_requirements": [], **workload}
     return TaskSpec(task_id=11, job_id=1, attempt=1, target="nano-1", model_name=model.stem, model_path=str(model),
                     model_sha256="", model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
-                    workload=w, sim={}, run_timeout_s=timeout_s, base_dir=str(script_dir.parent))
+                    plan=TaskPlan(workload=w, sim={}, run_timeout_s=timeout_s, base_dir=str(script_dir.parent)))
 
 
 def _script(tmp_path: Path, text: str, name: str = "job") -> Path:
@@ -285,7 +285,7 @@ def test_a_board_python_without_numpy_fails_the_benchmark_as_the_jobs_saying_wha
         board: SshdPeer, tiny_models, tmp_path: Path) -> None:
     # Debian's own python3 here has no numpy, like a fresh board
     task = _script_task(tiny_models["tflite"], tmp_path)
-    task.workload = BenchmarkWorkload(type="benchmark", iterations=5, warmup=1, use_xnnpack=True)
+    task.plan.workload = BenchmarkWorkload(type="benchmark", iterations=5, warmup=1, use_xnnpack=True)
     result = BoardDriver(_config(board, tmp_path, python="/usr/bin/python3")).run(task, lambda: False)
     assert result.failure_class == "job", result.message
     assert "has no numpy" in result.message and "pip install numpy" in result.message

@@ -351,7 +351,7 @@ def test_a_store_locked_mid_run_is_a_warning_line_not_a_heartbeat_traceback(monk
 
     from farm.agents import agent as agent_module
     from farm.proto.results import RunResult
-    from farm.proto.tasks import TaskSpec
+    from farm.proto.tasks import TaskPlan, TaskSpec
 
     class LockedStore:  # the controller side of a store someone else holds, then lets go
         def __init__(self) -> None:
@@ -385,7 +385,7 @@ def test_a_store_locked_mid_run_is_a_warning_line_not_a_heartbeat_traceback(monk
     runner = agent_module.Agent(store, SlowMachine(), name="a1")  # type: ignore[arg-type]
     task = TaskSpec(task_id=7, job_id=1, attempt=1, target="sim", model_name="m", model_path=str(tmp_path / "m.tflite"),
                     model_sha256="0" * 64, model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
-                    workload={"type": "benchmark"}, sim={}, run_timeout_s=60, base_dir=str(tmp_path))
+                    plan=TaskPlan(workload={"type": "benchmark"}, sim={}, run_timeout_s=60, base_dir=str(tmp_path)))
     with caplog.at_level("WARNING", logger="farm.agent"):
         result = runner.run_task(task, runner.sim)  # the driver the sim slots run with
     assert not crashes and result.message == "ran to its end" and store.completed == [result]

@@ -20,7 +20,7 @@ import pytest
 from farm.agents.sim.driver import SimDriver
 from farm.cli.inspect_commands import inspect_report
 from farm.controller.scheduling.jobfile import JobFileError, load_job_text
-from farm.proto.tasks import TaskSpec
+from farm.proto.tasks import TaskPlan, TaskSpec
 from real_corpus import CorpusModel, CorpusUnavailable, bare_load_error, bare_p50_ms_sandboxed, fetch_corpus, weight_elements
 
 COUNTED_OPS = {"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "Gemm", "MatMul", "MatMulInteger",
@@ -90,10 +90,10 @@ def test_inspect_shape_flag_on_a_real_dynamic_model(corpus: list[CorpusModel], f
 def _task(model: CorpusModel, cpu: str) -> TaskSpec:
     return TaskSpec(task_id=0, job_id=0, attempt=1, target="sim", model_name=model.name, model_path=str(model.file),
                     model_sha256=hashlib.sha256(Path(str(model.file)).read_bytes()).hexdigest(), model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
-                    workload={"type": "benchmark", "iterations": ITERATIONS, "warmup": WARMUP,
+                    plan=TaskPlan(workload={"type": "benchmark", "iterations": ITERATIONS, "warmup": WARMUP,
                               "input_shapes": model.shapes, "use_xnnpack": True},
                     sim={"cpus": 1.0, "cpuset": cpu, "memory": 2 << 30, "sample_interval_ms": 50.0},
-                    run_timeout_s=300, base_dir=str(Path(str(model.file)).parent))
+                    run_timeout_s=300, base_dir=str(Path(str(model.file)).parent)))
 
 
 def test_farm_latency_matches_the_bare_runtime_side_by_side(corpus: list[CorpusModel], tmp_path: Path) -> None:

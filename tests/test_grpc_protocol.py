@@ -16,7 +16,7 @@ from farm.proto.generated import common_pb2
 from farm.proto.results import (
     FailureClass, LatencyStats, Limits, ModelFacts, RunResult, RunStatus, Telemetry, TelemetrySample, TensorInfo,
 )
-from farm.proto.tasks import TaskSpec
+from farm.proto.tasks import TaskPlan, TaskSpec
 from farm.proto.wire import result_from_message, result_to_message, task_from_message, task_to_message
 from grpc_processes import Cluster, wait_for
 
@@ -36,8 +36,8 @@ def test_committed_stubs_match_the_proto_files(tmp_path: Path) -> None:
 def test_a_task_and_a_full_result_cross_the_wire_unchanged() -> None:
     task = TaskSpec(task_id=7, job_id=2, attempt=3, target="sim", model_name="m", model_path="/m.onnx",
                     model_sha256="ab" * 32, model_family=None, threads=2, batch_size=1, input_size=None, repeat=1,
-                    workload={"type": "benchmark", "iterations": 100, "input_shapes": {"x": [1, 3]}},
-                    sim={"cpus": None, "memory": 1 << 29}, run_timeout_s=600.0, base_dir="/jobs")
+                    plan=TaskPlan(workload={"type": "benchmark", "iterations": 100, "input_shapes": {"x": [1, 3]}},
+                    sim={"cpus": None, "memory": 1 << 29}, run_timeout_s=600.0, base_dir="/jobs"))
     wire = common_pb2.TaskSpec.FromString(task_to_message(task, common_pb2.TaskSpec()).SerializeToString())
     assert task_from_message(wire) == task
 
@@ -145,7 +145,7 @@ def test_an_agent_fetches_a_model_it_lacks_by_sha256(controller: Cluster, tiny_m
     client = RemoteController(controller.address, name="far-away", token=None, devices=[], artifact_dir=tmp_path / "cache")
     task = TaskSpec(task_id=1, job_id=1, attempt=1, target="sim", model_name="tiny", model_path="/elsewhere/tiny.onnx",
                     model_sha256=sha, model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
-                    workload={"type": "benchmark"}, sim={}, run_timeout_s=60, base_dir="/elsewhere")
+                    plan=TaskPlan(workload={"type": "benchmark"}, sim={}, run_timeout_s=60, base_dir="/elsewhere"))
     local = Path(client.local_model_path(task))
     assert local == tmp_path / "cache" / f"{sha}.onnx"
     assert local.read_bytes() == tiny_models["onnx"].read_bytes()

@@ -117,7 +117,6 @@ def test_a_bad_sim_disk_is_refused_naming_the_field(value, said: str) -> None:
 
 def test_sim_disk_travels_as_bytes_and_defaults_to_memory() -> None:
     from farm.proto.spec import DEFAULT_RUN_DISK, SimBudget
-    from farm.proto.tasks import sim_budget
-    assert sim_budget({"disk": 64 << 20}).disk == 64 << 20
+    assert SimBudget.model_validate({"disk": 64 << 20}).disk == 64 << 20
     assert SimBudget(memory="512m").disk_quota() == 512 << 20
     assert SimBudget().disk_quota() == DEFAULT_RUN_DISK

@@ -56,11 +56,11 @@ def _hottest(facts: AndroidFacts) -> float | None:
 
 
 def _wants_op_profile(task: TaskSpec) -> bool:
-    return isinstance(task.workload, BenchmarkWorkload) and task.workload.op_profiling
+    return isinstance(task.plan.workload, BenchmarkWorkload) and task.plan.workload.op_profiling
 
 
 def benchmark_command(tool: str, model: str, task: TaskSpec, device_type: DeviceType | None) -> str:
-    w = task.workload
+    w = task.plan.workload
     if not isinstance(w, BenchmarkWorkload):
         raise ValueError(f"task {task.task_id} has a {w.type} workload; benchmark_model runs benchmarks")
     flags = [f"--graph={model}", f"--num_threads={task.threads}", f"--warmup_runs={w.warmup}",
@@ -147,7 +147,7 @@ class AndroidDriver:
     def run(self, task: TaskSpec, cancel_check: Callable[[], bool]) -> RunResult:
         budget = Limits()  # the phone's own: nothing is imposed
         base: dict[str, Any] = dict(backend="android", limits=budget)
-        if not isinstance(task.workload, BenchmarkWorkload):
+        if not isinstance(task.plan.workload, BenchmarkWorkload):
             return self._run_script(task, cancel_check, base)
         if not task.model_path.endswith(".tflite"):
             return RunResult.failed(FailureClass.JOB, f"{Path(task.model_path).name}: benchmark_model on Android runs "
@@ -159,7 +159,7 @@ class AndroidDriver:
                 model = device.push_by_hash(Path(task.model_path)).remote_path
                 command = benchmark_command(tool, model, task, self.device_type)
                 started = time.monotonic()
-                shell = device.shell(command, timeout_s=task.run_timeout_s)
+                shell = device.shell(command, timeout_s=task.plan.run_timeout_s)
                 wall = time.monotonic() - started
                 after = device.facts()
         except AndroidCommandTimeout as e:
@@ -199,7 +199,7 @@ class AndroidDriver:
 
     def _run_script(self, task: TaskSpec, cancel_check: Callable[[], bool], base: dict) -> RunResult:
         """A shell-script workload (command: sh); anything else is refused saying what does run on a phone."""
-        w = task.workload
+        w = task.plan.workload
         if not isinstance(w, ScriptWorkload):
             return RunResult.failed(FailureClass.BUG, f"task {task.task_id}: a {w.type} workload is not a script", **base)
         problem = phone_script_problem(w, self.config.name)

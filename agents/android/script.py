@@ -47,10 +47,10 @@ def phone_script_problem(workload: ScriptWorkload, phone: str) -> str | None:
 
 
 def _archive(task: TaskSpec, workload: ScriptWorkload, tmp: str) -> Path:
-    given = task.extra.get("script_archive_path")
-    archive = Path(given) if given else Path(tmp, "script.tar")
+    given = task.script_archive_path  # the uploaded folder on a remote agent; None: pack the job's own here
+    archive = given or Path(tmp, "script.tar")
     if not given:
-        archive.write_bytes(pack_dir(Path(task.base_dir, workload.dir)))
+        archive.write_bytes(pack_dir(Path(task.plan.base_dir, workload.dir)))
     check_archive(archive, script=workload.script)
     return archive
 
@@ -82,29 +82,30 @@ def run_script_on_phone(device: AndroidDevice, task: TaskSpec, w: ScriptWorkload
         argv += format_script_args(w.args, task, model)
     except ValueError as e:
         return RunResult.failed(FailureClass.JOB, str(e), **base)
-    command = phone_script_command(run_dir, pushed_archive, argv, task.run_timeout_s)
+    command = phone_script_command(run_dir, pushed_archive, argv, task.plan.run_timeout_s)
     started = time.monotonic()
     try:
-        shell = device.shell(command, timeout_s=task.run_timeout_s + 60)
+        shell = device.shell(command, timeout_s=task.plan.run_timeout_s + 60)
     finally:
         device.shell(f"rm -rf {shlex.quote(run_dir)}", 60, idempotent=True)
     wall_s = time.monotonic() - started
-    environment: dict[str, Any] = {"command": " ".join(argv), "runtime": "script"}
+    environment: dict[str, Any] = {"command": " ".join(argv)}
     end = _END_LINE.search(shell.output)
     if end is None:
         return RunResult.failed(FailureClass.JOB, f"the script could not start on {phone} (status "
                                 f"{shell.exit_status}): {shell.output.strip()[-300:]}", environment=environment,
-                                log_tail=shell.output[-4000:], **base)
+                                log_tail=shell.output[-4000:], runtime="script", **base)
     rc, t0, t1, size = int(end[1]), end[2], end[3], end[4]
     body, _, tail = shell.output[end.end():].partition(f"\n{_TAIL}\n")
     # toybox's date has %N on current Android; where it prints a literal N, the agent's clock stands in
     whole_run_s = (int(t1) - int(t0)) / 1e9 if t0.isdigit() and t1.isdigit() else wall_s
     environment.update({"script_output_bytes": int(size) if size else None,
                         "whole_run_source": "phone" if t0.isdigit() else "agent (the phone's date has no %N)"})
-    common = dict(environment=environment, log_tail=tail[-4000:], whole_run_s=whole_run_s, wall_s=wall_s, **base)
+    common = dict(environment=environment, log_tail=tail[-4000:], whole_run_s=whole_run_s, wall_s=wall_s,
+                  runtime="script", **base)
     if rc == 137:
         return RunResult.failed(FailureClass.TIMEOUT, f"the script ran longer than timeouts.run = "
-                                f"{task.run_timeout_s:g} s on {phone} and was stopped", **common)
+                                f"{task.plan.run_timeout_s:g} s on {phone} and was stopped", **common)
     if rc != 0:
         last = "\n".join(tail.strip().splitlines()[-5:])
         return RunResult.failed(FailureClass.JOB, f"the script exited with status {rc} on {phone}; its last output:\n"

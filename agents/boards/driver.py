@@ -105,12 +105,12 @@ class BoardDriver:
     def board_timeout_s(self, task: TaskSpec) -> float:
         """The job's run timeout (written for the sim) on this board: scaled by its type's declared speed."""
         speed = self.device_type.relative_speed if self.device_type is not None else 1.0
-        return task.run_timeout_s / speed
+        return task.plan.run_timeout_s / speed
 
     def run(self, task: TaskSpec, cancel_check: Callable[[], bool]) -> RunResult:
         base: dict[str, Any] = dict(backend=self.config.kind, limits=Limits())
         timeout_s = self.board_timeout_s(task)
-        if timeout_s != task.run_timeout_s:
+        if timeout_s != task.plan.run_timeout_s:
             task = task.model_copy(update={"run_timeout_s": timeout_s})
         result = self._run(task, cancel_check, base)
         result.environment["run_timeout_s"] = timeout_s  # what this board was given, after its speed

@@ -129,14 +129,14 @@ def harness_command(python: str, harness: UploadResult, *args: str, env: str = "
 
 def local_archive(task: TaskSpec, tmp: str) -> Path:
     """The script folder as the tar the sim unpacks (the uploaded one on remote agents, else packed here), checked."""
-    w = task.workload
+    w = task.plan.workload
     if not isinstance(w, ScriptWorkload):
         raise BoardJobError(f"task {task.task_id} has a {w.type} workload; only scripts have a folder")
-    given = task.extra.get("script_archive_path")
-    archive = Path(given) if given else Path(tmp, "script.tar")
+    given = task.script_archive_path  # the uploaded folder on a remote agent; None: pack the job's own here
+    archive = given or Path(tmp, "script.tar")
     try:
         if not given:
-            archive.write_bytes(pack_dir(Path(task.base_dir, w.dir)))
+            archive.write_bytes(pack_dir(Path(task.plan.base_dir, w.dir)))
         check_archive(archive, script=w.script)
     except ValueError as e:  # ScriptArchiveError: links to folders, devices, a missing script
         raise BoardJobError(str(e)) from None
@@ -164,7 +164,7 @@ def make_venv(ssh: SshTransport, python: str, harness: UploadResult, remote_dir:
 def run_task_spec(task: TaskSpec, run_dir: str, model: str, archive: str | None, python: str,
                   sample_interval_ms: float) -> BoardRunTask:
     """What the harness is asked to run; `python` runs a script whose command is python."""
-    w = task.workload
+    w = task.plan.workload
     if isinstance(w, BenchmarkWorkload):
         return BoardRunTask(**asdict(benchmark_task(task, model)))
     script_dir = f"{run_dir}/script"
@@ -175,14 +175,14 @@ def run_task_spec(task: TaskSpec, run_dir: str, model: str, archive: str | None,
     except ValueError as e:
         raise BoardJobError(str(e)) from None
     return BoardRunTask(**asdict(script_task(task, model, argv, script_dir)), archive=archive,
-                        timeout_s=task.run_timeout_s, sample_interval_ms=sample_interval_ms,
+                        timeout_s=task.plan.run_timeout_s, sample_interval_ms=sample_interval_ms,
                         pgid_file=f"{run_dir}/script.pgid")
 
 
 def stage_run(ssh: SshTransport, task: TaskSpec, *, python: str, remote_dir: str, sample_interval_ms: float,
               env_timeout_s: float) -> StagedRun:
     """Send what the run needs and write its task file; returns the command that runs it."""
-    w = task.workload
+    w = task.plan.workload
     script = isinstance(w, ScriptWorkload)
     requirements = list(w.pip_requirements) if isinstance(w, ScriptWorkload) else []
     run_dir = f"{remote_dir}/runs/t{task.task_id}-a{task.attempt}-{uuid.uuid4().hex[:12]}"
@@ -212,7 +212,7 @@ def stage_run(ssh: SshTransport, task: TaskSpec, *, python: str, remote_dir: str
             raise BoardNotReady(f"cannot write the run's directory {run_dir} on the board: {err.strip()[-300:]}")
     command = f"cd {shlex.quote(run_dir)} && " + harness_command(python, harness, "run", task_file,
                                                                  env=f"OMP_NUM_THREADS={int(task.threads)} ")
-    return StagedRun(run_dir, command, task.run_timeout_s + TIMEOUT_GRACE_S, harness, version, venv)
+    return StagedRun(run_dir, command, task.plan.run_timeout_s + TIMEOUT_GRACE_S, harness, version, venv)
 
 
 def clean_up(ssh: SshTransport, run_dir: str) -> None:
@@ -249,10 +249,10 @@ def board_result(task: TaskSpec, board: str, staged: StagedRun, sampled, energy_
                                 f"{log.strip()[-300:] or '(no output)'}", environment=environment, log_tail=log, **base)
     if output.output_tail:
         log = (output.output_tail + "\n" + sampled.result.stderr)[-LOG_TAIL_CHARS:]
-    environment.update({"runtime": output.runtime, "input_shapes": output.input_shapes,
+    environment.update({"input_shapes": output.input_shapes,
                         "input_values": {str(k)[:200]: str(v)[:200] for k, v in list(output.input_values.items())[:64]},
                         "board_harness_sha256": staged.harness.sha256})
-    if isinstance(task.workload, ScriptWorkload):
+    if isinstance(task.plan.workload, ScriptWorkload):
         environment.update({
             "script_output_bytes": output.output_bytes,
             # the script's own process group, beside the board-wide figures of the telemetry
@@ -264,7 +264,8 @@ def board_result(task: TaskSpec, board: str, staged: StagedRun, sampled, energy_
             environment["venv_python"] = staged.venv
     if not output.ok:
         return RunResult.failed(FailureClass(output.failure_class or "bug"), f"{name} on {board}: {output.message}",
-                                environment=environment, log_tail=log, whole_run_s=output.whole_run_s, **base)
+                                environment=environment, log_tail=log, whole_run_s=output.whole_run_s,
+                                runtime=output.runtime, **base)
     if energy_mj is not None and sampled.wall_s > 0:
         environment["energy_mj"] = energy_mj  # the sampled window: the harness's whole life on the board
         n = len(output.iterations_ms)
@@ -280,4 +281,4 @@ def board_result(task: TaskSpec, board: str, staged: StagedRun, sampled, energy_
         startup_ms=startup_ms(latency) if latency else None,
         telemetry=sampled.telemetry(), wall_s=sampled.wall_s, whole_run_s=output.whole_run_s,
         baseline_memory_bytes=output.baseline_rss_bytes, peak_rss_bytes=output.peak_rss_bytes,
-        environment=environment, tool_versions=output.tool_versions, log_tail=log, **base)
+        environment=environment, tool_versions=output.tool_versions, log_tail=log, runtime=output.runtime, **base)

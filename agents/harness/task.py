@@ -46,7 +46,7 @@ def benchmark_task(task: TaskSpec, model_path: str) -> HarnessTask:
     """The harness's benchmark task for a farm task, with the model at `model_path` where the harness runs.
 
     The one place a task's workload becomes what the harness runs (sim, boards)."""
-    w = task.workload
+    w = task.plan.workload
     if not isinstance(w, BenchmarkWorkload):
         raise ValueError(f"task {task.task_id} has a {w.type} workload, not a benchmark")
     return HarnessTask(kind="benchmark", model_path=model_path, threads=task.threads, batch_size=task.batch_size,

@@ -172,9 +172,10 @@ class RemoteController:
                 continue
             task = request.offer
             try:  # in the slot's thread, so a download never holds up the stream
-                task.model_path = self.local_model_path(task)
-                if isinstance(task.workload, ScriptWorkload):
-                    task.extra["script_archive_path"] = str(self.local_script_archive(task))
+                task = task.model_copy(update={  # the offer as this agent runs it: the copies in its own cache
+                    "model_path": self.local_model_path(task),
+                    "script_archive_path": self.local_script_archive(task)
+                    if isinstance(task.plan.workload, ScriptWorkload) else None})
             except (OSError, ValueError, grpc.RpcError) as e:
                 # Not the model's fault: another agent (or a later try) may have it.
                 self.complete(task.task_id, task.attempt, agent, time.time(), RunResult.failed(
@@ -367,8 +368,8 @@ class RemoteController:
 
     def local_script_archive(self, task: TaskSpec) -> Path:
         """A script task's folder, as the tar the client uploaded, in this agent's cache."""
-        sha256 = str(task.extra.get("script_archive") or "")
-        if not is_sha256(sha256):
+        sha256 = task.plan.script_archive  # a sha256, checked on arrival (TaskPlan)
+        if sha256 is None:
             raise ValueError(f"task {task.task_id}: a script task came without its uploaded folder (script_archive); "
                              "is the controller older than this agent?")
         if self.artifact_dir is None:

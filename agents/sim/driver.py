@@ -103,7 +103,7 @@ def budget_limit_hit(budget: Budget, exit_info: ExitInfo, output: HarnessOutput 
 
 def disk_limit_message(task: TaskSpec) -> str:
     """The failure of a run that filled its run directory's quota, naming the limit and the field it came from."""
-    sim = task.sim
+    sim = task.plan.sim
     field = "sim.disk" if sim.disk else "sim.disk, which defaults to sim.memory" if sim.memory else \
         f"sim.disk, which defaults to {DEFAULT_RUN_DISK >> 30} GiB without sim.memory"
     return (f"the run filled its run directory: the files a run writes there are bounded at "
@@ -213,36 +213,36 @@ class SimDriver:
         return driver
 
     def backend_for(self, task: TaskSpec, image: str | None = None) -> SandboxBackend:
-        name = self.backend_override or task.sim.backend
-        own = task.sim.image is not None  # the user's image (or a venv built in it): its own Python runs the script
-        image = image or task.sim.image
-        key = (name, image, own, task.sim.writable_root)
+        name = self.backend_override or task.plan.sim.backend
+        own = task.plan.sim.image is not None  # the user's image (or a venv built in it): its own Python runs the script
+        image = image or task.plan.sim.image
+        key = (name, image, own, task.plan.sim.writable_root)
         if key not in self._backends:  # probing a backend (docker ping, cgroup mkdir) once is enough
             backend = choose_backend(name, image=image, user_image=own)
             if isinstance(backend, DockerBackend):
                 if self.run_as is not None:
                     backend.run_user = f"{self.run_as.uid}:{self.run_as.gid}"  # the container's first process is it
-                backend.read_only_root = not task.sim.writable_root  # the job may ask; still as the run user
+                backend.read_only_root = not task.plan.sim.writable_root  # the job may ask; still as the run user
             self._backends[key] = backend
         return self._backends[key]
 
     def built_image(self, task: TaskSpec) -> tuple[str | None, dict | None]:
         """The image sim.build asks for (built now, or from the cache) and what to record of it; (None, None)
         when the job builds nothing. Raises BuildFailed (the job's fault) or SandboxError (the engine's)."""
-        build = task.sim.build
+        build = task.plan.sim.build
         if build is None:
-            if task.sim.image is not None and self.build_policy.bases is not None:
-                self.image_builder().check_image(task.sim.image)  # no build, but the same list of images
+            if task.plan.sim.image is not None and self.build_policy.bases is not None:
+                self.image_builder().check_image(task.plan.sim.image)  # no build, but the same list of images
             return None, None
-        name = self.backend_override or task.sim.backend
+        name = self.backend_override or task.plan.sim.backend
         if name != "docker":
             raise BuildFailed(f"sim.build makes a Docker image, but this run uses the {name} backend "
                               "(--backend overrides the job's sim.backend: docker); drop --backend", "")
         try:
-            context = self._script_folder(task) if isinstance(task.workload, ScriptWorkload) else None
+            context = self._script_folder(task) if isinstance(task.plan.workload, ScriptWorkload) else None
         except (ValueError, OSError) as e:
             raise BuildFailed(f"sim.build: {e}", "") from None
-        built = self.image_builder().build(build, context, in_image=task.sim.image)
+        built = self.image_builder().build(build, context, in_image=task.plan.sim.image)
         log = str(built.log_path) if built.log_path.exists() else None  # an image another work folder built
         return built.tag, {"image": built.tag, "cached": built.cached, "log": log,
                            "seconds": round(built.seconds, 3)}
@@ -254,14 +254,13 @@ class SimDriver:
 
     def _script_folder(self, task: TaskSpec) -> bytes:
         """workload.dir packed, as the run gets it: the controller's archive, or (embedded) the job's own folder."""
-        archive = task.extra.get("script_archive_path")
-        if archive is not None:
-            return Path(archive).read_bytes()
-        folder = task.workload.dir if isinstance(task.workload, ScriptWorkload) else "."
-        return pack_dir(Path(task.base_dir, folder), skip=(self.work_root, *self.keep_out))
+        if task.script_archive_path is not None:
+            return task.script_archive_path.read_bytes()
+        folder = task.plan.workload.dir if isinstance(task.plan.workload, ScriptWorkload) else "."
+        return pack_dir(Path(task.plan.base_dir, folder), skip=(self.work_root, *self.keep_out))
 
     def budget_for(self, task: TaskSpec, slot: SimSlot) -> Budget:
-        sim = task.sim
+        sim = task.plan.sim
         cpus = default_cpus(sim.cpus, task.threads)
         cores = shaped_cores(cpus, sim.cpuset or slot.cpuset)
         return Budget(cpus=cpus, cpuset=format_cpuset(cores), memory_bytes=sim.memory, exclusive=sim.exclusive)
@@ -270,7 +269,7 @@ class SimDriver:
         """What the harness runs; `inner` is the run directory as the sandbox sees it (the model and the
         script folder are staged there), None to use the task's paths as they are. own_python: the user's
         image runs the script, so `python` is the image's (found on its PATH)."""
-        w = task.workload
+        w = task.plan.workload
         model_path = str(inner / "model" / _model_file_name(task.model_path)) if inner else task.model_path
         if isinstance(w, ScriptWorkload):
             if own_python and w.pip_requirements:
@@ -279,7 +278,7 @@ class SimDriver:
             python = w.command if own_python else script_python(w.pip_requirements, self.work_root / "script-envs",
                                                                   self.run_as)
             command = python if w.command in ("python", "python3") else w.command
-            script_dir = str(inner / "script") if inner else str(Path(task.base_dir, w.dir).resolve())
+            script_dir = str(inner / "script") if inner else str(Path(task.plan.base_dir, w.dir).resolve())
             argv = [command]
             if w.script:
                 argv.append(str(Path(script_dir, w.script)))
@@ -291,14 +290,14 @@ class SimDriver:
         """The run's own copies: the model (hash-checked) and, for a script, its folder unpacked."""
         (run_dir / "model").mkdir()
         stage_model(Path(task.model_path), run_dir / "model" / _model_file_name(task.model_path), task.model_sha256)
-        if not isinstance(task.workload, ScriptWorkload):
+        if not isinstance(task.plan.workload, ScriptWorkload):
             return
         (run_dir / "script").mkdir()
-        archive = task.extra.get("script_archive_path")
+        archive = task.script_archive_path
         if archive is None:  # embedded: the job's own folder on this host, packed the way a client packs it
             archive = run_dir / "script.tar"
-            archive.write_bytes(pack_dir(Path(task.base_dir, task.workload.dir), skip=(self.work_root, *self.keep_out)))
-        unpack(Path(archive), run_dir / "script")
+            archive.write_bytes(pack_dir(Path(task.plan.base_dir, task.plan.workload.dir), skip=(self.work_root, *self.keep_out)))
+        unpack(archive, run_dir / "script")
 
     def isolation(self, backend: SandboxBackend) -> tuple[Path | None, str]:
         """Where the run directory appears inside the sandbox (None: at its own path) and how the run is isolated."""
@@ -313,7 +312,7 @@ class SimDriver:
         return INNER_RUN_DIR, f"user {self.run_as.name}, mount + PID namespaces"
 
     def run(self, task: TaskSpec, cancel_check: Callable[[], bool]) -> RunResult:
-        problem = cpuset_problem(task.sim.cpuset)
+        problem = cpuset_problem(task.plan.sim.cpuset)
         if problem:  # the same on every attempt here: a job failure, not an infrastructure retry
             return RunResult.failed(FailureClass.JOB, problem)
         try:
@@ -325,9 +324,9 @@ class SimDriver:
             return failed
         except SandboxError as e:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, str(e))
-        own_python = task.sim.image is not None
+        own_python = task.plan.sim.image is not None
         if own_python and backend.name != "docker":
-            return RunResult.failed(FailureClass.JOB, f"sim.image {task.sim.image!r} runs in a Docker image, but this "
+            return RunResult.failed(FailureClass.JOB, f"sim.image {task.plan.sim.image!r} runs in a Docker image, but this "
                                     f"run uses the {backend.name} backend (--backend overrides the job's "
                                     "sim.backend: docker); drop --backend")
         budget = backend.effective_limits(self.budget_for(task, self.slot))
@@ -340,7 +339,7 @@ class SimDriver:
         os.chmod(runs, 0o711)  # the run user may pass through to its own directory, not list the others
         run_dir = runs / f"task{task.task_id}-a{task.attempt}-{uuid.uuid4().hex}"
         run_dir.mkdir()
-        disk = task.sim.disk_quota()
+        disk = task.plan.sim.disk_quota()
         bounded = mount_run_dir(run_dir)  # a tmpfs: the run's files are bounded by sim.disk once staged
         try:
             self.stage(task, run_dir)
@@ -388,7 +387,7 @@ class SimDriver:
         if build is not None:
             environment["build"] = build
         cores = parse_cpuset(budget.cpuset) if budget.cpuset else sorted(os.sched_getaffinity(0))
-        quiet_wait_s, quiet_before = wait_until_quiet(cores, task.sim.quiet_wait, cancel_check)
+        quiet_wait_s, quiet_before = wait_until_quiet(cores, task.plan.sim.quiet_wait, cancel_check)
         try:
             sandbox = backend.start(argv, budget, env=env, cwd=(inner or run_dir) if backend.name == "docker" else run_dir,
                                     mounts=mounts)
@@ -399,9 +398,9 @@ class SimDriver:
         # is farm's own work, not other tasks' on the run's cores
         before = snapshot(cores)
         cpu_ns_at_start = sandbox.read_counters().cpu_ns or 0
-        sampler = TelemetrySampler(sandbox, task.sim.sample_interval_ms, avoid_cpuset=budget.cpuset).start()
+        sampler = TelemetrySampler(sandbox, task.plan.sim.sample_interval_ms, avoid_cpuset=budget.cpuset).start()
         try:
-            exit_info = sandbox.wait(task.run_timeout_s, cancel_check)
+            exit_info = sandbox.wait(task.plan.run_timeout_s, cancel_check)
             after = snapshot(cores)
             accounting = sandbox.cpu_accounting()
         except SandboxError as e:
@@ -447,7 +446,7 @@ class SimDriver:
             environment["input_shapes"] = output.input_shapes
             # written in the sandbox: bounded, whatever it holds
             environment["input_values"] = {str(k)[:200]: str(v)[:200] for k, v in list(output.input_values.items())[:64]}
-            environment["runtime"] = output.runtime
+            result.runtime = output.runtime
             if output.op_profile_note:  # written in the sandbox: a bounded string, whatever it was
                 environment["op_profile_note"] = str(output.op_profile_note)[:500]
         self._cleanup(run_dir)
@@ -487,7 +486,7 @@ class SimDriver:
         if exit_info.canceled:
             return RunResult.failed(FailureClass.CANCELED, "canceled while running")
         if exit_info.timed_out:
-            return RunResult.failed(FailureClass.TIMEOUT, f"the run exceeded timeouts.run = {task.run_timeout_s:g} s and was stopped")
+            return RunResult.failed(FailureClass.TIMEOUT, f"the run exceeded timeouts.run = {task.plan.run_timeout_s:g} s and was stopped")
         memory_hit = budget.memory_bytes is not None and (
             exit_info.oom_killed or (output is not None and output.failure_class == "resource"))
         if memory_hit:

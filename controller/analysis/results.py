@@ -11,7 +11,6 @@ from typing import Any
 from farm.controller.store import Store
 from farm.controller.store.rows import RowLike, plain_rows
 from farm.proto.spec import SimBudget, default_cpus
-from farm.proto.tasks import sim_budget
 
 MiB = 1 << 20
 # Model facts a record carries beside name, size and parameters: what calibrations use as features.
@@ -43,7 +42,7 @@ def _planned_sim(row: RowLike) -> SimBudget | None:
     """A sim task's budget as its plan holds it (matrix.cpus, sim.cpus...); None on a device, which has none imposed."""
     if row["target"] != "sim":
         return None
-    return sim_budget(json.loads(row["task_spec_json"] or "{}").get("sim") or {})
+    return SimBudget.model_validate(json.loads(row["task_spec_json"] or "{}").get("sim") or {})  # bytes, as stored
 
 
 def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[str, Any]]:

@@ -389,15 +389,12 @@ class Controller:
 
 
 def _task_spec(task: TaskRow, attempt: int) -> TaskSpec:
-    plan = TaskPlan.model_validate_json(task["spec_json"])
     return TaskSpec(
         task_id=task["id"], job_id=task["job_id"], attempt=attempt, target=task["target"],
         model_name=task["model_name"], model_path=task["model_path"],
         model_sha256=task["model_sha256"], model_family=task["model_family"],
         threads=task["threads"], batch_size=task["batch_size"], input_size=task["input_size"],
-        repeat=task["repeat"], workload=plan.workload, sim=plan.sim,
-        run_timeout_s=plan.run_timeout_s, base_dir=plan.base_dir,
-        extra={"script_archive": plan.script_archive} if plan.script_archive else {})
+        repeat=task["repeat"], plan=TaskPlan.model_validate_json(task["spec_json"]))
 
 
 __all__ = ["Controller", "JobProgress", "PRIORITY_RANK", "progress_of", "should_retry", "status_of"]

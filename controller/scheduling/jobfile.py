@@ -23,7 +23,7 @@ from farm.proto.device_types import DeviceType
 from farm.proto.escape import cut_list, printable
 from farm.proto.regular_files import MAX_JOB_FILE_BYTES, FileRefused, read_regular_file
 from farm.proto.results import ModelFacts
-from farm.proto.spec import MAX_INPUT_FILE_BYTES, MAX_INPUT_VALUE_ELEMENTS, BenchmarkWorkload, InputSpec, JobSpec, ModelEntry, ScriptWorkload, cores_missing, default_cpus, parse_cpuset
+from farm.proto.spec import JOB_FILE, MAX_INPUT_FILE_BYTES, MAX_INPUT_VALUE_ELEMENTS, BenchmarkWorkload, InputSpec, JobSpec, ModelEntry, ScriptWorkload, cores_missing, default_cpus, parse_cpuset
 from farm.proto.tasks import DEFAULT_MAX_TASKS
 
 BENCHMARK_FORMATS = {".tflite": "tflite", ".onnx": "onnx"}
@@ -215,7 +215,7 @@ def parse_job_text(text: str, source_name: str) -> tuple[JobSpec, yaml.Node | No
     if duplicates:
         raise JobFileError(duplicates)
     try:
-        return JobSpec.model_validate(data), root
+        return JobSpec.model_validate(data, context=JOB_FILE), root
     except ValidationError as e:
         raise JobFileError(_error_lines(e.errors(include_url=False), root, source_name)) from None
 
@@ -628,6 +628,16 @@ def load_job_text(text: str, source_name: str, base_dir: Path, source_path: Path
     the machine that will run the sim, when that is known here (embedded mode).
     """
     spec, root = parse_job_text(text, source_name)
+    return resolve_job(spec, root, text, source_name, base_dir, source_path, devices, max_tasks=max_tasks,
+                       skip_invalid=skip_invalid, host=host)
+
+
+def resolve_job(spec: JobSpec, root: yaml.Node | None, text: str, source_name: str, base_dir: Path,
+                source_path: Path | None = None, devices: list[DeviceTarget] | None = None, *,
+                max_tasks: int = DEFAULT_MAX_TASKS, skip_invalid: bool = False,
+                host: HostCapacity | None = None) -> ResolvedJob:
+    """A validated spec resolved into a job (models inspected, targets found, limits checked), as
+    load_job_text does for a file; root is the file's YAML (None for a spec farm built itself: no lines)."""
     load_input_files(spec, root, base_dir, source_name)
     targets = resolve_targets(spec, root, source_name, devices or [])
     check_cpu_sweep(spec, root, source_name, targets)

@@ -536,7 +536,7 @@ class SQLiteRuns(_Repository):
                 "approximate": int(result.approximate), "limits_cpus": limits.cpus,
                 "limits_cpuset": limits.cpuset, "limits_memory_mb": limits.memory_mb,
                 "wall_s": result.wall_s, "whole_run_s": result.whole_run_s,
-                "environment_json": json.dumps(result.environment),
+                "environment_json": json.dumps(result.stored_environment()),
                 "tool_versions_json": json.dumps(result.tool_versions), "log_tail": result.log_tail,
                 "contended": None if result.contention is None else int(result.contention.contended),
                 "contention_json": None if result.contention is None else json.dumps(dataclasses.asdict(result.contention)),
