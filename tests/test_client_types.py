@@ -170,3 +170,78 @@ sim: {{memory: 256m, on_contention: flag}}
             assert typed == run_records(farm.store, submitted.job, ops=ops)
             assert strict_json.dumps(farm.results(submitted.job, ops=ops)) == strict_json.dumps(typed)
         assert farm.job(submitted.job).status in ("completed", "failed")
+
+
+def test_the_table_made_servicer_checks_requests_and_the_client_checks_answers(tmp_path) -> None:
+    # a real controller in this process: requests from the wire are validated as their models, refusals
+    # keep their kind (NOT_FOUND, INVALID_ARGUMENT), and the remote client reads typed answers
+    import grpc
+
+    from farm.client.api import FarmError
+    from farm.client.config import Credentials
+    from farm.client.remote import RemoteFarm
+    from farm.controller.grpc_server import serve
+    from farm.controller.scheduling.store import Store
+    from farm.proto.generated import farm_pb2_grpc
+
+    running = serve(Store(tmp_path / "farm.db"), "127.0.0.1:0", tokens=None)
+    address = f"127.0.0.1:{running.port}"
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = farm_pb2_grpc.FarmServiceStub(channel)
+            for call, request, code, says in (
+                    (stub.Calibrate, farm_pb2.CalibrateRequest(metrics=["latency"] * 300), "INVALID_ARGUMENT",
+                     "metrics: List should have at most 256 items"),
+                    (stub.SetDeviceHealth, farm_pb2.SetDeviceHealthRequest(device="d", action="explode"),
+                     "INVALID_ARGUMENT", "action: Input should be 'quarantine', 'release' or 'maintenance'"),
+                    (stub.ListCalibrations, farm_pb2.ListCalibrationsRequest(device="\x1b" * 300), "INVALID_ARGUMENT",
+                     "device: String should have at most 200 characters"),
+                    (stub.GetJob, farm_pb2.JobRequest(job_id=9), "NOT_FOUND", "no job 9 in this farm"),
+                    (stub.Rank, farm_pb2.RankRequest(job=9), "INVALID_ARGUMENT", "no job 9 in this farm"),
+                    (stub.ForgetDevice, farm_pb2.ForgetDeviceRequest(name="nobody"), "NOT_FOUND",
+                     "no agent has registered a device named 'nobody'")):
+                with pytest.raises(grpc.RpcError) as refused:
+                    call(request, timeout=30)
+                assert refused.value.code().name == code and refused.value.details().startswith(says), \
+                    (call, refused.value.details())
+        with RemoteFarm(address, Credentials(token=None)) as farm:
+            assert farm.jobs() == [] and farm.devices() == [] and farm.agents() == [] and farm.drift() == []
+            with pytest.raises(FarmError, match="refused: no job 9 in this farm"):
+                farm.job(9)
+            with pytest.raises(FarmError, match="^action: Input should be 'quarantine'"):  # refused before it is sent
+                farm.set_device_health("d", "explode")
+    finally:
+        running.stop()
+
+
+def test_a_controller_answer_that_is_not_its_model_is_refused(tmp_path) -> None:
+    # a hostile (or broken) controller: a report file named as a path, a job answer missing its counts
+    from concurrent import futures
+
+    import grpc
+
+    from farm.client.api import EXIT_ENVIRONMENT, FarmError
+    from farm.client.config import Credentials
+    from farm.client.remote import RemoteFarm
+    from farm.proto.generated import farm_pb2_grpc
+
+    class Hostile(farm_pb2_grpc.FarmServiceServicer):
+        def Report(self, request: Any, context: Any) -> Any:
+            return farm_pb2.ReportResponse(files=[farm_pb2.ReportFile(name="../../.bashrc.html", data=b"x")])
+
+        def ListJobs(self, request: Any, context: Any) -> Any:
+            return farm_pb2.ListJobsResponse(jobs=[farm_pb2.Job(id=1, name="x", message="\x1b[2J")])
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    farm_pb2_grpc.add_FarmServiceServicer_to_server(Hostile(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with RemoteFarm(f"127.0.0.1:{port}", Credentials(token=None)) as farm:
+            with pytest.raises(FarmError, match=r"answered Report with files\.0\.name: Value error, a report file") as bad:
+                farm.report(1)
+            assert bad.value.exit_code == EXIT_ENVIRONMENT
+            # a message that is only unusual (all counts 0, an escape in its text) is an answer: shown, escaped later
+            assert farm.jobs()[0].message == "\x1b[2J"
+    finally:
+        server.stop(0)
