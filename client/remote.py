@@ -23,7 +23,7 @@ from farm.client.api import (
     Submitted,
 )
 from farm.client.config import Credentials
-from farm.proto.questions import FINISH_REFRESH, AnswerT, AskT, PredictAnswer, Question, RefreshAnswer, explain
+from farm.proto.questions import FINISH_REFRESH, PREDICT, AnswerT, AskT, Question, RefreshAnswer, explain
 from farm.proto.regular_files import FileRefused, read_regular_file
 from farm.proto.generated import farm_pb2, farm_pb2_grpc
 from farm.proto.wire import fill_message, model_from_message
@@ -222,12 +222,11 @@ class RemoteFarm(Farm):
             self._upload_model(ask.model, facts.sha256, facts.size_bytes, answer.max_model_bytes)
         measured: list[int] = []
         while True:  # each answer is the predictions, or a sim job the controller queued to measure first
-            r = self.client.call("Predict", farm_pb2.PredictRequest(
-                model_sha256=facts.sha256, model_name=ask.model.name, device=ask.device, metrics=list(ask.metrics),
-                threads=ask.threads, confidence=ask.confidence, include_contended=ask.include_contended,
-                measured_jobs=measured), timeout=120)
-            if not r.measure_job:
-                return self._answer("Predict", r, PredictAnswer).predictions
+            r = self._ask(PREDICT, model_sha256=facts.sha256, model_name=ask.model.name, device=ask.device,
+                          metrics=list(ask.metrics), threads=ask.threads, confidence=ask.confidence,
+                          include_contended=ask.include_contended, measured_jobs=measured)
+            if r.measure_job is None:
+                return r.predictions
             if r.measure_job in measured:
                 raise FarmError(f"the controller asked to measure job {r.measure_job} twice; `farm status "
                                 f"{r.measure_job}` shows it", EXIT_ENVIRONMENT)

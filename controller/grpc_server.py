@@ -49,7 +49,7 @@ from farm.controller import service as answers
 from farm.controller.service import ServiceError
 from farm.controller.scheduling.store import Store
 from farm.controller.scheduling.submission import load_submitted_job
-from farm.proto.questions import QUESTIONS, PredictAnswer, Question, explain
+from farm.proto.questions import QUESTIONS, Question, explain
 from farm.proto.wire import answer_to_message, model_from_message
 from farm.proto.escape import bounded_message, printable
 from farm.proto.names import SHA256_HEX, valid_agent_name
@@ -495,8 +495,15 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         from farm.controller.operations.alerts import alerts_from_environment
 
         hook = alerts_from_environment()
-        return answers.Scope(self.server.controller, self._viewer(context), self.server.job_sharing,
-                             cancel=self.server.cancel_job, agents=self.server.agents,
+        viewer = self._viewer(context)
+
+        def submit(job: Any) -> int:  # a prediction's measuring job: this caller's, run by the agents
+            job_id = self.server.controller.submit(job, owner=viewer.owner, team=viewer.team)
+            self.server.wake(queue_changed=True)
+            return job_id
+
+        return answers.Scope(self.server.controller, viewer, self.server.job_sharing, cancel=self.server.cancel_job,
+                             agents=self.server.agents, artifact=self.server.artifact_path, submit=submit,
                              alert=hook.send_async if hook else None)
 
     def _answer(self, context: grpc.ServicerContext, function: Any, *args: Any, **kwargs: Any) -> Any:
@@ -504,33 +511,6 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
             return function(*args, **kwargs)
         except ServiceError as e:
             context.abort(_STATUS.get(type(e), grpc.StatusCode.INVALID_ARGUMENT), bounded_message(str(e)))
-
-    @staticmethod
-    def _bounded(context: grpc.ServicerContext, *lists: Any) -> None:
-        if any(len(values) > answers.MAX_LIST for values in lists):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"at most {answers.MAX_LIST} values a list")
-
-    def Predict(self, request: farm_pb2.PredictRequest, context: grpc.ServicerContext) -> farm_pb2.PredictResponse:
-        self._bounded(context, request.metrics)
-        if len(request.measured_jobs) > 64:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "measured_jobs: at most 64")
-        for job_id in request.measured_jobs:  # each must be a job this caller may read
-            self._answer(context, self._scope(context).readable_job, job_id, ServiceError)
-        model = self.server.artifact_path(request.model_sha256) if SHA256_HEX.match(request.model_sha256) else None
-        if model is None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no uploaded model with sha256 {request.model_sha256[:64]!r} "
-                          "on this controller; `farm predict` uploads it first")
-        answer = self._answer(context, answers.predict, self.server.store, model, request.model_name,
-                              request.device, list(request.metrics) or ["latency"],
-                              threads=request.threads if request.HasField("threads") else None,
-                              confidence=request.confidence or 0.9, include_contended=request.include_contended,
-                              measured_jobs=tuple(request.measured_jobs))
-        if isinstance(answer, answers.MeasureFirst):  # sim only: the agents measure it like any job
-            viewer = self._viewer(context)
-            job_id = self.server.controller.submit(answer.job, owner=viewer.owner, team=viewer.team)
-            self.server.wake(queue_changed=True)
-            return farm_pb2.PredictResponse(measure_job=job_id)
-        return answer_to_message(PredictAnswer(predictions=answer), farm_pb2.PredictResponse())
 
     def StartRefresh(self, request: farm_pb2.StartRefreshRequest, context: grpc.ServicerContext) -> farm_pb2.SubmitJobResponse:
         from farm.controller.operations.reference_suite import SuiteError, submit_reference_suite

@@ -30,7 +30,7 @@ from farm.proto.questions import (
     AgentInfo, AgentsAnswer, CalibrateAnswer, CalibrateAsk, CalibrationFit, CalibrationsAnswer, CalibrationsAsk,
     CalibrationVersion, CancelAnswer, DeviceHealth, DeviceHealthAnswer, DeviceInfo, DevicesAnswer, DriftAnswer,
     DriftAsk, DriftRecord, FinishRefreshAsk, ForgetDeviceAnswer, ForgetDeviceAsk, JobAsk, JobInfo, JobsAnswer, JobsAsk,
-    NoAsk, Prediction, RankAnswer, RankAsk, RefreshAnswer, ReportAnswer, ReportAsk, ReportFile, ResultsAnswer,
+    NoAsk, PredictAnswer, Prediction, PredictUploadedAsk, RankAnswer, RankAsk, RefreshAnswer, ReportAnswer, ReportAsk, ReportFile, ResultsAnswer,
     RunRecord, SetDeviceHealthAnswer, SetDeviceHealthAsk,
 )
 from farm.proto.questions import MAX_LIST as MAX_LIST
@@ -157,6 +157,8 @@ class Scope:
     sharing: str = "shared"
     cancel: Callable[[int], int] | None = None
     agents: Any = None  # scheduling.sessions.Sessions
+    artifact: Callable[[str], Path | None] | None = None  # an uploaded model by its sha256 (a controller's store)
+    submit: Callable[[ResolvedJob], int] | None = None  # queue a job for this caller (a controller: its agents run it)
     alert: Callable[[dict[str, Any]], None] | None = field(default=None, compare=False)
 
     @property
@@ -556,3 +558,22 @@ def predict(store: Store, model: Path, model_name: str, device: str, metrics: li
                 "warnings": list(stored.calibration.warnings),
             }))
     return predictions
+
+
+def predict_uploaded(scope: Scope, ask: PredictUploadedAsk) -> PredictAnswer:
+    """`farm predict` against a controller: the estimates, or the sim-only job it queued to measure the model
+    (its agents run it like any job; the client watches it, then asks again)."""
+    if scope.artifact is None or scope.submit is None:
+        raise ServiceError("an uploaded model is predicted by a controller; embedded, `farm predict MODEL` reads the file")
+    for job_id in ask.measured_jobs:
+        _need_job(scope, job_id)
+    model = scope.artifact(ask.model_sha256)
+    if model is None:
+        raise ServiceError(f"no uploaded model with sha256 {ask.model_sha256!r} on this controller; `farm predict` "
+                           "uploads it first")
+    answer = predict(scope.store, model, ask.model_name, ask.device, ask.metrics, threads=ask.threads,
+                     confidence=ask.confidence, include_contended=ask.include_contended,
+                     measured_jobs=tuple(ask.measured_jobs))
+    if isinstance(answer, MeasureFirst):  # sim only: the agents measure it like any job
+        return PredictAnswer(predictions=[], measure_job=scope.submit(answer.job))
+    return PredictAnswer(predictions=answer)

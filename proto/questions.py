@@ -162,6 +162,27 @@ class ForgetDeviceAsk(Ask):
     device: Name = Field(alias="name")  # the wire's ForgetDeviceRequest.name
 
 
+class PredictUploadedAsk(Ask):
+    """`farm predict` against a controller: the model is an uploaded artifact (MissingArtifacts/UploadArtifact first)."""
+
+    model_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    model_name: Name  # for display: the client's file name
+    device: Name
+    metrics: list[Metric] = Field(default_factory=lambda: ["latency"], max_length=MAX_LIST)
+    threads: int | None = None
+    confidence: Annotated[float, BeforeValidator(lambda v: v or 0.9)] = 0.9  # the wire's 0: not given
+    include_contended: bool = False
+    measured_jobs: list[int] = Field(default_factory=list, max_length=64)  # measured for this question so far
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _latency_by_default(cls, value: object) -> object:
+        return list(value) if value else ["latency"]  # type: ignore[call-overload]
+
+    def job_ids(self) -> list[int]:
+        return list(self.measured_jobs)
+
+
 class FinishRefreshAsk(Ask):
     job: int
     k: float = 3.0
@@ -533,7 +554,11 @@ class Prediction(Model):
 
 
 class PredictAnswer(Model):
+    """The estimates; or, when no sim run of the model fits yet, the sim-only job queued to measure it first
+    (watch it, then ask again with it among measured_jobs: its run is reused)."""
+
     predictions: list[Prediction]
+    measure_job: int | None = None
 
 
 class RankColumn(Model):
@@ -681,12 +706,13 @@ LIST_CALIBRATIONS = Question("ListCalibrations", "calibrations", CalibrationsAsk
 RANK = Question("Rank", "rank", RankAsk, RankAnswer)
 REPORT = Question("Report", "report", ReportAsk, ReportAnswer, timeout_s=300)
 DRIFT = Question("Drift", "drift", DriftAsk, DriftAnswer)
+PREDICT = Question("Predict", "predict_uploaded", PredictUploadedAsk, PredictAnswer)
 FINISH_REFRESH = Question("FinishRefresh", "finish_refresh", FinishRefreshAsk, RefreshAnswer, timeout_s=600)
 
 # Every question answered the same way in both modes. Not here, and why: SubmitJob and UploadArtifact
-# carry files (uploaded by content first), WatchJob streams, Predict may queue a sim job to run before
-# it answers, StartRefresh submits the controller's own suite.
+# carry files (uploaded by content first), WatchJob streams, StartRefresh submits the controller's own suite.
+# Predict is here for a controller; embedded, the client runs the measuring job itself between two asks.
 QUESTIONS: tuple[Question[Any, Any], ...] = (
     GET_JOB, LIST_JOBS, CANCEL_JOB, GET_RESULTS, LIST_DEVICES, LIST_AGENTS, DEVICE_HEALTH, SET_DEVICE_HEALTH,
-    FORGET_DEVICE, CALIBRATE, LIST_CALIBRATIONS, RANK, REPORT, DRIFT, FINISH_REFRESH,
+    FORGET_DEVICE, CALIBRATE, LIST_CALIBRATIONS, RANK, REPORT, DRIFT, PREDICT, FINISH_REFRESH,
 )
