@@ -235,7 +235,7 @@ def cmd_calibrations(args: argparse.Namespace) -> int:
     if args.json:
         print(strict_json.dumps(rows, indent=2))
         return 0
-    show(out, calibrations_table([r.model_dump() for r in rows], when, wide=args.wide), wide=args.wide)
+    show(out, calibrations_table(rows, when, wide=args.wide), wide=args.wide)
     return 0
 
 
