@@ -530,6 +530,8 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         log.info("refresh: reference suite submitted as job %d for %d device(s) by a client", job_id, len(devices))
         return farm_pb2.SubmitJobResponse(job_id=job_id, tasks=self.server.controller.progress(job_id).total)
 
+
+# A refusal's kind, as a status code (a plain ServiceError is INVALID_ARGUMENT).
 _STATUS = {answers.NotFound: grpc.StatusCode.NOT_FOUND, answers.NotAllowed: grpc.StatusCode.PERMISSION_DENIED,
            answers.Refused: grpc.StatusCode.FAILED_PRECONDITION}
 
