@@ -76,21 +76,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return _suggest_offline(args)
     if args.pairs:
         return _calibrate_offline(args)
-    document = open_farm(args).calibrate(CalibrateAsk(
+    answer = open_farm(args).calibrate(CalibrateAsk(
         job=args.job, sim_job=args.sim_job, device_job=args.device_job, device=args.device,
-        metrics=tuple(args.metric or ["latency"]), min_pairs=args.min_pairs, include_contended=args.include_contended))
-    results = document["calibrations"]
+        metrics=list(args.metric or ["latency"]), min_pairs=args.min_pairs, include_contended=args.include_contended))
+    results = answer.calibrations
     if args.json:
-        print(strict_json.dumps(document, indent=2))
+        print(strict_json.dumps(answer, indent=2))
     else:
-        if results:
-            out.print(_fit_table(results, ["device", "metric", "threads", "family", "version"]))
-        _say_left_out(document["contended_left_out"])
-        for line in document["refused"]:
+        if results:  # the table reads the rows as the offline fit's (fit_row) too
+            out.print(_fit_table([r.model_dump() for r in results], ["device", "metric", "threads", "family", "version"]))
+        _say_left_out(answer.contended_left_out)
+        for line in answer.refused:
             err.print(Text.assemble(("not fitted ", "yellow"), line))
         for r in results:
-            for w in r["warnings"]:
-                err.print(Text.assemble(("warning ", "yellow"), f"{r['device']} {r['metric']} threads={r['threads']}: {w}"))
+            for w in r.warnings:
+                err.print(Text.assemble(("warning ", "yellow"), f"{r.device} {r.metric} threads={r.threads}: {w}"))
     return 0 if results else 1
 
 
@@ -261,14 +261,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
     for c in ("metric", "threads", "sim", "predicted", f"{int(args.confidence * 100)} % interval", "calibration", "sim run"):
         t.add_column(c)
     for p in predictions:
-        t.add_row(p["metric"], str(p["threads"]), f"{_fmt(p['sim'])} {p['unit']}", f"{_fmt(p['estimate'])} {p['unit']}",
-                  f"{_fmt(p['low'])} – {_fmt(p['high'])}",
-                  f"#{p['calibration']['id']} v{p['calibration']['version']} {p['calibration']['kind']}",
-                  "reused" if p["sim_reused"] else "measured now")
+        t.add_row(p.metric, str(p.threads), f"{_fmt(p.sim)} {p.unit}", f"{_fmt(p.estimate)} {p.unit}",
+                  f"{_fmt(p.low)} – {_fmt(p.high)}",
+                  f"#{p.calibration.id} v{p.calibration.version} {p.calibration.kind}",
+                  "reused" if p.sim_reused else "measured now")
     out.print(t)
     for p in predictions:
-        for w in p["warnings"]:
-            err.print(Text.assemble(("warning ", "yellow"), f"{p['metric']} threads={p['threads']}: {w}"))
+        for w in p.warnings:
+            err.print(Text.assemble(("warning ", "yellow"), f"{p.metric} threads={p.threads}: {w}"))
     return 0
 
 
@@ -320,29 +320,29 @@ def _predict_offline(args: argparse.Namespace) -> int:
 
 # --- rank ------------------------------------------------------------------------------------
 def cmd_rank(args: argparse.Namespace) -> int:
-    ranking = open_farm(args).rank(RankAsk(job=args.job, metric=args.metric, device_jobs=tuple(args.device_job or ()),
-                                           devices=tuple(args.device or ()), include_contended=args.include_contended))
+    ranking = open_farm(args).rank(RankAsk(job=args.job, metric=args.metric, device_jobs=list(args.device_job or ()),
+                                           devices=list(args.device or ()), include_contended=args.include_contended))
     if args.json:
         print(strict_json.dumps(ranking, indent=2))
         return 0
-    for group in ranking["groups"]:
+    for group in ranking.groups:
         t = Table(header_style="bold",
-                  title=f"job {args.job} · {args.metric} · threads {group['threads']} · batch {group['batch_size']}")
+                  title=f"job {args.job} · {args.metric} · threads {group.threads} · batch {group.batch_size}")
         t.add_column("#")
-        for col in group["columns"]:
-            name = escape(printable(col["name"]))
-            t.add_column(f"{name}\nτ = {_fmt(col['kendall_tau'], '.2f')}" if col["kendall_tau"] is not None else name)
-        for i in range(max(len(col["order"]) for col in group["columns"])):
+        for col in group.columns:
+            name = escape(printable(col.name))
+            t.add_column(f"{name}\nτ = {_fmt(col.kendall_tau, '.2f')}" if col.kendall_tau is not None else name)
+        for i in range(max(len(col.order) for col in group.columns)):
             cells = []
-            for col in group["columns"]:
-                name, value = col["order"][i] if i < len(col["order"]) else ("", None)
-                cells.append(Text(f"{printable(name)} ({_fmt(value)})" if name else ""))
+            for col in group.columns:
+                model, value = col.order[i] if i < len(col.order) else ("", None)
+                cells.append(Text(f"{printable(model)} ({_fmt(value)})" if model else ""))
             t.add_row(str(i + 1), *cells)
         out.print(t)
-        for col in group["columns"]:
-            for note in col.get("notes", ()):
-                out.print(Text(printable(f"{col['name']}: {note}", limit=None)), style="yellow")
-    _say_left_out(ranking["contended_left_out"])
+        for col in group.columns:
+            for note in col.notes:
+                out.print(Text(printable(f"{col.name}: {note}", limit=None)), style="yellow")
+    _say_left_out(ranking.contended_left_out)
     return 0
 
 

@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 from rich.console import Console
 from rich.text import Text
 
-from farm.client.api import FarmError
+from farm.client.api import FarmError, Problem
 from farm.client.api import Progress as FarmProgress
 from farm.proto.escape import printable
 
@@ -27,7 +27,7 @@ class UserError(FarmError):
     """Bad input; printed as one paragraph, exit code 2 (with --json also as JSON on stdout)."""
 
     def __init__(self, message: str, problems: list[dict] | None = None) -> None:
-        super().__init__(message, problems=problems)
+        super().__init__(message, problems=[Problem.model_validate(p) for p in problems or []])
 
 
 def lab_devices(args: argparse.Namespace) -> list:

@@ -14,6 +14,7 @@ from rich.text import Text
 
 from farm.cli.console import UserError, open_farm, out, when
 from farm.cli.render import empty_list
+from farm.client.api import ForgetDeviceAnswer, SetDeviceHealthAnswer
 from farm.proto.escape import printable
 from farm.proto import strict_json
 
@@ -35,16 +36,17 @@ def cmd_device(args: argparse.Namespace) -> int:
         for c in ("device", "health", "since", "reason"):
             t.add_column(c)
         for r in rows:
-            t.add_row(Text(r["name"]), r["health"], when(r["changed_at"]), Text(printable(r["reason"] or "", limit=None)))
+            t.add_row(Text(r.name), r.health, when(r.changed_at), Text(printable(r.reason or "", limit=None)))
         out.print(t)
         return 0
+    answer: ForgetDeviceAnswer | SetDeviceHealthAnswer
     if args.action == "forget":
-        answer = farm.forget_device(args.device)
-        message = (f"device {answer['device']} forgotten: it no longer belongs to agent {answer['agent']}; the next "
+        forgotten = answer = farm.forget_device(args.device)
+        message = (f"device {forgotten.device} forgotten: it no longer belongs to agent {forgotten.agent}; the next "
                    "agent that registers it owns it")
     else:
-        answer = farm.set_device_health(args.device, args.action, args.reason)
-        n = answer["failed_tasks"]
+        changed = answer = farm.set_device_health(args.device, args.action, args.reason)
+        n = changed.failed_tasks
         message = {"release": f"{args.device} released: it takes tasks again",
                    "quarantine": f"{args.device} quarantined; {n} waiting task(s) failed (infrastructure)",
                    "maintenance": f"{args.device} in maintenance; {n} waiting task(s) failed (infrastructure)",

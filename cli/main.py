@@ -19,7 +19,7 @@ from rich.text import Text
 from farm.version import __version__
 from farm.cli import console
 from farm.cli.console import job_progress, open_farm
-from farm.client.api import EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNS_FAILED, Farm, FarmError
+from farm.client.api import EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNS_FAILED, Farm, FarmError, Problem
 from farm.proto import strict_json
 from farm.proto.escape import printable
 from farm.proto.task_limits import DEFAULT_MAX_TASKS
@@ -54,7 +54,7 @@ def _positive_int(text: str) -> int:
 def _finish(args: argparse.Namespace, farm: Farm, job_id: int, completed_normally: bool) -> int:
     from farm.cli.render import failures, results_table, show, to_json
 
-    records = farm.results(job_id)
+    records = [r.model_dump() for r in farm.results(job_id)]  # the tables read a record's JSON form
     job = farm.job(job_id)
     if args.json:
         print(to_json({"job": job_id, "status": job.status, "results": records,
@@ -115,7 +115,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         submitted = farm.submit(Path(args.job_file), priority=args.priority, max_tasks=args.max_tasks,
                                 skip_invalid=args.skip_invalid, detach=args.detach, on_warning=warn,
                                 on_progress=update, overrides=args.set or ())
-    args.warnings = submitted.warnings
+    args.warnings = [w.model_dump() for w in submitted.warnings]
     if not args.json and not args.quiet:
         each = submitted.tasks // max(1, submitted.models)
         err.print(f"job {submitted.job}: {submitted.models} model(s) × {each} run(s) each = {submitted.tasks} run(s), "
@@ -159,7 +159,7 @@ def cmd_results(args: argparse.Namespace) -> int:
     from farm.cli.render import results_csv, results_table, show, to_json
 
     farm = open_farm(args)
-    records = farm.results(args.job, ops=args.ops)
+    records = [r.model_dump() for r in farm.results(args.job, ops=args.ops)]  # the tables read a record's JSON form
     fmt = "json" if args.json else args.format
     if args.pairs:
         from farm.cli.render import pairs_table
@@ -388,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _report_error(args: argparse.Namespace, message: str, code: int, problems: list[dict] | None = None) -> int:
+def _report_error(args: argparse.Namespace, message: str, code: int, problems: list[Problem] | None = None) -> int:
     """One paragraph on stderr; with --json the same as JSON on stdout, for scripts."""
     err.print(Text.assemble(("error: ", "red"), message), highlight=False)
     if getattr(args, "json", False):

@@ -33,18 +33,18 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     if args.json:
         print(strict_json.dumps(report, indent=2))
     else:
-        out.print(f"reference suite: job {report['job']}; {len(report['calibrations'])} calibration version(s) written")
-        for d in report["drift"]:
-            verdict = Text(f"drift: {'; '.join(d['reasons'])}", "yellow") if d["exceeded"] else Text("no drift", "green")
-            out.print(Text.assemble(f"{d['device']} latency threads={d['threads']}: ", verdict))
-        for device, why in report["quarantined"].items():
+        out.print(f"reference suite: job {report.job}; {len(report.calibrations)} calibration version(s) written")
+        for d in report.drift:
+            verdict = Text(f"drift: {'; '.join(d.reasons)}", "yellow") if d.exceeded else Text("no drift", "green")
+            out.print(Text.assemble(f"{d.device} latency threads={d.threads}: ", verdict))
+        for device, why in report.quarantined.items():
             err.print(Text.assemble(("quarantined ", "red"), f"{device}: " + "; ".join(why)))
-        for line in report["refused"]:
+        for line in report.refused:
             err.print(Text.assemble(("not fitted ", "yellow"), line))
-        if report["contended_left_out"]:
-            err.print(Text.assemble(("left out ", "yellow"), f"{report['contended_left_out']} contended sim run(s): "
+        if report.contended_left_out:
+            err.print(Text.assemble(("left out ", "yellow"), f"{report.contended_left_out} contended sim run(s): "
                                     "other work used their cores"))
-    return 1 if report["quarantined"] else 0
+    return 1 if report.quarantined else 0
 
 
 def cmd_drift(args: argparse.Namespace) -> int:
@@ -61,10 +61,10 @@ def cmd_drift(args: argparse.Namespace) -> int:
               "prediction shift", "verdict"):
         t.add_column(c)
     for r in rows:
-        t.add_row(when(r["created_at"]), Text(r["device"]), r["metric"], str(r["threads"]),
-                  f"#{r['previous_id']} → #{r['calibration_id']}", f"{100 * r['slope_change']:.1f} %",
-                  f"{100 * r['intercept_change']:.1f} %", f"{r['r2_drop']:.3f}", f"{100 * r['prediction_shift']:.1f} %",
-                  Text(r["reasons"] or "ok", "yellow" if r["exceeded"] else "green"))
+        t.add_row(when(r.created_at), Text(r.device), r.metric, str(r.threads),
+                  f"#{r.previous_id} → #{r.calibration_id}", f"{100 * r.slope_change:.1f} %",
+                  f"{100 * r.intercept_change:.1f} %", f"{r.r2_drop:.3f}", f"{100 * r.prediction_shift:.1f} %",
+                  Text(r.reasons or "ok", "yellow" if r.exceeded else "green"))
     out.print(t)
     return 0
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.measure import Measurement
@@ -11,6 +11,9 @@ from rich.text import Text
 
 from farm.controller.analysis.export import results_csv as results_csv, to_json as to_json  # shared with the dashboard
 from farm.proto.escape import printable
+
+if TYPE_CHECKING:  # web/ imports this module too: the answer models load with the commands that print them
+    from farm.proto.questions import CalibrationVersion
 
 
 def _fmt(v: float | None, digits: int = 2) -> str:
@@ -287,7 +290,7 @@ def failures(records: list[dict[str, Any]]) -> list[str]:
             f"{printable(r['message'], limit=None, multiline=True)}" for r in records if r["failure_class"] and r["status"] not in ("completed", "canceled")]
 
 
-def calibrations_table(rows: list[dict[str, Any]], when, *, wide: bool = False) -> RenderableType:
+def calibrations_table(rows: list[CalibrationVersion], when, *, wide: bool = False) -> RenderableType:
     """`farm calibrations`: what each version is and how good, in 100 columns; the key's rest in --wide."""
     if not rows:
         return Text("no calibrations stored yet: `farm calibrate --sim-job A --device-job B --device NAME` fits one "
@@ -314,16 +317,16 @@ def calibrations_table(rows: list[dict[str, Any]], when, *, wide: bool = False) 
         return "—" if v is None else format(v, spec)
 
     for r in rows:
-        row: list[str | Text] = [str(r["id"]), Text(printable(r["device"], limit=None)), r["metric"], str(r["threads"])]
+        row: list[str | Text] = [str(r.id), Text(printable(r.device, limit=None)), r.metric, str(r.threads)]
         if wide:
-            prior = "—" if r["prior_weight"] is None else f"{100 * r['prior_weight']:.0f} % ({r['prior_source']})"
-            row += [str(r["batch_size"] or 1), str(r["input_size"] or "—"), r["precision"] or "fp32",
-                    Text(printable(r["family"] or "(all)", limit=None)), when(r["created_at"]), r["kind"]]
-        row += [str(r["version"]), Text(r["formula"]), num(r["r2"], ".3f"), str(r["n"]),
-                num(100 * r["loo_mape"] if r["loo_mape"] is not None else None, ".1f")]
+            prior = "—" if r.prior_weight is None else f"{100 * r.prior_weight:.0f} % ({r.prior_source})"
+            row += [str(r.batch_size or 1), str(r.input_size or "—"), r.precision or "fp32",
+                    Text(printable(r.family or "(all)", limit=None)), when(r.created_at), r.kind or ""]
+        row += [str(r.version), Text(r.formula), num(r.r2, ".3f"), str(r.n),
+                num(100 * r.loo_mape if r.loo_mape is not None else None, ".1f")]
         if wide:
-            row += [num(r["spearman_rho"], ".2f"), Text(prior)]
-        row.append(Text(printable("; ".join(r["warnings"]) or "—", limit=None)))
+            row += [num(r.spearman_rho, ".2f"), Text(prior)]
+        row.append(Text(printable("; ".join(r.warnings) or "—", limit=None)))
         t.add_row(*row)
     if wide:
         return t

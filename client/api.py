@@ -1,17 +1,27 @@
 """What a user can ask of a farm, whichever farm it is: `Farm`, with two implementations.
 
 `farm.client.embedded.EmbeddedFarm` answers from a local store (runs go to an agent in this
-process); `farm.client.remote.RemoteFarm` asks a controller over gRPC. Both return the records
-below, so the CLI and the Python API render and compute nothing twice.
+process); `farm.client.remote.RemoteFarm` asks a controller over gRPC. Both answer the questions
+of farm.proto.questions' table with its typed answer models, so the CLI and the Python API render
+and compute nothing twice, and no `dict[str, Any]` crosses this interface (tests/test_client_types.py).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
+from pydantic import ValidationError
+
+from farm.proto.questions import (
+    CALIBRATE, CANCEL_JOB, DEVICE_HEALTH, DRIFT, FORGET_DEVICE, GET_JOB, GET_RESULTS, LIST_AGENTS, LIST_CALIBRATIONS,
+    LIST_DEVICES, LIST_JOBS, RANK, REPORT, SET_DEVICE_HEALTH, TERMINAL, AgentInfo, AnswerT, AskT, CalibrateAnswer,
+    CalibrateAsk, CalibrationVersion, DeviceHealth, DeviceInfo, DriftRecord, ForgetDeviceAnswer, JobInfo, Prediction,
+    Problem, Question, RankAnswer, RankAsk, RefreshAnswer, ReportAnswer, ReportFile, RunRecord, SetDeviceHealthAnswer,
+    explain,
+)
 from farm.proto.regular_files import MAX_JOB_FILE_BYTES, FileRefused, read_regular_file
 
 if TYPE_CHECKING:  # the job model (pydantic) loads only when a job is read: `farm jobs` never needs it
@@ -19,50 +29,21 @@ if TYPE_CHECKING:  # the job model (pydantic) loads only when a job is read: `fa
 
 # farm's exit codes, the one set: every command's, and the code a FarmError carries (README.md: "Exit codes").
 EXIT_OK, EXIT_RUNS_FAILED, EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-TERMINAL = ("completed", "failed", "canceled")
-# A JSON document exactly as the command's --json prints it (calibrate, rank, predict...).
-Document = dict[str, Any]
+Report = ReportAnswer  # the report's files (the HTML page first) and what it warns about
+
+__all__ = ["AgentInfo", "CalibrateAnswer", "CalibrateAsk", "CalibrationVersion", "DeviceHealth", "DeviceInfo",
+           "DriftRecord", "Farm", "FarmError", "ForgetDeviceAnswer", "JobInfo", "PredictAsk", "Prediction", "Problem",
+           "Progress", "RankAnswer", "RankAsk", "RefreshAnswer", "RefreshAsk", "Report", "ReportFile", "RunRecord",
+           "SetDeviceHealthAnswer", "Submitted", "TERMINAL", "explain"]
 
 
 class FarmError(Exception):
     """A refusal said so a person can act on it; exit_code is the CLI's (2 bad input, 3 environment)."""
 
-    def __init__(self, message: str, exit_code: int = EXIT_BAD_INPUT, problems: list[dict] | None = None) -> None:
+    def __init__(self, message: str, exit_code: int = EXIT_BAD_INPUT, problems: list[Problem] | None = None) -> None:
         super().__init__(message)
         self.exit_code = exit_code
         self.problems = problems or []  # file / line / field / message, for scripts
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    job: int
-    name: str
-    status: str
-    priority: str
-    total: int
-    pending: int
-    running: int
-    completed: int
-    failed: int
-    canceled: int
-    created_at: float | None
-    started_at: float | None
-    finished_at: float | None
-    message: str | None
-    owner_pid: int | None = None  # embedded: the process running it (a controller keeps its own)
-    owner_host: str | None = None
-
-    @property
-    def done(self) -> int:
-        return self.completed + self.failed + self.canceled
-
-    @property
-    def finished(self) -> bool:
-        return self.status in TERMINAL
-
-    def to_json(self) -> dict[str, Any]:
-        # `id` and `tasks` too: `farm jobs --json` has always named them so
-        return {**asdict(self), "id": self.job, "tasks": self.total}
 
 
 @dataclass(frozen=True)
@@ -71,7 +52,7 @@ class Submitted:
     tasks: int
     models: int
     where: str  # "store PATH" or "controller HOST:PORT"
-    warnings: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
     log: Path | None = None  # embedded --detach: the background run's output
 
 
@@ -91,38 +72,6 @@ class Progress:
     @property
     def done(self) -> int:
         return self.completed + self.failed + self.canceled
-
-
-@dataclass(frozen=True)
-class ReportFile:
-    name: str  # "report.html" or a figure's file name
-    data: bytes
-
-
-@dataclass(frozen=True)
-class Report:
-    files: list[ReportFile]
-    warnings: list[str]  # what the page warns about: no completed run (then no figures), contended runs...
-
-
-@dataclass(frozen=True)
-class CalibrateAsk:
-    job: int | None = None
-    sim_job: int | None = None
-    device_job: int | None = None
-    device: str | None = None
-    metrics: tuple[str, ...] = ("latency",)
-    min_pairs: int = 4
-    include_contended: bool = False
-
-
-@dataclass(frozen=True)
-class RankAsk:
-    job: int
-    metric: str = "latency"
-    device_jobs: tuple[int, ...] = ()
-    devices: tuple[str, ...] = ()
-    include_contended: bool = False
 
 
 @dataclass(frozen=True)
@@ -198,58 +147,70 @@ class Farm(ABC):
         """Take an interrupted job back into the queue (then `wait` runs it)."""
 
     @abstractmethod
-    def job(self, job: int) -> JobInfo: ...
+    def ask(self, question: Question[AskT, AnswerT], request: AskT) -> AnswerT:
+        """Answer one question of farm.proto.questions' table: here (embedded) or by the controller."""
 
-    @abstractmethod
-    def jobs(self, limit: int = 50) -> list[JobInfo]: ...
+    def _ask(self, question: Question[AskT, AnswerT], **fields: object) -> AnswerT:
+        """ask() with the request built (and checked) from keyword fields: a bad one is a FarmError naming it."""
+        try:
+            request = question.ask.model_validate(fields)
+        except ValidationError as e:
+            raise FarmError(explain(e)) from None
+        return self.ask(question, request)
 
-    @abstractmethod
+    def job(self, job: int) -> JobInfo:
+        return self._ask(GET_JOB, job_id=job)
+
+    def jobs(self, limit: int = 50) -> list[JobInfo]:
+        return self._ask(LIST_JOBS, limit=limit).jobs
+
     def cancel(self, job: int) -> int:
         """Unfinished runs canceled."""
+        return self._ask(CANCEL_JOB, job_id=job).canceled_tasks
 
-    @abstractmethod
-    def results(self, job: int, *, ops: bool = False) -> list[dict[str, Any]]:
+    def results(self, job: int, *, ops: bool = False) -> list[RunRecord]:
         """The run records (`farm results --format json`); with `ops`, each run's op profile too."""
+        return self._ask(GET_RESULTS, job_id=job, ops=ops).records
 
     # --- devices ------------------------------------------------------------------------
-    @abstractmethod
-    def devices(self) -> list[dict[str, Any]]: ...
+    def devices(self) -> list[DeviceInfo]:
+        return self._ask(LIST_DEVICES).devices
 
-    @abstractmethod
-    def agents(self) -> list[dict[str, Any]]: ...
+    def agents(self) -> list[AgentInfo]:
+        return self._ask(LIST_AGENTS).agents
 
-    @abstractmethod
-    def device_health(self) -> list[dict[str, Any]]: ...
+    def device_health(self) -> list[DeviceHealth]:
+        return self._ask(DEVICE_HEALTH).devices
 
-    @abstractmethod
-    def set_device_health(self, device: str, action: str, reason: str | None = None) -> dict[str, Any]:
+    def set_device_health(self, device: str, action: str, reason: str | None = None) -> SetDeviceHealthAnswer:
         """quarantine | release | maintenance."""
+        return self._ask(SET_DEVICE_HEALTH, device=device, action=action, reason=reason)
 
-    @abstractmethod
-    def forget_device(self, device: str) -> dict[str, Any]: ...
+    def forget_device(self, device: str) -> ForgetDeviceAnswer:
+        return self._ask(FORGET_DEVICE, device=device)
 
     # --- analysis -----------------------------------------------------------------------
-    @abstractmethod
-    def calibrate(self, ask: CalibrateAsk) -> Document: ...
+    def calibrate(self, ask: CalibrateAsk) -> CalibrateAnswer:
+        return self.ask(CALIBRATE, ask)
+
+    def calibrations(self, device: str | None = None, metric: str | None = None) -> list[CalibrationVersion]:
+        return self._ask(LIST_CALIBRATIONS, device=device, metric=metric).calibrations
 
     @abstractmethod
-    def calibrations(self, device: str | None = None, metric: str | None = None) -> list[dict[str, Any]]: ...
+    def predict(self, ask: PredictAsk, on_progress: OnProgress | None = None) -> list[Prediction]: ...
+
+    def rank(self, ask: RankAsk) -> RankAnswer:
+        return self.ask(RANK, ask)
+
+    def report(self, job: int, *, html: bool = True, png: bool = False) -> ReportAnswer:
+        return self._ask(REPORT, job=job, html=html, png=png)
 
     @abstractmethod
-    def predict(self, ask: PredictAsk, on_progress: OnProgress | None = None) -> list[dict[str, Any]]: ...
-
-    @abstractmethod
-    def rank(self, ask: RankAsk) -> Document: ...
-
-    @abstractmethod
-    def report(self, job: int, *, html: bool = True, png: bool = False) -> Report: ...
-
-    @abstractmethod
-    def refresh(self, ask: RefreshAsk, on_progress: OnProgress | None = None) -> Document | None:
+    def refresh(self, ask: RefreshAsk, on_progress: OnProgress | None = None) -> RefreshAnswer | None:
         """Reference suite on every device, refit, drift, golden checks; None when interrupted."""
 
-    @abstractmethod
-    def drift(self, device: str | None = None) -> list[dict[str, Any]]: ...
+    def drift(self, device: str | None = None) -> list[DriftRecord]:
+        return self._ask(DRIFT, device=device).drift
 
     def close(self) -> None:
         pass

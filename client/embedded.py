@@ -18,9 +18,10 @@ from typing import Any, Callable, Sequence
 
 from farm.proto.spec import Priority
 from farm.client.api import (
-    EXIT_ENVIRONMENT, TERMINAL, CalibrateAsk, Document, Farm, FarmError, JobInfo, OnProgress, PredictAsk, Progress,
-    RankAsk, RefreshAsk, Report, ReportFile, Submitted,
+    EXIT_ENVIRONMENT, TERMINAL, DeviceInfo, Farm, FarmError, JobInfo, OnProgress, PredictAsk, Prediction, Problem,
+    Progress, RefreshAsk, Submitted,
 )
+from farm.proto.questions import FINISH_REFRESH, AnswerT, AskT, Question, RefreshAnswer
 from farm.controller import service
 from farm.controller.scheduling.controller import Controller
 from farm.controller.store import DB_ENV, StoreError, default_db_path, open_store
@@ -33,7 +34,7 @@ def _job_info(controller: Controller, job_id: int) -> JobInfo:
     info = service.job_info(controller, job_id)
     if info is None:
         raise FarmError(f"no job {job_id} in {controller.store.path}; `farm jobs` lists the jobs there.")
-    return JobInfo(**info)
+    return info
 
 
 def check_runner_options(slots: Any, backend: Any) -> None:
@@ -64,6 +65,7 @@ class EmbeddedFarm(Farm):
         except StoreError as e:
             raise FarmError(str(e)) from None
         self.controller = Controller(self.store)
+        self.scope = service.Scope(self.controller)  # everyone's jobs, no agents to list: this process runs them
         self.slots, self.backend = slots, backend
         self.devices_file = Path(devices_file).absolute() if devices_file else None  # handed to a --detach run
         self._lab_source = lab or _lab_from_environment
@@ -100,7 +102,7 @@ class EmbeddedFarm(Farm):
             job = load_job(source, **options) if text is None else \
                 load_job_text(text, str(source), source.resolve().parent, source.resolve(), **options)
         except JobFileError as e:
-            raise FarmError(str(e), problems=[p.to_json() for p in e.problems]) from None
+            raise FarmError(str(e), problems=[Problem.model_validate(p.to_json()) for p in e.problems]) from None
         for problem in [*job.warnings, *(m.problem for m in job.invalid)]:
             if on_warning:
                 on_warning("warning" if problem in job.warnings else "skipped", str(problem))
@@ -117,7 +119,7 @@ class EmbeddedFarm(Farm):
         job_id = self.controller.submit(job)
         log = self._start_background(job_id) if detach else None
         return Submitted(job=job_id, tasks=self.controller.progress(job_id).total, models=len(job.models),
-                         where=self.where, warnings=[p.to_json() for p in job.warnings], log=log)
+                         where=self.where, warnings=[Problem.model_validate(p.to_json()) for p in job.warnings], log=log)
 
     def _unenforced_budget(self, spec: Any) -> str | None:
         """A fractional CPU budget the backend these runs get cannot enforce (said before the job runs)."""
@@ -219,23 +221,13 @@ class EmbeddedFarm(Farm):
                             "first or wait.")
         self.controller.resume(job)
 
-    def job(self, job: int) -> JobInfo:
-        return _job_info(self.controller, job)
-
-    def jobs(self, limit: int = 50) -> list[JobInfo]:
-        return [JobInfo(**info) for info in service.job_infos(self.controller, limit)]
-
-    def cancel(self, job: int) -> int:
-        _job_info(self.controller, job)
-        return self.controller.cancel_job(job)
-
-    def results(self, job: int, *, ops: bool = False) -> list[dict[str, Any]]:
-        from farm.controller.analysis.results import run_records
-        _job_info(self.controller, job)
-        return run_records(self.store, job, ops=ops)
+    def ask(self, question: Question[AskT, AnswerT], request: AskT) -> AnswerT:
+        """The service function of the question's table line answers, over this process's store."""
+        answer: AnswerT = _answer(getattr(service, question.service), self.scope, request)
+        return answer
 
     # --- devices ------------------------------------------------------------------------
-    def devices(self) -> list[dict[str, Any]]:
+    def devices(self) -> list[DeviceInfo]:
         """The lab's device list, each with health, its last reference-suite check and calibration age."""
         from farm.controller.operations.refresh import last_reference_checks
 
@@ -245,56 +237,25 @@ class EmbeddedFarm(Farm):
         for d in self.lab():
             newest = self.store.calibrations.newest_at(d.name)
             h = health.get(d.name)
-            rows.append({"name": d.name, "driver": d.entry.driver,
-                         "device_type": d.device_type.name if d.device_type else None, "tags": d.tags,
-                         "health": h["health"] if h else "unknown", "reason": h["reason"] if h else None,
-                         "last_check": checks.get(d.name),
-                         "calibration_age_s": time.time() - newest if newest else None})
+            rows.append(DeviceInfo(name=d.name, driver=d.entry.driver,
+                                   device_type=d.device_type.name if d.device_type else None, tags=d.tags,
+                                   health=h["health"] if h else "unknown", reason=h["reason"] if h else None,
+                                   last_check=checks.get(d.name),
+                                   calibration_age_s=time.time() - newest if newest else None))
         return rows
 
-    def agents(self) -> list[dict[str, Any]]:
-        raise FarmError("`farm agents` lists a controller's agents: pass --controller HOST:PORT (or set "
-                        "FARM_CONTROLLER); embedded runs have one agent, in the process that runs the job")
-
-    def device_health(self) -> list[dict[str, Any]]:
-        return service.device_health(self.store)
-
-    def set_device_health(self, device: str, action: str, reason: str | None = None) -> dict[str, Any]:
-        return _answer(service.set_device_health, self.controller, device, action, reason)
-
-    def forget_device(self, device: str) -> dict[str, Any]:
-        raise FarmError("`farm device forget NAME` frees a name on a controller: pass --controller HOST:PORT and an "
-                        "admin --token")
-
-    # --- analysis -----------------------------------------------------------------------
-    def calibrate(self, ask: CalibrateAsk) -> Document:
-        return _answer(service.calibrate, self.store, job=ask.job, sim_job=ask.sim_job, device_job=ask.device_job,
-                       device=ask.device, metrics=list(ask.metrics), min_pairs=ask.min_pairs,
-                       include_contended=ask.include_contended)
-
-    def calibrations(self, device: str | None = None, metric: str | None = None) -> list[dict[str, Any]]:
-        return service.calibrations(self.store, device, metric)
-
-    def predict(self, ask: PredictAsk, on_progress: OnProgress | None = None) -> list[dict[str, Any]]:
+    def predict(self, ask: PredictAsk, on_progress: OnProgress | None = None) -> list[Prediction]:
         measured: list[int] = []
         while True:  # the service says which sim job to run first; run it here, then ask again
             answer = _answer(service.predict, self.store, ask.model.resolve(), ask.model.name, ask.device,
                              list(ask.metrics), threads=ask.threads, confidence=ask.confidence,
                              include_contended=ask.include_contended, measured_jobs=tuple(measured))
             if not isinstance(answer, service.MeasureFirst):
-                return answer
+                return list(answer)
             job_id = self.controller.submit(answer.job)
             measured.append(job_id)
             if not self._run_here(job_id, on_progress):
                 raise KeyboardInterrupt
-
-    def rank(self, ask: RankAsk) -> Document:
-        return _answer(service.rank, self.store, job=ask.job, metric=ask.metric, device_jobs=list(ask.device_jobs),
-                       devices=list(ask.devices), include_contended=ask.include_contended)
-
-    def report(self, job: int, *, html: bool = True, png: bool = False) -> Report:
-        files, warnings = _answer(service.report, self.store, job, html=html, png=png)
-        return Report([ReportFile(name, data) for name, data in files], warnings)
 
     def _reference_run(self, lab: list[Any], *, priority: Priority, on_progress: OnProgress | None,
                        suite: Path | None = None) -> int | None:
@@ -308,7 +269,7 @@ class EmbeddedFarm(Farm):
             raise FarmError(str(e)) from None
         return job_id if self._run_here(job_id, on_progress) else None
 
-    def refresh(self, ask: RefreshAsk, on_progress: OnProgress | None = None) -> Document | None:
+    def refresh(self, ask: RefreshAsk, on_progress: OnProgress | None = None) -> RefreshAnswer | None:
         from farm.controller.operations.alerts import alerts_from_environment
 
         lab = self.lab()
@@ -318,13 +279,13 @@ class EmbeddedFarm(Farm):
         if job_id is None:
             return None
         webhook = alerts_from_environment()
-        return _answer(service.finish_refresh, self.store, job_id, k=ask.k, max_slope_change=ask.max_slope_change,
-                       max_prediction_shift=ask.max_prediction_shift, max_intercept_change=ask.max_intercept_change,
-                       max_r2_drop=ask.max_r2_drop, include_contended=ask.include_contended,
-                       alert=webhook.send_async if webhook else None)
-
-    def drift(self, device: str | None = None) -> list[dict[str, Any]]:
-        return service.drift(self.store, device)
+        scope = service.Scope(self.controller, alert=webhook.send_async if webhook else None)
+        request = FINISH_REFRESH.ask(job=job_id, k=ask.k, max_slope_change=ask.max_slope_change,
+                                     max_prediction_shift=ask.max_prediction_shift,
+                                     max_intercept_change=ask.max_intercept_change, max_r2_drop=ask.max_r2_drop,
+                                     include_contended=ask.include_contended)
+        answer: RefreshAnswer = _answer(service.finish_refresh, scope, request)
+        return answer
 
 
 def _answer(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -8,32 +8,32 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
-import re
 from pathlib import Path
 from typing import Any, Callable, Sequence, Iterator
 
 import grpc
+from google.protobuf.message import Message
+from google.protobuf.message_factory import GetMessageClass
+from pydantic import ValidationError
 
 from farm.proto.spec import Priority
 from farm.client.api import (
-    EXIT_ENVIRONMENT, CalibrateAsk, Document, Farm, FarmError, JobInfo, OnProgress, PredictAsk, Progress, RankAsk,
-    RefreshAsk, Report, ReportFile, Submitted,
+    EXIT_ENVIRONMENT, Farm, FarmError, OnProgress, PredictAsk, Prediction, Problem, Progress, RefreshAsk,
+    Submitted,
 )
 from farm.client.config import Credentials
-from farm.proto.escape import printable
+from farm.proto.questions import FINISH_REFRESH, PREDICT, AnswerT, AskT, Question, RefreshAnswer, explain
 from farm.proto.regular_files import FileRefused, read_regular_file
 from farm.proto.generated import farm_pb2, farm_pb2_grpc
+from farm.proto.wire import fill_message, model_from_message
 
 # The sandboxes fork; gRPC's fork handlers are not needed (children exec at once) and only log noise.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 UPLOAD_CHUNK_BYTES = 1 << 20
 MAX_JOB_FILE_BYTES = 1 << 20  # the controller's limit too (grpc_server.MAX_JOB_FILE_BYTES)
-MAX_REPORT_BYTES = 64 << 20  # what a report answer may carry (the channel's receive limit)
-# A report file's name from the wire becomes a file here: a plain name, nothing else.
-REPORT_FILE = re.compile(r"^[^/\\\x00-\x1f\x7f.][^/\\\x00-\x1f\x7f]{0,250}\.(png|html)$")
+FARM_SERVICE = farm_pb2.DESCRIPTOR.services_by_name["FarmService"]
 
 
 class FarmClient:
@@ -47,7 +47,7 @@ class FarmClient:
         self.tls = TlsFiles(ca=credentials.tls_ca, cert=credentials.tls_cert, key=credentials.tls_key) \
             if credentials.tls_ca else None
         self.channel = open_channel(address, tls=self.tls)
-        self.stub = farm_pb2_grpc.FarmServiceStub(self.channel)
+        self.stub = farm_pb2_grpc.FarmServiceStub(self.channel)  # type: ignore[no-untyped-call]
         self.metadata = token_metadata(credentials.token)
 
     def call(self, method: str, request: Any, timeout: float = 30) -> Any:
@@ -84,14 +84,6 @@ def _upload_chunks(sha256: str, name: str, size: int, read: Callable[[int], byte
         yield farm_pb2.ArtifactUpload(data=data)
 
 
-def job_info(job: Any) -> JobInfo:
-    return JobInfo(job=job.id, name=job.name, status=job.status, priority=job.priority, total=job.total,
-                   pending=job.pending, running=job.running, completed=job.completed, failed=job.failed,
-                   canceled=job.canceled, created_at=job.created_at,
-                   started_at=job.started_at if job.HasField("started_at") else None,
-                   finished_at=job.finished_at if job.HasField("finished_at") else None, message=job.message or None)
-
-
 class RemoteFarm(Farm):
     def __init__(self, address: str, credentials: Credentials | None = None) -> None:
         self.client = FarmClient(address, credentials or Credentials.resolve())
@@ -103,8 +95,20 @@ class RemoteFarm(Farm):
     def close(self) -> None:
         self.client.close()
 
-    def _document(self, method: str, request: Any, timeout: float = 120) -> Any:
-        return json.loads(self.client.call(method, request, timeout=timeout).document_json)
+    def ask(self, question: Question[AskT, AnswerT], request: AskT) -> AnswerT:
+        """The controller answers: the request model becomes its message, the response message becomes the
+        answer model again (farm.proto.wire); an answer that is not its model is refused, never half-read."""
+        method = FARM_SERVICE.methods_by_name[question.rpc]
+        message = fill_message(GetMessageClass(method.input_type)(), request)
+        response = self.client.call(question.rpc, message, timeout=question.timeout_s)
+        return self._answer(question.rpc, response, question.answer)
+
+    def _answer(self, rpc: str, response: Message, model: type[AnswerT]) -> AnswerT:
+        try:
+            return model_from_message(response, model)
+        except ValidationError as e:
+            raise FarmError(f"the controller at {self.client.address} answered {rpc} with {explain(e)}; refused",
+                            EXIT_ENVIRONMENT) from None
 
     # --- uploads ------------------------------------------------------------------------
     def _upload(self, sha256: str, name: str, size: int, read: Callable[[int], bytes]) -> None:
@@ -139,7 +143,7 @@ class RemoteFarm(Farm):
                 except ScriptArchiveError as e:
                     raise JobFileError(f"{source}: workload.dir: {e}") from None
         except JobFileError as e:
-            raise FarmError(str(e), problems=[p.to_json() for p in e.problems]) from None
+            raise FarmError(str(e), problems=[Problem.model_validate(p.to_json()) for p in e.problems]) from None
         archive_sha = hashlib.sha256(archive).hexdigest() if archive else ""
         wanted = [m.facts.sha256 for m in models] + ([archive_sha] if archive else [])
         answer = self.client.call("MissingArtifacts", farm_pb2.MissingArtifactsRequest(sha256=wanted))
@@ -203,55 +207,8 @@ class RemoteFarm(Farm):
         raise FarmError("a controller carries on its own jobs after a restart; `farm status JOB --controller ...` "
                         "shows where one is. `farm resume` is for embedded jobs.")
 
-    def job(self, job: int) -> JobInfo:
-        return job_info(self.client.call("GetJob", farm_pb2.JobRequest(job_id=job)))
-
-    def jobs(self, limit: int = 50) -> list[JobInfo]:
-        return [job_info(j) for j in self.client.call("ListJobs", farm_pb2.ListJobsRequest(limit=limit)).jobs]
-
-    def cancel(self, job: int) -> int:
-        return self.client.call("CancelJob", farm_pb2.JobRequest(job_id=job)).canceled_tasks
-
-    def results(self, job: int, *, ops: bool = False) -> list[dict[str, Any]]:
-        return json.loads(self.client.call("GetResults", farm_pb2.JobRequest(job_id=job, ops=ops),
-                                           timeout=120).records_json)
-
-    # --- devices ------------------------------------------------------------------------
-    def devices(self) -> list[dict[str, Any]]:
-        devices = self.client.call("ListDevices", farm_pb2.ListDevicesRequest()).devices
-        return [{"name": d.name, "agent": d.agent, "driver": d.driver, "device_type": d.device_type,
-                 "tags": list(d.tags), "slots": d.slots, "state": d.state, "last_seen": d.last_seen,
-                 "facts": json.loads(d.facts_json or "{}")} for d in devices]
-
-    def agents(self) -> list[dict[str, Any]]:
-        agents = self.client.call("ListAgents", farm_pb2.ListAgentsRequest()).agents
-        return [{"name": a.name, "state": a.state, "farm_version": a.farm_version, "hostname": a.hostname,
-                 "peer": a.peer, "capabilities": list(a.capabilities), "running": a.running,
-                 "connected_at": a.connected_at, "last_seen": a.last_seen} for a in agents]
-
-    def device_health(self) -> list[dict[str, Any]]:
-        return self._document("DeviceHealth", farm_pb2.DeviceHealthRequest())
-
-    def set_device_health(self, device: str, action: str, reason: str | None = None) -> dict[str, Any]:
-        r = self.client.call("SetDeviceHealth", farm_pb2.SetDeviceHealthRequest(device=device, action=action,
-                                                                               reason=reason or ""))
-        return {"device": r.device, "action": r.action, "failed_tasks": r.failed_tasks}
-
-    def forget_device(self, device: str) -> dict[str, Any]:
-        r = self.client.call("ForgetDevice", farm_pb2.ForgetDeviceRequest(name=device))
-        return {"device": r.name, "agent": r.agent, "action": "forget"}
-
     # --- analysis -----------------------------------------------------------------------
-    def calibrate(self, ask: CalibrateAsk) -> Document:
-        return self._document("Calibrate", farm_pb2.CalibrateRequest(
-            job=ask.job or 0, sim_job=ask.sim_job or 0, device_job=ask.device_job or 0, device=ask.device or "",
-            metrics=list(ask.metrics), min_pairs=ask.min_pairs, include_contended=ask.include_contended))
-
-    def calibrations(self, device: str | None = None, metric: str | None = None) -> list[dict[str, Any]]:
-        return self._document("ListCalibrations", farm_pb2.ListCalibrationsRequest(device=device or "",
-                                                                                   metric=metric or ""))
-
-    def predict(self, ask: PredictAsk, on_progress: OnProgress | None = None) -> list[dict[str, Any]]:
+    def predict(self, ask: PredictAsk, on_progress: OnProgress | None = None) -> list[Prediction]:
         from farm.models.facts import ModelError, inspect_model
 
         if not ask.model.is_file():
@@ -265,42 +222,23 @@ class RemoteFarm(Farm):
             self._upload_model(ask.model, facts.sha256, facts.size_bytes, answer.max_model_bytes)
         measured: list[int] = []
         while True:  # each answer is the predictions, or a sim job the controller queued to measure first
-            r = self.client.call("Predict", farm_pb2.PredictRequest(
-                model_sha256=facts.sha256, model_name=ask.model.name, device=ask.device, metrics=list(ask.metrics),
-                threads=ask.threads, confidence=ask.confidence, include_contended=ask.include_contended,
-                measured_jobs=measured), timeout=120)
-            if not r.measure_job:
-                return json.loads(r.document_json)
+            r = self._ask(PREDICT, model_sha256=facts.sha256, model_name=ask.model.name, device=ask.device,
+                          metrics=list(ask.metrics), threads=ask.threads, confidence=ask.confidence,
+                          include_contended=ask.include_contended, measured_jobs=measured)
+            if r.measure_job is None:
+                return r.predictions
             if r.measure_job in measured:
                 raise FarmError(f"the controller asked to measure job {r.measure_job} twice; `farm status "
                                 f"{r.measure_job}` shows it", EXIT_ENVIRONMENT)
             measured.append(r.measure_job)
             self.wait(r.measure_job, on_progress)
 
-    def rank(self, ask: RankAsk) -> Document:
-        return self._document("Rank", farm_pb2.RankRequest(
-            job=ask.job, metric=ask.metric, device_jobs=list(ask.device_jobs), devices=list(ask.devices),
-            include_contended=ask.include_contended))
-
-    def report(self, job: int, *, html: bool = True, png: bool = False) -> Report:
-        answer = self.client.call("Report", farm_pb2.ReportRequest(job=job, html=html, png=png), timeout=300)
-        files = answer.files
-        for f in files:  # names from the wire become files here
-            if not REPORT_FILE.match(f.name):
-                raise FarmError(f"the controller at {self.client.address} sent a report file named {f.name[:80]!r}; "
-                                "refused (not a plain file name)", EXIT_ENVIRONMENT)
-        return Report([ReportFile(f.name, f.data) for f in files], [printable(w) for w in answer.warnings[:50]])
-
-    def refresh(self, ask: RefreshAsk, on_progress: OnProgress | None = None) -> Document | None:
+    def refresh(self, ask: RefreshAsk, on_progress: OnProgress | None = None) -> RefreshAnswer | None:
         if ask.suite is not None:
             raise FarmError("--suite: a controller refreshes with its own suite (`farm controller serve "
                             "--refresh-suite`), on the devices its agents registered")
         started = self.client.call("StartRefresh", farm_pb2.StartRefreshRequest())
         self.wait(started.job_id, on_progress)
-        return self._document("FinishRefresh", farm_pb2.FinishRefreshRequest(
-            job=started.job_id, k=ask.k, max_slope_change=ask.max_slope_change,
-            max_prediction_shift=ask.max_prediction_shift, max_intercept_change=ask.max_intercept_change,
-            max_r2_drop=ask.max_r2_drop, include_contended=ask.include_contended), timeout=600)
-
-    def drift(self, device: str | None = None) -> list[dict[str, Any]]:
-        return self._document("Drift", farm_pb2.DriftRequest(device=device or ""))
+        return self._ask(FINISH_REFRESH, job=started.job_id, k=ask.k, max_slope_change=ask.max_slope_change,
+                         max_prediction_shift=ask.max_prediction_shift, max_intercept_change=ask.max_intercept_change,
+                         max_r2_drop=ask.max_r2_drop, include_contended=ask.include_contended)

@@ -22,9 +22,11 @@ from concurrent import futures
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator, cast, get_args
+from typing import Any, Callable, Iterator, cast, get_args
 
 import grpc
+from google.protobuf.message_factory import GetMessageClass
+from pydantic import ValidationError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -42,14 +44,14 @@ from farm.controller.scheduling.dispatch import Dispatcher, StepTimings
 from farm.controller.scheduling.jobfile import DEFAULT_MAX_TASKS, DeviceTarget, JobFileError
 from farm.controller.operations.metrics import MetricsServer, parse_listen, serve_metrics
 from farm.controller.scheduling.result_writer import RESULT_BATCH, QueuedResult, ResultWriter
-from farm.controller.analysis.results import run_records
 from farm.controller.scheduling.sessions import AgentSession, DeviceTaken, Sessions
 from farm.controller import service as answers
 from farm.controller.service import ServiceError
 from farm.controller.store import Store
 from farm.controller.store.rows import plain
 from farm.controller.scheduling.submission import load_submitted_job
-from farm.proto import strict_json
+from farm.proto.questions import QUESTIONS, Question, explain
+from farm.proto.wire import answer_to_message, model_from_message
 from farm.proto.escape import bounded_message, printable
 from farm.proto.names import SHA256_HEX, valid_agent_name
 from farm.proto.script_archive import MAX_SCRIPT_ARCHIVE_BYTES
@@ -62,7 +64,7 @@ log = logging.getLogger("farm.controller")
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 16 << 20  # a RunResult with every sample of a long run fits well under this
 MAX_JOB_FILE_BYTES = 1 << 20
-MAX_REPORT_BYTES = MAX_MESSAGE_BYTES - (1 << 20)  # a rendered report travels in one answer
+MAX_ANSWER_BYTES = MAX_MESSAGE_BYTES - (1 << 20)  # a rendered report travels in one answer
 MAX_ARTIFACT_BYTES = 4 << 30
 MAX_MODEL_BYTES = 2 << 30  # one model file, uploaded or under a models root (--max-model-bytes)
 ARTIFACT_CHUNK_BYTES = 1 << 20
@@ -266,19 +268,7 @@ def _job_message(server: FarmServer, job: dict[str, Any]) -> farm_pb2.Job:
     info = answers.job_info(server.controller, job["id"])  # what `farm status` shows embedded, too
     if info is None:  # `job` is the row just read: it cannot be gone unless forgotten in between
         raise LookupError(f"job {job['id']} is not in the store")
-    return _job_info_message(info)
-
-
-def _job_info_message(info: dict[str, Any]) -> farm_pb2.Job:
-    message = farm_pb2.Job(
-        id=info["job"], name=info["name"], status=info["status"], priority=info["priority"], total=info["total"],
-        pending=info["pending"], running=info["running"], completed=info["completed"], failed=info["failed"],
-        canceled=info["canceled"], created_at=info["created_at"] or 0.0, message=info["message"] or "")
-    if info["started_at"] is not None:
-        message.started_at = info["started_at"]
-    if info["finished_at"] is not None:
-        message.finished_at = info["finished_at"]
-    return message
+    return answer_to_message(info, farm_pb2.Job())
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
@@ -404,15 +394,6 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         assert job is not None  # abort() raised otherwise
         return job
 
-    def _jobs(self, context: grpc.ServicerContext, *job_ids: int) -> None:
-        """Every job a request names (0: none) must be one this caller may read; one it may not is refused as the
-        service refuses a job that does not exist (service._need_job), so the answer tells nothing more."""
-        viewer = self._viewer(context)
-        for job_id in job_ids:
-            job = plain(self.server.store.jobs.get(job_id)) if job_id else None
-            if job is not None and not viewer.may_read(job, self.server.job_sharing):
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no job {job_id} in this farm; `farm jobs` lists them")
-
     def SubmitJob(self, request: farm_pb2.SubmitJobRequest, context: grpc.ServicerContext) -> farm_pb2.SubmitJobResponse:
         if len(request.job_yaml.encode()) > MAX_JOB_FILE_BYTES:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the job file is over {MAX_JOB_FILE_BYTES} bytes")
@@ -490,9 +471,6 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         log.info("artifact %s stored (%d bytes)", first.sha256[:12], first.size)
         return farm_pb2.UploadArtifactResponse(sha256=first.sha256, size=first.size)
 
-    def GetJob(self, request: farm_pb2.JobRequest, context: grpc.ServicerContext) -> farm_pb2.Job:
-        return _job_message(self.server, self._job(request.job_id, context))
-
     def WatchJob(self, request: farm_pb2.JobRequest, context: grpc.ServicerContext) -> Iterator[farm_pb2.Job]:
         self._job(request.job_id, context)
         caller = _caller(context, self.server.tokens)
@@ -513,140 +491,27 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         finally:
             self.server.close_watch(caller)
 
-    def CancelJob(self, request: farm_pb2.JobRequest, context: grpc.ServicerContext) -> farm_pb2.CancelJobResponse:
-        job = self._job(request.job_id, context)
-        if not self._viewer(context).owns(job):  # reading may be shared; cancelling never is
-            whose = (f"belongs to another token{' (team ' + job['team'] + ')' if job['team'] else ''}; only its owner, "
-                     "its owner's team or an admin may cancel it") if job["submitted_by"] else (
-                "is the lab's own (an admin's, the nightly's, or from before jobs had owners); only an admin may cancel it")
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"job {request.job_id} {whose}")
-        return farm_pb2.CancelJobResponse(job_id=request.job_id, canceled_tasks=self.server.cancel_job(request.job_id))
+    # --- what a user can ask beyond the table's questions (the rest are made from it, below) ------------
+    def _scope(self, context: grpc.ServicerContext) -> answers.Scope:
+        from farm.controller.operations.alerts import alerts_from_environment
 
-    def ListJobs(self, request: farm_pb2.ListJobsRequest, context: grpc.ServicerContext) -> farm_pb2.ListJobsResponse:
+        hook = alerts_from_environment()
         viewer = self._viewer(context)
-        visible = viewer.visible(self.server.job_sharing)
-        rows = self.server.controller.jobs(request.limit or 50, visible)  # each with its counts: one grouped query
-        for job in rows:  # the listing's filter is the reading rule; a row it let through by mistake is refused
-            if not viewer.may_read(job, self.server.job_sharing):
-                context.abort(grpc.StatusCode.NOT_FOUND, f"no job {job['id']} on this controller; `farm jobs` lists its jobs")
-        return farm_pb2.ListJobsResponse(jobs=[_job_info_message(answers.job_info_of(job)) for job in rows])
 
-    def ListDevices(self, request: farm_pb2.ListDevicesRequest, context: grpc.ServicerContext) -> farm_pb2.ListDevicesResponse:
-        rows = self.server.store.devices.all()
-        return farm_pb2.ListDevicesResponse(devices=[common_pb2.Device(
-            name=r["name"], driver=r["driver"] or "", device_type=r["device_type"] or "",
-            tags=json.loads(r["tags_json"] or "[]"), facts_json=r["facts_json"] or "{}", slots=r["slots"] or 0,
-            state=r["state"] or "", agent=r["agent"] or "", last_seen=r["last_seen"] or 0.0) for r in rows])
+        def submit(job: Any) -> int:  # a prediction's measuring job: this caller's, run by the agents
+            job_id = self.server.controller.submit(job, owner=viewer.owner, team=viewer.team)
+            self.server.wake(queue_changed=True)
+            return job_id
 
-    def ListAgents(self, request: farm_pb2.ListAgentsRequest, context: grpc.ServicerContext) -> farm_pb2.ListAgentsResponse:
-        rows = self.server.store.devices.agents()
-        agents = []
-        for r in rows:
-            session = self.server.sessions.get(r["name"])
-            agents.append(farm_pb2.AgentInfo(
-                name=r["name"], session_id=r["session_id"] or "", state=r["state"] or "",
-                farm_version=r["farm_version"] or "", capabilities=json.loads(r["capabilities_json"] or "[]"),
-                hostname=r["hostname"] or "", peer=r["peer"] or "", connected_at=r["connected_at"] or 0.0,
-                last_seen=session.last_seen if session else (r["last_seen"] or 0.0),
-                running=len(session.running) if session else 0))
-        return farm_pb2.ListAgentsResponse(agents=agents)
+        return answers.Scope(self.server.controller, viewer, self.server.job_sharing, cancel=self.server.cancel_job,
+                             agents=self.server.agents, artifact=self.server.artifact_path, submit=submit,
+                             alert=hook.send_async if hook else None)
 
-    def GetResults(self, request: farm_pb2.JobRequest, context: grpc.ServicerContext) -> farm_pb2.GetResultsResponse:
-        self._job(request.job_id, context)
-        return farm_pb2.GetResultsResponse(records_json=strict_json.dumps(
-            run_records(self.server.store, request.job_id, ops=request.ops)))
-
-    def ForgetDevice(self, request: farm_pb2.ForgetDeviceRequest, context: grpc.ServicerContext) -> farm_pb2.ForgetDeviceResponse:
-        try:  # admin only: auth.SERVICE_ROLES
-            owner = self.server.forget_device(request.name)
-        except LookupError as e:
-            context.abort(grpc.StatusCode.NOT_FOUND, str(e))
-        except ValueError as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, bounded_message(str(e)))
-        return farm_pb2.ForgetDeviceResponse(name=request.name, agent=owner)
-
-    # --- what a user can ask beyond jobs: answered by controller/service.py, as embedded mode does ----
     def _answer(self, context: grpc.ServicerContext, function: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return function(*args, **kwargs)
         except ServiceError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded_message(str(e)))
-
-    def _document(self, context: grpc.ServicerContext, function: Any, *args: Any, **kwargs: Any) -> farm_pb2.DocumentResponse:
-        return farm_pb2.DocumentResponse(document_json=strict_json.dumps(self._answer(context, function, *args, **kwargs)))
-
-    @staticmethod
-    def _bounded(context: grpc.ServicerContext, *lists: Any) -> None:
-        if any(len(values) > answers.MAX_LIST for values in lists):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"at most {answers.MAX_LIST} values a list")
-
-    def Calibrate(self, request: farm_pb2.CalibrateRequest, context: grpc.ServicerContext) -> farm_pb2.DocumentResponse:
-        self._bounded(context, request.metrics)
-        self._jobs(context, request.job, request.sim_job, request.device_job)
-        return self._document(context, answers.calibrate, self.server.store, job=request.job or None,
-                              sim_job=request.sim_job or None, device_job=request.device_job or None,
-                              device=request.device or None, metrics=list(request.metrics) or ["latency"],
-                              min_pairs=request.min_pairs or 4, include_contended=request.include_contended)
-
-    def ListCalibrations(self, request: farm_pb2.ListCalibrationsRequest,
-                         context: grpc.ServicerContext) -> farm_pb2.DocumentResponse:
-        return self._document(context, answers.calibrations, self.server.store, request.device[:200] or None,
-                              request.metric[:40] or None)
-
-    def Predict(self, request: farm_pb2.PredictRequest, context: grpc.ServicerContext) -> farm_pb2.PredictResponse:
-        self._bounded(context, request.metrics)
-        if len(request.measured_jobs) > 64:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "measured_jobs: at most 64")
-        self._jobs(context, *request.measured_jobs)
-        model = self.server.artifact_path(request.model_sha256) if SHA256_HEX.match(request.model_sha256) else None
-        if model is None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no uploaded model with sha256 {request.model_sha256[:64]!r} "
-                          "on this controller; `farm predict` uploads it first")
-        answer = self._answer(context, answers.predict, self.server.store, model, request.model_name,
-                              request.device, list(request.metrics) or ["latency"],
-                              threads=request.threads if request.HasField("threads") else None,
-                              confidence=request.confidence or 0.9, include_contended=request.include_contended,
-                              measured_jobs=tuple(request.measured_jobs))
-        if isinstance(answer, answers.MeasureFirst):  # sim only: the agents measure it like any job
-            viewer = self._viewer(context)
-            job_id = self.server.controller.submit(answer.job, owner=viewer.owner, team=viewer.team)
-            self.server.wake(queue_changed=True)
-            return farm_pb2.PredictResponse(measure_job=job_id)
-        return farm_pb2.PredictResponse(document_json=strict_json.dumps(answer))
-
-    def Rank(self, request: farm_pb2.RankRequest, context: grpc.ServicerContext) -> farm_pb2.DocumentResponse:
-        self._bounded(context, request.device_jobs, request.devices)
-        self._jobs(context, request.job, *request.device_jobs)
-        return self._document(context, answers.rank, self.server.store, job=request.job, metric=request.metric[:40] or "latency",
-                              device_jobs=list(request.device_jobs), devices=list(request.devices),
-                              include_contended=request.include_contended)
-
-    def Report(self, request: farm_pb2.ReportRequest, context: grpc.ServicerContext) -> farm_pb2.ReportResponse:
-        self._jobs(context, request.job)
-        files, warnings = self._answer(context, answers.report, self.server.store, request.job, html=request.html,
-                                       png=request.png)
-        size = sum(len(data) for _, data in files)
-        if size > MAX_REPORT_BYTES:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"the report of job {request.job} is {size >> 20} MiB, over the {MAX_REPORT_BYTES >> 20} MiB "
-                          "one answer may carry; ask for the HTML without --png, or render it on the controller's host")
-        return farm_pb2.ReportResponse(files=[farm_pb2.ReportFile(name=n, data=d) for n, d in files], warnings=warnings)
-
-    def Drift(self, request: farm_pb2.DriftRequest, context: grpc.ServicerContext) -> farm_pb2.DocumentResponse:
-        return self._document(context, answers.drift, self.server.store, request.device[:200] or None)
-
-    def DeviceHealth(self, request: farm_pb2.DeviceHealthRequest, context: grpc.ServicerContext) -> farm_pb2.DocumentResponse:
-        return self._document(context, answers.device_health, self.server.store)
-
-    def SetDeviceHealth(self, request: farm_pb2.SetDeviceHealthRequest,
-                        context: grpc.ServicerContext) -> farm_pb2.SetDeviceHealthResponse:
-        answer = self._answer(context, answers.set_device_health, self.server.controller, request.device,
-                              request.action, request.reason or None)  # admin only: auth.SERVICE_ROLES
-        log.info("device %s: %s by a client (%d waiting task(s) failed)", printable(request.device), request.action,
-                 answer["failed_tasks"])
-        self.server.wake(queue_changed=True)  # a released device takes tasks again now
-        return farm_pb2.SetDeviceHealthResponse(device=answer["device"], action=answer["action"],
-                                                failed_tasks=answer["failed_tasks"])
+            context.abort(_STATUS.get(type(e), grpc.StatusCode.INVALID_ARGUMENT), bounded_message(str(e)))
 
     def StartRefresh(self, request: farm_pb2.StartRefreshRequest, context: grpc.ServicerContext) -> farm_pb2.SubmitJobResponse:
         from farm.controller.operations.reference_suite import SuiteError, submit_reference_suite
@@ -666,15 +531,43 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         log.info("refresh: reference suite submitted as job %d for %d device(s) by a client", job_id, len(devices))
         return farm_pb2.SubmitJobResponse(job_id=job_id, tasks=self.server.controller.progress(job_id).total)
 
-    def FinishRefresh(self, request: farm_pb2.FinishRefreshRequest, context: grpc.ServicerContext) -> farm_pb2.DocumentResponse:
-        from farm.controller.operations.alerts import alerts_from_environment
 
-        hook = alerts_from_environment()
-        return self._document(context, answers.finish_refresh, self.server.store, request.job, k=request.k,
-                              max_slope_change=request.max_slope_change,
-                              max_prediction_shift=request.max_prediction_shift,
-                              max_intercept_change=request.max_intercept_change, max_r2_drop=request.max_r2_drop,
-                              include_contended=request.include_contended, alert=hook.send_async if hook else None)
+# A refusal's kind, as a status code (a plain ServiceError is INVALID_ARGUMENT).
+_STATUS = {answers.NotFound: grpc.StatusCode.NOT_FOUND, answers.NotAllowed: grpc.StatusCode.PERMISSION_DENIED,
+           answers.Refused: grpc.StatusCode.FAILED_PRECONDITION}
+
+
+def _handler(question: Question[Any, Any]) -> Callable[[FarmServicer, Any, grpc.ServicerContext], Any]:
+    """A FarmService method made from one line of farm.proto.questions' table: the request message is
+    validated as the question's request model, the service function answers, the answer model becomes
+    the response message (farm.proto.wire)."""
+    method = farm_pb2.DESCRIPTOR.services_by_name["FarmService"].methods_by_name[question.rpc]
+    response = GetMessageClass(method.output_type)
+    function = getattr(answers, question.service)
+
+    def handle(self: FarmServicer, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            ask = model_from_message(request, question.ask)
+        except ValidationError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded_message(explain(e)))
+        answer = self._answer(context, function, self._scope(context), ask)
+        if question.changes_devices:
+            log.info("%s by a client: %s", question.rpc, printable(ask.model_dump_json()[:200]))
+            self.server.wake(queue_changed=True)  # a released device takes tasks again now
+        message = answer_to_message(answer, response())
+        if message.ByteSize() > MAX_ANSWER_BYTES:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"the answer to {question.rpc} is {message.ByteSize() >> 20} MiB, over the "
+                          f"{MAX_ANSWER_BYTES >> 20} MiB one answer may carry; ask for less (a report: the HTML "
+                          "without --png), or ask on the controller's host")
+        return message
+
+    handle.__name__ = handle.__qualname__ = question.rpc
+    return handle
+
+
+for _question in QUESTIONS:
+    setattr(FarmServicer, _question.rpc, _handler(_question))
 
 
 def _caller(context: grpc.ServicerContext, tokens: TokenTable | None) -> str:

@@ -2,8 +2,10 @@
 
 The embedded client (farm.client.embedded) calls these on a local store; the gRPC servicer
 (FarmServicer) calls them on the controller's, so `farm calibrate` says the same thing in both
-modes. Every function takes values already checked for type; the servicer checks the wire's
-sizes and names first. Errors are ServiceError: a message for the person who asked.
+modes. A question of farm.proto.questions' table is answered by `function(scope, ask) -> answer`:
+the request and answer models are pydantic (a request from the wire is validated as its model
+before it gets here). Errors are ServiceError: a message for the person who asked; NotFound and
+NotAllowed say which kind of refusal it is (the servicer's status codes).
 
 The calibration stack (numpy, scipy, matplotlib) is imported by the functions that use it:
 `farm jobs` or `farm status` should not wait a second for scipy.
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,6 +27,14 @@ from farm.controller.scheduling.controller import Controller, progress_of, statu
 from farm.controller.scheduling.jobfile import JobFileError, ResolvedJob, resolve_job
 from farm.controller.store import Store
 from farm.controller.store.rows import plain
+from farm.proto.questions import (
+    AgentInfo, AgentsAnswer, CalibrateAnswer, CalibrateAsk, CalibrationFit, CalibrationsAnswer, CalibrationsAsk,
+    CalibrationVersion, CancelAnswer, DeviceHealth, DeviceHealthAnswer, DeviceInfo, DevicesAnswer, DriftAnswer,
+    DriftAsk, DriftRecord, FinishRefreshAsk, ForgetDeviceAnswer, ForgetDeviceAsk, JobAsk, JobInfo, JobsAnswer, JobsAsk,
+    NoAsk, PredictAnswer, Prediction, PredictUploadedAsk, RankAnswer, RankAsk, RefreshAnswer, ReportAnswer, ReportAsk, ReportFile, ResultsAnswer,
+    RunRecord, SetDeviceHealthAnswer, SetDeviceHealthAsk,
+)
+from farm.proto.questions import MAX_LIST as MAX_LIST
 from farm.proto.results import UNENFORCED_BUDGET
 from farm.proto.spec import JobSpec, Matrix, ModelEntry, SimBudget, Workload, job_file_text
 
@@ -35,11 +45,22 @@ DEVICE_ACTIONS = ("quarantine", "release", "maintenance")
 # Names a person gives a device or a model: printable, bounded (they reach tables, HTML and logs).
 NAME = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
 MAX_REASON_CHARS = 2000
-MAX_LIST = 256  # metrics, device jobs, devices in one request
 
 
 class ServiceError(ValueError):
     """The question cannot be answered as asked; the message says why and what to do."""
+
+
+class NotFound(ServiceError):
+    """What the question names is not there, or not for this caller to see (then it is as good as absent)."""
+
+
+class NotAllowed(ServiceError):
+    """The caller may see it but not change it (another team's job)."""
+
+
+class Refused(ServiceError):
+    """Not now: the farm's state does not allow it (a device whose agent is connected cannot be forgotten)."""
 
 
 def check_name(what: str, value: str) -> str:
@@ -125,6 +146,35 @@ class Viewer:
 EVERYONE = Viewer()
 
 
+@dataclass(frozen=True)
+class Scope:
+    """Where a question is answered: the farm's controller (and its store), who asks, what the lab shares.
+
+    cancel: how this farm cancels a job (a gRPC controller also tells the agents running it at once);
+    agents: the controller's connected agents (None embedded: there are none to list or forget);
+    alert: the webhook a refresh's drift and quarantines go to."""
+
+    controller: Controller
+    viewer: Viewer = EVERYONE
+    sharing: str = "shared"
+    cancel: Callable[[int], int] | None = None
+    agents: Any = None  # scheduling.sessions.Sessions
+    artifact: Callable[[str], Path | None] | None = None  # an uploaded model by its sha256 (a controller's store)
+    submit: Callable[[ResolvedJob], int] | None = None  # queue a job for this caller (a controller: its agents run it)
+    alert: Callable[[dict[str, Any]], None] | None = field(default=None, compare=False)
+
+    @property
+    def store(self) -> Store:
+        return self.controller.store
+
+    def readable_job(self, job_id: int, missing: type[ServiceError] = NotFound) -> dict[str, Any]:
+        """The job's row, when this caller may read it; another team's job in a `team` lab is as good as absent."""
+        job = self.store.job(job_id) if job_id else None
+        if job is None or not self.viewer.may_read(job, self.sharing):
+            raise missing(f"no job {job_id} in this farm; `farm jobs` lists them")
+        return job
+
+
 # --- artifacts no job names (`farm artifacts gc`, and the nightly) --------------------------------
 def collect_artifacts(store: Store, artifacts: Any, *, grace_s: float = GC_GRACE_S,
                       dry_run: bool = False) -> dict[str, Any]:
@@ -137,44 +187,73 @@ def collect_artifacts(store: Store, artifacts: Any, *, grace_s: float = GC_GRACE
             "dry_run": dry_run, "store": str(artifacts.root)}
 
 
-def _need_job(store: Store, job: int) -> None:
-    if store.jobs.get(job) is None:
-        raise ServiceError(f"no job {job} in this farm; `farm jobs` lists them")
+def _need_job(scope: Scope, job: int) -> None:
+    scope.readable_job(job, ServiceError)  # as a question about a job that does not exist: no more is said
 
 
 # --- jobs --------------------------------------------------------------------------------------
-def job_info(controller: Controller, job_id: int) -> dict[str, Any] | None:
-    """A job and its progress as `farm status --json` shows it (farm.client.api.JobInfo's fields), or None."""
+def job_info(controller: Controller, job_id: int) -> JobInfo | None:
+    """A job and its progress as `farm status --json` shows it, or None."""
     job = plain(controller.store.jobs.get(job_id))
     if job is None:
         return None
     return job_info_of(job, controller.store.jobs.task_counts(job_id))
 
 
-def job_infos(controller: Controller, limit: int, visible_to: tuple[str, str | None] | None = None) -> list[dict[str, Any]]:
-    """The newest jobs as job_info shows each: the rows and every job's counts in two queries, not four per job."""
-    return [job_info_of(job) for job in controller.jobs(limit, visible_to)]
-
-
-def job_info_of(job: dict[str, Any], counts: dict[str, int] | None = None) -> dict[str, Any]:
+def job_info_of(job: dict[str, Any], counts: dict[str, int] | None = None) -> JobInfo:
     """job_info from a job row and its counts (default: the row's own, as Store.job_list gives them)."""
     p = progress_of(job["counts"] if counts is None else counts)
-    return {"job": job["id"], "name": job["name"] or "", "status": status_of(job),
-            "priority": job["priority"] or "", "total": p.total, "pending": p.pending, "running": p.running,
-            "completed": p.completed, "failed": p.failed, "canceled": p.canceled, "created_at": job["created_at"],
-            "started_at": job["started_at"], "finished_at": job["finished_at"], "message": job["message"] or None,
-            "owner_pid": job["owner_pid"], "owner_host": job["owner_host"]}
+    return JobInfo(job=job["id"], name=job["name"] or "", status=status_of(job), priority=job["priority"] or "",
+                   total=p.total, pending=p.pending, running=p.running, completed=p.completed, failed=p.failed,
+                   canceled=p.canceled, created_at=job["created_at"], started_at=job["started_at"],
+                   finished_at=job["finished_at"], message=job["message"] or None, owner_pid=job["owner_pid"],
+                   owner_host=job["owner_host"])
+
+
+def job(scope: Scope, ask: JobAsk) -> JobInfo:
+    """`farm status`: the job, when this caller may read it."""
+    return job_info_of(scope.readable_job(ask.job_id), scope.store.task_counts(ask.job_id))
+
+
+def jobs(scope: Scope, ask: JobsAsk) -> JobsAnswer:
+    """`farm jobs`: the newest jobs this caller may read, every job's counts in one grouped query."""
+    rows = scope.controller.jobs(ask.limit, scope.viewer.visible(scope.sharing))
+    for row in rows:  # the listing's filter is the reading rule; a row it let through by mistake is refused
+        if not scope.viewer.may_read(row, scope.sharing):
+            raise NotFound(f"no job {row['id']} in this farm; `farm jobs` lists them")
+    return JobsAnswer(jobs=[job_info_of(row) for row in rows])
+
+
+def cancel(scope: Scope, ask: JobAsk) -> CancelAnswer:
+    """`farm cancel`: reading may be shared; cancelling never is (its owner, its owner's team, an admin)."""
+    row = scope.readable_job(ask.job_id)
+    if not scope.viewer.owns(row):
+        whose = (f"belongs to another token{' (team ' + row['team'] + ')' if row['team'] else ''}; only its owner, "
+                 "its owner's team or an admin may cancel it") if row["submitted_by"] else (
+            "is the lab's own (an admin's, the nightly's, or from before jobs had owners); only an admin may cancel it")
+        raise NotAllowed(f"job {ask.job_id} {whose}")
+    canceled = (scope.cancel or scope.controller.cancel_job)(ask.job_id)
+    return CancelAnswer(job_id=ask.job_id, canceled_tasks=canceled)
+
+
+def results(scope: Scope, ask: JobAsk) -> ResultsAnswer:
+    """`farm results --format json`: a record per task; with `ops`, each run's op profile too."""
+    from farm.controller.analysis.results import run_records
+
+    scope.readable_job(ask.job_id)
+    return ResultsAnswer(records=[RunRecord.model_validate(r) for r in run_records(scope.store, ask.job_id, ops=ask.ops)])
 
 
 # --- calibrate ---------------------------------------------------------------------------------
-def calibrate(store: Store, *, job: int | None, sim_job: int | None, device_job: int | None, device: str | None,
-              metrics: list[str], min_pairs: int, include_contended: bool) -> dict[str, Any]:
+def calibrate(scope: Scope, ask: CalibrateAsk) -> CalibrateAnswer:
     """Fit and store a calibration per device × metric × key: {calibrations, refused, contended_left_out}."""
     from farm.controller.analysis.calibrations import (
         CalibrationError, calibration_source, contended_left_out, fit_and_store, job_devices, pair_jobs,
         pair_within_job,
     )
 
+    store, job, sim_job, device_job, device = scope.store, ask.job, ask.sim_job, ask.device_job, ask.device
+    metrics, min_pairs, include_contended = ask.metrics, ask.min_pairs, ask.include_contended
     if not job and not (sim_job and device_job and device):
         raise ServiceError("farm calibrate needs --job J [--device D] (device runs and their sim twins), "
                            "--sim-job A --device-job B --device NAME (two jobs), or --pairs FILE.")
@@ -189,11 +268,11 @@ def calibrate(store: Store, *, job: int | None, sim_job: int | None, device_job:
         raise ServiceError(f"--sim-job {sim_job} --device-job {device_job}: the same job on both sides would fit the "
                            "sim against itself; give the job whose runs stand for the device as --device-job (or "
                            "--job J for a job whose device runs have sim twins).")
-    results: list[dict[str, Any]] = []
+    fitted: list[dict[str, Any]] = []
     refused: list[str] = []
     try:
         if job:
-            _need_job(store, job)
+            _need_job(scope, job)
             devices = [device] if device else job_devices(store, job)
             if not devices:
                 raise ServiceError(f"job {job} ran on no device, only in the sim: nothing to pair")
@@ -208,8 +287,8 @@ def calibrate(store: Store, *, job: int | None, sim_job: int | None, device_job:
         else:
             assert sim_job is not None and device_job is not None and device is not None  # checked above
             sim_side, device_side = sim_job, device_job
-            _need_job(store, sim_side)
-            _need_job(store, device_side)
+            _need_job(scope, sim_side)
+            _need_job(scope, device_side)
             groups = [(device, lambda metric: pair_jobs(store, sim_side, device_side, metric,
                                                         include_contended=include_contended),
                        calibration_source(store, sim_side, device_side))]
@@ -223,14 +302,15 @@ def calibrate(store: Store, *, job: int | None, sim_job: int | None, device_job:
                     continue
                 stored, why = fit_and_store(store, name, metric, paired, min_pairs=min_pairs, source=source)
                 refused += why
-                results += [fit_row(s.calibration, id=s.id, device=s.device, metric=s.metric, threads=s.threads,
+                fitted += [fit_row(s.calibration, id=s.id, device=s.device, metric=s.metric, threads=s.threads,
                                     family=s.family or GROUP_ALL, version=s.version) for s in stored]
     except CalibrationError as e:
         raise ServiceError(str(e)) from None
     unenforced = _unenforced_budget_runs(store, jobs)
-    for row in results if unenforced else []:
+    for row in fitted if unenforced else []:
         row["warnings"] = [*row["warnings"], unenforced]
-    return {"calibrations": results, "refused": refused, "contended_left_out": left_out}
+    return CalibrateAnswer(calibrations=[CalibrationFit.model_validate(row) for row in fitted], refused=refused,
+                           contended_left_out=left_out)
 
 
 def _unenforced_budget_runs(store: Store, jobs: list[int]) -> str | None:
@@ -246,23 +326,25 @@ def _unenforced_budget_runs(store: Store, jobs: list[int]) -> str | None:
             "understates what the budget does; rerun those jobs with the cgroup or docker backend.")
 
 
-def calibrations(store: Store, device: str | None, metric: str | None) -> list[dict[str, Any]]:
+def calibrations(scope: Scope, ask: CalibrationsAsk) -> CalibrationsAnswer:
     from farm.controller.analysis.calibrations import calibration_history
-    return calibration_history(store, device or None, metric or None)
+    return CalibrationsAnswer(calibrations=[CalibrationVersion.model_validate(row) for row in
+                                            calibration_history(scope.store, ask.device, ask.metric)])
 
 
 # --- rank, report, drift -----------------------------------------------------------------------
-def rank(store: Store, *, job: int, metric: str, device_jobs: list[int], devices: list[str],
-         include_contended: bool) -> dict[str, Any]:
+def rank(scope: Scope, ask: RankAsk) -> RankAnswer:
     from farm.controller.analysis.ranking import RankError, rank_job
 
-    if len(device_jobs) > MAX_LIST or len(devices) > MAX_LIST:
+    if len(ask.device_jobs) > MAX_LIST or len(ask.devices) > MAX_LIST:
         raise ServiceError(f"rank at most {MAX_LIST} device jobs and {MAX_LIST} devices at once")
-    for d in devices:
+    for d in ask.devices:
         check_name("--device", d)
+    for j in ask.job_ids():
+        _need_job(scope, j)
     try:
-        return rank_job(store, job, metric, device_jobs=device_jobs, devices=devices,
-                        include_contended=include_contended)
+        return RankAnswer.model_validate(rank_job(scope.store, ask.job, ask.metric, device_jobs=ask.device_jobs,
+                                                  devices=ask.devices, include_contended=ask.include_contended))
     except RankError as e:
         raise ServiceError(str(e)) from None
 
@@ -270,30 +352,71 @@ def rank(store: Store, *, job: int, metric: str, device_jobs: list[int], devices
 REPORT_HTML = "report.html"
 
 
-def report(store: Store, job: int, *, html: bool, png: bool) -> tuple[list[tuple[str, bytes]], list[str]]:
-    """The report's files, rendered here — (name, bytes), the HTML page first — and its warnings."""
+def report(scope: Scope, ask: ReportAsk) -> ReportAnswer:
+    """The report's files, rendered here — the HTML page first — and its warnings."""
     from farm.controller.analysis.report import ReportError, build_report
 
+    _need_job(scope, ask.job)
     try:
-        page, figures, warnings = build_report(store, job)
+        page, figures, warnings = build_report(scope.store, ask.job)
     except ReportError as e:
         raise ServiceError(str(e)) from None
-    files = ([(REPORT_HTML, page.encode())] if html else []) + ([(f.name, f.png) for f in figures] if png else [])
-    return files, warnings
+    files = ([ReportFile(name=REPORT_HTML, data=page.encode())] if ask.html else []) + \
+        ([ReportFile(name=f.name, data=f.png) for f in figures] if ask.png else [])
+    return ReportAnswer(files=files, warnings=warnings)
 
 
-def drift(store: Store, device: str | None) -> list[dict[str, Any]]:
+def drift(scope: Scope, ask: DriftAsk) -> DriftAnswer:
     from farm.controller.operations.refresh import drift_history
-    return drift_history(store, device or None)
+    return DriftAnswer(drift=[DriftRecord.model_validate(r) for r in drift_history(scope.store, ask.device)])
 
 
 # --- devices -----------------------------------------------------------------------------------
-def device_health(store: Store) -> list[dict[str, Any]]:
-    return Controller(store).device_health()
+def device_health(scope: Scope, ask: NoAsk) -> DeviceHealthAnswer:
+    return DeviceHealthAnswer(devices=[DeviceHealth.model_validate(r) for r in scope.controller.device_health()])
 
 
-def set_device_health(controller: Controller, device: str, action: str, reason: str | None) -> dict[str, Any]:
+def devices(scope: Scope, ask: NoAsk) -> DevicesAnswer:
+    """The devices the controller's agents registered (online or not); embedded lists its lab's instead."""
+    return DevicesAnswer(devices=[DeviceInfo(
+        name=r["name"], driver=r["driver"] or "", device_type=r["device_type"] or "", tags=json.loads(r["tags_json"] or "[]"),
+        facts=json.loads(r["facts_json"] or "{}"), slots=r["slots"] or 0, state=r["state"] or "", agent=r["agent"] or "",
+        last_seen=r["last_seen"] or 0.0) for r in scope.store.devices()])
+
+
+def agents(scope: Scope, ask: NoAsk) -> AgentsAnswer:
+    """The controller's agents, each with its live session's last word and running tasks when connected."""
+    if scope.agents is None:
+        raise ServiceError("`farm agents` lists a controller's agents: pass --controller HOST:PORT (or set "
+                           "FARM_CONTROLLER); embedded runs have one agent, in the process that runs the job")
+    listed = []
+    for r in scope.store.agents():
+        session = scope.agents.by_name.get(r["name"])
+        listed.append(AgentInfo(
+            name=r["name"], state=r["state"] or "", farm_version=r["farm_version"] or "",
+            capabilities=json.loads(r["capabilities_json"] or "[]"), hostname=r["hostname"] or "", peer=r["peer"] or "",
+            connected_at=r["connected_at"] or 0.0, last_seen=session.last_seen if session else (r["last_seen"] or 0.0),
+            running=len(session.running) if session else 0))
+    return AgentsAnswer(agents=listed)
+
+
+def forget_device(scope: Scope, ask: ForgetDeviceAsk) -> ForgetDeviceAnswer:
+    """An admin frees a device name its agent registered (admin only: auth.SERVICE_ROLES)."""
+    if scope.agents is None:
+        raise ServiceError("`farm device forget NAME` frees a name on a controller: pass --controller HOST:PORT and an "
+                           "admin --token")
+    try:
+        owner = scope.agents.forget_device(ask.device)
+    except LookupError as e:
+        raise NotFound(str(e)) from None
+    except ValueError as e:
+        raise Refused(str(e)) from None
+    return ForgetDeviceAnswer(device=ask.device, agent=owner)
+
+
+def set_device_health(scope: Scope, ask: SetDeviceHealthAsk) -> SetDeviceHealthAnswer:
     """quarantine | release | maintenance: {device, action, failed_tasks}."""
+    controller, device, action, reason = scope.controller, ask.device, ask.action, ask.reason
     check_name("device", device)
     if action not in DEVICE_ACTIONS:
         raise ServiceError(f"device action {action[:40]!r}: one of {', '.join(DEVICE_ACTIONS)}")
@@ -306,16 +429,18 @@ def set_device_health(controller: Controller, device: str, action: str, reason: 
         failed = controller.quarantine(device, reason or "quarantined by a person")
     else:
         failed = controller.quarantine(device, reason or "in maintenance", health="maintenance")
-    return {"device": device, "action": action, "failed_tasks": failed}
+    return SetDeviceHealthAnswer(device=device, action=action, failed_tasks=failed)
 
 
 # --- refresh -----------------------------------------------------------------------------------
-def finish_refresh(store: Store, job: int, *, k: float, max_slope_change: float, max_prediction_shift: float,
-                   max_intercept_change: float, max_r2_drop: float, include_contended: bool,
-                   alert: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+def finish_refresh(scope: Scope, ask: FinishRefreshAsk) -> RefreshAnswer:
     """After a reference-suite job: refit, record drift, quarantine devices whose golden results moved."""
     from farm.controller.operations.reference_suite import HEALTH_CHECK
     from farm.controller.operations.refresh import DriftThresholds, after_reference_run, report_json
+
+    store, job, k, include_contended = scope.store, ask.job, ask.k, ask.include_contended
+    max_slope_change, max_prediction_shift = ask.max_slope_change, ask.max_prediction_shift
+    max_intercept_change, max_r2_drop = ask.max_intercept_change, ask.max_r2_drop
 
     values = [check_finite("--k", k, 0.1, 1000)] + [check_finite(name, v, 0, 1000) for name, v in (
         ("--max-slope-change", max_slope_change), ("--max-prediction-shift", max_prediction_shift),
@@ -327,8 +452,8 @@ def finish_refresh(store: Store, job: int, *, k: float, max_slope_change: float,
         raise ServiceError(f"job {job} is {row['status']}: the refresh checks it once it has finished")
     thresholds = DriftThresholds(slope_change=values[1], prediction_shift=values[2], intercept_change=values[3],
                                  r2_drop=values[4])
-    return report_json(after_reference_run(store, job, thresholds=thresholds, k=k, alert=alert,
-                                           include_contended=include_contended))
+    return RefreshAnswer.model_validate(report_json(after_reference_run(
+        store, job, thresholds=thresholds, k=k, alert=scope.alert, include_contended=include_contended)))
 
 
 # --- predict -----------------------------------------------------------------------------------
@@ -368,7 +493,7 @@ def _measurement(model: Path, model_name: str, threads: int, source: dict[str, A
 
 def predict(store: Store, model: Path, model_name: str, device: str, metrics: list[str], *, threads: int | None,
             confidence: float, include_contended: bool = False,
-            measured_jobs: tuple[int, ...] = ()) -> list[dict[str, Any]] | MeasureFirst:
+            measured_jobs: tuple[int, ...] = ()) -> list[Prediction] | MeasureFirst:
     """On-device estimates of `model` from the sim alone, or the sim job to run first.
 
     `model` is a file on the store's host (the user's, embedded; an uploaded artifact, remote);
@@ -430,7 +555,7 @@ def predict(store: Store, model: Path, model_name: str, device: str, metrics: li
             x = sum(measured) / len(measured)
             fit = stored.calibration.fits[stored.calibration.chosen]
             p = fit.predict(x, features=model_features(asdict(facts)), confidence=confidence)
-            predictions.append({
+            predictions.append(Prediction.model_validate({
                 "model": model_name, "sha256": facts.sha256, "device": device, "metric": metric, "threads": t,
                 "unit": METRICS[metric][1], "sim": x, "estimate": p.estimate, "low": p.low, "high": p.high,
                 "confidence": confidence, "sim_job": job_id, "sim_reused": job_id not in measured_jobs,
@@ -438,5 +563,24 @@ def predict(store: Store, model: Path, model_name: str, device: str, metrics: li
                                 "family": stored.family or None, "n": fit.n, "r2": fit.r2},
                 "unsafe": stored.calibration.unsafe, "formula": fit.formula,
                 "warnings": list(stored.calibration.warnings),
-            })
+            }))
     return predictions
+
+
+def predict_uploaded(scope: Scope, ask: PredictUploadedAsk) -> PredictAnswer:
+    """`farm predict` against a controller: the estimates, or the sim-only job it queued to measure the model
+    (its agents run it like any job; the client watches it, then asks again)."""
+    if scope.artifact is None or scope.submit is None:
+        raise ServiceError("an uploaded model is predicted by a controller; embedded, `farm predict MODEL` reads the file")
+    for job_id in ask.measured_jobs:
+        _need_job(scope, job_id)
+    model = scope.artifact(ask.model_sha256)
+    if model is None:
+        raise ServiceError(f"no uploaded model with sha256 {ask.model_sha256!r} on this controller; `farm predict` "
+                           "uploads it first")
+    answer = predict(scope.store, model, ask.model_name, ask.device, ask.metrics, threads=ask.threads,
+                     confidence=ask.confidence, include_contended=ask.include_contended,
+                     measured_jobs=tuple(ask.measured_jobs))
+    if isinstance(answer, MeasureFirst):  # sim only: the agents measure it like any job
+        return PredictAnswer(predictions=[], measure_job=scope.submit(answer.job))
+    return PredictAnswer(predictions=answer)

@@ -17,17 +17,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, get_args
 
+from pydantic import ValidationError
+
 from farm.client.api import (
-    CalibrateAsk, Farm, FarmError, JobInfo, PredictAsk, Progress, Submitted,
+    CalibrateAnswer, CalibrateAsk, DeviceInfo, Farm, FarmError, JobInfo, PredictAsk, Prediction, Progress, Submitted,
 )
+from farm.client.api import RunRecord as TypedRunRecord
+from farm.proto.questions import CalibrationFit, explain
 from farm.proto.spec import Priority
+
+# The Python API's records are the client's own answer models (farm.proto.questions): a calibration as
+# `farm calibrate --json` lists it, a prediction as `farm predict --json` prints it.
+Calibration = CalibrationFit
 
 PRIORITIES: tuple[str, ...] = get_args(Priority)
 
 
 @dataclass(frozen=True)
 class RunRecord:
-    """One run as `farm results --format json` has it; `record` keeps every field."""
+    """One run, flat for a table (pandas): the figures most asked for; `typed` is the whole typed record
+    (farm.client.api.RunRecord) and `record` its JSON form, as `farm results --format json` has it."""
 
     job: int
     model: str
@@ -44,16 +53,20 @@ class RunRecord:
     avg_memory_mb: float | None
     wall_s: float | None
     backend: str | None
-    record: dict[str, Any] = field(repr=False, compare=False)
+    typed: TypedRunRecord = field(repr=False, compare=False)
+
+    @property
+    def record(self) -> dict[str, Any]:
+        return self.typed.model_dump()
 
     @classmethod
-    def from_json(cls, r: dict[str, Any]) -> "RunRecord":
-        latency = r.get("latency_ms") or {}
-        return cls(job=r["job"], model=r["model"]["name"], sha256=r["model"]["sha256"], target=r["target"],
-                   threads=r["threads"], batch_size=r["batch_size"], repeat=r["repeat"], status=r["status"],
-                   failure_class=r["failure_class"], latency_ms=latency.get("avg"), latency_p90_ms=latency.get("p90"),
-                   peak_memory_mb=r["peak_memory_mb"], avg_memory_mb=r["avg_memory_mb"], wall_s=r["wall_s"],
-                   backend=r["backend"], record=r)
+    def of(cls, r: TypedRunRecord) -> "RunRecord":
+        latency = r.latency_ms
+        return cls(job=r.job, model=r.model.name, sha256=r.model.sha256, target=r.target, threads=r.threads,
+                   batch_size=r.batch_size, repeat=r.repeat, status=r.status, failure_class=r.failure_class,
+                   latency_ms=latency.avg if latency else None, latency_p90_ms=latency.p90 if latency else None,
+                   peak_memory_mb=r.peak_memory_mb, avg_memory_mb=r.avg_memory_mb, wall_s=r.wall_s, backend=r.backend,
+                   typed=r)
 
 
 class Results(list):
@@ -66,53 +79,8 @@ class Results(list):
         except ImportError:
             raise FarmError("Results.to_pandas() needs pandas, which is not installed: `pip install pandas` "
                             "(or read the records as they are: each is a RunRecord)") from None
-        columns = [f for f in RunRecord.__dataclass_fields__ if f != "record"]
+        columns = [f for f in RunRecord.__dataclass_fields__ if f != "typed"]
         return pandas.DataFrame([{c: getattr(r, c) for c in columns} for r in self], columns=columns)
-
-
-@dataclass(frozen=True)
-class Prediction:
-    model: str
-    device: str
-    metric: str
-    threads: int
-    unit: str
-    sim: float
-    estimate: float
-    low: float
-    high: float
-    confidence: float
-    sim_reused: bool
-    warnings: list[str]
-    document: dict[str, Any] = field(repr=False, compare=False)  # as `farm predict --json` prints it
-
-    @classmethod
-    def from_json(cls, p: dict[str, Any]) -> "Prediction":
-        return cls(model=p["model"], device=p["device"], metric=p["metric"], threads=p["threads"], unit=p["unit"],
-                   sim=p["sim"], estimate=p["estimate"], low=p["low"], high=p["high"], confidence=p["confidence"],
-                   sim_reused=p["sim_reused"], warnings=list(p["warnings"]), document=p)
-
-
-@dataclass(frozen=True)
-class Calibration:
-    id: int
-    device: str
-    metric: str
-    threads: int
-    family: str
-    version: int
-    formula: str
-    r2: float | None
-    n: int
-    unsafe: bool
-    document: dict[str, Any] = field(repr=False, compare=False)  # as `farm calibrate --json` lists it
-    warnings: tuple[str, ...] = ()  # what `farm calibrate` prints as warnings (e.g. a budget not enforced)
-
-    @classmethod
-    def from_json(cls, c: dict[str, Any]) -> "Calibration":
-        return cls(id=c["id"], device=c["device"], metric=c["metric"], threads=c["threads"], family=c["family"],
-                   version=c["version"], formula=c["formula"], r2=c["r2"], n=c["n"], unsafe=c["unsafe"], document=c,
-                   warnings=tuple(c.get("warnings") or ()))
 
 
 def _print_warning(kind: str, message: str) -> None:
@@ -149,7 +117,7 @@ class Job:
         return self.info()
 
     def results(self) -> Results:
-        return Results(RunRecord.from_json(r) for r in self._lab.farm.results(self.id))
+        return Results(RunRecord.of(r) for r in self._lab.farm.results(self.id))
 
     def cancel(self) -> int:
         return self._lab.farm.cancel(self.id)
@@ -213,7 +181,7 @@ class Lab:
         self.farm.resume(id)
         return Job(self, id)
 
-    def devices(self) -> list[dict[str, Any]]:
+    def devices(self) -> list[DeviceInfo]:
         """Embedded: the lab's device list ($FARM_DEVICES) with health; a controller: its agents' devices."""
         return self.farm.devices()
 
@@ -222,13 +190,17 @@ class Lab:
                   include_contended: bool = False) -> list[Calibration]:
         """Fit and store calibrations (a new version each); see `farm calibrate`. Groups too small to fit
         are left out; `calibrate_document` has them, with why."""
-        return [Calibration.from_json(c) for c in self.calibrate_document(
-            job=job, sim_job=sim_job, device_job=device_job, device=device, metrics=metrics, min_pairs=min_pairs,
-            include_contended=include_contended)["calibrations"]]
+        return self.calibrate_document(job=job, sim_job=sim_job, device_job=device_job, device=device,
+                                       metrics=metrics, min_pairs=min_pairs,
+                                       include_contended=include_contended).calibrations
 
-    def calibrate_document(self, **ask: Any) -> dict[str, Any]:
-        ask["metrics"] = tuple(ask.get("metrics") or ("latency",))
-        return self.farm.calibrate(CalibrateAsk(**ask))
+    def calibrate_document(self, **ask: Any) -> CalibrateAnswer:
+        ask["metrics"] = list(ask.get("metrics") or ("latency",))
+        try:
+            request = CalibrateAsk.model_validate(ask)
+        except ValidationError as e:
+            raise FarmError(f"calibrate(): {explain(e)}") from None
+        return self.farm.calibrate(request)
 
     def predict(self, model: str | Path, device: str, *, metrics: Iterable[str] = ("latency",),
                 threads: int | None = None, confidence: float = 0.9, include_contended: bool = False,
@@ -236,7 +208,7 @@ class Lab:
         """On-device estimates from the sim alone (the model is measured in the sim first unless a run fits)."""
         ask = PredictAsk(model=Path(model), device=device, metrics=tuple(metrics), threads=threads,
                          confidence=confidence, include_contended=include_contended)
-        return [Prediction.from_json(p) for p in self.farm.predict(ask, _print_progress if progress else None)]
+        return self.farm.predict(ask, _print_progress if progress else None)
 
 
 def connect(controller: str | None = None, *, db: str | Path | None = None, token: str | None = None,

@@ -117,4 +117,4 @@ def apply_overrides(text: str, overrides: Sequence[str]) -> str:
         if problems:
             raise OverrideError(" ".join(dict.fromkeys(problems))) from None
     header = "".join(f"# farm submit --set {o}\n" for o in overrides)
-    return header + yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
+    return header + str(yaml.safe_dump(document, sort_keys=False, allow_unicode=True))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 MAX_JOB_FILE_BYTES = 1 << 20  # a job file is a page of YAML; the controller's limit too
 MAX_MODEL_FILE_BYTES = 2 << 30  # one model file, as the controller's default --max-model-bytes
@@ -50,7 +51,7 @@ def check_regular_file(path: Path, what: str, limit: int) -> int:
     return info.st_size
 
 
-def _read_at_most(stream, size: int) -> bytes:
+def _read_at_most(stream: BinaryIO, size: int) -> bytes:
     """Up to `size` bytes in 1 MiB reads: `read(size)` would allocate all of `size` at once (a model's 4 GiB
     limit is a MemoryError on a small VM), whatever the file's length."""
     chunks: list[bytes] = []

@@ -542,7 +542,7 @@ class JobSpec(Strict):
 
     @field_validator("models")
     @classmethod
-    def _not_empty(cls, v: list) -> list:
+    def _not_empty(cls, v: list[Union[str, ModelEntry]]) -> list[Union[str, ModelEntry]]:
         if not v:
             raise ValueError("list at least one model file or glob")
         return v

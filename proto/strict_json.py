@@ -12,6 +12,8 @@ import json
 import math
 from typing import Any
 
+from pydantic_core import to_jsonable_python
+
 FLAG = "nonfinite"
 
 
@@ -43,6 +45,7 @@ def clean(data: Any) -> Any:
 
 
 def dumps(data: Any, **kwargs: Any) -> str:
-    """json.dumps of clean(data); allow_nan=False makes any value that slipped through raise, not print."""
+    """json.dumps of clean(data); allow_nan=False makes any value that slipped through raise, not print.
+    Answer models (farm.proto.questions) print as their JSON form, non-finite numbers flagged the same way."""
     kwargs.setdefault("default", str)
-    return json.dumps(clean(data), allow_nan=False, **kwargs)
+    return json.dumps(clean(to_jsonable_python(data, fallback=kwargs["default"])), allow_nan=False, **kwargs)

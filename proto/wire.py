@@ -10,14 +10,17 @@ import dataclasses
 import json
 from enum import Enum
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 from pydantic import BaseModel, ConfigDict
+from pydantic_core import to_jsonable_python
 
 from farm.proto.op_profile import MAX_NODES, MAX_OP_TYPES, bounded
 from farm.proto.results import FailureClass, RunResult, run_result_from_dict
 from farm.proto.tasks import Sha256, TaskSpec
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 # One result on the wire, well under the 16 MiB gRPC message limit, so it always arrives whole.
 MAX_RESULT_BYTES = 8 << 20
@@ -31,16 +34,17 @@ def fill_message(message: Message, obj: Any) -> Message:
     items: Iterable[tuple[str, Any]]
     if isinstance(obj, dict):
         items = obj.items()
-    elif isinstance(obj, BaseModel):
-        items = ((name, getattr(obj, name)) for name in type(obj).model_fields)
+    elif isinstance(obj, BaseModel):  # a field's alias is its name on the wire; LOCAL fields never travel
+        local = getattr(obj, "LOCAL", ())
+        items = ((info.alias or name, getattr(obj, name)) for name, info in type(obj).model_fields.items()
+                 if name not in local)
     else:
         items = ((f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj))
     for name, value in items:
         if value is None:
             continue
         if f"{name}_json" in fields:
-            plain = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
-            setattr(message, f"{name}_json", json.dumps(plain))
+            setattr(message, f"{name}_json", json.dumps(to_jsonable_python(value)))
             continue
         field = fields[name]
         target = getattr(message, name)
@@ -92,6 +96,26 @@ class _TaskExtra(BaseModel):
 
 # The plan's fields that travel as fields of their own in the TaskSpec message (numbers kept since v1).
 _PLAN_FIELDS = ("workload", "sim", "run_timeout_s", "base_dir")
+
+
+def answer_to_message(answer: BaseModel, message: Message) -> Message:
+    """An answer model into its response message: field for field, or, for a message that is one
+    `document_json`, the whole answer as JSON (a non-finite float travels as Infinity/NaN and comes back)."""
+    if _is_document(message, type(answer)):
+        message.document_json = json.dumps(to_jsonable_python(answer))  # type: ignore[attr-defined]
+        return message
+    return fill_message(message, answer)
+
+
+def model_from_message(message: Message, model: type[ModelT]) -> ModelT:
+    """The inverse of fill_message / answer_to_message, validated as the model (a request from the wire is hostile)."""
+    if _is_document(message, model):
+        return model.model_validate(json.loads(message.document_json))  # type: ignore[attr-defined]
+    return model.model_validate(message_to_dict(message))
+
+
+def _is_document(message: Message, model: type[BaseModel]) -> bool:
+    return "document_json" in message.DESCRIPTOR.fields_by_name and "document" not in model.model_fields
 
 
 def task_to_message(task: TaskSpec, message: Message) -> Message:

@@ -85,9 +85,9 @@ def test_a_calibration_over_runs_whose_budget_was_not_enforced_says_so(tmp_path:
                               "sim": {"cpus": cpus, "memory": "1g", "on_contention": "flag"}})
             assert job.wait().status == "completed"
             jobs.append(job)
-        flagged = [r for r in lab.farm.results(jobs[1].id) if r["message"].startswith("budget not enforced: ")]
+        flagged = [r for r in lab.farm.results(jobs[1].id) if r.message.startswith("budget not enforced: ")]
         whole_cpu = lab.farm.results(jobs[0].id)  # 1 CPU is a pinned core: enforced, nothing said
-        assert len(flagged) == 4 and not any("budget not enforced" in r["message"] for r in whole_cpu)
+        assert len(flagged) == 4 and not any("budget not enforced" in r.message for r in whole_cpu)
         fits = lab.calibrate(sim_job=jobs[0].id, device_job=jobs[1].id, device="half-cpu", include_contended=True)
     assert fits and all(any("4 run(s) of job(s) 2 had a CPU budget their backend did not enforce" in w
                             for w in c.warnings) for c in fits)

@@ -20,6 +20,7 @@ from farm.controller.scheduling.hooks import quarantined
 from farm.controller.scheduling.schedule import PRIORITY_RANK, expand_tasks
 from farm.controller.store import Store
 from farm.controller.store.rows import RowLike, RunningAttempt, TaskRow, plain_rows
+from farm.proto.questions import TaskCounts
 from farm.proto.results import FailureClass, JobStatus, ResultRefused, RunResult, TaskStatus
 from farm.proto.tasks import TaskPlan, TaskSpec
 
@@ -49,18 +50,7 @@ def should_retry(failure: FailureClass | None, attempt: int, max_attempts: int) 
     return False
 
 
-@dataclass
-class JobProgress:
-    total: int
-    pending: int
-    running: int
-    completed: int
-    failed: int
-    canceled: int
-
-    @property
-    def done(self) -> int:
-        return self.completed + self.failed + self.canceled
+JobProgress = TaskCounts  # a job's tasks by state: the same record `farm status` answers with (JobInfo extends it)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,718 @@
+"""Every question a user asks a farm, defined once: its request model, its answer model, one table line.
+
+`QUESTIONS` is the table: the gRPC method, the `farm.controller.service` function that answers, the
+request and the answer. The controller's FarmServicer and the remote client are built from it (with
+farm.proto.wire's model <-> message mapping); the embedded client calls the same service function.
+Adding a question: a service function, two models here, one `Question(...)` line, one CLI command
+(docs/architecture.md walks one through).
+
+Answers are pydantic models, never `dict[str, Any]`: the parts a farm does not interpret (a model's
+input shapes, a run's contention evidence, a fit's choice figures) are `JsonValue`, typed as JSON.
+Timestamps stay Unix seconds (float), as every `--json` has printed them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
+
+from pydantic import (
+    BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, SerializationInfo, SerializerFunctionWrapHandler,
+    ValidationError, computed_field, field_validator, model_serializer,
+)
+
+from farm.proto.escape import printable
+
+MAX_LIST = 256  # metrics, device jobs, devices in one request
+Metric = Annotated[str, Field(max_length=40)]
+# Names a person gives a device or a model: bounded here, checked for printable characters by the service.
+Name = Annotated[str, Field(max_length=200)]
+
+
+def _none_if_empty(value: object) -> object:
+    """The wire has no None for a plain scalar: 0 and "" stand for "not given"."""
+    return value or None
+
+
+OptionalId = Annotated[int | None, BeforeValidator(_none_if_empty)]
+OptionalName = Annotated[Name | None, BeforeValidator(_none_if_empty)]
+OptionalText = Annotated[str | None, BeforeValidator(_none_if_empty)]
+
+
+class Model(BaseModel):
+    """What every request and answer shares: extra keys from a newer peer are ignored, and a float that is
+    not finite crosses the wire as "Infinity"/"NaN" (strict JSON output flags it, in both modes alike)."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings", populate_by_name=True)
+    LOCAL: ClassVar[tuple[str, ...]] = ()  # fields only one side has (never on the wire: its message has no such field)
+
+
+class Sparse(Model):
+    """A record whose `SPARSE` fields are left out of its JSON when never set (a power law has no `a`,
+    a run asked without op profiles has no `op_profile`), as the documents always were."""
+
+    SPARSE: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        data = handler(self)
+        for name in self.SPARSE:
+            if name not in self.model_fields_set:
+                data.pop(name, None)
+        return data
+
+
+def explain(error: ValidationError) -> str:
+    """A request or answer that is not its model, said in one line: the field and what is wrong with it."""
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "the message"
+    more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    return printable(f"{where}: {first['msg']}{more}")
+
+
+# --- requests --------------------------------------------------------------------------------------
+class Ask(Model):
+    """A request. job_ids: the jobs it names, which the controller checks the caller may read."""
+
+    def job_ids(self) -> list[int]:
+        return []
+
+
+class NoAsk(Ask):
+    """A question without parameters (the devices, the agents, the device health list)."""
+
+
+class JobAsk(Ask):
+    job_id: int
+    ops: bool = False  # results: each record carries its run's op profile
+
+    def job_ids(self) -> list[int]:
+        return [self.job_id]
+
+
+class JobsAsk(Ask):
+    limit: int = Field(50, ge=0, le=100_000)
+
+    @field_validator("limit", mode="before")
+    @classmethod
+    def _default(cls, value: object) -> object:
+        return value or 50
+
+
+class CalibrateAsk(Ask):
+    job: OptionalId = None
+    sim_job: OptionalId = None
+    device_job: OptionalId = None
+    device: OptionalName = None
+    metrics: list[Metric] = Field(default_factory=lambda: ["latency"], max_length=MAX_LIST)
+    min_pairs: Annotated[int, BeforeValidator(lambda v: v or 4)] = 4  # the wire's 0: not given
+    include_contended: bool = False
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _latency_by_default(cls, value: object) -> object:
+        return list(value) if value else ["latency"]  # type: ignore[call-overload]
+
+    def job_ids(self) -> list[int]:
+        return [j for j in (self.job, self.sim_job, self.device_job) if j]
+
+
+class CalibrationsAsk(Ask):
+    device: OptionalName = None
+    metric: Annotated[Metric | None, BeforeValidator(_none_if_empty)] = None
+
+
+class RankAsk(Ask):
+    job: int
+    metric: Metric = "latency"
+    device_jobs: list[int] = Field(default_factory=list, max_length=MAX_LIST)
+    devices: list[Name] = Field(default_factory=list, max_length=MAX_LIST)
+    include_contended: bool = False
+
+    @field_validator("metric", mode="before")
+    @classmethod
+    def _latency_by_default(cls, value: object) -> object:
+        return value or "latency"
+
+    def job_ids(self) -> list[int]:
+        return [self.job, *self.device_jobs]
+
+
+class ReportAsk(Ask):
+    job: int
+    html: bool = True
+    png: bool = False
+
+    def job_ids(self) -> list[int]:
+        return [self.job]
+
+
+class DriftAsk(Ask):
+    device: OptionalName = None
+
+
+class SetDeviceHealthAsk(Ask):
+    device: Name
+    action: Literal["quarantine", "release", "maintenance"]
+    reason: OptionalText = None
+
+
+class ForgetDeviceAsk(Ask):
+    device: Name = Field(alias="name")  # the wire's ForgetDeviceRequest.name
+
+
+class PredictUploadedAsk(Ask):
+    """`farm predict` against a controller: the model is an uploaded artifact (MissingArtifacts/UploadArtifact first)."""
+
+    model_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    model_name: Name  # for display: the client's file name
+    device: Name
+    metrics: list[Metric] = Field(default_factory=lambda: ["latency"], max_length=MAX_LIST)
+    threads: int | None = None
+    confidence: Annotated[float, BeforeValidator(lambda v: v or 0.9)] = 0.9  # the wire's 0: not given
+    include_contended: bool = False
+    measured_jobs: list[int] = Field(default_factory=list, max_length=64)  # measured for this question so far
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _latency_by_default(cls, value: object) -> object:
+        return list(value) if value else ["latency"]  # type: ignore[call-overload]
+
+    def job_ids(self) -> list[int]:
+        return list(self.measured_jobs)
+
+
+class FinishRefreshAsk(Ask):
+    job: int
+    k: float = 3.0
+    max_slope_change: float = 0.30
+    max_prediction_shift: float = 0.25
+    max_intercept_change: float = 0.30
+    max_r2_drop: float = 0.05
+    include_contended: bool = False
+
+    def job_ids(self) -> list[int]:
+        return [self.job]
+
+
+# --- answers: jobs ---------------------------------------------------------------------------------
+TERMINAL = ("completed", "failed", "canceled")
+
+
+class TaskCounts(Model):
+    """A job's tasks by state: what a job's progress is, wherever it is shown."""
+
+    total: int
+    pending: int
+    running: int
+    completed: int
+    failed: int
+    canceled: int
+
+    @property
+    def done(self) -> int:
+        return self.completed + self.failed + self.canceled
+
+
+class JobInfo(TaskCounts):
+    """A job and its progress, as `farm status --json` shows it."""
+
+    LOCAL: ClassVar[tuple[str, ...]] = ("owner_pid", "owner_host")
+    job: int = Field(alias="id")  # the wire's Job.id
+    name: str
+    status: str
+    priority: str
+    created_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    message: OptionalText
+    owner_pid: int | None = None  # embedded: the process running it (a controller keeps its own)
+    owner_host: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in TERMINAL
+
+    def to_json(self) -> dict[str, JsonValue]:
+        # `id` and `tasks` too: `farm jobs --json` has always named them so
+        return {**self.model_dump(mode="json"), "id": self.job, "tasks": self.total}
+
+
+class JobsAnswer(Model):
+    jobs: list[JobInfo]
+
+
+class CancelAnswer(Model):
+    job_id: int
+    canceled_tasks: int
+
+
+# --- answers: results ------------------------------------------------------------------------------
+class RunModel(Model):
+    name: str
+    sha256: str
+    family: str | None
+    path: str | None
+    size_bytes: int | None
+    param_count: int | None
+    macs: int | None = None
+    conv_macs_share: float | None = None
+    depthwise_macs_share: float | None = None
+    fc_macs_share: float | None = None
+    other_macs_share: float | None = None
+    activation_bytes: int | None = None
+
+
+class Latency(Model):
+    """Milliseconds over the timed loop (init and first inference apart), and how many were timed."""
+
+    init: float | None
+    first: float | None
+    avg: float | None
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    std: float | None
+    min: float | None
+    max: float | None
+    warmup_avg: float | None
+    count: int | None
+
+
+class CpuPercent(Model):
+    avg: float | None
+    peak: float | None
+
+
+class IoBytes(Model):
+    block_read_bytes: int | None
+    block_write_bytes: int | None
+    net_rx_bytes: int | None
+    net_tx_bytes: int | None
+
+
+class Sampler(Model):
+    interval_ms: float | None
+    samples: int | None
+    cpu_percent: float | None
+
+
+class Limits(Model):
+    cpus: float | None
+    cpuset: str | None
+    memory_mb: float | None
+
+
+class RunRecord(Sparse):
+    """One task's run as `farm results --format json` has it."""
+
+    SPARSE: ClassVar[tuple[str, ...]] = ("op_profile", "op_profile_note", "predictions")
+    job: int
+    task: int
+    model: RunModel
+    target: str
+    threads: int
+    cpus: float | None
+    batch_size: int
+    input_size: int | None
+    repeat: int
+    pair_key: str | None
+    status: str
+    attempts: int
+    failure_class: str | None
+    message: str
+    latency_ms: Latency | None
+    whole_run_s: float | None
+    throughput_per_s: float | None
+    samples_per_s: float | None
+    startup_ms: float | None
+    peak_memory_mb: float | None
+    peak_memory_source: str | None
+    avg_memory_mb: float | None
+    energy_per_inference_mj: float | None
+    baseline_memory_mb: float | None
+    peak_rss_mb: float | None
+    cpu_percent: CpuPercent
+    io: IoBytes
+    sampler: Sampler
+    wall_s: float | None
+    backend: str | None
+    approximate: bool | None
+    limits: Limits
+    run: int | None
+    runtime: str | None
+    input_shapes: dict[str, JsonValue]
+    input_values: JsonValue
+    image_build: JsonValue
+    contention: JsonValue
+    tool_versions: dict[str, JsonValue]
+    op_profile: list[JsonValue] = Field(default_factory=list)  # with `ops`: op types, then nodes
+    op_profile_note: str | None = None  # why a run asked for a profile and has none
+    predictions: dict[str, JsonValue] | None = None  # a job with predict_for: each device's estimates
+
+
+class ResultsAnswer(Model):
+    records: list[RunRecord]
+
+
+# --- answers: devices and agents -------------------------------------------------------------------
+class DeviceInfo(Sparse):
+    """A device: embedded, from the lab's list with its health, last check and calibration age; from a
+    controller, as its agent registered it (agent, slots, state, facts). Each mode prints its own fields."""
+
+    SPARSE: ClassVar[tuple[str, ...]] = ("health", "reason", "last_check", "calibration_age_s", "agent", "slots", "state", "last_seen", "facts")
+    name: str
+    driver: str
+    device_type: str | None
+    tags: list[str]
+    health: str | None = None
+    reason: str | None = None
+    last_check: float | None = None
+    calibration_age_s: float | None = None
+    agent: str | None = None
+    slots: int | None = None
+    state: str | None = None
+    last_seen: float | None = None
+    facts: dict[str, JsonValue] | None = None
+
+
+class DevicesAnswer(Model):
+    devices: list[DeviceInfo]
+
+
+class AgentInfo(Model):
+    name: str
+    state: str
+    farm_version: str
+    hostname: str
+    peer: str
+    capabilities: list[str]
+    running: int
+    connected_at: float
+    last_seen: float
+
+
+class AgentsAnswer(Model):
+    agents: list[AgentInfo]
+
+
+class DeviceHealth(Model):
+    name: str
+    health: str
+    reason: str | None
+    changed_at: float | None
+
+
+class DeviceHealthAnswer(Model):
+    devices: list[DeviceHealth]
+
+
+class SetDeviceHealthAnswer(Model):
+    device: str
+    action: str
+    failed_tasks: int
+
+
+class ForgetDeviceAnswer(Model):
+    device: str = Field(alias="name")  # the wire's ForgetDeviceResponse.name
+    agent: str
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def action(self) -> str:
+        return "forget"
+
+
+# --- answers: calibrations -------------------------------------------------------------------------
+class Coefficients(Sparse):
+    """A line's a (slope) and b (intercept); a power law's exponent and factor: never one name for both."""
+
+    SPARSE: ClassVar[tuple[str, ...]] = ("a", "b", "exponent", "factor")
+    a: float | None = None
+    b: float | None = None
+    exponent: float | None = None
+    factor: float | None = None
+
+
+class FitSummary(Coefficients):
+    formula: str
+    r2: float | None
+    loo_mape: float | None
+    loo_within_10: float | None
+
+
+class RunnerUp(Model):
+    kind: str
+    formula: str
+    loo_mape: float | None
+    loo_within_10: float | None
+    loo_log_rmse: float | None
+
+
+class CalibrationFit(Coefficients):
+    """One fitted calibration as `farm calibrate --json` lists it."""
+
+    id: int
+    device: str
+    metric: str
+    threads: int
+    family: str
+    version: int
+    kind: str
+    formula: str
+    features_used: list[str]
+    r2: float | None
+    n: int
+    loo_mape: float | None
+    loo_within_10: float | None
+    kendall_tau: float | None
+    spearman_rho: float | None
+    unsafe: bool
+    unsafe_reasons: list[str]
+    prior_weight: float | None
+    prior_source: str | None
+    population_weight: float | None
+    population_source: str | None
+    possible_flips: list[list[str]]
+    warnings: list[str]
+    choice: dict[str, JsonValue]
+    runner_up: RunnerUp | None
+    fits: dict[str, FitSummary]
+
+
+class CalibrateAnswer(Model):
+    calibrations: list[CalibrationFit]
+    refused: list[str]
+    contended_left_out: int
+
+
+class CalibrationVersion(Coefficients):
+    """One stored calibration version as `farm calibrations --json` lists it."""
+
+    id: int
+    device: str
+    metric: str
+    threads: int
+    runtime: str | None
+    batch_size: int | None
+    input_size: int | None
+    precision: str | None
+    family: str | None
+    version: int
+    created_at: float | None
+    kind: str | None
+    n: int | None
+    r2: float | None
+    loo_mape: float | None
+    within_10: float | None
+    kendall_tau: float | None
+    spearman_rho: float | None
+    source: str | None
+    warnings: list[str]
+    formula: str
+    features_used: list[str]
+    unsafe: bool
+    prior_weight: float | None
+    prior_source: str | None
+
+
+class CalibrationsAnswer(Model):
+    calibrations: list[CalibrationVersion]
+
+
+# --- answers: predict, rank, report, drift, refresh ------------------------------------------------
+class PredictionCalibration(Model):
+    id: int
+    version: int
+    kind: str
+    family: str | None
+    n: int
+    r2: float | None
+
+
+class Prediction(Model):
+    """One on-device estimate from the sim, as `farm predict --json` prints it."""
+
+    model: str
+    sha256: str
+    device: str
+    metric: str
+    threads: int
+    unit: str
+    sim: float
+    estimate: float
+    low: float
+    high: float
+    confidence: float
+    sim_job: int
+    sim_reused: bool
+    calibration: PredictionCalibration
+    unsafe: bool
+    formula: str
+    warnings: list[str]
+
+
+class PredictAnswer(Model):
+    """The estimates; or, when no sim run of the model fits yet, the sim-only job queued to measure it first
+    (watch it, then ask again with it among measured_jobs: its run is reused)."""
+
+    predictions: list[Prediction]
+    measure_job: int | None = None
+
+
+class RankColumn(Model):
+    name: str
+    kendall_tau: float | None
+    order: list[tuple[str, float]]
+    notes: list[str]
+
+
+class RankGroup(Model):
+    threads: int
+    batch_size: int
+    input_size: int | None
+    columns: list[RankColumn]
+
+
+class RankAnswer(Model):
+    job: int
+    metric: str
+    groups: list[RankGroup]
+    contended_left_out: int
+
+
+# A report file's name from the wire becomes a file on the client: a plain name, nothing else.
+REPORT_FILE = re.compile(r"^[^/\\\x00-\x1f\x7f.][^/\\\x00-\x1f\x7f]{0,250}\.(png|html)$")
+MAX_REPORT_WARNINGS = 50
+
+
+class ReportFile(Model):
+    name: str  # "report.html" or a figure's file name
+    data: bytes
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        if not REPORT_FILE.match(value):
+            raise ValueError(f"a report file named {value[:80]!r}: not a plain file name")
+        return value
+
+
+class ReportAnswer(Model):
+    files: list[ReportFile]
+    warnings: list[str]  # what the page warns about: no completed run (then no figures), contended runs...
+
+    @field_validator("warnings")
+    @classmethod
+    def _printable(cls, value: list[str]) -> list[str]:
+        return [printable(w) for w in value[:MAX_REPORT_WARNINGS]]
+
+
+class DriftRecord(Model):
+    """How a device's calibration moved between two refreshes (one stored row)."""
+
+    id: int
+    device: str
+    metric: str
+    threads: int
+    calibration_id: int
+    previous_id: int
+    slope_change: float
+    intercept_change: float
+    r2_drop: float
+    prediction_shift: float
+    exceeded: int
+    reasons: str | None
+    created_at: float | None
+
+
+class DriftAnswer(Model):
+    drift: list[DriftRecord]
+
+
+class DriftCheck(Model):
+    """The drift one refresh measured (what `farm refresh --json` lists)."""
+
+    device: str
+    metric: str
+    threads: int
+    calibration_id: int
+    previous_id: int
+    slope_change: float
+    intercept_change: float
+    r2_drop: float
+    prediction_shift: float
+    reasons: list[str]
+    exceeded: bool
+
+
+class RefitCalibration(Model):
+    id: int
+    device: str
+    threads: int
+    family: str | None
+    version: int
+
+
+class RefreshAnswer(Model):
+    job: int
+    calibrations: list[RefitCalibration]
+    refused: list[str]
+    drift: list[DriftCheck]
+    quarantined: dict[str, list[str]]
+    contended_left_out: int
+
+
+class Problem(Model):
+    """One thing wrong with (or got away with by) a job file: for scripts, beside the message for a person."""
+
+    file: str
+    line: int | None
+    field: str | None
+    message: str
+
+
+# --- the table ---------------------------------------------------------------------------------------
+AskT = TypeVar("AskT", bound=Ask)
+AnswerT = TypeVar("AnswerT", bound=Model)
+
+
+@dataclass(frozen=True)
+class Question(Generic[AskT, AnswerT]):
+    """One line of the table: `rpc` is the FarmService method, `service` the function of
+    farm.controller.service that answers it, as `service(scope, ask) -> answer`."""
+
+    rpc: str
+    service: str
+    ask: type[AskT]
+    answer: type[AnswerT]
+    changes_devices: bool = False  # the controller's dispatcher looks at the queue again after it
+    timeout_s: float = 120  # how long the remote client waits for the answer
+
+
+GET_JOB = Question("GetJob", "job", JobAsk, JobInfo, timeout_s=30)
+LIST_JOBS = Question("ListJobs", "jobs", JobsAsk, JobsAnswer)
+CANCEL_JOB = Question("CancelJob", "cancel", JobAsk, CancelAnswer)
+GET_RESULTS = Question("GetResults", "results", JobAsk, ResultsAnswer)
+LIST_DEVICES = Question("ListDevices", "devices", NoAsk, DevicesAnswer)
+LIST_AGENTS = Question("ListAgents", "agents", NoAsk, AgentsAnswer)
+DEVICE_HEALTH = Question("DeviceHealth", "device_health", NoAsk, DeviceHealthAnswer)
+SET_DEVICE_HEALTH = Question("SetDeviceHealth", "set_device_health", SetDeviceHealthAsk, SetDeviceHealthAnswer,
+                             changes_devices=True)
+FORGET_DEVICE = Question("ForgetDevice", "forget_device", ForgetDeviceAsk, ForgetDeviceAnswer, changes_devices=True)
+CALIBRATE = Question("Calibrate", "calibrate", CalibrateAsk, CalibrateAnswer)
+LIST_CALIBRATIONS = Question("ListCalibrations", "calibrations", CalibrationsAsk, CalibrationsAnswer)
+RANK = Question("Rank", "rank", RankAsk, RankAnswer)
+REPORT = Question("Report", "report", ReportAsk, ReportAnswer, timeout_s=300)
+DRIFT = Question("Drift", "drift", DriftAsk, DriftAnswer)
+PREDICT = Question("Predict", "predict_uploaded", PredictUploadedAsk, PredictAnswer)
+FINISH_REFRESH = Question("FinishRefresh", "finish_refresh", FinishRefreshAsk, RefreshAnswer, timeout_s=600)
+
+# Every question answered the same way in both modes. Not here, and why: SubmitJob and UploadArtifact
+# carry files (uploaded by content first), WatchJob streams, StartRefresh submits the controller's own suite.
+# Predict is here for a controller; embedded, the client runs the measuring job itself between two asks.
+QUESTIONS: tuple[Question[Any, Any], ...] = (
+    GET_JOB, LIST_JOBS, CANCEL_JOB, GET_RESULTS, LIST_DEVICES, LIST_AGENTS, DEVICE_HEALTH, SET_DEVICE_HEALTH,
+    FORGET_DEVICE, CALIBRATE, LIST_CALIBRATIONS, RANK, REPORT, DRIFT, PREDICT, FINISH_REFRESH,
+)
