@@ -47,7 +47,7 @@ def run_job_embedded(store: Store, job_id: int, *, slots: int = 1, backend: str 
         timer.start()
     interrupted: list[float] = []
 
-    def on_signal(signum, frame) -> None:
+    def on_signal(signum: int, frame: object) -> None:
         # Only flag here: the main thread may be inside a store transaction.
         interrupted.append(time.time())
         agent.stop()

@@ -169,7 +169,7 @@ class Scope:
 
     def readable_job(self, job_id: int, missing: type[ServiceError] = NotFound) -> dict[str, Any]:
         """The job's row, when this caller may read it; another team's job in a `team` lab is as good as absent."""
-        job = self.store.job(job_id) if job_id else None
+        job = plain(self.store.jobs.get(job_id)) if job_id else None
         if job is None or not self.viewer.may_read(job, self.sharing):
             raise missing(f"no job {job_id} in this farm; `farm jobs` lists them")
         return job
@@ -212,7 +212,7 @@ def job_info_of(job: dict[str, Any], counts: dict[str, int] | None = None) -> Jo
 
 def job(scope: Scope, ask: JobAsk) -> JobInfo:
     """`farm status`: the job, when this caller may read it."""
-    return job_info_of(scope.readable_job(ask.job_id), scope.store.task_counts(ask.job_id))
+    return job_info_of(scope.readable_job(ask.job_id), scope.store.jobs.task_counts(ask.job_id))
 
 
 def jobs(scope: Scope, ask: JobsAsk) -> JobsAnswer:
@@ -381,7 +381,7 @@ def devices(scope: Scope, ask: NoAsk) -> DevicesAnswer:
     return DevicesAnswer(devices=[DeviceInfo(
         name=r["name"], driver=r["driver"] or "", device_type=r["device_type"] or "", tags=json.loads(r["tags_json"] or "[]"),
         facts=json.loads(r["facts_json"] or "{}"), slots=r["slots"] or 0, state=r["state"] or "", agent=r["agent"] or "",
-        last_seen=r["last_seen"] or 0.0) for r in scope.store.devices()])
+        last_seen=r["last_seen"] or 0.0) for r in scope.store.devices.all()])
 
 
 def agents(scope: Scope, ask: NoAsk) -> AgentsAnswer:
@@ -390,7 +390,7 @@ def agents(scope: Scope, ask: NoAsk) -> AgentsAnswer:
         raise ServiceError("`farm agents` lists a controller's agents: pass --controller HOST:PORT (or set "
                            "FARM_CONTROLLER); embedded runs have one agent, in the process that runs the job")
     listed = []
-    for r in scope.store.agents():
+    for r in scope.store.devices.agents():
         session = scope.agents.by_name.get(r["name"])
         listed.append(AgentInfo(
             name=r["name"], state=r["state"] or "", farm_version=r["farm_version"] or "",

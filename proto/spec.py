@@ -581,4 +581,4 @@ def job_file_text(spec: JobSpec) -> str:
     for size in ("memory", "disk"):
         if isinstance(sim.get(size), int):
             sim[size] = f"{sim[size]}b"
-    return yaml.safe_dump(document)
+    return str(yaml.safe_dump(document))

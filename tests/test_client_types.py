@@ -181,7 +181,7 @@ def test_the_table_made_servicer_checks_requests_and_the_client_checks_answers(t
     from farm.client.config import Credentials
     from farm.client.remote import RemoteFarm
     from farm.controller.grpc_server import serve
-    from farm.controller.scheduling.store import Store
+    from farm.controller.store import SQLiteStore as Store
     from farm.proto.generated import farm_pb2_grpc
 
     running = serve(Store(tmp_path / "farm.db"), "127.0.0.1:0", tokens=None)
