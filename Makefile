@@ -9,7 +9,7 @@ FARM := $(VENV)/bin/farm
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[all,test]'
 	touch $@
 
 setup: $(VENV)/.installed

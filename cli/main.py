@@ -25,9 +25,6 @@ from farm.proto.escape import printable
 from farm.proto.task_limits import DEFAULT_MAX_TASKS
 
 EXIT_OK, EXIT_RUNS_FAILED, EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-# What `pip install farm` has and the agent-only farm-agent does not (deploy/agent_wheel.py).
-FULL_INSTALL_ONLY = {"scipy", "matplotlib", "sqlite_utils", "croniter", "prometheus_client", "grpc_health",
-                     "grpc_reflection"}
 
 UserError = console.UserError
 out, err = console.out, console.err
@@ -410,11 +407,10 @@ def main(argv: list[str] | None = None) -> int:
         return _report_error(args, store_error_message(Path(getattr(args, "db", None) or default_db_path()), e),
                              EXIT_BAD_INPUT)
     except ModuleNotFoundError as e:
-        if (e.name or "").split(".")[0] not in FULL_INSTALL_ONLY:
+        from farm.cli.extras import extra_for, missing_extra_message
+        if extra_for(e.name) is None:  # not an extra's module: a broken install or a bug, with its traceback
             raise
-        return _report_error(args, f"`farm {args.command}` needs {e.name}, which this install lacks: farm-agent runs "
-                             "agents only; `pip install farm` for the controller, calibration and reports.",
-                             EXIT_ENVIRONMENT)
+        return _report_error(args, missing_extra_message(args.command, e.name), EXIT_ENVIRONMENT)
     except KeyboardInterrupt:
         err.print("interrupted")
         return EXIT_INTERRUPTED
