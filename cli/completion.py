@@ -1,6 +1,6 @@
 """`farm completion bash|zsh|fish`: shell completion generated from the argparse tree, so a new command or
 option completes with no script to edit. Install: `farm completion bash > /etc/bash_completion.d/farm`,
-`farm completion zsh > "${fpath[1]}/_farm"`, `farm completion fish > ~/.config/fish/completions/farm.fish`."""
+`eval "$(farm completion zsh)"` in ~/.zshrc after compinit, `farm completion fish > ~/.config/fish/completions/farm.fish`."""
 
 from __future__ import annotations
 

@@ -157,3 +157,30 @@ def test_every_environment_variable_farm_reads_is_listed() -> None:
     for name in ENVIRONMENT:
         assert name in help_text, name
         assert f"`{name}`" in readme, f"{name} is not in the README's environment list"
+
+
+def test_a_hostile_choice_or_help_never_becomes_shell_code(tmp_path: Path) -> None:
+    from farm.cli.completion import bash_script, fish_script
+    p = argparse.ArgumentParser(prog="farm")
+    sub = p.add_subparsers(dest="command")
+    s = sub.add_parser("go", help="it's `$(touch pwned)`")
+    s.add_argument("--mode", choices=["fast", f"$(touch {tmp_path}/pwned)", "a;b"], help="x'; touch pwned; '")
+    script = tmp_path / "farm.bash"
+    script.write_text(bash_script(p))
+    probe = f"source {script}; COMP_WORDS=(farm go --mode ''); COMP_CWORD=3; _farm; printf '%s\\n' \"${{COMPREPLY[@]}}\""
+    r = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "pwned").exists()
+    assert "$(touch" not in script.read_text() and "a;b" not in script.read_text()
+    fish = fish_script(p)
+    assert "-d 'x\\'; touch pwned; \\''" in fish  # quoted as one fish string
+
+
+@pytest.mark.parametrize("flags, level", [(["--log-level", "error"], "ERROR"), (["-v"], "DEBUG"), ([], "WARNING")])
+def test_the_log_level_reaches_the_logging_of_a_command(flags: list[str], level: str) -> None:
+    code = ("import contextlib, io, logging, sys\nfrom farm.cli.main import main\n"
+            f"with contextlib.redirect_stdout(io.StringIO()): main(['schema', *{flags!r}])\n"
+            "print(logging.getLevelName(logging.getLogger().level))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == level
