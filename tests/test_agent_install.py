@@ -108,3 +108,10 @@ def test_the_agent_install_runs_a_controllers_sim_task(agent_bin: Path, tmp_path
             agent.wait(30)
     finally:
         cluster.stop_all()
+
+
+def test_the_python_apis_pandas_frame_names_its_extra(agent_bin: Path, tmp_path: Path) -> None:
+    probe = ("from farm.api import Results\nfrom farm.client.api import FarmError\n"
+             "try:\n    Results([]).to_pandas()\nexcept FarmError as e:\n    print(e)\n")
+    message = _run([str(agent_bin / "python"), "-c", probe], cwd=tmp_path, env=_env(tmp_path)).stdout
+    assert "pip install 'farm[pandas]'" in message, message
