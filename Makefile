@@ -6,10 +6,10 @@ FARM := $(VENV)/bin/farm
 
 .PHONY: setup demo models test bench bench-scheduling bench-lease bench-list-jobs proto clean arm-board
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[all,test]'
 	touch $@
 
 setup: $(VENV)/.installed

@@ -392,7 +392,7 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("--model-col", default="model", help="offline: the model name column (default model)")
     s.add_argument("--group", help="offline: fit one calibration per value of this column")
     s.add_argument("-o", "--output", help="offline: write the fit as JSON here")
-    s.add_argument("--min-pairs", type=int, default=4)
+    s.add_argument("--min-pairs", type=int, default=4, help="refuse a fit from fewer model pairs (default 4)")
     s.add_argument("--include-contended", action="store_true", help=INCLUDE_CONTENDED_HELP)
     s.add_argument("--population-prior", default="shipped", metavar="shipped|none|FILE",
                    help="offline: what the FLOPs/MACs and size coefficients are shrunk toward (the log_pop fit): "
@@ -403,18 +403,20 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.set_defaults(func=cmd_calibrate)
 
     s = sub.add_parser("calibrations", parents=[common], help="stored calibrations with their history")
-    s.add_argument("--device")
-    s.add_argument("--metric")
+    s.add_argument("--device", help="only this device's calibrations")
+    s.add_argument("--metric", help="only this metric's (latency, whole_run, peak_memory, avg_memory, energy)")
     s.add_argument("--wide", action="store_true", help="every column: batch, input size, precision, family, when, fit, ρ, prior")
     s.set_defaults(func=cmd_calibrations)
 
     s = sub.add_parser("predict", parents=[common], help="on-device estimate of a model from the sim alone")
     s.add_argument("model", nargs="?", help="a .tflite or .onnx file")
     s.add_argument("--device", help="a device with a stored calibration")
-    s.add_argument("--metric", action="append", choices=["latency", "whole_run", "peak_memory", "avg_memory"])
+    s.add_argument("--metric", action="append", choices=["latency", "whole_run", "peak_memory", "avg_memory"],
+                   help="repeatable; default latency")
     s.add_argument("--threads", type=int, help="default: every thread count the device is calibrated for")
-    s.add_argument("--backend", choices=["auto", "cgroup", "docker", "process"], default=None)
-    s.add_argument("--confidence", type=float, default=0.9)
+    s.add_argument("--backend", choices=["auto", "cgroup", "docker", "process"], default=None,
+                   help="the sandbox backend of the sim run (default: auto)")
+    s.add_argument("--confidence", type=float, default=0.9, help="the prediction interval's level (default 0.9)")
     s.add_argument("--calibration", help="offline: a fit written by `farm calibrate --pairs ... -o`")
     s.add_argument("--input", help="offline: CSV with model and x columns")
     s.add_argument("--x", help="offline: the x column (default: the one the fit used)")
@@ -423,15 +425,16 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.set_defaults(func=cmd_predict)
 
     s = sub.add_parser("rank", parents=[common], help="models ordered by sim and by each device, with Kendall τ")
-    s.add_argument("job", type=int)
-    s.add_argument("--metric", default="latency", choices=["latency", "whole_run", "peak_memory", "avg_memory"])
+    s.add_argument("job", type=int, help="the sim job whose models are ranked (see `farm jobs`)")
+    s.add_argument("--metric", default="latency", choices=["latency", "whole_run", "peak_memory", "avg_memory"],
+                   help="what to order by (default latency)")
     s.add_argument("--device-job", type=int, action="append", help="a job measured on a device (repeatable)")
     s.add_argument("--device", action="append", help="a calibrated device: its predicted order (repeatable)")
     s.add_argument("--include-contended", action="store_true", help=INCLUDE_CONTENDED_HELP)
     s.set_defaults(func=cmd_rank)
 
     s = sub.add_parser("report", parents=[common], help="one self-contained HTML page: results, sweep and telemetry plots, calibrations, rankings")
-    s.add_argument("job", type=int)
+    s.add_argument("job", type=int, help="the job to report on (see `farm jobs`)")
     s.add_argument("-o", "--output", help="the HTML file (plots embedded)")
     s.add_argument("--png", help="also write the figures as PNG files into this folder")
     s.set_defaults(func=cmd_report)

@@ -61,7 +61,9 @@ def cmd_device(args: argparse.Namespace) -> int:
 def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("device", parents=[common],
                        help="a device's health: release, quarantine, list; forget: free its name on a controller (admin)")
-    s.add_argument("action", choices=["release", "quarantine", "maintenance", "health", "forget"])
-    s.add_argument("device", nargs="?", default=None)
+    s.add_argument("action", choices=["release", "quarantine", "maintenance", "health", "forget"],
+                   help="release: back in service; quarantine / maintenance: out of service; health: list; "
+                        "forget: free the name")
+    s.add_argument("device", nargs="?", default=None, help="the device's name (health: all devices when omitted)")
     s.add_argument("--reason", help="quarantine: why (shown to whoever looks next)")
     s.set_defaults(func=cmd_device)

@@ -79,7 +79,7 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     # a local conversion: no store and no controller, so only --json of the common options
     a = isub.add_parser("auptimizer", help="an Auptimizer profiler env.template (and its -m/-f models) as a job file")
     a.add_argument("--json", action="store_true", help="machine-readable output: the job and the notes")
-    a.add_argument("env_file", metavar="ENV.template")
+    a.add_argument("env_file", metavar="ENV.template", help="the Auptimizer profiler's env.template")
     chosen = a.add_mutually_exclusive_group()
     chosen.add_argument("-m", "--models", help="comma-separated model files, inside DIR as `aup.profiler -m` took them")
     chosen.add_argument("-f", "--model-list", help="a file naming one model a line (inside DIR), as `aup.profiler -f` took it")

@@ -24,9 +24,6 @@ from farm.proto import strict_json
 from farm.proto.escape import printable
 from farm.proto.task_limits import DEFAULT_MAX_TASKS
 
-# What `pip install farm` has and the agent-only farm-agent does not (deploy/agent_wheel.py).
-FULL_INSTALL_ONLY = {"scipy", "matplotlib", "sqlite_utils", "croniter", "prometheus_client", "grpc_health",
-                     "grpc_reflection"}
 
 UserError = console.UserError
 out, err = console.out, console.err
@@ -290,7 +287,13 @@ def build_parser() -> argparse.ArgumentParser:
     from farm.cli.remote import add_client_options, add_remote_commands
     add_client_options(common)
 
-    p = argparse.ArgumentParser(prog="farm", description="Profile ML models under a device's CPU and memory budget.")
+    # Local-only commands take --json but none of the store or controller flags.
+    local = argparse.ArgumentParser(add_help=False)
+    local.add_argument("--json", action="store_true", help="machine-readable output")
+
+    from farm.cli.environment import environment_help
+    p = argparse.ArgumentParser(prog="farm", description="Profile ML models under a device's CPU and memory budget.",
+                                epilog=environment_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"farm {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -304,8 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--devices", help="the lab's device list (YAML) for device targets; default $FARM_DEVICES")
 
     s = sub.add_parser("submit", parents=[common], help="validate a job file and run it")
-    s.add_argument("job_file")
-    s.add_argument("--priority", choices=["interactive", "normal", "low"], default=None)
+    s.add_argument("job_file", help="the job file (YAML): models, matrix, workload, sim, targets")
+    s.add_argument("--priority", choices=["interactive", "normal", "low"], default=None,
+                   help="the job's place in the queue (default: the job file's, else normal)")
     s.add_argument("--detach", action="store_true",
                    help="return once the job is queued: a controller runs it, or (embedded) a background process "
                         "logging beside the store; `farm watch JOB` follows it")
@@ -321,35 +325,36 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_submit)
 
     s = sub.add_parser("resume", parents=[common], help="carry on an interrupted job")
-    s.add_argument("job", type=_job_id)
+    s.add_argument("job", type=_job_id, help="the job id (42 or job-42; see `farm jobs`)")
     runner_options(s)
     s.set_defaults(func=cmd_resume)
 
     s = sub.add_parser("watch", parents=[common], help="follow a job to its end, then its results (exit code as submit's)")
-    s.add_argument("job", type=_job_id)
+    s.add_argument("job", type=_job_id, help="the job id (42 or job-42; see `farm jobs`)")
     s.add_argument("--quiet", action="store_true", help="no progress output")
     s.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
     s.set_defaults(func=cmd_watch)
 
     s = sub.add_parser("results", parents=[common], help="a job's results")
-    s.add_argument("job", type=_job_id)
-    s.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    s.add_argument("job", type=_job_id, help="the job id (42 or job-42; see `farm jobs`)")
+    s.add_argument("--format", choices=["table", "csv", "json"], default="table",
+                   help="a table for reading (default), CSV for spreadsheets, or JSON")
     s.add_argument("--pairs", action="store_true", help="device runs beside their sim twins (completed pairs only)")
     s.add_argument("--ops", action="store_true", help="each run's slowest operator types and nodes (workload.op_profiling)")
     table_options(s)
     s.set_defaults(func=cmd_results)
 
     s = sub.add_parser("jobs", parents=[common], help="list jobs")
-    s.add_argument("--limit", type=int, default=50)
+    s.add_argument("--limit", type=int, default=50, help="the newest N jobs (default 50)")
     s.add_argument("--wide", action="store_true", help="also when each job finished")
     s.set_defaults(func=cmd_jobs)
 
     s = sub.add_parser("status", parents=[common], help="one job's progress")
-    s.add_argument("job", type=_job_id)
+    s.add_argument("job", type=_job_id, help="the job id (42 or job-42; see `farm jobs`)")
     s.set_defaults(func=cmd_status)
 
     s = sub.add_parser("cancel", parents=[common], help="cancel a job's unfinished runs")
-    s.add_argument("job", type=_job_id)
+    s.add_argument("job", type=_job_id, help="the job id (42 or job-42; see `farm jobs`)")
     s.set_defaults(func=cmd_cancel)
 
     from farm.cli.calibrate_commands import add_commands as add_calibration_commands
@@ -365,27 +370,60 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("schema", help="print the job file's JSON Schema (for editors)")
     s.set_defaults(func=cmd_schema)
 
-    s = sub.add_parser("backends", parents=[common], help="which sandbox backends can run here")
+    s = sub.add_parser("backends", parents=[local], help="which sandbox backends can run here")
     s.set_defaults(func=cmd_backends)
 
     m = sub.add_parser("models", help="example models")
     msub = m.add_subparsers(dest="models_command", required=True, metavar="ACTION")
-    g = msub.add_parser("generate", parents=[common], help="write the MobileNetV2 family, the ONNX zoo models and "
+    g = msub.add_parser("generate", parents=[local], help="write the MobileNetV2 family, the ONNX zoo models and "
                         "SqueezeNet 1.1 / GoogLeNet as .tflite")
-    g.add_argument("dir")
+    g.add_argument("dir", help="the folder to write the models into (made when missing)")
     g.add_argument("--widths", help="comma-separated width multipliers, e.g. 0.25,0.5,1.0")
     g.add_argument("--sizes", help="comma-separated input sizes, e.g. 96,160,224")
-    g.add_argument("--formats", default="tflite,onnx")
+    g.add_argument("--formats", default="tflite,onnx", help="comma-separated formats to write (default tflite,onnx)")
     g.add_argument("--no-zoo", action="store_true", help="skip the model-zoo architectures")
     g.add_argument("--published", action="store_true", help="also write the published Jetson experiment's models "
                    "as ONNX: ShuffleNetV2-0.5x, SqueezeNet 1.1, ResNet18, InceptionV3 and 11 3D-CNN video models")
-    g.add_argument("--quiet", action="store_true")
+    g.add_argument("--quiet", action="store_true", help="no line per model written")
     g.set_defaults(func=cmd_models_generate)
 
     add_remote_commands(sub, common)
     from farm.cli.inspect_commands import add_parser as add_inspect_command
     add_inspect_command(sub)
+
+    from farm.cli.completion import add_parser as add_completion_command
+    add_completion_command(sub)
+    for command in _leaf_parsers(p):
+        _log_options(command)
     return p
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _leaf_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every parser that runs a command (`farm jobs`, `farm controller serve`, ...), depth first."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        return [parser]
+    return [leaf for a in subs for child in dict.fromkeys(a.choices.values()) for leaf in _leaf_parsers(child)]
+
+
+def _log_options(command: argparse.ArgumentParser) -> None:
+    """-v/--log-level on every command, so a client command's retries and a server's sessions can be seen alike."""
+    g = command.add_argument_group("logging")
+    g.add_argument("-v", "--verbose", action="store_true", help="log everything (the same as --log-level debug)")
+    g.add_argument("--log-level", choices=LOG_LEVELS, default=None,
+                   help="what farm logs to stderr (default: warning; info for `controller serve` and `agent`)")
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    """Only when asked: a server command's own default (info) stays in place otherwise."""
+    level = "debug" if getattr(args, "verbose", False) else getattr(args, "log_level", None)
+    if level:
+        import logging
+        logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                            format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
 def _report_error(args: argparse.Namespace, message: str, code: int, problems: list[Problem] | None = None) -> int:
@@ -399,6 +437,7 @@ def _report_error(args: argparse.Namespace, message: str, code: int, problems: l
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _configure_logging(args)
     try:
         # Each command asks open_farm(args): the controller when one is configured, else the local store.
         return args.func(args)
@@ -409,11 +448,10 @@ def main(argv: list[str] | None = None) -> int:
         return _report_error(args, store_error_message(Path(getattr(args, "db", None) or default_db_path()), e),
                              EXIT_BAD_INPUT)
     except ModuleNotFoundError as e:
-        if (e.name or "").split(".")[0] not in FULL_INSTALL_ONLY:
+        from farm.cli.extras import extra_for, missing_extra_message
+        if extra_for(e.name) is None:  # not an extra's module: a broken install or a bug, with its traceback
             raise
-        return _report_error(args, f"`farm {args.command}` needs {e.name}, which this install lacks: farm-agent runs "
-                             "agents only; `pip install farm` for the controller, calibration and reports.",
-                             EXIT_ENVIRONMENT)
+        return _report_error(args, missing_extra_message(args.command, e.name), EXIT_ENVIRONMENT)
     except KeyboardInterrupt:
         err.print("interrupted")
         return EXIT_INTERRUPTED

@@ -82,11 +82,12 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("--slots", type=int, default=1, help="embedded: sim runs at once, each on its own cores")
     s.add_argument("--include-contended", action="store_true",
                    help="also fit sim twins whose cores other work used (left out by default)")
-    s.add_argument("--backend", choices=["auto", "cgroup", "docker", "process"], default=None)
-    s.add_argument("--quiet", action="store_true")
-    s.add_argument("--progress", action="store_true")
+    s.add_argument("--backend", choices=["auto", "cgroup", "docker", "process"], default=None,
+                   help="override sim.backend of the reference suite")
+    s.add_argument("--quiet", action="store_true", help="no progress output")
+    s.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
     s.set_defaults(func=cmd_refresh)
 
     s = sub.add_parser("drift", parents=[common], help="how each device's calibration moved between refreshes")
-    s.add_argument("--device")
+    s.add_argument("--device", help="only this device")
     s.set_defaults(func=cmd_drift)

@@ -378,7 +378,6 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
                    help="accept script workloads only from tokens with the `script` permission (`client+script`)")
     s.add_argument("--max-tasks", type=int, default=DEFAULT_MAX_TASKS,
                    help=f"refuse a submitted job that expands to more runs than this (default {DEFAULT_MAX_TASKS:,})")
-    s.add_argument("--verbose", action="store_true")
     s.set_defaults(func=cmd_controller_serve)
 
     a = sub.add_parser("agent", help="run an agent: dial the controller, run the tasks it leases")
@@ -404,7 +403,6 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
                    help="an image on this host's Docker engine a job's sim.build may start from, or its sim.image "
                         "run in (repeatable; farm's own base image always may)")
     a.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to wait for result acknowledgements at exit")
-    a.add_argument("--verbose", action="store_true")
     a.set_defaults(func=cmd_agent)
 
     d = sub.add_parser("devices", parents=[common],

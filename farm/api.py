@@ -77,8 +77,9 @@ class Results(list):
         try:
             import pandas
         except ImportError:
-            raise FarmError("Results.to_pandas() needs pandas, which is not installed: `pip install pandas` "
-                            "(or read the records as they are: each is a RunRecord)") from None
+            raise FarmError("Results.to_pandas() needs the 'pandas' extra, which is not installed: "
+                            "`pip install 'farm[pandas]'` (or `pip install pandas`; or read the records as they are: "
+                            "each is a RunRecord)") from None
         columns = [f for f in RunRecord.__dataclass_fields__ if f != "typed"]
         return pandas.DataFrame([{c: getattr(r, c) for c in columns} for r in self], columns=columns)
 

@@ -570,7 +570,7 @@ class DockerBackend(SandboxBackend):
             import docker
             import docker.errors
         except ImportError:
-            return ("the `docker` Python package is not installed: pip install 'docker>=7' (farm-agent[docker]) "
+            return ("the `docker` Python package is not installed: pip install 'docker>=7' (farm[docker]) "
                     "or choose backend: cgroup")
         address = engine_address()
         try:
