@@ -59,7 +59,8 @@ def test_a_new_sub_package_ships_with_no_list_to_edit(tmp_path: Path) -> None:
     tree.mkdir()
     for name in ("setup.py", "pyproject.toml", "README.md", "LICENSE"):
         (tree / name).write_text((ROOT / name).read_text())
-    for role in ("farm", "proto", "controller", "agents", "cli", "client", "models", "web"):
+    roles = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
+    for role in roles:  # every role folder pyproject maps
         (tree / role).mkdir()
         (tree / role / "__init__.py").write_text("")
     (tree / "agents" / "android" / "drivers").mkdir(parents=True)
