@@ -365,7 +365,7 @@ class RemoteController:
         suffix = safe_suffix(Path(task.model_path).suffix)
         # runtimes pick the format by suffix
         return str(self._cache().get(task.model_sha256, f"{task.model_sha256}{suffix}",
-                                     lambda partial: self.fetch_artifact(task.model_sha256, partial)))
+                                     lambda partial: self._fetch_into(task.model_sha256, partial)))
 
     def local_script_archive(self, task: TaskSpec) -> Path:
         """A script task's folder, as the tar the client uploaded, in this agent's cache."""
@@ -375,7 +375,7 @@ class RemoteController:
                              "is the controller older than this agent?")
         if self.artifact_dir is None:
             raise ValueError("this agent has no artifact cache (--work-dir) to fetch script folders into")
-        return self._cache().get(sha256, f"{sha256}.tar", lambda partial: self.fetch_artifact(sha256, partial))
+        return self._cache().get(sha256, f"{sha256}.tar", lambda partial: self._fetch_into(sha256, partial))
 
     def _cache(self) -> ArtifactCache:
         """The one cache of this agent's slots (their fetches of one digest wait for each other)."""
@@ -384,6 +384,9 @@ class RemoteController:
             if self._artifacts is None or self._artifacts.folder != self.artifact_dir:
                 self._artifacts = ArtifactCache(self.artifact_dir)
             return self._artifacts
+
+    def _fetch_into(self, sha256: str, destination: Path) -> None:
+        self.fetch_artifact(sha256, destination)
 
     def fetch_artifact(self, sha256: str, destination: Path) -> Path:
         """Download a content-addressed artifact, check its size and hash, then move it into place (the cache

@@ -259,7 +259,7 @@ class Zygote:
         signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the pipe
         self.send({"ready": os.getpid()})
         while True:
-            readable, _, _ = select.select([self.control, wake_read], [], [])
+            readable, _, _ = select.select([self.control.fileno(), wake_read], [], [])
             if wake_read in readable:
                 while True:
                     try:
@@ -268,7 +268,7 @@ class Zygote:
                     except BlockingIOError:
                         break
                 self.reap()
-            if self.control in readable:
+            if self.control.fileno() in readable:
                 data, fds, _, _ = socket.recv_fds(self.control, MAX_MESSAGE_BYTES, 4)
                 if not data:  # the agent is gone: so are its runs
                     for pid in self.children:

@@ -112,11 +112,11 @@ class Zygote:
             message = json.loads(data)
             if "exit" in message:
                 with self._reply:
-                    process = self._waiting.pop(message["exit"], None)
-                    if process is None:
+                    found: WarmProcess | None = self._waiting.pop(message["exit"], None)
+                    if found is None:
                         self._exits[message["exit"]] = message  # it exited before its spawn was registered
-                if process is not None:
-                    process.exit_reported(message)
+                if found is not None:
+                    found.exit_reported(message)
             else:
                 with self._reply:
                     self._replies.append(message)
