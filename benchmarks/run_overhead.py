@@ -75,7 +75,8 @@ def cli_startup(calls: int) -> dict:
                 t = time.perf_counter()
                 subprocess.run([*farm, *argv], capture_output=True, check=True)
                 spent.append(time.perf_counter() - t)
-            out[name] = round(statistics.median(spent), 3)
+            if spent:
+                out[name] = round(statistics.median(spent), 3)
     return out
 
 
@@ -84,13 +85,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20, help="runs per job")
     parser.add_argument("--rounds", type=int, default=3, help="cold and warm jobs, alternating, per model")
     parser.add_argument("--backend", default="auto")
+    parser.add_argument("--models", default="onnx,tflite", help="which tiny models: onnx, tflite or both")
     parser.add_argument("--cli-calls", type=int, default=5)
     parser.add_argument("--no-write", action="store_true", help="print only (the smoke run)")
     args = parser.parse_args()
     rows: dict[str, dict[str, list[dict]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        models = {"onnx": write_tiny_onnx(folder / "tiny.onnx"), "tflite": write_tiny_tflite(folder / "tiny.tflite")}
+        writers = {"onnx": write_tiny_onnx, "tflite": write_tiny_tflite}
+        models = {name: writers[name](folder / f"tiny.{name}") for name in args.models.split(",")}
         for name, model in models.items():
             rows[name] = {mode: [] for mode in MODES}
             for _ in range(args.rounds):

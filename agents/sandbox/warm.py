@@ -170,6 +170,10 @@ class Zygote:
     def _stop(self) -> str:
         error = ""
         if self.control is not None:
+            try:  # shutdown, not only close: the reader thread's recv holds the socket open until it returns
+                self.control.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             self.control.close()  # the zygote sees the end of its socket and exits
             self.control = None
         if self.process is not None:
