@@ -18,6 +18,7 @@ import shutil
 import stat
 import socket
 import sys
+import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,21 +59,49 @@ class ModelChanged(Exception):
     """The model file's bytes are not the ones submitted (attack 15: replaced after submit)."""
 
 
+# Files this process hashed and found as submitted, by inode, with their size, mtime and ctime then: the same
+# file unchanged since (every write moves its ctime, and only root can set a clock back) is copied without
+# hashing it again, so a job's 50 runs of one large model hash it once, not 50 times.
+_HASHED: dict[tuple[int, int], tuple[int, int, int, str]] = {}
+_HASHED_LOCK = threading.Lock()
+MAX_HASHED = 4096
+
+
+def _file_identity(info: os.stat_result) -> tuple[tuple[int, int], tuple[int, int, int]]:
+    return (info.st_dev, info.st_ino), (info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
 def stage_model(source: Path, destination: Path | None, sha256: str) -> None:
     """Copy the model into the run directory, hashing as it goes (what runs is what was checked); with
-    no destination, only hash it (drivers that send the file on themselves: phones, boards).
+    no destination, only hash it (drivers that send the file on themselves: phones, boards). A file this
+    process already hashed, unchanged before and after the copy, is copied without hashing it again.
 
     Raises ModelChanged naming both hashes when it differs from the submitted sha256.
     """
     fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f, (open(destination, "xb") if destination else open(os.devnull, "wb")) as out:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        before = os.fstat(f.fileno())
+        if not stat.S_ISREG(before.st_mode):
             raise ModelChanged(f"{source} is no longer a regular file (submitted sha256 {sha256})")
-        digest = hashlib.sha256()
+        inode, version = _file_identity(before)
+        with _HASHED_LOCK:
+            known = _HASHED.get(inode) == (*version, sha256)
+        digest = None if known and destination else hashlib.sha256()
         while data := f.read(COPY_CHUNK_BYTES):
-            digest.update(data)
+            if digest is not None:
+                digest.update(data)
             if destination:
                 out.write(data)
+        after = _file_identity(os.fstat(f.fileno()))
+    if digest is None:
+        if after == (inode, version):
+            return  # the bytes hashed before, unchanged throughout the copy
+        digest = hashlib.sha256(destination.read_bytes()) if destination else hashlib.sha256()
+    elif digest.hexdigest() == sha256 and after == (inode, version):
+        with _HASHED_LOCK:
+            if len(_HASHED) >= MAX_HASHED:
+                _HASHED.clear()
+            _HASHED[inode] = (*version, sha256)
     if digest.hexdigest() != sha256:
         raise ModelChanged(f"{source} changed since it was submitted: submitted sha256 {sha256}, the file now has "
                            f"sha256 {digest.hexdigest()}. Submit the job again to measure the new file.")

@@ -178,3 +178,25 @@ def test_a_dead_zygote_is_started_again_and_one_whose_agent_is_gone_exits(tmp_pa
     process = lone.process
     lone.control.close()
     assert process.wait(timeout=30) == 0
+
+
+def test_an_unchanged_model_is_hashed_once_and_a_changed_one_is_still_caught(tmp_path: Path, monkeypatch) -> None:
+    import farm.agents.sim as sim
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(os.urandom(3 << 20))
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    hashed = []
+    real = hashlib.sha256
+    monkeypatch.setattr(sim.hashlib, "sha256", lambda *a: hashed.append(1) or real(*a))
+    for n in range(3):
+        sim.stage_model(model, tmp_path / f"copy{n}", sha)
+        assert (tmp_path / f"copy{n}").read_bytes() == model.read_bytes()
+    assert len(hashed) == 1  # the first run hashed it; the next two copied the same, unchanged file
+    with model.open("r+b") as f:  # changed in place: same inode, new ctime
+        f.write(b"\0" * 16)
+    with pytest.raises(sim.ModelChanged, match="changed since it was submitted"):
+        sim.stage_model(model, tmp_path / "copy3", sha)
+    os.replace(tmp_path / "copy0", model)  # the right bytes again, but another file: hashed again, and passes
+    sim.stage_model(model, tmp_path / "copy4", sha)
+    assert len(hashed) == 3
