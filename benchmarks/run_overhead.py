@@ -1,8 +1,9 @@
 """`make bench-run-overhead`: what farm costs per run beyond the model's own time, cold harness vs warm.
 
-Embedded, as `farm submit` runs a job: a job of N runs of a tiny model (10 iterations, 1 warmup) is submitted
-to a fresh store and run in this process by EmbeddedFarm.wait; the two modes — FARM_WARM_HARNESS=0 (a fresh
-interpreter per run) and the warm harness (forked from a kept one) — alternate round by round, side by side.
+Embedded, as `farm submit` runs a job: a job of N runs of a tiny model (10 iterations, 1 warmup;
+on_contention: flag, so a busy host retries none) is submitted to a fresh store and run in this process by
+EmbeddedFarm.wait; the two modes — FARM_WARM_HARNESS=0 (a fresh interpreter per run) and the warm harness
+(forked from a kept one) — alternate round by round, side by side.
 
 Per run: the cycle from one run's start to the next one's record ((last finished_at − first started_at) / N,
 each cycle holding lease, set-up, checks, the run and recording it), minus the model's own time (init, first,
@@ -38,7 +39,7 @@ def one_job(folder: Path, model: Path, runs: int, backend: str, mode: str) -> di
     db = folder / f"{mode}-{time.monotonic_ns()}.db"
     job_file = folder / "job.yaml"
     job_file.write_text(f"models: [{model}]\nworkload: {{type: benchmark, iterations: 10, warmup: {WARMUP}}}\n"
-                        f"matrix: {{threads: [1]}}\nrepeats: {runs}\ntargets: [sim]\nsim: {{backend: {backend}, memory: 512m}}\n")
+                        f"matrix: {{threads: [1]}}\nrepeats: {runs}\ntargets: [sim]\nsim: {{backend: {backend}, memory: 512m, on_contention: flag}}\n")
     farm = EmbeddedFarm(db, create=True, health_check_max_age_h=0)
     submitted = time.time()
     job = farm.submit(job_file).job

@@ -75,6 +75,7 @@ def test_a_warm_run_is_forked_into_its_own_cgroup_namespaces_and_user(tmp_path: 
                     seen["cgroup"] = Path(f"/proc/{pid}/cgroup").read_text()
                     seen["mounts"] = Path(f"/proc/{pid}/mountinfo").read_text()
                     seen["status"] = status
+                    seen["fds"] = " ".join(os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
                 except OSError:
                     continue
                 if "Uid:\t0" not in status:  # past the switch to the run user
@@ -94,6 +95,7 @@ def test_a_warm_run_is_forked_into_its_own_cgroup_namespaces_and_user(tmp_path: 
     assert status["NSpid"].split()[-1] == "1"  # PID 1 of a namespace of its own, as under unshare --fork
     assert status["NoNewPrivs"].strip() == "1" and status["Groups"].strip() == ""
     assert "farm/run-" in seen["cgroup"]  # joined the run's cgroup, not the zygote's
+    assert "socket:" not in seen["fds"] and "pid:[" not in seen["fds"], seen["fds"]  # nothing of the zygote's
     mounts = [line.split() for line in seen["mounts"].splitlines()]
     assert any(m[4] == "/tmp" and "farm-tmp" in m for m in mounts)  # a private /tmp
     assert any(m[4] == "/tmp/run" for m in mounts)

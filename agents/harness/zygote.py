@@ -41,6 +41,7 @@ JOIN_FAILED_EXIT = 97  # the cgroup backend's: the run could not join its cgroup
 SETUP_FAILED_EXIT = 98  # the namespaces or the run user could not be set up
 MAX_MESSAGE_BYTES = 1 << 20
 HIGHEST_PRIORITY = -20  # as the process backend's runs claim it (where allowed)
+MAX_FD = 1 << 16
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -147,22 +148,18 @@ def become(user: dict[str, int]) -> None:
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no new privileges")
 
 
-def child(request: dict[str, Any], output_fd: int, control: socket.socket, wake: tuple[int, int],
-          file_pages: list[tuple[int, int]]) -> int:
+def child(request: dict[str, Any], output_fd: int, control: socket.socket, file_pages: list[tuple[int, int]]) -> int:
     """The run's process, from the fork to the harness's exit code."""
     signal.set_wakeup_fd(-1)  # the zygote's, not the run's
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for fd in wake:
-        os.close(fd)
-    control.close()
+    control.detach()  # closed below with every other descriptor but the run's output
     os.setsid()
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the zygote's death kills it
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(output_fd, 1)
     os.dup2(output_fd, 2)
-    os.close(null)
-    os.close(output_fd)
+    os.closerange(3, MAX_FD)  # nothing of the zygote's (its socket, its namespace handle) reaches the run
     for path in request.get("procs") or []:  # JOIN_AND_EXEC: nothing of the run runs outside its cgroups
         try:
             with open(path, "w") as f:
@@ -225,7 +222,7 @@ class Zygote:
         if pid == 0:
             code = 1
             try:
-                code = child(request, output_fd, self.control, self.wake, self.file_pages)
+                code = child(request, output_fd, self.control, self.file_pages)
             except BaseException:  # noqa: BLE001 -- a child never returns into the zygote's loop
                 traceback.print_exc()
             finally:
