@@ -1,9 +1,9 @@
 """`make bench-run-overhead`: what farm costs per run beyond the model's own time, cold harness vs warm.
 
-Embedded, as `farm submit` runs a job: a job of N runs of a tiny model (10 iterations, 1 warmup;
+Embedded, as `farm submit` runs a job (each job in a fresh interpreter): a job of N runs of a tiny model (10 iterations, 1 warmup;
 on_contention: flag, so a busy host retries none) is submitted to a fresh store and run in this process by
 EmbeddedFarm.wait; the two modes — FARM_WARM_HARNESS=0 (a fresh interpreter per run) and the warm harness
-(forked from a kept one) — alternate round by round, side by side.
+(forked from a kept one), and with --base the code before this work — alternate round by round, side by side.
 
 Per run: the cycle from one run's start to the next one's record ((last finished_at − first started_at) / N,
 each cycle holding lease, set-up, checks, the run and recording it), minus the model's own time (init, first,
@@ -35,7 +35,6 @@ WARMUP = 1
 
 
 def one_job(folder: Path, model: Path, runs: int, backend: str, mode: str) -> dict:
-    os.environ["FARM_WARM_HARNESS"] = MODES[mode]
     db = folder / f"{mode}-{time.monotonic_ns()}.db"
     job_file = folder / "job.yaml"
     job_file.write_text(f"models: [{model}]\nworkload: {{type: benchmark, iterations: 10, warmup: {WARMUP}}}\n"
@@ -81,25 +80,45 @@ def cli_startup(calls: int) -> dict:
     return out
 
 
+def job_in_a_process(folder: Path, model: Path, runs: int, backend: str, mode: str, base: str | None) -> dict:
+    """One job in a fresh interpreter, as `farm submit` runs it: `base` mode with the code in --base (the commit
+    before the warm harness), the others with this checkout's."""
+    env = {**os.environ, "FARM_WARM_HARNESS": MODES.get(mode, "0")}
+    if mode == "base":
+        env["PYTHONPATH"] = str(base)
+    done = subprocess.run([sys.executable, __file__, "--job", mode, str(model), str(runs), backend, str(folder)],
+                          capture_output=True, text=True, env=env, cwd=folder, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"{mode} job failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--job":  # one job, in this process: what job_in_a_process starts
+        mode, model, runs, backend, folder = sys.argv[2:7]
+        print(json.dumps(one_job(Path(folder), Path(model), int(runs), backend, mode)))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20, help="runs per job")
-    parser.add_argument("--rounds", type=int, default=3, help="cold and warm jobs, alternating, per model")
+    parser.add_argument("--rounds", type=int, default=3, help="jobs of each mode, alternating, per model")
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--models", default="onnx,tflite", help="which tiny models: onnx, tflite or both")
+    parser.add_argument("--base", help="a tree of farm before the warm harness (a `farm` package folder's parent): "
+                                       "its jobs run side by side as mode `base`")
     parser.add_argument("--cli-calls", type=int, default=5)
     parser.add_argument("--no-write", action="store_true", help="print only (the smoke run)")
     args = parser.parse_args()
+    modes = (["base"] if args.base else []) + list(MODES)
     rows: dict[str, dict[str, list[dict]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         writers = {"onnx": write_tiny_onnx, "tflite": write_tiny_tflite}
         models = {name: writers[name](folder / f"tiny.{name}") for name in args.models.split(",")}
         for name, model in models.items():
-            rows[name] = {mode: [] for mode in MODES}
+            rows[name] = {mode: [] for mode in modes}
             for _ in range(args.rounds):
-                for mode in MODES:
-                    rows[name][mode].append(one_job(folder, model, args.runs, args.backend, mode))
+                for mode in modes:
+                    rows[name][mode].append(job_in_a_process(folder, model, args.runs, args.backend, mode, args.base))
     cli = cli_startup(args.cli_calls)
     load = os.getloadavg()
     lines = [f"# per-run overhead, embedded ({args.runs} runs a job, {args.rounds} rounds, backend {args.backend}; "
@@ -108,25 +127,29 @@ def main() -> None:
              "| harness VmHWM MiB | init ms | p50 ms | how it started |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     figures: dict = {"runs": args.runs, "rounds": args.rounds, "backend": args.backend, "load": load, "cli": cli}
-    for name, modes in rows.items():
-        med = {mode: {k: statistics.median(r[k] for r in results) for k in
-                      ("overhead_s", "cycle_s", "own_s", "first_start_s", "peak_mib", "vmhwm_mib", "init_ms", "p50_ms")}
-               for mode, results in modes.items()}
+    keys = ("overhead_s", "cycle_s", "own_s", "first_start_s", "peak_mib", "vmhwm_mib", "init_ms", "p50_ms")
+    for name, by_mode in rows.items():
+        med = {mode: {k: statistics.median(r[k] for r in results) for k in keys} for mode, results in by_mode.items()}
         for mode, m in med.items():
             lines.append(f"| {name} | {mode} | {m['overhead_s']:.3f} | {m['cycle_s']:.3f} | {m['own_s']:.4f} | "
                          f"{m['first_start_s']:.3f} | {m['peak_mib']:.1f} | {m['vmhwm_mib']:.1f} | {m['init_ms']:.2f} | "
-                         f"{m['p50_ms']:.4f} | "
-                         f"{'; '.join(modes[mode][0]['harness'])} |")
-        ratio = {k: round(med["warm"][k] / med["cold"][k], 3) if med["cold"][k] else None
-                 for k in ("overhead_s", "first_start_s", "peak_mib", "vmhwm_mib", "init_ms", "p50_ms")}
-        lines.append(f"| {name} | warm / cold | ×{ratio['overhead_s']} | | | ×{ratio['first_start_s']} | "
-                     f"×{ratio['peak_mib']} | ×{ratio['vmhwm_mib']} | ×{ratio['init_ms']} | ×{ratio['p50_ms']} | |")
-        figures[name] = {"median": med, "ratio_warm_over_cold": ratio, "rounds": modes}
-    lines += ["", "| CLI start-up (median wall s) | |", "| --- | --- |",
-              *(f"| {name} | {s:.3f} |" for name, s in cli.items())]
+                         f"{m['p50_ms']:.4f} | {'; '.join(by_mode[mode][0]['harness'])} |")
+        ratios = {}
+        for low, high in (("warm", "cold"), ("warm", "base")):
+            if high not in med:
+                continue
+            ratio = {k: round(med[low][k] / med[high][k], 3) if med[high][k] else None
+                     for k in ("overhead_s", "first_start_s", "peak_mib", "vmhwm_mib", "init_ms", "p50_ms")}
+            ratios[f"{low}/{high}"] = ratio
+            lines.append(f"| {name} | {low} / {high} | ×{ratio['overhead_s']} | | | ×{ratio['first_start_s']} | "
+                         f"×{ratio['peak_mib']} | ×{ratio['vmhwm_mib']} | ×{ratio['init_ms']} | ×{ratio['p50_ms']} | |")
+        figures[name] = {"median": med, "ratios": ratios, "rounds": by_mode}
+    if cli:
+        lines += ["", "| CLI start-up (median wall s) | |", "| --- | --- |",
+                  *(f"| {name} | {s:.3f} |" for name, s in cli.items())]
     text = "\n".join(lines) + "\n"
     print(text)
-    print(json.dumps({k: v for k, v in figures.items() if k not in ("onnx", "tflite")}))
+    print(json.dumps({k: v for k, v in figures.items() if k not in models}))
     if not args.no_write:
         print(f"written to {write_results('run-overhead', text, figures)}")
 
