@@ -202,3 +202,10 @@ def test_an_unchanged_model_is_hashed_once_and_a_changed_one_is_still_caught(tmp
     os.replace(tmp_path / "copy0", model)  # the right bytes again, but another file: hashed again, and passes
     sim.stage_model(model, tmp_path / "copy4", sha)
     assert len(hashed) == 3
+
+
+def test_a_zygote_that_cannot_start_says_why() -> None:
+    from farm.agents.sandbox.base import SandboxError
+
+    with pytest.raises(SandboxError, match="did not start: unknown runtime 'bogus'"):
+        Zygote("bogus").inherited_bytes()

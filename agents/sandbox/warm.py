@@ -21,11 +21,12 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from farm.agents.sandbox.base import SandboxError
 from farm.agents.sandbox.process_tree import ReapedProcess
@@ -66,10 +67,12 @@ class Zygote:
         self._exits: dict[int, dict[str, Any]] = {}
         self._waiting: dict[int, "WarmProcess"] = {}
         self.process: subprocess.Popen[bytes] | None = None
+        self._errors: IO[bytes] | None = None
         self.control: socket.socket | None = None
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._errors = tempfile.TemporaryFile()  # a file, not a pipe: a zygote that says much never blocks on it
         # an allow-listed environment, as a run's: the zygote's memory is what every run starts with
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
                "OMP_NUM_THREADS": "1"}  # numpy's BLAS starts no threads in the zygote (a fork keeps only one)
@@ -77,7 +80,7 @@ class Zygote:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "farm.agents.harness.zygote", self.runtime, str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE, start_new_session=True)
+                stderr=self._errors, start_new_session=True)
         except OSError as e:
             ours.close()
             raise SandboxError(f"cannot start the warm {self.runtime} harness: {e}") from None
@@ -178,12 +181,16 @@ class Zygote:
             self.control = None
         if self.process is not None:
             try:
-                _, err = self.process.communicate(timeout=10)
-                error = (err or b"").decode("utf-8", "replace").strip()[-500:]
+                self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
             self.process = None
+        if self._errors is not None:
+            self._errors.seek(0)
+            error = self._errors.read()[-2000:].decode("utf-8", "replace").strip()[-500:]
+            self._errors.close()
+            self._errors = None
         return error
 
     def close(self) -> None:
