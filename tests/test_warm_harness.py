@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import os
 import pwd
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -173,13 +175,29 @@ def test_a_dead_zygote_is_started_again_and_one_whose_agent_is_gone_exits(tmp_pa
     again = driver.run(task, lambda: False)
     assert again.ok and again.environment["harness"].startswith("warm"), again.message
     assert zygote.process is not None and zygote.process.pid != first
-    # the agent's end of the socket closed (as when the agent dies): the zygote exits by itself
-    lone = Zygote("tflite")
-    lone.inherited_bytes()  # starts it
-    assert lone.process is not None and lone.control is not None
-    process = lone.process
-    lone.control.close()
-    assert process.wait(timeout=30) == 0
+    # the agent dies (kill -9): the zygote sees its socket end and exits by itself
+    agent = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom farm.agents.sandbox.warm import Zygote\n"
+                              "z = Zygote('tflite'); z.inherited_bytes(); print(z.process.pid, flush=True); "
+                              "time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert agent.stdout is not None
+        zygote_pid = int(agent.stdout.readline())
+        assert Path(f"/proc/{zygote_pid}").exists()
+    finally:
+        agent.kill()
+        agent.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(zygote_pid):
+        time.sleep(0.05)
+    assert not _alive(zygote_pid), "the zygote outlived its agent"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie waits for init (or this test's reaper) only
 
 
 def test_an_unchanged_model_is_hashed_once_and_a_changed_one_is_still_caught(tmp_path: Path, monkeypatch) -> None:

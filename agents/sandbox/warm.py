@@ -96,9 +96,12 @@ class Zygote:
         if "ready" not in ready:
             error = self._stop()
             raise SandboxError(f"the warm {self.runtime} harness did not start: {error or 'no answer'}")
-        threading.Thread(target=self._read, args=(ours,), name=f"zygote-{self.runtime}", daemon=True).start()
+        # this zygote's runs and early exits: a later zygote (after a restart) gets dicts of its own
+        self._waiting, self._exits = {}, {}
+        threading.Thread(target=self._read, args=(ours, self._waiting, self._exits), name=f"zygote-{self.runtime}",
+                         daemon=True).start()
 
-    def _read(self, control: socket.socket) -> None:
+    def _read(self, control: socket.socket, waiting: dict[int, "WarmProcess"], exits: dict[int, dict[str, Any]]) -> None:
         while True:
             try:
                 data = control.recv(1 << 16)
@@ -106,18 +109,20 @@ class Zygote:
                 data = b""
             if not data:  # the zygote died: every run it had is over, status unknown
                 with self._reply:
-                    self._replies.append({"error": "the warm harness stopped"})
-                    self._reply.notify_all()
-                    lost, self._waiting = self._waiting, {}
+                    if control is self.control:  # not an earlier zygote's socket, closed on purpose
+                        self._replies.append({"error": "the warm harness stopped"})
+                        self._reply.notify_all()
+                    lost = dict(waiting)
+                    waiting.clear()
                 for process in lost.values():
                     process.exit_reported({"status": None})
                 return
             message = json.loads(data)
             if "exit" in message:
                 with self._reply:
-                    found: WarmProcess | None = self._waiting.pop(message["exit"], None)
+                    found: WarmProcess | None = waiting.pop(message["exit"], None)
                     if found is None:
-                        self._exits[message["exit"]] = message  # it exited before its spawn was registered
+                        exits[message["exit"]] = message  # it exited before its spawn was registered
                 if found is not None:
                     found.exit_reported(message)
             else:
