@@ -451,6 +451,7 @@ class SimDriver:
         finally:
             sampler.stop()
             sandbox.close()
+        sampler.add_exit_waits(sandbox.exit_waits())
         contention = judge(
             before, after, budget_cpus=budget.cpus, demand_cpus=float(task.threads),
             run_cpu_s=None if accounting.cpu_ns is None else max(0, accounting.cpu_ns - cpu_ns_at_start) / 1e9,

@@ -77,6 +77,11 @@ class TelemetrySampler:
             if wait is not None:
                 self._waits[tid] = wait
 
+    def add_exit_waits(self, waits: dict[int, int]) -> None:
+        """Waits read as the run's threads exited (after the last reading here): each thread's latest total."""
+        for tid, wait in waits.items():
+            self._waits[tid] = max(wait, self._waits.get(tid, 0))
+
     @property
     def run_wait_s(self) -> float | None:
         """Time the run's threads waited for a CPU, summed (a thread's last interval before it exits is

@@ -116,6 +116,16 @@ def map_like_the_zygote(runs: list[tuple[int, int]]) -> None:
             return  # EINVAL: a kernel before 5.14 has no populate; the child maps them as it touches them
 
 
+def run_queue_wait_ns(pid: int) -> int | None:
+    """The time a thread waited for a CPU (/proc/PID/schedstat, second field): read from the exited run's main
+    thread before it is reaped, the part of its wait the agent's sampler (reading every interval) has not seen."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def enter_namespaces(isolate: dict[str, Any]) -> None:
     """In the child, already PID 1 of a new PID namespace: what `unshare --mount --mount-proc` and isolation.ENTER
     do, then setpriv's switch to the run user (isolation.py documents why each step is there)."""
@@ -239,16 +249,20 @@ class Zygote:
 
     def reap(self) -> None:
         while self.children:
-            try:
-                pid, status, rusage = os.wait4(-1, os.WNOHANG)
+            try:  # seen, not reaped yet: the exited run's main thread still has its scheduler statistics
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 return
-            if pid == 0:
+            if info is None:
                 return
             ended_at = time.monotonic()
+            pid = info.si_pid
+            wait_ns = run_queue_wait_ns(pid)
+            _, status, rusage = os.wait4(pid, 0)
             self.children.discard(pid)
             self.send({"exit": pid, "status": os.waitstatus_to_exitcode(status), "max_rss_bytes": rusage.ru_maxrss * 1024,
-                       "cpu_ns": int((rusage.ru_utime + rusage.ru_stime) * 1e9), "ended_at": ended_at})
+                       "cpu_ns": int((rusage.ru_utime + rusage.ru_stime) * 1e9), "ended_at": ended_at,
+                       "wait_ns": wait_ns})
 
     def serve(self) -> None:
         wake_read, wake_write = self.wake

@@ -175,6 +175,12 @@ class RunningSandbox(abc.ABC):
         """The run's CPU time (and throttling, pressure where the backend has them), after wait()."""
         return CpuAccounting(self.read_counters().cpu_ns)
 
+    def exit_waits(self) -> dict[int, int]:
+        """Run-queue waits (thread -> ns) read as the run exited, which a sampler's last interval misses; {} when
+        the backend cannot read them (a warm run's main thread is read before it is reaped)."""
+        process = getattr(self, "process", None)
+        return dict(getattr(process, "exit_waits", {}) or {})
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release every resource (cgroup dirs, containers). Safe to call twice."""

@@ -256,6 +256,7 @@ class WarmProcess(ReapedProcess):
         self.max_rss_bytes: int | None = None
         self.cpu_ns: int | None = None
         self.ended_at: float | None = None
+        self.exit_waits: dict[int, int] = {}
         self.started_at = time.monotonic()
         try:
             self.pid, self.started_at, self.inherited_bytes = zygote.spawn(request, self._output.fileno(), self)
@@ -268,4 +269,6 @@ class WarmProcess(ReapedProcess):
         self.status = message.get("status")
         self.max_rss_bytes = message.get("max_rss_bytes")
         self.cpu_ns = message.get("cpu_ns")
+        if message.get("wait_ns") is not None and message.get("exit"):
+            self.exit_waits = {int(message["exit"]): int(message["wait_ns"])}
         self.exited.set()
