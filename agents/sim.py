@@ -440,7 +440,8 @@ class SimDriver:
         # is farm's own work, not other tasks' on the run's cores
         before = snapshot(cores)
         cpu_ns_at_start = sandbox.read_counters().cpu_ns or 0
-        sampler = TelemetrySampler(sandbox, task.sim.sample_interval_ms, avoid_cpuset=budget.cpuset).start()
+        sampler = TelemetrySampler(sandbox, task.sim.sample_interval_ms, avoid_cpuset=budget.cpuset,
+                                   start_cpu_ns=cpu_ns_at_start).start()
         try:
             exit_info = sandbox.wait(task.run_timeout_s, cancel_check)
             after = snapshot(cores)

@@ -20,7 +20,8 @@ FIRST_SAMPLE_S = 0.01
 
 
 class TelemetrySampler:
-    def __init__(self, sandbox: RunningSandbox, interval_ms: float = 50.0, *, avoid_cpuset: str | None = None) -> None:
+    def __init__(self, sandbox: RunningSandbox, interval_ms: float = 50.0, *, avoid_cpuset: str | None = None,
+                 start_cpu_ns: int | None = None) -> None:
         self.sandbox = sandbox
         self.avoid_cpuset = avoid_cpuset
         self.interval_s = interval_ms / 1000.0
@@ -31,6 +32,8 @@ class TelemetrySampler:
         self._wall_s = 0.0
         self._waits: dict[int, int] = {}  # thread -> its run-queue wait so far (ns), for contention
         self._last: tuple[int, float] | None = None  # the previous reading: (CPU ns, monotonic time)
+        # the caller's reading as the sandbox started: the baseline of a run over before this thread's first reading
+        self._start = None if start_cpu_ns is None else (start_cpu_ns, sandbox.started_at)
 
     def start(self) -> "TelemetrySampler":
         self._thread.start()
@@ -91,8 +94,12 @@ class TelemetrySampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        if not self.samples and self._last is not None and not self._thread.is_alive():
-            self._read_sample()  # a run shorter than the first sample still gets one: its whole CPU average
+        if not self.samples and not self._thread.is_alive():
+            # a run shorter than the first sample still gets one: its CPU average since it started (this thread's
+            # first reading may have come after the run ended, on a busy host)
+            self._last = self._start or self._last
+            if self._last is not None:
+                self._read_sample()
 
     def summary(self, exit_info: ExitInfo | None = None) -> Telemetry:
         s = self.samples
