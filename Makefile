@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 FARM := $(VENV)/bin/farm
 
-.PHONY: setup demo models test bench bench-scheduling bench-lease bench-list-jobs proto clean arm-board
+.PHONY: setup demo models test bench bench-scheduling bench-lease bench-list-jobs bench-run-overhead proto clean arm-board
 
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,7 @@ bench: models
 	$(PY) benchmarks/wire_capacity.py
 	$(PY) benchmarks/lease.py
 	$(PY) benchmarks/list_jobs.py
+	$(PY) benchmarks/run_overhead.py
 	$(PY) benchmarks/web.py
 	$(PY) benchmarks/store_size.py
 	$(PY) benchmarks/corpus.py
@@ -53,6 +54,10 @@ bench-lease: setup
 # Listing 50 jobs with 100k tasks pending (the counts kept per job, migration 14).
 bench-list-jobs: setup
 	$(PY) benchmarks/list_jobs.py
+
+# What farm costs per run beyond the model's own time, cold harness vs warm, embedded (issue 22 item 3).
+bench-run-overhead: setup
+	$(PY) benchmarks/run_overhead.py
 
 # The gRPC stubs are committed; regenerate after editing proto/farm/v1/*.proto (a test fails when stale).
 proto: setup

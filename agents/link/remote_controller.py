@@ -18,6 +18,7 @@ import os
 import queue
 import random
 import socket
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from typing import Iterator, Literal
 import grpc
 from pydantic import ValidationError
 
+from farm.agents.artifact_cache import ArtifactCache
 from farm.version import __version__
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2
 from farm.proto.results import FailureClass, RunResult
@@ -118,6 +120,7 @@ class RemoteController:
         self._running: dict[tuple[int, int], TaskSpec] = {}
         self._canceled: set[tuple[int, int]] = set()
         self._unacked: dict[tuple[int, int], agent_pb2.TaskResult] = {}
+        self._artifacts: ArtifactCache | None = None
         self._outbox: "queue.Queue[agent_pb2.AgentMessage | None] | None" = None
         self._heartbeat_interval_s = 1.0
         self._thread = threading.Thread(target=self._connection_loop, name="controller-stream", daemon=True)
@@ -361,10 +364,9 @@ class RemoteController:
         if not is_sha256(task.model_sha256):
             raise ValueError(f"task {task.task_id}: model sha256 {task.model_sha256!r} is not a sha256")
         suffix = safe_suffix(Path(task.model_path).suffix)
-        cached = self.artifact_dir / f"{task.model_sha256}{suffix}"  # runtimes pick the format by suffix
-        if not cached.exists():
-            self.fetch_artifact(task.model_sha256, cached)
-        return str(cached)
+        # runtimes pick the format by suffix
+        return str(self._cache().get(task.model_sha256, f"{task.model_sha256}{suffix}",
+                                     lambda partial: self._fetch_into(task.model_sha256, partial)))
 
     def local_script_archive(self, task: TaskSpec) -> Path:
         """A script task's folder, as the tar the client uploaded, in this agent's cache."""
@@ -374,15 +376,26 @@ class RemoteController:
                              "is the controller older than this agent?")
         if self.artifact_dir is None:
             raise ValueError("this agent has no artifact cache (--work-dir) to fetch script folders into")
-        cached = self.artifact_dir / f"{sha256}.tar"
-        if not cached.exists():
-            self.fetch_artifact(sha256, cached)
-        return cached
+        return self._cache().get(sha256, f"{sha256}.tar", lambda partial: self._fetch_into(sha256, partial))
+
+    def _cache(self) -> ArtifactCache:
+        """The one cache of this agent's slots (their fetches of one digest wait for each other)."""
+        assert self.artifact_dir is not None  # the callers said why not otherwise
+        with self._lock:
+            if self._artifacts is None or self._artifacts.folder != self.artifact_dir:
+                self._artifacts = ArtifactCache(self.artifact_dir)
+            return self._artifacts
+
+    def _fetch_into(self, sha256: str, destination: Path) -> None:
+        self.fetch_artifact(sha256, destination)
 
     def fetch_artifact(self, sha256: str, destination: Path) -> Path:
-        """Download a content-addressed artifact, check its size and hash, then move it into place."""
+        """Download a content-addressed artifact, check its size and hash, then move it into place (the cache
+        calls it with a partial file of its own, under the digest's lock)."""
         destination.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        partial = destination.with_name(destination.name + f".part{os.getpid()}")
+        fd, partial_name = tempfile.mkstemp(dir=destination.parent, prefix=f".{destination.name}.", suffix=".part")
+        os.close(fd)
+        partial = Path(partial_name)  # this call's own: two fetches never write one file
         digest, written = hashlib.sha256(), 0
         channel = open_channel(self.address, tls=self.tls)
         try:

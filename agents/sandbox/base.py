@@ -10,6 +10,10 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from farm.agents.sandbox.warm import WarmLaunch
 
 
 def parse_cpuset(text: str) -> list[int]:
@@ -171,6 +175,12 @@ class RunningSandbox(abc.ABC):
         """The run's CPU time (and throttling, pressure where the backend has them), after wait()."""
         return CpuAccounting(self.read_counters().cpu_ns)
 
+    def exit_waits(self) -> dict[int, int]:
+        """Run-queue waits (thread -> ns) read as the run exited, which a sampler's last interval misses; {} when
+        the backend cannot read them (a warm run's main thread is read before it is reaped)."""
+        process = getattr(self, "process", None)
+        return dict(getattr(process, "exit_waits", {}) or {})
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release every resource (cgroup dirs, containers). Safe to call twice."""
@@ -205,3 +215,11 @@ class SandboxBackend(abc.ABC):
     def effective_limits(self, budget: Budget) -> Budget:
         """The budget as really applied (a backend may round or drop parts)."""
         return budget
+
+    # A backend whose isolation a run forked by a kept harness can enter (agents/sandbox/warm.py) says so; the
+    # others (docker: the run lives in a container) start every run cold.
+    warm_capable: bool = False
+
+    def start_warm(self, warm: "WarmLaunch", budget: Budget, *, env: dict[str, str], cwd: Path) -> RunningSandbox:
+        """The run forked by warm's zygote inside a fresh sandbox, held exactly as start() holds a process."""
+        raise SandboxError(f"the {self.name} backend starts every run cold")

@@ -20,12 +20,14 @@ from farm.agents.sandbox.base import (
 )
 from farm.agents.sandbox.cgroupfs import CgroupFiles, cgroup_mounts, process_cgroups, read_int
 from farm.agents.sandbox.process_tree import ReapedProcess
+from farm.agents.sandbox.warm import WarmLaunch
 
 V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "blkio", "pids")
 V2_CONTROLLERS = ("cpu", "cpuset", "memory", "io", "pids")
 # The shell joins the cgroups first, then becomes the command: nothing runs outside the budget.
 JOIN_AND_EXEC = 'for f in $FARM_CGROUP_PROCS; do echo $$ > "$f" || exit 97; done; exec "$@"'
 JOIN_FAILED_EXIT = 97
+MIN_WARM_LIMIT_BYTES = 1 << 20  # a budget below what the zygote shares still gets a limit the kernel enforces
 
 
 @dataclass
@@ -135,10 +137,13 @@ def claim_exclusive_cores(layout: CgroupLayout, dirs: dict[str, Path], budget: B
 
 
 class CgroupSandbox(RunningSandbox):
-    def __init__(self, layout: CgroupLayout, dirs: dict[str, Path], process: ReapedProcess) -> None:
+    def __init__(self, layout: CgroupLayout, dirs: dict[str, Path], process: ReapedProcess,
+                 inherited_bytes: int = 0) -> None:
         self.layout = layout
         self.dirs = dirs
         self.process = process
+        # a warm run's memory it holds uncharged here (the zygote's, shared at the fork): counted in its figures
+        self.inherited_bytes = inherited_bytes
         self.started_at = process.started_at
         self.files = (CgroupFiles({c: dirs[c] for c in ("cpu", "cpuacct", "memory", "blkio") if c in dirs}, None)
                       if layout.version == 1 else CgroupFiles({}, dirs[""]))
@@ -149,7 +154,8 @@ class CgroupSandbox(RunningSandbox):
         return self.dirs[controller] if self.layout.version == 1 else self.dirs[""]
 
     def read_counters(self) -> Counters:
-        return Counters(self.files.cpu_ns(), self.files.memory_bytes())
+        memory = self.files.memory_bytes()
+        return Counters(self.files.cpu_ns(), None if memory is None else memory + self.inherited_bytes)
 
     def thread_ids(self) -> list[int]:
         return self.files.thread_ids()
@@ -187,11 +193,15 @@ class CgroupSandbox(RunningSandbox):
             canceled=canceled,
             output=output,
             wall_s=self.process.wall_s,
-            peak_memory_bytes=self.files.peak_memory_bytes(),
+            peak_memory_bytes=self._peak(),
             peak_memory_source="kernel",
             io=self.io_totals(),
             pids_limit_hit=self.pids_refused() > 0,
         )
+
+    def _peak(self) -> int | None:
+        peak = self.files.peak_memory_bytes()
+        return None if peak is None else peak + self.inherited_bytes
 
     def pids_refused(self) -> int:
         """Forks and threads the pids controller refused (pids.events `max`); 0 without the controller."""
@@ -252,6 +262,48 @@ class CgroupBackend(SandboxBackend):
 
     def start(self, argv: list[str], budget: Budget, *, env: dict[str, str], cwd: Path,
               mounts: list[MountSpec]) -> RunningSandbox:
+        dirs, exclusive = self._make_cgroups(budget)
+        procs = " ".join(str(d / "cgroup.procs") for d in dirs.values())
+        wrapped = ["/bin/sh", "-c", JOIN_AND_EXEC, "farm-sandbox", *argv]
+        output_path = cwd / "sandbox-output.log"
+        try:
+            process = ReapedProcess(wrapped, env={**env, "FARM_CGROUP_PROCS": procs}, cwd=cwd, output_path=output_path)
+        except OSError as e:
+            self._remove(dirs)
+            raise SandboxError(f"cannot start the run: {e}") from e
+        sandbox = CgroupSandbox(self.layout, dirs, process)
+        sandbox.exclusive = exclusive
+        return sandbox
+
+    warm_capable = True
+
+    def start_warm(self, warm: WarmLaunch, budget: Budget, *, env: dict[str, str], cwd: Path) -> RunningSandbox:
+        """The run forked by the zygote joins its cgroups itself before any of its code runs. The zygote's private
+        memory the child starts with is charged to the zygote, not here: the limit is lowered by it and the
+        figures raised by it, so sim.memory bounds all the run holds, as for a cold run (warm.py)."""
+        inherited = warm.zygote.inherited_bytes()
+        if budget.memory_bytes is not None:
+            budget = dataclasses.replace(budget, memory_bytes=max(MIN_WARM_LIMIT_BYTES, budget.memory_bytes - inherited))
+        dirs, exclusive = self._make_cgroups(budget)
+        try:
+            process = warm.start(env=env, cwd=cwd, output_path=cwd / "sandbox-output.log",
+                                 procs=[str(d / "cgroup.procs") for d in dirs.values()])
+        except (SandboxError, OSError) as e:
+            self._remove(dirs)
+            raise SandboxError(str(e)) from e
+        sandbox = CgroupSandbox(self.layout, dirs, process, inherited_bytes=inherited)
+        sandbox.exclusive = exclusive
+        return sandbox
+
+    @staticmethod
+    def _remove(dirs: dict[str, Path]) -> None:
+        for d in dirs.values():
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+    def _make_cgroups(self, budget: Budget) -> tuple[dict[str, Path], str | None]:
         run_name = f"run-{uuid.uuid4().hex[:12]}"
         dirs: dict[str, Path] = {}
         try:
@@ -263,20 +315,9 @@ class CgroupBackend(SandboxBackend):
             claim_cpu_weight(self.layout, dirs)
             exclusive = claim_exclusive_cores(self.layout, dirs, budget) if budget.exclusive else None
         except OSError as e:
-            for d in dirs.values():
-                try:
-                    d.rmdir()
-                except OSError:
-                    pass
+            self._remove(dirs)
             raise SandboxError(f"cannot set up cgroup {run_name}: {e}") from e
-        procs = " ".join(str(d / "cgroup.procs") for d in dirs.values())
-        wrapped = ["/bin/sh", "-c", JOIN_AND_EXEC, "farm-sandbox", *argv]
-        output_path = cwd / "sandbox-output.log"
-        process = ReapedProcess(wrapped, env={**env, "FARM_CGROUP_PROCS": procs}, cwd=cwd,
-                                output_path=output_path)
-        sandbox = CgroupSandbox(self.layout, dirs, process)
-        sandbox.exclusive = exclusive
-        return sandbox
+        return dirs, exclusive
 
     def _apply(self, dirs: dict[str, Path], budget: Budget) -> None:
         if self.layout.version == 1:

@@ -110,10 +110,18 @@ def tmp_sizes(memory_bytes: int | None) -> tuple[str, str]:
 def isolation_env(run_as: RunAs, memory_bytes: int | None = None) -> dict[str, str]:
     """What the ENTER script reads; the command itself gets the same allow-listed environment."""
     tmp, small_tmp = tmp_sizes(memory_bytes)
+    keep, cover = runtime_binds()
     return {"FARM_RUN_UID": str(run_as.uid), "FARM_RUN_GID": str(run_as.gid),
-            "FARM_KEEP": "\n".join(str(p) for p in runtime_paths_to_keep()),
-            "FARM_COVER": "\n".join(str(p) for p in closed_folders(runtime_candidates())),
+            "FARM_KEEP": "\n".join(keep), "FARM_COVER": "\n".join(cover),
             "FARM_TMP_SIZE": tmp, "FARM_SMALL_TMP_SIZE": small_tmp}
+
+
+@functools.cache
+def runtime_binds() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(folders bound back read-only, closed folders covered): where farm's interpreter and code live does not
+    change while the agent runs, so it is worked out once, not per run."""
+    return (tuple(str(p) for p in runtime_paths_to_keep()),
+            tuple(str(p) for p in closed_folders(runtime_candidates())))
 
 
 def farm_code_folders() -> set[Path]:

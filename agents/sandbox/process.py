@@ -23,6 +23,7 @@ from farm.agents.sandbox.base import (
     RunningSandbox, SandboxBackend, applied_cpus, cfs_quota_us, pids_limit,
 )
 from farm.agents.sandbox.process_tree import ReapedProcess
+from farm.agents.sandbox.warm import WarmLaunch
 
 DUTY_PERIOD_S = 0.1
 WATCHDOG_INTERVAL_S = 0.01
@@ -218,6 +219,17 @@ class ProcessBackend(SandboxBackend):
 
         process = ReapedProcess(argv, env=env, cwd=cwd, output_path=cwd / "sandbox-output.log",
                                 preexec_fn=limit_child)
+        return ProcessSandbox(process, budget, cores)
+
+    warm_capable = True
+
+    def start_warm(self, warm: WarmLaunch, budget: Budget, *, env: dict[str, str], cwd: Path) -> RunningSandbox:
+        """The run forked by the zygote sets its cores, priority and rlimits itself, as limit_child() does; its
+        RSS (what the watchdog and the peak read) counts the pages it shares with the zygote, as a cold run's."""
+        cores = self._cores(budget)
+        cap = None if budget.memory_bytes is None else budget.memory_bytes + ADDRESS_SPACE_HEADROOM_BYTES
+        process = warm.start(env=env, cwd=cwd, output_path=cwd / "sandbox-output.log",
+                             limits={"cores": cores, "address_space": cap, "nproc": pids_limit(budget)})
         return ProcessSandbox(process, budget, cores)
 
     def effective_limits(self, budget: Budget) -> Budget:

@@ -48,6 +48,7 @@ class ReapedProcess:
         self.max_rss_bytes: int | None = None
         self.cpu_ns: int | None = None
         self.ended_at: float | None = None
+        self.exit_waits: dict[int, int] = {}  # thread -> its run-queue wait at exit, where known (warm runs)
         threading.Thread(target=self._reap, name=f"reap-{self.pid}", daemon=True).start()
 
     def _reap(self) -> None:

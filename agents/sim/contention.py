@@ -168,21 +168,29 @@ def _only(s: HostSnapshot, core: int) -> HostSnapshot:
     return HostSnapshot(s.at, {core: s.ticks[core]} if core in s.ticks else {}, s.host_pressure_us, s.clock)
 
 
-def quietest_cores(candidates: list[int], n: int) -> list[int]:
-    """The n least busy of `candidates` now (ties: the highest numbers, away from core 0's interrupts)."""
+def quietest_cores(candidates: list[int], n: int, looked: dict[int, float] | None = None) -> list[int]:
+    """The n least busy of `candidates` now (ties: the highest numbers, away from core 0's interrupts).
+    `looked` gets each core's busy share from the look, when one was taken (wait_until_quiet's first look)."""
     if n >= len(candidates):
         return sorted(candidates)
     shares = core_busy_shares(candidates)
+    if looked is not None:
+        looked.update(shares)
     return sorted(sorted(candidates, key=lambda c: (round(shares[c], 2), -c))[:n])
 
 
-def wait_until_quiet(cores: list[int], max_wait_s: float, cancel_check=None) -> tuple[float, bool]:
-    """Look at the cores until others use less than QUIET_MAX of them, at most max_wait_s.
+def wait_until_quiet(cores: list[int], max_wait_s: float, cancel_check=None,
+                     first_look: dict[int, float] | None = None) -> tuple[float, bool]:
+    """Look at the cores until others use less than QUIET_MAX of them, at most max_wait_s. first_look: the
+    shares of a look quietest_cores just took of these cores, used as the first look instead of taking another.
 
     Returns (seconds waited, quiet when it stopped)."""
     start = time.monotonic()
     while True:
-        shares = core_busy_shares(cores)
+        if first_look is not None and all(c in first_look for c in cores):
+            shares, first_look = {c: first_look[c] for c in cores}, None
+        else:
+            shares = core_busy_shares(cores)
         quiet = sum(shares.values()) / max(1, len(shares)) < QUIET_MAX
         waited = time.monotonic() - start
         if quiet or waited >= max_wait_s or (cancel_check is not None and cancel_check()):

@@ -18,6 +18,7 @@ import shutil
 import stat
 import socket
 import sys
+import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +35,10 @@ from farm.agents.sandbox.docker_build import BuildFailed, BuildPolicy, ImageBuil
 from farm.agents.sandbox.user_image import UserImageError, harness_argv
 from farm.agents.sandbox.isolation import (
     INNER_RUN_DIR, RunAs, bound_run_dir, hand_over, isolated_argv, isolation_env, keep_run_dir, mount_run_dir,
-    namespaces_unavailable, resolve_run_as, run_dir_full, seal_run_dir, strip_set_ids, unseal_run_dir, user_argv,
+    namespaces_unavailable, resolve_run_as, run_dir_full, runtime_binds, seal_run_dir, strip_set_ids, tmp_sizes,
+    unseal_run_dir, user_argv,
 )
+from farm.agents.sandbox.warm import WarmLaunch, Zygotes, runtime_of, warm_enabled
 from farm.agents.sim.script_env import ScriptEnvError, script_python
 from farm.agents.sim.telemetry import TelemetrySampler
 from farm.proto import op_profile
@@ -56,21 +59,49 @@ class ModelChanged(Exception):
     """The model file's bytes are not the ones submitted (attack 15: replaced after submit)."""
 
 
+# Files this process hashed and found as submitted, by inode, with their size, mtime and ctime then: the same
+# file unchanged since (every write moves its ctime, and only root can set a clock back) is copied without
+# hashing it again, so a job's 50 runs of one large model hash it once, not 50 times.
+_HASHED: dict[tuple[int, int], tuple[int, int, int, str]] = {}
+_HASHED_LOCK = threading.Lock()
+MAX_HASHED = 4096
+
+
+def _file_identity(info: os.stat_result) -> tuple[tuple[int, int], tuple[int, int, int]]:
+    return (info.st_dev, info.st_ino), (info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
 def stage_model(source: Path, destination: Path | None, sha256: str) -> None:
     """Copy the model into the run directory, hashing as it goes (what runs is what was checked); with
-    no destination, only hash it (drivers that send the file on themselves: phones, boards).
+    no destination, only hash it (drivers that send the file on themselves: phones, boards). A file this
+    process already hashed, unchanged before and after the copy, is copied without hashing it again.
 
     Raises ModelChanged naming both hashes when it differs from the submitted sha256.
     """
     fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f, (open(destination, "xb") if destination else open(os.devnull, "wb")) as out:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        before = os.fstat(f.fileno())
+        if not stat.S_ISREG(before.st_mode):
             raise ModelChanged(f"{source} is no longer a regular file (submitted sha256 {sha256})")
-        digest = hashlib.sha256()
+        inode, version = _file_identity(before)
+        with _HASHED_LOCK:
+            known = _HASHED.get(inode) == (*version, sha256)
+        digest = None if known and destination else hashlib.sha256()
         while data := f.read(COPY_CHUNK_BYTES):
-            digest.update(data)
+            if digest is not None:
+                digest.update(data)
             if destination:
                 out.write(data)
+        after = _file_identity(os.fstat(f.fileno()))
+    if digest is None:
+        if after == (inode, version):
+            return  # the bytes hashed before, unchanged throughout the copy
+        digest = hashlib.sha256(destination.read_bytes()) if destination else hashlib.sha256()
+    elif digest.hexdigest() == sha256 and after == (inode, version):
+        with _HASHED_LOCK:
+            if len(_HASHED) >= MAX_HASHED:
+                _HASHED.clear()
+            _HASHED[inode] = (*version, sha256)
     if digest.hexdigest() != sha256:
         raise ModelChanged(f"{source} changed since it was submitted: submitted sha256 {sha256}, the file now has "
                            f"sha256 {digest.hexdigest()}. Submit the job again to measure the new file.")
@@ -178,13 +209,13 @@ def cpuset_problem(cpuset: str | None) -> str | None:
             f"(it has {format_cpuset(usable)}); change sim.cpuset or run the job where those cores exist.")
 
 
-def shaped_cores(cpus: float, cpuset: str | None) -> list[int]:
+def shaped_cores(cpus: float, cpuset: str | None, looked: dict[int, float] | None = None) -> list[int]:
     """The cores a budget runs on, shaped like a device: `cpus` whole cores are that many cores of the
     slot's (or the job's) cpuset, the quietest now; a fraction gets ceil(cpus) cores and keeps its quota
     (base.cfs_quota_us decides the quota)."""
     allowed = parse_cpuset(cpuset) if cpuset else sorted(os.sched_getaffinity(0))
     wanted = whole_cores(cpus) or math.ceil(cpus)
-    return quietest_cores(allowed, wanted)
+    return quietest_cores(allowed, wanted, looked)
 
 
 class SimDriver:
@@ -205,6 +236,8 @@ class SimDriver:
         self._backends: dict[tuple[str, str | None, bool, bool], SandboxBackend] = {}
         self._builder: ImageBuilder | None = None
         self.slot = SimSlot(0)  # where run() runs; in_slot gives each agent slot its own
+        # kept harnesses with the runtime imported, forking each run (FARM_WARM_HARNESS=0: every run cold)
+        self.zygotes: Zygotes | None = Zygotes() if warm_enabled() else None
 
     def in_slot(self, slot: SimSlot) -> "SimDriver":
         """This driver for one slot's cores; the probed backends and the image builder are shared."""
@@ -259,10 +292,10 @@ class SimDriver:
         folder = task.plan.workload.dir if isinstance(task.plan.workload, ScriptWorkload) else "."
         return pack_dir(Path(task.plan.base_dir, folder), skip=(self.work_root, *self.keep_out))
 
-    def budget_for(self, task: TaskSpec, slot: SimSlot) -> Budget:
+    def budget_for(self, task: TaskSpec, slot: SimSlot, looked: dict[int, float] | None = None) -> Budget:
         sim = task.plan.sim
         cpus = default_cpus(sim.cpus, task.threads)
-        cores = shaped_cores(cpus, sim.cpuset or slot.cpuset)
+        cores = shaped_cores(cpus, sim.cpuset or slot.cpuset, looked)
         return Budget(cpus=cpus, cpuset=format_cpuset(cores), memory_bytes=sim.memory, exclusive=sim.exclusive)
 
     def harness_task(self, task: TaskSpec, inner: Path | None = None, own_python: bool = False) -> HarnessTask:
@@ -329,7 +362,8 @@ class SimDriver:
             return RunResult.failed(FailureClass.JOB, f"sim.image {task.plan.sim.image!r} runs in a Docker image, but this "
                                     f"run uses the {backend.name} backend (--backend overrides the job's "
                                     "sim.backend: docker); drop --backend")
-        budget = backend.effective_limits(self.budget_for(task, self.slot))
+        looked: dict[int, float] = {}  # the look that chose the cores is the quiet check's first look
+        budget = backend.effective_limits(self.budget_for(task, self.slot, looked))
         limits = Limits(cpus=budget.cpus, cpuset=budget.cpuset, memory_mb=_mib(budget.memory_bytes))
         base: dict[str, Any] = dict(backend=backend.name, limits=limits, approximate=backend.approximate)
         inner, isolation = self.isolation(backend)
@@ -368,9 +402,12 @@ class SimDriver:
             "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
             **runtime_env(task.threads),
         }
+        warm = None if own_python else self.warm_launch(harness_task, backend, seen, inner, budget.memory_bytes)
         try:
             if own_python:  # farm's harness from the host, the script's Python from the image (user_image.py)
                 argv, env = self.launch_in_user_image(seen / "task.json", seen / "out.json", env, run_dir, backend)
+            elif warm is not None:  # the zygote's child sets up what launch()'s command line would
+                self.launch(argv, env, run_dir, inner, backend, budget.memory_bytes)
             else:
                 argv, env = self.launch(argv, env, run_dir, inner, backend, budget.memory_bytes)
         except (SandboxError, UserImageError) as e:
@@ -383,14 +420,18 @@ class SimDriver:
         environment = {**host_facts(), "load_before": load_average(),
                        "isolation": isolation + ("" if sealed or self.run_as is None else ", run directory not nosuid"),
                        "disk": (f"{_mib(disk):g} MiB (sim.disk), a tmpfs counted within the run's memory" if bounded
-                                else "not bounded (mounting a tmpfs over the run directory needs root)")}
+                                else "not bounded (mounting a tmpfs over the run directory needs root)"),
+                       "harness": self.harness_mode(harness_task, backend, warm)}
         if build is not None:
             environment["build"] = build
         cores = parse_cpuset(budget.cpuset) if budget.cpuset else sorted(os.sched_getaffinity(0))
-        quiet_wait_s, quiet_before = wait_until_quiet(cores, task.plan.sim.quiet_wait, cancel_check)
+        quiet_wait_s, quiet_before = wait_until_quiet(cores, task.plan.sim.quiet_wait, cancel_check, looked)
         try:
-            sandbox = backend.start(argv, budget, env=env, cwd=(inner or run_dir) if backend.name == "docker" else run_dir,
-                                    mounts=mounts)
+            if warm is not None:
+                sandbox = backend.start_warm(warm, budget, env=env, cwd=run_dir)
+            else:
+                sandbox = backend.start(argv, budget, env=env,
+                                        cwd=(inner or run_dir) if backend.name == "docker" else run_dir, mounts=mounts)
         except SandboxError as e:
             self._cleanup(run_dir)
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{backend.name} sandbox: {e}", **base)
@@ -398,7 +439,8 @@ class SimDriver:
         # is farm's own work, not other tasks' on the run's cores
         before = snapshot(cores)
         cpu_ns_at_start = sandbox.read_counters().cpu_ns or 0
-        sampler = TelemetrySampler(sandbox, task.plan.sim.sample_interval_ms, avoid_cpuset=budget.cpuset).start()
+        sampler = TelemetrySampler(sandbox, task.plan.sim.sample_interval_ms, avoid_cpuset=budget.cpuset,
+                                   start_cpu_ns=cpu_ns_at_start).start()
         try:
             exit_info = sandbox.wait(task.plan.run_timeout_s, cancel_check)
             after = snapshot(cores)
@@ -409,6 +451,7 @@ class SimDriver:
         finally:
             sampler.stop()
             sandbox.close()
+        sampler.add_exit_waits(sandbox.exit_waits())
         contention = judge(
             before, after, budget_cpus=budget.cpus, demand_cpus=float(task.threads),
             run_cpu_s=None if accounting.cpu_ns is None else max(0, accounting.cpu_ns - cpu_ns_at_start) / 1e9,
@@ -451,6 +494,34 @@ class SimDriver:
                 environment["op_profile_note"] = str(output.op_profile_note)[:500]
         self._cleanup(run_dir)
         return result
+
+    def warm_launch(self, harness_task: HarnessTask, backend: SandboxBackend, seen: Path, inner: Path | None,
+                    memory_bytes: int | None) -> WarmLaunch | None:
+        """How a built-in benchmark starts forked from a kept harness, or None when it starts cold (scripts run
+        their own command; docker runs in a container of its own; FARM_WARM_HARNESS=0)."""
+        runtime = runtime_of(harness_task.model_path)
+        if self.zygotes is None or not backend.warm_capable or harness_task.kind != "benchmark" or runtime is None:
+            return None
+        user = None if self.run_as is None else {"uid": self.run_as.uid, "gid": self.run_as.gid}
+        isolate = None
+        if user is not None and inner is not None:  # the namespaces launch() would make with unshare + ENTER
+            keep, cover = runtime_binds()
+            tmp, small_tmp = tmp_sizes(memory_bytes)
+            isolate = {"keep": list(keep), "cover": list(cover), "tmp_size": tmp, "small_tmp_size": small_tmp}
+        return WarmLaunch(self.zygotes.get(runtime), [str(seen / "task.json"), str(seen / "out.json")],
+                          isolate=isolate, user=user)
+
+    def harness_mode(self, harness_task: HarnessTask, backend: SandboxBackend, warm: WarmLaunch | None) -> str:
+        """How the run's process started, in words (the run's environment keeps it)."""
+        if warm is not None:
+            return f"warm: forked from a kept {warm.zygote.runtime} harness"
+        if harness_task.kind != "benchmark":
+            return "cold: a script runs its own command"
+        if self.zygotes is None:
+            return "cold: FARM_WARM_HARNESS=0"
+        if not backend.warm_capable:
+            return f"cold: the {backend.name} backend starts each run in its own container"
+        return "cold"
 
     def launch(self, argv: list[str], env: dict[str, str], run_dir: Path, inner: Path | None,
                backend: SandboxBackend, memory_bytes: int | None = None) -> tuple[list[str], dict[str, str]]:

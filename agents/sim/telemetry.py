@@ -16,8 +16,12 @@ from farm.agents.sandbox.base import ExitInfo, RunningSandbox, parse_cpuset
 from farm.proto.results import Telemetry, TelemetrySample
 
 
+FIRST_SAMPLE_S = 0.01
+
+
 class TelemetrySampler:
-    def __init__(self, sandbox: RunningSandbox, interval_ms: float = 50.0, *, avoid_cpuset: str | None = None) -> None:
+    def __init__(self, sandbox: RunningSandbox, interval_ms: float = 50.0, *, avoid_cpuset: str | None = None,
+                 start_cpu_ns: int | None = None) -> None:
         self.sandbox = sandbox
         self.avoid_cpuset = avoid_cpuset
         self.interval_s = interval_ms / 1000.0
@@ -27,6 +31,9 @@ class TelemetrySampler:
         self._own_cpu_s = 0.0
         self._wall_s = 0.0
         self._waits: dict[int, int] = {}  # thread -> its run-queue wait so far (ns), for contention
+        self._last: tuple[int, float] | None = None  # the previous reading: (CPU ns, monotonic time)
+        # the caller's reading as the sandbox started: the baseline of a run over before this thread's first reading
+        self._start = None if start_cpu_ns is None else (start_cpu_ns, sandbox.started_at)
 
     def start(self) -> "TelemetrySampler":
         self._thread.start()
@@ -44,33 +51,39 @@ class TelemetrySampler:
         self._keep_off_measured_cores()
         cpu0 = time.thread_time()
         wall0 = time.monotonic()
-        last_cpu_ns: int | None = None
-        last_t = wall0
         next_tick = wall0
         while not self._stop.is_set():
-            now = time.monotonic()
-            counters = self.sandbox.read_counters()
-            if counters.cpu_ns is not None and counters.memory_bytes is not None:
-                cpu_percent = 0.0
-                if last_cpu_ns is not None and now > last_t:
-                    cpu_percent = max(0.0, (counters.cpu_ns - last_cpu_ns) / 1e9 / (now - last_t) * 100.0)
-                if last_cpu_ns is not None:  # the first reading only sets the baseline
-                    self.samples.append(TelemetrySample(
-                        t_s=now - self.sandbox.started_at, cpu_percent=cpu_percent,
-                        memory_bytes=counters.memory_bytes))
-                last_cpu_ns, last_t = counters.cpu_ns, now
+            self._read_sample()
             self._read_waits()
-            next_tick += self.interval_s
+            # the first sample comes sooner: a warm run of a small model is over within one interval
+            next_tick += self.interval_s if self.samples else min(self.interval_s, FIRST_SAMPLE_S)
             # Fixed-rate schedule: a slow reading does not shift every later sample.
             self._stop.wait(max(0.0, next_tick - time.monotonic()))
         self._own_cpu_s = time.thread_time() - cpu0
         self._wall_s = time.monotonic() - wall0
+
+    def _read_sample(self) -> None:
+        now = time.monotonic()
+        counters = self.sandbox.read_counters()
+        if counters.cpu_ns is None or counters.memory_bytes is None:
+            return
+        if self._last is not None:  # the first reading only sets the baseline
+            last_cpu_ns, last_t = self._last
+            cpu_percent = max(0.0, (counters.cpu_ns - last_cpu_ns) / 1e9 / (now - last_t) * 100.0) if now > last_t else 0.0
+            self.samples.append(TelemetrySample(t_s=now - self.sandbox.started_at, cpu_percent=cpu_percent,
+                                                memory_bytes=counters.memory_bytes))
+        self._last = (counters.cpu_ns, now)
 
     def _read_waits(self) -> None:
         for tid in self.sandbox.thread_ids():
             wait = thread_wait_ns(tid)
             if wait is not None:
                 self._waits[tid] = wait
+
+    def add_exit_waits(self, waits: dict[int, int]) -> None:
+        """Waits read as the run's threads exited (after the last reading here): each thread's latest total."""
+        for tid, wait in waits.items():
+            self._waits[tid] = max(wait, self._waits.get(tid, 0))
 
     @property
     def run_wait_s(self) -> float | None:
@@ -81,6 +94,12 @@ class TelemetrySampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        if not self.samples and not self._thread.is_alive():
+            # a run shorter than the first sample still gets one: its CPU average since it started (this thread's
+            # first reading may have come after the run ended, on a busy host)
+            self._last = self._start or self._last
+            if self._last is not None:
+                self._read_sample()
 
     def summary(self, exit_info: ExitInfo | None = None) -> Telemetry:
         s = self.samples

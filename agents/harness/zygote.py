@@ -1,0 +1,308 @@
+"""The warm harness: `python -m farm.agents.harness.zygote onnx|tflite FD` imports the runtime once, then forks
+one child per run on the agent's request (agents/sandbox/warm.py is the agent's end).
+
+Each child is set up as the cold path sets up a fresh process, in the same order, before any of the run's own
+code: a session of its own, its output on the run's log, the run's cgroups joined (the cgroup backend) or its
+cores, priority and rlimits set (the process backend), then — as root with namespaces — fresh mount and PID
+namespaces (it is PID 1 of its own), tmpfs over /tmp, /var/tmp and /dev/shm, closed folders covered and farm's
+runtime bound back read-only, the run directory bound at /tmp/run, and the run user's uid and gid with no
+supplementary groups and no new privileges. Only then does it run the harness's main(). The zygote reaps each
+child with wait4 and reports its exit status, rusage and exit time.
+
+The zygote holds nothing of the agent: it is a fresh interpreter (started with an allow-listed environment and
+no descriptor but its socket) that imported the harness and one runtime, and it never creates a session, so a
+child's memory is what a cold harness has after its imports. It exits when the agent's end of the socket
+closes (the agent stopped, even by kill -9), killing any child still running.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import json
+import os
+import resource
+import select
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+from farm.agents.harness.__main__ import main as harness_main
+
+CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
+    0x1, 0x2, 0x4, 0x8, 0x20, 0x1000, 0x4000, 0x40000)
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+JOIN_FAILED_EXIT = 97  # the cgroup backend's: the run could not join its cgroup
+SETUP_FAILED_EXIT = 98  # the namespaces or the run user could not be set up
+MAX_MESSAGE_BYTES = 1 << 20
+HIGHEST_PRIORITY = -20  # as the process backend's runs claim it (where allowed)
+MAX_FD = 1 << 16
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    _check(_libc.mount(source.encode() if source else None, target.encode(), fstype.encode() if fstype else None,
+                       flags, data.encode() if data else None), f"mount {target}")
+
+
+def preload(runtime: str) -> None:
+    """Import what a run of this runtime imports, so no child pays for it (the cold harness imports the same)."""
+    import numpy  # noqa: F401
+    import numpy.random  # noqa: F401  numpy loads it on first use: inputs are drawn from it
+
+    import farm.agents.harness.inputs  # noqa: F401
+    import farm.agents.harness.tflite_runner  # noqa: F401
+    if runtime == "onnx":
+        import onnxruntime  # noqa: F401
+
+        import farm.agents.harness.onnx_runner  # noqa: F401
+    elif runtime == "tflite":
+        import ai_edge_litert.interpreter  # noqa: F401
+    else:
+        raise SystemExit(f"unknown runtime {runtime!r}: onnx or tflite")
+
+
+MADV_POPULATE_READ = 22  # Linux 5.14: map pages already in memory, as if read
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_file_pages() -> list[tuple[int, int]]:
+    """(address, length) runs of file pages (the interpreter's and the runtime's code and data) the zygote has
+    mapped. A forked child shares them but has not mapped them yet: it maps them before the harness starts, so
+    its RSS, its baseline and its high-water mark hold what a cold harness's hold after the same imports."""
+    import numpy as np
+
+    runs: list[tuple[int, int]] = []
+    try:
+        with open("/proc/self/maps") as maps, open("/proc/self/pagemap", "rb") as pagemap:
+            for line in maps:
+                fields = line.split()
+                if fields[1][0] != "r" or (len(fields) > 5 and fields[5].startswith("[")):
+                    continue
+                low, high = (int(x, 16) for x in fields[0].split("-"))
+                pagemap.seek(low // PAGE * 8)
+                entries = np.frombuffer(pagemap.read((high - low) // PAGE * 8), dtype=np.uint64)
+                # bit 63: present; bit 61: a file page (or shared anonymous)
+                pages = np.flatnonzero(((entries >> np.uint64(63)) & np.uint64(1)).astype(bool)
+                                       & ((entries >> np.uint64(61)) & np.uint64(1)).astype(bool))
+                if pages.size == 0:
+                    continue
+                breaks = np.flatnonzero(np.diff(pages) != 1)
+                starts = np.concatenate(([pages[0]], pages[breaks + 1]))
+                ends = np.concatenate((pages[breaks], [pages[-1]]))
+                runs += [(low + int(a) * PAGE, int(b - a + 1) * PAGE) for a, b in zip(starts, ends)]
+    except (OSError, ValueError):
+        return []  # no pagemap here: the child maps its pages as it touches them
+    return runs
+
+
+def map_like_the_zygote(runs: list[tuple[int, int]]) -> None:
+    madvise = _libc.madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    for address, length in runs:
+        if madvise(address, length, MADV_POPULATE_READ) != 0 and ctypes.get_errno() == 22:
+            return  # EINVAL: a kernel before 5.14 has no populate; the child maps them as it touches them
+
+
+def run_queue_wait_ns(pid: int) -> int | None:
+    """The time a thread waited for a CPU (/proc/PID/schedstat, second field): read from the exited run's main
+    thread before it is reaped, the part of its wait the agent's sampler (reading every interval) has not seen."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def enter_namespaces(isolate: dict[str, Any]) -> None:
+    """In the child, already PID 1 of a new PID namespace: what `unshare --mount --mount-proc` and isolation.ENTER
+    do, then setpriv's switch to the run user (isolation.py documents why each step is there)."""
+    _check(_libc.unshare(CLONE_NEWNS), "unshare the mount namespace")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    # opened in the new namespace (a mount of another namespace cannot be bound), before /tmp is covered
+    keep = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in isolate["keep"]]
+    _mount("farm-tmp", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={isolate['tmp_size']}")
+    for folder in ("/var/tmp", "/dev/shm"):
+        _mount("farm-tmp", folder, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={isolate['small_tmp_size']}")
+    for folder in isolate["cover"]:
+        _mount("farm-cover", folder, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    os.mkdir("/tmp/run")
+    _mount("/proc/self/cwd", "/tmp/run", None, MS_BIND)
+    _mount(None, "/tmp/run", None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
+    for fd, path in zip(keep, isolate["keep"]):
+        os.makedirs(path, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND)
+        _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+        os.close(fd)
+    os.chdir("/tmp/run")
+
+
+def become(user: dict[str, int]) -> None:
+    """setpriv --reuid --regid --clear-groups --no-new-privs."""
+    os.setgroups([])
+    os.setresgid(user["gid"], user["gid"], user["gid"])
+    os.setresuid(user["uid"], user["uid"], user["uid"])
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no new privileges")
+
+
+def child(request: dict[str, Any], output_fd: int, control: socket.socket, file_pages: list[tuple[int, int]]) -> int:
+    """The run's process, from the fork to the harness's exit code."""
+    signal.set_wakeup_fd(-1)  # the zygote's, not the run's
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    control.detach()  # closed below with every other descriptor but the run's output
+    os.setsid()
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the zygote's death kills it
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(output_fd, 1)
+    os.dup2(output_fd, 2)
+    os.closerange(3, MAX_FD)  # nothing of the zygote's (its socket, its namespace handle) reaches the run
+    for path in request.get("procs") or []:  # JOIN_AND_EXEC: nothing of the run runs outside its cgroups
+        try:
+            with open(path, "w") as f:
+                f.write("0")  # the writer itself (its pid may be 1 of its own namespace)
+        except OSError as e:
+            print(f"farm-sandbox: cannot join {path}: {e.strerror}", flush=True)
+            return JOIN_FAILED_EXIT
+    limits = request.get("limits") or {}
+    if limits.get("cores") is not None:  # the process backend's limit_child()
+        os.sched_setaffinity(0, limits["cores"])
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, HIGHEST_PRIORITY)  # process.claim_cpu_weight
+        except PermissionError:
+            pass
+        if limits.get("address_space") is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (limits["address_space"], limits["address_space"]))
+        resource.setrlimit(resource.RLIMIT_NPROC, (limits["nproc"], limits["nproc"]))
+    os.chdir(request["cwd"])
+    try:
+        if request.get("isolate"):
+            enter_namespaces(request["isolate"])
+        if request.get("user"):
+            become(request["user"])
+    except OSError as e:
+        print(f"farm-isolate: {e}", flush=True)
+        return SETUP_FAILED_EXIT
+    os.environ.clear()
+    os.environ.update(request["env"])
+    map_like_the_zygote(file_pages)
+    try:  # the child's own high-water mark from here (the kernel starts it at the RSS it forked with)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return harness_main(request["argv"])
+
+
+class Zygote:
+    def __init__(self, control: socket.socket) -> None:
+        self.control = control
+        self.children: set[int] = set()
+        self.wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY)
+        self.file_pages = resident_file_pages()
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.control.sendall(json.dumps(message).encode() + b"\n")
+
+    def spawn(self, request: dict[str, Any], output_fd: int) -> None:
+        new_pid_ns = bool(request.get("isolate"))
+        try:
+            if new_pid_ns:  # the child is PID 1 of a namespace of its own, as under `unshare --pid --fork`
+                _check(_libc.unshare(CLONE_NEWPID), "unshare the PID namespace")
+            started_at = time.monotonic()
+            pid = os.fork()
+        except OSError as e:
+            os.close(output_fd)
+            self.send({"error": str(e)})
+            return
+        if pid == 0:
+            code = 1
+            try:
+                code = child(request, output_fd, self.control, self.file_pages)
+            except BaseException:  # noqa: BLE001 -- a child never returns into the zygote's loop
+                traceback.print_exc()
+            finally:
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code)
+        if new_pid_ns:  # the next child is forked where the zygote itself lives again
+            _check(_libc.setns(self.own_pid_ns, CLONE_NEWPID), "return to the zygote's PID namespace")
+        os.close(output_fd)
+        self.children.add(pid)
+        self.send({"pid": pid, "started_at": started_at})
+
+    def reap(self) -> None:
+        while self.children:
+            try:  # seen, not reaped yet: the exited run's main thread still has its scheduler statistics
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None:
+                return
+            ended_at = time.monotonic()
+            pid = info.si_pid
+            wait_ns = run_queue_wait_ns(pid)
+            _, status, rusage = os.wait4(pid, 0)
+            self.children.discard(pid)
+            self.send({"exit": pid, "status": os.waitstatus_to_exitcode(status), "max_rss_bytes": rusage.ru_maxrss * 1024,
+                       "cpu_ns": int((rusage.ru_utime + rusage.ru_stime) * 1e9), "ended_at": ended_at,
+                       "wait_ns": wait_ns})
+
+    def serve(self) -> None:
+        wake_read, wake_write = self.wake
+        signal.set_wakeup_fd(wake_write)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the pipe
+        self.send({"ready": os.getpid()})
+        while True:
+            readable, _, _ = select.select([self.control.fileno(), wake_read], [], [])
+            if wake_read in readable:
+                while True:
+                    try:
+                        if not os.read(wake_read, 512):
+                            break
+                    except BlockingIOError:
+                        break
+                self.reap()
+            if self.control.fileno() in readable:
+                data, fds, _, _ = socket.recv_fds(self.control, MAX_MESSAGE_BYTES, 4)
+                if not data:  # the agent is gone: so are its runs
+                    for pid in self.children:
+                        try:
+                            os.killpg(pid, signal.SIGKILL)
+                        except OSError:
+                            pass
+                    return
+                if len(fds) != 1:  # one packet is one request with the run's output file
+                    for fd in fds:
+                        os.close(fd)
+                    self.send({"error": "a run request came without its output file"})
+                    continue
+                self.spawn(json.loads(data), fds[0])
+
+
+def run(argv: list[str]) -> int:
+    runtime, fd = argv[0], int(argv[1])
+    preload(runtime)
+    gc.freeze()  # the collector never writes to what the zygote holds, so children copy fewer of its pages
+    Zygote(socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=fd)).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))
