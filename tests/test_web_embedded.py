@@ -90,7 +90,10 @@ def test_farm_web_serves_a_local_store_open_on_loopback(cluster: Cluster, tiny_m
     assert status == 200 and "attachment" in headers["Content-Disposition"]
     from farm.controller.analysis.results import run_records
     from farm.controller.scheduling.store import Store
-    assert json.loads(body) == json.loads(json.dumps(run_records(Store(db), job_id)))
+    # the download is `farm results --ops --json`: every record with its op profile (empty here: none asked)
+    downloaded = json.loads(body)
+    assert downloaded == json.loads(json.dumps(run_records(Store(db), job_id, ops=True)))
+    assert all("op_profile" in r for r in downloaded)
     status, headers, csv_text = _get(f"{url}jobs/{job_id}/results.csv")
     assert status == 200 and csv_text.count("\n") == 1 + 6 and csv_text.startswith("job,task,")
 

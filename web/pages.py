@@ -13,7 +13,7 @@ from typing import Any, Iterable
 from urllib.parse import quote
 
 from farm.web import svg
-from farm.web.views import (AverageRow, CalibrationSummary, CalibrationView, DeviceRow, JobView, LabView,
+from farm.web.views import (FAILURES_SHOWN, AverageRow, CalibrationSummary, CalibrationView, DeviceRow, Failure, JobView, LabView,
                             is_contended)
 
 CONTENDED_MARK = "!"
@@ -166,11 +166,46 @@ def progress_bar(p: dict[str, int]) -> str:
             f'<span class="progress-text" data-done="{p["done"]}" data-total="{p["total"]}">{e(text)}</span>')
 
 
+def status_words(status: str, p: dict[str, int]) -> tuple[str, str]:
+    """(css class, words) for a job: a job with some runs done and some failed says so, not only "failed"."""
+    if p["failed"] and p["completed"]:
+        words = f'{p["completed"]}/{p["total"]} done, {p["failed"]} failed'
+        if status in ("running", "queued"):
+            words += f" ({status})"
+        return "partial", words
+    return status, status
+
+
+def status_span(status: str, p: dict[str, int], element_id: str = "") -> str:
+    css, words = status_words(status, p)
+    ident = f' id="{e(element_id)}"' if element_id else ""
+    return f'<span class="status {e(css)}"{ident} data-status="{e(status)}">{e(words)}</span>'
+
+
+def attempt_note(attempts: int | None, earlier: list[dict[str, Any]]) -> str:
+    """`attempt N` with why the earlier ones were run again (contention retries, lost or failed attempts)."""
+    if not attempts or attempts < 2:
+        return ""
+    contended = sum(1 for x in earlier if x.get("contended"))
+    lost = [x for x in earlier if not x.get("contended")]
+    why = []
+    if contended:
+        why.append(f"{contended} contention retr{'y' if contended == 1 else 'ies'} (other work used the run's cores, "
+                   "so the sim run was measured again)")
+    if lost:
+        classes = sorted({str(x.get("failure_class") or x.get("status") or "lost") for x in lost})
+        why.append(f"{len(lost)} earlier attempt(s) ended {', '.join(classes)} and were retried")
+    if not why:
+        why.append(f"{attempts - 1} earlier attempt(s) were retried")
+    text = "; ".join(why)
+    return f' <abbr class="attempt" title="{e(text)}">attempt {attempts}</abbr><span class="visually-hidden"> ({e(text)})</span>'
+
+
 def jobs_list(jobs: list[dict[str, Any]], total: int) -> str:
     if not jobs:
         return "<p>No jobs yet: <code>farm submit job.yaml</code>.</p>"
     rows = [[(j["id"], f'<a href="/jobs/{j["id"]}">{j["id"]}</a>'), (j["name"], e(j["name"])), (j["kind"], e(j["kind"])),
-             (j["status"], f'<span class="status {e(j["status"])}">{e(j["status"])}</span>'),
+             (j["status"], status_span(j["status"], j["progress"])),
              (j["priority"], e(j["priority"])), (j["created_at"], e(when(j["created_at"]))),
              (j["progress"]["done"], progress_bar(j["progress"]))] for j in jobs]
     caption = f"newest {len(jobs)} of {total} jobs" if total > len(jobs) else ""
@@ -179,7 +214,7 @@ def jobs_list(jobs: list[dict[str, Any]], total: int) -> str:
 
 
 def job_progress_part(job: dict[str, Any], progress: dict[str, int]) -> str:
-    return (f'<p>status <span class="status {e(job["status"])}" id="job-status">{e(job["status"])}</span></p>'
+    return (f'<p>status {status_span(job["status"], progress, "job-status")}</p>'
             f'<div id="job-progress-bar">{progress_bar(progress)}</div>')
 
 
@@ -197,9 +232,13 @@ def results_part(view: JobView) -> str:
     for r in records:
         lat = r["latency_ms"] or {}
         status = r["status"] if not r["failure_class"] else f'{r["status"]} ({r["failure_class"]})'
-        mark = ""
+        why = ""
+        if r["status"] == "failed" and r["failure_class"] and r["message"]:
+            first = r["message"].strip().splitlines()[0] if r["message"].strip() else ""
+            why = f'<a href="#failure-{e(r["task"])}" class="why">{e(first[:160])}</a>'
+        mark = attempt_note(r.get("attempts"), view.earlier.get(r["task"], []))
         if r["status"] == "completed" and is_contended(r):
-            mark = (f' <abbr class="contended" title="contended: other work used the run\'s cores; calibrate, predict '
+            mark += (f' <abbr class="contended" title="contended: other work used the run\'s cores; calibrate, predict '
                     f'and rank leave it out">{CONTENDED_MARK}</abbr>')
         rows.append([(r["model"]["name"], e(r["model"]["name"])), (r["target"], e(r["target"])), (r["threads"], e(r["threads"])),
                      (r["batch_size"], e(r["batch_size"])), (r["input_size"], e(r["input_size"] or "—")),
@@ -209,15 +248,48 @@ def results_part(view: JobView) -> str:
                      (r["peak_memory_mb"], num(r["peak_memory_mb"])), (r["avg_memory_mb"], num(r["avg_memory_mb"])),
                      ((r["cpu_percent"] or {}).get("avg"), num((r["cpu_percent"] or {}).get("avg"))),
                      (r["wall_s"], num(r["wall_s"])), (_budget(r), e(_budget(r))),
-                     (r["backend"], e(r["backend"] or "—"))])
+                     (r["backend"], e(r["backend"] or "—")), (r["message"] if why else "", why)])
     contended = sum(is_contended(r) for r in records)
     caption = (f"{CONTENDED_MARK} contended ({contended} run(s)): other work used the run's cores, its figures are not "
                "the budget's" if contended else "")
     return table("results", [("model", "text"), ("target", "text"), ("threads", "num"), ("batch", "num"), ("input", "num"),
                              ("repeat", "num"), ("status", "text"), ("latency avg ms", "num"), ("p50 ms", "num"),
                              ("p90 ms", "num"), ("std ms", "num"), ("peak MB", "num"), ("avg MB", "num"),
-                             ("CPU % avg", "num"), ("wall s", "num"), ("budget", "text"), ("backend", "text")],
+                             ("CPU % avg", "num"), ("wall s", "num"), ("budget", "text"), ("backend", "text"),
+                             ("why it failed", "text")],
                  rows, caption) if records else "<p>No tasks.</p>"
+
+
+def _mib(v: float | None) -> str:
+    return "unknown" if v is None else f"{num(v, 4)} MiB"
+
+
+def failure_section(f: Failure, anchor: str) -> str:
+    """One failed run: its class, its whole message, and the evidence the store kept."""
+    evidence = []
+    if f.failure_class == "resource":
+        evidence.append(("memory", f"limit {_mib(f.memory_limit_mb)} · peak {_mib(f.memory_peak_mb)}"))
+    if f.operators:
+        evidence.append(("unsupported operator" + ("s" if len(f.operators) > 1 else ""), ", ".join(f.operators)))
+    dl = "".join(f"<dt>{e(k)}</dt><dd class=\"evidence\">{e(v)}</dd>" for k, v in evidence)
+    log_tail = ""
+    if f.log_lines:
+        log_tail = (f'<details open><summary>last {len(f.log_lines)} line(s) of its output</summary>'
+                    f'<pre class="log">{e(chr(10).join(f.log_lines))}</pre></details>')
+    return (f'<section class="failure" id="{e(anchor)}"><h3>{e(f.title)}</h3>'
+            f'<p><span class="status failed">failed ({e(f.failure_class)})</span> '
+            f'<span class="failure-help">{e(FAILURE_HELP.get(f.failure_class, ""))}</span></p>'
+            f'<pre class="message">{e(f.message or "(no message)")}</pre>'
+            + (f'<dl class="facts">{dl}</dl>' if dl else "") + f"{log_tail}</section>")
+
+
+FAILURE_HELP = {
+    "resource": "the run hit its memory, disk or CPU budget",
+    "job": "the job itself is at fault (the model, the script or the spec): retrying will not help",
+    "timeout": "the run exceeded its time limit",
+    "infrastructure": "the agent, the transport or the device failed; farm retries these elsewhere",
+    "bug": "farm itself failed; the controller's log has the details",
+}
 
 
 def averages_table(rows: list[AverageRow]) -> str:
@@ -262,6 +334,12 @@ def job_page(view: JobView, *, csrf: str, may_cancel: bool) -> str:
              f'<a href="/jobs/{job_id}/results.json" download>JSON</a></p>']
     if job.get("message"):
         parts.append(f'<p class="message">{e(job["message"])}</p>')
+    if view.failures:
+        shown = view.failures[:FAILURES_SHOWN]
+        more = (f"<p>The first {len(shown)} are shown; the JSON download has all {len(view.failures)}.</p>"
+                if len(view.failures) > len(shown) else "")
+        parts.append(f'<h2 id="failures">Why {len(view.failures)} run(s) failed</h2>{more}' + "".join(
+            failure_section(f, f"failure-{f.task}") for f in shown))
     parts.append(live("job-progress", f"/jobs/{job_id}?part=progress", job_progress_part(job, view.progress)))
     parts.append("<h2>Results</h2>" + live("job-results", f"/jobs/{job_id}?part=results", results_part(view), 5))
     if view.averages and any(a.runs > 1 or a.contended for a in view.averages):

@@ -343,7 +343,8 @@ class Dashboard:
             page: Callable[[str, str, str], Response]) -> Response:
         job_row = self.readable_job(job_id, identity)
         if download:
-            records = run_records(self.store, job_id)
+            # the JSON carries each run's op profile (as `farm results --ops`); the CSV stays one row a run
+            records = run_records(self.store, job_id, ops=download == "json")
             data = results_csv(records) if download == "csv" else to_json(records)
             kind = "text/csv; charset=utf-8" if download == "csv" else "application/json"
             return Response(HTTPStatus.OK, data.encode(), kind,

@@ -7,6 +7,7 @@ pages, the JSON endpoints and the tests see the same numbers.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,9 @@ JOBS_SHOWN = 200  # newest jobs on the jobs page; older ones by URL
 SWEEP_DIMENSIONS = (("threads", "threads"), ("batch_size", "batch size"), ("input_size", "input size"),
                     ("cpus", "CPU budget (cores)"))
 OP_ROWS_SHOWN = 200  # per-operator rows per run; a model with thousands of ops lists its heaviest
+FAILURES_SHOWN = 50  # failed runs explained on a job page; the JSON download has every one
+LOG_LINES_SHOWN = 30  # the last lines of a failed run's kept output
+UNSUPPORTED_OP = re.compile(r"unsupported operator[s]?:? ([A-Za-z0-9_.:/\-]{1,80})", re.IGNORECASE)
 
 
 @dataclass
@@ -108,6 +112,20 @@ class AverageRow:
 
 
 @dataclass
+class Failure:
+    """Why one run failed, with what shows it: the limit and the peak, the kept output, the operators."""
+
+    task: int
+    title: str  # which run (model @ target, threads, repeat)
+    failure_class: str
+    message: str
+    memory_limit_mb: float | None = None
+    memory_peak_mb: float | None = None
+    log_lines: list[str] = field(default_factory=list)
+    operators: list[str] = field(default_factory=list)
+
+
+@dataclass
 class JobView:
     job: dict[str, Any]
     progress: dict[str, int]
@@ -116,6 +134,8 @@ class JobView:
     pairs: list[dict[str, Any]]
     sweeps: list[Chart]
     op_tables: list[tuple[str, list[str], list[list[Any]]]]  # (title, columns, rows)
+    failures: list[Failure] = field(default_factory=list)
+    earlier: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # task -> its runs before the counted one
 
 
 def is_contended(record: dict[str, Any]) -> bool:
@@ -175,20 +195,56 @@ def _op_table(profile: Any) -> tuple[list[str], list[list[Any]]] | None:
     return columns, [[p.get(c) for c in columns] for p in rows]
 
 
+_PEAK_IN_MESSAGE = re.compile(r"peak (?:reached )?([0-9.]+) ?MiB")
+
+
+def run_title(r: dict[str, Any]) -> str:
+    return f"{r['model']['name']} @ {r['target']} · threads {r['threads']} · repeat {r['repeat']}"
+
+
+def failures(records: list[dict[str, Any]], log_tails: dict[int, str]) -> list[Failure]:
+    """Every failed task's class and message with its evidence, as the store keeps it."""
+    out = []
+    for r in records:
+        if r["status"] != "failed" or not r["failure_class"]:
+            continue
+        message = r["message"] or ""
+        tail = log_tails.get(r["run"], "") if r["run"] is not None else ""
+        failure = Failure(r["task"], run_title(r), r["failure_class"], message,
+                          log_lines=tail.rstrip("\n").splitlines()[-LOG_LINES_SHOWN:] if tail else [])
+        if r["failure_class"] == "resource":
+            failure.memory_limit_mb = (r["limits"] or {}).get("memory_mb")
+            failure.memory_peak_mb = r["peak_memory_mb"]
+            found = _PEAK_IN_MESSAGE.search(message)
+            if failure.memory_peak_mb is None and found:
+                try:  # the sandbox's own words when no telemetry row survived the kill
+                    failure.memory_peak_mb = float(found.group(1))  # the store's MB are MiB too
+                except ValueError:
+                    pass
+        for text in (message, tail):
+            for op in UNSUPPORTED_OP.findall(text):
+                op = op.rstrip(".:")
+                if op and op not in failure.operators:
+                    failure.operators.append(op)
+        out.append(failure)
+    return out
+
+
 def job_view(store: Store, job_id: int) -> JobView | None:
     job = store.job(job_id)
     if job is None:
         return None
     progress = job_progress(store.dashboard_job_status_counts(job_id))
-    records = run_records(store, job_id)
+    records = run_records(store, job_id, ops=True)  # with each run's op profile: the per-operator tables
     rows = averages(records)
     tables = []
     for r in records:
         table = _op_table(r.get("op_profile"))
         if table:
-            tables.append((f"{r['model']['name']} @ {r['target']} · threads {r['threads']} · repeat {r['repeat']}",
-                           *table))
-    return JobView(job, progress, records, rows, paired_records(records), sweep_charts(rows), tables)
+            tables.append((run_title(r), *table))
+    failed_runs = [r["run"] for r in records if r["status"] == "failed" and r["run"] is not None]
+    return JobView(job, progress, records, rows, paired_records(records), sweep_charts(rows), tables,
+                   failures(records, store.dashboard_log_tails(failed_runs)), store.dashboard_earlier_attempts(job_id))
 
 
 def job_summary(store: Store, job_id: int) -> dict[str, Any] | None:
