@@ -214,6 +214,7 @@ def _start_web(args: argparse.Namespace, store: Any, running: Any, tokens: Any, 
     the agents now, a released device gets tasks at once)."""
     from farm.controller.auth import is_loopback
     from farm.web.server import Operator, WebListenError, listen_warnings, parse_web_listen, start_dashboard
+    from farm.web.views import agents_now
 
     def release(device: str) -> None:
         running.farm.controller.release(device)
@@ -233,7 +234,7 @@ def _start_web(args: argparse.Namespace, store: Any, running: Any, tokens: Any, 
         device, reason, health=health), release)
     try:
         return start_dashboard(store, args.web_listen, operator, tokens=tokens, tls=tls,
-                               job_sharing=running.farm.job_sharing)
+                               job_sharing=running.farm.job_sharing, live=lambda: agents_now(running.farm.agents))
     except WebListenError as e:
         running.stop()
         raise RemoteError(str(e), EXIT_ENVIRONMENT) from None

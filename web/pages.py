@@ -119,8 +119,9 @@ def lab_devices(view: LabView, *, csrf: str, may_operate: bool) -> str:
                ("calibration age", "num"), ("since", "num"), ("type", "text"), ("agent", "text")]
     rows = []
     for d in view.devices:
-        current = ", ".join(f'<a href="/jobs/{t["job_id"]}">job {t["job_id"]}</a> task {t["id"]} {e(t["model_name"])}'
-                            for t in d.current) or "idle"
+        current = ('<span class="busy">busy</span>: ' + ", ".join(
+            f'<a href="/jobs/{t["job_id"]}">job {t["job_id"]}</a> task {t["id"]} {e(t["model_name"])}' for t in d.current)
+            if d.current else '<span class="idle">idle</span>')
         rows.append([(d.name, f'<span class="device-name">{e(d.name)}</span>'),
                      (d.health, f'<span class="health {e(d.health)}">{e(d.health)}</span>'),
                      *([("", _device_actions(d, csrf))] if may_operate else []), (d.reason, e(d.reason or "")),
@@ -130,16 +131,19 @@ def lab_devices(view: LabView, *, csrf: str, may_operate: bool) -> str:
                      (d.agent, e(d.agent or "—"))])
     devices = table("devices", headers, rows) if rows else "<p>No devices yet: agents register theirs when they connect.</p>"
     agents = table("agents", [("agent", "text"), ("connection", "text"), ("host", "text"), ("peer", "text"),
-                              ("farm", "text"), ("connected", "num"), ("last seen", "num")],
+                              ("farm", "text"), ("connected", "num"), ("last seen", "num"), ("running", "num")],
                    [[(a["name"], e(a["name"])), (a["state"], f'<span class="state {e(a["state"])}">{e(a["state"])}</span>'),
                      (a["hostname"], e(a["hostname"])), (a["peer"], e(a["peer"])), (a["farm_version"], e(a["farm_version"])),
-                     (a["connected_at"], e(when(a["connected_at"]))), (a["last_seen"], e(when(a["last_seen"])))]
+                     (a["connected_at"], e(when(a["connected_at"]))), (a["last_seen"], e(when(a["last_seen"]))),
+                     (a.get("running"), e("—" if a.get("running") is None else a["running"]))]
                     for a in view.agents]) if view.agents else "<p>No agent has connected (embedded runs use none).</p>"
-    running = table("running", [("task", "num"), ("job", "num"), ("target", "text"), ("model", "text"),
+    running = table("running", [("task", "num"), ("job", "num"), ("device", "text"), ("model", "text"),
                                 ("attempt", "num"), ("agent", "text")],
                     [[(t["id"], e(t["id"])), (t["job_id"], f'<a href="/jobs/{t["job_id"]}">{t["job_id"]}</a>'),
-                      (t["target"], e(t["target"])), (t["model_name"], e(t["model_name"])), (t["attempts"], e(t["attempts"])),
-                      (t["leased_by"], e(t["leased_by"] or "—"))] for t in view.running]) if view.running else "<p>Nothing running.</p>"
+                      (t["device"], e(t["device"])), (t["model_name"], e(t["model_name"])), (t["attempts"], e(t["attempts"])),
+                      (t["leased_by"], e(t["leased_by"] or "—") + (
+                          ' <span class="stale">(lease held; the agent is not running it now)</span>'
+                          if t.get("in_session") is False else ""))] for t in view.running]) if view.running else "<p>Nothing running.</p>"
     queue = table("queue", [("job", "num"), ("target", "text"), ("priority", "num"), ("pending", "num")],
                   [[(q["job_id"], f'<a href="/jobs/{q["job_id"]}">{q["job_id"]}</a>'), (q["target"], e(q["target"])),
                     (q["priority"], e(q["priority"])), (q["pending"], e(q["pending"]))] for q in view.queue]

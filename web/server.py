@@ -94,8 +94,10 @@ class Dashboard:
     """The pages and actions, apart from the socket: a request in, a Response out."""
 
     def __init__(self, store: Store, operator: Operator, *, tokens: TokenTable | None, tls: bool,
-                 loopback: bool, signer: SessionSigner | None = None, job_sharing: str = "shared") -> None:
+                 loopback: bool, signer: SessionSigner | None = None, job_sharing: str = "shared",
+                 live: Callable[[], dict[str, views.AgentNow]] | None = None) -> None:
         self.store = store
+        self.live = live  # the controller's agent sessions (None for `farm web` over a store: no agents connect)
         self.job_sharing = job_sharing  # as the controller's --job-sharing: who reads whose jobs
         self.operator = operator
         self.tokens = tokens
@@ -237,6 +239,9 @@ class Dashboard:
         log.info("dashboard log-in: %s token (line %d)", identity.role, identity.line)
         return _redirect(_safe_next(form.get("next")), {"Set-Cookie": f"{COOKIE}={cookie}; {attributes}"})
 
+    def lab(self) -> views.LabView:
+        return views.lab_view(self.store, live=self.live() if self.live else None)
+
     def csrf(self, session: Session | None) -> str:
         return self.signer.csrf_token(session) if session else ""
 
@@ -265,7 +270,7 @@ class Dashboard:
         device, action = form.get("device", ""), form.get("action", "")
         if action not in DEVICE_ACTIONS:
             raise Refused(HTTPStatus.BAD_REQUEST, f"unknown action; choose one of {', '.join(DEVICE_ACTIONS)}")
-        if not device or len(device) > 256 or device not in {d.name for d in views.lab_view(self.store).devices}:
+        if not device or len(device) > 256 or device not in {d.name for d in self.lab().devices}:
             raise Refused(HTTPStatus.NOT_FOUND, "no such device in this lab")
         reason = form.get("reason", "").strip()[:500]
         if action == "release":
@@ -306,7 +311,7 @@ class Dashboard:
         if path == "/":
             return _redirect("/lab")
         if path == "/lab":
-            html = pages.lab_devices(views.lab_view(self.store), csrf=csrf, may_operate=identity.role in DEVICE_ROLES)
+            html = pages.lab_devices(self.lab(), csrf=csrf, may_operate=identity.role in DEVICE_ROLES)
             if query.get("part") == "devices":
                 return Response(HTTPStatus.OK, html.encode())
             return page("Lab", pages.live("lab-live", "/lab?part=devices", html, 3), "lab")
@@ -590,13 +595,15 @@ def parse_web_listen(listen: str) -> tuple[str, int]:
 
 
 def start_dashboard(store: Store, listen: str, operator: Operator, *, tokens: TokenTable | None,
-                    tls: TlsFiles | None = None, job_sharing: str = "shared") -> RunningDashboard:
+                    tls: TlsFiles | None = None, job_sharing: str = "shared",
+                    live: Callable[[], dict[str, views.AgentNow]] | None = None) -> RunningDashboard:
     """Serve the dashboard on HOST:PORT in a background thread (not blocking); TLS with the controller's
-    certificate and key when given (browsers bring no client certificate: the token is the check)."""
+    certificate and key when given (browsers bring no client certificate: the token is the check). `live` reads
+    the controller's agent sessions, so the lab page shows what the scheduler sees."""
     host, port = parse_web_listen(listen)
     loopback = is_loopback(f"[{host}]:{port}")
     dashboard = Dashboard(store, operator, tokens=tokens, tls=bool(tls and tls.cert), loopback=loopback,
-                          job_sharing=job_sharing)
+                          job_sharing=job_sharing, live=live)
     try:
         server = DashboardServer((host, port), dashboard)
     except OSError as e:

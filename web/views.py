@@ -11,13 +11,16 @@ import re
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from farm.controller.analysis.calibrations import METRICS, stored_calibration
 from farm.controller.operations.refresh import last_reference_checks
 from farm.controller.analysis.results import paired_records, run_records
 from farm.controller.scheduling.store import Store
 from farm.web.svg import Band, Chart
+
+if TYPE_CHECKING:  # sessions.py brings the gRPC messages; `farm web` over a store never needs them
+    from farm.controller.scheduling.sessions import Sessions
 
 JOBS_SHOWN = 200  # newest jobs on the jobs page; older ones by URL
 SWEEP_DIMENSIONS = (("threads", "threads"), ("batch_size", "batch size"), ("input_size", "input size"),
@@ -42,6 +45,29 @@ class DeviceRow:
     calibration_age_s: float | None
     current: list[dict[str, Any]] = field(default_factory=list)  # running tasks on it
 
+    @property
+    def busy(self) -> bool:
+        return bool(self.current)
+
+
+@dataclass(frozen=True)
+class AgentNow:
+    """One connected agent as its session says: its state, when it last spoke, the attempts it runs."""
+
+    name: str
+    state: str
+    last_seen: float
+    connected_at: float
+    running: tuple[tuple[int, int], ...]  # (task, attempt)
+
+
+def agents_now(sessions: Sessions) -> dict[str, AgentNow]:
+    """The controller's connected agents by name, read under the sessions' lock: the state the dispatcher
+    leases by, so the lab page cannot disagree with the scheduler (or with `farm agents`)."""
+    with sessions.lock:
+        return {s.name: AgentNow(s.name, s.state, s.last_seen, s.connected_at, tuple(sorted(s.running)))
+                for s in sessions.by_name.values()}
+
 
 @dataclass
 class LabView:
@@ -49,32 +75,62 @@ class LabView:
     agents: list[dict[str, Any]]
     running: list[dict[str, Any]]
     queue: list[dict[str, Any]]
+    live: bool = False  # connection and last-seen come from the controller's sessions (else from the store)
 
     @property
     def pending(self) -> int:
         return sum(q["pending"] for q in self.queue)
 
 
-def lab_view(store: Store, now: float | None = None) -> LabView:
+def _device_of(task: dict[str, Any], sim_device: dict[str, str]) -> str:
+    """The device a running task occupies: a sim task runs on its agent's own sim device (`AGENT/sim`)."""
+    if task["target"] == "sim" and task.get("leased_by") in sim_device:
+        return sim_device[task["leased_by"]]
+    return str(task["target"])
+
+
+def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] | None = None) -> LabView:
+    """The lab; with `live` (the controller's sessions) connection, last-seen and what runs come from them."""
     now = now or time.time()
     checks = last_reference_checks(store)
     calibrated = store.dashboard_calibration_times()
+    stored_devices = store.dashboard_devices()
     running = store.dashboard_running_tasks()
-    by_target: dict[str, list[dict[str, Any]]] = {}
+    if live is not None:
+        held = {task for agent in live.values() for task, _ in agent.running}
+        for task in running:  # a lease the store holds for an agent that is gone, or that no session runs
+            task["in_session"] = task["id"] in held and task.get("leased_by") in live
+    sim_device = {d["agent"]: d["name"] for d in stored_devices if d["driver"] == "sim" and d["agent"]}
+    by_device: dict[str, list[dict[str, Any]]] = {}
     for task in running:
-        by_target.setdefault(task["target"], []).append(task)
+        task["device"] = _device_of(task, sim_device)
+        by_device.setdefault(task["device"], []).append(task)
+
+    def state(agent: str | None, stored: str | None) -> str:
+        if live is None or not agent:
+            return stored or "unknown"
+        return live[agent].state if agent in live else "offline"
+
     devices = [DeviceRow(name=d["name"], device_type=d["device_type"], driver=d["driver"], agent=d["agent"],
-                         state=d["state"] or "unknown", health=d["health"] or "unknown", reason=d["reason"],
+                         state=state(d["agent"], d["state"]), health=d["health"] or "unknown", reason=d["reason"],
                          changed_at=d["changed_at"], last_check=checks.get(d["name"]),
                          calibration_age_s=now - calibrated[d["name"]] if d["name"] in calibrated else None,
-                         current=by_target.get(d["name"], []))
-               for d in store.dashboard_devices()]
+                         current=by_device.get(d["name"], []))
+               for d in stored_devices]
     known = {d.name for d in devices}
     # a device only calibrated so far (embedded labs register none): listed, its health unknown
     devices += [DeviceRow(name=name, device_type=None, driver=None, agent=None, state="unknown", health="unknown",
                           reason=None, changed_at=None, last_check=checks.get(name), calibration_age_s=now - at,
-                          current=by_target.get(name, [])) for name, at in sorted(calibrated.items()) if name not in known]
-    return LabView(devices, store.dashboard_agents(), running, store.dashboard_queue())
+                          current=by_device.get(name, [])) for name, at in sorted(calibrated.items()) if name not in known]
+    agents = store.dashboard_agents()
+    if live is not None:
+        for a in agents:
+            session = live.get(a["name"])
+            a["state"] = session.state if session else "offline"
+            if session:
+                a["last_seen"], a["connected_at"] = session.last_seen, session.connected_at
+            a["running"] = len(session.running) if session else 0
+    return LabView(devices, agents, running, store.dashboard_queue(), live=live is not None)
 
 
 def job_progress(counts: dict[str, int]) -> dict[str, int]:
