@@ -193,7 +193,9 @@ def test_release_a_quarantined_device_and_see_it_back_in_service(lab, browser) -
     assert HOSTILE_DEVICE in browser.text()
     # put it back for the cross-site test
     row = browser.driver.find_element("xpath", row_xpath)
+    row.find_element("css selector", 'input[name="reason"]').send_keys("back on the bench")  # required
     row.find_element("css selector", 'button[value="quarantine"]').click()
+    browser.wait(lambda d: d.switch_to.alert, "the confirmation dialog").accept()
     browser.wait(lambda d: "bad" in d.find_element("xpath", row_xpath).text, "the device quarantined again")
 
 

@@ -7,14 +7,16 @@ they reach the page only through `e()`. Numbers are formatted here, with their u
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import math
 from html import escape
 from typing import Any, Iterable
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from farm.web import svg
-from farm.web.views import (FAILURES_SHOWN, AverageRow, CalibrationSummary, CalibrationView, DeviceRow, Failure, JobView, LabView,
-                            is_contended)
+from farm.web.views import (ACTIVITIES, CONNECTIONS, FAILURES_SHOWN, HEALTHS, LAB_ROWS_SHOWN, AverageRow,
+                            CalibrationSummary, CalibrationView, DeviceRow, Failure, JobView, LabFilter, LabPage, LabView,
+                            is_contended, lab_page)
 
 CONTENDED_MARK = "!"
 
@@ -94,31 +96,107 @@ def login_page(message: str = "", next_path: str = "/lab") -> str:
             f'<button type="submit" id="login">Log in</button></form></main></body></html>')
 
 
+def fingerprint(html: str) -> str:
+    """What a live region holds, in 16 hex digits: the event stream sends a region only when this changes."""
+    return hashlib.sha256(html.encode()).hexdigest()[:16]
+
+
 def live(part: str, url: str, html: str, every_s: float = 2.0) -> str:
-    """A region the page re-fetches from the server while it is open (dashboard.js)."""
-    return f'<div id="{e(part)}" data-live="{e(url)}" data-every="{every_s:g}">{html}</div>'
+    """A region the server updates while the page is open: pushed over server-sent events (dashboard.js), with
+    `url` (the region alone) for a reload by hand. aria-live: a screen reader hears the change."""
+    return (f'<div id="{e(part)}" data-live="{e(url)}" data-every="{every_s:g}" data-etag="{fingerprint(html)}" '
+            f'aria-live="polite">{html}</div>')
 
 
 # --- lab ------------------------------------------------------------------------------------------
 def _device_actions(d: DeviceRow, csrf: str) -> str:
     hidden = f'<input type="hidden" name="csrf" value="{e(csrf)}"><input type="hidden" name="device" value="{e(d.name)}">'
-    buttons = []
     if d.health in ("bad", "maintenance"):
-        buttons.append('<button name="action" value="release" class="release">release</button>')
-    else:
-        buttons.append('<button name="action" value="quarantine">quarantine</button>'
-                       '<button name="action" value="maintenance">maintenance</button>')
-    reason = "" if d.health in ("bad", "maintenance") else '<input name="reason" placeholder="reason" maxlength="500">'
-    return f'<form method="post" action="/actions/device" class="actions">{hidden}{reason}{"".join(buttons)}</form>'
+        return (f'<form method="post" action="/actions/device" class="actions">{hidden}'
+                '<button name="action" value="release" class="release">release</button></form>')
+    # taking a device out of service fails its waiting tasks: a reason is required, and the browser asks first
+    field = f"reason-{fingerprint(d.name)}"
+    return (f'<form method="post" action="/actions/device" class="actions" data-confirm="Take {e(d.name)} out of service? '
+            f'Its waiting tasks fail (infrastructure).">{hidden}<label for="{field}" class="visually-hidden">reason for '
+            f'{e(d.name)}</label><input id="{field}" name="reason" placeholder="reason (required)" maxlength="500" required>'
+            '<button name="action" value="quarantine">quarantine</button>'
+            '<button name="action" value="maintenance">maintenance</button></form>')
 
 
-def lab_devices(view: LabView, *, csrf: str, may_operate: bool) -> str:
+def _lab_href(f: LabFilter, **change: Any) -> str:
+    fields = f.query(**change)
+    return "/lab" + ("?" + urlencode(fields) if fields else "")
+
+
+def lab_filter_form(f: LabFilter) -> str:
+    """Filters as a plain GET form (bookmarkable; works without script), every input with its label."""
+    def select(name: str, label: str, words: tuple[str, ...], current: str | None) -> str:
+        options = '<option value="">any</option>' + "".join(
+            f'<option value="{e(w)}"{" selected" if w == current else ""}>{e(w)}</option>' for w in words)
+        return f'<label for="filter-{name}">{e(label)}</label><select id="filter-{name}" name="{name}">{options}</select>'
+    return ('<form method="get" action="/lab" class="filters" role="search" aria-label="filter devices">'
+            + select("health", "health", HEALTHS, f.health) + select("state", "connection", CONNECTIONS, f.state)
+            + select("activity", "activity", ACTIVITIES, f.activity)
+            + f'<label for="filter-name">name contains</label><input id="filter-name" name="name" value="{e(f.name)}" '
+              'maxlength="100" type="search"><button type="submit">filter</button>'
+            + (' <a href="/lab">clear</a>' if f.query(page=None) else "") + "</form>")
+
+
+def lab_summary(p: LabPage, f: LabFilter, total: int) -> str:
+    """The lab in one line per question: how healthy, how connected, how busy; each count filters the list."""
+    def counts(field: str, values: dict[str, int]) -> str:
+        return " · ".join(f'<a href="{e(_lab_href(f, **{field: k, "page": None}))}" class="count {e(k)}" '
+                          f'data-{field}="{e(k)}"><strong>{n}</strong> {e(k)}</a>' for k, n in values.items() if n)
+    return (f'<section class="summary" aria-label="lab summary"><p><strong>{total}</strong> device(s)</p>'
+            f'<p>health: {counts("health", p.health) or "—"}</p>'
+            f'<p>connection: {counts("state", p.connection) or "—"}</p>'
+            f'<p>activity: <a href="{e(_lab_href(f, activity="busy", page=None))}" class="count busy" data-activity="busy">'
+            f'<strong>{p.busy}</strong> busy</a> · <a href="{e(_lab_href(f, activity="idle", page=None))}" class="count idle" '
+            f'data-activity="idle"><strong>{total - p.busy}</strong> idle</a></p></section>')
+
+
+def pagination(p: LabPage, f: LabFilter) -> str:
+    if p.pages <= 1:
+        return ""
+    prev = (f'<a href="{e(_lab_href(f, page=p.page - 1 if p.page > 2 else None))}" rel="prev">previous</a>'
+            if p.page > 1 else "<span>previous</span>")
+    nxt = f'<a href="{e(_lab_href(f, page=p.page + 1))}" rel="next">next</a>' if p.page < p.pages else "<span>next</span>"
+    return f'<nav class="pages" aria-label="device pages">{prev} <span>page {p.page} of {p.pages}</span> {nxt}</nav>'
+
+
+def failures_panel(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "<p>No failed runs.</p>"
+    items = "".join(
+        f'<li><a href="/jobs/{r["job_id"]}#failure-{r["task_id"]}">job {r["job_id"]} task {r["task_id"]}</a> '
+        f'<span class="status failed">{e(r["failure_class"])}</span> {e(r["model_name"])} @ {e(r["target"])} '
+        f'· {e(when(r["finished_at"]))}<br><span class="why">{e(_first_line(r["message"])[:200])}</span></li>' for r in rows)
+    return f'<ul class="panel">{items}</ul>'
+
+
+def drift_panel(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "<p>No drift alerts: no refresh moved a calibration past its thresholds.</p>"
+    items = "".join(
+        f'<li><a href="/calibrations/{r["calibration_id"]}">{e(r["device"])} · {e(r["metric"])} · {e(r["threads"])} '
+        f'thread(s)</a> · {e(when(r["created_at"]))}<br><span class="why">{e((r["reasons"] or "")[:200])}</span></li>'
+        for r in rows)
+    return f'<ul class="panel">{items}</ul>'
+
+
+def _first_line(text: str | None) -> str:
+    text = (text or "").strip()
+    return text.splitlines()[0] if text else ""
+
+
+def lab_devices(view: LabView, *, csrf: str, may_operate: bool, f: LabFilter = LabFilter()) -> str:
+    p = lab_page(view.devices, f)
     # health and its buttons first: what a person walking past the rack looks for, also on a phone
     headers = [("device", "text"), ("health", "text"), *([("actions", "text")] if may_operate else []),
                ("reason", "text"), ("connection", "text"), ("current task", "text"), ("last health check", "num"),
                ("calibration age", "num"), ("since", "num"), ("type", "text"), ("agent", "text")]
     rows = []
-    for d in view.devices:
+    for d in p.shown:
         current = ('<span class="busy">busy</span>: ' + ", ".join(
             f'<a href="/jobs/{t["job_id"]}">job {t["job_id"]}</a> task {t["id"]} {e(t["model_name"])}' for t in d.current)
             if d.current else '<span class="idle">idle</span>')
@@ -126,10 +204,17 @@ def lab_devices(view: LabView, *, csrf: str, may_operate: bool) -> str:
                      (d.health, f'<span class="health {e(d.health)}">{e(d.health)}</span>'),
                      *([("", _device_actions(d, csrf))] if may_operate else []), (d.reason, e(d.reason or "")),
                      (d.state, f'<span class="state {e(d.state)}">{e(d.state)}</span>'), (len(d.current), current),
-                     (d.last_check, e(when(d.last_check))), (d.calibration_age_s, e(age(d.calibration_age_s))),
+                     (d.last_check, e(when(d.last_check))), (None if d.calibration_age_s is None else int(d.calibration_age_s // 60),  # stable between renders
+                      e(age(d.calibration_age_s))),
                      (d.changed_at, e(when(d.changed_at))), (d.device_type, e(d.device_type or "—")),
                      (d.agent, e(d.agent or "—"))])
-    devices = table("devices", headers, rows) if rows else "<p>No devices yet: agents register theirs when they connect.</p>"
+    if rows:
+        caption = (f"{p.matched} of {len(view.devices)} device(s) match" if p.matched != len(view.devices) else "")
+        devices = table("devices", headers, rows, caption) + pagination(p, f)
+    elif view.devices:
+        devices = '<p>No device matches these filters. <a href="/lab">Show all</a>.</p>'
+    else:
+        devices = "<p>No devices yet: agents register theirs when they connect.</p>"
     agents = table("agents", [("agent", "text"), ("connection", "text"), ("host", "text"), ("peer", "text"),
                               ("farm", "text"), ("connected", "num"), ("last seen", "num"), ("running", "num")],
                    [[(a["name"], e(a["name"])), (a["state"], f'<span class="state {e(a["state"])}">{e(a["state"])}</span>'),
@@ -137,18 +222,27 @@ def lab_devices(view: LabView, *, csrf: str, may_operate: bool) -> str:
                      (a["connected_at"], e(when(a["connected_at"]))), (a["last_seen"], e(when(a["last_seen"]))),
                      (a.get("running"), e("—" if a.get("running") is None else a["running"]))]
                     for a in view.agents]) if view.agents else "<p>No agent has connected (embedded runs use none).</p>"
+    shown_running = view.running[:LAB_ROWS_SHOWN]
     running = table("running", [("task", "num"), ("job", "num"), ("device", "text"), ("model", "text"),
                                 ("attempt", "num"), ("agent", "text")],
                     [[(t["id"], e(t["id"])), (t["job_id"], f'<a href="/jobs/{t["job_id"]}">{t["job_id"]}</a>'),
                       (t["device"], e(t["device"])), (t["model_name"], e(t["model_name"])), (t["attempts"], e(t["attempts"])),
                       (t["leased_by"], e(t["leased_by"] or "—") + (
                           ' <span class="stale">(lease held; the agent is not running it now)</span>'
-                          if t.get("in_session") is False else ""))] for t in view.running]) if view.running else "<p>Nothing running.</p>"
+                          if t.get("in_session") is False else ""))] for t in shown_running],
+                    f"the first {len(shown_running)} of {len(view.running)}" if len(view.running) > len(shown_running)
+                    else "") if view.running else "<p>Nothing running.</p>"
+    shown_queue = view.queue[:LAB_ROWS_SHOWN]
     queue = table("queue", [("job", "num"), ("target", "text"), ("priority", "num"), ("pending", "num")],
                   [[(q["job_id"], f'<a href="/jobs/{q["job_id"]}">{q["job_id"]}</a>'), (q["target"], e(q["target"])),
-                    (q["priority"], e(q["priority"])), (q["pending"], e(q["pending"]))] for q in view.queue]
+                    (q["priority"], e(q["priority"])), (q["pending"], e(q["pending"]))] for q in shown_queue],
+                  f"the first {len(shown_queue)} of {len(view.queue)} rows" if len(view.queue) > len(shown_queue) else ""
                   ) if view.queue else "<p>The queue is empty.</p>"
-    return (f"<h2>Devices ({len(view.devices)})</h2>{devices}<h2>Agents ({len(view.agents)})</h2>{agents}"
+    return (lab_summary(p, f, len(view.devices))
+            + f'<div class="panels"><section aria-labelledby="recent-failures-h"><h2 id="recent-failures-h">Recent failures'
+              f'</h2>{failures_panel(view.recent_failures)}</section><section aria-labelledby="drift-h">'
+              f'<h2 id="drift-h">Drift alerts</h2>{drift_panel(view.drift_alerts)}</section></div>'
+            + f"<h2>Devices ({p.matched})</h2>{devices}<h2>Agents ({len(view.agents)})</h2>{agents}"
             f"<h2>Running ({len(view.running)})</h2>{running}<h2>Queue ({view.pending} pending)</h2>{queue}")
 
 
@@ -330,7 +424,8 @@ def job_page(view: JobView, *, csrf: str, may_cancel: bool) -> str:
     job_id = job["id"]
     cancel = ""
     if may_cancel and job["status"] in ("queued", "running"):
-        cancel = (f'<form method="post" action="/jobs/{job_id}/cancel" class="inline"><input type="hidden" name="csrf" '
+        cancel = (f'<form method="post" action="/jobs/{job_id}/cancel" class="inline" data-confirm="Cancel job {job_id}? '
+                  f'Its unfinished tasks stop and are not run again."><input type="hidden" name="csrf" '
                   f'value="{e(csrf)}"><button class="danger" id="cancel">cancel job</button></form>')
     parts = [f'<p class="meta">{e(job["name"])} · {e(job["kind"])} · priority {e(job["priority"])} · created '
              f'{e(when(job["created_at"]))} {cancel}</p>',

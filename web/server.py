@@ -24,8 +24,8 @@ from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
-from typing import Any, Callable
-from urllib.parse import parse_qs, quote, urlsplit
+from typing import Any, Callable, Iterator
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 from farm.cli.render import results_csv, to_json
 from farm.controller.auth import Identity, TlsFiles, TokenTable, bearer_token, is_loopback
@@ -82,6 +82,15 @@ class Response:
     body: bytes = b""
     content_type: str = "text/html; charset=utf-8"
     headers: dict[str, str] | None = None
+    stream: Iterator[bytes] | None = None  # server-sent events: written chunk by chunk until it ends
+
+
+# Which live regions each page has, and the `part` that renders each alone (the region's own URL).
+LIVE_REGIONS = {"lab": {"lab-live": "devices"}, "jobs": {"jobs-live": "list"},
+                "job": {"job-progress": "progress", "job-results": "results"}}
+STREAM_CHECK_S = 2.0  # how often an open page's regions are rendered again, server-side, to look for a change
+STREAM_KEEPALIVE_S = 20.0  # a comment line when nothing changed: finds a closed tab, keeps proxies from timing out
+STREAM_LIFETIME_S = 600.0  # then the stream ends and the browser reconnects: the session is checked again
 
 
 class Refused(Exception):
@@ -105,6 +114,7 @@ class Dashboard:
         self.loopback = loopback  # bound to a loopback address: Host must name this machine (DNS rebinding)
         self.signer = signer or SessionSigner()
         self.throttle = LoginThrottle()  # failed log-ins and bearer tokens per address
+        self.closing = threading.Event()  # set when the server stops: open event streams end
         self._open_session = Session("admin", 0, "open", float("inf"))  # no tokens: everyone is admin (as over gRPC)
 
     @property
@@ -273,14 +283,17 @@ class Dashboard:
         if not device or len(device) > 256 or device not in {d.name for d in self.lab().devices}:
             raise Refused(HTTPStatus.NOT_FOUND, "no such device in this lab")
         reason = form.get("reason", "").strip()[:500]
+        if action != "release" and not reason:  # the page requires one too; a script must give one as well
+            raise Refused(HTTPStatus.BAD_REQUEST, f"{action} takes {device} out of service and fails its waiting tasks: "
+                                                  "say why in the form's reason field (it is shown on the lab page)")
         if action == "release":
             self.operator.release(device)
             message = f"{device} released: it takes tasks again"
         elif action == "quarantine":
-            n = self.operator.quarantine(device, reason or "quarantined by a person (dashboard)", "bad")
+            n = self.operator.quarantine(device, reason, "bad")
             message = f"{device} quarantined; {n} waiting task(s) failed (infrastructure)"
         else:
-            n = self.operator.quarantine(device, reason or "in maintenance (dashboard)", "maintenance")
+            n = self.operator.quarantine(device, reason, "maintenance")
             message = f"{device} in maintenance; {n} waiting task(s) failed (infrastructure)"
         log.info("dashboard: %s token (line %d) %s %r", identity.role, identity.line, action, device)
         return _redirect(self.flash("/lab", message))
@@ -310,11 +323,15 @@ class Dashboard:
 
         if path == "/":
             return _redirect("/lab")
+        if path == "/events":
+            return self.events(query.get("page", ""), query.get("have", ""), identity, session)
         if path == "/lab":
-            html = pages.lab_devices(self.lab(), csrf=csrf, may_operate=identity.role in DEVICE_ROLES)
+            f = views.LabFilter.from_query(query)
+            html = pages.lab_devices(self.lab(), csrf=csrf, may_operate=identity.role in DEVICE_ROLES, f=f)
             if query.get("part") == "devices":
                 return Response(HTTPStatus.OK, html.encode())
-            return page("Lab", pages.live("lab-live", "/lab?part=devices", html, 3), "lab")
+            return page("Lab", pages.lab_filter_form(f) + pages.live(
+                "lab-live", "/lab?" + urlencode({**f.query(), "part": "devices"}), html, 3), "lab")
         if path == "/jobs":
             jobs, total = views.jobs_view(self.store, _limit(query.get("limit")),
                                           self.viewer(identity).visible(self.job_sharing))
@@ -343,6 +360,56 @@ class Dashboard:
             return page(f"Calibration {view.row['id']}: {views.key_label(view.row)} v{view.row['version']}",
                         pages.calibration_page(view), "calibrations")
         raise Refused(HTTPStatus.NOT_FOUND, "no such page")
+
+    # --- live regions over server-sent events -------------------------------------------------
+    def live_parts(self, page: str, identity: Identity, session: Session | None) -> dict[str, str]:
+        """The live regions of `page` (a path and query on this dashboard), each rendered as its part URL renders it."""
+        url = urlsplit(page)
+        query = {k: v[-1] for k, v in parse_qs(url.query, max_num_fields=20).items() if k not in ("part", "msg", "sig")}
+        match = re.fullmatch(r"/jobs/(\d{1,18})", url.path)
+        kind = "job" if match else url.path.strip("/")
+        if kind not in LIVE_REGIONS:
+            raise Refused(HTTPStatus.NOT_FOUND, "that page has no live regions")
+        parts = {}
+        for region, part in LIVE_REGIONS[kind].items():
+            response = self.get(url.path, {**query, "part": part}, identity, session)
+            if response.status != HTTPStatus.OK:
+                raise Refused(response.status, "that page cannot be shown")
+            parts[region] = response.body.decode()
+        return parts
+
+    def events(self, page: str, have: str, identity: Identity, session: Session | None) -> Response:
+        """A page's live regions as server-sent events: one event when a region changes, nothing when none does."""
+        if not page.startswith("/") or page.startswith("//") or len(page) > 2000:
+            raise Refused(HTTPStatus.BAD_REQUEST, "events?page= takes a path on this dashboard")
+        known = dict(item.split(":", 1) for item in have.split(",")[:10] if ":" in item)  # region -> fingerprint
+        first = self.live_parts(page, identity, session)  # refused here, before the stream starts, if not allowed
+
+        def stream() -> Iterator[bytes]:
+            sent = {region: known.get(region, "") for region in first}
+            parts: dict[str, str] | None = first
+            started = quiet_since = time.monotonic()
+            yield b"retry: 3000\n\n"
+            while True:
+                for region, html in (parts or {}).items():
+                    mark = pages.fingerprint(html)
+                    if sent.get(region) != mark:
+                        sent[region] = mark
+                        quiet_since = time.monotonic()
+                        data = json.dumps({"region": region, "etag": mark, "html": html})
+                        yield f"event: update\ndata: {data}\n\n".encode()
+                if time.monotonic() - quiet_since >= STREAM_KEEPALIVE_S:
+                    quiet_since = time.monotonic()
+                    yield b": still here\n\n"
+                if self.closing.wait(STREAM_CHECK_S) or time.monotonic() - started >= STREAM_LIFETIME_S:
+                    return
+                try:
+                    parts = self.live_parts(page, identity, session)
+                except Refused:  # the job was removed: the stream ends, the page keeps what it shows
+                    return
+
+        return Response(HTTPStatus.OK, b"", "text/event-stream; charset=utf-8", {"X-Accel-Buffering": "no"},
+                        stream=stream())
 
     def job(self, job_id: int, download: str | None, query: dict[str, str], identity: Identity, csrf: str,
             page: Callable[[str, str, str], Response]) -> Response:
@@ -454,10 +521,31 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in {**SECURITY_HEADERS, **(response.headers or {})}.items():
             self.send_header(name, value)
         self.send_header("Content-Type", response.content_type)
+        if response.stream is not None:
+            self.close_connection = True  # the stream has no length: it ends when the connection does
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self._stream(response.stream)
+            return
         self.send_header("Content-Length", str(len(response.body)))
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(response.body)
+
+    def _stream(self, chunks: Iterator[bytes]) -> None:
+        """Each chunk within the send deadline; between chunks the connection waits on no deadline of the client's."""
+        try:
+            self.wfile.flush()
+            self.server.deadlines.disarm(self.request)
+            if self.command == "HEAD":
+                return
+            for chunk in chunks:
+                self.server.deadlines.arm(self.request, SEND_DEADLINE_S)
+                self.wfile.write(chunk)
+                self.wfile.flush()
+                self.server.deadlines.disarm(self.request)
+        except OSError:  # the tab was closed, or a slow reader ran out its deadline
+            pass
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         self._serve("GET")
@@ -583,6 +671,7 @@ class RunningDashboard:
         return self.server.server_address[1]
 
     def stop(self) -> None:
+        self.server.dashboard.closing.set()  # open event streams end within a check interval
         self.server.shutdown()
         self.server.server_close()
 

@@ -23,6 +23,9 @@ if TYPE_CHECKING:  # sessions.py brings the gRPC messages; `farm web` over a sto
     from farm.controller.scheduling.sessions import Sessions
 
 JOBS_SHOWN = 200  # newest jobs on the jobs page; older ones by URL
+DEVICES_PER_PAGE = 50  # a 200-device lab is four short pages, not one 69,000 px one
+PANEL_ROWS = 10  # recent failures and drift alerts on the lab page
+LAB_ROWS_SHOWN = 100  # running tasks and queue rows on the lab page
 SWEEP_DIMENSIONS = (("threads", "threads"), ("batch_size", "batch size"), ("input_size", "input size"),
                     ("cpus", "CPU budget (cores)"))
 OP_ROWS_SHOWN = 200  # per-operator rows per run; a model with thousands of ops lists its heaviest
@@ -76,6 +79,8 @@ class LabView:
     running: list[dict[str, Any]]
     queue: list[dict[str, Any]]
     live: bool = False  # connection and last-seen come from the controller's sessions (else from the store)
+    recent_failures: list[dict[str, Any]] = field(default_factory=list)
+    drift_alerts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def pending(self) -> int:
@@ -130,7 +135,72 @@ def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] |
             if session:
                 a["last_seen"], a["connected_at"] = session.last_seen, session.connected_at
             a["running"] = len(session.running) if session else 0
-    return LabView(devices, agents, running, store.dashboard_queue(), live=live is not None)
+    return LabView(devices, agents, running, store.dashboard_queue(), live=live is not None,
+                   recent_failures=store.dashboard_recent_failures(PANEL_ROWS),
+                   drift_alerts=store.dashboard_drift_alerts(PANEL_ROWS))
+
+
+HEALTHS = ("good", "bad", "maintenance", "unknown")
+CONNECTIONS = ("online", "draining", "offline", "unknown")
+ACTIVITIES = ("busy", "idle")
+
+
+@dataclass(frozen=True)
+class LabFilter:
+    """What the lab page lists: a health, a connection, busy or idle, a name fragment, and which page of it."""
+
+    health: str | None = None
+    state: str | None = None
+    activity: str | None = None
+    name: str = ""
+    page: int = 1
+
+    @classmethod
+    def from_query(cls, query: dict[str, str]) -> "LabFilter":
+        """From the URL; anything not one of the known words is no filter (a hostile query filters nothing)."""
+        page = query.get("page", "1")
+        return cls(query.get("health") if query.get("health") in HEALTHS else None,
+                   query.get("state") if query.get("state") in CONNECTIONS else None,
+                   query.get("activity") if query.get("activity") in ACTIVITIES else None,
+                   query.get("name", "").strip()[:100],
+                   max(1, min(int(page), 100_000)) if page.isdigit() and len(page) < 7 else 1)
+
+    def matches(self, d: DeviceRow) -> bool:
+        return ((self.health is None or d.health == self.health) and (self.state is None or d.state == self.state)
+                and (self.activity is None or (self.activity == "busy") == d.busy)
+                and (not self.name or self.name.casefold() in d.name.casefold()))
+
+    def query(self, **change: Any) -> dict[str, str]:
+        """This filter as URL fields (only the set ones), with `change` applied."""
+        fields = {"health": self.health, "state": self.state, "activity": self.activity, "name": self.name or None,
+                  "page": self.page if self.page > 1 else None, **change}
+        return {k: str(v) for k, v in fields.items() if v not in (None, "", 1)}
+
+
+@dataclass
+class LabPage:
+    """One page of the devices a filter matches, and the counts of the whole lab."""
+
+    shown: list[DeviceRow]
+    matched: int
+    page: int
+    pages: int
+    health: dict[str, int]
+    connection: dict[str, int]
+    busy: int
+
+
+def lab_page(devices: list[DeviceRow], f: LabFilter, per_page: int = DEVICES_PER_PAGE) -> LabPage:
+    matched = [d for d in devices if f.matches(d)]
+    pages = max(1, -(-len(matched) // per_page))
+    page = min(f.page, pages)
+    health = {h: 0 for h in HEALTHS}
+    connection = {c: 0 for c in CONNECTIONS}
+    for d in devices:
+        health[d.health] = health.get(d.health, 0) + 1
+        connection[d.state] = connection.get(d.state, 0) + 1
+    return LabPage(matched[(page - 1) * per_page:page * per_page], len(matched), page, pages, health, connection,
+                   sum(d.busy for d in devices))
 
 
 def job_progress(counts: dict[str, int]) -> dict[str, int]:
