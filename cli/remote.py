@@ -139,6 +139,7 @@ def _budget(args: argparse.Namespace) -> Any:
 
 def cmd_controller_serve(args: argparse.Namespace) -> int:
     from farm.controller.auth import TlsFiles, TokenFileError, TokenTable, check_tokens_file, is_loopback
+    from farm.controller.store_file import StoreFileWatch
     from farm.controller.grpc_server import DEFAULT_MAX_STREAMS, DEFAULT_MAX_WATCHES, DEFAULT_UPLOAD_QUOTA, serve
     from farm.controller.operations.metrics import MetricsListenError
     from farm.controller.scheduling.store import DB_ENV, Store, StoreError, default_db_path
@@ -199,8 +200,10 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
-    while not stop.wait(1.0):
-        pass
+    store_watch = StoreFileWatch(store.path)  # a store deleted or replaced under the controller is logged
+    while not stop.wait(5.0):
+        store_watch.check_and_log(logging.getLogger("farm.controller"))
+    store_watch.close()
     logging.getLogger("farm.controller").info("stopping: agents keep their tasks and reconnect to the next controller")
     if web:
         web.stop()

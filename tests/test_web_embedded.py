@@ -285,3 +285,30 @@ def test_idle_connections_cannot_take_every_thread(tmp_path: Path) -> None:
         for s in idle:
             s.close()
         running.stop()
+
+
+def test_farm_web_and_the_controller_notice_their_store_deleted_under_them(cluster: Cluster) -> None:
+    db = cluster.root / "farm.db"
+    proc = cluster.spawn("web", "web", "--db", str(db), "--listen", "127.0.0.1:0")
+    url = _dashboard_url(proc)
+    status, _, body = _get(f"{url}healthz")
+    health = json.loads(body)
+    assert status == 200 and health["ok"] and health["store"]["path"] == str(db) and health["store"]["linked"]
+    assert health["store"]["size_bytes"] > 0 and health["store"]["last_write"] > 0
+    page = _get(f"{url}lab")[2]
+    assert 'id="store-health"' in page and str(db) in page and ">linked<" in page
+
+    controller_db = cluster.root / "controller.db"
+    controller = cluster.spawn("controller", "controller", "serve", "--listen", "127.0.0.1:0", "--db", str(controller_db),
+                               "--no-auth")
+    wait_for(lambda: "listening on" in controller.output(), 60, "the controller to listen")
+    for f in (db, controller_db):
+        f.unlink()
+    status, _, body = _get(f"{url}healthz")
+    assert status == 503 and not json.loads(body)["ok"] and "was deleted" in json.loads(body)["store"]["problem"]
+    page = _get(f"{url}lab")[2]
+    assert 'role="alert"' in page and "was deleted while this process had it open" in page and ">deleted<" in page
+    wait_for(lambda: "was deleted" in proc.output(), 30, "farm web to log the deleted store")
+    assert proc.output().count("was deleted") == 1  # said once, not every few seconds
+    wait_for(lambda: f"the store file {controller_db} was deleted" in controller.output(), 30,
+             "the controller to log its deleted store")

@@ -13,6 +13,7 @@ from html import escape
 from typing import Any, Iterable
 from urllib.parse import quote, urlencode
 
+from farm.controller.store_file import StoreFile
 from farm.web import svg
 from farm.web.views import (ACTIVITIES, CONNECTIONS, FAILURES_SHOWN, HEALTHS, LAB_ROWS_SHOWN, AverageRow,
                             CalibrationSummary, CalibrationView, DeviceRow, Failure, JobView, LabFilter, LabPage, LabView,
@@ -121,6 +122,16 @@ def _device_actions(d: DeviceRow, csrf: str) -> str:
             f'{e(d.name)}</label><input id="{field}" name="reason" placeholder="reason (required)" maxlength="500" required>'
             '<button name="action" value="quarantine">quarantine</button>'
             '<button name="action" value="maintenance">maintenance</button></form>')
+
+
+def store_facts(store: StoreFile) -> str:
+    """Where this dashboard reads from, and whether that file is still the one on disk."""
+    size = "—" if store.size_bytes is None else f"{store.size_bytes / 1e6:.1f} MB"
+    state = ('<span class="health good">linked</span>' if store.ok else
+             f'<span class="health bad">{"deleted" if not store.linked else "replaced"}</span>')
+    return (f'<h2>Store</h2><dl class="facts store" id="store-health"><dt>path</dt><dd>{e(store.path)}</dd>'
+            f'<dt>size</dt><dd>{e(size)}</dd><dt>last write</dt><dd>{e(when(store.last_write))}</dd>'
+            f'<dt>file</dt><dd>{state}</dd></dl>')
 
 
 def _lab_href(f: LabFilter, **change: Any) -> str:

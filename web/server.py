@@ -33,6 +33,7 @@ from farm.controller.scheduling.controller import Controller
 from farm.controller.analysis.results import run_records
 from farm.controller import service as answers
 from farm.controller.scheduling.store import Store
+from farm.controller.store_file import StoreFile, StoreFileWatch
 from farm.web import pages, views
 from farm.web.session import COOKIE, LoginThrottle, Session, SessionSigner
 
@@ -115,6 +116,7 @@ class Dashboard:
         self.signer = signer or SessionSigner()
         self.throttle = LoginThrottle()  # failed log-ins and bearer tokens per address
         self.closing = threading.Event()  # set when the server stops: open event streams end
+        self.store_watch = StoreFileWatch(store.path)  # opened now: a later deletion or replacement shows
         self._open_session = Session("admin", 0, "open", float("inf"))  # no tokens: everyone is admin (as over gRPC)
 
     @property
@@ -186,6 +188,8 @@ class Dashboard:
             url = urlsplit(target)
             query = {k: v[-1] for k, v in parse_qs(url.query, max_num_fields=20).items()}
             path = url.path
+            if path == "/healthz" and method == "GET":
+                return self.healthz(headers)
             if path == "/favicon.ico":
                 return Response(HTTPStatus.NO_CONTENT)  # browsers ask for it on every page; there is none
             if method == "GET" and path.startswith("/static/"):
@@ -207,6 +211,21 @@ class Dashboard:
             return self.get(path, query, identity, session)
         except Refused as r:
             return Response(r.status, pages.error_page(r.status, str(r)).encode())
+
+    def store_health(self) -> StoreFile:
+        return self.store_watch.check_and_log(log)
+
+    def healthz(self, headers: Any) -> Response:
+        """200 while the store file is the one this process opened, else 503 saying why. Anyone may ask whether
+        it is healthy; the path, size and last write are for a client or admin token (or an open dashboard)."""
+        state = self.store_health()
+        identity = self.identify(headers)[0]
+        body: dict[str, Any] = {"ok": state.ok}
+        if identity is not None and identity.role in VIEW_ROLES:
+            body["store"] = {"path": state.path, "linked": state.linked, "replaced": state.replaced,
+                             "size_bytes": state.size_bytes, "last_write": state.last_write, "problem": state.problem}
+        return Response(HTTPStatus.OK if state.ok else HTTPStatus.SERVICE_UNAVAILABLE, json.dumps(body).encode(),
+                        "application/json")
 
     def refuse_unauthenticated(self, method: str, path: str, identity: Identity | None, bearer: bool) -> Response:
         if identity is not None:  # a valid token of a role that may not read results (an agent's)
@@ -317,7 +336,11 @@ class Dashboard:
         csrf = self.csrf(session)
         message = query.get("msg", "") if self.signer.text_ok(query.get("msg", ""), query.get("sig")) else ""
 
+        store = self.store_health()
+
         def page(title: str, body: str, active: str) -> Response:
+            if not store.ok:  # on every page: what is shown may already be lost
+                body = f'<p class="flash error" role="alert">{pages.e(store.problem)}</p>{body}'
             return Response(HTTPStatus.OK, pages.layout(title, body, active=active, role=identity.role, csrf=csrf,
                                                         message=message, open_mode=self.open_mode).encode())
 
@@ -331,7 +354,8 @@ class Dashboard:
             if query.get("part") == "devices":
                 return Response(HTTPStatus.OK, html.encode())
             return page("Lab", pages.lab_filter_form(f) + pages.live(
-                "lab-live", "/lab?" + urlencode({**f.query(), "part": "devices"}), html, 3), "lab")
+                "lab-live", "/lab?" + urlencode({**f.query(), "part": "devices"}), html, 3) + pages.store_facts(store),
+                "lab")
         if path == "/jobs":
             jobs, total = views.jobs_view(self.store, _limit(query.get("limit")),
                                           self.viewer(identity).visible(self.job_sharing))
@@ -656,6 +680,18 @@ class Deadlines:
                     pass  # closed meanwhile
 
 
+STORE_CHECK_S = 5.0
+
+
+def _watch_store(dashboard: Dashboard) -> None:
+    """Look at the store file every few seconds, pages or not: a deleted store is logged when it happens."""
+    while not dashboard.closing.wait(STORE_CHECK_S):
+        try:
+            dashboard.store_health()
+        except OSError:
+            log.exception("dashboard: cannot look at the store file")
+
+
 class WebListenError(Exception):
     pass
 
@@ -674,6 +710,7 @@ class RunningDashboard:
         self.server.dashboard.closing.set()  # open event streams end within a check interval
         self.server.shutdown()
         self.server.server_close()
+        self.server.dashboard.store_watch.close()
 
 
 def parse_web_listen(listen: str) -> tuple[str, int]:
@@ -708,6 +745,7 @@ def start_dashboard(store: Store, listen: str, operator: Operator, *, tokens: To
         server.socket = context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
     thread = threading.Thread(target=server.serve_forever, name="dashboard", daemon=True)
     thread.start()
+    threading.Thread(target=_watch_store, args=(dashboard,), name="dashboard-store-watch", daemon=True).start()
     shown = f"[{host}]" if ":" in host else host
     return RunningDashboard(server, thread, f"{'https' if dashboard.tls else 'http'}://{shown}:{server.server_address[1]}/")
 
