@@ -137,3 +137,32 @@ def test_failure_reason_and_op_table_in_the_browser(served, browser) -> None:
     browser.find("#results a.why").click()
     browser.wait(lambda d: "#failure-" in d.current_url, "the jump to the reason")
     assert browser.driver.execute_script("return window.pwned === undefined;"), "a message ran as code"
+
+
+def test_a_retried_run_says_its_attempt_was_a_contention_retry(tmp_path: Path, tiny_models) -> None:
+    from farm.controller.scheduling.controller import Controller
+    from farm.controller.scheduling.jobfile import load_job_text
+    from farm.controller.scheduling.store import Store
+    from farm.proto.results import Contention
+    from farm.web.server import Operator, start_dashboard
+
+    model = tiny_models["onnx"]
+    store = Store(tmp_path / "farm.db")
+    controller = Controller(store)
+    job_id = controller.submit(load_job_text(f"name: busy-host\nmodels: [{model}]\nsim: {{on_contention: retry}}\n",
+                                             "job.yaml", model.parent))
+    attempts = 0
+    while (spec := controller.lease("rack1", {"sim"}, job_id=job_id)) is not None:
+        attempts += 1
+        result = _completed(5.0)
+        if spec.attempt < 3:  # the first two were contended: measured again
+            result.contention = Contention(contended=True, reasons=["steal 30 % of the run's wall time"])
+        controller.complete(spec.task_id, spec.attempt, "rack1", time.time() - 1, result)
+    assert attempts == 3
+    running = start_dashboard(store, "127.0.0.1:0", Operator.embedded(controller), tokens=None)
+    try:
+        page = _get(f"{running.url}jobs/{job_id}")[2]
+    finally:
+        running.stop()
+        store.close()
+    assert ">attempt 3</abbr>" in page and "2 contention retries (other work used the run&#x27;s cores" in page
