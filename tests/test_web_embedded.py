@@ -312,3 +312,20 @@ def test_farm_web_and_the_controller_notice_their_store_deleted_under_them(clust
     assert proc.output().count("was deleted") == 1  # said once, not every few seconds
     wait_for(lambda: f"the store file {controller_db} was deleted" in controller.output(), 30,
              "the controller to log its deleted store")
+
+
+def test_sweep_legends_sit_under_the_plot_and_never_say_none() -> None:
+    from farm.web.svg import HEIGHT, render
+    from farm.web.views import AverageRow, sweep_charts
+    rows = [AverageRow(f"net<{m}>", f"phone-{p}", t, b, None, None, 1, 0, 10.0 * m + t + b, None, None, None)
+            for m in range(3) for p in range(7) for t in (1, 2, 4) for b in (1, 8)]
+    charts = sweep_charts(rows)
+    assert [c.title for c in charts] == ["latency by threads", "latency by batch size"]  # one per varying dimension
+    assert len(charts[0].series) == 42 and all("None" not in name for name in charts[0].series)
+    assert "net<0> @ phone-0 · batch 8" in charts[0].series
+    text = render(charts[0])
+    legend_y = [float(y) for y in re.findall(r'<text x="[\d.]+" y="([\d.]+)" class="legend">', text)]
+    assert len(legend_y) == 41  # 40 entries and "… and 2 more"
+    assert min(legend_y) > HEIGHT - 48  # under the plot area and its x label, not over the lines
+    assert "&lt;0&gt;" in text and "<0>" not in text
+    assert 'stroke-dasharray="6 3"' in text  # the ninth line on is dashed: 8 colours do not name 42 lines

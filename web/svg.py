@@ -12,6 +12,9 @@ from html import escape
 
 WIDTH, HEIGHT = 640, 400
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 28, 48
+LEGEND_ROW = 16  # px per legend entry, drawn under the plot (never over the lines)
+LEGEND_MAX = 40  # entries listed; more are counted
+DASHES = ("", "6 3", "2 3", "8 3 2 3")  # a second, third... pass over the palette changes the line's dash
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 
 
@@ -83,9 +86,11 @@ def render(chart: Chart) -> str:
     for line in series.values():
         xs += [x for x, _ in line]
         ys += [y for _, y in line]
-    parts = [f'<svg class="chart" role="img" viewBox="0 0 {WIDTH} {HEIGHT}" xmlns="http://www.w3.org/2000/svg" '
+    legend = min(len(series), LEGEND_MAX) + (1 if len(series) > LEGEND_MAX else 0)
+    total_h = HEIGHT + (LEGEND_ROW * legend + 8 if legend else 0)
+    parts = [f'<svg class="chart" role="img" viewBox="0 0 {WIDTH} {total_h}" xmlns="http://www.w3.org/2000/svg" '
              f'preserveAspectRatio="xMidYMid meet"><title>{escape(chart.title)}</title>',
-             f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="#fff"/>',
+             f'<rect x="0" y="0" width="{WIDTH}" height="{total_h}" fill="#fff"/>',
              f'<text x="{WIDTH / 2}" y="18" text-anchor="middle" class="chart-title">{escape(chart.title)}</text>']
     if not xs:
         parts.append(f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle">no finite values to plot</text></svg>')
@@ -130,13 +135,20 @@ def render(chart: Chart) -> str:
                      f'<path d="M{px(x) - 4},{py(e) - 4}l8,8m0,-8l-8,8" stroke="#d62728" stroke-width="2"/>')
     for i, (name, line) in enumerate(sorted(series.items())):
         color = PALETTE[i % len(PALETTE)]
+        pattern = DASHES[(i // len(PALETTE)) % len(DASHES)]
+        dash = f' stroke-dasharray="{pattern}"' if pattern else ""
         pts = sorted(line)
         parts.append(f'<polyline class="series" points="{" ".join(f"{px(x)},{py(y)}" for x, y in pts)}" fill="none" '
-                     f'stroke="{color}" stroke-width="2"><title>{escape(name)}</title></polyline>')
+                     f'stroke="{color}" stroke-width="2"{dash}><title>{escape(name)}</title></polyline>')
         parts += [f'<circle cx="{px(x)}" cy="{py(y)}" r="3" fill="{color}"><title>{escape(name)}: {_label(x)}, '
                   f'{_label(y)}</title></circle>' for x, y in pts]
-        parts.append(f'<text x="{LEFT + plot_w - 6}" y="{TOP + 14 + 14 * i}" text-anchor="end" fill="{color}" '
-                     f'class="legend">{escape(name[:60])}</text>')
+        if i < LEGEND_MAX:  # under the plot, a swatch of the line's colour and dash before each name
+            y = HEIGHT + 4 + LEGEND_ROW * i + LEGEND_ROW / 2
+            parts.append(f'<line class="legend-swatch" x1="{LEFT}" y1="{y}" x2="{LEFT + 24}" y2="{y}" stroke="{color}" '
+                         f'stroke-width="2"{dash}/><text x="{LEFT + 30}" y="{y + 4}" class="legend">{escape(name[:90])}</text>')
+    if len(series) > LEGEND_MAX:
+        parts.append(f'<text x="{LEFT}" y="{HEIGHT + 4 + LEGEND_ROW * LEGEND_MAX + 12}" class="legend">… and '
+                     f'{len(series) - LEGEND_MAX} more (hover a line for its name)</text>')
     for name, x, y in points:
         parts.append(f'<circle class="point" cx="{px(x)}" cy="{py(y)}" r="4" fill="#1f77b4">'
                      f'<title>{escape(name)}: sim {_label(x)}, device {_label(y)}</title></circle>'

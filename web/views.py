@@ -28,6 +28,7 @@ PANEL_ROWS = 10  # recent failures and drift alerts on the lab page
 LAB_ROWS_SHOWN = 100  # running tasks and queue rows on the lab page
 SWEEP_DIMENSIONS = (("threads", "threads"), ("batch_size", "batch size"), ("input_size", "input size"),
                     ("cpus", "CPU budget (cores)"))
+SHORT_LABELS = {"threads": "threads", "batch_size": "batch", "input_size": "input", "cpus": "cpus"}
 OP_ROWS_SHOWN = 200  # per-operator rows per run; a model with thousands of ops lists its heaviest
 FAILURES_SHOWN = 50  # failed runs explained on a job page; the JSON download has every one
 LOG_LINES_SHOWN = 30  # the last lines of a failed run's kept output
@@ -301,7 +302,8 @@ def sweep_charts(rows: list[AverageRow]) -> list[Chart]:
         for r in rows:
             if r.latency_ms is None or getattr(r, attr) is None:
                 continue
-            name = f"{r.model} @ {r.target}" + "".join(f" {a}={getattr(r, a)}" for a in others)
+            name = f"{r.model} @ {r.target}" + "".join(
+                f" · {SHORT_LABELS[a]} {getattr(r, a):g}" for a in others if getattr(r, a) is not None)
             series.setdefault(name, []).append((float(getattr(r, attr)), r.latency_ms))
         charts.append(Chart(f"latency by {label}", label, "latency avg (ms)", series=series))
     return charts
