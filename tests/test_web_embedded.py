@@ -253,6 +253,10 @@ def test_a_calibrations_history_and_drift_over_refreshes(tmp_path: Path) -> None
     assert status == 200
     assert page.count('href="/calibrations/') >= 3 and ">v3</a>" in page  # every version of the key
     assert 'id="history"' in page and 'id="drift-chart"' in page
+    # by date, R² and the leave-one-out error each on its own chart (own y axis), not one 0–1 axis
+    history = page[page.index('id="history"'):page.index("<h2>", page.index('id="history"'))]
+    assert history.count('<svg class="chart"') == 2 and "R² by date" in history and "mean absolute error (%)" in history
+    assert re.search(r'class="tick">\d\d-\d\d \d\d:\d\d<', history)  # ticks are dates (minutes apart here)
     drift_rows = page[page.index('id="drift"'):]
     assert drift_rows.count("<tr>") == 1 + 2 and "slope_change" in drift_rows and ">yes<" in drift_rows
     assert ">v3</a> of 3" in listing and "pixel-7" in listing
@@ -312,6 +316,14 @@ def test_farm_web_and_the_controller_notice_their_store_deleted_under_them(clust
     assert proc.output().count("was deleted") == 1  # said once, not every few seconds
     wait_for(lambda: f"the store file {controller_db} was deleted" in controller.output(), 30,
              "the controller to log its deleted store")
+
+
+def test_a_fit_kind_change_is_marked_on_the_history_chart() -> None:
+    from farm.web.svg import Chart, render
+    chart = Chart("R² by date", "stored (UTC)", "R²", dates_x=True, markers=[(1_700_000_600.0, "→ <power>")],
+                  series={"R²": [(1_700_000_000.0, 0.9), (1_700_000_600.0, 0.95), (1_700_001_200.0, 0.97)]})
+    text = render(chart)
+    assert text.count('class="marker"') == 1 and "→ &lt;power&gt;" in text and "11-14 22:" in text
 
 
 def test_sweep_legends_sit_under_the_plot_and_never_say_none() -> None:

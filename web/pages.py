@@ -15,7 +15,7 @@ from urllib.parse import quote, urlencode
 
 from farm.controller.store_file import StoreFile
 from farm.web import svg
-from farm.web.views import (ACTIVITIES, CONNECTIONS, FAILURES_SHOWN, HEALTHS, LAB_ROWS_SHOWN, AverageRow,
+from farm.web.views import (MIN_LOO_MODELS, ACTIVITIES, CONNECTIONS, FAILURES_SHOWN, HEALTHS, LAB_ROWS_SHOWN, AverageRow,
                             CalibrationSummary, CalibrationView, DeviceRow, Failure, JobView, LabFilter, LabPage, LabView,
                             is_contended, lab_page)
 
@@ -471,6 +471,13 @@ def verdict(unsafe: bool) -> str:
     return '<span class="verdict unsafe">unsafe</span>' if unsafe else '<span class="verdict ok">usable</span>'
 
 
+def loo_text(loo: float | None, n: int | None) -> str:
+    """A leave-one-out error in percent; "—" (not "0 %") when too few models were fitted for it to mean anything."""
+    if loo is None or (n or 0) < MIN_LOO_MODELS:
+        return f"— (too few models: {n})" if n is not None and n < MIN_LOO_MODELS else "—"
+    return f"{num(100 * loo)} %"
+
+
 def calibrations_list(items: list[CalibrationSummary]) -> str:
     if not items:
         return "<p>No calibrations yet: <code>farm calibrate</code> or a refresh stores them.</p>"
@@ -479,7 +486,7 @@ def calibrations_list(items: list[CalibrationSummary]) -> str:
              (c.row["family"], e(c.row["family"] or "all")),
              (c.row["version"], f'<a href="/calibrations/{c.row["id"]}">v{c.row["version"]}</a> of {c.row["versions"]}'),
              (c.row["n"], e(c.row["n"])), (c.row["r2"], num(c.row["r2"])),
-             (c.row["loo_mape"], num(None if c.row["loo_mape"] is None else 100 * c.row["loo_mape"]) + " %"),
+             (c.row["loo_mape"], loo_text(c.row["loo_mape"], c.row["n"])),
              (c.row["kendall_tau"], num(c.row["kendall_tau"])), (int(c.unsafe), verdict(c.unsafe)),
              (c.row["created_at"], e(when(c.row["created_at"])))] for c in items]
     return table("calibrations", [("device", "text"), ("metric", "text"), ("threads", "num"), ("runtime", "text"),
@@ -491,7 +498,7 @@ def calibrations_list(items: list[CalibrationSummary]) -> str:
 def calibration_page(v: CalibrationView) -> str:
     fit = v.fit
     facts = [("fit", v.chosen), ("formula", v.formula), ("R²", num(fit.r2)),
-             ("leave-one-out error", f"{num(100 * fit.loo_mape)} % (mean absolute, each model predicted without itself)"),
+             ("leave-one-out error", f"{loo_text(fit.loo_mape, fit.n)} (mean absolute, each model predicted without itself)"),
              ("within 10 %", f"{num(100 * fit.loo_within_10)} % of models"),
              ("rank agreement", f"Kendall τ {num(fit.kendall_tau)} · Spearman ρ {num(fit.spearman_rho)}"),
              ("models", str(fit.n)), ("interval", f"{v.confidence:.0%} prediction interval"),
@@ -512,12 +519,13 @@ def calibration_page(v: CalibrationView) -> str:
                                              (m["high"], num(m["high"]))] for m in v.models]))
     parts.append("<h2>History</h2>")
     if len(v.versions) > 1:
-        parts.append(f'<figure id="history">{svg.render(v.history_chart)}</figure>')
+        parts.append('<div class="two" id="history">' + "".join(
+            f'<figure class="history-chart">{svg.render(c)}</figure>' for c in v.history_charts) + "</div>")
     parts.append(table("versions", [("version", "num"), ("stored", "num"), ("fit", "text"), ("models", "num"), ("R²", "num"),
                                     ("LOO error %", "num"), ("Kendall τ", "num"), ("verdict", "num"), ("formula", "text")],
                        [[(x["version"], f'<a href="/calibrations/{x["id"]}">v{x["version"]}</a>'),
                          (x["created_at"], e(when(x["created_at"]))), (x["kind"], e(x["kind"])), (x["n"], e(x["n"])),
-                         (x["r2"], num(x["r2"])), (x["loo_mape"], num(None if x["loo_mape"] is None else 100 * x["loo_mape"])),
+                         (x["r2"], num(x["r2"])), (x["loo_mape"], loo_text(x["loo_mape"], x["n"])),
                          (x["kendall_tau"], num(x["kendall_tau"])), (int(x["unsafe"]), verdict(x["unsafe"])),
                          (x["formula"], e(x["formula"]))] for x in v.versions]))
     parts.append("<h2>Drift between refreshes</h2>")

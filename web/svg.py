@@ -6,6 +6,7 @@ are dropped before scaling, so one NaN cannot blank a chart.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from dataclasses import dataclass, field
 from html import escape
@@ -41,6 +42,8 @@ class Chart:
     series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # name -> line through (x, y)
     note: str = ""  # shown in the top-left corner (formula, R²)
     integer_x: bool = False  # x counts something (versions, refreshes): no ticks between whole numbers
+    dates_x: bool = False  # x is a Unix time: ticks read as dates (UTC)
+    markers: list[tuple[float, str]] = field(default_factory=list)  # (x, label): a dashed vertical line, labelled
 
 
 def _finite(*values: float) -> bool:
@@ -62,6 +65,11 @@ def _ticks(lo: float, hi: float, count: int = 5) -> list[float]:
 
 def _label(v: float) -> str:
     return f"{v:.4g}"
+
+
+def _date_label(t: float, span_s: float) -> str:
+    moment = dt.datetime.fromtimestamp(t, dt.timezone.utc)
+    return moment.strftime("%m-%d %H:%M" if span_s < 3 * 86400 else "%Y-%m-%d")
 
 
 def render(chart: Chart) -> str:
@@ -115,8 +123,9 @@ def render(chart: Chart) -> str:
     for t in _ticks(x_lo, x_hi):
         if chart.integer_x and t != int(t):
             continue
+        tick = _date_label(t, x_hi - x_lo) if chart.dates_x else _label(t)
         parts.append(f'<line x1="{px(t)}" y1="{TOP}" x2="{px(t)}" y2="{TOP + plot_h}" stroke="#eee"/>'
-                     f'<text x="{px(t)}" y="{TOP + plot_h + 16}" text-anchor="middle" class="tick">{_label(t)}</text>')
+                     f'<text x="{px(t)}" y="{TOP + plot_h + 16}" text-anchor="middle" class="tick">{tick}</text>')
     for t in _ticks(y_lo, y_hi):
         parts.append(f'<line x1="{LEFT}" y1="{py(t)}" x2="{LEFT + plot_w}" y2="{py(t)}" stroke="#eee"/>'
                      f'<text x="{LEFT - 6}" y="{py(t) + 4}" text-anchor="end" class="tick">{_label(t)}</text>')
@@ -130,6 +139,10 @@ def render(chart: Chart) -> str:
                      f'stroke="none"><title>{escape(band.label)}</title></polygon>')
         fit_points = " ".join(f"{px(x)},{py(e)}" for x, e in zip(band.xs, band.estimate))
         parts.append(f'<polyline class="fit" points="{fit_points}" fill="none" stroke="#d62728" stroke-width="2"/>')
+    for k, (x, text) in enumerate(m for m in chart.markers if _finite(m[0]) and x_lo <= m[0] <= x_hi):
+        parts.append(f'<line class="marker" x1="{px(x)}" y1="{TOP}" x2="{px(x)}" y2="{TOP + plot_h}" stroke="#555" '
+                     f'stroke-dasharray="4 3"/><text x="{px(x) + 3}" y="{TOP + 12 + 12 * (k % 3)}" class="marker-label">'
+                     f'{escape(text[:40])}</text>')
     for x, e, lo, hi in bars:
         parts.append(f'<line class="fit" x1="{px(x)}" y1="{py(lo)}" x2="{px(x)}" y2="{py(hi)}" stroke="#d62728"/>'
                      f'<path d="M{px(x) - 4},{py(e) - 4}l8,8m0,-8l-8,8" stroke="#d62728" stroke-width="2"/>')

@@ -28,6 +28,7 @@ PANEL_ROWS = 10  # recent failures and drift alerts on the lab page
 LAB_ROWS_SHOWN = 100  # running tasks and queue rows on the lab page
 SWEEP_DIMENSIONS = (("threads", "threads"), ("batch_size", "batch size"), ("input_size", "input size"),
                     ("cpus", "CPU budget (cores)"))
+MIN_LOO_MODELS = 3  # leaving one of two models out fits a line through one point: its "0 %" error means nothing
 SHORT_LABELS = {"threads": "threads", "batch_size": "batch", "input_size": "input", "cpus": "cpus"}
 OP_ROWS_SHOWN = 200  # per-operator rows per run; a model with thousands of ops lists its heaviest
 FAILURES_SHOWN = 50  # failed runs explained on a job page; the JSON download has every one
@@ -411,7 +412,7 @@ class CalibrationView:
     confidence: float
     chart: Chart
     versions: list[dict[str, Any]]
-    history_chart: Chart
+    history_charts: list[Chart]
     drift: list[dict[str, Any]]
     drift_chart: Chart
     models: list[dict[str, Any]]  # each pair with its fitted value and interval
@@ -452,9 +453,14 @@ def calibration_view(store: Store, calibration_id: int) -> CalibrationView | Non
                          "n": v["n"], "r2": v["r2"], "loo_mape": v["loo_mape"], "kendall_tau": v["kendall_tau"],
                          "unsafe": c.unsafe, "formula": c.chosen_fit.formula,
                          "source": json.loads(v["source"] or "{}")})
-    history = Chart("R² and leave-one-out error over versions", "version", "value", integer_x=True, series={
-        "R²": [(v["version"], v["r2"]) for v in versions if v["r2"] is not None],
-        "LOO error (fraction)": [(v["version"], v["loo_mape"]) for v in versions if v["loo_mape"] is not None]})
+    # by date, R² and the error each on its own axis (two values of different scales), fit-kind changes marked
+    changes = [(v["created_at"], f"→ {v['kind']}") for prev, v in zip(versions, versions[1:]) if v["kind"] != prev["kind"]]
+    history = [
+        Chart("R² by date", "stored (UTC)", "R²", dates_x=True, markers=changes,
+              series={"R²": [(v["created_at"], v["r2"]) for v in versions if v["r2"] is not None and v["created_at"]]}),
+        Chart("leave-one-out error by date", "stored (UTC)", "mean absolute error (%)", dates_x=True, markers=changes,
+              series={"LOO error %": [(v["created_at"], 100 * v["loo_mape"]) for v in versions
+                                      if v["loo_mape"] is not None and v["created_at"] and v["n"] >= MIN_LOO_MODELS]})]
     drift = store.dashboard_drift(row["device"], row["metric"], row["threads"])
     drift_chart = Chart("drift at each refresh (relative to the calibration before)", "refresh", "change",
                         integer_x=True, series={
