@@ -166,3 +166,40 @@ def test_a_retried_run_says_its_attempt_was_a_contention_retry(tmp_path: Path, t
         running.stop()
         store.close()
     assert ">attempt 3</abbr>" in page and "2 contention retries (other work used the run&#x27;s cores" in page
+
+
+def test_pairs_get_a_scatter_with_the_devices_calibration_band_and_predictions_sit_beside_runs(tmp_path: Path) -> None:
+    from farm.controller.analysis.calibration import Pair
+    from farm.controller.analysis.calibrations import PairedRun, fit_and_store
+    from farm.controller.scheduling.store import Store
+    from farm.web import pages, svg
+    from farm.web.views import pair_charts
+
+    store = Store(tmp_path / "farm.db")
+    paired = [PairedRun(Pair(f"net-{k}", 4.0 + 3 * k, 2.0 * (4.0 + 3 * k) + 1 + (0.3 if k % 2 else -0.3)), 2,
+                        "litert", 0, 0) for k in range(6)]
+    stored, refused = fit_and_store(store, "pixel-7", "latency", paired, source={"job": 0})
+    assert stored, refused
+
+    def run(target: str, avg: float) -> dict:
+        return {"target": target, "latency_ms": {"avg": avg}, "runtime": "litert", "peak_memory_mb": 10.0,
+                "contention": None}
+    pairs = [{"model": {"name": f"m<{k}>", "family": None}, "device": "pixel-7", "threads": 2, "batch_size": None,
+              "input_size": None, "repeat": 0, "sim": run("sim", 5.0 + k), "device_run": run("pixel-7", 11.0 + 2 * k)}
+             for k in range(3)]
+    pairs.append({**pairs[0], "device": "uncalibrated-phone"})
+    charts = pair_charts(store, pairs)
+    assert [c.title for c in charts] == ["pixel-7 · 2 thread(s): device vs sim latency",
+                                         "uncalibrated-phone · 2 thread(s): device vs sim latency"]
+    calibrated = svg.render(charts[0])
+    assert calibrated.count('class="point"') == 3 and 'class="band"' in calibrated and "calibration v1" in calibrated
+    assert "&lt;0&gt;" in calibrated and "<0>" not in calibrated.replace("<title>", "")
+    assert 'class="band"' not in svg.render(charts[1]) and "no latency calibration" in charts[1].note
+
+    record = {"model": {"name": "net-9"}, "threads": 2, "repeat": 0, "latency_ms": {"avg": 7.0},
+              "predictions": {"pixel-7": {"latency": {"estimate": 15.2, "low": 14.1, "high": 16.3, "version": 1,
+                                                      "same_sim_budget": False}}, "<phone>": None}}
+    html = pages.predictions_table([record])
+    assert "15.2" in html and "14.1 – 16.3 (calibrated under another sim budget)" in html
+    assert "no calibration" in html and "&lt;phone&gt;" in html
+    store.close()

@@ -430,6 +430,27 @@ def pairs_table(pairs: list[dict[str, Any]]) -> str:
                            ("sim peak MB", "num"), ("device peak MB", "num")], rows)
 
 
+def predictions_table(records: list[dict[str, Any]]) -> str:
+    """Each completed run with each device's calibrated latency estimate and its interval."""
+    rows = []
+    for r in records:
+        for device, entry in sorted((r.get("predictions") or {}).items()):
+            lat = (entry or {}).get("latency") or {}
+            interval = (f"{num(lat.get('low'))} – {num(lat.get('high'))}" if lat else "no calibration")
+            note = "" if not lat or lat.get("same_sim_budget") else " (calibrated under another sim budget)"
+            rows.append([(r["model"]["name"], e(r["model"]["name"])), (r["threads"], e(r["threads"])),
+                         (r["repeat"], e(r["repeat"])), (_avg(r), num(_avg(r))), (device, e(device)),
+                         (lat.get("estimate"), num(lat.get("estimate"))), (lat.get("low"), e(interval + note)),
+                         (lat.get("version"), e(lat.get("version", "—")))])
+    return table("predictions", [("model", "text"), ("threads", "num"), ("repeat", "num"), ("sim latency ms", "num"),
+                                 ("device", "text"), ("predicted ms", "num"), ("interval", "num"),
+                                 ("calibration version", "num")], rows)
+
+
+def _avg(r: dict[str, Any]) -> float | None:
+    return (r.get("latency_ms") or {}).get("avg")
+
+
 def job_page(view: JobView, *, csrf: str, may_cancel: bool) -> str:
     job = view.job
     job_id = job["id"]
@@ -455,7 +476,12 @@ def job_page(view: JobView, *, csrf: str, may_cancel: bool) -> str:
     if view.averages and any(a.runs > 1 or a.contended for a in view.averages):
         parts.append("<h2>Averages over repeats</h2>" + averages_table(view.averages))
     if view.pairs:
-        parts.append("<h2>Sim / device pairs</h2>" + pairs_table(view.pairs))
+        parts.append("<h2>Sim / device pairs</h2>" + "".join(
+            f'<figure class="pair-scatter" id="pair-scatter-{i}">{svg.render(c)}</figure>'
+            for i, c in enumerate(view.pair_charts)) + pairs_table(view.pairs))
+    predicted = [r for r in view.records if r.get("predictions")]
+    if predicted:
+        parts.append("<h2>Predictions beside the runs (predict_for)</h2>" + predictions_table(predicted))
     if view.sweeps:
         parts.append("<h2>Sweeps</h2>" + "".join(f'<figure>{svg.render(c)}</figure>' for c in view.sweeps))
     for i, (title, columns, rows) in enumerate(view.op_tables):

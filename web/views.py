@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from farm.controller.analysis.calibrations import METRICS, stored_calibration
+from farm.controller.analysis.calibrations import METRICS, current_calibration, model_features, stored_calibration
 from farm.controller.operations.refresh import last_reference_checks
 from farm.controller.analysis.results import paired_records, run_records
 from farm.controller.scheduling.store import Store
@@ -263,6 +263,7 @@ class JobView:
     sweeps: list[Chart]
     op_tables: list[tuple[str, list[str], list[list[Any]]]]  # (title, columns, rows)
     failures: list[Failure] = field(default_factory=list)
+    pair_charts: list[Chart] = field(default_factory=list)  # device vs sim, with the device's current calibration
     earlier: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # task -> its runs before the counted one
 
 
@@ -372,8 +373,49 @@ def job_view(store: Store, job_id: int) -> JobView | None:
         if table:
             tables.append((run_title(r), *table))
     failed_runs = [r["run"] for r in records if r["status"] == "failed" and r["run"] is not None]
-    return JobView(job, progress, records, rows, paired_records(records), sweep_charts(rows), tables,
-                   failures(records, store.dashboard_log_tails(failed_runs)), store.dashboard_earlier_attempts(job_id))
+    pairs = paired_records(records)
+    return JobView(job, progress, records, rows, pairs, sweep_charts(rows), tables,
+                   failures=failures(records, store.dashboard_log_tails(failed_runs)),
+                   earlier=store.dashboard_earlier_attempts(job_id), pair_charts=pair_charts(store, pairs) if pairs else [])
+
+
+def _avg_latency(record: dict[str, Any]) -> float | None:
+    return (record.get("latency_ms") or {}).get("avg")
+
+
+def pair_charts(store: Store, pairs: list[dict[str, Any]]) -> list[Chart]:
+    """One scatter per device and thread count: this job's pairs, with the line and band of the device's current
+    latency calibration (what `farm predict` would use), so a point off the band stands out."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for p in pairs:
+        groups.setdefault((p["device"], p["threads"], p["device_run"].get("runtime"), p["batch_size"]), []).append(p)
+    charts = []
+    for (device, threads, runtime, batch), group in sorted(groups.items(), key=lambda g: str(g[0])):
+        points = [(p["model"]["name"], _avg_latency(p["sim"]), _avg_latency(p["device_run"])) for p in group]
+        finite = [(m, x, y) for m, x, y in points if x is not None and y is not None]
+        chart = Chart(f"{device} · {threads} thread(s): device vs sim latency", "sim latency avg (ms)",
+                      "device latency avg (ms)", points=finite)
+        stored = current_calibration(store, device, "latency", threads, runtime=runtime, batch_size=batch)
+        if stored is not None and finite:
+            cal = stored.calibration
+            fit = cal.chosen_fit
+            chart.note = f"calibration v{stored.version}: {fit.formula}\nR² = {fit.r2:.3f}"
+            if fit.features_used:  # no single line in x: each model's predicted value with its interval
+                by_name = {p["model"]["name"]: p["model"] for p in group}
+                for name, x, _ in finite:
+                    f = fit.predict(x, features=model_features(by_name[name]), confidence=cal.confidence)
+                    chart.error_bars.append((x, f.estimate, f.low, f.high))
+            else:
+                lo, hi = min(x for _, x, _ in finite), max(x for _, x, _ in finite)
+                lo, hi = (lo * 0.9, hi * 1.1) if hi > lo else (lo * 0.8, hi * 1.2 + 1e-9)
+                grid = [lo + (hi - lo) * i / 60 for i in range(61)]
+                estimate, low, high = fit.predict_arrays(grid, confidence=cal.confidence)
+                chart.band = Band(grid, estimate.tolist(), low.tolist(), high.tolist(),
+                                  f"calibration v{stored.version} ({cal.chosen}), {cal.confidence:.0%} prediction interval")
+        else:
+            chart.note = "no latency calibration for this device yet"
+        charts.append(chart)
+    return charts
 
 
 def job_summary(store: Store, job_id: int) -> dict[str, Any] | None:
