@@ -278,3 +278,35 @@ def test_cancel_asks_for_confirmation(tmp_path: Path, tiny_models, browser) -> N
     finally:
         running.stop()
         store.close()
+
+
+CONTRAST = """
+function rgb(s) { const m = s.match(/rgba?\\(([^)]+)\\)/); if (!m) return null;
+  const p = m[1].split(',').map(Number); return {r: p[0], g: p[1], b: p[2], a: p.length > 3 ? p[3] : 1}; }
+function lum(c) { return [c.r, c.g, c.b].map(v => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); })
+  .reduce((s, v, i) => s + v * [0.2126, 0.7152, 0.0722][i], 0); }
+function background(el) { for (; el; el = el.parentElement) { const c = rgb(getComputedStyle(el).backgroundColor);
+  if (c && c.a > 0.5) return c; } return {r: 255, g: 255, b: 255, a: 1}; }
+const low = [];
+document.querySelectorAll('body *').forEach(el => {
+  if (el.closest('svg') || !Array.from(el.childNodes).some(n => n.nodeType === 3 && n.textContent.trim())) return;
+  const style = getComputedStyle(el); if (style.visibility === 'hidden' || el.offsetParent === null) return;
+  const fg = rgb(style.color), bg = background(el); const a = lum(fg), b = lum(bg);
+  const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+  const size = parseFloat(style.fontSize), bold = parseInt(style.fontWeight) >= 700;
+  const need = size >= 24 || (bold && size >= 18.66) ? 3 : 4.5;
+  if (ratio < need) low.push(el.tagName + '.' + el.className + ' "' + el.textContent.trim().slice(0, 30) + '" ' + ratio.toFixed(2));
+});
+return low;"""
+
+
+def test_every_page_meets_wcag_aa_contrast_and_live_regions_are_announced(lab, browser) -> None:
+    url, _, _, job_id, drifted = lab
+    for path in ("lab", "lab?health=bad", "jobs", f"jobs/{job_id}", "calibrations", f"calibrations/{drifted}"):
+        browser.get(url + path)
+        browser.find("header nav")
+        low = browser.driver.execute_script(CONTRAST)
+        assert low == [], f"/{path}: text below WCAG AA contrast: {low[:10]}"
+        regions = browser.driver.execute_script(
+            "return Array.from(document.querySelectorAll('[data-live]')).map(r => r.getAttribute('aria-live'));")
+        assert all(r == "polite" for r in regions), f"/{path}: a live region without aria-live"
