@@ -139,7 +139,7 @@ def _budget(args: argparse.Namespace) -> Any:
 
 def cmd_controller_serve(args: argparse.Namespace) -> int:
     from farm.controller.auth import TlsFiles, TokenFileError, TokenTable, check_tokens_file, is_loopback
-    from farm.controller.store_file import StoreFileWatch
+    from farm.controller.scheduling.store_file import StoreFileWatch
     from farm.controller.grpc_server import DEFAULT_MAX_STREAMS, DEFAULT_MAX_WATCHES, DEFAULT_UPLOAD_QUOTA, serve
     from farm.controller.operations.metrics import MetricsListenError
     from farm.controller.scheduling.store import DB_ENV, Store, StoreError, default_db_path

@@ -13,7 +13,7 @@ from html import escape
 from typing import Any, Iterable
 from urllib.parse import quote, urlencode
 
-from farm.controller.store_file import StoreFile
+from farm.controller.scheduling.store_file import StoreFile
 from farm.web import svg
 from farm.web.views import (MIN_LOO_MODELS, ACTIVITIES, CONNECTIONS, FAILURES_SHOWN, HEALTHS, LAB_ROWS_SHOWN, AverageRow,
                             CalibrationSummary, CalibrationView, DeviceRow, Failure, JobView, LabFilter, LabPage, LabView,

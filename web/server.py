@@ -33,7 +33,7 @@ from farm.controller.scheduling.controller import Controller
 from farm.controller.analysis.results import run_records
 from farm.controller import service as answers
 from farm.controller.scheduling.store import Store
-from farm.controller.store_file import StoreFile, StoreFileWatch
+from farm.controller.scheduling.store_file import StoreFile, StoreFileWatch
 from farm.web import pages, views
 from farm.web.session import COOKIE, LoginThrottle, Session, SessionSigner
 
