@@ -136,6 +136,7 @@ def _budget(args: argparse.Namespace) -> Any:
 
 def cmd_controller_serve(args: argparse.Namespace) -> int:
     from farm.controller.auth import TlsFiles, TokenFileError, TokenTable, check_tokens_file, is_loopback
+    from farm.controller.scheduling.store_file import StoreFileWatch
     from farm.controller.grpc_server import DEFAULT_MAX_STREAMS, DEFAULT_MAX_WATCHES, DEFAULT_UPLOAD_QUOTA, serve
     from farm.controller.operations.metrics import MetricsListenError
     from farm.controller.store import DB_ENV, StoreError, default_db_path, open_store
@@ -196,8 +197,10 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
-    while not stop.wait(1.0):
-        pass
+    store_watch = StoreFileWatch(store.path)  # a store deleted or replaced under the controller is logged
+    while not stop.wait(5.0):
+        store_watch.check_and_log(logging.getLogger("farm.controller"))
+    store_watch.close()
     logging.getLogger("farm.controller").info("stopping: agents keep their tasks and reconnect to the next controller")
     if web:
         web.stop()
@@ -211,6 +214,7 @@ def _start_web(args: argparse.Namespace, store: Any, running: Any, tokens: Any, 
     the agents now, a released device gets tasks at once)."""
     from farm.controller.auth import is_loopback
     from farm.web.server import Operator, WebListenError, listen_warnings, parse_web_listen, start_dashboard
+    from farm.web.views import agents_now
 
     def release(device: str) -> None:
         running.farm.controller.release(device)
@@ -230,7 +234,7 @@ def _start_web(args: argparse.Namespace, store: Any, running: Any, tokens: Any, 
         device, reason, health=health), release)
     try:
         return start_dashboard(store, args.web_listen, operator, tokens=tokens, tls=tls,
-                               job_sharing=running.farm.job_sharing)
+                               job_sharing=running.farm.job_sharing, live=lambda: agents_now(running.farm.agents))
     except WebListenError as e:
         running.stop()
         raise RemoteError(str(e), EXIT_ENVIRONMENT) from None

@@ -116,6 +116,46 @@ def test_log_in_and_watch_a_running_jobs_progress_change(lab, browser, tiny_mode
     agent.stop()
 
 
+LAB_CELL = """const table = document.querySelector('#' + arguments[0]);
+if (!table) return null;
+const th = Array.from(table.querySelectorAll('thead th')).find(h => h.textContent === arguments[2]);
+const row = Array.from(table.querySelectorAll('tbody tr')).find(r => r.children[0].textContent.trim() === arguments[1]);
+if (!th || !row) return null;
+const cell = row.children[Array.from(th.parentNode.children).indexOf(th)];
+return [cell.textContent, cell.getAttribute('data-sort')];"""
+
+
+def test_the_lab_shows_a_busy_sim_device_busy_and_an_agents_last_seen_moving(lab, browser, tiny_models) -> None:
+    """One source of truth: the device a task runs on reads busy while Running lists it, and an agent's last
+    seen follows its heartbeats (the controller's sessions), not its connect time."""
+    agent = lab.start_agent("rack2", token=AGENT)
+    wait_for(lambda: "connected to controller" in agent.output(), 60, "the agent to connect")
+    job = sleep_job(lab.root, tiny_models["onnx"], tasks=2, seconds=8, name="busy.yaml")
+    submitted = lab.farm("submit", str(job), "--controller", lab.address, "--token", CLIENT, "--detach", "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = json.loads(submitted.stdout)["job"]
+    try:
+        browser.log_in(lab.url, CLIENT)
+        busy = browser.wait(lambda d: (c := d.execute_script(LAB_CELL, "devices", "rack2/sim", "current task"))
+                            and "busy" in c[0] and c, "the sim device to read busy", timeout=150)
+        assert f"job {job_id}" in busy[0]
+        running = browser.driver.execute_script(LAB_CELL, "running", busy[0].split("task ")[1].split()[0], "device")
+        assert running is not None and running[0] == "rack2/sim"  # Running names the same device
+        connected = float(browser.driver.execute_script(LAB_CELL, "agents", "rack2", "connected")[1])
+        browser.wait(lambda d: float(d.execute_script(LAB_CELL, "agents", "rack2", "last seen")[1]) > connected + 2,
+                     "the agent's last seen to move past its connect time", timeout=120)
+        cli = lab.farm("agents", "--controller", lab.address, "--token", CLIENT, "--json")
+        assert cli.returncode == 0, cli.stderr
+        assert {a["name"]: a["state"] for a in json.loads(cli.stdout)}["rack2"] == "online"
+    finally:
+        lab.farm("cancel", str(job_id), "--controller", lab.address, "--token", CLIENT)
+        agent.stop()
+    browser.wait(lambda d: (c := d.execute_script(LAB_CELL, "agents", "rack2", "connection")) and "offline" in c[0],
+                 "the stopped agent to read offline", timeout=90)
+    idle = browser.driver.execute_script(LAB_CELL, "devices", "rack2/sim", "current task")
+    assert "idle" in idle[0] or "busy" not in idle[0]
+
+
 def test_calibration_page_draws_its_scatter_and_shows_hostile_names_as_text(lab, browser) -> None:
     browser.log_in(lab.url, CLIENT)
     browser.get(lab.url + "calibrations")
@@ -153,7 +193,9 @@ def test_release_a_quarantined_device_and_see_it_back_in_service(lab, browser) -
     assert HOSTILE_DEVICE in browser.text()
     # put it back for the cross-site test
     row = browser.driver.find_element("xpath", row_xpath)
+    row.find_element("css selector", 'input[name="reason"]').send_keys("back on the bench")  # required
     row.find_element("css selector", 'button[value="quarantine"]').click()
+    browser.wait(lambda d: d.switch_to.alert, "the confirmation dialog").accept()
     browser.wait(lambda d: "bad" in d.find_element("xpath", row_xpath).text, "the device quarantined again")
 
 

@@ -90,7 +90,10 @@ def test_farm_web_serves_a_local_store_open_on_loopback(cluster: Cluster, tiny_m
     assert status == 200 and "attachment" in headers["Content-Disposition"]
     from farm.controller.analysis.results import run_records
     from farm.controller.store import SQLiteStore as Store
-    assert json.loads(body) == json.loads(json.dumps(run_records(Store(db), job_id)))
+    # the download is `farm results --ops --json`: every record with its op profile (empty here: none asked)
+    downloaded = json.loads(body)
+    assert downloaded == json.loads(json.dumps(run_records(Store(db), job_id, ops=True)))
+    assert all("op_profile" in r for r in downloaded)
     status, headers, csv_text = _get(f"{url}jobs/{job_id}/results.csv")
     assert status == 200 and csv_text.count("\n") == 1 + 6 and csv_text.startswith("job,task,")
 
@@ -250,6 +253,10 @@ def test_a_calibrations_history_and_drift_over_refreshes(tmp_path: Path) -> None
     assert status == 200
     assert page.count('href="/calibrations/') >= 3 and ">v3</a>" in page  # every version of the key
     assert 'id="history"' in page and 'id="drift-chart"' in page
+    # by date, R² and the leave-one-out error each on its own chart (own y axis), not one 0–1 axis
+    history = page[page.index('id="history"'):page.index("<h2>", page.index('id="history"'))]
+    assert history.count('<svg class="chart"') == 2 and "R² by date" in history and "mean absolute error (%)" in history
+    assert re.search(r'class="tick">\d\d-\d\d \d\d:\d\d<', history)  # ticks are dates (minutes apart here)
     drift_rows = page[page.index('id="drift"'):]
     assert drift_rows.count("<tr>") == 1 + 2 and "slope_change" in drift_rows and ">yes<" in drift_rows
     assert ">v3</a> of 3" in listing and "pixel-7" in listing
@@ -282,3 +289,55 @@ def test_idle_connections_cannot_take_every_thread(tmp_path: Path) -> None:
         for s in idle:
             s.close()
         running.stop()
+
+
+def test_farm_web_and_the_controller_notice_their_store_deleted_under_them(cluster: Cluster) -> None:
+    db = cluster.root / "farm.db"
+    proc = cluster.spawn("web", "web", "--db", str(db), "--listen", "127.0.0.1:0")
+    url = _dashboard_url(proc)
+    status, _, body = _get(f"{url}healthz")
+    health = json.loads(body)
+    assert status == 200 and health["ok"] and health["store"]["path"] == str(db) and health["store"]["linked"]
+    assert health["store"]["size_bytes"] > 0 and health["store"]["last_write"] > 0
+    page = _get(f"{url}lab")[2]
+    assert 'id="store-health"' in page and str(db) in page and ">linked<" in page
+
+    controller_db = cluster.root / "controller.db"
+    controller = cluster.spawn("controller", "controller", "serve", "--listen", "127.0.0.1:0", "--db", str(controller_db),
+                               "--no-auth")
+    wait_for(lambda: "listening on" in controller.output(), 60, "the controller to listen")
+    for f in (db, controller_db):
+        f.unlink()
+    status, _, body = _get(f"{url}healthz")
+    assert status == 503 and not json.loads(body)["ok"] and "was deleted" in json.loads(body)["store"]["problem"]
+    page = _get(f"{url}lab")[2]
+    assert 'role="alert"' in page and "was deleted while this process had it open" in page and ">deleted<" in page
+    wait_for(lambda: "was deleted" in proc.output(), 30, "farm web to log the deleted store")
+    assert proc.output().count("was deleted") == 1  # said once, not every few seconds
+    wait_for(lambda: f"the store file {controller_db} was deleted" in controller.output(), 30,
+             "the controller to log its deleted store")
+
+
+def test_a_fit_kind_change_is_marked_on_the_history_chart() -> None:
+    from farm.web.svg import Chart, render
+    chart = Chart("R² by date", "stored (UTC)", "R²", dates_x=True, markers=[(1_700_000_600.0, "→ <power>")],
+                  series={"R²": [(1_700_000_000.0, 0.9), (1_700_000_600.0, 0.95), (1_700_001_200.0, 0.97)]})
+    text = render(chart)
+    assert text.count('class="marker"') == 1 and "→ &lt;power&gt;" in text and "11-14 22:" in text
+
+
+def test_sweep_legends_sit_under_the_plot_and_never_say_none() -> None:
+    from farm.web.svg import HEIGHT, render
+    from farm.web.views import AverageRow, sweep_charts
+    rows = [AverageRow(f"net<{m}>", f"phone-{p}", t, b, None, None, 1, 0, 10.0 * m + t + b, None, None, None)
+            for m in range(3) for p in range(7) for t in (1, 2, 4) for b in (1, 8)]
+    charts = sweep_charts(rows)
+    assert [c.title for c in charts] == ["latency by threads", "latency by batch size"]  # one per varying dimension
+    assert len(charts[0].series) == 42 and all("None" not in name for name in charts[0].series)
+    assert "net<0> @ phone-0 · batch 8" in charts[0].series
+    text = render(charts[0])
+    legend_y = [float(y) for y in re.findall(r'<text x="[\d.]+" y="([\d.]+)" class="legend">', text)]
+    assert len(legend_y) == 41  # 40 entries and "… and 2 more"
+    assert min(legend_y) > HEIGHT - 48  # under the plot area and its x label, not over the lines
+    assert "&lt;0&gt;" in text and "<0>" not in text
+    assert 'stroke-dasharray="6 3"' in text  # the ninth line on is dashed: 8 colours do not name 42 lines

@@ -7,14 +7,17 @@ they reach the page only through `e()`. Numbers are formatted here, with their u
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import math
 from html import escape
 from typing import Any, Iterable
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
+from farm.controller.scheduling.store_file import StoreFile
 from farm.web import svg
-from farm.web.views import (AverageRow, CalibrationSummary, CalibrationView, DeviceRow, JobView, LabView,
-                            is_contended)
+from farm.web.views import (MIN_LOO_MODELS, ACTIVITIES, CONNECTIONS, FAILURES_SHOWN, HEALTHS, LAB_ROWS_SHOWN, AverageRow,
+                            CalibrationSummary, CalibrationView, DeviceRow, Failure, JobView, LabFilter, LabPage, LabView,
+                            is_contended, lab_page)
 
 CONTENDED_MARK = "!"
 
@@ -94,57 +97,163 @@ def login_page(message: str = "", next_path: str = "/lab") -> str:
             f'<button type="submit" id="login">Log in</button></form></main></body></html>')
 
 
+def fingerprint(html: str) -> str:
+    """What a live region holds, in 16 hex digits: the event stream sends a region only when this changes."""
+    return hashlib.sha256(html.encode()).hexdigest()[:16]
+
+
 def live(part: str, url: str, html: str, every_s: float = 2.0) -> str:
-    """A region the page re-fetches from the server while it is open (dashboard.js)."""
-    return f'<div id="{e(part)}" data-live="{e(url)}" data-every="{every_s:g}">{html}</div>'
+    """A region the server updates while the page is open: pushed over server-sent events (dashboard.js), with
+    `url` (the region alone) for a reload by hand. aria-live: a screen reader hears the change."""
+    return (f'<div id="{e(part)}" data-live="{e(url)}" data-every="{every_s:g}" data-etag="{fingerprint(html)}" '
+            f'aria-live="polite">{html}</div>')
 
 
 # --- lab ------------------------------------------------------------------------------------------
 def _device_actions(d: DeviceRow, csrf: str) -> str:
     hidden = f'<input type="hidden" name="csrf" value="{e(csrf)}"><input type="hidden" name="device" value="{e(d.name)}">'
-    buttons = []
     if d.health in ("bad", "maintenance"):
-        buttons.append('<button name="action" value="release" class="release">release</button>')
-    else:
-        buttons.append('<button name="action" value="quarantine">quarantine</button>'
-                       '<button name="action" value="maintenance">maintenance</button>')
-    reason = "" if d.health in ("bad", "maintenance") else '<input name="reason" placeholder="reason" maxlength="500">'
-    return f'<form method="post" action="/actions/device" class="actions">{hidden}{reason}{"".join(buttons)}</form>'
+        return (f'<form method="post" action="/actions/device" class="actions">{hidden}'
+                '<button name="action" value="release" class="release">release</button></form>')
+    # taking a device out of service fails its waiting tasks: a reason is required, and the browser asks first
+    field = f"reason-{fingerprint(d.name)}"
+    return (f'<form method="post" action="/actions/device" class="actions" data-confirm="Take {e(d.name)} out of service? '
+            f'Its waiting tasks fail (infrastructure).">{hidden}<label for="{field}" class="visually-hidden">reason for '
+            f'{e(d.name)}</label><input id="{field}" name="reason" placeholder="reason (required)" maxlength="500" required>'
+            '<button name="action" value="quarantine">quarantine</button>'
+            '<button name="action" value="maintenance">maintenance</button></form>')
 
 
-def lab_devices(view: LabView, *, csrf: str, may_operate: bool) -> str:
+def store_facts(store: StoreFile) -> str:
+    """Where this dashboard reads from, and whether that file is still the one on disk."""
+    size = "—" if store.size_bytes is None else f"{store.size_bytes / 1e6:.1f} MB"
+    state = ('<span class="health good">linked</span>' if store.ok else
+             f'<span class="health bad">{"deleted" if not store.linked else "replaced"}</span>')
+    return (f'<h2>Store</h2><dl class="facts store" id="store-health"><dt>path</dt><dd>{e(store.path)}</dd>'
+            f'<dt>size</dt><dd>{e(size)}</dd><dt>last write</dt><dd>{e(when(store.last_write))}</dd>'
+            f'<dt>file</dt><dd>{state}</dd></dl>')
+
+
+def _lab_href(f: LabFilter, **change: Any) -> str:
+    fields = f.query(**change)
+    return "/lab" + ("?" + urlencode(fields) if fields else "")
+
+
+def lab_filter_form(f: LabFilter) -> str:
+    """Filters as a plain GET form (bookmarkable; works without script), every input with its label."""
+    def select(name: str, label: str, words: tuple[str, ...], current: str | None) -> str:
+        options = '<option value="">any</option>' + "".join(
+            f'<option value="{e(w)}"{" selected" if w == current else ""}>{e(w)}</option>' for w in words)
+        return f'<label for="filter-{name}">{e(label)}</label><select id="filter-{name}" name="{name}">{options}</select>'
+    return ('<form method="get" action="/lab" class="filters" role="search" aria-label="filter devices">'
+            + select("health", "health", HEALTHS, f.health) + select("state", "connection", CONNECTIONS, f.state)
+            + select("activity", "activity", ACTIVITIES, f.activity)
+            + f'<label for="filter-name">name contains</label><input id="filter-name" name="name" value="{e(f.name)}" '
+              'maxlength="100" type="search"><button type="submit">filter</button>'
+            + (' <a href="/lab">clear</a>' if f.query(page=None) else "") + "</form>")
+
+
+def lab_summary(p: LabPage, f: LabFilter, total: int) -> str:
+    """The lab in one line per question: how healthy, how connected, how busy; each count filters the list."""
+    def counts(field: str, values: dict[str, int]) -> str:
+        return " · ".join(f'<a href="{e(_lab_href(f, **{field: k, "page": None}))}" class="count {e(k)}" '
+                          f'data-{field}="{e(k)}"><strong>{n}</strong> {e(k)}</a>' for k, n in values.items() if n)
+    return (f'<section class="summary" aria-label="lab summary"><p><strong>{total}</strong> device(s)</p>'
+            f'<p>health: {counts("health", p.health) or "—"}</p>'
+            f'<p>connection: {counts("state", p.connection) or "—"}</p>'
+            f'<p>activity: <a href="{e(_lab_href(f, activity="busy", page=None))}" class="count busy" data-activity="busy">'
+            f'<strong>{p.busy}</strong> busy</a> · <a href="{e(_lab_href(f, activity="idle", page=None))}" class="count idle" '
+            f'data-activity="idle"><strong>{total - p.busy}</strong> idle</a></p></section>')
+
+
+def pagination(p: LabPage, f: LabFilter) -> str:
+    if p.pages <= 1:
+        return ""
+    prev = (f'<a href="{e(_lab_href(f, page=p.page - 1 if p.page > 2 else None))}" rel="prev">previous</a>'
+            if p.page > 1 else "<span>previous</span>")
+    nxt = f'<a href="{e(_lab_href(f, page=p.page + 1))}" rel="next">next</a>' if p.page < p.pages else "<span>next</span>"
+    return f'<nav class="pages" aria-label="device pages">{prev} <span>page {p.page} of {p.pages}</span> {nxt}</nav>'
+
+
+def failures_panel(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "<p>No failed runs.</p>"
+    items = "".join(
+        f'<li><a href="/jobs/{r["job_id"]}#failure-{r["task_id"]}">job {r["job_id"]} task {r["task_id"]}</a> '
+        f'<span class="status failed">{e(r["failure_class"])}</span> {e(r["model_name"])} @ {e(r["target"])} '
+        f'· {e(when(r["finished_at"]))}<br><span class="why">{e(_first_line(r["message"])[:200])}</span></li>' for r in rows)
+    return f'<ul class="panel">{items}</ul>'
+
+
+def drift_panel(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "<p>No drift alerts: no refresh moved a calibration past its thresholds.</p>"
+    items = "".join(
+        f'<li><a href="/calibrations/{r["calibration_id"]}">{e(r["device"])} · {e(r["metric"])} · {e(r["threads"])} '
+        f'thread(s)</a> · {e(when(r["created_at"]))}<br><span class="why">{e((r["reasons"] or "")[:200])}</span></li>'
+        for r in rows)
+    return f'<ul class="panel">{items}</ul>'
+
+
+def _first_line(text: str | None) -> str:
+    text = (text or "").strip()
+    return text.splitlines()[0] if text else ""
+
+
+def lab_devices(view: LabView, *, csrf: str, may_operate: bool, f: LabFilter = LabFilter()) -> str:
+    p = lab_page(view.devices, f)
     # health and its buttons first: what a person walking past the rack looks for, also on a phone
     headers = [("device", "text"), ("health", "text"), *([("actions", "text")] if may_operate else []),
                ("reason", "text"), ("connection", "text"), ("current task", "text"), ("last health check", "num"),
                ("calibration age", "num"), ("since", "num"), ("type", "text"), ("agent", "text")]
     rows = []
-    for d in view.devices:
-        current = ", ".join(f'<a href="/jobs/{t["job_id"]}">job {t["job_id"]}</a> task {t["id"]} {e(t["model_name"])}'
-                            for t in d.current) or "idle"
+    for d in p.shown:
+        current = ('<span class="busy">busy</span>: ' + ", ".join(
+            f'<a href="/jobs/{t["job_id"]}">job {t["job_id"]}</a> task {t["id"]} {e(t["model_name"])}' for t in d.current)
+            if d.current else '<span class="idle">idle</span>')
         rows.append([(d.name, f'<span class="device-name">{e(d.name)}</span>'),
                      (d.health, f'<span class="health {e(d.health)}">{e(d.health)}</span>'),
                      *([("", _device_actions(d, csrf))] if may_operate else []), (d.reason, e(d.reason or "")),
                      (d.state, f'<span class="state {e(d.state)}">{e(d.state)}</span>'), (len(d.current), current),
-                     (d.last_check, e(when(d.last_check))), (d.calibration_age_s, e(age(d.calibration_age_s))),
+                     (d.last_check, e(when(d.last_check))), (None if d.calibration_age_s is None else int(d.calibration_age_s // 60),  # stable between renders
+                      e(age(d.calibration_age_s))),
                      (d.changed_at, e(when(d.changed_at))), (d.device_type, e(d.device_type or "—")),
                      (d.agent, e(d.agent or "—"))])
-    devices = table("devices", headers, rows) if rows else "<p>No devices yet: agents register theirs when they connect.</p>"
+    if rows:
+        caption = (f"{p.matched} of {len(view.devices)} device(s) match" if p.matched != len(view.devices) else "")
+        devices = table("devices", headers, rows, caption) + pagination(p, f)
+    elif view.devices:
+        devices = '<p>No device matches these filters. <a href="/lab">Show all</a>.</p>'
+    else:
+        devices = "<p>No devices yet: agents register theirs when they connect.</p>"
     agents = table("agents", [("agent", "text"), ("connection", "text"), ("host", "text"), ("peer", "text"),
-                              ("farm", "text"), ("connected", "num"), ("last seen", "num")],
+                              ("farm", "text"), ("connected", "num"), ("last seen", "num"), ("running", "num")],
                    [[(a["name"], e(a["name"])), (a["state"], f'<span class="state {e(a["state"])}">{e(a["state"])}</span>'),
                      (a["hostname"], e(a["hostname"])), (a["peer"], e(a["peer"])), (a["farm_version"], e(a["farm_version"])),
-                     (a["connected_at"], e(when(a["connected_at"]))), (a["last_seen"], e(when(a["last_seen"])))]
+                     (a["connected_at"], e(when(a["connected_at"]))), (a["last_seen"], e(when(a["last_seen"]))),
+                     (a.get("running"), e("—" if a.get("running") is None else a["running"]))]
                     for a in view.agents]) if view.agents else "<p>No agent has connected (embedded runs use none).</p>"
-    running = table("running", [("task", "num"), ("job", "num"), ("target", "text"), ("model", "text"),
+    shown_running = view.running[:LAB_ROWS_SHOWN]
+    running = table("running", [("task", "num"), ("job", "num"), ("device", "text"), ("model", "text"),
                                 ("attempt", "num"), ("agent", "text")],
                     [[(t["id"], e(t["id"])), (t["job_id"], f'<a href="/jobs/{t["job_id"]}">{t["job_id"]}</a>'),
-                      (t["target"], e(t["target"])), (t["model_name"], e(t["model_name"])), (t["attempts"], e(t["attempts"])),
-                      (t["leased_by"], e(t["leased_by"] or "—"))] for t in view.running]) if view.running else "<p>Nothing running.</p>"
+                      (t["device"], e(t["device"])), (t["model_name"], e(t["model_name"])), (t["attempts"], e(t["attempts"])),
+                      (t["leased_by"], e(t["leased_by"] or "—") + (
+                          ' <span class="stale">(lease held; the agent is not running it now)</span>'
+                          if t.get("in_session") is False else ""))] for t in shown_running],
+                    f"the first {len(shown_running)} of {len(view.running)}" if len(view.running) > len(shown_running)
+                    else "") if view.running else "<p>Nothing running.</p>"
+    shown_queue = view.queue[:LAB_ROWS_SHOWN]
     queue = table("queue", [("job", "num"), ("target", "text"), ("priority", "num"), ("pending", "num")],
                   [[(q["job_id"], f'<a href="/jobs/{q["job_id"]}">{q["job_id"]}</a>'), (q["target"], e(q["target"])),
-                    (q["priority"], e(q["priority"])), (q["pending"], e(q["pending"]))] for q in view.queue]
+                    (q["priority"], e(q["priority"])), (q["pending"], e(q["pending"]))] for q in shown_queue],
+                  f"the first {len(shown_queue)} of {len(view.queue)} rows" if len(view.queue) > len(shown_queue) else ""
                   ) if view.queue else "<p>The queue is empty.</p>"
-    return (f"<h2>Devices ({len(view.devices)})</h2>{devices}<h2>Agents ({len(view.agents)})</h2>{agents}"
+    return (lab_summary(p, f, len(view.devices))
+            + f'<div class="panels"><section aria-labelledby="recent-failures-h"><h2 id="recent-failures-h">Recent failures'
+              f'</h2>{failures_panel(view.recent_failures)}</section><section aria-labelledby="drift-h">'
+              f'<h2 id="drift-h">Drift alerts</h2>{drift_panel(view.drift_alerts)}</section></div>'
+            + f"<h2>Devices ({p.matched})</h2>{devices}<h2>Agents ({len(view.agents)})</h2>{agents}"
             f"<h2>Running ({len(view.running)})</h2>{running}<h2>Queue ({view.pending} pending)</h2>{queue}")
 
 
@@ -166,11 +275,46 @@ def progress_bar(p: dict[str, int]) -> str:
             f'<span class="progress-text" data-done="{p["done"]}" data-total="{p["total"]}">{e(text)}</span>')
 
 
+def status_words(status: str, p: dict[str, int]) -> tuple[str, str]:
+    """(css class, words) for a job: a job with some runs done and some failed says so, not only "failed"."""
+    if p["failed"] and p["completed"]:
+        words = f'{p["completed"]}/{p["total"]} done, {p["failed"]} failed'
+        if status in ("running", "queued"):
+            words += f" ({status})"
+        return "partial", words
+    return status, status
+
+
+def status_span(status: str, p: dict[str, int], element_id: str = "") -> str:
+    css, words = status_words(status, p)
+    ident = f' id="{e(element_id)}"' if element_id else ""
+    return f'<span class="status {e(css)}"{ident} data-status="{e(status)}">{e(words)}</span>'
+
+
+def attempt_note(attempts: int | None, earlier: list[dict[str, Any]]) -> str:
+    """`attempt N` with why the earlier ones were run again (contention retries, lost or failed attempts)."""
+    if not attempts or attempts < 2:
+        return ""
+    contended = sum(1 for x in earlier if x.get("contended"))
+    lost = [x for x in earlier if not x.get("contended")]
+    why = []
+    if contended:
+        why.append(f"{contended} contention retr{'y' if contended == 1 else 'ies'} (other work used the run's cores, "
+                   "so the sim run was measured again)")
+    if lost:
+        classes = sorted({str(x.get("failure_class") or x.get("status") or "lost") for x in lost})
+        why.append(f"{len(lost)} earlier attempt(s) ended {', '.join(classes)} and were retried")
+    if not why:
+        why.append(f"{attempts - 1} earlier attempt(s) were retried")
+    text = "; ".join(why)
+    return f' <abbr class="attempt" title="{e(text)}">attempt {attempts}</abbr><span class="visually-hidden"> ({e(text)})</span>'
+
+
 def jobs_list(jobs: list[dict[str, Any]], total: int) -> str:
     if not jobs:
         return "<p>No jobs yet: <code>farm submit job.yaml</code>.</p>"
     rows = [[(j["id"], f'<a href="/jobs/{j["id"]}">{j["id"]}</a>'), (j["name"], e(j["name"])), (j["kind"], e(j["kind"])),
-             (j["status"], f'<span class="status {e(j["status"])}">{e(j["status"])}</span>'),
+             (j["status"], status_span(j["status"], j["progress"])),
              (j["priority"], e(j["priority"])), (j["created_at"], e(when(j["created_at"]))),
              (j["progress"]["done"], progress_bar(j["progress"]))] for j in jobs]
     caption = f"newest {len(jobs)} of {total} jobs" if total > len(jobs) else ""
@@ -179,7 +323,7 @@ def jobs_list(jobs: list[dict[str, Any]], total: int) -> str:
 
 
 def job_progress_part(job: dict[str, Any], progress: dict[str, int]) -> str:
-    return (f'<p>status <span class="status {e(job["status"])}" id="job-status">{e(job["status"])}</span></p>'
+    return (f'<p>status {status_span(job["status"], progress, "job-status")}</p>'
             f'<div id="job-progress-bar">{progress_bar(progress)}</div>')
 
 
@@ -197,9 +341,13 @@ def results_part(view: JobView) -> str:
     for r in records:
         lat = r["latency_ms"] or {}
         status = r["status"] if not r["failure_class"] else f'{r["status"]} ({r["failure_class"]})'
-        mark = ""
+        why = ""
+        if r["status"] == "failed" and r["failure_class"] and r["message"]:
+            first = r["message"].strip().splitlines()[0] if r["message"].strip() else ""
+            why = f'<a href="#failure-{e(r["task"])}" class="why">{e(first[:160])}</a>'
+        mark = attempt_note(r.get("attempts"), view.earlier.get(r["task"], []))
         if r["status"] == "completed" and is_contended(r):
-            mark = (f' <abbr class="contended" title="contended: other work used the run\'s cores; calibrate, predict '
+            mark += (f' <abbr class="contended" title="contended: other work used the run\'s cores; calibrate, predict '
                     f'and rank leave it out">{CONTENDED_MARK}</abbr>')
         rows.append([(r["model"]["name"], e(r["model"]["name"])), (r["target"], e(r["target"])), (r["threads"], e(r["threads"])),
                      (r["batch_size"], e(r["batch_size"])), (r["input_size"], e(r["input_size"] or "—")),
@@ -209,15 +357,48 @@ def results_part(view: JobView) -> str:
                      (r["peak_memory_mb"], num(r["peak_memory_mb"])), (r["avg_memory_mb"], num(r["avg_memory_mb"])),
                      ((r["cpu_percent"] or {}).get("avg"), num((r["cpu_percent"] or {}).get("avg"))),
                      (r["wall_s"], num(r["wall_s"])), (_budget(r), e(_budget(r))),
-                     (r["backend"], e(r["backend"] or "—"))])
+                     (r["backend"], e(r["backend"] or "—")), (r["message"] if why else "", why)])
     contended = sum(is_contended(r) for r in records)
     caption = (f"{CONTENDED_MARK} contended ({contended} run(s)): other work used the run's cores, its figures are not "
                "the budget's" if contended else "")
     return table("results", [("model", "text"), ("target", "text"), ("threads", "num"), ("batch", "num"), ("input", "num"),
                              ("repeat", "num"), ("status", "text"), ("latency avg ms", "num"), ("p50 ms", "num"),
                              ("p90 ms", "num"), ("std ms", "num"), ("peak MB", "num"), ("avg MB", "num"),
-                             ("CPU % avg", "num"), ("wall s", "num"), ("budget", "text"), ("backend", "text")],
+                             ("CPU % avg", "num"), ("wall s", "num"), ("budget", "text"), ("backend", "text"),
+                             ("why it failed", "text")],
                  rows, caption) if records else "<p>No tasks.</p>"
+
+
+def _mib(v: float | None) -> str:
+    return "unknown" if v is None else f"{num(v, 4)} MiB"
+
+
+def failure_section(f: Failure, anchor: str) -> str:
+    """One failed run: its class, its whole message, and the evidence the store kept."""
+    evidence = []
+    if f.failure_class == "resource":
+        evidence.append(("memory", f"limit {_mib(f.memory_limit_mb)} · peak {_mib(f.memory_peak_mb)}"))
+    if f.operators:
+        evidence.append(("unsupported operator" + ("s" if len(f.operators) > 1 else ""), ", ".join(f.operators)))
+    dl = "".join(f"<dt>{e(k)}</dt><dd class=\"evidence\">{e(v)}</dd>" for k, v in evidence)
+    log_tail = ""
+    if f.log_lines:
+        log_tail = (f'<details open><summary>last {len(f.log_lines)} line(s) of its output</summary>'
+                    f'<pre class="log">{e(chr(10).join(f.log_lines))}</pre></details>')
+    return (f'<section class="failure" id="{e(anchor)}"><h3>{e(f.title)}</h3>'
+            f'<p><span class="status failed">failed ({e(f.failure_class)})</span> '
+            f'<span class="failure-help">{e(FAILURE_HELP.get(f.failure_class, ""))}</span></p>'
+            f'<pre class="message">{e(f.message or "(no message)")}</pre>'
+            + (f'<dl class="facts">{dl}</dl>' if dl else "") + f"{log_tail}</section>")
+
+
+FAILURE_HELP = {
+    "resource": "the run hit its memory, disk or CPU budget",
+    "job": "the job itself is at fault (the model, the script or the spec): retrying will not help",
+    "timeout": "the run exceeded its time limit",
+    "infrastructure": "the agent, the transport or the device failed; farm retries these elsewhere",
+    "bug": "farm itself failed; the controller's log has the details",
+}
 
 
 def averages_table(rows: list[AverageRow]) -> str:
@@ -249,12 +430,34 @@ def pairs_table(pairs: list[dict[str, Any]]) -> str:
                            ("sim peak MB", "num"), ("device peak MB", "num")], rows)
 
 
+def predictions_table(records: list[dict[str, Any]]) -> str:
+    """Each completed run with each device's calibrated latency estimate and its interval."""
+    rows = []
+    for r in records:
+        for device, entry in sorted((r.get("predictions") or {}).items()):
+            lat = (entry or {}).get("latency") or {}
+            interval = (f"{num(lat.get('low'))} – {num(lat.get('high'))}" if lat else "no calibration")
+            note = "" if not lat or lat.get("same_sim_budget") else " (calibrated under another sim budget)"
+            rows.append([(r["model"]["name"], e(r["model"]["name"])), (r["threads"], e(r["threads"])),
+                         (r["repeat"], e(r["repeat"])), (_avg(r), num(_avg(r))), (device, e(device)),
+                         (lat.get("estimate"), num(lat.get("estimate"))), (lat.get("low"), e(interval + note)),
+                         (lat.get("version"), e(lat.get("version", "—")))])
+    return table("predictions", [("model", "text"), ("threads", "num"), ("repeat", "num"), ("sim latency ms", "num"),
+                                 ("device", "text"), ("predicted ms", "num"), ("interval", "num"),
+                                 ("calibration version", "num")], rows)
+
+
+def _avg(r: dict[str, Any]) -> float | None:
+    return (r.get("latency_ms") or {}).get("avg")
+
+
 def job_page(view: JobView, *, csrf: str, may_cancel: bool) -> str:
     job = view.job
     job_id = job["id"]
     cancel = ""
     if may_cancel and job["status"] in ("queued", "running"):
-        cancel = (f'<form method="post" action="/jobs/{job_id}/cancel" class="inline"><input type="hidden" name="csrf" '
+        cancel = (f'<form method="post" action="/jobs/{job_id}/cancel" class="inline" data-confirm="Cancel job {job_id}? '
+                  f'Its unfinished tasks stop and are not run again."><input type="hidden" name="csrf" '
                   f'value="{e(csrf)}"><button class="danger" id="cancel">cancel job</button></form>')
     parts = [f'<p class="meta">{e(job["name"])} · {e(job["kind"])} · priority {e(job["priority"])} · created '
              f'{e(when(job["created_at"]))} {cancel}</p>',
@@ -262,12 +465,23 @@ def job_page(view: JobView, *, csrf: str, may_cancel: bool) -> str:
              f'<a href="/jobs/{job_id}/results.json" download>JSON</a></p>']
     if job.get("message"):
         parts.append(f'<p class="message">{e(job["message"])}</p>')
+    if view.failures:
+        shown = view.failures[:FAILURES_SHOWN]
+        more = (f"<p>The first {len(shown)} are shown; the JSON download has all {len(view.failures)}.</p>"
+                if len(view.failures) > len(shown) else "")
+        parts.append(f'<h2 id="failures">Why {len(view.failures)} run(s) failed</h2>{more}' + "".join(
+            failure_section(f, f"failure-{f.task}") for f in shown))
     parts.append(live("job-progress", f"/jobs/{job_id}?part=progress", job_progress_part(job, view.progress)))
     parts.append("<h2>Results</h2>" + live("job-results", f"/jobs/{job_id}?part=results", results_part(view), 5))
     if view.averages and any(a.runs > 1 or a.contended for a in view.averages):
         parts.append("<h2>Averages over repeats</h2>" + averages_table(view.averages))
     if view.pairs:
-        parts.append("<h2>Sim / device pairs</h2>" + pairs_table(view.pairs))
+        parts.append("<h2>Sim / device pairs</h2>" + "".join(
+            f'<figure class="pair-scatter" id="pair-scatter-{i}">{svg.render(c)}</figure>'
+            for i, c in enumerate(view.pair_charts)) + pairs_table(view.pairs))
+    predicted = [r for r in view.records if r.get("predictions")]
+    if predicted:
+        parts.append("<h2>Predictions beside the runs (predict_for)</h2>" + predictions_table(predicted))
     if view.sweeps:
         parts.append("<h2>Sweeps</h2>" + "".join(f'<figure>{svg.render(c)}</figure>' for c in view.sweeps))
     for i, (title, columns, rows) in enumerate(view.op_tables):
@@ -283,6 +497,13 @@ def verdict(unsafe: bool) -> str:
     return '<span class="verdict unsafe">unsafe</span>' if unsafe else '<span class="verdict ok">usable</span>'
 
 
+def loo_text(loo: float | None, n: int | None) -> str:
+    """A leave-one-out error in percent; "—" (not "0 %") when too few models were fitted for it to mean anything."""
+    if loo is None or (n or 0) < MIN_LOO_MODELS:
+        return f"— (too few models: {n})" if n is not None and n < MIN_LOO_MODELS else "—"
+    return f"{num(100 * loo)} %"
+
+
 def calibrations_list(items: list[CalibrationSummary]) -> str:
     if not items:
         return "<p>No calibrations yet: <code>farm calibrate</code> or a refresh stores them.</p>"
@@ -291,7 +512,7 @@ def calibrations_list(items: list[CalibrationSummary]) -> str:
              (c.row["family"], e(c.row["family"] or "all")),
              (c.row["version"], f'<a href="/calibrations/{c.row["id"]}">v{c.row["version"]}</a> of {c.row["versions"]}'),
              (c.row["n"], e(c.row["n"])), (c.row["r2"], num(c.row["r2"])),
-             (c.row["loo_mape"], num(None if c.row["loo_mape"] is None else 100 * c.row["loo_mape"]) + " %"),
+             (c.row["loo_mape"], loo_text(c.row["loo_mape"], c.row["n"])),
              (c.row["kendall_tau"], num(c.row["kendall_tau"])), (int(c.unsafe), verdict(c.unsafe)),
              (c.row["created_at"], e(when(c.row["created_at"])))] for c in items]
     return table("calibrations", [("device", "text"), ("metric", "text"), ("threads", "num"), ("runtime", "text"),
@@ -303,7 +524,7 @@ def calibrations_list(items: list[CalibrationSummary]) -> str:
 def calibration_page(v: CalibrationView) -> str:
     fit = v.fit
     facts = [("fit", v.chosen), ("formula", v.formula), ("R²", num(fit.r2)),
-             ("leave-one-out error", f"{num(100 * fit.loo_mape)} % (mean absolute, each model predicted without itself)"),
+             ("leave-one-out error", f"{loo_text(fit.loo_mape, fit.n)} (mean absolute, each model predicted without itself)"),
              ("within 10 %", f"{num(100 * fit.loo_within_10)} % of models"),
              ("rank agreement", f"Kendall τ {num(fit.kendall_tau)} · Spearman ρ {num(fit.spearman_rho)}"),
              ("models", str(fit.n)), ("interval", f"{v.confidence:.0%} prediction interval"),
@@ -324,12 +545,13 @@ def calibration_page(v: CalibrationView) -> str:
                                              (m["high"], num(m["high"]))] for m in v.models]))
     parts.append("<h2>History</h2>")
     if len(v.versions) > 1:
-        parts.append(f'<figure id="history">{svg.render(v.history_chart)}</figure>')
+        parts.append('<div class="two" id="history">' + "".join(
+            f'<figure class="history-chart">{svg.render(c)}</figure>' for c in v.history_charts) + "</div>")
     parts.append(table("versions", [("version", "num"), ("stored", "num"), ("fit", "text"), ("models", "num"), ("R²", "num"),
                                     ("LOO error %", "num"), ("Kendall τ", "num"), ("verdict", "num"), ("formula", "text")],
                        [[(x["version"], f'<a href="/calibrations/{x["id"]}">v{x["version"]}</a>'),
                          (x["created_at"], e(when(x["created_at"]))), (x["kind"], e(x["kind"])), (x["n"], e(x["n"])),
-                         (x["r2"], num(x["r2"])), (x["loo_mape"], num(None if x["loo_mape"] is None else 100 * x["loo_mape"])),
+                         (x["r2"], num(x["r2"])), (x["loo_mape"], loo_text(x["loo_mape"], x["n"])),
                          (x["kendall_tau"], num(x["kendall_tau"])), (int(x["unsafe"]), verdict(x["unsafe"])),
                          (x["formula"], e(x["formula"]))] for x in v.versions]))
     parts.append("<h2>Drift between refreshes</h2>")

@@ -24,14 +24,15 @@ from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
-from typing import Any, Callable
-from urllib.parse import parse_qs, quote, urlsplit
+from typing import Any, Callable, Iterator
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 from farm.controller.analysis.export import results_csv, to_json
 from farm.controller.auth import Identity, TlsFiles, TokenTable, bearer_token, is_loopback
 from farm.controller.scheduling.controller import Controller
 from farm.controller.analysis.results import run_records
 from farm.controller import service as answers
+from farm.controller.scheduling.store_file import StoreFile, StoreFileWatch
 from farm.controller.store import Store
 from farm.controller.store.rows import plain
 from farm.web import pages, views
@@ -83,6 +84,15 @@ class Response:
     body: bytes = b""
     content_type: str = "text/html; charset=utf-8"
     headers: dict[str, str] | None = None
+    stream: Iterator[bytes] | None = None  # server-sent events: written chunk by chunk until it ends
+
+
+# Which live regions each page has, and the `part` that renders each alone (the region's own URL).
+LIVE_REGIONS = {"lab": {"lab-live": "devices"}, "jobs": {"jobs-live": "list"},
+                "job": {"job-progress": "progress", "job-results": "results"}}
+STREAM_CHECK_S = 2.0  # how often an open page's regions are rendered again, server-side, to look for a change
+STREAM_KEEPALIVE_S = 20.0  # a comment line when nothing changed: finds a closed tab, keeps proxies from timing out
+STREAM_LIFETIME_S = 600.0  # then the stream ends and the browser reconnects: the session is checked again
 
 
 class Refused(Exception):
@@ -95,8 +105,10 @@ class Dashboard:
     """The pages and actions, apart from the socket: a request in, a Response out."""
 
     def __init__(self, store: Store, operator: Operator, *, tokens: TokenTable | None, tls: bool,
-                 loopback: bool, signer: SessionSigner | None = None, job_sharing: str = "shared") -> None:
+                 loopback: bool, signer: SessionSigner | None = None, job_sharing: str = "shared",
+                 live: Callable[[], dict[str, views.AgentNow]] | None = None) -> None:
         self.store = store
+        self.live = live  # the controller's agent sessions (None for `farm web` over a store: no agents connect)
         self.job_sharing = job_sharing  # as the controller's --job-sharing: who reads whose jobs
         self.operator = operator
         self.tokens = tokens
@@ -104,6 +116,8 @@ class Dashboard:
         self.loopback = loopback  # bound to a loopback address: Host must name this machine (DNS rebinding)
         self.signer = signer or SessionSigner()
         self.throttle = LoginThrottle()  # failed log-ins and bearer tokens per address
+        self.closing = threading.Event()  # set when the server stops: open event streams end
+        self.store_watch = StoreFileWatch(store.path)  # opened now: a later deletion or replacement shows
         self._open_session = Session("admin", 0, "open", float("inf"))  # no tokens: everyone is admin (as over gRPC)
 
     @property
@@ -175,6 +189,8 @@ class Dashboard:
             url = urlsplit(target)
             query = {k: v[-1] for k, v in parse_qs(url.query, max_num_fields=20).items()}
             path = url.path
+            if path == "/healthz" and method == "GET":
+                return self.healthz(headers)
             if path == "/favicon.ico":
                 return Response(HTTPStatus.NO_CONTENT)  # browsers ask for it on every page; there is none
             if method == "GET" and path.startswith("/static/"):
@@ -196,6 +212,21 @@ class Dashboard:
             return self.get(path, query, identity, session)
         except Refused as r:
             return Response(r.status, pages.error_page(r.status, str(r)).encode())
+
+    def store_health(self) -> StoreFile:
+        return self.store_watch.check_and_log(log)
+
+    def healthz(self, headers: Any) -> Response:
+        """200 while the store file is the one this process opened, else 503 saying why. Anyone may ask whether
+        it is healthy; the path, size and last write are for a client or admin token (or an open dashboard)."""
+        state = self.store_health()
+        identity = self.identify(headers)[0]
+        body: dict[str, Any] = {"ok": state.ok}
+        if identity is not None and identity.role in VIEW_ROLES:
+            body["store"] = {"path": state.path, "linked": state.linked, "replaced": state.replaced,
+                             "size_bytes": state.size_bytes, "last_write": state.last_write, "problem": state.problem}
+        return Response(HTTPStatus.OK if state.ok else HTTPStatus.SERVICE_UNAVAILABLE, json.dumps(body).encode(),
+                        "application/json")
 
     def refuse_unauthenticated(self, method: str, path: str, identity: Identity | None, bearer: bool) -> Response:
         if identity is not None:  # a valid token of a role that may not read results (an agent's)
@@ -238,6 +269,9 @@ class Dashboard:
         log.info("dashboard log-in: %s token (line %d)", identity.role, identity.line)
         return _redirect(_safe_next(form.get("next")), {"Set-Cookie": f"{COOKIE}={cookie}; {attributes}"})
 
+    def lab(self) -> views.LabView:
+        return views.lab_view(self.store, live=self.live() if self.live else None)
+
     def csrf(self, session: Session | None) -> str:
         return self.signer.csrf_token(session) if session else ""
 
@@ -266,17 +300,20 @@ class Dashboard:
         device, action = form.get("device", ""), form.get("action", "")
         if action not in DEVICE_ACTIONS:
             raise Refused(HTTPStatus.BAD_REQUEST, f"unknown action; choose one of {', '.join(DEVICE_ACTIONS)}")
-        if not device or len(device) > 256 or device not in {d.name for d in views.lab_view(self.store).devices}:
+        if not device or len(device) > 256 or device not in {d.name for d in self.lab().devices}:
             raise Refused(HTTPStatus.NOT_FOUND, "no such device in this lab")
         reason = form.get("reason", "").strip()[:500]
+        if action != "release" and not reason:  # the page requires one too; a script must give one as well
+            raise Refused(HTTPStatus.BAD_REQUEST, f"{action} takes {device} out of service and fails its waiting tasks: "
+                                                  "say why in the form's reason field (it is shown on the lab page)")
         if action == "release":
             self.operator.release(device)
             message = f"{device} released: it takes tasks again"
         elif action == "quarantine":
-            n = self.operator.quarantine(device, reason or "quarantined by a person (dashboard)", "bad")
+            n = self.operator.quarantine(device, reason, "bad")
             message = f"{device} quarantined; {n} waiting task(s) failed (infrastructure)"
         else:
-            n = self.operator.quarantine(device, reason or "in maintenance (dashboard)", "maintenance")
+            n = self.operator.quarantine(device, reason, "maintenance")
             message = f"{device} in maintenance; {n} waiting task(s) failed (infrastructure)"
         log.info("dashboard: %s token (line %d) %s %r", identity.role, identity.line, action, device)
         return _redirect(self.flash("/lab", message))
@@ -300,17 +337,26 @@ class Dashboard:
         csrf = self.csrf(session)
         message = query.get("msg", "") if self.signer.text_ok(query.get("msg", ""), query.get("sig")) else ""
 
+        store = self.store_health()
+
         def page(title: str, body: str, active: str) -> Response:
+            if not store.ok:  # on every page: what is shown may already be lost
+                body = f'<p class="flash error" role="alert">{pages.e(store.problem)}</p>{body}'
             return Response(HTTPStatus.OK, pages.layout(title, body, active=active, role=identity.role, csrf=csrf,
                                                         message=message, open_mode=self.open_mode).encode())
 
         if path == "/":
             return _redirect("/lab")
+        if path == "/events":
+            return self.events(query.get("page", ""), query.get("have", ""), identity, session)
         if path == "/lab":
-            html = pages.lab_devices(views.lab_view(self.store), csrf=csrf, may_operate=identity.role in DEVICE_ROLES)
+            f = views.LabFilter.from_query(query)
+            html = pages.lab_devices(self.lab(), csrf=csrf, may_operate=identity.role in DEVICE_ROLES, f=f)
             if query.get("part") == "devices":
                 return Response(HTTPStatus.OK, html.encode())
-            return page("Lab", pages.live("lab-live", "/lab?part=devices", html, 3), "lab")
+            return page("Lab", pages.lab_filter_form(f) + pages.live(
+                "lab-live", "/lab?" + urlencode({**f.query(), "part": "devices"}), html, 3) + pages.store_facts(store),
+                "lab")
         if path == "/jobs":
             jobs, total = views.jobs_view(self.store, _limit(query.get("limit")),
                                           self.viewer(identity).visible(self.job_sharing))
@@ -340,11 +386,62 @@ class Dashboard:
                         pages.calibration_page(view), "calibrations")
         raise Refused(HTTPStatus.NOT_FOUND, "no such page")
 
+    # --- live regions over server-sent events -------------------------------------------------
+    def live_parts(self, page: str, identity: Identity, session: Session | None) -> dict[str, str]:
+        """The live regions of `page` (a path and query on this dashboard), each rendered as its part URL renders it."""
+        url = urlsplit(page)
+        query = {k: v[-1] for k, v in parse_qs(url.query, max_num_fields=20).items() if k not in ("part", "msg", "sig")}
+        match = re.fullmatch(r"/jobs/(\d{1,18})", url.path)
+        kind = "job" if match else url.path.strip("/")
+        if kind not in LIVE_REGIONS:
+            raise Refused(HTTPStatus.NOT_FOUND, "that page has no live regions")
+        parts = {}
+        for region, part in LIVE_REGIONS[kind].items():
+            response = self.get(url.path, {**query, "part": part}, identity, session)
+            if response.status != HTTPStatus.OK:
+                raise Refused(response.status, "that page cannot be shown")
+            parts[region] = response.body.decode()
+        return parts
+
+    def events(self, page: str, have: str, identity: Identity, session: Session | None) -> Response:
+        """A page's live regions as server-sent events: one event when a region changes, nothing when none does."""
+        if not page.startswith("/") or page.startswith("//") or len(page) > 2000:
+            raise Refused(HTTPStatus.BAD_REQUEST, "events?page= takes a path on this dashboard")
+        known = dict(item.split(":", 1) for item in have.split(",")[:10] if ":" in item)  # region -> fingerprint
+        first = self.live_parts(page, identity, session)  # refused here, before the stream starts, if not allowed
+
+        def stream() -> Iterator[bytes]:
+            sent = {region: known.get(region, "") for region in first}
+            parts: dict[str, str] | None = first
+            started = quiet_since = time.monotonic()
+            yield b"retry: 3000\n\n"
+            while True:
+                for region, html in (parts or {}).items():
+                    mark = pages.fingerprint(html)
+                    if sent.get(region) != mark:
+                        sent[region] = mark
+                        quiet_since = time.monotonic()
+                        data = json.dumps({"region": region, "etag": mark, "html": html})
+                        yield f"event: update\ndata: {data}\n\n".encode()
+                if time.monotonic() - quiet_since >= STREAM_KEEPALIVE_S:
+                    quiet_since = time.monotonic()
+                    yield b": still here\n\n"
+                if self.closing.wait(STREAM_CHECK_S) or time.monotonic() - started >= STREAM_LIFETIME_S:
+                    return
+                try:
+                    parts = self.live_parts(page, identity, session)
+                except Refused:  # the job was removed: the stream ends, the page keeps what it shows
+                    return
+
+        return Response(HTTPStatus.OK, b"", "text/event-stream; charset=utf-8", {"X-Accel-Buffering": "no"},
+                        stream=stream())
+
     def job(self, job_id: int, download: str | None, query: dict[str, str], identity: Identity, csrf: str,
             page: Callable[[str, str, str], Response]) -> Response:
         job_row = self.readable_job(job_id, identity)
         if download:
-            records = run_records(self.store, job_id)
+            # the JSON carries each run's op profile (as `farm results --ops`); the CSV stays one row a run
+            records = run_records(self.store, job_id, ops=download == "json")
             data = results_csv(records) if download == "csv" else to_json(records)
             kind = "text/csv; charset=utf-8" if download == "csv" else "application/json"
             return Response(HTTPStatus.OK, data.encode(), kind,
@@ -449,10 +546,31 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in {**SECURITY_HEADERS, **(response.headers or {})}.items():
             self.send_header(name, value)
         self.send_header("Content-Type", response.content_type)
+        if response.stream is not None:
+            self.close_connection = True  # the stream has no length: it ends when the connection does
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self._stream(response.stream)
+            return
         self.send_header("Content-Length", str(len(response.body)))
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(response.body)
+
+    def _stream(self, chunks: Iterator[bytes]) -> None:
+        """Each chunk within the send deadline; between chunks the connection waits on no deadline of the client's."""
+        try:
+            self.wfile.flush()
+            self.server.deadlines.disarm(self.request)
+            if self.command == "HEAD":
+                return
+            for chunk in chunks:
+                self.server.deadlines.arm(self.request, SEND_DEADLINE_S)
+                self.wfile.write(chunk)
+                self.wfile.flush()
+                self.server.deadlines.disarm(self.request)
+        except OSError:  # the tab was closed, or a slow reader ran out its deadline
+            pass
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         self._serve("GET")
@@ -563,6 +681,18 @@ class Deadlines:
                     pass  # closed meanwhile
 
 
+STORE_CHECK_S = 5.0
+
+
+def _watch_store(dashboard: Dashboard) -> None:
+    """Look at the store file every few seconds, pages or not: a deleted store is logged when it happens."""
+    while not dashboard.closing.wait(STORE_CHECK_S):
+        try:
+            dashboard.store_health()
+        except OSError:
+            log.exception("dashboard: cannot look at the store file")
+
+
 class WebListenError(Exception):
     pass
 
@@ -578,8 +708,10 @@ class RunningDashboard:
         return self.server.server_address[1]
 
     def stop(self) -> None:
+        self.server.dashboard.closing.set()  # open event streams end within a check interval
         self.server.shutdown()
         self.server.server_close()
+        self.server.dashboard.store_watch.close()
 
 
 def parse_web_listen(listen: str) -> tuple[str, int]:
@@ -590,13 +722,15 @@ def parse_web_listen(listen: str) -> tuple[str, int]:
 
 
 def start_dashboard(store: Store, listen: str, operator: Operator, *, tokens: TokenTable | None,
-                    tls: TlsFiles | None = None, job_sharing: str = "shared") -> RunningDashboard:
+                    tls: TlsFiles | None = None, job_sharing: str = "shared",
+                    live: Callable[[], dict[str, views.AgentNow]] | None = None) -> RunningDashboard:
     """Serve the dashboard on HOST:PORT in a background thread (not blocking); TLS with the controller's
-    certificate and key when given (browsers bring no client certificate: the token is the check)."""
+    certificate and key when given (browsers bring no client certificate: the token is the check). `live` reads
+    the controller's agent sessions, so the lab page shows what the scheduler sees."""
     host, port = parse_web_listen(listen)
     loopback = is_loopback(f"[{host}]:{port}")
     dashboard = Dashboard(store, operator, tokens=tokens, tls=bool(tls and tls.cert), loopback=loopback,
-                          job_sharing=job_sharing)
+                          job_sharing=job_sharing, live=live)
     try:
         server = DashboardServer((host, port), dashboard)
     except OSError as e:
@@ -612,6 +746,7 @@ def start_dashboard(store: Store, listen: str, operator: Operator, *, tokens: To
         server.socket = context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
     thread = threading.Thread(target=server.serve_forever, name="dashboard", daemon=True)
     thread.start()
+    threading.Thread(target=_watch_store, args=(dashboard,), name="dashboard-store-watch", daemon=True).start()
     shown = f"[{host}]" if ":" in host else host
     return RunningDashboard(server, thread, f"{'https' if dashboard.tls else 'http'}://{shown}:{server.server_address[1]}/")
 

@@ -6,12 +6,16 @@ are dropped before scaling, so one NaN cannot blank a chart.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from dataclasses import dataclass, field
 from html import escape
 
 WIDTH, HEIGHT = 640, 400
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 28, 48
+LEGEND_ROW = 16  # px per legend entry, drawn under the plot (never over the lines)
+LEGEND_MAX = 40  # entries listed; more are counted
+DASHES = ("", "6 3", "2 3", "8 3 2 3")  # a second, third... pass over the palette changes the line's dash
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 
 
@@ -38,6 +42,8 @@ class Chart:
     series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # name -> line through (x, y)
     note: str = ""  # shown in the top-left corner (formula, R²)
     integer_x: bool = False  # x counts something (versions, refreshes): no ticks between whole numbers
+    dates_x: bool = False  # x is a Unix time: ticks read as dates (UTC)
+    markers: list[tuple[float, str]] = field(default_factory=list)  # (x, label): a dashed vertical line, labelled
 
 
 def _finite(*values: float) -> bool:
@@ -59,6 +65,11 @@ def _ticks(lo: float, hi: float, count: int = 5) -> list[float]:
 
 def _label(v: float) -> str:
     return f"{v:.4g}"
+
+
+def _date_label(t: float, span_s: float) -> str:
+    moment = dt.datetime.fromtimestamp(t, dt.timezone.utc)
+    return moment.strftime("%m-%d %H:%M" if span_s < 3 * 86400 else "%Y-%m-%d")
 
 
 def render(chart: Chart) -> str:
@@ -83,9 +94,11 @@ def render(chart: Chart) -> str:
     for line in series.values():
         xs += [x for x, _ in line]
         ys += [y for _, y in line]
-    parts = [f'<svg class="chart" role="img" viewBox="0 0 {WIDTH} {HEIGHT}" xmlns="http://www.w3.org/2000/svg" '
+    legend = min(len(series), LEGEND_MAX) + (1 if len(series) > LEGEND_MAX else 0)
+    total_h = HEIGHT + (LEGEND_ROW * legend + 8 if legend else 0)
+    parts = [f'<svg class="chart" role="img" viewBox="0 0 {WIDTH} {total_h}" xmlns="http://www.w3.org/2000/svg" '
              f'preserveAspectRatio="xMidYMid meet"><title>{escape(chart.title)}</title>',
-             f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="#fff"/>',
+             f'<rect x="0" y="0" width="{WIDTH}" height="{total_h}" fill="#fff"/>',
              f'<text x="{WIDTH / 2}" y="18" text-anchor="middle" class="chart-title">{escape(chart.title)}</text>']
     if not xs:
         parts.append(f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle">no finite values to plot</text></svg>')
@@ -110,8 +123,9 @@ def render(chart: Chart) -> str:
     for t in _ticks(x_lo, x_hi):
         if chart.integer_x and t != int(t):
             continue
+        tick = _date_label(t, x_hi - x_lo) if chart.dates_x else _label(t)
         parts.append(f'<line x1="{px(t)}" y1="{TOP}" x2="{px(t)}" y2="{TOP + plot_h}" stroke="#eee"/>'
-                     f'<text x="{px(t)}" y="{TOP + plot_h + 16}" text-anchor="middle" class="tick">{_label(t)}</text>')
+                     f'<text x="{px(t)}" y="{TOP + plot_h + 16}" text-anchor="middle" class="tick">{tick}</text>')
     for t in _ticks(y_lo, y_hi):
         parts.append(f'<line x1="{LEFT}" y1="{py(t)}" x2="{LEFT + plot_w}" y2="{py(t)}" stroke="#eee"/>'
                      f'<text x="{LEFT - 6}" y="{py(t) + 4}" text-anchor="end" class="tick">{_label(t)}</text>')
@@ -125,18 +139,29 @@ def render(chart: Chart) -> str:
                      f'stroke="none"><title>{escape(band.label)}</title></polygon>')
         fit_points = " ".join(f"{px(x)},{py(e)}" for x, e in zip(band.xs, band.estimate))
         parts.append(f'<polyline class="fit" points="{fit_points}" fill="none" stroke="#d62728" stroke-width="2"/>')
+    for k, (x, text) in enumerate(m for m in chart.markers if _finite(m[0]) and x_lo <= m[0] <= x_hi):
+        parts.append(f'<line class="marker" x1="{px(x)}" y1="{TOP}" x2="{px(x)}" y2="{TOP + plot_h}" stroke="#555" '
+                     f'stroke-dasharray="4 3"/><text x="{px(x) + 3}" y="{TOP + 12 + 12 * (k % 3)}" class="marker-label">'
+                     f'{escape(text[:40])}</text>')
     for x, e, lo, hi in bars:
         parts.append(f'<line class="fit" x1="{px(x)}" y1="{py(lo)}" x2="{px(x)}" y2="{py(hi)}" stroke="#d62728"/>'
                      f'<path d="M{px(x) - 4},{py(e) - 4}l8,8m0,-8l-8,8" stroke="#d62728" stroke-width="2"/>')
     for i, (name, line) in enumerate(sorted(series.items())):
         color = PALETTE[i % len(PALETTE)]
+        pattern = DASHES[(i // len(PALETTE)) % len(DASHES)]
+        dash = f' stroke-dasharray="{pattern}"' if pattern else ""
         pts = sorted(line)
         parts.append(f'<polyline class="series" points="{" ".join(f"{px(x)},{py(y)}" for x, y in pts)}" fill="none" '
-                     f'stroke="{color}" stroke-width="2"><title>{escape(name)}</title></polyline>')
+                     f'stroke="{color}" stroke-width="2"{dash}><title>{escape(name)}</title></polyline>')
         parts += [f'<circle cx="{px(x)}" cy="{py(y)}" r="3" fill="{color}"><title>{escape(name)}: {_label(x)}, '
                   f'{_label(y)}</title></circle>' for x, y in pts]
-        parts.append(f'<text x="{LEFT + plot_w - 6}" y="{TOP + 14 + 14 * i}" text-anchor="end" fill="{color}" '
-                     f'class="legend">{escape(name[:60])}</text>')
+        if i < LEGEND_MAX:  # under the plot, a swatch of the line's colour and dash before each name
+            y = HEIGHT + 4 + LEGEND_ROW * i + LEGEND_ROW / 2
+            parts.append(f'<line class="legend-swatch" x1="{LEFT}" y1="{y}" x2="{LEFT + 24}" y2="{y}" stroke="{color}" '
+                         f'stroke-width="2"{dash}/><text x="{LEFT + 30}" y="{y + 4}" class="legend">{escape(name[:90])}</text>')
+    if len(series) > LEGEND_MAX:
+        parts.append(f'<text x="{LEFT}" y="{HEIGHT + 4 + LEGEND_ROW * LEGEND_MAX + 12}" class="legend">… and '
+                     f'{len(series) - LEGEND_MAX} more (hover a line for its name)</text>')
     for name, x, y in points:
         parts.append(f'<circle class="point" cx="{px(x)}" cy="{py(y)}" r="4" fill="#1f77b4">'
                      f'<title>{escape(name)}: sim {_label(x)}, device {_label(y)}</title></circle>'

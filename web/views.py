@@ -7,22 +7,34 @@ pages, the JSON endpoints and the tests see the same numbers.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from farm.controller.analysis.calibrations import METRICS, stored_calibration
+from farm.controller.analysis.calibrations import METRICS, current_calibration, model_features, stored_calibration
 from farm.controller.operations.refresh import last_reference_checks
 from farm.controller.analysis.results import paired_records, run_records
 from farm.controller.store import Store
 from farm.controller.store.rows import plain, plain_rows
 from farm.web.svg import Band, Chart
 
+if TYPE_CHECKING:  # sessions.py brings the gRPC messages; `farm web` over a store never needs them
+    from farm.controller.scheduling.sessions import Sessions
+
 JOBS_SHOWN = 200  # newest jobs on the jobs page; older ones by URL
+DEVICES_PER_PAGE = 50  # a 200-device lab is four short pages, not one 69,000 px one
+PANEL_ROWS = 10  # recent failures and drift alerts on the lab page
+LAB_ROWS_SHOWN = 100  # running tasks and queue rows on the lab page
 SWEEP_DIMENSIONS = (("threads", "threads"), ("batch_size", "batch size"), ("input_size", "input size"),
                     ("cpus", "CPU budget (cores)"))
+MIN_LOO_MODELS = 3  # leaving one of two models out fits a line through one point: its "0 %" error means nothing
+SHORT_LABELS = {"threads": "threads", "batch_size": "batch", "input_size": "input", "cpus": "cpus"}
 OP_ROWS_SHOWN = 200  # per-operator rows per run; a model with thousands of ops lists its heaviest
+FAILURES_SHOWN = 50  # failed runs explained on a job page; the JSON download has every one
+LOG_LINES_SHOWN = 30  # the last lines of a failed run's kept output
+UNSUPPORTED_OP = re.compile(r"unsupported operator[s]?:? ([A-Za-z0-9_.:/\-]{1,80})", re.IGNORECASE)
 
 
 @dataclass
@@ -39,6 +51,29 @@ class DeviceRow:
     calibration_age_s: float | None
     current: list[dict[str, Any]] = field(default_factory=list)  # running tasks on it
 
+    @property
+    def busy(self) -> bool:
+        return bool(self.current)
+
+
+@dataclass(frozen=True)
+class AgentNow:
+    """One connected agent as its session says: its state, when it last spoke, the attempts it runs."""
+
+    name: str
+    state: str
+    last_seen: float
+    connected_at: float
+    running: tuple[tuple[int, int], ...]  # (task, attempt)
+
+
+def agents_now(sessions: Sessions) -> dict[str, AgentNow]:
+    """The controller's connected agents by name, read under the sessions' lock: the state the dispatcher
+    leases by, so the lab page cannot disagree with the scheduler (or with `farm agents`)."""
+    with sessions.lock:
+        return {s.name: AgentNow(s.name, s.state, s.last_seen, s.connected_at, tuple(sorted(s.running)))
+                for s in sessions.by_name.values()}
+
 
 @dataclass
 class LabView:
@@ -46,32 +81,129 @@ class LabView:
     agents: list[dict[str, Any]]
     running: list[dict[str, Any]]
     queue: list[dict[str, Any]]
+    live: bool = False  # connection and last-seen come from the controller's sessions (else from the store)
+    recent_failures: list[dict[str, Any]] = field(default_factory=list)
+    drift_alerts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def pending(self) -> int:
         return sum(q["pending"] for q in self.queue)
 
 
-def lab_view(store: Store, now: float | None = None) -> LabView:
+def _device_of(task: dict[str, Any], sim_device: dict[str, str]) -> str:
+    """The device a running task occupies: a sim task runs on its agent's own sim device (`AGENT/sim`)."""
+    if task["target"] == "sim" and task.get("leased_by") in sim_device:
+        return sim_device[task["leased_by"]]
+    return str(task["target"])
+
+
+def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] | None = None) -> LabView:
+    """The lab; with `live` (the controller's sessions) connection, last-seen and what runs come from them."""
     now = now or time.time()
     checks = last_reference_checks(store)
     calibrated = store.calibrations.newest_by_device()
+    stored_devices = store.reads.devices()
     running = plain_rows(store.reads.running_tasks())
-    by_target: dict[str, list[dict[str, Any]]] = {}
+    if live is not None:
+        held = {task for agent in live.values() for task, _ in agent.running}
+        for task in running:  # a lease the store holds for an agent that is gone, or that no session runs
+            task["in_session"] = task["id"] in held and task.get("leased_by") in live
+    sim_device = {d["agent"]: d["name"] for d in stored_devices if d["driver"] == "sim" and d["agent"]}
+    by_device: dict[str, list[dict[str, Any]]] = {}
     for task in running:
-        by_target.setdefault(task["target"], []).append(task)
+        task["device"] = _device_of(task, sim_device)
+        by_device.setdefault(task["device"], []).append(task)
+
+    def state(agent: str | None, stored: str | None) -> str:
+        if live is None or not agent:
+            return stored or "unknown"
+        return live[agent].state if agent in live else "offline"
+
     devices = [DeviceRow(name=d["name"], device_type=d["device_type"], driver=d["driver"], agent=d["agent"],
-                         state=d["state"] or "unknown", health=d["health"] or "unknown", reason=d["reason"],
+                         state=state(d["agent"], d["state"]), health=d["health"] or "unknown", reason=d["reason"],
                          changed_at=d["changed_at"], last_check=checks.get(d["name"]),
                          calibration_age_s=now - calibrated[d["name"]] if d["name"] in calibrated else None,
-                         current=by_target.get(d["name"], []))
-               for d in store.reads.devices()]
+                         current=by_device.get(d["name"], []))
+               for d in stored_devices]
     known = {d.name for d in devices}
     # a device only calibrated so far (embedded labs register none): listed, its health unknown
     devices += [DeviceRow(name=name, device_type=None, driver=None, agent=None, state="unknown", health="unknown",
                           reason=None, changed_at=None, last_check=checks.get(name), calibration_age_s=now - at,
-                          current=by_target.get(name, [])) for name, at in sorted(calibrated.items()) if name not in known]
-    return LabView(devices, plain_rows(store.reads.agents()), running, plain_rows(store.reads.queue()))
+                          current=by_device.get(name, [])) for name, at in sorted(calibrated.items()) if name not in known]
+    agents = plain_rows(store.reads.agents())
+    if live is not None:
+        for a in agents:
+            session = live.get(a["name"])
+            a["state"] = session.state if session else "offline"
+            if session:
+                a["last_seen"], a["connected_at"] = session.last_seen, session.connected_at
+            a["running"] = len(session.running) if session else 0
+    return LabView(devices, agents, running, plain_rows(store.reads.queue()), live=live is not None,
+                   recent_failures=store.reads.recent_failures(PANEL_ROWS),
+                   drift_alerts=store.reads.drift_alerts(PANEL_ROWS))
+
+
+HEALTHS = ("good", "bad", "maintenance", "unknown")
+CONNECTIONS = ("online", "draining", "offline", "unknown")
+ACTIVITIES = ("busy", "idle")
+
+
+@dataclass(frozen=True)
+class LabFilter:
+    """What the lab page lists: a health, a connection, busy or idle, a name fragment, and which page of it."""
+
+    health: str | None = None
+    state: str | None = None
+    activity: str | None = None
+    name: str = ""
+    page: int = 1
+
+    @classmethod
+    def from_query(cls, query: dict[str, str]) -> "LabFilter":
+        """From the URL; anything not one of the known words is no filter (a hostile query filters nothing)."""
+        page = query.get("page", "1")
+        return cls(query.get("health") if query.get("health") in HEALTHS else None,
+                   query.get("state") if query.get("state") in CONNECTIONS else None,
+                   query.get("activity") if query.get("activity") in ACTIVITIES else None,
+                   query.get("name", "").strip()[:100],
+                   max(1, min(int(page), 100_000)) if page.isdigit() and len(page) < 7 else 1)
+
+    def matches(self, d: DeviceRow) -> bool:
+        return ((self.health is None or d.health == self.health) and (self.state is None or d.state == self.state)
+                and (self.activity is None or (self.activity == "busy") == d.busy)
+                and (not self.name or self.name.casefold() in d.name.casefold()))
+
+    def query(self, **change: Any) -> dict[str, str]:
+        """This filter as URL fields (only the set ones), with `change` applied."""
+        fields = {"health": self.health, "state": self.state, "activity": self.activity, "name": self.name or None,
+                  "page": self.page if self.page > 1 else None, **change}
+        return {k: str(v) for k, v in fields.items() if v not in (None, "", 1)}
+
+
+@dataclass
+class LabPage:
+    """One page of the devices a filter matches, and the counts of the whole lab."""
+
+    shown: list[DeviceRow]
+    matched: int
+    page: int
+    pages: int
+    health: dict[str, int]
+    connection: dict[str, int]
+    busy: int
+
+
+def lab_page(devices: list[DeviceRow], f: LabFilter, per_page: int = DEVICES_PER_PAGE) -> LabPage:
+    matched = [d for d in devices if f.matches(d)]
+    pages = max(1, -(-len(matched) // per_page))
+    page = min(f.page, pages)
+    health = {h: 0 for h in HEALTHS}
+    connection = {c: 0 for c in CONNECTIONS}
+    for d in devices:
+        health[d.health] = health.get(d.health, 0) + 1
+        connection[d.state] = connection.get(d.state, 0) + 1
+    return LabPage(matched[(page - 1) * per_page:page * per_page], len(matched), page, pages, health, connection,
+                   sum(d.busy for d in devices))
 
 
 def job_progress(counts: dict[str, int]) -> dict[str, int]:
@@ -109,6 +241,20 @@ class AverageRow:
 
 
 @dataclass
+class Failure:
+    """Why one run failed, with what shows it: the limit and the peak, the kept output, the operators."""
+
+    task: int
+    title: str  # which run (model @ target, threads, repeat)
+    failure_class: str
+    message: str
+    memory_limit_mb: float | None = None
+    memory_peak_mb: float | None = None
+    log_lines: list[str] = field(default_factory=list)
+    operators: list[str] = field(default_factory=list)
+
+
+@dataclass
 class JobView:
     job: dict[str, Any]
     progress: dict[str, int]
@@ -117,6 +263,9 @@ class JobView:
     pairs: list[dict[str, Any]]
     sweeps: list[Chart]
     op_tables: list[tuple[str, list[str], list[list[Any]]]]  # (title, columns, rows)
+    failures: list[Failure] = field(default_factory=list)
+    pair_charts: list[Chart] = field(default_factory=list)  # device vs sim, with the device's current calibration
+    earlier: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # task -> its runs before the counted one
 
 
 def is_contended(record: dict[str, Any]) -> bool:
@@ -156,7 +305,8 @@ def sweep_charts(rows: list[AverageRow]) -> list[Chart]:
         for r in rows:
             if r.latency_ms is None or getattr(r, attr) is None:
                 continue
-            name = f"{r.model} @ {r.target}" + "".join(f" {a}={getattr(r, a)}" for a in others)
+            name = f"{r.model} @ {r.target}" + "".join(
+                f" · {SHORT_LABELS[a]} {getattr(r, a):g}" for a in others if getattr(r, a) is not None)
             series.setdefault(name, []).append((float(getattr(r, attr)), r.latency_ms))
         charts.append(Chart(f"latency by {label}", label, "latency avg (ms)", series=series))
     return charts
@@ -176,25 +326,102 @@ def _op_table(profile: Any) -> tuple[list[str], list[list[Any]]] | None:
     return columns, [[p.get(c) for c in columns] for p in rows]
 
 
+_PEAK_IN_MESSAGE = re.compile(r"peak (?:reached )?([0-9.]+) ?MiB")
+
+
+def run_title(r: dict[str, Any]) -> str:
+    return f"{r['model']['name']} @ {r['target']} · threads {r['threads']} · repeat {r['repeat']}"
+
+
+def failures(records: list[dict[str, Any]], log_tails: dict[int, str]) -> list[Failure]:
+    """Every failed task's class and message with its evidence, as the store keeps it."""
+    out = []
+    for r in records:
+        if r["status"] != "failed" or not r["failure_class"]:
+            continue
+        message = r["message"] or ""
+        tail = log_tails.get(r["run"], "") if r["run"] is not None else ""
+        failure = Failure(r["task"], run_title(r), r["failure_class"], message,
+                          log_lines=tail.rstrip("\n").splitlines()[-LOG_LINES_SHOWN:] if tail else [])
+        if r["failure_class"] == "resource":
+            failure.memory_limit_mb = (r["limits"] or {}).get("memory_mb")
+            failure.memory_peak_mb = r["peak_memory_mb"]
+            found = _PEAK_IN_MESSAGE.search(message)
+            if failure.memory_peak_mb is None and found:
+                try:  # the sandbox's own words when no telemetry row survived the kill
+                    failure.memory_peak_mb = float(found.group(1))  # the store's MB are MiB too
+                except ValueError:
+                    pass
+        for text in (message, tail):
+            for op in UNSUPPORTED_OP.findall(text):
+                op = op.rstrip(".:")
+                if op and op not in failure.operators:
+                    failure.operators.append(op)
+        out.append(failure)
+    return out
+
+
 def job_view(store: Store, job_id: int) -> JobView | None:
     job = plain(store.jobs.get(job_id))
     if job is None:
         return None
     progress = job_progress(store.jobs.task_counts(job_id))
-    records = run_records(store, job_id)
+    records = run_records(store, job_id, ops=True)  # with each run's op profile: the per-operator tables
     rows = averages(records)
     tables = []
     for r in records:
         table = _op_table(r.get("op_profile"))
         if table:
-            tables.append((f"{r['model']['name']} @ {r['target']} · threads {r['threads']} · repeat {r['repeat']}",
-                           *table))
-    return JobView(job, progress, records, rows, paired_records(records), sweep_charts(rows), tables)
+            tables.append((run_title(r), *table))
+    failed_runs = [r["run"] for r in records if r["status"] == "failed" and r["run"] is not None]
+    pairs = paired_records(records)
+    return JobView(job, progress, records, rows, pairs, sweep_charts(rows), tables,
+                   failures=failures(records, store.reads.log_tails(failed_runs)),
+                   earlier=store.reads.earlier_attempts(job_id), pair_charts=pair_charts(store, pairs) if pairs else [])
+
+
+def _avg_latency(record: dict[str, Any]) -> float | None:
+    return (record.get("latency_ms") or {}).get("avg")
+
+
+def pair_charts(store: Store, pairs: list[dict[str, Any]]) -> list[Chart]:
+    """One scatter per device and thread count: this job's pairs, with the line and band of the device's current
+    latency calibration (what `farm predict` would use), so a point off the band stands out."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for p in pairs:
+        groups.setdefault((p["device"], p["threads"], p["device_run"].get("runtime"), p["batch_size"]), []).append(p)
+    charts = []
+    for (device, threads, runtime, batch), group in sorted(groups.items(), key=lambda g: str(g[0])):
+        points = [(p["model"]["name"], _avg_latency(p["sim"]), _avg_latency(p["device_run"])) for p in group]
+        finite = [(m, x, y) for m, x, y in points if x is not None and y is not None]
+        chart = Chart(f"{device} · {threads} thread(s): device vs sim latency", "sim latency avg (ms)",
+                      "device latency avg (ms)", points=finite)
+        stored = current_calibration(store, device, "latency", threads, runtime=runtime, batch_size=batch)
+        if stored is not None and finite:
+            cal = stored.calibration
+            fit = cal.chosen_fit
+            chart.note = f"calibration v{stored.version}: {fit.formula}\nR² = {fit.r2:.3f}"
+            if fit.features_used:  # no single line in x: each model's predicted value with its interval
+                by_name = {p["model"]["name"]: p["model"] for p in group}
+                for name, x, _ in finite:
+                    f = fit.predict(x, features=model_features(by_name[name]), confidence=cal.confidence)
+                    chart.error_bars.append((x, f.estimate, f.low, f.high))
+            else:
+                lo, hi = min(x for _, x, _ in finite), max(x for _, x, _ in finite)
+                lo, hi = (lo * 0.9, hi * 1.1) if hi > lo else (lo * 0.8, hi * 1.2 + 1e-9)
+                grid = [lo + (hi - lo) * i / 60 for i in range(61)]
+                estimate, low, high = fit.predict_arrays(grid, confidence=cal.confidence)
+                chart.band = Band(grid, estimate.tolist(), low.tolist(), high.tolist(),
+                                  f"calibration v{stored.version} ({cal.chosen}), {cal.confidence:.0%} prediction interval")
+        else:
+            chart.note = "no latency calibration for this device yet"
+        charts.append(chart)
+    return charts
 
 
 def job_summary(store: Store, job_id: int) -> dict[str, Any] | None:
     """What the live parts of a job page poll for."""
-    job = store.jobs.get(job_id)
+    job = plain(store.jobs.get(job_id))
     if job is None:
         return None
     return {"id": job_id, "status": job["status"], "progress": job_progress(store.jobs.task_counts(job_id))}
@@ -228,7 +455,7 @@ class CalibrationView:
     confidence: float
     chart: Chart
     versions: list[dict[str, Any]]
-    history_chart: Chart
+    history_charts: list[Chart]
     drift: list[dict[str, Any]]
     drift_chart: Chart
     models: list[dict[str, Any]]  # each pair with its fitted value and interval
@@ -269,9 +496,14 @@ def calibration_view(store: Store, calibration_id: int) -> CalibrationView | Non
                          "n": v["n"], "r2": v["r2"], "loo_mape": v["loo_mape"], "kendall_tau": v["kendall_tau"],
                          "unsafe": c.unsafe, "formula": c.chosen_fit.formula,
                          "source": json.loads(v["source"] or "{}")})
-    history = Chart("R² and leave-one-out error over versions", "version", "value", integer_x=True, series={
-        "R²": [(v["version"], v["r2"]) for v in versions if v["r2"] is not None],
-        "LOO error (fraction)": [(v["version"], v["loo_mape"]) for v in versions if v["loo_mape"] is not None]})
+    # by date, R² and the error each on its own axis (two values of different scales), fit-kind changes marked
+    changes = [(v["created_at"], f"→ {v['kind']}") for prev, v in zip(versions, versions[1:]) if v["kind"] != prev["kind"]]
+    history = [
+        Chart("R² by date", "stored (UTC)", "R²", dates_x=True, markers=changes,
+              series={"R²": [(v["created_at"], v["r2"]) for v in versions if v["r2"] is not None and v["created_at"]]}),
+        Chart("leave-one-out error by date", "stored (UTC)", "mean absolute error (%)", dates_x=True, markers=changes,
+              series={"LOO error %": [(v["created_at"], 100 * v["loo_mape"]) for v in versions
+                                      if v["loo_mape"] is not None and v["created_at"] and v["n"] >= MIN_LOO_MODELS]})]
     drift = plain_rows(store.calibrations.drift_history(row["device"], metric=row["metric"], threads=row["threads"]))
     drift_chart = Chart("drift at each refresh (relative to the calibration before)", "refresh", "change",
                         integer_x=True, series={

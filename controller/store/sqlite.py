@@ -933,3 +933,36 @@ class SQLiteLabReads(_Repository):
 
     def tasks_by_status(self) -> dict[str, int]:
         return {str(r["status"]): r["n"] for r in self._query("SELECT status, COUNT(*) AS n FROM tasks GROUP BY status")}
+
+    # --- the job page's evidence behind a failure, and the lab page's panels ---------------------
+    def log_tails(self, run_ids: Sequence[int]) -> dict[int, str]:
+        """Each failed run's kept output (the sandbox's last lines), by run id; runs without one left out."""
+        found: dict[int, str] = {}
+        for start in range(0, len(run_ids), 500):  # SQLite's bound on ? parameters
+            chunk = list(run_ids[start:start + 500])
+            marks = ",".join("?" * len(chunk))
+            for row in self._query(f"SELECT id, log_tail FROM runs WHERE id IN ({marks}) AND log_tail IS NOT NULL "
+                                   "AND log_tail != ''", chunk):
+                found[int(row["id"])] = str(row["log_tail"])
+        return found
+
+    def recent_failures(self, limit: int) -> list[dict[str, Any]]:
+        """The newest failed runs (not cancellations), each with its task's target and model."""
+        return self._query(
+            "SELECT r.id AS run_id, r.job_id, r.task_id, r.attempt, r.failure_class, r.message, r.finished_at, "
+            "r.limits_memory_mb, t.target, t.model_name FROM runs r JOIN tasks t ON t.id = r.task_id "
+            "WHERE r.status = 'failed' AND r.failure_class IS NOT NULL AND r.failure_class != 'canceled' "
+            "ORDER BY r.id DESC LIMIT ?", [limit])
+
+    def drift_alerts(self, limit: int) -> list[dict[str, Any]]:
+        """The newest refreshes whose drift exceeded a threshold."""
+        return self._query("SELECT * FROM calibration_drift WHERE exceeded = 1 ORDER BY id DESC LIMIT ?", [limit])
+
+    def earlier_attempts(self, job_id: int) -> dict[int, list[dict[str, Any]]]:
+        """Each task's runs before its counted one (why it was run again: contention or a lost attempt), by task."""
+        found: dict[int, list[dict[str, Any]]] = {}
+        for row in self._query("SELECT r.task_id, r.attempt, r.status, r.failure_class, r.contended FROM runs r "
+                               "JOIN tasks t ON t.id = r.task_id WHERE r.job_id = ? AND r.id != t.last_run_id "
+                               "ORDER BY r.task_id, r.attempt", [job_id]):
+            found.setdefault(int(row.pop("task_id")), []).append(row)
+        return found

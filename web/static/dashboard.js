@@ -1,4 +1,4 @@
-// farm dashboard: sortable tables and live regions refreshed from the server (no library, no eval).
+// farm dashboard: sortable tables and live regions the server pushes (server-sent events; no library, no eval).
 "use strict";
 (function () {
   const sorted = {};  // table id -> [column index, direction]
@@ -45,27 +45,58 @@
     });
   }
 
-  function poll(region) {
-    const url = region.getAttribute("data-live");
-    const every = Math.max(1, parseFloat(region.getAttribute("data-every") || "2")) * 1000;
-    function tick() {
-      if (document.hidden || region.contains(document.activeElement)) { setTimeout(tick, every); return; }
-      fetch(url, {credentials: "same-origin", headers: {"Accept": "text/html"}}).then(function (r) {
-        if (r.status === 401) { window.location.reload(); return null; }
-        return r.ok ? r.text() : null;
-      }).then(function (html) {
-        // the server escaped every value in this fragment; it is the same HTML the page was built with
-        if (html !== null && html !== undefined && !region.contains(document.activeElement)) {
-          region.innerHTML = html;
-          wire(region);
-        }
-      }).catch(function () {}).finally(function () { setTimeout(tick, every); });
+  // Live regions: one server-sent event stream per page (not one per region: browsers allow six connections
+  // to a host). The server renders the regions and sends one only when it changed; an idle page gets nothing.
+  function subscribe(regions) {
+    if (!regions.length || !window.EventSource) return;
+    const have = regions.map(function (r) { return r.id + ":" + (r.getAttribute("data-etag") || ""); }).join(",");
+    const url = "/events?page=" + encodeURIComponent(location.pathname + location.search) +
+      "&have=" + encodeURIComponent(have);
+    const pending = {};  // region id -> html held back while the person is typing or clicking inside it
+    function apply(region, html, etag) {
+      // the server escaped every value in this fragment; it is the same HTML the page was built with
+      region.innerHTML = html;
+      region.setAttribute("data-etag", etag);
+      wire(region);
     }
-    setTimeout(tick, every);
+    regions.forEach(function (region) {
+      region.addEventListener("focusout", function () {
+        setTimeout(function () {
+          const held = pending[region.id];
+          if (held && !region.contains(document.activeElement)) { delete pending[region.id]; apply(region, held[0], held[1]); }
+        }, 0);
+      });
+    });
+    const source = new EventSource(url, {withCredentials: true});
+    source.addEventListener("open", function () {
+      regions.forEach(function (r) { r.setAttribute("data-stream", "open"); });
+    });
+    source.addEventListener("update", function (ev) {
+      let message;
+      try { message = JSON.parse(ev.data); } catch (e) { return; }
+      const region = document.getElementById(message.region);
+      if (!region || !region.hasAttribute("data-live")) return;
+      if (region.contains(document.activeElement)) { pending[region.id] = [message.html, message.etag]; return; }
+      apply(region, message.html, message.etag);
+    });
+    source.addEventListener("error", function () {
+      regions.forEach(function (r) { r.setAttribute("data-stream", "closed"); });
+      // refused (logged out, the job gone): the page itself says why; a dropped connection reconnects by itself
+      if (source.readyState === EventSource.CLOSED) setTimeout(function () { window.location.reload(); }, 5000);
+    });
   }
+
+  // A destructive form (cancel, quarantine) says what it will do and waits for a yes; delegated, so forms
+  // a live region brings in later are covered too.
+  document.addEventListener("submit", function (ev) {
+    const form = ev.target;
+    const question = form && form.getAttribute && form.getAttribute("data-confirm");
+    const button = ev.submitter;
+    if (question && !(button && button.value === "release") && !window.confirm(question)) ev.preventDefault();
+  });
 
   document.addEventListener("DOMContentLoaded", function () {
     wire(document);
-    document.querySelectorAll("[data-live]").forEach(poll);
+    subscribe(Array.from(document.querySelectorAll("[data-live]")));
   });
 })();
