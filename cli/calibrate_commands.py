@@ -67,6 +67,39 @@ def _fit_table(rows: list[dict[str, Any]], label_cols: list[str]) -> Table:
     return t
 
 
+WIDE_HINT = ("±10 % and MAPE: leave-one-out, on models each fit did not see. --wide: R², runner-up, Kendall τ, "
+             "Spearman ρ, prior weight, models whose order may flip")
+
+
+def _compact_table(rows: list[dict[str, Any]], label_cols: list[str]) -> Table:
+    """One line per calibration: what it is, the whole formula (folded, never cut), how well it
+    predicts models it did not see (leave-one-out) and the verdict; --wide has every column."""
+    t = Table(header_style="bold", caption=WIDE_HINT, caption_justify="left", caption_style="dim")
+    for c in label_cols:
+        t.add_column(c, overflow="fold")
+    t.add_column("n", no_wrap=True)
+    t.add_column("formula", overflow="fold", ratio=1)  # takes the width the short columns leave
+    for c in ("±10 %", "MAPE %", "verdict"):
+        t.add_column(c, no_wrap=True)
+    for r in rows:
+        all_zero = "device values all 0"
+        t.add_row(*[Text(str(r[c]) if r[c] is not None else "—") for c in label_cols], str(r["n"]),
+                  Text(f"{r['kind']}: {r['formula'].split('  (')[0]}"),  # the log-space restatement: --wide
+                  _fmt(100 * r["loo_within_10"] if r["loo_within_10"] is not None else None, ".0f", all_zero),
+                  _fmt(100 * r["loo_mape"] if r["loo_mape"] is not None else None, ".1f", all_zero),
+                  Text("unsafe", style="red") if r["unsafe"] else Text("ok"))
+    return t
+
+
+def _print_fits(rows: list[dict[str, Any]], label_cols: list[str], compact_cols: list[str], wide: bool) -> None:
+    from farm.cli.render import show
+
+    if wide:
+        show(out, _fit_table(rows, label_cols), wide=True)
+    else:
+        out.print(_compact_table(rows, [c for c in compact_cols if any(r.get(c) not in (None, "") for r in rows)]))
+
+
 # --- calibrate ------------------------------------------------------------------------------
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.suggest is not None:
@@ -84,7 +117,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(strict_json.dumps(document, indent=2))
     else:
         if results:
-            out.print(_fit_table(results, ["device", "metric", "threads", "family", "version"]))
+            _print_fits(results, ["device", "metric", "threads", "family", "version"],
+                        ["device", "metric", "threads", "family"], args.wide)
         _say_left_out(document["contended_left_out"])
         for line in document["refused"]:
             err.print(Text.assemble(("not fitted ", "yellow"), line))
@@ -215,7 +249,7 @@ def _calibrate_offline(args: argparse.Namespace) -> int:
         print(strict_json.dumps({"calibrations": rows, "refused": refused, "written": args.output}, indent=2))
     else:
         if rows:
-            out.print(_fit_table(rows, ["group"]))
+            _print_fits(rows, ["group"], ["group"], args.wide)
         for plot in plots:
             out.print(Text(plot))
         for line in refused:
@@ -398,6 +432,8 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
                    help="offline: what the FLOPs/MACs and size coefficients are shrunk toward (the log_pop fit): "
                         "the prior shipped with farm (default), none, or a JSON written by benchmarks/population_prior.py")
     s.add_argument("--plot", action="store_true", help="offline: a terminal scatter of predicted against measured")
+    s.add_argument("--wide", action="store_true",
+                   help="every column: R², runner-up, τ, ρ, prior weight, order flips (default: one compact line each)")
     s.add_argument("--suggest", type=int, metavar="K",
                    help="offline, with --pairs: print the K models (rows without y) to measure on the device next")
     s.set_defaults(func=cmd_calibrate)

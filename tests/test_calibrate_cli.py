@@ -213,7 +213,7 @@ def test_offline_feature_auto_with_a_feature_without_spread(tmp_path: Path, farm
         # The choice is reported: every candidate's error and the runner-up with its own figures.
         assert row["kind"] in row["choice"]["errors"] and row["runner_up"]["kind"] == row["choice"]["runner_up"]
         assert row["runner_up"]["kind"] != row["kind"] and 0 < row["runner_up"]["loo_mape"] < 1
-    text = farm("calibrate", "--pairs", str(pairs), "--feature", "auto")
+    text = farm("calibrate", "--pairs", str(pairs), "--feature", "auto", "--wide")
     assert text.returncode == 0 and "runner-up" in text.stdout and "nan" not in text.stdout
 
 
@@ -248,10 +248,47 @@ def test_offline_table_never_prints_nan(tmp_path: Path, farm) -> None:
     """Every device value equal: R², τ, ρ cannot be computed; the table and warnings say why instead of nan."""
     pairs = tmp_path / "flat.csv"
     pairs.write_text("model,x,y\na,1,5\nb,2,5\nc,3,5\nd,4,5\ne,5,5\n")
-    run = farm("calibrate", "--pairs", str(pairs), env={"COLUMNS": "250"})
-    assert run.returncode == 0, run.stderr
-    assert "nan" not in (run.stdout + run.stderr).lower()
-    assert "device values all equal" in run.stdout and "every device value is the same" in run.stderr
+    for width in ([], ["--wide"]):
+        run = farm("calibrate", "--pairs", str(pairs), *width, env={"COLUMNS": "250"})
+        assert run.returncode == 0, run.stderr
+        assert "nan" not in (run.stdout + run.stderr).lower()
+        assert "every device value is the same" in run.stderr
+    assert "device values all equal" in run.stdout  # --wide: R² cannot be computed, and why
+
+
+def test_the_default_table_is_one_compact_line_per_calibration_with_the_whole_formula(tmp_path: Path, farm) -> None:
+    """Default: group, n, the whole formula (folded in a narrow terminal, never cut with …), leave-one-out
+    figures and the verdict; --wide adds R², runner-up, τ, ρ, prior and flips."""
+    import numpy as np
+
+    generator = np.random.default_rng(3)
+    pairs = tmp_path / "two.csv"
+    with open(pairs, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "x", "y", "phone", "macs_with_a_long_column_name"])
+        for phone in ("g6", "s8"):
+            for i in range(8):
+                macs = float(generator.uniform(1e8, 3e9))
+                x = macs / 1e8 * float(generator.uniform(0.8, 1.25))
+                w.writerow([f"m{i}", x, 2.5 * x * float(np.exp(generator.normal(0, 0.05))), phone, macs])
+    wide = farm("calibrate", "--pairs", str(pairs), "--group", "phone", "--feature", "auto", "--wide", "--json")
+    formulas = {r["group"]: r["formula"].split("  (")[0] for r in wide.json()["calibrations"]}
+    for columns in (60, 80, 120):
+        run = farm("calibrate", "--pairs", str(pairs), "--group", "phone", "--feature", "auto",
+                   env={"COLUMNS": str(columns)})
+        assert run.returncode == 0, run.stderr
+        text = run.stdout
+        assert "…" not in text and max(len(line) for line in text.splitlines()) <= columns
+        headers = text[:text.index("┡")]
+        for header in ("group", "formula", "±10 %", "MAPE %", "verdict"):
+            assert header in headers
+        assert "runner-up" not in headers and "R²" not in headers and "--wide" in text
+        cells = "".join(line.split("│")[3] for line in text.splitlines() if line.startswith("│")).replace(" ", "")
+        for formula in formulas.values():  # every character of each formula, folded over lines
+            assert formula.replace(" ", "") in cells, (formula, text)
+    full = farm("calibrate", "--pairs", str(pairs), "--group", "phone", "--feature", "auto", "--wide",
+                env={"COLUMNS": "80"})
+    assert "runner-up" in full.stdout and "R²" in full.stdout and "(log y =" in full.stdout
 
 
 def test_plot_is_a_terminal_scatter(tmp_path: Path, farm) -> None:
