@@ -8,10 +8,14 @@ the math can be checked on published data and used with numbers measured elsewhe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
+import logging
 import math
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -380,6 +384,36 @@ def cmd_rank(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _report_progress(here: bool) -> Iterator[None]:
+    """While the report renders in this process, each figure it starts is a line on stderr (with the
+    seconds since the start); a controller renders it remotely, which a line says instead."""
+    from farm.controller.analysis.report import progress_log
+
+    if not here:
+        err.print("rendering the report on the controller…", style="dim")
+        yield
+        return
+    started = time.monotonic()
+
+    class Line(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            err.print(Text(f"report {time.monotonic() - started:5.1f} s  {printable(record.getMessage())}"),
+                      style="dim")
+
+    handler = Line(logging.INFO)
+    level, propagate = progress_log.level, progress_log.propagate
+    progress_log.addHandler(handler)
+    progress_log.setLevel(logging.INFO)
+    progress_log.propagate = False
+    try:
+        yield
+    finally:
+        progress_log.removeHandler(handler)
+        progress_log.setLevel(level)
+        progress_log.propagate = propagate
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from farm.controller.service import REPORT_HTML
 
@@ -387,7 +421,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UserError("farm report needs -o report.html and/or --png DIR")
     output = output_file(args.output) if args.output else None
     png_dir = Path(args.png).expanduser().absolute() if args.png else None
-    report = open_farm(args).report(args.job, html=output is not None, png=png_dir is not None)
+    farm = open_farm(args)
+    with _report_progress(farm.embedded):
+        report = farm.report(args.job, html=output is not None, png=png_dir is not None)
     warnings = report.warnings
     written = []
     try:  # rendered where the data is (a controller, or here); written here

@@ -93,13 +93,13 @@ def test_calibrate_predict_rank_report(family: Path, farm, tmp_path: Path) -> No
     assert "y = " in page and "batch 1" in page  # every fit's formula, and the calibration key
     assert "sim side: job 1 (sim) · device side: job 2 (slow-device)" in page  # the jobs it came from, named
     assert "device, measured (ms)" in page and "predicted (ms)" in page  # units in the tables
-    figures = sorted(pngs.glob("cal-*.png"))
-    assert len(figures) == 4  # scatter and residuals, for latency and for peak memory
-    for f in figures:
-        head = f.read_bytes()[:24]
-        assert head[:8] == b"\x89PNG\r\n\x1a\n"
-        width, height = struct.unpack(">II", head[16:24])
-        assert (width, height) == (640, 480)
+    figures = sorted(pngs.glob("calibrations-*.png"))
+    assert len(figures) == 1  # one figure per family and setting: a panel for latency, one for peak memory
+    head = figures[0].read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", head[16:24])
+    assert (width, height) == (1040, 440)
+    assert "half-cpu · latency" in page and "half-cpu · peak_memory" in page  # each calibration's own section
 
 
 def test_offline_calibration_reproduces_the_published_g6_fit(tmp_path: Path, farm) -> None:
