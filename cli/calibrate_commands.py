@@ -107,10 +107,13 @@ def _print_fits(rows: list[dict[str, Any]], label_cols: list[str], compact_cols:
 # --- calibrate ------------------------------------------------------------------------------
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.suggest is not None:
-        if not args.pairs:
-            raise UserError("--suggest needs --pairs CSV: the candidate models with their sim value (x) and "
-                            "features; rows with a device value (y) count as already measured")
-        return _suggest_offline(args)
+        if args.pairs:
+            return _suggest_offline(args)
+        if args.device:
+            return _suggest_from_store(args)
+        raise UserError("--suggest needs --device D (candidates: the store's models measured in the sim, not yet on D) "
+                        "or --pairs CSV (the candidate models with their sim value (x) and features; rows with a "
+                        "device value (y) count as already measured)")
     if args.pairs:
         return _calibrate_offline(args)
     document = open_farm(args).calibrate(CalibrateAsk(
@@ -204,6 +207,56 @@ def _suggest_offline(args: argparse.Namespace) -> int:
         err.print(f"{len(chosen)} of {len(candidates)} candidate(s), spread over sim and features "
                   f"(D-optimal, {len(measured)} already measured)")
     return 0
+
+
+def _suggest_from_store(args: argparse.Namespace) -> int:
+    """--suggest K --device D: the K models of the store to measure on D next; -o writes a job file that runs
+    exactly those on D (the workload of the sim job the first came from)."""
+    from farm.controller.analysis.calibrations import CalibrationError, suggest_for_device
+
+    farm = open_farm(args)
+    if not farm.embedded:
+        raise UserError("--suggest --device reads the models of a local store (--db, $FARM_DB); a controller's "
+                        "store: run it on the controller's host, or use --pairs with `farm results --pairs --json`")
+    metric = (args.metric or ["latency"])[0]
+    try:
+        answer = suggest_for_device(farm.store, args.device, args.suggest, metric=metric, threads=args.threads,
+                                    include_contended=args.include_contended)
+    except (CalibrationError, ValueError) as e:
+        raise UserError(f"--suggest {args.suggest} --device {printable(args.device)}: {e}") from None
+    if args.output:
+        answer["job_file"] = str(args.output)
+        output_file(args.output).write_text(_suggested_job(farm.store, answer))
+    if args.json:
+        print(strict_json.dumps(answer, indent=2))
+        return 0
+    t = Table(header_style="bold", title=f"measure next on {printable(args.device)} ({metric}, "
+                                         f"{answer['threads']} thread(s))")
+    for c in ("model", "sim", "file", "sim job"):
+        t.add_column(c, overflow="fold")
+    for s in answer["suggested"]:
+        t.add_row(Text(printable(s["model"])), _fmt(s["sim"]), Text(printable(s["path"] or "—")), str(s["job"]))
+    out.print(t)
+    err.print(f"{len(answer['suggested'])} of {answer['candidates']} candidate(s), spread over sim and "
+              f"{', '.join(answer['features']) or 'no model facts'} (D-optimal; {answer['measured']} already measured)"
+              + (f"; job written to {args.output}: `farm submit {args.output}`" if args.output else ""))
+    return 0
+
+
+def _suggested_job(store: Any, answer: dict[str, Any]) -> str:
+    """A job file that measures the suggested models on the device, as their sim job measured them."""
+    import yaml
+
+    first = store.job(answer["suggested"][0]["job"])
+    spec = json.loads(first["spec_json"]) if first else {}
+    job = {"name": f"suggested-for-{answer['device']}",
+           "models": [{"path": s["path"], **({"family": s["family"]} if s["family"] else {})}
+                      for s in answer["suggested"]],
+           "workload": spec.get("workload") or {"type": "benchmark"},
+           "matrix": {"threads": [answer["threads"]]},
+           "targets": [answer["device"]]}
+    return ("# farm calibrate --suggest: the models that most sharpen the calibration, on this device\n"
+            + yaml.safe_dump(job, sort_keys=False))
 
 
 def _population_prior(choice: str) -> Any:
@@ -471,7 +524,10 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("--wide", action="store_true",
                    help="every column: R², runner-up, τ, ρ, prior weight, order flips (default: one compact line each)")
     s.add_argument("--suggest", type=int, metavar="K",
-                   help="offline, with --pairs: print the K models (rows without y) to measure on the device next")
+                   help="print the K models to measure on the device next: with --device, from the store's models "
+                        "measured in the sim (-o job.yaml writes a job running them on it); with --pairs, rows without y")
+    s.add_argument("--threads", type=int, help="with --suggest --device: the thread count (default: the newest "
+                                               "calibration's, else 1)")
     s.set_defaults(func=cmd_calibrate)
 
     s = sub.add_parser("calibrations", parents=[common], help="stored calibrations with their history")

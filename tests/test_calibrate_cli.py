@@ -76,6 +76,24 @@ def test_calibrate_predict_rank_report(family: Path, farm, tmp_path: Path) -> No
     predicted = new.json()["results"][0]["predictions"]["half-cpu"]["latency"]
     assert predicted["estimate"] > 0 and predicted["same_sim_budget"] is True
 
+    # what to measure next on the device: the store's model measured in the sim but not on half-cpu
+    job_file = tmp_path / "next.yaml"
+    suggest = farm("calibrate", "--suggest", "1", "--device", "half-cpu", "-o", str(job_file), "--json",
+                   "--include-contended")  # as above: a busy machine may contend the sim run
+    assert suggest.returncode == 0, suggest.stderr
+    answer = suggest.json()
+    assert answer["measured"] == 4 and answer["candidates"] == 1 and answer["threads"] == 1
+    (chosen,) = answer["suggested"]
+    assert chosen["model"] == "mobilenetv2_w1.0_r96" and chosen["sim"] > 0 and chosen["path"].endswith("w1.0_r96.tflite")
+    assert "macs" in answer["features"] and "op_count" in answer["features"]  # per-layer facts spread the choice
+    from farm.controller.scheduling.jobfile import parse_job_text
+    spec, _ = parse_job_text(job_file.read_text(), str(job_file))  # farm submit takes it as it is
+    assert [str(m.path) for m in spec.models] == [chosen["path"]] and spec.targets == ["half-cpu"]
+    for bad, said in ((["--suggest", "0"], "1 to 1"), (["--suggest", "1", "--device", "no-such\x1b[31m"], "no candidate"),
+                      (["--suggest", "1", "--device", "half-cpu", "--metric", "latency", "--threads", "7"], "7 thread")):
+        refused = farm("calibrate", *bad, *([] if "--device" in bad else ["--device", "half-cpu"]), "--include-contended")
+        assert refused.returncode == 2 and said in refused.stderr and "\x1b" not in refused.stderr, refused.stderr
+
     ranking = farm("rank", "1", "--device-job", "2", "--device", "half-cpu", "--json").json()
     cols = ranking["groups"][0]["columns"]
     assert [c["name"] for c in cols] == ["sim (job 1)", "job 2", "half-cpu (predicted)"]

@@ -330,3 +330,29 @@ def test_a_script_job_leads_with_whole_run_time() -> None:
     page = results_section([record(2.125, None)])
     assert page.index("whole run (s)") < page.index("latency avg") and ">2.12<" in page
     assert "whole run (s)" not in results_section([record(None, {"avg": 3.0, "std": 0.1})])
+
+
+def test_calibrations_of_a_family_share_one_figure_and_many_devices_split_it(tmp_path: Path) -> None:
+    """Two metrics × two devices × three thread counts: one figure of four panels, not 24 PNGs;
+    a lab of many devices gets a figure per few devices rather than one unreadable grid."""
+    from farm.controller.analysis import report
+    from farm.controller.analysis.calibration import Pair, calibrate
+    from farm.controller.analysis.calibrations import StoredCalibration
+
+    def stored(device: str, metric: str, threads: int, r2_nan: bool = False) -> StoredCalibration:
+        pairs = [Pair(f"m{i}", float(i + 1), 5.0 if r2_nan else 3.0 * (i + 1) / threads + 0.1 * (i % 2))
+                 for i in range(6)]
+        return StoredCalibration(1, device, metric, threads, "tflite", "", 1, calibrate(pairs), {"job": 1})
+
+    group = [stored(d, m, t) for d in ("g6-1", "s8-1") for m in ("latency", "peak_memory") for t in (1, 2, 4)]
+    store = Store(tmp_path / "farm.db")
+    figures: list = []
+    html = report.calibrations_section(store, group, figures)
+    assert len(figures) == 1 and figures[0].name.startswith("calibrations-every_model")
+    image = _png_check(figures[0].png, (1000, 800))  # a 2 × 2 grid of panels
+    assert image.size == (2 * 520, 2 * 440)
+    assert html.count("<section>") == 12 and html.count("<img") == 1
+    many = [stored(f"phone-{i}", "latency", 1) for i in range(12)] + [stored("flat", "latency", 1, r2_nan=True)]
+    figures = []
+    report.calibrations_section(store, many, figures)
+    assert len(figures) == 2 and all("devices" in f.name for f in figures)  # 13 devices, 12 panels a figure

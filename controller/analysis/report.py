@@ -39,6 +39,7 @@ FIGURE_SIZE_IN = (6.4, 4.8)
 MAX_TELEMETRY_FIGURES = 12  # one per model; a job of hundreds of models keeps its samples in the store
 MAX_SWEEP_FIGURES = 40  # a figure per family and swept parameter; past this the page stops being read
 MAX_OP_TABLES = 24
+MAX_CALIBRATION_PANELS = 12  # panels (metric × device) in one calibration figure; more devices: more figures
 TOP_OPS = 20
 
 __all__ = ["Figure", "ReportError", "build_report", "write_report"]
@@ -185,11 +186,18 @@ def calibrations_section(store: Store, calibrations: list[StoredCalibration], fi
         groups.setdefault(_group_title(c), []).append(c)
     parts = []
     for title, group in sorted(groups.items()):
-        _progress(f"calibration figure {title} ({len(group)} calibration(s))")
-        figure = calibration_figure(title, group)
-        figures.append(figure)
+        devices = sorted({c.device for c in group})
+        per_figure = max(1, MAX_CALIBRATION_PANELS // len({c.metric for c in group}))
+        images = []
+        for start in range(0, len(devices), per_figure):  # a lab of many devices: a figure per few of them
+            some = set(devices[start:start + per_figure])
+            part = title if len(devices) <= per_figure else f"{title} · devices {start + 1}–{start + len(some)}"
+            _progress(f"calibration figure {part}")
+            figure = calibration_figure(part, [c for c in group if c.device in some])
+            figures.append(figure)
+            images.append(_img(figure))
         group.sort(key=lambda c: (c.metric, c.device, c.threads))
-        parts.append(f"<h3>{_e(title)}</h3>{_img(figure)}" + "".join(calibration_section(store, c) for c in group))
+        parts.append(f"<h3>{_e(title)}</h3>{''.join(images)}" + "".join(calibration_section(store, c) for c in group))
     return "".join(parts)
 
 
