@@ -89,6 +89,10 @@ def test_calibrate_predict_rank_report(family: Path, farm, tmp_path: Path) -> No
     from farm.controller.scheduling.jobfile import parse_job_text
     spec, _ = parse_job_text(job_file.read_text(), str(job_file))  # farm submit takes it as it is
     assert [str(m.path) for m in spec.models] == [chosen["path"]] and spec.targets == ["half-cpu"]
+    from farm.api import connect
+    with connect(db=tmp_path / "farm.db") as lab:  # the same from Python
+        asked = lab.suggest("half-cpu", 1, include_contended=True)
+    assert [s["model"] for s in asked["suggested"]] == ["mobilenetv2_w1.0_r96"]
     for bad, said in ((["--suggest", "0"], "1 to 1"), (["--suggest", "1", "--device", "no-such\x1b[31m"], "no candidate"),
                       (["--suggest", "1", "--device", "half-cpu", "--metric", "latency", "--threads", "7"], "7 thread")):
         refused = farm("calibrate", *bad, *([] if "--device" in bad else ["--device", "half-cpu"]), "--include-contended")

@@ -66,7 +66,7 @@ def test_plain_job_report_has_the_table_and_plots_and_renders_in_a_browser(model
     table = page[page.index("<table class='results'>"):page.index("</table>", page.index("<table class='results'>"))]
     for header in ("latency avg ± sd (ms)", "peak memory (MB)", "throughput (inf/s)", "runs (ok/all)", "budget (cores · MB)"):
         assert header in table
-    assert table.count("<tr>") == 1 + 2 and table.count(">2/2<") == 2
+    assert table.count("<tr>") == 1 + 2 and table.count(">2/2") == 2  # (", 1 contended" on a busy machine)
     assert page.rstrip().endswith("</pre></details>\n</body></html>")
     assert page.index("&quot;name&quot;: &quot;plain&quot;") > page.index("<details><summary>the job as submitted")
 

@@ -219,7 +219,8 @@ def calibration_section(store: Store, c: StoredCalibration) -> str:
     return (f"<section><h4>{_e(_label(c))}</h4><p class=src>{_e(_sources(store, c))}</p>{warnings}"
             f"<p>chosen fit <b>{_e(cal.chosen)}</b>: {_e(fit.formula)} · "
             f"{'<b class=warn>unsafe</b>' if cal.unsafe else 'sim tracks the device'} · n = {fit.n} · "
-            f"Kendall τ = {_g(fit.kendall_tau)} · Spearman ρ = {_g(fit.spearman_rho)} · "
+            f"Kendall τ = {_g(fit.kendall_tau) if math.isfinite(fit.kendall_tau) else 'n/a (values tie)'} · "
+            f"Spearman ρ = {_g(fit.spearman_rho) if math.isfinite(fit.spearman_rho) else 'n/a (values tie)'} · "
             f"order may flip: {_e(flips)}</p>"
             f"<details><summary>every fit and each model's error</summary>{kinds}{per_model}</details></section>")
 
