@@ -85,7 +85,8 @@ def test_calibrate_predict_rank_report(family: Path, farm, tmp_path: Path) -> No
     assert answer["measured"] == 4 and answer["candidates"] == 1 and answer["threads"] == 1
     (chosen,) = answer["suggested"]
     assert chosen["model"] == "mobilenetv2_w1.0_r96" and chosen["sim"] > 0 and chosen["path"].endswith("w1.0_r96.tflite")
-    assert "macs" in answer["features"] and "op_count" in answer["features"]  # per-layer facts spread the choice
+    # per-layer facts spread the choice (a fact equal across the family, like its layer count, drops out)
+    assert {"macs", "depthwise_macs_share", "activation_bytes"} <= set(answer["features"])
     from farm.controller.scheduling.jobfile import parse_job_text
     spec, _ = parse_job_text(job_file.read_text(), str(job_file))  # farm submit takes it as it is
     assert [str(m.path) for m in spec.models] == [chosen["path"]] and spec.targets == ["half-cpu"]
@@ -93,10 +94,13 @@ def test_calibrate_predict_rank_report(family: Path, farm, tmp_path: Path) -> No
     with connect(db=tmp_path / "farm.db") as lab:  # the same from Python
         asked = lab.suggest("half-cpu", 1, include_contended=True)
     assert [s["model"] for s in asked["suggested"]] == ["mobilenetv2_w1.0_r96"]
-    for bad, said in ((["--suggest", "0"], "1 to 1"), (["--suggest", "1", "--device", "no-such\x1b[31m"], "no candidate"),
+    for bad, said in ((["--suggest", "0"], "1 to 1"),
                       (["--suggest", "1", "--device", "half-cpu", "--metric", "latency", "--threads", "7"], "7 thread")):
         refused = farm("calibrate", *bad, *([] if "--device" in bad else ["--device", "half-cpu"]), "--include-contended")
-        assert refused.returncode == 2 and said in refused.stderr and "\x1b" not in refused.stderr, refused.stderr
+        assert refused.returncode == 2 and said in refused.stderr, refused.stderr
+    new_device = farm("calibrate", "--suggest", "2", "--device", "new\x1b[31m", "--include-contended")
+    assert new_device.returncode == 0 and "0 already measured" in " ".join(new_device.stderr.split())  # not calibrated yet
+    assert "\x1b" not in new_device.stdout and "new\\x1b[31m" in new_device.stdout  # its name shown, not obeyed
 
     ranking = farm("rank", "1", "--device-job", "2", "--device", "half-cpu", "--json").json()
     cols = ranking["groups"][0]["columns"]
