@@ -369,6 +369,51 @@ def population_table(draws: int, seed: int) -> str:
     return "\n".join(rows)
 
 
+def coverage_table(draws: int, seed: int, only: str | None = None) -> str:
+    """Coverage of the chosen fit's 90 % interval on the held-out models, k = 5, 10, 20, without and
+    (qed phones) with the population prior fitted on the *other* phones; the same draws for both.
+    Also the share of draws called unsafe (which the interval width feeds)."""
+    from population_prior import load_qed  # benchmarks/ is on sys.path when this file runs as a script
+
+    qed_sim, qed_devices, qed_features = load_qed()
+    rows = [f"### {CONFIDENCE:.0%} interval coverage of the chosen fit, held-out models", "",
+            f"{draws} draws per cell, seed {seed}; aim 85–95 %. Cells: coverage % (share of draws called unsafe)", "",
+            "| device pair | k | without prior | with population prior (other phones) |", "|---|---|---|---|"]
+    for pair in DEVICE_PAIRS:
+        if not selected(pair, only):
+            continue
+        sim, device, features = load_columns(pair)
+        population = None
+        if pair.file == QED:
+            phone = pair.device_column.split("|")[0]
+            others = {name: values for name, values in qed_devices.items() if name.split("|")[0] != phone}
+            population = fit_population_prior(qed_sim, others, qed_features, f"qed phones other than {phone}")
+        for k in KS:
+            generator = np.random.default_rng(seed)
+            result: dict[str, tuple[list[float], list[float]]] = {"without": ([], []), "with": ([], [])}
+            for _ in range(draws):
+                picked = generator.choice(sim.size, size=k, replace=False)
+                held = np.ones(sim.size, dtype=bool)
+                held[picked] = False
+                pairs = [Pair(f"m{i}", sim[i], device[i], features={name: float(values[i]) for name, values in features.items()})
+                         for i in picked]
+                for name, given in (("without", None), ("with", population)):
+                    if name == "with" and given is None:
+                        continue
+                    try:
+                        calibration = calibrate(pairs, confidence=CONFIDENCE, features=list(features), population=given)
+                    except ValueError:
+                        continue
+                    _, low, high = calibration.chosen_fit.predict_arrays(
+                        sim[held], {n: v[held] for n, v in features.items()}, CONFIDENCE)
+                    truth = device[held]
+                    result[name][0].append(float(np.mean((truth >= low) & (truth <= high))))
+                    result[name][1].append(float(calibration.unsafe))
+            cells = [f"{cell(c, 1)} % ({cell(u)} %)" if c else "—" for c, u in result.values()]
+            rows.append(f"| {pair.label} | {k} | {cells[0]} | {cells[1]} |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--draws", type=int, default=200, help="random calibration sets per device pair and k")
@@ -378,6 +423,7 @@ def main() -> None:
     parser.add_argument("--ceiling", action="store_true", help="only the in-sample ceiling of the feature pairs")
     parser.add_argument("--suggest", action="store_true", help="only --suggest against random choice (k = 10)")
     parser.add_argument("--population", action="store_true", help="only the population prior's device hold-out")
+    parser.add_argument("--coverage", action="store_true", help="only the chosen fit's interval coverage (and unsafe share)")
     parser.add_argument("--only", help="only device pairs whose label contains one of these comma-separated texts "
                                        "(e.g. qed, or 'similar,phone,desktop' for the HELP rows)")
     arguments = parser.parse_args()
@@ -387,6 +433,9 @@ def main() -> None:
         return
     if arguments.population:
         print(population_table(arguments.draws, arguments.seed))
+        return
+    if arguments.coverage:
+        print(coverage_table(arguments.draws, arguments.seed, arguments.only))
         return
     if arguments.suggest:
         print(suggest_table(arguments.draws, arguments.seed, arguments.only))

@@ -43,7 +43,7 @@ def one_job(folder: Path, model: Path, runs: int, backend: str, mode: str) -> di
     submitted = time.time()
     job = farm.submit(job_file).job
     farm.wait(job)
-    rows = farm.store.run_rows(job)  # the results with when each run started and was recorded
+    rows = farm.store.runs.results(job)  # the results with when each run started and was recorded
     farm.close()
     ok = [r for r in rows if r.get("run_status") == "completed"]
     if len(ok) != runs:

@@ -8,10 +8,14 @@ the math can be checked on published data and used with numbers measured elsewhe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
+import logging
 import math
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,13 +71,49 @@ def _fit_table(rows: list[dict[str, Any]], label_cols: list[str]) -> Table:
     return t
 
 
+WIDE_HINT = ("±10 % and MAPE: leave-one-out, on models each fit did not see. --wide: R², runner-up, Kendall τ, "
+             "Spearman ρ, prior weight, models whose order may flip")
+
+
+def _compact_table(rows: list[dict[str, Any]], label_cols: list[str]) -> Table:
+    """One line per calibration: what it is, the whole formula (folded, never cut), how well it
+    predicts models it did not see (leave-one-out) and the verdict; --wide has every column."""
+    t = Table(header_style="bold", caption=WIDE_HINT, caption_justify="left", caption_style="dim")
+    for c in label_cols:
+        t.add_column(c, overflow="fold")
+    t.add_column("n", no_wrap=True)
+    t.add_column("formula", overflow="fold", ratio=1)  # takes the width the short columns leave
+    for c in ("±10 %", "MAPE %", "verdict"):
+        t.add_column(c, no_wrap=True)
+    for r in rows:
+        all_zero = "device values all 0"
+        t.add_row(*[Text(str(r[c]) if r[c] is not None else "—") for c in label_cols], str(r["n"]),
+                  Text(f"{r['kind']}: {r['formula'].split('  (')[0]}"),  # the log-space restatement: --wide
+                  _fmt(100 * r["loo_within_10"] if r["loo_within_10"] is not None else None, ".0f", all_zero),
+                  _fmt(100 * r["loo_mape"] if r["loo_mape"] is not None else None, ".1f", all_zero),
+                  Text("unsafe", style="red") if r["unsafe"] else Text("ok"))
+    return t
+
+
+def _print_fits(rows: list[dict[str, Any]], label_cols: list[str], compact_cols: list[str], wide: bool) -> None:
+    from farm.cli.render import show
+
+    if wide:
+        show(out, _fit_table(rows, label_cols), wide=True)
+    else:
+        out.print(_compact_table(rows, [c for c in compact_cols if any(r.get(c) not in (None, "") for r in rows)]))
+
+
 # --- calibrate ------------------------------------------------------------------------------
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.suggest is not None:
-        if not args.pairs:
-            raise UserError("--suggest needs --pairs CSV: the candidate models with their sim value (x) and "
-                            "features; rows with a device value (y) count as already measured")
-        return _suggest_offline(args)
+        if args.pairs:
+            return _suggest_offline(args)
+        if args.device:
+            return _suggest_from_store(args)
+        raise UserError("--suggest needs --device D (candidates: the store's models measured in the sim, not yet on D) "
+                        "or --pairs CSV (the candidate models with their sim value (x) and features; rows with a "
+                        "device value (y) count as already measured)")
     if args.pairs:
         return _calibrate_offline(args)
     answer = open_farm(args).calibrate(CalibrateAsk(
@@ -84,7 +124,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(strict_json.dumps(answer, indent=2))
     else:
         if results:  # the table reads the rows as the offline fit's (fit_row) too
-            out.print(_fit_table([r.model_dump() for r in results], ["device", "metric", "threads", "family", "version"]))
+            _print_fits([r.model_dump() for r in results], ["device", "metric", "threads", "family", "version"],
+                        ["device", "metric", "threads", "family"], args.wide)
         _say_left_out(answer.contended_left_out)
         for line in answer.refused:
             err.print(Text.assemble(("not fitted ", "yellow"), line))
@@ -168,6 +209,56 @@ def _suggest_offline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _suggest_from_store(args: argparse.Namespace) -> int:
+    """--suggest K --device D: the K models of the store to measure on D next; -o writes a job file that runs
+    exactly those on D (the workload of the sim job the first came from)."""
+    from farm.controller.analysis.calibrations import CalibrationError, suggest_for_device
+
+    farm = open_farm(args)
+    if not farm.embedded:
+        raise UserError("--suggest --device reads the models of a local store (--db, $FARM_DB); a controller's "
+                        "store: run it on the controller's host, or use --pairs with `farm results --pairs --json`")
+    metric = (args.metric or ["latency"])[0]
+    try:
+        answer = suggest_for_device(farm.store, args.device, args.suggest, metric=metric, threads=args.threads,
+                                    include_contended=args.include_contended)
+    except (CalibrationError, ValueError) as e:
+        raise UserError(f"--suggest {args.suggest} --device {printable(args.device)}: {e}") from None
+    if args.output:
+        answer["job_file"] = str(args.output)
+        output_file(args.output).write_text(_suggested_job(farm.store, answer))
+    if args.json:
+        print(strict_json.dumps(answer, indent=2))
+        return 0
+    t = Table(header_style="bold", title=f"measure next on {printable(args.device)} ({metric}, "
+                                         f"{answer['threads']} thread(s))")
+    for c in ("model", "sim", "file", "sim job"):
+        t.add_column(c, overflow="fold")
+    for s in answer["suggested"]:
+        t.add_row(Text(printable(s["model"])), _fmt(s["sim"]), Text(printable(s["path"] or "—")), str(s["job"]))
+    out.print(t)
+    err.print(f"{len(answer['suggested'])} of {answer['candidates']} candidate(s), spread over sim and "
+              f"{', '.join(answer['features']) or 'no model facts'} (D-optimal; {answer['measured']} already measured)"
+              + (f"; job written to {args.output}: `farm submit {args.output}`" if args.output else ""))
+    return 0
+
+
+def _suggested_job(store: Any, answer: dict[str, Any]) -> str:
+    """A job file that measures the suggested models on the device, as their sim job measured them."""
+    import yaml
+
+    first = store.jobs.get(answer["suggested"][0]["job"])
+    spec = json.loads(first["spec_json"]) if first else {}
+    job = {"name": f"suggested-for-{answer['device']}",
+           "models": [{"path": s["path"], **({"family": s["family"]} if s["family"] else {})}
+                      for s in answer["suggested"]],
+           "workload": spec.get("workload") or {"type": "benchmark"},
+           "matrix": {"threads": [answer["threads"]]},
+           "targets": [answer["device"]]}
+    return ("# farm calibrate --suggest: the models that most sharpen the calibration, on this device\n"
+            + yaml.safe_dump(job, sort_keys=False))
+
+
 def _population_prior(choice: str) -> Any:
     """The population prior ``--population-prior`` names: the shipped one, none, or a JSON file."""
     from farm.controller.analysis.calibration import CalibrationInputError, PopulationPrior
@@ -215,7 +306,7 @@ def _calibrate_offline(args: argparse.Namespace) -> int:
         print(strict_json.dumps({"calibrations": rows, "refused": refused, "written": args.output}, indent=2))
     else:
         if rows:
-            out.print(_fit_table(rows, ["group"]))
+            _print_fits(rows, ["group"], ["group"], args.wide)
         for plot in plots:
             out.print(Text(plot))
         for line in refused:
@@ -346,6 +437,36 @@ def cmd_rank(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _report_progress(here: bool) -> Iterator[None]:
+    """While the report renders in this process, each figure it starts is a line on stderr (with the
+    seconds since the start); a controller renders it remotely, which a line says instead."""
+    from farm.controller.analysis.report import progress_log
+
+    if not here:
+        err.print("rendering the report on the controller…", style="dim")
+        yield
+        return
+    started = time.monotonic()
+
+    class Line(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            err.print(Text(f"report {time.monotonic() - started:5.1f} s  {printable(record.getMessage())}"),
+                      style="dim")
+
+    handler = Line(logging.INFO)
+    level, propagate = progress_log.level, progress_log.propagate
+    progress_log.addHandler(handler)
+    progress_log.setLevel(logging.INFO)
+    progress_log.propagate = False
+    try:
+        yield
+    finally:
+        progress_log.removeHandler(handler)
+        progress_log.setLevel(level)
+        progress_log.propagate = propagate
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from farm.controller.service import REPORT_HTML
 
@@ -353,7 +474,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UserError("farm report needs -o report.html and/or --png DIR")
     output = output_file(args.output) if args.output else None
     png_dir = Path(args.png).expanduser().absolute() if args.png else None
-    report = open_farm(args).report(args.job, html=output is not None, png=png_dir is not None)
+    farm = open_farm(args)
+    with _report_progress(farm.embedded):
+        report = farm.report(args.job, html=output is not None, png=png_dir is not None)
     warnings = report.warnings
     written = []
     try:  # rendered where the data is (a controller, or here); written here
@@ -398,8 +521,13 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
                    help="offline: what the FLOPs/MACs and size coefficients are shrunk toward (the log_pop fit): "
                         "the prior shipped with farm (default), none, or a JSON written by benchmarks/population_prior.py")
     s.add_argument("--plot", action="store_true", help="offline: a terminal scatter of predicted against measured")
+    s.add_argument("--wide", action="store_true",
+                   help="every column: R², runner-up, τ, ρ, prior weight, order flips (default: one compact line each)")
     s.add_argument("--suggest", type=int, metavar="K",
-                   help="offline, with --pairs: print the K models (rows without y) to measure on the device next")
+                   help="print the K models to measure on the device next: with --device, from the store's models "
+                        "measured in the sim (-o job.yaml writes a job running them on it); with --pairs, rows without y")
+    s.add_argument("--threads", type=int, help="with --suggest --device: the thread count (default: the newest "
+                                               "calibration's, else 1)")
     s.set_defaults(func=cmd_calibrate)
 
     s = sub.add_parser("calibrations", parents=[common], help="stored calibrations with their history")

@@ -129,6 +129,7 @@ def results_table(records: list[dict[str, Any]], title: str | None = None, *, wi
     show_throughput = _has(records, "throughput_per_s")
     show_samples = wide and any(r.get("samples_per_s") is not None and r["batch_size"] != 1 for r in records)
     show_startup = wide and _has(records, "startup_ms")
+    show_whole_run = _has(records, "whole_run_s")  # a script job: its whole-run time is the figure it is run for
     t = ModelTable(title, wide)
     if show_target:
         t.add_column("on", overflow="fold")
@@ -146,6 +147,8 @@ def results_table(records: list[dict[str, Any]], title: str | None = None, *, wi
     if wide:
         t.add_column("budget")
     t.add_column("status")
+    if show_whole_run:
+        t.add_column("whole run\ns", justify="right")
     t.add_column("latency ms\navg ± sd", justify="right")
     if wide:
         t.add_column("p90 ms", justify="right")
@@ -184,7 +187,10 @@ def results_table(records: list[dict[str, Any]], title: str | None = None, *, wi
             row.append(str(r.get("averaged") or r.get("runs", 1)))
         if wide:
             row.append(_budget(lim))
-        row += [_status(r), f"{_ms(lat.get('avg'))} ± {_ms(lat.get('std'))}" if lat else "—"]
+        row.append(_status(r))
+        if show_whole_run:
+            row.append(_fmt(r.get("whole_run_s"), 3))
+        row.append(f"{_ms(lat.get('avg'))} ± {_ms(lat.get('std'))}" if lat else "—")
         if wide:
             row.append(_ms(lat.get("p90")) if lat else "—")
         row.append(_fmt(r["peak_memory_mb"], 1))

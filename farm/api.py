@@ -211,6 +211,20 @@ class Lab:
                          confidence=confidence, include_contended=include_contended)
         return self.farm.predict(ask, _print_progress if progress else None)
 
+    def suggest(self, device: str, count: int, *, metric: str = "latency", threads: int | None = None,
+                include_contended: bool = False) -> dict[str, Any]:
+        """`farm calibrate --suggest K --device D`: the models of this store to measure on the device next
+        (candidates: models measured in the sim, not yet in the device's calibration); local stores only."""
+        from farm.controller.analysis.calibrations import CalibrationError, suggest_for_device
+
+        if not self.farm.embedded:
+            raise FarmError("Lab.suggest reads a local store's models: farm.connect(db=...) on the controller's host")
+        try:
+            return suggest_for_device(self.farm.store, device, count, metric=metric,  # type: ignore[attr-defined]
+                                      threads=threads, include_contended=include_contended)
+        except (CalibrationError, ValueError) as e:
+            raise FarmError(str(e)) from None
+
 
 def connect(controller: str | None = None, *, db: str | Path | None = None, token: str | None = None,
             slots: int = 1, backend: str | None = None, create: bool = False) -> Lab:

@@ -76,6 +76,32 @@ def test_calibrate_predict_rank_report(family: Path, farm, tmp_path: Path) -> No
     predicted = new.json()["results"][0]["predictions"]["half-cpu"]["latency"]
     assert predicted["estimate"] > 0 and predicted["same_sim_budget"] is True
 
+    # what to measure next on the device: the store's model measured in the sim but not on half-cpu
+    job_file = tmp_path / "next.yaml"
+    suggest = farm("calibrate", "--suggest", "1", "--device", "half-cpu", "-o", str(job_file), "--json",
+                   "--include-contended")  # as above: a busy machine may contend the sim run
+    assert suggest.returncode == 0, suggest.stderr
+    answer = suggest.json()
+    assert answer["measured"] == 4 and answer["candidates"] == 1 and answer["threads"] == 1
+    (chosen,) = answer["suggested"]
+    assert chosen["model"] == "mobilenetv2_w1.0_r96" and chosen["sim"] > 0 and chosen["path"].endswith("w1.0_r96.tflite")
+    # per-layer facts spread the choice (a fact equal across the family, like its layer count, drops out)
+    assert {"macs", "depthwise_macs_share", "activation_bytes"} <= set(answer["features"])
+    from farm.controller.scheduling.jobfile import parse_job_text
+    spec, _ = parse_job_text(job_file.read_text(), str(job_file))  # farm submit takes it as it is
+    assert [str(m.path) for m in spec.models] == [chosen["path"]] and spec.targets == ["half-cpu"]
+    from farm.api import connect
+    with connect(db=tmp_path / "farm.db") as lab:  # the same from Python
+        asked = lab.suggest("half-cpu", 1, include_contended=True)
+    assert [s["model"] for s in asked["suggested"]] == ["mobilenetv2_w1.0_r96"]
+    for bad, said in ((["--suggest", "0"], "1 to 1"),
+                      (["--suggest", "1", "--device", "half-cpu", "--metric", "latency", "--threads", "7"], "7 thread")):
+        refused = farm("calibrate", *bad, *([] if "--device" in bad else ["--device", "half-cpu"]), "--include-contended")
+        assert refused.returncode == 2 and said in refused.stderr, refused.stderr
+    new_device = farm("calibrate", "--suggest", "2", "--device", "new\x1b[31m", "--include-contended")
+    assert new_device.returncode == 0 and "0 already measured" in " ".join(new_device.stderr.split())  # not calibrated yet
+    assert "\x1b" not in new_device.stdout and "new\\x1b[31m" in new_device.stdout  # its name shown, not obeyed
+
     ranking = farm("rank", "1", "--device-job", "2", "--device", "half-cpu", "--json").json()
     cols = ranking["groups"][0]["columns"]
     assert [c["name"] for c in cols] == ["sim (job 1)", "job 2", "half-cpu (predicted)"]
@@ -93,13 +119,13 @@ def test_calibrate_predict_rank_report(family: Path, farm, tmp_path: Path) -> No
     assert "y = " in page and "batch 1" in page  # every fit's formula, and the calibration key
     assert "sim side: job 1 (sim) · device side: job 2 (slow-device)" in page  # the jobs it came from, named
     assert "device, measured (ms)" in page and "predicted (ms)" in page  # units in the tables
-    figures = sorted(pngs.glob("cal-*.png"))
-    assert len(figures) == 4  # scatter and residuals, for latency and for peak memory
-    for f in figures:
-        head = f.read_bytes()[:24]
-        assert head[:8] == b"\x89PNG\r\n\x1a\n"
-        width, height = struct.unpack(">II", head[16:24])
-        assert (width, height) == (640, 480)
+    figures = sorted(pngs.glob("calibrations-*.png"))
+    assert len(figures) == 1  # one figure per family and setting: a panel for latency, one for peak memory
+    head = figures[0].read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", head[16:24])
+    assert (width, height) == (1040, 440)
+    assert "half-cpu · latency" in page and "half-cpu · peak_memory" in page  # each calibration's own section
 
 
 def test_offline_calibration_reproduces_the_published_g6_fit(tmp_path: Path, farm) -> None:
@@ -213,7 +239,7 @@ def test_offline_feature_auto_with_a_feature_without_spread(tmp_path: Path, farm
         # The choice is reported: every candidate's error and the runner-up with its own figures.
         assert row["kind"] in row["choice"]["errors"] and row["runner_up"]["kind"] == row["choice"]["runner_up"]
         assert row["runner_up"]["kind"] != row["kind"] and 0 < row["runner_up"]["loo_mape"] < 1
-    text = farm("calibrate", "--pairs", str(pairs), "--feature", "auto")
+    text = farm("calibrate", "--pairs", str(pairs), "--feature", "auto", "--wide")
     assert text.returncode == 0 and "runner-up" in text.stdout and "nan" not in text.stdout
 
 
@@ -248,10 +274,47 @@ def test_offline_table_never_prints_nan(tmp_path: Path, farm) -> None:
     """Every device value equal: R², τ, ρ cannot be computed; the table and warnings say why instead of nan."""
     pairs = tmp_path / "flat.csv"
     pairs.write_text("model,x,y\na,1,5\nb,2,5\nc,3,5\nd,4,5\ne,5,5\n")
-    run = farm("calibrate", "--pairs", str(pairs), env={"COLUMNS": "250"})
-    assert run.returncode == 0, run.stderr
-    assert "nan" not in (run.stdout + run.stderr).lower()
-    assert "device values all equal" in run.stdout and "every device value is the same" in run.stderr
+    for width in ([], ["--wide"]):
+        run = farm("calibrate", "--pairs", str(pairs), *width, env={"COLUMNS": "250"})
+        assert run.returncode == 0, run.stderr
+        assert "nan" not in (run.stdout + run.stderr).lower()
+        assert "every device value is the same" in run.stderr
+    assert "device values all equal" in run.stdout  # --wide: R² cannot be computed, and why
+
+
+def test_the_default_table_is_one_compact_line_per_calibration_with_the_whole_formula(tmp_path: Path, farm) -> None:
+    """Default: group, n, the whole formula (folded in a narrow terminal, never cut with …), leave-one-out
+    figures and the verdict; --wide adds R², runner-up, τ, ρ, prior and flips."""
+    import numpy as np
+
+    generator = np.random.default_rng(3)
+    pairs = tmp_path / "two.csv"
+    with open(pairs, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "x", "y", "phone", "macs_with_a_long_column_name"])
+        for phone in ("g6", "s8"):
+            for i in range(8):
+                macs = float(generator.uniform(1e8, 3e9))
+                x = macs / 1e8 * float(generator.uniform(0.8, 1.25))
+                w.writerow([f"m{i}", x, 2.5 * x * float(np.exp(generator.normal(0, 0.05))), phone, macs])
+    wide = farm("calibrate", "--pairs", str(pairs), "--group", "phone", "--feature", "auto", "--wide", "--json")
+    formulas = {r["group"]: r["formula"].split("  (")[0] for r in wide.json()["calibrations"]}
+    for columns in (60, 80, 120):
+        run = farm("calibrate", "--pairs", str(pairs), "--group", "phone", "--feature", "auto",
+                   env={"COLUMNS": str(columns)})
+        assert run.returncode == 0, run.stderr
+        text = run.stdout
+        assert "…" not in text and max(len(line) for line in text.splitlines()) <= columns
+        headers = text[:text.index("┡")]
+        for header in ("group", "formula", "±10 %", "MAPE %", "verdict"):
+            assert header in headers
+        assert "runner-up" not in headers and "R²" not in headers and "--wide" in text
+        cells = "".join(line.split("│")[3] for line in text.splitlines() if line.startswith("│")).replace(" ", "")
+        for formula in formulas.values():  # every character of each formula, folded over lines
+            assert formula.replace(" ", "") in cells, (formula, text)
+    full = farm("calibrate", "--pairs", str(pairs), "--group", "phone", "--feature", "auto", "--wide",
+                env={"COLUMNS": "80"})
+    assert "runner-up" in full.stdout and "R²" in full.stdout and "(log y =" in full.stdout
 
 
 def test_plot_is_a_terminal_scatter(tmp_path: Path, farm) -> None:

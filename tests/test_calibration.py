@@ -129,7 +129,10 @@ def test_an_additive_offset_still_gets_a_line():
     assert calibration.chosen in ("ols", "robust")
 
 
-def test_ols_and_log_intervals_are_the_textbook_ones():
+def test_ols_interval_is_the_textbook_one_and_log_is_cross_validated():
+    """ols: the classic t-interval. log: the same line, but s is the RMS leave-one-out log error,
+    t has n − 2 degrees of freedom (one for the choice of kind) and the leverage counts relative to
+    the calibration models' mean: ŷ ± t(n−2)·s_loo·√((1 + h₀)/(1 + h̄))."""
     names, sim, device = latency_columns("pixel3_ms", "raspi4_ms")
     calibration = calibrate(pairs_of(names, sim, device), confidence=0.8)
     n, query = sim.size, 12.5
@@ -137,10 +140,16 @@ def test_ols_and_log_intervals_are_the_textbook_ones():
     for kind, transform in (("ols", lambda v: v), ("log", np.log)):
         tx, ty = transform(sim), transform(device)
         slope, intercept = np.polyfit(tx, ty, 1)
-        s = math.sqrt(np.sum((ty - slope * tx - intercept) ** 2) / (n - 2))
+        residual = ty - slope * tx - intercept
         sxx = np.sum((tx - tx.mean()) ** 2)
         centre = slope * transform(query) + intercept
-        half = t * s * math.sqrt(1 + 1 / n + (transform(query) - tx.mean()) ** 2 / sxx)
+        query_leverage = 1 / n + (transform(query) - tx.mean()) ** 2 / sxx
+        if kind == "ols":
+            half = t * math.sqrt(np.sum(residual ** 2) / (n - 2)) * math.sqrt(1 + query_leverage)
+        else:
+            leverage = 1 / n + (tx - tx.mean()) ** 2 / sxx
+            s_loo = math.sqrt(np.mean((residual / (1 - leverage)) ** 2))
+            half = t * s_loo * math.sqrt((1 + query_leverage) / (1 + 2 / n))
         expected = (centre, centre - half, centre + half)
         if kind == "log":
             expected = tuple(math.exp(v) for v in expected)

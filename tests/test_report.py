@@ -57,6 +57,8 @@ def test_plain_job_report_has_the_table_and_plots_and_renders_in_a_browser(model
     made = farm("report", "1", "-o", str(page_path), "--png", str(png_dir), "--json")
     assert made.returncode == 0, made.stderr
     assert not [w for w in made.json()["warnings"] if "contended" not in w]  # a busy machine may contend a run
+    # progress while it renders: a line per figure on stderr, with the seconds since the start
+    assert re.search(r"report +\d+\.\d s  overview figure", made.stderr) and "telemetry figure" in made.stderr
     page = page_path.read_text()
 
     # the results table comes first, with units, one averaged row per model; the spec is last and folded
@@ -64,7 +66,7 @@ def test_plain_job_report_has_the_table_and_plots_and_renders_in_a_browser(model
     table = page[page.index("<table class='results'>"):page.index("</table>", page.index("<table class='results'>"))]
     for header in ("latency avg ± sd (ms)", "peak memory (MB)", "throughput (inf/s)", "runs (ok/all)", "budget (cores · MB)"):
         assert header in table
-    assert table.count("<tr>") == 1 + 2 and table.count(">2/2<") == 2
+    assert table.count("<tr>") == 1 + 2 and table.count(">2/2") == 2  # (", 1 contended" on a busy machine)
     assert page.rstrip().endswith("</pre></details>\n</body></html>")
     assert page.index("&quot;name&quot;: &quot;plain&quot;") > page.index("<details><summary>the job as submitted")
 
@@ -246,3 +248,111 @@ def test_csv_keeps_formula_like_names_as_text() -> None:
     row = next(csv.DictReader(io.StringIO(results_csv(records))))
     assert row["model.name"] == "'=HYPERLINK(\"http://x\")" and row["target"] == "'@sim"
     assert row["latency_ms.avg"] == "-1.5"  # numbers stay numbers
+
+
+def _device_records(script: bool = False) -> list[dict]:
+    """Averaged records of a device experiment: a family of three models, the sim and two phones, 1/2/4 threads."""
+    records = []
+    for i, name in enumerate(("m_small", "m_mid", "m_big")):
+        for target in ("sim", "g6-1", "s8-1"):
+            for threads in (1, 2, 4):
+                scale = (1.0 if target == "sim" else 3.5) * (i + 1) / threads
+                records.append({"model": {"name": name, "family": "fam"}, "target": target, "threads": threads,
+                                "batch_size": 1, "input_size": None, "status": "completed", "completed": 1,
+                                "limits": {"cpus": float(threads)} if target == "sim" else None,
+                                "latency_ms": None if script else {"avg": 10 * scale, "std": 0.1},
+                                "whole_run_s": 2 * scale if script else None, "wall_s": 2 * scale,
+                                "peak_memory_mb": 50.0 + 10 * i, "avg_memory_mb": 40.0 + 10 * i})
+    return records
+
+
+def test_a_device_experiment_gets_one_figure_per_family_with_every_target_and_thread_count() -> None:
+    from farm.controller.analysis.report import sweep_section
+
+    records = _device_records()
+    # device runs have no CPU budget imposed: the sim's budget still follows threads, so no cpus figure
+    assert [p.key for p in plots.swept_params(records)] == ["threads"]
+    figures: list = []
+    html = sweep_section(records, figures)
+    names = [f.name for f in figures]
+    assert names == ["family-fam.png", "overview.png"], names  # not a sweep figure per family and target
+    assert "fam on every target and thread count" in html
+    _png_check(figures[0].png, (900, 400))
+    # benchmark: latency and peak memory; script (the Jetson experiment): whole run, peak and average memory
+    assert [p[0] for p in plots.family_panels(records)] == ["latency", "peak_memory"]
+    assert [p[0] for p in plots.family_panels(_device_records(script=True))] == ["whole_run", "peak_memory",
+                                                                                   "avg_memory"]
+    # a sim-only sweep keeps its figure against threads
+    sim_only: list = []
+    sweep_section([r for r in records if r["target"] == "sim"], sim_only)
+    assert "sweep-fam-threads.png" in [f.name for f in sim_only]
+
+
+def test_telemetry_lines_stop_at_gaps() -> None:
+    ts = [0.0, 0.1, 0.2, 0.3, 2.0, 2.1, 2.2, None, 2.3]
+    values = [1.0, 2.0, 3.0, 4.0, 9.0, 9.0, 9.0, 5.0, 9.0]
+    xs, ys = plots.break_gaps(ts, values)
+    nan_at = [i for i, y in enumerate(ys) if y != y]
+    assert len(nan_at) == 1 and xs[nan_at[0] - 1] == 0.3 and xs[nan_at[0] + 1] == 2.0  # one break, in the gap
+    assert [y for y in ys if y == y] == [1.0, 2.0, 3.0, 4.0, 9.0, 9.0, 9.0, 9.0]  # no sample lost (bar the timeless)
+    assert all(y == y for y in plots.break_gaps([0.0, 0.1, 0.2, 0.31, 0.4], [1.0] * 5)[1])  # jitter is no gap
+    assert plots.break_gaps([], []) == ([], [])
+    samples = [{"t_s": t, "memory_bytes": 1e6 * v, "cpu_percent": 50.0} for t, v in zip(ts, values) if t is not None]
+    fig = plots.telemetry_figure("m", [("t1", samples)])
+    assert fig is not None
+    _png_check(fig.png)
+
+
+def test_a_script_job_leads_with_whole_run_time() -> None:
+    """Auptimizer users run scripts: the whole-run time comes before latency (which a script may not report)."""
+    from rich.console import Console
+
+    from farm.cli.render import results_table
+    from farm.controller.analysis.report import results_section
+
+    def table(records: list[dict]) -> list[str]:
+        console = Console(width=200, record=True)
+        console.print(results_table(records, runs=True))
+        return console.export_text().splitlines()
+
+    def record(whole_run: float | None, latency: dict | None) -> dict:
+        return {"model": {"name": "m", "family": None}, "target": "sim", "threads": 1, "batch_size": 1,
+                "input_size": None, "repeat": 0, "status": "completed", "failure_class": None, "message": "",
+                "limits": {"cpus": 1.0, "memory_mb": 1024.0}, "latency_ms": latency, "whole_run_s": whole_run,
+                "wall_s": 2.5, "peak_memory_mb": 50.0, "avg_memory_mb": 40.0, "cpu_percent": {"avg": 90.0, "peak": 100.0},
+                "backend": "cgroup", "contention": None, "runs": 1, "completed": 1}
+
+    script = table([record(2.125, None)])
+    header = next(line for line in script if "whole run" in line)
+    assert header.index("whole run") < header.index("latency") and "2.125" in "\n".join(script)
+    benchmark = table([record(None, {"avg": 3.0, "std": 0.1})])
+    assert not any("whole run" in line for line in benchmark)  # a benchmark leads with latency, as before
+    page = results_section([record(2.125, None)])
+    assert page.index("whole run (s)") < page.index("latency avg") and ">2.12<" in page
+    assert "whole run (s)" not in results_section([record(None, {"avg": 3.0, "std": 0.1})])
+
+
+def test_calibrations_of_a_family_share_one_figure_and_many_devices_split_it(tmp_path: Path) -> None:
+    """Two metrics × two devices × three thread counts: one figure of four panels, not 24 PNGs;
+    a lab of many devices gets a figure per few devices rather than one unreadable grid."""
+    from farm.controller.analysis import report
+    from farm.controller.analysis.calibration import Pair, calibrate
+    from farm.controller.analysis.calibrations import StoredCalibration
+
+    def stored(device: str, metric: str, threads: int, r2_nan: bool = False) -> StoredCalibration:
+        pairs = [Pair(f"m{i}", float(i + 1), 5.0 if r2_nan else 3.0 * (i + 1) / threads + 0.1 * (i % 2))
+                 for i in range(6)]
+        return StoredCalibration(1, device, metric, threads, "tflite", "", 1, calibrate(pairs), {"job": 1})
+
+    group = [stored(d, m, t) for d in ("g6-1", "s8-1") for m in ("latency", "peak_memory") for t in (1, 2, 4)]
+    store = Store(tmp_path / "farm.db")
+    figures: list = []
+    html = report.calibrations_section(store, group, figures)
+    assert len(figures) == 1 and figures[0].name.startswith("calibrations-every_model")
+    image = _png_check(figures[0].png, (1000, 800))  # a 2 × 2 grid of panels
+    assert image.size == (2 * 520, 2 * 440)
+    assert html.count("<section>") == 12 and html.count("<img") == 1
+    many = [stored(f"phone-{i}", "latency", 1) for i in range(12)] + [stored("flat", "latency", 1, r2_nan=True)]
+    figures = []
+    report.calibrations_section(store, many, figures)
+    assert len(figures) == 2 and all("devices" in f.name for f in figures)  # 13 devices, 12 panels a figure

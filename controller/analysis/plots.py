@@ -25,6 +25,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display: render to memory
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from farm.proto.escape import printable  # noqa: E402
 
@@ -121,6 +122,8 @@ def _follows(records: list[dict[str, Any]], dependent: Param, on: Param) -> bool
     seen: dict[Any, Any] = {}
     for r in records:
         a, b = on.value(r), dependent.value(r)
+        if b is None:  # a device run has no budget imposed: it neither follows nor breaks the rule
+            continue
         if seen.setdefault(a, b) != b:
             return False
     return True
@@ -224,17 +227,40 @@ def overview_figure(records: list[dict[str, Any]]) -> Figure | None:
     return Figure("overview.png", png_bytes(fig), "every model and setting")
 
 
+GAP_FACTOR = 3.0  # a step between samples this many times the usual one is a gap: no line is drawn across it
+
+
+def break_gaps(ts: list[float | None], values: list[float]) -> tuple[list[float], list[float]]:
+    """The samples with a NaN point inserted inside each gap (a step over GAP_FACTOR × the median step,
+    or time going backwards), so a plotted line stops there instead of inventing values across it."""
+    points = [(t, v) for t, v in zip(ts, values) if t is not None]
+    steps = sorted(b[0] - a[0] for a, b in zip(points, points[1:]) if b[0] > a[0])
+    usual = steps[len(steps) // 2] if steps else 0.0
+    xs: list[float] = []
+    ys: list[float] = []
+    for i, (t, v) in enumerate(points):
+        if i and (t <= points[i - 1][0] or (usual > 0 and t - points[i - 1][0] > GAP_FACTOR * usual)):
+            xs.append((t + points[i - 1][0]) / 2)
+            ys.append(math.nan)
+        xs.append(t)
+        ys.append(v)
+    return xs, ys
+
+
 def telemetry_figure(model: str, runs: list[tuple[str, list[dict[str, Any]]]]) -> Figure | None:
-    """Memory and CPU over time, one line per run (label, samples with t_s, memory_bytes, cpu_percent)."""
+    """Memory and CPU over time, one line per run (label, samples with t_s, memory_bytes, cpu_percent);
+    a line stops at a gap in the samples (break_gaps) rather than joining the samples on either side."""
     runs = [(label, s) for label, s in runs if s][:MAX_LINES]
     if not runs:
         return None
     fig, (mem, cpu) = plt.subplots(1, 2, figsize=(12, 3.6))
     for label, samples in runs:
         ts = [_finite(s["t_s"]) for s in samples]
-        mem.plot(ts, [(_finite(s["memory_bytes"]) or math.nan) / (1 << 20) for s in samples], marker=".", label=label)
-        cpu.plot(ts, [_finite(s["cpu_percent"]) if _finite(s["cpu_percent"]) is not None else math.nan for s in samples],
-                 marker=".", label=label)
+        line = mem.plot(*break_gaps(ts, [(_finite(s["memory_bytes"]) or math.nan) / (1 << 20) for s in samples]),
+                        marker=".", label=label)[0]
+        cpu_values = [_finite(s["cpu_percent"]) for s in samples]
+        cpu.plot(*break_gaps(ts, [math.nan if v is None else v for v in cpu_values]), marker=".", label=label,
+                 color=line.get_color())
     mem.set_ylabel("memory (MB)")
     cpu.set_ylabel("CPU (% of one core)")
     for ax in (mem, cpu):
@@ -245,6 +271,96 @@ def telemetry_figure(model: str, runs: list[tuple[str, list[dict[str, Any]]]]) -
     fig.suptitle(f"{plain(model)} · telemetry samples", fontsize=10)
     fig.tight_layout()
     return Figure(safe_file_name(f"telemetry-{model}") + ".png", png_bytes(fig), f"{model} telemetry")
+
+
+# --- one figure per question: a family on every target and thread count --------------------
+def _whole_run_of(r: dict[str, Any]) -> float | None:
+    return _finite(r.get("whole_run_s")) if _finite(r.get("whole_run_s")) is not None else _finite(r.get("wall_s"))
+
+
+FAMILY_PANELS: tuple[tuple[str, str, Callable[[dict[str, Any]], float | None]], ...] = (
+    ("latency", "latency, avg (ms)", latency_of),
+    ("whole_run", "whole run (s)", _whole_run_of),
+    ("peak_memory", "peak memory (MB)", lambda r: _finite(r.get("peak_memory_mb"))),
+    ("avg_memory", "average memory (MB)", lambda r: _finite(r.get("avg_memory_mb"))),
+)
+_TARGET_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
+                   "tab:olive", "tab:cyan", "tab:grey")
+_THREAD_STYLES = (("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."), ("v", "-"), ("P", "--"))
+
+
+def family_panels(records: list[dict[str, Any]]) -> list[tuple[str, str, Callable[[dict[str, Any]], float | None]]]:
+    """What a family figure plots: latency and peak memory for a benchmark; for scripts (no per-inference
+    latency) whole-run time, peak and average memory, the figures the published Jetson experiment shows."""
+    has = {key: any(value(r) is not None for r in records) for key, _, value in FAMILY_PANELS}
+    wanted = ("latency", "peak_memory") if has["latency"] else ("whole_run", "peak_memory", "avg_memory")
+    return [p for p in FAMILY_PANELS if p[0] in wanted and has[p[0]]]
+
+
+def _setting(r: dict[str, Any]) -> str:
+    bits = [f"t{r['threads']}"]
+    if r["batch_size"] != 1:
+        bits.append(f"b{r['batch_size']}")
+    if r.get("input_size"):
+        bits.append(f"r{r['input_size']}")
+    return " ".join(bits)
+
+
+def family_figure(family: str, records: list[dict[str, Any]]) -> Figure | None:
+    """Every target (the sim and each device) and thread count of one family on one chart per metric:
+    x the family's models (fastest in the sim first), a line per target and setting — colour the
+    target, marker and dash the thread count. records: averaged over repeats, completed only."""
+    panels = family_panels(records)
+    if not panels:
+        return None
+    targets = sorted({r["target"] for r in records}, key=lambda t: (t != "sim", t))
+    settings = sorted({_setting(r) for r in records}, key=lambda s: [int(p[1:]) if p[1:].isdigit() else 0 for p in s.split()])
+    first = panels[0][2]
+    order: dict[str, tuple[int, float]] = {}  # fastest in the sim first; models without a sim run after
+    for r in records:
+        v = first(r)
+        if v is not None:
+            order[r["model"]["name"]] = min(order.get(r["model"]["name"], (2, math.inf)), (r["target"] != "sim", v))
+    models = sorted({r["model"]["name"] for r in records}, key=lambda m: (*order.get(m, (2, math.inf)), m))
+    if len(models) > MAX_BARS:
+        models = models[:MAX_BARS]
+    position = {m: i for i, m in enumerate(models)}
+    series: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in records:
+        if r["model"]["name"] in position:
+            series.setdefault((r["target"], _setting(r)), []).append(r)
+    keys = sorted(series, key=lambda k: (targets.index(k[0]), settings.index(k[1])))
+    dropped = max(0, len(keys) - 2 * MAX_LINES)
+    keys = keys[:2 * MAX_LINES]
+    width = max(6.0, min(18.0, 4.2 * len(panels) + 0.25 * len(models)))
+    fig, axes = plt.subplots(1, len(panels), figsize=(width, 4.6), squeeze=False)
+    for ax, (_, ylabel, value) in zip(axes[0], panels):
+        shown: list[float] = []
+        for target, setting in keys:
+            runs = sorted(series[(target, setting)], key=lambda r: position[r["model"]["name"]])
+            xs = [position[r["model"]["name"]] for r in runs]
+            ys = [value(r) for r in runs]
+            shown += [y for y in ys if y is not None and y > 0]
+            marker, dash = _THREAD_STYLES[settings.index(setting) % len(_THREAD_STYLES)]
+            label = f"{'sim' if target == 'sim' else plain(target, 24)} {setting}"
+            ax.plot(xs, [math.nan if y is None else y for y in ys], marker=marker, linestyle=dash, ms=4,
+                    color=_TARGET_COLOURS[targets.index(target) % len(_TARGET_COLOURS)], label=label)
+        ax.set_xticks(range(len(models)), [plain(m, 28) for m in models], rotation=35, ha="right", fontsize=7)
+        ax.set_ylabel(ylabel)
+        if shown and max(shown) / min(shown) > 20:
+            ax.set_yscale("log")  # a phone and its twin, or a small and a large model, differ tenfold and more
+            for axis_format in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+                axis_format(FuncFormatter(lambda v, _: f"{v:g}"))  # 60, not 6×10¹
+        ax.grid(alpha=0.3)
+    title = f"{plain(family)} · every target and thread count (averaged over repeats)"
+    if dropped:
+        title += f" · first {len(keys)} of {len(keys) + dropped} lines (the table has all)"
+    fig.suptitle(title, fontsize=10)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False)
+    longest = max((len(label) for label in labels), default=10)
+    fig.tight_layout(rect=(0, 0, 1 - min(0.35, (0.6 + 0.06 * longest) / width), 0.95))
+    return Figure(safe_file_name(f"family-{family}") + ".png", png_bytes(fig), f"{family}: every target and thread count")
 
 
 # --- labels that do not overlap ------------------------------------------------------------

@@ -1,11 +1,15 @@
 """`farm report JOB`: one self-contained HTML file (plots embedded as PNG, no script, no CDN) per job.
 
 In order: what the job is and any warning; the results table (units in every header, averaged
-over repeats); sweep plots per model family (controller/analysis/plots.py says what a family is); an
-overview of every cell; memory and CPU over time from the stored telemetry samples; model facts;
-per-operator tables where runs carry `op_profile`; per calibration that used the job's runs the
-sim-vs-device scatter with the fitted line, formula and R² (as in the published figures), the
-residuals and per model the measured and predicted values; rankings; the job spec, folded.
+over repeats); sweep plots per model family (controller/analysis/plots.py says what a family is) — for a job with
+device targets one figure per family with every target and thread count on it; an overview of every
+cell; memory and CPU over time from the stored telemetry samples (lines stop at gaps); model facts;
+per-operator tables where runs carry `op_profile`; the calibrations that used the job's runs, one
+figure per family and setting (a panel per metric and device, every thread count's points, fitted
+line, formula and R² in it, as in the published figures), then per calibration its fits and per
+model the measured and predicted values; rankings; the job spec, folded. One figure per question:
+the phones experiment's 36 calibrations are two figures, not 72. Progress goes to the `farm.report`
+logger (the CLI shows it on stderr).
 Every string from a job or a device is escaped.
 """
 
@@ -15,6 +19,7 @@ import base64
 import datetime as dt
 import html
 import json
+import logging
 import math
 from collections import Counter
 from pathlib import Path
@@ -35,6 +40,7 @@ FIGURE_SIZE_IN = (6.4, 4.8)
 MAX_TELEMETRY_FIGURES = 12  # one per model; a job of hundreds of models keeps its samples in the store
 MAX_SWEEP_FIGURES = 40  # a figure per family and swept parameter; past this the page stops being read
 MAX_OP_TABLES = 24
+MAX_CALIBRATION_PANELS = 12  # panels (metric × device) in one calibration figure; more devices: more figures
 TOP_OPS = 20
 
 __all__ = ["Figure", "ReportError", "build_report", "write_report"]
@@ -42,6 +48,13 @@ __all__ = ["Figure", "ReportError", "build_report", "write_report"]
 
 class ReportError(ValueError):
     pass
+
+
+progress_log = logging.getLogger("farm.report")  # `farm report` shows these on stderr while it renders
+
+
+def _progress(what: str) -> None:
+    progress_log.info("%s", what)
 
 
 def calibrations_for_job(store: Store, job_id: int) -> list[StoredCalibration]:
@@ -90,52 +103,65 @@ def _sim_metric(c: StoredCalibration) -> str:
     return "latency" if c.metric == "energy" else c.metric  # energy is calibrated against the sim's latency
 
 
-def scatter_figure(c: StoredCalibration) -> bytes:
-    cal = c.calibration
-    fit = cal.fits[cal.chosen]
-    xs = [p.x for p in cal.pairs]
-    ys = [p.y for p in cal.pairs]
-    fig, ax = plt.subplots(figsize=FIGURE_SIZE_IN)
-    ax.scatter(xs, ys, color="tab:blue", zorder=3)
-    if fit.features_used:
-        # the fit also uses model facts, so it is no single line in x: show its value per model
-        fitted = [fit.predict(p.x, features=p.features, confidence=cal.confidence) for p in cal.pairs]
-        ax.errorbar(xs, [f.estimate for f in fitted], yerr=[[f.estimate - f.low for f in fitted],
-                    [f.high - f.estimate for f in fitted]], fmt="x", color="tab:red",
-                    label=f"{cal.chosen} + {', '.join(fit.features_used)}")
+def _r2_text(r2: float) -> str:
+    return f"R² = {r2:.3f}" if math.isfinite(r2) else "R² n/a (device values all equal)"
+
+
+def calibration_figure(title: str, group: list[StoredCalibration]) -> Figure:
+    """Every calibration of one family and setting in one figure, as the published ones: a panel per
+    metric and device (one row of panels for one device), in each the sim-vs-device points of every
+    thread count with its fitted line (a fit that also uses model facts: its fitted values, ×) and
+    its formula and R² in the legend."""
+    metrics = sorted({c.metric for c in group}, key=lambda m: list(METRICS).index(m) if m in METRICS else 99)
+    devices = sorted({c.device for c in group})
+    cells = [(m, d) for m in metrics for d in devices if any(c.metric == m and c.device == d for c in group)]
+    if len(devices) == 1 or len(cells) <= 3:
+        shape = (1, len(cells))
     else:
-        lo, hi = min(xs), max(xs)
-        grid = [lo + (hi - lo) * i / 50 for i in range(51)]
-        preds = [fit.predict(x, confidence=cal.confidence) for x in grid]
-        ax.plot(grid, [p.estimate for p in preds], color="tab:red", label=cal.chosen)
-        ax.fill_between(grid, [p.low for p in preds], [p.high for p in preds], color="tab:red", alpha=0.15,
-                        label=f"{int(cal.confidence * 100)} % prediction interval")
-    ax.text(0.04, 0.94, f"{plain(fit.formula, None)}\nR² = {fit.r2:.3f}", transform=ax.transAxes, va="top",
-            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
-    ax.set_xlabel(f"sim {_sim_metric(c)} ({_unit(_sim_metric(c))})")
-    ax.set_ylabel(f"{plain(c.device, 30)} {c.metric} ({_unit(c.metric)})")
-    ax.set_title(plain(_label(c), 90), fontsize=8)
-    ax.legend(loc="lower right", fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    plots.place_labels(ax, zip(xs, ys), [p.model for p in cal.pairs])
-    return plots.png_bytes(fig)
+        shape = (len(metrics), len(devices))
+    fig, axes = plt.subplots(*shape, figsize=(5.2 * shape[1], 4.4 * shape[0]), squeeze=False)
+    used = []
+    for index, (metric, device) in enumerate(cells):
+        ax = axes[index // shape[1]][index % shape[1]] if shape[0] == 1 else \
+            axes[metrics.index(metric)][devices.index(device)]
+        used.append(ax)
+        panel = sorted((c for c in group if c.metric == metric and c.device == device), key=lambda c: c.threads)
+        for i, c in enumerate(panel):
+            cal = c.calibration
+            fit = cal.fits[cal.chosen]
+            colour = f"C{i % 10}"
+            xs = [p.x for p in cal.pairs]
+            formula = plain(fit.formula.split("  (")[0], 70)
+            ax.scatter(xs, [p.y for p in cal.pairs], color=colour, s=18, zorder=3,
+                       label=f"t{c.threads}: {formula}, {_r2_text(fit.r2)}" + (" (unsafe)" if cal.unsafe else ""))
+            if fit.features_used:  # no single line in x: the fitted value of each model
+                ax.scatter(xs, [fit.predict(p.x, features=p.features).estimate for p in cal.pairs], color=colour,
+                           marker="x", s=22, zorder=3)
+            else:
+                lo, hi = min(xs), max(xs)
+                grid = [lo + (hi - lo) * k / 40 for k in range(41)]
+                ax.plot(grid, [fit.predict(x).estimate for x in grid], color=colour, lw=1.2)
+        if len(panel) == 1:
+            plots.place_labels(ax, [(p.x, p.y) for p in panel[0].calibration.pairs],
+                               [p.model for p in panel[0].calibration.pairs], fontsize=6)
+        sim_metric = "latency" if metric == "energy" else metric  # energy is calibrated against the sim's latency
+        ax.set_xlabel(f"sim {sim_metric.replace('_', ' ')} ({_unit(sim_metric)})")
+        ax.set_ylabel(f"{plain(device, 30)} {metric.replace('_', ' ')} ({_unit(metric)})")
+        ax.set_title(plain(f"{device} · {metric.replace('_', ' ')}", 60), fontsize=9)
+        ax.legend(loc="upper left", fontsize=6, frameon=True, framealpha=0.8)
+        ax.grid(alpha=0.3)
+    for row in axes:
+        for ax in row:
+            if ax not in used:
+                ax.set_visible(False)
+    fig.suptitle(plain(title, 120), fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    return Figure(safe_file_name(f"calibrations-{title}", 120) + ".png", plots.png_bytes(fig), f"calibrations {title}")
 
 
-def residual_figure(c: StoredCalibration) -> bytes:
-    cal = c.calibration
-    fit = cal.fits[cal.chosen]
-    fig, ax = plt.subplots(figsize=FIGURE_SIZE_IN)
-    residuals = [p.y - fit.predict(p.x, features=p.features).estimate for p in cal.pairs]
-    ax.axhline(0, color="grey", lw=1)
-    ax.scatter([p.x for p in cal.pairs], residuals, color="tab:purple")
-    ax.set_xlabel(f"sim {_sim_metric(c)} ({_unit(_sim_metric(c))})")
-    ax.set_ylabel(f"device − fitted ({_unit(c.metric)})")
-    ax.set_title(plain(f"residuals · {_label(c)}", 90), fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    plots.place_labels(ax, zip([p.x for p in cal.pairs], residuals), [p.model for p in cal.pairs])
-    return plots.png_bytes(fig)
+def _group_title(c: StoredCalibration) -> str:
+    size = f" · input {c.input_size}" if c.input_size else ""
+    return f"{'family ' + c.family if c.family else 'every model'} · batch {c.batch_size}{size} · {c.precision}"
 
 
 def _job_name(store: Store, job_id: Any) -> str:
@@ -154,16 +180,32 @@ def _sources(store: Store, c: StoredCalibration) -> str:
     return "fitted from pairs outside any job"
 
 
-def calibration_section(store: Store, c: StoredCalibration, figures: list[Figure]) -> str:
+def calibrations_section(store: Store, calibrations: list[StoredCalibration], figures: list[Figure]) -> str:
+    """Per family and setting, one figure with all its calibrations, then each calibration's tables."""
+    groups: dict[str, list[StoredCalibration]] = {}
+    for c in calibrations:
+        groups.setdefault(_group_title(c), []).append(c)
+    parts = []
+    for title, group in sorted(groups.items()):
+        devices = sorted({c.device for c in group})
+        per_figure = max(1, MAX_CALIBRATION_PANELS // len({c.metric for c in group}))
+        images = []
+        for start in range(0, len(devices), per_figure):  # a lab of many devices: a figure per few of them
+            some = set(devices[start:start + per_figure])
+            part = title if len(devices) <= per_figure else f"{title} · devices {start + 1}–{start + len(some)}"
+            _progress(f"calibration figure {part}")
+            figure = calibration_figure(part, [c for c in group if c.device in some])
+            figures.append(figure)
+            images.append(_img(figure))
+        group.sort(key=lambda c: (c.metric, c.device, c.threads))
+        parts.append(f"<h3>{_e(title)}</h3>{''.join(images)}" + "".join(calibration_section(store, c) for c in group))
+    return "".join(parts)
+
+
+def calibration_section(store: Store, c: StoredCalibration) -> str:
     cal = c.calibration
     fit = cal.fits[cal.chosen]
     unit, sim_unit = _unit(c.metric), _unit(_sim_metric(c))
-    slug = safe_file_name(f"cal-{c.device}-{c.metric}-t{c.threads}-b{c.batch_size}"
-                          f"{'-i' + str(c.input_size) if c.input_size else ''}-{c.precision}"
-                          f"{'-' + c.family if c.family else ''}-v{c.version}", 120)
-    scatter = Figure(f"{slug}-scatter.png", scatter_figure(c), f"scatter {_label(c)}")
-    residual = Figure(f"{slug}-residuals.png", residual_figure(c), f"residuals {_label(c)}")
-    figures += [scatter, residual]
     kinds = _table(["fit", "formula", "R²", "LOO MAPE (%)", "within ±10 % (%)", "prior weight"],
                    [[k, f.formula, _g(f.r2), _g(100 * f.loo_mape), _g(100 * f.loo_within_10),
                      "—" if f.prior_weight is None else f"{100 * f.prior_weight:.0f} % ({f.prior_source})"]
@@ -175,13 +217,13 @@ def calibration_section(store: Store, c: StoredCalibration, figures: list[Figure
     per_model = _table(["model", f"sim ({sim_unit})", f"device, measured ({unit})", f"predicted ({unit})", "error (%)"], rows)
     flips = ", ".join(f"{f.first} / {f.second}" for f in fit.possible_flips) or "none"
     warnings = "".join(f"<p class=warn>{_e(w)}</p>" for w in cal.warnings)
-    return (f"<section><h3>{_e(_label(c))}</h3><p class=src>{_e(_sources(store, c))}</p>{warnings}"
+    return (f"<section><h4>{_e(_label(c))}</h4><p class=src>{_e(_sources(store, c))}</p>{warnings}"
             f"<p>chosen fit <b>{_e(cal.chosen)}</b>: {_e(fit.formula)} · "
             f"{'<b class=warn>unsafe</b>' if cal.unsafe else 'sim tracks the device'} · n = {fit.n} · "
-            f"Kendall τ = {_g(fit.kendall_tau)} · Spearman ρ = {_g(fit.spearman_rho)} · "
+            f"Kendall τ = {_g(fit.kendall_tau) if math.isfinite(fit.kendall_tau) else 'n/a (values tie)'} · "
+            f"Spearman ρ = {_g(fit.spearman_rho) if math.isfinite(fit.spearman_rho) else 'n/a (values tie)'} · "
             f"order may flip: {_e(flips)}</p>"
-            f"<div class=figs>{_img(scatter)}{_img(residual)}</div>"
-            f"{kinds}<h4>per model</h4>{per_model}</section>")
+            f"<details><summary>every fit and each model's error</summary>{kinds}{per_model}</details></section>")
 
 
 def rankings_section(store: Store, job_id: int, calibrations: list[StoredCalibration]) -> str:
@@ -222,6 +264,7 @@ def results_section(averaged: list[dict[str, Any]]) -> str:
          + (f", {r['contended']} contended" if r.get("contended") else "")),
         ("status", lambda r: ("ok" if r["status"] == "completed" else r["status"])
          + (f": {r['failure_class']}" if r["failure_class"] else "")),
+        *([("whole run (s)", lambda r: _g(r.get("whole_run_s"), 3))] if _has(averaged, "whole_run_s") else []),
         ("latency avg ± sd (ms)", lambda r: f"{_g((r['latency_ms'] or {}).get('avg'))} ± {_g((r['latency_ms'] or {}).get('std'), 2)}"
          if r["latency_ms"] else "—"),
         ("latency p90 (ms)", lambda r: _g((r["latency_ms"] or {}).get("p90"))),
@@ -260,11 +303,21 @@ def _failures(records: list[dict[str, Any]]) -> str:
 def sweep_section(averaged: list[dict[str, Any]], figures: list[Figure]) -> str:
     done = [r for r in averaged if r["status"] == "completed" and r.get("completed", 1)]
     parts = []
+    _progress("overview figure")
     overview = plots.overview_figure(done)
     swept = plots.swept_params(done)
     families: dict[str, list[dict[str, Any]]] = {}
     for r in done:
         families.setdefault(plots.family_of(r), []).append(r)
+    if any(r["target"] != "sim" for r in done):
+        # a device experiment: one figure per family with every target and thread count on it (as published)
+        for family, rows in sorted(families.items()):
+            _progress(f"family figure {family}")
+            fig = plots.family_figure(family, rows)
+            if fig is not None:
+                figures.append(fig)
+                parts.append(f"<h3>{_e(family)} on every target and thread count</h3>{_img(fig)}")
+        swept = [p for p in swept if p.key not in ("threads", "cpus")]
     left_out = 0
     for x in swept:
         others = [p for p in swept if p is not x and not (x.key == "input_size" and p.key == "input_size")]
@@ -272,6 +325,7 @@ def sweep_section(averaged: list[dict[str, Any]], figures: list[Figure]) -> str:
             if len([f for f in figures if f.name.startswith("sweep-")]) >= MAX_SWEEP_FIGURES:
                 left_out += 1
                 continue
+            _progress(f"sweep figure {family} against {x.label}")
             fig = plots.sweep_figure(family, rows, x, others)
             if fig is not None:
                 figures.append(fig)
@@ -306,6 +360,7 @@ def telemetry_section(store: Store, records: list[dict[str, Any]], figures: list
                 + (f" r{r['input_size']}" if r["input_size"] else "") + (f" on {plain(r['target'], 24)}" if r["target"] != "sim" else "") \
                 + f" rep {r['repeat']}"
             lines.append((label, plain_rows(store.runs.telemetry(r["run"]))))
+        _progress(f"telemetry figure {model}")
         fig = plots.telemetry_figure(model, lines)
         if fig is not None:
             figures.append(fig)
@@ -395,6 +450,7 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
     job = store.jobs.get(job_id)
     if job is None:
         raise ReportError(f"no job {job_id} in {store.path}; `farm jobs` lists the jobs there.")
+    _progress(f"reading job {job_id}")
     records = run_records(store, job_id)
     averaged = average_repeats(records)
     calibrations = calibrations_for_job(store, job_id)
@@ -408,11 +464,13 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
     sweeps = sweep_section(averaged, figures) if done else ""
     telemetry = telemetry_section(store, records, figures) if done else ""
     ops = ops_section(records)
-    cal_sections = "".join(calibration_section(store, c, figures) for c in calibrations)
+    cal_sections = calibrations_section(store, calibrations, figures)
     if not calibrations:
         cal_sections = ("<p class=note>No calibration uses this job's runs yet: <code>farm calibrate --sim-job A "
                         "--device-job B --device NAME</code> (or <code>--job J</code> for a job with device targets), "
                         "then make the report again.</p>")
+    _progress("rankings")
+    rankings = rankings_section(store, job_id, calibrations)
     if any(r.get("approximate") for r in records):
         warnings.append("some runs used the approximate process backend: limits best-effort, memory sampled.")
     contended = sum(bool((r.get("contention") or {}).get("contended")) for r in records)
@@ -439,7 +497,7 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
 <h2 id=facts>Models</h2><div class=wrap>{facts_section(records)}</div>
 {f'<h2 id=ops>Operators</h2>{ops}' if ops else ''}
 <h2 id=calibrations>Calibrations</h2>{cal_sections}
-<h2 id=rankings>Rankings</h2>{rankings_section(store, job_id, calibrations)}
+<h2 id=rankings>Rankings</h2>{rankings}
 <h2 id=spec>Job spec</h2><details><summary>the job as submitted (JSON, {len(spec.splitlines())} lines)</summary><pre>{_e(spec)}</pre></details>
 </body></html>"""
     return page, figures, warnings
