@@ -16,7 +16,7 @@ from farm.agents.artifact_cache import ArtifactCache
 from farm.agents.link.remote_controller import RemoteController
 from farm.agents.sim.driver import verify_model
 from farm.proto.generated import agent_pb2_grpc, common_pb2
-from farm.proto.tasks import TaskSpec
+from farm.proto.tasks import TaskPlan, TaskSpec
 
 PAYLOAD = os.urandom(3 << 20)
 SHA = hashlib.sha256(PAYLOAD).hexdigest()
@@ -59,7 +59,7 @@ def server():
 def _task(task_id: int) -> TaskSpec:
     return TaskSpec(task_id=task_id, job_id=1, attempt=1, target="sim", model_name="m", model_path="/elsewhere/m.onnx",
                     model_sha256=SHA, model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
-                    workload={"type": "benchmark"}, sim={}, run_timeout_s=60, base_dir="/elsewhere")
+                    plan=TaskPlan(workload={"type": "benchmark"}, sim={}, run_timeout_s=60, base_dir="/elsewhere"))
 
 
 def test_two_slots_fetching_one_model_at_once_get_the_whole_checked_file(server, tmp_path: Path) -> None:

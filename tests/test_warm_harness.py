@@ -26,7 +26,7 @@ from farm.agents.sandbox.docker import DockerBackend
 from farm.agents.sandbox.warm import WARM_ENV, Zygote, anonymous_bytes
 from farm.agents.sim.driver import SimDriver
 from farm.proto.results import FailureClass
-from farm.proto.tasks import TaskSpec
+from farm.proto.tasks import TaskPlan, TaskSpec
 
 MiB = 1 << 20
 
@@ -36,8 +36,9 @@ def _task(model: Path, *, iterations: int = 20, memory: str | int = "512m", back
     return TaskSpec(task_id=task_id, job_id=1, attempt=1, target="sim", model_name=model.stem, model_path=str(model),
                     model_sha256=hashlib.sha256(model.read_bytes()).hexdigest(), model_family=None, threads=1,
                     batch_size=1, input_size=None, repeat=0,
-                    workload={"type": "benchmark", "iterations": iterations, "warmup": 2},
-                    sim={"backend": backend, "memory": memory}, run_timeout_s=120, base_dir=str(model.parent))
+                    plan=TaskPlan(workload={"type": "benchmark", "iterations": iterations, "warmup": 2},
+                                  sim={"backend": backend, "memory": memory}, run_timeout_s=120,
+                                  base_dir=str(model.parent)))
 
 
 def _driver(tmp_path: Path, warm: bool, monkeypatch, name: str) -> SimDriver:
