@@ -111,7 +111,7 @@ class BoardDriver:
         base: dict[str, Any] = dict(backend=self.config.kind, limits=Limits())
         timeout_s = self.board_timeout_s(task)
         if timeout_s != task.plan.run_timeout_s:
-            task = task.model_copy(update={"run_timeout_s": timeout_s})
+            task = task.model_copy(update={"plan": task.plan.model_copy(update={"run_timeout_s": timeout_s})})
         result = self._run(task, cancel_check, base)
         result.environment["run_timeout_s"] = timeout_s  # what this board was given, after its speed
         return result
