@@ -54,6 +54,13 @@ def main(work: Path) -> None:
             print(f"{p.model} on {p.device}: {p.estimate:.2f} {p.unit} "
                   f"({p.low:.2f} – {p.high:.2f} at {p.confidence:.0%}), sim {p.sim:.2f} {p.unit}")
 
+        facts = lab.inspect(new_model)  # what farm knows of a file without running it
+        print(f"{new_model.name}: {facts.param_count} parameters, {facts.macs} MACs")
+        versions = lab.calibrations(device="half-cpu")
+        print(f"{len(versions)} calibration version(s) stored for half-cpu")
+        page = jobs["sim"].report(work / "report")[0]  # `farm report`: the page first, then its figures
+        print(f"report written: {page.name}")
+
 
 if __name__ == "__main__":
     if len(sys.argv) > 1:

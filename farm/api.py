@@ -3,8 +3,10 @@
     import farm
     with farm.connect() as lab:                 # embedded, or the controller in $FARM_CONTROLLER / config
         job = lab.submit("job.yaml")            # or a dict shaped like a job file
-        job.wait(progress=True)
-        df = job.results().to_pandas()
+        job.wait(progress=True)                 # a tqdm bar in a notebook; wait(timeout=60) for a detached job
+        df = job.results().to_pandas()          # one row per run, every result field
+        job.pairs(); job.rank(); job.report("out/")
+        lab.calibrations(); lab.inspect("m.onnx"); lab.suggest("phone-1", 5)
 
 The same `Farm` the CLI uses (farm.client) answers: embedded, `wait()` runs the job in this
 process; with a controller, the controller's agents run it and `wait()` watches.
@@ -12,19 +14,27 @@ process; with a controller, the controller's agents run it and `wait()` watches.
 
 from __future__ import annotations
 
+import math
+import os
+import socket
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, get_args
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, get_args
 
 from pydantic import ValidationError
 
 from farm.client.api import (
-    CalibrateAnswer, CalibrateAsk, DeviceInfo, Farm, FarmError, JobInfo, PredictAsk, Prediction, Progress, Submitted,
+    CalibrateAnswer, CalibrateAsk, CalibrationVersion, DeviceInfo, DriftRecord, Farm, FarmError, JobInfo, PredictAsk,
+    Prediction, Progress, RankAnswer, RankAsk, Submitted,
 )
 from farm.client.api import RunRecord as TypedRunRecord
 from farm.proto.questions import CalibrationFit, explain
 from farm.proto.spec import Priority
+
+if TYPE_CHECKING:  # inspection loads onnx/LiteRT readers: only when asked
+    from farm.proto.results import ModelFacts
 
 # The Python API's records are the client's own answer models (farm.proto.questions): a calibration as
 # `farm calibrate --json` lists it, a prediction as `farm predict --json` prints it.
@@ -73,7 +83,7 @@ class Results(list):
     """A job's RunRecords, in the store's order."""
 
     def to_pandas(self) -> Any:
-        """One row per run (the typed fields; `record` holds the rest). Needs pandas."""
+        """One row per run: the flat figures, then every field of the record (nested ones as "a.b"). Needs pandas."""
         try:
             import pandas
         except ImportError:
@@ -81,7 +91,20 @@ class Results(list):
                             "`pip install 'farm[pandas]'` (or `pip install pandas`; or read the records as they are: "
                             "each is a RunRecord)") from None
         columns = [f for f in RunRecord.__dataclass_fields__ if f != "typed"]
-        return pandas.DataFrame([{c: getattr(r, c) for c in columns} for r in self], columns=columns)
+        rows = []
+        for r in self:  # the flat figures first, then every other field of the record ("limits.cpus", "contention.contended"...)
+            row = {c: getattr(r, c) for c in columns}
+            _flatten("", r.typed.model_dump(exclude={"op_profile"}), row)
+            rows.append(row)
+        return pandas.DataFrame(rows)
+
+
+def _flatten(prefix: str, value: Any, into: dict[str, Any]) -> None:
+    if isinstance(value, dict) and value:
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, into)
+    elif prefix not in into:  # the flat columns above keep their plain name and value
+        into[prefix] = value
 
 
 def _print_warning(kind: str, message: str) -> None:
@@ -91,6 +114,27 @@ def _print_warning(kind: str, message: str) -> None:
 def _print_progress(p: Progress) -> None:
     line = p.last or f"{p.completed} ok, {p.failed} failed, {p.running} running"
     print(f"job {p.job}: [{p.done}/{p.total}] {line}", file=sys.stderr, flush=True)
+
+
+def _progress_printer(job: int, progress: bool | str) -> tuple[Callable[[Progress], None] | None, Callable[[], None]]:
+    """What wait() calls with each step, and how the display ends: a tqdm.auto bar, stderr lines, or nothing."""
+    if not progress:
+        return None, lambda: None
+    if progress is True:
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:  # the 'notebook' extra brings it; lines do without
+            return _print_progress, lambda: None
+        bar = tqdm(total=0, desc=f"job {job}", unit="run")
+
+        def draw(p: Progress) -> None:
+            bar.total = p.total
+            bar.n = p.done
+            bar.set_postfix_str(f"{p.completed} ok, {p.failed} failed, {p.running} running", refresh=False)
+            bar.refresh()
+
+        return draw, bar.close
+    return _print_progress, lambda: None
 
 
 class Job:
@@ -111,11 +155,83 @@ class Job:
     def status(self) -> str:
         return self.info().status
 
-    def wait(self, progress: bool = False) -> JobInfo:
-        """Until the job ends (embedded: runs it here). progress=True prints each step on stderr."""
-        if not self._lab.farm.wait(self.id, _print_progress if progress else None):
+    def wait(self, timeout: float | None = None, progress: bool | str = False) -> JobInfo:
+        """Until the job ends (embedded: runs it here, unless submitted with detach=True).
+
+        progress: True draws a progress bar (tqdm.auto: a widget in a notebook, a line in a terminal)
+        when tqdm is installed, else prints each step on stderr; "lines" always prints the steps.
+        timeout: seconds to wait before TimeoutError; the job goes on (wait again, or cancel it). A job
+        this process runs itself (embedded, not detached) cannot be left running, so it refuses a timeout.
+        """
+        if progress not in (True, False, "lines"):
+            raise FarmError(f"wait(progress={progress!r}): give True (a bar), \"lines\" or False.")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not math.isfinite(timeout) or timeout <= 0):
+            raise FarmError(f"wait(timeout={timeout!r}): give a positive number of seconds (or leave it out).")
+        show, close = _progress_printer(self.id, progress)
+        try:
+            if timeout is None:
+                finished = self._lab.farm.wait(self.id, show)
+            else:
+                finished = self._wait_at_most(timeout, show)
+        finally:
+            close()
+        if not finished:
             raise KeyboardInterrupt(f"job {self.id} was interrupted; lab.resume({self.id}) carries on")
         return self.info()
+
+    def _wait_at_most(self, timeout: float, show: Callable[[Progress], None] | None) -> bool:
+        info = self.info()
+        if (self._lab.farm.embedded and info.owner_pid == os.getpid() and info.owner_host == socket.gethostname()
+                and not info.finished):
+            raise FarmError(f"wait(timeout=...): job {self.id} runs in this process, so waiting less would leave it "
+                            "half run; submit it with detach=True (a background process runs it) to wait with a timeout")
+        outcome: list[bool | BaseException] = []
+
+        def follow() -> None:  # following a job (a controller's stream, a store another process writes) is safe to leave
+            try:
+                outcome.append(self._lab.farm.wait(self.id, show))
+            except BaseException as e:  # noqa: BLE001 -- handed to the caller's thread below
+                outcome.append(e)
+
+        follower = threading.Thread(target=follow, name=f"farm-wait-{self.id}", daemon=True)
+        follower.start()
+        follower.join(timeout)
+        if not outcome:
+            raise TimeoutError(f"job {self.id} is still {self.info().status} after {timeout:g} s; it goes on: "
+                               "wait() again, or cancel() it")
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
+
+    def pairs(self) -> list[dict[str, Any]]:
+        """Device runs beside their sim twins (completed pairs only), as `farm results JOB --pairs --json`."""
+        from farm.controller.analysis.results import paired_records
+
+        return paired_records([r.model_dump() for r in self._lab.farm.results(self.id)])
+
+    def report(self, folder: str | Path, *, png: bool = False) -> list[Path]:
+        """Writes `farm report`'s page (and with png=True each figure) into folder; the paths written, the page first."""
+        answer = self._lab.farm.report(self.id, html=True, png=png)
+        target = Path(folder)
+        target.mkdir(parents=True, exist_ok=True)
+        written = []
+        for f in answer.files:  # each name is a plain file name (checked when the answer was read)
+            (target / f.name).write_bytes(f.data)
+            written.append(target / f.name)
+        for w in answer.warnings:
+            _print_warning("warning", w)
+        return written
+
+    def rank(self, *, metric: str = "latency", device_jobs: Iterable[int] = (), devices: Iterable[str] = (),
+             include_contended: bool = False) -> RankAnswer:
+        """Rank agreement of the sim with the devices on this job's models (`farm rank`)."""
+        try:
+            ask = RankAsk(job=self.id, metric=metric, device_jobs=list(device_jobs), devices=list(devices),
+                          include_contended=include_contended)
+        except ValidationError as e:
+            raise FarmError(f"rank(): {explain(e)}") from None
+        return self._lab.farm.rank(ask)
 
     def results(self) -> Results:
         return Results(RunRecord.of(r) for r in self._lab.farm.results(self.id))
@@ -210,6 +326,26 @@ class Lab:
         ask = PredictAsk(model=Path(model), device=device, metrics=tuple(metrics), threads=threads,
                          confidence=confidence, include_contended=include_contended)
         return self.farm.predict(ask, _print_progress if progress else None)
+
+    def calibrations(self, device: str | None = None, metric: str | None = None) -> list[CalibrationVersion]:
+        """Every stored calibration version (`farm calibrations`), newest first per key."""
+        return self.farm.calibrations(device, metric)
+
+    def drift(self, device: str | None = None) -> list[DriftRecord]:
+        """How each nightly refresh moved the calibrations (`farm drift`)."""
+        return self.farm.drift(device)
+
+    def inspect(self, model: str | Path) -> ModelFacts:
+        """What farm knows about a model file without running it (`farm inspect`): shapes, ops, parameters, MACs."""
+        from farm.models.facts import ModelError, inspect_model
+
+        path = Path(model)
+        if not path.is_file():
+            raise FarmError(f"inspect({str(model)!r}): no such model file")
+        try:
+            return inspect_model(path)
+        except ModelError as e:
+            raise FarmError(str(e)) from None
 
     def suggest(self, device: str, count: int, *, metric: str = "latency", threads: int | None = None,
                 include_contended: bool = False) -> dict[str, Any]:

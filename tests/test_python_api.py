@@ -22,7 +22,31 @@ def test_the_python_api_example_runs(tmp_path: Path) -> None:
     assert "job 1 (sim): completed, 4/4 runs" in run.stdout and "job 2 (half-cpu): completed, 4/4 runs" in run.stdout
     assert "calibration #1 half-cpu latency: y = " in run.stdout
     assert "mobilenetv2_w1.4_r96.tflite on half-cpu: " in run.stdout
-    assert "job 1: [4/4]" in run.stderr  # wait(progress=True)
+    assert "calibration version(s) stored for half-cpu" in run.stdout and "report written: report.html" in run.stdout
+    assert (tmp_path / "report" / "report.html").is_file()
+    assert "parameters" in run.stdout and " MACs" in run.stdout
+    # wait(progress=True): a tqdm bar (text when not in a notebook) reaching every run
+    assert "job 1: 100%" in run.stderr and "4/4" in run.stderr
+
+
+def test_wait_refuses_a_timeout_it_cannot_keep_and_bad_arguments(tmp_path: Path, tiny_models) -> None:
+    import farm
+
+    with farm.connect(db=tmp_path / "farm.db") as lab:
+        job = lab.submit({"name": "t", "models": [str(tiny_models["onnx"])], "workload": {"iterations": 2}},
+                         base_dir=tmp_path)
+        for bad in (0, -1, float("nan"), True, "10"):
+            with pytest.raises(farm.FarmError, match="wait\\(timeout="):
+                job.wait(timeout=bad)
+        with pytest.raises(farm.FarmError, match="wait\\(progress="):
+            job.wait(progress="bar")
+        with pytest.raises(farm.FarmError, match="runs in this process"):
+            job.wait(timeout=30)  # embedded, not detached: leaving it half run is not an option
+        assert job.wait(progress="lines").status == "completed"
+        assert job.wait(timeout=30).status == "completed"  # nothing left to run: an answer at once
+        assert job.pairs() == []  # a sim-only job has no device twins
+        with pytest.raises(farm.FarmError, match="no such model file"):
+            lab.inspect(tmp_path / "missing.onnx")
 
 
 def test_import_farm_loads_nothing_else() -> None:
@@ -49,6 +73,10 @@ def test_results_are_typed_records_and_pandas_is_optional(tmp_path: Path, tiny_m
         else:
             frame = results.to_pandas()
             assert list(frame["model"]) == ["tiny"] and frame["latency_ms"][0] == results[0].latency_ms
+            # every result field is a column: the budget, contention, throughput, input size...
+            for column in ("cpus", "input_size", "throughput_per_s", "limits.memory_mb", "latency_ms.p90", "model.sha256",
+                           "whole_run_s", "message"):
+                assert column in frame.columns, column
         with pytest.raises(farm.FarmError, match="no job 99"):
             lab.job(99)
 
