@@ -53,7 +53,7 @@ def _seed_lab(store, controller) -> None:
         names = [f"phone-{a * 20 + k:03d}" for k in range(20)]
         if a == 0:
             names[0] = HOSTILE
-        store.record_agent({"name": agent, "session_id": f"s{a}", "state": state, "farm_version": "0.1.0",
+        store.devices.record_agent({"name": agent, "session_id": f"s{a}", "state": state, "farm_version": "0.1.0",
                             "capabilities_json": "[]", "hostname": f"host{a}", "peer": "127.0.0.1", "connected_at": now,
                             "last_seen": now},
                            [(n, agent, "android", "pixel-7", "[]", "{}", 1, state, now) for n in names])
@@ -81,7 +81,7 @@ def _drift(store) -> int:
 @pytest.fixture
 def lab(tmp_path: Path, tiny_models):
     from farm.controller.scheduling.controller import Controller
-    from farm.controller.scheduling.store import Store
+    from farm.controller.store import SQLiteStore as Store
     from farm.web.server import Operator, start_dashboard
 
     db = tmp_path / "farm.db"
@@ -184,10 +184,10 @@ def test_quarantine_needs_a_reason_on_the_server_too(lab) -> None:
         refused = dashboard.handle("POST", "/actions/device", headers, urllib.parse.urlencode(
             {"device": "phone-001", "action": action, "reason": " ", "csrf": csrf}).encode())
         assert refused.status == 400 and b"reason" in refused.body
-    assert store.device_health_by_name().get("phone-001") is None
+    assert store.devices.health_by_name().get("phone-001") is None
     done = dashboard.handle("POST", "/actions/device", headers, urllib.parse.urlencode(
         {"device": "phone-001", "action": "quarantine", "reason": "cracked screen", "csrf": csrf}).encode())
-    assert done.status == 303 and store.device_health_by_name()["phone-001"]["reason"] == "cracked screen"
+    assert done.status == 303 and store.devices.health_by_name()["phone-001"]["reason"] == "cracked screen"
 
 
 # --- in the browser -------------------------------------------------------------------------------
@@ -239,24 +239,24 @@ def test_quarantine_asks_for_confirmation_and_a_reason(lab, browser) -> None:
     button.click()  # no reason: the browser's own check stops the form; nothing is asked, nothing sent
     time.sleep(1)
     assert browser.driver.execute_script("return document.querySelector('input:invalid') !== null;")
-    assert store.device_health_by_name().get("phone-010") is None
+    assert store.devices.health_by_name().get("phone-010") is None
     browser.driver.find_element("xpath", row + '//input[@name="reason"]').send_keys("loose cable")
     browser.driver.find_element("xpath", row + '//button[@value="quarantine"]').click()
     alert = browser.wait(lambda d: d.switch_to.alert, "the confirmation dialog")
     assert "phone-010" in alert.text and "out of service" in alert.text
     alert.dismiss()  # "no": nothing happens
     time.sleep(1)
-    assert store.device_health_by_name().get("phone-010") is None
+    assert store.devices.health_by_name().get("phone-010") is None
     browser.driver.find_element("xpath", row + '//button[@value="quarantine"]').click()
     browser.wait(lambda d: d.switch_to.alert, "the confirmation dialog").accept()
     browser.wait(lambda d: "quarantined" in d.find_element("css selector", ".flash").text, "the flash message")
-    assert store.device_health_by_name()["phone-010"]["reason"] == "loose cable"
+    assert store.devices.health_by_name()["phone-010"]["reason"] == "loose cable"
 
 
 def test_cancel_asks_for_confirmation(tmp_path: Path, tiny_models, browser) -> None:
     from farm.controller.scheduling.controller import Controller
     from farm.controller.scheduling.jobfile import load_job_text
-    from farm.controller.scheduling.store import Store
+    from farm.controller.store import SQLiteStore as Store
     from farm.web.server import Operator, start_dashboard
     model = tiny_models["onnx"]
     store = Store(tmp_path / "farm.db")
@@ -270,11 +270,11 @@ def test_cancel_asks_for_confirmation(tmp_path: Path, tiny_models, browser) -> N
         assert f"Cancel job {job_id}?" in alert.text
         alert.dismiss()
         time.sleep(1)
-        assert store.job(job_id)["status"] == "queued"
+        assert store.jobs.get(job_id)["status"] == "queued"
         browser.find("#cancel").click()
         browser.wait(lambda d: d.switch_to.alert, "the confirmation dialog").accept()
         browser.wait(lambda d: "canceled" in d.find_element("css selector", ".flash").text, "the flash message")
-        assert store.job(job_id)["status"] == "canceled"
+        assert store.jobs.get(job_id)["status"] == "canceled"
     finally:
         running.stop()
         store.close()

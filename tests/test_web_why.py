@@ -64,7 +64,7 @@ def seed_failed_job(db: Path, model: Path) -> int:
     """Four repeats of one model: one completed with an op profile, then three failures of three kinds."""
     from farm.controller.scheduling.controller import Controller
     from farm.controller.scheduling.jobfile import load_job_text
-    from farm.controller.scheduling.store import Store
+    from farm.controller.store import SQLiteStore as Store
 
     store = Store(db)
     controller = Controller(store)
@@ -79,7 +79,7 @@ def seed_failed_job(db: Path, model: Path) -> int:
 @pytest.fixture
 def served(tmp_path: Path, tiny_models):
     from farm.controller.scheduling.controller import Controller
-    from farm.controller.scheduling.store import Store
+    from farm.controller.store import SQLiteStore as Store
     from farm.web.server import Operator, start_dashboard
 
     db = tmp_path / "farm.db"
@@ -142,7 +142,7 @@ def test_failure_reason_and_op_table_in_the_browser(served, browser) -> None:
 def test_a_retried_run_says_its_attempt_was_a_contention_retry(tmp_path: Path, tiny_models) -> None:
     from farm.controller.scheduling.controller import Controller
     from farm.controller.scheduling.jobfile import load_job_text
-    from farm.controller.scheduling.store import Store
+    from farm.controller.store import SQLiteStore as Store
     from farm.proto.results import Contention
     from farm.web.server import Operator, start_dashboard
 
@@ -171,7 +171,7 @@ def test_a_retried_run_says_its_attempt_was_a_contention_retry(tmp_path: Path, t
 def test_pairs_get_a_scatter_with_the_devices_calibration_band_and_predictions_sit_beside_runs(tmp_path: Path) -> None:
     from farm.controller.analysis.calibration import Pair
     from farm.controller.analysis.calibrations import PairedRun, fit_and_store
-    from farm.controller.scheduling.store import Store
+    from farm.controller.store import SQLiteStore as Store
     from farm.web import pages, svg
     from farm.web.views import pair_charts
 
