@@ -32,7 +32,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory, farm_wheel: Path) -> Pat
     root = tmp_path_factory.mktemp("wheel")
     wheel = farm_wheel
     _run([sys.executable, "-m", "venv", str(root / "venv")], cwd=root)  # without --system-site-packages
-    _run([str(root / "venv" / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)], cwd=root)
+    _run([str(root / "venv" / "bin" / "python"), "-m", "pip", "install", "--quiet", f"{wheel}[all]"], cwd=root)  # the nightly needs the controller and analysis extras
     return root / "venv" / "bin"
 
 
