@@ -262,6 +262,7 @@ class RunModel(Model):
     fc_macs_share: float | None = None
     other_macs_share: float | None = None
     activation_bytes: int | None = None
+    op_count: int | None = None  # the layer count: a per-layer feature of the calibration
 
 
 class Latency(Model):
