@@ -212,7 +212,8 @@ def _suggest_offline(args: argparse.Namespace) -> int:
 def _suggest_from_store(args: argparse.Namespace) -> int:
     """--suggest K --device D: the K models of the store to measure on D next; -o writes a job file that runs
     exactly those on D (the workload of the sim job the first came from)."""
-    from farm.controller.analysis.calibrations import CalibrationError, suggest_for_device
+    from farm.controller.analysis.calibrations import CalibrationError
+    from farm.controller.analysis.suggestions import suggest_for_device
 
     farm = open_farm(args)
     if not farm.embedded:

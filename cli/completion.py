@@ -107,13 +107,13 @@ SCRIPTS = {"bash": bash_script, "zsh": zsh_script, "fish": fish_script}
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    from farm.cli.main import build_parser
-    sys.stdout.write(SCRIPTS[args.shell](build_parser()))
+    sys.stdout.write(SCRIPTS[args.shell](args.completion_of))
     return 0
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction, root: argparse.ArgumentParser) -> None:
+    """`farm completion`; root is the whole `farm` parser, complete by the time the command runs."""
     s = sub.add_parser("completion", help="print a shell completion script (bash, zsh or fish)")
     s.add_argument("shell", choices=sorted(SCRIPTS), help="the shell to complete in: e.g. "
                    "`farm completion bash > /etc/bash_completion.d/farm`")
-    s.set_defaults(func=cmd_completion)
+    s.set_defaults(func=cmd_completion, completion_of=root)

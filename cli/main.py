@@ -392,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_inspect_command(sub)
 
     from farm.cli.completion import add_parser as add_completion_command
-    add_completion_command(sub)
+    add_completion_command(sub, p)
     for command in _leaf_parsers(p):
         _log_options(command)
     return p

@@ -351,7 +351,8 @@ class Lab:
                 include_contended: bool = False) -> dict[str, Any]:
         """`farm calibrate --suggest K --device D`: the models of this store to measure on the device next
         (candidates: models measured in the sim, not yet in the device's calibration); local stores only."""
-        from farm.controller.analysis.calibrations import CalibrationError, suggest_for_device
+        from farm.controller.analysis.calibrations import CalibrationError
+        from farm.controller.analysis.suggestions import suggest_for_device
 
         if not self.farm.embedded:
             raise FarmError("Lab.suggest reads a local store's models: farm.connect(db=...) on the controller's host")

@@ -10,10 +10,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from farm.agents.sandbox.warm import WarmLaunch
+from typing import Any
 
 
 def parse_cpuset(text: str) -> list[int]:
@@ -220,6 +217,6 @@ class SandboxBackend(abc.ABC):
     # others (docker: the run lives in a container) start every run cold.
     warm_capable: bool = False
 
-    def start_warm(self, warm: "WarmLaunch", budget: Budget, *, env: dict[str, str], cwd: Path) -> RunningSandbox:
+    def start_warm(self, warm: Any, budget: Budget, *, env: dict[str, str], cwd: Path) -> RunningSandbox:  # warm: a warm.WarmLaunch (warm.py builds on this module)
         """The run forked by warm's zygote inside a fresh sandbox, held exactly as start() holds a process."""
         raise SandboxError(f"the {self.name} backend starts every run cold")
