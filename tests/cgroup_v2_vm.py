@@ -36,7 +36,7 @@ QEMU = "qemu-system-x86_64"
 MODULES = ["drivers/virtio/virtio_ring.ko", "drivers/virtio/virtio.ko", "drivers/virtio/virtio_pci_legacy_dev.ko",
            "drivers/virtio/virtio_pci_modern_dev.ko", "drivers/virtio/virtio_pci.ko", "fs/fuse/fuse.ko",
            "fs/fuse/virtiofs.ko"]
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: a checkout under /tmp is bound back into the guest
 MEMORY_MB = 2048
 END = "@@farm-vm-exit"
 
@@ -48,7 +48,11 @@ mount -t sysfs sys /sys
 for pass in 1 2 3; do for m in /modules/*.ko; do [ -e "$m.loaded" ] || { insmod "$m" 2>/dev/null && : > "$m.loaded"; }; done; done
 mkdir -p /host
 mount -t virtiofs -o ro host /host || { echo "farm-vm: cannot mount the host share"; poweroff -f; }
+# a checkout under /tmp (a CI clone there) is kept: bound aside before the guest's fresh tmpfs, then back
+KEEP=$(cat /proc/cmdline | sed -n 's/.*farm_keep=\([^ ]*\).*/\1/p' | base64 -d)
+mkdir -p /keep && [ -n "$KEEP" ] && mount -o bind "/host$KEEP" /keep
 for d in tmp run var/tmp; do mount -t tmpfs -o mode=1777 tmpfs /host/$d; done
+[ -n "$KEEP" ] && mkdir -p "/host$KEEP" && mount -o bind /keep "/host$KEEP"
 # the sim runs jobs as nobody: a Python under the host's 0700 /root must stay reachable, so the guest's /root
 # is a 0711 tmpfs holding the host's entries bound back
 mkdir -p /oldroot && mount -o bind /host/root /oldroot && mount -t tmpfs -o mode=0711 tmpfs /host/root
@@ -194,6 +198,9 @@ def run(command: str, timeout_s: float = 900, accel: str | None = None) -> VmRes
         encoded = base64.b64encode(command.encode()).decode()
         append = (f"console=ttyS0 quiet panic=-1 cgroup_no_v1=all systemd.unified_cgroup_hierarchy=1 "
                   f"farm_cmd={encoded}")
+        tree = Path(__file__).resolve().parent.parent
+        if any(tree.is_relative_to(d) for d in ("/tmp", "/run", "/var/tmp")):  # the guest mounts fresh ones there
+            append += f" farm_keep={base64.b64encode(str(tree).encode()).decode()}"
         argv = [QEMU, "-accel", chosen, "-m", str(MEMORY_MB), "-smp", "2", "-nographic", "-no-reboot",
                 "-kernel", str(where / "vmlinuz"), "-initrd", str(where / "initramfs.cpio"), "-append", append,
                 "-chardev", f"socket,id=fs,path={socket}", "-device", "vhost-user-fs-pci,chardev=fs,tag=host",
