@@ -12,7 +12,7 @@ import statistics
 
 import numpy as np
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from farm.controller.operations.alerts import drift_event
@@ -23,6 +23,7 @@ from farm.controller.analysis.calibrations import (
 from farm.controller.scheduling.controller import Controller
 from farm.controller.operations.reference_suite import HEALTH_CHECK
 from farm.controller.store import Store
+from farm.proto.questions import DriftCheck
 
 
 @dataclass
@@ -35,24 +36,6 @@ class DriftThresholds:
     prediction_shift: float = 0.25  # mean relative move of the reference models' predictions
 
 
-@dataclass
-class Drift:
-    device: str
-    metric: str
-    threads: int
-    calibration_id: int
-    previous_id: int
-    slope_change: float
-    intercept_change: float
-    r2_drop: float
-    prediction_shift: float
-    reasons: list[str] = field(default_factory=list)
-
-    @property
-    def exceeded(self) -> bool:
-        return bool(self.reasons)
-
-
 def _plain_line(c: StoredCalibration) -> tuple[float, float, float]:
     xs = np.array([p.x for p in c.calibration.pairs])
     ys = np.array([p.y for p in c.calibration.pairs])
@@ -62,7 +45,7 @@ def _plain_line(c: StoredCalibration) -> tuple[float, float, float]:
     return float(a), float(b), 1.0 - float((residual ** 2).sum()) / total if total else 1.0
 
 
-def drift_between(old: StoredCalibration, new: StoredCalibration, thresholds: DriftThresholds) -> Drift:
+def drift_between(old: StoredCalibration, new: StoredCalibration, thresholds: DriftThresholds) -> DriftCheck:
     """How far the new fit moved: coefficients, R², and the predictions for the new fit's own models."""
     # The chosen fits may use model facts as regressors; the coefficients compared are those of
     # the plain line y = a·x + b through each calibration's pairs, which always exists.
@@ -79,17 +62,16 @@ def drift_between(old: StoredCalibration, new: StoredCalibration, thresholds: Dr
         if before:
             shifts.append(abs(new_fit.predict(p.x, features=p.features).estimate - before) / abs(before))
     shift = statistics.fmean(shifts) if shifts else 0.0
-    drift = Drift(new.device, new.metric, new.threads, new.id, old.id, slope, intercept, r2_drop, shift)
-    for name, value in (("slope_change", slope), ("intercept_change", intercept), ("r2_drop", r2_drop),
-                        ("prediction_shift", shift)):
-        limit = getattr(thresholds, name)
-        if value > limit:
-            drift.reasons.append(f"{name} {value:.3g} > {limit:g}")
-    return drift
+    reasons = [f"{name} {value:.3g} > {getattr(thresholds, name):g}"
+               for name, value in (("slope_change", slope), ("intercept_change", intercept), ("r2_drop", r2_drop),
+                                   ("prediction_shift", shift)) if value > getattr(thresholds, name)]
+    return DriftCheck(device=new.device, metric=new.metric, threads=new.threads, calibration_id=new.id,
+                      previous_id=old.id, slope_change=slope, intercept_change=intercept, r2_drop=r2_drop,
+                      prediction_shift=shift, reasons=reasons, exceeded=bool(reasons))
 
 
-def record_drift(store: Store, drift: Drift) -> None:
-    row = {k: v for k, v in asdict(drift).items() if k != "reasons"}
+def record_drift(store: Store, drift: DriftCheck) -> None:
+    row = drift.model_dump(exclude={"reasons", "exceeded"})
     store.calibrations.add_drift({**row, "exceeded": int(drift.exceeded), "reasons": "; ".join(drift.reasons),
                      "created_at": time.time()})
 
@@ -149,7 +131,7 @@ class RefreshReport:
     job: int
     calibrations: list[dict[str, Any]] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
-    drift: list[Drift] = field(default_factory=list)
+    drift: list[DriftCheck] = field(default_factory=list)
     quarantined: dict[str, list[str]] = field(default_factory=dict)
     contended_left_out: int = 0  # sim twins whose cores were not their own: not fitted
 
@@ -195,7 +177,7 @@ def after_reference_run(store: Store, job_id: int, *, thresholds: DriftThreshold
 
 def report_json(report: RefreshReport) -> dict[str, Any]:
     return {"job": report.job, "calibrations": report.calibrations, "refused": report.refused,
-            "drift": [{**asdict(d), "exceeded": d.exceeded} for d in report.drift],
+            "drift": [d.model_dump() for d in report.drift],
             "quarantined": report.quarantined, "contended_left_out": report.contended_left_out}
 
 
