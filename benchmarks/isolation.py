@@ -50,7 +50,8 @@ def isolation_overhead(rounds: int, work: Path) -> dict[str, dict[str, float]]:
 
 
 def upload_cost(mib: int, work: Path) -> dict[str, float]:
-    from farm.cli.remote import FarmClient, upload_job_files
+    from farm.client.config import Credentials
+    from farm.client.remote import RemoteFarm
     from farm.controller.grpc_server import serve
     from farm.controller.store import SQLiteStore as Store
 
@@ -69,14 +70,14 @@ def upload_cost(mib: int, work: Path) -> dict[str, float]:
     store = Store(work / "ctl.db")
     server = serve(store, "127.0.0.1:0", tokens=None)
     try:
-        client = FarmClient(f"127.0.0.1:{server.port}", None, None)
+        remote = RemoteFarm(f"127.0.0.1:{server.port}", Credentials())  # no token: the controller runs without one
         started = time.perf_counter()
-        upload_job_files(client, job, job.read_text())
+        remote._upload_job_files(job, job.read_text())  # the upload `farm submit --controller` makes
         first = time.perf_counter() - started
         started = time.perf_counter()
-        upload_job_files(client, job, job.read_text())
+        remote._upload_job_files(job, job.read_text())  # the same sha256 again: the controller says it has it
         again = time.perf_counter() - started
-        client.close()
+        remote.close()
     finally:
         server.stop()  # the store closes with the process: the dispatcher may still be finishing a round
     return {"size_mib": model.stat().st_size / (1 << 20), "first_s": first, "deduplicated_s": again}
