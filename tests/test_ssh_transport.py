@@ -181,6 +181,22 @@ def test_a_sampler_that_cannot_start_leaves_its_reason(board: SshdPeer) -> None:
     assert status == 127 and out == "" and "not found" in err
 
 
+def test_a_run_shorter_than_the_samplers_first_period_still_gets_a_reading(board: SshdPeer) -> None:
+    # tegrastats prints after one period and jtop after its Python starts: a quick run used to end with no
+    # sample at all, so the board side of a pair had no memory figure (seen on a loaded CI machine)
+    with SshTransport(target(board)) as ssh:
+        result, sampled, _ = ssh.run_sampled("sleep 1.5; echo reading; sleep 30", "true", timeout_s=30)
+    assert result.status == 0 and sampled.stdout.splitlines() == ["reading"]
+
+
+def test_a_sampler_that_cannot_start_does_not_hold_the_run(board: SshdPeer) -> None:
+    with SshTransport(target(board)) as ssh:
+        started = time.monotonic()
+        result, sampled, _ = ssh.run_sampled("no-such-sampler --interval 100", "true", timeout_s=30)
+        assert time.monotonic() - started < 8  # not the 10 s wait for a first reading
+    assert result.status == 0 and sampled.status == 127 and "not found" in sampled.stderr
+
+
 # The text → facts steps are pure; these cover variants the fake board does not print.
 
 def test_nvpmodel_query_with_a_warning_first() -> None:

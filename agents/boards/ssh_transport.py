@@ -352,7 +352,8 @@ class SshTransport:
         return UploadResult(remote_path, sha, size, uploaded=True)
 
     def run_sampled(self, sampler: str, command: str, timeout_s: float,
-                    cancel_check: Callable[[], bool] | None = None) -> tuple[CommandResult, CommandResult, float]:
+                    cancel_check: Callable[[], bool] | None = None,
+                    first_output_s: float = 10.0) -> tuple[CommandResult, CommandResult, float]:
         """Run `command` while `sampler` runs beside it; returns (command result, sampler output, wall s)."""
         background = self.start_background(sampler, max_s=timeout_s + 60)
         started = time.monotonic()
@@ -362,6 +363,9 @@ class SshTransport:
             background.stop_quietly()
             raise
         wall_s = time.monotonic() - started
+        # A run shorter than the sampler's start-up (tegrastats prints after one period, jtop after its
+        # Python starts) would have no reading at all; the first one, just after the run, is the nearest there is.
+        background.wait_for_output(first_output_s)
         return result, background.stop(), wall_s
 
     def start_background(self, command: str, max_s: float) -> "BackgroundCommand":
@@ -402,6 +406,17 @@ class BackgroundCommand:
 
     def _pid(self) -> int | None:
         return _strip_pid_line(self._out)[0]
+
+    def wait_for_output(self, timeout_s: float) -> bool:
+        """Wait until the command has printed one whole line (beyond our pid line), or has ended, or
+        `timeout_s` passed; True if there is a line."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if b"\n" in _strip_pid_line(self._out)[1]:
+                return True
+            if not self._reader.is_alive() or time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL_S)
 
     def stop_quietly(self) -> None:
         """Stop after the foreground command failed: that error is the one to report, not ours."""
