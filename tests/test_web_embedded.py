@@ -262,21 +262,28 @@ def test_a_calibrations_history_and_drift_over_refreshes(tmp_path: Path) -> None
     assert ">v3</a> of 3" in listing and "pixel-7" in listing
 
 
-def test_idle_connections_cannot_take_every_thread(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("cap", ["in all", "per address"])
+def test_idle_connections_cannot_take_every_thread(tmp_path: Path, monkeypatch, cap: str) -> None:
     import socket
 
     from farm.controller.scheduling.controller import Controller
     from farm.controller.store import SQLiteStore as Store
     from farm.web import server
-    from farm.web.server import MAX_CONNECTIONS, Operator, start_dashboard
+    from farm.web.server import Operator, start_dashboard
 
-    # the idle sockets must stay idle while they are counted: on a loaded host opening them can take longer
-    # than the header deadline, which would free slots by the deadline's rule, not this one's
+    # Small caps, so the idle sockets open in a moment even on a loaded host: opening 256 once took longer than
+    # the 30 s read timeout, which freed the first slots by that rule, not this one. The idle sockets must stay
+    # idle while they are counted, so neither the header deadline nor the read timeout may end them.
     monkeypatch.setattr(server, "HEADER_DEADLINE_S", 300.0)
-
+    monkeypatch.setattr(server._Handler, "timeout", 300)
+    if cap == "in all":
+        monkeypatch.setattr(server, "MAX_CONNECTIONS", 6)
+        monkeypatch.setattr(server, "MAX_CONNECTIONS_PER_ADDRESS", 1000)
+    else:
+        monkeypatch.setattr(server, "MAX_CONNECTIONS_PER_ADDRESS", 6)
     store = Store(tmp_path / "farm.db")
     running = start_dashboard(store, "127.0.0.1:0", Operator.embedded(Controller(store)), tokens=None)
-    idle = [socket.create_connection(("127.0.0.1", running.port), timeout=30) for _ in range(MAX_CONNECTIONS)]
+    idle = [socket.create_connection(("127.0.0.1", running.port), timeout=30) for _ in range(6)]
     try:
         with pytest.raises((urllib.error.URLError, ConnectionError)):  # one more is closed, not queued
             urllib.request.urlopen(f"{running.url}lab", timeout=30)
