@@ -23,6 +23,7 @@ from farm.agents.boards.jetson import (
 )
 from farm.agents.boards.linux_board import ProcSampledRun, read_linux_facts, run_with_proc_sampling
 from farm.agents.boards.ssh_transport import SshCanceled, SshInfrastructureError, SshTarget, SshTimeoutError, SshTransport
+from farm.proto.copying import replaced
 from farm.proto.device_types import DeviceType
 from farm.proto.results import FailureClass, Limits, RunResult
 from farm.proto.tasks import TaskSpec
@@ -111,7 +112,7 @@ class BoardDriver:
         base: dict[str, Any] = dict(backend=self.config.kind, limits=Limits())
         timeout_s = self.board_timeout_s(task)
         if timeout_s != task.plan.run_timeout_s:
-            task = task.model_copy(update={"plan": task.plan.model_copy(update={"run_timeout_s": timeout_s})})
+            task = replaced(task, plan=replaced(task.plan, run_timeout_s=timeout_s))
         result = self._run(task, cancel_check, base)
         result.environment["run_timeout_s"] = timeout_s  # what this board was given, after its speed
         return result

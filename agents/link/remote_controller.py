@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from farm.agents.artifact_cache import ArtifactCache
 from farm.version import __version__
+from farm.proto.copying import replaced
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2
 from farm.proto.results import FailureClass, RunResult
 from farm.proto.spec import ScriptWorkload
@@ -175,10 +176,10 @@ class RemoteController:
                 continue
             task = request.offer
             try:  # in the slot's thread, so a download never holds up the stream
-                task = task.model_copy(update={  # the offer as this agent runs it: the copies in its own cache
-                    "model_path": self.local_model_path(task),
-                    "script_archive_path": self.local_script_archive(task)
-                    if isinstance(task.plan.workload, ScriptWorkload) else None})
+                task = replaced(  # the offer as this agent runs it: the copies in its own cache
+                    task, model_path=self.local_model_path(task),
+                    script_archive_path=self.local_script_archive(task)
+                    if isinstance(task.plan.workload, ScriptWorkload) else None)
             except (OSError, ValueError, grpc.RpcError) as e:
                 # Not the model's fault: another agent (or a later try) may have it.
                 self.complete(task.task_id, task.attempt, agent, time.time(), RunResult.failed(

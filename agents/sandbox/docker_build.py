@@ -33,6 +33,7 @@ from farm.agents.sandbox.base import SandboxError
 from farm.agents.sandbox.docker_image import (
     DEFAULT_IMAGE, IMAGE_PATH_ENV, IMAGE_REPOSITORY, ensure_default_image, host_runtime_mounts,
 )
+from farm.proto.copying import replaced
 from farm.proto.script_archive import unpack
 from farm.proto.spec import SimBuild
 
@@ -234,7 +235,7 @@ class ImageBuilder:
         import docker.errors
 
         if in_image is not None:
-            build = build.model_copy(update={"base": in_image})
+            build = replaced(build, base=in_image)
 
         if build.dockerfile:
             ensure_default_image(self.client)  # a Dockerfile may start FROM farm's base image
@@ -263,7 +264,7 @@ class ImageBuilder:
 
         started = time.monotonic()
         # before the cache too: a cached image of a refused base is refused alike (sim.image is the base when set)
-        self.check_policy(build.model_copy(update={"base": in_image}) if in_image else build, context)
+        self.check_policy(replaced(build, base=in_image) if in_image else build, context)
         base_id = self._base_id(build, context, in_image)
         key = build_key(build, f"in-image {base_id}" if in_image else base_id, context)
         tag = f"{BUILD_REPOSITORY}:{key}"

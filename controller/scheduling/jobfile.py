@@ -19,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from farm.controller.scheduling.hooks import missing_model_hint
+from farm.proto.copying import replaced
 from farm.proto.device_types import DeviceType
 from farm.proto.escape import cut_list, printable
 from farm.proto.regular_files import MAX_JOB_FILE_BYTES, FileRefused, read_regular_file
@@ -418,7 +419,7 @@ def load_input_files(spec: JobSpec, root: yaml.Node | None, base_dir: Path, sour
         if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
             raise bad(f"{printable(given.file, 200)!r} holds NaN or infinite values; inputs must be finite.")
         values = array.tolist() if array.ndim else array.item()
-        workload.inputs[name] = given.model_copy(update={"value": values})
+        workload.inputs[name] = replaced(given, value=values)
 
 
 def fixed_dimension_warnings(spec: JobSpec, models: list[ResolvedModel], root: yaml.Node | None,

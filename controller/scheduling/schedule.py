@@ -9,6 +9,7 @@ from dataclasses import asdict
 from typing import Any
 
 from farm.controller.scheduling.jobfile import ResolvedJob
+from farm.proto.copying import replaced
 from farm.proto.device_types import DeviceType
 from farm.proto.spec import SimBudget
 from farm.proto.tasks import TaskPlan
@@ -30,7 +31,7 @@ def twin_sim_budget(sim: SimBudget, device_type: DeviceType | None, threads: int
     if device_type is None:
         return sim  # an untyped device: the job's own sim budget is the best guess there is
     entry = device_type.budget_for(threads)
-    return sim.model_copy(update={"cpus": entry.cpus, "memory": entry.memory})
+    return replaced(sim, cpus=entry.cpus, memory=entry.memory)
 
 
 def expand_tasks(job: ResolvedJob) -> list[dict[str, Any]]:
@@ -65,7 +66,7 @@ def expand_tasks(job: ResolvedJob) -> list[dict[str, Any]]:
 
     for model, threads, batch, size, cpus, repeat, device in cells:
         if device is None:  # matrix.cpus (sim targets only, checked in jobfile) is this run's budget
-            budget = sim if cpus is None else sim.model_copy(update={"cpus": cpus})
+            budget = sim if cpus is None else replaced(sim, cpus=cpus)
             tasks.append(task(model, threads, batch, size, repeat, "sim", "sim", budget, cpus))
             continue
         tasks.append(task(model, threads, batch, size, repeat, device.name, device.name, sim))

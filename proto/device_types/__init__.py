@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
+from farm.proto.copying import replaced
 from farm.proto.spec import Strict, default_cpus, parse_memory
 
 BUILTIN_DIR = Path(__file__).parent
@@ -84,7 +85,7 @@ class DeviceType(Strict):
         known = sorted(self.sim_budget)
         base = max((t for t in known if t <= threads), default=known[0])
         entry = self.sim_budget[base]
-        return entry.model_copy(update={"cpus": default_cpus(None, threads, self.cores)})
+        return replaced(entry, cpus=default_cpus(None, threads, self.cores))
 
     def matches(self, facts: dict[str, Any]) -> bool:
         props = facts.get("getprop") or {}
