@@ -171,6 +171,9 @@ def test_every_json_command_prints_json_with_iso_8601_times(farm, store_with_eve
                 assert n > 0, (args, r.stdout[:400])
             moments += n
     assert moments >= 10
+    for argv in sorted(WITH_MOMENTS - {("status", "2")}):  # the tables show the same moments, in local time
+        r = farm(*argv, "--wide") if argv[0] in ("jobs", "calibrations") else farm(*argv)
+        assert r.returncode == 0 and re.search(r"20\d\d-\d\d-\d\d \d\d:\d\d:\d\d", r.stdout), (argv, r.stdout, r.stderr)
 
 
 def _agent(**moments: Any) -> Any:
