@@ -70,8 +70,12 @@ def output_file(text: str, option: str = "-o") -> Path:
     return path
 
 
-def when(ts: float | None) -> str:
-    return "—" if ts is None else dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+def when(ts: dt.datetime | float | None) -> str:
+    """A moment (an answer's UTC datetime, or Unix seconds) in this machine's local time, for a table."""
+    if ts is None:
+        return "—"
+    moment = ts.astimezone() if isinstance(ts, dt.datetime) else dt.datetime.fromtimestamp(ts)
+    return moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
 @contextmanager

@@ -8,18 +8,20 @@ Adding a question: a service function, two models here, one `Question(...)` line
 
 Answers are pydantic models, never `dict[str, Any]`: the parts a farm does not interpret (a model's
 input shapes, a run's contention evidence, a fit's choice figures) are `JsonValue`, typed as JSON.
-Timestamps stay Unix seconds (float), as every `--json` has printed them.
+A moment is a `Timestamp`: a UTC datetime here, an ISO 8601 string in JSON (`2026-11-24T19:40:00.123Z`),
+Unix seconds (a double) on the wire and in the store; durations stay numbers of seconds.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import (
-    BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, SerializationInfo, SerializerFunctionWrapHandler,
-    ValidationError, computed_field, field_validator, model_serializer,
+    AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, PlainSerializer, SerializationInfo,
+    SerializerFunctionWrapHandler, ValidationError, computed_field, field_validator, model_serializer,
 )
 
 from farm.proto.escape import printable
@@ -38,6 +40,25 @@ def _none_if_empty(value: object) -> object:
 OptionalId = Annotated[int | None, BeforeValidator(_none_if_empty)]
 OptionalName = Annotated[Name | None, BeforeValidator(_none_if_empty)]
 OptionalText = Annotated[str | None, BeforeValidator(_none_if_empty)]
+
+
+def _utc(value: datetime) -> datetime:
+    """A moment from the store or the wire (Unix seconds, read as UTC) or from JSON (ISO 8601 with its zone)."""
+    if value.tzinfo is None:
+        raise ValueError("a time without a time zone: give it in UTC (...Z or +00:00)")
+    return value.astimezone(UTC)
+
+
+def iso_utc(value: datetime) -> str:
+    """ISO 8601 in UTC to the millisecond, `Z` for the zone: one spelling for every JSON farm prints.
+    Rounded (not cut) so a moment that crossed the wire as a double prints as it did before."""
+    return (value.astimezone(UTC) + timedelta(microseconds=500)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# A moment: a UTC datetime in Python, ISO 8601 in JSON; built from Unix seconds (store, wire) or ISO text (JSON).
+Timestamp = Annotated[datetime, AfterValidator(_utc), PlainSerializer(iso_utc, return_type=str, when_used="json")]
+# The wire's 0 is "never" (a double has no None), as for ids and names.
+OptionalTimestamp = Annotated[Timestamp | None, BeforeValidator(_none_if_empty)]
 
 
 class Model(BaseModel):
@@ -223,9 +244,9 @@ class JobInfo(TaskCounts):
     name: str
     status: str
     priority: str
-    created_at: float | None
-    started_at: float | None
-    finished_at: float | None
+    created_at: OptionalTimestamp
+    started_at: OptionalTimestamp
+    finished_at: OptionalTimestamp
     message: OptionalText
     owner_pid: int | None = None  # embedded: the process running it (a controller keeps its own)
     owner_host: str | None = None
@@ -369,12 +390,12 @@ class DeviceInfo(Sparse):
     tags: list[str]
     health: str | None = None
     reason: str | None = None
-    last_check: float | None = None
+    last_check: OptionalTimestamp = None
     calibration_age_s: float | None = None
     agent: str | None = None
     slots: int | None = None
     state: str | None = None
-    last_seen: float | None = None
+    last_seen: OptionalTimestamp = None
     facts: dict[str, JsonValue] | None = None
 
 
@@ -390,8 +411,8 @@ class AgentInfo(Model):
     peer: str
     capabilities: list[str]
     running: int
-    connected_at: float
-    last_seen: float
+    connected_at: Timestamp
+    last_seen: Timestamp
 
 
 class AgentsAnswer(Model):
@@ -402,7 +423,7 @@ class DeviceHealth(Model):
     name: str
     health: str
     reason: str | None
-    changed_at: float | None
+    changed_at: OptionalTimestamp
 
 
 class DeviceHealthAnswer(Model):
@@ -501,7 +522,7 @@ class CalibrationVersion(Coefficients):
     precision: str | None
     family: str | None
     version: int
-    created_at: float | None
+    created_at: OptionalTimestamp
     kind: str | None
     n: int | None
     r2: float | None
@@ -625,7 +646,7 @@ class DriftRecord(Model):
     prediction_shift: float
     exceeded: int
     reasons: str | None
-    created_at: float | None
+    created_at: OptionalTimestamp
 
 
 class DriftAnswer(Model):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from datetime import datetime
 from enum import Enum
 from collections.abc import Iterable
 from typing import Any, TypeVar
@@ -59,6 +60,8 @@ def fill_message(message: Message, obj: Any) -> Message:
         elif field.message_type is not None:
             target.SetInParent()  # an all-default sub-message must still arrive as present
             fill_message(target, value)
+        elif isinstance(value, datetime):  # a Timestamp travels as Unix seconds (a double), as the store keeps it
+            setattr(message, name, value.timestamp())
         else:
             setattr(message, name, value.value if isinstance(value, Enum) else value)
     return message

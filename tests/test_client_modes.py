@@ -16,6 +16,7 @@ import pytest
 
 from conftest import write_job
 from grpc_processes import Cluster, wait_for
+from test_json_output import assert_iso_times
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -77,6 +78,7 @@ def test_every_command_says_the_same_embedded_and_through_a_controller(cluster: 
         remote = cluster.farm(*args, "--json", "--controller", cluster.address, timeout=600)
         assert local.returncode == remote.returncode, (args, local.stderr, remote.stderr)
         local_doc, remote_doc = json.loads(local.stdout), json.loads(remote.stdout)
+        assert_iso_times(local_doc, f"{args} embedded"), assert_iso_times(remote_doc, f"{args} remote")
         if compare:
             assert _normalized(local_doc) == _normalized(remote_doc), args
         return local_doc, remote_doc
@@ -136,6 +138,7 @@ def test_every_command_says_the_same_embedded_and_through_a_controller(cluster: 
     assert local_devices == [] and [d["name"] for d in remote_devices] == ["rack1/sim"]
     agents = cluster.farm("agents", "--json", "--controller", cluster.address)
     assert [a["name"] for a in json.loads(agents.stdout)] == ["rack1"]
+    assert assert_iso_times(json.loads(agents.stdout), "agents") == 2  # connected_at, last_seen
     local_agents = cluster.farm("agents", "--json", "--db", str(embedded_db))
     assert local_agents.returncode == 2 and "--controller" in local_agents.stderr
     # refused in both, each saying why: no device to refresh, a finished job to resume, a name to forget

@@ -8,6 +8,7 @@ import math
 import re
 import ssl
 import time
+from datetime import datetime
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -310,7 +311,7 @@ def test_farm_web_and_the_controller_notice_their_store_deleted_under_them(clust
     status, _, body = _get(f"{url}healthz")
     health = json.loads(body)
     assert status == 200 and health["ok"] and health["store"]["path"] == str(db) and health["store"]["linked"]
-    assert health["store"]["size_bytes"] > 0 and health["store"]["last_write"] > 0
+    assert health["store"]["size_bytes"] > 0 and datetime.fromisoformat(health["store"]["last_write"]).year >= 2024
     page = _get(f"{url}lab")[2]
     assert 'id="store-health"' in page and str(db) in page and ">linked<" in page
 
@@ -343,7 +344,7 @@ def test_sweep_legends_sit_under_the_plot_and_never_say_none() -> None:
     from farm.web.views import AverageRow, sweep_charts
     rows = [AverageRow(f"net<{m}>", f"phone-{p}", t, b, None, None, 1, 0, 10.0 * m + t + b, None, None, None)
             for m in range(3) for p in range(7) for t in (1, 2, 4) for b in (1, 8)]
-    charts = sweep_charts(rows)
+    charts = [s.chart for s in sweep_charts(rows) if s.chart]
     assert [c.title for c in charts] == ["latency by threads", "latency by batch size"]  # one per varying dimension
     assert len(charts[0].series) == 42 and all("None" not in name for name in charts[0].series)
     assert "net<0> @ phone-0 · batch 8" in charts[0].series
@@ -353,3 +354,29 @@ def test_sweep_legends_sit_under_the_plot_and_never_say_none() -> None:
     assert min(legend_y) > HEIGHT - 48  # under the plot area and its x label, not over the lines
     assert "&lt;0&gt;" in text and "<0>" not in text
     assert 'stroke-dasharray="6 3"' in text  # the ninth line on is dashed: 8 colours do not name 42 lines
+
+
+def test_a_series_measured_at_one_value_is_a_table_row_not_a_dot() -> None:
+    """The phones job: the sim sweeps threads 1, 2, 4 with a budget of as many cores, each phone ran 4 threads."""
+    from farm.web import pages
+    from farm.web.svg import render
+    from farm.web.views import AverageRow, sweep_charts
+    rows = [AverageRow(f"net{m}", "sim", t, 1, None, float(t), 1, 0, 10.0 * m / t, None, None, None)
+            for m in range(2) for t in (1, 2, 4)]
+    rows += [AverageRow(f"net{m}", f"phone-{p}", 4, 1, None, None, 1, 0, 30.0 * m + p, None, None, None)
+             for m in range(2) for p in range(2)]
+    [threads] = sweep_charts(rows)  # the budget moves with the threads: no second, identical chart
+    assert threads.label == "threads" and threads.chart is not None
+    assert sorted(threads.chart.series) == ["net0 @ sim", "net1 @ sim"]  # no "cpus 2" splitting a line into dots
+    assert [(name, x) for name, x, _ in threads.single] == [("net0 @ phone-0", 4.0), ("net0 @ phone-1", 4.0),
+                                                            ("net1 @ phone-0", 4.0), ("net1 @ phone-1", 4.0)]
+    drawn = render(threads.chart)
+    assert drawn.count('class="series"') == 2 and "phone" not in drawn and "None" not in drawn
+    html = pages.sweep_part(threads, 0)
+    assert 'id="sweep-single-0"' in html and "measured at one threads only" in html
+    assert html.count("<tr>") == 1 + 4 and "net1 @ phone-1" in html and "None" not in html
+    # nothing varies along threads for any series: no chart at all, only the rows
+    other = AverageRow("x", "phone-9", 1, 1, None, None, 1, 0, 5.0, None, None, None)  # threads 1, the phones 4
+    [alone] = sweep_charts([r for r in rows if r.target != "sim"] + [other])
+    assert alone.chart is None and len(alone.single) == 5
+    assert "<figure>" not in pages.sweep_part(alone, 1)

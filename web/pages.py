@@ -17,7 +17,7 @@ from farm.controller.scheduling.store_file import StoreFile
 from farm.web import svg
 from farm.web.views import (MIN_LOO_MODELS, ACTIVITIES, CONNECTIONS, FAILURES_SHOWN, HEALTHS, LAB_ROWS_SHOWN, AverageRow,
                             CalibrationSummary, CalibrationView, DeviceRow, Failure, JobView, LabFilter, LabPage, LabView,
-                            is_contended, lab_page)
+                            Sweep, is_contended, lab_page)
 
 CONTENDED_MARK = "!"
 
@@ -451,6 +451,16 @@ def _avg(r: dict[str, Any]) -> float | None:
     return (r.get("latency_ms") or {}).get("avg")
 
 
+def sweep_part(sweep: Sweep, index: int) -> str:
+    """The lines that vary along the dimension, then the series measured at one value of it, as table rows."""
+    html = f'<figure>{svg.render(sweep.chart)}</figure>' if sweep.chart else ""
+    if sweep.single:
+        html += table(f"sweep-single-{index}", [("series", "text"), (sweep.label, "num"), ("latency avg (ms)", "num")],
+                      [[(name, e(name)), (x, e(num(x))), (y, e(num(y)))] for name, x, y in sweep.single],
+                      f"measured at one {sweep.label} only (a point, not a line)")
+    return html
+
+
 def job_page(view: JobView, *, csrf: str, may_cancel: bool) -> str:
     job = view.job
     job_id = job["id"]
@@ -483,7 +493,7 @@ def job_page(view: JobView, *, csrf: str, may_cancel: bool) -> str:
     if predicted:
         parts.append("<h2>Predictions beside the runs (predict_for)</h2>" + predictions_table(predicted))
     if view.sweeps:
-        parts.append("<h2>Sweeps</h2>" + "".join(f'<figure>{svg.render(c)}</figure>' for c in view.sweeps))
+        parts.append("<h2>Sweeps</h2>" + "".join(sweep_part(s, i) for i, s in enumerate(view.sweeps)))
     for i, (title, columns, rows) in enumerate(view.op_tables):
         if i == 0:
             parts.append("<h2>Per-operator profiles</h2>")

@@ -20,6 +20,7 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,6 +36,7 @@ from farm.controller import service as answers
 from farm.controller.scheduling.store_file import StoreFile, StoreFileWatch
 from farm.controller.store import Store
 from farm.controller.store.rows import plain
+from farm.proto.questions import iso_utc
 from farm.web import pages, views
 from farm.web.session import COOKIE, LoginThrottle, Session, SessionSigner
 
@@ -224,7 +226,9 @@ class Dashboard:
         body: dict[str, Any] = {"ok": state.ok}
         if identity is not None and identity.role in VIEW_ROLES:
             body["store"] = {"path": state.path, "linked": state.linked, "replaced": state.replaced,
-                             "size_bytes": state.size_bytes, "last_write": state.last_write, "problem": state.problem}
+                             "size_bytes": state.size_bytes, "problem": state.problem,
+                             "last_write": None if state.last_write is None  # ISO 8601, as every JSON farm prints
+                             else iso_utc(datetime.fromtimestamp(state.last_write, UTC))}
         return Response(HTTPStatus.OK if state.ok else HTTPStatus.SERVICE_UNAVAILABLE, json.dumps(body).encode(),
                         "application/json")
 

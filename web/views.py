@@ -261,7 +261,7 @@ class JobView:
     records: list[dict[str, Any]]
     averages: list[AverageRow]
     pairs: list[dict[str, Any]]
-    sweeps: list[Chart]
+    sweeps: list[Sweep]
     op_tables: list[tuple[str, list[str], list[list[Any]]]]  # (title, columns, rows)
     failures: list[Failure] = field(default_factory=list)
     pair_charts: list[Chart] = field(default_factory=list)  # device vs sim, with the device's current calibration
@@ -294,13 +294,36 @@ def averages(records: list[dict[str, Any]]) -> list[AverageRow]:
     return rows
 
 
-def sweep_charts(rows: list[AverageRow]) -> list[Chart]:
-    """Latency against each matrix dimension that varies, one line per model and target."""
-    charts = []
+@dataclass
+class Sweep:
+    """Latency against one matrix dimension: the series that vary along it as lines, the ones measured at
+    one value only as rows of a table under it (a lone point is no line, and a dot named in a legend is unreadable)."""
+
+    label: str
+    chart: Chart | None  # None when no series has two values of the dimension
+    single: list[tuple[str, float, float]]  # (series, its one value of the dimension, latency avg ms)
+
+
+def _follows(rows: list[AverageRow], dependent: str, on: str) -> bool:
+    """True when `dependent` is a function of `on` in these rows (the CPU budget set by the thread count):
+    it then names no series of its own on `on`'s chart. A device run has no budget (None): it breaks no rule."""
+    seen: dict[Any, Any] = {}
+    return all(seen.setdefault(getattr(r, on), getattr(r, dependent)) == getattr(r, dependent) for r in rows
+               if getattr(r, dependent) is not None)
+
+
+def sweep_charts(rows: list[AverageRow]) -> list[Sweep]:
+    """Latency against each matrix dimension that varies, one line per model, target and other varying dimension."""
+    sweeps: list[Sweep] = []
+    charted: list[str] = []
     for attr, label in SWEEP_DIMENSIONS:
         if len({getattr(r, attr) for r in rows if getattr(r, attr) is not None}) < 2:
             continue
-        others = [a for a, _ in SWEEP_DIMENSIONS if a != attr and len({getattr(r, a) for r in rows}) > 1]
+        if any(_follows(rows, attr, a) and _follows(rows, a, attr) for a in charted):
+            continue  # moves in step with a dimension already charted (cpus = threads): the same chart again
+        charted.append(attr)
+        others = [a for a, _ in SWEEP_DIMENSIONS if a != attr and len({getattr(r, a) for r in rows}) > 1
+                  and not _follows(rows, a, attr)]
         series: dict[str, list[tuple[float, float]]] = {}
         for r in rows:
             if r.latency_ms is None or getattr(r, attr) is None:
@@ -308,8 +331,11 @@ def sweep_charts(rows: list[AverageRow]) -> list[Chart]:
             name = f"{r.model} @ {r.target}" + "".join(
                 f" · {SHORT_LABELS[a]} {getattr(r, a):g}" for a in others if getattr(r, a) is not None)
             series.setdefault(name, []).append((float(getattr(r, attr)), r.latency_ms))
-        charts.append(Chart(f"latency by {label}", label, "latency avg (ms)", series=series))
-    return charts
+        lines = {name: points for name, points in series.items() if len({x for x, _ in points}) > 1}
+        single = sorted((name, x, y) for name, points in series.items() if name not in lines for x, y in points)
+        chart = Chart(f"latency by {label}", label, "latency avg (ms)", series=lines) if lines else None
+        sweeps.append(Sweep(label, chart, single))
+    return sweeps
 
 
 def _op_table(profile: Any) -> tuple[list[str], list[list[Any]]] | None:
