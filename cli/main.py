@@ -393,6 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from farm.cli.completion import add_parser as add_completion_command
     add_completion_command(sub, p)
+    from farm.cli.manpage import add_parser as add_manpage_command
+    add_manpage_command(sub, p)
     for command in _leaf_parsers(p):
         _log_options(command)
     return p

@@ -18,7 +18,7 @@ from farm.cli.main import _leaf_parsers, build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_FOLDERS = ("agents", "cli", "client", "controller", "farm", "models", "proto", "web")
-LOCAL_ONLY = ("backends", "models generate", "schema", "inspect", "completion", "import auptimizer", "web")
+LOCAL_ONLY = ("backends", "models generate", "schema", "inspect", "completion", "manpage", "import auptimizer", "web")
 
 
 def _commands() -> dict[str, argparse.ArgumentParser]:
@@ -184,3 +184,45 @@ def test_the_log_level_reaches_the_logging_of_a_command(flags: list[str], level:
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == level
+
+
+@pytest.mark.skipif(shutil.which("groff") is None, reason="needs groff to render the manual page")
+def test_the_manual_page_documents_every_command_option_variable_and_exit_code(tmp_path: Path) -> None:
+    from farm.client import api
+    p = _farm("manpage")
+    assert p.returncode == 0, p.stderr
+    page = tmp_path / "farm.1"
+    page.write_text(p.stdout)
+    assert p.stdout.isascii()  # troff reads bytes: anything else is written as a \[uXXXX] escape
+    rendered = subprocess.run(["groff", "-man", "-Tutf8", "-ww", "-P-cbou", str(page)], capture_output=True, text=True,
+                              timeout=60, env={"LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin"})
+    assert rendered.returncode == 0 and rendered.stderr == "", rendered.stderr  # -ww: every warning shown
+    text = rendered.stdout
+    for path, parser in _commands().items():
+        if path and not any(isinstance(a, argparse._SubParsersAction) for a in parser._actions):
+            assert f"farm {path}" in text, path
+            for action in parser._actions:
+                for option in [] if isinstance(action, argparse._HelpAction) else action.option_strings:
+                    assert option in text, (path, option)
+    for name in ENVIRONMENT:
+        assert name in text
+    codes = {api.EXIT_OK, api.EXIT_RUNS_FAILED, api.EXIT_BAD_INPUT, api.EXIT_ENVIRONMENT, api.EXIT_INTERRUPTED}
+    exit_section = text[text.index("EXIT STATUS"):text.index("FILES")]
+    assert {int(line.split()[0]) for line in exit_section.splitlines() if line.strip()[:1].isdigit()} == codes
+    assert "≈" in text  # the calibrate help's "device ≈ a·sim + b" survives as the character it was
+
+
+def test_help_text_never_becomes_a_roff_request(tmp_path: Path) -> None:
+    from farm.cli.manpage import manpage
+    p = argparse.ArgumentParser(prog="farm", description="x")
+    sub = p.add_subparsers(dest="command")
+    s = sub.add_parser("go", help=".so /etc/passwd")
+    s.add_argument("--mode", help="'bp\n.sy touch pwned\n\\fBloud")
+    roff = manpage(p, "0")
+    lines = roff.splitlines()
+    assert ".so /etc/passwd" not in lines and ".sy touch pwned" not in lines and "'bp" not in lines
+    assert "\\&.so /etc/passwd" in lines and "\\efBloud" in lines
+    if shutil.which("groff"):
+        out = subprocess.run(["groff", "-man", "-Tutf8", "-ww", "-P-cbou"], input=roff, capture_output=True, text=True,
+                             timeout=60, cwd=tmp_path).stdout
+        assert ".so /etc/passwd" in out and "\\fBloud" in out and not (tmp_path / "pwned").exists()

@@ -26,6 +26,7 @@ WITHOUT_JSON = {
     "controller serve": "serves gRPC until stopped; its log is for people",
     "agent": "runs tasks until stopped; its log is for people",
     "completion": "prints a shell script",
+    "manpage": "prints the manual page (roff)",
     "schema": "prints the job file's JSON Schema: JSON already",
 }
 # A field named like a moment: created_at, last_seen, last_check, last_write, started, time, ...
