@@ -103,6 +103,54 @@ def test_zsh_and_fish_scripts_are_generated(shell: str, tmp_path: Path) -> None:
         assert subprocess.run([shell, "-n", str(script)], capture_output=True).returncode == 0
 
 
+def _shell_or_skip(shell: str) -> str:
+    found = shutil.which(shell)
+    if found is None:
+        pytest.skip(f"needs Debian's {shell} (.ci/run installs it)")
+    return found
+
+
+def test_fish_completes_commands_options_and_choices(tmp_path: Path) -> None:
+    fish = _shell_or_skip("fish")
+    script = tmp_path / "farm.fish"
+    script.write_text(_farm("completion", "fish").stdout)
+
+    def complete(line: str) -> list[str]:
+        # `complete -C` asks fish's own completion machinery what it would offer after the line
+        r = subprocess.run([fish, "--no-config", "-c", f"source {script}; complete -C {line!r}"], capture_output=True,
+                           text=True, timeout=60, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+        assert r.returncode == 0, r.stderr
+        return [out.split("\t")[0] for out in r.stdout.splitlines()]
+
+    assert complete("farm models ") == ["generate"]
+    assert sorted(complete("farm submit job.yaml --priority ")) == ["interactive", "low", "normal"]
+    assert "--limit" in complete("farm jobs --li")
+    assert {"submit", "calibrate", "manpage", "completion"} <= set(complete("farm "))
+
+
+def test_zsh_completes_through_bashcompinit(tmp_path: Path) -> None:
+    zsh = _shell_or_skip("zsh")
+    script = tmp_path / "farm.zsh"
+    script.write_text(_farm("completion", "zsh").stdout)
+
+    def complete(*words: str) -> list[str]:
+        # zsh calls the function from bashcompinit's wrapper with ksharrays set; the probe does the same
+        probe = (f"autoload -U compinit && compinit -u -d {tmp_path}/zcompdump; source {script}; "
+                 "print -r -- ${_comps[farm]}; setopt ksharrays; "
+                 f"COMP_WORDS=(farm {' '.join(words)} ''); COMP_CWORD={len(words) + 1}; _farm; "
+                 'print -l -- "${COMPREPLY[@]}"')
+        r = subprocess.run([zsh, "-f", "-c", probe], capture_output=True, text=True, timeout=60,
+                           env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+        assert r.returncode == 0, r.stderr
+        registration, *replies = r.stdout.splitlines()
+        assert registration == "_bash_complete -o default -F _farm"  # registered with zsh's completion system
+        return replies
+
+    assert complete("models") == ["generate", "-h", "--help"]
+    assert complete("submit", "job.yaml", "--priority") == ["interactive", "normal", "low"]
+    assert {"--limit", "--log-level"} <= set(complete("jobs"))
+
+
 def _env_reads(tree: ast.AST, constants: dict[str, str]) -> set[str]:
     """Names of environment variables a module reads: os.environ.get/pop/[...], os.getenv, `in os.environ`,
     and client.config's setting(given, key, "FARM_X"); a module-level NAME = "..." constant is followed."""
