@@ -172,6 +172,23 @@ def test_farm_web_serves_https_with_a_certificate_and_tokens(cluster: Cluster) -
     with pytest.raises((urllib.error.URLError, ConnectionError)):  # plain HTTP on the TLS port gets no page
         urllib.request.urlopen(url.replace("https://", "http://") + "lab", timeout=30)
 
+    # a live page over TLS: the stream hub writes to the TLS socket without blocking, and keeps it open
+    import socket
+    port = int(url.rsplit(":", 1)[1].strip("/"))
+    with context.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=30),
+                             server_hostname="localhost") as tls:
+        tls.sendall(b"GET /events?page=%2Flab HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    b"Authorization: Bearer client-token-0123456789ab\r\n\r\n")
+        received = b""
+        while b"event: update" not in received:  # the page has no regions yet: they come in the opening
+            chunk = tls.recv(65536)
+            assert chunk, received[:300]
+            received += chunk
+        assert b"200 OK" in received.split(b"\r\n")[0] and b"text/event-stream" in received
+        tls.settimeout(5)  # open past the hub's next check (2 s): nothing changed, so nothing more, and no close
+        with pytest.raises(TimeoutError):
+            tls.recv(65536)
+
 
 def test_controller_refuses_a_bad_or_open_web_listen(cluster: Cluster) -> None:
     bad = cluster.farm("controller", "serve", "--listen", "127.0.0.1:0", "--db", str(cluster.root / "c.db"),

@@ -310,3 +310,65 @@ def test_every_page_meets_wcag_aa_contrast_and_live_regions_are_announced(lab, b
         regions = browser.driver.execute_script(
             "return Array.from(document.querySelectorAll('[data-live]')).map(r => r.getAttribute('aria-live'));")
         assert all(r == "polite" for r in regions), f"/{path}: a live region without aria-live"
+
+
+def test_open_pages_hold_neither_a_thread_nor_a_connection_slot(tmp_path: Path, monkeypatch) -> None:
+    import threading
+
+    from grpc_processes import wait_for
+
+    from farm.controller.scheduling.controller import Controller
+    from farm.controller.store import SQLiteStore as Store
+    from farm.web import server, streams
+    from farm.web.server import MAX_CONNECTIONS_PER_ADDRESS, Operator, start_dashboard
+
+    monkeypatch.setattr(server, "STREAM_CHECK_S", 0.5)  # the hub looks for changes this often
+    store = Store(tmp_path / "farm.db")
+    controller = Controller(store)
+    _seed_lab(store, controller)
+    running = start_dashboard(store, "127.0.0.1:0", Operator.embedded(controller), tokens=None)
+    opened: list[socket.socket] = []
+    try:
+        etag = re.search(r'id="lab-live" data-live="[^"]*" data-every="3" data-etag="([0-9a-f]{16})"',
+                         _get(f"{running.url}lab")[1]).group(1)
+        threads_before = threading.active_count()
+
+        def open_stream() -> tuple[socket.socket, bytes]:
+            sock = socket.create_connection(("127.0.0.1", running.port), timeout=30)
+            sock.sendall(f"GET /events?page=%2Flab&have=lab-live:{etag} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                head += chunk
+            return sock, head
+
+        # more open pages from one address than it may hold connections: each one's thread and slot came back
+        count = MAX_CONNECTIONS_PER_ADDRESS + 8
+        for _ in range(count):
+            sock, head = open_stream()
+            opened.append(sock)
+            assert b"200 OK" in head and b"text/event-stream" in head, head[:200]
+        wait_for(lambda: running.server.streams.count() == count, 30, "the hub to hold every stream")
+        wait_for(lambda: threading.active_count() <= threads_before + 1, 30, "the request threads to end")
+        assert _get(f"{running.url}lab")[0] == 200  # the address's connection slots are free for pages
+
+        controller.quarantine("phone-000", "dropped on the floor")  # every open page hears of it
+        for sock in opened:
+            event = _read_event(sock, time.monotonic() + 30)
+            assert '"region": "lab-live"' in event and "dropped on the floor" in event
+
+        monkeypatch.setattr(streams, "MAX_STREAMS_PER_ADDRESS", count)  # a script opening streams meets a cap
+        sock, head = open_stream()
+        sock.close()
+        assert b"503" in head.split(b"\r\n")[0] and b"Retry-After: 30" in head
+
+        for sock in opened:  # closed tabs are noticed by the hub, and their sockets closed
+            sock.close()
+        wait_for(lambda: running.server.streams.count() == 0, 30, "the hub to let closed pages go")
+    finally:
+        for sock in opened:
+            sock.close()
+        running.stop()
+        store.close()

@@ -25,7 +25,7 @@ from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 from farm.controller.analysis.export import results_csv, to_json
@@ -39,6 +39,7 @@ from farm.controller.store.rows import plain
 from farm.proto.questions import iso_utc
 from farm.web import pages, views
 from farm.web.session import COOKIE, LoginThrottle, Session, SessionSigner
+from farm.web.streams import StreamHub
 
 log = logging.getLogger("farm.web")
 
@@ -86,7 +87,13 @@ class Response:
     body: bytes = b""
     content_type: str = "text/html; charset=utf-8"
     headers: dict[str, str] | None = None
-    stream: Iterator[bytes] | None = None  # server-sent events: written chunk by chunk until it ends
+    stream: "EventStream | None" = None  # server-sent events: the request's thread sends the opening, the hub the rest
+
+
+@dataclass(frozen=True)
+class EventStream:
+    opening: bytes  # sent with the headers: the retry interval and any region the page does not have yet
+    step: Callable[[], bytes | None]  # each check's bytes (b"" for none), None when the stream ends
 
 
 # Which live regions each page has, and the `part` that renders each alone (the region's own URL).
@@ -413,32 +420,34 @@ class Dashboard:
             raise Refused(HTTPStatus.BAD_REQUEST, "events?page= takes a path on this dashboard")
         known = dict(item.split(":", 1) for item in have.split(",")[:10] if ":" in item)  # region -> fingerprint
         first = self.live_parts(page, identity, session)  # refused here, before the stream starts, if not allowed
+        sent = {region: known.get(region, "") for region in first}
+        started = time.monotonic()
+        quiet_since = [started]
 
-        def stream() -> Iterator[bytes]:
-            sent = {region: known.get(region, "") for region in first}
-            parts: dict[str, str] | None = first
-            started = quiet_since = time.monotonic()
-            yield b"retry: 3000\n\n"
-            while True:
-                for region, html in (parts or {}).items():
-                    mark = pages.fingerprint(html)
-                    if sent.get(region) != mark:
-                        sent[region] = mark
-                        quiet_since = time.monotonic()
-                        data = json.dumps({"region": region, "etag": mark, "html": html})
-                        yield f"event: update\ndata: {data}\n\n".encode()
-                if time.monotonic() - quiet_since >= STREAM_KEEPALIVE_S:
-                    quiet_since = time.monotonic()
-                    yield b": still here\n\n"
-                if self.closing.wait(STREAM_CHECK_S) or time.monotonic() - started >= STREAM_LIFETIME_S:
-                    return
-                try:
-                    parts = self.live_parts(page, identity, session)
-                except Refused:  # the job was removed: the stream ends, the page keeps what it shows
-                    return
+        def changed(parts: dict[str, str]) -> bytes:
+            out = b""
+            for region, html in parts.items():
+                mark = pages.fingerprint(html)
+                if sent.get(region) != mark:
+                    sent[region] = mark
+                    data = json.dumps({"region": region, "etag": mark, "html": html})
+                    out += f"event: update\ndata: {data}\n\n".encode()
+            return out
+
+        def step() -> bytes | None:  # called by the stream hub every STREAM_CHECK_S
+            now = time.monotonic()
+            if self.closing.is_set() or now - started >= STREAM_LIFETIME_S:
+                return None
+            try:
+                chunk = changed(self.live_parts(page, identity, session))
+            except Refused:  # the job was removed: the stream ends, the page keeps what it shows
+                return None
+            if chunk or now - quiet_since[0] >= STREAM_KEEPALIVE_S:
+                quiet_since[0] = now
+            return chunk or (b": still here\n\n" if quiet_since[0] == now else b"")
 
         return Response(HTTPStatus.OK, b"", "text/event-stream; charset=utf-8", {"X-Accel-Buffering": "no"},
-                        stream=stream())
+                        stream=EventStream(b"retry: 3000\n\n" + changed(first), step))
 
     def job(self, job_id: int, download: str | None, query: dict[str, str], identity: Identity, csrf: str,
             page: Callable[[str, str, str], Response]) -> Response:
@@ -545,36 +554,50 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(response)
 
     def _send(self, response: Response) -> None:
+        if response.stream is not None and self.command != "HEAD":
+            self._send_stream(response, response.stream)
+            return
         self.server.deadlines.arm(self.request, SEND_DEADLINE_S)
         self.send_response(response.status)
-        for name, value in {**SECURITY_HEADERS, **(response.headers or {})}.items():
-            self.send_header(name, value)
-        self.send_header("Content-Type", response.content_type)
-        if response.stream is not None:
-            self.close_connection = True  # the stream has no length: it ends when the connection does
+        self._send_headers(response)
+        if response.stream is not None:  # HEAD of an event stream: the headers only
+            self.close_connection = True
             self.send_header("Connection", "close")
             self.end_headers()
-            self._stream(response.stream)
             return
         self.send_header("Content-Length", str(len(response.body)))
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(response.body)
 
-    def _stream(self, chunks: Iterator[bytes]) -> None:
-        """Each chunk within the send deadline; between chunks the connection waits on no deadline of the client's."""
+    def _send_headers(self, response: Response) -> None:
+        for name, value in {**SECURITY_HEADERS, **(response.headers or {})}.items():
+            self.send_header(name, value)
+        self.send_header("Content-Type", response.content_type)
+
+    def _send_stream(self, response: Response, stream: EventStream) -> None:
+        """The headers and the opening here; then the socket goes to the stream hub, and this thread (with its
+        connection slot) is free: an open page costs a socket, not a thread."""
+        address = self.client_address[0]
+        hub = self.server.streams
+        if not hub.reserve(address):
+            self._send(Response(HTTPStatus.SERVICE_UNAVAILABLE, b"too many live pages are open; reload later\n",
+                                "text/plain; charset=utf-8", {"Retry-After": "30"}))
+            return
+        self.close_connection = True  # the stream has no length: it ends when the connection does
         try:
+            self.server.deadlines.arm(self.request, SEND_DEADLINE_S)
+            self.send_response(response.status)
+            self._send_headers(response)
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(stream.opening)
             self.wfile.flush()
             self.server.deadlines.disarm(self.request)
-            if self.command == "HEAD":
-                return
-            for chunk in chunks:
-                self.server.deadlines.arm(self.request, SEND_DEADLINE_S)
-                self.wfile.write(chunk)
-                self.wfile.flush()
-                self.server.deadlines.disarm(self.request)
         except OSError:  # the tab was closed, or a slow reader ran out its deadline
-            pass
+            hub.release(address)
+            return
+        hub.adopt(self.request, address, stream.step)
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         self._serve("GET")
@@ -600,8 +623,14 @@ class DashboardServer(ThreadingHTTPServer):
         self._per_address: dict[str, int] = {}
         self._count_lock = threading.Lock()
         self.deadlines = Deadlines()
+        self.streams = StreamHub(STREAM_CHECK_S, SEND_DEADLINE_S)  # every open page's event stream, one thread
         self._last_full_log, self._closed_since_log = float("-inf"), 0
-        super().__init__(address, _Handler)
+        try:
+            super().__init__(address, _Handler)
+        except OSError:
+            self.streams.stop()
+            self.deadlines.stop()
+            raise
 
     def process_request(self, request: Any, client_address: Any) -> None:
         address = str(client_address[0])
@@ -642,8 +671,14 @@ class DashboardServer(ThreadingHTTPServer):
             self.deadlines.disarm(request)
             self._release(str(client_address[0]))
 
+    def shutdown_request(self, request: Any) -> None:
+        if self.streams.owns(request):
+            return  # an event stream: the hub writes to it now, and closes it when the stream ends
+        super().shutdown_request(request)
+
     def server_close(self) -> None:
         self.deadlines.stop()
+        self.streams.stop()
         super().server_close()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -712,7 +747,7 @@ class RunningDashboard:
         return self.server.server_address[1]
 
     def stop(self) -> None:
-        self.server.dashboard.closing.set()  # open event streams end within a check interval
+        self.server.dashboard.closing.set()  # open event streams end (server_close stops their hub)
         self.server.shutdown()
         self.server.server_close()
         self.server.dashboard.store_watch.close()
