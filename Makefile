@@ -40,6 +40,7 @@ bench: models
 	$(PY) benchmarks/list_jobs.py
 	$(PY) benchmarks/run_overhead.py
 	$(PY) benchmarks/web.py
+	$(PY) benchmarks/web_streams.py
 	$(PY) benchmarks/store_size.py
 	$(PY) benchmarks/corpus.py
 

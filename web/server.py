@@ -126,6 +126,7 @@ class Dashboard:
         self.signer = signer or SessionSigner()
         self.throttle = LoginThrottle()  # failed log-ins and bearer tokens per address
         self.closing = threading.Event()  # set when the server stops: open event streams end
+        self._live_cache: dict[tuple[str, Identity, Session | None], tuple[float, dict[str, str]]] = {}
         self.store_watch = StoreFileWatch(store.path)  # opened now: a later deletion or replacement shows
         self._open_session = Session("admin", 0, "open", float("inf"))  # no tokens: everyone is admin (as over gRPC)
 
@@ -414,6 +415,20 @@ class Dashboard:
             parts[region] = response.body.decode()
         return parts
 
+    def shared_live_parts(self, page: str, identity: Identity, session: Session | None) -> dict[str, str]:
+        """live_parts, rendered once per check for every open copy of one page by one viewer (the stream hub's
+        thread is the only caller): a lab manager's six tabs, or a wall screen per rack, cost one render."""
+        now = time.monotonic()
+        key = (page, identity, session)
+        cached = self._live_cache.get(key)
+        if cached is not None and now - cached[0] < STREAM_CHECK_S / 2:
+            return cached[1]
+        if len(self._live_cache) > 4096:  # old keys of closed pages
+            self._live_cache = {k: v for k, v in self._live_cache.items() if now - v[0] < STREAM_CHECK_S}
+        parts = self.live_parts(page, identity, session)
+        self._live_cache[key] = (now, parts)
+        return parts
+
     def events(self, page: str, have: str, identity: Identity, session: Session | None) -> Response:
         """A page's live regions as server-sent events: one event when a region changes, nothing when none does."""
         if not page.startswith("/") or page.startswith("//") or len(page) > 2000:
@@ -439,7 +454,7 @@ class Dashboard:
             if self.closing.is_set() or now - started >= STREAM_LIFETIME_S:
                 return None
             try:
-                chunk = changed(self.live_parts(page, identity, session))
+                chunk = changed(self.shared_live_parts(page, identity, session))
             except Refused:  # the job was removed: the stream ends, the page keeps what it shows
                 return None
             if chunk or now - quiet_since[0] >= STREAM_KEEPALIVE_S:
