@@ -1,7 +1,8 @@
 """The store contract: what every implementation of farm.controller.store.Store must do, method by method.
 
-Each test takes the `store` fixture, parametrized by implementation (STORES): SQLite today; a second
-database adds its opener to STORES and runs this same suite (tests/test_store_contract.py collects it).
+Each test takes the `store` fixture, parametrized by implementation (STORES): SQLite, and PostgreSQL on a
+private server shared by the session (a fresh database per test; skipped with the reason when Debian's
+postgresql cannot run). tests/test_store_contract.py collects the suite.
 The tests use the interface only (repositories and typed rows), never SQL, so they run against any store.
 """
 
@@ -23,15 +24,27 @@ from farm.proto.op_profile import OpProfileRow as WireOpProfileRow
 from farm.proto.results import (
     Contention, FailureClass, LatencyStats, ResultRefused, RunResult, RunStatus, Telemetry, TelemetrySample)
 
+
+
+def _postgres(request: pytest.FixtureRequest, folder: Path) -> Store:
+    """A fresh database on the session's PostgreSQL peer (skipped, with the reason, when it cannot run)."""
+    from conftest import fresh_postgres_url
+    from farm.controller.store.postgres import PostgresStore
+
+    peer = request.getfixturevalue("postgres_peer")
+    return PostgresStore(fresh_postgres_url(peer, request.node.name), files_dir=folder)
+
+
 # implementation name -> opener of an empty store in a folder of its own
-STORES: dict[str, Callable[[Path], Store]] = {
-    "sqlite": lambda folder: SQLiteStore(folder / "farm.db"),
+STORES: dict[str, Callable[[pytest.FixtureRequest, Path], Store]] = {
+    "sqlite": lambda request, folder: SQLiteStore(folder / "farm.db"),
+    "postgresql": _postgres,
 }
 
 
 @pytest.fixture(params=sorted(STORES))
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    opened = STORES[request.param](tmp_path)
+    opened = STORES[request.param](request, tmp_path)
     try:
         yield opened
     finally:
