@@ -175,6 +175,15 @@ def _scrub(text: str, url: str) -> str:
     return text.replace(password, "***") if password else text
 
 
+def error_message(error: BaseException, url: str) -> str:
+    """What a person can do about a PostgreSQL error, in one paragraph, never with the password."""
+    text = _scrub(str(error).strip(), url)
+    if type(error).__name__ == "OperationalError":
+        return (f"cannot use the PostgreSQL store {redact_url(url)}: {text}. Check that the server runs and "
+                "accepts this user from this host (pg_hba.conf), and the database exists (createdb).")
+    return f"the PostgreSQL store {redact_url(url)} failed: {text}"
+
+
 def metric_sql(metric: str, summaries: str, runs: str) -> str:
     """The metric's expression over the given aliases of summaries and runs."""
     if metric not in METRIC_SQL:
@@ -247,12 +256,7 @@ class PostgresStore:
         self.reads = PostgresLabReads(self)
 
     def error_message(self, error: BaseException) -> str:
-        """What a person can do about a PostgreSQL error, in one paragraph, never with the password."""
-        text = _scrub(str(error).strip(), self.url)
-        if isinstance(error, self._psycopg.OperationalError):
-            return (f"cannot use the PostgreSQL store {self.location}: {text}. Check that the server runs and "
-                    "accepts this user from this host (pg_hba.conf), and the database exists (createdb).")
-        return f"the PostgreSQL store {self.location} failed: {text}"
+        return error_message(error, self.url)
 
     def _connect(self) -> psycopg.Connection[Any]:
         try:

@@ -105,6 +105,7 @@ class SQLiteStore:
         # Absolute from here on: run directories live beside the store and must not depend on the cwd.
         self.path = Path(path) if str(path) == ":memory:" else Path(path).expanduser().absolute()
         self._on_disk = str(path) != ":memory:"
+        self.location = str(self.path)
         if self._on_disk:
             if self.path.is_dir():
                 raise StoreError(f"{self.path} is a folder, not a farm store; give a file path such as {self.path / 'farm.db'}.")

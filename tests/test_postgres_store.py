@@ -1,0 +1,110 @@
+"""The PostgreSQL store beyond the contract (tests/store_contract.py runs that against it): how `--db` opens it,
+that a password never reaches a message, several processes leasing from one job, and real controllers on it.
+
+The server is the session's private PostgreSQL (tests/postgres_server.py, via conftest's postgres_peer): skipped
+with the reason when Debian's postgresql cannot run here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import fresh_postgres_url
+from farm.controller.store import StoreError, db_location, open_store, redact_url
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_a_url_is_kept_whole_and_a_file_path_stays_a_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FARM_DB", raising=False)
+    assert db_location("postgresql://farm@db.lab:5432/farm") == "postgresql://farm@db.lab:5432/farm"  # no Path: // kept
+    assert db_location("lab/farm.db") == Path("lab/farm.db")
+    monkeypatch.setenv("FARM_DB", "postgres://farm@db.lab/farm")
+    assert db_location(None) == "postgres://farm@db.lab/farm"
+
+
+def test_the_password_is_taken_out_of_what_is_shown() -> None:
+    assert redact_url("postgresql://farm:s3cret@db.lab:5432/farm") == "postgresql://farm:***@db.lab:5432/farm"
+    assert redact_url("postgresql://farm@db.lab/farm") == "postgresql://farm@db.lab/farm"
+    assert "s3cret" not in redact_url("postgresql://farm:s3cret@db.lab:99999999/farm")  # a port urllib refuses
+
+
+def test_other_schemes_are_refused_with_what_farm_takes() -> None:
+    with pytest.raises(StoreError, match="SQLite file .* or in PostgreSQL") as caught:
+        open_store("mysql://root:hunter2@db.lab/farm")
+    assert "hunter2" not in str(caught.value)
+
+
+def test_a_missing_psycopg_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # import psycopg fails, as in an install without the extra
+    with pytest.raises(StoreError, match=r"farm\[postgresql\]"):
+        open_store("postgresql://farm@127.0.0.1:1/farm")
+
+
+def test_a_server_that_refuses_gets_a_message_without_the_password() -> None:
+    pytest.importorskip("psycopg")
+    with pytest.raises(StoreError) as caught:
+        open_store("postgresql://farm:s3cret-word@127.0.0.1:1/farm?connect_timeout=5")
+    message = str(caught.value)
+    assert "s3cret-word" not in message and "farm:***@127.0.0.1:1" in message
+    assert "Check that the server runs" in message
+
+
+@pytest.fixture
+def pg_url(postgres_peer, request: pytest.FixtureRequest) -> str:
+    return fresh_postgres_url(postgres_peer, request.node.name)
+
+
+def test_two_processes_lease_every_task_of_one_job_exactly_once(pg_url: str, tmp_path: Path) -> None:
+    from farm.controller.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_url, files_dir=tmp_path / "files")
+    tasks = [{"seq": i, "target": "sim", "model_name": "m", "status": "pending", "attempts": 0, "max_attempts": 3,
+              "priority": 1, "spec_json": "{}"} for i in range(200)]
+    job_id = store.jobs.insert({"name": "shared", "status": "queued", "priority": "normal", "created_at": time.time(),
+                                "spec_json": "{}"}, tasks)
+    # Each process: two threads leasing a few tasks per transaction, as a controller's dispatcher does.
+    worker = textwrap.dedent(f"""
+        import json, sys, threading, time
+        from pathlib import Path
+        from farm.controller.store.postgres import PostgresStore
+        store = PostgresStore({pg_url!r}, files_dir=Path({str(tmp_path / "files")!r}))
+        leased, lock = [], threading.Lock()
+        def agent(name):
+            while True:
+                with store.transaction():
+                    got = store.leases.next_pending({{"sim"}}, 3)
+                    for t in got:
+                        store.leases.lease(t.id, t.attempts + 1, name, time.time() + 60)
+                        store.leases.start_job(t.job_id, time.time())
+                    time.sleep(0.002)  # hold the row locks a moment: the other process must skip them
+                if not got:
+                    return
+                with lock:
+                    leased.extend(t.id for t in got)
+        threads = [threading.Thread(target=agent, args=(f"{{sys.argv[1]}}-{{i}}",)) for i in range(2)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        print(json.dumps(leased))
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    procs = [subprocess.Popen([sys.executable, "-c", worker, name], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for name in ("ctl-a", "ctl-b")]
+    outputs = [p.communicate(timeout=240) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outputs]
+    by_process = [json.loads(out) for out, _ in outputs]
+    every = [task for leased in by_process for task in leased]
+    assert sorted(every) == sorted(t.id for t in store.jobs.tasks(job_id)), "a task leased twice or never"
+    assert all(by_process), f"one process leased nothing: {[len(x) for x in by_process]}"
+    assert store.jobs.task_counts(job_id) == {"running": 200}
+    owners = {t.leased_by.split("-")[1] for t in store.jobs.tasks(job_id) if t.leased_by}
+    assert owners == {"a", "b"}
+    store.close()
