@@ -108,3 +108,70 @@ def test_two_processes_lease_every_task_of_one_job_exactly_once(pg_url: str, tmp
     owners = {t.leased_by.split("-")[1] for t in store.jobs.tasks(job_id) if t.leased_by}
     assert owners == {"a", "b"}
     store.close()
+
+
+# --- real processes: `farm controller serve --db postgresql://...` ------------------------------------------------
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    from grpc_processes import Cluster
+
+    c = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_CONFIG": str(tmp_path / "none.toml"),
+                               "XDG_DATA_HOME": str(tmp_path / "data")})
+    yield c
+    c.stop_all()
+
+
+def _comparable(records: list[dict]) -> list[tuple]:
+    return sorted((r["model"]["name"], r["threads"], r["repeat"], r["target"], r["status"], r["attempts"],
+                   r["latency_ms"]["count"]) for r in records)
+
+
+def test_a_controller_on_postgresql_runs_a_job_and_the_cli_reads_it_back(pg_url: str, cluster, tiny_models) -> None:
+    from grpc_processes import wait_for
+
+    os.symlink(tiny_models["onnx"], cluster.root / "tiny.onnx")
+    job = cluster.root / "job.yaml"
+    job.write_text("name: on-pg\nmodels: [tiny.onnx]\nworkload: {type: benchmark, iterations: 5, warmup: 1}\n"
+                   "matrix: {threads: [1, 2]}\nsim: {memory: 512m, on_contention: flag}\n")
+    controller = cluster.start_controller("--no-auth", db=pg_url)  # type: ignore[arg-type]
+    assert f"store {pg_url}" in controller.output()  # no password in this URL: shown as given
+    agent = cluster.start_agent("rack1")
+    wait_for(lambda: "connected to controller" in agent.output(), 60, "the agent to connect")
+    remote = cluster.farm("submit", str(job), "--controller", cluster.address, "--json", timeout=240)
+    assert remote.returncode == 0, remote.stderr + controller.output()[-3000:]
+    records = json.loads(remote.stdout)["results"]
+    assert len(records) == 2 and {r["status"] for r in records} == {"completed"}
+    # the same database read in embedded mode, as `farm results --db postgresql://...` does
+    local = cluster.farm("results", "1", "--format", "json", "--db", pg_url)
+    assert local.returncode == 0, local.stderr
+    assert _comparable(json.loads(local.stdout)) == _comparable(records)
+    jobs = json.loads(cluster.farm("jobs", "--json", "--db", pg_url).stdout)
+    assert [(j["id"], j["status"]) for j in jobs] == [(1, "completed")]
+
+
+def test_two_controllers_on_one_database_share_a_job_and_run_each_task_once(pg_url: str, cluster, tiny_models) -> None:
+    import psycopg
+    from grpc_processes import sleep_job, wait_for
+
+    job = sleep_job(cluster.root, tiny_models["onnx"], tasks=6, seconds=1.0)
+    first = cluster.start_controller("--no-auth", db=pg_url, name="controller-a")  # type: ignore[arg-type]
+    address_a = cluster.address
+    second = cluster.start_controller("--no-auth", db=pg_url, name="controller-b")  # type: ignore[arg-type]
+    address_b = cluster.address
+    assert address_a != address_b
+    cluster.address = address_a
+    agents = [cluster.start_agent("rack-a")]
+    cluster.address = address_b
+    agents.append(cluster.start_agent("rack-b"))
+    for agent in agents:
+        wait_for(lambda: "connected to controller" in agent.output(), 60, f"{agent.name} to connect")
+    submitted = cluster.farm("submit", str(job), "--controller", address_a, "--json", timeout=240)
+    assert submitted.returncode == 0, submitted.stderr + first.output()[-2000:] + second.output()[-2000:]
+    records = json.loads(submitted.stdout)["results"]
+    assert len(records) == 6 and {r["status"] for r in records} == {"completed"}
+    with psycopg.connect(pg_url) as conn:
+        runs = conn.execute("SELECT task_id, attempt, status, agent FROM runs ORDER BY task_id, attempt").fetchall()
+    assert sorted(task for task, *_ in runs) == sorted({task for task, *_ in runs}), f"a task ran twice: {runs}"
+    assert len(runs) == 6 and {status for _, _, status, _ in runs} == {"completed"}
+    assert {agent for *_, agent in runs} == {"rack-a", "rack-b"}, "the second controller's agent got no task"
