@@ -359,6 +359,27 @@ def test_a_failing_step_of_a_batch_undoes_only_its_own_writes(store: Store) -> N
     assert [r.run_id is not None for r in store.runs.results(job_id)] == [True, False]
 
 
+def test_hostile_values_are_kept_as_sqlite_keeps_them(store: Store) -> None:
+    """From the wire: a NaN figure is stored as missing, infinity as infinity, a NUL character in a log tail or a
+    message is kept (PostgreSQL text cannot hold NUL: U+FFFD stands in), a bool is 0/1."""
+    job_id = _job(store, [_task(0)], name="bad\x00name")
+    task = _lease(store, {"sim"})[0]
+    result = dataclasses.replace(_result(float("nan")), wall_s=float("inf"), message="half\x00way",
+                                 log_tail="line\x00\x1b[31m", status=RunStatus.FAILED, failure_class=FailureClass.JOB)
+    _run(store, task, result)
+    (row,) = store.runs.results(job_id)
+    assert row.latency_avg_ms is None and row.wall_s == float("inf") and row.latency_count == 3
+    assert row.message in ("half\x00way", "half\ufffdway")
+    job = store.jobs.get(job_id)
+    assert job is not None and job.name in ("bad\x00name", "bad\ufffdname")
+    assert store.reads.log_tails([row.run_id])[row.run_id] in ("line\x00\x1b[31m", "line\ufffd\x1b[31m")
+    store.calibrations.add_drift({"device": "phone-1", "metric": "latency", "threads": 1, "exceeded": True,
+                                  "prediction_shift": float("nan"), "created_at": 1.0})
+    (drift,) = store.calibrations.drift_history()
+    assert drift.exceeded == 1 and drift.prediction_shift is None
+    assert [a.exceeded for a in store.calibrations.latest_drift()] == [1]
+
+
 def test_device_latencies_of_completed_runs(store: Store) -> None:
     job_id = _job(store, [_task(0, target="phone-1", model="x")])
     _run(store, _lease(store, {"phone-1"})[0], _result(7.0))

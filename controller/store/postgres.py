@@ -316,13 +316,13 @@ class PostgresStore:
 
         if getattr(self._local, "writing", False):  # a transaction reads its own writes
             with self._lock:
-                return self.conn.cursor(row_factory=dict_row).execute(sql, params).fetchall()
+                return self.conn.cursor(row_factory=dict_row).execute(sql, _params(params)).fetchall()
         try:
             conn = self._readers.get_nowait()
         except queue.Empty:
             conn = self._connect()
         try:
-            rows = conn.cursor(row_factory=dict_row).execute(sql, params).fetchall()
+            rows = conn.cursor(row_factory=dict_row).execute(sql, _params(params)).fetchall()
         except BaseException:
             conn.close()  # a broken reader is not reused
             raise
@@ -332,11 +332,11 @@ class PostgresStore:
     def execute(self, sql: str, params: Sequence[Any] | None = None) -> psycopg.Cursor[Any]:
         """A statement on the writing connection (inside a transaction for a write)."""
         with self._lock:
-            return self.conn.execute(sql, params)
+            return self.conn.execute(sql, _params(params))
 
     def executemany(self, sql: str, rows: Iterator[Sequence[Any]] | Sequence[Sequence[Any]]) -> None:
         with self._lock:
-            self.conn.cursor().executemany(sql, rows)
+            self.conn.cursor().executemany(sql, [_params(row) or [] for row in rows])
 
     def close(self) -> None:
         with self._lock:
@@ -360,6 +360,23 @@ class PostgresStore:
         if fields:
             sql = f"UPDATE {table} SET {', '.join(f'{_q(k)} = %s' for k in fields)} WHERE id = %s"
             self.execute(sql, [*fields.values(), pk])
+
+
+def _param(value: Any) -> Any:
+    """A value as SQLite would have kept it: a bool is 0/1, NaN is NULL (SQLite stores NaN as NULL), and a NUL
+    character, which PostgreSQL text cannot hold (a hostile log tail may carry one), becomes U+FFFD."""
+    kind = type(value)
+    if kind is bool:
+        return int(value)
+    if kind is float and value != value:
+        return None
+    if kind is str and "\x00" in value:
+        return value.replace("\x00", "\ufffd")
+    return value
+
+
+def _params(values: Sequence[Any] | None) -> list[Any] | None:
+    return None if values is None else [_param(v) for v in values]
 
 
 def _q(column: str) -> str:
