@@ -460,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     except Exception as e:  # last: every narrower handler above comes first
-        if not type(e).__module__.startswith("psycopg."):
+        from farm.controller.store import is_store_error
+        if not is_store_error(e):
             raise
         # the PostgreSQL store failed after it opened (the server went away); the message never shows a password
         from farm.controller.store import db_location

@@ -33,7 +33,7 @@ POLL_S = 0.3  # how often `wait` looks at a job another process runs
 def _job_info(controller: Controller, job_id: int) -> JobInfo:
     info = service.job_info(controller, job_id)
     if info is None:
-        raise FarmError(f"no job {job_id} in {controller.store.path}; `farm jobs` lists the jobs there.")
+        raise FarmError(f"no job {job_id} in {controller.store.location}; `farm jobs` lists the jobs there.")
     return info
 
 
@@ -198,7 +198,7 @@ class EmbeddedFarm(Farm):
         # the stored spec is the validated one, sizes in bytes: read, not validated again
         row = self.store.jobs.get(job)
         if row is None:
-            raise FarmError(f"no job {job} in {self.store.path}; `farm jobs` lists the jobs there.")
+            raise FarmError(f"no job {job} in {self.store.location}; `farm jobs` lists the jobs there.")
         timeout = (json.loads(row["spec_json"]).get("timeouts") or {}).get("job")
         total = self.controller.progress(job).total
 

@@ -134,8 +134,10 @@ def test_a_controller_on_postgresql_runs_a_job_and_the_cli_reads_it_back(pg_url:
     job = cluster.root / "job.yaml"
     job.write_text("name: on-pg\nmodels: [tiny.onnx]\nworkload: {type: benchmark, iterations: 5, warmup: 1}\n"
                    "matrix: {threads: [1, 2]}\nsim: {memory: 512m, on_contention: flag}\n")
-    controller = cluster.start_controller("--no-auth", db=pg_url)  # type: ignore[arg-type]
-    assert f"store {pg_url}" in controller.output()  # no password in this URL: shown as given
+    # the peer trusts loopback, so a password in the URL is accepted and must show nowhere
+    with_password = pg_url.replace("postgresql://farm@", "postgresql://farm:s3cret-word@")
+    controller = cluster.start_controller("--no-auth", db=with_password)  # type: ignore[arg-type]
+    assert f"store {pg_url.replace('farm@', 'farm:***@')}" in controller.output()
     agent = cluster.start_agent("rack1")
     wait_for(lambda: "connected to controller" in agent.output(), 60, "the agent to connect")
     remote = cluster.farm("submit", str(job), "--controller", cluster.address, "--json", timeout=240)
@@ -148,6 +150,19 @@ def test_a_controller_on_postgresql_runs_a_job_and_the_cli_reads_it_back(pg_url:
     assert _comparable(json.loads(local.stdout)) == _comparable(records)
     jobs = json.loads(cluster.farm("jobs", "--json", "--db", pg_url).stdout)
     assert [(j["id"], j["status"]) for j in jobs] == [(1, "completed")]
+    assert "s3cret-word" not in controller.output() + agent.output()
+
+
+def test_a_cli_command_on_an_unreachable_database_says_so_without_the_password(tmp_path: Path) -> None:
+    pytest.importorskip("psycopg")
+    from grpc_processes import FARM
+
+    done = subprocess.run([*FARM, "jobs", "--json", "--db", "postgresql://lab:s3cret-word@127.0.0.1:1/farm"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "FARM_CONTROLLER": "", "FARM_CONFIG": str(tmp_path / "none.toml")})
+    assert done.returncode != 0
+    assert "s3cret-word" not in done.stdout + done.stderr
+    assert "postgresql://lab:***@127.0.0.1:1/farm" in done.stdout + done.stderr
 
 
 def test_two_controllers_on_one_database_share_a_job_and_run_each_task_once(pg_url: str, cluster, tiny_models) -> None:

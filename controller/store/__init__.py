@@ -20,7 +20,7 @@ DB_ENV = "FARM_DB"
 __all__ = [
     "ArtifactRepository", "BUSY_TIMEOUT_S", "CalibrationRepository", "DB_ENV", "DeviceRepository", "JobRepository",
     "LabReads", "LeaseRepository", "METRIC_UNITS", "RunRepository", "SQLiteStore", "Store", "StoreError",
-    "UnknownMetric", "VisibleTo", "db_location", "default_db_path", "is_url", "open_store", "redact_url",
+    "UnknownMetric", "VisibleTo", "db_location", "default_db_path", "is_store_error", "is_url", "open_store", "redact_url",
     "store_error_message"]
 # --db schemes a store is opened from (psycopg takes both spellings, as libpq does)
 POSTGRES_SCHEMES = ("postgresql", "postgres")
@@ -43,6 +43,13 @@ def redact_url(url: str) -> str:
     from farm.controller.store.postgres import redact_url as redact
 
     return redact(url)
+
+
+def is_store_error(error: BaseException) -> bool:
+    """An error raised by a store's database (SQLite's, or psycopg's), rather than by farm's own code."""
+    import sqlite3
+
+    return isinstance(error, sqlite3.Error) or type(error).__module__.startswith("psycopg.")
 
 
 def db_location(db: str | None) -> Path | str:

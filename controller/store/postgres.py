@@ -177,7 +177,7 @@ def _scrub(text: str, url: str) -> str:
 
 def error_message(error: BaseException, url: str) -> str:
     """What a person can do about a PostgreSQL error, in one paragraph, never with the password."""
-    text = _scrub(str(error).strip(), url)
+    text = " ".join(_scrub(str(error), url).split()).rstrip(".?") or type(error).__name__  # libpq's lines: one
     if type(error).__name__ == "OperationalError":
         return (f"cannot use the PostgreSQL store {redact_url(url)}: {text}. Check that the server runs and "
                 "accepts this user from this host (pg_hba.conf), and the database exists (createdb).")
