@@ -367,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     from farm.cli.web_commands import add_parser as add_web_parser; add_web_parser(sub, common)  # noqa: E702
     from farm.cli.import_commands import add_commands as add_import_commands; add_import_commands(sub, common)
     from farm.cli.artifact_commands import add_commands as add_artifact_commands; add_artifact_commands(sub, common)
+    from farm.cli.store_commands import add_commands as add_store_commands; add_store_commands(sub, common)
 
     s = sub.add_parser("schema", help="print the job file's JSON Schema (for editors)")
     s.set_defaults(func=cmd_schema)

@@ -190,3 +190,87 @@ def test_two_controllers_on_one_database_share_a_job_and_run_each_task_once(pg_u
     assert sorted(task for task, *_ in runs) == sorted({task for task, *_ in runs}), f"a task ran twice: {runs}"
     assert len(runs) == 6 and {status for _, _, status, _ in runs} == {"completed"}
     assert {agent for *_, agent in runs} == {"rack-a", "rack-b"}, "the second controller's agent got no task"
+
+
+# --- `farm store migrate` ------------------------------------------------------------------------------------------
+
+def test_a_migrated_lab_answers_results_and_calibrations_the_same(pg_url: str, tmp_path: Path, tiny_models) -> None:
+    from farm.controller.store.sqlite import SQLiteStore
+    from grpc_processes import FARM
+
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("FARM_")}, "FARM_CONFIG": str(tmp_path / "none"),
+           "XDG_DATA_HOME": str(tmp_path / "data")}
+
+    def farm(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*FARM, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+
+    db = tmp_path / "lab" / "farm.db"
+    job = tmp_path / "job.yaml"
+    job.write_text(f"name: to-move\nmodels: [{tiny_models['onnx']}]\nworkload: {{iterations: 4, warmup: 1}}\n"
+                   "matrix: {threads: [1, 2]}\nsim: {backend: process, on_contention: flag}\n")
+    submitted = farm("submit", str(job), "--db", str(db), "--create", "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    # what a lab holds beside its jobs: calibration versions with drift, device health, an upload
+    from farm.controller.analysis.calibration import Pair, calibrate
+
+    fitted = calibrate([Pair(f"m{i}", float(i), 3.0 * i + 1.0 + 0.01 * (i % 2)) for i in range(1, 7)])
+    lab = SQLiteStore(db)
+    run_ids = [r.run_id for r in lab.runs.results(1)]
+    calibration = {"device": "phone-1", "metric": "latency", "threads": 1, "runtime": "litert", "precision": "fp32",
+                   "batch_size": 1, "input_size": None, "family": "", "created_at": 1.0e9, "kind": "linear", "n": 2,
+                   "a": 10.0, "b": 0.5, "r2": 0.99, "loo_mape": 0.05, "within_10": 1.0, "kendall_tau": 1.0,
+                   "spearman_rho": 1.0, "warnings_json": "[]", "fit_json": json.dumps(fitted.to_json()), "source": "{}"}
+    lab.calibrations.add(calibration, [{"model": "tiny", "sim_run_id": run_ids[0], "device_run_id": run_ids[1]}])
+    lab.calibrations.add({**calibration, "r2": 0.9, "created_at": 1.1e9}, [])
+    lab.calibrations.add_drift({"device": "phone-1", "metric": "latency", "threads": 1, "calibration_id": 2,
+                                "previous_id": 1, "prediction_shift": 0.2, "exceeded": 1, "reasons": "moved",
+                                "created_at": 1.1e9})
+    lab.devices.set_health("phone-1", "bad", "too hot", 5.0)
+    lab.artifacts.record_upload("a" * 64, "tok", 123, 1.0)
+    lab.close()
+
+    moved = farm("store", "migrate", "--from", str(db), "--to", pg_url, "--json")
+    assert moved.returncode == 0, moved.stderr
+    answer = json.loads(moved.stdout)
+    assert answer["rows"]["jobs"] == 1 and answer["rows"]["tasks"] == 2 and answer["rows"]["runs"] == 2
+    assert answer["rows"]["calibrations"] == 2 and answer["rows"]["calibration_drift"] == 1
+    assert answer["rows"]["run_samples"] == 2 and answer["rows"]["artifact_uploads"] == 1
+
+    for command in (["results", "1", "--format", "json"], ["results", "1", "--format", "csv"], ["jobs", "--json"],
+                    ["calibrations", "--json"], ["status", "1", "--json"]):
+        before, after = farm(*command, "--db", str(db)), farm(*command, "--db", pg_url)
+        assert before.returncode == 0 and after.returncode == 0, before.stderr + after.stderr
+        assert after.stdout == before.stdout, f"`farm {' '.join(command)}` answers differently after the move"
+        assert "phone-1" in after.stdout if command[0] == "calibrations" else "to-move" in after.stdout or \
+            command[0] == "results" and "completed" in after.stdout
+    from farm.controller.store.postgres import PostgresStore
+    moved_store = PostgresStore(pg_url, files_dir=tmp_path / "files")
+    assert moved_store.runs.iterations(run_ids[0]) and moved_store.jobs.task_counts(1) == {"completed": 2}
+    assert moved_store.artifacts.upload_usage("tok") == 123 and moved_store.devices.health()[0].health == "bad"
+    moved_store.close()
+
+    # the moved lab goes on: the next job is job 2, not a clash with the ids copied
+    again = farm("submit", str(job), "--db", pg_url, "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["job"] == 2
+
+    # into a database that holds a lab: refused, nothing overwritten
+    refused = farm("store", "migrate", "--from", str(db), "--to", pg_url)
+    assert refused.returncode == 2 and "already holds a lab" in refused.stderr
+
+
+def test_migrate_refuses_what_it_cannot_move(tmp_path: Path) -> None:
+    from grpc_processes import FARM
+
+    def farm(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*FARM, "store", "migrate", *args], capture_output=True, text=True, timeout=120,
+                              cwd=tmp_path, env={**os.environ, "FARM_CONFIG": str(tmp_path / "none")})
+
+    (tmp_path / "farm.db").write_bytes(b"")
+    for args, why in ((["--from", "nope.db", "--to", "postgresql://x@127.0.0.1:1/y"], "no such file"),
+                      (["--from", "farm.db", "--to", "sqlite:///other.db"], "give the PostgreSQL database"),
+                      (["--from", "postgresql://u:pw-secret@h/d", "--to", "postgresql://x@h/y"], "give the SQLite file"),
+                      (["--from", "farm.db", "--to", "mysql://u:pw-secret@h/d"], "give the PostgreSQL database")):
+        done = farm(*args)
+        assert done.returncode == 2 and why in done.stderr, done.stderr
+        assert "pw-secret" not in done.stderr

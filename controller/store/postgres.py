@@ -338,6 +338,25 @@ class PostgresStore:
         with self._lock:
             self.conn.cursor().executemany(sql, [_params(row) or [] for row in rows])
 
+    # --- `farm store migrate`: a whole lab copied in, ids kept ------------------------------
+    def tables_with_rows(self, tables: Sequence[str]) -> list[str]:
+        """Which of `tables` hold a row (a lab is migrated into an empty database only)."""
+        return [t for t in tables if self.query(f"SELECT EXISTS(SELECT 1 FROM {_table(t)}) AS found")[0]["found"]]
+
+    def import_rows(self, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Inside the caller's transaction: rows as another store exported them, ids and all."""
+        if not rows:
+            return
+        columns = list(rows[0])
+        self.executemany(f"INSERT INTO {_table(table)} ({', '.join(_q(c) for c in columns)}) "
+                         f"VALUES ({', '.join(['%s'] * len(columns))})", [[row.get(c) for c in columns] for row in rows])
+
+    def continue_ids(self) -> None:
+        """After an import with ids: each table's next id follows the highest one stored."""
+        for table in IDENTITY_TABLES:
+            self.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "
+                         f"COALESCE((SELECT MAX(id) FROM {table}), 0) + 1, false)")
+
     def close(self) -> None:
         with self._lock:
             self.conn.close()
@@ -377,6 +396,18 @@ def _param(value: Any) -> Any:
 
 def _params(values: Sequence[Any] | None) -> list[Any] | None:
     return None if values is None else [_param(v) for v in values]
+
+
+# Tables whose id the database numbers, and every table of a lab (job_task_counts is kept by the trigger).
+IDENTITY_TABLES = ("jobs", "tasks", "runs", "calibrations", "calibration_drift")
+TABLES = ("jobs", "tasks", "runs", "summaries", "run_samples", "op_profiles", "calibrations", "calibration_runs",
+          "agents", "devices", "device_health", "calibration_drift", "artifact_uploads")
+
+
+def _table(name: str) -> str:
+    if name not in TABLES:
+        raise ValueError(f"not a table of a farm lab: {name[:40]!r}")
+    return name
 
 
 def _q(column: str) -> str:

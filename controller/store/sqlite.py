@@ -227,6 +227,27 @@ class SQLiteStore:
         conn.execute("PRAGMA query_only = ON")
         return conn
 
+    def export_rows(self, tables: Sequence[str], batch: int = 1000) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+        """Every row of each of `tables`, a batch at a time in insertion order, all from one read snapshot
+        (a writer at the same time changes nothing of what is read): `farm store migrate`'s source."""
+        known = set(self.db.table_names())
+        for table in tables:
+            if table not in known:
+                raise StoreError(f"{self.path} has no table {table!r}: not a farm store at schema {SCHEMA_VERSION}")
+        conn = self._open_reader() if self._on_disk else self.db.conn
+        with self._lock if not self._on_disk else _no_lock():
+            conn.execute("BEGIN")  # one snapshot for every table (WAL)
+            try:
+                for table in tables:
+                    cursor = conn.execute(f"SELECT * FROM {table} ORDER BY rowid")
+                    columns = [c[0] for c in cursor.description]
+                    while rows := cursor.fetchmany(batch):
+                        yield table, [dict(zip(columns, row)) for row in rows]
+            finally:
+                conn.execute("ROLLBACK")
+                if self._on_disk:
+                    conn.close()
+
     def close(self) -> None:
         with self._lock:
             self.db.conn.close()
@@ -248,6 +269,11 @@ class SQLiteStore:
         if fields:
             sql = f"UPDATE {table} SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?"
             self.db.conn.execute(sql, [*fields.values(), pk])
+
+
+@contextmanager
+def _no_lock() -> Iterator[None]:
+    yield
 
 
 def pack_stored_samples(db: sqlite_utils.Database, runs: int) -> int:
