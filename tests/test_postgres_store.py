@@ -274,3 +274,20 @@ def test_migrate_refuses_what_it_cannot_move(tmp_path: Path) -> None:
         done = farm(*args)
         assert done.returncode == 2 and why in done.stderr, done.stderr
         assert "pw-secret" not in done.stderr
+
+
+def test_a_connection_the_server_dropped_is_replaced_and_the_next_call_works(pg_url: str, tmp_path: Path) -> None:
+    import psycopg
+
+    from farm.controller.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_url, files_dir=tmp_path)
+    job = {"name": "j", "status": "queued", "priority": "normal", "created_at": 1.0, "spec_json": "{}"}
+    store.jobs.insert(job, [])
+    with psycopg.connect(pg_url, autocommit=True) as admin:  # what a server restart does to a session
+        admin.execute("SELECT pg_terminate_backend(%s)", [store.conn.info.backend_pid])
+    with pytest.raises(psycopg.OperationalError):
+        store.jobs.insert(job, [])  # the call that meets the break fails, writing nothing
+    assert store.jobs.insert(job, []) == 2
+    assert [j.id for j in store.jobs.listing(10)] == [2, 1]
+    store.close()

@@ -236,6 +236,7 @@ class PostgresStore:
         self._lock = threading.RLock()  # one writing connection shared by the agent threads
         self._local = threading.local()  # whether this thread is inside a transaction
         self._readers: queue.SimpleQueue[psycopg.Connection[Any]] = queue.SimpleQueue()
+        self._closed = False
         self.conn = self._connect()
         try:
             self._create_schema()
@@ -303,6 +304,7 @@ class PostgresStore:
                 with self.conn.transaction():  # psycopg nests: a savepoint
                     yield
                 return
+            self._reconnect_if_broken()
             self._local.writing = True
             try:
                 with self.conn.transaction():
@@ -329,9 +331,18 @@ class PostgresStore:
         self._readers.put(conn)
         return rows
 
+    def _reconnect_if_broken(self) -> None:
+        """A connection the server dropped (a restart, a failover, an idle timeout) is replaced before the next
+        transaction: the call that met the break failed (its caller retries: a result stays with its agent,
+        a lease round runs again), the ones after it work."""
+        if self.conn.broken or (self.conn.closed and not self._closed):
+            self.conn = self._connect()
+
     def execute(self, sql: str, params: Sequence[Any] | None = None) -> psycopg.Cursor[Any]:
         """A statement on the writing connection (inside a transaction for a write)."""
         with self._lock:
+            if not getattr(self._local, "writing", False):
+                self._reconnect_if_broken()
             return self.conn.execute(sql, _params(params))
 
     def executemany(self, sql: str, rows: Iterator[Sequence[Any]] | Sequence[Sequence[Any]]) -> None:
@@ -359,6 +370,7 @@ class PostgresStore:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self.conn.close()
         while True:
             try:
