@@ -291,3 +291,47 @@ def test_a_connection_the_server_dropped_is_replaced_and_the_next_call_works(pg_
     assert store.jobs.insert(job, []) == 2
     assert [j.id for j in store.jobs.listing(10)] == [2, 1]
     store.close()
+
+
+def test_one_of_two_controllers_killed_mid_job_loses_nothing_and_runs_nothing_twice(pg_url: str, cluster,
+                                                                                    tiny_models) -> None:
+    import psycopg
+    from grpc_processes import sleep_job, wait_for
+
+    def rows(sql: str) -> list[tuple]:
+        with psycopg.connect(pg_url) as conn:
+            return conn.execute(sql).fetchall()  # type: ignore[arg-type]
+
+    job = sleep_job(cluster.root, tiny_models["onnx"], tasks=6, seconds=1.5)
+    timing = ("--lease-ttl", "3", "--heartbeat-interval", "0.5")
+    cluster.start_controller("--no-auth", *timing, db=pg_url, name="controller-a")  # type: ignore[arg-type]
+    address_a = cluster.address
+    victim = cluster.start_controller("--no-auth", *timing, db=pg_url, name="controller-b")  # type: ignore[arg-type]
+    left = cluster.start_agent("left")  # on controller b: cluster.address is the last one started
+    cluster.address = address_a
+    right = cluster.start_agent("right")
+    for agent in (left, right):
+        wait_for(lambda: "connected to controller" in agent.output(), 60, f"{agent.name} to connect")
+    assert cluster.farm("submit", str(job), "--controller", address_a, "--detach").returncode == 0
+
+    wait_for(lambda: rows("SELECT id FROM tasks WHERE status = 'running' AND leased_by = 'left'"), 60,
+             "a task running through the controller that dies")
+    victim.kill9()  # its agent keeps its task and knocks on a dead door; the lease runs out on the survivor
+
+    def finished() -> object:
+        status = json.loads(cluster.farm("status", "1", "--json", "--controller", address_a).stdout)
+        return status["status"] in ("completed", "failed") and status
+    status = wait_for(finished, 120, "the job to finish through the surviving controller", interval=0.5)
+    assert status["status"] == "completed" and status["completed"] == 6  # type: ignore[index]
+    runs: dict[int, list[tuple]] = {}
+    for task_id, attempt, run_status, agent, failure in rows(
+            "SELECT task_id, attempt, status, agent, failure_class FROM runs ORDER BY task_id, attempt"):
+        runs.setdefault(task_id, []).append((attempt, run_status, agent, failure))
+    assert len(runs) == 6
+    for task_runs in runs.values():
+        completed = [r for r in task_runs if r[1] == "completed"]
+        assert len(completed) == 1, f"a task counted twice or never: {task_runs}"
+        assert all(r[3] == "infrastructure" and r[2] == "left" for r in task_runs if r[1] != "completed")
+    assert any(len(r) > 1 for r in runs.values()), "the dead controller's task was never taken over"
+    assert rows("SELECT status, COUNT(*) FROM tasks GROUP BY status") == [("completed", 6)]
+    left.kill9()
