@@ -41,6 +41,7 @@ bench: models
 	$(PY) benchmarks/run_overhead.py
 	$(PY) benchmarks/web.py
 	$(PY) benchmarks/store_size.py
+	$(PY) benchmarks/store_backends.py
 	$(PY) benchmarks/corpus.py
 
 # Controller throughput and dispatch latency: 100 agents with an instant driver, loopback gRPC.

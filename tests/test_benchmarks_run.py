@@ -22,6 +22,8 @@ SMALL_FORMS = {
     "lease": (["lease.py", "--depths", "1000", "--leases", "20", "--no-old", "--no-write"], ["| pending |"]),
     "list_jobs": (["list_jobs.py", "--pending", "4000", "--calls", "5", "--no-write"], ["| EmbeddedFarm.jobs(50) |"]),
     "store_size": (["store_size.py", "--runs", "20"], ["bytes per run"]),
+    # both stores side by side (PostgreSQL on a private server, or a line saying why it was skipped)
+    "store_backends": (["store_backends.py", "--tasks", "40"], ["ms per operation"]),
     # one cold and one warm job of 2 runs of the tiny ONNX model, embedded
     "run_overhead": (["run_overhead.py", "--runs", "2", "--rounds", "1", "--models", "onnx", "--cli-calls", "0",
                       "--no-write"], ["| onnx | warm / cold |", "warm: forked from a kept onnx harness"]),
