@@ -335,3 +335,28 @@ def test_one_of_two_controllers_killed_mid_job_loses_nothing_and_runs_nothing_tw
     assert any(len(r) > 1 for r in runs.values()), "the dead controller's task was never taken over"
     assert rows("SELECT status, COUNT(*) FROM tasks GROUP BY status") == [("completed", 6)]
     left.kill9()
+
+
+def test_a_database_holding_someone_elses_tables_is_refused_untouched(pg_url: str, tmp_path: Path) -> None:
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE jobs (id int, payroll text)")
+    with pytest.raises(StoreError, match=r"not empty and not a farm store \(it has tables such as jobs\)"):
+        open_store(pg_url)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        tables = [r[0] for r in conn.execute("SELECT table_name FROM information_schema.tables "
+                                             "WHERE table_schema = 'public'")]
+    assert tables == ["jobs"]
+
+
+def test_a_hostile_database_name_stays_one_folder_under_the_data_folder(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from farm.controller.store.postgres import default_files_dir
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    for url in ("postgresql://u@h/../../../etc", "postgresql://u@h/%2e%2e", "postgresql://u@h/" + "x" * 5000,
+                "postgresql://u@[::1]:5/a/b\n\x1b[31m"):
+        folder = default_files_dir(url)
+        assert folder.parent == tmp_path / "farm" / "postgresql" and "/" not in folder.name and len(folder.name) <= 120
+        assert folder.name not in (".", "..") and "\n" not in folder.name and "\x1b" not in folder.name

@@ -244,6 +244,9 @@ class PostgresStore:
         except self._psycopg.Error as e:
             self.conn.close()
             raise StoreError(self.error_message(e)) from None
+        except StoreError:
+            self.conn.close()
+            raise
         except OSError as e:
             self.conn.close()
             raise StoreError(f"cannot create the folder for the local files of {self.location}, "
@@ -276,6 +279,13 @@ class PostgresStore:
         with self.transaction():
             self.execute("SELECT pg_advisory_xact_lock(%s)", [SCHEMA_LOCK])  # another controller may be starting
             if not self.has_table("schema_version"):
+                others = [r["table_name"] for r in self.query(
+                    "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
+                    "ORDER BY table_name LIMIT 5")]
+                if others:  # someone else's tables: farm writes into an empty database or its own only
+                    raise StoreError(f"{self.location} is not empty and not a farm store (it has tables such as "
+                                     f"{', '.join(others)}); farm changed nothing. Give --db an empty database "
+                                     "(createdb farm) or one a farm controller created.")
                 self.execute(SCHEMA)
                 self.execute("INSERT INTO schema_version (version) VALUES (%s)", [SCHEMA_VERSION])
         current = self.schema_version()
