@@ -360,3 +360,37 @@ def test_a_hostile_database_name_stays_one_folder_under_the_data_folder(tmp_path
         folder = default_files_dir(url)
         assert folder.parent == tmp_path / "farm" / "postgresql" and "/" not in folder.name and len(folder.name) <= 120
         assert folder.name not in (".", "..") and "\n" not in folder.name and "\x1b" not in folder.name
+
+
+def test_work_queued_through_one_store_wakes_the_others(pg_url: str, tmp_path: Path) -> None:
+    import threading
+
+    from farm.controller.store.postgres import PostgresStore
+
+    submitter = PostgresStore(pg_url, files_dir=tmp_path / "a")
+    listener = PostgresStore(pg_url, files_dir=tmp_path / "b")
+    woken = threading.Event()
+    listener.on_queue_change(woken.set)
+    assert woken.wait(30)  # the first wake-up says: look, something may have queued before I listened
+    woken.clear()
+    job = {"name": "j", "status": "queued", "priority": "normal", "created_at": 1.0, "spec_json": "{}"}
+    task = {"seq": 0, "target": "sim", "status": "pending", "attempts": 0, "max_attempts": 1, "priority": 1}
+    submitter.jobs.insert(job, [])  # no task: nothing to lease, no wake-up
+    submitter.devices.record_agent({"name": "agent-1"}, [])
+    assert not woken.wait(2)
+    job_id = submitter.jobs.insert(job, [task])
+    assert woken.wait(30), "a job with a pending task woke nobody"
+    woken.clear()
+    with submitter.transaction():  # leasing it makes nothing leasable
+        (leased,) = submitter.leases.next_pending({"sim"}, 1)
+        submitter.leases.lease(leased.id, 1, "agent-1", time.time() + 60)
+    assert not woken.wait(2)
+    submitter.devices.set_health("phone-1", "good", "released", time.time())  # a released device may take work
+    assert woken.wait(30)
+    woken.clear()
+    submitter.jobs.update_task(leased.id, status="pending")  # back in the queue
+    assert woken.wait(30)
+    assert submitter.jobs.task_counts(job_id) == {"pending": 1}
+    listener.close()  # the listener ends with its store
+    assert not any(t.name == "farm-pg-listen" and t.is_alive() for t in threading.enumerate())
+    submitter.close()

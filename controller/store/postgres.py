@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import queue
 import threading
 import time
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     import psycopg
 
 __all__ = ["PostgresStore", "SCHEMA", "redact_url"]
+log = logging.getLogger("farm.store")
 
 SCHEMES = ("postgresql", "postgres")
 EXTRA_HINT = "pip install 'farm[postgresql]' (psycopg 3)"
@@ -117,8 +119,13 @@ CREATE INDEX idx_artifact_uploads_owner ON artifact_uploads (owner);
 -- upsert per statement, in (job_id, status) order, so two controllers lock counter rows in the same order.
 CREATE TABLE job_task_counts (job_id bigint NOT NULL, status {T} NOT NULL, n bigint NOT NULL,
   PRIMARY KEY (job_id, status));
+-- A task that becomes pending (a new job, a retry, a requeue) or a device's health that changes wakes every
+-- controller on the database (LISTEN farm_queue): one notice per transaction, delivered at commit.
 CREATE FUNCTION farm_count_tasks() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+  IF TG_OP <> 'DELETE' AND EXISTS (SELECT 1 FROM new_rows WHERE status = 'pending') THEN
+    PERFORM pg_notify('farm_queue', '');
+  END IF;
   IF TG_OP = 'INSERT' THEN
     INSERT INTO job_task_counts (job_id, status, n)
       SELECT job_id, status, COUNT(*) FROM new_rows WHERE job_id IS NOT NULL AND status IS NOT NULL
@@ -143,6 +150,13 @@ CREATE TRIGGER tasks_counted_delete AFTER DELETE ON tasks REFERENCING OLD TABLE 
   FOR EACH STATEMENT EXECUTE FUNCTION farm_count_tasks();
 CREATE TRIGGER tasks_counted_update AFTER UPDATE ON tasks REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
   FOR EACH STATEMENT EXECUTE FUNCTION farm_count_tasks();
+CREATE FUNCTION farm_health_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM pg_notify('farm_queue', '');
+  RETURN NULL;
+END $$;
+CREATE TRIGGER device_health_changed AFTER INSERT OR UPDATE ON device_health
+  FOR EACH STATEMENT EXECUTE FUNCTION farm_health_changed();
 """
 # Held while a store creates its schema, so two controllers starting on an empty database create it once.
 SCHEMA_LOCK = 0x6661726D  # "farm"
@@ -237,6 +251,8 @@ class PostgresStore:
         self._local = threading.local()  # whether this thread is inside a transaction
         self._readers: queue.SimpleQueue[psycopg.Connection[Any]] = queue.SimpleQueue()
         self._closed = False
+        self._stopping = threading.Event()  # set by close(): the wake-up listeners end
+        self._listeners: list[threading.Thread] = []
         self.conn = self._connect()
         try:
             self._create_schema()
@@ -341,6 +357,32 @@ class PostgresStore:
         self._readers.put(conn)
         return rows
 
+    def on_queue_change(self, wake: Callable[[], None]) -> None:
+        """Call `wake` whenever any process on this database makes a task leasable (LISTEN farm_queue): a job
+        submitted through another controller reaches this one's idle agents at once, not on its next idle
+        round. A thread of its own with its own connection, reconnecting when the server drops it."""
+        def listen() -> None:
+            backoff = 0.5
+            while not self._stopping.is_set():
+                try:
+                    with self._psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+                                               application_name="farm-listen") as conn:
+                        conn.execute("LISTEN farm_queue")
+                        backoff = 0.5
+                        wake()  # anything queued while this listener was away
+                        while not self._stopping.is_set():
+                            if any(True for _ in conn.notifies(timeout=1.0)):
+                                wake()
+                except self._psycopg.Error as e:
+                    log.warning("the PostgreSQL store %s stopped sending wake-ups (%s); listening again in %.1f s",
+                                self.location, " ".join(_scrub(str(e), self.url).split())[:300], backoff)
+                    self._stopping.wait(backoff)
+                    backoff = min(backoff * 2, 30.0)
+
+        thread = threading.Thread(target=listen, name="farm-pg-listen", daemon=True)
+        thread.start()
+        self._listeners.append(thread)
+
     def _reconnect_if_broken(self) -> None:
         """A connection the server dropped (a restart, a failover, an idle timeout) is replaced before the next
         transaction: the call that met the break failed (its caller retries: a result stays with its agent,
@@ -379,6 +421,9 @@ class PostgresStore:
                          f"COALESCE((SELECT MAX(id) FROM {table}), 0) + 1, false)")
 
     def close(self) -> None:
+        self._stopping.set()
+        for thread in self._listeners:
+            thread.join(5)
         with self._lock:
             self._closed = True
             self.conn.close()

@@ -168,6 +168,9 @@ class SQLiteStore:
     def has_table(self, table: str) -> bool:
         return bool(self.query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [table]))
 
+    def on_queue_change(self, wake: Callable[[], None]) -> None:
+        """Nothing to listen to: one controller serves an SQLite store, and wakes its own dispatcher."""
+
     def sync_normal(self) -> None:
         """WAL + NORMAL survives a killed process intact; only a power cut can drop the last commits, and
         then their tasks re-run when the leases run out. It saves an fsync per lease and per result."""
