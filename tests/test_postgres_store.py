@@ -394,3 +394,34 @@ def test_work_queued_through_one_store_wakes_the_others(pg_url: str, tmp_path: P
     listener.close()  # the listener ends with its store
     assert not any(t.name == "farm-pg-listen" and t.is_alive() for t in threading.enumerate())
     submitter.close()
+
+
+def test_many_reading_threads_share_a_few_connections(pg_url: str, tmp_path: Path) -> None:
+    import threading
+
+    import psycopg
+
+    from farm.controller.store.postgres import MAX_READERS, PostgresStore
+
+    store = PostgresStore(pg_url, files_dir=tmp_path)
+    store.jobs.insert({"name": "j", "status": "queued", "priority": "normal", "created_at": 1.0}, [])
+    errors: list[BaseException] = []
+
+    def reader() -> None:
+        try:
+            for _ in range(5):
+                assert store.reads.job_count() == 1
+        except BaseException as e:  # noqa: BLE001  reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=reader) for _ in range(60)]  # a controller's agent threads
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    with psycopg.connect(pg_url) as conn:
+        (count,) = conn.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = 'farm' "
+                                "AND datname = current_database()").fetchone() or (0,)
+    assert count <= MAX_READERS + 1  # the readers and the writing connection
+    store.close()

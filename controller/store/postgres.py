@@ -49,6 +49,9 @@ SCHEMES = ("postgresql", "postgres")
 EXTRA_HINT = "pip install 'farm[postgresql]' (psycopg 3)"
 HEALTHY_TARGET = "AND t.target NOT IN (SELECT name FROM device_health WHERE health IN ('bad', 'maintenance'))"
 CONNECT_TIMEOUT_S = 30
+# Reader connections a store opens at most: a controller has a thread or two per agent, and each PostgreSQL
+# connection is a server process (max_connections is 100 by default); more readers wait for a free one.
+MAX_READERS = 8
 
 # metric name -> its SQL expression over a summaries row {s} and its runs row {r} (units: metrics.METRIC_UNITS)
 METRIC_SQL: dict[str, str] = {
@@ -251,6 +254,7 @@ class PostgresStore:
         self._local = threading.local()  # whether this thread is inside a transaction
         self._readers: queue.SimpleQueue[psycopg.Connection[Any]] = queue.SimpleQueue()
         self._closed = False
+        self._reader_slots = threading.BoundedSemaphore(MAX_READERS)
         self._stopping = threading.Event()  # set by close(): the wake-up listeners end
         self._listeners: list[threading.Thread] = []
         self.conn = self._connect()
@@ -345,17 +349,18 @@ class PostgresStore:
         if getattr(self._local, "writing", False):  # a transaction reads its own writes
             with self._lock:
                 return self.conn.cursor(row_factory=dict_row).execute(sql, _params(params)).fetchall()
-        try:
-            conn = self._readers.get_nowait()
-        except queue.Empty:
-            conn = self._connect()
-        try:
-            rows = conn.cursor(row_factory=dict_row).execute(sql, _params(params)).fetchall()
-        except BaseException:
-            conn.close()  # a broken reader is not reused
-            raise
-        self._readers.put(conn)
-        return rows
+        with self._reader_slots:
+            try:
+                conn = self._readers.get_nowait()
+            except queue.Empty:
+                conn = self._connect()
+            try:
+                rows = conn.cursor(row_factory=dict_row).execute(sql, _params(params)).fetchall()
+            except BaseException:
+                conn.close()  # a broken reader is not reused
+                raise
+            self._readers.put(conn)
+            return rows
 
     def on_queue_change(self, wake: Callable[[], None]) -> None:
         """Call `wake` whenever any process on this database makes a task leasable (LISTEN farm_queue): a job
