@@ -425,3 +425,40 @@ def test_many_reading_threads_share_a_few_connections(pg_url: str, tmp_path: Pat
                                 "AND datname = current_database()").fetchone() or (0,)
     assert count <= MAX_READERS + 1  # the readers and the writing connection
     store.close()
+
+
+def test_a_controller_on_postgresql_killed_mid_job_comes_back_and_the_agents_finish(pg_url: str, cluster,
+                                                                                   tiny_models) -> None:
+    import psycopg
+    from grpc_processes import sleep_job, wait_for
+
+    def rows(sql: str) -> list[tuple]:
+        with psycopg.connect(pg_url) as conn:
+            return conn.execute(sql).fetchall()  # type: ignore[arg-type]
+
+    job = sleep_job(cluster.root, tiny_models["onnx"], tasks=6, seconds=1.0)
+    timing = ("--lease-ttl", "20", "--heartbeat-interval", "0.5")
+    controller = cluster.start_controller("--no-auth", *timing, db=pg_url)  # type: ignore[arg-type]
+    port = int(str(cluster.address).rsplit(":", 1)[1])
+    agents = [cluster.start_agent(name) for name in ("left", "right")]
+    for agent in agents:
+        wait_for(lambda: "connected to controller" in agent.output(), 60, f"{agent.name} to connect")
+    assert cluster.farm("submit", str(job), "--controller", cluster.address, "--detach").returncode == 0
+    wait_for(lambda: rows("SELECT COUNT(*) FROM runs")[0][0] >= 1
+             and rows("SELECT COUNT(*) FROM tasks WHERE status = 'running'")[0][0] >= 1, 60,
+             "one finished and one running task")
+    controller.kill9()  # its open transactions die with its connections; the server rolls them back
+    cluster.start_controller("--no-auth", *timing, port=port, db=pg_url, name="controller-again")  # type: ignore[arg-type]
+
+    def finished() -> object:
+        status = json.loads(cluster.farm("status", "1", "--json", "--controller", cluster.address).stdout)
+        return status["status"] in ("completed", "failed") and status
+    status = wait_for(finished, 120, "the job to finish", interval=0.5)
+    assert status["status"] == "completed" and status["completed"] == 6  # type: ignore[index]
+    runs = rows("SELECT task_id, attempt, status FROM runs ORDER BY task_id, attempt")
+    # nothing lost, nothing twice: one completed run per task (runs in flight were delivered after the restart)
+    assert len(runs) == 6 and {status for *_, status in runs} == {"completed"}
+    assert len({task for task, *_ in runs}) == 6
+    for agent in agents:
+        assert "reconnecting" in agent.output() and agent.output().count("connected to controller") >= 2
+        assert agent.stop() == 0
