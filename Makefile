@@ -42,6 +42,7 @@ bench: models
 	$(PY) benchmarks/web.py
 	$(PY) benchmarks/web_streams.py
 	$(PY) benchmarks/store_size.py
+	$(PY) benchmarks/store_backends.py
 	$(PY) benchmarks/corpus.py
 
 # Controller throughput and dispatch latency: 100 agents with an instant driver, loopback gRPC.

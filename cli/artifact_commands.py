@@ -18,12 +18,12 @@ from farm.proto import strict_json
 def cmd_artifacts_gc(args: argparse.Namespace) -> int:
     from farm.controller import service
     from farm.controller.grpc_server import controller_files
-    from farm.controller.store import StoreError, default_db_path, open_store
+    from farm.controller.store import StoreError, db_location, is_url, open_store
 
     if not math.isfinite(args.grace_hours) or not 0 <= args.grace_hours <= 87600:
         raise UserError(f"--grace-hours {args.grace_hours}: give a number of hours between 0 and 87600")
-    path = Path(args.db) if args.db else default_db_path()
-    if not path.exists():
+    path = db_location(args.db)
+    if not is_url(path) and not Path(path).exists():
         raise UserError(f"no store at {path}: give the controller's --db")
     try:
         store = open_store(path)
@@ -44,7 +44,7 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     asub = a.add_subparsers(dest="artifacts_command", required=True, metavar="ACTION")
     # no --controller: it runs where the store is, as the controller's operator
     g = asub.add_parser("gc", help="remove stored artifacts no job names (run on the controller's host)")
-    g.add_argument("--db", default=None, help="the controller's SQLite store (default: $FARM_DB or the user data directory)")
+    g.add_argument("--db", default=None, help="the controller's store: SQLite file or postgresql:// URL (default: $FARM_DB or the user data directory)")
     g.add_argument("--json", action="store_true", help="machine-readable output")
     g.add_argument("--grace-hours", type=float, default=24.0,
                    help="keep files younger than this: an upload may be waiting for its submit (default 24)")

@@ -15,6 +15,7 @@ MODULE_EXTRA = {
     "scipy": "analysis", "matplotlib": "analysis",
     "pandas": "pandas",
     "docker": "docker",
+    "psycopg": "postgresql",  # a store at --db postgresql://...
 }
 # What a command needs when it runs here (embedded or serving), beyond the extra of the module that failed:
 # so `farm calibrate` in a base install names both the store and the fitting stack at once.
@@ -27,7 +28,7 @@ COMMAND_EXTRAS = {
 EXTRA_MODULES = {extra: [m for m, e in MODULE_EXTRA.items() if e == extra] for extra in set(MODULE_EXTRA.values())}
 EXTRA_MODULES["web"] = EXTRA_MODULES["controller"]  # the dashboard is standard-library HTTP over the store
 # Extras that install others (pyproject's "farm[controller]" lines): naming the outer one is enough.
-EXTRA_INCLUDES = {"analysis": {"controller"}, "web": {"controller"}}
+EXTRA_INCLUDES = {"analysis": {"controller"}, "web": {"controller"}, "postgresql": {"controller"}}
 
 
 def extra_for(module: str | None) -> str | None:

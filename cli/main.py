@@ -281,7 +281,8 @@ def cmd_backends(args: argparse.Namespace) -> int:
 # --- parser -------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--db", default=None, help="SQLite store (default: $FARM_DB or the user data directory)")
+    common.add_argument("--db", default=None, help="SQLite store file or postgresql:// URL (default: $FARM_DB or the "
+                        "user data directory)")
     common.add_argument("--create", action="store_true", help="make the folder of --db (or $FARM_DB) when it is missing; without it a missing folder is an error")
     common.add_argument("--json", action="store_true", help="machine-readable output")
     from farm.cli.remote import add_client_options, add_remote_commands
@@ -366,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     from farm.cli.web_commands import add_parser as add_web_parser; add_web_parser(sub, common)  # noqa: E702
     from farm.cli.import_commands import add_commands as add_import_commands; add_import_commands(sub, common)
     from farm.cli.artifact_commands import add_commands as add_artifact_commands; add_artifact_commands(sub, common)
+    from farm.cli.store_commands import add_commands as add_store_commands; add_store_commands(sub, common)
 
     s = sub.add_parser("schema", help="print the job file's JSON Schema (for editors)")
     s.set_defaults(func=cmd_schema)
@@ -460,6 +462,14 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+    except Exception as e:  # last: every narrower handler above comes first
+        from farm.controller.store import is_store_error
+        if not is_store_error(e):
+            raise
+        # the PostgreSQL store failed after it opened (the server went away); the message never shows a password
+        from farm.controller.store import db_location
+        from farm.controller.store.postgres import error_message
+        return _report_error(args, error_message(e, str(db_location(getattr(args, "db", None)))), EXIT_ENVIRONMENT)
 
 
 if __name__ == "__main__":

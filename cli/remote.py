@@ -139,7 +139,7 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
     from farm.controller.scheduling.store_file import StoreFileWatch
     from farm.controller.grpc_server import DEFAULT_MAX_STREAMS, DEFAULT_MAX_WATCHES, DEFAULT_UPLOAD_QUOTA, serve
     from farm.controller.operations.metrics import MetricsListenError
-    from farm.controller.store import DB_ENV, StoreError, default_db_path, open_store
+    from farm.controller.store import DB_ENV, StoreError, db_location, open_store
 
     _logging(args.verbose)
     tokens_file = args.tokens or os.environ.get("FARM_TOKENS")
@@ -157,8 +157,8 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
             tls = TlsFiles(ca=Path(args.tls_client_ca) if args.tls_client_ca else None,
                            cert=Path(args.tls_cert) if args.tls_cert else None, key=Path(args.tls_key) if args.tls_key else None)
         # the user data folder is farm's own to make; a path someone typed is made only with --create
-        store = open_store(Path(args.db) if args.db else default_db_path(),
-                      create_folder=args.create or not (args.db or os.environ.get(DB_ENV)))
+        # --db is a file or a postgresql:// URL (several controllers may share one database)
+        store = open_store(db_location(args.db), create_folder=args.create or not (args.db or os.environ.get(DB_ENV)))
         running = serve(store, args.listen, tokens=tokens, tls=tls, lease_ttl_s=args.lease_ttl,
                         heartbeat_interval_s=args.heartbeat_interval, metrics_listen=args.metrics_listen,
                         max_streams=args.max_streams or DEFAULT_MAX_STREAMS,
@@ -181,7 +181,7 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
     web = _start_web(args, store, running, tokens, tls) if args.web_listen else None
     host = args.listen.rsplit(":", 1)[0]
     mode = "mutual TLS" if tls and tls.ca else "TLS" if tls else "plain text"
-    print(f"farm controller listening on {host}:{running.port} ({mode}; store {store.path}; lease TTL "
+    print(f"farm controller listening on {host}:{running.port} ({mode}; store {store.location}; lease TTL "
           f"{args.lease_ttl:g} s)", file=sys.stderr, flush=True)
     files = running.farm.files
     print(f"farm controller artifact store {files.store.root}; models roots: "
@@ -339,7 +339,8 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     csub = c.add_subparsers(dest="controller_command", required=True, metavar="ACTION")
     s = csub.add_parser("serve", help="serve agents and clients until SIGTERM")
     s.add_argument("--listen", default=f"127.0.0.1:{DEFAULT_PORT}", help=f"HOST:PORT (default 127.0.0.1:{DEFAULT_PORT}; :0 picks a port)")
-    s.add_argument("--db", default=None, help="SQLite store (default: $FARM_DB or the user data directory)")
+    s.add_argument("--db", default=None, help="SQLite store file, or a postgresql://user@host/db URL (a password "
+                   "is better in ~/.pgpass or PGPASSWORD) (default: $FARM_DB or the user data directory)")
     s.add_argument("--create", action="store_true", help="make the folder of --db (or $FARM_DB) when it is missing; without it a missing folder is an error")
     s.add_argument("--tokens", default=None, help="tokens file: `ROLE TOKEN [AGENT_NAME]` a line (default $FARM_TOKENS)")
     s.add_argument("--no-auth", action="store_true", help="accept every caller (loopback addresses only)")

@@ -47,7 +47,7 @@ def cmd_web(args: argparse.Namespace) -> int:
         raise UserError(str(e)) from None
     for warning in warnings:
         err.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
-    print(f"farm dashboard on {running.url} (store {store.path}; "
+    print(f"farm dashboard on {running.url} (store {store.location}; "
           f"{'tokens from ' + args.tokens if tokens else 'open: no tokens'})", file=sys.stderr, flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -24,7 +24,7 @@ from farm.client.api import (
 from farm.proto.questions import FINISH_REFRESH, AnswerT, AskT, Question, RefreshAnswer
 from farm.controller import service
 from farm.controller.scheduling.controller import Controller
-from farm.controller.store import DB_ENV, StoreError, default_db_path, open_store
+from farm.controller.store import DB_ENV, StoreError, db_location, open_store
 from farm.controller.store.rows import plain
 
 POLL_S = 0.3  # how often `wait` looks at a job another process runs
@@ -33,7 +33,7 @@ POLL_S = 0.3  # how often `wait` looks at a job another process runs
 def _job_info(controller: Controller, job_id: int) -> JobInfo:
     info = service.job_info(controller, job_id)
     if info is None:
-        raise FarmError(f"no job {job_id} in {controller.store.path}; `farm jobs` lists the jobs there.")
+        raise FarmError(f"no job {job_id} in {controller.store.location}; `farm jobs` lists the jobs there.")
     return info
 
 
@@ -57,7 +57,7 @@ class EmbeddedFarm(Farm):
                  lab: Callable[[], list[Any]] | None = None, devices_file: Path | str | None = None,
                  health_check_max_age_h: float | None = None, create: bool = False) -> None:
         check_runner_options(slots, backend)  # before the store: a bad argument changes nothing
-        path = Path(db) if db else default_db_path()
+        path = db_location(str(db) if db else None)  # a file, or a postgresql:// URL
         # the user data folder (no --db, no FARM_DB) is farm's own to make; a path someone typed is not
         create = create or (not db and not os.environ.get(DB_ENV))
         try:
@@ -76,7 +76,7 @@ class EmbeddedFarm(Farm):
 
     @property
     def where(self) -> str:
-        return f"store {self.store.path}"
+        return f"store {self.store.location}"
 
     def close(self) -> None:
         self.store.close()
@@ -137,12 +137,16 @@ class EmbeddedFarm(Farm):
     def _start_background(self, job_id: int) -> Path:
         """A detached `farm resume JOB` runs the queued job; its output goes to a log beside the store."""
         log = self.store.path.parent / f"job-{job_id}.log"
-        command = [sys.executable, "-m", "farm.cli.main", "resume", str(job_id), "--db", str(self.store.path),
+        # a database URL goes by the environment, not the command line: `ps` would show its password
+        url = getattr(self.store, "url", None)
+        where = [] if url else ["--db", str(self.store.path)]
+        command = [sys.executable, "-m", "farm.cli.main", "resume", str(job_id), *where,
                    "--quiet", "--slots", str(self.slots), *(["--backend", self.backend] if self.backend else []),
                    *(["--devices", str(self.devices_file)] if self.devices_file else [])]
         with log.open("ab") as out:
             try:
                 process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                           env={**os.environ, DB_ENV: url} if url else None,
                                            start_new_session=True)  # Ctrl+C here does not stop it
             except OSError as e:
                 raise FarmError(f"cannot start the background run of job {job_id}: {e}; `farm resume {job_id}` "
@@ -194,7 +198,7 @@ class EmbeddedFarm(Farm):
         # the stored spec is the validated one, sizes in bytes: read, not validated again
         row = self.store.jobs.get(job)
         if row is None:
-            raise FarmError(f"no job {job} in {self.store.path}; `farm jobs` lists the jobs there.")
+            raise FarmError(f"no job {job} in {self.store.location}; `farm jobs` lists the jobs there.")
         timeout = (json.loads(row["spec_json"]).get("timeouts") or {}).get("job")
         total = self.controller.progress(job).total
 

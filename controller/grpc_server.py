@@ -127,6 +127,8 @@ class FarmServer:
         self.store.leases.adopt_unfinished(os.getpid(), socket.gethostname(), time.time() + self.controller.lease_ttl_s)
         self.results.start()
         self.dispatcher.start()
+        # work queued through another controller on the same database wakes this one's dispatcher
+        self.store.on_queue_change(lambda: self.wake(queue_changed=True))
 
     def stop(self) -> None:
         self.dispatcher.stop()

@@ -106,3 +106,30 @@ def board():
     except SshdUnavailable as e:
         print(f"skipping: {e}")
         pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def postgres_peer():
+    """One private PostgreSQL server for the whole session (tests/postgres_server.py); each test that needs a
+    store makes a fresh database on it (fresh_postgres_url). Skipped with the reason when it cannot run."""
+    pytest.importorskip("psycopg", reason="psycopg 3 is not installed (pip install 'farm[postgresql]')")
+    from postgres_server import PostgresUnavailable, postgres_server
+
+    try:
+        with postgres_server() as server:
+            yield server
+    except PostgresUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def fresh_postgres_url(peer, name: str) -> str:
+    """A new empty database on the peer (dropped first if a failed run left it), as a postgresql:// URL."""
+    import re
+
+    import psycopg
+
+    database = "t_" + re.sub(r"[^a-z0-9_]", "_", name.lower())[-50:]
+    with psycopg.connect(peer.url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{database}" TEMPLATE template0')
+    return f"postgresql://{peer.user}@{peer.host}:{peer.port}/{database}"

@@ -1,7 +1,8 @@
 """The store contract: what every implementation of farm.controller.store.Store must do, method by method.
 
-Each test takes the `store` fixture, parametrized by implementation (STORES): SQLite today; a second
-database adds its opener to STORES and runs this same suite (tests/test_store_contract.py collects it).
+Each test takes the `store` fixture, parametrized by implementation (STORES): SQLite, and PostgreSQL on a
+private server shared by the session (a fresh database per test; skipped with the reason when Debian's
+postgresql cannot run). tests/test_store_contract.py collects the suite.
 The tests use the interface only (repositories and typed rows), never SQL, so they run against any store.
 """
 
@@ -23,15 +24,27 @@ from farm.proto.op_profile import OpProfileRow as WireOpProfileRow
 from farm.proto.results import (
     Contention, FailureClass, LatencyStats, ResultRefused, RunResult, RunStatus, Telemetry, TelemetrySample)
 
+
+
+def _postgres(request: pytest.FixtureRequest, folder: Path) -> Store:
+    """A fresh database on the session's PostgreSQL peer (skipped, with the reason, when it cannot run)."""
+    from conftest import fresh_postgres_url
+    from farm.controller.store.postgres import PostgresStore
+
+    peer = request.getfixturevalue("postgres_peer")
+    return PostgresStore(fresh_postgres_url(peer, request.node.name), files_dir=folder)
+
+
 # implementation name -> opener of an empty store in a folder of its own
-STORES: dict[str, Callable[[Path], Store]] = {
-    "sqlite": lambda folder: SQLiteStore(folder / "farm.db"),
+STORES: dict[str, Callable[[pytest.FixtureRequest, Path], Store]] = {
+    "sqlite": lambda request, folder: SQLiteStore(folder / "farm.db"),
+    "postgresql": _postgres,
 }
 
 
 @pytest.fixture(params=sorted(STORES))
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    opened = STORES[request.param](tmp_path)
+    opened = STORES[request.param](request, tmp_path)
     try:
         yield opened
     finally:
@@ -344,6 +357,27 @@ def test_a_failing_step_of_a_batch_undoes_only_its_own_writes(store: Store) -> N
     job = store.jobs.get(job_id)
     assert job is not None and job.message is None
     assert [r.run_id is not None for r in store.runs.results(job_id)] == [True, False]
+
+
+def test_hostile_values_are_kept_as_sqlite_keeps_them(store: Store) -> None:
+    """From the wire: a NaN figure is stored as missing, infinity as infinity, a NUL character in a log tail or a
+    message is kept (PostgreSQL text cannot hold NUL: U+FFFD stands in), a bool is 0/1."""
+    job_id = _job(store, [_task(0)], name="bad\x00name")
+    task = _lease(store, {"sim"})[0]
+    result = dataclasses.replace(_result(float("nan")), wall_s=float("inf"), message="half\x00way",
+                                 log_tail="line\x00\x1b[31m", status=RunStatus.FAILED, failure_class=FailureClass.JOB)
+    _run(store, task, result)
+    (row,) = store.runs.results(job_id)
+    assert row.latency_avg_ms is None and row.wall_s == float("inf") and row.latency_count == 3
+    assert row.message in ("half\x00way", "half\ufffdway")
+    job = store.jobs.get(job_id)
+    assert job is not None and job.name in ("bad\x00name", "bad\ufffdname")
+    assert store.reads.log_tails([row.run_id])[row.run_id] in ("line\x00\x1b[31m", "line\ufffd\x1b[31m")
+    store.calibrations.add_drift({"device": "phone-1", "metric": "latency", "threads": 1, "exceeded": True,
+                                  "prediction_shift": float("nan"), "created_at": 1.0})
+    (drift,) = store.calibrations.drift_history()
+    assert drift.exceeded == 1 and drift.prediction_shift is None
+    assert [a.exceeded for a in store.calibrations.latest_drift()] == [1]
 
 
 def test_device_latencies_of_completed_runs(store: Store) -> None:

@@ -25,6 +25,8 @@ SMALL_FORMS = {
     # 5 open lab pages, idle 1 s, each way
     "web_streams": (["web_streams.py", "--pages", "5", "--idle-s", "1", "--no-write"],
                     ["| a change reaches every page: median / last |"]),
+    # both stores side by side (PostgreSQL on a private server, or a line saying why it was skipped)
+    "store_backends": (["store_backends.py", "--tasks", "40"], ["ms per operation"]),
     # one cold and one warm job of 2 runs of the tiny ONNX model, embedded
     "run_overhead": (["run_overhead.py", "--runs", "2", "--rounds", "1", "--models", "onnx", "--cli-calls", "0",
                       "--no-write"], ["| onnx | warm / cold |", "warm: forked from a kept onnx harness"]),

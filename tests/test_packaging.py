@@ -28,13 +28,13 @@ def _names(requirements: list[str]) -> list[str]:
 
 def test_every_extras_module_is_the_one_cli_extras_names() -> None:
     extras = PYPROJECT["project"]["optional-dependencies"]
-    for extra in ("controller", "analysis", "pandas", "docker"):
+    for extra in ("controller", "analysis", "pandas", "docker", "postgresql"):
         modules = {IMPORT_NAME.get(n, n) for n in _names(extras[extra]) if n != "farm"}
         assert modules == set(EXTRA_MODULES[extra]), extra
         assert all(MODULE_EXTRA[m] == extra for m in modules)
     base = {IMPORT_NAME.get(n, n) for n in _names(PYPROJECT["project"]["dependencies"])}
     assert base.isdisjoint(MODULE_EXTRA), "a base requirement is also named as an extra's"
-    assert extras["all"] == ["farm[controller,analysis,web,pandas,docker]"]
+    assert extras["all"] == ["farm[controller,analysis,web,pandas,docker,postgresql]"]
 
 
 def test_the_message_names_the_extras_and_the_pip_line() -> None:

@@ -68,7 +68,7 @@ def job_values(store: Store, job_id: int, metric: str, *, include_contended: boo
     """The metric of every completed run of a job (the attempt that counted); contended runs only if asked;
     one target's runs only (the sim or a device) when given."""
     if store.jobs.get(job_id) is None:
-        raise CalibrationError(f"no job {job_id} in {store.path}")
+        raise CalibrationError(f"no job {job_id} in {store.location}")
     rows = store.calibrations.completed_values(job_id, _metric_name(metric), include_contended=include_contended, target=target)
     out = []
     for row in rows:
@@ -128,7 +128,7 @@ def pair_within_job(store: Store, job_id: int, device: str, metric: str, *,
     expr = _metric_name(metric)
     sim_expr = _metric_name(SIM_SIDE.get(metric, metric))
     if store.jobs.get(job_id) is None:
-        raise CalibrationError(f"no job {job_id} in {store.path}")
+        raise CalibrationError(f"no job {job_id} in {store.location}")
     rows = store.calibrations.paired_values(job_id, device, sim_expr, expr, include_contended=include_contended)
     out = []
     for row in rows:
@@ -175,7 +175,7 @@ def calibration_source(store: Store, sim_job: int, device_job: int | None = None
     as its sim side was (budget and workload). device_job None: device runs and twins in one job."""
     job = store.jobs.get(sim_job)
     if job is None:
-        raise ValueError(f"no job {sim_job} in {store.path}")
+        raise ValueError(f"no job {sim_job} in {store.location}")
     spec = json.loads(job["spec_json"])
     jobs = {"job": sim_job} if device_job is None else {"sim_job": sim_job, "device_job": device_job}
     return {**jobs, "sim": spec["sim"], "workload": spec["workload"]}

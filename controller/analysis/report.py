@@ -449,7 +449,7 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
     """The page, its figures (also written with --png) and the warnings shown at its top."""
     job = store.jobs.get(job_id)
     if job is None:
-        raise ReportError(f"no job {job_id} in {store.path}; `farm jobs` lists the jobs there.")
+        raise ReportError(f"no job {job_id} in {store.location}; `farm jobs` lists the jobs there.")
     _progress(f"reading job {job_id}")
     records = run_records(store, job_id)
     averaged = average_repeats(records)

@@ -10,7 +10,6 @@ prometheus_client's global registry (and two controllers in one test process do 
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from farm.controller.scheduling.counters import lease_expiries_total, record_lease_expiries
 from farm.controller.operations.reference_suite import HEALTH_CHECK
 from farm.controller.scheduling.schedule import PRIORITY_RANK
-from farm.controller.store import Store
+from farm.controller.store import Store, is_store_error
 from farm.proto.results import TaskStatus
 
 log = logging.getLogger("farm.controller.operations.metrics")
@@ -49,7 +48,9 @@ class StoreCollector(Collector):
         for group in (self._queue_and_tasks, self._device_health, self._calibration_age, self._drift):
             try:
                 yield from list(group())
-            except sqlite3.Error:
+            except Exception as e:  # the store's database failed (SQLite or PostgreSQL); a bug is raised
+                if not is_store_error(e):
+                    raise
                 log.exception("metrics: %s failed; its metrics are left out of this scrape", group.__name__)
 
     # --- groups ------------------------------------------------------------------------------

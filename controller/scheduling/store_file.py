@@ -43,7 +43,7 @@ class StoreFileWatch:
         self.path = path
         self._fd: int | None = None
         self._told = False
-        if str(path) != ":memory:":
+        if str(path) != ":memory:" and path.exists():  # a PostgreSQL store has no file to watch
             self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
 
     def check(self) -> StoreFile:

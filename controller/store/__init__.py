@@ -1,6 +1,7 @@
 """The lab's store: repositories of jobs, leases, runs, devices, calibrations and artifacts behind one
-interface (interface.py), with typed rows (rows.py). SQLite (sqlite.py) is the implementation today;
-`open_store` is where a second database plugs in.
+interface (interface.py), with typed rows (rows.py). SQLite (sqlite.py) is the embedded default;
+PostgreSQL (postgres.py, the `postgresql` extra) holds a lab that several controllers share. `open_store`
+picks one from --db: a file path, or a postgresql:// URL.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ DB_ENV = "FARM_DB"
 __all__ = [
     "ArtifactRepository", "BUSY_TIMEOUT_S", "CalibrationRepository", "DB_ENV", "DeviceRepository", "JobRepository",
     "LabReads", "LeaseRepository", "METRIC_UNITS", "RunRepository", "SQLiteStore", "Store", "StoreError",
-    "UnknownMetric", "VisibleTo", "default_db_path", "open_store", "store_error_message"]
+    "UnknownMetric", "VisibleTo", "db_location", "default_db_path", "is_store_error", "is_url", "open_store", "redact_url",
+    "store_error_message"]
+# --db schemes a store is opened from (psycopg takes both spellings, as libpq does)
+POSTGRES_SCHEMES = ("postgresql", "postgres")
 
 
 def default_db_path() -> Path:
@@ -29,9 +33,45 @@ def default_db_path() -> Path:
     return Path(user_data_dir("farm", appauthor=False)) / "farm.db"
 
 
+def is_url(location: Path | str) -> bool:
+    """A database address (scheme://...) rather than a file path."""
+    return isinstance(location, str) and "://" in location
+
+
+def redact_url(url: str) -> str:
+    """The address without its password: what logs and messages may show."""
+    from farm.controller.store.postgres import redact_url as redact
+
+    return redact(url)
+
+
+def is_store_error(error: BaseException) -> bool:
+    """An error raised by a store's database (SQLite's, or psycopg's), rather than by farm's own code."""
+    import sqlite3
+
+    return isinstance(error, sqlite3.Error) or type(error).__module__.startswith("psycopg.")
+
+
+def db_location(db: str | None) -> Path | str:
+    """Where --db (or $FARM_DB, or the user data folder) points: a file path, or a URL kept as text (a Path
+    would fold its `//`)."""
+    text = db or os.environ.get(DB_ENV) or None
+    if text is not None and is_url(text):
+        return text
+    return Path(text) if text else default_db_path()
+
+
 def open_store(path: Path | str, *, create_folder: bool = False) -> Store:
-    """The store at `path` (a file, or ":memory:"), created and brought to the current schema when needed."""
-    if "://" in str(path):
-        raise StoreError(f"--db {str(path)[:80]!r}: this farm stores a lab in an SQLite file only; give a file "
-                         "path such as ~/farm.db")
+    """The store at `path`: an SQLite file (or ":memory:") created and brought to the current schema when needed,
+    or a PostgreSQL database at a postgresql:// URL (its schema created when the database is empty)."""
+    if is_url(path):
+        assert isinstance(path, str)
+        scheme = path.split("://", 1)[0].lower()
+        if scheme not in POSTGRES_SCHEMES:
+            shown = redact_url(path) if "@" in path else path
+            raise StoreError(f"--db {shown[:80]!r}: farm keeps a lab in an SQLite file (a path such as ~/farm.db) "
+                             f"or in PostgreSQL (postgresql://user@host:5432/farm); {scheme[:20]!r} is neither.")
+        from farm.controller.store.postgres import PostgresStore
+
+        return PostgresStore(path)
     return SQLiteStore(path, create_folder=create_folder)

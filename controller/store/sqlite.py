@@ -105,6 +105,7 @@ class SQLiteStore:
         # Absolute from here on: run directories live beside the store and must not depend on the cwd.
         self.path = Path(path) if str(path) == ":memory:" else Path(path).expanduser().absolute()
         self._on_disk = str(path) != ":memory:"
+        self.location = str(self.path)
         if self._on_disk:
             if self.path.is_dir():
                 raise StoreError(f"{self.path} is a folder, not a farm store; give a file path such as {self.path / 'farm.db'}.")
@@ -167,6 +168,9 @@ class SQLiteStore:
     def has_table(self, table: str) -> bool:
         return bool(self.query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [table]))
 
+    def on_queue_change(self, wake: Callable[[], None]) -> None:
+        """Nothing to listen to: one controller serves an SQLite store, and wakes its own dispatcher."""
+
     def sync_normal(self) -> None:
         """WAL + NORMAL survives a killed process intact; only a power cut can drop the last commits, and
         then their tasks re-run when the leases run out. It saves an fsync per lease and per result."""
@@ -226,6 +230,27 @@ class SQLiteStore:
         conn.execute("PRAGMA query_only = ON")
         return conn
 
+    def export_rows(self, tables: Sequence[str], batch: int = 1000) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+        """Every row of each of `tables`, a batch at a time in insertion order, all from one read snapshot
+        (a writer at the same time changes nothing of what is read): `farm store migrate`'s source."""
+        known = set(self.db.table_names())
+        for table in tables:
+            if table not in known:
+                raise StoreError(f"{self.path} has no table {table!r}: not a farm store at schema {SCHEMA_VERSION}")
+        conn = self._open_reader() if self._on_disk else self.db.conn
+        with self._lock if not self._on_disk else _no_lock():
+            conn.execute("BEGIN")  # one snapshot for every table (WAL)
+            try:
+                for table in tables:
+                    cursor = conn.execute(f"SELECT * FROM {table} ORDER BY rowid")
+                    columns = [c[0] for c in cursor.description]
+                    while rows := cursor.fetchmany(batch):
+                        yield table, [dict(zip(columns, row)) for row in rows]
+            finally:
+                conn.execute("ROLLBACK")
+                if self._on_disk:
+                    conn.close()
+
     def close(self) -> None:
         with self._lock:
             self.db.conn.close()
@@ -247,6 +272,11 @@ class SQLiteStore:
         if fields:
             sql = f"UPDATE {table} SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?"
             self.db.conn.execute(sql, [*fields.values(), pk])
+
+
+@contextmanager
+def _no_lock() -> Iterator[None]:
+    yield
 
 
 def pack_stored_samples(db: sqlite_utils.Database, runs: int) -> int:
