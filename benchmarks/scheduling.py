@@ -15,6 +15,7 @@ Prints a markdown report and writes it to benchmarks/results/<date>-scheduling.{
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import multiprocessing
@@ -30,6 +31,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 from results_file import write_results  # benchmarks/ is on sys.path when a benchmark runs
 
 ROOT = Path(__file__).resolve().parent
@@ -113,9 +115,29 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def run(agents: int, tasks: int, processes: int = 1) -> dict:
+def _fresh_database(server_url: str, name: str) -> str:
+    """A new, empty database on the PostgreSQL server of `server_url`: each round starts from nothing."""
+    import psycopg
+
+    base, _, _ = server_url.rpartition("/")
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+    return f"{base}/{name}"
+
+
+@contextlib.contextmanager
+def _postgres_server() -> Iterator[str]:
+    """A private PostgreSQL (tests/postgres_server.py: Debian's postgresql on a temp folder, fsync off)."""
+    sys.path.insert(0, str(ROOT.parent / "tests"))
+    from postgres_server import postgres_server  # type: ignore[import-not-found]
+    with postgres_server() as peer:
+        yield peer.url
+
+
+def run(agents: int, tasks: int, processes: int = 1, db: str | None = None) -> dict:
+    """One round; `db` a PostgreSQL URL to use (an empty database), else a fresh SQLite file."""
     from farm.controller.grpc_server import serve
-    from farm.controller.store import SQLiteStore as Store
+    from farm.controller.store import open_store
     from farm.model_generators.generate import write_tiny_onnx
     from farm.proto.generated import farm_pb2, farm_pb2_grpc
 
@@ -124,7 +146,7 @@ def run(agents: int, tasks: int, processes: int = 1) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         write_tiny_onnx(tmp_path / "tiny.onnx")
-        store = Store(tmp_path / "bench.db")
+        store = open_store(db or tmp_path / "bench.db")
         server = serve(store, "127.0.0.1:0", tokens=None, lease_ttl_s=60, models_roots=[tmp_path])  # the job names tiny.onnx here
         address = f"127.0.0.1:{server.port}"
         ctx = multiprocessing.get_context("spawn")
@@ -149,13 +171,12 @@ def run(agents: int, tasks: int, processes: int = 1) -> dict:
             started, cpu_started = time.perf_counter(), time.process_time()
             job_id = stub.SubmitJob(farm_pb2.SubmitJobRequest(job_yaml=job, base_dir=str(tmp_path))).job_id
             submitted, pending_since = time.perf_counter(), time.time()  # every task is pending once SubmitJob returns
-            count = "SELECT COUNT(*) AS n FROM tasks WHERE job_id = ? AND status IN ({})"
-            while store.query(count.format("'pending', 'running'"), [job_id])[0]["n"]:
+            while store.jobs.has_open_tasks(job_id):  # the counts the store keeps per job, on either store
                 time.sleep(0.005)
             finished, controller_cpu_s = time.perf_counter(), time.process_time() - cpu_started
-            if (done := store.query(count.format("'completed'"), [job_id])[0]["n"]) != tasks:
+            if (done := store.jobs.task_counts(job_id).get("completed", 0)) != tasks:
                 raise RuntimeError(f"{tasks - done} of {tasks} tasks did not complete (a benchmark of failures measures "
-                                   f"nothing): {store.query('SELECT message FROM tasks WHERE status != ? LIMIT 1', ['completed'])}")
+                                   f"nothing): {store.jobs.task_counts(job_id)}")
             channel.close()
         finally:
             stop.set()
@@ -297,6 +318,33 @@ def compare(agents: int, tasks: int, processes: int, rounds: int, rev: str) -> t
     return "\n".join(lines) + "\n", {"baseline_rev": rev, "baseline_commit": commit, **runs}
 
 
+def both_stores(agents: int, tasks: int, processes: int, rounds: int) -> tuple[str, dict]:
+    """The same rounds on SQLite and on PostgreSQL, interleaved (this machine is shared and noisy)."""
+    runs: dict[str, list[dict]] = {"sqlite": [], "postgresql": []}
+    with _postgres_server() as server_url:
+        for k in range(rounds):
+            runs["sqlite"].append(run(agents, tasks, processes))
+            runs["postgresql"].append(run(agents, tasks, processes, _fresh_database(server_url, f"bench{k}")))
+
+    def med(name: str, pick) -> float:
+        return statistics.median(pick(r) for r in runs[name])
+
+    rows = [("tasks/s, submit to last result stored", lambda r: r["tasks_per_s"]),
+            ("dispatch p50 (ms, offer → driver start)", lambda r: r["dispatch_ms"]["p50"]),
+            ("dispatch p99 (ms)", lambda r: r["dispatch_ms"]["p99"]),
+            ("pending → driver start p99 (ms)", lambda r: r["pending_to_start_ms"]["p99"]),
+            ("controller CPU per task (ms)", lambda r: r["cpu_s"]["controller"] / r["tasks"] * 1000)]
+    lines = [f"## Scheduling on both stores ({dt.date.today()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f})",
+             "", f"{agents} agents with an instant driver in {processes} process(es), {tasks} tasks with realistic "
+             f"results; {rounds} rounds each, interleaved; medians. PostgreSQL: a private server on this machine "
+             "(fsync off), a fresh database a round.", "",
+             "| measure | SQLite | PostgreSQL | PostgreSQL / SQLite |", "|---|---|---|---|"]
+    for label, pick in rows:
+        a, b = med("sqlite", pick), med("postgresql", pick)
+        lines.append(f"| {label} | {a:.3g} | {b:.3g} | {b / a:.2f} |")
+    return "\n".join(lines) + "\n", runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=100)
@@ -306,8 +354,17 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--baseline", metavar="REV", help="also run farm as of git revision REV (rounds interleaved) "
                                                           "and report current / baseline")
+    parser.add_argument("--postgresql", action="store_true",
+                        help="also run every round on PostgreSQL (a private server from tests/postgres_server.py) "
+                             "and report both stores side by side")
     parser.add_argument("--one-round-json", action="store_true", help=argparse.SUPPRESS)  # compare()'s child
     args = parser.parse_args()
+    if args.postgresql:
+        text, data = both_stores(args.agents, args.tasks, args.agent_processes, args.rounds)
+        print(text)
+        if not args.no_write:
+            write_results("scheduling-stores", text, data)
+        return
     if args.one_round_json:
         print(json.dumps(run(args.agents, args.tasks, args.agent_processes)))
         return

@@ -25,6 +25,9 @@ SMALL_FORMS = {
     # 5 open lab pages, idle 1 s, each way
     "web_streams": (["web_streams.py", "--pages", "5", "--idle-s", "1", "--no-write"],
                     ["| a change reaches every page: median / last |"]),
+    # the scheduling rounds on SQLite and on a private PostgreSQL, side by side
+    "scheduling_postgresql": (["scheduling.py", "--agents", "2", "--tasks", "20", "--rounds", "1", "--postgresql",
+                               "--no-write"], ["| tasks/s, submit to last result stored |"]),
     # both stores side by side (PostgreSQL on a private server, or a line saying why it was skipped)
     "store_backends": (["store_backends.py", "--tasks", "40"], ["ms per operation"]),
     # one cold and one warm job of 2 runs of the tiny ONNX model, embedded
@@ -36,6 +39,8 @@ SMALL_FORMS = {
 @pytest.mark.parametrize("name", sorted(SMALL_FORMS))
 def test_benchmark_runs_in_small_form(name: str) -> None:
     argv, expected = SMALL_FORMS[name]
+    if "--postgresql" in argv and not list(Path("/usr/lib/postgresql").glob("*/bin/postgres")):
+        pytest.skip("needs Debian's postgresql (.ci/run installs it)")
     done = subprocess.run([sys.executable, str(BENCHMARKS / argv[0]), *argv[1:]], capture_output=True, text=True,
                           timeout=300, cwd=BENCHMARKS.parent)
     assert done.returncode == 0, f"benchmarks/{argv[0]} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
