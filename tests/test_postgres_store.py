@@ -509,3 +509,49 @@ def test_an_agent_given_two_controllers_moves_to_the_other_when_its_own_is_kille
     assert delivered, f"no task in flight at the kill was delivered to b: {in_flight} {runs}"
     assert rows("SELECT status, COUNT(*) FROM tasks GROUP BY status") == [("completed", 6)]
     assert agent.stop() == 0
+
+
+def test_a_controller_starting_beside_another_leaves_its_agents_online(pg_url: str, cluster) -> None:
+    import psycopg
+    from farm.agents.link.remote_controller import DeviceInfo, RemoteController
+    from grpc_processes import wait_for
+
+    def states() -> dict[str, str]:
+        with psycopg.connect(pg_url) as conn:
+            return dict(conn.execute("SELECT name, state FROM agents UNION ALL SELECT name, state FROM devices"
+                                     ).fetchall())  # type: ignore[arg-type]
+
+    cluster.start_controller("--no-auth", db=pg_url, name="controller-a")  # type: ignore[arg-type]
+    agent = RemoteController(cluster.address, name="rack-a", token=None,
+                             devices=[DeviceInfo("rack-a/sim", "sim", "sim")]).start()
+    try:
+        wait_for(agent.connected.is_set, 60, "rack-a to connect to controller a")
+        assert states() == {"rack-a": "online", "rack-a/sim": "online"}
+        cluster.start_controller("--no-auth", db=pg_url, name="controller-b")  # type: ignore[arg-type]
+        assert states() == {"rack-a": "online", "rack-a/sim": "online"}, "b marked a's connected agent offline"
+        time.sleep(1.0)  # and a's keep-alive holds it there (b's sweep only takes what no controller sees)
+        assert states() == {"rack-a": "online", "rack-a/sim": "online"}
+    finally:
+        agent.close()
+
+
+def test_a_device_registered_through_one_controller_is_refused_as_taken_by_the_other(pg_url: str, cluster) -> None:
+    from farm.agents.link.remote_controller import DeviceInfo, RemoteController
+    from grpc_processes import wait_for
+
+    cluster.start_controller("--no-auth", db=pg_url, name="controller-a")  # type: ignore[arg-type]
+    address_a = cluster.address
+    cluster.start_controller("--no-auth", db=pg_url, name="controller-b")  # started before the phone is known
+    phone = DeviceInfo("phone-1", "android", "pixel")
+    owner = RemoteController(address_a, name="rack-a", token=None, devices=[phone]).start()
+    thief = None
+    try:
+        wait_for(owner.connected.is_set, 60, "rack-a to register phone-1 through controller a")
+        thief = RemoteController(cluster.address, name="rack-b", token=None, devices=[phone]).start()
+        wait_for(lambda: thief.fatal is not None or thief.connected.is_set(), 60, "controller b to answer rack-b")
+        assert thief.fatal is not None, "controller b let a second agent register phone-1"
+        assert "device 'phone-1' belongs to agent 'rack-a'" in str(thief.fatal)
+    finally:
+        owner.close()
+        if thief is not None:
+            thief.close()
