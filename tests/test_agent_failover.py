@@ -72,3 +72,11 @@ def test_an_agent_connects_to_the_first_controller_that_answers(tmp_path: Path) 
     finally:
         agent.close()
         cluster.stop_all()
+
+
+def test_a_client_command_given_the_agents_list_talks_to_its_first_controller(tmp_path: Path) -> None:
+    done = subprocess.run([*FARM, "jobs", "--json"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "FARM_CONFIG": str(tmp_path / "none.toml"), "FARM_TOKEN": "",
+                               "FARM_CONTROLLER": "127.0.0.1:1,127.0.0.1:2"})
+    assert done.returncode != 0
+    assert "cannot reach the controller at 127.0.0.1:1:" in done.stderr, done.stderr
