@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.client.api import EXIT_ENVIRONMENT, EXIT_OK, FarmError
-from farm.client.config import DEFAULT_PORT, Credentials, address_of, read_config
+from farm.client.config import DEFAULT_PORT, Credentials, address_of, read_config, setting
 from farm.proto.task_limits import DEFAULT_MAX_TASKS
 
 if TYPE_CHECKING:
@@ -264,16 +264,21 @@ def agent_token(args: argparse.Namespace) -> str | None:
 def cmd_agent(args: argparse.Namespace) -> int:
     from farm.agents.agent import Agent, split_cores
     from farm.agents.environment import host_facts
-    from farm.agents.link.remote_controller import DeviceInfo, RemoteController
+    from farm.agents.link.remote_controller import DeviceInfo, RemoteController, controller_addresses
     from farm.agents.sandbox.docker_build import BuildPolicy
     from farm.agents.sandbox.isolation import RunUserError, resolve_run_as
     from farm.agents.sim.driver import SimDriver
     from farm.controller.auth import valid_agent_name
 
     _logging(args.verbose)
-    address = controller_address(args)
-    if not address:
+    given = setting(args.controller, "controller", "FARM_CONTROLLER")
+    if not given:
         raise RemoteError("`farm agent` needs --controller HOST:PORT (or FARM_CONTROLLER)")
+    try:  # several controllers on one PostgreSQL: the agent moves to the next when its controller dies
+        addresses = controller_addresses(given, DEFAULT_PORT)
+    except ValueError as e:
+        raise RemoteError(f"--controller (or FARM_CONTROLLER, or the config file's controller): {e}") from None
+    address = ",".join(addresses)
     if not valid_agent_name(args.name):
         raise RemoteError(f"--name {args.name!r}: use letters, digits, '.', '_' and '-' (at most 64)")
     from farm.agents.lab import LabConfigError, discover_types, lab_from_environment, load_lab
@@ -301,7 +306,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     # The lab's phones and boards: jobs name them (or their type or tags), the controller resolves them.
     devices += [DeviceInfo(name=d.name, driver=d.entry.driver, device_type=d.device_type.name if d.device_type else "",
                            tags=d.tags) for d in lab]
-    client = RemoteController(address, name=args.name, token=token, devices=devices,
+    client = RemoteController(addresses, name=args.name, token=token, devices=devices,
                               tls=client_tls(args), artifact_dir=work_dir / "artifacts")
     driver = SimDriver(work_dir, backend_override=args.backend, run_as=run_as,
                        build_policy=BuildPolicy.lab(args.allow_build_network, args.allow_build_base))
@@ -386,7 +391,9 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     s.set_defaults(func=cmd_controller_serve)
 
     a = sub.add_parser("agent", help="run an agent: dial the controller, run the tasks it leases")
-    a.add_argument("--controller", default=None, metavar="HOST:PORT", help="the controller (default $FARM_CONTROLLER)")
+    a.add_argument("--controller", default=None, metavar="HOST:PORT[,HOST:PORT…]",
+                   help="the controller, or several sharing one PostgreSQL: the agent connects to the first that "
+                        "answers and moves to the next when its stream breaks (default $FARM_CONTROLLER)")
     a.add_argument("--name", required=True, help="this agent's name (a reconnect under the same name takes over its session)")
     a.add_argument("--token", default=None, help="agent token; prefer --token-file or $FARM_TOKEN (a command line is "
                                                  "visible to every local user)")

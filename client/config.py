@@ -39,8 +39,13 @@ def setting(given: str | None, name: str, env: str) -> str | None:
 
 
 def address_of(given: str | None) -> str | None:
-    """The controller's HOST:PORT (the default port when only a host is named), or None: embedded."""
+    """The controller's HOST:PORT (the default port when only a host is named), or None: embedded.
+
+    A list (`a:1,b:2`, for agents that fail over between controllers on one PostgreSQL) gives its first
+    entry, so one FARM_CONTROLLER serves agents and clients alike."""
     address = setting(given, "controller", "FARM_CONTROLLER")
+    if address and "," in address:
+        address = address.split(",", 1)[0].strip()
     if address and ":" not in address:
         address = f"{address}:{DEFAULT_PORT}"
     return address

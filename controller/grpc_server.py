@@ -124,7 +124,10 @@ class FarmServer:
     def start(self) -> None:
         # After a restart: this process owns the open jobs, and running leases get a full TTL
         # so their agents have time to reconnect before anything is re-queued.
-        self.store.leases.adopt_unfinished(os.getpid(), socket.gethostname(), time.time() + self.controller.lease_ttl_s)
+        # Agents seen within a TTL are another controller's on the same database (it keeps them fresh): left online.
+        now = time.time()
+        self.store.leases.adopt_unfinished(os.getpid(), socket.gethostname(), now + self.controller.lease_ttl_s,
+                                           seen_before=now - self.controller.lease_ttl_s)
         self.results.start()
         self.dispatcher.start()
         # work queued through another controller on the same database wakes this one's dispatcher

@@ -288,6 +288,27 @@ def test_a_restarted_controller_adopts_open_jobs_and_every_agent_is_offline(stor
     assert store.leases.running_attempts(expired_before=time.time() + 50) == []
 
 
+def test_a_controller_starting_beside_another_leaves_the_agents_it_keeps_fresh_online(store: Store) -> None:
+    for name, seen in (("theirs", 100.0), ("gone", 10.0)):  # theirs: kept fresh by the other controller
+        store.devices.record_agent({"name": name, "state": "online", "last_seen": seen},
+                                   [(f"{name}/sim", name, "sim", "sim", "[]", "{}", 1, "online", seen)])
+    store.leases.adopt_unfinished(4242, "host-b", time.time() + 99, seen_before=50.0)
+    assert {a.name: a.state for a in store.devices.agents()} == {"gone": "offline", "theirs": "online"}
+    assert {d.name: d.state for d in store.devices.all()} == {"gone/sim": "offline", "theirs/sim": "online"}
+    # the other controller keeps its agent fresh; one whose controller died goes offline after a TTL
+    store.devices.record_agent({"name": "orphan", "state": "online", "last_seen": 120.0},
+                               [("orphan/sim", "orphan", "sim", "sim", "[]", "{}", 1, "online", 120.0)])
+    store.devices.keep_alive(["theirs"], 200.0, 150.0)
+    assert {a.name: (a.state, a.last_seen) for a in store.devices.agents()} == {
+        "gone": ("offline", 10.0), "orphan": ("offline", 120.0), "theirs": ("online", 200.0)}
+    assert {d.name: d.state for d in store.devices.all()} == {
+        "gone/sim": "offline", "orphan/sim": "offline", "theirs/sim": "online"}
+    store.devices.keep_alive([], 300.0, 250.0)  # no agent here: only the sweep
+    assert {a.state for a in store.devices.agents()} == {"offline"}
+    assert store.devices.owners(["theirs/sim", "nope", "gone/sim"]) == {"theirs/sim": "theirs", "gone/sim": "gone"}
+    assert store.devices.owners([]) == {}
+
+
 def test_waiting_tasks_of_a_device_fail_with_their_jobs_named(store: Store) -> None:
     a = _job(store, [_task(0, target="phone-1"), _task(1)])
     b = _job(store, [_task(0, target="phone-1")])

@@ -462,3 +462,96 @@ def test_a_controller_on_postgresql_killed_mid_job_comes_back_and_the_agents_fin
     for agent in agents:
         assert "reconnecting" in agent.output() and agent.output().count("connected to controller") >= 2
         assert agent.stop() == 0
+
+
+def test_an_agent_given_two_controllers_moves_to_the_other_when_its_own_is_killed(pg_url: str, cluster,
+                                                                                  tiny_models) -> None:
+    import psycopg
+    from grpc_processes import sleep_job, wait_for
+
+    def rows(sql: str) -> list[tuple]:
+        with psycopg.connect(pg_url) as conn:
+            return conn.execute(sql).fetchall()  # type: ignore[arg-type]
+
+    job = sleep_job(cluster.root, tiny_models["onnx"], tasks=6, seconds=1.5)
+    timing = ("--lease-ttl", "20", "--heartbeat-interval", "0.5")  # long enough for the agent to move in time
+    victim = cluster.start_controller("--no-auth", *timing, db=pg_url, name="controller-a")  # type: ignore[arg-type]
+    address_a = cluster.address
+    cluster.start_controller("--no-auth", *timing, db=pg_url, name="controller-b")  # type: ignore[arg-type]
+    address_b = cluster.address
+    cluster.address = f"{address_a},{address_b}"  # `farm agent --controller a,b`: it connects to a, the first
+    agent = cluster.start_agent("rack", "--sim-slots", "2")
+    wait_for(lambda: f"connected to controller {address_a}" in agent.output(), 60, "the agent to connect to a")
+    assert cluster.farm("submit", str(job), "--controller", address_b, "--detach").returncode == 0
+
+    in_flight = wait_for(lambda: rows("SELECT id, attempts FROM tasks WHERE status = 'running'"), 60,
+                         "a task running through controller a")
+    victim.kill9()
+    wait_for(lambda: f"connected to controller {address_b}" in agent.output(), 60, "the agent to move to b")
+
+    def finished() -> object:
+        status = json.loads(cluster.farm("status", "1", "--json", "--controller", address_b).stdout)
+        return status["status"] in ("completed", "failed") and status
+    status = wait_for(finished, 120, "the job to finish through controller b", interval=0.5)
+    assert status["status"] == "completed" and status["completed"] == 6, agent.output()[-3000:]  # type: ignore[index]
+    runs: dict[int, list[tuple]] = {}
+    for task_id, attempt, run_status, failure in rows(
+            "SELECT task_id, attempt, status, failure_class FROM runs ORDER BY task_id, attempt"):
+        runs.setdefault(task_id, []).append((attempt, run_status, failure))
+    assert len(runs) == 6
+    for task_runs in runs.values():
+        assert len([r for r in task_runs if r[1] == "completed"]) == 1, f"a task counted twice or never: {task_runs}"
+        # an offer lost with a's stream is recorded as a lost attempt, never run twice
+        assert all(r[2] == "infrastructure" for r in task_runs if r[1] != "completed")
+    # what ran when a died was delivered to b under its first lease: the agent kept running it
+    delivered = [(task, attempt) for task, attempt in in_flight  # type: ignore[union-attr]
+                 if (attempt, "completed", None) in runs[task]]
+    assert delivered, f"no task in flight at the kill was delivered to b: {in_flight} {runs}"
+    assert rows("SELECT status, COUNT(*) FROM tasks GROUP BY status") == [("completed", 6)]
+    assert agent.stop() == 0
+
+
+def test_a_controller_starting_beside_another_leaves_its_agents_online(pg_url: str, cluster) -> None:
+    import psycopg
+    from farm.agents.link.remote_controller import DeviceInfo, RemoteController
+    from grpc_processes import wait_for
+
+    def states() -> dict[str, str]:
+        with psycopg.connect(pg_url) as conn:
+            return dict(conn.execute("SELECT name, state FROM agents UNION ALL SELECT name, state FROM devices"
+                                     ).fetchall())  # type: ignore[arg-type]
+
+    cluster.start_controller("--no-auth", db=pg_url, name="controller-a")  # type: ignore[arg-type]
+    agent = RemoteController(cluster.address, name="rack-a", token=None,
+                             devices=[DeviceInfo("rack-a/sim", "sim", "sim")]).start()
+    try:
+        wait_for(agent.connected.is_set, 60, "rack-a to connect to controller a")
+        assert states() == {"rack-a": "online", "rack-a/sim": "online"}
+        cluster.start_controller("--no-auth", db=pg_url, name="controller-b")  # type: ignore[arg-type]
+        assert states() == {"rack-a": "online", "rack-a/sim": "online"}, "b marked a's connected agent offline"
+        time.sleep(1.0)  # and a's keep-alive holds it there (b's sweep only takes what no controller sees)
+        assert states() == {"rack-a": "online", "rack-a/sim": "online"}
+    finally:
+        agent.close()
+
+
+def test_a_device_registered_through_one_controller_is_refused_as_taken_by_the_other(pg_url: str, cluster) -> None:
+    from farm.agents.link.remote_controller import DeviceInfo, RemoteController
+    from grpc_processes import wait_for
+
+    cluster.start_controller("--no-auth", db=pg_url, name="controller-a")  # type: ignore[arg-type]
+    address_a = cluster.address
+    cluster.start_controller("--no-auth", db=pg_url, name="controller-b")  # started before the phone is known
+    phone = DeviceInfo("phone-1", "android", "pixel")
+    owner = RemoteController(address_a, name="rack-a", token=None, devices=[phone]).start()
+    thief = None
+    try:
+        wait_for(owner.connected.is_set, 60, "rack-a to register phone-1 through controller a")
+        thief = RemoteController(cluster.address, name="rack-b", token=None, devices=[phone]).start()
+        wait_for(lambda: thief.fatal is not None or thief.connected.is_set(), 60, "controller b to answer rack-b")
+        assert thief.fatal is not None, "controller b let a second agent register phone-1"
+        assert "device 'phone-1' belongs to agent 'rack-a'" in str(thief.fatal)
+    finally:
+        owner.close()
+        if thief is not None:
+            thief.close()

@@ -3,7 +3,8 @@
 The Agent calls it exactly as it calls the in-process Controller. Underneath, one thread
 holds the stream: it dials out, says hello (version, capabilities, devices, the tasks it still
 runs), sends heartbeats for every running task, and reconnects with exponential backoff and
-jitter when the stream breaks. Tasks keep running while the controller is away; their results
+jitter when the stream breaks. Given several controllers (one lab on one PostgreSQL), it tries them in turn:
+a stream that breaks moves it to the next one, with the same backoff. Tasks keep running while the controller is away; their results
 wait here until the controller acknowledges them, so none is lost and (the controller being
 idempotent by task and attempt) none is counted twice. A result is cut to fit one message
 (wire.result_for_the_wire) before it is kept, so none can break the stream again and again.
@@ -17,13 +18,14 @@ import logging
 import os
 import queue
 import random
+import re
 import socket
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Iterator, Literal, Sequence
 
 import grpc
 from pydantic import ValidationError
@@ -53,6 +55,37 @@ TAKEN_BACKOFF_FIRST_S, TAKEN_BACKOFF_MAX_S = 5.0, 300.0
 # These refusals will not go away by retrying: the agent stops and says why.
 FATAL_CODES = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
                grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT}
+
+
+MAX_CONTROLLERS = 16  # a list longer than a lab has controllers is a mistake (or hostile)
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,252})?|\[[0-9A-Fa-f:.]{2,45}\]")
+
+
+def controller_addresses(text: str, default_port: int) -> list[str]:
+    """The agent's controllers from `--controller a:1,b:2` (a host alone gets `default_port`).
+
+    Raises ValueError naming the bad entry: each must be HOST:PORT (an IPv6 host in brackets), port 1-65535.
+    """
+    entries = text.split(",")
+    if len(entries) > MAX_CONTROLLERS:
+        raise ValueError(f"{len(entries)} controller addresses: at most {MAX_CONTROLLERS}")
+    addresses: list[str] = []
+    for number, raw in enumerate(entries, 1):
+        entry = raw.strip()
+        host, colon, port = entry.rpartition(":") if entry.rfind(":") > entry.rfind("]") else (entry, "", "")
+        where = f"controller address {number} ('{printable(entry, limit=80)}')"
+        if not entry:
+            raise ValueError(f"controller address {number} is empty: give HOST:PORT entries separated by commas")
+        if not _HOST.fullmatch(host):
+            raise ValueError(f"{where}: '{printable(host, limit=80)}' is not a host name or address "
+                             "(letters, digits, '.', '-', '_'; an IPv6 address in brackets)")
+        if colon and not (port.isascii() and port.isdigit() and len(port) <= 5 and 1 <= int(port) <= 65535):
+            raise ValueError(f"{where}: the port must be a number from 1 to 65535")
+        address = entry if colon else f"{host}:{default_port}"
+        if address in addresses:
+            raise ValueError(f"{where}: named twice")
+        addresses.append(address)
+    return addresses
 
 
 class ControllerRefused(Exception):
@@ -99,10 +132,14 @@ class _Request:
 class RemoteController:
     """ControllerApi over gRPC; call start() first, drain() on SIGTERM, close() at the end."""
 
-    def __init__(self, address: str, *, name: str, token: str | None, devices: list[DeviceInfo],
+    def __init__(self, address: str | Sequence[str], *, name: str, token: str | None, devices: list[DeviceInfo],
                  tls: TlsFiles | None = None, artifact_dir: Path | None = None,
                  protocol_version: int = PROTOCOL_VERSION) -> None:
-        self.address = address
+        # the controllers to try in turn (several share one PostgreSQL); `address` is the one in use
+        self.addresses = [address] if isinstance(address, str) else list(address)
+        if not self.addresses:
+            raise ValueError("an agent needs at least one controller address")
+        self.address = self.addresses[0]
         self.name = name
         self.token = token
         self.devices = devices
@@ -124,6 +161,7 @@ class RemoteController:
         self._artifacts: ArtifactCache | None = None
         self._outbox: "queue.Queue[agent_pb2.AgentMessage | None] | None" = None
         self._heartbeat_interval_s = 1.0
+        self._welcomed = False  # the current stream got its welcome (it had worked)
         self._thread = threading.Thread(target=self._connection_loop, name="controller-stream", daemon=True)
 
     # --- lifecycle -------------------------------------------------------------------
@@ -256,6 +294,7 @@ class RemoteController:
             try:
                 self._one_connection()
                 backoff = BACKOFF_FIRST_S  # the controller closed a stream that had worked
+                self._next_controller()
             except ControllerRefused as e:
                 self.fatal = e
                 log.error("%s", e)
@@ -271,9 +310,13 @@ class RemoteController:
                     taken = min(taken * 2, TAKEN_BACKOFF_MAX_S)
                     self.reconnects += 1
                     continue
+                if self._welcomed:
+                    backoff = BACKOFF_FIRST_S  # a stream that had worked broke: the next controller may well answer
+                failed = self.address
+                self._next_controller()
                 if not self._closed.is_set():
-                    log.warning("controller %s unreachable (%s: %s); reconnecting in about %.1f s",
-                                self.address, e.code().name, e.details(), backoff)
+                    log.warning("controller %s unreachable (%s: %s); reconnecting to %s in about %.1f s",
+                                failed, e.code().name, e.details(), self.address, backoff)
             if self._closed.is_set():
                 return
             # Jitter spreads a rack's reconnects after a controller restart.
@@ -281,7 +324,12 @@ class RemoteController:
             backoff = min(backoff * 2, BACKOFF_MAX_S)
             self.reconnects += 1
 
+    def _next_controller(self) -> None:
+        """Round robin: the next of the agent's controllers (the same one when it has only one)."""
+        self.address = self.addresses[(self.addresses.index(self.address) + 1) % len(self.addresses)]
+
     def _one_connection(self) -> None:
+        self._welcomed = False
         channel = open_channel(self.address, tls=self.tls)
         outbox: "queue.Queue[agent_pb2.AgentMessage | None]" = queue.Queue()
         try:
@@ -316,6 +364,7 @@ class RemoteController:
 
     def _on_welcome(self, welcome: agent_pb2.Welcome, outbox: "queue.Queue[agent_pb2.AgentMessage | None]") -> None:
         self._heartbeat_interval_s = welcome.heartbeat_interval_s or 1.0
+        self._welcomed = True
         self._outbox = outbox
         self.connected.set()
         log.info("connected to controller %s (farm %s, session %s)", self.address, welcome.controller_version,

@@ -69,6 +69,7 @@ class Dispatcher:
             self._wake.clear()
             try:
                 self.dispatch_once()
+                self.sessions.keep_alive(self.controller.lease_ttl_s)  # its own writes, a quarter TTL apart
             except Exception:  # a bad round must not stop dispatching for good
                 log.exception("dispatch round failed")
 

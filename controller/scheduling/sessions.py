@@ -2,7 +2,8 @@
 
 A reconnecting agent takes over its own session; a device name stays the agent's that registered
 it first until an admin frees it. The agents and devices tables mirror this for `farm devices`
-and for a restarted controller.
+and for a restarted controller, and are shared by several controllers on one PostgreSQL: each
+keeps its own agents' last_seen fresh (keep_alive), so none marks another's agents offline.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class Sessions:
         self.lock = threading.RLock()
         # Which agent registered each device (online or not): a name stays its agent's until an admin frees it.
         self.device_owner: dict[str, str] = store.devices.owners()
+        self._kept_alive_at = 0.0
 
     def open(self, hello: agent_pb2.Hello, peer: str) -> tuple[AgentSession, list[tuple[int, int]]]:
         """Register a (re)connecting agent; it takes over its own stale session.
@@ -76,9 +78,16 @@ class Sessions:
         session = AgentSession(name=hello.agent_name, session_id=uuid.uuid4().hex, peer=peer, hello=hello,
                                targets=frozenset({"sim", *(d.name for d in hello.devices)}))
         still_running = {(r.task_id, r.attempt) for r in hello.running}
+        # The store, not this process's index, says who owns a device: another controller on the same database
+        # may have registered (or an admin freed) it since this one started. One query for the hello's devices.
+        stored = self.store.devices.owners([d.name for d in hello.devices]) if hello.devices else {}
         with self.lock:
             for device in hello.devices:  # a dict lookup each: registration is linear in the number of devices
-                holder = self.device_owner.get(device.name)
+                holder = stored.get(device.name)
+                if holder is None:
+                    self.device_owner.pop(device.name, None)  # freed through another controller
+                else:
+                    self.device_owner[device.name] = holder
                 if holder is not None and holder != hello.agent_name:
                     state = "online" if holder in self.by_name else "offline"
                     raise DeviceTaken(
@@ -122,6 +131,17 @@ class Sessions:
              state, now) for d in hello.devices])
         with self.lock:
             self.device_owner.update((d.name, session.name) for d in hello.devices)
+
+    def keep_alive(self, lease_ttl_s: float) -> None:
+        """Every quarter TTL: the agents connected here are seen now, and those another (dead) controller held
+        that no controller has seen for a TTL are offline. A starting controller leaves fresh ones alone."""
+        now = time.time()
+        if now - self._kept_alive_at < lease_ttl_s / 4:
+            return
+        self._kept_alive_at = now
+        with self.lock:
+            names = sorted(self.by_name)
+        self.store.devices.keep_alive(names, now, now - lease_ttl_s)
 
     def current(self, session: AgentSession) -> bool:
         """Whether `session` is still its agent's (not taken over by a reconnect)."""

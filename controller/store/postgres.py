@@ -702,13 +702,16 @@ class PostgresLeases(_Repository):
                 self.store.update_row("tasks", t.id, {**fields, "leased_by": None, "last_run_id": run_id})
         return failed_jobs
 
-    def adopt_unfinished(self, pid: int, host: str, lease_expires_at: float) -> None:
+    def adopt_unfinished(self, pid: int, host: str, lease_expires_at: float, *,
+                         seen_before: float | None = None) -> None:
+        # with seen_before, the agents another controller keeps fresh stay as they are (see SQLiteLeases)
+        stale, since = ("", []) if seen_before is None else (" WHERE last_seen IS NULL OR last_seen < %s", [seen_before])
         with self.store.transaction():
             self.store.execute("UPDATE jobs SET owner_pid = %s, owner_host = %s WHERE status IN ('queued', 'running')",
                                [pid, host])
             self.store.execute("UPDATE tasks SET lease_expires_at = %s WHERE status = 'running'", [lease_expires_at])
-            self.store.execute("UPDATE agents SET state = 'offline'")
-            self.store.execute("UPDATE devices SET state = 'offline'")
+            self.store.execute("UPDATE agents SET state = 'offline'" + stale, since)
+            self.store.execute("UPDATE devices SET state = 'offline'" + stale, since)
 
 
 class PostgresRuns(_Repository):
@@ -880,8 +883,20 @@ class PostgresDevices(_Repository):
         return [DeviceRow.of(r) for r in self._query(
             "SELECT * FROM devices" + ("" if sim else " WHERE driver != 'sim'") + " ORDER BY name")]
 
-    def owners(self) -> dict[str, str]:
-        return {r["name"]: r["agent"] for r in self._query("SELECT name, agent FROM devices ORDER BY name")}
+    def owners(self, names: Sequence[str] | None = None) -> dict[str, str]:
+        if names is None:
+            return {r["name"]: r["agent"] for r in self._query("SELECT name, agent FROM devices ORDER BY name")}
+        return {r["name"]: r["agent"] for r in self._query(
+            "SELECT name, agent FROM devices WHERE name = ANY(%s) ORDER BY name", [list(names)])}
+
+    def keep_alive(self, agents: Sequence[str], now: float, stale_before: float) -> None:
+        """See SQLiteDevices.keep_alive: each controller keeps its own agents fresh, and sweeps the dead one's."""
+        with self.store.transaction():
+            self.store.execute("UPDATE agents SET last_seen = %s WHERE name = ANY(%s)", [now, list(agents)])
+            self.store.execute("UPDATE devices SET last_seen = %s WHERE agent = ANY(%s)", [now, list(agents)])
+            for table in ("agents", "devices"):
+                self.store.execute(f"UPDATE {table} SET state = 'offline' WHERE state != 'offline' "
+                                   "AND (last_seen IS NULL OR last_seen < %s)", [stale_before])
 
     def device_type(self, device: str) -> str | None:
         rows = self._query("SELECT device_type FROM devices WHERE name = %s", [device])

@@ -528,15 +528,18 @@ class SQLiteLeases(_Repository):
                 self.store.update_row("tasks", t.id, {**fields, "leased_by": None, "last_run_id": run_id})
         return failed_jobs
 
-    def adopt_unfinished(self, pid: int, host: str, lease_expires_at: float) -> None:
+    def adopt_unfinished(self, pid: int, host: str, lease_expires_at: float, *,
+                         seen_before: float | None = None) -> None:
         """After a restart: this process owns the open jobs, running leases get a fresh expiry, and every
-        agent and device is offline until it says hello."""
+        agent and device is offline until it says hello; with `seen_before`, only those last seen before it
+        (another controller on the same database keeps its own agents' last_seen fresh)."""
+        stale, since = ("", []) if seen_before is None else (" WHERE last_seen IS NULL OR last_seen < ?", [seen_before])
         with self.store.transaction():
             self.store.execute("UPDATE jobs SET owner_pid = ?, owner_host = ? WHERE status IN ('queued', 'running')",
                                [pid, host])
             self.store.execute("UPDATE tasks SET lease_expires_at = ? WHERE status = 'running'", [lease_expires_at])
-            self.store.execute("UPDATE agents SET state = 'offline'")
-            self.store.execute("UPDATE devices SET state = 'offline'")
+            self.store.execute("UPDATE agents SET state = 'offline'" + stale, since)
+            self.store.execute("UPDATE devices SET state = 'offline'" + stale, since)
 
 
 class SQLiteRuns(_Repository):
@@ -702,8 +705,27 @@ class SQLiteDevices(_Repository):
         return [DeviceRow.of(r) for r in self._query(
             "SELECT * FROM devices" + ("" if sim else " WHERE driver != 'sim'") + " ORDER BY name")]
 
-    def owners(self) -> dict[str, str]:
-        return {r["name"]: r["agent"] for r in self._query("SELECT name, agent FROM devices")}
+    def owners(self, names: Sequence[str] | None = None) -> dict[str, str]:
+        if names is None:
+            return {r["name"]: r["agent"] for r in self._query("SELECT name, agent FROM devices")}
+        found: dict[str, str] = {}
+        for start in range(0, len(names), CHUNK):
+            chunk = list(names[start:start + CHUNK])
+            found.update((r["name"], r["agent"]) for r in self._query(
+                f"SELECT name, agent FROM devices WHERE name IN ({_marks(chunk)})", chunk))
+        return found
+
+    def keep_alive(self, agents: Sequence[str], now: float, stale_before: float) -> None:
+        """The agents connected here (and their devices) were seen `now`; any other agent or device still shown
+        connected but not seen since `stale_before` is offline (its controller died)."""
+        with self.store.transaction():
+            for start in range(0, len(agents), CHUNK):
+                chunk = list(agents[start:start + CHUNK])
+                self.store.execute(f"UPDATE agents SET last_seen = ? WHERE name IN ({_marks(chunk)})", [now, *chunk])
+                self.store.execute(f"UPDATE devices SET last_seen = ? WHERE agent IN ({_marks(chunk)})", [now, *chunk])
+            for table in ("agents", "devices"):
+                self.store.execute(f"UPDATE {table} SET state = 'offline' WHERE state != 'offline' "
+                                   "AND (last_seen IS NULL OR last_seen < ?)", [stale_before])
 
     def device_type(self, device: str) -> str | None:
         rows = self._query("SELECT device_type FROM devices WHERE name = ?", [device])
