@@ -369,7 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     from farm.cli.artifact_commands import add_commands as add_artifact_commands; add_artifact_commands(sub, common)
     from farm.cli.store_commands import add_commands as add_store_commands; add_store_commands(sub, common)
 
-    s = sub.add_parser("schema", help="print the job file's JSON Schema (for editors)")
+    # --json is accepted (the schema is JSON either way), so a script that passes it to every command works
+    s = sub.add_parser("schema", parents=[local], help="print the job file's JSON Schema (for editors)")
     s.set_defaults(func=cmd_schema)
 
     s = sub.add_parser("backends", parents=[local], help="which sandbox backends can run here")

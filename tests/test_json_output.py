@@ -27,7 +27,6 @@ WITHOUT_JSON = {
     "agent": "runs tasks until stopped; its log is for people",
     "completion": "prints a shell script",
     "manpage": "prints the manual page (roff)",
-    "schema": "prints the job file's JSON Schema: JSON already",
 }
 # A field named like a moment: created_at, last_seen, last_check, last_write, started, time, ...
 TIME_FIELD = re.compile(r"(_at|^last_(seen|check|write|used)|^(started|finished|created|changed|time|timestamp|when|date)"
@@ -121,6 +120,7 @@ COMMANDS: dict[str, list[list[str]]] = {
     "devices": [["devices", "--devices", "{lab}"]],
     "agents": [["agents"]],  # embedded has no agents: refused, as JSON
     "inspect": [["inspect", "{tflite}"]],
+    "schema": [["schema"]],  # JSON with or without --json
     # moving to PostgreSQL is walked in tests/test_postgres_store.py; here a refusal, as JSON
     "store migrate": [["store", "migrate", "--from", "{missing}", "--to", "postgresql://farm@127.0.0.1:1/lab"]],
 }
