@@ -186,6 +186,7 @@ def run(agents: int, tasks: int, processes: int = 1, db: str | None = None) -> d
                     child.kill()
             timings = {k: {"seconds": round(v[0], 3), "calls": int(v[1])} for k, v in server.farm.timings.items()}
             server.stop()
+            store.close()  # before the private server stops: its listener would report a lost connection
         agents_out = [json.loads(out.read_text()) for out in outs if out.exists()]
         latencies = [x for part in agents_out for x in part["latencies"]]
         waits = [x - pending_since for part in agents_out for x in part["starts"]]
