@@ -20,10 +20,8 @@ import argparse
 import datetime as dt
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from farm.controller.scheduling.controller import Controller
@@ -32,6 +30,7 @@ from farm.controller.store import SQLiteStore as Store
 from farm.controller.store.sqlite import HEALTHY_TARGET
 from farm.model_generators.generate import write_tiny_onnx
 from results_file import write_results  # benchmarks/ is on sys.path when a benchmark runs
+from timing import ms_summary, timed
 
 ROOT = Path(__file__).resolve().parent
 TASKS_PER_JOB = 1000
@@ -39,21 +38,6 @@ TASKS_PER_JOB = 1000
 LEASE_SELECT = ("SELECT t.* FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE t.status = 'pending' AND t.target = ? "
                 f"AND j.status IN ('queued', 'running') {HEALTHY_TARGET} ORDER BY t.priority, t.job_id, t.seq LIMIT ?")
 OLD_INDEX = "CREATE INDEX idx_tasks_status_priority_id ON tasks (status, priority, id)"
-
-
-def _ms(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    return {"median": round(statistics.median(ordered) * 1000, 3),
-            "p99": round(ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))] * 1000, 3)}
-
-
-def _timed(call, times: int) -> list[float]:
-    spent = []
-    for _ in range(times):
-        started = time.perf_counter()
-        call()
-        spent.append(time.perf_counter() - started)
-    return spent
 
 
 def fill(store: Store, model: Path, pending: int) -> None:
@@ -74,16 +58,16 @@ def measure(tmp: Path, model: Path, pending: int, index: str, leases: int) -> di
     plan = " / ".join(r[3] for r in store.db.execute(f"EXPLAIN QUERY PLAN {LEASE_SELECT}", ["sim", 1]).fetchall())
     controller = Controller(store, lease_ttl_s=3600)
     leases = min(leases, pending // 8)  # half the tasks are sim twins: never run out while timing
-    select = _timed(lambda: store.db.execute(LEASE_SELECT, ["sim", 1]).fetchone(), leases)
-    idle = _timed(lambda: controller.lease("bench", {"pixel-1"}), leases // 4)
-    lease = _timed(lambda: controller.lease("bench", {"sim"}), leases)
-    batch = _timed(lambda: controller.lease_batch([(f"bench{i}", frozenset({"sim"})) for i in range(16)]), leases // 16)
+    select = timed(lambda: store.db.execute(LEASE_SELECT, ["sim", 1]).fetchone(), leases)
+    idle = timed(lambda: controller.lease("bench", {"pixel-1"}), leases // 4)
+    lease = timed(lambda: controller.lease("bench", {"sim"}), leases)
+    batch = timed(lambda: controller.lease_batch([(f"bench{i}", frozenset({"sim"})) for i in range(16)]), leases // 16)
     running = store.query("SELECT COUNT(*) AS n FROM tasks WHERE status = 'running'")[0]["n"]
-    expire = _timed(controller.expire_leases, leases)  # walks the running tasks: their count, not the queue's
+    expire = timed(controller.expire_leases, leases)  # walks the running tasks: their count, not the queue's
     store.close()
-    return {"pending": pending, "index": index, "plan": plan, "leases": leases, "select_ms": _ms(select),
-            "expire_ms": _ms(expire), "running": running, "lease_ms": _ms(lease), "lease_batch16_ms": _ms(batch),
-            "idle_device_lease_ms": _ms(idle)}
+    return {"pending": pending, "index": index, "plan": plan, "leases": leases, "select_ms": ms_summary(select),
+            "expire_ms": ms_summary(expire), "running": running, "lease_ms": ms_summary(lease), "lease_batch16_ms": ms_summary(batch),
+            "idle_device_lease_ms": ms_summary(idle)}
 
 
 def report(rows: list[dict]) -> str:

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 from farm.client.embedded import EmbeddedFarm
@@ -24,23 +22,9 @@ from farm.controller.scheduling.jobfile import DeviceTarget, load_job_text
 from farm.controller.store import SQLiteStore as Store
 from farm.model_generators.generate import write_tiny_onnx
 from results_file import write_results  # benchmarks/ is on sys.path when a benchmark runs
+from timing import ms_summary, timed
 
 TASKS_PER_JOB = 2000
-
-
-def _ms(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    return {"median": round(statistics.median(ordered) * 1000, 3),
-            "p99": round(ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))] * 1000, 3)}
-
-
-def _timed(call, times: int) -> list[float]:
-    spent = []
-    for _ in range(times):
-        started = time.perf_counter()
-        call()
-        spent.append(time.perf_counter() - started)
-    return spent
 
 
 def measure(tmp: Path, pending: int, calls: int) -> dict:
@@ -58,8 +42,8 @@ def measure(tmp: Path, pending: int, calls: int) -> dict:
     farm = EmbeddedFarm(path)
     listed = len(farm.jobs(50))
     return {"pending": stored, "jobs_listed": listed, "calls": calls,
-            "farm_jobs_ms": _ms(_timed(lambda: farm.jobs(50), calls)),
-            "job_list_ms": _ms(_timed(lambda: store.jobs.listing(50), calls))}
+            "farm_jobs_ms": ms_summary(timed(lambda: farm.jobs(50), calls)),
+            "job_list_ms": ms_summary(timed(lambda: store.jobs.listing(50), calls))}
 
 
 def main() -> None:
