@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -47,6 +48,14 @@ class SshdPeer:
     fake_bin: Path
     process: subprocess.Popen[bytes]
     log: Path  # sshd's own messages (-e)
+
+    def jetson_lab_entry(self, name: str = "nano-1") -> str:
+        """A lab file's `devices:` entry for this peer as a Jetson Nano (the fake board tools in fake_bin)."""
+        return (f"  - name: {name}\n    driver: jetson\n    type: jetson-nano\n    host: {self.host}\n"
+                f"    port: {self.port}\n    username: {self.username}\n    ssh_key: {self.client_key}\n"
+                f"    known_hosts: {self.known_hosts}\n    python: {sys.executable}\n"
+                f"    nv_tegra_release: {self.fake_bin / 'nv_tegra_release'}\n"
+                f"    device_tree_model: {self.fake_bin / 'device_tree_model'}\n")
 
     def kill(self) -> None:
         """Pull the plug: the listener, every per-connection sshd and their sessions die at once."""

@@ -4,7 +4,6 @@ its sim twin (the same model, cell and repeat, in the sim with that device type'
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -31,18 +30,7 @@ devices:
     host: 127.0.0.1
     port: {phone.port}
     adb_key: {key}
-  - name: nano-1
-    driver: jetson
-    type: jetson-nano
-    host: {board.host}
-    port: {board.port}
-    username: {board.username}
-    ssh_key: {board.client_key}
-    known_hosts: {board.known_hosts}
-    python: {sys.executable}
-    nv_tegra_release: {board.fake_bin / 'nv_tegra_release'}
-    device_tree_model: {board.fake_bin / 'device_tree_model'}
-""")
+{board.jetson_lab_entry()}""")
         yield devices
 
 

@@ -9,7 +9,6 @@ import os
 import re
 import shlex
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,18 +31,7 @@ def _lab(tmp_path: Path, board: SshdPeer) -> Path:
     lab = tmp_path / "lab.yaml"
     lab.write_text(f"""
 devices:
-  - name: nano-1
-    driver: jetson
-    type: jetson-nano
-    host: {board.host}
-    port: {board.port}
-    username: {board.username}
-    ssh_key: {board.client_key}
-    known_hosts: {board.known_hosts}
-    python: {sys.executable}
-    nv_tegra_release: {board.fake_bin / 'nv_tegra_release'}
-    device_tree_model: {board.fake_bin / 'device_tree_model'}
-""")
+{board.jetson_lab_entry()}""")
     return lab
 
 
