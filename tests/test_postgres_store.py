@@ -122,6 +122,16 @@ def cluster(tmp_path: Path):
     c.stop_all()
 
 
+def _querier(pg_url: str):
+    """rows(sql): a query's rows on a connection of its own (the test's view of the database, not a store's)."""
+    import psycopg
+
+    def rows(sql: str) -> list[tuple]:
+        with psycopg.connect(pg_url) as conn:
+            return conn.execute(sql).fetchall()  # type: ignore[arg-type]
+    return rows
+
+
 def _comparable(records: list[dict]) -> list[tuple]:
     return sorted((r["model"]["name"], r["threads"], r["repeat"], r["target"], r["status"], r["attempts"],
                    r["latency_ms"]["count"]) for r in records)
@@ -295,12 +305,9 @@ def test_a_connection_the_server_dropped_is_replaced_and_the_next_call_works(pg_
 
 def test_one_of_two_controllers_killed_mid_job_loses_nothing_and_runs_nothing_twice(pg_url: str, cluster,
                                                                                     tiny_models) -> None:
-    import psycopg
     from grpc_processes import sleep_job, wait_for
 
-    def rows(sql: str) -> list[tuple]:
-        with psycopg.connect(pg_url) as conn:
-            return conn.execute(sql).fetchall()  # type: ignore[arg-type]
+    rows = _querier(pg_url)
 
     job = sleep_job(cluster.root, tiny_models["onnx"], tasks=6, seconds=1.5)
     timing = ("--lease-ttl", "3", "--heartbeat-interval", "0.5")
@@ -429,12 +436,9 @@ def test_many_reading_threads_share_a_few_connections(pg_url: str, tmp_path: Pat
 
 def test_a_controller_on_postgresql_killed_mid_job_comes_back_and_the_agents_finish(pg_url: str, cluster,
                                                                                    tiny_models) -> None:
-    import psycopg
     from grpc_processes import sleep_job, wait_for
 
-    def rows(sql: str) -> list[tuple]:
-        with psycopg.connect(pg_url) as conn:
-            return conn.execute(sql).fetchall()  # type: ignore[arg-type]
+    rows = _querier(pg_url)
 
     job = sleep_job(cluster.root, tiny_models["onnx"], tasks=6, seconds=1.0)
     timing = ("--lease-ttl", "20", "--heartbeat-interval", "0.5")
@@ -466,12 +470,9 @@ def test_a_controller_on_postgresql_killed_mid_job_comes_back_and_the_agents_fin
 
 def test_an_agent_given_two_controllers_moves_to_the_other_when_its_own_is_killed(pg_url: str, cluster,
                                                                                   tiny_models) -> None:
-    import psycopg
     from grpc_processes import sleep_job, wait_for
 
-    def rows(sql: str) -> list[tuple]:
-        with psycopg.connect(pg_url) as conn:
-            return conn.execute(sql).fetchall()  # type: ignore[arg-type]
+    rows = _querier(pg_url)
 
     job = sleep_job(cluster.root, tiny_models["onnx"], tasks=6, seconds=1.5)
     timing = ("--lease-ttl", "20", "--heartbeat-interval", "0.5")  # long enough for the agent to move in time
