@@ -134,8 +134,10 @@ def _postgres_server() -> Iterator[str]:
         yield peer.url
 
 
-def run(agents: int, tasks: int, processes: int = 1, db: str | None = None) -> dict:
+def run(agents: int, tasks: int, processes: int = 1, db: str | None = None, connect_timeout_s: float = 120.0) -> dict:
     """One round; `db` a PostgreSQL URL to use (an empty database), else a fresh SQLite file."""
+    import psutil
+
     from farm.controller.grpc_server import serve
     from farm.controller.store import open_store
     from farm.model_generators.generate import write_tiny_onnx
@@ -157,11 +159,17 @@ def run(agents: int, tasks: int, processes: int = 1, db: str | None = None) -> d
         counts = [agents // processes + (k < agents % processes) for k in range(processes)]
         children = [ctx.Process(target=_agents, args=(address, sum(counts[:k]), counts[k], str(outs[k]), readies[k], stop,
                                                       str(tmp_path / "agents"))) for k in range(processes)]
+        me = psutil.Process()
+        rss_before, threads_before, dialled = me.memory_info().rss, me.num_threads(), time.perf_counter()
         for child in children:
             child.start()
         try:
-            if not all(ready.wait(120) for ready in readies):
-                raise RuntimeError("the agents did not connect within 120 s")
+            if not all(ready.wait(connect_timeout_s) for ready in readies):
+                raise RuntimeError(f"the agents did not connect within {connect_timeout_s:.0f} s")
+            # What the connected agents cost the controller while idle: its memory and OS threads (gRPC's own too).
+            connected = {"seconds": round(time.perf_counter() - dialled, 2),
+                         "controller_kib_per_agent": round((me.memory_info().rss - rss_before) / 1024 / agents, 1),
+                         "controller_threads": me.num_threads(), "controller_threads_before": threads_before}
             cells = -(-tasks // 1000)  # the job file allows at most 1000 repeats; more tasks come from more cells
             if tasks % cells:
                 raise ValueError(f"--tasks {tasks}: use a multiple of {cells}")
@@ -209,6 +217,7 @@ def run(agents: int, tasks: int, processes: int = 1, db: str | None = None) -> d
         "cpu_s": {"controller": round(controller_cpu_s, 2),
                   "agents": None if agents_cpu_s is None else round(agents_cpu_s, 2)},
         "agent_processes": processes,
+        "connected": connected,
     }
 
 
@@ -346,6 +355,43 @@ def both_stores(agents: int, tasks: int, processes: int, rounds: int) -> tuple[s
     return "\n".join(lines) + "\n", runs
 
 
+def sweep(counts: list[int], tasks_per_agent: int, processes: int, postgresql: bool) -> tuple[str, dict]:
+    """One round per lab size (and store): how throughput, dispatch and the controller's cost per agent move as
+    the lab grows. Every agent gets `tasks_per_agent` tasks, so a bigger lab is not judged on a thinner job."""
+    stores = ["sqlite", "postgresql"] if postgresql else ["sqlite"]
+    runs: dict[str, list[dict]] = {name: [] for name in stores}
+    with (_postgres_server() if postgresql else contextlib.nullcontext("")) as server_url:
+        for count in counts:
+            tasks = count * tasks_per_agent
+            tasks -= tasks % -(-tasks // 1000)  # a multiple of the job's cells (at most 1,000 repeats a cell)
+            for name in stores:
+                db = _fresh_database(server_url, f"sweep{count}") if name == "postgresql" else None
+                try:
+                    runs[name].append(run(count, tasks, processes, db, connect_timeout_s=300))
+                except RuntimeError as e:  # a size the machine cannot hold is a finding, not a crash
+                    runs[name].append({"agents": count, "tasks": tasks, "failed": str(e)})
+                print(f"{name}, {count} agents: {runs[name][-1].get('tasks_per_s', runs[name][-1].get('failed'))}",
+                      file=sys.stderr, flush=True)
+    lines = [f"## Scheduling as the lab grows ({dt.date.today()}, {os.cpu_count()} cores, load "
+             f"{os.getloadavg()[0]:.1f})", "",
+             f"Agents with an instant driver in {processes} process(es), {tasks_per_agent} tasks per agent with "
+             "realistic results, one round per size and store. Memory and threads: the controller process once "
+             "every agent is connected and idle, against before the first dialled.", "",
+             "| agents | store | tasks | tasks/s | dispatch p50 / p99 ms | pending → start p99 s | all connected in s "
+             "| controller KiB per agent | controller threads |", "|---|---|---|---|---|---|---|---|---|"]
+    for name in stores:
+        for r in runs[name]:
+            if "failed" in r:
+                lines.append(f"| {r['agents']} | {name} | {r['tasks']} | failed: {r['failed']} | | | | | |")
+                continue
+            d, c = r["dispatch_ms"], r["connected"]
+            lines.append(f"| {r['agents']} | {name} | {r['tasks']} | {r['tasks_per_s']} | {d['p50']} / {d['p99']} | "
+                         f"{r['pending_to_start_ms']['p99'] / 1000:.2f} | {c['seconds']} | "
+                         f"{c['controller_kib_per_agent']} | {c['controller_threads_before']} → "
+                         f"{c['controller_threads']} |")
+    return "\n".join(lines) + "\n", runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=100)
@@ -358,8 +404,21 @@ def main() -> None:
     parser.add_argument("--postgresql", action="store_true",
                         help="also run every round on PostgreSQL (a private server from tests/postgres_server.py) "
                              "and report both stores side by side")
+    parser.add_argument("--sweep", metavar="N,N,…", help="lab sizes to run one round each (e.g. 10,100,500,1000), "
+                                                       "with --tasks-per-agent tasks each; with --postgresql on both "
+                                                       "stores")
+    parser.add_argument("--tasks-per-agent", type=int, default=20, help="with --sweep")
     parser.add_argument("--one-round-json", action="store_true", help=argparse.SUPPRESS)  # compare()'s child
     args = parser.parse_args()
+    if args.sweep:
+        counts = [int(x) for x in args.sweep.split(",") if x.strip()]
+        if not counts or min(counts) < 1 or args.tasks_per_agent < 1:
+            parser.error("--sweep takes positive agent counts, e.g. 10,100,500,1000")
+        text, data = sweep(counts, args.tasks_per_agent, args.agent_processes, args.postgresql)
+        print(text)
+        if not args.no_write:
+            write_results("scheduling-sweep", text, data)
+        return
     if args.postgresql:
         text, data = both_stores(args.agents, args.tasks, args.agent_processes, args.rounds)
         print(text)

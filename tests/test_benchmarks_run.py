@@ -28,6 +28,9 @@ SMALL_FORMS = {
     # the scheduling rounds on SQLite and on a private PostgreSQL, side by side
     "scheduling_postgresql": (["scheduling.py", "--agents", "2", "--tasks", "20", "--rounds", "1", "--postgresql",
                                "--no-write"], ["| tasks/s, submit to last result stored |"]),
+    # lab sizes of 2 and 3 agents, 2 tasks each, on SQLite
+    "scheduling_sweep": (["scheduling.py", "--sweep", "2,3", "--tasks-per-agent", "2", "--no-write"],
+                         ["| agents | store | tasks | tasks/s |", "| 3 | sqlite | 6 |"]),
     # both stores side by side (PostgreSQL on a private server, or a line saying why it was skipped)
     "store_backends": (["store_backends.py", "--tasks", "40"], ["ms per operation"]),
     # one cold and one warm job of 2 runs of the tiny ONNX model, embedded
