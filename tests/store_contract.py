@@ -276,6 +276,28 @@ def test_leases_renew_expire_and_lost_attempts_go_back_or_fail(store: Store) -> 
     assert {t.status for t in store.jobs.tasks(job_id)} == {"pending"} and len(retried) == 2
 
 
+def test_a_lost_attempt_already_settled_is_left_as_it_is(store: Store) -> None:
+    """A stale list (read before another writer settled the attempt) changes nothing: no second run, and the
+    task keeps the run it has (SQLite once took the id of whatever it had inserted last)."""
+    job_id = _job(store, [_task(0), _task(1)])
+    a, b = _lease(store, {"sim"}, "agent-1", limit=2)
+    stale = store.leases.running_attempts(task_ids=[a.id])
+    with store.transaction():
+        assert store.leases.record_lost_attempts(stale, "gone", retry=lambda attempts, most: False,
+                                                 now=time.time()) == [job_id]
+    settled = store.jobs.task(a.id)
+    assert settled is not None and settled.status == "failed" and settled.last_run_id is not None
+    with store.transaction():  # b's lost run is the last insert on this connection
+        store.leases.record_lost_attempts(store.leases.running_attempts(task_ids=[b.id]), "gone",
+                                          retry=lambda attempts, most: True, now=time.time())
+    with store.transaction():
+        assert store.leases.record_lost_attempts(stale, "gone again", retry=lambda attempts, most: True,
+                                                 now=time.time()) == []
+    again = store.jobs.task(a.id)
+    assert again is not None and (again.status, again.last_run_id, again.message) == (
+        "failed", settled.last_run_id, settled.message)
+
+
 def test_a_restarted_controller_adopts_open_jobs_and_every_agent_is_offline(store: Store) -> None:
     job_id = _job(store, [_task(0)])
     _lease(store, {"sim"})

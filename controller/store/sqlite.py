@@ -512,12 +512,22 @@ class SQLiteLeases(_Repository):
         failed_jobs = []
         with self.store.transaction():
             for t in tasks:
+                # only while the attempt is still the one running: a stale list must not reopen a settled task
+                current = self.store.execute("SELECT status, attempts FROM tasks WHERE id = ?", [t.id]).fetchone()
+                if current is None or tuple(current) != (TaskStatus.RUNNING.value, t.attempts):
+                    continue
                 message = reason.format(agent=t.leased_by or "(none)")
-                run_id = self.store.execute(
+                inserted = self.store.execute(
                     "INSERT OR IGNORE INTO runs (task_id, job_id, attempt, status, failure_class, message, agent, "
                     "finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     [t.id, t.job_id, t.attempts, RunStatus.FAILED.value, FailureClass.INFRASTRUCTURE.value, message,
-                     t.leased_by, now]).lastrowid
+                     t.leased_by, now])
+                # an ignored insert leaves lastrowid at the connection's previous insert: look the attempt's run up
+                run_id = inserted.lastrowid if inserted.rowcount == 1 else None
+                if run_id is None:
+                    found = self.store.execute("SELECT id FROM runs WHERE task_id = ? AND attempt = ?",
+                                               [t.id, t.attempts]).fetchone()
+                    run_id = None if found is None else int(found[0])
                 fields: dict[str, Any]
                 if retry(t.attempts, t.max_attempts):
                     fields = {"status": TaskStatus.PENDING.value, "message": message}
