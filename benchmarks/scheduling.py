@@ -262,8 +262,10 @@ def report(r: dict, rounds: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# Top-level source folders and where pyproject's package-dir puts them under farm.
-PACKAGE_DIRS = {"proto": "proto", "controller": "controller", "agents": "agents", "cli": "cli", "models": "models"}
+# Top-level source folders and where pyproject's package-dir puts them under farm (read from it, so a new
+# role folder is in the baseline too).
+PACKAGE_DIRS = {name.removeprefix("farm."): folder for name, folder in __import__("tomllib").loads(
+    (ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].items() if name != "farm"}
 
 
 def baseline_tree(rev: str, into: Path) -> Path:
@@ -271,12 +273,15 @@ def baseline_tree(rev: str, into: Path) -> Path:
     puts it ahead of the editable install (whose finder comes after the path's)."""
     archive, src = into / "archive", into / "src"
     archive.mkdir(parents=True)
-    data = subprocess.run(["git", "-C", str(ROOT.parent), "archive", rev, "farm", *PACKAGE_DIRS.values()],
+    present = set(subprocess.run(["git", "-C", str(ROOT.parent), "ls-tree", "--name-only", rev], check=True,
+                                 capture_output=True, text=True).stdout.split())
+    folders = {package: folder for package, folder in PACKAGE_DIRS.items() if folder in present}  # as of that rev
+    data = subprocess.run(["git", "-C", str(ROOT.parent), "archive", rev, "farm", *folders.values()],
                           check=True, capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         tar.extractall(archive, filter="data")
     shutil.copytree(archive / "farm", src / "farm")
-    for package, folder in PACKAGE_DIRS.items():
+    for package, folder in folders.items():
         (src / "farm" / package).symlink_to(archive / folder, target_is_directory=True)
     return src
 

@@ -11,6 +11,7 @@ task goes back to the queue with attempt + 1.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -52,6 +53,7 @@ from farm.controller.store.rows import plain
 from farm.controller.scheduling.submission import load_submitted_job
 from farm.proto.questions import QUESTIONS, Question, explain
 from farm.proto.wire import answer_to_message, model_from_message
+from farm.proto.batching import BATCH_CAPABILITY, MAX_BATCH_MESSAGES, gathered
 from farm.proto.escape import bounded_message, printable
 from farm.proto.names import SHA256_HEX, valid_agent_name
 from farm.proto.script_archive import MAX_SCRIPT_ARCHIVE_BYTES
@@ -77,6 +79,7 @@ DEFAULT_MAX_WATCHES = 64  # WatchJob streams per caller (token, or peer host wit
 DEFAULT_UPLOAD_QUOTA = 20 << 30  # bytes one client token's uploads may hold in the store (--upload-quota)
 MAX_DEVICES_PER_AGENT = 10_000
 MAX_OPEN_REQUESTS = MAX_DEVICES_PER_AGENT + 256  # idle slots one agent may have waiting: a slot per device, plus sim slots
+ACK_HOLD_S = 0.25  # how long an acknowledgement waits for a message to share its write (agents that read batches)
 MAX_CANCELS_PER_HEARTBEAT = 64  # answers to refs that are not the session's own: bounded, so a forged list amplifies nothing
 
 
@@ -160,16 +163,7 @@ class FarmServer:
         session.last_seen = time.time()
         kind = message.WhichOneof("kind")
         if kind == "work_request":
-            targets = frozenset(message.work_request.targets)
-            if not targets or not targets <= session.targets:
-                # Another agent's device would hand this one its tasks, and with them the right to report their results.
-                log.warning("agent %s asked for work on %s, which it did not register; ignored", session.name,
-                            printable(",".join(sorted(targets - session.targets)[:5])))
-            elif len(session.requests) >= MAX_OPEN_REQUESTS:
-                log.warning("agent %s has %d idle slots waiting already; request ignored", session.name, len(session.requests))
-            elif session.state == "online":
-                with self._lock:
-                    session.requests[message.work_request.request_id] = targets
+            if self._take_request(session, message.work_request):
                 self.wake()
         elif kind == "heartbeat":
             with self._lock:  # only this session's own leases are renewed; the rest is refused without a query
@@ -190,12 +184,7 @@ class FarmServer:
                         task=ref, reason="the job was canceled, or this agent holds no lease on this attempt "
                                          "(it ran out and the task went elsewhere)")))
         elif kind == "result":
-            if self.agents.current(session):  # queued: the writer acks it once it is committed
-                self.results.put(QueuedResult(session.name, message.result, partial(self._acknowledge, session),
-                                              failed=session.close))
-            else:
-                self._acknowledge(session, agent_pb2.ResultAck(
-                    task=message.result.task, note="refused: this session was taken over; do not resend"), False)
+            self._take_result(session, message.result, [])
         elif kind == "drain":
             with self._lock:
                 session.state = "draining"
@@ -203,12 +192,63 @@ class FarmServer:
                 self.agents.record(session, "draining")
         elif kind == "progress":
             pass  # progress is informational; the stored state changes with results
+        elif kind == "batch":
+            inner = message.batch.messages
+            if len(inner) > MAX_BATCH_MESSAGES:
+                log.warning("agent %s sent a batch of %d messages (at most %d); its stream is closed", session.name,
+                            len(inner), MAX_BATCH_MESSAGES)
+                session.close()
+                return
+            index = 0
+            while index < len(inner):  # in order
+                one = inner[index]
+                index += 1
+                if one.WhichOneof("kind") in ("batch", "hello", None):
+                    log.warning("agent %s: a %s inside a batch is not allowed; ignored", session.name,
+                                one.WhichOneof("kind") or "message of no known kind")
+                elif one.WhichOneof("kind") == "result":
+                    # The work requests riding with a result count from its acknowledgement, so the offer they
+                    # bring follows the ack (and shares its write) instead of racing ahead of the commit.
+                    riders = []
+                    while index < len(inner) and inner[index].WhichOneof("kind") == "work_request":
+                        riders.append(inner[index].work_request)
+                        index += 1
+                    self._take_result(session, one.result, riders)
+                else:
+                    self.on_agent_message(session, one)
 
-    def _acknowledge(self, session: AgentSession, ack: agent_pb2.ResultAck, requeued: bool) -> None:
+    def _take_request(self, session: AgentSession, request: agent_pb2.WorkRequest) -> bool:
+        """Note an idle slot of the session's; False when refused (named in the log) or the agent is draining."""
+        targets = frozenset(request.targets)
+        if not targets or not targets <= session.targets:
+            # Another agent's device would hand this one its tasks, and with them the right to report their results.
+            log.warning("agent %s asked for work on %s, which it did not register; ignored", session.name,
+                        printable(",".join(sorted(targets - session.targets)[:5])))
+        elif len(session.requests) >= MAX_OPEN_REQUESTS:
+            log.warning("agent %s has %d idle slots waiting already; request ignored", session.name, len(session.requests))
+        elif session.state == "online":
+            with self._lock:
+                session.requests[request.request_id] = targets
+            return True
+        return False
+
+    def _take_result(self, session: AgentSession, result: agent_pb2.TaskResult,
+                     riders: list[agent_pb2.WorkRequest]) -> None:
+        if self.agents.current(session):  # queued: the writer acks it once it is committed
+            self.results.put(QueuedResult(session.name, result, partial(self._acknowledge, session, riders=riders),
+                                          failed=session.close))
+        else:
+            self._acknowledge(session, agent_pb2.ResultAck(
+                task=result.task, note="refused: this session was taken over; do not resend"), False)
+
+    def _acknowledge(self, session: AgentSession, ack: agent_pb2.ResultAck, requeued: bool, *,
+                     riders: list[agent_pb2.WorkRequest] | None = None) -> None:
         session.send(agent_pb2.ControllerMessage(ack=ack))
         with self._lock:
             session.running.discard((ack.task.task_id, ack.task.attempt))
-        self.wake(queue_changed=requeued)  # a retry is queued
+        for request in riders or []:
+            self._take_request(session, request)
+        self.wake(queue_changed=requeued)  # a retry is queued, or a slot that rode on the result is free
 
     def apply_result(self, agent: str, message: agent_pb2.TaskResult) -> agent_pb2.ResultAck:
         """Apply one result now, in the caller's thread (the stream's results go through the writer's queue).
@@ -300,7 +340,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             yield agent_pb2.ControllerMessage(welcome=agent_pb2.Welcome(
                 session_id=session.session_id, controller_version=__version__, protocol_version=PROTOCOL_VERSION,
                 lease_ttl_s=self.server.controller.lease_ttl_s, heartbeat_interval_s=self.server.heartbeat_interval_s,
-                released=[_ref(t, a) for t, a in released]))
+                released=[_ref(t, a) for t, a in released], capabilities=[BATCH_CAPABILITY]))
+            batches = BATCH_CAPABILITY in hello.capabilities  # an older agent reads one message at a time
             while context.is_active():
                 try:
                     message = session.outbox.get(timeout=1.0)
@@ -308,7 +349,25 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     continue
                 if message is None:
                     break
-                yield message
+                if not batches:
+                    yield message
+                    continue
+                parts, ending = gathered(message, session.outbox)
+                if len(parts) == 1 and not ending and message.WhichOneof("kind") == "ack":
+                    # Nothing waits on an ack (the agent only forgets a result it keeps): hold it a moment for
+                    # the offer its slot's next request brings, so the two leave in one write.
+                    with contextlib.suppress(queue.Empty):
+                        follower = session.outbox.get(timeout=ACK_HOLD_S)
+                        if follower is None:
+                            ending = True
+                        else:
+                            later, ending = gathered(follower, session.outbox)
+                            parts += later[:MAX_BATCH_MESSAGES - 1]
+                # the messages queued meanwhile (an ack and the offer behind it) leave in one write
+                yield agent_pb2.ControllerMessage(batch=agent_pb2.ControllerBatch(messages=parts)) if len(parts) > 1 \
+                    else parts[0]
+                if ending:
+                    break
         finally:
             self.server.close_session(session)
         if session.taken_over_by:

@@ -12,7 +12,7 @@ import pytest
 from farm.proto.escape import MAX_ERROR_CHARS, bounded_message, cut_list
 from farm.proto.generated import farm_pb2, farm_pb2_grpc
 from grpc_processes import Cluster, wait_for
-from test_grpc_hostile import RawAgent
+from raw_agent import RawAgent
 
 pytestmark = pytest.mark.timeout(240)
 

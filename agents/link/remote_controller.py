@@ -37,6 +37,7 @@ from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2
 from farm.proto.results import FailureClass, RunResult
 from farm.proto.spec import ScriptWorkload
 from farm.proto.tasks import TaskSpec
+from farm.proto.batching import BATCH_CAPABILITY, MAX_BATCH_MESSAGES, gathered, opened
 from farm.proto.escape import printable
 from farm.proto.names import is_sha256, safe_suffix
 from farm.proto.tls import TlsFiles
@@ -45,7 +46,7 @@ from farm.proto.wire import result_for_the_wire, task_from_message
 log = logging.getLogger("farm.agent")
 
 PROTOCOL_VERSION = 1  # must equal farm.controller.grpc_server.PROTOCOL_VERSION
-CAPABILITIES = ("sim", "artifacts-sha256", "drain")
+CAPABILITIES = ("sim", "artifacts-sha256", "drain", BATCH_CAPABILITY)
 MAX_MESSAGE_BYTES = 16 << 20
 MAX_ARTIFACT_BYTES = 4 << 30
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.25, 10.0
@@ -162,6 +163,8 @@ class RemoteController:
         self._outbox: "queue.Queue[agent_pb2.AgentMessage | None] | None" = None
         self._heartbeat_interval_s = 1.0
         self._welcomed = False  # the current stream got its welcome (it had worked)
+        self._batches = False  # the current controller reads AgentBatch (its Welcome says so)
+        self._slot = threading.local()  # per slot thread: what it leases, and a request sent with its last result
         self._thread = threading.Thread(target=self._connection_loop, name="controller-stream", daemon=True)
 
     # --- lifecycle -------------------------------------------------------------------
@@ -202,17 +205,29 @@ class RemoteController:
     def lease(self, agent: str, targets: set[str], *, job_id: int | None = None) -> TaskSpec | None:
         """Block until the controller offers a task for this slot; None once draining or refused."""
         wanted = frozenset(targets)  # "sim", or one device's name: the controller resolved types and tags at submit
+        self._slot.wanted, self._slot.leasing = wanted, True
+        try:
+            return self._lease(agent, wanted)
+        finally:
+            self._slot.leasing = False
+
+    def _lease(self, agent: str, wanted: frozenset[str]) -> TaskSpec | None:
         while not self.draining.is_set() and self.fatal is None:
-            request = _Request(next(self._ids), wanted)
-            with self._lock:
-                self._requests[request.request_id] = request
-            self._send(self._work_request(request))
-            request.answered.wait()
-            with self._lock:
+            request = self._sent_with_result(wanted)
+            if request is None:
+                request = _Request(next(self._ids), wanted)
+                with self._lock:
+                    self._requests[request.request_id] = request
+                self._send(self._work_request(request))
+            while not request.answered.wait(1.0):  # a drain that came between the check and the send ends it too
+                if self.draining.is_set() or self.fatal is not None:
+                    break
+            with self._lock:  # answered from here on: an offer either took the request before this or never will
+                request.answered.set()
                 self._requests.pop(request.request_id, None)
-            if request.offer is None:
+                task = request.offer
+            if task is None:
                 continue
-            task = request.offer
             try:  # in the slot's thread, so a download never holds up the stream
                 task = replaced(  # the offer as this agent runs it: the copies in its own cache
                     task, model_path=self.local_model_path(task),
@@ -226,6 +241,17 @@ class RemoteController:
                 continue
             return task
         return None
+
+    def _sent_with_result(self, wanted: frozenset[str]) -> _Request | None:
+        """The request this slot thread sent along with its last result, if it asks for the same targets."""
+        request: _Request | None = getattr(self._slot, "next_request", None)
+        self._slot.next_request = None
+        if request is not None and request.targets != wanted:
+            with self._lock:  # not this slot's any more: an offer for it goes back as the agent's refusal
+                self._requests.pop(request.request_id, None)
+            request.answered.set()
+            return None
+        return request
 
     def heartbeat(self, task_id: int, attempt: int) -> bool:
         """Leases are renewed by the stream thread; here the agent only learns of a cancel."""
@@ -241,8 +267,18 @@ class RemoteController:
             self._canceled.discard((task_id, attempt))
             self.offered_at.pop((task_id, attempt), None)
             self._unacked[(task_id, attempt)] = message  # kept until acknowledged, across reconnects
-        self._send(agent_pb2.AgentMessage(result=message))
-        return None  # the run id arrives later in the acknowledgement
+        wanted = getattr(self._slot, "wanted", None)
+        if wanted is None or getattr(self._slot, "leasing", False) or not self._batches or self.draining.is_set():
+            self._send(agent_pb2.AgentMessage(result=message))
+            return None  # the run id arrives later in the acknowledgement
+        # A slot thread asks for its next task in the same write (its lease() takes this request, not a new one).
+        request = _Request(next(self._ids), wanted)
+        with self._lock:
+            self._requests[request.request_id] = request
+        self._slot.next_request = request
+        self._send(agent_pb2.AgentMessage(batch=agent_pb2.AgentBatch(
+            messages=[agent_pb2.AgentMessage(result=message), self._work_request(request)])))
+        return None
 
     # --- the stream ------------------------------------------------------------------------
     def _work_request(self, request: _Request) -> agent_pb2.AgentMessage:
@@ -281,7 +317,13 @@ class RemoteController:
             if message is None:
                 return
             if message is not False:
-                yield message
+                parts, ending = gathered(message, outbox) if self._batches else (opened(message), False)
+                if len(parts) > 1:  # whatever queued meanwhile leaves in the same write, never a batch in a batch
+                    yield agent_pb2.AgentMessage(batch=agent_pb2.AgentBatch(messages=parts))
+                else:
+                    yield from parts
+                if ending:
+                    return
 
     def _heartbeat(self) -> agent_pb2.AgentMessage:
         with self._lock:
@@ -336,22 +378,17 @@ class RemoteController:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             responses = stub.Connect(self._outgoing(outbox), metadata=token_metadata(self.token))
             for message in responses:
-                kind = message.WhichOneof("kind")
-                if kind == "welcome":
+                if message.WhichOneof("kind") == "welcome":
                     self._on_welcome(message.welcome, outbox)
-                elif kind == "offer":
-                    self._on_offer(message.offer)
-                elif kind == "cancel":
-                    with self._lock:
-                        self._canceled.add((message.cancel.task.task_id, message.cancel.task.attempt))
-                    log.info("task %d attempt %d canceled by the controller: %s", message.cancel.task.task_id,
-                             message.cancel.task.attempt, printable(message.cancel.reason))
-                elif kind == "ack":
-                    with self._lock:
-                        self._unacked.pop((message.ack.task.task_id, message.ack.task.attempt), None)
-                    if message.ack.note and message.ack.note != "already applied":
-                        log.warning("task %d attempt %d: the controller says: %s", message.ack.task.task_id,
-                                    message.ack.task.attempt, printable(message.ack.note, limit=1000))
+                elif message.WhichOneof("kind") == "batch":
+                    if len(message.batch.messages) > MAX_BATCH_MESSAGES:
+                        raise ControllerRefused(f"the controller at {self.address} sent a batch of "
+                                                f"{len(message.batch.messages)} messages (at most {MAX_BATCH_MESSAGES})")
+                    for one in message.batch.messages:  # in order: an acknowledgement before the offer behind it
+                        if one.WhichOneof("kind") not in ("welcome", "batch"):
+                            self._on_message(one)
+                else:
+                    self._on_message(message)
         except grpc.RpcError as e:
             if e.code() in FATAL_CODES:
                 raise ControllerRefused(f"the controller at {self.address} refused this agent: {e.details()}") from None
@@ -362,8 +399,26 @@ class RemoteController:
             outbox.put(None)
             channel.close()
 
+    def _on_message(self, message: agent_pb2.ControllerMessage) -> None:
+        """An offer, a cancel or an acknowledgement (alone, or one of a batch)."""
+        kind = message.WhichOneof("kind")
+        if kind == "offer":
+            self._on_offer(message.offer)
+        elif kind == "cancel":
+            with self._lock:
+                self._canceled.add((message.cancel.task.task_id, message.cancel.task.attempt))
+            log.info("task %d attempt %d canceled by the controller: %s", message.cancel.task.task_id,
+                     message.cancel.task.attempt, printable(message.cancel.reason))
+        elif kind == "ack":
+            with self._lock:
+                self._unacked.pop((message.ack.task.task_id, message.ack.task.attempt), None)
+            if message.ack.note and message.ack.note != "already applied":
+                log.warning("task %d attempt %d: the controller says: %s", message.ack.task.task_id,
+                            message.ack.task.attempt, printable(message.ack.note, limit=1000))
+
     def _on_welcome(self, welcome: agent_pb2.Welcome, outbox: "queue.Queue[agent_pb2.AgentMessage | None]") -> None:
         self._heartbeat_interval_s = welcome.heartbeat_interval_s or 1.0
+        self._batches = BATCH_CAPABILITY in welcome.capabilities
         self._welcomed = True
         self._outbox = outbox
         self.connected.set()
@@ -397,13 +452,14 @@ class RemoteController:
             taken = request is not None and request.offer is None and not request.answered.is_set()
             if taken:
                 self._running[(task.task_id, task.attempt)] = task
+                assert request is not None  # taken says so
+                request.offer = task  # under the lock: a slot giving up reads it under the same lock
         if not taken:
             # The slot gave up (draining): hand the task back as an infrastructure failure, so it runs elsewhere.
             self.complete(task.task_id, task.attempt, self.name, time.time(), RunResult.failed(
                 FailureClass.INFRASTRUCTURE, f"agent {self.name} was draining when the task was offered"))
             return
         assert request is not None  # taken says so
-        request.offer = task
         request.answered.set()
 
     # --- artifacts --------------------------------------------------------------------------

@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from farm.proto.generated import common_pb2 as farm_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x66\x61rm/v1/agent.proto\x12\x07\x66\x61rm.v1\x1a\x14\x66\x61rm/v1/common.proto\"\xfd\x01\n\x0c\x41gentMessage\x12\x1f\n\x05hello\x18\x01 \x01(\x0b\x32\x0e.farm.v1.HelloH\x00\x12,\n\x0cwork_request\x18\x02 \x01(\x0b\x32\x14.farm.v1.WorkRequestH\x00\x12\'\n\theartbeat\x18\x03 \x01(\x0b\x32\x12.farm.v1.HeartbeatH\x00\x12%\n\x08progress\x18\x04 \x01(\x0b\x32\x11.farm.v1.ProgressH\x00\x12%\n\x06result\x18\x05 \x01(\x0b\x32\x13.farm.v1.TaskResultH\x00\x12\x1f\n\x05\x64rain\x18\x06 \x01(\x0b\x32\x0e.farm.v1.DrainH\x00\x42\x06\n\x04kind\"\xb8\x01\n\x05Hello\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\x14\n\x0c\x66\x61rm_version\x18\x02 \x01(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\x05\x12\x14\n\x0c\x63\x61pabilities\x18\x04 \x03(\t\x12 \n\x07\x64\x65vices\x18\x05 \x03(\x0b\x32\x0f.farm.v1.Device\x12!\n\x07running\x18\x06 \x03(\x0b\x32\x10.farm.v1.TaskRef\x12\x10\n\x08hostname\x18\x07 \x01(\t\"B\n\x0bWorkRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0f\n\x07targets\x18\x02 \x03(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\".\n\tHeartbeat\x12!\n\x07running\x18\x01 \x03(\x0b\x32\x10.farm.v1.TaskRef\"M\n\x08Progress\x12\x1e\n\x04task\x18\x01 \x01(\x0b\x32\x10.farm.v1.TaskRef\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x10\n\x08\x66raction\x18\x03 \x01(\x01\"s\n\nTaskResult\x12\x1e\n\x04task\x18\x01 \x01(\x0b\x32\x10.farm.v1.TaskRef\x12\x12\n\nstarted_at\x18\x02 \x01(\x01\x12\"\n\x06result\x18\x03 \x01(\x0b\x32\x12.farm.v1.RunResult\x12\r\n\x05\x61gent\x18\x04 \x01(\t\"\x07\n\x05\x44rain\"\xaf\x01\n\x11\x43ontrollerMessage\x12#\n\x07welcome\x18\x01 \x01(\x0b\x32\x10.farm.v1.WelcomeH\x00\x12#\n\x05offer\x18\x02 \x01(\x0b\x32\x12.farm.v1.TaskOfferH\x00\x12%\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\x13.farm.v1.CancelTaskH\x00\x12!\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x12.farm.v1.ResultAckH\x00\x42\x06\n\x04kind\"\xaa\x01\n\x07Welcome\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1a\n\x12\x63ontroller_version\x18\x02 \x01(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\x05\x12\x13\n\x0blease_ttl_s\x18\x04 \x01(\x01\x12\x1c\n\x14heartbeat_interval_s\x18\x05 \x01(\x01\x12\"\n\x08released\x18\x06 \x03(\x0b\x32\x10.farm.v1.TaskRef\"n\n\tTaskOffer\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x1f\n\x04task\x18\x02 \x01(\x0b\x32\x11.farm.v1.TaskSpec\x12\x18\n\x10lease_expires_at\x18\x03 \x01(\x01\x12\x12\n\noffered_at\x18\x04 \x01(\x01\"<\n\nCancelTask\x12\x1e\n\x04task\x18\x01 \x01(\x0b\x32\x10.farm.v1.TaskRef\x12\x0e\n\x06reason\x18\x02 \x01(\t\"Z\n\tResultAck\x12\x1e\n\x04task\x18\x01 \x01(\x0b\x32\x10.farm.v1.TaskRef\x12\x0e\n\x06run_id\x18\x02 \x01(\x03\x12\x0f\n\x07\x61pplied\x18\x03 \x01(\x08\x12\x0c\n\x04note\x18\x04 \x01(\t2\x95\x01\n\x0c\x41gentService\x12@\n\x07\x43onnect\x12\x15.farm.v1.AgentMessage\x1a\x1a.farm.v1.ControllerMessage(\x01\x30\x01\x12\x43\n\rFetchArtifact\x12\x18.farm.v1.ArtifactRequest\x1a\x16.farm.v1.ArtifactChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x66\x61rm/v1/agent.proto\x12\x07\x66\x61rm.v1\x1a\x14\x66\x61rm/v1/common.proto\"\xa3\x02\n\x0c\x41gentMessage\x12\x1f\n\x05hello\x18\x01 \x01(\x0b\x32\x0e.farm.v1.HelloH\x00\x12,\n\x0cwork_request\x18\x02 \x01(\x0b\x32\x14.farm.v1.WorkRequestH\x00\x12\'\n\theartbeat\x18\x03 \x01(\x0b\x32\x12.farm.v1.HeartbeatH\x00\x12%\n\x08progress\x18\x04 \x01(\x0b\x32\x11.farm.v1.ProgressH\x00\x12%\n\x06result\x18\x05 \x01(\x0b\x32\x13.farm.v1.TaskResultH\x00\x12\x1f\n\x05\x64rain\x18\x06 \x01(\x0b\x32\x0e.farm.v1.DrainH\x00\x12$\n\x05\x62\x61tch\x18\x07 \x01(\x0b\x32\x13.farm.v1.AgentBatchH\x00\x42\x06\n\x04kind\"5\n\nAgentBatch\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.farm.v1.AgentMessage\"\xb8\x01\n\x05Hello\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\x14\n\x0c\x66\x61rm_version\x18\x02 \x01(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\x05\x12\x14\n\x0c\x63\x61pabilities\x18\x04 \x03(\t\x12 \n\x07\x64\x65vices\x18\x05 \x03(\x0b\x32\x0f.farm.v1.Device\x12!\n\x07running\x18\x06 \x03(\x0b\x32\x10.farm.v1.TaskRef\x12\x10\n\x08hostname\x18\x07 \x01(\t\"B\n\x0bWorkRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x0f\n\x07targets\x18\x02 \x03(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\".\n\tHeartbeat\x12!\n\x07running\x18\x01 \x03(\x0b\x32\x10.farm.v1.TaskRef\"M\n\x08Progress\x12\x1e\n\x04task\x18\x01 \x01(\x0b\x32\x10.farm.v1.TaskRef\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x10\n\x08\x66raction\x18\x03 \x01(\x01\"s\n\nTaskResult\x12\x1e\n\x04task\x18\x01 \x01(\x0b\x32\x10.farm.v1.TaskRef\x12\x12\n\nstarted_at\x18\x02 \x01(\x01\x12\"\n\x06result\x18\x03 \x01(\x0b\x32\x12.farm.v1.RunResult\x12\r\n\x05\x61gent\x18\x04 \x01(\t\"\x07\n\x05\x44rain\"\xda\x01\n\x11\x43ontrollerMessage\x12#\n\x07welcome\x18\x01 \x01(\x0b\x32\x10.farm.v1.WelcomeH\x00\x12#\n\x05offer\x18\x02 \x01(\x0b\x32\x12.farm.v1.TaskOfferH\x00\x12%\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\x13.farm.v1.CancelTaskH\x00\x12!\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x12.farm.v1.ResultAckH\x00\x12)\n\x05\x62\x61tch\x18\x05 \x01(\x0b\x32\x18.farm.v1.ControllerBatchH\x00\x42\x06\n\x04kind\"?\n\x0f\x43ontrollerBatch\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.farm.v1.ControllerMessage\"\xc0\x01\n\x07Welcome\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1a\n\x12\x63ontroller_version\x18\x02 \x01(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\x05\x12\x13\n\x0blease_ttl_s\x18\x04 \x01(\x01\x12\x1c\n\x14heartbeat_interval_s\x18\x05 \x01(\x01\x12\"\n\x08released\x18\x06 \x03(\x0b\x32\x10.farm.v1.TaskRef\x12\x14\n\x0c\x63\x61pabilities\x18\x07 \x03(\t\"n\n\tTaskOffer\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x1f\n\x04task\x18\x02 \x01(\x0b\x32\x11.farm.v1.TaskSpec\x12\x18\n\x10lease_expires_at\x18\x03 \x01(\x01\x12\x12\n\noffered_at\x18\x04 \x01(\x01\"<\n\nCancelTask\x12\x1e\n\x04task\x18\x01 \x01(\x0b\x32\x10.farm.v1.TaskRef\x12\x0e\n\x06reason\x18\x02 \x01(\t\"Z\n\tResultAck\x12\x1e\n\x04task\x18\x01 \x01(\x0b\x32\x10.farm.v1.TaskRef\x12\x0e\n\x06run_id\x18\x02 \x01(\x03\x12\x0f\n\x07\x61pplied\x18\x03 \x01(\x08\x12\x0c\n\x04note\x18\x04 \x01(\t2\x95\x01\n\x0c\x41gentService\x12@\n\x07\x43onnect\x12\x15.farm.v1.AgentMessage\x1a\x1a.farm.v1.ControllerMessage(\x01\x30\x01\x12\x43\n\rFetchArtifact\x12\x18.farm.v1.ArtifactRequest\x1a\x16.farm.v1.ArtifactChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,29 +34,33 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'farm.v1.agent_pb2', _global
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_AGENTMESSAGE']._serialized_start=55
-  _globals['_AGENTMESSAGE']._serialized_end=308
-  _globals['_HELLO']._serialized_start=311
-  _globals['_HELLO']._serialized_end=495
-  _globals['_WORKREQUEST']._serialized_start=497
-  _globals['_WORKREQUEST']._serialized_end=563
-  _globals['_HEARTBEAT']._serialized_start=565
-  _globals['_HEARTBEAT']._serialized_end=611
-  _globals['_PROGRESS']._serialized_start=613
-  _globals['_PROGRESS']._serialized_end=690
-  _globals['_TASKRESULT']._serialized_start=692
-  _globals['_TASKRESULT']._serialized_end=807
-  _globals['_DRAIN']._serialized_start=809
-  _globals['_DRAIN']._serialized_end=816
-  _globals['_CONTROLLERMESSAGE']._serialized_start=819
-  _globals['_CONTROLLERMESSAGE']._serialized_end=994
-  _globals['_WELCOME']._serialized_start=997
-  _globals['_WELCOME']._serialized_end=1167
-  _globals['_TASKOFFER']._serialized_start=1169
-  _globals['_TASKOFFER']._serialized_end=1279
-  _globals['_CANCELTASK']._serialized_start=1281
-  _globals['_CANCELTASK']._serialized_end=1341
-  _globals['_RESULTACK']._serialized_start=1343
-  _globals['_RESULTACK']._serialized_end=1433
-  _globals['_AGENTSERVICE']._serialized_start=1436
-  _globals['_AGENTSERVICE']._serialized_end=1585
+  _globals['_AGENTMESSAGE']._serialized_end=346
+  _globals['_AGENTBATCH']._serialized_start=348
+  _globals['_AGENTBATCH']._serialized_end=401
+  _globals['_HELLO']._serialized_start=404
+  _globals['_HELLO']._serialized_end=588
+  _globals['_WORKREQUEST']._serialized_start=590
+  _globals['_WORKREQUEST']._serialized_end=656
+  _globals['_HEARTBEAT']._serialized_start=658
+  _globals['_HEARTBEAT']._serialized_end=704
+  _globals['_PROGRESS']._serialized_start=706
+  _globals['_PROGRESS']._serialized_end=783
+  _globals['_TASKRESULT']._serialized_start=785
+  _globals['_TASKRESULT']._serialized_end=900
+  _globals['_DRAIN']._serialized_start=902
+  _globals['_DRAIN']._serialized_end=909
+  _globals['_CONTROLLERMESSAGE']._serialized_start=912
+  _globals['_CONTROLLERMESSAGE']._serialized_end=1130
+  _globals['_CONTROLLERBATCH']._serialized_start=1132
+  _globals['_CONTROLLERBATCH']._serialized_end=1195
+  _globals['_WELCOME']._serialized_start=1198
+  _globals['_WELCOME']._serialized_end=1390
+  _globals['_TASKOFFER']._serialized_start=1392
+  _globals['_TASKOFFER']._serialized_end=1502
+  _globals['_CANCELTASK']._serialized_start=1504
+  _globals['_CANCELTASK']._serialized_end=1564
+  _globals['_RESULTACK']._serialized_start=1566
+  _globals['_RESULTACK']._serialized_end=1656
+  _globals['_AGENTSERVICE']._serialized_start=1659
+  _globals['_AGENTSERVICE']._serialized_end=1808
 # @@protoc_insertion_point(module_scope)

@@ -9,20 +9,28 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "work_request", "heartbeat", "progress", "result", "drain")
+    __slots__ = ("hello", "work_request", "heartbeat", "progress", "result", "drain", "batch")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     WORK_REQUEST_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     work_request: WorkRequest
     heartbeat: Heartbeat
     progress: Progress
     result: TaskResult
     drain: Drain
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., work_request: _Optional[_Union[WorkRequest, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., result: _Optional[_Union[TaskResult, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ...) -> None: ...
+    batch: AgentBatch
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., work_request: _Optional[_Union[WorkRequest, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., result: _Optional[_Union[TaskResult, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., batch: _Optional[_Union[AgentBatch, _Mapping]] = ...) -> None: ...
+
+class AgentBatch(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[AgentMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[AgentMessage, _Mapping]]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("agent_name", "farm_version", "protocol_version", "capabilities", "devices", "running", "hostname")
@@ -85,32 +93,42 @@ class Drain(_message.Message):
     def __init__(self) -> None: ...
 
 class ControllerMessage(_message.Message):
-    __slots__ = ("welcome", "offer", "cancel", "ack")
+    __slots__ = ("welcome", "offer", "cancel", "ack", "batch")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     OFFER_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     offer: TaskOffer
     cancel: CancelTask
     ack: ResultAck
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., offer: _Optional[_Union[TaskOffer, _Mapping]] = ..., cancel: _Optional[_Union[CancelTask, _Mapping]] = ..., ack: _Optional[_Union[ResultAck, _Mapping]] = ...) -> None: ...
+    batch: ControllerBatch
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., offer: _Optional[_Union[TaskOffer, _Mapping]] = ..., cancel: _Optional[_Union[CancelTask, _Mapping]] = ..., ack: _Optional[_Union[ResultAck, _Mapping]] = ..., batch: _Optional[_Union[ControllerBatch, _Mapping]] = ...) -> None: ...
+
+class ControllerBatch(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ControllerMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ControllerMessage, _Mapping]]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("session_id", "controller_version", "protocol_version", "lease_ttl_s", "heartbeat_interval_s", "released")
+    __slots__ = ("session_id", "controller_version", "protocol_version", "lease_ttl_s", "heartbeat_interval_s", "released", "capabilities")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     RELEASED_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     controller_version: str
     protocol_version: int
     lease_ttl_s: float
     heartbeat_interval_s: float
     released: _containers.RepeatedCompositeFieldContainer[_common_pb2.TaskRef]
-    def __init__(self, session_id: _Optional[str] = ..., controller_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., lease_ttl_s: _Optional[float] = ..., heartbeat_interval_s: _Optional[float] = ..., released: _Optional[_Iterable[_Union[_common_pb2.TaskRef, _Mapping]]] = ...) -> None: ...
+    capabilities: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., controller_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., lease_ttl_s: _Optional[float] = ..., heartbeat_interval_s: _Optional[float] = ..., released: _Optional[_Iterable[_Union[_common_pb2.TaskRef, _Mapping]]] = ..., capabilities: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TaskOffer(_message.Message):
     __slots__ = ("request_id", "task", "lease_expires_at", "offered_at")
