@@ -35,6 +35,7 @@ bench: models
 	$(PY) benchmarks/calibration.py
 	$(PY) benchmarks/contention.py
 	$(PY) benchmarks/scheduling.py --agents 100 --tasks 2000
+	$(PY) benchmarks/scheduling.py --sweep 10,100,500,1000 --agent-processes 4 --postgresql
 	$(PY) benchmarks/wire_capacity.py
 	$(PY) benchmarks/lease.py
 	$(PY) benchmarks/list_jobs.py

@@ -412,13 +412,16 @@ def main() -> None:
     parser.add_argument("--sweep", metavar="N,N,…", help="lab sizes to run one round each (e.g. 10,100,500,1000), "
                                                        "with --tasks-per-agent tasks each; with --postgresql on both "
                                                        "stores")
-    parser.add_argument("--tasks-per-agent", type=int, default=20, help="with --sweep")
+    parser.add_argument("--tasks-per-agent", type=int, default=10, help="with --sweep")
     parser.add_argument("--one-round-json", action="store_true", help=argparse.SUPPRESS)  # compare()'s child
     args = parser.parse_args()
     if args.sweep:
         counts = [int(x) for x in args.sweep.split(",") if x.strip()]
         if not counts or min(counts) < 1 or args.tasks_per_agent < 1:
             parser.error("--sweep takes positive agent counts, e.g. 10,100,500,1000")
+        if max(counts) * args.tasks_per_agent > 10_000:  # a job holds at most 10,000 tasks (the controller's default)
+            parser.error(f"{max(counts)} agents x {args.tasks_per_agent} tasks is over one job's 10,000: lower "
+                         "--tasks-per-agent")
         text, data = sweep(counts, args.tasks_per_agent, args.agent_processes, args.postgresql)
         print(text)
         if not args.no_write:
