@@ -243,11 +243,11 @@ class FarmServer:
 
     def _acknowledge(self, session: AgentSession, ack: agent_pb2.ResultAck, requeued: bool, *,
                      riders: list[agent_pb2.WorkRequest] | None = None) -> None:
+        for request in riders or []:  # before the ack is queued, so its stream sees a request to wait for
+            self._take_request(session, request)
         session.send(agent_pb2.ControllerMessage(ack=ack))
         with self._lock:
             session.running.discard((ack.task.task_id, ack.task.attempt))
-        for request in riders or []:
-            self._take_request(session, request)
         self.wake(queue_changed=requeued)  # a retry is queued, or a slot that rode on the result is free
 
     def apply_result(self, agent: str, message: agent_pb2.TaskResult) -> agent_pb2.ResultAck:
@@ -353,9 +353,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     yield message
                     continue
                 parts, ending = gathered(message, session.outbox)
-                if len(parts) == 1 and not ending and message.WhichOneof("kind") == "ack":
+                if len(parts) == 1 and not ending and message.WhichOneof("kind") == "ack" and session.requests \
+                        and session.state == "online":
                     # Nothing waits on an ack (the agent only forgets a result it keeps): hold it a moment for
-                    # the offer its slot's next request brings, so the two leave in one write.
+                    # the offer its slot's waiting request may bring, so the two leave in one write.
                     with contextlib.suppress(queue.Empty):
                         follower = session.outbox.get(timeout=ACK_HOLD_S)
                         if follower is None:
