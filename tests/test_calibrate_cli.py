@@ -48,7 +48,9 @@ def test_calibrate_predict_rank_report(family: Path, farm, tmp_path: Path) -> No
     fits = {c["metric"]: c for c in cal.json()["calibrations"]}
     lat = fits["latency"]
     assert lat["n"] == 4 and lat["version"] == 1
-    assert 1.3 < lat["fits"]["ols"]["a"] < 3.0  # half the CPU: about twice as slow
+    # Half the CPU: slower. About twice on a quiet machine; a loaded one throttles the half-CPU runs more (CI saw
+    # 3.8 once over 4 points). Below 1.3 the budget did not bite or the axes are swapped; above 6 is garbage.
+    assert 1.3 < lat["fits"]["ols"]["a"] < 6.0
     assert lat["spearman_rho"] > 0.7
 
     # a second fit is a new version; history keeps both
