@@ -30,6 +30,7 @@ import tarfile
 import tempfile
 import threading
 import time
+import tomllib
 from pathlib import Path
 from typing import Iterator
 from results_file import write_results  # benchmarks/ is on sys.path when a benchmark runs
@@ -264,7 +265,7 @@ def report(r: dict, rounds: list[dict]) -> str:
 
 # Top-level source folders and where pyproject's package-dir puts them under farm (read from it, so a new
 # role folder is in the baseline too).
-PACKAGE_DIRS = {name.removeprefix("farm."): folder for name, folder in __import__("tomllib").loads(
+PACKAGE_DIRS = {name.removeprefix("farm."): folder for name, folder in tomllib.loads(
     (ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].items() if name != "farm"}
 
 

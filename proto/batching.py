@@ -17,7 +17,7 @@ MAX_BATCH_MESSAGES = 64  # what one side may put in a batch; more is refused as 
 Message = TypeVar("Message")
 
 
-def queued_after(outbox: "queue.Queue[Message | None]", limit: int = MAX_BATCH_MESSAGES - 1) -> tuple[list[Message], bool]:
+def _queued_after(outbox: "queue.Queue[Message | None]", limit: int) -> tuple[list[Message], bool]:
     """What is queued right now behind a message just taken (at most `limit`, without waiting), and whether the
     stream's end (None) was among it: the end is taken out, so the caller sends what it has and then stops."""
     more: list[Message] = []
@@ -41,7 +41,7 @@ def gathered(first: Message, outbox: "queue.Queue[Message | None]") -> tuple[lis
     """`first` and what is queued behind it, batches opened, at most MAX_BATCH_MESSAGES in all, and whether the
     stream's end was among it. A queued message holds at most two (an agent's result with its next request)."""
     messages = opened(first)
-    more, ending = queued_after(outbox, (MAX_BATCH_MESSAGES - len(messages)) // 2)
+    more, ending = _queued_after(outbox, (MAX_BATCH_MESSAGES - len(messages)) // 2)
     for message in more:
         messages += opened(message)
     return messages, ending
