@@ -397,7 +397,9 @@ class BackgroundCommand:
             if channel.recv_stderr_ready():
                 self._err += channel.recv_stderr(_CHUNK)
                 progressed = True
-            if channel.eof_received and not channel.recv_ready() and not channel.recv_stderr_ready():
+            # OpenSSH sends EOF before the exit status: ending at EOF alone left the status unknown (-1).
+            ended = channel.eof_received and channel.status_event.is_set()
+            if ended and not channel.recv_ready() and not channel.recv_stderr_ready():
                 return
             if channel.closed or not channel.get_transport().is_active():
                 return
