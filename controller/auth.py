@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
+import inspect
 import ipaddress
 import logging
 import queue
@@ -22,11 +23,12 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, AsyncIterator, Callable, Iterator, TypeVar
 
 import grpc
 from cryptography import x509
 
+from farm.controller.async_calls import abort_handler, same_kind
 from farm.proto.names import valid_agent_name as valid_agent_name  # re-exported: the CLI checks names with it
 from farm.proto.tls import CredentialFileError, TlsFiles
 
@@ -194,37 +196,23 @@ def _article(word: str) -> str:
     return "an" if word[0] in "aeiou" else "a"
 
 
-def _abort_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
-    def abort(request_or_iterator: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(code, message)
+class TokenGuard:
+    """Refuses a call its token may not make; `budget` (CallBudget, below) then counts what it may.
 
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(abort)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(abort)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(abort)
-    return grpc.unary_unary_rpc_method_handler(abort)
-
-
-class TokenInterceptor(grpc.ServerInterceptor):
-    """Refuses a call its token may not make; `budget` (CallBudget, below) then counts what it may."""
+    Called with each call's handler (a coroutine of the server's loop, controller/async_calls.py)."""
 
     def __init__(self, tokens: TokenTable, budget: "CallBudget | None" = None) -> None:
         self.tokens = tokens
         self.budget = budget
 
-    def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails) -> Any:
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        refusal = check_access(handler_call_details.method, authorization(handler_call_details.invocation_metadata),
-                               self.tokens)
+    def __call__(self, handler: grpc.RpcMethodHandler, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        header = authorization(handler_call_details.invocation_metadata)
+        refusal = check_access(handler_call_details.method, header, self.tokens)
         if refusal is not None:
-            return _abort_handler(handler, *refusal)
+            return abort_handler(handler, *refusal)
         if self.budget is None or handler_call_details.method in OPEN_METHODS:
             return handler
-        identity = self.tokens.lookup(bearer_token(authorization(handler_call_details.invocation_metadata)) or "")
+        identity = self.tokens.lookup(bearer_token(header) or "")
         return self.budget.wrap(handler, identity, handler_call_details.method) if identity else handler
 
 
@@ -390,42 +378,38 @@ class CallBudget:
         return bucket
 
     def wrap(self, handler: grpc.RpcMethodHandler, identity: Identity, method: str) -> grpc.RpcMethodHandler:
-        """The same handler, admitted against the budgets when its call starts and released when it ends."""
+        """The same (loop) handler, admitted against the budgets when its call starts and released when it ends
+        (a call cut by its client too: the cancellation reaches the `finally`)."""
         behavior = (handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream)
 
-        def admitted(context: grpc.ServicerContext) -> Callable[[], None]:
+        async def admitted(context: grpc.aio.ServicerContext) -> list[str]:
             keys, refusal = self.admit(identity, peer_address(context), method)
             if refusal is not None:
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
-            once = threading.Lock()
-
-            def release() -> None:
-                if once.acquire(blocking=False):  # the callback and the finally: whichever comes first
-                    self.release(keys)
-
-            context.add_callback(release)
-            return release
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+            return keys
 
         if handler.response_streaming:
-            def streaming(request: Any, context: grpc.ServicerContext) -> Any:
-                release = admitted(context)
+            async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                keys = await admitted(context)
                 try:
-                    yield from behavior(request, context)
+                    answer = behavior(request, context)
+                    if inspect.isawaitable(answer):  # a handler that writes with context.write()
+                        await answer
+                        return
+                    async for response in answer:
+                        yield response
                 finally:
-                    release()
+                    self.release(keys)
             run: Callable[..., Any] = streaming
         else:
-            def unary(request: Any, context: grpc.ServicerContext) -> Any:
-                release = admitted(context)
+            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                keys = await admitted(context)
                 try:
-                    return behavior(request, context)
+                    return await behavior(request, context)
                 finally:
-                    release()
+                    self.release(keys)
             run = unary
-        kind = {(False, False): grpc.unary_unary_rpc_method_handler, (False, True): grpc.unary_stream_rpc_method_handler,
-                (True, False): grpc.stream_unary_rpc_method_handler, (True, True): grpc.stream_stream_rpc_method_handler}
-        return kind[(handler.request_streaming, handler.response_streaming)](
-            run, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+        return same_kind(handler, run)
 
 
 class UploadIdle(Exception):

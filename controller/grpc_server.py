@@ -1,8 +1,8 @@
 """The controller behind gRPC: the same Controller, with agents and clients on the wire.
 
-Each agent holds one bidirectional stream (AgentService.Connect). An idle agent slot sends a
-WorkRequest; one dispatcher thread (dispatch.py) matches waiting requests to pending tasks, and one
-writer thread (result_writer.py) applies results in batches, acknowledging each after its commit;
+Each agent holds one bidirectional stream (AgentService.Connect), a coroutine on the server's asyncio
+loop (async_calls.py): a waiting stream holds no thread. An idle agent slot sends a WorkRequest; one
+dispatcher thread (dispatch.py) matches waiting requests to pending tasks, and one writer thread (result_writer.py) applies results in batches, acknowledging each after its commit;
 sessions.py keeps who is connected. This module holds the servicers. Leases are renewed by the
 agent's heartbeats; when a stream breaks nothing is dropped at once: the agent may be back
 in a moment (it takes over its own session), and if it is not, the lease runs out and the
@@ -11,19 +11,19 @@ task goes back to the queue with attempt + 1.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import os
 import queue
 import socket
-import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterator, cast, get_args
+from typing import Any, AsyncIterator, Callable, Iterator, cast, get_args
 
 import grpc
 from google.protobuf.message_factory import GetMessageClass
@@ -33,8 +33,9 @@ from grpc_reflection.v1alpha import reflection
 
 from farm.version import __version__
 from farm.controller.scheduling.artifacts import ArtifactError, ArtifactStore, ControllerFiles, ModelRoots
+from farm.controller.async_calls import CallGate, ServerLoop
 from farm.controller.auth import (
-    BudgetSettings, CallBudget, Identity, IdleUploads, TlsFiles, TokenInterceptor, TokenTable, UploadIdle,
+    BudgetSettings, CallBudget, Identity, IdleUploads, TlsFiles, TokenGuard, TokenTable, UploadIdle,
     check_server_certificate,
     identity_of, is_loopback,
     server_credentials,
@@ -72,13 +73,13 @@ MAX_MODEL_BYTES = 2 << 30  # one model file, uploaded or under a models root (--
 ARTIFACT_CHUNK_BYTES = 1 << 20
 FARM_SERVICE = "farm.v1.FarmService"
 AGENT_SERVICE = "farm.v1.AgentService"
-# grpc's sync server gives every open stream a thread for its whole life: 1,000 agents (one Connect
-# each) and a watcher apiece, plus room for the short calls. Threads start only when used.
+# Calls open at once: 1,000 agents (one Connect each) and a watcher apiece, plus room for the short calls.
 DEFAULT_MAX_STREAMS = 2500
 DEFAULT_MAX_WATCHES = 64  # WatchJob streams per caller (token, or peer host without tokens)
 DEFAULT_UPLOAD_QUOTA = 20 << 30  # bytes one client token's uploads may hold in the store (--upload-quota)
 MAX_DEVICES_PER_AGENT = 10_000
 MAX_OPEN_REQUESTS = MAX_DEVICES_PER_AGENT + 256  # idle slots one agent may have waiting: a slot per device, plus sim slots
+AGENT_MESSAGE_THREADS = 8  # threads applying agent messages (store writes); the streams themselves wait on the loop
 ACK_HOLD_S = 0.25  # how long an acknowledgement waits for a message to share its write (agents that read batches)
 MAX_CANCELS_PER_HEARTBEAT = 64  # answers to refs that are not the session's own: bounded, so a forged list amplifies nothing
 
@@ -316,39 +317,82 @@ def _job_message(server: FarmServer, job: dict[str, Any]) -> farm_pb2.Job:
     return answer_to_message(info, farm_pb2.Job())
 
 
-class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, server: FarmServer) -> None:
-        self.server = server
+_EMPTY = object()  # nothing came within the wait
 
-    def Connect(self, request_iterator: Iterator[agent_pb2.AgentMessage], context: grpc.ServicerContext) -> Iterator[agent_pb2.ControllerMessage]:
+
+class _Outbox:
+    """A session's outbox, read on the server's loop: whoever queues a message (the dispatcher, the result
+    writer, a handler thread) wakes the reader through the loop, so a waiting stream holds no thread."""
+
+    def __init__(self, session: AgentSession, loop: asyncio.AbstractEventLoop) -> None:
+        self.session, self.loop = session, loop
+        self.ready = asyncio.Event()
+        session.wake = self._wake
+
+    def _wake(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the server is stopping
+            self.loop.call_soon_threadsafe(self.ready.set)
+
+    async def get(self, timeout_s: float | None = None) -> agent_pb2.ControllerMessage | None | object:
+        """The next message (None: the stream ends), or _EMPTY when `timeout_s` passed first."""
+        while True:
+            with contextlib.suppress(queue.Empty):
+                return self.session.outbox.get_nowait()
+            self.ready.clear()  # a wake-up queued before this runs after it: none is lost
+            if not self.session.outbox.empty():
+                continue
+            try:
+                await asyncio.wait_for(self.ready.wait(), timeout_s)
+            except TimeoutError:
+                return _EMPTY
+
+
+async def _first(requests: AsyncIterator[agent_pb2.AgentMessage]) -> agent_pb2.AgentMessage | None:
+    try:
+        return await requests.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
+    """The agent stream lives on the server's loop (a waiting agent holds no thread); what touches the store
+    runs on `pool`, one message of a stream after the other."""
+
+    def __init__(self, server: FarmServer, pool: futures.Executor | None = None) -> None:
+        self.server = server
+        self.pool = pool
+
+    async def Connect(self, request_iterator: AsyncIterator[agent_pb2.AgentMessage],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[agent_pb2.ControllerMessage]:
+        loop = asyncio.get_running_loop()
         identity = identity_of(context, self.server.tokens)
-        first = next(request_iterator, None)
+        first = await _first(request_iterator)
         if first is None or first.WhichOneof("kind") != "hello":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message on the agent stream must be a hello")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message on the agent stream must be a hello")
         assert first is not None  # abort() raised otherwise (grpc is untyped: mypy cannot tell)
         hello = first.hello
-        self._check_hello(hello, identity, context)
+        refusal = self._hello_refusal(hello, identity)
+        if refusal is not None:
+            await context.abort(*refusal)
         try:
-            session, released = self.server.open_session(hello, context.peer())
+            session, released = await loop.run_in_executor(self.pool, self.server.open_session, hello, context.peer())
         except DeviceTaken as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, bounded_message(str(e)))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, bounded_message(str(e)))
         log.info("agent %s connected from %s (farm %s, host %s, %d device(s))", hello.agent_name, context.peer(),
                  printable(hello.farm_version), printable(hello.hostname), len(hello.devices))
-        reader = threading.Thread(target=self._read, args=(session, request_iterator), name=f"agent-{session.name}", daemon=True)
-        reader.start()
+        outbox = _Outbox(session, loop)
+        reader = asyncio.create_task(self._read(session, request_iterator), name=f"agent-{session.name}")
         try:
             yield agent_pb2.ControllerMessage(welcome=agent_pb2.Welcome(
                 session_id=session.session_id, controller_version=__version__, protocol_version=PROTOCOL_VERSION,
                 lease_ttl_s=self.server.controller.lease_ttl_s, heartbeat_interval_s=self.server.heartbeat_interval_s,
                 released=[_ref(t, a) for t, a in released], capabilities=[BATCH_CAPABILITY]))
             batches = BATCH_CAPABILITY in hello.capabilities  # an older agent reads one message at a time
-            while context.is_active():
-                try:
-                    message = session.outbox.get(timeout=1.0)
-                except queue.Empty:
-                    continue
+            while True:
+                message = await outbox.get()
                 if message is None:
                     break
+                assert isinstance(message, agent_pb2.ControllerMessage)
                 if not batches:
                     yield message
                     continue
@@ -357,69 +401,77 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                         and session.state == "online":
                     # Nothing waits on an ack (the agent only forgets a result it keeps): hold it a moment for
                     # the offer its slot's waiting request may bring, so the two leave in one write.
-                    with contextlib.suppress(queue.Empty):
-                        follower = session.outbox.get(timeout=ACK_HOLD_S)
-                        if follower is None:
-                            ending = True
-                        else:
-                            later, ending = gathered(follower, session.outbox)
-                            parts += later[:MAX_BATCH_MESSAGES - 1]
+                    follower = await outbox.get(ACK_HOLD_S)
+                    if follower is None:
+                        ending = True
+                    elif isinstance(follower, agent_pb2.ControllerMessage):
+                        later, ending = gathered(follower, session.outbox)
+                        parts += later[:MAX_BATCH_MESSAGES - 1]
                 # the messages queued meanwhile (an ack and the offer behind it) leave in one write
                 yield agent_pb2.ControllerMessage(batch=agent_pb2.ControllerBatch(messages=parts)) if len(parts) > 1 \
                     else parts[0]
                 if ending:
                     break
         finally:
-            self.server.close_session(session)
+            reader.cancel()
+            session.wake = None
+            closing = loop.run_in_executor(self.pool, self.server.close_session, session)
+        await closing
         if session.taken_over_by:
             # A reconnect's old stream is dead and never sees this; a second live process with the same name does.
-            context.abort(grpc.StatusCode.ABORTED,
-                          f"agent {session.name!r} connected again from {session.taken_over_by}, which took over this "
-                          "session. Give every agent process its own --name.")
+            await context.abort(grpc.StatusCode.ABORTED,
+                                f"agent {session.name!r} connected again from {session.taken_over_by}, which took over "
+                                "this session. Give every agent process its own --name.")
 
-    def _check_hello(self, hello: agent_pb2.Hello, identity: Identity, context: grpc.ServicerContext) -> None:
+    def _hello_refusal(self, hello: agent_pb2.Hello, identity: Identity) -> tuple[grpc.StatusCode, str] | None:
+        """Why this hello is refused (a status and a message a person can act on), or None."""
         if hello.protocol_version != PROTOCOL_VERSION:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"version mismatch: agent {hello.agent_name!r} runs farm {hello.farm_version} (protocol "
-                          f"{hello.protocol_version}), this controller runs farm {__version__} (protocol {PROTOCOL_VERSION}). "
-                          "Install the same farm version on the agent and the controller.")
+            return (grpc.StatusCode.FAILED_PRECONDITION,
+                    f"version mismatch: agent {hello.agent_name!r} runs farm {hello.farm_version} (protocol "
+                    f"{hello.protocol_version}), this controller runs farm {__version__} (protocol {PROTOCOL_VERSION}). "
+                    "Install the same farm version on the agent and the controller.")
         if not valid_agent_name(hello.agent_name):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"agent name {hello.agent_name!r} is not allowed: use letters, digits, '.', '_' and '-' (at most 64)")
+            return (grpc.StatusCode.INVALID_ARGUMENT,
+                    f"agent name {hello.agent_name!r} is not allowed: use letters, digits, '.', '_' and '-' (at most 64)")
         if identity.agent_name and identity.agent_name != hello.agent_name:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"this agent token belongs to agent {identity.agent_name!r}; it cannot connect as "
-                          f"{hello.agent_name!r}. Start the agent with --name {identity.agent_name} or use its own token.")
+            return (grpc.StatusCode.PERMISSION_DENIED,
+                    f"this agent token belongs to agent {identity.agent_name!r}; it cannot connect as "
+                    f"{hello.agent_name!r}. Start the agent with --name {identity.agent_name} or use its own token.")
         if identity.role == "agent" and not identity.agent_name and self.server.tokens is not None \
                 and hello.agent_name in self.server.tokens.pinned_names():
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"agent name {hello.agent_name!r} belongs to a token pinned to it in the tokens file; this "
-                          "agent token is not that one. Give this agent another --name, or use its own token.")
+            return (grpc.StatusCode.PERMISSION_DENIED,
+                    f"agent name {hello.agent_name!r} belongs to a token pinned to it in the tokens file; this "
+                    "agent token is not that one. Give this agent another --name, or use its own token.")
         if len(hello.devices) > MAX_DEVICES_PER_AGENT:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"agent {hello.agent_name!r} registers {len(hello.devices)} "
-                          f"devices; one agent may register at most {MAX_DEVICES_PER_AGENT}")
+            return (grpc.StatusCode.INVALID_ARGUMENT, f"agent {hello.agent_name!r} registers {len(hello.devices)} "
+                    f"devices; one agent may register at most {MAX_DEVICES_PER_AGENT}")
         seen: set[str] = set()
         for device in hello.devices:
             owner, _, local = device.name.partition("/")
             plain = not local and valid_agent_name(device.name)
             if not plain and not (owner == hello.agent_name and valid_agent_name(local)):
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"device name {printable(device.name)!r} is not allowed: use letters, digits, '.', '_' "
-                              f"and '-', or {hello.agent_name}/NAME for this agent's own")
+                return (grpc.StatusCode.INVALID_ARGUMENT,
+                        f"device name {printable(device.name)!r} is not allowed: use letters, digits, '.', '_' "
+                        f"and '-', or {hello.agent_name}/NAME for this agent's own")
             if device.name == "sim" or device.name.startswith(("type:", "tag:")):
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"device name {device.name!r} is reserved")
+                return grpc.StatusCode.INVALID_ARGUMENT, f"device name {device.name!r} is reserved"
             if device.name in seen:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"device {device.name!r} appears twice in the hello")
+                return grpc.StatusCode.INVALID_ARGUMENT, f"device {device.name!r} appears twice in the hello"
             seen.add(device.name)
+        return None
 
-    def _read(self, session: AgentSession, request_iterator: Iterator[agent_pb2.AgentMessage]) -> None:
+    async def _read(self, session: AgentSession, request_iterator: AsyncIterator[agent_pb2.AgentMessage]) -> None:
+        loop = asyncio.get_running_loop()
         try:
-            for message in request_iterator:
+            async for message in request_iterator:
                 if session.closed.is_set():
                     break
-                self.server.on_agent_message(session, message)
+                # one at a time, in order: a result before the work request that rides behind it
+                await loop.run_in_executor(self.pool, self.server.on_agent_message, session, message)
         except grpc.RpcError:
             pass  # the agent went away; its leases run out unless it comes back
+        except asyncio.CancelledError:
+            pass  # the stream's writer ended first (the session closed, or the call was cut)
         except Exception:
             log.exception("agent %s: handling a message failed", session.name)
         finally:
@@ -645,12 +697,14 @@ def _caller(context: grpc.ServicerContext, tokens: TokenTable | None) -> str:
 
 @dataclass
 class RunningServer:
-    grpc_server: grpc.Server
+    grpc_server: grpc.aio.Server
+    loop: ServerLoop  # the asyncio loop the server's calls run on, in its own thread
     farm: FarmServer
     port: int
     health: health.HealthServicer
     metrics: MetricsServer | None = None  # the Prometheus endpoint, when --metrics-listen was given
     nightly: Any = None  # controller.nightly.NightlyRefresh, when --refresh-cron was given
+    pools: tuple[futures.ThreadPoolExecutor, ...] = ()  # the handlers' threads: stopped last
 
     @property
     def metrics_port(self) -> int | None:
@@ -664,7 +718,11 @@ class RunningServer:
         if self.nightly:
             self.nightly.stop()
         self.farm.stop()
-        self.grpc_server.stop(grace_s).wait(grace_s + 1)
+        with contextlib.suppress(futures.TimeoutError, RuntimeError):  # RuntimeError: stopped already
+            self.loop.run(self.grpc_server.stop(grace_s), timeout_s=grace_s + 5)
+        self.loop.close()
+        for pool in self.pools:
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 def startup_warnings(listen: str, *, tokens: bool, tls: bool, metrics_listen: str | None) -> list[str]:
@@ -691,7 +749,8 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
     """Start the controller's gRPC server (not blocking); the port is the bound one (for :0).
 
     With metrics_listen (HOST:PORT), Prometheus metrics are served at http://HOST:PORT/metrics too.
-    max_streams caps the calls open at once (each holds a thread); reflection is served only when asked
+    max_streams caps the calls open at once (agent streams wait on the loop; other calls hold a thread
+    while they run); reflection is served only when asked
     for, and then only to callers with a token when tokens are on. `budget` shares max_streams out per
     caller (controller/auth.py); its own max_streams is replaced by this one.
     """
@@ -711,19 +770,35 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
                ("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeout_ms", 10_000),
                ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
                ("grpc.keepalive_permit_without_calls", 1)]
-    # A thread for every admitted call, so a call is refused (RESOURCE_EXHAUSTED) rather than left queued.
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_streams, thread_name_prefix="rpc"),
-                         interceptors=[TokenInterceptor(tokens, CallBudget(settings))] if tokens else [], options=options,
-                         maximum_concurrent_rpcs=max_streams)
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(farm), server)
-    farm_pb2_grpc.add_FarmServiceServicer_to_server(FarmServicer(farm), server)
+    # Agent streams wait on the loop; a short call or a watcher runs on a thread while it runs (threads start
+    # only when used), and calls over max_streams are refused (RESOURCE_EXHAUSTED) rather than left queued.
+    calls = futures.ThreadPoolExecutor(max_workers=max_streams, thread_name_prefix="rpc")
+    agent_messages = futures.ThreadPoolExecutor(max_workers=AGENT_MESSAGE_THREADS, thread_name_prefix="agent-msg")
     health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    if reflection_on:
-        reflection.enable_server_reflection((FARM_SERVICE, AGENT_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME),
-                                            server)
-    port = server.add_secure_port(listen, server_credentials(tls)) if tls else server.add_insecure_port(listen)
+    loop = ServerLoop()
+
+    def build() -> tuple[grpc.aio.Server, int]:  # on the loop's thread: the server belongs to its loop
+        gate = CallGate(calls, TokenGuard(tokens, CallBudget(settings)) if tokens else None)
+        server = grpc.aio.server(interceptors=[gate], options=options, maximum_concurrent_rpcs=max_streams)
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(farm, agent_messages), server)
+        farm_pb2_grpc.add_FarmServiceServicer_to_server(FarmServicer(farm), server)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        if reflection_on:
+            reflection.enable_server_reflection((FARM_SERVICE, AGENT_SERVICE, health.SERVICE_NAME,
+                                                 reflection.SERVICE_NAME), server)
+        try:
+            port = server.add_secure_port(listen, server_credentials(tls)) if tls else server.add_insecure_port(listen)
+        except RuntimeError:  # grpc.aio says so where the sync server returned 0
+            port = 0
+        return server, port
+
+    try:
+        server, port = loop.call(build)
+    except BaseException:
+        loop.close()
+        raise
     if port == 0:
+        loop.close()
         raise OSError(f"cannot listen on {listen}: the address is in use or not local")
     # Bound before anything starts, so a busy metrics port fails the start instead of half-serving.
     metrics = serve_metrics(store, metrics_listen) if metrics_listen else None
@@ -738,9 +813,9 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
     farm.refresh_suite = refresh_suite  # `farm refresh` against this controller submits the nightly's suite
     farm.nightly = nightly
     farm.start()
-    server.start()
+    loop.run(server.start())
     if nightly:
         nightly.start()
     for service in ("", FARM_SERVICE, AGENT_SERVICE):
         health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-    return RunningServer(server, farm, port, health_servicer, metrics, nightly)
+    return RunningServer(server, loop, farm, port, health_servicer, metrics, nightly, (calls, agent_messages))

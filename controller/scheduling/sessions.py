@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Callable
 
 from farm.controller.scheduling.controller import Controller
 from farm.controller.store import Store
@@ -45,14 +46,22 @@ class AgentSession:
     running: set[tuple[int, int]] = field(default_factory=set)
     closed: threading.Event = field(default_factory=threading.Event)
     taken_over_by: str | None = None  # peer of the newer connection under the same name
+    wake: Callable[[], None] | None = None  # tells the stream's writer (on the server's loop) the outbox has more
 
     def send(self, message: agent_pb2.ControllerMessage) -> None:
         if not self.closed.is_set():
             self.outbox.put(message)
+            self._wake()
 
     def close(self) -> None:
         self.closed.set()
         self.outbox.put(None)  # wakes the response generator so the stream ends
+        self._wake()
+
+    def _wake(self) -> None:
+        wake = self.wake
+        if wake is not None:
+            wake()
 
 
 class Sessions:
