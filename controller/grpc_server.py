@@ -23,7 +23,7 @@ from concurrent import futures
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterator, cast, get_args
+from typing import Any, AsyncIterator, Callable, Iterator, TypeVar, cast, get_args
 
 import grpc
 from google.protobuf.message_factory import GetMessageClass
@@ -33,7 +33,7 @@ from grpc_reflection.v1alpha import reflection
 
 from farm.version import __version__
 from farm.controller.scheduling.artifacts import ArtifactError, ArtifactStore, ControllerFiles, ModelRoots
-from farm.controller.async_calls import CallGate, ServerLoop
+from farm.controller.async_calls import Aborted, CallGate, ServerLoop, ThreadContext
 from farm.controller.auth import (
     BudgetSettings, CallBudget, Identity, IdleUploads, TlsFiles, TokenGuard, TokenTable, UploadIdle,
     check_server_certificate,
@@ -62,6 +62,7 @@ from farm.proto.spec import Priority, ScriptWorkload
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2, farm_pb2, farm_pb2_grpc
 
 log = logging.getLogger("farm.controller")
+T = TypeVar("T")
 
 # Bump when a message changes meaning; agents with another number are refused with a clear error.
 PROTOCOL_VERSION = 1
@@ -494,8 +495,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
 
 
 class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
-    def __init__(self, server: FarmServer) -> None:
+    """Plain handlers, run on worker threads (async_calls.CallGate), and the watcher, which waits on the loop."""
+
+    def __init__(self, server: FarmServer, pool: futures.Executor | None = None) -> None:
         self.server = server
+        self.pool = pool
 
     def _viewer(self, context: grpc.ServicerContext) -> answers.Viewer:
         identity = identity_of(context, self.server.tokens)
@@ -588,23 +592,35 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         log.info("artifact %s stored (%d bytes)", first.sha256[:12], first.size)
         return farm_pb2.UploadArtifactResponse(sha256=first.sha256, size=first.size)
 
-    def WatchJob(self, request: farm_pb2.JobRequest, context: grpc.ServicerContext) -> Iterator[farm_pb2.Job]:
-        self._job(request.job_id, context)
-        caller = _caller(context, self.server.tokens)
+    async def WatchJob(self, request: farm_pb2.JobRequest,
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[farm_pb2.Job]:
+        """The job each time it changes, until it ends; the wait between looks holds no thread."""
+        loop = asyncio.get_running_loop()
+        threaded = ThreadContext(context)
+
+        async def on_thread(function: Callable[[], T]) -> T:  # the store is read on a worker thread
+            try:
+                return await loop.run_in_executor(self.pool, function)
+            except Aborted as e:
+                await context.abort(e.code, e.details)
+                raise  # not reached: abort() raised
+
+        await on_thread(lambda: self._job(request.job_id, threaded))
+        caller = _caller(threaded, self.server.tokens)
         if not self.server.open_watch(caller):
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"this caller already watches {self.server.max_watches} jobs, the most one token (or host) "
-                          "may; stop some watchers (`farm status JOB` polls instead) or raise --max-watches")
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"this caller already watches {self.server.max_watches} jobs, the most one token (or "
+                                "host) may; stop some watchers (`farm status JOB` polls instead) or raise --max-watches")
         try:
             last = None
-            while context.is_active():
-                message = _job_message(self.server, self._job(request.job_id, context))
+            while True:
+                message = await on_thread(lambda: _job_message(self.server, self._job(request.job_id, threaded)))
                 if message != last:
                     yield message
                     last = message
                 if message.status in TERMINAL_JOB:
                     return
-                time.sleep(0.2)
+                await asyncio.sleep(0.2)
         finally:
             self.server.close_watch(caller)
 
@@ -781,7 +797,7 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
         gate = CallGate(calls, TokenGuard(tokens, CallBudget(settings)) if tokens else None)
         server = grpc.aio.server(interceptors=[gate], options=options, maximum_concurrent_rpcs=max_streams)
         agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(farm, agent_messages), server)
-        farm_pb2_grpc.add_FarmServiceServicer_to_server(FarmServicer(farm), server)
+        farm_pb2_grpc.add_FarmServiceServicer_to_server(FarmServicer(farm, calls), server)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         if reflection_on:
             reflection.enable_server_reflection((FARM_SERVICE, AGENT_SERVICE, health.SERVICE_NAME,
