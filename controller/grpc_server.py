@@ -45,6 +45,7 @@ from farm.controller.scheduling.controller import TERMINAL_JOB, Controller
 from farm.controller.scheduling.dispatch import Dispatcher, StepTimings
 from farm.controller.scheduling.jobfile import DEFAULT_MAX_TASKS, DeviceTarget, JobFileError
 from farm.controller.operations.metrics import MetricsServer, parse_listen, serve_metrics
+from farm.controller.scheduling.lease_renewer import LeaseRenewer, QueuedHeartbeat
 from farm.controller.scheduling.result_writer import RESULT_BATCH, QueuedResult, ResultWriter
 from farm.controller.scheduling.sessions import AgentSession, DeviceTaken, Sessions
 from farm.controller import service as answers
@@ -119,6 +120,7 @@ class FarmServer:
         self.timings = StepTimings()
         self.dispatcher = Dispatcher(self.controller, self.agents, self.timings)
         self.results = ResultWriter(self.controller, max_batch=result_batch, timed=self.timings.add)
+        self.renewer = LeaseRenewer(self.controller, timed=self.timings.add)
         self.idle_uploads = IdleUploads(upload_idle_s)
 
     @property
@@ -134,6 +136,7 @@ class FarmServer:
         self.store.leases.adopt_unfinished(os.getpid(), socket.gethostname(), now + self.controller.lease_ttl_s,
                                            seen_before=now - self.controller.lease_ttl_s)
         self.results.start()
+        self.renewer.start()
         self.dispatcher.start()
         # work queued through another controller on the same database wakes this one's dispatcher
         self.store.on_queue_change(lambda: self.wake(queue_changed=True))
@@ -144,6 +147,7 @@ class FarmServer:
             for session in list(self.sessions.values()):
                 session.close()
         self.results.stop()
+        self.renewer.stop()
 
     def wake(self, queue_changed: bool = False) -> None:
         self.dispatcher.wake(queue_changed)
@@ -170,21 +174,15 @@ class FarmServer:
         elif kind == "heartbeat":
             with self._lock:  # only this session's own leases are renewed; the rest is refused without a query
                 held = set(session.running) if self.agents.current(session) else set()
-            refs = list(message.heartbeat.running)
-            foreign = [ref for ref in refs if (ref.task_id, ref.attempt) not in held]
+            refs = [(ref.task_id, ref.attempt) for ref in message.heartbeat.running]
+            foreign = [ref for ref in refs if ref not in held]
             if foreign:
                 log.warning("agent %s heartbeat for %d task attempt(s) not leased to its session (task %d attempt %d, "
-                            "...); refused", session.name, len(foreign), foreign[0].task_id, foreign[0].attempt)
-            for ref in [ref for ref in refs if (ref.task_id, ref.attempt) in held] + foreign[:MAX_CANCELS_PER_HEARTBEAT]:
-                alive = False
-                if (ref.task_id, ref.attempt) in held:
-                    started = time.perf_counter()
-                    alive = self.controller.heartbeat(ref.task_id, ref.attempt, session.name)
-                    self.timings.add("heartbeat", started)
-                if not alive:
-                    session.send(agent_pb2.ControllerMessage(cancel=agent_pb2.CancelTask(
-                        task=ref, reason="the job was canceled, or this agent holds no lease on this attempt "
-                                         "(it ran out and the task went elsewhere)")))
+                            "...); refused", session.name, len(foreign), foreign[0][0], foreign[0][1])
+                self._stop_attempts(session, foreign[:MAX_CANCELS_PER_HEARTBEAT], still_running=False)
+            own = [ref for ref in refs if ref in held]
+            if own:  # renewed with the other agents' in one transaction (lease_renewer.py)
+                self.renewer.put(QueuedHeartbeat(session.name, own, partial(self._stop_attempts, session)))
         elif kind == "result":
             self._take_result(session, message.result, [])
         elif kind == "drain":
@@ -218,6 +216,17 @@ class FarmServer:
                     self._take_result(session, one.result, riders)
                 else:
                     self.on_agent_message(session, one)
+
+    def _stop_attempts(self, session: AgentSession, attempts: list[tuple[int, int]], still_running: bool = True) -> None:
+        """Tell the agent to stop these attempts; `still_running`: only those its session still runs (a result
+        acknowledged since the heartbeat needs no cancel)."""
+        if still_running:
+            with self._lock:
+                attempts = [ref for ref in attempts if ref in session.running]
+        for task_id, attempt in attempts:
+            session.send(agent_pb2.ControllerMessage(cancel=agent_pb2.CancelTask(
+                task=_ref(task_id, attempt), reason="the job was canceled, or this agent holds no lease on this "
+                                                    "attempt (it ran out and the task went elsewhere)")))
 
     def _take_request(self, session: AgentSession, request: agent_pb2.WorkRequest) -> bool:
         """Note an idle slot of the session's; False when refused (named in the log) or the agent is draining."""

@@ -12,7 +12,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from farm.controller.scheduling.jobfile import ResolvedJob
 from farm.controller.scheduling.counters import record_lease_expiries
@@ -221,19 +221,29 @@ class Controller:
         """Renew the lease. False means stop: the task was canceled or its lease lost.
 
         With `agent`, only that agent's own lease is renewed (the gRPC side: agents are not trusted)."""
+        return self.heartbeat_batch([(task_id, attempt, agent)])[0]
+
+    def heartbeat_batch(self, renewals: Sequence[tuple[int, int, str | None]]) -> list[bool]:
+        """Renew many leases, (task, attempt, agent) each, in one transaction; each answer as heartbeat()'s."""
+        alive = []
         with self.store.transaction():
-            row = self.store.leases.state(task_id)
-            if row is None:
-                return False
-            status, attempts, expires_at, job_status, leased_by = (row.task_status, row.attempts, row.lease_expires_at,
-                                                                   row.job_status, row.leased_by)
-            if status != TaskStatus.RUNNING.value or attempts != attempt or job_status == JobStatus.CANCELED.value:
-                return False
-            if agent is not None and leased_by != agent:
-                return False
-            if expires_at is not None and expires_at < time.time():
-                return False  # too late: the task may already be another agent's
-            self.store.leases.renew(task_id, time.time() + self.lease_ttl_s)
+            for task_id, attempt, agent in renewals:
+                alive.append(self._renew(task_id, attempt, agent))
+        return alive
+
+    def _renew(self, task_id: int, attempt: int, agent: str | None) -> bool:
+        row = self.store.leases.state(task_id)
+        if row is None:
+            return False
+        status, attempts, expires_at, job_status, leased_by = (row.task_status, row.attempts, row.lease_expires_at,
+                                                               row.job_status, row.leased_by)
+        if status != TaskStatus.RUNNING.value or attempts != attempt or job_status == JobStatus.CANCELED.value:
+            return False
+        if agent is not None and leased_by != agent:
+            return False
+        if expires_at is not None and expires_at < time.time():
+            return False  # too late: the task may already be another agent's
+        self.store.leases.renew(task_id, time.time() + self.lease_ttl_s)
         return True
 
     def complete(self, task_id: int, attempt: int, agent: str, started_at: float, result: RunResult) -> int | None:

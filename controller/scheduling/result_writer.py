@@ -11,12 +11,11 @@ one is applied once (the store's (task, attempt) key).
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
 
+from farm.controller.scheduling.batches import BatchThread
 from farm.controller.scheduling.controller import Applied, Controller, Delivery
 from farm.proto.escape import printable
 from farm.proto.generated import agent_pb2
@@ -75,46 +74,15 @@ def acknowledgement(agent: str, message: agent_pb2.TaskResult, outcome: Applied 
     return ack
 
 
-class ResultWriter:
+class ResultWriter(BatchThread[QueuedResult]):
     """The one thread that applies queued results, a batch per transaction."""
 
     def __init__(self, controller: Controller, *, max_batch: int = RESULT_BATCH,
                  timed: Callable[[str, float, int], None] = lambda step, started, count: None) -> None:
+        super().__init__("result-writer", max_batch)
         self.controller = controller
-        self.max_batch = max(1, max_batch)
         self._timed = timed
-        self._queue: "queue.SimpleQueue[QueuedResult | None]" = queue.SimpleQueue()
         self.transactions = 0  # batches committed (a benchmark or test compares it with the results applied)
-        self._thread = threading.Thread(target=self._run, name="result-writer", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Results still queued stay unacknowledged: their agents resend them to the next controller."""
-        self._queue.put(None)
-        if self._thread.is_alive():
-            self._thread.join(10)
-
-    def put(self, item: QueuedResult) -> None:
-        self._queue.put(item)
-
-    def _run(self) -> None:
-        while (first := self._queue.get()) is not None:
-            batch = [first]
-            stopping = False
-            while len(batch) < self.max_batch:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    stopping = True
-                    break
-                batch.append(item)
-            self.write(batch)
-            if stopping:
-                return
 
     def write(self, batch: list[QueuedResult]) -> None:
         """Apply `batch` in one transaction, then acknowledge each result (never before the commit)."""
