@@ -361,6 +361,12 @@ def both_stores(agents: int, tasks: int, processes: int, rounds: int) -> tuple[s
     return "\n".join(lines) + "\n", runs
 
 
+def _per_task_ms(r: dict, side: str) -> str:
+    """CPU milliseconds per task on one side (the controller process counts its every thread, the poller too)."""
+    cpu = r["cpu_s"][side]
+    return "?" if cpu is None else f"{cpu * 1000 / r['tasks']:.2f}"
+
+
 def sweep(counts: list[int], tasks_per_agent: int, processes: int, postgresql: bool) -> tuple[str, dict]:
     """One round per lab size (and store): how throughput, dispatch and the controller's cost per agent move as
     the lab grows. Every agent gets `tasks_per_agent` tasks, so a bigger lab is not judged on a thinner job."""
@@ -384,17 +390,18 @@ def sweep(counts: list[int], tasks_per_agent: int, processes: int, postgresql: b
              "realistic results, one round per size and store. Memory and threads: the controller process once "
              "every agent is connected and idle, against before the first dialled.", "",
              "| agents | store | tasks | tasks/s | dispatch p50 / p99 ms | pending → start p99 s | all connected in s "
-             "| controller KiB per agent | controller threads |", "|---|---|---|---|---|---|---|---|---|"]
+             "| controller KiB per agent | controller threads | CPU ms per task: controller / agents |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name in stores:
         for r in runs[name]:
             if "failed" in r:
-                lines.append(f"| {r['agents']} | {name} | {r['tasks']} | failed: {r['failed']} | | | | | |")
+                lines.append(f"| {r['agents']} | {name} | {r['tasks']} | failed: {r['failed']} | | | | | | |")
                 continue
             d, c = r["dispatch_ms"], r["connected"]
             lines.append(f"| {r['agents']} | {name} | {r['tasks']} | {r['tasks_per_s']} | {d['p50']} / {d['p99']} | "
                          f"{r['pending_to_start_ms']['p99'] / 1000:.2f} | {c['seconds']} | "
                          f"{c['controller_kib_per_agent']} | {c['controller_threads_before']} → "
-                         f"{c['controller_threads']} |")
+                         f"{c['controller_threads']} | {_per_task_ms(r, 'controller')} / {_per_task_ms(r, 'agents')} |")
     return "\n".join(lines) + "\n", runs
 
 
