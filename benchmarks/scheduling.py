@@ -135,8 +135,11 @@ def _postgres_server() -> Iterator[str]:
         yield peer.url
 
 
-def run(agents: int, tasks: int, processes: int = 1, db: str | None = None, connect_timeout_s: float = 120.0) -> dict:
-    """One round; `db` a PostgreSQL URL to use (an empty database), else a fresh SQLite file."""
+def run(agents: int, tasks: int, processes: int = 1, db: str | None = None, connect_timeout_s: float = 120.0,
+        soak_s: float = 0.0) -> dict:
+    """One round; `db` a PostgreSQL URL to use (an empty database), else a fresh SQLite file. With `soak_s`,
+    the job is submitted again each time it ends until that many seconds have passed (the controller's
+    memory and threads noted after each)."""
     import psutil
 
     from farm.controller.grpc_server import serve
@@ -178,14 +181,23 @@ def run(agents: int, tasks: int, processes: int = 1, db: str | None = None, conn
             channel = grpc.insecure_channel(address)
             stub = farm_pb2_grpc.FarmServiceStub(channel)
             started, cpu_started = time.perf_counter(), time.process_time()
-            job_id = stub.SubmitJob(farm_pb2.SubmitJobRequest(job_yaml=job, base_dir=str(tmp_path))).job_id
-            submitted, pending_since = time.perf_counter(), time.time()  # every task is pending once SubmitJob returns
-            while store.jobs.has_open_tasks(job_id):  # the counts the store keeps per job, on either store
-                time.sleep(0.005)
+            jobs: list[dict] = []  # with soak_s, the same job again and again until that long has passed
+            while True:
+                job_id = stub.SubmitJob(farm_pb2.SubmitJobRequest(job_yaml=job, base_dir=str(tmp_path))).job_id
+                if not jobs:  # every task is pending once SubmitJob returns
+                    submitted, pending_since = time.perf_counter(), time.time()
+                while store.jobs.has_open_tasks(job_id):  # the counts the store keeps per job, on either store
+                    time.sleep(0.005)
+                if (done := store.jobs.task_counts(job_id).get("completed", 0)) != tasks:
+                    raise RuntimeError(f"{tasks - done} of {tasks} tasks did not complete (a benchmark of failures "
+                                       f"measures nothing): {store.jobs.task_counts(job_id)}")
+                jobs.append({"at_s": round(time.perf_counter() - started, 1), "rss_mib": round(me.memory_info().rss / 2**20, 1),
+                             "threads": me.num_threads()})
+                if time.perf_counter() - started >= soak_s:
+                    break
             finished, controller_cpu_s = time.perf_counter(), time.process_time() - cpu_started
-            if (done := store.jobs.task_counts(job_id).get("completed", 0)) != tasks:
-                raise RuntimeError(f"{tasks - done} of {tasks} tasks did not complete (a benchmark of failures measures "
-                                   f"nothing): {store.jobs.task_counts(job_id)}")
+            # a task run more than once lost its lease on the way (a heartbeat late or not renewed)
+            retried = int(store.query("SELECT COUNT(*) AS n FROM tasks WHERE attempts > 1")[0]["n"])
             channel.close()
         finally:
             stop.set()
@@ -201,8 +213,9 @@ def run(agents: int, tasks: int, processes: int = 1, db: str | None = None, conn
         waits = [x - pending_since for part in agents_out for x in part["starts"]]
         agents_cpu_s = sum(part["cpu_s"] for part in agents_out) if len(agents_out) == processes else None
     wall = finished - started
+    tasks *= len(jobs)
     return {
-        "agents": agents, "tasks": tasks, "cores": os.cpu_count(),
+        "agents": agents, "tasks": tasks, "cores": os.cpu_count(), "jobs": jobs, "retried_tasks": retried,
         "farm_from": str(Path(sys.modules[serve.__module__].__file__).parent),  # which tree ran (baseline or this one)
         "submit_s": round(submitted - started, 3), "wall_s": round(wall, 3),
         "tasks_per_s": round(tasks / wall, 1),
@@ -405,6 +418,24 @@ def sweep(counts: list[int], tasks_per_agent: int, processes: int, postgresql: b
     return "\n".join(lines) + "\n", runs
 
 
+def soak_report(r: dict, minutes: float) -> str:
+    """The soak as one table row: did the lab hold, and did the controller's memory or threads grow."""
+    jobs, d = r["jobs"], r["dispatch_ms"] or {}
+    rss = [j["rss_mib"] for j in jobs]
+    threads = [j["threads"] for j in jobs]
+    return "\n".join([
+        f"## Scheduling soak ({dt.date.today()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f})", "",
+        f"{r['agents']} agents with an instant driver in {r['agent_processes']} process(es); the job of "
+        f"{r['tasks'] // len(jobs)} tasks submitted again each time it ended, for {minutes:g} minutes. Memory and "
+        "threads: the controller process after each job.", "",
+        "| jobs | tasks | tasks/s | dispatch p50 / p99 ms | tasks retried (a lease lost) | controller RSS MiB, first "
+        "job → last (max) | controller threads | CPU ms per task: controller / agents |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {len(jobs)} | {r['tasks']} | {r['tasks_per_s']} | {d.get('p50')} / {d.get('p99')} | {r['retried_tasks']} | "
+        f"{rss[0]} → {rss[-1]} ({max(rss)}) | {min(threads)}–{max(threads)} | "
+        f"{_per_task_ms(r, 'controller')} / {_per_task_ms(r, 'agents')} |", ""])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=100)
@@ -421,6 +452,8 @@ def main() -> None:
                                                        "with --tasks-per-agent tasks each; with --postgresql on both "
                                                        "stores")
     parser.add_argument("--tasks-per-agent", type=int, default=10, help="with --sweep")
+    parser.add_argument("--soak", type=float, metavar="MINUTES",
+                        help="--agents agents and the --tasks job submitted again as it ends, for MINUTES")
     parser.add_argument("--one-round-json", action="store_true", help=argparse.SUPPRESS)  # compare()'s child
     args = parser.parse_args()
     if args.sweep:
@@ -434,6 +467,15 @@ def main() -> None:
         print(text)
         if not args.no_write:
             write_results("scheduling-sweep", text, data)
+        return
+    if args.soak:
+        if args.soak <= 0 or args.tasks > 10_000:
+            parser.error("--soak takes a positive number of minutes, with --tasks at most 10,000 (one job)")
+        data = run(args.agents, args.tasks, args.agent_processes, connect_timeout_s=300, soak_s=args.soak * 60)
+        text = soak_report(data, args.soak)
+        print(text)
+        if not args.no_write:
+            write_results("scheduling-soak", text, data)
         return
     if args.postgresql:
         text, data = both_stores(args.agents, args.tasks, args.agent_processes, args.rounds)

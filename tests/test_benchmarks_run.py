@@ -31,6 +31,9 @@ SMALL_FORMS = {
     # lab sizes of 2 and 3 agents, 2 tasks each, on SQLite
     "scheduling_sweep": (["scheduling.py", "--sweep", "2,3", "--tasks-per-agent", "2", "--no-write"],
                          ["| agents | store | tasks | tasks/s |", "| 3 | sqlite | 6 |"]),
+    # the soak: 3 agents, a job of 6 tasks submitted again as it ends, for 3 seconds
+    "scheduling_soak": (["scheduling.py", "--agents", "3", "--tasks", "6", "--soak", "0.05", "--no-write"],
+                        ["| jobs | tasks | tasks/s |", "tasks retried"]),
     # both stores side by side (PostgreSQL on a private server, or a line saying why it was skipped)
     "store_backends": (["store_backends.py", "--tasks", "40"], ["ms per operation"]),
     # one cold and one warm job of 2 runs of the tiny ONNX model, embedded
