@@ -36,6 +36,7 @@ bench: models
 	$(PY) benchmarks/contention.py
 	$(PY) benchmarks/scheduling.py --agents 100 --tasks 2000
 	$(PY) benchmarks/scheduling.py --sweep 10,100,500,1000 --agent-processes 4 --postgresql
+	$(PY) benchmarks/scheduling.py --agents 1000 --tasks 10000 --agent-processes 16 --soak 10
 	$(PY) benchmarks/wire_capacity.py
 	$(PY) benchmarks/lease.py
 	$(PY) benchmarks/list_jobs.py

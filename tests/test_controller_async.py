@@ -20,9 +20,9 @@ from raw_agent import RawAgent, bearer
 pytestmark = pytest.mark.timeout(240)
 
 
-def _server_threads() -> list[str]:
+def _server_threads(before: set[int]) -> list[str]:
     # the sync server named a stream's thread rpc_N and its reader agent-NAME; the loop's workers are agent-msg_N
-    return [t.name for t in threading.enumerate() if t.name.startswith(("rpc", "agent-"))]
+    return [t.name for t in threading.enumerate() if t.ident not in before and t.name.startswith(("rpc", "agent-"))]
 
 
 def _submit(port: int, model: Path, token: str = "") -> int:
@@ -41,6 +41,7 @@ def _eventually(check, timeout_s: float = 20) -> bool:
 
 
 def test_waiting_agent_streams_hold_no_threads(tmp_path: Path, tiny_models) -> None:
+    before = {t.ident for t in threading.enumerate() if t.ident is not None}  # other tests' threads are not counted
     running = serve(Store(tmp_path / "farm.db"), "127.0.0.1:0", tokens=None, models_roots=[tiny_models["onnx"].parent])
     agents: list[RawAgent] = []
     try:
@@ -54,7 +55,7 @@ def test_waiting_agent_streams_hold_no_threads(tmp_path: Path, tiny_models) -> N
             running.farm.agents.by_name[a].requests for a in running.farm.agents.by_name))
         # 40 open streams, each with a slot waiting: only the fixed pool that applies their messages has threads
         # (the thread-per-stream server had two apiece: 80 and more)
-        threads = _server_threads()
+        threads = _server_threads(before)
         assert len(threads) <= AGENT_MESSAGE_THREADS + 2, threads
         # and every stream still works: a job's task reaches one of the waiting slots
         _submit(running.port, tiny_models["onnx"])
