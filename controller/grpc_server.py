@@ -2,8 +2,10 @@
 
 Each agent holds one bidirectional stream (AgentService.Connect), a coroutine on the server's asyncio
 loop (async_calls.py): a waiting stream holds no thread. An idle agent slot sends a WorkRequest; one
-dispatcher thread (dispatch.py) matches waiting requests to pending tasks, and one writer thread (result_writer.py) applies results in batches, acknowledging each after its commit;
-sessions.py keeps who is connected. This module holds the servicers. Leases are renewed by the
+dispatcher thread (dispatch.py) matches waiting requests to pending tasks, one writer thread
+(result_writer.py) applies results in batches, acknowledging each after its commit, and one renewer
+thread (lease_renewer.py) renews the leases heartbeats name, many per transaction; sessions.py keeps
+who is connected. This module holds the servicers. Leases are renewed by the
 agent's heartbeats; when a stream breaks nothing is dropped at once: the agent may be back
 in a moment (it takes over its own session), and if it is not, the lease runs out and the
 task goes back to the queue with attempt + 1.
