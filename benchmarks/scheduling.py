@@ -469,7 +469,10 @@ def main() -> None:
     parser.add_argument("--one-round-json", action="store_true", help=argparse.SUPPRESS)  # compare()'s child
     args = parser.parse_args()
     if args.sweep:
-        counts = [int(x) for x in args.sweep.split(",") if x.strip()]
+        try:
+            counts = [int(x) for x in args.sweep.split(",") if x.strip()]
+        except ValueError:
+            counts = []
         if not counts or min(counts) < 1 or args.tasks_per_agent < 1:
             parser.error("--sweep takes positive agent counts, e.g. 10,100,500,1000")
         if max(counts) * args.tasks_per_agent > 10_000:  # a job holds at most 10,000 tasks (the controller's default)
