@@ -73,24 +73,25 @@ class ThreadContext:
             callback()
 
 
-async def _next_or_done(requests: AsyncIterator[T]) -> T | object:
+async def next_request(requests: AsyncIterator[T]) -> T | None:
+    """The next message of an async request stream, or None at its end (a message is never None)."""
     try:
         return await requests.__anext__()
     except StopAsyncIteration:
-        return _DONE
+        return None
 
 
 def _thread_requests(requests: AsyncIterator[T], loop: asyncio.AbstractEventLoop, context: ThreadContext) -> Iterator[T]:
     """An async request stream read from a worker thread, one message at a time."""
     while context.is_active():
-        context.reading = asyncio.run_coroutine_threadsafe(_next_or_done(requests), loop)
+        context.reading = asyncio.run_coroutine_threadsafe(next_request(requests), loop)
         try:
             message = context.reading.result()
         except concurrent.futures.CancelledError:
             return
-        if message is _DONE:
+        if message is None:
             return
-        yield message  # type: ignore[misc]
+        yield message
 
 
 def on_threads(handler: grpc.RpcMethodHandler, pool: concurrent.futures.Executor) -> grpc.RpcMethodHandler:

@@ -35,7 +35,7 @@ from grpc_reflection.v1alpha import reflection
 
 from farm.version import __version__
 from farm.controller.scheduling.artifacts import ArtifactError, ArtifactStore, ControllerFiles, ModelRoots
-from farm.controller.async_calls import Aborted, CallGate, ServerLoop, ThreadContext
+from farm.controller.async_calls import Aborted, CallGate, ServerLoop, ThreadContext, next_request
 from farm.controller.auth import (
     BudgetSettings, CallBudget, Identity, IdleUploads, TlsFiles, TokenGuard, TokenTable, UploadIdle,
     check_server_certificate,
@@ -359,13 +359,6 @@ class _Outbox:
                 return _EMPTY
 
 
-async def _first(requests: AsyncIterator[agent_pb2.AgentMessage]) -> agent_pb2.AgentMessage | None:
-    try:
-        return await requests.__anext__()
-    except StopAsyncIteration:
-        return None
-
-
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     """The agent stream lives on the server's loop (a waiting agent holds no thread); what touches the store
     runs on `pool`, one message of a stream after the other."""
@@ -378,7 +371,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                       context: grpc.aio.ServicerContext) -> AsyncIterator[agent_pb2.ControllerMessage]:
         loop = asyncio.get_running_loop()
         identity = identity_of(context, self.server.tokens)
-        first = await _first(request_iterator)
+        first = await next_request(request_iterator)
         if first is None or first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message on the agent stream must be a hello")
         assert first is not None  # abort() raised otherwise (grpc is untyped: mypy cannot tell)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import queue
 import threading
+from abc import ABC, abstractmethod
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
 
-class BatchThread(Generic[T]):
+class BatchThread(ABC, Generic[T]):
     """Queued items, written `max_batch` at most at a time by one thread; subclasses say how (`write`)."""
 
     def __init__(self, name: str, max_batch: int) -> None:
@@ -33,8 +34,9 @@ class BatchThread(Generic[T]):
     def put(self, item: T) -> None:
         self._queue.put(item)
 
+    @abstractmethod
     def write(self, batch: list[T]) -> None:
-        raise NotImplementedError
+        """Write one batch (one transaction); called on the thread, never concurrently."""
 
     def _run(self) -> None:
         while (first := self._queue.get()) is not None:
