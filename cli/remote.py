@@ -69,18 +69,18 @@ def cmd_devices(args: argparse.Namespace) -> int:
         return EXIT_OK
     t = Table(header_style="bold")
     if farm.embedded:
-        for c in ("device", "type", "driver", "tags", "health", "last check", "calibration age", "reason"):
+        for c in ("device", "type", "driver", "units", "tags", "health", "last check", "calibration age", "reason"):
             t.add_column(c)
         for r in rows:
             age = r.calibration_age_s
-            t.add_row(Text(r.name), r.device_type or "—", r.driver, ",".join(r.tags), r.health,
+            t.add_row(Text(r.name), r.device_type or "—", r.driver, ",".join(r.units), ",".join(r.tags), r.health,
                       when(r.last_check), "—" if age is None else f"{age / 3600:.1f} h", Text(r.reason or ""))
         out.print(t)
         return EXIT_OK
-    for col in ("device", "type", "driver", "agent", "slots", "tags", "state", "last seen"):
+    for col in ("device", "type", "driver", "units", "agent", "slots", "tags", "state", "last seen"):
         t.add_column(col)
     for r in rows:  # every cell came from an agent: escaped, and never read as markup
-        t.add_row(*(Text(printable(v)) for v in (r.name, r.device_type, r.driver, r.agent, r.slots,
+        t.add_row(*(Text(printable(v)) for v in (r.name, r.device_type, r.driver, ",".join(r.units), r.agent, r.slots,
                                                  ",".join(r.tags), r.state)), when(r.last_seen))
     out.print(t)
     return EXIT_OK

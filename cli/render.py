@@ -124,6 +124,8 @@ def results_table(records: list[dict[str, Any]], title: str | None = None, *, wi
     show_target = any(r["target"] != "sim" for r in records)
     show_batch = any(r["batch_size"] != 1 for r in records)
     show_size = any(r["input_size"] for r in records)
+    show_unit = any(r.get("accelerator", "cpu") != "cpu" for r in records)  # a job with matrix.accelerators
+    show_gpu = any(r.get("gpu") for r in records)  # NVIDIA hosts: the GPU's power and memory
     show_cpus = not wide and any((r["limits"] or {}).get("cpus") not in (None, r["threads"]) for r in records)
     show_energy = _has(records, "energy_per_inference_mj")  # boards with power rails
     show_throughput = _has(records, "throughput_per_s")
@@ -140,6 +142,8 @@ def results_table(records: list[dict[str, Any]], title: str | None = None, *, wi
         t.add_column("batch", justify="right")
     if show_size:
         t.add_column("size", justify="right")
+    if show_unit:
+        t.add_column("unit")
     if show_repeat:
         t.add_column("rep", justify="right")
     if show_n:
@@ -163,6 +167,9 @@ def results_table(records: list[dict[str, Any]], title: str | None = None, *, wi
         t.add_column("startup ms", justify="right")
     if show_energy:
         t.add_column("mJ per\ninference", justify="right")
+    if show_gpu:
+        t.add_column("GPU W\navg/peak", justify="right")
+        t.add_column("GPU MiB\npeak", justify="right")
     if wide:
         t.add_column("CPU %\navg/peak", justify="right")
         t.add_column("wall s", justify="right")
@@ -181,6 +188,8 @@ def results_table(records: list[dict[str, Any]], title: str | None = None, *, wi
             row.append(str(r["batch_size"]))
         if show_size:
             row.append(str(r["input_size"] or "—"))
+        if show_unit:
+            row.append(Text(printable(r.get("accelerator", "cpu"))))
         if show_repeat:
             row.append(str(r["repeat"]))
         if show_n:
@@ -204,6 +213,10 @@ def results_table(records: list[dict[str, Any]], title: str | None = None, *, wi
             row.append(_ms(r.get("startup_ms")))
         if show_energy:
             row.append(_fmt(r.get("energy_per_inference_mj")))
+        if show_gpu:
+            gpu = r.get("gpu") or {}
+            row += [f"{_fmt(gpu.get('power_avg_w'), 0)}/{_fmt(gpu.get('power_peak_w'), 0)}",
+                    _fmt(gpu.get("memory_peak_mib"), 0)]
         if wide:
             cpu = r["cpu_percent"] or {}
             backend = (r["backend"] or "—") + ("*" if r.get("approximate") else "")

@@ -243,6 +243,7 @@ class EmbeddedFarm(Farm):
             h = health.get(d.name)
             rows.append(DeviceInfo(name=d.name, driver=d.entry.driver,
                                    device_type=d.device_type.name if d.device_type else None, tags=d.tags,
+                                   units=list(d.device_type.accelerators) if d.device_type else ["cpu"],
                                    health=h["health"] if h else "unknown", reason=h["reason"] if h else None,
                                    last_check=checks.get(d.name),
                                    calibration_age_s=time.time() - newest if newest else None))

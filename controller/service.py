@@ -378,8 +378,12 @@ def device_health(scope: Scope, ask: NoAsk) -> DeviceHealthAnswer:
 
 def devices(scope: Scope, ask: NoAsk) -> DevicesAnswer:
     """The devices the controller's agents registered (online or not); embedded lists its lab's instead."""
+    from farm.proto.device_types import load_device_types
+
+    types = load_device_types()
     return DevicesAnswer(devices=[DeviceInfo(
         name=r["name"], driver=r["driver"] or "", device_type=r["device_type"] or "", tags=json.loads(r["tags_json"] or "[]"),
+        units=list(types[r["device_type"]].accelerators) if r["device_type"] in types else ["cpu"],
         facts=json.loads(r["facts_json"] or "{}"), slots=r["slots"] or 0, state=r["state"] or "", agent=r["agent"] or "",
         last_seen=r["last_seen"] or 0.0) for r in scope.store.devices.all()])
 

@@ -329,7 +329,7 @@ class Limits(Model):
 class RunRecord(Sparse):
     """One task's run as `farm results --format json` has it."""
 
-    SPARSE: ClassVar[tuple[str, ...]] = ("op_profile", "op_profile_note", "predictions")
+    SPARSE: ClassVar[tuple[str, ...]] = ("op_profile", "op_profile_note", "predictions", "gpu")
     job: int
     task: int
     model: RunModel
@@ -338,6 +338,7 @@ class RunRecord(Sparse):
     cpus: float | None
     batch_size: int
     input_size: int | None
+    accelerator: str = "cpu"  # the compute unit (and precision, when not fp32) the task was planned on
     repeat: int
     pair_key: str | None
     status: str
@@ -372,6 +373,7 @@ class RunRecord(Sparse):
     op_profile: list[JsonValue] = Field(default_factory=list)  # with `ops`: op types, then nodes
     op_profile_note: str | None = None  # why a run asked for a profile and has none
     predictions: dict[str, JsonValue] | None = None  # a job with predict_for: each device's estimates
+    gpu: dict[str, JsonValue] | None = None  # NVIDIA hosts: the GPU's figures over the run (agents/parsers/nvidia_smi)
 
 
 class ResultsAnswer(Model):
@@ -388,6 +390,7 @@ class DeviceInfo(Sparse):
     driver: str
     device_type: str | None
     tags: list[str]
+    units: list[str] = Field(default_factory=lambda: ["cpu"])  # the compute units a job may ask of it (its type's)
     health: str | None = None
     reason: str | None = None
     last_check: OptionalTimestamp = None

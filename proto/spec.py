@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from farm.proto.accelerators import parse_accelerator
+
 MEMORY_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 DEFAULT_RUN_DISK = 4 << 30  # sim.disk when neither it nor sim.memory is given
 MAX_RUN_DISK = 16 << 40
@@ -23,7 +25,7 @@ _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}
 _CPUSET_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 Priority = Literal["interactive", "normal", "low"]
 # What a script workload's args may name; the sim driver fills exactly these.
-SCRIPT_PLACEHOLDERS = ("model", "threads", "batch_size", "input_size")
+SCRIPT_PLACEHOLDERS = ("model", "threads", "batch_size", "input_size", "accelerator", "precision")
 
 
 def parse_memory(value: Any) -> int:
@@ -280,7 +282,8 @@ class ScriptWorkload(Strict):
     type: Literal["script"]
     command: str = Field("python", description="Program that runs the script, e.g. python or bash")
     script: str | None = Field(None, description="Script file, relative to dir")
-    args: list[str] = Field(default_factory=list, description="Arguments; {model}, {threads}, {batch_size}, {input_size} are filled in")
+    args: list[str] = Field(default_factory=list, description="Arguments; {model}, {threads}, {batch_size}, {input_size}, {accelerator} (cpu, cuda, ...) "
+                                                                   "and {precision} (fp32, fp16, int8) are filled in")
     dir: str = Field(".", description="Working directory, relative to the job file")
     pip_requirements: list[str] = Field(default_factory=list, description="Installed into a cached virtual environment before the run")
 
@@ -320,6 +323,20 @@ class Matrix(Strict):
         description="Sim CPU budgets to sweep, in cores like sim.cpus (null: the run's thread count); sim targets "
                     "only, and not together with sim.cpus",
     )
+
+    accelerators: list[str] = Field(
+        default_factory=lambda: ["cpu"],
+        description="Compute units to run on, each UNIT or UNIT:PRECISION: cpu, gpu, npu, dsp or a family's own "
+                    "(cuda, tensorrt, dla, nnapi, qnn, hexagon); precision fp32 (default), fp16 or int8. A device "
+                    "runs the cells its type lists units for; the sim is a CPU",
+    )
+
+    @field_validator("accelerators")
+    @classmethod
+    def _units(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("must list at least one compute unit, e.g. [cpu]")
+        return _once_each([str(parse_accelerator(x)) for x in v])
 
     @field_validator("cpus")
     @classmethod

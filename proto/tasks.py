@@ -32,6 +32,10 @@ class TaskPlan(BaseModel):
     run_timeout_s: float
     base_dir: str  # where the job file lives: relative script dirs resolve from here
     script_archive: Sha256 | None = None  # sha256 of the uploaded workload.dir (script workloads)
+    # The compute unit this task runs on, resolved for its device (proto/accelerators.py), and the precision the
+    # unit may use; a sim task is always cpu (a gpu cell's sim twin too: its pair key names the device's unit).
+    accelerator: str = "cpu"
+    precision: str = "fp32"
 
 
 class TaskSpec(BaseModel):

@@ -95,6 +95,9 @@ class _TaskExtra(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a key this version does not know is refused, as in TaskSpec
 
     script_archive: Sha256 | None = None
+    # issue 29: sent only when not the cpu/fp32 default, so agents of earlier versions still take every cpu task
+    accelerator: str | None = None
+    precision: str | None = None
 
 
 # The plan's fields that travel as fields of their own in the TaskSpec message (numbers kept since v1).
@@ -127,7 +130,11 @@ def task_to_message(task: TaskSpec, message: Message) -> Message:
     fields: dict[str, Any] = {name: getattr(task, name) for name in type(task).model_fields
                               if name not in ("plan", "script_archive_path")}
     fields.update((name, getattr(task.plan, name)) for name in _PLAN_FIELDS)
-    fields["extra"] = _TaskExtra(script_archive=task.plan.script_archive).model_dump(exclude_none=True)
+    plan = task.plan
+    fields["extra"] = _TaskExtra(script_archive=plan.script_archive,
+                                 accelerator=None if plan.accelerator == "cpu" else plan.accelerator,
+                                 precision=None if plan.precision == "fp32" else plan.precision
+                                 ).model_dump(exclude_none=True)
     return fill_message(message, fields)
 
 
@@ -136,7 +143,8 @@ def task_from_message(message: Message) -> TaskSpec:
     plan = {name: data.pop(name, None) for name in _PLAN_FIELDS}
     extra = _TaskExtra.model_validate(data.pop("extra", None) or {})
     # the workload and budget become the spec's models again; a field the model does not know is refused
-    return TaskSpec.model_validate({**data, "plan": {**plan, "script_archive": extra.script_archive}})
+    units = {"accelerator": extra.accelerator or "cpu", "precision": extra.precision or "fp32"}
+    return TaskSpec.model_validate({**data, "plan": {**plan, "script_archive": extra.script_archive, **units}})
 
 
 def result_to_message(result: RunResult, message: Message) -> Message:

@@ -104,7 +104,7 @@ def new_result():
             "input_values": {},
             "tool_versions": {"python": platform.python_version()}, "process_memory_avg_bytes": None,
             "process_memory_peak_bytes": None, "process_memory_samples": 0, "output_bytes": 0,
-            "output_tail": "", "timings_dropped": 0, "leftovers": []}
+            "output_tail": "", "timings_dropped": 0, "leftovers": [], "accelerator": None}
 
 
 def status_bytes(field, pid="self"):
@@ -235,6 +235,9 @@ def tflite_interpreter_class(out):
 
 
 def run_tflite(task, out):
+    if (task.get("accelerator") or "cpu") != "cpu":
+        raise JobError("the board harness runs .tflite models on the CPU only (LiteRT's GPU delegate is driven on "
+                       "phones by benchmark_model); send the .onnx model for {}".format(task.get("accelerator")))
     import numpy as np
     interpreter_class, out["runtime"] = tflite_interpreter_class(out)
     out["baseline_rss_bytes"] = status_bytes("VmRSS")
@@ -275,6 +278,31 @@ ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(
               "tensor(bool)": "bool"}
 
 
+# ONNX Runtime's execution provider for each compute unit the board harness can drive (issue 29)
+ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "gpu": "CUDAExecutionProvider",
+                 "tensorrt": "TensorrtExecutionProvider"}
+
+
+def ort_providers(ort, unit, precision):
+    """The providers a session is asked for, most wanted first; JobError when this onnxruntime lacks the unit."""
+    wanted = ORT_PROVIDERS.get(unit)
+    if wanted is None:
+        raise JobError("the board harness runs .onnx models on {} only; {} is not one (ask for it on a device "
+                       "whose own tool drives it)".format(", ".join(sorted(ORT_PROVIDERS)), unit))
+    available = ort.get_available_providers()
+    if wanted not in available:
+        raise JobError("this board's onnxruntime {} has no {} for accelerator {} (it has: {}); install the build "
+                       "that has it (onnxruntime-gpu) or ask for accelerators: [cpu]".format(
+                           ort.__version__, wanted, unit, ", ".join(available)))
+    if unit in ("cuda", "gpu") and precision != "fp32":
+        raise JobError("ONNX Runtime's CUDA provider computes a model in its own precision; for {} use "
+                       "tensorrt:{} or a model exported in that precision".format(precision, precision))
+    if wanted == "TensorrtExecutionProvider":
+        options = {"trt_fp16_enable": precision == "fp16", "trt_int8_enable": precision == "int8"}
+        return [(wanted, options), "CUDAExecutionProvider", "CPUExecutionProvider"]
+    return [wanted] + (["CPUExecutionProvider"] if wanted != "CPUExecutionProvider" else [])
+
+
 def run_onnx(task, out):
     import numpy as np
     try:
@@ -291,9 +319,20 @@ def run_onnx(task, out):
         options.intra_op_num_threads = task["threads"]
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
-        session = ort.InferenceSession(task["model_path"], sess_options=options, providers=["CPUExecutionProvider"])
+        unit, precision = task.get("accelerator") or "cpu", task.get("precision") or "fp32"
+        providers = ort_providers(ort, unit, precision)
+        session = ort.InferenceSession(task["model_path"], sess_options=options, providers=providers)
+    except JobError:
+        raise
     except Exception as e:  # ORT raises its own pybind types for every load failure
         raise JobError(str(e).strip())
+    got = session.get_providers()
+    out["accelerator"] = {"unit": unit, "precision": precision, "providers": got[:8]}
+    first = providers[0] if isinstance(providers[0], str) else providers[0][0]
+    if first not in got:  # ORT falls back to the CPU when a provider cannot load its libraries, with a log line only
+        raise JobError("asked for {} ({}), but onnxruntime gave the session only {}: the provider could not load "
+                       "on this board (its CUDA/TensorRT libraries); no CPU figure is reported as a {} one".format(
+                           unit, first, ", ".join(got), unit))
     out["init_ms"] = (time.perf_counter() - t0) * 1e3
     rng = np.random.RandomState(task.get("seed", 0))
     feeds = {}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from farm.agents.boards.workload import BoardJobError, BoardNotReady, StagedRun, board_result, clean_up, stage_run
 from farm.agents.drivers import DeviceEntry, register
@@ -22,6 +22,8 @@ from farm.agents.boards.jetson import (
     run_with_tegrastats,
 )
 from farm.agents.boards.linux_board import ProcSampledRun, read_linux_facts, run_with_proc_sampling
+from farm.agents.boards.local_transport import LocalTransport
+from farm.agents.boards.nvidia import GpuSampledRun, read_nvidia_facts, run_with_gpu_sampling
 from farm.agents.boards.ssh_transport import SshCanceled, SshInfrastructureError, SshTarget, SshTimeoutError, SshTransport
 from farm.proto.copying import replaced
 from farm.proto.device_types import DeviceType
@@ -34,8 +36,8 @@ class BoardDeviceConfig:
     """One board in the lab's device list."""
 
     name: str
-    kind: Literal["jetson", "linux"]
-    host: str
+    kind: Literal["jetson", "linux", "nvidia"]
+    host: str  # "local": this host itself, without ssh (agents/boards/local_transport.py)
     username: str
     key_path: Path
     known_hosts: Path
@@ -49,8 +51,9 @@ class BoardDeviceConfig:
     nv_tegra_release: str = NV_TEGRA_RELEASE
     device_tree_model: str = DEVICE_TREE_MODEL
     # jetson: "auto" samples with jtop when its service is active and usable, else tegrastats
-    telemetry: Literal["auto", "jtop", "tegrastats"] = "auto"
+    telemetry: Literal["auto", "jtop", "tegrastats", "nvml", "nvidia-smi"] = "auto"
     env_timeout_s: float = 1800  # making a script's venv with its pip requirements (once per set)
+    gpu: int = 0  # nvidia: which GPU (nvidia-smi -i, NVML's index)
 
     def target(self) -> SshTarget:
         return SshTarget(self.host, self.username, self.key_path, self.known_hosts, port=self.port,
@@ -58,21 +61,35 @@ class BoardDeviceConfig:
 
 
 class BoardEntry(DeviceEntry):
-    """A Jetson or any Linux board in the lab's device list (ssh)."""
+    """A Jetson, any Linux board or a Linux host with an NVIDIA GPU in the lab's device list (ssh, or `host: local`
+    for the agent's own host)."""
 
-    driver: Literal["jetson", "linux"]
+    driver: Literal["jetson", "linux", "nvidia"]
     host: str
     port: int = 22
-    username: str
-    ssh_key: str
+    username: str = ""
+    ssh_key: str = ""
     known_hosts: str = "~/.ssh/known_hosts"
     host_key: str | None = None
     trust_on_first_use: bool = False
     python: str = "python3"
     nv_tegra_release: str | None = None
     device_tree_model: str | None = None
-    telemetry: Literal["auto", "jtop", "tegrastats"] = "auto"  # jetson: jtop when its service is usable
+    # jetson: jtop when its service is usable, else tegrastats; nvidia: NVML when the host's python has it, else nvidia-smi
+    telemetry: Literal["auto", "jtop", "tegrastats", "nvml", "nvidia-smi"] = "auto"
     env_timeout_s: float = Field(1800, gt=0, allow_inf_nan=False)  # making a script's venv with its pip requirements (once per set)
+    gpu: int = Field(0, ge=0, le=63)  # nvidia: which GPU of the host
+
+    @model_validator(mode="after")
+    def _how_to_reach(self) -> "BoardEntry":
+        if self.host != "local" and not (self.username and self.ssh_key):
+            raise ValueError(f"device {self.name!r}: username and ssh_key are needed to reach {self.host!r} over ssh "
+                             "(or write host: local for the agent's own host)")
+        telemetry = {"jetson": ("auto", "jtop", "tegrastats"), "nvidia": ("auto", "nvml", "nvidia-smi"), "linux": ("auto",)}
+        if self.telemetry not in telemetry[self.driver]:
+            raise ValueError(f"device {self.name!r}: telemetry {self.telemetry!r} is not one of the {self.driver} "
+                             f"driver's: {', '.join(telemetry[self.driver])}")
+        return self
 
 
 class BoardDriver:
@@ -89,16 +106,23 @@ class BoardDriver:
             name=entry.name, kind=entry.driver, host=entry.host, port=entry.port, username=entry.username,
             key_path=Path(os.path.expanduser(entry.ssh_key)), known_hosts=Path(os.path.expanduser(entry.known_hosts)),
             pinned_fingerprint=entry.host_key, trust_on_first_use=entry.trust_on_first_use,
-            python=entry.python, telemetry=entry.telemetry, env_timeout_s=entry.env_timeout_s, **where), device_type)
+            python=entry.python, telemetry=entry.telemetry, env_timeout_s=entry.env_timeout_s, gpu=entry.gpu,
+            **where), device_type)
 
     def type_probe(self, facts: dict) -> dict[str, Any]:
-        return {"os": self.config.kind, "device_tree_model": facts.get("board_model") or ""}
+        return {"os": self.config.kind, "device_tree_model": facts.get("board_model") or "",
+                "gpu_name": facts.get("gpu_name") or ""}
+
+    def _connect(self) -> Any:  # SshTransport or LocalTransport: the same verbs
+        return LocalTransport() if self.config.host == "local" else SshTransport(self.config.target())
 
     def facts(self) -> dict:
-        with SshTransport(self.config.target()) as ssh:
+        with self._connect() as ssh:
             return self._facts(ssh)
 
-    def _facts(self, ssh: SshTransport) -> dict:
+    def _facts(self, ssh: Any) -> dict:
+        if self.config.kind == "nvidia":
+            return read_nvidia_facts(ssh, self.config.gpu)
         if self.config.kind == "jetson":
             return read_jetson_facts(ssh, self.config.nv_tegra_release, self.config.device_tree_model).as_environment()
         return read_linux_facts(ssh).as_environment()
@@ -121,7 +145,7 @@ class BoardDriver:
         c = self.config
         staged = None
         try:
-            with SshTransport(c.target()) as ssh:
+            with self._connect() as ssh:
                 facts = self._facts(ssh)
                 try:
                     staged = stage_run(ssh, task, python=c.python, remote_dir=c.remote_dir,
@@ -142,13 +166,22 @@ class BoardDriver:
             return RunResult.failed(FailureClass.TIMEOUT, f"{c.name}: {e}", **base)
         except SshInfrastructureError as e:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{c.name}: {e}", **base)
-        return board_result(task, c.name, staged, sampled, energy_mj, facts, source, base)
+        result = board_result(task, c.name, staged, sampled, energy_mj, facts, source, base)
+        if isinstance(sampled, GpuSampledRun):  # the GPU's own figures: power, memory, clocks, throttling
+            result.environment["gpu"] = sampled.summary.as_environment()
+        return result
 
-    def _sampled(self, ssh: SshTransport, staged: StagedRun, facts: dict, cancel_check: Callable[[], bool]
-                 ) -> tuple[JtopRun | TegrastatsRun | ProcSampledRun, float | None, str]:
-        """The staged command under the board's telemetry: jtop or tegrastats on a Jetson, /proc elsewhere."""
+    def _sampled(self, ssh: Any, staged: StagedRun, facts: dict, cancel_check: Callable[[], bool]
+                 ) -> tuple[JtopRun | TegrastatsRun | ProcSampledRun | GpuSampledRun, float | None, str]:
+        """The staged command under the board's telemetry: jtop or tegrastats on a Jetson, NVML or nvidia-smi on
+        an NVIDIA host, /proc elsewhere."""
         c = self.config
         command, timeout_s = staged.command, staged.ssh_timeout_s
+        if c.kind == "nvidia":
+            gpu_run, source = run_with_gpu_sampling(ssh, command, timeout_s, python=c.python, gpu=c.gpu,
+                                                    interval_ms=c.sample_interval_ms, telemetry=c.telemetry,
+                                                    cancel_check=cancel_check)
+            return gpu_run, gpu_run.summary.energy_mj, source
         if c.kind == "jetson":
             want_jtop = c.telemetry == "jtop" or (c.telemetry == "auto" and facts.get("jtop_service") == "active")
             if want_jtop and jtop_usable(ssh, c.python):
@@ -166,3 +199,4 @@ class BoardDriver:
 
 register("jetson", BoardEntry, BoardDriver.from_entry)
 register("linux", BoardEntry, BoardDriver.from_entry)
+register("nvidia", BoardEntry, BoardDriver.from_entry)

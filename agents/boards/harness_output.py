@@ -46,6 +46,7 @@ class BoardHarnessOutput(HarnessOutput):
     output_tail: str = ""
     timings_dropped: int = 0
     leftovers: list[str] = field(default_factory=list)
+    accelerator: dict[str, Any] | None = None  # the unit, precision and ONNX Runtime's providers of the session
 
 
 @dataclass
@@ -185,7 +186,17 @@ def parse_harness_output(text: str) -> BoardHarnessOutput:
         output_tail=_text(data, "output_tail"),
         timings_dropped=_count(data, "timings_dropped") or 0,
         leftovers=[printable(x, 200) for x in leftovers[:20]] if isinstance(leftovers, list) else [],
+        accelerator=_accelerator(data.get("accelerator")),
     )
+
+
+def _accelerator(value: Any) -> dict[str, Any] | None:
+    """The unit the board's session ran on, as the harness saw it: short strings only."""
+    if not isinstance(value, dict):
+        return None
+    providers = value.get("providers")
+    return {"unit": printable(str(value.get("unit", "")), 20), "precision": printable(str(value.get("precision", "")), 8),
+            "providers": [printable(str(p), 60) for p in providers[:8]] if isinstance(providers, list) else []}
 
 
 def parse_env_output(text: str) -> BoardEnvOutput:

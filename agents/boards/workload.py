@@ -235,7 +235,9 @@ def board_result(task: TaskSpec, board: str, staged: StagedRun, sampled, energy_
     """The harness's result line and the board's telemetry as one RunResult."""
     status = sampled.result.status
     log = (sampled.result.stdout + sampled.result.stderr)[-LOG_TAIL_CHARS:]
-    environment: dict[str, Any] = {"device": facts, "command": staged.command, "telemetry_source": source}
+    environment: dict[str, Any] = {"device": facts, "command": staged.command, "telemetry_source": source,
+                                   # the unit the run was given (a script is told it through {accelerator})
+                                   "accelerator": {"unit": task.plan.accelerator, "precision": task.plan.precision}}
     name = Path(task.model_path).name
     try:
         output = parse_harness_output(sampled.result.stdout)
@@ -249,6 +251,8 @@ def board_result(task: TaskSpec, board: str, staged: StagedRun, sampled, energy_
                                 f"{log.strip()[-300:] or '(no output)'}", environment=environment, log_tail=log, **base)
     if output.output_tail:
         log = (output.output_tail + "\n" + sampled.result.stderr)[-LOG_TAIL_CHARS:]
+    if output.accelerator:
+        environment["accelerator"] = output.accelerator
     environment.update({"input_shapes": output.input_shapes,
                         "input_values": {str(k)[:200]: str(v)[:200] for k, v in list(output.input_values.items())[:64]},
                         "board_harness_sha256": staged.harness.sha256})

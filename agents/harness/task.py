@@ -30,6 +30,8 @@ class HarnessTask:
     use_xnnpack: bool = True
     seed: int = 0
     op_profiling: bool = False  # after the timed loop, a profiled pass gives per-operator times
+    accelerator: str = "cpu"  # the compute unit (boards: ONNX Runtime's provider); the sim is always cpu
+    precision: str = "fp32"
     # script mode
     command: list[str] = field(default_factory=list)  # already formatted argv
     script_dir: str | None = None
@@ -53,13 +55,14 @@ def benchmark_task(task: TaskSpec, model_path: str) -> HarnessTask:
                        input_size=task.input_size, iterations=w.iterations, warmup=w.warmup,
                        input_shapes=w.shape_overrides(),
                        inputs={n: s.model_dump(exclude_none=True) for n, s in w.inputs.items()}, use_xnnpack=w.use_xnnpack, seed=task.repeat,
-                       op_profiling=w.op_profiling)
+                       op_profiling=w.op_profiling, accelerator=task.plan.accelerator, precision=task.plan.precision)
 
 
 def script_task(task: TaskSpec, model_path: str, command: list[str], script_dir: str) -> HarnessTask:
     """The harness's script task: `command` already formatted (agents/sim/driver.py fills the placeholders)."""
     return HarnessTask(kind="script", model_path=model_path, threads=task.threads, batch_size=task.batch_size,
-                       input_size=task.input_size, command=command, script_dir=script_dir)
+                       input_size=task.input_size, command=command, script_dir=script_dir,
+                       accelerator=task.plan.accelerator, precision=task.plan.precision)
 
 
 def runtime_env(threads: int) -> dict[str, str]:

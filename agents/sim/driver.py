@@ -184,13 +184,14 @@ def _model_file_name(path: str) -> str:
 
 def format_script_args(args: list[str], task: TaskSpec, model_path: str) -> list[str]:
     values = {"model": model_path, "threads": task.threads, "batch_size": task.batch_size,
-              "input_size": task.input_size if task.input_size is not None else ""}
+              "input_size": task.input_size if task.input_size is not None else "",
+              "accelerator": task.plan.accelerator, "precision": task.plan.precision}
     out = []
     for a in args:
         try:
             out.append(a.format(**values))
         except (KeyError, IndexError, ValueError) as e:
-            raise ValueError(f"workload.args: cannot fill {a!r}: unknown placeholder {e}; use {{model}}, {{threads}}, {{batch_size}} or {{input_size}}") from None
+            raise ValueError(f"workload.args: cannot fill {a!r}: unknown placeholder {e}; use {{model}}, {{threads}}, {{batch_size}}, {{input_size}}, {{accelerator}} or {{precision}}") from None
     return out
 
 

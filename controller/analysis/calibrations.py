@@ -138,10 +138,15 @@ def pair_within_job(store: Store, job_id: int, device: str, metric: str, *,
         features = model_features({"size_bytes": row["model_size_bytes"],
                                    "param_count": row["model_param_count"], **facts})
         runtime = json.loads(row["environment_json"] or "{}").get("runtime", "")
-        board: dict[str, Any] = json.loads(row["device_environment"] or "{}").get("device") or {}
+        device_environment = json.loads(row["device_environment"] or "{}")
+        board: dict[str, Any] = device_environment.get("device") or {}
         # a Jetson in another power mode is another device to calibrate; a board of another architecture
-        # costs each operator differently, so its fit is never one with an x86 board's
-        qualifiers = [q for q in (board.get("power_identity"), board.get("arch") and f"arch={board['arch']}") if q]
+        # costs each operator differently, so its fit is never one with an x86 board's; and a run on a GPU, NPU or
+        # DSP is a fit of its own (a sim → gpu pair: the key says what it is)
+        unit = device_environment.get("accelerator") or {}
+        on = (f"unit={unit.get('unit')}" + (f":{unit['precision']}" if unit.get("precision") not in (None, "fp32") else "")
+              if isinstance(unit, dict) and unit.get("unit") not in (None, "cpu") else None)
+        qualifiers = [q for q in (board.get("power_identity"), board.get("arch") and f"arch={board['arch']}", on) if q]
         if qualifiers:
             runtime = f"{runtime}@{';'.join(qualifiers)}"
         out.append(PairedRun(Pair(row["model_name"], float(row["x"]), float(row["y"]), row["model_family"], features),

@@ -45,6 +45,13 @@ def _planned_sim(row: RowLike) -> SimBudget | None:
     return SimBudget.model_validate(json.loads(row["task_spec_json"] or "{}").get("sim") or {})  # bytes, as stored
 
 
+def _planned_unit(row: RowLike) -> str:
+    """The compute unit the task was planned on (`cuda`, `tensorrt:fp16`); cpu for every sim run and older rows."""
+    plan = json.loads(row["task_spec_json"] or "{}")
+    unit, precision = plan.get("accelerator") or "cpu", plan.get("precision") or "fp32"
+    return unit if precision == "fp32" else f"{unit}:{precision}"
+
+
 def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[str, Any]]:
     """One record per task; with `ops`, each carries its run's op profile (`op_profile`: op types, then nodes)."""
     records, notes = [], []
@@ -71,6 +78,7 @@ def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[st
             "cpus": default_cpus(sim.cpus, row["threads"]) if sim else None,  # the swept figure
             "batch_size": row["batch_size"],
             "input_size": row["input_size"],
+            "accelerator": _planned_unit(row),
             "repeat": row["repeat"],
             "pair_key": row["pair_key"],
             "status": row["task_status"],
@@ -88,6 +96,8 @@ def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[st
             "avg_memory_mb": _mb(row.get("avg_memory_bytes")),
             # boards with power rails (Jetsons) integrate it over the timed loop; None elsewhere
             "energy_per_inference_mj": _round(environment.get("energy_per_inference_mj")),
+            # NVIDIA hosts: the GPU's power, memory peak, utilization, clocks and clock-event reasons over the run
+            **({"gpu": environment["gpu"]} if isinstance(environment.get("gpu"), dict) else {}),
             "baseline_memory_mb": _mb(row.get("baseline_memory_bytes")),
             "peak_rss_mb": _mb(row.get("peak_rss_bytes")),
             "cpu_percent": {"avg": _round(row.get("cpu_avg_percent"), 1), "peak": _round(row.get("cpu_peak_percent"), 1)},
@@ -139,7 +149,8 @@ def cell_key(record: dict[str, Any]) -> tuple:
     """What makes runs repeats of one another: everything but the repeat number and the cores they got."""
     limits = record["limits"] or {}
     return (record["model"]["name"], record["model"]["sha256"], record["target"], record["threads"],
-            record["batch_size"], record["input_size"], limits.get("cpus"), limits.get("memory_mb"))
+            record["batch_size"], record["input_size"], record.get("accelerator", "cpu"), limits.get("cpus"),
+            limits.get("memory_mb"))
 
 
 def _mean(values: list[float]) -> float | None:

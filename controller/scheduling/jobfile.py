@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from farm.controller.scheduling.hooks import missing_model_hint
 from farm.proto.copying import replaced
+from farm.proto.accelerators import parse_accelerator, why_not
 from farm.proto.device_types import DeviceType
 from farm.proto.escape import cut_list, printable
 from farm.proto.regular_files import MAX_JOB_FILE_BYTES, FileRefused, read_regular_file
@@ -101,6 +102,11 @@ class DeviceTarget:
     name: str
     device_type: DeviceType | None = None  # None when the type is unknown
     tags: list[str] = field(default_factory=list)
+
+    @property
+    def units(self) -> list[str]:
+        """The compute units a job may ask of it: its type's; a device of unknown type is known to have a CPU."""
+        return list(self.device_type.accelerators) if self.device_type is not None else ["cpu"]
 
 
 @dataclass
@@ -552,9 +558,38 @@ def check_cpu_sweep(spec: JobSpec, root: yaml.Node | None, source_name: str,
                                        "run the CPU sweep as its own job with targets: [sim].")])
 
 
+def check_accelerators(spec: JobSpec, root: yaml.Node | None, source_name: str,
+                       targets: list[DeviceTarget | None], skip_invalid: bool) -> list[JobProblem]:
+    """Every (target, unit) cell a target cannot run: refused with the reason, or, with skip_invalid, skipped
+    (the problems come back as warnings; expand_tasks leaves those cells out)."""
+    problems = []
+    for index, text in enumerate(spec.matrix.accelerators):
+        cell = parse_accelerator(text)
+        for target in targets or [None]:
+            if target is None:
+                if not cell.on_cpu:
+                    problems.append(JobProblem(source_name, _line(root, "matrix", "accelerators", index),
+                                               f"matrix.accelerators[{index}]",
+                                               f"the sim is a CPU and cannot run {cell}; target a device that has "
+                                               f"it (a device's sim twin runs on the CPU and is paired with it)"))
+            elif cell.resolved(target.units) is None:
+                problems.append(JobProblem(source_name, _line(root, "matrix", "accelerators", index),
+                                           f"matrix.accelerators[{index}]", why_not(cell, target.units, target.name)
+                                           + "; drop the cell, pick other targets, or --skip-invalid to skip it"))
+    runnable = [(c, t) for c in spec.matrix.accelerators for t in targets or [None]
+                if (parse_accelerator(c).on_cpu if t is None else parse_accelerator(c).resolved(t.units) is not None)]
+    if problems and (not skip_invalid or not runnable):
+        raise JobFileError(problems + ([JobProblem(source_name, _line(root, "matrix", "accelerators"),
+                                                   "matrix.accelerators", "no target can run any of the cells.")]
+                                       if not runnable else []))
+    return problems
+
+
 def planned_task_count(spec: JobSpec, models: int, targets: list[DeviceTarget | None]) -> tuple[int, str]:
-    """How many tasks expand_tasks will make, and the product spelled out for a person."""
-    cells = len(spec.matrix.threads) * len(spec.matrix.batch_sizes) * len(spec.matrix.input_sizes) * len(spec.matrix.cpus)
+    """How many tasks expand_tasks will make (at most: cells a target lacks are left out), and the product
+    spelled out for a person."""
+    cells = (len(spec.matrix.threads) * len(spec.matrix.batch_sizes) * len(spec.matrix.input_sizes)
+             * len(spec.matrix.cpus) * len(spec.matrix.accelerators))
     runs_per_cell = sum(1 if t is None else 2 for t in targets or [None])  # a device run has a sim twin
     total = models * cells * spec.repeats * runs_per_cell
     return total, (f"{models:,} model(s) × {cells:,} matrix cell(s) × {spec.repeats:,} repeat(s) × "
@@ -642,6 +677,7 @@ def resolve_job(spec: JobSpec, root: yaml.Node | None, text: str, source_name: s
     load_input_files(spec, root, base_dir, source_name)
     targets = resolve_targets(spec, root, source_name, devices or [])
     check_cpu_sweep(spec, root, source_name, targets)
+    skipped_cells = check_accelerators(spec, root, source_name, targets, skip_invalid)
     check_task_count(spec, len(spec.models), targets, max_tasks, source_name)  # before any glob or file
     models, invalid = resolve_models(spec, root, base_dir, source_name)
     job = ResolvedJob(spec=spec, source=text, source_path=source_path, base_dir=base_dir, models=models,
@@ -663,7 +699,7 @@ def resolve_job(spec: JobSpec, root: yaml.Node | None, text: str, source_name: s
     check_task_count(spec, len(job.models), targets, max_tasks, source_name)
     if host is not None:
         job.warnings = check_host(spec, root, source_name, host, targets)
-    job.warnings = [*job.warnings, *fixed_dimension_warnings(spec, job.models, root, source_name)]
+    job.warnings = [*job.warnings, *skipped_cells, *fixed_dimension_warnings(spec, job.models, root, source_name)]
     return job
 
 

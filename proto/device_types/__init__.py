@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
+from farm.proto.accelerators import UNIT_CLASS
 from farm.proto.copying import replaced
 from farm.proto.spec import Strict, default_cpus, parse_memory
 
@@ -56,11 +57,12 @@ class SimBudgetEntry(Strict):
 class Match(Strict):
     getprop: dict[str, list[str]] = Field(default_factory=dict, description="Android: property -> accepted values")
     device_tree_model: list[str] = Field(default_factory=list, description="Linux/Jetson: prefixes of /proc/device-tree/model")
+    gpu_name: list[str] = Field(default_factory=list, description="NVIDIA hosts: prefixes of nvidia-smi's GPU name")
 
 
 class DeviceType(Strict):
     name: str
-    os: Literal["android", "jetson", "linux"]
+    os: Literal["android", "jetson", "linux", "nvidia"]
     abi: str
     soc: str | None = None
     memory_mb: int = Field(gt=0)
@@ -69,10 +71,22 @@ class DeviceType(Strict):
     sim_budget: dict[int, SimBudgetEntry] = Field(description="thread count -> sim budget")
     match: Match = Field(default_factory=Match)
     calibration_keys: list[CalibrationKeyName] = Field(default_factory=lambda: list[CalibrationKeyName](["threads", "runtime"]))
+    # the compute units a job may ask of this device, in order of preference (a class such as gpu takes the first
+    # of its kind): proto/accelerators.py
+    accelerators: list[str] = Field(default_factory=lambda: ["cpu"])
     # how fast the board does the sim host's work (0.1: ten times slower): a job's timeouts are written for
     # the sim, so on this board they are divided by it
     relative_speed: float = Field(1.0, gt=0, le=100, allow_inf_nan=False)
     source: str = ""  # the file it came from, filled by the loader
+
+    @field_validator("accelerators")
+    @classmethod
+    def _known_units(cls, v: list[str]) -> list[str]:
+        unknown = [u for u in v if u not in UNIT_CLASS]
+        if unknown or not v:
+            raise ValueError(f"unknown compute unit(s) {unknown}; use {', '.join(UNIT_CLASS)}" if unknown
+                             else "list at least one compute unit, e.g. [cpu]")
+        return v
 
     @property
     def cores(self) -> int:
@@ -93,7 +107,9 @@ class DeviceType(Strict):
             if props.get(prop) in accepted:
                 return True
         model = (facts.get("device_tree_model") or "").strip("\x00 \n")
-        return any(model.startswith(prefix) for prefix in self.match.device_tree_model)
+        gpu = str(facts.get("gpu_name") or "")
+        return (any(model.startswith(prefix) for prefix in self.match.device_tree_model)
+                or bool(gpu) and any(gpu.startswith(prefix) for prefix in self.match.gpu_name))
 
 
 def _search_dirs() -> list[Path]:
