@@ -36,7 +36,7 @@ class Accelerator:
     precision: str = "fp32"
 
     def __str__(self) -> str:
-        return self.unit if self.precision == "fp32" else f"{self.unit}:{self.precision}"
+        return self.unit if self.precision == default_precision(self.unit) else f"{self.unit}:{self.precision}"
 
     @property
     def on_cpu(self) -> bool:
@@ -56,12 +56,17 @@ class Accelerator:
         return Accelerator(unit, self.precision)
 
 
+def default_precision(unit: str) -> str:
+    """fp32 where the unit takes it, else its first precision (a DLA computes in fp16, Hexagon in int8)."""
+    return "fp32" if "fp32" in UNIT_PRECISIONS[unit] else UNIT_PRECISIONS[unit][0]
+
+
 def parse_accelerator(text: str) -> Accelerator:
     """`cuda`, `gpu:fp16`, `tensorrt:int8` -> an Accelerator; ValueError naming what is wrong."""
     unit, _, precision = str(text).strip().lower().partition(":")
     if unit not in UNIT_CLASS:
         raise ValueError(f"{text!r}: unknown compute unit {unit!r}; use one of {', '.join(UNIT_CLASS)}")
-    precision = precision or "fp32"
+    precision = precision or default_precision(unit)
     if precision not in PRECISIONS:
         raise ValueError(f"{text!r}: unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
     if precision not in UNIT_PRECISIONS[unit]:

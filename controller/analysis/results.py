@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from farm.proto.accelerators import UNIT_CLASS, Accelerator, default_precision
 from farm.controller.store import Store
 from farm.controller.store.rows import RowLike, plain_rows
 from farm.proto.spec import SimBudget, default_cpus
@@ -48,8 +49,10 @@ def _planned_sim(row: RowLike) -> SimBudget | None:
 def _planned_unit(row: RowLike) -> str:
     """The compute unit the task was planned on (`cuda`, `tensorrt:fp16`); cpu for every sim run and older rows."""
     plan = json.loads(row["task_spec_json"] or "{}")
-    unit, precision = plan.get("accelerator") or "cpu", plan.get("precision") or "fp32"
-    return unit if precision == "fp32" else f"{unit}:{precision}"
+    unit = plan.get("accelerator") or "cpu"
+    if unit not in UNIT_CLASS:  # a plan written by a newer version: shown as stored
+        return str(unit)
+    return str(Accelerator(unit, plan.get("precision") or default_precision(unit)))
 
 
 def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[str, Any]]:
