@@ -100,6 +100,16 @@ class EmulatedPhone:
     # What --enable_op_profiling=true adds after the summary: real captured tables (an Arm TC2 run of a
     # delegate-partitioned model, tests/fixtures/benchmark_model/g_*), from the initialization section on.
     op_profiling_output: str = field(default_factory=lambda: _captured_op_profiling_tables())
+    # What a delegate flag makes the tool print (real captured lines, tests/fixtures/benchmark_model/delegates/):
+    # by flag (use_gpu, use_nnapi, use_hexagon, external_delegate_path), or by model file name or sha256 first.
+    delegate_output: dict[str, str] = field(default_factory=lambda: {
+        "use_gpu": "gpu_complete.txt", "use_nnapi": "nnapi_none.txt", "use_hexagon": "hexagon_partial.txt",
+        "external_delegate_path": "qnn_none.txt"})
+
+
+def _captured_delegate_lines(name: str) -> str:
+    path = Path(__file__).parent / "fixtures" / "benchmark_model" / "delegates" / name
+    return "\n".join(line for line in path.read_text().splitlines() if not line.startswith("#")) + "\n"
 
 
 def _captured_op_profiling_tables() -> str:
@@ -258,7 +268,8 @@ class AdbDeviceEmulator:
         bench_config = self.root / "system" / "benchmark_model.json"
         bench_config.write_text(json.dumps({"timings": p.benchmark_us, "unsupported": p.unsupported_ops,
                                             "garbage": p.garbage_output, "seconds": p.benchmark_seconds,
-                                            "op_profiling": p.op_profiling_output}))
+                                            "op_profiling": p.op_profiling_output,
+                                            "delegates": {k: _captured_delegate_lines(v) for k, v in p.delegate_output.items()}}))
         bin_dir = self.root / "system" / "bin"
         _script(bin_dir / "getprop", f"""#!/bin/sh
 if [ $# -eq 0 ]; then sed 's/^\\([^=]*\\)=\\(.*\\)$/[\\1]: [\\2]/' {shlex.quote(str(props))}; exit 0; fi
@@ -632,6 +643,13 @@ time.sleep(config["seconds"])
 runs = int(args.get("num_runs", "50"))
 warmups = int(args.get("warmup_runs", "1"))
 print(f"INFO: Loaded model {graph}")
+flag = next((f for f in ("use_gpu", "use_nnapi", "use_hexagon") if args.get(f) in ("true", "1")),
+            "external_delegate_path" if args.get("external_delegate_path") else None)
+if flag:  # the delegate's own lines, as a real run printed them
+    text = lookup(config["delegates"]) or config["delegates"][flag]
+    print(text, end="")
+    if "Benchmarking failed." in text:
+        sys.exit(1)
 print(f"INFO: The input model file size (MB): {os.path.getsize(graph) / 1e6:g}")
 print(f"INFO: Initialized session in {t['init'] / 1000:g}ms.")
 print("INFO: Running benchmark for at least %d iterations and at least 0.5 seconds but terminate if exceeding 150 seconds." % warmups)

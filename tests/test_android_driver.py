@@ -106,3 +106,45 @@ def test_the_emulated_phone_runs_its_shell_under_a_cgroup_budget(tmp_path: Path,
                                timeout_s=30)
         assert "emulated-phone" in where  # the phone's shell lives in the phone's cgroup
         assert hog.exit_status != 0  # 200 MB does not fit a 64 MB phone
+
+
+def _on(task: TaskSpec, unit: str, precision: str = "fp32") -> TaskSpec:
+    return task.model_copy(update={"plan": task.plan.model_copy(update={"accelerator": unit, "precision": precision})})
+
+
+def test_delegates_reach_the_tool_and_what_they_took_is_reported(tmp_path: Path, lab_key: Path, tiny_models) -> None:
+    """Issue 29 on the ADB emulator: each unit's flags reach benchmark_model, which prints real captured delegate
+    lines; a full delegation is a figure of the unit, a partial one says what stayed on the CPU, a delegate that took
+    nothing (or failed) is a job failure, never a CPU figure filed under the unit."""
+    model = tiny_models["tflite"]
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()
+    cases = [("gpu", "fp16", "gpu_complete.txt", "completed", "--gpu_precision_loss_allowed=true"),
+             ("gpu", "fp32", "gpu_partial_logcat.txt", "completed", "--use_gpu=true"),
+             ("nnapi", "fp32", "nnapi_none.txt", "failed", "--use_nnapi=true"),
+             ("hexagon", "int8", "hexagon_failed.txt", "failed", "--use_hexagon=true"),
+             ("qnn", "int8", "qnn_none.txt", "failed", "--external_delegate_path=/data/local/tmp/qnn_delegate/")]
+    seen = {}
+    for unit, precision, fixture, status, flag in cases:
+        phone_config = EmulatedPhone(delegate_output={digest: fixture})
+        with AdbDeviceEmulator(tmp_path / f"phone-{fixture[:-4]}", phone=phone_config,
+                               authorized_keys=[Path(f"{lab_key}.pub").read_text()]) as phone:
+            result = _driver(phone, lab_key).run(_on(_task(model), unit, precision), lambda: False)
+        assert result.status == status, (fixture, result.message)
+        assert flag in result.environment["command"]
+        assert result.environment["accelerator"]["unit"] == unit
+        seen[fixture] = result
+    assert seen["gpu_complete.txt"].environment["accelerator"]["verdict"] == "complete"
+    assert seen["gpu_complete.txt"].latency.avg == pytest.approx(55.0432)
+    partial = seen["gpu_partial_logcat.txt"]
+    assert partial.environment["accelerator"]["unsupported_ops"] == ["UNPACK: Operation is not supported."]
+    assert "rest ran on the CPU" in partial.message
+    assert seen["nnapi_none.txt"].failure_class == "job" and "took none" in seen["nnapi_none.txt"].message
+    assert "failed to apply" in seen["hexagon_failed.txt"].message
+    assert "0 of 31 nodes" in seen["qnn_none.txt"].message
+
+
+def test_a_unit_benchmark_model_cannot_drive_is_the_jobs(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not tensorrt"):
+        benchmark_command("bm", "m.tflite", _on(_task(tmp_path / "m.tflite"), "tensorrt"), None)
+    nnapi = benchmark_command("bm", "m.tflite", _on(_task(tmp_path / "m.tflite"), "nnapi", "fp16"), None)
+    assert "--use_nnapi=true" in nnapi and "--nnapi_allow_fp16=true" in nnapi

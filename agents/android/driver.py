@@ -30,6 +30,10 @@ from farm.proto.op_profile import NODE, OP_TYPE, OpProfileRow, bounded
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus, Telemetry
 from farm.proto.spec import BenchmarkWorkload, ScriptWorkload
 from farm.proto.tasks import TaskSpec
+from farm.agents.parsers.tflite_delegates import parse_delegation
+
+# Where Qualcomm's QNN TFLite delegate usually lies once pushed (its SDK's examples use /data/local/tmp)
+QNN_DELEGATE = "/data/local/tmp/qnn_delegate/libQnnTFLiteDelegate.so"
 
 MiB = 1 << 20
 RAW_OUTPUT_CHARS = 8000
@@ -44,6 +48,7 @@ class AndroidDeviceConfig:
     key_path: Path
     port: int = 5555
     benchmark_model: dict[str, Path] = field(default_factory=dict)  # ABI -> the lab's build of the tool
+    qnn_delegate: str = QNN_DELEGATE  # where Qualcomm's QNN delegate library lies on the phone (unit qnn)
     thermal_limit_c: float = 45.0  # start only below this; a run that ends above it is flagged
     cooldown_timeout_s: float = 300.0
     cooldown_poll_s: float = 5.0
@@ -59,14 +64,32 @@ def _wants_op_profile(task: TaskSpec) -> bool:
     return isinstance(task.plan.workload, BenchmarkWorkload) and task.plan.workload.op_profiling
 
 
-def benchmark_command(tool: str, model: str, task: TaskSpec, device_type: DeviceType | None) -> str:
+def delegate_flags(unit: str, precision: str, qnn_delegate: str = QNN_DELEGATE) -> list[str]:
+    """benchmark_model's flags for a compute unit (LiteRT's delegate providers); ValueError for a unit it lacks."""
+    fp16 = "true" if precision == "fp16" else "false"
+    if unit == "cpu":
+        return []
+    if unit == "gpu":
+        return ["--use_gpu=true", f"--gpu_precision_loss_allowed={fp16}"]
+    if unit == "nnapi":
+        return ["--use_nnapi=true", f"--nnapi_allow_fp16={fp16}"]
+    if unit == "hexagon":
+        return ["--use_hexagon=true"]
+    if unit == "qnn":  # Qualcomm's delegate is an external one: its library and its backend (HTP: the NPU)
+        return [f"--external_delegate_path={qnn_delegate}", "--external_delegate_options=backend_type:htp"]
+    raise ValueError(f"benchmark_model on a phone drives cpu, gpu, nnapi, hexagon and qnn, not {unit}")
+
+
+def benchmark_command(tool: str, model: str, task: TaskSpec, device_type: DeviceType | None,
+                      qnn_delegate: str = QNN_DELEGATE) -> str:
     w = task.plan.workload
     if not isinstance(w, BenchmarkWorkload):
         raise ValueError(f"task {task.task_id} has a {w.type} workload; benchmark_model runs benchmarks")
     flags = [f"--graph={model}", f"--num_threads={task.threads}", f"--warmup_runs={w.warmup}",
              f"--num_runs={w.iterations}", "--min_secs=0",  # the run count is ours, not the tool's
              f"--use_xnnpack={'true' if w.use_xnnpack else 'false'}",
-             "--report_peak_memory_footprint=true"]
+             "--report_peak_memory_footprint=true",
+             *delegate_flags(task.plan.accelerator, task.plan.precision, qnn_delegate)]
     if _wants_op_profile(task):
         flags.append("--enable_op_profiling=true")
     if device_type is not None:
@@ -95,6 +118,7 @@ class AndroidEntry(DeviceEntry):
     adb_key: str = "~/.config/farm/adbkey"
     benchmark_model: dict[str, str] = Field(default_factory=dict)
     thermal_limit_c: float = 45.0
+    qnn_delegate: str = Field(QNN_DELEGATE, min_length=1, max_length=500, pattern=r"^/[\w./-]+\.so$")
 
 
 def _path(p: str) -> Path:
@@ -113,7 +137,7 @@ class AndroidDriver:
         return cls(AndroidDeviceConfig(
             name=entry.name, host=entry.host, port=entry.port, key_path=_path(entry.adb_key),
             benchmark_model={abi: _path(p) for abi, p in entry.benchmark_model.items()},
-            thermal_limit_c=entry.thermal_limit_c), device_type)
+            thermal_limit_c=entry.thermal_limit_c, qnn_delegate=entry.qnn_delegate), device_type)
 
     def type_probe(self, facts: AndroidFacts) -> dict[str, Any]:
         return {"os": "android", "getprop": {"ro.product.model": facts.model}}
@@ -157,7 +181,7 @@ class AndroidDriver:
                 before = self._cool_down(device, cancel_check)
                 tool = self._tool(device, before.abi)
                 model = device.push_by_hash(Path(task.model_path)).remote_path
-                command = benchmark_command(tool, model, task, self.device_type)
+                command = benchmark_command(tool, model, task, self.device_type, self.config.qnn_delegate)
                 started = time.monotonic()
                 shell = device.shell(command, timeout_s=task.plan.run_timeout_s)
                 wall = time.monotonic() - started
@@ -168,6 +192,8 @@ class AndroidDriver:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{self.config.name}: {e}", **base)
         except LookupError as e:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, str(e), **base)
+        except ValueError as e:  # a compute unit benchmark_model cannot drive
+            return RunResult.failed(FailureClass.JOB, f"{self.config.name}: {e}", **base)
         environment = {"device": before.to_environment(), "command": command,
                        "temperature_before_c": _hottest(before), "temperature_after_c": _hottest(after),
                        "thermal_throttled": (_hottest(after) or 0) >= self.config.thermal_limit_c,
@@ -179,10 +205,29 @@ class AndroidDriver:
             return RunResult.failed(FailureClass.JOB, f"{Path(task.model_path).name}: unsupported operator {e.operator} "
                                     f"on {self.config.name}", environment=environment, log_tail=raw, **base)
         except BenchmarkOutputError:
+            failed = parse_delegation(shell.output) if task.plan.accelerator != "cpu" else None
+            if failed is not None and failed.verdict == "failed":  # the delegate's own failure, said as such
+                environment["accelerator"] = {"unit": task.plan.accelerator, "precision": task.plan.precision,
+                                              **failed.as_environment()}
+                return RunResult.failed(FailureClass.JOB, f"{Path(task.model_path).name} on {self.config.name}: "
+                                        f"{failed.note()}, and benchmark_model stopped", environment=environment,
+                                        log_tail=raw, **base)
             return RunResult.failed(
                 FailureClass.JOB, f"benchmark_model on {self.config.name} exited with status {shell.exit_status} "
                 "and printed no result farm can read; its raw output is kept with the run",
                 environment=environment, log_tail=raw, **base)
+        unit = task.plan.accelerator
+        accelerator: dict[str, Any] = {"unit": unit, "precision": task.plan.precision}
+        environment["accelerator"] = accelerator
+        message = ""
+        if unit != "cpu":  # what the delegate took: a run the delegate left on the CPU is no figure of the unit
+            delegation = parse_delegation(shell.output)
+            accelerator.update(delegation.as_environment())
+            message = delegation.note()
+            if delegation.on_cpu_entirely or delegation.verdict is None:
+                return RunResult.failed(FailureClass.JOB, f"{Path(task.model_path).name} on {self.config.name}: asked "
+                                        f"for {unit}, but {message}; no CPU figure is reported as a {unit} one",
+                                        environment=environment, log_tail=raw, **base)
         peak = parsed.periodic_peak_mb if parsed.periodic_peak_mb is not None else parsed.memory_overall_mb
         telemetry = Telemetry(interval_ms=50.0, memory_peak_bytes=None if peak is None else int(peak * MiB),
                               memory_peak_source="benchmark_model")
@@ -191,7 +236,7 @@ class AndroidDriver:
             environment["op_profile_note"] = ("benchmark_model was asked for --enable_op_profiling=true and printed no "
                                               "profiling tables (a build without the profiler?)")
         return RunResult(
-            status=RunStatus.COMPLETED, latency=latency, telemetry=telemetry, wall_s=wall,
+            status=RunStatus.COMPLETED, message=message, latency=latency, telemetry=telemetry, wall_s=wall,
             throughput_per_s=throughput_per_s(latency), startup_ms=startup_ms(latency),
             op_profile=bounded(op_profile_rows(parsed)),
             peak_rss_bytes=None if parsed.memory_overall_mb is None else int(parsed.memory_overall_mb * MiB),
