@@ -12,7 +12,7 @@ mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/farm-gpu-check.XXXXXX)
 chmod 755 "$WORK"
 log() { echo "[gpu_check $(date +%T)] $*" | tee -a "$OUT/gpu_check.log" >&2; }
-if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+if [ -z "${GPU_CHECK_NO_WHEELS:-}" ] && [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   log "installing farm and what the host lacks from .whl/"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade .whl/*.whl
 fi
@@ -37,17 +37,20 @@ export FARM_DB="$WORK/farm.db"
 log "controller on 127.0.0.1:$PORT, agent with gpu-1"
 farm controller serve --listen "127.0.0.1:$PORT" --db "$FARM_DB" --no-auth --log-level warning > "$OUT/controller.log" 2>&1 &
 CONTROLLER=$!
+AGENT=""
 trap 'kill $AGENT $CONTROLLER 2>/dev/null || true' EXIT
-sleep 2
+alive() { kill -0 "$1" 2>/dev/null || { log "$2 died:"; tail -5 "$OUT/$2.log" >&2; exit 3; }; }
+export FARM_CONTROLLER="127.0.0.1:$PORT"
+for _ in $(seq 30); do alive $CONTROLLER controller; farm jobs --json >/dev/null 2>&1 && break; sleep 1; done
 farm agent --controller "127.0.0.1:$PORT" --name gpu-host --devices "$WORK/lab.yaml" --sim-slots 1 \
   --work-dir "$WORK/agent" --log-level warning > "$OUT/agent.log" 2>&1 &
 AGENT=$!
-export FARM_CONTROLLER="127.0.0.1:$PORT"
-for _ in $(seq 60); do farm devices --json 2>/dev/null | grep -q '"gpu-1"' && break; sleep 1; done
+for _ in $(seq 60); do alive $AGENT agent; farm devices --json 2>/dev/null | grep -q '"gpu-1"' && break; sleep 1; done
 farm devices | tee "$OUT/devices.txt"
 log "job"
 status=0
-farm submit "$WORK/job.yaml" > "$OUT/submit.txt" 2> "$OUT/submit.err" || status=$?
+# GPU_CHECK_SET: --set overrides for a dry run on a host without a GPU (e.g. matrix.accelerators=[cpu])
+farm submit "$WORK/job.yaml" ${GPU_CHECK_SET:+--set "$GPU_CHECK_SET"} > "$OUT/submit.txt" 2> "$OUT/submit.err" || status=$?
 log "submit exited $status"
 cat "$OUT/submit.txt"
 farm results 1 --json > "$OUT/results.json" || true

@@ -282,7 +282,7 @@ class OpProfileRow(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., node_type: _Optional[str] = ..., name: _Optional[str] = ..., avg_ms: _Optional[float] = ..., percent: _Optional[float] = ..., first_ms: _Optional[float] = ..., count: _Optional[int] = ..., times_called: _Optional[int] = ..., mem_kb: _Optional[float] = ...) -> None: ...
 
 class Device(_message.Message):
-    __slots__ = ("name", "driver", "device_type", "tags", "facts_json", "slots", "state", "agent", "last_seen")
+    __slots__ = ("name", "driver", "device_type", "tags", "facts_json", "slots", "state", "agent", "last_seen", "units")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DRIVER_FIELD_NUMBER: _ClassVar[int]
     DEVICE_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -292,6 +292,7 @@ class Device(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     AGENT_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
+    UNITS_FIELD_NUMBER: _ClassVar[int]
     name: str
     driver: str
     device_type: str
@@ -301,7 +302,8 @@ class Device(_message.Message):
     state: str
     agent: str
     last_seen: float
-    def __init__(self, name: _Optional[str] = ..., driver: _Optional[str] = ..., device_type: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., facts_json: _Optional[str] = ..., slots: _Optional[int] = ..., state: _Optional[str] = ..., agent: _Optional[str] = ..., last_seen: _Optional[float] = ...) -> None: ...
+    units: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., driver: _Optional[str] = ..., device_type: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., facts_json: _Optional[str] = ..., slots: _Optional[int] = ..., state: _Optional[str] = ..., agent: _Optional[str] = ..., last_seen: _Optional[float] = ..., units: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TaskRef(_message.Message):
     __slots__ = ("task_id", "attempt")
