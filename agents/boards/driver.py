@@ -15,7 +15,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import Field, model_validator
 
-from farm.agents.boards.workload import BoardJobError, BoardNotReady, StagedRun, board_result, clean_up, stage_run
+from farm.agents.boards.workload import BoardJobError, BoardNotReady, board_result, clean_up, stage_run
 from farm.agents.drivers import DeviceEntry, register
 from farm.agents.boards.jetson import (
     DEVICE_TREE_MODEL, NV_TEGRA_RELEASE, JtopRun, TegrastatsRun, jtop_usable, read_jetson_facts, run_with_jtop,
@@ -24,6 +24,7 @@ from farm.agents.boards.jetson import (
 from farm.agents.boards.linux_board import ProcSampledRun, read_linux_facts, run_with_proc_sampling
 from farm.agents.boards.local_transport import LocalTransport
 from farm.agents.boards.nvidia import GpuSampledRun, read_nvidia_facts, run_with_gpu_sampling
+from farm.agents.boards.tensorrt import forget_engine, read_times, runs_with_trtexec, stage_trtexec, trtexec_result
 from farm.agents.boards.ssh_transport import SshCanceled, SshInfrastructureError, SshTarget, SshTimeoutError, SshTransport
 from farm.proto.copying import replaced
 from farm.proto.device_types import DeviceType
@@ -79,6 +80,8 @@ class BoardEntry(DeviceEntry):
     telemetry: Literal["auto", "jtop", "tegrastats", "nvml", "nvidia-smi"] = "auto"
     env_timeout_s: float = Field(1800, gt=0, allow_inf_nan=False)  # making a script's venv with its pip requirements (once per set)
     gpu: int = Field(0, ge=0, le=63)  # nvidia: which GPU of the host
+    # where runs, the harness, models and TensorRT engines are kept on the board
+    remote_dir: str = Field("/tmp/farm", min_length=2, max_length=500, pattern=r"^/[A-Za-z0-9._/-]+$")
 
     @model_validator(mode="after")
     def _how_to_reach(self) -> "BoardEntry":
@@ -107,6 +110,7 @@ class BoardDriver:
             key_path=Path(os.path.expanduser(entry.ssh_key)), known_hosts=Path(os.path.expanduser(entry.known_hosts)),
             pinned_fingerprint=entry.host_key, trust_on_first_use=entry.trust_on_first_use,
             python=entry.python, telemetry=entry.telemetry, env_timeout_s=entry.env_timeout_s, gpu=entry.gpu,
+            remote_dir=entry.remote_dir,
             **where), device_type)
 
     def type_probe(self, facts: dict) -> dict[str, Any]:
@@ -144,6 +148,8 @@ class BoardDriver:
     def _run(self, task: TaskSpec, cancel_check: Callable[[], bool], base: dict[str, Any]) -> RunResult:
         c = self.config
         staged = None
+        if runs_with_trtexec(task):
+            return self._run_trtexec(task, cancel_check, base)
         try:
             with self._connect() as ssh:
                 facts = self._facts(ssh)
@@ -151,7 +157,8 @@ class BoardDriver:
                     staged = stage_run(ssh, task, python=c.python, remote_dir=c.remote_dir,
                                        sample_interval_ms=c.sample_interval_ms, env_timeout_s=c.env_timeout_s)
                     facts["python"] = staged.python_version
-                    sampled, energy_mj, source = self._sampled(ssh, staged, facts, cancel_check)
+                    sampled, energy_mj, source = self._sampled(ssh, staged.command, staged.ssh_timeout_s, facts,
+                                                               cancel_check)
                 finally:
                     if staged is not None:
                         clean_up(ssh, staged.run_dir)  # also after a timeout: the board is left as it was
@@ -171,12 +178,41 @@ class BoardDriver:
             result.environment["gpu"] = sampled.summary.as_environment()
         return result
 
-    def _sampled(self, ssh: Any, staged: StagedRun, facts: dict, cancel_check: Callable[[], bool]
+    def _run_trtexec(self, task: TaskSpec, cancel_check: Callable[[], bool], base: dict[str, Any]) -> RunResult:
+        """The tensorrt and dla units of an .onnx benchmark: NVIDIA's trtexec under the board's telemetry."""
+        c = self.config
+        try:
+            with self._connect() as ssh:
+                facts = self._facts(ssh)
+                staged = stage_trtexec(ssh, task, c.remote_dir)
+                try:
+                    sampled, energy_mj, source = self._sampled(ssh, staged.command, staged.ssh_timeout_s, facts,
+                                                               cancel_check)
+                    times = read_times(ssh, staged)
+                    result = trtexec_result(task, c.name, staged, sampled, times, energy_mj, facts, source, base)
+                    if not result.ok and staged.cached and "not compatible" in result.log_tail:
+                        forget_engine(ssh, staged)  # built by another TensorRT: the retry builds it again
+                        result.failure_class = FailureClass.INFRASTRUCTURE
+                finally:
+                    clean_up(ssh, staged.run_dir)
+        except BoardJobError as e:
+            return RunResult.failed(FailureClass(e.failure_class), f"{c.name}: {e}", **base)
+        except SshCanceled:
+            return RunResult.failed(FailureClass.CANCELED, f"{c.name}: canceled while trtexec ran; its processes "
+                                    "on the board were ended", **base)
+        except SshTimeoutError as e:
+            return RunResult.failed(FailureClass.TIMEOUT, f"{c.name}: {e}", **base)
+        except SshInfrastructureError as e:
+            return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{c.name}: {e}", **base)
+        if isinstance(sampled, GpuSampledRun):
+            result.environment["gpu"] = sampled.summary.as_environment()
+        return result
+
+    def _sampled(self, ssh: Any, command: str, timeout_s: float, facts: dict, cancel_check: Callable[[], bool]
                  ) -> tuple[JtopRun | TegrastatsRun | ProcSampledRun | GpuSampledRun, float | None, str]:
         """The staged command under the board's telemetry: jtop or tegrastats on a Jetson, NVML or nvidia-smi on
         an NVIDIA host, /proc elsewhere."""
         c = self.config
-        command, timeout_s = staged.command, staged.ssh_timeout_s
         if c.kind == "nvidia":
             gpu_run, source = run_with_gpu_sampling(ssh, command, timeout_s, python=c.python, gpu=c.gpu,
                                                     interval_ms=c.sample_interval_ms, telemetry=c.telemetry,
