@@ -5,9 +5,16 @@ Each child is set up as the cold path sets up a fresh process, in the same order
 code: a session of its own, its output on the run's log, the run's cgroups joined (the cgroup backend) or its
 cores, priority and rlimits set (the process backend), then — as root with namespaces — fresh mount and PID
 namespaces (it is PID 1 of its own), tmpfs over /tmp, /var/tmp and /dev/shm, closed folders covered and farm's
-runtime bound back read-only, the run directory bound at /tmp/run, and the run user's uid and gid with no
-supplementary groups and no new privileges. Only then does it run the harness's main(). The zygote reaps each
-child with wait4 and reports its exit status, rusage and exit time.
+runtime bound back read-only, every other run's directory detached, the run directory bound at /tmp/run, and the
+run's own uid and gid with no supplementary groups and no new privileges (harness/run_world.py, the cold path's
+code too). Only then does it run the harness's main(), which writes its result to the descriptor the agent handed
+down with the request (RESULT_FD), never to a path. The zygote reaps each child with wait4 and reports its exit
+status, rusage and exit time.
+
+What the zygote's imports opened is not the run's: the child closes every descriptor but its output and result,
+and replaces each shared mapping of a file with private memory holding the same bytes (onnxruntime maps its
+telemetry store, a writable SQLite -shm under the zygote's home, shared as it is imported; the zygote's home is
+an empty folder of its own, warm.py).
 
 The zygote holds nothing of the agent: it is a fresh interpreter (started with an allow-listed environment and
 no descriptor but its socket) that imported the harness and one runtime, and it never creates a session, so a

@@ -1,13 +1,18 @@
-"""Who the sandboxed command runs as, and what it can see: an unprivileged user in its own
-mount and PID namespaces, with a private /tmp and its run directory, and nothing of the agent's.
+"""Who the sandboxed command runs as, and what it can see: a uid and gid of its own in its own mount and PID
+namespaces, with a private /tmp and its run directory, and nothing of the agent's or of any other run.
 
-A job's harness or script is other people's code. As root, farm starts it through util-linux:
-`unshare` (new mount + PID namespaces, a fresh /proc, tmpfs over /tmp, /var/tmp and /dev/shm,
-the run directory bound at /tmp/run) and then `setpriv` (the run user's uid and gid, no
-supplementary groups, no new privileges). The backends are unchanged: the cgroup backend's
-shell joins its cgroups as root and then execs this prefix. The docker backend has its own
-namespaces already: there the container itself starts as the run user (docker.py), with nothing
-of root to drop. Not root: nothing to drop, the run is as the agent.
+A job's harness or script is other people's code. As root, farm starts it through `unshare --pid --fork` and then
+harness/run_world.py (stdlib only, run by its path): a new mount namespace with private propagation, a fresh
+/proc, every other run's directory detached from the run's mount table (so /proc/self/mountinfo names none), tmpfs
+over /tmp, /var/tmp and /dev/shm, the run directory bound at /tmp/run, and then the run's own uid and gid (no
+supplementary groups, no new privileges). The warm path's zygote child runs the same code (zygote.py).
+
+Each concurrent run's uid and gid come from a range the agent owns (RunUids, FARM_RUN_UIDS, as systemd's
+DynamicUser): one lock file per uid under /run/farm/run-uids, held for the run's life, so no two runs of any agent
+on the host share one, and a run's files are no other run's. The backends are unchanged: the cgroup backend's
+shell joins its cgroups as root and then execs this prefix. The docker backend has its own namespaces already:
+there the container itself starts as the run's uid (docker.py), with nothing of root to drop. Not root: nothing
+to drop, the run is as the agent.
 """
 
 from __future__ import annotations
