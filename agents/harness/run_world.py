@@ -73,9 +73,20 @@ def _under(path: str, roots: list[str]) -> bool:
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
+# how an agent names a run directory (agents/sim/driver.py): runs/task<id>-a<attempt>-<uuid hex>[.kept]
+RUN_DIR_NAME = re.compile(r"task\d+-a\d+-[0-9a-f]{32}(\.kept)?")
+
+
+def is_run_dir(point: str) -> bool:
+    parent, _, name = point.rpartition("/")
+    return parent.endswith("/runs") and RUN_DIR_NAME.fullmatch(name) is not None
+
+
 def other_runs(hide: list[str]) -> list[str]:
-    """Mount points of run directories: every agent's tmpfs ones, and every mount under the runs roots in `hide`."""
-    return [point for point, source in mount_table() if source == RUN_DIR_SOURCE or _under(point, hide)]
+    """Mount points of run directories: every agent's (its tmpfs, or a bind of its own where no tmpfs could be made),
+    and every mount under the runs roots in `hide` (this agent's)."""
+    return [point for point, source in mount_table()
+            if source == RUN_DIR_SOURCE or is_run_dir(point) or _under(point, hide)]
 
 
 def enter_mount_namespace(isolate: dict[str, Any]) -> None:
