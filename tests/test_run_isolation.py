@@ -221,3 +221,31 @@ def test_the_mount_table_lists_run_directories_as_the_namespaces_read_it(tmp_pat
         assert (str(run_dir), "farm-run") in mount_table()
     finally:
         unseal_run_dir(run_dir)
+
+
+def test_concurrent_runs_get_distinct_uids_and_a_given_back_uid_keeps_nothing_running(tmp_path: Path,
+                                                                                      monkeypatch) -> None:
+    import subprocess
+
+    from farm.agents.sandbox.isolation import RunUids, RunUserError
+
+    uids = RunUids(2046885000, 2, locks=tmp_path / "locks")
+    other_agent = RunUids(2046885000, 2, locks=tmp_path / "locks")  # a second agent on the host: the same locks
+    first, second = uids.acquire(), other_agent.acquire()
+    assert first.run_as.uid != second.run_as.uid and {first.run_as.uid, second.run_as.uid} == {2046885000, 2046885001}
+    assert first.run_as.gid == first.run_as.uid
+    with pytest.raises(RunUserError, match="FARM_RUN_UIDS=2046885000:2"):
+        uids.acquire()  # every uid of the range held
+    # something left running under the uid (no namespaces to end it) is killed as the uid is given back
+    leftover = subprocess.Popen(["sleep", "300"], user=first.run_as.uid, group=first.run_as.gid)
+    first.release()
+    assert leftover.wait(timeout=60) == -signal.SIGKILL
+    assert uids.acquire().run_as.uid == first.run_as.uid  # free again
+    second.release()
+
+    monkeypatch.setenv("FARM_RUN_UIDS", "12:x")
+    with pytest.raises(RunUserError, match="FARM_RUN_UIDS='12:x': write FIRST:COUNT"):
+        run_uid_range()
+    monkeypatch.setenv("FARM_RUN_UIDS", "0:10")
+    with pytest.raises(RunUserError, match="FARM_RUN_UIDS='0:10': the range must lie between 1000"):
+        run_uid_range()

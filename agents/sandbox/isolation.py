@@ -51,6 +51,7 @@ RUN_UIDS_ENV = "FARM_RUN_UIDS"
 DEFAULT_RUN_UIDS = (0x7A000000, 1 << 16)  # 2046820352 up: above systemd's container ranges, below 2^31
 # One lock file per uid in use, shared by every agent on the host (two agents never give a run the same uid).
 RUN_UID_LOCKS = Path("/run/farm/run-uids")
+UID_WINDOW = 1024
 
 
 class RunUserError(ValueError):
@@ -105,7 +106,9 @@ class RunUids:
 
     def acquire(self) -> RunUid:
         self.locks.mkdir(parents=True, exist_ok=True, mode=0o700)
-        start = random.randrange(self.count)  # from anywhere in the range: a uid just given back waits its turn
+        # from anywhere in the first UID_WINDOW uids (a uid just given back seldom comes next; the lock files stay
+        # few), then on through the range while they are all taken
+        start = random.randrange(min(self.count, UID_WINDOW))
         for step in range(self.count):
             uid = self.first + (start + step) % self.count
             fd = os.open(self.locks / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
