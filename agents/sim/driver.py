@@ -385,8 +385,8 @@ class SimDriver:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"no uid for the run: {e}")
         try:
             return self._run(task, cancel_check, run_uid.run_as)
-        finally:
-            run_uid.release()
+        finally:  # without namespaces, what the run left running under its uid is ended before the uid is reused
+            run_uid.release(sweep=namespaces_unavailable() is not None)
 
     def _run(self, task: TaskSpec, cancel_check: Callable[[], bool], run_user: RunAs | None) -> RunResult:
         problem = cpuset_problem(task.plan.sim.cpuset)
