@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require_backend
 from farm.agents.harness.run_world import mount_table
 from farm.agents.sandbox.isolation import namespaces_unavailable, run_uid_range
 from farm.agents.sandbox.warm import WARM_ENV
@@ -135,18 +136,23 @@ def _report(result: RunResult, tag: str) -> dict:
     return json.loads(line[len(tag) + 1:])
 
 
-@pytest.mark.parametrize("warm", [True, False], ids=["warm-victim", "cold-victim"])
-@pytest.mark.parametrize("agents", ["one-agent", "two-agents"])
+@pytest.mark.parametrize("warm, agents, backend", [
+    (True, "one-agent", "process"), (False, "one-agent", "process"), (True, "two-agents", "process"),
+    (False, "two-agents", "process"), (True, "one-agent", "cgroup")],
+    ids=["warm-victim-one-agent", "cold-victim-one-agent", "warm-victim-two-agents", "cold-victim-two-agents",
+         "warm-victim-cgroup"])
 def test_a_script_cannot_see_read_or_forge_another_tenants_concurrent_run(
-        tmp_path: Path, tiny_models, monkeypatch, warm: bool, agents: str) -> None:
+        tmp_path: Path, tiny_models, monkeypatch, warm: bool, agents: str, backend: str) -> None:
     reason = namespaces_unavailable()
     if reason:
         pytest.skip(reason)
+    if backend == "cgroup":
+        require_backend("cgroup")
     monkeypatch.setenv(WARM_ENV, "1" if warm else "0")
     victim_driver = SimDriver(tmp_path / "work")
     attacker_driver = victim_driver if agents == "one-agent" else SimDriver(tmp_path / "work-other-agent")
     model = tiny_models["onnx"]
-    victim_task = _task(model, {"type": "benchmark", "iterations": VICTIM_ITERATIONS, "warmup": 2}, "process",
+    victim_task = _task(model, {"type": "benchmark", "iterations": VICTIM_ITERATIONS, "warmup": 2}, backend,
                         tmp_path, 1)
     results: dict[str, RunResult] = {}
 
@@ -158,7 +164,7 @@ def test_a_script_cannot_see_read_or_forge_another_tenants_concurrent_run(
     pid, victim_dir = _catch_run(victim_driver.runs_root)
     os.kill(pid, signal.SIGSTOP)  # held mid-run: the attack runs while the victim's directory is there
     try:
-        attack = _script_task(tmp_path, model, ATTACK, "process", 2, victim=str(victim_dir))
+        attack = _script_task(tmp_path, model, ATTACK, backend, 2, victim=str(victim_dir))
         results["attacker"] = attacker_driver.in_slot(SimSlot(1)).run(attack, lambda: False)
     finally:
         os.kill(pid, signal.SIGCONT)
