@@ -5,8 +5,12 @@
    included) and median p50 latency of the model (what a user compares).
 2. A controller on loopback: a client uploads a model of --upload-mib MiB (first submit), then
    submits the same job again (deduplicated: MissingArtifacts answers "none missing").
+3. --setup-only: the cost of a run's setup, cold and warm (issue 33): the median wall of an isolated run of a tiny
+   model (5 iterations) through SimDriver on the process backend, where the run's own work is a few ms, so the wall
+   is the setup (uid, staging, namespaces, the harness's start or fork, the result read back). Run the same file
+   against two checkouts to compare them.
 
-Usage: python benchmarks/isolation.py [--rounds 7] [--upload-mib 64]  (root, for the first part)
+Usage: python benchmarks/isolation.py [--rounds 7] [--upload-mib 64] [--setup-only]  (root, for parts 1 and 3)
 """
 
 from __future__ import annotations
@@ -49,6 +53,34 @@ def isolation_overhead(rounds: int, work: Path) -> dict[str, dict[str, float]]:
             for label in drivers}
 
 
+def setup_cost(rounds: int, work: Path) -> dict[str, float]:
+    """Median wall of one isolated run of a tiny model, cold and warm (the zygote started by a first, unmeasured run)."""
+    from farm.model_generators.generate import write_tiny_onnx
+
+    model = work / "tiny.onnx"
+    write_tiny_onnx(model)
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    walls: dict[str, list[float]] = {"cold": [], "warm": []}
+    drivers = {}
+    for mode in walls:
+        os.environ["FARM_WARM_HARNESS"] = "1" if mode == "warm" else "0"  # read when a driver is made
+        drivers[mode] = SimDriver(work / f"setup-{mode}")
+    for round_ in range(rounds + 1):
+        for mode, driver in drivers.items():
+            task = TaskSpec(task_id=round_, job_id=1, attempt=1, target="sim", model_name="tiny", model_path=str(model),
+                            model_sha256=sha, model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
+                            plan=TaskPlan(workload={"type": "benchmark", "iterations": 5, "warmup": 1},
+                                          sim={"backend": "process", "on_contention": "flag"}, run_timeout_s=120,
+                                          base_dir=str(model.parent)))
+            started = time.perf_counter()
+            result = driver.run(task, lambda: False)
+            if round_ and result.ok:  # the first round starts the zygote
+                walls[mode].append(time.perf_counter() - started)
+            elif not result.ok:
+                raise RuntimeError(f"{mode}: {result.message}")
+    return {mode: statistics.median(values) * 1000 for mode, values in walls.items()}
+
+
 def upload_cost(mib: int, work: Path) -> dict[str, float]:
     from farm.client.config import Credentials
     from farm.client.remote import RemoteFarm
@@ -87,11 +119,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--upload-mib", type=int, default=64)
+    parser.add_argument("--setup-only", action="store_true", help="only part 3: a run's setup, cold and warm")
     args = parser.parse_args()
     print(f"# {platform.node()} · {os.cpu_count()} cpus · Python {sys.version.split()[0]} · "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} · load {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        if args.setup_only:
+            setup = setup_cost(args.rounds, work)
+            print(f"isolated run of a tiny model, median wall over {args.rounds} rounds: cold {setup['cold']:.0f} ms, "
+                  f"warm {setup['warm']:.0f} ms · load after {os.getloadavg()[0]:.1f}")
+            return
         if os.geteuid() == 0:
             rows = isolation_overhead(args.rounds, work)
             print("| run | median wall s | median p50 ms |\n|---|---|---|")

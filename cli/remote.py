@@ -266,7 +266,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from farm.agents.environment import host_facts
     from farm.agents.link.remote_controller import DeviceInfo, RemoteController, controller_addresses
     from farm.agents.sandbox.docker_build import BuildPolicy
-    from farm.agents.sandbox.isolation import RunUserError, resolve_run_as
+    from farm.agents.sandbox.isolation import RunUserError, resolve_run_as, run_uid_range
     from farm.agents.sim.driver import SimDriver
     from farm.controller.auth import valid_agent_name
 
@@ -292,6 +292,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     token = agent_token(args)
     try:
         run_as = resolve_run_as(args.run_as)
+        uids = run_uid_range() if run_as is not None else None  # each run's own uid, from FARM_RUN_UIDS
     except RunUserError as e:
         raise RemoteError(str(e)) from None
     # absolute: the harness runs in its run directory, so a relative path would point nowhere
@@ -324,7 +325,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     log.info("agent %s: %d sim slot(s), %d device(s), work dir %s, controller %s, runs as %s", args.name,
-             args.sim_slots, len(lab), work_dir, address, run_as.name if run_as else "the agent's own user")
+             args.sim_slots, len(lab), work_dir, address,
+             f"a uid of their own each (uids {uids[0]}-{uids[0] + uids[1] - 1}; venvs installed as {run_as.name})"
+             if run_as and uids else "the agent's own user")
     client.start()
     agent.run_job(None)  # each slot leases until draining
     if client.fatal is not None:
@@ -399,7 +402,8 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
                                                  "visible to every local user)")
     a.add_argument("--token-file", default=None, metavar="PATH", help="read the agent token from this file (mode 0600)")
     a.add_argument("--run-as", default=None, metavar="USER",
-                   help="the unprivileged user jobs run as (default when the agent is root: nobody)")
+                   help="the unprivileged user that installs script venvs (default when the agent is root: nobody); "
+                        "each run itself gets a uid of its own from FARM_RUN_UIDS=FIRST:COUNT")
     a.add_argument("--tls-ca", default=None, help="CA that signed the controller's certificate (enables TLS)")
     a.add_argument("--tls-cert", default=None, help="this agent's certificate, for mutual TLS")
     a.add_argument("--tls-key", default=None, help="this agent's key, for mutual TLS")

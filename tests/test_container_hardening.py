@@ -19,6 +19,7 @@ import pytest
 from conftest import require_backend
 from farm.agents.sandbox.docker import DockerBackend
 from farm.agents.sandbox.docker_build import BuildPolicy
+from farm.agents.sandbox.isolation import run_uid_range
 from farm.agents.sim.driver import SimDriver
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import load_job_text
@@ -107,7 +108,8 @@ def test_an_images_entrypoint_never_runs_and_nothing_runs_as_root(tmp_path: Path
     assert not (run_dir / "entrypoint-ran").exists()  # farm's harness is the entrypoint: the image's never ran
     assert not (run_dir / "rootsh").exists()
     report = json.loads((run_dir / "report.json").read_text())
-    assert report["uid"] == report["euid"] == driver.run_as.uid != 0, report
+    first, count = run_uid_range()  # the run's own uid, from the agent's range
+    assert report["uid"] == report["euid"] and first <= report["uid"] < first + count, report
     assert int(report["cap_eff"], 16) == 0, report  # every capability dropped
     assert report["no_new_privs"] == "1", report
     assert report["setuid0"] == "Operation not permitted", report
@@ -220,7 +222,8 @@ def test_a_job_may_ask_for_a_writable_root_and_still_runs_as_the_run_user(tmp_pa
     report = json.loads((run_dir / "report.json").read_text())
     # the root is writable now, so only its owners' rights keep the run user out of /etc: no longer EROFS
     assert report["root_write"] == "Permission denied", report
-    assert report["uid"] == driver.run_as.uid != 0 and int(report["cap_eff"], 16) == 0, report
+    first, count = run_uid_range()
+    assert first <= report["uid"] < first + count and int(report["cap_eff"], 16) == 0, report
 
 
 def test_writable_root_needs_the_docker_backend() -> None:

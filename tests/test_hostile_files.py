@@ -22,6 +22,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from farm.agents.sandbox.isolation import run_uid_range
 from farm.proto.generated import agent_pb2_grpc, common_pb2, farm_pb2, farm_pb2_grpc
 from grpc_processes import Cluster, wait_for
 
@@ -261,7 +262,10 @@ def test_a_script_cannot_read_a_0600_file_or_the_agent_token(lab, tmp_path: Path
         assert record["failure_class"] == "job" and "exited with status 3" in record["message"]
         with cluster.db() as db:
             stored = json.dumps(db.execute("SELECT * FROM runs").fetchall())
-        assert "uid: 65534" in stored and "PermissionError" in stored  # it ran, as nobody, and was refused
+        # it ran, as a uid of its own from the agent's run range, and was refused
+        first, count = run_uid_range()
+        uid = re.search(r"uid: (\d+)", stored)
+        assert uid is not None and first <= int(uid.group(1)) < first + count and "PermissionError" in stored
         for leak in ("TOP-SECRET-0600-CONTENTS", AGENT):
             assert leak not in stored and leak not in run.stdout and leak not in run.stderr
         assert "pids seen: 2" in stored or "pids seen: 1" in stored  # its own PID namespace: no agent to look at

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pwd
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 from conftest import require_backend
 from farm.agents.harness.task import HarnessTask
 from farm.agents.sandbox.docker import DockerBackend
+from farm.agents.sandbox.isolation import run_uid_range
 from farm.agents.sandbox.warm import WARM_ENV, Zygote, anonymous_bytes
 from farm.agents.sim.driver import SimDriver
 from farm.proto.results import FailureClass
@@ -79,6 +79,7 @@ def test_a_warm_run_is_forked_into_its_own_cgroup_namespaces_and_user(tmp_path: 
                     seen["mounts"] = Path(f"/proc/{pid}/mountinfo").read_text()
                     seen["status"] = status
                     seen["fds"] = " ".join(os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
+                    seen["maps"] = Path(f"/proc/{pid}/maps").read_text()
                 except OSError:
                     continue
                 if "Uid:\t0" not in status:  # past the switch to the run user
@@ -91,14 +92,22 @@ def test_a_warm_run_is_forked_into_its_own_cgroup_namespaces_and_user(tmp_path: 
     looker.join()
     assert result.ok, result.message
     assert result.environment["harness"] == "warm: forked from a kept onnx harness"
-    assert result.environment["isolation"].startswith("user nobody, mount + PID namespaces")
-    nobody = pwd.getpwnam("nobody").pw_uid
+    assert "(a uid of its own), mount + PID namespaces, no other run's directory mounted" in \
+        result.environment["isolation"]
+    first, count = run_uid_range()
     status = dict(line.split(":\t", 1) for line in seen["status"].splitlines() if ":\t" in line)
-    assert status["Uid"].split()[:3] == [str(nobody)] * 3, status["Uid"]
+    uid = int(status["Uid"].split()[0])
+    assert status["Uid"].split()[:3] == [str(uid)] * 3 and first <= uid < first + count, status["Uid"]
+    assert status["Gid"].split()[:3] == [str(uid)] * 3, status["Gid"]
     assert status["NSpid"].split()[-1] == "1"  # PID 1 of a namespace of its own, as under unshare --fork
     assert status["NoNewPrivs"].strip() == "1" and status["Groups"].strip() == ""
     assert "farm/run-" in seen["cgroup"]  # joined the run's cgroup, not the zygote's
     assert "socket:" not in seen["fds"] and "pid:[" not in seen["fds"], seen["fds"]  # nothing of the zygote's
+    assert "onnxruntime.db" not in seen["fds"] and "farm-zygote-home" not in seen["fds"], seen["fds"]
+    # no shared mapping of a file the zygote's imports opened (onnxruntime's telemetry store)
+    shared = [line for line in seen["maps"].splitlines() if len(line.split()) > 5 and line.split()[1][3] == "s"
+              and not line.split()[5].startswith("/tmp/run/")]
+    assert shared == [], shared
     mounts = [line.split() for line in seen["mounts"].splitlines()]
     assert any(m[4] == "/tmp" and "farm-tmp" in m for m in mounts)  # a private /tmp
     assert any(m[4] == "/tmp/run" for m in mounts)
@@ -154,13 +163,13 @@ def test_docker_scripts_and_other_files_stay_cold(tmp_path: Path, tiny_models, m
     driver = _driver(tmp_path, True, monkeypatch, "d")
     docker = DockerBackend.__new__(DockerBackend)  # the class's choice, no engine needed to read it
     benchmark = HarnessTask(kind="benchmark", model_path=str(tiny_models["onnx"]))
-    assert driver.warm_launch(benchmark, docker, tmp_path, None, None) is None
+    assert driver.warm_launch(benchmark, docker, tmp_path, None, None, None, 3) is None
     assert driver.harness_mode(benchmark, docker, None) == "cold: the docker backend starts each run in its own container"
     script = HarnessTask(kind="script", model_path=str(tiny_models["onnx"]))
     process = driver.backend_for(_task(tiny_models["onnx"], backend="process"))
-    assert driver.warm_launch(script, process, tmp_path, None, None) is None
+    assert driver.warm_launch(script, process, tmp_path, None, None, None, 3) is None
     odd = HarnessTask(kind="benchmark", model_path=str(tmp_path / "model.pt"))
-    assert driver.warm_launch(odd, process, tmp_path, None, None) is None
+    assert driver.warm_launch(odd, process, tmp_path, None, None, None, 3) is None
 
 
 def test_a_dead_zygote_is_started_again_and_one_whose_agent_is_gone_exits(tmp_path: Path, tiny_models,

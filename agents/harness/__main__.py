@@ -1,4 +1,8 @@
-"""Entry point inside the sandbox: `python -m farm.agents.harness TASK.json OUT.json`.
+"""Entry point inside the sandbox: `python -m farm.agents.harness TASK.json OUT`.
+
+OUT is `fd:N` where the agent opened the result's channel before the run started (an anonymous file it handed
+down as descriptor N; the sim's process and cgroup backends, cold and warm), else a file path (a container, a
+board), which the agent reads as hostile.
 
 Keeps its own imports light until the task says which runtime to load, so the memory
 baseline is the runtime, not farm.
@@ -7,6 +11,7 @@ baseline is the runtime, not farm.
 from __future__ import annotations
 
 import importlib
+import os
 import platform
 import sys
 import traceback
@@ -21,7 +26,10 @@ def rss_now() -> int | None:
 
 
 def main(argv: list[str]) -> int:
-    task_path, out_path = Path(argv[0]), Path(argv[1])
+    task_path, destination = Path(argv[0]), argv[1]
+    result_fd = int(destination[3:]) if destination.startswith("fd:") else None
+    if result_fd is not None:
+        os.set_inheritable(result_fd, False)  # the harness's alone: a script it starts never holds it
     task = HarnessTask.read(task_path)
     out = HarnessOutput(ok=False)
     out.tool_versions["python"] = platform.python_version()
@@ -48,7 +56,10 @@ def main(argv: list[str]) -> int:
         out.failure_class, out.message = "bug", "the harness failed:\n" + traceback.format_exc(limit=8)
     if task.kind != "script" and out.peak_rss_bytes is None:  # a runner that profiles ops took it before that pass
         out.peak_rss_bytes = _status_kib("VmHWM")
-    out.write(out_path)
+    if result_fd is not None:
+        out.write_fd(result_fd)
+    else:
+        out.write(Path(destination))
     return 0 if out.ok else 3
 
 

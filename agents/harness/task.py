@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,13 @@ class HarnessOutput:
     tool_versions: dict[str, str] = field(default_factory=dict)
     op_profile: list[dict[str, Any]] = field(default_factory=list)  # OpProfileRow fields, one dict a row
     op_profile_note: str = ""  # why a run asked for an op profile and has none
+
+    def write_fd(self, fd: int) -> None:
+        """The result into the channel the agent opened for it (agents/sim/driver.py read_harness_result)."""
+        data = json.dumps(dataclasses.asdict(self)).encode()
+        while data:
+            data = data[os.write(fd, data):]
+        os.close(fd)
 
     def write(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")

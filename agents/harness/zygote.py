@@ -5,9 +5,16 @@ Each child is set up as the cold path sets up a fresh process, in the same order
 code: a session of its own, its output on the run's log, the run's cgroups joined (the cgroup backend) or its
 cores, priority and rlimits set (the process backend), then — as root with namespaces — fresh mount and PID
 namespaces (it is PID 1 of its own), tmpfs over /tmp, /var/tmp and /dev/shm, closed folders covered and farm's
-runtime bound back read-only, the run directory bound at /tmp/run, and the run user's uid and gid with no
-supplementary groups and no new privileges. Only then does it run the harness's main(). The zygote reaps each
-child with wait4 and reports its exit status, rusage and exit time.
+runtime bound back read-only, every other run's directory detached, the run directory bound at /tmp/run, and the
+run's own uid and gid with no supplementary groups and no new privileges (harness/run_world.py, the cold path's
+code too). Only then does it run the harness's main(), which writes its result to the descriptor the agent handed
+down with the request (RESULT_FD), never to a path. The zygote reaps each child with wait4 and reports its exit
+status, rusage and exit time.
+
+What the zygote's imports opened is not the run's: the child closes every descriptor but its output and result,
+and replaces each shared mapping of a file with private memory holding the same bytes (onnxruntime maps its
+telemetry store, a writable SQLite -shm under the zygote's home, shared as it is imported; the zygote's home is
+an empty folder of its own, warm.py).
 
 The zygote holds nothing of the agent: it is a fresh interpreter (started with an allow-listed environment and
 no descriptor but its socket) that imported the harness and one runtime, and it never creates a session, so a
@@ -32,13 +39,11 @@ import traceback
 from typing import Any
 
 from farm.agents.harness.__main__ import main as harness_main
+from farm.agents.harness.run_world import RESULT_FD, SETUP_FAILED_EXIT, become, enter_mount_namespace
 
-CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
-    0x1, 0x2, 0x4, 0x8, 0x20, 0x1000, 0x4000, 0x40000)
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+CLONE_NEWPID = 0x20000000
+PR_SET_PDEATHSIG = 1
 JOIN_FAILED_EXIT = 97  # the cgroup backend's: the run could not join its cgroup
-SETUP_FAILED_EXIT = 98  # the namespaces or the run user could not be set up
 MAX_MESSAGE_BYTES = 1 << 20
 HIGHEST_PRIORITY = -20  # as the process backend's runs claim it (where allowed)
 MAX_FD = 1 << 16
@@ -50,11 +55,6 @@ def _check(result: int, what: str) -> None:
     if result != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"{what}: {os.strerror(errno)}")
-
-
-def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    _check(_libc.mount(source.encode() if source else None, target.encode(), fstype.encode() if fstype else None,
-                       flags, data.encode() if data else None), f"mount {target}")
 
 
 def preload(runtime: str) -> None:
@@ -126,39 +126,47 @@ def run_queue_wait_ns(pid: int) -> int | None:
         return None
 
 
-def enter_namespaces(isolate: dict[str, Any]) -> None:
-    """In the child, already PID 1 of a new PID namespace: what `unshare --mount --mount-proc` and isolation.ENTER
-    do, then setpriv's switch to the run user (isolation.py documents why each step is there)."""
-    _check(_libc.unshare(CLONE_NEWNS), "unshare the mount namespace")
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    # opened in the new namespace (a mount of another namespace cannot be bound), before /tmp is covered
-    keep = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in isolate["keep"]]
-    _mount("farm-tmp", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={isolate['tmp_size']}")
-    for folder in ("/var/tmp", "/dev/shm"):
-        _mount("farm-tmp", folder, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={isolate['small_tmp_size']}")
-    for folder in isolate["cover"]:
-        _mount("farm-cover", folder, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
-    os.mkdir("/tmp/run")
-    _mount("/proc/self/cwd", "/tmp/run", None, MS_BIND)
-    _mount(None, "/tmp/run", None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
-    for fd, path in zip(keep, isolate["keep"]):
-        os.makedirs(path, exist_ok=True)
-        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND)
-        _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
-        os.close(fd)
-    os.chdir("/tmp/run")
+MAP_SHARED, MAP_PRIVATE, MAP_FIXED, MAP_ANONYMOUS = 0x01, 0x02, 0x10, 0x20
+PROT_READ, PROT_WRITE, PROT_EXEC = 0x1, 0x2, 0x4
 
 
-def become(user: dict[str, int]) -> None:
-    """setpriv --reuid --regid --clear-groups --no-new-privs."""
-    os.setgroups([])
-    os.setresgid(user["gid"], user["gid"], user["gid"])
-    os.setresuid(user["uid"], user["uid"], user["uid"])
-    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no new privileges")
+def shared_file_mappings() -> list[tuple[int, int, str, str]]:
+    """(address, length, permissions, file) of every shared mapping of a file this process has."""
+    found = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            path = fields[5].strip() if len(fields) == 6 else ""
+            if fields[1][3] == "s" and path and not path.startswith("["):
+                low, high = (int(x, 16) for x in fields[0].split("-"))
+                found.append((low, high - low, fields[1], path))
+    return found
 
 
-def child(request: dict[str, Any], output_fd: int, control: socket.socket, file_pages: list[tuple[int, int]]) -> int:
+def unshare_file_mappings() -> list[str]:
+    """Replace each shared mapping of a file the zygote's imports made with private memory holding the same bytes;
+    the files replaced. onnxruntime maps its telemetry store (a root-owned, writable SQLite -shm under the zygote's
+    home) shared as it is imported: a forked run would write into the host's file, and read what other runs wrote."""
+    mmap, mprotect = _libc.mmap, _libc.mprotect
+    mmap.restype, mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                                                    ctypes.c_int, ctypes.c_long]
+    mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    replaced = []
+    for address, length, perms, path in shared_file_mappings():
+        data = ctypes.string_at(address, length) if perms[0] == "r" else None
+        prot = (PROT_READ if perms[0] == "r" else 0) | (PROT_WRITE if perms[1] == "w" else 0) | (
+            PROT_EXEC if perms[2] == "x" else 0)
+        if mmap(address, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != address:
+            raise OSError(ctypes.get_errno(), f"cannot replace the shared mapping of {path}")
+        if data is not None:
+            ctypes.memmove(address, data, length)
+        _check(mprotect(address, length, prot), f"protect the private copy of {path}")
+        replaced.append(path)
+    return replaced
+
+
+def child(request: dict[str, Any], output_fd: int, result_fd: int, control: socket.socket,
+          file_pages: list[tuple[int, int]]) -> int:
     """The run's process, from the fork to the harness's exit code."""
     signal.set_wakeup_fd(-1)  # the zygote's, not the run's
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -169,7 +177,11 @@ def child(request: dict[str, Any], output_fd: int, control: socket.socket, file_
     os.dup2(null, 0)
     os.dup2(output_fd, 1)
     os.dup2(output_fd, 2)
-    os.closerange(3, MAX_FD)  # nothing of the zygote's (its socket, its namespace handle) reaches the run
+    if result_fd != RESULT_FD:
+        os.dup2(result_fd, RESULT_FD, inheritable=False)
+    # nothing of the zygote's (its socket, its namespace handle, the runtime's files) reaches the run
+    os.closerange(RESULT_FD + 1, MAX_FD)
+    unshare_file_mappings()
     for path in request.get("procs") or []:  # JOIN_AND_EXEC: nothing of the run runs outside its cgroups
         try:
             with open(path, "w") as f:
@@ -190,7 +202,7 @@ def child(request: dict[str, Any], output_fd: int, control: socket.socket, file_
     os.chdir(request["cwd"])
     try:
         if request.get("isolate"):
-            enter_namespaces(request["isolate"])
+            enter_mount_namespace(request["isolate"])
         if request.get("user"):
             become(request["user"])
     except OSError as e:
@@ -218,7 +230,7 @@ class Zygote:
     def send(self, message: dict[str, Any]) -> None:
         self.control.sendall(json.dumps(message).encode() + b"\n")
 
-    def spawn(self, request: dict[str, Any], output_fd: int) -> None:
+    def spawn(self, request: dict[str, Any], output_fd: int, result_fd: int) -> None:
         new_pid_ns = bool(request.get("isolate"))
         try:
             if new_pid_ns:  # the child is PID 1 of a namespace of its own, as under `unshare --pid --fork`
@@ -227,12 +239,13 @@ class Zygote:
             pid = os.fork()
         except OSError as e:
             os.close(output_fd)
+            os.close(result_fd)
             self.send({"error": str(e)})
             return
         if pid == 0:
             code = 1
             try:
-                code = child(request, output_fd, self.control, self.file_pages)
+                code = child(request, output_fd, result_fd, self.control, self.file_pages)
             except BaseException:  # noqa: BLE001 -- a child never returns into the zygote's loop
                 traceback.print_exc()
             finally:
@@ -244,6 +257,7 @@ class Zygote:
         if new_pid_ns:  # the next child is forked where the zygote itself lives again
             _check(_libc.setns(self.own_pid_ns, CLONE_NEWPID), "return to the zygote's PID namespace")
         os.close(output_fd)
+        os.close(result_fd)
         self.children.add(pid)
         self.send({"pid": pid, "started_at": started_at})
 
@@ -288,12 +302,12 @@ class Zygote:
                         except OSError:
                             pass
                     return
-                if len(fds) != 1:  # one packet is one request with the run's output file
+                if len(fds) != 2:  # one packet is one request with the run's output file and its result's
                     for fd in fds:
                         os.close(fd)
-                    self.send({"error": "a run request came without its output file"})
+                    self.send({"error": "a run request came without its output file and result descriptor"})
                     continue
-                self.spawn(json.loads(data), fds[0])
+                self.spawn(json.loads(data), fds[0], fds[1])
 
 
 def run(argv: list[str]) -> int:

@@ -206,8 +206,12 @@ class SandboxBackend(abc.ABC):
         env: dict[str, str],
         cwd: Path,
         mounts: list[MountSpec],
+        pass_fds: tuple[int, ...] = (),
+        user: str | None = None,
     ) -> RunningSandbox:
-        """Spawn argv inside a fresh sandbox. Raises SandboxError on setup failure."""
+        """Spawn argv inside a fresh sandbox. Raises SandboxError on setup failure. pass_fds: descriptors the
+        command inherits (the result's channel; a container can be handed none). user "uid:gid": who a container's
+        first process is (the run's own uid); the other backends switch user in argv itself."""
 
     def effective_limits(self, budget: Budget) -> Budget:
         """The budget as really applied (a backend may round or drop parts)."""

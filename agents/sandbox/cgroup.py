@@ -261,13 +261,14 @@ class CgroupBackend(SandboxBackend):
         return layout if isinstance(layout, str) else None
 
     def start(self, argv: list[str], budget: Budget, *, env: dict[str, str], cwd: Path,
-              mounts: list[MountSpec]) -> RunningSandbox:
+              mounts: list[MountSpec], pass_fds: tuple[int, ...] = (), user: str | None = None) -> RunningSandbox:
         dirs, exclusive = self._make_cgroups(budget)
         procs = " ".join(str(d / "cgroup.procs") for d in dirs.values())
         wrapped = ["/bin/sh", "-c", JOIN_AND_EXEC, "farm-sandbox", *argv]
         output_path = cwd / "sandbox-output.log"
         try:
-            process = ReapedProcess(wrapped, env={**env, "FARM_CGROUP_PROCS": procs}, cwd=cwd, output_path=output_path)
+            process = ReapedProcess(wrapped, env={**env, "FARM_CGROUP_PROCS": procs}, cwd=cwd, output_path=output_path,
+                                    pass_fds=pass_fds)
         except OSError as e:
             self._remove(dirs)
             raise SandboxError(f"cannot start the run: {e}") from e

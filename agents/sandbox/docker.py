@@ -650,11 +650,15 @@ class DockerBackend(SandboxBackend):
         env: dict[str, str],
         cwd: Path,
         mounts: list[MountSpec],
+        pass_fds: tuple[int, ...] = (),
+        user: str | None = None,
     ) -> RunningSandbox:
         import docker.errors
 
         if not argv:
             raise SandboxError("nothing to run: argv is empty")
+        if pass_fds:
+            raise SandboxError("a container cannot be handed descriptors: its result comes back as a file")
         image = self._image()
         token = secrets.token_hex(6)
         # A per-run parent cgroup keeps the kernel's peak after the container's own cgroup is gone.
@@ -682,7 +686,7 @@ class DockerBackend(SandboxBackend):
                 name=f"farm-{token}",
                 environment=dict(env),
                 working_dir=str(cwd),
-                user=self.run_user,
+                user=user or self.run_user,
                 mounts=self._mounts(mounts),
                 **hardening(budget, read_only_root=self.read_only_root),
                 network_mode=self.network_mode,

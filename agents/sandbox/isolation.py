@@ -1,13 +1,18 @@
-"""Who the sandboxed command runs as, and what it can see: an unprivileged user in its own
-mount and PID namespaces, with a private /tmp and its run directory, and nothing of the agent's.
+"""Who the sandboxed command runs as, and what it can see: a uid and gid of its own in its own mount and PID
+namespaces, with a private /tmp and its run directory, and nothing of the agent's or of any other run.
 
-A job's harness or script is other people's code. As root, farm starts it through util-linux:
-`unshare` (new mount + PID namespaces, a fresh /proc, tmpfs over /tmp, /var/tmp and /dev/shm,
-the run directory bound at /tmp/run) and then `setpriv` (the run user's uid and gid, no
-supplementary groups, no new privileges). The backends are unchanged: the cgroup backend's
-shell joins its cgroups as root and then execs this prefix. The docker backend has its own
-namespaces already: there the container itself starts as the run user (docker.py), with nothing
-of root to drop. Not root: nothing to drop, the run is as the agent.
+A job's harness or script is other people's code. As root, farm starts it through `unshare --pid --fork` and then
+harness/run_world.py (stdlib only, run by its path): a new mount namespace with private propagation, a fresh
+/proc, every other run's directory detached from the run's mount table (so /proc/self/mountinfo names none), tmpfs
+over /tmp, /var/tmp and /dev/shm, the run directory bound at /tmp/run, and then the run's own uid and gid (no
+supplementary groups, no new privileges). The warm path's zygote child runs the same code (zygote.py).
+
+Each concurrent run's uid and gid come from a range the agent owns (RunUids, FARM_RUN_UIDS, as systemd's
+DynamicUser): one lock file per uid under /run/farm/run-uids, held for the run's life, so no two runs of any agent
+on the host share one, and a run's files are no other run's. The backends are unchanged: the cgroup backend's
+shell joins its cgroups as root and then execs this prefix. The docker backend has its own namespaces already:
+there the container itself starts as the run's uid (docker.py), with nothing of root to drop. Not root: nothing
+to drop, the run is as the agent.
 """
 
 from __future__ import annotations
@@ -15,9 +20,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import functools
 import importlib.util
+import json
 import os
+import random
 import pwd
 import shutil
 import stat
@@ -25,23 +33,24 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from farm.agents.harness.run_world import ISOLATE_ENV
 
 DEFAULT_RUN_AS = "nobody"
 # Where the run directory appears inside the namespaces: short, and traversable whatever the host path.
 INNER_RUN_DIR = Path("/tmp/run")
 # The folders the run gets fresh (tmpfs); anything farm itself runs from inside them is bound back.
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
-MAX_KEPT = 6  # ENTER holds each on a file descriptor from 3 to 8 (sh has single-digit descriptors)
-# Runs inside the new namespaces as root, then becomes the run user. "$@" is the command. The
-# runtime folders in FARM_KEEP (one a line) are opened before /tmp is covered and bound back read-only.
-ENTER = ('set -e; IFS="\n"; n=3; for p in $FARM_KEEP; do eval "exec $n<\\"\\$p\\""; n=$((n+1)); done; '
-         "mount -t tmpfs -o mode=1777,nosuid,nodev,size=$FARM_TMP_SIZE farm-tmp /tmp; "
-         "for d in /var/tmp /dev/shm; do mount -t tmpfs -o mode=1777,nosuid,nodev,size=$FARM_SMALL_TMP_SIZE farm-tmp $d; done; "
-         'for d in $FARM_COVER; do mount -t tmpfs -o mode=0755,nosuid,nodev,size=1m farm-cover "$d"; done; '
-         "mkdir /tmp/run; mount -c --bind /proc/self/cwd /tmp/run; mount -o remount,bind,nosuid,nodev /tmp/run; "
-         'n=3; for p in $FARM_KEEP; do mkdir -p "$p"; mount -c --bind "/proc/self/fd/$n" "$p"; '
-         'mount -o remount,bind,ro "$p"; eval "exec $n<&-"; n=$((n+1)); done; unset IFS; cd /tmp/run; '
-         'exec setpriv --reuid="$FARM_RUN_UID" --regid="$FARM_RUN_GID" --clear-groups --no-new-privs -- "$@"')
+MAX_KEPT = 6  # runtime folders bound back, at most
+# The cold path's first step in the namespaces: stdlib only, run by its path (the warm path imports it)
+RUN_WORLD = Path(__file__).resolve().parent.parent / "harness" / "run_world.py"
+# Each concurrent run's own uid and gid, from a range the agent owns (as systemd's DynamicUser): FIRST:COUNT.
+RUN_UIDS_ENV = "FARM_RUN_UIDS"
+DEFAULT_RUN_UIDS = (0x7A000000, 1 << 16)  # 2046820352 up: above systemd's container ranges, below 2^31
+# One lock file per uid in use, shared by every agent on the host (two agents never give a run the same uid).
+RUN_UID_LOCKS = Path("/run/farm/run-uids")
+UID_WINDOW = 1024
 
 
 class RunUserError(ValueError):
@@ -53,6 +62,76 @@ class RunAs:
     name: str
     uid: int
     gid: int
+
+
+def run_uid_range() -> tuple[int, int]:
+    """(first uid, how many) of the agent's run range: FARM_RUN_UIDS=FIRST:COUNT, else DEFAULT_RUN_UIDS."""
+    text = os.environ.get(RUN_UIDS_ENV, "").strip()
+    if not text:
+        return DEFAULT_RUN_UIDS
+    try:
+        first, count = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise RunUserError(f"{RUN_UIDS_ENV}={text!r}: write FIRST:COUNT, two whole numbers (the default is "
+                           f"{DEFAULT_RUN_UIDS[0]}:{DEFAULT_RUN_UIDS[1]})") from None
+    if first < 1000 or count < 1 or first + count > 1 << 31:
+        raise RunUserError(f"{RUN_UIDS_ENV}={text!r}: the range must lie between 1000 and 2^31 and hold at least one "
+                           "uid, none of them a user of this host's")
+    return first, count
+
+
+class RunUid:
+    """One run's own uid and gid while it holds them: a lock file no other run of any agent on the host can take."""
+
+    def __init__(self, run_as: RunAs, lock_fd: int) -> None:
+        self.run_as, self._lock_fd = run_as, lock_fd
+
+    def release(self, sweep: bool = True) -> None:
+        """Give the uid back. sweep: anything still running under it (a run that escaped its process group where
+        there are no namespaces) is killed first, so the next run given this uid meets nothing of this one; a run
+        in a PID namespace of its own (or a container) needs none, the kernel ended all of it with it."""
+        if self._lock_fd < 0:
+            return
+        if sweep:
+            kill_user_processes(self.run_as.uid)
+        os.close(self._lock_fd)  # closing drops the lock
+        self._lock_fd = -1
+
+
+class RunUids:
+    """The run range (run_uid_range) an agent hands out: each concurrent run a uid and gid nobody else holds, so
+    the files one run makes are no other run's, whoever wrote the other job."""
+
+    def __init__(self, first: int, count: int, locks: Path = RUN_UID_LOCKS) -> None:
+        self.first, self.count, self.locks = first, count, locks
+
+    def acquire(self) -> RunUid:
+        self.locks.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # from anywhere in the first UID_WINDOW uids (a uid just given back seldom comes next; the lock files stay
+        # few), then on through the range while they are all taken
+        start = random.randrange(min(self.count, UID_WINDOW))
+        for step in range(self.count):
+            uid = self.first + (start + step) % self.count
+            fd = os.open(self.locks / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            return RunUid(RunAs(f"farm-run-{uid}", uid, uid), fd)
+        raise RunUserError(f"every uid of the run range ({RUN_UIDS_ENV}={self.first}:{self.count}) is held by a "
+                           f"run; widen the range")
+
+
+def kill_user_processes(uid: int) -> None:
+    """SIGKILL every process of `uid`: kill(-1) sent as that uid reaches exactly the processes whose real or saved uid
+    it is (one short process, not a read of every process's status)."""
+    try:
+        subprocess.run(["/bin/sh", "-c", "kill -KILL -1"], user=uid, group=uid, extra_groups=[], env={"PATH": "/usr/bin:/bin"},
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30,
+                       cwd="/", check=False)
+    except (OSError, subprocess.SubprocessError):
+        pass
 
 
 def resolve_run_as(name: str | None) -> RunAs | None:
@@ -88,9 +167,9 @@ def namespaces_unavailable() -> str | None:
 
 
 def isolated_argv(argv: list[str], run_as: RunAs) -> list[str]:
-    """argv run as run_as inside fresh mount + PID namespaces; cwd must be the run directory."""
-    return ["unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private", "--",
-            "/bin/sh", "-c", ENTER, "farm-isolate", *argv]
+    """argv run as run_as inside fresh mount + PID namespaces (harness/run_world.py makes the mount namespace and
+    switches user, isolation_env says how); cwd must be the run directory."""
+    return ["unshare", "--pid", "--fork", "--", sys.executable, "-I", "-S", str(RUN_WORLD), *argv]
 
 
 def user_argv(argv: list[str], run_as: RunAs) -> list[str]:
@@ -107,13 +186,18 @@ def tmp_sizes(memory_bytes: int | None) -> tuple[str, str]:
     return str(max(memory_bytes // 2, 1 << 20)), str(max(memory_bytes // 4, 1 << 20))
 
 
-def isolation_env(run_as: RunAs, memory_bytes: int | None = None) -> dict[str, str]:
-    """What the ENTER script reads; the command itself gets the same allow-listed environment."""
-    tmp, small_tmp = tmp_sizes(memory_bytes)
+def isolate_settings(memory_bytes: int | None, hide: list[str]) -> dict[str, Any]:
+    """What harness/run_world.py sets up, cold and warm alike: the runtime bound back, closed folders covered, the
+    temp mounts' sizes, and the runs roots whose directories are taken out of the run's mount table."""
     keep, cover = runtime_binds()
-    return {"FARM_RUN_UID": str(run_as.uid), "FARM_RUN_GID": str(run_as.gid),
-            "FARM_KEEP": "\n".join(keep), "FARM_COVER": "\n".join(cover),
-            "FARM_TMP_SIZE": tmp, "FARM_SMALL_TMP_SIZE": small_tmp}
+    tmp, small_tmp = tmp_sizes(memory_bytes)
+    return {"keep": list(keep), "cover": list(cover), "tmp_size": tmp, "small_tmp_size": small_tmp, "hide": hide}
+
+
+def isolation_env(run_as: RunAs, memory_bytes: int | None = None, hide: list[str] | None = None) -> dict[str, str]:
+    """What the cold path's run_world.py reads (and takes out of the environment before the command starts)."""
+    settings = {"isolate": isolate_settings(memory_bytes, hide or []), "user": {"uid": run_as.uid, "gid": run_as.gid}}
+    return {ISOLATE_ENV: json.dumps(settings)}
 
 
 @functools.cache

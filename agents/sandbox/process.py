@@ -204,7 +204,7 @@ class ProcessBackend(SandboxBackend):
         return allowed
 
     def start(self, argv: list[str], budget: Budget, *, env: dict[str, str], cwd: Path,
-              mounts: list[MountSpec]) -> RunningSandbox:
+              mounts: list[MountSpec], pass_fds: tuple[int, ...] = (), user: str | None = None) -> RunningSandbox:
         cores = self._cores(budget)
         cap = None if budget.memory_bytes is None else budget.memory_bytes + ADDRESS_SPACE_HEADROOM_BYTES
         nproc = pids_limit(budget)
@@ -218,7 +218,7 @@ class ProcessBackend(SandboxBackend):
             resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
         process = ReapedProcess(argv, env=env, cwd=cwd, output_path=cwd / "sandbox-output.log",
-                                preexec_fn=limit_child)
+                                preexec_fn=limit_child, pass_fds=pass_fds)
         return ProcessSandbox(process, budget, cores)
 
     warm_capable = True

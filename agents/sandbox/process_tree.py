@@ -29,7 +29,7 @@ class ReapedProcess:
     """A child process whose exit is collected by a thread the moment it happens."""
 
     def __init__(self, argv: list[str], *, env: dict[str, str], cwd: Path, output_path: Path,
-                 preexec_fn=None) -> None:
+                 preexec_fn=None, pass_fds: tuple[int, ...] = ()) -> None:
         self.output_path = output_path
         self._output = open(output_path, "w+b")  # read back through this handle: the path may be swapped
         self.started_at = time.monotonic()
@@ -40,7 +40,7 @@ class ReapedProcess:
 
         self.proc = subprocess.Popen(
             argv, env=env, cwd=str(cwd), stdin=subprocess.DEVNULL, stdout=self._output,
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=child_setup,
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=child_setup, pass_fds=pass_fds,
         )
         self.pid = self.proc.pid
         self.exited = threading.Event()

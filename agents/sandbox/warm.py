@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -28,6 +29,7 @@ import weakref
 from pathlib import Path
 from typing import IO, Any
 
+from farm.agents.harness.run_world import RESULT_FD
 from farm.agents.sandbox.base import SandboxError
 from farm.agents.sandbox.process_tree import ReapedProcess
 
@@ -69,12 +71,17 @@ class Zygote:
         self.process: subprocess.Popen[bytes] | None = None
         self._errors: IO[bytes] | None = None
         self.control: socket.socket | None = None
+        self._home: str | None = None
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._errors = tempfile.TemporaryFile()  # a file, not a pipe: a zygote that says much never blocks on it
+        # A home of its own, empty and root's alone, removed with it: what a runtime writes under its home as it is
+        # imported (onnxruntime's telemetry store) is not the agent's user's, and no run reaches it (zygote.py).
+        self._home = tempfile.mkdtemp(prefix="farm-zygote-home-")
         # an allow-listed environment, as a run's: the zygote's memory is what every run starts with
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+               "HOME": self._home,
                "OMP_NUM_THREADS": "1"}  # numpy's BLAS starts no threads in the zygote (a fork keeps only one)
         try:
             self.process = subprocess.Popen(
@@ -147,7 +154,8 @@ class Zygote:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def spawn(self, request: dict[str, Any], output_fd: int, process: "WarmProcess") -> tuple[int, float, int | None]:
+    def spawn(self, request: dict[str, Any], output_fd: int, result_fd: int,
+              process: "WarmProcess") -> tuple[int, float, int | None]:
         """Fork a run; returns its pid, its fork time and the zygote's anonymous memory just before the fork."""
         with self._lock:
             if not self.alive():
@@ -158,7 +166,7 @@ class Zygote:
             with self._reply:
                 self._replies.clear()
             try:
-                socket.send_fds(self.control, [json.dumps(request).encode()], [output_fd])
+                socket.send_fds(self.control, [json.dumps(request).encode()], [output_fd, result_fd])
             except OSError as e:
                 raise SandboxError(f"the warm {self.runtime} harness is gone: {e}") from None
             with self._reply:
@@ -191,6 +199,9 @@ class Zygote:
                 self.process.kill()
                 self.process.wait()
             self.process = None
+        if self._home is not None:
+            shutil.rmtree(self._home, ignore_errors=True)
+            self._home = None
         if self._errors is not None:
             self._errors.seek(0)
             error = self._errors.read()[-2000:].decode("utf-8", "replace").strip()[-500:]
@@ -232,23 +243,25 @@ def _close_all(zygotes: dict[str, Zygote]) -> None:
 
 
 class WarmLaunch:
-    """How a backend starts a run warm: the zygote, the harness's two arguments, the isolation to set up."""
+    """How a backend starts a run warm: the zygote, the harness's task file, the descriptor its result goes to
+    (the child holds it as RESULT_FD), the isolation to set up."""
 
-    def __init__(self, zygote: Zygote, argv: list[str], *, isolate: dict[str, Any] | None = None,
+    def __init__(self, zygote: Zygote, task_file: str, result_fd: int, *, isolate: dict[str, Any] | None = None,
                  user: dict[str, int] | None = None) -> None:
-        self.zygote, self.argv, self.isolate, self.user = zygote, argv, isolate, user
+        self.zygote, self.isolate, self.user = zygote, isolate, user
+        self.argv, self.result_fd = [task_file, f"fd:{RESULT_FD}"], result_fd
 
     def start(self, *, env: dict[str, str], cwd: Path, output_path: Path, procs: list[str] | None = None,
               limits: dict[str, Any] | None = None) -> "WarmProcess":
         request = {"argv": self.argv, "env": env, "cwd": str(cwd), "procs": procs or [], "limits": limits,
                    "isolate": self.isolate, "user": self.user}
-        return WarmProcess(self.zygote, request, output_path)
+        return WarmProcess(self.zygote, request, output_path, self.result_fd)
 
 
 class WarmProcess(ReapedProcess):
     """A run forked by a zygote, with ReapedProcess's interface: the zygote reaps it and reports the exit."""
 
-    def __init__(self, zygote: Zygote, request: dict[str, Any], output_path: Path) -> None:
+    def __init__(self, zygote: Zygote, request: dict[str, Any], output_path: Path, result_fd: int) -> None:
         self.output_path = output_path
         self._output = open(output_path, "w+b")
         self.exited = threading.Event()
@@ -259,7 +272,8 @@ class WarmProcess(ReapedProcess):
         self.exit_waits: dict[int, int] = {}
         self.started_at = time.monotonic()
         try:
-            self.pid, self.started_at, self.inherited_bytes = zygote.spawn(request, self._output.fileno(), self)
+            self.pid, self.started_at, self.inherited_bytes = zygote.spawn(request, self._output.fileno(), result_fd,
+                                                                           self)
         except BaseException:
             self._output.close()
             raise

@@ -34,9 +34,9 @@ from farm.agents.sandbox.docker import DockerBackend
 from farm.agents.sandbox.docker_build import BuildFailed, BuildPolicy, ImageBuilder
 from farm.agents.sandbox.user_image import UserImageError, harness_argv
 from farm.agents.sandbox.isolation import (
-    INNER_RUN_DIR, RunAs, bound_run_dir, hand_over, isolated_argv, isolation_env, keep_run_dir, mount_run_dir,
-    namespaces_unavailable, resolve_run_as, run_dir_full, runtime_binds, seal_run_dir, strip_set_ids, tmp_sizes,
-    unseal_run_dir, user_argv,
+    INNER_RUN_DIR, RunAs, RunUids, RunUserError, bound_run_dir, hand_over, isolate_settings, isolated_argv,
+    isolation_env, keep_run_dir, mount_run_dir, namespaces_unavailable, resolve_run_as, run_dir_full, run_uid_range,
+    seal_run_dir, strip_set_ids, unseal_run_dir, user_argv,
 )
 from farm.agents.sandbox.warm import WarmLaunch, Zygotes, runtime_of, warm_enabled
 from farm.agents.sim.script_env import ScriptEnvError, script_python
@@ -160,6 +160,30 @@ def read_harness_output(path: Path, run_as: RunAs | None) -> HarnessOutput | Non
     return HarnessOutput(**json.loads(data))
 
 
+def read_harness_result(fd: int) -> HarnessOutput | None:
+    """The result the harness wrote into the anonymous file the agent opened before the run started (never a path
+    the run could write); None when it wrote none. Bounded, and hostile until parsed."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return None
+    if size > MAX_HARNESS_OUTPUT_BYTES:
+        raise ValueError(f"the run's result is over {MAX_HARNESS_OUTPUT_BYTES >> 20} MiB")
+    chunks, offset = [], 0
+    while offset < size:
+        chunk = os.pread(fd, min(size - offset, 16 << 20), offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    try:
+        fields = json.loads(b"".join(chunks))
+    except ValueError as e:
+        raise ValueError(f"the run's result is not the harness's JSON: {e}") from None
+    if not isinstance(fields, dict):
+        raise ValueError("the run's result is not the harness's JSON object")
+    return HarnessOutput(**fields)
+
+
 @dataclass
 class SimSlot:
     """One place a sim run can happen; slots on one host get disjoint cpusets."""
@@ -236,9 +260,16 @@ class SimDriver:
         self.keep_run_dirs = keep_run_dirs
         self._backends: dict[tuple[str, str | None, bool, bool], SandboxBackend] = {}
         self._builder: ImageBuilder | None = None
+        # each run's own uid and gid (root only): the run range, shared by every slot and every agent on the host
+        self.run_uids = RunUids(*run_uid_range()) if self.run_as is not None else None
         self.slot = SimSlot(0)  # where run() runs; in_slot gives each agent slot its own
         # kept harnesses with the runtime imported, forking each run (FARM_WARM_HARNESS=0: every run cold)
         self.zygotes: Zygotes | None = Zygotes() if warm_enabled() else None
+
+    @property
+    def runs_root(self) -> Path:
+        """Where the run directories are (each run's mount namespace holds only its own)."""
+        return self.work_root / "runs"
 
     def in_slot(self, slot: SimSlot) -> "SimDriver":
         """This driver for one slot's cores; the probed backends and the image builder are shared."""
@@ -254,8 +285,6 @@ class SimDriver:
         if key not in self._backends:  # probing a backend (docker ping, cgroup mkdir) once is enough
             backend = choose_backend(name, image=image, user_image=own)
             if isinstance(backend, DockerBackend):
-                if self.run_as is not None:
-                    backend.run_user = f"{self.run_as.uid}:{self.run_as.gid}"  # the container's first process is it
                 backend.read_only_root = not task.plan.sim.writable_root  # the job may ask; still as the run user
             self._backends[key] = backend
         return self._backends[key]
@@ -333,19 +362,34 @@ class SimDriver:
             archive.write_bytes(pack_dir(Path(task.plan.base_dir, task.plan.workload.dir), skip=(self.work_root, *self.keep_out)))
         unpack(archive, run_dir / "script")
 
-    def isolation(self, backend: SandboxBackend) -> tuple[Path | None, str]:
+    def isolation(self, backend: SandboxBackend, run_user: RunAs | None = None) -> tuple[Path | None, str]:
         """Where the run directory appears inside the sandbox (None: at its own path) and how the run is isolated."""
         if backend.name == "docker":  # at a fixed path inside: the host's run path is in no argv or process list
-            user = self.run_as.name if self.run_as else "the agent's own"
+            user = f"{run_user.name} (a uid of its own)" if run_user else "the agent's own"
             return INNER_RUN_DIR, f"container, user {user}"
-        if self.run_as is None:
+        if run_user is None:
             return None, "none (the agent is not root: runs are as the agent's own user)"
         reason = namespaces_unavailable()
         if reason:
-            return None, f"user {self.run_as.name} only ({reason})"
-        return INNER_RUN_DIR, f"user {self.run_as.name}, mount + PID namespaces"
+            return None, f"user {run_user.name} (a uid of its own) only ({reason})"
+        return INNER_RUN_DIR, (f"user {run_user.name} (a uid of its own), mount + PID namespaces, no other run's "
+                               "directory mounted")
 
     def run(self, task: TaskSpec, cancel_check: Callable[[], bool]) -> RunResult:
+        """The task run once. As root, the run holds a uid and gid of the agent's run range that no other run holds
+        meanwhile (isolation.RunUids), given back once its directory is gone and anything left of it killed."""
+        if self.run_uids is None:
+            return self._run(task, cancel_check, None)
+        try:
+            run_uid = self.run_uids.acquire()
+        except (RunUserError, OSError) as e:
+            return RunResult.failed(FailureClass.INFRASTRUCTURE, f"no uid for the run: {e}")
+        try:
+            return self._run(task, cancel_check, run_uid.run_as)
+        finally:  # without namespaces, what the run left running under its uid is ended before the uid is reused
+            run_uid.release(sweep=namespaces_unavailable() is not None)
+
+    def _run(self, task: TaskSpec, cancel_check: Callable[[], bool], run_user: RunAs | None) -> RunResult:
         problem = cpuset_problem(task.plan.sim.cpuset)
         if problem:  # the same on every attempt here: a job failure, not an infrastructure retry
             return RunResult.failed(FailureClass.JOB, problem)
@@ -367,9 +411,9 @@ class SimDriver:
         budget = backend.effective_limits(self.budget_for(task, self.slot, looked))
         limits = Limits(cpus=budget.cpus, cpuset=budget.cpuset, memory_mb=_mib(budget.memory_bytes))
         base: dict[str, Any] = dict(backend=backend.name, limits=limits, approximate=backend.approximate)
-        inner, isolation = self.isolation(backend)
+        inner, isolation = self.isolation(backend, run_user)
 
-        runs = self.work_root / "runs"
+        runs = self.runs_root
         runs.mkdir(parents=True, exist_ok=True)
         os.chmod(runs, 0o711)  # the run user may pass through to its own directory, not list the others
         run_dir = runs / f"task{task.task_id}-a{task.attempt}-{uuid.uuid4().hex}"
@@ -397,20 +441,40 @@ class SimDriver:
         task_file, out_file = run_dir / "task.json", run_dir / "out.json"
         harness_task.write(task_file)
         seen = inner or run_dir
-        argv = [sys.executable, "-m", "farm.agents.harness", str(seen / "task.json"), str(seen / "out.json")]
+        # The result comes back through an anonymous file opened here before any of the run's code starts, handed
+        # down as a descriptor: no path a run (this one or another) can write. A container cannot be handed one:
+        # its harness writes out.json in its own run directory, which only its own container sees.
+        result_fd = None if backend.name == "docker" else os.memfd_create("farm-result", os.MFD_CLOEXEC)
+        try:
+            return self._run_sandboxed(task, cancel_check, run_user, backend, budget, base, limits, inner, isolation,
+                                       run_dir, harness_task, seen, out_file, result_fd, own_python, bounded, disk,
+                                       build, looked)
+        finally:
+            if result_fd is not None:
+                os.close(result_fd)
+
+    def _run_sandboxed(self, task: TaskSpec, cancel_check: Callable[[], bool], run_user: RunAs | None,
+                       backend: SandboxBackend, budget: Budget, base: dict[str, Any], limits: Limits,
+                       inner: Path | None, isolation: str, run_dir: Path, harness_task: HarnessTask, seen: Path,
+                       out_file: Path, result_fd: int | None, own_python: bool, bounded: bool, disk: int,
+                       build: dict | None, looked: dict[int, float]) -> RunResult:
+        out = f"fd:{result_fd}" if result_fd is not None else str(seen / "out.json")
+        argv = [sys.executable, "-m", "farm.agents.harness", str(seen / "task.json"), out]
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(seen), "LANG": "C.UTF-8",
             "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
             **runtime_env(task.threads),
         }
-        warm = None if own_python else self.warm_launch(harness_task, backend, seen, inner, budget.memory_bytes)
+        warm = None if own_python or result_fd is None else self.warm_launch(
+            harness_task, backend, seen, inner, budget.memory_bytes, run_user, result_fd)
         try:
             if own_python:  # farm's harness from the host, the script's Python from the image (user_image.py)
-                argv, env = self.launch_in_user_image(seen / "task.json", seen / "out.json", env, run_dir, backend)
+                argv, env = self.launch_in_user_image(seen / "task.json", seen / "out.json", env, run_dir, backend,
+                                                      run_user)
             elif warm is not None:  # the zygote's child sets up what launch()'s command line would
-                self.launch(argv, env, run_dir, inner, backend, budget.memory_bytes)
+                self.launch(argv, env, run_dir, inner, backend, run_user, budget.memory_bytes)
             else:
-                argv, env = self.launch(argv, env, run_dir, inner, backend, budget.memory_bytes)
+                argv, env = self.launch(argv, env, run_dir, inner, backend, run_user, budget.memory_bytes)
         except (SandboxError, UserImageError) as e:
             self._cleanup(run_dir)
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{backend.name} sandbox: {e}", **base)
@@ -419,7 +483,7 @@ class SimDriver:
         # nosuid,nodev (the tmpfs already is): no set-uid file the run writes works, here or on the host
         sealed = bounded or seal_run_dir(run_dir)
         environment = {**host_facts(), "load_before": load_average(),
-                       "isolation": isolation + ("" if sealed or self.run_as is None else ", run directory not nosuid"),
+                       "isolation": isolation + ("" if sealed or run_user is None else ", run directory not nosuid"),
                        "disk": (f"{_mib(disk):g} MiB (sim.disk), a tmpfs counted within the run's memory" if bounded
                                 else "not bounded (mounting a tmpfs over the run directory needs root)"),
                        "harness": self.harness_mode(harness_task, backend, warm)}
@@ -432,7 +496,9 @@ class SimDriver:
                 sandbox = backend.start_warm(warm, budget, env=env, cwd=run_dir)
             else:
                 sandbox = backend.start(argv, budget, env=env,
-                                        cwd=(inner or run_dir) if backend.name == "docker" else run_dir, mounts=mounts)
+                                        cwd=(inner or run_dir) if backend.name == "docker" else run_dir, mounts=mounts,
+                                        pass_fds=() if result_fd is None else (result_fd,),
+                                        user=None if run_user is None else f"{run_user.uid}:{run_user.gid}")
         except SandboxError as e:
             self._cleanup(run_dir)
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{backend.name} sandbox: {e}", **base)
@@ -465,7 +531,8 @@ class SimDriver:
         telemetry = sampler.summary(exit_info)
         environment["load_after"] = load_average()
         try:
-            output = read_harness_output(out_file, self.run_as)
+            # whatever else the run left in its directory (an out.json, an out.tmp) is never read
+            output = read_harness_output(out_file, run_user) if result_fd is None else read_harness_result(result_fd)
         except (ValueError, TypeError) as e:
             self._cleanup(run_dir)
             return RunResult.failed(FailureClass.JOB, f"{Path(task.model_path).name}: {e}", **base)
@@ -497,20 +564,17 @@ class SimDriver:
         return result
 
     def warm_launch(self, harness_task: HarnessTask, backend: SandboxBackend, seen: Path, inner: Path | None,
-                    memory_bytes: int | None) -> WarmLaunch | None:
+                    memory_bytes: int | None, run_user: RunAs | None, result_fd: int) -> WarmLaunch | None:
         """How a built-in benchmark starts forked from a kept harness, or None when it starts cold (scripts run
         their own command; docker runs in a container of its own; FARM_WARM_HARNESS=0)."""
         runtime = runtime_of(harness_task.model_path)
         if self.zygotes is None or not backend.warm_capable or harness_task.kind != "benchmark" or runtime is None:
             return None
-        user = None if self.run_as is None else {"uid": self.run_as.uid, "gid": self.run_as.gid}
+        user = None if run_user is None else {"uid": run_user.uid, "gid": run_user.gid}
         isolate = None
-        if user is not None and inner is not None:  # the namespaces launch() would make with unshare + ENTER
-            keep, cover = runtime_binds()
-            tmp, small_tmp = tmp_sizes(memory_bytes)
-            isolate = {"keep": list(keep), "cover": list(cover), "tmp_size": tmp, "small_tmp_size": small_tmp}
-        return WarmLaunch(self.zygotes.get(runtime), [str(seen / "task.json"), str(seen / "out.json")],
-                          isolate=isolate, user=user)
+        if user is not None and inner is not None:  # the namespaces launch() would make with unshare + run_world
+            isolate = isolate_settings(memory_bytes, [str(self.runs_root)])
+        return WarmLaunch(self.zygotes.get(runtime), str(seen / "task.json"), result_fd, isolate=isolate, user=user)
 
     def harness_mode(self, harness_task: HarnessTask, backend: SandboxBackend, warm: WarmLaunch | None) -> str:
         """How the run's process started, in words (the run's environment keeps it)."""
@@ -525,29 +589,30 @@ class SimDriver:
         return "cold"
 
     def launch(self, argv: list[str], env: dict[str, str], run_dir: Path, inner: Path | None,
-               backend: SandboxBackend, memory_bytes: int | None = None) -> tuple[list[str], dict[str, str]]:
-        """The command line and environment that start argv as the run user (namespaces when `inner`)."""
-        if self.run_as is None:
+               backend: SandboxBackend, run_user: RunAs | None,
+               memory_bytes: int | None = None) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment that start argv as the run's user (namespaces when `inner`)."""
+        if run_user is None:
             # a root agent's containers run as nobody, who must write its result here; otherwise the run is us
             os.chmod(run_dir, 0o777 if os.geteuid() == 0 and backend.name == "docker" else 0o700)
             return argv, env
-        hand_over(run_dir, self.run_as)
+        hand_over(run_dir, run_user)
         if backend.name == "docker":
-            return argv, env  # the container starts as the run user (DockerBackend.run_user): nothing to drop
+            return argv, env  # the container starts as the run's user (start(user=...)): nothing to drop
         if inner is not None:
-            return isolated_argv(argv, self.run_as), {**env, **isolation_env(self.run_as, memory_bytes)}
-        return user_argv(argv, self.run_as), env  # a container has namespaces of its own
+            return isolated_argv(argv, run_user), {**env, **isolation_env(run_user, memory_bytes, [str(self.runs_root)])}
+        return user_argv(argv, run_user), env  # a container has namespaces of its own
 
     def launch_in_user_image(self, task_file: Path, out_file: Path, env: dict[str, str], run_dir: Path,
-                             backend: SandboxBackend) -> tuple[list[str], dict[str, str]]:
+                             backend: SandboxBackend, run_user: RunAs | None) -> tuple[list[str], dict[str, str]]:
         """The harness started by the host's loader inside the user's image; the container itself starts as
         the run user (DockerBackend.run_user), so nothing is dropped here. PATH is the image's own, so the
         script's `python` is the image's."""
-        if self.run_as is None:
+        if run_user is None:
             # a root agent's containers run as nobody, who must write its result here; otherwise the run is us
             os.chmod(run_dir, 0o777 if os.geteuid() == 0 else 0o700)
         else:
-            hand_over(run_dir, self.run_as)
+            hand_over(run_dir, run_user)
         image_path = getattr(backend, "image_path_env", None)  # the docker backend's (sim.image is docker only)
         path = image_path() if image_path is not None else None
         return (harness_argv(str(task_file), str(out_file)),
