@@ -62,6 +62,23 @@ sim: {on_contention: flag}
     table = farm("results", "1", env={"COLUMNS": "200"})
     assert "cuda" in table.stdout and "GPU W" in table.stdout
 
+    # the dashboard's job page and the report name the unit of every row
+    from farm.controller.store import open_store
+    from farm.web.pages import job_page
+    from farm.web.views import job_view
+    store = open_store(str(tmp_path / "farm.db"))
+    try:
+        view = job_view(store, 1)
+        assert view is not None
+        page = job_page(view, csrf="x", may_cancel=False)
+    finally:
+        store.close()
+    assert '<th' in page and ">unit<" in page and ">cuda<" in page
+    report = farm("report", "1", "-o", str(tmp_path / "report.html"))
+    assert report.returncode == 0, report.stderr
+    html = (tmp_path / "report.html").read_text()
+    assert "<th>unit</th>" in html and "<td>cuda</td>" in html and "GPU power avg/peak (W)" in html
+
     devices = farm("devices", "--devices", str(local_lab(tmp_path)), "--json").json()
     assert devices[0]["units"] == ["cpu", "cuda", "tensorrt"] and devices[0]["driver"] == "nvidia"
 

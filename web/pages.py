@@ -351,7 +351,7 @@ def results_part(view: JobView) -> str:
                     f'and rank leave it out">{CONTENDED_MARK}</abbr>')
         rows.append([(r["model"]["name"], e(r["model"]["name"])), (r["target"], e(r["target"])), (r["threads"], e(r["threads"])),
                      (r["batch_size"], e(r["batch_size"])), (r["input_size"], e(r["input_size"] or "—")),
-                     (r["repeat"], e(r["repeat"])), (status, f'<span class="status {e(r["status"])}">{e(status)}</span>{mark}'),
+                     (r.get("accelerator", "cpu"), e(r.get("accelerator", "cpu"))), (r["repeat"], e(r["repeat"])), (status, f'<span class="status {e(r["status"])}">{e(status)}</span>{mark}'),
                      (lat.get("avg"), num(lat.get("avg"))), (lat.get("p50"), num(lat.get("p50"))),
                      (lat.get("p90"), num(lat.get("p90"))), (lat.get("std"), num(lat.get("std"))),
                      (r["peak_memory_mb"], num(r["peak_memory_mb"])), (r["avg_memory_mb"], num(r["avg_memory_mb"])),
@@ -362,7 +362,7 @@ def results_part(view: JobView) -> str:
     caption = (f"{CONTENDED_MARK} contended ({contended} run(s)): other work used the run's cores, its figures are not "
                "the budget's" if contended else "")
     return table("results", [("model", "text"), ("target", "text"), ("threads", "num"), ("batch", "num"), ("input", "num"),
-                             ("repeat", "num"), ("status", "text"), ("latency avg ms", "num"), ("p50 ms", "num"),
+                             ("unit", "text"), ("repeat", "num"), ("status", "text"), ("latency avg ms", "num"), ("p50 ms", "num"),
                              ("p90 ms", "num"), ("std ms", "num"), ("peak MB", "num"), ("avg MB", "num"),
                              ("CPU % avg", "num"), ("wall s", "num"), ("budget", "text"), ("backend", "text"),
                              ("why it failed", "text")],

@@ -260,6 +260,8 @@ def results_section(averaged: list[dict[str, Any]]) -> str:
         ("budget (cores · MB)", lambda r: f"{_g((r['limits'] or {}).get('cpus'))} · {_g((r['limits'] or {}).get('memory_mb'))}"),
         *([("batch", lambda r: r["batch_size"])] if any(r["batch_size"] != 1 for r in averaged) else []),
         *([("input (px)", lambda r: r["input_size"] or "model's")] if any(r["input_size"] for r in averaged) else []),
+        *([("unit", lambda r: r.get("accelerator", "cpu"))] if any(r.get("accelerator", "cpu") != "cpu" for r in averaged)
+          else []),
         ("runs (ok/all)", lambda r: f"{r.get('completed', 0)}/{r.get('runs', 1)}"
          + (f", {r['contended']} contended" if r.get("contended") else "")),
         ("status", lambda r: ("ok" if r["status"] == "completed" else r["status"])
@@ -278,6 +280,10 @@ def results_section(averaged: list[dict[str, Any]]) -> str:
                                        f"{_g((r['cpu_percent'] or {}).get('peak'), 3)}"),
         *([("energy (mJ/inference)", lambda r: _g(r.get("energy_per_inference_mj")))]
           if _has(averaged, "energy_per_inference_mj") else []),
+        *([("GPU power avg/peak (W)", lambda r: f"{_g((r.get('gpu') or {}).get('power_avg_w'), 3)}/"
+                                                f"{_g((r.get('gpu') or {}).get('power_peak_w'), 3)}"),
+           ("GPU memory peak (MiB)", lambda r: _g((r.get("gpu") or {}).get("memory_peak_mib")))]
+          if any(r.get("gpu") for r in averaged) else []),
         ("wall (s)", lambda r: _g(r.get("wall_s"), 3)),
         ("backend", lambda r: (r["backend"] or "—") + (" (approximate)" if r.get("approximate") else "")),
     ]
