@@ -54,8 +54,12 @@ def resolve_shape(name: str, declared: Sequence[int | str | None], *, layout: st
     else:
         shape = [d if isinstance(d, int) and d > 0 else None for d in declared]
     # The batch fills a dynamic first dimension; a fixed one only when a batch other than 1 is asked for:
-    # a fixed leading 2 is often not a batch at all (an RNN state's layers, silero-vad's [2, 1, 128]).
-    if shape and (shape[0] is None or (name not in overrides and batch_size != 1)):
+    # a fixed leading 2 is often not a batch at all (an RNN state's layers, silero-vad's [2, 1, 128]). A swept batch
+    # (other than 1) sets a dynamic first dimension even where input_shapes gives the rest: the run is the batch
+    # its results claim (issue 30; it used to keep input_shapes' batch and multiply samples/s by the swept one).
+    first_dynamic = bool(declared) and not (isinstance(declared[0], int) and declared[0] > 0)
+    if shape and (shape[0] is None or (name not in overrides and batch_size != 1)
+                  or (first_dynamic and batch_size != 1)):
         shape[0] = batch_size
     if input_size is not None and len(shape) == 4:
         spatial = (1, 2) if layout == "nhwc" else (2, 3)

@@ -44,6 +44,8 @@ def test_the_sim_and_the_board_read_timing_lines_by_one_rule() -> None:
     ([-1, 224, 224, 3], "nhwc", 4, 160, {}),
     ([None, 3, None, None], "nchw", 2, 96, {}),
     ([None, 3, None, None], "nchw", 2, None, {"x": [3, 3, 64, 64]}),
+    (["N", 3, None, None], "nchw", 4, None, {"x": [1, 3, 64, 64]}),
+    ([2, 1, 128], "nchw", 1, None, {"x": [2, 1, 128]}),
     ([None, 128], "nchw", 8, 32, {}),
     ([None, None], "nchw", 1, None, {}),
     ([1, 2, 3], "nhwc", 1, None, {"x": [1, 2]}),

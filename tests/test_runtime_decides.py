@@ -190,11 +190,38 @@ def test_the_board_harness_feeds_inputs_as_the_sim_does() -> None:
         board_harness.feed(np, "sr", [], np.int64, {"value": 0.5}, rng)
 
 
+@pytest.mark.parametrize("name, dtype, expected, why", [
+    ("attention_mask", np.int64, [[1, 1, 1, 1]], "attention mask"),
+    ("input_mask", np.int32, [[1, 1, 1, 1]], "attention mask"),
+    ("token_type_ids", np.int64, [[0, 0, 0, 0]], "token type ids"),
+    ("segment_ids", np.int64, [[0, 0, 0, 0]], "token type ids"),
+    ("position_ids", np.int64, [[0, 1, 2, 3]], "position ids"),
+])
+def test_transformer_inputs_get_values_that_mean_something(name: str, dtype, expected: list, why: str) -> None:
+    """Issue 30: a BERT-style model's 0/1 fields are not fed random ids up to 127; the sim and the board agree."""
+    from farm.agents.board_harness import board_harness
+    from farm.agents.harness.inputs import feed
+
+    sim, sim_why = feed(name, [1, 4], np.dtype(dtype), None, np.random.default_rng(0), {})
+    board, board_why = board_harness.feed(np, name, [1, 4], dtype, None, np.random.RandomState(0))
+    assert sim.tolist() == board.tolist() == expected and sim.dtype == board.dtype == np.dtype(dtype)
+    assert why in sim_why and sim_why == board_why
+    given, _ = feed(name, [1, 4], np.dtype(dtype), {"value": 1}, np.random.default_rng(0), {})
+    assert given.tolist() == [[1, 1, 1, 1]]  # workload.inputs still wins
+    ids, _ = feed("input_ids", [1, 4], np.dtype(np.int64), None, np.random.default_rng(0), {})
+    assert ids.max() <= 127  # token ids stay random in the vocabulary's low range
+
+
 def test_a_fixed_leading_dimension_is_kept_at_batch_1() -> None:
     """silero-vad's state is [2, 1, 128]: its 2 is layers, not a batch; only another batch replaces it."""
     from farm.models.runtimes import resolve_shape
 
     assert resolve_shape("state", [2, 1, 128], layout="nchw", batch_size=1, input_size=None, overrides={}) == [2, 1, 128]
+    # issue 30: a swept batch is the batch run, also where input_shapes gives the other dimensions
+    assert resolve_shape("x", ["N", 3, None, None], layout="nchw", batch_size=4, input_size=None,
+                         overrides={"x": [1, 3, 64, 64]}) == [4, 3, 64, 64]
+    assert resolve_shape("x", ["N", 3, None, None], layout="nchw", batch_size=1, input_size=None,
+                         overrides={"x": [2, 3, 64, 64]}) == [2, 3, 64, 64]  # batch 1 leaves a given batch alone
     assert resolve_shape("x", [None, 3], layout="nchw", batch_size=1, input_size=None, overrides={}) == [1, 3]
     assert resolve_shape("x", [1, 3], layout="nhwc", batch_size=4, input_size=None, overrides={}) == [4, 3]
 
@@ -208,3 +235,20 @@ def test_a_controller_never_reads_an_input_file_named_over_the_wire() -> None:
         file_name="job.yaml", base_dir="/")
     with pytest.raises(JobFileError, match=r"workload.inputs.x.file: input files are read where the job is submitted"):
         load_submitted_job(request, None, [])  # type: ignore[arg-type]  # refused before any file is looked at
+
+
+def test_a_batch_sweep_runs_the_batch_it_records(farm, tmp_path: Path) -> None:
+    """Issue 30: with input_shapes and matrix.batch_sizes both set, each run is fed the swept batch (it used to keep
+    input_shapes' batch while results said batch 4 and multiplied samples/s by 4)."""
+    (tmp_path / "dynamic.onnx").write_bytes(dynamic_conv_onnx())
+    job = tmp_path / "job.yaml"
+    job.write_text("""
+models: [dynamic.onnx]
+workload: {iterations: 5, warmup: 1, input_shapes: {images: [1, 3, 32, 32]}}
+matrix: {batch_sizes: [1, 4]}
+sim: {on_contention: flag}
+""")
+    run = farm("submit", str(job), "--json")
+    assert run.returncode == 0, run.stderr[-2000:]
+    fed = sorted((r["batch_size"], r["input_shapes"]["images"]) for r in run.json()["results"])
+    assert fed == [(1, [1, 3, 32, 32]), (4, [4, 3, 32, 32])]

@@ -129,7 +129,9 @@ def resolve_shape(name, declared, layout, batch_size, input_size, overrides):
             raise JobError("input {!r} has {} dimensions, input_shapes gives {}".format(name, len(declared), len(shape)))
     else:
         shape = [d if isinstance(d, int) and d > 0 else None for d in declared]
-    if shape and (shape[0] is None or (name not in overrides and batch_size != 1)):  # as models/runtimes.py
+    first_dynamic = bool(declared) and not (isinstance(declared[0], int) and declared[0] > 0)
+    if shape and (shape[0] is None or (name not in overrides and batch_size != 1)
+                  or (first_dynamic and batch_size != 1)):  # as models/runtimes.py: a swept batch is the batch run
         shape[0] = batch_size
     if input_size is not None and len(shape) == 4:
         for i in ((1, 2) if layout == "nhwc" else (2, 3)):
@@ -176,7 +178,15 @@ def feed(np, name, shape, dtype, spec, rng):
         else:
             values = rng.uniform(low, high, size=shape)
         return checked(np, name, values, dtype), "random uniform [{:g}, {:g}] (given)".format(low, high)
-    if name.lower() in SAMPLE_RATE_NAMES and dtype.kind in "iuf":
+    lower = name.lower()
+    if dtype.kind in "iub" and (lower == "mask" or lower.endswith("_mask")):  # as agents/harness/inputs.py
+        return np.ones(shape, dtype=dtype), "value 1 (default for an attention mask: every token attended)"
+    if dtype.kind in "iu" and lower in ("token_type_ids", "segment_ids", "type_ids", "token_types"):
+        return np.zeros(shape, dtype=dtype), "value 0 (default for token type ids: one segment)"
+    if dtype.kind in "iu" and lower == "position_ids" and shape:
+        return (np.broadcast_to(np.arange(shape[-1]), shape).astype(dtype),
+                "0, 1, 2, ... along the last axis (default for position ids)")
+    if lower in SAMPLE_RATE_NAMES and dtype.kind in "iuf":
         return np.full(shape, 16000, dtype=dtype), "value 16000 (default for a sample-rate input)"
     return random_input(np, shape, dtype, rng), "random"
 

@@ -18,6 +18,11 @@ __all__ = ["InputShapeError", "default_value", "feed", "random_input", "resolve_
 # value times a path no caller takes.
 SAMPLE_RATE_NAME = re.compile(r"^(sr|sample_?rate|sampling_?rate|samplerate|fs)$", re.IGNORECASE)
 DEFAULT_SAMPLE_RATE = 16000
+# Transformer inputs whose values mean something (issue 30): random ids up to 127 in a 0/1 field make a BERT-style
+# model fail on an index, and an attention mask of random ints is no mask. Integer (or bool) inputs only.
+MASK_NAME = re.compile(r"(^|_)mask$", re.IGNORECASE)  # attention_mask, input_mask: every token attended
+TYPE_IDS_NAME = re.compile(r"^(token_type_ids|segment_ids|type_ids|token_types)$", re.IGNORECASE)  # one segment
+POSITION_IDS_NAME = re.compile(r"^position_ids$", re.IGNORECASE)  # 0, 1, 2, ... along the sequence
 
 
 def random_input(shape: list[int], dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:
@@ -93,6 +98,13 @@ def feed(name: str, shape: list[int], dtype: np.dtype, spec: dict[str, Any] | No
         else:
             raise InputShapeError(f"workload.inputs.{name}: a random range needs a numeric input, not {dtype}")
         return _cast(array, dtype, name), f"random uniform [{low:g}, {high:g}] (given)"
+    if dtype.kind in "iub" and MASK_NAME.search(name):
+        return np.ones(shape, dtype=dtype), "value 1 (default for an attention mask: every token attended)"
+    if dtype.kind in "iu" and TYPE_IDS_NAME.match(name):
+        return np.zeros(shape, dtype=dtype), "value 0 (default for token type ids: one segment)"
+    if dtype.kind in "iu" and POSITION_IDS_NAME.match(name) and shape:
+        return (np.broadcast_to(np.arange(shape[-1]), shape).astype(dtype),
+                "0, 1, 2, ... along the last axis (default for position ids)")
     suggested = default_value(name, dtype, metadata)
     if suggested is not None:
         number, why = suggested
