@@ -507,7 +507,7 @@ class SimDriver:
         before = snapshot(cores)
         cpu_ns_at_start = sandbox.read_counters().cpu_ns or 0
         sampler = TelemetrySampler(sandbox, task.plan.sim.sample_interval_ms, avoid_cpuset=budget.cpuset,
-                                   start_cpu_ns=cpu_ns_at_start).start()
+                                   start_cpu_ns=cpu_ns_at_start, max_cores=len(cores) if cores else None).start()
         try:
             exit_info = sandbox.wait(task.plan.run_timeout_s, cancel_check)
             after = snapshot(cores)

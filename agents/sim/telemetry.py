@@ -1,8 +1,12 @@
 """Telemetry sampler: reads a running sandbox's counters on a fixed period, in a thread.
 
 CPU % comes from the delta of cumulative CPU time between two readings (never from an
-instantaneous gauge), so a 50 ms period gives exact averages. The sampler times its
-own work with the thread's CPU clock so its overhead is measured, not guessed.
+instantaneous gauge), so a 50 ms period gives exact averages. Each reading's time is taken
+just after its counters are read (issue 32: taken before, a read that stalled on a busy host
+was charged to the next interval, and after a stall the catch-up schedule divided by near-zero
+intervals: peaks of 225,084 %); a reading closer to the last than a quarter period is not a
+sample, and no rate exceeds the cores the run may use. The sampler times its own work with the
+thread's CPU clock so its overhead is measured, not guessed.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ FIRST_SAMPLE_S = 0.01
 
 class TelemetrySampler:
     def __init__(self, sandbox: RunningSandbox, interval_ms: float = 50.0, *, avoid_cpuset: str | None = None,
-                 start_cpu_ns: int | None = None) -> None:
+                 start_cpu_ns: int | None = None, max_cores: float | None = None) -> None:
         self.sandbox = sandbox
         self.avoid_cpuset = avoid_cpuset
         self.interval_s = interval_ms / 1000.0
@@ -34,6 +38,10 @@ class TelemetrySampler:
         self._last: tuple[int, float] | None = None  # the previous reading: (CPU ns, monotonic time)
         # the caller's reading as the sandbox started: the baseline of a run over before this thread's first reading
         self._start = None if start_cpu_ns is None else (start_cpu_ns, sandbox.started_at)
+        # the most CPU the run can use: its cpuset's cores (given or the run's), else this host's
+        cores = max_cores or (len(parse_cpuset(avoid_cpuset)) if avoid_cpuset else os.cpu_count() or 1)
+        self.max_cpu_percent = 100.0 * cores
+        self.capped = 0  # rates above that ceiling (a clock or counter glitch), cut to it
 
     def start(self) -> "TelemetrySampler":
         self._thread.start()
@@ -62,15 +70,21 @@ class TelemetrySampler:
         self._own_cpu_s = time.thread_time() - cpu0
         self._wall_s = time.monotonic() - wall0
 
-    def _read_sample(self) -> None:
-        now = time.monotonic()
+    def _read_sample(self, final: bool = False) -> None:
         counters = self.sandbox.read_counters()
+        now = time.monotonic()  # with the counters, not before them: a slow read is not another interval's
         if counters.cpu_ns is None or counters.memory_bytes is None:
             return
         if self._last is not None:  # the first reading only sets the baseline
             last_cpu_ns, last_t = self._last
-            cpu_percent = max(0.0, (counters.cpu_ns - last_cpu_ns) / 1e9 / (now - last_t) * 100.0) if now > last_t else 0.0
-            self.samples.append(TelemetrySample(t_s=now - self.sandbox.started_at, cpu_percent=cpu_percent,
+            elapsed = now - last_t
+            if elapsed < self.interval_s / 4 and not final:
+                return  # too close to the last reading (a catch-up tick): the next one covers both
+            rate = max(0.0, (counters.cpu_ns - last_cpu_ns) / 1e9 / elapsed * 100.0) if elapsed > 0 else 0.0
+            if rate > self.max_cpu_percent:
+                rate = self.max_cpu_percent
+                self.capped += 1
+            self.samples.append(TelemetrySample(t_s=now - self.sandbox.started_at, cpu_percent=rate,
                                                 memory_bytes=counters.memory_bytes))
         self._last = (counters.cpu_ns, now)
 
@@ -99,7 +113,7 @@ class TelemetrySampler:
             # first reading may have come after the run ended, on a busy host)
             self._last = self._start or self._last
             if self._last is not None:
-                self._read_sample()
+                self._read_sample(final=True)
 
     def summary(self, exit_info: ExitInfo | None = None) -> Telemetry:
         s = self.samples
