@@ -23,11 +23,12 @@ import pytest
 from conftest import FARM, write_job
 from grpc_processes import Cluster, wait_for
 
+# the jobs that run keep a contended run, marked, instead of measuring it again: the policy is test_contention.py's
 JOB = """
 name: small
 models: [tiny.tflite]
 workload: {type: benchmark, iterations: 5, warmup: 1}
-sim: {memory: 256m}
+sim: {memory: 256m, on_contention: flag}
 """
 
 
@@ -182,7 +183,7 @@ models: [tiny.tflite]
 workload: {type: script, script: slow.py}
 matrix: {threads: [1, 2]}
 repeats: 3
-sim: {memory: 256m}
+sim: {memory: 256m, on_contention: flag}
 """)
     submit = subprocess.Popen([*FARM, "submit", "job.yaml"], cwd=tmp_path, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env={**os.environ, "FARM_DB": str(farm_db)})
@@ -340,7 +341,7 @@ def test_control_characters_in_job_and_model_names_never_reach_the_terminal(farm
     os.symlink(tiny_models["tflite"], tmp_path / "tiny.tflite")
     write_job(tmp_path, 'name: "J\\e[31mred\\nforged [bold]x[/bold]"\n'
                         'models:\n  - {path: tiny.tflite, name: "m\\e]0;title\\a\\rback [bold]y[/bold]"}\n'
-                        "workload: {type: benchmark, iterations: 2, warmup: 0}\nsim: {memory: 256m}\n")
+                        "workload: {type: benchmark, iterations: 2, warmup: 0}\nsim: {memory: 256m, on_contention: flag}\n")
     said = [farm("submit", "job.yaml", *extra, cwd=tmp_path) for extra in ((), ("--progress",))]  # lines, then a bar
     said += [farm(*command, cwd=tmp_path) for command in (("jobs",), ("status", "1"), ("results", "1", "--runs"))]
     for run in said:

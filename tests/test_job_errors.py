@@ -23,6 +23,8 @@ from farm.controller.store import SQLiteStore as Store
 from model_fixtures import write_delegate_only_op_tflite
 
 GOOD_WORKLOAD = "workload: {type: benchmark, iterations: 3, warmup: 1}\n"
+# the jobs that run keep a contended run, marked, instead of measuring it again: the policy is test_contention.py's
+FLAG_CONTENTION = "sim: {on_contention: flag}\n"
 
 CASES = {
     # name: (job text, expected line, fragments that must all appear)
@@ -240,7 +242,7 @@ def test_every_bad_model_is_listed_at_once_and_as_json(job_dir: Path, farm_inpro
 
 
 def test_skip_invalid_runs_the_rest_and_records_the_bad_ones(job_dir: Path, farm, farm_db: Path) -> None:
-    write_job(job_dir, "models: [tiny.tflite, custom_op.tflite, nowhere.onnx]\n" + GOOD_WORKLOAD)
+    write_job(job_dir, "models: [tiny.tflite, custom_op.tflite, nowhere.onnx]\n" + GOOD_WORKLOAD + FLAG_CONTENTION)
     result = farm("submit", "job.yaml", "--skip-invalid", "--json", cwd=job_dir)
     assert result.returncode == 1, result.stderr  # the job ran; some of it failed
     assert "skipped: job.yaml:1: models[1]" in result.stderr and "skipped: job.yaml:1: models[2]" in result.stderr
@@ -271,7 +273,7 @@ def test_a_huge_job_is_refused_before_it_is_expanded(job_dir: Path, farm_inproce
 def test_the_validator_loads_a_model_as_the_harness_does(tmp_path: Path, farm) -> None:
     # MediaPipe's Convolution2DTransposeBias has no builtin kernel: only XNNPACK (the AUTO resolver) runs it.
     write_delegate_only_op_tflite(tmp_path / "deconv.tflite")
-    write_job(tmp_path, "models: [deconv.tflite]\n" + GOOD_WORKLOAD)
+    write_job(tmp_path, "models: [deconv.tflite]\n" + GOOD_WORKLOAD + FLAG_CONTENTION)
     run = farm("submit", "job.yaml", "--json", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["results"][0]["status"] == "completed"
@@ -286,7 +288,8 @@ def test_the_validator_loads_a_model_as_the_harness_does(tmp_path: Path, farm) -
 def test_budgets_above_the_host_are_warnings(job_dir: Path, farm) -> None:
     host = HostCapacity.here()
     too_much = f"{host.memory_bytes * 2 // (1 << 30) + 1}g"
-    write_job(job_dir, f"models: [tiny.tflite]\n{GOOD_WORKLOAD}sim:\n  cpus: 1000\n  memory: {too_much}\n")
+    write_job(job_dir, f"models: [tiny.tflite]\n{GOOD_WORKLOAD}sim:\n  cpus: 1000\n  memory: {too_much}\n"
+                       "  on_contention: flag\n")
     result = farm("submit", "job.yaml", "--json", cwd=job_dir)
     assert result.returncode == 0, result.stderr
     assert (f"warning: job.yaml:4: sim.cpus: 1000 CPUs is more than the {len(host.cores)} core(s) this host has; "
@@ -355,7 +358,7 @@ def test_a_bad_set_is_refused_naming_the_set(override: str, job_dir: Path, farm_
 
 def test_set_overrides_fields_and_the_stored_job_is_the_one_that_ran(job_dir: Path, farm, farm_db: Path) -> None:
     write_job(job_dir, "name: long\nmodels: [tiny.tflite]\nworkload: {type: benchmark, iterations: 500, warmup: 5}\n"
-                       "matrix: {threads: [1, 2, 4]}\nrepeats: 5\n")
+                       "matrix: {threads: [1, 2, 4]}\nrepeats: 5\n" + FLAG_CONTENTION)
     result = farm("submit", "job.yaml", "--json", "--set", "workload.iterations=4", "--set", "repeats=1",
                   "--set", "matrix.threads=[1]", "--set", "sim.memory=256m", "--set", "models.0.name=small",
                   cwd=job_dir)
