@@ -7,8 +7,9 @@ contained with a message a person can act on, the controller keeps serving, and 
 stored has changed.
 
 The tests that neither kill nor reconfigure the controller share one (`shared_lab`, module-scoped, issue 34):
-each test's `lab` cancels every job left unfinished and waits out the leases left running, so the next test
-leases only its own tasks; assertions on what is stored name the test's own tasks.
+each test's `lab` cancels every job left unfinished, waits out the leases left running and forgets the devices
+registered, so the next test leases only its own tasks and may take any name; assertions on what is stored name
+the test's own tasks.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ def shared_lab(tmp_path_factory: pytest.TempPathFactory, tiny_models):
 
 @pytest.fixture
 def lab(shared_lab: Cluster):
-    """The shared controller, left as a fresh one would be for the next test: no job open, no lease running."""
+    """The shared controller, left as a fresh one would be for the next test: no job open, no lease running,
+    no device name held (whichever order the tests run in)."""
     assert shared_lab.processes[0].alive(), shared_lab.processes[0].output()
     yield shared_lab
     with grpc.insecure_channel(shared_lab.address) as channel:
@@ -73,11 +75,15 @@ def lab(shared_lab: Cluster):
         for job in stub.ListJobs(farm_pb2.ListJobsRequest(), metadata=_bearer(ADMIN), timeout=20).jobs:
             stub.CancelJob(farm_pb2.JobRequest(job_id=job.id), metadata=_bearer(ADMIN), timeout=20)
 
-    def no_lease_left() -> bool:  # a closed agent's leases run out within the TTL (3 s)
-        with shared_lab.db() as db:
-            return db.execute("SELECT COUNT(*) FROM tasks WHERE status = 'running'").fetchone()[0] == 0
+        def settled() -> bool:  # a closed agent's leases run out within the TTL (3 s); its devices go offline
+            with shared_lab.db() as db:
+                running = db.execute("SELECT COUNT(*) FROM tasks WHERE status = 'running'").fetchone()[0]
+            devices = stub.ListDevices(farm_pb2.ListDevicesRequest(), metadata=_bearer(ADMIN), timeout=20).devices
+            return running == 0 and all(d.state == "offline" for d in devices)
 
-    wait_for(no_lease_left, 60, "the leases of the test's closed agents to run out", interval=0.2)
+        wait_for(settled, 60, "the test's closed agents to go offline and their leases to run out", interval=0.2)
+        for device in stub.ListDevices(farm_pb2.ListDevicesRequest(), metadata=_bearer(ADMIN), timeout=20).devices:
+            stub.ForgetDevice(farm_pb2.ForgetDeviceRequest(name=device.name), metadata=_bearer(ADMIN), timeout=20)
 
 
 def _submit(cluster: Cluster, repeats: int = 2, name: str = "job.yaml") -> int:
