@@ -25,10 +25,15 @@ models: examples/models/.generated
 demo: models
 	$(FARM) submit examples/quickstart.yaml
 
+# What .ci/run runs, on any machine: the test peers' Debian packages first (.ci/install-deps.sh, as root; others get
+# a note and those tests skip), then lint, types and every test; the total time is the last line, pass or fail.
 test: setup
-	$(VENV)/bin/ruff check .
-	$(PY) tools/typecheck.py
-	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+	@start=$$(date +%s); status=0; \
+	bash .ci/install-deps.sh && $(VENV)/bin/ruff check . && $(PY) tools/typecheck.py && \
+	$(PY) -m pytest -q -ra $(PYTEST_ARGS) || status=$$?; \
+	took=$$(( $$(date +%s) - start )); \
+	echo "make test: $$((took / 60)) min $$((took % 60)) s wall (install, ruff, mypy, pytest), exit status $$status"; \
+	exit $$status
 
 bench: models
 	$(PY) benchmarks/run.py

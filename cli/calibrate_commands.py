@@ -24,7 +24,6 @@ from rich.table import Table
 from rich.text import Text
 
 from farm.cli.console import UserError, err, job_progress, open_farm, out, output_file, when
-from farm.client.api import CalibrateAsk, PredictAsk, RankAsk
 from farm.proto import strict_json
 from farm.proto.escape import printable
 
@@ -116,6 +115,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                         "device value (y) count as already measured)")
     if args.pairs:
         return _calibrate_offline(args)
+    from farm.client.api import CalibrateAsk
+
     answer = open_farm(args).calibrate(CalibrateAsk(
         job=args.job, sim_job=args.sim_job, device_job=args.device_job, device=args.device,
         metrics=list(args.metric or ["latency"]), min_pairs=args.min_pairs, include_contended=args.include_contended))
@@ -342,6 +343,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.backend and not farm.embedded:
         raise UserError(f"--backend chooses the sandbox of a run in this process; the {farm.where} measures with its "
                         "agents' own (`farm agent --backend`): drop --backend")
+    from farm.client.api import PredictAsk
+
     ask = PredictAsk(model=Path(args.model), device=args.device, metrics=tuple(args.metric or ["latency"]),
                      threads=args.threads, confidence=args.confidence, include_contended=args.include_contended)
     with job_progress(args, 0) as update:  # the sim run of the model, when no earlier one can be reused
@@ -412,6 +415,8 @@ def _predict_offline(args: argparse.Namespace) -> int:
 
 # --- rank ------------------------------------------------------------------------------------
 def cmd_rank(args: argparse.Namespace) -> int:
+    from farm.client.api import RankAsk
+
     ranking = open_farm(args).rank(RankAsk(job=args.job, metric=args.metric, device_jobs=list(args.device_job or ()),
                                            devices=list(args.device or ()), include_contended=args.include_contended))
     if args.json:

@@ -14,8 +14,8 @@ from typing import Callable, Iterator
 from rich.console import Console
 from rich.text import Text
 
-from farm.client.api import FarmError, Problem
-from farm.client.api import Progress as FarmProgress
+from farm.client.errors import FarmError
+from farm.client.errors import Progress as FarmProgress
 from farm.proto.escape import printable
 
 # Piped output keeps the full table width instead of rich's 80-column guess; $COLUMNS wins when set.
@@ -27,7 +27,11 @@ class UserError(FarmError):
     """Bad input; printed as one paragraph, exit code 2 (with --json also as JSON on stdout)."""
 
     def __init__(self, message: str, problems: list[dict] | None = None) -> None:
-        super().__init__(message, problems=[Problem.model_validate(p) for p in problems or []])
+        if problems:  # the answer model (pydantic) only when there are problems to carry: start-up stays light
+            from farm.proto.questions import Problem
+            super().__init__(message, problems=[Problem.model_validate(p) for p in problems])
+        else:
+            super().__init__(message)
 
 
 def lab_devices(args: argparse.Namespace) -> list:

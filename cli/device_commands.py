@@ -8,15 +8,18 @@ controller's devices (an admin token), never a local store.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 from rich.text import Text
 
 from farm.cli.console import UserError, open_farm, out, when
 from farm.cli.render import empty_list
-from farm.client.api import ForgetDeviceAnswer, SetDeviceHealthAnswer
 from farm.proto.escape import printable
 from farm.proto import strict_json
+
+if TYPE_CHECKING:  # answer models (pydantic): loaded by the command that asks
+    from farm.client.api import ForgetDeviceAnswer, SetDeviceHealthAnswer
 
 
 def cmd_device(args: argparse.Namespace) -> int:

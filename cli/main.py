@@ -12,18 +12,20 @@ import os
 import sqlite3
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
 from farm.version import __version__
 from farm.cli import console
 from farm.cli.console import job_progress, open_farm
-from farm.client.api import EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNS_FAILED, Farm, FarmError, Problem
+from farm.client.errors import EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNS_FAILED, FarmError
 from farm.proto import strict_json
 from farm.proto.escape import printable
 from farm.proto.task_limits import DEFAULT_MAX_TASKS
 
+if TYPE_CHECKING:  # the client API and its answer models (pydantic) load when a command asks something
+    from farm.client.api import Farm, Problem
 
 UserError = console.UserError
 out, err = console.out, console.err

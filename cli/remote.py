@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from farm.client.api import EXIT_ENVIRONMENT, EXIT_OK, FarmError
+from farm.client.errors import EXIT_ENVIRONMENT, EXIT_OK, FarmError
 from farm.client.config import DEFAULT_PORT, Credentials, address_of, read_config, setting
 from farm.proto.task_limits import DEFAULT_MAX_TASKS
 

@@ -23,27 +23,19 @@ from farm.proto.questions import (
     explain,
 )
 from farm.proto.regular_files import MAX_JOB_FILE_BYTES, FileRefused, read_regular_file
+# the exit codes, the refusal and a job's progress live where the CLI's start-up reaches them without pydantic
+from farm.client.errors import EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNS_FAILED
+from farm.client.errors import FarmError, Progress
 
 if TYPE_CHECKING:  # the job model (pydantic) loads only when a job is read: `farm jobs` never needs it
     from farm.proto.spec import Priority
 
-# farm's exit codes, the one set: every command's, and the code a FarmError carries (README.md: "Exit codes").
-EXIT_OK, EXIT_RUNS_FAILED, EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 Report = ReportAnswer  # the report's files (the HTML page first) and what it warns about
 
-__all__ = ["AgentInfo", "CalibrateAnswer", "CalibrateAsk", "CalibrationVersion", "DeviceHealth", "DeviceInfo",
-           "DriftRecord", "Farm", "FarmError", "ForgetDeviceAnswer", "JobInfo", "PredictAsk", "Prediction", "Problem",
+__all__ = ["EXIT_BAD_INPUT", "EXIT_ENVIRONMENT", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_RUNS_FAILED", "AgentInfo",
+           "CalibrateAnswer", "CalibrateAsk", "CalibrationVersion", "DeviceHealth", "DeviceInfo", "DriftRecord", "Farm", "FarmError", "ForgetDeviceAnswer", "JobInfo", "PredictAsk", "Prediction", "Problem",
            "Progress", "RankAnswer", "RankAsk", "RefreshAnswer", "RefreshAsk", "Report", "ReportFile", "RunRecord",
            "SetDeviceHealthAnswer", "Submitted", "TERMINAL", "explain"]
-
-
-class FarmError(Exception):
-    """A refusal said so a person can act on it; exit_code is the CLI's (2 bad input, 3 environment)."""
-
-    def __init__(self, message: str, exit_code: int = EXIT_BAD_INPUT, problems: list[Problem] | None = None) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-        self.problems = problems or []  # file / line / field / message, for scripts
 
 
 @dataclass(frozen=True)
@@ -54,24 +46,6 @@ class Submitted:
     where: str  # "store PATH" or "controller HOST:PORT"
     warnings: list[Problem] = field(default_factory=list)
     log: Path | None = None  # embedded --detach: the background run's output
-
-
-@dataclass(frozen=True)
-class Progress:
-    """One step of a job being run or watched; `last` names the run that just finished, when known."""
-
-    job: int
-    status: str
-    total: int
-    completed: int
-    failed: int
-    running: int
-    canceled: int = 0
-    last: str | None = None
-
-    @property
-    def done(self) -> int:
-        return self.completed + self.failed + self.canceled
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from farm.client.api import FarmError
+from farm.client.errors import FarmError
 
 DEFAULT_PORT = 7443
 

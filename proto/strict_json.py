@@ -12,8 +12,6 @@ import json
 import math
 from typing import Any
 
-from pydantic_core import to_jsonable_python
-
 FLAG = "nonfinite"
 
 
@@ -47,5 +45,7 @@ def clean(data: Any) -> Any:
 def dumps(data: Any, **kwargs: Any) -> str:
     """json.dumps of clean(data); allow_nan=False makes any value that slipped through raise, not print.
     Answer models (farm.proto.questions) print as their JSON form, non-finite numbers flagged the same way."""
+    from pydantic_core import to_jsonable_python  # here, not at import: `farm --version` loads no pydantic
+
     kwargs.setdefault("default", str)
     return json.dumps(clean(to_jsonable_python(data, fallback=kwargs["default"])), allow_nan=False, **kwargs)

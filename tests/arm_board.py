@@ -27,6 +27,7 @@ from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sshd_peer import FAKE_JETSON_BIN, SshdPeer, _keygen, _wait_for_banner, free_loopback_port, sha256_fingerprint  # noqa: E402
+from cache_lock import cache_lock  # noqa: E402
 
 CACHE = Path(os.environ.get("FARM_TEST_CACHE", "/var/cache/farm-tests")) / "arm-board"
 # The emulated board serves a whole test module (set-up, benchmarks, the Jetson experiment's short form):
@@ -95,7 +96,14 @@ def download_wheels(dest: Path, python: str) -> None:
 
 
 def build(log=print, release: str = RELEASE) -> Path:
-    """The cached root of that release (built when missing): returns its path."""
+    """The cached root of that release (built when missing, by one test run at a time): returns its path."""
+    if release in RELEASE_PYTHON and (cache_dir(release) / "ready").exists():
+        return cache_dir(release) / "root"
+    with cache_lock(CACHE):  # another run building it: wait, then find it ready
+        return _build(log, release)
+
+
+def _build(log, release: str) -> Path:
     if release not in RELEASE_PYTHON:
         raise ArmBoardUnavailable(f"no arm64 board recipe for Debian {release!r} (known: {', '.join(RELEASE_PYTHON)})")
     where = cache_dir(release)

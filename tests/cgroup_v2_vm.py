@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from cache_lock import cache_lock
+
 CACHE = Path(os.environ.get("FARM_TEST_CACHE", "/var/cache/farm-tests")) / "cgroup-v2-vm"
 KERNEL_PACKAGE = "linux-image-cloud-amd64"  # a metapackage: its one dependency is the versioned kernel
 VIRTIOFSD = [Path("/usr/lib/qemu/virtiofsd"), Path("/usr/libexec/virtiofsd")]
@@ -101,7 +103,14 @@ def virtiofsd() -> Path | None:
 
 
 def build() -> Path:
-    """The cached kernel and initramfs (built when missing); returns their folder."""
+    """The cached kernel and initramfs (built when missing, by one test run at a time); returns their folder."""
+    if (cache_dir() / "ready").exists():
+        return cache_dir()
+    with cache_lock(CACHE):  # another run building it: wait, then find it ready
+        return _build()
+
+
+def _build() -> Path:
     where = cache_dir()
     if (where / "ready").exists():
         return where

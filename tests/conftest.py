@@ -44,6 +44,19 @@ def farm(farm_db: Path, tmp_path: Path):
     return run
 
 
+@pytest.fixture
+def farm_inprocess(farm_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The `farm` fixture's calls, answered by `farm.cli.main.main(argv)` in this process (tests/cli_inprocess.py):
+    for tests where the process is not the point (issue 34)."""
+    from cli_inprocess import run_farm_inprocess
+
+    def run(*args: str, cwd: Path | None = None, env: dict | None = None) -> FarmRun:
+        return run_farm_inprocess(*args, cwd=cwd or tmp_path, env={"FARM_DB": str(farm_db), **(env or {})},
+                                  monkeypatch=monkeypatch)
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     from farm.model_generators.generate import write_tiny_onnx, write_tiny_tflite

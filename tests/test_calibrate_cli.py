@@ -31,8 +31,8 @@ def _job(d: Path, name: str, cpus: float, models: str) -> Path:
 name: {name}
 models: [{models}]
 workload: {{type: benchmark, iterations: 30, warmup: 3}}
-sim: {{cpus: {cpus}, memory: 1g}}
-""", f"{name}.yaml")
+sim: {{cpus: {cpus}, memory: 1g, on_contention: flag}}
+""", f"{name}.yaml")  # contended runs are kept and marked, not measured again: the policy is test_contention.py's
 
 
 def test_calibrate_predict_rank_report(family: Path, farm, tmp_path: Path) -> None:
@@ -104,13 +104,19 @@ def test_calibrate_predict_rank_report(family: Path, farm, tmp_path: Path) -> No
     assert new_device.returncode == 0 and "0 already measured" in " ".join(new_device.stderr.split())  # not calibrated yet
     assert "\x1b" not in new_device.stdout and "new\\x1b[31m" in new_device.stdout  # its name shown, not obeyed
 
-    ranking = farm("rank", "1", "--device-job", "2", "--device", "half-cpu", "--json").json()
+    ranking = farm("rank", "1", "--device-job", "2", "--device", "half-cpu", "--include-contended", "--json").json()
     cols = ranking["groups"][0]["columns"]
     assert [c["name"] for c in cols] == ["sim (job 1)", "job 2", "half-cpu (predicted)"]
     sim_order = cols[0]["order"]
     assert [v for _, v in sim_order] == sorted(v for _, v in sim_order)  # fastest first
-    # w1.4 has 5x the MACs of w0.35: slowest for sure (w0.35 and w0.5 are close enough to swap)
-    assert sim_order[-1][0] == "mobilenetv2_w1.4_r96"
+    # w1.4 has 5x the MACs of w0.35: slowest for sure (w0.35 and w0.5 are close enough to swap). One measurement
+    # on a loaded machine can flip it; then the family is measured again and that is judged (retry-and-judge).
+    if sim_order[-1][0] != "mobilenetv2_w1.4_r96":
+        again = farm("submit", str(_job(family, "sim-again", 1.0, train)), "--json")
+        assert again.returncode == 0, again.stderr
+        remeasured = farm("rank", str(again.json()["job"]), "--include-contended", "--json").json()
+        order = remeasured["groups"][0]["columns"][0]["order"]
+        assert order[-1][0] == "mobilenetv2_w1.4_r96", (sim_order, order)
 
     report = tmp_path / "report.html"
     pngs = tmp_path / "png"

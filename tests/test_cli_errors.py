@@ -1,6 +1,10 @@
 """What goes wrong around a job, not in it: the store, the paths and options given, Ctrl-C, and the
 JSON farm prints. Each case is an error a person can act on (one paragraph, exit 2, no traceback),
-and afterwards the store still opens with every earlier job as it was and no orphan job."""
+and afterwards the store still opens with every earlier job as it was and no orphan job.
+
+A refusal that runs nothing is checked through `farm.cli.main.main(argv)` in this process
+(`farm_inprocess`, issue 34); where a process is the point (Ctrl-C, another user, a server that
+must not start, a run) the test starts one."""
 
 from __future__ import annotations
 
@@ -19,11 +23,12 @@ import pytest
 from conftest import FARM, write_job
 from grpc_processes import Cluster, wait_for
 
+# the jobs that run keep a contended run, marked, instead of measuring it again: the policy is test_contention.py's
 JOB = """
 name: small
 models: [tiny.tflite]
 workload: {type: benchmark, iterations: 5, warmup: 1}
-sim: {memory: 256m}
+sim: {memory: 256m, on_contention: flag}
 """
 
 
@@ -49,18 +54,18 @@ def jobs_in(db: Path) -> list[tuple]:
 
 
 # --- the store --------------------------------------------------------------------------------------
-def test_a_corrupt_store_is_named_and_left_alone(job: Path, farm, farm_db: Path) -> None:
+def test_a_corrupt_store_is_named_and_left_alone(job: Path, farm_inprocess, farm_db: Path) -> None:
     garbage = b"this was never an SQLite file " * 200
     farm_db.write_bytes(garbage)
     for args in (("jobs",), ("submit", str(job))):
-        one_paragraph_error(farm(*args), [str(farm_db), "not a farm store", "farm did not change it"])
+        one_paragraph_error(farm_inprocess(*args), [str(farm_db), "not a farm store", "farm did not change it"])
     assert farm_db.read_bytes() == garbage
 
 
-def test_a_store_that_is_a_folder(job: Path, farm, tmp_path: Path) -> None:
+def test_a_store_that_is_a_folder(job: Path, farm_inprocess, tmp_path: Path) -> None:
     folder = tmp_path / "stores"
     folder.mkdir()
-    one_paragraph_error(farm("submit", str(job), "--db", str(folder)), [str(folder), "is a folder", "farm.db"])
+    one_paragraph_error(farm_inprocess("submit", str(job), "--db", str(folder)), [str(folder), "is a folder", "farm.db"])
     assert list(folder.iterdir()) == []
 
 
@@ -112,27 +117,27 @@ def test_a_relative_db_is_made_absolute(job: Path, farm, tmp_path: Path) -> None
 
 
 # --- paths and options ------------------------------------------------------------------------------
-def test_report_into_a_missing_folder(job: Path, farm, farm_db: Path, tmp_path: Path) -> None:
+def test_report_into_a_missing_folder(job: Path, farm, farm_inprocess, farm_db: Path, tmp_path: Path) -> None:
     assert farm("submit", str(job)).returncode == 0
-    one_paragraph_error(farm("report", "1", "-o", str(tmp_path / "no" / "such" / "report.html")),
+    one_paragraph_error(farm_inprocess("report", "1", "-o", str(tmp_path / "no" / "such" / "report.html")),
                         [str(tmp_path / "no" / "such"), "does not exist", "mkdir -p", "Nothing was written"])
     assert not (tmp_path / "no").exists()
     assert jobs_in(farm_db) == [(1, "completed")]
 
 
-def test_more_slots_than_cores_is_refused_before_a_job_is_stored(job: Path, farm, farm_db: Path) -> None:
+def test_more_slots_than_cores_is_refused_before_a_job_is_stored(job: Path, farm_inprocess, farm_db: Path) -> None:
     cores = len(os.sched_getaffinity(0))
-    one_paragraph_error(farm("submit", str(job), "--slots", str(cores + 1)),
+    one_paragraph_error(farm_inprocess("submit", str(job), "--slots", str(cores + 1)),
                         [f"--slots {cores + 1}", f"need {cores + 1} cores", f"--slots 1 to {cores}"])
     assert not farm_db.exists() or jobs_in(farm_db) == []  # no orphan "interrupted" job
-    bad_value = farm("submit", str(job), "--slots", "0")
+    bad_value = farm_inprocess("submit", str(job), "--slots", "0")
     assert bad_value.returncode == 2 and "at least 1" in bad_value.stderr
 
 
-def test_models_generate_onto_an_existing_file(farm, tmp_path: Path) -> None:
+def test_models_generate_onto_an_existing_file(farm_inprocess, tmp_path: Path) -> None:
     target = tmp_path / "notes.txt"
     target.write_text("keep me\n")
-    one_paragraph_error(farm("models", "generate", str(target), "--no-zoo", "--widths", "0.35", "--sizes", "96"),
+    one_paragraph_error(farm_inprocess("models", "generate", str(target), "--no-zoo", "--widths", "0.35", "--sizes", "96"),
                         [str(target), "is a file", "left as it is"])
     assert target.read_text() == "keep me\n"
 
@@ -178,7 +183,7 @@ models: [tiny.tflite]
 workload: {type: script, script: slow.py}
 matrix: {threads: [1, 2]}
 repeats: 3
-sim: {memory: 256m}
+sim: {memory: 256m, on_contention: flag}
 """)
     submit = subprocess.Popen([*FARM, "submit", "job.yaml"], cwd=tmp_path, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env={**os.environ, "FARM_DB": str(farm_db)})
@@ -246,13 +251,15 @@ def test_strict_json_flags_each_record() -> None:
 @pytest.mark.parametrize("command", [("submit", "{fifo}"), ("submit", "{job_naming_fifo}"), ("inspect", "{fifo}"),
                                      ("predict", "{fifo}", "--device", "phone"), ("inspect", "/dev/zero"),
                                      ("submit", "/dev/zero")])
-def test_a_fifo_or_a_device_is_refused_unread(command: tuple[str, ...], farm, farm_db: Path, tmp_path: Path) -> None:
+def test_a_fifo_or_a_device_is_refused_unread(command: tuple[str, ...], farm_inprocess, farm_db: Path,
+                                              tmp_path: Path) -> None:
+    # in this process: a read that blocked would hang the test until pytest's timeout fails it
     fifo = tmp_path / "model.tflite"
-    os.mkfifo(fifo)  # nobody ever writes to it: a read would block forever (the farm() timeout would fail the test)
+    os.mkfifo(fifo)  # nobody ever writes to it: a read would block forever
     job_naming_fifo = write_job(tmp_path, "models: [model.tflite]\n")
     args = [a.format(fifo=fifo, job_naming_fifo=job_naming_fifo) for a in command]
     kind = "a character device" if "/dev/zero" in args else "a FIFO (named pipe)"
-    one_paragraph_error(farm(*args, timeout=60), [kind, "not a regular file", "model file" if command[0] != "submit"
+    one_paragraph_error(farm_inprocess(*args), [kind, "not a regular file", "model file" if command[0] != "submit"
                                                   or "job_naming" in command[1] else "job file"])
     assert not os.path.exists(farm_db) or jobs_in(farm_db) == []
 
@@ -280,20 +287,24 @@ def test_a_small_file_under_a_huge_limit_is_read_without_allocating_the_limit(tm
 
 # --- a store path whose folder is missing: an error (a typo must not look like an empty store) ------
 @pytest.mark.parametrize("how", ["--db", "FARM_DB", "web --db", "controller --db"])
-def test_a_store_in_a_missing_folder_is_an_error_unless_create(how: str, job: Path, farm, tmp_path: Path) -> None:
+def test_a_store_in_a_missing_folder_is_an_error_unless_create(how: str, job: Path, farm, farm_inprocess,
+                                                                tmp_path: Path) -> None:
+    # the servers run as processes: were the refusal broken, one would serve until the timeout, not hang the test
+    run = farm if how in ("web --db", "controller --db") else \
+        lambda *args, timeout=None, **kwargs: farm_inprocess(*args, **kwargs)
     db = tmp_path / "typo" / "deeper" / "farm.db"
     command = {"--db": ("jobs", "--db", str(db)), "FARM_DB": ("jobs",),
                "web --db": ("web", "--db", str(db), "--listen", "127.0.0.1:0"),
                "controller --db": ("controller", "serve", "--no-auth", "--listen", "127.0.0.1:0", "--db", str(db))}[how]
     env = {"FARM_DB": str(db)} if how == "FARM_DB" else None
-    refused = farm(*command, env=env, timeout=120)
+    refused = run(*command, env=env, timeout=120)
     assert refused.returncode == 2, refused.stderr
     assert "Traceback" not in refused.stderr and "\n\n" not in refused.stderr.strip()
     for fragment in (str(db), f"{tmp_path / 'typo'} is missing", "--create"):
         assert fragment in refused.stderr, refused.stderr
     assert not (tmp_path / "typo").exists()  # nothing was made
     if how in ("--db", "FARM_DB"):
-        made = farm(*command, "--create", env=env)
+        made = run(*command, "--create", env=env)
         assert made.returncode == 0 and db.is_file(), made.stderr
 
 
@@ -319,8 +330,8 @@ def test_the_python_api_checks_its_arguments_as_the_cli_does(tmp_path: Path) -> 
             lab.submit({"models": ["x.tflite"]}, overrides={"repeats": "lots"})
 
 
-def test_calibrating_a_job_against_itself_is_refused(farm) -> None:
-    one_paragraph_error(farm("calibrate", "--sim-job", "1", "--device-job", "1", "--device", "half-cpu"),
+def test_calibrating_a_job_against_itself_is_refused(farm_inprocess) -> None:
+    one_paragraph_error(farm_inprocess("calibrate", "--sim-job", "1", "--device-job", "1", "--device", "half-cpu"),
                         ["--sim-job 1 --device-job 1", "against itself", "--job J"])
 
 
@@ -330,7 +341,7 @@ def test_control_characters_in_job_and_model_names_never_reach_the_terminal(farm
     os.symlink(tiny_models["tflite"], tmp_path / "tiny.tflite")
     write_job(tmp_path, 'name: "J\\e[31mred\\nforged [bold]x[/bold]"\n'
                         'models:\n  - {path: tiny.tflite, name: "m\\e]0;title\\a\\rback [bold]y[/bold]"}\n'
-                        "workload: {type: benchmark, iterations: 2, warmup: 0}\nsim: {memory: 256m}\n")
+                        "workload: {type: benchmark, iterations: 2, warmup: 0}\nsim: {memory: 256m, on_contention: flag}\n")
     said = [farm("submit", "job.yaml", *extra, cwd=tmp_path) for extra in ((), ("--progress",))]  # lines, then a bar
     said += [farm(*command, cwd=tmp_path) for command in (("jobs",), ("status", "1"), ("results", "1", "--runs"))]
     for run in said:

@@ -1,6 +1,8 @@
 """`farm --version`, `farm --help` and `farm jobs` load no numerical, model or gRPC library: every
 command imports what it needs inside its handler, so start-up stays cheap (issue 22; the times are
-in BENCHMARKS.md). Each command runs in a fresh interpreter, which then names what it loaded."""
+in BENCHMARKS.md). `farm --version` and `farm --help` load no pydantic and not the question table
+either (issue 34): they only build the parser. Each command runs in a fresh interpreter, which then
+names what it loaded."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from pathlib import Path
 import pytest
 
 HEAVY = ("numpy", "scipy", "matplotlib", "onnx", "onnxruntime", "grpc")
+# what only a command that reads or asks something needs: the job and answer models
+MODELS = ("pydantic", "farm.proto.questions", "farm.proto.spec")
 
 # runs `farm ARGS` as the console script does, then says which of HEAVY this process loaded
 RUN_AND_LIST = """
@@ -28,8 +32,9 @@ sys.exit(code)
 """
 
 
-def _loaded(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], list[str]]:
-    proc = subprocess.run([sys.executable, "-c", f"HEAVY = {HEAVY!r}\n{RUN_AND_LIST}", json.dumps(args)],
+def _loaded(args: list[str], tmp_path: Path,
+            banned: tuple[str, ...] = HEAVY) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    proc = subprocess.run([sys.executable, "-c", f"HEAVY = {banned!r}\n{RUN_AND_LIST}", json.dumps(args)],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path,
                           env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "FARM_DB": str(tmp_path / "env.db")})
     marker = [line for line in proc.stderr.splitlines() if line.startswith("LOADED=")]
@@ -48,6 +53,23 @@ def test_cheap_commands_load_no_heavy_library(args: list[str], says: str, tmp_pa
     assert proc.returncode == 0, proc.stderr
     assert says in proc.stdout
     assert loaded == [], f"`farm {' '.join(args)}` imported {loaded}; import them inside the command that needs them"
+
+
+@pytest.mark.parametrize("args, says", [(["--version"], "farm "), (["--help"], "usage: farm")])
+def test_version_and_help_load_no_models(args: list[str], says: str, tmp_path: Path) -> None:
+    # they build the parser and print: no pydantic model, no question table (issue 34: 0.38 CPU-s with them, 0.17 without)
+    proc, loaded = _loaded(args, tmp_path, HEAVY + MODELS)
+    assert proc.returncode == 0, proc.stderr
+    assert says in proc.stdout
+    assert loaded == [], f"`farm {' '.join(args)}` imported {loaded}; import them inside the command that needs them"
+
+
+def test_the_model_check_sees_pydantic(tmp_path: Path) -> None:
+    # the same probe on a command that reads a job file must report pydantic and the job model, or the test above proves nothing
+    (tmp_path / "job.yaml").write_text("name: x\n")
+    proc, loaded = _loaded(["submit", str(tmp_path / "job.yaml"), "--db", str(tmp_path / "store/farm.db"), "--create"],
+                           tmp_path, HEAVY + MODELS)
+    assert proc.returncode != 0 and {"pydantic", "farm.proto.spec"} <= set(loaded), (proc.stderr, loaded)
 
 
 def test_the_check_sees_a_heavy_import(tmp_path: Path) -> None:

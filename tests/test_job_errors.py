@@ -1,5 +1,9 @@
 """A malformed job file is refused before anything runs: one paragraph naming the file,
-line and field, exit code 2, no traceback, nothing stored."""
+line and field, exit code 2, no traceback, nothing stored.
+
+The validator's messages are a pure rule: each is checked through `farm.cli.main.main(argv)` in this
+process (`farm_inprocess`: the same exit code, streams and store), and one refusal goes through a real
+`farm submit` process (issue 34)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ from farm.controller.store import SQLiteStore as Store
 from model_fixtures import write_delegate_only_op_tflite
 
 GOOD_WORKLOAD = "workload: {type: benchmark, iterations: 3, warmup: 1}\n"
+# the jobs that run keep a contended run, marked, instead of measuring it again: the policy is test_contention.py's
+FLAG_CONTENTION = "sim: {on_contention: flag}\n"
 
 CASES = {
     # name: (job text, expected line, fragments that must all appear)
@@ -169,8 +175,7 @@ def write_dynamic_onnx(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_malformed_job_is_refused_with_file_line_and_field(case: str, job_dir: Path, farm, farm_db: Path) -> None:
+def _refused_with_file_line_and_field(case: str, job_dir: Path, farm, farm_db: Path) -> None:
     text, line, fragments = CASES[case]
     write_job(job_dir, text)
     result = farm("submit", "job.yaml", *EXTRA_ARGS.get(case, []), cwd=job_dir)
@@ -190,14 +195,25 @@ def test_malformed_job_is_refused_with_file_line_and_field(case: str, job_dir: P
         assert sqlite3.connect(farm_db).execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0
 
 
-def test_missing_job_file(farm, tmp_path: Path) -> None:
-    result = farm("submit", "nope.yaml", cwd=tmp_path)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_malformed_job_is_refused_with_file_line_and_field(case: str, job_dir: Path, farm_inprocess, farm_db: Path) -> None:
+    _refused_with_file_line_and_field(case, job_dir, farm_inprocess, farm_db)
+
+
+@pytest.mark.parametrize("case", ["unknown field", "corrupt tflite"])
+def test_a_refused_job_through_a_real_process(case: str, job_dir: Path, farm, farm_db: Path) -> None:
+    # the smoke test: the console script's process says the same as main() in-process (streams, exit code)
+    _refused_with_file_line_and_field(case, job_dir, farm, farm_db)
+
+
+def test_missing_job_file(farm_inprocess, tmp_path: Path) -> None:
+    result = farm_inprocess("submit", "nope.yaml", cwd=tmp_path)
     assert result.returncode == 2
     assert "nope.yaml: no such job file" in result.stderr
 
 
-def test_schema_lists_every_field(farm) -> None:
-    schema = farm("schema").json()
+def test_schema_lists_every_field(farm_inprocess) -> None:
+    schema = farm_inprocess("schema").json()
     props = schema["properties"]
     for key in ("models", "workload", "matrix", "repeats", "targets", "sim", "timeouts"):
         assert key in props
@@ -207,10 +223,10 @@ def test_schema_lists_every_field(farm) -> None:
     assert "memory" in defs["SimBudget"]["properties"]
 
 
-def test_every_bad_model_is_listed_at_once_and_as_json(job_dir: Path, farm, farm_db: Path) -> None:
+def test_every_bad_model_is_listed_at_once_and_as_json(job_dir: Path, farm_inprocess, farm_db: Path) -> None:
     write_job(job_dir, "models:\n  - tiny.tflite\n  - loop_a.tflite\n  - custom_op.tflite\n  - corrupt.tflite\n"
                        "  - nowhere.onnx\n" + GOOD_WORKLOAD)
-    result = farm("submit", "job.yaml", "--json", cwd=job_dir)
+    result = farm_inprocess("submit", "job.yaml", "--json", cwd=job_dir)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert lines[0].startswith("error: job.yaml:3: models[1]") and "symlink loop" in lines[0]
@@ -226,7 +242,7 @@ def test_every_bad_model_is_listed_at_once_and_as_json(job_dir: Path, farm, farm
 
 
 def test_skip_invalid_runs_the_rest_and_records_the_bad_ones(job_dir: Path, farm, farm_db: Path) -> None:
-    write_job(job_dir, "models: [tiny.tflite, custom_op.tflite, nowhere.onnx]\n" + GOOD_WORKLOAD)
+    write_job(job_dir, "models: [tiny.tflite, custom_op.tflite, nowhere.onnx]\n" + GOOD_WORKLOAD + FLAG_CONTENTION)
     result = farm("submit", "job.yaml", "--skip-invalid", "--json", cwd=job_dir)
     assert result.returncode == 1, result.stderr  # the job ran; some of it failed
     assert "skipped: job.yaml:1: models[1]" in result.stderr and "skipped: job.yaml:1: models[2]" in result.stderr
@@ -242,12 +258,12 @@ def test_skip_invalid_runs_the_rest_and_records_the_bad_ones(job_dir: Path, farm
     assert all_bad.returncode == 2 and "no model of the job can run" in all_bad.stderr
 
 
-def test_a_huge_job_is_refused_before_it_is_expanded(job_dir: Path, farm, farm_db: Path) -> None:
+def test_a_huge_job_is_refused_before_it_is_expanded(job_dir: Path, farm_inprocess, farm_db: Path) -> None:
     # ~1 MiB of YAML that would expand to 10^8 tasks: refused with the counts, under the default limit
     values = ", ".join(str(i) for i in range(1, 10_001))
     text = f"models: [tiny.tflite]\n{GOOD_WORKLOAD}matrix:\n  threads: [{values}]\n  batch_sizes: [{values}]\n"
     write_job(job_dir, text)
-    result = farm("submit", "job.yaml", cwd=job_dir)
+    result = farm_inprocess("submit", "job.yaml", cwd=job_dir)
     assert result.returncode == 2, result.stderr
     assert "expands to 100,000,000 runs" in result.stderr and "100,000,000 matrix cell(s)" in result.stderr
     assert "over the limit of 10,000 per job" in result.stderr
@@ -257,7 +273,7 @@ def test_a_huge_job_is_refused_before_it_is_expanded(job_dir: Path, farm, farm_d
 def test_the_validator_loads_a_model_as_the_harness_does(tmp_path: Path, farm) -> None:
     # MediaPipe's Convolution2DTransposeBias has no builtin kernel: only XNNPACK (the AUTO resolver) runs it.
     write_delegate_only_op_tflite(tmp_path / "deconv.tflite")
-    write_job(tmp_path, "models: [deconv.tflite]\n" + GOOD_WORKLOAD)
+    write_job(tmp_path, "models: [deconv.tflite]\n" + GOOD_WORKLOAD + FLAG_CONTENTION)
     run = farm("submit", "job.yaml", "--json", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["results"][0]["status"] == "completed"
@@ -272,7 +288,8 @@ def test_the_validator_loads_a_model_as_the_harness_does(tmp_path: Path, farm) -
 def test_budgets_above_the_host_are_warnings(job_dir: Path, farm) -> None:
     host = HostCapacity.here()
     too_much = f"{host.memory_bytes * 2 // (1 << 30) + 1}g"
-    write_job(job_dir, f"models: [tiny.tflite]\n{GOOD_WORKLOAD}sim:\n  cpus: 1000\n  memory: {too_much}\n")
+    write_job(job_dir, f"models: [tiny.tflite]\n{GOOD_WORKLOAD}sim:\n  cpus: 1000\n  memory: {too_much}\n"
+                       "  on_contention: flag\n")
     result = farm("submit", "job.yaml", "--json", cwd=job_dir)
     assert result.returncode == 0, result.stderr
     assert (f"warning: job.yaml:4: sim.cpus: 1000 CPUs is more than the {len(host.cores)} core(s) this host has; "
@@ -329,9 +346,9 @@ SET_CASES = {
 
 
 @pytest.mark.parametrize("override", list(SET_CASES))
-def test_a_bad_set_is_refused_naming_the_set(override: str, job_dir: Path, farm, farm_db: Path) -> None:
+def test_a_bad_set_is_refused_naming_the_set(override: str, job_dir: Path, farm_inprocess, farm_db: Path) -> None:
     write_job(job_dir, "models: [tiny.tflite]\n" + GOOD_WORKLOAD)
-    result = farm("submit", "job.yaml", "--set", override, cwd=job_dir)
+    result = farm_inprocess("submit", "job.yaml", "--set", override, cwd=job_dir)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.startswith("error: job.yaml: ") and "\n\n" not in result.stderr.strip()
     for fragment in SET_CASES[override]:
@@ -341,7 +358,7 @@ def test_a_bad_set_is_refused_naming_the_set(override: str, job_dir: Path, farm,
 
 def test_set_overrides_fields_and_the_stored_job_is_the_one_that_ran(job_dir: Path, farm, farm_db: Path) -> None:
     write_job(job_dir, "name: long\nmodels: [tiny.tflite]\nworkload: {type: benchmark, iterations: 500, warmup: 5}\n"
-                       "matrix: {threads: [1, 2, 4]}\nrepeats: 5\n")
+                       "matrix: {threads: [1, 2, 4]}\nrepeats: 5\n" + FLAG_CONTENTION)
     result = farm("submit", "job.yaml", "--json", "--set", "workload.iterations=4", "--set", "repeats=1",
                   "--set", "matrix.threads=[1]", "--set", "sim.memory=256m", "--set", "models.0.name=small",
                   cwd=job_dir)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cache_lock import cache_lock
 from conftest import require_backend
 from farm.agents.sandbox.docker_image import DEFAULT_IMAGE
 
@@ -33,8 +34,11 @@ zipfile.ZipFile("/tmp/{WHEEL}").extractall("/opt/venv/lib/python3.11/site-packag
 
 def _wheel() -> Path:
     path = CACHE / WHEEL
-    if not path.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        return path
+    with cache_lock(CACHE):  # one run downloads it; another waits and finds it
+        if path.exists():
+            return path
         got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "cowsay==6.1", "-d", str(CACHE)],
                              capture_output=True, text=True, timeout=180)
         if got.returncode != 0 or not path.exists():
