@@ -239,7 +239,8 @@ class BenchmarkWorkload(Strict):
     inputs: dict[str, InputSpec] = Field(
         default_factory=dict,
         description="What each input is fed, by input name: {value: 16000}, {file: x.npy}, {random: {low, high}} "
-                    "or {shape: [...]}; inputs not named get random values (a sample-rate input 16000)",
+                    "or {shape: [...]}; inputs not named get random values (a sample-rate input 16000, an integer "
+                    "attention mask 1, token type ids 0, position ids 0..n)",
     )
     op_profiling: bool = Field(False, description="Also time every operator: phones pass --enable_op_profiling=true "
                                                   "to benchmark_model; the sim traces ONNX models with ONNX Runtime's "
