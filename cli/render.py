@@ -319,8 +319,11 @@ def calibrations_table(rows: list[CalibrationVersion], when, *, wide: bool = Fal
     t.add_column("device", overflow="fold")
     t.add_column("metric", overflow="fold")
     t.add_column("thr", justify="right")
+    show_unit = any("unit=" in (r.runtime or "") for r in rows)  # a GPU/NPU/DSP pair's fit: never a CPU's
+    if show_unit:
+        t.add_column("unit")
     if wide:
-        for c in ("batch", "input", "precision", "family", "created", "fit"):
+        for c in ("runtime", "batch", "input", "precision", "family", "created", "fit"):
             t.add_column(c)
     t.add_column("v", justify="right")
     t.add_column("formula", overflow="fold")
@@ -337,9 +340,11 @@ def calibrations_table(rows: list[CalibrationVersion], when, *, wide: bool = Fal
 
     for r in rows:
         row: list[str | Text] = [str(r.id), Text(printable(r.device, limit=None)), r.metric, str(r.threads)]
+        if show_unit:
+            row.append(Text(printable(calibration_unit(r.runtime))))
         if wide:
             prior = "—" if r.prior_weight is None else f"{100 * r.prior_weight:.0f} % ({r.prior_source})"
-            row += [str(r.batch_size or 1), str(r.input_size or "—"), r.precision or "fp32",
+            row += [Text(printable(r.runtime or "—", limit=None)), str(r.batch_size or 1), str(r.input_size or "—"), r.precision or "fp32",
                     Text(printable(r.family or "(all)", limit=None)), when(r.created_at), r.kind or ""]
         row += [str(r.version), Text(r.formula), num(r.r2, ".3f"), str(r.n),
                 num(100 * r.loo_mape if r.loo_mape is not None else None, ".1f")]
@@ -349,7 +354,14 @@ def calibrations_table(rows: list[CalibrationVersion], when, *, wide: bool = Fal
         t.add_row(*row)
     if wide:
         return t
-    return Group(t, Text("--wide: batch, input size, precision, family, when, fit kind, ρ, prior weight", style="dim"))
+    return Group(t, Text("--wide: runtime key, batch, input size, precision, family, when, fit kind, ρ, prior weight",
+                         style="dim"))
+
+
+def calibration_unit(runtime: str | None) -> str:
+    """The compute unit a calibration's runtime key names (`onnxruntime@arch=aarch64;unit=tensorrt:fp16`), or cpu."""
+    qualifiers = (runtime or "").partition("@")[2].split(";")
+    return next((q[len("unit="):] for q in qualifiers if q.startswith("unit=")), "cpu")
 
 
 def empty_list(kind: str, what_to_do: str) -> Text:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import sys
 from pathlib import Path
 
@@ -188,3 +189,36 @@ def test_the_wire_carries_the_unit_and_older_tasks_read_as_cpu() -> None:
                           common_pb2.TaskSpec())
     assert json.loads(cpu.extra_json or "{}") == {}  # what an agent of an earlier version reads: nothing new
     assert task_from_message(cpu).plan.accelerator == "cpu"
+
+
+def test_a_units_calibration_is_keyed_apart_from_the_cpus(tmp_path: Path, tiny_models, farm) -> None:
+    """A cpu cell and a cuda cell of the same models on one device are two calibrations, the cuda one keyed by its
+    unit (runtime@unit=cuda): a sim → gpu pair is a fit of its own, never pooled with the CPU's."""
+    import onnx
+
+    for i in range(5):
+        model = onnx.load(str(tiny_models["onnx"]))
+        model.doc_string = "x" * (1000 * (i + 1))  # five sizes: five latencies for the script below
+        onnx.save(model, str(tmp_path / f"m{i}.onnx"))
+    (tmp_path / "script").mkdir()
+    (tmp_path / "script" / "infer.py").write_text(
+        "import json, os, sys\nsize = os.path.getsize(sys.argv[1])\n"
+        "scale = {'cpu': 1.0, 'cuda': 0.1}[sys.argv[2]]\n"
+        "for _ in range(5):\n    print(json.dumps({'latency_ms': size / 1000 * scale}))\n")
+    job = write_job(tmp_path, """
+models: [m0.onnx, m1.onnx, m2.onnx, m3.onnx, m4.onnx]
+workload: {type: script, script: infer.py, dir: script, args: ["{model}", "{accelerator}"]}
+matrix: {accelerators: [cpu, cuda]}
+targets: [gpu-1]
+sim: {on_contention: flag}
+""")
+    run = farm("submit", str(job), "--devices", str(local_lab(tmp_path)), "--json", env=FAKE_PATH)
+    assert run.returncode == 0, run.stderr[-2000:]
+    cal = farm("calibrate", "--job", "1", "--device", "gpu-1", "--metric", "latency", "--include-contended", "--json")
+    assert cal.returncode == 0, cal.stderr[-2000:]
+    assert len(cal.json()["calibrations"]) == 2
+    slopes = {c["runtime"]: c["a"] for c in farm("calibrations", "--json").json()}
+    arch = platform.machine()
+    assert slopes == {f"script@arch={arch}": pytest.approx(1.0), f"script@arch={arch};unit=cuda": pytest.approx(0.1)}
+    table = farm("calibrations", env={"COLUMNS": "200"}).stdout
+    assert "unit" in table and "cuda" in table
