@@ -137,3 +137,36 @@ def test_an_untyped_phone_gets_its_type_from_its_own_facts(tmp_path: Path, farm)
         problems = discover_types(devices)
     assert devices[0].device_type.name == "lg-g6"  # the emulator says ro.product.model=LG-H870
     assert devices[1].device_type is None and problems and problems[0].startswith("gone:")
+
+
+def test_a_phone_job_with_an_accelerator_axis(tmp_path: Path, tiny_models, farm) -> None:
+    """Issue 29 through `farm submit` on the ADB emulator: each unit's delegate flags reach benchmark_model, the GPU
+    cell is a GPU figure, the NNAPI delegate that took no node is a job failure saying so, the rest of the job kept."""
+    import json
+    import sqlite3
+
+    key = tmp_path / "lab" / "adbkey"
+    load_or_create_lab_key(key)
+    os.symlink(tiny_models["tflite"], tmp_path / "tiny.tflite")
+    with AdbDeviceEmulator(tmp_path / "phone", authorized_keys=[Path(f"{key}.pub").read_text()]) as phone:
+        lab = tmp_path / "lab.yaml"
+        lab.write_text(f"devices:\n  - name: g6-1\n    driver: android\n    type: lg-g6\n    host: 127.0.0.1\n"
+                       f"    port: {phone.port}\n    adb_key: {key}\n")
+        job = write_job(tmp_path, """
+models: [tiny.tflite]
+workload: {type: benchmark, iterations: 10, warmup: 1}
+matrix: {accelerators: [cpu, "gpu:fp16", nnapi]}
+targets: [g6-1]
+sim: {on_contention: flag}
+""")
+        run = farm("submit", str(job), "--devices", str(lab), "--json")
+    assert run.returncode == 1, run.stderr[-2000:]
+    phone_runs = {r["accelerator"]: r for r in run.json()["results"] if r["target"] == "g6-1"}
+    assert set(phone_runs) == {"cpu", "gpu:fp16", "nnapi"}
+    assert phone_runs["cpu"]["status"] == phone_runs["gpu:fp16"]["status"] == "completed"
+    assert phone_runs["nnapi"]["failure_class"] == "job" and "NNAPI delegate took none" in phone_runs["nnapi"]["message"]
+    commands = {json.loads(plan)["accelerator"]: json.loads(env)["command"] for plan, env in sqlite3.connect(
+        tmp_path / "farm.db").execute("SELECT t.spec_json, r.environment_json FROM runs r JOIN tasks t "
+                                      "ON t.id = r.task_id WHERE t.target = 'g6-1'")}
+    assert "--use_gpu=true --gpu_precision_loss_allowed=true" in commands["gpu"]
+    assert "--use_nnapi=true" in commands["nnapi"] and "--use_gpu" not in commands["cpu"]
