@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.client.api import EXIT_ENVIRONMENT, EXIT_OK, FarmError
-from farm.client.config import DEFAULT_PORT, Credentials, address_of, read_config, setting
+from farm.client.config import DEFAULT_PORT, Credentials, address_of, checked_addresses, read_config, setting
 from farm.proto.task_limits import DEFAULT_MAX_TASKS
 
 if TYPE_CHECKING:
@@ -264,7 +264,7 @@ def agent_token(args: argparse.Namespace) -> str | None:
 def cmd_agent(args: argparse.Namespace) -> int:
     from farm.agents.agent import Agent, split_cores
     from farm.agents.environment import host_facts
-    from farm.agents.link.remote_controller import DeviceInfo, RemoteController, controller_addresses
+    from farm.agents.link.remote_controller import DeviceInfo, RemoteController
     from farm.agents.sandbox.docker_build import BuildPolicy
     from farm.agents.sandbox.isolation import RunUserError, resolve_run_as
     from farm.agents.sim.driver import SimDriver
@@ -274,10 +274,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     given = setting(args.controller, "controller", "FARM_CONTROLLER")
     if not given:
         raise RemoteError("`farm agent` needs --controller HOST:PORT (or FARM_CONTROLLER)")
-    try:  # several controllers on one PostgreSQL: the agent moves to the next when its controller dies
-        addresses = controller_addresses(given, DEFAULT_PORT)
-    except ValueError as e:
-        raise RemoteError(f"--controller (or FARM_CONTROLLER, or the config file's controller): {e}") from None
+    addresses = checked_addresses(given)  # several controllers on one PostgreSQL: the agent goes round them
     address = ",".join(addresses)
     if not valid_agent_name(args.name):
         raise RemoteError(f"--name {args.name!r}: use letters, digits, '.', '_' and '-' (at most 64)")

@@ -18,7 +18,6 @@ import logging
 import os
 import queue
 import random
-import re
 import socket
 import tempfile
 import threading
@@ -32,6 +31,7 @@ from pydantic import ValidationError
 
 from farm.agents.artifact_cache import ArtifactCache
 from farm.version import __version__
+from farm.proto.addresses import MAX_CONTROLLERS as MAX_CONTROLLERS, controller_addresses as controller_addresses
 from farm.proto.copying import replaced
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2
 from farm.proto.results import FailureClass, RunResult
@@ -56,37 +56,6 @@ TAKEN_BACKOFF_FIRST_S, TAKEN_BACKOFF_MAX_S = 5.0, 300.0
 # These refusals will not go away by retrying: the agent stops and says why.
 FATAL_CODES = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
                grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT}
-
-
-MAX_CONTROLLERS = 16  # a list longer than a lab has controllers is a mistake (or hostile)
-_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,252})?|\[[0-9A-Fa-f:.]{2,45}\]")
-
-
-def controller_addresses(text: str, default_port: int) -> list[str]:
-    """The agent's controllers from `--controller a:1,b:2` (a host alone gets `default_port`).
-
-    Raises ValueError naming the bad entry: each must be HOST:PORT (an IPv6 host in brackets), port 1-65535.
-    """
-    entries = text.split(",")
-    if len(entries) > MAX_CONTROLLERS:
-        raise ValueError(f"{len(entries)} controller addresses: at most {MAX_CONTROLLERS}")
-    addresses: list[str] = []
-    for number, raw in enumerate(entries, 1):
-        entry = raw.strip()
-        host, colon, port = entry.rpartition(":") if entry.rfind(":") > entry.rfind("]") else (entry, "", "")
-        where = f"controller address {number} ('{printable(entry, limit=80)}')"
-        if not entry:
-            raise ValueError(f"controller address {number} is empty: give HOST:PORT entries separated by commas")
-        if not _HOST.fullmatch(host):
-            raise ValueError(f"{where}: '{printable(host, limit=80)}' is not a host name or address "
-                             "(letters, digits, '.', '-', '_'; an IPv6 address in brackets)")
-        if colon and not (port.isascii() and port.isdigit() and len(port) <= 5 and 1 <= int(port) <= 65535):
-            raise ValueError(f"{where}: the port must be a number from 1 to 65535")
-        address = entry if colon else f"{host}:{default_port}"
-        if address in addresses:
-            raise ValueError(f"{where}: named twice")
-        addresses.append(address)
-    return addresses
 
 
 class ControllerRefused(Exception):
