@@ -127,11 +127,15 @@ def _budget(args: argparse.Namespace) -> Any:
 
     settings = BudgetSettings()
     for name, value in (("--max-calls-per-token", args.max_calls_per_token), ("--upload-idle-timeout", args.upload_idle_timeout),
-                        ("--upload-quota", args.upload_quota and min(args.upload_quota, 1))):
-        if value is not None and not (0 < value < 1e9):
+                        ("--upload-quota", args.upload_quota and min(args.upload_quota, 1)),
+                        ("--agent-hello-timeout", args.agent_hello_timeout),
+                        ("--agent-idle-timeout", args.agent_idle_timeout)):
+        if value is not None and not (0 < value < 1e9):  # NaN fails this too
             raise RemoteError(f"{name} must be a positive number, not {value}")
     return replace(settings, calls_per_token=args.max_calls_per_token or settings.calls_per_token,
-                   upload_idle_s=args.upload_idle_timeout or settings.upload_idle_s)
+                   upload_idle_s=args.upload_idle_timeout or settings.upload_idle_s,
+                   hello_timeout_s=args.agent_hello_timeout or settings.hello_timeout_s,
+                   agent_idle_s=args.agent_idle_timeout or settings.agent_idle_s)
 
 
 def cmd_controller_serve(args: argparse.Namespace) -> int:
@@ -368,6 +372,11 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
                         "half of --max-streams, the rest is kept for agents and admins")
     s.add_argument("--upload-idle-timeout", type=float, default=None, metavar="SECONDS",
                    help="cut an upload that sends nothing for this long (default 60)")
+    s.add_argument("--agent-hello-timeout", type=float, default=None, metavar="SECONDS",
+                   help="cut an agent stream whose hello has not come this long after it opened (default 10)")
+    s.add_argument("--agent-idle-timeout", type=float, default=None, metavar="SECONDS",
+                   help="cut an agent stream that sends nothing, not even a heartbeat, for this long (default 60, or "
+                        "4 heartbeat intervals when longer)")
     s.add_argument("--upload-quota", type=int, default=None, metavar="BYTES",
                    help="bytes one client token's uploads may hold in the artifact store until `farm artifacts gc` "
                         "removes what no job names (default 20 GiB)")

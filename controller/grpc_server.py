@@ -39,7 +39,7 @@ from farm.controller.async_calls import Aborted, CallGate, ServerLoop, ThreadCon
 from farm.controller.auth import (
     BudgetSettings, CallBudget, Identity, IdleUploads, TlsFiles, TokenGuard, TokenTable, UploadIdle,
     check_server_certificate,
-    identity_of, is_loopback,
+    identity_of, is_loopback, peer_address,
     server_credentials,
 )
 from farm.proto.device_types import load_device_types
@@ -102,7 +102,9 @@ class FarmServer:
                  tokens: TokenTable | None = None, max_watches: int = DEFAULT_MAX_WATCHES,
                  files: ControllerFiles | None = None, scripts_need_permission: bool = False,
                  result_batch: int = RESULT_BATCH, upload_idle_s: float = BudgetSettings.upload_idle_s,
-                 job_sharing: str = "shared", upload_quota: int | None = DEFAULT_UPLOAD_QUOTA) -> None:
+                 job_sharing: str = "shared", upload_quota: int | None = DEFAULT_UPLOAD_QUOTA,
+                 budget: CallBudget | None = None, hello_timeout_s: float = BudgetSettings.hello_timeout_s,
+                 agent_idle_s: float | None = BudgetSettings.agent_idle_s) -> None:
         self.store = store
         self.files = files or controller_files(store)
         self.scripts_need_permission = scripts_need_permission
@@ -112,6 +114,10 @@ class FarmServer:
         self.nightly: Any = None  # controller.nightly.NightlyRefresh with --refresh-cron: it leaves clients' refreshes alone
         self.controller = Controller(store, lease_ttl_s=lease_ttl_s)
         self.heartbeat_interval_s = heartbeat_interval_s or max(0.2, lease_ttl_s / 4)
+        # An agent stream's deadlines (issue 33, H2): its hello, then a message at least every agent_idle_s.
+        self.budget = budget  # the per-caller budgets (None without tokens): also caps streams awaiting a hello
+        self.hello_timeout_s = hello_timeout_s
+        self.agent_idle_s = agent_idle_s if agent_idle_s is not None else max(60.0, 4 * self.heartbeat_interval_s)
         self.tokens = tokens
         self.agents = Sessions(store, self.controller)
         self.sessions = self.agents.by_name
@@ -371,7 +377,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                       context: grpc.aio.ServicerContext) -> AsyncIterator[agent_pb2.ControllerMessage]:
         loop = asyncio.get_running_loop()
         identity = identity_of(context, self.server.tokens)
-        first = await next_request(request_iterator)
+        first = await self._hello(request_iterator, context, identity)
         if first is None or first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message on the agent stream must be a hello")
         assert first is not None  # abort() raised otherwise (grpc is untyped: mypy cannot tell)
@@ -387,6 +393,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                  printable(hello.farm_version), printable(hello.hostname), len(hello.devices))
         outbox = _Outbox(session, loop)
         reader = asyncio.create_task(self._read(session, request_iterator), name=f"agent-{session.name}")
+        cut: str | None = None
         try:
             yield agent_pb2.ControllerMessage(welcome=agent_pb2.Welcome(
                 session_id=session.session_id, controller_version=__version__, protocol_version=PROTOCOL_VERSION,
@@ -418,15 +425,41 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 if ending:
                     break
         finally:
+            if reader.done() and not reader.cancelled():
+                cut = reader.result()  # why the reader ended the stream, when it was the idle deadline
             reader.cancel()
             session.wake = None
             closing = loop.run_in_executor(self.pool, self.server.close_session, session)
         await closing
+        if cut is not None:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, cut)
         if session.taken_over_by:
             # A reconnect's old stream is dead and never sees this; a second live process with the same name does.
             await context.abort(grpc.StatusCode.ABORTED,
                                 f"agent {session.name!r} connected again from {session.taken_over_by}, which took over "
                                 "this session. Give every agent process its own --name.")
+
+    async def _hello(self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext,
+                     identity: Identity) -> agent_pb2.AgentMessage | None:
+        """The stream's first message, within --agent-hello-timeout; while it is awaited the stream counts against
+        the hello-less caps (auth.CallBudget.await_hello), so streams that never say hello cannot hold the server."""
+        budget = self.server.budget
+        keys, refusal = budget.await_hello(identity, peer_address(context)) if budget else ([], None)
+        if refusal is not None:
+            log.warning("an agent stream from %s was refused: %s", context.peer(), refusal)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+        try:
+            return await asyncio.wait_for(next_request(request_iterator), self.server.hello_timeout_s)
+        except TimeoutError:
+            log.warning("an agent stream from %s sent no hello within %g s; cut (--agent-hello-timeout)",
+                        context.peer(), self.server.hello_timeout_s)
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"no hello within {self.server.hello_timeout_s:g} s of opening the agent stream; it "
+                                "was cut (--agent-hello-timeout). An agent's first message is its hello.")
+            raise  # not reached: abort() raised
+        finally:
+            if budget is not None:
+                budget.release(keys)
 
     def _hello_refusal(self, hello: agent_pb2.Hello, identity: Identity) -> tuple[grpc.StatusCode, str] | None:
         """Why this hello is refused (a status and a message a person can act on), or None."""
@@ -465,11 +498,21 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             seen.add(device.name)
         return None
 
-    async def _read(self, session: AgentSession, request_iterator: AsyncIterator[agent_pb2.AgentMessage]) -> None:
+    async def _read(self, session: AgentSession, request_iterator: AsyncIterator[agent_pb2.AgentMessage]) -> str | None:
+        """Hand the agent's messages over in order; returns why the stream is cut when the agent fell silent for
+        --agent-idle-timeout (agents heartbeat on a clock, so a live one never does), else None."""
         loop = asyncio.get_running_loop()
+        idle_s = self.server.agent_idle_s
         try:
-            async for message in request_iterator:
-                if session.closed.is_set():
+            while True:
+                try:
+                    message = await asyncio.wait_for(next_request(request_iterator), idle_s)
+                except TimeoutError:
+                    log.warning("agent %s sent nothing for %g s; its stream is cut (--agent-idle-timeout)",
+                                session.name, idle_s)
+                    return (f"agent {session.name!r} sent nothing for {idle_s:g} s (not even a heartbeat); its stream "
+                            "was cut (--agent-idle-timeout). Connect again.")
+                if message is None or session.closed.is_set():
                     break
                 # one at a time, in order: a result before the work request that rides behind it
                 await loop.run_in_executor(self.pool, self.server.on_agent_message, session, message)
@@ -481,6 +524,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             log.exception("agent %s: handling a message failed", session.name)
         finally:
             session.close()
+        return None
 
     def FetchArtifact(self, request: common_pb2.ArtifactRequest, context: grpc.ServicerContext) -> Iterator[common_pb2.ArtifactChunk]:
         path = self.server.artifact_path(request.sha256)
@@ -781,9 +825,15 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
         log.warning("%s", warning)
     store.sync_normal()
     files = controller_files(store, models_roots=models_roots, max_model_bytes=max_model_bytes)
+    call_budget = CallBudget(settings) if tokens else None  # without tokens every caller is the operator
     farm = FarmServer(store, lease_ttl_s=lease_ttl_s, heartbeat_interval_s=heartbeat_interval_s, tokens=tokens,
                       max_watches=max_watches, files=files, scripts_need_permission=scripts_need_permission,
-                      upload_idle_s=settings.upload_idle_s, job_sharing=job_sharing, upload_quota=upload_quota)
+                      upload_idle_s=settings.upload_idle_s, job_sharing=job_sharing, upload_quota=upload_quota,
+                      budget=call_budget, hello_timeout_s=settings.hello_timeout_s, agent_idle_s=settings.agent_idle_s)
+    if farm.agent_idle_s <= farm.heartbeat_interval_s:
+        raise ValueError(f"--agent-idle-timeout {farm.agent_idle_s:g} s must be longer than the agents' heartbeat "
+                         f"interval ({farm.heartbeat_interval_s:g} s: --heartbeat-interval, else a quarter of "
+                         "--lease-ttl), or every idle agent would be cut")
     options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                # A dead agent's half-open TCP connection is noticed within a minute.
@@ -798,7 +848,7 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
     loop = ServerLoop()
 
     def build() -> tuple[grpc.aio.Server, int]:  # on the loop's thread: the server belongs to its loop
-        gate = CallGate(calls, TokenGuard(tokens, CallBudget(settings)) if tokens else None)
+        gate = CallGate(calls, TokenGuard(tokens, call_budget) if tokens else None)
         server = grpc.aio.server(interceptors=[gate], options=options, maximum_concurrent_rpcs=max_streams)
         agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(farm, agent_messages), server)
         farm_pb2_grpc.add_FarmServiceServicer_to_server(FarmServicer(farm, calls), server)
