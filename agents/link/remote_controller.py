@@ -53,7 +53,8 @@ BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.25, 10.0
 # A session taken over by another connection under this name: retried, slowly (a second live process with
 # the same --name would otherwise take it back and forth), and said each time.
 TAKEN_BACKOFF_FIRST_S, TAKEN_BACKOFF_MAX_S = 5.0, 300.0
-# These refusals will not go away by retrying: the agent stops and says why.
+# These refusals will not go away by retrying the same controller: the agent tries the next of its list, and
+# stops, saying why, only once every one of them refused it in a row (one controller: at the first refusal).
 FATAL_CODES = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
                grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT}
 
@@ -301,19 +302,33 @@ class RemoteController:
 
     def _connection_loop(self) -> None:
         backoff, taken = BACKOFF_FIRST_S, TAKEN_BACKOFF_FIRST_S
+        refused: set[str] = set()  # the controllers that refused this agent since one last welcomed it
         while not self._closed.is_set():
             try:
                 self._one_connection()
+                refused.clear()
                 backoff = BACKOFF_FIRST_S  # the controller closed a stream that had worked
                 self._next_controller()
             except ControllerRefused as e:
-                self.fatal = e
-                log.error("%s", e)
-                with self._lock:
-                    for request in self._requests.values():
-                        request.answered.set()
-                return
+                if self._welcomed:
+                    refused.clear()
+                refused.add(self.address)
+                if len(refused) >= len(self.addresses):  # all of them: retrying cannot fix it
+                    self.fatal = e if len(self.addresses) == 1 else ControllerRefused(
+                        f"every controller this agent was given refused it; the last: {e}")
+                    log.error("%s", printable(str(self.fatal), limit=2000))
+                    with self._lock:
+                        for request in self._requests.values():
+                            request.answered.set()
+                    return
+                # One of several refused (an old or a wrong address, or something posing as a controller): the
+                # others may well take this agent. Round the list, with the backoff, saying so.
+                self._next_controller()
+                log.warning("%s; trying the next controller, %s, in about %.1f s (%d of %d refused this agent)",
+                            printable(str(e), limit=1000), self.address, backoff, len(refused), len(self.addresses))
             except grpc.RpcError as e:
+                if self._welcomed:
+                    refused.clear()
                 if e.code() == grpc.StatusCode.ABORTED and not self._closed.is_set():
                     log.warning("the controller at %s ended this agent's session: %s; connecting again in %.0f s",
                                 self.address, printable(e.details(), limit=500), taken)
@@ -340,7 +355,7 @@ class RemoteController:
         self.address = self.addresses[(self.addresses.index(self.address) + 1) % len(self.addresses)]
 
     def _one_connection(self) -> None:
-        self._welcomed = False
+        self._welcomed = False  # set by the welcome: the controller took this agent
         channel = open_channel(self.address, tls=self.tls)
         outbox: "queue.Queue[agent_pb2.AgentMessage | None]" = queue.Queue()
         try:
