@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterator, TypeVar
+from typing import Any, AsyncIterator, Callable, Generator, Iterator, TypeVar
 
 import grpc
 from cryptography import x509
@@ -485,7 +485,7 @@ class IdleUploads:
         self.lock = threading.Lock()
         self.cut = 0
 
-    def paced(self, messages: Iterator[T]) -> Iterator[T]:
+    def paced(self, messages: Iterator[T]) -> Generator[T, None, None]:
         """messages as they arrive; raises UploadIdle when none came for idle_s. At most two wait read, so
         the bytes in flight stay bounded."""
         box: queue.Queue[tuple[Any, BaseException | None]] = queue.Queue(maxsize=2)

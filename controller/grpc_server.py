@@ -20,6 +20,7 @@ import logging
 import os
 import queue
 import socket
+import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass, replace
@@ -110,6 +111,8 @@ class FarmServer:
         self.scripts_need_permission = scripts_need_permission
         self.job_sharing = job_sharing  # may clients read other teams' jobs (service.Viewer); cancel never
         self.upload_quota = upload_quota  # bytes one client token's stored uploads may hold (None: no quota)
+        self._uploading: dict[str, int] = {}  # bytes reserved by uploads in flight, per owner (reserve_upload)
+        self._uploads_lock = threading.Lock()
         self.refresh_suite: Path | None = None  # the reference suite `farm refresh` submits (None: farm's own)
         self.nightly: Any = None  # controller.nightly.NightlyRefresh with --refresh-cron: it leaves clients' refreshes alone
         self.controller = Controller(store, lease_ttl_s=lease_ttl_s)
@@ -294,6 +297,25 @@ class FarmServer:
 
     def forget_device(self, name: str) -> str:
         return self.agents.forget_device(name)
+
+    def reserve_upload(self, owner: str, size: int) -> tuple[int, int | None]:
+        """Reserve `size` bytes of owner's --upload-quota for an upload about to be read: (bytes held, the
+        reservation), the reservation None when it does not fit. Release it with release_upload, stored or not.
+        The reservations are this controller's: controllers sharing one database each reserve their own."""
+        with self._uploads_lock:
+            used = self.store.artifacts.upload_usage(owner) + self._uploading.get(owner, 0)
+            if self.upload_quota is not None and used + size > self.upload_quota:
+                return used, None
+            self._uploading[owner] = self._uploading.get(owner, 0) + size
+            return used, size
+
+    def release_upload(self, owner: str, size: int) -> None:
+        with self._uploads_lock:
+            left = self._uploading.get(owner, 0) - size
+            if left > 0:
+                self._uploading[owner] = left
+            else:
+                self._uploading.pop(owner, None)
 
     def open_watch(self, caller: str) -> bool:
         """Count one more WatchJob stream for `caller`; False when it already has its share."""
@@ -603,7 +625,20 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
 
     def UploadArtifact(self, request_iterator: Iterator[farm_pb2.ArtifactUpload],
                        context: grpc.ServicerContext) -> farm_pb2.UploadArtifactResponse:
-        first = next(request_iterator, None)
+        # a stream that stops sending, from its first message on, is cut (auth.IdleUploads)
+        messages = self.server.idle_uploads.paced(request_iterator)
+        try:
+            return self._upload(messages, context)
+        finally:
+            messages.close()  # its reader thread stops too, whatever way the call ended
+
+    def _upload(self, messages: Iterator[farm_pb2.ArtifactUpload],
+                context: grpc.ServicerContext) -> farm_pb2.UploadArtifactResponse:
+        idle = self.server.idle_uploads
+        try:
+            first = next(messages, None)
+        except UploadIdle as e:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         if first is None or not first.sha256:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first upload message must name sha256 and size")
         assert first is not None  # abort() raised otherwise
@@ -613,30 +648,35 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         limit = MAX_SCRIPT_ARCHIVE_BYTES if first.name.endswith(".tar") else store.max_bytes
         identity = identity_of(context, self.server.tokens)
         owner = identity.owner if self.server.tokens is not None and identity.role == "client" else None
-        if owner is not None and self.server.upload_quota is not None:
-            used = self.server.store.artifacts.upload_usage(owner)
-            if used + max(0, first.size) > self.server.upload_quota:
+        quota = self.server.upload_quota if owner is not None else None
+        if owner is not None and quota is not None:
+            # Reserved before a byte is accepted, under one lock with the token's other uploads (issue 33, M3):
+            # concurrent uploads each see the others' announced sizes, not only what is stored already.
+            used, held = self.server.reserve_upload(owner, max(0, first.size))
+            if held is None:
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                              f"this token's uploads hold {used:,} bytes of its {self.server.upload_quota:,} byte quota, "
-                              f"and this one is {first.size:,} more; the controller's operator frees what no job names "
-                              "with `farm artifacts gc`, or raises --upload-quota")
-
-        idle = self.server.idle_uploads
+                              f"this token's uploads hold {used:,} bytes of its {quota:,} byte quota (stored, or being "
+                              f"uploaded now), and this one is {first.size:,} more; the controller's operator frees "
+                              "what no job names with `farm artifacts gc`, or raises --upload-quota")
 
         def chunks() -> Iterator[bytes]:
             yield first.data
-            for message in idle.paced(request_iterator):  # a stream that stops sending is cut (auth.IdleUploads)
+            for message in messages:
                 yield message.data
 
         try:
-            store.receive(first.sha256, first.size, first.name, chunks(), max_bytes=limit)
-        except ArtifactError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded_message(str(e)))
-        except UploadIdle as e:
-            log.warning("an upload sent nothing for %g s; cut (--upload-idle-timeout)", idle.idle_s)
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-        if owner is not None:
-            self.server.store.artifacts.record_upload(first.sha256, owner, first.size, time.time())
+            try:
+                store.receive(first.sha256, first.size, first.name, chunks(), max_bytes=limit)
+            except ArtifactError as e:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded_message(str(e)))
+            except UploadIdle as e:
+                log.warning("an upload sent nothing for %g s; cut (--upload-idle-timeout)", idle.idle_s)
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+            if owner is not None:
+                self.server.store.artifacts.record_upload(first.sha256, owner, first.size, time.time())
+        finally:  # stored and recorded (it counts from the store now), or failed: the reservation goes
+            if owner is not None and quota is not None:
+                self.server.release_upload(owner, max(0, first.size))
         log.info("artifact %s stored (%d bytes)", first.sha256[:12], first.size)
         return farm_pb2.UploadArtifactResponse(sha256=first.sha256, size=first.size)
 
