@@ -442,7 +442,7 @@ def _instructions(source: str) -> list[tuple[int, str, str]]:
         if directive.group(1).lower() == "escape" and directive.group(2) in ("`", "\\"):
             escape = directive.group(2)
     found: list[tuple[int, str, str]] = []
-    start, parts = 0, []  # the line the instruction began on, its pieces so far
+    start, parts = 0, list[str]()  # the line the instruction began on, its pieces so far
     for number, line in enumerate(lines, 1):
         if not parts and (not line.strip() or line.lstrip().startswith("#")):
             continue
@@ -512,21 +512,20 @@ def dockerfile_references(source: str) -> list[tuple[int, str, str]]:
         elif keyword == "FROM":
             words = arguments.split()
             if words:
-                name = words[0]
-                if name.lower() != "scratch" and not stage(name):
-                    found.append((line, "FROM", name))
+                if words[0].lower() != "scratch" and not stage(words[0]):
+                    found.append((line, "FROM", words[0]))
                 alias = words[2] if len(words) >= 3 and words[1].upper() == "AS" else None
                 stages.append((alias or f"#{len(stages)}").lower())
         elif keyword in ("COPY", "ADD"):
             for flag in flags:
-                name = _flag_value(flag, "from")
-                if name is not None and not stage(name):
-                    found.append((line, f"{keyword} --from", name))
+                source = _flag_value(flag, "from")
+                if source is not None and not stage(source):
+                    found.append((line, f"{keyword} --from", source))
         if keyword in ("RUN", "COPY", "ADD"):
             for flag in flags:
-                name = _mount_from(flag)
-                if name is not None and not stage(name):
-                    found.append((line, f"{keyword} --mount from", name))
+                mounted = _mount_from(flag)
+                if mounted is not None and not stage(mounted):
+                    found.append((line, f"{keyword} --mount from", mounted))
 
     for line, keyword, rest in _instructions(source):
         read(line, keyword, rest)
