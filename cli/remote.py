@@ -127,12 +127,14 @@ def _budget(args: argparse.Namespace) -> Any:
 
     settings = BudgetSettings()
     for name, value in (("--max-calls-per-token", args.max_calls_per_token), ("--upload-idle-timeout", args.upload_idle_timeout),
+                        ("--max-calls-per-team", args.max_calls_per_team),
                         ("--upload-quota", args.upload_quota and min(args.upload_quota, 1)),
                         ("--agent-hello-timeout", args.agent_hello_timeout),
                         ("--agent-idle-timeout", args.agent_idle_timeout)):
         if value is not None and not (0 < value < 1e9):  # NaN fails this too
             raise RemoteError(f"{name} must be a positive number, not {value}")
     return replace(settings, calls_per_token=args.max_calls_per_token or settings.calls_per_token,
+                   calls_per_team=args.max_calls_per_team or settings.calls_per_team,
                    upload_idle_s=args.upload_idle_timeout or settings.upload_idle_s,
                    hello_timeout_s=args.agent_hello_timeout or settings.hello_timeout_s,
                    agent_idle_s=args.agent_idle_timeout or settings.agent_idle_s)
@@ -370,6 +372,9 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     s.add_argument("--max-calls-per-token", type=int, default=None,
                    help="calls one client token may hold open at once (default 64); all clients together hold at most "
                         "half of --max-streams, the rest is kept for agents and admins")
+    s.add_argument("--max-calls-per-team", type=int, default=None,
+                   help="calls the client tokens of one team (`team=NAME` in the tokens file) may hold open at once "
+                        "together, from any address (default 256)")
     s.add_argument("--upload-idle-timeout", type=float, default=None, metavar="SECONDS",
                    help="cut an upload that sends nothing for this long (default 60)")
     s.add_argument("--agent-hello-timeout", type=float, default=None, metavar="SECONDS",

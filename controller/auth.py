@@ -289,6 +289,10 @@ class BudgetSettings:
     burst_per_token: int = 1000  # ... and how many it may make at once after a quiet spell
     rate_per_address: float = 800.0
     burst_per_address: int = 4000
+    # every client token of one team (`team=NAME` in the tokens file) together, from wherever (issue 33, M4)
+    calls_per_team: int = 256
+    rate_per_team: float = 800.0
+    burst_per_team: int = 4000
     calls_per_pinned_agent: int = 64  # one agent: its stream, downloads, a reconnect overlapping the old stream
     upload_idle_s: float = 60.0  # an upload that sends nothing for this long is cut (--upload-idle-timeout)
     # Agent streams (issue 33, H2): a Connect stream's first message must be its hello, within hello_timeout_s
@@ -353,6 +357,9 @@ class CallBudget:
                        "(--max-calls-per-token)"),
                       (f"addr:{address}", s.calls_per_address,
                        f"client tokens from {address} have {s.calls_per_address} calls open, the most one address may"),
+                      *([(f"team:{identity.team}", s.calls_per_team,
+                          f"the tokens of team {identity.team} have {s.calls_per_team} calls open, the most one team "
+                          "may")] if identity.team else []),
                       ("clients", s.client_pool,
                        f"clients hold {s.client_pool} calls, their share of this controller's --max-streams "
                        "(the rest is kept for agents and admins)")]
@@ -377,6 +384,11 @@ class CallBudget:
                     self.refused += 1
                     return [], (f"{method}: this token makes calls faster than the {s.rate_per_token:g} a second one "
                                 "client token may; slow down and try again")
+                if identity.team and not self._bucket(f"rate-team:{identity.team}", s.rate_per_team, s.burst_per_team,
+                                                      now).take(now):
+                    self.refused += 1
+                    return [], (f"{method}: the tokens of team {identity.team} make calls faster than the "
+                                f"{s.rate_per_team:g} a second one team may; slow down and try again")
                 if not self._bucket(f"rate:{address}", s.rate_per_address, s.burst_per_address, now).take(now):
                     self.refused += 1
                     return [], (f"{method}: client tokens from {address} make calls faster than the "
