@@ -46,7 +46,7 @@ from farm.controller.auth import (
 from farm.proto.device_types import load_device_types
 from farm.controller.scheduling.controller import TERMINAL_JOB, Controller
 from farm.controller.scheduling.dispatch import Dispatcher, StepTimings
-from farm.controller.scheduling.jobfile import DEFAULT_MAX_TASKS, DeviceTarget, JobFileError
+from farm.controller.scheduling.jobfile import DEFAULT_MAX_TASKS, DeviceTarget, JobFileError, parse_job_text
 from farm.controller.operations.metrics import MetricsServer, parse_listen, serve_metrics
 from farm.controller.scheduling.lease_renewer import LeaseRenewer, QueuedHeartbeat
 from farm.controller.scheduling.result_writer import RESULT_BATCH, QueuedResult, ResultWriter
@@ -588,18 +588,21 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
     def SubmitJob(self, request: farm_pb2.SubmitJobRequest, context: grpc.ServicerContext) -> farm_pb2.SubmitJobResponse:
         if len(request.job_yaml.encode()) > MAX_JOB_FILE_BYTES:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the job file is over {MAX_JOB_FILE_BYTES} bytes")
+        identity = identity_of(context, self.server.tokens)
         try:
+            if self.server.scripts_need_permission and not identity.may_run_scripts:
+                # before anything is read for the job: a script's folder under a models root is packed by
+                # load_submitted_job, which a token that may not run scripts must not get done (issue 33)
+                spec, _ = parse_job_text(request.job_yaml, request.file_name or "job.yaml")
+                if isinstance(spec.workload, ScriptWorkload):
+                    context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                  "this controller runs script workloads only for tokens with the `script` permission, "
+                                  f"and this {identity.role} token has none. Ask the operator for a `client+script` "
+                                  "token, or use `workload: {type: benchmark}`.")
             job = load_submitted_job(request, self.server.files, self.server.device_targets(),
                                      max_tasks=self.server.max_tasks)
         except JobFileError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded_message(str(e)))
-        identity = identity_of(context, self.server.tokens)
-        if isinstance(job.spec.workload, ScriptWorkload) and self.server.scripts_need_permission \
-                and not identity.may_run_scripts:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          "this controller runs script workloads only for tokens with the `script` permission, and "
-                          f"this {identity.role} token has none. Ask the operator for a `client+script` token, or "
-                          "use `workload: {type: benchmark}`.")
         if request.priority:
             if request.priority not in get_args(Priority):  # from the wire: a bad one would fail the submit later
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"priority {printable(request.priority[:40])!r} is not "
