@@ -311,7 +311,7 @@ class BudgetSettings:
     @property
     def reserved(self) -> int:
         """Calls neither clients nor unpinned agent tokens may take: admins' and pinned agents' alone."""
-        return max(2, self.max_streams // 10)
+        return max(2, self.max_streams // 20)
 
     @property
     def unpinned_pool(self) -> int:
