@@ -12,7 +12,7 @@ from typing import Any
 
 from farm.client.api import FarmError
 
-DEFAULT_PORT = 7443
+from farm.proto.addresses import DEFAULT_PORT as DEFAULT_PORT  # re-exported: the CLI's --listen default
 
 
 def config_path() -> Path:

@@ -12,6 +12,7 @@ import re
 
 from farm.proto.escape import printable
 
+DEFAULT_PORT = 7443  # a controller's port when an address names only its host
 MAX_CONTROLLERS = 16  # a list longer than a lab has controllers is a mistake (or hostile)
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,252})?|\[[0-9A-Fa-f:.]{2,45}\]")
 

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from farm.agents.artifact_cache import ArtifactCache
 from farm.version import __version__
-from farm.proto.addresses import MAX_CONTROLLERS as MAX_CONTROLLERS, controller_addresses as controller_addresses
+from farm.proto.addresses import DEFAULT_PORT, MAX_CONTROLLERS as MAX_CONTROLLERS, controller_addresses as controller_addresses
 from farm.proto.copying import replaced
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2
 from farm.proto.results import FailureClass, RunResult
@@ -107,9 +107,11 @@ class RemoteController:
                  tls: TlsFiles | None = None, artifact_dir: Path | None = None,
                  protocol_version: int = PROTOCOL_VERSION) -> None:
         # the controllers to try in turn (several share one PostgreSQL); `address` is the one in use
-        self.addresses = [address] if isinstance(address, str) else list(address)
-        if not self.addresses:
+        given = [address] if isinstance(address, str) else list(address)
+        if not given:
             raise ValueError("an agent needs at least one controller address")
+        # checked here too (the CLI checked its flag already): a port out of range is never dialled with the token
+        self.addresses = controller_addresses(",".join(given), DEFAULT_PORT)
         self.address = self.addresses[0]
         self.name = name
         self.token = token
