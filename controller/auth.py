@@ -272,9 +272,12 @@ def check_server_certificate(tls: TlsFiles, now: dt.datetime | None = None) -> N
 # get "resource exhausted". Each call is admitted, in its worker thread before the servicer runs, against
 # budgets of its caller: a client token's calls and uploads open at once (uploads x the 16 MiB message limit
 # bound its bytes in flight) and its call rate (a token bucket); an address's (every client token from one
-# host together) calls and rate; all clients together at most half of --max-streams, so agents and admins
-# always keep the other half; a pinned agent token's calls. Admins and unpinned agent tokens are bounded by
-# grpc's cap only; without tokens (`--no-auth`, loopback only) every caller is the operator.
+# host together) and a team's (every client token of one `team=`, from anywhere: issue 33, M4) calls and
+# rate; all clients together at most half of --max-streams, so agents and admins always keep the other half;
+# a pinned agent token's calls; all unpinned agent tokens together what is left less a twentieth, which stays
+# for admins and pinned agents, and their streams still waiting for a hello, per address and together
+# (issue 33, H2: the deadlines themselves are the agent servicer's). Admins are bounded by grpc's cap only;
+# without tokens (`--no-auth`, loopback only) every caller is the operator.
 
 UPLOAD_METHOD = "/farm.v1.FarmService/UploadArtifact"
 
