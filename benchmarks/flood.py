@@ -1,5 +1,7 @@
 """Issue 18 N2: another client's ListJobs and an agent's connect while one client token floods the
 controller with stalled UploadArtifact streams (5,000 opened, re-opened as they are refused).
+With --agent-streams (issue 33, H2): an unpinned agent token floods it with Connect streams that never say
+hello instead, and the connect measured is a pinned agent's.
 
 A real `farm controller serve` process with tokens; the flood runs in a child process on one asyncio
 loop (so its client work does not slow the measuring process); this process measures, side by side,
@@ -28,6 +30,7 @@ FARM = [sys.executable, "-m", "farm.cli.main"]
 FLOOD = "client-flood-0123456789abcdef"
 OTHER = "client-other-0123456789abcdef"
 AGENT = "agent-bench-0123456789abcdef"
+PINNED = "agent-pinned-bench-0123456789abcdef"
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -36,17 +39,34 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def _flood(address: str, streams: int, ready: "multiprocessing.synchronize.Event",
-           stop: "multiprocessing.synchronize.Event", counts: "multiprocessing.managers.DictProxy") -> None:
-    """The child: keep `streams` stalled uploads of one token in flight, re-opening each as it ends."""
+           stop: "multiprocessing.synchronize.Event", counts: "multiprocessing.managers.DictProxy",
+           agent_streams: bool = False) -> None:
+    """The child: keep `streams` stalled uploads of one token in flight (or, agent_streams, Connect streams of an
+    unpinned agent token that never say hello), re-opening each as it ends."""
     import grpc
 
-    from farm.proto.generated import farm_pb2, farm_pb2_grpc
+    from farm.proto.generated import agent_pb2_grpc, farm_pb2, farm_pb2_grpc
 
     async def main() -> None:
         release = asyncio.Event()
         seen: dict[str, int] = {}
         async with grpc.aio.insecure_channel(address) as channel:
             stub = farm_pb2_grpc.FarmServiceStub(channel)
+
+            agents = agent_pb2_grpc.AgentServiceStub(channel)
+
+            async def silent(n: int) -> None:  # a Connect that never says hello: held until the hello deadline
+                while not stop.is_set():
+                    async def nothing():
+                        await release.wait()
+                        return
+                        yield  # an async generator: the request stream, which sends nothing
+                    try:
+                        async for _ in agents.Connect(nothing(), metadata=[("authorization", f"Bearer {AGENT}")]):
+                            pass
+                    except grpc.aio.AioRpcError as e:
+                        seen[e.code().name] = seen.get(e.code().name, 0) + 1
+                    await asyncio.sleep(0.05)
 
             async def one(n: int) -> None:
                 while not stop.is_set():
@@ -59,7 +79,7 @@ def _flood(address: str, streams: int, ready: "multiprocessing.synchronize.Event
                         seen[e.code().name] = seen.get(e.code().name, 0) + 1
                     await asyncio.sleep(0.05)
 
-            tasks = [asyncio.create_task(one(n)) for n in range(streams)]
+            tasks = [asyncio.create_task((silent if agent_streams else one)(n)) for n in range(streams)]
             await asyncio.sleep(3.0)
             ready.set()
             while not stop.is_set():
@@ -72,7 +92,7 @@ def _flood(address: str, streams: int, ready: "multiprocessing.synchronize.Event
     asyncio.run(main())
 
 
-async def _measure(address: str, calls: int, connects: int) -> tuple[list[float], list[float]]:
+async def _measure(address: str, calls: int, connects: int, pinned: bool = False) -> tuple[list[float], list[float]]:
     import grpc
 
     from farm.proto.generated import agent_pb2, agent_pb2_grpc, farm_pb2, farm_pb2_grpc
@@ -87,7 +107,8 @@ async def _measure(address: str, calls: int, connects: int) -> tuple[list[float]
         for n in range(connects):
             async with grpc.aio.insecure_channel(address) as agent_channel:  # a new connection, as an agent dials
                 stop = asyncio.Event()
-                hello = agent_pb2.Hello(agent_name=f"rack{n}", farm_version="0.1.0", protocol_version=1, hostname="rack")
+                hello = agent_pb2.Hello(agent_name="rack-pinned" if pinned else f"rack{n}", farm_version="0.1.0",
+                                        protocol_version=1, hostname="rack")
 
                 async def messages():
                     yield agent_pb2.AgentMessage(hello=hello)
@@ -95,7 +116,7 @@ async def _measure(address: str, calls: int, connects: int) -> tuple[list[float]
 
                 started = time.perf_counter()
                 call = agent_pb2_grpc.AgentServiceStub(agent_channel).Connect(
-                    messages(), metadata=[("authorization", f"Bearer {AGENT}")])
+                    messages(), metadata=[("authorization", f"Bearer {PINNED if pinned else AGENT}")])
                 welcome = await asyncio.wait_for(call.read(), 30)
                 connecting.append((time.perf_counter() - started) * 1000)
                 assert welcome.WhichOneof("kind") == "welcome"
@@ -109,10 +130,12 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=5000)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--connects", type=int, default=30)
+    parser.add_argument("--agent-streams", action="store_true",
+                        help="flood with hello-less Connect streams of an unpinned agent token (issue 33, H2)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="farm-flood-") as tmp:
         tokens = Path(tmp) / "tokens"
-        tokens.write_text(f"client {FLOOD}\nclient {OTHER}\nagent {AGENT}\n")
+        tokens.write_text(f"client {FLOOD}\nclient {OTHER}\nagent {AGENT}\nagent {PINNED} rack-pinned\n")
         tokens.chmod(0o600)
         log = open(Path(tmp) / "controller.log", "w+")
         controller = subprocess.Popen([*FARM, "controller", "serve", "--listen", "127.0.0.1:0", "--db",
@@ -127,15 +150,15 @@ def main() -> None:
                     break
                 time.sleep(0.1)
             assert address, "the controller did not start"
-            quiet = asyncio.run(_measure(address, args.calls, args.connects))
+            quiet = asyncio.run(_measure(address, args.calls, args.connects, args.agent_streams))
             spawn = multiprocessing.get_context("spawn")  # grpc is loaded here already: a forked child's would not work
             manager = spawn.Manager()
             counts = manager.dict()
             ready, stop = spawn.Event(), spawn.Event()
-            child = spawn.Process(target=_flood, args=(address, args.streams, ready, stop, counts))
+            child = spawn.Process(target=_flood, args=(address, args.streams, ready, stop, counts, args.agent_streams))
             child.start()
             assert ready.wait(180), "the flood did not start"
-            flooded = asyncio.run(_measure(address, args.calls, args.connects))
+            flooded = asyncio.run(_measure(address, args.calls, args.connects, args.agent_streams))
             stop.set()
             child.join(60)
             refused = dict(counts)
@@ -143,14 +166,17 @@ def main() -> None:
             controller.terminate()
             controller.wait(30)
     rows = []
-    for what, index in (("another client's ListJobs", 0), ("an agent's connect (dial -> welcome)", 1)):
+    agent = "a pinned agent's connect" if args.agent_streams else "an agent's connect"
+    for what, index in (("another client's ListJobs", 0), (f"{agent} (dial -> welcome)", 1)):
         q, f = quiet[index], flooded[index]
         rows.append({"what": what, "n": len(f), "quiet_p50_ms": round(_percentile(q, 0.5), 2),
                      "quiet_p99_ms": round(_percentile(q, 0.99), 2), "flood_p50_ms": round(_percentile(f, 0.5), 2),
                      "flood_p99_ms": round(_percentile(f, 0.99), 2),
                      "p99_ratio": round(_percentile(f, 0.99) / _percentile(q, 0.99), 2)})
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    lines = [f"Flood: one client token keeps {args.streams:,} stalled UploadArtifact streams in flight "
+    flood = "an unpinned agent token keeps {:,} Connect streams that never say hello" if args.agent_streams else \
+        "one client token keeps {:,} stalled UploadArtifact streams"
+    lines = [f"Flood: {flood.format(args.streams)} in flight "
              f"({dt.date.today()}, {machine}); refused during the flood: {refused}", "",
              "| call | n | quiet p50 / p99 ms | flooded p50 / p99 ms | p99 flooded / quiet |", "|---|---|---|---|---|"]
     for r in rows:
@@ -158,7 +184,8 @@ def main() -> None:
                      f"{r['flood_p99_ms']} | {r['p99_ratio']} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    write_results("flood", text, {"streams": args.streams, "refused": refused, "rows": rows})
+    write_results("flood-agent-streams" if args.agent_streams else "flood", text,
+                  {"streams": args.streams, "refused": refused, "rows": rows, "agent_streams": args.agent_streams})
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.client.errors import EXIT_ENVIRONMENT, EXIT_OK, FarmError
-from farm.client.config import DEFAULT_PORT, Credentials, address_of, read_config, setting
+from farm.client.config import DEFAULT_PORT, Credentials, address_of, checked_addresses, read_config, setting
 from farm.proto.task_limits import DEFAULT_MAX_TASKS
 
 if TYPE_CHECKING:
@@ -127,11 +127,17 @@ def _budget(args: argparse.Namespace) -> Any:
 
     settings = BudgetSettings()
     for name, value in (("--max-calls-per-token", args.max_calls_per_token), ("--upload-idle-timeout", args.upload_idle_timeout),
-                        ("--upload-quota", args.upload_quota and min(args.upload_quota, 1))):
-        if value is not None and not (0 < value < 1e9):
+                        ("--max-calls-per-team", args.max_calls_per_team),
+                        ("--upload-quota", args.upload_quota and min(args.upload_quota, 1)),
+                        ("--agent-hello-timeout", args.agent_hello_timeout),
+                        ("--agent-idle-timeout", args.agent_idle_timeout)):
+        if value is not None and not (0 < value < 1e9):  # NaN fails this too
             raise RemoteError(f"{name} must be a positive number, not {value}")
     return replace(settings, calls_per_token=args.max_calls_per_token or settings.calls_per_token,
-                   upload_idle_s=args.upload_idle_timeout or settings.upload_idle_s)
+                   calls_per_team=args.max_calls_per_team or settings.calls_per_team,
+                   upload_idle_s=args.upload_idle_timeout or settings.upload_idle_s,
+                   hello_timeout_s=args.agent_hello_timeout or settings.hello_timeout_s,
+                   agent_idle_s=args.agent_idle_timeout or settings.agent_idle_s)
 
 
 def cmd_controller_serve(args: argparse.Namespace) -> int:
@@ -264,7 +270,7 @@ def agent_token(args: argparse.Namespace) -> str | None:
 def cmd_agent(args: argparse.Namespace) -> int:
     from farm.agents.agent import Agent, split_cores
     from farm.agents.environment import host_facts
-    from farm.agents.link.remote_controller import DeviceInfo, RemoteController, controller_addresses
+    from farm.agents.link.remote_controller import DeviceInfo, RemoteController
     from farm.agents.sandbox.docker_build import BuildPolicy
     from farm.agents.sandbox.isolation import RunUserError, resolve_run_as, run_uid_range
     from farm.agents.sim.driver import SimDriver
@@ -274,10 +280,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     given = setting(args.controller, "controller", "FARM_CONTROLLER")
     if not given:
         raise RemoteError("`farm agent` needs --controller HOST:PORT (or FARM_CONTROLLER)")
-    try:  # several controllers on one PostgreSQL: the agent moves to the next when its controller dies
-        addresses = controller_addresses(given, DEFAULT_PORT)
-    except ValueError as e:
-        raise RemoteError(f"--controller (or FARM_CONTROLLER, or the config file's controller): {e}") from None
+    addresses = checked_addresses(given)  # several controllers on one PostgreSQL: the agent goes round them
     address = ",".join(addresses)
     if not valid_agent_name(args.name):
         raise RemoteError(f"--name {args.name!r}: use letters, digits, '.', '_' and '-' (at most 64)")
@@ -372,8 +375,16 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     s.add_argument("--max-calls-per-token", type=int, default=None,
                    help="calls one client token may hold open at once (default 64); all clients together hold at most "
                         "half of --max-streams, the rest is kept for agents and admins")
+    s.add_argument("--max-calls-per-team", type=int, default=None,
+                   help="calls the client tokens of one team (`team=NAME` in the tokens file) may hold open at once "
+                        "together, from any address (default 256)")
     s.add_argument("--upload-idle-timeout", type=float, default=None, metavar="SECONDS",
                    help="cut an upload that sends nothing for this long (default 60)")
+    s.add_argument("--agent-hello-timeout", type=float, default=None, metavar="SECONDS",
+                   help="cut an agent stream whose hello has not come this long after it opened (default 10)")
+    s.add_argument("--agent-idle-timeout", type=float, default=None, metavar="SECONDS",
+                   help="cut an agent stream that sends nothing, not even a heartbeat, for this long (default 60, or "
+                        "4 heartbeat intervals when longer)")
     s.add_argument("--upload-quota", type=int, default=None, metavar="BYTES",
                    help="bytes one client token's uploads may hold in the artifact store until `farm artifacts gc` "
                         "removes what no job names (default 20 GiB)")

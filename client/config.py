@@ -12,7 +12,7 @@ from typing import Any
 
 from farm.client.errors import FarmError
 
-DEFAULT_PORT = 7443
+from farm.proto.addresses import DEFAULT_PORT as DEFAULT_PORT  # re-exported: the CLI's --listen default
 
 
 def config_path() -> Path:
@@ -44,11 +44,23 @@ def address_of(given: str | None) -> str | None:
     A list (`a:1,b:2`, for agents that fail over between controllers on one PostgreSQL) gives its first
     entry, so one FARM_CONTROLLER serves agents and clients alike."""
     address = setting(given, "controller", "FARM_CONTROLLER")
-    if address and "," in address:
-        address = address.split(",", 1)[0].strip()
-    if address and ":" not in address:
-        address = f"{address}:{DEFAULT_PORT}"
-    return address
+    if not address:
+        return None
+    return checked_addresses(address)[0]
+
+
+WHERE_CONTROLLER = "--controller (or FARM_CONTROLLER, or the config file's controller)"
+
+
+def checked_addresses(text: str) -> list[str]:
+    """Every controller of `a:1,b:2`, checked by the one parser agents use too (farm.proto.addresses): a port
+    outside 1-65535 is a usage error naming the flag and the entry, never dialled as what grpc makes of it."""
+    from farm.proto.addresses import controller_addresses
+
+    try:
+        return controller_addresses(text, DEFAULT_PORT)
+    except ValueError as e:
+        raise FarmError(f"{WHERE_CONTROLLER}: {e}") from None
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,13 @@ class FarmClient:
         from farm.agents.link.remote_controller import open_channel, token_metadata
         from farm.controller.auth import TlsFiles
 
-        self.address = address
+        from farm.client.config import DEFAULT_PORT
+        from farm.proto.addresses import controller_address
+
+        try:  # RemoteFarm(address) from the Python API comes here without address_of
+            self.address = controller_address(address, DEFAULT_PORT)
+        except ValueError as e:
+            raise FarmError(f"the controller's address: {e}") from None
         self.tls = TlsFiles(ca=credentials.tls_ca, cert=credentials.tls_cert, key=credentials.tls_key) \
             if credentials.tls_ca else None
         self.channel = open_channel(address, tls=self.tls)

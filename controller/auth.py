@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterator, TypeVar
+from typing import Any, AsyncIterator, Callable, Generator, Iterator, TypeVar
 
 import grpc
 from cryptography import x509
@@ -272,9 +272,12 @@ def check_server_certificate(tls: TlsFiles, now: dt.datetime | None = None) -> N
 # get "resource exhausted". Each call is admitted, in its worker thread before the servicer runs, against
 # budgets of its caller: a client token's calls and uploads open at once (uploads x the 16 MiB message limit
 # bound its bytes in flight) and its call rate (a token bucket); an address's (every client token from one
-# host together) calls and rate; all clients together at most half of --max-streams, so agents and admins
-# always keep the other half; a pinned agent token's calls. Admins and unpinned agent tokens are bounded by
-# grpc's cap only; without tokens (`--no-auth`, loopback only) every caller is the operator.
+# host together) and a team's (every client token of one `team=`, from anywhere: issue 33, M4) calls and
+# rate; all clients together at most half of --max-streams, so agents and admins always keep the other half;
+# a pinned agent token's calls; all unpinned agent tokens together what is left less a twentieth, which stays
+# for admins and pinned agents, and their streams still waiting for a hello, per address and together
+# (issue 33, H2: the deadlines themselves are the agent servicer's). Admins are bounded by grpc's cap only;
+# without tokens (`--no-auth`, loopback only) every caller is the operator.
 
 UPLOAD_METHOD = "/farm.v1.FarmService/UploadArtifact"
 
@@ -289,13 +292,38 @@ class BudgetSettings:
     burst_per_token: int = 1000  # ... and how many it may make at once after a quiet spell
     rate_per_address: float = 800.0
     burst_per_address: int = 4000
+    # every client token of one team (`team=NAME` in the tokens file) together, from wherever (issue 33, M4)
+    calls_per_team: int = 256
+    rate_per_team: float = 800.0
+    burst_per_team: int = 4000
     calls_per_pinned_agent: int = 64  # one agent: its stream, downloads, a reconnect overlapping the old stream
     upload_idle_s: float = 60.0  # an upload that sends nothing for this long is cut (--upload-idle-timeout)
+    # Agent streams (issue 33, H2): a Connect stream's first message must be its hello, within hello_timeout_s
+    # (--agent-hello-timeout); after it, a stream that sends nothing (agents heartbeat on a clock) for
+    # agent_idle_s is cut (--agent-idle-timeout; None: 60 s, or 4 heartbeat intervals when that is longer).
+    hello_timeout_s: float = 10.0
+    agent_idle_s: float | None = None
+    hello_less: int = 64  # unpinned agent tokens' streams still waiting for their hello, all together ...
+    hello_less_per_address: int = 16  # ... and from one address
 
     @property
     def client_pool(self) -> int:
-        """Calls all clients together may hold: the rest is the agents' and admins' reserved share."""
+        """Calls all clients together may hold: the rest is the agents' and admins' share."""
         return max(1, self.max_streams // 2)
+
+    @property
+    def reserved(self) -> int:
+        """Calls neither clients nor unpinned agent tokens may take: admins' and pinned agents' alone."""
+        return max(2, self.max_streams // 20)
+
+    @property
+    def unpinned_pool(self) -> int:
+        """Calls all unpinned agent tokens together may hold (streams and downloads)."""
+        return max(1, self.max_streams - self.client_pool - self.reserved)
+
+    def idle_s(self, heartbeat_interval_s: float) -> float:
+        """How long an agent stream may send nothing before it is cut."""
+        return self.agent_idle_s if self.agent_idle_s is not None else max(60.0, 4 * heartbeat_interval_s)
 
 
 @dataclass
@@ -332,6 +360,9 @@ class CallBudget:
                        "(--max-calls-per-token)"),
                       (f"addr:{address}", s.calls_per_address,
                        f"client tokens from {address} have {s.calls_per_address} calls open, the most one address may"),
+                      *([(f"team:{identity.team}", s.calls_per_team,
+                          f"the tokens of team {identity.team} have {s.calls_per_team} calls open, the most one team "
+                          "may")] if identity.team else []),
                       ("clients", s.client_pool,
                        f"clients hold {s.client_pool} calls, their share of this controller's --max-streams "
                        "(the rest is kept for agents and admins)")]
@@ -341,11 +372,14 @@ class CallBudget:
         elif identity.role == "agent" and identity.agent_name:
             limits = [(f"agent:{identity.line}", s.calls_per_pinned_agent,
                        f"agent {identity.agent_name} has {s.calls_per_pinned_agent} calls open, the most one agent may")]
+        elif identity.role == "agent":  # an unpinned token (any name): all of them together, never the reserve
+            limits = [("agents", s.unpinned_pool,
+                       f"agent tokens without a pinned name hold {s.unpinned_pool} calls, their share of this "
+                       "controller's --max-streams (the rest is kept for clients, admins and pinned agents)")]
         with self.lock:
-            for key, limit, why in limits:
-                if self.open_calls.get(key, 0) >= limit:
-                    self.refused += 1
-                    return [], f"{method}: {why}. Wait for some to finish, or ask the operator for more."
+            refusal = self._over(limits)
+            if refusal is not None:
+                return [], f"{method}: {refusal}. Wait for some to finish, or ask the operator for more."
             if identity.role == "client":
                 now = time.monotonic()
                 token = self._bucket(f"rate:{identity.line}", s.rate_per_token, s.burst_per_token, now)
@@ -353,6 +387,11 @@ class CallBudget:
                     self.refused += 1
                     return [], (f"{method}: this token makes calls faster than the {s.rate_per_token:g} a second one "
                                 "client token may; slow down and try again")
+                if identity.team and not self._bucket(f"rate-team:{identity.team}", s.rate_per_team, s.burst_per_team,
+                                                      now).take(now):
+                    self.refused += 1
+                    return [], (f"{method}: the tokens of team {identity.team} make calls faster than the "
+                                f"{s.rate_per_team:g} a second one team may; slow down and try again")
                 if not self._bucket(f"rate:{address}", s.rate_per_address, s.burst_per_address, now).take(now):
                     self.refused += 1
                     return [], (f"{method}: client tokens from {address} make calls faster than the "
@@ -361,6 +400,36 @@ class CallBudget:
             for key in keys:
                 self.open_calls[key] = self.open_calls.get(key, 0) + 1
             return keys, None
+
+    def await_hello(self, identity: Identity, address: str) -> tuple[list[str], str | None]:
+        """An agent stream waiting for its hello: the keys it is counted under until the hello arrives (release
+        them then), or why it is refused. Unpinned agent tokens only: a pinned agent has its own share, an admin
+        is the operator."""
+        s = self.settings
+        if identity.role != "agent" or identity.agent_name:
+            return [], None
+        limits = [(f"hello:{address}", s.hello_less_per_address,
+                   f"agent streams from {address} that have not sent their hello number {s.hello_less_per_address}, "
+                   "the most one address may"),
+                  ("hello", s.hello_less, f"agent streams that have not sent their hello number {s.hello_less}, the "
+                   "most unpinned agent tokens may have together")]
+        with self.lock:
+            refusal = self._over(limits)
+            if refusal is not None:
+                return [], (f"{refusal}; an agent sends its hello first (a token pinned to the agent's name in the "
+                            "tokens file has its own share)")
+            keys = [key for key, _, _ in limits]
+            for key in keys:
+                self.open_calls[key] = self.open_calls.get(key, 0) + 1
+            return keys, None
+
+    def _over(self, limits: list[tuple[str, int, str]]) -> str | None:
+        """The first of these limits already reached (its reason), counted as a refusal; under the lock."""
+        for key, limit, why in limits:
+            if self.open_calls.get(key, 0) >= limit:
+                self.refused += 1
+                return why
+        return None
 
     def release(self, keys: list[str]) -> None:
         with self.lock:
@@ -431,7 +500,7 @@ class IdleUploads:
         self.lock = threading.Lock()
         self.cut = 0
 
-    def paced(self, messages: Iterator[T]) -> Iterator[T]:
+    def paced(self, messages: Iterator[T]) -> Generator[T, None, None]:
         """messages as they arrive; raises UploadIdle when none came for idle_s. At most two wait read, so
         the bytes in flight stay bounded."""
         box: queue.Queue[tuple[Any, BaseException | None]] = queue.Queue(maxsize=2)

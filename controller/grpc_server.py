@@ -20,6 +20,7 @@ import logging
 import os
 import queue
 import socket
+import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass, replace
@@ -39,13 +40,13 @@ from farm.controller.async_calls import Aborted, CallGate, ServerLoop, ThreadCon
 from farm.controller.auth import (
     BudgetSettings, CallBudget, Identity, IdleUploads, TlsFiles, TokenGuard, TokenTable, UploadIdle,
     check_server_certificate,
-    identity_of, is_loopback,
+    identity_of, is_loopback, peer_address,
     server_credentials,
 )
 from farm.proto.device_types import load_device_types
 from farm.controller.scheduling.controller import TERMINAL_JOB, Controller
 from farm.controller.scheduling.dispatch import Dispatcher, StepTimings
-from farm.controller.scheduling.jobfile import DEFAULT_MAX_TASKS, DeviceTarget, JobFileError
+from farm.controller.scheduling.jobfile import DEFAULT_MAX_TASKS, DeviceTarget, JobFileError, parse_job_text
 from farm.controller.operations.metrics import MetricsServer, parse_listen, serve_metrics
 from farm.controller.scheduling.lease_renewer import LeaseRenewer, QueuedHeartbeat
 from farm.controller.scheduling.result_writer import RESULT_BATCH, QueuedResult, ResultWriter
@@ -102,16 +103,24 @@ class FarmServer:
                  tokens: TokenTable | None = None, max_watches: int = DEFAULT_MAX_WATCHES,
                  files: ControllerFiles | None = None, scripts_need_permission: bool = False,
                  result_batch: int = RESULT_BATCH, upload_idle_s: float = BudgetSettings.upload_idle_s,
-                 job_sharing: str = "shared", upload_quota: int | None = DEFAULT_UPLOAD_QUOTA) -> None:
+                 job_sharing: str = "shared", upload_quota: int | None = DEFAULT_UPLOAD_QUOTA,
+                 budget: CallBudget | None = None, hello_timeout_s: float = BudgetSettings.hello_timeout_s,
+                 agent_idle_s: float | None = BudgetSettings.agent_idle_s) -> None:
         self.store = store
         self.files = files or controller_files(store)
         self.scripts_need_permission = scripts_need_permission
         self.job_sharing = job_sharing  # may clients read other teams' jobs (service.Viewer); cancel never
         self.upload_quota = upload_quota  # bytes one client token's stored uploads may hold (None: no quota)
+        self._uploading: dict[str, int] = {}  # bytes reserved by uploads in flight, per owner (reserve_upload)
+        self._uploads_lock = threading.Lock()
         self.refresh_suite: Path | None = None  # the reference suite `farm refresh` submits (None: farm's own)
         self.nightly: Any = None  # controller.nightly.NightlyRefresh with --refresh-cron: it leaves clients' refreshes alone
         self.controller = Controller(store, lease_ttl_s=lease_ttl_s)
         self.heartbeat_interval_s = heartbeat_interval_s or max(0.2, lease_ttl_s / 4)
+        # An agent stream's deadlines (issue 33, H2): its hello, then a message at least every agent_idle_s.
+        self.budget = budget  # the per-caller budgets (None without tokens): also caps streams awaiting a hello
+        self.hello_timeout_s = hello_timeout_s
+        self.agent_idle_s = agent_idle_s if agent_idle_s is not None else max(60.0, 4 * self.heartbeat_interval_s)
         self.tokens = tokens
         self.agents = Sessions(store, self.controller)
         self.sessions = self.agents.by_name
@@ -289,6 +298,25 @@ class FarmServer:
     def forget_device(self, name: str) -> str:
         return self.agents.forget_device(name)
 
+    def reserve_upload(self, owner: str, size: int) -> tuple[int, int | None]:
+        """Reserve `size` bytes of owner's --upload-quota for an upload about to be read: (bytes held, the
+        reservation), the reservation None when it does not fit. Release it with release_upload, stored or not.
+        The reservations are this controller's: controllers sharing one database each reserve their own."""
+        with self._uploads_lock:
+            used = self.store.artifacts.upload_usage(owner) + self._uploading.get(owner, 0)
+            if self.upload_quota is not None and used + size > self.upload_quota:
+                return used, None
+            self._uploading[owner] = self._uploading.get(owner, 0) + size
+            return used, size
+
+    def release_upload(self, owner: str, size: int) -> None:
+        with self._uploads_lock:
+            left = self._uploading.get(owner, 0) - size
+            if left > 0:
+                self._uploading[owner] = left
+            else:
+                self._uploading.pop(owner, None)
+
     def open_watch(self, caller: str) -> bool:
         """Count one more WatchJob stream for `caller`; False when it already has its share."""
         with self._lock:
@@ -371,7 +399,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                       context: grpc.aio.ServicerContext) -> AsyncIterator[agent_pb2.ControllerMessage]:
         loop = asyncio.get_running_loop()
         identity = identity_of(context, self.server.tokens)
-        first = await next_request(request_iterator)
+        first = await self._hello(request_iterator, context, identity)
         if first is None or first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message on the agent stream must be a hello")
         assert first is not None  # abort() raised otherwise (grpc is untyped: mypy cannot tell)
@@ -387,6 +415,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                  printable(hello.farm_version), printable(hello.hostname), len(hello.devices))
         outbox = _Outbox(session, loop)
         reader = asyncio.create_task(self._read(session, request_iterator), name=f"agent-{session.name}")
+        cut: str | None = None
         try:
             yield agent_pb2.ControllerMessage(welcome=agent_pb2.Welcome(
                 session_id=session.session_id, controller_version=__version__, protocol_version=PROTOCOL_VERSION,
@@ -418,15 +447,41 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 if ending:
                     break
         finally:
+            if reader.done() and not reader.cancelled():
+                cut = reader.result()  # why the reader ended the stream, when it was the idle deadline
             reader.cancel()
             session.wake = None
             closing = loop.run_in_executor(self.pool, self.server.close_session, session)
         await closing
+        if cut is not None:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, cut)
         if session.taken_over_by:
             # A reconnect's old stream is dead and never sees this; a second live process with the same name does.
             await context.abort(grpc.StatusCode.ABORTED,
                                 f"agent {session.name!r} connected again from {session.taken_over_by}, which took over "
                                 "this session. Give every agent process its own --name.")
+
+    async def _hello(self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext,
+                     identity: Identity) -> agent_pb2.AgentMessage | None:
+        """The stream's first message, within --agent-hello-timeout; while it is awaited the stream counts against
+        the hello-less caps (auth.CallBudget.await_hello), so streams that never say hello cannot hold the server."""
+        budget = self.server.budget
+        keys, refusal = budget.await_hello(identity, peer_address(context)) if budget else ([], None)
+        if refusal is not None:
+            log.warning("an agent stream from %s was refused: %s", context.peer(), refusal)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+        try:
+            return await asyncio.wait_for(next_request(request_iterator), self.server.hello_timeout_s)
+        except TimeoutError:
+            log.warning("an agent stream from %s sent no hello within %g s; cut (--agent-hello-timeout)",
+                        context.peer(), self.server.hello_timeout_s)
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"no hello within {self.server.hello_timeout_s:g} s of opening the agent stream; it "
+                                "was cut (--agent-hello-timeout). An agent's first message is its hello.")
+            raise  # not reached: abort() raised
+        finally:
+            if budget is not None:
+                budget.release(keys)
 
     def _hello_refusal(self, hello: agent_pb2.Hello, identity: Identity) -> tuple[grpc.StatusCode, str] | None:
         """Why this hello is refused (a status and a message a person can act on), or None."""
@@ -465,11 +520,21 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             seen.add(device.name)
         return None
 
-    async def _read(self, session: AgentSession, request_iterator: AsyncIterator[agent_pb2.AgentMessage]) -> None:
+    async def _read(self, session: AgentSession, request_iterator: AsyncIterator[agent_pb2.AgentMessage]) -> str | None:
+        """Hand the agent's messages over in order; returns why the stream is cut when the agent fell silent for
+        --agent-idle-timeout (agents heartbeat on a clock, so a live one never does), else None."""
         loop = asyncio.get_running_loop()
+        idle_s = self.server.agent_idle_s
         try:
-            async for message in request_iterator:
-                if session.closed.is_set():
+            while True:
+                try:
+                    message = await asyncio.wait_for(next_request(request_iterator), idle_s)
+                except TimeoutError:
+                    log.warning("agent %s sent nothing for %g s; its stream is cut (--agent-idle-timeout)",
+                                session.name, idle_s)
+                    return (f"agent {session.name!r} sent nothing for {idle_s:g} s (not even a heartbeat); its stream "
+                            "was cut (--agent-idle-timeout). Connect again.")
+                if message is None or session.closed.is_set():
                     break
                 # one at a time, in order: a result before the work request that rides behind it
                 await loop.run_in_executor(self.pool, self.server.on_agent_message, session, message)
@@ -481,6 +546,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             log.exception("agent %s: handling a message failed", session.name)
         finally:
             session.close()
+        return None
 
     def FetchArtifact(self, request: common_pb2.ArtifactRequest, context: grpc.ServicerContext) -> Iterator[common_pb2.ArtifactChunk]:
         path = self.server.artifact_path(request.sha256)
@@ -522,18 +588,21 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
     def SubmitJob(self, request: farm_pb2.SubmitJobRequest, context: grpc.ServicerContext) -> farm_pb2.SubmitJobResponse:
         if len(request.job_yaml.encode()) > MAX_JOB_FILE_BYTES:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the job file is over {MAX_JOB_FILE_BYTES} bytes")
+        identity = identity_of(context, self.server.tokens)
         try:
+            if self.server.scripts_need_permission and not identity.may_run_scripts:
+                # before anything is read for the job: a script's folder under a models root is packed by
+                # load_submitted_job, which a token that may not run scripts must not get done (issue 33)
+                spec, _ = parse_job_text(request.job_yaml, request.file_name or "job.yaml")
+                if isinstance(spec.workload, ScriptWorkload):
+                    context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                  "this controller runs script workloads only for tokens with the `script` permission, "
+                                  f"and this {identity.role} token has none. Ask the operator for a `client+script` "
+                                  "token, or use `workload: {type: benchmark}`.")
             job = load_submitted_job(request, self.server.files, self.server.device_targets(),
                                      max_tasks=self.server.max_tasks)
         except JobFileError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded_message(str(e)))
-        identity = identity_of(context, self.server.tokens)
-        if isinstance(job.spec.workload, ScriptWorkload) and self.server.scripts_need_permission \
-                and not identity.may_run_scripts:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          "this controller runs script workloads only for tokens with the `script` permission, and "
-                          f"this {identity.role} token has none. Ask the operator for a `client+script` token, or "
-                          "use `workload: {type: benchmark}`.")
         if request.priority:
             if request.priority not in get_args(Priority):  # from the wire: a bad one would fail the submit later
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"priority {printable(request.priority[:40])!r} is not "
@@ -559,7 +628,20 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
 
     def UploadArtifact(self, request_iterator: Iterator[farm_pb2.ArtifactUpload],
                        context: grpc.ServicerContext) -> farm_pb2.UploadArtifactResponse:
-        first = next(request_iterator, None)
+        # a stream that stops sending, from its first message on, is cut (auth.IdleUploads)
+        messages = self.server.idle_uploads.paced(request_iterator)
+        try:
+            return self._upload(messages, context)
+        finally:
+            messages.close()  # its reader thread stops too, whatever way the call ended
+
+    def _upload(self, messages: Iterator[farm_pb2.ArtifactUpload],
+                context: grpc.ServicerContext) -> farm_pb2.UploadArtifactResponse:
+        idle = self.server.idle_uploads
+        try:
+            first = next(messages, None)
+        except UploadIdle as e:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         if first is None or not first.sha256:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first upload message must name sha256 and size")
         assert first is not None  # abort() raised otherwise
@@ -569,30 +651,35 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         limit = MAX_SCRIPT_ARCHIVE_BYTES if first.name.endswith(".tar") else store.max_bytes
         identity = identity_of(context, self.server.tokens)
         owner = identity.owner if self.server.tokens is not None and identity.role == "client" else None
-        if owner is not None and self.server.upload_quota is not None:
-            used = self.server.store.artifacts.upload_usage(owner)
-            if used + max(0, first.size) > self.server.upload_quota:
+        quota = self.server.upload_quota if owner is not None else None
+        if owner is not None and quota is not None:
+            # Reserved before a byte is accepted, under one lock with the token's other uploads (issue 33, M3):
+            # concurrent uploads each see the others' announced sizes, not only what is stored already.
+            used, held = self.server.reserve_upload(owner, max(0, first.size))
+            if held is None:
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                              f"this token's uploads hold {used:,} bytes of its {self.server.upload_quota:,} byte quota, "
-                              f"and this one is {first.size:,} more; the controller's operator frees what no job names "
-                              "with `farm artifacts gc`, or raises --upload-quota")
-
-        idle = self.server.idle_uploads
+                              f"this token's uploads hold {used:,} bytes of its {quota:,} byte quota (stored, or being "
+                              f"uploaded now), and this one is {first.size:,} more; the controller's operator frees "
+                              "what no job names with `farm artifacts gc`, or raises --upload-quota")
 
         def chunks() -> Iterator[bytes]:
             yield first.data
-            for message in idle.paced(request_iterator):  # a stream that stops sending is cut (auth.IdleUploads)
+            for message in messages:
                 yield message.data
 
         try:
-            store.receive(first.sha256, first.size, first.name, chunks(), max_bytes=limit)
-        except ArtifactError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded_message(str(e)))
-        except UploadIdle as e:
-            log.warning("an upload sent nothing for %g s; cut (--upload-idle-timeout)", idle.idle_s)
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-        if owner is not None:
-            self.server.store.artifacts.record_upload(first.sha256, owner, first.size, time.time())
+            try:
+                store.receive(first.sha256, first.size, first.name, chunks(), max_bytes=limit)
+            except ArtifactError as e:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded_message(str(e)))
+            except UploadIdle as e:
+                log.warning("an upload sent nothing for %g s; cut (--upload-idle-timeout)", idle.idle_s)
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+            if owner is not None:
+                self.server.store.artifacts.record_upload(first.sha256, owner, first.size, time.time())
+        finally:  # stored and recorded (it counts from the store now), or failed: the reservation goes
+            if owner is not None and quota is not None:
+                self.server.release_upload(owner, max(0, first.size))
         log.info("artifact %s stored (%d bytes)", first.sha256[:12], first.size)
         return farm_pb2.UploadArtifactResponse(sha256=first.sha256, size=first.size)
 
@@ -781,9 +868,15 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
         log.warning("%s", warning)
     store.sync_normal()
     files = controller_files(store, models_roots=models_roots, max_model_bytes=max_model_bytes)
+    call_budget = CallBudget(settings) if tokens else None  # without tokens every caller is the operator
     farm = FarmServer(store, lease_ttl_s=lease_ttl_s, heartbeat_interval_s=heartbeat_interval_s, tokens=tokens,
                       max_watches=max_watches, files=files, scripts_need_permission=scripts_need_permission,
-                      upload_idle_s=settings.upload_idle_s, job_sharing=job_sharing, upload_quota=upload_quota)
+                      upload_idle_s=settings.upload_idle_s, job_sharing=job_sharing, upload_quota=upload_quota,
+                      budget=call_budget, hello_timeout_s=settings.hello_timeout_s, agent_idle_s=settings.agent_idle_s)
+    if farm.agent_idle_s <= farm.heartbeat_interval_s:
+        raise ValueError(f"--agent-idle-timeout {farm.agent_idle_s:g} s must be longer than the agents' heartbeat "
+                         f"interval ({farm.heartbeat_interval_s:g} s: --heartbeat-interval, else a quarter of "
+                         "--lease-ttl), or every idle agent would be cut")
     options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                # A dead agent's half-open TCP connection is noticed within a minute.
@@ -798,7 +891,7 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
     loop = ServerLoop()
 
     def build() -> tuple[grpc.aio.Server, int]:  # on the loop's thread: the server belongs to its loop
-        gate = CallGate(calls, TokenGuard(tokens, CallBudget(settings)) if tokens else None)
+        gate = CallGate(calls, TokenGuard(tokens, call_budget) if tokens else None)
         server = grpc.aio.server(interceptors=[gate], options=options, maximum_concurrent_rpcs=max_streams)
         agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(farm, agent_messages), server)
         farm_pb2_grpc.add_FarmServiceServicer_to_server(FarmServicer(farm, calls), server)

@@ -386,6 +386,12 @@ def inside_path(value: str, what: str) -> str:
     return text
 
 
+def _local_reference(requirement: str) -> bool:
+    """A requirement that points pip at a file: a `file:` URL (`pkg @ file:///...`) or a path."""
+    return "file:" in requirement.lower() or any(word.startswith(("/", "./", "../", "~", "\\"))
+                                                 for word in requirement.replace("@", " ").split())
+
+
 class SimBuild(Strict):
     """An image the docker backend builds for the job, cached by the hash of all that goes into it.
 
@@ -424,6 +430,9 @@ class SimBuild(Strict):
         for req in v:
             if not req.strip() or req.lstrip().startswith("-") or any(c in req for c in "\n\r\0"):
                 raise ValueError(f"{req!r} is not a requirement; write one like numpy==1.26.4 (pip options are not taken)")
+            if _local_reference(req):  # the build host's files (issue 33): an env file's `file:///etc/shadow` line
+                raise ValueError(f"{req[:200]!r} names a file on the building host; farm installs packages by name, "
+                                 "and files only from workload.dir (sim.build.pip_wheels)")
         return v
 
     @field_validator("run")

@@ -209,6 +209,7 @@ def lab_devices(view: LabView, *, csrf: str, may_operate: bool, f: LabFilter = L
     rows = []
     for d in p.shown:
         current = ('<span class="busy">busy</span>: ' + ", ".join(
+            "another team's task" if t.get("hidden") else
             f'<a href="/jobs/{t["job_id"]}">job {t["job_id"]}</a> task {t["id"]} {e(t["model_name"])}' for t in d.current)
             if d.current else '<span class="idle">idle</span>')
         rows.append([(d.name, f'<span class="device-name">{e(d.name)}</span>'),

@@ -281,8 +281,12 @@ class Dashboard:
         log.info("dashboard log-in: %s token (line %d)", identity.role, identity.line)
         return _redirect(_safe_next(form.get("next")), {"Set-Cookie": f"{COOKIE}={cookie}; {attributes}"})
 
-    def lab(self) -> views.LabView:
-        return views.lab_view(self.store, live=self.live() if self.live else None)
+    def lab(self, identity: Identity | None = None) -> views.LabView:
+        """The lab as `identity` may see it: in a `team` lab, other teams' tasks are not named (views.lab_view)."""
+        viewer = self.viewer(identity) if identity is not None else answers.EVERYONE
+        may_read = None if viewer.sees_all or self.job_sharing == "shared" else \
+            (lambda job: viewer.may_read(job, self.job_sharing))
+        return views.lab_view(self.store, live=self.live() if self.live else None, may_read=may_read)
 
     def csrf(self, session: Session | None) -> str:
         return self.signer.csrf_token(session) if session else ""
@@ -363,7 +367,7 @@ class Dashboard:
             return self.events(query.get("page", ""), query.get("have", ""), identity, session)
         if path == "/lab":
             f = views.LabFilter.from_query(query)
-            html = pages.lab_devices(self.lab(), csrf=csrf, may_operate=identity.role in DEVICE_ROLES, f=f)
+            html = pages.lab_devices(self.lab(identity), csrf=csrf, may_operate=identity.role in DEVICE_ROLES, f=f)
             if query.get("part") == "devices":
                 return Response(HTTPStatus.OK, html.encode())
             return page("Lab", pages.lab_filter_form(f) + pages.live(

@@ -11,7 +11,7 @@ import re
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from farm.controller.analysis.calibrations import METRICS, current_calibration, model_features, stored_calibration
 from farm.controller.operations.refresh import last_reference_checks
@@ -84,10 +84,11 @@ class LabView:
     live: bool = False  # connection and last-seen come from the controller's sessions (else from the store)
     recent_failures: list[dict[str, Any]] = field(default_factory=list)
     drift_alerts: list[dict[str, Any]] = field(default_factory=list)
+    hidden_pending: int = 0  # pending tasks of jobs this viewer may not read (counted, never named)
 
     @property
     def pending(self) -> int:
-        return sum(q["pending"] for q in self.queue)
+        return sum(q["pending"] for q in self.queue) + self.hidden_pending
 
 
 def _device_of(task: dict[str, Any], sim_device: dict[str, str]) -> str:
@@ -97,9 +98,22 @@ def _device_of(task: dict[str, Any], sim_device: dict[str, str]) -> str:
     return str(task["target"])
 
 
-def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] | None = None) -> LabView:
-    """The lab; with `live` (the controller's sessions) connection, last-seen and what runs come from them."""
+def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] | None = None,
+             may_read: Callable[[dict[str, Any]], bool] | None = None) -> LabView:
+    """The lab; with `live` (the controller's sessions) connection, last-seen and what runs come from them.
+    may_read (a job row -> whether this viewer may read it; None: everything): another team's running task is
+    shown as a busy device and nothing more, its queue rows as a count, its failures not at all (issue 33)."""
     now = now or time.time()
+    jobs: dict[int, bool] = {}
+
+    def readable(job_id: int) -> bool:
+        if may_read is None:
+            return True
+        if job_id not in jobs:
+            job = store.jobs.get(job_id)
+            jobs[job_id] = job is not None and may_read(dict(job))
+        return jobs[job_id]
+
     checks = last_reference_checks(store)
     calibrated = store.calibrations.newest_by_device()
     stored_devices = store.reads.devices()
@@ -112,7 +126,10 @@ def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] |
     by_device: dict[str, list[dict[str, Any]]] = {}
     for task in running:
         task["device"] = _device_of(task, sim_device)
-        by_device.setdefault(task["device"], []).append(task)
+        by_device.setdefault(task["device"], []).append(task if readable(task["job_id"]) else {"hidden": True})
+    running = [task for task in running if readable(task["job_id"])]
+    queue = plain_rows(store.reads.queue())
+    hidden_pending = sum(q["pending"] for q in queue if not readable(q["job_id"]))
 
     def state(agent: str | None, stored: str | None) -> str:
         if live is None or not agent:
@@ -138,9 +155,10 @@ def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] |
             if session:
                 a["last_seen"], a["connected_at"] = session.last_seen, session.connected_at
             a["running"] = len(session.running) if session else 0
-    return LabView(devices, agents, running, plain_rows(store.reads.queue()), live=live is not None,
-                   recent_failures=store.reads.recent_failures(PANEL_ROWS),
-                   drift_alerts=store.reads.drift_alerts(PANEL_ROWS))
+    failures = [f for f in store.reads.recent_failures(PANEL_ROWS * 4) if readable(f["job_id"])]
+    return LabView(devices, agents, running, [q for q in queue if readable(q["job_id"])], live=live is not None,
+                   recent_failures=failures[:PANEL_ROWS], drift_alerts=store.reads.drift_alerts(PANEL_ROWS),
+                   hidden_pending=hidden_pending)
 
 
 HEALTHS = ("good", "bad", "maintenance", "unknown")

@@ -18,7 +18,6 @@ import logging
 import os
 import queue
 import random
-import re
 import socket
 import tempfile
 import threading
@@ -32,6 +31,7 @@ from pydantic import ValidationError
 
 from farm.agents.artifact_cache import ArtifactCache
 from farm.version import __version__
+from farm.proto.addresses import DEFAULT_PORT, MAX_CONTROLLERS as MAX_CONTROLLERS, controller_addresses as controller_addresses
 from farm.proto.copying import replaced
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2
 from farm.proto.results import FailureClass, RunResult
@@ -53,40 +53,10 @@ BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.25, 10.0
 # A session taken over by another connection under this name: retried, slowly (a second live process with
 # the same --name would otherwise take it back and forth), and said each time.
 TAKEN_BACKOFF_FIRST_S, TAKEN_BACKOFF_MAX_S = 5.0, 300.0
-# These refusals will not go away by retrying: the agent stops and says why.
+# These refusals will not go away by retrying the same controller: the agent tries the next of its list, and
+# stops, saying why, only once every one of them refused it in a row (one controller: at the first refusal).
 FATAL_CODES = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
                grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT}
-
-
-MAX_CONTROLLERS = 16  # a list longer than a lab has controllers is a mistake (or hostile)
-_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,252})?|\[[0-9A-Fa-f:.]{2,45}\]")
-
-
-def controller_addresses(text: str, default_port: int) -> list[str]:
-    """The agent's controllers from `--controller a:1,b:2` (a host alone gets `default_port`).
-
-    Raises ValueError naming the bad entry: each must be HOST:PORT (an IPv6 host in brackets), port 1-65535.
-    """
-    entries = text.split(",")
-    if len(entries) > MAX_CONTROLLERS:
-        raise ValueError(f"{len(entries)} controller addresses: at most {MAX_CONTROLLERS}")
-    addresses: list[str] = []
-    for number, raw in enumerate(entries, 1):
-        entry = raw.strip()
-        host, colon, port = entry.rpartition(":") if entry.rfind(":") > entry.rfind("]") else (entry, "", "")
-        where = f"controller address {number} ('{printable(entry, limit=80)}')"
-        if not entry:
-            raise ValueError(f"controller address {number} is empty: give HOST:PORT entries separated by commas")
-        if not _HOST.fullmatch(host):
-            raise ValueError(f"{where}: '{printable(host, limit=80)}' is not a host name or address "
-                             "(letters, digits, '.', '-', '_'; an IPv6 address in brackets)")
-        if colon and not (port.isascii() and port.isdigit() and len(port) <= 5 and 1 <= int(port) <= 65535):
-            raise ValueError(f"{where}: the port must be a number from 1 to 65535")
-        address = entry if colon else f"{host}:{default_port}"
-        if address in addresses:
-            raise ValueError(f"{where}: named twice")
-        addresses.append(address)
-    return addresses
 
 
 class ControllerRefused(Exception):
@@ -137,9 +107,11 @@ class RemoteController:
                  tls: TlsFiles | None = None, artifact_dir: Path | None = None,
                  protocol_version: int = PROTOCOL_VERSION) -> None:
         # the controllers to try in turn (several share one PostgreSQL); `address` is the one in use
-        self.addresses = [address] if isinstance(address, str) else list(address)
-        if not self.addresses:
+        given = [address] if isinstance(address, str) else list(address)
+        if not given:
             raise ValueError("an agent needs at least one controller address")
+        # checked here too (the CLI checked its flag already): a port out of range is never dialled with the token
+        self.addresses = controller_addresses(",".join(given), DEFAULT_PORT)
         self.address = self.addresses[0]
         self.name = name
         self.token = token
@@ -332,19 +304,33 @@ class RemoteController:
 
     def _connection_loop(self) -> None:
         backoff, taken = BACKOFF_FIRST_S, TAKEN_BACKOFF_FIRST_S
+        refused: set[str] = set()  # the controllers that refused this agent since one last welcomed it
         while not self._closed.is_set():
             try:
                 self._one_connection()
+                refused.clear()
                 backoff = BACKOFF_FIRST_S  # the controller closed a stream that had worked
                 self._next_controller()
             except ControllerRefused as e:
-                self.fatal = e
-                log.error("%s", e)
-                with self._lock:
-                    for request in self._requests.values():
-                        request.answered.set()
-                return
+                if self._welcomed:
+                    refused.clear()
+                refused.add(self.address)
+                if len(refused) >= len(self.addresses):  # all of them: retrying cannot fix it
+                    self.fatal = e if len(self.addresses) == 1 else ControllerRefused(
+                        f"every controller this agent was given refused it; the last: {e}")
+                    log.error("%s", printable(str(self.fatal), limit=2000))
+                    with self._lock:
+                        for request in self._requests.values():
+                            request.answered.set()
+                    return
+                # One of several refused (an old or a wrong address, or something posing as a controller): the
+                # others may well take this agent. Round the list, with the backoff, saying so.
+                self._next_controller()
+                log.warning("%s; trying the next controller, %s, in about %.1f s (%d of %d refused this agent)",
+                            printable(str(e), limit=1000), self.address, backoff, len(refused), len(self.addresses))
             except grpc.RpcError as e:
+                if self._welcomed:
+                    refused.clear()
                 if e.code() == grpc.StatusCode.ABORTED and not self._closed.is_set():
                     log.warning("the controller at %s ended this agent's session: %s; connecting again in %.0f s",
                                 self.address, printable(e.details(), limit=500), taken)
@@ -371,7 +357,7 @@ class RemoteController:
         self.address = self.addresses[(self.addresses.index(self.address) + 1) % len(self.addresses)]
 
     def _one_connection(self) -> None:
-        self._welcomed = False
+        self._welcomed = False  # set by the welcome: the controller took this agent
         channel = open_channel(self.address, tls=self.tls)
         outbox: "queue.Queue[agent_pb2.AgentMessage | None]" = queue.Queue()
         try:

@@ -14,6 +14,7 @@ tag is a cache hit: nothing is rebuilt. Every build's log is kept beside the cac
 from __future__ import annotations
 
 import codecs
+import csv
 import hashlib
 import io
 import json
@@ -34,6 +35,7 @@ from farm.agents.sandbox.docker_image import (
     DEFAULT_IMAGE, IMAGE_PATH_ENV, IMAGE_REPOSITORY, ensure_default_image, host_runtime_mounts,
 )
 from farm.proto.copying import replaced
+from farm.proto.escape import printable
 from farm.proto.script_archive import unpack
 from farm.proto.spec import SimBuild
 
@@ -192,17 +194,17 @@ class ImageBuilder:
                               f"`farm agent {NETWORK_FLAG}`", "")
         if self.policy.bases is None:
             return
-        if build.dockerfile:
-            names = _base_images(context, build.dockerfile)
-            field_name = f"sim.build.dockerfile {build.dockerfile!r}: FROM"
+        if build.dockerfile:  # every image it reads: FROM, COPY --from, RUN --mount from (issue 33, M6)
+            names = [(f"sim.build.dockerfile {build.dockerfile!r} line {line}: {how}", name) for line, how, name
+                     in dockerfile_references(_dockerfile_text(context, build.dockerfile))]
         else:
-            names = [build.base] if build.base else []
-            field_name = "sim.build.base"
-        for name in names:
+            names = [("sim.build.base", build.base)] if build.base else []
+        for field_name, name in names:
             if not self._allowed_base(name):
                 allowed = ", ".join(sorted(self.policy.bases))
-                raise BuildFailed(f"{field_name} {name!r} is not on this agent's allow-list of base images ({allowed}); "
-                                  f"its operator adds one with `farm agent {BASE_FLAG} {name}`", "")
+                raise BuildFailed(f"{field_name} {printable(name, limit=200)!r} is not on this agent's allow-list of "
+                                  f"base images ({allowed}); its operator adds one with `farm agent {BASE_FLAG} "
+                                  f"{printable(name, limit=200)}`", "")
 
     def check_image(self, image: str) -> None:
         """sim.image with nothing to build: the image a run starts in is held to the same allow-list as a build's
@@ -415,37 +417,124 @@ def _stop(container: Any, timed_out: threading.Event) -> None:
         pass  # it exited meanwhile: the outcome is read from the stream anyway
 
 
+def _dockerfile_text(context: bytes | None, dockerfile: str) -> str:
+    """The Dockerfile's text from the packed workload.dir ("" when it is not there: the build says so)."""
+    if context is None:
+        return ""
+    with tarfile.open(fileobj=io.BytesIO(context)) as tar:
+        try:
+            member = tar.extractfile(dockerfile)
+        except KeyError:
+            return ""
+        return member.read(1 << 20).decode("utf-8", "replace") if member else ""
+
+
+def _instructions(source: str) -> list[tuple[int, str, str]]:
+    """(line, KEYWORD, the rest) for each instruction, as the builder reads them: the escape directive, lines
+    continued with it, comments and blank lines inside a continuation; heredoc bodies are read as lines too,
+    which can only find more references to check, never fewer."""
+    escape = "\\"
+    lines = source.splitlines()
+    for line in lines:  # parser directives: `# key=value` lines at the very top
+        directive = re.fullmatch(r"\s*#\s*(\w+)\s*=\s*(\S*)\s*", line)
+        if directive is None:
+            break
+        if directive.group(1).lower() == "escape" and directive.group(2) in ("`", "\\"):
+            escape = directive.group(2)
+    found: list[tuple[int, str, str]] = []
+    start, parts = 0, list[str]()  # the line the instruction began on, its pieces so far
+    for number, line in enumerate(lines, 1):
+        if not parts and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if parts and line.lstrip().startswith("#"):
+            continue  # a comment inside a continued instruction is dropped
+        if not parts:
+            start = number
+        stripped = line.rstrip()
+        if stripped.endswith(escape):
+            parts.append(stripped[:-1])
+            continue
+        parts.append(line)
+        text = " ".join(parts).strip()
+        parts = []
+        keyword, _, rest = text.partition(" ")
+        found.append((start, keyword.upper(), rest.strip()))
+    if parts:
+        text = " ".join(parts).strip()
+        keyword, _, rest = text.partition(" ")
+        found.append((start, keyword.upper(), rest.strip()))
+    return found
+
+
+def _flags(rest: str) -> tuple[list[str], str]:
+    """The `--name=value` flags at the start of an instruction's arguments, and what follows them."""
+    flags: list[str] = []
+    words = rest.split()
+    while words and words[0].startswith("--"):
+        flags.append(words.pop(0))
+    return flags, " ".join(words)
+
+
+def _flag_value(flag: str, name: str) -> str | None:
+    lower = flag.lower()
+    if lower.startswith(f"--{name}="):
+        return flag[len(name) + 3:].strip("'\"")
+    return None
+
+
+def _mount_from(flag: str) -> str | None:
+    """A `--mount=type=bind,from=X,...` flag's `from` (None without one)."""
+    value = _flag_value(flag, "mount")
+    if value is None:
+        return None
+    for field in next(csv.reader([value]), []):
+        key, _, item = field.partition("=")
+        if key.strip().lower() == "from":
+            return item.strip().strip("'\"")
+    return None
+
+
+def dockerfile_references(source: str) -> list[tuple[int, str, str]]:
+    """Every image a Dockerfile reads from, as (line, how, name): each FROM, each `COPY --from=` and each
+    `RUN --mount=...,from=` (ONBUILD's too) that does not name one of its own earlier stages (by name or by
+    number) or `scratch` (empty). A variable is kept as written, so it matches no image and is refused."""
+    stages: list[str] = []
+    found: list[tuple[int, str, str]] = []
+
+    def stage(name: str) -> bool:
+        return name.lower() in stages or (name.isascii() and name.isdigit() and int(name) < len(stages))
+
+    def read(line: int, keyword: str, rest: str) -> None:
+        flags, arguments = _flags(rest)
+        if keyword == "ONBUILD":  # the trigger runs in a later build FROM this image: held to the list alike
+            inner, _, inner_rest = arguments.partition(" ")
+            read(line, inner.upper(), inner_rest.strip())
+        elif keyword == "FROM":
+            words = arguments.split()
+            if words:
+                if words[0].lower() != "scratch" and not stage(words[0]):
+                    found.append((line, "FROM", words[0]))
+                alias = words[2] if len(words) >= 3 and words[1].upper() == "AS" else None
+                stages.append((alias or f"#{len(stages)}").lower())
+        elif keyword in ("COPY", "ADD"):
+            for flag in flags:
+                source = _flag_value(flag, "from")
+                if source is not None and not stage(source):
+                    found.append((line, f"{keyword} --from", source))
+        if keyword in ("RUN", "COPY", "ADD"):
+            for flag in flags:
+                mounted = _mount_from(flag)
+                if mounted is not None and not stage(mounted):
+                    found.append((line, f"{keyword} --mount from", mounted))
+
+    for line, keyword, rest in _instructions(source):
+        read(line, keyword, rest)
+    return found
+
+
 def _from_images(context: bytes | None, dockerfile: str) -> list[str]:
-    """The images a Dockerfile's FROM lines name (no variables expanded), to key the cache on their ids."""
-    if context is None:
-        return []
-    with tarfile.open(fileobj=io.BytesIO(context)) as tar:
-        try:
-            member = tar.extractfile(dockerfile)
-        except KeyError:
-            return []
-        text = member.read(1 << 20).decode("utf-8", "replace") if member else ""
-    return re.findall(r"(?im)^\s*FROM\s+(?:--\S+\s+)*(\S+)", text)
-
-
-def _base_images(context: bytes | None, dockerfile: str) -> list[str]:
-    """The images a Dockerfile starts from: its FROM names less its own stage names and `scratch` (empty)."""
-    stages: set[str] = set()
-    images: list[str] = []
-    if context is None:
-        return images
-    with tarfile.open(fileobj=io.BytesIO(context)) as tar:
-        try:
-            member = tar.extractfile(dockerfile)
-        except KeyError:
-            return images
-        source = member.read(1 << 20).decode("utf-8", "replace") if member else ""
-    for name, alias in re.findall(r"(?im)^\s*FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?", source):
-        if name.lower() != "scratch" and name not in stages:
-            images.append(name)
-        if alias:
-            stages.add(alias)
-    return images
+    """Every image the Dockerfile reads (FROM, COPY --from, RUN --mount from), to key the cache on their ids."""
+    return [name for _, _, name in dockerfile_references(_dockerfile_text(context, dockerfile))]
 
 
 def _member_names(context: bytes) -> set[str]:

@@ -25,6 +25,7 @@ from farm.proto.device_types import DeviceType
 from farm.proto.escape import cut_list, printable
 from farm.proto.regular_files import MAX_JOB_FILE_BYTES, FileRefused, read_regular_file
 from farm.proto.results import ModelFacts
+from farm.proto.storable import field_path, refusal, unstorable
 from farm.proto.spec import JOB_FILE, MAX_INPUT_FILE_BYTES, MAX_INPUT_VALUE_ELEMENTS, BenchmarkWorkload, InputSpec, JobSpec, ModelEntry, ScriptWorkload, cores_missing, default_cpus, parse_cpuset
 from farm.proto.tasks import DEFAULT_MAX_TASKS
 
@@ -221,6 +222,10 @@ def parse_job_text(text: str, source_name: str) -> tuple[JobSpec, yaml.Node | No
     duplicates = _duplicate_keys(root, source_name)
     if duplicates:
         raise JobFileError(duplicates)
+    unstorable_fields = [JobProblem(source_name, _line(root, *path), field_path(path), f"{refusal('this field', bad)}.")
+                         for path, bad in unstorable(data)]
+    if unstorable_fields:  # every store alike: a NUL reached PostgreSQL's spec_json and broke gc (issue 33, M5)
+        raise JobFileError(unstorable_fields[:20])
     try:
         return JobSpec.model_validate(data, context=JOB_FILE), root
     except ValidationError as e:

@@ -21,6 +21,7 @@ from farm.models.facts import ModelError, inspect_model
 from farm.proto.escape import printable
 from farm.proto.script_archive import MAX_SCRIPT_ARCHIVE_BYTES, ScriptArchiveError, check_archive
 from farm.proto.spec import BenchmarkWorkload, ModelEntry, ScriptWorkload
+from farm.proto.storable import refusal, unstorable
 from farm.proto.tasks import DEFAULT_MAX_TASKS
 
 MODEL_NAME = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
@@ -36,6 +37,9 @@ def load_submitted_job(request: Any, files: ControllerFiles, devices: list[Devic
                        max_script_archive_bytes: int = MAX_SCRIPT_ARCHIVE_BYTES, *,
                        max_tasks: int = DEFAULT_MAX_TASKS) -> ResolvedJob:
     """request: a farm_pb2.SubmitJobRequest. Raises JobFileError with a message for the person who submitted."""
+    for what, text in (("file_name", request.file_name), ("base_dir", request.base_dir)):  # kept with the job
+        for _, bad in unstorable(text):
+            raise JobFileError(f"the submitted job's {what}: {refusal('it', bad)}")
     source_name = request.file_name or "job.yaml"
     spec, root = parse_job_text(request.job_yaml, source_name)
     targets = resolve_targets(spec, root, source_name, devices)

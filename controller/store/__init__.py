@@ -68,7 +68,7 @@ def open_store(path: Path | str, *, create_folder: bool = False) -> Store:
         assert isinstance(path, str)
         scheme = path.split("://", 1)[0].lower()
         if scheme not in POSTGRES_SCHEMES:
-            shown = redact_url(path) if "@" in path else path
+            shown = redact_url(path)
             raise StoreError(f"--db {shown[:80]!r}: farm keeps a lab in an SQLite file (a path such as ~/farm.db) "
                              f"or in PostgreSQL (postgresql://user@host:5432/farm); {scheme[:20]!r} is neither.")
         from farm.controller.store.postgres import PostgresStore

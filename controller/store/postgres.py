@@ -25,7 +25,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator, Mapping, Sequence
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
 from farm.controller.store.interface import DeviceRecord, StoreError, VisibleTo
 from farm.controller.store.metrics import MiB, UnknownMetric
@@ -169,27 +169,46 @@ def is_url(location: object) -> bool:
     return "://" in str(location)
 
 
+SECRET_PARAMETERS = ("password", "sslpassword")  # libpq's connection parameters that hold a secret
+
+
 def redact_url(url: str) -> str:
-    """The URL without its password (`postgresql://user:***@host/db`): what logs and errors may show."""
+    """The URL without its password (`postgresql://user:***@host/db`, `?password=***`): what logs and errors may
+    show. libpq takes a password in the query string too, which is masked alike (issue 33)."""
     try:
         parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        host = parts.netloc.rpartition("@")[2]
-        user = parts.username or ""
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+        if parts.password is not None:
+            host = parts.netloc.rpartition("@")[2]
+            parts = parts._replace(netloc=f"{parts.username or ''}:***@{host}")
+        if any(key.lower() in SECRET_PARAMETERS for key, _ in parse_qsl(parts.query, keep_blank_values=True)):
+            fields = [(key, "***" if key.lower() in SECRET_PARAMETERS else value)
+                      for key, value in parse_qsl(parts.query, keep_blank_values=True)]
+            query = "&".join(f"{quote(key, safe='')}={value if value == '***' else quote(value, safe='')}"
+                             for key, value in fields)
+            parts = parts._replace(query=query)
+        return urlunsplit(parts)
     except ValueError:
         return "postgresql://(an address that cannot be parsed)"
 
 
+def _secrets(url: str) -> list[str]:
+    """The URL's password(s), as written and as decoded, wherever it gives one."""
+    try:
+        parts = urlsplit(url)
+        found = [parts.password] if parts.password else []
+        found += [value for key, value in parse_qsl(parts.query, keep_blank_values=True)
+                  if key.lower() in SECRET_PARAMETERS and value]
+    except ValueError:
+        return []
+    return sorted({*found, *(quote(f, safe="") for f in found)}, key=len, reverse=True)
+
+
 def _scrub(text: str, url: str) -> str:
     """An error message with the URL's password taken out, wherever the driver may have echoed it."""
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        password = None
     text = text.replace(url, redact_url(url))
-    return text.replace(password, "***") if password else text
+    for secret in _secrets(url):
+        text = text.replace(secret, "***")
+    return text
 
 
 def error_message(error: BaseException, url: str) -> str:
