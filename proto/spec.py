@@ -242,6 +242,10 @@ class BenchmarkWorkload(Strict):
                     "or {shape: [...]}; inputs not named get random values (a sample-rate input 16000, an integer "
                     "attention mask 1, token type ids 0, position ids 0..n)",
     )
+    android_mode: Literal["shell", "app"] = Field(
+        "shell", description="Phones: `shell` runs the benchmark_model binary over adb; `app` runs TensorFlow's "
+                             "benchmark APK as a foreground activity (am start, results from logcat), as an app is "
+                             "scheduled; every run records its mode")
     op_profiling: bool = Field(False, description="Also time every operator: phones pass --enable_op_profiling=true "
                                                   "to benchmark_model; the sim traces ONNX models with ONNX Runtime's "
                                                   "profiler in a separate pass after the timed loop")

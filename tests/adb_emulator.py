@@ -102,6 +102,7 @@ class EmulatedPhone:
     op_profiling_output: str = field(default_factory=lambda: _captured_op_profiling_tables())
     # What a delegate flag makes the tool print (real captured lines, tests/fixtures/benchmark_model/delegates/):
     # by flag (use_gpu, use_nnapi, use_hexagon, external_delegate_path), or by model file name or sha256 first.
+    benchmark_apk: bool = True  # TensorFlow's benchmark app installed (am start; its lines in logcat)
     delegate_output: dict[str, str] = field(default_factory=lambda: {
         "use_gpu": "gpu_complete.txt", "use_nnapi": "nnapi_none.txt", "use_hexagon": "hexagon_partial.txt",
         "external_delegate_path": "qnn_none.txt"})
@@ -289,6 +290,15 @@ echo "Can't find service: $1"; exit 0
         _script(bin_dir / "taskset", "#!/bin/sh\nshift\nexec \"$@\"\n")
         _script(bin_dir / "benchmark_model", f"#!{sys.executable}\n" + _BENCHMARK_MODEL_STAND_IN.replace(
             "@CONFIG@", repr(str(bench_config))))
+        # TensorFlow's benchmark app: `am start` runs the same benchmark inside an "app process" (a session of its
+        # own) that logs each line through logcat under tag tflite; `logcat -d` prints that buffer, `-c` clears it
+        logcat = self.root / "data" / "logcat.txt"
+        _script(bin_dir / "am", f"#!{sys.executable}\n" + _AM_STAND_IN.replace("@LOGCAT@", repr(str(logcat))).replace(
+            "@BENCH@", repr(str(bin_dir / "benchmark_model"))).replace("@INSTALLED@", repr(p.benchmark_apk)))
+        _script(bin_dir / "logcat", f"#!/bin/sh\nLOG={shlex.quote(str(logcat))}\n"
+                                    "case \"$1\" in -c) : > \"$LOG\";; *) cat \"$LOG\" 2>/dev/null;; esac\nexit 0\n")
+        installed = "echo package:org.tensorflow.lite.benchmark" if p.benchmark_apk else ":"
+        _script(bin_dir / "pm", f"#!/bin/sh\n[ \"$1 $2\" = \"list packages\" ] && {installed}\nexit 0\n")
 
     def _to_sandbox(self, command: str) -> str:
         root = str(self.root)
@@ -606,6 +616,42 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+# `am start -S -n org.tensorflow.lite.benchmark/.BenchmarkModelActivity --es args "FLAGS"` and `am force-stop`: the
+# activity's process runs the benchmark with FLAGS and writes its lines to logcat (logcat's own line shape, tag tflite,
+# as the app's README and the captured runs in shared/reference/accelerator_tools.md show); `am start` returns at once.
+_AM_STAND_IN = r'''
+import datetime, os, subprocess, sys
+LOG, BENCH, INSTALLED = @LOGCAT@, @BENCH@, @INSTALLED@
+APP = "org.tensorflow.lite.benchmark"
+argv = sys.argv[1:]
+if argv[:1] == ["force-stop"]:
+    sys.exit(0)
+if argv[:1] != ["start"] or "-n" not in argv:
+    print("Error: unknown command"); sys.exit(1)
+component = argv[argv.index("-n") + 1]
+if not INSTALLED or not component.startswith(APP + "/"):
+    print("Starting: Intent { cmp=%s }" % component)
+    print("Error type 3")
+    print("Error: Activity class {%s} does not exist." % component)
+    sys.exit(0)
+flags = argv[argv.index("--es") + 2] if "--es" in argv and argv[argv.index("--es") + 1] == "args" else ""
+print("Starting: Intent { cmp=%s (has extras) }" % component)
+sys.stdout.flush()
+if os.fork() == 0:
+    os.setsid()
+    def log(tag, level, text):
+        stamp = datetime.datetime.now().strftime("%m-%d %H:%M:%S.%f")[:-3]
+        with open(LOG, "a") as f:
+            f.write("%s %5d %5d %s %-8s: %s\n" % (stamp, os.getpid(), os.getpid(), level, tag, text))
+    log("tflite_BenchmarkModelActivity", "I", "Running TensorFlow Lite benchmark with args: " + flags)
+    run = subprocess.run([BENCH] + flags.split(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    for line in run.stdout.decode(errors="replace").splitlines():
+        level = "E" if line.startswith("ERROR") else "I"
+        log("tflite", level, line[len("INFO: "):] if line.startswith("INFO: ") else line)
+    os._exit(0)
+'''
 
 
 # Prints the newer benchmark_model format (INFO: prefixes, percentiles, memory delta) from a table.

@@ -148,3 +148,37 @@ def test_a_unit_benchmark_model_cannot_drive_is_the_jobs(tmp_path: Path) -> None
         benchmark_command("bm", "m.tflite", _on(_task(tmp_path / "m.tflite"), "tensorrt"), None)
     nnapi = benchmark_command("bm", "m.tflite", _on(_task(tmp_path / "m.tflite"), "nnapi", "fp16"), None)
     assert "--use_nnapi=true" in nnapi and "--nnapi_allow_fp16=true" in nnapi
+
+
+def _app(task: TaskSpec) -> TaskSpec:
+    workload = task.plan.workload.model_copy(update={"android_mode": "app"})
+    return task.model_copy(update={"plan": task.plan.model_copy(update={"workload": workload})})
+
+
+def test_app_mode_runs_the_benchmark_apk_and_reads_logcat(tmp_path: Path, lab_key: Path, tiny_models) -> None:
+    """Issue 29: TensorFlow's benchmark app started as an activity (am start, its flags in one `args` extra) and its
+    lines read back from logcat (the logcat line shape stripped by the parser): the same figures as the shell binary,
+    recorded with the mode; a delegate's flags reach it too."""
+    model = tiny_models["tflite"]
+    with AdbDeviceEmulator(tmp_path / "phone", authorized_keys=[Path(f"{lab_key}.pub").read_text()]) as phone:
+        shell = _driver(phone, lab_key).run(_task(model), lambda: False)
+        app = _driver(phone, lab_key).run(_app(_task(model)), lambda: False)
+        gpu = _driver(phone, lab_key).run(_app(_on(_task(model), "gpu", "fp16")), lambda: False)
+    assert shell.ok and app.ok, app.message
+    assert app.environment["android_mode"] == "app" and shell.environment["android_mode"] == "shell"
+    assert app.environment["command"].startswith(
+        "am start -S -n org.tensorflow.lite.benchmark/.BenchmarkModelActivity --es args '--graph=")
+    assert app.latency.avg == shell.latency.avg == pytest.approx(55.0432)
+    assert app.peak_rss_bytes == shell.peak_rss_bytes
+    assert "I tflite" in app.log_tail  # the raw logcat lines are kept
+    assert gpu.ok and gpu.environment["accelerator"]["verdict"] == "complete"
+    assert "--use_gpu=true --gpu_precision_loss_allowed=true" in gpu.environment["command"]
+
+
+def test_app_mode_without_the_app_says_how_to_install_it(tmp_path: Path, lab_key: Path, tiny_models) -> None:
+    with AdbDeviceEmulator(tmp_path / "phone", phone=EmulatedPhone(benchmark_apk=False),
+                           authorized_keys=[Path(f"{lab_key}.pub").read_text()]) as phone:
+        result = _driver(phone, lab_key).run(_app(_task(tiny_models["tflite"])), lambda: False)
+    assert result.failure_class == "infrastructure"
+    assert "benchmark app (org.tensorflow.lite.benchmark) is not installed" in result.message
+    assert "adb install -r -d -g" in result.message and "android_mode: shell" in result.message

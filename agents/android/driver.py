@@ -17,7 +17,7 @@ from typing import Any, Callable, Literal
 from pydantic import Field
 
 from farm.agents.android.adb import (
-    AdbTarget, AndroidCommandTimeout, AndroidDevice, AndroidFacts, AndroidInfrastructureError,
+    AdbTarget, AndroidCommandTimeout, AndroidDevice, AndroidFacts, AndroidInfrastructureError, ShellResult,
 )
 from farm.agents.android.script import phone_script_problem, run_script_on_phone
 from farm.agents.drivers import DeviceEntry, register
@@ -80,8 +80,64 @@ def delegate_flags(unit: str, precision: str, qnn_delegate: str = QNN_DELEGATE) 
     raise ValueError(f"benchmark_model on a phone drives cpu, gpu, nnapi, hexagon and qnn, not {unit}")
 
 
+BENCHMARK_APP = "org.tensorflow.lite.benchmark"  # TensorFlow's benchmark APK (tflite/tools/benchmark/android)
+# what ends the app's run in logcat: its timings line (the memory and profile lines follow within a poll or two), or
+# the tool's failure
+_APP_DONE = ("Inference timings in us", "Benchmarking failed", "Failed to")
+APP_POLL_S = 0.5
+
+
+class AppCanceled(Exception):
+    """The run was canceled while the benchmark app ran (the app is stopped)."""
+
+
+def run_in_app(device: AndroidDevice, command: str, timeout_s: float, cancel_check: Callable[[], bool]) -> ShellResult:
+    """Start the benchmark app with the run's flags and read its lines from logcat until it is done: `am start`
+    returns at once, the benchmark runs inside the app's process (scheduled as an app is, not as a shell binary)."""
+    if BENCHMARK_APP not in device.check(f"pm list packages {BENCHMARK_APP}"):
+        raise LookupError(f"{device.target.serial}: TensorFlow's benchmark app ({BENCHMARK_APP}) is not installed; "
+                          "install it once with `adb install -r -d -g android_aarch64_benchmark_model.apk` (the -g "
+                          "grants it /data/local/tmp), or run the job with workload.android_mode: shell")
+    device.check("logcat -c")
+    started = device.shell(command, 60)
+    if not started.ok or "Error" in started.output:
+        raise AndroidInfrastructureError(f"{device.target.serial}: `am start` refused the benchmark app: "
+                                         f"{started.output.strip()[-300:]}")
+    deadline = time.monotonic() + timeout_s
+    seen, done_at = "", None
+    while True:
+        if time.monotonic() > deadline:
+            device.shell(f"am force-stop {BENCHMARK_APP}", 30)
+            raise AndroidCommandTimeout(f"{device.target.serial}: the benchmark app did not finish within {timeout_s:g} s")
+        if cancel_check():
+            device.shell(f"am force-stop {BENCHMARK_APP}", 30)
+            raise AppCanceled(f"{device.target.serial}: canceled while the benchmark app ran; the app was stopped")
+        text = device.check("logcat -d -s tflite:V tflite_BenchmarkModelActivity:V", 60)
+        if done_at is None and any(marker in text for marker in _APP_DONE):
+            done_at = len(text)
+        elif done_at is not None and len(text) == len(seen):
+            return ShellResult(exit_status=0 if "Inference timings in us" in text else 1, output=text)
+        seen = text
+        time.sleep(APP_POLL_S)
+
+
 def benchmark_command(tool: str, model: str, task: TaskSpec, device_type: DeviceType | None,
                       qnn_delegate: str = QNN_DELEGATE) -> str:
+    flags = benchmark_flags(model, task, device_type, qnn_delegate)
+    command = " ".join([shlex.quote(tool), *map(shlex.quote, flags)])
+    mask = device_type.native_tool.taskset_mask_by_threads.get(task.threads) if device_type else None
+    return f"taskset {mask} {command}" if mask else command
+
+
+def app_command(model: str, task: TaskSpec, device_type: DeviceType | None, qnn_delegate: str = QNN_DELEGATE) -> str:
+    """The same flags for TensorFlow's benchmark APK, started as a foreground activity (its README's form: all the
+    flags in one `args` string extra; -S stops an earlier instance first)."""
+    flags = " ".join(benchmark_flags(model, task, device_type, qnn_delegate))
+    return f"am start -S -n {BENCHMARK_APP}/.BenchmarkModelActivity --es args {shlex.quote(flags)}"
+
+
+def benchmark_flags(model: str, task: TaskSpec, device_type: DeviceType | None,
+                    qnn_delegate: str = QNN_DELEGATE) -> list[str]:
     w = task.plan.workload
     if not isinstance(w, BenchmarkWorkload):
         raise ValueError(f"task {task.task_id} has a {w.type} workload; benchmark_model runs benchmarks")
@@ -95,9 +151,7 @@ def benchmark_command(tool: str, model: str, task: TaskSpec, device_type: Device
     if device_type is not None:
         ours = {f.split("=", 1)[0] for f in flags}
         flags += [f for f in device_type.native_tool.flags if f.split("=", 1)[0] not in ours]
-    command = " ".join([shlex.quote(tool), *map(shlex.quote, flags)])
-    mask = device_type.native_tool.taskset_mask_by_threads.get(task.threads) if device_type else None
-    return f"taskset {mask} {command}" if mask else command
+    return flags
 
 
 def op_profile_rows(parsed: BenchmarkModelOutput) -> list[OpProfileRow]:
@@ -179,15 +233,22 @@ class AndroidDriver:
         try:
             with AndroidDevice(self._target()) as device:
                 before = self._cool_down(device, cancel_check)
-                tool = self._tool(device, before.abi)
+                app = task.plan.workload.android_mode == "app"
+                tool = "" if app else self._tool(device, before.abi)  # the app carries its own benchmark
                 model = device.push_by_hash(Path(task.model_path)).remote_path
-                command = benchmark_command(tool, model, task, self.device_type, self.config.qnn_delegate)
                 started = time.monotonic()
-                shell = device.shell(command, timeout_s=task.plan.run_timeout_s)
+                if app:
+                    command = app_command(model, task, self.device_type, self.config.qnn_delegate)
+                    shell = run_in_app(device, command, task.plan.run_timeout_s, cancel_check)
+                else:
+                    command = benchmark_command(tool, model, task, self.device_type, self.config.qnn_delegate)
+                    shell = device.shell(command, timeout_s=task.plan.run_timeout_s)
                 wall = time.monotonic() - started
                 after = device.facts()
         except AndroidCommandTimeout as e:
             return RunResult.failed(FailureClass.TIMEOUT, f"{self.config.name}: {e}", **base)
+        except AppCanceled as e:
+            return RunResult.failed(FailureClass.CANCELED, f"{self.config.name}: {e}", **base)
         except AndroidInfrastructureError as e:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{self.config.name}: {e}", **base)
         except LookupError as e:
@@ -195,6 +256,7 @@ class AndroidDriver:
         except ValueError as e:  # a compute unit benchmark_model cannot drive
             return RunResult.failed(FailureClass.JOB, f"{self.config.name}: {e}", **base)
         environment = {"device": before.to_environment(), "command": command,
+                       "android_mode": task.plan.workload.android_mode,
                        "temperature_before_c": _hottest(before), "temperature_after_c": _hottest(after),
                        "thermal_throttled": (_hottest(after) or 0) >= self.config.thermal_limit_c,
                        "device_type": self.device_type.name if self.device_type else None}

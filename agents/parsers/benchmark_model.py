@@ -148,6 +148,8 @@ _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 # glog prefix of TensorFlow's own tool: "2017-11-27 08:56:25.158104: I tensorflow/…/benchmark_model.cc:291] "
 _GLOG_PREFIX = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] \S+:\d+\] ?")
 _LEVEL_PREFIX = re.compile(r"^(?:INFO|WARNING|ERROR|VERBOSE): ")
+# The benchmark app logs through logcat: `05-31 10:38:42.589 22206 22206 I tflite  : <the tool's line>`
+_LOGCAT_PREFIX = re.compile(r"^\d\d-\d\d \d\d:\d\d:\d\d\.\d+\s+\d+\s+\d+ [VDIWEF] [\w.]+\s*: ?")
 _KEY_VALUE = re.compile(rf"(\w+)=({_NUMBER})")
 _TIMINGS_LINE = re.compile(r"(Average inference timings|Inference timings) in us:\s*(.*)$")
 _TIMING_ITEM = re.compile(rf"([A-Za-z][A-Za-z ()]*?):\s*({_NUMBER})")
@@ -169,7 +171,7 @@ _UNSUPPORTED = [
 def _clean_lines(text: str) -> list[str]:
     lines = []
     for raw in text.splitlines():
-        line = _GLOG_PREFIX.sub("", raw).strip()
+        line = _GLOG_PREFIX.sub("", _LOGCAT_PREFIX.sub("", raw)).strip()
         line = _LEVEL_PREFIX.sub("", line)
         lines.append(line)
     return lines
