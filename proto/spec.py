@@ -242,6 +242,14 @@ class BenchmarkWorkload(Strict):
                     "or {shape: [...]}; inputs not named get random values (a sample-rate input 16000, an integer "
                     "attention mask 1, token type ids 0, position ids 0..n)",
     )
+    cooldown_c: float | None = Field(
+        None, gt=0, lt=120, allow_inf_nan=False,
+        description="Phones: before each run, wait until the SoC is below this temperature in °C (default: the device "
+                    "entry's thermal_limit_c, 45); what was waited is recorded")
+    sustained_s: float | None = Field(
+        None, gt=0, le=3600, allow_inf_nan=False,
+        description="Phones: repeat the timed loop for this many seconds; the run reports the last window (sustained) "
+                    "and keeps every window's latency and temperature, the first and last apart (burst vs sustained)")
     android_mode: Literal["shell", "app"] = Field(
         "shell", description="Phones: `shell` runs the benchmark_model binary over adb; `app` runs TensorFlow's "
                              "benchmark APK as a foreground activity (am start, results from logcat), as an app is "

@@ -182,3 +182,23 @@ def test_app_mode_without_the_app_says_how_to_install_it(tmp_path: Path, lab_key
     assert result.failure_class == "infrastructure"
     assert "benchmark app (org.tensorflow.lite.benchmark) is not installed" in result.message
     assert "adb install -r -d -g" in result.message and "android_mode: shell" in result.message
+
+
+def test_a_sustained_run_keeps_every_window_and_the_jobs_cool_down(tmp_path: Path, lab_key: Path, tiny_models) -> None:
+    """Issue 29's stability controls: sustained_s repeats the timed loop and keeps each window (burst vs sustained);
+    cooldown_c is the job's own start temperature (a phone at 52 °C: waited for under 45, not under 60)."""
+    warm = EmulatedPhone(thermal_zones={"tsens_tz_sensor0": 52000, "battery": 30000}, benchmark_seconds=0.2)
+    task = _task(tiny_models["tflite"])
+    sustained = task.model_copy(update={"plan": task.plan.model_copy(update={"workload": task.plan.workload.model_copy(
+        update={"sustained_s": 1.0, "cooldown_c": 60.0})})})
+    with AdbDeviceEmulator(tmp_path / "phone", phone=warm, authorized_keys=[Path(f"{lab_key}.pub").read_text()]) as phone:
+        result = _driver(phone, lab_key, cooldown_timeout_s=30).run(sustained, lambda: False)
+        guarded = _driver(phone, lab_key, cooldown_timeout_s=0.3).run(task, lambda: False)
+    assert result.ok, result.message
+    env = result.environment
+    assert env["cooldown_c"] == 60.0 and env["cooldown_waited_s"] < 5 and env["thermal_throttled"] is False
+    windows = env["sustained"]["windows"]
+    assert len(windows) >= 3 and windows[0]["t_s"] == 0.0 and windows[-1]["t_s"] >= 1.0
+    assert all(w["avg_ms"] == pytest.approx(55.0432) and w["temperature_c"] == 52.0 for w in windows)
+    assert env["sustained"]["last_over_first"] == 1.0 and result.latency.avg == pytest.approx(55.0432)
+    assert guarded.environment["cooldown_c"] == 45.0 and guarded.environment["cooldown_waited_s"] >= 0.3

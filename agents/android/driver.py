@@ -87,6 +87,22 @@ _APP_DONE = ("Inference timings in us", "Benchmarking failed", "Failed to")
 APP_POLL_S = 0.5
 
 
+def sustained_window(shell: ShellResult, t_s: float, facts: AndroidFacts) -> dict[str, Any]:
+    """One pass of the timed loop in a sustained run: when it ended, its average latency, the SoC's temperature."""
+    try:
+        avg = parse_benchmark_model(shell.output).to_latency_stats().avg
+    except BenchmarkOutputError:
+        avg = None
+    return {"t_s": round(t_s, 3), "avg_ms": avg, "temperature_c": _hottest(facts)}
+
+
+def sustained_summary(windows: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    """Burst against sustained: the first and the last window apart, and every window (bounded)."""
+    first, last = windows[0]["avg_ms"], windows[-1]["avg_ms"]
+    return {"seconds": seconds, "windows": windows[:1000], "first_avg_ms": first, "last_avg_ms": last,
+            "last_over_first": round(last / first, 4) if first and last else None}
+
+
 class AppCanceled(Exception):
     """The run was canceled while the benchmark app ran (the app is stopped)."""
 
@@ -212,10 +228,10 @@ class AndroidDriver:
         raise LookupError(f"no benchmark_model for ABI {abi} on {self.config.name}: set benchmark_model.{abi} "
                           "in its device entry to the lab's build of the tool")
 
-    def _cool_down(self, device: AndroidDevice, cancel_check: Callable[[], bool]) -> AndroidFacts:
+    def _cool_down(self, device: AndroidDevice, cancel_check: Callable[[], bool], limit_c: float) -> AndroidFacts:
         deadline = time.monotonic() + self.config.cooldown_timeout_s
         facts = device.facts()
-        while (_hottest(facts) or 0) >= self.config.thermal_limit_c and time.monotonic() < deadline:
+        while (_hottest(facts) or 0) >= limit_c and time.monotonic() < deadline:
             if cancel_check():
                 break
             time.sleep(self.config.cooldown_poll_s)
@@ -225,24 +241,36 @@ class AndroidDriver:
     def run(self, task: TaskSpec, cancel_check: Callable[[], bool]) -> RunResult:
         budget = Limits()  # the phone's own: nothing is imposed
         base: dict[str, Any] = dict(backend="android", limits=budget)
-        if not isinstance(task.plan.workload, BenchmarkWorkload):
+        w = task.plan.workload
+        if not isinstance(w, BenchmarkWorkload):
             return self._run_script(task, cancel_check, base)
+        limit_c = w.cooldown_c or self.config.thermal_limit_c  # the job's cool-down, else the device entry's guard
         if not task.model_path.endswith(".tflite"):
             return RunResult.failed(FailureClass.JOB, f"{Path(task.model_path).name}: benchmark_model on Android runs "
                                     ".tflite models", **base)
         try:
             with AndroidDevice(self._target()) as device:
-                before = self._cool_down(device, cancel_check)
-                app = task.plan.workload.android_mode == "app"
+                waiting = time.monotonic()
+                before = self._cool_down(device, cancel_check, limit_c)
+                cooled_s = time.monotonic() - waiting
+                app = w.android_mode == "app"
                 tool = "" if app else self._tool(device, before.abi)  # the app carries its own benchmark
                 model = device.push_by_hash(Path(task.model_path)).remote_path
-                started = time.monotonic()
                 if app:
                     command = app_command(model, task, self.device_type, self.config.qnn_delegate)
-                    shell = run_in_app(device, command, task.plan.run_timeout_s, cancel_check)
                 else:
                     command = benchmark_command(tool, model, task, self.device_type, self.config.qnn_delegate)
-                    shell = device.shell(command, timeout_s=task.plan.run_timeout_s)
+
+                def once() -> ShellResult:
+                    if app:
+                        return run_in_app(device, command, task.plan.run_timeout_s, cancel_check)
+                    return device.shell(command, timeout_s=task.plan.run_timeout_s)
+                started = time.monotonic()
+                shell = once()
+                windows = [sustained_window(shell, 0.0, before)]
+                while w.sustained_s and time.monotonic() - started < w.sustained_s and not cancel_check():
+                    shell = once()  # the timed loop again, as long as the job asked: the phone heats, clocks drop
+                    windows.append(sustained_window(shell, time.monotonic() - started, device.facts()))
                 wall = time.monotonic() - started
                 after = device.facts()
         except AndroidCommandTimeout as e:
@@ -255,11 +283,14 @@ class AndroidDriver:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, str(e), **base)
         except ValueError as e:  # a compute unit benchmark_model cannot drive
             return RunResult.failed(FailureClass.JOB, f"{self.config.name}: {e}", **base)
-        environment = {"device": before.to_environment(), "command": command,
-                       "android_mode": task.plan.workload.android_mode,
-                       "temperature_before_c": _hottest(before), "temperature_after_c": _hottest(after),
-                       "thermal_throttled": (_hottest(after) or 0) >= self.config.thermal_limit_c,
-                       "device_type": self.device_type.name if self.device_type else None}
+        environment: dict[str, Any] = {
+            "device": before.to_environment(), "command": command, "android_mode": w.android_mode,
+            "temperature_before_c": _hottest(before), "temperature_after_c": _hottest(after),
+            "thermal_throttled": (_hottest(after) or 0) >= limit_c, "cooldown_c": limit_c,
+            "cooldown_waited_s": round(cooled_s, 3),
+            "device_type": self.device_type.name if self.device_type else None}
+        if w.sustained_s:
+            environment["sustained"] = sustained_summary(windows, w.sustained_s)
         raw = shell.output[-RAW_OUTPUT_CHARS:]
         try:
             parsed = parse_benchmark_model(shell.output)
@@ -314,7 +345,7 @@ class AndroidDriver:
             return RunResult.failed(FailureClass.JOB, problem, **base)
         try:
             with AndroidDevice(self._target()) as device:
-                before = self._cool_down(device, cancel_check)
+                before = self._cool_down(device, cancel_check, self.config.thermal_limit_c)
                 result = run_script_on_phone(device, task, w, self.config.name)
         except AndroidCommandTimeout as e:
             return RunResult.failed(FailureClass.TIMEOUT, f"{self.config.name}: {e}", **base)
