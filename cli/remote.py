@@ -274,7 +274,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from farm.agents.sandbox.docker_build import BuildPolicy
     from farm.agents.sandbox.isolation import RunUserError, resolve_run_as, run_uid_range
     from farm.agents.sim.driver import SimDriver
-    from farm.controller.auth import valid_agent_name
+    from farm.controller.auth import is_loopback, valid_agent_name
 
     _logging(args.verbose)
     given = setting(args.controller, "controller", "FARM_CONTROLLER")
@@ -310,8 +310,14 @@ def cmd_agent(args: argparse.Namespace) -> int:
     # The lab's phones and boards: jobs name them (or their type or tags), the controller resolves them.
     devices += [DeviceInfo(name=d.name, driver=d.entry.driver, device_type=d.device_type.name if d.device_type else "",
                            tags=d.tags) for d in lab]
+    tls = client_tls(args)
+    remote = [a for a in addresses if not is_loopback(a)]
+    if tls is None and remote and not args.insecure_plaintext:  # issue 33: a token only over TLS, off this host
+        raise RemoteError(f"--controller {remote[0]}: without --tls-ca the agent would send its token, and every task "
+                          "and result, in clear to a controller not on this host; give --tls-ca CA.pem (the CA that "
+                          "signed the controller's certificate), or --insecure-plaintext on a network you trust alone")
     client = RemoteController(addresses, name=args.name, token=token, devices=devices,
-                              tls=client_tls(args), artifact_dir=work_dir / "artifacts")
+                              tls=tls, artifact_dir=work_dir / "artifacts")
     driver = SimDriver(work_dir, backend_override=args.backend, run_as=run_as,
                        build_policy=BuildPolicy.lab(args.allow_build_network, args.allow_build_base))
     agent = Agent(client, driver, name=args.name, slots=args.sim_slots, devices=lab)
@@ -415,7 +421,11 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     a.add_argument("--run-as", default=None, metavar="USER",
                    help="the unprivileged user that installs script venvs (default when the agent is root: nobody); "
                         "each run itself gets a uid of its own from FARM_RUN_UIDS=FIRST:COUNT")
-    a.add_argument("--tls-ca", default=None, help="CA that signed the controller's certificate (enables TLS)")
+    a.add_argument("--tls-ca", default=None, help="CA that signed the controller's certificate (enables TLS; needed "
+                                                  "for a controller not on this host unless --insecure-plaintext)")
+    a.add_argument("--insecure-plaintext", action="store_true",
+                   help="dial a controller on another host over plain TCP (token, tasks and results in clear): only on "
+                        "a network you trust alone, such as a compose project's own")
     a.add_argument("--tls-cert", default=None, help="this agent's certificate, for mutual TLS")
     a.add_argument("--tls-key", default=None, help="this agent's key, for mutual TLS")
     a.add_argument("--sim-slots", type=int, default=1, help="sim runs at once, each on its own cores (default 1)")

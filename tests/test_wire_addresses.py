@@ -91,3 +91,17 @@ def test_an_agent_built_from_python_refuses_the_same_addresses(listener) -> None
         with pytest.raises(ValueError, match="the port must be a number from 1 to 65535"):
             RemoteController(value, name="rack", token=TOKEN, devices=[DeviceInfo("rack/sim", "sim", "sim")])
     assert _connections(listener) == 0
+
+
+def test_an_agent_refuses_plain_tcp_to_another_host(tmp_path) -> None:
+    """Issue 33 item 3: off loopback the agent's token goes only over TLS (--tls-ca), or by an explicit waiver."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FARM_TOKEN": "agent-0123456789abcdef"}
+    run = subprocess.run([sys.executable, "-m", "farm.cli.main", "agent", "--controller", "127.0.0.1:7443,10.9.9.9:7443",
+                          "--name", "rack", "--work-dir", str(tmp_path)], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert "--controller 10.9.9.9:7443" in run.stderr and "--tls-ca" in run.stderr and "--insecure-plaintext" in run.stderr
