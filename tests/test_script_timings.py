@@ -60,3 +60,26 @@ def test_timing_lines_parse_as_documented() -> None:
     for bad in ('{"latency_ms": NaN}', '{"latency_ms": Infinity}', '{"latency_ms": 1e400}', '{"latency_ms": -0.5}'):
         with pytest.raises(BadTiming):
             parse_timing_line(bad)
+
+
+
+@pytest.mark.parametrize("returncode, how", [(-9, "by signal 9 (SIGKILL)"), (None, "with no exit status")])
+def test_a_harness_ended_from_outside_is_infrastructure(tmp_path: Path, returncode, how: str) -> None:
+    """Issues 32/33: a harness ended from outside before it wrote a result (a host's OOM killer, a zygote killed
+    mid-run) is infrastructure, so the run is tried again; only a harness that exited by itself without a result is
+    farm's bug. (A run's own script cannot do this: the harness is its PID namespace's init, which ignores SIGKILL.)"""
+    from farm.agents.sandbox.base import Budget, ExitInfo, IoTotals
+    from farm.agents.sim.driver import SimDriver
+    from farm.proto.tasks import TaskPlan, TaskSpec
+
+    task = TaskSpec(task_id=1, job_id=1, attempt=1, target="sim", model_name="m", model_path="/m.onnx",
+                    model_sha256="0" * 64, model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
+                    plan=TaskPlan(workload={"type": "benchmark"}, sim={}, run_timeout_s=60, base_dir="/"))
+
+    def classify(code):
+        exit_info = ExitInfo(returncode=code, oom_killed=False, timed_out=False, canceled=False, output="last words",
+                             wall_s=1.0, peak_memory_bytes=None, peak_memory_source=None, io=IoTotals())
+        return SimDriver(tmp_path)._classify(task, Budget(), exit_info, None)
+    killed = classify(returncode)
+    assert killed.failure_class == "infrastructure" and how in killed.message and "tried again" in killed.message
+    assert classify(1).failure_class == "bug"  # it ended by itself without a result: farm's own bug

@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import re
 import shutil
 import stat
@@ -217,6 +218,13 @@ def format_script_args(args: list[str], task: TaskSpec, model_path: str) -> list
         except (KeyError, IndexError, ValueError) as e:
             raise ValueError(f"workload.args: cannot fill {a!r}: unknown placeholder {e}; use {{model}}, {{threads}}, {{batch_size}}, {{input_size}}, {{accelerator}} or {{precision}}") from None
     return out
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"
 
 
 def cpuset_problem(cpuset: str | None) -> str | None:
@@ -634,6 +642,15 @@ class SimDriver:
         limit = budget_limit_hit(budget, exit_info, output)
         if limit is not None:
             return RunResult.failed(FailureClass.RESOURCE, limit)
+        if output is None and (exit_info.returncode is None or exit_info.returncode < 0):
+            # killed from outside (a zygote or harness killed mid-run, the OOM killer of the host, a signal): the
+            # model's run never ended, so it is retried elsewhere as infrastructure, not stored as farm's bug
+            how = "with no exit status (its zygote ended)" if exit_info.returncode is None else \
+                f"by signal {-exit_info.returncode} ({_signal_name(-exit_info.returncode)})"
+            return RunResult.failed(
+                FailureClass.INFRASTRUCTURE,
+                f"the harness was ended {how} before it wrote a result; the run is tried again. Its last output: "
+                f"{exit_info.output.strip()[-300:] or '(none)'}")
         if output is None:
             return RunResult.failed(
                 FailureClass.BUG,
