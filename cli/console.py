@@ -57,10 +57,15 @@ def open_farm(args: argparse.Namespace):
 
     credentials = Credentials.resolve(getattr(args, "token", None), getattr(args, "tls_ca", None),
                                       getattr(args, "tls_cert", None), getattr(args, "tls_key", None))
-    return open_client(getattr(args, "controller", None), db=getattr(args, "db", None), credentials=credentials,
+    farm = open_client(getattr(args, "controller", None), db=getattr(args, "db", None), credentials=credentials,
                        slots=getattr(args, "slots", None) or 1, backend=getattr(args, "backend", None),
                        lab=lambda: lab_devices(args), devices_file=getattr(args, "devices", None),
-                       create=getattr(args, "create", False))
+                       create=getattr(args, "create", False), read_only=getattr(args, "read_only", False))
+    missing = getattr(farm, "store_missing", None)
+    if missing is not None:
+        err.print(Text(f"note: there is no store at {missing} (this command only reads one, so none was made); "
+                       "check --db or FARM_DB", style="yellow"))
+    return farm
 
 
 def output_file(text: str, option: str = "-o") -> Path:

@@ -402,7 +402,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_manpage_command(sub, p)
     for command in _leaf_parsers(p):
         _log_options(command)
+    for name in READ_ONLY_COMMANDS:  # a mistyped --db for these is an error, never a new empty store (issue 32)
+        sub.choices[name].set_defaults(read_only=True)
     return p
+
+
+# Commands that only read a store: given a --db (or FARM_DB) that does not exist, they say so instead of making one
+READ_ONLY_COMMANDS = ("results", "jobs", "status", "watch", "calibrations", "rank", "report", "drift")
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")

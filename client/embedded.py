@@ -55,11 +55,17 @@ class EmbeddedFarm(Farm):
 
     def __init__(self, db: Path | str | None = None, *, slots: int = 1, backend: str | None = None,
                  lab: Callable[[], list[Any]] | None = None, devices_file: Path | str | None = None,
-                 health_check_max_age_h: float | None = None, create: bool = False) -> None:
+                 health_check_max_age_h: float | None = None, create: bool = False, read_only: bool = False) -> None:
         check_runner_options(slots, backend)  # before the store: a bad argument changes nothing
         path = db_location(str(db) if db else None)  # a file, or a postgresql:// URL
         # the user data folder (no --db, no FARM_DB) is farm's own to make; a path someone typed is not
-        create = create or (not db and not os.environ.get(DB_ENV))
+        given = bool(db or os.environ.get(DB_ENV))
+        create = create or not given
+        # a read-only command given a store file that is not there makes none (a typo must not leave an empty
+        # store behind, issue 32): it reads an empty one in memory, and the CLI says where it looked
+        self.store_missing: Path | None = None
+        if read_only and given and isinstance(path, Path) and str(path) != ":memory:" and not path.exists():
+            self.store_missing, path = path, Path(":memory:")
         try:
             self.store = open_store(path, create_folder=create)
         except StoreError as e:

@@ -45,3 +45,21 @@ def test_the_readme_sqlite_utils_commands_read_a_real_store(tmp_path: Path, tiny
     rows = subprocess.run([*_sqlite_utils(), "query", str(db), query], capture_output=True, text=True, timeout=60)
     assert rows.returncode == 0, rows.stderr
     assert json.loads(rows.stdout) == [{"id": 1, "name": "cli-probe", "status": "completed"}]
+
+
+def test_read_only_commands_never_make_a_store(farm_inprocess, tmp_path: Path) -> None:
+    """Issue 32: a mistyped store file name given to a command that only reads made an empty store there; now it is
+    read as empty, nothing is made, and the command says where it looked."""
+    typo = tmp_path / "farn.db"
+    for argv in (["jobs"], ["jobs", "--json"], ["calibrations"], ["results", "1"], ["status", "1"]):
+        run = farm_inprocess(*argv, "--db", str(typo))
+        assert f"there is no store at {typo}" in run.stderr and "none was made" in run.stderr, argv
+        assert not typo.exists() and not Path(f"{typo}-wal").exists(), argv
+    assert farm_inprocess("jobs", "--json", "--db", str(typo)).json() == []
+    assert farm_inprocess("results", "1", "--db", str(typo)).returncode == 2  # no job 1: said as for any store
+
+
+def test_a_postgresql_url_with_a_bad_port_is_a_usage_error(farm_inprocess) -> None:
+    run = farm_inprocess("jobs", "--db", "postgresql://farm:secret@db.lab:abc/farm")
+    assert run.returncode == 2 and "port after the host must be a number" in run.stderr
+    assert "secret" not in run.stderr and "Traceback" not in run.stderr

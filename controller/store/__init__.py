@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from farm.controller.store.interface import (
     ArtifactRepository, CalibrationRepository, DeviceRepository, JobRepository, LabReads, LeaseRepository,
@@ -67,10 +68,15 @@ def open_store(path: Path | str, *, create_folder: bool = False) -> Store:
     if is_url(path):
         assert isinstance(path, str)
         scheme = path.split("://", 1)[0].lower()
+        shown = redact_url(path)
         if scheme not in POSTGRES_SCHEMES:
-            shown = redact_url(path)
             raise StoreError(f"--db {shown[:80]!r}: farm keeps a lab in an SQLite file (a path such as ~/farm.db) "
                              f"or in PostgreSQL (postgresql://user@host:5432/farm); {scheme[:20]!r} is neither.")
+        try:
+            urlsplit(path).port  # a port that is not a number in 0-65535 (issue 32: a traceback before)
+        except ValueError:
+            raise StoreError(f"--db {shown[:120]!r}: the port after the host must be a number from 1 to 65535 "
+                             "(postgresql://user@host:5432/farm).") from None
         from farm.controller.store.postgres import PostgresStore
 
         return PostgresStore(path)
