@@ -144,7 +144,20 @@ def cmd_resume(args: argparse.Namespace) -> int:
     farm = open_farm(args)
     if farm.embedded:
         _check_slots(args)
-    farm.resume(args.job)  # a controller refuses: it carries on its own jobs
+    farm.resume(args.job)  # a controller's finished job: its failed or lost tasks run again (farm retry --failed)
+    return _follow(args, farm, args.job)
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    farm = open_farm(args)
+    _runner_options(args, farm)
+    if not (args.failed or args.canceled):
+        raise UserError(f"farm retry {args.job}: say which tasks run again: --failed (failed runs, lost ones among "
+                        "them) and/or --canceled")
+    answer = farm.retry(args.job, failed=args.failed, canceled=args.canceled)
+    if not args.json and not args.quiet:
+        err.print(f"job {args.job}: {answer.retried_tasks} of {answer.total} task(s) run again as new attempts; "
+                  f"the earlier attempts stay stored ({farm.where})", highlight=False)
     return _follow(args, farm, args.job)
 
 
@@ -331,6 +344,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("job", type=_job_id, help="the job id (42 or job-42; see `farm jobs`)")
     runner_options(s)
     s.set_defaults(func=cmd_resume)
+
+    s = sub.add_parser("retry", parents=[common], help="run a finished job's failed (or canceled) tasks again")
+    s.add_argument("job", type=_job_id, help="the job id (42 or job-42; see `farm jobs`)")
+    s.add_argument("--failed", action="store_true", help="the failed tasks, those whose attempts were lost among them")
+    s.add_argument("--canceled", action="store_true", help="the tasks canceled before they finished (farm cancel, "
+                   "timeouts.job)")
+    runner_options(s)
+    s.set_defaults(func=cmd_retry)
 
     s = sub.add_parser("watch", parents=[common], help="follow a job to its end, then its results (exit code as submit's)")
     s.add_argument("job", type=_job_id, help="the job id (42 or job-42; see `farm jobs`)")

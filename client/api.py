@@ -17,9 +17,10 @@ from pydantic import ValidationError
 
 from farm.proto.questions import (
     CALIBRATE, CANCEL_JOB, DEVICE_HEALTH, DRIFT, FORGET_DEVICE, GET_JOB, GET_RESULTS, LIST_AGENTS, LIST_CALIBRATIONS,
-    LIST_DEVICES, LIST_JOBS, RANK, REPORT, SET_DEVICE_HEALTH, TERMINAL, AgentInfo, AnswerT, AskT, CalibrateAnswer,
+    LIST_DEVICES, LIST_JOBS, RANK, REPORT, RETRY_JOB, SET_DEVICE_HEALTH, TERMINAL, AgentInfo, AnswerT, AskT, CalibrateAnswer,
     CalibrateAsk, CalibrationVersion, DeviceHealth, DeviceInfo, DriftRecord, ForgetDeviceAnswer, JobInfo, Prediction,
-    Problem, Question, RankAnswer, RankAsk, RefreshAnswer, ReportAnswer, ReportFile, RunRecord, SetDeviceHealthAnswer,
+    Problem, Question, RankAnswer, RankAsk, RefreshAnswer, ReportAnswer, ReportFile, RetryAnswer, RunRecord,
+    SetDeviceHealthAnswer,
     explain,
 )
 from farm.proto.regular_files import MAX_JOB_FILE_BYTES, FileRefused, read_regular_file
@@ -34,7 +35,8 @@ Report = ReportAnswer  # the report's files (the HTML page first) and what it wa
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_ENVIRONMENT", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_RUNS_FAILED", "AgentInfo",
            "CalibrateAnswer", "CalibrateAsk", "CalibrationVersion", "DeviceHealth", "DeviceInfo", "DriftRecord", "Farm", "FarmError", "ForgetDeviceAnswer", "JobInfo", "PredictAsk", "Prediction", "Problem",
-           "Progress", "RankAnswer", "RankAsk", "RefreshAnswer", "RefreshAsk", "Report", "ReportFile", "RunRecord",
+           "Progress", "RankAnswer", "RankAsk", "RefreshAnswer", "RefreshAsk", "Report", "ReportFile", "RetryAnswer",
+           "RunRecord",
            "SetDeviceHealthAnswer", "Submitted", "TERMINAL", "explain"]
 
 
@@ -141,6 +143,11 @@ class Farm(ABC):
     def cancel(self, job: int) -> int:
         """Unfinished runs canceled."""
         return self._ask(CANCEL_JOB, job_id=job).canceled_tasks
+
+    def retry(self, job: int, *, failed: bool = False, canceled: bool = False) -> RetryAnswer:
+        """A finished job's failed (lost among them) and/or canceled tasks wait again, as new attempts of the
+        same tasks (every earlier attempt stays stored); then `wait` runs (embedded) or watches it."""
+        return self._ask(RETRY_JOB, job_id=job, failed=failed, canceled=canceled)
 
     def results(self, job: int, *, ops: bool = False) -> list[RunRecord]:
         """The run records (`farm results --format json`); with `ops`, each run's op profile too."""

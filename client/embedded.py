@@ -225,7 +225,8 @@ class EmbeddedFarm(Farm):
     def resume(self, job: int) -> None:
         status = _job_info(self.controller, job).status
         if status in TERMINAL:
-            raise FarmError(f"job {job} is {status}; only an interrupted or queued job can be resumed.")
+            raise FarmError(f"job {job} is {status}; only an interrupted or queued job can be resumed. "
+                            f"`farm retry {job} --failed` runs its failed tasks again.")
         if status == "running":
             raise FarmError(f"job {job} is still running in process {(plain(self.store.jobs.get(job)) or {}).get('owner_pid')}; cancel it "
                             "first or wait.")

@@ -210,8 +210,13 @@ class RemoteFarm(Farm):
         return True
 
     def resume(self, job: int) -> None:
-        raise FarmError("a controller carries on its own jobs after a restart; `farm status JOB --controller ...` "
-                        "shows where one is. `farm resume` is for embedded jobs.")
+        """A controller carries on its own unfinished jobs after a restart; resuming one of its finished jobs
+        runs its failed or lost tasks again (`farm retry JOB --failed`)."""
+        info = self.job(job)
+        if not info.finished:
+            raise FarmError(f"job {job} is {info.status} at the {self.where}: the controller carries it on itself "
+                            f"(`farm watch {job}` follows it); resuming is for a finished job's failed or lost tasks.")
+        self.retry(job, failed=True)
 
     # --- analysis -----------------------------------------------------------------------
     def predict(self, ask: PredictAsk, on_progress: OnProgress | None = None) -> list[Prediction]:

@@ -37,12 +37,16 @@ def run_job_embedded(store: Store, job_id: int, *, slots: int = 1, backend: str 
     controller = Controller(store)
     agent = Agent(controller, SimDriver(work_root_for(store), backend_override=backend, keep_out=store_files(store)), slots=slots,
                   on_result=on_result, devices=devices)
+    # timeouts.job is a deadline stored at submit (or at `farm retry`): a resume carries on the same clock
+    row = store.jobs.get(job_id)
+    deadline = row["deadline_at"] if row is not None else None
+    if deadline is None and job_timeout_s:  # a job stored before deadlines were: its clock starts now, once
+        deadline = time.time() + job_timeout_s
+        store.jobs.update(job_id, deadline_at=deadline)
     timer = None
-    if job_timeout_s:
-        def job_timed_out() -> None:
-            controller.cancel_job(job_id)
-            store.jobs.update(job_id, message=f"canceled: the job exceeded timeouts.job = {job_timeout_s:g} s")
-        timer = threading.Timer(job_timeout_s, job_timed_out)
+    if deadline is not None:
+        controller.enforce_deadlines()  # already past it: the job ends here, its tasks canceled
+        timer = threading.Timer(max(0.0, deadline - time.time()) + 0.05, controller.enforce_deadlines)
         timer.daemon = True
         timer.start()
     interrupted: list[float] = []

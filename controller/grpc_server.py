@@ -116,6 +116,9 @@ class FarmServer:
         self.refresh_suite: Path | None = None  # the reference suite `farm refresh` submits (None: farm's own)
         self.nightly: Any = None  # controller.nightly.NightlyRefresh with --refresh-cron: it leaves clients' refreshes alone
         self.controller = Controller(store, lease_ttl_s=lease_ttl_s)
+        # the dispatcher's sweep (expire_leases) ends jobs past timeouts.job; their running tasks stop at once
+        self.controller.on_deadline = lambda job_id: self._stop_runs(
+            job_id, f"job {job_id} passed its deadline (timeouts.job)")
         self.heartbeat_interval_s = heartbeat_interval_s or max(0.2, lease_ttl_s / 4)
         # An agent stream's deadlines (issue 33, H2): its hello, then a message at least every agent_idle_s.
         self.budget = budget  # the per-caller budgets (None without tokens): also caps streams awaiting a hello
@@ -286,14 +289,17 @@ class FarmServer:
     def cancel_job(self, job_id: int) -> int:
         """Cancel in the store, then tell the agents running its tasks now rather than at their next heartbeat."""
         n = self.controller.cancel_job(job_id)
+        self._stop_runs(job_id, f"job {job_id} was canceled")
+        return n
+
+    def _stop_runs(self, job_id: int, reason: str) -> None:
         rows = self.store.leases.running_attempts(job_id=job_id)
         with self._lock:
             for row in rows:
                 session = self.sessions.get(row["leased_by"] or "")
                 if session is not None:
                     session.send(agent_pb2.ControllerMessage(cancel=agent_pb2.CancelTask(
-                        task=_ref(row["id"], row["attempts"]), reason=f"job {job_id} was canceled")))
-        return n
+                        task=_ref(row["id"], row["attempts"]), reason=reason)))
 
     def forget_device(self, name: str) -> str:
         return self.agents.forget_device(name)

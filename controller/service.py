@@ -23,7 +23,7 @@ from typing import Any, Callable
 from pydantic import TypeAdapter, ValidationError
 
 from farm.controller.scheduling.artifacts import GC_GRACE_S
-from farm.controller.scheduling.controller import Controller, progress_of, status_of
+from farm.controller.scheduling.controller import Controller, RetryRefused, progress_of, status_of
 from farm.controller.scheduling.jobfile import JobFileError, ResolvedJob, resolve_job
 from farm.controller.store import Store
 from farm.controller.store.rows import plain
@@ -32,7 +32,7 @@ from farm.proto.questions import (
     CalibrationVersion, CancelAnswer, DeviceHealth, DeviceHealthAnswer, DeviceInfo, DevicesAnswer, DriftAnswer,
     DriftAsk, DriftRecord, FinishRefreshAsk, ForgetDeviceAnswer, ForgetDeviceAsk, JobAsk, JobInfo, JobsAnswer, JobsAsk,
     NoAsk, PredictAnswer, Prediction, PredictUploadedAsk, RankAnswer, RankAsk, RefreshAnswer, ReportAnswer, ReportAsk, ReportFile, ResultsAnswer,
-    RunRecord, SetDeviceHealthAnswer, SetDeviceHealthAsk,
+    RetryAnswer, RetryAsk, RunRecord, SetDeviceHealthAnswer, SetDeviceHealthAsk,
 )
 from farm.proto.questions import MAX_LIST as MAX_LIST
 from farm.proto.results import UNENFORCED_BUDGET
@@ -234,6 +234,24 @@ def cancel(scope: Scope, ask: JobAsk) -> CancelAnswer:
         raise NotAllowed(f"job {ask.job_id} {whose}")
     canceled = (scope.cancel or scope.controller.cancel_job)(ask.job_id)
     return CancelAnswer(job_id=ask.job_id, canceled_tasks=canceled)
+
+
+def retry(scope: Scope, ask: RetryAsk) -> RetryAnswer:
+    """`farm retry JOB --failed` (and `farm resume` of a controller's job): a finished job's failed or lost
+    tasks run again as new attempts; changing a job is its owner's, as cancelling is."""
+    row = scope.readable_job(ask.job_id)
+    if not scope.viewer.owns(row):
+        raise NotAllowed(f"job {ask.job_id} is not this token's or its team's; only its owner, its owner's team or "
+                         "an admin may retry it")
+    statuses = ask.statuses()
+    if not statuses:
+        raise ServiceError("say which tasks to run again: --failed (failed runs, lost ones among them) and/or "
+                           "--canceled (runs canceled before they finished)")
+    try:
+        n = scope.controller.retry(ask.job_id, statuses)
+    except RetryRefused as e:
+        raise Refused(str(e)) from None
+    return RetryAnswer(job_id=ask.job_id, retried_tasks=n, total=scope.controller.progress(ask.job_id).total)
 
 
 def results(scope: Scope, ask: JobAsk) -> ResultsAnswer:

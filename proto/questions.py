@@ -112,6 +112,19 @@ class JobAsk(Ask):
         return [self.job_id]
 
 
+class RetryAsk(Ask):
+    """`farm retry JOB --failed [--canceled]`: which finished tasks of a job run again."""
+    job_id: int
+    failed: bool = False  # failed tasks, those whose attempts were lost among them
+    canceled: bool = False  # tasks canceled before they finished (by `farm cancel` or timeouts.job)
+
+    def job_ids(self) -> list[int]:
+        return [self.job_id]
+
+    def statuses(self) -> list[str]:
+        return [s for s, wanted in (("failed", self.failed), ("canceled", self.canceled)) if wanted]
+
+
 class JobsAsk(Ask):
     limit: int = Field(50, ge=0, le=100_000)
 
@@ -267,6 +280,12 @@ class JobsAnswer(Model):
 class CancelAnswer(Model):
     job_id: int
     canceled_tasks: int
+
+
+class RetryAnswer(Model):
+    job_id: int
+    retried_tasks: int  # tasks waiting again, as new attempts (the earlier ones stay stored as runs)
+    total: int  # the job's tasks
 
 
 # --- answers: results ------------------------------------------------------------------------------
@@ -719,6 +738,7 @@ class Question(Generic[AskT, AnswerT]):
 GET_JOB = Question("GetJob", "job", JobAsk, JobInfo, timeout_s=30)
 LIST_JOBS = Question("ListJobs", "jobs", JobsAsk, JobsAnswer)
 CANCEL_JOB = Question("CancelJob", "cancel", JobAsk, CancelAnswer)
+RETRY_JOB = Question("RetryJob", "retry", RetryAsk, RetryAnswer, changes_devices=True)  # the queue changed
 GET_RESULTS = Question("GetResults", "results", JobAsk, ResultsAnswer)
 LIST_DEVICES = Question("ListDevices", "devices", NoAsk, DevicesAnswer)
 LIST_AGENTS = Question("ListAgents", "agents", NoAsk, AgentsAnswer)
@@ -738,6 +758,6 @@ FINISH_REFRESH = Question("FinishRefresh", "finish_refresh", FinishRefreshAsk, R
 # carry files (uploaded by content first), WatchJob streams, StartRefresh submits the controller's own suite.
 # Predict is here for a controller; embedded, the client runs the measuring job itself between two asks.
 QUESTIONS: tuple[Question[Any, Any], ...] = (
-    GET_JOB, LIST_JOBS, CANCEL_JOB, GET_RESULTS, LIST_DEVICES, LIST_AGENTS, DEVICE_HEALTH, SET_DEVICE_HEALTH,
+    GET_JOB, LIST_JOBS, CANCEL_JOB, RETRY_JOB, GET_RESULTS, LIST_DEVICES, LIST_AGENTS, DEVICE_HEALTH, SET_DEVICE_HEALTH,
     FORGET_DEVICE, CALIBRATE, LIST_CALIBRATIONS, RANK, REPORT, DRIFT, PREDICT, FINISH_REFRESH,
 )

@@ -8,16 +8,17 @@ state is in SQLite.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from farm.controller.scheduling.jobfile import ResolvedJob
 from farm.controller.scheduling.counters import record_lease_expiries
 from farm.controller.scheduling.hooks import quarantined
-from farm.controller.scheduling.schedule import PRIORITY_RANK, expand_tasks
+from farm.controller.scheduling.schedule import MAX_ATTEMPTS, PRIORITY_RANK, expand_tasks
 from farm.controller.store import Store
 from farm.controller.store.rows import RowLike, RunningAttempt, TaskRow, plain_rows
 from farm.proto.questions import TaskCounts
@@ -98,10 +99,31 @@ def status_of(job: RowLike) -> str:
     return job["status"]
 
 
+class RetryRefused(ValueError):
+    """`farm retry` cannot re-run this job now: the message says why and what to do."""
+
+
+def job_timeout_s(spec_json: str | None) -> float | None:
+    """A stored job's timeouts.job (seconds), or None."""
+    if not spec_json:
+        return None
+    value = (json.loads(spec_json).get("timeouts") or {}).get("job")
+    return float(value) if value else None
+
+
+def deadline_message(timeout_s: float | None) -> str:
+    return (f"canceled: the job passed its deadline, timeouts.job = {timeout_s or 0:g} s after it was submitted "
+            "(or last retried); runs already stored are kept")
+
+
 class Controller:
-    def __init__(self, store: Store, *, lease_ttl_s: float = LEASE_TTL_S) -> None:
+    def __init__(self, store: Store, *, lease_ttl_s: float = LEASE_TTL_S,
+                 clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.lease_ttl_s = lease_ttl_s
+        self.clock = clock  # the deadline sweep's time (tests move it instead of sleeping)
+        # told of each job the deadline sweep canceled (a gRPC controller stops its agents' runs at once)
+        self.on_deadline: Callable[[int], None] | None = None
 
     # --- clients -----------------------------------------------------------------
     def submit(self, job: ResolvedJob, *, name: str | None = None, kind: str = "user", owner: str | None = None,
@@ -115,6 +137,8 @@ class Controller:
             "source_path": str(job.source_path) if job.source_path else None,
             "base_dir": str(job.base_dir), "owner_pid": os.getpid(), "owner_host": socket.gethostname(),
             "submitted_by": owner, "team": team,  # whose job it is (service.Viewer); None: the lab's own
+            # timeouts.job counts from submission, whoever runs the job and however often it is resumed
+            "deadline_at": self.clock() + spec.timeouts.job if spec.timeouts.job else None,
         }, tasks)
         # a quarantined device takes no work: its runs in this job fail now, saying why, instead of waiting
         for row in self.store.devices.quarantined_targets(job_id):
@@ -171,6 +195,53 @@ class Controller:
                               status=JobStatus.QUEUED.value, finished_at=None, message=None)
         return self.lose_attempts(self.store.leases.running_attempts(job_id=job_id),
                                   "interrupted: the farm process running it on agent {agent} stopped")
+
+    def retry(self, job_id: int, statuses: Sequence[str] = (TaskStatus.FAILED.value,)) -> int:
+        """`farm retry JOB --failed`: the finished job's tasks in `statuses` (failed, lost) run again as new
+        attempts of the same tasks; every earlier attempt stays stored as a run. Returns how many wait again.
+
+        Raises RetryRefused while the job still runs, or when none of its tasks is in `statuses`."""
+        with self.store.transaction():
+            job = self.store.jobs.get(job_id)
+            if job is None:
+                raise RetryRefused(f"no job {job_id} in {self.store.location}; `farm jobs` lists the jobs there")
+            status = status_of(job)
+            if status not in TERMINAL_JOB:
+                hint = (f"`farm resume {job_id}` carries it on first" if status == JobStatus.INTERRUPTED.value
+                        else f"wait for it (`farm watch {job_id}`) or `farm cancel {job_id}` first")
+                raise RetryRefused(f"job {job_id} is {status}: only a finished job's tasks can be retried; {hint}")
+            counts = self.store.jobs.task_counts(job_id)
+            wanted = sum(counts.get(s, 0) for s in statuses)
+            if not wanted:
+                said = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no tasks"
+                raise RetryRefused(f"job {job_id} has no {' or '.join(statuses)} task to retry ({said})")
+            now = self.clock()
+            n = self.store.jobs.requeue_tasks(job_id, statuses, "retried (`farm retry`); its earlier attempts stay stored",
+                                              MAX_ATTEMPTS)
+            timeout = job_timeout_s(job["spec_json"])
+            self.store.jobs.update(job_id, status=JobStatus.QUEUED.value, finished_at=None,
+                                   owner_pid=os.getpid(), owner_host=socket.gethostname(),
+                                   deadline_at=now + timeout if timeout else None,
+                                   message=f"retrying {n} {' or '.join(statuses)} task(s) of {sum(counts.values())} (`farm retry`)")
+            for row in self.store.devices.quarantined_targets(job_id):  # as at submit: no work for such a device
+                self._fail_waiting_tasks(row["name"], row["reason"], job_id=job_id)
+        self._finish_job_if_done(job_id)
+        return n
+
+    def enforce_deadlines(self) -> list[int]:
+        """Cancel the unfinished tasks of every job past its deadline (timeouts.job); returns those jobs."""
+        ended = []
+        for job_id in self.store.jobs.past_deadline(self.clock()):
+            with self.store.transaction():
+                job = self.store.jobs.get(job_id)
+                if job is None or job["status"] in TERMINAL_JOB:
+                    continue
+                self.cancel_job(job_id)
+                self.store.jobs.update(job_id, message=deadline_message(job_timeout_s(job["spec_json"])))
+            ended.append(job_id)
+            if self.on_deadline is not None:
+                self.on_deadline(job_id)
+        return ended
 
     # --- agents ------------------------------------------------------------------
     def lease(self, agent: str, targets: set[str], *, job_id: int | None = None) -> TaskSpec | None:
@@ -344,6 +415,7 @@ class Controller:
         """Tasks whose agent stopped renewing go back to the queue (the next lease is attempt + 1).
 
         The lost attempt is stored as a run of its own (infrastructure), so `runs` has every attempt."""
+        self.enforce_deadlines()  # the same sweep ends jobs past timeouts.job (their tasks canceled, not lost)
         # read on a reader connection first: the common round finds nothing and so takes no write lock
         lost = self.store.leases.running_attempts(expired_before=time.time())
         expired = self.lose_attempts(lost, "lease expired on agent {agent}: it stopped renewing the lease") if lost else 0
@@ -397,4 +469,4 @@ def _task_spec(task: TaskRow, attempt: int) -> TaskSpec:
         repeat=task["repeat"], plan=TaskPlan.model_validate_json(task["spec_json"]))
 
 
-__all__ = ["Controller", "JobProgress", "PRIORITY_RANK", "progress_of", "should_retry", "status_of"]
+__all__ = ["Controller", "JobProgress", "RetryRefused", "deadline_message", "job_timeout_s", "PRIORITY_RANK", "progress_of", "should_retry", "status_of"]

@@ -77,6 +77,7 @@ class JobRow(Row):
     kind: str
     submitted_by: str | None
     team: str | None
+    deadline_at: float | None = None  # timeouts.job from submission (or the last `farm retry`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -218,10 +218,17 @@ def _migration_16(db: sqlite_utils.Database) -> None:
     db.execute("DROP TABLE IF EXISTS telemetry")
 
 
+def _migration_17(db: sqlite_utils.Database) -> None:
+    # A job's deadline (issue 32): submit time + timeouts.job, stored so every controller's sweep ends a job
+    # that outlives it, embedded or served, however often it is resumed; `farm retry` sets a new one.
+    db.table("jobs").add_column("deadline_at", float)
+    db.table("jobs").create_index(["deadline_at"])
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6, _migration_7, _migration_8,
     _migration_9, _migration_10, _migration_11, _migration_12, _migration_13, _migration_14, _migration_15,
-    _migration_16]
+    _migration_16, _migration_17]
 SCHEMA_VERSION = len(MIGRATIONS)
 # The schema at which stored samples are converted, in transactions of their own, before going further.
 PACKED_SAMPLES = 15

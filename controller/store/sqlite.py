@@ -435,6 +435,24 @@ class SQLiteJobs(_Repository):
                 [TaskStatus.PENDING.value, message, job_id, TaskStatus.PENDING.value, TaskStatus.RUNNING.value,
                  TaskStatus.CANCELED.value, since]).rowcount
 
+    def requeue_tasks(self, job_id: int, statuses: Collection[str], message: str, more_attempts: int) -> int:
+        """`farm retry`: a job's tasks in `statuses` wait again, as new attempts of the same tasks (each earlier
+        attempt stays a run); each gets `more_attempts` attempts beyond those it has used."""
+        statuses = sorted(statuses)
+        if not statuses:
+            return 0
+        with self.store.transaction():
+            return self.store.execute(
+                "UPDATE tasks SET status = ?, leased_by = NULL, lease_expires_at = NULL, failure_class = NULL, "
+                f"finished_at = NULL, message = ?, max_attempts = attempts + ? WHERE job_id = ? AND status IN "
+                f"({_marks(statuses)})", [TaskStatus.PENDING.value, message, more_attempts, job_id, *statuses]).rowcount
+
+    def past_deadline(self, now: float) -> list[int]:
+        """Unfinished jobs whose deadline (timeouts.job) is before `now`."""
+        return [int(r["id"]) for r in self._query(
+            "SELECT id FROM jobs WHERE deadline_at < ? AND status IN ('queued', 'running', 'interrupted') ORDER BY id",
+            [now])]
+
     def fail_waiting_tasks(self, device: str, message: str, now: float, *, job_id: int | None = None) -> list[int]:
         """Fail the device's pending tasks (infrastructure); returns the job of each."""
         where = "target = ? AND status = 'pending'"

@@ -284,6 +284,26 @@ class CancelJobResponse(_message.Message):
     canceled_tasks: int
     def __init__(self, job_id: _Optional[int] = ..., canceled_tasks: _Optional[int] = ...) -> None: ...
 
+class RetryJobRequest(_message.Message):
+    __slots__ = ("job_id", "failed", "canceled")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    CANCELED_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    failed: bool
+    canceled: bool
+    def __init__(self, job_id: _Optional[int] = ..., failed: _Optional[bool] = ..., canceled: _Optional[bool] = ...) -> None: ...
+
+class RetryJobResponse(_message.Message):
+    __slots__ = ("job_id", "retried_tasks", "total")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RETRIED_TASKS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    retried_tasks: int
+    total: int
+    def __init__(self, job_id: _Optional[int] = ..., retried_tasks: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
+
 class ListJobsRequest(_message.Message):
     __slots__ = ("limit",)
     LIMIT_FIELD_NUMBER: _ClassVar[int]

@@ -55,6 +55,11 @@ class FarmServiceStub:
                 request_serializer=farm_dot_v1_dot_farm__pb2.JobRequest.SerializeToString,
                 response_deserializer=farm_dot_v1_dot_farm__pb2.CancelJobResponse.FromString,
                 _registered_method=True)
+        self.RetryJob = channel.unary_unary(
+                '/farm.v1.FarmService/RetryJob',
+                request_serializer=farm_dot_v1_dot_farm__pb2.RetryJobRequest.SerializeToString,
+                response_deserializer=farm_dot_v1_dot_farm__pb2.RetryJobResponse.FromString,
+                _registered_method=True)
         self.ListJobs = channel.unary_unary(
                 '/farm.v1.FarmService/ListJobs',
                 request_serializer=farm_dot_v1_dot_farm__pb2.ListJobsRequest.SerializeToString,
@@ -166,6 +171,13 @@ class FarmServiceServicer:
 
     def CancelJob(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RetryJob(self, request, context):
+        """a finished job's failed (or canceled) tasks again
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -307,6 +319,11 @@ def add_FarmServiceServicer_to_server(servicer, server):
                     servicer.CancelJob,
                     request_deserializer=farm_dot_v1_dot_farm__pb2.JobRequest.FromString,
                     response_serializer=farm_dot_v1_dot_farm__pb2.CancelJobResponse.SerializeToString,
+            ),
+            'RetryJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryJob,
+                    request_deserializer=farm_dot_v1_dot_farm__pb2.RetryJobRequest.FromString,
+                    response_serializer=farm_dot_v1_dot_farm__pb2.RetryJobResponse.SerializeToString,
             ),
             'ListJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.ListJobs,
@@ -502,6 +519,33 @@ class FarmService:
             '/farm.v1.FarmService/CancelJob',
             farm_dot_v1_dot_farm__pb2.JobRequest.SerializeToString,
             farm_dot_v1_dot_farm__pb2.CancelJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/farm.v1.FarmService/RetryJob',
+            farm_dot_v1_dot_farm__pb2.RetryJobRequest.SerializeToString,
+            farm_dot_v1_dot_farm__pb2.RetryJobResponse.FromString,
             options,
             channel_credentials,
             insecure,
