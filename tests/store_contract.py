@@ -169,6 +169,39 @@ def test_task_counts_follow_every_change(store: Store) -> None:
     assert store.reads.tasks_by_status() == {"pending": 4} and store.reads.pending_by_priority() == {1: 4}
 
 
+def test_retried_tasks_wait_again_as_new_attempts_of_the_same_tasks(store: Store) -> None:
+    job_id = _job(store, [_task(i) for i in range(4)])
+    leased = _lease(store, {"sim"}, limit=3)
+    for task in leased[:2]:
+        store.jobs.update_task(task.id, status="failed", failure_class="bug", finished_at=time.time(), leased_by=None)
+    store.jobs.update_task(leased[2].id, status="completed", finished_at=time.time(), leased_by=None)
+    store.jobs.cancel_pending_tasks(job_id, "stop", time.time())
+    assert store.jobs.task_counts(job_id) == {"failed": 2, "completed": 1, "canceled": 1}
+    assert store.jobs.requeue_tasks(job_id, [], "again", 3) == 0
+    assert store.jobs.requeue_tasks(job_id, ["failed"], "again", 3) == 2
+    assert store.jobs.task_counts(job_id) == {"pending": 2, "completed": 1, "canceled": 1}
+    again = [store.jobs.task(t.id) for t in leased[:2]]
+    assert all(t is not None and (t.status, t.attempts, t.max_attempts, t.failure_class, t.finished_at, t.leased_by,
+                                  t.message) == ("pending", 1, 4, None, None, None, "again") for t in again)
+    assert [t.attempts + 1 for t in _lease(store, {"sim"}, limit=4)] == [2, 2]  # the next lease is attempt 2
+    assert store.jobs.requeue_tasks(job_id, ["canceled", "failed"], "more", 1) == 1
+    assert store.jobs.task_counts(job_id) == {"pending": 1, "running": 2, "completed": 1}
+
+
+def test_jobs_past_their_deadline(store: Store) -> None:
+    soon, later, none = (_job(store, [_task(0)]) for _ in range(3))
+    done = _job(store, [_task(0)], status="completed")
+    store.jobs.update(soon, deadline_at=100.0)
+    store.jobs.update(later, deadline_at=200.0)
+    store.jobs.update(done, deadline_at=50.0)
+    row = store.jobs.get(soon)
+    assert row is not None and row.deadline_at == 100.0 and (store.jobs.get(none) or row).deadline_at is None
+    assert store.jobs.past_deadline(99.0) == []
+    assert store.jobs.past_deadline(150.0) == [soon]  # a finished job is left be
+    store.jobs.update(later, status="interrupted")
+    assert store.jobs.past_deadline(250.0) == [soon, later]
+
+
 def test_jobs_by_kind_targets_and_models(store: Store) -> None:
     a = _job(store, [_task(0, target="phone-1", model="x", sha="1" * 64), _task(1, model="y", sha="2" * 64)],
              kind="health_check")

@@ -176,3 +176,27 @@ def test_the_stored_spec_keeps_timeouts_job(farm_db, tmp_path, tiny_models):
         assert row is not None and json.loads(row.spec_json or "{}")["timeouts"]["job"] == 120
     finally:
         store.close()
+
+
+def test_a_postgresql_store_at_schema_16_gains_the_deadline_column(request, tmp_path):
+    """A lab's database from before deadlines is brought up on open, not refused as 'written by an older farm'."""
+    from conftest import fresh_postgres_url
+    from farm.controller.store.postgres import PostgresStore
+    from farm.controller.store.schema import SCHEMA_VERSION
+
+    url = fresh_postgres_url(request.getfixturevalue("postgres_peer"), request.node.name)
+    store = PostgresStore(url, files_dir=tmp_path)
+    try:
+        store.execute("DROP INDEX idx_jobs_deadline_at")
+        store.execute("ALTER TABLE jobs DROP COLUMN deadline_at")
+        store.execute("UPDATE schema_version SET version = 16")
+    finally:
+        store.close()
+    store = PostgresStore(url, files_dir=tmp_path)
+    try:
+        assert store.schema_version() == SCHEMA_VERSION == 17
+        job_id = store.jobs.insert({"name": "j", "status": "queued", "priority": "normal", "created_at": 1.0,
+                                    "deadline_at": 5.0}, [])
+        assert store.jobs.past_deadline(6.0) == [job_id]
+    finally:
+        store.close()
