@@ -98,6 +98,7 @@ def test_every_command_that_prints_data_takes_json_and_the_readme_names_the_othe
 COMMANDS: dict[str, list[list[str]]] = {
     "submit": [["submit", "{job_file}", "--backend", "process"]],
     "resume": [["resume", "1"]],  # a completed job: refused, as JSON
+    "retry": [["retry", "1", "--failed"]],  # nothing failed: refused, as JSON
     "watch": [["watch", "2"]],
     "results": [["results", "2"], ["results", "2", "--pairs"]],
     "jobs": [["jobs"]],
