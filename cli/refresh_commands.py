@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 from rich.text import Text
@@ -12,6 +13,9 @@ from rich.text import Text
 from farm.cli.console import UserError, err, job_progress, open_farm, out, when
 from farm.cli.render import empty_list
 from farm.proto import strict_json
+
+if TYPE_CHECKING:
+    from farm.client.api import Farm, RefreshAnswer
 
 
 def cmd_refresh(args: argparse.Namespace) -> int:
@@ -44,7 +48,33 @@ def cmd_refresh(args: argparse.Namespace) -> int:
         if report.contended_left_out:
             err.print(Text.assemble(("left out ", "yellow"), f"{report.contended_left_out} contended sim run(s): "
                                     "other work used their cores"))
-    return 1 if report.quarantined else 0
+    failures = refresh_failures(farm, report)
+    if failures:
+        err.print(Text.assemble(("refresh failed: ", "red"), "; ".join(failures)), highlight=False)
+    return 1 if failures else 0
+
+
+def refresh_failures(farm: Farm, report: RefreshAnswer) -> list[str]:
+    """Why a refresh did not do its job, each said once: runs failed, nothing fitted, devices quarantined.
+    None of them: exit 0; any: exit 1, so a cron job or a CI step sees a refresh that went wrong."""
+    failures = []
+    job = farm.job(report.job)
+    if job.failed or job.canceled or job.status != "completed":
+        failures.append(f"{job.failed + job.canceled} of {job.total} reference run(s) failed or were canceled "
+                        f"(job {report.job} is {job.status}; `farm results {report.job}` says why)")
+    if not report.calibrations:
+        failures.append("nothing was fitted" + (f" ({len(report.refused)} key(s) refused: see `not fitted` above)"
+                                               if report.refused else " (no device run paired with its sim twin)"))
+    since = job.created_at.timestamp() if job.created_at is not None else 0.0
+    quarantined = set(report.quarantined) | {d.name for d in farm.device_health() if d.health == "bad" and (
+        d.changed_at is not None and d.changed_at.timestamp() >= since)}
+    if quarantined:
+        devices = {r.target for r in farm.results(report.job) if r.target != "sim"}  # the devices it refreshed
+        every = bool(devices) and devices <= quarantined
+        failures.append(f"{'every device was' if every else f'{len(quarantined)} device(s)'} quarantined: "
+                        f"{', '.join(sorted(quarantined))} (`farm device health` says why; "
+                        "`farm device release NAME` once fixed)")
+    return failures
 
 
 def cmd_drift(args: argparse.Namespace) -> int:
