@@ -216,6 +216,9 @@ def _suggest_from_store(args: argparse.Namespace) -> int:
     from farm.controller.analysis.calibrations import CalibrationError
     from farm.controller.analysis.suggestions import suggest_for_device
 
+    if args.output and Path(args.output).expanduser().exists() and not args.force:  # before any work is done
+        raise UserError(f"-o {args.output}: the file is already there; farm calibrate --suggest keeps it. Give another "
+                        "file name, or --force to replace it. Nothing was written.")
     farm = open_farm(args)
     if not farm.embedded:
         raise UserError("--suggest --device reads the models of a local store (--db, $FARM_DB); a controller's "
@@ -520,7 +523,9 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("--y", default="y", help="offline: the device column (default y)")
     s.add_argument("--model-col", default="model", help="offline: the model name column (default model)")
     s.add_argument("--group", help="offline: fit one calibration per value of this column")
-    s.add_argument("-o", "--output", help="offline: write the fit as JSON here")
+    s.add_argument("-o", "--output", help="offline: write the fit as JSON here; with --suggest --device, the job file "
+                   "that measures the suggested models")
+    s.add_argument("--force", action="store_true", help="with --suggest -o: replace a file that is already there")
     s.add_argument("--min-pairs", type=int, default=4, help="refuse a fit from fewer model pairs (default 4)")
     s.add_argument("--include-contended", action="store_true", help=INCLUDE_CONTENDED_HELP)
     s.add_argument("--population-prior", default="shipped", metavar="shipped|none|FILE",

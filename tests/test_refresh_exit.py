@@ -30,3 +30,15 @@ def test_a_refresh_whose_device_is_gone_exits_1_and_says_why(tmp_path: Path, far
     assert "refresh failed:" in said
     assert "reference run(s) failed" in said and "nothing was fitted" in said, said
     assert "every device was quarantined: g6-1" in said, said
+
+
+def test_calibrate_suggest_keeps_an_existing_job_file_unless_forced(tmp_path: Path, farm_inprocess) -> None:
+    kept = tmp_path / "next.yaml"
+    kept.write_text("my own job\n")
+    refused = farm_inprocess("calibrate", "--suggest", "2", "--device", "g6-1", "-o", str(kept))
+    assert refused.returncode == 2
+    assert f"-o {kept}: the file is already there" in refused.stderr and "--force" in refused.stderr
+    assert kept.read_text() == "my own job\n"
+    forced = farm_inprocess("calibrate", "--suggest", "2", "--device", "g6-1", "-o", str(kept), "--force")
+    assert "already there" not in forced.stderr  # past the check: this empty store has nothing to suggest
+    assert forced.returncode == 2 and kept.read_text() == "my own job\n"
