@@ -153,7 +153,7 @@ def test_drift_event_carries_the_comparison(hook: HookReceiver) -> None:
     assert hook.requests[0].body == {
         "event": "calibration_drift", "device": "pixel-1", "metric": "latency_avg_ms", "threads": 2,
         "slope_change": 0.95, "intercept_change": 0.1, "r2_drop": 0.02, "prediction_shift": 0.97,
-        "calibration_id": 8, "previous_id": 5, "at": "2023-11-14T22:13:20Z"}
+        "calibration_id": 8, "previous_id": 5, "reasons": [], "at": "2023-11-14T22:13:20Z"}
 
 
 def test_alerts_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:

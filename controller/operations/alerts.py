@@ -50,12 +50,14 @@ def quarantine_event(device: str, reason: str, *, at: float | None = None) -> di
 
 def drift_event(*, device: str, metric: str, threads: int | None, slope_change: float | None,
                 intercept_change: float | None, r2_drop: float | None, prediction_shift: float | None,
-                calibration_id: int | None, previous_id: int | None, at: float | None = None) -> dict[str, Any]:
-    """The event for a new calibration that moved beyond its thresholds from the previous one."""
+                calibration_id: int | None, previous_id: int | None, at: float | None = None,
+                reasons: list[str] | None = None) -> dict[str, Any]:
+    """The event for a new calibration that moved beyond its thresholds from the previous one; `reasons` say
+    which threshold each figure passed, from what to what (refresh.drift_between)."""
     return {"event": "calibration_drift", "device": device, "metric": metric, "threads": threads,
             "slope_change": slope_change, "intercept_change": intercept_change, "r2_drop": r2_drop,
             "prediction_shift": prediction_shift, "calibration_id": calibration_id, "previous_id": previous_id,
-            "at": _iso_utc(at)}
+            "reasons": list(reasons or []), "at": _iso_utc(at)}
 
 
 def _redacted(url: str) -> str:

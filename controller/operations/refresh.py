@@ -8,6 +8,7 @@ more than k·σ is quarantined until a person releases it.
 
 from __future__ import annotations
 
+import logging
 import statistics
 
 import numpy as np
@@ -17,13 +18,15 @@ from typing import Any, Callable
 
 from farm.controller.operations.alerts import drift_event
 from farm.controller.analysis.calibrations import (
-    ALL_FAMILIES, StoredCalibration, contended_left_out, current_calibration, calibration_source, fit_and_store,
+    ALL_FAMILIES, StoredCalibration, contended_left_out, calibration_source, fit_and_store,
     job_devices, pair_within_job,
 )
 from farm.controller.scheduling.controller import Controller
 from farm.controller.operations.reference_suite import HEALTH_CHECK
 from farm.controller.store import Store
 from farm.proto.questions import DriftCheck
+
+log = logging.getLogger("farm.refresh")
 
 
 @dataclass
@@ -45,6 +48,51 @@ def _plain_line(c: StoredCalibration) -> tuple[float, float, float]:
     return float(a), float(b), 1.0 - float((residual ** 2).sum()) / total if total else 1.0
 
 
+def _source_job(c: StoredCalibration) -> int | None:
+    job = c.source.get("job") or c.source.get("device_job") or c.source.get("sim_job")
+    return int(job) if isinstance(job, int) else None
+
+
+def unlike(store: Store, old: StoredCalibration, new: StoredCalibration) -> str | None:
+    """Why `old` is no baseline for `new` (None: like with like). Drift compares a refresh's fit with an earlier
+    refresh's: the reference suite's runs (not a calibration someone fitted by hand from other models), the same
+    models, the same kind of fit on the same features; anything else moves for reasons that are not the device."""
+    job_id = _source_job(old)
+    job = store.jobs.get(job_id) if job_id is not None else None
+    if job is None or job["kind"] != HEALTH_CHECK:
+        return (f"version {old.version} (#{old.id}) was fitted from job {job_id if job_id is not None else '?'}, "
+                "not by a refresh")
+    old_models = sorted(p.model for p in old.calibration.pairs)
+    new_models = sorted(p.model for p in new.calibration.pairs)
+    if old_models != new_models:
+        return f"version {old.version} (#{old.id}) was fitted on other models ({len(old_models)} vs {len(new_models)})"
+    # the same kind of fit on the same features: the old version's own fit of the kind the new one chose (every
+    # version keeps each kind it tried), so a choice that flips between two quiet nights is not drift
+    kind, new_fit = new.calibration.chosen, new.calibration.chosen_fit
+    old_fit = old.calibration.fits.get(kind)
+    if old_fit is None or sorted(old_fit.features_used) != sorted(new_fit.features_used):
+        return (f"version {old.version} (#{old.id}) has no {kind} fit on "
+                f"{', '.join(sorted(new_fit.features_used)) or 'sim alone'}")
+    return None
+
+
+def drift_baseline(store: Store, new: StoredCalibration) -> tuple[StoredCalibration | None, list[str]]:
+    """The newest earlier version of `new`'s key that is like with like (unlike() says None), and why each newer
+    one was passed over. None: nothing to compare with yet, and nothing to raise an alert about."""
+    from farm.controller.analysis.calibrations import stored_calibration
+
+    passed: list[str] = []
+    for row in reversed(store.calibrations.versions(new.id)):
+        if row["version"] >= new.version:
+            continue
+        old = stored_calibration(row)
+        why = unlike(store, old, new)
+        if why is None:
+            return old, passed
+        passed.append(why)
+    return None, passed
+
+
 def drift_between(old: StoredCalibration, new: StoredCalibration, thresholds: DriftThresholds) -> DriftCheck:
     """How far the new fit moved: coefficients, R², and the predictions for the new fit's own models."""
     # The chosen fits may use model facts as regressors; the coefficients compared are those of
@@ -55,14 +103,20 @@ def drift_between(old: StoredCalibration, new: StoredCalibration, thresholds: Dr
     slope = abs(a_new - a_old) / abs(a_old) if a_old else float("inf")
     intercept = abs(b_new - b_old) / abs(mean_y)
     r2_drop = max(0.0, r2_old - r2_new)
-    old_fit, new_fit = old.calibration.chosen_fit, new.calibration.chosen_fit
+    new_fit = new.calibration.chosen_fit
+    old_fit = old.calibration.fits.get(new.calibration.chosen) or old.calibration.chosen_fit  # like with like
     shifts = []
     for p in new.calibration.pairs:
         before = old_fit.predict(p.x, features=p.features).estimate
         if before:
             shifts.append(abs(new_fit.predict(p.x, features=p.features).estimate - before) / abs(before))
     shift = statistics.fmean(shifts) if shifts else 0.0
-    reasons = [f"{name} {value:.3g} > {getattr(thresholds, name):g}"
+    # each reason says what moved, from what to what, against which version: an alert a person can check
+    against = f"v{old.version} → v{new.version}, the same {len(new.calibration.pairs)} reference models"
+    detail = {"slope_change": f"slope {a_old:.4g} → {a_new:.4g}", "intercept_change": f"intercept {b_old:.4g} → "
+              f"{b_new:.4g} ms", "r2_drop": f"R² {r2_old:.3f} → {r2_new:.3f}",
+              "prediction_shift": f"the {new.calibration.chosen} fit's predictions moved {100 * shift:.1f} % on average"}
+    reasons = [f"{name} {value:.3g} > {getattr(thresholds, name):g} ({detail[name]}; {against})"
                for name, value in (("slope_change", slope), ("intercept_change", intercept), ("r2_drop", r2_drop),
                                    ("prediction_shift", shift)) if value > getattr(thresholds, name)]
     return DriftCheck(device=new.device, metric=new.metric, threads=new.threads, calibration_id=new.id,
@@ -146,8 +200,6 @@ def after_reference_run(store: Store, job_id: int, *, thresholds: DriftThreshold
     report.contended_left_out = 0 if include_contended else contended_left_out(store, [job_id])
     for device in job_devices(store, job_id):
         paired = pair_within_job(store, job_id, device, "latency", include_contended=include_contended)
-        previous = {p.threads: current_calibration(store, device, "latency", p.threads, runtime=p.runtime)
-                    for p in paired}
         stored, refused = fit_and_store(store, device, "latency", paired, source=calibration_source(store, job_id))
         report.refused += refused
         if not paired:  # say why nothing was fitted, rather than an empty list that looks like success
@@ -156,8 +208,12 @@ def after_reference_run(store: Store, job_id: int, *, thresholds: DriftThreshold
         for new in stored:
             report.calibrations.append({"id": new.id, "device": device, "threads": new.threads,
                                         "family": new.family or None, "version": new.version})
-            old = previous.get(new.threads)
-            if new.family != ALL_FAMILIES or old is None or old.family != ALL_FAMILIES:
+            if new.family != ALL_FAMILIES:
+                continue
+            old, passed = drift_baseline(store, new)  # like with like: an earlier refresh's fit of the same kind
+            if old is None:
+                if passed:  # a hand-made calibration (or another kind of fit) is no baseline: no alert, said why
+                    log.info("%s threads=%d: no drift check yet: %s", device, new.threads, "; ".join(passed))
                 continue
             drift = drift_between(old, new, thresholds)
             record_drift(store, drift)
@@ -166,7 +222,8 @@ def after_reference_run(store: Store, job_id: int, *, thresholds: DriftThreshold
                 alert(drift_event(device=drift.device, metric=drift.metric, threads=drift.threads,
                                   slope_change=drift.slope_change, intercept_change=drift.intercept_change,
                                   r2_drop=drift.r2_drop, prediction_shift=drift.prediction_shift,
-                                  calibration_id=drift.calibration_id, previous_id=drift.previous_id))
+                                  calibration_id=drift.calibration_id, previous_id=drift.previous_id,
+                                  reasons=drift.reasons))
         outliers = golden_outliers(store, job_id, device, k=k)
         if outliers:
             reason = "golden results left their history: " + "; ".join(o.describe() for o in outliers)
