@@ -76,6 +76,7 @@ def test_retry_failed_reruns_only_the_failed_tasks_as_new_attempts(farm_inproces
     assert f"job {job_id}: 2 of 3 task(s) run again" in retried.stderr
     status = farm_inprocess("status", str(job_id), "--json").json()
     assert (status["status"], status["completed"], status["failed"], status["total"]) == ("completed", 3, 0, 3)
+    assert status["message"] == "2 failed task(s) of 3 run again by `farm retry`; their earlier attempts stay stored"
 
     store = open_store(farm_db)
     try:

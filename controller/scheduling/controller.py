@@ -222,7 +222,8 @@ class Controller:
             self.store.jobs.update(job_id, status=JobStatus.QUEUED.value, finished_at=None,
                                    owner_pid=os.getpid(), owner_host=socket.gethostname(),
                                    deadline_at=now + timeout if timeout else None,
-                                   message=f"retrying {n} {' or '.join(statuses)} task(s) of {sum(counts.values())} (`farm retry`)")
+                                   message=f"{n} {' or '.join(statuses)} task(s) of {sum(counts.values())} run again by "
+                                           "`farm retry`; their earlier attempts stay stored")
             for row in self.store.devices.quarantined_targets(job_id):  # as at submit: no work for such a device
                 self._fail_waiting_tasks(row["name"], row["reason"], job_id=job_id)
         self._finish_job_if_done(job_id)
