@@ -298,6 +298,12 @@ class Lab:
         self.farm.resume(id)
         return Job(self, id)
 
+    def retry(self, id: int, *, failed: bool = True, canceled: bool = False) -> Job:
+        """`farm retry ID --failed [--canceled]`: a finished job's failed (or lost) tasks, and with canceled=True
+        its canceled ones, run again as new attempts; `wait()` runs them (embedded) or follows them."""
+        self.farm.retry(id, failed=failed, canceled=canceled)
+        return Job(self, id)
+
     def devices(self) -> list[DeviceInfo]:
         """Embedded: the lab's device list ($FARM_DEVICES) with health; a controller: its agents' devices."""
         return self.farm.devices()

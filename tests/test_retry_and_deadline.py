@@ -201,3 +201,17 @@ def test_a_postgresql_store_at_schema_16_gains_the_deadline_column(request, tmp_
         assert store.jobs.past_deadline(6.0) == [job_id]
     finally:
         store.close()
+
+
+def test_the_python_api_retries_a_job(farm_db, tmp_path, tiny_models, monkeypatch):
+    import farm
+
+    job_id = _submit(farm_db, _job_file(tmp_path, tiny_models["onnx"], threads="[1]"))
+    _fail_tasks(farm_db, job_id, 1)
+    monkeypatch.delenv("FARM_CONTROLLER", raising=False)
+    with farm.connect(db=str(farm_db)) as lab:
+        job = lab.retry(job_id)
+        info = job.wait()
+        assert (info.status, info.completed, info.failed) == ("completed", 1, 0)
+        with pytest.raises(farm.FarmError, match="no failed task"):
+            lab.retry(job_id)
