@@ -1841,8 +1841,10 @@ def read_pairs_csv(path: str | Path, x: str = "x", y: str = "y", model: str = "m
 
 
 def predict_rows(calibration: Calibration, rows: Iterable[Mapping[str, Any]], *, x: str = "x",
-                 kind: str | None = None, source: str | None = None, first_line: int = 2) -> list[dict[str, Any]]:
-    """Each row with ``estimate``, ``low`` and ``high`` added (chosen fit, calibration's confidence).
+                 kind: str | None = None, source: str | None = None, first_line: int = 2,
+                 confidence: float | None = None) -> list[dict[str, Any]]:
+    """Each row with ``estimate``, ``low``, ``high`` (chosen fit; ``confidence``, default the calibration's),
+    ``verdict`` ("ok" or "extrapolating") and ``extrapolation`` (the inputs outside the fit's range, as text).
 
     Rows are dicts such as ``csv.DictReader`` yields; the sim value is in column ``x`` and the fit's
     features (if any) in columns of the same name. ``source`` (a file name) makes error messages
@@ -1862,9 +1864,13 @@ def predict_rows(calibration: Calibration, rows: Iterable[Mapping[str, Any]], *,
                                         f"values > 0, got {sim[nonpositive[0]]:g}")
     if not materialised:
         return []
-    estimate, low, high = fit.predict_arrays(sim, feature_values, calibration.confidence)
-    for row, e, lo, hi in zip(materialised, estimate, low, high):
-        row.update(estimate=float(e), low=float(lo), high=float(hi))
+    level = calibration.confidence if confidence is None else confidence
+    _check_confidence(level)
+    estimate, low, high = fit.predict_arrays(sim, feature_values, level)
+    outside = fit.extrapolation(sim, feature_values)
+    for row, e, lo, hi, out in zip(materialised, estimate, low, high, outside):
+        row.update(estimate=float(e), low=float(lo), high=float(hi), verdict="extrapolating" if out else "ok",
+                   extrapolation="; ".join(map(str, out)))
     return materialised
 
 
