@@ -333,3 +333,31 @@ def test_plot_is_a_terminal_scatter(tmp_path: Path, farm) -> None:
     pairs.write_text("model,x,y\na,1,5\nb,2,5\nc,3,5\nd,4,5\ne,5,5\n")
     run = farm("calibrate", "--pairs", str(pairs), "--plot")
     assert run.returncode == 0 and "predicted ↑ against measured" in run.stdout and "*" in run.stdout
+
+
+def test_offline_predict_says_extrapolating_and_honours_confidence(tmp_path: Path, farm) -> None:
+    """Issue 31: a model 10× outside the sim range gets verdict "extrapolating" (CSV column and a stderr line),
+    --confidence changes the interval offline, and --help names the estimate/low/high columns."""
+    import numpy as np
+
+    generator = np.random.default_rng(3)
+    sim = generator.uniform(5, 50, 10)
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("model,x,y\n" + "".join(f"m{i},{x},{2 * x * generator.uniform(0.97, 1.03)}\n"
+                                             for i, x in enumerate(sim)))
+    fit_file = tmp_path / "fit.json"
+    assert farm("calibrate", "--pairs", str(pairs), "-o", str(fit_file)).returncode == 0
+    new = tmp_path / "new.csv"
+    new.write_text(f"model,x\ninside,20\nfar,{10 * sim.max()}\n")
+    run = farm("predict", "--calibration", str(fit_file), "--input", str(new))
+    assert run.returncode == 0, run.stderr
+    rows = list(csv.DictReader(run.stdout.splitlines()))
+    assert [r["verdict"] for r in rows] == ["ok", "extrapolating"] and "outside" in rows[1]["extrapolation"]
+    assert "extrapolating" in run.stderr and "far" in run.stderr
+    narrow = list(csv.DictReader(farm("predict", "--calibration", str(fit_file), "--input", str(new),
+                                      "--confidence", "0.5").stdout.splitlines()))
+    assert float(narrow[0]["high"]) - float(narrow[0]["low"]) < float(rows[0]["high"]) - float(rows[0]["low"])
+    bad = farm("predict", "--calibration", str(fit_file), "--input", str(new), "--confidence", "2")
+    assert bad.returncode == 2 and "confidence" in bad.stderr
+    shown = " ".join(farm("predict", "--help").stdout.split())
+    assert all(word in shown for word in ("estimate", "low", "high", "verdict", "extrapolating"))

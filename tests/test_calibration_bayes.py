@@ -162,3 +162,12 @@ def test_cpu_to_gpu_is_called_unsafe() -> None:
     unsafe = [calibrate(pairs_of(data, "pixel4_gpu_ms", generator.choice(300, size=10, replace=False)),
                         features=["FLOPS", "size"]).unsafe for _ in range(20)]
     assert np.mean(unsafe) >= 0.9
+
+
+def test_other_devices_fits_join_their_class_prior() -> None:
+    """The store's other devices (lab_class_priors) widen or narrow a class prior with their log_bayes fits."""
+    data = columns()
+    fit = calibrate(pairs_of(data, "s10_cpu_ms", np.arange(40)), features=["FLOPS", "size"]).fits["log_bayes"]
+    single = shipped_class_priors()["single_core"]
+    joined = single.with_fits([fit], "device(s) in this store")
+    assert joined.devices == single.devices + 1 and joined.mean != single.mean

@@ -2,7 +2,7 @@
 
 A calibration maps a sim value x (latency, memory, … measured in the constrained sandbox) to a
 device value y for one device × metric (× threads × runtime × precision × family — grouping is the
-caller's business). Five fit kinds are computed and all are reported; which one is used is
+caller's business). Seven fit kinds are computed and all are reported; which one is used is
 said after the list:
 
 ``ols``
@@ -48,12 +48,34 @@ said after the list:
     (or MACs: the first offered feature named in ``WORK_FEATURES``), plain least squares with
     nothing chosen inside, so its closed-form leave-one-out error is honest.
 
-Every log kind's interval is the same cross-validated form: ``ŷ ± t(n−2)·s·√((1 + h₀)/(1 + h̄))``
+``log_bayes`` (issue 31; the default)
+    The Bayesian log-linear fit, ``log y = b + a·log x + Σ c_j·f_j``, features taken by *role*
+    (``feature_role``: the work — FLOPs or MACs however named — and the size in log, per-layer shares
+    as they are), with a prior learned across devices: (a, c_work, c_size) ~ N(mean, Σ) of the device's
+    *class* (``DEVICE_CLASSES``: a single core, several cores, a GPU; never one Gaussian over all), each
+    share's c ~ N(0, ``SHARE_PRIOR_SD``²), b flat. The class is the one given (``device_class``), else the
+    one whose prior makes the pairs most likely (the evidence); the lab's store adds its other devices'
+    fits to each class's prior (``calibrations.lab_class_priors``), and the shipped priors are fitted on
+    the shared public data (benchmarks/population_prior.py). The noise σ is estimated with the posterior
+    mean (ν₀ = ``BAYES_NOISE_DOF`` pseudo-observations at the class's residual std). Interval: the
+    posterior predictive, ``ŷ ± t(ν₀ + n − tr H)·σ̂·√(1 + x₀ᵀ(XᵀX + σ̂²Σ⁻¹)⁻¹x₀)`` in log space. Its
+    ``loo_*`` figures redo the class choice without each model (nested).
+
+Every fit keeps the range of the sim values and features it saw (``FitResult.ranges``): a prediction
+outside it gets the verdict "extrapolating" with the inputs and ranges (``Prediction.extrapolation``),
+and its interval's half-width grows by ``EXTRAPOLATION_WIDENING`` per span of the range beyond it.
+
+Every other log kind's interval is the same cross-validated form: ``ŷ ± t(n−2)·s·√((1 + h₀)/(1 + h̄))``
 with ``s`` its RMS leave-one-out log error (nested for ``log_ridge``) and one degree of freedom
 fewer for the choice of the kind with the lowest such error (``_cross_validated_interval``). The
 classic in-sample t-interval was too narrow with 5 models (81–87 % coverage for a 90 % interval).
 
-The chosen kind is the log kind (``log``, ``log_work``, ``log_ridge``) with the lowest RMS
+The choice (``_choose_kind``, which supersedes the paragraph below where they differ): kinds with more
+than two free coefficients that no prior shrinks are not offered below ``RICH_MIN_MODELS`` models; the
+kinds without a prior learned elsewhere pay the term margin against ``log_bayes``; ``log_pop`` is not
+offered beside ``log_bayes``; the runner-up and the kinds not offered are recorded in ``choice``.
+
+Before issue 31: the chosen kind was the log kind (``log``, ``log_work``, ``log_ridge``) with the lowest RMS
 leave-one-out log error (``loo_log_rmse``; nested for ``log_ridge``), each counted
 ``CHOICE_TERM_MARGIN``/√n more per term it has more or fewer than the reference (``log_work`` when
 FLOPs are offered, else ``log``; ``log_ridge`` when it has a prior from elsewhere); ``Calibration.choice`` records the criterion, every candidate's
@@ -932,7 +954,7 @@ def _unsafe_reasons(shared: _Shared, chosen: FitResult, *, log_possible: bool, b
                 reasons.append(f"the device scales as sim^{exponent:.2f}, not in proportion "
                                f"(outside {UNSAFE_EXPONENT[0]:g}–{UNSAFE_EXPONENT[1]:g})")
         _, low, high = chosen.predict_arrays(shared.sim, shared.feature_values(chosen), shared.confidence)
-        ratio = float(np.median(high / low))
+        ratio = float(np.median(high / low)) if chosen.log_space else 1.0  # a line's low may be 0
         if ratio > UNSAFE_INTERVAL_RATIO:
             reasons.append(f"its {shared.confidence:.0%} intervals span a factor of {ratio:.1f} "
                            f"(> {UNSAFE_INTERVAL_RATIO:g})")
@@ -1199,19 +1221,19 @@ def _fit_log_pop(shared: _Shared, feature_matrix: Mapping[str, np.ndarray],
 # The Bayesian log-linear kind (issue 31)
 
 SHARE_PRIOR_SD = 0.3  # a share's coefficient ~ N(0, 0.3²): all the work moving into depthwise layers changes time by ~±30 %
-BAYES_NOISE_DOF = 1.0  # ν₀: the class's residual std counts as one observation of the noise
+BAYES_NOISE_DOF = 1.0  # ν₀: the class's residual std counts as one observation of the noise (σ̂²)
 
 
 @dataclass
 class _BayesPosterior:
-    """A Normal-inverse-gamma posterior on scaled columns (intercept flat, the rest from a class prior)."""
+    """A Gaussian posterior on scaled columns (intercept flat, the rest from a class prior), noise estimated."""
 
     device_class: str
     coefficients: np.ndarray
-    covariance: np.ndarray  # Λₙ⁻¹: the coefficients' covariance is σ²·Λₙ⁻¹
+    covariance: np.ndarray  # (XᵀX + σ̂²·Σ⁻¹)⁻¹: the coefficients' covariance is σ̂² times it
     scale: np.ndarray
-    residual_std: float  # sₙ: the posterior scale of the noise
-    dof: float  # νₙ
+    residual_std: float  # σ̂
+    dof: float  # ν₀ + n − tr H
     log_evidence: float
     leverage: np.ndarray
     residuals: np.ndarray
@@ -1243,8 +1265,11 @@ def _bayes_design(log_sim: np.ndarray, feature_matrix: Mapping[str, np.ndarray],
 
 def _bayes_posterior(design: np.ndarray, target: np.ndarray, terms: Sequence[tuple[str, str]],
                      prior: PopulationPrior, device_class: str) -> _BayesPosterior | None:
-    """The conjugate posterior: β | σ² ~ N(m₀, σ²·V₀) with V₀ = Σ/s₀² (Σ, s₀ the class prior's covariance and
-    residual std: at σ = s₀ the prior is the class's spread itself), σ² ~ IG(ν₀/2, ν₀·s₀²/2), intercept flat."""
+    """The posterior with the coefficients' prior fixed at the class's spread: β ~ N(m₀, Σ) (Σ, m₀ the class
+    prior's covariance and mean, shares ~ N(0, SHARE_PRIOR_SD²), the intercept flat), and the noise σ²
+    estimated (fixed noise, empirical Bayes): σ̂² = (ν₀·s₀² + RSS) / (ν₀ + n − tr H), iterated with the
+    posterior mean. A prior that scaled with the noise (the fully conjugate form) would hold the
+    coefficients tighter the less noisy a device is, which is backwards; this one does not."""
     n, p = design.shape
     index = [0, *(prior.terms.index(role) for _, role in terms if role != "share")]
     mean = np.zeros(p - 1)
@@ -1258,34 +1283,37 @@ def _bayes_posterior(design: np.ndarray, target: np.ndarray, terms: Sequence[tup
     scale = np.max(np.abs(design), axis=0)
     scale[scale == 0] = 1.0
     scaled = design / scale
-    s0 = prior.residual_std
-    prior_precision = np.zeros((p, p))
     inverse_scale = np.diag(1.0 / scale[1:])
+    prior_precision = np.zeros((p, p))  # of the scaled coefficients, σ² not included
     try:
-        prior_precision[1:, 1:] = s0 ** 2 * (inverse_scale @ np.linalg.inv(covariance) @ inverse_scale)
+        prior_precision[1:, 1:] = inverse_scale @ np.linalg.inv(covariance) @ inverse_scale
     except np.linalg.LinAlgError:
         return None
     prior_mean = np.concatenate([[0.0], mean * scale[1:]])
-    gram = scaled.T @ scaled + prior_precision
-    if np.linalg.cond(gram) > 1e12:
-        return None
-    posterior_covariance = np.linalg.inv(gram)
-    coefficients = posterior_covariance @ (scaled.T @ target + prior_precision @ prior_mean)
-    residuals = target - scaled @ coefficients
-    leverage = np.einsum("ij,jk,ik->i", scaled, posterior_covariance, scaled)
+    s0 = prior.residual_std
+    variance = s0 ** 2
+    gram_data = scaled.T @ scaled
+    for _ in range(6):  # σ̂² and the posterior mean settle in a few rounds
+        gram = gram_data + variance * prior_precision
+        if np.linalg.cond(gram) > 1e12:
+            return None
+        posterior_covariance = np.linalg.inv(gram)
+        coefficients = posterior_covariance @ (scaled.T @ target + variance * prior_precision @ prior_mean)
+        residuals = target - scaled @ coefficients
+        leverage = np.einsum("ij,jk,ik->i", scaled, posterior_covariance, scaled)
+        dof = BAYES_NOISE_DOF + n - float(leverage.sum())
+        variance = (BAYES_NOISE_DOF * s0 ** 2 + float(residuals @ residuals)) / max(dof, 1.0)
     if leverage.max() > 1.0 - 1e-9:
         return None
     shift = coefficients - prior_mean
-    dof = BAYES_NOISE_DOF + n - 1  # the flat intercept takes one observation
-    sum_squares = BAYES_NOISE_DOF * s0 ** 2 + float(residuals @ residuals) + float(shift @ prior_precision @ shift)
-    _, log_det_posterior = np.linalg.slogdet(gram)
+    # The evidence at σ̂² (Gaussian, exact): the flat intercept adds the same constant for every class.
+    _, log_det_posterior = np.linalg.slogdet(gram_data / variance + prior_precision)
     _, log_det_prior = np.linalg.slogdet(prior_precision[1:, 1:])
-    log_evidence = (0.5 * log_det_prior - 0.5 * log_det_posterior
-                    + 0.5 * BAYES_NOISE_DOF * math.log(BAYES_NOISE_DOF * s0 ** 2) - 0.5 * dof * math.log(sum_squares)
-                    + math.lgamma(dof / 2) - math.lgamma(BAYES_NOISE_DOF / 2))
+    log_evidence = (-0.5 * (float(residuals @ residuals) / variance + float(shift @ prior_precision @ shift))
+                    - 0.5 * (n - 1) * math.log(2 * math.pi * variance) + 0.5 * log_det_prior - 0.5 * log_det_posterior)
     prior_weight = min(1.0, max(0.0, 1.0 - (float(leverage.sum()) - 1.0) / (p - 1)))
-    return _BayesPosterior(device_class, coefficients, posterior_covariance, scale, math.sqrt(sum_squares / dof), dof,
-                           log_evidence, leverage, residuals, prior_weight)
+    return _BayesPosterior(device_class, coefficients, posterior_covariance, scale, math.sqrt(variance),
+                           max(dof, 1.0), log_evidence, leverage, residuals, prior_weight)
 
 
 def _bayes_best(log_sim: np.ndarray, target: np.ndarray, feature_matrix: Mapping[str, np.ndarray],
@@ -1316,9 +1344,9 @@ def _fit_log_bayes(shared: _Shared, feature_matrix: Mapping[str, np.ndarray],
         return None
     posterior, terms = found
     n = log_sim.size
-    loo_residual = np.empty(n)
+    loo_residual = posterior.residuals / (1.0 - posterior.leverage)  # the closed form, above NESTED_LOO_LIMIT
     keep = np.ones(n, dtype=bool)
-    for index in range(n):
+    for index in range(n if n <= NESTED_LOO_LIMIT else 0):
         keep[index] = False
         inner = _bayes_best(log_sim[keep], log_device[keep], {name: v[keep] for name, v in feature_matrix.items()},
                             priors)
