@@ -240,11 +240,12 @@ def suggest_table(draws: int, seed: int, only: str | None = None, k: int = 10, p
     """`--suggest` against random choice: from a candidate list of ``pool_size`` models measured in the
     sim, calibrate on the k that ``suggest_models`` picks and on k random ones; judge on the rest."""
     generator = np.random.default_rng(seed)
-    rows = ["| device pair | k | suggested ±10 % / MAPE | random ±10 % / MAPE | gain (points) |", "|---|---|---|---|---|"]
-    for pair in DEVICE_PAIRS:
-        if not pair.features or not selected(pair, only):
-            continue
-        sim, device, features = load_columns(pair)
+    rows = ["| device pair | features | k | suggested ±10 % / MAPE | random ±10 % / MAPE | gain (points) |",
+            "|---|---|---|---|---|---|"]
+    for pair, names in ((pair, names) for pair in DEVICE_PAIRS if pair.features and selected(pair, only)
+                        for names in ((), pair.features[:1], pair.features)):
+        sim, device, every = load_columns(pair)
+        features = {name: every[name] for name in names}
         within: dict[str, list[float]] = {"suggested": [], "random": []}
         mape: dict[str, list[float]] = {"suggested": [], "random": []}
         for _ in range(draws):
@@ -265,7 +266,8 @@ def suggest_table(draws: int, seed: int, only: str | None = None, k: int = 10, p
                 within[name].append(float(np.mean(relative <= 0.10)))
                 mape[name].append(float(np.mean(relative)))
         gain = 100 * (statistics.fmean(within["suggested"]) - statistics.fmean(within["random"]))
-        rows.append(f"| {pair.label} | {k} | {cell(within['suggested'])} % / {median_cell(mape['suggested'])} % | "
+        rows.append(f"| {pair.label} | {', '.join(names) or 'none'} | {k} | {cell(within['suggested'])} % / "
+                    f"{median_cell(mape['suggested'])} % | "
                     f"{cell(within['random'])} % / {median_cell(mape['random'])} % | {gain:+.1f} |")
     return "\n".join([f"### `--suggest` against random choice ({draws} candidate lists of {pool_size} models, "
                       f"seed {seed})", "", *rows])

@@ -205,7 +205,7 @@ def _suggest_offline(args: argparse.Namespace) -> int:
         for name in chosen:
             out.print(Text(name))
         err.print(f"{len(chosen)} of {len(candidates)} candidate(s), spread over sim and features "
-                  f"(D-optimal, {len(measured)} already measured)")
+                  f"(the most predictive variance removed over the candidates, {len(measured)} already measured)")
     return 0
 
 
@@ -239,7 +239,7 @@ def _suggest_from_store(args: argparse.Namespace) -> int:
         t.add_row(Text(printable(s["model"])), _fmt(s["sim"]), Text(printable(s["path"] or "—")), str(s["job"]))
     out.print(t)
     err.print(f"{len(answer['suggested'])} of {answer['candidates']} candidate(s), spread over sim and "
-              f"{', '.join(answer['features']) or 'no model facts'} (D-optimal; {answer['measured']} already measured)"
+              f"{', '.join(answer['features']) or 'no model facts'} (the most predictive variance removed over the candidates; {answer['measured']} already measured)"
               + (f"; job written to {args.output}: `farm submit {args.output}`" if args.output else ""))
     return 0
 

@@ -171,3 +171,31 @@ def test_other_devices_fits_join_their_class_prior() -> None:
     single = shipped_class_priors()["single_core"]
     joined = single.with_fits([fit], "device(s) in this store")
     assert joined.devices == single.devices + 1 and joined.mean != single.mean
+
+
+def _stored(calibration: Calibration, version: int):
+    from farm.controller.analysis.calibrations import StoredCalibration
+
+    return StoredCalibration(id=version, device="phone-1", metric="latency", threads=1, runtime="litert", family="",
+                             version=version, calibration=calibration, source={})
+
+
+def test_drift_compares_like_with_like() -> None:
+    """Issue 32: an unchanged device calibrated on other models (a hand-made first version) raises nothing:
+    the line is compared only over models both measured, predictions only inside the old fit's range;
+    a device twice as slow on the same models is drift, and the reason says what it was computed on."""
+    from farm.controller.operations.refresh import DriftThresholds, drift_between
+
+    data = columns()
+    device = "s10_cpu_ms"
+    small = calibrate(pairs_of(data, device, np.argsort(data[SIM])[:8]), features=["FLOPS", "size"])  # small models
+    other = calibrate(pairs_of(data, device, np.argsort(data[SIM])[100:112]), features=["FLOPS", "size"])
+    quiet = drift_between(_stored(small, 1), _stored(other, 2), DriftThresholds())
+    assert not quiet.exceeded, quiet.reasons
+    same = np.arange(12)
+    before = calibrate(pairs_of(data, device, same), features=["FLOPS", "size"])
+    slower = [Pair(p.model, p.x, 2 * p.y, features=p.features) for p in pairs_of(data, device, same)]
+    after = calibrate(slower, features=["FLOPS", "size"])
+    moved = drift_between(_stored(before, 1), _stored(after, 2), DriftThresholds())
+    assert moved.exceeded and any("12 model(s) both measured" in r for r in moved.reasons), moved.reasons
+    assert any(r.startswith("prediction_shift") and "inside the old fit's range" in r for r in moved.reasons)
