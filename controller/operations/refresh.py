@@ -36,9 +36,9 @@ class DriftThresholds:
     prediction_shift: float = 0.25  # mean relative move of the reference models' predictions
 
 
-def _plain_line(c: StoredCalibration) -> tuple[float, float, float]:
-    xs = np.array([p.x for p in c.calibration.pairs])
-    ys = np.array([p.y for p in c.calibration.pairs])
+def _plain_line(pairs: list[Any]) -> tuple[float, float, float]:
+    xs = np.array([p.x for p in pairs])
+    ys = np.array([p.y for p in pairs])
     a, b = np.polyfit(xs, ys, 1)
     residual = ys - (a * xs + b)
     total = float(((ys - ys.mean()) ** 2).sum())
@@ -46,23 +46,40 @@ def _plain_line(c: StoredCalibration) -> tuple[float, float, float]:
 
 
 def drift_between(old: StoredCalibration, new: StoredCalibration, thresholds: DriftThresholds) -> DriftCheck:
-    """How far the new fit moved: coefficients, R², and the predictions for the new fit's own models."""
-    # The chosen fits may use model facts as regressors; the coefficients compared are those of
-    # the plain line y = a·x + b through each calibration's pairs, which always exists.
-    a_old, b_old, r2_old = _plain_line(old)
-    a_new, b_new, r2_new = _plain_line(new)
-    mean_y = statistics.fmean(p.y for p in new.calibration.pairs) or 1.0
-    slope = abs(a_new - a_old) / abs(a_old) if a_old else float("inf")
-    intercept = abs(b_new - b_old) / abs(mean_y)
-    r2_drop = max(0.0, r2_old - r2_new)
-    old_fit, new_fit = old.calibration.chosen_fit, new.calibration.chosen_fit
+    """How far the device moved between two calibrations, like with like (issue 32):
+
+    - the coefficients and R² are those of the plain line y = a·x + b through the models *both*
+      calibrations measured (a line through other models says how the models differ, not the device);
+      with fewer than three in common they are not compared;
+    - the prediction shift compares the *same fit kind* (the new calibration's chosen kind, when the old
+      one has it; else each one's chosen) on the new calibration's models that lie inside the range the
+      old fit saw (an extrapolated prediction moving is not drift).
+    Each reason says what it was computed on."""
+    old_pairs = {p.model: p for p in old.calibration.pairs}
+    shared = [p for p in new.calibration.pairs if p.model in old_pairs]
+    slope = intercept = r2_drop = 0.0
+    basis = f"{len(shared)} model(s) in common"
+    if len(shared) >= 3 and len({p.x for p in shared}) >= 2 and len({old_pairs[p.model].x for p in shared}) >= 2:
+        a_old, b_old, r2_old = _plain_line([old_pairs[p.model] for p in shared])
+        a_new, b_new, r2_new = _plain_line(shared)
+        mean_y = statistics.fmean(p.y for p in shared) or 1.0
+        slope = abs(a_new - a_old) / abs(a_old) if a_old else float("inf")
+        intercept = abs(b_new - b_old) / abs(mean_y)
+        r2_drop = max(0.0, r2_old - r2_new)
+        basis = f"plain line over the {len(shared)} model(s) both measured"
+    kind = new.calibration.chosen if new.calibration.chosen in old.calibration.fits else None
+    old_fit, new_fit = old.calibration.fit(kind), new.calibration.fit(kind)
     shifts = []
     for p in new.calibration.pairs:
+        if old_fit.extrapolation([p.x], {k: [v] for k, v in p.features.items()})[0]:
+            continue  # outside what the old fit saw
         before = old_fit.predict(p.x, features=p.features).estimate
         if before:
             shifts.append(abs(new_fit.predict(p.x, features=p.features).estimate - before) / abs(before))
     shift = statistics.fmean(shifts) if shifts else 0.0
-    reasons = [f"{name} {value:.3g} > {getattr(thresholds, name):g}"
+    shift_basis = (f"{kind or f'{old_fit.kind} vs {new_fit.kind}'} on {len(shifts)} model(s) inside the old fit's range")
+    reasons = [f"{name} {value:.3g} > {getattr(thresholds, name):g} "
+               f"({shift_basis if name == 'prediction_shift' else basis})"
                for name, value in (("slope_change", slope), ("intercept_change", intercept), ("r2_drop", r2_drop),
                                    ("prediction_shift", shift)) if value > getattr(thresholds, name)]
     return DriftCheck(device=new.device, metric=new.metric, threads=new.threads, calibration_id=new.id,
