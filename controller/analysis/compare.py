@@ -124,13 +124,16 @@ def pair_models(a: list[dict[str, Any]], b: list[dict[str, Any]], *, same_job: b
 
     def take(ka: tuple[str, str], kb: tuple[str, str], how: str, lineage: dict[str, Any] | None) -> None:
         pairs.append({"a": left_a.pop(ka), "b": left_b.pop(kb), "matched_by": how, "lineage": lineage})
+        if same_job:  # one list on both sides: a model paired is taken from both
+            left_a.pop(kb, None)
+            left_b.pop(ka, None)
 
     for kb in list(left_b):  # B made from A (the usual: B is the optimized one)
         source = ((lineages.get(kb) or {}).get("source") or {}).get("sha256")
         ka = next((k for k in left_a if k[1] == source and k != kb), None)
         if source and ka is not None and kb in left_b:
             take(ka, kb, "lineage", lineages[kb])
-    for ka in list(left_a):  # A made from B: compared as given, said so
+    for ka in list(left_a) if not same_job else []:  # A made from B: compared as given, said so
         source = ((lineages.get(ka) or {}).get("source") or {}).get("sha256")
         kb = next((k for k in left_b if k[1] == source and k != ka), None)
         if source and kb is not None and ka in left_a:
