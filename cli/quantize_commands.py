@@ -17,11 +17,17 @@ def _mb(n: int) -> str:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
+    from farm.cli.inspect_commands import parse_shape_args
     from farm.models.quantize import QuantizeError, quantize
 
+    shapes = parse_shape_args(args.shape)
+    if shapes and (args.method not in ("static", "qdq") or args.calibration):
+        raise UserError("--shape fixes the random calibration inputs' dynamic dimensions: it goes with --method "
+                        "static or qdq and no --calibration")
     try:
         result = quantize(Path(args.model), Path(args.output) if args.output else None, method=args.method,
-                          calibration=Path(args.calibration) if args.calibration else None, force=args.force)
+                          calibration=Path(args.calibration) if args.calibration else None, force=args.force,
+                          shapes=shapes)
     except QuantizeError as e:
         raise UserError(str(e)) from None
     calibration = result.lineage.get("calibration")
@@ -41,6 +47,13 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                             f"  {_mb(result.source_size_bytes)} → {_mb(result.output_size_bytes)} "
                             f"({result.output_size_bytes / max(1, result.source_size_bytes):.0%}), "
                             f"--method {args.method}, {result.seconds:.1f} s"), highlight=False)
+    if result.output_size_bytes >= result.source_size_bytes:
+        err.print(Text.assemble(("note: ", "yellow"), "the variant is not smaller than its source: ONNX Runtime "
+                                "quantized few of its weights (a small or recurrent model's quantize/dequantize "
+                                "nodes can outweigh them); `farm inspect` lists its operators"), highlight=False)
+    if str(result.lineage.get("preprocess", "")).startswith("skipped"):
+        err.print(Text.assemble(("note: ", "yellow"), f"pre-processing {result.lineage['preprocess']}; the model "
+                                "was quantized as it is"), highlight=False)
     out.print(f"lineage: {result.lineage_path} (also in the model's metadata; `farm inspect {result.output}` shows it)",
               highlight=False)
     return 0
@@ -59,5 +72,8 @@ def add_parser(sub: argparse._SubParsersAction, local: argparse.ArgumentParser) 
     s.add_argument("--calibration", metavar="FILE.npz|DIR",
                    help="static/qdq: real inputs (.npz keyed by input name, .npy for one input, or a folder of them; "
                         "one sample or a stack each); default: random inputs of the model's shapes")
+    s.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
+                   help="static/qdq without --calibration: an input's full shape for the random calibration inputs, "
+                        "e.g. x=1x3x48x192, where the model's is dynamic (repeatable)")
     s.add_argument("--force", action="store_true", help="replace the output file when it exists")
     s.set_defaults(func=cmd_quantize)

@@ -158,9 +158,9 @@ def _samples_of(array: Any, model_input: ModelInput, where: str) -> list[Any]:
         raise QuantizeError(f"{where}: input {model_input.name!r} is {np.dtype(model_input.dtype)}, the file gives "
                             f"{array.dtype}")
     if fits(array.shape):
-        return [array.astype(model_input.dtype)]
+        return [np.asarray(array, dtype=model_input.dtype)]
     if array.ndim == len(declared) + 1 and fits(array.shape[1:]):
-        return [a.astype(model_input.dtype) for a in array]
+        return [np.asarray(a, dtype=model_input.dtype) for a in array]  # a 0-d input's samples stay arrays
     shape = "×".join("?" if not (isinstance(d, int) and d > 0) else str(d) for d in declared)
     raise QuantizeError(f"{where}: input {model_input.name!r} has shape {shape}, the file gives "
                         f"{'×'.join(map(str, array.shape)) or 'a scalar'} (one sample of that shape, or a stack of "
@@ -223,8 +223,10 @@ def read_calibration(source: Path, inputs: list[ModelInput]) -> list[dict[str, A
     return samples
 
 
-def random_calibration(model: Path, inputs: list[ModelInput], count: int = RANDOM_SAMPLES) -> list[dict[str, Any]]:
-    """Random samples of the model's shapes (batch 1; floats uniform [0, 1), integers 0/1)."""
+def random_calibration(model: Path, inputs: list[ModelInput], count: int = RANDOM_SAMPLES,
+                       shapes: dict[str, list[int]] | None = None) -> list[dict[str, Any]]:
+    """Random samples of the model's shapes (batch 1; floats uniform [0, 1), integers 0/1); `shapes` (--shape) fixes
+    dynamic dimensions."""
     import numpy as np
 
     from farm.models.runtimes import InputShapeError, resolve_shape
@@ -236,10 +238,11 @@ def random_calibration(model: Path, inputs: list[ModelInput], count: int = RANDO
         for i in inputs:
             try:
                 shape = resolve_shape(i.name, [d if isinstance(d, int) else None for d in i.shape], layout="nchw",
-                                      batch_size=1, input_size=None, overrides={})
+                                      batch_size=1, input_size=None, overrides=shapes or {})
             except InputShapeError as e:
                 raise QuantizeError(f"{model}: {e.args[0].split(';')[0]}; random calibration inputs need full "
-                                    "shapes: give --calibration FILE.npz with real inputs") from None
+                                    f"shapes: give --shape {i.name}=DIMS, or --calibration FILE.npz with real "
+                                    "inputs") from None
             dtype = np.dtype(i.dtype)
             if dtype.kind == "f":
                 sample[i.name] = rng.random(shape, dtype=np.float32).astype(dtype)
@@ -289,7 +292,7 @@ def check_source(model: Path, method: str) -> None:
 
 
 def quantize(model: Path, output: Path | None = None, *, method: str = "dynamic", calibration: Path | None = None,
-             force: bool = False) -> QuantizeResult:
+             force: bool = False, shapes: dict[str, list[int]] | None = None) -> QuantizeResult:
     """Write an int8 (or fp16) variant of `model` and its lineage; QuantizeError says why not."""
     check_source(model, method)
     out = output or default_output(model, method)
@@ -323,7 +326,11 @@ def quantize(model: Path, output: Path | None = None, *, method: str = "dynamic"
                                   "sha256": calibration_sha256(calibration, calibration_files(calibration)),
                                   "samples": len(samples)}
         else:
-            samples = random_calibration(model, inputs)
+            unknown = sorted(set(shapes or {}) - {i.name for i in inputs})
+            if unknown:
+                raise QuantizeError(f"--shape {unknown[0][:80]}: {model} has no such input (its inputs: "
+                                    f"{', '.join(i.name for i in inputs)})")
+            samples = random_calibration(model, inputs, shapes=shapes)
             calibration_record = {"source": "random", "path": None, "sha256": None, "samples": len(samples),
                                   "note": "random inputs of the model's shapes (uniform [0, 1) for floats): the "
                                           "activation ranges are not those of real data"}
@@ -338,7 +345,16 @@ def quantize(model: Path, output: Path | None = None, *, method: str = "dynamic"
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)  # as a plain new file would be, not mkstemp's 0600
     try:
-        _run_tool(model, tmp, method, samples)
+        onnxruntime.set_default_logger_severity(4)  # its native log lines: the failure, if any, is our message
+        try:
+            prepared, preprocess = _preprocess(model, tmp, method)
+            try:
+                _run_tool(prepared, tmp, method, samples, source=model)
+            finally:
+                if prepared != model:
+                    prepared.unlink(missing_ok=True)
+        finally:
+            onnxruntime.set_default_logger_severity(2)  # onnxruntime's default (warnings)
         seconds = time.perf_counter() - started
         try:
             onnx_session(str(tmp), threads=1)
@@ -353,6 +369,7 @@ def quantize(model: Path, output: Path | None = None, *, method: str = "dynamic"
             "tool": {"name": "onnxruntime.quantization" if method != "fp16" else "onnxconverter_common.float16",
                      "onnxruntime": onnxruntime.__version__},
             "created": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "preprocess": preprocess,
             "quantize_s": round(seconds, 3),
         }
         _stamp_metadata(tmp, lineage)
@@ -367,12 +384,36 @@ def quantize(model: Path, output: Path | None = None, *, method: str = "dynamic"
     return QuantizeResult(out, sidecar, lineage, model.stat().st_size, out.stat().st_size, seconds)
 
 
-def _run_tool(model: Path, tmp: Path, method: str, samples: list[dict[str, Any]]) -> None:
+def _preprocess(model: Path, tmp: Path, method: str) -> tuple[Path, str]:
+    """ONNX Runtime's own pre-processing (`quant_pre_process`: its graph optimizations, which turn Constant nodes into
+    initializers the quantizer can read, and shape inference); the model as it is when that fails, said so."""
+    if method == "fp16":
+        return model, "none"
+    import logging
+
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    prepared = tmp.with_name(tmp.stem + ".pre.onnx")
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))
+    try:
+        quant_pre_process(str(model), str(prepared), skip_symbolic_shape=True)
+        return prepared, "onnxruntime quant_pre_process (optimization, shape inference)"
+    except Exception as e:
+        prepared.unlink(missing_ok=True)
+        return model, f"skipped: quant_pre_process failed ({_onnxruntime_message(e)[:200]})"
+    finally:
+        root.setLevel(level)
+
+
+def _run_tool(model: Path, tmp: Path, method: str, samples: list[dict[str, Any]], *, source: Path) -> None:
+    """`model` (perhaps pre-processed) into `tmp`; messages name `source`, the user's file."""
     if method == "fp16":
         try:
             from onnxconverter_common import float16  # type: ignore[import-not-found]
         except ImportError:
-            raise QuantizeError(f"--method fp16 ({model}): needs onnxconverter-common (pip install "
+            raise QuantizeError(f"--method fp16 ({source}): needs onnxconverter-common (pip install "
                                 "onnxconverter-common), which is not installed here; onnx itself has no fp16 "
                                 "converter. Use --method dynamic, static or qdq for int8") from None
         import onnx
@@ -380,7 +421,7 @@ def _run_tool(model: Path, tmp: Path, method: str, samples: list[dict[str, Any]]
             converted = float16.convert_float_to_float16(onnx.load(str(model)), keep_io_types=True)
             onnx.save(converted, str(tmp))
         except Exception as e:
-            raise QuantizeError(f"{model}: fp16 conversion failed (--method fp16): {_onnxruntime_message(e)}") from None
+            raise QuantizeError(f"{source}: fp16 conversion failed (--method fp16): {_onnxruntime_message(e)}") from None
         return
     import logging
 
@@ -400,7 +441,7 @@ def _run_tool(model: Path, tmp: Path, method: str, samples: list[dict[str, Any]]
     except QuantizeError:
         raise
     except Exception as e:
-        raise QuantizeError(f"{model}: ONNX Runtime's quantizer failed (--method {method}): "
+        raise QuantizeError(f"{source}: ONNX Runtime's quantizer failed (--method {method}): "
                             f"{_onnxruntime_message(e)}") from None
     finally:
         root.setLevel(level)

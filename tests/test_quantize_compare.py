@@ -41,6 +41,7 @@ def test_quantize_dynamic_makes_a_smaller_model_with_its_lineage_shown_by_inspec
     lineage = json.loads(sidecar.read_text())
     assert lineage["source"] == {"path": str(source), "sha256": _sha(source), "size_bytes": source.stat().st_size}
     assert lineage["method"] == "dynamic" and lineage["calibration"] is None
+    assert lineage["preprocess"].startswith("onnxruntime quant_pre_process")  # ONNX Runtime's own preparation
     assert lineage["tool"]["onnxruntime"] and lineage["created"].endswith("Z")
     assert lineage["output"]["sha256"] == _sha(out)
 
@@ -137,9 +138,14 @@ def test_bad_inputs_are_refused_naming_the_file_and_the_flag(
     message = _bad(farm_inprocess, source, "-o", str(tmp_path / "f.onnx"), "--method", "static",
                    "--calibration", str(tmp_path / "nowhere.npz"))
     assert f"--calibration {tmp_path / 'nowhere.npz'}: no such file" in message
+    message = _bad(farm_inprocess, source, "-o", str(tmp_path / "h.onnx"), "--method", "static", "--shape",
+                   "pixels=1x3x96x96")
+    assert "--shape pixels" in message and "no such input" in message
+    message = _bad(farm_inprocess, source, "-o", str(tmp_path / "h.onnx"), "--shape", "x=1x3x96x96")
+    assert "--shape" in message and "--method static or qdq" in message
     message = _bad(farm_inprocess, source, "-o", str(tmp_path / "g.tflite"))
     assert "-o" in message and ".onnx" in message
-    assert not list(tmp_path.glob("[a-g].onnx"))  # nothing written for a refusal
+    assert not list(tmp_path.glob("[a-h].onnx"))  # nothing written for a refusal
 
 
 def _job(directory: Path, name: str, models: list[Path], repeats: int) -> Path:
