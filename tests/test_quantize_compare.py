@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import write_job
-from farm.controller.analysis.compare import ONE_RUN, judge
+from farm.controller.analysis.compare import ONE_RUN, judge, pair_models
 
 MODEL = "mobilenetv2_w0.35_r96.onnx"
 
@@ -198,17 +198,21 @@ def test_compare_a_float_job_with_its_quantized_job(farm_inprocess, mobilenet_mo
 def test_compare_variants_within_one_job_with_one_run_says_noise_unknown(
         farm_inprocess, mobilenet_models: dict[str, Path], tmp_path: Path) -> None:
     source = mobilenet_models[MODEL]
-    variant = tmp_path / "variant.onnx"
+    variant, other = tmp_path / "variant.onnx", tmp_path / "other.onnx"
     _quantize(farm_inprocess, str(source), "-o", str(variant), "--method", "qdq")
-    submitted = farm_inprocess("submit", str(_job(tmp_path, "both", [source, variant], repeats=1)), "--json",
+    _quantize(farm_inprocess, str(source), "-o", str(other), "--method", "dynamic")
+    submitted = farm_inprocess("submit", str(_job(tmp_path, "both", [source, variant, other], repeats=1)), "--json",
                                "--create")
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.json()["job"]
     report = farm_inprocess("compare", str(job), "--json").json()
-    (pair,) = report["pairs"]
-    assert (pair["model_a"]["name"], pair["model_b"]["name"]) == (source.stem, "variant")
-    latency = pair["rows"][0]["metrics"]["latency_avg_ms"]
-    assert latency["noise"] == "unknown" and latency["verdict"] == ONE_RUN
+    # one source, two variants: each variant is paired with it, never with each other or the source with itself
+    assert sorted((p["model_a"]["name"], p["model_b"]["name"]) for p in report["pairs"]) == [
+        (source.stem, "other"), (source.stem, "variant")]
+    assert report["unmatched_a"] == [] and report["unmatched_b"] == []
+    for pair in report["pairs"]:
+        latency = pair["rows"][0]["metrics"]["latency_avg_ms"]
+        assert latency["noise"] == "unknown" and latency["verdict"] == ONE_RUN
     assert any("repeats" in note for note in report["notes"])
     table = farm_inprocess("compare", str(job))
     assert table.returncode == 0 and "noise unknown" in table.stdout
@@ -226,3 +230,23 @@ def test_judge_uses_the_repeats_spread() -> None:
     assert far["noise"] == "beyond" and far["change"] == pytest.approx(1.0, abs=0.03)
     assert judge([5.0, 5.0], [5.0, 5.0])["noise"] == "within"
     assert judge([5.0, 5.0], [6.0, 6.0])["noise"] == "beyond"
+
+
+def _record(name: str, sha: str) -> dict:
+    return {"model": {"name": name, "sha256": sha, "path": None, "size_bytes": 10}}
+
+
+def test_models_pair_by_lineage_then_name_then_the_one_left_on_each_side() -> None:
+    lineage = {"source": {"sha256": "f" * 64}}
+    pairs, left_a, left_b = pair_models(
+        [_record("net", "f" * 64), _record("shared", "1" * 64), _record("old", "2" * 64)],
+        [_record("net-int8", "e" * 64), _record("shared", "3" * 64), _record("new", "4" * 64)],
+        same_job=False, lineage_of=lambda model: lineage if model["name"] == "net-int8" else None)
+    assert [(p["a"]["name"], p["b"]["name"], p["matched_by"]) for p in pairs] == [
+        ("net", "net-int8", "lineage"), ("shared", "shared", "name"), ("old", "new", "only model on each side")]
+    assert left_a == left_b == []
+    # A is the variant: still paired, and said so
+    pairs, _, _ = pair_models([_record("net-int8", "e" * 64)], [_record("net", "f" * 64), _record("x", "9" * 64)],
+                              same_job=False, lineage_of=lambda model: lineage if model["name"] == "net-int8" else None)
+    assert [(p["a"]["name"], p["b"]["name"], p["matched_by"]) for p in pairs] == [
+        ("net-int8", "net", "lineage (A is the variant)")]

@@ -115,42 +115,48 @@ LineageReader = Callable[[dict[str, Any]], dict[str, Any] | None]
 
 def pair_models(a: list[dict[str, Any]], b: list[dict[str, Any]], *, same_job: bool,
                 lineage_of: LineageReader) -> tuple[list[dict[str, Any]], list[dict], list[dict]]:
-    """[(A's model, B's model, how they were matched, the lineage)], and the models of each side left over."""
+    """[(A's model, B's model, how they were matched, the lineage)], and the models of each side left over.
+    One source may have several variants (dynamic, static, qdq): by lineage an A model pairs with each of them."""
     models_a = {_model_key(r): r["model"] for r in a}
     models_b = {_model_key(r): r["model"] for r in b}
     lineages = {k: lineage_of(m) for k, m in {**models_a, **models_b}.items()}
     pairs: list[dict[str, Any]] = []
-    left_a, left_b = dict(models_a), dict(models_b)
+    paired_a: set[tuple[str, str]] = set()
+    paired_b: set[tuple[str, str]] = set()
 
     def take(ka: tuple[str, str], kb: tuple[str, str], how: str, lineage: dict[str, Any] | None) -> None:
-        pairs.append({"a": left_a.pop(ka), "b": left_b.pop(kb), "matched_by": how, "lineage": lineage})
-        if same_job:  # one list on both sides: a model paired is taken from both
-            left_a.pop(kb, None)
-            left_b.pop(ka, None)
+        pairs.append({"a": models_a[ka], "b": models_b[kb], "matched_by": how, "lineage": lineage})
+        paired_a.add(ka)
+        paired_b.add(kb)
+        if same_job:  # one list on both sides: a source is never an "after", a variant never paired again
+            paired_a.add(kb)
+            paired_b.add(ka)
 
-    for kb in list(left_b):  # B made from A (the usual: B is the optimized one)
-        source = ((lineages.get(kb) or {}).get("source") or {}).get("sha256")
-        ka = next((k for k in left_a if k[1] == source and k != kb), None)
-        if source and ka is not None and kb in left_b:
+    def source_of(key: tuple[str, str]) -> str | None:
+        return ((lineages.get(key) or {}).get("source") or {}).get("sha256")
+
+    for kb in models_b:  # B made from A (the usual: B is the optimized one)
+        source = source_of(kb)
+        ka = next((k for k in models_a if k[1] == source and k != kb), None)
+        if source and ka is not None and kb not in paired_b:
             take(ka, kb, "lineage", lineages[kb])
-    for ka in list(left_a) if not same_job else []:  # A made from B: compared as given, said so
-        source = ((lineages.get(ka) or {}).get("source") or {}).get("sha256")
-        kb = next((k for k in left_b if k[1] == source and k != ka), None)
-        if source and kb is not None and ka in left_a:
-            take(ka, kb, "lineage (A is the variant)", lineages[ka])
-    if same_job:  # within one job a model is never its own "after"; leftovers are simply not variants
-        shared = set(left_a) & set(left_b)
-        for k in shared:
-            left_a.pop(k)
-            left_b.pop(k)
-    else:
-        for ka in list(left_a):
-            kb = next((k for k in left_b if k[0] == ka[0]), None)
-            if kb is not None:
-                take(ka, kb, "name", None)
+    if not same_job:
+        for ka in models_a:  # A made from B: compared as given, said so
+            source = source_of(ka)
+            variant_of = next((k for k in models_b if k[1] == source and k not in paired_b), None)
+            if source and variant_of is not None and ka not in paired_a:
+                take(ka, variant_of, "lineage (A is the variant)", lineages[ka])
+        for ka in [k for k in models_a if k not in paired_a]:
+            named = next((k for k in models_b if k[0] == ka[0] and k not in paired_b), None)
+            if named is not None:
+                take(ka, named, "name", None)
+        left_a = [k for k in models_a if k not in paired_a]
+        left_b = [k for k in models_b if k not in paired_b]
         if len(left_a) == 1 and len(left_b) == 1:
-            take(next(iter(left_a)), next(iter(left_b)), "only model on each side", None)
-    return pairs, list(left_a.values()), list(left_b.values())
+            take(left_a[0], left_b[0], "only model on each side", None)
+    unmatched_a = [m for k, m in models_a.items() if k not in paired_a]
+    unmatched_b = [] if same_job else [m for k, m in models_b.items() if k not in paired_b]
+    return pairs, unmatched_a, unmatched_b
 
 
 def compare_records(a: list[dict[str, Any]], b: list[dict[str, Any]], *, job_a: int, job_b: int,
