@@ -250,3 +250,37 @@ def test_models_pair_by_lineage_then_name_then_the_one_left_on_each_side() -> No
                               same_job=False, lineage_of=lambda model: lineage if model["name"] == "net-int8" else None)
     assert [(p["a"]["name"], p["b"]["name"], p["matched_by"]) for p in pairs] == [
         ("net-int8", "net", "lineage (A is the variant)")]
+
+
+def test_compare_says_the_same_through_a_controller(farm_inprocess, farm_db: Path, mobilenet_models: dict[str, Path],
+                                                    tmp_path: Path) -> None:
+    """The comparison is made in the client from the two jobs' results: a controller's answer is the embedded one."""
+    import sqlite3
+
+    from grpc_processes import Cluster
+
+    source = mobilenet_models[MODEL]
+    quantized = tmp_path / "remote.int8.onnx"
+    _quantize(farm_inprocess, str(source), "-o", str(quantized), "--method", "static")
+    for name, model in (("float", source), ("int8", quantized)):
+        submitted = farm_inprocess("submit", str(_job(tmp_path, name, [model], repeats=1)), "--json", "--create")
+        assert submitted.returncode == 0, submitted.stderr
+    embedded = farm_inprocess("compare", "1", "2", "--json")
+    assert embedded.returncode == 0, embedded.stderr
+
+    root = tmp_path / "cluster"
+    root.mkdir()
+    cluster = Cluster(root, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_DEVICES": "",
+                                 "FARM_CONFIG": str(root / "none.toml"), "FARM_DB": str(root / "unused.db")})
+    try:
+        with sqlite3.connect(farm_db) as store, sqlite3.connect(root / "controller.db") as copy:
+            store.backup(copy)
+        cluster.start_controller("--no-auth")
+        remote = cluster.farm("compare", "1", "2", "--json", "--controller", str(cluster.address), timeout=300)
+        assert remote.returncode == 0, remote.stderr
+        assert json.loads(remote.stdout) == embedded.json()
+        assert embedded.json()["pairs"][0]["matched_by"] == "lineage"
+        missing = cluster.farm("compare", "1", "7", "--controller", str(cluster.address), timeout=300)
+        assert missing.returncode == 2 and "7" in missing.stderr, missing.stderr
+    finally:
+        cluster.stop_all()
