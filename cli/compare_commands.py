@@ -7,7 +7,6 @@ where the record's model path is readable from this machine, else models pair by
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from rich.table import Table
@@ -22,16 +21,6 @@ def _job_id(text: str) -> int:
         return int(str(text).removeprefix("job-"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a job id (see `farm jobs`)") from None
-
-
-def _lineage_of(model: dict[str, Any]) -> dict[str, Any] | None:
-    from farm.models.quantize import read_lineage
-
-    path = model.get("path")
-    if not path:
-        return None
-    p = Path(path)
-    return read_lineage(p) if p.is_file() else None
 
 
 def _figure(v: float | None, unit: str) -> str:
@@ -111,7 +100,7 @@ def compare_table(report: dict[str, Any]) -> Table:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from farm.cli.render import to_json
-    from farm.controller.analysis.compare import compare_records
+    from farm.controller.analysis.compare import compare_records, lineage_at_path
 
     job_b = args.job_b if args.job_b is not None else args.job_a
     farm = open_farm(args)
@@ -119,7 +108,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         farm.job(job)  # an unknown job is the answer's own error, naming it
     records_a = [r.model_dump() for r in farm.results(args.job_a)]
     records_b = records_a if job_b == args.job_a else [r.model_dump() for r in farm.results(job_b)]
-    report = compare_records(records_a, records_b, job_a=args.job_a, job_b=job_b, lineage_of=_lineage_of)
+    report = compare_records(records_a, records_b, job_a=args.job_a, job_b=job_b, lineage_of=lineage_at_path)
     if args.json:
         print(to_json(report))
         return 0

@@ -216,6 +216,12 @@ def test_compare_variants_within_one_job_with_one_run_says_noise_unknown(
     assert any("repeats" in note for note in report["notes"])
     table = farm_inprocess("compare", str(job))
     assert table.returncode == 0 and "noise unknown" in table.stdout
+    page = tmp_path / "report.html"
+    written = farm_inprocess("report", str(job), "-o", str(page))
+    assert written.returncode == 0, written.stderr
+    variants = page.read_text().split("<h2 id=variants>Variants</h2>")[1].split("<h2")[0]
+    assert "<td>variant</td><td>qdq</td>" in variants and "<td>other</td><td>dynamic</td>" in variants
+    assert ONE_RUN in variants
 
     missing = farm_inprocess("compare", str(job), "999")
     assert missing.returncode != 0 and "999" in missing.stderr

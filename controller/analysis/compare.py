@@ -113,6 +113,16 @@ def _runs_used(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
 LineageReader = Callable[[dict[str, Any]], dict[str, Any] | None]
 
 
+def lineage_at_path(model: dict[str, Any]) -> dict[str, Any] | None:
+    """A record's model's `farm quantize` lineage, read from its path where that file is readable here."""
+    from pathlib import Path
+
+    from farm.models.quantize import read_lineage
+
+    path = model.get("path")
+    return read_lineage(Path(path)) if path and Path(path).is_file() else None
+
+
 def pair_models(a: list[dict[str, Any]], b: list[dict[str, Any]], *, same_job: bool,
                 lineage_of: LineageReader) -> tuple[list[dict[str, Any]], list[dict], list[dict]]:
     """[(A's model, B's model, how they were matched, the lineage)], and the models of each side left over.

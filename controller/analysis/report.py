@@ -451,6 +451,34 @@ pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f8f8f8;padding:.5em}
 .wrap{overflow-x:auto}"""
 
 
+def variants_section(job_id: int, records: list[dict[str, Any]]) -> str:
+    """The job's models made from another of its models (`farm quantize` lineage): before → after per cell."""
+    from farm.controller.analysis.compare import compare_records, lineage_at_path
+
+    report = compare_records(records, records, job_a=job_id, job_b=job_id, lineage_of=lineage_at_path)
+    rows = []
+    for pair in report["pairs"]:
+        lineage = pair["lineage"] or {}
+        size = pair["size"]
+        for row in pair["rows"]:
+            m = row["metrics"]
+            latency = m.get("latency_avg_ms") or {}
+            memory = m.get("peak_memory_mb") or {}
+            rows.append([pair["model_a"]["name"], pair["model_b"]["name"], lineage.get("method", "—"), row["target"],
+                         row["accelerator"], row["threads"],
+                         f"{_g((size['a'] or 0) / 1e6, 3)} → {_g((size['b'] or 0) / 1e6, 3)}",
+                         f"{_g(latency.get('a'), 3)} → {_g(latency.get('b'), 3)}" if latency else "—",
+                         f"{latency['change']:+.0%}" if latency.get("change") is not None else "—",
+                         f"{_g(memory.get('a'), 3)} → {_g(memory.get('b'), 3)}" if memory else "—",
+                         latency.get("verdict", "—")])
+    if not rows:
+        return ""
+    return (_table(["source", "variant", "method", "on", "unit", "threads", "size MB", "latency avg ms", "Δ latency",
+                    "peak MB", "latency vs noise"], rows)
+            + "<p class=note>Variants made by <code>farm quantize</code> beside their source (<code>farm compare "
+            f"{job_id}</code> has every figure); noise: Welch's t at 95 % over the repeats.</p>")
+
+
 def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str]]:
     """The page, its figures (also written with --png) and the warnings shown at its top."""
     job = store.jobs.get(job_id)
@@ -470,6 +498,7 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
     sweeps = sweep_section(averaged, figures) if done else ""
     telemetry = telemetry_section(store, records, figures) if done else ""
     ops = ops_section(records)
+    variants = variants_section(job_id, records) if done else ""
     cal_sections = calibrations_section(store, calibrations, figures)
     if not calibrations:
         cal_sections = ("<p class=note>No calibration uses this job's runs yet: <code>farm calibrate --sim-job A "
@@ -487,6 +516,7 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
     when = "".join(f" · {label} {_when(job[key])}" for label, key in (("created", "created_at"), ("finished", "finished_at"))
                    if job.get(key))
     toc = [("results", "Results"), ("sweeps", "Plots"), ("telemetry", "Memory and CPU over time"), ("facts", "Models"),
+           *([("variants", "Variants")] if variants else []),
            *([("ops", "Operators")] if ops else []), ("calibrations", "Calibrations"), ("rankings", "Rankings"),
            ("spec", "Job spec")]
     page = f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
@@ -501,6 +531,7 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
 <h2 id=sweeps>Plots</h2>{sweeps or '<p class=note>no completed run to plot</p>'}
 <h2 id=telemetry>Memory and CPU over time</h2>{telemetry or '<p class=note>no completed run</p>'}
 <h2 id=facts>Models</h2><div class=wrap>{facts_section(records)}</div>
+{f'<h2 id=variants>Variants</h2><div class=wrap>{variants}</div>' if variants else ''}
 {f'<h2 id=ops>Operators</h2>{ops}' if ops else ''}
 <h2 id=calibrations>Calibrations</h2>{cal_sections}
 <h2 id=rankings>Rankings</h2>{rankings}
