@@ -342,7 +342,10 @@ def quantize(model: Path, output: Path | None = None, *, method: str = "dynamic"
     import onnxruntime
 
     started = time.perf_counter()
-    fd, tmp_name = tempfile.mkstemp(suffix=".onnx", prefix=f".{out.stem}.", dir=out.parent)
+    try:
+        fd, tmp_name = tempfile.mkstemp(suffix=".onnx", prefix=f".{out.stem}.", dir=out.parent)
+    except OSError as e:
+        raise QuantizeError(f"-o {out}: cannot write in {out.parent}: {e.strerror or e}") from None
     os.close(fd)
     tmp = Path(tmp_name)
     umask = os.umask(0)
@@ -381,8 +384,9 @@ def quantize(model: Path, output: Path | None = None, *, method: str = "dynamic"
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-        for extra in out.parent.glob(f"{tmp.stem}*"):  # onnxruntime's augmented/inferred models beside it
-            extra.unlink(missing_ok=True)
+        for extra in out.parent.iterdir():  # the pre-processed model and onnxruntime's files beside it
+            if extra.name.startswith(tmp.stem):
+                extra.unlink(missing_ok=True)
     sidecar = lineage_path(out)
     sidecar.write_text(json.dumps(lineage, indent=2) + "\n")
     return QuantizeResult(out, sidecar, lineage, model.stat().st_size, out.stat().st_size, seconds)

@@ -38,6 +38,7 @@ def test_quantize_dynamic_makes_a_smaller_model_with_its_lineage_shown_by_inspec
     assert out.is_file() and answer["output_size_bytes"] == out.stat().st_size
     assert out.stat().st_size < 0.5 * source.stat().st_size  # int8 weights: about a quarter
     sidecar = tmp_path / "small.int8.onnx.farm-lineage.json"
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary or pre-processed file left
     lineage = json.loads(sidecar.read_text())
     assert lineage["source"] == {"path": str(source), "sha256": _sha(source), "size_bytes": source.stat().st_size}
     assert lineage["method"] == "dynamic" and lineage["calibration"] is None
