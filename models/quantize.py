@@ -73,7 +73,7 @@ def file_sha256(path: Path) -> str:
 METADATA_READ_LIMIT = 256 << 20  # an .onnx larger than this is not parsed for its metadata (its sidecar still counts)
 
 
-def read_lineage(model: Path) -> dict[str, Any] | None:
+def read_lineage(model: Path, *, metadata: bool = True) -> dict[str, Any] | None:
     """The model's lineage: its sidecar, else the `farm.lineage` entry of an .onnx file's metadata; None if neither.
     (ONNX has no partial parse: reading the metadata reads the file, so files over METADATA_READ_LIMIT are skipped.)"""
     sidecar = lineage_path(model)
@@ -83,7 +83,8 @@ def read_lineage(model: Path) -> dict[str, Any] | None:
             return data
     except (OSError, ValueError):
         pass
-    if model.suffix.lower() != ".onnx" or not model.is_file() or model.stat().st_size > METADATA_READ_LIMIT:
+    if (not metadata or model.suffix.lower() != ".onnx" or not model.is_file()
+            or model.stat().st_size > METADATA_READ_LIMIT):
         return None
     try:
         import onnx

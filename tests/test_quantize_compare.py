@@ -197,7 +197,7 @@ def test_compare_a_float_job_with_its_quantized_job(farm_inprocess, mobilenet_mo
 
 
 def test_compare_variants_within_one_job_with_one_run_says_noise_unknown(
-        farm_inprocess, mobilenet_models: dict[str, Path], tmp_path: Path) -> None:
+        farm_inprocess, farm_db: Path, mobilenet_models: dict[str, Path], tmp_path: Path) -> None:
     source = mobilenet_models[MODEL]
     variant, other = tmp_path / "variant.onnx", tmp_path / "other.onnx"
     _quantize(farm_inprocess, str(source), "-o", str(variant), "--method", "qdq")
@@ -223,6 +223,21 @@ def test_compare_variants_within_one_job_with_one_run_says_noise_unknown(
     variants = page.read_text().split("<h2 id=variants>Variants</h2>")[1].split("<h2")[0]
     assert "<td>variant</td><td>qdq</td>" in variants and "<td>other</td><td>dynamic</td>" in variants
     assert ONE_RUN in variants
+
+    # the dashboard's job page: the same rows (lineage from the sidecars, no model parsed per visit)
+    from farm.controller.store import open_store
+    from farm.web.pages import job_page
+    from farm.web.views import job_view
+    store = open_store(farm_db)
+    try:
+        view = job_view(store, job)
+    finally:
+        store.close()
+    assert view is not None
+    assert sorted((v["source"], v["variant"], v["method"]) for v in view.variants) == [
+        (source.stem, "other", "dynamic"), (source.stem, "variant", "qdq")]
+    page = job_page(view, csrf="x", may_cancel=False)
+    assert "Variants beside their source" in page and 'id="variants"' in page and ONE_RUN in page
 
     missing = farm_inprocess("compare", str(job), "999")
     assert missing.returncode != 0 and "999" in missing.stderr

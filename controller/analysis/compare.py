@@ -123,6 +123,34 @@ def lineage_at_path(model: dict[str, Any]) -> dict[str, Any] | None:
     return read_lineage(Path(path)) if path and Path(path).is_file() else None
 
 
+def sidecar_lineage(model: dict[str, Any]) -> dict[str, Any] | None:
+    """The lineage from the sidecar file only, never parsing the model: for pages drawn on every visit."""
+    from pathlib import Path
+
+    from farm.models.quantize import read_lineage
+
+    path = model.get("path")
+    return read_lineage(Path(path), metadata=False) if path else None
+
+
+def variant_rows(job_id: int, records: list[dict[str, Any]], lineage_of: LineageReader) -> list[dict[str, Any]]:
+    """One flat row per (source, variant, cell) of a job's `farm quantize` variants: what a report or a page shows."""
+    report = compare_records(records, records, job_a=job_id, job_b=job_id, lineage_of=lineage_of)
+    rows = []
+    for pair in report["pairs"]:
+        for row in pair["rows"]:
+            latency = row["metrics"].get("latency_avg_ms") or {}
+            memory = row["metrics"].get("peak_memory_mb") or {}
+            rows.append({"source": pair["model_a"]["name"], "variant": pair["model_b"]["name"],
+                         "method": (pair["lineage"] or {}).get("method"), "target": row["target"],
+                         "accelerator": row["accelerator"], "threads": row["threads"],
+                         "size_a": pair["size"]["a"], "size_b": pair["size"]["b"],
+                         "latency_a": latency.get("a"), "latency_b": latency.get("b"),
+                         "latency_change": latency.get("change"), "verdict": latency.get("verdict"),
+                         "memory_a": memory.get("a"), "memory_b": memory.get("b")})
+    return rows
+
+
 def pair_models(a: list[dict[str, Any]], b: list[dict[str, Any]], *, same_job: bool,
                 lineage_of: LineageReader) -> tuple[list[dict[str, Any]], list[dict], list[dict]]:
     """[(A's model, B's model, how they were matched, the lineage)], and the models of each side left over.

@@ -453,24 +453,16 @@ pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f8f8f8;padding:.5em}
 
 def variants_section(job_id: int, records: list[dict[str, Any]]) -> str:
     """The job's models made from another of its models (`farm quantize` lineage): before → after per cell."""
-    from farm.controller.analysis.compare import compare_records, lineage_at_path
+    from farm.controller.analysis.compare import lineage_at_path, variant_rows
 
-    report = compare_records(records, records, job_a=job_id, job_b=job_id, lineage_of=lineage_at_path)
-    rows = []
-    for pair in report["pairs"]:
-        lineage = pair["lineage"] or {}
-        size = pair["size"]
-        for row in pair["rows"]:
-            m = row["metrics"]
-            latency = m.get("latency_avg_ms") or {}
-            memory = m.get("peak_memory_mb") or {}
-            rows.append([pair["model_a"]["name"], pair["model_b"]["name"], lineage.get("method", "—"), row["target"],
-                         row["accelerator"], row["threads"],
-                         f"{_g((size['a'] or 0) / 1e6, 3)} → {_g((size['b'] or 0) / 1e6, 3)}",
-                         f"{_g(latency.get('a'), 3)} → {_g(latency.get('b'), 3)}" if latency else "—",
-                         f"{latency['change']:+.0%}" if latency.get("change") is not None else "—",
-                         f"{_g(memory.get('a'), 3)} → {_g(memory.get('b'), 3)}" if memory else "—",
-                         latency.get("verdict", "—")])
+    def mb(n: Any) -> str:
+        return _g(n / 1e6, 3) if isinstance(n, (int, float)) else "—"
+
+    rows = [[v["source"], v["variant"], v["method"] or "—", v["target"], v["accelerator"], v["threads"],
+             f"{mb(v['size_a'])} → {mb(v['size_b'])}", f"{_g(v['latency_a'], 3)} → {_g(v['latency_b'], 3)}",
+             f"{v['latency_change']:+.0%}" if v["latency_change"] is not None else "—",
+             f"{_g(v['memory_a'], 3)} → {_g(v['memory_b'], 3)}", v["verdict"] or "—"]
+            for v in variant_rows(job_id, records, lineage_at_path)]
     if not rows:
         return ""
     return (_table(["source", "variant", "method", "on", "unit", "threads", "size MB", "latency avg ms", "Δ latency",
