@@ -144,6 +144,10 @@ def test_bad_inputs_are_refused_naming_the_file_and_the_flag(
     assert "--shape pixels" in message and "no such input" in message
     message = _bad(farm_inprocess, source, "-o", str(tmp_path / "h.onnx"), "--shape", "x=1x3x96x96")
     assert "--shape" in message and "--method static or qdq" in message
+    import importlib.util
+    if importlib.util.find_spec("onnxconverter_common") is None:  # not a farm dependency: fp16 says what it needs
+        message = _bad(farm_inprocess, source, "-o", str(tmp_path / "h.onnx"), "--method", "fp16")
+        assert "--method fp16" in message and "onnxconverter-common" in message and source in message
     message = _bad(farm_inprocess, source, "-o", str(tmp_path / "g.tflite"))
     assert "-o" in message and ".onnx" in message
     assert not list(tmp_path.glob("[a-h].onnx"))  # nothing written for a refusal
