@@ -240,11 +240,12 @@ def suggest_table(draws: int, seed: int, only: str | None = None, k: int = 10, p
     """`--suggest` against random choice: from a candidate list of ``pool_size`` models measured in the
     sim, calibrate on the k that ``suggest_models`` picks and on k random ones; judge on the rest."""
     generator = np.random.default_rng(seed)
-    rows = ["| device pair | k | suggested ±10 % / MAPE | random ±10 % / MAPE | gain (points) |", "|---|---|---|---|---|"]
-    for pair in DEVICE_PAIRS:
-        if not pair.features or not selected(pair, only):
-            continue
-        sim, device, features = load_columns(pair)
+    rows = ["| device pair | features | k | suggested ±10 % / MAPE | random ±10 % / MAPE | gain (points) |",
+            "|---|---|---|---|---|---|"]
+    for pair, names in ((pair, names) for pair in DEVICE_PAIRS if pair.features and selected(pair, only)
+                        for names in ((), pair.features[:1], pair.features)):
+        sim, device, every = load_columns(pair)
+        features = {name: every[name] for name in names}
         within: dict[str, list[float]] = {"suggested": [], "random": []}
         mape: dict[str, list[float]] = {"suggested": [], "random": []}
         for _ in range(draws):
@@ -265,7 +266,8 @@ def suggest_table(draws: int, seed: int, only: str | None = None, k: int = 10, p
                 within[name].append(float(np.mean(relative <= 0.10)))
                 mape[name].append(float(np.mean(relative)))
         gain = 100 * (statistics.fmean(within["suggested"]) - statistics.fmean(within["random"]))
-        rows.append(f"| {pair.label} | {k} | {cell(within['suggested'])} % / {median_cell(mape['suggested'])} % | "
+        rows.append(f"| {pair.label} | {', '.join(names) or 'none'} | {k} | {cell(within['suggested'])} % / "
+                    f"{median_cell(mape['suggested'])} % | "
                     f"{cell(within['random'])} % / {median_cell(mape['random'])} % | {gain:+.1f} |")
     return "\n".join([f"### `--suggest` against random choice ({draws} candidate lists of {pool_size} models, "
                       f"seed {seed})", "", *rows])
@@ -414,6 +416,73 @@ def coverage_table(draws: int, seed: int, only: str | None = None) -> str:
     return "\n".join(rows)
 
 
+BAYES_TARGETS = (("Galaxy S10 big core", "s10|1large|float|mean"), ("Mi 8 SE big core", "mi8se|1large|float|mean"),
+                 ("Galaxy A03s big core", "a03s|1large|float|mean"), ("iPhone XS big core", "iphonexs|1large|float|mean"),
+                 ("iPhone 7 big core", "iphone7|1large|float|mean"), ("Pixel 4 GPU (CPU→GPU)", "pixel4|gpu|float|mean"),
+                 ("Galaxy S10 GPU (CPU→GPU)", "s10|gpu|float|mean"))
+
+
+def bayes_table(draws: int, seed: int, k: int = 10) -> str:
+    """Issue 31's benchmark: Pixel 4 big core as the sim, k calibration models per draw, the rest predicted.
+    Per device pair, in the same draws: the default (chosen) fit, with the per-class prior fitted on the
+    *other* phones (device hold-out) and with the shipped prior, against a plain 3-term least-squares fit
+    ``log y ~ log x + log FLOPs``: share within ±10 %, 90 % interval coverage, the kinds chosen, and the
+    share of draws called unsafe (CPU→GPU pairs should be)."""
+    from population_prior import class_priors, load_qed  # benchmarks/ is on sys.path when run as a script
+
+    from farm.controller.analysis.calibration import class_priors_from_json
+
+    sim, devices, features = load_qed()
+    generator = np.random.default_rng(seed)
+    rows = [f"### Bayesian log-linear default against a 3-term fit (k = {k}, {draws} draws per pair, seed {seed})", "",
+            "Pixel 4 big core (qed, TFLite float) as the sim; features FLOPS and size. `held-out prior`: the class "
+            "priors fitted on every float configuration of the *other* phones; `shipped`: the priors farm ships "
+            "(fitted on all phones, the target included). Cells: mean share of the other models within ±10 %.", "",
+            "| device pair | 3-term LS ±10 % | chosen, held-out prior ±10 % | gap (points) | 90 % coverage | chosen, "
+            "shipped prior ±10 % | kinds chosen | unsafe |", "|---|---|---|---|---|---|---|---|"]
+    cpu_gaps, cpu_within, coverages = [], [], []
+    for label, column in BAYES_TARGETS:
+        phone = column.split("|")[0]
+        others = {name: values for name, values in devices.items() if name.split("|")[0] != phone}
+        held_out = class_priors_from_json(class_priors(sim, others, features, f"qed phones other than {phone}"))
+        device = devices[column]
+        usable = np.flatnonzero(np.isfinite(sim) & np.isfinite(device) & (sim >= SMALLEST_VALID_MS * 1e3)
+                                & (device >= SMALLEST_VALID_MS * 1e3))
+        three, within, shipped, coverage, unsafe = [], [], [], [], []
+        chosen: Counter[str] = Counter()
+        for _ in range(draws):
+            picked = generator.choice(usable, size=k, replace=False)
+            held = np.setdiff1d(usable, picked)
+            truth = device[held]
+            design = np.column_stack([np.ones(k), np.log(sim[picked]), np.log(features["flops"][picked])])
+            coefficients, *_ = np.linalg.lstsq(design, np.log(device[picked]), rcond=None)
+            estimate = np.exp(np.column_stack([np.ones(held.size), np.log(sim[held]),
+                                               np.log(features["flops"][held])]) @ coefficients)
+            three.append(float(np.mean(np.abs(estimate - truth) / truth <= 0.10)))
+            pairs = [Pair(f"m{i}", sim[i], device[i], features={"FLOPS": features["flops"][i], "size": features["size"][i]})
+                     for i in picked]
+            held_features = {"FLOPS": features["flops"][held], "size": features["size"][held]}
+            for priors, sink in ((held_out, within), (None, shipped)):
+                calibration = calibrate(pairs, confidence=CONFIDENCE, features=["FLOPS", "size"], class_priors=priors)
+                estimate, low, high = calibration.chosen_fit.predict_arrays(sim[held], held_features, CONFIDENCE)
+                sink.append(float(np.mean(np.abs(estimate - truth) / truth <= 0.10)))
+                if priors is not None:
+                    chosen[calibration.chosen] += 1
+                    coverage.append(float(np.mean((truth >= low) & (truth <= high))))
+                    unsafe.append(float(calibration.unsafe))
+        gap = 100 * (statistics.fmean(within) - statistics.fmean(three))
+        if "GPU" not in label:
+            cpu_gaps.append(gap)
+            cpu_within.append(statistics.fmean(within))
+        coverages.append(statistics.fmean(coverage))
+        rows.append(f"| {label} | {cell(three, 1)} | {cell(within, 1)} | {gap:+.1f} | {cell(coverage, 1)} | "
+                    f"{cell(shipped, 1)} | {', '.join(f'{kind} {count}' for kind, count in chosen.most_common())} | "
+                    f"{cell(unsafe)} % |")
+    rows += ["", f"CPU pairs: mean {100 * statistics.fmean(cpu_within):.1f} % within ±10 %, worst gap to the 3-term fit "
+                 f"{min(cpu_gaps):+.1f} points; coverage {100 * min(coverages):.1f}–{100 * max(coverages):.1f} %."]
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--draws", type=int, default=200, help="random calibration sets per device pair and k")
@@ -424,6 +493,8 @@ def main() -> None:
     parser.add_argument("--suggest", action="store_true", help="only --suggest against random choice (k = 10)")
     parser.add_argument("--population", action="store_true", help="only the population prior's device hold-out")
     parser.add_argument("--coverage", action="store_true", help="only the chosen fit's interval coverage (and unsafe share)")
+    parser.add_argument("--bayes", action="store_true", help="only issue 31's table: the default fit against a 3-term "
+                                                            "least-squares fit at k = 10 (device hold-out priors)")
     parser.add_argument("--only", help="only device pairs whose label contains one of these comma-separated texts "
                                        "(e.g. qed, or 'similar,phone,desktop' for the HELP rows)")
     arguments = parser.parse_args()
@@ -433,6 +504,9 @@ def main() -> None:
         return
     if arguments.population:
         print(population_table(arguments.draws, arguments.seed))
+        return
+    if arguments.bayes:
+        print(bayes_table(arguments.draws, arguments.seed))
         return
     if arguments.coverage:
         print(coverage_table(arguments.draws, arguments.seed, arguments.only))

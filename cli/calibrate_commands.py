@@ -206,7 +206,7 @@ def _suggest_offline(args: argparse.Namespace) -> int:
         for name in chosen:
             out.print(Text(name))
         err.print(f"{len(chosen)} of {len(candidates)} candidate(s), spread over sim and features "
-                  f"(D-optimal, {len(measured)} already measured)")
+                  f"(the most predictive variance removed over the candidates, {len(measured)} already measured)")
     return 0
 
 
@@ -243,7 +243,7 @@ def _suggest_from_store(args: argparse.Namespace) -> int:
         t.add_row(Text(printable(s["model"])), _fmt(s["sim"]), Text(printable(s["path"] or "—")), str(s["job"]))
     out.print(t)
     err.print(f"{len(answer['suggested'])} of {answer['candidates']} candidate(s), spread over sim and "
-              f"{', '.join(answer['features']) or 'no model facts'} (D-optimal; {answer['measured']} already measured)"
+              f"{', '.join(answer['features']) or 'no model facts'} (the most predictive variance removed over the candidates; {answer['measured']} already measured)"
               + (f"; job written to {args.output}: `farm submit {args.output}`" if args.output else ""))
     return 0
 
@@ -348,19 +348,21 @@ def cmd_predict(args: argparse.Namespace) -> int:
                         "agents' own (`farm agent --backend`): drop --backend")
     from farm.client.api import PredictAsk
 
+    confidence = DEFAULT_CONFIDENCE if args.confidence is None else args.confidence
     ask = PredictAsk(model=Path(args.model), device=args.device, metrics=tuple(args.metric or ["latency"]),
-                     threads=args.threads, confidence=args.confidence, include_contended=args.include_contended)
+                     threads=args.threads, confidence=confidence, include_contended=args.include_contended)
     with job_progress(args, 0) as update:  # the sim run of the model, when no earlier one can be reused
         predictions = farm.predict(ask, update)
     if args.json:
         print(strict_json.dumps(predictions, indent=2))
         return 0
     t = Table(header_style="bold", title=f"{Path(args.model).name} on {args.device}")
-    for c in ("metric", "threads", "sim", "predicted", f"{int(args.confidence * 100)} % interval", "calibration", "sim run"):
+    for c in ("metric", "threads", "sim", "predicted", f"{confidence:.0%} interval", "verdict", "calibration",
+              "sim run"):
         t.add_column(c)
     for p in predictions:
         t.add_row(p.metric, str(p.threads), f"{_fmt(p.sim)} {p.unit}", f"{_fmt(p.estimate)} {p.unit}",
-                  f"{_fmt(p.low)} – {_fmt(p.high)}",
+                  f"{_fmt(p.low)} – {_fmt(p.high)}", _verdict_cell(p.unsafe, p.verdict, p.extrapolation),
                   f"#{p.calibration.id} v{p.calibration.version} {p.calibration.kind}",
                   "reused" if p.sim_reused else "measured now")
     out.print(t)
@@ -368,6 +370,26 @@ def cmd_predict(args: argparse.Namespace) -> int:
         for w in p.warnings:
             err.print(Text.assemble(("warning ", "yellow"), f"{p.metric} threads={p.threads}: {w}"))
     return 0
+
+
+DEFAULT_CONFIDENCE = 0.9
+
+
+def _verdict_cell(unsafe: bool, verdict: str, extrapolation: Any) -> Text:
+    """"unsafe" (red) and/or "extrapolating" with the inputs outside the range the fit saw (yellow), else "ok"."""
+    parts: list[tuple[str, str]] = []
+    if unsafe:
+        parts.append(("unsafe", "red"))
+    if verdict == "extrapolating":
+        outside = "; ".join(f"{'sim' if o.input == 'x' else o.input} {o.value:.4g} outside {o.low:.4g}–{o.high:.4g}"
+                            for o in extrapolation)
+        parts.append((f"extrapolating ({outside})" if outside else "extrapolating", "yellow"))
+    if not parts:
+        return Text("ok")
+    text = Text()
+    for index, (word, style) in enumerate(parts):
+        text.append((", " if index else "") + word, style=style)
+    return text
 
 
 def _predict_offline(args: argparse.Namespace) -> int:
@@ -397,9 +419,17 @@ def _predict_offline(args: argparse.Namespace) -> int:
             if cal is None:
                 raise UserError(f"{args.input}:{line}: no calibration for group {group!r} in {args.calibration} "
                                     f"(it has {', '.join(groups)})")
-            out_rows += predict_rows(cal, [row], x=x_col, source=args.input, first_line=line)
-    except CalibrationInputError as e:
+            out_rows += predict_rows(cal, [row], x=x_col, source=args.input, first_line=line,
+                                     confidence=args.confidence)
+    except (CalibrationInputError, ValueError) as e:
         raise UserError(str(e)) from None
+    extrapolating = [row for row in out_rows if row.get("verdict") == "extrapolating"]
+    if extrapolating:  # stderr, so the CSV on stdout stays a CSV
+        err.print(Text.assemble(("extrapolating ", "yellow"), f"{len(extrapolating)} of {len(out_rows)} row(s) lie "
+                                "outside the range the fit saw (the verdict and extrapolation columns say which; "
+                                "their intervals are widened): "
+                                + ", ".join(printable(str(row.get("model", "?"))) for row in extrapolating[:5])
+                                + (" …" if len(extrapolating) > 5 else "")))
     if args.output:
         with open(output_file(args.output), "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(out_rows[0]) if out_rows else ["model"])
@@ -547,7 +577,14 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("--wide", action="store_true", help="every column: batch, input size, precision, family, when, fit, ρ, prior")
     s.set_defaults(func=cmd_calibrations)
 
-    s = sub.add_parser("predict", parents=[common], help="on-device estimate of a model from the sim alone")
+    s = sub.add_parser(
+        "predict", parents=[common], help="on-device estimate of a model from the sim alone",
+        description="On-device estimate of a model from the sim alone, with its prediction interval and a verdict. "
+                    "Columns (table, --json and the offline CSV): estimate (the predicted device value), low and high "
+                    "(the --confidence prediction interval), verdict ('ok', or 'extrapolating' when the model lies "
+                    "outside the sim values or features the calibration saw; the interval is then widened and "
+                    "extrapolation names each input, its value and the range seen) and, against the farm, unsafe "
+                    "(the sim does not track this device).")
     s.add_argument("model", nargs="?", help="a .tflite or .onnx file")
     s.add_argument("--device", help="a device with a stored calibration")
     s.add_argument("--metric", action="append", choices=["latency", "whole_run", "peak_memory", "avg_memory"],
@@ -555,7 +592,8 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("--threads", type=int, help="default: every thread count the device is calibrated for")
     s.add_argument("--backend", choices=["auto", "cgroup", "docker", "process"], default=None,
                    help="the sandbox backend of the sim run (default: auto)")
-    s.add_argument("--confidence", type=float, default=0.9, help="the prediction interval's level (default 0.9)")
+    s.add_argument("--confidence", type=float, default=None,
+                   help="the level of the low–high prediction interval (default 0.9; offline: the calibration's own)")
     s.add_argument("--calibration", help="offline: a fit written by `farm calibrate --pairs ... -o`")
     s.add_argument("--input", help="offline: CSV with model and x columns")
     s.add_argument("--x", help="offline: the x column (default: the one the fit used)")

@@ -20,6 +20,8 @@ ENVIRONMENT: dict[str, str] = {
     "FARM_CGROUP_VERSION": "2: the cgroup sandbox uses cgroup v2 even where a usable v1 hierarchy is mounted",
     "FARM_CGROUP_PARENT": "the cgroup v2 folder sim runs are made under (default: <mount>/farm)",
     "FARM_WARM_HARNESS": "0: every sim run starts its harness cold (default: runs fork from a kept, warm interpreter per runtime)",
+    "FARM_RUN_UIDS": "FIRST:COUNT, the uid range an agent's runs take one uid each from (default 2046820352:65536)",
+    "FARM_ISOLATE": "set by the agent for a cold run's own harness (its isolation settings); never set it yourself",
     "DOCKER_HOST": "the Docker engine the docker sandbox talks to (the Docker SDK's own variable)",
     "COLUMNS": "the width of tables when output is piped (default 160)",
     "PATH": "where a script job's and the sandbox's tools are found (passed on to runs)",

@@ -67,6 +67,8 @@ def inspect_report(path: Path, input_shapes: dict[str, list[int]] | None = None)
     facts = inspect_model(path, input_shapes)
     if facts.format == "other":
         raise ModelError(f"{path}: farm reads .tflite and .onnx files; this one is neither (by its extension)")
+    from farm.models.quantize import read_lineage
+
     layers = model_layers(path, input_shapes)
     total_macs = facts.macs
     return {
@@ -79,7 +81,25 @@ def inspect_report(path: Path, input_shapes: dict[str, list[int]] | None = None)
         "activation_bytes": facts.activation_bytes, "op_count": facts.op_count,
         "op_types": dict(sorted(facts.op_types.items(), key=lambda kv: (-kv[1], kv[0]))),
         "layers": [{**dataclasses.asdict(layer), "flops": flops(layer.macs)} for layer in layers],
+        "lineage": read_lineage(path),  # what `farm quantize` made it from (its sidecar or metadata), else None
     }
+
+
+def lineage_line(lineage: dict[str, Any]) -> Text:
+    """`farm quantize`'s record as one line: method, source and its hash, calibration set, tool and date."""
+    source = lineage.get("source") or {}
+    calibration = lineage.get("calibration")
+    if not calibration:
+        calibrated = "no calibration data"
+    elif calibration.get("source") == "random":
+        calibrated = f"calibrated on {calibration.get('samples')} random inputs"
+    else:
+        calibrated = (f"calibrated on {calibration.get('path')} ({calibration.get('samples')} samples, "
+                      f"sha256 {str(calibration.get('sha256'))[:16]}…)")
+    tool = lineage.get("tool") or {}
+    return Text.assemble(("lineage: ", "bold"), f"{lineage.get('precision', '?')} by --method {lineage.get('method')} "
+                         f"from {source.get('path')} (sha256 {str(source.get('sha256'))[:16]}…); {calibrated}; "
+                         f"onnxruntime {tool.get('onnxruntime')}, {lineage.get('created')}")
 
 
 def _tensors_table(title: str, tensors: list[dict[str, Any]]) -> Table:
@@ -123,6 +143,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     shares = ", ".join(f"{k} {v:.0%}" for k, v in report["mac_shares"].items() if v)
     out.print(f"parameters {_si(report['param_count'])} · MACs {_si(report['macs'])} · FLOPs {_si(report['flops'])}"
               f" (batch 1{'; ' + shares if shares else ''})")
+    if report["lineage"]:
+        out.print(lineage_line(report["lineage"]), highlight=False)
     if report["macs"] is None:
         out.print("MACs unknown: a convolution or matrix product has a shape that is only known at run time; "
                   "fix the inputs' dynamic dimensions with --shape NAME=1x3x224x224")

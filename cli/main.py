@@ -416,6 +416,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_remote_commands(sub, common)
     from farm.cli.inspect_commands import add_parser as add_inspect_command
     add_inspect_command(sub)
+    from farm.cli.quantize_commands import add_parser as add_quantize_command
+    add_quantize_command(sub, local)
+    from farm.cli.compare_commands import add_parser as add_compare_command
+    add_compare_command(sub, common)
 
     from farm.cli.completion import add_parser as add_completion_command
     add_completion_command(sub, p)
@@ -429,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Commands that only read a store: given a --db (or FARM_DB) that does not exist, they say so instead of making one
-READ_ONLY_COMMANDS = ("results", "jobs", "status", "watch", "calibrations", "rank", "report", "drift")
+READ_ONLY_COMMANDS = ("results", "jobs", "status", "watch", "calibrations", "rank", "report", "drift", "compare")
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")

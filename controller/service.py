@@ -584,7 +584,10 @@ def predict(store: Store, model: Path, model_name: str, device: str, metrics: li
                 "calibration": {"id": stored.id, "version": stored.version, "kind": stored.calibration.chosen,
                                 "family": stored.family or None, "n": fit.n, "r2": fit.r2},
                 "unsafe": stored.calibration.unsafe, "formula": fit.formula,
-                "warnings": list(stored.calibration.warnings),
+                "warnings": list(stored.calibration.warnings)
+                + ([f"extrapolating: {'; '.join(map(str, p.extrapolation))} (the interval is widened)"]
+                   if p.extrapolation else []),
+                "verdict": p.verdict, "extrapolation": [o.to_json() for o in p.extrapolation],
             }))
     return predictions
 

@@ -575,6 +575,15 @@ class PredictionCalibration(Model):
     r2: float | None
 
 
+class PredictionOutOfRange(Model):
+    """One input of a prediction outside what its calibration saw: "x" (the sim value) or a feature."""
+
+    input: str
+    value: float
+    low: float
+    high: float
+
+
 class Prediction(Model):
     """One on-device estimate from the sim, as `farm predict --json` prints it."""
 
@@ -595,6 +604,10 @@ class Prediction(Model):
     unsafe: bool
     formula: str
     warnings: list[str]
+    # "extrapolating": the model lies outside the sim values or features the calibration saw (``extrapolation``
+    # names each input, its value and the range seen; the interval is wider for it), else "ok"
+    verdict: str = "ok"
+    extrapolation: list[PredictionOutOfRange] = []
 
 
 class PredictAnswer(Model):

@@ -21,6 +21,7 @@ from farm.controller.store import SQLiteStore as Store
 from farm.proto.results import LatencyStats, RunResult, RunStatus
 
 SIM_MS = [3.0, 5.5, 8.0, 12.0, 17.0, 25.0]  # six models, batch 1 in the sim
+BETWEEN_M2_AND_M3 = {"macs": 3.5e8, "size_bytes": 4.5e6, "param_count": 3.5e5}  # the facts of a model at 10 ms
 BOARD_POWER_W = 0.8  # energy per inference (mJ) = W × latency (ms)
 
 
@@ -80,7 +81,9 @@ def test_batch_sizes_are_never_averaged_together(tmp_path: Path) -> None:
         calibration = by_batch[batch].calibration
         assert calibration.chosen_fit.n == 6  # six models, not twelve averaged into six
         assert not any("averaged" in w for w in calibration.warnings)
-        assert calibration.predict(10.0 * batch).estimate == pytest.approx(ratio * 10.0 * batch, rel=0.03)
+        # the default fit (log_bayes) takes the model's features: a model between m2 and m3
+        assert calibration.predict(10.0 * batch, BETWEEN_M2_AND_M3).estimate == pytest.approx(ratio * 10.0 * batch,
+                                                                                              rel=0.03)
         assert by_batch[batch].version == 1  # versions count per key
     history = calibration_history(store, "nano-1")
     assert sorted((r["batch_size"], r["precision"]) for r in history) == [(1, "fp32"), (8, "fp32")]
@@ -106,7 +109,7 @@ def test_energy_per_inference_is_a_result_and_a_calibration_metric(tmp_path: Pat
     batch_1 = next(s for s in stored if s.batch_size == 1)
     assert batch_1.metric == "energy"
     # energy from the sim's latency: 0.8 W × 2 × sim ms
-    assert batch_1.calibration.predict(10.0).estimate == pytest.approx(16.0, rel=0.03)
+    assert batch_1.calibration.predict(10.0, BETWEEN_M2_AND_M3).estimate == pytest.approx(16.0, rel=0.03)
 
 
 def test_a_refit_with_few_models_leans_on_the_previous_version_then_on_the_device_type(tmp_path: Path) -> None:

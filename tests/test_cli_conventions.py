@@ -18,7 +18,7 @@ from farm.cli.main import _leaf_parsers, build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_FOLDERS = ("agents", "cli", "client", "controller", "farm", "models", "proto", "web")
-LOCAL_ONLY = ("backends", "models generate", "schema", "inspect", "completion", "manpage", "import auptimizer", "web")
+LOCAL_ONLY = ("backends", "models generate", "schema", "inspect", "quantize", "completion", "manpage", "import auptimizer", "web")
 
 
 def _commands() -> dict[str, argparse.ArgumentParser]:

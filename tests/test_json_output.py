@@ -121,6 +121,8 @@ COMMANDS: dict[str, list[list[str]]] = {
     "devices": [["devices", "--devices", "{lab}"]],
     "agents": [["agents"]],  # embedded has no agents: refused, as JSON
     "inspect": [["inspect", "{tflite}"]],
+    "quantize": [["quantize", "{onnx}", "-o", "{quantized}"]],
+    "compare": [["compare", "1", "2"]],
     "schema": [["schema"]],  # JSON with or without --json
     # moving to PostgreSQL is walked in tests/test_postgres_store.py; here a refusal, as JSON
     "store migrate": [["store", "migrate", "--from", "{missing}", "--to", "postgresql://farm@127.0.0.1:1/lab"]],
@@ -161,7 +163,8 @@ def test_every_json_command_prints_json_with_iso_8601_times(farm, store_with_eve
     fill = {"job_file": str(job_file), "pairs": str(pairs), "fit": str(tmp_path / "fit.json"),
             "report": str(tmp_path / "report.html"), "auptimizer": str(auptimizer),
             "imported": str(tmp_path / "imported.yaml"), "models": str(tmp_path / "models"), "lab": str(lab),
-            "tflite": str(tiny_models["tflite"]), "missing": str(tmp_path / "no-such.db")}
+            "tflite": str(tiny_models["tflite"]), "missing": str(tmp_path / "no-such.db"),
+            "onnx": str(tiny_models["onnx"]), "quantized": str(tmp_path / "tiny.int8.onnx")}
     moments = 0
     for command, runs in COMMANDS.items():
         for argv in runs:

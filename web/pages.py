@@ -462,6 +462,24 @@ def sweep_part(sweep: Sweep, index: int) -> str:
     return html
 
 
+def variants_table(variants: list[dict[str, Any]]) -> str:
+    """A job's quantized variants beside their sources (`farm compare JOB`'s figures), noise judged over repeats."""
+    def arrow(a: Any, b: Any, scale: float = 1.0) -> tuple[Any, str]:
+        if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+            return (None, "—")
+        return (b / scale, e(f"{num(a / scale)} → {num(b / scale)}"))
+
+    rows = [[(v["source"], e(v["source"])), (v["variant"], e(v["variant"])), (v["method"], e(v["method"] or "—")),
+             (v["target"], e(v["target"])), (v["accelerator"], e(v["accelerator"])), (v["threads"], e(v["threads"])),
+             arrow(v["size_a"], v["size_b"], 1e6), arrow(v["latency_a"], v["latency_b"]),
+             (v["latency_change"], e(f"{v['latency_change']:+.0%}") if v["latency_change"] is not None else "—"),
+             arrow(v["memory_a"], v["memory_b"]), (v["verdict"], e(v["verdict"] or "—"))] for v in variants]
+    return table("variants", [("source", "text"), ("variant", "text"), ("method", "text"), ("on", "text"),
+                              ("unit", "text"), ("threads", "num"), ("size MB", "num"), ("latency avg ms", "num"),
+                              ("Δ latency", "num"), ("peak MB", "num"), ("latency vs noise", "text")], rows,
+                 "before → after; noise: Welch's t at 95 % over the repeats (farm compare JOB has every figure)")
+
+
 def job_page(view: JobView, *, csrf: str, may_cancel: bool) -> str:
     job = view.job
     job_id = job["id"]
@@ -490,6 +508,8 @@ def job_page(view: JobView, *, csrf: str, may_cancel: bool) -> str:
         parts.append("<h2>Sim / device pairs</h2>" + "".join(
             f'<figure class="pair-scatter" id="pair-scatter-{i}">{svg.render(c)}</figure>'
             for i, c in enumerate(view.pair_charts)) + pairs_table(view.pairs))
+    if view.variants:
+        parts.append("<h2>Variants beside their source (farm quantize)</h2>" + variants_table(view.variants))
     predicted = [r for r in view.records if r.get("predictions")]
     if predicted:
         parts.append("<h2>Predictions beside the runs (predict_for)</h2>" + predictions_table(predicted))

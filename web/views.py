@@ -284,6 +284,7 @@ class JobView:
     failures: list[Failure] = field(default_factory=list)
     pair_charts: list[Chart] = field(default_factory=list)  # device vs sim, with the device's current calibration
     earlier: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # task -> its runs before the counted one
+    variants: list[dict[str, Any]] = field(default_factory=list)  # `farm quantize` variants beside their sources
 
 
 def is_contended(record: dict[str, Any]) -> bool:
@@ -419,9 +420,11 @@ def job_view(store: Store, job_id: int) -> JobView | None:
             tables.append((run_title(r), *table))
     failed_runs = [r["run"] for r in records if r["status"] == "failed" and r["run"] is not None]
     pairs = paired_records(records)
+    from farm.controller.analysis.compare import sidecar_lineage, variant_rows  # sidecars only: no model parsed per visit
     return JobView(job, progress, records, rows, pairs, sweep_charts(rows), tables,
                    failures=failures(records, store.reads.log_tails(failed_runs)),
-                   earlier=store.reads.earlier_attempts(job_id), pair_charts=pair_charts(store, pairs) if pairs else [])
+                   earlier=store.reads.earlier_attempts(job_id), pair_charts=pair_charts(store, pairs) if pairs else [],
+                   variants=variant_rows(job_id, records, sidecar_lineage))
 
 
 def _avg_latency(record: dict[str, Any]) -> float | None:

@@ -141,72 +141,60 @@ class BoardDriver:
         timeout_s = self.board_timeout_s(task)
         if timeout_s != task.plan.run_timeout_s:
             task = replaced(task, plan=replaced(task.plan, run_timeout_s=timeout_s))
-        result = self._run(task, cancel_check, base)
+        try:
+            result = (self._run_trtexec(task, cancel_check, base) if runs_with_trtexec(task)
+                      else self._run(task, cancel_check, base))
+        except (BoardJobError, BoardNotReady, SshInfrastructureError) as e:
+            result = self._failed(e, base)
         result.environment["run_timeout_s"] = timeout_s  # what this board was given, after its speed
         return result
 
+    def _failed(self, e: Exception, base: dict[str, Any]) -> RunResult:
+        """What stopped a run before it had a result, as its failure class (the board's words kept)."""
+        name = self.config.name
+        if isinstance(e, BoardJobError):
+            return RunResult.failed(FailureClass(e.failure_class), f"{name}: {e}", **base)
+        if isinstance(e, SshCanceled):
+            return RunResult.failed(FailureClass.CANCELED, f"{name}: canceled while running; the run's processes "
+                                    "on the board were ended", **base)
+        if isinstance(e, SshTimeoutError):
+            return RunResult.failed(FailureClass.TIMEOUT, f"{name}: {e}", **base)
+        return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{name}: {e}", **base)  # not ready, unreachable
+
     def _run(self, task: TaskSpec, cancel_check: Callable[[], bool], base: dict[str, Any]) -> RunResult:
+        """The board harness (benchmark or script) under the board's telemetry."""
         c = self.config
         staged = None
-        if runs_with_trtexec(task):
-            return self._run_trtexec(task, cancel_check, base)
-        try:
-            with self._connect() as ssh:
-                facts = self._facts(ssh)
-                try:
-                    staged = stage_run(ssh, task, python=c.python, remote_dir=c.remote_dir,
-                                       sample_interval_ms=c.sample_interval_ms, env_timeout_s=c.env_timeout_s)
-                    facts["python"] = staged.python_version
-                    sampled, energy_mj, source = self._sampled(ssh, staged.command, staged.ssh_timeout_s, facts,
-                                                               cancel_check)
-                finally:
-                    if staged is not None:
-                        clean_up(ssh, staged.run_dir)  # also after a timeout: the board is left as it was
-        except BoardJobError as e:
-            return RunResult.failed(FailureClass(e.failure_class), f"{c.name}: {e}", **base)
-        except SshCanceled:
-            return RunResult.failed(FailureClass.CANCELED, f"{c.name}: canceled while running; the run's processes "
-                                    "on the board were ended", **base)
-        except BoardNotReady as e:
-            return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{c.name}: {e}", **base)
-        except SshTimeoutError as e:
-            return RunResult.failed(FailureClass.TIMEOUT, f"{c.name}: {e}", **base)
-        except SshInfrastructureError as e:
-            return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{c.name}: {e}", **base)
-        result = board_result(task, c.name, staged, sampled, energy_mj, facts, source, base)
-        if isinstance(sampled, GpuSampledRun):  # the GPU's own figures: power, memory, clocks, throttling
-            result.environment["gpu"] = sampled.summary.as_environment()
-        return result
+        with self._connect() as ssh:
+            facts = self._facts(ssh)
+            try:
+                staged = stage_run(ssh, task, python=c.python, remote_dir=c.remote_dir,
+                                   sample_interval_ms=c.sample_interval_ms, env_timeout_s=c.env_timeout_s)
+                facts["python"] = staged.python_version
+                sampled, energy_mj, source = self._sampled(ssh, staged.command, staged.ssh_timeout_s, facts,
+                                                           cancel_check)
+            finally:
+                if staged is not None:
+                    clean_up(ssh, staged.run_dir)  # also after a timeout: the board is left as it was
+        return with_gpu(board_result(task, c.name, staged, sampled, energy_mj, facts, source, base), sampled)
 
     def _run_trtexec(self, task: TaskSpec, cancel_check: Callable[[], bool], base: dict[str, Any]) -> RunResult:
         """The tensorrt and dla units of an .onnx benchmark: NVIDIA's trtexec under the board's telemetry."""
         c = self.config
-        try:
-            with self._connect() as ssh:
-                facts = self._facts(ssh)
-                staged = stage_trtexec(ssh, task, c.remote_dir)
-                try:
-                    sampled, energy_mj, source = self._sampled(ssh, staged.command, staged.ssh_timeout_s, facts,
-                                                               cancel_check)
-                    times = read_times(ssh, staged)
-                    result = trtexec_result(task, c.name, staged, sampled, times, energy_mj, facts, source, base)
-                    if not result.ok and staged.cached and "not compatible" in result.log_tail:
-                        forget_engine(ssh, staged)  # built by another TensorRT: the retry builds it again
-                        result.failure_class = FailureClass.INFRASTRUCTURE
-                finally:
-                    clean_up(ssh, staged.run_dir)
-        except BoardJobError as e:
-            return RunResult.failed(FailureClass(e.failure_class), f"{c.name}: {e}", **base)
-        except SshCanceled:
-            return RunResult.failed(FailureClass.CANCELED, f"{c.name}: canceled while trtexec ran; its processes "
-                                    "on the board were ended", **base)
-        except SshTimeoutError as e:
-            return RunResult.failed(FailureClass.TIMEOUT, f"{c.name}: {e}", **base)
-        except SshInfrastructureError as e:
-            return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{c.name}: {e}", **base)
-        if isinstance(sampled, GpuSampledRun):
-            result.environment["gpu"] = sampled.summary.as_environment()
-        return result
+        with self._connect() as ssh:
+            facts = self._facts(ssh)
+            staged = stage_trtexec(ssh, task, c.remote_dir)
+            try:
+                sampled, energy_mj, source = self._sampled(ssh, staged.command, staged.ssh_timeout_s, facts,
+                                                           cancel_check)
+                times = read_times(ssh, staged)
+                result = trtexec_result(task, c.name, staged, sampled, times, energy_mj, facts, source, base)
+                if not result.ok and staged.cached and "not compatible" in result.log_tail:
+                    forget_engine(ssh, staged)  # built by another TensorRT: the retry builds it again
+                    result.failure_class = FailureClass.INFRASTRUCTURE
+            finally:
+                clean_up(ssh, staged.run_dir)
+        return with_gpu(result, sampled)
 
     def _sampled(self, ssh: Any, command: str, timeout_s: float, facts: dict, cancel_check: Callable[[], bool]
                  ) -> tuple[JtopRun | TegrastatsRun | ProcSampledRun | GpuSampledRun, float | None, str]:
@@ -231,6 +219,13 @@ class BoardDriver:
             return tegrastats, tegrastats.summary.energy_mj, "tegrastats" + (" (jtop unusable)" if want_jtop else "")
         return run_with_proc_sampling(ssh, command, timeout_s, c.sample_interval_ms,
                                       cancel_check=cancel_check), None, "proc"
+
+
+def with_gpu(result: RunResult, sampled: object) -> RunResult:
+    """An NVIDIA host's run carries the GPU's own figures: power, memory, clocks, throttling."""
+    if isinstance(sampled, GpuSampledRun):
+        result.environment["gpu"] = sampled.summary.as_environment()
+    return result
 
 
 register("jetson", BoardEntry, BoardDriver.from_entry)

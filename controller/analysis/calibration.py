@@ -2,7 +2,7 @@
 
 A calibration maps a sim value x (latency, memory, … measured in the constrained sandbox) to a
 device value y for one device × metric (× threads × runtime × precision × family — grouping is the
-caller's business). Five fit kinds are computed and all are reported; which one is used is
+caller's business). Seven fit kinds are computed and all are reported; which one is used is
 said after the list:
 
 ``ols``
@@ -48,12 +48,34 @@ said after the list:
     (or MACs: the first offered feature named in ``WORK_FEATURES``), plain least squares with
     nothing chosen inside, so its closed-form leave-one-out error is honest.
 
-Every log kind's interval is the same cross-validated form: ``ŷ ± t(n−2)·s·√((1 + h₀)/(1 + h̄))``
+``log_bayes`` (issue 31; the default)
+    The Bayesian log-linear fit, ``log y = b + a·log x + Σ c_j·f_j``, features taken by *role*
+    (``feature_role``: the work — FLOPs or MACs however named — and the size in log, per-layer shares
+    as they are), with a prior learned across devices: (a, c_work, c_size) ~ N(mean, Σ) of the device's
+    *class* (``DEVICE_CLASSES``: a single core, several cores, a GPU; never one Gaussian over all), each
+    share's c ~ N(0, ``SHARE_PRIOR_SD``²), b flat. The class is the one given (``device_class``), else the
+    one whose prior makes the pairs most likely (the evidence); the lab's store adds its other devices'
+    fits to each class's prior (``calibrations.lab_class_priors``), and the shipped priors are fitted on
+    the shared public data (benchmarks/population_prior.py). The noise σ is estimated with the posterior
+    mean (ν₀ = ``BAYES_NOISE_DOF`` pseudo-observations at the class's residual std). Interval: the
+    posterior predictive, ``ŷ ± t(ν₀ + n − tr H)·σ̂·√(1 + x₀ᵀ(XᵀX + σ̂²Σ⁻¹)⁻¹x₀)`` in log space. Its
+    ``loo_*`` figures redo the class choice without each model (nested).
+
+Every fit keeps the range of the sim values and features it saw (``FitResult.ranges``): a prediction
+outside it gets the verdict "extrapolating" with the inputs and ranges (``Prediction.extrapolation``),
+and its interval's half-width grows by ``EXTRAPOLATION_WIDENING`` per span of the range beyond it.
+
+Every other log kind's interval is the same cross-validated form: ``ŷ ± t(n−2)·s·√((1 + h₀)/(1 + h̄))``
 with ``s`` its RMS leave-one-out log error (nested for ``log_ridge``) and one degree of freedom
 fewer for the choice of the kind with the lowest such error (``_cross_validated_interval``). The
 classic in-sample t-interval was too narrow with 5 models (81–87 % coverage for a 90 % interval).
 
-The chosen kind is the log kind (``log``, ``log_work``, ``log_ridge``) with the lowest RMS
+The choice (``_choose_kind``, which supersedes the paragraph below where they differ): kinds with more
+than two free coefficients that no prior shrinks are not offered below ``RICH_MIN_MODELS`` models; the
+kinds without a prior learned elsewhere pay the term margin against ``log_bayes``; ``log_pop`` is not
+offered beside ``log_bayes``; the runner-up and the kinds not offered are recorded in ``choice``.
+
+Before issue 31: the chosen kind was the log kind (``log``, ``log_work``, ``log_ridge``) with the lowest RMS
 leave-one-out log error (``loo_log_rmse``; nested for ``log_ridge``), each counted
 ``CHOICE_TERM_MARGIN``/√n more per term it has more or fewer than the reference (``log_work`` when
 FLOPs are offered, else ``log``; ``log_ridge`` when it has a prior from elsewhere); ``Calibration.choice`` records the criterion, every candidate's
@@ -94,8 +116,12 @@ from typing import Any
 import numpy as np
 from scipy import linalg, stats
 
-FIT_KINDS: tuple[str, ...] = ("ols", "log", "robust", "log_ridge", "log_work", "log_pop")
-LOG_KINDS = ("log", "log_ridge", "log_work", "log_pop")
+FIT_KINDS: tuple[str, ...] = ("ols", "log", "robust", "log_ridge", "log_work", "log_pop", "log_bayes")
+LOG_KINDS = ("log", "log_ridge", "log_work", "log_pop", "log_bayes")
+# Kinds with more than two free coefficients that nothing shrinks toward a prior (ols and log_ridge with
+# features chosen inside, log_work's three) are fitted and reported at any size but offered to the choice
+# only from RICH_MIN_MODELS models on: below it they win by luck (issue 31).
+RICH_MIN_MODELS = 20
 # The work feature of the ``log_work`` kind: the first offered feature with one of these names
 # (any case). FLOPs or MACs — the two differ by a constant factor, which the intercept absorbs.
 WORK_FEATURES: tuple[str, ...] = ("flops", "macs", "gflops", "gmacs", "mflops", "mmacs")
@@ -111,7 +137,9 @@ ROBUST_EXACT_LOO_LIMIT = 200
 FEATURE_MIN_RELATIVE_GAIN = 0.10
 # Ridge strengths tried (times n, on standardized columns): 0 is plain least squares, inf the prior.
 RIDGE_LAMBDAS: tuple[float, ...] = (0.0, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, math.inf)
-CHOICE_MARGIN = 0.5  # a line replaces the chosen log kind only with a leave-one-out MAPE half of its or less
+# A line (sim only: two coefficients, an honest leave-one-out) replaces the chosen log kind only with a
+# leave-one-out MAPE at most 60 % of its (an additive offset, as in peak memory, needs a line).
+CHOICE_MARGIN = 0.4
 # A log kind's error counts CHOICE_TERM_MARGIN/√n more per term more or fewer than the reference
 # kind's (module doc): 45 % at n = 5, 32 % at 10, 22 % at 20. Over 100 draws of the shared qed phones
 # at k = 5/10/20 this lost least to the best fixed kind known in hindsight (0.2 flat: −3.3 points at k = 5).
@@ -128,6 +156,13 @@ UNSAFE_LINEAR_MAPE = 0.20  # for metrics that cannot go to log space (values ≤
 # Model features do not lift the verdict: on k models a features fit can look good by chance where
 # the sim does not track the device (the Pixel 4 CPU → GPU case: nested LOO 4–8 % on some 10-model
 # draws, 44 % of held-out models within ±10 %).
+# Extrapolation (issue 31): a model further than EXTRAPOLATION_TOLERANCE of the range's span outside the
+# sim values or features the fit saw is "extrapolating"; its log interval's half-width grows by
+# EXTRAPOLATION_WIDENING per span beyond (a model 10× above a 10×-wide range: twice as wide).
+EXTRAPOLATION_TOLERANCE = 0.02
+EXTRAPOLATION_WIDENING = 1.0
+EXTRAPOLATION_MIN_SHARE_SPAN = 0.1  # a share seen only between 0.30 and 0.31 still counts its span as 0.1
+EXTRAPOLATION_MIN_LINEAR_SPAN = 0.1
 _SAMPLING_SEED = 20211206  # fixed so a sampled Theil–Sen fit is reproducible
 
 
@@ -157,11 +192,32 @@ class Pair:
 
 @dataclass(frozen=True)
 class Prediction:
-    """A device estimate with its prediction interval at the requested confidence."""
+    """A device estimate with its prediction interval at the requested confidence.
+
+    ``verdict`` is "extrapolating" when the model lies outside the range of sim values or features the
+    fit saw (``extrapolation`` says which, with the range; the interval is wider for it), else "ok"."""
 
     estimate: float
     low: float
     high: float
+    verdict: str = "ok"
+    extrapolation: tuple[OutOfRange, ...] = ()
+
+
+@dataclass(frozen=True)
+class OutOfRange:
+    """One input of a prediction outside what the fit saw: its value and the fit's range ``[low, high]``."""
+
+    input: str  # "x" (the sim value) or a feature name
+    value: float
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        return f"{'sim' if self.input == 'x' else self.input} {self.value:.4g} outside {self.low:.4g}–{self.high:.4g}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"input": self.input, "value": self.value, "low": self.low, "high": self.high}
 
 
 @dataclass(frozen=True)
@@ -222,9 +278,31 @@ POPULATION_ROLES: dict[str, tuple[str, ...]] = {
 POPULATION_PRIOR_FILE = Path(__file__).with_name("population_prior.json")
 
 
+def feature_role(name: str) -> str | None:
+    """The role a model feature plays, read from its name, not its exact spelling (issue 31).
+
+    ``share`` (a per-layer share of the work: ``depthwise_macs_share``, ``conv1x1_flops_fraction``),
+    ``work`` (FLOPs or MACs however named: ``FLOPS``, ``flops_total``, ``gmacs``), ``size`` (the model's
+    size or parameter count: ``size``, ``size_bytes``, ``param_count``), ``activation`` (activation
+    volume) or ``layers`` (layer/operator count); None for anything else."""
+    low = name.lower()
+    if "share" in low or "fraction" in low or low.endswith("_frac"):
+        return "share"
+    if "flop" in low or "mac" in low:
+        return "work"
+    if "activation" in low:
+        return "activation"
+    if "size" in low or "param" in low or low.endswith("bytes") or low == "weights":
+        return "size"
+    if low in ("op_count", "layer_count", "layers", "ops", "node_count"):
+        return "layers"
+    return None
+
+
 def population_role(name: str) -> str | None:
-    """The population-prior role (``work``, ``size``) a feature name plays, if any."""
-    return next((role for role, names in POPULATION_ROLES.items() if name.lower() in names), None)
+    """The population-prior role (``work``, ``size``) a feature name plays, if any (see :func:`feature_role`)."""
+    role = feature_role(name)
+    return role if role in POPULATION_ROLES else None
 
 
 @dataclass(frozen=True)
@@ -280,9 +358,9 @@ class PopulationPrior:
                 "covariance": [list(row) for row in self.covariance]}
 
     @classmethod
-    def shipped(cls) -> PopulationPrior:
-        """The prior shipped with farm (fitted by benchmarks/population_prior.py on the shared public data)."""
-        return cls.from_json(json.loads(POPULATION_PRIOR_FILE.read_text()), POPULATION_PRIOR_FILE.name)
+    def shipped(cls, device_class: str = "single_core") -> PopulationPrior:
+        """One device class's prior shipped with farm (benchmarks/population_prior.py, the shared public data)."""
+        return shipped_class_priors()[device_class]
 
     def with_fits(self, fits: Sequence[FitResult], source: str) -> PopulationPrior:
         """This prior with other devices' log fits (the lab's store) added as more devices of the population.
@@ -307,6 +385,36 @@ class PopulationPrior:
         return PopulationPrior(self.terms, tuple(float(v) for v in new_mean),
                                tuple(tuple(float(v) for v in row) for row in pooled), self.residual_std, total,
                                f"{self.source} + {len(samples)} {source}")
+
+
+DEVICE_CLASSES: tuple[str, ...] = ("single_core", "multi_core", "gpu")
+CLASS_PRIORS_FORMAT = "farm.population-prior/2"
+
+
+def class_priors_from_json(data: Mapping[str, Any], origin: str = "population prior") -> dict[str, PopulationPrior]:
+    """Per-device-class priors (``farm.population-prior/2``: {"classes": {class: a /1 prior}}); a /1 file
+    is one class, ``single_core``."""
+    if isinstance(data, Mapping) and data.get("format") == POPULATION_FORMAT:
+        return {"single_core": PopulationPrior.from_json(data, origin)}
+    if not isinstance(data, Mapping) or data.get("format") != CLASS_PRIORS_FORMAT \
+            or not isinstance(data.get("classes"), Mapping) or not data["classes"]:
+        raise CalibrationInputError(f"{origin}: not a farm population prior (format must be {CLASS_PRIORS_FORMAT!r} "
+                                    f"with classes, or {POPULATION_FORMAT!r})")
+    unknown = [name for name in data["classes"] if name not in DEVICE_CLASSES]
+    if unknown:
+        raise CalibrationInputError(f"{origin}: unknown device class(es) {unknown}; known: {list(DEVICE_CLASSES)}")
+    return {str(name): PopulationPrior.from_json(body, f"{origin} ({name})") for name, body in data["classes"].items()}
+
+
+_SHIPPED_CLASS_PRIORS: dict[str, PopulationPrior] = {}
+
+
+def shipped_class_priors() -> dict[str, PopulationPrior]:
+    """The per-class priors shipped with farm (read once)."""
+    if not _SHIPPED_CLASS_PRIORS:
+        _SHIPPED_CLASS_PRIORS.update(class_priors_from_json(json.loads(POPULATION_PRIOR_FILE.read_text()),
+                                                            POPULATION_PRIOR_FILE.name))
+    return dict(_SHIPPED_CLASS_PRIORS)
 
 
 @dataclass
@@ -349,6 +457,10 @@ class FitResult:
     prior_source: str | None = None
     lower_bound: float | None = None  # 0 for a quantity that cannot be negative (latency, memory, energy)
     loo_log_rmse: float | None = None  # log kinds: RMS leave-one-out log error (nested for log_ridge), the choice criterion
+    device_class: str | None = None  # log_bayes: the class prior it used (DEVICE_CLASSES)
+    # The range of every input the fit saw, "x" (the sim value) and each feature used: [lowest, highest].
+    # A prediction outside it is "extrapolating" (``extrapolation``), with a wider interval.
+    ranges: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def exponent(self) -> float | None:
@@ -389,7 +501,60 @@ class FitResult:
         """Device estimate and prediction interval for one sim value (features as used by the fit)."""
         feature_arrays = {name: np.asarray([value], dtype=float) for name, value in (features or {}).items()}
         estimate, low, high = self.predict_arrays(np.asarray([x], dtype=float), feature_arrays, confidence)
-        return Prediction(float(estimate[0]), float(low[0]), float(high[0]))
+        outside = tuple(self.extrapolation(np.asarray([x], dtype=float), feature_arrays)[0])
+        return Prediction(float(estimate[0]), float(low[0]), float(high[0]),
+                          "extrapolating" if outside else "ok", outside)
+
+    def _inputs(self, sim: np.ndarray, features: Mapping[str, Sequence[float] | np.ndarray] | None
+                ) -> dict[str, np.ndarray]:
+        values = {"x": sim}
+        for name in self.features_used:
+            if features is not None and name in features:
+                values[name] = np.broadcast_to(np.asarray(features[name], dtype=float), sim.shape)
+        return values
+
+    def _distances(self, sim: np.ndarray,
+                   features: Mapping[str, Sequence[float] | np.ndarray] | None) -> dict[str, np.ndarray]:
+        """Per input the fit kept a range for, how far each row lies beyond it, in units of the range's
+        span in the fit's own space (logs for the sim and counts, the value for shares); 0 inside."""
+        out: dict[str, np.ndarray] = {}
+        for name, values in self._inputs(sim, features).items():
+            if name not in self.ranges:
+                continue
+            lowest, highest = self.ranges[name]
+            in_log = (self.log_space if name == "x" else self.feature_transforms.get(name) == "log") and lowest > 0
+            if in_log:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    v, lo, hi = np.log(np.maximum(values, 1e-300)), math.log(lowest), math.log(highest)
+                span = max(hi - lo, math.log(2.0))
+            else:
+                v, lo, hi = values, lowest, highest
+                share = name != "x" and self.feature_transforms.get(name) == "linear" and 0 <= lo and hi <= 1
+                span = max(hi - lo, EXTRAPOLATION_MIN_SHARE_SPAN if share
+                           else EXTRAPOLATION_MIN_LINEAR_SPAN * max(abs(lo), abs(hi), 1e-12))
+            out[name] = (np.maximum(lo - v, 0.0) + np.maximum(v - hi, 0.0)) / span
+        return out
+
+    def _extrapolation_distance(self, sim: np.ndarray,
+                                features: Mapping[str, Sequence[float] | np.ndarray] | None) -> np.ndarray:
+        """The largest of :meth:`_distances` per row."""
+        distance = np.zeros(sim.shape)
+        for values in self._distances(sim, features).values():
+            distance = np.maximum(distance, values)
+        return distance
+
+    def extrapolation(self, x: Sequence[float] | np.ndarray,
+                      features: Mapping[str, Sequence[float] | np.ndarray] | None = None) -> list[list[OutOfRange]]:
+        """Per row, the inputs outside the fit's ranges (beyond ``EXTRAPOLATION_TOLERANCE`` of the span):
+        empty lists where the model sits among the calibration models."""
+        sim = np.atleast_1d(np.asarray(x, dtype=float))
+        inputs = self._inputs(sim, features)
+        rows: list[list[OutOfRange]] = [[] for _ in range(sim.size)]
+        for name, distance in self._distances(sim, features).items():
+            lowest, highest = self.ranges[name]
+            for row in np.flatnonzero(distance > EXTRAPOLATION_TOLERANCE):
+                rows[row].append(OutOfRange(name, float(inputs[name][row]), lowest, highest))
+        return rows
 
     def predict_arrays(self, x: Sequence[float] | np.ndarray,
                        features: Mapping[str, Sequence[float] | np.ndarray] | None = None,
@@ -414,6 +579,8 @@ class FitResult:
         leverage = np.einsum("ij,jk,ik->i", design, np.asarray(self.covariance_factor), design)
         spread = (1.0 + leverage) / (1.0 + self.mean_leverage) if self.mean_leverage is not None else 1.0 + leverage
         half_width = _t_quantile(confidence, self.dof) * self.residual_std * np.sqrt(spread)
+        # Outside the range the fit saw, the form of the fit itself is a guess: the interval widens with the distance.
+        half_width = half_width * (1.0 + EXTRAPOLATION_WIDENING * self._extrapolation_distance(sim, features))
         low, high = centre - half_width, centre + half_width
         if self.log_space:
             return np.exp(centre), np.exp(low), np.exp(high)
@@ -443,7 +610,8 @@ class FitResult:
             "ridge_lambda": None if self.ridge_lambda is None or math.isinf(self.ridge_lambda) else self.ridge_lambda,
             "ridge_lambda_infinite": self.ridge_lambda is not None and math.isinf(self.ridge_lambda),
             "prior_weight": self.prior_weight, "prior_source": self.prior_source, "lower_bound": self.lower_bound,
-            "loo_log_rmse": self.loo_log_rmse,
+            "loo_log_rmse": self.loo_log_rmse, "device_class": self.device_class,
+            "ranges": {name: list(r) for name, r in self.ranges.items()},
             "formula": self.formula,  # informational; recomputed on read
         }
 
@@ -476,6 +644,8 @@ class FitResult:
             prior_source=data.get("prior_source"),
             lower_bound=None if data.get("lower_bound") is None else float(data["lower_bound"]),
             loo_log_rmse=None if data.get("loo_log_rmse") is None else float(data["loo_log_rmse"]),
+            device_class=data.get("device_class"),
+            ranges={str(k): [float(v[0]), float(v[1])] for k, v in (data.get("ranges") or {}).items()},
         )
 
 
@@ -544,6 +714,13 @@ class Calibration:
             raise CalibrationInputError(
                 f"not a farm calibration: format is {data.get('format')!r}, expected {JSON_FORMAT!r}")
         fits = {kind: FitResult.from_json(fit) for kind, fit in data["fits"].items()}
+        for fit in fits.values():  # a calibration written before ranges were kept: its pairs have them
+            if not fit.ranges and data.get("pairs"):
+                fit.ranges = {"x": [min(float(p["x"]) for p in data["pairs"]), max(float(p["x"]) for p in data["pairs"])]}
+                for name in fit.features_used:
+                    values = [float(p["features"][name]) for p in data["pairs"] if name in (p.get("features") or {})]
+                    if values:
+                        fit.ranges[name] = [min(values), max(values)]
         if data["chosen"] not in fits:
             raise CalibrationInputError(f"calibration chooses {data['chosen']!r}, which has no fit")
         pairs = [Pair(model=p["model"], x=float(p["x"]), y=float(p["y"]), family=p.get("family"),
@@ -560,7 +737,9 @@ class Calibration:
 
 def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confidence: float = 0.9,
               min_pairs: int = 4, unsafe_rho: float = 0.9, features: Sequence[str] = (),
-              prior: Prior = DEFAULT_PRIOR, population: PopulationPrior | None = None) -> Calibration:
+              prior: Prior = DEFAULT_PRIOR, population: PopulationPrior | None = None,
+              class_priors: Mapping[str, PopulationPrior] | None = None,
+              device_class: str | None = None) -> Calibration:
     """Fit every kind in ``kinds`` to the pairs and choose the one with the lowest leave-one-out MAPE.
 
     Pairs with the same model name are repeats: their x, y and features are averaged into one pair
@@ -573,7 +752,9 @@ def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confid
     degrees of freedom remain. ``prior`` is what ``log_ridge`` shrinks toward (module doc).
     ``population`` (a :class:`PopulationPrior`) adds the ``log_pop`` kind: the offered FLOPs/MACs and
     size features with coefficients shrunk toward what other devices showed; without it (or without
-    such a feature) ``log_pop`` is not fitted.
+    such a feature) ``log_pop`` is not fitted. ``class_priors`` (default: the shipped ones) are the
+    per-device-class priors of the ``log_bayes`` kind, ``device_class`` the device's class when known
+    (else the class whose prior makes the pairs most likely).
 
     Raises :class:`NotEnoughPairs` with fewer than ``min_pairs`` models or fewer than 3 distinct sim
     values, and ``ValueError`` for non-finite values or a bad argument. Warns (in
@@ -581,6 +762,11 @@ def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confid
     non-positive values, and when a figure had to be approximated or truncated.
     """
     _check_confidence(confidence)
+    priors = dict(shipped_class_priors() if class_priors is None else class_priors)
+    if device_class is not None:
+        if device_class not in priors:
+            raise ValueError(f"device class {device_class!r} has no prior; known: {', '.join(priors) or 'none'}")
+        priors = {device_class: priors[device_class]}
     unknown = [kind for kind in kinds if kind not in FIT_KINDS]
     if unknown or not kinds:
         raise ValueError(f"unknown fit kind(s) {unknown}; choose from {list(FIT_KINDS)}")
@@ -633,6 +819,8 @@ def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confid
             log_fit = (_fit_log(shared, warnings) if kind == "log"
                        else _fit_log_work(shared, feature_matrix) if kind == "log_work"
                        else _fit_log_pop(shared, feature_matrix, population) if kind == "log_pop"
+                       else _fit_log_bayes(shared, feature_matrix, priors, class_given=device_class is not None)
+                       if kind == "log_bayes"
                        else _fit_log_ridge(shared, feature_matrix, prior, warnings))
             if log_fit is not None:
                 fits[kind] = log_fit
@@ -651,7 +839,8 @@ def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confid
             warnings.append(f"{fit.kind}: {fit.possible_flip_count} possible flips, the first "
                             f"{len(fit.possible_flips)} listed")
             break
-    unsafe_reasons = _unsafe_reasons(shared, fits[chosen], log_possible=not nonpositive)
+    unsafe_reasons = _unsafe_reasons(shared, fits[chosen], log_possible=not nonpositive,
+                                     bayes=fits.get("log_bayes"), class_given=device_class is not None)
     if unsafe_reasons:
         warnings.append(f"unsafe: {'; '.join(unsafe_reasons)}: a linear map is unsafe for this device and metric "
                         f"(rankings and estimates from the sim may mislead)")
@@ -659,39 +848,59 @@ def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confid
                        unsafe_reasons=unsafe_reasons, choice=choice)
 
 
-def _choose_kind(fits: Mapping[str, FitResult], prior_given: bool = False) -> tuple[str, dict[str, Any]]:
-    """(chosen kind, how it was chosen): among the log kinds, the lowest leave-one-out log error.
+def _free_terms(fit: FitResult) -> int:
+    """Coefficients a fit estimates beyond the intercept and the sim's: its features, unless a prior shrinks them."""
+    return len(fit.features_used)
 
-    The log kinds' errors are all honest on k = 5–20 models: ``log`` and ``log_work`` choose
-    nothing inside (plain closed-form leave-one-out), ``log_ridge`` chooses λ and features and is
-    judged by *nested* leave-one-out. The choice between them is itself a small fit, so a kind's error
-    counts ``CHOICE_TERM_MARGIN``/√n more per term it has beyond the reference: ``log_work`` (FLOPs carry
-    the operator mix a sim alone misses) when FLOPs or MACs were offered, else the power law — but
-    ``log_ridge`` when it was shrunk toward a prior learned elsewhere (the device's previous version,
-    its peers): then the kinds without that prior pay one term's margin. A line (``ols``/``robust``:
-    an additive offset, as in peak memory) replaces the log choice only with a leave-one-out MAPE
-    at most (1 − ``CHOICE_MARGIN``) of its; without log kinds the lowest MAPE wins.
+
+def _offered(fit: FitResult, prior_given: bool) -> bool:
+    """Whether the choice may take this kind: a kind with more than two free, unshrunk coefficients needs
+    RICH_MIN_MODELS models (log_bayes and log_pop are shrunk toward a prior learned elsewhere; log_ridge is
+    too when it was given one)."""
+    shrunk = fit.kind in ("log_bayes", "log_pop") or (fit.kind == "log_ridge" and prior_given)
+    return shrunk or _free_terms(fit) == 0 or fit.n >= RICH_MIN_MODELS
+
+
+def _choose_kind(fits: Mapping[str, FitResult], prior_given: bool = False) -> tuple[str, dict[str, Any]]:
+    """(chosen kind, how it was chosen): among the log kinds offered, the lowest leave-one-out log error.
+
+    Every offered kind's error is honest: ``log`` and ``log_work`` choose nothing inside (plain
+    closed-form leave-one-out), ``log_ridge`` and ``log_bayes`` (which chooses its class prior) are
+    judged by *nested* leave-one-out, ``log_pop`` has a fixed penalty. A kind with more than two free
+    coefficients that no prior shrinks is offered only from ``RICH_MIN_MODELS`` models on (``_offered``):
+    below it, it is fitted and reported but not chosen; ``log_pop`` (one Gaussian over every device class)
+    is not offered beside ``log_bayes`` (the same prior per class). The choice between the offered kinds is itself a
+    small fit, so the kinds without a prior learned elsewhere (``log_bayes``, ``log_pop``, ``log_ridge``
+    given a ``Prior``) count their error ``CHOICE_TERM_MARGIN``/√n more; with no such kind, each counts it
+    per term it has more or fewer than the reference (``log_work`` with FLOPs, else the power law).
+    A line (``ols``/``robust`` on the sim alone below RICH_MIN_MODELS: an additive offset, as in peak
+    memory) replaces the log choice only with a leave-one-out MAPE at most (1 − ``CHOICE_MARGIN``) of its;
+    without log kinds the lowest MAPE wins. The runner-up is the kind that came second.
     """
     def mape(kind: str) -> float:
         return fits[kind].loo_mape if math.isfinite(fits[kind].loo_mape) else math.inf
 
-    log_kinds = [kind for kind in ("log", "log_work", "log_ridge", "log_pop") if kind in fits
-                 and fits[kind].loo_log_rmse is not None and math.isfinite(fits[kind].loo_log_rmse or math.nan)]
+    log_kinds = [kind for kind in ("log", "log_work", "log_ridge", "log_pop", "log_bayes") if kind in fits
+                 and fits[kind].loo_log_rmse is not None and math.isfinite(fits[kind].loo_log_rmse or math.nan)
+                 and _offered(fits[kind], prior_given)]
+    if "log_bayes" in log_kinds and "log_pop" in log_kinds:  # the same prior, one Gaussian over every class
+        log_kinds.remove("log_pop")
+    lines = [kind for kind in fits if kind not in LOG_KINDS and _offered(fits[kind], prior_given)]
     if not log_kinds:
-        best = min(fits, key=mape)
-        ranked = sorted(fits, key=mape)
-        return best, {"criterion": "leave-one-out MAPE", "errors": {k: _nan_to_none(fits[k].loo_mape) for k in ranked},
-                      "runner_up": ranked[1] if len(ranked) > 1 else None}
+        candidates = lines or list(fits)
+        ranked = sorted(candidates, key=mape)
+        return ranked[0], {"criterion": "leave-one-out MAPE",
+                           "errors": {k: _nan_to_none(fits[k].loo_mape) for k in ranked},
+                           "runner_up": ranked[1] if len(ranked) > 1 else None,
+                           "not_offered": sorted(set(fits) - set(candidates))}
 
-    reference = 1.0 if "log_work" in log_kinds else 0.0
-    reference_kind = "log_work" if "log_work" in log_kinds else "sim^a"
     def has_prior(kind: str) -> bool:  # shrunk toward something learned elsewhere
-        return kind == "log_pop" or (prior_given and kind == "log_ridge")
+        return kind in ("log_pop", "log_bayes") or (prior_given and kind == "log_ridge")
 
     with_prior = any(has_prior(kind) for kind in log_kinds)
-    if with_prior:
-        reference_kind = " and ".join(kind for kind in log_kinds if has_prior(kind))
-
+    reference = 1.0 if "log_work" in log_kinds else 0.0
+    reference_kind = ("log_work" if "log_work" in log_kinds else "sim^a") if not with_prior else \
+        " and ".join(kind for kind in log_kinds if has_prior(kind))
     margin = CHOICE_TERM_MARGIN / math.sqrt(fits[log_kinds[0]].n)
 
     def penalized(kind: str) -> float:
@@ -699,17 +908,17 @@ def _choose_kind(fits: Mapping[str, FitResult], prior_given: bool = False) -> tu
             return float(fits[kind].loo_log_rmse or math.inf) * (1.0 + margin * (not has_prior(kind)))
         return float(fits[kind].loo_log_rmse or math.inf) * (1.0 + margin * abs(_extra_terms(fits[kind]) - reference))
 
-    ranked = sorted(log_kinds, key=penalized)
+    ranked = sorted(log_kinds, key=lambda kind: (penalized(kind), kind != "log_bayes"))
     best = ranked[0]
-    others = [kind for kind in fits if kind not in LOG_KINDS]
-    line = min(others, key=mape) if others else None
+    line = min(lines, key=mape) if lines else None
     if line is not None and mape(line) < (1.0 - CHOICE_MARGIN) * mape(best):
         ranked, best = [line, *ranked], line
     errors = {kind: fits[kind].loo_log_rmse for kind in log_kinds}
-    return best, {"criterion": "leave-one-out RMS log error (nested for log_ridge), "
+    return best, {"criterion": "leave-one-out RMS log error (nested for log_ridge and log_bayes), "
                                + (f"+{100 * margin:.0f} % for the kinds without the prior" if with_prior else
                                   f"+{100 * margin:.0f} % per term more or fewer than {reference_kind}"),
-                  "errors": errors, "runner_up": ranked[1] if len(ranked) > 1 else None}
+                  "errors": errors, "runner_up": ranked[1] if len(ranked) > 1 else None,
+                  "not_offered": sorted(kind for kind in fits if not _offered(fits[kind], prior_given))}
 
 
 def _extra_terms(fit: FitResult) -> float:
@@ -719,14 +928,20 @@ def _extra_terms(fit: FitResult) -> float:
     return float(len(fit.features_used))
 
 
-def _unsafe_reasons(shared: _Shared, chosen: FitResult, *, log_possible: bool) -> list[str]:
-    """Why the sim does not track this device, from the sim-only fit of the chosen family (power law
-    or line): its leave-one-out error, its scaling, and the chosen fit's interval width."""
+def _unsafe_reasons(shared: _Shared, chosen: FitResult, *, log_possible: bool, bayes: FitResult | None = None,
+                    class_given: bool = False) -> list[str]:
+    """Why the sim does not track this device, from the sim-only power law whenever every value is > 0
+    (whatever kind was chosen: a line that happens to fit 10 models does not make the device tracked),
+    else the sim-only line: its leave-one-out error, its scaling, the chosen fit's interval width, and
+    (class not given) the log_bayes evidence naming the GPU class for a sim that is a CPU."""
     reasons = []
     if not shared.rho > 0:  # also NaN: constant device values
         reasons.append(f"the device does not rise with the sim (Spearman ρ = {shared.rho:.2f})" if math.isfinite(shared.rho)
                        else "the device does not rise with the sim (every device value is the same)")
-    if log_possible and chosen.log_space:
+    if log_possible and bayes is not None and not class_given and bayes.device_class == "gpu":
+        reasons.append("the device scales like a GPU against the sim (the gpu class prior explains these models "
+                       "best): a CPU sim's order is not the device's")
+    if log_possible:
         log_sim, log_device = np.log(shared.sim), np.log(shared.device)
         plain = _least_squares([np.ones_like(log_sim), log_sim], log_device)
         if plain is not None:
@@ -739,7 +954,7 @@ def _unsafe_reasons(shared: _Shared, chosen: FitResult, *, log_possible: bool) -
                 reasons.append(f"the device scales as sim^{exponent:.2f}, not in proportion "
                                f"(outside {UNSAFE_EXPONENT[0]:g}–{UNSAFE_EXPONENT[1]:g})")
         _, low, high = chosen.predict_arrays(shared.sim, shared.feature_values(chosen), shared.confidence)
-        ratio = float(np.median(high / low))
+        ratio = float(np.median(high / low)) if chosen.log_space else 1.0  # a line's low may be 0
         if ratio > UNSAFE_INTERVAL_RATIO:
             reasons.append(f"its {shared.confidence:.0%} intervals span a factor of {ratio:.1f} "
                            f"(> {UNSAFE_INTERVAL_RATIO:g})")
@@ -879,11 +1094,10 @@ def _fit_log(shared: _Shared, warnings: list[str]) -> FitResult | None:
 
 
 def _work_feature(feature_matrix: Mapping[str, np.ndarray]) -> str | None:
-    """The offered FLOPs/MACs feature (``WORK_FEATURES``), if any, usable in log space."""
-    by_name = {name.lower(): name for name in feature_matrix}
-    for wanted in WORK_FEATURES:
-        name = by_name.get(wanted)
-        if name is not None and np.all(feature_matrix[name] > 0) and _has_spread(feature_matrix[name]):
+    """The first offered feature whose role is work (FLOPs/MACs however named), usable in log space."""
+    for name in feature_matrix:
+        values = feature_matrix[name]
+        if feature_role(name) == "work" and np.all(values > 0) and _has_spread(values):
             return name
     return None
 
@@ -1001,6 +1215,160 @@ def _fit_log_pop(shared: _Shared, feature_matrix: Mapping[str, np.ndarray],
         interval=_cross_validated_interval(loo_residual, leverage),
         feature_transforms={name: "log" for name in names}, prior_weight=prior_weight,
         prior_source=f"population: {population.source}", loo_log_rmse=residual_std)
+
+
+# ----------------------------------------------------------------------------------------------
+# The Bayesian log-linear kind (issue 31)
+
+SHARE_PRIOR_SD = 0.3  # a share's coefficient ~ N(0, 0.3²): all the work moving into depthwise layers changes time by ~±30 %
+BAYES_NOISE_DOF = 1.0  # ν₀: the class's residual std counts as one observation of the noise (σ̂²)
+
+
+@dataclass
+class _BayesPosterior:
+    """A Gaussian posterior on scaled columns (intercept flat, the rest from a class prior), noise estimated."""
+
+    device_class: str
+    coefficients: np.ndarray
+    covariance: np.ndarray  # (XᵀX + σ̂²·Σ⁻¹)⁻¹: the coefficients' covariance is σ̂² times it
+    scale: np.ndarray
+    residual_std: float  # σ̂
+    dof: float  # ν₀ + n − tr H
+    log_evidence: float
+    leverage: np.ndarray
+    residuals: np.ndarray
+    prior_weight: float
+
+
+def _bayes_terms(feature_matrix: Mapping[str, np.ndarray], prior: PopulationPrior) -> list[tuple[str, str]]:
+    """(feature, role) the log_bayes kind takes, by role: the first work feature and the first size feature
+    the prior knows (in log, every value > 0), then every share (0…1) that varies over the models."""
+    terms: list[tuple[str, str]] = []
+    for name, values in feature_matrix.items():
+        role = feature_role(name)
+        if not _has_spread(values):
+            continue
+        if role in ("work", "size") and role in prior.terms and role not in {r for _, r in terms} \
+                and np.all(values > 0):
+            terms.append((name, role))
+        elif role == "share" and np.all((values >= 0) & (values <= 1)):
+            terms.append((name, role))
+    return terms
+
+
+def _bayes_design(log_sim: np.ndarray, feature_matrix: Mapping[str, np.ndarray],
+                  terms: Sequence[tuple[str, str]]) -> np.ndarray:
+    return np.column_stack([np.ones_like(log_sim), log_sim,
+                            *(np.log(feature_matrix[name]) if role != "share" else feature_matrix[name]
+                              for name, role in terms)])
+
+
+def _bayes_posterior(design: np.ndarray, target: np.ndarray, terms: Sequence[tuple[str, str]],
+                     prior: PopulationPrior, device_class: str) -> _BayesPosterior | None:
+    """The posterior with the coefficients' prior fixed at the class's spread: β ~ N(m₀, Σ) (Σ, m₀ the class
+    prior's covariance and mean, shares ~ N(0, SHARE_PRIOR_SD²), the intercept flat), and the noise σ²
+    estimated (fixed noise, empirical Bayes): σ̂² = (ν₀·s₀² + RSS) / (ν₀ + n − tr H), iterated with the
+    posterior mean. A prior that scaled with the noise (the fully conjugate form) would hold the
+    coefficients tighter the less noisy a device is, which is backwards; this one does not."""
+    n, p = design.shape
+    index = [0, *(prior.terms.index(role) for _, role in terms if role != "share")]
+    mean = np.zeros(p - 1)
+    covariance = np.zeros((p - 1, p - 1))
+    known = [0, *(1 + i for i, (_, role) in enumerate(terms) if role != "share")]
+    mean[known] = np.array(prior.mean)[index]
+    covariance[np.ix_(known, known)] = np.array(prior.covariance)[np.ix_(index, index)]
+    for i, (_, role) in enumerate(terms):
+        if role == "share":
+            covariance[1 + i, 1 + i] = SHARE_PRIOR_SD ** 2
+    scale = np.max(np.abs(design), axis=0)
+    scale[scale == 0] = 1.0
+    scaled = design / scale
+    inverse_scale = np.diag(1.0 / scale[1:])
+    prior_precision = np.zeros((p, p))  # of the scaled coefficients, σ² not included
+    try:
+        prior_precision[1:, 1:] = inverse_scale @ np.linalg.inv(covariance) @ inverse_scale
+    except np.linalg.LinAlgError:
+        return None
+    prior_mean = np.concatenate([[0.0], mean * scale[1:]])
+    s0 = prior.residual_std
+    variance = s0 ** 2
+    gram_data = scaled.T @ scaled
+    for _ in range(6):  # σ̂² and the posterior mean settle in a few rounds
+        gram = gram_data + variance * prior_precision
+        if np.linalg.cond(gram) > 1e12:
+            return None
+        posterior_covariance = np.linalg.inv(gram)
+        coefficients = posterior_covariance @ (scaled.T @ target + variance * prior_precision @ prior_mean)
+        residuals = target - scaled @ coefficients
+        leverage = np.einsum("ij,jk,ik->i", scaled, posterior_covariance, scaled)
+        dof = BAYES_NOISE_DOF + n - float(leverage.sum())
+        variance = (BAYES_NOISE_DOF * s0 ** 2 + float(residuals @ residuals)) / max(dof, 1.0)
+    if leverage.max() > 1.0 - 1e-9:
+        return None
+    shift = coefficients - prior_mean
+    # The evidence at σ̂² (Gaussian, exact): the flat intercept adds the same constant for every class.
+    _, log_det_posterior = np.linalg.slogdet(gram_data / variance + prior_precision)
+    _, log_det_prior = np.linalg.slogdet(prior_precision[1:, 1:])
+    log_evidence = (-0.5 * (float(residuals @ residuals) / variance + float(shift @ prior_precision @ shift))
+                    - 0.5 * (n - 1) * math.log(2 * math.pi * variance) + 0.5 * log_det_prior - 0.5 * log_det_posterior)
+    prior_weight = min(1.0, max(0.0, 1.0 - (float(leverage.sum()) - 1.0) / (p - 1)))
+    return _BayesPosterior(device_class, coefficients, posterior_covariance, scale, math.sqrt(variance),
+                           max(dof, 1.0), log_evidence, leverage, residuals, prior_weight)
+
+
+def _bayes_best(log_sim: np.ndarray, target: np.ndarray, feature_matrix: Mapping[str, np.ndarray],
+                priors: Mapping[str, PopulationPrior]) -> tuple[_BayesPosterior, list[tuple[str, str]]] | None:
+    """The posterior under the class prior with the highest evidence (one class given: that one)."""
+    best: tuple[_BayesPosterior, list[tuple[str, str]]] | None = None
+    for device_class, prior in priors.items():
+        terms = _bayes_terms(feature_matrix, prior)
+        posterior = _bayes_posterior(_bayes_design(log_sim, feature_matrix, terms), target, terms, prior, device_class)
+        if posterior is not None and (best is None or posterior.log_evidence > best[0].log_evidence):
+            best = (posterior, terms)
+    return best
+
+
+def _fit_log_bayes(shared: _Shared, feature_matrix: Mapping[str, np.ndarray],
+                   priors: Mapping[str, PopulationPrior], *, class_given: bool) -> FitResult | None:
+    """``log y = b + a·log x + Σ c_j·f_j`` with a Normal-inverse-gamma posterior (module doc).
+
+    The class prior is the one given, else the class whose prior makes these models most likely (its
+    evidence); that choice is redone without each model for the leave-one-out error (nested), which is
+    what the kind is judged by. The interval is the posterior predictive: Student t with νₙ degrees of
+    freedom and scale sₙ·√(1 + x₀ᵀΛₙ⁻¹x₀), wider where the new model sits far from the calibration models."""
+    if not priors or shared.sim.size < 4:
+        return None
+    log_sim, log_device = np.log(shared.sim), np.log(shared.device)
+    found = _bayes_best(log_sim, log_device, feature_matrix, priors)
+    if found is None:
+        return None
+    posterior, terms = found
+    n = log_sim.size
+    loo_residual = posterior.residuals / (1.0 - posterior.leverage)  # the closed form, above NESTED_LOO_LIMIT
+    keep = np.ones(n, dtype=bool)
+    for index in range(n if n <= NESTED_LOO_LIMIT else 0):
+        keep[index] = False
+        inner = _bayes_best(log_sim[keep], log_device[keep], {name: v[keep] for name, v in feature_matrix.items()},
+                            priors)
+        keep[index] = True
+        if inner is None:  # too concentrated without this model: the closed form of the full choice
+            loo_residual[index] = posterior.residuals[index] / (1.0 - posterior.leverage[index])
+            continue
+        row = _bayes_design(log_sim[index:index + 1], {name: v[index:index + 1] for name, v in feature_matrix.items()},
+                            inner[1])
+        loo_residual[index] = log_device[index] - float(((row / inner[0].scale) @ inner[0].coefficients)[0])
+    model = _LinearModel(posterior.coefficients, posterior.scale, posterior.covariance, posterior.residuals,
+                         posterior.leverage)
+    names = [name for name, _ in terms]
+    prior = priors[posterior.device_class]
+    return _finish_fit(
+        "log_bayes", shared, model, np.exp(log_device - loo_residual), log_space=True, features_used=names,
+        feature_values={name: feature_matrix[name] for name in names},
+        interval=(posterior.residual_std, posterior.dof, None),
+        feature_transforms={name: "linear" if role == "share" else "log" for name, role in terms},
+        prior_weight=posterior.prior_weight,
+        prior_source=f"{posterior.device_class} class ({'given' if class_given else 'by evidence'}): {prior.source}",
+        loo_log_rmse=float(np.sqrt(np.mean(loo_residual ** 2))), device_class=posterior.device_class)
 
 
 @dataclass
@@ -1294,6 +1662,8 @@ def _finish_fit(kind: str, shared: _Shared, model: _LinearModel, loo_prediction:
         covariance_factor=[[float(v) for v in row] for row in model.covariance_factor], dof=dof,
         mean_leverage=mean_leverage, **extra,
     )
+    fit.ranges = {"x": [float(shared.sim.min()), float(shared.sim.max())],
+                  **{name: [float(np.min(v)), float(np.max(v))] for name, v in (feature_values or {}).items()}}
     fit.loo_mape, fit.loo_within_10 = _loo_errors(shared.device, loo_prediction)
     estimate, low, high = fit.predict_arrays(shared.sim, feature_values, shared.confidence)
     fit.r2 = _r2(shared.device, estimate)
@@ -1406,19 +1776,26 @@ def _none_to_nan(value: float | None) -> float:
 # Choosing what to measure
 
 
-MAX_SUGGEST_CANDIDATES = 100_000  # the greedy design is O(candidates × k); more is a mistake, not a lab
+MAX_SUGGEST_CANDIDATES = 100_000  # more is a mistake, not a lab
+SUGGEST_REFERENCE_MODELS = 2000  # above it the design chooses among a fixed-seed sample of the candidates
+SUGGEST_LENGTH_SCALE = 1.0  # of the smooth departure from the line, in standard deviations of each column
 
 
 def suggest_models(candidates: Sequence[Pair], count: int, *, features: Sequence[str] = (),
-                   measured: Sequence[Pair] = ()) -> list[str]:
-    """The ``count`` candidate models whose device measurements would most sharpen the fit.
+                   measured: Sequence[Pair] = (), class_priors: Mapping[str, PopulationPrior] | None = None,
+                   device_class: str = "single_core") -> list[str]:
+    """The ``count`` candidate models whose device measurements would most sharpen the predictions.
 
-    Greedy D-optimal design over the log-space fit's columns (1, log sim, and each offered feature
-    as ``log_ridge`` takes it, standardized): each step adds the candidate with the largest
-    prediction variance under the models chosen so far (``measured`` already count), which is the
-    one that most raises det(XᵀX) — models spread to the corners of the feature space, not bunched
-    where most models are. ``Pair.y`` of candidates is ignored. Raises ``ValueError`` for a bad
-    count, a non-positive or non-finite sim value, or a feature missing from a candidate.
+    A Bayesian design on the ``log_bayes`` model (issue 31): the columns are 1, log sim and the offered
+    features by role (``_bayes_terms``), the coefficients' prior that of ``device_class`` (the shipped
+    class priors unless given), the noise the class's residual std. Each step adds the candidate that
+    most reduces the predictive variance summed over every candidate, ``Σ_c (x_cᵀVx_j)² / (σ² + x_jᵀVx_j)``
+    with V the posterior covariance given the models measured so far (``measured`` already count), then
+    updates V — over the joint prior of the predictions, the line's plus a smooth departure from it (a
+    Gaussian process over the standardized columns, as large as the noise): a line alone would chase the
+    corners, and where the prior already pins the exponent a model where many candidates lie teaches more. ``Pair.y`` of
+    candidates is ignored. Raises ``ValueError`` for a bad count, a non-positive or non-finite sim value,
+    or a feature missing from a candidate.
     """
     if not 1 <= count <= len(candidates):
         raise ValueError(f"--suggest needs 1 to {len(candidates)} (the candidates), got {count}")
@@ -1429,21 +1806,55 @@ def suggest_models(candidates: Sequence[Pair], count: int, *, features: Sequence
     bad = np.flatnonzero(~(np.isfinite(sim) & (sim > 0)))
     if bad.size:
         raise ValueError(f"sim value of model {everyone[bad[0]].model!r} must be a finite number > 0")
-    columns, _ = _log_feature_columns(_feature_columns(everyone, features))
-    rest = np.column_stack([np.log(sim), *columns.values()])
-    spread = rest.std(axis=0)
-    rest = (rest - rest.mean(axis=0)) / np.where(spread > 0, spread, 1.0)
-    design = np.column_stack([np.ones(sim.size), rest])
-    information = 1e-6 * np.eye(design.shape[1]) + design[:len(measured)].T @ design[:len(measured)]
-    pool = list(range(len(measured), sim.size))
+    feature_matrix = _feature_columns(everyone, features)
+    priors = shipped_class_priors() if class_priors is None else dict(class_priors)
+    prior = priors.get(device_class) or next(iter(priors.values()))
+    terms = _bayes_terms(feature_matrix, prior)
+    design = _bayes_design(np.log(sim), feature_matrix, terms)
+    pool_rows = design[len(measured):]
+    centre = pool_rows.mean(axis=0)
+    centre[0] = 0.0
+    design = design - centre  # the intercept then stands for the candidates' typical model
+    p = design.shape[1]
+    covariance = np.zeros((p, p))
+    covariance[0, 0] = 100.0  # the device's scale: unknown (a factor e^10 either way)
+    index = [0, *(prior.terms.index(role) for _, role in terms if role != "share")]
+    known = [1, *(2 + i for i, (_, role) in enumerate(terms) if role != "share")]
+    covariance[np.ix_(known, known)] = np.array(prior.covariance)[np.ix_(index, index)]
+    for i, (_, role) in enumerate(terms):
+        if role == "share":
+            covariance[2 + i, 2 + i] = SHARE_PRIOR_SD ** 2
+    noise = prior.residual_std ** 2
+    # What the line cannot say: a smooth departure from it (a Gaussian process over the standardized
+    # columns), as large as the noise. It makes the design representative, not only extreme or central.
+    rest = design[:, 1:]
+    spread_of = rest[len(measured):].std(axis=0)
+    standardized = rest / np.where(spread_of > 0, spread_of, 1.0)
+    limit = min(len(candidates), SUGGEST_REFERENCE_MODELS)
+    reference = np.arange(len(candidates)) if limit == len(candidates) else \
+        np.sort(np.random.default_rng(_SAMPLING_SEED).choice(len(candidates), size=limit, replace=False))
+    rows = np.concatenate([np.arange(len(measured)), len(measured) + reference])
+
+    def local(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        distance = ((standardized[a][:, None, :] - standardized[b][None, :, :]) ** 2).sum(axis=2)
+        return noise * np.exp(-0.5 * distance / SUGGEST_LENGTH_SCALE ** 2)
+
+    joint = design[rows] @ covariance @ design[rows].T + local(rows, rows)  # prior covariance of the predictions
+    already = np.arange(len(measured))
+    if already.size:  # condition on the models already measured
+        solve = np.linalg.solve(joint[np.ix_(already, already)] + noise * np.eye(already.size), joint[already])
+        joint = joint - joint[:, already] @ solve
+    pool_index = np.arange(len(measured), rows.size)
+    joint = joint[np.ix_(pool_index, pool_index)]  # the candidates (or their reference sample)
+    pool = list(range(pool_index.size))
     chosen: list[int] = []
     for _ in range(count):
-        inverse = np.linalg.inv(information)
-        variance = np.einsum("ij,jk,ik->i", design[pool], inverse, design[pool])
-        best = pool.pop(int(np.argmax(variance)))  # ties: the first listed, so the answer is reproducible
+        column = joint[:, pool]
+        gain = (column ** 2).sum(axis=0) / (noise + np.diag(joint)[pool])
+        best = pool.pop(int(np.argmax(gain)))  # ties: the first listed, so the answer is reproducible
         chosen.append(best)
-        information += np.outer(design[best], design[best])
-    return [everyone[index].model for index in chosen]
+        joint = joint - np.outer(joint[:, best], joint[best]) / (noise + joint[best, best])
+    return [candidates[int(reference[index])].model for index in chosen]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1499,8 +1910,10 @@ def read_pairs_csv(path: str | Path, x: str = "x", y: str = "y", model: str = "m
 
 
 def predict_rows(calibration: Calibration, rows: Iterable[Mapping[str, Any]], *, x: str = "x",
-                 kind: str | None = None, source: str | None = None, first_line: int = 2) -> list[dict[str, Any]]:
-    """Each row with ``estimate``, ``low`` and ``high`` added (chosen fit, calibration's confidence).
+                 kind: str | None = None, source: str | None = None, first_line: int = 2,
+                 confidence: float | None = None) -> list[dict[str, Any]]:
+    """Each row with ``estimate``, ``low``, ``high`` (chosen fit; ``confidence``, default the calibration's),
+    ``verdict`` ("ok" or "extrapolating") and ``extrapolation`` (the inputs outside the fit's range, as text).
 
     Rows are dicts such as ``csv.DictReader`` yields; the sim value is in column ``x`` and the fit's
     features (if any) in columns of the same name. ``source`` (a file name) makes error messages
@@ -1520,9 +1933,13 @@ def predict_rows(calibration: Calibration, rows: Iterable[Mapping[str, Any]], *,
                                         f"values > 0, got {sim[nonpositive[0]]:g}")
     if not materialised:
         return []
-    estimate, low, high = fit.predict_arrays(sim, feature_values, calibration.confidence)
-    for row, e, lo, hi in zip(materialised, estimate, low, high):
-        row.update(estimate=float(e), low=float(lo), high=float(hi))
+    level = calibration.confidence if confidence is None else confidence
+    _check_confidence(level)
+    estimate, low, high = fit.predict_arrays(sim, feature_values, level)
+    outside = fit.extrapolation(sim, feature_values)
+    for row, e, lo, hi, out in zip(materialised, estimate, low, high, outside):
+        row.update(estimate=float(e), low=float(lo), high=float(hi), verdict="extrapolating" if out else "ok",
+                   extrapolation="; ".join(map(str, out)))
     return materialised
 
 

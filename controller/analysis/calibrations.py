@@ -13,7 +13,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from farm.controller.analysis.calibration import Calibration, FitResult, Pair, PopulationPrior, Prior, calibrate
+from farm.controller.analysis.calibration import (
+    Calibration, FitResult, Pair, PopulationPrior, Prior, calibrate, shipped_class_priors,
+)
 from farm.controller.store import METRIC_UNITS, Store
 from farm.controller.store.rows import RowLike
 
@@ -208,7 +210,8 @@ def fit_and_store(store: Store, device: str, metric: str, paired: list[PairedRun
             offered = [f for f in FEATURES if all(f in r.pair.features for r in runs)]
             prior = lab_prior(store, device, metric, key, family, offered)
             cal = calibrate([r.pair for r in runs], confidence=confidence, min_pairs=min_pairs, features=offered,
-                            prior=prior, population=lab_population(store, device, metric, key, family))
+                            prior=prior, population=lab_population(store, device, metric, key, family),
+                            class_priors=lab_class_priors(store, device, metric, key, family))
         except ValueError as e:  # NotEnoughPairs, or values too bunched up to fit
             refused.append(f"{label}: {e}")
             continue
@@ -328,6 +331,22 @@ def current_calibration(store: Store, device: str, metric: str, threads: int, ru
 
 def devices_with_calibrations(store: Store) -> list[str]:
     return store.calibrations.devices()
+
+
+def lab_class_priors(store: Store, device: str, metric: str, key: CalibrationKey, family: str
+                     ) -> dict[str, PopulationPrior]:
+    """The shipped per-class priors of the log_bayes kind, each with the newest log_bayes fit of every *other*
+    device the store holds for this key and of that class added as more devices of the class (issue 31:
+    the prior's widths learned from the lab's own calibrations where present)."""
+    rows = store.calibrations.fits(metric, key.threads, key.runtime, key.batch_size, key.input_size, key.precision, family)
+    newest: dict[str, FitResult] = {}
+    for row in rows:
+        if row["device"] != device and row["device"] not in newest:
+            fit = json.loads(row["fit_json"])["fits"].get("log_bayes")
+            if fit is not None:
+                newest[row["device"]] = FitResult.from_json(fit)
+    return {name: prior.with_fits([f for f in newest.values() if f.device_class == name], "device(s) in this store")
+            for name, prior in shipped_class_priors().items()}
 
 
 def add_predictions(store: Store, job_id: int, records: list[dict[str, Any]], devices: list[str],

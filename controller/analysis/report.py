@@ -451,6 +451,26 @@ pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f8f8f8;padding:.5em}
 .wrap{overflow-x:auto}"""
 
 
+def variants_section(job_id: int, records: list[dict[str, Any]]) -> str:
+    """The job's models made from another of its models (`farm quantize` lineage): before → after per cell."""
+    from farm.controller.analysis.compare import lineage_at_path, variant_rows
+
+    def mb(n: Any) -> str:
+        return _g(n / 1e6, 3) if isinstance(n, (int, float)) else "—"
+
+    rows = [[v["source"], v["variant"], v["method"] or "—", v["target"], v["accelerator"], v["threads"],
+             f"{mb(v['size_a'])} → {mb(v['size_b'])}", f"{_g(v['latency_a'], 3)} → {_g(v['latency_b'], 3)}",
+             f"{v['latency_change']:+.0%}" if v["latency_change"] is not None else "—",
+             f"{_g(v['memory_a'], 3)} → {_g(v['memory_b'], 3)}", v["verdict"] or "—"]
+            for v in variant_rows(job_id, records, lineage_at_path)]
+    if not rows:
+        return ""
+    return (_table(["source", "variant", "method", "on", "unit", "threads", "size MB", "latency avg ms", "Δ latency",
+                    "peak MB", "latency vs noise"], rows)
+            + "<p class=note>Variants made by <code>farm quantize</code> beside their source (<code>farm compare "
+            f"{job_id}</code> has every figure); noise: Welch's t at 95 % over the repeats.</p>")
+
+
 def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str]]:
     """The page, its figures (also written with --png) and the warnings shown at its top."""
     job = store.jobs.get(job_id)
@@ -470,6 +490,7 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
     sweeps = sweep_section(averaged, figures) if done else ""
     telemetry = telemetry_section(store, records, figures) if done else ""
     ops = ops_section(records)
+    variants = variants_section(job_id, records) if done else ""
     cal_sections = calibrations_section(store, calibrations, figures)
     if not calibrations:
         cal_sections = ("<p class=note>No calibration uses this job's runs yet: <code>farm calibrate --sim-job A "
@@ -487,6 +508,7 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
     when = "".join(f" · {label} {_when(job[key])}" for label, key in (("created", "created_at"), ("finished", "finished_at"))
                    if job.get(key))
     toc = [("results", "Results"), ("sweeps", "Plots"), ("telemetry", "Memory and CPU over time"), ("facts", "Models"),
+           *([("variants", "Variants")] if variants else []),
            *([("ops", "Operators")] if ops else []), ("calibrations", "Calibrations"), ("rankings", "Rankings"),
            ("spec", "Job spec")]
     page = f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
@@ -501,6 +523,7 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
 <h2 id=sweeps>Plots</h2>{sweeps or '<p class=note>no completed run to plot</p>'}
 <h2 id=telemetry>Memory and CPU over time</h2>{telemetry or '<p class=note>no completed run</p>'}
 <h2 id=facts>Models</h2><div class=wrap>{facts_section(records)}</div>
+{f'<h2 id=variants>Variants</h2><div class=wrap>{variants}</div>' if variants else ''}
 {f'<h2 id=ops>Operators</h2>{ops}' if ops else ''}
 <h2 id=calibrations>Calibrations</h2>{cal_sections}
 <h2 id=rankings>Rankings</h2>{rankings}

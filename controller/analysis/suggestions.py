@@ -28,7 +28,7 @@ def _sim_value(record: dict[str, Any], metric: str) -> float | None:
 def suggest_for_device(store: Store, device: str, count: int, *, metric: str = "latency",
                        threads: int | None = None, include_contended: bool = False,
                        jobs_limit: int = 10_000) -> dict[str, Any]:
-    """The ``count`` models of the store to measure on ``device`` next (D-optimal over the sim value and
+    """The ``count`` models of the store to measure on ``device`` next (the most predictive variance removed, over the sim value and
     the model facts, ``suggest_models``). Candidates: every model with a completed (uncontended unless asked) sim run
     at that thread count in any job, not yet in the device's newest calibration; those already in it
     count as measured. ``threads``: default the newest calibration's, else 1. Each suggestion names

@@ -39,9 +39,9 @@ class DriftThresholds:
     prediction_shift: float = 0.25  # mean relative move of the reference models' predictions
 
 
-def _plain_line(c: StoredCalibration) -> tuple[float, float, float]:
-    xs = np.array([p.x for p in c.calibration.pairs])
-    ys = np.array([p.y for p in c.calibration.pairs])
+def _plain_line(pairs: list[Any]) -> tuple[float, float, float]:
+    xs = np.array([p.x for p in pairs])
+    ys = np.array([p.y for p in pairs])
     a, b = np.polyfit(xs, ys, 1)
     residual = ys - (a * xs + b)
     total = float(((ys - ys.mean()) ** 2).sum())
@@ -55,23 +55,20 @@ def _source_job(c: StoredCalibration) -> int | None:
 
 def unlike(store: Store, old: StoredCalibration, new: StoredCalibration) -> str | None:
     """Why `old` is no baseline for `new` (None: like with like). Drift compares a refresh's fit with an earlier
-    refresh's: the reference suite's runs (not a calibration someone fitted by hand from other models), the same
-    models, the same kind of fit on the same features; anything else moves for reasons that are not the device."""
+    refresh's: the reference suite's runs (not a calibration someone fitted by hand, whose fit moves for reasons
+    that are not the device), the same kind of fit on the same features."""
     job_id = _source_job(old)
     job = store.jobs.get(job_id) if job_id is not None else None
     if job is None or job["kind"] != HEALTH_CHECK:
         return (f"version {old.version} (#{old.id}) was fitted from job {job_id if job_id is not None else '?'}, "
                 "not by a refresh")
-    old_models = sorted(p.model for p in old.calibration.pairs)
-    new_models = sorted(p.model for p in new.calibration.pairs)
-    if old_models != new_models:
-        return f"version {old.version} (#{old.id}) was fitted on other models ({len(old_models)} vs {len(new_models)})"
-    # the same kind of fit on the same features: the old version's own fit of the kind the new one chose (every
-    # version keeps each kind it tried), so a choice that flips between two quiet nights is not drift
+    # the same kind of fit on the same features (drift_between compares the models both measured, with the old
+    # version's own fit of the kind the new one chose): a fit of that kind on other features is passed over
     kind, new_fit = new.calibration.chosen, new.calibration.chosen_fit
     old_fit = old.calibration.fits.get(kind)
-    if old_fit is None or sorted(old_fit.features_used) != sorted(new_fit.features_used):
-        return (f"version {old.version} (#{old.id}) has no {kind} fit on "
+    if old_fit is not None and sorted(old_fit.features_used) != sorted(new_fit.features_used):
+        return (f"version {old.version} (#{old.id}) fitted {kind} on "
+                f"{', '.join(sorted(old_fit.features_used)) or 'sim alone'}, this one on "
                 f"{', '.join(sorted(new_fit.features_used)) or 'sim alone'}")
     return None
 
@@ -94,29 +91,45 @@ def drift_baseline(store: Store, new: StoredCalibration) -> tuple[StoredCalibrat
 
 
 def drift_between(old: StoredCalibration, new: StoredCalibration, thresholds: DriftThresholds) -> DriftCheck:
-    """How far the new fit moved: coefficients, R², and the predictions for the new fit's own models."""
-    # The chosen fits may use model facts as regressors; the coefficients compared are those of
-    # the plain line y = a·x + b through each calibration's pairs, which always exists.
-    a_old, b_old, r2_old = _plain_line(old)
-    a_new, b_new, r2_new = _plain_line(new)
-    mean_y = statistics.fmean(p.y for p in new.calibration.pairs) or 1.0
-    slope = abs(a_new - a_old) / abs(a_old) if a_old else float("inf")
-    intercept = abs(b_new - b_old) / abs(mean_y)
-    r2_drop = max(0.0, r2_old - r2_new)
-    new_fit = new.calibration.chosen_fit
-    old_fit = old.calibration.fits.get(new.calibration.chosen) or old.calibration.chosen_fit  # like with like
+    """How far the device moved between two calibrations, like with like (issue 32):
+
+    - the coefficients and R² are those of the plain line y = a·x + b through the models *both*
+      calibrations measured (a line through other models says how the models differ, not the device);
+      with fewer than three in common they are not compared;
+    - the prediction shift compares the *same fit kind* (the new calibration's chosen kind, when the old
+      one has it; else each one's chosen) on the new calibration's models that lie inside the range the
+      old fit saw (an extrapolated prediction moving is not drift).
+    Each reason says what it was computed on."""
+    old_pairs = {p.model: p for p in old.calibration.pairs}
+    shared = [p for p in new.calibration.pairs if p.model in old_pairs]
+    slope = intercept = r2_drop = 0.0
+    moved: dict[str, str] = {}  # what each figure moved from and to: an alert a person can check
+    basis = f"{len(shared)} model(s) in common"
+    if len(shared) >= 3 and len({p.x for p in shared}) >= 2 and len({old_pairs[p.model].x for p in shared}) >= 2:
+        a_old, b_old, r2_old = _plain_line([old_pairs[p.model] for p in shared])
+        a_new, b_new, r2_new = _plain_line(shared)
+        mean_y = statistics.fmean(p.y for p in shared) or 1.0
+        slope = abs(a_new - a_old) / abs(a_old) if a_old else float("inf")
+        intercept = abs(b_new - b_old) / abs(mean_y)
+        r2_drop = max(0.0, r2_old - r2_new)
+        basis = f"plain line over the {len(shared)} model(s) both measured"
+        moved = {"slope_change": f"slope {a_old:.4g} → {a_new:.4g}",
+                 "intercept_change": f"intercept {b_old:.4g} → {b_new:.4g}", "r2_drop": f"R² {r2_old:.3f} → {r2_new:.3f}"}
+    kind = new.calibration.chosen if new.calibration.chosen in old.calibration.fits else None
+    old_fit, new_fit = old.calibration.fit(kind), new.calibration.fit(kind)
     shifts = []
     for p in new.calibration.pairs:
+        if old_fit.extrapolation([p.x], {k: [v] for k, v in p.features.items()})[0]:
+            continue  # outside what the old fit saw
         before = old_fit.predict(p.x, features=p.features).estimate
         if before:
             shifts.append(abs(new_fit.predict(p.x, features=p.features).estimate - before) / abs(before))
     shift = statistics.fmean(shifts) if shifts else 0.0
-    # each reason says what moved, from what to what, against which version: an alert a person can check
-    against = f"v{old.version} → v{new.version}, the same {len(new.calibration.pairs)} reference models"
-    detail = {"slope_change": f"slope {a_old:.4g} → {a_new:.4g}", "intercept_change": f"intercept {b_old:.4g} → "
-              f"{b_new:.4g} ms", "r2_drop": f"R² {r2_old:.3f} → {r2_new:.3f}",
-              "prediction_shift": f"the {new.calibration.chosen} fit's predictions moved {100 * shift:.1f} % on average"}
-    reasons = [f"{name} {value:.3g} > {getattr(thresholds, name):g} ({detail[name]}; {against})"
+    shift_basis = (f"{kind or f'{old_fit.kind} vs {new_fit.kind}'} on {len(shifts)} model(s) inside the old fit's range")
+    moved["prediction_shift"] = f"predictions moved {100 * shift:.1f} % on average"
+    against = f"v{old.version} → v{new.version}"
+    reasons = [f"{name} {value:.3g} > {getattr(thresholds, name):g} "
+               f"({moved.get(name, name)}; {shift_basis if name == 'prediction_shift' else basis}; {against})"
                for name, value in (("slope_change", slope), ("intercept_change", intercept), ("r2_drop", r2_drop),
                                    ("prediction_shift", shift)) if value > getattr(thresholds, name)]
     return DriftCheck(device=new.device, metric=new.metric, threads=new.threads, calibration_id=new.id,

@@ -1,0 +1,140 @@
+"""`farm compare JOB_A [JOB_B]`: before/after per model (controller/analysis/compare.py), as a table or --json.
+
+The comparison is made here from each job's results, which the embedded store and a controller answer alike
+(`farm.results`), so it works against either; a model's lineage (`farm quantize`'s sidecar or metadata) is read
+where the record's model path is readable from this machine, else models pair by name."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from farm.cli.console import UserError, open_farm, out
+from farm.proto.escape import printable
+
+
+def _job_id(text: str) -> int:
+    try:
+        return int(str(text).removeprefix("job-"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a job id (see `farm jobs`)") from None
+
+
+def _figure(v: float | None, unit: str) -> str:
+    if v is None:
+        return "—"
+    return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+
+
+def _change(m: dict[str, Any]) -> Text:
+    change = m.get("change")
+    text = "—" if change is None else f"{change:+.0%}"
+    style = {"within": "dim", "beyond": "bold", "unknown": "yellow"}[m["noise"]]
+    return Text(text, style=style)
+
+
+def _noise(m: dict[str, Any]) -> Text:
+    if m["noise"] == "unknown":
+        return Text("noise unknown (1 run)" if m["n_a"] == m["n_b"] == 1 else "noise unknown", style="yellow")
+    runs = f" ({m['n_a']}/{m['n_b']} runs)"
+    return Text("within noise" + runs, style="dim") if m["noise"] == "within" else Text("beyond noise" + runs, style="bold")
+
+
+def _mb(n: int | None) -> str:
+    return "—" if n is None else f"{n / 1e6:.2f}"
+
+
+def compare_table(report: dict[str, Any]) -> Table:
+    pairs = report["pairs"]
+    rows = [(p, r) for p in pairs for r in p["rows"]]
+    show_energy = any("energy_per_inference_mj" in r["metrics"] for _, r in rows)
+    show_unit = any(r["accelerator"] != "cpu" for _, r in rows)
+    title = (f"job {report['job_a']} → job {report['job_b']}" if report["job_a"] != report["job_b"]
+             else f"job {report['job_a']}: variants")
+    t = Table(title=title, header_style="bold", title_justify="left")
+    t.add_column("model A → B", no_wrap=True)
+    t.add_column("on")
+    if show_unit:
+        t.add_column("unit")
+    t.add_column("thr", justify="right")
+    t.add_column("size MB\nA → B", justify="right")
+    t.add_column("latency avg ms\nA → B", justify="right")
+    t.add_column("Δ", justify="right")
+    t.add_column("p50 ms\nA → B", justify="right")
+    t.add_column("peak MB\nA → B", justify="right")
+    t.add_column("Δ", justify="right")
+    if show_energy:
+        t.add_column("mJ/inf\nA → B", justify="right")
+        t.add_column("Δ", justify="right")
+    t.add_column("latency vs noise")
+    for p, r in rows:
+        m = r["metrics"]
+        names = Text(printable(f"{p['model_a']['name']} → {p['model_b']['name']}", limit=None))
+        cells: list[str | Text] = [names, Text(printable(r["target"]))]
+        if show_unit:
+            cells.append(Text(printable(r["accelerator"])))
+        cells.append(str(r["threads"]))
+        cells.append(f"{_mb(p['size']['a'])} → {_mb(p['size']['b'])}")
+
+        def pair_of(key: str, unit: str) -> list[str | Text]:
+            if key not in m:
+                return ["—", ""]
+            return [f"{_figure(m[key]['a'], unit)} → {_figure(m[key]['b'], unit)}", _change(m[key])]
+
+        cells += pair_of("latency_avg_ms", "ms")
+        cells.append(f"{_figure(m['latency_p50_ms']['a'], 'ms')} → {_figure(m['latency_p50_ms']['b'], 'ms')}"
+                     if "latency_p50_ms" in m else "—")
+        cells += pair_of("peak_memory_mb", "MB")
+        if show_energy:
+            cells += pair_of("energy_per_inference_mj", "mJ")
+        cells.append(_noise(m["latency_avg_ms"]) if "latency_avg_ms" in m else Text("no latency", style="dim"))
+        t.add_row(*cells)
+    matched = "; ".join(f"{p['model_b']['name']}: {p['matched_by']}" for p in pairs)
+    t.caption = (f"paired by {matched}. Δ: B against A; within/beyond noise: Welch's t at 95 % over the repeats"
+                 if pairs else None)
+    return t
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from farm.cli.render import to_json
+    from farm.controller.analysis.compare import compare_records, lineage_at_path
+
+    job_b = args.job_b if args.job_b is not None else args.job_a
+    farm = open_farm(args)
+    for job in dict.fromkeys((args.job_a, job_b)):
+        farm.job(job)  # an unknown job is the answer's own error, naming it
+    records_a = [r.model_dump() for r in farm.results(args.job_a)]
+    records_b = records_a if job_b == args.job_a else [r.model_dump() for r in farm.results(job_b)]
+    report = compare_records(records_a, records_b, job_a=args.job_a, job_b=job_b, lineage_of=lineage_at_path)
+    if args.json:
+        print(to_json(report))
+        return 0
+    if not report["pairs"]:
+        if report["notes"]:
+            raise UserError(report["notes"][-1])
+        raise UserError(f"jobs {args.job_a} and {job_b} share no model: none has the same name, none was made from "
+                        f"the other's (`farm quantize` lineage), and they are not one model each. A: "
+                        f"{', '.join(report['unmatched_a']) or 'none'}; B: {', '.join(report['unmatched_b']) or 'none'}")
+    out.print(compare_table(report))
+    for p in report["pairs"]:
+        if not p["rows"]:
+            out.print(Text(f"{p['model_a']['name']} → {p['model_b']['name']}: no run condition (target, unit, threads, "
+                           "batch, size, budget) in common with completed runs", style="yellow"), highlight=False)
+    if report["unmatched_a"] or report["unmatched_b"]:
+        out.print(Text(f"not paired: A {', '.join(report['unmatched_a']) or '—'}; B "
+                       f"{', '.join(report['unmatched_b']) or '—'}", style="dim"), highlight=False)
+    for note in report["notes"]:
+        out.print(Text(f"note: {note}", style="yellow"), highlight=False)
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    s = sub.add_parser("compare", parents=[common],
+                       help="before/after: two jobs' models (or one job's variants) side by side, with the noise")
+    s.add_argument("job_a", type=_job_id, help="the 'before' job (42 or job-42)")
+    s.add_argument("job_b", type=_job_id, nargs="?", default=None,
+                   help="the 'after' job; left out: the variants within JOB_A (paired by `farm quantize` lineage)")
+    s.set_defaults(func=cmd_compare)

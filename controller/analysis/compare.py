@@ -1,0 +1,252 @@
+"""Before/after: two jobs' runs (or two models of one job) side by side, with a judgement of the run-to-run noise.
+
+`compare_records(a, b)` reads the records `farm results --format json` has (the same on a controller and embedded:
+the client asks for each job's results and compares them here, so no new question crosses the wire).
+
+Models are paired, in this order:
+1. by lineage: B's model was made from A's (`farm quantize` recorded the source's sha256; its sidecar or the
+   model's metadata is read where the record's model path is readable here), or the other way round;
+2. by name: the same model name in both jobs;
+3. when each side has exactly one model left, those two.
+Within one job (A is B), only lineage pairs count.
+
+Each pair is compared per cell: target, compute unit (`accelerator`), threads, batch, input size and the CPU and
+memory budget. Figures are each cell's completed runs (clean runs when there are any; contended ones only where a
+cell has no clean run, as `average_repeats` does): latency avg and p50, peak memory, energy per inference where
+measured, and the model files' sizes. A difference is judged against the repeats' spread with Welch's t test at
+95 % (two-sided): "within noise" when |t| is under the critical t of Welch's degrees of freedom, else "beyond
+noise". With one run on a side the spread is unknown, and the judgement says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+# Student's t, two-sided 95 % (0.975 quantile), for 1..30 degrees of freedom; beyond: 40, 60, 120, then 1.96.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+# (the key in the answer, the path in a record, the unit, whether lower is better)
+METRICS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("latency_avg_ms", ("latency_ms", "avg"), "ms"),
+    ("latency_p50_ms", ("latency_ms", "p50"), "ms"),
+    ("peak_memory_mb", ("peak_memory_mb",), "MB"),
+    ("energy_per_inference_mj", ("energy_per_inference_mj",), "mJ"),
+)
+ONE_RUN = "one run each: noise unknown"
+
+
+def t_critical(df: float) -> float:
+    """The 0.975 quantile of Student's t for `df` degrees of freedom (rounded down: the stricter side)."""
+    if not math.isfinite(df) or df > 120:
+        return 1.96
+    whole = max(1, math.floor(df))
+    if whole <= 30:
+        return _T975[whole - 1]
+    return 2.021 if whole < 60 else (2.000 if whole < 120 else 1.980)
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float | None]:
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, None
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def judge(a: list[float], b: list[float]) -> dict[str, Any]:
+    """A's and B's figures over their runs: means, the difference, and whether it is inside the runs' noise."""
+    mean_a, sd_a = _mean_sd(a)
+    mean_b, sd_b = _mean_sd(b)
+    diff = mean_b - mean_a
+    found: dict[str, Any] = {
+        "a": mean_a, "b": mean_b, "sd_a": sd_a, "sd_b": sd_b, "n_a": len(a), "n_b": len(b), "diff": diff,
+        "change": diff / mean_a if mean_a else None, "t": None, "df": None, "t_critical": None,
+    }
+    if sd_a is None or sd_b is None:
+        found["noise"] = "unknown"
+        found["verdict"] = ONE_RUN if len(a) == len(b) == 1 else (
+            f"one run {'in A' if sd_a is None else 'in B'}: noise unknown")
+        return found
+    se2_a, se2_b = sd_a ** 2 / len(a), sd_b ** 2 / len(b)
+    se = math.sqrt(se2_a + se2_b)
+    if se == 0:
+        within = diff == 0
+        found.update(noise="within" if within else "beyond",
+                     verdict="no difference, no spread" if within else "beyond noise (the runs did not vary)")
+        return found
+    t = diff / se
+    df = (se2_a + se2_b) ** 2 / ((se2_a ** 2 / (len(a) - 1) if se2_a else 0) + (se2_b ** 2 / (len(b) - 1) if se2_b else 0))
+    critical = t_critical(df)
+    within = abs(t) < critical
+    found.update(t=t, df=df, t_critical=critical, noise="within" if within else "beyond",
+                 verdict=(f"within noise (|t| {abs(t):.2f} < {critical:.2f}, n {len(a)}/{len(b)})" if within else
+                          f"beyond noise (|t| {abs(t):.2f} ≥ {critical:.2f}, n {len(a)}/{len(b)})"))
+    return found
+
+
+def _number(record: dict[str, Any], path: tuple[str, ...]) -> float | None:
+    value: Any = record
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+
+
+def condition(record: dict[str, Any]) -> tuple:
+    """What two runs must share to be compared: everything a cell is but the model."""
+    limits = record.get("limits") or {}
+    return (record["target"], record.get("accelerator", "cpu"), record["threads"], record["batch_size"],
+            record["input_size"], limits.get("cpus"), limits.get("memory_mb"))
+
+
+def _model_key(record: dict[str, Any]) -> tuple[str, str]:
+    return record["model"]["name"], record["model"]["sha256"]
+
+
+def _runs_used(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    done = [r for r in runs if r["status"] == "completed"]
+    clean = [r for r in done if not (r.get("contention") or {}).get("contended")]
+    return (clean or done), (0 if clean else len(done))
+
+
+LineageReader = Callable[[dict[str, Any]], dict[str, Any] | None]
+
+
+def lineage_at_path(model: dict[str, Any]) -> dict[str, Any] | None:
+    """A record's model's `farm quantize` lineage, read from its path where that file is readable here."""
+    from pathlib import Path
+
+    from farm.models.quantize import read_lineage
+
+    path = model.get("path")
+    return read_lineage(Path(path)) if path and Path(path).is_file() else None
+
+
+def sidecar_lineage(model: dict[str, Any]) -> dict[str, Any] | None:
+    """The lineage from the sidecar file only, never parsing the model: for pages drawn on every visit."""
+    from pathlib import Path
+
+    from farm.models.quantize import read_lineage
+
+    path = model.get("path")
+    return read_lineage(Path(path), metadata=False) if path else None
+
+
+def variant_rows(job_id: int, records: list[dict[str, Any]], lineage_of: LineageReader) -> list[dict[str, Any]]:
+    """One flat row per (source, variant, cell) of a job's `farm quantize` variants: what a report or a page shows."""
+    report = compare_records(records, records, job_a=job_id, job_b=job_id, lineage_of=lineage_of)
+    rows = []
+    for pair in report["pairs"]:
+        for row in pair["rows"]:
+            latency = row["metrics"].get("latency_avg_ms") or {}
+            memory = row["metrics"].get("peak_memory_mb") or {}
+            rows.append({"source": pair["model_a"]["name"], "variant": pair["model_b"]["name"],
+                         "method": (pair["lineage"] or {}).get("method"), "target": row["target"],
+                         "accelerator": row["accelerator"], "threads": row["threads"],
+                         "size_a": pair["size"]["a"], "size_b": pair["size"]["b"],
+                         "latency_a": latency.get("a"), "latency_b": latency.get("b"),
+                         "latency_change": latency.get("change"), "verdict": latency.get("verdict"),
+                         "memory_a": memory.get("a"), "memory_b": memory.get("b")})
+    return rows
+
+
+def pair_models(a: list[dict[str, Any]], b: list[dict[str, Any]], *, same_job: bool,
+                lineage_of: LineageReader) -> tuple[list[dict[str, Any]], list[dict], list[dict]]:
+    """[(A's model, B's model, how they were matched, the lineage)], and the models of each side left over.
+    One source may have several variants (dynamic, static, qdq): by lineage an A model pairs with each of them."""
+    models_a = {_model_key(r): r["model"] for r in a}
+    models_b = {_model_key(r): r["model"] for r in b}
+    lineages = {k: lineage_of(m) for k, m in {**models_a, **models_b}.items()}
+    pairs: list[dict[str, Any]] = []
+    paired_a: set[tuple[str, str]] = set()
+    paired_b: set[tuple[str, str]] = set()
+
+    def take(ka: tuple[str, str], kb: tuple[str, str], how: str, lineage: dict[str, Any] | None) -> None:
+        pairs.append({"a": models_a[ka], "b": models_b[kb], "matched_by": how, "lineage": lineage})
+        paired_a.add(ka)
+        paired_b.add(kb)
+        if same_job:  # one list on both sides: a source is never an "after", a variant never paired again
+            paired_a.add(kb)
+            paired_b.add(ka)
+
+    def source_of(key: tuple[str, str]) -> str | None:
+        return ((lineages.get(key) or {}).get("source") or {}).get("sha256")
+
+    for kb in models_b:  # B made from A (the usual: B is the optimized one)
+        source = source_of(kb)
+        ka = next((k for k in models_a if k[1] == source and k != kb), None)
+        if source and ka is not None and kb not in paired_b:
+            take(ka, kb, "lineage", lineages[kb])
+    if not same_job:
+        for ka in models_a:  # A made from B: compared as given, said so
+            source = source_of(ka)
+            variant_of = next((k for k in models_b if k[1] == source and k not in paired_b), None)
+            if source and variant_of is not None and ka not in paired_a:
+                take(ka, variant_of, "lineage (A is the variant)", lineages[ka])
+        for ka in [k for k in models_a if k not in paired_a]:
+            named = next((k for k in models_b if k[0] == ka[0] and k not in paired_b), None)
+            if named is not None:
+                take(ka, named, "name", None)
+        left_a = [k for k in models_a if k not in paired_a]
+        left_b = [k for k in models_b if k not in paired_b]
+        if len(left_a) == 1 and len(left_b) == 1:
+            take(left_a[0], left_b[0], "only model on each side", None)
+    unmatched_a = [m for k, m in models_a.items() if k not in paired_a]
+    unmatched_b = [] if same_job else [m for k, m in models_b.items() if k not in paired_b]
+    return pairs, unmatched_a, unmatched_b
+
+
+def compare_records(a: list[dict[str, Any]], b: list[dict[str, Any]], *, job_a: int, job_b: int,
+                    lineage_of: LineageReader | None = None) -> dict[str, Any]:
+    """The comparison as plain data (`farm compare --json`)."""
+    same_job = job_a == job_b
+    pairs, left_a, left_b = pair_models(a, b, same_job=same_job, lineage_of=lineage_of or (lambda _model: None))
+    found = []
+    for pair in pairs:
+        ka, kb = (pair["a"]["name"], pair["a"]["sha256"]), (pair["b"]["name"], pair["b"]["sha256"])
+        cells_a: dict[tuple, list[dict[str, Any]]] = {}
+        cells_b: dict[tuple, list[dict[str, Any]]] = {}
+        for r in a:
+            if _model_key(r) == ka:
+                cells_a.setdefault(condition(r), []).append(r)
+        for r in b:
+            if _model_key(r) == kb:
+                cells_b.setdefault(condition(r), []).append(r)
+        rows = []
+        for cond in sorted(set(cells_a) & set(cells_b), key=repr):
+            used_a, contended_a = _runs_used(cells_a[cond])
+            used_b, contended_b = _runs_used(cells_b[cond])
+            target, accelerator, threads, batch, size, cpus, memory = cond
+            row: dict[str, Any] = {
+                "target": target, "accelerator": accelerator, "threads": threads, "batch_size": batch,
+                "input_size": size, "cpus": cpus, "memory_mb": memory,
+                "runs_a": len(cells_a[cond]), "runs_b": len(cells_b[cond]), "used_a": len(used_a),
+                "used_b": len(used_b), "contended_a": contended_a, "contended_b": contended_b, "metrics": {},
+            }
+            for key, path, unit in METRICS:
+                values_a = [v for v in (_number(r, path) for r in used_a) if v is not None]
+                values_b = [v for v in (_number(r, path) for r in used_b) if v is not None]
+                if values_a and values_b:
+                    row["metrics"][key] = {"unit": unit, **judge(values_a, values_b)}
+            rows.append(row)
+        size_a, size_b = pair["a"].get("size_bytes"), pair["b"].get("size_bytes")
+        found.append({
+            "model_a": pair["a"], "model_b": pair["b"], "matched_by": pair["matched_by"], "lineage": pair["lineage"],
+            "size": {"a": size_a, "b": size_b, "diff": (size_b - size_a) if size_a and size_b else None,
+                     "ratio": size_b / size_a if size_a and size_b else None},
+            "rows": rows,
+            "unmatched_conditions": len((set(cells_a) ^ set(cells_b))),
+        })
+    notes = []
+    if any(m["noise"] == "unknown" for p in found for r in p["rows"] for m in r["metrics"].values()):
+        notes.append("a cell with one run on a side has no spread to judge noise by: set `repeats: 3` or more")
+    if any(m["noise"] == "within" and min(m["n_a"], m["n_b"]) < 3 and abs(m.get("change") or 0) > 0.2
+           for p in found for r in p["rows"] for m in r["metrics"].values()):
+        notes.append("with 2 runs on a side Welch's test has about one degree of freedom: only very large "
+                     "differences show as beyond noise; `repeats: 3` or more sharpens it")
+    if same_job and not pairs:
+        notes.append(f"job {job_a} holds no model made from another of its models (no `farm quantize` lineage "
+                     "readable here); give two jobs to compare by name")
+    return {"job_a": job_a, "job_b": job_b, "pairs": found,
+            "unmatched_a": [m["name"] for m in left_a], "unmatched_b": [m["name"] for m in left_b], "notes": notes}
