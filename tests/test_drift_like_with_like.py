@@ -94,7 +94,7 @@ def test_a_hand_made_calibration_is_no_baseline_and_an_unchanged_device_raises_n
     (drift,) = third.json()["drift"]
     assert drift["exceeded"]
     slope = next(r for r in drift["reasons"] if r.startswith("slope_change"))
-    assert "slope " in slope and " → " in slope and "5 model(s) both measured" in slope and "v2 → v3" in slope, slope
+    assert "slope " in slope and " → " in slope and "5 model(s) both measured" in slope and "v3 → v4" in slope, slope
     wait_for(lambda: any(e.get("event") == "calibration_drift" for e in received), 30, "the drift alert")
     alerts = [e for e in received if e.get("event") == "calibration_drift"]
     assert len(alerts) == 1 and alerts[0]["reasons"] == drift["reasons"]  # the alert says why it fired
