@@ -268,7 +268,9 @@ class AndroidDriver:
                 started = time.monotonic()
                 shell = once()
                 windows = [sustained_window(shell, 0.0, before)]
-                while w.sustained_s and time.monotonic() - started < w.sustained_s and not cancel_check():
+                # at least two windows (a first and a last to set apart), then on until sustained_s has passed
+                while w.sustained_s and (len(windows) < 2 or time.monotonic() - started < w.sustained_s) \
+                        and not cancel_check():
                     shell = once()  # the timed loop again, as long as the job asked: the phone heats, clocks drop
                     windows.append(sustained_window(shell, time.monotonic() - started, device.facts()))
                 wall = time.monotonic() - started
