@@ -27,10 +27,13 @@ demo: models
 
 # What .ci/run runs, on any machine: the test peers' Debian packages first (.ci/install-deps.sh, as root; others get
 # a note and those tests skip), then lint, types and every test; the total time is the last line, pass or fail.
+# Tests that failed are run once more, alone, in a fresh process (--lf): a test that fails again fails the run; one
+# that passes alone failed on load or on another test's leftovers, and stays listed in the first run's summary.
 test: setup
 	@start=$$(date +%s); status=0; \
 	bash .ci/install-deps.sh && $(VENV)/bin/ruff check . && $(PY) tools/typecheck.py && \
-	$(PY) -m pytest -q -ra $(PYTEST_ARGS) || status=$$?; \
+	{ $(PY) -m pytest -q -ra $(PYTEST_ARGS) || { echo "make test: the failed tests once more, alone (pytest --lf):"; \
+	  $(PY) -m pytest -q -ra --lf $(PYTEST_ARGS); }; } || status=$$?; \
 	took=$$(( $$(date +%s) - start )); \
 	echo "make test: $$((took / 60)) min $$((took % 60)) s wall (install, ruff, mypy, pytest), exit status $$status"; \
 	exit $$status
