@@ -64,7 +64,8 @@ class EmbeddedFarm(Farm):
         # a read-only command given a store file that is not there makes none (a typo must not leave an empty
         # store behind, issue 32): it reads an empty one in memory, and the CLI says where it looked
         self.store_missing: Path | None = None
-        if read_only and given and isinstance(path, Path) and str(path) != ":memory:" and not path.exists():
+        if read_only and given and isinstance(path, Path) and str(path) != ":memory:" and not path.exists() \
+                and path.parent.is_dir():  # a missing folder stays the error it always was (--create makes it)
             self.store_missing, path = path, Path(":memory:")
         try:
             self.store = open_store(path, create_folder=create)

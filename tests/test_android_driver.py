@@ -199,7 +199,7 @@ def test_a_sustained_run_keeps_every_window_and_the_jobs_cool_down(tmp_path: Pat
     assert env["cooldown_c"] == 60.0 and env["cooldown_waited_s"] < 5 and env["thermal_throttled"] is False
     windows = env["sustained"]["windows"]
     # two windows at least, however slow the host (a first window alone may outlast sustained_s under load)
-    assert len(windows) >= 2 and windows[0]["t_s"] == 0.0 and windows[-1]["t_s"] >= 1.0
+    assert len(windows) >= 2 and windows[0]["t_s"] == 0.0 and windows[-1]["t_s"] > windows[0]["t_s"]
     assert all(w["avg_ms"] == pytest.approx(55.0432) and w["temperature_c"] == 52.0 for w in windows)
     assert env["sustained"]["last_over_first"] == 1.0 and result.latency.avg == pytest.approx(55.0432)
     assert guarded.environment["cooldown_c"] == 45.0 and guarded.environment["cooldown_waited_s"] >= 0.3

@@ -186,11 +186,9 @@ def test_a_named_controller_that_is_down_is_an_error_for_every_command(tmp_path:
             args = [*command, "--json"] + (["--controller", "127.0.0.1:1"] if how == "flag" else [])
             run = subprocess.run([*FARM, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                                  env={**env, "FARM_CONTROLLER": "127.0.0.1:1" if how == "environment" else ""})
-            if command[0] == "resume":  # refused without asking: a controller carries on its own jobs
-                assert run.returncode == 2 and "controller carries on" in json.loads(run.stdout)["error"]
-            else:
-                assert run.returncode == 3, (how, command, run.stdout, run.stderr)
-                assert "cannot reach the controller at 127.0.0.1:1" in json.loads(run.stdout)["error"], (how, command)
+            # resume asks the controller too now (issue 32: a finished controller job's failed tasks run again)
+            assert run.returncode == 3, (how, command, run.stdout, run.stderr)
+            assert "cannot reach the controller at 127.0.0.1:1" in json.loads(run.stdout)["error"], (how, command)
             assert not local_db.exists(), (how, command)  # no local store was opened, let alone read
     assert not (tmp_path / "r.html").exists()
 

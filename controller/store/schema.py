@@ -221,8 +221,9 @@ def _migration_16(db: sqlite_utils.Database) -> None:
 def _migration_17(db: sqlite_utils.Database) -> None:
     # A job's deadline (issue 32): submit time + timeouts.job, stored so every controller's sweep ends a job
     # that outlives it, embedded or served, however often it is resumed; `farm retry` sets a new one.
-    db.table("jobs").add_column("deadline_at", float)
-    db.table("jobs").create_index(["deadline_at"])
+    if "deadline_at" not in db.table("jobs").columns_dict:  # a store replayed from an older version number has it
+        db.table("jobs").add_column("deadline_at", float)
+    db.table("jobs").create_index(["deadline_at"], if_not_exists=True)
 
 
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
