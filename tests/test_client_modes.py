@@ -117,7 +117,8 @@ def test_every_command_says_the_same_embedded_and_through_a_controller(cluster: 
     # predict measures the new model in the sim (here, or on the controller's agent), then reuses that run
     model = str(family / "mobilenetv2_w1.4_r96.tflite")  # never measured yet
     first = both("predict", model, "--device", "half-cpu", "--include-contended", compare=False)
-    measured = {"sim", "estimate", "low", "high", "sim_job"}  # each farm measured the model once, itself
+    # each farm measured the model once, itself; the verdict and its extrapolation text follow that measured sim value
+    measured = {"sim", "estimate", "low", "high", "sim_job", "verdict", "extrapolation"}
     assert [{k: v for k, v in p.items() if k not in measured} for p in first[0]] == \
            [{k: v for k, v in p.items() if k not in measured} for p in first[1]]
     assert all(p["sim_reused"] is False and p["model"] == "mobilenetv2_w1.4_r96.tflite" for p in first[0] + first[1])
