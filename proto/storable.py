@@ -22,22 +22,29 @@ def _bad_character(text: str) -> str | None:
     return None
 
 
-def unstorable(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], str]]:
-    """(the field's path, what is wrong) for every string, key or value, in `value` a store cannot keep."""
+def unstorable(value: Any, path: tuple[Any, ...] = (), seen: set[int] | None = None
+               ) -> Iterator[tuple[tuple[Any, ...], str]]:
+    """(the field's path, what is wrong) for every string, key or value, in `value` a store cannot keep. Each
+    container is walked once: YAML aliases share one object many times (an alias bomb is a billion paths to it)."""
     if len(path) > MAX_DEPTH:
         return
+    seen = set() if seen is None else seen
     if isinstance(value, str):
         bad = _bad_character(value)
         if bad:
             yield path, bad
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            if isinstance(key, str) and (bad := _bad_character(key)):
-                yield path, f"a key holding {bad}"
-            yield from unstorable(item, (*path, key))
-    elif isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            yield from unstorable(item, (*path, index))
+    elif isinstance(value, (dict, list, tuple)):
+        if id(value) in seen:
+            return
+        seen.add(id(value))
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, str) and (bad := _bad_character(key)):
+                    yield path, f"a key holding {bad}"
+                yield from unstorable(item, (*path, key), seen)
+        else:
+            for index, item in enumerate(value):
+                yield from unstorable(item, (*path, index), seen)
 
 
 def field_path(path: tuple[Any, ...]) -> str:
