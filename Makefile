@@ -54,6 +54,7 @@ bench: models
 	$(PY) benchmarks/store_size.py
 	$(PY) benchmarks/store_backends.py
 	$(PY) benchmarks/corpus.py
+	$(PY) benchmarks/parsers.py
 
 # Controller throughput and dispatch latency: 100 agents with an instant driver, loopback gRPC.
 bench-scheduling: setup
