@@ -1,5 +1,6 @@
 """Every environment variable farm reads, with what it does: `farm --help`'s ENVIRONMENT section and the
-README's list come from here (tests/test_cli_conventions.py checks the source reads no other)."""
+docs/reference/command-line.md's list come from here (tests/test_cli_conventions.py checks the source reads
+no other)."""
 
 from __future__ import annotations
 

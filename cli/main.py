@@ -1,4 +1,5 @@
-"""`farm`: the command line. Every command that prints data has --json for scripts (README: "`--json` and time").
+"""`farm`: the command line. Every command that prints data has --json for scripts
+(docs/reference/results-json.md: "`--json` and time").
 
 Exit codes: 0 success, 1 the job ran but some runs failed, 2 bad input (job file,
 arguments), 3 farm could not do it here (no backend, store error), 130 interrupted.

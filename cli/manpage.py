@@ -92,7 +92,7 @@ def manpage(parser: argparse.ArgumentParser, version: str, today: dt.date | None
         out += [".TP", _bold(code), roff_text(text)]
     out += [".SH FILES", ".TP", _bold("farm.db"),
             roff_text("the SQLite store, in the user data directory unless --db or FARM_DB says otherwise; "
-                      "`sqlite-utils tables farm.db` reads it (README: the store)"),
+                      "`sqlite-utils tables farm.db` reads it (docs/reference/store.md)"),
             ".SH SEE ALSO", roff_text("farm COMMAND -h; the README and docs/ in farm's source; "
                                       "farm completion bash|zsh|fish for shell completion."), ""]
     return "\n".join(out)

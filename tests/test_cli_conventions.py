@@ -1,6 +1,6 @@
 """CLI conventions (issue 23 item 4): help text on every option and positional, -v/--log-level on every
 command, remote flags only where a controller is used, shell completion generated from the parser, and
-every environment variable farm reads listed in `farm --help` and the README."""
+every environment variable farm reads listed in `farm --help` and docs/reference/command-line.md."""
 
 from __future__ import annotations
 
@@ -200,11 +200,11 @@ def test_every_environment_variable_farm_reads_is_listed() -> None:
     assert set(ENVIRONMENT) - set(reads) == set(), "listed but never read"
 
     help_text = _farm("--help").stdout
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "reference" / "command-line.md").read_text()
     assert "ENVIRONMENT:" in help_text
     for name in ENVIRONMENT:
         assert name in help_text, name
-        assert f"`{name}`" in readme, f"{name} is not in the README's environment list"
+        assert f"`{name}`" in readme, f"{name} is not in docs/reference/command-line.md's environment list"
 
 
 def test_a_hostile_choice_or_help_never_becomes_shell_code(tmp_path: Path) -> None:

@@ -64,7 +64,8 @@ def test_sim_and_device_examples_calibrate_and_report(examples: Path, farm, tmp_
     assert sim.spec.sim.cpus == 1.0 and load_job(examples / "device.yaml").spec.sim.cpus == 0.5
     assert farm("submit", str(examples / "sim.yaml"), "--quiet").returncode == 0
     assert farm("submit", str(examples / "device.yaml"), "--quiet").returncode == 0
-    # the README's commands, as written there (contended runs kept: this machine is shared, not the point here)
+    # docs/how-to/calibrate-and-predict.md's commands, as written there (contended runs kept: this machine is
+    # shared, not the point here)
     cal = farm("calibrate", "--sim-job", "1", "--device-job", "2", "--device", "half-cpu", "--metric", "latency",
                "--metric", "peak_memory", "--include-contended", "--json")
     assert cal.returncode == 0, cal.stdout + cal.stderr

@@ -1,5 +1,6 @@
 """`--json` for scripts (issue 23 item 4): every command that prints data takes it (those that do not say
-why in the README), and every moment in what it prints is an ISO 8601 UTC string, never epoch seconds:
+why in docs/reference/results-json.md),
+and every moment in what it prints is an ISO 8601 UTC string, never epoch seconds:
 a user walks every command with --json over a store with jobs, calibrations, drift and device health."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from farm.controller.store import SQLiteStore as Store
 from test_ranking import FAMILIES, PHONE, PHONE_RATIO, _job, _paired
 
 ROOT = Path(__file__).resolve().parents[1]
-# Commands that print no data of their own, so no --json; the README's JSON section says the same.
+# Commands that print no data of their own, so no --json; docs/reference/results-json.md says the same.
 WITHOUT_JSON = {
     "web": "serves the dashboard until stopped",
     "controller serve": "serves gRPC until stopped; its log is for people",
@@ -85,10 +86,11 @@ def _has_json(parser: argparse.ArgumentParser) -> bool:
 def test_every_command_that_prints_data_takes_json_and_the_readme_names_the_others() -> None:
     leaves = _leaves(build_parser())
     lacking = sorted(path for path, parser in leaves.items() if not _has_json(parser))
-    assert lacking == sorted(WITHOUT_JSON), "a new command prints data: give it --json (or say why not here and in the README)"
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### `--json` and time"):]
-    section = section[:section.index("\n## ")]
+    assert lacking == sorted(WITHOUT_JSON), ("a new command prints data: give it --json (or say why not here and in "
+                                             "docs/reference/results-json.md)")
+    page = (ROOT / "docs" / "reference" / "results-json.md").read_text()
+    section = page[page.index("## `--json` and time"):]
+    section = section.split("\n## ", 1)[0]
     for command in WITHOUT_JSON:
         assert f"`farm {command}`" in section, command
     assert sorted(leaves) == sorted(set(COMMANDS) | set(WITHOUT_JSON)), "walk the new command's --json below"

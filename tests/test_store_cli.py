@@ -1,4 +1,4 @@
-"""The README's way to open a store for ad-hoc questions: sqlite-utils' own command line, on a store a
+"""The docs' way (docs/reference/store.md) to open a store for ad-hoc questions: sqlite-utils' own command line, on a store a
 real `farm submit` wrote (the sim driver, the process backend)."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def test_the_readme_sqlite_utils_commands_read_a_real_store(tmp_path: Path, tiny
                             text=True, timeout=300, env=env, cwd=tmp_path)
     assert submit.returncode == 0, submit.stdout[-2000:] + submit.stderr[-2000:]
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "reference" / "store.md").read_text()
     assert "sqlite-utils tables ~/.local/share/farm/farm.db --counts" in readme
     query = "select id, name, status from jobs order by id desc limit 5"
     assert f'sqlite-utils query ~/.local/share/farm/farm.db "{query}" --table' in readme
