@@ -5,6 +5,7 @@ today, and the tutorial's shell blocks run as written, in order, in one shell in
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -178,5 +179,6 @@ def test_every_tutorial_block_runs(tmp_path: Path) -> None:
     # what the tutorial says it made is there: its own store, two jobs' CSV, a prediction checked, a report
     assert (work / "tutorial.db").exists() and not (tmp_path / "farm.db").exists()
     assert (work / "sim.csv").read_text().count("\n") >= 5
-    assert '"status"' in (work / "check.json").read_text()
+    check = json.loads((work / "check.json").read_text())
+    assert check["job"] == 4 and [r["model"]["name"] for r in check["results"]] == ["mobilenetv2_w1.4_r96"], check
     assert "<html" in (work / "report.html").read_text().lower()
