@@ -1,0 +1,110 @@
+"""A lab on many hosts (issue 32): controllers on one PostgreSQL database, each with its own data folder, as
+two hosts have. Artifacts live in the database (controller/store/artifacts_db.py), so any controller serves
+what any other received, and their collection is lab-wide.
+
+The server is the session's private PostgreSQL (tests/postgres_server.py via conftest's postgres_peer).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import fresh_postgres_url
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def pg_url(postgres_peer, request: pytest.FixtureRequest) -> str:
+    return fresh_postgres_url(postgres_peer, request.node.name)
+
+
+def _files(url: str, folder: Path):
+    from farm.controller.grpc_server import controller_files
+    from farm.controller.store.postgres import PostgresStore
+
+    store = PostgresStore(url, files_dir=folder)
+    return store, controller_files(store).store
+
+
+def test_an_artifact_one_controller_received_is_served_by_another_from_the_database(pg_url: str,
+                                                                                    tmp_path: Path) -> None:
+    import psycopg
+
+    from farm.controller.scheduling.artifacts import ArtifactError
+
+    data = os.urandom((3 << 20) + 12345)  # four chunks, the last one short
+    sha = hashlib.sha256(data).hexdigest()
+    store_a, on_a = _files(pg_url, tmp_path / "host-a")
+    store_b, on_b = _files(pg_url, tmp_path / "host-b")
+    try:
+        assert on_b.missing([sha]) == [sha] and on_b.path(sha) is None
+        # an upload to a, sent in pieces that are not the chunk size
+        on_a.receive(sha, len(data), "model.onnx", (data[i:i + 700_000] for i in range(0, len(data), 700_000)))
+        assert on_b.missing([sha]) == [], "b does not see what a stored"
+        served = on_b.path(sha)
+        assert served is not None and served.name == f"{sha}.onnx"
+        assert served.is_relative_to(tmp_path / "host-b"), "b served from somewhere other than its own folder"
+        assert served.read_bytes() == data
+        with psycopg.connect(pg_url) as conn:
+            chunks = conn.execute("SELECT idx, length(data) FROM artifact_chunks WHERE sha256 = %s ORDER BY idx",
+                                  [sha]).fetchall()
+            assert chunks == [(0, 1 << 20), (1, 1 << 20), (2, 1 << 20), (3, 12345)]
+            # bytes changed in the database never reach an agent: the copy is checked against its hash
+            conn.execute("UPDATE artifact_chunks SET data = %s WHERE sha256 = %s AND idx = 1", [b"x" * (1 << 20), sha])
+        _, on_c = _files(pg_url, tmp_path / "host-c")
+        with pytest.raises(ArtifactError, match="hash to"):
+            on_c.path(sha)
+        assert not [p for p in (tmp_path / "host-c").rglob("*") if p.is_file()], "a bad copy was left behind"
+        # the same bytes stored again by b: stored once
+        assert on_b.chunks.put(sha, len(data), ".onnx", served) is False
+        # collection is lab-wide: b collects what no job names, and a no longer has it to offer
+        assert on_b.collect(set(), 3600.0) == [], "an artifact inside its grace period was collected"
+        removed = on_b.collect(set(), 0.0)
+        assert removed == [(f"{sha}.onnx", len(data))]
+        assert on_a.missing([sha]) == [sha]
+        with psycopg.connect(pg_url) as conn:
+            assert conn.execute("SELECT COUNT(*) FROM artifact_chunks").fetchone() == (0,)
+    finally:
+        store_a.close()
+        store_b.close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    from grpc_processes import Cluster
+
+    c = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_CONFIG": str(tmp_path / "none.toml"),
+                               "XDG_DATA_HOME": str(tmp_path / "client-data")})
+    yield c
+    c.stop_all()
+
+
+def test_a_job_submitted_to_one_controller_runs_on_agents_of_another_host(pg_url: str, cluster,
+                                                                         tiny_models) -> None:
+    from grpc_processes import sleep_job, wait_for
+
+    hosts = {name: cluster.root / f"{name}-data" for name in ("a", "b")}
+    job = sleep_job(cluster.root, tiny_models["onnx"], tasks=3, seconds=0.1)  # a model and a script archive
+    cluster.start_controller("--no-auth", db=pg_url, name="controller-a",  # type: ignore[arg-type]
+                             env={"XDG_DATA_HOME": str(hosts["a"])})
+    address_a = cluster.address
+    b = cluster.start_controller("--no-auth", db=pg_url, name="controller-b",  # type: ignore[arg-type]
+                                 env={"XDG_DATA_HOME": str(hosts["b"])})
+    agent = cluster.start_agent("rack-b")  # on b only
+    wait_for(lambda: "connected to controller" in agent.output(), 60, "the agent to connect to b")
+    submitted = cluster.farm("submit", str(job), "--controller", address_a, "--json", timeout=240)
+    assert submitted.returncode == 0, submitted.stderr + b.output()[-3000:] + agent.output()[-3000:]
+    records = json.loads(submitted.stdout)["results"]
+    assert len(records) == 3 and {r["status"] for r in records} == {"completed"}, records
+    assert "NOT_FOUND" not in agent.output() + b.output()
+    # b served the model from its own folder, streamed in from the database; a's folder is a's
+    model_sha = hashlib.sha256(tiny_models["onnx"].read_bytes()).hexdigest()
+    on_b = [p.name for p in hosts["b"].rglob(f"{model_sha}*")]
+    on_a = [p.name for p in hosts["a"].rglob(f"{model_sha}*")]
+    assert on_b == [f"{model_sha}.onnx"] and on_a == [f"{model_sha}.onnx"]
