@@ -39,6 +39,7 @@ from farm.controller.scheduling.artifacts import (
     ArtifactError, ArtifactStore, ControllerFiles, ModelRoots, SharedArtifactStore)
 from farm.controller.store.artifacts_db import ArtifactChunks
 from farm.controller.store.postgres import PostgresStore
+from farm.controller.store.presence import Presence
 from farm.controller.async_calls import Aborted, CallGate, ServerLoop, ThreadContext, next_request
 from farm.controller.auth import (
     BudgetSettings, CallBudget, Identity, IdleUploads, TlsFiles, TokenGuard, TokenTable, UploadIdle,
@@ -946,6 +947,9 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
                                  artifacts=files.store)
     farm.refresh_suite = refresh_suite  # `farm refresh` against this controller submits the nightly's suite
     farm.nightly = nightly
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    farm.agents.address = f"{socket.gethostname() if host in ('', '0.0.0.0', '::') else host}:{port}"
+    farm.agents.presence = Presence(store)  # which controller each agent is on, for every controller's pages
     farm.start()
     loop.run(server.start())
     if nightly:

@@ -108,3 +108,44 @@ def test_a_job_submitted_to_one_controller_runs_on_agents_of_another_host(pg_url
     on_b = [p.name for p in hosts["b"].rglob(f"{model_sha}*")]
     on_a = [p.name for p in hosts["a"].rglob(f"{model_sha}*")]
     assert on_b == [f"{model_sha}.onnx"] and on_a == [f"{model_sha}.onnx"]
+
+
+def test_both_controllers_show_an_agent_on_either_the_same_way(pg_url: str, tmp_path: Path) -> None:
+    """Issue 32: each dashboard showed the other controller's agents offline while they worked."""
+    from farm.controller import service
+    from farm.controller.grpc_server import FarmServer
+    from farm.controller.store.postgres import PostgresStore
+    from farm.controller.store.presence import Presence
+    from farm.proto.generated import agent_pb2, common_pb2
+    from farm.web.views import agents_now, lab_view
+
+    servers = []
+    for host in ("a", "b"):
+        server = FarmServer(PostgresStore(pg_url, files_dir=tmp_path / host), lease_ttl_s=30.0)
+        server.agents.address, server.agents.presence = f"host-{host}:5005{len(servers)}", Presence(server.store)
+        servers.append(server)
+    a, b = servers
+    try:
+        hello = agent_pb2.Hello(agent_name="rack", farm_version="test", hostname="bench-1", devices=[
+            common_pb2.Device(name="rack/pixel", driver="android", device_type="pixel-7", slots=1)])
+        session, _ = b.agents.open(hello, "ipv4:127.0.0.1:40000")
+        session.running.add((7, 1))  # one slot busy
+        b.agents.keep_alive(30.0)
+
+        def seen_from(server: FarmServer) -> tuple:
+            view = lab_view(server.store, live=agents_now(server.agents))
+            listed = service.agents(service.Scope(server.controller, agents=server.agents), service.NoAsk()).agents
+            return ([(r["name"], r["state"], r["running"], r["controller"]) for r in view.agents],
+                    [(d.name, d.state) for d in view.devices],
+                    [(x.name, x.state, x.running, x.controller) for x in listed])
+
+        assert seen_from(a) == seen_from(b)
+        assert seen_from(a)[0] == [("rack", "online", 1, "host-b:50051")]
+        assert seen_from(a)[1] == [("rack/pixel", "online")]
+        # the agent leaves b: both say so
+        b.agents.close(session)
+        assert seen_from(a) == seen_from(b)
+        assert seen_from(a)[0] == [("rack", "offline", 0, "")]
+    finally:
+        for server in servers:
+            server.store.close()
