@@ -941,10 +941,11 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
     if refresh_cron:
         from farm.controller.operations.alerts import alerts_from_environment
         from farm.controller.operations.nightly import Cron, NightlyRefresh
+        from farm.controller.store.leader import LabDuties
         hook = alerts_from_environment()
         nightly = NightlyRefresh(store, refresh_suite, Cron.parse(refresh_cron),  # None: the suite farm ships
                                  farm.device_targets, alert=hook.send_async if hook else None,
-                                 artifacts=files.store)
+                                 artifacts=files.store, duties=LabDuties(store), holder=f"{listen}/{os.getpid()}")
     farm.refresh_suite = refresh_suite  # `farm refresh` against this controller submits the nightly's suite
     farm.nightly = nightly
     host = listen.rsplit(":", 1)[0].strip("[]")

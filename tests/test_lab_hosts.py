@@ -149,3 +149,52 @@ def test_both_controllers_show_an_agent_on_either_the_same_way(pg_url: str, tmp_
     finally:
         for server in servers:
             server.store.close()
+
+
+def test_one_nightly_per_cron_tick_with_two_controllers_and_the_lease_moves_when_its_holder_dies(
+        pg_url: str, tmp_path: Path) -> None:
+    import datetime as dt
+
+    import psycopg
+
+    from farm.controller.operations.nightly import Cron, NightlyRefresh
+    from farm.controller.operations.reference_suite import HEALTH_CHECK, bundled_suite_text
+    from farm.controller.scheduling.jobfile import DeviceTarget
+    from farm.controller.store.leader import LabDuties
+    from farm.controller.store.postgres import PostgresStore
+
+    suite = tmp_path / "suite" / "reference-suite.yaml"
+    suite.parent.mkdir()
+    suite.write_text(bundled_suite_text().replace("threads: [1, 2]", "threads: [1]"))
+    now = [dt.datetime(2026, 11, 22, 2, 29)]
+    stores = [PostgresStore(pg_url, files_dir=tmp_path / host) for host in ("a", "b")]
+    try:
+        nightlies = [NightlyRefresh(store, suite, Cron.parse("30 2 * * *"), lambda: [DeviceTarget("g6-1")],
+                                    clock=lambda: now[0], duties=LabDuties(store), holder=f"ctl-{i}")
+                     for i, store in enumerate(stores)]
+        assert [n.tick() for n in nightlies] == [None, None]  # 02:29: not yet
+        now[0] = dt.datetime(2026, 11, 22, 2, 30)
+        submitted = [n.tick() for n in nightlies]
+        assert submitted[0] is not None and submitted[1] is None, "the tick was submitted twice, or never"
+        now[0] = dt.datetime(2026, 11, 23, 2, 30, 5)  # the next night: b's turn comes first this time
+        submitted = [nightlies[1].tick(), nightlies[0].tick()]
+        assert submitted[0] is not None and submitted[1] is None
+        with psycopg.connect(pg_url) as conn:
+            kinds = conn.execute("SELECT COUNT(*) FROM jobs WHERE kind = %s", [HEALTH_CHECK]).fetchone()
+            assert kinds == (2,), "one suite job per cron tick, lab-wide"
+    finally:
+        for store in stores:
+            store.close()
+    # the lease: one holder at a time, taken over once it runs out
+    store = PostgresStore(pg_url, files_dir=tmp_path / "c")
+    try:
+        duties = LabDuties(store)
+        assert duties.hold("sweep", "a", 60.0, now=1000.0)
+        assert not duties.hold("sweep", "b", 60.0, now=1030.0)  # a's lease is live
+        assert duties.hold("sweep", "a", 60.0, now=1050.0)  # a renews
+        assert not duties.hold("sweep", "b", 60.0, now=1100.0)
+        assert duties.hold("sweep", "b", 60.0, now=1111.0), "a died (no renewal for a TTL): b takes over"
+        assert duties.holder("sweep", now=1112.0) == "b"
+        assert not duties.hold("sweep", "a", 60.0, now=1120.0)  # a, back, waits its turn
+    finally:
+        store.close()
