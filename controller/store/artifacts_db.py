@@ -32,7 +32,8 @@ CREATE TABLE IF NOT EXISTS artifact_blobs (sha256 text COLLATE "C" PRIMARY KEY, 
   suffix text COLLATE "C" NOT NULL, chunks bigint NOT NULL, stored_at float8 NOT NULL, touched_at float8 NOT NULL);
 CREATE TABLE IF NOT EXISTS artifact_chunks (sha256 text COLLATE "C" NOT NULL, idx bigint NOT NULL,
   data bytea NOT NULL, PRIMARY KEY (sha256, idx));
-"""
+ALTER TABLE artifact_chunks ALTER COLUMN data SET STORAGE EXTERNAL;
+"""  # EXTERNAL: out of line, not compressed (model weights hardly compress; trying costs the upload time)
 
 
 class ArtifactChunks:
@@ -87,7 +88,7 @@ class ArtifactChunks:
                 count, written = 0, 0
                 with path.open("rb") as f:
                     while data := f.read(CHUNK_BYTES):
-                        conn.execute("INSERT INTO artifact_chunks (sha256, idx, data) VALUES (%s, %s, %s)",
+                        conn.execute("INSERT INTO artifact_chunks (sha256, idx, data) VALUES (%s, %s, %b)",  # %b: sent binary
                                      [sha256, count, data])
                         count += 1
                         written += len(data)
@@ -110,7 +111,7 @@ class ArtifactChunks:
                                      "(collected meanwhile); upload it again")
                 for idx in range(int(row[0])):
                     chunk = conn.execute("SELECT data FROM artifact_chunks WHERE sha256 = %s AND idx = %s",
-                                         [sha256, idx]).fetchone()
+                                         [sha256, idx], binary=True).fetchone()  # raw bytes, not hex text
                     if chunk is None:
                         raise StoreError(f"artifact {sha256[:12]}: chunk {idx} is missing from "
                                          f"{self.store.location} (collected meanwhile); upload it again")
