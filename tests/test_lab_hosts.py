@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,52 @@ def test_one_nightly_per_cron_tick_with_two_controllers_and_the_lease_moves_when
         assert not duties.hold("sweep", "a", 60.0, now=1120.0)  # a, back, waits its turn
     finally:
         store.close()
+
+
+def test_farm_submit_follows_its_job_through_the_other_controller_when_its_own_is_killed(
+        pg_url: str, cluster, tiny_models) -> None:
+    import subprocess
+
+    import psycopg
+
+    from grpc_processes import FARM, sleep_job, wait_for
+
+    job = sleep_job(cluster.root, tiny_models["onnx"], tasks=4, seconds=1.5)
+    victim = cluster.start_controller("--no-auth", db=pg_url, name="controller-a",  # type: ignore[arg-type]
+                                      env={"XDG_DATA_HOME": str(cluster.root / "a-data")})
+    address_a = cluster.address
+    cluster.start_controller("--no-auth", db=pg_url, name="controller-b",  # type: ignore[arg-type]
+                             env={"XDG_DATA_HOME": str(cluster.root / "b-data")})
+    address_b = cluster.address
+    agent = cluster.start_agent("rack-b")
+    wait_for(lambda: "connected to controller" in agent.output(), 60, "the agent to connect to b")
+    submit = subprocess.Popen([*FARM, "submit", str(job), "--controller", f"{address_a},{address_b}", "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cluster.root,
+                              env={**os.environ, **cluster.env})
+
+    def running() -> object:
+        with psycopg.connect(pg_url) as conn:
+            return conn.execute("SELECT COUNT(*) FROM tasks WHERE status IN ('running', 'completed')").fetchone()[0]
+    wait_for(running, 120, "a task of the job to run")
+    victim.kill9()
+    out, err = submit.communicate(timeout=240)
+    assert submit.returncode == 0, err[-3000:]
+    assert f"the controller {address_a} went away; job 1 carries on: following it through {address_b}" in err
+    records = json.loads(out)["results"]
+    assert len(records) == 4 and {r["status"] for r in records} == {"completed"}, records
+
+
+def test_a_watch_whose_only_controller_is_gone_says_the_job_carries_on() -> None:
+    from farm.client.api import FarmError
+    from farm.client.config import Credentials
+    from farm.client.remote import RemoteFarm
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    farm = RemoteFarm(f"127.0.0.1:{port}", Credentials())
+    with pytest.raises(FarmError) as gone:
+        farm.wait(12)
+    assert f"cannot reach the controller at 127.0.0.1:{port}" in str(gone.value)
+    assert "Job 12 is kept in the lab's store and carries on without this client" in str(gone.value)
+    farm.close()
