@@ -248,3 +248,38 @@ def test_a_watch_whose_only_controller_is_gone_says_the_job_carries_on() -> None
     assert f"cannot reach the controller at 127.0.0.1:{port}" in str(gone.value)
     assert "Job 12 is kept in the lab's store and carries on without this client" in str(gone.value)
     farm.close()
+
+
+def test_migrate_refuses_a_lab_still_being_written_and_moves_artifacts_into_the_database(
+        pg_url: str, tmp_path: Path) -> None:
+    import time
+
+    from farm.controller.store import SQLiteStore, StoreError
+    from farm.controller.store.artifacts_db import ArtifactChunks
+    from farm.controller.store.postgres import PostgresStore
+    from farm.controller.store.transfer import artifacts_folder, copy_artifacts, copy_lab
+
+    source = SQLiteStore(tmp_path / "farm.db")
+    job = source.jobs.insert({"name": "live", "status": "queued", "priority": "normal", "created_at": time.time(),
+                              "spec_json": "{}"}, [{"seq": 0, "target": "sim", "model_name": "m", "status": "pending",
+                                                    "attempts": 0, "max_attempts": 3, "priority": 1, "spec_json": "{}"}])
+    task = source.jobs.tasks(job)[0]
+    with source.transaction():
+        source.leases.lease(task.id, 1, "rack", time.time() + 600)  # a runner holds it: the lab is being written
+    target = PostgresStore(pg_url, files_dir=tmp_path / "pg")
+    try:
+        with pytest.raises(StoreError, match=f"job\\(s\\) {job} still run"):
+            copy_lab(source, target)
+        assert target.tables_with_rows(["jobs"]) == [], "something was copied"
+        with source.transaction():  # its runner died: the lease ran out
+            source.leases.lease(task.id, 1, "rack", time.time() - 1)
+        assert copy_lab(source, target)["tasks"] == 1
+        data = b"weights" * 1000
+        sha = hashlib.sha256(data).hexdigest()
+        artifacts_folder(source.path).mkdir()
+        (artifacts_folder(source.path) / f"{sha}.tflite").write_bytes(data)
+        assert copy_artifacts(source, target) == 1
+        assert ArtifactChunks(target).stored(sha) == (len(data), ".tflite"), "the lab's other controllers lack it"
+    finally:
+        source.close()
+        target.close()
