@@ -185,7 +185,8 @@ def collect_artifacts(store: Store, artifacts: Any, *, grace_s: float = GC_GRACE
     if not dry_run:  # what is gone no longer counts against its uploader's quota
         store.artifacts.forget_uploads([name[:64] for name, _ in removed if not name.startswith(".")])
     return {"removed": [name for name, _ in removed], "files": len(removed), "bytes": sum(size for _, size in removed),
-            "dry_run": dry_run, "store": str(artifacts.root)}
+            "dry_run": dry_run,  # a PostgreSQL lab's artifacts: its database, lab-wide, and this host's copies
+            "store": f"{store.location} and {artifacts.root}" if getattr(artifacts, "chunks", None) else str(artifacts.root)}
 
 
 def _need_job(scope: Scope, job: int) -> None:
