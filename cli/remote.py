@@ -99,11 +99,11 @@ def cmd_agents(args: argparse.Namespace) -> int:
         print(to_json(rows))
         return EXIT_OK
     t = Table(header_style="bold")
-    for col in ("agent", "state", "farm", "host", "running", "connected", "last seen"):
+    for col in ("agent", "state", "farm", "host", "running", "connected", "last seen", "controller"):
         t.add_column(col)
     for r in rows:  # every cell came from an agent: escaped, and never read as markup
         t.add_row(*(Text(printable(v)) for v in (r.name, r.state, r.farm_version, r.hostname, r.running)),
-                  when(r.connected_at), when(r.last_seen))
+                  when(r.connected_at), when(r.last_seen), Text(printable(r.controller or "—")))
     out.print(t)
     return EXIT_OK
 

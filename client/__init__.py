@@ -20,12 +20,12 @@ def open_farm(controller: str | None = None, *, db: Path | str | None = None,
     """The controller named by `controller`, $FARM_CONTROLLER or the config file; else the local store.
 
     A named controller is always the answer, reachable or not: nothing falls back to a local store."""
-    from farm.client.config import Credentials, address_of
+    from farm.client.config import Credentials, addresses_of
 
-    address = address_of(controller)
-    if address:
+    addresses = addresses_of(controller)
+    if addresses:
         from farm.client.remote import RemoteFarm
-        return RemoteFarm(address, credentials or Credentials.resolve())
+        return RemoteFarm(addresses[0], credentials or Credentials.resolve(), others=addresses[1:])
     from farm.client.embedded import EmbeddedFarm
     return EmbeddedFarm(db, **embedded)
 

@@ -49,6 +49,13 @@ def address_of(given: str | None) -> str | None:
     return checked_addresses(address)[0]
 
 
+def addresses_of(given: str | None) -> list[str]:
+    """Every controller of the list address_of takes the first of (empty: embedded): a client whose
+    controller goes away carries on through the next (a watch, `farm submit` waiting for its job)."""
+    address = setting(given, "controller", "FARM_CONTROLLER")
+    return checked_addresses(address) if address else []
+
+
 WHERE_CONTROLLER = "--controller (or FARM_CONTROLLER, or the config file's controller)"
 
 

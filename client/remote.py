@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence, Iterator
 
@@ -91,8 +92,12 @@ def _upload_chunks(sha256: str, name: str, size: int, read: Callable[[int], byte
 
 
 class RemoteFarm(Farm):
-    def __init__(self, address: str, credentials: Credentials | None = None) -> None:
-        self.client = FarmClient(address, credentials or Credentials.resolve())
+    def __init__(self, address: str, credentials: Credentials | None = None, *, others: Sequence[str] = ()) -> None:
+        """others: the lab's other controllers on the same store (`--controller a:1,b:2`), in order: a watch
+        whose controller goes away carries on through the next of them."""
+        self.credentials = credentials or Credentials.resolve()
+        self.client = FarmClient(address, self.credentials)
+        self.others = list(others)
 
     @property
     def where(self) -> str:
@@ -200,14 +205,28 @@ class RemoteFarm(Farm):
         return Submitted(job=response.job_id, tasks=response.tasks, models=response.models, where=self.where)
 
     def wait(self, job: int, on_progress: OnProgress | None = None) -> bool:
-        try:
-            for message in self.client.stub.WatchJob(farm_pb2.JobRequest(job_id=job), metadata=self.client.metadata):
-                if on_progress:
-                    on_progress(Progress(job, message.status, message.total, message.completed, message.failed,
-                                         message.running, message.canceled))
-        except grpc.RpcError as e:
-            raise self.client.explain(e) from None
-        return True
+        """Follow the job to its end; when the controller goes away, through the next one given (the job is the
+        lab's, in its store: it carries on whichever controller is alive)."""
+        while True:
+            try:
+                for message in self.client.stub.WatchJob(farm_pb2.JobRequest(job_id=job), metadata=self.client.metadata):
+                    if on_progress:
+                        on_progress(Progress(job, message.status, message.total, message.completed, message.failed,
+                                             message.running, message.canceled))
+                return True
+            except grpc.RpcError as e:
+                lost = self.client.explain(e)
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise lost from None
+            if not self.others:
+                raise FarmError(f"{lost} Job {job} is kept in the lab's store and carries on without this client on "
+                                f"whichever controller and agents remain; follow it with `farm watch {job}` through "
+                                "another controller of the lab (`--controller a:PORT,b:PORT` moves on by itself).",
+                                EXIT_ENVIRONMENT)
+            gone, self.client = self.client, FarmClient(self.others.pop(0), self.credentials)
+            gone.close()
+            sys.stderr.write(f"the controller {gone.address} went away; job {job} carries on: following it through "
+                             f"{self.client.address}\n")
 
     def resume(self, job: int) -> None:
         """A controller carries on its own unfinished jobs after a restart; resuming one of its finished jobs

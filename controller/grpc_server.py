@@ -35,7 +35,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from farm.version import __version__
-from farm.controller.scheduling.artifacts import ArtifactError, ArtifactStore, ControllerFiles, ModelRoots
+from farm.controller.scheduling.artifacts import (
+    ArtifactError, ArtifactStore, ControllerFiles, ModelRoots, SharedArtifactStore)
+from farm.controller.store.artifacts_db import ArtifactChunks
+from farm.controller.store.postgres import PostgresStore
+from farm.controller.store.presence import Presence
 from farm.controller.async_calls import Aborted, CallGate, ServerLoop, ThreadContext, next_request
 from farm.controller.auth import (
     BudgetSettings, CallBudget, Identity, IdleUploads, TlsFiles, TokenGuard, TokenTable, UploadIdle,
@@ -53,7 +57,7 @@ from farm.controller.scheduling.result_writer import RESULT_BATCH, QueuedResult,
 from farm.controller.scheduling.sessions import AgentSession, DeviceTaken, Sessions
 from farm.controller import service as answers
 from farm.controller.service import ServiceError
-from farm.controller.store import Store
+from farm.controller.store import Store, StoreError
 from farm.controller.store.rows import plain
 from farm.controller.scheduling.submission import load_submitted_job
 from farm.proto.questions import QUESTIONS, Question, explain
@@ -350,9 +354,13 @@ class FarmServer:
 
 def controller_files(store: Store, *, models_roots: list[Path] | None = None,
                      max_model_bytes: int | None = None) -> ControllerFiles:
-    """The artifact store next to the SQLite store (`farm.db` -> `farm-artifacts/`) and the models roots."""
+    """The artifact store next to the SQLite store (`farm.db` -> `farm-artifacts/`) and the models roots; on
+    PostgreSQL the artifacts live in the database, that folder being this controller's cache of them."""
     limit = max_model_bytes or MAX_MODEL_BYTES
-    artifacts = ArtifactStore(store.path.with_name(store.path.stem + "-artifacts"), max_bytes=limit)
+    folder = store.path.with_name(store.path.stem + "-artifacts")
+    artifacts = ArtifactStore(folder, max_bytes=limit)
+    if isinstance(store, PostgresStore):
+        artifacts = SharedArtifactStore(folder, ArtifactChunks(store), max_bytes=limit)
     return ControllerFiles(artifacts, ModelRoots(models_roots or [], max_bytes=limit))
 
 
@@ -555,9 +563,15 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         return None
 
     def FetchArtifact(self, request: common_pb2.ArtifactRequest, context: grpc.ServicerContext) -> Iterator[common_pb2.ArtifactChunk]:
-        path = self.server.artifact_path(request.sha256)
+        try:  # on PostgreSQL, one another controller received is streamed in from the database first
+            path = self.server.artifact_path(request.sha256)
+        except (StoreError, ArtifactError) as e:
+            log.warning("artifact %s could not be read from the lab's store: %s", request.sha256[:12], e)
+            context.abort(grpc.StatusCode.UNAVAILABLE, bounded_message(f"artifact {request.sha256[:64]!r} could not "
+                                                                       f"be read from the lab's store: {e}"))
         if path is None:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"no artifact with sha256 {request.sha256[:64]!r} on this controller")
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no artifact with sha256 {request.sha256[:64]!r} on this "
+                          "controller or in its lab's store")
         assert path is not None  # abort() raised otherwise
         size = path.stat().st_size
         if size > MAX_ARTIFACT_BYTES:
@@ -678,6 +692,8 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
                 store.receive(first.sha256, first.size, first.name, chunks(), max_bytes=limit)
             except ArtifactError as e:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded_message(str(e)))
+            except StoreError as e:  # the lab's database (PostgreSQL) did not take it: nothing half-stored
+                context.abort(grpc.StatusCode.UNAVAILABLE, bounded_message(f"{first.name or first.sha256}: {e}"))
             except UploadIdle as e:
                 log.warning("an upload sent nothing for %g s; cut (--upload-idle-timeout)", idle.idle_s)
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
@@ -925,12 +941,16 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
     if refresh_cron:
         from farm.controller.operations.alerts import alerts_from_environment
         from farm.controller.operations.nightly import Cron, NightlyRefresh
+        from farm.controller.store.leader import LabDuties
         hook = alerts_from_environment()
         nightly = NightlyRefresh(store, refresh_suite, Cron.parse(refresh_cron),  # None: the suite farm ships
                                  farm.device_targets, alert=hook.send_async if hook else None,
-                                 artifacts=files.store)
+                                 artifacts=files.store, duties=LabDuties(store), holder=f"{listen}/{os.getpid()}")
     farm.refresh_suite = refresh_suite  # `farm refresh` against this controller submits the nightly's suite
     farm.nightly = nightly
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    farm.agents.address = f"{socket.gethostname() if host in ('', '0.0.0.0', '::') else host}:{port}"
+    farm.agents.presence = Presence(store)  # which controller each agent is on, for every controller's pages
     farm.start()
     loop.run(server.start())
     if nightly:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -184,7 +185,8 @@ def collect_artifacts(store: Store, artifacts: Any, *, grace_s: float = GC_GRACE
     if not dry_run:  # what is gone no longer counts against its uploader's quota
         store.artifacts.forget_uploads([name[:64] for name, _ in removed if not name.startswith(".")])
     return {"removed": [name for name, _ in removed], "files": len(removed), "bytes": sum(size for _, size in removed),
-            "dry_run": dry_run, "store": str(artifacts.root)}
+            "dry_run": dry_run,  # a PostgreSQL lab's artifacts: its database, lab-wide, and this host's copies
+            "store": f"{store.location} and {artifacts.root}" if getattr(artifacts, "chunks", None) else str(artifacts.root)}
 
 
 def _need_job(scope: Scope, job: int) -> None:
@@ -412,13 +414,18 @@ def agents(scope: Scope, ask: NoAsk) -> AgentsAnswer:
         raise ServiceError("`farm agents` lists a controller's agents: pass --controller HOST:PORT (or set "
                            "FARM_CONTROLLER); embedded runs have one agent, in the process that runs the job")
     listed = []
+    presence = scope.agents.presence  # agents on the lab's other controllers, as those last published them
+    elsewhere = {s.agent: s for s in presence.fresh(time.time() - scope.controller.lease_ttl_s)} if presence else {}
     for r in scope.store.devices.agents():
         session = scope.agents.by_name.get(r["name"])
+        seen = None if session else elsewhere.get(r["name"])
         listed.append(AgentInfo(
-            name=r["name"], state=r["state"] or "", farm_version=r["farm_version"] or "",
+            name=r["name"], state=seen.state if seen else (r["state"] or ""), farm_version=r["farm_version"] or "",
             capabilities=json.loads(r["capabilities_json"] or "[]"), hostname=r["hostname"] or "", peer=r["peer"] or "",
-            connected_at=r["connected_at"] or 0.0, last_seen=session.last_seen if session else (r["last_seen"] or 0.0),
-            running=len(session.running) if session else 0))
+            connected_at=r["connected_at"] or 0.0,
+            last_seen=session.last_seen if session else seen.last_seen if seen else (r["last_seen"] or 0.0),
+            running=len(session.running) if session else seen.busy if seen else 0,
+            controller=scope.agents.address if session else seen.controller if seen else ""))
     return AgentsAnswer(agents=listed)
 
 

@@ -435,6 +435,7 @@ class AgentInfo(Model):
     running: int
     connected_at: Timestamp
     last_seen: Timestamp
+    controller: str = ""  # the controller it is connected to, any of the lab's (store/presence.py)
 
 
 class AgentsAnswer(Model):

@@ -82,9 +82,10 @@ class Cluster:
         self.processes.append(proc)
         return proc
 
-    def start_controller(self, *extra: str, port: int = 0, db: Path | None = None, name: str = "controller") -> FarmProcess:
+    def start_controller(self, *extra: str, port: int = 0, db: Path | None = None, name: str = "controller",
+                         env: dict[str, str] | None = None) -> FarmProcess:
         db = db or self.root / "controller.db"
-        proc = self.spawn(name, "controller", "serve", "--listen", f"127.0.0.1:{port}", "--db", str(db), *extra)
+        proc = self.spawn(name, "controller", "serve", "--listen", f"127.0.0.1:{port}", "--db", str(db), *extra, env=env)
 
         def listening() -> str | None:
             if not proc.alive():

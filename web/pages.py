@@ -228,11 +228,13 @@ def lab_devices(view: LabView, *, csrf: str, may_operate: bool, f: LabFilter = L
     else:
         devices = "<p>No devices yet: agents register theirs when they connect.</p>"
     agents = table("agents", [("agent", "text"), ("connection", "text"), ("host", "text"), ("peer", "text"),
-                              ("farm", "text"), ("connected", "num"), ("last seen", "num"), ("running", "num")],
+                              ("farm", "text"), ("connected", "num"), ("last seen", "num"), ("running", "num"),
+                              ("controller", "text")],
                    [[(a["name"], e(a["name"])), (a["state"], f'<span class="state {e(a["state"])}">{e(a["state"])}</span>'),
                      (a["hostname"], e(a["hostname"])), (a["peer"], e(a["peer"])), (a["farm_version"], e(a["farm_version"])),
                      (a["connected_at"], e(when(a["connected_at"]))), (a["last_seen"], e(when(a["last_seen"]))),
-                     (a.get("running"), e("—" if a.get("running") is None else a["running"]))]
+                     (a.get("running"), e("—" if a.get("running") is None else a["running"])),
+                     (a.get("controller") or "", e(a.get("controller") or "—"))]
                     for a in view.agents]) if view.agents else "<p>No agent has connected (embedded runs use none).</p>"
     shown_running = view.running[:LAB_ROWS_SHOWN]
     running = table("running", [("task", "num"), ("job", "num"), ("device", "text"), ("model", "text"),

@@ -64,15 +64,25 @@ class AgentNow:
     state: str
     last_seen: float
     connected_at: float
-    running: tuple[tuple[int, int], ...]  # (task, attempt)
+    running: tuple[tuple[int, int], ...]  # (task, attempt); another controller's agent: ()
+    controller: str = ""  # the controller it is connected to (HOST:PORT)
+    busy: int | None = None  # another controller's agent: its busy slots as that controller last published them
+    here: bool = True  # on this controller's own streams
 
 
 def agents_now(sessions: Sessions) -> dict[str, AgentNow]:
-    """The controller's connected agents by name, read under the sessions' lock: the state the dispatcher
-    leases by, so the lab page cannot disagree with the scheduler (or with `farm agents`)."""
+    """The lab's connected agents by name: this controller's, read under the sessions' lock (the state the
+    dispatcher leases by, so the lab page cannot disagree with the scheduler or with `farm agents`), and those
+    other controllers on the same store published within a lease TTL (store/presence.py)."""
     with sessions.lock:
-        return {s.name: AgentNow(s.name, s.state, s.last_seen, s.connected_at, tuple(sorted(s.running)))
-                for s in sessions.by_name.values()}
+        now = {s.name: AgentNow(s.name, s.state, s.last_seen, s.connected_at, tuple(sorted(s.running)),
+                                sessions.address, len(s.running)) for s in sessions.by_name.values()}
+    if sessions.presence is not None:
+        for seen in sessions.presence.fresh(time.time() - sessions.controller.lease_ttl_s):
+            if seen.agent not in now and seen.controller != sessions.address:
+                now[seen.agent] = AgentNow(seen.agent, seen.state, seen.last_seen, seen.connected_at, (),
+                                           seen.controller, seen.busy, here=False)
+    return now
 
 
 @dataclass
@@ -120,8 +130,9 @@ def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] |
     running = plain_rows(store.reads.running_tasks())
     if live is not None:
         held = {task for agent in live.values() for task, _ in agent.running}
+        elsewhere = {name for name, agent in live.items() if not agent.here}  # its controller vouches for it
         for task in running:  # a lease the store holds for an agent that is gone, or that no session runs
-            task["in_session"] = task["id"] in held and task.get("leased_by") in live
+            task["in_session"] = (task["id"] in held and task.get("leased_by") in live) or task.get("leased_by") in elsewhere
     sim_device = {d["agent"]: d["name"] for d in stored_devices if d["driver"] == "sim" and d["agent"]}
     by_device: dict[str, list[dict[str, Any]]] = {}
     for task in running:
@@ -154,7 +165,8 @@ def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] |
             a["state"] = session.state if session else "offline"
             if session:
                 a["last_seen"], a["connected_at"] = session.last_seen, session.connected_at
-            a["running"] = len(session.running) if session else 0
+            a["running"] = (len(session.running) if session.busy is None else session.busy) if session else 0
+            a["controller"] = session.controller if session else ""
     failures = [f for f in store.reads.recent_failures(PANEL_ROWS * 4) if readable(f["job_id"])]
     return LabView(devices, agents, running, [q for q in queue if readable(q["job_id"])], live=live is not None,
                    recent_failures=failures[:PANEL_ROWS], drift_alerts=store.reads.drift_alerts(PANEL_ROWS),

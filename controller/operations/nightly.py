@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import re
+import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +24,10 @@ from farm.controller.scheduling.jobfile import DeviceTarget, JobFileError
 from farm.controller.operations.reference_suite import HEALTH_CHECK, SuiteError, submit_reference_suite
 from farm.controller.operations.refresh import after_reference_run
 from farm.controller.store import Store
+from farm.controller.store.leader import LabDuties
 
 log = logging.getLogger("farm.nightly")
+LEADER_TTL_S = 150.0  # the nightly's lease among controllers on one store: renewed every tick (30 s)
 # A numeric range written backwards: croniter reads it as wrapping around, cron(8) refuses it.
 _BACKWARD_RANGE = re.compile(r"(?<![\w/])(\d+)-(\d+)")
 
@@ -84,8 +88,12 @@ class NightlyRefresh:
 
     def __init__(self, store: Store, suite: Path | None, cron: Cron, devices: Callable[[], list[DeviceTarget]], *,
                  alert: Callable[[dict[str, Any]], None] | None = None, clock: Callable[[], dt.datetime] = dt.datetime.now,
-                 artifacts: ArtifactStore | None = None) -> None:
+                 artifacts: ArtifactStore | None = None, duties: LabDuties | None = None,
+                 holder: str = "") -> None:
         self.store = store
+        # several controllers on one store: each tick is submitted, and each suite job checked, by one of them
+        self.duties = duties
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}"
         self.artifacts = artifacts  # agents fetch models from the controller's store only: the suite's go in
         self.suite = suite  # None: the suite that ships with farm
         self.cron = cron
@@ -102,9 +110,13 @@ class NightlyRefresh:
         job_id = None
         now = self.clock()
         if now >= self.next_run:
-            self.next_run = self.cron.next_after(now)
-            job_id = self.submit()
-        self.check_finished()
+            due, self.next_run = self.next_run, self.cron.next_after(now)
+            if self.duties is None or self.duties.claim("nightly", due.isoformat(timespec="minutes"), self.holder):
+                job_id = self.submit()
+            else:
+                log.info("nightly refresh of %s: submitted by another controller on this store", due)
+        if self.duties is None or self.duties.hold("nightly", self.holder, LEADER_TTL_S):
+            self.check_finished()
         return job_id
 
     def submit(self) -> int | None:
@@ -129,6 +141,8 @@ class NightlyRefresh:
             if job_id in self.checked:
                 continue
             self.checked.add(job_id)
+            if self.duties is not None and not self.duties.claim("check", str(job_id), self.holder):
+                continue  # checked by the controller that led before this one
             report = after_reference_run(self.store, job_id, alert=self.alert)
             log.info("nightly refresh job %d: %d calibration(s), %d drift check(s), quarantined %s", job_id,
                      len(report.calibrations), len(report.drift), sorted(report.quarantined) or "none")

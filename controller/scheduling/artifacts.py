@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from farm.controller.store.artifacts_db import ArtifactChunks
 from farm.proto.names import SAFE_SUFFIX, SHA256_HEX
 from farm.proto.script_archive import MAX_ENTRIES
 
@@ -137,6 +138,52 @@ class ArtifactStore:
             partial.unlink(missing_ok=True)
         return actual, final
 
+
+
+class SharedArtifactStore(ArtifactStore):
+    """A PostgreSQL lab's artifacts: the database holds them (store/artifacts_db.py), `root` is this controller's
+    cache of them. Whatever any controller on the database received, this one serves: a hash missing here is
+    streamed in from the database, checked against its hash, then served from the cache like an upload."""
+
+    def __init__(self, root: Path, chunks: ArtifactChunks, *, max_bytes: int = DEFAULT_MAX_MODEL_BYTES) -> None:
+        super().__init__(root, max_bytes=max_bytes)
+        self.chunks = chunks
+
+    def path(self, sha256: str) -> Path | None:
+        local = super().path(sha256)
+        if local is not None or not SHA256_HEX.match(sha256):
+            return local
+        stored = self.chunks.stored(sha256)
+        if stored is None:
+            return None
+        size, suffix = stored
+        # the lab's limit, not this controller's --max-model-bytes: another controller admitted it
+        return self._write(self.chunks.read(sha256), f"artifact{suffix}", size, sha256)[1]
+
+    def missing(self, hashes: Iterable[str]) -> list[str]:
+        """What the database lacks (this cache does not count: another controller could not serve it)."""
+        wanted = list(dict.fromkeys(hashes))
+        present = self.chunks.present(wanted)
+        return [h for h in wanted if h not in present]
+
+    def collect(self, keep: set[str], grace_s: float, *, dry_run: bool = False,
+                now: float | None = None) -> list[tuple[str, int]]:
+        """Lab-wide in the database, then this controller's cache; each artifact named once."""
+        removed = dict(self.chunks.collect(keep, grace_s, dry_run=dry_run, now=now))
+        for name, size in super().collect(keep, grace_s, dry_run=dry_run, now=now):
+            if name.startswith(".") or not any(n.startswith(name[:64]) for n in removed):
+                removed.setdefault(name, size)
+        return sorted(removed.items())
+
+    def receive(self, sha256: str, size: int, name: str, chunks: Iterable[bytes], *, max_bytes: int | None = None) -> Path:
+        path = super().receive(sha256, size, name, chunks, max_bytes=max_bytes)
+        self.chunks.put(sha256, size, path.name[64:], path)
+        return path
+
+    def add_file(self, path: Path, *, max_bytes: int | None = None) -> tuple[str, Path]:
+        sha256, stored = super().add_file(path, max_bytes=max_bytes)
+        self.chunks.put(sha256, stored.stat().st_size, stored.name[64:], stored)
+        return sha256, stored
 
 class ModelRoots:
     """Folders on the controller's host that jobs may name files in (`--models-root`, repeatable)."""

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
+import socket
 import threading
 import time
 import uuid
@@ -19,6 +21,7 @@ from typing import Callable
 
 from farm.controller.scheduling.controller import Controller
 from farm.controller.store import Store
+from farm.controller.store.presence import Presence, Seen
 from farm.proto.escape import printable
 from farm.proto.generated import agent_pb2
 
@@ -75,6 +78,9 @@ class Sessions:
         # Which agent registered each device (online or not): a name stays its agent's until an admin frees it.
         self.device_owner: dict[str, str] = store.devices.owners()
         self._kept_alive_at = 0.0
+        # the lab's view of its agents, shared with the other controllers on this store (store/presence.py)
+        self.presence: Presence | None = None
+        self.address = f"{socket.gethostname()}:{os.getpid()}"  # the server sets its HOST:PORT once bound
 
     def open(self, hello: agent_pb2.Hello, peer: str) -> tuple[AgentSession, list[tuple[int, int]]]:
         """Register a (re)connecting agent; it takes over its own stale session.
@@ -119,6 +125,7 @@ class Sessions:
             if released:
                 self.controller.lose_attempts(released, "released: agent {agent} reconnected without it")
             self.record(session, "online")
+            self.publish([session], complete=False)
         return session, [(r["id"], r["attempts"]) for r in released]
 
     def close(self, session: AgentSession) -> None:
@@ -127,6 +134,8 @@ class Sessions:
             if self.by_name.get(session.name) is session:
                 del self.by_name[session.name]
                 self.record(session, "offline")
+                if self.presence is not None:
+                    self.presence.withdraw(self.address, session.name)
         log.info("agent %s disconnected (session %s)", session.name, session.session_id)
 
     def record(self, session: AgentSession, state: str) -> None:
@@ -150,7 +159,16 @@ class Sessions:
         self._kept_alive_at = now
         with self.lock:
             names = sorted(self.by_name)
+            sessions = list(self.by_name.values())
         self.store.devices.keep_alive(names, now, now - lease_ttl_s)
+        self.publish(sessions, complete=True)
+
+    def publish(self, sessions: list[AgentSession], *, complete: bool) -> None:
+        """Tell the lab (the store) which agents are on this controller, their last word and busy slots."""
+        if self.presence is not None:
+            self.presence.publish(self.address, [
+                Seen(s.name, self.address, s.state, s.last_seen, s.connected_at, len(s.running),
+                     len(s.running) + len(s.requests)) for s in sessions], complete=complete)  # idle slots ask for work
 
     def current(self, session: AgentSession) -> bool:
         """Whether `session` is still its agent's (not taken over by a reconnect)."""

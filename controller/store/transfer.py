@@ -11,12 +11,15 @@ stores (sqlite.export_rows, postgres.import_rows); this module only moves rows b
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import Callable
 
+from farm.controller.store.artifacts_db import ArtifactChunks
 from farm.controller.store.interface import StoreError
 from farm.controller.store.postgres import TABLES, PostgresStore
 from farm.controller.store.sqlite import SQLiteStore
+from farm.proto.names import SAFE_SUFFIX, SHA256_HEX
 
 __all__ = ["copy_artifacts", "copy_lab"]
 
@@ -24,6 +27,13 @@ __all__ = ["copy_artifacts", "copy_lab"]
 def copy_lab(source: SQLiteStore, target: PostgresStore, *,
              on_batch: Callable[[str, int], None] | None = None) -> dict[str, int]:
     """Copy every row of the lab at `source` into the empty `target`; rows copied per table."""
+    live = source.query("SELECT DISTINCT job_id FROM tasks WHERE status = 'running' AND "
+                        "(lease_expires_at IS NULL OR lease_expires_at > ?) ORDER BY job_id", [time.time()])
+    if live:  # its runner or controller still writes: the copy would stop half-way through its results
+        jobs = ", ".join(str(r["job_id"]) for r in live[:10])
+        raise StoreError(f"{source.path}: job(s) {jobs} still run (their tasks' leases are live), so the lab is still "
+                         "being written. Stop the controller (or let `farm run` finish, or `farm cancel` the job) "
+                         "and migrate again once no task runs; nothing was copied.")
     holding = target.tables_with_rows(TABLES)
     if holding:
         raise StoreError(f"{target.location} already holds a lab (rows in {', '.join(holding)}): farm migrates into "
@@ -60,4 +70,8 @@ def copy_artifacts(source: SQLiteStore, target: PostgresStore) -> int:
         return 0
     shutil.copytree(origin, destination, dirs_exist_ok=True)
     destination.chmod(0o700)
+    chunks = ArtifactChunks(target)  # and into the database, so every controller of the lab serves them
+    for path in sorted(destination.iterdir()):
+        if path.is_file() and SHA256_HEX.match(path.name[:64]) and SAFE_SUFFIX.match(path.name[64:]):
+            chunks.put(path.name[:64], path.stat().st_size, path.name[64:], path)  # checked by hash when served
     return sum(1 for p in destination.rglob("*") if p.is_file())

@@ -331,7 +331,7 @@ class ListAgentsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class AgentInfo(_message.Message):
-    __slots__ = ("name", "session_id", "state", "farm_version", "capabilities", "hostname", "peer", "connected_at", "last_seen", "running")
+    __slots__ = ("name", "session_id", "state", "farm_version", "capabilities", "hostname", "peer", "connected_at", "last_seen", "running", "controller")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -342,6 +342,7 @@ class AgentInfo(_message.Message):
     CONNECTED_AT_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_FIELD_NUMBER: _ClassVar[int]
     name: str
     session_id: str
     state: str
@@ -352,7 +353,8 @@ class AgentInfo(_message.Message):
     connected_at: float
     last_seen: float
     running: int
-    def __init__(self, name: _Optional[str] = ..., session_id: _Optional[str] = ..., state: _Optional[str] = ..., farm_version: _Optional[str] = ..., capabilities: _Optional[_Iterable[str]] = ..., hostname: _Optional[str] = ..., peer: _Optional[str] = ..., connected_at: _Optional[float] = ..., last_seen: _Optional[float] = ..., running: _Optional[int] = ...) -> None: ...
+    controller: str
+    def __init__(self, name: _Optional[str] = ..., session_id: _Optional[str] = ..., state: _Optional[str] = ..., farm_version: _Optional[str] = ..., capabilities: _Optional[_Iterable[str]] = ..., hostname: _Optional[str] = ..., peer: _Optional[str] = ..., connected_at: _Optional[float] = ..., last_seen: _Optional[float] = ..., running: _Optional[int] = ..., controller: _Optional[str] = ...) -> None: ...
 
 class ListAgentsResponse(_message.Message):
     __slots__ = ("agents",)
