@@ -30,7 +30,7 @@ from farm.controller.store.metrics import MiB
 from farm.controller.store.rows import TaskRow
 from farm.controller.store.schema import SCHEMA_VERSION
 from farm.controller.store.sql import (
-    HEALTHY_TARGET, Artifacts, Calibrations, Devices, Jobs, LabReads, Leases, Runs, _q)
+    COMMON_METRIC_SQL, HEALTHY_TARGET, Leases, RepositoryStore, _q)
 
 if TYPE_CHECKING:
     import psycopg
@@ -45,10 +45,9 @@ CONNECT_TIMEOUT_S = 30
 # connection is a server process (max_connections is 100 by default); more readers wait for a free one.
 MAX_READERS = 8
 
-# metric name -> its SQL expression over a summaries row {s} and its runs row {r} (units: metrics.METRIC_UNITS)
+# each metric's SQL (sql.COMMON_METRIC_SQL, and these in this database's own)
 METRIC_SQL: dict[str, str] = {
-    "latency": "{s}.latency_avg_ms",
-    "whole_run": "COALESCE({r}.whole_run_s, {r}.wall_s)",
+    **COMMON_METRIC_SQL,
     "peak_memory": f"({{s}}.peak_memory_bytes::float8 / {float(MiB)}::float8)",
     "avg_memory": f"({{s}}.avg_memory_bytes / {float(MiB)}::float8)",
     # SQLite's json_extract answers NULL for a missing key and the number for a number
@@ -238,7 +237,7 @@ def default_files_dir(url: str) -> Path:
     return Path(user_data_dir("farm", appauthor=False)) / "postgresql" / safe
 
 
-class PostgresStore:
+class PostgresStore(RepositoryStore):
     """The store in a PostgreSQL database, its repositories over one writing connection."""
 
     def __init__(self, url: str, *, files_dir: Path | None = None) -> None:
@@ -273,13 +272,7 @@ class PostgresStore:
             self.conn.close()
             raise StoreError(f"cannot create the folder for the local files of {self.location}, "
                              f"{self.path.parent}: {e.strerror or e}") from None
-        self.jobs = Jobs(self)
-        self.leases = PostgresLeases(self)
-        self.runs = Runs(self)
-        self.devices = Devices(self)
-        self.calibrations = Calibrations(self)
-        self.artifacts = Artifacts(self)
-        self.reads = LabReads(self)
+        self.attach_repositories(PostgresLeases)
 
     def error_message(self, error: BaseException) -> str:
         return error_message(error, self.url)

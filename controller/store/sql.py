@@ -43,6 +43,9 @@ from farm.proto.results import FailureClass, ResultRefused, RunResult, RunStatus
 HEALTHY_TARGET = "AND t.target NOT IN (SELECT name FROM device_health WHERE health IN ('bad', 'maintenance'))"
 AGENT_COLUMNS = ("name", "session_id", "state", "farm_version", "capabilities_json", "hostname", "peer",
                  "connected_at", "last_seen")
+# metric name -> its SQL expression over a summaries row {s} and its runs row {r} (units: metrics.METRIC_UNITS):
+# these two are the same in both databases; each store adds peak_memory, avg_memory and energy in its own SQL.
+COMMON_METRIC_SQL: dict[str, str] = {"latency": "{s}.latency_avg_ms", "whole_run": "COALESCE({r}.whole_run_s, {r}.wall_s)"}
 # Calibrations in key order; NULLs first, as SQLite sorts them.
 CALIBRATION_ORDER = ("device, metric, threads NULLS FIRST, runtime, batch_size NULLS FIRST, input_size NULLS FIRST, "
                      '"precision" NULLS FIRST, family')
@@ -160,6 +163,22 @@ def run_row(result: RunResult) -> dict[str, Any]:
 
 def summary_row(result: RunResult) -> dict[str, Any]:
     return {column: get(result) for column, get in SUMMARY_COLUMNS.items()}
+
+
+class RepositoryStore:
+    """What both stores share: their repositories, the shared ones and each store's own way to lease."""
+    jobs: Jobs
+    leases: Leases
+    runs: Runs
+    devices: Devices
+    calibrations: Calibrations
+    artifacts: Artifacts
+    reads: LabReads
+
+    def attach_repositories(self, leases: type[Leases]) -> None:
+        self.jobs, self.leases, self.runs = Jobs(self), leases(self), Runs(self)
+        self.devices, self.calibrations, self.artifacts = Devices(self), Calibrations(self), Artifacts(self)
+        self.reads = LabReads(self)
 
 
 class Repository:

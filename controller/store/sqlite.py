@@ -28,7 +28,7 @@ from farm.controller.store.samples import pack_iterations, pack_telemetry
 from farm.controller.store.schema import (
     PACKED_SAMPLES, SCHEMA_VERSION, migrate, schema_version, sqlite_utils, up_to_date)
 from farm.controller.store.sql import (
-    HEALTHY_TARGET, Artifacts, Calibrations, Devices, Jobs, LabReads, Leases, Runs)
+    COMMON_METRIC_SQL, HEALTHY_TARGET, Leases, RepositoryStore)
 
 __all__ = ["HEALTHY_TARGET", "SCHEMA_VERSION", "SQLiteStore", "store_error_message"]
 BUSY_TIMEOUT_S = 30
@@ -37,10 +37,9 @@ CHUNK = 500
 # runs converted per transaction when an older store's samples are packed (migration 15)
 PACK_BATCH_RUNS = 200
 
-# metric name -> its SQL expression over a summaries row {s} and its runs row {r} (units: metrics.METRIC_UNITS)
+# each metric's SQL (sql.COMMON_METRIC_SQL, and these in this database's own)
 METRIC_SQL: dict[str, str] = {
-    "latency": "{s}.latency_avg_ms",
-    "whole_run": "COALESCE({r}.whole_run_s, {r}.wall_s)",
+    **COMMON_METRIC_SQL,
     "peak_memory": f"{{s}}.peak_memory_bytes / {float(MiB)}",
     "avg_memory": f"{{s}}.avg_memory_bytes / {float(MiB)}",
     "energy": "json_extract({r}.environment_json, '$.energy_per_inference_mj')",
@@ -71,7 +70,7 @@ def _marks(values: Sequence[Any]) -> str:
     return ",".join("?" for _ in values)
 
 
-class SQLiteStore:
+class SQLiteStore(RepositoryStore):
     """The store in one SQLite file (or ":memory:"), its repositories over one connection."""
 
     def __init__(self, path: Path | str, *, create_folder: bool = False) -> None:
@@ -115,13 +114,7 @@ class SQLiteStore:
             self._migrate()
         except sqlite3.Error as e:
             raise StoreError(store_error_message(self.path, e)) from None
-        self.jobs = Jobs(self)
-        self.leases = SQLiteLeases(self)
-        self.runs = Runs(self)
-        self.devices = Devices(self)
-        self.calibrations = Calibrations(self)
-        self.artifacts = Artifacts(self)
-        self.reads = LabReads(self)
+        self.attach_repositories(SQLiteLeases)
 
     # --- schema ------------------------------------------------------------
     def _migrate(self) -> None:
