@@ -30,7 +30,7 @@ from farm.controller.store.metrics import MiB
 from farm.controller.store.rows import TaskRow
 from farm.controller.store.schema import SCHEMA_VERSION
 from farm.controller.store.sql import (
-    COMMON_METRIC_SQL, HEALTHY_TARGET, Leases, RepositoryStore, _q)
+    COMMON_METRIC_SQL, HEALTHY_TARGET, Leases, Repository, RepositoryStore, _q)
 
 if TYPE_CHECKING:
     import psycopg
@@ -508,6 +508,11 @@ def _table(name: str) -> str:
     if name not in TABLES:
         raise ValueError(f"not a table of a farm lab: {name[:40]!r}")
     return name
+
+
+# The repositories' base, by the name modules written against the older postgres.py use: its `_query` and
+# `_execute` take `?` placeholders, and psycopg's `%s` passes through unchanged.
+_Repository = Repository
 
 
 class PostgresLeases(Leases):
