@@ -8,6 +8,7 @@ import random
 import sqlite3
 import struct
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,17 @@ def test_timings_round_trip_bit_for_bit() -> None:
 def test_the_bytes_are_little_endian_float64_after_a_format_byte() -> None:
     packed = pack_iterations([1.0, 2.5])
     assert packed == b"\x01" + struct.pack("<2d", 1.0, 2.5)  # too short to gain from zlib: plain
+
+
+def test_timings_are_never_compressed_and_older_compressed_timings_still_read() -> None:
+    rng = random.Random(3)
+    measured = [rng.uniform(1.0, 2.0) for _ in range(100)]
+    assert len(pack_iterations(measured)) == 801 and pack_iterations(measured)[0] == 1
+    repeated = [1.0] * 1000  # would compress, but timings are written plain (zlib never pays on measured ones)
+    assert pack_iterations(repeated) == b"\x01" + struct.pack("<1000d", *repeated)
+    assert pack_iterations([1.0, None]) == b"\x01" + struct.pack("<2d", 1.0, math.nan)
+    older = b"\x02" + zlib.compress(struct.pack("<1000d", *repeated))  # as farm wrote them before 2026-11-28
+    assert unpack_iterations(older) == repeated
 
 
 def test_telemetry_round_trips_and_missing_figures_stay_missing() -> None:

@@ -16,28 +16,21 @@ is imported when a store is opened: it is the `postgresql` extra.
 
 from __future__ import annotations
 
-import dataclasses
-import json
+import functools
 import logging
 import queue
 import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator, Mapping, Sequence
 from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
-from farm.controller.store.interface import DeviceRecord, StoreError, VisibleTo
-from farm.controller.store.metrics import MiB, UnknownMetric
-from farm.controller.store.rows import (
-    AgentRow, CalibrationFit, CalibrationRow, CalibrationTime, DashboardJob, DeviceLatency, DeviceRow, DriftRow,
-    HealthRow, JobListing, JobRow, JobSpec, LabDevice, LatestCalibration, LatestDrift, LeaseState, MeasuredRow,
-    OpProfileRow, PairedRow, QuarantinedTarget, QueuedWork, ResultRow, RunningAttempt, RunningTask, TaskOutcome,
-    TaskRow, TelemetrySample)
-from farm.controller.store.samples import pack_iterations, pack_telemetry, unpack_iterations, unpack_telemetry
+from farm.controller.store.interface import StoreError
+from farm.controller.store.metrics import MiB
+from farm.controller.store.rows import TaskRow
 from farm.controller.store.schema import SCHEMA_VERSION
-from farm.proto import op_profile
-from farm.proto.results import FailureClass, ResultRefused, RunResult, RunStatus, TaskStatus
+from farm.controller.store.sql import (
+    COMMON_METRIC_SQL, HEALTHY_TARGET, Leases, Repository, RepositoryStore, _q)
 
 if TYPE_CHECKING:
     import psycopg
@@ -47,16 +40,14 @@ log = logging.getLogger("farm.store")
 
 SCHEMES = ("postgresql", "postgres")
 EXTRA_HINT = "pip install 'farm[postgresql]' (psycopg 3)"
-HEALTHY_TARGET = "AND t.target NOT IN (SELECT name FROM device_health WHERE health IN ('bad', 'maintenance'))"
 CONNECT_TIMEOUT_S = 30
 # Reader connections a store opens at most: a controller has a thread or two per agent, and each PostgreSQL
 # connection is a server process (max_connections is 100 by default); more readers wait for a free one.
 MAX_READERS = 8
 
-# metric name -> its SQL expression over a summaries row {s} and its runs row {r} (units: metrics.METRIC_UNITS)
+# each metric's SQL (sql.COMMON_METRIC_SQL, and these in this database's own)
 METRIC_SQL: dict[str, str] = {
-    "latency": "{s}.latency_avg_ms",
-    "whole_run": "COALESCE({r}.whole_run_s, {r}.wall_s)",
+    **COMMON_METRIC_SQL,
     "peak_memory": f"({{s}}.peak_memory_bytes::float8 / {float(MiB)}::float8)",
     "avg_memory": f"({{s}}.avg_memory_bytes / {float(MiB)}::float8)",
     # SQLite's json_extract answers NULL for a missing key and the number for a number
@@ -227,22 +218,6 @@ def error_message(error: BaseException, url: str) -> str:
     return f"the PostgreSQL store {redact_url(url)} failed: {text}"
 
 
-def metric_sql(metric: str, summaries: str, runs: str) -> str:
-    """The metric's expression over the given aliases of summaries and runs."""
-    if metric not in METRIC_SQL:
-        raise UnknownMetric(metric)
-    return METRIC_SQL[metric].format(s=summaries, r=runs)
-
-
-def _visible_jobs(visible_to: VisibleTo, alias: str) -> tuple[str, list[Any]]:
-    """The WHERE clause of service.Viewer.may_read in a `team` lab: the lab's own jobs, the token's, its team's."""
-    if visible_to is None:
-        return "", []
-    a = alias
-    return (f"WHERE {a}submitted_by IS NULL OR {a}submitted_by = %s OR ({a}team IS NOT NULL AND {a}team = %s) ",
-            [visible_to[0], visible_to[1]])
-
-
 def _psycopg() -> Any:
     try:
         import psycopg
@@ -262,7 +237,7 @@ def default_files_dir(url: str) -> Path:
     return Path(user_data_dir("farm", appauthor=False)) / "postgresql" / safe
 
 
-class PostgresStore:
+class PostgresStore(RepositoryStore):
     """The store in a PostgreSQL database, its repositories over one writing connection."""
 
     def __init__(self, url: str, *, files_dir: Path | None = None) -> None:
@@ -297,13 +272,7 @@ class PostgresStore:
             self.conn.close()
             raise StoreError(f"cannot create the folder for the local files of {self.location}, "
                              f"{self.path.parent}: {e.strerror or e}") from None
-        self.jobs = PostgresJobs(self)
-        self.leases = PostgresLeases(self)
-        self.runs = PostgresRuns(self)
-        self.devices = PostgresDevices(self)
-        self.calibrations = PostgresCalibrations(self)
-        self.artifacts = PostgresArtifacts(self)
-        self.reads = PostgresLabReads(self)
+        self.attach_repositories(PostgresLeases)
 
     def error_message(self, error: BaseException) -> str:
         return error_message(error, self.url)
@@ -472,6 +441,25 @@ class PostgresStore:
             except queue.Empty:
                 break
 
+    # --- PostgreSQL's answers to the shared repositories' questions (sql.py's Dialect) -------------------
+    chunk = 100_000  # one array parameter: a chunk only bounds the array
+    same = "IS NOT DISTINCT FROM"
+    lock_rows = " FOR UPDATE"
+    metric_sql = METRIC_SQL
+
+    def sql(self, text: str) -> str:
+        return _placeholders(text)
+
+    def any_of(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
+        return f"{column} = ANY(?)", [list(values)]
+
+    def lock_table(self, table: str) -> str | None:
+        # two controllers refreshing at once would both take MAX(version) + 1: one at a time
+        return f"LOCK TABLE {_table(table)} IN SHARE ROW EXCLUSIVE MODE"
+
+    def json_text(self, column: str, key: str) -> str:
+        return f"({column}::jsonb ->> '{key}')"
+
     def insert_row(self, table: str, row: Mapping[str, Any], *, returning: str | None = "id") -> int:
         sql = f"INSERT INTO {table} ({', '.join(_q(k) for k in row)}) VALUES ({', '.join(['%s'] * len(row))})"
         if returning is None:
@@ -485,6 +473,12 @@ class PostgresStore:
         if fields:
             sql = f"UPDATE {table} SET {', '.join(f'{_q(k)} = %s' for k in fields)} WHERE id = %s"
             self.execute(sql, [*fields.values(), pk])
+
+
+@functools.lru_cache(maxsize=512)
+def _placeholders(text: str) -> str:
+    """The shared repositories' `?` placeholders as psycopg's `%s` (their SQL holds no other `?` or `%`)."""
+    return text.replace("?", "%s")
 
 
 def _param(value: Any) -> Any:
@@ -516,162 +510,12 @@ def _table(name: str) -> str:
     return name
 
 
-def _q(column: str) -> str:
-    """A column name from a caller's mapping: quoted, so it is only ever a name (and "precision" is one)."""
-    if not column.replace("_", "").isalnum():
-        raise ValueError(f"not a column name: {column[:40]!r}")
-    return f'"{column}"'
+# The repositories' base, by the name modules written against the older postgres.py use: its `_query` and
+# `_execute` take `?` placeholders, and psycopg's `%s` passes through unchanged.
+_Repository = Repository
 
 
-class _Repository:
-    def __init__(self, store: PostgresStore) -> None:
-        self.store = store
-
-    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
-        return self.store.query(sql, params)
-
-    def _count(self, sql: str, params: Sequence[Any] = ()) -> int:
-        """The one number a statement answers (as `n`)."""
-        return int(self.store.query(sql, params)[0]["n"] or 0)
-
-
-class PostgresJobs(_Repository):
-    def insert(self, job: Mapping[str, Any], tasks: Sequence[Mapping[str, Any]]) -> int:
-        with self.store.transaction():
-            job_id = self.store.insert_row("jobs", job)
-            columns = list(dict.fromkeys(["job_id", *(k for t in tasks for k in t)]))  # refused models add a few
-            if tasks:  # one pipelined statement for every task
-                self.store.executemany(
-                    f"INSERT INTO tasks ({', '.join(_q(c) for c in columns)}) VALUES ({', '.join(['%s'] * len(columns))})",
-                    [[job_id if c == "job_id" else t.get(c) for c in columns] for t in tasks])
-        return job_id
-
-    def get(self, job_id: int) -> JobRow | None:
-        rows = self._query("SELECT * FROM jobs WHERE id = %s", [job_id])
-        return JobRow.of(rows[0]) if rows else None
-
-    def update(self, job_id: int, **fields: Any) -> None:
-        with self.store.transaction():
-            self.store.update_row("jobs", job_id, fields)
-
-    def tasks(self, job_id: int) -> list[TaskRow]:
-        return [TaskRow.of(r) for r in self._query("SELECT * FROM tasks WHERE job_id = %s ORDER BY seq", [job_id])]
-
-    def task(self, task_id: int) -> TaskRow | None:
-        rows = self._query("SELECT * FROM tasks WHERE id = %s", [task_id])
-        return TaskRow.of(rows[0]) if rows else None
-
-    def update_task(self, task_id: int, **fields: Any) -> None:
-        with self.store.transaction():
-            self.store.update_row("tasks", task_id, fields)
-
-    def listing(self, limit: int, visible_to: VisibleTo = None) -> list[JobListing]:
-        where, params = _visible_jobs(visible_to, "")
-        jobs = self._query(
-            "SELECT id, name, status, priority, created_at, started_at, finished_at, message, owner_pid, owner_host, "
-            f"submitted_by, team FROM jobs {where}ORDER BY id DESC LIMIT %s", [*params, limit])
-        counts = self.task_counts_of([j["id"] for j in jobs])
-        out = []
-        for j in jobs:
-            c = counts.get(j["id"], {})
-            out.append(JobListing(**j, counts=c, tasks=sum(c.values()), completed=c.get("completed", 0),
-                                  failed=c.get("failed", 0)))
-        return out
-
-    def of_kind(self, kind: str, statuses: tuple[str, ...]) -> list[int]:
-        return [int(r["id"]) for r in self._query(
-            "SELECT id FROM jobs WHERE kind = %s AND status = ANY(%s) ORDER BY id", [kind, list(statuses)])]
-
-    def earlier_of_kind(self, kind: str, before_job: int) -> list[int]:
-        return [int(r["id"]) for r in self._query("SELECT id FROM jobs WHERE kind = %s AND id < %s ORDER BY id",
-                                                  [kind, before_job])]
-
-    def task_counts(self, job_id: int) -> dict[str, int]:
-        return self.task_counts_of([job_id]).get(job_id, {})
-
-    def task_counts_of(self, job_ids: list[int]) -> dict[int, dict[str, int]]:
-        """Each of these jobs' tasks by status, read from the counts the trigger keeps."""
-        by_job: dict[int, dict[str, int]] = {}
-        if not job_ids:
-            return by_job
-        for r in self._query("SELECT job_id, status, n FROM job_task_counts WHERE job_id = ANY(%s) AND n > 0 "
-                             "ORDER BY job_id, status", [list(job_ids)]):
-            by_job.setdefault(r["job_id"], {})[r["status"]] = r["n"]
-        return by_job
-
-    def finished_task_count(self, job_id: int) -> int:
-        return self._count("SELECT COUNT(*) AS n FROM tasks WHERE job_id = %s AND status IN "
-                           "('completed','failed','canceled')", [job_id])
-
-    def has_open_tasks(self, job_id: int) -> bool:
-        return bool(self._count("SELECT EXISTS(SELECT 1 FROM tasks WHERE job_id = %s AND status IN ('pending', "
-                                "'running'))::int AS n", [job_id]))
-
-    def targets(self, job_id: int) -> list[str]:
-        return [str(r["target"]) for r in self._query(
-            "SELECT DISTINCT target FROM tasks WHERE job_id = %s AND target != 'sim' ORDER BY target", [job_id])]
-
-    def model_names(self, job_id: int) -> dict[str, str]:
-        return {r["model_sha256"]: r["model_name"] for r in self._query(
-            "SELECT DISTINCT model_sha256, model_name FROM tasks WHERE job_id = %s", [job_id])}
-
-    def model_tasks(self, job_id: int, sha256: str, threads: int) -> list[TaskOutcome]:
-        return [TaskOutcome.of(r) for r in self._query(
-            "SELECT status, failure_class, message FROM tasks WHERE job_id = %s AND model_sha256 = %s AND threads = %s "
-            "ORDER BY id", [job_id, sha256, threads])]
-
-    def completed_with_model(self, sha256: str, threads: int) -> list[JobSpec]:
-        return [JobSpec.of(r) for r in self._query(
-            "SELECT DISTINCT j.id, j.spec_json FROM jobs j JOIN tasks t ON t.job_id = j.id "
-            "WHERE t.model_sha256 = %s AND t.threads = %s AND t.status = 'completed' ORDER BY j.id DESC",
-            [sha256, threads])]
-
-    def cancel_pending_tasks(self, job_id: int, message: str, now: float) -> int:
-        with self.store.transaction():
-            return self.store.execute(
-                "UPDATE tasks SET status = %s, failure_class = %s, message = %s, finished_at = %s "
-                "WHERE job_id = %s AND status = %s",
-                [TaskStatus.CANCELED.value, FailureClass.CANCELED.value, message, now, job_id,
-                 TaskStatus.PENDING.value]).rowcount
-
-    def requeue_interrupted_tasks(self, job_id: int, since: float, message: str) -> int:
-        with self.store.transaction():
-            return self.store.execute(
-                "UPDATE tasks SET status = %s, leased_by = NULL, failure_class = NULL, finished_at = NULL, "
-                "message = %s WHERE job_id = %s AND (status IN (%s, %s) OR (status = %s AND finished_at >= %s))",
-                [TaskStatus.PENDING.value, message, job_id, TaskStatus.PENDING.value, TaskStatus.RUNNING.value,
-                 TaskStatus.CANCELED.value, since]).rowcount
-
-    def requeue_tasks(self, job_id: int, statuses: Collection[str], message: str, more_attempts: int) -> int:
-        statuses = sorted(statuses)
-        if not statuses:
-            return 0
-        with self.store.transaction():
-            return self.store.execute(
-                "UPDATE tasks SET status = %s, leased_by = NULL, lease_expires_at = NULL, failure_class = NULL, "
-                "finished_at = NULL, message = %s, max_attempts = attempts + %s WHERE job_id = %s AND status = ANY(%s)",
-                [TaskStatus.PENDING.value, message, more_attempts, job_id, statuses]).rowcount
-
-    def past_deadline(self, now: float) -> list[int]:
-        return [int(r["id"]) for r in self._query(
-            "SELECT id FROM jobs WHERE deadline_at < %s AND status IN ('queued', 'running', 'interrupted') ORDER BY id",
-            [now])]
-
-    def fail_waiting_tasks(self, device: str, message: str, now: float, *, job_id: int | None = None) -> list[int]:
-        where = "target = %s AND status = 'pending'"
-        params: list[Any] = [device]
-        if job_id is not None:
-            where += " AND job_id = %s"
-            params.append(job_id)
-        with self.store.transaction():
-            # RETURNING names exactly the rows changed, even while another controller leases
-            rows = self.store.execute(
-                f"UPDATE tasks SET status = 'failed', failure_class = 'infrastructure', finished_at = %s, "
-                f"message = %s WHERE {where} RETURNING id, job_id", [now, message, *params]).fetchall()
-        return [int(job) for _, job in sorted(rows)]
-
-
-class PostgresLeases(_Repository):
+class PostgresLeases(Leases):
     def next_pending(self, targets: Collection[str], limit: int, *, job_id: int | None = None) -> list[TaskRow]:
         """The first `limit` leasable tasks for any of `targets`, in lease order (priority, job, seq).
 
@@ -685,538 +529,3 @@ class PostgresLeases(_Repository):
         return [TaskRow.of(r) for r in self.store.query(
             f"SELECT t.* FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE {where} "
             "ORDER BY t.priority, t.job_id, t.seq LIMIT %s FOR UPDATE OF t SKIP LOCKED", [*params, limit])]
-
-    def lease(self, task_id: int, attempt: int, agent: str, expires_at: float) -> None:
-        self.store.execute("UPDATE tasks SET status = %s, attempts = %s, leased_by = %s, lease_expires_at = %s "
-                           "WHERE id = %s", [TaskStatus.RUNNING.value, attempt, agent, expires_at, task_id])
-
-    def start_job(self, job_id: int, now: float) -> None:
-        self.store.execute("UPDATE jobs SET status = 'running', started_at = %s WHERE id = %s AND status = 'queued'",
-                           [now, job_id])
-
-    def state(self, task_id: int) -> LeaseState | None:
-        row = self.store.execute(
-            "SELECT t.status, t.attempts, t.lease_expires_at, j.status, t.leased_by FROM tasks t "
-            "JOIN jobs j ON j.id = t.job_id WHERE t.id = %s", [task_id]).fetchone()
-        return None if row is None else LeaseState(*row)
-
-    def renew(self, task_id: int, expires_at: float) -> None:
-        with self.store.transaction():
-            self.store.execute("UPDATE tasks SET lease_expires_at = %s WHERE id = %s", [expires_at, task_id])
-
-    def running_attempts(self, *, job_id: int | None = None, agent: str | None = None,
-                         expired_before: float | None = None,
-                         task_ids: list[int] | None = None) -> list[RunningAttempt]:
-        where: list[str] = ["status = 'running'"]
-        params: list[Any] = []
-        for clause, value in (("job_id = %s", job_id), ("leased_by = %s", agent),
-                              ("lease_expires_at < %s", expired_before)):
-            if value is not None:
-                where.append(clause)
-                params.append(value)
-        if task_ids is not None:
-            where.append("id = ANY(%s)")
-            params.append(list(task_ids))
-        return [RunningAttempt.of(r) for r in self._query(
-            f"SELECT id, job_id, attempts, max_attempts, leased_by FROM tasks WHERE {' AND '.join(where)} ORDER BY id",
-            params)]
-
-    def record_lost_attempts(self, tasks: list[RunningAttempt], reason: str, *, retry: Callable[[int, int], bool],
-                             now: float) -> list[int]:
-        failed_jobs = []
-        with self.store.transaction():
-            for t in tasks:
-                # only while the attempt is still the one running: another controller may have settled it
-                current = self.store.execute("SELECT status, attempts FROM tasks WHERE id = %s FOR UPDATE",
-                                             [t.id]).fetchone()
-                if current != (TaskStatus.RUNNING.value, t.attempts):
-                    continue
-                message = reason.format(agent=t.leased_by or "(none)")
-                found = self.store.execute(
-                    "INSERT INTO runs (task_id, job_id, attempt, status, failure_class, message, agent, finished_at) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (task_id, attempt) DO NOTHING RETURNING id",
-                    [t.id, t.job_id, t.attempts, RunStatus.FAILED.value, FailureClass.INFRASTRUCTURE.value, message,
-                     t.leased_by, now]).fetchone()
-                if found is None:  # the attempt's run is already stored
-                    found = self.store.execute("SELECT id FROM runs WHERE task_id = %s AND attempt = %s",
-                                               [t.id, t.attempts]).fetchone()
-                run_id = None if found is None else int(found[0])
-                fields: dict[str, Any]
-                if retry(t.attempts, t.max_attempts):
-                    fields = {"status": TaskStatus.PENDING.value, "message": message}
-                else:
-                    fields = {"status": TaskStatus.FAILED.value, "failure_class": FailureClass.INFRASTRUCTURE.value,
-                              "finished_at": now, "message": f"{message} (attempt {t.attempts} of {t.max_attempts})"}
-                    failed_jobs.append(t.job_id)
-                self.store.update_row("tasks", t.id, {**fields, "leased_by": None, "last_run_id": run_id})
-        return failed_jobs
-
-    def adopt_unfinished(self, pid: int, host: str, lease_expires_at: float, *,
-                         seen_before: float | None = None) -> None:
-        # with seen_before, the agents another controller keeps fresh stay as they are (see SQLiteLeases)
-        stale, since = ("", []) if seen_before is None else (" WHERE last_seen IS NULL OR last_seen < %s", [seen_before])
-        with self.store.transaction():
-            self.store.execute("UPDATE jobs SET owner_pid = %s, owner_host = %s WHERE status IN ('queued', 'running')",
-                               [pid, host])
-            self.store.execute("UPDATE tasks SET lease_expires_at = %s WHERE status = 'running'", [lease_expires_at])
-            self.store.execute("UPDATE agents SET state = 'offline'" + stale, since)
-            self.store.execute("UPDATE devices SET state = 'offline'" + stale, since)
-
-
-class PostgresRuns(_Repository):
-    def record(self, task: TaskRow, attempt: int, agent: str, started_at: float, result: RunResult,
-               task_fields: Mapping[str, Any]) -> int | None:
-        """Store a run with its samples and update its task, atomically (see SQLiteRuns.record)."""
-        store = self.store
-        with store.transaction():
-            # The task row's lock orders two controllers delivering results for the same task.
-            lease = store.execute("SELECT status, attempts, leased_by FROM tasks WHERE id = %s FOR UPDATE",
-                                  [task.id]).fetchone()
-            existing = store.execute(
-                "SELECT agent, status, message FROM runs WHERE task_id = %s AND attempt = %s", [task.id, attempt]).fetchone()
-            if existing:
-                if tuple(existing) == (agent, result.status.value, result.message):
-                    return None  # delivered twice (the first ack was lost): applied once
-                raise ResultRefused(f"attempt {attempt} of task {task.id} is already stored: {existing[2]}")
-            _check_lease(lease, task.id, attempt, agent)
-            limits = result.limits
-            run_id = store.insert_row("runs", {
-                "task_id": task.id, "job_id": task.job_id, "attempt": attempt,
-                "status": result.status.value,
-                "failure_class": result.failure_class.value if result.failure_class else None,
-                "message": result.message, "agent": agent, "started_at": started_at,
-                "finished_at": time.time(), "backend": result.backend,
-                "approximate": int(result.approximate), "limits_cpus": limits.cpus,
-                "limits_cpuset": limits.cpuset, "limits_memory_mb": limits.memory_mb,
-                "wall_s": result.wall_s, "whole_run_s": result.whole_run_s,
-                "environment_json": json.dumps(result.stored_environment()),
-                "tool_versions_json": json.dumps(result.tool_versions), "log_tail": result.log_tail,
-                "contended": None if result.contention is None else int(result.contention.contended),
-                "contention_json": None if result.contention is None else json.dumps(dataclasses.asdict(result.contention)),
-            })
-            self._insert_summary(run_id, result)
-            self._insert_op_profile(run_id, result)
-            samples = result.telemetry.samples if result.telemetry else []
-            if result.iterations_ms or samples:  # packed as bytea: one row per run (samples.py)
-                store.insert_row("run_samples", {
-                    "run_id": run_id,
-                    "iterations": pack_iterations(result.iterations_ms) if result.iterations_ms else None,
-                    "telemetry": pack_telemetry((s.t_s, s.cpu_percent, s.memory_bytes) for s in samples) if samples
-                    else None}, returning=None)
-            store.update_row("tasks", task.id, {**task_fields, "last_run_id": run_id})
-        return run_id
-
-    def _insert_summary(self, run_id: int, r: RunResult) -> None:
-        row: dict[str, Any] = {"run_id": run_id, "baseline_memory_bytes": r.baseline_memory_bytes,
-                               "peak_rss_bytes": r.peak_rss_bytes, "throughput_per_s": r.throughput_per_s,
-                               "startup_ms": r.startup_ms}
-        if r.latency:
-            lat = r.latency
-            row.update({
-                "latency_init_ms": lat.init, "latency_first_ms": lat.first,
-                "latency_warmup_avg_ms": lat.warmup_avg, "latency_avg_ms": lat.avg,
-                "latency_p50_ms": lat.p50, "latency_p90_ms": lat.p90, "latency_p99_ms": lat.p99,
-                "latency_std_ms": lat.std, "latency_min_ms": lat.min, "latency_max_ms": lat.max,
-                "latency_count": lat.count,
-            })
-        if r.telemetry:
-            t = r.telemetry
-            row.update({
-                "peak_memory_bytes": t.memory_peak_bytes, "peak_memory_source": t.memory_peak_source,
-                "avg_memory_bytes": t.memory_avg_bytes, "cpu_avg_percent": t.cpu_avg_percent,
-                "cpu_peak_percent": t.cpu_peak_percent, "block_read_bytes": t.block_read_bytes,
-                "block_write_bytes": t.block_write_bytes, "net_rx_bytes": t.net_rx_bytes,
-                "net_tx_bytes": t.net_tx_bytes, "sampler_cpu_percent": t.sampler_cpu_percent,
-                "sample_interval_ms": t.interval_ms, "sample_count": len(t.samples),
-            })
-        self.store.insert_row("summaries", row, returning=None)
-
-    def _insert_op_profile(self, run_id: int, r: RunResult) -> None:
-        rows = op_profile.bounded(r.op_profile)
-        if rows:
-            self.store.executemany(
-                "INSERT INTO op_profiles (run_id, idx, kind, node_type, name, avg_ms, percent, first_ms, count, "
-                "times_called, mem_kb) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                [(run_id, i, o.kind, o.node_type, o.name, o.avg_ms, o.percent, o.first_ms, o.count, o.times_called,
-                  o.mem_kb) for i, o in enumerate(rows)])
-
-    def iterations(self, run_id: int) -> list[float]:
-        rows = self._query("SELECT iterations FROM run_samples WHERE run_id = %s", [run_id])
-        return unpack_iterations(bytes(rows[0]["iterations"])) if rows and rows[0]["iterations"] else []
-
-    def telemetry(self, run_id: int) -> list[TelemetrySample]:
-        rows = self._query("SELECT telemetry FROM run_samples WHERE run_id = %s", [run_id])
-        return unpack_telemetry(bytes(rows[0]["telemetry"])) if rows and rows[0]["telemetry"] else []
-
-    def results(self, job_id: int) -> list[ResultRow]:
-        return [ResultRow.of(r) for r in self._query(
-            "SELECT t.id AS task, t.job_id AS job, t.model_name, t.model_sha256, t.model_family, t.model_path, "
-            "t.target, t.threads, t.batch_size, t.input_size, t.repeat, t.status AS task_status, "
-            "t.attempts, t.pair_key, t.failure_class AS task_failure_class, t.message AS task_message, "
-            "t.model_size_bytes, t.model_param_count, t.model_facts_json, t.spec_json AS task_spec_json, "
-            "r.id AS run_id, r.attempt, r.status AS run_status, r.failure_class, r.message, r.backend, "
-            "r.approximate, r.limits_cpus, r.limits_cpuset, r.limits_memory_mb, r.wall_s, r.whole_run_s, "
-            "r.started_at, r.finished_at, r.tool_versions_json, r.environment_json, r.contention_json, "
-            "s.latency_init_ms, s.latency_first_ms, s.latency_warmup_avg_ms, s.latency_avg_ms, s.latency_p50_ms, "
-            "s.latency_p90_ms, s.latency_p99_ms, s.latency_std_ms, s.latency_min_ms, s.latency_max_ms, "
-            "s.latency_count, s.peak_memory_bytes, s.peak_memory_source, s.avg_memory_bytes, s.baseline_memory_bytes, "
-            "s.peak_rss_bytes, s.cpu_avg_percent, s.cpu_peak_percent, s.block_read_bytes, s.block_write_bytes, "
-            "s.net_rx_bytes, s.net_tx_bytes, s.sampler_cpu_percent, s.sample_interval_ms, s.sample_count, "
-            "s.throughput_per_s, s.startup_ms "
-            "FROM tasks t LEFT JOIN runs r ON r.id = t.last_run_id LEFT JOIN summaries s ON s.run_id = r.id "
-            "WHERE t.job_id = %s ORDER BY t.model_name NULLS FIRST, t.threads NULLS FIRST, t.batch_size NULLS FIRST, "
-            "t.input_size NULLS FIRST, t.repeat NULLS FIRST, t.target NULLS FIRST, t.seq NULLS FIRST", [job_id])]
-
-    def op_profiles(self, run_ids: list[int]) -> dict[int, list[OpProfileRow]]:
-        found: dict[int, list[OpProfileRow]] = {run_id: [] for run_id in run_ids}
-        if not run_ids:
-            return found
-        for row in self._query(
-                "SELECT run_id, kind, node_type, name, avg_ms, percent, first_ms, count, times_called, mem_kb "
-                "FROM op_profiles WHERE run_id = ANY(%s) ORDER BY run_id, idx", [list(run_ids)]):
-            run_id = row.pop("run_id")
-            found[run_id].append(OpProfileRow.of(row))
-        return found
-
-    def contended_runs(self, task_id: int) -> int:
-        return self._count("SELECT COUNT(*) AS n FROM runs WHERE task_id = %s AND contended = 1", [task_id])
-
-    def device_latencies(self, job_id: int, device: str) -> list[DeviceLatency]:
-        return [DeviceLatency.of(r) for r in self._query(
-            "SELECT t.model_sha256, t.model_name, t.threads, s.latency_avg_ms FROM tasks t "
-            "JOIN runs r ON r.id = t.last_run_id JOIN summaries s ON s.run_id = r.id "
-            "WHERE t.job_id = %s AND t.target = %s AND t.status = 'completed' ORDER BY t.id", [job_id, device])]
-
-
-def _check_lease(row: Sequence[Any] | None, task_id: int, attempt: int, agent: str) -> None:
-    if row is None:
-        raise ResultRefused(f"there is no task {task_id}")
-    status, attempts, leased_by = row
-    if status != TaskStatus.RUNNING.value:
-        raise ResultRefused(f"task {task_id} is {status}: attempt {attempt} holds no lease")
-    if attempts != attempt:
-        raise ResultRefused(f"attempt {attempt} of task {task_id} is not the current one (attempt {attempts})")
-    if leased_by != agent:
-        raise ResultRefused(f"task {task_id} attempt {attempt} is not leased to agent {agent}")
-
-
-AGENT_COLUMNS = ("name", "session_id", "state", "farm_version", "capabilities_json", "hostname", "peer",
-                 "connected_at", "last_seen")
-
-
-class PostgresDevices(_Repository):
-    def record_agent(self, agent: Mapping[str, Any], devices: Sequence[DeviceRecord]) -> None:
-        """Upsert an agent (only the fields given change, as sqlite_utils' upsert) and its devices."""
-        fields = {k: v for k, v in agent.items() if k in AGENT_COLUMNS}
-        unknown = set(agent) - set(AGENT_COLUMNS)
-        if unknown:
-            raise ValueError(f"agents have no column {sorted(unknown)[0]!r}")
-        columns = ", ".join(_q(k) for k in fields)
-        changes = ", ".join(f"{_q(k)} = excluded.{_q(k)}" for k in fields if k != "name")
-        with self.store.transaction():
-            self.store.execute(
-                f"INSERT INTO agents ({columns}) VALUES ({', '.join(['%s'] * len(fields))}) ON CONFLICT (name) "
-                + (f"DO UPDATE SET {changes}" if changes else "DO NOTHING"), list(fields.values()))
-            if devices:
-                self.store.executemany(
-                    "INSERT INTO devices (name, agent, driver, device_type, tags_json, facts_json, slots, state, "
-                    "last_seen) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (name) DO UPDATE SET "
-                    "agent = excluded.agent, driver = excluded.driver, device_type = excluded.device_type, "
-                    "tags_json = excluded.tags_json, facts_json = excluded.facts_json, slots = excluded.slots, "
-                    "state = excluded.state, last_seen = excluded.last_seen", list(devices))
-
-    def agents(self) -> list[AgentRow]:
-        return [AgentRow.of(r) for r in self._query("SELECT * FROM agents ORDER BY name")]
-
-    def all(self, *, sim: bool = True) -> list[DeviceRow]:
-        return [DeviceRow.of(r) for r in self._query(
-            "SELECT * FROM devices" + ("" if sim else " WHERE driver != 'sim'") + " ORDER BY name")]
-
-    def owners(self, names: Sequence[str] | None = None) -> dict[str, str]:
-        if names is None:
-            return {r["name"]: r["agent"] for r in self._query("SELECT name, agent FROM devices ORDER BY name")}
-        return {r["name"]: r["agent"] for r in self._query(
-            "SELECT name, agent FROM devices WHERE name = ANY(%s) ORDER BY name", [list(names)])}
-
-    def keep_alive(self, agents: Sequence[str], now: float, stale_before: float) -> None:
-        """See SQLiteDevices.keep_alive: each controller keeps its own agents fresh, and sweeps the dead one's."""
-        with self.store.transaction():
-            self.store.execute("UPDATE agents SET last_seen = %s WHERE name = ANY(%s)", [now, list(agents)])
-            self.store.execute("UPDATE devices SET last_seen = %s WHERE agent = ANY(%s)", [now, list(agents)])
-            for table in ("agents", "devices"):
-                self.store.execute(f"UPDATE {table} SET state = 'offline' WHERE state != 'offline' "
-                                   "AND (last_seen IS NULL OR last_seen < %s)", [stale_before])
-
-    def device_type(self, device: str) -> str | None:
-        rows = self._query("SELECT device_type FROM devices WHERE name = %s", [device])
-        return rows[0]["device_type"] if rows else None
-
-    def forget(self, name: str) -> None:
-        with self.store.transaction():
-            self.store.execute("DELETE FROM devices WHERE name = %s", [name])
-
-    def set_health(self, device: str, health: str, reason: str, now: float) -> None:
-        with self.store.transaction():
-            self.store.execute(
-                "INSERT INTO device_health (name, health, reason, changed_at) VALUES (%s, %s, %s, %s) "
-                "ON CONFLICT (name) DO UPDATE SET health = excluded.health, reason = excluded.reason, "
-                "changed_at = excluded.changed_at", [device, health, reason, now])
-
-    def health(self) -> list[HealthRow]:
-        return [HealthRow.of(r) for r in self._query("SELECT * FROM device_health ORDER BY name")]
-
-    def health_by_name(self) -> dict[str, HealthRow]:
-        return {row.name: row for row in self.health()}
-
-    def quarantined_targets(self, job_id: int) -> list[QuarantinedTarget]:
-        return [QuarantinedTarget.of(r) for r in self._query(
-            "SELECT name, reason FROM device_health WHERE health IN ('bad', 'maintenance') "
-            "AND name IN (SELECT target FROM tasks WHERE job_id = %s) ORDER BY name", [job_id])]
-
-    def last_reference_checks(self, health_check_kind: str) -> dict[str, float]:
-        return {r["target"]: r["at"] for r in self._query(
-            "SELECT t.target, MAX(t.finished_at) AS at FROM tasks t JOIN jobs j ON j.id = t.job_id "
-            "WHERE j.kind = %s AND t.target != 'sim' AND t.status = 'completed' GROUP BY t.target ORDER BY t.target",
-            [health_check_kind])}
-
-
-CALIBRATION_ORDER = ("device, metric, threads NULLS FIRST, runtime, batch_size NULLS FIRST, input_size NULLS FIRST, "
-                     '"precision" NULLS FIRST, family')
-
-
-class PostgresCalibrations(_Repository):
-    def completed_values(self, job_id: int, metric: str, *, include_contended: bool,
-                         target: str | None = None) -> list[MeasuredRow]:
-        value = metric_sql(metric, "s", "r")
-        quiet = "" if include_contended else " AND COALESCE(r.contended, 0) = 0"
-        quiet += "" if target is None else " AND t.target = %s"
-        return [MeasuredRow.of(r) for r in self._query(
-            f"SELECT t.model_name, t.model_sha256, t.model_family, t.threads, t.batch_size, t.input_size, t.repeat, "
-            f"t.model_size_bytes, t.model_param_count, t.model_facts_json, r.id AS run_id, r.environment_json, "
-            f"{value} AS value FROM tasks t JOIN runs r ON r.id = t.last_run_id JOIN summaries s ON s.run_id = r.id "
-            f"WHERE t.job_id = %s AND t.status = 'completed'{quiet} ORDER BY t.id",
-            [job_id] + ([] if target is None else [target]))]
-
-    def paired_values(self, job_id: int, device: str, sim_metric: str, device_metric: str, *,
-                      include_contended: bool) -> list[PairedRow]:
-        x, y = metric_sql(sim_metric, "ss", "rs"), metric_sql(device_metric, "sd", "rd")
-        quiet = "" if include_contended else " AND COALESCE(rs.contended, 0) = 0"
-        return [PairedRow.of(r) for r in self._query(
-            f"SELECT d.model_name, d.model_family, d.threads, d.batch_size, d.input_size, d.model_size_bytes, "
-            f"d.model_param_count, d.model_facts_json, rs.id AS sim_run, rd.id AS device_run, rs.environment_json, "
-            f"rd.environment_json AS device_environment, ({x}) AS x, ({y}) AS y "
-            f"FROM tasks d JOIN tasks t ON t.job_id = d.job_id AND t.pair_key = d.pair_key AND t.target = 'sim' "
-            f"JOIN runs rd ON rd.id = d.last_run_id JOIN summaries sd ON sd.run_id = rd.id "
-            f"JOIN runs rs ON rs.id = t.last_run_id JOIN summaries ss ON ss.run_id = rs.id "
-            f"WHERE d.job_id = %s AND d.target = %s AND d.status = 'completed' AND t.status = 'completed'{quiet} "
-            f"ORDER BY d.id, t.id", [job_id, device])]
-
-    def contended_completed_runs(self, job_ids: list[int]) -> int:
-        if not job_ids:
-            return 0
-        return self._count(
-            "SELECT COUNT(*) AS n FROM tasks t JOIN runs r ON r.id = t.last_run_id WHERE t.job_id = ANY(%s) "
-            "AND t.status = 'completed' AND r.contended = 1", [list(job_ids)])
-
-    def add(self, row: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
-        """Store a calibration as the next version of its key, with the runs it was fitted on; (id, version)."""
-        with self.store.transaction():
-            # two controllers refreshing at once would both take MAX(version) + 1: one at a time
-            self.store.execute("LOCK TABLE calibrations IN SHARE ROW EXCLUSIVE MODE")
-            found = self.store.execute(
-                "SELECT COALESCE(MAX(version), 0) + 1 FROM calibrations WHERE device = %s AND metric = %s "
-                "AND threads = %s AND runtime = %s AND batch_size IS NOT DISTINCT FROM %s "
-                "AND input_size IS NOT DISTINCT FROM %s AND \"precision\" = %s AND family = %s",
-                [row["device"], row["metric"], row["threads"], row["runtime"], row["batch_size"], row["input_size"],
-                 row["precision"], row["family"]]).fetchone()
-            version = int(found[0]) if found else 1
-            cal_id = self.store.insert_row("calibrations", {**row, "version": version})
-            for run in runs:
-                self.store.insert_row("calibration_runs", {"calibration_id": cal_id, **run}, returning=None)
-        return cal_id, version
-
-    def fits(self, metric: str, threads: int, runtime: str, batch_size: int | None, input_size: int | None,
-             precision: str, family: str) -> list[CalibrationFit]:
-        return [CalibrationFit.of(r) for r in self._query(
-            "SELECT device, version, fit_json FROM calibrations WHERE metric = %s AND threads = %s AND runtime = %s "
-            "AND batch_size IS NOT DISTINCT FROM %s AND input_size IS NOT DISTINCT FROM %s AND \"precision\" = %s "
-            "AND family = %s ORDER BY id DESC",
-            [metric, threads, runtime, batch_size, input_size, precision, family])]
-
-    def rows(self, device: str | None = None, metric: str | None = None) -> list[CalibrationRow]:
-        where, params = [], []
-        if device:
-            where.append("device = %s")
-            params.append(device)
-        if metric:
-            where.append("metric = %s")
-            params.append(metric)
-        sql = "SELECT * FROM calibrations"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        return [CalibrationRow.of(r) for r in self._query(f"{sql} ORDER BY {CALIBRATION_ORDER}, version", params)]
-
-    def get(self, calibration_id: int) -> CalibrationRow | None:
-        rows = self._query("SELECT * FROM calibrations WHERE id = %s", [calibration_id])
-        return CalibrationRow.of(rows[0]) if rows else None
-
-    def versions(self, calibration_id: int) -> list[CalibrationRow]:
-        return [CalibrationRow.of(r) for r in self._query(
-            "SELECT c.* FROM calibrations c JOIN calibrations k ON k.id = %s AND c.device = k.device "
-            "AND c.metric = k.metric AND c.threads = k.threads AND c.runtime = k.runtime "
-            "AND c.batch_size IS NOT DISTINCT FROM k.batch_size AND c.input_size IS NOT DISTINCT FROM k.input_size "
-            "AND c.\"precision\" IS NOT DISTINCT FROM k.\"precision\" AND c.family = k.family ORDER BY c.version",
-            [calibration_id])]
-
-    def latest(self) -> list[LatestCalibration]:
-        order = ", ".join(f"c.{part}" for part in CALIBRATION_ORDER.split(", "))
-        return [LatestCalibration.of(r) for r in self._query(
-            "SELECT c.id, c.device, c.metric, c.threads, c.runtime, c.batch_size, c.input_size, c.\"precision\", "
-            "c.family, c.version, c.created_at, c.kind, c.n, c.r2, c.loo_mape, c.kendall_tau, c.spearman_rho, "
-            "c.fit_json, c.source, g.versions FROM calibrations c JOIN (SELECT MAX(id) AS id, COUNT(*) AS versions "
-            "FROM calibrations GROUP BY device, metric, threads, runtime, batch_size, input_size, \"precision\", "
-            f"family) g ON g.id = c.id ORDER BY {order}")]
-
-    def newest(self, device: str, metric: str, threads: int, family: str, *, runtime: str | None,
-               batch_size: int | None, input_size: int | None, precision: str | None) -> CalibrationRow | None:
-        sql = "SELECT * FROM calibrations WHERE device = %s AND metric = %s AND threads = %s AND family = %s"
-        params: list[Any] = [device, metric, threads, family]
-        for column, value in (("batch_size", batch_size), ("input_size", input_size), ('"precision"', precision)):
-            if value is not None:
-                sql += f" AND {column} = %s"
-                params.append(value)
-        if runtime is not None:  # a board's power mode: "litert@nvpmodel=MAXN;..." matches "litert"
-            sql += " AND (runtime = %s OR runtime ILIKE %s)"  # ILIKE: SQLite's LIKE ignores ASCII case
-            params += [runtime, f"{runtime}@%"]
-        rows = self._query(sql + " ORDER BY id DESC LIMIT 1", params)
-        return CalibrationRow.of(rows[0]) if rows else None
-
-    def devices(self) -> list[str]:
-        return [str(r["device"]) for r in self._query("SELECT DISTINCT device FROM calibrations ORDER BY device")]
-
-    def newest_times(self) -> list[CalibrationTime]:
-        return [CalibrationTime.of(r) for r in self._query(
-            "SELECT device, metric, MAX(created_at) AS newest FROM calibrations "
-            "WHERE created_at IS NOT NULL GROUP BY device, metric ORDER BY device, metric")]
-
-    def newest_by_device(self) -> dict[str, float]:
-        return {r["device"]: r["at"] for r in self._query(
-            "SELECT device, MAX(created_at) AS at FROM calibrations GROUP BY device ORDER BY device")}
-
-    def newest_at(self, device: str) -> float | None:
-        at = self._query("SELECT MAX(created_at) AS at FROM calibrations WHERE device = %s", [device])[0]["at"]
-        return None if at is None else float(at)
-
-    def using_job(self, job_id: int) -> list[CalibrationRow]:
-        return [CalibrationRow.of(r) for r in self._query(
-            "SELECT c.* FROM calibrations c WHERE c.id IN ("
-            " SELECT cr.calibration_id FROM calibration_runs cr JOIN runs r"
-            " ON r.id = cr.sim_run_id OR r.id = cr.device_run_id WHERE r.job_id = %s)"
-            " ORDER BY c.device, c.metric, c.threads NULLS FIRST, c.family, c.version", [job_id])]
-
-    def add_drift(self, row: Mapping[str, Any]) -> None:
-        with self.store.transaction():
-            self.store.insert_row("calibration_drift", row)
-
-    def drift_history(self, device: str | None = None, *, metric: str | None = None,
-                      threads: int | None = None) -> list[DriftRow]:
-        where, params = [], []
-        for clause, value in (("device = %s", device), ("metric = %s", metric), ("threads = %s", threads)):
-            if value is not None and value != "":
-                where.append(clause)
-                params.append(value)
-        sql = "SELECT * FROM calibration_drift" + (" WHERE " + " AND ".join(where) if where else "")
-        return [DriftRow.of(r) for r in self._query(sql + " ORDER BY id", params)]
-
-    def latest_drift(self) -> list[LatestDrift]:
-        return [LatestDrift.of(r) for r in self._query(
-            "SELECT d.device, d.metric, d.threads, d.prediction_shift, d.exceeded FROM calibration_drift d "
-            "WHERE d.id = (SELECT e.id FROM calibration_drift e WHERE e.device = d.device AND e.metric = d.metric "
-            "AND e.threads IS NOT DISTINCT FROM d.threads ORDER BY e.created_at DESC NULLS LAST, e.id DESC LIMIT 1) "
-            "ORDER BY d.device, d.metric, d.threads NULLS FIRST")]
-
-
-class PostgresArtifacts(_Repository):
-    def record_upload(self, sha256: str, owner: str, size: int, at: float) -> None:
-        with self.store.transaction():
-            self.store.execute("INSERT INTO artifact_uploads (sha256, owner, size, at) VALUES (%s, %s, %s, %s) "
-                               "ON CONFLICT DO NOTHING", [sha256, owner, size, at])
-
-    def upload_usage(self, owner: str) -> int:
-        return self._count("SELECT COALESCE(SUM(size), 0) AS n FROM artifact_uploads WHERE owner = %s", [owner])
-
-    def forget_uploads(self, hashes: list[str]) -> None:
-        with self.store.transaction():
-            self.store.execute("DELETE FROM artifact_uploads WHERE sha256 = ANY(%s)", [list(hashes)])
-
-    def referenced(self) -> set[str]:
-        rows = self._query("SELECT DISTINCT model_sha256 AS sha FROM tasks WHERE model_sha256 IS NOT NULL "
-                           "UNION SELECT DISTINCT spec_json::jsonb ->> 'script_archive' FROM tasks "
-                           "WHERE spec_json::jsonb ->> 'script_archive' IS NOT NULL")
-        return {str(r["sha"]) for r in rows}
-
-
-class PostgresLabReads(_Repository):
-    def devices(self) -> list[LabDevice]:
-        return [LabDevice.of(r) for r in self._query(
-            "SELECT d.name, d.agent, d.driver, d.device_type, d.tags_json, d.slots, d.state, d.last_seen, "
-            "h.health, h.reason, h.changed_at FROM devices d LEFT JOIN device_health h ON h.name = d.name "
-            "UNION ALL SELECT h.name, NULL, NULL, NULL, NULL, NULL, NULL, NULL, h.health, h.reason, h.changed_at "
-            "FROM device_health h WHERE h.name NOT IN (SELECT name FROM devices) ORDER BY 1")]
-
-    def agents(self) -> list[AgentRow]:
-        return self.store.devices.agents()
-
-    def running_tasks(self) -> list[RunningTask]:
-        return [RunningTask.of(r) for r in self._query(
-            "SELECT id, job_id, target, model_name, threads, repeat, attempts, leased_by FROM tasks "
-            "WHERE status = 'running' ORDER BY id")]
-
-    def queue(self) -> list[QueuedWork]:
-        return [QueuedWork.of(r) for r in self._query(
-            "SELECT target, job_id, MIN(priority) AS priority, COUNT(*) AS pending FROM tasks "
-            "WHERE status = 'pending' GROUP BY target, job_id ORDER BY MIN(priority) NULLS FIRST, job_id, target")]
-
-    def jobs(self, limit: int, visible_to: VisibleTo = None) -> list[DashboardJob]:
-        where, params = _visible_jobs(visible_to, "")
-        jobs = self._query("SELECT id, name, kind, status, priority, created_at, started_at, finished_at, message "
-                           f"FROM jobs {where}ORDER BY id DESC LIMIT %s", [*params, limit])
-        counts = self.store.jobs.task_counts_of([j["id"] for j in jobs])
-        return [DashboardJob(**j, counts=counts.get(j["id"], {})) for j in jobs]
-
-    def job_count(self, visible_to: VisibleTo = None) -> int:
-        where, params = _visible_jobs(visible_to, "")
-        return self._count(f"SELECT COUNT(*) AS n FROM jobs {where}", params)
-
-    def pending_by_priority(self) -> dict[int, int]:
-        return {r["priority"]: r["n"] for r in self._query(
-            "SELECT priority, COUNT(*) AS n FROM tasks WHERE status = 'pending' GROUP BY priority ORDER BY priority")}
-
-    def tasks_by_status(self) -> dict[str, int]:
-        return {str(r["status"]): r["n"] for r in self._query(
-            "SELECT status, COUNT(*) AS n FROM tasks GROUP BY status ORDER BY status")}
-
-    def log_tails(self, run_ids: Sequence[int]) -> dict[int, str]:
-        if not run_ids:
-            return {}
-        return {int(row["id"]): str(row["log_tail"]) for row in self._query(
-            "SELECT id, log_tail FROM runs WHERE id = ANY(%s) AND log_tail IS NOT NULL AND log_tail != '' ORDER BY id",
-            [list(run_ids)])}
-
-    def recent_failures(self, limit: int) -> list[dict[str, Any]]:
-        return self._query(
-            "SELECT r.id AS run_id, r.job_id, r.task_id, r.attempt, r.failure_class, r.message, r.finished_at, "
-            "r.limits_memory_mb, t.target, t.model_name FROM runs r JOIN tasks t ON t.id = r.task_id "
-            "WHERE r.status = 'failed' AND r.failure_class IS NOT NULL AND r.failure_class != 'canceled' "
-            "ORDER BY r.id DESC LIMIT %s", [limit])
-
-    def drift_alerts(self, limit: int) -> list[dict[str, Any]]:
-        return self._query("SELECT * FROM calibration_drift WHERE exceeded = 1 ORDER BY id DESC LIMIT %s", [limit])
-
-    def earlier_attempts(self, job_id: int) -> dict[int, list[dict[str, Any]]]:
-        found: dict[int, list[dict[str, Any]]] = {}
-        for row in self._query("SELECT r.task_id, r.attempt, r.status, r.failure_class, r.contended FROM runs r "
-                               "JOIN tasks t ON t.id = r.task_id WHERE r.job_id = %s AND r.id != t.last_run_id "
-                               "ORDER BY r.task_id, r.attempt", [job_id]):
-            found.setdefault(int(row.pop("task_id")), []).append(row)
-        return found

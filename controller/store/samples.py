@@ -4,7 +4,10 @@ A row per sample cost 38 bytes of table and index for each 8-byte timing; packed
 8 bytes. The figures stay exact: timings and times are IEEE 754 float64, memory int64, all little-
 endian, whatever the machine. The first byte names the format, so a later one can be added:
   1  the plain arrays
-  2  the same, zlib-compressed (used only when it is smaller)
+  2  the same, zlib-compressed (telemetry only, when it is smaller; timings were compressed so before
+     2026-11-28 and still read)
+Timings are written plain without trying zlib: measured float64 timings are noise in their low bits and
+never compress (100 timings: 801 bytes either way), and trying cost most of packing's time.
 Timings: float64[n]. Telemetry: t_s float64[n], then cpu_percent float64[n], then memory_bytes
 int64[n]. A missing figure is NaN (a float) or the int64 minimum (memory); the same bytes work in
 any database (a PostgreSQL store keeps them in a bytea).
@@ -17,7 +20,7 @@ import struct
 import sys
 import zlib
 from array import array
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, cast
 
 from farm.controller.store.rows import TelemetrySample
 
@@ -67,7 +70,12 @@ def _float(value: float | None) -> float:
 
 
 def pack_iterations(values: Sequence[float | None]) -> bytes:
-    return _frame(_little_endian(array("d", (_float(v) for v in values))))
+    timings: array[float]
+    try:
+        timings = array("d", cast("Sequence[float]", values))  # a None is refused here, and mapped below
+    except TypeError:
+        timings = array("d", (_float(v) for v in values))
+    return bytes([PLAIN]) + _little_endian(timings)
 
 
 def unpack_iterations(data: bytes) -> list[float]:

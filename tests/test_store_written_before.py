@@ -1,0 +1,75 @@
+"""A store written by an earlier release reads back the same: tests/fixtures/store_v17 holds an SQLite store a
+real `farm submit` wrote (the sim driver, the process backend, two tasks) with the store code of schema 17,
+dumped as SQL text, and what `farm results 1 --format json` and the store's sample readers answered then.
+
+The store code may change how it writes (one table definition for both databases, a cheaper result path);
+whatever it does, a store already written must open in place and answer byte for byte the same, on SQLite
+and after `farm store migrate` onto PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from farm.controller.store import SQLiteStore, open_store
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "store_v17"
+
+
+def _written_before(folder: Path) -> Path:
+    db = folder / "farm.db"
+    conn = sqlite3.connect(db)
+    conn.executescript((FIXTURE / "farm.sql").read_text())
+    conn.close()
+    return db
+
+
+def _samples(location: str) -> dict[str, object]:
+    store = open_store(location)
+    try:
+        return {str(r.run_id): {"iterations": store.runs.iterations(r.run_id),
+                                "telemetry": [dataclasses.asdict(t) for t in store.runs.telemetry(r.run_id)]}
+                for r in store.runs.results(1)}
+    finally:
+        store.close()
+
+
+def test_a_store_of_schema_17_reads_back_byte_identical(farm_inprocess, tmp_path: Path) -> None:
+    db = _written_before(tmp_path)
+    shown = farm_inprocess("results", "1", "--format", "json", env={"FARM_DB": str(db)})
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == (FIXTURE / "results.json").read_text()
+    assert _samples(str(db)) == json.loads((FIXTURE / "samples.json").read_text())
+    store = SQLiteStore(db)
+    try:
+        assert len(store.jobs.tasks(1)) == 2 and store.jobs.get(1) is not None
+    finally:
+        store.close()
+    # sqlite-utils' own command line still opens it
+    tables = subprocess.run([sys.executable, "-m", "sqlite_utils", "tables", str(db), "--counts"], capture_output=True,
+                            text=True, timeout=120)
+    assert tables.returncode == 0, tables.stderr
+    counts = {t["table"]: t["count"] for t in json.loads(tables.stdout)}
+    assert counts["jobs"] == 1 and counts["tasks"] == 2 and counts["runs"] == 2, counts
+
+
+def test_the_same_store_moved_to_postgresql_reads_back_byte_identical(farm_inprocess, tmp_path: Path,
+                                                                       request: pytest.FixtureRequest) -> None:
+    from conftest import fresh_postgres_url
+
+    peer = request.getfixturevalue("postgres_peer")
+    url = fresh_postgres_url(peer, request.node.name)
+    db = _written_before(tmp_path)
+    moved = farm_inprocess("store", "migrate", "--from", str(db), "--to", url)
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    shown = farm_inprocess("results", "1", "--format", "json", env={"FARM_DB": url})
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == (FIXTURE / "results.json").read_text()
+    assert _samples(url) == json.loads((FIXTURE / "samples.json").read_text())
