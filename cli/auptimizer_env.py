@@ -445,7 +445,7 @@ class ModelName:
     fallback: Path
 
 
-def convert(env: EnvFile, model_names: list[ModelName], out_path: Path, *, keep_image: bool = False,
+def convert(env: EnvFile, model_names: list[ModelName], out_path: Path, *, keep_image: bool = False,  # noqa: C901 (carved next: issue #35 item 4)
             pip_wheels: str | None = None, host_python: bool = False) -> Conversion:
     """The job a converted env file becomes, and a note for each variable that changes meaning or is dropped."""
     source = str(env.path)

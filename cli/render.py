@@ -111,7 +111,7 @@ class ModelTable:
             yield Text(note, style="dim")
 
 
-def results_table(records: list[dict[str, Any]], title: str | None = None, *, wide: bool = False,
+def results_table(records: list[dict[str, Any]], title: str | None = None, *, wide: bool = False,  # noqa: C901 (carved next: issue #35 item 4)
                   runs: bool = False) -> ModelTable:
     """Averaged over repeats unless `runs`; readable at 100 columns unless `wide`: model names are
     never cut (other columns wrap), detail (p90, avg memory, CPU, wall time, backend, budget) is in --wide."""
