@@ -34,7 +34,6 @@ ALLOWED: dict[str, str] = {
     "farm.cli.main:build_parser": "not carved yet (issue #35 item 4)",
     "farm.cli.remote:add_remote_commands": "not carved yet (issue #35 item 4)",
     "farm.cli.remote:cmd_agent": "not carved yet (issue #35 item 4)",
-    "farm.cli.render:results_table": "not carved yet (issue #35 item 4)",
     "farm.models.quantize:quantize": "not carved yet (issue #35 item 4)",
     "farm.web.svg:render": "not carved yet (issue #35 item 4)",
 }
