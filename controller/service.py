@@ -35,6 +35,7 @@ from farm.proto.questions import (
     RetryAnswer, RetryAsk, RunRecord, SetDeviceHealthAnswer, SetDeviceHealthAsk,
 )
 from farm.proto.questions import MAX_LIST as MAX_LIST
+from farm.proto.questions import Question
 from farm.proto.results import UNENFORCED_BUDGET
 from farm.proto.spec import JobSpec, Matrix, ModelEntry, SimBudget, Workload, job_file_text
 
@@ -191,6 +192,44 @@ def _need_job(scope: Scope, job: int) -> None:
     scope.readable_job(job, ServiceError)  # as a question about a job that does not exist: no more is said
 
 
+def _owned_job(scope: Scope, job_id: int, verb: str) -> None:
+    """Changing a job: reading may be shared, changing never is (its owner, its owner's team, an admin)."""
+    row = scope.readable_job(job_id)
+    if not scope.viewer.owns(row):
+        whose = (f"belongs to another token{' (team ' + row['team'] + ')' if row['team'] else ''}; only its owner, "
+                 f"its owner's team or an admin may {verb} it") if row["submitted_by"] else (
+            f"is the lab's own (an admin's, the nightly's, or from before jobs had owners); only an admin may {verb} it")
+        raise NotAllowed(f"job {job_id} {whose}")
+
+
+# --- the table's rules, checked before any question's own function runs ------------------------------
+def _read(scope: Scope, job_id: int, question: Question[Any, Any]) -> None:
+    scope.readable_job(job_id)
+
+
+# What each of the table's job-access rules (farm.proto.questions.ACCESS_RULES) checks on one job the request names;
+# "none" and "admin" check no job ("admin": the role check is the rule, an admin reads every job).
+_ACCESS: dict[str, Callable[[Scope, int, Question[Any, Any]], None]] = {
+    "read": _read,
+    "read-args": lambda scope, job_id, question: _need_job(scope, job_id),
+    "own": lambda scope, job_id, question: _owned_job(scope, job_id, question.service),
+}
+
+
+def answer(question: Question[Any, Any], scope: Scope, ask: Any) -> Any:
+    """A question of farm.proto.questions' table answered: who may ask it and its job-access rule are checked
+    here, from the table line, for every job the request names; then its service function answers. The
+    embedded client and the gRPC servicer both ask through this, so no question can forget a rule."""
+    if question.role == "admin" and not scope.viewer.sees_all:
+        raise NotAllowed(f"{question.rpc} is an admin's question: ask it with an admin token")
+    check = _ACCESS.get(question.access or "")
+    if check is not None:
+        for job_id in ask.job_ids():
+            check(scope, job_id, question)
+    function: Callable[[Scope, Any], Any] = globals()[question.service]
+    return function(scope, ask)
+
+
 # --- jobs --------------------------------------------------------------------------------------
 def job_info(controller: Controller, job_id: int) -> JobInfo | None:
     """A job and its progress as `farm status --json` shows it, or None."""
@@ -225,24 +264,14 @@ def jobs(scope: Scope, ask: JobsAsk) -> JobsAnswer:
 
 
 def cancel(scope: Scope, ask: JobAsk) -> CancelAnswer:
-    """`farm cancel`: reading may be shared; cancelling never is (its owner, its owner's team, an admin)."""
-    row = scope.readable_job(ask.job_id)
-    if not scope.viewer.owns(row):
-        whose = (f"belongs to another token{' (team ' + row['team'] + ')' if row['team'] else ''}; only its owner, "
-                 "its owner's team or an admin may cancel it") if row["submitted_by"] else (
-            "is the lab's own (an admin's, the nightly's, or from before jobs had owners); only an admin may cancel it")
-        raise NotAllowed(f"job {ask.job_id} {whose}")
+    """`farm cancel`: reading may be shared; cancelling never is (the table's `own` rule, checked by answer())."""
     canceled = (scope.cancel or scope.controller.cancel_job)(ask.job_id)
     return CancelAnswer(job_id=ask.job_id, canceled_tasks=canceled)
 
 
 def retry(scope: Scope, ask: RetryAsk) -> RetryAnswer:
     """`farm retry JOB --failed` (and `farm resume` of a controller's job): a finished job's failed or lost
-    tasks run again as new attempts; changing a job is its owner's, as cancelling is."""
-    row = scope.readable_job(ask.job_id)
-    if not scope.viewer.owns(row):
-        raise NotAllowed(f"job {ask.job_id} is not this token's or its team's; only its owner, its owner's team or "
-                         "an admin may retry it")
+    tasks run again as new attempts; changing a job is its owner's, as cancelling is (the `own` rule)."""
     statuses = ask.statuses()
     if not statuses:
         raise ServiceError("say which tasks to run again: --failed (failed runs, lost ones among them) and/or "
@@ -258,7 +287,6 @@ def results(scope: Scope, ask: JobAsk) -> ResultsAnswer:
     """`farm results --format json`: a record per task; with `ops`, each run's op profile too."""
     from farm.controller.analysis.results import run_records
 
-    scope.readable_job(ask.job_id)
     return ResultsAnswer(records=[RunRecord.model_validate(r) for r in run_records(scope.store, ask.job_id, ops=ask.ops)])
 
 
@@ -290,7 +318,6 @@ def calibrate(scope: Scope, ask: CalibrateAsk) -> CalibrateAnswer:
     refused: list[str] = []
     try:
         if job:
-            _need_job(scope, job)
             devices = [device] if device else job_devices(store, job)
             if not devices:
                 raise ServiceError(f"job {job} ran on no device, only in the sim: nothing to pair")
@@ -305,8 +332,6 @@ def calibrate(scope: Scope, ask: CalibrateAsk) -> CalibrateAnswer:
         else:
             assert sim_job is not None and device_job is not None and device is not None  # checked above
             sim_side, device_side = sim_job, device_job
-            _need_job(scope, sim_side)
-            _need_job(scope, device_side)
             groups = [(device, lambda metric: pair_jobs(store, sim_side, device_side, metric,
                                                         include_contended=include_contended),
                        calibration_source(store, sim_side, device_side))]
@@ -358,8 +383,6 @@ def rank(scope: Scope, ask: RankAsk) -> RankAnswer:
         raise ServiceError(f"rank at most {MAX_LIST} device jobs and {MAX_LIST} devices at once")
     for d in ask.devices:
         check_name("--device", d)
-    for j in ask.job_ids():
-        _need_job(scope, j)
     try:
         return RankAnswer.model_validate(rank_job(scope.store, ask.job, ask.metric, device_jobs=ask.device_jobs,
                                                   devices=ask.devices, include_contended=ask.include_contended))
@@ -374,7 +397,6 @@ def report(scope: Scope, ask: ReportAsk) -> ReportAnswer:
     """The report's files, rendered here — the HTML page first — and its warnings."""
     from farm.controller.analysis.report import ReportError, build_report
 
-    _need_job(scope, ask.job)
     try:
         page, figures, warnings = build_report(scope.store, ask.job)
     except ReportError as e:
@@ -597,8 +619,6 @@ def predict_uploaded(scope: Scope, ask: PredictUploadedAsk) -> PredictAnswer:
     (its agents run it like any job; the client watches it, then asks again)."""
     if scope.artifact is None or scope.submit is None:
         raise ServiceError("an uploaded model is predicted by a controller; embedded, `farm predict MODEL` reads the file")
-    for job_id in ask.measured_jobs:
-        _need_job(scope, job_id)
     model = scope.artifact(ask.model_sha256)
     if model is None:
         raise ServiceError(f"no uploaded model with sha256 {ask.model_sha256!r} on this controller; `farm predict` "
