@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from farm.proto.names import BACKEND_CHOICES
 from farm.client.errors import EXIT_ENVIRONMENT, EXIT_OK, FarmError
 from farm.client.config import DEFAULT_PORT, Credentials, address_of, checked_addresses, read_config, setting
 from farm.proto.task_limits import DEFAULT_MAX_TASKS
@@ -431,7 +432,7 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     a.add_argument("--sim-slots", type=int, default=1, help="sim runs at once, each on its own cores (default 1)")
     a.add_argument("--devices", default=None, help="the lab's device list (YAML) this agent drives; default $FARM_DEVICES")
     a.add_argument("--tag", action="append", help="a tag for this agent's sim device (repeatable)")
-    a.add_argument("--backend", choices=["auto", "cgroup", "docker", "process"], default=None,
+    a.add_argument("--backend", choices=BACKEND_CHOICES, default=None,
                    help="override sim.backend of the tasks")
     a.add_argument("--work-dir", default=None, help="run directories and the artifact cache")
     a.add_argument("--allow-build-network", action="store_true",
