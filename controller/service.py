@@ -32,7 +32,7 @@ from farm.proto.questions import (
     CalibrationVersion, CancelAnswer, DeviceHealth, DeviceHealthAnswer, DeviceInfo, DevicesAnswer, DriftAnswer,
     DriftAsk, DriftRecord, FinishRefreshAsk, ForgetDeviceAnswer, ForgetDeviceAsk, JobAsk, JobInfo, JobsAnswer, JobsAsk,
     NoAsk, PredictAnswer, Prediction, PredictUploadedAsk, RankAnswer, RankAsk, RefreshAnswer, ReportAnswer, ReportAsk, ReportFile, ResultsAnswer,
-    RetryAnswer, RetryAsk, RunRecord, SetDeviceHealthAnswer, SetDeviceHealthAsk,
+    RetryAnswer, RetryAsk, RunRecord, SetDeviceHealthAnswer, SetDeviceHealthAsk, SuggestAnswer, SuggestAsk,
 )
 from farm.proto.questions import MAX_LIST as MAX_LIST
 from farm.proto.questions import Question
@@ -404,6 +404,23 @@ def report(scope: Scope, ask: ReportAsk) -> ReportAnswer:
     files = ([ReportFile(name=REPORT_HTML, data=page.encode())] if ask.html else []) + \
         ([ReportFile(name=f.name, data=f.png) for f in figures] if ask.png else [])
     return ReportAnswer(files=files, warnings=warnings)
+
+
+def suggest(scope: Scope, ask: SuggestAsk) -> SuggestAnswer:
+    """`farm calibrate --suggest K --device D`: the models (of the jobs this caller may read) to measure on D next,
+    and the workload their first one's sim job ran, so the client writes a job file that measures them alike."""
+    from farm.controller.analysis.calibrations import CalibrationError
+    from farm.controller.analysis.suggestions import suggest_for_device
+
+    try:  # the device may be one no calibration names yet: its name is shown escaped, never refused
+        answer = suggest_for_device(scope.store, ask.device, ask.count, metric=ask.metric, threads=ask.threads,
+                                    include_contended=ask.include_contended,
+                                    visible_to=scope.viewer.visible(scope.sharing))
+    except (CalibrationError, ValueError) as e:
+        raise ServiceError(str(e)) from None
+    first = scope.store.jobs.get(answer["suggested"][0]["job"]) if answer["suggested"] else None
+    workload = json.loads(first["spec_json"]).get("workload") if first else None
+    return SuggestAnswer.model_validate({**answer, "workload": workload})
 
 
 def drift(scope: Scope, ask: DriftAsk) -> DriftAnswer:

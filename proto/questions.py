@@ -3,7 +3,8 @@
 `QUESTIONS` is the table: the gRPC method, the `farm.controller.service` function that answers, the
 request and the answer. The controller's FarmServicer and the remote client are built from it (with
 farm.proto.wire's model <-> message mapping); the embedded client calls the same service function.
-Adding a question: a service function, two models here, one `Question(...)` line, one CLI command
+Adding a question: a service function, two models here, one `Question(...)` line (its `access` rule and `role`:
+the table refuses a line without a rule; farm.controller.service.answer checks both first), one CLI command
 (docs/architecture.md walks one through).
 
 Answers are pydantic models, never `dict[str, Any]`: the parts a farm does not interpret (a model's
@@ -688,6 +689,35 @@ class DriftAnswer(Model):
     drift: list[DriftRecord]
 
 
+class SuggestAsk(Ask):
+    """`farm calibrate --suggest K --device D`: the K models measured in the sim to measure on D next."""
+    device: Name
+    count: int = Field(le=100_000)  # 1 or more: the service says so, naming how many candidates there are
+    metric: Annotated[Metric, BeforeValidator(lambda v: v or "latency")] = "latency"
+    threads: OptionalId = None
+    include_contended: bool = False
+
+
+class SuggestedModel(Model):
+    model: str
+    sim: float
+    sha256: str
+    family: str | None
+    path: str | None
+    job: int  # the sim job the model's run came from
+
+
+class SuggestAnswer(Model):
+    device: str
+    metric: str
+    threads: int
+    measured: int
+    candidates: int
+    features: list[str]
+    suggested: list[SuggestedModel]
+    workload: JsonValue = None  # the first suggestion's sim job's workload: a job file measures them as it did
+
+
 class DriftCheck(Model):
     """The drift one refresh measured (what `farm refresh --json` lists)."""
 
@@ -808,6 +838,8 @@ LIST_CALIBRATIONS = Question("ListCalibrations", "calibrations", CalibrationsAsk
 RANK = Question("Rank", "rank", RankAsk, RankAnswer, access="read-args")
 REPORT = Question("Report", "report", ReportAsk, ReportAnswer, timeout_s=300, access="read-args")
 DRIFT = Question("Drift", "drift", DriftAsk, DriftAnswer, access="none")
+# reads only the jobs the caller may read (the listing's filter), like ListJobs
+SUGGEST = Question("Suggest", "suggest", SuggestAsk, SuggestAnswer, access="none")
 PREDICT = Question("Predict", "predict_uploaded", PredictUploadedAsk, PredictAnswer, access="read-args")
 FINISH_REFRESH = Question("FinishRefresh", "finish_refresh", FinishRefreshAsk, RefreshAnswer, timeout_s=600,
                           access="admin", role="admin")
@@ -817,5 +849,5 @@ FINISH_REFRESH = Question("FinishRefresh", "finish_refresh", FinishRefreshAsk, R
 # Predict is here for a controller; embedded, the client runs the measuring job itself between two asks.
 QUESTIONS: tuple[Question[Any, Any], ...] = (
     GET_JOB, LIST_JOBS, CANCEL_JOB, RETRY_JOB, GET_RESULTS, LIST_DEVICES, LIST_AGENTS, DEVICE_HEALTH, SET_DEVICE_HEALTH,
-    FORGET_DEVICE, CALIBRATE, LIST_CALIBRATIONS, RANK, REPORT, DRIFT, PREDICT, FINISH_REFRESH,
+    FORGET_DEVICE, CALIBRATE, LIST_CALIBRATIONS, RANK, REPORT, DRIFT, PREDICT, FINISH_REFRESH, SUGGEST,
 )

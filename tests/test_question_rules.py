@@ -82,3 +82,24 @@ def test_the_table_rule_is_checked_before_the_question_runs(tmp_path: Path, tiny
         assert service.answer(questions.CANCEL_JOB, teammate, questions.JobAsk(job_id=vision)).job_id == vision
     finally:
         store.close()
+
+
+def test_suggest_is_a_table_question_a_controller_answers(tmp_path: Path) -> None:
+    # `farm calibrate --suggest K --device D` against a controller: asked over the wire, answered by its store
+    # (before, a remote farm refused it: it reached into the embedded farm's store)
+    from farm.client.api import FarmError
+    from farm.client.config import Credentials
+    from farm.client.remote import RemoteFarm
+    from farm.controller.grpc_server import serve
+    from farm.controller.store import SQLiteStore
+
+    assert questions.SUGGEST in QUESTIONS
+    running = serve(SQLiteStore(tmp_path / "farm.db"), "127.0.0.1:0", tokens=None)
+    try:
+        with RemoteFarm(f"127.0.0.1:{running.port}", Credentials(token=None)) as farm:
+            with pytest.raises(FarmError, match="no candidate for half-cpu: no model has a completed sim run"):
+                farm._ask(questions.SUGGEST, device="half-cpu", count=1)
+            with pytest.raises(FarmError, match="^count: Input should be less than or equal to 100000"):
+                farm._ask(questions.SUGGEST, device="half-cpu", count=10**6)  # refused before it is sent
+    finally:
+        running.stop()
