@@ -32,7 +32,6 @@ ALLOWED: dict[str, str] = {
     "farm.agents.sim.driver:SimDriver._run_sandboxed": "not carved yet (issue #35 item 4)",
     "farm.cli.main:build_parser": "not carved yet (issue #35 item 4)",
     "farm.cli.remote:add_remote_commands": "not carved yet (issue #35 item 4)",
-    "farm.cli.remote:cmd_agent": "not carved yet (issue #35 item 4)",
     "farm.models.quantize:quantize": "not carved yet (issue #35 item 4)",
     "farm.web.svg:render": "not carved yet (issue #35 item 4)",
 }
