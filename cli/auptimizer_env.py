@@ -445,70 +445,105 @@ class ModelName:
     fallback: Path
 
 
-def convert(env: EnvFile, model_names: list[ModelName], out_path: Path, *, keep_image: bool = False,
-            pip_wheels: str | None = None, host_python: bool = False) -> Conversion:
-    """The job a converted env file becomes, and a note for each variable that changes meaning or is dropped."""
-    source = str(env.path)
-    notes = list(env.notes)
-    out_dir = out_path.parent
-    env_dir = env.path.parent.resolve()
-    for name in list(env.values):
-        if name in ALIASES:
-            canonical = ALIASES[name]
-            if canonical in env.values:
-                notes.append(Problem(source, env.values[name].line, name, f"not carried: {canonical} is set too and wins."))
-            else:
-                env.values[canonical] = env.values[name]
-                notes.append(Problem(source, env.values[name].line, name, f"read as {canonical} (Auptimizer's code "
-                                     f"read {name}, its documentation says {canonical})."))
-        elif name not in KNOWN:
-            notes.append(Problem(source, env.values[name].line, name, "not an Auptimizer profiler variable; ignored."))
+@dataclass
+class _Reading:
+    """One env file being converted: its variables, the notes gathered so far, and how a variable's error reads."""
 
-    def value(name: str) -> str | None:
-        item = env.values.get(name)
+    env: EnvFile
+    notes: list[Problem]
+
+    @property
+    def source(self) -> str:
+        return str(self.env.path)
+
+    @property
+    def env_dir(self) -> Path:
+        return self.env.path.parent.resolve()
+
+    def value(self, name: str) -> str | None:
+        item = self.env.values.get(name)
         return item.value if item is not None and item.value.strip() else None
 
-    def fail(name: str, message: str) -> EnvFileError:
-        item = env.values.get(name)
-        return EnvFileError([Problem(source, item.line if item else None, name, message)])
+    def line(self, name: str) -> int | None:
+        return self.env.values[name].line
 
-    # DIR: the folder that goes into the container (the profiler's `COPY $DIR .`), relative to the env
-    # file's folder, where the profiler ran and built from. Nothing outside that folder is sent or read.
-    if value("DIR"):
-        written = value("DIR") or ""
-        if written.startswith("~"):
-            raise fail("DIR", f"{written!r} is your home folder (or another user's), outside the env file's folder "
-                              f"{env_dir}; farm sends only files under it. Point DIR at the script's folder inside it.")
-        script_dir = (env_dir / written).resolve()
-        if not script_dir.is_relative_to(env_dir):
-            raise fail("DIR", f"{written!r} is {script_dir}, outside the env file's folder {env_dir}; farm sends only "
-                              "files under it. Move the env file up, or the scripts into its folder.")
-        if not script_dir.is_dir():
-            raise fail("DIR", f"{written!r} is not a folder (looked for {script_dir}).")
-    else:
-        script_dir = env_dir
-        notes.append(Problem(source, None, "DIR", f"not set: the env file's folder {env_dir} is the script's folder."))
-    models = _resolve_models(model_names, script_dir, notes)
-    script = value("SCRIPT")
+    def note(self, line: int | None, name: str, message: str) -> None:
+        self.notes.append(Problem(self.source, line, name, message))
+
+    def fail(self, name: str, message: str) -> EnvFileError:
+        item = self.env.values.get(name)
+        return EnvFileError([Problem(self.source, item.line if item else None, name, message)])
+
+
+def _read_aliases(r: _Reading) -> None:
+    """The variables' other spellings become their documented names; a name Auptimizer never read is noted."""
+    values = r.env.values
+    for name in list(values):
+        if name in ALIASES:
+            canonical = ALIASES[name]
+            if canonical in values:
+                r.note(values[name].line, name, f"not carried: {canonical} is set too and wins.")
+            else:
+                values[canonical] = values[name]
+                r.note(values[name].line, name, f"read as {canonical} (Auptimizer's code read {name}, its "
+                                                f"documentation says {canonical}).")
+        elif name not in KNOWN:
+            r.note(values[name].line, name, "not an Auptimizer profiler variable; ignored.")
+
+
+def _script_dir(r: _Reading) -> Path:
+    """DIR: the folder that goes into the container (the profiler's `COPY $DIR .`), relative to the env
+    file's folder, where the profiler ran and built from. Nothing outside that folder is sent or read."""
+    env_dir = r.env_dir
+    written = r.value("DIR")
+    if not written:
+        r.note(None, "DIR", f"not set: the env file's folder {env_dir} is the script's folder.")
+        return env_dir
+    if written.startswith("~"):
+        raise r.fail("DIR", f"{written!r} is your home folder (or another user's), outside the env file's folder "
+                            f"{env_dir}; farm sends only files under it. Point DIR at the script's folder inside it.")
+    script_dir = (env_dir / written).resolve()
+    if not script_dir.is_relative_to(env_dir):
+        raise r.fail("DIR", f"{written!r} is {script_dir}, outside the env file's folder {env_dir}; farm sends only "
+                            "files under it. Move the env file up, or the scripts into its folder.")
+    if not script_dir.is_dir():
+        raise r.fail("DIR", f"{written!r} is not a folder (looked for {script_dir}).")
+    return script_dir
+
+
+def _checked_script(r: _Reading, script_dir: Path) -> str | None:
+    """SCRIPT: a file inside DIR, or not set."""
+    script = r.value("SCRIPT")
     if script is not None:
         script_path = (script_dir / script).resolve()
         if not script_path.is_relative_to(script_dir):
-            raise fail("SCRIPT", f"{script!r} is outside DIR ({script_dir}); farm sends DIR only.")
+            raise r.fail("SCRIPT", f"{script!r} is outside DIR ({script_dir}); farm sends DIR only.")
         if not script_path.is_file():
-            raise fail("SCRIPT", f"{script!r} is not a file in DIR (looked for {script_path}).")
-    command_text = value("COMMAND")
+            raise r.fail("SCRIPT", f"{script!r} is not a file in DIR (looked for {script_path}).")
+    return script
+
+
+def _command_tokens(r: _Reading, script: str | None) -> list[str]:
+    """COMMAND split as a shell would; without it, the interpreter SCRIPT's suffix asks for."""
+    command_text = r.value("COMMAND")
     if command_text is None:
         if script is None:
-            raise fail("COMMAND", "neither COMMAND nor SCRIPT is set: there is nothing to run.")
+            raise r.fail("COMMAND", "neither COMMAND nor SCRIPT is set: there is nothing to run.")
         guess = "bash" if script.endswith(".sh") else "python"
-        notes.append(Problem(source, None, "COMMAND", f"not set: {guess} runs {script}."))
+        r.note(None, "COMMAND", f"not set: {guess} runs {script}.")
         command_text = guess
     try:
         tokens = shlex.split(command_text)
     except ValueError as e:
-        raise fail("COMMAND", f"cannot split the command line: {e}.") from None
+        raise r.fail("COMMAND", f"cannot split the command line: {e}.") from None
     if not tokens:
-        raise fail("COMMAND", "is empty.")
+        raise r.fail("COMMAND", "is empty.")
+    return tokens
+
+
+def _workload(r: _Reading, script: str | None, script_dir: Path, models: list[Path], out_dir: Path) -> dict[str, Any]:
+    """The job's script workload: COMMAND's program, SCRIPT where the command names it, and the model last."""
+    tokens = _command_tokens(r, script)
     workload: dict[str, Any] = {"type": "script", "command": tokens[0]}
     rest = [_literal_braces(t) for t in tokens[1:]]
     if script is not None and tokens[1:2] == [script]:
@@ -521,128 +556,179 @@ def convert(env: EnvFile, model_names: list[ModelName], out_path: Path, *, keep_
         args = rest + ([_literal_braces(script)] if script else [])
     if models:
         args.append("{model}")
-        notes.append(Problem(source, None, "COMMAND", "each model file is passed as the command's last argument "
-                                                      "({model}), one run per model."))
+        r.note(None, "COMMAND", "each model file is passed as the command's last argument ({model}), one run per "
+                                "model.")
     workload["args"] = args
     workload["dir"] = _relative(script_dir, out_dir)
+    return workload
 
+
+def _sim_limits(r: _Reading, workload: dict[str, Any]) -> dict[str, Any]:
+    """DOCKCPUS, DOCKMEMORY and DOCK_ARGS: the docker backend's CPU and memory budget."""
     sim: dict[str, Any] = {"backend": "docker"}
-    if value("DOCKCPUS"):
+    if r.value("DOCKCPUS"):
         try:
-            cpus = float(value("DOCKCPUS") or "")
+            cpus = float(r.value("DOCKCPUS") or "")
         except ValueError:
-            raise fail("DOCKCPUS", f"{value('DOCKCPUS')!r} is not a number of CPUs (like 1 or 0.5).") from None
+            raise r.fail("DOCKCPUS", f"{r.value('DOCKCPUS')!r} is not a number of CPUs (like 1 or 0.5).") from None
         if not 0 < cpus < 4096:
-            raise fail("DOCKCPUS", f"{value('DOCKCPUS')!r} must be above 0.")
+            raise r.fail("DOCKCPUS", f"{r.value('DOCKCPUS')!r} must be above 0.")
         sim["cpus"] = cpus
-    if value("DOCKMEMORY"):
+    if r.value("DOCKMEMORY"):
         try:
-            parse_memory(_memory(value("DOCKMEMORY") or ""))
+            parse_memory(_memory(r.value("DOCKMEMORY") or ""))
         except ValueError as e:
-            raise fail("DOCKMEMORY", str(e)) from None
-        sim["memory"] = _memory(value("DOCKMEMORY") or "")
-    if value("DOCK_ARGS"):
-        _from_dropped_mount(env, workload, _dock_args(env, sim, notes), notes)
+            raise r.fail("DOCKMEMORY", str(e)) from None
+        sim["memory"] = _memory(r.value("DOCKMEMORY") or "")
+    if r.value("DOCK_ARGS"):
+        _from_dropped_mount(r.env, workload, _dock_args(r.env, sim, r.notes), r.notes)
         if "memory" in sim:
             try:
                 parse_memory(_memory(str(sim["memory"])))
             except ValueError as e:
-                raise fail("DOCK_ARGS", f"--memory: {e}") from None
+                raise r.fail("DOCK_ARGS", f"--memory: {e}") from None
             sim["memory"] = _memory(str(sim["memory"]))
         if "cpus" in sim:
             try:
                 sim["cpus"] = float(sim["cpus"])
             except ValueError:
-                raise fail("DOCK_ARGS", f"--cpus {sim['cpus']!r} is not a number.") from None
+                raise r.fail("DOCK_ARGS", f"--cpus {sim['cpus']!r} is not a number.") from None
+    return sim
 
+
+def _docfile_build(r: _Reading, dockerfile: Path, script: str | None, script_dir: Path, workload: dict[str, Any],
+                   out_dir: Path) -> dict[str, Any]:
+    """DOCFILE: its Dockerfile builds the image; the other build variables are not carried."""
+    env_dir = r.env_dir
+    if not dockerfile.is_relative_to(script_dir):
+        # The profiler built from the env file's folder (`docker build -f $DOCFILE .`): that folder is the
+        # context, so workload.dir becomes it and the script is named from there.
+        inner = script_dir.relative_to(env_dir).as_posix()
+        if "script" in workload:
+            workload["script"] = f"{inner}/{workload['script']}"
+        workload["args"] = [f"{inner}/{a}" if script is not None and a == _literal_braces(script) else a
+                            for a in workload["args"]]
+        workload["dir"] = _relative(env_dir, out_dir)
+        r.note(r.line("DOCFILE"), "DOCFILE", f"{dockerfile.name} is beside the env file, outside DIR: the env file's "
+                                             "folder is the build context, as the profiler's `docker build .` had it, "
+                                             f"and the script runs from there as {inner}/{script}.")
+        context = env_dir
+    else:
+        context = script_dir
+    for name in ("IMAGEREPO", "APTREQUIREMENTS", "PIPREQUIREMENTS", "PRERUN"):
+        if r.value(name):
+            r.note(r.line(name), name, "not carried: DOCFILE is set, and its Dockerfile builds the image (write this "
+                                       "step there).")
+    return {"dockerfile": dockerfile.relative_to(context).as_posix()}
+
+
+def _steps_build(r: _Reading, script_dir: Path, pip_wheels: str | None) -> dict[str, Any]:
+    """APTREQUIREMENTS, PIPREQUIREMENTS and PRERUN: the build steps farm runs itself."""
     build: dict[str, Any] = {}
-    search = [script_dir, env_dir]
-    dockerfile = _given_dockerfile(env, env_dir, source, notes)
-    if dockerfile is not None:
-        if not dockerfile.is_relative_to(script_dir):
-            # The profiler built from the env file's folder (`docker build -f $DOCFILE .`): that folder is the
-            # context, so workload.dir becomes it and the script is named from there.
-            inner = script_dir.relative_to(env_dir).as_posix()
-            if "script" in workload:
-                workload["script"] = f"{inner}/{workload['script']}"
-            workload["args"] = [f"{inner}/{a}" if script is not None and a == _literal_braces(script) else a
-                                for a in workload["args"]]
-            workload["dir"] = _relative(env_dir, out_dir)
-            notes.append(Problem(source, env.values["DOCFILE"].line, "DOCFILE", f"{dockerfile.name} is beside the env "
-                                 "file, outside DIR: the env file's folder is the build context, as the profiler's "
-                                 f"`docker build .` had it, and the script runs from there as {inner}/{script}."))
-            context = env_dir
-        else:
-            context = script_dir
-        build["dockerfile"] = dockerfile.relative_to(context).as_posix()
-        for name in ("IMAGEREPO", "APTREQUIREMENTS", "PIPREQUIREMENTS", "PRERUN"):
-            if value(name):
-                notes.append(Problem(source, env.values[name].line, name, "not carried: DOCFILE is set, and its "
-                                     "Dockerfile builds the image (write this step there)."))
-    else:
-        if value("APTREQUIREMENTS"):
-            build["apt"], more = _package_list(env, "APTREQUIREMENTS", search, env_dir)
-            notes += more
-            notes.append(Problem(source, env.values["APTREQUIREMENTS"].line, "APTREQUIREMENTS",
-                                 "packages are unpacked into /opt/farm-build/apt (the run's /usr is the agent's own); "
-                                 "list the libraries they depend on too, and the agent needs the network to fetch them."))
-        if value("PIPREQUIREMENTS"):
-            build["pip"], more = _package_list(env, "PIPREQUIREMENTS", search, env_dir)
-            notes += more
-            if pip_wheels is not None:
-                wheels = (script_dir / pip_wheels).resolve()
-                if not wheels.is_dir() or not wheels.is_relative_to(script_dir):
-                    raise fail("PIPREQUIREMENTS", f"--pip-wheels {pip_wheels!r} is not a folder inside DIR ({script_dir}).")
-                build["pip_wheels"] = wheels.relative_to(script_dir).as_posix()
-        if value("PRERUN"):
-            build["run"] = [value("PRERUN")]
-            notes.append(Problem(source, env.values["PRERUN"].line, "PRERUN", "runs once when the image is built, "
-                                 "in DIR, not before every run; what it writes outside /usr is in the image."))
-        if value("IMAGEREPO"):
-            line = env.values["IMAGEREPO"].line
-            if "apt" not in build and not keep_image and not host_python and _IMAGE_RE.fullmatch(value("IMAGEREPO") or ""):
-                sim["image"] = value("IMAGEREPO")
-                steps = (" PIPREQUIREMENTS and PRERUN run in it, at build time, into a venv of the image's own "
-                         "Python (as the profiler's `RUN pip install` did, without the PEP 668 refusal)."
-                         if build else "")
-                notes.append(Problem(source, line, "IMAGEREPO", "becomes sim.image: the script runs with the image's "
-                                     "own Python and packages; it must be on the agent's Docker engine (farm never "
-                                     f"pulls).{steps}"))
-            elif keep_image:
-                build["base"] = value("IMAGEREPO")
-                notes.append(Problem(source, line, "IMAGEREPO", "the build starts from it; it must be on the agent's "
-                                     "Docker engine (farm never pulls), and its /usr is covered by the agent's own."))
-            else:
-                why = "--host-python" if host_python else "with APTREQUIREMENTS"
-                notes.append(Problem(source, line, "IMAGEREPO", f"not carried ({why}): farm builds the steps on its "
-                                     "own base and runs the script with the agent's own Python (its /usr, mounted "
-                                     "read-only), so the image's would be hidden (--keep-image starts the build from "
-                                     "it anyway; otherwise IMAGEREPO runs as sim.image)."))
-    if build:
-        try:  # checked here, so a bad package names its variable and line, not the job file's
-            SimBuild.model_validate(build)
-        except ValidationError as e:
-            first = e.errors(include_url=False)[0]
-            variable = {"apt": "APTREQUIREMENTS", "pip": "PIPREQUIREMENTS", "run": "PRERUN"}.get(
-                str(first["loc"][0]) if first["loc"] else "", "DOCFILE")
-            raise fail(variable, str(first["msg"]).removeprefix("Value error, ")) from None
-        sim["build"] = build
-    if value("SAMPLETIME"):
-        notes.append(Problem(source, env.values["SAMPLETIME"].line, "SAMPLETIME", f"not carried: farm samples every "
-                             f"50 ms and reads the kernel's own peak; sampling every {value('SAMPLETIME')} s would only "
-                             "miss short peaks (sim.sample_interval_ms changes it)."))
-    if value("OUTPUTFILE"):
-        notes.append(Problem(source, env.values["OUTPUTFILE"].line, "OUTPUTFILE", "not carried: results go to farm's "
-                             f"store; `farm results JOB --format csv > {value('OUTPUTFILE')}` writes them out."))
+    search, env_dir = [script_dir, r.env_dir], r.env_dir
+    if r.value("APTREQUIREMENTS"):
+        build["apt"], more = _package_list(r.env, "APTREQUIREMENTS", search, env_dir)
+        r.notes += more
+        r.note(r.line("APTREQUIREMENTS"), "APTREQUIREMENTS", "packages are unpacked into /opt/farm-build/apt (the "
+               "run's /usr is the agent's own); list the libraries they depend on too, and the agent needs the "
+               "network to fetch them.")
+    if r.value("PIPREQUIREMENTS"):
+        build["pip"], more = _package_list(r.env, "PIPREQUIREMENTS", search, env_dir)
+        r.notes += more
+        if pip_wheels is not None:
+            wheels = (script_dir / pip_wheels).resolve()
+            if not wheels.is_dir() or not wheels.is_relative_to(script_dir):
+                raise r.fail("PIPREQUIREMENTS", f"--pip-wheels {pip_wheels!r} is not a folder inside DIR ({script_dir}).")
+            build["pip_wheels"] = wheels.relative_to(script_dir).as_posix()
+    if r.value("PRERUN"):
+        build["run"] = [r.value("PRERUN")]
+        r.note(r.line("PRERUN"), "PRERUN", "runs once when the image is built, in DIR, not before every run; what it "
+                                           "writes outside /usr is in the image.")
+    return build
 
-    if models:
-        model_paths = [_relative(m, out_dir) for m in models]
-    elif script is not None:
-        model_paths = [_relative(script_dir / script, out_dir)]
-        notes.append(Problem(source, None, "models", f"no -m or -f: the script {script} stands as the job's one model "
-                                                     "(farm runs a workload once per model file)."))
+
+def _image(r: _Reading, sim: dict[str, Any], build: dict[str, Any], *, keep_image: bool, host_python: bool) -> None:
+    """IMAGEREPO: the run's image (sim.image), the build's base (--keep-image), or not carried."""
+    image = r.value("IMAGEREPO")
+    if not image:
+        return
+    line = r.line("IMAGEREPO")
+    if "apt" not in build and not keep_image and not host_python and _IMAGE_RE.fullmatch(image):
+        sim["image"] = image
+        steps = (" PIPREQUIREMENTS and PRERUN run in it, at build time, into a venv of the image's own "
+                 "Python (as the profiler's `RUN pip install` did, without the PEP 668 refusal)."
+                 if build else "")
+        r.note(line, "IMAGEREPO", "becomes sim.image: the script runs with the image's own Python and packages; it "
+                                  f"must be on the agent's Docker engine (farm never pulls).{steps}")
+    elif keep_image:
+        build["base"] = image
+        r.note(line, "IMAGEREPO", "the build starts from it; it must be on the agent's Docker engine (farm never "
+                                  "pulls), and its /usr is covered by the agent's own.")
     else:
-        raise EnvFileError([Problem(source, None, "models", "no -m or -f and no SCRIPT: the job needs a model file "
-                                                            "to run for; give -m a.tflite,b.tflite.")])
+        why = "--host-python" if host_python else "with APTREQUIREMENTS"
+        r.note(line, "IMAGEREPO", f"not carried ({why}): farm builds the steps on its own base and runs the script "
+                                  "with the agent's own Python (its /usr, mounted read-only), so the image's would be "
+                                  "hidden (--keep-image starts the build from it anyway; otherwise IMAGEREPO runs as "
+                                  "sim.image).")
+
+
+def _checked_build(r: _Reading, build: dict[str, Any]) -> None:
+    """Checked here, so a bad package names its variable and line, not the job file's."""
+    try:
+        SimBuild.model_validate(build)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        variable = {"apt": "APTREQUIREMENTS", "pip": "PIPREQUIREMENTS", "run": "PRERUN"}.get(
+            str(first["loc"][0]) if first["loc"] else "", "DOCFILE")
+        raise r.fail(variable, str(first["msg"]).removeprefix("Value error, ")) from None
+
+
+def _not_carried(r: _Reading) -> None:
+    """SAMPLETIME and OUTPUTFILE: what farm does instead."""
+    if r.value("SAMPLETIME"):
+        r.note(r.line("SAMPLETIME"), "SAMPLETIME", f"not carried: farm samples every 50 ms and reads the kernel's own "
+               f"peak; sampling every {r.value('SAMPLETIME')} s would only miss short peaks (sim.sample_interval_ms "
+               "changes it).")
+    if r.value("OUTPUTFILE"):
+        r.note(r.line("OUTPUTFILE"), "OUTPUTFILE", "not carried: results go to farm's store; `farm results JOB "
+               f"--format csv > {r.value('OUTPUTFILE')}` writes them out.")
+
+
+def _model_paths(r: _Reading, models: list[Path], script: str | None, script_dir: Path, out_dir: Path) -> list[str]:
+    """-m/-f's models; without them, the script stands as the job's one model."""
+    if models:
+        return [_relative(m, out_dir) for m in models]
+    if script is not None:
+        r.note(None, "models", f"no -m or -f: the script {script} stands as the job's one model (farm runs a "
+                               "workload once per model file).")
+        return [_relative(script_dir / script, out_dir)]
+    raise EnvFileError([Problem(r.source, None, "models", "no -m or -f and no SCRIPT: the job needs a model file "
+                                                          "to run for; give -m a.tflite,b.tflite.")])
+
+
+def convert(env: EnvFile, model_names: list[ModelName], out_path: Path, *, keep_image: bool = False,
+            pip_wheels: str | None = None, host_python: bool = False) -> Conversion:
+    """The job a converted env file becomes, and a note for each variable that changes meaning or is dropped:
+    the env file's parts in the profiler's order (DIR, the models, SCRIPT and COMMAND, the docker budget, the
+    image's build, what is not carried), each read by its own step."""
+    r = _Reading(env, list(env.notes))
+    out_dir = out_path.parent
+    _read_aliases(r)
+    script_dir = _script_dir(r)
+    models = _resolve_models(model_names, script_dir, r.notes)
+    script = _checked_script(r, script_dir)
+    workload = _workload(r, script, script_dir, models, out_dir)
+    sim = _sim_limits(r, workload)
+    dockerfile = _given_dockerfile(env, r.env_dir, r.source, r.notes)
+    if dockerfile is not None:
+        build = _docfile_build(r, dockerfile, script, script_dir, workload, out_dir)
+    else:
+        build = _steps_build(r, script_dir, pip_wheels)
+        _image(r, sim, build, keep_image=keep_image, host_python=host_python)
+    if build:
+        _checked_build(r, build)
+        sim["build"] = build
+    _not_carried(r)
+    model_paths = _model_paths(r, models, script, script_dir, out_dir)
     job = {"name": env.path.stem, "models": model_paths, "workload": workload, "sim": sim}
-    return Conversion(job, sorted(notes, key=lambda n: n.line or 0))
+    return Conversion(job, sorted(r.notes, key=lambda n: n.line or 0))

@@ -23,6 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from farm.proto.names import BACKEND_CHOICES
 from farm.cli.console import UserError, err, job_progress, open_farm, out, output_file, when
 from farm.proto import strict_json
 from farm.proto.escape import printable
@@ -211,27 +212,25 @@ def _suggest_offline(args: argparse.Namespace) -> int:
 
 
 def _suggest_from_store(args: argparse.Namespace) -> int:
-    """--suggest K --device D: the K models of the store to measure on D next; -o writes a job file that runs
-    exactly those on D (the workload of the sim job the first came from)."""
-    from farm.controller.analysis.calibrations import CalibrationError
-    from farm.controller.analysis.suggestions import suggest_for_device
+    """--suggest K --device D: the K models of the farm (a local store or a controller's) to measure on D next;
+    -o writes a job file that runs exactly those on D (the workload of the sim job the first came from)."""
+    from farm.client.errors import FarmError
+    from farm.proto.questions import SUGGEST
 
     if args.output and Path(args.output).expanduser().exists() and not args.force:  # before any work is done
         raise UserError(f"-o {args.output}: the file is already there; farm calibrate --suggest keeps it. Give another "
                         "file name, or --force to replace it. Nothing was written.")
-    farm = open_farm(args)
-    if not farm.embedded:
-        raise UserError("--suggest --device reads the models of a local store (--db, $FARM_DB); a controller's "
-                        "store: run it on the controller's host, or use --pairs with `farm results --pairs --json`")
     metric = (args.metric or ["latency"])[0]
-    try:
-        answer = suggest_for_device(farm.store, args.device, args.suggest, metric=metric, threads=args.threads,
-                                    include_contended=args.include_contended)
-    except (CalibrationError, ValueError) as e:
-        raise UserError(f"--suggest {args.suggest} --device {printable(args.device)}: {e}") from None
+    with open_farm(args) as farm:  # embedded or a controller: the same question of the table
+        try:
+            suggested = farm._ask(SUGGEST, device=args.device, count=args.suggest, metric=metric,
+                                  threads=args.threads, include_contended=args.include_contended)
+        except FarmError as e:
+            raise UserError(f"--suggest {args.suggest} --device {printable(args.device)}: {e}") from None
+    answer = suggested.model_dump(mode="json", exclude={"workload"})
     if args.output:
         answer["job_file"] = str(args.output)
-        output_file(args.output).write_text(_suggested_job(farm.store, answer))
+        output_file(args.output).write_text(_suggested_job(answer, suggested.workload))
     if args.json:
         print(strict_json.dumps(answer, indent=2))
         return 0
@@ -248,16 +247,14 @@ def _suggest_from_store(args: argparse.Namespace) -> int:
     return 0
 
 
-def _suggested_job(store: Any, answer: dict[str, Any]) -> str:
+def _suggested_job(answer: dict[str, Any], workload: Any) -> str:
     """A job file that measures the suggested models on the device, as their sim job measured them."""
     import yaml
 
-    first = store.jobs.get(answer["suggested"][0]["job"])
-    spec = json.loads(first["spec_json"]) if first else {}
     job = {"name": f"suggested-for-{answer['device']}",
            "models": [{"path": s["path"], **({"family": s["family"]} if s["family"] else {})}
                       for s in answer["suggested"]],
-           "workload": spec.get("workload") or {"type": "benchmark"},
+           "workload": workload or {"type": "benchmark"},
            "matrix": {"threads": [answer["threads"]]},
            "targets": [answer["device"]]}
     return ("# farm calibrate --suggest: the models that most sharpen the calibration, on this device\n"
@@ -590,7 +587,7 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("--metric", action="append", choices=["latency", "whole_run", "peak_memory", "avg_memory"],
                    help="repeatable; default latency")
     s.add_argument("--threads", type=int, help="default: every thread count the device is calibrated for")
-    s.add_argument("--backend", choices=["auto", "cgroup", "docker", "process"], default=None,
+    s.add_argument("--backend", choices=BACKEND_CHOICES, default=None,
                    help="the sandbox backend of the sim run (default: auto)")
     s.add_argument("--confidence", type=float, default=None,
                    help="the level of the low–high prediction interval (default 0.9; offline: the calibration's own)")

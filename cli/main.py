@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
+from farm.proto.names import BACKEND_CHOICES
 from farm.version import __version__
 from farm.cli import console
 from farm.cli.console import job_progress, open_farm
@@ -316,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def runner_options(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--slots", type=_positive_int, default=1, help="sim runs at once, each on its own cores (default 1)")
-        sp.add_argument("--backend", choices=["auto", "cgroup", "docker", "process"], default=None,
+        sp.add_argument("--backend", choices=BACKEND_CHOICES, default=None,
                         help="override sim.backend of the job")
         sp.add_argument("--quiet", action="store_true", help="no progress output")
         sp.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")

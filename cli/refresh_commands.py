@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 from rich.text import Text
 
+from farm.proto.names import BACKEND_CHOICES
 from farm.cli.console import UserError, err, job_progress, open_farm, out, when
 from farm.cli.render import empty_list
 from farm.proto import strict_json
@@ -112,7 +113,7 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("--slots", type=int, default=1, help="embedded: sim runs at once, each on its own cores")
     s.add_argument("--include-contended", action="store_true",
                    help="also fit sim twins whose cores other work used (left out by default)")
-    s.add_argument("--backend", choices=["auto", "cgroup", "docker", "process"], default=None,
+    s.add_argument("--backend", choices=BACKEND_CHOICES, default=None,
                    help="override sim.backend of the reference suite")
     s.add_argument("--quiet", action="store_true", help="no progress output")
     s.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")

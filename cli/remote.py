@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from farm.proto.names import BACKEND_CHOICES
 from farm.client.errors import EXIT_ENVIRONMENT, EXIT_OK, FarmError
 from farm.client.config import DEFAULT_PORT, Credentials, address_of, checked_addresses, read_config, setting
 from farm.proto.task_limits import DEFAULT_MAX_TASKS
@@ -267,6 +268,20 @@ def agent_token(args: argparse.Namespace) -> str | None:
     return env_token or read_config().get("token")
 
 
+def _agent_tls(args: argparse.Namespace, addresses: list[str]) -> Any:
+    """The agent's TLS settings; refused without them for a controller off this host (issue 33: a token only over
+    TLS), unless --insecure-plaintext says the network is trusted."""
+    from farm.controller.auth import is_loopback
+
+    tls = client_tls(args)
+    remote = [a for a in addresses if not is_loopback(a)]
+    if tls is None and remote and not args.insecure_plaintext:
+        raise RemoteError(f"--controller {remote[0]}: without --tls-ca the agent would send its token, and every task "
+                          "and result, in clear to a controller not on this host; give --tls-ca CA.pem (the CA that "
+                          "signed the controller's certificate), or --insecure-plaintext on a network you trust alone")
+    return tls
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     from farm.agents.agent import Agent, split_cores
     from farm.agents.environment import host_facts
@@ -274,7 +289,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from farm.agents.sandbox.docker_build import BuildPolicy
     from farm.agents.sandbox.isolation import RunUserError, resolve_run_as, run_uid_range
     from farm.agents.sim.driver import SimDriver
-    from farm.controller.auth import is_loopback, valid_agent_name
+    from farm.controller.auth import valid_agent_name
 
     _logging(args.verbose)
     given = setting(args.controller, "controller", "FARM_CONTROLLER")
@@ -310,14 +325,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     # The lab's phones and boards: jobs name them (or their type or tags), the controller resolves them.
     devices += [DeviceInfo(name=d.name, driver=d.entry.driver, device_type=d.device_type.name if d.device_type else "",
                            tags=d.tags) for d in lab]
-    tls = client_tls(args)
-    remote = [a for a in addresses if not is_loopback(a)]
-    if tls is None and remote and not args.insecure_plaintext:  # issue 33: a token only over TLS, off this host
-        raise RemoteError(f"--controller {remote[0]}: without --tls-ca the agent would send its token, and every task "
-                          "and result, in clear to a controller not on this host; give --tls-ca CA.pem (the CA that "
-                          "signed the controller's certificate), or --insecure-plaintext on a network you trust alone")
     client = RemoteController(addresses, name=args.name, token=token, devices=devices,
-                              tls=tls, artifact_dir=work_dir / "artifacts")
+                              tls=_agent_tls(args, addresses), artifact_dir=work_dir / "artifacts")
     driver = SimDriver(work_dir, backend_override=args.backend, run_as=run_as,
                        build_policy=BuildPolicy.lab(args.allow_build_network, args.allow_build_base))
     agent = Agent(client, driver, name=args.name, slots=args.sim_slots, devices=lab)
@@ -431,7 +440,7 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     a.add_argument("--sim-slots", type=int, default=1, help="sim runs at once, each on its own cores (default 1)")
     a.add_argument("--devices", default=None, help="the lab's device list (YAML) this agent drives; default $FARM_DEVICES")
     a.add_argument("--tag", action="append", help="a tag for this agent's sim device (repeatable)")
-    a.add_argument("--backend", choices=["auto", "cgroup", "docker", "process"], default=None,
+    a.add_argument("--backend", choices=BACKEND_CHOICES, default=None,
                    help="override sim.backend of the tasks")
     a.add_argument("--work-dir", default=None, help="run directories and the artifact cache")
     a.add_argument("--allow-build-network", action="store_true",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.measure import Measurement
@@ -111,6 +112,107 @@ class ModelTable:
             yield Text(note, style="dim")
 
 
+@dataclass(frozen=True)
+class _Column:
+    """One column of `farm results`: its header, its cell for a record, and rich's layout for it."""
+
+    header: str
+    cell: Callable[[dict[str, Any]], str | Text]
+    justify: Literal["left", "right"] = "left"
+    overflow: Literal["fold", "ellipsis"] = "ellipsis"
+
+
+def _right(header: str, cell: Callable[[dict[str, Any]], str | Text]) -> _Column:
+    return _Column(header, cell, justify="right")
+
+
+def _limits(r: dict[str, Any]) -> dict[str, Any]:
+    return r["limits"] or {}
+
+
+def _latency(r: dict[str, Any]) -> dict[str, Any]:
+    return r["latency_ms"] or {}
+
+
+def _cpus(r: dict[str, Any]) -> str:
+    cpus = _limits(r).get("cpus")
+    return _fmt(cpus, 2).rstrip("0").rstrip(".") if cpus else "—"
+
+
+def _avg_sd(r: dict[str, Any]) -> str:
+    lat = _latency(r)
+    return f"{_ms(lat.get('avg'))} ± {_ms(lat.get('std'))}" if lat else "—"
+
+
+def _gpu(r: dict[str, Any]) -> dict[str, Any]:
+    return r.get("gpu") or {}
+
+
+def _result_columns(records: list[dict[str, Any]], *, wide: bool, runs: bool) -> list[_Column]:
+    """The columns these records need, in their order: a column nobody's record fills is left out, and the detail
+    (p90, avg memory, CPU, wall time, backend, budget) only with `wide`."""
+    def cpu(r: dict[str, Any]) -> dict[str, Any]:
+        return r["cpu_percent"] or {}
+
+    wanted: list[tuple[bool, list[_Column]]] = [
+        (any(r["target"] != "sim" for r in records), [_Column("on", lambda r: Text(printable(r["target"])),
+                                                             overflow="fold")]),
+        (True, [_right("thr", lambda r: str(r["threads"]))]),
+        (not wide and any(_limits(r).get("cpus") not in (None, r["threads"]) for r in records), [_right("cpu", _cpus)]),
+        (any(r["batch_size"] != 1 for r in records), [_right("batch", lambda r: str(r["batch_size"]))]),
+        (any(r["input_size"] for r in records), [_right("size", lambda r: str(r["input_size"] or "—"))]),
+        # a job with matrix.accelerators
+        (any(r.get("accelerator", "cpu") != "cpu" for r in records),
+         [_Column("unit", lambda r: Text(printable(r.get("accelerator", "cpu"))))]),
+        (runs and any(r["repeat"] for r in records), [_right("rep", lambda r: str(r["repeat"]))]),
+        (_shows_n(records, runs), [_right("n", lambda r: str(r.get("averaged") or r.get("runs", 1)))]),
+        (wide, [_Column("budget", lambda r: _budget(_limits(r)))]),
+        (True, [_Column("status", _status)]),
+        # a script job: its whole-run time is the figure it is run for
+        (_has(records, "whole_run_s"), [_right("whole run\ns", lambda r: _fmt(r.get("whole_run_s"), 3))]),
+        (True, [_right("latency ms\navg ± sd", _avg_sd)]),
+        (wide, [_right("p90 ms", lambda r: _ms(_latency(r).get("p90")) if _latency(r) else "—")]),
+        (True, [_right("peak MB", lambda r: _fmt(r["peak_memory_mb"], 1))]),
+        (wide, [_right("avg MB", lambda r: _fmt(r["avg_memory_mb"], 1))]),
+        (_has(records, "throughput_per_s"), [_right("inf/s", lambda r: _ms(r.get("throughput_per_s")))]),
+        (wide and any(r.get("samples_per_s") is not None and r["batch_size"] != 1 for r in records),
+         [_right("samples/s", lambda r: _ms(r.get("samples_per_s")))]),
+        (wide and _has(records, "startup_ms"), [_right("startup ms", lambda r: _ms(r.get("startup_ms")))]),
+        # boards with power rails
+        (_has(records, "energy_per_inference_mj"),
+         [_right("mJ per\ninference", lambda r: _fmt(r.get("energy_per_inference_mj")))]),
+        # NVIDIA hosts: the GPU's power and memory
+        (any(r.get("gpu") for r in records), [
+            _right("GPU W\navg/peak", lambda r: f"{_fmt(_gpu(r).get('power_avg_w'), 0)}/"
+                                                f"{_fmt(_gpu(r).get('power_peak_w'), 0)}"),
+            _right("GPU MiB\npeak", lambda r: _fmt(_gpu(r).get("memory_peak_mib"), 0))]),
+        (wide, [
+            _right("CPU %\navg/peak", lambda r: f"{_fmt(cpu(r).get('avg'), 0)}/{_fmt(cpu(r).get('peak'), 0)}"),
+            _right("wall s", lambda r: _fmt(r["wall_s"])),
+            _Column("backend", lambda r: (r["backend"] or "—") + ("*" if r.get("approximate") else ""))]),
+    ]
+    return [column for shown, columns in wanted if shown for column in columns]
+
+
+def _shows_n(records: list[dict[str, Any]], runs: bool) -> bool:
+    """Averaged records say how many runs each stands for when any stands for more than one."""
+    return not runs and any(r.get("runs", 1) > 1 for r in records)
+
+
+def _result_notes(records: list[dict[str, Any]], per_run: list[dict[str, Any]], *, wide: bool,
+                  runs: bool) -> list[str]:
+    notes = []
+    if _shows_n(records, runs):
+        notes.append("n: runs averaged (a cell's repeats; sd is their spread, `--runs` lists each)")
+    contended = sum(is_contended(r) for r in per_run)
+    if contended:
+        notes.append(f"{CONTENDED_MARK} contended ({contended} run(s)): other work used the run's cores, its figures "
+                     "are not the budget's; calibrate, predict and rank leave it out (--include-contended keeps it)")
+    if not wide:
+        notes.append("--wide: p90, avg memory, CPU, wall time, backend and budget")
+    return notes
+
+
 def results_table(records: list[dict[str, Any]], title: str | None = None, *, wide: bool = False,
                   runs: bool = False) -> ModelTable:
     """Averaged over repeats unless `runs`; readable at 100 columns unless `wide`: model names are
@@ -119,119 +221,13 @@ def results_table(records: list[dict[str, Any]], title: str | None = None, *, wi
     if not runs:
         from farm.controller.analysis.results import average_repeats  # the controller's stack: not on an agent-only install
         records = average_repeats(records)
-    show_repeat = runs and any(r["repeat"] for r in records)
-    show_n = not runs and any(r.get("runs", 1) > 1 for r in records)
-    show_target = any(r["target"] != "sim" for r in records)
-    show_batch = any(r["batch_size"] != 1 for r in records)
-    show_size = any(r["input_size"] for r in records)
-    show_unit = any(r.get("accelerator", "cpu") != "cpu" for r in records)  # a job with matrix.accelerators
-    show_gpu = any(r.get("gpu") for r in records)  # NVIDIA hosts: the GPU's power and memory
-    show_cpus = not wide and any((r["limits"] or {}).get("cpus") not in (None, r["threads"]) for r in records)
-    show_energy = _has(records, "energy_per_inference_mj")  # boards with power rails
-    show_throughput = _has(records, "throughput_per_s")
-    show_samples = wide and any(r.get("samples_per_s") is not None and r["batch_size"] != 1 for r in records)
-    show_startup = wide and _has(records, "startup_ms")
-    show_whole_run = _has(records, "whole_run_s")  # a script job: its whole-run time is the figure it is run for
+    columns = _result_columns(records, wide=wide, runs=runs)
     t = ModelTable(title, wide)
-    if show_target:
-        t.add_column("on", overflow="fold")
-    t.add_column("thr", justify="right")
-    if show_cpus:
-        t.add_column("cpu", justify="right")
-    if show_batch:
-        t.add_column("batch", justify="right")
-    if show_size:
-        t.add_column("size", justify="right")
-    if show_unit:
-        t.add_column("unit")
-    if show_repeat:
-        t.add_column("rep", justify="right")
-    if show_n:
-        t.add_column("n", justify="right")
-    if wide:
-        t.add_column("budget")
-    t.add_column("status")
-    if show_whole_run:
-        t.add_column("whole run\ns", justify="right")
-    t.add_column("latency ms\navg ± sd", justify="right")
-    if wide:
-        t.add_column("p90 ms", justify="right")
-    t.add_column("peak MB", justify="right")
-    if wide:
-        t.add_column("avg MB", justify="right")
-    if show_throughput:
-        t.add_column("inf/s", justify="right")
-    if show_samples:
-        t.add_column("samples/s", justify="right")
-    if show_startup:
-        t.add_column("startup ms", justify="right")
-    if show_energy:
-        t.add_column("mJ per\ninference", justify="right")
-    if show_gpu:
-        t.add_column("GPU W\navg/peak", justify="right")
-        t.add_column("GPU MiB\npeak", justify="right")
-    if wide:
-        t.add_column("CPU %\navg/peak", justify="right")
-        t.add_column("wall s", justify="right")
-        t.add_column("backend")
+    for column in columns:
+        t.add_column(column.header, justify=column.justify, overflow=column.overflow)
     for r in records:
-        lat = r["latency_ms"] or {}
-        lim = r["limits"] or {}
-        name = Text(printable(r["model"]["name"], limit=None))
-        row: list[str | Text] = []
-        if show_target:
-            row.append(Text(printable(r["target"])))
-        row.append(str(r["threads"]))
-        if show_cpus:
-            row.append(_fmt(lim.get("cpus"), 2).rstrip("0").rstrip(".") if lim.get("cpus") else "—")
-        if show_batch:
-            row.append(str(r["batch_size"]))
-        if show_size:
-            row.append(str(r["input_size"] or "—"))
-        if show_unit:
-            row.append(Text(printable(r.get("accelerator", "cpu"))))
-        if show_repeat:
-            row.append(str(r["repeat"]))
-        if show_n:
-            row.append(str(r.get("averaged") or r.get("runs", 1)))
-        if wide:
-            row.append(_budget(lim))
-        row.append(_status(r))
-        if show_whole_run:
-            row.append(_fmt(r.get("whole_run_s"), 3))
-        row.append(f"{_ms(lat.get('avg'))} ± {_ms(lat.get('std'))}" if lat else "—")
-        if wide:
-            row.append(_ms(lat.get("p90")) if lat else "—")
-        row.append(_fmt(r["peak_memory_mb"], 1))
-        if wide:
-            row.append(_fmt(r["avg_memory_mb"], 1))
-        if show_throughput:
-            row.append(_ms(r.get("throughput_per_s")))
-        if show_samples:
-            row.append(_ms(r.get("samples_per_s")))
-        if show_startup:
-            row.append(_ms(r.get("startup_ms")))
-        if show_energy:
-            row.append(_fmt(r.get("energy_per_inference_mj")))
-        if show_gpu:
-            gpu = r.get("gpu") or {}
-            row += [f"{_fmt(gpu.get('power_avg_w'), 0)}/{_fmt(gpu.get('power_peak_w'), 0)}",
-                    _fmt(gpu.get("memory_peak_mib"), 0)]
-        if wide:
-            cpu = r["cpu_percent"] or {}
-            backend = (r["backend"] or "—") + ("*" if r.get("approximate") else "")
-            row += [f"{_fmt(cpu.get('avg'), 0)}/{_fmt(cpu.get('peak'), 0)}", _fmt(r["wall_s"]), backend]
-        t.add_row(name, *row)
-    notes = []
-    if show_n:
-        notes.append("n: runs averaged (a cell's repeats; sd is their spread, `--runs` lists each)")
-    contended = sum(is_contended(r) for r in per_run)
-    if contended:
-        notes.append(f"{CONTENDED_MARK} contended ({contended} run(s)): other work used the run's cores, its figures "
-                     "are not the budget's; calibrate, predict and rank leave it out (--include-contended keeps it)")
-    if not wide:
-        notes.append("--wide: p90, avg memory, CPU, wall time, backend and budget")
-    t.notes = notes
+        t.add_row(Text(printable(r["model"]["name"], limit=None)), *(column.cell(r) for column in columns))
+    t.notes = _result_notes(records, per_run, wide=wide, runs=runs)
     return t
 
 

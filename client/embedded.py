@@ -234,8 +234,9 @@ class EmbeddedFarm(Farm):
         self.controller.resume(job)
 
     def ask(self, question: Question[AskT, AnswerT], request: AskT) -> AnswerT:
-        """The service function of the question's table line answers, over this process's store."""
-        answer: AnswerT = _answer(getattr(service, question.service), self.scope, request)
+        """The service function of the question's table line answers, over this process's store (after the
+        line's role and job-access rule: service.answer)."""
+        answer: AnswerT = _answer(service.answer, question, self.scope, request)
         return answer
 
     # --- devices ------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from cryptography import x509
 
 from farm.controller.async_calls import abort_handler, same_kind
 from farm.proto.names import valid_agent_name as valid_agent_name  # re-exported: the CLI checks names with it
+from farm.proto.questions import QUESTIONS
 from farm.proto.tls import CredentialFileError, TlsFiles
 
 T = TypeVar("T")
@@ -45,12 +46,12 @@ BEARER = "Bearer "
 # open streams are what a caller without a token could exhaust the server with.
 OPEN_METHODS = ("/grpc.health.v1.Health/Check",)
 # The first prefix that matches decides: a method before its service.
+# The admin-only questions come from the question table (farm.proto.questions: each line's `role`);
+# StartRefresh is not a table question (it submits the controller's own suite) and is named here.
 SERVICE_ROLES = {
-    "/farm.v1.FarmService/ForgetDevice": {"admin"},
-    # they change what the lab's devices do (quarantine, the reference suite on every device)
-    "/farm.v1.FarmService/SetDeviceHealth": {"admin"},
+    **{f"/farm.v1.FarmService/{q.rpc}": {"admin"} for q in QUESTIONS if q.role == "admin"},
+    # it changes what the lab's devices do (the reference suite on every device)
     "/farm.v1.FarmService/StartRefresh": {"admin"},
-    "/farm.v1.FarmService/FinishRefresh": {"admin"},
     "/farm.v1.AgentService/": {"agent", "admin"},
     "/farm.v1.FarmService/": {"client", "admin"},
     "/grpc.reflection.": {"agent", "client", "admin"},  # served only with --reflection

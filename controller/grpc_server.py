@@ -789,14 +789,13 @@ def _handler(question: Question[Any, Any]) -> Callable[[FarmServicer, Any, grpc.
     the response message (farm.proto.wire)."""
     method = farm_pb2.DESCRIPTOR.services_by_name["FarmService"].methods_by_name[question.rpc]
     response = GetMessageClass(method.output_type)
-    function = getattr(answers, question.service)
 
     def handle(self: FarmServicer, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             ask = model_from_message(request, question.ask)
         except ValidationError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded_message(explain(e)))
-        answer = self._answer(context, function, self._scope(context), ask)
+        answer = self._answer(context, answers.answer, question, self._scope(context), ask)  # the line's rules first
         if question.changes_devices:
             log.info("%s by a client: %s", question.rpc, printable(ask.model_dump_json()[:200]))
             self.server.wake(queue_changed=True)  # a released device takes tasks again now

@@ -33,9 +33,10 @@ from farm.proto.questions import (
     CalibrationVersion, CancelAnswer, DeviceHealth, DeviceHealthAnswer, DeviceInfo, DevicesAnswer, DriftAnswer,
     DriftAsk, DriftRecord, FinishRefreshAsk, ForgetDeviceAnswer, ForgetDeviceAsk, JobAsk, JobInfo, JobsAnswer, JobsAsk,
     NoAsk, PredictAnswer, Prediction, PredictUploadedAsk, RankAnswer, RankAsk, RefreshAnswer, ReportAnswer, ReportAsk, ReportFile, ResultsAnswer,
-    RetryAnswer, RetryAsk, RunRecord, SetDeviceHealthAnswer, SetDeviceHealthAsk,
+    RetryAnswer, RetryAsk, RunRecord, SetDeviceHealthAnswer, SetDeviceHealthAsk, SuggestAnswer, SuggestAsk,
 )
 from farm.proto.questions import MAX_LIST as MAX_LIST
+from farm.proto.questions import Question
 from farm.proto.results import UNENFORCED_BUDGET
 from farm.proto.spec import JobSpec, Matrix, ModelEntry, SimBudget, Workload, job_file_text
 
@@ -193,6 +194,44 @@ def _need_job(scope: Scope, job: int) -> None:
     scope.readable_job(job, ServiceError)  # as a question about a job that does not exist: no more is said
 
 
+def _owned_job(scope: Scope, job_id: int, verb: str) -> None:
+    """Changing a job: reading may be shared, changing never is (its owner, its owner's team, an admin)."""
+    row = scope.readable_job(job_id)
+    if not scope.viewer.owns(row):
+        whose = (f"belongs to another token{' (team ' + row['team'] + ')' if row['team'] else ''}; only its owner, "
+                 f"its owner's team or an admin may {verb} it") if row["submitted_by"] else (
+            f"is the lab's own (an admin's, the nightly's, or from before jobs had owners); only an admin may {verb} it")
+        raise NotAllowed(f"job {job_id} {whose}")
+
+
+# --- the table's rules, checked before any question's own function runs ------------------------------
+def _read(scope: Scope, job_id: int, question: Question[Any, Any]) -> None:
+    scope.readable_job(job_id)
+
+
+# What each of the table's job-access rules (farm.proto.questions.ACCESS_RULES) checks on one job the request names;
+# "none" and "admin" check no job ("admin": the role check is the rule, an admin reads every job).
+_ACCESS: dict[str, Callable[[Scope, int, Question[Any, Any]], None]] = {
+    "read": _read,
+    "read-args": lambda scope, job_id, question: _need_job(scope, job_id),
+    "own": lambda scope, job_id, question: _owned_job(scope, job_id, question.service),
+}
+
+
+def answer(question: Question[Any, Any], scope: Scope, ask: Any) -> Any:
+    """A question of farm.proto.questions' table answered: who may ask it and its job-access rule are checked
+    here, from the table line, for every job the request names; then its service function answers. The
+    embedded client and the gRPC servicer both ask through this, so no question can forget a rule."""
+    if question.role == "admin" and not scope.viewer.sees_all:
+        raise NotAllowed(f"{question.rpc} is an admin's question: ask it with an admin token")
+    check = _ACCESS.get(question.access or "")
+    if check is not None:
+        for job_id in ask.job_ids():
+            check(scope, job_id, question)
+    function: Callable[[Scope, Any], Any] = globals()[question.service]
+    return function(scope, ask)
+
+
 # --- jobs --------------------------------------------------------------------------------------
 def job_info(controller: Controller, job_id: int) -> JobInfo | None:
     """A job and its progress as `farm status --json` shows it, or None."""
@@ -227,24 +266,14 @@ def jobs(scope: Scope, ask: JobsAsk) -> JobsAnswer:
 
 
 def cancel(scope: Scope, ask: JobAsk) -> CancelAnswer:
-    """`farm cancel`: reading may be shared; cancelling never is (its owner, its owner's team, an admin)."""
-    row = scope.readable_job(ask.job_id)
-    if not scope.viewer.owns(row):
-        whose = (f"belongs to another token{' (team ' + row['team'] + ')' if row['team'] else ''}; only its owner, "
-                 "its owner's team or an admin may cancel it") if row["submitted_by"] else (
-            "is the lab's own (an admin's, the nightly's, or from before jobs had owners); only an admin may cancel it")
-        raise NotAllowed(f"job {ask.job_id} {whose}")
+    """`farm cancel`: reading may be shared; cancelling never is (the table's `own` rule, checked by answer())."""
     canceled = (scope.cancel or scope.controller.cancel_job)(ask.job_id)
     return CancelAnswer(job_id=ask.job_id, canceled_tasks=canceled)
 
 
 def retry(scope: Scope, ask: RetryAsk) -> RetryAnswer:
     """`farm retry JOB --failed` (and `farm resume` of a controller's job): a finished job's failed or lost
-    tasks run again as new attempts; changing a job is its owner's, as cancelling is."""
-    row = scope.readable_job(ask.job_id)
-    if not scope.viewer.owns(row):
-        raise NotAllowed(f"job {ask.job_id} is not this token's or its team's; only its owner, its owner's team or "
-                         "an admin may retry it")
+    tasks run again as new attempts; changing a job is its owner's, as cancelling is (the `own` rule)."""
     statuses = ask.statuses()
     if not statuses:
         raise ServiceError("say which tasks to run again: --failed (failed runs, lost ones among them) and/or "
@@ -260,7 +289,6 @@ def results(scope: Scope, ask: JobAsk) -> ResultsAnswer:
     """`farm results --format json`: a record per task; with `ops`, each run's op profile too."""
     from farm.controller.analysis.results import run_records
 
-    scope.readable_job(ask.job_id)
     return ResultsAnswer(records=[RunRecord.model_validate(r) for r in run_records(scope.store, ask.job_id, ops=ask.ops)])
 
 
@@ -292,7 +320,6 @@ def calibrate(scope: Scope, ask: CalibrateAsk) -> CalibrateAnswer:
     refused: list[str] = []
     try:
         if job:
-            _need_job(scope, job)
             devices = [device] if device else job_devices(store, job)
             if not devices:
                 raise ServiceError(f"job {job} ran on no device, only in the sim: nothing to pair")
@@ -307,8 +334,6 @@ def calibrate(scope: Scope, ask: CalibrateAsk) -> CalibrateAnswer:
         else:
             assert sim_job is not None and device_job is not None and device is not None  # checked above
             sim_side, device_side = sim_job, device_job
-            _need_job(scope, sim_side)
-            _need_job(scope, device_side)
             groups = [(device, lambda metric: pair_jobs(store, sim_side, device_side, metric,
                                                         include_contended=include_contended),
                        calibration_source(store, sim_side, device_side))]
@@ -360,8 +385,6 @@ def rank(scope: Scope, ask: RankAsk) -> RankAnswer:
         raise ServiceError(f"rank at most {MAX_LIST} device jobs and {MAX_LIST} devices at once")
     for d in ask.devices:
         check_name("--device", d)
-    for j in ask.job_ids():
-        _need_job(scope, j)
     try:
         return RankAnswer.model_validate(rank_job(scope.store, ask.job, ask.metric, device_jobs=ask.device_jobs,
                                                   devices=ask.devices, include_contended=ask.include_contended))
@@ -376,7 +399,6 @@ def report(scope: Scope, ask: ReportAsk) -> ReportAnswer:
     """The report's files, rendered here — the HTML page first — and its warnings."""
     from farm.controller.analysis.report import ReportError, build_report
 
-    _need_job(scope, ask.job)
     try:
         page, figures, warnings = build_report(scope.store, ask.job)
     except ReportError as e:
@@ -384,6 +406,23 @@ def report(scope: Scope, ask: ReportAsk) -> ReportAnswer:
     files = ([ReportFile(name=REPORT_HTML, data=page.encode())] if ask.html else []) + \
         ([ReportFile(name=f.name, data=f.png) for f in figures] if ask.png else [])
     return ReportAnswer(files=files, warnings=warnings)
+
+
+def suggest(scope: Scope, ask: SuggestAsk) -> SuggestAnswer:
+    """`farm calibrate --suggest K --device D`: the models (of the jobs this caller may read) to measure on D next,
+    and the workload their first one's sim job ran, so the client writes a job file that measures them alike."""
+    from farm.controller.analysis.calibrations import CalibrationError
+    from farm.controller.analysis.suggestions import suggest_for_device
+
+    try:  # the device may be one no calibration names yet: its name is shown escaped, never refused
+        answer = suggest_for_device(scope.store, ask.device, ask.count, metric=ask.metric, threads=ask.threads,
+                                    include_contended=ask.include_contended,
+                                    visible_to=scope.viewer.visible(scope.sharing))
+    except (CalibrationError, ValueError) as e:
+        raise ServiceError(str(e)) from None
+    first = scope.store.jobs.get(answer["suggested"][0]["job"]) if answer["suggested"] else None
+    workload = json.loads(first["spec_json"]).get("workload") if first else None
+    return SuggestAnswer.model_validate({**answer, "workload": workload})
 
 
 def drift(scope: Scope, ask: DriftAsk) -> DriftAnswer:
@@ -604,8 +643,6 @@ def predict_uploaded(scope: Scope, ask: PredictUploadedAsk) -> PredictAnswer:
     (its agents run it like any job; the client watches it, then asks again)."""
     if scope.artifact is None or scope.submit is None:
         raise ServiceError("an uploaded model is predicted by a controller; embedded, `farm predict MODEL` reads the file")
-    for job_id in ask.measured_jobs:
-        _need_job(scope, job_id)
     model = scope.artifact(ask.model_sha256)
     if model is None:
         raise ServiceError(f"no uploaded model with sha256 {ask.model_sha256!r} on this controller; `farm predict` "

@@ -356,17 +356,13 @@ class Lab:
     def suggest(self, device: str, count: int, *, metric: str = "latency", threads: int | None = None,
                 include_contended: bool = False) -> dict[str, Any]:
         """`farm calibrate --suggest K --device D`: the models of this store to measure on the device next
-        (candidates: models measured in the sim, not yet in the device's calibration); local stores only."""
-        from farm.controller.analysis.calibrations import CalibrationError
-        from farm.controller.analysis.suggestions import suggest_for_device
+        (candidates: models measured in the sim, not yet in the device's calibration), of a local store or a
+        controller's (the jobs this caller may read)."""
+        from farm.proto.questions import SUGGEST
 
-        if not self.farm.embedded:
-            raise FarmError("Lab.suggest reads a local store's models: farm.connect(db=...) on the controller's host")
-        try:
-            return suggest_for_device(self.farm.store, device, count, metric=metric,  # type: ignore[attr-defined]
-                                      threads=threads, include_contended=include_contended)
-        except (CalibrationError, ValueError) as e:
-            raise FarmError(str(e)) from None
+        answer = self.farm._ask(SUGGEST, device=device, count=count, metric=metric, threads=threads,
+                                include_contended=include_contended)
+        return answer.model_dump(mode="json", exclude={"workload"})
 
 
 def connect(controller: str | None = None, *, db: str | Path | None = None, token: str | None = None,

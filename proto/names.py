@@ -4,6 +4,13 @@ path, a device name or a log line."""
 from __future__ import annotations
 
 import re
+from typing import Literal, get_args
+
+# The sandbox backends, named once: the job file's sim.backend (with "auto"), every `--backend` of the CLI and the
+# agents' registry (farm.agents.sandbox.BACKENDS, which must hold exactly these) read this.
+SandboxBackendName = Literal["cgroup", "docker", "process"]
+SANDBOX_BACKENDS: tuple[str, ...] = get_args(SandboxBackendName)
+BACKEND_CHOICES: tuple[str, ...] = ("auto", *SANDBOX_BACKENDS)  # `auto`: the best one that can run here
 
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")  # content addresses: the only names artifacts have
 SAFE_SUFFIX = re.compile(r"^\.[A-Za-z0-9]{1,10}$")  # a file extension kept on a cached artifact

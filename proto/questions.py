@@ -3,7 +3,8 @@
 `QUESTIONS` is the table: the gRPC method, the `farm.controller.service` function that answers, the
 request and the answer. The controller's FarmServicer and the remote client are built from it (with
 farm.proto.wire's model <-> message mapping); the embedded client calls the same service function.
-Adding a question: a service function, two models here, one `Question(...)` line, one CLI command
+Adding a question: a service function, two models here, one `Question(...)` line (its `access` rule and `role`:
+the table refuses a line without a rule; farm.controller.service.answer checks both first), one CLI command
 (docs/architecture.md walks one through).
 
 Answers are pydantic models, never `dict[str, Any]`: the parts a farm does not interpret (a model's
@@ -689,6 +690,35 @@ class DriftAnswer(Model):
     drift: list[DriftRecord]
 
 
+class SuggestAsk(Ask):
+    """`farm calibrate --suggest K --device D`: the K models measured in the sim to measure on D next."""
+    device: Name
+    count: int = Field(le=100_000)  # 1 or more: the service says so, naming how many candidates there are
+    metric: Annotated[Metric, BeforeValidator(lambda v: v or "latency")] = "latency"
+    threads: OptionalId = None
+    include_contended: bool = False
+
+
+class SuggestedModel(Model):
+    model: str
+    sim: float
+    sha256: str
+    family: str | None
+    path: str | None
+    job: int  # the sim job the model's run came from
+
+
+class SuggestAnswer(Model):
+    device: str
+    metric: str
+    threads: int
+    measured: int
+    candidates: int
+    features: list[str]
+    suggested: list[SuggestedModel]
+    workload: JsonValue = None  # the first suggestion's sim job's workload: a job file measures them as it did
+
+
 class DriftCheck(Model):
     """The drift one refresh measured (what `farm refresh --json` lists)."""
 
@@ -736,10 +766,29 @@ AskT = TypeVar("AskT", bound=Ask)
 AnswerT = TypeVar("AnswerT", bound=Model)
 
 
+# Who may ask a question: a client token (or an admin), or an admin only. The controller's token check
+# (farm.controller.auth.SERVICE_ROLES) reads the admin-only questions from this table.
+ASKERS = ("client", "admin")
+# A question's job-access rule, checked by farm.controller.service.answer before its service function runs,
+# on every job the request names (its `job_ids()`):
+ACCESS_RULES = {
+    "none": "the request names no job (a listing filters what it lists by the caller itself)",
+    "read": "the caller may read each job; another team's job is as good as absent (NotFound)",
+    "read-args": "as read, but refused as a bad argument, as a question about a job that does not exist",
+    "own": "the caller may read the job and change it: its owner, its owner's team or an admin (NotAllowed)",
+    "admin": "an admin-only question: an admin reads every job, so the role is the rule",
+}
+
+
+class QuestionTableError(TypeError):
+    """A table line that leaves a rule out or contradicts itself: refused when the module defines it."""
+
+
 @dataclass(frozen=True)
 class Question(Generic[AskT, AnswerT]):
     """One line of the table: `rpc` is the FarmService method, `service` the function of
-    farm.controller.service that answers it, as `service(scope, ask) -> answer`."""
+    farm.controller.service that answers it, as `service(scope, ask) -> answer`; `role` who may ask it
+    and `access` its job-access rule (ACCESS_RULES), which every line must state."""
 
     rpc: str
     service: str
@@ -747,31 +796,59 @@ class Question(Generic[AskT, AnswerT]):
     answer: type[AnswerT]
     changes_devices: bool = False  # the controller's dispatcher looks at the queue again after it
     timeout_s: float = 120  # how long the remote client waits for the answer
+    access: str | None = None
+    role: str = "client"
+
+    def __post_init__(self) -> None:
+        if self.access is None:
+            raise QuestionTableError(f"question {self.rpc}: no job-access rule; say access= one of "
+                                     f"{', '.join(ACCESS_RULES)} (what it means: farm.proto.questions.ACCESS_RULES)")
+        if self.access not in ACCESS_RULES:
+            raise QuestionTableError(f"question {self.rpc}: access {self.access!r} is not a rule; choose one of "
+                                     f"{', '.join(ACCESS_RULES)}")
+        if self.role not in ASKERS:
+            raise QuestionTableError(f"question {self.rpc}: role {self.role!r}; choose one of {', '.join(ASKERS)}")
+        if self.access == "admin" and self.role != "admin":
+            raise QuestionTableError(f"question {self.rpc}: access 'admin' is for a question only admins ask "
+                                     "(role='admin')")
+        names_jobs = self.ask.job_ids is not Ask.job_ids
+        if names_jobs and self.access == "none":
+            raise QuestionTableError(f"question {self.rpc}: {self.ask.__name__} names jobs (job_ids), so access "
+                                     "'none' would let any caller name any job; say which rule checks them")
+        if not names_jobs and self.access not in ("none", "admin"):
+            raise QuestionTableError(f"question {self.rpc}: access {self.access!r} checks the jobs a request names, "
+                                     f"but {self.ask.__name__} has no job_ids(); give it one, or say access='none'")
 
 
-GET_JOB = Question("GetJob", "job", JobAsk, JobInfo, timeout_s=30)
-LIST_JOBS = Question("ListJobs", "jobs", JobsAsk, JobsAnswer)
-CANCEL_JOB = Question("CancelJob", "cancel", JobAsk, CancelAnswer)
-RETRY_JOB = Question("RetryJob", "retry", RetryAsk, RetryAnswer, changes_devices=True)  # the queue changed
-GET_RESULTS = Question("GetResults", "results", JobAsk, ResultsAnswer)
-LIST_DEVICES = Question("ListDevices", "devices", NoAsk, DevicesAnswer)
-LIST_AGENTS = Question("ListAgents", "agents", NoAsk, AgentsAnswer)
-DEVICE_HEALTH = Question("DeviceHealth", "device_health", NoAsk, DeviceHealthAnswer)
+GET_JOB = Question("GetJob", "job", JobAsk, JobInfo, timeout_s=30, access="read")
+LIST_JOBS = Question("ListJobs", "jobs", JobsAsk, JobsAnswer, access="none")  # lists only what the caller may read
+CANCEL_JOB = Question("CancelJob", "cancel", JobAsk, CancelAnswer, access="own")
+RETRY_JOB = Question("RetryJob", "retry", RetryAsk, RetryAnswer, changes_devices=True,  # the queue changed
+                     access="own")
+GET_RESULTS = Question("GetResults", "results", JobAsk, ResultsAnswer, access="read")
+LIST_DEVICES = Question("ListDevices", "devices", NoAsk, DevicesAnswer, access="none")
+LIST_AGENTS = Question("ListAgents", "agents", NoAsk, AgentsAnswer, access="none")
+DEVICE_HEALTH = Question("DeviceHealth", "device_health", NoAsk, DeviceHealthAnswer, access="none")
+# Admin-only: they change what the lab's devices do (quarantine, forgetting a name, the refresh's quarantines).
 SET_DEVICE_HEALTH = Question("SetDeviceHealth", "set_device_health", SetDeviceHealthAsk, SetDeviceHealthAnswer,
-                             changes_devices=True)
-FORGET_DEVICE = Question("ForgetDevice", "forget_device", ForgetDeviceAsk, ForgetDeviceAnswer, changes_devices=True)
-CALIBRATE = Question("Calibrate", "calibrate", CalibrateAsk, CalibrateAnswer)
-LIST_CALIBRATIONS = Question("ListCalibrations", "calibrations", CalibrationsAsk, CalibrationsAnswer)
-RANK = Question("Rank", "rank", RankAsk, RankAnswer)
-REPORT = Question("Report", "report", ReportAsk, ReportAnswer, timeout_s=300)
-DRIFT = Question("Drift", "drift", DriftAsk, DriftAnswer)
-PREDICT = Question("Predict", "predict_uploaded", PredictUploadedAsk, PredictAnswer)
-FINISH_REFRESH = Question("FinishRefresh", "finish_refresh", FinishRefreshAsk, RefreshAnswer, timeout_s=600)
+                             changes_devices=True, access="none", role="admin")
+FORGET_DEVICE = Question("ForgetDevice", "forget_device", ForgetDeviceAsk, ForgetDeviceAnswer, changes_devices=True,
+                         access="none", role="admin")
+CALIBRATE = Question("Calibrate", "calibrate", CalibrateAsk, CalibrateAnswer, access="read-args")
+LIST_CALIBRATIONS = Question("ListCalibrations", "calibrations", CalibrationsAsk, CalibrationsAnswer, access="none")
+RANK = Question("Rank", "rank", RankAsk, RankAnswer, access="read-args")
+REPORT = Question("Report", "report", ReportAsk, ReportAnswer, timeout_s=300, access="read-args")
+DRIFT = Question("Drift", "drift", DriftAsk, DriftAnswer, access="none")
+# reads only the jobs the caller may read (the listing's filter), like ListJobs
+SUGGEST = Question("Suggest", "suggest", SuggestAsk, SuggestAnswer, access="none")
+PREDICT = Question("Predict", "predict_uploaded", PredictUploadedAsk, PredictAnswer, access="read-args")
+FINISH_REFRESH = Question("FinishRefresh", "finish_refresh", FinishRefreshAsk, RefreshAnswer, timeout_s=600,
+                          access="admin", role="admin")
 
 # Every question answered the same way in both modes. Not here, and why: SubmitJob and UploadArtifact
 # carry files (uploaded by content first), WatchJob streams, StartRefresh submits the controller's own suite.
 # Predict is here for a controller; embedded, the client runs the measuring job itself between two asks.
 QUESTIONS: tuple[Question[Any, Any], ...] = (
     GET_JOB, LIST_JOBS, CANCEL_JOB, RETRY_JOB, GET_RESULTS, LIST_DEVICES, LIST_AGENTS, DEVICE_HEALTH, SET_DEVICE_HEALTH,
-    FORGET_DEVICE, CALIBRATE, LIST_CALIBRATIONS, RANK, REPORT, DRIFT, PREDICT, FINISH_REFRESH,
+    FORGET_DEVICE, CALIBRATE, LIST_CALIBRATIONS, RANK, REPORT, DRIFT, PREDICT, FINISH_REFRESH, SUGGEST,
 )

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from farm.proto.names import SandboxBackendName
 from farm.proto.accelerators import parse_accelerator
 
 MEMORY_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -486,7 +487,7 @@ class SimBudget(Strict):
     disk: int | None = Field(None, description="Quota on the files a run writes into its run directory, like "
                                                "512m or 2g (a tmpfs, so it counts within sim.memory too); "
                                                "default: sim.memory, or 4g without one")
-    backend: Literal["auto", "cgroup", "docker", "process"] = "auto"
+    backend: Literal["auto", SandboxBackendName] = "auto"
     image: str | None = Field(None, description="docker backend: the user's image to run in, as it is: its own Python and packages run the script (farm's harness, limits and sampler work from outside it); it must be on the engine, nothing is pulled")
     build: SimBuild | None = Field(None, description="docker backend: build the image to run in (see SimBuild)")
     writable_root: bool = Field(False, description="docker backend: the container's root file system writable "

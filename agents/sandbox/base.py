@@ -184,8 +184,23 @@ class RunningSandbox(abc.ABC):
 
 
 class SandboxBackend(abc.ABC):
+    """One way to run a command under a budget. What the sim driver asks of it is its capabilities, never its name:
+    approximate  limits and peaks are best-effort;
+    own_root     the command runs in a root file system of its own (a container): the run directory is mounted
+                 at a fixed path inside, no descriptor can be handed down, and the sandbox starts it as the run's
+                 user itself (start(user=...));
+    takes_images it runs a job in an image (sim.image, sim.build);
+    warm_capable a built-in benchmark may start forked from a kept harness."""
+
     name: str
     approximate: bool = False  # True when limits and peaks are best-effort
+    own_root: bool = False
+    takes_images: bool = False
+
+    @classmethod
+    def create(cls, *, image: str | None = None, user_image: bool = False) -> "SandboxBackend":
+        """The backend, ready to start runs; only a backend that takes images uses `image`."""
+        return cls()
 
     @classmethod
     def unenforced_cpus(cls, cpus: float | None) -> str | None:

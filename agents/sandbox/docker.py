@@ -537,6 +537,12 @@ class DockerBackend(SandboxBackend):
 
     name = "docker"
     approximate = False
+    own_root = True  # a container: its own root, the run directory at a fixed path inside, its own user
+    takes_images = True
+
+    @classmethod
+    def create(cls, *, image: str | None = None, user_image: bool = False) -> "DockerBackend":
+        return cls(image=image, user_image=user_image)
 
     def __init__(
         self,

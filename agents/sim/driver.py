@@ -29,7 +29,7 @@ from farm.agents.sim.contention import judge, quietest_cores, snapshot, wait_unt
 from farm.agents.environment import host_facts, load_average
 from farm.agents.harness.stats import latency_stats, startup_ms, throughput_per_s
 from farm.agents.harness.task import HarnessOutput, HarnessTask, benchmark_task, runtime_env, script_task
-from farm.agents.sandbox import Budget, SandboxBackend, SandboxError, choose_backend
+from farm.agents.sandbox import Budget, SandboxBackend, SandboxError, choose_backend, takes_images
 from farm.agents.sandbox.base import ExitInfo, MountSpec, parse_cpuset, pids_limit, whole_cores
 from farm.agents.sandbox.docker import DockerBackend
 from farm.agents.sandbox.docker_build import BuildFailed, BuildPolicy, ImageBuilder
@@ -306,7 +306,7 @@ class SimDriver:
                 self.image_builder().check_image(task.plan.sim.image)  # no build, but the same list of images
             return None, None
         name = self.backend_override or task.plan.sim.backend
-        if name != "docker":
+        if not takes_images(name):
             raise BuildFailed(f"sim.build makes a Docker image, but this run uses the {name} backend "
                               "(--backend overrides the job's sim.backend: docker); drop --backend", "")
         try:
@@ -372,7 +372,7 @@ class SimDriver:
 
     def isolation(self, backend: SandboxBackend, run_user: RunAs | None = None) -> tuple[Path | None, str]:
         """Where the run directory appears inside the sandbox (None: at its own path) and how the run is isolated."""
-        if backend.name == "docker":  # at a fixed path inside: the host's run path is in no argv or process list
+        if backend.own_root:  # at a fixed path inside: the host's run path is in no argv or process list
             user = f"{run_user.name} (a uid of its own)" if run_user else "the agent's own"
             return INNER_RUN_DIR, f"container, user {user}"
         if run_user is None:
@@ -411,7 +411,7 @@ class SimDriver:
         except SandboxError as e:
             return RunResult.failed(FailureClass.INFRASTRUCTURE, str(e))
         own_python = task.plan.sim.image is not None
-        if own_python and backend.name != "docker":
+        if own_python and not backend.takes_images:
             return RunResult.failed(FailureClass.JOB, f"sim.image {task.plan.sim.image!r} runs in a Docker image, but this "
                                     f"run uses the {backend.name} backend (--backend overrides the job's "
                                     "sim.backend: docker); drop --backend")
@@ -452,7 +452,7 @@ class SimDriver:
         # The result comes back through an anonymous file opened here before any of the run's code starts, handed
         # down as a descriptor: no path a run (this one or another) can write. A container cannot be handed one:
         # its harness writes out.json in its own run directory, which only its own container sees.
-        result_fd = None if backend.name == "docker" else os.memfd_create("farm-result", os.MFD_CLOEXEC)
+        result_fd = None if backend.own_root else os.memfd_create("farm-result", os.MFD_CLOEXEC)
         try:
             return self._run_sandboxed(task, cancel_check, run_user, backend, budget, base, limits, inner, isolation,
                                        run_dir, harness_task, seen, out_file, result_fd, own_python, bounded, disk,
@@ -487,7 +487,7 @@ class SimDriver:
             self._cleanup(run_dir)
             return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{backend.name} sandbox: {e}", **base)
         # the model and the script folder are staged inside; a container sees it at `inner`
-        mounts = [MountSpec(run_dir, read_only=False, target=inner if backend.name == "docker" else None)]
+        mounts = [MountSpec(run_dir, read_only=False, target=inner if backend.own_root else None)]
         # nosuid,nodev (the tmpfs already is): no set-uid file the run writes works, here or on the host
         sealed = bounded or seal_run_dir(run_dir)
         environment = {**host_facts(), "load_before": load_average(),
@@ -504,7 +504,7 @@ class SimDriver:
                 sandbox = backend.start_warm(warm, budget, env=env, cwd=run_dir)
             else:
                 sandbox = backend.start(argv, budget, env=env,
-                                        cwd=(inner or run_dir) if backend.name == "docker" else run_dir, mounts=mounts,
+                                        cwd=(inner or run_dir) if backend.own_root else run_dir, mounts=mounts,
                                         pass_fds=() if result_fd is None else (result_fd,),
                                         user=None if run_user is None else f"{run_user.uid}:{run_user.gid}")
         except SandboxError as e:
@@ -602,10 +602,10 @@ class SimDriver:
         """The command line and environment that start argv as the run's user (namespaces when `inner`)."""
         if run_user is None:
             # a root agent's containers run as nobody, who must write its result here; otherwise the run is us
-            os.chmod(run_dir, 0o777 if os.geteuid() == 0 and backend.name == "docker" else 0o700)
+            os.chmod(run_dir, 0o777 if os.geteuid() == 0 and backend.own_root else 0o700)
             return argv, env
         hand_over(run_dir, run_user)
-        if backend.name == "docker":
+        if backend.own_root:
             return argv, env  # the container starts as the run's user (start(user=...)): nothing to drop
         if inner is not None:
             return isolated_argv(argv, run_user), {**env, **isolation_env(run_user, memory_bytes, [str(self.runs_root)])}

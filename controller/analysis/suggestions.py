@@ -27,7 +27,7 @@ def _sim_value(record: dict[str, Any], metric: str) -> float | None:
 
 def suggest_for_device(store: Store, device: str, count: int, *, metric: str = "latency",
                        threads: int | None = None, include_contended: bool = False,
-                       jobs_limit: int = 10_000) -> dict[str, Any]:
+                       jobs_limit: int = 10_000, visible_to: tuple[str, str | None] | None = None) -> dict[str, Any]:
     """The ``count`` models of the store to measure on ``device`` next (the most predictive variance removed, over the sim value and
     the model facts, ``suggest_models``). Candidates: every model with a completed (uncontended unless asked) sim run
     at that thread count in any job, not yet in the device's newest calibration; those already in it
@@ -44,7 +44,7 @@ def suggest_for_device(store: Store, device: str, count: int, *, metric: str = "
         measured = list(stored_calibration(newest).calibration.pairs)
     done = {p.model for p in measured}
     candidates: dict[str, dict[str, Any]] = {}
-    for job in store.jobs.listing(jobs_limit):
+    for job in store.jobs.listing(jobs_limit, visible_to):  # visible_to: only the jobs this caller may read
         for r in run_records(store, job["id"]):
             value = _sim_value(r, metric)
             if (r["target"] != "sim" or r["status"] != "completed" or r["threads"] != threads or value is None

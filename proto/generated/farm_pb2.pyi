@@ -118,6 +118,20 @@ class DeviceHealthRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class SuggestRequest(_message.Message):
+    __slots__ = ("device", "count", "metric", "threads", "include_contended")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_CONTENDED_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    count: int
+    metric: str
+    threads: int
+    include_contended: bool
+    def __init__(self, device: _Optional[str] = ..., count: _Optional[int] = ..., metric: _Optional[str] = ..., threads: _Optional[int] = ..., include_contended: _Optional[bool] = ...) -> None: ...
+
 class SetDeviceHealthRequest(_message.Message):
     __slots__ = ("device", "action", "reason")
     DEVICE_FIELD_NUMBER: _ClassVar[int]

@@ -130,6 +130,11 @@ class FarmServiceStub:
                 request_serializer=farm_dot_v1_dot_farm__pb2.DeviceHealthRequest.SerializeToString,
                 response_deserializer=farm_dot_v1_dot_farm__pb2.DocumentResponse.FromString,
                 _registered_method=True)
+        self.Suggest = channel.unary_unary(
+                '/farm.v1.FarmService/Suggest',
+                request_serializer=farm_dot_v1_dot_farm__pb2.SuggestRequest.SerializeToString,
+                response_deserializer=farm_dot_v1_dot_farm__pb2.DocumentResponse.FromString,
+                _registered_method=True)
         self.SetDeviceHealth = channel.unary_unary(
                 '/farm.v1.FarmService/SetDeviceHealth',
                 request_serializer=farm_dot_v1_dot_farm__pb2.SetDeviceHealthRequest.SerializeToString,
@@ -275,6 +280,13 @@ class FarmServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Suggest(self, request, context):
+        """the models to measure on a device next
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SetDeviceHealth(self, request, context):
         """Admin only (auth.SERVICE_ROLES): they change what the lab's devices do.
         quarantine | release | maintenance
@@ -393,6 +405,11 @@ def add_FarmServiceServicer_to_server(servicer, server):
             'DeviceHealth': grpc.unary_unary_rpc_method_handler(
                     servicer.DeviceHealth,
                     request_deserializer=farm_dot_v1_dot_farm__pb2.DeviceHealthRequest.FromString,
+                    response_serializer=farm_dot_v1_dot_farm__pb2.DocumentResponse.SerializeToString,
+            ),
+            'Suggest': grpc.unary_unary_rpc_method_handler(
+                    servicer.Suggest,
+                    request_deserializer=farm_dot_v1_dot_farm__pb2.SuggestRequest.FromString,
                     response_serializer=farm_dot_v1_dot_farm__pb2.DocumentResponse.SerializeToString,
             ),
             'SetDeviceHealth': grpc.unary_unary_rpc_method_handler(
@@ -923,6 +940,33 @@ class FarmService:
             target,
             '/farm.v1.FarmService/DeviceHealth',
             farm_dot_v1_dot_farm__pb2.DeviceHealthRequest.SerializeToString,
+            farm_dot_v1_dot_farm__pb2.DocumentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Suggest(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/farm.v1.FarmService/Suggest',
+            farm_dot_v1_dot_farm__pb2.SuggestRequest.SerializeToString,
             farm_dot_v1_dot_farm__pb2.DocumentResponse.FromString,
             options,
             channel_credentials,
