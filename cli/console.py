@@ -9,18 +9,54 @@ import sys
 from pathlib import Path
 
 from contextlib import contextmanager
-from typing import Callable, Iterator
-
-from rich.console import Console
-from rich.text import Text
+from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 
 from farm.client.errors import FarmError
 from farm.client.errors import Progress as FarmProgress
 from farm.proto.escape import printable
 
-# Piped output keeps the full table width instead of rich's 80-column guess; $COLUMNS wins when set.
-out = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160)
-err = Console(stderr=True, soft_wrap=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+class _Console:
+    """A rich Console made on first use, bound to the streams of that moment (rich loads only then: `farm
+    --version` never loads it); rebind() makes the next use bind anew, as each in-process `farm` run needs."""
+
+    def __init__(self, make: Callable[[], Console]) -> None:
+        self._make = make
+        self._console: Console | None = None
+
+    def rebind(self) -> None:
+        self._console = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            self._console = self._make()
+        return getattr(self._console, name)
+
+
+def _out() -> Console:
+    from rich.console import Console
+
+    # Piped output keeps the full table width instead of rich's 80-column guess; $COLUMNS wins when set.
+    return Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160)
+
+
+def _err() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True, soft_wrap=True)
+
+
+out = cast("Console", _Console(_out))
+err = cast("Console", _Console(_err))
+
+
+def rebind() -> None:
+    """The next print binds to the current sys.stdout and sys.stderr (a `farm` run in a process that swapped them)."""
+    cast(_Console, out).rebind()
+    cast(_Console, err).rebind()
 
 
 class UserError(FarmError):
@@ -43,6 +79,8 @@ def lab_devices(args: argparse.Namespace) -> list:
         lab = load_lab(Path(args.devices)) if getattr(args, "devices", None) else lab_from_environment()
     except LabConfigError as e:
         raise UserError(str(e)) from None
+    from rich.text import Text
+
     for problem in discover_types(lab):  # untyped entries get the type their facts match
         err.print(Text.assemble(("device ", "yellow"), problem))
     args._lab_devices = lab
@@ -63,6 +101,8 @@ def open_farm(args: argparse.Namespace):
                        create=getattr(args, "create", False), read_only=getattr(args, "read_only", False))
     missing = getattr(farm, "store_missing", None)
     if missing is not None:
+        from rich.text import Text
+
         err.print(Text(f"note: there is no store at {missing} (this command only reads one, so none was made); "
                        "check --db or FARM_DB", style="yellow"))
     return farm
@@ -91,6 +131,7 @@ def when(ts: dt.datetime | float | None) -> str:
 def job_progress(args: argparse.Namespace, job_id: int) -> Iterator[Callable[[FarmProgress], None]]:
     """A bar on a terminal (or with --progress), else a line per finished run; nothing with --json/--quiet."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.text import Text
 
     quiet = args.json or getattr(args, "quiet", False)
     show = not quiet and err.is_terminal or getattr(args, "progress", False)

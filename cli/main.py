@@ -14,8 +14,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.text import Text
-
 from farm.version import __version__
 from farm.cli import console
 from farm.cli.console import job_progress, open_farm
@@ -51,6 +49,8 @@ def _positive_int(text: str) -> int:
 
 # --- submit / resume / watch ---------------------------------------------------------
 def _finish(args: argparse.Namespace, farm: Farm, job_id: int, completed_normally: bool) -> int:
+    from rich.text import Text
+
     from farm.cli.render import failures, results_table, show, to_json
 
     records = [r.model_dump() for r in farm.results(job_id)]  # the tables read a record's JSON form
@@ -108,6 +108,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     _runner_options(args, farm)
 
     def warn(kind: str, message: str) -> None:
+        from rich.text import Text
+
         err.print(Text.assemble((f"{kind}: ", "yellow"), message), highlight=False)
 
     with job_progress(args, 0) as update:  # a health check may run first (embedded, devices not checked lately)
@@ -208,6 +210,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from rich.text import Text
+
     from farm.cli.render import to_json
 
     job = open_farm(args).job(args.job)
@@ -466,6 +470,8 @@ def _configure_logging(args: argparse.Namespace) -> None:
 
 def _report_error(args: argparse.Namespace, message: str, code: int, problems: list[Problem] | None = None) -> int:
     """One paragraph on stderr; with --json the same as JSON on stdout, for scripts."""
+    from rich.text import Text
+
     err.print(Text.assemble(("error: ", "red"), message), highlight=False)
     if getattr(args, "json", False):
         print(strict_json.dumps({"error": message, "exit_code": code, "problems": problems or []}, indent=2))
@@ -473,6 +479,10 @@ def _report_error(args: argparse.Namespace, message: str, code: int, problems: l
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv) == ["--version"]:  # the commonest probe builds no parser
+        print(f"farm {__version__}")
+        return EXIT_OK
+    console.rebind()  # this run prints to the streams of this moment (an in-process run may have swapped them)
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args)
