@@ -1,7 +1,11 @@
-"""Real `farm controller serve` and `farm agent` processes on 127.0.0.1 for the gRPC tests.
+"""Controllers and agents on 127.0.0.1 for the gRPC tests: in this process (farm.client.compose) by default,
+real `farm controller serve` and `farm agent` processes where the process is the point (kill -9, signals, exit
+codes, what the command prints).
 
 Every process gets PR_SET_PDEATHSIG, so it dies with the test run even if pytest is killed,
 and is stopped at the end of its test; tests talk to them through the real CLI or raw stubs.
+An in-process controller (Cluster.serve_in_process) runs on threads of pytest's process and may be shared by a
+module's tests; a test passes it a clock to move instead of sleeping through a lease TTL.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from conftest import FARM
+from farm.client.compose import ControllerServer, ControllerSettings, build_controller
 
 PR_SET_PDEATHSIG = 1
 
@@ -71,6 +76,7 @@ class Cluster:
     env: dict[str, str]
     processes: list[FarmProcess] = field(default_factory=list)
     address: str | None = None
+    servers: list[ControllerServer] = field(default_factory=list)  # controllers on threads of this process
 
     def spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> FarmProcess:
         log = self.root / f"{name}.log"
@@ -95,6 +101,16 @@ class Cluster:
         self.address = str(wait_for(listening, 30, "the controller to listen"))
         return proc
 
+    def serve_in_process(self, *, clock: Callable[[], float] = time.time, **settings: Any) -> ControllerServer:
+        """A controller on threads of this process (no `--db`: ROOT/controller.db); `settings` are
+        ControllerSettings fields (no_auth=True unless tokens is given)."""
+        settings.setdefault("db", self.root / "controller.db")
+        settings.setdefault("no_auth", "tokens" not in settings)
+        server = build_controller(ControllerSettings(**settings), clock=clock).start()
+        self.servers.append(server)
+        self.address = server.address
+        return server
+
     def start_agent(self, name: str, *extra: str, token: str | None = None) -> FarmProcess:
         args = ["agent", "--controller", self.address, "--name", name, "--work-dir", str(self.root / f"work-{name}"),
                 *extra]
@@ -112,6 +128,9 @@ class Cluster:
     def stop_all(self) -> None:
         for proc in reversed(self.processes):
             proc.stop()
+        for server in reversed(self.servers):
+            server.stop()
+        self.servers.clear()
 
 
 def sleep_job(directory: Path, model: Path, *, tasks: int, seconds: float, name: str = "job.yaml") -> Path:
