@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from farm.client.errors import FarmError
 from farm.client.errors import Progress as FarmProgress
@@ -19,44 +19,46 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
-class _Console:
-    """A rich Console made on first use, bound to the streams of that moment (rich loads only then: `farm
-    --version` never loads it); rebind() makes the next use bind anew, as each in-process `farm` run needs."""
-
-    def __init__(self, make: Callable[[], Console]) -> None:
-        self._make = make
-        self._console: Console | None = None
-
-    def rebind(self) -> None:
-        self._console = None
-
-    def __getattr__(self, name: str) -> Any:
-        if self._console is None:
-            self._console = self._make()
-        return getattr(self._console, name)
-
-
-def _out() -> Console:
+def _make_out() -> Console:
     from rich.console import Console
 
     # Piped output keeps the full table width instead of rich's 80-column guess; $COLUMNS wins when set.
     return Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160)
 
 
-def _err() -> Console:
+def _make_err() -> Console:
     from rich.console import Console
 
     return Console(stderr=True, soft_wrap=True)
 
 
-out = cast("Console", _Console(_out))
-err = cast("Console", _Console(_err))
+_MAKERS = {"out": _make_out, "err": _make_err}
+
+
+def __getattr__(name: str) -> Any:
+    """`out` and `err`, the rich consoles, made on first use (PEP 562): rich loads only then, so `farm --version`
+    never loads it, and each is bound to the streams of that moment."""
+    if name in _MAKERS:
+        made = _MAKERS[name]()
+        globals()[name] = made
+        return made
+    raise AttributeError(f"module 'farm.cli.console' has no attribute {name!r}")
+
+
+def _console(name: str) -> Console:
+    return globals().get(name) or __getattr__(name)  # type: ignore[no-any-return]
 
 
 def rebind() -> None:
-    """The next print binds to the current sys.stdout and sys.stderr (a `farm` run in a process that swapped them)."""
-    cast(_Console, out).rebind()
-    cast(_Console, err).rebind()
+    """The next use of `out` and `err` through this module makes them anew, bound to the streams of that moment
+    (a `farm` run in a process that swapped sys.stdout; modules that imported them by name keep theirs)."""
+    for name in _MAKERS:
+        globals().pop(name, None)
+
+
+if TYPE_CHECKING:
+    out: Console
+    err: Console
 
 
 class UserError(FarmError):
@@ -82,7 +84,7 @@ def lab_devices(args: argparse.Namespace) -> list:
     from rich.text import Text
 
     for problem in discover_types(lab):  # untyped entries get the type their facts match
-        err.print(Text.assemble(("device ", "yellow"), problem))
+        _console("err").print(Text.assemble(("device ", "yellow"), problem))
     args._lab_devices = lab
     return lab
 
@@ -103,7 +105,7 @@ def open_farm(args: argparse.Namespace):
     if missing is not None:
         from rich.text import Text
 
-        err.print(Text(f"note: there is no store at {missing} (this command only reads one, so none was made); "
+        _console("err").print(Text(f"note: there is no store at {missing} (this command only reads one, so none was made); "
                        "check --db or FARM_DB", style="yellow"))
     return farm
 
@@ -133,6 +135,7 @@ def job_progress(args: argparse.Namespace, job_id: int) -> Iterator[Callable[[Fa
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.text import Text
 
+    err = _console("err")
     quiet = args.json or getattr(args, "quiet", False)
     show = not quiet and err.is_terminal or getattr(args, "progress", False)
     progress = Progress(TextColumn("[bold]job {task.fields[job]}"), BarColumn(), MofNCompleteColumn(),
