@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from conftest import FARM
-from farm.client.compose import ControllerServer, ControllerSettings, build_controller
+from farm.client.compose import (
+    AgentRunner, AgentSettings, ControllerServer, ControllerSettings, build_agent, build_controller,
+)
 
 PR_SET_PDEATHSIG = 1
 
@@ -77,6 +79,7 @@ class Cluster:
     processes: list[FarmProcess] = field(default_factory=list)
     address: str | None = None
     servers: list[ControllerServer] = field(default_factory=list)  # controllers on threads of this process
+    runners: list[AgentRunner] = field(default_factory=list)  # agents on threads of this process
 
     def spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> FarmProcess:
         log = self.root / f"{name}.log"
@@ -111,6 +114,15 @@ class Cluster:
         self.address = server.address
         return server
 
+    def agent_in_process(self, name: str, **settings: Any) -> AgentRunner:
+        """An agent on threads of this process, connected to self.address; `settings` are AgentSettings fields."""
+        settings.setdefault("work_dir", self.root / f"work-{name}")
+        runner = build_agent(AgentSettings(controller=str(self.address), name=name, **settings)).start()
+        self.runners.append(runner)
+        assert runner.client is not None
+        wait_for(runner.client.connected.is_set, 30, f"agent {name} to connect")
+        return runner
+
     def start_agent(self, name: str, *extra: str, token: str | None = None) -> FarmProcess:
         args = ["agent", "--controller", self.address, "--name", name, "--work-dir", str(self.root / f"work-{name}"),
                 *extra]
@@ -128,6 +140,9 @@ class Cluster:
     def stop_all(self) -> None:
         for proc in reversed(self.processes):
             proc.stop()
+        for runner in reversed(self.runners):
+            runner.stop()
+        self.runners.clear()
         for server in reversed(self.servers):
             server.stop()
         self.servers.clear()
