@@ -26,8 +26,8 @@ def open_farm(controller: str | None = None, *, db: Path | str | None = None,
     if address:
         from farm.client.remote import RemoteFarm
         return RemoteFarm(address, credentials or Credentials.resolve())
-    from farm.client.embedded import EmbeddedFarm
-    return EmbeddedFarm(db, **embedded)
+    from farm.client.compose import EmbeddedSettings, build_embedded
+    return build_embedded(EmbeddedSettings(db=db, **embedded))
 
 
 def __getattr__(name: str) -> object:  # PEP 562: the client API (pydantic answer models) loads on first use
