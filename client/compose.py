@@ -156,6 +156,7 @@ class ControllerServer(_Started):
         return f"{host}:{self.port}"
 
     def start(self) -> ControllerServer:
+        from farm.controller.auth import TokenFileError
         from farm.controller.grpc_server import DEFAULT_MAX_STREAMS, DEFAULT_MAX_WATCHES, DEFAULT_UPLOAD_QUOTA, serve
         from farm.controller.operations.metrics import MetricsListenError
         from farm.controller.store import DB_ENV, StoreError, db_location, open_store
@@ -180,6 +181,8 @@ class ControllerServer(_Started):
         except BaseException as e:
             self.store.close()
             self.store = None
+            if isinstance(e, TokenFileError):  # a TLS certificate that expired or is no certificate
+                raise FarmError(str(e)) from None
             if isinstance(e, MetricsListenError):
                 raise FarmError(str(e), EXIT_ENVIRONMENT) from None
             if isinstance(e, ValueError):  # a --metrics-listen that is not HOST:PORT, a bad timeout
