@@ -11,6 +11,7 @@ module's tests; a test passes it a clock to move instead of sleeping through a l
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import re
 import signal
@@ -41,6 +42,40 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str, interva
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+class OffsetClock:
+    """Real time plus an offset a test moves forward: leases, heartbeats and deadlines judged by a controller
+    given this clock run out at once when the test jumps past their TTL, and keep flowing otherwise."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+class ServerLog(logging.Handler):
+    """What in-process controllers log, as `farm controller serve` prints it (the `farm` loggers at INFO)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+        self.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        self._logger = logging.getLogger("farm")
+        self._level = self._logger.level
+        self._logger.setLevel(logging.INFO)
+        self._logger.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def detach(self) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._level)
 
 
 @dataclass
@@ -80,6 +115,7 @@ class Cluster:
     address: str | None = None
     servers: list[ControllerServer] = field(default_factory=list)  # controllers on threads of this process
     runners: list[AgentRunner] = field(default_factory=list)  # agents on threads of this process
+    log: ServerLog | None = None  # what the in-process controllers logged (serve_in_process)
 
     def spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> FarmProcess:
         log = self.root / f"{name}.log"
@@ -109,6 +145,8 @@ class Cluster:
         ControllerSettings fields (no_auth=True unless tokens is given)."""
         settings.setdefault("db", self.root / "controller.db")
         settings.setdefault("no_auth", "tokens" not in settings)
+        if self.log is None:
+            self.log = ServerLog()
         server = build_controller(ControllerSettings(**settings), clock=clock).start()
         self.servers.append(server)
         self.address = server.address
@@ -146,6 +184,13 @@ class Cluster:
         for server in reversed(self.servers):
             server.stop()
         self.servers.clear()
+        if self.log is not None:
+            self.log.detach()
+            self.log = None
+
+    def server_output(self) -> str:
+        """The in-process controllers' log so far (a process's output(), for a controller on threads)."""
+        return self.log.text() if self.log else ""
 
 
 def sleep_job(directory: Path, model: Path, *, tasks: int, seconds: float, name: str = "job.yaml") -> Path:
