@@ -9,18 +9,56 @@ import sys
 from pathlib import Path
 
 from contextlib import contextmanager
-from typing import Callable, Iterator
-
-from rich.console import Console
-from rich.text import Text
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from farm.client.errors import FarmError
 from farm.client.errors import Progress as FarmProgress
 from farm.proto.escape import printable
 
-# Piped output keeps the full table width instead of rich's 80-column guess; $COLUMNS wins when set.
-out = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160)
-err = Console(stderr=True, soft_wrap=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+def _make_out() -> Console:
+    from rich.console import Console
+
+    # Piped output keeps the full table width instead of rich's 80-column guess; $COLUMNS wins when set.
+    return Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160)
+
+
+def _make_err() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True, soft_wrap=True)
+
+
+_MAKERS = {"out": _make_out, "err": _make_err}
+
+
+def __getattr__(name: str) -> Any:
+    """`out` and `err`, the rich consoles, made on first use (PEP 562): rich loads only then, so `farm --version`
+    never loads it, and each is bound to the streams of that moment."""
+    if name in _MAKERS:
+        made = _MAKERS[name]()
+        globals()[name] = made
+        return made
+    raise AttributeError(f"module 'farm.cli.console' has no attribute {name!r}")
+
+
+def _console(name: str) -> Console:
+    return globals().get(name) or __getattr__(name)  # type: ignore[no-any-return]
+
+
+def rebind() -> None:
+    """The next use of `out` and `err` through this module makes them anew, bound to the streams of that moment
+    (a `farm` run in a process that swapped sys.stdout; modules that imported them by name keep theirs)."""
+    for name in _MAKERS:
+        globals().pop(name, None)
+
+
+if TYPE_CHECKING:
+    out: Console
+    err: Console
 
 
 class UserError(FarmError):
@@ -43,8 +81,10 @@ def lab_devices(args: argparse.Namespace) -> list:
         lab = load_lab(Path(args.devices)) if getattr(args, "devices", None) else lab_from_environment()
     except LabConfigError as e:
         raise UserError(str(e)) from None
+    from rich.text import Text
+
     for problem in discover_types(lab):  # untyped entries get the type their facts match
-        err.print(Text.assemble(("device ", "yellow"), problem))
+        _console("err").print(Text.assemble(("device ", "yellow"), problem))
     args._lab_devices = lab
     return lab
 
@@ -63,7 +103,9 @@ def open_farm(args: argparse.Namespace):
                        create=getattr(args, "create", False), read_only=getattr(args, "read_only", False))
     missing = getattr(farm, "store_missing", None)
     if missing is not None:
-        err.print(Text(f"note: there is no store at {missing} (this command only reads one, so none was made); "
+        from rich.text import Text
+
+        _console("err").print(Text(f"note: there is no store at {missing} (this command only reads one, so none was made); "
                        "check --db or FARM_DB", style="yellow"))
     return farm
 
@@ -91,7 +133,9 @@ def when(ts: dt.datetime | float | None) -> str:
 def job_progress(args: argparse.Namespace, job_id: int) -> Iterator[Callable[[FarmProgress], None]]:
     """A bar on a terminal (or with --progress), else a line per finished run; nothing with --json/--quiet."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.text import Text
 
+    err = _console("err")
     quiet = args.json or getattr(args, "quiet", False)
     show = not quiet and err.is_terminal or getattr(args, "progress", False)
     progress = Progress(TextColumn("[bold]job {task.fields[job]}"), BarColumn(), MofNCompleteColumn(),

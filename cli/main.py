@@ -15,8 +15,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.text import Text
-
 from farm.proto.names import BACKEND_CHOICES
 from farm.version import __version__
 from farm.cli import console
@@ -30,7 +28,6 @@ if TYPE_CHECKING:  # the client API and its answer models (pydantic) load when a
     from farm.client.api import Farm, Problem
 
 UserError = console.UserError
-out, err = console.out, console.err
 _when = console.when
 
 
@@ -53,6 +50,8 @@ def _positive_int(text: str) -> int:
 
 # --- submit / resume / watch ---------------------------------------------------------
 def _finish(args: argparse.Namespace, farm: Farm, job_id: int, completed_normally: bool) -> int:
+    from rich.text import Text
+
     from farm.cli.render import failures, results_table, show, to_json
 
     records = [r.model_dump() for r in farm.results(job_id)]  # the tables read a record's JSON form
@@ -61,13 +60,13 @@ def _finish(args: argparse.Namespace, farm: Farm, job_id: int, completed_normall
         print(to_json({"job": job_id, "status": job.status, "results": records,
                        **({"warnings": args.warnings} if getattr(args, "warnings", None) else {})}))
     else:
-        show(out, results_table(records, title=f"job {job_id} · {job.name} · {job.status}", **_table_form(args)),
+        show(console.out, results_table(records, title=f"job {job_id} · {job.name} · {job.status}", **_table_form(args)),
              wide=_table_form(args)["wide"])
         if any(r.get("approximate") for r in records):
-            out.print("* approximate: the process backend enforces limits best-effort and samples memory.")
+            console.out.print("* approximate: the process backend enforces limits best-effort and samples memory.")
         for line in failures(records):
-            err.print(Text.assemble(("failed ", "red"), line), highlight=False)
-        out.print(f"kept by the {farm.where} · `farm results {job_id} --format json` for every figure", highlight=False)
+            console.err.print(Text.assemble(("failed ", "red"), line), highlight=False)
+        console.out.print(f"kept by the {farm.where} · `farm results {job_id} --format json` for every figure", highlight=False)
     if not completed_normally:
         return EXIT_INTERRUPTED
     return EXIT_OK if job.status == "completed" else EXIT_RUNS_FAILED
@@ -81,7 +80,7 @@ def _follow(args: argparse.Namespace, farm: Farm, job_id: int) -> int:
     except KeyboardInterrupt:
         if farm.embedded:
             raise
-        err.print(f"stopped watching; job {job_id} carries on at the {farm.where} (`farm cancel {job_id}` stops it)")
+        console.err.print(f"stopped watching; job {job_id} carries on at the {farm.where} (`farm cancel {job_id}` stops it)")
         return EXIT_INTERRUPTED
     return _finish(args, farm, job_id, ok)
 
@@ -110,7 +109,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     _runner_options(args, farm)
 
     def warn(kind: str, message: str) -> None:
-        err.print(Text.assemble((f"{kind}: ", "yellow"), message), highlight=False)
+        from rich.text import Text
+
+        console.err.print(Text.assemble((f"{kind}: ", "yellow"), message), highlight=False)
 
     with job_progress(args, 0) as update:  # a health check may run first (embedded, devices not checked lately)
         submitted = farm.submit(Path(args.job_file), priority=args.priority, max_tasks=args.max_tasks,
@@ -119,7 +120,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     args.warnings = [w.model_dump() for w in submitted.warnings]
     if not args.json and not args.quiet:
         each = submitted.tasks // max(1, submitted.models)
-        err.print(f"job {submitted.job}: {submitted.models} model(s) × {each} run(s) each = {submitted.tasks} run(s), "
+        console.err.print(f"job {submitted.job}: {submitted.models} model(s) × {each} run(s) each = {submitted.tasks} run(s), "
                   f"{farm.where}", highlight=False)
     if args.detach:
         if args.json:
@@ -127,7 +128,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                                      **({"log": str(submitted.log)} if submitted.log else {})}))
         elif not args.quiet:
             where = f"a background process runs it (output: {submitted.log})" if submitted.log else f"the {farm.where} runs it"
-            err.print(f"job {submitted.job} queued; {where}. `farm watch {submitted.job}` follows it, "
+            console.err.print(f"job {submitted.job} queued; {where}. `farm watch {submitted.job}` follows it, "
                       f"`farm status {submitted.job}` tells where it is.", highlight=False)
         return EXIT_OK
     return _follow(args, farm, submitted.job)
@@ -158,7 +159,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
                         "them) and/or --canceled")
     answer = farm.retry(args.job, failed=args.failed, canceled=args.canceled)
     if not args.json and not args.quiet:
-        err.print(f"job {args.job}: {answer.retried_tasks} of {answer.total} task(s) run again as new attempts; "
+        console.err.print(f"job {args.job}: {answer.retried_tasks} of {answer.total} task(s) run again as new attempts; "
                   f"the earlier attempts stay stored ({farm.where})", highlight=False)
     return _follow(args, farm, args.job)
 
@@ -182,7 +183,7 @@ def cmd_results(args: argparse.Namespace) -> int:
         if fmt == "json":
             print(to_json(pairs))
         else:
-            show(out, pairs_table(pairs, title=f"job {args.job} · sim and device side by side", wide=args.wide), wide=args.wide)
+            show(console.out, pairs_table(pairs, title=f"job {args.job} · sim and device side by side", wide=args.wide), wide=args.wide)
         return EXIT_OK
     if fmt == "json":
         print(to_json(records))
@@ -190,10 +191,10 @@ def cmd_results(args: argparse.Namespace) -> int:
         sys.stdout.write(results_csv(records))
     elif args.ops:
         from farm.cli.op_profile_view import op_profile_tables
-        out.print(op_profile_tables(records))
+        console.out.print(op_profile_tables(records))
     else:
         job = farm.job(args.job)
-        show(out, results_table(records, title=f"job {args.job} · {job.name} · {job.status}", **_table_form(args)),
+        show(console.out, results_table(records, title=f"job {args.job} · {job.name} · {job.status}", **_table_form(args)),
              wide=args.wide)
     return EXIT_OK
 
@@ -205,24 +206,26 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     if args.json:
         print(to_json([j.to_json() for j in jobs]))
         return EXIT_OK
-    show(out, jobs_table(jobs, _when, wide=args.wide), wide=args.wide)
+    show(console.out, jobs_table(jobs, _when, wide=args.wide), wide=args.wide)
     return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from rich.text import Text
+
     from farm.cli.render import to_json
 
     job = open_farm(args).job(args.job)
     if args.json:
         print(to_json(job.to_json()))
         return EXIT_OK
-    out.print(Text.assemble(f"job {args.job} (", printable(job.name), "): ", (job.status, "bold"),
+    console.out.print(Text.assemble(f"job {args.job} (", printable(job.name), "): ", (job.status, "bold"),
                             f" — {job.done}/{job.total} done: {job.completed} ok, {job.failed} failed, "
                             f"{job.canceled} canceled, {job.running} running, {job.pending} pending"))
     if job.message:
-        out.print(Text(printable(job.message, None, multiline=True)))
+        console.out.print(Text(printable(job.message, None, multiline=True)))
     if job.status == "interrupted" and not job.message:  # a stored interruption says so in its message
-        out.print(f"the process that ran it ({job.owner_pid}) has died; `farm resume {args.job}` carries on, "
+        console.out.print(f"the process that ran it ({job.owner_pid}) has died; `farm resume {args.job}` carries on, "
                   "keeping every run already stored.")
     return EXIT_OK
 
@@ -234,7 +237,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     if args.json:
         print(to_json({"job": args.job, "canceled_tasks": n}))
     else:
-        out.print(f"job {args.job}: {n} unfinished run(s) canceled; runs already stored are kept.")
+        console.out.print(f"job {args.job}: {n} unfinished run(s) canceled; runs already stored are kept.")
     return EXIT_OK
 
 
@@ -264,7 +267,7 @@ def cmd_models_generate(args: argparse.Namespace) -> int:
 
     def progress(model, done: int, total: int) -> None:
         if not args.json and not args.quiet:
-            err.print(f"[{done}/{total}] {model.path}{'' if model.written else ' (unchanged)'}", highlight=False)
+            console.err.print(f"[{done}/{total}] {model.path}{'' if model.written else ' (unchanged)'}", highlight=False)
 
     try:
         models = generate_examples(dest, progress=progress, **kwargs)
@@ -273,7 +276,7 @@ def cmd_models_generate(args: argparse.Namespace) -> int:
     if args.json:
         print(to_json([{"path": str(m.path), "name": m.name, "family": m.family, "format": m.format} for m in models]))
     else:
-        out.print(f"{len(models)} model(s) in {dest}")
+        console.out.print(f"{len(models)} model(s) in {dest}")
     return EXIT_OK
 
 
@@ -291,7 +294,7 @@ def cmd_backends(args: argparse.Namespace) -> int:
     else:
         for r in rows:
             mark = "[green]available[/green]" if r["available"] else f"[yellow]unavailable[/yellow]: {r['reason']}"
-            out.print(f"{r['backend']:8} {mark}{' (approximate)' if r['approximate'] else ''}")
+            console.out.print(f"{r['backend']:8} {mark}{' (approximate)' if r['approximate'] else ''}")
     return EXIT_OK
 
 
@@ -468,13 +471,19 @@ def _configure_logging(args: argparse.Namespace) -> None:
 
 def _report_error(args: argparse.Namespace, message: str, code: int, problems: list[Problem] | None = None) -> int:
     """One paragraph on stderr; with --json the same as JSON on stdout, for scripts."""
-    err.print(Text.assemble(("error: ", "red"), message), highlight=False)
+    from rich.text import Text
+
+    console.err.print(Text.assemble(("error: ", "red"), message), highlight=False)
     if getattr(args, "json", False):
         print(strict_json.dumps({"error": message, "exit_code": code, "problems": problems or []}, indent=2))
     return code
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv) == ["--version"]:  # the commonest probe builds no parser
+        print(f"farm {__version__}")
+        return EXIT_OK
+    console.rebind()  # this run prints to the streams of this moment (an in-process run may have swapped them)
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args)
@@ -493,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         return _report_error(args, missing_extra_message(args.command, e.name), EXIT_ENVIRONMENT)
     except KeyboardInterrupt:
-        err.print("interrupted")
+        console.err.print("interrupted")
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

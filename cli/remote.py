@@ -5,7 +5,6 @@ of every command is farm.client.remote."""
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -16,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.proto.names import BACKEND_CHOICES
-from farm.client.errors import EXIT_ENVIRONMENT, EXIT_OK, FarmError
-from farm.client.config import DEFAULT_PORT, Credentials, address_of, checked_addresses, read_config, setting
+from farm.client.errors import EXIT_OK, FarmError
+from farm.client.config import DEFAULT_PORT, Credentials, address_of, read_config, setting
 from farm.proto.task_limits import DEFAULT_MAX_TASKS
 
 if TYPE_CHECKING:
@@ -115,13 +114,6 @@ def _logging(verbose: bool) -> None:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
-def _models_root(text: str) -> Path:
-    root = Path(text)
-    if not root.is_absolute() or not root.is_dir():
-        raise RemoteError(f"--models-root {text}: give an absolute path to an existing folder")
-    return root
-
-
 def _budget(args: argparse.Namespace) -> Any:
     """Per-caller budgets from the command line (controller/auth.py has the rest of the defaults)."""
     from farm.controller.auth import BudgetSettings
@@ -142,50 +134,32 @@ def _budget(args: argparse.Namespace) -> Any:
 
 
 def cmd_controller_serve(args: argparse.Namespace) -> int:
-    from farm.controller.auth import TlsFiles, TokenFileError, TokenTable, check_tokens_file, is_loopback
+    """The flags mapped onto farm.client.compose's settings; the controller (and --web-listen's dashboard) run
+    on threads of this process until SIGTERM or Ctrl+C."""
+    from farm.client.compose import ControllerSettings, build_controller
     from farm.controller.scheduling.store_file import StoreFileWatch
-    from farm.controller.grpc_server import DEFAULT_MAX_STREAMS, DEFAULT_MAX_WATCHES, DEFAULT_UPLOAD_QUOTA, serve
-    from farm.controller.operations.metrics import MetricsListenError
-    from farm.controller.store import DB_ENV, StoreError, db_location, open_store
 
     _logging(args.verbose)
     tokens_file = args.tokens or os.environ.get("FARM_TOKENS")
-    if not tokens_file and not args.no_auth:
-        raise RemoteError("the controller needs a tokens file (--tokens PATH or FARM_TOKENS) with lines like "
-                          "`client <token>` and `agent <token> <agent-name>`; --no-auth serves without (loopback only)")
-    if args.no_auth and not is_loopback(args.listen):
-        raise RemoteError(f"--no-auth is only allowed on a loopback address (127.0.0.1, ::1, localhost), not {args.listen}")
+    settings = ControllerSettings(
+        db=args.db, listen=args.listen, create=args.create, tokens=Path(tokens_file) if tokens_file else None,
+        no_auth=args.no_auth, tls_cert=Path(args.tls_cert) if args.tls_cert else None,
+        tls_key=Path(args.tls_key) if args.tls_key else None,
+        tls_client_ca=Path(args.tls_client_ca) if args.tls_client_ca else None, lease_ttl_s=args.lease_ttl,
+        heartbeat_interval_s=args.heartbeat_interval, metrics_listen=args.metrics_listen, max_streams=args.max_streams,
+        max_watches=args.max_watches, reflection=args.reflection, refresh_cron=args.refresh_cron,
+        refresh_suite=Path(args.refresh_suite) if args.refresh_suite else None,
+        models_roots=[Path(r) for r in args.models_root or []], max_model_bytes=args.max_model_bytes,
+        scripts_need_permission=args.scripts_need_permission, budget=_budget(args), job_sharing=args.job_sharing,
+        upload_quota=args.upload_quota, max_tasks=args.max_tasks)
+    server = build_controller(settings).start()
     try:
-        if tokens_file:
-            check_tokens_file(Path(tokens_file))
-        tokens = TokenTable.from_file(Path(tokens_file)) if tokens_file else None
-        tls = None
-        if args.tls_cert or args.tls_key:
-            tls = TlsFiles(ca=Path(args.tls_client_ca) if args.tls_client_ca else None,
-                           cert=Path(args.tls_cert) if args.tls_cert else None, key=Path(args.tls_key) if args.tls_key else None)
-        # the user data folder is farm's own to make; a path someone typed is made only with --create
-        # --db is a file or a postgresql:// URL (several controllers may share one database)
-        store = open_store(db_location(args.db), create_folder=args.create or not (args.db or os.environ.get(DB_ENV)))
-        running = serve(store, args.listen, tokens=tokens, tls=tls, lease_ttl_s=args.lease_ttl,
-                        heartbeat_interval_s=args.heartbeat_interval, metrics_listen=args.metrics_listen,
-                        max_streams=args.max_streams or DEFAULT_MAX_STREAMS,
-                        max_watches=args.max_watches or DEFAULT_MAX_WATCHES, reflection_on=args.reflection,
-                        refresh_cron=args.refresh_cron,
-                        refresh_suite=Path(args.refresh_suite) if args.refresh_suite else None,
-                        models_roots=[_models_root(r) for r in args.models_root or []],
-                        max_model_bytes=args.max_model_bytes, scripts_need_permission=args.scripts_need_permission,
-                        budget=_budget(args), job_sharing=args.job_sharing,
-                        upload_quota=args.upload_quota if args.upload_quota is not None else DEFAULT_UPLOAD_QUOTA)
-    except (TokenFileError, StoreError) as e:
-        raise RemoteError(str(e)) from None
-    except ValueError as e:  # a --metrics-listen that is not HOST:PORT
-        raise RemoteError(str(e)) from None
-    except MetricsListenError as e:
-        raise RemoteError(str(e), EXIT_ENVIRONMENT) from None
-    except (OSError, RuntimeError) as e:
-        raise RemoteError(f"cannot listen on {args.listen}: {e}", EXIT_ENVIRONMENT) from None
-    running.farm.max_tasks = args.max_tasks
-    web = _start_web(args, store, running, tokens, tls) if args.web_listen else None
+        web = _start_web(args, server) if args.web_listen else None
+    except BaseException:
+        server.stop()
+        raise
+    store, running, tls = server.store, server.running, server.tls
+    assert store is not None and running is not None
     host = args.listen.rsplit(":", 1)[0]
     mode = "mutual TLS" if tls and tls.ca else "TLS" if tls else "plain text"
     print(f"farm controller listening on {host}:{running.port} ({mode}; store {store.location}; lease TTL "
@@ -211,40 +185,15 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
     logging.getLogger("farm.controller").info("stopping: agents keep their tasks and reconnect to the next controller")
     if web:
         web.stop()
-    running.stop()
-    store.close()
+    server.stop()
     return EXIT_OK
 
 
-def _start_web(args: argparse.Namespace, store: Any, running: Any, tokens: Any, tls: Any) -> Any:
-    """The dashboard in this process: its buttons call the controller as the CLI and RPCs do (a cancel reaches
-    the agents now, a released device gets tasks at once)."""
-    from farm.controller.auth import is_loopback
-    from farm.web.server import Operator, WebListenError, listen_warnings, parse_web_listen, start_dashboard
-    from farm.web.views import agents_now
+def _start_web(args: argparse.Namespace, server: Any) -> Any:
+    """The dashboard in this process (farm.web.compose), beside the controller."""
+    from farm.web.compose import DashboardSettings, build_dashboard
 
-    def release(device: str) -> None:
-        running.farm.controller.release(device)
-        running.farm.wake(queue_changed=True)
-
-    try:
-        host, port = parse_web_listen(args.web_listen)
-        if tokens is None and not is_loopback(f"[{host}]:{port}"):
-            raise WebListenError(f"--no-auth is only allowed on loopback addresses; the dashboard's --web-listen "
-                                 f"{args.web_listen} is not one")
-    except WebListenError as e:
-        running.stop()
-        raise RemoteError(str(e)) from None
-    for warning in listen_warnings(args.web_listen, tokens=tokens is not None, tls=tls is not None):
-        logging.getLogger("farm.web").warning("%s", warning)
-    operator = Operator(running.farm.cancel_job, lambda device, reason, health: running.farm.controller.quarantine(
-        device, reason, health=health), release)
-    try:
-        return start_dashboard(store, args.web_listen, operator, tokens=tokens, tls=tls,
-                               job_sharing=running.farm.job_sharing, live=lambda: agents_now(running.farm.agents))
-    except WebListenError as e:
-        running.stop()
-        raise RemoteError(str(e), EXIT_ENVIRONMENT) from None
+    return build_dashboard(DashboardSettings(args.web_listen), server).start()
 
 
 # --- agent -----------------------------------------------------------------------------------
@@ -268,92 +217,47 @@ def agent_token(args: argparse.Namespace) -> str | None:
     return env_token or read_config().get("token")
 
 
-def _agent_tls(args: argparse.Namespace, addresses: list[str]) -> Any:
-    """The agent's TLS settings; refused without them for a controller off this host (issue 33: a token only over
-    TLS), unless --insecure-plaintext says the network is trusted."""
-    from farm.controller.auth import is_loopback
-
-    tls = client_tls(args)
-    remote = [a for a in addresses if not is_loopback(a)]
-    if tls is None and remote and not args.insecure_plaintext:
-        raise RemoteError(f"--controller {remote[0]}: without --tls-ca the agent would send its token, and every task "
-                          "and result, in clear to a controller not on this host; give --tls-ca CA.pem (the CA that "
-                          "signed the controller's certificate), or --insecure-plaintext on a network you trust alone")
-    return tls
-
-
 def cmd_agent(args: argparse.Namespace) -> int:
-    from farm.agents.agent import Agent, split_cores
-    from farm.agents.environment import host_facts
-    from farm.agents.link.remote_controller import DeviceInfo, RemoteController
-    from farm.agents.sandbox.docker_build import BuildPolicy
-    from farm.agents.sandbox.isolation import RunUserError, resolve_run_as, run_uid_range
-    from farm.agents.sim.driver import SimDriver
-    from farm.controller.auth import valid_agent_name
+    """The flags mapped onto farm.client.compose's AgentSettings; the agent's slots lease on a thread until
+    SIGTERM or Ctrl+C drains it (a second Ctrl+C stops the running sandboxes too)."""
+    from farm.client.compose import AgentSettings, build_agent
 
     _logging(args.verbose)
     given = setting(args.controller, "controller", "FARM_CONTROLLER")
     if not given:
         raise RemoteError("`farm agent` needs --controller HOST:PORT (or FARM_CONTROLLER)")
-    addresses = checked_addresses(given)  # several controllers on one PostgreSQL: the agent goes round them
-    address = ",".join(addresses)
-    if not valid_agent_name(args.name):
-        raise RemoteError(f"--name {args.name!r}: use letters, digits, '.', '_' and '-' (at most 64)")
-    from farm.agents.lab import LabConfigError, discover_types, lab_from_environment, load_lab
-
-    try:
-        lab = load_lab(Path(args.devices)) if args.devices else lab_from_environment()
-    except LabConfigError as e:
-        raise RemoteError(str(e)) from None
-    for problem in discover_types(lab):  # untyped entries get the type their facts match
-        print(f"device {problem}", file=sys.stderr, flush=True)
-    token = agent_token(args)
-    try:
-        run_as = resolve_run_as(args.run_as)
-        uids = run_uid_range() if run_as is not None else None  # each run's own uid, from FARM_RUN_UIDS
-    except RunUserError as e:
-        raise RemoteError(str(e)) from None
-    # absolute: the harness runs in its run directory, so a relative path would point nowhere
-    work_dir = Path(args.work_dir or Path.home() / ".cache" / "farm" / "agent" / args.name).absolute()
-    work_dir.mkdir(mode=0o711, parents=True, exist_ok=True)  # runs pass through to their own folder; nothing is listed
-    try:
-        split_cores(args.sim_slots)
-    except ValueError as e:
-        raise RemoteError(f"--sim-slots {args.sim_slots}: {e}; each sim slot gets cores of its own.") from None
-    devices = [DeviceInfo(name=f"{args.name}/sim", driver="sim", device_type="sim", tags=args.tag or [],
-                          facts_json=json.dumps(host_facts()), slots=args.sim_slots)]
-    # The lab's phones and boards: jobs name them (or their type or tags), the controller resolves them.
-    devices += [DeviceInfo(name=d.name, driver=d.entry.driver, device_type=d.device_type.name if d.device_type else "",
-                           tags=d.tags) for d in lab]
-    client = RemoteController(addresses, name=args.name, token=token, devices=devices,
-                              tls=_agent_tls(args, addresses), artifact_dir=work_dir / "artifacts")
-    driver = SimDriver(work_dir, backend_override=args.backend, run_as=run_as,
-                       build_policy=BuildPolicy.lab(args.allow_build_network, args.allow_build_base))
-    agent = Agent(client, driver, name=args.name, slots=args.sim_slots, devices=lab)
+    c = Credentials.resolve(None, getattr(args, "tls_ca", None), getattr(args, "tls_cert", None),
+                            getattr(args, "tls_key", None))
+    settings = AgentSettings(
+        controller=given, name=args.name, work_dir=Path(args.work_dir) if args.work_dir else None,
+        sim_slots=args.sim_slots, tags=args.tag or [], backend=args.backend,
+        devices=Path(args.devices) if args.devices else None, run_as=args.run_as, tls_ca=c.tls_ca, tls_cert=c.tls_cert,
+        tls_key=c.tls_key, insecure_plaintext=args.insecure_plaintext, allow_build_network=args.allow_build_network,
+        allow_build_base=args.allow_build_base, drain_timeout_s=args.drain_timeout,
+        on_device_note=lambda line: print(line, file=sys.stderr, flush=True))
+    runner = build_agent(settings)  # every flag checked before the token is read (and FARM_TOKEN dropped)
+    runner.settings = replace(settings, token=agent_token(args))
     log = logging.getLogger("farm.agent")
     signals: list[int] = []
 
     def on_signal(signum: int, frame: Any) -> None:
         signals.append(signum)
         if signum == signal.SIGINT and len(signals) > 1:
-            agent.stop()  # a second Ctrl+C: stop the running sandboxes too (recorded as canceled)
+            runner.stop_runs()  # a second Ctrl+C: stop the running sandboxes too (recorded as canceled)
         else:
-            client.drain()
+            runner.drain()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    run_as, uids = runner.run_as, runner.uids
     log.info("agent %s: %d sim slot(s), %d device(s), work dir %s, controller %s, runs as %s", args.name,
-             args.sim_slots, len(lab), work_dir, address,
+             args.sim_slots, len(runner.lab), runner.work_dir, ",".join(runner.addresses),
              f"a uid of their own each (uids {uids[0]}-{uids[0] + uids[1] - 1}; venvs installed as {run_as.name})"
              if run_as and uids else "the agent's own user")
-    client.start()
-    agent.run_job(None)  # each slot leases until draining
-    if client.fatal is not None:
-        client.close()
-        raise RemoteError(str(client.fatal))
-    delivered = client.wait_for_acks(args.drain_timeout)
-    client.close()
-    if not delivered:
+    runner.start()
+    while not runner.wait(0.5):  # the main thread stays free for the signal handlers
+        pass
+    if not runner.finish():
         log.warning("some results were not acknowledged; the controller re-runs those tasks when their leases run out")
     log.info("agent %s drained and stopped", args.name)
     return EXIT_OK

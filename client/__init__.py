@@ -26,8 +26,8 @@ def open_farm(controller: str | None = None, *, db: Path | str | None = None,
     if addresses:
         from farm.client.remote import RemoteFarm
         return RemoteFarm(addresses[0], credentials or Credentials.resolve(), others=addresses[1:])
-    from farm.client.embedded import EmbeddedFarm
-    return EmbeddedFarm(db, **embedded)
+    from farm.client.compose import EmbeddedSettings, build_embedded
+    return build_embedded(EmbeddedSettings(db=db, **embedded))
 
 
 def __getattr__(name: str) -> object:  # PEP 562: the client API (pydantic answer models) loads on first use

@@ -71,7 +71,8 @@ class EmbeddedFarm(Farm):
             self.store = open_store(path, create_folder=create)
         except StoreError as e:
             raise FarmError(str(e)) from None
-        self.controller = Controller(self.store)
+        from farm.controller import standard_hooks
+        self.controller = Controller(self.store, hooks=standard_hooks())  # this farm's own (client/compose.py)
         self.scope = service.Scope(self.controller)  # everyone's jobs, no agents to list: this process runs them
         self.slots, self.backend = slots, backend
         self.devices_file = Path(devices_file).absolute() if devices_file else None  # handed to a --detach run
@@ -221,7 +222,7 @@ class EmbeddedFarm(Farm):
                 on_progress(Progress(job, "running", total, p.completed, p.failed, p.running, p.canceled, last))
 
         return run_job_embedded(self.store, job, slots=self.slots, backend=self.backend, job_timeout_s=timeout,
-                                on_result=on_result, devices=self.lab())
+                                on_result=on_result, devices=self.lab(), controller=self.controller)
 
     def resume(self, job: int) -> None:
         status = _job_info(self.controller, job).status

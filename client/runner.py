@@ -32,9 +32,12 @@ def store_files(store: Store) -> tuple[Path, ...]:
 
 def run_job_embedded(store: Store, job_id: int, *, slots: int = 1, backend: str | None = None,
                      job_timeout_s: float | None = None, devices: list[LabDevice] | None = None,
-                     on_result: Callable[[TaskSpec, RunResult], None] | None = None) -> bool:
-    """Run every task of the job here. Returns False when it was interrupted by Ctrl+C."""
-    controller = Controller(store)
+                     on_result: Callable[[TaskSpec, RunResult], None] | None = None,
+                     controller: Controller | None = None) -> bool:
+    """Run every task of the job here. Returns False when it was interrupted by Ctrl+C.
+
+    `controller`: the embedded farm's own (its hooks, its clock); else one over `store` with the process defaults."""
+    controller = controller or Controller(store)
     agent = Agent(controller, SimDriver(work_root_for(store), backend_override=backend, keep_out=store_files(store)), slots=slots,
                   on_result=on_result, devices=devices)
     # timeouts.job is a deadline stored at submit (or at `farm retry`): a resume carries on the same clock

@@ -21,5 +21,14 @@ def _example_model_hint(path: Path) -> str | None:
     return generate_hint(path)
 
 
+def standard_hooks() -> hooks.Hooks:
+    """A fresh Hooks with the alert and the example-model hint, for one composed controller (client/compose.py)."""
+    own = hooks.Hooks()
+    own.on_quarantine(_alert_quarantine)
+    own.on_missing_model(_example_model_hint)
+    return own
+
+
+# the process default, for a Controller built without hooks of its own
 hooks.on_quarantine(_alert_quarantine)
 hooks.on_missing_model(_example_model_hint)

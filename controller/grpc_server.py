@@ -109,7 +109,8 @@ class FarmServer:
                  result_batch: int = RESULT_BATCH, upload_idle_s: float = BudgetSettings.upload_idle_s,
                  job_sharing: str = "shared", upload_quota: int | None = DEFAULT_UPLOAD_QUOTA,
                  budget: CallBudget | None = None, hello_timeout_s: float = BudgetSettings.hello_timeout_s,
-                 agent_idle_s: float | None = BudgetSettings.agent_idle_s) -> None:
+                 agent_idle_s: float | None = BudgetSettings.agent_idle_s, clock: Callable[[], float] = time.time,
+                 hooks: Any = None) -> None:
         self.store = store
         self.files = files or controller_files(store)
         self.scripts_need_permission = scripts_need_permission
@@ -119,7 +120,8 @@ class FarmServer:
         self._uploads_lock = threading.Lock()
         self.refresh_suite: Path | None = None  # the reference suite `farm refresh` submits (None: farm's own)
         self.nightly: Any = None  # controller.nightly.NightlyRefresh with --refresh-cron: it leaves clients' refreshes alone
-        self.controller = Controller(store, lease_ttl_s=lease_ttl_s)
+        # clock: when leases, heartbeats and deadlines expire; hooks: this controller's own (scheduling/hooks.py)
+        self.controller = Controller(store, lease_ttl_s=lease_ttl_s, clock=clock, hooks=hooks)
         # the dispatcher's sweep (expire_leases) ends jobs past timeouts.job; their running tasks stop at once
         self.controller.on_deadline = lambda job_id: self._stop_runs(
             job_id, f"job {job_id} passed its deadline (timeouts.job)")
@@ -150,7 +152,7 @@ class FarmServer:
         # After a restart: this process owns the open jobs, and running leases get a full TTL
         # so their agents have time to reconnect before anything is re-queued.
         # Agents seen within a TTL are another controller's on the same database (it keeps them fresh): left online.
-        now = time.time()
+        now = self.controller.clock()
         self.store.leases.adopt_unfinished(os.getpid(), socket.gethostname(), now + self.controller.lease_ttl_s,
                                            seen_before=now - self.controller.lease_ttl_s)
         self.results.start()
@@ -873,7 +875,8 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
           refresh_suite: Path | None = None, models_roots: list[Path] | None = None,
           max_model_bytes: int | None = None, scripts_need_permission: bool = False,
           budget: BudgetSettings | None = None, job_sharing: str = "shared",
-          upload_quota: int | None = DEFAULT_UPLOAD_QUOTA) -> RunningServer:
+          upload_quota: int | None = DEFAULT_UPLOAD_QUOTA, clock: Callable[[], float] = time.time,
+          hooks: Any = None) -> RunningServer:
     """Start the controller's gRPC server (not blocking); the port is the bound one (for :0).
 
     With metrics_listen (HOST:PORT), Prometheus metrics are served at http://HOST:PORT/metrics too.
@@ -893,7 +896,8 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
     farm = FarmServer(store, lease_ttl_s=lease_ttl_s, heartbeat_interval_s=heartbeat_interval_s, tokens=tokens,
                       max_watches=max_watches, files=files, scripts_need_permission=scripts_need_permission,
                       upload_idle_s=settings.upload_idle_s, job_sharing=job_sharing, upload_quota=upload_quota,
-                      budget=call_budget, hello_timeout_s=settings.hello_timeout_s, agent_idle_s=settings.agent_idle_s)
+                      budget=call_budget, hello_timeout_s=settings.hello_timeout_s, agent_idle_s=settings.agent_idle_s,
+                      clock=clock, hooks=hooks)
     if farm.agent_idle_s <= farm.heartbeat_interval_s:
         raise ValueError(f"--agent-idle-timeout {farm.agent_idle_s:g} s must be longer than the agents' heartbeat "
                          f"interval ({farm.heartbeat_interval_s:g} s: --heartbeat-interval, else a quarter of "

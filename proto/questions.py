@@ -66,7 +66,7 @@ class Model(BaseModel):
     """What every request and answer shares: extra keys from a newer peer are ignored, and a float that is
     not finite crosses the wire as "Infinity"/"NaN" (strict JSON output flags it, in both modes alike)."""
 
-    model_config = ConfigDict(ser_json_inf_nan="strings", populate_by_name=True)
+    model_config = ConfigDict(ser_json_inf_nan="strings", populate_by_name=True, defer_build=True)
     LOCAL: ClassVar[tuple[str, ...]] = ()  # fields only one side has (never on the wire: its message has no such field)
 
 

@@ -8,15 +8,19 @@ by pydantic (run_result_from_dict) rather than rebuilt by hand.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import field
 from enum import StrEnum
 from typing import Any
 
 from farm.proto.op_profile import OpProfileRow
-from pydantic import TypeAdapter
+from pydantic import ConfigDict, TypeAdapter
 # Positional construction, dataclasses.asdict/replace and field() keep working; pydantic checks every
 # field's type, and a field this version does not know (a newer agent's, a newer store's) is ignored.
 from pydantic.dataclasses import dataclass
+
+# validators are built on first use, not at import: `farm jobs` and `farm --help` never validate a result
+_DEFERRED = ConfigDict(defer_build=True)
 
 
 class FailureClass(StrEnum):
@@ -52,14 +56,14 @@ class JobStatus(StrEnum):
     INTERRUPTED = "interrupted"  # the process that ran it died; `farm resume` carries on
 
 
-@dataclass
+@dataclass(config=_DEFERRED)
 class TensorInfo:
     name: str
     shape: list[int | str]  # str for a symbolic (dynamic) dimension
     dtype: str
 
 
-@dataclass
+@dataclass(config=_DEFERRED)
 class ModelFacts:
     """What farm knows about a model file without running it."""
 
@@ -82,7 +86,7 @@ class ModelFacts:
     activation_bytes: int | None = None
 
 
-@dataclass
+@dataclass(config=_DEFERRED)
 class LatencyStats:
     """Per-inference latency in milliseconds."""
 
@@ -99,7 +103,7 @@ class LatencyStats:
     count: int
 
 
-@dataclass
+@dataclass(config=_DEFERRED)
 class Limits:
     """The budget a run really had (after the backend applied it)."""
 
@@ -108,14 +112,14 @@ class Limits:
     memory_mb: float | None = None
 
 
-@dataclass
+@dataclass(config=_DEFERRED)
 class TelemetrySample:
     t_s: float  # seconds since the sandbox started
     cpu_percent: float  # of one core
     memory_bytes: int
 
 
-@dataclass
+@dataclass(config=_DEFERRED)
 class Telemetry:
     interval_ms: float
     cpu_avg_percent: float | None = None
@@ -132,7 +136,7 @@ class Telemetry:
     samples: list[TelemetrySample] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(config=_DEFERRED)
 class Contention:
     """Evidence that something other than the run used the run's cores (or the host's clock) while it ran.
 
@@ -170,7 +174,7 @@ class Contention:
 UNENFORCED_BUDGET = "budget not enforced: "
 
 
-@dataclass
+@dataclass(config=_DEFERRED)
 class RunResult:
     """One attempt at one task, as a driver reports it."""
 
@@ -222,17 +226,18 @@ class RunResult:
         return self.environment if self.runtime is None else {**self.environment, "runtime": self.runtime}
 
 
-_RUN_RESULT = TypeAdapter(RunResult)
-_MODEL_FACTS = TypeAdapter(ModelFacts)
+@functools.cache
+def _adapter(kind: type) -> TypeAdapter[Any]:
+    return TypeAdapter(kind)  # built on first use (issue 34: start-up stays light)
 
 
 def run_result_from_dict(data: dict[str, Any]) -> RunResult:
     """A RunResult from `to_dict()` output that crossed a process or came out of the store, validated."""
-    return _RUN_RESULT.validate_python(data)
+    return _adapter(RunResult).validate_python(data)  # type: ignore[no-any-return]
 
 
 def model_facts_from_dict(data: dict[str, Any]) -> ModelFacts:
-    return _MODEL_FACTS.validate_python(data)
+    return _adapter(ModelFacts).validate_python(data)  # type: ignore[no-any-return]
 
 
 class ResultRefused(Exception):

@@ -126,7 +126,7 @@ def parse_duration(value: Any) -> float:
 
 class Strict(BaseModel):
     # Unknown fields are rejected: a typo must not silently fall back to a default.
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, defer_build=True)
 
 
 MAX_NAME_CHARS = 200  # job, model and family names: shown in every table and progress line

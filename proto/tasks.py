@@ -25,7 +25,7 @@ Sha256 = Annotated[str, StringConstraints(pattern=SHA256_HEX.pattern)]
 class TaskPlan(BaseModel):
     """What every task of a job carries from its spec, as the store keeps it (tasks.spec_json)."""
 
-    model_config = ConfigDict(extra="ignore")  # rows written by another version keep loading
+    model_config = ConfigDict(extra="ignore", defer_build=True)  # rows written by another version keep loading
 
     workload: Workload
     sim: SimBudget  # the job's budget, or a device type's for a device's sim twin
@@ -41,7 +41,7 @@ class TaskPlan(BaseModel):
 class TaskSpec(BaseModel):
     """One leased task: which run of which model where, and its job's plan (embedded, never copied)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     task_id: int
     job_id: int

@@ -1,12 +1,17 @@
-"""Real `farm controller serve` and `farm agent` processes on 127.0.0.1 for the gRPC tests.
+"""Controllers and agents on 127.0.0.1 for the gRPC tests: in this process (farm.client.compose) by default,
+real `farm controller serve` and `farm agent` processes where the process is the point (kill -9, signals, exit
+codes, what the command prints).
 
 Every process gets PR_SET_PDEATHSIG, so it dies with the test run even if pytest is killed,
 and is stopped at the end of its test; tests talk to them through the real CLI or raw stubs.
+An in-process controller (Cluster.serve_in_process) runs on threads of pytest's process and may be shared by a
+module's tests; a test passes it a clock to move instead of sleeping through a lease TTL.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import re
 import signal
@@ -15,9 +20,12 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from conftest import FARM
+from farm.client.compose import (
+    AgentRunner, AgentSettings, ControllerServer, ControllerSettings, build_agent, build_controller,
+)
 
 PR_SET_PDEATHSIG = 1
 
@@ -34,6 +42,40 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str, interva
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+class OffsetClock:
+    """Real time plus an offset a test moves forward: leases, heartbeats and deadlines judged by a controller
+    given this clock run out at once when the test jumps past their TTL, and keep flowing otherwise."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+class ServerLog(logging.Handler):
+    """What in-process controllers log, as `farm controller serve` prints it (the `farm` loggers at INFO)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+        self.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        self._logger = logging.getLogger("farm")
+        self._level = self._logger.level
+        self._logger.setLevel(logging.INFO)
+        self._logger.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def detach(self) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._level)
 
 
 @dataclass
@@ -71,6 +113,9 @@ class Cluster:
     env: dict[str, str]
     processes: list[FarmProcess] = field(default_factory=list)
     address: str | None = None
+    servers: list[ControllerServer] = field(default_factory=list)  # controllers on threads of this process
+    runners: list[AgentRunner] = field(default_factory=list)  # agents on threads of this process
+    log: ServerLog | None = None  # what the in-process controllers logged (serve_in_process)
 
     def spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> FarmProcess:
         log = self.root / f"{name}.log"
@@ -96,6 +141,27 @@ class Cluster:
         self.address = str(wait_for(listening, 30, "the controller to listen"))
         return proc
 
+    def serve_in_process(self, *, clock: Callable[[], float] = time.time, **settings: Any) -> ControllerServer:
+        """A controller on threads of this process (no `--db`: ROOT/controller.db); `settings` are
+        ControllerSettings fields (no_auth=True unless tokens is given)."""
+        settings.setdefault("db", self.root / "controller.db")
+        settings.setdefault("no_auth", "tokens" not in settings)
+        if self.log is None:
+            self.log = ServerLog()
+        server = build_controller(ControllerSettings(**settings), clock=clock).start()
+        self.servers.append(server)
+        self.address = server.address
+        return server
+
+    def agent_in_process(self, name: str, **settings: Any) -> AgentRunner:
+        """An agent on threads of this process, connected to self.address; `settings` are AgentSettings fields."""
+        settings.setdefault("work_dir", self.root / f"work-{name}")
+        runner = build_agent(AgentSettings(controller=str(self.address), name=name, **settings)).start()
+        self.runners.append(runner)
+        assert runner.client is not None
+        wait_for(runner.client.connected.is_set, 30, f"agent {name} to connect")
+        return runner
+
     def start_agent(self, name: str, *extra: str, token: str | None = None) -> FarmProcess:
         args = ["agent", "--controller", self.address, "--name", name, "--work-dir", str(self.root / f"work-{name}"),
                 *extra]
@@ -113,6 +179,19 @@ class Cluster:
     def stop_all(self) -> None:
         for proc in reversed(self.processes):
             proc.stop()
+        for runner in reversed(self.runners):
+            runner.stop()
+        self.runners.clear()
+        for server in reversed(self.servers):
+            server.stop()
+        self.servers.clear()
+        if self.log is not None:
+            self.log.detach()
+            self.log = None
+
+    def server_output(self) -> str:
+        """The in-process controllers' log so far (a process's output(), for a controller on threads)."""
+        return self.log.text() if self.log else ""
 
 
 def sleep_job(directory: Path, model: Path, *, tasks: int, seconds: float, name: str = "job.yaml") -> Path:

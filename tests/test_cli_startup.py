@@ -76,3 +76,13 @@ def test_the_check_sees_a_heavy_import(tmp_path: Path) -> None:
     # the same probe on a command that reads a model: it must report numpy, or the test above proves nothing
     proc, loaded = _loaded(["inspect", str(tmp_path / "missing.onnx")], tmp_path)
     assert proc.returncode != 0 and "numpy" in loaded
+
+
+def test_version_builds_no_parser_and_no_console(tmp_path: Path) -> None:
+    # `farm --version` answers before the parser, the command modules and rich's consoles load (issue 34: 0.23 CPU-s
+    # with them, 0.10 without); `farm --help` needs the parser and loads them, which shows the probe sees them
+    proc, loaded = _loaded(["--version"], tmp_path, ("rich", "farm.cli.remote", "farm.cli.calibrate_commands"))
+    assert proc.returncode == 0 and proc.stdout.startswith("farm "), proc.stderr
+    assert loaded == [], f"`farm --version` imported {loaded}"
+    proc, loaded = _loaded(["--help"], tmp_path, ("rich", "farm.cli.remote", "farm.cli.calibrate_commands"))
+    assert proc.returncode == 0 and set(loaded) == {"rich", "farm.cli.remote", "farm.cli.calibrate_commands"}, loaded

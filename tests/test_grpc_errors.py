@@ -1,5 +1,6 @@
 """N7: errors stay bounded. A lab of 5,000 devices and a job naming one that does not exist: the refusal reaches the client as the reason, cut with "… and N more", not as
-gRPC's "received metadata size exceeds hard limit". Real controller process on loopback, tokens on.
+gRPC's "received metadata size exceeds hard limit". A controller on loopback, tokens on, on threads of this process
+(farm.client.compose).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def lab(tmp_path: Path):
     tokens.write_text(f"client {CLIENT}\nagent {AGENT} rack1\n")
     tokens.chmod(0o600)
     cluster = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_CONFIG": str(tmp_path / "none")})
-    cluster.start_controller("--tokens", str(tokens))
+    cluster.serve_in_process(tokens=tokens)
     yield cluster
     cluster.stop_all()
 

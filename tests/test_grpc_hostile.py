@@ -6,10 +6,11 @@ escape codes, open streams without end) and checks three things: the attempt is 
 contained with a message a person can act on, the controller keeps serving, and nothing already
 stored has changed.
 
-The tests that neither kill nor reconfigure the controller share one (`shared_lab`, module-scoped, issue 34):
-each test's `lab` cancels every job left unfinished, waits out the leases left running and forgets the devices
+The tests that neither kill nor reconfigure the controller share one (`shared_lab`, module-scoped, issue 34), on
+threads of this process (farm.client.compose): each test's `lab` cancels every job left unfinished, moves the
+controller's clock past the lease TTL so the leases left running run out at once, and forgets the devices
 registered, so the next test leases only its own tasks and may take any name; assertions on what is stored name
-the test's own tasks.
+the test's own tasks. What the controller logs is read from its loggers (Cluster.server_output).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from farm.controller.store.samples import unpack_iterations
 from farm.proto.generated import agent_pb2, common_pb2, farm_pb2, farm_pb2_grpc
 from farm.proto.results import LatencyStats, RunResult, RunStatus
 from farm.proto.wire import MAX_RESULT_BYTES, MAX_SAMPLES, result_for_the_wire, result_to_message
-from grpc_processes import Cluster, wait_for
+from grpc_processes import Cluster, OffsetClock, wait_for
 from raw_agent import RawAgent, bearer as _bearer
 
 pytestmark = pytest.mark.timeout(240)
@@ -59,7 +60,9 @@ def shared_lab(tmp_path_factory: pytest.TempPathFactory, tiny_models):
     tokens.chmod(0o600)
     os.symlink(tiny_models["onnx"], root / "tiny.onnx")
     cluster = Cluster(root, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_CONFIG": str(root / "none")})
-    cluster.start_controller("--tokens", str(tokens), "--lease-ttl", "3", "--max-watches", "3", "--reflection")
+    clock = OffsetClock()
+    cluster.serve_in_process(tokens=tokens, lease_ttl_s=3, max_watches=3, reflection=True, clock=clock)
+    cluster.clock = clock  # type: ignore[attr-defined]  # the tests move it past the lease TTL
     yield cluster
     cluster.stop_all()
 
@@ -68,14 +71,16 @@ def shared_lab(tmp_path_factory: pytest.TempPathFactory, tiny_models):
 def lab(shared_lab: Cluster):
     """The shared controller, left as a fresh one would be for the next test: no job open, no lease running,
     no device name held (whichever order the tests run in)."""
-    assert shared_lab.processes[0].alive(), shared_lab.processes[0].output()
     yield shared_lab
     with grpc.insecure_channel(shared_lab.address) as channel:
         stub = farm_pb2_grpc.FarmServiceStub(channel)
         for job in stub.ListJobs(farm_pb2.ListJobsRequest(), metadata=_bearer(ADMIN), timeout=20).jobs:
             stub.CancelJob(farm_pb2.JobRequest(job_id=job.id), metadata=_bearer(ADMIN), timeout=20)
 
-        def settled() -> bool:  # a closed agent's leases run out within the TTL (3 s); its devices go offline
+        shared_lab.clock.offset += 4  # past the TTL (3 s): a closed agent's leases run out at the next sweep
+        shared_lab.servers[0].farm.wake()
+
+        def settled() -> bool:  # its devices go offline as its stream closes
             with shared_lab.db() as db:
                 running = db.execute("SELECT COUNT(*) FROM tasks WHERE status = 'running'").fetchone()[0]
             devices = stub.ListDevices(farm_pb2.ListDevicesRequest(), metadata=_bearer(ADMIN), timeout=20).devices
@@ -131,7 +136,7 @@ def test_a_forged_result_is_refused_and_the_real_agents_result_still_counts(lab:
     with lab.db() as db:  # the job's one run: the real agent's
         assert db.execute("SELECT agent, status FROM runs WHERE task_id IN (SELECT id FROM tasks WHERE job_id = ?)",
                           [job]).fetchall() == [("a1", "completed")]
-    log = lab.processes[0].output()
+    log = lab.server_output()
     assert f"agent a2: result for task {task.task_id} attempt {task.attempt} refused" in log
     _still_serving(lab)
 
@@ -151,6 +156,7 @@ def test_a_heartbeat_for_another_agents_task_does_not_keep_its_lease(lab: Cluste
 
         def lost() -> bool:
             hijacker.send(heartbeat=agent_pb2.Heartbeat(running=[ref]))  # on and on, faster than the TTL
+            lab.clock.offset += 1  # the controller's time runs on; a heartbeat that renewed would keep up with it
             with lab.db() as db:
                 return bool(db.execute("SELECT 1 FROM runs WHERE task_id = ?", [task.task_id]).fetchone())
 
@@ -162,7 +168,7 @@ def test_a_heartbeat_for_another_agents_task_does_not_keep_its_lease(lab: Cluste
                          [task.task_id]).fetchone()
         assert run == (1, "failed", "infrastructure", "lease expired on agent a1: it stopped renewing the lease", "a1")
         assert db.execute("SELECT status, leased_by FROM tasks WHERE id = ?", [task.task_id]).fetchone() == ("pending", None)
-    assert "agent a2 heartbeat for 1 task attempt(s) not leased to its session" in lab.processes[0].output()
+    assert "agent a2 heartbeat for 1 task attempt(s) not leased to its session" in lab.server_output()
 
 
 def test_an_agent_cannot_ask_for_the_tasks_of_another_agents_device(lab: Cluster) -> None:
@@ -176,7 +182,7 @@ def test_an_agent_cannot_ask_for_the_tasks_of_another_agents_device(lab: Cluster
         assert run.returncode == 0, run.stderr
         intruder.send(work_request=agent_pb2.WorkRequest(request_id=1, targets=["phone1"]))
         wait_for(lambda: "agent a2 asked for work on phone1, which it did not register; ignored"
-                 in lab.processes[0].output(), 30, "the refusal in the log")
+                 in lab.server_output(), 30, "the refusal in the log")
         assert intruder.lease(request_id=2, target="sim").target == "sim"  # its own kind of work still comes
         assert owner.lease(request_id=1, target="phone1").target == "phone1"  # the phone's task waited for its owner
         assert intruder.inbox.empty()
@@ -282,8 +288,9 @@ def test_a_script_printing_millions_of_timings_stalls_nothing(tmp_path: Path, ti
     (tmp_path / "flood.py").write_text("import sys\nw = sys.stdout.write\nfor i in range(2_200_000):\n"
                                        "    w('{\"latency_ms\": 1.5}\\n')\n")
     (tmp_path / "flood.yaml").write_text("models: [tiny.onnx]\nworkload: {type: script, command: python, script: "
-                                         "flood.py, dir: .}\nsim: {memory: 2g, backend: process}\n")
-    (tmp_path / "small.yaml").write_text("models: [tiny.onnx]\nrepeats: 2\nsim: {backend: process}\n")
+                                         "flood.py, dir: .}\nsim: {memory: 2g, backend: process, on_contention: flag}\n")
+    # on_contention: flag: on a loaded host every run is contended, and the default policy measures it again
+    (tmp_path / "small.yaml").write_text("models: [tiny.onnx]\nrepeats: 2\nsim: {backend: process, on_contention: flag}\n")
     try:
         cluster.start_controller("--no-auth")
         agent = cluster.start_agent("rack1")
@@ -357,7 +364,7 @@ def test_wire_strings_are_escaped_in_the_log_and_the_tables(lab: Cluster) -> Non
         devices = lab.farm("devices", "--controller", lab.address, "--token", CLIENT)
     finally:
         agent.close()
-    log = lab.processes[0].output()
+    log = lab.server_output()
     assert not any(line.startswith(forged_line) for line in log.splitlines())
     assert "0.1\\n2026-01-01" in log and "\\x1b[2J" in log
     assert table.returncode == 0 and "\x1b" not in table.stdout

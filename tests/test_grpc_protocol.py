@@ -56,10 +56,11 @@ def test_a_task_and_a_full_result_cross_the_wire_unchanged() -> None:
     assert result_from_message(result_to_message(failed, common_pb2.RunResult())) == failed
 
 
-@pytest.fixture
-def controller(tmp_path: Path):
-    c = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": ""})
-    c.start_controller("--no-auth")
+@pytest.fixture(scope="module")
+def controller(tmp_path_factory: pytest.TempPathFactory):
+    """One controller on threads of this process for the module: each test uses agent and device names of its own."""
+    c = Cluster(tmp_path_factory.mktemp("protocol"), env={"FARM_CONTROLLER": "", "FARM_TOKEN": ""})
+    c.serve_in_process()
     yield c
     c.stop_all()
 
@@ -79,7 +80,7 @@ def test_reflection_is_off_unless_asked_for(controller: Cluster) -> None:
 
 def test_health_answers_serving_and_reflection_lists_the_services(tmp_path: Path) -> None:
     controller = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": ""})
-    controller.start_controller("--no-auth", "--reflection")
+    controller.serve_in_process(reflection=True)
     try:
         _check_health_and_reflection(controller)
     finally:

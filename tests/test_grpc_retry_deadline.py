@@ -1,6 +1,8 @@
-"""A controller's job, with real `farm controller serve` and `farm agent` processes (issue 32, items 3 and 4):
-`farm retry JOB --failed` (and `farm resume`) runs only its failed tasks again, and the controller's sweep
-ends a job past timeouts.job, its running task stopped at once."""
+"""A controller's job (issue 32, items 3 and 4): `farm retry JOB --failed` (and `farm resume`) runs only its failed
+tasks again, and the controller's sweep ends a job past timeouts.job, its running task stopped at once.
+
+The controller and the agent run on threads of this process (farm.client.compose); the client is the real `farm`
+command. The deadline is judged by the controller's injected clock, which the test moves past it."""
 
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ def test_retry_failed_runs_only_the_failed_tasks_of_a_controller_job(cluster: Cl
     job = cluster.root / "job.yaml"
     job.write_text("name: retry\nmodels: [tiny.onnx]\nworkload: {iterations: 3, warmup: 1}\nrepeats: 5\n"
                    "sim: {memory: 512m, backend: process, on_contention: flag}\n")
-    cluster.start_controller("--no-auth")
+    cluster.serve_in_process()
     submitted = cluster.farm("submit", str(job), "--controller", str(cluster.address), "--detach", "--json")
     assert submitted.returncode == 0, submitted.stderr
     job_id = json.loads(submitted.stdout)["job"]
@@ -67,7 +69,7 @@ def test_retry_failed_runs_only_the_failed_tasks_of_a_controller_job(cluster: Cl
     early = cluster.farm("retry", str(job_id), "--failed", "--controller", str(cluster.address))
     assert early.returncode != 0 and f"job {job_id} is running" in early.stderr, early.stderr
 
-    agent = cluster.start_agent("rack1")
+    agent = cluster.agent_in_process("rack1")
     wait_for(lambda: _status(cluster, job_id)["status"] == "failed", 120, "the job to finish with 2 failed")
     assert (_status(cluster, job_id)["completed"], _status(cluster, job_id)["failed"]) == (3, 2)
 
@@ -86,16 +88,34 @@ def test_retry_failed_runs_only_the_failed_tasks_of_a_controller_job(cluster: Cl
     # `farm resume` of a controller's finished job is the same request: here there is nothing failed left
     resumed = cluster.farm("resume", str(job_id), "--controller", str(cluster.address))
     assert resumed.returncode != 0 and "no failed task to retry" in resumed.stderr and "5 completed" in resumed.stderr
-    assert agent.alive()
+    assert agent.wait(0) is False  # still leasing
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def test_the_controller_ends_a_job_past_its_deadline(cluster: Cluster, tiny_models) -> None:
     job = sleep_job(cluster.root, tiny_models["onnx"], tasks=4, seconds=30)
     job.write_text(job.read_text() + "timeouts: {job: 4s}\n")
-    cluster.start_controller("--no-auth")
-    agent = cluster.start_agent("rack1")
-    wait_for(lambda: "connected to controller" in agent.output(), 30, "the agent to connect")
-    watched = cluster.farm("submit", str(job), "--controller", str(cluster.address), "--json", timeout=120)
+    clock = Clock()
+    server = cluster.serve_in_process(clock=clock)
+    cluster.agent_in_process("rack1")
+    submitted = cluster.farm("submit", str(job), "--controller", str(cluster.address), "--json", "--detach")
+    assert submitted.returncode == 0, submitted.stderr
+    from farm.client import open_farm
+    from farm.client.config import Credentials
+
+    with open_farm(str(cluster.address), credentials=Credentials()) as client:  # polled in-process: no CLI per look
+        wait_for(lambda: client.job(1).running == 1, 60, "the agent to start a run")
+        assert client.job(1).status == "running"  # within its 4 s on the controller's clock
+    clock.now += 5
+    server.farm.wake()  # the dispatcher's sweep ends it now (it would within its idle wait anyway)
+    watched = cluster.farm("watch", "1", "--controller", str(cluster.address), "--json", timeout=120)
     status = _status(cluster, 1)
     assert status["status"] == "canceled", (status, watched.stderr)
     assert "timeouts.job = 4 s" in status["message"]

@@ -1,6 +1,6 @@
 """M4 (issue 33): budgets are per team as well as per token and per address. Many tokens of one team (each within
 its own budget) cannot take every client call: the team's together stop at --max-calls-per-team, refused with a
-reason naming the team, while another team's calls are served. A real controller process; grpc.aio uploads held
+reason naming the team, while another team's calls are served. A controller on threads of this process; grpc.aio uploads held
 open on purpose (no timing involved)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from farm.proto.generated import farm_pb2, farm_pb2_grpc
+from farm.controller.auth import BudgetSettings
 from grpc_processes import Cluster
 
 pytestmark = pytest.mark.timeout(240)
@@ -32,8 +33,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
     (root / "tokens").write_text("\n".join(lines) + "\n")
     (root / "tokens").chmod(0o600)
     cluster = Cluster(root, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_CONFIG": str(root / "none")})
-    cluster.start_controller("--tokens", str(root / "tokens"), "--max-calls-per-token", str(PER_TOKEN),
-                             "--max-calls-per-team", str(PER_TEAM))
+    # on threads of this process (farm.client.compose): the budgets are the controller's settings, not flags
+    cluster.serve_in_process(tokens=root / "tokens",
+                             budget=BudgetSettings(calls_per_token=PER_TOKEN, calls_per_team=PER_TEAM))
     yield cluster
     cluster.stop_all()
 

@@ -1,6 +1,7 @@
 """M3 (issue 33): --upload-quota is reserved before an upload's bytes are accepted, under one lock with the token's
 other uploads, and released when an upload fails. Before, it was checked before and charged after: 8 concurrent
-9 MB uploads against a 10 MB quota stored 72 MB. A real controller process, grpc.aio uploads held open on purpose
+9 MB uploads against a 10 MB quota stored 72 MB. A controller on threads of this process (farm.client.compose),
+grpc.aio uploads held open on purpose
 so every one is in flight at once (no timing involved)."""
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
     (root / "tokens").write_text(f"client {CLIENT}\nclient {OTHER}\n")
     (root / "tokens").chmod(0o600)
     cluster = Cluster(root, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_CONFIG": str(root / "none")})
-    cluster.start_controller("--tokens", str(root / "tokens"), "--upload-quota", str(QUOTA))
+    cluster.serve_in_process(tokens=root / "tokens", upload_quota=QUOTA)
     yield cluster
     cluster.stop_all()
 
@@ -108,4 +109,5 @@ def test_a_failed_upload_gives_its_reservation_back(lab: Cluster) -> None:
             assert await _upload(stub, small, opened, OTHER) == (grpc.StatusCode.OK, "")
 
     asyncio.run(run())
-    assert lab.processes[0].alive()
+    with grpc.insecure_channel(lab.address) as channel:  # the controller still answers
+        farm_pb2_grpc.FarmServiceStub(channel).ListJobs(farm_pb2.ListJobsRequest(), metadata=_bearer(CLIENT), timeout=30)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 from farm.controller.scheduling.jobfile import ResolvedJob
 from farm.controller.scheduling.counters import record_lease_expiries
-from farm.controller.scheduling.hooks import quarantined
+from farm.controller.scheduling.hooks import Hooks, default_hooks
 from farm.controller.scheduling.schedule import MAX_ATTEMPTS, PRIORITY_RANK, expand_tasks
 from farm.controller.store import Store
 from farm.controller.store.rows import RowLike, RunningAttempt, TaskRow, plain_rows
@@ -118,10 +118,12 @@ def deadline_message(timeout_s: float | None) -> str:
 
 class Controller:
     def __init__(self, store: Store, *, lease_ttl_s: float = LEASE_TTL_S,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, hooks: Hooks | None = None) -> None:
         self.store = store
         self.lease_ttl_s = lease_ttl_s
-        self.clock = clock  # the deadline sweep's time (tests move it instead of sleeping)
+        # the time leases, heartbeats and deadlines are judged by (tests move it instead of sleeping)
+        self.clock = clock
+        self.hooks = hooks or default_hooks()  # what scheduling tells the roles above it (hooks.py)
         # told of each job the deadline sweep canceled (a gRPC controller stops its agents' runs at once)
         self.on_deadline: Callable[[int], None] | None = None
 
@@ -132,7 +134,7 @@ class Controller:
         tasks = expand_tasks(job)
         job_id = self.store.jobs.insert({
             "name": name or spec.name or (job.source_path.stem if job.source_path else "job"), "kind": kind,
-            "status": JobStatus.QUEUED.value, "priority": spec.priority, "created_at": time.time(),
+            "status": JobStatus.QUEUED.value, "priority": spec.priority, "created_at": self.clock(),
             "spec_json": spec.model_dump_json(), "spec_yaml": job.source,
             "source_path": str(job.source_path) if job.source_path else None,
             "base_dir": str(job.base_dir), "owner_pid": os.getpid(), "owner_host": socket.gethostname(),
@@ -150,7 +152,7 @@ class Controller:
         """Fail the device's pending tasks; returns the jobs they belonged to (once each)."""
         return self.store.jobs.fail_waiting_tasks(
             device, f"device {device} is quarantined ({reason}); check it, then `farm device release {device}`",
-            time.time(), job_id=job_id)
+            self.clock(), job_id=job_id)
 
     def cancel_job(self, job_id: int) -> int:
         """Cancel what has not finished. Running tasks stop at their next heartbeat."""
@@ -158,11 +160,11 @@ class Controller:
             job = self.store.jobs.get(job_id)
             if job is None or job["status"] in TERMINAL_JOB:
                 return 0
-            n = self.store.jobs.cancel_pending_tasks(job_id, "canceled before it ran", time.time())
+            n = self.store.jobs.cancel_pending_tasks(job_id, "canceled before it ran", self.clock())
             running = self.store.jobs.task_counts(job_id).get(TaskStatus.RUNNING.value, 0)
             self.store.jobs.update(job_id, status=JobStatus.CANCELED.value, message="canceled by the user")
             if not running:
-                self.store.jobs.update(job_id, finished_at=time.time())
+                self.store.jobs.update(job_id, finished_at=self.clock())
         return n + running
 
     def interrupt_job(self, job_id: int, since: float) -> int:
@@ -248,7 +250,7 @@ class Controller:
     def lease(self, agent: str, targets: set[str], *, job_id: int | None = None) -> TaskSpec | None:
         """Hand the next pending task for one of `targets` to `agent`, or None."""
         self.expire_leases()
-        now = time.time()
+        now = self.clock()
         with self.store.transaction():
             first = self.store.leases.next_pending(targets, 1, job_id=job_id)
             if not first:
@@ -271,7 +273,7 @@ class Controller:
         wanted = set().union(*(targets for _, targets in slots)) if slots else set()
         if not wanted:
             return leased, True
-        now = time.time()
+        now = self.clock()
         with self.store.transaction():
             free = list(range(len(slots)))
             started_jobs: set[int] = set()
@@ -313,9 +315,9 @@ class Controller:
             return False
         if agent is not None and leased_by != agent:
             return False
-        if expires_at is not None and expires_at < time.time():
+        if expires_at is not None and expires_at < self.clock():
             return False  # too late: the task may already be another agent's
-        self.store.leases.renew(task_id, time.time() + self.lease_ttl_s)
+        self.store.leases.renew(task_id, self.clock() + self.lease_ttl_s)
         return True
 
     def complete(self, task_id: int, attempt: int, agent: str, started_at: float, result: RunResult) -> int | None:
@@ -381,7 +383,7 @@ class Controller:
                       "failure_class": result.failure_class.value if result.failure_class else FailureClass.BUG.value,
                       "message": result.message}
         if fields["status"] in TERMINAL_TASK:
-            fields["finished_at"] = time.time()
+            fields["finished_at"] = self.clock()
         fields["leased_by"] = None
         run_id = self.store.runs.record(task, attempt, agent, started_at, result, fields)
         if (task["target"] != "sim" and fields["status"] == TaskStatus.FAILED.value
@@ -399,15 +401,15 @@ class Controller:
         """No more tasks for `device` until it is released; its waiting tasks fail (infrastructure).
 
         health "maintenance" is the same, but chosen by a person rather than found by farm."""
-        self.store.devices.set_health(device, health, reason, time.time())
+        self.store.devices.set_health(device, health, reason, self.clock())
         jobs = self._fail_waiting_tasks(device, reason)
         for job_id in set(jobs):  # only the jobs that just lost tasks can have finished
             self._finish_job_if_done(job_id)
-        quarantined(device, reason)  # operations' alert (controller/__init__.py): queued, never holds this lock
+        self.hooks.quarantined(device, reason)  # operations' alert (controller/__init__.py): queued, never holds this lock
         return len(jobs)  # tasks failed (one entry per task)
 
     def release(self, device: str) -> None:
-        self.store.devices.set_health(device, "good", "released by a person", time.time())
+        self.store.devices.set_health(device, "good", "released by a person", self.clock())
 
     def device_health(self) -> list[dict[str, Any]]:
         return plain_rows(self.store.devices.health())
@@ -418,7 +420,7 @@ class Controller:
         The lost attempt is stored as a run of its own (infrastructure), so `runs` has every attempt."""
         self.enforce_deadlines()  # the same sweep ends jobs past timeouts.job (their tasks canceled, not lost)
         # read on a reader connection first: the common round finds nothing and so takes no write lock
-        lost = self.store.leases.running_attempts(expired_before=time.time())
+        lost = self.store.leases.running_attempts(expired_before=self.clock())
         expired = self.lose_attempts(lost, "lease expired on agent {agent}: it stopped renewing the lease") if lost else 0
         record_lease_expiries(expired)  # farm_lease_expiries_total: agents that went silent mid-task
         return expired
@@ -428,7 +430,7 @@ class Controller:
         (infrastructure, `reason` with {agent}) and retried while attempts are left. Returns how many.
 
         Each is checked again inside the transaction: one that reported or moved on meanwhile is left be."""
-        now = time.time()
+        now = self.clock()
         with self.store.transaction():
             lost = self.store.leases.running_attempts(task_ids=[t["id"] for t in running]) if running else []
             current = {(t["id"], t["attempts"], t["leased_by"]) for t in running}
@@ -455,7 +457,7 @@ class Controller:
             status = JobStatus.COMPLETED
         else:
             status = JobStatus.FAILED
-        self.store.jobs.update(job_id, status=status.value, finished_at=time.time())
+        self.store.jobs.update(job_id, status=status.value, finished_at=self.clock())
 
     def jobs(self, limit: int = 50, visible_to: tuple[str, str | None] | None = None) -> list[dict[str, Any]]:
         return plain_rows(self.store.jobs.listing(limit, visible_to))
