@@ -483,6 +483,104 @@ def bayes_table(draws: int, seed: int, k: int = 10) -> str:
     return "\n".join(rows)
 
 
+NB201_FEATURES_FILE = Path(__file__).resolve().parent / "data" / "nb201_features.csv"
+NB201_WORK_SIZE = ("flops", "size_bytes")
+NB201_SHARES = ("depthwise_macs_share", "conv1x1_macs_share")
+# (label, sim column, device column, cross-class): HELP's NB201 devices that are measured, not simulated,
+# and not whole milliseconds (pixel2, samsung_*, essential_ph_1 are; a 3 ms model then cannot be within ±10 %)
+NB201_TARGETS = (
+    ("Xeon Silver 4114 → Silver 4210R", "silver_4114_ms", "silver_4210r_ms", False),
+    ("Xeon Gold 6226 → Gold 6240", "gold_6226_ms", "gold_6240_ms", False),
+    ("Xeon Silver 4114 → Gold 6240", "silver_4114_ms", "gold_6240_ms", False),
+    ("Pixel 3 → Raspberry Pi 4", "pixel3_ms", "raspi4_ms", False),
+    ("Raspberry Pi 4 → Xeon Gold 6226", "raspi4_ms", "gold_6226_ms", False),
+    ("Pixel 3 → Titan RTX batch 1 (CPU→GPU)", "pixel3_ms", "titan_rtx_1_ms", True),
+    ("Xeon Gold 6240 → GTX 1080 Ti batch 1 (CPU→GPU)", "gold_6240_ms", "1080ti_1_ms", True),
+)
+
+
+def load_nb201() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(latency column → values, feature → values) of the NB201 cells whose features nb201_features.py read."""
+    if not NB201_FEATURES_FILE.exists():
+        sys.exit(f"error: {NB201_FEATURES_FILE} not found: run benchmarks/nb201_features.py first")
+    with NB201_FEATURES_FILE.open(newline="") as handle:
+        feature_rows = {int(row["arch_idx"]): row for row in csv.DictReader(handle)}
+    with gzip.open(DATA_DIR / "help_nb201_latency_all_devices.csv.gz", "rt", newline="") as handle:
+        latency_rows = {int(row["arch_idx"]): row for row in csv.DictReader(handle) if int(row["arch_idx"]) in feature_rows}
+    order = sorted(feature_rows)
+    columns = {c for _, sim, device, _ in NB201_TARGETS for c in (sim, device)}
+    latencies = {c: np.array([float(latency_rows[i][c]) for i in order]) for c in columns}
+    names = (*NB201_WORK_SIZE, *NB201_SHARES, "conv3x3_macs_share")
+    return latencies, {name: np.array([float(feature_rows[i][name]) for i in order]) for name in names}
+
+
+def _three_term(sim: np.ndarray, device: np.ndarray, flops: np.ndarray, picked: np.ndarray,
+                held: np.ndarray) -> float:
+    design = np.column_stack([np.ones(picked.size), np.log(sim[picked]), np.log(flops[picked])])
+    coefficients, *_ = np.linalg.lstsq(design, np.log(device[picked]), rcond=None)
+    estimate = np.exp(np.column_stack([np.ones(held.size), np.log(sim[held]), np.log(flops[held])]) @ coefficients)
+    return float(np.mean(np.abs(estimate - device[held]) / device[held] <= 0.10))
+
+
+def _ceiling(sim: np.ndarray, device: np.ndarray, features: dict[str, np.ndarray]) -> float:
+    """In-sample ±10 % of least squares in log space on every model: sim, log FLOPs, log size, the shares."""
+    design = np.column_stack([np.ones_like(sim), np.log(sim), np.log(features["flops"]), np.log(features["size_bytes"]),
+                              features["conv1x1_macs_share"], features["conv3x3_macs_share"]])
+    coefficients, *_ = np.linalg.lstsq(design, np.log(device), rcond=None)
+    return float(np.mean(np.abs(np.exp(design @ coefficients) - device) / device <= 0.10))
+
+
+def nb201_table(draws: int, seed: int, k: int = 10) -> str:
+    """Issue 31 item 5: the default fit on NAS-Bench-201 networks whose per-layer features farm read itself.
+    Per pair, in the same draws: a plain 3-term fit, the default (chosen) fit with FLOPs and size, and with
+    the depthwise and 1×1 shares too; coverage, unsafe share and the in-sample ceiling. The class priors are
+    the shipped ones, fitted on the qed phones: none of these devices informed them (device hold-out)."""
+    latencies, features = load_nb201()
+    generator = np.random.default_rng(seed)
+    rows = [f"### NAS-Bench-201 networks with per-layer features (k = {k}, {draws} draws per pair, seed {seed})", "",
+            f"{features['flops'].size} cells (a fixed-seed sample, benchmarks/data/nb201_features.csv); "
+            "cells: mean share of the other cells within ±10 %.", "",
+            "| device pair | 3-term LS | default, FLOPs + size | default, + shares | gap to 3-term | 90 % coverage "
+            "| kinds chosen | unsafe | in-sample ceiling |", "|---|---|---|---|---|---|---|---|---|"]
+    cpu_within, cpu_gaps, coverages = [], [], []
+    for label, sim_column, device_column, cross in NB201_TARGETS:
+        sim, device = latencies[sim_column], latencies[device_column]
+        usable = np.flatnonzero((sim >= SMALLEST_VALID_MS) & (device >= SMALLEST_VALID_MS))
+        three, plain, shares, coverage, unsafe = [], [], [], [], []
+        chosen: Counter[str] = Counter()
+        for _ in range(draws):
+            picked = generator.choice(usable, size=k, replace=False)
+            held = np.setdiff1d(usable, picked)
+            truth = device[held]
+            three.append(_three_term(sim, device, features["flops"], picked, held))
+            for names, sink in ((NB201_WORK_SIZE, plain), ((*NB201_WORK_SIZE, *NB201_SHARES), shares)):
+                pairs = [Pair(f"m{i}", sim[i], device[i], features={n: float(features[n][i]) for n in names})
+                         for i in picked]
+                try:
+                    calibration = calibrate(pairs, confidence=CONFIDENCE, features=list(names))
+                except ValueError:
+                    continue
+                estimate, low, high = calibration.chosen_fit.predict_arrays(
+                    sim[held], {n: features[n][held] for n in names}, CONFIDENCE)
+                sink.append(float(np.mean(np.abs(estimate - truth) / truth <= 0.10)))
+                if sink is shares:
+                    chosen[calibration.chosen] += 1
+                    coverage.append(float(np.mean((truth >= low) & (truth <= high))))
+                    unsafe.append(float(calibration.unsafe))
+        gap = 100 * (statistics.fmean(shares) - statistics.fmean(three))
+        if not cross:
+            cpu_within.append(statistics.fmean(shares))
+            cpu_gaps.append(gap)
+        coverages.append(statistics.fmean(coverage))
+        rows.append(f"| {label} | {cell(three, 1)} | {cell(plain, 1)} | {cell(shares, 1)} | {gap:+.1f} | "
+                    f"{cell(coverage, 1)} | {', '.join(f'{kind} {count}' for kind, count in chosen.most_common())} | "
+                    f"{cell(unsafe)} % | {100 * _ceiling(sim[usable], device[usable], {n: v[usable] for n, v in features.items()}):.1f} |")
+    rows += ["", f"CPU pairs: mean {100 * statistics.fmean(cpu_within):.1f} % within ±10 % (with shares), worst gap to "
+                 f"the 3-term fit {min(cpu_gaps):+.1f} points; coverage {100 * min(coverages):.1f}–"
+                 f"{100 * max(coverages):.1f} %."]
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--draws", type=int, default=200, help="random calibration sets per device pair and k")
@@ -495,6 +593,8 @@ def main() -> None:
     parser.add_argument("--coverage", action="store_true", help="only the chosen fit's interval coverage (and unsafe share)")
     parser.add_argument("--bayes", action="store_true", help="only issue 31's table: the default fit against a 3-term "
                                                             "least-squares fit at k = 10 (device hold-out priors)")
+    parser.add_argument("--nb201", action="store_true", help="only the NAS-Bench-201 table with per-layer features "
+                                                            "(benchmarks/nb201_features.py first)")
     parser.add_argument("--only", help="only device pairs whose label contains one of these comma-separated texts "
                                        "(e.g. qed, or 'similar,phone,desktop' for the HELP rows)")
     arguments = parser.parse_args()
@@ -507,6 +607,9 @@ def main() -> None:
         return
     if arguments.bayes:
         print(bayes_table(arguments.draws, arguments.seed))
+        return
+    if arguments.nb201:
+        print(nb201_table(arguments.draws, arguments.seed))
         return
     if arguments.coverage:
         print(coverage_table(arguments.draws, arguments.seed, arguments.only))

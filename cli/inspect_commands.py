@@ -78,7 +78,10 @@ def inspect_report(path: Path, input_shapes: dict[str, list[int]] | None = None)
         "param_count": facts.param_count, "macs": total_macs, "flops": flops(total_macs),
         "mac_shares": {"conv": facts.conv_macs_share, "depthwise": facts.depthwise_macs_share,
                        "fc": facts.fc_macs_share, "other": facts.other_macs_share},
-        "activation_bytes": facts.activation_bytes, "op_count": facts.op_count,
+        # parts of the conv share (FLOPs shares are the same fractions: FLOPs = 2 × MACs throughout)
+        "conv_shares": {"1x1": facts.conv1x1_macs_share, "3x3": facts.conv3x3_macs_share,
+                        "grouped": facts.grouped_macs_share},
+        "activation_bytes": facts.activation_bytes, "op_count": facts.op_count, "layer_count": len(layers),
         "op_types": dict(sorted(facts.op_types.items(), key=lambda kv: (-kv[1], kv[0]))),
         "layers": [{**dataclasses.asdict(layer), "flops": flops(layer.macs)} for layer in layers],
         "lineage": read_lineage(path),  # what `farm quantize` made it from (its sidecar or metadata), else None
@@ -143,6 +146,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     shares = ", ".join(f"{k} {v:.0%}" for k, v in report["mac_shares"].items() if v)
     out.print(f"parameters {_si(report['param_count'])} · MACs {_si(report['macs'])} · FLOPs {_si(report['flops'])}"
               f" (batch 1{'; ' + shares if shares else ''})")
+    conv_shares = ", ".join(f"{k} {v:.0%}" for k, v in report["conv_shares"].items() if v)
+    out.print(f"layers {report['layer_count']} · activations {_si(report['activation_bytes'], 'B')}"
+              f"{' · of the MACs in convs: ' + conv_shares if conv_shares else ''}")
     if report["lineage"]:
         out.print(lineage_line(report["lineage"]), highlight=False)
     if report["macs"] is None:

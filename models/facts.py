@@ -85,6 +85,8 @@ def _fill_mac_profile(facts: ModelFacts, parsed: Any) -> None:
     shares = profile.shares()
     facts.conv_macs_share, facts.depthwise_macs_share = shares["conv_macs_share"], shares["depthwise_macs_share"]
     facts.fc_macs_share, facts.other_macs_share = shares["fc_macs_share"], shares["other_macs_share"]
+    facts.conv1x1_macs_share, facts.conv3x3_macs_share = shares["conv1x1_macs_share"], shares["conv3x3_macs_share"]
+    facts.grouped_macs_share = shares["grouped_macs_share"]
     facts.activation_bytes = profile.activation_bytes
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -41,6 +41,10 @@ Shape = list[int | None]
 # Where a model's MACs are done: latency per MAC differs by kind (a depthwise MAC is memory-bound,
 # a 1x1 conv MAC is not), which is what lets a calibration tell models with equal MACs apart.
 MAC_KINDS: tuple[str, ...] = ("conv", "depthwise", "fc", "other")
+# Finer splits of the convolution MACs (issue 31): a 1×1 (pointwise) conv, a 3×3 one and a grouped one
+# (more than one group, not depthwise) run at different speeds per MAC on the same core. A MAC counts in
+# at most one of them; a 5×5 or 7×7 plain conv is in none (it stays in "conv").
+CONV_SHAPES: tuple[str, ...] = ("conv1x1", "conv3x3", "grouped")
 
 
 @dataclass(frozen=True)
@@ -49,15 +53,18 @@ class MacProfile:
 
     by_kind: dict[str, int]
     activation_bytes: int | None  # inputs, outputs and intermediates at the declared shapes; None if unknown
+    by_shape: dict[str, int] = field(default_factory=dict)  # MACs of CONV_SHAPES (a part of by_kind's)
 
     @property
     def total(self) -> int:
         return sum(self.by_kind.values())
 
     def shares(self) -> dict[str, float]:
-        """``<kind>_macs_share`` for each kind (0 when the model has no MACs at all)."""
+        """``<kind>_macs_share`` for each kind and conv shape (0 when the model has no MACs at all)."""
         total = self.total
-        return {f"{kind}_macs_share": (self.by_kind.get(kind, 0) / total if total else 0.0) for kind in MAC_KINDS}
+        counts = {**{kind: self.by_kind.get(kind, 0) for kind in MAC_KINDS},
+                  **{kind: self.by_shape.get(kind, 0) for kind in CONV_SHAPES}}
+        return {f"{kind}_macs_share": (count / total if total else 0.0) for kind, count in counts.items()}
 
 # Initializers up to this many elements stay in the copy given to shape inference: shape, axes and
 # index tensors are this small, and inference reads their values; larger ones only need their dims.
@@ -66,6 +73,17 @@ SMALL_INITIALIZER_ELEMENTS = 1024
 
 class _UnknownShape(Exception):
     """A shape a MAC-counted operator needs could not be determined."""
+
+
+def _conv_shape(kernel: Sequence[int], grouped: bool) -> str | None:
+    """The CONV_SHAPES entry of a (non-depthwise) convolution with this spatial kernel, if any."""
+    if grouped:
+        return "grouped"
+    if kernel and all(k == 1 for k in kernel):
+        return "conv1x1"
+    if kernel and all(k == 3 for k in kernel):
+        return "conv3x3"
+    return None
 
 
 def estimate_macs(path: Path) -> int | None:
@@ -109,6 +127,13 @@ def _tflite_conv_2d(operator: tflite_schema.OperatorT, tensors: Sequence[tflite_
     output = _tflite_shape(tensors, operator.outputs[0])
     weight = _tflite_shape(tensors, operator.inputs[1])
     return math.prod(output) * math.prod(weight[1:])
+
+
+def _tflite_conv_shape(operator: tflite_schema.OperatorT, tensors: Sequence[tflite_schema.TensorT]) -> str | None:
+    # Weight OHWI: I below the input's channels means groups (TFLite infers them from the two).
+    weight = _tflite_shape(tensors, operator.inputs[1])
+    channels = _tflite_shape(tensors, operator.inputs[0])[-1]
+    return _conv_shape(weight[1:3], grouped=channels != weight[3])
 
 
 def _tflite_depthwise_conv_2d(operator: tflite_schema.OperatorT, tensors: Sequence[tflite_schema.TensorT]) -> int:
@@ -193,12 +218,17 @@ def tflite_mac_profile(model: tflite_schema.ModelT) -> MacProfile | None:
     if _has_dynamic_non_batch_input(main):
         return None
     by_kind = dict.fromkeys(MAC_KINDS, 0)
+    by_shape = dict.fromkeys(CONV_SHAPES, 0)
     try:
         for operator in main.operators or []:
             code = _tflite_builtin_code(codes[operator.opcodeIndex])
             counter = _TFLITE_COUNTERS.get(code)
             if counter is not None:
-                by_kind[_TFLITE_KINDS.get(code, "other")] += counter(operator, tensors)
+                macs = counter(operator, tensors)
+                by_kind[_TFLITE_KINDS.get(code, "other")] += macs
+                shape = _tflite_conv_shape(operator, tensors) if code == _BuiltinOperator.CONV_2D else None
+                if shape is not None:
+                    by_shape[shape] += macs
     except (_UnknownShape, IndexError, TypeError):  # IndexError/TypeError: an op with too few inputs or outputs
         return None
     buffers = model.buffers or []
@@ -208,7 +238,7 @@ def tflite_mac_profile(model: tflite_schema.ModelT) -> MacProfile | None:
         if _tflite_buffer_has_data(buffer):
             continue  # a weight, not an activation
         activation_bytes += math.prod(max(dim, 1) for dim in _ints(tensor.shape)) * _TFLITE_ITEM_BYTES.get(tensor.type, 4)
-    return MacProfile(by_kind, activation_bytes)
+    return MacProfile(by_kind, activation_bytes, by_shape)
 
 
 # --- ONNX -------------------------------------------------------------------------------------
@@ -454,6 +484,12 @@ def _onnx_kind(node: onnx.NodeProto, shapes: dict[str, Shape]) -> str:
     return "other" if node.op_type == "ConvTranspose" else "fc"
 
 
+def _onnx_conv_shape(node: onnx.NodeProto, shapes: dict[str, Shape]) -> str | None:
+    # Weight (M, C/group, k...); a kind "conv" node with group > 1 is grouped (depthwise is its own kind).
+    weight = _known(shapes, node, 3 if node.op_type == "QLinearConv" else 1)
+    return _conv_shape(weight[2:], grouped=_onnx_int_attribute(node, "group", 1) > 1)
+
+
 def onnx_mac_profile(model: onnx.ModelProto) -> MacProfile | None:
     """MACs by operator kind and activation bytes of the main graph; None if a counted shape is unknown."""
     try:
@@ -462,10 +498,16 @@ def onnx_mac_profile(model: onnx.ModelProto) -> MacProfile | None:
         return None  # the graph is inconsistent enough that inference gives up even in non-strict mode
     shapes = _with_runtime_shapes(model, shapes)
     by_kind = dict.fromkeys(MAC_KINDS, 0)
+    by_shape = dict.fromkeys(CONV_SHAPES, 0)
     try:
         for node in model.graph.node:
             if node.domain in DEFAULT_ONNX_DOMAINS and node.op_type in _ONNX_COUNTERS:
-                by_kind[_onnx_kind(node, shapes)] += _ONNX_COUNTERS[node.op_type](node, shapes)
+                macs = _ONNX_COUNTERS[node.op_type](node, shapes)
+                kind = _onnx_kind(node, shapes)
+                by_kind[kind] += macs
+                conv_shape = _onnx_conv_shape(node, shapes) if kind == "conv" else None
+                if conv_shape is not None:
+                    by_shape[conv_shape] += macs
     except _UnknownShape:
         return None
     weights = {init.name for init in model.graph.initializer}
@@ -475,9 +517,9 @@ def onnx_mac_profile(model: onnx.ModelProto) -> MacProfile | None:
     for name in activations:
         shape = shapes.get(name)
         if shape is None or any(dim is None for dim in shape):
-            return MacProfile(by_kind, None)
+            return MacProfile(by_kind, None, by_shape)
         activation_bytes += math.prod([int(dim or 0) for dim in shape]) * item_bytes.get(name, 4)
-    return MacProfile(by_kind, activation_bytes)
+    return MacProfile(by_kind, activation_bytes, by_shape)
 
 
 # --- per layer (`farm inspect`) -----------------------------------------------------------------

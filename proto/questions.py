@@ -302,6 +302,10 @@ class RunModel(Model):
     depthwise_macs_share: float | None = None
     fc_macs_share: float | None = None
     other_macs_share: float | None = None
+    # Parts of conv_macs_share (issue 31): 1×1 convs, 3×3 convs, grouped (not depthwise) convs.
+    conv1x1_macs_share: float | None = None
+    conv3x3_macs_share: float | None = None
+    grouped_macs_share: float | None = None
     activation_bytes: int | None = None
     op_count: int | None = None  # the layer count: a per-layer feature of the calibration
 

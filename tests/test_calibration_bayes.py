@@ -199,3 +199,35 @@ def test_drift_compares_like_with_like() -> None:
     moved = drift_between(_stored(before, 1), _stored(after, 2), DriftThresholds())
     assert moved.exceeded and any("12 model(s) both measured" in r for r in moved.reasons), moved.reasons
     assert any(r.startswith("prediction_shift") and "inside the old fit's range" in r for r in moved.reasons)
+
+
+def test_the_1x1_share_a_stored_run_carries_enters_the_default_fit_by_role() -> None:
+    """farm inspect's 1×1 share (issue 31 item 1) reaches calibrations: a results record's model offers it,
+    log_bayes takes it as a share, and a device whose time per FLOP differs on 1×1 convs is predicted better
+    with it than without (the law below: 1×1 work 40 % cheaper per unit of sim time, 2 % noise)."""
+    from farm.controller.analysis.calibrations import FEATURES, model_features
+
+    assert "conv1x1_macs_share" in FEATURES and feature_role("conv1x1_macs_share") == "share"
+    record_model = {"name": "m", "macs": 3e8, "size_bytes": 4e6, "conv1x1_macs_share": 0.55,
+                    "depthwise_macs_share": 0.05, "conv3x3_macs_share": 0.1}
+    assert model_features(record_model)["conv1x1_macs_share"] == 0.55
+    generator = np.random.default_rng(7)
+    n = 300
+    sim = generator.uniform(5, 80, n)
+    share = generator.uniform(0.0, 0.9, n)
+    macs = sim * 1e7 * generator.uniform(0.7, 1.3, n)
+    device = 1.8 * sim * np.exp(-0.5 * share) * np.exp(generator.normal(0, 0.02, n))
+    picked, held = np.arange(12), np.arange(12, n)
+
+    def within(names: list[str]) -> float:
+        pairs = [Pair(f"m{i}", sim[i], device[i], features={"macs": macs[i], "conv1x1_macs_share": share[i]})
+                 for i in picked]
+        calibration = calibrate(pairs, features=names)
+        fit = calibration.fits["log_bayes"]
+        estimate, _, _ = fit.predict_arrays(sim[held], {name: {"macs": macs, "conv1x1_macs_share": share}[name][held]
+                                                        for name in fit.features_used}, 0.9)
+        if "conv1x1_macs_share" in names:
+            assert "conv1x1_macs_share" in fit.features_used and fit.feature_transforms["conv1x1_macs_share"] == "linear"
+        return float(np.mean(np.abs(estimate - device[held]) / device[held] <= 0.10))
+
+    assert within(["macs", "conv1x1_macs_share"]) > within(["macs"]) + 0.2

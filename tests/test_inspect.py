@@ -54,6 +54,12 @@ def test_mobilenetv2_matches_its_published_macs_and_parameters(mobilenetv2_224, 
     assert shape == ([1, 224, 224, 3] if fmt == "tflite" else [1, 3, 224, 224])
     ops = report["op_types"]
     assert (ops["CONV_2D"] + ops["DEPTHWISE_CONV_2D"] if fmt == "tflite" else ops["Conv"]) == 52
+    # the per-layer shares a calibration uses (issue 31): the 3×3 stem and the rest 1×1, no grouped convs
+    conv_shares = report["conv_shares"]
+    stem_share = first["macs"] / report["macs"]
+    assert conv_shares["3x3"] == pytest.approx(stem_share) and conv_shares["grouped"] == 0.0
+    assert conv_shares["1x1"] + conv_shares["3x3"] == pytest.approx(report["mac_shares"]["conv"])
+    assert report["layer_count"] == len(layers)
 
 
 def test_resnet50_from_the_onnx_model_zoo_matches_its_published_figures(farm) -> None:

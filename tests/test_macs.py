@@ -324,3 +324,101 @@ def test_tiny_conv_profile_by_hand(tmp_path: Path) -> None:
         facts = inspect_model(path)
         assert facts.conv_macs_share == 1.0 and facts.depthwise_macs_share == 0.0
         assert facts.activation_bytes == 4 * sum(tensors)
+
+
+# --- finer conv shares (issue 31): 1×1, 3×3 and grouped convs, the same in both formats -------------------
+
+
+def _share_fixture_macs() -> dict[str, int]:
+    """The hand counts of the fixture below: 8×8 maps, 8 → 16 channels by 3×3, 16 → 16 by 1×1 (twice as
+    a grouped 3×3 with 4 groups in between), a 3×3 depthwise, a 5×5 plain conv and a 16 → 10 classifier."""
+    hw = 8 * 8
+    return {"conv3x3": hw * 16 * (8 * 9), "conv1x1": hw * 16 * 16, "grouped": hw * 16 * (4 * 9),
+            "depthwise": hw * 16 * 9, "conv5x5": hw * 16 * (16 * 25), "fc": 16 * 10}
+
+
+def _share_fixture_onnx(path: Path) -> Path:
+    def weight(name: str, shape: list[int]) -> TensorProto:
+        return helper.make_tensor(name, TensorProto.FLOAT, shape, np.zeros(shape, dtype=np.float32).ravel().tolist())
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w3"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["a", "w1"], ["b"], kernel_shape=[1, 1]),
+        helper.make_node("Conv", ["b", "wg"], ["c"], group=4, kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["c", "wd"], ["d"], group=16, kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["d", "w5"], ["e"], kernel_shape=[5, 5], pads=[2, 2, 2, 2]),
+        helper.make_node("GlobalAveragePool", ["e"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "wfc"], ["y"], transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "shares", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [weight("w3", [16, 8, 3, 3]), weight("w1", [16, 16, 1, 1]), weight("wg", [16, 4, 3, 3]),
+         weight("wd", [16, 1, 3, 3]), weight("w5", [16, 16, 5, 5]), weight("wfc", [10, 16])])
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+
+
+def _share_fixture_tflite(path: Path) -> Path:
+    graph = TFLiteGraphBuilder()
+    x = graph.activation("x", [1, 8, 8, 8])
+
+    def conv(name: str, source: int, weight_shape: tuple[int, ...], depthwise: bool = False) -> int:
+        out = graph.activation(name, [1, 8, 8, 16])
+        weight = graph.constant(f"{name}_w", np.zeros(weight_shape, dtype=np.float32))
+        bias = graph.constant(f"{name}_b", np.zeros(16, dtype=np.float32))
+        if depthwise:
+            options = schema.DepthwiseConv2DOptionsT()
+            options.depthMultiplier = 1
+            op, kind = schema.BuiltinOperator.DEPTHWISE_CONV_2D, schema.BuiltinOptions.DepthwiseConv2DOptions
+        else:
+            options = schema.Conv2DOptionsT()
+            op, kind = schema.BuiltinOperator.CONV_2D, schema.BuiltinOptions.Conv2DOptions
+        options.padding = schema.Padding.SAME
+        options.strideH = options.strideW = 1
+        graph.operator(op, [source, weight, bias], [out], kind, options)
+        return out
+
+    a = conv("a", x, (16, 3, 3, 8))  # OHWI
+    b = conv("b", a, (16, 1, 1, 16))
+    c = conv("c", b, (16, 3, 3, 4))  # I = 16 input channels / 4 groups
+    d = conv("d", c, (1, 3, 3, 16), depthwise=True)
+    e = conv("e", d, (16, 5, 5, 16))
+    pooled = graph.activation("pooled", [1, 16])
+    graph.operator(schema.BuiltinOperator.RESHAPE, [e], [pooled], schema.BuiltinOptions.ReshapeOptions,
+                   schema.ReshapeOptionsT())  # not counted: stands in for the pool (its MACs count as 0 anyway)
+    y = graph.activation("y", [1, 10])
+    fc_w = graph.constant("fc_w", np.zeros((10, 16), dtype=np.float32))
+    graph.operator(schema.BuiltinOperator.FULLY_CONNECTED, [pooled, fc_w], [y],
+                   schema.BuiltinOptions.FullyConnectedOptions, schema.FullyConnectedOptionsT())
+    path.write_bytes(graph.to_bytes([x], [y], "conv shares fixture"))
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "tflite"])
+def test_conv_shares_by_hand(tmp_path: Path, fmt: str) -> None:
+    path = (_share_fixture_onnx if fmt == "onnx" else _share_fixture_tflite)(tmp_path / f"shares.{fmt}")
+    macs = _share_fixture_macs()
+    total = sum(macs.values())
+    facts = inspect_model(path)
+    assert facts.macs == total
+    assert facts.conv1x1_macs_share == pytest.approx(macs["conv1x1"] / total)
+    assert facts.conv3x3_macs_share == pytest.approx(macs["conv3x3"] / total)
+    assert facts.grouped_macs_share == pytest.approx(macs["grouped"] / total)
+    assert facts.depthwise_macs_share == pytest.approx(macs["depthwise"] / total)
+    assert facts.fc_macs_share == pytest.approx(macs["fc"] / total)
+    # the parts of the conv share: the 5×5 conv is in none of them
+    conv = macs["conv3x3"] + macs["conv1x1"] + macs["grouped"] + macs["conv5x5"]
+    assert facts.conv_macs_share == pytest.approx(conv / total)
+    parts = facts.conv1x1_macs_share + facts.conv3x3_macs_share + facts.grouped_macs_share
+    assert facts.conv_macs_share - parts == pytest.approx(macs["conv5x5"] / total)
+
+
+def test_mobilenetv2_is_mostly_1x1_in_both_formats(mobilenets: dict[tuple[float, int, str], Path]) -> None:
+    facts = {fmt: inspect_model(mobilenets[(1.0, 224, fmt)]) for fmt in ("tflite", "onnx")}
+    for fmt, f in facts.items():
+        # every plain conv but the 3×3 stem is 1×1; no grouped convs
+        assert f.grouped_macs_share == 0.0, fmt
+        assert 0.0 < f.conv3x3_macs_share < 0.05, fmt
+        assert f.conv1x1_macs_share + f.conv3x3_macs_share == pytest.approx(f.conv_macs_share), fmt
+    assert facts["tflite"].conv1x1_macs_share == pytest.approx(facts["onnx"].conv1x1_macs_share, rel=0.02)

@@ -27,9 +27,10 @@ SIM_SIDE = {"energy": "latency"}  # metrics whose sim value is another metric
 ALL_FAMILIES = ""  # the family key of a fit over every family
 # Model facts offered as extra regressors; each is kept only where leave-one-out says it helps.
 # (other_macs_share is 1 − the three shares: offering it too would add nothing.)
-# op_count is the layer count (operators in the graph).
+# op_count is the layer count (operators in the graph). conv1x1_macs_share is the 1×1-conv part of
+# conv_macs_share, the other share issue 31's fit uses beside the depthwise one.
 FEATURES = ("param_count", "macs", "size_bytes", "conv_macs_share", "depthwise_macs_share", "fc_macs_share",
-            "activation_bytes", "op_count")
+            "conv1x1_macs_share", "activation_bytes", "op_count")
 
 
 class CalibrationError(ValueError):

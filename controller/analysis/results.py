@@ -16,6 +16,7 @@ from farm.proto.spec import SimBudget, default_cpus
 MiB = 1 << 20
 # Model facts a record carries beside name, size and parameters: what calibrations use as features.
 MODEL_FACTS_IN_RECORDS = ("macs", "conv_macs_share", "depthwise_macs_share", "fc_macs_share", "other_macs_share",
+                          "conv1x1_macs_share", "conv3x3_macs_share", "grouped_macs_share",
                           "activation_bytes", "op_count")
 
 
