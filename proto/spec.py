@@ -137,14 +137,6 @@ def _bounded_name(v: str | None) -> str | None:
     return v
 
 
-class ModelEntry(Strict):
-    path: str = Field(description="Model file, or a glob such as models/*.tflite; relative to the job file")
-    name: str | None = Field(None, description="Display name; defaults to the file name without extension")
-    family: str | None = Field(None, description="Models of one family share a calibration where the data says so")
-
-    _names = field_validator("name", "family")(_bounded_name)
-
-
 MAX_INPUT_VALUE_ELEMENTS = 262_144  # a value (or .npy file) given inline: 1 MiB of float32; larger inputs are random
 MAX_INPUT_FILE_BYTES = 4 * 1024 * 1024  # a .npy file's size on disk, checked before it is read
 
@@ -225,6 +217,44 @@ class InputSpec(Strict):
         return self
 
 
+def _check_input_shapes(v: dict[str, list[int]]) -> dict[str, list[int]]:
+    for name, shape in v.items():
+        if not shape or any(d <= 0 for d in shape):
+            raise ValueError(f"input {name!r}: every dimension must be a positive integer, got {shape}")
+    return v
+
+
+def _check_input_names(v: dict[str, "InputSpec"]) -> dict[str, "InputSpec"]:
+    for name in v:
+        if not 0 < len(name) <= 1000 or any(ord(c) < 32 or 0x7f <= ord(c) < 0xa0 for c in name):
+            raise ValueError(f"input name {name[:80]!r} must be 1-1000 characters without control characters")
+    return v
+
+
+class ModelEntry(Strict):
+    path: str = Field(description="Model file, or a glob such as models/*.tflite; relative to the job file")
+    name: str | None = Field(None, description="Display name; defaults to the file name without extension")
+    family: str | None = Field(None, description="Models of one family share a calibration where the data says so")
+    inputs: dict[str, InputSpec] = Field(
+        default_factory=dict,
+        description="This model's own workload.inputs, by input name (the workload's are defaults; a name given here "
+                    "replaces the workload's for this model)")
+    input_shapes: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description="This model's own workload.input_shapes, by input name (replacing the workload's for these names)")
+
+    _names = field_validator("name", "family")(_bounded_name)
+    _shapes = field_validator("input_shapes")(_check_input_shapes)
+    _input_names = field_validator("inputs")(_check_input_names)
+
+    @model_validator(mode="after")
+    def _one_shape_per_input(self) -> "ModelEntry":
+        both = sorted(name for name, spec in self.inputs.items() if spec.shape is not None and name in self.input_shapes)
+        if both:
+            raise ValueError(f"input(s) {both} have a shape in both input_shapes and inputs; give it once")
+        return self
+
+
 class BenchmarkWorkload(Strict):
     """Built-in benchmark for .tflite (LiteRT) and .onnx (ONNX Runtime) files."""
 
@@ -240,8 +270,12 @@ class BenchmarkWorkload(Strict):
         default_factory=dict,
         description="What each input is fed, by input name: {value: 16000}, {file: x.npy}, {random: {low, high}} "
                     "or {shape: [...]}; inputs not named get random values (a sample-rate input 16000, an integer "
-                    "attention mask 1, token type ids 0, position ids 0..n)",
+                    "attention mask 1, token type ids 0, position ids 0..n, token ids random below vocab_size)",
     )
+    vocab_size: int | None = Field(
+        None, ge=2, le=1 << 31,
+        description="Token-id inputs (input_ids, token_ids, ids) not named in inputs get random ids in "
+                    "[0, vocab_size - 1]; unset: [0, 127], which every real vocabulary holds")
     cooldown_c: float | None = Field(
         None, gt=0, lt=120, allow_inf_nan=False,
         description="Phones: before each run, wait until the SoC is below this temperature in °C (default: the device "
@@ -258,21 +292,8 @@ class BenchmarkWorkload(Strict):
                                                   "to benchmark_model; the sim traces ONNX models with ONNX Runtime's "
                                                   "profiler in a separate pass after the timed loop")
 
-    @field_validator("input_shapes")
-    @classmethod
-    def _positive_dims(cls, v: dict[str, list[int]]) -> dict[str, list[int]]:
-        for name, shape in v.items():
-            if not shape or any(d <= 0 for d in shape):
-                raise ValueError(f"input {name!r}: every dimension must be a positive integer, got {shape}")
-        return v
-
-    @field_validator("inputs")
-    @classmethod
-    def _input_names(cls, v: dict[str, InputSpec]) -> dict[str, InputSpec]:
-        for name in v:
-            if not 0 < len(name) <= 1000 or any(ord(c) < 32 or 0x7f <= ord(c) < 0xa0 for c in name):
-                raise ValueError(f"input name {name[:80]!r} must be 1-1000 characters without control characters")
-        return v
+    _shapes = field_validator("input_shapes")(_check_input_shapes)
+    _input_names = field_validator("inputs")(_check_input_names)
 
     @model_validator(mode="after")
     def _one_shape_per_input(self) -> "BenchmarkWorkload":
@@ -280,6 +301,18 @@ class BenchmarkWorkload(Strict):
         if both:
             raise ValueError(f"input(s) {both} have a shape in both input_shapes and inputs; give it once")
         return self
+
+    def for_model(self, entry: "ModelEntry") -> "BenchmarkWorkload":
+        """This workload as one model entry runs it: the entry's inputs and input_shapes replace the workload's,
+        name by name (a shape the entry gives wins over a shape the workload gives in either place)."""
+        if not entry.inputs and not entry.input_shapes:
+            return self
+        inputs = {n: s for n, s in self.inputs.items() if not (s.shape is not None and n in entry.input_shapes)}
+        inputs.update(entry.inputs)
+        shapes = {n: s for n, s in self.input_shapes.items()
+                  if not (n in entry.inputs and entry.inputs[n].shape is not None)}
+        shapes.update(entry.input_shapes)
+        return self.model_copy(update={"inputs": inputs, "input_shapes": shapes})
 
     def shape_overrides(self) -> dict[str, list[int]]:
         """Every input's explicit shape: input_shapes and inputs.NAME.shape together."""
@@ -572,6 +605,24 @@ class JobSpec(Strict):
         default_factory=list,
         description="Calibrated devices to predict every completed run for, from the sim alone (see `farm calibrations`)",
     )
+
+    def entry(self, index: int) -> "ModelEntry":
+        raw = self.models[index]
+        return raw if isinstance(raw, ModelEntry) else ModelEntry(path=raw)
+
+    def workload_for(self, index: int) -> "Workload":
+        """The workload models[index] runs: the job's, with that entry's own inputs and input_shapes."""
+        if isinstance(self.workload, BenchmarkWorkload):
+            return self.workload.for_model(self.entry(index))
+        return self.workload
+
+    @model_validator(mode="after")
+    def _inputs_need_the_benchmark(self) -> "JobSpec":
+        for index, raw in enumerate(self.models):
+            if isinstance(raw, ModelEntry) and (raw.inputs or raw.input_shapes) and not isinstance(self.workload, BenchmarkWorkload):
+                raise ValueError(f"models[{index}]: inputs and input_shapes feed the built-in benchmark; a script "
+                                 "workload reads its own inputs")
+        return self
 
     @field_validator("workload", mode="before")
     @classmethod

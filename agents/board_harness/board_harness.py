@@ -158,7 +158,7 @@ def random_input(np, shape, dtype, rng):
 SAMPLE_RATE_NAMES = ("sr", "sample_rate", "samplerate", "sampling_rate", "fs")
 
 
-def feed(np, name, shape, dtype, spec, rng):
+def feed(np, name, shape, dtype, spec, rng, vocab_size=None):
     """What one input gets and where its values came from, as the sim's harness (agents/harness/inputs.py)
     decides: workload.inputs' value or random range, else 16000 for a sample-rate input, else random."""
     dtype = np.dtype(dtype)
@@ -186,6 +186,10 @@ def feed(np, name, shape, dtype, spec, rng):
     if dtype.kind in "iu" and lower == "position_ids" and shape:
         return (np.broadcast_to(np.arange(shape[-1]), shape).astype(dtype),
                 "0, 1, 2, ... along the last axis (default for position ids)")
+    if dtype.kind in "iu" and lower in ("input_ids", "token_ids", "ids") and vocab_size is not None:
+        high = min(int(vocab_size) - 1, int(np.iinfo(dtype).max))  # workload.vocab_size, as agents/harness/inputs.py
+        return (rng.randint(0, high + 1, size=shape).astype(dtype),
+                "random token ids [0, {}] (workload.vocab_size {})".format(high, vocab_size))
     if lower in SAMPLE_RATE_NAMES and dtype.kind in "iuf":
         return np.full(shape, 16000, dtype=dtype), "value 16000 (default for a sample-rate input)"
     return random_input(np, shape, dtype, rng), "random"
@@ -275,7 +279,8 @@ def run_tflite(task, out):
     rng = np.random.RandomState(task.get("seed", 0))  # numpy 1.13 on JetPack 4 has no default_rng
     for d in interp.get_input_details():
         data, out["input_values"][d["name"]] = feed(np, d["name"], list(d["shape"]), d["dtype"],
-                                                    (task.get("inputs") or {}).get(d["name"]), rng)
+                                                    (task.get("inputs") or {}).get(d["name"]), rng,
+                                                    task.get("vocab_size"))
         interp.set_tensor(d["index"], data)
     try:
         time_inferences(interp.invoke, out, task["warmup"], task["iterations"])
@@ -359,7 +364,8 @@ def run_onnx(task, out):
             raise JobError("input {!r} has type {}, which the built-in benchmark cannot fill".format(i.name, i.type))
         out["input_shapes"][i.name] = shape
         feeds[i.name], out["input_values"][i.name] = feed(np, i.name, shape, ORT_DTYPES[i.type],
-                                                          (task.get("inputs") or {}).get(i.name), rng)
+                                                          (task.get("inputs") or {}).get(i.name), rng,
+                                                          task.get("vocab_size"))
     try:
         time_inferences(lambda: session.run(None, feeds), out, task["warmup"], task["iterations"])
     except MemoryError:

@@ -71,7 +71,7 @@ def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
             raise ModelRejected(f"input {i.name!r} has type {i.type}, which the built-in benchmark cannot fill")
         try:
             feeds[i.name], out.input_values[i.name] = feed(i.name, shape, np.dtype(dtype), task.inputs.get(i.name),
-                                                           rng, metadata)
+                                                           rng, metadata, task.vocab_size)
         except InputShapeError as e:
             raise ModelRejected(str(e)) from e
     try:

@@ -53,7 +53,7 @@ def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
     for d in interp.get_input_details():
         try:
             data, out.input_values[d["name"]] = feed(d["name"], list(d["shape"]), d["dtype"], task.inputs.get(d["name"]),
-                                                     rng, {})
+                                                     rng, {}, task.vocab_size)
         except InputShapeError as e:
             raise ModelRejected(str(e)) from e
         interp.set_tensor(d["index"], data)

@@ -51,10 +51,13 @@ def load_submitted_job(request: Any, files: ControllerFiles, devices: list[Devic
     if isinstance(spec.workload, ScriptWorkload):  # first: a refused folder leaves no model copied in
         archive = _script_archive(request, spec.workload, root, files, base_dir, source_name, max_script_archive_bytes)
     if isinstance(spec.workload, BenchmarkWorkload):
-        unread = sorted(name for name, given in spec.workload.inputs.items() if given.file is not None and given.value is None)
+        named = [("workload", spec.workload.inputs)] + [
+            (f"models[{i}]", spec.entry(i).inputs) for i in range(len(spec.models))]
+        unread = [(where, name) for where, inputs in named for name, given in sorted(inputs.items())
+                  if given.file is not None and given.value is None]
         if unread:  # nothing is read from this machine's disk on a remote user's say-so
-            raise JobFileError(f"{source_name}: workload.inputs.{printable(unread[0], 80)}.file: input files are read "
-                               "where the job is submitted; a controller takes the values inline (value: [...])")
+            raise JobFileError(f"{source_name}: {unread[0][0]}.inputs.{printable(unread[0][1], 80)}.file: input files "
+                               "are read where the job is submitted; a controller takes the values inline (value: [...])")
     invalid: list[InvalidModel] = []
     if request.models:
         models = _uploaded_models(request, spec, root, files, source_name)
