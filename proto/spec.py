@@ -255,6 +255,65 @@ class ModelEntry(Strict):
         return self
 
 
+class ImagePreprocess(Strict):
+    """How an image file of a dataset becomes one input sample: resized, scaled, normalised, laid out, cast."""
+
+    size: list[int] = Field(description="[height, width] the image is resized to")
+    layout: Literal["nchw", "nhwc"] = Field("nchw", description="Channels first (ONNX's usual) or last (LiteRT's)")
+    scale: float = Field(1 / 255, gt=0, allow_inf_nan=False, description="Pixel values 0..255 are multiplied by this first")
+    mean: list[float] = Field(default_factory=lambda: [0.0, 0.0, 0.0], description="Subtracted per channel (after scale)")
+    std: list[float] = Field(default_factory=lambda: [1.0, 1.0, 1.0], description="Divided per channel (after mean)")
+    dtype: Literal["float32", "float16", "uint8", "int8"] = Field("float32", description="The sample's dtype")
+    channels: Literal[1, 3] = Field(3, description="3: RGB, 1: grey")
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, v: list[int]) -> list[int]:
+        if len(v) != 2 or any(not 0 < d <= 4096 for d in v):
+            raise ValueError(f"give [height, width], each 1 to 4096, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _per_channel(self) -> "ImagePreprocess":
+        for name in ("mean", "std"):
+            values = getattr(self, name)
+            if len(values) != self.channels or not all(math.isfinite(x) for x in values):
+                raise ValueError(f"{name} needs {self.channels} finite number(s), one per channel, got {values}")
+        if any(x == 0 for x in self.std):
+            raise ValueError("std must not hold 0")
+        return self
+
+
+class AccuracyThresholds(Strict):
+    """Where a run's outputs disagree too much: the run fails as `accuracy` (its timings are kept)."""
+
+    max_abs_error: float | None = Field(None, ge=0, allow_inf_nan=False, description="Largest allowed |output - reference|")
+    min_cosine: float | None = Field(None, ge=-1, le=1, description="Smallest allowed cosine similarity to the reference")
+    min_snr_db: float | None = Field(None, allow_inf_nan=False, description="Smallest allowed SNR against the reference, dB")
+    min_top1_agreement: float | None = Field(None, ge=0, le=1, description="Share of samples whose top-1 matches the reference's")
+    min_accuracy_top1: float | None = Field(None, ge=0, le=1, description="Smallest allowed top-1 accuracy against the labels")
+
+
+class DatasetSpec(Strict):
+    """Real inputs for every target (issue 30): the model runs on each sample after the timed loop, and the run
+    records its outputs' digests and summaries, agreement with a reference and, with labels, accuracy."""
+
+    path: str = Field(description="A folder of samples (.npy, .npz or images) or one .npz/.npy file whose first axis "
+                                  "is the sample; relative to the job file, inside its folder")
+    input: str | None = Field(None, description="The model input the samples feed (.npy and images); default: the "
+                                                "model's only input. A .npz names its inputs by key")
+    labels: str | None = Field(None, description="A .npy (or .txt, one per line) of class ids, one per sample")
+    reference: str | None = Field(None, description="What outputs are compared with: a float .onnx model (run on the "
+                                                    "CPU where the job is submitted, once for every target) or a .npz "
+                                                    "of reference outputs by output name, first axis the sample")
+    output: str | None = Field(None, description="The output top-k and accuracy read (default: the model's first)")
+    image: ImagePreprocess | None = Field(None, description="How image files become samples")
+    limit: int | None = Field(None, gt=0, le=100_000, description="Use the first N samples only")
+    thresholds: AccuracyThresholds = Field(default_factory=AccuracyThresholds)
+    # set where the job is submitted: the samples, labels and reference outputs packed (farm's own, never written)
+    packed: str | None = Field(None, description="Set by farm when the job is submitted; do not write it")
+
+
 class BenchmarkWorkload(Strict):
     """Built-in benchmark for .tflite (LiteRT) and .onnx (ONNX Runtime) files."""
 
@@ -272,6 +331,9 @@ class BenchmarkWorkload(Strict):
                     "or {shape: [...]}; inputs not named get random values (a sample-rate input 16000, an integer "
                     "attention mask 1, token type ids 0, position ids 0..n, token ids random below vocab_size)",
     )
+    dataset: DatasetSpec | None = Field(
+        None, description="Real inputs and their expected outputs: every run also runs the model on each sample and "
+                          "records agreement with a reference and accuracy (docs/how-to/accuracy.md)")
     vocab_size: int | None = Field(
         None, ge=2, le=1 << 31,
         description="Token-id inputs (input_ids, token_ids, ids) not named in inputs get random ids in "

@@ -497,6 +497,19 @@ def _load_inputs(inputs: dict[str, InputSpec], where: tuple[Any, ...], root: yam
         inputs[name] = replaced(given, value=values)
 
 
+def check_dataset(spec: JobSpec, models: list[ResolvedModel], root: yaml.Node | None, base_dir: Path,
+                  source_name: str) -> None:
+    """workload.dataset read, checked against every model and packed with the job (controller/scheduling/datasets.py)."""
+    from farm.controller.scheduling.datasets import DatasetRefused, load_dataset
+    if not isinstance(spec.workload, BenchmarkWorkload) or spec.workload.dataset is None:
+        return
+    try:
+        load_dataset(spec.workload, models, base_dir)
+    except DatasetRefused as e:
+        raise JobFileError([JobProblem(source_name, _line(root, "workload", "dataset", e.field),
+                                       f"workload.dataset.{e.field}", f"{e}.")]) from None
+
+
 def fixed_dimension_warnings(spec: JobSpec, models: list[ResolvedModel], root: yaml.Node | None,
                              source_name: str) -> list[JobProblem]:
     """Matrix cells an ONNX model cannot run: ONNX Runtime feeds only the shape a model declares, so a fixed
@@ -757,6 +770,8 @@ def resolve_job(spec: JobSpec, root: yaml.Node | None, text: str, source_name: s
         invalid += check_benchmark_models(spec, models, root, source_name)
         bad = {m.path for m in invalid}
         job.models = [m for m in models if str(m.path) not in bad]
+        if not invalid:
+            check_dataset(spec, job.models, root, base_dir, source_name)
     else:
         job.script_dir, job.script_path = check_script(spec, base_dir, root, source_name)
     invalid.sort(key=lambda m: (m.problem.line or 0, m.entry_index))  # in the order the file names them
