@@ -16,7 +16,7 @@ from typing import Any
 
 MAX_DATASET_BYTES = 64 << 20  # a dataset's files on disk, summed from their sizes before any is read
 MAX_PACKED_BYTES = 16 << 20  # the samples, labels and reference outputs packed: carried with every task
-MAX_KEPT_VALUES = 4096  # an output kept whole (every sample's values) up to this many numbers
+MAX_KEPT_VALUES = 4096  # outputs kept whole (every sample's values) up to this many numbers in all
 MAX_OUTPUTS = 32  # outputs a block describes
 
 
@@ -85,6 +85,7 @@ def bounded_block(raw: Any) -> dict[str, Any] | None:
                              "output": str(raw.get("output") or "")[:200] or None}
     outputs: dict[Any, Any] = raw["outputs"] if isinstance(raw.get("outputs"), dict) else {}
     block["outputs"] = {}
+    kept_total = 0
     for name, entry in list(outputs.items())[:MAX_OUTPUTS]:
         if not isinstance(entry, dict):
             continue
@@ -94,8 +95,9 @@ def bounded_block(raw: Any) -> dict[str, Any] | None:
         if isinstance(entry.get("agreement"), dict):
             kept["agreement"] = {k: _number(entry["agreement"].get(k)) for k in _FIGURES}
         values = entry.get("values")
-        if isinstance(values, list) and len(values) <= MAX_KEPT_VALUES:
+        if isinstance(values, list) and kept_total + len(values) <= MAX_KEPT_VALUES:  # the whole block's budget
             kept["values"] = [_number(v) for v in values]
+            kept_total += len(values)
         block["outputs"][str(name)[:200]] = kept
     if isinstance(raw.get("agreement"), dict):
         block["agreement"] = {k: _number(raw["agreement"].get(k)) for k in _FIGURES}

@@ -165,3 +165,72 @@ def test_hostile_datasets_are_refused_at_submit_naming_the_file_and_field(
     assert farm_inprocess("jobs", "--json").json() == []  # nothing stored
     if prepare == "huge":
         assert os.stat(tmp_path / "huge.npz").st_blocks == 0  # still sparse: nothing was read or written
+
+
+def test_the_board_harness_runs_the_dataset_as_the_sim_does(board, mobilenet_models: dict[str, Path],
+                                                             tmp_path: Path) -> None:
+    """The sshd board peer runs farm's one-file board harness: the same outputs, digests and figures as the sim's
+    harness computes for the same samples, and the driver judges the thresholds."""
+    import onnxruntime
+
+    from farm.agents.boards.driver import BoardDriver
+    from farm.agents.harness.dataset import run_dataset
+    from farm.controller.scheduling.datasets import load_dataset
+    from farm.models.facts import inspect_model
+    from farm.proto.spec import BenchmarkWorkload
+    from farm.proto.tasks import TaskPlan, TaskSpec
+    from test_board_driver import _config
+
+    model = tmp_path / "float.onnx"
+    model.write_bytes(mobilenet_models[MODEL].read_bytes())
+    rng = np.random.default_rng(5)
+    np.save(tmp_path / "x.npy", rng.random((3, 3, 96, 96), dtype=np.float32))
+    np.save(tmp_path / "labels.npy", np.array([1, 2, 3]))
+    workload = BenchmarkWorkload.model_validate({"iterations": 3, "warmup": 1, "dataset": {
+        "path": "x.npy", "labels": "labels.npy", "reference": "float.onnx",
+        "thresholds": {"min_accuracy_top1": 0.99}}})
+
+    class Resolved:  # what load_dataset reads of a resolved model
+        path, facts = model, inspect_model(model)
+    load_dataset(workload, [Resolved()], tmp_path)
+    task = TaskSpec(task_id=7, job_id=1, attempt=1, target="nano-1", model_name="float", model_path=str(model),
+                    model_sha256="", model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
+                    plan=TaskPlan(workload=workload, sim={}, run_timeout_s=120, base_dir=str(tmp_path)))
+    result = BoardDriver(_config(board, kind="linux")).run(task, lambda: False)
+    block = result.environment["accuracy"]
+    assert block["samples"] == 3 and block["agreement"]["max_abs_error"] == 0 and block["agreement"]["top1"] == 1
+    # random weights and labels: accuracy under the threshold, so the run fails as accuracy with its timings
+    assert result.failure_class == "accuracy" and "min_accuracy_top1" in result.message
+    assert result.latency is not None and result.latency.count == 3
+
+    session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    assert workload.dataset is not None
+    here = run_dataset(workload.dataset.model_dump(), lambda f: dict(zip(names, session.run(None, f))),
+                       {}, names)  # the dataset gives the one input
+    (name,) = names
+    assert block["outputs"][name]["sha256"] == here["outputs"][name]["sha256"]
+    assert block["accuracy"] == here["accuracy"]
+
+
+def test_a_hostile_accuracy_block_is_bounded_before_it_is_stored() -> None:
+    """The block comes from inside the sandbox (or a board): known keys, finite numbers, a bounded size."""
+    from farm.proto.accuracy import MAX_KEPT_VALUES, bounded_block, verdict
+    from farm.proto.spec import AccuracyThresholds
+
+    raw = {"samples": "many", "output": "y" * 10_000, "injected": {"x": 1},
+           "outputs": {f"o{i}": {"sha256": "f" * 1000, "shape": [1, "x", 3], "min": float("nan"), "max": "big",
+                                 "values": [1.0] * MAX_KEPT_VALUES, "agreement": {"cosine": True, "extra": 1}}
+                       for i in range(100)},
+           "agreement": {"cosine": float("nan"), "top1": 0.2}, "accuracy": {"top1": [1], "top5": 0.9}}
+    block = bounded_block(raw)
+    assert block is not None and "injected" not in block and block["samples"] is None and len(block["output"]) == 200
+    assert len(block["outputs"]) == 32 and sum("values" in o for o in block["outputs"].values()) == 1
+    first = block["outputs"]["o0"]
+    assert first["shape"] == [1, 3] and first["min"] is None and first["max"] is None and len(first["sha256"]) == 64
+    assert first["agreement"]["cosine"] is None and "extra" not in first["agreement"]
+    assert block["agreement"]["cosine"] is None and block["accuracy"] == {"top1": None, "top5": 0.9}
+    assert bounded_block(["not", "a", "dict"]) is None
+    # a threshold on a figure the run lacks is a failure that says so, not a pass
+    why = verdict(block, AccuracyThresholds(min_cosine=0.9, min_top1_agreement=0.5))
+    assert why is not None and "min_cosine is set but the run has no such figure" in why and "top1_agreement 0.2 is below" in why
