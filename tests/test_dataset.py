@@ -234,3 +234,30 @@ def test_a_hostile_accuracy_block_is_bounded_before_it_is_stored() -> None:
     # a threshold on a figure the run lacks is a failure that says so, not a pass
     why = verdict(block, AccuracyThresholds(min_cosine=0.9, min_top1_agreement=0.5))
     assert why is not None and "min_cosine is set but the run has no such figure" in why and "top1_agreement 0.2 is below" in why
+
+
+def test_a_tflite_model_runs_the_dataset_on_the_sim(farm_inprocess, tiny_models: dict[str, Path],
+                                                    tmp_path: Path) -> None:
+    """LiteRT's side of the sim harness: samples fed one at a time (the timed loop at batch 2), outputs compared with
+    the same model's outputs computed here with the bare interpreter."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    (tmp_path / "tiny.tflite").write_bytes(tiny_models["tflite"].read_bytes())
+    samples = np.random.default_rng(2).random((4, 8, 8, 3), dtype=np.float32)
+    np.save(tmp_path / "x.npy", samples)
+    interp = Interpreter(model_path=str(tmp_path / "tiny.tflite"))
+    interp.allocate_tensors()
+    (inp,), (out,) = interp.get_input_details(), interp.get_output_details()
+    expected = []
+    for sample in samples:
+        interp.set_tensor(inp["index"], sample[None])
+        interp.invoke()
+        expected.append(interp.get_tensor(out["index"]).copy())
+    np.savez(tmp_path / "ref.npz", **{out["name"]: np.concatenate(expected)})
+    job = write_job(tmp_path, "models: [tiny.tflite]\nmatrix: {batch_sizes: [2]}\nworkload:\n  iterations: 2\n"
+                              "  dataset: {path: x.npy, reference: ref.npz}\nsim: {on_contention: flag}\n")
+    run = farm_inprocess("submit", str(job))
+    assert run.returncode == 0, run.stderr
+    (record,) = farm_inprocess("results", "1", "--format", "json").json()
+    assert record["input_shapes"] == {"input": [2, 8, 8, 3]}  # the timed loop's batch
+    assert record["accuracy"]["samples"] == 4 and record["accuracy"]["agreement"]["max_abs_error"] < 1e-5
