@@ -51,6 +51,9 @@ def compare_table(report: dict[str, Any]) -> Table:
     pairs = report["pairs"]
     rows = [(p, r) for p in pairs for r in p["rows"]]
     show_energy = any("energy_per_inference_mj" in r["metrics"] for _, r in rows)
+    accuracy_columns = [(key, label) for key, label in (
+        ("agreement_cosine", "cosine\nA → B"), ("agreement_top1", "top-1 agree\nA → B"),
+        ("accuracy_top1", "acc top-1\nA → B")) if any(key in r["metrics"] for _, r in rows)]  # workload.dataset
     show_unit = any(r["accelerator"] != "cpu" for _, r in rows)
     title = (f"job {report['job_a']} → job {report['job_b']}" if report["job_a"] != report["job_b"]
              else f"job {report['job_a']}: variants")
@@ -69,6 +72,8 @@ def compare_table(report: dict[str, Any]) -> Table:
     if show_energy:
         t.add_column("mJ/inf\nA → B", justify="right")
         t.add_column("Δ", justify="right")
+    for _, label in accuracy_columns:
+        t.add_column(label, justify="right")
     t.add_column("latency vs noise")
     for p, r in rows:
         m = r["metrics"]
@@ -90,6 +95,8 @@ def compare_table(report: dict[str, Any]) -> Table:
         cells += pair_of("peak_memory_mb", "MB")
         if show_energy:
             cells += pair_of("energy_per_inference_mj", "mJ")
+        for key, _ in accuracy_columns:
+            cells.append(f"{m[key]['a']:.4g} → {m[key]['b']:.4g}" if key in m else "—")
         cells.append(_noise(m["latency_avg_ms"]) if "latency_avg_ms" in m else Text("no latency", style="dim"))
         t.add_row(*cells)
     matched = "; ".join(f"{p['model_b']['name']}: {p['matched_by']}" for p in pairs)

@@ -398,6 +398,8 @@ class RunRecord(Sparse):
     op_profile_note: str | None = None  # why a run asked for a profile and has none
     predictions: dict[str, JsonValue] | None = None  # a job with predict_for: each device's estimates
     gpu: dict[str, JsonValue] | None = None  # NVIDIA hosts: the GPU's figures over the run (agents/parsers/nvidia_smi)
+    # workload.dataset: outputs' digests and summaries, agreement with the reference, accuracy (proto/accuracy.py)
+    accuracy: dict[str, JsonValue] | None = None
 
 
 class ResultsAnswer(Model):

@@ -32,6 +32,7 @@ class FailureClass(StrEnum):
     TIMEOUT = "timeout"
     CANCELED = "canceled"
     BUG = "bug"  # farm itself failed
+    ACCURACY = "accuracy"  # the outputs mismatch the reference or labels beyond workload.dataset.thresholds: never retried
 
 
 class RunStatus(StrEnum):

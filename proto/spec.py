@@ -138,14 +138,6 @@ def _bounded_name(v: str | None) -> str | None:
     return v
 
 
-class ModelEntry(Strict):
-    path: str = Field(description="Model file, or a glob such as models/*.tflite; relative to the job file")
-    name: str | None = Field(None, description="Display name; defaults to the file name without extension")
-    family: str | None = Field(None, description="Models of one family share a calibration where the data says so")
-
-    _names = field_validator("name", "family")(_bounded_name)
-
-
 MAX_INPUT_VALUE_ELEMENTS = 262_144  # a value (or .npy file) given inline: 1 MiB of float32; larger inputs are random
 MAX_INPUT_FILE_BYTES = 4 * 1024 * 1024  # a .npy file's size on disk, checked before it is read
 
@@ -226,6 +218,103 @@ class InputSpec(Strict):
         return self
 
 
+def _check_input_shapes(v: dict[str, list[int]]) -> dict[str, list[int]]:
+    for name, shape in v.items():
+        if not shape or any(d <= 0 for d in shape):
+            raise ValueError(f"input {name!r}: every dimension must be a positive integer, got {shape}")
+    return v
+
+
+def _check_input_names(v: dict[str, "InputSpec"]) -> dict[str, "InputSpec"]:
+    for name in v:
+        if not 0 < len(name) <= 1000 or any(ord(c) < 32 or 0x7f <= ord(c) < 0xa0 for c in name):
+            raise ValueError(f"input name {name[:80]!r} must be 1-1000 characters without control characters")
+    return v
+
+
+class ModelEntry(Strict):
+    path: str = Field(description="Model file, or a glob such as models/*.tflite; relative to the job file")
+    name: str | None = Field(None, description="Display name; defaults to the file name without extension")
+    family: str | None = Field(None, description="Models of one family share a calibration where the data says so")
+    inputs: dict[str, InputSpec] = Field(
+        default_factory=dict,
+        description="This model's own workload.inputs, by input name (the workload's are defaults; a name given here "
+                    "replaces the workload's for this model)")
+    input_shapes: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description="This model's own workload.input_shapes, by input name (replacing the workload's for these names)")
+
+    _names = field_validator("name", "family")(_bounded_name)
+    _shapes = field_validator("input_shapes")(_check_input_shapes)
+    _input_names = field_validator("inputs")(_check_input_names)
+
+    @model_validator(mode="after")
+    def _one_shape_per_input(self) -> "ModelEntry":
+        both = sorted(name for name, spec in self.inputs.items() if spec.shape is not None and name in self.input_shapes)
+        if both:
+            raise ValueError(f"input(s) {both} have a shape in both input_shapes and inputs; give it once")
+        return self
+
+
+class ImagePreprocess(Strict):
+    """How an image file of a dataset becomes one input sample: resized, scaled, normalised, laid out, cast."""
+
+    size: list[int] = Field(description="[height, width] the image is resized to")
+    layout: Literal["nchw", "nhwc"] = Field("nchw", description="Channels first (ONNX's usual) or last (LiteRT's)")
+    scale: float = Field(1 / 255, gt=0, allow_inf_nan=False, description="Pixel values 0..255 are multiplied by this first")
+    mean: list[float] = Field(default_factory=lambda: [0.0, 0.0, 0.0], description="Subtracted per channel (after scale)")
+    std: list[float] = Field(default_factory=lambda: [1.0, 1.0, 1.0], description="Divided per channel (after mean)")
+    dtype: Literal["float32", "float16", "uint8", "int8"] = Field("float32", description="The sample's dtype")
+    channels: Literal[1, 3] = Field(3, description="3: RGB, 1: grey")
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, v: list[int]) -> list[int]:
+        if len(v) != 2 or any(not 0 < d <= 4096 for d in v):
+            raise ValueError(f"give [height, width], each 1 to 4096, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _per_channel(self) -> "ImagePreprocess":
+        for name in ("mean", "std"):
+            values = getattr(self, name)
+            if len(values) != self.channels or not all(math.isfinite(x) for x in values):
+                raise ValueError(f"{name} needs {self.channels} finite number(s), one per channel, got {values}")
+        if any(x == 0 for x in self.std):
+            raise ValueError("std must not hold 0")
+        return self
+
+
+class AccuracyThresholds(Strict):
+    """Where a run's outputs disagree too much: the run fails as `accuracy` (its timings are kept)."""
+
+    max_abs_error: float | None = Field(None, ge=0, allow_inf_nan=False, description="Largest allowed |output - reference|")
+    min_cosine: float | None = Field(None, ge=-1, le=1, description="Smallest allowed cosine similarity to the reference")
+    min_snr_db: float | None = Field(None, allow_inf_nan=False, description="Smallest allowed SNR against the reference, dB")
+    min_top1_agreement: float | None = Field(None, ge=0, le=1, description="Share of samples whose top-1 matches the reference's")
+    min_accuracy_top1: float | None = Field(None, ge=0, le=1, description="Smallest allowed top-1 accuracy against the labels")
+
+
+class DatasetSpec(Strict):
+    """Real inputs for every target (issue 30): the model runs on each sample after the timed loop, and the run
+    records its outputs' digests and summaries, agreement with a reference and, with labels, accuracy."""
+
+    path: str = Field(description="A folder of samples (.npy, .npz or images) or one .npz/.npy file whose first axis "
+                                  "is the sample; relative to the job file, inside its folder")
+    input: str | None = Field(None, description="The model input the samples feed (.npy and images); default: the "
+                                                "model's only input. A .npz names its inputs by key")
+    labels: str | None = Field(None, description="A .npy (or .txt, one per line) of class ids, one per sample")
+    reference: str | None = Field(None, description="What outputs are compared with: a float .onnx model (run on the "
+                                                    "CPU where the job is submitted, once for every target) or a .npz "
+                                                    "of reference outputs by output name, first axis the sample")
+    output: str | None = Field(None, description="The output top-k and accuracy read (default: the model's first)")
+    image: ImagePreprocess | None = Field(None, description="How image files become samples")
+    limit: int | None = Field(None, gt=0, le=100_000, description="Use the first N samples only")
+    thresholds: AccuracyThresholds = Field(default_factory=AccuracyThresholds)
+    # set where the job is submitted: the samples, labels and reference outputs packed (farm's own, never written)
+    packed: str | None = Field(None, description="Set by farm when the job is submitted; do not write it")
+
+
 class BenchmarkWorkload(Strict):
     """Built-in benchmark for .tflite (LiteRT) and .onnx (ONNX Runtime) files."""
 
@@ -241,8 +330,15 @@ class BenchmarkWorkload(Strict):
         default_factory=dict,
         description="What each input is fed, by input name: {value: 16000}, {file: x.npy}, {random: {low, high}} "
                     "or {shape: [...]}; inputs not named get random values (a sample-rate input 16000, an integer "
-                    "attention mask 1, token type ids 0, position ids 0..n)",
+                    "attention mask 1, token type ids 0, position ids 0..n, token ids random below vocab_size)",
     )
+    dataset: DatasetSpec | None = Field(
+        None, description="Real inputs and their expected outputs: every run also runs the model on each sample and "
+                          "records agreement with a reference and accuracy (docs/how-to/accuracy.md)")
+    vocab_size: int | None = Field(
+        None, ge=2, le=1 << 31,
+        description="Token-id inputs (input_ids, token_ids, ids) not named in inputs get random ids in "
+                    "[0, vocab_size - 1]; unset: [0, 127], which every real vocabulary holds")
     cooldown_c: float | None = Field(
         None, gt=0, lt=120, allow_inf_nan=False,
         description="Phones: before each run, wait until the SoC is below this temperature in °C (default: the device "
@@ -259,21 +355,8 @@ class BenchmarkWorkload(Strict):
                                                   "to benchmark_model; the sim traces ONNX models with ONNX Runtime's "
                                                   "profiler in a separate pass after the timed loop")
 
-    @field_validator("input_shapes")
-    @classmethod
-    def _positive_dims(cls, v: dict[str, list[int]]) -> dict[str, list[int]]:
-        for name, shape in v.items():
-            if not shape or any(d <= 0 for d in shape):
-                raise ValueError(f"input {name!r}: every dimension must be a positive integer, got {shape}")
-        return v
-
-    @field_validator("inputs")
-    @classmethod
-    def _input_names(cls, v: dict[str, InputSpec]) -> dict[str, InputSpec]:
-        for name in v:
-            if not 0 < len(name) <= 1000 or any(ord(c) < 32 or 0x7f <= ord(c) < 0xa0 for c in name):
-                raise ValueError(f"input name {name[:80]!r} must be 1-1000 characters without control characters")
-        return v
+    _shapes = field_validator("input_shapes")(_check_input_shapes)
+    _input_names = field_validator("inputs")(_check_input_names)
 
     @model_validator(mode="after")
     def _one_shape_per_input(self) -> "BenchmarkWorkload":
@@ -281,6 +364,18 @@ class BenchmarkWorkload(Strict):
         if both:
             raise ValueError(f"input(s) {both} have a shape in both input_shapes and inputs; give it once")
         return self
+
+    def for_model(self, entry: "ModelEntry") -> "BenchmarkWorkload":
+        """This workload as one model entry runs it: the entry's inputs and input_shapes replace the workload's,
+        name by name (a shape the entry gives wins over a shape the workload gives in either place)."""
+        if not entry.inputs and not entry.input_shapes:
+            return self
+        inputs = {n: s for n, s in self.inputs.items() if not (s.shape is not None and n in entry.input_shapes)}
+        inputs.update(entry.inputs)
+        shapes = {n: s for n, s in self.input_shapes.items()
+                  if not (n in entry.inputs and entry.inputs[n].shape is not None)}
+        shapes.update(entry.input_shapes)
+        return self.model_copy(update={"inputs": inputs, "input_shapes": shapes})
 
     def shape_overrides(self) -> dict[str, list[int]]:
         """Every input's explicit shape: input_shapes and inputs.NAME.shape together."""
@@ -573,6 +668,24 @@ class JobSpec(Strict):
         default_factory=list,
         description="Calibrated devices to predict every completed run for, from the sim alone (see `farm calibrations`)",
     )
+
+    def entry(self, index: int) -> "ModelEntry":
+        raw = self.models[index]
+        return raw if isinstance(raw, ModelEntry) else ModelEntry(path=raw)
+
+    def workload_for(self, index: int) -> "Workload":
+        """The workload models[index] runs: the job's, with that entry's own inputs and input_shapes."""
+        if isinstance(self.workload, BenchmarkWorkload):
+            return self.workload.for_model(self.entry(index))
+        return self.workload
+
+    @model_validator(mode="after")
+    def _inputs_need_the_benchmark(self) -> "JobSpec":
+        for index, raw in enumerate(self.models):
+            if isinstance(raw, ModelEntry) and (raw.inputs or raw.input_shapes) and not isinstance(self.workload, BenchmarkWorkload):
+                raise ValueError(f"models[{index}]: inputs and input_shapes feed the built-in benchmark; a script "
+                                 "workload reads its own inputs")
+        return self
 
     @field_validator("workload", mode="before")
     @classmethod

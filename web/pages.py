@@ -401,6 +401,7 @@ FAILURE_HELP = {
     "timeout": "the run exceeded its time limit",
     "infrastructure": "the agent, the transport or the device failed; farm retries these elsewhere",
     "bug": "farm itself failed; the controller's log has the details",
+    "accuracy": "the outputs mismatch the reference or the labels beyond the job's workload.dataset.thresholds",
 }
 
 

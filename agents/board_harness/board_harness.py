@@ -158,7 +158,7 @@ def random_input(np, shape, dtype, rng):
 SAMPLE_RATE_NAMES = ("sr", "sample_rate", "samplerate", "sampling_rate", "fs")
 
 
-def feed(np, name, shape, dtype, spec, rng):
+def feed(np, name, shape, dtype, spec, rng, vocab_size=None):
     """What one input gets and where its values came from, as the sim's harness (agents/harness/inputs.py)
     decides: workload.inputs' value or random range, else 16000 for a sample-rate input, else random."""
     dtype = np.dtype(dtype)
@@ -186,6 +186,10 @@ def feed(np, name, shape, dtype, spec, rng):
     if dtype.kind in "iu" and lower == "position_ids" and shape:
         return (np.broadcast_to(np.arange(shape[-1]), shape).astype(dtype),
                 "0, 1, 2, ... along the last axis (default for position ids)")
+    if dtype.kind in "iu" and lower in ("input_ids", "token_ids", "ids") and vocab_size is not None:
+        high = min(int(vocab_size) - 1, int(np.iinfo(dtype).max))  # workload.vocab_size, as agents/harness/inputs.py
+        return (rng.randint(0, high + 1, size=shape).astype(dtype),
+                "random token ids [0, {}] (workload.vocab_size {})".format(high, vocab_size))
     if lower in SAMPLE_RATE_NAMES and dtype.kind in "iuf":
         return np.full(shape, 16000, dtype=dtype), "value 16000 (default for a sample-rate input)"
     return random_input(np, shape, dtype, rng), "random"
@@ -275,12 +279,37 @@ def run_tflite(task, out):
     rng = np.random.RandomState(task.get("seed", 0))  # numpy 1.13 on JetPack 4 has no default_rng
     for d in interp.get_input_details():
         data, out["input_values"][d["name"]] = feed(np, d["name"], list(d["shape"]), d["dtype"],
-                                                    (task.get("inputs") or {}).get(d["name"]), rng)
+                                                    (task.get("inputs") or {}).get(d["name"]), rng,
+                                                    task.get("vocab_size"))
         interp.set_tensor(d["index"], data)
     try:
         time_inferences(interp.invoke, out, task["warmup"], task["iterations"])
     except (ValueError, RuntimeError) as e:
         raise JobError(str(e).strip())
+    if task.get("dataset"):  # after the timed loop: it never touches the timings
+        details = dict((d["name"], d) for d in interp.get_input_details())
+        fixed = dict((n, interp.get_tensor(d["index"])) for n, d in details.items())
+        if task["batch_size"] != 1:  # a sample is one
+            for d in details.values():
+                interp.resize_tensor_input(d["index"], [1] + list(d["shape"])[1:])
+            interp.allocate_tensors()
+            fixed = dict((n, v[:1]) for n, v in fixed.items())
+        outputs = interp.get_output_details()
+
+        def infer(feeds):
+            for name, value in feeds.items():
+                interp.set_tensor(details[name]["index"], np.ascontiguousarray(value, dtype=details[name]["dtype"]))
+            interp.invoke()
+            found = {}
+            for d in outputs:
+                value = interp.get_tensor(d["index"])
+                scale, zero = d.get("quantization", (0.0, 0))
+                found[d["name"]] = (value.astype(np.float32) - zero) * scale if scale else value
+            return found
+        try:
+            out["accuracy"] = dataset_pass(np, task["dataset"], infer, fixed, [d["name"] for d in outputs])
+        except (ValueError, RuntimeError, KeyError) as e:
+            raise JobError("the dataset pass failed: {}".format(str(e).strip()))
 
 
 ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
@@ -359,13 +388,109 @@ def run_onnx(task, out):
             raise JobError("input {!r} has type {}, which the built-in benchmark cannot fill".format(i.name, i.type))
         out["input_shapes"][i.name] = shape
         feeds[i.name], out["input_values"][i.name] = feed(np, i.name, shape, ORT_DTYPES[i.type],
-                                                          (task.get("inputs") or {}).get(i.name), rng)
+                                                          (task.get("inputs") or {}).get(i.name), rng,
+                                                          task.get("vocab_size"))
     try:
         time_inferences(lambda: session.run(None, feeds), out, task["warmup"], task["iterations"])
     except MemoryError:
         raise
     except Exception as e:
         raise JobError(str(e).strip())
+    if task.get("dataset"):  # after the timed loop: it never touches the timings
+        names = [o.name for o in session.get_outputs()]
+        try:
+            out["accuracy"] = dataset_pass(np, task["dataset"], lambda f: dict(zip(names, session.run(None, f))),
+                                           feeds, names)
+        except MemoryError:
+            raise
+        except Exception as e:
+            raise JobError("the dataset pass failed: {}".format(str(e).strip()))
+
+
+# ---- the dataset pass (workload.dataset; the sim's agents/harness/dataset.py, in this file's Python) ----------
+
+KEPT_VALUES = 4096  # farm.proto.accuracy.MAX_KEPT_VALUES
+PEAK_DB = 200.0
+
+
+def _db(signal_power, noise_power):
+    if noise_power <= 0:
+        return PEAK_DB
+    if signal_power <= 0:
+        return -PEAK_DB
+    return max(-PEAK_DB, min(PEAK_DB, 10 * math.log10(signal_power / noise_power)))
+
+
+def _top(np, rows, k):
+    k = min(k, rows.shape[1])
+    return np.argsort(-rows, axis=1)[:, :k]
+
+
+def output_agreement(np, outputs, reference):
+    y = outputs.reshape(len(outputs), -1).astype(np.float64)
+    r = reference.reshape(len(reference), -1).astype(np.float64)
+    err = y - r
+    norms = float(np.linalg.norm(y)) * float(np.linalg.norm(r))
+    found = {"max_abs_error": float(np.max(np.abs(err))) if err.size else 0.0,
+             "mean_abs_error": float(np.mean(np.abs(err))) if err.size else 0.0,
+             "cosine": max(-1.0, min(1.0, float(np.sum(y * r) / norms))) if norms > 0 else (
+                 1.0 if not np.any(y) and not np.any(r) else 0.0),
+             "psnr_db": _db(float(np.max(np.abs(r))) ** 2 if r.size else 0.0, float(np.mean(err ** 2))),
+             "snr_db": _db(float(np.sum(r ** 2)), float(np.sum(err ** 2))), "top1": None, "top5": None}
+    if y.shape[1] >= 2:
+        best = np.argmax(r, axis=1)
+        found["top1"] = float(np.mean(np.argmax(y, axis=1) == best))
+        if y.shape[1] >= 5:
+            found["top5"] = float(np.mean(np.any(_top(np, y, 5) == best[:, None], axis=1)))
+    return found
+
+
+def dataset_pass(np, dataset, infer, fixed, output_names):
+    """Every sample through infer (other inputs keep the timed loop's feeds): the block the sim's harness writes."""
+    import base64
+    import io
+    raw = base64.b64decode(dataset["packed"])
+    with np.load(io.BytesIO(raw), allow_pickle=False) as data:
+        names = [str(n) for n in data["input_names"]]
+        inputs = dict((n, data["in{}".format(i)]) for i, n in enumerate(names))
+        reference = dict((str(n), data["ref{}".format(i)]) for i, n in enumerate(data["reference_names"]))
+        labels = data["labels"] if "labels" in data.files else None
+    count = len(inputs[names[0]])
+    started = time.perf_counter()
+    collected = dict((n, []) for n in output_names[:32])
+    for i in range(count):
+        feeds = dict(fixed)
+        for name, samples in inputs.items():
+            feeds[name] = samples[i:i + 1].astype(fixed[name].dtype if name in fixed else samples.dtype)
+        produced = infer(feeds)
+        for name in collected:
+            collected[name].append(np.asarray(produced[name]))
+    primary = dataset.get("output") or output_names[0]
+    block = {"samples": count, "output": primary, "wall_s": time.perf_counter() - started,
+             "reference": dataset.get("reference"), "outputs": {}}
+    stacked = dict((n, np.concatenate(parts)) for n, parts in collected.items())
+    for name, values in stacked.items():
+        data = np.ascontiguousarray(values)
+        as_float = data.astype(np.float64)
+        entry = {"sha256": hashlib.sha256(str(data.dtype).encode() + str(list(data.shape)).encode()
+                                          + data.tobytes()).hexdigest(),
+                 "shape": [int(d) for d in data.shape], "min": float(as_float.min()), "max": float(as_float.max()),
+                 "mean": float(as_float.mean()), "std": float(as_float.std())}
+        if data.size <= KEPT_VALUES:
+            entry["values"] = [float(v) for v in as_float.reshape(-1)]
+        if name in reference:
+            entry["agreement"] = output_agreement(np, values, reference[name])
+        block["outputs"][name] = entry
+    if primary in stacked and primary in reference:
+        block["agreement"] = block["outputs"][primary]["agreement"]
+    if labels is not None and primary in stacked:
+        scores = stacked[primary].reshape(count, -1).astype(np.float64)
+        wanted = labels.reshape(-1).astype(np.int64)
+        block["accuracy"] = {
+            "top1": float(np.mean(np.argmax(scores, axis=1) == wanted)) if scores.shape[1] >= 2 else None,
+            "top5": float(np.mean(np.any(_top(np, scores, 5) == wanted[:, None], axis=1)))
+            if scores.shape[1] >= 5 else None}
+    return block
 
 
 def run_benchmark(task, out):

@@ -187,6 +187,7 @@ def parse_harness_output(text: str) -> BoardHarnessOutput:
         timings_dropped=_count(data, "timings_dropped") or 0,
         leftovers=[printable(x, 200) for x in leftovers[:20]] if isinstance(leftovers, list) else [],
         accelerator=_accelerator(data.get("accelerator")),
+        accuracy=data["accuracy"] if isinstance(data.get("accuracy"), dict) else None,  # bounded by the driver
     )
 
 

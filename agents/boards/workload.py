@@ -20,6 +20,7 @@ from typing import Any
 
 from farm.agents.board_harness import HARNESS_FILE
 from farm.agents.board_harness.board_harness import PROTOCOL
+from farm.proto.accuracy import judge_accuracy
 from farm.agents.harness.stats import latency_stats, startup_ms, throughput_per_s
 from farm.agents.harness.task import HarnessTask, benchmark_task, script_task
 from farm.agents.boards.harness_output import HarnessOutputError, parse_env_output, parse_harness_output
@@ -279,10 +280,12 @@ def board_result(task: TaskSpec, board: str, staged: StagedRun, sampled, energy_
             environment["energy_per_inference_mj"] = energy_mj * min(1.0, busy_s / sampled.wall_s) / n
     latency = latency_stats(output.iterations_ms, init_ms=output.init_ms, first_ms=output.first_ms,
                             warmup_ms=output.warmup_ms) if output.iterations_ms else None
-    return RunResult(
+    result = RunResult(
         status=RunStatus.COMPLETED, message=output.message, iterations_ms=output.iterations_ms, latency=latency,
         throughput_per_s=throughput_per_s(latency, output.measure_wall_s) if latency else None,
         startup_ms=startup_ms(latency) if latency else None,
         telemetry=sampled.telemetry(), wall_s=sampled.wall_s, whole_run_s=output.whole_run_s,
         baseline_memory_bytes=output.baseline_rss_bytes, peak_rss_bytes=output.peak_rss_bytes,
         environment=environment, tool_versions=output.tool_versions, log_tail=log, runtime=output.runtime, **base)
+    judge_accuracy(result, output.accuracy, task)  # workload.dataset: the block bounded, the thresholds judged here
+    return result

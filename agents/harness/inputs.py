@@ -23,6 +23,7 @@ DEFAULT_SAMPLE_RATE = 16000
 MASK_NAME = re.compile(r"(^|_)mask$", re.IGNORECASE)  # attention_mask, input_mask: every token attended
 TYPE_IDS_NAME = re.compile(r"^(token_type_ids|segment_ids|type_ids|token_types)$", re.IGNORECASE)  # one segment
 POSITION_IDS_NAME = re.compile(r"^position_ids$", re.IGNORECASE)  # 0, 1, 2, ... along the sequence
+TOKEN_IDS_NAME = re.compile(r"^(input_ids|token_ids|ids)$", re.IGNORECASE)  # below workload.vocab_size
 
 
 def random_input(shape: list[int], dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:
@@ -74,7 +75,7 @@ def _cast(values: np.ndarray, dtype: np.dtype, name: str) -> np.ndarray:
 
 
 def feed(name: str, shape: list[int], dtype: np.dtype, spec: dict[str, Any] | None, rng: np.random.Generator,
-         metadata: dict[str, str]) -> tuple[np.ndarray, str]:
+         metadata: dict[str, str], vocab_size: int | None = None) -> tuple[np.ndarray, str]:
     """The array one input gets, and a one-line account of where its values came from."""
     dtype = np.dtype(dtype)
     spec = spec or {}
@@ -105,6 +106,10 @@ def feed(name: str, shape: list[int], dtype: np.dtype, spec: dict[str, Any] | No
     if dtype.kind in "iu" and POSITION_IDS_NAME.match(name) and shape:
         return (np.broadcast_to(np.arange(shape[-1]), shape).astype(dtype),
                 "0, 1, 2, ... along the last axis (default for position ids)")
+    if dtype.kind in "iu" and TOKEN_IDS_NAME.match(name) and vocab_size is not None:
+        high = min(vocab_size - 1, int(np.iinfo(dtype).max))
+        return (rng.integers(0, high, size=shape, endpoint=True).astype(dtype),
+                f"random token ids [0, {high}] (workload.vocab_size {vocab_size})")
     suggested = default_value(name, dtype, metadata)
     if suggested is not None:
         number, why = suggested

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from farm.agents.harness.memory import status_kib
+from farm.agents.harness.dataset import run_dataset
 from farm.agents.harness.inputs import InputShapeError, feed, resolve_shape
 from farm.agents.harness.task import HarnessOutput, HarnessTask
 from farm.agents.harness.timing import time_inferences
@@ -71,7 +72,7 @@ def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
             raise ModelRejected(f"input {i.name!r} has type {i.type}, which the built-in benchmark cannot fill")
         try:
             feeds[i.name], out.input_values[i.name] = feed(i.name, shape, np.dtype(dtype), task.inputs.get(i.name),
-                                                           rng, metadata)
+                                                           rng, metadata, task.vocab_size)
         except InputShapeError as e:
             raise ModelRejected(str(e)) from e
     try:
@@ -80,6 +81,15 @@ def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
         if isinstance(e, MemoryError):
             raise
         raise ModelRejected(_explain(e)) from e
+    if task.dataset is not None:  # after the timed loop, so it never touches the timings
+        out.peak_rss_bytes = status_kib("VmHWM")
+        names = [o.name for o in session.get_outputs()]
+        try:
+            out.accuracy = run_dataset(task.dataset, lambda f: dict(zip(names, session.run(None, f))), feeds, names)
+        except Exception as e:
+            if isinstance(e, MemoryError):
+                raise
+            raise ModelRejected(f"the dataset pass failed: {_explain(e)}") from e
     if task.op_profiling:
         out.peak_rss_bytes = status_kib("VmHWM")  # the timed session's peak, before a second session exists
         del session

@@ -28,6 +28,8 @@ class HarnessTask:
     warmup: int = 5
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # workload.inputs, as plain data
+    vocab_size: int | None = None  # workload.vocab_size: token-id inputs' random range
+    dataset: dict[str, Any] | None = None  # workload.dataset (with its packed samples): the dataset pass
     use_xnnpack: bool = True
     seed: int = 0
     op_profiling: bool = False  # after the timed loop, a profiled pass gives per-operator times
@@ -55,7 +57,9 @@ def benchmark_task(task: TaskSpec, model_path: str) -> HarnessTask:
     return HarnessTask(kind="benchmark", model_path=model_path, threads=task.threads, batch_size=task.batch_size,
                        input_size=task.input_size, iterations=w.iterations, warmup=w.warmup,
                        input_shapes=w.shape_overrides(),
-                       inputs={n: s.model_dump(exclude_none=True) for n, s in w.inputs.items()}, use_xnnpack=w.use_xnnpack, seed=task.repeat,
+                       inputs={n: s.model_dump(exclude_none=True) for n, s in w.inputs.items()}, vocab_size=w.vocab_size,
+                       dataset=w.dataset.model_dump() if w.dataset is not None else None,
+                       use_xnnpack=w.use_xnnpack, seed=task.repeat,
                        op_profiling=w.op_profiling, accelerator=task.plan.accelerator, precision=task.plan.precision)
 
 
@@ -90,6 +94,7 @@ class HarnessOutput:
     tool_versions: dict[str, str] = field(default_factory=dict)
     op_profile: list[dict[str, Any]] = field(default_factory=list)  # OpProfileRow fields, one dict a row
     op_profile_note: str = ""  # why a run asked for an op profile and has none
+    accuracy: dict[str, Any] | None = None  # the dataset pass's block (agents/harness/dataset.py)
 
     def write_fd(self, fd: int) -> None:
         """The result into the channel the agent opened for it (agents/sim/driver.py read_harness_result)."""

@@ -43,6 +43,7 @@ from farm.agents.sandbox.warm import WarmLaunch, Zygotes, runtime_of, warm_enabl
 from farm.agents.sim.script_env import ScriptEnvError, script_python
 from farm.agents.sim.telemetry import TelemetrySampler
 from farm.proto import op_profile
+from farm.proto.accuracy import judge_accuracy
 from farm.proto.names import safe_suffix
 from farm.proto.results import UNENFORCED_BUDGET, FailureClass, Limits, RunResult, RunStatus
 from farm.proto.script_archive import ScriptArchiveError, pack_dir, unpack
@@ -568,6 +569,7 @@ class SimDriver:
             result.runtime = output.runtime
             if output.op_profile_note:  # written in the sandbox: a bounded string, whatever it was
                 environment["op_profile_note"] = str(output.op_profile_note)[:500]
+            judge_accuracy(result, output.accuracy, task)
         self._cleanup(run_dir)
         return result
 

@@ -117,6 +117,8 @@ def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[st
             "runtime": environment.get("runtime"),
             "input_shapes": environment.get("input_shapes") or {},
             "input_values": environment.get("input_values") or {},  # where each input's values came from
+            # workload.dataset's pass: outputs' digests, agreement with the reference, accuracy (proto/accuracy.py)
+            **({"accuracy": environment["accuracy"]} if isinstance(environment.get("accuracy"), dict) else {}),
             "image_build": environment.get("build"),
             "contention": json.loads(row["contention_json"]) if row.get("contention_json") else None,
             "tool_versions": json.loads(row["tool_versions_json"]) if row["tool_versions_json"] else {},

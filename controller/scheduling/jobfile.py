@@ -26,7 +26,7 @@ from farm.proto.escape import cut_list, printable
 from farm.proto.regular_files import MAX_JOB_FILE_BYTES, FileRefused, read_regular_file
 from farm.proto.results import ModelFacts
 from farm.proto.storable import field_path, refusal, unstorable
-from farm.proto.spec import JOB_FILE, MAX_INPUT_FILE_BYTES, MAX_INPUT_VALUE_ELEMENTS, BenchmarkWorkload, InputSpec, JobSpec, ModelEntry, ScriptWorkload, cores_missing, default_cpus, parse_cpuset
+from farm.proto.spec import JOB_FILE, MAX_INPUT_FILE_BYTES, MAX_INPUT_VALUE_ELEMENTS, BenchmarkWorkload, InputSpec, JobSpec, ModelEntry, ScriptWorkload, cores_missing, default_cpus, input_value_shape, parse_cpuset
 from farm.proto.tasks import DEFAULT_MAX_TASKS
 
 BENCHMARK_FORMATS = {".tflite": "tflite", ".onnx": "onnx"}
@@ -331,7 +331,6 @@ def resolve_models(spec: JobSpec, root: yaml.Node | None, base_dir: Path, source
 def _benchmark_problem(spec: JobSpec, model: ResolvedModel) -> str | None:
     """Why the built-in benchmark cannot run this model as the job asks, or None."""
     from farm.models.facts import ModelError, runtime_refusal  # loaded when a job is read, not for `farm jobs`
-    from farm.models.runtimes import InputShapeError, resolve_shape
     suffix = model.path.suffix.lower()
     if suffix not in BENCHMARK_FORMATS:
         return (f"{model.path.name} is a {suffix or 'extension-less'} file; the built-in benchmark runs .tflite "
@@ -347,26 +346,82 @@ def _benchmark_problem(spec: JobSpec, model: ResolvedModel) -> str | None:
         hint = " Replace them, or register a custom-op library." if refusal.ops else ""
         return (f"{model.path.name} cannot be loaded by the {BENCHMARK_FORMATS[suffix]} runtime that runs it{ops}; "
                 f"{refusal.runtime} says: {printable(refusal.message, 600)}.{hint}")
+    problems = _input_problems(spec, model, layout="nhwc" if BENCHMARK_FORMATS[suffix] == "tflite" else "nchw")
+    return "; ".join(problems) + "." if problems else None
+
+
+def _input_problems(spec: JobSpec, model: ResolvedModel, layout: str) -> list[str]:
+    """Every input of this model that cannot be fed as the job asks, each named by its field: a name the model
+    lacks, a value its dtype cannot hold, a dynamic dimension left unset, a value whose shape disagrees with the
+    shape the run feeds (input_shapes, the model's own, or a swept batch or size)."""
+    from farm.models.runtimes import InputShapeError, resolve_shape
+    import numpy as np  # loaded when a job is read, not for `farm jobs`
+    workload = spec.workload_for(model.entry_index)
+    assert isinstance(workload, BenchmarkWorkload)
+    entry = spec.entry(model.entry_index)
     inputs = {t.name: t for t in model.facts.inputs}
+    problems: list[str] = []
+
+    def where(name: str, field_name: str = "inputs") -> str:
+        own = name in (entry.inputs if field_name == "inputs" else entry.input_shapes)
+        return (f"models[{model.entry_index}].{field_name}.{printable(name, 80)}" if own
+                else f"workload.{field_name}.{printable(name, 80)} (models[{model.entry_index}])")
+
     for field_name, names in (("input_shapes", workload.input_shapes), ("inputs", workload.inputs)):
         for name in names:
             if name not in inputs:
-                return (f"workload.{field_name}: {model.path.name} has no input named {printable(name, 80)!r} "
-                        f"(its inputs: {printable(', '.join(inputs), 300)}).")
+                problems.append(f"{where(name, field_name)}: {model.path.name} has no input named "
+                                f"{printable(name, 80)!r} (its inputs: {printable(', '.join(inputs), 300)})")
     for name, given in workload.inputs.items():
-        problem = _input_value_problem(name, given, inputs[name].dtype)
+        problem = _input_value_problem(name, given, inputs[name].dtype) if name in inputs else None
         if problem:
-            return f"workload.inputs.{printable(name, 80)}: {model.path.name}: {problem}."
-    layout = "nhwc" if BENCHMARK_FORMATS[suffix] == "tflite" else "nchw"
+            problems.append(f"{where(name)}: {model.path.name}: {problem}")
+    overrides = workload.shape_overrides()
+    field = f"models[{model.entry_index}].inputs"  # where a shape conflict is fixed: the model's own entry
+    found: dict[str, str] = {}
     for batch in spec.matrix.batch_sizes:  # the harness fills shapes with this same function
         for size in spec.matrix.input_sizes:
             for tensor in model.facts.inputs:
+                if tensor.name in found:
+                    continue
                 try:
-                    resolve_shape(tensor.name, tensor.shape, layout=layout, batch_size=batch, input_size=size,
-                                  overrides=workload.shape_overrides())
+                    shape = resolve_shape(tensor.name, tensor.shape, layout=layout, batch_size=batch,
+                                          input_size=size, overrides=overrides)
                 except InputShapeError as e:
-                    return f"{model.path.name}: {e}."
-    return None
+                    found[tensor.name] = (f"{field}.{printable(tensor.name, 80)}: {model.path.name}: {e} (or "
+                                          f"{field.removesuffix('inputs')}input_shapes.{printable(tensor.name, 80)})")
+                    continue
+                fixed = [d if isinstance(d, int) and d > 0 else None for d in tensor.shape]
+                if layout == "nchw" and tensor.name in overrides and any(
+                        f is not None and f != d for axis, (f, d) in enumerate(zip(fixed, shape))
+                        if axis or batch == 1):  # ONNX Runtime feeds only a fixed dimension's own size
+                    found[tensor.name] = (f"{field}.{printable(tensor.name, 80)}: {model.path.name} declares "
+                                          f"{tensor.name!r} as {list(tensor.shape)}, but the job gives it the shape "
+                                          f"{shape}{_source(workload.inputs.get(tensor.name))}")
+                    continue
+                fed = workload.inputs.get(tensor.name)
+                if fed is None or not isinstance(fed.value, list):
+                    continue
+                value_shape = input_value_shape(fed.value)
+                try:
+                    fits = list(np.broadcast_shapes(tuple(value_shape), tuple(shape))) == shape
+                except ValueError:
+                    fits = False
+                if not fits:
+                    source = f"file {fed.file!r}" if fed.file else "value"
+                    cell = f" (batch {batch}{f', input size {size}' if size is not None else ''})" \
+                        if len(spec.matrix.batch_sizes) > 1 or size is not None else ""
+                    found[tensor.name] = (f"{field}.{printable(tensor.name, 80)}: {model.path.name}: the {source} has shape "
+                                          f"{value_shape}, but the run feeds {tensor.name!r} the shape {shape}{cell}; "
+                                          "give a value of that shape, or set the input's shape to the value's")
+    problems += found.values()
+    return problems
+
+
+def _source(given: InputSpec | None) -> str:
+    if given is None or given.shape is not None or not isinstance(given.value, list):
+        return ""
+    return f" (the shape of its {f'file {given.file!r}' if given.file else 'value'})"
 
 
 def _flat_numbers(value: Any) -> list[float]:
@@ -393,18 +448,27 @@ def _input_value_problem(name: str, given: InputSpec, dtype: str) -> str | None:
 def load_input_files(spec: JobSpec, root: yaml.Node | None, base_dir: Path, source_name: str) -> None:
     """Read each workload.inputs.NAME.file (a .npy inside the job's folder) into its value, checked like a model
     file: a regular file by type before any read, its size before reading, numbers only and all finite."""
-    import numpy as np  # loaded when a job is read, not for `farm jobs`
     workload = spec.workload
     if not isinstance(workload, BenchmarkWorkload):
         return
+    _load_inputs(workload.inputs, ("workload",), root, base_dir, source_name)
+    for index, raw in enumerate(spec.models):  # a model entry's own inputs (models[N].inputs.NAME.file)
+        if isinstance(raw, ModelEntry):
+            _load_inputs(raw.inputs, ("models", index), root, base_dir, source_name)
+
+
+def _load_inputs(inputs: dict[str, InputSpec], where: tuple[Any, ...], root: yaml.Node | None, base_dir: Path,
+                 source_name: str) -> None:
+    import numpy as np  # loaded when a job is read, not for `farm jobs`
     folder = base_dir.resolve()
-    for name, given in workload.inputs.items():
+    prefix = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else p) for i, p in enumerate(where))
+    for name, given in inputs.items():
         if given.file is None or given.value is not None:
             continue  # a value already read (a stored spec) is not read again
-        field_path = f"workload.inputs.{printable(name, 80)}.file"
+        field_path = f"{prefix}.inputs.{printable(name, 80)}.file"
 
         def bad(message: str) -> JobFileError:
-            return JobFileError([JobProblem(source_name, _line(root, "workload", "inputs", name, "file"), field_path,
+            return JobFileError([JobProblem(source_name, _line(root, *where, "inputs", name, "file"), field_path,
                                             message)])
         path = (folder / os.path.expanduser(given.file)).resolve()
         if not path.is_relative_to(folder):
@@ -430,7 +494,20 @@ def load_input_files(spec: JobSpec, root: yaml.Node | None, base_dir: Path, sour
         if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
             raise bad(f"{printable(given.file, 200)!r} holds NaN or infinite values; inputs must be finite.")
         values = array.tolist() if array.ndim else array.item()
-        workload.inputs[name] = replaced(given, value=values)
+        inputs[name] = replaced(given, value=values)
+
+
+def check_dataset(spec: JobSpec, models: list[ResolvedModel], root: yaml.Node | None, base_dir: Path,
+                  source_name: str) -> None:
+    """workload.dataset read, checked against every model and packed with the job (controller/scheduling/datasets.py)."""
+    from farm.controller.scheduling.datasets import DatasetRefused, load_dataset
+    if not isinstance(spec.workload, BenchmarkWorkload) or spec.workload.dataset is None:
+        return
+    try:
+        load_dataset(spec.workload, models, base_dir)
+    except DatasetRefused as e:
+        raise JobFileError([JobProblem(source_name, _line(root, "workload", "dataset", e.field),
+                                       f"workload.dataset.{e.field}", f"{e}.")]) from None
 
 
 def fixed_dimension_warnings(spec: JobSpec, models: list[ResolvedModel], root: yaml.Node | None,
@@ -441,10 +518,12 @@ def fixed_dimension_warnings(spec: JobSpec, models: list[ResolvedModel], root: y
     if not isinstance(workload, BenchmarkWorkload):
         return []
     problems = []
-    overrides = workload.shape_overrides()
     for model in models:
         if BENCHMARK_FORMATS.get(model.path.suffix.lower()) != "onnx":
             continue
+        model_workload = spec.workload_for(model.entry_index)
+        assert isinstance(model_workload, BenchmarkWorkload)
+        overrides = model_workload.shape_overrides()
         for tensor in model.facts.inputs:
             dims = tensor.shape
             if tensor.name in overrides or not dims or not isinstance(dims[0], int):
@@ -691,6 +770,8 @@ def resolve_job(spec: JobSpec, root: yaml.Node | None, text: str, source_name: s
         invalid += check_benchmark_models(spec, models, root, source_name)
         bad = {m.path for m in invalid}
         job.models = [m for m in models if str(m.path) not in bad]
+        if not invalid:
+            check_dataset(spec, job.models, root, base_dir, source_name)
     else:
         job.script_dir, job.script_path = check_script(spec, base_dir, root, source_name)
     invalid.sort(key=lambda m: (m.problem.line or 0, m.entry_index))  # in the order the file names them

@@ -48,8 +48,10 @@ def expand_tasks(job: ResolvedJob) -> list[dict[str, Any]]:
     tasks: list[dict[str, Any]] = []
     sim = spec.sim
 
-    def plan(budget: SimBudget, unit: Accelerator = CPU) -> str:
-        return TaskPlan(workload=spec.workload, sim=budget, run_timeout_s=spec.timeouts.run,
+    def plan(budget: SimBudget, unit: Accelerator = CPU, entry: int | None = None) -> str:
+        # a model entry's own inputs and input_shapes are its tasks' workload (the job's are the defaults)
+        workload = spec.workload if entry is None else spec.workload_for(entry)
+        return TaskPlan(workload=workload, sim=budget, run_timeout_s=spec.timeouts.run,
                         base_dir=str(job.base_dir), script_archive=job.script_archive,
                         accelerator=unit.unit, precision=unit.precision).model_dump_json()
     targets = job.targets or [None]
@@ -69,7 +71,7 @@ def expand_tasks(job: ResolvedJob) -> list[dict[str, Any]]:
             "input_size": size, "repeat": repeat, "status": "pending", "attempts": 0,
             "max_attempts": MAX_ATTEMPTS,
             "pair_key": pair_key(model.facts.sha256, threads, batch, size, key_device, repeat, cpus, key_unit),
-            "spec_json": plan(budget, unit),
+            "spec_json": plan(budget, unit, model.entry_index),
             "priority": PRIORITY_RANK[spec.priority], "created_at": now,
         }
 

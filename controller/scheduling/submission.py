@@ -14,7 +14,7 @@ from typing import Any
 
 from farm.controller.scheduling.artifacts import ArtifactError, ControllerFiles
 from farm.controller.scheduling.jobfile import (
-    DeviceTarget, InvalidModel, JobFileError, ResolvedJob, ResolvedModel, _locate, check_benchmark_models,
+    DeviceTarget, InvalidModel, JobFileError, ResolvedJob, ResolvedModel, _locate, check_benchmark_models, check_dataset,
     check_task_count, parse_job_text, resolve_models, resolve_targets,
 )
 from farm.models.facts import ModelError, inspect_model
@@ -51,10 +51,17 @@ def load_submitted_job(request: Any, files: ControllerFiles, devices: list[Devic
     if isinstance(spec.workload, ScriptWorkload):  # first: a refused folder leaves no model copied in
         archive = _script_archive(request, spec.workload, root, files, base_dir, source_name, max_script_archive_bytes)
     if isinstance(spec.workload, BenchmarkWorkload):
-        unread = sorted(name for name, given in spec.workload.inputs.items() if given.file is not None and given.value is None)
+        named = [("workload", spec.workload.inputs)] + [
+            (f"models[{i}]", spec.entry(i).inputs) for i in range(len(spec.models))]
+        unread = [(where, name) for where, inputs in named for name, given in sorted(inputs.items())
+                  if given.file is not None and given.value is None]
+        dataset = spec.workload.dataset
+        if dataset is not None and dataset.packed is None:  # the same rule for a dataset's files
+            raise JobFileError(f"{source_name}: workload.dataset.path: a dataset is read where the job is submitted; "
+                               "submit it to an embedded farm (no --controller), or give the packed dataset")
         if unread:  # nothing is read from this machine's disk on a remote user's say-so
-            raise JobFileError(f"{source_name}: workload.inputs.{printable(unread[0], 80)}.file: input files are read "
-                               "where the job is submitted; a controller takes the values inline (value: [...])")
+            raise JobFileError(f"{source_name}: {unread[0][0]}.inputs.{printable(unread[0][1], 80)}.file: input files "
+                               "are read where the job is submitted; a controller takes the values inline (value: [...])")
     invalid: list[InvalidModel] = []
     if request.models:
         models = _uploaded_models(request, spec, root, files, source_name)
@@ -64,6 +71,7 @@ def load_submitted_job(request: Any, files: ControllerFiles, devices: list[Devic
         invalid += check_benchmark_models(spec, models, root, source_name)
     if invalid:  # every bad model at once; a remote submit has no --skip-invalid
         raise JobFileError([m.problem for m in sorted(invalid, key=lambda m: (m.problem.line or 0, m.entry_index))])
+    check_dataset(spec, models, root, base_dir, source_name)  # a packed dataset: unpacked and checked, nothing read
     check_task_count(spec, len(models), targets, max_tasks, source_name)
     return ResolvedJob(spec=spec, source=request.job_yaml, source_path=None, base_dir=base_dir, models=models,
                        targets=targets, script_archive=archive)

@@ -1,0 +1,263 @@
+"""workload.dataset (issue 30): every target runs the model on real samples after the timed loop and records its
+outputs' digests and summaries, agreement with a reference (the float model, run once where the job is submitted,
+or a reference output file) and, with labels, accuracy; thresholds turn a mismatch into an `accuracy` failure that
+keeps the run's timings. Hostile datasets are refused at submit naming the file and the field, nothing stored.
+
+Sim jobs keep contended runs flagged (this machine is shared) and assert no timing."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import write_job
+from test_cli_errors import one_paragraph_error
+
+MODEL = "mobilenetv2_w0.35_r96.onnx"
+SAMPLES = 6
+
+
+@pytest.fixture
+def float_and_int8(farm_inprocess, mobilenet_models: dict[str, Path], tmp_path: Path) -> Path:
+    """The float MobileNetV2 and its int8 variant made by `farm quantize`, with a dataset and labels beside them."""
+    (tmp_path / "float.onnx").write_bytes(mobilenet_models[MODEL].read_bytes())
+    made = farm_inprocess("quantize", str(tmp_path / "float.onnx"), "-o", str(tmp_path / "int8.onnx"))
+    assert made.returncode == 0, made.stderr
+    rng = np.random.default_rng(3)
+    np.save(tmp_path / "x.npy", rng.random((SAMPLES, 3, 96, 96), dtype=np.float32))
+    np.save(tmp_path / "labels.npy", rng.integers(0, 1000, SAMPLES))
+    return tmp_path
+
+
+DATASET_JOB = """models: [float.onnx, int8.onnx]
+workload:
+  iterations: 2
+  warmup: 1
+  dataset: {{path: x.npy, labels: labels.npy, reference: float.onnx{extra}}}
+sim: {{on_contention: flag}}
+"""
+
+
+def _records(farm_inprocess, job: int = 1) -> dict[str, dict]:
+    return {r["model"]["name"]: r for r in farm_inprocess("results", str(job), "--format", "json").json()}
+
+
+def test_a_quantized_model_agrees_with_its_float_reference_on_the_sim(float_and_int8: Path, farm_inprocess) -> None:
+    run = farm_inprocess("submit", str(write_job(float_and_int8, DATASET_JOB.format(extra=""))))
+    assert run.returncode == 0, run.stderr
+    records = _records(farm_inprocess)
+    same, int8 = records["float"]["accuracy"], records["int8"]["accuracy"]
+    assert same["samples"] == int8["samples"] == SAMPLES and same["reference"] == "float.onnx"
+    # the float model against itself: identical outputs
+    assert same["agreement"]["max_abs_error"] == 0 and same["agreement"]["cosine"] == pytest.approx(1)
+    assert same["agreement"]["top1"] == 1 and same["agreement"]["psnr_db"] == 200
+    # the int8 variant: close, not equal
+    agreement = int8["agreement"]
+    assert 0 < agreement["max_abs_error"] and 0.5 < agreement["cosine"] < 1, agreement
+    assert agreement["snr_db"] < 200 and 0 <= agreement["top1"] <= 1 and 0 <= agreement["top5"] <= 1
+    for block in (same, int8):  # labels: accuracy of each, its own figure
+        assert set(block["accuracy"]) == {"top1", "top5"} and 0 <= block["accuracy"]["top1"] <= block["accuracy"]["top5"] <= 1
+    (name,) = same["outputs"]
+    assert same["outputs"][name]["shape"] == [SAMPLES, 1000] and len(same["outputs"][name]["sha256"]) == 64
+    assert "values" not in same["outputs"][name]  # 6,000 numbers: over the size kept whole, the digest stays
+    assert same["outputs"][name]["min"] <= same["outputs"][name]["mean"] <= same["outputs"][name]["max"]
+    assert same["outputs"][name]["sha256"] != int8["outputs"][name]["sha256"]
+    assert records["int8"]["latency_ms"]["count"] == 2  # the timed loop as it was
+
+    shown = farm_inprocess("compare", "1", "1", "--json")
+    assert shown.returncode == 0, shown.stderr
+    text = farm_inprocess("compare", "1", "1")
+    assert "cosine" in text.stdout and "acc top-1" in text.stdout, text.stdout
+
+
+def test_outputs_beyond_the_threshold_fail_as_accuracy_and_keep_their_timings(float_and_int8: Path,
+                                                                             farm_inprocess) -> None:
+    job = write_job(float_and_int8, DATASET_JOB.format(extra=", thresholds: {min_cosine: 0.999999}"))
+    run = farm_inprocess("submit", str(job))
+    assert run.returncode == 1, run.stderr  # the job ran, a run failed
+    records = _records(farm_inprocess)
+    assert records["float"]["status"] == "completed"
+    failed = records["int8"]
+    assert failed["status"] == "failed" and failed["failure_class"] == "accuracy" and failed["attempts"] == 1
+    assert "workload.dataset.thresholds.min_cosine 0.999999" in failed["message"]
+    assert failed["latency_ms"]["count"] == 2 and failed["accuracy"]["agreement"]["cosine"] < 0.999999
+
+
+def test_a_reference_output_file_and_a_folder_of_images(farm_inprocess, tiny_models: dict[str, Path],
+                                                        tmp_path: Path) -> None:
+    from PIL import Image
+    import onnxruntime
+
+    (tmp_path / "tiny.onnx").write_bytes(tiny_models["onnx"].read_bytes())
+    folder = tmp_path / "images"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 256, (20, 30, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    # the reference file: what the model gives for the same preprocessing, computed here apart from farm
+    session = onnxruntime.InferenceSession(str(tmp_path / "tiny.onnx"), providers=["CPUExecutionProvider"])
+    batch = []
+    for i in range(3):
+        pixels = np.asarray(Image.open(folder / f"{i}.png").convert("RGB").resize((8, 8), Image.Resampling.BILINEAR),
+                            dtype=np.float32)
+        batch.append(((pixels / 255 - 0.5) / 0.25).transpose(2, 0, 1))
+    (output,) = [o.name for o in session.get_outputs()]
+    reference = np.concatenate([session.run(None, {"input": b[None]})[0] for b in batch])
+    np.savez(tmp_path / "ref.npz", **{output: reference})
+    job = write_job(tmp_path, """models: [tiny.onnx]
+workload:
+  iterations: 2
+  dataset:
+    path: images
+    reference: ref.npz
+    image: {size: [8, 8], layout: nchw, mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25]}
+sim: {on_contention: flag}
+""")
+    run = farm_inprocess("submit", str(job))
+    assert run.returncode == 0, run.stderr
+    (record,) = farm_inprocess("results", "1", "--format", "json").json()
+    assert record["accuracy"]["samples"] == 3
+    assert record["accuracy"]["agreement"]["max_abs_error"] < 1e-4  # the same preprocessing, the same outputs
+    (kept,) = record["accuracy"]["outputs"].values()
+    assert np.allclose(kept["values"], reference.reshape(-1), atol=1e-4)  # 768 numbers: kept whole
+    assert "accuracy" not in record["accuracy"] or record["accuracy"].get("accuracy") is None  # no labels
+
+
+def _sparse(path: Path, size: int) -> None:
+    with open(path, "wb") as f:
+        f.truncate(size)
+
+
+@pytest.mark.parametrize("dataset, prepare, fragments", [
+    ("{path: x.npy, labels: short.npy}", "short", ["workload.dataset.labels", "short.npy", "2 row(s)", "6 sample(s)"]),
+    ("{path: wrong_shape.npy}", "wrong_shape", ["workload.dataset.path", "wrong_shape.npy", "[3, 64, 64]", "float.onnx"]),
+    ("{path: wrong_dtype.npy}", "wrong_dtype", ["workload.dataset.path", "wrong_dtype.npy", "int64", "float32"]),
+    ("{path: pickle.npy}", "pickle", ["workload.dataset.path", "pickle.npy", "without pickles"]),
+    ("{path: huge.npz}", "huge", ["workload.dataset.path", "huge.npz", "10,737,418,240 bytes", "budget"]),
+    ("{path: ../outside.npy}", None, ["workload.dataset.path", "outside the job's folder"]),
+    ("{path: x.npy, labels: ../../etc/passwd}", None, ["workload.dataset.labels", "outside the job's folder"]),
+    ("{path: x.npy, reference: ref_short.npz}", "ref_short", ["workload.dataset.reference", "ref_short.npz", "fewer"]),
+    ("{path: x.npy, packed: bm90IGEgemlw}", None, ["workload.dataset.packed", "not a dataset farm packed"]),
+], ids=["short-labels", "shape", "dtype", "pickle", "10GB", "escape", "labels-escape", "short-reference", "packed"])
+def test_hostile_datasets_are_refused_at_submit_naming_the_file_and_field(
+        farm_inprocess, mobilenet_models: dict[str, Path], tmp_path: Path, dataset: str, prepare: str | None,
+        fragments: list[str]) -> None:
+    (tmp_path / "float.onnx").write_bytes(mobilenet_models[MODEL].read_bytes())
+    np.save(tmp_path / "x.npy", np.zeros((SAMPLES, 3, 96, 96), np.float32))
+    if prepare == "short":
+        np.save(tmp_path / "short.npy", np.arange(2))
+    elif prepare == "wrong_shape":
+        np.save(tmp_path / "wrong_shape.npy", np.zeros((2, 3, 64, 64), np.float32))
+    elif prepare == "wrong_dtype":
+        np.save(tmp_path / "wrong_dtype.npy", np.zeros((2, 3, 96, 96), np.int64))
+    elif prepare == "pickle":
+        (tmp_path / "pickle.npy").write_bytes(pickle.dumps({"not": "an array"}))
+    elif prepare == "huge":
+        _sparse(tmp_path / "huge.npz", 10 << 30)  # 10 GiB of nothing: refused from its size, never read
+    elif prepare == "ref_short":
+        np.savez(tmp_path / "ref_short.npz", output=np.zeros((1, 1000), np.float32))
+    job = write_job(tmp_path, f"models: [float.onnx]\nworkload:\n  dataset: {dataset}\n")
+    one_paragraph_error(farm_inprocess("submit", str(job)), fragments)
+    assert farm_inprocess("jobs", "--json").json() == []  # nothing stored
+    if prepare == "huge":
+        assert os.stat(tmp_path / "huge.npz").st_blocks == 0  # still sparse: nothing was read or written
+
+
+def test_the_board_harness_runs_the_dataset_as_the_sim_does(board, mobilenet_models: dict[str, Path],
+                                                             tmp_path: Path) -> None:
+    """The sshd board peer runs farm's one-file board harness: the same outputs, digests and figures as the sim's
+    harness computes for the same samples, and the driver judges the thresholds."""
+    import onnxruntime
+
+    from farm.agents.boards.driver import BoardDriver
+    from farm.agents.harness.dataset import run_dataset
+    from farm.controller.scheduling.datasets import load_dataset
+    from farm.models.facts import inspect_model
+    from farm.proto.spec import BenchmarkWorkload
+    from farm.proto.tasks import TaskPlan, TaskSpec
+    from test_board_driver import _config
+
+    model = tmp_path / "float.onnx"
+    model.write_bytes(mobilenet_models[MODEL].read_bytes())
+    rng = np.random.default_rng(5)
+    np.save(tmp_path / "x.npy", rng.random((3, 3, 96, 96), dtype=np.float32))
+    np.save(tmp_path / "labels.npy", np.array([1, 2, 3]))
+    workload = BenchmarkWorkload.model_validate({"iterations": 3, "warmup": 1, "dataset": {
+        "path": "x.npy", "labels": "labels.npy", "reference": "float.onnx",
+        "thresholds": {"min_accuracy_top1": 0.99}}})
+
+    class Resolved:  # what load_dataset reads of a resolved model
+        path, facts = model, inspect_model(model)
+    load_dataset(workload, [Resolved()], tmp_path)
+    task = TaskSpec(task_id=7, job_id=1, attempt=1, target="nano-1", model_name="float", model_path=str(model),
+                    model_sha256="", model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
+                    plan=TaskPlan(workload=workload, sim={}, run_timeout_s=120, base_dir=str(tmp_path)))
+    result = BoardDriver(_config(board, kind="linux")).run(task, lambda: False)
+    block = result.environment["accuracy"]
+    assert block["samples"] == 3 and block["agreement"]["max_abs_error"] == 0 and block["agreement"]["top1"] == 1
+    # random weights and labels: accuracy under the threshold, so the run fails as accuracy with its timings
+    assert result.failure_class == "accuracy" and "min_accuracy_top1" in result.message
+    assert result.latency is not None and result.latency.count == 3
+
+    session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    assert workload.dataset is not None
+    here = run_dataset(workload.dataset.model_dump(), lambda f: dict(zip(names, session.run(None, f))),
+                       {}, names)  # the dataset gives the one input
+    (name,) = names
+    assert block["outputs"][name]["sha256"] == here["outputs"][name]["sha256"]
+    assert block["accuracy"] == here["accuracy"]
+
+
+def test_a_hostile_accuracy_block_is_bounded_before_it_is_stored() -> None:
+    """The block comes from inside the sandbox (or a board): known keys, finite numbers, a bounded size."""
+    from farm.proto.accuracy import MAX_KEPT_VALUES, bounded_block, verdict
+    from farm.proto.spec import AccuracyThresholds
+
+    raw = {"samples": "many", "output": "y" * 10_000, "injected": {"x": 1},
+           "outputs": {f"o{i}": {"sha256": "f" * 1000, "shape": [1, "x", 3], "min": float("nan"), "max": "big",
+                                 "values": [1.0] * MAX_KEPT_VALUES, "agreement": {"cosine": True, "extra": 1}}
+                       for i in range(100)},
+           "agreement": {"cosine": float("nan"), "top1": 0.2}, "accuracy": {"top1": [1], "top5": 0.9}}
+    block = bounded_block(raw)
+    assert block is not None and "injected" not in block and block["samples"] is None and len(block["output"]) == 200
+    assert len(block["outputs"]) == 32 and sum("values" in o for o in block["outputs"].values()) == 1
+    first = block["outputs"]["o0"]
+    assert first["shape"] == [1, 3] and first["min"] is None and first["max"] is None and len(first["sha256"]) == 64
+    assert first["agreement"]["cosine"] is None and "extra" not in first["agreement"]
+    assert block["agreement"]["cosine"] is None and block["accuracy"] == {"top1": None, "top5": 0.9}
+    assert bounded_block(["not", "a", "dict"]) is None
+    # a threshold on a figure the run lacks is a failure that says so, not a pass
+    why = verdict(block, AccuracyThresholds(min_cosine=0.9, min_top1_agreement=0.5))
+    assert why is not None and "min_cosine is set but the run has no such figure" in why and "top1_agreement 0.2 is below" in why
+
+
+def test_a_tflite_model_runs_the_dataset_on_the_sim(farm_inprocess, tiny_models: dict[str, Path],
+                                                    tmp_path: Path) -> None:
+    """LiteRT's side of the sim harness: samples fed one at a time (the timed loop at batch 2), outputs compared with
+    the same model's outputs computed here with the bare interpreter."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    (tmp_path / "tiny.tflite").write_bytes(tiny_models["tflite"].read_bytes())
+    samples = np.random.default_rng(2).random((4, 8, 8, 3), dtype=np.float32)
+    np.save(tmp_path / "x.npy", samples)
+    interp = Interpreter(model_path=str(tmp_path / "tiny.tflite"))
+    interp.allocate_tensors()
+    (inp,), (out,) = interp.get_input_details(), interp.get_output_details()
+    expected = []
+    for sample in samples:
+        interp.set_tensor(inp["index"], sample[None])
+        interp.invoke()
+        expected.append(interp.get_tensor(out["index"]).copy())
+    np.savez(tmp_path / "ref.npz", **{out["name"]: np.concatenate(expected)})
+    job = write_job(tmp_path, "models: [tiny.tflite]\nmatrix: {batch_sizes: [2]}\nworkload:\n  iterations: 2\n"
+                              "  dataset: {path: x.npy, reference: ref.npz}\nsim: {on_contention: flag}\n")
+    run = farm_inprocess("submit", str(job))
+    assert run.returncode == 0, run.stderr
+    (record,) = farm_inprocess("results", "1", "--format", "json").json()
+    assert record["input_shapes"] == {"input": [2, 8, 8, 3]}  # the timed loop's batch
+    assert record["accuracy"]["samples"] == 4 and record["accuracy"]["agreement"]["max_abs_error"] < 1e-5
