@@ -131,6 +131,10 @@ def task_to_message(task: TaskSpec, message: Message) -> Message:
                               if name not in ("plan", "script_archive_path")}
     fields.update((name, getattr(task.plan, name)) for name in _PLAN_FIELDS)
     plan = task.plan
+    # A workload field left at its default is not sent (the agent's model fills it in again): an agent of an
+    # earlier version, which refuses a key it does not know, still takes every task that uses no newer field.
+    fields["workload"] = {"type": plan.workload.type,
+                          **plan.workload.model_dump(mode="json", exclude_defaults=True)}
     fields["extra"] = _TaskExtra(script_archive=plan.script_archive,
                                  accelerator=None if plan.accelerator == "cpu" else plan.accelerator,
                                  precision=None if plan.precision == "fp32" else plan.precision

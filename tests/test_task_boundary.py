@@ -155,6 +155,18 @@ def test_the_script_archive_crosses_the_wire_as_agents_read_it_and_the_local_pat
     assert json.loads(_wire(_task({})).extra_json) == {}
 
 
+def test_a_workload_at_its_defaults_crosses_the_wire_without_the_newer_fields() -> None:
+    """An agent of an earlier version refuses a workload key it does not know: fields left at their default
+    (a dataset, a vocabulary size, an Android mode ...) are not sent, and arrive as their defaults."""
+    task = _task({"workload": {"type": "benchmark", "iterations": 7}})
+    sent = json.loads(_wire(task).workload_json)
+    assert sent == {"type": "benchmark", "iterations": 7}
+    assert task_from_message(_wire(task)) == task
+    with_vocab = _task({"workload": {"type": "benchmark", "vocab_size": 30522}})
+    assert json.loads(_wire(with_vocab).workload_json)["vocab_size"] == 30522
+    assert task_from_message(_wire(with_vocab)) == with_vocab
+
+
 @pytest.mark.parametrize("extra, said", [({"script_archive": "../../etc/passwd"}, "plan.script_archive"),
                                          ({"script_archive": "AB" * 32}, "plan.script_archive"),
                                          ({"script_archive_path": "/etc/shadow"}, "script_archive_path")])
