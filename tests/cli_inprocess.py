@@ -10,10 +10,12 @@ printed as Python prints it at exit (a "Traceback" on stderr, code 1), as the pr
 What a fresh process would start with is put back around each call, so nothing leaks from one call
 (or from the test) into the next: the whole of os.environ, the working directory, sys.argv, stdin,
 the umask, the signal handlers, the logging configuration, the rich consoles (built afresh, so
-$COLUMNS / $NO_COLOR given to the call count) and farm's functools caches (some answer from $PATH)."""
+$COLUMNS / $NO_COLOR given to the call count), farm's functools caches (some answer from $PATH) and its
+per-process webhooks; what the command registers with atexit runs when the call ends, as at exit."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import io
@@ -98,6 +100,38 @@ def _fresh_consoles() -> Iterator[None]:
         swap(False)
 
 
+def _fresh_process_singletons() -> None:
+    """farm's one-per-process objects start anew: the webhook per URL (alerts._HOOKS) registers its drain
+    with atexit once, when it first sends; a reused one would not register again for this call."""
+    alerts = sys.modules.get("farm.controller.operations.alerts")
+    if alerts is not None:
+        with alerts._HOOKS_LOCK:
+            alerts._HOOKS.clear()
+
+
+@contextlib.contextmanager
+def _exit_handlers_run() -> Iterator[None]:
+    """What the command registers with atexit runs when the call ends, as it would when its process exits
+    (the webhook's drain: a short `farm refresh` still delivers what it queued), and is not left to pytest's."""
+    registered: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+    real_register = atexit.register
+
+    def register(func: Any, *args: Any, **kwargs: Any) -> Any:
+        registered.append((func, args, kwargs))
+        return func
+
+    atexit.register = register  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        atexit.register = real_register  # type: ignore[assignment]
+        for func, args, kwargs in reversed(registered):
+            try:
+                func(*args, **kwargs)
+            except Exception:  # as the interpreter does at exit: printed, the others still run
+                traceback.print_exc(file=sys.stderr)
+
+
 def run_farm_inprocess(*args: str, cwd: Path, env: dict[str, str]) -> FarmRun:
     """One `farm` command: cwd and env (added to os.environ) hold for the call only; stdin is empty."""
     from farm.cli.main import main
@@ -115,8 +149,9 @@ def run_farm_inprocess(*args: str, cwd: Path, env: dict[str, str]) -> FarmRun:
         sys.argv = ["farm", *args]
         sys.stdin = io.StringIO("")
         _clear_farm_caches()
+        _fresh_process_singletons()
         with _logging_restored(), _fresh_consoles(), \
-                contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), _exit_handlers_run():
             try:
                 code = main(list(args))
             except SystemExit as e:  # argparse's usage errors and --help
