@@ -29,10 +29,12 @@ demo: models
 # a note and those tests skip), then lint, types and every test; the total time is the last line, pass or fail.
 # Tests that failed are run once more, alone, in a fresh process (--lf): a test that fails again fails the run; one
 # that passes alone failed on load or on another test's leftovers, and stays listed in the first run's summary.
+# The first run ends with the ten slowest tests (--durations=10); `PYTEST_ARGS=--farm-subprocess` runs every `farm`
+# fixture call as a real process again (the `farm` CLI runs in-process by default, issue 34).
 test: setup
 	@start=$$(date +%s); status=0; \
 	bash .ci/install-deps.sh && $(VENV)/bin/ruff check . && $(PY) tools/typecheck.py && \
-	{ $(PY) -m pytest -q -ra $(PYTEST_ARGS) || { echo "make test: the failed tests once more, alone (pytest --lf):"; \
+	{ $(PY) -m pytest -q -ra --durations=10 $(PYTEST_ARGS) || { echo "make test: the failed tests once more, alone (pytest --lf):"; \
 	  $(PY) -m pytest -q -ra --lf $(PYTEST_ARGS); }; } || status=$$?; \
 	took=$$(( $$(date +%s) - start )); \
 	echo "make test: $$((took / 60)) min $$((took % 60)) s wall (install, ruff, mypy, pytest), exit status $$status"; \

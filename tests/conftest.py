@@ -31,10 +31,12 @@ def farm_db(tmp_path: Path) -> Path:
     return tmp_path / "farm.db"
 
 
-@pytest.fixture
-def farm(farm_db: Path, tmp_path: Path):
-    """Run the real CLI in a subprocess, as a user would, against this test's store."""
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--farm-subprocess", action="store_true", default=False,
+                     help="run every `farm` fixture call as a real process (python -m farm.cli.main), not in-process")
 
+
+def _farm_subprocess(farm_db: Path, tmp_path: Path):
     def run(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> FarmRun:
         full_env = {**os.environ, "FARM_DB": str(farm_db), **(env or {})}
         p = subprocess.run([*FARM, *args], cwd=cwd or tmp_path, capture_output=True, text=True,
@@ -45,16 +47,31 @@ def farm(farm_db: Path, tmp_path: Path):
 
 
 @pytest.fixture
-def farm_inprocess(farm_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """The `farm` fixture's calls, answered by `farm.cli.main.main(argv)` in this process (tests/cli_inprocess.py):
-    for tests where the process is not the point (issue 34)."""
+def farm_process(farm_db: Path, tmp_path: Path):
+    """Run the real CLI in a subprocess, as a user would, against this test's store: for tests where the
+    process is the point (mark them `process`)."""
+    return _farm_subprocess(farm_db, tmp_path)
+
+
+@pytest.fixture
+def farm(request: pytest.FixtureRequest, farm_db: Path, tmp_path: Path):
+    """Run the real CLI against this test's store: `farm.cli.main.main(argv)` in this process with its own env,
+    cwd and captured streams (tests/cli_inprocess.py, issue 34); a real process with `pytest --farm-subprocess`
+    or in a test marked `process`. `timeout` bounds a subprocess only (pytest-timeout bounds the in-process call)."""
+    if request.config.getoption("--farm-subprocess") or request.node.get_closest_marker("process"):
+        return _farm_subprocess(farm_db, tmp_path)
     from cli_inprocess import run_farm_inprocess
 
-    def run(*args: str, cwd: Path | None = None, env: dict | None = None) -> FarmRun:
-        return run_farm_inprocess(*args, cwd=cwd or tmp_path, env={"FARM_DB": str(farm_db), **(env or {})},
-                                  monkeypatch=monkeypatch)
+    def run(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> FarmRun:
+        return run_farm_inprocess(*args, cwd=cwd or tmp_path, env={"FARM_DB": str(farm_db), **(env or {})})
 
     return run
+
+
+@pytest.fixture
+def farm_inprocess(farm):
+    """The `farm` fixture under its older name (it was the in-process one before `farm` became in-process)."""
+    return farm
 
 
 @pytest.fixture(scope="session")
@@ -103,10 +120,43 @@ def require_backend(name: str) -> None:
         pytest.skip(f"{name} backend unavailable: {reason}")
 
 
-def write_job(directory: Path, text: str, name: str = "job.yaml") -> Path:
+def write_job(directory: Path, text: str, name: str = "job.yaml", on_contention: str | None = "flag") -> Path:
+    """The job file; a sim job that names no contention policy gets `on_contention: flag` (a loaded test machine
+    must not make a test measure its runs again): pass on_contention=None where the policy is what is tested."""
     path = directory / name
-    path.write_text(text)
+    path.write_text(with_contention_policy(text, on_contention) if on_contention else text)
     return path
+
+
+def with_contention_policy(text: str, policy: str) -> str:
+    """`text` with sim.on_contention set to `policy` where the job runs on the sim and sets none. Only a flow-style
+    `sim: {...}` line is edited, or `sim: {on_contention: ...}` appended when there is no sim key (a device run's
+    sim twin too): no other line moves, so a message naming a line still names it. Anything else (not a job,
+    bad YAML, a block-style sim section) is written as given."""
+    import re
+
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if not isinstance(data, dict) or "models" not in data:  # not a job (a devices file, a bad one)
+        return text
+    sim = data.get("sim")
+    if "sim" not in data:
+        return text + ("" if text.endswith("\n") else "\n") + f"sim: {{on_contention: {policy}}}\n"
+    if not isinstance(sim, dict) or "on_contention" in sim:
+        return text
+    edited, count = re.subn(r"^sim:[ \t]*\{[ \t]*(?=\S)", lambda m: m.group(0) + f"on_contention: {policy}" +
+                            ("" if text[m.end():].startswith("}") else ", "), text, count=1, flags=re.M)
+    if count != 1:
+        return text
+    try:
+        again = yaml.safe_load(edited)
+    except yaml.YAMLError:
+        return text
+    return edited if again == {**data, "sim": {**sim, "on_contention": policy}} else text
 
 
 @pytest.fixture(scope="module")

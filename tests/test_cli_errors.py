@@ -287,10 +287,10 @@ def test_a_small_file_under_a_huge_limit_is_read_without_allocating_the_limit(tm
 
 # --- a store path whose folder is missing: an error (a typo must not look like an empty store) ------
 @pytest.mark.parametrize("how", ["--db", "FARM_DB", "web --db", "controller --db"])
-def test_a_store_in_a_missing_folder_is_an_error_unless_create(how: str, job: Path, farm, farm_inprocess,
+def test_a_store_in_a_missing_folder_is_an_error_unless_create(how: str, job: Path, farm_process, farm_inprocess,
                                                                 tmp_path: Path) -> None:
     # the servers run as processes: were the refusal broken, one would serve until the timeout, not hang the test
-    run = farm if how in ("web --db", "controller --db") else \
+    run = farm_process if how in ("web --db", "controller --db") else \
         lambda *args, timeout=None, **kwargs: farm_inprocess(*args, **kwargs)
     db = tmp_path / "typo" / "deeper" / "farm.db"
     command = {"--db": ("jobs", "--db", str(db)), "FARM_DB": ("jobs",),
