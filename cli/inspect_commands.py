@@ -84,6 +84,9 @@ def inspect_report(path: Path, input_shapes: dict[str, list[int]] | None = None)
         "activation_bytes": facts.activation_bytes, "op_count": facts.op_count, "layer_count": len(layers),
         "op_types": dict(sorted(facts.op_types.items(), key=lambda kv: (-kv[1], kv[0]))),
         "layers": [{**dataclasses.asdict(layer), "flops": flops(layer.macs)} for layer in layers],
+        # ONNX Loop/If/Scan nodes whose bodies' MACs the total leaves out (models/macs.py): "macs" is a floor then
+        "macs_not_counted": [{"name": layer.name, "op": layer.op, "note": layer.note}
+                             for layer in layers if layer.note],
         "lineage": read_lineage(path),  # what `farm quantize` made it from (its sidecar or metadata), else None
     }
 
@@ -123,7 +126,7 @@ def _layers_table(layers: list[dict[str, Any]], total_macs: int | None, rows: in
     for layer in shown:
         share = "" if not total_macs or layer["macs"] is None else f"{100 * layer['macs'] / total_macs:.1f}"
         t.add_row(str(layer["index"]), Text(layer["name"]), Text(layer["op"]),
-                  "?" if layer["macs"] is None else _si(layer["macs"]), share, _si(layer["params"]),
+                  "not counted" if layer.get("note") else "?" if layer["macs"] is None else _si(layer["macs"]), share, _si(layer["params"]),
                   Text(_shape(layer["output_shape"])))
     if rows is not None and len(layers) > rows:
         t.caption = f"{len(layers) - rows} more layer(s): --all-layers shows them, --json gives every figure"
@@ -154,6 +157,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if report["macs"] is None:
         out.print("MACs unknown: a convolution or matrix product has a shape that is only known at run time; "
                   "fix the inputs' dynamic dimensions with --shape NAME=1x3x224x224")
+    for item in report["macs_not_counted"]:
+        out.print(Text(f"MACs not counted in {item['op']} {item['name']!r}: {item['note']}; "
+                       f"the total above is a floor"), style="yellow")
     out.print(_tensors_table("inputs", report["inputs"]))
     out.print(_tensors_table("outputs", report["outputs"]))
     ops = Table(title=f"operators ({report['op_count']})", title_justify="left", header_style="bold")

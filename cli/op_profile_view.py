@@ -58,6 +58,8 @@ def op_profile_tables(records: list[dict[str, Any]], rows: int = DEFAULT_ROWS) -
         for o in nodes:
             n.add_row(Text(o["name"]), Text(o["node_type"]), _ms(o["avg_ms"]), _ms(o["first_ms"]), _pct(o["percent"]))
         parts += [t, n] if nodes else [t]
+        if r.get("op_profile_note"):  # a bounded profile says what it left out
+            parts.append(Text(printable(r["op_profile_note"]), style="dim"))
     if not parts:
         parts.append(Text("no runs in this job"))
     return Group(*parts)

@@ -8,7 +8,9 @@ softmax and data movement count as 0, which is how the usual published figures a
 
 Shapes are those the model declares, with a dynamic batch taken as 1. Bodies of control-flow
 ops (TFLite WHILE/IF subgraphs, ONNX If/Loop/Scan) are not counted: how often they run is
-only known at run time.
+only known at run time. They are not left out in silence: an ONNX control-flow node whose body
+holds a counted operator says so in its layer's `note` (and `farm inspect` in its report), so the
+total is read as "at least".
 """
 
 from __future__ import annotations
@@ -525,6 +527,35 @@ def onnx_mac_profile(model: onnx.ModelProto) -> MacProfile | None:
 # --- per layer (`farm inspect`) -----------------------------------------------------------------
 
 
+CONTROL_FLOW = ("Loop", "If", "Scan")
+
+
+def _bodies(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    return [g for a in node.attribute
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs))]
+
+
+def _counted_in_bodies(node: onnx.NodeProto) -> dict[str, int]:
+    """Operators of a control-flow node's bodies (every depth) whose MACs would count: op type -> nodes."""
+    found: dict[str, int] = {}
+    stack = _bodies(node)
+    while stack:
+        for inner in stack.pop().node:
+            if inner.domain in DEFAULT_ONNX_DOMAINS and inner.op_type in _ONNX_COUNTERS:
+                found[inner.op_type] = found.get(inner.op_type, 0) + 1
+            stack.extend(_bodies(inner))
+    return found
+
+
+def body_note(node: onnx.NodeProto) -> str:
+    """A layer's words for a control-flow node's uncounted body ("" when nothing in it would count)."""
+    found = _counted_in_bodies(node) if node.op_type in CONTROL_FLOW else {}
+    if not found:
+        return ""
+    ops = ", ".join(f"{n} {op}" for op, n in sorted(found.items()))
+    return f"not counted: its body's {ops} run a number of times known only at run time"
+
+
 @dataclass(frozen=True)
 class Layer:
     """One operator of the main graph: what it is, the MACs it does, the weights it reads first, what it makes."""
@@ -536,6 +567,7 @@ class Layer:
     macs: int | None  # None: a counted operator whose shapes are not known
     params: int  # weight elements, each counted at its first consumer (so they sum to the model's)
     output_shape: list[int | None]  # at batch 1; None for a dimension not known before running
+    note: str = ""  # a control-flow node (Loop/If/Scan): its body's MACs are not counted, and which they are
 
 
 def _counted(counter: Callable[[], int]) -> int | None:
@@ -619,8 +651,9 @@ def onnx_layers(model: onnx.ModelProto) -> list[Layer]:
                 seen.add(name)
                 params += weights[name]
         shape = shapes.get(node.output[0]) if node.output else None
+        note = body_note(node) if node.domain in DEFAULT_ONNX_DOMAINS else ""
         layers.append(Layer(index, node.name or (node.output[0] if node.output else f"node{index}"), op, kind, macs,
-                            params, list(shape) if shape is not None else []))
+                            params, list(shape) if shape is not None else [], note))
     return layers
 
 

@@ -16,11 +16,14 @@ from farm.agents.harness.inputs import InputShapeError, feed, resolve_shape
 from farm.agents.harness.task import HarnessOutput, HarnessTask
 from farm.agents.harness.timing import time_inferences
 from farm.agents.harness.tflite_runner import ModelRejected
-from farm.agents.harness.onnxruntime_profile import ort_op_profile
+from farm.agents.harness.onnxruntime_profile import control_flow_parents, ort_op_profile_file
 from farm.models.runtimes import onnx_session
 from farm.proto.op_profile import bounded
 
 PROFILED_RUNS = 20  # inferences of the profiled pass: the first (cold) is kept apart from the average
+# The profiler holds every event in memory until the pass ends, and a model with a Loop logs its body's
+# nodes once per iteration: one run's trace decides how many runs fit under this many bytes of trace.
+MAX_TRACE_BYTES = HarnessTask.max_trace_bytes
 
 _ORT_DTYPES = {
     "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
@@ -93,20 +96,52 @@ def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
     if task.op_profiling:
         out.peak_rss_bytes = status_kib("VmHWM")  # the timed session's peak, before a second session exists
         del session
-        profile_ops(task, feeds, out)
+        profile_ops(task, feeds, out, task.max_trace_bytes)
 
 
-def profile_ops(task: HarnessTask, feeds: dict, out: HarnessOutput) -> None:
-    """A separate, traced session after the timed loop, so tracing never slows the timings it sits beside."""
+def profile_ops(task: HarnessTask, feeds: dict, out: HarnessOutput, max_trace_bytes: int = MAX_TRACE_BYTES) -> None:
+    """A separate, traced session after the timed loop, so tracing never slows the timings it sits beside.
+
+    Bounded: one traced run first; its trace's size sets how many runs the full pass may trace (a trace
+    of one run over max_trace_bytes gives no profile). Whatever fails here, memory included, leaves the
+    timed figures as they are and says why in out.op_profile_note."""
+    wanted = max(2, min(task.iterations, PROFILED_RUNS))
+    notes = []
     try:
         with tempfile.TemporaryDirectory(prefix="farm-ort-profile-") as folder:
-            session = onnx_session(task.model_path, threads=task.threads, profile_prefix=str(Path(folder) / "ops"))
-            for _ in range(max(2, min(task.iterations, PROFILED_RUNS))):
-                session.run(None, feeds)
-            rows = ort_op_profile(Path(session.end_profiling()).read_text())
+            one_run = _traced(task, feeds, Path(folder) / "probe", 1)
+            size = one_run.stat().st_size
+            if size > max_trace_bytes:
+                out.op_profile_note = (f"no op profile: the profiler's trace of one run is {_size(size)}, "
+                                       f"over the {_size(max_trace_bytes)} it may take (each node "
+                                       f"is traced each time it runs: a Loop's body once per iteration)")
+                return
+            runs = min(wanted, max(1, max_trace_bytes // max(size, 1)))
+            trace = one_run
+            if runs >= 2:
+                one_run.unlink()
+                trace = _traced(task, feeds, Path(folder) / "ops", runs)
+            if runs < wanted:
+                notes.append(f"op profile of {runs} run(s), not {wanted}: one run's trace is {_size(size)} "
+                             f"and the trace may take {_size(max_trace_bytes)}")
+            rows = ort_op_profile_file(trace, control_flow_parents(Path(task.model_path)))
     except MemoryError:
-        raise
+        out.op_profile_note = "the profiled pass ran out of memory, so there is no op profile; the timings stand"
+        return
     except Exception as e:  # the timed figures stand; the run says why it has no op profile
         out.op_profile_note = f"the profiled pass failed, so there is no op profile: {_explain(e)[:300]}"
         return
     out.op_profile = [dataclasses.asdict(r) for r in bounded(rows)]
+    out.op_profile_note = "; ".join(notes)
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def _traced(task: HarnessTask, feeds: dict, prefix: Path, runs: int) -> Path:
+    """The trace file of `runs` inferences of a fresh profiling session."""
+    session = onnx_session(task.model_path, threads=task.threads, profile_prefix=str(prefix))
+    for _ in range(runs):
+        session.run(None, feeds)
+    return Path(session.end_profiling())

@@ -33,6 +33,7 @@ class HarnessTask:
     use_xnnpack: bool = True
     seed: int = 0
     op_profiling: bool = False  # after the timed loop, a profiled pass gives per-operator times
+    max_trace_bytes: int = 64 << 20  # ONNX Runtime's profiler trace: the most a profiled pass may write (onnx_runner)
     accelerator: str = "cpu"  # the compute unit (boards: ONNX Runtime's provider); the sim is always cpu
     precision: str = "fp32"
     # script mode

@@ -1,0 +1,135 @@
+"""Issue 30 item 5: an op profile never costs the measurement. ONNX Runtime's trace is bounded (one run's
+trace sets how many runs the profiled pass may trace), read event by event, and a profile that cannot be
+made leaves the timings and says why; a Loop's body nodes are counted once (the Loop keeps its own time)
+and MACs inside control flow are marked "not counted" by `farm inspect`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from farm.agents.harness.onnx_runner import run
+from farm.agents.harness.onnxruntime_profile import control_flow_parents, ort_op_profile_file, parse_ort_profile
+from farm.agents.harness.task import HarnessOutput, HarnessTask
+from farm.models.runtimes import onnx_session
+
+TRIPS, SIZE = 8, 16
+
+
+def loop_model(path: Path, trips: int = TRIPS) -> Path:
+    """x -> MatMul -> Loop(trips){MatMul, Relu} -> y: the smallest graph with a body that runs `trips` times."""
+    w = numpy_helper.from_array(np.full((SIZE, SIZE), 0.01, np.float32), "w")
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["x_in", "w"], ["mm"], name="body_matmul"),
+         helper.make_node("Relu", ["mm"], ["x_out"], name="body_relu"),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"], name="body_cond")],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_in", TensorProto.FLOAT, [1, SIZE])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_out", TensorProto.FLOAT, [1, SIZE])])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["pre"], name="outer_matmul"),
+         helper.make_node("Loop", ["trip", "cond", "pre"], ["y"], name="the_loop", body=body)],
+        "loop", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, SIZE])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, SIZE])],
+        [w, numpy_helper.from_array(np.array(trips, np.int64), "trip"), numpy_helper.from_array(np.array(True), "cond")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture
+def loop_onnx(tmp_path: Path) -> Path:
+    return loop_model(tmp_path / "loop.onnx")
+
+
+def _task(model: Path, **kw) -> HarnessTask:
+    return HarnessTask(kind="benchmark", model_path=str(model), iterations=10, warmup=1, op_profiling=True, **kw)
+
+
+def test_a_loops_body_is_counted_once_and_the_loop_keeps_its_own_time(loop_onnx: Path, tmp_path: Path) -> None:
+    session = onnx_session(str(loop_onnx), threads=1, profile_prefix=str(tmp_path / "trace"))
+    for _ in range(3):
+        session.run(None, {"x": np.ones((1, SIZE), np.float32)})
+    trace = Path(session.end_profiling())
+    parents = control_flow_parents(loop_onnx)
+    assert parents == {"body_matmul": "the_loop", "body_relu": "the_loop", "body_cond": "the_loop"}
+    spans = {r.name: r for r in ort_op_profile_file(trace) if r.kind == "node"}
+    rows = {r.name: r for r in ort_op_profile_file(trace, parents) if r.kind == "node"}
+    assert sorted(rows) == ["body_cond", "body_matmul", "body_relu", "outer_matmul", "the_loop"]  # one row a node
+    assert rows["body_matmul"].times_called == TRIPS and rows["the_loop"].times_called == 1
+    body = sum(rows[n].avg_ms for n in parents)
+    # the Loop's span held its body: what is left is its own time, and the whole is counted once
+    assert rows["the_loop"].avg_ms == pytest.approx(max(0.0, spans["the_loop"].avg_ms - body), abs=1e-9)
+    assert sum(r.avg_ms for r in rows.values()) < sum(r.avg_ms for r in spans.values())
+    assert sum(r.percent or 0 for r in rows.values()) == pytest.approx(100)
+    # the streamed reader and the whole-text parser agree on the same file
+    whole = {r.name: r.avg_ms for r in parse_ort_profile(trace.read_text(), parents)}
+    assert whole == pytest.approx({n: r.avg_ms for n, r in rows.items()})
+
+
+def test_a_body_nodes_first_run_is_every_call_in_that_run() -> None:
+    """ORT logs a run's model_run event after its nodes; the cold run is all of a body node's calls in it."""
+    events = []
+    ts = 0
+    for run_index in range(3):
+        start = ts
+        for _ in range(4):
+            events.append({"cat": "Node", "name": "mm_kernel_time", "ts": ts, "dur": 50 if run_index == 0 else 10,
+                           "args": {"op_name": "MatMul"}})
+            ts += 60
+        events.append({"cat": "Node", "name": "loop_kernel_time", "ts": start, "dur": ts - start + 20,
+                       "args": {"op_name": "Loop"}})
+        events.append({"cat": "Session", "name": "model_run", "ts": start, "dur": ts - start + 30, "args": {}})
+        ts += 100
+    rows = {r.name: r for r in parse_ort_profile(json.dumps(events), {"mm": "loop"})}
+    assert rows["mm"].first_ms == pytest.approx(0.2) and rows["mm"].avg_ms == pytest.approx(0.04)
+    assert rows["mm"].times_called == 4
+    assert rows["loop"].avg_ms == pytest.approx((4 * 60 + 20) / 1000 - 0.04)  # the span less its body
+
+
+def test_the_trace_is_bounded_and_says_what_it_left_out(loop_onnx: Path, tmp_path: Path) -> None:
+    feeds = {"x": np.ones((1, SIZE), np.float32)}
+    from farm.agents.harness.onnx_runner import profile_ops
+
+    whole = HarnessOutput(ok=True)
+    profile_ops(_task(loop_onnx), feeds, whole)
+    assert whole.op_profile and whole.op_profile_note == ""
+    one_run = HarnessOutput(ok=True)
+    profile_ops(_task(loop_onnx), feeds, one_run, max_trace_bytes=1024)
+    assert one_run.op_profile == [] and "trace of one run is" in one_run.op_profile_note
+    assert "over the 1.0 KiB" in one_run.op_profile_note
+    # room for a few runs: a profile of fewer runs than asked, and the note says how many
+    session = onnx_session(str(loop_onnx), threads=1, profile_prefix=str(tmp_path / "one"))
+    session.run(None, feeds)
+    size = Path(session.end_profiling()).stat().st_size
+    fewer = HarnessOutput(ok=True)
+    profile_ops(_task(loop_onnx), feeds, fewer, max_trace_bytes=3 * size + size // 2)
+    assert fewer.op_profile and "op profile of 3 run(s), not 10" in fewer.op_profile_note
+
+
+def test_a_profile_that_cannot_be_made_leaves_the_timings(loop_onnx: Path) -> None:
+    out = HarnessOutput(ok=True)
+    run(_task(loop_onnx, max_trace_bytes=1024), out, lambda: 0)
+    assert len(out.iterations_ms) == 10 and out.first_ms is not None and out.measure_wall_s
+    assert out.op_profile == [] and "no op profile" in out.op_profile_note
+
+
+def test_inspect_marks_the_macs_inside_a_loop_not_counted(loop_onnx: Path, farm) -> None:
+    report = farm("inspect", str(loop_onnx), "--json").json()
+    assert report["macs"] == SIZE * SIZE  # the outer MatMul; the body's are left out, and that is said
+    assert report["op_count"] == 5  # every node once, the body's included
+    (item,) = report["macs_not_counted"]
+    assert item["name"] == "the_loop" and item["op"] == "Loop" and "1 MatMul" in item["note"]
+    assert [layer["note"] for layer in report["layers"] if layer["op"] == "Loop"] == [item["note"]]
+    table = farm("inspect", str(loop_onnx)).stdout
+    assert "MACs not counted in Loop 'the_loop'" in table and "not counted" in table
