@@ -133,3 +133,57 @@ def test_inspect_marks_the_macs_inside_a_loop_not_counted(loop_onnx: Path, farm)
     assert [layer["note"] for layer in report["layers"] if layer["op"] == "Loop"] == [item["note"]]
     table = farm("inspect", str(loop_onnx)).stdout
     assert "MACs not counted in Loop 'the_loop'" in table and "not counted" in table
+
+
+def _snap(at: float, idle: int, steal: int = 0):
+    from farm.agents.sim.contention import CoreClock, CoreTicks, HostSnapshot
+    return HostSnapshot(at, {3: CoreTicks(busy=0, idle=idle, steal=steal)}, None, CoreClock(2600.0, "performance"))
+
+
+def test_contention_is_judged_over_the_timed_loop_not_the_start_up() -> None:
+    from farm.agents.sim.contention import judge, judge_timed_loop
+
+    # a microsecond model's ~46 ms run: start-up sleeps while someone else's 10 ms tick lands on the core
+    whole = judge(_snap(0.0, 100), _snap(0.046, 100), run_cpu_s=0.030, budget_cpus=1.0)
+    assert whole.contended and whole.lost_share == pytest.approx(0.3478, abs=1e-4)
+    # its 2 ms timed loop had the CPU: 10 µs of run-queue wait is 0.5 %, not contention
+    figures = judge_timed_loop(whole, loop_s=0.002, loop_cpu_s=0.00198, loop_wait_s=0.00001, demand_cpus=1.0)
+    assert not whole.contended and whole.reasons == [] and whole.lost_share == 0.005
+    assert figures["whole_run_lost_share"] == pytest.approx(0.3478, abs=1e-4) and figures["wait_s"] == 0.00001
+    # the loop queued behind other work for 30 % of it: contended, and the reason is the loop's
+    queued = judge(_snap(0.0, 100), _snap(0.046, 100), run_cpu_s=0.030, budget_cpus=1.0)
+    judge_timed_loop(queued, loop_s=0.01, loop_cpu_s=0.007, loop_wait_s=0.003, demand_cpus=1.0)
+    assert queued.contended and queued.lost_share == 0.3 and queued.reasons[0].startswith("the timed loop waited 3 ms")
+    # a half-CPU quota holds the loop back by itself: its throttled share of the loop is not contention
+    quota = judge(_snap(0.0, 100), _snap(2.0, 100), run_cpu_s=1.0, budget_cpus=0.5, demand_cpus=1.0,
+                  throttled_s=1.0)
+    judge_timed_loop(quota, loop_s=1.0, loop_cpu_s=0.5, loop_wait_s=0.5, demand_cpus=1.0)
+    assert quota.lost_share == 0.0 and not quota.contended
+    # steal stays judged over the whole run (the loop's own counters cannot see it)
+    stolen = judge(_snap(0.0, 100), _snap(2.0, 100, steal=30), run_cpu_s=1.7, budget_cpus=1.0)
+    judge_timed_loop(stolen, loop_s=1.0, loop_cpu_s=1.0, loop_wait_s=0.0, demand_cpus=1.0)
+    assert stolen.contended and [r for r in stolen.reasons if "steal" in r]
+
+
+def test_a_sim_run_records_its_timed_loops_figures_and_is_judged_by_them(tmp_path: Path, loop_onnx: Path,
+                                                                         farm) -> None:
+    from conftest import write_job
+    from farm.controller.store import SQLiteStore
+
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "loop.onnx").write_bytes(loop_onnx.read_bytes())
+    job = write_job(tmp_path / "job", "models: [loop.onnx]\nworkload: {type: benchmark, iterations: 200, warmup: 5}\n"
+                                      "sim: {on_contention: flag}\n")
+    run = farm("submit", str(job), "--json")
+    assert run.returncode == 0, run.stderr + run.stdout[-2000:]
+    (record,) = farm("results", "1", "--json").json()
+    assert record["status"] == "completed"
+    store = SQLiteStore(tmp_path / "farm.db")
+    try:
+        environment = json.loads(store.query("SELECT environment_json FROM runs WHERE id = ?",
+                                             [record["run"]])[0]["environment_json"])
+    finally:
+        store.close()
+    loop = environment["timed_loop"]
+    assert 0 < loop["wall_s"] < environment.get("whole_run_s", 1e9) and loop["cpu_s"] >= 0 and loop["wait_s"] >= 0
+    assert record["contention"]["lost_share"] == loop["lost_share"]  # the verdict's figure is the loop's

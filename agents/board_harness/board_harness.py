@@ -204,8 +204,10 @@ def checked(np, name, values, dtype):
     return np.ascontiguousarray(values).astype(dtype)
 
 
-def time_inferences(invoke, out, warmup, iterations):
-    """The sim's timing loop: the first inference apart, warmups, then the timed iterations."""
+def time_inferences(invoke, out, warmup, iterations, loop_probe=None):
+    """The sim's timing loop: the first inference apart, warmups, then the timed iterations.
+    loop_probe: called just before and just after the timed loop, outside every timed span; its two
+    readings go to out["loop_probe"] (the sim judges contention over the loop with them)."""
     clock = time.perf_counter
     t0 = clock()
     invoke()
@@ -215,12 +217,15 @@ def time_inferences(invoke, out, warmup, iterations):
         invoke()
         out["warmup_ms"].append((clock() - t0) * 1e3)
     samples = []
+    before = loop_probe() if loop_probe is not None else None
     start = clock()
     for _ in range(iterations):
         t0 = clock()
         invoke()
         samples.append(clock() - t0)
     out["measure_wall_s"] = clock() - start
+    if loop_probe is not None:
+        out["loop_probe"] = (before, loop_probe())
     out["iterations_ms"] = [s * 1e3 for s in samples]
 
 

@@ -88,6 +88,8 @@ class HarnessOutput:
     iterations_ms: list[float] = field(default_factory=list)
     whole_run_s: float | None = None
     measure_wall_s: float | None = None  # from first timed iteration to last
+    loop_cpu_s: float | None = None  # the process's CPU time over the timed loop
+    loop_wait_s: float | None = None  # its threads' run-queue wait over the timed loop (schedstat)
     baseline_rss_bytes: int | None = None
     peak_rss_bytes: int | None = None
     input_shapes: dict[str, list[int]] = field(default_factory=dict)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from farm.agents.sim.contention import judge, quietest_cores, snapshot, wait_until_quiet
+from farm.agents.sim.contention import judge, judge_timed_loop, quietest_cores, snapshot, wait_until_quiet
 from farm.agents.environment import host_facts, load_average
 from farm.agents.harness.stats import latency_stats, startup_ms, throughput_per_s
 from farm.agents.harness.task import HarnessOutput, HarnessTask, benchmark_task, runtime_env, script_task
@@ -142,6 +142,19 @@ def disk_limit_message(task: TaskSpec) -> str:
     return (f"the run filled its run directory: the files a run writes there are bounded at "
             f"{_mib(sim.disk_quota()):g} MiB ({field}); write less, or raise sim.disk (what is written there is "
             "held in memory, so it counts within sim.memory too)")
+
+
+def _timed_loop(output: HarnessOutput | None) -> tuple[float, float, float] | None:
+    """(wall, CPU, run-queue wait) of the timed loop in s, as the harness measured them; None unless all three
+    are finite, non-negative numbers (written in the sandbox: a figure of another kind is not believed)."""
+    if output is None or not output.ok:
+        return None
+    figures = (output.measure_wall_s, output.loop_cpu_s, output.loop_wait_s)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+               for v in figures):
+        return None
+    wall, cpu, wait = (float(v) for v in figures)  # type: ignore[arg-type]
+    return (wall, cpu, wait) if wall > 0 else None
 
 
 def read_harness_output(path: Path, run_as: RunAs | None) -> HarnessOutput | None:
@@ -554,6 +567,10 @@ class SimDriver:
         if unenforced and result.ok and not result.message:
             result.message = UNENFORCED_BUDGET + unenforced  # flagged in the run, so calibrations can say so
         result.telemetry = telemetry
+        loop = _timed_loop(output)
+        if loop is not None:  # the timings come from the timed loop: judge the CPU it lost, not the whole run's
+            environment["timed_loop"] = judge_timed_loop(contention, loop_s=loop[0], loop_cpu_s=loop[1],
+                                                         loop_wait_s=loop[2], demand_cpus=float(task.threads))
         result.contention = contention
         result.wall_s = exit_info.wall_s
         result.environment = environment
