@@ -14,9 +14,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from farm.proto.spec import Priority
 from farm.client.api import (
     EXIT_ENVIRONMENT, TERMINAL, DeviceInfo, Farm, FarmError, JobInfo, OnProgress, PredictAsk, Prediction, Problem,
     Progress, RefreshAsk, Submitted,
@@ -26,6 +25,9 @@ from farm.controller import service
 from farm.controller.scheduling.controller import Controller
 from farm.controller.store import DB_ENV, StoreError, db_location, open_store
 from farm.controller.store.rows import plain
+
+if TYPE_CHECKING:  # the job model (pydantic) loads only when a job is read: `farm jobs` never needs it
+    from farm.proto.spec import Priority
 
 POLL_S = 0.3  # how often `wait` looks at a job another process runs
 
