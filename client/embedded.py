@@ -14,9 +14,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from farm.proto.spec import Priority
 from farm.client.api import (
     EXIT_ENVIRONMENT, TERMINAL, DeviceInfo, Farm, FarmError, JobInfo, OnProgress, PredictAsk, Prediction, Problem,
     Progress, RefreshAsk, Submitted,
@@ -26,6 +25,9 @@ from farm.controller import service
 from farm.controller.scheduling.controller import Controller
 from farm.controller.store import DB_ENV, StoreError, db_location, open_store
 from farm.controller.store.rows import plain
+
+if TYPE_CHECKING:  # the job model (pydantic) loads only when a job is read: `farm jobs` never needs it
+    from farm.proto.spec import Priority
 
 POLL_S = 0.3  # how often `wait` looks at a job another process runs
 
@@ -39,11 +41,12 @@ def _job_info(controller: Controller, job_id: int) -> JobInfo:
 
 def check_runner_options(slots: Any, backend: Any) -> None:
     """slots and backend as the CLI's --slots and --backend allow them (the Python API passes anything)."""
-    from farm.agents.sandbox import BACKEND_NAMES
+    if backend is not None and backend != "auto":  # the sandbox package loads only when a backend is named
+        from farm.agents.sandbox import BACKEND_NAMES
 
-    if backend is not None and backend not in ("auto", *BACKEND_NAMES):
-        raise FarmError(f"backend={backend!r}: no such sandbox backend; give one of auto, {', '.join(BACKEND_NAMES)} "
-                        "(`farm backends` says which run here).")
+        if backend not in BACKEND_NAMES:
+            raise FarmError(f"backend={backend!r}: no such sandbox backend; give one of auto, "
+                            f"{', '.join(BACKEND_NAMES)} (`farm backends` says which run here).")
     if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
         raise FarmError(f"slots={slots!r}: give a whole number of sim slots, at least 1 (each gets cores of its own).")
 

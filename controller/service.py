@@ -19,13 +19,12 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import TypeAdapter, ValidationError
 
 from farm.controller.scheduling.artifacts import GC_GRACE_S
 from farm.controller.scheduling.controller import Controller, RetryRefused, progress_of, status_of
-from farm.controller.scheduling.jobfile import JobFileError, ResolvedJob, resolve_job
 from farm.controller.store import Store
 from farm.controller.store.rows import plain
 from farm.proto.questions import (
@@ -38,7 +37,9 @@ from farm.proto.questions import (
 from farm.proto.questions import MAX_LIST as MAX_LIST
 from farm.proto.questions import Question
 from farm.proto.results import UNENFORCED_BUDGET
-from farm.proto.spec import JobSpec, Matrix, ModelEntry, SimBudget, Workload, job_file_text
+
+if TYPE_CHECKING:  # the job-file models (and yaml) load when a job is made: `farm jobs` never needs them
+    from farm.controller.scheduling.jobfile import ResolvedJob
 
 GROUP_ALL = "(all)"
 CALIBRATE_METRICS = ("latency", "whole_run", "peak_memory", "avg_memory", "energy")
@@ -544,6 +545,9 @@ def _reusable_job(store: Store, sha256: str, threads: int, source: dict[str, Any
 
 def _measurement(model: Path, model_name: str, threads: int, source: dict[str, Any]) -> ResolvedJob:
     """The sim job that measures `model` as the calibration's sim side was measured (its budget and workload)."""
+    from farm.controller.scheduling.jobfile import JobFileError, resolve_job
+    from farm.proto.spec import JobSpec, Matrix, ModelEntry, SimBudget, Workload, job_file_text
+
     try:
         spec = JobSpec(name=f"predict {model_name}",
                        models=[ModelEntry(path=str(model), name=Path(model_name).stem or "model")],

@@ -86,3 +86,21 @@ def test_version_builds_no_parser_and_no_console(tmp_path: Path) -> None:
     assert loaded == [], f"`farm --version` imported {loaded}"
     proc, loaded = _loaded(["--help"], tmp_path, ("rich", "farm.cli.remote", "farm.cli.calibrate_commands"))
     assert proc.returncode == 0 and set(loaded) == {"rich", "farm.cli.remote", "farm.cli.calibrate_commands"}, loaded
+
+
+# what a read-only command on an up-to-date store never needs (issue 34 item 5): sqlite_utils and what it brings
+# (click, dateutil) serve only migrations; the job file's models (spec, jobfile with yaml, tasks) only a new job
+NOT_FOR_READING = ("sqlite_utils", "click", "dateutil", "yaml", "farm.proto.spec", "farm.controller.scheduling.jobfile",
+                   "farm.proto.tasks", "farm.controller.scheduling.schedule", "farm.agents.sandbox")
+
+
+def test_jobs_on_an_existing_store_loads_no_migration_and_no_job_model(tmp_path: Path) -> None:
+    db = str(tmp_path / "store" / "farm.db")
+    # the first call makes the store: its migrations need sqlite_utils, which shows the probe sees it
+    proc, loaded = _loaded(["jobs", "--db", db, "--create"], tmp_path, NOT_FOR_READING)
+    assert proc.returncode == 0 and "sqlite_utils" in loaded, (proc.stderr, loaded)
+    for args in (["jobs", "--db", db], ["jobs", "--db", db, "--json"]):
+        proc, loaded = _loaded(args, tmp_path, NOT_FOR_READING)
+        assert proc.returncode == 0, proc.stderr
+        assert "jobs in this store yet" in proc.stdout or proc.stdout.strip() == "[]", proc.stdout
+        assert loaded == [], f"`farm {' '.join(args)}` imported {loaded}; import them where a store migrates or a job is made"

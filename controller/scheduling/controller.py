@@ -13,17 +13,18 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from farm.controller.scheduling.jobfile import ResolvedJob
 from farm.controller.scheduling.counters import record_lease_expiries
 from farm.controller.scheduling.hooks import Hooks, default_hooks
-from farm.controller.scheduling.schedule import MAX_ATTEMPTS, PRIORITY_RANK, expand_tasks
 from farm.controller.store import Store
 from farm.controller.store.rows import RowLike, RunningAttempt, TaskRow, plain_rows
 from farm.proto.questions import TaskCounts
 from farm.proto.results import FailureClass, JobStatus, ResultRefused, RunResult, TaskStatus
-from farm.proto.tasks import TaskPlan, TaskSpec
+
+if TYPE_CHECKING:  # the job and task models (pydantic over the job file's) load when a job is made or a task leased
+    from farm.controller.scheduling.jobfile import ResolvedJob
+    from farm.proto.tasks import TaskSpec
 
 LEASE_TTL_S = 60.0
 TERMINAL_TASK = {TaskStatus.COMPLETED.value, TaskStatus.FAILED.value, TaskStatus.CANCELED.value}
@@ -131,6 +132,8 @@ class Controller:
     def submit(self, job: ResolvedJob, *, name: str | None = None, kind: str = "user", owner: str | None = None,
                team: str | None = None) -> int:
         spec = job.spec
+        from farm.controller.scheduling.schedule import expand_tasks
+
         tasks = expand_tasks(job)
         job_id = self.store.jobs.insert({
             "name": name or spec.name or (job.source_path.stem if job.source_path else "job"), "kind": kind,
@@ -217,6 +220,8 @@ class Controller:
             if not wanted:
                 said = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no tasks"
                 raise RetryRefused(f"job {job_id} has no {' or '.join(statuses)} task to retry ({said})")
+            from farm.controller.scheduling.schedule import MAX_ATTEMPTS
+
             now = self.clock()
             n = self.store.jobs.requeue_tasks(job_id, statuses, "retried (`farm retry`); its earlier attempts stay stored",
                                               MAX_ATTEMPTS)
@@ -393,6 +398,8 @@ class Controller:
         return Applied(run_id, fields["status"])
 
     def _contention_outcome(self, task: TaskRow) -> str:
+        from farm.proto.tasks import TaskPlan
+
         policy = TaskPlan.model_validate_json(task["spec_json"]).sim.on_contention
         return contention_outcome(policy, self.store.runs.contended_runs(task["id"]))
 
@@ -464,6 +471,8 @@ class Controller:
 
 
 def _task_spec(task: TaskRow, attempt: int) -> TaskSpec:
+    from farm.proto.tasks import TaskPlan, TaskSpec
+
     return TaskSpec(
         task_id=task["id"], job_id=task["job_id"], attempt=attempt, target=task["target"],
         model_name=task["model_name"], model_path=task["model_path"],
@@ -472,4 +481,4 @@ def _task_spec(task: TaskRow, attempt: int) -> TaskSpec:
         repeat=task["repeat"], plan=TaskPlan.model_validate_json(task["spec_json"]))
 
 
-__all__ = ["Controller", "JobProgress", "RetryRefused", "deadline_message", "job_timeout_s", "PRIORITY_RANK", "progress_of", "should_retry", "status_of"]
+__all__ = ["Controller", "JobProgress", "RetryRefused", "deadline_message", "job_timeout_s", "progress_of", "should_retry", "status_of"]

@@ -8,9 +8,11 @@ module: nothing here crosses the store interface (controller/store/interface.py)
 
 from __future__ import annotations
 
+import sqlite3
 from typing import TYPE_CHECKING, Any, Callable
 
-__all__ = ["MIGRATIONS", "PACKED_SAMPLES", "SCHEMA_VERSION", "migrate", "schema_version", "sqlite_utils", "up_to_date"]
+__all__ = ["MIGRATIONS", "PACKED_SAMPLES", "SCHEMA_VERSION", "database", "migrate", "schema_version", "sqlite_utils",
+           "up_to_date"]
 
 
 def _sqlite_utils_without_numpy() -> Any:
@@ -32,8 +34,21 @@ def _sqlite_utils_without_numpy() -> Any:
 
 if TYPE_CHECKING:
     import sqlite_utils
-else:
-    sqlite_utils = _sqlite_utils_without_numpy()
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: sqlite_utils (with click and dateutil, ~0.15 s) loads on first use
+    if name == "sqlite_utils":
+        module = _sqlite_utils_without_numpy()
+        globals()["sqlite_utils"] = module
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def database(conn: sqlite3.Connection) -> sqlite_utils.Database:
+    """sqlite_utils' table API over `conn`: only a migration (or a test) needs it, so a read-only command that
+    opens an up-to-date store never imports it (issue 34)."""
+    db: sqlite_utils.Database = _sqlite_utils_without_numpy().Database(conn)
+    return db
 
 
 def _migration_1(db: sqlite_utils.Database) -> None:
@@ -252,10 +267,12 @@ def migrate(db: sqlite_utils.Database, path: object, upto: int = SCHEMA_VERSION)
         db.execute("UPDATE schema_version SET version = ?", [upto])
 
 
-def schema_version(db: sqlite_utils.Database) -> int:
+def schema_version(db: sqlite_utils.Database | sqlite3.Connection) -> int:
     row = db.execute("SELECT version FROM schema_version").fetchone()
     return int(row[0])
 
 
-def up_to_date(db: sqlite_utils.Database) -> bool:
-    return "schema_version" in db.table_names() and schema_version(db) == SCHEMA_VERSION
+def up_to_date(db: sqlite_utils.Database | sqlite3.Connection) -> bool:
+    """Plain SQL, so opening an up-to-date store needs no sqlite_utils."""
+    has_table = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'").fetchone()
+    return has_table is not None and schema_version(db) == SCHEMA_VERSION

@@ -19,16 +19,18 @@ import sqlite3
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator, Mapping, Sequence
 
 from farm.controller.store.interface import StoreError
 from farm.controller.store.metrics import MiB
 from farm.controller.store.rows import TaskRow
 from farm.controller.store.samples import pack_iterations, pack_telemetry
-from farm.controller.store.schema import (
-    PACKED_SAMPLES, SCHEMA_VERSION, migrate, schema_version, sqlite_utils, up_to_date)
+from farm.controller.store.schema import PACKED_SAMPLES, SCHEMA_VERSION, database, migrate, schema_version, up_to_date
 from farm.controller.store.sql import (
     COMMON_METRIC_SQL, HEALTHY_TARGET, Leases, RepositoryStore)
+
+if TYPE_CHECKING:
+    import sqlite_utils
 
 __all__ = ["HEALTHY_TARGET", "SCHEMA_VERSION", "SQLiteStore", "store_error_message"]
 BUSY_TIMEOUT_S = 30
@@ -107,19 +109,29 @@ class SQLiteStore(RepositoryStore):
             conn = sqlite3.connect(str(self.path), check_same_thread=False, timeout=BUSY_TIMEOUT_S,
                                    isolation_level=None)
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
-            self.db = sqlite_utils.Database(conn)
-            if self._on_disk:
-                self.db.enable_wal()
+            conn.execute("PRAGMA recursive_triggers = ON")  # as sqlite_utils.Database(conn) sets it
+            self.conn = conn
+            self._db: sqlite_utils.Database | None = None
+            if self._on_disk and conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute("PRAGMA journal_mode = wal")  # no transaction is open yet (sqlite_utils' enable_wal)
             conn.execute("PRAGMA foreign_keys = ON")
             self._migrate()
         except sqlite3.Error as e:
             raise StoreError(store_error_message(self.path, e)) from None
         self.attach_repositories(SQLiteLeases)
 
+    @property
+    def db(self) -> sqlite_utils.Database:
+        """sqlite_utils' table API over the writing connection, made on first use: migrations (and tests) use it;
+        opening an up-to-date store and every statement farm runs go to `conn` and never import sqlite_utils."""
+        if self._db is None:
+            self._db = database(self.conn)
+        return self._db
+
     # --- schema ------------------------------------------------------------
     def _migrate(self) -> None:
         # An up-to-date store is only read here, so opening one works while another process writes.
-        if up_to_date(self.db):
+        if up_to_date(self.conn):
             return
         with self.transaction():
             migrate(self.db, self.path, upto=PACKED_SAMPLES)
@@ -131,7 +143,7 @@ class SQLiteStore(RepositoryStore):
             migrate(self.db, self.path)
 
     def schema_version(self) -> int:
-        return schema_version(self.db)
+        return schema_version(self.conn)
 
     def has_table(self, table: str) -> bool:
         return bool(self.query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [table]))
@@ -143,7 +155,7 @@ class SQLiteStore(RepositoryStore):
         """WAL + NORMAL survives a killed process intact; only a power cut can drop the last commits, and
         then their tasks re-run when the leases run out. It saves an fsync per lease and per result."""
         with self._lock:
-            self.db.conn.execute("PRAGMA synchronous = NORMAL")
+            self.conn.execute("PRAGMA synchronous = NORMAL")
 
     # --- connection and transactions ----------------------------------------
     @contextmanager
@@ -151,7 +163,7 @@ class SQLiteStore(RepositoryStore):
         """One write transaction; inside another one it is a savepoint, so a step of a batch (one result
         of many) that fails undoes only its own writes and the batch still commits once."""
         with self._lock:
-            conn = self.db.conn
+            conn = self.conn
             if getattr(self._local, "writing", False):
                 conn.execute("SAVEPOINT step")  # SQLite nests savepoints of the same name
                 try:
@@ -177,7 +189,7 @@ class SQLiteStore(RepositoryStore):
         """Rows of one statement as dicts: the repositories' (and tests') way to read."""
         if not self._on_disk or getattr(self._local, "writing", False):  # a transaction reads its own writes
             with self._lock:
-                return _rows(self.db.conn.execute(sql, params))
+                return _rows(self.conn.execute(sql, params))
         try:
             conn = self._readers.get_nowait()
         except queue.Empty:
@@ -189,7 +201,7 @@ class SQLiteStore(RepositoryStore):
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         """A statement on the writing connection (inside a transaction for a write)."""
-        cursor: sqlite3.Cursor = self.db.conn.execute(sql, params)
+        cursor: sqlite3.Cursor = self.conn.execute(sql, params)
         return cursor
 
     def _open_reader(self) -> sqlite3.Connection:
@@ -201,11 +213,11 @@ class SQLiteStore(RepositoryStore):
     def export_rows(self, tables: Sequence[str], batch: int = 1000) -> Iterator[tuple[str, list[dict[str, Any]]]]:
         """Every row of each of `tables`, a batch at a time in insertion order, all from one read snapshot
         (a writer at the same time changes nothing of what is read): `farm store migrate`'s source."""
-        known = set(self.db.table_names())
+        known = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         for table in tables:
             if table not in known:
                 raise StoreError(f"{self.path} has no table {table!r}: not a farm store at schema {SCHEMA_VERSION}")
-        conn = self._open_reader() if self._on_disk else self.db.conn
+        conn = self._open_reader() if self._on_disk else self.conn
         with self._lock if not self._on_disk else _no_lock():
             conn.execute("BEGIN")  # one snapshot for every table (WAL)
             try:
@@ -221,7 +233,7 @@ class SQLiteStore(RepositoryStore):
 
     def close(self) -> None:
         with self._lock:
-            self.db.conn.close()
+            self.conn.close()
         while True:
             try:
                 self._readers.get_nowait().close()
@@ -247,21 +259,21 @@ class SQLiteStore(RepositoryStore):
         return f"json_extract({column}, '$.{key}')"
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        self.db.conn.executemany(sql, rows)
+        self.conn.executemany(sql, rows)
 
     # Plain statements on the hot path (a result, a lease): sqlite_utils' insert and update read the
     # table's schema on every call, which was most of a result's cost in the scheduling benchmark.
     def insert_row(self, table: str, row: Mapping[str, Any], *, returning: str | None = "id") -> int:
         """returning: kept for the Dialect's signature; SQLite answers the new rowid either way."""
         sql = f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})"
-        row_id = self.db.conn.execute(sql, list(row.values())).lastrowid
+        row_id = self.conn.execute(sql, list(row.values())).lastrowid
         assert row_id is not None  # an INSERT always sets it
         return int(row_id)
 
     def update_row(self, table: str, pk: int, fields: Mapping[str, Any]) -> None:
         if fields:
             sql = f"UPDATE {table} SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?"
-            self.db.conn.execute(sql, [*fields.values(), pk])
+            self.conn.execute(sql, [*fields.values(), pk])
 
 
 @contextmanager
