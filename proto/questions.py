@@ -353,7 +353,7 @@ class Limits(Model):
 class RunRecord(Sparse):
     """One task's run as `farm results --format json` has it."""
 
-    SPARSE: ClassVar[tuple[str, ...]] = ("op_profile", "op_profile_note", "predictions", "gpu")
+    SPARSE: ClassVar[tuple[str, ...]] = ("op_profile", "op_profile_note", "predictions", "gpu", "accuracy")
     job: int
     task: int
     model: RunModel
