@@ -283,18 +283,7 @@ def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confid
     ``Calibration.warnings``) when Spearman ρ < ``unsafe_rho``, when the log kind is skipped for
     non-positive values, and when a figure had to be approximated or truncated.
     """
-    _check_confidence(confidence)
-    priors = dict(shipped_class_priors() if class_priors is None else class_priors)
-    if device_class is not None:
-        if device_class not in priors:
-            raise ValueError(f"device class {device_class!r} has no prior; known: {', '.join(priors) or 'none'}")
-        priors = {device_class: priors[device_class]}
-    unknown = [kind for kind in kinds if kind not in FIT_KINDS]
-    if unknown or not kinds:
-        raise ValueError(f"unknown fit kind(s) {unknown}; choose from {list(FIT_KINDS)}")
-    if min_pairs < 3:
-        raise ValueError("min_pairs must be at least 3: a line plus an interval needs one spare point")
-
+    priors = _checked_arguments(kinds, confidence, min_pairs, class_priors, device_class)
     warnings: list[str] = []
     merged = _average_repeats(list(pairs), warnings)
     if len(merged) < min_pairs:
@@ -310,46 +299,10 @@ def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confid
     if distinct_sim < 3:
         raise NotEnoughPairs(3, distinct_sim, "distinct sim values")
     feature_matrix = _feature_columns(merged, features)
-
-    with np.errstate(invalid="ignore", divide="ignore"), python_warnings.catch_warnings():
-        # Constant device values give NaN ranks; the ρ warning below says so in farm's own words.
-        python_warnings.simplefilter("ignore", stats.ConstantInputWarning)
-        tau = float(stats.kendalltau(sim, device).statistic)
-        rho = float(stats.spearmanr(sim, device).statistic)
-    observed, observed_count = _observed_flips(sim, device, names, warnings)
-    if not rho >= unsafe_rho:  # also catches NaN (constant device values)
-        warnings.append(
-            (f"Spearman ρ = {rho:.3f} < {unsafe_rho:g}" if math.isfinite(rho) else
-             "Spearman ρ cannot be computed (every device value is the same)")
-            + " between sim and device order: models close in the sim may swap places on the device")
-    zero_device = int(np.count_nonzero(device == 0))
-    if zero_device:
-        warnings.append(f"{zero_device} device value(s) are 0: left out of the MAPE and ±10 % figures")
-
-    shared = _Shared(sim=sim, device=device, names=names, tau=tau, rho=rho, observed=observed,
-                     observed_count=observed_count, confidence=confidence, features=feature_matrix)
+    shared = _shared_figures(sim, device, names, feature_matrix, confidence, unsafe_rho, warnings)
     nonpositive = [names[i] for i in np.flatnonzero((sim <= 0) | (device <= 0))]
-    fits: dict[str, FitResult] = {}
-    for kind in kinds:
-        if kind in LOG_KINDS:
-            if kind == "log_pop" and population is None:
-                continue  # no population prior given: nothing to borrow
-            if nonpositive:
-                warnings.append(f"{kind} fit skipped: {len(nonpositive)} pair(s) have non-positive values "
-                                f"(e.g. {', '.join(nonpositive[:3])})")
-                continue
-            log_fit = (_fit_log(shared, warnings) if kind == "log"
-                       else _fit_log_work(shared, feature_matrix) if kind == "log_work"
-                       else _fit_log_pop(shared, feature_matrix, population) if kind == "log_pop"
-                       else _fit_log_bayes(shared, feature_matrix, priors, class_given=device_class is not None)
-                       if kind == "log_bayes"
-                       else _fit_log_ridge(shared, feature_matrix, prior, warnings))
-            if log_fit is not None:
-                fits[kind] = log_fit
-        elif kind == "ols":
-            fits[kind] = _fit_ols(shared, feature_matrix)
-        else:
-            fits[kind] = _fit_robust(shared, warnings)
+    fits = _fit_every_kind(kinds, shared, nonpositive, warnings, prior=prior, population=population, priors=priors,
+                           class_given=device_class is not None)
     if not fits:
         raise ValueError(f"no fit kind could be fitted ({'; '.join(warnings[-1:])}): add 'ols' or 'robust' to kinds")
     if not np.any(device < 0):
@@ -368,3 +321,71 @@ def calibrate(pairs: Iterable[Pair], *, kinds: Sequence[str] = FIT_KINDS, confid
                         f"(rankings and estimates from the sim may mislead)")
     return Calibration(chosen=chosen, fits=fits, warnings=warnings, pairs=merged, confidence=confidence,
                        unsafe_reasons=unsafe_reasons, choice=choice)
+
+
+def _checked_arguments(kinds: Sequence[str], confidence: float, min_pairs: int,
+                       class_priors: Mapping[str, PopulationPrior] | None,
+                       device_class: str | None) -> dict[str, PopulationPrior]:
+    """:func:`calibrate`'s arguments checked (a ``ValueError`` naming the bad one); the class priors it uses."""
+    _check_confidence(confidence)
+    priors = dict(shipped_class_priors() if class_priors is None else class_priors)
+    if device_class is not None:
+        if device_class not in priors:
+            raise ValueError(f"device class {device_class!r} has no prior; known: {', '.join(priors) or 'none'}")
+        priors = {device_class: priors[device_class]}
+    unknown = [kind for kind in kinds if kind not in FIT_KINDS]
+    if unknown or not kinds:
+        raise ValueError(f"unknown fit kind(s) {unknown}; choose from {list(FIT_KINDS)}")
+    if min_pairs < 3:
+        raise ValueError("min_pairs must be at least 3: a line plus an interval needs one spare point")
+    return priors
+
+
+def _shared_figures(sim: np.ndarray, device: np.ndarray, names: list[str], feature_matrix: dict[str, np.ndarray],
+                    confidence: float, unsafe_rho: float, warnings: list[str]) -> _Shared:
+    """What every fit kind shares: the rank agreement of sim and device (warning when it is low) and the flips
+    observed."""
+    with np.errstate(invalid="ignore", divide="ignore"), python_warnings.catch_warnings():
+        # Constant device values give NaN ranks; the ρ warning below says so in farm's own words.
+        python_warnings.simplefilter("ignore", stats.ConstantInputWarning)
+        tau = float(stats.kendalltau(sim, device).statistic)
+        rho = float(stats.spearmanr(sim, device).statistic)
+    observed, observed_count = _observed_flips(sim, device, names, warnings)
+    if not rho >= unsafe_rho:  # also catches NaN (constant device values)
+        warnings.append(
+            (f"Spearman ρ = {rho:.3f} < {unsafe_rho:g}" if math.isfinite(rho) else
+             "Spearman ρ cannot be computed (every device value is the same)")
+            + " between sim and device order: models close in the sim may swap places on the device")
+    zero_device = int(np.count_nonzero(device == 0))
+    if zero_device:
+        warnings.append(f"{zero_device} device value(s) are 0: left out of the MAPE and ±10 % figures")
+    return _Shared(sim=sim, device=device, names=names, tau=tau, rho=rho, observed=observed,
+                   observed_count=observed_count, confidence=confidence, features=feature_matrix)
+
+
+def _fit_every_kind(kinds: Sequence[str], shared: _Shared, nonpositive: list[str], warnings: list[str], *,
+                    prior: Prior, population: PopulationPrior | None, priors: Mapping[str, PopulationPrior],
+                    class_given: bool) -> dict[str, FitResult]:
+    """Every kind of ``kinds`` that can be fitted (a log kind is skipped, with a warning, for values ≤ 0)."""
+    fits: dict[str, FitResult] = {}
+    for kind in kinds:
+        if kind in LOG_KINDS:
+            if kind == "log_pop" and population is None:
+                continue  # no population prior given: nothing to borrow
+            if nonpositive:
+                warnings.append(f"{kind} fit skipped: {len(nonpositive)} pair(s) have non-positive values "
+                                f"(e.g. {', '.join(nonpositive[:3])})")
+                continue
+            log_fit = (_fit_log(shared, warnings) if kind == "log"
+                       else _fit_log_work(shared, shared.features) if kind == "log_work"
+                       else _fit_log_pop(shared, shared.features, population) if kind == "log_pop"
+                       else _fit_log_bayes(shared, shared.features, priors, class_given=class_given)
+                       if kind == "log_bayes"
+                       else _fit_log_ridge(shared, shared.features, prior, warnings))
+            if log_fit is not None:
+                fits[kind] = log_fit
+        elif kind == "ols":
+            fits[kind] = _fit_ols(shared, shared.features)
+        else:
+            fits[kind] = _fit_robust(shared, warnings)
+    return fits
