@@ -225,6 +225,9 @@ def answer(question: Question[Any, Any], scope: Scope, ask: Any) -> Any:
     embedded client and the gRPC servicer both ask through this, so no question can forget a rule."""
     if question.role == "admin" and not scope.viewer.sees_all:
         raise NotAllowed(f"{question.rpc} is an admin's question: ask it with an admin token")
+    arguments = globals().get(f"{question.service}_arguments")  # a request wrong in itself is told so first
+    if arguments is not None:
+        arguments(ask)
     check = _ACCESS.get(question.access or "")
     if check is not None:
         for job_id in ask.job_ids():
@@ -294,6 +297,25 @@ def results(scope: Scope, ask: JobAsk) -> ResultsAnswer:
 
 
 # --- calibrate ---------------------------------------------------------------------------------
+def calibrate_arguments(ask: CalibrateAsk) -> None:
+    """`farm calibrate`'s arguments checked on their own, before any job is read (answer() calls it first)."""
+    job, sim_job, device_job, device = ask.job, ask.sim_job, ask.device_job, ask.device
+    if not job and not (sim_job and device_job and device):
+        raise ServiceError("farm calibrate needs --job J [--device D] (device runs and their sim twins), "
+                           "--sim-job A --device-job B --device NAME (two jobs), or --pairs FILE.")
+    for metric in ask.metrics:
+        if metric not in CALIBRATE_METRICS:
+            raise ServiceError(f"unknown metric {metric[:40]!r}; choose one of {', '.join(CALIBRATE_METRICS)}")
+    if not 2 <= ask.min_pairs <= 100_000:
+        raise ServiceError(f"--min-pairs {ask.min_pairs}: give a number from 2 to 100000")
+    if device is not None:
+        check_name("--device", device)
+    if not job and sim_job == device_job:  # a job fitted against itself is always "device = sim"
+        raise ServiceError(f"--sim-job {sim_job} --device-job {device_job}: the same job on both sides would fit the "
+                           "sim against itself; give the job whose runs stand for the device as --device-job (or "
+                           "--job J for a job whose device runs have sim twins).")
+
+
 def calibrate(scope: Scope, ask: CalibrateAsk) -> CalibrateAnswer:
     """Fit and store a calibration per device × metric × key: {calibrations, refused, contended_left_out}."""
     from farm.controller.analysis.calibrations import (
@@ -303,20 +325,6 @@ def calibrate(scope: Scope, ask: CalibrateAsk) -> CalibrateAnswer:
 
     store, job, sim_job, device_job, device = scope.store, ask.job, ask.sim_job, ask.device_job, ask.device
     metrics, min_pairs, include_contended = ask.metrics, ask.min_pairs, ask.include_contended
-    if not job and not (sim_job and device_job and device):
-        raise ServiceError("farm calibrate needs --job J [--device D] (device runs and their sim twins), "
-                           "--sim-job A --device-job B --device NAME (two jobs), or --pairs FILE.")
-    for metric in metrics:
-        if metric not in CALIBRATE_METRICS:
-            raise ServiceError(f"unknown metric {metric[:40]!r}; choose one of {', '.join(CALIBRATE_METRICS)}")
-    if not 2 <= min_pairs <= 100_000:
-        raise ServiceError(f"--min-pairs {min_pairs}: give a number from 2 to 100000")
-    if device is not None:
-        check_name("--device", device)
-    if not job and sim_job == device_job:  # a job fitted against itself is always "device = sim"
-        raise ServiceError(f"--sim-job {sim_job} --device-job {device_job}: the same job on both sides would fit the "
-                           "sim against itself; give the job whose runs stand for the device as --device-job (or "
-                           "--job J for a job whose device runs have sim twins).")
     fitted: list[dict[str, Any]] = []
     refused: list[str] = []
     try:

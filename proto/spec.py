@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from farm.proto.names import SandboxBackendName
 from farm.proto.accelerators import parse_accelerator
+from farm.proto.copying import replaced
 
 MEMORY_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 DEFAULT_RUN_DISK = 4 << 30  # sim.disk when neither it nor sim.memory is given
@@ -375,7 +376,7 @@ class BenchmarkWorkload(Strict):
         shapes = {n: s for n, s in self.input_shapes.items()
                   if not (n in entry.inputs and entry.inputs[n].shape is not None)}
         shapes.update(entry.input_shapes)
-        return self.model_copy(update={"inputs": inputs, "input_shapes": shapes})
+        return replaced(self, inputs=inputs, input_shapes=shapes)
 
     def shape_overrides(self) -> dict[str, list[int]]:
         """Every input's explicit shape: input_shapes and inputs.NAME.shape together."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from farm.proto.accuracy import MAX_DATASET_BYTES, MAX_PACKED_BYTES, pack, unpack
 from farm.proto.escape import printable
+from farm.proto.copying import replaced
 from farm.proto.spec import BenchmarkWorkload, DatasetSpec, ImagePreprocess
 
 ResolvedModel = Any  # jobfile.ResolvedModel (jobfile imports this module: no import back)
@@ -55,7 +56,7 @@ def load_dataset(workload: BenchmarkWorkload, models: list[ResolvedModel], base_
             raise _Refused("path", f"{printable(dataset.path, 200)!r} packs to {len(packed) * 3 // 4:,} bytes of "
                                    f"samples, labels and reference outputs, over the {MAX_PACKED_BYTES:,} bytes a "
                                    "task carries; use workload.dataset.limit or fewer samples")
-        workload.dataset = dataset.model_copy(update={"packed": packed})
+        workload.dataset = replaced(dataset, packed=packed)
     _check_against_models(workload.dataset, inputs, labels, reference, models)
 
 
