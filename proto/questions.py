@@ -290,7 +290,11 @@ class RetryAnswer(Model):
 
 
 # --- answers: results ------------------------------------------------------------------------------
-class RunModel(Model):
+class RunModel(Sparse):
+    # issue 31's conv parts are left out where a model was inspected before them: an older store's results read
+    # back as they were written, byte for byte
+    SPARSE: ClassVar[tuple[str, ...]] = ("conv1x1_macs_share", "conv3x3_macs_share", "grouped_macs_share")
+
     name: str
     sha256: str
     family: str | None

@@ -18,6 +18,8 @@ MiB = 1 << 20
 MODEL_FACTS_IN_RECORDS = ("macs", "conv_macs_share", "depthwise_macs_share", "fc_macs_share", "other_macs_share",
                           "conv1x1_macs_share", "conv3x3_macs_share", "grouped_macs_share",
                           "activation_bytes", "op_count")
+# Facts added after stores were written (issue 31): a record carries them only where the model's facts have them.
+LATER_MODEL_FACTS = ("conv1x1_macs_share", "conv3x3_macs_share", "grouped_macs_share")
 
 
 def _mb(v: float | None) -> float | None:
@@ -76,7 +78,8 @@ def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[st
             "model": {"name": row["model_name"], "sha256": row["model_sha256"], "family": row["model_family"],
                       "path": row["model_path"], "size_bytes": row["model_size_bytes"],
                       "param_count": row["model_param_count"],
-                      **{name: facts.get(name) for name in MODEL_FACTS_IN_RECORDS}},
+                      **{name: facts.get(name) for name in MODEL_FACTS_IN_RECORDS
+                         if name not in LATER_MODEL_FACTS or facts.get(name) is not None}},
             "target": row["target"],
             "threads": row["threads"],
             "cpus": default_cpus(sim.cpus, row["threads"]) if sim else None,  # the swept figure

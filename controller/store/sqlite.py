@@ -210,6 +210,12 @@ class SQLiteStore(RepositoryStore):
         conn.execute("PRAGMA query_only = ON")
         return conn
 
+    def live_job_ids(self, now: float) -> list[int]:
+        """Jobs with a task whose lease still holds at `now`: a runner or controller still writes them."""
+        return [r["job_id"] for r in self.query(
+            "SELECT DISTINCT job_id FROM tasks WHERE status = 'running' AND "
+            "(lease_expires_at IS NULL OR lease_expires_at > ?) ORDER BY job_id", [now])]
+
     def export_rows(self, tables: Sequence[str], batch: int = 1000) -> Iterator[tuple[str, list[dict[str, Any]]]]:
         """Every row of each of `tables`, a batch at a time in insertion order, all from one read snapshot
         (a writer at the same time changes nothing of what is read): `farm store migrate`'s source."""

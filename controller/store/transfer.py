@@ -27,10 +27,9 @@ __all__ = ["copy_artifacts", "copy_lab"]
 def copy_lab(source: SQLiteStore, target: PostgresStore, *,
              on_batch: Callable[[str, int], None] | None = None) -> dict[str, int]:
     """Copy every row of the lab at `source` into the empty `target`; rows copied per table."""
-    live = source.query("SELECT DISTINCT job_id FROM tasks WHERE status = 'running' AND "
-                        "(lease_expires_at IS NULL OR lease_expires_at > ?) ORDER BY job_id", [time.time()])
+    live = source.live_job_ids(time.time())
     if live:  # its runner or controller still writes: the copy would stop half-way through its results
-        jobs = ", ".join(str(r["job_id"]) for r in live[:10])
+        jobs = ", ".join(str(j) for j in live[:10])
         raise StoreError(f"{source.path}: job(s) {jobs} still run (their tasks' leases are live), so the lab is still "
                          "being written. Stop the controller (or let `farm run` finish, or `farm cancel` the job) "
                          "and migrate again once no task runs; nothing was copied.")
