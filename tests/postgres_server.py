@@ -48,9 +48,27 @@ class PostgresPeer:
 
     def kill(self) -> None:
         """Pull the plug: the postmaster and every backend die at once (like a host losing power)."""
+        postmaster = self._postmaster_pid()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
+        if postmaster is not None:  # the postmaster by its own pid too, whatever group it ended up in
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(os.getpgid(postmaster), signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(postmaster, signal.SIGKILL)
         self.process.wait(timeout=10)
+        deadline = time.monotonic() + 10  # gone when its port refuses: a test's next statement sees it down
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            except OSError:
+                return
+            time.sleep(0.05)
+
+    def _postmaster_pid(self) -> int | None:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            return int((self.data_dir / "postmaster.pid").read_text().split()[0])
+        return None
 
 
 def _bin_dir() -> Path | None:

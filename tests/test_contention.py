@@ -102,6 +102,10 @@ def test_twenty_quiet_runs_are_not_flagged(tmp_path: Path, tiny_models, farm, fa
     if flagged and all(c.get("quiet_before") is False for c in flagged):
         # the premise failed, not the detector: quiet_wait never found the core quiet (other work held it)
         pytest.skip(f"no quiet core could be had on this machine: {flagged[0]['reasons'][0]}")
+    if flagged and all(all("steal" in reason for reason in c["reasons"]) for c in flagged):
+        # steal is the hypervisor running other guests on this core: real contention from outside the VM, rightly
+        # flagged, and nothing a quiet core inside it can avoid; the premise (a quiet machine) failed
+        pytest.skip(f"the hypervisor took CPU from this VM's cores: {flagged[0]['reasons'][0]}")
     assert not flagged, flagged  # a run that started on a quiet core and was still flagged: a false alarm
     for r in results:
         c = r["contention"]
