@@ -26,9 +26,10 @@ COMMAND_EXTRAS = {
     "web": ("web",), "controller": ("controller", "analysis"),
 }
 EXTRA_MODULES = {extra: [m for m, e in MODULE_EXTRA.items() if e == extra] for extra in set(MODULE_EXTRA.values())}
-EXTRA_MODULES["web"] = EXTRA_MODULES["controller"]  # the dashboard is standard-library HTTP over the store
+# the dashboard is standard-library HTTP over the store, with the calibration fits its pages show
+EXTRA_MODULES["web"] = EXTRA_MODULES["controller"] + EXTRA_MODULES["analysis"]
 # Extras that install others (pyproject's "farm[controller]" lines): naming the outer one is enough.
-EXTRA_INCLUDES = {"analysis": {"controller"}, "web": {"controller"}, "postgresql": {"controller"}}
+EXTRA_INCLUDES = {"analysis": {"controller"}, "web": {"controller", "analysis"}, "postgresql": {"controller"}}
 
 
 def extra_for(module: str | None) -> str | None:
