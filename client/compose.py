@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+from abc import ABC, abstractmethod
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,14 +40,14 @@ if TYPE_CHECKING:
 Clock = Callable[[], float]
 
 
-class _Started:
-    """start()/stop() as a context manager."""
+class _Started(ABC):
+    """start()/stop() as a context manager; each built object says how it starts and stops."""
 
-    def start(self) -> Any:
-        raise NotImplementedError
+    @abstractmethod
+    def start(self) -> Any: ...
 
-    def stop(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def stop(self) -> None: ...
 
     def __enter__(self) -> Any:
         return self.start()
