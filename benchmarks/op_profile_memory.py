@@ -17,34 +17,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
+from farm.model_generators.control_flow import write_loop_onnx
 
 SIZE = 16
 
 
 def loop_model(path: Path, trips: int) -> Path:
-    """x -> MatMul -> Loop(trips){MatMul, Relu, Identity}: a body traced `trips` times a run."""
-    w = numpy_helper.from_array(np.full((SIZE, SIZE), 0.01, np.float32), "w")
-    body = helper.make_graph(
-        [helper.make_node("MatMul", ["x_in", "w"], ["mm"], name="body_matmul"),
-         helper.make_node("Relu", ["mm"], ["x_out"], name="body_relu"),
-         helper.make_node("Identity", ["cond_in"], ["cond_out"], name="body_cond")], "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("x_in", TensorProto.FLOAT, [1, SIZE])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("x_out", TensorProto.FLOAT, [1, SIZE])])
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["pre"], name="outer_matmul"),
-         helper.make_node("Loop", ["trip", "cond", "pre"], ["y"], name="the_loop", body=body)],
-        "loop", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, SIZE])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, SIZE])],
-        [w, numpy_helper.from_array(np.array(trips, np.int64), "trip"), numpy_helper.from_array(np.array(True), "cond")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return path
+    return write_loop_onnx(path, trips, SIZE)
 
 
 def one(mode: str, model: Path) -> None:
