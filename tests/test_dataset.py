@@ -72,6 +72,62 @@ def test_a_quantized_model_agrees_with_its_float_reference_on_the_sim(float_and_
     assert shown.returncode == 0, shown.stderr
     text = farm_inprocess("compare", "1", "1")
     assert "cosine" in text.stdout and "acc top-1" in text.stdout, text.stdout
+    _the_before_after_report_and_the_pareto_view(float_and_int8, farm_inprocess, records)
+
+
+def _the_before_after_report_and_the_pareto_view(folder: Path, farm_inprocess, records: dict[str, dict]) -> None:
+    """The same job's variant against its base as CSV, in the report and on the dashboard; accuracy against latency
+    with the dominated model named (which one depends on this run's timings and figures: computed from the records)."""
+    import csv
+    import io
+
+    from farm.controller.store import open_store
+    from farm.web.pages import job_page
+    from farm.web.views import job_view
+
+    flat = farm_inprocess("compare", "1", "--format", "csv")
+    assert flat.returncode == 0, flat.stderr
+    (row,) = list(csv.DictReader(io.StringIO(flat.stdout)))
+    assert (row["model_a"], row["model_b"], row["matched_by"], row["method"]) == ("float", "int8", "lineage", "dynamic")
+    assert float(row["agreement_cosine_a"]) == pytest.approx(1) and float(row["agreement_cosine_b"]) < 1
+    assert float(row["size_ratio"]) < 0.5 and float(row["latency_avg_ms_a"]) > 0
+
+    answer = farm_inprocess("compare", "1", "--pareto", "--json")
+    assert answer.returncode == 0, answer.stderr
+    (group,) = answer.json()["groups"]
+    assert group["quality_metric"] == "accuracy_top1" and group["target"] == "sim"  # labels: accuracy is the figure
+    points = {p["model"]: p for p in group["points"]}
+    assert set(points) == {"float", "int8"}
+    for name, point in points.items():
+        assert point["quality"] == records[name]["accuracy"]["accuracy"]["top1"]
+        assert point["latency_avg_ms"] == pytest.approx(records[name]["latency_ms"]["avg"])
+    fast, slow = sorted(points.values(), key=lambda p: (p["latency_avg_ms"], -p["quality"]))
+    dominated = slow["quality"] <= fast["quality"] and slow["latency_avg_ms"] > fast["latency_avg_ms"]
+    assert slow["on_front"] is not dominated and fast["on_front"]
+    assert slow["dominated_by"] == ([fast["model"]] if dominated else [])
+    table = farm_inprocess("compare", "1", "--pareto")
+    assert "on the front" in table.stdout and "accuracy top-1" in table.stdout, table.stdout
+    points_csv = farm_inprocess("compare", "1", "--pareto", "--format", "csv")
+    assert sorted(r["model"] for r in csv.DictReader(io.StringIO(points_csv.stdout))) == ["float", "int8"]
+
+    page = folder / "report.html"
+    written = farm_inprocess("report", "1", "-o", str(page), "--png", str(folder / "figures"))
+    assert written.returncode == 0, written.stderr
+    html = page.read_text()
+    variants = html.split("<h2 id=variants>Variants</h2>")[1].split("<h2")[0]
+    assert "cosine with the reference" in variants and "accuracy top-1" in variants
+    front = html.split("<h2 id=pareto>Accuracy and latency</h2>")[1].split("<h2")[0]
+    assert "on the front" in front and "<img" in front and ("dominated by" in front) is dominated
+    assert [p.name for p in (folder / "figures").glob("pareto-*.png")]
+
+    store = open_store(folder / "farm.db")  # the farm_db fixture's store: the fixture's folder is the job's
+    try:
+        view = job_view(store, 1)
+    finally:
+        store.close()
+    assert view is not None and [g["quality_metric"] for g, _ in view.pareto] == ["accuracy_top1"]
+    shown = job_page(view, csrf="x", may_cancel=False)
+    assert 'id="pareto-chart-0"' in shown and "on the front" in shown and "cosine with the reference" in shown
 
 
 def test_outputs_beyond_the_threshold_fail_as_accuracy_and_keep_their_timings(float_and_int8: Path,

@@ -465,22 +465,47 @@ def sweep_part(sweep: Sweep, index: int) -> str:
     return html
 
 
+VARIANT_FIGURES = (("energy_per_inference_mj", "mJ/inference"), ("agreement_cosine", "cosine with the reference"),
+                   ("agreement_top1", "top-1 agreement"), ("accuracy_top1", "accuracy top-1"))
+
+
 def variants_table(variants: list[dict[str, Any]]) -> str:
-    """A job's quantized variants beside their sources (`farm compare JOB`'s figures), noise judged over repeats."""
+    """A job's quantized variants beside their sources (`farm compare JOB`'s figures), noise judged over repeats;
+    energy and the dataset's agreement/accuracy where both sides measured them."""
     def arrow(a: Any, b: Any, scale: float = 1.0) -> tuple[Any, str]:
         if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
             return (None, "—")
         return (b / scale, e(f"{num(a / scale)} → {num(b / scale)}"))
 
+    extra = [(key, header) for key, header in VARIANT_FIGURES
+             if any(v.get(f"{key}_a") is not None and v.get(f"{key}_b") is not None for v in variants)]
     rows = [[(v["source"], e(v["source"])), (v["variant"], e(v["variant"])), (v["method"], e(v["method"] or "—")),
              (v["target"], e(v["target"])), (v["accelerator"], e(v["accelerator"])), (v["threads"], e(v["threads"])),
              arrow(v["size_a"], v["size_b"], 1e6), arrow(v["latency_a"], v["latency_b"]),
              (v["latency_change"], e(f"{v['latency_change']:+.0%}") if v["latency_change"] is not None else "—"),
-             arrow(v["memory_a"], v["memory_b"]), (v["verdict"], e(v["verdict"] or "—"))] for v in variants]
+             arrow(v["memory_a"], v["memory_b"]), *[arrow(v.get(f"{key}_a"), v.get(f"{key}_b")) for key, _ in extra],
+             (v["verdict"], e(v["verdict"] or "—"))] for v in variants]
     return table("variants", [("source", "text"), ("variant", "text"), ("method", "text"), ("on", "text"),
                               ("unit", "text"), ("threads", "num"), ("size MB", "num"), ("latency avg ms", "num"),
-                              ("Δ latency", "num"), ("peak MB", "num"), ("latency vs noise", "text")], rows,
+                              ("Δ latency", "num"), ("peak MB", "num"), *[(h, "num") for _, h in extra],
+                              ("latency vs noise", "text")], rows,
                  "before → after; noise: Welch's t at 95 % over the repeats (farm compare JOB has every figure)")
+
+
+def pareto_part(pareto: list[tuple[dict[str, Any], svg.Chart]]) -> str:
+    """Accuracy against latency per setting: the chart, then every model with the front marked."""
+    parts = []
+    for i, (group, chart) in enumerate(pareto):
+        rows = [[(p["label"], e(p["label"])), (p["latency_avg_ms"], e(num(p["latency_avg_ms"]))),
+                 (p["quality"], e(num(p["quality"]))), (p["runs"], e(p["runs"])),
+                 (0 if p["on_front"] else 1, e("on the front" if p["on_front"] else
+                                               "dominated by " + ", ".join(p["dominated_by"])))]
+                for p in group["points"]]
+        parts.append(f'<figure class="pareto" id="pareto-chart-{i}">{svg.render(chart)}</figure>' + table(
+            f"pareto-{i}", [("model", "text"), ("latency avg ms", "num"), (group["quality_label"], "num"),
+                            ("runs", "num"), ("Pareto", "text")], rows,
+            "dominated: another model is at least as fast and as accurate, and better in one (means over the runs)"))
+    return "".join(parts)
 
 
 def job_page(view: JobView, *, csrf: str, may_cancel: bool) -> str:
@@ -513,6 +538,8 @@ def job_page(view: JobView, *, csrf: str, may_cancel: bool) -> str:
             for i, c in enumerate(view.pair_charts)) + pairs_table(view.pairs))
     if view.variants:
         parts.append("<h2>Variants beside their source (farm quantize)</h2>" + variants_table(view.variants))
+    if view.pareto:
+        parts.append('<h2 id="pareto">Accuracy against latency (Pareto)</h2>' + pareto_part(view.pareto))
     predicted = [r for r in view.records if r.get("predictions")]
     if predicted:
         parts.append("<h2>Predictions beside the runs (predict_for)</h2>" + predictions_table(predicted))

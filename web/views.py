@@ -297,6 +297,7 @@ class JobView:
     pair_charts: list[Chart] = field(default_factory=list)  # device vs sim, with the device's current calibration
     earlier: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # task -> its runs before the counted one
     variants: list[dict[str, Any]] = field(default_factory=list)  # `farm quantize` variants beside their sources
+    pareto: list[tuple[dict[str, Any], Chart]] = field(default_factory=list)  # accuracy vs latency per setting
 
 
 def is_contended(record: dict[str, Any]) -> bool:
@@ -436,7 +437,26 @@ def job_view(store: Store, job_id: int) -> JobView | None:
     return JobView(job, progress, records, rows, pairs, sweep_charts(rows), tables,
                    failures=failures(records, store.reads.log_tails(failed_runs)),
                    earlier=store.reads.earlier_attempts(job_id), pair_charts=pair_charts(store, pairs) if pairs else [],
-                   variants=variant_rows(job_id, records, sidecar_lineage))
+                   variants=variant_rows(job_id, records, sidecar_lineage), pareto=pareto_charts(job_id, records))
+
+
+MAX_PARETO_CHARTS = 12  # one per setting (target, unit, threads, batch, size, budget)
+
+
+def pareto_charts(job_id: int, records: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Chart]]:
+    """Accuracy against latency per setting (controller/analysis/pareto.py), each with its chart: the front as a
+    line, every model a labelled point; empty for a job without `workload.dataset` figures."""
+    from farm.controller.analysis.pareto import group_title, pareto
+
+    found = []
+    for group in pareto([(job_id, records)])["groups"][:MAX_PARETO_CHARTS]:
+        front = [(p["latency_avg_ms"], p["quality"]) for p in group["points"] if p["on_front"]]
+        chart = Chart(title=f"Pareto · {group_title(group)}", x_label="latency avg (ms)",
+                      y_label=group["quality_label"], series={"Pareto front": front},
+                      points=[(p["label"] + ("" if p["on_front"] else " (dominated)"), p["latency_avg_ms"], p["quality"])
+                              for p in group["points"]], point_axes=("latency ms", group["quality_metric"]))
+        found.append((group, chart))
+    return found
 
 
 def _avg_latency(record: dict[str, Any]) -> float | None:
