@@ -123,9 +123,11 @@ def pareto_table(view: dict[str, Any]) -> list[Table]:
             mark = (Text("on the front", style="bold") if p["on_front"] else
                     Text("dominated by " + printable(", ".join(p["dominated_by"]), limit=None), style="dim"))
             t.add_row(Text(printable(p["label"], limit=None)), _figure(p["latency_avg_ms"], "ms"),
-                      f"{p['quality']:.4g}", str(p["runs"]), mark)
-        if group["without_quality"]:
-            t.caption = "no figure: " + printable(", ".join(group["without_quality"]), limit=None)
+                      f"{p['quality']:.4g}", f"{p['runs']}{' !' if p['contended'] else ''}", mark)
+        captions = (["! only contended runs: latency not the budget's"] if any(p["contended"] for p in group["points"])
+                    else []) + (["no figure: " + printable(", ".join(group["without_quality"]), limit=None)]
+                                if group["without_quality"] else [])
+        t.caption = "; ".join(captions) or None
         tables.append(t)
     return tables
 

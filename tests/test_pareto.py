@@ -65,6 +65,9 @@ def test_an_accuracy_failure_counts_and_contended_runs_only_without_clean_ones()
     points = {p["model"]: p for p in group["points"]}
     assert set(points) == {"float", "int8"}  # a run with no latency places nothing
     assert points["float"]["latency_avg_ms"] == 10.0 and points["int8"]["runs"] == 2
+    assert points["float"]["contended"] == 0 and not view["notes"]
+    only_contended = pareto([(2, [_run("late", 7.0, top1=0.5, contended=True)])])
+    assert only_contended["groups"][0]["points"][0]["contended"] == 1 and "contended" in only_contended["notes"][0]
     assert points["float"]["on_front"] and points["int8"]["on_front"]
 
 

@@ -497,7 +497,8 @@ def pareto_part(pareto: list[tuple[dict[str, Any], svg.Chart]]) -> str:
     parts = []
     for i, (group, chart) in enumerate(pareto):
         rows = [[(p["label"], e(p["label"])), (p["latency_avg_ms"], e(num(p["latency_avg_ms"]))),
-                 (p["quality"], e(num(p["quality"]))), (p["runs"], e(p["runs"])),
+                 (p["quality"], e(num(p["quality"]))),
+                 (p["runs"], e(f"{p['runs']}{' (contended)' if p['contended'] else ''}")),
                  (0 if p["on_front"] else 1, e("on the front" if p["on_front"] else
                                                "dominated by " + ", ".join(p["dominated_by"])))]
                 for p in group["points"]]

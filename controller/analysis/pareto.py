@@ -3,7 +3,7 @@
 Points are grouped by setting — target, compute unit, threads, batch, input size and budget, everything a run's
 cell is but the model — so a group's models ran under the same conditions. Each point is one model (of one job) in
 one group: its latency is the mean of the cell's runs' average latency (clean runs where there are any, as
-`farm compare` takes them), its quality the mean of one figure `workload.dataset` recorded, the first of these
+`farm compare` takes them; `contended` counts the runs used where a cell had no clean one), its quality the mean of one figure `workload.dataset` recorded, the first of these
 that any point of the group has:
 
 1. accuracy top-1 against the dataset's labels;
@@ -29,7 +29,7 @@ QUALITY: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("agreement_cosine", ("accuracy", "agreement", "cosine"), "cosine with the reference"),
 )
 CSV_COLUMNS = ("job", "model", "sha256", "target", "accelerator", "threads", "batch_size", "input_size", "cpus",
-               "memory_mb", "latency_avg_ms", "quality_metric", "quality", "runs", "on_front", "dominated_by")
+               "memory_mb", "latency_avg_ms", "quality_metric", "quality", "runs", "contended", "on_front", "dominated_by")
 
 
 def _value(record: dict[str, Any], path: tuple[str, ...]) -> float | None:
@@ -56,7 +56,7 @@ def _cells(jobs: list[tuple[int, list[dict[str, Any]]]]) -> dict[tuple, dict[tup
 
 
 def _point(key: tuple, runs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    used, _contended = _runs_used(runs)
+    used, contended = _runs_used(runs)
     latency = _mean([v for v in (_value(r, ("latency_ms", "avg")) for r in used) if v is not None])
     if latency is None:  # no completed run with a latency: nothing to place
         return None
@@ -65,7 +65,7 @@ def _point(key: tuple, runs: list[dict[str, Any]]) -> dict[str, Any] | None:
                for name, path, _ in QUALITY}
     job, model, sha = key
     return {"job": job, "model": model, "sha256": sha, "latency_avg_ms": latency, "runs": len(with_accuracy),
-            "figures": {k: v for k, v in quality.items() if v is not None}}
+            "contended": contended, "figures": {k: v for k, v in quality.items() if v is not None}}
 
 
 def dominates(q: dict[str, Any], p: dict[str, Any]) -> bool:
@@ -112,6 +112,9 @@ def pareto(jobs: list[tuple[int, list[dict[str, Any]]]]) -> dict[str, Any]:
         else:
             groups.append(group)
     notes = []
+    if any(p["contended"] for g in groups for p in g["points"]):
+        notes.append("a point marked contended has only contended runs (other work used their cores): its latency "
+                     "is not the budget's; run it again")
     if without:
         notes.append(f"{without} setting(s) have latency but no accuracy or agreement figure: add `workload.dataset` "
                      "(with labels, or a reference) to place their models")
@@ -136,5 +139,5 @@ def csv_rows(view: dict[str, Any]) -> list[dict[str, Any]]:
                          "batch_size": group["batch_size"], "input_size": group["input_size"], "cpus": group["cpus"],
                          "memory_mb": group["memory_mb"], "latency_avg_ms": p["latency_avg_ms"],
                          "quality_metric": group["quality_metric"], "quality": p["quality"], "runs": p["runs"],
-                         "on_front": p["on_front"], "dominated_by": "; ".join(p["dominated_by"])})
+                         "contended": p["contended"], "on_front": p["on_front"], "dominated_by": "; ".join(p["dominated_by"])})
     return rows

@@ -504,7 +504,7 @@ def pareto_section(job_id: int, records: list[dict[str, Any]], figures: list[Fig
             if figure is not None:
                 figures.append(figure)
                 parts.append(f"<div class=figs>{_img(figure)}</div>")
-        rows = [[p["label"], _g(p["latency_avg_ms"]), _g(p["quality"]), p["runs"],
+        rows = [[p["label"], _g(p["latency_avg_ms"]), _g(p["quality"]), f"{p['runs']}{' (contended)' if p['contended'] else ''}",
                  "on the front" if p["on_front"] else "dominated by " + ", ".join(p["dominated_by"])]
                 for p in group["points"]]
         parts.append(f"<h3>{_e(title)}</h3>" + _table(["model", "latency avg ms", group["quality_label"], "runs",
