@@ -317,3 +317,104 @@ def test_a_tflite_model_runs_the_dataset_on_the_sim(farm_inprocess, tiny_models:
     (record,) = farm_inprocess("results", "1", "--format", "json").json()
     assert record["input_shapes"] == {"input": [2, 8, 8, 3]}  # the timed loop's batch
     assert record["accuracy"]["samples"] == 4 and record["accuracy"]["agreement"]["max_abs_error"] < 1e-5
+
+
+def _tar(path: Path, members: list[tuple[str, bytes | None, dict]]) -> Path:
+    """A tar written member by member: (name, data or None, TarInfo fields such as type, linkname, size)."""
+    import io
+    import tarfile
+
+    mode = "w:gz" if path.name.endswith(".gz") else "w"
+    with tarfile.open(path, mode) as tar:
+        for name, data, fields in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data) if data is not None else 0
+            for key, value in fields.items():
+                setattr(info, key, value)
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def _npy(array: np.ndarray) -> bytes:
+    import io
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def test_a_tar_gz_dataset_runs_as_its_folder_would(farm_inprocess, mobilenet_models: dict[str, Path],
+                                                   tmp_path: Path) -> None:
+    """Issue 30: a .tar.gz of .npy samples, in a subfolder, one of them a link to another member: read in memory,
+    never extracted, and the run's outputs are the same as the folder's."""
+    import tarfile
+
+    (tmp_path / "float.onnx").write_bytes(mobilenet_models[MODEL].read_bytes())
+    rng = np.random.default_rng(5)
+    samples = [rng.random((3, 96, 96), dtype=np.float32) for _ in range(3)]
+    folder = tmp_path / "samples"
+    folder.mkdir()
+    for i, sample in enumerate(samples):
+        np.save(folder / f"{i}.npy", sample)
+    np.save(folder / "3.npy", samples[0])  # the folder's twin of the link below
+    _tar(tmp_path / "samples.tar.gz", [("samples/", None, {"type": tarfile.DIRTYPE}),
+                                       *[(f"samples/{i}.npy", _npy(s), {}) for i, s in enumerate(samples)],
+                                       ("samples/3.npy", None, {"type": tarfile.SYMTYPE, "linkname": "0.npy"}),
+                                       ("samples/._0.npy", b"resource fork", {})])  # hidden: skipped as in a folder
+    for path in ("samples", "samples.tar.gz"):
+        job = write_job(tmp_path, f"name: {path}\nmodels: [float.onnx]\nworkload:\n  iterations: 2\n"
+                                  f"  dataset: {{path: {path}, reference: float.onnx}}\nsim: {{on_contention: flag}}\n",
+                        name=f"{path}.yaml")
+        run = farm_inprocess("submit", str(job))
+        assert run.returncode == 0, run.stderr
+    folder_run, tar_run = (farm_inprocess("results", str(job), "--format", "json").json()[0]["accuracy"]
+                           for job in (1, 2))
+    assert tar_run["samples"] == folder_run["samples"] == 4
+    assert tar_run["outputs"] == folder_run["outputs"]  # the same samples in the same order: the same digests
+    assert tar_run["agreement"]["max_abs_error"] == 0
+
+
+@pytest.mark.parametrize("members, fragments", [
+    ([("/abs/0.npy", "npy", {})], ["'/abs/0.npy'", "absolute name or `..`"]),
+    ([("a/../../0.npy", "npy", {})], ["'a/../../0.npy'", "absolute name or `..`"]),
+    ([("0.npy", None, {"type": "sym", "linkname": "/etc/passwd"})], ["'0.npy'", "link out of the archive",
+                                                                      "/etc/passwd"]),
+    ([("0.npy", None, {"type": "sym", "linkname": "../../x.npy"})], ["link out of the archive", "../../x.npy"]),
+    ([("0.npy", None, {"type": "hard", "linkname": "/etc/shadow"})], ["link out of the archive", "/etc/shadow"]),
+    ([("0.npy", None, {"type": "sym", "linkname": "missing.npy"})], ["links to 'missing.npy'", "not a regular file"]),
+    ([("0.npy", None, {"type": "fifo"})], ["'0.npy'", "not a regular file"]),
+    ([("0.npy", None, {"type": "chr", "devmajor": 1, "devminor": 3})], ["'0.npy'", "not a regular file"]),
+    ([("0.npy", "npy", {}), ("notes.txt", b"hello", {})], ["notes.txt", ".txt file"]),
+    ([("0.npy", "npy", {}), ("bomb.npy", "bomb", {})], ["bomb.npy", "67,108,864 bytes", "headers"]),
+    ([("0.npy", b"\x80\x04pickle", {})], ["0.npy", "without pickles"]),
+    ([("0.npy", "wrong_shape", {})], ["[3, 64, 64]", "float.onnx"]),
+    ("not a tar", ["'data.tar.gz'", "not a tar archive"]),
+], ids=["absolute", "dotdot", "symlink-abs", "symlink-up", "hardlink-out", "dangling", "fifo", "device", "suffix",
+        "bomb", "pickle", "shape", "garbage"])
+def test_hostile_tar_datasets_are_refused_at_submit_naming_the_member(
+        farm_inprocess, mobilenet_models: dict[str, Path], tmp_path: Path, members, fragments: list[str]) -> None:
+    import gzip
+    import tarfile
+
+    (tmp_path / "float.onnx").write_bytes(mobilenet_models[MODEL].read_bytes())
+    archive = tmp_path / "data.tar.gz"
+    if isinstance(members, str):
+        archive.write_bytes(gzip.compress(members.encode()))
+    else:
+        types = {"sym": tarfile.SYMTYPE, "hard": tarfile.LNKTYPE, "fifo": tarfile.FIFOTYPE, "chr": tarfile.CHRTYPE}
+        written = []
+        for name, data, fields in members:
+            fields = {**fields, **({"type": types[fields["type"]]} if "type" in fields else {})}
+            if data == "npy":
+                data = _npy(np.zeros((3, 96, 96), np.float32))
+            elif data == "wrong_shape":
+                data = _npy(np.zeros((2, 3, 64, 64), np.float32))  # one member: its first axis is the sample
+            elif data == "bomb":  # 64 MiB of zeros: a few hundred KiB gzipped, refused from its header
+                data = bytes(64 << 20)
+            written.append((name, data, fields))
+        _tar(archive, written)
+    assert archive.stat().st_size < 1 << 20
+    job = write_job(tmp_path, "models: [float.onnx]\nworkload:\n  dataset: {path: data.tar.gz}\n")
+    one_paragraph_error(farm_inprocess("submit", str(job)), ["workload.dataset.path", "data.tar.gz", *fragments])
+    assert farm_inprocess("jobs", "--json").json() == []  # nothing stored
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("farm.db")) == [
+        "data.tar.gz", "float.onnx", "job.yaml"]  # nothing extracted
