@@ -7,6 +7,7 @@ Sim jobs keep contended runs flagged (this machine is shared) and assert no timi
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from pathlib import Path
@@ -128,6 +129,43 @@ def _the_before_after_report_and_the_pareto_view(folder: Path, farm_inprocess, r
     assert view is not None and [g["quality_metric"] for g, _ in view.pareto] == ["accuracy_top1"]
     shown = job_page(view, csrf="x", may_cancel=False)
     assert 'id="pareto-chart-0"' in shown and "on the front" in shown and "cosine with the reference" in shown
+    assert 'action="/compare"' in shown  # the way to the comparison page
+    _the_dashboards_compare_page(folder / "farm.db")
+
+
+def _the_dashboards_compare_page(db: Path) -> None:
+    """/compare/A/B: the before/after table, the Pareto chart and table, CSV and JSON downloads; a job that is not
+    there is "no job N", and the job page's form (a GET with a and b) lands on the page."""
+    import csv
+    import io
+
+    from farm.controller.scheduling.controller import Controller
+    from farm.controller.store import open_store
+    from farm.web.server import Dashboard, Operator
+
+    store = open_store(db)
+    try:
+        dashboard = Dashboard(store, Operator.embedded(Controller(store)), tokens=None, tls=False, loopback=True)
+
+        def get(path: str):
+            return dashboard.handle("GET", path, {"Host": "127.0.0.1"}, b"")
+
+        page = get("/compare/1/1")
+        assert page.status == 200, page.body[:500]
+        html = page.body.decode()
+        assert 'id="compare"' in html and "<td" in html.split('id="compare"')[1] and 'id="pareto-chart-0"' in html
+        assert "cosine with the reference" in html and "on the front" in html
+        rows = list(csv.DictReader(io.StringIO(get("/compare/1/1.csv").body.decode())))
+        assert [(r["model_a"], r["model_b"]) for r in rows] == [("float", "int8")]
+        answer = json.loads(get("/compare/1/1.json").body)
+        assert answer["pairs"][0]["matched_by"] == "lineage" and answer["pareto"]["groups"][0]["points"]
+        moved = get("/compare?a=1&b=1")
+        assert moved.status == 303 and moved.headers["Location"] == "/compare/1/1"
+        assert get("/compare?a=1&b=x").status == 400
+        missing = get("/compare/1/99")
+        assert missing.status == 404 and b"no job 99" in missing.body
+    finally:
+        store.close()
 
 
 def test_outputs_beyond_the_threshold_fail_as_accuracy_and_keep_their_timings(float_and_int8: Path,

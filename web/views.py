@@ -440,16 +440,50 @@ def job_view(store: Store, job_id: int) -> JobView | None:
                    variants=variant_rows(job_id, records, sidecar_lineage), pareto=pareto_charts(job_id, records))
 
 
+@dataclass
+class CompareView:
+    """Two jobs (or one job's variants) side by side: `farm compare A B`'s figures and the Pareto view of both."""
+
+    job_a: dict[str, Any]
+    job_b: dict[str, Any]
+    report: dict[str, Any]  # compare_records' answer
+    rows: list[dict[str, Any]]  # one flat row per pair and setting (compare.variant_row)
+    pareto: list[tuple[dict[str, Any], Chart]]
+    pareto_notes: list[str]
+    pareto_data: dict[str, Any]  # pareto()'s answer, for the JSON download
+
+
+def compare_view(store: Store, job_a: dict[str, Any], job_b: dict[str, Any]) -> CompareView:
+    """Both jobs already checked readable by the caller; lineage from the sidecars only (no model parsed per visit)."""
+    from farm.controller.analysis.compare import compare_records, sidecar_lineage, variant_row
+    from farm.controller.analysis.pareto import pareto
+
+    a, b = int(job_a["id"]), int(job_b["id"])
+    records_a = run_records(store, a)
+    records_b = records_a if b == a else run_records(store, b)
+    report = compare_records(records_a, records_b, job_a=a, job_b=b, lineage_of=sidecar_lineage)
+    both = [(a, records_a)] + ([] if b == a else [(b, records_b)])
+    view = pareto(both)
+    return CompareView(job_a, job_b, report, [variant_row(p, r) for p in report["pairs"] for r in p["rows"]],
+                       _charts(view["groups"]), view["notes"], view)
+
+
 MAX_PARETO_CHARTS = 12  # one per setting (target, unit, threads, batch, size, budget)
 
 
 def pareto_charts(job_id: int, records: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Chart]]:
     """Accuracy against latency per setting (controller/analysis/pareto.py), each with its chart: the front as a
     line, every model a labelled point; empty for a job without `workload.dataset` figures."""
-    from farm.controller.analysis.pareto import group_title, pareto
+    from farm.controller.analysis.pareto import pareto
+
+    return _charts(pareto([(job_id, records)])["groups"])
+
+
+def _charts(groups: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Chart]]:
+    from farm.controller.analysis.pareto import group_title
 
     found = []
-    for group in pareto([(job_id, records)])["groups"][:MAX_PARETO_CHARTS]:
+    for group in groups[:MAX_PARETO_CHARTS]:
         front = [(p["latency_avg_ms"], p["quality"]) for p in group["points"] if p["on_front"]]
         chart = Chart(title=f"Pareto · {group_title(group)}", x_label="latency avg (ms)",
                       y_label=group["quality_label"], series={"Pareto front": front},
