@@ -167,6 +167,24 @@ def _the_dashboards_compare_page(db: Path) -> None:
     finally:
         store.close()
 
+    # a `team` lab: another team's job is "no job 1" here too, page and downloads alike
+    import sqlite3
+
+    from farm.controller.auth import TokenTable
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE jobs SET submitted_by = 'someone-else', team = 'speech' WHERE id = 1")
+    (db.parent / "tokens").write_text("client vision-token-0123456789 team=vision\n")
+    store = open_store(db)
+    try:
+        guarded = Dashboard(store, Operator.embedded(Controller(store)), tokens=TokenTable.from_file(db.parent / "tokens"),
+                            tls=False, loopback=True, job_sharing="team")
+        for path in ("/compare/1/1", "/compare/1/1.csv", "/compare/1/1.json"):
+            refused = guarded.handle("GET", path, {"Host": "127.0.0.1",
+                                                   "Authorization": "Bearer vision-token-0123456789"}, b"")
+            assert refused.status == 404 and b"no job 1" in refused.body and b"int8" not in refused.body
+    finally:
+        store.close()
+
 
 def test_outputs_beyond_the_threshold_fail_as_accuracy_and_keep_their_timings(float_and_int8: Path,
                                                                              farm_inprocess) -> None:
