@@ -80,3 +80,26 @@ def test_two_jobs_label_their_models_and_a_job_without_a_dataset_has_no_front() 
     assert points["net (job 1)"]["dominated_by"] == ["net (job 2)"]
     plain = pareto([(3, [_run("x", 1.0), _run("y", 2.0)])])
     assert plain["groups"] == [] and "workload.dataset" in plain["notes"][0]
+
+
+def test_hostile_model_names_stay_text_in_the_report_the_dashboard_and_the_csv() -> None:
+    """Model names come from job files: markup stays text on both pages, a formula stays text in a spreadsheet."""
+    import csv
+    import io
+
+    from farm.controller.analysis.export import results_csv
+    from farm.controller.analysis.report import pareto_section
+    from farm.web.pages import pareto_part
+    from farm.web.views import pareto_charts
+
+    evil, formula = "<script>alert(1)</script>", "=HYPERLINK(\"http://x\")"
+    records = [_run(evil, 2.0, top1=0.5), _run(formula, 1.0, top1=0.9)]  # the formula dominates the script
+    figures: list = []
+    html = pareto_section(7, records, figures)
+    assert "<script>" not in html and "&lt;script&gt;" in html and "dominated by =HYPERLINK" in html.replace(
+        "&quot;", '"')
+    assert len(figures) == 1 and figures[0].png.startswith(b"\x89PNG")
+    page = pareto_part(pareto_charts(7, records))
+    assert "<script>" not in page and "&lt;script&gt;" in page and "<svg" in page
+    rows = list(csv.DictReader(io.StringIO(results_csv(csv_rows(pareto([(7, records)]))))))
+    assert {r["model"] for r in rows} == {evil, "'" + formula}
