@@ -105,19 +105,80 @@ def compare_table(report: dict[str, Any]) -> Table:
     return t
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    from farm.cli.render import to_json
-    from farm.controller.analysis.compare import compare_records, lineage_at_path
+def pareto_table(view: dict[str, Any]) -> list[Table]:
+    """A table per setting: each model's latency and accuracy figure, the front marked, the dominated named."""
+    from farm.controller.analysis.pareto import group_title
 
+    several = len(view["jobs"]) > 1
+    tables = []
+    for group in view["groups"]:
+        t = Table(title=f"Pareto · {printable(group_title(group), limit=None)}", header_style="bold",
+                  title_justify="left")
+        t.add_column("job · model" if several else "model", no_wrap=True)
+        t.add_column("latency avg ms", justify="right")
+        t.add_column(printable(group["quality_label"]), justify="right")
+        t.add_column("runs", justify="right")
+        t.add_column("front")
+        for p in group["points"]:
+            mark = (Text("on the front", style="bold") if p["on_front"] else
+                    Text("dominated by " + printable(", ".join(p["dominated_by"]), limit=None), style="dim"))
+            t.add_row(Text(printable(p["label"], limit=None)), _figure(p["latency_avg_ms"], "ms"),
+                      f"{p['quality']:.4g}", f"{p['runs']}{' !' if p['contended'] else ''}", mark)
+        captions = (["! only contended runs: latency not the budget's"] if any(p["contended"] for p in group["points"])
+                    else []) + (["no figure: " + printable(", ".join(group["without_quality"]), limit=None)]
+                                if group["without_quality"] else [])
+        t.caption = "; ".join(captions) or None
+        tables.append(t)
+    return tables
+
+
+def _pareto_jobs(args: argparse.Namespace, job_b: int, records_a: list, records_b: list) -> list[tuple[int, list]]:
+    return [(args.job_a, records_a)] + ([] if job_b == args.job_a else [(job_b, records_b)])
+
+
+def _print_pareto(args: argparse.Namespace, view: dict[str, Any]) -> int:
+    from farm.cli.render import results_csv, to_json
+    from farm.controller.analysis.pareto import CSV_COLUMNS, csv_rows
+
+    if args.format == "json":
+        print(to_json(view))
+        return 0
+    if args.format == "csv":
+        rows = csv_rows(view)
+        print(results_csv(rows) if rows else ",".join(CSV_COLUMNS), end="" if rows else "\n")
+        return 0
+    if not view["groups"]:
+        raise UserError(f"no accuracy or agreement figure in job(s) {', '.join(map(str, view['jobs']))}: the "
+                        "Pareto view needs runs with `workload.dataset` (labels, or a reference)")
+    for t in pareto_table(view):
+        out.print(t)
+    for note in view["notes"]:
+        out.print(Text(f"note: {note}", style="yellow"), highlight=False)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from farm.cli.render import results_csv, to_json
+    from farm.controller.analysis.compare import compare_records, flat_rows, lineage_at_path
+    from farm.controller.analysis.pareto import pareto
+
+    if args.json:
+        args.format = "json"
     job_b = args.job_b if args.job_b is not None else args.job_a
     farm = open_farm(args)
     for job in dict.fromkeys((args.job_a, job_b)):
         farm.job(job)  # an unknown job is the answer's own error, naming it
     records_a = [r.model_dump() for r in farm.results(args.job_a)]
     records_b = records_a if job_b == args.job_a else [r.model_dump() for r in farm.results(job_b)]
+    if args.pareto:
+        return _print_pareto(args, pareto(_pareto_jobs(args, job_b, records_a, records_b)))
     report = compare_records(records_a, records_b, job_a=args.job_a, job_b=job_b, lineage_of=lineage_at_path)
-    if args.json:
+    if args.format == "json":
         print(to_json(report))
+        return 0
+    if args.format == "csv":
+        rows = flat_rows(report)
+        print(results_csv(rows) if rows else "job_a,job_b,model_a,model_b", end="" if rows else "\n")
         return 0
     if not report["pairs"]:
         if report["notes"]:
@@ -144,4 +205,10 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     s.add_argument("job_a", type=_job_id, help="the 'before' job (42 or job-42)")
     s.add_argument("job_b", type=_job_id, nargs="?", default=None,
                    help="the 'after' job; left out: the variants within JOB_A (paired by `farm quantize` lineage)")
+    s.add_argument("--format", choices=["table", "csv", "json"], default="table",
+                   help="a table (default), CSV (one row per model pair and setting, or per point with --pareto), "
+                        "or JSON (as --json)")
+    s.add_argument("--pareto", action="store_true",
+                   help="accuracy against latency per setting instead: every model of the job(s), the Pareto front "
+                        "marked and each dominated model named with what dominates it (needs workload.dataset)")
     s.set_defaults(func=cmd_compare)

@@ -300,8 +300,9 @@ class DatasetSpec(Strict):
     """Real inputs for every target (issue 30): the model runs on each sample after the timed loop, and the run
     records its outputs' digests and summaries, agreement with a reference and, with labels, accuracy."""
 
-    path: str = Field(description="A folder of samples (.npy, .npz or images) or one .npz/.npy file whose first axis "
-                                  "is the sample; relative to the job file, inside its folder")
+    path: str = Field(description="A folder of samples (.npy, .npz or images), one .npz/.npy file whose first axis "
+                                  "is the sample, or a .tar (.tar.gz, .tgz, .tar.bz2, .tar.xz) of sample files, read "
+                                  "like a folder; relative to the job file, inside its folder")
     input: str | None = Field(None, description="The model input the samples feed (.npy and images); default: the "
                                                 "model's only input. A .npz names its inputs by key")
     labels: str | None = Field(None, description="A .npy (or .txt, one per line) of class ids, one per sample")

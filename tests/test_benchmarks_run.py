@@ -37,6 +37,8 @@ SMALL_FORMS = {
     # both stores side by side (PostgreSQL on a private server, or a line saying why it was skipped)
     "store_backends": (["store_backends.py", "--tasks", "40"], ["ms per operation"]),
     # one cold and one warm job of 2 runs of the tiny ONNX model, embedded
+    # 4 samples read from a folder, a .tar and a .tar.gz at submit (issue 30 item 3)
+    "dataset_archive": (["dataset_archive.py", "--samples", "4", "--rounds", "1"], ["samples.tar.gz", "ms/sample"]),
     "run_overhead": (["run_overhead.py", "--runs", "2", "--rounds", "1", "--models", "onnx", "--cli-calls", "0",
                       "--no-write"], ["| onnx | warm / cold |", "warm: forked from a kept onnx harness"]),
 }

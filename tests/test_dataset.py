@@ -7,6 +7,7 @@ Sim jobs keep contended runs flagged (this machine is shared) and assert no timi
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from pathlib import Path
@@ -72,6 +73,117 @@ def test_a_quantized_model_agrees_with_its_float_reference_on_the_sim(float_and_
     assert shown.returncode == 0, shown.stderr
     text = farm_inprocess("compare", "1", "1")
     assert "cosine" in text.stdout and "acc top-1" in text.stdout, text.stdout
+    _the_before_after_report_and_the_pareto_view(float_and_int8, farm_inprocess, records)
+
+
+def _the_before_after_report_and_the_pareto_view(folder: Path, farm_inprocess, records: dict[str, dict]) -> None:
+    """The same job's variant against its base as CSV, in the report and on the dashboard; accuracy against latency
+    with the dominated model named (which one depends on this run's timings and figures: computed from the records)."""
+    import csv
+    import io
+
+    from farm.controller.store import open_store
+    from farm.web.pages import job_page
+    from farm.web.views import job_view
+
+    flat = farm_inprocess("compare", "1", "--format", "csv")
+    assert flat.returncode == 0, flat.stderr
+    (row,) = list(csv.DictReader(io.StringIO(flat.stdout)))
+    assert (row["model_a"], row["model_b"], row["matched_by"], row["method"]) == ("float", "int8", "lineage", "dynamic")
+    assert float(row["agreement_cosine_a"]) == pytest.approx(1) and float(row["agreement_cosine_b"]) < 1
+    assert float(row["size_ratio"]) < 0.5 and float(row["latency_avg_ms_a"]) > 0
+
+    answer = farm_inprocess("compare", "1", "--pareto", "--json")
+    assert answer.returncode == 0, answer.stderr
+    (group,) = answer.json()["groups"]
+    assert group["quality_metric"] == "accuracy_top1" and group["target"] == "sim"  # labels: accuracy is the figure
+    points = {p["model"]: p for p in group["points"]}
+    assert set(points) == {"float", "int8"}
+    for name, point in points.items():
+        assert point["quality"] == records[name]["accuracy"]["accuracy"]["top1"]
+        assert point["latency_avg_ms"] == pytest.approx(records[name]["latency_ms"]["avg"])
+    fast, slow = sorted(points.values(), key=lambda p: (p["latency_avg_ms"], -p["quality"]))
+    dominated = slow["quality"] <= fast["quality"] and slow["latency_avg_ms"] > fast["latency_avg_ms"]
+    assert slow["on_front"] is not dominated and fast["on_front"]
+    assert slow["dominated_by"] == ([fast["model"]] if dominated else [])
+    table = farm_inprocess("compare", "1", "--pareto")
+    assert "on the front" in table.stdout and "accuracy top-1" in table.stdout, table.stdout
+    points_csv = farm_inprocess("compare", "1", "--pareto", "--format", "csv")
+    assert sorted(r["model"] for r in csv.DictReader(io.StringIO(points_csv.stdout))) == ["float", "int8"]
+
+    page = folder / "report.html"
+    written = farm_inprocess("report", "1", "-o", str(page), "--png", str(folder / "figures"))
+    assert written.returncode == 0, written.stderr
+    html = page.read_text()
+    variants = html.split("<h2 id=variants>Variants</h2>")[1].split("<h2")[0]
+    assert "cosine with the reference" in variants and "accuracy top-1" in variants
+    front = html.split("<h2 id=pareto>Accuracy and latency</h2>")[1].split("<h2")[0]
+    assert "on the front" in front and "<img" in front and ("dominated by" in front) is dominated
+    assert [p.name for p in (folder / "figures").glob("pareto-*.png")]
+
+    store = open_store(folder / "farm.db")  # the farm_db fixture's store: the fixture's folder is the job's
+    try:
+        view = job_view(store, 1)
+    finally:
+        store.close()
+    assert view is not None and [g["quality_metric"] for g, _ in view.pareto] == ["accuracy_top1"]
+    shown = job_page(view, csrf="x", may_cancel=False)
+    assert 'id="pareto-chart-0"' in shown and "on the front" in shown and "cosine with the reference" in shown
+    assert 'action="/compare"' in shown  # the way to the comparison page
+    _the_dashboards_compare_page(folder / "farm.db")
+
+
+def _the_dashboards_compare_page(db: Path) -> None:
+    """/compare/A/B: the before/after table, the Pareto chart and table, CSV and JSON downloads; a job that is not
+    there is "no job N", and the job page's form (a GET with a and b) lands on the page."""
+    import csv
+    import io
+
+    from farm.controller.scheduling.controller import Controller
+    from farm.controller.store import open_store
+    from farm.web.server import Dashboard, Operator
+
+    store = open_store(db)
+    try:
+        dashboard = Dashboard(store, Operator.embedded(Controller(store)), tokens=None, tls=False, loopback=True)
+
+        def get(path: str):
+            return dashboard.handle("GET", path, {"Host": "127.0.0.1"}, b"")
+
+        page = get("/compare/1/1")
+        assert page.status == 200, page.body[:500]
+        html = page.body.decode()
+        assert 'id="compare"' in html and "<td" in html.split('id="compare"')[1] and 'id="pareto-chart-0"' in html
+        assert "cosine with the reference" in html and "on the front" in html
+        rows = list(csv.DictReader(io.StringIO(get("/compare/1/1.csv").body.decode())))
+        assert [(r["model_a"], r["model_b"]) for r in rows] == [("float", "int8")]
+        answer = json.loads(get("/compare/1/1.json").body)
+        assert answer["pairs"][0]["matched_by"] == "lineage" and answer["pareto"]["groups"][0]["points"]
+        moved = get("/compare?a=1&b=1")
+        assert moved.status == 303 and moved.headers["Location"] == "/compare/1/1"
+        assert get("/compare?a=1&b=x").status == 400
+        missing = get("/compare/1/99")
+        assert missing.status == 404 and b"no job 99" in missing.body
+    finally:
+        store.close()
+
+    # a `team` lab: another team's job is "no job 1" here too, page and downloads alike
+    import sqlite3
+
+    from farm.controller.auth import TokenTable
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE jobs SET submitted_by = 'someone-else', team = 'speech' WHERE id = 1")
+    (db.parent / "tokens").write_text("client vision-token-0123456789 team=vision\n")
+    store = open_store(db)
+    try:
+        guarded = Dashboard(store, Operator.embedded(Controller(store)), tokens=TokenTable.from_file(db.parent / "tokens"),
+                            tls=False, loopback=True, job_sharing="team")
+        for path in ("/compare/1/1", "/compare/1/1.csv", "/compare/1/1.json"):
+            refused = guarded.handle("GET", path, {"Host": "127.0.0.1",
+                                                   "Authorization": "Bearer vision-token-0123456789"}, b"")
+            assert refused.status == 404 and b"no job 1" in refused.body and b"int8" not in refused.body
+    finally:
+        store.close()
 
 
 def test_outputs_beyond_the_threshold_fail_as_accuracy_and_keep_their_timings(float_and_int8: Path,
@@ -261,3 +373,104 @@ def test_a_tflite_model_runs_the_dataset_on_the_sim(farm_inprocess, tiny_models:
     (record,) = farm_inprocess("results", "1", "--format", "json").json()
     assert record["input_shapes"] == {"input": [2, 8, 8, 3]}  # the timed loop's batch
     assert record["accuracy"]["samples"] == 4 and record["accuracy"]["agreement"]["max_abs_error"] < 1e-5
+
+
+def _tar(path: Path, members: list[tuple[str, bytes | None, dict]]) -> Path:
+    """A tar written member by member: (name, data or None, TarInfo fields such as type, linkname, size)."""
+    import io
+    import tarfile
+
+    mode = "w:gz" if path.name.endswith(".gz") else "w"
+    with tarfile.open(path, mode) as tar:
+        for name, data, fields in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data) if data is not None else 0
+            for key, value in fields.items():
+                setattr(info, key, value)
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def _npy(array: np.ndarray) -> bytes:
+    import io
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def test_a_tar_gz_dataset_runs_as_its_folder_would(farm_inprocess, mobilenet_models: dict[str, Path],
+                                                   tmp_path: Path) -> None:
+    """Issue 30: a .tar.gz of .npy samples, in a subfolder, one of them a link to another member: read in memory,
+    never extracted, and the run's outputs are the same as the folder's."""
+    import tarfile
+
+    (tmp_path / "float.onnx").write_bytes(mobilenet_models[MODEL].read_bytes())
+    rng = np.random.default_rng(5)
+    samples = [rng.random((3, 96, 96), dtype=np.float32) for _ in range(3)]
+    folder = tmp_path / "samples"
+    folder.mkdir()
+    for i, sample in enumerate(samples):
+        np.save(folder / f"{i}.npy", sample)
+    np.save(folder / "3.npy", samples[0])  # the folder's twin of the link below
+    _tar(tmp_path / "samples.tar.gz", [("samples/", None, {"type": tarfile.DIRTYPE}),
+                                       *[(f"samples/{i}.npy", _npy(s), {}) for i, s in enumerate(samples)],
+                                       ("samples/3.npy", None, {"type": tarfile.SYMTYPE, "linkname": "0.npy"}),
+                                       ("samples/._0.npy", b"resource fork", {})])  # hidden: skipped as in a folder
+    for path in ("samples", "samples.tar.gz"):
+        job = write_job(tmp_path, f"name: {path}\nmodels: [float.onnx]\nworkload:\n  iterations: 2\n"
+                                  f"  dataset: {{path: {path}, reference: float.onnx}}\nsim: {{on_contention: flag}}\n",
+                        name=f"{path}.yaml")
+        run = farm_inprocess("submit", str(job))
+        assert run.returncode == 0, run.stderr
+    folder_run, tar_run = (farm_inprocess("results", str(job), "--format", "json").json()[0]["accuracy"]
+                           for job in (1, 2))
+    assert tar_run["samples"] == folder_run["samples"] == 4
+    assert tar_run["outputs"] == folder_run["outputs"]  # the same samples in the same order: the same digests
+    assert tar_run["agreement"]["max_abs_error"] == 0
+
+
+@pytest.mark.parametrize("members, fragments", [
+    ([("/abs/0.npy", "npy", {})], ["'/abs/0.npy'", "absolute name or `..`"]),
+    ([("a/../../0.npy", "npy", {})], ["'a/../../0.npy'", "absolute name or `..`"]),
+    ([("0.npy", None, {"type": "sym", "linkname": "/etc/passwd"})], ["'0.npy'", "link out of the archive",
+                                                                      "/etc/passwd"]),
+    ([("0.npy", None, {"type": "sym", "linkname": "../../x.npy"})], ["link out of the archive", "../../x.npy"]),
+    ([("0.npy", None, {"type": "hard", "linkname": "/etc/shadow"})], ["link out of the archive", "/etc/shadow"]),
+    ([("0.npy", None, {"type": "sym", "linkname": "missing.npy"})], ["links to 'missing.npy'", "not a regular file"]),
+    ([("0.npy", None, {"type": "fifo"})], ["'0.npy'", "not a regular file"]),
+    ([("0.npy", None, {"type": "chr", "devmajor": 1, "devminor": 3})], ["'0.npy'", "not a regular file"]),
+    ([("0.npy", "npy", {}), ("notes.txt", b"hello", {})], ["notes.txt", ".txt file"]),
+    ([("0.npy", "npy", {}), ("bomb.npy", "bomb", {})], ["bomb.npy", "67,108,864 bytes", "headers"]),
+    ([("0.npy", b"\x80\x04pickle", {})], ["0.npy", "without pickles"]),
+    ([("0.npy", "wrong_shape", {})], ["[3, 64, 64]", "float.onnx"]),
+    ("not a tar", ["'data.tar.gz'", "not a tar archive"]),
+], ids=["absolute", "dotdot", "symlink-abs", "symlink-up", "hardlink-out", "dangling", "fifo", "device", "suffix",
+        "bomb", "pickle", "shape", "garbage"])
+def test_hostile_tar_datasets_are_refused_at_submit_naming_the_member(
+        farm_inprocess, mobilenet_models: dict[str, Path], tmp_path: Path, members, fragments: list[str]) -> None:
+    import gzip
+    import tarfile
+
+    (tmp_path / "float.onnx").write_bytes(mobilenet_models[MODEL].read_bytes())
+    archive = tmp_path / "data.tar.gz"
+    if isinstance(members, str):
+        archive.write_bytes(gzip.compress(members.encode()))
+    else:
+        types = {"sym": tarfile.SYMTYPE, "hard": tarfile.LNKTYPE, "fifo": tarfile.FIFOTYPE, "chr": tarfile.CHRTYPE}
+        written = []
+        for name, data, fields in members:
+            fields = {**fields, **({"type": types[fields["type"]]} if "type" in fields else {})}
+            if data == "npy":
+                data = _npy(np.zeros((3, 96, 96), np.float32))
+            elif data == "wrong_shape":
+                data = _npy(np.zeros((2, 3, 64, 64), np.float32))  # one member: its first axis is the sample
+            elif data == "bomb":  # 64 MiB of zeros: a few hundred KiB gzipped, refused from its header
+                data = bytes(64 << 20)
+            written.append((name, data, fields))
+        _tar(archive, written)
+    assert archive.stat().st_size < 1 << 20
+    job = write_job(tmp_path, "models: [float.onnx]\nworkload:\n  dataset: {path: data.tar.gz}\n")
+    one_paragraph_error(farm_inprocess("submit", str(job)), ["workload.dataset.path", "data.tar.gz", *fragments])
+    assert farm_inprocess("jobs", "--json").json() == []  # nothing stored
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("farm.db")) == [
+        "data.tar.gz", "float.onnx", "job.yaml"]  # nothing extracted

@@ -16,7 +16,7 @@ from urllib.parse import quote, urlencode
 from farm.controller.scheduling.store_file import StoreFile
 from farm.web import svg
 from farm.web.views import (MIN_LOO_MODELS, ACTIVITIES, CONNECTIONS, FAILURES_SHOWN, HEALTHS, LAB_ROWS_SHOWN, AverageRow,
-                            CalibrationSummary, CalibrationView, DeviceRow, Failure, JobView, LabFilter, LabPage, LabView,
+                            CalibrationSummary, CalibrationView, CompareView, DeviceRow, Failure, JobView, LabFilter, LabPage, LabView,
                             Sweep, is_contended, lab_page)
 
 CONTENDED_MARK = "!"
@@ -465,22 +465,82 @@ def sweep_part(sweep: Sweep, index: int) -> str:
     return html
 
 
-def variants_table(variants: list[dict[str, Any]]) -> str:
-    """A job's quantized variants beside their sources (`farm compare JOB`'s figures), noise judged over repeats."""
+VARIANT_FIGURES = (("energy_per_inference_mj", "mJ/inference"), ("agreement_cosine", "cosine with the reference"),
+                   ("agreement_top1", "top-1 agreement"), ("accuracy_top1", "accuracy top-1"))
+
+
+def variants_table(variants: list[dict[str, Any]], names: tuple[str, str] = ("source", "variant"),
+                   table_id: str = "variants") -> str:
+    """A job's quantized variants beside their sources (`farm compare JOB`'s figures), noise judged over repeats;
+    energy and the dataset's agreement/accuracy where both sides measured them."""
     def arrow(a: Any, b: Any, scale: float = 1.0) -> tuple[Any, str]:
         if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
             return (None, "—")
         return (b / scale, e(f"{num(a / scale)} → {num(b / scale)}"))
 
+    extra = [(key, header) for key, header in VARIANT_FIGURES
+             if any(v.get(f"{key}_a") is not None and v.get(f"{key}_b") is not None for v in variants)]
     rows = [[(v["source"], e(v["source"])), (v["variant"], e(v["variant"])), (v["method"], e(v["method"] or "—")),
              (v["target"], e(v["target"])), (v["accelerator"], e(v["accelerator"])), (v["threads"], e(v["threads"])),
              arrow(v["size_a"], v["size_b"], 1e6), arrow(v["latency_a"], v["latency_b"]),
              (v["latency_change"], e(f"{v['latency_change']:+.0%}") if v["latency_change"] is not None else "—"),
-             arrow(v["memory_a"], v["memory_b"]), (v["verdict"], e(v["verdict"] or "—"))] for v in variants]
-    return table("variants", [("source", "text"), ("variant", "text"), ("method", "text"), ("on", "text"),
+             arrow(v["memory_a"], v["memory_b"]), *[arrow(v.get(f"{key}_a"), v.get(f"{key}_b")) for key, _ in extra],
+             (v["verdict"], e(v["verdict"] or "—"))] for v in variants]
+    return table(table_id, [(names[0], "text"), (names[1], "text"), ("method", "text"), ("on", "text"),
                               ("unit", "text"), ("threads", "num"), ("size MB", "num"), ("latency avg ms", "num"),
-                              ("Δ latency", "num"), ("peak MB", "num"), ("latency vs noise", "text")], rows,
+                              ("Δ latency", "num"), ("peak MB", "num"), *[(h, "num") for _, h in extra],
+                              ("latency vs noise", "text")], rows,
                  "before → after; noise: Welch's t at 95 % over the repeats (farm compare JOB has every figure)")
+
+
+def pareto_part(pareto: list[tuple[dict[str, Any], svg.Chart]]) -> str:
+    """Accuracy against latency per setting: the chart, then every model with the front marked."""
+    parts = []
+    for i, (group, chart) in enumerate(pareto):
+        rows = [[(p["label"], e(p["label"])), (p["latency_avg_ms"], e(num(p["latency_avg_ms"]))),
+                 (p["quality"], e(num(p["quality"]))),
+                 (p["runs"], e(f"{p['runs']}{' (contended)' if p['contended'] else ''}")),
+                 (0 if p["on_front"] else 1, e("on the front" if p["on_front"] else
+                                               "dominated by " + ", ".join(p["dominated_by"])))]
+                for p in group["points"]]
+        parts.append(f'<figure class="pareto" id="pareto-chart-{i}">{svg.render(chart)}</figure>' + table(
+            f"pareto-{i}", [("model", "text"), ("latency avg ms", "num"), (group["quality_label"], "num"),
+                            ("runs", "num"), ("Pareto", "text")], rows,
+            "dominated: another model is at least as fast and as accurate, and better in one (means over the runs)"))
+    return "".join(parts)
+
+
+def compare_form(job_id: int) -> str:
+    """On a job's page: open the comparison of this job (before) with another (after)."""
+    return (f'<form method="get" action="/compare" class="inline compare-form"><input type="hidden" name="a" '
+            f'value="{e(job_id)}"><label>compare with job <input name="b" inputmode="numeric" pattern="[0-9]{{1,18}}" '
+            f'size="6" required></label> <button>compare</button></form>')
+
+
+def compare_page(view: CompareView) -> str:
+    """`farm compare A B` on the dashboard: before → after per model pair and setting, then accuracy against latency
+    of both jobs' models with the Pareto front; downloads as CSV (one row per pair and setting) and JSON."""
+    a, b = view.job_a["id"], view.job_b["id"]
+    report = view.report
+    parts = [f'<p class="meta">before: <a href="/jobs/{e(a)}">job {e(a)}</a> {e(view.job_a["name"] or "")} · after: '
+             f'<a href="/jobs/{e(b)}">job {e(b)}</a> {e(view.job_b["name"] or "")}</p>',
+             f'<p class="downloads">download <a href="/compare/{e(a)}/{e(b)}.csv" download>CSV</a> · '
+             f'<a href="/compare/{e(a)}/{e(b)}.json" download>JSON</a></p>']
+    if view.rows:
+        matched = "; ".join(f"{p['model_b']['name']}: {p['matched_by']}" for p in report["pairs"])
+        parts.append('<h2 id="before-after">Before → after</h2>'
+                     + variants_table(view.rows, ("A", "B"), "compare") + f'<p class="note">paired by {e(matched)}</p>')
+    else:
+        parts.append('<p class="message">No model pair with a run condition in common: '
+                     + e(" ".join(report["notes"]) or "the jobs share no model name, no `farm quantize` lineage, and "
+                         "are not one model each") + "</p>")
+    if report["unmatched_a"] or report["unmatched_b"]:
+        parts.append(f'<p class="note">not paired: A {e(", ".join(report["unmatched_a"]) or "—")}; B '
+                     f'{e(", ".join(report["unmatched_b"]) or "—")}</p>')
+    if view.pareto:
+        parts.append('<h2 id="pareto">Accuracy against latency (Pareto)</h2>' + pareto_part(view.pareto))
+    parts += [f'<p class="note">{e(note)}</p>' for note in [*report["notes"], *view.pareto_notes]]
+    return "".join(parts)
 
 
 def job_page(view: JobView, *, csrf: str, may_cancel: bool) -> str:
@@ -494,7 +554,7 @@ def job_page(view: JobView, *, csrf: str, may_cancel: bool) -> str:
     parts = [f'<p class="meta">{e(job["name"])} · {e(job["kind"])} · priority {e(job["priority"])} · created '
              f'{e(when(job["created_at"]))} {cancel}</p>',
              f'<p class="downloads">download <a href="/jobs/{job_id}/results.csv" download>CSV</a> · '
-             f'<a href="/jobs/{job_id}/results.json" download>JSON</a></p>']
+             f'<a href="/jobs/{job_id}/results.json" download>JSON</a></p>', compare_form(job_id)]
     if job.get("message"):
         parts.append(f'<p class="message">{e(job["message"])}</p>')
     if view.failures:
@@ -513,6 +573,8 @@ def job_page(view: JobView, *, csrf: str, may_cancel: bool) -> str:
             for i, c in enumerate(view.pair_charts)) + pairs_table(view.pairs))
     if view.variants:
         parts.append("<h2>Variants beside their source (farm quantize)</h2>" + variants_table(view.variants))
+    if view.pareto:
+        parts.append('<h2 id="pareto">Accuracy against latency (Pareto)</h2>' + pareto_part(view.pareto))
     predicted = [r for r in view.records if r.get("predictions")]
     if predicted:
         parts.append("<h2>Predictions beside the runs (predict_for)</h2>" + predictions_table(predicted))

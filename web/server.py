@@ -391,6 +391,8 @@ class Dashboard:
             if summary is None:
                 raise Refused(HTTPStatus.NOT_FOUND, "no such job")
             return Response(HTTPStatus.OK, json.dumps(summary).encode(), "application/json")
+        if path == "/compare" or path.startswith("/compare/"):
+            return self.compare(path, query, identity, page)
         if path == "/calibrations":
             return page("Calibrations", pages.calibrations_list(views.calibrations_view(self.store)), "calibrations")
         match = re.fullmatch(r"/calibrations/(\d{1,18})", path)
@@ -490,6 +492,34 @@ class Dashboard:
             return Response(HTTPStatus.OK, pages.results_part(view).encode())
         return page(f"Job {job_id}", pages.job_page(view, csrf=csrf, may_cancel=identity.role in CANCEL_ROLES
                                                                   and self.viewer(identity).owns(job_row)), "jobs")
+
+
+    def compare(self, path: str, query: dict[str, str], identity: Identity,
+                page: Callable[[str, str, str], Response]) -> Response:
+        """/compare/A/B (and .csv, .json): two jobs the caller may read, side by side; /compare?a=A&b=B (the job
+        page's form) redirects there. A job the caller may not read is "no job N", as on its own page."""
+        if path == "/compare":
+            a, b = query.get("a", ""), query.get("b", "") or query.get("a", "")
+            if not re.fullmatch(r"\d{1,18}", a) or not re.fullmatch(r"\d{1,18}", b):
+                raise Refused(HTTPStatus.BAD_REQUEST, "compare needs two job ids: a (before) and b (after)")
+            return _redirect(f"/compare/{int(a)}/{int(b)}")
+        match = re.fullmatch(r"/compare/(\d{1,18})/(\d{1,18})(\.(csv|json))?", path)
+        if not match:
+            raise Refused(HTTPStatus.NOT_FOUND, "no such page")
+        job_a, job_b = (self.readable_job(int(match.group(i)), identity) for i in (1, 2))
+        view = views.compare_view(self.store, job_a, job_b)
+        download = match.group(4)
+        if download:
+            from farm.controller.analysis.compare import flat_rows
+            name = f"farm-compare-{job_a['id']}-{job_b['id']}.{download}"
+            if download == "csv":
+                rows = flat_rows(view.report)
+                data = results_csv(rows) if rows else "job_a,job_b,model_a,model_b\n"
+                kind = "text/csv; charset=utf-8"
+            else:
+                data, kind = to_json({**view.report, "pareto": view.pareto_data}), "application/json"
+            return Response(HTTPStatus.OK, data.encode(), kind, {"Content-Disposition": f'attachment; filename="{name}"'})
+        return page(f"Compare job {job_a['id']} → job {job_b['id']}", pages.compare_page(view), "jobs")
 
 
 def _cookie(header: str | None) -> str | None:

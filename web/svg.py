@@ -44,6 +44,7 @@ class Chart:
     integer_x: bool = False  # x counts something (versions, refreshes): no ticks between whole numbers
     dates_x: bool = False  # x is a Unix time: ticks read as dates (UTC)
     markers: list[tuple[float, str]] = field(default_factory=list)  # (x, label): a dashed vertical line, labelled
+    point_axes: tuple[str, str] = ("sim", "device")  # how a point's hover text names its x and y
 
 
 def _finite(*values: float) -> bool:
@@ -164,7 +165,8 @@ def render(chart: Chart) -> str:
                      f'{len(series) - LEGEND_MAX} more (hover a line for its name)</text>')
     for name, x, y in points:
         parts.append(f'<circle class="point" cx="{px(x)}" cy="{py(y)}" r="4" fill="#1f77b4">'
-                     f'<title>{escape(name)}: sim {_label(x)}, device {_label(y)}</title></circle>'
+                     f'<title>{escape(name)}: {escape(chart.point_axes[0])} {_label(x)}, {escape(chart.point_axes[1])} '
+                     f'{_label(y)}</title></circle>'
                      f'<text x="{px(x) + 5}" y="{py(y) - 5}" class="point-label">{escape(name[:40])}</text>')
     for i, text in enumerate(chart.note.splitlines()):
         parts.append(f'<text x="{LEFT + 8}" y="{TOP + 16 + 14 * i}" class="note">{escape(text)}</text>')

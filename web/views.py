@@ -297,6 +297,7 @@ class JobView:
     pair_charts: list[Chart] = field(default_factory=list)  # device vs sim, with the device's current calibration
     earlier: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # task -> its runs before the counted one
     variants: list[dict[str, Any]] = field(default_factory=list)  # `farm quantize` variants beside their sources
+    pareto: list[tuple[dict[str, Any], Chart]] = field(default_factory=list)  # accuracy vs latency per setting
 
 
 def is_contended(record: dict[str, Any]) -> bool:
@@ -436,7 +437,60 @@ def job_view(store: Store, job_id: int) -> JobView | None:
     return JobView(job, progress, records, rows, pairs, sweep_charts(rows), tables,
                    failures=failures(records, store.reads.log_tails(failed_runs)),
                    earlier=store.reads.earlier_attempts(job_id), pair_charts=pair_charts(store, pairs) if pairs else [],
-                   variants=variant_rows(job_id, records, sidecar_lineage))
+                   variants=variant_rows(job_id, records, sidecar_lineage), pareto=pareto_charts(job_id, records))
+
+
+@dataclass
+class CompareView:
+    """Two jobs (or one job's variants) side by side: `farm compare A B`'s figures and the Pareto view of both."""
+
+    job_a: dict[str, Any]
+    job_b: dict[str, Any]
+    report: dict[str, Any]  # compare_records' answer
+    rows: list[dict[str, Any]]  # one flat row per pair and setting (compare.variant_row)
+    pareto: list[tuple[dict[str, Any], Chart]]
+    pareto_notes: list[str]
+    pareto_data: dict[str, Any]  # pareto()'s answer, for the JSON download
+
+
+def compare_view(store: Store, job_a: dict[str, Any], job_b: dict[str, Any]) -> CompareView:
+    """Both jobs already checked readable by the caller; lineage from the sidecars only (no model parsed per visit)."""
+    from farm.controller.analysis.compare import compare_records, sidecar_lineage, variant_row
+    from farm.controller.analysis.pareto import pareto
+
+    a, b = int(job_a["id"]), int(job_b["id"])
+    records_a = run_records(store, a)
+    records_b = records_a if b == a else run_records(store, b)
+    report = compare_records(records_a, records_b, job_a=a, job_b=b, lineage_of=sidecar_lineage)
+    both = [(a, records_a)] + ([] if b == a else [(b, records_b)])
+    view = pareto(both)
+    return CompareView(job_a, job_b, report, [variant_row(p, r) for p in report["pairs"] for r in p["rows"]],
+                       _charts(view["groups"]), view["notes"], view)
+
+
+MAX_PARETO_CHARTS = 12  # one per setting (target, unit, threads, batch, size, budget)
+
+
+def pareto_charts(job_id: int, records: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Chart]]:
+    """Accuracy against latency per setting (controller/analysis/pareto.py), each with its chart: the front as a
+    line, every model a labelled point; empty for a job without `workload.dataset` figures."""
+    from farm.controller.analysis.pareto import pareto
+
+    return _charts(pareto([(job_id, records)])["groups"])
+
+
+def _charts(groups: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Chart]]:
+    from farm.controller.analysis.pareto import group_title
+
+    found = []
+    for group in groups[:MAX_PARETO_CHARTS]:
+        front = [(p["latency_avg_ms"], p["quality"]) for p in group["points"] if p["on_front"]]
+        chart = Chart(title=f"Pareto · {group_title(group)}", x_label="latency avg (ms)",
+                      y_label=group["quality_label"], series={"Pareto front": front},
+                      points=[(p["label"] + ("" if p["on_front"] else " (dominated)"), p["latency_avg_ms"], p["quality"])
+                              for p in group["points"]], point_axes=("latency ms", group["quality_metric"]))
+        found.append((group, chart))
+    return found
 
 
 def _avg_latency(record: dict[str, Any]) -> float | None:

@@ -144,22 +144,53 @@ def sidecar_lineage(model: dict[str, Any]) -> dict[str, Any] | None:
     return read_lineage(Path(path), metadata=False) if path else None
 
 
-def variant_rows(job_id: int, records: list[dict[str, Any]], lineage_of: LineageReader) -> list[dict[str, Any]]:
-    """One flat row per (source, variant, cell) of a job's `farm quantize` variants: what a report or a page shows."""
-    report = compare_records(records, records, job_a=job_id, job_b=job_id, lineage_of=lineage_of)
+def flat_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One flat row per (A model, B model, cell) of a comparison: every figure as A, B, change and noise.
+    What `farm compare --format csv` writes; a figure not measured on both sides is left out of its row."""
     rows = []
     for pair in report["pairs"]:
         for row in pair["rows"]:
-            latency = row["metrics"].get("latency_avg_ms") or {}
-            memory = row["metrics"].get("peak_memory_mb") or {}
-            rows.append({"source": pair["model_a"]["name"], "variant": pair["model_b"]["name"],
-                         "method": (pair["lineage"] or {}).get("method"), "target": row["target"],
-                         "accelerator": row["accelerator"], "threads": row["threads"],
-                         "size_a": pair["size"]["a"], "size_b": pair["size"]["b"],
-                         "latency_a": latency.get("a"), "latency_b": latency.get("b"),
-                         "latency_change": latency.get("change"), "verdict": latency.get("verdict"),
-                         "memory_a": memory.get("a"), "memory_b": memory.get("b")})
+            flat: dict[str, Any] = {
+                "job_a": report["job_a"], "job_b": report["job_b"], "model_a": pair["model_a"]["name"],
+                "model_b": pair["model_b"]["name"], "matched_by": pair["matched_by"],
+                "method": (pair["lineage"] or {}).get("method"),
+                **{k: row[k] for k in ("target", "accelerator", "threads", "batch_size", "input_size", "cpus",
+                                       "memory_mb", "runs_a", "runs_b", "used_a", "used_b")},
+                "size_bytes_a": pair["size"]["a"], "size_bytes_b": pair["size"]["b"], "size_ratio": pair["size"]["ratio"]}
+            for key, _path, _unit in METRICS:
+                figure = row["metrics"].get(key)
+                if figure is not None:
+                    flat.update({f"{key}_a": figure["a"], f"{key}_b": figure["b"], f"{key}_change": figure["change"],
+                                 f"{key}_noise": figure["noise"]})
+            rows.append(flat)
     return rows
+
+
+def variant_rows(job_id: int, records: list[dict[str, Any]], lineage_of: LineageReader) -> list[dict[str, Any]]:
+    """One flat row per (source, variant, cell) of a job's `farm quantize` variants: what a report or a page shows.
+    Energy and the dataset's figures (agreement with the reference, accuracy against labels) are None where a side
+    did not measure them."""
+    report = compare_records(records, records, job_a=job_id, job_b=job_id, lineage_of=lineage_of)
+    return [variant_row(pair, row) for pair in report["pairs"] for row in pair["rows"]]
+
+
+def variant_row(pair: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """A pair's cell as the flat row a report table shows (before → after)."""
+    def figure(key: str) -> dict[str, Any]:
+        return row["metrics"].get(key) or {}
+
+    latency = figure("latency_avg_ms")
+    found = {"source": pair["model_a"]["name"], "variant": pair["model_b"]["name"],
+             "method": (pair["lineage"] or {}).get("method"), "target": row["target"],
+             "accelerator": row["accelerator"], "threads": row["threads"],
+             "size_a": pair["size"]["a"], "size_b": pair["size"]["b"], "size_ratio": pair["size"]["ratio"],
+             "latency_a": latency.get("a"), "latency_b": latency.get("b"),
+             "latency_change": latency.get("change"), "verdict": latency.get("verdict"),
+             "memory_a": figure("peak_memory_mb").get("a"), "memory_b": figure("peak_memory_mb").get("b")}
+    for key in ("energy_per_inference_mj", *sorted(ACCURACY_METRICS)):
+        found[f"{key}_a"] = figure(key).get("a")
+        found[f"{key}_b"] = figure(key).get("b")
+    return found
 
 
 def pair_models(a: list[dict[str, Any]], b: list[dict[str, Any]], *, same_job: bool,

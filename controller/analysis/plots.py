@@ -389,3 +389,28 @@ def place_labels(ax: Axes, points: Iterable[tuple[float, float]], labels: Iterab
                 break
             t.remove()
     return texts
+
+
+def pareto_figure(title: str, group: dict[str, Any]) -> Figure | None:
+    """Accuracy (or agreement) against latency for one setting's models (controller/analysis/pareto.py): the front
+    as a step line through its points, dominated models hollow and grey, each point labelled where room allows."""
+    points = [p for p in group["points"] if _finite(p["latency_avg_ms"]) is not None and _finite(p["quality"]) is not None]
+    if not points:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    front = sorted((p for p in points if p["on_front"]), key=lambda p: p["latency_avg_ms"])
+    dominated = [p for p in points if not p["on_front"]]
+    ax.plot([p["latency_avg_ms"] for p in front], [p["quality"] for p in front], drawstyle="steps-post",
+            color="#1f77b4", marker="o", ms=7, label="Pareto front")
+    if dominated:
+        ax.scatter([p["latency_avg_ms"] for p in dominated], [p["quality"] for p in dominated], s=40,
+                   facecolors="none", edgecolors="#888888", label="dominated")
+    ax.set_xlabel("latency avg (ms) · lower is better")
+    ax.set_ylabel(f"{group['quality_label']} · higher is better")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(plain(title, limit=90), fontsize=9)
+    fig.tight_layout()
+    place_labels(ax, [(p["latency_avg_ms"], p["quality"]) for p in [*front, *dominated]],
+                 [p["label"] for p in [*front, *dominated]])
+    return Figure(safe_file_name(f"pareto-{title}") + ".png", png_bytes(fig), f"Pareto: {title}")

@@ -451,24 +451,71 @@ pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f8f8f8;padding:.5em}
 .wrap{overflow-x:auto}"""
 
 
+VARIANT_FIGURES = (  # (row key, column header): shown where some variant row has the figure on both sides
+    ("energy_per_inference_mj", "mJ/inference"),
+    ("agreement_cosine", "cosine with the reference"),
+    ("agreement_top1", "top-1 agreement"),
+    ("agreement_max_abs_error", "max abs error"),
+    ("accuracy_top1", "accuracy top-1"),
+    ("accuracy_top5", "accuracy top-5"),
+)
+
+
 def variants_section(job_id: int, records: list[dict[str, Any]]) -> str:
-    """The job's models made from another of its models (`farm quantize` lineage): before → after per cell."""
+    """The job's models made from another of its models (`farm quantize` lineage): before → after per cell, with
+    energy where measured and the dataset's agreement and accuracy figures where the job had `workload.dataset`."""
     from farm.controller.analysis.compare import lineage_at_path, variant_rows
 
     def mb(n: Any) -> str:
         return _g(n / 1e6, 3) if isinstance(n, (int, float)) else "—"
 
+    variants = variant_rows(job_id, records, lineage_at_path)
+    extra = [(key, header) for key, header in VARIANT_FIGURES
+             if any(v[f"{key}_a"] is not None and v[f"{key}_b"] is not None for v in variants)]
     rows = [[v["source"], v["variant"], v["method"] or "—", v["target"], v["accelerator"], v["threads"],
              f"{mb(v['size_a'])} → {mb(v['size_b'])}", f"{_g(v['latency_a'], 3)} → {_g(v['latency_b'], 3)}",
              f"{v['latency_change']:+.0%}" if v["latency_change"] is not None else "—",
-             f"{_g(v['memory_a'], 3)} → {_g(v['memory_b'], 3)}", v["verdict"] or "—"]
-            for v in variant_rows(job_id, records, lineage_at_path)]
+             f"{_g(v['memory_a'], 3)} → {_g(v['memory_b'], 3)}",
+             *[f"{_g(v[f'{key}_a'])} → {_g(v[f'{key}_b'])}" for key, _ in extra], v["verdict"] or "—"]
+            for v in variants]
     if not rows:
         return ""
     return (_table(["source", "variant", "method", "on", "unit", "threads", "size MB", "latency avg ms", "Δ latency",
-                    "peak MB", "latency vs noise"], rows)
+                    "peak MB", *[header for _, header in extra], "latency vs noise"], rows)
             + "<p class=note>Variants made by <code>farm quantize</code> beside their source (<code>farm compare "
             f"{job_id}</code> has every figure); noise: Welch's t at 95 % over the repeats.</p>")
+
+
+MAX_PARETO_FIGURES = 12  # one per setting; the table under them lists every point
+
+
+def pareto_section(job_id: int, records: list[dict[str, Any]], figures: list[Figure]) -> str:
+    """Accuracy against latency per setting (controller/analysis/pareto.py): a figure and a table per setting with
+    the front marked and each dominated model named with what dominates it. Empty without dataset figures."""
+    from farm.controller.analysis.pareto import group_title, pareto
+
+    view = pareto([(job_id, records)])
+    parts = []
+    for i, group in enumerate(view["groups"]):
+        title = group_title(group)
+        if i < MAX_PARETO_FIGURES:
+            _progress(f"Pareto figure: {title}")
+            figure = plots.pareto_figure(title, group)
+            if figure is not None:
+                figures.append(figure)
+                parts.append(f"<div class=figs>{_img(figure)}</div>")
+        rows = [[p["label"], _g(p["latency_avg_ms"]), _g(p["quality"]), f"{p['runs']}{' (contended)' if p['contended'] else ''}",
+                 "on the front" if p["on_front"] else "dominated by " + ", ".join(p["dominated_by"])]
+                for p in group["points"]]
+        parts.append(f"<h3>{_e(title)}</h3>" + _table(["model", "latency avg ms", group["quality_label"], "runs",
+                                                       "Pareto"], rows))
+        if group["without_quality"]:
+            parts.append(f"<p class=note>no figure: {_e(', '.join(group['without_quality']))}</p>")
+    if not parts:
+        return ""
+    return "".join(parts) + ("<p class=note>A model is dominated when another is at least as fast and at least as "
+                             "accurate, and better in one (means over the runs; <code>farm compare --pareto</code> "
+                             "has the same as JSON and CSV).</p>")
 
 
 def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str]]:
@@ -491,6 +538,7 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
     telemetry = telemetry_section(store, records, figures) if done else ""
     ops = ops_section(records)
     variants = variants_section(job_id, records) if done else ""
+    front = pareto_section(job_id, records, figures) if done else ""
     cal_sections = calibrations_section(store, calibrations, figures)
     if not calibrations:
         cal_sections = ("<p class=note>No calibration uses this job's runs yet: <code>farm calibrate --sim-job A "
@@ -508,7 +556,7 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
     when = "".join(f" · {label} {_when(job[key])}" for label, key in (("created", "created_at"), ("finished", "finished_at"))
                    if job.get(key))
     toc = [("results", "Results"), ("sweeps", "Plots"), ("telemetry", "Memory and CPU over time"), ("facts", "Models"),
-           *([("variants", "Variants")] if variants else []),
+           *([("variants", "Variants")] if variants else []), *([("pareto", "Accuracy and latency")] if front else []),
            *([("ops", "Operators")] if ops else []), ("calibrations", "Calibrations"), ("rankings", "Rankings"),
            ("spec", "Job spec")]
     page = f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
@@ -524,6 +572,7 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
 <h2 id=telemetry>Memory and CPU over time</h2>{telemetry or '<p class=note>no completed run</p>'}
 <h2 id=facts>Models</h2><div class=wrap>{facts_section(records)}</div>
 {f'<h2 id=variants>Variants</h2><div class=wrap>{variants}</div>' if variants else ''}
+{f'<h2 id=pareto>Accuracy and latency</h2><div class=wrap>{front}</div>' if front else ''}
 {f'<h2 id=ops>Operators</h2>{ops}' if ops else ''}
 <h2 id=calibrations>Calibrations</h2>{cal_sections}
 <h2 id=rankings>Rankings</h2>{rankings}

@@ -5,15 +5,24 @@ user's files and every target compares its outputs with the same reference.
 Everything from the user's folder is hostile until checked: paths must stay inside the job's folder, only regular
 files are opened, sizes are summed from `stat` before anything is read (the budget is MAX_DATASET_BYTES), arrays
 are loaded with allow_pickle=False, and each problem names the file and the field.
+
+A `.tar` (or `.tar.gz`, `.tgz`, `.tar.bz2`, `.tar.xz`) is read as a folder would be, in memory, never extracted to disk:
+its members are read in one pass, each header checked before any of its data is read — no absolute name, no `..`,
+regular files only (no device, FIFO or sparse member), links only to a regular member of the same archive, at most
+MAX_FILES members, and the members' sizes summed against MAX_DATASET_BYTES as each header arrives, so a
+decompression bomb is refused from the header that claims too much.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import posixpath
 import stat
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from farm.proto.accuracy import MAX_DATASET_BYTES, MAX_PACKED_BYTES, pack, unpack
 from farm.proto.escape import printable
@@ -26,6 +35,23 @@ ARRAY_SUFFIXES = {".npy", ".npz", ".zip"}
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".pgm"}
 MAX_IMAGE_PIXELS = 40_000_000  # a decompression bomb is refused from its header, before it is decoded
 MAX_FILES = 100_000
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
+
+
+@dataclass(frozen=True)
+class _File:
+    """One file of a dataset: in the job's folder (`path`) or a member of a tar, read into memory (`data`)."""
+
+    shown: str  # as messages name it: relative to the job's folder, an archive's member after the archive's name
+    suffix: str
+    path: Path | None = None
+    data: bytes | None = None
+
+    def open(self) -> BinaryIO:
+        if self.data is not None:
+            return io.BytesIO(self.data)
+        assert self.path is not None
+        return open(self.path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK))
 
 
 class DatasetRefused(Exception):
@@ -78,31 +104,38 @@ def _regular(path: Path, field: str, shown: str) -> int:
     return info.st_size
 
 
-def _files(dataset: DatasetSpec, folder: Path) -> tuple[list[Path], int]:
-    """The dataset's files and their total size, from stat alone (nothing is read yet)."""
+def is_archive(name: str) -> bool:
+    return name.lower().endswith(ARCHIVE_SUFFIXES)
+
+
+def _files(dataset: DatasetSpec, folder: Path) -> tuple[list[_File], int]:
+    """The dataset's files and their total size, from stat alone (nothing is read yet); an archive's members are
+    read here, each header checked before its data (`_archive`)."""
     path = _inside(folder, dataset.path, "path")
+    archive = None
     if path.is_dir():
-        files: list[Path] = []
+        paths: list[Path] = []
         with os.scandir(path) as entries:
             for entry in entries:
                 if entry.name.startswith("."):
                     continue
-                if len(files) >= MAX_FILES:
+                if len(paths) >= MAX_FILES:
                     raise _Refused("path", f"{printable(dataset.path, 200)!r} holds more than {MAX_FILES:,} files")
-                files.append(Path(entry.path))
-        files.sort()
-        if not files:
+                paths.append(Path(entry.path))
+        paths.sort()
+        if not paths:
             raise _Refused("path", f"{printable(dataset.path, 200)!r} is an empty folder")
     else:
-        files = [path]
+        paths = [path]
+        archive = path if is_archive(path.name) else None
     total = 0
-    for file in files:
+    files = []
+    for file in paths:
         shown = printable(str(file.relative_to(folder)), 200)
-        suffix = file.suffix.lower()
-        if suffix not in ARRAY_SUFFIXES | IMAGE_SUFFIXES:
-            raise _Refused("path", f"{shown!r} is a {suffix or 'extension-less'} file; a dataset holds .npy, .npz "
-                                   f"and images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+        if archive is None:
+            _suffix_allowed(file.suffix.lower(), shown)
         total += _regular(file, "path", shown)
+        files.append(_File(shown, file.suffix.lower(), path=file))
     for field in ("labels", "reference"):
         written = getattr(dataset, field)
         if written is not None and not written.lower().endswith(".onnx"):
@@ -110,14 +143,92 @@ def _files(dataset: DatasetSpec, folder: Path) -> tuple[list[Path], int]:
     if total > MAX_DATASET_BYTES:
         raise _Refused("path", f"{printable(dataset.path, 200)!r} and its labels and reference are {total:,} bytes, "
                                f"over the dataset budget of {MAX_DATASET_BYTES:,} bytes (checked before reading)")
+    if archive is not None:
+        files = _archive(archive, files[0].shown)
     return files, total
 
 
-def _load_array(path: Path, shown: str, field: str) -> Any:
+def _suffix_allowed(suffix: str, shown: str) -> None:
+    if suffix not in ARRAY_SUFFIXES | IMAGE_SUFFIXES:
+        raise _Refused("path", f"{shown!r} is a {suffix or 'extension-less'} file; a dataset holds .npy, .npz "
+                               f"and images ({', '.join(sorted(IMAGE_SUFFIXES))}), or a .tar of them")
+
+
+def _member_name(name: str, where: str) -> str:
+    """A member's name as a relative path inside the archive; refused when absolute or climbing out."""
+    normal = posixpath.normpath(name)
+    if name.startswith(("/", "\\")) or posixpath.isabs(normal) or normal == ".." or normal.startswith("../") \
+            or ".." in name.replace("\\", "/").split("/"):
+        raise _Refused("path", f"{where} has an absolute name or `..` in it; an archive's members stay inside it")
+    return normal
+
+
+def _archive(path: Path, shown: str) -> list[_File]:
+    """A tar's members as dataset files, read in one pass: each header is checked (name, type, links, the count and
+    the running size) before any of its data is read; nothing is written to disk."""
+    import tarfile
+
+    data: dict[str, bytes] = {}
+    links: dict[str, tuple[str, str]] = {}  # name -> (the member it points at, as written)
+    count = total = 0
+    try:
+        with tarfile.open(path, mode="r|*") as tar:  # a stream: no seeking back, headers as they come
+            for member in tar:
+                count += 1
+                where = f"{shown!r} member {printable(member.name, 200)!r}"
+                if count > MAX_FILES:
+                    raise _Refused("path", f"{shown!r} holds more than {MAX_FILES:,} members")
+                name = _member_name(member.name, where)
+                if member.isdir() or posixpath.basename(name).startswith("."):
+                    continue
+                if member.issym() or member.islnk():
+                    target = (posixpath.join(posixpath.dirname(name), member.linkname) if member.issym()
+                              else member.linkname)
+                    links[name] = (_link_target(target, member.linkname, where), member.linkname)
+                    continue
+                if not member.isreg() or member.issparse():
+                    raise _Refused("path", f"{where} is not a regular file (a device, FIFO or sparse member is never "
+                                           "read)")
+                _suffix_allowed(posixpath.splitext(name)[1].lower(), f"{shown} member {printable(name, 200)}")
+                total += member.size
+                if total > MAX_DATASET_BYTES:
+                    raise _Refused("path", f"{shown!r} unpacks to more than {MAX_DATASET_BYTES:,} bytes (at {where}), "
+                                           "over the dataset budget (checked from the members' headers before their "
+                                           "data is read)")
+                body = tar.extractfile(member)
+                data[name] = body.read(member.size + 1) if body is not None else b""
+                if len(data[name]) != member.size:
+                    raise _Refused("path", f"{where} holds {len(data[name]):,} bytes, its header says {member.size:,}")
+    except _Refused:
+        raise
+    except (tarfile.TarError, OSError, EOFError, ValueError) as e:  # EOFError: a cut-off .gz
+        raise _Refused("path", f"{shown!r} is not a tar archive farm can read ({printable(e, 200)})") from None
+    for name, (target, written) in links.items():
+        if target not in data:
+            raise _Refused("path", f"{shown!r} member {printable(name, 200)!r} links to {printable(written, 200)!r}, "
+                                   "which is not a regular file of the archive")
+        _suffix_allowed(posixpath.splitext(name)[1].lower(), f"{shown} member {printable(name, 200)}")
+        data[name] = data[target]
+    if not data:
+        raise _Refused("path", f"{shown!r} holds no sample file")
+    return [_File(f"{shown}:{printable(name, 200)}", posixpath.splitext(name)[1].lower(), data=data[name])
+            for name in sorted(data)]
+
+
+def _link_target(target: str, written: str, where: str) -> str:
+    normal = posixpath.normpath(target)
+    if posixpath.isabs(written) or posixpath.isabs(normal) or normal == ".." or normal.startswith("../"):
+        raise _Refused("path", f"{where} is a link out of the archive (to {printable(written, 200)!r}); links may "
+                               "only point at a file of the same archive")
+    return normal
+
+
+def _load_array(path: Path | _File, shown: str, field: str) -> Any:
     import numpy as np
 
+    source = path if isinstance(path, _File) else _File(shown, path.suffix.lower(), path=path)
     try:
-        with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
+        with source.open() as f:
             array = np.load(f, allow_pickle=False)
             if not isinstance(array, np.ndarray):  # an .npz: every member, no pickle
                 array = {str(k): array[k] for k in array.files}
@@ -131,7 +242,7 @@ def _load_array(path: Path, shown: str, field: str) -> Any:
     return array
 
 
-def _image(path: Path, shown: str, prep: ImagePreprocess) -> Any:
+def _image(file: _File, shown: str, prep: ImagePreprocess) -> Any:
     import numpy as np
     try:
         from PIL import Image
@@ -141,7 +252,7 @@ def _image(path: Path, shown: str, prep: ImagePreprocess) -> Any:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
+            with file.open() as f, Image.open(f) as img:
                 if img.width * img.height > MAX_IMAGE_PIXELS:
                     raise _Refused("path", f"{shown!r} is {img.width}x{img.height} pixels, over {MAX_IMAGE_PIXELS:,}")
                 resized = img.convert("RGB" if prep.channels == 3 else "L").resize(
@@ -179,8 +290,8 @@ def _read(dataset: DatasetSpec, models: list[ResolvedModel], folder: Path) -> tu
     samples: dict[str, list[Any]] = {}
     whole: dict[str, Any] | None = None
     for file in files:
-        shown = printable(str(file.relative_to(folder)), 200)
-        suffix = file.suffix.lower()
+        shown = file.shown
+        suffix = file.suffix
         if suffix in IMAGE_SUFFIXES:
             if dataset.image is None:
                 raise _Refused("image", f"{shown!r} is an image; give workload.dataset.image (size, layout, mean, std, "
@@ -206,7 +317,7 @@ def _read(dataset: DatasetSpec, models: list[ResolvedModel], folder: Path) -> tu
             if len(shapes) > 1:
                 first = parts[0]
                 odd = next(i for i, p in enumerate(parts) if (p.shape, p.dtype.str) != (first.shape, first.dtype.str))
-                raise _Refused("path", f"sample {odd} of input {printable(name, 80)!r} ({printable(files[odd].name, 100)}) "
+                raise _Refused("path", f"sample {odd} of input {printable(name, 80)!r} ({printable(files[odd].shown, 100)}) "
                                        f"is {parts[odd].dtype}{list(parts[odd].shape)}, the first is "
                                        f"{first.dtype}{list(first.shape)}; every sample of an input is alike")
             inputs[name] = np.stack(parts)
