@@ -236,41 +236,70 @@ def accuracy_tables(draws: int, seed: int, only: str | None = None) -> str:
     ])
 
 
-def suggest_table(draws: int, seed: int, only: str | None = None, k: int = 10, pool_size: int = 200) -> str:
+def suggest_table(draws: int, seed: int, only: str | None = None, k: int = 10, pool_size: int = 200,
+                  nb201: bool = False) -> str:
     """`--suggest` against random choice: from a candidate list of ``pool_size`` models measured in the
-    sim, calibrate on the k that ``suggest_models`` picks and on k random ones; judge on the rest."""
+    sim, calibrate on the k that ``suggest_models`` picks and on k random ones; judge on the rest. The qed
+    phones with no feature, FLOPS, FLOPS and size; with ``nb201`` the NB201 CPU pairs with no feature, FLOPs
+    and size, and those plus the per-layer shares farm read from the generated networks."""
     generator = np.random.default_rng(seed)
     rows = ["| device pair | features | k | suggested ±10 % / MAPE | random ±10 % / MAPE | gain (points) |",
             "|---|---|---|---|---|---|"]
-    for pair, names in ((pair, names) for pair in DEVICE_PAIRS if pair.features and selected(pair, only)
-                        for names in ((), pair.features[:1], pair.features)):
-        sim, device, every = load_columns(pair)
-        features = {name: every[name] for name in names}
-        within: dict[str, list[float]] = {"suggested": [], "random": []}
-        mape: dict[str, list[float]] = {"suggested": [], "random": []}
-        for _ in range(draws):
-            pool = generator.choice(sim.size, size=pool_size, replace=False)
-            candidates = [Pair(f"m{i}", sim[i], math.nan, features={n: float(v[i]) for n, v in features.items()})
-                          for i in pool]
-            picks = {"suggested": [int(name[1:]) for name in suggest_models(candidates, k, features=list(features))],
-                     "random": generator.choice(pool, size=k, replace=False).tolist()}
-            for name, picked in picks.items():
-                held = np.ones(sim.size, dtype=bool)
-                held[picked] = False
-                calibration = calibrate([Pair(f"m{i}", sim[i], device[i],
-                                              features={n: float(v[i]) for n, v in features.items()}) for i in picked],
-                                        confidence=CONFIDENCE, features=list(features))
-                estimate, _, _ = calibration.chosen_fit.predict_arrays(
-                    sim[held], {n: v[held] for n, v in features.items()}, confidence=CONFIDENCE)
-                relative = np.abs(estimate - device[held]) / device[held]
-                within[name].append(float(np.mean(relative <= 0.10)))
-                mape[name].append(float(np.mean(relative)))
-        gain = 100 * (statistics.fmean(within["suggested"]) - statistics.fmean(within["random"]))
-        rows.append(f"| {pair.label} | {', '.join(names) or 'none'} | {k} | {cell(within['suggested'])} % / "
-                    f"{median_cell(mape['suggested'])} % | "
-                    f"{cell(within['random'])} % / {median_cell(mape['random'])} % | {gain:+.1f} |")
+    gains: dict[str, list[float]] = {}
+    for label, sim, device, every, feature_sets in _suggest_pairs(only, nb201):
+        for names in feature_sets:
+            features = {name: every[name] for name in names}
+            row, gain = _suggest_row(label, sim, device, features, draws, generator, k, pool_size)
+            rows.append(row)
+            gains.setdefault(", ".join(names) or "none", []).append(gain)
+    summary = "; ".join(f"{names}: {statistics.fmean(values):+.1f}" for names, values in gains.items())
     return "\n".join([f"### `--suggest` against random choice ({draws} candidate lists of {pool_size} models, "
-                      f"seed {seed})", "", *rows])
+                      f"seed {seed})", "", *rows, "", f"Mean gain (points) by feature set, CPU pairs: {summary}."])
+
+
+def _suggest_pairs(only: str | None, nb201: bool):
+    """(label, sim, device, features, feature sets) of the CPU pairs the --suggest table runs."""
+    if nb201:
+        latencies, features = load_nb201()
+        for label, sim_column, device_column, cross in NB201_TARGETS:
+            if cross or (only and not any(part.strip() in label for part in only.split(","))):
+                continue
+            sim, device = latencies[sim_column], latencies[device_column]
+            usable = (sim >= SMALLEST_VALID_MS) & (device >= SMALLEST_VALID_MS)
+            yield (f"NB201: {label}", sim[usable], device[usable], {n: v[usable] for n, v in features.items()},
+                   ((), NB201_WORK_SIZE, (*NB201_WORK_SIZE, *NB201_SHARES)))
+        return
+    for pair in DEVICE_PAIRS:
+        if pair.features and selected(pair, only) and "GPU" not in pair.label:
+            sim, device, every = load_columns(pair)
+            yield pair.label, sim, device, every, ((), pair.features[:1], pair.features)
+
+
+def _suggest_row(label: str, sim: np.ndarray, device: np.ndarray, features: dict[str, np.ndarray], draws: int,
+                 generator: np.random.Generator, k: int, pool_size: int) -> tuple[str, float]:
+    within: dict[str, list[float]] = {"suggested": [], "random": []}
+    mape: dict[str, list[float]] = {"suggested": [], "random": []}
+    for _ in range(draws):
+        pool = generator.choice(sim.size, size=pool_size, replace=False)
+        candidates = [Pair(f"m{i}", sim[i], math.nan, features={n: float(v[i]) for n, v in features.items()})
+                      for i in pool]
+        picks = {"suggested": [int(name[1:]) for name in suggest_models(candidates, k, features=list(features))],
+                 "random": generator.choice(pool, size=k, replace=False).tolist()}
+        for name, picked in picks.items():
+            held = np.ones(sim.size, dtype=bool)
+            held[picked] = False
+            calibration = calibrate([Pair(f"m{i}", sim[i], device[i],
+                                          features={n: float(v[i]) for n, v in features.items()}) for i in picked],
+                                    confidence=CONFIDENCE, features=list(features))
+            estimate, _, _ = calibration.chosen_fit.predict_arrays(
+                sim[held], {n: v[held] for n, v in features.items()}, confidence=CONFIDENCE)
+            relative = np.abs(estimate - device[held]) / device[held]
+            within[name].append(float(np.mean(relative <= 0.10)))
+            mape[name].append(float(np.mean(relative)))
+    gain = 100 * (statistics.fmean(within["suggested"]) - statistics.fmean(within["random"]))
+    return (f"| {label} | {', '.join(features) or 'none'} | {k} | {cell(within['suggested'])} % / "
+            f"{median_cell(mape['suggested'])} % | {cell(within['random'])} % / {median_cell(mape['random'])} % | "
+            f"{gain:+.1f} |"), gain
 
 
 def ceiling_table(only: str | None = None) -> str:
@@ -588,7 +617,8 @@ def main() -> None:
     parser.add_argument("--skip-timing", action="store_true", help="leave out the 10⁶-pair fit time")
     parser.add_argument("--only-timing", action="store_true", help="only the 10⁶-pair fit time")
     parser.add_argument("--ceiling", action="store_true", help="only the in-sample ceiling of the feature pairs")
-    parser.add_argument("--suggest", action="store_true", help="only --suggest against random choice (k = 10)")
+    parser.add_argument("--suggest", action="store_true", help="only --suggest against random choice (k = 10); "
+                        "with --nb201 on the NB201 CPU pairs")
     parser.add_argument("--population", action="store_true", help="only the population prior's device hold-out")
     parser.add_argument("--coverage", action="store_true", help="only the chosen fit's interval coverage (and unsafe share)")
     parser.add_argument("--bayes", action="store_true", help="only issue 31's table: the default fit against a 3-term "
@@ -608,14 +638,14 @@ def main() -> None:
     if arguments.bayes:
         print(bayes_table(arguments.draws, arguments.seed))
         return
+    if arguments.suggest:
+        print(suggest_table(arguments.draws, arguments.seed, arguments.only, nb201=arguments.nb201))
+        return
     if arguments.nb201:
         print(nb201_table(arguments.draws, arguments.seed))
         return
     if arguments.coverage:
         print(coverage_table(arguments.draws, arguments.seed, arguments.only))
-        return
-    if arguments.suggest:
-        print(suggest_table(arguments.draws, arguments.seed, arguments.only))
         return
     if not arguments.only_timing:
         print(accuracy_tables(arguments.draws, arguments.seed, arguments.only))
