@@ -237,9 +237,11 @@ class AgentRunner(_Started):
     """An agent whose slots lease from the controller on a thread of this process.
 
     stop() drains (no new leases; running tasks finish and report), waits for the acknowledgements and
-    closes the stream; stop_runs() also stops the running sandboxes (recorded as canceled)."""
+    closes the stream; stop_runs() also stops the running sandboxes (recorded as canceled). `clock` says when a
+    heartbeat is due (monotonic seconds): a test that holds it still makes an agent that stops renewing its leases
+    while its stream stays open, one that moves it makes the next heartbeat due at once."""
 
-    def __init__(self, settings: AgentSettings) -> None:
+    def __init__(self, settings: AgentSettings, *, clock: Clock = time.monotonic) -> None:
         from farm.agents.agent import split_cores
         from farm.agents.lab import LabConfigError, discover_types, lab_from_environment, load_lab
         from farm.agents.sandbox.isolation import RunUserError, resolve_run_as, run_uid_range
@@ -279,6 +281,7 @@ class AgentRunner(_Started):
         # absolute: the harness runs in its run directory, so a relative path would point nowhere
         self.work_dir = Path(settings.work_dir or Path.home() / ".cache" / "farm" / "agent" / settings.name).absolute()
         self.settings = settings
+        self.clock = clock
         self.client: RemoteController | None = None
         self.agent: Agent | None = None
         self._thread: threading.Thread | None = None
@@ -301,7 +304,7 @@ class AgentRunner(_Started):
         devices += [DeviceInfo(name=d.name, driver=d.entry.driver, device_type=d.device_type.name if d.device_type else "",
                                tags=d.tags) for d in self.lab]
         self.client = RemoteController(self.addresses, name=s.name, token=s.token, devices=devices, tls=self.tls,
-                                       artifact_dir=self.work_dir / "artifacts")
+                                       artifact_dir=self.work_dir / "artifacts", clock=self.clock)
         driver = SimDriver(self.work_dir, backend_override=s.backend, run_as=self.run_as,
                            build_policy=BuildPolicy.lab(s.allow_build_network,
                                                        list(s.allow_build_base) if s.allow_build_base else None))
@@ -360,7 +363,8 @@ class AgentRunner(_Started):
             pass  # a refused agent has nothing left to stop
 
 
-def build_agent(settings: AgentSettings) -> AgentRunner:
-    """Checked now (address, name, lab file, run-as user, slots, TLS off this host); it dials at start()."""
-    return AgentRunner(settings)
+def build_agent(settings: AgentSettings, *, clock: Clock = time.monotonic) -> AgentRunner:
+    """Checked now (address, name, lab file, run-as user, slots, TLS off this host); it dials at start().
+    `clock`: when its heartbeats are due (the controller's clock judges the leases they renew)."""
+    return AgentRunner(settings, clock=clock)
 

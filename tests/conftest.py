@@ -36,6 +36,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="run every `farm` fixture call as a real process (python -m farm.cli.main), not in-process")
 
 
+SUBPROCESS_CLI = False  # pytest --farm-subprocess: helpers outside the `farm` fixture (grpc_processes) read it
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global SUBPROCESS_CLI
+    SUBPROCESS_CLI = bool(config.getoption("--farm-subprocess"))
+
+
 def _farm_subprocess(farm_db: Path, tmp_path: Path):
     def run(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> FarmRun:
         full_env = {**os.environ, "FARM_DB": str(farm_db), **(env or {})}

@@ -2,6 +2,9 @@
 real `farm controller serve` and `farm agent` processes where the process is the point (kill -9, signals, exit
 codes, what the command prints).
 
+`Cluster.farm` runs the `farm` CLI as a process, or, for a Cluster made with cli_in_process=True, as
+`farm.cli.main.main(argv)` in this process (tests/cli_inprocess.py) unless pytest runs with --farm-subprocess.
+
 Every process gets PR_SET_PDEATHSIG, so it dies with the test run even if pytest is killed,
 and is stopped at the end of its test; tests talk to them through the real CLI or raw stubs.
 An in-process controller (Cluster.serve_in_process) runs on threads of pytest's process and may be shared by a
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import conftest
 from conftest import FARM
 from farm.client.compose import (
     AgentRunner, AgentSettings, ControllerServer, ControllerSettings, build_agent, build_controller,
@@ -116,6 +120,7 @@ class Cluster:
     servers: list[ControllerServer] = field(default_factory=list)  # controllers on threads of this process
     runners: list[AgentRunner] = field(default_factory=list)  # agents on threads of this process
     log: ServerLog | None = None  # what the in-process controllers logged (serve_in_process)
+    cli_in_process: bool = False  # farm(): main(argv) in this process, unless pytest --farm-subprocess
 
     def spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> FarmProcess:
         log = self.root / f"{name}.log"
@@ -153,10 +158,11 @@ class Cluster:
         self.address = server.address
         return server
 
-    def agent_in_process(self, name: str, **settings: Any) -> AgentRunner:
-        """An agent on threads of this process, connected to self.address; `settings` are AgentSettings fields."""
+    def agent_in_process(self, name: str, *, clock: Callable[[], float] = time.monotonic, **settings: Any) -> AgentRunner:
+        """An agent on threads of this process, connected to self.address; `settings` are AgentSettings fields,
+        `clock` says when its heartbeats are due."""
         settings.setdefault("work_dir", self.root / f"work-{name}")
-        runner = build_agent(AgentSettings(controller=str(self.address), name=name, **settings)).start()
+        runner = build_agent(AgentSettings(controller=str(self.address), name=name, **settings), clock=clock).start()
         self.runners.append(runner)
         assert runner.client is not None
         wait_for(runner.client.connected.is_set, 30, f"agent {name} to connect")
@@ -169,7 +175,12 @@ class Cluster:
             args += ["--token", token]
         return self.spawn(f"agent-{name}", *args)
 
-    def farm(self, *args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    def farm(self, *args: str, timeout: float = 120, env: dict[str, str] | None = None) -> Any:
+        """`farm ARGS` in ROOT with the cluster's environment: a CompletedProcess, or a FarmRun (the same
+        returncode, stdout and stderr) when the CLI runs in this process; `timeout` bounds a process only."""
+        if self.cli_in_process and not conftest.SUBPROCESS_CLI:
+            from cli_inprocess import run_farm_inprocess
+            return run_farm_inprocess(*args, cwd=self.root, env={**self.env, **(env or {})})
         return subprocess.run([*FARM, *args], capture_output=True, text=True, timeout=timeout, cwd=self.root,
                               env={**os.environ, **self.env, **(env or {})})
 

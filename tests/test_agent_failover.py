@@ -1,19 +1,18 @@
 """An agent given several controllers (`farm agent --controller a:1,b:2`): every entry is checked and a bad one
 names itself, and the agent connects to the first controller that answers. The kill -9 of the controller an
 agent works through, with the agent moving to the other one, is in tests/test_postgres_store.py (two
-controllers need one PostgreSQL)."""
+controllers need one PostgreSQL). The controller here runs on threads of pytest's process and the CLI in-process
+(issue 34; a real process per call with `pytest --farm-subprocess`)."""
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from farm.agents.link.remote_controller import MAX_CONTROLLERS, DeviceInfo, RemoteController, controller_addresses
-from grpc_processes import FARM, Cluster, wait_for
+from grpc_processes import Cluster, wait_for
 
 
 def test_a_list_of_controllers_is_read_in_order_and_a_host_alone_gets_the_default_port() -> None:
@@ -43,11 +42,10 @@ def test_a_bad_controller_entry_names_itself(given: str, named: str) -> None:
     assert "\x1b" not in str(refused.value)
 
 
-def test_farm_agent_refuses_a_bad_entry_from_the_flag_and_from_farm_controller(tmp_path: Path) -> None:
-    env = {**os.environ, "FARM_CONFIG": str(tmp_path / "none.toml"), "FARM_TOKEN": ""}
+def test_farm_agent_refuses_a_bad_entry_from_the_flag_and_from_farm_controller(tmp_path: Path, farm) -> None:
+    env = {"FARM_CONFIG": str(tmp_path / "none.toml"), "FARM_TOKEN": "", "FARM_CONTROLLER": ""}
     for args, extra in ((["--controller", "127.0.0.1:1,bad host:2"], {}), ([], {"FARM_CONTROLLER": "127.0.0.1:1,h:0"})):
-        done = subprocess.run([*FARM, "agent", "--name", "rack", "--work-dir", str(tmp_path / "w"), *args],
-                              capture_output=True, text=True, timeout=60, env={**env, **extra})
+        done = farm("agent", "--name", "rack", "--work-dir", str(tmp_path / "w"), *args, timeout=60, env={**env, **extra})
         assert done.returncode != 0
         assert "controller address 2" in done.stderr and "Traceback" not in done.stderr, done.stderr
 
@@ -59,8 +57,8 @@ def _unused_port() -> int:
 
 
 def test_an_agent_connects_to_the_first_controller_that_answers(tmp_path: Path) -> None:
-    cluster = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": ""})
-    cluster.start_controller("--no-auth")
+    cluster = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": ""}, cli_in_process=True)
+    cluster.serve_in_process(no_auth=True)
     dead = f"127.0.0.1:{_unused_port()}"  # nothing listens there
     agent = RemoteController([dead, cluster.address], name="rack", token=None,
                              devices=[DeviceInfo("rack/sim", "sim", "sim")]).start()
@@ -74,9 +72,8 @@ def test_an_agent_connects_to_the_first_controller_that_answers(tmp_path: Path) 
         cluster.stop_all()
 
 
-def test_a_client_command_given_the_agents_list_talks_to_its_first_controller(tmp_path: Path) -> None:
-    done = subprocess.run([*FARM, "jobs", "--json"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "FARM_CONFIG": str(tmp_path / "none.toml"), "FARM_TOKEN": "",
-                               "FARM_CONTROLLER": "127.0.0.1:1,127.0.0.1:2"})
+def test_a_client_command_given_the_agents_list_talks_to_its_first_controller(tmp_path: Path, farm) -> None:
+    done = farm("jobs", "--json", timeout=120, env={"FARM_CONFIG": str(tmp_path / "none.toml"), "FARM_TOKEN": "",
+                                                    "FARM_CONTROLLER": "127.0.0.1:1,127.0.0.1:2"})
     assert done.returncode != 0
     assert "cannot reach the controller at 127.0.0.1:1:" in done.stderr, done.stderr

@@ -1,7 +1,12 @@
 """One CLI, two farms: every command run embedded (a local store) and against a real controller
-process serving a copy of that very store says the same thing in --json; a named controller that
+serving a copy of that very store says the same thing in --json; a named controller that
 is down is an error for every command, never a quiet read of a local store; FARM_CONTROLLER makes
-`farm device quarantine` change the controller's device."""
+`farm device quarantine` change the controller's device.
+
+The controllers and agents here run on threads of pytest's process (farm.client.compose, issue 34) and the
+CLI is `farm.cli.main.main(argv)` in-process (a real process each with `pytest --farm-subprocess`): what these
+tests prove is what the commands say, not that a process starts (test_cli_remote.py and the cluster tests start
+real `farm controller serve` and `farm agent` processes)."""
 
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ import grpc
 import pytest
 
 from conftest import write_job
-from grpc_processes import Cluster, wait_for
+from grpc_processes import Cluster
 from test_json_output import assert_iso_times
 
 pytestmark = pytest.mark.timeout(900)
@@ -44,9 +49,12 @@ def family(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path):
-    c = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_DEVICES": "",
-                               "FARM_CONFIG": str(tmp_path / "none.toml"), "FARM_DB": str(tmp_path / "unused.db")})
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    env = {"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_DEVICES": "", "FARM_CONFIG": str(tmp_path / "none.toml"),
+           "FARM_DB": str(tmp_path / "unused.db")}
+    for key, value in env.items():  # what an agent or controller on a thread here reads from the environment
+        monkeypatch.setenv(key, value)
+    c = Cluster(tmp_path, env=env, cli_in_process=True)
     yield c
     c.stop_all()
 
@@ -69,9 +77,8 @@ def test_every_command_says_the_same_embedded_and_through_a_controller(cluster: 
         assert run.returncode == 0, run.stderr
     with sqlite3.connect(embedded_db) as source, sqlite3.connect(cluster.root / "controller.db") as copy:
         source.backup(copy)  # the same data on both sides: a copy of the store, as it is now
-    cluster.start_controller("--no-auth")
-    agent = cluster.start_agent("rack1", "--backend", "process")
-    wait_for(lambda: "connected to controller" in agent.output(), 60, "the agent to connect")
+    cluster.serve_in_process(no_auth=True)
+    cluster.agent_in_process("rack1", backend="process")  # returns once connected
 
     def both(*args: str, compare: bool = True) -> tuple[dict | list, dict | list]:
         local = cluster.farm(*args, "--json", "--db", str(embedded_db), timeout=600)
@@ -177,20 +184,16 @@ COMMANDS = [
 ]
 
 
-def test_a_named_controller_that_is_down_is_an_error_for_every_command(tmp_path: Path, tiny_models) -> None:
-    import subprocess
-
-    from conftest import FARM
-
+def test_a_named_controller_that_is_down_is_an_error_for_every_command(tmp_path: Path, tiny_models, farm) -> None:
     shutil.copy(tiny_models["tflite"], tmp_path / "model.tflite")
     write_job(tmp_path, "name: j\nmodels: [model.tflite]\nworkload: {type: benchmark, iterations: 2}\n")
     local_db = tmp_path / "local.db"
-    env = {**os.environ, "FARM_DB": str(local_db), "FARM_CONFIG": str(tmp_path / "none.toml"), "FARM_TOKEN": ""}
+    env = {"FARM_DB": str(local_db), "FARM_CONFIG": str(tmp_path / "none.toml"), "FARM_TOKEN": ""}
     for how in ("flag", "environment"):
-        for command in COMMANDS:
+        for command in COMMANDS:  # the `farm` fixture: in this process, or a real one with --farm-subprocess
             args = [*command, "--json"] + (["--controller", "127.0.0.1:1"] if how == "flag" else [])
-            run = subprocess.run([*FARM, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                                 env={**env, "FARM_CONTROLLER": "127.0.0.1:1" if how == "environment" else ""})
+            run = farm(*args, cwd=tmp_path, timeout=120,
+                       env={**env, "FARM_CONTROLLER": "127.0.0.1:1" if how == "environment" else ""})
             # resume asks the controller too now (issue 32: a finished controller job's failed tasks run again)
             assert run.returncode == 3, (how, command, run.stdout, run.stderr)
             assert "cannot reach the controller at 127.0.0.1:1" in json.loads(run.stdout)["error"], (how, command)
@@ -203,9 +206,10 @@ def test_farm_controller_in_the_environment_quarantines_the_controllers_device(t
     admin, client = "a" * 24, "c" * 24
     tokens.write_text(f"admin {admin}\nclient {client}\n")
     tokens.chmod(0o600)
-    cluster = Cluster(tmp_path, env={"FARM_CONFIG": str(tmp_path / "none.toml"), "FARM_DB": str(tmp_path / "local.db")})
+    cluster = Cluster(tmp_path, env={"FARM_CONFIG": str(tmp_path / "none.toml"), "FARM_DB": str(tmp_path / "local.db")},
+                      cli_in_process=True)
     try:
-        cluster.start_controller("--tokens", str(tokens))
+        cluster.serve_in_process(tokens=tokens)
         env = {"FARM_CONTROLLER": cluster.address}
         refused = cluster.farm("device", "quarantine", "g6-1", env={**env, "FARM_TOKEN": client})
         assert refused.returncode == 2 and "admin" in refused.stderr  # changing a device is an operator's call
@@ -228,7 +232,7 @@ def test_the_new_calls_refuse_hostile_requests(tmp_path: Path) -> None:
 
     cluster = Cluster(tmp_path, env={"FARM_CONFIG": str(tmp_path / "none.toml")})
     try:
-        cluster.start_controller("--no-auth")
+        cluster.serve_in_process(no_auth=True)
         stub = farm_pb2_grpc.FarmServiceStub(grpc.insecure_channel(cluster.address))
         hostile = [
             ("Calibrate", farm_pb2.CalibrateRequest(job=1, metrics=["latency"] * 10_000)),
@@ -249,7 +253,9 @@ def test_the_new_calls_refuse_hostile_requests(tmp_path: Path) -> None:
         with pytest.raises(grpc.RpcError) as e:  # no device registered: nothing to refresh, said so
             stub.StartRefresh(farm_pb2.StartRefreshRequest(), timeout=30)
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert cluster.processes[0].alive()
+        # still serving after all of them (on threads here: a crash would be an unanswered call, not an exit)
+        assert stub.ListJobs(farm_pb2.ListJobsRequest(), timeout=30).jobs == []
+        assert cluster.servers[0].running is not None
     finally:
         cluster.stop_all()
 
@@ -280,7 +286,8 @@ sim: {memory: 256m, backend: process, on_contention: flag}
     assert farm("watch", "2", "--quiet").returncode == 0
 
 
-def test_farm_refresh_against_a_controller_runs_the_suite_on_its_agents_devices(tmp_path: Path) -> None:
+def test_farm_refresh_against_a_controller_runs_the_suite_on_its_agents_devices(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from adb_emulator import AdbDeviceEmulator, EmulatedPhone
     from farm.agents.android.adb import load_or_create_lab_key
     from farm.controller.operations.reference_suite import bundled_suite_text
@@ -302,17 +309,19 @@ def test_farm_refresh_against_a_controller_runs_the_suite_on_its_agents_devices(
                                                "memory_overall_mb": 20.0}
     key = tmp_path / "adbkey"
     load_or_create_lab_key(key)
-    cluster = Cluster(tmp_path, env={"FARM_CONFIG": str(tmp_path / "none.toml"), "FARM_DB": str(tmp_path / "local.db"),
-                                     "FARM_CONTROLLER": "", "FARM_DEVICES": "", "FARM_REFERENCE_SUITE": ""})
+    env = {"FARM_CONFIG": str(tmp_path / "none.toml"), "FARM_DB": str(tmp_path / "local.db"), "FARM_CONTROLLER": "",
+           "FARM_DEVICES": "", "FARM_REFERENCE_SUITE": ""}
+    for name, value in env.items():  # what the controller and agent on threads here read from the environment
+        monkeypatch.setenv(name, value)
+    cluster = Cluster(tmp_path, env=env, cli_in_process=True)
     with AdbDeviceEmulator(tmp_path / "phone", phone=EmulatedPhone(benchmark_us=table),
                            authorized_keys=[Path(f"{key}.pub").read_text()]) as phone:
         lab = tmp_path / "lab.yaml"
         lab.write_text(f"devices:\n  - {{name: g6-1, driver: android, type: lg-g6, host: 127.0.0.1, "
                        f"port: {phone.port}, adb_key: {key}}}\n")
         try:
-            cluster.start_controller("--no-auth", "--refresh-suite", str(suite))
-            agent = cluster.start_agent("rack1", "--devices", str(lab), "--backend", "process")
-            wait_for(lambda: "connected to controller" in agent.output(), 60, "the agent to connect")
+            cluster.serve_in_process(no_auth=True, refresh_suite=suite)
+            cluster.agent_in_process("rack1", devices=lab, backend="process")  # returns once connected
             refused = cluster.farm("refresh", "--suite", str(suite), "--controller", cluster.address)
             assert refused.returncode == 2 and "its own suite" in refused.stderr
             # a busy shared host contends the sim twins: keep them (the refit, not its quality, is the point here)
@@ -321,7 +330,7 @@ def test_farm_refresh_against_a_controller_runs_the_suite_on_its_agents_devices(
             reports = []
             for _ in range(2):
                 run = cluster.farm("refresh", "--json", "--controller", cluster.address, *loose, timeout=900)
-                assert run.returncode == 0, run.stderr + agent.output()[-3000:]
+                assert run.returncode == 0, run.stderr + cluster.server_output()[-3000:]
                 reports.append(json.loads(run.stdout))
             assert [c["version"] for c in reports[1]["calibrations"] if c["device"] == "g6-1" and c["family"] is None] \
                 == [2], reports

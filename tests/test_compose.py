@@ -100,3 +100,67 @@ def test_an_embedded_farm_from_settings_runs_a_job_here(tmp_path: Path, tiny_mod
         job_id = farm.submit(job).job
         assert farm.wait(job_id)
         assert farm.job(job_id).status == "completed"
+
+
+def test_an_agents_heartbeats_fall_due_on_its_injected_clock(tmp_path: Path) -> None:
+    """RemoteController's outgoing stream: a heartbeat leaves when the injected clock says one is due, never on
+    real seconds (an interval of 1000 s is never reached in real time here)."""
+    import queue
+
+    from farm.agents.link.remote_controller import RemoteController
+    from farm.proto.generated import agent_pb2
+
+    clock = Clock()
+    runner = build_agent(AgentSettings(controller="127.0.0.1:1", name="beats", work_dir=tmp_path / "w"), clock=clock)
+    assert runner.clock is clock  # what start() hands to the agent's link
+    link = RemoteController("127.0.0.1:1", name="beats", token=None, devices=[], clock=clock)
+    link._heartbeat_interval_s = 1000.0
+    outbox: queue.Queue = queue.Queue()
+    stream = link._outgoing(outbox)
+    assert next(stream).HasField("hello")
+    outbox.put(agent_pb2.AgentMessage(drain=agent_pb2.Drain()))
+    assert next(stream).HasField("heartbeat")  # the first follows the hello at once
+    assert next(stream).HasField("drain")
+    outbox.put(agent_pb2.AgentMessage(drain=agent_pb2.Drain()))
+    clock.now += 999
+    assert next(stream).HasField("drain")  # not due yet on the injected clock
+    outbox.put(agent_pb2.AgentMessage(drain=agent_pb2.Drain()))
+    clock.now += 1
+    assert next(stream).HasField("heartbeat")  # due: it leaves before what was queued
+    assert next(stream).HasField("drain")
+
+
+def test_an_agent_whose_heartbeat_clock_stands_still_loses_its_lease(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    """Two agents on threads here against one controller whose clock the test moves: the one whose heartbeat
+    clock runs renews its lease past the controller's next move; the one whose clock stands still stops renewing
+    with its stream open (a hung agent, without killing a process) and its task is lost at the next sweep."""
+    from grpc_processes import wait_for
+
+    def lease(db: Path) -> tuple[str, int, float | None]:
+        with sqlite3.connect(db) as c:
+            return c.execute("SELECT status, attempts, lease_expires_at FROM tasks").fetchone()
+
+    for name, agent_clock in (("live", None), ("stuck", Clock())):
+        clock = Clock()
+        db = tmp_path / f"{name}.db"
+        job = sleep_job(tmp_path, tiny_models["onnx"], tasks=1, seconds=120, name=f"{name}.yaml")
+        settings = ControllerSettings(db=db, no_auth=True, lease_ttl_s=30, heartbeat_interval_s=0.1)
+        with build_controller(settings, clock=clock) as c:
+            agent = build_agent(AgentSettings(controller=c.address, name=name, work_dir=tmp_path / name,
+                                              backend="process"), **({"clock": agent_clock} if agent_clock else {}))
+            with agent:
+                with _remote(c) as farm:
+                    farm.submit(job)
+                wait_for(lambda: lease(db)[0] == "running", 60, f"{name} to lease the task")
+                clock.now += 20
+                if agent_clock is None:
+                    # a heartbeat on the agent's real clock renews the lease from the controller's new time
+                    wait_for(lambda: (lease(db)[2] or 0) >= clock.now + 30, 60, "a heartbeat to renew the lease")
+                clock.now += 20  # 40 s after the lease on the controller's clock: past the lease unless renewed
+                c.farm.controller.expire_leases()
+                status, attempts, _ = lease(db)
+                if agent_clock is None:
+                    assert (status, attempts) == ("running", 1)
+                else:
+                    assert status == "pending" or attempts >= 2, (status, attempts)
+                agent.stop_runs()

@@ -1,5 +1,9 @@
 """A phone on a rack host: `farm agent --devices lab.yaml` registers it with the controller, and a
-job submitted to the controller runs on the phone and on its sim twin, paired in the results."""
+job submitted to the controller runs on the phone and on its sim twin, paired in the results.
+
+The controller and the agent run on threads of pytest's process (farm.client.compose) and the CLI in-process
+(issue 34; a real process per call with `pytest --farm-subprocess`): the point is the registration and the
+pairing, not a process start."""
 
 from __future__ import annotations
 
@@ -10,12 +14,13 @@ import pytest
 
 from adb_emulator import AdbDeviceEmulator
 from farm.agents.android.adb import load_or_create_lab_key
-from grpc_processes import Cluster, wait_for
+from grpc_processes import Cluster
 
 
 @pytest.fixture
-def cluster(tmp_path: Path):
-    c = Cluster(tmp_path, {"FARM_DB": str(tmp_path / "client.db")})
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("FARM_DEVICES", "")  # the agent on a thread here reads its lab from --devices only
+    c = Cluster(tmp_path, {"FARM_DB": str(tmp_path / "client.db")}, cli_in_process=True)
     yield c
     c.stop_all()
 
@@ -27,9 +32,8 @@ def test_a_job_through_the_controller_runs_on_the_agents_phone(cluster: Cluster,
         lab = cluster.root / "lab.yaml"
         lab.write_text(f"devices:\n  - {{name: g6-1, driver: android, type: lg-g6, tags: [phones], host: 127.0.0.1, "
                        f"port: {phone.port}, adb_key: {key}}}\n")
-        cluster.start_controller("--no-auth")
-        agent = cluster.start_agent("rack1", "--devices", str(lab))
-        wait_for(lambda: "connected to controller" in agent.output(), 30, "the agent to connect")
+        cluster.serve_in_process(no_auth=True)
+        cluster.agent_in_process("rack1", devices=lab)  # returns once connected
 
         devices = json.loads(cluster.farm("devices", "--json", "--controller", cluster.address).stdout)
         assert {d["name"] for d in devices} == {"rack1/sim", "g6-1"}
@@ -39,7 +43,7 @@ def test_a_job_through_the_controller_runs_on_the_agents_phone(cluster: Cluster,
         job.write_text(f"models: ['{model}']\nworkload: {{type: benchmark, iterations: 10}}\nmatrix: {{threads: [1, 2]}}\n"
                        "targets: [tag:phones]\n")
         run = cluster.farm("submit", str(job), "--controller", cluster.address, "--json", timeout=300)
-        assert run.returncode == 0, run.stderr + agent.output()[-3000:]
+        assert run.returncode == 0, run.stderr + cluster.server_output()[-3000:]
     records = json.loads(run.stdout)["results"]
     assert {(r["target"], r["threads"]) for r in records} == {("g6-1", 1), ("g6-1", 2), ("sim", 1), ("sim", 2)}
     assert all(r["status"] == "completed" for r in records)

@@ -1,5 +1,10 @@
 """Who gets in: a controller with a tokens file and mutual TLS, and the refusals a person sees —
-wrong or missing token, a token of the wrong role, a plain-text or certificate-less client."""
+wrong or missing token, a token of the wrong role, a plain-text or certificate-less client.
+
+The controller is a real `farm controller serve` process, one for the module (what it prints when it starts is
+checked); the client commands and the refused `farm agent`s run as `farm.cli.main.main(argv)` in pytest's process
+(issue 34; a real process each with `pytest --farm-subprocess`); the agent that connects and is stopped by SIGTERM
+is a real process (its exit code is the point)."""
 
 from __future__ import annotations
 
@@ -70,7 +75,7 @@ def secured(tmp_path_factory):
     certs = _write_certificates(root)
     tokens = root / "tokens"
     tokens.write_text(f"# role token [agent]\nclient {CLIENT_TOKEN}\nagent {AGENT_TOKEN}\nagent {PINNED_TOKEN} rack1\n")
-    cluster = Cluster(root, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_TLS_CA": ""})
+    cluster = Cluster(root, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_TLS_CA": ""}, cli_in_process=True)
     cluster.start_controller("--tokens", str(tokens), "--tls-cert", str(certs["server"]), "--tls-key",
                              str(certs["server_key"]), "--tls-client-ca", str(certs["ca"]))
     assert "mutual TLS" in cluster.processes[0].output()
@@ -122,17 +127,17 @@ def test_an_agent_token_cannot_submit_a_job(secured, tmp_path: Path, tiny_models
 
 def test_a_client_token_cannot_register_an_agent(secured) -> None:
     cluster, certs = secured
-    agent = cluster.start_agent("intruder", *_tls(certs), token=CLIENT_TOKEN)
-    agent.process.wait(30)
-    assert agent.process.returncode == 2
-    assert "this is a client token, and this call needs an agent token" in agent.output()
+    agent = cluster.farm("agent", "--controller", cluster.address, "--name", "intruder", "--work-dir",
+                         str(cluster.root / "work-intruder"), *_tls(certs), "--token", CLIENT_TOKEN, timeout=30)
+    assert agent.returncode == 2
+    assert "this is a client token, and this call needs an agent token" in agent.stdout + agent.stderr
 
 
 def test_a_pinned_agent_token_only_works_for_its_agent(secured) -> None:
     cluster, certs = secured
-    impostor = cluster.start_agent("rack2", *_tls(certs), token=PINNED_TOKEN)
-    impostor.process.wait(30)
-    assert impostor.process.returncode == 2 and "belongs to agent 'rack1'" in impostor.output()
+    impostor = cluster.farm("agent", "--controller", cluster.address, "--name", "rack2", "--work-dir",
+                            str(cluster.root / "work-rack2"), *_tls(certs), "--token", PINNED_TOKEN, timeout=30)
+    assert impostor.returncode == 2 and "belongs to agent 'rack1'" in impostor.stdout + impostor.stderr
     rightful = cluster.start_agent("rack1", *_tls(certs), token=PINNED_TOKEN)
     wait_for(lambda: "connected to controller" in rightful.output(), 30, "rack1 to connect")
     assert rightful.stop() == 0

@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Literal, Sequence
+from typing import Callable, Iterator, Literal, Sequence
 
 import grpc
 from pydantic import ValidationError
@@ -105,7 +105,7 @@ class RemoteController:
 
     def __init__(self, address: str | Sequence[str], *, name: str, token: str | None, devices: list[DeviceInfo],
                  tls: TlsFiles | None = None, artifact_dir: Path | None = None,
-                 protocol_version: int = PROTOCOL_VERSION) -> None:
+                 protocol_version: int = PROTOCOL_VERSION, clock: Callable[[], float] = time.monotonic) -> None:
         # the controllers to try in turn (several share one PostgreSQL); `address` is the one in use
         given = [address] if isinstance(address, str) else list(address)
         if not given:
@@ -119,6 +119,7 @@ class RemoteController:
         self.tls = tls
         self.artifact_dir = artifact_dir
         self.protocol_version = protocol_version
+        self._clock = clock  # when a heartbeat is due (tests pass one they move, farm.client.compose.build_agent)
         self.connected = threading.Event()
         self.draining = threading.Event()
         self.fatal: ControllerRefused | None = None
@@ -276,15 +277,16 @@ class RemoteController:
     def _outgoing(self, outbox: "queue.Queue[agent_pb2.AgentMessage | None]") -> Iterator[agent_pb2.AgentMessage]:
         yield self._hello()
         last_beat = float("-inf")  # the first heartbeat follows the hello at once: the hello renews no lease
+        clock = self._clock
         while True:
             message: agent_pb2.AgentMessage | None | Literal[False]
             try:
-                message = outbox.get(timeout=max(0.0, self._heartbeat_interval_s - (time.monotonic() - last_beat)))
+                message = outbox.get(timeout=max(0.0, self._heartbeat_interval_s - (clock() - last_beat)))
             except queue.Empty:
                 message = False  # time for a heartbeat, nothing else to send
-            if time.monotonic() - last_beat >= self._heartbeat_interval_s:
+            if clock() - last_beat >= self._heartbeat_interval_s:
                 # On a clock, not on silence: a busy stream must still renew its leases.
-                last_beat = time.monotonic()
+                last_beat = clock()
                 yield self._heartbeat()
             if message is None:
                 return
