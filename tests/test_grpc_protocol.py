@@ -4,6 +4,7 @@ protocol version is refused with a message that says what to do."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import grpc
@@ -51,7 +52,13 @@ def test_a_task_and_a_full_result_cross_the_wire_unchanged() -> None:
                                                  inputs=[TensorInfo("x", [1, "N", 3], "float32")], op_types={"Conv": 2}),
         environment={"governor": "performance", "temps": [40.5, 41]}, tool_versions={"onnxruntime": "1.20"})
     wire_result = common_pb2.RunResult.FromString(result_to_message(result, common_pb2.RunResult()).SerializeToString())
-    assert result_from_message(wire_result) == result
+    back = result_from_message(wire_result)
+    assert back == result
+    # the samples come straight from the message's typed fields (issue 35): the same types as a validated result
+    assert back.telemetry is not None and dataclasses.asdict(back.telemetry.samples[0]) == {
+        "t_s": 0.05, "cpu_percent": 98.0, "memory_bytes": 1 << 24}
+    assert [type(v) for v in dataclasses.astuple(back.telemetry.samples[0])] == [float, float, int]
+    assert all(type(v) is float for v in back.iterations_ms) and back.iterations_ms == [0.9, 1.0, 1.4]
     failed = RunResult.failed(FailureClass.RESOURCE, "out of memory at the 512 MiB limit")
     assert result_from_message(result_to_message(failed, common_pb2.RunResult())) == failed
 
