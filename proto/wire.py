@@ -20,7 +20,7 @@ from pydantic_core import to_jsonable_python
 
 from farm.proto.op_profile import MAX_NODES, MAX_OP_TYPES, bounded
 from farm.proto.results import FailureClass, RunResult, TelemetrySample, run_result_from_dict
-from farm.proto.tasks import Sha256, TaskSpec
+from farm.proto.tasks import Sha256, TaskPlan, TaskSpec
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -152,11 +152,26 @@ def _is_document(message: Message, model: type[BaseModel]) -> bool:
 
 def task_to_message(task: TaskSpec, message: Message) -> Message:
     """The task as the message carries it: its own fields, the plan's flattened beside them, the script
-    archive in extra_json (as agents of earlier versions read it); the agent's local archive path stays here."""
-    fields: dict[str, Any] = {name: getattr(task, name) for name in type(task).model_fields
-                              if name not in ("plan", "script_archive_path")}
-    fields.update((name, getattr(task.plan, name)) for name in _PLAN_FIELDS)
-    plan = task.plan
+    archive in extra_json (as agents of earlier versions read it); the agent's local archive path stays here.
+
+    The plan's part is encoded once per plan object (the controller keeps one per stored plan, issue 35) and
+    merged in; only the task's own fields are filled each time."""
+    message.MergeFromString(_plan_part(task.plan, type(message)))
+    return fill_message(message, {name: getattr(task, name) for name in type(task).model_fields
+                                  if name not in ("plan", "script_archive_path")})
+
+
+# plan object's id -> (the plan, kept so the id is not reused, and its fields encoded in a TaskSpec message)
+_PLAN_PARTS: dict[tuple[int, type], tuple[TaskPlan, bytes]] = {}
+PLAN_PARTS_KEPT = 4096
+
+
+def _plan_part(plan: TaskPlan, kind: type[Message]) -> bytes:
+    key = (id(plan), kind)
+    known = _PLAN_PARTS.get(key)
+    if known is not None and known[0] is plan:
+        return known[1]
+    fields: dict[str, Any] = {name: getattr(plan, name) for name in _PLAN_FIELDS}
     # A workload field left at its default is not sent (the agent's model fills it in again): an agent of an
     # earlier version, which refuses a key it does not know, still takes every task that uses no newer field.
     fields["workload"] = {"type": plan.workload.type,
@@ -165,7 +180,11 @@ def task_to_message(task: TaskSpec, message: Message) -> Message:
                                  accelerator=None if plan.accelerator == "cpu" else plan.accelerator,
                                  precision=None if plan.precision == "fp32" else plan.precision
                                  ).model_dump(exclude_none=True)
-    return fill_message(message, fields)
+    part: bytes = fill_message(kind(), fields).SerializeToString()
+    if len(_PLAN_PARTS) >= PLAN_PARTS_KEPT:
+        _PLAN_PARTS.clear()
+    _PLAN_PARTS[key] = (plan, part)
+    return part
 
 
 def task_from_message(message: Message) -> TaskSpec:

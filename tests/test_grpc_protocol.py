@@ -41,6 +41,13 @@ def test_a_task_and_a_full_result_cross_the_wire_unchanged() -> None:
                     sim={"cpus": None, "memory": 1 << 29}, run_timeout_s=600.0, base_dir="/jobs"))
     wire = common_pb2.TaskSpec.FromString(task_to_message(task, common_pb2.TaskSpec()).SerializeToString())
     assert task_from_message(wire) == task
+    # the plan's part is encoded once per plan object (issue 35); each task still carries its own fields and plan
+    again = task.model_copy(update={"task_id": 8, "repeat": 2})  # the same plan object, as the controller leases
+    assert again.plan is task.plan
+    assert task_from_message(task_to_message(again, common_pb2.TaskSpec())) == again
+    other = task.model_copy(update={"plan": task.plan.model_copy(update={"base_dir": "/other", "accelerator": "gpu"})})
+    assert task_from_message(task_to_message(other, common_pb2.TaskSpec())) == other
+    assert task_to_message(task, common_pb2.TaskSpec()).SerializeToString() == wire.SerializeToString()
 
     result = RunResult(
         status=RunStatus.COMPLETED, backend="cgroup", limits=Limits(cpus=1.0, memory_mb=512.0), wall_s=0.5,
