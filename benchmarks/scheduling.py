@@ -33,7 +33,8 @@ import time
 import tomllib
 from pathlib import Path
 from typing import Iterator
-from results_file import write_results  # benchmarks/ is on sys.path when a benchmark runs
+from grpc_echo import echo_cpu_ms  # benchmarks/ is on sys.path when a benchmark runs
+from results_file import write_results
 
 ROOT = Path(__file__).resolve().parent
 
@@ -154,6 +155,9 @@ def run(agents: int, tasks: int, processes: int = 1, db: str | None = None, conn
 
     import grpc
 
+    # the ceiling the controller's CPU per task is judged against, in this same run (issue 35): gRPC and protobuf
+    # alone, farm's messages echoed by a grpc.aio server with nothing behind it (grpc_echo.py)
+    echo = None if soak_s else echo_cpu_ms(agents, min(tasks, 2000))
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         write_tiny_onnx(tmp_path / "tiny.onnx")
@@ -240,6 +244,8 @@ def run(agents: int, tasks: int, processes: int = 1, db: str | None = None, conn
                   "agents": None if agents_cpu_s is None else round(agents_cpu_s, 2)},
         "agent_processes": processes,
         "connected": connected,
+        "controller_cpu_ms_per_task": round(controller_cpu_s * 1000 / tasks, 3),
+        "echo": echo,
     }
 
 
@@ -265,6 +271,9 @@ def report(r: dict, rounds: list[dict]) -> str:
         f"| pending → driver start p50 / p99 (all tasks queued at submit) | "
         f"{(r['pending_to_start_ms'] or {}).get('p50')} / {(r['pending_to_start_ms'] or {}).get('p99')} ms | |",
         f"| CPU while the job ran: controller / agents process | {r['cpu_s']['controller']} / {r['cpu_s']['agents']} s | |",
+        f"| controller CPU per task | {r['controller_cpu_ms_per_task']} ms | ≤ 0.5 ms (SQLite) |",
+        f"| a grpc.aio echo of the same messages, CPU per round trip (same run) | "
+        f"{(r.get('echo') or {}).get('cpu_ms_per_trip')} ms | |",
         "",
         "Controller time per step (in its gRPC handler threads and the dispatcher):",
         "",
@@ -341,6 +350,8 @@ def compare(agents: int, tasks: int, processes: int, rounds: int, rev: str) -> t
             ("dispatch p99, model cached (ms)", lambda r: (r.get("dispatch_warm_ms") or {}).get("p99")),
             ("controller CPU while the job ran (s)", lambda r: r["cpu_s"]["controller"]),
             ("agents' CPU while the job ran (s)", lambda r: r["cpu_s"]["agents"]),
+            ("controller CPU per task (ms)", lambda r: r["cpu_s"]["controller"] / r["tasks"] * 1000),
+            ("grpc.aio echo CPU per round trip (ms, same run)", lambda r: (r.get("echo") or {}).get("cpu_ms_per_trip")),
             ("result application, ms per result", lambda r: r["controller_time"]["complete"]["seconds"]
              / max(1, r["controller_time"]["complete"]["calls"]) * 1000),
             ("lease, ms per transaction", lambda r: r["controller_time"]["lease"]["seconds"]
@@ -372,7 +383,10 @@ def both_stores(agents: int, tasks: int, processes: int, rounds: int) -> tuple[s
             ("dispatch p50 (ms, offer → driver start)", lambda r: r["dispatch_ms"]["p50"]),
             ("dispatch p99 (ms)", lambda r: r["dispatch_ms"]["p99"]),
             ("pending → driver start p99 (ms)", lambda r: r["pending_to_start_ms"]["p99"]),
-            ("controller CPU per task (ms)", lambda r: r["cpu_s"]["controller"] / r["tasks"] * 1000)]
+            ("controller CPU per task (ms)", lambda r: r["cpu_s"]["controller"] / r["tasks"] * 1000),
+            ("grpc.aio echo CPU per round trip (ms, same run)", lambda r: r["echo"]["cpu_ms_per_trip"]),
+            ("controller CPU per task ÷ echo", lambda r: r["cpu_s"]["controller"] / r["tasks"] * 1000
+             / r["echo"]["cpu_ms_per_trip"])]
     lines = [f"## Scheduling on both stores ({dt.date.today()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f})",
              "", f"{agents} agents with an instant driver in {processes} process(es), {tasks} tasks with realistic "
              f"results; {rounds} rounds each, interleaved; medians. PostgreSQL: a private server on this machine "

@@ -1,10 +1,12 @@
-"""Bytes a stored run takes: a realistic result (100 timings, 25 telemetry samples, a summary, an environment).
+"""Bytes a stored task takes: its task row (with its job's plan, as `farm submit` makes it) and its run, a
+realistic result (100 timings, 25 telemetry samples, a summary, an environment).
 
     python benchmarks/store_size.py [--runs 400]
 
-Fills a fresh store through the store's own repositories (leases, then runs.record, as the controller
-does), VACUUMs, and prints the file's growth per run and the time per record. Run it at two commits
-side by side to compare layouts (BENCHMARKS.md, "Packed samples").
+Fills a fresh store through the store's own repositories (jobs.insert, leases, then runs.record, as the
+controller does), VACUUMs, and prints the file's growth per task (the task row included: the aim, "Store
+<= 1.5 KB per run"), the part of it the runs take, and the time per record. Run it at two commits side by
+side to compare layouts (BENCHMARKS.md, "Packed samples"; benchmarks/results/2026-11-28-result-path.md).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 
 from farm.controller.store import SQLiteStore
 from farm.proto.results import LatencyStats, RunResult, RunStatus, Telemetry, TelemetrySample
+from farm.proto.spec import BenchmarkWorkload, SimBudget
+from farm.proto.tasks import TaskPlan
 
 
 def _vacuumed_size(path: Path) -> int:
@@ -35,9 +39,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "farm.db"
         store = SQLiteStore(path)
+        store.close()
+        empty = _vacuumed_size(path)
+        store = SQLiteStore(path)
+        # each task's plan as expand_tasks writes it (the job's workload, sim budget, timeouts and folder)
+        plan = TaskPlan(workload=BenchmarkWorkload(), sim=SimBudget(), run_timeout_s=600.0,
+                        base_dir="/home/someone/experiments/mobilenets").model_dump_json()
         store.jobs.insert({"name": "size", "kind": "user", "status": "queued", "priority": "normal", "created_at": 0.0},
-                          [{"seq": i, "target": "sim", "model_name": "m", "threads": 1, "repeat": i, "status": "pending",
-                            "attempts": 0, "max_attempts": 1, "priority": 1} for i in range(runs)])
+                          [{"seq": i, "target": "sim", "model_name": "mobilenet_v2_1.0_224.onnx",
+                            "model_path": "models/mobilenet_v2_1.0_224.onnx", "model_sha256": f"{i % 7:x}" * 64,
+                            "model_facts_json": '{"size_bytes": 13964571, "param_count": 3487816}',
+                            "model_size_bytes": 13964571, "model_param_count": 3487816, "threads": 1,
+                            "batch_size": 1, "repeat": i, "status": "pending", "attempts": 0, "max_attempts": 3,
+                            "pair_key": f"{i % 7:x}" * 16 + f"|1|1|-|sim|{i}", "spec_json": plan, "priority": 1,
+                            "created_at": 1.7e9} for i in range(runs)])
         store.close()
         base = _vacuumed_size(path)
         store = SQLiteStore(path)
@@ -59,8 +74,9 @@ def main() -> None:
             store.runs.record(task, 1, "agent", time.time(), result, {"status": "completed"})
         per_record_ms = (time.perf_counter() - started) / runs * 1000
         store.close()
-        grown = _vacuumed_size(path) - base
-        print(f"{grown / runs:.0f} bytes per run ({runs} runs); {per_record_ms:.2f} ms per runs.record")
+        full = _vacuumed_size(path)
+        print(f"{(full - empty) / runs:.0f} bytes per task, task row included ({runs} tasks, each plan "
+              f"{len(plan)} B); runs alone {(full - base) / runs:.0f} B; {per_record_ms:.2f} ms per runs.record")
 
 
 if __name__ == "__main__":

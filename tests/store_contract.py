@@ -393,6 +393,22 @@ def test_a_result_is_stored_whole_and_read_back_exactly(store: Store) -> None:
     assert store.calibrations.contended_completed_runs([job_id]) == 1 and store.calibrations.contended_completed_runs([]) == 0
 
 
+def test_a_jobs_task_plans_are_stored_once_and_every_task_reads_its_own(store: Store) -> None:
+    own, twin = '{"sim": {"cpus": 1.0}, "workload": {}}', '{"sim": {"cpus": 0.5}, "workload": {}}'
+    first = _job(store, [_task(0, spec_json=own), _task(1, spec_json=twin), _task(2, spec_json=own)])
+    second = _job(store, [_task(0, spec_json=own)])
+    tasks = store.jobs.tasks(first)
+    assert [t.spec_json for t in tasks] == [own, twin, own]
+    assert tasks[0].plan_id == tasks[2].plan_id != tasks[1].plan_id and None not in {t.plan_id for t in tasks}
+    (other,) = store.jobs.tasks(second)
+    assert other.spec_json == own and other.plan_id not in {t.plan_id for t in tasks}  # a plan is its job's
+    task = store.jobs.task(tasks[1].id)
+    assert task is not None and (task.spec_json, task.plan_id) == (twin, tasks[1].plan_id)
+    leased = _lease(store, {"sim"}, limit=4)
+    assert [(t.id, t.spec_json) for t in leased] == [(t.id, t.spec_json) for t in [*tasks, other]]
+    assert [r.task_spec_json for r in store.runs.results(first)] == [own, twin, own]
+
+
 def test_a_task_never_run_has_a_result_row_with_no_run(store: Store) -> None:
     job_id = _job(store, [_task(0)])
     (row,) = store.runs.results(job_id)

@@ -18,10 +18,15 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SMALL_FORMS = {
     # 3 agents in one child process, 30 tasks with realistic (~1.7 KB) results
     "scheduling": (["scheduling.py", "--agents", "3", "--tasks", "30", "--rounds", "1", "--no-write"],
-                   ["tasks/s, submit to last result stored", "pending → driver start"]),
+                   ["tasks/s, submit to last result stored", "pending → driver start",
+                    "| a grpc.aio echo of the same messages, CPU per round trip (same run) |"]),
     "lease": (["lease.py", "--depths", "1000", "--leases", "20", "--no-old", "--no-write"], ["| pending |"]),
-    "list_jobs": (["list_jobs.py", "--pending", "4000", "--calls", "5", "--no-write"], ["| EmbeddedFarm.jobs(50) |"]),
-    "store_size": (["store_size.py", "--runs", "20"], ["bytes per run"]),
+    "list_jobs": (["list_jobs.py", "--pending", "4000", "--calls", "5", "--no-write"], ["| EmbeddedFarm.jobs(50) |",
+                                                                                      "| ListJobs(50) over gRPC |"]),
+    "store_size": (["store_size.py", "--runs", "20"], ["bytes per task, task row included"]),
+    # the controller's own work per task without gRPC (lease, offer, decode, apply), and the echo it is judged by
+    "result_path": (["result_path.py", "--tasks", "40", "--rounds", "1"], ["SQLite: "]),
+    "grpc_echo": (["grpc_echo.py", "--streams", "3", "--trips", "30"], ["cpu_ms_per_trip"]),
     # 5 open lab pages, idle 1 s, each way
     "web_streams": (["web_streams.py", "--pages", "5", "--idle-s", "1", "--no-write"],
                     ["| a change reaches every page: median / last |"]),

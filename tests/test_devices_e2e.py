@@ -166,7 +166,7 @@ sim: {on_contention: flag}
     assert phone_runs["cpu"]["status"] == phone_runs["gpu:fp16"]["status"] == "completed"
     assert phone_runs["nnapi"]["failure_class"] == "job" and "NNAPI delegate took none" in phone_runs["nnapi"]["message"]
     commands = {json.loads(plan)["accelerator"]: json.loads(env)["command"] for plan, env in sqlite3.connect(
-        tmp_path / "farm.db").execute("SELECT t.spec_json, r.environment_json FROM runs r JOIN tasks t "
-                                      "ON t.id = r.task_id WHERE t.target = 'g6-1'")}
+        tmp_path / "farm.db").execute("SELECT p.plan_json, r.environment_json FROM runs r JOIN tasks t "
+                                      "ON t.id = r.task_id JOIN task_plans p ON p.id = t.plan_id WHERE t.target = 'g6-1'")}
     assert "--use_gpu=true --gpu_precision_loss_allowed=true" in commands["gpu"]
     assert "--use_nnapi=true" in commands["nnapi"] and "--use_gpu" not in commands["cpu"]

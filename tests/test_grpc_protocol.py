@@ -4,6 +4,7 @@ protocol version is refused with a message that says what to do."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import grpc
@@ -40,6 +41,13 @@ def test_a_task_and_a_full_result_cross_the_wire_unchanged() -> None:
                     sim={"cpus": None, "memory": 1 << 29}, run_timeout_s=600.0, base_dir="/jobs"))
     wire = common_pb2.TaskSpec.FromString(task_to_message(task, common_pb2.TaskSpec()).SerializeToString())
     assert task_from_message(wire) == task
+    # the plan's part is encoded once per plan object (issue 35); each task still carries its own fields and plan
+    again = task.model_copy(update={"task_id": 8, "repeat": 2})  # the same plan object, as the controller leases
+    assert again.plan is task.plan
+    assert task_from_message(task_to_message(again, common_pb2.TaskSpec())) == again
+    other = task.model_copy(update={"plan": task.plan.model_copy(update={"base_dir": "/other", "accelerator": "gpu"})})
+    assert task_from_message(task_to_message(other, common_pb2.TaskSpec())) == other
+    assert task_to_message(task, common_pb2.TaskSpec()).SerializeToString() == wire.SerializeToString()
 
     result = RunResult(
         status=RunStatus.COMPLETED, backend="cgroup", limits=Limits(cpus=1.0, memory_mb=512.0), wall_s=0.5,
@@ -51,7 +59,13 @@ def test_a_task_and_a_full_result_cross_the_wire_unchanged() -> None:
                                                  inputs=[TensorInfo("x", [1, "N", 3], "float32")], op_types={"Conv": 2}),
         environment={"governor": "performance", "temps": [40.5, 41]}, tool_versions={"onnxruntime": "1.20"})
     wire_result = common_pb2.RunResult.FromString(result_to_message(result, common_pb2.RunResult()).SerializeToString())
-    assert result_from_message(wire_result) == result
+    back = result_from_message(wire_result)
+    assert back == result
+    # the samples come straight from the message's typed fields (issue 35): the same types as a validated result
+    assert back.telemetry is not None and dataclasses.asdict(back.telemetry.samples[0]) == {
+        "t_s": 0.05, "cpu_percent": 98.0, "memory_bytes": 1 << 24}
+    assert [type(v) for v in dataclasses.astuple(back.telemetry.samples[0])] == [float, float, int]
+    assert all(type(v) is float for v in back.iterations_ms) and back.iterations_ms == [0.9, 1.0, 1.4]
     failed = RunResult.failed(FailureClass.RESOURCE, "out of memory at the 512 MiB limit")
     assert result_from_message(result_to_message(failed, common_pb2.RunResult())) == failed
 

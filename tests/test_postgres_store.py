@@ -556,3 +556,40 @@ def test_a_device_registered_through_one_controller_is_refused_as_taken_by_the_o
         owner.close()
         if thief is not None:
             thief.close()
+
+
+def test_a_database_at_schema_17_moves_each_jobs_plans_to_task_plans_in_place(pg_url: str, tmp_path: Path) -> None:
+    """Schema 18 (issue 35): a PostgreSQL store written before it keeps every task's plan, now stored once per job."""
+    import psycopg
+
+    from farm.controller.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_url, files_dir=tmp_path / "files")
+    store.close()
+    own, twin = '{"sim": {"cpus": 1.0}}', '{"sim": {"cpus": 0.5}}'
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # back to schema 17's tables, tasks carrying their plans
+        conn.execute("DROP TABLE task_plans")
+        conn.execute("ALTER TABLE tasks DROP COLUMN plan_id")
+        conn.execute("UPDATE schema_version SET version = 17")
+        found = conn.execute("INSERT INTO jobs (name, status, priority, created_at) VALUES ('old', 'queued', 'normal', 1) "
+                             "RETURNING id").fetchone()
+        assert found is not None
+        old = int(found[0])
+        for seq, plan in enumerate([own, twin, own]):
+            conn.execute("INSERT INTO tasks (job_id, seq, target, model_name, status, attempts, max_attempts, priority, "
+                         "spec_json) VALUES (%s, %s, 'sim', 'm', 'pending', 0, 3, 1, %s)", [old, seq, plan])
+    store = PostgresStore(pg_url, files_dir=tmp_path / "files")
+    try:
+        assert store.schema_version() == 18
+        tasks = store.jobs.tasks(old)
+        assert [t.spec_json for t in tasks] == [own, twin, own]
+        assert tasks[0].plan_id == tasks[2].plan_id != tasks[1].plan_id
+        assert store.query("SELECT COUNT(*) AS n FROM tasks WHERE spec_json IS NOT NULL")[0]["n"] == 0
+        assert store.query("SELECT COUNT(*) AS n FROM task_plans")[0]["n"] == 2
+        # a new job after the upgrade numbers its plans past the moved ones
+        second = store.jobs.insert({"name": "new", "status": "queued", "priority": "normal", "created_at": 2.0},
+                                   [{"seq": 0, "target": "sim", "model_name": "m", "status": "pending", "attempts": 0,
+                                     "max_attempts": 3, "priority": 1, "spec_json": twin}])
+        assert [t.spec_json for t in store.jobs.tasks(second)] == [twin]
+    finally:
+        store.close()

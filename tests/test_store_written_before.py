@@ -43,6 +43,7 @@ def _samples(location: str) -> dict[str, object]:
 
 def test_a_store_of_schema_17_reads_back_byte_identical(farm_inprocess, tmp_path: Path) -> None:
     db = _written_before(tmp_path)
+    plans_before = [r[0] for r in sqlite3.connect(db).execute("SELECT spec_json FROM tasks ORDER BY id")]
     shown = farm_inprocess("results", "1", "--format", "json", env={"FARM_DB": str(db)})
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout == (FIXTURE / "results.json").read_text()
@@ -50,8 +51,15 @@ def test_a_store_of_schema_17_reads_back_byte_identical(farm_inprocess, tmp_path
     store = SQLiteStore(db)
     try:
         assert len(store.jobs.tasks(1)) == 2 and store.jobs.get(1) is not None
+        # schema 18: each distinct plan of the job moved to task_plans once; every task reads back its own
+        assert [t.spec_json for t in store.jobs.tasks(1)] == plans_before and None not in plans_before
     finally:
         store.close()
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT COUNT(*) FROM tasks WHERE spec_json IS NOT NULL OR plan_id IS NULL").fetchone() == (0,)
+    assert sorted(r[0] for r in conn.execute("SELECT plan_json FROM task_plans WHERE job_id = 1")) == sorted(
+        set(plans_before))
+    conn.close()
     # sqlite-utils' own command line still opens it
     tables = subprocess.run([sys.executable, "-m", "sqlite_utils", "tables", str(db), "--counts"], capture_output=True,
                             text=True, timeout=120)

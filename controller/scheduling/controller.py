@@ -24,9 +24,10 @@ from farm.proto.results import FailureClass, JobStatus, ResultRefused, RunResult
 
 if TYPE_CHECKING:  # the job and task models (pydantic over the job file's) load when a job is made or a task leased
     from farm.controller.scheduling.jobfile import ResolvedJob
-    from farm.proto.tasks import TaskSpec
+    from farm.proto.tasks import TaskPlan, TaskSpec
 
 LEASE_TTL_S = 60.0
+PLANS_KEPT = 4096  # validated task plans the controller keeps (a job has one per sim budget and model entry)
 TERMINAL_TASK = {TaskStatus.COMPLETED.value, TaskStatus.FAILED.value, TaskStatus.CANCELED.value}
 TERMINAL_JOB = {JobStatus.COMPLETED.value, JobStatus.FAILED.value, JobStatus.CANCELED.value}
 
@@ -127,6 +128,8 @@ class Controller:
         self.hooks = hooks or default_hooks()  # what scheduling tells the roles above it (hooks.py)
         # told of each job the deadline sweep canceled (a gRPC controller stops its agents' runs at once)
         self.on_deadline: Callable[[int], None] | None = None
+        # each stored plan (task_plans: a row never changes) validated once, not at every lease (issue 35)
+        self._plans: dict[int, TaskPlan] = {}
 
     # --- clients -----------------------------------------------------------------
     def submit(self, job: ResolvedJob, *, name: str | None = None, kind: str = "user", owner: str | None = None,
@@ -264,7 +267,20 @@ class Controller:
             attempt = task["attempts"] + 1
             self.store.leases.lease(task["id"], attempt, agent, now + self.lease_ttl_s)
             self.store.leases.start_job(task["job_id"], now)
-        return _task_spec(task, attempt)
+        return _task_spec(task, attempt, self._plan(task))
+
+    def _plan(self, task: TaskRow) -> TaskPlan:
+        """The task's plan: its job's stored plan, validated at its first lease only (a job has a few)."""
+        plan = self._plans.get(task.plan_id) if task.plan_id is not None else None
+        if plan is None:
+            from farm.proto.tasks import TaskPlan
+
+            plan = TaskPlan.model_validate_json(task.spec_json or "")
+            if task.plan_id is not None:
+                if len(self._plans) >= PLANS_KEPT:  # the open jobs' plans come back at their next lease
+                    self._plans.clear()
+                self._plans[task.plan_id] = plan
+        return plan
 
     def lease_batch(self, slots: list[tuple[str, frozenset[str]]]) -> tuple[list[TaskSpec | None], bool]:
         """Lease for many idle slots (agent, targets) in one transaction: the gRPC dispatcher's round.
@@ -291,7 +307,7 @@ class Controller:
                 attempt = task["attempts"] + 1
                 self.store.leases.lease(task["id"], attempt, slots[slot][0], now + self.lease_ttl_s)
                 started_jobs.add(task["job_id"])
-                leased[slot] = _task_spec(task, attempt)
+                leased[slot] = _task_spec(task, attempt, self._plan(task))
             for job_id in started_jobs:
                 self.store.leases.start_job(job_id, now)
         return leased, len(fetched) < len(slots)
@@ -356,12 +372,11 @@ class Controller:
         task = self.store.jobs.task(task_id)
         if task is None:
             raise ResultRefused(f"there is no task {task_id}")
-        job = self.store.jobs.get(task["job_id"])
-        assert job is not None  # a task's job is never deleted
+        job_status = self.store.jobs.status(task.job_id)  # the status alone: not the job's spec and source each time
         reasons = "; ".join(result.contention.reasons) if result.contention is not None else ""
         contended = result.ok and result.contention is not None and result.contention.contended
         outcome = self._contention_outcome(task) if contended else "keep"
-        if contended and outcome == "retry" and job["status"] != JobStatus.CANCELED.value:
+        if contended and outcome == "retry" and job_status != JobStatus.CANCELED.value:
             # a measurement spoiled by other work is not the model's figure: measure it again;
             # the retry does not use up the attempts kept for infrastructure failures
             fields = {"status": TaskStatus.PENDING.value, "failure_class": None,
@@ -376,7 +391,7 @@ class Controller:
             if contended:
                 notes.append(f"contended, kept flagged: {reasons}")
             fields = {"status": TaskStatus.COMPLETED.value, "failure_class": None, "message": "; ".join(notes)}
-        elif job["status"] == JobStatus.CANCELED.value or result.failure_class == FailureClass.CANCELED:
+        elif job_status == JobStatus.CANCELED.value or result.failure_class == FailureClass.CANCELED:
             fields = {"status": TaskStatus.CANCELED.value, "failure_class": FailureClass.CANCELED.value,
                       "message": result.message}
         elif should_retry(result.failure_class, attempt, task["max_attempts"]):
@@ -398,9 +413,7 @@ class Controller:
         return Applied(run_id, fields["status"])
 
     def _contention_outcome(self, task: TaskRow) -> str:
-        from farm.proto.tasks import TaskPlan
-
-        policy = TaskPlan.model_validate_json(task["spec_json"]).sim.on_contention
+        policy = self._plan(task).sim.on_contention
         return contention_outcome(policy, self.store.runs.contended_runs(task["id"]))
 
     # --- device health -------------------------------------------------------------
@@ -470,15 +483,15 @@ class Controller:
         return plain_rows(self.store.jobs.listing(limit, visible_to))
 
 
-def _task_spec(task: TaskRow, attempt: int) -> TaskSpec:
-    from farm.proto.tasks import TaskPlan, TaskSpec
+def _task_spec(task: TaskRow, attempt: int, plan: TaskPlan) -> TaskSpec:
+    from farm.proto.tasks import TaskSpec
 
     return TaskSpec(
         task_id=task["id"], job_id=task["job_id"], attempt=attempt, target=task["target"],
         model_name=task["model_name"], model_path=task["model_path"],
         model_sha256=task["model_sha256"], model_family=task["model_family"],
         threads=task["threads"], batch_size=task["batch_size"], input_size=task["input_size"],
-        repeat=task["repeat"], plan=TaskPlan.model_validate_json(task["spec_json"]))
+        repeat=task["repeat"], plan=plan)
 
 
 __all__ = ["Controller", "JobProgress", "RetryRefused", "deadline_message", "job_timeout_s", "progress_of", "should_retry", "status_of"]

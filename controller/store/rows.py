@@ -110,6 +110,7 @@ class TaskRow(Row):
     message: str | None
     model_size_bytes: int | None
     model_param_count: int | None
+    plan_id: int | None = None  # its job's plan (task_plans), read into spec_json by every query of tasks
 
 
 @dataclass(frozen=True, slots=True)

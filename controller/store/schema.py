@@ -241,10 +241,26 @@ def _migration_17(db: sqlite_utils.Database) -> None:
     db.table("jobs").create_index(["deadline_at"], if_not_exists=True)
 
 
+def _migration_18(db: sqlite_utils.Database) -> None:
+    # A job's task plans stored once (issue 35, item 4): every task carried its plan (workload, sim budget,
+    # timeouts; ~1.4 KB) though a job has a few distinct ones (a device's sim twin's budget, a model entry's
+    # inputs). Tasks name their plan; the plans already stored move over, each distinct one once per job.
+    # (each step holds when replayed on a store that has it: a store replayed from an older version number)
+    db.execute("CREATE TABLE IF NOT EXISTS task_plans (id INTEGER PRIMARY KEY, job_id INTEGER REFERENCES jobs(id), "
+               "plan_json TEXT)")
+    db.execute("CREATE INDEX IF NOT EXISTS idx_task_plans_job_id ON task_plans (job_id)")
+    if "plan_id" not in db.table("tasks").columns_dict:
+        db.table("tasks").add_column("plan_id", int)
+    db.execute("INSERT INTO task_plans (job_id, plan_json) SELECT job_id, spec_json FROM tasks "
+               "WHERE spec_json IS NOT NULL AND job_id IS NOT NULL GROUP BY job_id, spec_json ORDER BY MIN(id)")
+    db.execute("UPDATE tasks SET plan_id = (SELECT p.id FROM task_plans p WHERE p.job_id = tasks.job_id "
+               "AND p.plan_json = tasks.spec_json), spec_json = NULL WHERE spec_json IS NOT NULL AND job_id IS NOT NULL")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6, _migration_7, _migration_8,
     _migration_9, _migration_10, _migration_11, _migration_12, _migration_13, _migration_14, _migration_15,
-    _migration_16, _migration_17]
+    _migration_16, _migration_17, _migration_18]
 SCHEMA_VERSION = len(MIGRATIONS)
 # The schema at which stored samples are converted, in transactions of their own, before going further.
 PACKED_SAMPLES = 15

@@ -150,7 +150,12 @@ TASK_RESULT_COLUMNS = (
     "t.id AS task, t.job_id AS job, t.model_name, t.model_sha256, t.model_family, t.model_path, t.target, t.threads, "
     "t.batch_size, t.input_size, t.repeat, t.status AS task_status, t.attempts, t.pair_key, "
     "t.failure_class AS task_failure_class, t.message AS task_message, t.model_size_bytes, t.model_param_count, "
-    "t.model_facts_json, t.spec_json AS task_spec_json")
+    "t.model_facts_json, COALESCE(t.spec_json, p.plan_json) AS task_spec_json")
+# A task row with its plan: tasks name their job's plan (task_plans, schema 18); a row written otherwise keeps
+# its own spec_json. Every query that makes TaskRows selects these FROM TASK_FROM.
+TASK_SELECT = ", ".join(f"t.{_c}" if _c != "spec_json" else "COALESCE(t.spec_json, p.plan_json) AS spec_json"
+                        for _c in TaskRow.__dataclass_fields__)
+TASK_FROM = "tasks t LEFT JOIN task_plans p ON p.id = t.plan_id"
 RESULT_COLUMNS = ", ".join([
     TASK_RESULT_COLUMNS, "r.id AS run_id, r.attempt, r.started_at, r.finished_at",
     *(f"r.{c}" if alias == c else f"r.{c} AS {alias}" for c, (_, alias) in RUN_COLUMNS.items() if alias),
@@ -201,31 +206,50 @@ class Repository:
             yield self.store.any_of(column, chunk)
 
 
+def _plan_of(plans: Mapping[str, int], task: Mapping[str, Any]) -> int | None:
+    """The id of the task's plan as Jobs.insert stored it (None: a task without one)."""
+    plan = task.get("spec_json")
+    return None if plan is None else plans[plan]
+
+
 class Jobs(Repository):
     def insert(self, job: Mapping[str, Any], tasks: Sequence[Mapping[str, Any]]) -> int:
+        """The job and its tasks; each task's plan (its `spec_json`) is stored once per job, in task_plans."""
         with self.store.transaction():
             job_id = self.store.insert_row("jobs", job)
-            columns = list(dict.fromkeys(["job_id", *(k for t in tasks for k in t)]))  # refused models add a few
+            plans: dict[str, int] = {}
+            for t in tasks:
+                if t.get("spec_json") is not None and t["spec_json"] not in plans:
+                    plans[t["spec_json"]] = self.store.insert_row("task_plans", {"job_id": job_id,
+                                                                                 "plan_json": t["spec_json"]})
+            columns = list(dict.fromkeys(["job_id", "plan_id", *(k for t in tasks for k in t if k != "spec_json")]))
             if tasks:  # one statement for every task: a 100,000-task job is inserted in a second or two
                 self.store.executemany(
                     self.store.sql(f"INSERT INTO tasks ({', '.join(_q(c) for c in columns)}) "
                                    f"VALUES ({', '.join('?' * len(columns))})"),
-                    [[job_id if c == "job_id" else t.get(c) for c in columns] for t in tasks])
+                    [[job_id if c == "job_id" else _plan_of(plans, t) if c == "plan_id" else t.get(c)
+                      for c in columns] for t in tasks])
         return int(job_id)
 
     def get(self, job_id: int) -> JobRow | None:
         rows = self._query("SELECT * FROM jobs WHERE id = ?", [job_id])
         return JobRow.of(rows[0]) if rows else None
 
+    def status(self, job_id: int) -> str | None:
+        """The job's status alone (a result reads this, not the job's spec and source)."""
+        row = self._execute("SELECT status FROM jobs WHERE id = ?", [job_id]).fetchone()
+        return None if row is None else str(row[0])
+
     def update(self, job_id: int, **fields: Any) -> None:
         with self.store.transaction():
             self.store.update_row("jobs", job_id, fields)
 
     def tasks(self, job_id: int) -> list[TaskRow]:
-        return [TaskRow.of(r) for r in self._query("SELECT * FROM tasks WHERE job_id = ? ORDER BY seq", [job_id])]
+        return [TaskRow.of(r) for r in self._query(
+            f"SELECT {TASK_SELECT} FROM {TASK_FROM} WHERE t.job_id = ? ORDER BY t.seq", [job_id])]
 
     def task(self, task_id: int) -> TaskRow | None:
-        rows = self._query("SELECT * FROM tasks WHERE id = ?", [task_id])
+        rows = self._query(f"SELECT {TASK_SELECT} FROM {TASK_FROM} WHERE t.id = ?", [task_id])
         return TaskRow.of(rows[0]) if rows else None
 
     def update_task(self, task_id: int, **fields: Any) -> None:
@@ -506,7 +530,7 @@ class Runs(Repository):
     def results(self, job_id: int) -> list[ResultRow]:
         """Every task of a job with its counted run and summary (None columns for a task not run)."""
         return [ResultRow.of(r) for r in self._query(
-            f"SELECT {RESULT_COLUMNS} FROM tasks t LEFT JOIN runs r ON r.id = t.last_run_id "
+            f"SELECT {RESULT_COLUMNS} FROM {TASK_FROM} LEFT JOIN runs r ON r.id = t.last_run_id "
             "LEFT JOIN summaries s ON s.run_id = r.id WHERE t.job_id = ? ORDER BY t.model_name NULLS FIRST, "
             "t.threads NULLS FIRST, t.batch_size NULLS FIRST, t.input_size NULLS FIRST, t.repeat NULLS FIRST, "
             "t.target NULLS FIRST, t.seq NULLS FIRST", [job_id])]
@@ -804,8 +828,10 @@ class Artifacts(Repository):
     def referenced(self) -> set[str]:
         """The sha256 of every model and packed script folder some job's task names (what gc must keep)."""
         archive = self.store.json_text("spec_json", "script_archive")
+        planned = self.store.json_text("plan_json", "script_archive")
         rows = self._query("SELECT DISTINCT model_sha256 AS sha FROM tasks WHERE model_sha256 IS NOT NULL "
-                           f"UNION SELECT DISTINCT {archive} FROM tasks WHERE {archive} IS NOT NULL")
+                           f"UNION SELECT DISTINCT {archive} FROM tasks WHERE {archive} IS NOT NULL "
+                           f"UNION SELECT DISTINCT {planned} FROM task_plans WHERE {planned} IS NOT NULL")
         return {str(r["sha"]) for r in rows}
 
 

@@ -27,7 +27,7 @@ from farm.controller.store.rows import TaskRow
 from farm.controller.store.samples import pack_iterations, pack_telemetry
 from farm.controller.store.schema import PACKED_SAMPLES, SCHEMA_VERSION, database, migrate, schema_version, up_to_date
 from farm.controller.store.sql import (
-    COMMON_METRIC_SQL, HEALTHY_TARGET, Leases, RepositoryStore)
+    COMMON_METRIC_SQL, HEALTHY_TARGET, TASK_FROM, TASK_SELECT, Leases, RepositoryStore)
 
 if TYPE_CHECKING:
     import sqlite_utils
@@ -328,7 +328,7 @@ class SQLiteLeases(Leases):
         rows: list[TaskRow] = []
         for target in sorted(targets):
             cursor = self.store.execute(
-                f"SELECT t.* FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE {where} "
+                f"SELECT {TASK_SELECT} FROM {TASK_FROM} JOIN jobs j ON j.id = t.job_id WHERE {where} "
                 "ORDER BY t.priority, t.job_id, t.seq LIMIT ?", [target, *([job_id] if job_id is not None else []), limit])
             rows += [TaskRow.of(r) for r in _rows(cursor)]
         rows.sort(key=lambda t: (t.priority, t.job_id, t.seq))
