@@ -70,6 +70,18 @@ def _e(value: Any) -> str:
     return html.escape(printable(value, limit=None), quote=True)
 
 
+def _e_lines(value: str) -> str:
+    """As _e, keeping line breaks (a block shown in <pre>): only other control characters become escapes."""
+    return html.escape(printable(value, limit=None, multiline=True), quote=True)
+
+
+def spec_yaml(spec_json: str) -> str:
+    """The stored job spec as the YAML a job file is written in, one field a line, in the stored order."""
+    import yaml
+
+    return yaml.safe_dump(json.loads(spec_json), sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
+
+
 def _g(v: Any, digits: int = 4) -> str:
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
         return "—"
@@ -504,7 +516,7 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
     if contended:
         warnings.append(f"{contended} run(s) contended: other work used their cores; their figures are not the budget's.")
     targets = sorted({r["target"] for r in records})
-    spec = json.dumps(json.loads(job["spec_json"]), indent=1)
+    spec = spec_yaml(job["spec_json"])
     when = "".join(f" · {label} {_when(job[key])}" for label, key in (("created", "created_at"), ("finished", "finished_at"))
                    if job.get(key))
     toc = [("results", "Results"), ("sweeps", "Plots"), ("telemetry", "Memory and CPU over time"), ("facts", "Models"),
@@ -527,7 +539,7 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
 {f'<h2 id=ops>Operators</h2>{ops}' if ops else ''}
 <h2 id=calibrations>Calibrations</h2>{cal_sections}
 <h2 id=rankings>Rankings</h2>{rankings}
-<h2 id=spec>Job spec</h2><details><summary>the job as submitted (JSON, {len(spec.splitlines())} lines)</summary><pre>{_e(spec)}</pre></details>
+<h2 id=spec>Job spec</h2><details><summary>the job as submitted (YAML, {len(spec.splitlines())} lines)</summary><pre>{_e_lines(spec)}</pre></details>
 </body></html>"""
     return page, figures, warnings
 
