@@ -50,3 +50,31 @@ def test_report_shows_the_job_spec_as_yaml(failed_job: Path, farm, tmp_path: Pat
     assert spec["name"] == "trust" and spec["models"] == ["tiny.onnx", "custom_op.onnx"]
     assert spec["matrix"]["threads"] == [1] and spec["targets"] == ["sim"]
     assert spec["workload"]["iterations"] == 5 and spec["sim"]["on_contention"] == "flag"
+
+
+def test_a_fetch_failure_is_one_clean_paragraph(tmp_path: Path) -> None:
+    """A model the controller does not hold: the run's message is the controller's status and words on one line,
+    not grpc's object repr (`<_MultiThreadedRendezvous ...>` with its debug_error_string)."""
+    import grpc
+
+    from farm.agents.link.remote_controller import RemoteController
+    from farm.proto.tasks import TaskPlan, TaskSpec
+    from grpc_processes import Cluster
+
+    cluster = Cluster(tmp_path, env={})
+    try:
+        cluster.serve_in_process()
+        agent = RemoteController(str(cluster.address), name="rack", token=None, devices=[],
+                                 artifact_dir=tmp_path / "cache")
+        task = TaskSpec(task_id=1, job_id=1, attempt=1, target="sim", model_name="m", model_path="/elsewhere/m.onnx",
+                        model_sha256="ab" * 32, model_family=None, threads=1, batch_size=1, input_size=None, repeat=0,
+                        plan=TaskPlan(workload={"type": "benchmark"}, sim={}, run_timeout_s=60, base_dir="/elsewhere"))
+        with pytest.raises(grpc.RpcError) as raised:
+            agent.local_model_path(task)
+        message = agent.fetch_failure(task, raised.value)
+    finally:
+        cluster.stop_all()
+    assert "\n" not in message and "<_" not in message and "debug_error_string" not in message
+    assert message.startswith(f"agent rack could not fetch model {'ab' * 6} (or the script folder): the controller at ")
+    assert "answered NOT_FOUND: no artifact with sha256" in message
+    assert not list((tmp_path / "cache").glob("*.part"))  # nothing half-written left in the cache
