@@ -78,3 +78,55 @@ def test_a_fetch_failure_is_one_clean_paragraph(tmp_path: Path) -> None:
     assert message.startswith(f"agent rack could not fetch model {'ab' * 6} (or the script folder): the controller at ")
     assert "answered NOT_FOUND: no artifact with sha256" in message
     assert not list((tmp_path / "cache").glob("*.part"))  # nothing half-written left in the cache
+
+
+def test_a_retry_that_fails_keeps_the_contended_measurement(tmp_path: Path, tiny_models) -> None:
+    """sim.on_contention: retry measured attempt 1 again because it was contended; every later attempt failed
+    fetching the model. The task ends with attempt 1's figures, flagged, not as a failure without any."""
+    import time
+
+    from farm.controller.scheduling.controller import Controller
+    from farm.controller.scheduling.jobfile import load_job_text
+    from farm.controller.store import SQLiteStore
+    from farm.proto.results import Contention, FailureClass, LatencyStats, RunResult, RunStatus
+
+    job = load_job_text(f"models: [{tiny_models['tflite']}]\nsim: {{on_contention: retry}}\n", "job.yaml", tmp_path)
+    controller = Controller(SQLiteStore(tmp_path / "farm.db"))
+    job_id = controller.submit(job)
+    latency = LatencyStats(None, None, None, 2.5, 2.5, 2.6, 2.7, 0.1, 2.4, 2.8, 20)
+    contended = RunResult(status=RunStatus.COMPLETED, latency=latency, iterations_ms=[2.5] * 20,
+                          contention=Contention(contended=True, reasons=["others used 40 % of the run's core"]))
+    t = controller.lease("a", {"sim"}, job_id=job_id)
+    controller.complete(t.task_id, t.attempt, "a", time.time(), contended)
+    assert controller.store.jobs.task(t.task_id)["status"] == "pending"  # measured again, as the policy says
+    while (t := controller.lease("a", {"sim"}, job_id=job_id)) is not None:
+        controller.complete(t.task_id, t.attempt, "a", time.time(), RunResult.failed(
+            FailureClass.INFRASTRUCTURE, "agent a could not fetch model 0123456789ab: the controller answered NOT_FOUND"))
+    task = controller.store.jobs.task(t.task_id if t else 1)
+    assert task["status"] == "completed" and task["failure_class"] is None
+    assert "attempt 1's measurement kept, contended and flagged" in task["message"]
+    assert "NOT_FOUND" in task["message"]
+    [result] = controller.store.runs.results(job_id)
+    assert result["latency_avg_ms"] == 2.5  # attempt 1's figures
+    shown = controller.store.query("SELECT r.attempt, r.contended FROM tasks t JOIN runs r ON r.id = t.last_run_id")
+    assert shown == [{"attempt": 1, "contended": 1}]  # flagged: calibrations leave it out unless asked
+    runs = controller.store.query("SELECT attempt, status FROM runs ORDER BY attempt")
+    assert runs[0] == {"attempt": 1, "status": "completed"} and all(r["status"] == "failed" for r in runs[1:])
+    assert controller.progress(job_id).completed == 1 and controller.store.jobs.get(job_id)["status"] == "completed"
+
+
+def test_a_failure_with_no_measurement_before_it_still_fails(tmp_path: Path, tiny_models) -> None:
+    import time
+
+    from farm.controller.scheduling.controller import Controller
+    from farm.controller.scheduling.jobfile import load_job_text
+    from farm.controller.store import SQLiteStore
+    from farm.proto.results import FailureClass, RunResult
+
+    job = load_job_text(f"models: [{tiny_models['tflite']}]\n", "job.yaml", tmp_path)
+    controller = Controller(SQLiteStore(tmp_path / "farm.db"))
+    job_id = controller.submit(job)
+    t = controller.lease("a", {"sim"}, job_id=job_id)
+    controller.complete(t.task_id, t.attempt, "a", time.time(), RunResult.failed(FailureClass.JOB, "bad model"))
+    task = controller.store.jobs.task(t.task_id)
+    assert (task["status"], task["failure_class"], task["message"]) == ("failed", "job", "bad model")

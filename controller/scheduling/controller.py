@@ -384,9 +384,7 @@ class Controller:
             fields = {"status": TaskStatus.PENDING.value, "failure_class": failure,
                       "message": f"attempt {attempt} failed ({failure}): {result.message}; retrying"}
         else:
-            fields = {"status": TaskStatus.FAILED.value,
-                      "failure_class": result.failure_class.value if result.failure_class else FailureClass.BUG.value,
-                      "message": result.message}
+            fields = self._failed_or_kept(task, attempt, result)
         if fields["status"] in TERMINAL_TASK:
             fields["finished_at"] = self.clock()
         fields["leased_by"] = None
@@ -396,6 +394,19 @@ class Controller:
             self.quarantine(task["target"], f"{attempt} infrastructure failures in a row; last: {result.message}")
         touched_jobs.add(task["job_id"])
         return Applied(run_id, fields["status"])
+
+    def _failed_or_kept(self, task: TaskRow, attempt: int, result: RunResult) -> dict[str, Any]:
+        """A task's last attempt failed: it fails, unless an earlier attempt finished a measurement that was set
+        aside only because it was contended. That one is the task's result, kept and flagged (as the policy
+        keeps one after its retries): a retry never throws a finished measurement away."""
+        failure = result.failure_class.value if result.failure_class else FailureClass.BUG.value
+        kept = self.store.runs.last_contended_measurement(task["id"]) if task["target"] == "sim" else None
+        if kept is None:
+            return {"status": TaskStatus.FAILED.value, "failure_class": failure, "message": result.message}
+        run_id, kept_attempt = kept
+        return {"status": TaskStatus.COMPLETED.value, "failure_class": None, "last_run_id": run_id,
+                "message": f"attempt {kept_attempt}'s measurement kept, contended and flagged: the attempt measuring it "
+                           f"again failed ({failure}: {result.message})"}
 
     def _contention_outcome(self, task: TaskRow) -> str:
         from farm.proto.tasks import TaskPlan

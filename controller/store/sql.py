@@ -492,7 +492,8 @@ class Runs(Repository):
                     "iterations": pack_iterations(result.iterations_ms) if result.iterations_ms else None,
                     "telemetry": pack_telemetry((s.t_s, s.cpu_percent, s.memory_bytes) for s in samples) if samples
                     else None}, returning=None)
-            store.update_row("tasks", task.id, {**task_fields, "last_run_id": run_id})
+            # task_fields may name an earlier run as the task's result (a kept contended measurement)
+            store.update_row("tasks", task.id, {"last_run_id": run_id, **task_fields})
         return int(run_id)
 
     def iterations(self, run_id: int) -> list[float]:
@@ -524,6 +525,12 @@ class Runs(Repository):
 
     def contended_runs(self, task_id: int) -> int:
         return self._count("SELECT COUNT(*) AS n FROM runs WHERE task_id = ? AND contended = 1", [task_id])
+
+    def last_contended_measurement(self, task_id: int) -> tuple[int, int] | None:
+        """(run id, attempt) of the task's latest completed but contended run: a measurement a retry set aside."""
+        rows = self._query("SELECT id, attempt FROM runs WHERE task_id = ? AND contended = 1 AND status = 'completed' "
+                           "ORDER BY attempt DESC LIMIT 1", [task_id])
+        return (int(rows[0]["id"]), int(rows[0]["attempt"])) if rows else None
 
     def device_latencies(self, job_id: int, device: str) -> list[DeviceLatency]:
         """(model_sha256, model_name, threads, latency_avg_ms) of a job's completed runs on `device`."""
