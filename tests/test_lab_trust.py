@@ -130,3 +130,40 @@ def test_a_failure_with_no_measurement_before_it_still_fails(tmp_path: Path, tin
     controller.complete(t.task_id, t.attempt, "a", time.time(), RunResult.failed(FailureClass.JOB, "bad model"))
     task = controller.store.jobs.task(t.task_id)
     assert (task["status"], task["failure_class"], task["message"]) == ("failed", "job", "bad model")
+
+
+def _store_contended_jobs(tmp_path: Path) -> Path:
+    """Two sim jobs (1 and 0.5 CPU) of four models, every run contended, stored through the real controller."""
+    import time
+
+    from farm.controller.scheduling.controller import Controller
+    from farm.controller.scheduling.jobfile import load_job_text
+    from farm.controller.store import SQLiteStore
+    from farm.model_generators.generate import generate_examples
+    from farm.proto.results import Contention, LatencyStats, RunResult, RunStatus
+
+    models = [str(m.path) for m in generate_examples(tmp_path / "models", widths=[0.35, 0.5, 0.75, 1.0],
+                                                     input_sizes=[96], formats=("tflite",), zoo=False)]
+    controller = Controller(SQLiteStore(tmp_path / "farm.db"))
+    for cpus, scale in ((1.0, 1.0), (0.5, 2.1)):
+        job = load_job_text(f"models: {models}\nsim: {{cpus: {cpus}, on_contention: flag}}\n", "job.yaml", tmp_path)
+        job_id = controller.submit(job)
+        while (t := controller.lease("a", {"sim"}, job_id=job_id)) is not None:
+            ms = scale * (1.0 + t.task_id % 4)
+            controller.complete(t.task_id, t.attempt, "a", time.time(), RunResult(
+                status=RunStatus.COMPLETED, latency=LatencyStats(None, None, None, ms, ms, ms, ms, 0.01, ms, ms, 10),
+                iterations_ms=[ms] * 10, contention=Contention(contended=True, reasons=["a hog on the run's core"])))
+    controller.store.close()
+    return tmp_path / "farm.db"
+
+
+def test_calibrate_over_contended_runs_only_says_why_nothing_was_fitted(tmp_path: Path) -> None:
+    import farm
+    from farm.client.errors import FarmError
+
+    db = _store_contended_jobs(tmp_path)
+    with farm.connect(db=db) as lab:
+        with pytest.raises(FarmError, match=r"calibrate\(\): nothing was fitted: .*8 contended run\(s\) left out.*"
+                                            r"include_contended=True"):
+            lab.calibrate(sim_job=1, device_job=2, device="half-cpu")
+        assert lab.calibrate(sim_job=1, device_job=2, device="half-cpu", include_contended=True)
