@@ -167,3 +167,61 @@ def test_calibrate_over_contended_runs_only_says_why_nothing_was_fitted(tmp_path
                                             r"include_contended=True"):
             lab.calibrate(sim_job=1, device_job=2, device="half-cpu")
         assert lab.calibrate(sim_job=1, device_job=2, device="half-cpu", include_contended=True)
+
+
+def test_report_says_why_rankings_are_empty(tmp_path: Path) -> None:
+    """Every run contended: the report's rankings say nothing was ranked and why, not an empty section."""
+    from farm.controller.analysis.report import build_report
+    from farm.controller.store import SQLiteStore
+
+    store = SQLiteStore(_store_contended_jobs(tmp_path))
+    page, _, _ = build_report(store, 1)
+    rankings = page[page.index("<h2 id=rankings>"):page.index("<h2 id=spec>")]
+    assert "latency: not ranked: job 1 has no completed sim run with a latency figure to rank" in rankings
+    assert "4 contended run(s) left out" in rankings
+
+
+def test_report_names_models_a_sweep_chart_or_a_ranking_column_leaves_out(tmp_path: Path) -> None:
+    """Four models of one family swept over 1 and 2 threads; two failed at 2 threads. The family's sweep chart
+    draws two lines and names the other two (it dropped them without a word)."""
+    import time
+
+    from farm.controller.analysis.report import build_report
+    from farm.controller.scheduling.controller import Controller
+    from farm.controller.scheduling.jobfile import load_job_text
+    from farm.controller.store import SQLiteStore
+    from farm.model_generators.generate import generate_examples
+    from farm.proto.results import FailureClass, LatencyStats, RunResult, RunStatus
+
+    models = sorted(str(m.path) for m in generate_examples(tmp_path / "models", widths=[0.35, 0.5, 0.75, 1.0],
+                                                           input_sizes=[96], formats=("tflite",), zoo=False))
+    controller = Controller(SQLiteStore(tmp_path / "farm.db"))
+    listed = ", ".join(f"{{path: {m}, family: mnv2}}" for m in models)
+    job_id = controller.submit(load_job_text(f"models: [{listed}]\nmatrix: {{threads: [1, 2]}}\n"
+                                             "sim: {on_contention: flag}\n", "job.yaml", tmp_path))
+    while (t := controller.lease("a", {"sim"}, job_id=job_id)) is not None:
+        wide = t.model_name.endswith(("w0.75_r96", "w1.0_r96"))
+        ms = (1.0 + t.task_id) / t.threads
+        result = RunResult.failed(FailureClass.JOB, "out of luck") if wide and t.threads == 2 else RunResult(
+            status=RunStatus.COMPLETED, latency=LatencyStats(None, None, None, ms, ms, ms, ms, 0.01, ms, ms, 10),
+            iterations_ms=[ms] * 10)
+        controller.complete(t.task_id, t.attempt, "a", time.time(), result)
+    page, _, _ = build_report(controller.store, job_id)
+    plots = page[page.index("<h2 id=sweeps>"):page.index("<h2 id=telemetry>")]
+    assert "<h3>mnv2 against threads</h3>" in plots
+    assert "mnv2 against threads: 2 line(s) not drawn, each with one threads value" in plots
+    assert "mobilenetv2_w0.75_r96" in plots and "mobilenetv2_w1.0_r96" in plots.split("not drawn")[1]
+    assert "mobilenetv2_w0.35_r96" not in plots.split("not drawn")[1]
+
+
+def test_a_ranking_column_names_the_models_it_has_no_figure_for() -> None:
+    from farm.controller.analysis.report import _ranking_group
+
+    group = {"threads": 1, "batch_size": 1, "columns": [
+        {"name": "sim (job 1)", "kendall_tau": None, "order": [("a", 1.0), ("b", 2.0), ("c", 3.0)], "notes": []},
+        {"name": "pixel (job 2)", "kendall_tau": None, "order": [("a", 9.0)], "notes": []},
+        {"name": "jetson (predicted)", "kendall_tau": None, "order": [], "notes": ["c: not predicted (no macs)"]}]}
+    section = _ranking_group("latency", group)
+    assert "<p class=note>pixel (job 2): no completed figure for b, c</p>" in section
+    assert "<p class=note>jetson (predicted): no completed figure for a, b, c</p>" in section
+    assert "c: not predicted (no macs)" in section
