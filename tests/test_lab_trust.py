@@ -225,3 +225,32 @@ def test_a_ranking_column_names_the_models_it_has_no_figure_for() -> None:
     assert "<p class=note>pixel (job 2): no completed figure for b, c</p>" in section
     assert "<p class=note>jetson (predicted): no completed figure for a, b, c</p>" in section
     assert "c: not predicted (no macs)" in section
+
+
+def test_tasks_failed_by_a_quarantine_are_recent_failures(tmp_path: Path, tiny_models) -> None:
+    """A quarantined device's waiting tasks fail without a run: the lab page's "Recent failures" lists them."""
+    import time
+
+    from farm.controller.scheduling.controller import Controller
+    from farm.controller.scheduling.jobfile import DeviceTarget, load_job_text
+    from farm.controller.store import SQLiteStore
+    from farm.proto.results import FailureClass, RunResult
+    from farm.web.pages import failures_panel
+
+    controller = Controller(SQLiteStore(tmp_path / "farm.db"))
+    job_id = controller.submit(load_job_text(f"models: [{tiny_models['tflite']}]\nsim: {{on_contention: flag}}\n",
+                                             "sim.yaml", tmp_path))
+    t = controller.lease("a", {"sim"}, job_id=job_id)
+    controller.complete(t.task_id, t.attempt, "a", time.time(), RunResult.failed(FailureClass.JOB, "bad model"))
+    device_job = controller.submit(load_job_text(
+        f"models: [{tiny_models['tflite']}]\nmatrix: {{threads: [1, 2]}}\ntargets: [pixel-1]\n", "device.yaml", tmp_path,
+        devices=[DeviceTarget("pixel-1")]))
+    assert controller.quarantine("pixel-1", "adb says offline") == 2
+    failures = controller.store.reads.recent_failures(10)
+    quarantined = [f for f in failures if f["job_id"] == device_job]
+    assert len(quarantined) == 2 and all(f["run_id"] is None and f["target"] == "pixel-1" for f in quarantined)
+    assert all(f["failure_class"] == "infrastructure" and "device pixel-1 is quarantined (adb says offline)" in f["message"]
+               for f in quarantined)
+    assert [f["job_id"] for f in failures] == [device_job, device_job, job_id]  # newest first, the run's too
+    panel = failures_panel(failures)
+    assert panel.count("tiny @ pixel-1") == 2 and "device pixel-1 is quarantined" in panel and "bad model" in panel

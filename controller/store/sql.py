@@ -870,12 +870,19 @@ class LabReads(Repository):
         return found
 
     def recent_failures(self, limit: int) -> list[dict[str, Any]]:
-        """The newest failed runs (not cancellations), each with its task's target and model."""
-        return self._query(
+        """The newest failed runs (not cancellations), each with its task's target and model, and the tasks failed
+        without a run (a quarantined device's waiting tasks: run_id None), newest first."""
+        runs = self._query(
             "SELECT r.id AS run_id, r.job_id, r.task_id, r.attempt, r.failure_class, r.message, r.finished_at, "
             "r.limits_memory_mb, t.target, t.model_name FROM runs r JOIN tasks t ON t.id = r.task_id "
             "WHERE r.status = 'failed' AND r.failure_class IS NOT NULL AND r.failure_class != 'canceled' "
             "ORDER BY r.id DESC LIMIT ?", [limit])
+        never_ran = self._query(
+            "SELECT NULL AS run_id, t.job_id, t.id AS task_id, t.attempts AS attempt, t.failure_class, t.message, "
+            "t.finished_at, NULL AS limits_memory_mb, t.target, t.model_name FROM tasks t "
+            "WHERE t.status = 'failed' AND t.last_run_id IS NULL ORDER BY t.finished_at DESC, t.id DESC LIMIT ?",
+            [limit])
+        return sorted(runs + never_ran, key=lambda r: -(r["finished_at"] or 0.0))[:limit]
 
     def drift_alerts(self, limit: int) -> list[dict[str, Any]]:
         """The newest refreshes whose drift exceeded a threshold."""
