@@ -254,3 +254,16 @@ def test_tasks_failed_by_a_quarantine_are_recent_failures(tmp_path: Path, tiny_m
     assert [f["job_id"] for f in failures] == [device_job, device_job, job_id]  # newest first, the run's too
     panel = failures_panel(failures)
     assert panel.count("tiny @ pixel-1") == 2 and "device pixel-1 is quarantined" in panel and "bad model" in panel
+
+
+def test_a_passed_health_check_never_releases_a_quarantined_device(tmp_path: Path) -> None:
+    from farm.controller.scheduling.controller import Controller
+    from farm.controller.store import SQLiteStore
+
+    controller = Controller(SQLiteStore(tmp_path / "farm.db"))
+    assert controller.passed_health_check("pixel-1", "passed job 1")
+    controller.quarantine("jetson-1", "golden results left their history")
+    assert not controller.passed_health_check("jetson-1", "passed job 2")
+    health = controller.store.devices.health_by_name()
+    assert (health["pixel-1"].health, health["pixel-1"].reason) == ("good", "passed job 1")
+    assert health["jetson-1"].health == "bad"  # only a person releases it

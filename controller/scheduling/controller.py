@@ -426,6 +426,16 @@ class Controller:
         self.hooks.quarantined(device, reason)  # operations' alert (controller/__init__.py): queued, never holds this lock
         return len(jobs)  # tasks failed (one entry per task)
 
+    def passed_health_check(self, device: str, reason: str) -> bool:
+        """A device that passed a health check is good (its health was unknown, or good from an earlier check).
+        One that is quarantined or in maintenance stays so: only a person releases it. Returns whether it is good."""
+        with self.store.transaction():
+            current = self.store.devices.health_by_name().get(device)
+            if current is not None and current.health != "good":
+                return False
+            self.store.devices.set_health(device, "good", reason, self.clock())
+        return True
+
     def release(self, device: str) -> None:
         self.store.devices.set_health(device, "good", "released by a person", self.clock())
 
