@@ -178,7 +178,7 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
-    store_watch = StoreFileWatch(store.path)  # a store deleted or replaced under the controller is logged
+    store_watch = StoreFileWatch.for_store(store)  # a store deleted or replaced under the controller is logged
     while not stop.wait(5.0):
         store_watch.check_and_log(logging.getLogger("farm.controller"))
     store_watch.close()

@@ -267,3 +267,41 @@ def test_a_passed_health_check_never_releases_a_quarantined_device(tmp_path: Pat
     health = controller.store.devices.health_by_name()
     assert (health["pixel-1"].health, health["pixel-1"].reason) == ("good", "passed job 1")
     assert health["jetson-1"].health == "bad"  # only a person releases it
+
+
+def test_the_store_panel_of_a_postgresql_lab_names_its_database(postgres_peer, tmp_path: Path) -> None:
+    """The dashboard's Store panel (and the controller's watch) show the database's address, without a password,
+    not the made-up file path of the local folder a PostgreSQL store keeps."""
+    from conftest import fresh_postgres_url
+    from farm.controller.scheduling.store_file import StoreFileWatch
+    from farm.controller.store.postgres import PostgresStore
+    from farm.web.pages import store_facts
+
+    url = fresh_postgres_url(postgres_peer, "store_panel")
+    store = PostgresStore(url.replace("://farm@", "://farm:s3cret@") if "://farm@" in url else url,
+                          files_dir=tmp_path / "files")
+    try:
+        state = StoreFileWatch.for_store(store).check()
+    finally:
+        store.close()
+    assert state.database and state.ok and state.path == store.location
+    assert state.path.startswith("postgresql://") and state.path.endswith("/t_store_panel") and "s3cret" not in state.path
+    panel = store_facts(state)
+    assert "<dt>database</dt>" in panel and state.path in panel
+    assert "farm-postgresql" not in panel and ">linked<" not in panel and "s3cret" not in panel
+
+
+def test_the_store_panel_of_a_sqlite_lab_still_watches_its_file(tmp_path: Path) -> None:
+    from farm.controller.scheduling.store_file import StoreFileWatch
+    from farm.controller.store import SQLiteStore
+    from farm.web.pages import store_facts
+
+    store = SQLiteStore(tmp_path / "farm.db")
+    watch = StoreFileWatch.for_store(store)
+    state = watch.check()
+    assert not state.database and state.path == str(tmp_path / "farm.db") and state.size_bytes
+    assert "<dt>path</dt>" in store_facts(state) and ">linked<" in store_facts(state)
+    (tmp_path / "farm.db").unlink()
+    assert not watch.check().ok
+    watch.close()
+    store.close()
