@@ -503,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     except sqlite3.Error as e:  # the store failed after it opened (locked by another writer, disk full)
         from farm.controller.store import default_db_path, store_error_message
         return _report_error(args, store_error_message(Path(getattr(args, "db", None) or default_db_path()), e),
-                             EXIT_BAD_INPUT)
+                             EXIT_ENVIRONMENT if "is full" in str(e) else EXIT_BAD_INPUT)  # a full disk: not the input
     except ModuleNotFoundError as e:
         from farm.cli.extras import extra_for, missing_extra_message
         if extra_for(e.name) is None:  # not an extra's module: a broken install or a bug, with its traceback

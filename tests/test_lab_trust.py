@@ -305,3 +305,64 @@ def test_the_store_panel_of_a_sqlite_lab_still_watches_its_file(tmp_path: Path) 
     assert not watch.check().ok
     watch.close()
     store.close()
+
+
+@pytest.mark.process
+def test_a_full_disk_mid_job_is_a_clear_error_and_the_job_resumes(tmp_path: Path, tiny_models, farm_process) -> None:
+    """The store's disk fills while a job runs (a real tmpfs, filled by the test after the first run): the runner
+    stops with one paragraph and exit 3, not a thread's traceback; the job reads `interrupted`, and once space is
+    freed `farm resume` finishes it with the runs stored before kept."""
+    import os
+    import sqlite3
+    import subprocess
+    import time
+
+    from conftest import FARM
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], check=True)
+    try:
+        db = disk / "farm.db"
+        shutil.copy(tiny_models["onnx"], tmp_path / "tiny.onnx")
+        job = write_job(tmp_path, "name: fill\nmodels: [tiny.onnx]\nworkload: {type: benchmark, iterations: 500, "
+                                  "warmup: 1}\nrepeats: 8\ntargets: [sim]\nsim: {memory: 512m}\n")
+        runner = subprocess.Popen([*FARM, "submit", str(job), "--db", str(db), "--quiet"], cwd=tmp_path,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "FARM_DB": str(db)})
+
+        def completed_runs() -> int:
+            try:
+                with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
+                    return conn.execute("SELECT COUNT(*) FROM runs WHERE status = 'completed'").fetchone()[0]
+            except sqlite3.OperationalError:
+                return 0
+
+        while completed_runs() < 1 and runner.poll() is None:
+            time.sleep(0.2)
+        assert runner.poll() is None, runner.communicate()
+        filler = disk / "filler"
+        with filler.open("wb") as f:  # every free byte: the next write of the store fails
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        out, err = runner.communicate(timeout=300)
+        assert runner.returncode == 3, err
+        assert "Traceback" not in err and "Exception in thread" not in err
+        assert f"error: the disk holding the store {db} is full" in err and "`farm resume JOB`" in err
+        stored = completed_runs()
+        assert 1 <= stored < 8
+
+        filler.unlink()
+        status = farm_process("status", "1", "--db", str(db))
+        assert "interrupted" in status.stdout and "farm resume 1" in status.stdout, status.stdout + status.stderr
+        resumed = farm_process("resume", "1", "--db", str(db), "--quiet")
+        assert resumed.returncode == 0, resumed.stderr
+        assert completed_runs() == 8  # the runs stored before the disk filled, and the rest
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
