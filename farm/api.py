@@ -396,9 +396,14 @@ def connect(controller: str | None = None, *, db: str | Path | None = None, toke
             split_cores(slots)  # the rule `farm submit --slots` follows
         except ValueError as e:
             raise FarmError(f"connect(slots={slots}): {e}; each sim slot gets cores of its own.") from None
-    address_given = controller
+    if db is not None and controller is not None:
+        raise FarmError(f"connect(controller={controller!r}, db=...): a lab is a controller or a store; give one of them.")
     credentials = Credentials.resolve(token) if token else None
-    return Lab(open_farm(address_given, db=db, credentials=credentials, slots=slots, backend=backend, create=create))
+    if db is not None:
+        # a store named here is the answer: $FARM_CONTROLLER or the config file's controller is for calls naming none
+        from farm.client.compose import EmbeddedSettings, build_embedded
+        return Lab(build_embedded(EmbeddedSettings(db=db, slots=slots, backend=backend, create=create)))
+    return Lab(open_farm(controller, db=db, credentials=credentials, slots=slots, backend=backend, create=create))
 
 
 def suggest(candidates: Iterable[dict[str, Any]], count: int, *, features: Iterable[str] = (),

@@ -366,3 +366,18 @@ def test_a_full_disk_mid_job_is_a_clear_error_and_the_job_resumes(tmp_path: Path
         assert completed_runs() == 8  # the runs stored before the disk filled, and the rest
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_connect_with_a_store_uses_it_even_when_a_controller_is_configured(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """farm.connect(db=...) names the lab: $FARM_CONTROLLER is for a connect() that names none (it was talked to
+    instead, and its error then told the user to use connect(db=...))."""
+    import farm
+    from farm.client.errors import FarmError
+
+    monkeypatch.setenv("FARM_CONTROLLER", "127.0.0.1:1")  # nothing listens there
+    with farm.connect(db=tmp_path / "farm.db") as lab:
+        assert lab.farm.embedded and lab.jobs() == []
+    assert (tmp_path / "farm.db").exists()
+    with pytest.raises(FarmError, match="a lab is a controller or a store; give one of them"):
+        farm.connect("127.0.0.1:1", db=tmp_path / "farm.db")
