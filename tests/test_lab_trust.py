@@ -381,3 +381,40 @@ def test_connect_with_a_store_uses_it_even_when_a_controller_is_configured(tmp_p
     assert (tmp_path / "farm.db").exists()
     with pytest.raises(FarmError, match="a lab is a controller or a store; give one of them"):
         farm.connect("127.0.0.1:1", db=tmp_path / "farm.db")
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_the_nightly_refresh_can_fit_contended_runs(tmp_path: Path, include: bool, caplog) -> None:
+    """Every sim run of the suite contended (a busy lab host): the controller's nightly leaves them out, as
+    `farm refresh` does, unless it was started with --refresh-include-contended; either way it says so."""
+    import time
+
+    from farm.controller.operations.nightly import Cron, NightlyRefresh
+    from farm.controller.operations.reference_suite import bundled_suite_text, submit_reference_suite
+    from farm.controller.scheduling.controller import Controller
+    from farm.controller.scheduling.jobfile import DeviceTarget
+    from farm.controller.store import SQLiteStore
+    from farm.proto.results import Contention, LatencyStats, RunResult, RunStatus
+
+    suite = tmp_path / "suite" / "reference-suite.yaml"
+    suite.parent.mkdir()
+    suite.write_text(bundled_suite_text().replace("threads: [1, 2]", "threads: [1]"))
+    store = SQLiteStore(tmp_path / "farm.db")
+    phone = DeviceTarget("g6-1")
+    job_id = submit_reference_suite(store, [phone], suite)
+    nightly = NightlyRefresh(store, suite, Cron.parse("@daily"), lambda: [phone], include_contended=include)
+    controller = Controller(store)
+    for target, scale in (("sim", 1.0), ("g6-1", 3.0)):
+        while (t := controller.lease("a", {target}, job_id=job_id)) is not None:
+            ms = scale * (1.0 + t.task_id % 5)
+            controller.complete(t.task_id, t.attempt, "a", time.time(), RunResult(
+                status=RunStatus.COMPLETED, latency=LatencyStats(None, None, None, ms, ms, ms, ms, 0.01, ms, ms, 10),
+                iterations_ms=[ms] * 10,
+                contention=Contention(contended=target == "sim", reasons=["a hog on the run's core"])))
+    assert store.jobs.get(job_id)["status"] == "completed"
+    with caplog.at_level("WARNING", logger="farm"):
+        nightly.check_finished()
+    fitted = store.query("SELECT device FROM calibrations")
+    assert bool(fitted) == include and all(r["device"] == "g6-1" for r in fitted)
+    said = "contended sim run(s) left out of the fits (`farm controller serve --refresh-include-contended` uses them)"
+    assert (said in caplog.text) != include
