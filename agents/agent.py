@@ -56,6 +56,7 @@ class Agent:
         self.slots = [SimSlot(i, cpuset) for i, cpuset in enumerate(split_cores(slots))]
         self.on_result = on_result
         self.stopping = threading.Event()  # set on Ctrl+C / SIGTERM: stop current runs
+        self.failure: Exception | None = None  # what stopped a slot (its store failed): run_job raises it
         self._threads: list[threading.Thread] = []
 
     def run_job(self, job_id: int | None) -> None:
@@ -68,6 +69,8 @@ class Agent:
         for t in self._threads:
             t.start()
         self.join()
+        if self.failure is not None:  # in the caller's thread, once: a clean error there, not a thread traceback
+            raise self.failure
 
     def join(self) -> None:
         for t in self._threads:
@@ -85,12 +88,20 @@ class Agent:
         self._drive(device, _ModelChecked(self.devices[device].driver, self.name), job_id)
 
     def _drive(self, target: str, driver: Driver, job_id: int | None) -> None:
-        """Lease `target`'s tasks and run each with `driver` until none is left or the agent stops."""
-        while not self.stopping.is_set():
-            task = self.controller.lease(self.name, {target}, job_id=job_id)
-            if task is None:
-                return
-            self.run_task(task, driver)
+        """Lease `target`'s tasks and run each with `driver` until none is left or the agent stops.
+
+        A failure of the controller's side (the store: a full disk, a lost database) stops every slot: the first
+        one is kept for run_job to raise, and what was stored stays stored for `farm resume`."""
+        try:
+            while not self.stopping.is_set():
+                task = self.controller.lease(self.name, {target}, job_id=job_id)
+                if task is None:
+                    return
+                self.run_task(task, driver)
+        except Exception as e:
+            if self.failure is None:
+                self.failure = e
+            self.stopping.set()
 
     def run_task(self, task: TaskSpec, driver: Driver) -> RunResult:
         started_at = time.time()

@@ -50,9 +50,7 @@ def _positive_int(text: str) -> int:
 
 # --- submit / resume / watch ---------------------------------------------------------
 def _finish(args: argparse.Namespace, farm: Farm, job_id: int, completed_normally: bool) -> int:
-    from rich.text import Text
-
-    from farm.cli.render import failures, results_table, show, to_json
+    from farm.cli.render import results_table, show, to_json
 
     records = [r.model_dump() for r in farm.results(job_id)]  # the tables read a record's JSON form
     job = farm.job(job_id)
@@ -64,8 +62,7 @@ def _finish(args: argparse.Namespace, farm: Farm, job_id: int, completed_normall
              wide=_table_form(args)["wide"])
         if any(r.get("approximate") for r in records):
             console.out.print("* approximate: the process backend enforces limits best-effort and samples memory.")
-        for line in failures(records):
-            console.err.print(Text.assemble(("failed ", "red"), line), highlight=False)
+        _print_failures(records)
         console.out.print(f"kept by the {farm.where} · `farm results {job_id} --format json` for every figure", highlight=False)
     if not completed_normally:
         return EXIT_INTERRUPTED
@@ -196,7 +193,18 @@ def cmd_results(args: argparse.Namespace) -> int:
         job = farm.job(args.job)
         show(console.out, results_table(records, title=f"job {args.job} · {job.name} · {job.status}", **_table_form(args)),
              wide=args.wide)
+        _print_failures(records)
     return EXIT_OK
+
+
+def _print_failures(records: list[dict]) -> None:
+    """Why each failed run failed, one paragraph each, under a results table (submit's, resume's and results')."""
+    from rich.text import Text
+
+    from farm.cli.render import failures
+
+    for line in failures(records):
+        console.err.print(Text.assemble(("failed ", "red"), line), highlight=False)
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
@@ -495,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     except sqlite3.Error as e:  # the store failed after it opened (locked by another writer, disk full)
         from farm.controller.store import default_db_path, store_error_message
         return _report_error(args, store_error_message(Path(getattr(args, "db", None) or default_db_path()), e),
-                             EXIT_BAD_INPUT)
+                             EXIT_ENVIRONMENT if "is full" in str(e) else EXIT_BAD_INPUT)  # a full disk: not the input
     except ModuleNotFoundError as e:
         from farm.cli.extras import extra_for, missing_extra_message
         if extra_for(e.name) is None:  # not an extra's module: a broken install or a bug, with its traceback

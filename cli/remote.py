@@ -149,6 +149,7 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
         heartbeat_interval_s=args.heartbeat_interval, metrics_listen=args.metrics_listen, max_streams=args.max_streams,
         max_watches=args.max_watches, reflection=args.reflection, refresh_cron=args.refresh_cron,
         refresh_suite=Path(args.refresh_suite) if args.refresh_suite else None,
+        refresh_include_contended=args.refresh_include_contended,
         models_roots=[Path(r) for r in args.models_root or []], max_model_bytes=args.max_model_bytes,
         scripts_need_permission=args.scripts_need_permission, budget=_budget(args), job_sharing=args.job_sharing,
         upload_quota=args.upload_quota, max_tasks=args.max_tasks)
@@ -178,7 +179,7 @@ def cmd_controller_serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
-    store_watch = StoreFileWatch(store.path)  # a store deleted or replaced under the controller is logged
+    store_watch = StoreFileWatch.for_store(store)  # a store deleted or replaced under the controller is logged
     while not stop.wait(5.0):
         store_watch.check_and_log(logging.getLogger("farm.controller"))
     store_watch.close()
@@ -286,6 +287,8 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     s.add_argument("--refresh-cron", default=None, metavar="'M H DOM MON DOW'",
                    help="submit the reference suite to every registered device on this schedule, e.g. '30 2 * * *' or '@daily'")
     s.add_argument("--refresh-suite", default=None, help="the reference suite job file (default: the one farm ships)")
+    s.add_argument("--refresh-include-contended", action="store_true",
+                   help="the nightly refresh fits the suite's contended sim runs too (default: left out, and logged)")
     s.add_argument("--max-streams", type=int, default=None,
                    help="calls open at once, each with its own thread: one per agent, one per watcher "
                         "(default 2500: 1,000 agents and their watchers)")

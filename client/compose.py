@@ -101,6 +101,7 @@ class ControllerSettings:
     reflection: bool = False
     refresh_cron: str | None = None
     refresh_suite: Path | None = None
+    refresh_include_contended: bool = False  # the nightly fits contended sim runs too
     models_roots: Sequence[Path] = ()
     max_model_bytes: int | None = None
     scripts_need_permission: bool = False
@@ -175,6 +176,7 @@ class ControllerServer(_Started):
                 heartbeat_interval_s=s.heartbeat_interval_s, metrics_listen=s.metrics_listen,
                 max_streams=s.max_streams or DEFAULT_MAX_STREAMS, max_watches=s.max_watches or DEFAULT_MAX_WATCHES,
                 reflection_on=s.reflection, refresh_cron=s.refresh_cron, refresh_suite=s.refresh_suite,
+                refresh_include_contended=s.refresh_include_contended,
                 models_roots=list(s.models_roots), max_model_bytes=s.max_model_bytes,
                 scripts_need_permission=s.scripts_need_permission, budget=s.budget, job_sharing=s.job_sharing,
                 upload_quota=s.upload_quota if s.upload_quota is not None else DEFAULT_UPLOAD_QUOTA,

@@ -872,8 +872,8 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
           lease_ttl_s: float = 30.0, heartbeat_interval_s: float | None = None, max_streams: int = DEFAULT_MAX_STREAMS,
           max_watches: int = DEFAULT_MAX_WATCHES, reflection_on: bool = False,
           metrics_listen: str | None = None, refresh_cron: str | None = None,
-          refresh_suite: Path | None = None, models_roots: list[Path] | None = None,
-          max_model_bytes: int | None = None, scripts_need_permission: bool = False,
+          refresh_suite: Path | None = None, refresh_include_contended: bool = False,
+          models_roots: list[Path] | None = None, max_model_bytes: int | None = None, scripts_need_permission: bool = False,
           budget: BudgetSettings | None = None, job_sharing: str = "shared",
           upload_quota: int | None = DEFAULT_UPLOAD_QUOTA, clock: Callable[[], float] = time.time,
           hooks: Any = None) -> RunningServer:
@@ -948,7 +948,8 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
         hook = alerts_from_environment()
         nightly = NightlyRefresh(store, refresh_suite, Cron.parse(refresh_cron),  # None: the suite farm ships
                                  farm.device_targets, alert=hook.send_async if hook else None,
-                                 artifacts=files.store, duties=LabDuties(store), holder=f"{listen}/{os.getpid()}")
+                                 artifacts=files.store, duties=LabDuties(store), holder=f"{listen}/{os.getpid()}",
+                                 include_contended=refresh_include_contended)
     farm.refresh_suite = refresh_suite  # `farm refresh` against this controller submits the nightly's suite
     farm.nightly = nightly
     host = listen.rsplit(":", 1)[0].strip("[]")

@@ -312,10 +312,13 @@ class Lab:
                   device: str | None = None, metrics: Iterable[str] = ("latency",), min_pairs: int = 4,
                   include_contended: bool = False) -> list[Calibration]:
         """Fit and store calibrations (a new version each); see `farm calibrate`. Groups too small to fit
-        are left out; `calibrate_document` has them, with why."""
-        return self.calibrate_document(job=job, sim_job=sim_job, device_job=device_job, device=device,
-                                       metrics=metrics, min_pairs=min_pairs,
-                                       include_contended=include_contended).calibrations
+        are left out; `calibrate_document` has them, with why. Nothing fitted at all raises FarmError saying why
+        (as `farm calibrate` exits 1), never an empty list without a reason."""
+        answer = self.calibrate_document(job=job, sim_job=sim_job, device_job=device_job, device=device,
+                                         metrics=metrics, min_pairs=min_pairs, include_contended=include_contended)
+        if not answer.calibrations:
+            raise FarmError(f"calibrate(): nothing was fitted: {nothing_fitted(answer)}")
+        return answer.calibrations
 
     def calibrate_document(self, **ask: Any) -> CalibrateAnswer:
         ask["metrics"] = list(ask.get("metrics") or ("latency",))
@@ -365,6 +368,15 @@ class Lab:
         return answer.model_dump(mode="json", exclude={"workload"})
 
 
+def nothing_fitted(answer: Any) -> str:
+    """Why a calibration answer (CalibrateAnswer) holds no fit, in one paragraph."""
+    why = list(answer.refused)
+    if answer.contended_left_out:
+        why.append(f"{answer.contended_left_out} contended run(s) left out: other work used their cores "
+                   "(include_contended=True uses them)")
+    return "; ".join(why) or "no pair of a sim run and a device run of the same model and settings was found"
+
+
 def connect(controller: str | None = None, *, db: str | Path | None = None, token: str | None = None,
             slots: int = 1, backend: str | None = None, create: bool = False) -> Lab:
     """The controller given, else $FARM_CONTROLLER or the config file's; else the embedded store
@@ -384,9 +396,14 @@ def connect(controller: str | None = None, *, db: str | Path | None = None, toke
             split_cores(slots)  # the rule `farm submit --slots` follows
         except ValueError as e:
             raise FarmError(f"connect(slots={slots}): {e}; each sim slot gets cores of its own.") from None
-    address_given = controller
+    if db is not None and controller is not None:
+        raise FarmError(f"connect(controller={controller!r}, db=...): a lab is a controller or a store; give one of them.")
     credentials = Credentials.resolve(token) if token else None
-    return Lab(open_farm(address_given, db=db, credentials=credentials, slots=slots, backend=backend, create=create))
+    if db is not None:
+        # a store named here is the answer: $FARM_CONTROLLER or the config file's controller is for calls naming none
+        from farm.client.compose import EmbeddedSettings, build_embedded
+        return Lab(build_embedded(EmbeddedSettings(db=db, slots=slots, backend=backend, create=create)))
+    return Lab(open_farm(controller, db=db, credentials=credentials, slots=slots, backend=backend, create=create))
 
 
 def suggest(candidates: Iterable[dict[str, Any]], count: int, *, features: Iterable[str] = (),

@@ -74,6 +74,8 @@ def test_a_slower_phone_drifts_and_is_quarantined(tmp_path: Path, farm, webhook:
             quiet = farm("refresh", "--suite", str(suite), "--devices", str(lab), "--json", *loose, env=env)
             assert quiet.returncode == 0, quiet.stderr
         assert not any(d["exceeded"] for d in quiet.json()["drift"]), [d["reasons"] for d in quiet.json()["drift"]]
+        passed = {d["name"]: d for d in farm("devices", "--devices", str(lab), "--json").json()}["g6-1"]
+        assert passed["health"] == "good", passed  # passing refreshes leave it good, not "health unknown"
 
         config = phone.device_path("/system/benchmark_model.json")
         slowed = json.loads(config.read_text())

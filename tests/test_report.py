@@ -68,7 +68,7 @@ def test_plain_job_report_has_the_table_and_plots_and_renders_in_a_browser(model
         assert header in table
     assert table.count("<tr>") == 1 + 2 and table.count(">2/2") == 2  # (", 1 contended" on a busy machine)
     assert page.rstrip().endswith("</pre></details>\n</body></html>")
-    assert page.index("&quot;name&quot;: &quot;plain&quot;") > page.index("<details><summary>the job as submitted")
+    assert page.index("<pre>name: plain\n") > page.index("<details><summary>the job as submitted (YAML")
 
     # self-contained: nothing fetched from anywhere, no script
     assert not re.search(r"(src|href)=['\"]?(https?:)?//", page) and "<script" not in page

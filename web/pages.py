@@ -125,7 +125,10 @@ def _device_actions(d: DeviceRow, csrf: str) -> str:
 
 
 def store_facts(store: StoreFile) -> str:
-    """Where this dashboard reads from, and whether that file is still the one on disk."""
+    """Where this dashboard reads from, and whether that file is still the one on disk (a database: its address)."""
+    if store.database:
+        return (f'<h2>Store</h2><dl class="facts store" id="store-health"><dt>database</dt><dd>{e(store.path)}</dd>'
+                f'<dt>last write</dt><dd>{e(when(store.last_write))}</dd></dl>')
     size = "—" if store.size_bytes is None else f"{store.size_bytes / 1e6:.1f} MB"
     state = ('<span class="health good">linked</span>' if store.ok else
              f'<span class="health bad">{"deleted" if not store.linked else "replaced"}</span>')

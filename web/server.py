@@ -127,7 +127,7 @@ class Dashboard:
         self.throttle = LoginThrottle()  # failed log-ins and bearer tokens per address
         self.closing = threading.Event()  # set when the server stops: open event streams end
         self._live_cache: dict[tuple[str, Identity, Session | None], tuple[float, dict[str, str]]] = {}
-        self.store_watch = StoreFileWatch(store.path)  # opened now: a later deletion or replacement shows
+        self.store_watch = StoreFileWatch.for_store(store)  # opened now: a later deletion or replacement shows
         self._open_session = Session("admin", 0, "open", float("inf"))  # no tokens: everyone is admin (as over gRPC)
 
     @property

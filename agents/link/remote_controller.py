@@ -209,8 +209,7 @@ class RemoteController:
             except (OSError, ValueError, grpc.RpcError) as e:
                 # Not the model's fault: another agent (or a later try) may have it.
                 self.complete(task.task_id, task.attempt, agent, time.time(), RunResult.failed(
-                    FailureClass.INFRASTRUCTURE,
-                    f"agent {self.name} could not fetch model {task.model_sha256[:12]} (or the script folder): {e}"))
+                    FailureClass.INFRASTRUCTURE, self.fetch_failure(task, e)))
                 continue
             return task
         return None
@@ -451,6 +450,16 @@ class RemoteController:
         request.answered.set()
 
     # --- artifacts --------------------------------------------------------------------------
+    def fetch_failure(self, task: TaskSpec, error: BaseException) -> str:
+        """Why this agent could not fetch a task's model or script folder, as one paragraph: a gRPC error as its
+        status and the controller's own words (its repr is a multi-line object dump with the C core's debug string)."""
+        if isinstance(error, grpc.RpcError) and isinstance(error, grpc.Call):
+            why = f"the controller at {self.address} answered {error.code().name}: {error.details() or 'no details'}"
+        else:
+            why = str(error) or type(error).__name__
+        return " ".join(f"agent {self.name} could not fetch model {task.model_sha256[:12]} (or the script folder): "
+                        f"{printable(why, limit=500)}".split())
+
     def local_model_path(self, task: TaskSpec) -> str:
         """The task's model in this agent's cache, fetched by sha256: a path from the wire is never opened here."""
         if self.artifact_dir is None:

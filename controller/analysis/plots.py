@@ -152,6 +152,15 @@ def _series_label(r: dict[str, Any], x: Param, others: list[Param]) -> str:
     return " ".join(parts)
 
 
+def single_point_series(records: list[dict[str, Any]], x: Param, others: list[Param]) -> list[str]:
+    """The lines sweep_figure leaves out: a model and setting with fewer than two values of `x` (no line to draw)."""
+    series: dict[str, set[Any]] = {}
+    for r in records:
+        if x.value(r) is not None:
+            series.setdefault(_series_label(r, x, others), set()).add(x.value(r))
+    return sorted(label for label, xs in series.items() if len(xs) < 2)
+
+
 def sweep_figure(family: str, records: list[dict[str, Any]], x: Param, others: list[Param]) -> Figure | None:
     """Latency, throughput and peak memory against one swept parameter, a line per model and setting.
 

@@ -34,7 +34,7 @@ from farm.controller.analysis.ranking import RankError, rank_job
 from farm.controller.analysis.results import average_repeats, run_records
 from farm.controller.store import Store
 from farm.controller.store.rows import CalibrationRow, plain_rows
-from farm.proto.escape import printable
+from farm.proto.escape import cut_list, printable
 
 FIGURE_SIZE_IN = (6.4, 4.8)
 MAX_TELEMETRY_FIGURES = 12  # one per model; a job of hundreds of models keeps its samples in the store
@@ -68,6 +68,18 @@ def calibrations_for_job(store: Store, job_id: int) -> list[StoredCalibration]:
 def _e(value: Any) -> str:
     """Text from a job or a device as HTML: control characters shown as escapes, markup as text."""
     return html.escape(printable(value, limit=None), quote=True)
+
+
+def _e_lines(value: str) -> str:
+    """As _e, keeping line breaks (a block shown in <pre>): only other control characters become escapes."""
+    return html.escape(printable(value, limit=None, multiline=True), quote=True)
+
+
+def spec_yaml(spec_json: str) -> str:
+    """The stored job spec as the YAML a job file is written in, one field a line, in the stored order."""
+    import yaml
+
+    return yaml.safe_dump(json.loads(spec_json), sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
 
 
 def _g(v: Any, digits: int = 4) -> str:
@@ -232,18 +244,31 @@ def rankings_section(store: Store, job_id: int, calibrations: list[StoredCalibra
     for metric in sorted({c.metric for c in calibrations if c.metric != "energy"} or {"latency"}):
         try:
             ranking = rank_job(store, job_id, metric, device_jobs=device_jobs, devices=[])
-        except RankError:
+        except RankError as e:  # an empty ranking says why
+            parts.append(f"<p class=note>{_e(metric)}: not ranked: {_e(e)}</p>")
             continue
+        if ranking["contended_left_out"]:
+            parts.append(f"<p class=note>{_e(metric)}: {ranking['contended_left_out']} contended run(s) left out of "
+                         "the ranking (<code>farm rank --include-contended</code> uses them)</p>")
         for group in ranking["groups"]:
-            cols = group["columns"]
-            headers = ["#"] + [f"{c['name']}" + (f" (τ = {c['kendall_tau']:.2f})" if c["kendall_tau"] is not None else "")
-                               for c in cols]
-            rows = [[i + 1] + [f"{col['order'][i][0]} ({_g(col['order'][i][1])} {_unit(metric)})"
-                               if i < len(col["order"]) else "" for col in cols]
-                    for i in range(max(len(c["order"]) for c in cols))]
-            parts.append(f"<h3>{_e(metric)} · {group['threads']} thread(s) · batch {group['batch_size']}</h3>"
-                         f"{_table(headers, rows)}")
+            parts.append(_ranking_group(metric, group))
     return "".join(parts) or "<p>no completed runs to rank</p>"
+
+
+def _ranking_group(metric: str, group: dict[str, Any]) -> str:
+    """One cell's ranking table, then which models a column lacks and why (none left out silently)."""
+    cols = group["columns"]
+    headers = ["#"] + [f"{c['name']}" + (f" (τ = {c['kendall_tau']:.2f})" if c["kendall_tau"] is not None else "")
+                       for c in cols]
+    rows = [[i + 1] + [f"{col['order'][i][0]} ({_g(col['order'][i][1])} {_unit(metric)})"
+                       if i < len(col["order"]) else "" for col in cols]
+            for i in range(max(len(c["order"]) for c in cols))]
+    ranked = {m for m, _ in cols[0]["order"]}
+    notes = [f"{c['name']}: no completed figure for {cut_list(sorted(ranked - {m for m, _ in c['order']}))}"
+             for c in cols[1:] if ranked - {m for m, _ in c["order"]}]
+    notes += [n for c in cols for n in c["notes"]]
+    return (f"<h3>{_e(metric)} · {group['threads']} thread(s) · batch {group['batch_size']}</h3>{_table(headers, rows)}"
+            + "".join(f"<p class=note>{_e(n)}</p>" for n in notes))
 
 
 # --- results, plots, facts ------------------------------------------------------------------
@@ -336,6 +361,11 @@ def sweep_section(averaged: list[dict[str, Any]], figures: list[Figure]) -> str:
             if fig is not None:
                 figures.append(fig)
                 parts.append(f"<h3>{_e(family)} against {_e(x.label)}</h3>{_img(fig)}")
+            single = plots.single_point_series(rows, x, others)
+            if single:  # never a model silently missing from a chart: say which and why
+                parts.append(f"<p class=note>{_e(family)} against {_e(x.label)}: {len(single)} line(s) not drawn, "
+                             f"each with one {_e(x.label)} value (the results table has them): "
+                             f"{_e(cut_list(single))}</p>")
     if left_out:
         parts.append(f"<p class=warn>{left_out} more family × parameter figure(s) left out: the page shows the first "
                      f"{MAX_SWEEP_FIGURES}; give models a shared <code>family:</code> in the job to group them.</p>")
@@ -552,7 +582,7 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
     if contended:
         warnings.append(f"{contended} run(s) contended: other work used their cores; their figures are not the budget's.")
     targets = sorted({r["target"] for r in records})
-    spec = json.dumps(json.loads(job["spec_json"]), indent=1)
+    spec = spec_yaml(job["spec_json"])
     when = "".join(f" · {label} {_when(job[key])}" for label, key in (("created", "created_at"), ("finished", "finished_at"))
                    if job.get(key))
     toc = [("results", "Results"), ("sweeps", "Plots"), ("telemetry", "Memory and CPU over time"), ("facts", "Models"),
@@ -576,7 +606,7 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
 {f'<h2 id=ops>Operators</h2>{ops}' if ops else ''}
 <h2 id=calibrations>Calibrations</h2>{cal_sections}
 <h2 id=rankings>Rankings</h2>{rankings}
-<h2 id=spec>Job spec</h2><details><summary>the job as submitted (JSON, {len(spec.splitlines())} lines)</summary><pre>{_e(spec)}</pre></details>
+<h2 id=spec>Job spec</h2><details><summary>the job as submitted (YAML, {len(spec.splitlines())} lines)</summary><pre>{_e_lines(spec)}</pre></details>
 </body></html>"""
     return page, figures, warnings
 

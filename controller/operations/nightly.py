@@ -89,8 +89,9 @@ class NightlyRefresh:
     def __init__(self, store: Store, suite: Path | None, cron: Cron, devices: Callable[[], list[DeviceTarget]], *,
                  alert: Callable[[dict[str, Any]], None] | None = None, clock: Callable[[], dt.datetime] = dt.datetime.now,
                  artifacts: ArtifactStore | None = None, duties: LabDuties | None = None,
-                 holder: str = "") -> None:
+                 holder: str = "", include_contended: bool = False) -> None:
         self.store = store
+        self.include_contended = include_contended  # fit the suite's contended sim runs too (as `farm refresh --include-contended`)
         # several controllers on one store: each tick is submitted, and each suite job checked, by one of them
         self.duties = duties
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}"
@@ -143,9 +144,13 @@ class NightlyRefresh:
             self.checked.add(job_id)
             if self.duties is not None and not self.duties.claim("check", str(job_id), self.holder):
                 continue  # checked by the controller that led before this one
-            report = after_reference_run(self.store, job_id, alert=self.alert)
+            report = after_reference_run(self.store, job_id, alert=self.alert, include_contended=self.include_contended)
             log.info("nightly refresh job %d: %d calibration(s), %d drift check(s), quarantined %s", job_id,
                      len(report.calibrations), len(report.drift), sorted(report.quarantined) or "none")
+            if report.contended_left_out:
+                log.warning("nightly refresh job %d: %d contended sim run(s) left out of the fits "
+                            "(`farm controller serve --refresh-include-contended` uses them)", job_id,
+                            report.contended_left_out)
 
     def run_forever(self, interval_s: float = 30.0) -> None:
         while not self._stop.wait(interval_s):

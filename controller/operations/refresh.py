@@ -242,7 +242,16 @@ def after_reference_run(store: Store, job_id: int, *, thresholds: DriftThreshold
             reason = "golden results left their history: " + "; ".join(o.describe() for o in outliers)
             controller.quarantine(device, reason)  # the controller also tells the webhook
             report.quarantined[device] = [o.describe() for o in outliers]
+        elif _passed(store, job_id, device):
+            controller.passed_health_check(device, f"passed the reference suite of job {job_id}: every run completed, "
+                                                   f"golden results within {k:g}·σ of their history (where it has one)")
     return report
+
+
+def _passed(store: Store, job_id: int, device: str) -> bool:
+    """Whether `device` ran every reference task of the job it was given, and completed each."""
+    tasks = [t for t in store.jobs.tasks(job_id) if t["target"] == device]
+    return bool(tasks) and all(t["status"] == "completed" for t in tasks)
 
 
 def report_json(report: RefreshReport) -> dict[str, Any]:

@@ -399,9 +399,7 @@ class Controller:
             fields = {"status": TaskStatus.PENDING.value, "failure_class": failure,
                       "message": f"attempt {attempt} failed ({failure}): {result.message}; retrying"}
         else:
-            fields = {"status": TaskStatus.FAILED.value,
-                      "failure_class": result.failure_class.value if result.failure_class else FailureClass.BUG.value,
-                      "message": result.message}
+            fields = self._failed_or_kept(task, attempt, result)
         if fields["status"] in TERMINAL_TASK:
             fields["finished_at"] = self.clock()
         fields["leased_by"] = None
@@ -411,6 +409,19 @@ class Controller:
             self.quarantine(task["target"], f"{attempt} infrastructure failures in a row; last: {result.message}")
         touched_jobs.add(task["job_id"])
         return Applied(run_id, fields["status"])
+
+    def _failed_or_kept(self, task: TaskRow, attempt: int, result: RunResult) -> dict[str, Any]:
+        """A task's last attempt failed: it fails, unless an earlier attempt finished a measurement that was set
+        aside only because it was contended. That one is the task's result, kept and flagged (as the policy
+        keeps one after its retries): a retry never throws a finished measurement away."""
+        failure = result.failure_class.value if result.failure_class else FailureClass.BUG.value
+        kept = self.store.runs.last_contended_measurement(task["id"]) if task["target"] == "sim" else None
+        if kept is None:
+            return {"status": TaskStatus.FAILED.value, "failure_class": failure, "message": result.message}
+        run_id, kept_attempt = kept
+        return {"status": TaskStatus.COMPLETED.value, "failure_class": None, "last_run_id": run_id,
+                "message": f"attempt {kept_attempt}'s measurement kept, contended and flagged: the attempt measuring it "
+                           f"again failed ({failure}: {result.message})"}
 
     def _contention_outcome(self, task: TaskRow) -> str:
         policy = self._plan(task).sim.on_contention
@@ -427,6 +438,16 @@ class Controller:
             self._finish_job_if_done(job_id)
         self.hooks.quarantined(device, reason)  # operations' alert (controller/__init__.py): queued, never holds this lock
         return len(jobs)  # tasks failed (one entry per task)
+
+    def passed_health_check(self, device: str, reason: str) -> bool:
+        """A device that passed a health check is good (its health was unknown, or good from an earlier check).
+        One that is quarantined or in maintenance stays so: only a person releases it. Returns whether it is good."""
+        with self.store.transaction():
+            current = self.store.devices.health_by_name().get(device)
+            if current is not None and current.health != "good":
+                return False
+            self.store.devices.set_health(device, "good", reason, self.clock())
+        return True
 
     def release(self, device: str) -> None:
         self.store.devices.set_health(device, "good", "released by a person", self.clock())

@@ -8,6 +8,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,7 @@ class StoreFile:
     replaced: bool  # the path now names another file (a restore, a copy over it)
     size_bytes: int | None  # the database and its write-ahead log
     last_write: float | None  # newest modification time of the two
+    database: bool = False  # a database server's store (path: its address without the password): no file to watch
 
     @property
     def ok(self) -> bool:
@@ -39,14 +41,24 @@ class StoreFileWatch:
     """Holds its own descriptor on the store file, so a deletion shows as st_nlink == 0 and a replacement as
     another inode behind the path."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, database: str | None = None) -> None:
+        """path: the store file; database: a database server's address instead (the store's location), shown as
+        the store's place, never the local folder a PostgreSQL store keeps beside it."""
         self.path = path
+        self.database = database
         self._fd: int | None = None
         self._told = False
-        if str(path) != ":memory:" and path.exists():  # a PostgreSQL store has no file to watch
+        if database is None and str(path) != ":memory:" and path.is_file():
             self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
 
+    @classmethod
+    def for_store(cls, store: Any) -> "StoreFileWatch":
+        """The watch of an open store (controller.store.Store): its file, or its database's address."""
+        return cls(store.path, database=None if store.location == str(store.path) else store.location)
+
     def check(self) -> StoreFile:
+        if self.database is not None:
+            return StoreFile(self.database, True, False, None, None, database=True)
         if self._fd is None:
             return StoreFile(str(self.path), True, False, None, None)
         held = os.fstat(self._fd)

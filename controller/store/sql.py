@@ -516,7 +516,8 @@ class Runs(Repository):
                     "iterations": pack_iterations(result.iterations_ms) if result.iterations_ms else None,
                     "telemetry": pack_telemetry((s.t_s, s.cpu_percent, s.memory_bytes) for s in samples) if samples
                     else None}, returning=None)
-            store.update_row("tasks", task.id, {**task_fields, "last_run_id": run_id})
+            # task_fields may name an earlier run as the task's result (a kept contended measurement)
+            store.update_row("tasks", task.id, {"last_run_id": run_id, **task_fields})
         return int(run_id)
 
     def iterations(self, run_id: int) -> list[float]:
@@ -548,6 +549,12 @@ class Runs(Repository):
 
     def contended_runs(self, task_id: int) -> int:
         return self._count("SELECT COUNT(*) AS n FROM runs WHERE task_id = ? AND contended = 1", [task_id])
+
+    def last_contended_measurement(self, task_id: int) -> tuple[int, int] | None:
+        """(run id, attempt) of the task's latest completed but contended run: a measurement a retry set aside."""
+        rows = self._query("SELECT id, attempt FROM runs WHERE task_id = ? AND contended = 1 AND status = 'completed' "
+                           "ORDER BY attempt DESC LIMIT 1", [task_id])
+        return (int(rows[0]["id"]), int(rows[0]["attempt"])) if rows else None
 
     def device_latencies(self, job_id: int, device: str) -> list[DeviceLatency]:
         """(model_sha256, model_name, threads, latency_avg_ms) of a job's completed runs on `device`."""
@@ -889,12 +896,19 @@ class LabReads(Repository):
         return found
 
     def recent_failures(self, limit: int) -> list[dict[str, Any]]:
-        """The newest failed runs (not cancellations), each with its task's target and model."""
-        return self._query(
+        """The newest failed runs (not cancellations), each with its task's target and model, and the tasks failed
+        without a run (a quarantined device's waiting tasks: run_id None), newest first."""
+        runs = self._query(
             "SELECT r.id AS run_id, r.job_id, r.task_id, r.attempt, r.failure_class, r.message, r.finished_at, "
             "r.limits_memory_mb, t.target, t.model_name FROM runs r JOIN tasks t ON t.id = r.task_id "
             "WHERE r.status = 'failed' AND r.failure_class IS NOT NULL AND r.failure_class != 'canceled' "
             "ORDER BY r.id DESC LIMIT ?", [limit])
+        never_ran = self._query(
+            "SELECT NULL AS run_id, t.job_id, t.id AS task_id, t.attempts AS attempt, t.failure_class, t.message, "
+            "t.finished_at, NULL AS limits_memory_mb, t.target, t.model_name FROM tasks t "
+            "WHERE t.status = 'failed' AND t.last_run_id IS NULL ORDER BY t.finished_at DESC, t.id DESC LIMIT ?",
+            [limit])
+        return sorted(runs + never_ran, key=lambda r: -(r["finished_at"] or 0.0))[:limit]
 
     def drift_alerts(self, limit: int) -> list[dict[str, Any]]:
         """The newest refreshes whose drift exceeded a threshold."""

@@ -57,6 +57,9 @@ def store_error_message(path: Path, error: sqlite3.Error) -> str:
     if "locked" in text or "busy" in text:
         return (f"{path} is locked by another process (waited {BUSY_TIMEOUT_S} s: {text}); nothing was written. "
                 "Wait for that process (e.g. another `farm submit`) to finish, or stop it, and try again.")
+    if "disk is full" in text or "database or disk is full" in text:
+        return (f"the disk holding the store {path} is full ({text}): nothing more could be stored; what was stored "
+                "is kept. Free space there, then `farm resume JOB` carries on an interrupted job (`farm jobs` lists it).")
     if "readonly" in text or "unable to open" in text or "disk I/O" in text:
         return (f"{path} cannot be opened for writing ({text}): check that the file and its folder are writable "
                 "by you (farm also writes the -wal and -shm files beside it), or point --db at another file.")
