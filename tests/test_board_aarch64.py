@@ -45,10 +45,16 @@ def arm() -> SshdPeer:
         pytest.skip(f"the arm64 board cannot be built or started here: {e}")
 
 
+# The board's /proc sampler is a shell loop of date, grep, grep and sleep: four emulated process starts a tick, about
+# 0.2 CPU-s under qemu-user (measured, issue 34), so at 100 ms it wants more than this machine's two cores and slows
+# the run it samples. Telemetry is what these tests check, not its density: one tick a second (and one at the start).
+SAMPLE_INTERVAL_MS = 1000
+
+
 def _config(peer: SshdPeer, python: str = "python3", **kw) -> BoardDeviceConfig:
     return BoardDeviceConfig(name="arm-1", kind="linux", host=peer.host, port=peer.port, username=peer.username,
                              key_path=peer.client_key, known_hosts=peer.known_hosts, python=python,
-                             remote_dir=REMOTE_DIR, sample_interval_ms=100, **kw)
+                             remote_dir=REMOTE_DIR, sample_interval_ms=SAMPLE_INTERVAL_MS, **kw)
 
 
 def _task(model: Path, workload: dict, timeout_s: float = 600, task_id: int = 21) -> TaskSpec:
@@ -219,6 +225,11 @@ def sim_run_user_problem() -> str | None:
             f"{probe.stderr.strip()[-200:]}; give others search permission on its folders")
 
 
+# each emulated inference costs ~10-30x a native one (issue 34): five a run still average out a busy host's
+# spikes in the sim twins, and the latency fit needs their ranking, not more precision
+FAMILY_ITERATIONS = 5
+
+
 def test_aarch64_mobilenet_family_pairs_with_sim_twins_calibrates_and_predicts(
         arm: SshdPeer, setup_run: RunResult, tmp_path: Path, farm) -> None:
     import json
@@ -244,7 +255,7 @@ devices:
     job.write_text(f"""
 name: arm-mobilenetv2
 models: [{", ".join(f"{{path: models/{m}, family: mobilenetv2}}" for m in train)}]
-workload: {{type: benchmark, iterations: 10, warmup: 2}}
+workload: {{type: benchmark, iterations: {FAMILY_ITERATIONS}, warmup: 1}}
 matrix: {{threads: [1]}}
 targets: [arm-1]
 sim: {{cpus: 1, memory: 2g}}
@@ -272,7 +283,8 @@ sim: {{cpus: 1, memory: 2g}}
     assert p["low"] <= p["estimate"] <= p["high"] and p["estimate"] > p["sim"]
     # the board's own measurement of the held-out model, for BENCHMARKS.md (not asserted: a busy host moves it)
     actual = BoardDriver(_config(arm, python=setup_run.environment["venv_python"])).run(_task(
-        models / "mobilenetv2_w1.0_r96.tflite", {"type": "benchmark", "iterations": 10, "warmup": 2}), lambda: False)
+        models / "mobilenetv2_w1.0_r96.tflite", {"type": "benchmark", "iterations": FAMILY_ITERATIONS, "warmup": 1}),
+        lambda: False)
     assert actual.ok, actual.message
     print("AARCH64-CALIBRATION", json.dumps({"latency": {k: latency.get(k) for k in (
         "kind", "n", "r2", "loo_mape", "loo_within_10", "kendall_tau", "spearman_rho", "formula", "features_used")},
@@ -283,7 +295,8 @@ sim: {{cpus: 1, memory: 2g}}
 
 
 # the short form of examples/jetson-experiment.yaml: four of each family (a fit needs four models), the
-# smallest of the published ones, two inferences a run, one repeat (emulated onnxruntime is slow)
+# smallest of the published ones, one inference a run (whole_run is the metric: the script's start, model load
+# and inference, which one inference already has), one repeat (emulated onnxruntime is slow)
 JETSON_SHORT = {"image": ["shufflenetv2_x0.5", "squeezenet1_1", "mobilenetv2_w1.0_r224", "resnet18"],
                 "video": ["shufflenetv2_3d_x0.25", "shufflenetv2_3d_x0.5", "shufflenetv2_3d_x1", "mobilenetv2_3d_x0.25"]}
 
@@ -319,7 +332,7 @@ devices:
     models = ", ".join(f"{{path: models/{name}.onnx, family: {family}}}" for name, family in wanted.items())
     env = {"FARM_DEVICE_TYPES": str(types)}
     run = farm("submit", "jetson-experiment.yaml", "--devices", str(lab), "--json", "--set", f"models=[{models}]",
-               "--set", "repeats=1", "--set", 'workload.args=["{model}","{threads}","{batch_size}","2"]',
+               "--set", "repeats=1", "--set", 'workload.args=["{model}","{threads}","{batch_size}","1"]',
                "--set", "targets=[arm-1]", "--set", "sim.memory=2g", env=env, timeout=1500)
     records = run.json()["results"]
     assert run.returncode == 0, [(r["target"], r["failure_class"], r["message"]) for r in records] or run.stderr[-3000:]
