@@ -28,7 +28,7 @@ from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 from farm.controller.store.interface import StoreError
 from farm.controller.store.metrics import MiB
 from farm.controller.store.rows import TaskRow
-from farm.controller.store.schema import SCHEMA_VERSION
+from farm.controller.store.schema import LAB_WIDE_DDL, LAB_WIDE_TABLES, SCHEMA_VERSION
 from farm.controller.store.sql import (
     COMMON_METRIC_SQL, HEALTHY_TARGET, Leases, Repository, RepositoryStore, _q)
 
@@ -55,10 +55,25 @@ METRIC_SQL: dict[str, str] = {
               "THEN ({r}.environment_json::jsonb ->> 'energy_per_inference_mj')::float8 END)",
 }
 
+# A PostgreSQL lab's artifacts, content-addressed in 1 MiB chunks (controller/store/artifacts_db.py); PostgreSQL
+# only: an SQLite lab keeps its artifacts in a folder. EXTERNAL: out of line, not compressed (model weights hardly
+# compress; trying costs the upload time).
+ARTIFACT_DDL = """
+CREATE TABLE IF NOT EXISTS artifact_blobs (sha256 text COLLATE "C" PRIMARY KEY, size bigint NOT NULL,
+  suffix text COLLATE "C" NOT NULL, chunks bigint NOT NULL, stored_at float8 NOT NULL, touched_at float8 NOT NULL);
+CREATE TABLE IF NOT EXISTS artifact_chunks (sha256 text COLLATE "C" NOT NULL, idx bigint NOT NULL,
+  data bytea NOT NULL, PRIMARY KEY (sha256, idx));
+ALTER TABLE artifact_chunks ALTER COLUMN data SET STORAGE EXTERNAL;
+"""
+# The lab-wide tables of issue 32 (schema._migration_18_lab_wide_tables, the same DDL) and the artifact tables:
+# IF NOT EXISTS, since a controller of the release before created them itself on a database at 17.
+LAB_WIDE_SCHEMA = "".join(f"{statement};\n" for statement in LAB_WIDE_DDL) + ARTIFACT_DDL
+
 # A database at an older schema is brought up by these steps (from version N to N + 1), SQLite's migrations'
 # equivalents; one older than the first step is refused.
 UPGRADES = {
     16: "ALTER TABLE jobs ADD COLUMN deadline_at float8; CREATE INDEX idx_jobs_deadline_at ON jobs (deadline_at);",
+    17: LAB_WIDE_SCHEMA,
 }
 
 T = 'text COLLATE "C"'  # byte-wise order and equality, as SQLite's BINARY collation
@@ -159,6 +174,7 @@ END $$;
 CREATE TRIGGER device_health_changed AFTER INSERT OR UPDATE ON device_health
   FOR EACH STATEMENT EXECUTE FUNCTION farm_health_changed();
 """
+SCHEMA += LAB_WIDE_SCHEMA
 # Held while a store creates its schema, so two controllers starting on an empty database create it once.
 SCHEMA_LOCK = 0x6661726D  # "farm"
 
@@ -276,6 +292,11 @@ class PostgresStore(RepositoryStore):
 
     def error_message(self, error: BaseException) -> str:
         return error_message(error, self.url)
+
+    def own_connection(self) -> psycopg.Connection[Any]:
+        """A connection of its own for the caller to close (`with`): a long stream (an artifact's chunks) never
+        holds the store's writing connection. PostgreSQL's answer only: an SQLite lab has no database artifacts."""
+        return self._connect()
 
     def _connect(self) -> psycopg.Connection[Any]:
         try:
@@ -501,7 +522,7 @@ def _params(values: Sequence[Any] | None) -> list[Any] | None:
 # Tables whose id the database numbers, and every table of a lab (job_task_counts is kept by the trigger).
 IDENTITY_TABLES = ("jobs", "tasks", "runs", "calibrations", "calibration_drift")
 TABLES = ("jobs", "tasks", "runs", "summaries", "run_samples", "op_profiles", "calibrations", "calibration_runs",
-          "agents", "devices", "device_health", "calibration_drift", "artifact_uploads")
+          "agents", "devices", "device_health", "calibration_drift", "artifact_uploads", *LAB_WIDE_TABLES)
 
 
 def _table(name: str) -> str:
