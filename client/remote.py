@@ -6,10 +6,12 @@ rights and uploaded by content; the controller never opens a path of ours.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Sequence, Iterator
 
@@ -37,31 +39,102 @@ MAX_JOB_FILE_BYTES = 1 << 20  # the controller's limit too (grpc_server.MAX_JOB_
 FARM_SERVICE = farm_pb2.DESCRIPTOR.services_by_name["FarmService"]
 
 
-class FarmClient:
-    """FarmService calls with the token attached and errors turned into FarmError."""
+# Calls a client may send again, to the next controller of its list, after one was sent and its answer lost: reads,
+# and writes whose second arrival changes nothing (a cancel, a health set, a forget, an upload by content, a submit
+# carrying its submit key). Any other call moves on only when its controller could not be reached before sending:
+# a retry, a refresh, a calibration or a prediction sent twice could be done twice.
+REPEATABLE = frozenset({
+    "GetJob", "ListJobs", "GetResults", "ListDevices", "ListAgents", "DeviceHealth", "ListCalibrations", "Rank",
+    "Report", "Drift", "Suggest", "MissingArtifacts", "WatchJob", "CancelJob", "SetDeviceHealth", "ForgetDevice",
+    "UploadArtifact", "SubmitJob"})
+CONNECT_S = 5.0  # how long an unrepeatable call waits for its controller's channel before trying the next
 
-    def __init__(self, address: str, credentials: Credentials) -> None:
-        from farm.agents.link.remote_controller import open_channel, token_metadata
+
+class Unreachable(Exception):
+    """The controller could not be reached: nothing was sent to it."""
+
+
+class FarmClient:
+    """FarmService calls with the token attached and errors turned into FarmError, through the first controller of
+    `addresses` that answers: when one is unreachable the next is asked (issue 32), saying so on stderr."""
+
+    def __init__(self, address: str, credentials: Credentials, others: Sequence[str] = ()) -> None:
+        from farm.agents.link.remote_controller import token_metadata
         from farm.controller.auth import TlsFiles
 
         from farm.client.config import DEFAULT_PORT
         from farm.proto.addresses import controller_address
 
         try:  # RemoteFarm(address) from the Python API comes here without address_of
-            self.address = controller_address(address, DEFAULT_PORT)
+            self.addresses = [controller_address(a, DEFAULT_PORT) for a in (address, *others)]
         except ValueError as e:
             raise FarmError(f"the controller's address: {e}") from None
         self.tls = TlsFiles(ca=credentials.tls_ca, cert=credentials.tls_cert, key=credentials.tls_key) \
             if credentials.tls_ca else None
-        self.channel = open_channel(address, tls=self.tls)
-        self.stub = farm_pb2_grpc.FarmServiceStub(self.channel)  # type: ignore[no-untyped-call]
         self.metadata = token_metadata(credentials.token)
+        self.at = 0  # which of `addresses` is asked now
+        self._open()
+
+    def _open(self) -> None:
+        from farm.agents.link.remote_controller import open_channel
+
+        self.address = self.addresses[self.at]
+        self.channel = open_channel(self.address, tls=self.tls)
+        self.stub = farm_pb2_grpc.FarmServiceStub(self.channel)  # type: ignore[no-untyped-call]
+
+    def next_controller(self) -> str | None:
+        """The controller asked now is gone: ask the next of the list from here on; the gone one's address
+        (None: the list has no next, and nothing changed)."""
+        if self.at + 1 >= len(self.addresses):
+            return None
+        gone = self.address
+        self.channel.close()
+        self.at += 1
+        self._open()
+        return gone
+
+    def move_on(self, why: FarmError, doing: str) -> bool:
+        if self.next_controller() is None:
+            return False
+        sys.stderr.write(f"farm: {why} Asking the next controller of the list, {self.address}, {doing}.\n")
+        return True
+
+    def _connected(self, timeout: float) -> None:
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise Unreachable() from None
 
     def call(self, method: str, request: Any, timeout: float = 30) -> Any:
-        try:
-            return getattr(self.stub, method)(request, metadata=self.metadata, timeout=timeout)
-        except grpc.RpcError as e:
-            raise self.explain(e) from None
+        """One call, through the next controller of the list while one is unreachable (a call in REPEATABLE also
+        when its controller went away after it was sent)."""
+        return self.through_any(method, lambda: getattr(self.stub, method)(request, metadata=self.metadata,
+                                                                           timeout=timeout))
+
+    def through_any(self, method: str, send: Callable[[], Any]) -> Any:
+        first = self.address
+        while True:
+            try:
+                if method not in REPEATABLE:
+                    self._connected(CONNECT_S)
+                answer = send()
+            except Unreachable:
+                lost = FarmError(f"cannot reach the controller at {self.address} (no connection in {CONNECT_S:g} s); "
+                                 "nothing was sent to it.", EXIT_ENVIRONMENT)
+            except grpc.RpcError as e:
+                lost = self.explain(e)
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise lost from None
+                if method not in REPEATABLE:  # sent, then the controller went away: it may have done it
+                    raise FarmError(f"{lost} It went away after {method} was sent, so it may or may not have been "
+                                    "done; ask another controller of the lab (`farm jobs`, `farm status JOB`) before "
+                                    "sending it again.", EXIT_ENVIRONMENT) from None
+            else:
+                if self.address != first:
+                    sys.stderr.write(f"farm: answered by the controller at {self.address}\n")
+                return answer
+            if not self.move_on(lost, f"for {method}"):
+                raise lost from None
 
     def explain(self, e: grpc.RpcError) -> FarmError:
         code, details = e.code(), e.details() or ""
@@ -93,11 +166,10 @@ def _upload_chunks(sha256: str, name: str, size: int, read: Callable[[int], byte
 
 class RemoteFarm(Farm):
     def __init__(self, address: str, credentials: Credentials | None = None, *, others: Sequence[str] = ()) -> None:
-        """others: the lab's other controllers on the same store (`--controller a:1,b:2`), in order: a watch
-        whose controller goes away carries on through the next of them."""
+        """others: the lab's other controllers on the same store (`--controller a:1,b:2`), in order: a call whose
+        controller is unreachable, and a watch whose controller goes away, carry on through the next of them."""
         self.credentials = credentials or Credentials.resolve()
-        self.client = FarmClient(address, self.credentials)
-        self.others = list(others)
+        self.client = FarmClient(address, self.credentials, others)
 
     @property
     def where(self) -> str:
@@ -122,12 +194,11 @@ class RemoteFarm(Farm):
                             EXIT_ENVIRONMENT) from None
 
     # --- uploads ------------------------------------------------------------------------
-    def _upload(self, sha256: str, name: str, size: int, read: Callable[[int], bytes]) -> None:
-        try:
-            self.client.stub.UploadArtifact(_upload_chunks(sha256, name, size, read), metadata=self.client.metadata,
-                                            timeout=3600)
-        except grpc.RpcError as e:
-            raise self.client.explain(e) from None
+    def _upload(self, sha256: str, name: str, size: int, reader: Callable[[], Callable[[int], bytes]]) -> None:
+        """reader: a fresh read function from the artifact's first byte (an upload cut off by its controller
+        going away is sent whole again to the next one; it is stored by content, so twice is once)."""
+        self.client.through_any("UploadArtifact", lambda: self.client.stub.UploadArtifact(
+            _upload_chunks(sha256, name, size, reader()), metadata=self.client.metadata, timeout=3600))
 
     def _upload_job_files(self, source: Path, text: str) -> tuple[list[Any], str]:
         """Resolve the job's models (and script folder) here and upload what the controller lacks.
@@ -168,7 +239,7 @@ class RemoteFarm(Farm):
             if answer.max_script_archive_bytes and len(archive) > answer.max_script_archive_bytes:
                 raise FarmError(f"{source}: workload.dir packs to {len(archive)} bytes, over the controller's limit of "
                                 f"{answer.max_script_archive_bytes}; give the script a folder of its own")
-            self._upload(archive_sha, "dir.tar", len(archive), io.BytesIO(archive).read)
+            self._upload(archive_sha, "dir.tar", len(archive), lambda: io.BytesIO(archive).read)
         job_models = [farm_pb2.JobModel(entry=m.entry_index, name=m.name, sha256=m.facts.sha256, source=str(m.path))
                       for m in models]
         return job_models, archive_sha
@@ -177,8 +248,8 @@ class RemoteFarm(Farm):
         if limit and size > limit:
             raise FarmError(f"{path}: {size} bytes is over the controller's limit of {limit} bytes per model file "
                             "(its --max-model-bytes)")
-        with path.open("rb") as f:
-            self._upload(sha256, path.name, size, f.read)
+        with contextlib.ExitStack() as files:
+            self._upload(sha256, path.name, size, lambda: files.enter_context(path.open("rb")).read)
 
     # --- jobs ---------------------------------------------------------------------------
     def submit(self, source: Path, text: str | None = None, *, priority: Priority | None = None,
@@ -199,10 +270,16 @@ class RemoteFarm(Farm):
         if len(text.encode()) > MAX_JOB_FILE_BYTES:
             raise FarmError(f"{source}: the job file is over {MAX_JOB_FILE_BYTES} bytes")
         job_models, archive_sha = self._upload_job_files(source, text)
+        # the key makes sending it again safe: a controller that dies after making the job but before answering
+        # leaves the job for the next controller of the list to name, not to make twice
         response = self.client.call("SubmitJob", farm_pb2.SubmitJobRequest(
             job_yaml=text, base_dir=str(source.resolve().parent), file_name=str(source), priority=priority or "",
-            models=job_models, script_archive_sha256=archive_sha))
-        return Submitted(job=response.job_id, tasks=response.tasks, models=response.models, where=self.where)
+            models=job_models, script_archive_sha256=archive_sha, submit_key=uuid.uuid4().hex))
+        if response.repeated:
+            sys.stderr.write(f"farm: job {response.job_id} was made by the submit sent before (its controller went "
+                             f"away before answering); the {self.where} names it, and made no second job\n")
+        return Submitted(job=response.job_id, tasks=response.tasks, models=response.models or len(job_models),
+                         where=self.where)
 
     def wait(self, job: int, on_progress: OnProgress | None = None) -> bool:
         """Follow the job to its end; when the controller goes away, through the next one given (the job is the
@@ -218,14 +295,13 @@ class RemoteFarm(Farm):
                 lost = self.client.explain(e)
                 if e.code() != grpc.StatusCode.UNAVAILABLE:
                     raise lost from None
-            if not self.others:
+            gone = self.client.next_controller()
+            if gone is None:
                 raise FarmError(f"{lost} Job {job} is kept in the lab's store and carries on without this client on "
                                 f"whichever controller and agents remain; follow it with `farm watch {job}` through "
                                 "another controller of the lab (`--controller a:PORT,b:PORT` moves on by itself).",
                                 EXIT_ENVIRONMENT)
-            gone, self.client = self.client, FarmClient(self.others.pop(0), self.credentials)
-            gone.close()
-            sys.stderr.write(f"the controller {gone.address} went away; job {job} carries on: following it through "
+            sys.stderr.write(f"the controller {gone} went away; job {job} carries on: following it through "
                              f"{self.client.address}\n")
 
     def resume(self, job: int) -> None:

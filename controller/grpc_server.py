@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import queue
+import re
 import socket
 import threading
 import time
@@ -40,6 +41,7 @@ from farm.controller.scheduling.artifacts import (
 from farm.controller.store.artifacts_db import ArtifactChunks
 from farm.controller.store.postgres import PostgresStore
 from farm.controller.store.presence import Presence
+from farm.controller.store.leader import LabDuties, SweepLeader
 from farm.controller.async_calls import Aborted, CallGate, ServerLoop, ThreadContext, next_request
 from farm.controller.auth import (
     BudgetSettings, CallBudget, Identity, IdleUploads, TlsFiles, TokenGuard, TokenTable, UploadIdle,
@@ -76,6 +78,7 @@ T = TypeVar("T")
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 16 << 20  # a RunResult with every sample of a long run fits well under this
 MAX_JOB_FILE_BYTES = 1 << 20
+SUBMIT_KEY = re.compile(r"[0-9a-f]{32}")  # a client's submit key (client/remote.py: uuid4().hex)
 MAX_ANSWER_BYTES = MAX_MESSAGE_BYTES - (1 << 20)  # a rendered report travels in one answer
 MAX_ARTIFACT_BYTES = 4 << 30
 MAX_MODEL_BYTES = 2 << 30  # one model file, uploaded or under a models root (--max-model-bytes)
@@ -611,6 +614,15 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         if len(request.job_yaml.encode()) > MAX_JOB_FILE_BYTES:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the job file is over {MAX_JOB_FILE_BYTES} bytes")
         identity = identity_of(context, self.server.tokens)
+        key = request.submit_key
+        if key and not SUBMIT_KEY.fullmatch(key):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"submit_key {printable(key[:40])!r} is not 32 hex digits")
+        viewer = self._viewer(context)  # an admin's job is the lab's own
+        made = self.server.controller.job_of_submit_key(key, viewer.owner) if key else None
+        if made is not None:  # sent again after a lost answer: the job exists (made through this or another controller)
+            log.info("job %d: a submit sent again (its first answer was lost); no second job made", made)
+            return farm_pb2.SubmitJobResponse(job_id=made, tasks=self.server.controller.progress(made).total,
+                                              models=0, repeated=True)
         try:
             if self.server.scripts_need_permission and not identity.may_run_scripts:
                 # before anything is read for the job: a script's folder under a models root is packed by
@@ -630,12 +642,15 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"priority {printable(request.priority[:40])!r} is not "
                               "one of interactive, normal, low")
             job.spec.priority = cast(Priority, request.priority)
-        viewer = self._viewer(context)  # an admin's job is the lab's own
-        job_id = self.server.controller.submit(job, owner=viewer.owner, team=viewer.team)
+        repeated = False
+        if key:
+            job_id, repeated = self.server.controller.submit_once(job, key, owner=viewer.owner, team=viewer.team)
+        else:
+            job_id = self.server.controller.submit(job, owner=viewer.owner, team=viewer.team)
         self.server.wake(queue_changed=True)
         total = self.server.controller.progress(job_id).total
-        log.info("job %d submitted: %d task(s)", job_id, total)
-        return farm_pb2.SubmitJobResponse(job_id=job_id, tasks=total, models=len(job.models))
+        log.info("job %d submitted: %d task(s)%s", job_id, total, " (sent again: made before)" if repeated else "")
+        return farm_pb2.SubmitJobResponse(job_id=job_id, tasks=total, models=len(job.models), repeated=repeated)
 
     def MissingArtifacts(self, request: farm_pb2.MissingArtifactsRequest,
                          context: grpc.ServicerContext) -> farm_pb2.MissingArtifactsResponse:
@@ -848,6 +863,8 @@ class RunningServer:
         if self.nightly:
             self.nightly.stop()
         self.farm.stop()
+        if isinstance(self.farm.controller.sweeps, SweepLeader):
+            self.farm.controller.sweeps.release()  # the next controller to ask sweeps at once
         with contextlib.suppress(futures.TimeoutError, RuntimeError):  # RuntimeError: stopped already
             self.loop.run(self.grpc_server.stop(grace_s), timeout_s=grace_s + 5)
         self.loop.close()
@@ -944,7 +961,6 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
     if refresh_cron:
         from farm.controller.operations.alerts import alerts_from_environment
         from farm.controller.operations.nightly import Cron, NightlyRefresh
-        from farm.controller.store.leader import LabDuties
         hook = alerts_from_environment()
         nightly = NightlyRefresh(store, refresh_suite, Cron.parse(refresh_cron),  # None: the suite farm ships
                                  farm.device_targets, alert=hook.send_async if hook else None,
@@ -955,6 +971,9 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
     host = listen.rsplit(":", 1)[0].strip("[]")
     farm.agents.address = f"{socket.gethostname() if host in ('', '0.0.0.0', '::') else host}:{port}"
     farm.agents.presence = Presence(store)  # which controller each agent is on, for every controller's pages
+    # lease expiry and job deadlines on one controller of those sharing the store: the holder of the sweeps' lease
+    farm.controller.sweeps = SweepLeader(LabDuties(store), f"{farm.agents.address}/{os.getpid()}",
+                                         farm.controller.lease_ttl_s, clock=farm.controller.clock)
     farm.start()
     loop.run(server.start())
     if nightly:

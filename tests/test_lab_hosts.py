@@ -286,3 +286,141 @@ def test_migrate_refuses_a_lab_still_being_written_and_moves_artifacts_into_the_
     finally:
         source.close()
         target.close()
+
+
+def _job_with_leases(store, leases: list[float], *, deadline_at: float | None = None) -> tuple[int, list[int]]:
+    """A job whose tasks are leased to agent `rack` until each of `leases` (a time on the tests' clock)."""
+    job = store.jobs.insert({"name": "swept", "status": "running", "priority": "normal", "created_at": 0.0,
+                             "spec_json": "{}", "deadline_at": deadline_at},
+                            [{"seq": i, "target": "sim", "model_name": "m", "status": "pending", "attempts": 0,
+                              "max_attempts": 3, "priority": 1, "spec_json": "{}"} for i in range(len(leases))])
+    tasks = [t.id for t in store.jobs.tasks(job)]
+    with store.transaction():
+        for task, until in zip(tasks, leases):
+            store.leases.lease(task, 1, "rack", until)
+    return job, tasks
+
+
+def test_lab_wide_sweeps_run_on_the_leader_only_and_pass_on_when_it_dies(pg_url: str, tmp_path: Path) -> None:
+    """Issue 32: lease expiry and job deadlines ran on every controller of one store; now on the sweeps' leader
+    only, and the lease row passes on to another controller once the leader stops renewing it."""
+    from farm.controller.scheduling.controller import Controller
+    from farm.controller.store.leader import LabDuties, SweepLeader
+    from farm.controller.store.postgres import PostgresStore
+
+    now = [1000.0]
+    stores = [PostgresStore(pg_url, files_dir=tmp_path / host) for host in ("a", "b")]
+    try:
+        a, b = (Controller(store, lease_ttl_s=40.0, clock=lambda: now[0]) for store in stores)
+        a.sweeps = SweepLeader(LabDuties(stores[0]), "host-a:50051/1", 40.0, clock=lambda: now[0])
+        b.sweeps = SweepLeader(LabDuties(stores[1]), "host-b:50051/2", 40.0, clock=lambda: now[0])
+        first, _ = _job_with_leases(stores[0], [990.0, 995.0])  # both leases ran out already
+        assert a.expire_leases() == 2, "a, the first to ask, leads and returns both lost leases to the queue"
+        assert a.sweeps.leading
+        second, _ = _job_with_leases(stores[0], [1001.0])
+        now[0] = 1005.0
+        assert b.expire_leases() == 0 and not b.sweeps.leading, "b swept while a held the sweeps' lease"
+        assert [t.status for t in stores[1].jobs.tasks(second)] == ["running"]
+        now[0] = 1015.0  # a renews (every quarter TTL) and sweeps
+        assert a.expire_leases() == 1 and a.sweeps.leading
+        assert LabDuties(stores[1]).holder("sweeps", now=now[0]) == "host-a:50051/1"
+        # a dies (kill -9: no hand-over); while its lease lives nobody sweeps, then b takes the lease row over
+        stores[0].close()
+        third, _ = _job_with_leases(stores[1], [1020.0])
+        late, _ = _job_with_leases(stores[1], [10_000.0], deadline_at=1030.0)
+        now[0] = 1050.0  # a's lease (until 1055) is still live
+        assert b.expire_leases() == 0 and not b.sweeps.leading
+        now[0] = 1056.0  # past it; b asked last at 1050, so it asks again after a quarter TTL
+        assert b.expire_leases() == 0, "b asked before its quarter TTL was over"
+        now[0] = 1061.0
+        assert b.expire_leases() == 1 and b.sweeps.leading, "b did not take the sweeps over from the dead leader"
+        assert LabDuties(stores[1]).holder("sweeps", now=now[0]) == "host-b:50051/2"
+        assert [t.status for t in stores[1].jobs.tasks(third)] == ["pending"]
+        assert stores[1].jobs.get(late)["status"] == "canceled", "the new leader did not end a job past its deadline"
+        # a controller stopping on purpose hands on at once
+        b.sweeps.release()
+        assert LabDuties(stores[1]).holder("sweeps", now=now[0]) is None
+    finally:
+        for store in stores:
+            store.close()
+
+
+def test_migrate_carries_a_labs_presence_leader_and_claims_and_both_schemas_hold_them(pg_url: str,
+                                                                                     tmp_path: Path) -> None:
+    """Issue 32 item 3: the lab-wide tables are schema migration 19 in both databases and in `farm store migrate`'s
+    list, so an SQLite lab moved to PostgreSQL keeps which controller leads and which nightly ticks were done."""
+    import sqlite3
+
+    from farm.controller.store import SQLiteStore
+    from farm.controller.store.leader import LabDuties
+    from farm.controller.store.postgres import PostgresStore
+    from farm.controller.store.presence import Presence, Seen
+    from farm.controller.store.schema import SCHEMA_VERSION
+    from farm.cli.main import main
+
+    path = tmp_path / "farm.db"
+    source = SQLiteStore(path)
+    Presence(source).publish("host-a:50051", [Seen("rack", "host-a:50051", "online", 1000.0, 990.0, 1, 2)],
+                             complete=True)
+    duties = LabDuties(source)
+    assert duties.hold("sweeps", "host-a:50051/7", 60.0, now=1000.0)
+    assert duties.claim("nightly", "2026-11-22T02:30", "host-a:50051/7")
+    source.close()
+    target_url = pg_url
+    assert main(["store", "migrate", "--from", str(path), "--to", target_url]) == 0
+    target = PostgresStore(target_url, files_dir=tmp_path / "pg")
+    try:
+        assert target.schema_version() == SCHEMA_VERSION
+        assert Presence(target).fresh(0.0) == [Seen("rack", "host-a:50051", "online", 1000.0, 990.0, 1, 2)]
+        moved = LabDuties(target)
+        assert moved.holder("sweeps", now=1010.0) == "host-a:50051/7"
+        assert not moved.hold("sweeps", "host-b:50051/8", 60.0, now=1010.0), "the leader's lease did not move over"
+        assert not moved.claim("nightly", "2026-11-22T02:30", "host-b:50051/8"), "a done nightly tick would run again"
+    finally:
+        target.close()
+    # an SQLite store a controller of the release before gave the tables (CREATE TABLE IF NOT EXISTS) keeps its rows
+    older = tmp_path / "older.db"
+    SQLiteStore(older).close()
+    with sqlite3.connect(older) as conn:
+        conn.execute("DROP TABLE lab_leader")
+        conn.execute("CREATE TABLE lab_leader (duty TEXT PRIMARY KEY, holder TEXT NOT NULL, "
+                     "expires_at DOUBLE PRECISION NOT NULL)")
+        conn.execute("INSERT INTO lab_leader VALUES ('sweeps', 'old', 5000.0)")
+        conn.execute("UPDATE schema_version SET version = 17")
+    upgraded = SQLiteStore(older)
+    try:
+        assert upgraded.schema_version() == SCHEMA_VERSION
+        assert LabDuties(upgraded).holder("sweeps", now=4000.0) == "old"
+    finally:
+        upgraded.close()
+
+
+def test_a_postgresql_lab_at_schema_17_keeps_the_lab_wide_rows_a_controller_created_for_itself(
+        pg_url: str, tmp_path: Path) -> None:
+    """Before migration 19 each controller created the lab-wide and artifact tables itself (IF NOT EXISTS) on a
+    database at 17: the upgrade takes them as they are, rows and all."""
+    from farm.controller.store.artifacts_db import ArtifactChunks
+    from farm.controller.store.leader import LabDuties
+    from farm.controller.store.postgres import PostgresStore
+    from farm.controller.store.schema import SCHEMA_VERSION
+
+    store = PostgresStore(pg_url, files_dir=tmp_path)
+    try:
+        assert LabDuties(store).hold("nightly", "old-controller", 60.0, now=100.0)
+        data = b"model" * 300
+        model = tmp_path / "m.onnx"
+        model.write_bytes(data)
+        assert ArtifactChunks(store).put(hashlib.sha256(data).hexdigest(), len(data), ".onnx", model)
+        # back to a release-17 database (before task_plans, migration 18), which had the lab-wide tables already
+        store.execute("DROP TABLE task_plans")
+        store.execute("ALTER TABLE tasks DROP COLUMN plan_id")
+        store.execute("UPDATE schema_version SET version = 17")
+    finally:
+        store.close()
+    store = PostgresStore(pg_url, files_dir=tmp_path)
+    try:
+        assert store.schema_version() == SCHEMA_VERSION
+        assert LabDuties(store).holder("nightly", now=120.0) == "old-controller"
+        assert ArtifactChunks(store).stored(hashlib.sha256(data).hexdigest()) == (len(data), ".onnx")
+    finally:
+        store.close()

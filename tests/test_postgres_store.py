@@ -563,6 +563,7 @@ def test_a_database_at_schema_17_moves_each_jobs_plans_to_task_plans_in_place(pg
     import psycopg
 
     from farm.controller.store.postgres import PostgresStore
+    from farm.controller.store.schema import SCHEMA_VERSION
 
     store = PostgresStore(pg_url, files_dir=tmp_path / "files")
     store.close()
@@ -580,7 +581,7 @@ def test_a_database_at_schema_17_moves_each_jobs_plans_to_task_plans_in_place(pg
                          "spec_json) VALUES (%s, %s, 'sim', 'm', 'pending', 0, 3, 1, %s)", [old, seq, plan])
     store = PostgresStore(pg_url, files_dir=tmp_path / "files")
     try:
-        assert store.schema_version() == 18
+        assert store.schema_version() == SCHEMA_VERSION  # 17 -> 18 (plans) -> 19 (lab-wide tables)
         tasks = store.jobs.tasks(old)
         assert [t.spec_json for t in tasks] == [own, twin, own]
         assert tasks[0].plan_id == tasks[2].plan_id != tasks[1].plan_id

@@ -130,6 +130,9 @@ class Controller:
         self.on_deadline: Callable[[int], None] | None = None
         # each stored plan (task_plans: a row never changes) validated once, not at every lease (issue 35)
         self._plans: dict[int, TaskPlan] = {}
+        # whether this process runs the lab-wide sweeps now (store/leader.SweepLeader: one controller of those on
+        # one store); None: always (embedded, or the only controller)
+        self.sweeps: Callable[[], bool] | None = None
 
     # --- clients -----------------------------------------------------------------
     def submit(self, job: ResolvedJob, *, name: str | None = None, kind: str = "user", owner: str | None = None,
@@ -153,6 +156,22 @@ class Controller:
             self._fail_waiting_tasks(row["name"], row["reason"], job_id=job_id)
         self._finish_job_if_done(job_id)
         return job_id
+
+    def submit_once(self, job: ResolvedJob, submit_key: str, *, owner: str | None = None,
+                    team: str | None = None) -> tuple[int, bool]:
+        """submit(), once per client submit key lab-wide: (job id, whether an earlier submit with the key made it).
+        The key is taken in the transaction that makes the job, so a submit sent again through another controller
+        after the first one's answer was lost (it died after committing) finds that job instead of making another."""
+        with self.store.transaction():
+            made = self.store.jobs.claim_submit_key(owner or "", submit_key, self.clock())
+            if made is not None:
+                return made, True
+            job_id = self.submit(job, owner=owner, team=team)
+            self.store.jobs.bind_submit_key(owner or "", submit_key, job_id)
+        return job_id, False
+
+    def job_of_submit_key(self, submit_key: str, owner: str | None) -> int | None:
+        return self.store.jobs.job_of_submit_key(owner or "", submit_key)
 
     def _fail_waiting_tasks(self, device: str, reason: str, *, job_id: int | None = None) -> list[int]:
         """Fail the device's pending tasks; returns the jobs they belonged to (once each)."""
@@ -458,7 +477,10 @@ class Controller:
     def expire_leases(self) -> int:
         """Tasks whose agent stopped renewing go back to the queue (the next lease is attempt + 1).
 
-        The lost attempt is stored as a run of its own (infrastructure), so `runs` has every attempt."""
+        The lost attempt is stored as a run of its own (infrastructure), so `runs` has every attempt.
+        With several controllers on one store only the sweeps' leader runs it (the others answer 0)."""
+        if self.sweeps is not None and not self.sweeps():
+            return 0
         self.enforce_deadlines()  # the same sweep ends jobs past timeouts.job (their tasks canceled, not lost)
         # read on a reader connection first: the common round finds nothing and so takes no write lock
         lost = self.store.leases.running_attempts(expired_before=self.clock())

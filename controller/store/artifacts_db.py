@@ -26,28 +26,17 @@ if TYPE_CHECKING:
     from farm.controller.store.postgres import PostgresStore
 
 CHUNK_BYTES = 1 << 20
-TABLES_LOCK = 0x6661726D41  # pg_advisory_xact_lock key while the tables are created (b"farmA")
-DDL = """
-CREATE TABLE IF NOT EXISTS artifact_blobs (sha256 text COLLATE "C" PRIMARY KEY, size bigint NOT NULL,
-  suffix text COLLATE "C" NOT NULL, chunks bigint NOT NULL, stored_at float8 NOT NULL, touched_at float8 NOT NULL);
-CREATE TABLE IF NOT EXISTS artifact_chunks (sha256 text COLLATE "C" NOT NULL, idx bigint NOT NULL,
-  data bytea NOT NULL, PRIMARY KEY (sha256, idx));
-ALTER TABLE artifact_chunks ALTER COLUMN data SET STORAGE EXTERNAL;
-"""  # EXTERNAL: out of line, not compressed (model weights hardly compress; trying costs the upload time)
 
 
 class ArtifactChunks:
-    """The artifact tables of one PostgreSQL store (created when first opened; an older lab gets them too)."""
+    """The artifact tables of one PostgreSQL store (its schema has them: postgres.ARTIFACT_DDL, upgrade 17)."""
 
     def __init__(self, store: PostgresStore) -> None:
         self.store = store
-        with self._connection() as conn, conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", [TABLES_LOCK])  # another controller may be starting
-            conn.execute(DDL)
 
     def _connection(self) -> Any:
         """A connection of its own (closed by `with`): a long stream never holds the store's writer."""
-        return self.store._connect()
+        return self.store.own_connection()
 
     def _fail(self, doing: str, error: BaseException) -> StoreError:
         return StoreError(f"{doing} in {self.store.location}: {self.store.error_message(error)}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 from typing import TYPE_CHECKING, Any, Callable
 
-__all__ = ["MIGRATIONS", "PACKED_SAMPLES", "SCHEMA_VERSION", "database", "migrate", "schema_version", "sqlite_utils",
+__all__ = ["LAB_WIDE_DDL", "LAB_WIDE_TABLES", "MIGRATIONS", "PACKED_SAMPLES", "SCHEMA_VERSION", "database", "migrate", "schema_version", "sqlite_utils",
            "up_to_date"]
 
 
@@ -257,10 +257,37 @@ def _migration_18(db: sqlite_utils.Database) -> None:
                "AND p.plan_json = tasks.spec_json), spec_json = NULL WHERE spec_json IS NOT NULL AND job_id IS NOT NULL")
 
 
+def _migration_19_lab_wide_tables(db: sqlite_utils.Database) -> None:
+    # The lab-wide tables of issue 32, which main created with CREATE TABLE IF NOT EXISTS when a controller first
+    # opened them (a store may hold them already, hence IF NOT EXISTS here too): which controller each agent is
+    # on (controller/store/presence.py), and the leader's lease per duty and the claim per occurrence
+    # (controller/store/leader.py), and clients' submit keys. A step of its own, so other schema changes number around it.
+    for statement in LAB_WIDE_DDL:
+        db.execute(statement)
+
+
+# The same DDL in both databases (postgres.py's SCHEMA and its upgrade from 17 take it too): float8 and bigint,
+# not REAL (PostgreSQL's is 4 bytes: seconds since 1970 would lose minutes).
+LAB_WIDE_DDL = (
+    "CREATE TABLE IF NOT EXISTS agent_presence (agent TEXT PRIMARY KEY, controller TEXT NOT NULL, "
+    "state TEXT NOT NULL, last_seen DOUBLE PRECISION NOT NULL, connected_at DOUBLE PRECISION NOT NULL, "
+    "busy BIGINT NOT NULL, slots BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS lab_leader (duty TEXT PRIMARY KEY, holder TEXT NOT NULL, "
+    "expires_at DOUBLE PRECISION NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS lab_claims (duty TEXT NOT NULL, occurrence TEXT NOT NULL, holder TEXT NOT NULL, "
+    "claimed_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (duty, occurrence))",
+    # a client's submit key per owner ('' for the lab's own): a submit repeated through another controller after
+    # a lost answer finds the job the first one made (Controller.submit_once)
+    "CREATE TABLE IF NOT EXISTS submit_keys (owner TEXT NOT NULL, submit_key TEXT NOT NULL, job_id BIGINT, "
+    "at DOUBLE PRECISION NOT NULL, PRIMARY KEY (owner, submit_key))",
+)
+LAB_WIDE_TABLES = ("agent_presence", "lab_leader", "lab_claims", "submit_keys")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6, _migration_7, _migration_8,
     _migration_9, _migration_10, _migration_11, _migration_12, _migration_13, _migration_14, _migration_15,
-    _migration_16, _migration_17, _migration_18]
+    _migration_16, _migration_17, _migration_18, _migration_19_lab_wide_tables]
 SCHEMA_VERSION = len(MIGRATIONS)
 # The schema at which stored samples are converted, in transactions of their own, before going further.
 PACKED_SAMPLES = 15

@@ -231,6 +231,22 @@ class Jobs(Repository):
                       for c in columns] for t in tasks])
         return int(job_id)
 
+    def claim_submit_key(self, owner: str, key: str, now: float) -> int | None:
+        """Inside the caller's transaction: take `key` for a job about to be made (None), or the job an earlier
+        submit with the same key made. A concurrent claim of the same key waits for the first to commit."""
+        self._execute("INSERT INTO submit_keys (owner, submit_key, job_id, at) VALUES (?, ?, NULL, ?) "
+                      "ON CONFLICT (owner, submit_key) DO NOTHING", [owner, key, now])
+        rows = self._query("SELECT job_id FROM submit_keys WHERE owner = ? AND submit_key = ?", [owner, key])
+        return None if rows[0]["job_id"] is None else int(rows[0]["job_id"])
+
+    def bind_submit_key(self, owner: str, key: str, job_id: int) -> None:
+        self._execute("UPDATE submit_keys SET job_id = ? WHERE owner = ? AND submit_key = ?", [job_id, owner, key])
+
+    def job_of_submit_key(self, owner: str, key: str) -> int | None:
+        rows = self._query("SELECT job_id FROM submit_keys WHERE owner = ? AND submit_key = ? AND job_id IS NOT NULL",
+                           [owner, key])
+        return int(rows[0]["job_id"]) if rows else None
+
     def get(self, job_id: int) -> JobRow | None:
         rows = self._query("SELECT * FROM jobs WHERE id = ?", [job_id])
         return JobRow.of(rows[0]) if rows else None

@@ -175,20 +175,22 @@ class FinishRefreshRequest(_message.Message):
     def __init__(self, job: _Optional[int] = ..., k: _Optional[float] = ..., max_slope_change: _Optional[float] = ..., max_prediction_shift: _Optional[float] = ..., max_intercept_change: _Optional[float] = ..., max_r2_drop: _Optional[float] = ..., include_contended: _Optional[bool] = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
-    __slots__ = ("job_yaml", "base_dir", "file_name", "priority", "models", "script_archive_sha256")
+    __slots__ = ("job_yaml", "base_dir", "file_name", "priority", "models", "script_archive_sha256", "submit_key")
     JOB_YAML_FIELD_NUMBER: _ClassVar[int]
     BASE_DIR_FIELD_NUMBER: _ClassVar[int]
     FILE_NAME_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     SCRIPT_ARCHIVE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_KEY_FIELD_NUMBER: _ClassVar[int]
     job_yaml: str
     base_dir: str
     file_name: str
     priority: str
     models: _containers.RepeatedCompositeFieldContainer[JobModel]
     script_archive_sha256: str
-    def __init__(self, job_yaml: _Optional[str] = ..., base_dir: _Optional[str] = ..., file_name: _Optional[str] = ..., priority: _Optional[str] = ..., models: _Optional[_Iterable[_Union[JobModel, _Mapping]]] = ..., script_archive_sha256: _Optional[str] = ...) -> None: ...
+    submit_key: str
+    def __init__(self, job_yaml: _Optional[str] = ..., base_dir: _Optional[str] = ..., file_name: _Optional[str] = ..., priority: _Optional[str] = ..., models: _Optional[_Iterable[_Union[JobModel, _Mapping]]] = ..., script_archive_sha256: _Optional[str] = ..., submit_key: _Optional[str] = ...) -> None: ...
 
 class JobModel(_message.Message):
     __slots__ = ("entry", "name", "sha256", "source")
@@ -241,14 +243,16 @@ class UploadArtifactResponse(_message.Message):
     def __init__(self, sha256: _Optional[str] = ..., size: _Optional[int] = ..., already_stored: _Optional[bool] = ...) -> None: ...
 
 class SubmitJobResponse(_message.Message):
-    __slots__ = ("job_id", "tasks", "models")
+    __slots__ = ("job_id", "tasks", "models", "repeated")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    REPEATED_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     tasks: int
     models: int
-    def __init__(self, job_id: _Optional[int] = ..., tasks: _Optional[int] = ..., models: _Optional[int] = ...) -> None: ...
+    repeated: bool
+    def __init__(self, job_id: _Optional[int] = ..., tasks: _Optional[int] = ..., models: _Optional[int] = ..., repeated: _Optional[bool] = ...) -> None: ...
 
 class JobRequest(_message.Message):
     __slots__ = ("job_id", "ops")
