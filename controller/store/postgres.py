@@ -76,9 +76,10 @@ LAB_WIDE_SCHEMA = "".join(f"{statement};\n" for statement in LAB_WIDE_DDL) + ART
 UPGRADES = {
     16: "ALTER TABLE jobs ADD COLUMN deadline_at float8; CREATE INDEX idx_jobs_deadline_at ON jobs (deadline_at);",
     # each job's task plans stored once (SQLite's migration 18)
-    17: f"""CREATE TABLE task_plans (id {ID}, job_id bigint REFERENCES jobs (id), plan_json {T});
-CREATE INDEX idx_task_plans_job_id ON task_plans (job_id);
-ALTER TABLE tasks ADD COLUMN plan_id bigint;
+    # (IF NOT EXISTS: each step holds when replayed, as SQLite's, on a database set back to an older number)
+    17: f"""CREATE TABLE IF NOT EXISTS task_plans (id {ID}, job_id bigint REFERENCES jobs (id), plan_json {T});
+CREATE INDEX IF NOT EXISTS idx_task_plans_job_id ON task_plans (job_id);
+ALTER TABLE tasks ADD COLUMN IF NOT EXISTS plan_id bigint;
 INSERT INTO task_plans (job_id, plan_json) SELECT job_id, spec_json FROM tasks
   WHERE spec_json IS NOT NULL AND job_id IS NOT NULL GROUP BY job_id, spec_json ORDER BY MIN(id);
 UPDATE tasks SET plan_id = (SELECT p.id FROM task_plans p WHERE p.job_id = tasks.job_id
