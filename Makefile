@@ -31,10 +31,14 @@ demo: models
 # that passes alone failed on load or on another test's leftovers, and stays listed in the first run's summary.
 # The first run ends with the ten slowest tests (--durations=10); `PYTEST_ARGS=--farm-subprocess` runs every `farm`
 # fixture call as a real process again (the `farm` CLI runs in-process by default, issue 34).
+# The first run is spread over PYTEST_WORKERS pytest-xdist workers (a test file stays on one worker, so its module
+# peers start once); the --lf pass runs alone, in one process, so a test a busy neighbour failed is judged quietly.
+# PYTEST_WORKERS=0 runs everything in one process.
+PYTEST_WORKERS ?= 2
 test: setup
 	@start=$$(date +%s); status=0; \
 	bash .ci/install-deps.sh && $(VENV)/bin/ruff check . && $(PY) tools/typecheck.py && \
-	{ $(PY) -m pytest -q -ra --durations=10 $(PYTEST_ARGS) || { echo "make test: the failed tests once more, alone (pytest --lf):"; \
+	{ $(PY) -m pytest -q -ra --durations=10 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || { echo "make test: the failed tests once more, alone (pytest --lf):"; \
 	  $(PY) -m pytest -q -ra --lf $(PYTEST_ARGS); }; } || status=$$?; \
 	took=$$(( $$(date +%s) - start )); \
 	echo "make test: $$((took / 60)) min $$((took % 60)) s wall (install, ruff, mypy, pytest), exit status $$status"; \

@@ -42,6 +42,11 @@ SUBPROCESS_CLI = False  # pytest --farm-subprocess: helpers outside the `farm` f
 def pytest_configure(config: pytest.Config) -> None:
     global SUBPROCESS_CLI
     SUBPROCESS_CLI = bool(config.getoption("--farm-subprocess"))
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs pytest-xdist workers (-n 2)
+        # a worker is started with COLUMNS=80 / LINES=24 in its environment, which a console without a terminal
+        # takes as its width: tables lose the columns tests read. Without them, as under a plain pytest.
+        for name in ("COLUMNS", "LINES"):
+            os.environ.pop(name, None)
 
 
 def _farm_subprocess(farm_db: Path, tmp_path: Path):

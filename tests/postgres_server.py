@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-# The server kills itself after this long, whatever happens to the test process.
-MAX_LIFETIME_S = 1800
+# The server kills itself after this long, whatever happens to the test process: longer than any test session
+# (CI's limit is 90 minutes; a session-scoped peer first used early must live to the session's end).
+MAX_LIFETIME_S = 3 * 3600
 START_TIMEOUT_S = 120  # a busy 2-core machine can take a while to run initdb and recovery
 
 
