@@ -31,21 +31,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+
+from lab_artifacts import _postgres  # the private PostgreSQL server (or --url), as the artifact benchmark starts it
 
 FARM = [sys.executable, "-m", "farm.cli.main"]
 POLL_S = 0.01
-
-
-@contextlib.contextmanager
-def _postgres(url: str | None) -> Iterator[str]:
-    if url:
-        yield url
-        return
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from postgres_server import postgres_server  # type: ignore[import-not-found]
-    with postgres_server() as peer:
-        yield peer.url
 
 
 def _free_port() -> int:
