@@ -58,6 +58,7 @@ bench: models
 	$(PY) benchmarks/web.py
 	$(PY) benchmarks/web_streams.py
 	$(PY) benchmarks/store_size.py
+	$(PY) benchmarks/process_watch.py
 	$(PY) benchmarks/store_backends.py
 	$(PY) benchmarks/corpus.py
 	$(PY) benchmarks/parsers.py

@@ -44,6 +44,8 @@ SMALL_FORMS = {
     # one cold and one warm job of 2 runs of the tiny ONNX model, embedded
     # 4 samples read from a folder, a .tar and a .tar.gz at submit (issue 30 item 3)
     "dataset_archive": (["dataset_archive.py", "--samples", "4", "--rounds", "1"], ["samples.tar.gz", "ms/sample"]),
+    # the process backend's watcher beside a 0.3 s run, the tree found every tick and every TREE_RESCAN_S
+    "process_watch": (["process_watch.py", "--seconds", "0.3", "--rounds", "1"], ["| every tick |"]),
     "run_overhead": (["run_overhead.py", "--runs", "2", "--rounds", "1", "--models", "onnx", "--cli-calls", "0",
                       "--no-write"], ["| onnx | warm / cold |", "warm: forked from a kept onnx harness"]),
 }

@@ -90,6 +90,20 @@ def test_half_a_cpu_takes_twice_as_long_as_one(backend: str, tmp_path: Path, tin
     assert 1.4 < ratio < 3.0, walls
 
 
+def test_the_process_backend_kills_a_child_started_late_that_goes_past_the_limit() -> None:
+    """The process backend finds the run's tree again every TREE_RESCAN_S, not every watchdog tick: a child started
+    after the run began, growing past the memory limit, is still found and the run killed as out of memory."""
+    script = ("import subprocess, sys, time\ntime.sleep(0.5)\n"
+              "child = 'b = bytearray(600 << 20)\\nfor i in range(0, len(b), 4096): b[i] = 1\\nimport time; time.sleep(20)'\n"
+              "subprocess.run([sys.executable, '-c', child])\n")
+    with tempfile.TemporaryDirectory() as d:
+        sandbox = backend_class("process")().start([sys.executable, "-c", script], Budget(memory_bytes=300 * MiB),
+                                                   env={"PATH": os.environ["PATH"]}, cwd=Path(d), mounts=[])
+        exit_info = sandbox.wait(30)
+        sandbox.close()
+    assert exit_info.oom_killed and not exit_info.timed_out, exit_info
+
+
 @pytest.mark.parametrize("backend", ["cgroup", "process"])
 def test_a_100ms_allocation_spike_is_in_the_peak(backend: str) -> None:
     """200 MB held for 100 ms between long quiet phases: 3 s sampling would miss it."""
