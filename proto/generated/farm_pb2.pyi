@@ -83,14 +83,16 @@ class RankRequest(_message.Message):
     def __init__(self, job: _Optional[int] = ..., metric: _Optional[str] = ..., device_jobs: _Optional[_Iterable[int]] = ..., devices: _Optional[_Iterable[str]] = ..., include_contended: _Optional[bool] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
-    __slots__ = ("job", "html", "png")
+    __slots__ = ("job", "html", "png", "compare")
     JOB_FIELD_NUMBER: _ClassVar[int]
     HTML_FIELD_NUMBER: _ClassVar[int]
     PNG_FIELD_NUMBER: _ClassVar[int]
+    COMPARE_FIELD_NUMBER: _ClassVar[int]
     job: int
     html: bool
     png: bool
-    def __init__(self, job: _Optional[int] = ..., html: _Optional[bool] = ..., png: _Optional[bool] = ...) -> None: ...
+    compare: int
+    def __init__(self, job: _Optional[int] = ..., html: _Optional[bool] = ..., png: _Optional[bool] = ..., compare: _Optional[int] = ...) -> None: ...
 
 class ReportFile(_message.Message):
     __slots__ = ("name", "data")
