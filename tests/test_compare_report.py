@@ -124,3 +124,18 @@ def test_the_before_after_report_through_a_controller_is_the_embedded_one(three_
         assert refused.returncode == 2 and "7" in refused.stderr, refused.stderr
     finally:
         cluster.stop_all()
+
+
+def test_jobs_that_share_no_model_still_get_their_page_and_say_so(three_jobs: Path, farm_inprocess, tiny_models) -> None:
+    """Two models against one, none named alike nor made from the other: nothing pairs (one each would)."""
+    (three_jobs / "other.onnx").write_bytes(tiny_models["onnx"].read_bytes())
+    (three_jobs / "third.tflite").write_bytes(tiny_models["tflite"].read_bytes())
+    job = write_job(three_jobs, "name: other\nmodels: [other.onnx, third.tflite]\nworkload: {iterations: 2}\n"
+                                "sim: {on_contention: flag}\n", "other.yaml")
+    run = farm_inprocess("submit", str(job))
+    assert run.returncode == 0, run.stderr
+    page, _ = _report(farm_inprocess, three_jobs, "1", "4")
+    text = _text(page)
+    assert "jobs 1 and 4 share no model" in text and "A: float; B: other, third" in text
+    assert "nothing to compare" in text and "Accuracy and latency" in text  # job 1's dataset figures still placed
+    assert "Before: job 1 · before" in text and "After: job 4 · other" in text
