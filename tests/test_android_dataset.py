@@ -116,3 +116,41 @@ def test_app_mode_keeps_its_timings_and_says_the_dataset_did_not_run(tiny_models
     assert result.ok, result.message
     assert "accuracy" not in result.environment
     assert "shell mode only" in result.environment["dataset_note"] and "dataset pass" in result.message
+
+
+def test_farm_submit_runs_a_dataset_job_on_a_phone_and_its_sim_twin_alike(farm, tiny_models, tmp_path: Path,
+                                                                            lab_key: Path) -> None:
+    """From the command line: a dataset job targeting an emulated phone; the phone run and its sim twin record the
+    same outputs, and `farm compare` reads both runs' dataset figures."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    (tmp_path / "tiny.tflite").write_bytes(tiny_models["tflite"].read_bytes())
+    x = np.random.default_rng(8).random((3, 8, 8, 3), dtype=np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "labels.npy", np.array([0, 1, 2]))
+    interp = Interpreter(model_path=str(tmp_path / "tiny.tflite"))
+    interp.allocate_tensors()
+    (inp,), (out,) = interp.get_input_details(), interp.get_output_details()
+    outputs = []
+    for sample in x:  # the reference: the bare interpreter here
+        interp.set_tensor(inp["index"], sample[None])
+        interp.invoke()
+        outputs.append(interp.get_tensor(out["index"]).copy())
+    np.savez(tmp_path / "ref.npz", **{out["name"]: np.concatenate(outputs)})
+    job = write_job(tmp_path, "name: phone-dataset\nmodels: [tiny.tflite]\nworkload:\n  iterations: 3\n  warmup: 1\n"
+                              "  dataset: {path: x.npy, labels: labels.npy, reference: ref.npz}\n"
+                              "targets: [g6-1]\nsim: {on_contention: flag}\n")
+    with AdbDeviceEmulator(tmp_path / "g6", authorized_keys=[Path(f"{lab_key}.pub").read_text()]) as g6:
+        lab = tmp_path / "lab.yaml"
+        lab.write_text(f"devices:\n  - {{name: g6-1, driver: android, type: lg-g6, host: 127.0.0.1, port: {g6.port}, "
+                       f"adb_key: {lab_key}}}\n")
+        run = farm("submit", str(job), "--devices", str(lab), "--json", timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    records = {r["target"]: r for r in run.json()["results"]}
+    assert set(records) == {"g6-1", "sim"}
+    phone, sim = records["g6-1"]["accuracy"], records["sim"]["accuracy"]
+    assert records["g6-1"]["backend"] == "android" and phone["samples"] == sim["samples"] == 3
+    (name,) = phone["outputs"]
+    assert phone["outputs"][name]["sha256"] == sim["outputs"][name]["sha256"]
+    assert phone["agreement"]["max_abs_error"] == sim["agreement"]["max_abs_error"] < 1e-5
+    assert phone["accuracy"] == sim["accuracy"]
