@@ -23,7 +23,7 @@ MODEL = "mobilenetv2_w0.35_r96.onnx"
 
 JOB = """name: {name}
 models: [{model}]
-repeats: 2
+repeats: 3
 workload:
   iterations: 3
   warmup: 1
@@ -56,6 +56,16 @@ def _report(farm_inprocess, folder: Path, *jobs: str, where: tuple[str, ...] = (
     return (out / "report.html").read_text(), written
 
 
+def _judged(farm_inprocess, *jobs: int) -> bool:
+    """Whether every job has two runs or more that no other work disturbed: the noise can then be judged (this
+    machine is shared; a contended run is flagged and left out where clean ones exist, as `farm compare` does)."""
+    for job in jobs:
+        records = farm_inprocess("results", str(job), "--format", "json").json()
+        if sum(not (r.get("contention") or {}).get("contended") for r in records) < 2:
+            return False
+    return True
+
+
 def _text(page: str) -> str:
     return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page)))
 
@@ -68,8 +78,9 @@ def test_a_before_after_report_of_a_model_and_its_int8_variant(three_jobs: Path,
     # the int8 outputs differ from the reference the same way in every run: beyond the noise, and worse
     summary = text[text.index("Summary B against A") if "Summary B against A" in text else text.rindex("Summary"):]
     summary = summary[:summary.index("Before → after")]
-    assert re.search(r"cosine with the reference 1 → 0\.\d+ \(-\d+\.\d%\), beyond the run-to-run noise: B is worse",
-                     summary), summary
+    # (with one clean run on a side the page says the noise is unknown instead; both are what it must say)
+    verdict = "beyond the run-to-run noise: B is worse" if _judged(farm_inprocess, 1, 2) else "noise unknown"
+    assert re.search(r"cosine with the reference 1 → 0\.\d+ \(-\d+\.\d%\), [^;]*" + verdict, summary), summary
     assert "latency avg ms" in summary and "peak memory MB" in summary
     # the full table: the file got smaller, each figure with Welch's verdict
     assert re.search(r"file size MB [\d.]+ [\d.]+ -\d+\.\d% one file each", text), text
@@ -88,7 +99,8 @@ def test_a_difference_inside_the_noise_is_said_to_be(three_jobs: Path, farm_inpr
     page, _ = _report(farm_inprocess, three_jobs, "1", "3")
     text = _text(page)
     assert "float → float" in text  # the same model in both jobs: paired by name
-    assert "cosine with the reference 1 → 1 (+0.0%), inside the run-to-run noise: no difference shown" in text, text
+    verdict = "inside the run-to-run noise: no difference shown" if _judged(farm_inprocess, 1, 3) else "noise unknown"
+    assert re.search(r"cosine with the reference 1 → 1 \(\+0\.0%\), [^;]*" + verdict, text), text
     assert "accuracy top-1" in text
 
 

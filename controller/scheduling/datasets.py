@@ -82,7 +82,7 @@ def load_dataset(workload: BenchmarkWorkload, models: list[ResolvedModel], base_
             raise _Refused("path", f"{printable(dataset.path, 200)!r} packs to {len(packed) * 3 // 4:,} bytes of "
                                    f"samples, labels and reference outputs, over the {MAX_PACKED_BYTES:,} bytes a "
                                    "task carries; use workload.dataset.limit or fewer samples")
-        workload.dataset = replaced(dataset, packed=packed)
+        workload.dataset = replaced(dataset, packed=packed, artifact=None)  # read here: no upload is named
     _check_against_models(workload.dataset, inputs, labels, reference, models)
 
 
