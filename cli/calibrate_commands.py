@@ -512,7 +512,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     png_dir = Path(args.png).expanduser().absolute() if args.png else None
     farm = open_farm(args)
     with _report_progress(farm.embedded):
-        report = farm.report(args.job, html=output is not None, png=png_dir is not None)
+        report = farm.report(args.job, html=output is not None, png=png_dir is not None, compare=args.job_b)
     warnings = report.warnings
     written = []
     try:  # rendered where the data is (a controller, or here); written here
@@ -607,8 +607,16 @@ def add_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("--include-contended", action="store_true", help=INCLUDE_CONTENDED_HELP)
     s.set_defaults(func=cmd_rank)
 
-    s = sub.add_parser("report", parents=[common], help="one self-contained HTML page: results, sweep and telemetry plots, calibrations, rankings")
+    _add_report(sub, common)
+
+
+def _add_report(sub, common: argparse.ArgumentParser) -> None:
+    s = sub.add_parser("report", parents=[common], help="one self-contained HTML page: results, sweep and telemetry plots, calibrations, rankings; "
+                       "with two jobs, before → after")
     s.add_argument("job", type=int, help="the job to report on (see `farm jobs`)")
+    s.add_argument("job_b", type=int, nargs="?", metavar="JOB_B",
+                   help="a second job: one before → after page of JOB → JOB_B (the compare table with the run-to-run "
+                        "noise, the Pareto view of both, each job's results)")
     s.add_argument("-o", "--output", help="the HTML file (plots embedded)")
     s.add_argument("--png", help="also write the figures as PNG files into this folder")
     s.set_defaults(func=cmd_report)

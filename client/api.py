@@ -183,8 +183,9 @@ class Farm(ABC):
     def rank(self, ask: RankAsk) -> RankAnswer:
         return self.ask(RANK, ask)
 
-    def report(self, job: int, *, html: bool = True, png: bool = False) -> ReportAnswer:
-        return self._ask(REPORT, job=job, html=html, png=png)
+    def report(self, job: int, *, html: bool = True, png: bool = False, compare: int | None = None) -> ReportAnswer:
+        """The job's report; with `compare`, one before/after report of job -> compare."""
+        return self._ask(REPORT, job=job, html=html, png=png, compare=compare)
 
     @abstractmethod
     def refresh(self, ask: RefreshAsk, on_progress: OnProgress | None = None) -> RefreshAnswer | None:

@@ -21,6 +21,7 @@ from google.protobuf.message_factory import GetMessageClass
 from pydantic import ValidationError
 
 from farm.proto.spec import Priority
+from farm.proto.accuracy import DATASET_ARTIFACT_NAME
 from farm.client.api import (
     EXIT_ENVIRONMENT, Farm, FarmError, OnProgress, PredictAsk, Prediction, Problem, Progress, RefreshAsk,
     Submitted,
@@ -156,6 +157,21 @@ class FarmClient:
         self.channel.close()
 
 
+def _packed_dataset(spec: Any, models: list[Any], root: Any, base_dir: Path, source: str) -> bytes:
+    """workload.dataset read, checked against every model and packed here, as an embedded farm does, as the .npz
+    bytes the controller is sent (b"" without a dataset); JobFileError names the file and the field."""
+    import base64
+
+    from farm.controller.scheduling.jobfile import check_dataset
+
+    dataset = spec.workload.dataset
+    if dataset is None or (dataset.packed is None and dataset.artifact is not None):
+        return b""  # none, or one the controller already holds (the file names it by sha256)
+    check_dataset(spec, models, root, base_dir, source)
+    packed = spec.workload.dataset.packed
+    return base64.b64decode(packed) if packed else b""
+
+
 def _upload_chunks(sha256: str, name: str, size: int, read: Callable[[int], bytes]) -> Iterator[Any]:
     """ArtifactUpload messages: the first names the artifact, every one carries up to 1 MiB."""
     data = read(UPLOAD_CHUNK_BYTES)
@@ -200,9 +216,10 @@ class RemoteFarm(Farm):
         self.client.through_any("UploadArtifact", lambda: self.client.stub.UploadArtifact(
             _upload_chunks(sha256, name, size, reader()), metadata=self.client.metadata, timeout=3600))
 
-    def _upload_job_files(self, source: Path, text: str) -> tuple[list[Any], str]:
-        """Resolve the job's models (and script folder) here and upload what the controller lacks.
-        Returns the JobModel list and the script archive's sha256 ('' for a benchmark job)."""
+    def _upload_job_files(self, source: Path, text: str) -> tuple[list[Any], str, str]:
+        """Resolve the job's models (and script folder, or dataset) here and upload what the controller lacks.
+        Returns the JobModel list, the script archive's sha256 ('' for a benchmark job) and the packed dataset's
+        ('' without one)."""
         from farm.controller.scheduling.jobfile import JobFileError, check_benchmark_models, check_script, parse_job_text, resolve_models
         from farm.proto.script_archive import ScriptArchiveError, pack_dir
         from farm.proto.spec import BenchmarkWorkload
@@ -211,11 +228,12 @@ class RemoteFarm(Farm):
         try:
             spec, root = parse_job_text(text, str(source))
             models, invalid = resolve_models(spec, root, base_dir, str(source))
-            archive = b""
+            archive = dataset = b""
             if isinstance(spec.workload, BenchmarkWorkload):
                 invalid += check_benchmark_models(spec, models, root, str(source))
                 if invalid:  # every bad model at once, before anything is uploaded
                     raise JobFileError([m.problem for m in sorted(invalid, key=lambda m: (m.problem.line or 0, m.entry_index))])
+                dataset = _packed_dataset(spec, models, root, base_dir, str(source))
             else:
                 if invalid:
                     raise JobFileError([m.problem for m in invalid])
@@ -227,7 +245,8 @@ class RemoteFarm(Farm):
         except JobFileError as e:
             raise FarmError(str(e), problems=[Problem.model_validate(p.to_json()) for p in e.problems]) from None
         archive_sha = hashlib.sha256(archive).hexdigest() if archive else ""
-        wanted = [m.facts.sha256 for m in models] + ([archive_sha] if archive else [])
+        dataset_sha = hashlib.sha256(dataset).hexdigest() if dataset else ""
+        wanted = [m.facts.sha256 for m in models] + [sha for sha in (archive_sha, dataset_sha) if sha]
         answer = self.client.call("MissingArtifacts", farm_pb2.MissingArtifactsRequest(sha256=wanted))
         missing = set(answer.missing)
         for model in models:
@@ -240,9 +259,15 @@ class RemoteFarm(Farm):
                 raise FarmError(f"{source}: workload.dir packs to {len(archive)} bytes, over the controller's limit of "
                                 f"{answer.max_script_archive_bytes}; give the script a folder of its own")
             self._upload(archive_sha, "dir.tar", len(archive), lambda: io.BytesIO(archive).read)
+        if dataset_sha in missing:
+            limit = answer.max_dataset_bytes
+            if limit and len(dataset) > limit:  # an older or stricter controller: said before a byte is sent
+                raise FarmError(f"{source}: workload.dataset packs to {len(dataset):,} bytes, over the controller's "
+                                f"limit of {limit:,}; use workload.dataset.limit or fewer samples")
+            self._upload(dataset_sha, DATASET_ARTIFACT_NAME, len(dataset), lambda: io.BytesIO(dataset).read)
         job_models = [farm_pb2.JobModel(entry=m.entry_index, name=m.name, sha256=m.facts.sha256, source=str(m.path))
                       for m in models]
-        return job_models, archive_sha
+        return job_models, archive_sha, dataset_sha
 
     def _upload_model(self, path: Path, sha256: str, size: int, limit: int) -> None:
         if limit and size > limit:
@@ -269,12 +294,13 @@ class RemoteFarm(Farm):
                 raise FarmError(f"{source}: cannot read the job file: {e}.") from None
         if len(text.encode()) > MAX_JOB_FILE_BYTES:
             raise FarmError(f"{source}: the job file is over {MAX_JOB_FILE_BYTES} bytes")
-        job_models, archive_sha = self._upload_job_files(source, text)
+        job_models, archive_sha, dataset_sha = self._upload_job_files(source, text)
         # the key makes sending it again safe: a controller that dies after making the job but before answering
         # leaves the job for the next controller of the list to name, not to make twice
         response = self.client.call("SubmitJob", farm_pb2.SubmitJobRequest(
             job_yaml=text, base_dir=str(source.resolve().parent), file_name=str(source), priority=priority or "",
-            models=job_models, script_archive_sha256=archive_sha, submit_key=uuid.uuid4().hex))
+            models=job_models, script_archive_sha256=archive_sha, submit_key=uuid.uuid4().hex,
+            dataset_sha256=dataset_sha))
         if response.repeated:
             sys.stderr.write(f"farm: job {response.job_id} was made by the submit sent before (its controller went "
                              f"away before answering); the {self.where} names it, and made no second job\n")

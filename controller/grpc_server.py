@@ -67,6 +67,7 @@ from farm.proto.wire import answer_to_message, model_from_message
 from farm.proto.batching import BATCH_CAPABILITY, MAX_BATCH_MESSAGES, gathered
 from farm.proto.escape import bounded_message, printable
 from farm.proto.names import SHA256_HEX, valid_agent_name
+from farm.proto.accuracy import DATASET_ARTIFACT_NAME, MAX_PACKED_BYTES
 from farm.proto.script_archive import MAX_SCRIPT_ARCHIVE_BYTES
 from farm.proto.spec import Priority, ScriptWorkload
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2, farm_pb2, farm_pb2_grpc
@@ -661,7 +662,8 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{sha256[:80]!r} is not a sha256")
         return farm_pb2.MissingArtifactsResponse(missing=self.server.files.store.missing(request.sha256),
                                                  max_model_bytes=self.server.files.store.max_bytes,
-                                                 max_script_archive_bytes=MAX_SCRIPT_ARCHIVE_BYTES)
+                                                 max_script_archive_bytes=MAX_SCRIPT_ARCHIVE_BYTES,
+                                                 max_dataset_bytes=MAX_PACKED_BYTES)
 
     def UploadArtifact(self, request_iterator: Iterator[farm_pb2.ArtifactUpload],
                        context: grpc.ServicerContext) -> farm_pb2.UploadArtifactResponse:
@@ -685,7 +687,10 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         store = self.server.files.store
         if store.path(first.sha256) is not None:  # content-addressed: already here, nothing more to read
             return farm_pb2.UploadArtifactResponse(sha256=first.sha256, size=first.size, already_stored=True)
-        limit = MAX_SCRIPT_ARCHIVE_BYTES if first.name.endswith(".tar") else store.max_bytes
+        # a packed dataset (what `farm submit` names dataset.npz) is held to its own, smaller limit; one sent under
+        # another name is refused at submit, where its stored size is checked again
+        limit = MAX_SCRIPT_ARCHIVE_BYTES if first.name.endswith(".tar") else \
+            MAX_PACKED_BYTES if first.name == DATASET_ARTIFACT_NAME else store.max_bytes
         identity = identity_of(context, self.server.tokens)
         owner = identity.owner if self.server.tokens is not None and identity.role == "client" else None
         quota = self.server.upload_quota if owner is not None else None

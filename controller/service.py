@@ -406,10 +406,12 @@ REPORT_HTML = "report.html"
 
 def report(scope: Scope, ask: ReportAsk) -> ReportAnswer:
     """The report's files, rendered here — the HTML page first — and its warnings."""
+    from farm.controller.analysis.compare_report import build_compare_report
     from farm.controller.analysis.report import ReportError, build_report
 
     try:
-        page, figures, warnings = build_report(scope.store, ask.job)
+        page, figures, warnings = build_report(scope.store, ask.job) if ask.compare is None else \
+            build_compare_report(scope.store, ask.job, ask.compare)
     except ReportError as e:
         raise ServiceError(str(e)) from None
     files = ([ReportFile(name=REPORT_HTML, data=page.encode())] if ask.html else []) + \

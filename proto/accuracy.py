@@ -18,6 +18,7 @@ MAX_DATASET_BYTES = 64 << 20  # a dataset's files on disk, summed from their siz
 MAX_PACKED_BYTES = 16 << 20  # the samples, labels and reference outputs packed: carried with every task
 MAX_KEPT_VALUES = 4096  # outputs kept whole (every sample's values) up to this many numbers in all
 MAX_OUTPUTS = 32  # outputs a block describes
+DATASET_ARTIFACT_NAME = "dataset.npz"  # a packed dataset uploaded to a controller (SubmitJobRequest.dataset_sha256)
 
 
 def pack(inputs: dict[str, Any], labels: Any | None, reference: dict[str, Any]) -> str:
@@ -37,20 +38,30 @@ def pack(inputs: dict[str, Any], labels: Any | None, reference: dict[str, Any]) 
 
 def unpack(packed: str) -> tuple[dict[str, Any], Any | None, dict[str, Any]]:
     """pack's arrays back; ValueError for anything that is not what pack writes (no pickle is ever loaded)."""
+    import binascii
+
+    try:
+        raw = base64.b64decode(packed, validate=True)
+    except (binascii.Error, ValueError, TypeError) as e:
+        raise ValueError(str(e) or type(e).__name__) from None
+    return unpack_bytes(raw)
+
+
+def unpack_bytes(raw: bytes) -> tuple[dict[str, Any], Any | None, dict[str, Any]]:
+    """unpack for the .npz bytes themselves: a dataset uploaded to a controller as an artifact (dataset.npz)."""
     import zipfile
 
     try:
-        return _unpack(packed)
+        return _unpack(raw)
     except (zipfile.BadZipFile, KeyError, OSError, EOFError, TypeError, UnicodeError) as e:
         raise ValueError(str(e) or type(e).__name__) from None
 
 
-def _unpack(packed: str) -> tuple[dict[str, Any], Any | None, dict[str, Any]]:
+def _unpack(raw: bytes) -> tuple[dict[str, Any], Any | None, dict[str, Any]]:
     import zipfile
 
     import numpy as np
 
-    raw = base64.b64decode(packed, validate=True)
     if len(raw) > MAX_PACKED_BYTES:
         raise ValueError(f"the packed dataset is {len(raw)} bytes, over {MAX_PACKED_BYTES}")
     with zipfile.ZipFile(io.BytesIO(raw)) as archive:  # sizes from the directory, before anything is inflated

@@ -178,9 +178,10 @@ class ReportAsk(Ask):
     job: int
     html: bool = True
     png: bool = False
+    compare: int | None = None  # `farm report A B`: one before/after report of job -> compare
 
     def job_ids(self) -> list[int]:
-        return [self.job]
+        return [self.job] + ([self.compare] if self.compare is not None else [])
 
 
 class DriftAsk(Ask):

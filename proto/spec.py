@@ -12,9 +12,9 @@ import string
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator, model_validator
 
-from farm.proto.names import SandboxBackendName
+from farm.proto.names import SHA256_HEX, SandboxBackendName
 from farm.proto.accelerators import parse_accelerator
 from farm.proto.copying import replaced
 
@@ -315,6 +315,10 @@ class DatasetSpec(Strict):
     thresholds: AccuracyThresholds = Field(default_factory=AccuracyThresholds)
     # set where the job is submitted: the samples, labels and reference outputs packed (farm's own, never written)
     packed: str | None = Field(None, description="Set by farm when the job is submitted; do not write it")
+    # set where a controller takes the job: the packed dataset's sha256 in its artifact store (agents fetch it)
+    artifact: Annotated[str, StringConstraints(pattern=SHA256_HEX.pattern)] | None = Field(
+        None, description="Set by farm when a job is submitted to a controller (the packed dataset as an uploaded "
+                          "artifact, by sha256); do not write it")
 
 
 class BenchmarkWorkload(Strict):

@@ -709,4 +709,36 @@ print("INFO: Note: as the benchmark tool itself affects memory footprint, the fo
 print(f"INFO: Memory footprint delta from the start of the tool (MB): init={t['memory_init_mb']:g} overall={t['memory_overall_mb']:g}")
 if args.get("enable_op_profiling") in ("true", "1"):
     print(config["op_profiling"], end="")
+if args.get("output_filepath"):
+    # --input_layer_value_files and --output_filepath as TensorFlow's benchmark_tflite_model.cc has them: each named
+    # input's values from a raw file of exactly the tensor's bytes, every output tensor's bytes written in output
+    # order when the benchmark ends. The phone's CPU is LiteRT's interpreter, run on the model that was pushed.
+    import numpy as np
+    from ai_edge_litert.interpreter import Interpreter
+    interp = Interpreter(model_path=graph, num_threads=max(1, int(args.get("num_threads", "1"))))
+    names = [n for n in args.get("input_layer", "").split(",") if n]
+    shapes = [[int(d) for d in part.split(",")] for part in args.get("input_layer_shape", "").split(":") if part]
+    files = {}
+    for item in (i for i in args.get("input_layer_value_files", "").split(",") if i):
+        name, path = item.replace("::", "\0").split(":", 1)
+        files[name.replace("\0", ":")] = path.replace("\0", ":")
+    details = interp.get_input_details()
+    for d, shape in zip(details, shapes):
+        interp.resize_tensor_input(d["index"], shape)
+    interp.allocate_tensors()
+    for d in interp.get_input_details():
+        path = files.get(d["name"])
+        want = int(np.prod(d["shape"])) * np.dtype(d["dtype"]).itemsize
+        if path is None:
+            interp.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
+            continue
+        data = open(path, "rb").read()
+        if len(data) != want:
+            print(f"ERROR: The size of {path} is {len(data)} bytes. It should be {want} bytes.")
+            sys.exit(1)
+        interp.set_tensor(d["index"], np.frombuffer(data, dtype=d["dtype"]).reshape(d["shape"]))
+    interp.invoke()
+    with open(args["output_filepath"], "wb") as out:
+        for d in interp.get_output_details():
+            out.write(interp.get_tensor(d["index"]).tobytes())
 '''

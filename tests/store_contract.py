@@ -654,6 +654,13 @@ def test_referenced_artifacts_are_models_and_script_archives(store: Store) -> No
     assert store.artifacts.referenced() == {"d" * 64, "e" * 64, "f" * 64}
 
 
+def test_an_uploaded_dataset_a_job_names_is_referenced(store: Store) -> None:
+    """A controller job's dataset is an artifact its plan names (workload.dataset.artifact): gc keeps it."""
+    plan = '{"workload": {"type": "benchmark", "dataset": {"path": "x.npz", "artifact": "' + "c" * 64 + '"}}}'
+    _job(store, [_task(0, sha="d" * 64, spec_json=plan), _task(1, sha="d" * 64, spec_json='{"workload": {}}')])
+    assert store.artifacts.referenced() == {"c" * 64, "d" * 64}
+
+
 def test_every_row_type_is_frozen() -> None:
     import farm.controller.store.rows as rows
     kinds = [v for v in vars(rows).values() if isinstance(v, type) and issubclass(v, Row) and v is not Row]

@@ -102,7 +102,7 @@ def test_a_submit_sent_again_through_another_controller_names_the_job_the_first_
     job_file = _job(tmp_path, tiny_models)
     client = RemoteFarm(a, Credentials())  # uploads the model and builds the request as `farm submit` does
     try:
-        job_models, archive = client._upload_job_files(job_file, job_file.read_text())
+        job_models, archive, _ = client._upload_job_files(job_file, job_file.read_text())
     finally:
         client.close()
     key = uuid.uuid4().hex

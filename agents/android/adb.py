@@ -337,6 +337,24 @@ class AndroidDevice:
         self.check(f"mv -f {shlex.quote(partial)} {shlex.quote(remote_path)}")
         return PushOutcome(remote_path, digest, size, skipped=False)
 
+    def pull_bytes(self, remote_path: str, max_bytes: int, timeout_s: float = 60.0) -> bytes:
+        """A file from the phone (adb sync RECV) into memory; its size is asked first and bounded by max_bytes."""
+        size = self.shell(f"stat -c %s {shlex.quote(remote_path)} 2>/dev/null", 30, idempotent=True)
+        words = size.output.split()[:1]
+        if not size.ok or not words or not words[0].isdigit():
+            raise AndroidInfrastructureError(f"{self.target.serial}: {remote_path} is not on the phone")
+        if int(words[0]) > max_bytes:
+            raise AndroidInfrastructureError(f"{self.target.serial}: {remote_path} is {words[0]} bytes, over the "
+                                             f"{max_bytes} expected")
+        with tempfile.TemporaryDirectory(prefix="farm-pull-") as folder:
+            local = Path(folder) / "pulled"
+            self._call(f"pulling {remote_path}", lambda d: d.pull(remote_path, str(local), transport_timeout_s=timeout_s,
+                                                                  read_timeout_s=timeout_s), idempotent=True)
+            data = local.read_bytes()
+        if len(data) > max_bytes:
+            raise AndroidInfrastructureError(f"{self.target.serial}: {remote_path} grew past {max_bytes} bytes")
+        return data
+
     # ---- facts ----
     def facts(self) -> AndroidFacts:
         """Properties, CPU layout and clocks, memory, thermal zones and battery, in one round trip."""

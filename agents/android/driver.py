@@ -19,12 +19,14 @@ from pydantic import Field
 from farm.agents.android.adb import (
     AdbTarget, AndroidCommandTimeout, AndroidDevice, AndroidFacts, AndroidInfrastructureError, ShellResult,
 )
+from farm.agents.android.dataset import PhoneDatasetError, phone_dataset_pass
 from farm.agents.android.script import phone_script_problem, run_script_on_phone
 from farm.agents.drivers import DeviceEntry, register
 from farm.agents.harness.stats import startup_ms, throughput_per_s
 from farm.agents.parsers.benchmark_model import (
     BenchmarkModelOutput, BenchmarkOutputError, UnsupportedOperatorError, parse_benchmark_model,
 )
+from farm.proto.accuracy import judge_accuracy
 from farm.proto.device_types import DeviceType
 from farm.proto.op_profile import NODE, OP_TYPE, OpProfileRow, bounded
 from farm.proto.results import FailureClass, Limits, RunResult, RunStatus, Telemetry
@@ -275,6 +277,7 @@ class AndroidDriver:
                     windows.append(sustained_window(shell, time.monotonic() - started, device.facts()))
                 wall = time.monotonic() - started
                 after = device.facts()
+                accuracy, dataset_note = self._dataset(device, tool, model, task, app)
         except AndroidCommandTimeout as e:
             return RunResult.failed(FailureClass.TIMEOUT, f"{self.config.name}: {e}", **base)
         except AppCanceled as e:
@@ -330,12 +333,34 @@ class AndroidDriver:
         if _wants_op_profile(task) and not parsed.op_types and not parsed.run_order:
             environment["op_profile_note"] = ("benchmark_model was asked for --enable_op_profiling=true and printed no "
                                               "profiling tables (a build without the profiler?)")
-        return RunResult(
+        if dataset_note:
+            environment["dataset_note"] = dataset_note
+            message = "; ".join(m for m in (message, dataset_note) if m)
+        result = RunResult(
             status=RunStatus.COMPLETED, message=message, latency=latency, telemetry=telemetry, wall_s=wall,
             throughput_per_s=throughput_per_s(latency), startup_ms=startup_ms(latency),
             op_profile=bounded(op_profile_rows(parsed)),
             peak_rss_bytes=None if parsed.memory_overall_mb is None else int(parsed.memory_overall_mb * MiB),
             environment=environment, tool_versions={"benchmark_model": parsed.generation}, log_tail=raw, **base)
+        if accuracy is not None:
+            judge_accuracy(result, accuracy, task)  # the block bounded, the job's thresholds judged here
+        return result
+
+    def _dataset(self, device: AndroidDevice, tool: str, model: str, task: TaskSpec,
+                 app: bool) -> tuple[dict[str, Any] | None, str]:
+        """workload.dataset's samples through the phone's benchmark_model (agents/android/dataset.py): the accuracy
+        block, or why there is none (the run's timings stand either way)."""
+        w = task.plan.workload
+        if not isinstance(w, BenchmarkWorkload) or w.dataset is None:
+            return None, ""
+        if app:
+            return None, "the dataset pass runs in shell mode only (android_mode: shell); this run has no accuracy"
+        mask = self.device_type.native_tool.taskset_mask_by_threads.get(task.threads) if self.device_type else None
+        try:
+            return phone_dataset_pass(device, tool, model, Path(task.model_path), task,
+                                      prefix=(lambda c: f"taskset {mask} {c}") if mask else (lambda c: c)), ""
+        except PhoneDatasetError as e:
+            return None, f"the dataset pass did not run: {e}"
 
     def _run_script(self, task: TaskSpec, cancel_check: Callable[[], bool], base: dict) -> RunResult:
         """A shell-script workload (command: sh); anything else is refused saying what does run on a phone."""

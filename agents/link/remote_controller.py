@@ -12,6 +12,7 @@ idempotent by task and attempt) none is counted twice. A result is cut to fit on
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import itertools
 import logging
@@ -35,7 +36,8 @@ from farm.proto.addresses import DEFAULT_PORT, MAX_CONTROLLERS as MAX_CONTROLLER
 from farm.proto.copying import replaced
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, common_pb2
 from farm.proto.results import FailureClass, RunResult
-from farm.proto.spec import ScriptWorkload
+from farm.proto.accuracy import MAX_PACKED_BYTES
+from farm.proto.spec import BenchmarkWorkload, ScriptWorkload
 from farm.proto.tasks import TaskSpec
 from farm.proto.batching import BATCH_CAPABILITY, MAX_BATCH_MESSAGES, gathered, opened
 from farm.proto.escape import printable
@@ -206,6 +208,7 @@ class RemoteController:
                     task, model_path=self.local_model_path(task),
                     script_archive_path=self.local_script_archive(task)
                     if isinstance(task.plan.workload, ScriptWorkload) else None)
+                task = self.with_local_dataset(task)
             except (OSError, ValueError, grpc.RpcError) as e:
                 # Not the model's fault: another agent (or a later try) may have it.
                 self.complete(task.task_id, task.attempt, agent, time.time(), RunResult.failed(
@@ -457,7 +460,8 @@ class RemoteController:
             why = f"the controller at {self.address} answered {error.code().name}: {error.details() or 'no details'}"
         else:
             why = str(error) or type(error).__name__
-        return " ".join(f"agent {self.name} could not fetch model {task.model_sha256[:12]} (or the script folder): "
+        return " ".join(f"agent {self.name} could not fetch model {task.model_sha256[:12]} (or the script folder or "
+                        "dataset): "
                         f"{printable(why, limit=500)}".split())
 
     def local_model_path(self, task: TaskSpec) -> str:
@@ -480,6 +484,24 @@ class RemoteController:
         if self.artifact_dir is None:
             raise ValueError("this agent has no artifact cache (--work-dir) to fetch script folders into")
         return self._cache().get(sha256, f"{sha256}.tar", lambda partial: self._fetch_into(sha256, partial))
+
+    def with_local_dataset(self, task: TaskSpec) -> TaskSpec:
+        """A dataset job's samples, fetched by sha256 into this agent's cache (once per dataset, whatever the number
+        of its tasks) and handed to the driver packed, as an embedded run has them; other tasks as they came."""
+        workload = task.plan.workload
+        dataset = workload.dataset if isinstance(workload, BenchmarkWorkload) else None
+        if dataset is None or dataset.artifact is None or dataset.packed is not None:
+            return task
+        if self.artifact_dir is None:
+            raise ValueError("this agent has no artifact cache (--work-dir) to fetch datasets into")
+        sha256 = dataset.artifact
+        path = self._cache().get(sha256, f"{sha256}.npz", lambda partial: self._fetch_into(sha256, partial))
+        size = path.stat().st_size
+        if size > MAX_PACKED_BYTES:  # the controller checked it at submit; a cache is not trusted beyond its hash
+            raise ValueError(f"task {task.task_id}: dataset {sha256[:12]} is {size} bytes, over {MAX_PACKED_BYTES}")
+        packed = base64.b64encode(path.read_bytes()).decode()
+        plan = replaced(task.plan, workload=replaced(workload, dataset=replaced(dataset, packed=packed)))
+        return replaced(task, plan=plan)
 
     def _cache(self) -> ArtifactCache:
         """The one cache of this agent's slots (their fetches of one digest wait for each other)."""

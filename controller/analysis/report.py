@@ -76,10 +76,15 @@ def _e_lines(value: str) -> str:
 
 
 def spec_yaml(spec_json: str) -> str:
-    """The stored job spec as the YAML a job file is written in, one field a line, in the stored order."""
+    """The stored job spec as the YAML a job file is written in, one field a line, in the stored order; a packed
+    dataset (farm's own field, up to 16 MiB of base64) is named by its size, not shown."""
     import yaml
 
-    return yaml.safe_dump(json.loads(spec_json), sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
+    spec = json.loads(spec_json)
+    dataset = (spec.get("workload") or {}).get("dataset") if isinstance(spec, dict) else None
+    if isinstance(dataset, dict) and isinstance(dataset.get("packed"), str):
+        dataset["packed"] = f"({len(dataset['packed']) * 3 // 4:,} bytes packed by farm: the samples, labels, reference)"
+    return yaml.safe_dump(spec, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
 
 
 def _g(v: Any, digits: int = 4) -> str:
@@ -519,12 +524,14 @@ def variants_section(job_id: int, records: list[dict[str, Any]]) -> str:
 MAX_PARETO_FIGURES = 12  # one per setting; the table under them lists every point
 
 
-def pareto_section(job_id: int, records: list[dict[str, Any]], figures: list[Figure]) -> str:
+def pareto_section(job_id: int, records: list[dict[str, Any]], figures: list[Figure],
+                   more: list[tuple[int, list[dict[str, Any]]]] | None = None) -> str:
     """Accuracy against latency per setting (controller/analysis/pareto.py): a figure and a table per setting with
-    the front marked and each dominated model named with what dominates it. Empty without dataset figures."""
+    the front marked and each dominated model named with what dominates it. Empty without dataset figures.
+    `more`: other jobs' records on the same figures (a before/after report; points labelled by job)."""
     from farm.controller.analysis.pareto import group_title, pareto
 
-    view = pareto([(job_id, records)])
+    view = pareto([(job_id, records), *(more or [])])
     parts = []
     for i, group in enumerate(view["groups"]):
         title = group_title(group)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from farm.proto.accuracy import MAX_DATASET_BYTES, MAX_PACKED_BYTES, pack, unpack
+from farm.proto.accuracy import MAX_DATASET_BYTES, MAX_PACKED_BYTES, pack, unpack, unpack_bytes
 from farm.proto.escape import printable
 from farm.proto.copying import replaced
 from farm.proto.spec import BenchmarkWorkload, DatasetSpec, ImagePreprocess
@@ -82,8 +82,53 @@ def load_dataset(workload: BenchmarkWorkload, models: list[ResolvedModel], base_
             raise _Refused("path", f"{printable(dataset.path, 200)!r} packs to {len(packed) * 3 // 4:,} bytes of "
                                    f"samples, labels and reference outputs, over the {MAX_PACKED_BYTES:,} bytes a "
                                    "task carries; use workload.dataset.limit or fewer samples")
-        workload.dataset = replaced(dataset, packed=packed)
+        workload.dataset = replaced(dataset, packed=packed, artifact=None)  # read here: no upload is named
     _check_against_models(workload.dataset, inputs, labels, reference, models)
+
+
+def load_dataset_artifact(workload: BenchmarkWorkload, models: list[ResolvedModel], raw: bytes, sha256: str) -> None:
+    """A dataset a client checked, packed and uploaded (dataset.npz, by sha256), checked again here against every
+    model of the job; the job keeps its sha256 (`artifact`), never the samples: agents fetch it by hash."""
+    dataset = workload.dataset
+    assert dataset is not None  # the caller says why not otherwise
+    if len(raw) > MAX_PACKED_BYTES:
+        raise _Refused("path", f"the uploaded dataset {sha256[:12]} is {len(raw):,} bytes, over the "
+                               f"{MAX_PACKED_BYTES:,} bytes a packed dataset may be; use workload.dataset.limit")
+    try:
+        inputs, labels, reference = unpack_bytes(raw)
+    except ValueError as e:
+        raise _Refused("path", f"the uploaded dataset {sha256[:12]} is not a dataset farm packed "
+                               f"({printable(e, 200)})") from None
+    _check_rows(inputs, labels, reference, f"the uploaded dataset {sha256[:12]}")
+    _check_against_models(dataset, inputs, labels, reference, models)
+    workload.dataset = replaced(dataset, packed=None, artifact=sha256)
+
+
+def _check_rows(inputs: dict[str, Any], labels: Any, reference: dict[str, Any], shown: str) -> None:
+    """What the reading of a user's files makes sure of, checked again on arrays that came from the wire: numbers
+    only, finite, one count of samples, a label per sample, a reference row per sample."""
+    import numpy as np
+
+    if not inputs:
+        raise _Refused("path", f"{shown} holds no input")
+    for field, group in (("path", inputs), ("reference", reference), ("labels", {"labels": labels})):
+        for name, array in group.items():
+            if array is None:
+                continue
+            if array.dtype.kind not in "biuf" or array.ndim < 1:
+                raise _Refused(field, f"{shown}: {printable(name, 80)!r} is {array.dtype}{list(array.shape)}; "
+                                      "numbers with the sample as the first axis are needed")
+            if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+                raise _Refused(field, f"{shown}: {printable(name, 80)!r} holds NaN or infinite values")
+    counts = {name: len(a) for name, a in inputs.items()}
+    count = next(iter(counts.values()))
+    if len(set(counts.values())) > 1 or count == 0:
+        raise _Refused("path", f"{shown}: the inputs hold {counts} samples; one count of at least 1 is needed")
+    if labels is not None and len(labels) != count:
+        raise _Refused("labels", f"{shown}: {len(labels)} labels for {count} samples; one label per sample")
+    short = {name: len(a) for name, a in reference.items() if len(a) < count}
+    if short:
+        raise _Refused("reference", f"{shown}: the reference holds fewer rows than the {count} samples: {short}")
 
 
 def _inside(folder: Path, written: str, field: str) -> Path:

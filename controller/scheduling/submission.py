@@ -8,17 +8,21 @@ says where relative names start; it grants nothing.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 from typing import Any
 
 from farm.controller.scheduling.artifacts import ArtifactError, ControllerFiles
 from farm.controller.scheduling.jobfile import (
-    DeviceTarget, InvalidModel, JobFileError, ResolvedJob, ResolvedModel, _locate, check_benchmark_models, check_dataset,
+    DeviceTarget, InvalidModel, JobFileError, JobProblem, ResolvedJob, ResolvedModel, _locate, check_benchmark_models, check_dataset,
     check_task_count, parse_job_text, resolve_models, resolve_targets,
 )
 from farm.models.facts import ModelError, inspect_model
+from farm.proto.accuracy import MAX_PACKED_BYTES
+from farm.proto.copying import replaced
 from farm.proto.escape import printable
+from farm.proto.names import is_sha256
 from farm.proto.script_archive import MAX_SCRIPT_ARCHIVE_BYTES, ScriptArchiveError, check_archive
 from farm.proto.spec import BenchmarkWorkload, ModelEntry, ScriptWorkload
 from farm.proto.storable import refusal, unstorable
@@ -55,10 +59,7 @@ def load_submitted_job(request: Any, files: ControllerFiles, devices: list[Devic
             (f"models[{i}]", spec.entry(i).inputs) for i in range(len(spec.models))]
         unread = [(where, name) for where, inputs in named for name, given in sorted(inputs.items())
                   if given.file is not None and given.value is None]
-        dataset = spec.workload.dataset
-        if dataset is not None and dataset.packed is None:  # the same rule for a dataset's files
-            raise JobFileError(f"{source_name}: workload.dataset.path: a dataset is read where the job is submitted; "
-                               "submit it to an embedded farm (no --controller), or give the packed dataset")
+        _dataset_given(request, spec.workload, root, source_name)
         if unread:  # nothing is read from this machine's disk on a remote user's say-so
             raise JobFileError(f"{source_name}: {unread[0][0]}.inputs.{printable(unread[0][1], 80)}.file: input files "
                                "are read where the job is submitted; a controller takes the values inline (value: [...])")
@@ -71,10 +72,63 @@ def load_submitted_job(request: Any, files: ControllerFiles, devices: list[Devic
         invalid += check_benchmark_models(spec, models, root, source_name)
     if invalid:  # every bad model at once; a remote submit has no --skip-invalid
         raise JobFileError([m.problem for m in sorted(invalid, key=lambda m: (m.problem.line or 0, m.entry_index))])
-    check_dataset(spec, models, root, base_dir, source_name)  # a packed dataset: unpacked and checked, nothing read
+    if isinstance(spec.workload, BenchmarkWorkload) and spec.workload.dataset is not None \
+            and spec.workload.dataset.packed is None:
+        _uploaded_dataset(spec.workload, models, files, root, source_name)  # checked here, kept as its sha256
+    else:
+        check_dataset(spec, models, root, base_dir, source_name)  # a packed dataset: unpacked and checked, nothing read
     check_task_count(spec, len(models), targets, max_tasks, source_name)
     return ResolvedJob(spec=spec, source=request.job_yaml, source_path=None, base_dir=base_dir, models=models,
                        targets=targets, script_archive=archive)
+
+
+def _dataset_given(request: Any, workload: BenchmarkWorkload, root: Any, source_name: str) -> None:
+    """The dataset comes as the client's upload (request.dataset_sha256) or packed in the file; its files are never
+    read on this host. An upload's sha256 becomes workload.dataset.artifact, checked with the models."""
+    dataset = workload.dataset
+    where = f"{source_name}:{_line(root, 'workload', 'dataset')}: workload.dataset"
+    if dataset is None:
+        if request.dataset_sha256:
+            raise JobFileError(f"{where}: the submit names an uploaded dataset, and the job file has no "
+                               "workload.dataset")
+        return
+    if request.dataset_sha256:
+        if not is_sha256(request.dataset_sha256):
+            raise JobFileError(f"{where}: {request.dataset_sha256[:80]!r} is not a sha256")
+        workload.dataset = replaced(dataset, packed=None, artifact=request.dataset_sha256)
+    elif dataset.packed is None and dataset.artifact is None:
+        raise JobFileError(f"{where}.path: a dataset is read where the job is submitted and uploaded with it; "
+                           "`farm submit --controller` does that (this request carried none)")
+
+
+def _uploaded_dataset(workload: BenchmarkWorkload, models: list[ResolvedModel], files: ControllerFiles, root: Any,
+                      source_name: str) -> None:
+    """The uploaded dataset.npz read from this controller's store, its bytes hashed again (a file changed on disk
+    since it was stored is refused), bounded and checked against every model; the job keeps only its sha256."""
+    from farm.controller.scheduling.datasets import DatasetRefused, load_dataset_artifact
+
+    dataset = workload.dataset
+    assert dataset is not None and dataset.artifact is not None  # _dataset_given set it
+    sha256 = dataset.artifact
+    where = f"{source_name}:{_line(root, 'workload', 'dataset')}: workload.dataset"
+    stored = files.store.path(sha256)
+    if stored is None:
+        raise JobFileError(f"{where}: no uploaded dataset with sha256 {sha256} on this controller; "
+                           "`farm submit` uploads it before it submits the job")
+    size = stored.stat().st_size
+    if size > MAX_PACKED_BYTES:
+        raise JobFileError(f"{where}: the uploaded dataset {sha256[:12]} is {size:,} bytes, over the "
+                           f"{MAX_PACKED_BYTES:,} bytes a packed dataset may be; use workload.dataset.limit")
+    raw = stored.read_bytes()
+    actual = hashlib.sha256(raw).hexdigest()
+    if actual != sha256:
+        raise JobFileError(f"{where}: the stored dataset {sha256[:12]} now hashes to {actual[:12]}: it changed on "
+                           "this controller's disk after it was uploaded; upload it again (`farm submit`)")
+    try:
+        load_dataset_artifact(workload, models, raw, sha256)
+    except DatasetRefused as e:
+        raise JobFileError([JobProblem(source_name, _line(root, "workload", "dataset", e.field),
+                                       f"workload.dataset.{e.field}", f"{e}.")]) from None
 
 
 def _uploaded_models(request: Any, spec: Any, root: Any, files: ControllerFiles, source_name: str) -> list[ResolvedModel]:

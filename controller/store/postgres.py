@@ -490,6 +490,8 @@ class PostgresStore(RepositoryStore):
         return f"LOCK TABLE {_table(table)} IN SHARE ROW EXCLUSIVE MODE"
 
     def json_text(self, column: str, key: str) -> str:
+        if "." in key:  # a nested key: the path operator
+            return f"({column}::jsonb #>> '{{{','.join(key.split('.'))}}}')"
         return f"({column}::jsonb ->> '{key}')"
 
     def insert_row(self, table: str, row: Mapping[str, Any], *, returning: str | None = "id") -> int:

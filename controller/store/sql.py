@@ -11,7 +11,7 @@ Every query here is written with `?` placeholders; a store's `sql()` turns them 
 - `lock_rows`: what a SELECT appends to lock the rows it reads until the transaction ends (PostgreSQL's
   `FOR UPDATE`; SQLite's writer holds the whole database from BEGIN IMMEDIATE on);
 - `lock_table(name)`: a statement that serializes writers of a table, or None;
-- `json_text(column, key)`: a JSON text column's top-level key as text;
+- `json_text(column, key)`: a JSON text column's key as text (a dotted key: nested objects' keys);
 - `metric_sql`: each metric's expression (metrics.METRIC_UNITS);
 - `insert_row` / `update_row` / `executemany`: column quoting and value conversion.
 
@@ -849,12 +849,15 @@ class Artifacts(Repository):
                 self._execute(f"DELETE FROM artifact_uploads WHERE {clause}", params)
 
     def referenced(self) -> set[str]:
-        """The sha256 of every model and packed script folder some job's task names (what gc must keep)."""
+        """The sha256 of every model, packed script folder and uploaded dataset some job's task names (what gc must
+        keep)."""
         archive = self.store.json_text("spec_json", "script_archive")
         planned = self.store.json_text("plan_json", "script_archive")
+        dataset = self.store.json_text("plan_json", "workload.dataset.artifact")
         rows = self._query("SELECT DISTINCT model_sha256 AS sha FROM tasks WHERE model_sha256 IS NOT NULL "
                            f"UNION SELECT DISTINCT {archive} FROM tasks WHERE {archive} IS NOT NULL "
-                           f"UNION SELECT DISTINCT {planned} FROM task_plans WHERE {planned} IS NOT NULL")
+                           f"UNION SELECT DISTINCT {planned} FROM task_plans WHERE {planned} IS NOT NULL "
+                           f"UNION SELECT DISTINCT {dataset} FROM task_plans WHERE {dataset} IS NOT NULL")
         return {str(r["sha"]) for r in rows}
 
 

@@ -83,14 +83,16 @@ class RankRequest(_message.Message):
     def __init__(self, job: _Optional[int] = ..., metric: _Optional[str] = ..., device_jobs: _Optional[_Iterable[int]] = ..., devices: _Optional[_Iterable[str]] = ..., include_contended: _Optional[bool] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
-    __slots__ = ("job", "html", "png")
+    __slots__ = ("job", "html", "png", "compare")
     JOB_FIELD_NUMBER: _ClassVar[int]
     HTML_FIELD_NUMBER: _ClassVar[int]
     PNG_FIELD_NUMBER: _ClassVar[int]
+    COMPARE_FIELD_NUMBER: _ClassVar[int]
     job: int
     html: bool
     png: bool
-    def __init__(self, job: _Optional[int] = ..., html: _Optional[bool] = ..., png: _Optional[bool] = ...) -> None: ...
+    compare: int
+    def __init__(self, job: _Optional[int] = ..., html: _Optional[bool] = ..., png: _Optional[bool] = ..., compare: _Optional[int] = ...) -> None: ...
 
 class ReportFile(_message.Message):
     __slots__ = ("name", "data")
@@ -175,7 +177,7 @@ class FinishRefreshRequest(_message.Message):
     def __init__(self, job: _Optional[int] = ..., k: _Optional[float] = ..., max_slope_change: _Optional[float] = ..., max_prediction_shift: _Optional[float] = ..., max_intercept_change: _Optional[float] = ..., max_r2_drop: _Optional[float] = ..., include_contended: _Optional[bool] = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
-    __slots__ = ("job_yaml", "base_dir", "file_name", "priority", "models", "script_archive_sha256", "submit_key")
+    __slots__ = ("job_yaml", "base_dir", "file_name", "priority", "models", "script_archive_sha256", "submit_key", "dataset_sha256")
     JOB_YAML_FIELD_NUMBER: _ClassVar[int]
     BASE_DIR_FIELD_NUMBER: _ClassVar[int]
     FILE_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +185,7 @@ class SubmitJobRequest(_message.Message):
     MODELS_FIELD_NUMBER: _ClassVar[int]
     SCRIPT_ARCHIVE_SHA256_FIELD_NUMBER: _ClassVar[int]
     SUBMIT_KEY_FIELD_NUMBER: _ClassVar[int]
+    DATASET_SHA256_FIELD_NUMBER: _ClassVar[int]
     job_yaml: str
     base_dir: str
     file_name: str
@@ -190,7 +193,8 @@ class SubmitJobRequest(_message.Message):
     models: _containers.RepeatedCompositeFieldContainer[JobModel]
     script_archive_sha256: str
     submit_key: str
-    def __init__(self, job_yaml: _Optional[str] = ..., base_dir: _Optional[str] = ..., file_name: _Optional[str] = ..., priority: _Optional[str] = ..., models: _Optional[_Iterable[_Union[JobModel, _Mapping]]] = ..., script_archive_sha256: _Optional[str] = ..., submit_key: _Optional[str] = ...) -> None: ...
+    dataset_sha256: str
+    def __init__(self, job_yaml: _Optional[str] = ..., base_dir: _Optional[str] = ..., file_name: _Optional[str] = ..., priority: _Optional[str] = ..., models: _Optional[_Iterable[_Union[JobModel, _Mapping]]] = ..., script_archive_sha256: _Optional[str] = ..., submit_key: _Optional[str] = ..., dataset_sha256: _Optional[str] = ...) -> None: ...
 
 class JobModel(_message.Message):
     __slots__ = ("entry", "name", "sha256", "source")
@@ -211,14 +215,16 @@ class MissingArtifactsRequest(_message.Message):
     def __init__(self, sha256: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class MissingArtifactsResponse(_message.Message):
-    __slots__ = ("missing", "max_model_bytes", "max_script_archive_bytes")
+    __slots__ = ("missing", "max_model_bytes", "max_script_archive_bytes", "max_dataset_bytes")
     MISSING_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_SCRIPT_ARCHIVE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_DATASET_BYTES_FIELD_NUMBER: _ClassVar[int]
     missing: _containers.RepeatedScalarFieldContainer[str]
     max_model_bytes: int
     max_script_archive_bytes: int
-    def __init__(self, missing: _Optional[_Iterable[str]] = ..., max_model_bytes: _Optional[int] = ..., max_script_archive_bytes: _Optional[int] = ...) -> None: ...
+    max_dataset_bytes: int
+    def __init__(self, missing: _Optional[_Iterable[str]] = ..., max_model_bytes: _Optional[int] = ..., max_script_archive_bytes: _Optional[int] = ..., max_dataset_bytes: _Optional[int] = ...) -> None: ...
 
 class ArtifactUpload(_message.Message):
     __slots__ = ("sha256", "size", "name", "data")

@@ -219,7 +219,7 @@ class FarmServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def MissingArtifacts(self, request, context):
-        """Model files and script folders travel from the client, content-addressed: ask which the
+        """Model files, script folders and datasets travel from the client, content-addressed: ask which the
         controller lacks, upload those, then submit the job naming them by sha256.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
