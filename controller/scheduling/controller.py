@@ -17,10 +17,17 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from farm.controller.scheduling.counters import record_lease_expiries
 from farm.controller.scheduling.hooks import Hooks, default_hooks
+from farm.controller.scheduling.outage import StoreOutage
 from farm.controller.store import Store
 from farm.controller.store.rows import RowLike, RunningAttempt, TaskRow, plain_rows
 from farm.proto.questions import TaskCounts
-from farm.proto.results import FailureClass, JobStatus, ResultRefused, RunResult, TaskStatus
+from farm.proto.results import (
+    FailureClass,
+    JobStatus,
+    ResultRefused,
+    RunResult,
+    TaskStatus,
+)
 
 if TYPE_CHECKING:  # the job and task models (pydantic over the job file's) load when a job is made or a task leased
     from farm.controller.scheduling.jobfile import ResolvedJob
@@ -133,6 +140,8 @@ class Controller:
         # whether this process runs the lab-wide sweeps now (store/leader.SweepLeader: one controller of those on
         # one store); None: always (embedded, or the only controller)
         self.sweeps: Callable[[], bool] | None = None
+        # the store out of reach, said once per outage by whichever thread meets it first (outage.py)
+        self.outage = StoreOutage(store.location)
 
     # --- clients -----------------------------------------------------------------
     def submit(self, job: ResolvedJob, *, name: str | None = None, kind: str = "user", owner: str | None = None,
