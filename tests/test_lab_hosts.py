@@ -424,3 +424,51 @@ def test_a_postgresql_lab_at_schema_17_keeps_the_lab_wide_rows_a_controller_crea
         assert ArtifactChunks(store).stored(hashlib.sha256(data).hexdigest()) == (len(data), ".onnx")
     finally:
         store.close()
+
+
+def test_kill_9_of_the_sweep_leader_hands_its_sweeps_to_the_other_controller(pg_url: str, cluster) -> None:
+    """Two `farm controller serve` on one database: the one holding the `sweeps` lease is killed with -9 (no
+    hand-over), and the other takes lease expiry and job deadlines over once that lease runs out (one --lease-ttl),
+    not before. Real processes: what is under test is a process dying."""
+    import time
+
+    import psycopg
+
+    from farm.controller.store.postgres import PostgresStore
+    from grpc_processes import wait_for
+
+    def rows(sql: str, params: tuple = ()) -> list[tuple]:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def leader() -> str | None:
+        found = rows("SELECT holder FROM lab_leader WHERE duty = 'sweeps' AND expires_at >= %s", (time.time(),))
+        return found[0][0] if found else None
+
+    timing = ("--no-auth", "--lease-ttl", "3", "--heartbeat-interval", "0.5")
+    controllers = {}
+    for name in ("a", "b"):
+        process = cluster.start_controller(*timing, db=pg_url, name=f"controller-{name}",  # type: ignore[arg-type]
+                                           env={"XDG_DATA_HOME": str(cluster.root / f"{name}-data")})
+        controllers[f"{cluster.address}/{process.process.pid}"] = process
+    holder = str(wait_for(leader, 60, "a controller to take the sweeps"))
+    victim = controllers.pop(holder)
+    (survivor_holder, survivor), = controllers.items()
+    victim.kill9()
+    (lease_end,), = rows("SELECT expires_at FROM lab_leader WHERE duty = 'sweeps'")
+    # work for the sweeps, left by the dead: a lease that ran out, and a job past its deadline
+    store = PostgresStore(pg_url, files_dir=cluster.root / "test-data")
+    try:
+        lost_job, (lost_task,) = _job_with_leases(store, [time.time() - 1.0])
+        late_job, _ = _job_with_leases(store, [time.time() + 600.0], deadline_at=time.time() - 1.0)
+        wait_for(lambda: store.jobs.get(late_job)["status"] == "canceled", 60, "the survivor to end the late job")
+        wait_for(lambda: store.jobs.task(lost_task)["status"] == "pending", 60, "the lost lease to be swept")
+        assert leader() == survivor_holder
+        assert f"{survivor_holder} takes over the lab-wide sweeps" in survivor.output(), survivor.output()[-3000:]
+        [(finished_at, agent, failure, message)] = rows(
+            "SELECT finished_at, agent, failure_class, message FROM runs WHERE task_id = %s", (lost_task,))
+        assert agent == "rack" and failure == "infrastructure" and "lease expired" in message
+        assert finished_at >= lease_end, "the survivor swept while the dead leader's lease was still live"
+        assert survivor.alive()
+    finally:
+        store.close()
