@@ -8,6 +8,7 @@ state is in SQLite.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -49,6 +50,10 @@ def contention_outcome(policy: str, contended_before: int) -> str:
     if policy == "retry" and contended_before < CONTENDED_RETRIES:
         return "retry"
     return "keep"
+
+
+def _utc(timestamp: float) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(timestamp))
 
 
 def should_retry(failure: FailureClass | None, attempt: int, max_attempts: int) -> bool:
@@ -401,6 +406,7 @@ class Controller:
         if task is None:
             raise ResultRefused(f"there is no task {task_id}")
         job_status = self.store.jobs.status(task.job_id)  # the status alone: not the job's spec and source each time
+        result = self._stopped_for_a_lost_lease(task, job_status, agent, result)
         reasons = "; ".join(result.contention.reasons) if result.contention is not None else ""
         contended = result.ok and result.contention is not None and result.contention.contended
         outcome = self._contention_outcome(task) if contended else "keep"
@@ -437,6 +443,20 @@ class Controller:
             self.quarantine(task["target"], f"{attempt} infrastructure failures in a row; last: {result.message}")
         touched_jobs.add(task["job_id"])
         return Applied(run_id, fields["status"])
+
+    def _stopped_for_a_lost_lease(self, task: TaskRow, job_status: str | None, agent: str,
+                                  result: RunResult) -> RunResult:
+        """A run its agent stopped (canceled) though its job was not canceled, after its lease ran out: the agent
+        was told to stop because the lease could not be renewed in time (its controller lost, or the agent cut
+        off from every controller), not by a user. That is infrastructure, retried, and the message says so;
+        stored as canceled, the task would end there at its first attempt, never run again."""
+        expires_at = task.lease_expires_at
+        if (result.failure_class != FailureClass.CANCELED or job_status == JobStatus.CANCELED.value
+                or expires_at is None or expires_at >= self.clock()):
+            return result
+        return dataclasses.replace(result, failure_class=FailureClass.INFRASTRUCTURE, message=(
+            f"agent {agent} stopped the run because its lease ran out at {_utc(expires_at)} before it finished "
+            f"(its controller went away, or the agent lost every controller): {result.message}"))
 
     def _failed_or_kept(self, task: TaskRow, attempt: int, result: RunResult) -> dict[str, Any]:
         """A task's last attempt failed: it fails, unless an earlier attempt finished a measurement that was set
