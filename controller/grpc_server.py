@@ -736,23 +736,13 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         threaded = ThreadContext(context)
 
         async def on_thread(function: Callable[[], T]) -> T:  # the store is read on a worker thread
-            try:
-                return await loop.run_in_executor(self.pool, function)
-            except Aborted as e:
-                await context.abort(e.code, e.details)
-                raise  # not reached: abort() raised
-
-        await on_thread(lambda: self._job(request.job_id, threaded))
-        caller = _caller(threaded, self.server.tokens)
-        if not self.server.open_watch(caller):
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"this caller already watches {self.server.max_watches} jobs, the most one token (or "
-                                "host) may; stop some watchers (`farm status JOB` polls instead) or raise --max-watches")
-        try:
-            last, away_since = None, None
+            away_since = None
             while True:
                 try:
-                    message = await on_thread(lambda: _job_message(self.server, self._job(request.job_id, threaded)))
+                    return await loop.run_in_executor(self.pool, function)
+                except Aborted as e:
+                    await context.abort(e.code, e.details)
+                    raise  # not reached: abort() raised
                 except Exception as e:  # the store out of reach: the watch waits for it a while (the job is kept)
                     outage = self.server.controller.outage
                     if not outage.failed(e, f"watching job {request.job_id}"):
@@ -761,8 +751,17 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
                     if time.monotonic() - away_since > WATCH_STORE_WAIT_S:
                         await context.abort(grpc.StatusCode.UNAVAILABLE, bounded_message(outage.message(e)))
                     await asyncio.sleep(1.0)
-                    continue
-                away_since = None
+
+        await on_thread(lambda: self._job(request.job_id, threaded))
+        caller = _caller(threaded, self.server.tokens)
+        if not self.server.open_watch(caller):
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"this caller already watches {self.server.max_watches} jobs, the most one token (or "
+                                "host) may; stop some watchers (`farm status JOB` polls instead) or raise --max-watches")
+        try:
+            last = None
+            while True:
+                message = await on_thread(lambda: _job_message(self.server, self._job(request.job_id, threaded)))
                 if message != last:
                     yield message
                     last = message

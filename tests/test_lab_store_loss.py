@@ -105,9 +105,18 @@ def test_backends_killed_mid_job_are_replaced_and_the_job_completes(pg_url: str,
 def test_a_restarted_server_mid_job_is_said_once_and_the_job_completes(own_server, cluster, tiny_models) -> None:
     from grpc_processes import wait_for
 
+    import threading
+
+    from farm.client.config import Credentials
+    from farm.client.remote import RemoteFarm
+
     url, tasks = own_server.url, 6
     _start_job(cluster, url, tiny_models["onnx"], tasks)
     wait_for(lambda: _completed(url) >= 2, 120, "two runs to complete")
+    # a client following the job (what `farm submit` and `farm watch` do) rides the outage out
+    watcher, followed = RemoteFarm(str(cluster.address), Credentials()), []
+    follow = threading.Thread(target=lambda: followed.append(watcher.wait(1)), daemon=True)
+    follow.start()
     own_server.stop()  # every session ends and the server refuses connections until it is back
     # what a user asking meanwhile sees: the controller answers, its database does not, and nothing is lost
     status = cluster.farm("status", "1", "--controller", str(cluster.address))
@@ -118,6 +127,9 @@ def test_a_restarted_server_mid_job_is_said_once_and_the_job_completes(own_serve
     wait_for(lambda: "cannot be reached" in cluster.server_output(), 60, "the controller to notice")
     own_server.start()
     _check_every_task_ran_once(cluster, url, tasks)
+    follow.join(60)
+    assert followed == [True], "the watch did not follow the job through the outage to its end"
+    watcher.close()
     log = cluster.server_output()
     assert log.count(f"the lab's store {url} cannot be reached") == 1, "the outage was not said once"
     assert log.count(f"the lab's store {url} answers again after") == 1
