@@ -58,12 +58,12 @@ def _completed(url: str) -> int:
     return int(_rows(url, "SELECT COUNT(*) FROM runs WHERE status = 'completed'")[0][0])
 
 
-def _start_job(cluster, url: str, model: Path, tasks: int) -> None:
+def _start_job(cluster, url: str, model: Path, tasks: int, *, seconds: float = 0.4, lease_ttl_s: float = 30.0) -> None:
     from grpc_processes import sleep_job
 
-    job = sleep_job(cluster.root, model, tasks=tasks, seconds=0.4)
-    # a lease TTL longer than any outage below: a task whose agent is alive is never taken from it
-    cluster.serve_in_process(db=url, lease_ttl_s=30.0, heartbeat_interval_s=0.5)
+    job = sleep_job(cluster.root, model, tasks=tasks, seconds=seconds)
+    # by default a lease TTL longer than any outage below: a task whose agent is alive is never taken from it
+    cluster.serve_in_process(db=url, lease_ttl_s=lease_ttl_s, heartbeat_interval_s=0.5)
     cluster.agent_in_process("rack")
     submitted = cluster.farm("submit", str(job), "--controller", str(cluster.address), "--detach")
     assert submitted.returncode == 0, submitted.stderr
@@ -133,3 +133,37 @@ def test_a_restarted_server_mid_job_is_said_once_and_the_job_completes(own_serve
     log = cluster.server_output()
     assert log.count(f"the lab's store {url} cannot be reached") == 1, "the outage was not said once"
     assert log.count(f"the lab's store {url} answers again after") == 1
+
+
+def test_an_outage_longer_than_a_lease_runs_the_running_task_again_and_loses_nothing(own_server, cluster,
+                                                                                    tiny_models) -> None:
+    """The store away for longer than --lease-ttl: the running task's lease cannot be renewed meanwhile, so when
+    the store is back the task runs again (at least once: the sweep returns it to the queue, or, if the agent's
+    heartbeat comes first, the agent is told to stop), its first attempt stored as infrastructure saying why;
+    the job completes, no task is canceled or counted twice."""
+    import time
+
+    from grpc_processes import wait_for
+
+    url, tasks = own_server.url, 2
+    _start_job(cluster, url, tiny_models["onnx"], tasks, seconds=6.0, lease_ttl_s=3.0)  # a run outlives the outage
+    wait_for(lambda: _rows(url, "SELECT COUNT(*) FROM tasks WHERE status = 'running'")[0][0] >= 1, 120,
+             "a task to run")
+    own_server.stop()
+    time.sleep(4.0)  # past the lease TTL (3 s): no renewal could be stored meanwhile
+    own_server.start()
+
+    def finished() -> object:
+        status = _rows(url, "SELECT status FROM jobs WHERE id = 1")[0][0]
+        return status in ("completed", "failed", "canceled") and status
+    assert wait_for(finished, 180, "the job to finish", interval=0.3) == "completed", cluster.server_output()[-5000:]
+    runs = _rows(url, "SELECT task_id, status, failure_class, message FROM runs ORDER BY task_id, attempt")
+    for task in range(1, tasks + 1):
+        of_task = [r for r in runs if r[0] == task]
+        assert [r[1] for r in of_task].count("completed") == 1, of_task
+        assert all(r[2] == "infrastructure" for r in of_task if r[1] != "completed"), of_task
+    again = [r for r in runs if r[1] != "completed"]
+    assert again and all("lease expired on agent rack" in r[3] or "stopped the run because its lease ran out" in r[3]
+                         for r in again), runs  # the running task ran again, and its first attempt says why
+    assert _rows(url, "SELECT status, COUNT(*) FROM tasks GROUP BY status") == [("completed", tasks)]
+    assert "Traceback" not in cluster.server_output()
