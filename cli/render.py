@@ -302,7 +302,15 @@ def show(console: Console, renderable: RenderableType, *, wide: bool = False) ->
 def failures(records: list[dict[str, Any]]) -> list[str]:
     # a message may quote an agent or a script: escaped, but its lines kept
     return [f"{printable(r['model']['name'])} (threads {r['threads']}, repeat {r['repeat']}): {r['failure_class']}: "
-            f"{printable(r['message'], limit=None, multiline=True)}" for r in records if r["failure_class"] and r["status"] not in ("completed", "canceled")]
+            f"{printable(r['message'], limit=None, multiline=True)}{after_attempts(r)}" for r in records
+            if r["failure_class"] and r["status"] not in ("completed", "canceled")]
+
+
+def after_attempts(record: dict[str, Any]) -> str:
+    """A failed task tried more than once is told once, its last attempt's words, saying how many there were
+    (each attempt is a run of its own: `farm results JOB --runs`)."""
+    attempts = record.get("attempts") or 0
+    return f" (the last of {attempts} attempts)" if attempts > 1 else ""
 
 
 def calibrations_table(rows: list[CalibrationVersion], when, *, wide: bool = False) -> RenderableType:

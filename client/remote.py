@@ -49,6 +49,8 @@ REPEATABLE = frozenset({
     "Report", "Drift", "Suggest", "MissingArtifacts", "WatchJob", "CancelJob", "SetDeviceHealth", "ForgetDevice",
     "UploadArtifact", "SubmitJob"})
 CONNECT_S = 5.0  # how long an unrepeatable call waits for its controller's channel before trying the next
+# how a controller whose lab store is out of reach begins its UNAVAILABLE answer (controller/scheduling/outage.py)
+STORE_AWAY = "the lab's store "
 
 
 class Unreachable(Exception):
@@ -139,6 +141,8 @@ class FarmClient:
 
     def explain(self, e: grpc.RpcError) -> FarmError:
         code, details = e.code(), e.details() or ""
+        if code == grpc.StatusCode.UNAVAILABLE and details.startswith(STORE_AWAY):  # it answered; its database did not
+            return FarmError(f"the controller at {self.address} answered, but {details}.", EXIT_ENVIRONMENT)
         if code == grpc.StatusCode.UNAVAILABLE:
             if self.tls is None:
                 hint = "if it serves TLS, pass --tls-ca (or FARM_TLS_CA)"

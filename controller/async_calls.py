@@ -18,6 +18,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, Iterator,
 import grpc
 
 T = TypeVar("T")
+# what to tell the caller of a call that failed on `error` (None: nothing, the error is raised as it is)
+Unavailable = Callable[[BaseException], "str | None"]
 _DONE = object()  # the end of a request or response stream, handed across the loop/thread boundary
 
 
@@ -94,8 +96,10 @@ def _thread_requests(requests: AsyncIterator[T], loop: asyncio.AbstractEventLoop
         yield message
 
 
-def on_threads(handler: grpc.RpcMethodHandler, pool: concurrent.futures.Executor) -> grpc.RpcMethodHandler:
-    """The same handler as a coroutine of the loop that runs the plain function on `pool`."""
+def on_threads(handler: grpc.RpcMethodHandler, pool: concurrent.futures.Executor,
+               unavailable: Unavailable | None = None) -> grpc.RpcMethodHandler:
+    """The same handler as a coroutine of the loop that runs the plain function on `pool`; an error `unavailable`
+    gives a message for ends the call UNAVAILABLE with it (the store out of reach: a call to try again)."""
     behavior = handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
     if inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior):
         return handler  # written for the loop already
@@ -121,6 +125,8 @@ def on_threads(handler: grpc.RpcMethodHandler, pool: concurrent.futures.Executor
                     yield response
             except Aborted as e:
                 await context.abort(e.code, e.details)
+            except Exception as e:
+                await _unavailable(e, unavailable, context)
             finally:
                 threaded.end()
                 _close_after(responses, pending, pool)
@@ -133,10 +139,20 @@ def on_threads(handler: grpc.RpcMethodHandler, pool: concurrent.futures.Executor
                 return await loop.run_in_executor(pool, behavior, request_of(request, threaded, loop), threaded)
             except Aborted as e:
                 await context.abort(e.code, e.details)
+            except Exception as e:
+                await _unavailable(e, unavailable, context)
             finally:
                 threaded.end()
         run = unary
     return same_kind(handler, run)
+
+
+async def _unavailable(error: Exception, unavailable: Unavailable | None, context: grpc.aio.ServicerContext) -> None:
+    """Abort UNAVAILABLE with unavailable(error)'s message; re-raise an error it has none for."""
+    why = unavailable(error) if unavailable is not None else None
+    if why is None:
+        raise error
+    await context.abort(grpc.StatusCode.UNAVAILABLE, why[:2000])
 
 
 def _close_after(responses: Iterator[Any] | None, pending: asyncio.Future[Any] | None,
@@ -205,13 +221,14 @@ Guard = Callable[[grpc.RpcMethodHandler, grpc.HandlerCallDetails], grpc.RpcMetho
 class CallGate(grpc.aio.ServerInterceptor):
     """Every call's handler on the loop: plain functions moved to `pool`, then `guard` (tokens, budgets) around it."""
 
-    def __init__(self, pool: concurrent.futures.Executor, guard: Guard | None = None) -> None:
-        self.pool, self.guard = pool, guard
+    def __init__(self, pool: concurrent.futures.Executor, guard: Guard | None = None, *,
+                 unavailable: Unavailable | None = None) -> None:
+        self.pool, self.guard, self.unavailable = pool, guard, unavailable
 
     async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
                                 handler_call_details: grpc.HandlerCallDetails) -> Any:
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        handler = on_threads(handler, self.pool)
+        handler = on_threads(handler, self.pool, self.unavailable)
         return self.guard(handler, handler_call_details) if self.guard else handler

@@ -378,6 +378,8 @@ def _job_message(server: FarmServer, job: dict[str, Any]) -> farm_pb2.Job:
 
 
 _EMPTY = object()  # nothing came within the wait
+# how long a watch waits for the lab's store to answer again before it tells its client (UNAVAILABLE)
+WATCH_STORE_WAIT_S = 120.0
 
 
 class _Outbox:
@@ -431,6 +433,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             session, released = await loop.run_in_executor(self.pool, self.server.open_session, hello, context.peer())
         except DeviceTaken as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, bounded_message(str(e)))
+        except Exception as e:
+            if not self.server.controller.outage.failed(e, f"registering agent {printable(hello.agent_name)}"):
+                raise
+            # the agent dials again (this controller or the next of its list) and resends what it keeps
+            await context.abort(grpc.StatusCode.UNAVAILABLE, bounded_message(self.server.controller.outage.message(e)))
         log.info("agent %s connected from %s (farm %s, host %s, %d device(s))", hello.agent_name, context.peer(),
                  printable(hello.farm_version), printable(hello.hostname), len(hello.devices))
         outbox = _Outbox(session, loop)
@@ -734,11 +741,21 @@ class FarmServicer(farm_pb2_grpc.FarmServiceServicer):
         threaded = ThreadContext(context)
 
         async def on_thread(function: Callable[[], T]) -> T:  # the store is read on a worker thread
-            try:
-                return await loop.run_in_executor(self.pool, function)
-            except Aborted as e:
-                await context.abort(e.code, e.details)
-                raise  # not reached: abort() raised
+            away_since = None
+            while True:
+                try:
+                    return await loop.run_in_executor(self.pool, function)
+                except Aborted as e:
+                    await context.abort(e.code, e.details)
+                    raise  # not reached: abort() raised
+                except Exception as e:  # the store out of reach: the watch waits for it a while (the job is kept)
+                    outage = self.server.controller.outage
+                    if not outage.failed(e, f"watching job {request.job_id}"):
+                        raise
+                    away_since = away_since or time.monotonic()
+                    if time.monotonic() - away_since > WATCH_STORE_WAIT_S:
+                        await context.abort(grpc.StatusCode.UNAVAILABLE, bounded_message(outage.message(e)))
+                    await asyncio.sleep(1.0)
 
         await on_thread(lambda: self._job(request.job_id, threaded))
         caller = _caller(threaded, self.server.tokens)
@@ -937,8 +954,12 @@ def serve(store: Store, listen: str, *, tokens: TokenTable | None, tls: TlsFiles
     health_servicer = health.HealthServicer()
     loop = ServerLoop()
 
+    def store_away(error: BaseException) -> str | None:  # a call that met the store out of reach: UNAVAILABLE
+        return farm.controller.outage.message(error) if farm.controller.outage.failed(error, "answering a call") \
+            else None
+
     def build() -> tuple[grpc.aio.Server, int]:  # on the loop's thread: the server belongs to its loop
-        gate = CallGate(calls, TokenGuard(tokens, call_budget) if tokens else None)
+        gate = CallGate(calls, TokenGuard(tokens, call_budget) if tokens else None, unavailable=store_away)
         server = grpc.aio.server(interceptors=[gate], options=options, maximum_concurrent_rpcs=max_streams)
         agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(farm, agent_messages), server)
         farm_pb2_grpc.add_FarmServiceServicer_to_server(FarmServicer(farm, calls), server)

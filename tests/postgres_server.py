@@ -20,7 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 # The server kills itself after this long, whatever happens to the test process: longer than any test session
 # (CI's limit is 90 minutes; a session-scoped peer first used early must live to the session's end).
@@ -32,7 +32,7 @@ class PostgresUnavailable(RuntimeError):
     """Debian's postgresql is not installed and could not be installed."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class PostgresPeer:
     host: str
     port: int
@@ -41,6 +41,8 @@ class PostgresPeer:
     data_dir: Path
     log: Path  # the server's own messages
     process: subprocess.Popen[bytes]
+    argv: tuple[str, ...] = ()  # how it was started, so restart() starts it the same way
+    account: pwd.struct_passwd | None = None
 
     @property
     def url(self) -> str:
@@ -65,6 +67,20 @@ class PostgresPeer:
             except OSError:
                 return
             time.sleep(0.05)
+
+    def stop(self) -> None:
+        """PostgreSQL's fast shutdown (SIGINT): every session ends at once, as in a restart; the data stays."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGINT)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def start(self) -> None:
+        """The server again, on the same data folder and port, after stop() or kill(); back once it accepts."""
+        self.process = _launch(self.argv, self.log, self.account)
+        _wait_accepting(self.port, self.process, self.log)
 
     def _postmaster_pid(self) -> int | None:
         with contextlib.suppress(OSError, ValueError, IndexError):
@@ -120,6 +136,11 @@ def _demote(account: pwd.struct_passwd | None):  # type: ignore[no-untyped-def]
     return child
 
 
+def _launch(argv: Sequence[str], log: Path, account: pwd.struct_passwd | None) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, preexec_fn=_demote(account))
+
+
 def _wait_accepting(port: int, process: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -159,10 +180,9 @@ def postgres_server(database: str = "farm", user: str = "farm") -> Iterator[Post
                 "-p", str(port), "-k", str(sockets), "-c", "listen_addresses=127.0.0.1",
                 "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
                 "-c", "max_connections=200", "-c", "shared_buffers=32MB"]
-        with log.open("ab") as out:
-            process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_demote(account))
+        process = _launch(argv, log, account)
         peer = PostgresPeer(host="127.0.0.1", port=port, user=user, database=database, data_dir=data,
-                            log=log, process=process)
+                            log=log, process=process, argv=tuple(argv), account=account)
         try:
             _wait_accepting(port, process, log)
             created = subprocess.run([str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", user,
@@ -172,9 +192,9 @@ def postgres_server(database: str = "farm", user: str = "farm") -> Iterator[Post
             yield peer
         finally:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGINT)  # PostgreSQL's fast shutdown: backends end now
+                os.killpg(peer.process.pid, signal.SIGINT)  # PostgreSQL's fast shutdown: backends end now
             try:
-                process.wait(timeout=20)
+                peer.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 peer.kill()
     finally:

@@ -418,3 +418,44 @@ def test_the_nightly_refresh_can_fit_contended_runs(tmp_path: Path, include: boo
     assert bool(fitted) == include and all(r["device"] == "g6-1" for r in fitted)
     said = "contended sim run(s) left out of the fits (`farm controller serve --refresh-include-contended` uses them)"
     assert (said in caplog.text) != include
+
+
+def test_a_fetch_failure_retried_is_told_once_per_task(tmp_path: Path, tiny_models) -> None:
+    """A model the controller lost before its agent fetched it: every attempt fails fetching it (infrastructure, so
+    retried). `farm results`, the report and the dashboard's Recent failures say so once for the task, with how
+    many attempts failed, not once per attempt."""
+    from farm.controller.analysis.results import run_records
+    from farm.web.pages import failures_panel
+    from grpc_processes import Cluster, sleep_job, wait_for
+
+    cluster = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_CONFIG": str(tmp_path / "none"),
+                                     "XDG_DATA_HOME": str(tmp_path / "data")}, cli_in_process=True)
+    try:
+        server = cluster.serve_in_process()
+        job = sleep_job(tmp_path, tiny_models["onnx"], tasks=1, seconds=0.1)
+        assert cluster.farm("submit", str(job), "--controller", str(cluster.address), "--detach").returncode == 0
+        artifacts = [p for p in (tmp_path / "controller-artifacts").iterdir() if p.suffix == ".onnx"]
+        assert artifacts, "the upload was not kept where this test looks"
+        for path in artifacts:
+            path.unlink()  # the controller lost the model (a disk replaced, a collection gone wrong)
+        cluster.agent_in_process("rack")
+        store = server.store
+        wait_for(lambda: store.jobs.get(1)["status"] == "failed", 120, "the job to fail")
+        attempts = store.query("SELECT attempt, failure_class FROM runs ORDER BY attempt")
+        assert [r["failure_class"] for r in attempts] == ["infrastructure"] * 3, attempts  # retried, as it should be
+        shown = cluster.farm("results", "1", "--controller", str(cluster.address))
+        said = [line for line in shown.stderr.splitlines() if "could not fetch" in line]
+        assert len(said) == 1, shown.stderr
+        assert said[0].endswith("(the last of 3 attempts)") and "NOT_FOUND" in said[0]
+        [record] = run_records(store, 1)
+        assert record["attempts"] == 3
+        recent = store.reads.recent_failures(10)
+        assert [(r["task_id"], r["failed_attempts"]) for r in recent] == [(1, 3)], recent
+        panel = failures_panel(recent)
+        assert panel.count("could not fetch") == 1 and "3 failed attempts" in panel
+        report = tmp_path / "report.html"
+        assert cluster.farm("report", "1", "--controller", str(cluster.address), "-o", str(report)).returncode == 0
+        text = html.unescape(report.read_text())
+        assert text.count("could not fetch model") == 1 and "the last of 3 attempts" in text
+    finally:
+        cluster.stop_all()

@@ -294,12 +294,30 @@ def test_a_connection_the_server_dropped_is_replaced_and_the_next_call_works(pg_
     store = PostgresStore(pg_url, files_dir=tmp_path)
     job = {"name": "j", "status": "queued", "priority": "normal", "created_at": 1.0, "spec_json": "{}"}
     store.jobs.insert(job, [])
-    with psycopg.connect(pg_url, autocommit=True) as admin:  # what a server restart does to a session
-        admin.execute("SELECT pg_terminate_backend(%s)", [store.conn.info.backend_pid])
-    with pytest.raises(psycopg.OperationalError):
-        store.jobs.insert(job, [])  # the call that meets the break fails, writing nothing
-    assert store.jobs.insert(job, []) == 2
-    assert [j.id for j in store.jobs.listing(10)] == [2, 1]
+    assert store.reads.job_count() == 1  # a reader connection is pooled
+
+    def kill_all(admin: psycopg.Connection) -> None:  # what a server restart does to every session, then gone
+        pids = [r[0] for r in admin.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                                            "AND pid <> pg_backend_pid()")]
+        admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [pids])
+        deadline = time.monotonic() + 30
+        while admin.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE pid = ANY(%s)", [pids]).fetchone()[0]:
+            assert time.monotonic() < deadline, "the killed backends did not end"
+            time.sleep(0.05)
+
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        kill_all(admin)
+        # idle connections the server dropped are seen before use (its goodbye waits on the socket): both work
+        assert store.jobs.insert(job, []) == 2
+        assert store.reads.job_count() == 2
+        # a connection dropped under a transaction fails that call, writing nothing; the next call works
+        with pytest.raises(psycopg.OperationalError):
+            with store.transaction():
+                store.execute("SELECT 1")
+                kill_all(admin)
+                store.execute("SELECT 1")
+    assert store.jobs.insert(job, []) == 3
+    assert [j.id for j in store.jobs.listing(10)] == [3, 2, 1]
     store.close()
 
 

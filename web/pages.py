@@ -184,7 +184,8 @@ def failures_panel(rows: list[dict[str, Any]]) -> str:
     items = "".join(
         f'<li><a href="/jobs/{r["job_id"]}#failure-{r["task_id"]}">job {r["job_id"]} task {r["task_id"]}</a> '
         f'<span class="status failed">{e(r["failure_class"])}</span> {e(r["model_name"])} @ {e(r["target"])} '
-        f'· {e(when(r["finished_at"]))}<br><span class="why">{e(_first_line(r["message"])[:200])}</span></li>' for r in rows)
+        f'· {e(when(r["finished_at"]))}{_attempts(r.get("failed_attempts"))}<br>'
+        f'<span class="why">{e(_first_line(r["message"])[:200])}</span></li>' for r in rows)
     return f'<ul class="panel">{items}</ul>'
 
 
@@ -196,6 +197,11 @@ def drift_panel(rows: list[dict[str, Any]]) -> str:
         f'thread(s)</a> · {e(when(r["created_at"]))}<br><span class="why">{e((r["reasons"] or "")[:200])}</span></li>'
         for r in rows)
     return f'<ul class="panel">{items}</ul>'
+
+
+def _attempts(failed: int | None) -> str:
+    """A task retried and failed again is one line of the panel, saying how many of its attempts failed."""
+    return f" · {int(failed)} failed attempts" if failed and failed > 1 else ""
 
 
 def _first_line(text: str | None) -> str:

@@ -325,12 +325,19 @@ def results_section(averaged: list[dict[str, Any]]) -> str:
     return _table([h for h, _ in columns], rows, "results") + note
 
 
+def _attempts(record: dict[str, Any]) -> str:
+    """A failed task tried more than once is one item, its last attempt's words, saying how many there were."""
+    attempts = record.get("attempts") or 0
+    return f", the last of {attempts} attempts" if attempts > 1 else ""
+
+
 def _failures(records: list[dict[str, Any]]) -> str:
     failed = [r for r in records if r["status"] == "failed"]
     if not failed:
         return ""
     items = "".join(f"<li><b>{_e(r['model']['name'])}</b> (threads {r['threads']}, repeat {r['repeat']}, "
-                    f"{_e(r['target'])}): {_e(r['failure_class'])}: <pre class=msg>{html.escape(printable(r['message'], limit=2000, multiline=True))}</pre></li>"
+                    f"{_e(r['target'])}){_e(_attempts(r))}: {_e(r['failure_class'])}: <pre class=msg>"
+                    f"{html.escape(printable(r['message'], limit=2000, multiline=True))}</pre></li>"
                     for r in failed[:50])
     more = f"<li>… and {len(failed) - 50} more (<code>farm results JOB --format json</code>)</li>" if len(failed) > 50 else ""
     return f"<details class=warn><summary>{len(failed)} failed run(s)</summary><ul>{items}{more}</ul></details>"

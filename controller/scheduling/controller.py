@@ -8,6 +8,7 @@ state is in SQLite.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -17,10 +18,17 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from farm.controller.scheduling.counters import record_lease_expiries
 from farm.controller.scheduling.hooks import Hooks, default_hooks
+from farm.controller.scheduling.outage import StoreOutage
 from farm.controller.store import Store
 from farm.controller.store.rows import RowLike, RunningAttempt, TaskRow, plain_rows
 from farm.proto.questions import TaskCounts
-from farm.proto.results import FailureClass, JobStatus, ResultRefused, RunResult, TaskStatus
+from farm.proto.results import (
+    FailureClass,
+    JobStatus,
+    ResultRefused,
+    RunResult,
+    TaskStatus,
+)
 
 if TYPE_CHECKING:  # the job and task models (pydantic over the job file's) load when a job is made or a task leased
     from farm.controller.scheduling.jobfile import ResolvedJob
@@ -42,6 +50,10 @@ def contention_outcome(policy: str, contended_before: int) -> str:
     if policy == "retry" and contended_before < CONTENDED_RETRIES:
         return "retry"
     return "keep"
+
+
+def _utc(timestamp: float) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(timestamp))
 
 
 def should_retry(failure: FailureClass | None, attempt: int, max_attempts: int) -> bool:
@@ -133,6 +145,8 @@ class Controller:
         # whether this process runs the lab-wide sweeps now (store/leader.SweepLeader: one controller of those on
         # one store); None: always (embedded, or the only controller)
         self.sweeps: Callable[[], bool] | None = None
+        # the store out of reach, said once per outage by whichever thread meets it first (outage.py)
+        self.outage = StoreOutage(store.location)
 
     # --- clients -----------------------------------------------------------------
     def submit(self, job: ResolvedJob, *, name: str | None = None, kind: str = "user", owner: str | None = None,
@@ -392,6 +406,7 @@ class Controller:
         if task is None:
             raise ResultRefused(f"there is no task {task_id}")
         job_status = self.store.jobs.status(task.job_id)  # the status alone: not the job's spec and source each time
+        result = self._stopped_for_a_lost_lease(task, job_status, agent, result)
         reasons = "; ".join(result.contention.reasons) if result.contention is not None else ""
         contended = result.ok and result.contention is not None and result.contention.contended
         outcome = self._contention_outcome(task) if contended else "keep"
@@ -428,6 +443,20 @@ class Controller:
             self.quarantine(task["target"], f"{attempt} infrastructure failures in a row; last: {result.message}")
         touched_jobs.add(task["job_id"])
         return Applied(run_id, fields["status"])
+
+    def _stopped_for_a_lost_lease(self, task: TaskRow, job_status: str | None, agent: str,
+                                  result: RunResult) -> RunResult:
+        """A run its agent stopped (canceled) though its job was not canceled, after its lease ran out: the agent
+        was told to stop because the lease could not be renewed in time (its controller lost, or the agent cut
+        off from every controller), not by a user. That is infrastructure, retried, and the message says so;
+        stored as canceled, the task would end there at its first attempt, never run again."""
+        expires_at = task.lease_expires_at
+        if (result.failure_class != FailureClass.CANCELED or job_status == JobStatus.CANCELED.value
+                or expires_at is None or expires_at >= self.clock()):
+            return result
+        return dataclasses.replace(result, failure_class=FailureClass.INFRASTRUCTURE, message=(
+            f"agent {agent} stopped the run because its lease ran out at {_utc(expires_at)} before it finished "
+            f"(its controller went away, or the agent lost every controller): {result.message}"))
 
     def _failed_or_kept(self, task: TaskRow, attempt: int, result: RunResult) -> dict[str, Any]:
         """A task's last attempt failed: it fails, unless an earlier attempt finished a measurement that was set

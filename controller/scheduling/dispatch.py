@@ -70,8 +70,11 @@ class Dispatcher:
             try:
                 self.dispatch_once()
                 self.sessions.keep_alive(self.controller.lease_ttl_s)  # its own writes, a quarter TTL apart
-            except Exception:  # a bad round must not stop dispatching for good
-                log.exception("dispatch round failed")
+            except Exception as e:  # a bad round must not stop dispatching for good
+                if not self.controller.outage.failed(e, "dispatching work"):
+                    log.exception("dispatch round failed")
+            else:
+                self.controller.outage.answered()
 
     def dispatch_once(self) -> int:
         """Offer pending tasks to the waiting slots; returns how many were offered."""

@@ -42,9 +42,11 @@ class LeaseRenewer(BatchThread[QueuedHeartbeat]):
         started = time.perf_counter()
         try:
             alive = self.controller.heartbeat_batch(renewals)
-        except Exception:  # a store error: the leases are not lost yet, and the agents beat again within a period
-            log.exception("renewing %d lease(s) failed; the agents' next heartbeats try again", len(renewals))
+        except Exception as e:  # a store error: the leases are not lost yet, and the agents beat again within a period
+            if not self.controller.outage.failed(e, f"renewing {len(renewals)} lease(s)"):
+                log.exception("renewing %d lease(s) failed; the agents' next heartbeats try again", len(renewals))
             return
+        self.controller.outage.answered()
         self._timed("heartbeat", started, len(renewals))
         answers = iter(alive)
         for beat in batch:

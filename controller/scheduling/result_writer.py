@@ -88,15 +88,19 @@ class ResultWriter(BatchThread[QueuedResult]):
         """Apply `batch` in one transaction, then acknowledge each result (never before the commit)."""
         try:
             acks = self._apply(batch)
-        except Exception:  # a store error, or a bug: apply one by one, so only the result that fails is held back
-            if len(batch) == 1:
-                log.exception("agent %s: applying the result for task %d attempt %d failed; the agent keeps it",
-                              batch[0].agent, batch[0].message.task.task_id, batch[0].message.task.attempt)
-                batch[0].failed()
+        except Exception as e:  # a store error, or a bug: apply one by one, so only the result that fails is held back
+            outage = self.controller.outage
+            if len(batch) == 1 or outage.failed(e, "storing results"):  # out of reach: each would fail alike
+                for item in batch:
+                    if not outage.failed(e, "storing a result"):
+                        log.exception("agent %s: applying the result for task %d attempt %d failed; the agent keeps it",
+                                      item.agent, item.message.task.task_id, item.message.task.attempt)
+                    item.failed()
                 return
             for item in batch:
                 self.write([item])
             return
+        self.controller.outage.answered()
         for item, (ack, requeued) in zip(batch, acks):
             item.acknowledge(ack, requeued)
 

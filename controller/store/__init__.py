@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from farm.controller.store.interface import (
     ArtifactRepository, CalibrationRepository, DeviceRepository, JobRepository, LabReads, LeaseRepository,
-    RunRepository, Store, StoreError, VisibleTo)
+    RunRepository, Store, StoreError, StoreUnavailable, VisibleTo)
 from farm.controller.store.metrics import METRIC_UNITS, UnknownMetric
 from farm.controller.store.sqlite import BUSY_TIMEOUT_S, SQLiteStore, store_error_message
 
@@ -21,8 +21,8 @@ DB_ENV = "FARM_DB"
 __all__ = [
     "ArtifactRepository", "BUSY_TIMEOUT_S", "CalibrationRepository", "DB_ENV", "DeviceRepository", "JobRepository",
     "LabReads", "LeaseRepository", "METRIC_UNITS", "RunRepository", "SQLiteStore", "Store", "StoreError",
-    "UnknownMetric", "VisibleTo", "db_location", "default_db_path", "is_store_error", "is_url", "open_store", "redact_url",
-    "store_error_message"]
+    "StoreUnavailable", "UnknownMetric", "VisibleTo", "db_location", "default_db_path", "is_store_error", "is_url",
+    "lost_connection", "open_store", "redact_url", "store_error_message"]
 # --db schemes a store is opened from (psycopg takes both spellings, as libpq does)
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 
@@ -44,6 +44,17 @@ def redact_url(url: str) -> str:
     from farm.controller.store.postgres import redact_url as redact
 
     return redact(url)
+
+
+def lost_connection(error: BaseException) -> bool:
+    """Whether `error` says the store's database is out of reach for now (a connection the server dropped, a
+    server that refuses or is restarting), as opposed to a refused statement or a bug: worth a retry."""
+    import sys
+
+    if isinstance(error, StoreUnavailable):
+        return True
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and isinstance(error, psycopg.OperationalError)
 
 
 def is_store_error(error: BaseException) -> bool:

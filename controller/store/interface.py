@@ -33,6 +33,11 @@ class StoreError(Exception):
     """The store cannot be opened or used: a message for a person."""
 
 
+class StoreUnavailable(StoreError):
+    """The store's database cannot be reached now (a PostgreSQL server restarting, a network gone): nothing was
+    written by the call that met it, and the same call may work once the server answers again."""
+
+
 class JobRepository(Protocol):
     def insert(self, job: Mapping[str, Any], tasks: Sequence[Mapping[str, Any]]) -> int: ...
     def get(self, job_id: int) -> JobRow | None: ...

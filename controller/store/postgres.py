@@ -19,13 +19,14 @@ from __future__ import annotations
 import functools
 import logging
 import queue
+import select
 import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator, Mapping, Sequence
 from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
-from farm.controller.store.interface import StoreError
+from farm.controller.store.interface import StoreError, StoreUnavailable
 from farm.controller.store.metrics import MiB
 from farm.controller.store.rows import TaskRow
 from farm.controller.store.schema import LAB_WIDE_DDL, LAB_WIDE_TABLES, SCHEMA_VERSION
@@ -313,6 +314,8 @@ class PostgresStore(RepositoryStore):
         try:
             conn: psycopg.Connection[Any] = self._psycopg.connect(
                 self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, application_name="farm")
+        except self._psycopg.OperationalError as e:  # the server refuses, is restarting, or is out of reach
+            raise StoreUnavailable(self.error_message(e)) from None
         except self._psycopg.Error as e:
             raise StoreError(self.error_message(e)) from None
         except Exception as e:  # noqa: BLE001  a URL libpq cannot parse (ProgrammingError is psycopg.Error too)
@@ -385,17 +388,35 @@ class PostgresStore(RepositoryStore):
             with self._lock:
                 return self.conn.cursor(row_factory=dict_row).execute(sql, _params(params)).fetchall()
         with self._reader_slots:
-            try:
-                conn = self._readers.get_nowait()
-            except queue.Empty:
-                conn = self._connect()
+            conn = self._reader()
             try:
                 rows = conn.cursor(row_factory=dict_row).execute(sql, _params(params)).fetchall()
+            except self._psycopg.OperationalError:
+                conn.close()  # a broken reader is not reused; a read is asked again once, on a new connection
+                if not conn.broken:
+                    raise
+                conn = self._connect()
+                try:
+                    rows = conn.cursor(row_factory=dict_row).execute(sql, _params(params)).fetchall()
+                except BaseException:
+                    conn.close()
+                    raise
             except BaseException:
-                conn.close()  # a broken reader is not reused
+                conn.close()
                 raise
             self._readers.put(conn)
             return rows
+
+    def _reader(self) -> psycopg.Connection[Any]:
+        """A pooled reader the server has not dropped meanwhile, or a new one."""
+        while True:
+            try:
+                conn = self._readers.get_nowait()
+            except queue.Empty:
+                return self._connect()
+            if _alive(conn):
+                return conn
+            conn.close()
 
     def on_queue_change(self, wake: Callable[[], None]) -> None:
         """Call `wake` whenever any process on this database makes a task leasable (LISTEN farm_queue): a job
@@ -424,10 +445,14 @@ class PostgresStore(RepositoryStore):
         self._listeners.append(thread)
 
     def _reconnect_if_broken(self) -> None:
-        """A connection the server dropped (a restart, a failover, an idle timeout) is replaced before the next
-        transaction: the call that met the break failed (its caller retries: a result stays with its agent,
-        a lease round runs again), the ones after it work."""
-        if self.conn.broken or (self.conn.closed and not self._closed):
+        """A connection the server dropped (a restart, a failover, an idle timeout, pg_terminate_backend) is
+        replaced before the next transaction: one dropped while idle is seen before it is used (the server's
+        goodbye waits on its socket), so that call works; one dropped under a statement fails that call (its
+        caller retries: a result stays with its agent, a lease round runs again), and the ones after it work."""
+        if self._closed:
+            return
+        if not _alive(self.conn):
+            self.conn.close()
             self.conn = self._connect()
 
     def execute(self, sql: str, params: Sequence[Any] | None = None) -> psycopg.Cursor[Any]:
@@ -507,6 +532,22 @@ class PostgresStore(RepositoryStore):
         if fields:
             sql = f"UPDATE {table} SET {', '.join(f'{_q(k)} = %s' for k in fields)} WHERE id = %s"
             self.execute(sql, [*fields.values(), pk])
+
+
+def _alive(conn: psycopg.Connection[Any]) -> bool:
+    """False for a connection that is closed, broken, or idle with something waiting on its socket: farm's
+    connections LISTEN on none of them, so what waits there is the server saying goodbye (57P01 after
+    pg_terminate_backend or a shutdown) or the end of the stream. Checked without a round trip."""
+    if conn.closed or conn.broken:
+        return False
+    status = int(conn.info.transaction_status)  # libpq's: 0 idle, 1-3 in a statement or transaction, 4 bad
+    if status != 0:
+        return status != 4  # in use: not judged here
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable
 
 
 @functools.lru_cache(maxsize=512)

@@ -915,16 +915,18 @@ class LabReads(Repository):
         return found
 
     def recent_failures(self, limit: int) -> list[dict[str, Any]]:
-        """The newest failed runs (not cancellations), each with its task's target and model, and the tasks failed
-        without a run (a quarantined device's waiting tasks: run_id None), newest first."""
+        """The newest failed runs (not cancellations), one per task (its latest, with `failed_attempts`: how many of
+        its attempts failed), each with its task's target and model, and the tasks failed without a run (a
+        quarantined device's waiting tasks: run_id None), newest first."""
+        failed = "status = 'failed' AND failure_class IS NOT NULL AND failure_class != 'canceled'"
         runs = self._query(
             "SELECT r.id AS run_id, r.job_id, r.task_id, r.attempt, r.failure_class, r.message, r.finished_at, "
-            "r.limits_memory_mb, t.target, t.model_name FROM runs r JOIN tasks t ON t.id = r.task_id "
-            "WHERE r.status = 'failed' AND r.failure_class IS NOT NULL AND r.failure_class != 'canceled' "
-            "ORDER BY r.id DESC LIMIT ?", [limit])
+            "r.limits_memory_mb, t.target, t.model_name, f.failed_attempts FROM runs r JOIN tasks t ON t.id = r.task_id "
+            f"JOIN (SELECT task_id, MAX(id) AS last_id, COUNT(*) AS failed_attempts FROM runs WHERE {failed} "
+            "GROUP BY task_id) f ON f.last_id = r.id ORDER BY r.id DESC LIMIT ?", [limit])
         never_ran = self._query(
             "SELECT NULL AS run_id, t.job_id, t.id AS task_id, t.attempts AS attempt, t.failure_class, t.message, "
-            "t.finished_at, NULL AS limits_memory_mb, t.target, t.model_name FROM tasks t "
+            "t.finished_at, NULL AS limits_memory_mb, t.target, t.model_name, 0 AS failed_attempts FROM tasks t "
             "WHERE t.status = 'failed' AND t.last_run_id IS NULL ORDER BY t.finished_at DESC, t.id DESC LIMIT ?",
             [limit])
         return sorted(runs + never_ran, key=lambda r: -(r["finished_at"] or 0.0))[:limit]
