@@ -331,15 +331,17 @@ class Controller:
             free = list(range(len(slots)))
             started_jobs: set[int] = set()
             fetched = self.store.leases.next_pending(wanted, len(slots))
+            leases: list[tuple[int, int, str, float]] = []
             for task in fetched:
                 slot = next((i for i in free if task["target"] in slots[i][1]), None)
                 if slot is None:
                     continue  # no free slot serves this target this round
                 free.remove(slot)
                 attempt = task["attempts"] + 1
-                self.store.leases.lease(task["id"], attempt, slots[slot][0], now + self.lease_ttl_s)
+                leases.append((task["id"], attempt, slots[slot][0], now + self.lease_ttl_s))
                 started_jobs.add(task["job_id"])
                 leased[slot] = _task_spec(task, attempt, self._plan(task))
+            self.store.leases.lease_many(leases)  # one statement for the round's leases
             for job_id in started_jobs:
                 self.store.leases.start_job(job_id, now)
         return leased, len(fetched) < len(slots)

@@ -88,9 +88,13 @@ def unpack_iterations(data: bytes) -> list[float]:
 def pack_telemetry(samples: Iterable[tuple[float | None, float | None, int | None]]) -> bytes:
     """(t_s, cpu_percent, memory_bytes) of each sample, in order."""
     rows = list(samples)
-    times = array("d", (_float(t) for t, _, _ in rows))
-    cpu = array("d", (_float(c) for _, c, _ in rows))
-    memory = array("q", (NO_MEMORY if m is None else int(m) for _, _, m in rows))
+    try:  # every figure present and typed (a result off the wire): the columns as they are
+        times, cpu, memory = array("d", [r[0] for r in rows]), array("d", [r[1] for r in rows]), array(
+            "q", [r[2] for r in rows])
+    except TypeError:  # a missing figure (None), or memory given as a float
+        times = array("d", (_float(t) for t, _, _ in rows))
+        cpu = array("d", (_float(c) for _, c, _ in rows))
+        memory = array("q", (NO_MEMORY if m is None else int(m) for _, _, m in rows))
     return _frame(_little_endian(times) + _little_endian(cpu) + _little_endian(memory))
 
 

@@ -440,8 +440,15 @@ class Leases(Repository):
         raise NotImplementedError  # dialect: each store leases in its own way (sqlite.py, postgres.py)
 
     def lease(self, task_id: int, attempt: int, agent: str, expires_at: float) -> None:
-        self._execute("UPDATE tasks SET status = ?, attempts = ?, leased_by = ?, lease_expires_at = ? WHERE id = ?",
-                      [TaskStatus.RUNNING.value, attempt, agent, expires_at, task_id])
+        self.lease_many([(task_id, attempt, agent, expires_at)])
+
+    def lease_many(self, leases: Sequence[tuple[int, int, str, float]]) -> None:
+        """(task, attempt, agent, expires_at) each, one statement for all: a dispatcher round's leases."""
+        if leases:
+            self.store.executemany(self.store.sql(
+                "UPDATE tasks SET status = ?, attempts = ?, leased_by = ?, lease_expires_at = ? WHERE id = ?"),
+                [(TaskStatus.RUNNING.value, attempt, agent, expires_at, task_id)
+                 for task_id, attempt, agent, expires_at in leases])
 
     def start_job(self, job_id: int, now: float) -> None:
         """A queued job is running from its first lease on."""
