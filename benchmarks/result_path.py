@@ -1,6 +1,6 @@
 """The controller's own CPU per task, without gRPC: lease, offer, decode the result, apply it, acknowledge.
 
-    python benchmarks/result_path.py [--tasks 2000] [--rounds 3] [--postgresql] [--profile]
+    python benchmarks/result_path.py [--tasks 2000] [--rounds 3] [--postgresql] [--profile] [--statements]
 
 What the gRPC controller's dispatcher and result writer do for each task, in this one thread: lease
 tasks for 16 idle slots per transaction (Controller.lease_batch), encode each offer as the wire's
@@ -9,7 +9,8 @@ scheduling benchmark's), apply results 64 per transaction as the result writer d
 (result_writer.ResultWriter._apply) and build their acks. Process CPU time per task, the fastest of
 --rounds (a fresh store each), so other load on the machine weighs less. --postgresql runs the same on a
 private PostgreSQL server (tests/postgres_server.py) beside SQLite; --profile prints where the time goes
-(cProfile, one round). benchmarks/scheduling.py measures the whole controller over gRPC beside an echo.
+(cProfile, one round); --statements counts the statements sent to SQLite's connection per task (one round,
+leasing and result writing together; an executemany is one). benchmarks/scheduling.py measures the whole controller over gRPC beside an echo.
 """
 
 from __future__ import annotations
@@ -41,7 +42,26 @@ def _submit(controller: Any, folder: Path, tasks: int) -> None:
     controller.submit(load_job_text(job, "job.yaml", folder))
 
 
-def _one_round(location: Any, folder: Path, tasks: int, profile: cProfile.Profile | None) -> float:
+class _Counted:
+    """An SQLite connection whose execute and executemany calls are counted (--statements)."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn, self.calls = conn, 0
+
+    def execute(self, *args: Any) -> Any:
+        self.calls += 1
+        return self._conn.execute(*args)
+
+    def executemany(self, *args: Any) -> Any:
+        self.calls += 1
+        return self._conn.executemany(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+def _one_round(location: Any, folder: Path, tasks: int, profile: cProfile.Profile | None,
+               counted: list[_Counted] | None = None) -> float:
     """CPU ms per task for leasing, offering, decoding and applying `tasks` tasks' results."""
     from farm.controller.scheduling.controller import Controller
     from farm.controller.scheduling.result_writer import QueuedResult, ResultWriter
@@ -58,6 +78,9 @@ def _one_round(location: Any, folder: Path, tasks: int, profile: cProfile.Profil
         writer = ResultWriter(controller)
         wire = result_to_message(realistic_result(), agent_pb2.AgentMessage().result.result).SerializeToString()
         acks: list[agent_pb2.ResultAck] = []
+        if counted is not None:
+            store.conn = _Counted(store.conn)  # type: ignore[attr-defined]
+            counted.append(store.conn)  # type: ignore[attr-defined]
         slots = [(f"agent-{k}", frozenset({"sim"})) for k in range(SLOTS)]
         done = 0
         started = time.process_time()
@@ -113,7 +136,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--postgresql", action="store_true")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--statements", action="store_true")
     args = parser.parse_args()
+    if args.statements:
+        counted: list[_Counted] = []
+        with tempfile.TemporaryDirectory() as tmp:
+            _one_round(Path(tmp) / "farm.db", Path(tmp), args.tasks, None, counted)
+        print(f"SQLite: {counted[0].calls / args.tasks:.2f} statements sent per task (leasing and results)")
+        return
     if args.profile:
         profile = cProfile.Profile()
         with tempfile.TemporaryDirectory() as tmp:

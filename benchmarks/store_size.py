@@ -12,6 +12,7 @@ side to compare layouts (BENCHMARKS.md, "Packed samples"; benchmarks/results/202
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sqlite3
 import tempfile
@@ -22,6 +23,22 @@ from farm.controller.store import SQLiteStore
 from farm.proto.results import LatencyStats, RunResult, RunStatus, Telemetry, TelemetrySample
 from farm.proto.spec import BenchmarkWorkload, SimBudget
 from farm.proto.tasks import TaskPlan
+
+
+# A model's facts as `farm submit` stores them (dataclasses.asdict of inspect's ModelFacts, as
+# scheduling/schedule.py writes them): MobileNet v2's, 7 models in the job as in the tasks below (sha256 differs).
+def _facts_json(k: int) -> str:
+    sha = f"{k:x}" * 64
+    return json.dumps({
+        "path": "/home/someone/experiments/mobilenets/models/mobilenet_v2_1.0_224.onnx", "format": "onnx",
+        "size_bytes": 13964571, "sha256": sha,
+        "inputs": [{"name": "input", "shape": [1, 3, 224, 224], "dtype": "float32"}],
+        "outputs": [{"name": "output", "shape": [1, 1000], "dtype": "float32"}], "op_count": 105,
+        "param_count": 3487816, "op_types": {"Conv": 52, "Clip": 35, "Add": 10, "GlobalAveragePool": 1,
+                                             "Shape": 1, "Gather": 1, "Unsqueeze": 1, "Concat": 1, "Reshape": 1,
+                                             "Gemm": 1, "Flatten": 1},
+        "macs": 300774272, "conv_macs_share": 0.9957, "depthwise_macs_share": 0.0604, "fc_macs_share": 0.0043,
+        "other_macs_share": 0.0, "activation_bytes": 28224000})
 
 
 def _vacuumed_size(path: Path) -> int:
@@ -48,7 +65,7 @@ def main() -> None:
         store.jobs.insert({"name": "size", "kind": "user", "status": "queued", "priority": "normal", "created_at": 0.0},
                           [{"seq": i, "target": "sim", "model_name": "mobilenet_v2_1.0_224.onnx",
                             "model_path": "models/mobilenet_v2_1.0_224.onnx", "model_sha256": f"{i % 7:x}" * 64,
-                            "model_facts_json": '{"size_bytes": 13964571, "param_count": 3487816}',
+                            "model_facts_json": _facts_json(i % 7),
                             "model_size_bytes": 13964571, "model_param_count": 3487816, "threads": 1,
                             "batch_size": 1, "repeat": i, "status": "pending", "attempts": 0, "max_attempts": 3,
                             "pair_key": f"{i % 7:x}" * 16 + f"|1|1|-|sim|{i}", "spec_json": plan, "priority": 1,
@@ -76,7 +93,7 @@ def main() -> None:
         store.close()
         full = _vacuumed_size(path)
         print(f"{(full - empty) / runs:.0f} bytes per task, task row included ({runs} tasks, each plan "
-              f"{len(plan)} B); runs alone {(full - base) / runs:.0f} B; {per_record_ms:.2f} ms per runs.record")
+              f"{len(plan)} B, each model's facts {len(_facts_json(0))} B); runs alone {(full - base) / runs:.0f} B; {per_record_ms:.2f} ms per runs.record")
 
 
 if __name__ == "__main__":

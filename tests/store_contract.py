@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from farm.controller.store import METRIC_UNITS, SQLiteStore, Store, UnknownMetric
+from farm.controller.store.interface import RunWrite
 from farm.controller.store.rows import (
     AgentRow, CalibrationRow, DeviceRow, DriftRow, HealthRow, JobListing, JobRow, ResultRow, Row, RunningAttempt,
     TaskRow)
@@ -407,6 +408,56 @@ def test_a_jobs_task_plans_are_stored_once_and_every_task_reads_its_own(store: S
     leased = _lease(store, {"sim"}, limit=4)
     assert [(t.id, t.spec_json) for t in leased] == [(t.id, t.spec_json) for t in [*tasks, other]]
     assert [r.task_spec_json for r in store.runs.results(first)] == [own, twin, own]
+
+
+def test_a_jobs_model_facts_are_stored_once_and_every_task_and_result_reads_its_own(store: Store) -> None:
+    big, small = '{"macs": 300774272, "op_types": {"Conv": 52}}', '{"macs": 1000}'
+    first = _job(store, [{**_task(0), "model_facts_json": big}, {**_task(1), "model_facts_json": small},
+                         {**_task(2), "model_facts_json": big}, {**_task(3), "model_facts_json": None}])
+    second = _job(store, [{**_task(0), "model_facts_json": big}])
+    tasks = store.jobs.tasks(first)
+    assert [t.model_facts_json for t in tasks] == [big, small, big, None]
+    assert tasks[0].facts_id == tasks[2].facts_id != tasks[1].facts_id and tasks[3].facts_id is None
+    (other,) = store.jobs.tasks(second)
+    assert other.model_facts_json == big and other.facts_id not in {t.facts_id for t in tasks}  # facts are a job's
+    leased = _lease(store, {"sim"}, limit=5)
+    assert [t.model_facts_json for t in leased] == [big, small, big, None, big]
+    for task in leased:
+        _run(store, task)
+    assert [r.model_facts_json for r in store.runs.results(first)] == [big, small, big, None]
+    assert [r.model_facts_json for r in store.calibrations.completed_values(first, "latency", include_contended=True)
+            ] == [big, small, big, None]
+
+
+def test_a_batch_of_results_written_at_once_reads_back_as_each_written_alone(store: Store) -> None:
+    """Runs.write (the result writer's batch: a statement per table) stores what Runs.record stores one by one."""
+    alone, batched = _job(store, [_task(k) for k in range(3)]), _job(store, [_task(k) for k in range(3)])
+    results = [_result(2.0), _result(3.0, contended=True), _result(4.0, status=RunStatus.FAILED)]
+    fields = [{"status": "completed", "leased_by": None}, {"status": "completed", "leased_by": None},
+              {"status": "pending", "failure_class": "job", "message": "again", "leased_by": None}]
+    leased = _lease(store, {"sim"}, limit=6)
+    for task, result, change in zip(leased[:3], results, fields):
+        store.runs.record(task, 1, "agent-1", 1.0, result, change)
+    with store.transaction():
+        found = store.runs.leased([t.id for t in leased[3:]] + [10**9])
+        assert sorted(found) == [t.id for t in leased[3:]] and all(found[t.id].leased_by == "agent-1" for t in leased[3:])
+        assert store.jobs.statuses([batched, 10**9]) == {batched: "running"}
+        ids = store.runs.write([RunWrite(found[t.id], 1, "agent-1", 1.0, r, f)
+                                for t, r, f in zip(leased[3:], results, fields)])
+    assert len(set(ids)) == 3 and min(ids) > max(r.run_id or 0 for r in store.runs.results(alone))
+    assert store.runs.delivered([(leased[3].id, 1), (leased[4].id, 2), (leased[5].id, 1)]) == {
+        (leased[3].id, 1): ("agent-1", "completed", ""), (leased[5].id, 1): ("agent-1", "failed", "it broke")}
+
+    def shown(job_id: int) -> list[tuple[Any, ...]]:
+        rows = store.runs.results(job_id)
+        samples = [(store.runs.iterations(r.run_id), store.runs.telemetry(r.run_id),
+                    store.runs.op_profiles([r.run_id])[r.run_id]) for r in rows if r.run_id]
+        kept = [{k: v for k, v in dataclasses.asdict(r).items() if k not in {"task", "job", "run_id", "finished_at"}}
+                for r in rows]
+        return [kept, samples]
+    assert shown(batched) == shown(alone)
+    assert [r.run_id for r in store.runs.results(batched)] == ids
+    assert store.jobs.task_counts(batched) == store.jobs.task_counts(alone) == {"completed": 2, "pending": 1}
 
 
 def test_a_task_never_run_has_a_result_row_with_no_run(store: Store) -> None:

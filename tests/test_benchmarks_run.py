@@ -26,6 +26,8 @@ SMALL_FORMS = {
     "store_size": (["store_size.py", "--runs", "20"], ["bytes per task, task row included"]),
     # the controller's own work per task without gRPC (lease, offer, decode, apply), and the echo it is judged by
     "result_path": (["result_path.py", "--tasks", "40", "--rounds", "1"], ["SQLite: "]),
+    # the statements the same loop sends to SQLite per task (a result batch is a statement per table)
+    "result_path_statements": (["result_path.py", "--tasks", "64", "--statements"], ["statements sent per task"]),
     "grpc_echo": (["grpc_echo.py", "--streams", "3", "--trips", "30"], ["cpu_ms_per_trip"]),
     # 5 open lab pages, idle 1 s, each way
     "web_streams": (["web_streams.py", "--pages", "5", "--idle-s", "1", "--no-write"],

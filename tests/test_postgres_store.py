@@ -612,3 +612,47 @@ def test_a_database_at_schema_17_moves_each_jobs_plans_to_task_plans_in_place(pg
         assert [t.spec_json for t in store.jobs.tasks(second)] == [twin]
     finally:
         store.close()
+
+
+def test_a_database_at_schema_19_moves_each_jobs_model_facts_in_place(pg_url: str, tmp_path: Path) -> None:
+    """Schema 20 (issue 35): a PostgreSQL store written before it keeps every task's model facts, now stored once per
+    job; the upgrade holds when replayed on a database set back to 19."""
+    import psycopg
+
+    from farm.controller.store.postgres import PostgresStore
+    from farm.controller.store.schema import SCHEMA_VERSION
+
+    store = PostgresStore(pg_url, files_dir=tmp_path / "files")
+    store.close()
+    big, small = '{"macs": 300774272, "op_types": {"Conv": 52}}', '{"macs": 1000}'
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # back to schema 19's tables, tasks carrying their facts
+        conn.execute("DROP TABLE model_facts")
+        conn.execute("ALTER TABLE tasks DROP COLUMN facts_id")
+        conn.execute("UPDATE schema_version SET version = 19")
+        found = conn.execute("INSERT INTO jobs (name, status, priority, created_at) VALUES ('old', 'queued', 'normal', 1) "
+                             "RETURNING id").fetchone()
+        assert found is not None
+        old = int(found[0])
+        for seq, facts in enumerate([big, small, big]):
+            conn.execute("INSERT INTO tasks (job_id, seq, target, model_name, status, attempts, max_attempts, priority, "
+                         "model_facts_json) VALUES (%s, %s, 'sim', 'm', 'pending', 0, 3, 1, %s)", [old, seq, facts])
+    for replayed in (False, True):
+        if replayed:
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                conn.execute("UPDATE schema_version SET version = 19")
+        store = PostgresStore(pg_url, files_dir=tmp_path / "files")
+        try:
+            assert store.schema_version() == SCHEMA_VERSION  # 19 -> 20
+            tasks = store.jobs.tasks(old)
+            assert [t.model_facts_json for t in tasks] == [big, small, big]
+            assert tasks[0].facts_id == tasks[2].facts_id != tasks[1].facts_id
+            assert store.query("SELECT COUNT(*) AS n FROM tasks WHERE model_facts_json IS NOT NULL")[0]["n"] == 0
+            assert store.query("SELECT COUNT(*) AS n FROM model_facts WHERE job_id = %s", [old])[0]["n"] == 2
+            if not replayed:  # a new job after the upgrade numbers its facts past the moved ones
+                second = store.jobs.insert(
+                    {"name": "new", "status": "queued", "priority": "normal", "created_at": 2.0},
+                    [{"seq": 0, "target": "sim", "model_name": "m", "status": "pending", "attempts": 0,
+                      "max_attempts": 3, "priority": 1, "model_facts_json": small}])
+                assert [t.model_facts_json for t in store.jobs.tasks(second)] == [small]
+        finally:
+            store.close()

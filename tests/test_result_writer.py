@@ -15,7 +15,7 @@ from farm.controller.grpc_server import AgentSession, FarmServer
 from farm.controller.scheduling.jobfile import load_job_text
 from farm.controller.store import SQLiteStore as Store
 from farm.proto.generated import agent_pb2
-from farm.proto.results import LatencyStats, RunResult, RunStatus
+from farm.proto.results import FailureClass, LatencyStats, RunResult, RunStatus
 from farm.proto.wire import result_to_message
 
 
@@ -87,3 +87,42 @@ def test_a_result_delivered_again_after_a_lost_ack_is_applied_once(server: FarmS
     first, again = _acks(a, 2)
     assert first.applied and not again.applied and again.note == "already applied"
     assert server.store.query("SELECT COUNT(*) AS n FROM runs WHERE task_id = ?", [task.task_id])[0]["n"] == 1
+
+
+def _failed(task_id: int, attempt: int, failure: FailureClass, message: str) -> agent_pb2.AgentMessage:
+    wire = agent_pb2.AgentMessage()
+    wire.result.task.task_id, wire.result.task.attempt = task_id, attempt
+    wire.result.started_at = time.time()
+    result_to_message(RunResult.failed(failure, message), wire.result.result)
+    return wire
+
+
+def test_one_batch_with_a_resend_a_conflict_a_stranger_and_a_retry_applies_each_as_it_would_alone(
+        server: FarmServer) -> None:
+    """The writer reads and writes a batch a statement per table; what each result does is still its own: a task
+    delivered twice in the batch is applied once, a different result for the same attempt is refused, a task that
+    does not exist is refused, an infrastructure failure puts its task back in the queue."""
+    a = _connect(server, "a")
+    first, second, third = (server.controller.lease("a", {"sim"}) for _ in range(3))
+    for message in (_result(first.task_id, first.attempt), _result(first.task_id, first.attempt),
+                    _failed(first.task_id, first.attempt, FailureClass.JOB, "another result"),
+                    _result(10**6, 1), _failed(second.task_id, second.attempt, FailureClass.INFRASTRUCTURE, "lost"),
+                    _result(third.task_id, third.attempt)):
+        server.on_agent_message(a, message)
+    server.results.start()
+    applied, again, conflict, stranger, retried, done = _acks(a, 6)
+    assert server.results.transactions == 1
+    assert applied.applied and not again.applied and again.note == "already applied"
+    assert not conflict.applied and "already stored" in conflict.note
+    assert not stranger.applied and "there is no task 1000000" in stranger.note
+    assert retried.applied and done.applied and len({applied.run_id, retried.run_id, done.run_id}) == 3
+    runs = server.store.query("SELECT id, task_id, attempt, status FROM runs ORDER BY id")
+    assert [(r["id"], r["task_id"], r["status"]) for r in runs] == [
+        (applied.run_id, first.task_id, "completed"), (retried.run_id, second.task_id, "failed"),
+        (done.run_id, third.task_id, "completed")]
+    tasks = {t.id: t for t in server.store.jobs.tasks(1)}
+    assert [(tasks[t.task_id].status, tasks[t.task_id].last_run_id) for t in (first, second, third)] == [
+        ("completed", applied.run_id), ("pending", retried.run_id), ("completed", done.run_id)]
+    assert tasks[second.task_id].leased_by is None and "lost; retrying" in (tasks[second.task_id].message or "")
+    assert server.store.jobs.task_counts(1) == {"completed": 2, "pending": 4}  # the triggers' counts follow
+    assert server.store.runs.iterations(done.run_id) == [1.0, 2.0]

@@ -87,6 +87,19 @@ class Applied:
     task_status: str
 
 
+def _parts_by_task(deliveries: Sequence[Delivery]) -> list[list[Delivery]]:
+    """`deliveries` in order, cut where a task comes again: each part names a task once."""
+    parts: list[list[Delivery]] = [[]]
+    seen: set[int] = set()
+    for d in deliveries:
+        if d.task_id in seen:
+            parts.append([])
+            seen.clear()
+        seen.add(d.task_id)
+        parts[-1].append(d)
+    return [p for p in parts if p]
+
+
 def _pid_alive(pid: int | None, host: str | None) -> bool:
     if not pid or host != socket.gethostname():
         return True  # another host's process: we cannot tell, so assume it lives
@@ -332,15 +345,17 @@ class Controller:
             free = list(range(len(slots)))
             started_jobs: set[int] = set()
             fetched = self.store.leases.next_pending(wanted, len(slots))
+            leases: list[tuple[int, int, str, float]] = []
             for task in fetched:
                 slot = next((i for i in free if task["target"] in slots[i][1]), None)
                 if slot is None:
                     continue  # no free slot serves this target this round
                 free.remove(slot)
                 attempt = task["attempts"] + 1
-                self.store.leases.lease(task["id"], attempt, slots[slot][0], now + self.lease_ttl_s)
+                leases.append((task["id"], attempt, slots[slot][0], now + self.lease_ttl_s))
                 started_jobs.add(task["job_id"])
                 leased[slot] = _task_spec(task, attempt, self._plan(task))
+            self.store.leases.lease_many(leases)  # one statement for the round's leases
             for job_id in started_jobs:
                 self.store.leases.start_job(job_id, now)
         return leased, len(fetched) < len(slots)
@@ -384,29 +399,60 @@ class Controller:
         return outcome.run_id
 
     def complete_batch(self, deliveries: list["Delivery"]) -> list["Applied | ResultRefused"]:
-        """Apply many results in one transaction (one commit): each is applied as complete() would,
-        in a savepoint of its own, so a refused one stores nothing and leaves the others be."""
+        """Apply many results in one transaction (one commit), each as complete() would: a refused one stores
+        nothing and leaves the others be. The batch is read and written a statement per table, not per result
+        (its tasks, their jobs' status and earlier deliveries, then runs, summaries, samples and task changes);
+        a task delivered twice in one batch is applied in a later part, after the first delivery is written."""
         outcomes: list[Applied | ResultRefused] = []
         jobs: set[int] = set()
         with self.store.transaction():
-            for d in deliveries:
-                try:
-                    with self.store.transaction():
-                        outcomes.append(self._complete(d.task_id, d.attempt, d.agent, d.started_at, d.result, jobs))
-                except ResultRefused as e:
-                    outcomes.append(e)
+            for part in _parts_by_task(deliveries):
+                outcomes += self._complete_part(part, jobs)
             for job_id in sorted(jobs):  # once per job and batch, not per result
                 self._finish_job_if_done(job_id)
         return outcomes
 
-    def _complete(self, task_id: int, attempt: int, agent: str, started_at: float, result: RunResult,
-                  touched_jobs: set[int]) -> "Applied":
-        """complete() inside complete_batch's transaction; the caller finishes `touched_jobs` once all are applied."""
-        task = self.store.jobs.task(task_id)
-        if task is None:
-            raise ResultRefused(f"there is no task {task_id}")
-        job_status = self.store.jobs.status(task.job_id)  # the status alone: not the job's spec and source each time
-        result = self._stopped_for_a_lost_lease(task, job_status, agent, result)
+    def _complete_part(self, part: list["Delivery"], touched_jobs: set[int]) -> list["Applied | ResultRefused"]:
+        """complete_batch's deliveries of distinct tasks, inside its transaction; the caller finishes `touched_jobs`."""
+        from farm.controller.store.interface import RunWrite
+        from farm.controller.store.sql import check_lease
+
+        tasks = self.store.runs.leased([d.task_id for d in part])  # locked until the batch commits
+        job_status = self.store.jobs.statuses({t.job_id for t in tasks.values()})
+        stored = self.store.runs.delivered([(d.task_id, d.attempt) for d in part])
+        outcomes: list[Applied | ResultRefused | RunWrite] = []
+        quarantines: list[tuple[TaskRow, int, RunResult, str]] = []
+        for d in part:
+            task = tasks.get(d.task_id)
+            if task is None:
+                outcomes.append(ResultRefused(f"there is no task {d.task_id}"))
+                continue
+            result = self._stopped_for_a_lost_lease(task, job_status.get(task.job_id), d.agent, d.result)
+            fields = self._result_fields(task, d.attempt, result, job_status.get(task.job_id))
+            existing = stored.get((d.task_id, d.attempt))
+            try:
+                if existing and existing != (d.agent, result.status.value, result.message):
+                    raise ResultRefused(f"attempt {d.attempt} of task {d.task_id} is already stored: {existing[2]}")
+                if not existing:
+                    check_lease((task.status, task.attempts, task.leased_by), task.id, d.attempt, d.agent)
+            except ResultRefused as e:
+                outcomes.append(e)
+                continue
+            # delivered twice (the first ack was lost): applied once, answered again
+            outcomes.append(Applied(None, fields["status"]) if existing else
+                            RunWrite(task, d.attempt, d.agent, d.started_at, result, fields))
+            quarantines.append((task, d.attempt, result, fields["status"]))
+            touched_jobs.add(task.job_id)
+        run_ids = iter(self.store.runs.write([o for o in outcomes if isinstance(o, RunWrite)]))
+        for task, attempt, result, status in quarantines:
+            if (task.target != "sim" and status == TaskStatus.FAILED.value
+                    and result.failure_class == FailureClass.INFRASTRUCTURE):
+                self.quarantine(task.target, f"{attempt} infrastructure failures in a row; last: {result.message}")
+        return [Applied(next(run_ids), str(o.task_fields["status"])) if isinstance(o, RunWrite) else o
+                for o in outcomes]
+
+    def _result_fields(self, task: TaskRow, attempt: int, result: RunResult, job_status: str | None) -> dict[str, Any]:
+        """The task's new fields once this result of `attempt` is stored: done, retried or failed."""
         reasons = "; ".join(result.contention.reasons) if result.contention is not None else ""
         contended = result.ok and result.contention is not None and result.contention.contended
         outcome = self._contention_outcome(task) if contended else "keep"
@@ -437,12 +483,7 @@ class Controller:
         if fields["status"] in TERMINAL_TASK:
             fields["finished_at"] = self.clock()
         fields["leased_by"] = None
-        run_id = self.store.runs.record(task, attempt, agent, started_at, result, fields)
-        if (task["target"] != "sim" and fields["status"] == TaskStatus.FAILED.value
-                and result.failure_class == FailureClass.INFRASTRUCTURE):
-            self.quarantine(task["target"], f"{attempt} infrastructure failures in a row; last: {result.message}")
-        touched_jobs.add(task["job_id"])
-        return Applied(run_id, fields["status"])
+        return fields
 
     def _stopped_for_a_lost_lease(self, task: TaskRow, job_status: str | None, agent: str,
                                   result: RunResult) -> RunResult:

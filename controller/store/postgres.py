@@ -29,7 +29,7 @@ from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 from farm.controller.store.interface import StoreError, StoreUnavailable
 from farm.controller.store.metrics import MiB
 from farm.controller.store.rows import TaskRow
-from farm.controller.store.schema import LAB_WIDE_DDL, LAB_WIDE_TABLES, SCHEMA_VERSION
+from farm.controller.store.schema import LAB_WIDE_DDL, LAB_WIDE_TABLES, MOVE_MODEL_FACTS, SCHEMA_VERSION
 from farm.controller.store.sql import (
     COMMON_METRIC_SQL, HEALTHY_TARGET, TASK_FROM, TASK_SELECT, Leases, Repository, RepositoryStore, _q)
 
@@ -87,6 +87,11 @@ UPDATE tasks SET plan_id = (SELECT p.id FROM task_plans p WHERE p.job_id = tasks
   AND p.plan_json = tasks.spec_json), spec_json = NULL WHERE spec_json IS NOT NULL AND job_id IS NOT NULL;""",
     # the lab-wide tables and the artifact tables (SQLite's migration 19)
     18: LAB_WIDE_SCHEMA,
+    # each job's model facts stored once (SQLite's migration 20)
+    19: f"""CREATE TABLE IF NOT EXISTS model_facts (id {ID}, job_id bigint REFERENCES jobs (id), facts_json {T});
+CREATE INDEX IF NOT EXISTS idx_model_facts_job_id ON model_facts (job_id);
+ALTER TABLE tasks ADD COLUMN IF NOT EXISTS facts_id bigint;
+""" + "".join(f"{statement};\n" for statement in MOVE_MODEL_FACTS),
 }
 
 # Every table of the SQLite schema at SCHEMA_VERSION, column for column (SQLite's REAL is float8, INTEGER bigint).
@@ -100,9 +105,12 @@ CREATE TABLE tasks (id {ID}, job_id bigint REFERENCES jobs (id), seq bigint, tar
   model_path {T}, model_sha256 {T}, model_family {T}, model_facts_json {T}, threads bigint, batch_size bigint,
   input_size bigint, repeat bigint, status {T}, attempts bigint, max_attempts bigint, pair_key {T}, spec_json {T},
   leased_by {T}, lease_expires_at float8, priority bigint, created_at float8, finished_at float8, last_run_id bigint,
-  failure_class {T}, message {T}, model_size_bytes bigint, model_param_count bigint, plan_id bigint);
+  failure_class {T}, message {T}, model_size_bytes bigint, model_param_count bigint, plan_id bigint,
+  facts_id bigint);
 CREATE TABLE task_plans (id {ID}, job_id bigint REFERENCES jobs (id), plan_json {T});
 CREATE INDEX idx_task_plans_job_id ON task_plans (job_id);
+CREATE TABLE model_facts (id {ID}, job_id bigint REFERENCES jobs (id), facts_json {T});
+CREATE INDEX idx_model_facts_job_id ON model_facts (job_id);
 CREATE UNIQUE INDEX idx_tasks_job_id_seq ON tasks (job_id, seq);
 CREATE INDEX idx_tasks_lease_order ON tasks (status, target, priority, job_id, seq);
 CREATE INDEX idx_tasks_job_id_status ON tasks (job_id, status);
@@ -466,6 +474,14 @@ class PostgresStore(RepositoryStore):
         with self._lock:
             self.conn.cursor().executemany(sql, [_params(row) or [] for row in rows])
 
+    def next_ids(self, table: str, count: int) -> list[int]:
+        """`count` new ids of an identity table, taken from its sequence in one statement (never given twice,
+        whichever controller asks)."""
+        name = _table(table)
+        rows = self.execute(f"SELECT nextval(pg_get_serial_sequence('{name}', 'id')) FROM generate_series(1, %s)",
+                            [count]).fetchall()
+        return sorted(int(r[0]) for r in rows)
+
     # --- `farm store migrate`: a whole lab copied in, ids kept ------------------------------
     def tables_with_rows(self, tables: Sequence[str]) -> list[str]:
         """Which of `tables` hold a row (a lab is migrated into an empty database only)."""
@@ -574,8 +590,8 @@ def _params(values: Sequence[Any] | None) -> list[Any] | None:
 
 
 # Tables whose id the database numbers, and every table of a lab (job_task_counts is kept by the trigger).
-IDENTITY_TABLES = ("jobs", "task_plans", "tasks", "runs", "calibrations", "calibration_drift")
-TABLES = ("jobs", "task_plans", "tasks", "runs", "summaries", "run_samples", "op_profiles", "calibrations",
+IDENTITY_TABLES = ("jobs", "task_plans", "model_facts", "tasks", "runs", "calibrations", "calibration_drift")
+TABLES = ("jobs", "task_plans", "model_facts", "tasks", "runs", "summaries", "run_samples", "op_profiles", "calibrations",
           "calibration_runs", "agents", "devices", "device_health", "calibration_drift", "artifact_uploads",
           *LAB_WIDE_TABLES)
 

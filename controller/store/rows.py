@@ -111,6 +111,7 @@ class TaskRow(Row):
     model_size_bytes: int | None
     model_param_count: int | None
     plan_id: int | None = None  # its job's plan (task_plans), read into spec_json by every query of tasks
+    facts_id: int | None = None  # its job's model facts (model_facts), read into model_facts_json likewise
 
 
 @dataclass(frozen=True, slots=True)

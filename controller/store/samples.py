@@ -88,9 +88,17 @@ def unpack_iterations(data: bytes) -> list[float]:
 def pack_telemetry(samples: Iterable[tuple[float | None, float | None, int | None]]) -> bytes:
     """(t_s, cpu_percent, memory_bytes) of each sample, in order."""
     rows = list(samples)
-    times = array("d", (_float(t) for t, _, _ in rows))
-    cpu = array("d", (_float(c) for _, c, _ in rows))
-    memory = array("q", (NO_MEMORY if m is None else int(m) for _, _, m in rows))
+    times: array[float]
+    cpu: array[float]
+    memory: array[int]
+    try:  # every figure present and typed (a result off the wire): the columns as they are (a None is refused here)
+        times = array("d", cast("list[float]", [r[0] for r in rows]))
+        cpu = array("d", cast("list[float]", [r[1] for r in rows]))
+        memory = array("q", cast("list[int]", [r[2] for r in rows]))
+    except TypeError:  # a missing figure (None), or memory given as a float
+        times = array("d", (_float(t) for t, _, _ in rows))
+        cpu = array("d", (_float(c) for _, c, _ in rows))
+        memory = array("q", (NO_MEMORY if m is None else int(m) for _, _, m in rows))
     return _frame(_little_endian(times) + _little_endian(cpu) + _little_endian(memory))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 from typing import TYPE_CHECKING, Any, Callable
 
-__all__ = ["LAB_WIDE_DDL", "LAB_WIDE_TABLES", "MIGRATIONS", "PACKED_SAMPLES", "SCHEMA_VERSION", "database", "migrate", "schema_version", "sqlite_utils",
+__all__ = ["LAB_WIDE_DDL", "LAB_WIDE_TABLES", "MIGRATIONS", "MOVE_MODEL_FACTS", "PACKED_SAMPLES", "SCHEMA_VERSION", "database", "migrate", "schema_version", "sqlite_utils",
            "up_to_date"]
 
 
@@ -266,6 +266,30 @@ def _migration_19_lab_wide_tables(db: sqlite_utils.Database) -> None:
         db.execute(statement)
 
 
+def _migration_20_model_facts(db: sqlite_utils.Database) -> None:
+    # A job's model facts stored once (issue 35): each task carried its model's facts JSON (inspect's inputs,
+    # outputs and operators, ~500 B for a real model) though a job has a few models. Tasks name their facts row,
+    # as they name their plan (migration 18); the facts already stored move over, each distinct one once per job.
+    # (each step holds when replayed on a store that has it)
+    db.execute("CREATE TABLE IF NOT EXISTS model_facts (id INTEGER PRIMARY KEY, job_id INTEGER REFERENCES jobs(id), "
+               "facts_json TEXT)")
+    db.execute("CREATE INDEX IF NOT EXISTS idx_model_facts_job_id ON model_facts (job_id)")
+    if "facts_id" not in db.table("tasks").columns_dict:
+        db.table("tasks").add_column("facts_id", int)
+    db.execute(MOVE_MODEL_FACTS[0])
+    db.execute(MOVE_MODEL_FACTS[1])
+
+
+# Migration 20's move, the same SQL in both databases (postgres.py's upgrade from 19 takes it too).
+MOVE_MODEL_FACTS = (
+    "INSERT INTO model_facts (job_id, facts_json) SELECT job_id, model_facts_json FROM tasks "
+    "WHERE model_facts_json IS NOT NULL AND job_id IS NOT NULL GROUP BY job_id, model_facts_json ORDER BY MIN(id)",
+    "UPDATE tasks SET facts_id = (SELECT f.id FROM model_facts f WHERE f.job_id = tasks.job_id "
+    "AND f.facts_json = tasks.model_facts_json), model_facts_json = NULL "
+    "WHERE model_facts_json IS NOT NULL AND job_id IS NOT NULL",
+)
+
+
 # The same DDL in both databases (postgres.py's SCHEMA and its upgrade from 17 take it too): float8 and bigint,
 # not REAL (PostgreSQL's is 4 bytes: seconds since 1970 would lose minutes).
 LAB_WIDE_DDL = (
@@ -287,7 +311,7 @@ LAB_WIDE_TABLES = ("agent_presence", "lab_leader", "lab_claims", "submit_keys")
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6, _migration_7, _migration_8,
     _migration_9, _migration_10, _migration_11, _migration_12, _migration_13, _migration_14, _migration_15,
-    _migration_16, _migration_17, _migration_18, _migration_19_lab_wide_tables]
+    _migration_16, _migration_17, _migration_18, _migration_19_lab_wide_tables, _migration_20_model_facts]
 SCHEMA_VERSION = len(MIGRATIONS)
 # The schema at which stored samples are converted, in transactions of their own, before going further.
 PACKED_SAMPLES = 15

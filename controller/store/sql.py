@@ -13,7 +13,10 @@ Every query here is written with `?` placeholders; a store's `sql()` turns them 
 - `lock_table(name)`: a statement that serializes writers of a table, or None;
 - `json_text(column, key)`: a JSON text column's key as text (a dotted key: nested objects' keys);
 - `metric_sql`: each metric's expression (metrics.METRIC_UNITS);
-- `insert_row` / `update_row` / `executemany`: column quoting and value conversion.
+- `insert_row` / `update_row` / `executemany`: column quoting and value conversion;
+- `next_ids(table, n)`: n new ids of a table inside the writing transaction, so a batch of rows (a result
+  batch's runs) is inserted by one executemany with its ids known (SQLite: after MAX(id), as its own rowid
+  choice; PostgreSQL: the identity's sequence).
 
 Leasing (`next_pending`) differs in its algorithm, not only its spelling: each store's module keeps its own,
 a subclass of `Leases`. Results are mapped to columns once (RUN_COLUMNS, SUMMARY_COLUMNS): `Runs.record`
@@ -28,7 +31,7 @@ import time
 from contextlib import AbstractContextManager
 from typing import Any, Callable, Collection, Iterator, Mapping, Protocol, Sequence
 
-from farm.controller.store.interface import DeviceRecord, VisibleTo
+from farm.controller.store.interface import DeviceRecord, RunWrite, VisibleTo
 from farm.controller.store.metrics import UnknownMetric
 from farm.controller.store.rows import (
     AgentRow, CalibrationFit, CalibrationRow, CalibrationTime, DashboardJob, DeviceLatency, DeviceRow, DriftRow,
@@ -68,6 +71,7 @@ class Dialect(Protocol):
     def any_of(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]: ...
     def lock_table(self, table: str) -> str | None: ...
     def json_text(self, column: str, key: str) -> str: ...
+    def next_ids(self, table: str, count: int) -> list[int]: ...
 
 
 def metric_expression(metrics: Mapping[str, str], metric: str, summaries: str, runs: str) -> str:
@@ -146,16 +150,27 @@ SUMMARY_COLUMNS: dict[str, Callable[[RunResult], Any]] = {
     "throughput_per_s": lambda r: r.throughput_per_s,
     "startup_ms": lambda r: r.startup_ms,
 }
+# A task's model facts: tasks name their job's stored facts (model_facts, schema 20) as they name their plan; a
+# row written otherwise keeps its own. `alias` is the tasks row's, `facts` the joined model_facts row's.
+def model_facts(alias: str = "t", facts: str = "f") -> str:
+    return f"COALESCE({alias}.model_facts_json, {facts}.facts_json) AS model_facts_json"
+
+
+def facts_join(alias: str = "t", facts: str = "f") -> str:
+    return f"LEFT JOIN model_facts {facts} ON {facts}.id = {alias}.facts_id"
+
+
 TASK_RESULT_COLUMNS = (
     "t.id AS task, t.job_id AS job, t.model_name, t.model_sha256, t.model_family, t.model_path, t.target, t.threads, "
     "t.batch_size, t.input_size, t.repeat, t.status AS task_status, t.attempts, t.pair_key, "
     "t.failure_class AS task_failure_class, t.message AS task_message, t.model_size_bytes, t.model_param_count, "
-    "t.model_facts_json, COALESCE(t.spec_json, p.plan_json) AS task_spec_json")
-# A task row with its plan: tasks name their job's plan (task_plans, schema 18); a row written otherwise keeps
-# its own spec_json. Every query that makes TaskRows selects these FROM TASK_FROM.
-TASK_SELECT = ", ".join(f"t.{_c}" if _c != "spec_json" else "COALESCE(t.spec_json, p.plan_json) AS spec_json"
-                        for _c in TaskRow.__dataclass_fields__)
-TASK_FROM = "tasks t LEFT JOIN task_plans p ON p.id = t.plan_id"
+    f"{model_facts()}, COALESCE(t.spec_json, p.plan_json) AS task_spec_json")
+# A task row with its plan and its model's facts: tasks name their job's plan (task_plans, schema 18) and facts
+# (model_facts, schema 20); a row written otherwise keeps its own spec_json and model_facts_json. Every query that
+# makes TaskRows selects these FROM TASK_FROM.
+_STORED_ONCE = {"spec_json": "COALESCE(t.spec_json, p.plan_json) AS spec_json", "model_facts_json": model_facts()}
+TASK_SELECT = ", ".join(_STORED_ONCE.get(_c, f"t.{_c}") for _c in TaskRow.__dataclass_fields__)
+TASK_FROM = f"tasks t LEFT JOIN task_plans p ON p.id = t.plan_id {facts_join()}"
 RESULT_COLUMNS = ", ".join([
     TASK_RESULT_COLUMNS, "r.id AS run_id, r.attempt, r.started_at, r.finished_at",
     *(f"r.{c}" if alias == c else f"r.{c} AS {alias}" for c, (_, alias) in RUN_COLUMNS.items() if alias),
@@ -168,6 +183,16 @@ def run_row(result: RunResult) -> dict[str, Any]:
 
 def summary_row(result: RunResult) -> dict[str, Any]:
     return {column: get(result) for column, get in SUMMARY_COLUMNS.items()}
+
+
+def _insert(table: str, columns: Sequence[str]) -> str:
+    return f"INSERT INTO {table} ({', '.join(_q(c) for c in columns)}) VALUES ({', '.join('?' * len(columns))})"
+
+
+RUN_INSERT_COLUMNS = ("id", "task_id", "job_id", "attempt", "agent", "started_at", "finished_at", *RUN_COLUMNS)
+SUMMARY_INSERT_COLUMNS = ("run_id", *SUMMARY_COLUMNS)
+OP_PROFILE_COLUMNS = ("run_id", "idx", "kind", "node_type", "name", "avg_ms", "percent", "first_ms", "count",
+                      "times_called", "mem_kb")
 
 
 class RepositoryStore:
@@ -206,29 +231,39 @@ class Repository:
             yield self.store.any_of(column, chunk)
 
 
-def _plan_of(plans: Mapping[str, int], task: Mapping[str, Any]) -> int | None:
-    """The id of the task's plan as Jobs.insert stored it (None: a task without one)."""
-    plan = task.get("spec_json")
-    return None if plan is None else plans[plan]
+# A task's field stored once per job in a table of its own: field -> (its table, that table's column, the task's
+# column naming the row). A job has a few plans and a few models however many tasks it has.
+STORED_ONCE_PER_JOB = {"spec_json": ("task_plans", "plan_json", "plan_id"),
+                       "model_facts_json": ("model_facts", "facts_json", "facts_id")}
 
 
 class Jobs(Repository):
     def insert(self, job: Mapping[str, Any], tasks: Sequence[Mapping[str, Any]]) -> int:
-        """The job and its tasks; each task's plan (its `spec_json`) is stored once per job, in task_plans."""
+        """The job and its tasks; each task's plan (its `spec_json`) and its model's facts (`model_facts_json`) are
+        stored once per job, in task_plans and model_facts; the task names them (plan_id, facts_id)."""
         with self.store.transaction():
             job_id = self.store.insert_row("jobs", job)
-            plans: dict[str, int] = {}
-            for t in tasks:
-                if t.get("spec_json") is not None and t["spec_json"] not in plans:
-                    plans[t["spec_json"]] = self.store.insert_row("task_plans", {"job_id": job_id,
-                                                                                 "plan_json": t["spec_json"]})
-            columns = list(dict.fromkeys(["job_id", "plan_id", *(k for t in tasks for k in t if k != "spec_json")]))
+            ids: dict[str, dict[str, int]] = {field: {} for field in STORED_ONCE_PER_JOB}
+            for field, (table, column, _) in STORED_ONCE_PER_JOB.items():
+                for t in tasks:
+                    if t.get(field) is not None and t[field] not in ids[field]:
+                        ids[field][t[field]] = self.store.insert_row(table, {"job_id": job_id, column: t[field]})
+            named = {key: field for field, (_, _, key) in STORED_ONCE_PER_JOB.items()}
+            columns = list(dict.fromkeys(["job_id", *named, *(k for t in tasks for k in t
+                                                                if k not in STORED_ONCE_PER_JOB)]))
+
+            def value(t: Mapping[str, Any], c: str) -> Any:
+                if c == "job_id":
+                    return job_id
+                if c in named:  # the id of the row Jobs.insert stored for the task's field (None: it has none)
+                    stored = t.get(named[c])
+                    return None if stored is None else ids[named[c]][stored]
+                return t.get(c)
             if tasks:  # one statement for every task: a 100,000-task job is inserted in a second or two
                 self.store.executemany(
                     self.store.sql(f"INSERT INTO tasks ({', '.join(_q(c) for c in columns)}) "
                                    f"VALUES ({', '.join('?' * len(columns))})"),
-                    [[job_id if c == "job_id" else _plan_of(plans, t) if c == "plan_id" else t.get(c)
-                      for c in columns] for t in tasks])
+                    [[value(t, c) for c in columns] for t in tasks])
         return int(job_id)
 
     def claim_submit_key(self, owner: str, key: str, now: float) -> int | None:
@@ -255,6 +290,14 @@ class Jobs(Repository):
         """The job's status alone (a result reads this, not the job's spec and source)."""
         row = self._execute("SELECT status FROM jobs WHERE id = ?", [job_id]).fetchone()
         return None if row is None else str(row[0])
+
+    def statuses(self, job_ids: Collection[int]) -> dict[int, str]:
+        """Each of these jobs' status alone, by id (a result batch reads these, not the jobs' spec and source)."""
+        found: dict[int, str] = {}
+        for clause, params in self._in("id", sorted(set(job_ids))):
+            found.update((int(r[0]), str(r[1])) for r in self._execute(
+                f"SELECT id, status FROM jobs WHERE {clause}", params).fetchall())
+        return found
 
     def update(self, job_id: int, **fields: Any) -> None:
         with self.store.transaction():
@@ -397,8 +440,15 @@ class Leases(Repository):
         raise NotImplementedError  # dialect: each store leases in its own way (sqlite.py, postgres.py)
 
     def lease(self, task_id: int, attempt: int, agent: str, expires_at: float) -> None:
-        self._execute("UPDATE tasks SET status = ?, attempts = ?, leased_by = ?, lease_expires_at = ? WHERE id = ?",
-                      [TaskStatus.RUNNING.value, attempt, agent, expires_at, task_id])
+        self.lease_many([(task_id, attempt, agent, expires_at)])
+
+    def lease_many(self, leases: Sequence[tuple[int, int, str, float]]) -> None:
+        """(task, attempt, agent, expires_at) each, one statement for all: a dispatcher round's leases."""
+        if leases:
+            self.store.executemany(self.store.sql(
+                "UPDATE tasks SET status = ?, attempts = ?, leased_by = ?, lease_expires_at = ? WHERE id = ?"),
+                [(TaskStatus.RUNNING.value, attempt, agent, expires_at, task_id)
+                 for task_id, attempt, agent, expires_at in leases])
 
     def start_job(self, job_id: int, now: float) -> None:
         """A queued job is running from its first lease on."""
@@ -501,40 +551,76 @@ class Runs(Repository):
 
         Returns the run id, or None when this agent already delivered this same result. Raises
         ResultRefused, storing nothing, unless the attempt is running and leased to `agent`.
+        (The result writer checks a whole batch with `leased` and `delivered` and stores it with `write`.)
         """
         store = self.store
         with store.transaction():
             # dialect: the task row's lock orders two controllers delivering results for the same task
             lease = self._execute(f"SELECT status, attempts, leased_by FROM tasks WHERE id = ?{store.lock_rows}",
                                   [task.id]).fetchone()
-            existing = self._execute("SELECT agent, status, message FROM runs WHERE task_id = ? AND attempt = ?",
-                                     [task.id, attempt]).fetchone()
+            existing = self.delivered([(task.id, attempt)]).get((task.id, attempt))
             if existing:
-                if tuple(existing) == (agent, result.status.value, result.message):
+                if existing == (agent, result.status.value, result.message):
                     return None  # delivered twice (the first ack was lost): applied once
                 raise ResultRefused(f"attempt {attempt} of task {task.id} is already stored: {existing[2]}")
             check_lease(lease, task.id, attempt, agent)
-            run_id = store.insert_row("runs", {
-                "task_id": task.id, "job_id": task.job_id, "attempt": attempt, "agent": agent,
-                "started_at": started_at, "finished_at": time.time(), **run_row(result)})
-            store.insert_row("summaries", {"run_id": run_id, **summary_row(result)}, returning=None)
-            rows = op_profile.bounded(result.op_profile)  # bounded and cleaned again: it came over the wire
-            if rows:
+            return self.write([RunWrite(task, attempt, agent, started_at, result, task_fields)])[0]
+
+    def leased(self, task_ids: Collection[int]) -> dict[int, TaskRow]:
+        """Inside the caller's transaction: these tasks by id (those that exist), each row locked until it ends."""
+        found: dict[int, TaskRow] = {}
+        for clause, params in self._in("t.id", sorted(set(task_ids))):
+            if self.store.lock_rows:  # dialect: lock in id order (two controllers' batches never wait in a circle)
+                self._query(f"SELECT t.id FROM tasks t WHERE {clause} ORDER BY t.id{self.store.lock_rows}", params)
+            for row in self._query(f"SELECT {TASK_SELECT} FROM {TASK_FROM} WHERE {clause}", params):
+                found[int(row["id"])] = TaskRow.of(row)
+        return found
+
+    def delivered(self, attempts: Collection[tuple[int, int]]) -> dict[tuple[int, int], tuple[str, str, str]]:
+        """(task, attempt) -> (agent, status, message) of each of these attempts already stored as a run."""
+        wanted = set(attempts)
+        found: dict[tuple[int, int], tuple[str, str, str]] = {}
+        for clause, params in self._in("task_id", sorted({task for task, _ in wanted})):
+            for row in self._execute(f"SELECT task_id, attempt, agent, status, message FROM runs WHERE {clause}",
+                                     params).fetchall():
+                if (row[0], row[1]) in wanted:
+                    found[(int(row[0]), int(row[1]))] = (row[2], row[3], row[4])
+        return found
+
+    def write(self, batch: Sequence[RunWrite]) -> list[int]:
+        """Inside the caller's checks: store each result as a run (summary, samples, op profile) and update its
+        task, one statement per table for the whole batch, in one transaction. Returns the run ids in order.
+        Each task at most once in a batch."""
+        store = self.store
+        if not batch:
+            return []
+        with store.transaction():
+            run_ids: list[int] = store.next_ids("runs", len(batch))  # dialect
+            now = time.time()
+            runs = [w.result for w in batch]
+            store.executemany(store.sql(_insert("runs", RUN_INSERT_COLUMNS)), [
+                [run_id, w.task.id, w.task.job_id, w.attempt, w.agent, w.started_at, now,
+                 *(get(w.result) for get, _ in RUN_COLUMNS.values())] for run_id, w in zip(run_ids, batch)])
+            store.executemany(store.sql(_insert("summaries", SUMMARY_INSERT_COLUMNS)), [
+                [run_id, *(get(r) for get in SUMMARY_COLUMNS.values())] for run_id, r in zip(run_ids, runs)])
+            profiles = [(run_id, i, o.kind, o.node_type, o.name, o.avg_ms, o.percent, o.first_ms, o.count,
+                         o.times_called, o.mem_kb) for run_id, r in zip(run_ids, runs)
+                        # bounded and cleaned again: it came over the wire
+                        for i, o in enumerate(op_profile.bounded(r.op_profile) if r.op_profile else [])]
+            if profiles:
+                store.executemany(store.sql(_insert("op_profiles", OP_PROFILE_COLUMNS)), profiles)
+            samples = [_packed(run_id, r) for run_id, r in zip(run_ids, runs)
+                       if r.iterations_ms or (r.telemetry and r.telemetry.samples)]
+            if samples:  # packed: one row per run, 8 bytes a timing (samples.py)
+                store.executemany(store.sql(_insert("run_samples", ("run_id", "iterations", "telemetry"))), samples)
+            updates: dict[tuple[str, ...], list[list[Any]]] = {}
+            for run_id, w in zip(run_ids, batch):
+                fields = {"last_run_id": run_id, **w.task_fields}  # task_fields may name an earlier run
+                updates.setdefault(tuple(fields), []).append([*fields.values(), w.task.id])
+            for columns, rows in updates.items():  # one statement per shape of change (usually one)
                 store.executemany(store.sql(
-                    "INSERT INTO op_profiles (run_id, idx, kind, node_type, name, avg_ms, percent, first_ms, count, "
-                    "times_called, mem_kb) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
-                    [(run_id, i, o.kind, o.node_type, o.name, o.avg_ms, o.percent, o.first_ms, o.count,
-                      o.times_called, o.mem_kb) for i, o in enumerate(rows)])
-            samples = result.telemetry.samples if result.telemetry else []
-            if result.iterations_ms or samples:  # packed: one row per run, 8 bytes a timing (samples.py)
-                store.insert_row("run_samples", {
-                    "run_id": run_id,
-                    "iterations": pack_iterations(result.iterations_ms) if result.iterations_ms else None,
-                    "telemetry": pack_telemetry((s.t_s, s.cpu_percent, s.memory_bytes) for s in samples) if samples
-                    else None}, returning=None)
-            # task_fields may name an earlier run as the task's result (a kept contended measurement)
-            store.update_row("tasks", task.id, {"last_run_id": run_id, **task_fields})
-        return int(run_id)
+                    f"UPDATE tasks SET {', '.join(f'{_q(c)} = ?' for c in columns)} WHERE id = ?"), rows)
+        return run_ids
 
     def iterations(self, run_id: int) -> list[float]:
         rows = self._query("SELECT iterations FROM run_samples WHERE run_id = ?", [run_id])
@@ -678,8 +764,9 @@ class Calibrations(Repository):
         quiet += "" if target is None else " AND t.target = ?"
         return [MeasuredRow.of(r) for r in self._query(
             f"SELECT t.model_name, t.model_sha256, t.model_family, t.threads, t.batch_size, t.input_size, t.repeat, "
-            f"t.model_size_bytes, t.model_param_count, t.model_facts_json, r.id AS run_id, r.environment_json, "
-            f"{value} AS value FROM tasks t JOIN runs r ON r.id = t.last_run_id JOIN summaries s ON s.run_id = r.id "
+            f"t.model_size_bytes, t.model_param_count, {model_facts()}, r.id AS run_id, r.environment_json, "
+            f"{value} AS value FROM tasks t {facts_join()} JOIN runs r ON r.id = t.last_run_id "
+            "JOIN summaries s ON s.run_id = r.id "
             f"WHERE t.job_id = ? AND t.status = 'completed'{quiet} ORDER BY t.id",
             [job_id] + ([] if target is None else [target]))]
 
@@ -691,9 +778,9 @@ class Calibrations(Repository):
         quiet = "" if include_contended else " AND COALESCE(rs.contended, 0) = 0"
         return [PairedRow.of(r) for r in self._query(
             f"SELECT d.model_name, d.model_family, d.threads, d.batch_size, d.input_size, d.model_size_bytes, "
-            f"d.model_param_count, d.model_facts_json, rs.id AS sim_run, rd.id AS device_run, rs.environment_json, "
+            f"d.model_param_count, {model_facts('d')}, rs.id AS sim_run, rd.id AS device_run, rs.environment_json, "
             f"rd.environment_json AS device_environment, ({x}) AS x, ({y}) AS y "
-            f"FROM tasks d JOIN tasks t ON t.job_id = d.job_id AND t.pair_key = d.pair_key AND t.target = 'sim' "
+            f"FROM tasks d {facts_join('d')} JOIN tasks t ON t.job_id = d.job_id AND t.pair_key = d.pair_key AND t.target = 'sim' "
             f"JOIN runs rd ON rd.id = d.last_run_id JOIN summaries sd ON sd.run_id = rd.id "
             f"JOIN runs rs ON rs.id = t.last_run_id JOIN summaries ss ON ss.run_id = rs.id "
             f"WHERE d.job_id = ? AND d.target = ? AND d.status = 'completed' AND t.status = 'completed'{quiet} "
@@ -943,6 +1030,12 @@ class LabReads(Repository):
                                "ORDER BY r.task_id, r.attempt", [job_id]):
             found.setdefault(int(row.pop("task_id")), []).append(row)
         return found
+
+
+def _packed(run_id: int, result: RunResult) -> tuple[int, bytes | None, bytes | None]:
+    samples = result.telemetry.samples if result.telemetry else []
+    return (run_id, pack_iterations(result.iterations_ms) if result.iterations_ms else None,
+            pack_telemetry((s.t_s, s.cpu_percent, s.memory_bytes) for s in samples) if samples else None)
 
 
 def _q(column: str) -> str:

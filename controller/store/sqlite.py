@@ -270,6 +270,13 @@ class SQLiteStore(RepositoryStore):
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         self.conn.executemany(sql, rows)
 
+    def next_ids(self, table: str, count: int) -> list[int]:
+        """Inside the write transaction (BEGIN IMMEDIATE holds the database): the ids SQLite itself would give
+        the next `count` rows of a table whose id is its rowid (one more than the largest, no AUTOINCREMENT)."""
+        assert getattr(self._local, "writing", False), "next_ids outside a write transaction"
+        top = self.conn.execute(f"SELECT COALESCE(MAX(id), 0) FROM {_table_name(table)}").fetchone()[0]
+        return list(range(int(top) + 1, int(top) + 1 + count))
+
     # Plain statements on the hot path (a result, a lease): sqlite_utils' insert and update read the
     # table's schema on every call, which was most of a result's cost in the scheduling benchmark.
     def insert_row(self, table: str, row: Mapping[str, Any], *, returning: str | None = "id") -> int:
@@ -283,6 +290,12 @@ class SQLiteStore(RepositoryStore):
         if fields:
             sql = f"UPDATE {table} SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?"
             self.conn.execute(sql, [*fields.values(), pk])
+
+
+def _table_name(name: str) -> str:
+    if not name.replace("_", "").isalnum():
+        raise ValueError(f"not a table name: {name[:40]!r}")
+    return name
 
 
 @contextmanager
