@@ -208,12 +208,24 @@ def _print_failures(records: list[dict]) -> None:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from farm.cli.render import jobs_table, show, to_json
+    from farm.client.local_jobs import local_jobs
 
-    jobs = open_farm(args).jobs(args.limit)
+    # an up-to-date local store is read as it is; a controller, or a store to migrate or that fails, is the Farm's
+    listed = local_jobs(getattr(args, "controller", None), args.db, args.limit)
+    if listed is None:
+        jobs: list[Any] = open_farm(args).jobs(args.limit)
     if args.json:
-        print(to_json([j.to_json() for j in jobs]))
+        from farm.controller.analysis.export import to_json  # the CLI's JSON (farm.cli.render's), without rich
+        from farm.proto.job_summary import job_json
+
+        print(to_json([j.to_json() for j in jobs] if listed is None else [job_json(j) for j in listed]))
         return EXIT_OK
+    from types import SimpleNamespace
+
+    from farm.cli.render import jobs_table, show
+
+    if listed is not None:
+        jobs = [SimpleNamespace(**j) for j in listed]  # the table reads a JobInfo's attributes
     show(console.out, jobs_table(jobs, _when, wide=args.wide), wide=args.wide)
     return EXIT_OK
 
