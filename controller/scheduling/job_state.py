@@ -8,7 +8,6 @@ store uses them without loading either (issue 34 item 5: start-up).
 from __future__ import annotations
 
 import os
-import socket
 from typing import TYPE_CHECKING, Any, Mapping
 
 if TYPE_CHECKING:  # a type only: the rows' dataclasses stay unloaded
@@ -20,6 +19,8 @@ INTERRUPTED = "interrupted"
 
 
 def pid_alive(pid: int | None, host: str | None) -> bool:
+    import socket  # here: a listing of finished jobs never asks
+
     if not pid or host != socket.gethostname():
         return True  # another host's process: we cannot tell, so assume it lives
     try:
