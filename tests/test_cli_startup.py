@@ -133,3 +133,36 @@ def test_jobs_on_an_up_to_date_store_loads_no_controller_and_no_model(tmp_path: 
         proc, loaded = _loaded(args, tmp_path, NOT_FOR_LISTING)
         assert proc.returncode == 0 and says in proc.stdout, (proc.stdout, proc.stderr)
         assert loaded == [], f"`farm {' '.join(args)}` imported {loaded}; import them where the Farm answers"
+
+
+# the other modules' commands: a run that names one of cli/main.py's own commands neither imports nor builds them
+OTHER_COMMAND_MODULES = ("farm.cli.calibrate_commands", "farm.cli.device_commands", "farm.cli.refresh_commands",
+                         "farm.cli.inspect_commands", "farm.cli.compare_commands", "farm.cli.completion",
+                         "farm.cli.manpage")
+
+
+def test_jobs_builds_only_its_own_modules_parser(tmp_path: Path) -> None:
+    proc, loaded = _loaded(["--help"], tmp_path, OTHER_COMMAND_MODULES)  # the whole parser: the probe sees them
+    assert proc.returncode == 0 and set(loaded) == set(OTHER_COMMAND_MODULES), loaded
+    for args in (["jobs", "--db", str(tmp_path / "farm.db"), "--create"], ["jobs", "--help"]):
+        proc, loaded = _loaded(args, tmp_path, OTHER_COMMAND_MODULES)
+        assert proc.returncode == 0 and loaded == [], (args, loaded, proc.stderr)
+
+
+def test_a_commands_own_parser_is_the_whole_parsers() -> None:
+    import argparse
+
+    from farm.cli.main import OWN_COMMANDS, _leaf_parsers, build_parser
+
+    def commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+    whole = build_parser()
+    assert set(OWN_COMMANDS) < set(commands(whole))
+    for name in OWN_COMMANDS:
+        own = build_parser(name)
+        assert set(commands(own)) == set(OWN_COMMANDS) and own.format_usage() == whole.format_usage()
+        assert ([leaf.format_help() for leaf in _leaf_parsers(commands(own)[name])]
+                == [leaf.format_help() for leaf in _leaf_parsers(commands(whole)[name])]), name
+    argv = ["jobs", "--db", "x.db", "--limit", "3", "--wide", "--json", "-v", "--controller", "h:1"]
+    assert build_parser("jobs").parse_args(argv) == whole.parse_args(argv)
