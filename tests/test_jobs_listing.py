@@ -210,3 +210,12 @@ def test_strict_json_of_plain_data_needs_no_pydantic_core() -> None:
         assert strict_json.dumps(document, indent=2) == before
     for other in ({1: "a"}, [(1, 2)], {"when": JobStatus.COMPLETED}, [b"x"]):  # these go through pydantic_core
         assert not strict_json._plain(other)
+
+
+def test_the_store_is_where_the_farm_would_look(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = _lab(tmp_path)
+    monkeypatch.setenv("FARM_DB", str(db))  # no --db: $FARM_DB, as EmbeddedFarm reads it
+    listed = local_jobs(None, None, 50)
+    assert listed is not None and [j["job"] for j in listed] == [j.job for j in _model_answer(db)]
+    monkeypatch.chdir(tmp_path)
+    assert local_jobs(None, "farm.db", 1) == listed[:1]  # a relative --db, from the working folder
