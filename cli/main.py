@@ -208,12 +208,24 @@ def _print_failures(records: list[dict]) -> None:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from farm.cli.render import jobs_table, show, to_json
+    from farm.client.local_jobs import local_jobs
 
-    jobs = open_farm(args).jobs(args.limit)
+    # an up-to-date local store is read as it is; a controller, or a store to migrate or that fails, is the Farm's
+    listed = local_jobs(getattr(args, "controller", None), args.db, args.limit)
+    if listed is None:
+        jobs: list[Any] = open_farm(args).jobs(args.limit)
     if args.json:
-        print(to_json([j.to_json() for j in jobs]))
+        from farm.controller.analysis.export import to_json  # the CLI's JSON (farm.cli.render's), without rich
+        from farm.proto.job_summary import job_json
+
+        print(to_json([j.to_json() for j in jobs] if listed is None else [job_json(j) for j in listed]))
         return EXIT_OK
+    from types import SimpleNamespace
+
+    from farm.cli.render import jobs_table, show
+
+    if listed is not None:
+        jobs = [SimpleNamespace(**j) for j in listed]  # the table reads a JobInfo's attributes
     show(console.out, jobs_table(jobs, _when, wide=args.wide), wide=args.wide)
     return EXIT_OK
 
@@ -307,13 +319,14 @@ def cmd_backends(args: argparse.Namespace) -> int:
 
 
 # --- parser -------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(named: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; given the command a run names, when it is one of OWN_COMMANDS, only this module's."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--db", default=None, help="SQLite store file or postgresql:// URL (default: $FARM_DB or the "
                         "user data directory)")
     common.add_argument("--create", action="store_true", help="make the folder of --db (or $FARM_DB) when it is missing; without it a missing folder is an error")
     common.add_argument("--json", action="store_true", help="machine-readable output")
-    from farm.cli.remote import add_client_options, add_remote_commands
+    from farm.cli.remote import add_client_options
     add_client_options(common)
 
     # Local-only commands take --json but none of the store or controller flags.
@@ -394,16 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("job", type=_job_id, help="the job id (42 or job-42; see `farm jobs`)")
     s.set_defaults(func=cmd_cancel)
 
-    from farm.cli.calibrate_commands import add_commands as add_calibration_commands
-    add_calibration_commands(sub, common)
-    from farm.cli.device_commands import add_commands as add_device_commands
-    add_device_commands(sub, common)
-    from farm.cli.refresh_commands import add_commands as add_refresh_commands
-    add_refresh_commands(sub, common)
-    from farm.cli.web_commands import add_parser as add_web_parser; add_web_parser(sub, common)  # noqa: E702
-    from farm.cli.import_commands import add_commands as add_import_commands; add_import_commands(sub, common)
-    from farm.cli.artifact_commands import add_commands as add_artifact_commands; add_artifact_commands(sub, common)
-    from farm.cli.store_commands import add_commands as add_store_commands; add_store_commands(sub, common)
+    if named not in OWN_COMMANDS:  # every command: `farm --help`, completion, the other modules' commands
+        _add_lab_commands(sub, common)
 
     # --json is accepted (the schema is JSON either way), so a script that passes it to every command works
     s = sub.add_parser("schema", parents=[local], help="print the job file's JSON Schema (for editors)")
@@ -426,6 +431,43 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quiet", action="store_true", help="no line per model written")
     g.set_defaults(func=cmd_models_generate)
 
+    if named not in OWN_COMMANDS:
+        _add_tool_commands(sub, common, local, p)
+    for command in _leaf_parsers(p):
+        _log_options(command)
+    for name in READ_ONLY_COMMANDS:  # a mistyped --db for these is an error, never a new empty store (issue 32)
+        if name in sub.choices:
+            sub.choices[name].set_defaults(read_only=True)
+    return p
+
+
+# The commands this module defines. A run that names one of them (`farm jobs ...`) gets a parser with only this
+# module's commands: the other modules' (calibration, devices, the controller, inspect, ...) are neither imported
+# nor built (issue 34 item 5: `farm jobs --json`, sources compiled each run, 0.37 -> 0.19 CPU-s). Its parse, help
+# and errors are the same: a command's own parser never depends on the others (tests/test_cli_startup.py compares them).
+OWN_COMMANDS = ("submit", "resume", "retry", "watch", "results", "jobs", "status", "cancel", "schema", "backends",
+                "models")
+
+
+def _add_lab_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """The other modules' commands listed between `farm cancel` and `farm schema` in `farm --help`."""
+    from farm.cli.calibrate_commands import add_commands as add_calibration_commands
+    add_calibration_commands(sub, common)
+    from farm.cli.device_commands import add_commands as add_device_commands
+    add_device_commands(sub, common)
+    from farm.cli.refresh_commands import add_commands as add_refresh_commands
+    add_refresh_commands(sub, common)
+    from farm.cli.web_commands import add_parser as add_web_parser; add_web_parser(sub, common)  # noqa: E702
+    from farm.cli.import_commands import add_commands as add_import_commands; add_import_commands(sub, common)
+    from farm.cli.artifact_commands import add_commands as add_artifact_commands; add_artifact_commands(sub, common)
+    from farm.cli.store_commands import add_commands as add_store_commands; add_store_commands(sub, common)
+
+
+def _add_tool_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser,
+                       local: argparse.ArgumentParser, p: argparse.ArgumentParser) -> None:
+    """The other modules' commands listed after `farm models` in `farm --help`."""
+    from farm.cli.remote import add_remote_commands
+
     add_remote_commands(sub, common)
     from farm.cli.inspect_commands import add_parser as add_inspect_command
     add_inspect_command(sub)
@@ -438,11 +480,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_completion_command(sub, p)
     from farm.cli.manpage import add_parser as add_manpage_command
     add_manpage_command(sub, p)
-    for command in _leaf_parsers(p):
-        _log_options(command)
-    for name in READ_ONLY_COMMANDS:  # a mistyped --db for these is an error, never a new empty store (issue 32)
-        sub.choices[name].set_defaults(read_only=True)
-    return p
 
 
 # Commands that only read a store: given a --db (or FARM_DB) that does not exist, they say so instead of making one
@@ -492,7 +529,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"farm {__version__}")
         return EXIT_OK
     console.rebind()  # this run prints to the streams of this moment (an in-process run may have swapped them)
-    parser = build_parser()
+    given = sys.argv[1:] if argv is None else argv
+    parser = build_parser(given[0] if given else None)
     args = parser.parse_args(argv)
     _configure_logging(args)
     try:

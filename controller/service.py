@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from pydantic import TypeAdapter, ValidationError
 
 from farm.controller.scheduling.artifacts import GC_GRACE_S
-from farm.controller.scheduling.controller import Controller, RetryRefused, progress_of, status_of
+from farm.controller.scheduling.controller import Controller, RetryRefused
+from farm.controller.scheduling.job_state import job_fields
 from farm.controller.store import Store
 from farm.controller.store.rows import plain
 from farm.proto.questions import (
@@ -247,12 +248,7 @@ def job_info(controller: Controller, job_id: int) -> JobInfo | None:
 
 def job_info_of(job: dict[str, Any], counts: dict[str, int] | None = None) -> JobInfo:
     """job_info from a job row and its counts (default: the row's own, as Store.job_list gives them)."""
-    p = progress_of(job["counts"] if counts is None else counts)
-    return JobInfo(job=job["id"], name=job["name"] or "", status=status_of(job), priority=job["priority"] or "",
-                   total=p.total, pending=p.pending, running=p.running, completed=p.completed, failed=p.failed,
-                   canceled=p.canceled, created_at=job["created_at"], started_at=job["started_at"],
-                   finished_at=job["finished_at"], message=job["message"] or None, owner_pid=job["owner_pid"],
-                   owner_host=job["owner_host"])
+    return JobInfo(**job_fields(job, counts))  # the fields `farm jobs` on a local store prints without the model
 
 
 def job(scope: Scope, ask: JobAsk) -> JobInfo:

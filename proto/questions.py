@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import (
@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from farm.proto.escape import printable
+from farm.proto.job_summary import iso_utc as iso_utc  # one spelling of a moment, with the listing that needs no model
 
 MAX_LIST = 256  # metrics, device jobs, devices in one request
 Metric = Annotated[str, Field(max_length=40)]
@@ -48,12 +49,6 @@ def _utc(value: datetime) -> datetime:
     if value.tzinfo is None:
         raise ValueError("a time without a time zone: give it in UTC (...Z or +00:00)")
     return value.astimezone(UTC)
-
-
-def iso_utc(value: datetime) -> str:
-    """ISO 8601 in UTC to the millisecond, `Z` for the zone: one spelling for every JSON farm prints.
-    Rounded (not cut) so a moment that crossed the wire as a double prints as it did before."""
-    return (value.astimezone(UTC) + timedelta(microseconds=500)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 # A moment: a UTC datetime in Python, ISO 8601 in JSON; built from Unix seconds (store, wire) or ISO text (JSON).

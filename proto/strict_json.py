@@ -42,10 +42,26 @@ def clean(data: Any) -> Any:
     return _clean(data, "", [])  # a bare list or number has no record to flag
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _plain(value: Any) -> bool:
+    """Only JSON's own types (exactly: no enum, no model, no datetime), which pydantic_core would hand back as
+    they are: then it need not load (`farm jobs --json` prints plain dicts)."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return True
+    if kind is dict:
+        return all(type(k) is str and _plain(v) for k, v in value.items())
+    return kind is list and all(_plain(v) for v in value)
+
+
 def dumps(data: Any, **kwargs: Any) -> str:
     """json.dumps of clean(data); allow_nan=False makes any value that slipped through raise, not print.
     Answer models (farm.proto.questions) print as their JSON form, non-finite numbers flagged the same way."""
-    from pydantic_core import to_jsonable_python  # here, not at import: `farm --version` loads no pydantic
-
     kwargs.setdefault("default", str)
-    return json.dumps(clean(to_jsonable_python(data, fallback=kwargs["default"])), allow_nan=False, **kwargs)
+    if not _plain(data):
+        from pydantic_core import to_jsonable_python  # here, not at import: `farm --version` loads no pydantic
+
+        data = to_jsonable_python(data, fallback=kwargs["default"])
+    return json.dumps(clean(data), allow_nan=False, **kwargs)

@@ -104,3 +104,65 @@ def test_jobs_on_an_existing_store_loads_no_migration_and_no_job_model(tmp_path:
         assert proc.returncode == 0, proc.stderr
         assert "jobs in this store yet" in proc.stdout or proc.stdout.strip() == "[]", proc.stdout
         assert loaded == [], f"`farm {' '.join(args)}` imported {loaded}; import them where a store migrates or a job is made"
+
+
+# what `farm jobs` on an up-to-date local store never needs (issue 34 item 5: 0.60 CPU-s with them, 0.26 without):
+# the controller, the store's classes and rows, the answer and result models (pydantic); client/local_jobs.py
+# reads the store with sqlite3 and prints the same bytes (tests/test_jobs_listing.py)
+NOT_FOR_LISTING = ("pydantic", "pydantic_core", "farm.proto.questions", "farm.proto.results", "farm.client.api",
+                   "farm.client.embedded", "farm.controller.service", "farm.controller.scheduling.controller",
+                   "farm.controller.store.sqlite", "farm.controller.store.rows", "farm.controller.store.sql")
+
+
+def test_jobs_on_an_up_to_date_store_loads_no_controller_and_no_model(tmp_path: Path) -> None:
+    db = str(tmp_path / "store" / "farm.db")
+    # the first call makes the store through the Farm, which loads all of them: the probe sees them
+    proc, loaded = _loaded(["jobs", "--db", db, "--create"], tmp_path, NOT_FOR_LISTING)
+    assert proc.returncode == 0 and set(loaded) == set(NOT_FOR_LISTING), (proc.stderr, loaded)
+    from farm.controller.store import SQLiteStore
+    store = SQLiteStore(db)
+    try:
+        for status in ("completed", "running"):
+            store.jobs.insert({"name": f"a {status} job", "kind": "user", "status": status, "priority": "normal",
+                               "created_at": 1_795_000_000.5, "spec_json": "{}", "owner_pid": 1, "owner_host": "x"},
+                              [{"seq": 0, "target": "sim", "model_name": "m", "status": status, "attempts": 1,
+                                "max_attempts": 3, "priority": 1, "spec_json": "{}"}])
+    finally:
+        store.close()
+    for args, says in ((["jobs", "--db", db], "a running job"), (["jobs", "--db", db, "--json", "--wide"], '"job": 2')):
+        proc, loaded = _loaded(args, tmp_path, NOT_FOR_LISTING)
+        assert proc.returncode == 0 and says in proc.stdout, (proc.stdout, proc.stderr)
+        assert loaded == [], f"`farm {' '.join(args)}` imported {loaded}; import them where the Farm answers"
+
+
+# the other modules' commands: a run that names one of cli/main.py's own commands neither imports nor builds them
+OTHER_COMMAND_MODULES = ("farm.cli.calibrate_commands", "farm.cli.device_commands", "farm.cli.refresh_commands",
+                         "farm.cli.inspect_commands", "farm.cli.compare_commands", "farm.cli.completion",
+                         "farm.cli.manpage")
+
+
+def test_jobs_builds_only_its_own_modules_parser(tmp_path: Path) -> None:
+    proc, loaded = _loaded(["--help"], tmp_path, OTHER_COMMAND_MODULES)  # the whole parser: the probe sees them
+    assert proc.returncode == 0 and set(loaded) == set(OTHER_COMMAND_MODULES), loaded
+    for args in (["jobs", "--db", str(tmp_path / "farm.db"), "--create"], ["jobs", "--help"]):
+        proc, loaded = _loaded(args, tmp_path, OTHER_COMMAND_MODULES)
+        assert proc.returncode == 0 and loaded == [], (args, loaded, proc.stderr)
+
+
+def test_a_commands_own_parser_is_the_whole_parsers() -> None:
+    import argparse
+
+    from farm.cli.main import OWN_COMMANDS, _leaf_parsers, build_parser
+
+    def commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+    whole = build_parser()
+    assert set(OWN_COMMANDS) < set(commands(whole))
+    for name in OWN_COMMANDS:
+        own = build_parser(name)
+        assert set(commands(own)) == set(OWN_COMMANDS) and own.format_usage() == whole.format_usage()
+        assert ([leaf.format_help() for leaf in _leaf_parsers(commands(own)[name])]
+                == [leaf.format_help() for leaf in _leaf_parsers(commands(whole)[name])]), name
+    argv = ["jobs", "--db", "x.db", "--limit", "3", "--wide", "--json", "-v", "--controller", "h:1"]
+    assert build_parser("jobs").parse_args(argv) == whole.parse_args(argv)

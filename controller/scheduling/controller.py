@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from farm.controller.scheduling.counters import record_lease_expiries
 from farm.controller.scheduling.hooks import Hooks, default_hooks
+from farm.controller.scheduling.job_state import TERMINAL_JOB as TERMINAL_JOB, status_of as status_of
 from farm.controller.scheduling.outage import StoreOutage
 from farm.controller.store import Store
-from farm.controller.store.rows import RowLike, RunningAttempt, TaskRow, plain_rows
+from farm.controller.store.rows import RunningAttempt, TaskRow, plain_rows
 from farm.proto.questions import TaskCounts
 from farm.proto.results import (
     FailureClass,
@@ -37,7 +38,6 @@ if TYPE_CHECKING:  # the job and task models (pydantic over the job file's) load
 LEASE_TTL_S = 60.0
 PLANS_KEPT = 4096  # validated task plans the controller keeps (a job has one per sim budget and model entry)
 TERMINAL_TASK = {TaskStatus.COMPLETED.value, TaskStatus.FAILED.value, TaskStatus.CANCELED.value}
-TERMINAL_JOB = {JobStatus.COMPLETED.value, JobStatus.FAILED.value, JobStatus.CANCELED.value}
 
 
 CONTENDED_RETRIES = 2  # sim.on_contention: retry — then the run is kept, flagged
@@ -100,30 +100,11 @@ def _parts_by_task(deliveries: Sequence[Delivery]) -> list[list[Delivery]]:
     return [p for p in parts if p]
 
 
-def _pid_alive(pid: int | None, host: str | None) -> bool:
-    if not pid or host != socket.gethostname():
-        return True  # another host's process: we cannot tell, so assume it lives
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def progress_of(counts: dict[str, int]) -> JobProgress:
     """A job's progress from its tasks by status (Store.task_counts, or a listing's `counts`)."""
     return JobProgress(
         total=sum(counts.values()), pending=counts.get("pending", 0), running=counts.get("running", 0),
         completed=counts.get("completed", 0), failed=counts.get("failed", 0), canceled=counts.get("canceled", 0))
-
-
-def status_of(job: RowLike) -> str:
-    """A job row's status, or 'interrupted' when the process running it has died."""
-    if job["status"] not in TERMINAL_JOB and not _pid_alive(job["owner_pid"], job["owner_host"]):
-        return JobStatus.INTERRUPTED.value  # stored as interrupted (Ctrl+C), or its process died
-    return job["status"]
 
 
 class RetryRefused(ValueError):

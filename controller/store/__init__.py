@@ -8,15 +8,39 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from farm.controller.store.interface import (
-    ArtifactRepository, CalibrationRepository, DeviceRepository, JobRepository, LabReads, LeaseRepository,
-    RunRepository, Store, StoreError, StoreUnavailable, VisibleTo)
-from farm.controller.store.metrics import METRIC_UNITS, UnknownMetric
-from farm.controller.store.sqlite import BUSY_TIMEOUT_S, SQLiteStore, store_error_message
+if TYPE_CHECKING:
+    from farm.controller.store.interface import (
+        ArtifactRepository, CalibrationRepository, DeviceRepository, JobRepository, LabReads, LeaseRepository,
+        RunRepository, Store, StoreError, StoreUnavailable, VisibleTo)
+    from farm.controller.store.metrics import METRIC_UNITS, UnknownMetric
+    from farm.controller.store.sqlite import BUSY_TIMEOUT_S, SQLiteStore, store_error_message
 
 DB_ENV = "FARM_DB"
+
+# What the package re-exports, by the module that defines it: loaded on first use (PEP 562), so importing a light
+# module of the package (schema, job_listing) or db_location does not build the rows' dataclasses and the results'
+# models (`farm jobs` on an up-to-date store reads it without them, issue 34 item 5)
+_LAZY = {
+    **dict.fromkeys(("ArtifactRepository", "CalibrationRepository", "DeviceRepository", "JobRepository", "LabReads",
+                     "LeaseRepository", "RunRepository", "Store", "StoreError", "StoreUnavailable", "VisibleTo"),
+                    "farm.controller.store.interface"),
+    **dict.fromkeys(("METRIC_UNITS", "UnknownMetric"), "farm.controller.store.metrics"),
+    **dict.fromkeys(("BUSY_TIMEOUT_S", "SQLiteStore", "store_error_message"), "farm.controller.store.sqlite"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'farm.controller.store' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "ArtifactRepository", "BUSY_TIMEOUT_S", "CalibrationRepository", "DB_ENV", "DeviceRepository", "JobRepository",
@@ -51,6 +75,8 @@ def lost_connection(error: BaseException) -> bool:
     server that refuses or is restarting), as opposed to a refused statement or a bug: worth a retry."""
     import sys
 
+    from farm.controller.store.interface import StoreUnavailable
+
     if isinstance(error, StoreUnavailable):
         return True
     psycopg = sys.modules.get("psycopg")
@@ -76,6 +102,8 @@ def db_location(db: str | None) -> Path | str:
 def open_store(path: Path | str, *, create_folder: bool = False) -> Store:
     """The store at `path`: an SQLite file (or ":memory:") created and brought to the current schema when needed,
     or a PostgreSQL database at a postgresql:// URL (its schema created when the database is empty)."""
+    from farm.controller.store.interface import StoreError
+
     if is_url(path):
         assert isinstance(path, str)
         scheme = path.split("://", 1)[0].lower()
@@ -91,4 +119,6 @@ def open_store(path: Path | str, *, create_folder: bool = False) -> Store:
         from farm.controller.store.postgres import PostgresStore
 
         return PostgresStore(path)
+    from farm.controller.store.sqlite import SQLiteStore
+
     return SQLiteStore(path, create_folder=create_folder)

@@ -15,14 +15,15 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Collection, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Protocol, Sequence
 
-from farm.controller.store.rows import (
-    AgentRow, CalibrationFit, CalibrationRow, CalibrationTime, DashboardJob, DeviceLatency, DeviceRow, DriftRow,
-    HealthRow, JobListing, JobRow, JobSpec, LabDevice, LatestCalibration, LatestDrift, LeaseState, MeasuredRow,
-    OpProfileRow, PairedRow, QuarantinedTarget, QueuedWork, ResultRow, RunningAttempt, RunningTask, TaskOutcome,
-    TaskRow, TelemetrySample)
-from farm.proto.results import RunResult
+if TYPE_CHECKING:  # annotations only: StoreError and the Protocols load without the rows and the results' models
+    from farm.controller.store.rows import (
+        AgentRow, CalibrationFit, CalibrationRow, CalibrationTime, DashboardJob, DeviceLatency, DeviceRow, DriftRow,
+        HealthRow, JobListing, JobRow, JobSpec, LabDevice, LatestCalibration, LatestDrift, LeaseState, MeasuredRow,
+        OpProfileRow, PairedRow, QuarantinedTarget, QueuedWork, ResultRow, RunningAttempt, RunningTask, TaskOutcome,
+        TaskRow, TelemetrySample)
+    from farm.proto.results import RunResult
 
 # (token id, team) of a client in a `team` lab: it sees the lab's own jobs, its own and its team's.
 VisibleTo = tuple[str, str | None] | None

@@ -32,6 +32,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Callable, Collection, Iterator, Mapping, Protocol, Sequence
 
 from farm.controller.store.interface import DeviceRecord, RunWrite, VisibleTo
+from farm.controller.store.job_listing import LISTING_SELECT, TASK_COUNTS_SELECT
 from farm.controller.store.metrics import UnknownMetric
 from farm.controller.store.rows import (
     AgentRow, CalibrationFit, CalibrationRow, CalibrationTime, DashboardJob, DeviceLatency, DeviceRow, DriftRow,
@@ -319,9 +320,7 @@ class Jobs(Repository):
         """The newest jobs; with visible_to (owner, team): only the lab's own, that token's and its team's.
         Each row has `counts` (its tasks by status) and their sums tasks/completed/failed: one grouped count."""
         where, params = visible_jobs(visible_to, "")
-        jobs = self._query(
-            "SELECT id, name, status, priority, created_at, started_at, finished_at, message, owner_pid, owner_host, "
-            f"submitted_by, team FROM jobs {where}ORDER BY id DESC LIMIT ?", [*params, limit])
+        jobs = self._query(LISTING_SELECT.format(where=where), [*params, limit])
         counts = self.task_counts_of([j["id"] for j in jobs])
         out = []
         for j in jobs:
@@ -347,8 +346,7 @@ class Jobs(Repository):
         """Each of these jobs' tasks by status, read from the counts the triggers keep."""
         by_job: dict[int, dict[str, int]] = {}
         for clause, params in self._in("job_id", job_ids):
-            for r in self._query(f"SELECT job_id, status, n FROM job_task_counts WHERE {clause} AND n > 0 "
-                                 "ORDER BY job_id, status", params):
+            for r in self._query(TASK_COUNTS_SELECT.format(clause=clause), params):
                 by_job.setdefault(r["job_id"], {})[r["status"]] = r["n"]
         return by_job
 
