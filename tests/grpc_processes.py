@@ -38,7 +38,13 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+# Every wait here guards against a hang; none checks a speed. Beside two CPU hogs and a second test worker a process
+# start or a job's progress took over 30 s (controller starts timed out at load 16), so no wait gives up sooner.
+HANG_GUARD_MIN_S = 90
+
+
 def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.1) -> object:
+    timeout = max(timeout, HANG_GUARD_MIN_S)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
@@ -143,7 +149,7 @@ class Cluster:
             match = re.search(r"listening on (127\.0\.0\.1:\d+)", proc.output())
             return match.group(1) if match else None
 
-        self.address = str(wait_for(listening, 30, "the controller to listen"))
+        self.address = str(wait_for(listening, 120, "the controller to listen"))  # one that exits is told at once
         return proc
 
     def serve_in_process(self, *, clock: Callable[[], float] = time.time, **settings: Any) -> ControllerServer:
@@ -165,7 +171,7 @@ class Cluster:
         runner = build_agent(AgentSettings(controller=str(self.address), name=name, **settings), clock=clock).start()
         self.runners.append(runner)
         assert runner.client is not None
-        wait_for(runner.client.connected.is_set, 30, f"agent {name} to connect")
+        wait_for(runner.client.connected.is_set, 120, f"agent {name} to connect")
         return runner
 
     def start_agent(self, name: str, *extra: str, token: str | None = None) -> FarmProcess:
