@@ -53,8 +53,10 @@ def test_a_hand_made_calibration_is_no_baseline_and_an_unchanged_device_raises_n
     suite_dir = tmp_path / "suite"
     suite_dir.mkdir()
     suite = suite_dir / "reference-suite.yaml"
-    suite.write_text(bundled_suite_text().replace("threads: [1, 2]", "threads: [1]")
-                     + "sim: {on_contention: flag}\n")
+    # the drift rules are the point, not the sim's precision: 10 timed iterations, not 50 (three refreshes of 5 models)
+    text = bundled_suite_text().replace("threads: [1, 2]", "threads: [1]")
+    assert "iterations: 50, warmup: 5" in text
+    suite.write_text(text.replace("iterations: 50, warmup: 5", "iterations: 10, warmup: 2") + "sim: {on_contention: flag}\n")
     models = generate_examples(suite_dir / "models", widths=list(WIDTHS), input_sizes=[160], formats=("tflite",),
                                zoo=False)
     table = {inspect_model(m.path).sha256: _timings(inspect_model(m.path).macs / 60) for m in models}
