@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,7 @@ def vm_session() -> str:
         model = guest_ready(ROOT)
         command = (f"echo 1 > /proc/sys/kernel/printk; echo @@t userspace $(cut -d' ' -f1 /proc/uptime); echo @@mounts; grep cgroup /proc/mounts; "
                    f"cat /sys/fs/cgroup/cgroup.controllers; cd {ROOT} && PYTHONDONTWRITEBYTECODE=1 "
-                   f"{python} tests/cgroup_v2_vm_checks.py --quickstart {model}")
+                   f"{python} tests/cgroup_v2_vm_checks.py --quickstart {shlex.quote(str(model))}")
         result = run(command, timeout_s=2000)
     except VmUnavailable as e:
         print(f"skipping: {e}")
