@@ -79,6 +79,61 @@ class VmUnavailable(RuntimeError):
     """The VM cannot be built or booted here; the message says why."""
 
 
+QUICKSTART_MODEL = "mobilenetv2_w0.35_r96.tflite"
+GUEST_HIDDEN = ("/tmp", "/run", "/var/tmp")  # the guest mounts fresh tmpfs there (only a checkout there is bound back)
+
+
+def _sources_key(folders: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for folder in folders:
+        for path in sorted(folder.rglob("*.py")):
+            digest.update(str(path.relative_to(folder.parent)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def host_model(tree: Path) -> Path:
+    """The quickstart's one model, generated on the host once per version of the generator's sources (the
+    folder is keyed by their hash, written under the cache's lock): the VM proves the kernel's cgroup v2 files,
+    and `farm models generate` under TCG cost a guest Python start and a minute or more."""
+    import numpy
+    key = _sources_key([tree / "model_generators", tree / "models"]) + numpy.__version__
+    where = CACHE / f"model-{key}"
+    if any(where.is_relative_to(d) for d in GUEST_HIDDEN):
+        raise VmUnavailable(f"FARM_TEST_CACHE ({CACHE.parent}) is under {', '.join(GUEST_HIDDEN)}, which the guest "
+                            "does not see: point it elsewhere")
+    if not (where / QUICKSTART_MODEL).exists():
+        with cache_lock(CACHE):
+            if not (where / QUICKSTART_MODEL).exists():
+                from farm.model_generators.generate import generate_examples
+                partial = where.with_name(where.name + ".partial")
+                shutil.rmtree(partial, ignore_errors=True)
+                generate_examples(partial, widths=[0.35], input_sizes=[96], formats=["tflite"], zoo=False)
+                if not (partial / QUICKSTART_MODEL).exists():
+                    raise VmUnavailable(f"generate_examples wrote no {QUICKSTART_MODEL} into {partial}")
+                shutil.rmtree(where, ignore_errors=True)
+                partial.rename(where)
+    return where / QUICKSTART_MODEL
+
+
+def compile_sources(tree: Path) -> int:
+    """farm's own sources compiled on the host into their __pycache__ (as any host import writes them), so the
+    guest, whose share is read-only, reads bytecode instead of compiling every farm module in each of its Python
+    processes under TCG (the stdlib's and the venv's bytecode is on disk already). Returns the folders done."""
+    import compileall
+    import tomllib
+    folders = tomllib.loads((tree / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
+    for folder in folders:
+        if not compileall.compile_dir(tree / folder, quiet=1):
+            raise VmUnavailable(f"compileall of {tree / folder} failed (a syntax error?)")
+    return len(folders)
+
+
+def guest_ready(tree: Path) -> Path:
+    """What the guest reads from the host, made on the host: farm's bytecode, and the quickstart model (its path)."""
+    compile_sources(tree)
+    return host_model(tree)
+
+
 def recipe_key() -> str:
     text = json.dumps([RECIPE_VERSION, KERNEL_PACKAGE, MODULES, INIT])
     return hashlib.sha256(text.encode()).hexdigest()[:12]

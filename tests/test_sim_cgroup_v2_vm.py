@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -16,21 +18,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.timeout(2400),
               pytest.mark.skipif(os.environ.get("FARM_IN_CGROUP_V2_VM") == "1", reason="already inside the VM")]
-# The kernel-file checks run in one guest Python process calling the cgroup backend and the sim driver
-# directly (tests/cgroup_v2_vm_checks.py): each `farm submit` costs a minute or two under TCG, so only the
-# quickstart job goes through the CLI. The timing tests (half a CPU is twice as slow, a hog is flagged, the
-# sampler's own CPU) stay out: an emulated CPU on a shared host gives the guest no steady core to time against.
-# The quickstart job as shipped, made short for an emulated CPU by --set (one small model, one thread)
-QUICKSTART = r"""
-set -e
-export PYTHONDONTWRITEBYTECODE=1 FARM_DB=/tmp/vm.db
-cd /tmp && mkdir -p jobs && cd jobs && cp {root}/examples/quickstart.yaml .
-{farm} models generate models --widths 0.35 --sizes 96 --no-zoo --quiet
-echo "@@quick"; {farm} submit quickstart.yaml --json --set 'models=[{{path: models/mobilenetv2_w0.35_r96.tflite, family: mobilenetv2}}]' \
-  --set workload.iterations=20 --set workload.warmup=2 --set 'matrix.threads=[1]' --set sim.memory=512m \
-  --set sim.backend=cgroup --set sim.on_contention=flag || true
-echo "@@end"
-"""
+# The kernel-file checks and then the quickstart job through `farm submit` run in one guest Python process
+# (tests/cgroup_v2_vm_checks.py: the cgroup backend and the sim driver called directly, then the CLI's main):
+# under TCG each guest Python start costs a minute at load, so the model is generated on the host and the
+# farm sources are compiled on the host (guest_ready). The timing tests (half a CPU is twice as slow, a hog
+# is flagged, the sampler's own CPU) stay out: an emulated CPU on a shared host gives the guest no steady
+# core to time against.
 
 
 def _section(text: str, name: str) -> str:
@@ -39,20 +32,22 @@ def _section(text: str, name: str) -> str:
 
 @pytest.fixture(scope="module")
 def vm_session() -> str:
-    from cgroup_v2_vm import VmUnavailable, run
+    from cgroup_v2_vm import VmUnavailable, guest_ready, run
     python = ROOT / ".venv" / "bin" / "python"
     python = python if python.exists() else Path(os.sys.executable)
-    farm = f"{python} -m farm.cli.main"
     # the kernel's OOM report must not land in the middle of the output on the serial console
-    command = (f"echo 1 > /proc/sys/kernel/printk; echo @@mounts; grep cgroup /proc/mounts; cat /sys/fs/cgroup/cgroup.controllers; "
-               f"cd {ROOT} && PYTHONDONTWRITEBYTECODE=1 {python} tests/cgroup_v2_vm_checks.py 2>&1 | tail -40; "
-               f"{QUICKSTART.format(farm=farm, root=ROOT)}")
     try:
+        model = guest_ready(ROOT)
+        command = (f"echo 1 > /proc/sys/kernel/printk; echo @@t userspace $(cut -d' ' -f1 /proc/uptime); echo @@mounts; grep cgroup /proc/mounts; "
+                   f"cat /sys/fs/cgroup/cgroup.controllers; cd {ROOT} && PYTHONDONTWRITEBYTECODE=1 "
+                   f"{python} tests/cgroup_v2_vm_checks.py --quickstart {shlex.quote(str(model))}")
         result = run(command, timeout_s=2000)
     except VmUnavailable as e:
         print(f"skipping: {e}")
         pytest.skip(f"the cgroup-v2 VM cannot be built or booted here: {e}")
-    print(f"cgroup-v2 VM: {result.accel}, {result.boot_to_exit_s:.0f} s from boot to power-off")
+    stages = " ".join(f"{m[1]} {m[2]}" for m in re.finditer(r"^@@t (\S+) ([\d.]+)", result.output, re.M))
+    print(f"cgroup-v2 VM: {result.accel}, {result.boot_to_exit_s:.0f} s from boot to power-off; "
+          f"guest clock at the end of each stage (s): {stages}")
     assert result.status is not None, "the VM never reported: " + result.console[-3000:]
     return result.output.replace("\r", "")
 
