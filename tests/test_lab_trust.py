@@ -75,7 +75,7 @@ def test_a_fetch_failure_is_one_clean_paragraph(tmp_path: Path) -> None:
     finally:
         cluster.stop_all()
     assert "\n" not in message and "<_" not in message and "debug_error_string" not in message
-    assert message.startswith(f"agent rack could not fetch model {'ab' * 6} (or the script folder): the controller at ")
+    assert message.startswith(f"agent rack could not fetch model {'ab' * 6} (or the script folder or dataset): the controller at ")
     assert "answered NOT_FOUND: no artifact with sha256" in message
     assert not list((tmp_path / "cache").glob("*.part"))  # nothing half-written left in the cache
 
