@@ -4,6 +4,7 @@ timings a statistic can use, and its output whatever bytes it prints."""
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,30 @@ def test_a_0xff_byte_in_the_output_is_replaced_not_a_bug(tmp_path: Path, tiny_mo
     assert run.returncode == 0, run.stderr
     r = run.json()["results"][0]
     assert r["status"] == "completed" and r["failure_class"] is None and r["latency_ms"]["avg"] == 1.25
+
+
+def test_output_read_in_blocks_keeps_every_line_whole_and_counted(tmp_path: Path, tiny_models, farm,
+                                                                  farm_db: Path) -> None:
+    """The harness reads a script's output a pipe block at a time: a character and a timing line cut between two
+    blocks stay whole, every line is counted, and a last line without its newline still counts."""
+    script = ("import sys, time\nout = sys.stdout.buffer\n"
+              "def pause(): out.flush(); time.sleep(0.3)\n"
+              "out.write(b'{\"latency_ms\": 1.0}\\n' * 30000); pause()\n"
+              "out.write(b'x' * 65535 + b'\\xc3'); pause(); out.write(b'\\xa9\\n')\n"  # é cut at a full pipe's end
+              "out.write(b'{\"latency_'); pause(); out.write(b'ms\": 2.5}\\n')\n"
+              "out.write(b'{\"latency_ms\": -1}')\n")  # line 30,003, no newline: refused, naming it
+    run = farm("submit", str(_job(tmp_path, tiny_models, script, "blocks")), "--json")
+    assert run.returncode == 1, run.stderr
+    r = run.json()["results"][0]
+    assert r["failure_class"] == "job" and "output line 30003: latency_ms is -1" in r["message"], r["message"]
+    with sqlite3.connect(farm_db) as db:  # the failed run's output tail, as stored
+        (tail,) = db.execute("SELECT log_tail FROM runs WHERE status = 'failed'").fetchone()
+    assert "xé" in tail and "\ufffd" not in tail and '{"latency_ms": 2.5}' in tail
+    run = farm("submit", str(_job(tmp_path, tiny_models, script.replace("-1}", "4.0}"), "blocks-ok")), "--json")
+    assert run.returncode == 0, run.stderr
+    r = run.json()["results"][0]
+    assert r["status"] == "completed" and r["latency_ms"]["count"] == 30002
+    assert r["latency_ms"]["max"] == 4.0 and r["latency_ms"]["p50"] == 1.0
 
 
 def test_timing_lines_parse_as_documented() -> None:
