@@ -211,6 +211,16 @@ class Cluster:
         return self.log.text() if self.log else ""
 
 
+def in_process_cluster(tmp_path: Path, monkeypatch: Any) -> Cluster:
+    """A Cluster whose controller, agents and `farm` calls run on threads of this process, none of them reading the
+    user's own settings (a test's fixture yields it and calls stop_all)."""
+    env = {"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_DEVICES": "", "FARM_CONFIG": str(tmp_path / "none.toml"),
+           "FARM_DB": str(tmp_path / "unused.db")}
+    for key, value in env.items():  # what an agent or controller on a thread here reads from the environment
+        monkeypatch.setenv(key, value)
+    return Cluster(tmp_path, env=env, cli_in_process=True)
+
+
 def sleep_job(directory: Path, model: Path, *, tasks: int, seconds: float, name: str = "job.yaml") -> Path:
     """A script job whose runs take `seconds` each: long enough to kill something mid-run."""
     (directory / "slow-script").mkdir(exist_ok=True)  # workload.dir is uploaded: the script's own folder

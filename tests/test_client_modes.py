@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from conftest import write_job
-from grpc_processes import Cluster
+from grpc_processes import Cluster, in_process_cluster
 from test_json_output import assert_iso_times
 
 pytestmark = pytest.mark.timeout(900)
@@ -50,11 +50,7 @@ def family(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    env = {"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_DEVICES": "", "FARM_CONFIG": str(tmp_path / "none.toml"),
-           "FARM_DB": str(tmp_path / "unused.db")}
-    for key, value in env.items():  # what an agent or controller on a thread here reads from the environment
-        monkeypatch.setenv(key, value)
-    c = Cluster(tmp_path, env=env, cli_in_process=True)
+    c = in_process_cluster(tmp_path, monkeypatch)
     yield c
     c.stop_all()
 

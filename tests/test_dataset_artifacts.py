@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import write_job
-from grpc_processes import Cluster, wait_for
+from grpc_processes import Cluster, in_process_cluster, wait_for
 from farm.proto.accuracy import MAX_PACKED_BYTES, pack
 from farm.proto.generated import farm_pb2, farm_pb2_grpc
 
@@ -40,11 +40,7 @@ def orientation(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    env = {"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_DEVICES": "", "FARM_CONFIG": str(tmp_path / "none.toml"),
-           "FARM_DB": str(tmp_path / "unused.db")}
-    for key, value in env.items():  # what an agent or controller on a thread here reads from the environment
-        monkeypatch.setenv(key, value)
-    c = Cluster(tmp_path, env=env, cli_in_process=True)
+    c = in_process_cluster(tmp_path, monkeypatch)
     yield c
     c.stop_all()
 
