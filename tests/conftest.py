@@ -193,14 +193,10 @@ def board():
 def postgres_peer():
     """One private PostgreSQL server for the whole session (tests/postgres_server.py); each test that needs a
     store makes a fresh database on it (fresh_postgres_url). Skipped with the reason when it cannot run."""
-    pytest.importorskip("psycopg", reason="psycopg 3 is not installed (pip install 'farm[postgresql]')")
-    from postgres_server import PostgresUnavailable, postgres_server
+    from postgres_server import postgres_server_or_skip
 
-    try:
-        with postgres_server() as server:
-            yield server
-    except PostgresUnavailable as exc:
-        pytest.skip(str(exc))
+    with postgres_server_or_skip() as server:
+        yield server
 
 
 def fresh_postgres_url(peer, name: str) -> str:

@@ -27,14 +27,10 @@ def pg_url(postgres_peer, request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def own_server():
     """A PostgreSQL server of this test's own, to restart."""
-    pytest.importorskip("psycopg", reason="psycopg 3 is not installed (pip install 'farm[postgresql]')")
-    from postgres_server import PostgresUnavailable, postgres_server
+    from postgres_server import postgres_server_or_skip
 
-    try:
-        with postgres_server() as server:
-            yield server
-    except PostgresUnavailable as exc:
-        pytest.skip(str(exc))
+    with postgres_server_or_skip() as server:
+        yield server
 
 
 @pytest.fixture

@@ -11,18 +11,15 @@ import threading
 
 import pytest
 
-from tests.postgres_server import PostgresUnavailable, postgres_server
+from tests.postgres_server import postgres_server_or_skip
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg 3 is not installed (pip install 'psycopg[binary]')")
 
 
 @pytest.fixture(scope="module")
 def peer():
-    try:
-        with postgres_server() as server:
-            yield server
-    except PostgresUnavailable as exc:
-        pytest.skip(str(exc))
+    with postgres_server_or_skip() as server:
+        yield server
 
 
 def test_the_peer_answers_on_its_private_port_with_its_own_database(peer):
