@@ -150,7 +150,7 @@ def _unique(names: list[str]) -> list[str]:
 
 # --- TFLite -----------------------------------------------------------------------------------
 
-_TFLITE_DTYPES: dict[int, str] = {
+TFLITE_DTYPES: dict[int, str] = {
     value: name.lower()  # FLOAT32 -> float32, BFLOAT16 -> bfloat16: the numpy / ml_dtypes names
     for name, value in vars(tflite_schema.TensorType).items()
     if not name.startswith("_") and isinstance(value, int)
@@ -164,7 +164,7 @@ def _tflite_tensor_info(tensor: tflite_schema.TensorT) -> TensorInfo:
     return TensorInfo(
         name=_decode(tensor.name),
         shape=shape,
-        dtype=_TFLITE_DTYPES.get(int(tensor.type), f"tflite_type_{tensor.type}"),
+        dtype=TFLITE_DTYPES.get(int(tensor.type), f"tflite_type_{tensor.type}"),
     )
 
 

@@ -42,16 +42,25 @@ def _dtype(name: str) -> np.dtype:
         raise PhoneDatasetError(f"an input or output of type {name!r} cannot be fed from or read into a file") from None
 
 
-def _output_layout(model: Path) -> list[tuple[str, list[int], np.dtype, tuple[float, int] | None]]:
-    """(name, shape at batch 1, dtype, (scale, zero point) or None) per output, in the model's output order."""
+Layout = tuple[list[tuple[str, np.dtype]], list[tuple[str, list[int], np.dtype, tuple[float, int] | None]]]
+
+
+def _layout(model: Path) -> Layout:
+    """From one read of the model: (name, dtype) per input, and (name, shape at batch 1, dtype, (scale, zero point)
+    or None) per output, in the model's order; dtype names from farm's model inspection (TFLITE_DTYPES)."""
     from ai_edge_litert import schema_py_generated as schema
 
-    parsed = schema.ModelT.InitFromPackedBuf(bytearray(model.read_bytes()), 0)
-    graph = parsed.subgraphs[0]
-    found = []
+    from farm.models.facts import TFLITE_DTYPES
+
+    def named(tensor: Any) -> tuple[str, np.dtype]:
+        name = tensor.name.decode() if isinstance(tensor.name, bytes) else str(tensor.name)
+        return name, _dtype(TFLITE_DTYPES.get(int(tensor.type), f"type {tensor.type}"))
+
+    graph = schema.ModelT.InitFromPackedBuf(bytearray(model.read_bytes()), 0).subgraphs[0]
+    outputs = []
     for index in graph.outputs:
         tensor = graph.tensors[index]
-        name = tensor.name.decode() if isinstance(tensor.name, bytes) else str(tensor.name)
+        name, dtype = named(tensor)
         shape = [int(d) for d in (tensor.shapeSignature if tensor.shapeSignature is not None else tensor.shape)]
         if shape and shape[0] == -1:
             shape[0] = 1
@@ -61,30 +70,8 @@ def _output_layout(model: Path) -> list[tuple[str, list[int], np.dtype, tuple[fl
         q = tensor.quantization
         scale = float(q.scale[0]) if q is not None and q.scale is not None and len(q.scale) == 1 else 0.0
         zero = int(q.zeroPoint[0]) if q is not None and q.zeroPoint is not None and len(q.zeroPoint) == 1 else 0
-        dtype = _dtype(schema_type_name(tensor.type))
-        found.append((name, shape, dtype, (scale, zero) if scale else None))
-    return found
-
-
-def schema_type_name(code: int) -> str:
-    """LiteRT's TensorType code as numpy's dtype name (FLOAT32 -> float32)."""
-    from ai_edge_litert import schema_py_generated as schema
-
-    names = {v: k.lower() for k, v in vars(schema.TensorType).items() if not k.startswith("_") and isinstance(v, int)}
-    return names.get(code, f"type {code}")
-
-
-def _input_layout(model: Path) -> list[tuple[str, np.dtype]]:
-    from ai_edge_litert import schema_py_generated as schema
-
-    parsed = schema.ModelT.InitFromPackedBuf(bytearray(model.read_bytes()), 0)
-    graph = parsed.subgraphs[0]
-    found = []
-    for index in graph.inputs:
-        tensor = graph.tensors[index]
-        name = tensor.name.decode() if isinstance(tensor.name, bytes) else str(tensor.name)
-        found.append((name, _dtype(schema_type_name(tensor.type))))
-    return found
+        outputs.append((name, shape, dtype, (scale, zero) if scale else None))
+    return [named(graph.tensors[index]) for index in graph.inputs], outputs
 
 
 def phone_dataset_pass(device: AndroidDevice, tool: str, model_remote: str, model_local: Path, task: TaskSpec,
@@ -95,14 +82,13 @@ def phone_dataset_pass(device: AndroidDevice, tool: str, model_remote: str, mode
     assert isinstance(workload, BenchmarkWorkload) and workload.dataset is not None
     dataset = workload.dataset.model_dump()
     samples, _, _ = unpack(dataset["packed"])
-    model_inputs = _input_layout(model_local)
+    model_inputs, outputs = _layout(model_local)
     missing = [name for name, _ in model_inputs if name not in samples]
     if missing:
         raise PhoneDatasetError(f"the dataset gives no values for input(s) {', '.join(missing)}; on a phone every "
                                 "input must come from the dataset")
     if any("," in name for name, _ in model_inputs):
         raise PhoneDatasetError("an input name holds ',', which benchmark_model's --input_layer cannot carry")
-    outputs = _output_layout(model_local)
     expected = sum(int(np.prod(shape)) * dtype.itemsize for _, shape, dtype, _ in outputs)
     if expected > MAX_PACKED_BYTES:
         raise PhoneDatasetError(f"one sample's outputs are {expected} bytes, over {MAX_PACKED_BYTES}")
