@@ -78,6 +78,17 @@ def test_output_read_in_blocks_keeps_every_line_whole_and_counted(tmp_path: Path
     assert r["latency_ms"]["max"] == 4.0 and r["latency_ms"]["p50"] == 1.0
 
 
+def test_a_line_of_megabytes_without_a_newline_is_one_line(tmp_path: Path, tiny_models, farm) -> None:
+    """A script writing 8 MB with no newline (128 pipe blocks) and then a timing: one output line, then the timing on
+    line 2 — the unended line is kept in pieces and joined once, never re-joined per block."""
+    script = ("import sys\nout = sys.stdout.buffer\nfor _ in range(128): out.write(b'y' * 65536); out.flush()\n"
+              "out.write(b'\\n{\"latency_ms\": -2}\\n')\n")
+    run = farm("submit", str(_job(tmp_path, tiny_models, script, "long")), "--json")
+    assert run.returncode == 1, run.stderr
+    r = run.json()["results"][0]
+    assert "output line 2: latency_ms is -2" in r["message"], r["message"]
+
+
 def test_timing_lines_parse_as_documented() -> None:
     assert parse_timing_line('{"latency_ms": 12.3}') == 12.3
     assert parse_timing_line('{"inference_ms": 0}') == 0.0

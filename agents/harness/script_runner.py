@@ -91,7 +91,8 @@ def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
         # A block at a time, not a line at a time: the harness's stdout is unbuffered (the run's log stays live),
         # so a write per line was a system call per line — 2.2 M of them for a script printing 2.2 M timings.
         decoder = codecs.getincrementaldecoder("utf-8")("replace")  # a character cut between blocks stays whole
-        fd, number, rest = stdout.fileno(), 0, ""
+        fd, number = stdout.fileno(), 0
+        pending: list[str] = []  # the line not yet ended, in pieces: a line with no newline for megabytes is joined once
 
         def take(line: str) -> None:
             nonlocal number
@@ -110,14 +111,18 @@ def run(task: HarnessTask, out: HarnessOutput, rss_now) -> None:
         while block := os.read(fd, OUTPUT_BLOCK_BYTES):
             text = decoder.decode(block)
             sys.stdout.write(text)  # the user's output stays in the run's log
-            lines = (rest + text).split("\n")
-            rest = lines.pop()
+            if "\n" not in text:
+                pending.append(text)
+                continue
+            lines = text.split("\n")
+            lines[0] = "".join(pending) + lines[0]
+            pending = [lines.pop()]
             for line in lines:
                 take(line)
-        text = rest + decoder.decode(b"", final=True)
-        sys.stdout.write(text[len(rest):])
-        if text:
-            take(text)
+        text = decoder.decode(b"", final=True)
+        sys.stdout.write(text)
+        if last := "".join(pending) + text:
+            take(last)
         del tail[:-20]
 
     reader = threading.Thread(target=read_output, name="script-output", daemon=True)
