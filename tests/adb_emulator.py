@@ -178,6 +178,10 @@ class AdbDeviceEmulator:
         """Everything goes at once: listener, connections (reset), running commands — a phone unplugged."""
         self._stopping.set()
         if self._listener is not None:
+            try:  # wakes the blocked accept(): close() alone leaves it accepting one more connection
+                self._listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             self._listener.close()
         self.drop_connections()
         self._remove_cgroup()
@@ -314,6 +318,9 @@ echo "Can't find service: $1"; exit 0
             try:
                 conn, _ = self._listener.accept()
             except OSError:
+                return
+            if self._stopping.is_set():  # unplugged while this connection was being made
+                conn.close()
                 return
             with self._lock:
                 self._connections.append(conn)

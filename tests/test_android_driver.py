@@ -75,10 +75,19 @@ def test_unsupported_operator_and_garbage_are_job_failures_with_raw_output(tmp_p
             assert "Segmentation fault" in result.log_tail
 
 
+def _unplug_once_benchmarking(phone: AdbDeviceEmulator) -> None:
+    for _ in range(6000):  # a hang guard of 120 s, not a timing
+        if any("benchmark_model --graph" in s for s in list(phone.services_opened)):
+            break
+        threading.Event().wait(0.02)
+    phone.kill()
+
+
 def test_phone_unplugged_mid_run_is_infrastructure(tmp_path: Path, lab_key: Path, tiny_models) -> None:
     with AdbDeviceEmulator(tmp_path / "phone", phone=EmulatedPhone(benchmark_seconds=5),
                            authorized_keys=[Path(f"{lab_key}.pub").read_text()]) as phone:
-        threading.Timer(1.5, phone.kill).start()
+        # unplugged once benchmark_model is running (a fixed timer fired before it started on a loaded machine)
+        threading.Thread(target=_unplug_once_benchmarking, args=(phone,), daemon=True).start()
         result = _driver(phone, lab_key).run(_task(tiny_models["tflite"]), lambda: False)
     assert result.failure_class == "infrastructure" and "g6-1" in result.message
 
