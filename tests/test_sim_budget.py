@@ -162,8 +162,9 @@ def test_cpu_rates_beside_two_hogs_never_exceed_the_runs_cores(backend: str) -> 
     from cpu_hog import cpu_hog
 
     require_backend(backend)
-    script = ("import threading, time\nend = time.monotonic() + 1.5\n"
-              "def spin():\n    while time.monotonic() < end: pass\n"
+    # each thread spins for 0.75 s of its own CPU (a wall-clock 1.5 s left a starved sampler < 5 reads at load 13)
+    script = ("import threading, time\nlast = time.monotonic() + 30\n"
+              "def spin():\n    while time.thread_time() < 0.75 and time.monotonic() < last: pass\n"
               "threads = [threading.Thread(target=spin) for _ in range(2)]\n"
               "[t.start() for t in threads]\n[t.join() for t in threads]\n")
     with cpu_hog(0, weighted=False), cpu_hog(1, weighted=False), tempfile.TemporaryDirectory() as d:
