@@ -38,7 +38,7 @@ PYTEST_WORKERS ?= 2
 test: setup
 	@start=$$(date +%s); status=0; \
 	bash .ci/install-deps.sh && $(VENV)/bin/ruff check . && $(PY) tools/typecheck.py && \
-	{ $(PY) -m pytest -q -ra --durations=10 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || { echo "make test: the failed tests once more, alone (pytest --lf):"; \
+	{ $(PY) -m pytest -q -ra --durations=10 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) || { echo "make test: the failed tests once more, alone (pytest --lf):"; \
 	  $(PY) -m pytest -q -ra --lf $(PYTEST_ARGS); }; } || status=$$?; \
 	took=$$(( $$(date +%s) - start )); \
 	echo "make test: $$((took / 60)) min $$((took % 60)) s wall (install, ruff, mypy, pytest), exit status $$status"; \

@@ -54,6 +54,29 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ.pop(name, None)
 
 
+# Wall seconds of the longest test files in the last whole-suite run (benchmarks/results/2026-11-28-suite-session4.md).
+# `make test` hands files to its two workers in collection order (`--dist loadfile --no-loadscope-reorder`): the
+# longest go first so no worker is left alone with one at the end (xdist's default order, most tests first, put the
+# two-test wheel file and the five-test VM file last). Unlisted files follow, most tests first; a stale figure only
+# costs balance.
+LONGEST_FILES_S = {
+    "test_board_aarch64.py": 300, "test_postgres_store.py": 123, "test_sim_cgroup_v2_vm.py": 121,
+    "test_contention.py": 101, "test_sim_budget.py": 100, "test_wheel_install.py": 97, "test_benchmarks_run.py": 76,
+    "test_grpc_cluster.py": 72, "test_corpus.py": 67, "test_web_dashboard.py": 64, "test_grpc_hostile.py": 63,
+    "test_calibration_choice.py": 53, "test_jetson_experiment.py": 45, "test_hostile_files.py": 39,
+    "test_agent_install.py": 35,
+}
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    per_file: dict[str, int] = {}
+    for item in items:
+        per_file[item.path.name] = per_file.get(item.path.name, 0) + 1
+    first_seen = {name: n for n, name in enumerate(dict.fromkeys(item.path.name for item in items))}
+    items.sort(key=lambda item: (-LONGEST_FILES_S.get(item.path.name, 0), -per_file[item.path.name],
+                                 first_seen[item.path.name]))
+
+
 def _farm_subprocess(farm_db: Path, tmp_path: Path):
     def run(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> FarmRun:
         full_env = {**os.environ, "FARM_DB": str(farm_db), **(env or {})}
