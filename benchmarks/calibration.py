@@ -239,22 +239,26 @@ def accuracy_tables(draws: int, seed: int, only: str | None = None) -> str:
 def suggest_table(draws: int, seed: int, only: str | None = None, k: int = 10, pool_size: int = 200,
                   nb201: bool = False) -> str:
     """`--suggest` against random choice: from a candidate list of ``pool_size`` models measured in the
-    sim, calibrate on the k that ``suggest_models`` picks and on k random ones; judge on the rest. The qed
-    phones with no feature, FLOPS, FLOPS and size; with ``nb201`` the NB201 CPU pairs with no feature, FLOPs
-    and size, and those plus the per-layer shares farm read from the generated networks."""
+    sim, calibrate on the k that ``suggest_models`` picks and on k random ones of the same list (paired by
+    list); judge on the rest. The qed phones with no feature, FLOPS, FLOPS and size; with ``nb201`` the
+    NB201 CPU pairs with no feature, FLOPs and size, and those plus the per-layer shares farm read from the
+    generated networks. Each gain comes with the standard error of its mean over the lists; a feature
+    set's mean gain over the pairs with √(Σ SE²) / pairs."""
     generator = np.random.default_rng(seed)
-    rows = ["| device pair | features | k | suggested ±10 % / MAPE | random ±10 % / MAPE | gain (points) |",
+    rows = ["| device pair | features | k | suggested ±10 % / MAPE | random ±10 % / MAPE | gain (points) ± SE |",
             "|---|---|---|---|---|---|"]
-    gains: dict[str, list[float]] = {}
+    gains: dict[str, list[tuple[float, float]]] = {}
     for label, sim, device, every, feature_sets in _suggest_pairs(only, nb201):
         for names in feature_sets:
             features = {name: every[name] for name in names}
             row, gain = _suggest_row(label, sim, device, features, draws, generator, k, pool_size)
             rows.append(row)
             gains.setdefault(", ".join(names) or "none", []).append(gain)
-    summary = "; ".join(f"{names}: {statistics.fmean(values):+.1f}" for names, values in gains.items())
+    summary = "; ".join(
+        f"{names}: {statistics.fmean(m for m, _ in values):+.1f} ± "
+        f"{math.sqrt(sum(e * e for _, e in values)) / len(values):.1f}" for names, values in gains.items())
     return "\n".join([f"### `--suggest` against random choice ({draws} candidate lists of {pool_size} models, "
-                      f"seed {seed})", "", *rows, "", f"Mean gain (points) by feature set, CPU pairs: {summary}."])
+                      f"seed {seed})", "", *rows, "", f"Mean gain (points) ± SE by feature set, CPU pairs: {summary}."])
 
 
 def _suggest_pairs(only: str | None, nb201: bool):
@@ -276,7 +280,7 @@ def _suggest_pairs(only: str | None, nb201: bool):
 
 
 def _suggest_row(label: str, sim: np.ndarray, device: np.ndarray, features: dict[str, np.ndarray], draws: int,
-                 generator: np.random.Generator, k: int, pool_size: int) -> tuple[str, float]:
+                 generator: np.random.Generator, k: int, pool_size: int) -> tuple[str, tuple[float, float]]:
     within: dict[str, list[float]] = {"suggested": [], "random": []}
     mape: dict[str, list[float]] = {"suggested": [], "random": []}
     for _ in range(draws):
@@ -296,10 +300,11 @@ def _suggest_row(label: str, sim: np.ndarray, device: np.ndarray, features: dict
             relative = np.abs(estimate - device[held]) / device[held]
             within[name].append(float(np.mean(relative <= 0.10)))
             mape[name].append(float(np.mean(relative)))
-    gain = 100 * (statistics.fmean(within["suggested"]) - statistics.fmean(within["random"]))
+    paired = [100 * (a - b) for a, b in zip(within["suggested"], within["random"])]
+    gain, error = statistics.fmean(paired), statistics.stdev(paired) / math.sqrt(len(paired))
     return (f"| {label} | {', '.join(features) or 'none'} | {k} | {cell(within['suggested'])} % / "
             f"{median_cell(mape['suggested'])} % | {cell(within['random'])} % / {median_cell(mape['random'])} % | "
-            f"{gain:+.1f} |"), gain
+            f"{gain:+.1f} ± {error:.1f} |"), (gain, error)
 
 
 def ceiling_table(only: str | None = None) -> str:
