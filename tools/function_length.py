@@ -27,7 +27,6 @@ ALLOWED: dict[str, str] = {
     "farm.agents.android.driver:AndroidDriver.run": "not carved yet (issue #35 item 4)",
     "farm.agents.board_harness.board_harness:run_script": "not carved yet (issue #35 item 4)",
     "farm.agents.parsers.benchmark_model:parse_benchmark_model": "not carved yet (issue #35 item 4)",
-    "farm.agents.sim.driver:SimDriver._run_sandboxed": "not carved yet (issue #35 item 4)",
     "farm.cli.main:build_parser": "not carved yet (issue #35 item 4)",
     "farm.cli.remote:add_remote_commands": "not carved yet (issue #35 item 4)",
     "farm.models.quantize:quantize": "not carved yet (issue #35 item 4)",
