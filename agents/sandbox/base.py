@@ -201,8 +201,10 @@ class SandboxBackend(abc.ABC):
     takes_images: bool = False
 
     @classmethod
-    def create(cls, *, image: str | None = None, user_image: bool = False) -> "SandboxBackend":
-        """The backend, ready to start runs; only a backend that takes images uses `image`."""
+    def create(cls, *, image: str | None = None, user_image: bool = False,
+               writable_root: bool = False) -> "SandboxBackend":
+        """The backend, ready to start runs; only a backend that takes images uses `image`, and only one with a root
+        of its own `writable_root` (sim.writable_root: the job's own root file system writable)."""
         return cls()
 
     @classmethod

@@ -542,8 +542,9 @@ class DockerBackend(SandboxBackend):
     takes_images = True
 
     @classmethod
-    def create(cls, *, image: str | None = None, user_image: bool = False) -> "DockerBackend":
-        return cls(image=image, user_image=user_image)
+    def create(cls, *, image: str | None = None, user_image: bool = False,
+               writable_root: bool = False) -> "DockerBackend":
+        return cls(image=image, user_image=user_image, read_only_root=not writable_root)
 
     def __init__(
         self,

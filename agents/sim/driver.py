@@ -31,7 +31,6 @@ from farm.agents.harness.stats import latency_stats, startup_ms, throughput_per_
 from farm.agents.harness.task import HarnessOutput, HarnessTask, benchmark_task, runtime_env, script_task
 from farm.agents.sandbox import Budget, SandboxBackend, SandboxError, choose_backend, takes_images
 from farm.agents.sandbox.base import ExitInfo, RunningSandbox, parse_cpuset, pids_limit, whole_cores
-from farm.agents.sandbox.docker import DockerBackend
 from farm.agents.sandbox.docker_build import BuildFailed, BuildPolicy, ImageBuilder
 from farm.agents.sandbox.user_image import UserImageError, harness_argv
 from farm.agents.sandbox.isolation import (
@@ -361,10 +360,9 @@ class SimDriver:
         image = image or task.plan.sim.image
         key = (name, image, own, task.plan.sim.writable_root)
         if key not in self._backends:  # probing a backend (docker ping, cgroup mkdir) once is enough
-            backend = choose_backend(name, image=image, user_image=own)
-            if isinstance(backend, DockerBackend):
-                backend.read_only_root = not task.plan.sim.writable_root  # the job may ask; still as the run user
-            self._backends[key] = backend
+            # sim.writable_root: the job may ask for a writable root of its own (still as the run user)
+            self._backends[key] = choose_backend(name, image=image, user_image=own,
+                                                 writable_root=task.plan.sim.writable_root)
         return self._backends[key]
 
     def built_image(self, task: TaskSpec) -> tuple[str | None, dict | None]:
