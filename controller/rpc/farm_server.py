@@ -128,56 +128,72 @@ class FarmServer:
         self.agents.close(session)
 
     def on_agent_message(self, session: AgentSession, message: agent_pb2.AgentMessage) -> None:
+        """One message of an agent's stream, handled by its kind (a hello after the first, or a message of no kind
+        this controller knows: ignored)."""
         session.last_seen = time.time()
-        kind = message.WhichOneof("kind")
-        if kind == "work_request":
-            if self._take_request(session, message.work_request):
-                self.wake()
-        elif kind == "heartbeat":
-            with self._lock:  # only this session's own leases are renewed; the rest is refused without a query
-                held = set(session.running) if self.agents.current(session) else set()
-            refs = [(ref.task_id, ref.attempt) for ref in message.heartbeat.running]
-            foreign = [ref for ref in refs if ref not in held]
-            if foreign:
-                log.warning("agent %s heartbeat for %d task attempt(s) not leased to its session (task %d attempt %d, "
-                            "...); refused", session.name, len(foreign), foreign[0][0], foreign[0][1])
-                self._stop_attempts(session, foreign[:MAX_CANCELS_PER_HEARTBEAT], still_running=False)
-            own = [ref for ref in refs if ref in held]
-            if own:  # renewed with the other agents' in one transaction (lease_renewer.py)
-                self.renewer.put(QueuedHeartbeat(session.name, own, partial(self._stop_attempts, session)))
-        elif kind == "result":
-            self._take_result(session, message.result, [])
-        elif kind == "drain":
-            with self._lock:
-                session.state = "draining"
-                session.requests.clear()
-                self.agents.record(session, "draining")
-        elif kind == "progress":
-            pass  # progress is informational; the stored state changes with results
-        elif kind == "batch":
-            inner = message.batch.messages
-            if len(inner) > MAX_BATCH_MESSAGES:
-                log.warning("agent %s sent a batch of %d messages (at most %d); its stream is closed", session.name,
-                            len(inner), MAX_BATCH_MESSAGES)
-                session.close()
-                return
-            index = 0
-            while index < len(inner):  # in order
-                one = inner[index]
-                index += 1
-                if one.WhichOneof("kind") in ("batch", "hello", None):
-                    log.warning("agent %s: a %s inside a batch is not allowed; ignored", session.name,
-                                one.WhichOneof("kind") or "message of no known kind")
-                elif one.WhichOneof("kind") == "result":
-                    # The work requests riding with a result count from its acknowledgement, so the offer they
-                    # bring follows the ack (and shares its write) instead of racing ahead of the commit.
-                    riders = []
-                    while index < len(inner) and inner[index].WhichOneof("kind") == "work_request":
-                        riders.append(inner[index].work_request)
-                        index += 1
-                    self._take_result(session, one.result, riders)
-                else:
-                    self.on_agent_message(session, one)
+        handle = self._ON_KIND.get(message.WhichOneof("kind") or "")
+        if handle is not None:
+            handle(self, session, message)
+
+    def _on_work_request(self, session: AgentSession, message: agent_pb2.AgentMessage) -> None:
+        if self._take_request(session, message.work_request):
+            self.wake()
+
+    def _on_heartbeat(self, session: AgentSession, message: agent_pb2.AgentMessage) -> None:
+        with self._lock:  # only this session's own leases are renewed; the rest is refused without a query
+            held = set(session.running) if self.agents.current(session) else set()
+        refs = [(ref.task_id, ref.attempt) for ref in message.heartbeat.running]
+        foreign = [ref for ref in refs if ref not in held]
+        if foreign:
+            log.warning("agent %s heartbeat for %d task attempt(s) not leased to its session (task %d attempt %d, "
+                        "...); refused", session.name, len(foreign), foreign[0][0], foreign[0][1])
+            self._stop_attempts(session, foreign[:MAX_CANCELS_PER_HEARTBEAT], still_running=False)
+        own = [ref for ref in refs if ref in held]
+        if own:  # renewed with the other agents' in one transaction (lease_renewer.py)
+            self.renewer.put(QueuedHeartbeat(session.name, own, partial(self._stop_attempts, session)))
+
+    def _on_result(self, session: AgentSession, message: agent_pb2.AgentMessage) -> None:
+        self._take_result(session, message.result, [])
+
+    def _on_drain(self, session: AgentSession, message: agent_pb2.AgentMessage) -> None:
+        with self._lock:
+            session.state = "draining"
+            session.requests.clear()
+            self.agents.record(session, "draining")
+
+    def _on_progress(self, session: AgentSession, message: agent_pb2.AgentMessage) -> None:
+        pass  # progress is informational; the stored state changes with results
+
+    def _on_batch(self, session: AgentSession, message: agent_pb2.AgentMessage) -> None:
+        inner = message.batch.messages
+        if len(inner) > MAX_BATCH_MESSAGES:
+            log.warning("agent %s sent a batch of %d messages (at most %d); its stream is closed", session.name,
+                        len(inner), MAX_BATCH_MESSAGES)
+            session.close()
+            return
+        index = 0
+        while index < len(inner):  # in order
+            one = inner[index]
+            index += 1
+            if one.WhichOneof("kind") in ("batch", "hello", None):
+                log.warning("agent %s: a %s inside a batch is not allowed; ignored", session.name,
+                            one.WhichOneof("kind") or "message of no known kind")
+            elif one.WhichOneof("kind") == "result":
+                # The work requests riding with a result count from its acknowledgement, so the offer they
+                # bring follows the ack (and shares its write) instead of racing ahead of the commit.
+                riders = []
+                while index < len(inner) and inner[index].WhichOneof("kind") == "work_request":
+                    riders.append(inner[index].work_request)
+                    index += 1
+                self._take_result(session, one.result, riders)
+            else:
+                self.on_agent_message(session, one)
+
+    # an agent message's kind (its oneof field) -> its handler; any other kind is ignored
+    _ON_KIND: dict[str, Callable[["FarmServer", AgentSession, agent_pb2.AgentMessage], None]] = {
+        "work_request": _on_work_request, "heartbeat": _on_heartbeat, "result": _on_result, "drain": _on_drain,
+        "progress": _on_progress, "batch": _on_batch,
+    }
 
     def _stop_attempts(self, session: AgentSession, attempts: list[tuple[int, int]], still_running: bool = True) -> None:
         """Tell the agent to stop these attempts; `still_running`: only those its session still runs (a result
