@@ -82,15 +82,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         refusal = self._hello_refusal(hello, identity)
         if refusal is not None:
             await context.abort(*refusal)
-        try:
-            session, released = await loop.run_in_executor(self.pool, self.server.open_session, hello, context.peer())
-        except DeviceTaken as e:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, bounded_message(str(e)))
-        except Exception as e:
-            if not self.server.controller.outage.failed(e, f"registering agent {printable(hello.agent_name)}"):
-                raise
-            # the agent dials again (this controller or the next of its list) and resends what it keeps
-            await context.abort(grpc.StatusCode.UNAVAILABLE, bounded_message(self.server.controller.outage.message(e)))
+        session, released = await self._open(hello, context)
         log.info("agent %s connected from %s (farm %s, host %s, %d device(s))", hello.agent_name, context.peer(),
                  printable(hello.farm_version), printable(hello.hostname), len(hello.devices))
         outbox = _Outbox(session, loop)
@@ -110,20 +102,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 if not batches:
                     yield message
                     continue
-                parts, ending = gathered(message, session.outbox)
-                if len(parts) == 1 and not ending and message.WhichOneof("kind") == "ack" and session.requests \
-                        and session.state == "online":
-                    # Nothing waits on an ack (the agent only forgets a result it keeps): hold it a moment for
-                    # the offer its slot's waiting request may bring, so the two leave in one write.
-                    follower = await outbox.get(ACK_HOLD_S)
-                    if follower is None:
-                        ending = True
-                    elif isinstance(follower, agent_pb2.ControllerMessage):
-                        later, ending = gathered(follower, session.outbox)
-                        parts += later[:MAX_BATCH_MESSAGES - 1]
-                # the messages queued meanwhile (an ack and the offer behind it) leave in one write
-                yield agent_pb2.ControllerMessage(batch=agent_pb2.ControllerBatch(messages=parts)) if len(parts) > 1 \
-                    else parts[0]
+                write, ending = await self._batch(outbox, session, message)
+                yield write
                 if ending:
                     break
         finally:
@@ -140,6 +120,42 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             await context.abort(grpc.StatusCode.ABORTED,
                                 f"agent {session.name!r} connected again from {session.taken_over_by}, which took over "
                                 "this session. Give every agent process its own --name.")
+
+    async def _open(self, hello: agent_pb2.Hello,
+                    context: grpc.aio.ServicerContext) -> tuple[AgentSession, list[tuple[int, int]]]:
+        """The agent's session and the leases it released, or the stream aborted (a device another agent holds,
+        the lab's store out of reach)."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, self.server.open_session, hello,
+                                                                    context.peer())
+        except DeviceTaken as e:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, bounded_message(str(e)))
+        except Exception as e:
+            if not self.server.controller.outage.failed(e, f"registering agent {printable(hello.agent_name)}"):
+                raise
+            # the agent dials again (this controller or the next of its list) and resends what it keeps
+            await context.abort(grpc.StatusCode.UNAVAILABLE, bounded_message(self.server.controller.outage.message(e)))
+        raise AssertionError("not reached: abort() raised")
+
+    async def _batch(self, outbox: _Outbox, session: AgentSession,
+                     message: agent_pb2.ControllerMessage) -> tuple[agent_pb2.ControllerMessage, bool]:
+        """`message` with what is queued behind it, as one write to an agent that reads batches, and whether the
+        stream ends after it."""
+        parts, ending = gathered(message, session.outbox)
+        if len(parts) == 1 and not ending and message.WhichOneof("kind") == "ack" and session.requests \
+                and session.state == "online":
+            # Nothing waits on an ack (the agent only forgets a result it keeps): hold it a moment for
+            # the offer its slot's waiting request may bring, so the two leave in one write.
+            follower = await outbox.get(ACK_HOLD_S)
+            if follower is None:
+                ending = True
+            elif isinstance(follower, agent_pb2.ControllerMessage):
+                later, ending = gathered(follower, session.outbox)
+                parts += later[:MAX_BATCH_MESSAGES - 1]
+        # the messages queued meanwhile (an ack and the offer behind it) leave in one write
+        batch = agent_pb2.ControllerMessage(batch=agent_pb2.ControllerBatch(messages=parts)) if len(parts) > 1 \
+            else parts[0]
+        return batch, ending
 
     async def _hello(self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext,
                      identity: Identity) -> agent_pb2.AgentMessage | None:
