@@ -1,6 +1,6 @@
 """The controller's gRPC server runs on one asyncio loop (grpc.aio), so a waiting agent stream holds no thread.
 
-The agent stream (grpc_server.AgentServicer.Connect) is a coroutine. Every other handler (FarmService,
+The agent stream (rpc/agent_service.AgentServicer.Connect) is a coroutine. Every other handler (FarmService,
 the artifact downloads) stays a plain function that may block on the store: `on_threads` runs it on a
 worker thread and gives it the synchronous context it was written for (abort raises, is_active turns
 False and the callbacks run when the call ends: grpc.aio's own thread migration does neither when a

@@ -16,6 +16,7 @@ import pytest
 from farm.agents.agent import Agent
 from farm.agents.link.remote_controller import DeviceInfo, RemoteController
 from farm.controller import grpc_server
+from farm.controller.rpc import agent_service
 from farm.controller.grpc_server import serve
 from farm.controller.store import SQLiteStore as Store
 from farm.proto.batching import MAX_BATCH_MESSAGES
@@ -72,7 +73,7 @@ def _submit(controller, repeats: int) -> int:
 
 def test_the_result_brings_the_next_request_and_the_ack_brings_its_offer(controller,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(grpc_server, "ACK_HOLD_S", 3.0)  # a busy machine's slow dispatch still meets the ack
+    monkeypatch.setattr(agent_service, "ACK_HOLD_S", 3.0)  # a busy machine's slow dispatch still meets the ack
     job_id = _submit(controller, repeats=3)
     agent = RawAgent(f"127.0.0.1:{controller.port}", "rack", "", capabilities=("batch",))
     try:
@@ -206,6 +207,6 @@ def test_farms_agent_sends_each_result_with_its_next_request(controller, monkeyp
 
 def test_farms_agent_sends_single_messages_to_a_controller_that_does_not_read_batches(
         controller, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(grpc_server, "BATCH_CAPABILITY", "not-batch")  # its Welcome no longer lists "batch"
+    monkeypatch.setattr(agent_service, "BATCH_CAPABILITY", "not-batch")  # its Welcome no longer lists "batch"
     seen = _run_agent(controller, monkeypatch, tmp_path, repeats=6)
     assert "batch" not in seen and seen.count("result") == 6

@@ -1,7 +1,7 @@
 """The controller is split by role, and the roles stack: scheduling (jobs, leases, results, the
 store) at the bottom, analysis (calibration, rankings, reports) on it, operations (refresh,
-nightly, alerts, metrics) on both, and the front door on top: grpc_server.py, auth.py, async_calls.py (the
-server's asyncio loop) and service.py (what a user can ask, answered once for the embedded client and the
+nightly, alerts, metrics) on both, and the front door on top: grpc_server.py with its servicers in rpc/, auth.py,
+async_calls.py (the server's asyncio loop) and service.py (what a user can ask, answered once for the embedded client and the
 gRPC servicer).
 No module imports its way back up, and no import cycle exists, counting imports inside functions."""
 

@@ -21,13 +21,10 @@ MAX_LINES = 80
 
 # "farm.module:Qualified.name" -> why it may stay long for now. Keep it short and say whose it is.
 ALLOWED: dict[str, str] = {
-    # controller/grpc_server.py is another engineer's this session (issue #35).
-    "farm.controller.grpc_server:serve": "grpc_server.py is carved in its own branch (issue #35)",
     # Not carved yet: issue #35 item 4 names them; the carve branch ran out of session before it reached them.
     "farm.agents.android.driver:AndroidDriver.run": "not carved yet (issue #35 item 4)",
     "farm.agents.board_harness.board_harness:run_script": "not carved yet (issue #35 item 4)",
     "farm.agents.parsers.benchmark_model:parse_benchmark_model": "not carved yet (issue #35 item 4)",
-    "farm.agents.sim.driver:SimDriver._run_sandboxed": "not carved yet (issue #35 item 4)",
     "farm.cli.main:build_parser": "not carved yet (issue #35 item 4)",
     "farm.cli.remote:add_remote_commands": "not carved yet (issue #35 item 4)",
     "farm.models.quantize:quantize": "not carved yet (issue #35 item 4)",

@@ -40,7 +40,8 @@ def takes_images(name: str) -> bool:
     return name in BACKENDS and backend_class(name).takes_images
 
 
-def choose_backend(name: str, *, image: str | None = None, user_image: bool = False) -> SandboxBackend:
+def choose_backend(name: str, *, image: str | None = None, user_image: bool = False,
+                   writable_root: bool = False) -> SandboxBackend:
     """The backend named, or for 'auto' the best one that can run here.
 
     Raises SandboxError with the reason when the named backend cannot run.
@@ -51,7 +52,7 @@ def choose_backend(name: str, *, image: str | None = None, user_image: bool = Fa
         cls = backend_class(candidate)
         reason = cls.unavailable_reason()
         if reason is None:
-            return cls.create(image=image, user_image=user_image)
+            return cls.create(image=image, user_image=user_image, writable_root=writable_root)
         reasons.append(f"{candidate}: {reason}")
     raise SandboxError("no sandbox backend can run here — " + "; ".join(reasons))
 

@@ -8,9 +8,12 @@ read back) is the sim driver's business, so a backend stays small.
 from __future__ import annotations
 
 import abc
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from farm.agents.sandbox.isolation import RunAs, isolated_argv, user_argv
 
 
 def parse_cpuset(text: str) -> list[int]:
@@ -198,8 +201,10 @@ class SandboxBackend(abc.ABC):
     takes_images: bool = False
 
     @classmethod
-    def create(cls, *, image: str | None = None, user_image: bool = False) -> "SandboxBackend":
-        """The backend, ready to start runs; only a backend that takes images uses `image`."""
+    def create(cls, *, image: str | None = None, user_image: bool = False,
+               writable_root: bool = False) -> "SandboxBackend":
+        """The backend, ready to start runs; only a backend that takes images uses `image`, and only one with a root
+        of its own `writable_root` (sim.writable_root: the job's own root file system writable)."""
         return cls()
 
     @classmethod
@@ -231,6 +236,44 @@ class SandboxBackend(abc.ABC):
     def effective_limits(self, budget: Budget) -> Budget:
         """The budget as really applied (a backend may round or drop parts)."""
         return budget
+
+    # What a run's set-up asks the backend, one method per way the backends differ (agents/sim/driver.py asks
+    # these, never the name). The defaults are a command on the host's own file system; a container (own_root)
+    # overrides each.
+    def own_isolation(self, run_user: str | None) -> tuple[Path, str] | None:
+        """Where the run directory appears in the backend's own root and how the run is isolated, in words (the
+        run's user named, or None: the agent's own); None: on the host's file system, where the sim driver's user
+        and namespaces isolate it."""
+        return None
+
+    def result_channel(self) -> int | None:
+        """A descriptor the run's harness writes its result to, opened here before any of the run's code starts
+        (no path a run can write); None: the harness writes out.json in its own run directory."""
+        return os.memfd_create("farm-result", os.MFD_CLOEXEC)
+
+    def run_dir_mount(self, run_dir: Path, inner: Path | None) -> MountSpec:
+        """How the run directory (the model and the script folder, staged) is given to the run."""
+        return MountSpec(run_dir, read_only=False)
+
+    def run_cwd(self, run_dir: Path, inner: Path | None) -> Path:
+        """The run's working directory as start() takes it."""
+        return run_dir
+
+    def open_run_dir_mode(self, agent_is_root: bool) -> int:
+        """The run directory's mode when the run is the agent's own user (no uid of its own)."""
+        return 0o700
+
+    def command_as(self, argv: list[str], env: dict[str, str], run_as: RunAs,
+                   isolated_env: dict[str, str] | None) -> tuple[list[str], dict[str, str]]:
+        """argv and env that start the command as `run_as`: in namespaces of its own when
+        isolated_env is given (the run_world settings), else by switching user only."""
+        if isolated_env is not None:
+            return isolated_argv(argv, run_as), {**env, **isolated_env}
+        return user_argv(argv, run_as), env
+
+    def image_path_env(self) -> str | None:
+        """The PATH the backend's image sets, for a run in the user's image; None: no image of its own."""
+        return None
 
     # A backend whose isolation a run forked by a kept harness can enter (agents/sandbox/warm.py) says so; the
     # others (docker: the run lives in a container) start every run cold.

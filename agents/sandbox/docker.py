@@ -49,6 +49,7 @@ from farm.agents.sandbox.docker_image import ensure_default_image, host_runtime_
 from farm.agents.sandbox.user_image import mounts as user_image_mounts
 from farm.agents.sandbox.cgroup import V1_MAX_SHARES, V2_MAX_WEIGHT
 from farm.agents.sandbox.cgroupfs import CgroupFiles, cgroup_mounts, process_cgroups
+from farm.agents.sandbox.isolation import INNER_RUN_DIR, RunAs
 
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 CONTAINER_LABEL = "farm.sandbox"  # every container we create carries it, for leak checks
@@ -541,8 +542,9 @@ class DockerBackend(SandboxBackend):
     takes_images = True
 
     @classmethod
-    def create(cls, *, image: str | None = None, user_image: bool = False) -> "DockerBackend":
-        return cls(image=image, user_image=user_image)
+    def create(cls, *, image: str | None = None, user_image: bool = False,
+               writable_root: bool = False) -> "DockerBackend":
+        return cls(image=image, user_image=user_image, read_only_root=not writable_root)
 
     def __init__(
         self,
@@ -636,6 +638,28 @@ class DockerBackend(SandboxBackend):
             Mount(target=target, source=source, type="bind", read_only=read_only)
             for target, (source, read_only) in sorted(by_target.items())
         ]
+
+    # A container: the run directory at a fixed path inside, no descriptor handed down, the container started as
+    # the run's user itself (start(user=...)).
+    def own_isolation(self, run_user: str | None) -> tuple[Path, str] | None:
+        user = f"{run_user} (a uid of its own)" if run_user else "the agent's own"
+        return INNER_RUN_DIR, f"container, user {user}"
+
+    def result_channel(self) -> int | None:
+        return None  # a container cannot be handed a descriptor: its harness writes out.json, seen by it alone
+
+    def run_dir_mount(self, run_dir: Path, inner: Path | None) -> MountSpec:
+        return MountSpec(run_dir, read_only=False, target=inner)
+
+    def run_cwd(self, run_dir: Path, inner: Path | None) -> Path:
+        return inner or run_dir
+
+    def open_run_dir_mode(self, agent_is_root: bool) -> int:
+        return 0o777 if agent_is_root else 0o700  # a root agent's containers run as nobody, who writes the result
+
+    def command_as(self, argv: list[str], env: dict[str, str], run_as: RunAs,
+                   isolated_env: dict[str, str] | None) -> tuple[list[str], dict[str, str]]:
+        return argv, env  # the container starts as the run's user (start(user=...)): nothing to drop
 
     def image_path_env(self) -> str | None:
         """The PATH the image itself sets (its venv first, say), for a run in the user's image."""

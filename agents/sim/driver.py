@@ -30,14 +30,13 @@ from farm.agents.environment import host_facts, load_average
 from farm.agents.harness.stats import latency_stats, startup_ms, throughput_per_s
 from farm.agents.harness.task import HarnessOutput, HarnessTask, benchmark_task, runtime_env, script_task
 from farm.agents.sandbox import Budget, SandboxBackend, SandboxError, choose_backend, takes_images
-from farm.agents.sandbox.base import ExitInfo, MountSpec, parse_cpuset, pids_limit, whole_cores
-from farm.agents.sandbox.docker import DockerBackend
+from farm.agents.sandbox.base import ExitInfo, RunningSandbox, parse_cpuset, pids_limit, whole_cores
 from farm.agents.sandbox.docker_build import BuildFailed, BuildPolicy, ImageBuilder
 from farm.agents.sandbox.user_image import UserImageError, harness_argv
 from farm.agents.sandbox.isolation import (
-    INNER_RUN_DIR, RunAs, RunUids, RunUserError, bound_run_dir, hand_over, isolate_settings, isolated_argv,
+    INNER_RUN_DIR, RunAs, RunUids, RunUserError, bound_run_dir, hand_over, isolate_settings,
     isolation_env, keep_run_dir, mount_run_dir, namespaces_unavailable, resolve_run_as, run_dir_full, run_uid_range,
-    seal_run_dir, strip_set_ids, unseal_run_dir, user_argv,
+    seal_run_dir, strip_set_ids, unseal_run_dir,
 )
 from farm.agents.sandbox.warm import WarmLaunch, Zygotes, runtime_of, warm_enabled
 from farm.agents.sim.script_env import ScriptEnvError, script_python
@@ -45,7 +44,7 @@ from farm.agents.sim.telemetry import TelemetrySampler
 from farm.proto import op_profile
 from farm.proto.accuracy import judge_accuracy
 from farm.proto.names import safe_suffix
-from farm.proto.results import UNENFORCED_BUDGET, FailureClass, Limits, RunResult, RunStatus
+from farm.proto.results import UNENFORCED_BUDGET, Contention, FailureClass, Limits, RunResult, RunStatus, Telemetry
 from farm.proto.script_archive import ScriptArchiveError, pack_dir, unpack
 from farm.agents.sandbox.base import format_cpuset
 from farm.proto.spec import DEFAULT_RUN_DISK, ScriptWorkload, cores_missing, default_cpus
@@ -265,6 +264,62 @@ def shaped_cores(cpus: float, cpuset: str | None, looked: dict[int, float] | Non
     return quietest_cores(allowed, wanted, looked)
 
 
+class _RunFailed(Exception):
+    """A step of SimDriver._run that ends the run, carrying the result to store."""
+
+    def __init__(self, result: RunResult) -> None:
+        super().__init__(result.message)
+        self.result = result
+
+
+@dataclass
+class _Run:
+    """One run's set-up as SimDriver._run's steps hand it on."""
+
+    task: TaskSpec
+    run_user: RunAs | None
+    backend: SandboxBackend
+    build: dict | None  # the image build's record (None: no build)
+    budget: Budget  # as the backend applies it
+    looked: dict[int, float]  # the look that chose the cores: the quiet check's first look
+    limits: Limits
+    inner: Path | None  # where the run directory appears to the run (None: at its own path)
+    isolation: str  # how the run is isolated, in words
+    run_dir: Path
+    disk: int  # sim.disk in bytes
+    bounded: bool  # the run directory is a tmpfs bounded by sim.disk
+    result_fd: int | None = None  # the result's descriptor (None: out.json in the run directory)
+
+    @property
+    def own_python(self) -> bool:
+        """The script runs with the Python of the user's image (sim.image)."""
+        return self.task.plan.sim.image is not None
+
+    @property
+    def seen(self) -> Path:
+        """The run directory as the run sees it."""
+        return self.inner or self.run_dir
+
+    def failed(self, failure_class: FailureClass, message: str) -> _RunFailed:
+        return _RunFailed(RunResult.failed(failure_class, message, backend=self.backend.name, limits=self.limits,
+                                           approximate=self.backend.approximate))
+
+
+def _take_output(result: RunResult, environment: dict[str, Any], output: HarnessOutput, task: TaskSpec) -> None:
+    """What the harness reported beside the timings, onto the result (bounded: it was written in the sandbox)."""
+    result.tool_versions = output.tool_versions
+    result.baseline_memory_bytes = output.baseline_rss_bytes
+    result.peak_rss_bytes = output.peak_rss_bytes
+    result.whole_run_s = output.whole_run_s
+    environment["input_shapes"] = output.input_shapes
+    # written in the sandbox: bounded, whatever it holds
+    environment["input_values"] = {str(k)[:200]: str(v)[:200] for k, v in list(output.input_values.items())[:64]}
+    result.runtime = output.runtime
+    if output.op_profile_note:  # written in the sandbox: a bounded string, whatever it was
+        environment["op_profile_note"] = str(output.op_profile_note)[:500]
+    judge_accuracy(result, output.accuracy, task)
+
+
 class SimDriver:
     name = "sim"
 
@@ -305,10 +360,9 @@ class SimDriver:
         image = image or task.plan.sim.image
         key = (name, image, own, task.plan.sim.writable_root)
         if key not in self._backends:  # probing a backend (docker ping, cgroup mkdir) once is enough
-            backend = choose_backend(name, image=image, user_image=own)
-            if isinstance(backend, DockerBackend):
-                backend.read_only_root = not task.plan.sim.writable_root  # the job may ask; still as the run user
-            self._backends[key] = backend
+            # sim.writable_root: the job may ask for a writable root of its own (still as the run user)
+            self._backends[key] = choose_backend(name, image=image, user_image=own,
+                                                 writable_root=task.plan.sim.writable_root)
         return self._backends[key]
 
     def built_image(self, task: TaskSpec) -> tuple[str | None, dict | None]:
@@ -386,9 +440,9 @@ class SimDriver:
 
     def isolation(self, backend: SandboxBackend, run_user: RunAs | None = None) -> tuple[Path | None, str]:
         """Where the run directory appears inside the sandbox (None: at its own path) and how the run is isolated."""
-        if backend.own_root:  # at a fixed path inside: the host's run path is in no argv or process list
-            user = f"{run_user.name} (a uid of its own)" if run_user else "the agent's own"
-            return INNER_RUN_DIR, f"container, user {user}"
+        own = backend.own_isolation(run_user.name if run_user else None)
+        if own is not None:  # at a fixed path inside: the host's run path is in no argv or process list
+            return own
         if run_user is None:
             return None, "none (the agent is not root: runs are as the agent's own user)"
         reason = namespaces_unavailable()
@@ -412,118 +466,152 @@ class SimDriver:
             run_uid.release(sweep=namespaces_unavailable() is not None)
 
     def _run(self, task: TaskSpec, cancel_check: Callable[[], bool], run_user: RunAs | None) -> RunResult:
+        """One run as a pipeline of named steps: the backend (and image), the run directory, staging, the command,
+        the environment, the quiet wait, the start, the watch, the harness's output, the verdict. A step that ends
+        the run raises _RunFailed with the result to store; once the run directory exists it is cleaned up
+        whatever happens. Where backends differ the steps ask the backend (SandboxBackend's methods), never its
+        name."""
+        try:
+            backend, build = self._backend_of(task)
+            run = self._new_run(task, run_user, backend, build)
+        except _RunFailed as e:
+            return e.result
+        try:
+            harness_task = self._stage_run(run)
+            # The result comes back through an anonymous file opened here before any of the run's code starts,
+            # handed down as a descriptor: no path a run (this one or another) can write. A container cannot be
+            # handed one: its harness writes out.json in its own run directory, which only its own container sees.
+            run.result_fd = backend.result_channel()
+            argv, env, warm = self._command(run, harness_task)
+            environment = self._environment(run, harness_task, warm)
+            cores = parse_cpuset(run.budget.cpuset) if run.budget.cpuset else sorted(os.sched_getaffinity(0))
+            quiet = wait_until_quiet(cores, task.plan.sim.quiet_wait, cancel_check, run.looked)
+            sandbox = self._start(run, argv, env, warm)
+            exit_info, contention, telemetry = self._watch(run, sandbox, cores, cancel_check)
+            contention.quiet_wait_s, contention.quiet_before = quiet
+            environment["load_after"] = load_average()
+            output = self._read_output(run)
+            return self._verdict(run, exit_info, output, contention, telemetry, environment)
+        except _RunFailed as e:
+            return e.result
+        finally:
+            if run.result_fd is not None:
+                os.close(run.result_fd)
+            self._cleanup(run.run_dir)
+
+    def _backend_of(self, task: TaskSpec) -> tuple[SandboxBackend, dict | None]:
+        """The backend the run uses and the image build's record (None: no build), or _RunFailed."""
         problem = cpuset_problem(task.plan.sim.cpuset)
         if problem:  # the same on every attempt here: a job failure, not an infrastructure retry
-            return RunResult.failed(FailureClass.JOB, problem)
+            raise _RunFailed(RunResult.failed(FailureClass.JOB, problem))
         try:
             image, build = self.built_image(task)
             backend = self.backend_for(task, image)
         except BuildFailed as e:
             failed = RunResult.failed(FailureClass.JOB, f"{e}{' — last lines of the build log: ' + e.log_tail.strip()[-600:] if e.log_tail.strip() else ''}")
             failed.log_tail = e.log_tail
-            return failed
+            raise _RunFailed(failed) from None
         except SandboxError as e:
-            return RunResult.failed(FailureClass.INFRASTRUCTURE, str(e))
-        own_python = task.plan.sim.image is not None
-        if own_python and not backend.takes_images:
-            return RunResult.failed(FailureClass.JOB, f"sim.image {task.plan.sim.image!r} runs in a Docker image, but this "
-                                    f"run uses the {backend.name} backend (--backend overrides the job's "
-                                    "sim.backend: docker); drop --backend")
+            raise _RunFailed(RunResult.failed(FailureClass.INFRASTRUCTURE, str(e))) from None
+        if task.plan.sim.image is not None and not backend.takes_images:
+            raise _RunFailed(RunResult.failed(
+                FailureClass.JOB, f"sim.image {task.plan.sim.image!r} runs in a Docker image, but this run uses the "
+                f"{backend.name} backend (--backend overrides the job's sim.backend: docker); drop --backend"))
+        return backend, build
+
+    def _new_run(self, task: TaskSpec, run_user: RunAs | None, backend: SandboxBackend, build: dict | None) -> _Run:
+        """The run's budget as the backend applies it, its isolation, and its own run directory (a tmpfs where
+        one can be mounted: the run's files are bounded by sim.disk once staged)."""
         looked: dict[int, float] = {}  # the look that chose the cores is the quiet check's first look
         budget = backend.effective_limits(self.budget_for(task, self.slot, looked))
-        limits = Limits(cpus=budget.cpus, cpuset=budget.cpuset, memory_mb=_mib(budget.memory_bytes))
-        base: dict[str, Any] = dict(backend=backend.name, limits=limits, approximate=backend.approximate)
         inner, isolation = self.isolation(backend, run_user)
-
         runs = self.runs_root
         runs.mkdir(parents=True, exist_ok=True)
         os.chmod(runs, 0o711)  # the run user may pass through to its own directory, not list the others
         run_dir = runs / f"task{task.task_id}-a{task.attempt}-{uuid.uuid4().hex}"
         run_dir.mkdir()
         disk = task.plan.sim.disk_quota()
-        bounded = mount_run_dir(run_dir)  # a tmpfs: the run's files are bounded by sim.disk once staged
-        try:
-            self.stage(task, run_dir)
-            harness_task = self.harness_task(task, inner or run_dir, own_python)
-            if bounded:
-                bound_run_dir(run_dir, disk)
-        except ModelChanged as e:
-            self._cleanup(run_dir)
-            return RunResult.failed(FailureClass.JOB, str(e), **base)
-        except (ScriptEnvError, ScriptArchiveError, ValueError) as e:
-            self._cleanup(run_dir)
-            return RunResult.failed(FailureClass.JOB, str(e), **base)
-        except OSError as e:
-            self._cleanup(run_dir)
-            if e.errno == errno.ENOSPC:
-                return RunResult.failed(FailureClass.RESOURCE, "the model and script folder do not fit in the run "
-                                        f"directory's tmpfs: {e}", **base)
-            return RunResult.failed(FailureClass.JOB, f"{Path(task.model_path).name}: cannot be read on agent: "
-                                    f"{e.strerror}", **base)
-        task_file, out_file = run_dir / "task.json", run_dir / "out.json"
-        harness_task.write(task_file)
-        seen = inner or run_dir
-        # The result comes back through an anonymous file opened here before any of the run's code starts, handed
-        # down as a descriptor: no path a run (this one or another) can write. A container cannot be handed one:
-        # its harness writes out.json in its own run directory, which only its own container sees.
-        result_fd = None if backend.own_root else os.memfd_create("farm-result", os.MFD_CLOEXEC)
-        try:
-            return self._run_sandboxed(task, cancel_check, run_user, backend, budget, base, limits, inner, isolation,
-                                       run_dir, harness_task, seen, out_file, result_fd, own_python, bounded, disk,
-                                       build, looked)
-        finally:
-            if result_fd is not None:
-                os.close(result_fd)
+        return _Run(task=task, run_user=run_user, backend=backend, build=build, budget=budget, looked=looked,
+                    limits=Limits(cpus=budget.cpus, cpuset=budget.cpuset, memory_mb=_mib(budget.memory_bytes)),
+                    inner=inner, isolation=isolation, run_dir=run_dir, disk=disk, bounded=mount_run_dir(run_dir))
 
-    def _run_sandboxed(self, task: TaskSpec, cancel_check: Callable[[], bool], run_user: RunAs | None,
-                       backend: SandboxBackend, budget: Budget, base: dict[str, Any], limits: Limits,
-                       inner: Path | None, isolation: str, run_dir: Path, harness_task: HarnessTask, seen: Path,
-                       out_file: Path, result_fd: int | None, own_python: bool, bounded: bool, disk: int,
-                       build: dict | None, looked: dict[int, float]) -> RunResult:
-        out = f"fd:{result_fd}" if result_fd is not None else str(seen / "out.json")
+    def _stage_run(self, run: _Run) -> HarnessTask:
+        """The model and the script folder staged into the run directory, and the harness's task.json beside."""
+        task = run.task
+        try:
+            self.stage(task, run.run_dir)
+            harness_task = self.harness_task(task, run.seen, run.own_python)
+            if run.bounded:
+                bound_run_dir(run.run_dir, run.disk)
+        except (ModelChanged, ScriptEnvError, ScriptArchiveError, ValueError) as e:
+            raise run.failed(FailureClass.JOB, str(e)) from None
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise run.failed(FailureClass.RESOURCE, "the model and script folder do not fit in the run "
+                                 f"directory's tmpfs: {e}") from None
+            raise run.failed(FailureClass.JOB, f"{Path(task.model_path).name}: cannot be read on agent: "
+                             f"{e.strerror}") from None
+        harness_task.write(run.run_dir / "task.json")
+        return harness_task
+
+    def _command(self, run: _Run, harness_task: HarnessTask) -> tuple[list[str], dict[str, str], WarmLaunch | None]:
+        """The harness's command line and environment as the run's user, and the kept harness it forks from (None:
+        it starts cold)."""
+        seen, backend = run.seen, run.backend
+        out = f"fd:{run.result_fd}" if run.result_fd is not None else str(seen / "out.json")
         argv = [sys.executable, "-m", "farm.agents.harness", str(seen / "task.json"), out]
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(seen), "LANG": "C.UTF-8",
             "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
-            **runtime_env(task.threads),
+            **runtime_env(run.task.threads),
         }
-        warm = None if own_python or result_fd is None else self.warm_launch(
-            harness_task, backend, seen, inner, budget.memory_bytes, run_user, result_fd)
+        warm = None if run.own_python or run.result_fd is None else self.warm_launch(
+            harness_task, backend, seen, run.inner, run.budget.memory_bytes, run.run_user, run.result_fd)
         try:
-            if own_python:  # farm's harness from the host, the script's Python from the image (user_image.py)
-                argv, env = self.launch_in_user_image(seen / "task.json", seen / "out.json", env, run_dir, backend,
-                                                      run_user)
+            if run.own_python:  # farm's harness from the host, the script's Python from the image (user_image.py)
+                argv, env = self.launch_in_user_image(seen / "task.json", seen / "out.json", env, run.run_dir,
+                                                      backend, run.run_user)
             elif warm is not None:  # the zygote's child sets up what launch()'s command line would
-                self.launch(argv, env, run_dir, inner, backend, run_user, budget.memory_bytes)
+                self.launch(argv, env, run.run_dir, run.inner, backend, run.run_user, run.budget.memory_bytes)
             else:
-                argv, env = self.launch(argv, env, run_dir, inner, backend, run_user, budget.memory_bytes)
+                argv, env = self.launch(argv, env, run.run_dir, run.inner, backend, run.run_user,
+                                        run.budget.memory_bytes)
         except (SandboxError, UserImageError) as e:
-            self._cleanup(run_dir)
-            return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{backend.name} sandbox: {e}", **base)
-        # the model and the script folder are staged inside; a container sees it at `inner`
-        mounts = [MountSpec(run_dir, read_only=False, target=inner if backend.own_root else None)]
+            raise run.failed(FailureClass.INFRASTRUCTURE, f"{backend.name} sandbox: {e}") from None
+        return argv, env, warm
+
+    def _environment(self, run: _Run, harness_task: HarnessTask, warm: WarmLaunch | None) -> dict[str, Any]:
+        """What the run's environment record says before it starts (the run directory sealed on the way)."""
         # nosuid,nodev (the tmpfs already is): no set-uid file the run writes works, here or on the host
-        sealed = bounded or seal_run_dir(run_dir)
+        sealed = run.bounded or seal_run_dir(run.run_dir)
         environment = {**host_facts(), "load_before": load_average(),
-                       "isolation": isolation + ("" if sealed or run_user is None else ", run directory not nosuid"),
-                       "disk": (f"{_mib(disk):g} MiB (sim.disk), a tmpfs counted within the run's memory" if bounded
-                                else "not bounded (mounting a tmpfs over the run directory needs root)"),
-                       "harness": self.harness_mode(harness_task, backend, warm)}
-        if build is not None:
-            environment["build"] = build
-        cores = parse_cpuset(budget.cpuset) if budget.cpuset else sorted(os.sched_getaffinity(0))
-        quiet_wait_s, quiet_before = wait_until_quiet(cores, task.plan.sim.quiet_wait, cancel_check, looked)
+                       "isolation": run.isolation + ("" if sealed or run.run_user is None else
+                                                     ", run directory not nosuid"),
+                       "disk": (f"{_mib(run.disk):g} MiB (sim.disk), a tmpfs counted within the run's memory"
+                                if run.bounded else "not bounded (mounting a tmpfs over the run directory needs root)"),
+                       "harness": self.harness_mode(harness_task, run.backend, warm)}
+        if run.build is not None:
+            environment["build"] = run.build
+        return environment
+
+    def _start(self, run: _Run, argv: list[str], env: dict[str, str], warm: WarmLaunch | None) -> RunningSandbox:
+        """The run started in its sandbox: forked from a kept harness, or cold with the run directory given to it
+        as the backend takes it."""
+        backend, run_user = run.backend, run.run_user
         try:
             if warm is not None:
-                sandbox = backend.start_warm(warm, budget, env=env, cwd=run_dir)
-            else:
-                sandbox = backend.start(argv, budget, env=env,
-                                        cwd=(inner or run_dir) if backend.own_root else run_dir, mounts=mounts,
-                                        pass_fds=() if result_fd is None else (result_fd,),
-                                        user=None if run_user is None else f"{run_user.uid}:{run_user.gid}")
+                return backend.start_warm(warm, run.budget, env=env, cwd=run.run_dir)
+            return backend.start(argv, run.budget, env=env, cwd=backend.run_cwd(run.run_dir, run.inner),
+                                 mounts=[backend.run_dir_mount(run.run_dir, run.inner)],
+                                 pass_fds=() if run.result_fd is None else (run.result_fd,),
+                                 user=None if run_user is None else f"{run_user.uid}:{run_user.gid}")
         except SandboxError as e:
-            self._cleanup(run_dir)
-            return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{backend.name} sandbox: {e}", **base)
+            raise run.failed(FailureClass.INFRASTRUCTURE, f"{backend.name} sandbox: {e}") from None
+
+    def _watch(self, run: _Run, sandbox: RunningSandbox, cores: list[int],
+               cancel_check: Callable[[], bool]) -> tuple[ExitInfo, Contention, Telemetry]:
+        """The run waited for, sampled meanwhile, and judged for contention on its cores."""
+        task, budget = run.task, run.budget
         # the window starts once the sandbox exists: setting it up (an engine creating a container)
         # is farm's own work, not other tasks' on the run's cores
         before = snapshot(cores)
@@ -535,8 +623,7 @@ class SimDriver:
             after = snapshot(cores)
             accounting = sandbox.cpu_accounting()
         except SandboxError as e:
-            self._cleanup(run_dir)
-            return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{backend.name} sandbox: {e}", **base)
+            raise run.failed(FailureClass.INFRASTRUCTURE, f"{run.backend.name} sandbox: {e}") from None
         finally:
             sampler.stop()
             sandbox.close()
@@ -547,21 +634,28 @@ class SimDriver:
             throttled_s=None if accounting.throttled_ns is None else round(accounting.throttled_ns / 1e9, 4),
             run_wait_s=sampler.run_wait_s,
             cgroup_pressure_us=accounting.pressure_some_us)
-        contention.quiet_wait_s, contention.quiet_before = quiet_wait_s, quiet_before
         contention.exclusive = sandbox.exclusive or (
-            f"not exclusive: the {backend.name} backend cannot ask for it" if budget.exclusive else None)
-        telemetry = sampler.summary(exit_info)
-        environment["load_after"] = load_average()
+            f"not exclusive: the {run.backend.name} backend cannot ask for it" if budget.exclusive else None)
+        return exit_info, contention, sampler.summary(exit_info)
+
+    def _read_output(self, run: _Run) -> HarnessOutput | None:
+        """The harness's result, read with a bound from its descriptor (or, in a container, its out.json)."""
         try:
             # whatever else the run left in its directory (an out.json, an out.tmp) is never read
-            output = read_harness_output(out_file, run_user) if result_fd is None else read_harness_result(result_fd)
+            if run.result_fd is None:
+                return read_harness_output(run.run_dir / "out.json", run.run_user)
+            return read_harness_result(run.result_fd)
         except (ValueError, TypeError) as e:
-            self._cleanup(run_dir)
-            return RunResult.failed(FailureClass.JOB, f"{Path(task.model_path).name}: {e}", **base)
-        if bounded and not (output is not None and output.ok) and run_dir_full(run_dir):
+            raise run.failed(FailureClass.JOB, f"{Path(run.task.model_path).name}: {e}") from None
+
+    def _verdict(self, run: _Run, exit_info: ExitInfo, output: HarnessOutput | None, contention: Contention,
+                 telemetry: Telemetry, environment: dict[str, Any]) -> RunResult:
+        """The run's RunResult: its failure class or figures, with what the kernel and the harness saw."""
+        task, backend, limits = run.task, run.backend, run.limits
+        if run.bounded and not (output is not None and output.ok) and run_dir_full(run.run_dir):
             result = RunResult.failed(FailureClass.RESOURCE, disk_limit_message(task))
         else:
-            result = self._classify(task, budget, exit_info, output)
+            result = self._classify(task, run.budget, exit_info, output)
         result.backend, result.limits, result.approximate = backend.name, limits, backend.approximate
         unenforced = backend.unenforced_cpus(limits.cpus)
         if unenforced and result.ok and not result.message:
@@ -576,18 +670,7 @@ class SimDriver:
         result.environment = environment
         result.log_tail = exit_info.output[-LOG_TAIL_CHARS:]
         if output is not None:
-            result.tool_versions = output.tool_versions
-            result.baseline_memory_bytes = output.baseline_rss_bytes
-            result.peak_rss_bytes = output.peak_rss_bytes
-            result.whole_run_s = output.whole_run_s
-            environment["input_shapes"] = output.input_shapes
-            # written in the sandbox: bounded, whatever it holds
-            environment["input_values"] = {str(k)[:200]: str(v)[:200] for k, v in list(output.input_values.items())[:64]}
-            result.runtime = output.runtime
-            if output.op_profile_note:  # written in the sandbox: a bounded string, whatever it was
-                environment["op_profile_note"] = str(output.op_profile_note)[:500]
-            judge_accuracy(result, output.accuracy, task)
-        self._cleanup(run_dir)
+            _take_output(result, environment, output, task)
         return result
 
     def warm_launch(self, harness_task: HarnessTask, backend: SandboxBackend, seen: Path, inner: Path | None,
@@ -619,16 +702,12 @@ class SimDriver:
                backend: SandboxBackend, run_user: RunAs | None,
                memory_bytes: int | None = None) -> tuple[list[str], dict[str, str]]:
         """The command line and environment that start argv as the run's user (namespaces when `inner`)."""
-        if run_user is None:
-            # a root agent's containers run as nobody, who must write its result here; otherwise the run is us
-            os.chmod(run_dir, 0o777 if os.geteuid() == 0 and backend.own_root else 0o700)
+        if run_user is None:  # the run is us, in the run directory's mode the backend needs
+            os.chmod(run_dir, backend.open_run_dir_mode(os.geteuid() == 0))
             return argv, env
         hand_over(run_dir, run_user)
-        if backend.own_root:
-            return argv, env  # the container starts as the run's user (start(user=...)): nothing to drop
-        if inner is not None:
-            return isolated_argv(argv, run_user), {**env, **isolation_env(run_user, memory_bytes, [str(self.runs_root)])}
-        return user_argv(argv, run_user), env  # a container has namespaces of its own
+        isolated = None if inner is None else isolation_env(run_user, memory_bytes, [str(self.runs_root)])
+        return backend.command_as(argv, env, run_user, isolated)
 
     def launch_in_user_image(self, task_file: Path, out_file: Path, env: dict[str, str], run_dir: Path,
                              backend: SandboxBackend, run_user: RunAs | None) -> tuple[list[str], dict[str, str]]:
@@ -636,12 +715,10 @@ class SimDriver:
         the run user (DockerBackend.run_user), so nothing is dropped here. PATH is the image's own, so the
         script's `python` is the image's."""
         if run_user is None:
-            # a root agent's containers run as nobody, who must write its result here; otherwise the run is us
-            os.chmod(run_dir, 0o777 if os.geteuid() == 0 else 0o700)
+            os.chmod(run_dir, backend.open_run_dir_mode(os.geteuid() == 0))
         else:
             hand_over(run_dir, run_user)
-        image_path = getattr(backend, "image_path_env", None)  # the docker backend's (sim.image is docker only)
-        path = image_path() if image_path is not None else None
+        path = backend.image_path_env()  # sim.image runs only on a backend that takes images
         return (harness_argv(str(task_file), str(out_file)),
                 {**env, "PATH": path or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"})
 
