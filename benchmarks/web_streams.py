@@ -1,7 +1,7 @@
 """`make bench` (web streams): what open dashboard pages cost the server.
 
 Each open page holds one server-sent event stream (`/events`). The dashboard runs in this process over a
-seeded 200-device lab (benchmarks/web.py's seed, fewer jobs); --pages streams of the lab page are opened
+seeded 200-device lab (benchmarks/web.py's seed, fewer jobs; --devices and --jobs make it smaller); --pages streams of the lab page are opened
 from loopback, then measured:
 
 - threads in the dashboard's process before and with the pages open;
@@ -69,9 +69,9 @@ def _idle_cpu_share(seconds: float) -> float:
     return (time.process_time() - start_cpu) / (time.monotonic() - start)
 
 
-def measure(pages: int, idle_s: float, shared: bool) -> dict:
-    """One dashboard, `pages` open lab pages; `shared=False` renders each page's regions on its own (as before
-    renders were shared), for the side-by-side column."""
+def measure(pages: int, idle_s: float, shared: bool, devices: int = 200, jobs: int = 50) -> dict:
+    """One dashboard over a lab of `devices` devices and `jobs` jobs, `pages` open lab pages; `shared=False` renders
+    each page's regions on its own (as before renders were shared), for the side-by-side column."""
     from farm.web import server
     saved = server.Dashboard.shared_live_parts
     if not shared:
@@ -80,7 +80,7 @@ def measure(pages: int, idle_s: float, shared: bool) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             store = Store(Path(tmp) / "farm.db")
             model = write_tiny_onnx(Path(tmp) / "tiny.onnx")
-            seed(store, model, jobs=50, devices=200, versions=5, completed_jobs=10)
+            seed(store, model, jobs=jobs, devices=devices, versions=5, completed_jobs=min(10, jobs))
             controller = Controller(store)
             tokens = TokenTable({TOKEN: Identity("admin", None, 1)})
             running = start_dashboard(store, "127.0.0.1:0", Operator.embedded(controller), tokens=tokens)
@@ -127,10 +127,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pages", type=int, default=200, help="event streams to open (each an open lab page)")
     parser.add_argument("--idle-s", type=float, default=20.0, help="how long the pages sit idle while CPU is measured")
+    parser.add_argument("--devices", type=int, default=200, help="devices in the seeded lab (at least 2)")
+    parser.add_argument("--jobs", type=int, default=50, help="jobs in the seeded lab")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
-    each = measure(args.pages, args.idle_s, shared=False)
-    shared = measure(args.pages, args.idle_s, shared=True)
+    if args.devices < 2 or args.jobs < 1:
+        parser.error("--devices needs at least 2 and --jobs at least 1: the seed quarantines phone-000 and "
+                     "sweeps phone-001")
+    each = measure(args.pages, args.idle_s, shared=False, devices=args.devices, jobs=args.jobs)
+    shared = measure(args.pages, args.idle_s, shared=True, devices=args.devices, jobs=args.jobs)
 
     def cells(m: dict) -> list[str]:
         arrived = m["arrived_s"]
@@ -143,7 +148,8 @@ def main() -> None:
     text = "\n".join([
         f"## Open dashboard pages ({dt.date.today()}, {platform.node()}, {os.cpu_count()} cores, load {load:.1f})",
         "",
-        f"| {args.pages} open lab pages of one viewer, idle {args.idle_s:g} s | each page rendered alone | "
+        f"| {args.pages} open lab pages of one viewer ({args.devices} devices, {args.jobs} jobs), idle "
+        f"{args.idle_s:g} s | each page rendered alone | "
         "one render per viewer and check |",
         "|---|---|---|",
         *[f"| {label} | {a} | {b} |" for label, a, b in zip(labels, cells(each), cells(shared))], ""])

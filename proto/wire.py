@@ -20,14 +20,13 @@ from pydantic_core import to_jsonable_python
 
 from farm.proto.op_profile import MAX_NODES, MAX_OP_TYPES, bounded
 from farm.proto.results import FailureClass, RunResult, TelemetrySample, run_result_from_dict
+from farm.proto.sample_limits import MAX_SAMPLES, kept_note, notes_message
 from farm.proto.tasks import Sha256, TaskPlan, TaskSpec
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 # One result on the wire, well under the 16 MiB gRPC message limit, so it always arrives whole.
 MAX_RESULT_BYTES = 8 << 20
-# Per-iteration timings and telemetry samples an agent sends per run (the summary is computed from all).
-MAX_SAMPLES = 100_000
 
 
 def fill_message(message: Message, obj: Any) -> Message:
@@ -231,17 +230,16 @@ def result_for_the_wire(result: RunResult, message: Message) -> Message:
     note; a result that is still too large becomes a `job` failure that says so (it can never be delivered)."""
     notes = []
     if len(result.iterations_ms) > MAX_SAMPLES:
-        notes.append(f"kept the first {MAX_SAMPLES} of {len(result.iterations_ms)} per-iteration timings")
+        notes.append(kept_note(len(result.iterations_ms), "per-iteration timings"))
         result = dataclasses.replace(result, iterations_ms=result.iterations_ms[:MAX_SAMPLES])
     if result.telemetry and len(result.telemetry.samples) > MAX_SAMPLES:
-        notes.append(f"kept the first {MAX_SAMPLES} of {len(result.telemetry.samples)} telemetry samples")
+        notes.append(kept_note(len(result.telemetry.samples), "telemetry samples"))
         result = dataclasses.replace(result, telemetry=dataclasses.replace(
             result.telemetry, samples=result.telemetry.samples[:MAX_SAMPLES]))
     if len(result.op_profile) > MAX_NODES + MAX_OP_TYPES:  # drivers bound it already; an old agent might not
         result = dataclasses.replace(result, op_profile=bounded(result.op_profile))
     if notes:
-        note = "; ".join(notes) + " (the summary covers them all)"
-        result = dataclasses.replace(result, message=f"{result.message}; {note}" if result.message else note)
+        result = dataclasses.replace(result, message=notes_message(result.message, notes))
     fill_message(message, result)
     size = message.ByteSize()
     if size > MAX_RESULT_BYTES:

@@ -10,7 +10,9 @@ The tests that neither kill nor reconfigure the controller share one (`shared_la
 threads of this process (farm.client.compose): each test's `lab` cancels every job left unfinished, moves the
 controller's clock past the lease TTL so the leases left running run out at once, and forgets the devices
 registered, so the next test leases only its own tasks and may take any name; assertions on what is stored name
-the test's own tasks. What the controller logs is read from its loggers (Cluster.server_output).
+the test's own tasks. What the controller logs is read from its loggers (Cluster.server_output), and the `farm`
+commands run in this process (tests/cli_inprocess.py). The two tests that fill a controller's streams or flood its
+agent each start their own, on threads too; only the start-up refusals run `farm controller serve` as a process.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from farm.controller.store.samples import unpack_iterations
 from farm.proto.generated import agent_pb2, common_pb2, farm_pb2, farm_pb2_grpc
 from farm.proto.results import LatencyStats, RunResult, RunStatus
 from farm.proto.wire import MAX_RESULT_BYTES, MAX_SAMPLES, result_for_the_wire, result_to_message
-from grpc_processes import Cluster, OffsetClock, wait_for
+from grpc_processes import Cluster, OffsetClock, in_process_cluster, wait_for
 from raw_agent import RawAgent, bearer as _bearer
 
 pytestmark = pytest.mark.timeout(240)
@@ -59,7 +61,8 @@ def shared_lab(tmp_path_factory: pytest.TempPathFactory, tiny_models):
     tokens.write_text(f"client {CLIENT}\nclient {CLIENT2}\nadmin {ADMIN}\nagent {A1} a1\nagent {A2} a2\n")
     tokens.chmod(0o600)
     os.symlink(tiny_models["onnx"], root / "tiny.onnx")
-    cluster = Cluster(root, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_CONFIG": str(root / "none")})
+    cluster = Cluster(root, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_CONFIG": str(root / "none")},
+                      cli_in_process=True)
     clock = OffsetClock()
     cluster.serve_in_process(tokens=tokens, lease_ttl_s=3, max_watches=3, reflection=True, clock=clock)
     cluster.clock = clock  # type: ignore[attr-defined]  # the tests move it past the lease TTL
@@ -280,10 +283,11 @@ def test_an_agent_cuts_a_huge_result_to_fit_and_says_so() -> None:
     assert (failed.status, failed.failure_class) == ("failed", "job") and "byte limit per result" in failed.message
 
 
-def test_a_script_printing_millions_of_timings_stalls_nothing(tmp_path: Path, tiny_models) -> None:
-    """The poison result of the report, end to end: a real agent, a script printing 2.2 M timings, and a
-    second job beside it. The agent caps the samples, the result arrives once, both jobs finish."""
-    cluster = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_CONFIG": str(tmp_path / "none")})
+def test_a_script_printing_millions_of_timings_stalls_nothing(tmp_path: Path, tiny_models, monkeypatch) -> None:
+    """The poison result of the report, end to end: an agent, a script printing 2.2 M timings, and a second job
+    beside it. The harness keeps the first MAX_SAMPLES with the summary of all, the result arrives once, both jobs
+    finish. (Controller, agent and CLI on threads here: the harness and the script are the processes that count.)"""
+    cluster = in_process_cluster(tmp_path, monkeypatch)
     os.symlink(tiny_models["onnx"], tmp_path / "tiny.onnx")
     (tmp_path / "flood.py").write_text("import sys\nw = sys.stdout.write\nfor i in range(2_200_000):\n"
                                        "    w('{\"latency_ms\": 1.5}\\n')\n")
@@ -292,9 +296,8 @@ def test_a_script_printing_millions_of_timings_stalls_nothing(tmp_path: Path, ti
     # on_contention: flag: on a loaded host every run is contended, and the default policy measures it again
     (tmp_path / "small.yaml").write_text("models: [tiny.onnx]\nrepeats: 2\nsim: {backend: process, on_contention: flag}\n")
     try:
-        cluster.start_controller("--no-auth")
-        agent = cluster.start_agent("rack1")
-        wait_for(lambda: "connected to controller" in agent.output(), 30, "the agent")
+        cluster.serve_in_process()
+        cluster.agent_in_process("rack1")
         jobs = []
         for name in ("flood.yaml", "small.yaml"):
             run = cluster.farm("submit", str(tmp_path / name), "--controller", cluster.address, "--detach", "--json")
@@ -306,8 +309,8 @@ def test_a_script_printing_millions_of_timings_stalls_nothing(tmp_path: Path, ti
                         ["status"] for j in jobs]
             return all(s in ("completed", "failed") for s in statuses) and statuses
 
-        wait_for(finished, 200, "both jobs to finish", interval=2)
-        assert agent.output().count("connected to controller") == 1  # no reconnect loop
+        wait_for(finished, 200, "both jobs to finish", interval=1)
+        assert cluster.server_output().count("connected to controller") == 1  # no reconnect loop
     finally:
         cluster.stop_all()
     with cluster.db() as db:
@@ -440,6 +443,7 @@ def test_start_up_refuses_an_expired_certificate_and_warns_about_exposure(tmp_pa
     tokens = tmp_path / "tokens"
     tokens.write_text(f"client {CLIENT}\n")
     tokens.chmod(0o644)
+    # processes: the tokens-file warning reaches stderr through logging's last resort, as in a fresh process only
     cluster = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": ""})
     refused = cluster.farm("controller", "serve", "--listen", "127.0.0.1:0", "--db", str(tmp_path / "c.db"), "--tokens",
                            str(tokens), "--tls-cert", str(tmp_path / "old.pem"), "--tls-key", str(tmp_path / "old.key"),
@@ -468,12 +472,13 @@ def test_printable_escapes_what_could_forge_a_line_or_drive_a_terminal() -> None
     assert printable("line one\nline \x1b two", limit=None, multiline=True) == "line one\nline \\x1b two"
 
 
-def test_the_stream_cap_is_a_setting_and_refuses_clearly_when_reached(tmp_path: Path, tiny_models) -> None:
-    cluster = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_CONFIG": str(tmp_path / "none")})
+def test_the_stream_cap_is_a_setting_and_refuses_clearly_when_reached(tmp_path: Path, tiny_models,
+                                                                     monkeypatch) -> None:
+    cluster = in_process_cluster(tmp_path, monkeypatch)  # its own controller: it fills every stream
     os.symlink(tiny_models["onnx"], tmp_path / "tiny.onnx")
     (tmp_path / "job.yaml").write_text("models: [tiny.onnx]\n")
     try:
-        cluster.start_controller("--no-auth", "--max-streams", "4")
+        cluster.serve_in_process(max_streams=4)
         job = json.loads(cluster.farm("submit", str(tmp_path / "job.yaml"), "--controller", cluster.address,
                                       "--detach", "--json").stdout)["job"]
         with grpc.insecure_channel(cluster.address) as channel:

@@ -119,3 +119,56 @@ def test_a_harness_ended_from_outside_is_infrastructure(tmp_path: Path, returnco
     killed = classify(returncode)
     assert killed.failure_class == "infrastructure" and how in killed.message and "tried again" in killed.message
     assert classify(1).failure_class == "bug"  # it ended by itself without a result: farm's own bug
+
+
+def test_an_integer_too_large_for_a_float_is_a_bad_timing_not_a_dead_reader() -> None:
+    """A 400-digit integer overflowed float() inside the check (OverflowError, not BadTiming): it ended the thread
+    reading the script's output, so the run hung on a full pipe until its timeout."""
+    with pytest.raises(BadTiming, match="latency_ms is inf"):
+        parse_timing_line('{"latency_ms": ' + "9" * 400 + "}")
+    assert parse_timing_line('{"latency_ms": 1' + "0" * 299 + "}") == 1e299
+
+
+def test_a_flood_of_timings_keeps_the_first_hundred_thousand_and_summarises_all() -> None:
+    """Script mode keeps no more timings than the wire carries (proto/sample_limits.MAX_SAMPLES) from the lines it
+    reads, with the summary of all of them and the message the wire gave before; plain lines, lines json.loads reads
+    and a bad line past the cut are each read by the same rule."""
+    import dataclasses
+
+    from farm.agents.harness.script_runner import ScriptOutput
+    from farm.agents.harness.stats import latency_stats
+    from farm.agents.harness.task import HarnessOutput
+    from farm.agents.sim.driver import run_summary
+    from farm.proto.sample_limits import MAX_SAMPLES
+
+    values = [float(i % 997) for i in range(MAX_SAMPLES + 50_000)]  # past the cut the figures differ from the first
+    lines = [f'{{"latency_ms": {v}}}' for v in values]
+    lines[7] = f' {{"latency_ms": {values[7]}, "step": 7}}\r'  # json.loads's path, in the middle of plain ones
+    lines.insert(3, "warming up")
+    output = ScriptOutput()
+    for start in range(0, len(lines), 3000):
+        output.take(lines[start:start + 3000])
+    assert output.bad == [] and output.lines == len(values) + 1 and output.tail[-1] == lines[-1]
+    out = HarnessOutput(ok=True, message="the script exited leaving 1 process(es) running")
+    output.fill(out)
+    assert out.iterations_ms == values[:MAX_SAMPLES]
+    assert out.message == (f"the script exited leaving 1 process(es) running; kept the first {MAX_SAMPLES} of "
+                           f"{len(values)} per-iteration timings (the summary covers them all)")
+    assert run_summary(out) == latency_stats(values) and run_summary(out).count == len(values)
+
+    output.take(['{"latency_ms": 1.0}', '{"latency_ms": 1e400}'])  # a bad line past the cut still refuses the run
+    assert output.bad == [f"output line {len(values) + 3}: latency_ms is inf; a timing must be a finite number of "
+                          "milliseconds >= 0"]
+    few = ScriptOutput()
+    few.take(['{"latency_ms": 2.0}', '{"latency_ms": 4.0}'])
+    fewer = HarnessOutput(ok=True)
+    few.fill(fewer)
+    assert (fewer.iterations_ms, fewer.latency, fewer.message) == ([2.0, 4.0], None, "")
+    assert run_summary(fewer) == latency_stats([2.0, 4.0])
+
+    lying = dataclasses.asdict(latency_stats(values))
+    for field, value, words in [("count", MAX_SAMPLES, "not more than the 100000 timings it kept"),
+                                ("p99", float("nan"), "p99 is nan"), ("avg", "1.0", "avg is '1.0'"),
+                                ("max", -1.0, "max is -1.0"), ("extra", 1.0, "not an object of exactly")]:
+        with pytest.raises(ValueError, match=words):
+            run_summary(dataclasses.replace(out, latency={**lying, field: value}))

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from typing import Any
+
 import numpy as np
 
 from farm.proto.results import LatencyStats
 
 
-def latency_stats(iterations_ms: list[float], *, init_ms: float | None = None,
+def latency_stats(iterations_ms: Any, *, init_ms: float | None = None,
                   first_ms: float | None = None, warmup_ms: list[float] | None = None) -> LatencyStats:
     a = np.asarray(iterations_ms, dtype=float)
     if a.size == 0:
@@ -44,3 +48,25 @@ def startup_ms(latency: LatencyStats | None) -> float | None:
     if latency is None or latency.init is None or latency.first is None:
         return None
     return latency.init + latency.first
+
+
+_MAY_BE_NULL = ("init", "first", "warmup_avg")
+
+
+def summary_of_more(fields: object, kept: int) -> LatencyStats:
+    """The summary a harness computed over more timings than it kept (a script's flood past MAX_SAMPLES), read as
+    hostile: LatencyStats's fields and no other, each a finite number >= 0 (init, first and warmup_avg may be null),
+    count an integer above the `kept` timings. Raises ValueError naming the field."""
+    names = [f.name for f in dataclasses.fields(LatencyStats)]
+    if not isinstance(fields, dict) or sorted(fields) != sorted(names):
+        raise ValueError(f"the harness's latency summary is not an object of exactly {', '.join(names)}")
+    for name in names:
+        value = fields[name]
+        if value is None and name in _MAY_BE_NULL:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"the harness's latency summary: {name} is {value!r}, not a finite number >= 0")
+    if not isinstance(fields["count"], int) or fields["count"] <= kept:
+        raise ValueError(f"the harness's latency summary: count is {fields['count']!r}, not more than the {kept} "
+                         "timings it kept")
+    return LatencyStats(**fields)

@@ -86,6 +86,9 @@ class HarnessOutput:
     first_ms: float | None = None
     warmup_ms: list[float] = field(default_factory=list)
     iterations_ms: list[float] = field(default_factory=list)
+    # LatencyStats's fields over every timing where iterations_ms holds only the first MAX_SAMPLES (a script's flood);
+    # None: the driver summarises iterations_ms
+    latency: dict[str, Any] | None = None
     whole_run_s: float | None = None
     measure_wall_s: float | None = None  # from first timed iteration to last
     loop_cpu_s: float | None = None  # the process's CPU time over the timed loop

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from farm.agents.sim.contention import judge, judge_timed_loop, quietest_cores, snapshot, wait_until_quiet
 from farm.agents.environment import host_facts, load_average
-from farm.agents.harness.stats import latency_stats, startup_ms, throughput_per_s
+from farm.agents.harness.stats import latency_stats, startup_ms, summary_of_more, throughput_per_s
 from farm.agents.harness.task import HarnessOutput, HarnessTask, benchmark_task, runtime_env, script_task
 from farm.agents.sandbox import Budget, SandboxBackend, SandboxError, choose_backend, takes_images
 from farm.agents.sandbox.base import ExitInfo, RunningSandbox, parse_cpuset, pids_limit, whole_cores
@@ -44,7 +44,8 @@ from farm.agents.sim.telemetry import TelemetrySampler
 from farm.proto import op_profile
 from farm.proto.accuracy import judge_accuracy
 from farm.proto.names import safe_suffix
-from farm.proto.results import UNENFORCED_BUDGET, Contention, FailureClass, Limits, RunResult, RunStatus, Telemetry
+from farm.proto.results import (UNENFORCED_BUDGET, Contention, FailureClass, LatencyStats, Limits, RunResult,
+                                RunStatus, Telemetry)
 from farm.proto.script_archive import ScriptArchiveError, pack_dir, unpack
 from farm.agents.sandbox.base import format_cpuset
 from farm.proto.spec import DEFAULT_RUN_DISK, ScriptWorkload, cores_missing, default_cpus
@@ -196,6 +197,17 @@ def read_harness_result(fd: int) -> HarnessOutput | None:
     if not isinstance(fields, dict):
         raise ValueError("the run's result is not the harness's JSON object")
     return HarnessOutput(**fields)
+
+
+def run_summary(output: HarnessOutput | None) -> LatencyStats | None:
+    """The latency summary of a run that completed with timings: the harness's own, of all of them, where it kept
+    only the first MAX_SAMPLES (script mode), else that of iterations_ms. ValueError: a summary that is not one."""
+    if output is None or not output.ok or not output.iterations_ms:
+        return None
+    if output.latency is not None:
+        return summary_of_more(output.latency, len(output.iterations_ms))
+    return latency_stats(output.iterations_ms, init_ms=output.init_ms, first_ms=output.first_ms,
+                         warmup_ms=output.warmup_ms)
 
 
 @dataclass
@@ -490,8 +502,8 @@ class SimDriver:
             exit_info, contention, telemetry = self._watch(run, sandbox, cores, cancel_check)
             contention.quiet_wait_s, contention.quiet_before = quiet
             environment["load_after"] = load_average()
-            output = self._read_output(run)
-            return self._verdict(run, exit_info, output, contention, telemetry, environment)
+            output, summary = self._read_output(run)
+            return self._verdict(run, exit_info, output, summary, contention, telemetry, environment)
         except _RunFailed as e:
             return e.result
         finally:
@@ -638,24 +650,26 @@ class SimDriver:
             f"not exclusive: the {run.backend.name} backend cannot ask for it" if budget.exclusive else None)
         return exit_info, contention, sampler.summary(exit_info)
 
-    def _read_output(self, run: _Run) -> HarnessOutput | None:
+    def _read_output(self, run: _Run) -> tuple[HarnessOutput | None, LatencyStats | None]:
         """The harness's result, read with a bound from its descriptor (or, in a container, its out.json)."""
         try:
             # whatever else the run left in its directory (an out.json, an out.tmp) is never read
             if run.result_fd is None:
-                return read_harness_output(run.run_dir / "out.json", run.run_user)
-            return read_harness_result(run.result_fd)
+                output = read_harness_output(run.run_dir / "out.json", run.run_user)
+            else:
+                output = read_harness_result(run.result_fd)
+            return output, run_summary(output)
         except (ValueError, TypeError) as e:
             raise run.failed(FailureClass.JOB, f"{Path(run.task.model_path).name}: {e}") from None
 
-    def _verdict(self, run: _Run, exit_info: ExitInfo, output: HarnessOutput | None, contention: Contention,
-                 telemetry: Telemetry, environment: dict[str, Any]) -> RunResult:
+    def _verdict(self, run: _Run, exit_info: ExitInfo, output: HarnessOutput | None, summary: LatencyStats | None,
+                 contention: Contention, telemetry: Telemetry, environment: dict[str, Any]) -> RunResult:
         """The run's RunResult: its failure class or figures, with what the kernel and the harness saw."""
         task, backend, limits = run.task, run.backend, run.limits
         if run.bounded and not (output is not None and output.ok) and run_dir_full(run.run_dir):
             result = RunResult.failed(FailureClass.RESOURCE, disk_limit_message(task))
         else:
-            result = self._classify(task, run.budget, exit_info, output)
+            result = self._classify(task, run.budget, exit_info, output, summary)
         result.backend, result.limits, result.approximate = backend.name, limits, backend.approximate
         unenforced = backend.unenforced_cpus(limits.cpus)
         if unenforced and result.ok and not result.message:
@@ -722,7 +736,8 @@ class SimDriver:
         return (harness_argv(str(task_file), str(out_file)),
                 {**env, "PATH": path or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"})
 
-    def _classify(self, task: TaskSpec, budget: Budget, exit_info: ExitInfo, output: HarnessOutput | None) -> RunResult:
+    def _classify(self, task: TaskSpec, budget: Budget, exit_info: ExitInfo, output: HarnessOutput | None,
+                  summary: LatencyStats | None = None) -> RunResult:
         peak = exit_info.peak_memory_bytes
         if exit_info.canceled:
             return RunResult.failed(FailureClass.CANCELED, "canceled while running")
@@ -756,9 +771,8 @@ class SimDriver:
             return RunResult.failed(FailureClass(output.failure_class or "bug"), f"{Path(task.model_path).name}: {output.message}")
         # a completed run's message says what farm had to do about it (e.g. a script's leftover children)
         result = RunResult(status=RunStatus.COMPLETED, iterations_ms=output.iterations_ms, message=output.message)
-        if output.iterations_ms:
-            result.latency = latency_stats(output.iterations_ms, init_ms=output.init_ms,
-                                           first_ms=output.first_ms, warmup_ms=output.warmup_ms)
+        if summary is not None:
+            result.latency = summary
             result.throughput_per_s = throughput_per_s(result.latency, output.measure_wall_s)
             result.startup_ms = startup_ms(result.latency)
         result.op_profile = op_profile.from_dicts(output.op_profile)
