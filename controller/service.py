@@ -543,9 +543,9 @@ class MeasureFirst:
 def _reusable_job(store: Store, sha256: str, threads: int, source: dict[str, Any]) -> int | None:
     """A job measured with the same sim budget and workload that has this model at these threads."""
     for row in store.jobs.completed_with_model(sha256, threads):
-        spec = json.loads(row["spec_json"])
-        if spec["sim"] == source["sim"] and spec["workload"] == source["workload"]:
-            return row["id"]
+        spec = json.loads(row.spec_json or "{}")
+        if spec.get("sim") == source["sim"] and spec.get("workload") == source["workload"]:
+            return row.id
     return None
 
 

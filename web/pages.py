@@ -257,8 +257,8 @@ def lab_devices(view: LabView, *, csrf: str, may_operate: bool, f: LabFilter = L
                     else "") if view.running else "<p>Nothing running.</p>"
     shown_queue = view.queue[:LAB_ROWS_SHOWN]
     queue = table("queue", [("job", "num"), ("target", "text"), ("priority", "num"), ("pending", "num")],
-                  [[(q["job_id"], f'<a href="/jobs/{q["job_id"]}">{q["job_id"]}</a>'), (q["target"], e(q["target"])),
-                    (q["priority"], e(q["priority"])), (q["pending"], e(q["pending"]))] for q in shown_queue],
+                  [[(q.job_id, f'<a href="/jobs/{q.job_id}">{q.job_id}</a>'), (q.target, e(q.target)),
+                    (q.priority, e(q.priority)), (q.pending, e(q.pending))] for q in shown_queue],
                   f"the first {len(shown_queue)} of {len(view.queue)} rows" if len(view.queue) > len(shown_queue) else ""
                   ) if view.queue else "<p>The queue is empty.</p>"
     return (lab_summary(p, f, len(view.devices))

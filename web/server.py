@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from email.message import Message
 from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -161,18 +162,18 @@ class Dashboard:
             raise Refused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
         return job
 
-    def origin_ok(self, headers: Any) -> bool | None:
+    def origin_ok(self, headers: Message) -> bool | None:
         """True: sent from this dashboard; False: from elsewhere; None: the request names no origin."""
         expected = f"{'https' if self.tls else 'http'}://{headers.get('Host', '')}"
-        origin = headers.get("Origin")
+        origin: str | None = headers.get("Origin")
         if origin is not None:
             return origin == expected
-        referer = headers.get("Referer")
+        referer: str | None = headers.get("Referer")
         if referer is not None:
             return referer == expected or referer.startswith(expected + "/")
         return None
 
-    def host_ok(self, headers: Any) -> bool:
+    def host_ok(self, headers: Message) -> bool:
         if not self.loopback:
             return True
         host = headers.get("Host") or ""

@@ -17,7 +17,7 @@ from farm.controller.analysis.calibrations import METRICS, current_calibration, 
 from farm.controller.operations.refresh import last_reference_checks
 from farm.controller.analysis.results import paired_records, run_records
 from farm.controller.store import Store
-from farm.controller.store.rows import plain, plain_rows
+from farm.controller.store.rows import QueuedWork, plain, plain_rows
 from farm.web.svg import Band, Chart
 
 if TYPE_CHECKING:  # sessions.py brings the gRPC messages; `farm web` over a store never needs them
@@ -90,7 +90,7 @@ class LabView:
     devices: list[DeviceRow]
     agents: list[dict[str, Any]]
     running: list[dict[str, Any]]
-    queue: list[dict[str, Any]]
+    queue: list[QueuedWork]
     live: bool = False  # connection and last-seen come from the controller's sessions (else from the store)
     recent_failures: list[dict[str, Any]] = field(default_factory=list)
     drift_alerts: list[dict[str, Any]] = field(default_factory=list)
@@ -98,7 +98,7 @@ class LabView:
 
     @property
     def pending(self) -> int:
-        return sum(q["pending"] for q in self.queue) + self.hidden_pending
+        return sum(q.pending for q in self.queue) + self.hidden_pending
 
 
 def _device_of(task: dict[str, Any], sim_device: dict[str, str]) -> str:
@@ -139,8 +139,8 @@ def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] |
         task["device"] = _device_of(task, sim_device)
         by_device.setdefault(task["device"], []).append(task if readable(task["job_id"]) else {"hidden": True})
     running = [task for task in running if readable(task["job_id"])]
-    queue = plain_rows(store.reads.queue())
-    hidden_pending = sum(q["pending"] for q in queue if not readable(q["job_id"]))
+    queue = store.reads.queue()
+    hidden_pending = sum(q.pending for q in queue if not readable(q.job_id))
 
     def state(agent: str | None, stored: str | None) -> str:
         if live is None or not agent:
@@ -168,7 +168,7 @@ def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] |
             a["running"] = (len(session.running) if session.busy is None else session.busy) if session else 0
             a["controller"] = session.controller if session else ""
     failures = [f for f in store.reads.recent_failures(PANEL_ROWS * 4) if readable(f["job_id"])]
-    return LabView(devices, agents, running, [q for q in queue if readable(q["job_id"])], live=live is not None,
+    return LabView(devices, agents, running, [q for q in queue if readable(q.job_id)], live=live is not None,
                    recent_failures=failures[:PANEL_ROWS], drift_alerts=store.reads.drift_alerts(PANEL_ROWS),
                    hidden_pending=hidden_pending)
 
@@ -309,7 +309,7 @@ def _mean(values: list[float]) -> float | None:
 
 
 def averages(records: list[dict[str, Any]]) -> list[AverageRow]:
-    groups: dict[tuple, list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, str, int, int, int | None, float | None], list[dict[str, Any]]] = {}
     for r in records:
         key = (r["model"]["name"], r["model"]["sha256"], r["target"], r["threads"], r["batch_size"], r["input_size"],
                (r.get("limits") or {}).get("cpus"))
@@ -500,7 +500,7 @@ def _avg_latency(record: dict[str, Any]) -> float | None:
 def pair_charts(store: Store, pairs: list[dict[str, Any]]) -> list[Chart]:
     """One scatter per device and thread count: this job's pairs, with the line and band of the device's current
     latency calibration (what `farm predict` would use), so a point off the band stands out."""
-    groups: dict[tuple, list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, int, str | None, int], list[dict[str, Any]]] = {}  # device, threads, runtime, batch
     for p in pairs:
         groups.setdefault((p["device"], p["threads"], p["device_run"].get("runtime"), p["batch_size"]), []).append(p)
     charts = []

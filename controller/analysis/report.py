@@ -59,9 +59,9 @@ def _progress(what: str) -> None:
 
 def calibrations_for_job(store: Store, job_id: int) -> list[StoredCalibration]:
     """The newest version of every calibration fitted on this job's runs (either side)."""
-    newest: dict[tuple, CalibrationRow] = {}
+    newest: dict[tuple[str, str, int, str, str], CalibrationRow] = {}
     for row in store.calibrations.using_job(job_id):
-        newest[(row["device"], row["metric"], row["threads"], row["runtime"], row["family"])] = row
+        newest[(row.device, row.metric, row.threads, row.runtime, row.family)] = row
     return [stored_calibration(r) for r in newest.values()]
 
 
@@ -84,7 +84,8 @@ def spec_yaml(spec_json: str) -> str:
     dataset = (spec.get("workload") or {}).get("dataset") if isinstance(spec, dict) else None
     if isinstance(dataset, dict) and isinstance(dataset.get("packed"), str):
         dataset["packed"] = f"({len(dataset['packed']) * 3 // 4:,} bytes packed by farm: the samples, labels, reference)"
-    return yaml.safe_dump(spec, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
+    dumped: str = yaml.safe_dump(spec, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
+    return dumped
 
 
 def _g(v: Any, digits: int = 4) -> str:
@@ -422,7 +423,7 @@ def telemetry_section(store: Store, records: list[dict[str, Any]], figures: list
 
 
 def facts_section(records: list[dict[str, Any]]) -> str:
-    seen: dict[tuple, dict[str, Any]] = {}
+    seen: dict[tuple[str, str], dict[str, Any]] = {}  # (name, sha256) -> the record's model
     for r in records:
         seen.setdefault((r["model"]["name"], r["model"]["sha256"]), r["model"])
     known = {"name", "sha256", "family", "path", "size_bytes", "param_count"}

@@ -154,7 +154,11 @@ def paired_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # --- r13-report: repeats averaged into one row per cell (tables and the report share this rule) ---
-def cell_key(record: dict[str, Any]) -> tuple:
+# Model name, sha256, target, threads, batch, input size, compute unit, cpus, memory MB.
+CellKey = tuple[str, str, str, int, int, int | None, str, float | None, float | None]
+
+
+def cell_key(record: dict[str, Any]) -> CellKey:
     """What makes runs repeats of one another: everything but the repeat number and the cores they got."""
     limits = record["limits"] or {}
     return (record["model"]["name"], record["model"]["sha256"], record["target"], record["threads"],
@@ -193,7 +197,7 @@ def average_repeats(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     Contended runs count only when a cell has no clean one. `runs`, `completed` and `contended`
     say what went in; latency_ms.std is the spread of the runs' averages when there are two or
     more (repeat to repeat), else the run's own spread."""
-    cells: dict[tuple, list[dict[str, Any]]] = {}
+    cells: dict[CellKey, list[dict[str, Any]]] = {}
     for r in records:
         cells.setdefault(cell_key(r), []).append(r)
     averaged = []
