@@ -33,7 +33,7 @@ from farm.proto.questions import (
     CalibrationVersion, CancelAnswer, DeviceHealth, DeviceHealthAnswer, DeviceInfo, DevicesAnswer, DriftAnswer,
     DriftAsk, DriftRecord, FinishRefreshAsk, ForgetDeviceAnswer, ForgetDeviceAsk, JobAsk, JobInfo, JobsAnswer, JobsAsk,
     NoAsk, PredictAnswer, Prediction, PredictUploadedAsk, RankAnswer, RankAsk, RefreshAnswer, ReportAnswer, ReportAsk, ReportFile, ResultsAnswer,
-    RetryAnswer, RetryAsk, RunRecord, SetDeviceHealthAnswer, SetDeviceHealthAsk, SuggestAnswer, SuggestAsk,
+    RetryAnswer, RetryAsk, SetDeviceHealthAnswer, SetDeviceHealthAsk, SuggestAnswer, SuggestAsk,
 )
 from farm.proto.questions import MAX_LIST as MAX_LIST
 from farm.proto.questions import Question
@@ -289,7 +289,7 @@ def results(scope: Scope, ask: JobAsk) -> ResultsAnswer:
     """`farm results --format json`: a record per task; with `ops`, each run's op profile too."""
     from farm.controller.analysis.results import run_records
 
-    return ResultsAnswer(records=[RunRecord.model_validate(r) for r in run_records(scope.store, ask.job_id, ops=ask.ops)])
+    return ResultsAnswer(records=run_records(scope.store, ask.job_id, ops=ask.ops))
 
 
 # --- calibrate ---------------------------------------------------------------------------------
@@ -367,12 +367,12 @@ def _unenforced_budget_runs(store: Store, jobs: list[int]) -> str | None:
     """A warning when runs of these jobs had a CPU budget their backend could not enforce."""
     from farm.controller.analysis.results import run_records
 
-    flagged = [(job, r) for job in jobs for r in run_records(store, job) if r["message"].startswith(UNENFORCED_BUDGET)]
+    flagged = [(job, r) for job in jobs for r in run_records(store, job) if r.message.startswith(UNENFORCED_BUDGET)]
     if not flagged:
         return None
     job, first = flagged[0]
     return (f"{len(flagged)} run(s) of job(s) {', '.join(str(j) for j in sorted({j for j, _ in flagged}))} had a CPU "
-            f"budget their backend did not enforce ({first['message'].removeprefix(UNENFORCED_BUDGET)}) The factor "
+            f"budget their backend did not enforce ({first.message.removeprefix(UNENFORCED_BUDGET)}) The factor "
             "understates what the budget does; rerun those jobs with the cgroup or docker backend.")
 
 

@@ -448,7 +448,7 @@ def test_a_fetch_failure_retried_is_told_once_per_task(tmp_path: Path, tiny_mode
         assert len(said) == 1, shown.stderr
         assert said[0].endswith("(the last of 3 attempts)") and "NOT_FOUND" in said[0]
         [record] = run_records(store, 1)
-        assert record["attempts"] == 3
+        assert record.attempts == 3
         recent = store.reads.recent_failures(10)
         assert [(r["task_id"], r["failed_attempts"]) for r in recent] == [(1, 3)], recent
         panel = failures_panel(recent)

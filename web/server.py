@@ -32,7 +32,7 @@ from urllib.parse import parse_qs, quote, urlencode, urlsplit
 from farm.controller.analysis.export import results_csv, to_json
 from farm.controller.auth import Identity, TlsFiles, TokenTable, bearer_token, is_loopback
 from farm.controller.scheduling.controller import Controller
-from farm.controller.analysis.results import run_records
+from farm.controller.analysis.results import record_dicts
 from farm.controller import service as answers
 from farm.controller.scheduling.store_file import StoreFile, StoreFileWatch
 from farm.controller.store import Store
@@ -476,7 +476,7 @@ class Dashboard:
         job_row = self.readable_job(job_id, identity)
         if download:
             # the JSON carries each run's op profile (as `farm results --ops`); the CSV stays one row a run
-            records = run_records(self.store, job_id, ops=download == "json")
+            records = record_dicts(self.store, job_id, ops=download == "json")
             data = results_csv(records) if download == "csv" else to_json(records)
             kind = "text/csv; charset=utf-8" if download == "csv" else "application/json"
             return Response(HTTPStatus.OK, data.encode(), kind,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from farm.controller.analysis.calibrations import METRICS, current_calibration, model_features, stored_calibration
 from farm.controller.operations.refresh import last_reference_checks
-from farm.controller.analysis.results import paired_records, run_records
+from farm.controller.analysis.results import paired_records, record_dicts
 from farm.controller.store import Store
 from farm.controller.store.rows import QueuedWork, plain, plain_rows
 from farm.web.svg import Band, Chart
@@ -424,7 +424,7 @@ def job_view(store: Store, job_id: int) -> JobView | None:
     if job is None:
         return None
     progress = job_progress(store.jobs.task_counts(job_id))
-    records = run_records(store, job_id, ops=True)  # with each run's op profile: the per-operator tables
+    records = record_dicts(store, job_id, ops=True)  # with each run's op profile: the per-operator tables
     rows = averages(records)
     tables = []
     for r in records:
@@ -459,8 +459,8 @@ def compare_view(store: Store, job_a: dict[str, Any], job_b: dict[str, Any]) -> 
     from farm.controller.analysis.pareto import pareto
 
     a, b = int(job_a["id"]), int(job_b["id"])
-    records_a = run_records(store, a)
-    records_b = records_a if b == a else run_records(store, b)
+    records_a = record_dicts(store, a)
+    records_b = records_a if b == a else record_dicts(store, b)
     report = compare_records(records_a, records_b, job_a=a, job_b=b, lineage_of=sidecar_lineage)
     both = [(a, records_a)] + ([] if b == a else [(b, records_b)])
     view = pareto(both)

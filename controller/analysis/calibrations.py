@@ -13,11 +13,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import JsonValue
+
 from farm.controller.analysis.calibration import (
     Calibration, FitResult, Pair, PopulationPrior, Prior, calibrate, shipped_class_priors,
 )
 from farm.controller.store import METRIC_UNITS, Store
 from farm.controller.store.rows import RowLike
+from farm.proto.questions import RunRecord
 
 MiB = 1 << 20
 
@@ -350,31 +353,32 @@ def lab_class_priors(store: Store, device: str, metric: str, key: CalibrationKey
             for name, prior in shipped_class_priors().items()}
 
 
-def add_predictions(store: Store, job_id: int, records: list[dict[str, Any]], devices: list[str],
-                    sim_budget: dict[str, Any]) -> None:
+def add_predictions(store: Store, records: list[RunRecord], devices: list[str], sim_budget: dict[str, Any]) -> None:
     """`predict_for`: put each device's calibrated estimate beside every completed record."""
     for record in records:
-        if record["status"] != "completed":
+        if record.status != "completed":
             continue
-        record["predictions"] = {}
+        predictions: dict[str, JsonValue] = {}
+        features = model_features(record.model.model_dump())
         for device in devices:
-            entry: dict[str, Any] = {}
-            for metric, key in (("latency", ("latency_ms", "avg")), ("peak_memory", ("peak_memory_mb", None)),
-                                ("avg_memory", ("avg_memory_mb", None))):
-                x = record[key[0]][key[1]] if key[1] and record[key[0]] else record.get(key[0])
+            entry: dict[str, JsonValue] = {}
+            measured = (("latency", record.latency_ms.avg if record.latency_ms else None),
+                        ("peak_memory", record.peak_memory_mb), ("avg_memory", record.avg_memory_mb))
+            for metric, x in measured:
                 if x is None:
                     continue
-                stored = current_calibration(store, device, metric, record["threads"],
-                                             runtime=record.get("runtime"), family=record["model"]["family"],
-                                             batch_size=record.get("batch_size"), input_size=record.get("input_size"))
+                stored = current_calibration(store, device, metric, record.threads, runtime=record.runtime,
+                                             family=record.model.family, batch_size=record.batch_size,
+                                             input_size=record.input_size)
                 if stored is None:
                     continue
-                p = stored.calibration.fits[stored.calibration.chosen].predict(x, features=model_features(record["model"]))
+                p = stored.calibration.fits[stored.calibration.chosen].predict(x, features=features)
                 entry[metric] = {"estimate": p.estimate, "low": p.low, "high": p.high, "calibration": stored.id,
                                  "version": stored.version,
                                  # a calibration from another sim budget does not apply to these numbers
                                  "same_sim_budget": stored.source.get("sim") == sim_budget}
-            record["predictions"][device] = entry or None
+            predictions[device] = entry or None
+        record.predictions = predictions  # set: the record's JSON carries it
 
 
 def model_features(model: dict[str, Any]) -> dict[str, float]:

@@ -18,7 +18,7 @@ from farm.controller.analysis.plots import Figure
 from farm.controller.analysis.report import (
     STYLE, ReportError, _e, _e_lines, _failures, _g, _table, _when, pareto_section, results_section, spec_yaml,
 )
-from farm.controller.analysis.results import average_repeats, run_records
+from farm.controller.analysis.results import average_repeats, record_dicts
 from farm.controller.store import Store
 
 # the figures the page judges, in its order: (key in compare's metrics, what a person reads, lower is better)
@@ -118,7 +118,7 @@ def build_compare_report(store: Store, job_a: int, job_b: int) -> tuple[str, lis
         job = store.jobs.get(job_id)
         if job is None:
             raise ReportError(f"no job {job_id} in {store.location}; `farm jobs` lists the jobs there.")
-        jobs[job_id] = (job, run_records(store, job_id))
+        jobs[job_id] = (job, record_dicts(store, job_id))
     (info_a, records_a), (info_b, records_b) = jobs[job_a], jobs[job_b]
     report = compare_records(records_a, records_b, job_a=job_a, job_b=job_b, lineage_of=lineage_at_path)
     warnings = [f"job {job_id} has no completed run: it has nothing to compare; `farm status` and `farm results` "

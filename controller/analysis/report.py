@@ -31,7 +31,7 @@ from farm.controller.analysis import plots
 from farm.controller.analysis.calibrations import METRICS, StoredCalibration, stored_calibration
 from farm.controller.analysis.plots import Figure, plain, safe_file_name
 from farm.controller.analysis.ranking import RankError, rank_job
-from farm.controller.analysis.results import average_repeats, run_records
+from farm.controller.analysis.results import average_repeats, record_dicts
 from farm.controller.store import Store
 from farm.controller.store.rows import CalibrationRow, plain_rows
 from farm.proto.escape import cut_list, printable
@@ -569,7 +569,7 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
     if job is None:
         raise ReportError(f"no job {job_id} in {store.location}; `farm jobs` lists the jobs there.")
     _progress(f"reading job {job_id}")
-    records = run_records(store, job_id)
+    records = record_dicts(store, job_id)
     averaged = average_repeats(records)
     calibrations = calibrations_for_job(store, job_id)
     figures: list[Figure] = []

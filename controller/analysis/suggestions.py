@@ -12,7 +12,7 @@ from farm.controller.analysis.calibration import Pair, suggest_models
 from farm.controller.analysis.calibrations import (
     SIM_SIDE, CalibrationError, _metric_name, model_features, stored_calibration,
 )
-from farm.controller.analysis.results import run_records
+from farm.controller.analysis.results import record_dicts
 from farm.controller.store import Store
 
 
@@ -45,7 +45,7 @@ def suggest_for_device(store: Store, device: str, count: int, *, metric: str = "
     done = {p.model for p in measured}
     candidates: dict[str, dict[str, Any]] = {}
     for job in store.jobs.listing(jobs_limit, visible_to):  # visible_to: only the jobs this caller may read
-        for r in run_records(store, job["id"]):
+        for r in record_dicts(store, job["id"]):
             value = _sim_value(r, metric)
             if (r["target"] != "sim" or r["status"] != "completed" or r["threads"] != threads or value is None
                     or (not include_contended and (r.get("contention") or {}).get("contended"))
