@@ -121,7 +121,7 @@ def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] |
             return True
         if job_id not in jobs:
             job = store.jobs.get(job_id)
-            jobs[job_id] = job is not None and may_read(dict(job))
+            jobs[job_id] = job is not None and may_read(job.as_dict())
         return jobs[job_id]
 
     checks = last_reference_checks(store)
@@ -133,7 +133,7 @@ def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] |
         elsewhere = {name for name, agent in live.items() if not agent.here}  # its controller vouches for it
         for task in running:  # a lease the store holds for an agent that is gone, or that no session runs
             task["in_session"] = (task["id"] in held and task.get("leased_by") in live) or task.get("leased_by") in elsewhere
-    sim_device = {d["agent"]: d["name"] for d in stored_devices if d["driver"] == "sim" and d["agent"]}
+    sim_device = {d.agent: d.name for d in stored_devices if d.driver == "sim" and d.agent}
     by_device: dict[str, list[dict[str, Any]]] = {}
     for task in running:
         task["device"] = _device_of(task, sim_device)
@@ -147,11 +147,11 @@ def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] |
             return stored or "unknown"
         return live[agent].state if agent in live else "offline"
 
-    devices = [DeviceRow(name=d["name"], device_type=d["device_type"], driver=d["driver"], agent=d["agent"],
-                         state=state(d["agent"], d["state"]), health=d["health"] or "unknown", reason=d["reason"],
-                         changed_at=d["changed_at"], last_check=checks.get(d["name"]),
-                         calibration_age_s=now - calibrated[d["name"]] if d["name"] in calibrated else None,
-                         current=by_device.get(d["name"], []))
+    devices = [DeviceRow(name=d.name, device_type=d.device_type, driver=d.driver, agent=d.agent,
+                         state=state(d.agent, d.state), health=d.health or "unknown", reason=d.reason,
+                         changed_at=d.changed_at, last_check=checks.get(d.name),
+                         calibration_age_s=now - calibrated[d.name] if d.name in calibrated else None,
+                         current=by_device.get(d.name, []))
                for d in stored_devices]
     known = {d.name for d in devices}
     # a device only calibrated so far (embedded labs register none): listed, its health unknown
@@ -551,7 +551,7 @@ def calibrations_view(store: Store) -> list[CalibrationSummary]:
     out = []
     for row in store.calibrations.latest():
         cal = stored_calibration(row).calibration
-        out.append(CalibrationSummary({k: v for k, v in row.items() if k != "fit_json"}, cal.unsafe,
+        out.append(CalibrationSummary({k: v for k, v in row.as_dict().items() if k != "fit_json"}, cal.unsafe,
                                       cal.chosen_fit.formula))
     return out
 
@@ -582,10 +582,11 @@ def key_label(row: dict[str, Any]) -> str:
 
 
 def calibration_view(store: Store, calibration_id: int) -> CalibrationView | None:
-    row = plain(store.calibrations.get(calibration_id))
-    if row is None:
+    stored = store.calibrations.get(calibration_id)
+    if stored is None:
         return None
-    cal = stored_calibration(row).calibration
+    row = stored.as_dict()  # the key's fields, as the page names them
+    cal = stored_calibration(stored).calibration
     fit = cal.chosen_fit
     unit = METRICS.get(row["metric"], ("", ""))[1]
     chart = Chart(f"{key_label(row)} · v{row['version']}", f"sim {row['metric']} ({unit})",
@@ -605,10 +606,10 @@ def calibration_view(store: Store, calibration_id: int) -> CalibrationView | Non
     versions = []
     for v in store.calibrations.versions(row["id"]):
         c = stored_calibration(v).calibration
-        versions.append({"id": v["id"], "version": v["version"], "created_at": v["created_at"], "kind": v["kind"],
-                         "n": v["n"], "r2": v["r2"], "loo_mape": v["loo_mape"], "kendall_tau": v["kendall_tau"],
+        versions.append({"id": v.id, "version": v.version, "created_at": v.created_at, "kind": v.kind,
+                         "n": v.n, "r2": v.r2, "loo_mape": v.loo_mape, "kendall_tau": v.kendall_tau,
                          "unsafe": c.unsafe, "formula": c.chosen_fit.formula,
-                         "source": json.loads(v["source"] or "{}")})
+                         "source": json.loads(v.source or "{}")})
     # by date, R² and the error each on its own axis (two values of different scales), fit-kind changes marked
     changes = [(v["created_at"], f"→ {v['kind']}") for prev, v in zip(versions, versions[1:]) if v["kind"] != prev["kind"]]
     history = [

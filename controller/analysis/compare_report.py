@@ -138,10 +138,10 @@ def build_compare_report(store: Store, job_a: int, job_b: int) -> tuple[str, lis
     title = f"farm report · job {job_a} → job {job_b}"
     page = f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title} · {_e(info_a['name'] or '')} → {_e(info_b['name'] or '')}</title><style>{STYLE}</style></head><body>
+<title>{title} · {_e(info_a.name or '')} → {_e(info_b.name or '')}</title><style>{STYLE}</style></head><body>
 <h1>{title}</h1>
-<p>before: job {job_a} · {_e(info_a['name'] or '')} ({len(records_a)} run(s)) · after: job {job_b} ·
- {_e(info_b['name'] or '')} ({len(records_b)} run(s)) · {len(report['pairs'])} model pair(s)</p>
+<p>before: job {job_a} · {_e(info_a.name or '')} ({len(records_a)} run(s)) · after: job {job_b} ·
+ {_e(info_b.name or '')} ({len(records_b)} run(s)) · {len(report['pairs'])} model pair(s)</p>
 <nav>{' · '.join(f"<a href='#{a}'>{t}</a>" for a, t in toc)}</nav>
 {''.join(f"<p class=warn>⚠ {_e(w)}</p>" for w in warnings)}
 <h2 id=summary>Summary</h2>{summary_section(report) or '<p class=note>no model pair with completed runs under one condition</p>'}

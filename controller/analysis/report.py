@@ -186,7 +186,7 @@ def _job_name(store: Store, job_id: Any) -> str:
     if not isinstance(job_id, int):
         return ""
     job = store.jobs.get(job_id)
-    return f"job {job_id}" + (f" ({job['name']})" if job and job["name"] else "" if job else " (not in this store)")
+    return f"job {job_id}" + (f" ({job.name})" if job and job.name else "" if job else " (not in this store)")
 
 
 def _sources(store: Store, c: StoredCalibration) -> str:
@@ -597,18 +597,18 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
     if contended:
         warnings.append(f"{contended} run(s) contended: other work used their cores; their figures are not the budget's.")
     targets = sorted({r["target"] for r in records})
-    spec = spec_yaml(job["spec_json"])
-    when = "".join(f" · {label} {_when(job[key])}" for label, key in (("created", "created_at"), ("finished", "finished_at"))
-                   if job.get(key))
+    spec = spec_yaml(job.spec_json or "{}")
+    when = "".join(f" · {label} {_when(moment)}" for label, moment in (("created", job.created_at),
+                                                                        ("finished", job.finished_at)) if moment)
     toc = [("results", "Results"), ("sweeps", "Plots"), ("telemetry", "Memory and CPU over time"), ("facts", "Models"),
            *([("variants", "Variants")] if variants else []), *([("pareto", "Accuracy and latency")] if front else []),
            *([("ops", "Operators")] if ops else []), ("calibrations", "Calibrations"), ("rankings", "Rankings"),
            ("spec", "Job spec")]
     page = f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>farm report · job {job_id} · {_e(job['name'] or '')}</title><style>{STYLE}</style></head><body>
-<h1>farm report · job {job_id} · {_e(job['name'] or '')}</h1>
-<p>status <b>{_e(job['status'])}</b> · {len(records)} run(s), {done} completed · {len({r['model']['sha256'] for r in records})} model(s)
+<title>farm report · job {job_id} · {_e(job.name or '')}</title><style>{STYLE}</style></head><body>
+<h1>farm report · job {job_id} · {_e(job.name or '')}</h1>
+<p>status <b>{_e(job.status)}</b> · {len(records)} run(s), {done} completed · {len({r['model']['sha256'] for r in records})} model(s)
  · on {_e(', '.join(targets))}{_e(when)} · {len(calibrations)} calibration(s)</p>
 <nav>{' · '.join(f"<a href='#{a}'>{t}</a>" for a, t in toc)}</nav>
 {''.join(f"<p class=warn>⚠ {_e(w)}</p>" for w in warnings)}{_failures(records)}

@@ -36,16 +36,16 @@ def suggest_for_device(store: Store, device: str, count: int, *, metric: str = "
 
     _metric_name(metric)  # an unknown metric is refused by name
     rows = [r for r in store.calibrations.rows(device, metric)]
-    newest = max(rows, key=lambda r: (r["created_at"], r["id"])) if rows else None
+    newest = max(rows, key=lambda r: (r.created_at, r.id)) if rows else None
     if threads is None:
-        threads = newest["threads"] if newest else 1
+        threads = newest.threads if newest else 1
     measured: list[Pair] = []
-    if newest is not None and newest["threads"] == threads:
+    if newest is not None and newest.threads == threads:
         measured = list(stored_calibration(newest).calibration.pairs)
     done = {p.model for p in measured}
     candidates: dict[str, dict[str, Any]] = {}
     for job in store.jobs.listing(jobs_limit, visible_to):  # visible_to: only the jobs this caller may read
-        for r in record_dicts(store, job["id"]):
+        for r in record_dicts(store, job.id):
             value = _sim_value(r, metric)
             if (r["target"] != "sim" or r["status"] != "completed" or r["threads"] != threads or value is None
                     or (not include_contended and (r.get("contention") or {}).get("contended"))
@@ -53,7 +53,7 @@ def suggest_for_device(store: Store, device: str, count: int, *, metric: str = "
                 continue
             entry = candidates.setdefault(r["model"]["name"], {
                 "model": r["model"]["name"], "sha256": r["model"]["sha256"], "family": r["model"]["family"],
-                "path": r["model"]["path"], "job": job["id"], "values": [], "features": model_features(r["model"])})
+                "path": r["model"]["path"], "job": job.id, "values": [], "features": model_features(r["model"])})
             entry["values"].append(value)
     if not candidates:
         raise CalibrationError(
