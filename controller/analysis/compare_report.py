@@ -20,6 +20,7 @@ from farm.controller.analysis.report import (
 )
 from farm.controller.analysis.results import average_repeats, record_dicts
 from farm.controller.store import Store
+from farm.controller.store.rows import JobRow
 
 # the figures the page judges, in its order: (key in compare's metrics, what a person reads, lower is better)
 FIGURES: tuple[tuple[str, str, bool], ...] = (
@@ -93,14 +94,14 @@ def pairs_table(report: dict[str, Any]) -> str:
                   rows)
 
 
-def _job_part(job_id: int, job: Any, records: list[dict[str, Any]], label: str) -> str:
+def _job_part(job_id: int, job: JobRow, records: list[dict[str, Any]], label: str) -> str:
     done = sum(r["status"] == "completed" for r in records)
-    when = "".join(f" · {word} {_when(job[key])}" for word, key in (("created", "created_at"),
-                                                                   ("finished", "finished_at")) if job.get(key))
-    spec = spec_yaml(job["spec_json"])
+    when = "".join(f" · {word} {_when(moment)}" for word, moment in (("created", job.created_at),
+                                                                     ("finished", job.finished_at)) if moment)
+    spec = spec_yaml(job.spec_json or "{}")
     targets = sorted({r["target"] for r in records})
-    return (f"<h2 id=job{job_id}>{label}: job {job_id} · {_e(job['name'] or '')}</h2>"
-            f"<p>status <b>{_e(job['status'])}</b> · {len(records)} run(s), {done} completed · "
+    return (f"<h2 id=job{job_id}>{label}: job {job_id} · {_e(job.name or '')}</h2>"
+            f"<p>status <b>{_e(job.status)}</b> · {len(records)} run(s), {done} completed · "
             f"{len({r['model']['sha256'] for r in records})} model(s) · on {_e(', '.join(targets) or '—')}{_e(when)}</p>"
             f"{_failures(records)}<div class=wrap>{results_section(average_repeats(records))}</div>"
             f"<details><summary>job {job_id} as submitted (YAML, {len(spec.splitlines())} lines)</summary>"
@@ -113,7 +114,7 @@ def build_compare_report(store: Store, job_a: int, job_b: int) -> tuple[str, lis
     if job_a == job_b:
         raise ReportError(f"`farm report {job_a} {job_b}` compares two jobs; give two different ones (`farm report "
                           f"{job_a}` alone has its own variants, made by `farm quantize`, beside their sources).")
-    jobs = {}
+    jobs: dict[int, tuple[JobRow, list[dict[str, Any]]]] = {}
     for job_id in (job_a, job_b):
         job = store.jobs.get(job_id)
         if job is None:
