@@ -175,9 +175,9 @@ def test_quarantine_needs_a_reason_on_the_server_too(lab) -> None:
     url, store, _, _, _ = lab
     status, text = _post(f"{url}actions/device", {"device": "phone-001", "action": "quarantine", "reason": "  "})
     assert status == 403  # no CSRF token from a script without a bearer token: refused before anything else
-    from farm.web.server import Dashboard, Operator
+    from farm.web.server import DashboardApp, Operator
     from farm.controller.scheduling.controller import Controller
-    dashboard = Dashboard(store, Operator.embedded(Controller(store)), tokens=None, tls=False, loopback=True)
+    dashboard = DashboardApp(store, Operator.embedded(Controller(store)), tokens=None, tls=False, loopback=True)
     headers = {"Host": "127.0.0.1", "Origin": "http://127.0.0.1", "Content-Type": "application/x-www-form-urlencoded"}
     csrf = dashboard.csrf(dashboard._open_session)
     for action in ("quarantine", "maintenance"):

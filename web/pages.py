@@ -16,7 +16,7 @@ from urllib.parse import quote, urlencode
 from farm.controller.scheduling.store_file import StoreFile
 from farm.web import svg
 from farm.web.views import (MIN_LOO_MODELS, ACTIVITIES, CONNECTIONS, FAILURES_SHOWN, HEALTHS, LAB_ROWS_SHOWN, AverageRow,
-                            CalibrationSummary, CalibrationView, CompareView, DeviceRow, Failure, JobView, LabFilter, LabPage, LabView,
+                            CalibrationSummary, CalibrationView, CompareView, DeviceLine, Failure, JobView, LabFilter, LabPage, LabView,
                             Sweep, is_contended, lab_page)
 
 CONTENDED_MARK = "!"
@@ -110,7 +110,7 @@ def live(part: str, url: str, html: str, every_s: float = 2.0) -> str:
 
 
 # --- lab ------------------------------------------------------------------------------------------
-def _device_actions(d: DeviceRow, csrf: str) -> str:
+def _device_actions(d: DeviceLine, csrf: str) -> str:
     hidden = f'<input type="hidden" name="csrf" value="{e(csrf)}"><input type="hidden" name="device" value="{e(d.name)}">'
     if d.health in ("bad", "maintenance"):
         return (f'<form method="post" action="/actions/device" class="actions">{hidden}'

@@ -38,7 +38,7 @@ UNSUPPORTED_OP = re.compile(r"unsupported operator[s]?:? ([A-Za-z0-9_.:/\-]{1,80
 
 
 @dataclass
-class DeviceRow:
+class DeviceLine:
     name: str
     device_type: str | None
     driver: str | None
@@ -87,7 +87,7 @@ def agents_now(sessions: Sessions) -> dict[str, AgentNow]:
 
 @dataclass
 class LabView:
-    devices: list[DeviceRow]
+    devices: list[DeviceLine]
     agents: list[dict[str, Any]]
     running: list[dict[str, Any]]
     queue: list[QueuedWork]
@@ -147,7 +147,7 @@ def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] |
             return stored or "unknown"
         return live[agent].state if agent in live else "offline"
 
-    devices = [DeviceRow(name=d.name, device_type=d.device_type, driver=d.driver, agent=d.agent,
+    devices = [DeviceLine(name=d.name, device_type=d.device_type, driver=d.driver, agent=d.agent,
                          state=state(d.agent, d.state), health=d.health or "unknown", reason=d.reason,
                          changed_at=d.changed_at, last_check=checks.get(d.name),
                          calibration_age_s=now - calibrated[d.name] if d.name in calibrated else None,
@@ -155,7 +155,7 @@ def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] |
                for d in stored_devices]
     known = {d.name for d in devices}
     # a device only calibrated so far (embedded labs register none): listed, its health unknown
-    devices += [DeviceRow(name=name, device_type=None, driver=None, agent=None, state="unknown", health="unknown",
+    devices += [DeviceLine(name=name, device_type=None, driver=None, agent=None, state="unknown", health="unknown",
                           reason=None, changed_at=None, last_check=checks.get(name), calibration_age_s=now - at,
                           current=by_device.get(name, [])) for name, at in sorted(calibrated.items()) if name not in known]
     agents = plain_rows(store.reads.agents())
@@ -198,7 +198,7 @@ class LabFilter:
                    query.get("name", "").strip()[:100],
                    max(1, min(int(page), 100_000)) if page.isdigit() and len(page) < 7 else 1)
 
-    def matches(self, d: DeviceRow) -> bool:
+    def matches(self, d: DeviceLine) -> bool:
         return ((self.health is None or d.health == self.health) and (self.state is None or d.state == self.state)
                 and (self.activity is None or (self.activity == "busy") == d.busy)
                 and (not self.name or self.name.casefold() in d.name.casefold()))
@@ -214,7 +214,7 @@ class LabFilter:
 class LabPage:
     """One page of the devices a filter matches, and the counts of the whole lab."""
 
-    shown: list[DeviceRow]
+    shown: list[DeviceLine]
     matched: int
     page: int
     pages: int
@@ -223,7 +223,7 @@ class LabPage:
     busy: int
 
 
-def lab_page(devices: list[DeviceRow], f: LabFilter, per_page: int = DEVICES_PER_PAGE) -> LabPage:
+def lab_page(devices: list[DeviceLine], f: LabFilter, per_page: int = DEVICES_PER_PAGE) -> LabPage:
     matched = [d for d in devices if f.matches(d)]
     pages = max(1, -(-len(matched) // per_page))
     page = min(f.page, pages)

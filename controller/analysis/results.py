@@ -12,8 +12,8 @@ from farm.proto.accelerators import UNIT_CLASS, Accelerator, default_precision
 from farm.controller.store import Store
 from pydantic import JsonValue
 
-from farm.controller.store.rows import OpProfileRow, ResultRow
-from farm.proto.questions import CpuPercent, IoBytes, Latency, Limits, RunModel, RunRecord, Sampler
+from farm.controller.store.rows import StoredOpProfileRow, ResultRow
+from farm.proto.questions import CpuPercent, IoBytes, Latency, RecordLimits, RunModel, RunRecord, Sampler
 from farm.proto.spec import SimBudget, default_cpus
 
 MiB = 1 << 20
@@ -33,11 +33,11 @@ def _round(v: float | None, digits: int = 4) -> float | None:
     return None if v is None else round(v, digits)
 
 
-def _limits(row: ResultRow, sim: SimBudget | None) -> Limits:
+def _limits(row: ResultRow, sim: SimBudget | None) -> RecordLimits:
     """The budget a run really had; for a sim task not run yet, the budget it will be given."""
     if row.run_id is not None or sim is None:
-        return Limits(cpus=row.limits_cpus, cpuset=row.limits_cpuset, memory_mb=row.limits_memory_mb)
-    return Limits(cpus=default_cpus(sim.cpus, row.threads), cpuset=sim.cpuset, memory_mb=_mb(sim.memory))
+        return RecordLimits(cpus=row.limits_cpus, cpuset=row.limits_cpuset, memory_mb=row.limits_memory_mb)
+    return RecordLimits(cpus=default_cpus(sim.cpus, row.threads), cpuset=sim.cpuset, memory_mb=_mb(sim.memory))
 
 
 def samples_per_s(throughput: float | None, batch_size: int | None) -> float | None:
@@ -127,7 +127,7 @@ def run_record(row: ResultRow, profile: list[JsonValue] | None = None) -> RunRec
         **_sparse_parts(environment, profile))
 
 
-def _profile(profiles: dict[int, list[OpProfileRow]], run_id: int | None) -> list[JsonValue]:
+def _profile(profiles: dict[int, list[StoredOpProfileRow]], run_id: int | None) -> list[JsonValue]:
     return [] if run_id is None else [p.as_dict() for p in profiles.get(run_id, [])]
 
 

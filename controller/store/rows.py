@@ -149,7 +149,7 @@ class DashboardJob(Row):
 
 
 @dataclass(frozen=True, slots=True)
-class JobSpec(Row):
+class JobSpecRow(Row):
     id: int
     spec_json: str | None
 
@@ -202,14 +202,14 @@ class QueuedWork(Row):
 
 
 @dataclass(frozen=True, slots=True)
-class TelemetrySample(Row):
+class TelemetrySampleRow(Row):
     t_s: float
     cpu_percent: float | None
     memory_bytes: int | None
 
 
 @dataclass(frozen=True, slots=True)
-class OpProfileRow(Row):
+class StoredOpProfileRow(Row):
     kind: str
     node_type: str | None
     name: str | None
@@ -339,7 +339,7 @@ class QuarantinedTarget(Row):
 
 
 @dataclass(frozen=True, slots=True)
-class LabDevice(Row):
+class LabDeviceRow(Row):
     """A device the lab knows (registered by an agent, or only judged), with its health."""
     name: str
     agent: str | None
@@ -408,7 +408,7 @@ class LatestCalibration(Row):
 
 
 @dataclass(frozen=True, slots=True)
-class CalibrationFit(Row):
+class CalibrationFitRow(Row):
     device: str
     version: int
     fit_json: str | None
