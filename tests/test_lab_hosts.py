@@ -336,7 +336,7 @@ def test_lab_wide_sweeps_run_on_the_leader_only_and_pass_on_when_it_dies(pg_url:
         assert b.expire_leases() == 1 and b.sweeps.leading, "b did not take the sweeps over from the dead leader"
         assert LabDuties(stores[1]).holder("sweeps", now=now[0]) == "host-b:50051/2"
         assert [t.status for t in stores[1].jobs.tasks(third)] == ["pending"]
-        assert stores[1].jobs.get(late)["status"] == "canceled", "the new leader did not end a job past its deadline"
+        assert stores[1].jobs.get(late).status == "canceled", "the new leader did not end a job past its deadline"
         # a controller stopping on purpose hands on at once
         b.sweeps.release()
         assert LabDuties(stores[1]).holder("sweeps", now=now[0]) is None

@@ -6,7 +6,7 @@ One record per task, from its latest run (a retried task shows the attempt that 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypedDict
 
 from farm.proto.accelerators import UNIT_CLASS, Accelerator, default_precision
 from farm.controller.store import Store
@@ -79,15 +79,27 @@ def _run_model(row: ResultRow) -> RunModel:
                        if name not in LATER_MODEL_FACTS or facts.get(name) is not None})
 
 
-def _sparse_parts(environment: dict[str, Any], profile: list[JsonValue] | None) -> dict[str, Any]:
-    """The record's fields its JSON has only when set: the GPU's and the dataset pass's figures where the run has
-    them, the op profile (and why there is none) when asked for."""
-    parts: dict[str, Any] = {}
-    for name in ("gpu", "accuracy"):  # NVIDIA hosts' GPU figures (agents/parsers/nvidia_smi); proto/accuracy.py
-        if isinstance(environment.get(name), dict):
-            parts[name] = environment[name]
+class SparseParts(TypedDict, total=False):
+    """A record's fields (RunRecord.SPARSE) its JSON has only when they are set."""
+
+    gpu: dict[str, JsonValue]  # NVIDIA hosts: the GPU's figures over the run (agents/parsers/nvidia_smi)
+    accuracy: dict[str, JsonValue]  # workload.dataset's pass (proto/accuracy.py)
+    op_profile: list[JsonValue]  # with `ops`: op types, then nodes
+    op_profile_note: str | None  # with `ops`: why a run asked for a profile and has none
+
+
+def _sparse_parts(environment: dict[str, JsonValue], profile: list[JsonValue] | None) -> SparseParts:
+    """The GPU's and the dataset pass's figures where the run has them, the op profile (and why there is none)
+    when asked for."""
+    parts = SparseParts()
+    if isinstance(gpu := environment.get("gpu"), dict):
+        parts["gpu"] = gpu
+    if isinstance(accuracy := environment.get("accuracy"), dict):
+        parts["accuracy"] = accuracy
     if profile is not None:
-        parts.update(op_profile=profile, op_profile_note=environment.get("op_profile_note"))
+        note = environment.get("op_profile_note")
+        parts["op_profile"] = profile
+        parts["op_profile_note"] = note if isinstance(note, str) else None
     return parts
 
 
