@@ -401,7 +401,7 @@ class DashboardApp:
             view = views.calibration_view(self.store, int(match.group(1)))
             if view is None:
                 raise HttpRefused(HTTPStatus.NOT_FOUND, "no such calibration")
-            return page(f"Calibration {view.row['id']}: {views.key_label(view.row)} v{view.row['version']}",
+            return page(f"Calibration {view.row.id}: {views.key_label(view.row)} v{view.row.version}",
                         pages.calibration_page(view), "calibrations")
         raise HttpRefused(HTTPStatus.NOT_FOUND, "no such page")
 

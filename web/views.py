@@ -13,11 +13,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from farm.controller.analysis.calibration import FitResult
 from farm.controller.analysis.calibrations import METRICS, current_calibration, model_features, stored_calibration
 from farm.controller.operations.refresh import last_reference_checks
 from farm.controller.analysis.results import paired_records, record_dicts
 from farm.controller.store import Store
-from farm.controller.store.rows import QueuedWork, plain, plain_rows
+from farm.controller.store.rows import CalibrationRow, LatestCalibration, QueuedWork, plain, plain_rows
 from farm.web.svg import Band, Chart
 
 if TYPE_CHECKING:  # sessions.py brings the gRPC messages; `farm web` over a store never needs them
@@ -542,7 +543,7 @@ def job_summary(store: Store, job_id: int) -> dict[str, Any] | None:
 
 @dataclass
 class CalibrationSummary:
-    row: dict[str, Any]
+    row: LatestCalibration
     unsafe: bool
     formula: str
 
@@ -551,18 +552,18 @@ def calibrations_view(store: Store) -> list[CalibrationSummary]:
     out = []
     for row in store.calibrations.latest():
         cal = stored_calibration(row).calibration
-        out.append(CalibrationSummary({k: v for k, v in row.as_dict().items() if k != "fit_json"}, cal.unsafe,
+        out.append(CalibrationSummary(row, cal.unsafe,
                                       cal.chosen_fit.formula))
     return out
 
 
 @dataclass
 class CalibrationView:
-    row: dict[str, Any]
+    row: CalibrationRow
     unit: str
     chosen: str
     formula: str
-    fit: Any  # the chosen FitResult
+    fit: FitResult  # the chosen fit
     unsafe_reasons: list[str]
     warnings: list[str]
     confidence: float
@@ -574,23 +575,22 @@ class CalibrationView:
     models: list[dict[str, Any]]  # each pair with its fitted value and interval
 
 
-def key_label(row: dict[str, Any]) -> str:
-    size = f" · input {row['input_size']}" if row.get("input_size") else ""
-    family = f" · family {row['family']}" if row.get("family") else ""
-    return (f"{row['device']} · {row['metric']} · {row['threads']} thread(s) · batch {row.get('batch_size') or 1}"
-            f"{size} · {row.get('precision') or 'fp32'}{family}")
+def key_label(row: CalibrationRow | LatestCalibration) -> str:
+    size = f" · input {row.input_size}" if row.input_size else ""
+    family = f" · family {row.family}" if row.family else ""
+    return (f"{row.device} · {row.metric} · {row.threads} thread(s) · batch {row.batch_size or 1}"
+            f"{size} · {row.precision or 'fp32'}{family}")
 
 
 def calibration_view(store: Store, calibration_id: int) -> CalibrationView | None:
-    stored = store.calibrations.get(calibration_id)
-    if stored is None:
+    row = store.calibrations.get(calibration_id)
+    if row is None:
         return None
-    row = stored.as_dict()  # the key's fields, as the page names them
-    cal = stored_calibration(stored).calibration
+    cal = stored_calibration(row).calibration
     fit = cal.chosen_fit
-    unit = METRICS.get(row["metric"], ("", ""))[1]
-    chart = Chart(f"{key_label(row)} · v{row['version']}", f"sim {row['metric']} ({unit})",
-                  f"device {row['metric']} ({unit})", points=[(p.model, p.x, p.y) for p in cal.pairs],
+    unit = METRICS.get(row.metric, ("", ""))[1]
+    chart = Chart(f"{key_label(row)} · v{row.version}", f"sim {row.metric} ({unit})",
+                  f"device {row.metric} ({unit})", points=[(p.model, p.x, p.y) for p in cal.pairs],
                   note=f"{fit.formula}\nR² = {fit.r2:.3f}")
     fitted = [fit.predict(p.x, features=p.features, confidence=cal.confidence) for p in cal.pairs]
     if fit.features_used:  # no single line in x: each model's fitted value with its interval
@@ -604,7 +604,7 @@ def calibration_view(store: Store, calibration_id: int) -> CalibrationView | Non
     models = [{"model": p.model, "family": p.family, "sim": p.x, "device": p.y, "fitted": f.estimate, "low": f.low,
                "high": f.high} for p, f in zip(cal.pairs, fitted)]
     versions = []
-    for v in store.calibrations.versions(row["id"]):
+    for v in store.calibrations.versions(row.id):
         c = stored_calibration(v).calibration
         versions.append({"id": v.id, "version": v.version, "created_at": v.created_at, "kind": v.kind,
                          "n": v.n, "r2": v.r2, "loo_mape": v.loo_mape, "kendall_tau": v.kendall_tau,
@@ -618,7 +618,7 @@ def calibration_view(store: Store, calibration_id: int) -> CalibrationView | Non
         Chart("leave-one-out error by date", "stored (UTC)", "mean absolute error (%)", dates_x=True, markers=changes,
               series={"LOO error %": [(v["created_at"], 100 * v["loo_mape"]) for v in versions
                                       if v["loo_mape"] is not None and v["created_at"] and v["n"] >= MIN_LOO_MODELS]})]
-    drift = plain_rows(store.calibrations.drift_history(row["device"], metric=row["metric"], threads=row["threads"]))
+    drift = plain_rows(store.calibrations.drift_history(row.device, metric=row.metric, threads=row.threads))
     drift_chart = Chart("drift at each refresh (relative to the calibration before)", "refresh", "change",
                         integer_x=True, series={
         name: [(i, d[column]) for i, d in enumerate(drift, 1) if d[column] is not None]
