@@ -45,22 +45,22 @@ def one_job(folder: Path, model: Path, runs: int, backend: str, mode: str) -> di
     farm.wait(job)
     rows = farm.store.runs.results(job)  # the results with when each run started and was recorded
     farm.close()
-    ok = [r for r in rows if r.get("run_status") == "completed"]
+    ok = [r for r in rows if r.run_status == "completed"]
     if len(ok) != runs:
-        failed = [r.get("message") for r in rows if r.get("run_status") != "completed"]
+        failed = [r.message for r in rows if r.run_status != "completed"]
         raise SystemExit(f"{mode}: {len(ok)} of {runs} runs completed: {failed[:2]}")
-    started = [r["started_at"] for r in ok]
-    finished = [r["finished_at"] for r in ok]
-    own_s = [((r["latency_init_ms"] or 0) + (r["latency_first_ms"] or 0) + (r["latency_warmup_avg_ms"] or 0) * WARMUP
-              + (r["latency_avg_ms"] or 0) * (r["latency_count"] or 0)) / 1000 for r in ok]
+    started = [r.started_at for r in ok]
+    finished = [r.finished_at for r in ok]
+    own_s = [((r.latency_init_ms or 0) + (r.latency_first_ms or 0) + (r.latency_warmup_avg_ms or 0) * WARMUP
+              + (r.latency_avg_ms or 0) * (r.latency_count or 0)) / 1000 for r in ok]
     cycle = (max(finished) - min(started)) / len(ok)
-    harness = {json.loads(r["environment_json"] or "{}").get("harness", "?") for r in ok}
+    harness = {json.loads(r.environment_json or "{}").get("harness", "?") for r in ok}
     return {"cycle_s": cycle, "own_s": statistics.mean(own_s), "overhead_s": cycle - statistics.mean(own_s),
             "first_start_s": min(started) - submitted,
-            "init_ms": statistics.median(r["latency_init_ms"] for r in ok),
-            "p50_ms": statistics.median(r["latency_p50_ms"] for r in ok),
-            "peak_mib": statistics.median(r["peak_memory_bytes"] or 0 for r in ok) / (1 << 20),
-            "vmhwm_mib": statistics.median(r["peak_rss_bytes"] or 0 for r in ok) / (1 << 20),
+            "init_ms": statistics.median(r.latency_init_ms for r in ok),
+            "p50_ms": statistics.median(r.latency_p50_ms for r in ok),
+            "peak_mib": statistics.median(r.peak_memory_bytes or 0 for r in ok) / (1 << 20),
+            "vmhwm_mib": statistics.median(r.peak_rss_bytes or 0 for r in ok) / (1 << 20),
             "harness": sorted(harness)}
 
 

@@ -44,7 +44,7 @@ def _agents(address: str, first: int, count: int, out_path: str, ready: "multipr
     """The child process: `count` agents with an instant driver; writes their dispatch latencies."""
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from farm.agents.agent import Agent
-    from farm.agents.link.remote_controller import DeviceInfo, RemoteController
+    from farm.agents.link.remote_controller import AgentDevice, RemoteController
     from farm.proto.results import RunResult
 
     latencies: list[float] = []
@@ -80,7 +80,7 @@ def _agents(address: str, first: int, count: int, out_path: str, ready: "multipr
     for i in range(first, first + count):
         name = f"bench{i:04d}"
         # Models come from the controller's artifact store into each agent's own cache, as on a real farm.
-        client = RemoteController(address, name=name, token=None, devices=[DeviceInfo(f"{name}/sim", "sim", "sim")],
+        client = RemoteController(address, name=name, token=None, devices=[AgentDevice(f"{name}/sim", "sim", "sim")],
                                   artifact_dir=Path(work) / name).start()
         agent = Agent(client, InstantDriver(client), name=name, slots=1)
         thread = threading.Thread(target=agent.run_job, args=(None,), daemon=True)

@@ -70,12 +70,12 @@ def seed(store: Store, model: Path, *, jobs: int, devices: int, versions: int, c
         controller.submit(job)
     for job_id in range(1, completed_jobs + 1):
         for task in store.jobs.tasks(job_id):
-            spec = controller.lease(f"rack{names.index(task['target']) % 10 if task['target'] != 'sim' else 0}",
-                                    {task["target"]}, job_id=job_id)
+            spec = controller.lease(f"rack{names.index(task.target) % 10 if task.target != 'sim' else 0}",
+                                    {task.target}, job_id=job_id)
             if spec is None:
                 continue
             leased = store.jobs.task(spec.task_id)
-            controller.complete(spec.task_id, spec.attempt, leased["leased_by"], time.time() - 1,
+            controller.complete(spec.task_id, spec.attempt, leased.leased_by, time.time() - 1,
                                 fake_result(rng, contended=spec.task_id % 7 == 0))
     big = controller.submit(load_job_text(f"name: sweep\nmodels: [{model}]\nmatrix: {{threads: [1, 2, 4]}}\nrepeats: 10\n"
                                           f"targets: [{names[1]}]\n", "bench.yaml", model.parent, devices=targets))

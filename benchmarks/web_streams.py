@@ -73,9 +73,9 @@ def measure(pages: int, idle_s: float, shared: bool, devices: int = 200, jobs: i
     """One dashboard over a lab of `devices` devices and `jobs` jobs, `pages` open lab pages; `shared=False` renders
     each page's regions on its own (as before renders were shared), for the side-by-side column."""
     from farm.web import server
-    saved = server.Dashboard.shared_live_parts
+    saved = server.DashboardApp.shared_live_parts
     if not shared:
-        server.Dashboard.shared_live_parts = server.Dashboard.live_parts  # type: ignore[method-assign]
+        server.DashboardApp.shared_live_parts = server.DashboardApp.live_parts  # type: ignore[method-assign]
     try:
         with tempfile.TemporaryDirectory() as tmp:
             store = Store(Path(tmp) / "farm.db")
@@ -118,7 +118,7 @@ def measure(pages: int, idle_s: float, shared: bool, devices: int = 200, jobs: i
                 running.stop()
                 store.close()
     finally:
-        server.Dashboard.shared_live_parts = saved  # type: ignore[method-assign]
+        server.DashboardApp.shared_live_parts = saved  # type: ignore[method-assign]
     return {"threads_idle": threads_idle, "threads_open": threads_open, "cpu_none": cpu_none, "cpu_open": cpu_open,
             "arrived_s": arrived}
 

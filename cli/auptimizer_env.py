@@ -38,13 +38,13 @@ ALIASES = {"DOCKER_ARGS": "DOCK_ARGS"}
 class EnvFileError(Exception):
     """The env file (or a file it names) cannot be converted; problems are file:line: variable: message."""
 
-    def __init__(self, problems: list["Problem"]) -> None:
+    def __init__(self, problems: list["EnvProblem"]) -> None:
         self.problems = problems
         super().__init__("\n".join(str(p) for p in problems))
 
 
 @dataclass
-class Problem:
+class EnvProblem:
     file: str
     line: int | None
     variable: str
@@ -69,33 +69,33 @@ class Assignment:
 class EnvFile:
     path: Path
     values: dict[str, Assignment] = field(default_factory=dict)
-    notes: list[Problem] = field(default_factory=list)  # what was read but changes meaning or is dropped
+    notes: list[EnvProblem] = field(default_factory=list)  # what was read but changes meaning or is dropped
 
 
 def read_bounded(path: Path, limit: int, what: str) -> str:
     """A small text file, or an EnvFileError naming it: missing, a folder, too big, binary, not UTF-8."""
     try:
         if path.exists() and not path.is_dir() and not stat.S_ISREG(path.stat().st_mode):
-            raise EnvFileError([Problem(str(path), None, "", f"is not a regular file (a FIFO or device would block "
+            raise EnvFileError([EnvProblem(str(path), None, "", f"is not a regular file (a FIFO or device would block "
                                         f"or never end); give the {what} itself.")])
         with open(path, "rb") as f:
             data = f.read(limit + 1)
     except FileNotFoundError:
-        raise EnvFileError([Problem(str(path), None, "", f"no such {what}.")]) from None
+        raise EnvFileError([EnvProblem(str(path), None, "", f"no such {what}.")]) from None
     except IsADirectoryError:
-        raise EnvFileError([Problem(str(path), None, "", f"is a folder; give the {what} itself.")]) from None
+        raise EnvFileError([EnvProblem(str(path), None, "", f"is a folder; give the {what} itself.")]) from None
     except OSError as e:
-        raise EnvFileError([Problem(str(path), None, "", f"cannot read the {what}: {e.strerror}.")]) from None
+        raise EnvFileError([EnvProblem(str(path), None, "", f"cannot read the {what}: {e.strerror}.")]) from None
     if len(data) > limit:
-        raise EnvFileError([Problem(str(path), None, "", f"is over {limit >> 20} MiB; an {what} is a few lines of text.")])
+        raise EnvFileError([EnvProblem(str(path), None, "", f"is over {limit >> 20} MiB; an {what} is a few lines of text.")])
     if b"\0" in data:
         line = data[: data.index(b"\0")].count(b"\n") + 1
-        raise EnvFileError([Problem(str(path), line, "", f"holds a NUL byte: this is not a text {what}.")])
+        raise EnvFileError([EnvProblem(str(path), line, "", f"holds a NUL byte: this is not a text {what}.")])
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
-        raise EnvFileError([Problem(str(path), line, "", f"is not UTF-8 text (byte {e.start}).")]) from None
+        raise EnvFileError([EnvProblem(str(path), line, "", f"is not UTF-8 text (byte {e.start}).")]) from None
 
 
 class _Scanner:
@@ -105,10 +105,10 @@ class _Scanner:
         self.text, self.source = text, source
         self.pos, self.line = 0, 1
         self.values: dict[str, Assignment] = {}
-        self.notes: list[Problem] = []
+        self.notes: list[EnvProblem] = []
 
     def error(self, message: str, variable: str = "", line: int | None = None) -> EnvFileError:
-        return EnvFileError([Problem(self.source, line or self.line, variable, message)])
+        return EnvFileError([EnvProblem(self.source, line or self.line, variable, message)])
 
     def peek(self) -> str:
         return self.text[self.pos] if self.pos < len(self.text) else ""
@@ -157,7 +157,7 @@ class _Scanner:
             raise self.error(f"a space ends the value and more follows ({self.text[self.pos:self.pos + 30]!r}); "
                              "quote the whole value (in a shell, A=b c runs the command c).", name)
         if name in self.values:
-            self.notes.append(Problem(self.source, start, name, f"set again (first on line {self.values[name].line}); "
+            self.notes.append(EnvProblem(self.source, start, name, f"set again (first on line {self.values[name].line}); "
                                       "the last value is used, as in a shell."))
         self.values[name] = Assignment(name, value, start)
 
@@ -240,7 +240,7 @@ class _Scanner:
             return self.values[other].value
         # Never the importer's own environment: a hostile file could copy a secret (${FARM_TOKEN}) into the job
         # or a note. Kept as written, and the note never shows a value.
-        self.notes.append(Problem(self.source, self.line, name, f"${{{other}}} is not set earlier in the file; kept "
+        self.notes.append(EnvProblem(self.source, self.line, name, f"${{{other}}} is not set earlier in the file; kept "
                                   "as written (farm never reads your environment into a job); write the value."))
         return "${" + other + "}"
 
@@ -259,7 +259,7 @@ def read_model_list(path: Path) -> list[tuple[str, int]]:
     models = [(line.strip(), number) for number, line in enumerate(text.splitlines(), start=1)
               if line.strip() and not line.strip().startswith("#")]
     if len(models) > MAX_MODELS:
-        raise EnvFileError([Problem(str(path), None, "", f"lists {len(models):,} models, over {MAX_MODELS:,}; split it.")])
+        raise EnvFileError([EnvProblem(str(path), None, "", f"lists {len(models):,} models, over {MAX_MODELS:,}; split it.")])
     return models
 
 
@@ -270,7 +270,7 @@ def read_model_list(path: Path) -> list[tuple[str, int]]:
 @dataclass
 class Conversion:
     job: dict[str, Any]
-    notes: list[Problem]
+    notes: list[EnvProblem]
 
 
 def _relative(path: Path, out_dir: Path) -> str:
@@ -282,34 +282,34 @@ def _literal_braces(text: str) -> str:
     return text.replace("{", "{{").replace("}", "}}")
 
 
-def _package_list(env: EnvFile, variable: str, search: list[Path], root: Path) -> tuple[list[str], list[Problem]]:
+def _package_list(env: EnvFile, variable: str, search: list[Path], root: Path) -> tuple[list[str], list[EnvProblem]]:
     """APTREQUIREMENTS / PIPREQUIREMENTS: the packages themselves, or a requirements file (`-r file` as the
     profiler's `pip install $PIPREQUIREMENTS` took it, or a lone file name). A file is read only when it
     is a regular file under the env file's folder (root): a hostile env file cannot copy /etc/shadow in."""
     item = env.values[variable]
     words = item.value.replace(",", " ").split()
-    notes: list[Problem] = []
+    notes: list[EnvProblem] = []
     named = words[1] if len(words) == 2 and words[0] in ("-r", "--requirement") else (
         words[0] if len(words) == 1 and (words[0].endswith(".txt") or "/" in words[0]) else None)
     if named is not None:
         if named.startswith("~"):
-            raise EnvFileError([Problem(str(env.path), item.line, variable, f"{named!r} is outside the env file's "
+            raise EnvFileError([EnvProblem(str(env.path), item.line, variable, f"{named!r} is outside the env file's "
                                         f"folder {root}; farm reads no file outside it.")])
         candidates = [(d / named).resolve() for d in search]
         outside = [c for c in candidates if not c.is_relative_to(root)]
         if outside:
-            raise EnvFileError([Problem(str(env.path), item.line, variable, f"{named!r} is {outside[0]}, outside the "
+            raise EnvFileError([EnvProblem(str(env.path), item.line, variable, f"{named!r} is {outside[0]}, outside the "
                                         f"env file's folder {root}; farm reads no file outside it (put the "
                                         "requirements file beside the env file or in DIR).")])
         found = next((c for c in candidates if c.exists() and not c.is_dir()), None)  # a FIFO: read_bounded says so
         if found is None:
-            raise EnvFileError([Problem(str(env.path), item.line, variable, f"{named!r} looks like a requirements "
+            raise EnvFileError([EnvProblem(str(env.path), item.line, variable, f"{named!r} looks like a requirements "
                                         f"file but is not in {', '.join(dict.fromkeys(str(d) for d in search))}.")])
         lines = [line.split("#", 1)[0].strip() for line in read_bounded(found, MAX_LIST_BYTES, "requirements file").splitlines()]
         words = []
         for line in filter(None, lines):
             if line.startswith("-"):
-                notes.append(Problem(str(env.path), item.line, variable, f"{found.name}: the pip option {line!r} is "
+                notes.append(EnvProblem(str(env.path), item.line, variable, f"{found.name}: the pip option {line!r} is "
                                      "not carried; farm installs named packages (give wheels with sim.build.pip_wheels "
                                      "to install offline)."))
             else:
@@ -317,14 +317,14 @@ def _package_list(env: EnvFile, variable: str, search: list[Path], root: Path) -
     return words, notes
 
 
-def _dock_args(env: EnvFile, sim: dict[str, Any], notes: list[Problem]) -> list[tuple[str, str]]:
+def _dock_args(env: EnvFile, sim: dict[str, Any], notes: list[EnvProblem]) -> list[tuple[str, str]]:
     """The docker-run options farm has a field for; every other one is named in a note. Returns the dropped
     mounts as (what was written, the path inside the container)."""
     item = env.values["DOCK_ARGS"]
     try:
         tokens = shlex.split(item.value)
     except ValueError as e:
-        raise EnvFileError([Problem(str(env.path), item.line, item.name, f"cannot split the options: {e}.")]) from None
+        raise EnvFileError([EnvProblem(str(env.path), item.line, item.name, f"cannot split the options: {e}.")]) from None
     fields = {"--cpus": "cpus", "--cpuset-cpus": "cpuset", "--memory": "memory", "-m": "memory"}
     takes_value = {*fields, "-v", "--volume", "--mount"}
     mounts: list[tuple[str, str]] = []
@@ -350,43 +350,43 @@ def _dock_args(env: EnvFile, sim: dict[str, Any], notes: list[Problem]) -> list[
         if key is None:
             reason = ("farm turns swap off (the limit is the memory)" if option == "--memory-swap"
                       else "farm sets the container's other options itself (no network, its own mounts and user)")
-            notes.append(Problem(str(env.path), item.line, item.name, f"{token!r} is not carried: {reason}."))
+            notes.append(EnvProblem(str(env.path), item.line, item.name, f"{token!r} is not carried: {reason}."))
         elif key in sim:
-            notes.append(Problem(str(env.path), item.line, item.name, f"{token!r} is not carried: "
+            notes.append(EnvProblem(str(env.path), item.line, item.name, f"{token!r} is not carried: "
                                  f"{'DOCKCPUS' if key == 'cpus' else 'DOCKMEMORY' if key == 'memory' else 'an earlier option'} "
                                  "already sets it."))
         else:
             sim[key] = value
-            notes.append(Problem(str(env.path), item.line, item.name, f"{token!r} becomes sim.{key}."))
+            notes.append(EnvProblem(str(env.path), item.line, item.name, f"{token!r} becomes sim.{key}."))
     return mounts
 
 
-def _given_dockerfile(env: EnvFile, env_dir: Path, source: str, notes: list[Problem]) -> Path | None:
+def _given_dockerfile(env: EnvFile, env_dir: Path, source: str, notes: list[EnvProblem]) -> Path | None:
     """DOCFILE when the file is there (the profiler's cwd, the env file's folder, is where it looked). When it
     is missing the profiler wrote it itself from IMAGEREPO and the requirement lines: farm builds those steps."""
     item = env.values.get("DOCFILE")
     if item is None or not item.value.strip():
         return None
     if item.value.startswith("~"):
-        raise EnvFileError([Problem(source, item.line, "DOCFILE", f"{item.value!r} is outside the env file's folder "
+        raise EnvFileError([EnvProblem(source, item.line, "DOCFILE", f"{item.value!r} is outside the env file's folder "
                                     f"{env_dir}; the build's context is that folder.")])
     path = (env_dir / item.value).resolve()
     if not path.is_relative_to(env_dir):
-        raise EnvFileError([Problem(source, item.line, "DOCFILE", f"{item.value!r} is {path}, outside the env file's "
+        raise EnvFileError([EnvProblem(source, item.line, "DOCFILE", f"{item.value!r} is {path}, outside the env file's "
                                     f"folder {env_dir}; the build's context is that folder, so move the Dockerfile "
                                     "into it.")])
     if path.is_file():
         return path
     if path.exists():
-        raise EnvFileError([Problem(source, item.line, "DOCFILE", f"{item.value!r} is not a file ({path}).")])
-    notes.append(Problem(source, item.line, "DOCFILE", f"{item.value!r} does not exist: Auptimizer's profiler writes "
+        raise EnvFileError([EnvProblem(source, item.line, "DOCFILE", f"{item.value!r} is not a file ({path}).")])
+    notes.append(EnvProblem(source, item.line, "DOCFILE", f"{item.value!r} does not exist: Auptimizer's profiler writes "
                          "it then (FROM $IMAGEREPO, the APTREQUIREMENTS, PRERUN and PIPREQUIREMENTS lines), and farm "
                          "builds the same steps from those variables."))
     return None
 
 
 def _from_dropped_mount(env: EnvFile, workload: dict[str, Any], mounts: list[tuple[str, str]],
-                        notes: list[Problem]) -> None:
+                        notes: list[EnvProblem]) -> None:
     """An interpreter that existed only through a `-v` mount farm does not carry would fail every run: a Python
     one becomes the image's `python`, anything else is kept; either way a note names the mount and the fix."""
     command = str(workload["command"])
@@ -401,7 +401,7 @@ def _from_dropped_mount(env: EnvFile, workload: dict[str, Any], mounts: list[tup
                    "that environment held with PIPREQUIREMENTS or build it into the image (sim.image)")
         else:
             fix = "put the program into the image (a Dockerfile or sim.image) and name it there, or every run fails"
-        notes.append(Problem(str(env.path), line, "COMMAND", f"{command} existed only through the mount {written!r}, "
+        notes.append(EnvProblem(str(env.path), line, "COMMAND", f"{command} existed only through the mount {written!r}, "
                              f"which farm does not carry (runs see no host folders): {fix}."))
         return
 
@@ -412,11 +412,11 @@ def _memory(value: str) -> str:
     return f"{text}b" if text.isdigit() else text
 
 
-def _resolve_models(named: list[ModelName], script_dir: Path, notes: list[Problem]) -> list[Path]:
+def _resolve_models(named: list[ModelName], script_dir: Path, notes: list[EnvProblem]) -> list[Path]:
     """-m/-f names as the profiler passed them to the script running in DIR: a relative name is a file
     inside DIR; one that is not there but is beside the list file (or the cwd, for -m) is taken with a note."""
     found: list[Path] = []
-    problems: list[Problem] = []
+    problems: list[EnvProblem] = []
     for item in named:
         path = Path(item.name).expanduser()
         if path.is_absolute():
@@ -426,10 +426,10 @@ def _resolve_models(named: list[ModelName], script_dir: Path, notes: list[Proble
         hit = next((c for c in candidates if c.is_file()), None)
         if hit is None:
             looked = " or ".join(str(c) for c in dict.fromkeys(candidates))
-            problems.append(Problem(item.where, None, "", f"model file {item.name!r} does not exist (looked for {looked})."))
+            problems.append(EnvProblem(item.where, None, "", f"model file {item.name!r} does not exist (looked for {looked})."))
             continue
         if not path.is_absolute() and hit != candidates[0]:
-            notes.append(Problem(item.where, None, "models", f"{item.name!r} is not in DIR ({script_dir}), where "
+            notes.append(EnvProblem(item.where, None, "models", f"{item.name!r} is not in DIR ({script_dir}), where "
                                  f"Auptimizer's script looked; taken from {hit}."))
         found.append(hit.resolve())
     if problems:
@@ -450,7 +450,7 @@ class _Reading:
     """One env file being converted: its variables, the notes gathered so far, and how a variable's error reads."""
 
     env: EnvFile
-    notes: list[Problem]
+    notes: list[EnvProblem]
 
     @property
     def source(self) -> str:
@@ -468,11 +468,11 @@ class _Reading:
         return self.env.values[name].line
 
     def note(self, line: int | None, name: str, message: str) -> None:
-        self.notes.append(Problem(self.source, line, name, message))
+        self.notes.append(EnvProblem(self.source, line, name, message))
 
     def fail(self, name: str, message: str) -> EnvFileError:
         item = self.env.values.get(name)
-        return EnvFileError([Problem(self.source, item.line if item else None, name, message)])
+        return EnvFileError([EnvProblem(self.source, item.line if item else None, name, message)])
 
 
 def _read_aliases(r: _Reading) -> None:
@@ -702,7 +702,7 @@ def _model_paths(r: _Reading, models: list[Path], script: str | None, script_dir
         r.note(None, "models", f"no -m or -f: the script {script} stands as the job's one model (farm runs a "
                                "workload once per model file).")
         return [_relative(script_dir / script, out_dir)]
-    raise EnvFileError([Problem(r.source, None, "models", "no -m or -f and no SCRIPT: the job needs a model file "
+    raise EnvFileError([EnvProblem(r.source, None, "models", "no -m or -f and no SCRIPT: the job needs a model file "
                                                           "to run for; give -m a.tflite,b.tflite.")])
 
 

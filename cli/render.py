@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
@@ -15,6 +16,9 @@ from farm.proto.escape import printable
 
 if TYPE_CHECKING:  # web/ imports this module too: the answer models load with the commands that print them
     from farm.proto.questions import CalibrationVersion
+
+# How a table writes a moment (farm.cli.console.when): an answer's datetime or Unix seconds, None for never.
+When = Callable[[dt.datetime | float | None], str]
 
 
 def _fmt(v: float | None, digits: int = 2) -> str:
@@ -98,7 +102,7 @@ class ModelTable:
             yield whole  # fits, or rich can wrap the figures' columns and still leave them readable
         else:
             widths = self._natural_widths()
-            groups: list[tuple[Text, list]] = []
+            groups: list[tuple[Text, list[tuple[Text, list[str | Text]]]]] = []
             for name, cells in self.rows:
                 if not groups or groups[-1][0].plain != name.plain:
                     groups.append((name, []))
@@ -263,7 +267,7 @@ def pairs_table(pairs: list[dict[str, Any]], title: str | None = None, *, wide: 
     return t
 
 
-def jobs_table(jobs: list[Any], when, *, wide: bool = False) -> RenderableType:
+def jobs_table(jobs: list[Any], when: When, *, wide: bool = False) -> RenderableType:
     """`farm jobs`; `when` formats a timestamp. An empty store says how to fill it."""
     t = Table(header_style="bold", show_edge=wide, pad_edge=wide)
     t.add_column("job", justify="right")
@@ -313,7 +317,7 @@ def after_attempts(record: dict[str, Any]) -> str:
     return f" (the last of {attempts} attempts)" if attempts > 1 else ""
 
 
-def calibrations_table(rows: list[CalibrationVersion], when, *, wide: bool = False) -> RenderableType:
+def calibrations_table(rows: list[CalibrationVersion], when: When, *, wide: bool = False) -> RenderableType:
     """`farm calibrations`: what each version is and how good, in 100 columns; the key's rest in --wide."""
     if not rows:
         return Text("no calibrations stored yet: `farm calibrate --sim-job A --device-job B --device NAME` fits one "

@@ -294,16 +294,16 @@ class AgentRunner(_Started):
 
         from farm.agents.agent import Agent
         from farm.agents.environment import host_facts
-        from farm.agents.link.remote_controller import DeviceInfo, RemoteController
+        from farm.agents.link.remote_controller import AgentDevice, RemoteController
         from farm.agents.sandbox.docker_build import BuildPolicy
         from farm.agents.sim.driver import SimDriver
 
         s = self.settings
         self.work_dir.mkdir(mode=0o711, parents=True, exist_ok=True)  # runs pass through to their own folder
-        devices = [DeviceInfo(name=f"{s.name}/sim", driver="sim", device_type="sim", tags=list(s.tags),
+        devices = [AgentDevice(name=f"{s.name}/sim", driver="sim", device_type="sim", tags=list(s.tags),
                               facts_json=json.dumps(host_facts()), slots=s.sim_slots)]
         # the lab's phones and boards: jobs name them (or their type or tags), the controller resolves them
-        devices += [DeviceInfo(name=d.name, driver=d.entry.driver, device_type=d.device_type.name if d.device_type else "",
+        devices += [AgentDevice(name=d.name, driver=d.entry.driver, device_type=d.device_type.name if d.device_type else "",
                                tags=d.tags) for d in self.lab]
         self.client = RemoteController(self.addresses, name=s.name, token=s.token, devices=devices, tls=self.tls,
                                        artifact_dir=self.work_dir / "artifacts", clock=self.clock)

@@ -210,7 +210,7 @@ class EmbeddedFarm(Farm):
         row = self.store.jobs.get(job)
         if row is None:
             raise FarmError(f"no job {job} in {self.store.location}; `farm jobs` lists the jobs there.")
-        timeout = (json.loads(row["spec_json"]).get("timeouts") or {}).get("job")
+        timeout = (json.loads(row.spec_json or "{}").get("timeouts") or {}).get("job")
         total = self.controller.progress(job).total
 
         def on_result(task: Any, result: Any) -> None:
@@ -257,7 +257,7 @@ class EmbeddedFarm(Farm):
             rows.append(DeviceInfo(name=d.name, driver=d.entry.driver,
                                    device_type=d.device_type.name if d.device_type else None, tags=d.tags,
                                    units=list(d.device_type.accelerators) if d.device_type else ["cpu"],
-                                   health=h["health"] if h else "unknown", reason=h["reason"] if h else None,
+                                   health=h.health if h else "unknown", reason=h.reason if h else None,
                                    last_check=checks.get(d.name),
                                    calibration_age_s=time.time() - newest if newest else None))
         return rows

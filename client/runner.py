@@ -42,7 +42,7 @@ def run_job_embedded(store: Store, job_id: int, *, slots: int = 1, backend: str 
                   on_result=on_result, devices=devices)
     # timeouts.job is a deadline stored at submit (or at `farm retry`): a resume carries on the same clock
     row = store.jobs.get(job_id)
-    deadline = row["deadline_at"] if row is not None else None
+    deadline = row.deadline_at if row is not None else None
     if deadline is None and job_timeout_s:  # a job stored before deadlines were: its clock starts now, once
         deadline = time.time() + job_timeout_s
         store.jobs.update(job_id, deadline_at=deadline)

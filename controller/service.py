@@ -33,7 +33,7 @@ from farm.proto.questions import (
     CalibrationVersion, CancelAnswer, DeviceHealth, DeviceHealthAnswer, DeviceInfo, DevicesAnswer, DriftAnswer,
     DriftAsk, DriftRecord, FinishRefreshAsk, ForgetDeviceAnswer, ForgetDeviceAsk, JobAsk, JobInfo, JobsAnswer, JobsAsk,
     NoAsk, PredictAnswer, Prediction, PredictUploadedAsk, RankAnswer, RankAsk, RefreshAnswer, ReportAnswer, ReportAsk, ReportFile, ResultsAnswer,
-    RetryAnswer, RetryAsk, RunRecord, SetDeviceHealthAnswer, SetDeviceHealthAsk, SuggestAnswer, SuggestAsk,
+    RetryAnswer, RetryAsk, SetDeviceHealthAnswer, SetDeviceHealthAsk, SuggestAnswer, SuggestAsk,
 )
 from farm.proto.questions import MAX_LIST as MAX_LIST
 from farm.proto.questions import Question
@@ -289,7 +289,7 @@ def results(scope: Scope, ask: JobAsk) -> ResultsAnswer:
     """`farm results --format json`: a record per task; with `ops`, each run's op profile too."""
     from farm.controller.analysis.results import run_records
 
-    return ResultsAnswer(records=[RunRecord.model_validate(r) for r in run_records(scope.store, ask.job_id, ops=ask.ops)])
+    return ResultsAnswer(records=run_records(scope.store, ask.job_id, ops=ask.ops))
 
 
 # --- calibrate ---------------------------------------------------------------------------------
@@ -367,12 +367,12 @@ def _unenforced_budget_runs(store: Store, jobs: list[int]) -> str | None:
     """A warning when runs of these jobs had a CPU budget their backend could not enforce."""
     from farm.controller.analysis.results import run_records
 
-    flagged = [(job, r) for job in jobs for r in run_records(store, job) if r["message"].startswith(UNENFORCED_BUDGET)]
+    flagged = [(job, r) for job in jobs for r in run_records(store, job) if r.message.startswith(UNENFORCED_BUDGET)]
     if not flagged:
         return None
     job, first = flagged[0]
     return (f"{len(flagged)} run(s) of job(s) {', '.join(str(j) for j in sorted({j for j, _ in flagged}))} had a CPU "
-            f"budget their backend did not enforce ({first['message'].removeprefix(UNENFORCED_BUDGET)}) The factor "
+            f"budget their backend did not enforce ({first.message.removeprefix(UNENFORCED_BUDGET)}) The factor "
             "understates what the budget does; rerun those jobs with the cgroup or docker backend.")
 
 
@@ -428,7 +428,7 @@ def suggest(scope: Scope, ask: SuggestAsk) -> SuggestAnswer:
     except (CalibrationError, ValueError) as e:
         raise ServiceError(str(e)) from None
     first = scope.store.jobs.get(answer["suggested"][0]["job"]) if answer["suggested"] else None
-    workload = json.loads(first["spec_json"]).get("workload") if first else None
+    workload = json.loads(first.spec_json or "{}").get("workload") if first else None
     return SuggestAnswer.model_validate({**answer, "workload": workload})
 
 
@@ -448,10 +448,10 @@ def devices(scope: Scope, ask: NoAsk) -> DevicesAnswer:
 
     types = load_device_types()
     return DevicesAnswer(devices=[DeviceInfo(
-        name=r["name"], driver=r["driver"] or "", device_type=r["device_type"] or "", tags=json.loads(r["tags_json"] or "[]"),
-        units=list(types[r["device_type"]].accelerators) if r["device_type"] in types else ["cpu"],
-        facts=json.loads(r["facts_json"] or "{}"), slots=r["slots"] or 0, state=r["state"] or "", agent=r["agent"] or "",
-        last_seen=r["last_seen"] or 0.0) for r in scope.store.devices.all()])
+        name=r.name, driver=r.driver or "", device_type=r.device_type or "", tags=json.loads(r.tags_json or "[]"),
+        units=list(types[r.device_type].accelerators) if r.device_type in types else ["cpu"],
+        facts=json.loads(r.facts_json or "{}"), slots=r.slots or 0, state=r.state or "", agent=r.agent or "",
+        last_seen=r.last_seen or 0.0) for r in scope.store.devices.all()])
 
 
 def agents(scope: Scope, ask: NoAsk) -> AgentsAnswer:
@@ -463,13 +463,13 @@ def agents(scope: Scope, ask: NoAsk) -> AgentsAnswer:
     presence = scope.agents.presence  # agents on the lab's other controllers, as those last published them
     elsewhere = {s.agent: s for s in presence.fresh(time.time() - scope.controller.lease_ttl_s)} if presence else {}
     for r in scope.store.devices.agents():
-        session = scope.agents.by_name.get(r["name"])
-        seen = None if session else elsewhere.get(r["name"])
+        session = scope.agents.by_name.get(r.name)
+        seen = None if session else elsewhere.get(r.name)
         listed.append(AgentInfo(
-            name=r["name"], state=seen.state if seen else (r["state"] or ""), farm_version=r["farm_version"] or "",
-            capabilities=json.loads(r["capabilities_json"] or "[]"), hostname=r["hostname"] or "", peer=r["peer"] or "",
-            connected_at=r["connected_at"] or 0.0,
-            last_seen=session.last_seen if session else seen.last_seen if seen else (r["last_seen"] or 0.0),
+            name=r.name, state=seen.state if seen else (r.state or ""), farm_version=r.farm_version or "",
+            capabilities=json.loads(r.capabilities_json or "[]"), hostname=r.hostname or "", peer=r.peer or "",
+            connected_at=r.connected_at or 0.0,
+            last_seen=session.last_seen if session else seen.last_seen if seen else (r.last_seen or 0.0),
             running=len(session.running) if session else seen.busy if seen else 0,
             controller=scope.agents.address if session else seen.controller if seen else ""))
     return AgentsAnswer(agents=listed)
@@ -521,10 +521,10 @@ def finish_refresh(scope: Scope, ask: FinishRefreshAsk) -> RefreshAnswer:
         ("--max-slope-change", max_slope_change), ("--max-prediction-shift", max_prediction_shift),
         ("--max-intercept-change", max_intercept_change), ("--max-r2-drop", max_r2_drop))]
     row = store.jobs.get(job)
-    if row is None or row["kind"] != HEALTH_CHECK:
+    if row is None or row.kind != HEALTH_CHECK:
         raise ServiceError(f"job {job} is not a reference suite farm submitted; `farm refresh` starts one")
-    if row["status"] not in ("completed", "failed", "canceled"):
-        raise ServiceError(f"job {job} is {row['status']}: the refresh checks it once it has finished")
+    if row.status not in ("completed", "failed", "canceled"):
+        raise ServiceError(f"job {job} is {row.status}: the refresh checks it once it has finished")
     thresholds = DriftThresholds(slope_change=values[1], prediction_shift=values[2], intercept_change=values[3],
                                  r2_drop=values[4])
     return RefreshAnswer.model_validate(report_json(after_reference_run(
@@ -543,9 +543,9 @@ class MeasureFirst:
 def _reusable_job(store: Store, sha256: str, threads: int, source: dict[str, Any]) -> int | None:
     """A job measured with the same sim budget and workload that has this model at these threads."""
     for row in store.jobs.completed_with_model(sha256, threads):
-        spec = json.loads(row["spec_json"])
-        if spec["sim"] == source["sim"] and spec["workload"] == source["workload"]:
-            return row["id"]
+        spec = json.loads(row.spec_json or "{}")
+        if spec.get("sim") == source["sim"] and spec.get("workload") == source["workload"]:
+            return row.id
     return None
 
 
@@ -620,7 +620,7 @@ def predict(store: Store, model: Path, model_name: str, device: str, metrics: li
                                "quieter cores, or pass --include-contended")
         if not values:
             task = store.jobs.model_tasks(job_id, facts.sha256, t)
-            why = f"{task[0]['failure_class']}: {task[0]['message']}" if task else "no run"
+            why = f"{task[0].failure_class}: {task[0].message}" if task else "no run"
             raise ServiceError(f"the sim run of {model_name} at {t} thread(s) did not complete ({why}); job {job_id}")
         runtime = values[0].runtime
         for metric in metrics:

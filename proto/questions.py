@@ -344,7 +344,7 @@ class Sampler(Model):
     cpu_percent: float | None
 
 
-class Limits(Model):
+class RecordLimits(Model):
     cpus: float | None
     cpuset: str | None
     memory_mb: float | None
@@ -386,7 +386,7 @@ class RunRecord(Sparse):
     wall_s: float | None
     backend: str | None
     approximate: bool | None
-    limits: Limits
+    limits: RecordLimits
     run: int | None
     runtime: str | None
     input_shapes: dict[str, JsonValue]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.agents.link.remote_controller import MAX_CONTROLLERS, DeviceInfo, RemoteController, controller_addresses
+from farm.agents.link.remote_controller import MAX_CONTROLLERS, AgentDevice, RemoteController, controller_addresses
 from grpc_processes import Cluster, wait_for
 
 
@@ -61,7 +61,7 @@ def test_an_agent_connects_to_the_first_controller_that_answers(tmp_path: Path) 
     cluster.serve_in_process(no_auth=True)
     dead = f"127.0.0.1:{_unused_port()}"  # nothing listens there
     agent = RemoteController([dead, cluster.address], name="rack", token=None,
-                             devices=[DeviceInfo("rack/sim", "sim", "sim")]).start()
+                             devices=[AgentDevice("rack/sim", "sim", "sim")]).start()
     try:
         wait_for(agent.connected.is_set, 60, "the agent to reach the second controller")
         assert agent.address == cluster.address and agent.reconnects >= 1 and agent.fatal is None

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from farm.agents.agent import Agent
-from farm.agents.link.remote_controller import DeviceInfo, RemoteController
+from farm.agents.link.remote_controller import AgentDevice, RemoteController
 from farm.controller import grpc_server
 from farm.controller.rpc import agent_service
 from farm.controller.grpc_server import serve
@@ -178,7 +178,7 @@ def _run_agent(controller, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, repe
     monkeypatch.setattr(grpc_server.FarmServer, "on_agent_message", observed)
     job_id = _submit(controller, repeats=repeats)
     client = RemoteController(f"127.0.0.1:{controller.port}", name="rack", token=None,
-                              devices=[DeviceInfo("rack/sim", "sim", "sim")], artifact_dir=tmp_path / "cache").start()
+                              devices=[AgentDevice("rack/sim", "sim", "sim")], artifact_dir=tmp_path / "cache").start()
     agent = Agent(client, _Instant(), name="rack", slots=2)  # type: ignore[arg-type]
     slots = threading.Thread(target=agent.run_job, args=(None,), daemon=True)
     slots.start()

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from farm.agents.link.remote_controller import DeviceInfo, RemoteController
+from farm.agents.link.remote_controller import AgentDevice, RemoteController
 from farm.controller.operations.alerts import Webhook, alerts_from_environment, quarantine_event
 from farm.controller.grpc_server import serve
 from farm.controller.scheduling.jobfile import DeviceTarget, load_job_text
@@ -80,7 +80,7 @@ def test_a_hanging_webhook_does_not_delay_the_result_ack(tmp_path: Path, tiny_mo
     store = Store(tmp_path / "farm.db")
     running = serve(store, "127.0.0.1:0", tokens=None, lease_ttl_s=30)
     agent = RemoteController(f"127.0.0.1:{running.port}", name="rack", token=None, artifact_dir=tmp_path / "cache",
-                             devices=[DeviceInfo("pixel-1", "android", "lg-g6")]).start()
+                             devices=[AgentDevice("pixel-1", "android", "lg-g6")]).start()
     try:
         job = load_job_text(f"models: [{tiny_models['tflite']}]\ntargets: [pixel-1]\n", "job.yaml", tmp_path,
                             devices=[DeviceTarget("pixel-1")])

@@ -15,7 +15,7 @@ from rich.console import Console
 from farm.cli.render import results_table
 from farm.controller.analysis.calibrations import calibration_history, fit_and_store, pair_within_job
 from farm.controller.analysis.ranking import rank_job
-from farm.controller.analysis.results import run_records
+from farm.controller.analysis.results import record_dicts
 from farm.controller.scheduling.schedule import pair_key
 from farm.controller.store import SQLiteStore as Store
 from farm.proto.results import LatencyStats, RunResult, RunStatus
@@ -94,7 +94,7 @@ def test_batch_sizes_are_never_averaged_together(tmp_path: Path) -> None:
 
 def test_energy_per_inference_is_a_result_and_a_calibration_metric(tmp_path: Path) -> None:
     store, job = _lab(tmp_path)
-    records = run_records(store, job)
+    records = record_dicts(store, job)
     board = [r for r in records if r["target"] == "nano-1"]
     assert all(r["energy_per_inference_mj"] == pytest.approx(BOARD_POWER_W * r["latency_ms"]["avg"]) for r in board)
     assert all(r["energy_per_inference_mj"] is None for r in records if r["target"] == "sim")  # the sim has no rails

@@ -167,7 +167,7 @@ sim: {{memory: 256m, on_contention: flag}}
         assert farm.wait(submitted.job)
         for ops in (False, True):
             typed = [r.model_dump() for r in farm.results(submitted.job, ops=ops)]
-            assert typed == run_records(farm.store, submitted.job, ops=ops)
+            assert typed == [r.model_dump() for r in run_records(farm.store, submitted.job, ops=ops)]
             assert strict_json.dumps(farm.results(submitted.job, ops=ops)) == strict_json.dumps(typed)
         assert farm.job(submitted.job).status in ("completed", "failed")
 

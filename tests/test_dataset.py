@@ -141,11 +141,11 @@ def _the_dashboards_compare_page(db: Path) -> None:
 
     from farm.controller.scheduling.controller import Controller
     from farm.controller.store import open_store
-    from farm.web.server import Dashboard, Operator
+    from farm.web.server import DashboardApp, Operator
 
     store = open_store(db)
     try:
-        dashboard = Dashboard(store, Operator.embedded(Controller(store)), tokens=None, tls=False, loopback=True)
+        dashboard = DashboardApp(store, Operator.embedded(Controller(store)), tokens=None, tls=False, loopback=True)
 
         def get(path: str):
             return dashboard.handle("GET", path, {"Host": "127.0.0.1"}, b"")
@@ -176,7 +176,7 @@ def _the_dashboards_compare_page(db: Path) -> None:
     (db.parent / "tokens").write_text("client vision-token-0123456789 team=vision\n")
     store = open_store(db)
     try:
-        guarded = Dashboard(store, Operator.embedded(Controller(store)), tokens=TokenTable.from_file(db.parent / "tokens"),
+        guarded = DashboardApp(store, Operator.embedded(Controller(store)), tokens=TokenTable.from_file(db.parent / "tokens"),
                             tls=False, loopback=True, job_sharing="team")
         for path in ("/compare/1/1", "/compare/1/1.csv", "/compare/1/1.json"):
             refused = guarded.handle("GET", path, {"Host": "127.0.0.1",

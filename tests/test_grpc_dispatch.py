@@ -48,7 +48,7 @@ def test_each_slot_gets_a_task_it_serves_in_queue_order(server: FarmServer) -> N
     assert _offers(sim_only) == [(4, "sim"), (5, "sim")]
     leased = server.store.query("SELECT id, leased_by, attempts FROM tasks WHERE status = 'running' ORDER BY id")
     assert [(r["id"], r["leased_by"], r["attempts"]) for r in leased] == [(1, "lab1", 1), (4, "simhost", 1), (5, "simhost", 1)]
-    assert server.store.jobs.get(1)["status"] == "running"
+    assert server.store.jobs.get(1).status == "running"
 
 
 def test_a_slot_with_nothing_to_run_is_not_asked_again_until_the_queue_changes(server: FarmServer) -> None:

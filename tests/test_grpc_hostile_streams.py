@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from farm.agents.link.remote_controller import DeviceInfo, RemoteController
+from farm.agents.link.remote_controller import AgentDevice, RemoteController
 from farm.proto.generated import agent_pb2, agent_pb2_grpc, farm_pb2, farm_pb2_grpc
 from grpc_processes import Cluster, wait_for
 
@@ -129,7 +129,7 @@ def test_streams_that_never_say_hello_are_capped_and_cut_and_others_are_served(l
 
 def test_an_unpinned_token_saying_hello_under_many_names_holds_only_its_share_and_silence_is_cut(
         lab: Cluster) -> None:
-    pinned = RemoteController(lab.address, name="rack1", token=PINNED, devices=[DeviceInfo("rack1/sim", "sim", "sim")])
+    pinned = RemoteController(lab.address, name="rack1", token=PINNED, devices=[AgentDevice("rack1/sim", "sim", "sim")])
 
     async def run() -> None:
         release, quiet = asyncio.Event(), asyncio.Event()

@@ -12,7 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from farm.agents.link.remote_controller import DeviceInfo, RemoteController
+from farm.agents.link.remote_controller import AgentDevice, RemoteController
 from farm.proto.generated import common_pb2
 from farm.proto.results import (
     FailureClass, LatencyStats, Limits, ModelFacts, RunResult, RunStatus, Telemetry, TelemetrySample, TensorInfo,
@@ -113,7 +113,7 @@ def _check_health_and_reflection(controller: Cluster) -> None:
 
 def test_an_agent_of_another_protocol_version_is_refused_clearly(controller: Cluster) -> None:
     agent = RemoteController(controller.address, name="old-agent", token=None, protocol_version=99,
-                             devices=[DeviceInfo("old-agent/sim", "sim", "sim")]).start()
+                             devices=[AgentDevice("old-agent/sim", "sim", "sim")]).start()
     try:
         wait_for(lambda: agent.fatal is not None, 20, "the refusal")
         assert agent.lease("old-agent", {"sim"}) is None  # the agent stops asking for work
@@ -125,12 +125,12 @@ def test_an_agent_of_another_protocol_version_is_refused_clearly(controller: Clu
 
 
 def test_a_reconnecting_agent_takes_over_its_own_session(controller: Cluster, caplog) -> None:
-    first = RemoteController(controller.address, name="rack", token=None, devices=[DeviceInfo("rack/sim", "sim", "sim")]).start()
+    first = RemoteController(controller.address, name="rack", token=None, devices=[AgentDevice("rack/sim", "sim", "sim")]).start()
     second = None
     try:
         wait_for(first.connected.is_set, 20, "the first session")
         second = RemoteController(controller.address, name="rack", token=None,
-                                  devices=[DeviceInfo("rack/sim", "sim", "sim")]).start()
+                                  devices=[AgentDevice("rack/sim", "sim", "sim")]).start()
         wait_for(second.connected.is_set, 20, "the second session")
         # the old stream learns why it ended (a real reconnect's old stream is already dead and never hears it),
         # says so, and tries again later instead of exiting: a taken session may be its own after a network blip.
@@ -195,7 +195,7 @@ def test_oversized_job_files_and_path_like_agent_names_are_refused(controller: C
 
 
 def test_one_device_cannot_be_registered_by_two_agents(controller: Cluster) -> None:
-    phone = DeviceInfo("g6-1", "android", "lg-g6", tags=["phones"])
+    phone = AgentDevice("g6-1", "android", "lg-g6", tags=["phones"])
     first = RemoteController(controller.address, name="rack-a", token=None, devices=[phone]).start()
     second = RemoteController(controller.address, name="rack-b", token=None, devices=[phone])
     try:

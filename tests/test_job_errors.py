@@ -315,8 +315,8 @@ def test_a_cpuset_the_agent_lacks_fails_the_run_as_job_without_retry(job_dir: Pa
     job_id = Controller(store).submit(job)
     assert run_job_embedded(store, job_id)
     task = store.jobs.tasks(job_id)[0]
-    assert (task["status"], task["failure_class"], task["attempts"]) == ("failed", "job", 1)
-    assert "sim.cpuset '0,4000' names core(s) 4000" in task["message"] and "cannot use" in task["message"]
+    assert (task.status, task.failure_class, task.attempts) == ("failed", "job", 1)
+    assert "sim.cpuset '0,4000' names core(s) 4000" in task.message and "cannot use" in task.message
 
 
 def test_device_twin_budgets_above_the_host_are_a_warning(job_dir: Path) -> None:

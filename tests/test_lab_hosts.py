@@ -336,7 +336,7 @@ def test_lab_wide_sweeps_run_on_the_leader_only_and_pass_on_when_it_dies(pg_url:
         assert b.expire_leases() == 1 and b.sweeps.leading, "b did not take the sweeps over from the dead leader"
         assert LabDuties(stores[1]).holder("sweeps", now=now[0]) == "host-b:50051/2"
         assert [t.status for t in stores[1].jobs.tasks(third)] == ["pending"]
-        assert stores[1].jobs.get(late)["status"] == "canceled", "the new leader did not end a job past its deadline"
+        assert stores[1].jobs.get(late).status == "canceled", "the new leader did not end a job past its deadline"
         # a controller stopping on purpose hands on at once
         b.sweeps.release()
         assert LabDuties(stores[1]).holder("sweeps", now=now[0]) is None
@@ -461,8 +461,8 @@ def test_kill_9_of_the_sweep_leader_hands_its_sweeps_to_the_other_controller(pg_
     try:
         lost_job, (lost_task,) = _job_with_leases(store, [time.time() - 1.0])
         late_job, _ = _job_with_leases(store, [time.time() + 600.0], deadline_at=time.time() - 1.0)
-        wait_for(lambda: store.jobs.get(late_job)["status"] == "canceled", 60, "the survivor to end the late job")
-        wait_for(lambda: store.jobs.task(lost_task)["status"] == "pending", 60, "the lost lease to be swept")
+        wait_for(lambda: store.jobs.get(late_job).status == "canceled", 60, "the survivor to end the late job")
+        wait_for(lambda: store.jobs.task(lost_task).status == "pending", 60, "the lost lease to be swept")
         assert leader() == survivor_holder
         assert f"{survivor_holder} takes over the lab-wide sweeps" in survivor.output(), survivor.output()[-3000:]
         [(finished_at, agent, failure, message)] = rows(
@@ -498,7 +498,7 @@ def test_a_run_stopped_because_its_lease_ran_out_is_retried_not_canceled(tmp_pat
     controller.complete(first.task_id, first.attempt, "rack", now[0],
                         RunResult.failed(FailureClass.CANCELED, "canceled while running"))
     task = controller.store.jobs.task(first.task_id)
-    assert task["status"] == "pending", "a run stopped for a lost lease ended its task"
+    assert task.status == "pending", "a run stopped for a lost lease ended its task"
     [run] = controller.store.query("SELECT attempt, status, failure_class, message FROM runs")
     assert (run["attempt"], run["status"], run["failure_class"]) == (1, "failed", "infrastructure")
     assert "stopped the run because its lease ran out at" in run["message"] and "canceled while running" in run["message"]
@@ -507,9 +507,9 @@ def test_a_run_stopped_because_its_lease_ran_out_is_retried_not_canceled(tmp_pat
     latency = LatencyStats(None, None, None, 2.5, 2.5, 2.6, 2.7, 0.1, 2.4, 2.8, 20)
     controller.complete(again.task_id, again.attempt, "rack", time.time(),
                         RunResult(status=RunStatus.COMPLETED, latency=latency, iterations_ms=[2.5] * 20))
-    assert controller.store.jobs.get(job_id)["status"] == "completed"
+    assert controller.store.jobs.get(job_id).status == "completed"
     # a run canceled while its lease is live (Ctrl+C of an embedded run, a canceled job) stays canceled
     second = controller.submit(job)
     live = controller.lease("rack", {"sim"}, job_id=second)
     controller.complete(live.task_id, live.attempt, "rack", now[0], RunResult.failed(FailureClass.CANCELED, "stopped"))
-    assert controller.store.jobs.task(live.task_id)["status"] == "canceled"
+    assert controller.store.jobs.task(live.task_id).status == "canceled"

@@ -98,21 +98,21 @@ def test_a_retry_that_fails_keeps_the_contended_measurement(tmp_path: Path, tiny
                           contention=Contention(contended=True, reasons=["others used 40 % of the run's core"]))
     t = controller.lease("a", {"sim"}, job_id=job_id)
     controller.complete(t.task_id, t.attempt, "a", time.time(), contended)
-    assert controller.store.jobs.task(t.task_id)["status"] == "pending"  # measured again, as the policy says
+    assert controller.store.jobs.task(t.task_id).status == "pending"  # measured again, as the policy says
     while (t := controller.lease("a", {"sim"}, job_id=job_id)) is not None:
         controller.complete(t.task_id, t.attempt, "a", time.time(), RunResult.failed(
             FailureClass.INFRASTRUCTURE, "agent a could not fetch model 0123456789ab: the controller answered NOT_FOUND"))
     task = controller.store.jobs.task(t.task_id if t else 1)
-    assert task["status"] == "completed" and task["failure_class"] is None
-    assert "attempt 1's measurement kept, contended and flagged" in task["message"]
-    assert "NOT_FOUND" in task["message"]
+    assert task.status == "completed" and task.failure_class is None
+    assert "attempt 1's measurement kept, contended and flagged" in task.message
+    assert "NOT_FOUND" in task.message
     [result] = controller.store.runs.results(job_id)
-    assert result["latency_avg_ms"] == 2.5  # attempt 1's figures
+    assert result.latency_avg_ms == 2.5  # attempt 1's figures
     shown = controller.store.query("SELECT r.attempt, r.contended FROM tasks t JOIN runs r ON r.id = t.last_run_id")
     assert shown == [{"attempt": 1, "contended": 1}]  # flagged: calibrations leave it out unless asked
     runs = controller.store.query("SELECT attempt, status FROM runs ORDER BY attempt")
     assert runs[0] == {"attempt": 1, "status": "completed"} and all(r["status"] == "failed" for r in runs[1:])
-    assert controller.progress(job_id).completed == 1 and controller.store.jobs.get(job_id)["status"] == "completed"
+    assert controller.progress(job_id).completed == 1 and controller.store.jobs.get(job_id).status == "completed"
 
 
 def test_a_failure_with_no_measurement_before_it_still_fails(tmp_path: Path, tiny_models) -> None:
@@ -129,7 +129,7 @@ def test_a_failure_with_no_measurement_before_it_still_fails(tmp_path: Path, tin
     t = controller.lease("a", {"sim"}, job_id=job_id)
     controller.complete(t.task_id, t.attempt, "a", time.time(), RunResult.failed(FailureClass.JOB, "bad model"))
     task = controller.store.jobs.task(t.task_id)
-    assert (task["status"], task["failure_class"], task["message"]) == ("failed", "job", "bad model")
+    assert (task.status, task.failure_class, task.message) == ("failed", "job", "bad model")
 
 
 def _store_contended_jobs(tmp_path: Path) -> Path:
@@ -411,7 +411,7 @@ def test_the_nightly_refresh_can_fit_contended_runs(tmp_path: Path, include: boo
                 status=RunStatus.COMPLETED, latency=LatencyStats(None, None, None, ms, ms, ms, ms, 0.01, ms, ms, 10),
                 iterations_ms=[ms] * 10,
                 contention=Contention(contended=target == "sim", reasons=["a hog on the run's core"])))
-    assert store.jobs.get(job_id)["status"] == "completed"
+    assert store.jobs.get(job_id).status == "completed"
     with caplog.at_level("WARNING", logger="farm"):
         nightly.check_finished()
     fitted = store.query("SELECT device FROM calibrations")
@@ -440,7 +440,7 @@ def test_a_fetch_failure_retried_is_told_once_per_task(tmp_path: Path, tiny_mode
             path.unlink()  # the controller lost the model (a disk replaced, a collection gone wrong)
         cluster.agent_in_process("rack")
         store = server.store
-        wait_for(lambda: store.jobs.get(1)["status"] == "failed", 120, "the job to fail")
+        wait_for(lambda: store.jobs.get(1).status == "failed", 120, "the job to fail")
         attempts = store.query("SELECT attempt, failure_class FROM runs ORDER BY attempt")
         assert [r["failure_class"] for r in attempts] == ["infrastructure"] * 3, attempts  # retried, as it should be
         shown = cluster.farm("results", "1", "--controller", str(cluster.address))
@@ -448,7 +448,7 @@ def test_a_fetch_failure_retried_is_told_once_per_task(tmp_path: Path, tiny_mode
         assert len(said) == 1, shown.stderr
         assert said[0].endswith("(the last of 3 attempts)") and "NOT_FOUND" in said[0]
         [record] = run_records(store, 1)
-        assert record["attempts"] == 3
+        assert record.attempts == 3
         recent = store.reads.recent_failures(10)
         assert [(r["task_id"], r["failed_attempts"]) for r in recent] == [(1, 3)], recent
         panel = failures_panel(recent)

@@ -81,11 +81,11 @@ def test_the_suite_is_submitted_when_due_and_checked_when_done(tmp_path: Path) -
         now[0] = dt.datetime(2026, 11, 22, 2, 30)
         job_id = nightly.tick()
         job = store.jobs.get(job_id)
-        assert job["name"] == "reference-suite" and job["priority"] == "low" and job["kind"] == HEALTH_CHECK
+        assert job.name == "reference-suite" and job.priority == "low" and job.kind == HEALTH_CHECK
         # the suite's models were generated beside it on first use, never downloaded
         assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [
             f"mobilenetv2_w{w}_r160.tflite" for w in ("0.35", "0.5", "0.75", "1.0", "1.4")]
-        assert {t["target"] for t in store.jobs.tasks(job_id)} == {"g6-1", "sim"}
+        assert {t.target for t in store.jobs.tasks(job_id)} == {"g6-1", "sim"}
         assert nightly.tick() is None  # once per scheduled time
         run_job_embedded(store, job_id, devices=lab)
     nightly.tick()  # the finished suite is checked: a first calibration version for the phone
@@ -107,8 +107,8 @@ def test_only_the_suite_farm_submits_is_a_health_check(tmp_path: Path, tiny_mode
     with store.transaction():  # both jobs' phone runs complete: only one of them checked the phone
         store.db.execute("UPDATE tasks SET status = 'completed', finished_at = job_id * 1000.0")
         store.db.execute("UPDATE jobs SET status = 'completed'")
-    assert store.jobs.get(user)["name"] == store.jobs.get(check)["name"] == "reference-suite"
-    assert [store.jobs.get(j)["kind"] for j in (user, check)] == ["user", HEALTH_CHECK]
+    assert store.jobs.get(user).name == store.jobs.get(check).name == "reference-suite"
+    assert [store.jobs.get(j).kind for j in (user, check)] == ["user", HEALTH_CHECK]
     assert last_reference_checks(store) == {"g6-1": check * 1000.0}
     nightly = NightlyRefresh(Store(tmp_path / "farm.db"), suite, Cron.parse("@daily"), lambda: [phone])
     assert nightly.checked == {check}  # a restarted controller knows which refreshes it already checked

@@ -553,7 +553,7 @@ def test_an_agent_given_two_controllers_moves_to_the_other_when_its_own_is_kille
 
 def test_a_controller_starting_beside_another_leaves_its_agents_online(pg_url: str, threads) -> None:
     import psycopg
-    from farm.agents.link.remote_controller import DeviceInfo, RemoteController
+    from farm.agents.link.remote_controller import AgentDevice, RemoteController
     from grpc_processes import wait_for
 
     def states() -> dict[str, str]:
@@ -563,7 +563,7 @@ def test_a_controller_starting_beside_another_leaves_its_agents_online(pg_url: s
 
     threads.serve_in_process(db=pg_url)
     agent = RemoteController(threads.address, name="rack-a", token=None,
-                             devices=[DeviceInfo("rack-a/sim", "sim", "sim")]).start()
+                             devices=[AgentDevice("rack-a/sim", "sim", "sim")]).start()
     try:
         wait_for(agent.connected.is_set, 60, "rack-a to connect to controller a")
         assert states() == {"rack-a": "online", "rack-a/sim": "online"}
@@ -576,12 +576,12 @@ def test_a_controller_starting_beside_another_leaves_its_agents_online(pg_url: s
 
 
 def test_a_device_registered_through_one_controller_is_refused_as_taken_by_the_other(pg_url: str, threads) -> None:
-    from farm.agents.link.remote_controller import DeviceInfo, RemoteController
+    from farm.agents.link.remote_controller import AgentDevice, RemoteController
     from grpc_processes import wait_for
 
     address_a = threads.serve_in_process(db=pg_url).address
     threads.serve_in_process(db=pg_url)  # controller b, started before the phone is known
-    phone = DeviceInfo("phone-1", "android", "pixel")
+    phone = AgentDevice("phone-1", "android", "pixel")
     owner = RemoteController(address_a, name="rack-a", token=None, devices=[phone]).start()
     thief = None
     try:

@@ -75,7 +75,7 @@ def test_the_table_rule_is_checked_before_the_question_runs(tmp_path: Path, tiny
             with pytest.raises(service.NotAllowed, match=f"only its owner, its owner's team or an admin may "
                                                          f"{question.service} it"):
                 service.answer(question, reader, ask)
-        assert store.jobs.get(vision)["status"] == "queued"  # the refused cancel changed nothing
+        assert store.jobs.get(vision).status == "queued"  # the refused cancel changed nothing
         # an admin-only question asked with a client's scope is refused before it runs
         with pytest.raises(service.NotAllowed, match="ForgetDevice is an admin's question"):
             service.answer(questions.FORGET_DEVICE, teammate, questions.ForgetDeviceAsk(name="pixel"))

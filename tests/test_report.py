@@ -18,7 +18,7 @@ from browser import install_chromium
 from conftest import write_job
 from farm.controller.analysis import plots
 from farm.controller.analysis.report import ops_section
-from farm.controller.analysis.results import average_repeats, run_records
+from farm.controller.analysis.results import average_repeats, record_dicts
 from farm.controller.store import SQLiteStore as Store
 
 HOSTILE = "<script>alert(1)</script>$x_{1}$&\"'\x1b[31m"
@@ -107,7 +107,7 @@ def test_sweep_plots_per_family_against_threads_and_input_size(models: Path, far
     for name in names:
         _png_check((png_dir / name).read_bytes())
     store = Store(tmp_path / "farm.db")
-    averaged = [r for r in average_repeats(run_records(store, 1))]
+    averaged = [r for r in average_repeats(record_dicts(store, 1))]
     swept = [p.key for p in plots.swept_params(averaged)]
     assert swept == ["threads", "input_size"]
 

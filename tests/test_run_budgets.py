@@ -98,9 +98,9 @@ def test_a_job_within_its_disk_quota_runs_and_says_its_quota(backend: str, tmp_p
                "--json")
     assert run.returncode == 0, run.stderr
     [row] = Store(farm_db).runs.results(1)  # the store's first and only job
-    assert row["run_status"] == "completed", row
+    assert row.run_status == "completed", row
     expected = "256 MiB (sim.disk)" if os.geteuid() == 0 else "not bounded"
-    assert expected in json.loads(row["environment_json"])["disk"], row["environment_json"]
+    assert expected in json.loads(row.environment_json)["disk"], row.environment_json
 
 
 @pytest.mark.parametrize("value, said", [("nan", "not a memory size"), ("inf", "not a memory size"),

@@ -53,7 +53,7 @@ def test_old_schema_is_migrated_in_place(tmp_path: Path) -> None:
     store = Store(path)
     assert store.schema_version() == SCHEMA_VERSION
     assert "model_param_count" in store.db["tasks"].columns_dict
-    assert store.jobs.get(7)["name"] == "old"  # data survives the migration
+    assert store.jobs.get(7).name == "old"  # data survives the migration
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
@@ -110,7 +110,7 @@ def test_infrastructure_failure_is_retried_then_reported(controller: Controller)
         controller.complete(t.task_id, t.attempt, "a", time.time(),
                             RunResult.failed(FailureClass.INFRASTRUCTURE, "device vanished"))
     task = controller.store.jobs.task(t.task_id)
-    assert task["status"] == "failed" and task["failure_class"] == "infrastructure"
+    assert task.status == "failed" and task.failure_class == "infrastructure"
     runs = controller.store.query("SELECT attempt FROM runs WHERE task_id = ? ORDER BY attempt", [t.task_id])
     assert [r["attempt"] for r in runs] == [1, 2, 3]  # every attempt is kept
 
@@ -150,8 +150,8 @@ def test_kept_task_counts_follow_every_change(controller: Controller, tmp_path: 
     store.db.execute("DELETE FROM tasks WHERE status = 'canceled' AND id NOT IN (SELECT task_id FROM runs)")
     assert store.jobs.task_counts_of([1, 2]) == _recounted(store)
     assert store.jobs.task_counts(1) == {} and store.jobs.task_counts_of([]) == {}
-    listed = {j["id"]: j for j in store.jobs.listing(10)}
-    assert (listed[2]["tasks"], listed[2]["completed"], listed[2]["failed"]) == (sum(_recounted(store)[2].values()), 1, 1)
+    listed = {j.id: j for j in store.jobs.listing(10)}
+    assert (listed[2].tasks, listed[2].completed, listed[2].failed) == (sum(_recounted(store)[2].values()), 1, 1)
 
 
 def test_a_store_from_before_kept_counts_gets_them_counted(tmp_path: Path, tiny_models) -> None:

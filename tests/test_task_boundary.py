@@ -249,7 +249,7 @@ def test_a_stored_runtime_reads_back_alike_for_new_and_old_rows(tmp_path: Path, 
         controller.complete(task.task_id, task.attempt, "agent-1", 0.0, result)
         [value] = job_values(store, job, "whole_run")
         [record] = run_records(store, job)
-        assert value.runtime == record["runtime"] == (runtime or environment["runtime"])
+        assert value.runtime == record.runtime == (runtime or environment["runtime"])
 
 
 def test_every_field_of_the_plan_and_the_task_has_a_place_in_the_message() -> None:

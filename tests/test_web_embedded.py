@@ -89,11 +89,11 @@ def test_farm_web_serves_a_local_store_open_on_loopback(cluster: Cluster, tiny_m
     assert page.count('<svg class="chart"') == 1 and "latency by threads" in page
     status, headers, body = _get(f"{url}jobs/{job_id}/results.json")
     assert status == 200 and "attachment" in headers["Content-Disposition"]
-    from farm.controller.analysis.results import run_records
+    from farm.controller.analysis.results import record_dicts
     from farm.controller.store import SQLiteStore as Store
     # the download is `farm results --ops --json`: every record with its op profile (empty here: none asked)
     downloaded = json.loads(body)
-    assert downloaded == json.loads(json.dumps(run_records(Store(db), job_id, ops=True)))
+    assert downloaded == json.loads(json.dumps(record_dicts(Store(db), job_id, ops=True)))
     assert all("op_profile" in r for r in downloaded)
     status, headers, csv_text = _get(f"{url}jobs/{job_id}/results.csv")
     assert status == 200 and csv_text.count("\n") == 1 + 6 and csv_text.startswith("job,task,")

@@ -175,9 +175,9 @@ def test_quarantine_needs_a_reason_on_the_server_too(lab) -> None:
     url, store, _, _, _ = lab
     status, text = _post(f"{url}actions/device", {"device": "phone-001", "action": "quarantine", "reason": "  "})
     assert status == 403  # no CSRF token from a script without a bearer token: refused before anything else
-    from farm.web.server import Dashboard, Operator
+    from farm.web.server import DashboardApp, Operator
     from farm.controller.scheduling.controller import Controller
-    dashboard = Dashboard(store, Operator.embedded(Controller(store)), tokens=None, tls=False, loopback=True)
+    dashboard = DashboardApp(store, Operator.embedded(Controller(store)), tokens=None, tls=False, loopback=True)
     headers = {"Host": "127.0.0.1", "Origin": "http://127.0.0.1", "Content-Type": "application/x-www-form-urlencoded"}
     csrf = dashboard.csrf(dashboard._open_session)
     for action in ("quarantine", "maintenance"):
@@ -187,7 +187,7 @@ def test_quarantine_needs_a_reason_on_the_server_too(lab) -> None:
     assert store.devices.health_by_name().get("phone-001") is None
     done = dashboard.handle("POST", "/actions/device", headers, urllib.parse.urlencode(
         {"device": "phone-001", "action": "quarantine", "reason": "cracked screen", "csrf": csrf}).encode())
-    assert done.status == 303 and store.devices.health_by_name()["phone-001"]["reason"] == "cracked screen"
+    assert done.status == 303 and store.devices.health_by_name()["phone-001"].reason == "cracked screen"
 
 
 # --- in the browser -------------------------------------------------------------------------------
@@ -250,7 +250,7 @@ def test_quarantine_asks_for_confirmation_and_a_reason(lab, browser) -> None:
     browser.driver.find_element("xpath", row + '//button[@value="quarantine"]').click()
     browser.wait(lambda d: d.switch_to.alert, "the confirmation dialog").accept()
     browser.wait(lambda d: "quarantined" in d.find_element("css selector", ".flash").text, "the flash message")
-    assert store.devices.health_by_name()["phone-010"]["reason"] == "loose cable"
+    assert store.devices.health_by_name()["phone-010"].reason == "loose cable"
 
 
 def test_cancel_asks_for_confirmation(tmp_path: Path, tiny_models, browser) -> None:
@@ -270,11 +270,11 @@ def test_cancel_asks_for_confirmation(tmp_path: Path, tiny_models, browser) -> N
         assert f"Cancel job {job_id}?" in alert.text
         alert.dismiss()
         time.sleep(1)
-        assert store.jobs.get(job_id)["status"] == "queued"
+        assert store.jobs.get(job_id).status == "queued"
         browser.find("#cancel").click()
         browser.wait(lambda d: d.switch_to.alert, "the confirmation dialog").accept()
         browser.wait(lambda d: "canceled" in d.find_element("css selector", ".flash").text, "the flash message")
-        assert store.jobs.get(job_id)["status"] == "canceled"
+        assert store.jobs.get(job_id).status == "canceled"
     finally:
         running.stop()
         store.close()

@@ -84,12 +84,12 @@ def test_agents_and_clients_share_one_parser() -> None:
 
 
 def test_an_agent_built_from_python_refuses_the_same_addresses(listener) -> None:
-    from farm.agents.link.remote_controller import DeviceInfo, RemoteController
+    from farm.agents.link.remote_controller import AgentDevice, RemoteController
 
     port = listener.getsockname()[1]
     for value in (f"127.0.0.1:{port + 65536}", ["127.0.0.1:1", "127.0.0.1:-5"]):
         with pytest.raises(ValueError, match="the port must be a number from 1 to 65535"):
-            RemoteController(value, name="rack", token=TOKEN, devices=[DeviceInfo("rack/sim", "sim", "sim")])
+            RemoteController(value, name="rack", token=TOKEN, devices=[AgentDevice("rack/sim", "sim", "sim")])
     assert _connections(listener) == 0
 
 

@@ -16,7 +16,7 @@ from urllib.parse import quote, urlencode
 from farm.controller.scheduling.store_file import StoreFile
 from farm.web import svg
 from farm.web.views import (MIN_LOO_MODELS, ACTIVITIES, CONNECTIONS, FAILURES_SHOWN, HEALTHS, LAB_ROWS_SHOWN, AverageRow,
-                            CalibrationSummary, CalibrationView, CompareView, DeviceRow, Failure, JobView, LabFilter, LabPage, LabView,
+                            CalibrationSummary, CalibrationView, CompareView, DeviceLine, Failure, JobView, LabFilter, LabPage, LabView,
                             Sweep, is_contended, lab_page)
 
 CONTENDED_MARK = "!"
@@ -110,7 +110,7 @@ def live(part: str, url: str, html: str, every_s: float = 2.0) -> str:
 
 
 # --- lab ------------------------------------------------------------------------------------------
-def _device_actions(d: DeviceRow, csrf: str) -> str:
+def _device_actions(d: DeviceLine, csrf: str) -> str:
     hidden = f'<input type="hidden" name="csrf" value="{e(csrf)}"><input type="hidden" name="device" value="{e(d.name)}">'
     if d.health in ("bad", "maintenance"):
         return (f'<form method="post" action="/actions/device" class="actions">{hidden}'
@@ -257,8 +257,8 @@ def lab_devices(view: LabView, *, csrf: str, may_operate: bool, f: LabFilter = L
                     else "") if view.running else "<p>Nothing running.</p>"
     shown_queue = view.queue[:LAB_ROWS_SHOWN]
     queue = table("queue", [("job", "num"), ("target", "text"), ("priority", "num"), ("pending", "num")],
-                  [[(q["job_id"], f'<a href="/jobs/{q["job_id"]}">{q["job_id"]}</a>'), (q["target"], e(q["target"])),
-                    (q["priority"], e(q["priority"])), (q["pending"], e(q["pending"]))] for q in shown_queue],
+                  [[(q.job_id, f'<a href="/jobs/{q.job_id}">{q.job_id}</a>'), (q.target, e(q.target)),
+                    (q.priority, e(q.priority)), (q.pending, e(q.pending))] for q in shown_queue],
                   f"the first {len(shown_queue)} of {len(view.queue)} rows" if len(view.queue) > len(shown_queue) else ""
                   ) if view.queue else "<p>The queue is empty.</p>"
     return (lab_summary(p, f, len(view.devices))
@@ -612,14 +612,14 @@ def loo_text(loo: float | None, n: int | None) -> str:
 def calibrations_list(items: list[CalibrationSummary]) -> str:
     if not items:
         return "<p>No calibrations yet: <code>farm calibrate</code> or a refresh stores them.</p>"
-    rows = [[(c.row["device"], e(c.row["device"])), (c.row["metric"], e(c.row["metric"])), (c.row["threads"], e(c.row["threads"])),
-             (c.row["runtime"], e(c.row["runtime"])), (c.row["batch_size"], e(c.row["batch_size"])),
-             (c.row["family"], e(c.row["family"] or "all")),
-             (c.row["version"], f'<a href="/calibrations/{c.row["id"]}">v{c.row["version"]}</a> of {c.row["versions"]}'),
-             (c.row["n"], e(c.row["n"])), (c.row["r2"], num(c.row["r2"])),
-             (c.row["loo_mape"], loo_text(c.row["loo_mape"], c.row["n"])),
-             (c.row["kendall_tau"], num(c.row["kendall_tau"])), (int(c.unsafe), verdict(c.unsafe)),
-             (c.row["created_at"], e(when(c.row["created_at"])))] for c in items]
+    rows = [[(c.row.device, e(c.row.device)), (c.row.metric, e(c.row.metric)), (c.row.threads, e(c.row.threads)),
+             (c.row.runtime, e(c.row.runtime)), (c.row.batch_size, e(c.row.batch_size)),
+             (c.row.family, e(c.row.family or "all")),
+             (c.row.version, f'<a href="/calibrations/{c.row.id}">v{c.row.version}</a> of {c.row.versions}'),
+             (c.row.n, e(c.row.n)), (c.row.r2, num(c.row.r2)),
+             (c.row.loo_mape, loo_text(c.row.loo_mape, c.row.n)),
+             (c.row.kendall_tau, num(c.row.kendall_tau)), (int(c.unsafe), verdict(c.unsafe)),
+             (c.row.created_at, e(when(c.row.created_at)))] for c in items]
     return table("calibrations", [("device", "text"), ("metric", "text"), ("threads", "num"), ("runtime", "text"),
                                   ("batch", "num"), ("family", "text"), ("version", "num"), ("models", "num"),
                                   ("R²", "num"), ("LOO error", "num"), ("Kendall τ", "num"), ("verdict", "num"),
@@ -633,7 +633,7 @@ def calibration_page(v: CalibrationView) -> str:
              ("within 10 %", f"{num(100 * fit.loo_within_10)} % of models"),
              ("rank agreement", f"Kendall τ {num(fit.kendall_tau)} · Spearman ρ {num(fit.spearman_rho)}"),
              ("models", str(fit.n)), ("interval", f"{v.confidence:.0%} prediction interval"),
-             ("stored", when(v.row["created_at"])), ("unit", v.unit)]
+             ("stored", when(v.row.created_at)), ("unit", v.unit)]
     dl = "".join(f"<dt>{e(k)}</dt><dd>{e(val)}</dd>" for k, val in facts)
     reasons = "".join(f"<li>{e(r)}</li>" for r in v.unsafe_reasons)
     warnings = "".join(f"<li>{e(w)}</li>" for w in v.warnings)

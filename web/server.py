@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from email.message import Message
 from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,7 +32,7 @@ from urllib.parse import parse_qs, quote, urlencode, urlsplit
 from farm.controller.analysis.export import results_csv, to_json
 from farm.controller.auth import Identity, TlsFiles, TokenTable, bearer_token, is_loopback
 from farm.controller.scheduling.controller import Controller
-from farm.controller.analysis.results import run_records
+from farm.controller.analysis.results import record_dicts
 from farm.controller import service as answers
 from farm.controller.scheduling.store_file import StoreFile, StoreFileWatch
 from farm.controller.store import Store
@@ -104,13 +105,13 @@ STREAM_KEEPALIVE_S = 20.0  # a comment line when nothing changed: finds a closed
 STREAM_LIFETIME_S = 600.0  # then the stream ends and the browser reconnects: the session is checked again
 
 
-class Refused(Exception):
+class HttpRefused(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
 
 
-class Dashboard:
+class DashboardApp:
     """The pages and actions, apart from the socket: a request in, a Response out."""
 
     def __init__(self, store: Store, operator: Operator, *, tokens: TokenTable | None, tls: bool,
@@ -158,21 +159,21 @@ class Dashboard:
     def readable_job(self, job_id: int, identity: Identity) -> dict[str, Any]:
         job = plain(self.store.jobs.get(job_id))
         if job is None or not self.viewer(identity).may_read(job, self.job_sharing):
-            raise Refused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
+            raise HttpRefused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
         return job
 
-    def origin_ok(self, headers: Any) -> bool | None:
+    def origin_ok(self, headers: Message) -> bool | None:
         """True: sent from this dashboard; False: from elsewhere; None: the request names no origin."""
         expected = f"{'https' if self.tls else 'http'}://{headers.get('Host', '')}"
-        origin = headers.get("Origin")
+        origin: str | None = headers.get("Origin")
         if origin is not None:
             return origin == expected
-        referer = headers.get("Referer")
+        referer: str | None = headers.get("Referer")
         if referer is not None:
             return referer == expected or referer.startswith(expected + "/")
         return None
 
-    def host_ok(self, headers: Any) -> bool:
+    def host_ok(self, headers: Message) -> bool:
         if not self.loopback:
             return True
         host = headers.get("Host") or ""
@@ -194,7 +195,7 @@ class Dashboard:
                         429, f"too many failed log-ins from {peer or 'this address'}; try again in {math.ceil(wait)} s")
                         .encode(), headers={"Retry-After": str(math.ceil(wait))})
             if not self.host_ok(headers):
-                raise Refused(HTTPStatus.MISDIRECTED_REQUEST,
+                raise HttpRefused(HTTPStatus.MISDIRECTED_REQUEST,
                               "this dashboard listens on a loopback address and answers only to localhost names")
             url = urlsplit(target)
             query = {k: v[-1] for k, v in parse_qs(url.query, max_num_fields=20).items()}
@@ -218,9 +219,9 @@ class Dashboard:
             if method == "POST":
                 return self.post(path, headers, body, identity, session, bearer)
             if method != "GET":
-                raise Refused(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not served here")
+                raise HttpRefused(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not served here")
             return self.get(path, query, identity, session)
-        except Refused as r:
+        except HttpRefused as r:
             return Response(r.status, pages.error_page(r.status, str(r)).encode())
 
     def store_health(self) -> StoreFile:
@@ -256,7 +257,7 @@ class Dashboard:
 
     def static(self, name: str) -> Response:
         if name not in STATIC:
-            raise Refused(HTTPStatus.NOT_FOUND, "no such file")
+            raise HttpRefused(HTTPStatus.NOT_FOUND, "no such file")
         return Response(HTTPStatus.OK, resources.files("farm.web").joinpath("static", name).read_bytes(), STATIC[name])
 
     def login(self, method: str, headers: Any, body: bytes, query: dict[str, str]) -> Response:
@@ -265,9 +266,9 @@ class Dashboard:
         if method == "GET":
             return Response(HTTPStatus.OK, pages.login_page(next_path=_safe_next(query.get("next"))).encode())
         if method != "POST":
-            raise Refused(HTTPStatus.METHOD_NOT_ALLOWED, "log in with the form")
+            raise HttpRefused(HTTPStatus.METHOD_NOT_ALLOWED, "log in with the form")
         if self.origin_ok(headers) is not True:  # login CSRF: another site must not log a browser in as itself
-            raise Refused(HTTPStatus.FORBIDDEN, "a log-in must come from this dashboard's own page")
+            raise HttpRefused(HTTPStatus.FORBIDDEN, "a log-in must come from this dashboard's own page")
         form = _form(headers, body)
         identity = self.tokens.lookup(form.get("token", "").strip()) if self.tokens is not None else None
         if identity is None:
@@ -295,11 +296,11 @@ class Dashboard:
              bearer: bool) -> Response:
         origin = self.origin_ok(headers)
         if origin is False or (origin is None and not bearer):
-            raise Refused(HTTPStatus.FORBIDDEN, "refused: this request did not come from the dashboard's own pages "
+            raise HttpRefused(HTTPStatus.FORBIDDEN, "refused: this request did not come from the dashboard's own pages "
                                                 "(its Origin or Referer names another site, or none)")
         form = _form(headers, body)
         if not bearer and (session is None or not self.signer.csrf_ok(session, form.get("csrf"))):
-            raise Refused(HTTPStatus.FORBIDDEN, "refused: the form's CSRF token is missing or stale; reload the page "
+            raise HttpRefused(HTTPStatus.FORBIDDEN, "refused: the form's CSRF token is missing or stale; reload the page "
                                                 "and try again")
         if path == "/logout":
             return _redirect("/login", {"Set-Cookie": f"{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"})
@@ -308,19 +309,19 @@ class Dashboard:
         match = re.fullmatch(r"/jobs/(\d{1,18})/cancel", path)
         if match:
             return self.cancel(int(match.group(1)), identity)
-        raise Refused(HTTPStatus.NOT_FOUND, "no such action")
+        raise HttpRefused(HTTPStatus.NOT_FOUND, "no such action")
 
     def device_action(self, form: dict[str, str], identity: Identity) -> Response:
         if identity.role not in DEVICE_ROLES:
-            raise Refused(HTTPStatus.FORBIDDEN, f"a device's health needs an admin token; this one is for the {identity.role} role")
+            raise HttpRefused(HTTPStatus.FORBIDDEN, f"a device's health needs an admin token; this one is for the {identity.role} role")
         device, action = form.get("device", ""), form.get("action", "")
         if action not in DEVICE_ACTIONS:
-            raise Refused(HTTPStatus.BAD_REQUEST, f"unknown action; choose one of {', '.join(DEVICE_ACTIONS)}")
+            raise HttpRefused(HTTPStatus.BAD_REQUEST, f"unknown action; choose one of {', '.join(DEVICE_ACTIONS)}")
         if not device or len(device) > 256 or device not in {d.name for d in self.lab().devices}:
-            raise Refused(HTTPStatus.NOT_FOUND, "no such device in this lab")
+            raise HttpRefused(HTTPStatus.NOT_FOUND, "no such device in this lab")
         reason = form.get("reason", "").strip()[:500]
         if action != "release" and not reason:  # the page requires one too; a script must give one as well
-            raise Refused(HTTPStatus.BAD_REQUEST, f"{action} takes {device} out of service and fails its waiting tasks: "
+            raise HttpRefused(HTTPStatus.BAD_REQUEST, f"{action} takes {device} out of service and fails its waiting tasks: "
                                                   "say why in the form's reason field (it is shown on the lab page)")
         if action == "release":
             self.operator.release(device)
@@ -336,9 +337,9 @@ class Dashboard:
 
     def cancel(self, job_id: int, identity: Identity) -> Response:
         if identity.role not in CANCEL_ROLES:
-            raise Refused(HTTPStatus.FORBIDDEN, f"cancelling a job needs a client or admin token; this one is for the {identity.role} role")
+            raise HttpRefused(HTTPStatus.FORBIDDEN, f"cancelling a job needs a client or admin token; this one is for the {identity.role} role")
         if not self.viewer(identity).owns(self.readable_job(job_id, identity)):  # reading may be shared; cancelling never
-            raise Refused(HTTPStatus.FORBIDDEN, f"job {job_id} belongs to another token; only its owner, its owner's team "
+            raise HttpRefused(HTTPStatus.FORBIDDEN, f"job {job_id} belongs to another token; only its owner, its owner's team "
                                                 "or an admin may cancel it")
         n = self.operator.cancel_job(job_id)
         log.info("dashboard: %s token (line %d) canceled job %d", identity.role, identity.line, job_id)
@@ -389,7 +390,7 @@ class Dashboard:
             self.readable_job(int(match.group(1)), identity)
             summary = views.job_summary(self.store, int(match.group(1)))
             if summary is None:
-                raise Refused(HTTPStatus.NOT_FOUND, "no such job")
+                raise HttpRefused(HTTPStatus.NOT_FOUND, "no such job")
             return Response(HTTPStatus.OK, json.dumps(summary).encode(), "application/json")
         if path == "/compare" or path.startswith("/compare/"):
             return self.compare(path, query, identity, page)
@@ -399,10 +400,10 @@ class Dashboard:
         if match:
             view = views.calibration_view(self.store, int(match.group(1)))
             if view is None:
-                raise Refused(HTTPStatus.NOT_FOUND, "no such calibration")
-            return page(f"Calibration {view.row['id']}: {views.key_label(view.row)} v{view.row['version']}",
+                raise HttpRefused(HTTPStatus.NOT_FOUND, "no such calibration")
+            return page(f"Calibration {view.row.id}: {views.key_label(view.row)} v{view.row.version}",
                         pages.calibration_page(view), "calibrations")
-        raise Refused(HTTPStatus.NOT_FOUND, "no such page")
+        raise HttpRefused(HTTPStatus.NOT_FOUND, "no such page")
 
     # --- live regions over server-sent events -------------------------------------------------
     def live_parts(self, page: str, identity: Identity, session: Session | None) -> dict[str, str]:
@@ -412,12 +413,12 @@ class Dashboard:
         match = re.fullmatch(r"/jobs/(\d{1,18})", url.path)
         kind = "job" if match else url.path.strip("/")
         if kind not in LIVE_REGIONS:
-            raise Refused(HTTPStatus.NOT_FOUND, "that page has no live regions")
+            raise HttpRefused(HTTPStatus.NOT_FOUND, "that page has no live regions")
         parts = {}
         for region, part in LIVE_REGIONS[kind].items():
             response = self.get(url.path, {**query, "part": part}, identity, session)
             if response.status != HTTPStatus.OK:
-                raise Refused(response.status, "that page cannot be shown")
+                raise HttpRefused(response.status, "that page cannot be shown")
             parts[region] = response.body.decode()
         return parts
 
@@ -438,7 +439,7 @@ class Dashboard:
     def events(self, page: str, have: str, identity: Identity, session: Session | None) -> Response:
         """A page's live regions as server-sent events: one event when a region changes, nothing when none does."""
         if not page.startswith("/") or page.startswith("//") or len(page) > 2000:
-            raise Refused(HTTPStatus.BAD_REQUEST, "events?page= takes a path on this dashboard")
+            raise HttpRefused(HTTPStatus.BAD_REQUEST, "events?page= takes a path on this dashboard")
         known = dict(item.split(":", 1) for item in have.split(",")[:10] if ":" in item)  # region -> fingerprint
         first = self.live_parts(page, identity, session)  # refused here, before the stream starts, if not allowed
         sent = {region: known.get(region, "") for region in first}
@@ -461,7 +462,7 @@ class Dashboard:
                 return None
             try:
                 chunk = changed(self.shared_live_parts(page, identity, session))
-            except Refused:  # the job was removed: the stream ends, the page keeps what it shows
+            except HttpRefused:  # the job was removed: the stream ends, the page keeps what it shows
                 return None
             if chunk or now - quiet_since[0] >= STREAM_KEEPALIVE_S:
                 quiet_since[0] = now
@@ -475,7 +476,7 @@ class Dashboard:
         job_row = self.readable_job(job_id, identity)
         if download:
             # the JSON carries each run's op profile (as `farm results --ops`); the CSV stays one row a run
-            records = run_records(self.store, job_id, ops=download == "json")
+            records = record_dicts(self.store, job_id, ops=download == "json")
             data = results_csv(records) if download == "csv" else to_json(records)
             kind = "text/csv; charset=utf-8" if download == "csv" else "application/json"
             return Response(HTTPStatus.OK, data.encode(), kind,
@@ -483,11 +484,11 @@ class Dashboard:
         if query.get("part") == "progress":
             job, summary = plain(self.store.jobs.get(job_id)), views.job_summary(self.store, job_id)
             if job is None or summary is None:  # removed since the check above
-                raise Refused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
+                raise HttpRefused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
             return Response(HTTPStatus.OK, pages.job_progress_part(job, summary["progress"]).encode())
         view = views.job_view(self.store, job_id)
         if view is None:
-            raise Refused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
+            raise HttpRefused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
         if query.get("part") == "results":
             return Response(HTTPStatus.OK, pages.results_part(view).encode())
         return page(f"Job {job_id}", pages.job_page(view, csrf=csrf, may_cancel=identity.role in CANCEL_ROLES
@@ -501,11 +502,11 @@ class Dashboard:
         if path == "/compare":
             a, b = query.get("a", ""), query.get("b", "") or query.get("a", "")
             if not re.fullmatch(r"\d{1,18}", a) or not re.fullmatch(r"\d{1,18}", b):
-                raise Refused(HTTPStatus.BAD_REQUEST, "compare needs two job ids: a (before) and b (after)")
+                raise HttpRefused(HTTPStatus.BAD_REQUEST, "compare needs two job ids: a (before) and b (after)")
             return _redirect(f"/compare/{int(a)}/{int(b)}")
         match = re.fullmatch(r"/compare/(\d{1,18})/(\d{1,18})(\.(csv|json))?", path)
         if not match:
-            raise Refused(HTTPStatus.NOT_FOUND, "no such page")
+            raise HttpRefused(HTTPStatus.NOT_FOUND, "no such page")
         job_a, job_b = (self.readable_job(int(match.group(i)), identity) for i in (1, 2))
         view = views.compare_view(self.store, job_a, job_b)
         download = match.group(4)
@@ -536,11 +537,11 @@ def _cookie(header: str | None) -> str | None:
 def _form(headers: Any, body: bytes) -> dict[str, str]:
     kind = (headers.get("Content-Type") or "").split(";")[0].strip()
     if body and kind != "application/x-www-form-urlencoded":
-        raise Refused(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "send the form as application/x-www-form-urlencoded")
+        raise HttpRefused(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "send the form as application/x-www-form-urlencoded")
     try:
         fields = parse_qs(body.decode("utf-8"), max_num_fields=20, strict_parsing=False)
     except (UnicodeDecodeError, ValueError):
-        raise Refused(HTTPStatus.BAD_REQUEST, "the form is not UTF-8 url-encoded fields") from None
+        raise HttpRefused(HTTPStatus.BAD_REQUEST, "the form is not UTF-8 url-encoded fields") from None
     return {k: v[-1] for k, v in fields.items()}
 
 
@@ -665,7 +666,7 @@ class DashboardServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], dashboard: Dashboard) -> None:
+    def __init__(self, address: tuple[str, int], dashboard: DashboardApp) -> None:
         self.dashboard = dashboard
         # a thread per connection, so a cap: a client opening connections and sending nothing holds no more
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
@@ -772,7 +773,7 @@ class Deadlines:
 STORE_CHECK_S = 5.0
 
 
-def _watch_store(dashboard: Dashboard) -> None:
+def _watch_store(dashboard: DashboardApp) -> None:
     """Look at the store file every few seconds, pages or not: a deleted store is logged when it happens."""
     while not dashboard.closing.wait(STORE_CHECK_S):
         try:
@@ -817,7 +818,7 @@ def start_dashboard(store: Store, listen: str, operator: Operator, *, tokens: To
     the controller's agent sessions, so the lab page shows what the scheduler sees."""
     host, port = parse_web_listen(listen)
     loopback = is_loopback(f"[{host}]:{port}")
-    dashboard = Dashboard(store, operator, tokens=tokens, tls=bool(tls and tls.cert), loopback=loopback,
+    dashboard = DashboardApp(store, operator, tokens=tokens, tls=bool(tls and tls.cert), loopback=loopback,
                           job_sharing=job_sharing, live=live)
     try:
         server = DashboardServer((host, port), dashboard)

@@ -13,11 +13,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from farm.controller.analysis.calibration import FitResult
 from farm.controller.analysis.calibrations import METRICS, current_calibration, model_features, stored_calibration
 from farm.controller.operations.refresh import last_reference_checks
-from farm.controller.analysis.results import paired_records, run_records
+from farm.controller.analysis.results import paired_records, record_dicts
 from farm.controller.store import Store
-from farm.controller.store.rows import plain, plain_rows
+from farm.controller.store.rows import CalibrationRow, LatestCalibration, QueuedWork, plain, plain_rows
 from farm.web.svg import Band, Chart
 
 if TYPE_CHECKING:  # sessions.py brings the gRPC messages; `farm web` over a store never needs them
@@ -38,7 +39,7 @@ UNSUPPORTED_OP = re.compile(r"unsupported operator[s]?:? ([A-Za-z0-9_.:/\-]{1,80
 
 
 @dataclass
-class DeviceRow:
+class DeviceLine:
     name: str
     device_type: str | None
     driver: str | None
@@ -87,10 +88,10 @@ def agents_now(sessions: Sessions) -> dict[str, AgentNow]:
 
 @dataclass
 class LabView:
-    devices: list[DeviceRow]
+    devices: list[DeviceLine]
     agents: list[dict[str, Any]]
     running: list[dict[str, Any]]
-    queue: list[dict[str, Any]]
+    queue: list[QueuedWork]
     live: bool = False  # connection and last-seen come from the controller's sessions (else from the store)
     recent_failures: list[dict[str, Any]] = field(default_factory=list)
     drift_alerts: list[dict[str, Any]] = field(default_factory=list)
@@ -98,7 +99,7 @@ class LabView:
 
     @property
     def pending(self) -> int:
-        return sum(q["pending"] for q in self.queue) + self.hidden_pending
+        return sum(q.pending for q in self.queue) + self.hidden_pending
 
 
 def _device_of(task: dict[str, Any], sim_device: dict[str, str]) -> str:
@@ -121,7 +122,7 @@ def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] |
             return True
         if job_id not in jobs:
             job = store.jobs.get(job_id)
-            jobs[job_id] = job is not None and may_read(dict(job))
+            jobs[job_id] = job is not None and may_read(job.as_dict())
         return jobs[job_id]
 
     checks = last_reference_checks(store)
@@ -133,29 +134,29 @@ def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] |
         elsewhere = {name for name, agent in live.items() if not agent.here}  # its controller vouches for it
         for task in running:  # a lease the store holds for an agent that is gone, or that no session runs
             task["in_session"] = (task["id"] in held and task.get("leased_by") in live) or task.get("leased_by") in elsewhere
-    sim_device = {d["agent"]: d["name"] for d in stored_devices if d["driver"] == "sim" and d["agent"]}
+    sim_device = {d.agent: d.name for d in stored_devices if d.driver == "sim" and d.agent}
     by_device: dict[str, list[dict[str, Any]]] = {}
     for task in running:
         task["device"] = _device_of(task, sim_device)
         by_device.setdefault(task["device"], []).append(task if readable(task["job_id"]) else {"hidden": True})
     running = [task for task in running if readable(task["job_id"])]
-    queue = plain_rows(store.reads.queue())
-    hidden_pending = sum(q["pending"] for q in queue if not readable(q["job_id"]))
+    queue = store.reads.queue()
+    hidden_pending = sum(q.pending for q in queue if not readable(q.job_id))
 
     def state(agent: str | None, stored: str | None) -> str:
         if live is None or not agent:
             return stored or "unknown"
         return live[agent].state if agent in live else "offline"
 
-    devices = [DeviceRow(name=d["name"], device_type=d["device_type"], driver=d["driver"], agent=d["agent"],
-                         state=state(d["agent"], d["state"]), health=d["health"] or "unknown", reason=d["reason"],
-                         changed_at=d["changed_at"], last_check=checks.get(d["name"]),
-                         calibration_age_s=now - calibrated[d["name"]] if d["name"] in calibrated else None,
-                         current=by_device.get(d["name"], []))
+    devices = [DeviceLine(name=d.name, device_type=d.device_type, driver=d.driver, agent=d.agent,
+                         state=state(d.agent, d.state), health=d.health or "unknown", reason=d.reason,
+                         changed_at=d.changed_at, last_check=checks.get(d.name),
+                         calibration_age_s=now - calibrated[d.name] if d.name in calibrated else None,
+                         current=by_device.get(d.name, []))
                for d in stored_devices]
     known = {d.name for d in devices}
     # a device only calibrated so far (embedded labs register none): listed, its health unknown
-    devices += [DeviceRow(name=name, device_type=None, driver=None, agent=None, state="unknown", health="unknown",
+    devices += [DeviceLine(name=name, device_type=None, driver=None, agent=None, state="unknown", health="unknown",
                           reason=None, changed_at=None, last_check=checks.get(name), calibration_age_s=now - at,
                           current=by_device.get(name, [])) for name, at in sorted(calibrated.items()) if name not in known]
     agents = plain_rows(store.reads.agents())
@@ -168,7 +169,7 @@ def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] |
             a["running"] = (len(session.running) if session.busy is None else session.busy) if session else 0
             a["controller"] = session.controller if session else ""
     failures = [f for f in store.reads.recent_failures(PANEL_ROWS * 4) if readable(f["job_id"])]
-    return LabView(devices, agents, running, [q for q in queue if readable(q["job_id"])], live=live is not None,
+    return LabView(devices, agents, running, [q for q in queue if readable(q.job_id)], live=live is not None,
                    recent_failures=failures[:PANEL_ROWS], drift_alerts=store.reads.drift_alerts(PANEL_ROWS),
                    hidden_pending=hidden_pending)
 
@@ -198,7 +199,7 @@ class LabFilter:
                    query.get("name", "").strip()[:100],
                    max(1, min(int(page), 100_000)) if page.isdigit() and len(page) < 7 else 1)
 
-    def matches(self, d: DeviceRow) -> bool:
+    def matches(self, d: DeviceLine) -> bool:
         return ((self.health is None or d.health == self.health) and (self.state is None or d.state == self.state)
                 and (self.activity is None or (self.activity == "busy") == d.busy)
                 and (not self.name or self.name.casefold() in d.name.casefold()))
@@ -214,7 +215,7 @@ class LabFilter:
 class LabPage:
     """One page of the devices a filter matches, and the counts of the whole lab."""
 
-    shown: list[DeviceRow]
+    shown: list[DeviceLine]
     matched: int
     page: int
     pages: int
@@ -223,7 +224,7 @@ class LabPage:
     busy: int
 
 
-def lab_page(devices: list[DeviceRow], f: LabFilter, per_page: int = DEVICES_PER_PAGE) -> LabPage:
+def lab_page(devices: list[DeviceLine], f: LabFilter, per_page: int = DEVICES_PER_PAGE) -> LabPage:
     matched = [d for d in devices if f.matches(d)]
     pages = max(1, -(-len(matched) // per_page))
     page = min(f.page, pages)
@@ -309,7 +310,7 @@ def _mean(values: list[float]) -> float | None:
 
 
 def averages(records: list[dict[str, Any]]) -> list[AverageRow]:
-    groups: dict[tuple, list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, str, int, int, int | None, float | None], list[dict[str, Any]]] = {}
     for r in records:
         key = (r["model"]["name"], r["model"]["sha256"], r["target"], r["threads"], r["batch_size"], r["input_size"],
                (r.get("limits") or {}).get("cpus"))
@@ -424,7 +425,7 @@ def job_view(store: Store, job_id: int) -> JobView | None:
     if job is None:
         return None
     progress = job_progress(store.jobs.task_counts(job_id))
-    records = run_records(store, job_id, ops=True)  # with each run's op profile: the per-operator tables
+    records = record_dicts(store, job_id, ops=True)  # with each run's op profile: the per-operator tables
     rows = averages(records)
     tables = []
     for r in records:
@@ -459,8 +460,8 @@ def compare_view(store: Store, job_a: dict[str, Any], job_b: dict[str, Any]) -> 
     from farm.controller.analysis.pareto import pareto
 
     a, b = int(job_a["id"]), int(job_b["id"])
-    records_a = run_records(store, a)
-    records_b = records_a if b == a else run_records(store, b)
+    records_a = record_dicts(store, a)
+    records_b = records_a if b == a else record_dicts(store, b)
     report = compare_records(records_a, records_b, job_a=a, job_b=b, lineage_of=sidecar_lineage)
     both = [(a, records_a)] + ([] if b == a else [(b, records_b)])
     view = pareto(both)
@@ -500,7 +501,7 @@ def _avg_latency(record: dict[str, Any]) -> float | None:
 def pair_charts(store: Store, pairs: list[dict[str, Any]]) -> list[Chart]:
     """One scatter per device and thread count: this job's pairs, with the line and band of the device's current
     latency calibration (what `farm predict` would use), so a point off the band stands out."""
-    groups: dict[tuple, list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, int, str | None, int], list[dict[str, Any]]] = {}  # device, threads, runtime, batch
     for p in pairs:
         groups.setdefault((p["device"], p["threads"], p["device_run"].get("runtime"), p["batch_size"]), []).append(p)
     charts = []
@@ -542,7 +543,7 @@ def job_summary(store: Store, job_id: int) -> dict[str, Any] | None:
 
 @dataclass
 class CalibrationSummary:
-    row: dict[str, Any]
+    row: LatestCalibration
     unsafe: bool
     formula: str
 
@@ -551,18 +552,18 @@ def calibrations_view(store: Store) -> list[CalibrationSummary]:
     out = []
     for row in store.calibrations.latest():
         cal = stored_calibration(row).calibration
-        out.append(CalibrationSummary({k: v for k, v in row.items() if k != "fit_json"}, cal.unsafe,
+        out.append(CalibrationSummary(row, cal.unsafe,
                                       cal.chosen_fit.formula))
     return out
 
 
 @dataclass
 class CalibrationView:
-    row: dict[str, Any]
+    row: CalibrationRow
     unit: str
     chosen: str
     formula: str
-    fit: Any  # the chosen FitResult
+    fit: FitResult  # the chosen fit
     unsafe_reasons: list[str]
     warnings: list[str]
     confidence: float
@@ -574,22 +575,22 @@ class CalibrationView:
     models: list[dict[str, Any]]  # each pair with its fitted value and interval
 
 
-def key_label(row: dict[str, Any]) -> str:
-    size = f" · input {row['input_size']}" if row.get("input_size") else ""
-    family = f" · family {row['family']}" if row.get("family") else ""
-    return (f"{row['device']} · {row['metric']} · {row['threads']} thread(s) · batch {row.get('batch_size') or 1}"
-            f"{size} · {row.get('precision') or 'fp32'}{family}")
+def key_label(row: CalibrationRow | LatestCalibration) -> str:
+    size = f" · input {row.input_size}" if row.input_size else ""
+    family = f" · family {row.family}" if row.family else ""
+    return (f"{row.device} · {row.metric} · {row.threads} thread(s) · batch {row.batch_size or 1}"
+            f"{size} · {row.precision or 'fp32'}{family}")
 
 
 def calibration_view(store: Store, calibration_id: int) -> CalibrationView | None:
-    row = plain(store.calibrations.get(calibration_id))
+    row = store.calibrations.get(calibration_id)
     if row is None:
         return None
     cal = stored_calibration(row).calibration
     fit = cal.chosen_fit
-    unit = METRICS.get(row["metric"], ("", ""))[1]
-    chart = Chart(f"{key_label(row)} · v{row['version']}", f"sim {row['metric']} ({unit})",
-                  f"device {row['metric']} ({unit})", points=[(p.model, p.x, p.y) for p in cal.pairs],
+    unit = METRICS.get(row.metric, ("", ""))[1]
+    chart = Chart(f"{key_label(row)} · v{row.version}", f"sim {row.metric} ({unit})",
+                  f"device {row.metric} ({unit})", points=[(p.model, p.x, p.y) for p in cal.pairs],
                   note=f"{fit.formula}\nR² = {fit.r2:.3f}")
     fitted = [fit.predict(p.x, features=p.features, confidence=cal.confidence) for p in cal.pairs]
     if fit.features_used:  # no single line in x: each model's fitted value with its interval
@@ -603,12 +604,12 @@ def calibration_view(store: Store, calibration_id: int) -> CalibrationView | Non
     models = [{"model": p.model, "family": p.family, "sim": p.x, "device": p.y, "fitted": f.estimate, "low": f.low,
                "high": f.high} for p, f in zip(cal.pairs, fitted)]
     versions = []
-    for v in store.calibrations.versions(row["id"]):
+    for v in store.calibrations.versions(row.id):
         c = stored_calibration(v).calibration
-        versions.append({"id": v["id"], "version": v["version"], "created_at": v["created_at"], "kind": v["kind"],
-                         "n": v["n"], "r2": v["r2"], "loo_mape": v["loo_mape"], "kendall_tau": v["kendall_tau"],
+        versions.append({"id": v.id, "version": v.version, "created_at": v.created_at, "kind": v.kind,
+                         "n": v.n, "r2": v.r2, "loo_mape": v.loo_mape, "kendall_tau": v.kendall_tau,
                          "unsafe": c.unsafe, "formula": c.chosen_fit.formula,
-                         "source": json.loads(v["source"] or "{}")})
+                         "source": json.loads(v.source or "{}")})
     # by date, R² and the error each on its own axis (two values of different scales), fit-kind changes marked
     changes = [(v["created_at"], f"→ {v['kind']}") for prev, v in zip(versions, versions[1:]) if v["kind"] != prev["kind"]]
     history = [
@@ -617,7 +618,7 @@ def calibration_view(store: Store, calibration_id: int) -> CalibrationView | Non
         Chart("leave-one-out error by date", "stored (UTC)", "mean absolute error (%)", dates_x=True, markers=changes,
               series={"LOO error %": [(v["created_at"], 100 * v["loo_mape"]) for v in versions
                                       if v["loo_mape"] is not None and v["created_at"] and v["n"] >= MIN_LOO_MODELS]})]
-    drift = plain_rows(store.calibrations.drift_history(row["device"], metric=row["metric"], threads=row["threads"]))
+    drift = plain_rows(store.calibrations.drift_history(row.device, metric=row.metric, threads=row.threads))
     drift_chart = Chart("drift at each refresh (relative to the calibration before)", "refresh", "change",
                         integer_x=True, series={
         name: [(i, d[column]) for i, d in enumerate(drift, 1) if d[column] is not None]

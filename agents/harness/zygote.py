@@ -219,7 +219,7 @@ def child(request: dict[str, Any], output_fd: int, result_fd: int, control: sock
     return harness_main(request["argv"])
 
 
-class Zygote:
+class ForkServer:
     def __init__(self, control: socket.socket) -> None:
         self.control = control
         self.children: set[int] = set()
@@ -314,7 +314,7 @@ def run(argv: list[str]) -> int:
     runtime, fd = argv[0], int(argv[1])
     preload(runtime)
     gc.freeze()  # the collector never writes to what the zygote holds, so children copy fewer of its pages
-    Zygote(socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=fd)).serve()
+    ForkServer(socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=fd)).serve()
     return 0
 
 

@@ -83,7 +83,7 @@ def token_metadata(token: str | None) -> list[tuple[str, str]]:
 
 
 @dataclass
-class DeviceInfo:
+class AgentDevice:
     """A device this agent registers: the sim (one per agent) or what a driver found."""
 
     name: str
@@ -105,7 +105,7 @@ class _Request:
 class RemoteController:
     """ControllerApi over gRPC; call start() first, drain() on SIGTERM, close() at the end."""
 
-    def __init__(self, address: str | Sequence[str], *, name: str, token: str | None, devices: list[DeviceInfo],
+    def __init__(self, address: str | Sequence[str], *, name: str, token: str | None, devices: list[AgentDevice],
                  tls: TlsFiles | None = None, artifact_dir: Path | None = None,
                  protocol_version: int = PROTOCOL_VERSION, clock: Callable[[], float] = time.monotonic) -> None:
         # the controllers to try in turn (several share one PostgreSQL); `address` is the one in use

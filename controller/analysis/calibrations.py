@@ -13,11 +13,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import JsonValue
+
 from farm.controller.analysis.calibration import (
     Calibration, FitResult, Pair, PopulationPrior, Prior, calibrate, shipped_class_priors,
 )
 from farm.controller.store import METRIC_UNITS, Store
-from farm.controller.store.rows import RowLike
+from farm.controller.store.rows import CalibrationRow, LatestCalibration
+from farm.proto.questions import RunRecord
 
 MiB = 1 << 20
 
@@ -75,15 +78,16 @@ def job_values(store: Store, job_id: int, metric: str, *, include_contended: boo
     rows = store.calibrations.completed_values(job_id, _metric_name(metric), include_contended=include_contended, target=target)
     out = []
     for row in rows:
-        if row["value"] is None:
+        if row.value is None:
             continue
-        env = json.loads(row["environment_json"] or "{}")
-        facts = json.loads(row["model_facts_json"] or "{}")
-        features = model_features({"size_bytes": row["model_size_bytes"],
-                                   "param_count": row["model_param_count"], **facts})
-        out.append(MeasuredValue(row["model_name"], row["model_sha256"], row["model_family"], row["threads"],
-                                 row["batch_size"], row["input_size"], row["repeat"], env.get("runtime", ""),
-                                 float(row["value"]), row["run_id"], features, model_precision(facts)))
+        env = json.loads(row.environment_json or "{}")
+        facts = json.loads(row.model_facts_json or "{}")
+        features = model_features({"size_bytes": row.model_size_bytes,
+                                   "param_count": row.model_param_count, **facts})
+        # every task is scheduled with its model's digest and a batch size; a row without them reads as "" and 1
+        out.append(MeasuredValue(row.model_name, row.model_sha256 or "", row.model_family, row.threads,
+                                 row.batch_size or 1, row.input_size, row.repeat, env.get("runtime", ""),
+                                 float(row.value), row.run_id, features, model_precision(facts)))
     return out
 
 
@@ -135,13 +139,13 @@ def pair_within_job(store: Store, job_id: int, device: str, metric: str, *,
     rows = store.calibrations.paired_values(job_id, device, sim_expr, expr, include_contended=include_contended)
     out = []
     for row in rows:
-        if row["x"] is None or row["y"] is None:
+        if row.x is None or row.y is None:
             continue
-        facts = json.loads(row["model_facts_json"] or "{}")
-        features = model_features({"size_bytes": row["model_size_bytes"],
-                                   "param_count": row["model_param_count"], **facts})
-        runtime = json.loads(row["environment_json"] or "{}").get("runtime", "")
-        device_environment = json.loads(row["device_environment"] or "{}")
+        facts = json.loads(row.model_facts_json or "{}")
+        features = model_features({"size_bytes": row.model_size_bytes,
+                                   "param_count": row.model_param_count, **facts})
+        runtime = json.loads(row.environment_json or "{}").get("runtime", "")
+        device_environment = json.loads(row.device_environment or "{}")
         board: dict[str, Any] = device_environment.get("device") or {}
         # a Jetson in another power mode is another device to calibrate; a board of another architecture
         # costs each operator differently, so its fit is never one with an x86 board's; and a run on a GPU, NPU or
@@ -152,9 +156,9 @@ def pair_within_job(store: Store, job_id: int, device: str, metric: str, *,
         qualifiers = [q for q in (board.get("power_identity"), board.get("arch") and f"arch={board['arch']}", on) if q]
         if qualifiers:
             runtime = f"{runtime}@{';'.join(qualifiers)}"
-        out.append(PairedRun(Pair(row["model_name"], float(row["x"]), float(row["y"]), row["model_family"], features),
-                             row["threads"], runtime, row["sim_run"], row["device_run"], row["batch_size"] or 1,
-                             row["input_size"], model_precision(facts)))
+        out.append(PairedRun(Pair(row.model_name, float(row.x), float(row.y), row.model_family, features),
+                             row.threads, runtime, row.sim_run, row.device_run, row.batch_size or 1,
+                             row.input_size, model_precision(facts)))
     return out
 
 
@@ -184,7 +188,7 @@ def calibration_source(store: Store, sim_job: int, device_job: int | None = None
     job = store.jobs.get(sim_job)
     if job is None:
         raise ValueError(f"no job {sim_job} in {store.location}")
-    spec = json.loads(job["spec_json"])
+    spec = json.loads(job.spec_json or "{}")
     jobs = {"job": sim_job} if device_job is None else {"sim_job": sim_job, "device_job": device_job}
     return {**jobs, "sim": spec["sim"], "workload": spec["workload"]}
 
@@ -245,9 +249,9 @@ def lab_prior(store: Store, device: str, metric: str, key: CalibrationKey, famil
     rows = store.calibrations.fits(metric, key.threads, key.runtime, key.batch_size, key.input_size, key.precision, family)
     newest: dict[str, tuple[int, dict[str, Any]]] = {}
     for row in rows:
-        fit = json.loads(row["fit_json"])["fits"].get("log_ridge")
-        if fit is not None and row["device"] not in newest:
-            newest[row["device"]] = (row["version"], fit)
+        fit = json.loads(row.fit_json or "{}")["fits"].get("log_ridge")
+        if fit is not None and row.device not in newest:
+            newest[row.device] = (row.version, fit)
     if device in newest:
         version, fit = newest[device]
         return Prior.from_fits([FitResult.from_json(fit)], features, f"{device} version {version}")
@@ -265,9 +269,9 @@ def lab_population(store: Store, device: str, metric: str, key: CalibrationKey, 
     rows = store.calibrations.fits(metric, key.threads, key.runtime, key.batch_size, key.input_size, key.precision, family)
     newest: dict[str, FitResult] = {}
     for row in rows:
-        if row["device"] != device and row["device"] not in newest:
-            document = json.loads(row["fit_json"])
-            newest[row["device"]] = FitResult.from_json(document["fits"][document["chosen"]])
+        if row.device != device and row.device not in newest:
+            document = json.loads(row.fit_json or "{}")
+            newest[row.device] = FitResult.from_json(document["fits"][document["chosen"]])
     return PopulationPrior.shipped().with_fits(list(newest.values()), "device(s) in this store")
 
 
@@ -294,15 +298,15 @@ def _store_one(store: Store, device: str, metric: str, key: CalibrationKey, fami
                              key.batch_size, key.input_size, key.precision)
 
 
-def stored_calibration(row: RowLike) -> StoredCalibration:
-    return StoredCalibration(row["id"], row["device"], row["metric"], row["threads"], row["runtime"], row["family"],
-                             row["version"], Calibration.from_json(json.loads(row["fit_json"])),
-                             json.loads(row["source"] or "{}"), row.get("batch_size") or 1, row.get("input_size"),
-                             row.get("precision") or "fp32")
+def stored_calibration(row: CalibrationRow | LatestCalibration) -> StoredCalibration:
+    return StoredCalibration(row.id, row.device, row.metric, row.threads, row.runtime, row.family,
+                             row.version, Calibration.from_json(json.loads(row.fit_json or "{}")),
+                             json.loads(row.source or "{}"), row.batch_size or 1, row.input_size,
+                             row.precision or "fp32")
 
 
 def calibration_history(store: Store, device: str | None = None, metric: str | None = None) -> list[dict[str, Any]]:
-    rows = [{k: v for k, v in r.items() if k not in ("a", "b")} for r in store.calibrations.rows(device, metric)]
+    rows = [{k: v for k, v in r.as_dict().items() if k not in ("a", "b")} for r in store.calibrations.rows(device, metric)]
     for r in rows:
         r["warnings"] = json.loads(r.pop("warnings_json") or "[]")
         calibration = Calibration.from_json(json.loads(r.pop("fit_json")))
@@ -342,39 +346,40 @@ def lab_class_priors(store: Store, device: str, metric: str, key: CalibrationKey
     rows = store.calibrations.fits(metric, key.threads, key.runtime, key.batch_size, key.input_size, key.precision, family)
     newest: dict[str, FitResult] = {}
     for row in rows:
-        if row["device"] != device and row["device"] not in newest:
-            fit = json.loads(row["fit_json"])["fits"].get("log_bayes")
+        if row.device != device and row.device not in newest:
+            fit = json.loads(row.fit_json or "{}")["fits"].get("log_bayes")
             if fit is not None:
-                newest[row["device"]] = FitResult.from_json(fit)
+                newest[row.device] = FitResult.from_json(fit)
     return {name: prior.with_fits([f for f in newest.values() if f.device_class == name], "device(s) in this store")
             for name, prior in shipped_class_priors().items()}
 
 
-def add_predictions(store: Store, job_id: int, records: list[dict[str, Any]], devices: list[str],
-                    sim_budget: dict[str, Any]) -> None:
+def add_predictions(store: Store, records: list[RunRecord], devices: list[str], sim_budget: dict[str, Any]) -> None:
     """`predict_for`: put each device's calibrated estimate beside every completed record."""
     for record in records:
-        if record["status"] != "completed":
+        if record.status != "completed":
             continue
-        record["predictions"] = {}
+        predictions: dict[str, JsonValue] = {}
+        features = model_features(record.model.model_dump())
         for device in devices:
-            entry: dict[str, Any] = {}
-            for metric, key in (("latency", ("latency_ms", "avg")), ("peak_memory", ("peak_memory_mb", None)),
-                                ("avg_memory", ("avg_memory_mb", None))):
-                x = record[key[0]][key[1]] if key[1] and record[key[0]] else record.get(key[0])
+            entry: dict[str, JsonValue] = {}
+            measured = (("latency", record.latency_ms.avg if record.latency_ms else None),
+                        ("peak_memory", record.peak_memory_mb), ("avg_memory", record.avg_memory_mb))
+            for metric, x in measured:
                 if x is None:
                     continue
-                stored = current_calibration(store, device, metric, record["threads"],
-                                             runtime=record.get("runtime"), family=record["model"]["family"],
-                                             batch_size=record.get("batch_size"), input_size=record.get("input_size"))
+                stored = current_calibration(store, device, metric, record.threads, runtime=record.runtime,
+                                             family=record.model.family, batch_size=record.batch_size,
+                                             input_size=record.input_size)
                 if stored is None:
                     continue
-                p = stored.calibration.fits[stored.calibration.chosen].predict(x, features=model_features(record["model"]))
+                p = stored.calibration.fits[stored.calibration.chosen].predict(x, features=features)
                 entry[metric] = {"estimate": p.estimate, "low": p.low, "high": p.high, "calibration": stored.id,
                                  "version": stored.version,
                                  # a calibration from another sim budget does not apply to these numbers
                                  "same_sim_budget": stored.source.get("sim") == sim_budget}
-            record["predictions"][device] = entry or None
+            predictions[device] = entry or None
+        record.predictions = predictions  # set: the record's JSON carries it
 
 
 def model_features(model: dict[str, Any]) -> dict[str, float]:

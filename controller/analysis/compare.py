@@ -100,7 +100,11 @@ def _number(record: dict[str, Any], path: tuple[str, ...]) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
 
 
-def condition(record: dict[str, Any]) -> tuple:
+# What two runs must share to be compared: target, compute unit, threads, batch, input size, cpus, memory MB.
+Condition = tuple[str, str, int, int, int | None, float | None, float | None]
+
+
+def condition(record: dict[str, Any]) -> Condition:
     """What two runs must share to be compared: everything a cell is but the model."""
     limits = record.get("limits") or {}
     return (record["target"], record.get("accelerator", "cpu"), record["threads"], record["batch_size"],
@@ -194,7 +198,7 @@ def variant_row(pair: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
 
 
 def pair_models(a: list[dict[str, Any]], b: list[dict[str, Any]], *, same_job: bool,
-                lineage_of: LineageReader) -> tuple[list[dict[str, Any]], list[dict], list[dict]]:
+                lineage_of: LineageReader) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """[(A's model, B's model, how they were matched, the lineage)], and the models of each side left over.
     One source may have several variants (dynamic, static, qdq): by lineage an A model pairs with each of them."""
     models_a = {_model_key(r): r["model"] for r in a}
@@ -247,8 +251,8 @@ def compare_records(a: list[dict[str, Any]], b: list[dict[str, Any]], *, job_a: 
     found = []
     for pair in pairs:
         ka, kb = (pair["a"]["name"], pair["a"]["sha256"]), (pair["b"]["name"], pair["b"]["sha256"])
-        cells_a: dict[tuple, list[dict[str, Any]]] = {}
-        cells_b: dict[tuple, list[dict[str, Any]]] = {}
+        cells_a: dict[Condition, list[dict[str, Any]]] = {}
+        cells_b: dict[Condition, list[dict[str, Any]]] = {}
         for r in a:
             if _model_key(r) == ka:
                 cells_a.setdefault(condition(r), []).append(r)

@@ -18,8 +18,9 @@ from farm.controller.analysis.plots import Figure
 from farm.controller.analysis.report import (
     STYLE, ReportError, _e, _e_lines, _failures, _g, _table, _when, pareto_section, results_section, spec_yaml,
 )
-from farm.controller.analysis.results import average_repeats, run_records
+from farm.controller.analysis.results import average_repeats, record_dicts
 from farm.controller.store import Store
+from farm.controller.store.rows import JobRow
 
 # the figures the page judges, in its order: (key in compare's metrics, what a person reads, lower is better)
 FIGURES: tuple[tuple[str, str, bool], ...] = (
@@ -93,14 +94,14 @@ def pairs_table(report: dict[str, Any]) -> str:
                   rows)
 
 
-def _job_part(job_id: int, job: Any, records: list[dict[str, Any]], label: str) -> str:
+def _job_part(job_id: int, job: JobRow, records: list[dict[str, Any]], label: str) -> str:
     done = sum(r["status"] == "completed" for r in records)
-    when = "".join(f" · {word} {_when(job[key])}" for word, key in (("created", "created_at"),
-                                                                   ("finished", "finished_at")) if job.get(key))
-    spec = spec_yaml(job["spec_json"])
+    when = "".join(f" · {word} {_when(moment)}" for word, moment in (("created", job.created_at),
+                                                                     ("finished", job.finished_at)) if moment)
+    spec = spec_yaml(job.spec_json or "{}")
     targets = sorted({r["target"] for r in records})
-    return (f"<h2 id=job{job_id}>{label}: job {job_id} · {_e(job['name'] or '')}</h2>"
-            f"<p>status <b>{_e(job['status'])}</b> · {len(records)} run(s), {done} completed · "
+    return (f"<h2 id=job{job_id}>{label}: job {job_id} · {_e(job.name or '')}</h2>"
+            f"<p>status <b>{_e(job.status)}</b> · {len(records)} run(s), {done} completed · "
             f"{len({r['model']['sha256'] for r in records})} model(s) · on {_e(', '.join(targets) or '—')}{_e(when)}</p>"
             f"{_failures(records)}<div class=wrap>{results_section(average_repeats(records))}</div>"
             f"<details><summary>job {job_id} as submitted (YAML, {len(spec.splitlines())} lines)</summary>"
@@ -113,12 +114,12 @@ def build_compare_report(store: Store, job_a: int, job_b: int) -> tuple[str, lis
     if job_a == job_b:
         raise ReportError(f"`farm report {job_a} {job_b}` compares two jobs; give two different ones (`farm report "
                           f"{job_a}` alone has its own variants, made by `farm quantize`, beside their sources).")
-    jobs = {}
+    jobs: dict[int, tuple[JobRow, list[dict[str, Any]]]] = {}
     for job_id in (job_a, job_b):
         job = store.jobs.get(job_id)
         if job is None:
             raise ReportError(f"no job {job_id} in {store.location}; `farm jobs` lists the jobs there.")
-        jobs[job_id] = (job, run_records(store, job_id))
+        jobs[job_id] = (job, record_dicts(store, job_id))
     (info_a, records_a), (info_b, records_b) = jobs[job_a], jobs[job_b]
     report = compare_records(records_a, records_b, job_a=job_a, job_b=job_b, lineage_of=lineage_at_path)
     warnings = [f"job {job_id} has no completed run: it has nothing to compare; `farm status` and `farm results` "
@@ -138,10 +139,10 @@ def build_compare_report(store: Store, job_a: int, job_b: int) -> tuple[str, lis
     title = f"farm report · job {job_a} → job {job_b}"
     page = f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title} · {_e(info_a['name'] or '')} → {_e(info_b['name'] or '')}</title><style>{STYLE}</style></head><body>
+<title>{title} · {_e(info_a.name or '')} → {_e(info_b.name or '')}</title><style>{STYLE}</style></head><body>
 <h1>{title}</h1>
-<p>before: job {job_a} · {_e(info_a['name'] or '')} ({len(records_a)} run(s)) · after: job {job_b} ·
- {_e(info_b['name'] or '')} ({len(records_b)} run(s)) · {len(report['pairs'])} model pair(s)</p>
+<p>before: job {job_a} · {_e(info_a.name or '')} ({len(records_a)} run(s)) · after: job {job_b} ·
+ {_e(info_b.name or '')} ({len(records_b)} run(s)) · {len(report['pairs'])} model pair(s)</p>
 <nav>{' · '.join(f"<a href='#{a}'>{t}</a>" for a, t in toc)}</nav>
 {''.join(f"<p class=warn>⚠ {_e(w)}</p>" for w in warnings)}
 <h2 id=summary>Summary</h2>{summary_section(report) or '<p class=note>no model pair with completed runs under one condition</p>'}

@@ -21,7 +21,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from farm.controller.analysis.compare import _runs_used, _with_accuracy, condition
+from farm.controller.analysis.compare import Condition, _runs_used, _with_accuracy, condition
+
+PointKey = tuple[int, str, str]  # (job, model name, sha256)
 
 QUALITY: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("accuracy_top1", ("accuracy", "accuracy", "top1"), "accuracy top-1"),
@@ -45,9 +47,9 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _cells(jobs: list[tuple[int, list[dict[str, Any]]]]) -> dict[tuple, dict[tuple, list[dict[str, Any]]]]:
+def _cells(jobs: list[tuple[int, list[dict[str, Any]]]]) -> dict[Condition, dict[PointKey, list[dict[str, Any]]]]:
     """{setting: {(job, model name, sha256): runs}}."""
-    cells: dict[tuple, dict[tuple, list[dict[str, Any]]]] = {}
+    cells: dict[Condition, dict[PointKey, list[dict[str, Any]]]] = {}
     for job, records in jobs:
         for r in records:
             key = (job, r["model"]["name"], r["model"]["sha256"])
@@ -55,7 +57,7 @@ def _cells(jobs: list[tuple[int, list[dict[str, Any]]]]) -> dict[tuple, dict[tup
     return cells
 
 
-def _point(key: tuple, runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _point(key: PointKey, runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     used, contended = _runs_used(runs)
     latency = _mean([v for v in (_value(r, ("latency_ms", "avg")) for r in used) if v is not None])
     if latency is None:  # no completed run with a latency: nothing to place
@@ -70,15 +72,17 @@ def _point(key: tuple, runs: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def dominates(q: dict[str, Any], p: dict[str, Any]) -> bool:
     """q is at least as fast and as accurate as p, and strictly better in one."""
-    return (q["latency_avg_ms"] <= p["latency_avg_ms"] and q["quality"] >= p["quality"]
-            and (q["latency_avg_ms"] < p["latency_avg_ms"] or q["quality"] > p["quality"]))
+    q_latency, p_latency, q_quality, p_quality = (float(q["latency_avg_ms"]), float(p["latency_avg_ms"]),
+                                                  float(q["quality"]), float(p["quality"]))
+    return (q_latency <= p_latency and q_quality >= p_quality
+            and (q_latency < p_latency or q_quality > p_quality))
 
 
 def _label(point: dict[str, Any], several_jobs: bool) -> str:
     return f"{point['model']} (job {point['job']})" if several_jobs else point["model"]
 
 
-def _group(setting: tuple, points: list[dict[str, Any]], several_jobs: bool) -> dict[str, Any] | None:
+def _group(setting: Condition, points: list[dict[str, Any]], several_jobs: bool) -> dict[str, Any] | None:
     metric = next(((name, label) for name, _, label in QUALITY if any(name in p["figures"] for p in points)), None)
     target, accelerator, threads, batch, size, cpus, memory = setting
     found: dict[str, Any] = {"target": target, "accelerator": accelerator, "threads": threads, "batch_size": batch,

@@ -25,6 +25,9 @@ import matplotlib
 matplotlib.use("Agg")  # no display: render to memory
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure as MplFigure  # noqa: E402
+from matplotlib.text import Annotation  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from farm.proto.escape import printable  # noqa: E402
@@ -52,7 +55,7 @@ def safe_file_name(text: str, limit: int = 80) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._")[:limit] or "figure"
 
 
-def png_bytes(fig) -> bytes:
+def png_bytes(fig: MplFigure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
     plt.close(fig)
@@ -373,14 +376,14 @@ def family_figure(family: str, records: list[dict[str, Any]]) -> Figure | None:
 
 
 # --- labels that do not overlap ------------------------------------------------------------
-def place_labels(ax: Axes, points: Iterable[tuple[float, float]], labels: Iterable[str], fontsize: float = 7) -> list:
+def place_labels(ax: Axes, points: Iterable[tuple[float, float]], labels: Iterable[str], fontsize: float = 7) -> list[Annotation]:
     """Annotate points so no two labels overlap: each label tries a few positions around its point
     and is left out when none is free (the table beside the figure names every point)."""
     fig = ax.figure
     fig.canvas.draw()  # limits and layout settle first: label boxes are measured where they will be drawn
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # the Agg canvas farm draws on has one
     frame = ax.get_window_extent(renderer)
-    placed: list = [t.get_window_extent(renderer) for t in ax.texts]  # the formula box, and any other text
+    placed: list[Bbox] = [t.get_window_extent(renderer) for t in ax.texts]  # the formula box, and any other text
     legend = ax.get_legend()
     if legend is not None:
         placed.append(legend.get_window_extent(renderer))

@@ -31,7 +31,7 @@ from farm.controller.analysis import plots
 from farm.controller.analysis.calibrations import METRICS, StoredCalibration, stored_calibration
 from farm.controller.analysis.plots import Figure, plain, safe_file_name
 from farm.controller.analysis.ranking import RankError, rank_job
-from farm.controller.analysis.results import average_repeats, run_records
+from farm.controller.analysis.results import average_repeats, record_dicts
 from farm.controller.store import Store
 from farm.controller.store.rows import CalibrationRow, plain_rows
 from farm.proto.escape import cut_list, printable
@@ -59,9 +59,9 @@ def _progress(what: str) -> None:
 
 def calibrations_for_job(store: Store, job_id: int) -> list[StoredCalibration]:
     """The newest version of every calibration fitted on this job's runs (either side)."""
-    newest: dict[tuple, CalibrationRow] = {}
+    newest: dict[tuple[str, str, int, str, str], CalibrationRow] = {}
     for row in store.calibrations.using_job(job_id):
-        newest[(row["device"], row["metric"], row["threads"], row["runtime"], row["family"])] = row
+        newest[(row.device, row.metric, row.threads, row.runtime, row.family)] = row
     return [stored_calibration(r) for r in newest.values()]
 
 
@@ -84,7 +84,8 @@ def spec_yaml(spec_json: str) -> str:
     dataset = (spec.get("workload") or {}).get("dataset") if isinstance(spec, dict) else None
     if isinstance(dataset, dict) and isinstance(dataset.get("packed"), str):
         dataset["packed"] = f"({len(dataset['packed']) * 3 // 4:,} bytes packed by farm: the samples, labels, reference)"
-    return yaml.safe_dump(spec, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
+    dumped: str = yaml.safe_dump(spec, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
+    return dumped
 
 
 def _g(v: Any, digits: int = 4) -> str:
@@ -185,7 +186,7 @@ def _job_name(store: Store, job_id: Any) -> str:
     if not isinstance(job_id, int):
         return ""
     job = store.jobs.get(job_id)
-    return f"job {job_id}" + (f" ({job['name']})" if job and job["name"] else "" if job else " (not in this store)")
+    return f"job {job_id}" + (f" ({job.name})" if job and job.name else "" if job else " (not in this store)")
 
 
 def _sources(store: Store, c: StoredCalibration) -> str:
@@ -422,7 +423,7 @@ def telemetry_section(store: Store, records: list[dict[str, Any]], figures: list
 
 
 def facts_section(records: list[dict[str, Any]]) -> str:
-    seen: dict[tuple, dict[str, Any]] = {}
+    seen: dict[tuple[str, str], dict[str, Any]] = {}  # (name, sha256) -> the record's model
     for r in records:
         seen.setdefault((r["model"]["name"], r["model"]["sha256"]), r["model"])
     known = {"name", "sha256", "family", "path", "size_bytes", "param_count"}
@@ -568,7 +569,7 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
     if job is None:
         raise ReportError(f"no job {job_id} in {store.location}; `farm jobs` lists the jobs there.")
     _progress(f"reading job {job_id}")
-    records = run_records(store, job_id)
+    records = record_dicts(store, job_id)
     averaged = average_repeats(records)
     calibrations = calibrations_for_job(store, job_id)
     figures: list[Figure] = []
@@ -596,18 +597,18 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
     if contended:
         warnings.append(f"{contended} run(s) contended: other work used their cores; their figures are not the budget's.")
     targets = sorted({r["target"] for r in records})
-    spec = spec_yaml(job["spec_json"])
-    when = "".join(f" · {label} {_when(job[key])}" for label, key in (("created", "created_at"), ("finished", "finished_at"))
-                   if job.get(key))
+    spec = spec_yaml(job.spec_json or "{}")
+    when = "".join(f" · {label} {_when(moment)}" for label, moment in (("created", job.created_at),
+                                                                        ("finished", job.finished_at)) if moment)
     toc = [("results", "Results"), ("sweeps", "Plots"), ("telemetry", "Memory and CPU over time"), ("facts", "Models"),
            *([("variants", "Variants")] if variants else []), *([("pareto", "Accuracy and latency")] if front else []),
            *([("ops", "Operators")] if ops else []), ("calibrations", "Calibrations"), ("rankings", "Rankings"),
            ("spec", "Job spec")]
     page = f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>farm report · job {job_id} · {_e(job['name'] or '')}</title><style>{STYLE}</style></head><body>
-<h1>farm report · job {job_id} · {_e(job['name'] or '')}</h1>
-<p>status <b>{_e(job['status'])}</b> · {len(records)} run(s), {done} completed · {len({r['model']['sha256'] for r in records})} model(s)
+<title>farm report · job {job_id} · {_e(job.name or '')}</title><style>{STYLE}</style></head><body>
+<h1>farm report · job {job_id} · {_e(job.name or '')}</h1>
+<p>status <b>{_e(job.status)}</b> · {len(records)} run(s), {done} completed · {len({r['model']['sha256'] for r in records})} model(s)
  · on {_e(', '.join(targets))}{_e(when)} · {len(calibrations)} calibration(s)</p>
 <nav>{' · '.join(f"<a href='#{a}'>{t}</a>" for a, t in toc)}</nav>
 {''.join(f"<p class=warn>⚠ {_e(w)}</p>" for w in warnings)}{_failures(records)}

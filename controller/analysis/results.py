@@ -6,11 +6,14 @@ One record per task, from its latest run (a retried task shows the attempt that 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypedDict
 
 from farm.proto.accelerators import UNIT_CLASS, Accelerator, default_precision
 from farm.controller.store import Store
-from farm.controller.store.rows import RowLike, plain_rows
+from pydantic import JsonValue
+
+from farm.controller.store.rows import StoredOpProfileRow, ResultRow
+from farm.proto.questions import CpuPercent, IoBytes, Latency, RecordLimits, RunModel, RunRecord, Sampler
 from farm.proto.spec import SimBudget, default_cpus
 
 MiB = 1 << 20
@@ -30,11 +33,11 @@ def _round(v: float | None, digits: int = 4) -> float | None:
     return None if v is None else round(v, digits)
 
 
-def _limits(row: RowLike, sim: SimBudget | None) -> dict[str, Any]:
+def _limits(row: ResultRow, sim: SimBudget | None) -> RecordLimits:
     """The budget a run really had; for a sim task not run yet, the budget it will be given."""
-    if row["run_id"] is not None or sim is None:
-        return {"cpus": row["limits_cpus"], "cpuset": row["limits_cpuset"], "memory_mb": row["limits_memory_mb"]}
-    return {"cpus": default_cpus(sim.cpus, row["threads"]), "cpuset": sim.cpuset, "memory_mb": _mb(sim.memory)}
+    if row.run_id is not None or sim is None:
+        return RecordLimits(cpus=row.limits_cpus, cpuset=row.limits_cpuset, memory_mb=row.limits_memory_mb)
+    return RecordLimits(cpus=default_cpus(sim.cpus, row.threads), cpuset=sim.cpuset, memory_mb=_mb(sim.memory))
 
 
 def samples_per_s(throughput: float | None, batch_size: int | None) -> float | None:
@@ -42,101 +45,121 @@ def samples_per_s(throughput: float | None, batch_size: int | None) -> float | N
     return None if throughput is None else throughput * (batch_size or 1)
 
 
-def _planned_sim(row: RowLike) -> SimBudget | None:
+def _planned_sim(row: ResultRow) -> SimBudget | None:
     """A sim task's budget as its plan holds it (matrix.cpus, sim.cpus...); None on a device, which has none imposed."""
-    if row["target"] != "sim":
+    if row.target != "sim":
         return None
-    return SimBudget.model_validate(json.loads(row["task_spec_json"] or "{}").get("sim") or {})  # bytes, as stored
+    return SimBudget.model_validate(json.loads(row.task_spec_json or "{}").get("sim") or {})  # bytes, as stored
 
 
-def _planned_unit(row: RowLike) -> str:
+def _planned_unit(row: ResultRow) -> str:
     """The compute unit the task was planned on (`cuda`, `tensorrt:fp16`); cpu for every sim run and older rows."""
-    plan = json.loads(row["task_spec_json"] or "{}")
+    plan = json.loads(row.task_spec_json or "{}")
     unit = plan.get("accelerator") or "cpu"
     if unit not in UNIT_CLASS:  # a plan written by a newer version: shown as stored
         return str(unit)
     return str(Accelerator(unit, plan.get("precision") or default_precision(unit)))
 
 
-def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[dict[str, Any]]:
-    """One record per task; with `ops`, each carries its run's op profile (`op_profile`: op types, then nodes)."""
-    records, notes = [], []
-    for row in store.runs.results(job_id):
-        facts = json.loads(row["model_facts_json"] or "{}")
-        environment = json.loads(row["environment_json"] or "{}")  # read once: several figures come from it
-        sim = _planned_sim(row)
-        notes.append(environment.get("op_profile_note"))
-        latency = None
-        if row.get("latency_avg_ms") is not None:
-            latency = {k: _round(row[f"latency_{k}_ms"]) for k in
-                       ("init", "first", "avg", "p50", "p90", "p99", "std", "min", "max")}
-            latency["warmup_avg"] = _round(row["latency_warmup_avg_ms"])
-            latency["count"] = row["latency_count"]
-        records.append({
-            "job": row["job"],
-            "task": row["task"],
-            "model": {"name": row["model_name"], "sha256": row["model_sha256"], "family": row["model_family"],
-                      "path": row["model_path"], "size_bytes": row["model_size_bytes"],
-                      "param_count": row["model_param_count"],
-                      **{name: facts.get(name) for name in MODEL_FACTS_IN_RECORDS
-                         if name not in LATER_MODEL_FACTS or facts.get(name) is not None}},
-            "target": row["target"],
-            "threads": row["threads"],
-            "cpus": default_cpus(sim.cpus, row["threads"]) if sim else None,  # the swept figure
-            "batch_size": row["batch_size"],
-            "input_size": row["input_size"],
-            "accelerator": _planned_unit(row),
-            "repeat": row["repeat"],
-            "pair_key": row["pair_key"],
-            "status": row["task_status"],
-            "attempts": row["attempts"],
-            "failure_class": row["task_failure_class"],
-            "message": row["task_message"] or "",
-            "latency_ms": latency,
-            "whole_run_s": _round(row["whole_run_s"]),
-            # inferences (batches) per second over the timed loop, and samples per second (x batch size)
-            "throughput_per_s": _round(row.get("throughput_per_s"), 3),
-            "samples_per_s": _round(samples_per_s(row.get("throughput_per_s"), row["batch_size"]), 3),
-            "startup_ms": _round(row.get("startup_ms")),  # init + first inference: a cold start
-            "peak_memory_mb": _mb(row.get("peak_memory_bytes")),
-            "peak_memory_source": row.get("peak_memory_source"),
-            "avg_memory_mb": _mb(row.get("avg_memory_bytes")),
-            # boards with power rails (Jetsons) integrate it over the timed loop; None elsewhere
-            "energy_per_inference_mj": _round(environment.get("energy_per_inference_mj")),
-            # NVIDIA hosts: the GPU's power, memory peak, utilization, clocks and clock-event reasons over the run
-            **({"gpu": environment["gpu"]} if isinstance(environment.get("gpu"), dict) else {}),
-            "baseline_memory_mb": _mb(row.get("baseline_memory_bytes")),
-            "peak_rss_mb": _mb(row.get("peak_rss_bytes")),
-            "cpu_percent": {"avg": _round(row.get("cpu_avg_percent"), 1), "peak": _round(row.get("cpu_peak_percent"), 1)},
-            "io": {"block_read_bytes": row.get("block_read_bytes"), "block_write_bytes": row.get("block_write_bytes"),
-                   "net_rx_bytes": row.get("net_rx_bytes"), "net_tx_bytes": row.get("net_tx_bytes")},
-            "sampler": {"interval_ms": row.get("sample_interval_ms"), "samples": row.get("sample_count"),
-                        "cpu_percent": _round(row.get("sampler_cpu_percent"), 3)},
-            "wall_s": _round(row["wall_s"]),
-            "backend": row["backend"],
-            "approximate": bool(row["approximate"]) if row["approximate"] is not None else None,
-            "limits": _limits(row, sim),
-            "run": row["run_id"],
-            "runtime": environment.get("runtime"),
-            "input_shapes": environment.get("input_shapes") or {},
-            "input_values": environment.get("input_values") or {},  # where each input's values came from
-            # workload.dataset's pass: outputs' digests, agreement with the reference, accuracy (proto/accuracy.py)
-            **({"accuracy": environment["accuracy"]} if isinstance(environment.get("accuracy"), dict) else {}),
-            "image_build": environment.get("build"),
-            "contention": json.loads(row["contention_json"]) if row.get("contention_json") else None,
-            "tool_versions": json.loads(row["tool_versions_json"]) if row["tool_versions_json"] else {},
-        })
-    if ops:
-        profiles = store.runs.op_profiles([r["run"] for r in records if r["run"] is not None])
-        for r, note in zip(records, notes, strict=True):
-            r["op_profile"] = plain_rows(profiles.get(r["run"], []))
-            r["op_profile_note"] = note  # why a run asked for a profile and has none
+def _latency(row: ResultRow) -> Latency | None:
+    if row.latency_avg_ms is None:
+        return None
+    return Latency(init=_round(row.latency_init_ms), first=_round(row.latency_first_ms), avg=_round(row.latency_avg_ms),
+                   p50=_round(row.latency_p50_ms), p90=_round(row.latency_p90_ms), p99=_round(row.latency_p99_ms),
+                   std=_round(row.latency_std_ms), min=_round(row.latency_min_ms), max=_round(row.latency_max_ms),
+                   warmup_avg=_round(row.latency_warmup_avg_ms), count=row.latency_count)
+
+
+def _run_model(row: ResultRow) -> RunModel:
+    facts = json.loads(row.model_facts_json or "{}")
+    # every task is scheduled with its model's digest (schedule.py); a row without one reads as ""
+    return RunModel(name=row.model_name, sha256=row.model_sha256 or "", family=row.model_family, path=row.model_path,
+                    size_bytes=row.model_size_bytes, param_count=row.model_param_count,
+                    **{name: facts.get(name) for name in MODEL_FACTS_IN_RECORDS
+                       if name not in LATER_MODEL_FACTS or facts.get(name) is not None})
+
+
+class SparseParts(TypedDict, total=False):
+    """A record's fields (RunRecord.SPARSE) its JSON has only when they are set."""
+
+    gpu: dict[str, JsonValue]  # NVIDIA hosts: the GPU's figures over the run (agents/parsers/nvidia_smi)
+    accuracy: dict[str, JsonValue]  # workload.dataset's pass (proto/accuracy.py)
+    op_profile: list[JsonValue]  # with `ops`: op types, then nodes
+    op_profile_note: str | None  # with `ops`: why a run asked for a profile and has none
+
+
+def _sparse_parts(environment: dict[str, JsonValue], profile: list[JsonValue] | None) -> SparseParts:
+    """The GPU's and the dataset pass's figures where the run has them, the op profile (and why there is none)
+    when asked for."""
+    parts = SparseParts()
+    if isinstance(gpu := environment.get("gpu"), dict):
+        parts["gpu"] = gpu
+    if isinstance(accuracy := environment.get("accuracy"), dict):
+        parts["accuracy"] = accuracy
+    if profile is not None:
+        note = environment.get("op_profile_note")
+        parts["op_profile"] = profile
+        parts["op_profile_note"] = note if isinstance(note, str) else None
+    return parts
+
+
+def run_record(row: ResultRow, profile: list[JsonValue] | None = None) -> RunRecord:
+    """A task's record (`farm results --format json`) from its result row; `profile`: its run's op profile, when
+    asked for."""
+    environment = json.loads(row.environment_json or "{}")  # read once: several figures come from it
+    sim = _planned_sim(row)
+    return RunRecord(
+        job=row.job, task=row.task, model=_run_model(row), target=row.target, threads=row.threads,
+        cpus=default_cpus(sim.cpus, row.threads) if sim else None,  # the swept figure
+        batch_size=row.batch_size, input_size=row.input_size, accelerator=_planned_unit(row), repeat=row.repeat,
+        pair_key=row.pair_key, status=row.task_status, attempts=row.attempts, failure_class=row.task_failure_class,
+        message=row.task_message or "", latency_ms=_latency(row), whole_run_s=_round(row.whole_run_s),
+        # inferences (batches) per second over the timed loop, and samples per second (x batch size)
+        throughput_per_s=_round(row.throughput_per_s, 3),
+        samples_per_s=_round(samples_per_s(row.throughput_per_s, row.batch_size), 3),
+        startup_ms=_round(row.startup_ms),  # init + first inference: a cold start
+        peak_memory_mb=_mb(row.peak_memory_bytes), peak_memory_source=row.peak_memory_source,
+        avg_memory_mb=_mb(row.avg_memory_bytes),
+        # boards with power rails (Jetsons) integrate it over the timed loop; None elsewhere
+        energy_per_inference_mj=_round(environment.get("energy_per_inference_mj")),
+        baseline_memory_mb=_mb(row.baseline_memory_bytes), peak_rss_mb=_mb(row.peak_rss_bytes),
+        cpu_percent=CpuPercent(avg=_round(row.cpu_avg_percent, 1), peak=_round(row.cpu_peak_percent, 1)),
+        io=IoBytes(block_read_bytes=row.block_read_bytes, block_write_bytes=row.block_write_bytes,
+                   net_rx_bytes=row.net_rx_bytes, net_tx_bytes=row.net_tx_bytes),
+        sampler=Sampler(interval_ms=row.sample_interval_ms, samples=row.sample_count,
+                        cpu_percent=_round(row.sampler_cpu_percent, 3)),
+        wall_s=_round(row.wall_s), backend=row.backend,
+        approximate=bool(row.approximate) if row.approximate is not None else None,
+        limits=_limits(row, sim), run=row.run_id, runtime=environment.get("runtime"),
+        input_shapes=environment.get("input_shapes") or {},
+        input_values=environment.get("input_values") or {},  # where each input's values came from
+        image_build=environment.get("build"),
+        contention=json.loads(row.contention_json) if row.contention_json else None,
+        tool_versions=json.loads(row.tool_versions_json) if row.tool_versions_json else {},
+        **_sparse_parts(environment, profile))
+
+
+def _profile(profiles: dict[int, list[StoredOpProfileRow]], run_id: int | None) -> list[JsonValue]:
+    return [] if run_id is None else [p.as_dict() for p in profiles.get(run_id, [])]
+
+
+def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[RunRecord]:
+    """One record per task, built once here (the service answers with them, renderers read them); with `ops`,
+    each carries its run's op profile (`op_profile`: op types, then nodes)."""
+    rows = store.runs.results(job_id)
+    profiles = store.runs.op_profiles([r.run_id for r in rows if r.run_id is not None]) if ops else {}
+    records = [run_record(row, _profile(profiles, row.run_id) if ops else None) for row in rows]
     job = store.jobs.get(job_id)
-    spec = json.loads(job["spec_json"]) if job else {}
+    spec = json.loads(job.spec_json or "{}") if job else {}
     if spec.get("predict_for"):
         from farm.controller.analysis.calibrations import add_predictions
-        add_predictions(store, job_id, records, spec["predict_for"], spec["sim"])
+        add_predictions(store, records, spec["predict_for"], spec["sim"])
     return records
+
+
+def record_dicts(store: Store, job_id: int, *, ops: bool = False) -> list[dict[str, Any]]:
+    """The records' JSON form (`farm results --format json`'s), for the tables and pages that still read it by key."""
+    return [r.model_dump() for r in run_records(store, job_id, ops=ops)]
 
 
 def paired_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -154,7 +177,11 @@ def paired_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # --- r13-report: repeats averaged into one row per cell (tables and the report share this rule) ---
-def cell_key(record: dict[str, Any]) -> tuple:
+# Model name, sha256, target, threads, batch, input size, compute unit, cpus, memory MB.
+CellKey = tuple[str, str, str, int, int, int | None, str, float | None, float | None]
+
+
+def cell_key(record: dict[str, Any]) -> CellKey:
     """What makes runs repeats of one another: everything but the repeat number and the cores they got."""
     limits = record["limits"] or {}
     return (record["model"]["name"], record["model"]["sha256"], record["target"], record["threads"],
@@ -193,7 +220,7 @@ def average_repeats(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     Contended runs count only when a cell has no clean one. `runs`, `completed` and `contended`
     say what went in; latency_ms.std is the spread of the runs' averages when there are two or
     more (repeat to repeat), else the run's own spread."""
-    cells: dict[tuple, list[dict[str, Any]]] = {}
+    cells: dict[CellKey, list[dict[str, Any]]] = {}
     for r in records:
         cells.setdefault(cell_key(r), []).append(r)
     averaged = []

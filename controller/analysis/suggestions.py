@@ -14,15 +14,20 @@ from farm.controller.analysis.calibrations import (
 )
 from farm.controller.analysis.results import run_records
 from farm.controller.store import Store
+from farm.proto.questions import RunRecord
 
 
-def _sim_value(record: dict[str, Any], metric: str) -> float | None:
+def _sim_value(record: RunRecord, metric: str) -> float | None:
     """A sim run record's figure for the sim side of ``metric`` (energy: latency)."""
     side = SIM_SIDE.get(metric, metric)
-    value = {"latency": (record.get("latency_ms") or {}).get("avg"),
-             "whole_run": record.get("whole_run_s") if record.get("whole_run_s") is not None else record.get("wall_s"),
-             "peak_memory": record.get("peak_memory_mb"), "avg_memory": record.get("avg_memory_mb")}.get(side)
-    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+    value = {"latency": record.latency_ms.avg if record.latency_ms else None,
+             "whole_run": record.whole_run_s if record.whole_run_s is not None else record.wall_s,
+             "peak_memory": record.peak_memory_mb, "avg_memory": record.avg_memory_mb}.get(side)
+    return float(value) if value is not None and value > 0 else None
+
+
+def _contended(record: RunRecord) -> bool:
+    return isinstance(record.contention, dict) and bool(record.contention.get("contended"))
 
 
 def suggest_for_device(store: Store, device: str, count: int, *, metric: str = "latency",
@@ -36,24 +41,23 @@ def suggest_for_device(store: Store, device: str, count: int, *, metric: str = "
 
     _metric_name(metric)  # an unknown metric is refused by name
     rows = [r for r in store.calibrations.rows(device, metric)]
-    newest = max(rows, key=lambda r: (r["created_at"], r["id"])) if rows else None
+    newest = max(rows, key=lambda r: (r.created_at, r.id)) if rows else None
     if threads is None:
-        threads = newest["threads"] if newest else 1
+        threads = newest.threads if newest else 1
     measured: list[Pair] = []
-    if newest is not None and newest["threads"] == threads:
+    if newest is not None and newest.threads == threads:
         measured = list(stored_calibration(newest).calibration.pairs)
     done = {p.model for p in measured}
     candidates: dict[str, dict[str, Any]] = {}
     for job in store.jobs.listing(jobs_limit, visible_to):  # visible_to: only the jobs this caller may read
-        for r in run_records(store, job["id"]):
+        for r in run_records(store, job.id):
             value = _sim_value(r, metric)
-            if (r["target"] != "sim" or r["status"] != "completed" or r["threads"] != threads or value is None
-                    or (not include_contended and (r.get("contention") or {}).get("contended"))
-                    or r["model"]["name"] in done):
+            if (r.target != "sim" or r.status != "completed" or r.threads != threads or value is None
+                    or (not include_contended and _contended(r)) or r.model.name in done):
                 continue
-            entry = candidates.setdefault(r["model"]["name"], {
-                "model": r["model"]["name"], "sha256": r["model"]["sha256"], "family": r["model"]["family"],
-                "path": r["model"]["path"], "job": job["id"], "values": [], "features": model_features(r["model"])})
+            entry = candidates.setdefault(r.model.name, {
+                "model": r.model.name, "sha256": r.model.sha256, "family": r.model.family, "path": r.model.path,
+                "job": job.id, "values": [], "features": model_features(r.model.model_dump())})
             entry["values"].append(value)
     if not candidates:
         raise CalibrationError(

@@ -83,7 +83,7 @@ class StoreCollector(Collector):
         current: dict[str, str] = {}
         # A registered device with no health row has never been judged: unknown.
         for row in self.store.devices.all():
-            current[row["name"]] = "unknown"
+            current[row.name] = "unknown"
         last_check = GaugeMetricFamily(
             "farm_device_last_health_check_timestamp_seconds",
             "When the device's last reference-suite check completed (Unix time).", labels=["device"])
@@ -104,7 +104,7 @@ class StoreCollector(Collector):
                                 labels=["device", "metric"])
         now = self.clock()
         for row in self.store.calibrations.newest_times():
-            age.add_metric([row["device"], row["metric"]], max(0.0, now - row["newest"]))
+            age.add_metric([row.device, row.metric], max(0.0, now - row.newest))
         return [age]
 
     def _drift(self) -> Iterable[Metric]:
@@ -118,10 +118,10 @@ class StoreCollector(Collector):
             "farm_calibration_drift_exceeded", "1 when the latest drift check went beyond its thresholds.",
             labels=["device", "metric", "threads"])
         for row in self.store.calibrations.latest_drift():
-            labels = [row["device"], row["metric"], "" if row["threads"] is None else str(row["threads"])]
-            if row["prediction_shift"] is not None:
-                shift.add_metric(labels, float(row["prediction_shift"]))
-            exceeded.add_metric(labels, 1.0 if row["exceeded"] else 0.0)
+            labels = [row.device, row.metric, "" if row.threads is None else str(row.threads)]
+            if row.prediction_shift is not None:
+                shift.add_metric(labels, float(row.prediction_shift))
+            exceeded.add_metric(labels, 1.0 if row.exceeded else 0.0)
         return [shift, exceeded]
 
     # --- schema probes -------------------------------------------------------------------------

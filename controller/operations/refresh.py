@@ -59,7 +59,7 @@ def unlike(store: Store, old: StoredCalibration, new: StoredCalibration) -> str 
     that are not the device), the same kind of fit on the same features."""
     job_id = _source_job(old)
     job = store.jobs.get(job_id) if job_id is not None else None
-    if job is None or job["kind"] != HEALTH_CHECK:
+    if job is None or job.kind != HEALTH_CHECK:
         return (f"version {old.version} (#{old.id}) was fitted from job {job_id if job_id is not None else '?'}, "
                 "not by a refresh")
     # the same kind of fit on the same features (drift_between compares the models both measured, with the old
@@ -80,7 +80,7 @@ def drift_baseline(store: Store, new: StoredCalibration) -> tuple[StoredCalibrat
 
     passed: list[str] = []
     for row in reversed(store.calibrations.versions(new.id)):
-        if row["version"] >= new.version:
+        if row.version >= new.version:
             continue
         old = stored_calibration(row)
         why = unlike(store, old, new)
@@ -166,8 +166,9 @@ def _device_latencies(store: Store, job_id: int, device: str) -> dict[tuple[str,
     rows = store.runs.device_latencies(job_id, device)
     values: dict[tuple[str, int], list[float]] = {}
     for row in rows:
-        if row["latency_avg_ms"] is not None:
-            values.setdefault((row["model_sha256"], row["threads"]), []).append(row["latency_avg_ms"])
+        if row.latency_avg_ms is not None:
+            # every task is scheduled with its model's digest; a row without one groups under ""
+            values.setdefault((row.model_sha256 or "", row.threads), []).append(row.latency_avg_ms)
     return {key: statistics.fmean(v) for key, v in values.items()}
 
 
@@ -250,8 +251,8 @@ def after_reference_run(store: Store, job_id: int, *, thresholds: DriftThreshold
 
 def _passed(store: Store, job_id: int, device: str) -> bool:
     """Whether `device` ran every reference task of the job it was given, and completed each."""
-    tasks = [t for t in store.jobs.tasks(job_id) if t["target"] == device]
-    return bool(tasks) and all(t["status"] == "completed" for t in tasks)
+    tasks = [t for t in store.jobs.tasks(job_id) if t.target == device]
+    return bool(tasks) and all(t.status == "completed" for t in tasks)
 
 
 def report_json(report: RefreshReport) -> dict[str, Any]:

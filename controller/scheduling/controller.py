@@ -161,7 +161,7 @@ class Controller:
         }, tasks)
         # a quarantined device takes no work: its runs in this job fail now, saying why, instead of waiting
         for row in self.store.devices.quarantined_targets(job_id):
-            self._fail_waiting_tasks(row["name"], row["reason"], job_id=job_id)
+            self._fail_waiting_tasks(row.name, row.reason, job_id=job_id)
         self._finish_job_if_done(job_id)
         return job_id
 
@@ -181,7 +181,7 @@ class Controller:
     def job_of_submit_key(self, submit_key: str, owner: str | None) -> int | None:
         return self.store.jobs.job_of_submit_key(owner or "", submit_key)
 
-    def _fail_waiting_tasks(self, device: str, reason: str, *, job_id: int | None = None) -> list[int]:
+    def _fail_waiting_tasks(self, device: str, reason: str | None, *, job_id: int | None = None) -> list[int]:
         """Fail the device's pending tasks; returns the jobs they belonged to (once each)."""
         return self.store.jobs.fail_waiting_tasks(
             device, f"device {device} is quarantined ({reason}); check it, then `farm device release {device}`",
@@ -191,7 +191,7 @@ class Controller:
         """Cancel what has not finished. Running tasks stop at their next heartbeat."""
         with self.store.transaction():
             job = self.store.jobs.get(job_id)
-            if job is None or job["status"] in TERMINAL_JOB:
+            if job is None or job.status in TERMINAL_JOB:
                 return 0
             n = self.store.jobs.cancel_pending_tasks(job_id, "canceled before it ran", self.clock())
             running = self.store.jobs.task_counts(job_id).get(TaskStatus.RUNNING.value, 0)
@@ -205,8 +205,8 @@ class Controller:
         and unstarted ones wait for `farm resume`; their stopped attempts stay stored as runs."""
         with self.store.transaction():
             job = self.store.jobs.get(job_id)
-            if job is None or job["status"] in (JobStatus.COMPLETED.value, JobStatus.FAILED.value) or (
-                    job["status"] == JobStatus.CANCELED.value and job["message"]):  # `farm cancel` or timeouts.job
+            if job is None or job.status in (JobStatus.COMPLETED.value, JobStatus.FAILED.value) or (
+                    job.status == JobStatus.CANCELED.value and job.message):  # `farm cancel` or timeouts.job
                 return 0
             n = self.store.jobs.requeue_interrupted_tasks(job_id, since, "interrupted before it finished; `farm resume` runs it")
             self.store.jobs.update(job_id, **{
@@ -255,14 +255,14 @@ class Controller:
             now = self.clock()
             n = self.store.jobs.requeue_tasks(job_id, statuses, "retried (`farm retry`); its earlier attempts stay stored",
                                               MAX_ATTEMPTS)
-            timeout = job_timeout_s(job["spec_json"])
+            timeout = job_timeout_s(job.spec_json)
             self.store.jobs.update(job_id, status=JobStatus.QUEUED.value, finished_at=None,
                                    owner_pid=os.getpid(), owner_host=socket.gethostname(),
                                    deadline_at=now + timeout if timeout else None,
                                    message=f"{n} {' or '.join(statuses)} task(s) of {sum(counts.values())} run again by "
                                            "`farm retry`; their earlier attempts stay stored")
             for row in self.store.devices.quarantined_targets(job_id):  # as at submit: no work for such a device
-                self._fail_waiting_tasks(row["name"], row["reason"], job_id=job_id)
+                self._fail_waiting_tasks(row.name, row.reason, job_id=job_id)
         self._finish_job_if_done(job_id)
         return n
 
@@ -272,10 +272,10 @@ class Controller:
         for job_id in self.store.jobs.past_deadline(self.clock()):
             with self.store.transaction():
                 job = self.store.jobs.get(job_id)
-                if job is None or job["status"] in TERMINAL_JOB:
+                if job is None or job.status in TERMINAL_JOB:
                     continue
                 self.cancel_job(job_id)
-                self.store.jobs.update(job_id, message=deadline_message(job_timeout_s(job["spec_json"])))
+                self.store.jobs.update(job_id, message=deadline_message(job_timeout_s(job.spec_json)))
             ended.append(job_id)
             if self.on_deadline is not None:
                 self.on_deadline(job_id)
@@ -291,9 +291,9 @@ class Controller:
             if not first:
                 return None
             task = first[0]
-            attempt = task["attempts"] + 1
-            self.store.leases.lease(task["id"], attempt, agent, now + self.lease_ttl_s)
-            self.store.leases.start_job(task["job_id"], now)
+            attempt = task.attempts + 1
+            self.store.leases.lease(task.id, attempt, agent, now + self.lease_ttl_s)
+            self.store.leases.start_job(task.job_id, now)
         return _task_spec(task, attempt, self._plan(task))
 
     def _plan(self, task: TaskRow) -> TaskPlan:
@@ -328,13 +328,13 @@ class Controller:
             fetched = self.store.leases.next_pending(wanted, len(slots))
             leases: list[tuple[int, int, str, float]] = []
             for task in fetched:
-                slot = next((i for i in free if task["target"] in slots[i][1]), None)
+                slot = next((i for i in free if task.target in slots[i][1]), None)
                 if slot is None:
                     continue  # no free slot serves this target this round
                 free.remove(slot)
-                attempt = task["attempts"] + 1
-                leases.append((task["id"], attempt, slots[slot][0], now + self.lease_ttl_s))
-                started_jobs.add(task["job_id"])
+                attempt = task.attempts + 1
+                leases.append((task.id, attempt, slots[slot][0], now + self.lease_ttl_s))
+                started_jobs.add(task.job_id)
                 leased[slot] = _task_spec(task, attempt, self._plan(task))
             self.store.leases.lease_many(leases)  # one statement for the round's leases
             for job_id in started_jobs:
@@ -440,8 +440,9 @@ class Controller:
         if contended and outcome == "retry" and job_status != JobStatus.CANCELED.value:
             # a measurement spoiled by other work is not the model's figure: measure it again;
             # the retry does not use up the attempts kept for infrastructure failures
-            fields = {"status": TaskStatus.PENDING.value, "failure_class": None,
-                      "max_attempts": task["max_attempts"] + 1,
+            fields: dict[str, str | int | float | None] = {  # the task row's columns to set
+                      "status": TaskStatus.PENDING.value, "failure_class": None,
+                      "max_attempts": task.max_attempts + 1,
                       "message": f"attempt {attempt} was contended ({reasons}); retrying"}
         elif contended and outcome == "fail":
             fields = {"status": TaskStatus.FAILED.value, "failure_class": FailureClass.INFRASTRUCTURE.value,
@@ -455,7 +456,7 @@ class Controller:
         elif job_status == JobStatus.CANCELED.value or result.failure_class == FailureClass.CANCELED:
             fields = {"status": TaskStatus.CANCELED.value, "failure_class": FailureClass.CANCELED.value,
                       "message": result.message}
-        elif should_retry(result.failure_class, attempt, task["max_attempts"]):
+        elif should_retry(result.failure_class, attempt, task.max_attempts):
             failure = (result.failure_class or FailureClass.BUG).value  # a failed result always has its class
             fields = {"status": TaskStatus.PENDING.value, "failure_class": failure,
                       "message": f"attempt {attempt} failed ({failure}): {result.message}; retrying"}
@@ -485,7 +486,7 @@ class Controller:
         aside only because it was contended. That one is the task's result, kept and flagged (as the policy
         keeps one after its retries): a retry never throws a finished measurement away."""
         failure = result.failure_class.value if result.failure_class else FailureClass.BUG.value
-        kept = self.store.runs.last_contended_measurement(task["id"]) if task["target"] == "sim" else None
+        kept = self.store.runs.last_contended_measurement(task.id) if task.target == "sim" else None
         if kept is None:
             return {"status": TaskStatus.FAILED.value, "failure_class": failure, "message": result.message}
         run_id, kept_attempt = kept
@@ -495,7 +496,7 @@ class Controller:
 
     def _contention_outcome(self, task: TaskRow) -> str:
         policy = self._plan(task).sim.on_contention
-        return contention_outcome(policy, self.store.runs.contended_runs(task["id"]))
+        return contention_outcome(policy, self.store.runs.contended_runs(task.id))
 
     # --- device health -------------------------------------------------------------
     def quarantine(self, device: str, reason: str, *, health: str = "bad") -> int:
@@ -546,9 +547,9 @@ class Controller:
         Each is checked again inside the transaction: one that reported or moved on meanwhile is left be."""
         now = self.clock()
         with self.store.transaction():
-            lost = self.store.leases.running_attempts(task_ids=[t["id"] for t in running]) if running else []
-            current = {(t["id"], t["attempts"], t["leased_by"]) for t in running}
-            lost = [t for t in lost if (t["id"], t["attempts"], t["leased_by"]) in current]
+            lost = self.store.leases.running_attempts(task_ids=[t.id for t in running]) if running else []
+            current = {(t.id, t.attempts, t.leased_by) for t in running}
+            lost = [t for t in lost if (t.id, t.attempts, t.leased_by) in current]
             if not lost:
                 return 0
             failed_jobs = self.store.leases.record_lost_attempts(
@@ -565,7 +566,7 @@ class Controller:
             return
         job = self.store.jobs.get(job_id)
         assert job is not None  # it has tasks
-        if job["status"] == JobStatus.CANCELED.value or p.canceled:
+        if job.status == JobStatus.CANCELED.value or p.canceled:
             status = JobStatus.CANCELED
         elif p.completed == p.total:
             status = JobStatus.COMPLETED
@@ -581,11 +582,11 @@ def _task_spec(task: TaskRow, attempt: int, plan: TaskPlan) -> TaskSpec:
     from farm.proto.tasks import TaskSpec
 
     return TaskSpec(
-        task_id=task["id"], job_id=task["job_id"], attempt=attempt, target=task["target"],
-        model_name=task["model_name"], model_path=task["model_path"],
-        model_sha256=task["model_sha256"], model_family=task["model_family"],
-        threads=task["threads"], batch_size=task["batch_size"], input_size=task["input_size"],
-        repeat=task["repeat"], plan=plan)
+        task_id=task.id, job_id=task.job_id, attempt=attempt, target=task.target,
+        model_name=task.model_name, model_path=task.model_path,
+        model_sha256=task.model_sha256, model_family=task.model_family,
+        threads=task.threads, batch_size=task.batch_size, input_size=task.input_size,
+        repeat=task.repeat, plan=plan)
 
 
 __all__ = ["Controller", "JobProgress", "RetryRefused", "deadline_message", "job_timeout_s", "progress_of", "should_retry", "status_of"]

@@ -118,15 +118,15 @@ class Sessions:
             held = self.store.leases.running_attempts(agent=hello.agent_name)
             released = []
             for row in held:
-                if (row["id"], row["attempts"]) in still_running:
-                    session.running.add((row["id"], row["attempts"]))
+                if (row.id, row.attempts) in still_running:
+                    session.running.add((row.id, row.attempts))
                 else:
                     released.append(row)
             if released:
                 self.controller.lose_attempts(released, "released: agent {agent} reconnected without it")
             self.record(session, "online")
             self.publish([session], complete=False)
-        return session, [(r["id"], r["attempts"]) for r in released]
+        return session, [(r.id, r.attempts) for r in released]
 
     def close(self, session: AgentSession) -> None:
         session.close()

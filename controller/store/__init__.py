@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from farm.controller.store.interface import (
-        ArtifactRepository, CalibrationRepository, DeviceRepository, JobRepository, LabReads, LeaseRepository,
+        ArtifactRepository, CalibrationRepository, DeviceRepository, JobRepository, LabReadRepository, LeaseRepository,
         RunRepository, Store, StoreError, StoreUnavailable, VisibleTo)
     from farm.controller.store.metrics import METRIC_UNITS, UnknownMetric
     from farm.controller.store.sqlite import BUSY_TIMEOUT_S, SQLiteStore, store_error_message
@@ -24,7 +24,7 @@ DB_ENV = "FARM_DB"
 # module of the package (schema, job_listing) or db_location does not build the rows' dataclasses and the results'
 # models (`farm jobs` on an up-to-date store reads it without them, issue 34 item 5)
 _LAZY = {
-    **dict.fromkeys(("ArtifactRepository", "CalibrationRepository", "DeviceRepository", "JobRepository", "LabReads",
+    **dict.fromkeys(("ArtifactRepository", "CalibrationRepository", "DeviceRepository", "JobRepository", "LabReadRepository",
                      "LeaseRepository", "RunRepository", "Store", "StoreError", "StoreUnavailable", "VisibleTo"),
                     "farm.controller.store.interface"),
     **dict.fromkeys(("METRIC_UNITS", "UnknownMetric"), "farm.controller.store.metrics"),
@@ -44,7 +44,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ArtifactRepository", "BUSY_TIMEOUT_S", "CalibrationRepository", "DB_ENV", "DeviceRepository", "JobRepository",
-    "LabReads", "LeaseRepository", "METRIC_UNITS", "RunRepository", "SQLiteStore", "Store", "StoreError",
+    "LabReadRepository", "LeaseRepository", "METRIC_UNITS", "RunRepository", "SQLiteStore", "Store", "StoreError",
     "StoreUnavailable", "UnknownMetric", "VisibleTo", "db_location", "default_db_path", "is_store_error", "is_url",
     "lost_connection", "open_store", "redact_url", "store_error_message"]
 # --db schemes a store is opened from (psycopg takes both spellings, as libpq does)

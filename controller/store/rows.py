@@ -1,40 +1,25 @@
 """What the store's repositories return: frozen, typed rows, the same from every database.
 
-A row is a frozen dataclass named for what it is; its fields are the columns a query returns. Rows
-also answer `row["field"]` and `row.get("field")` (read-only) so code written against the old
-dict rows keeps working while it moves to attributes; `as_dict()` gives a plain dict for JSON.
+A row is a frozen dataclass named for what it is; its fields are the columns a query returns, read as
+attributes (`row.status`); `as_dict()` gives a plain dict for JSON or for code that edits one. Only the two rows
+controller/grpc_server.py still reads by name keep `row["field"]` (ItemAccess), until that module's carve lands.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, TypeVar, Union
+from typing import Any, Iterable, Mapping, TypeVar
 
 R = TypeVar("R", bound="Row")
 
 
 @dataclass(frozen=True, slots=True)
 class Row:
-    """Base of every row: attribute access is the typed way; item access is read-only."""
-
-    def __getitem__(self, name: str) -> Any:
-        try:
-            return getattr(self, name)
-        except AttributeError:
-            raise KeyError(name) from None
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return getattr(self, name, default)
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name in self.keys()
+    """Base of every row: its fields are read as attributes."""
 
     def keys(self) -> list[str]:
         return [f.name for f in dataclasses.fields(self)]
-
-    def items(self) -> list[tuple[str, Any]]:
-        return [(name, getattr(self, name)) for name in self.keys()]
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.keys()}
@@ -45,8 +30,21 @@ class Row:
         return cls(**values)
 
 
-# What code that reads rows by name accepts: a store row, or a plain dict of the same fields.
-RowLike = Union[Row, Mapping[str, Any]]
+class ItemAccess:
+    """`row["field"]` and `row.get("field")`, read-only, for the rows whose readers have not moved to attributes
+    yet: controller/grpc_server.py's (RunningAttempt, DeviceRow), which another branch carves this session (issue
+    #35). Every other row is read by attribute; this goes when those readers do."""
+
+    __slots__ = ()
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return getattr(self, name)
+        except AttributeError:
+            raise KeyError(name) from None
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, name, default)
 
 
 def plain(row: Row | None) -> dict[str, Any] | None:
@@ -151,7 +149,7 @@ class DashboardJob(Row):
 
 
 @dataclass(frozen=True, slots=True)
-class JobSpec(Row):
+class JobSpecRow(Row):
     id: int
     spec_json: str | None
 
@@ -164,7 +162,7 @@ class TaskOutcome(Row):
 
 
 @dataclass(frozen=True, slots=True)
-class RunningAttempt(Row):
+class RunningAttempt(ItemAccess, Row):
     """A running task's lease: whose it is and which attempt."""
     id: int
     job_id: int
@@ -204,14 +202,14 @@ class QueuedWork(Row):
 
 
 @dataclass(frozen=True, slots=True)
-class TelemetrySample(Row):
+class TelemetrySampleRow(Row):
     t_s: float
     cpu_percent: float | None
     memory_bytes: int | None
 
 
 @dataclass(frozen=True, slots=True)
-class OpProfileRow(Row):
+class StoredOpProfileRow(Row):
     kind: str
     node_type: str | None
     name: str | None
@@ -314,7 +312,7 @@ class AgentRow(Row):
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceRow(Row):
+class DeviceRow(ItemAccess, Row):
     name: str
     agent: str | None
     driver: str | None
@@ -341,7 +339,7 @@ class QuarantinedTarget(Row):
 
 
 @dataclass(frozen=True, slots=True)
-class LabDevice(Row):
+class LabDeviceRow(Row):
     """A device the lab knows (registered by an agent, or only judged), with its health."""
     name: str
     agent: str | None
@@ -410,7 +408,7 @@ class LatestCalibration(Row):
 
 
 @dataclass(frozen=True, slots=True)
-class CalibrationFit(Row):
+class CalibrationFitRow(Row):
     device: str
     version: int
     fit_json: str | None

@@ -22,7 +22,7 @@ import zlib
 from array import array
 from typing import Any, Iterable, Sequence, cast
 
-from farm.controller.store.rows import TelemetrySample
+from farm.controller.store.rows import TelemetrySampleRow
 
 PLAIN, ZLIB = 1, 2
 NO_MEMORY = -(1 << 63)
@@ -102,7 +102,7 @@ def pack_telemetry(samples: Iterable[tuple[float | None, float | None, int | Non
     return _frame(_little_endian(times) + _little_endian(cpu) + _little_endian(memory))
 
 
-def unpack_telemetry(data: bytes) -> list[TelemetrySample]:
+def unpack_telemetry(data: bytes) -> list[TelemetrySampleRow]:
     body = _body(data)
     if len(body) % 24:
         raise PackedSamplesError(f"packed telemetry of {len(body)} bytes: not whole samples of 24 bytes")
@@ -110,7 +110,7 @@ def unpack_telemetry(data: bytes) -> list[TelemetrySample]:
     times = _from_little_endian("d", body[:8 * n])
     cpu = _from_little_endian("d", body[8 * n:16 * n])
     memory = _from_little_endian("q", body[16 * n:])
-    return [TelemetrySample(times[i], None if math.isnan(cpu[i]) else cpu[i],
+    return [TelemetrySampleRow(times[i], None if math.isnan(cpu[i]) else cpu[i],
                             None if memory[i] == NO_MEMORY else memory[i]) for i in range(n)]
 
 

@@ -35,10 +35,10 @@ from farm.controller.store.interface import DeviceRecord, RunWrite, VisibleTo
 from farm.controller.store.job_listing import LISTING_SELECT, TASK_COUNTS_SELECT
 from farm.controller.store.metrics import UnknownMetric
 from farm.controller.store.rows import (
-    AgentRow, CalibrationFit, CalibrationRow, CalibrationTime, DashboardJob, DeviceLatency, DeviceRow, DriftRow,
-    HealthRow, JobListing, JobRow, JobSpec, LabDevice, LatestCalibration, LatestDrift, LeaseState, MeasuredRow,
-    OpProfileRow, PairedRow, QuarantinedTarget, QueuedWork, ResultRow, RunningAttempt, RunningTask, TaskOutcome,
-    TaskRow, TelemetrySample)
+    AgentRow, CalibrationFitRow, CalibrationRow, CalibrationTime, DashboardJob, DeviceLatency, DeviceRow, DriftRow,
+    HealthRow, JobListing, JobRow, JobSpecRow, LabDeviceRow, LatestCalibration, LatestDrift, LeaseState, MeasuredRow,
+    StoredOpProfileRow, PairedRow, QuarantinedTarget, QueuedWork, ResultRow, RunningAttempt, RunningTask, TaskOutcome,
+    TaskRow, TelemetrySampleRow)
 from farm.controller.store.samples import pack_iterations, pack_telemetry, unpack_iterations, unpack_telemetry
 from farm.proto import op_profile
 from farm.proto.results import FailureClass, ResultRefused, RunResult, RunStatus, TaskStatus
@@ -375,9 +375,9 @@ class Jobs(Repository):
             "SELECT status, failure_class, message FROM tasks WHERE job_id = ? AND model_sha256 = ? AND threads = ? "
             "ORDER BY id", [job_id, sha256, threads])]
 
-    def completed_with_model(self, sha256: str, threads: int) -> list[JobSpec]:
+    def completed_with_model(self, sha256: str, threads: int) -> list[JobSpecRow]:
         """Jobs (id, spec_json), newest first, with a completed run of this model at these threads."""
-        return [JobSpec.of(r) for r in self._query(
+        return [JobSpecRow.of(r) for r in self._query(
             "SELECT DISTINCT j.id, j.spec_json FROM jobs j JOIN tasks t ON t.job_id = j.id "
             "WHERE t.model_sha256 = ? AND t.threads = ? AND t.status = 'completed' ORDER BY j.id DESC",
             [sha256, threads])]
@@ -624,7 +624,7 @@ class Runs(Repository):
         rows = self._query("SELECT iterations FROM run_samples WHERE run_id = ?", [run_id])
         return unpack_iterations(bytes(rows[0]["iterations"])) if rows and rows[0]["iterations"] else []
 
-    def telemetry(self, run_id: int) -> list[TelemetrySample]:
+    def telemetry(self, run_id: int) -> list[TelemetrySampleRow]:
         rows = self._query("SELECT telemetry FROM run_samples WHERE run_id = ?", [run_id])
         return unpack_telemetry(bytes(rows[0]["telemetry"])) if rows and rows[0]["telemetry"] else []
 
@@ -636,15 +636,15 @@ class Runs(Repository):
             "t.threads NULLS FIRST, t.batch_size NULLS FIRST, t.input_size NULLS FIRST, t.repeat NULLS FIRST, "
             "t.target NULLS FIRST, t.seq NULLS FIRST", [job_id])]
 
-    def op_profiles(self, run_ids: list[int]) -> dict[int, list[OpProfileRow]]:
+    def op_profiles(self, run_ids: list[int]) -> dict[int, list[StoredOpProfileRow]]:
         """Each run's op profile rows (op types, then nodes; slowest first), by run id."""
-        found: dict[int, list[OpProfileRow]] = {run_id: [] for run_id in run_ids}
+        found: dict[int, list[StoredOpProfileRow]] = {run_id: [] for run_id in run_ids}
         for clause, params in self._in("run_id", run_ids):
             for row in self._query(
                     "SELECT run_id, kind, node_type, name, avg_ms, percent, first_ms, count, times_called, mem_kb "
                     f"FROM op_profiles WHERE {clause} ORDER BY run_id, idx", params):
                 run_id = row.pop("run_id")
-                found[run_id].append(OpProfileRow.of(row))
+                found[run_id].append(StoredOpProfileRow.of(row))
         return found
 
     def contended_runs(self, task_id: int) -> int:
@@ -809,10 +809,10 @@ class Calibrations(Repository):
         return int(cal_id), version
 
     def fits(self, metric: str, threads: int, runtime: str, batch_size: int | None, input_size: int | None,
-             precision: str, family: str) -> list[CalibrationFit]:
+             precision: str, family: str) -> list[CalibrationFitRow]:
         """(device, version, fit_json) of every calibration of this key, newest first."""
         same = self.store.same
-        return [CalibrationFit.of(r) for r in self._query(
+        return [CalibrationFitRow.of(r) for r in self._query(
             "SELECT device, version, fit_json FROM calibrations WHERE metric = ? AND threads = ? AND runtime = ? "
             f"AND batch_size {same} ? AND input_size {same} ? AND \"precision\" = ? AND family = ? ORDER BY id DESC",
             [metric, threads, runtime, batch_size, input_size, precision, family])]
@@ -947,9 +947,9 @@ class Artifacts(Repository):
 
 
 class LabReads(Repository):
-    def devices(self) -> list[LabDevice]:
+    def devices(self) -> list[LabDeviceRow]:
         """Every device the lab knows (registered by an agent, or only judged healthy/bad), with its health."""
-        return [LabDevice.of(r) for r in self._query(
+        return [LabDeviceRow.of(r) for r in self._query(
             "SELECT d.name, d.agent, d.driver, d.device_type, d.tags_json, d.slots, d.state, d.last_seen, "
             "h.health, h.reason, h.changed_at FROM devices d LEFT JOIN device_health h ON h.name = d.name "
             "UNION ALL SELECT h.name, NULL, NULL, NULL, NULL, NULL, NULL, NULL, h.health, h.reason, h.changed_at "

@@ -62,7 +62,7 @@ said after the list:
     ``loo_*`` figures redo the class choice without each model (nested).
 
 Every fit keeps the range of the sim values and features it saw (``FitResult.ranges``): a prediction
-outside it gets the verdict "extrapolating" with the inputs and ranges (``Prediction.extrapolation``),
+outside it gets the verdict "extrapolating" with the inputs and ranges (``Estimate.extrapolation``),
 and its interval's half-width grows by ``EXTRAPOLATION_WIDENING`` per span of the range beyond it.
 
 Every other log kind's interval is the same cross-validated form: ``ŷ ± t(n−2)·s·√((1 + h₀)/(1 + h̄))``
@@ -150,7 +150,7 @@ from farm.controller.analysis.calibration.core import (
     NotEnoughPairs,
     OutOfRange,
     Pair,
-    Prediction,
+    Estimate,
     Prior,
     _check_confidence,
     _Shared,
@@ -225,7 +225,7 @@ __all__ = [
     "POPULATION_ROLES",
     "Pair",
     "PopulationPrior",
-    "Prediction",
+    "Estimate",
     "Prior",
     "RICH_MIN_MODELS",
     "RIDGE_LAMBDAS",

@@ -89,7 +89,7 @@ class Pair:
 
 
 @dataclass(frozen=True)
-class Prediction:
+class Estimate:
     """A device estimate with its prediction interval at the requested confidence.
 
     ``verdict`` is "extrapolating" when the model lies outside the range of sim values or features the
@@ -248,12 +248,12 @@ class FitResult:
         return line
 
     def predict(self, x: float, features: Mapping[str, float] | None = None,
-                confidence: float = 0.9) -> Prediction:
+                confidence: float = 0.9) -> Estimate:
         """Device estimate and prediction interval for one sim value (features as used by the fit)."""
         feature_arrays = {name: np.asarray([value], dtype=float) for name, value in (features or {}).items()}
         estimate, low, high = self.predict_arrays(np.asarray([x], dtype=float), feature_arrays, confidence)
         outside = tuple(self.extrapolation(np.asarray([x], dtype=float), feature_arrays)[0])
-        return Prediction(float(estimate[0]), float(low[0]), float(high[0]),
+        return Estimate(float(estimate[0]), float(low[0]), float(high[0]),
                           "extrapolating" if outside else "ok", outside)
 
     def _inputs(self, sim: np.ndarray, features: Mapping[str, Sequence[float] | np.ndarray] | None
@@ -432,7 +432,7 @@ class Calibration:
         return self.fits[self.chosen]
 
     def predict(self, x: float, features: Mapping[str, float] | None = None,
-                kind: str | None = None) -> Prediction:
+                kind: str | None = None) -> Estimate:
         """Predict with the chosen fit (or ``kind``) at this calibration's confidence."""
         return self.fit(kind).predict(x, features, self.confidence)
 

@@ -85,7 +85,7 @@ def suggest_models(candidates: Sequence[Pair], count: int, *, features: Sequence
 
     def local(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         distance = ((standardized[a][:, None, :] - standardized[b][None, :, :]) ** 2).sum(axis=2)
-        return noise * np.exp(-0.5 * distance / SUGGEST_LENGTH_SCALE ** 2)
+        return np.asarray(noise * np.exp(-0.5 * distance / SUGGEST_LENGTH_SCALE ** 2), dtype=float)
 
     joint = design[rows] @ covariance @ design[rows].T + local(rows, rows)  # prior covariance of the predictions
     already = np.arange(len(measured))
