@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import browser_fixture  # noqa: F401 (the `browser` fixture)
+from browser import module_chromium_fixture, shared_browser_fixture  # noqa: F401 (`browser`: one chromium per module)
 from grpc_processes import Cluster, sleep_job, wait_for
 
 pytestmark = pytest.mark.timeout(300)
