@@ -47,9 +47,8 @@ def browser_available() -> str | None:
     return None
 
 
-@pytest.fixture(name="browser")
-def browser_fixture(tmp_path: Path) -> Iterator["Browser"]:
-    """A test takes `browser` as an argument after `from browser import browser_fixture`."""
+def _chromium(folder: Path):
+    """A headless chromium under chromedriver, its profile and driver log in `folder`; skips when it cannot run."""
     reason = browser_available()
     if reason:
         pytest.skip(reason)
@@ -60,15 +59,40 @@ def browser_fixture(tmp_path: Path) -> Iterator["Browser"]:
     options.binary_location = CHROMIUM
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                  "--window-size=1280,900", "--no-first-run", "--disable-extensions",
-                 f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+                 f"--user-data-dir={folder / 'chromium-profile'}"):
         options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log")),
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER, log_output=str(folder / "chromedriver.log")),
                               options=options)
     driver.set_page_load_timeout(WAIT_S)
+    return driver
+
+
+@pytest.fixture(name="browser")
+def browser_fixture(tmp_path: Path) -> Iterator["Browser"]:
+    """A test takes `browser` as an argument after `from browser import browser_fixture`."""
+    driver = _chromium(tmp_path)
     try:
         yield Browser(driver)
     finally:
         driver.quit()
+
+
+@pytest.fixture(scope="module", name="module_chromium")
+def module_chromium_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    driver = _chromium(tmp_path_factory.mktemp("chromium"))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(name="browser")
+def shared_browser_fixture(module_chromium) -> Iterator["Browser"]:
+    """`browser` for a module whose tests share one chromium (issue 34: a start per test): each test gets it with no
+    cookies (no session) on a blank page, as a fresh one. Import this instead of browser_fixture."""
+    module_chromium.execute_cdp_cmd("Network.clearBrowserCookies", {})
+    module_chromium.get("about:blank")
+    yield Browser(module_chromium)
 
 
 class Browser:

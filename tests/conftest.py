@@ -131,13 +131,10 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def farm_wheel(tmp_path_factory) -> Path:
-    """farm built as a wheel from this checkout, once per test session (the install tests share it)."""
-    root = tmp_path_factory.mktemp("dist")
-    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", str(Path(__file__).resolve().parents[1]),
-                        "-w", str(root)], capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    (wheel,) = root.glob("farm-*.whl")
-    return wheel
+    """farm built as a wheel from this checkout, once per tree (tests/wheel_cache.py: cached by the content hash of
+    what goes into it, so xdist workers and later runs of an unchanged tree share one build)."""
+    from wheel_cache import cached_wheel
+    return cached_wheel(Path(__file__).resolve().parents[1], tmp_path_factory.mktemp("dist"))
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import pytest
 
 from cache_lock import cache_lock
 
-from grpc_processes import Cluster, _die_with_parent, wait_for
+from grpc_processes import _die_with_parent, in_process_cluster, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.wheel, pytest.mark.timeout(900)]
@@ -33,9 +33,11 @@ def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def agent_bin(tmp_path_factory: pytest.TempPathFactory, farm_wheel: Path) -> Path:
     root = tmp_path_factory.mktemp("base-install")
-    _run([sys.executable, "-m", "venv", str(root / "venv")])  # without --system-site-packages
-    pip = [str(root / "venv" / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-index", "--find-links",
-           str(WHEELS), str(farm_wheel)]
+    # without --system-site-packages; this session's pip installs into it (--python: the venv's own pip would cost
+    # ~7 CPU-s to seed), without byte-compiling every module (--no-compile: Python compiles what it imports)
+    _run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")])
+    pip = [sys.executable, "-m", "pip", "--python", str(root / "venv" / "bin" / "python"), "install", "--quiet",
+           "--no-compile", "--no-index", "--find-links", str(WHEELS), str(farm_wheel)]
     if subprocess.run(pip, capture_output=True, timeout=600).returncode != 0:  # the cache lacks a requirement
         with cache_lock(WHEELS):  # one test run fills it at a time
             _fill_wheels(farm_wheel)
@@ -64,7 +66,8 @@ def test_the_agent_install_lacks_the_controller_stack(agent_bin: Path, tmp_path:
     where, present = json.loads(_run([str(agent_bin / "python"), "-c", probe], cwd=tmp_path, env=_env(tmp_path)).stdout)
     assert "site-packages" in where and not Path(where).is_relative_to(ROOT)
     assert present == []
-    pip_list = _run([str(agent_bin / "python"), "-m", "pip", "list", "--format=json"], cwd=tmp_path).stdout
+    pip_list = _run([sys.executable, "-m", "pip", "--python", str(agent_bin / "python"), "list", "--format=json"],
+                    cwd=tmp_path).stdout
     assert "farm" in {d["name"] for d in json.loads(pip_list)}
 
 
@@ -88,10 +91,13 @@ def test_a_command_that_needs_an_extra_names_it(agent_bin: Path, tmp_path: Path,
         assert "`farm calibrate` needs the 'analysis' extra" in message, message
 
 
-def test_the_agent_install_runs_a_controllers_sim_task(agent_bin: Path, tmp_path: Path, tiny_models) -> None:
-    cluster = Cluster(tmp_path, {"HOME": str(tmp_path / "home")})
+def test_the_agent_install_runs_a_controllers_sim_task(agent_bin: Path, tmp_path: Path, tiny_models,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # the agent from the base install is the process under test; the controller and the `farm` calls that watch it
+    # run on threads of this process (issue 34: each `farm agents` poll was a process start)
+    cluster = in_process_cluster(tmp_path, monkeypatch)
     try:
-        cluster.start_controller("--no-auth")
+        cluster.serve_in_process()
         log = tmp_path / "slim-agent.log"
         with log.open("ab") as handle:
             agent = subprocess.Popen([str(agent_bin / "farm"), "agent", "--controller", str(cluster.address), "--name",

@@ -57,7 +57,9 @@ def lab(tmp_path: Path, tiny_models):
     os.mkfifo(root / "fifo.onnx")                            # an endless read
     if ROOT_ONLY:
         os.mknod(root / "zero.onnx", stat.S_IFCHR | 0o644, os.makedev(1, 5))  # /dev/zero, inside the root
-    cluster = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_TLS_CA": ""})
+    # the controller and agents are processes (what they may read is the point); the `farm` client calls run in this
+    # process (issue 34: each results poll was a process start), unless pytest --farm-subprocess
+    cluster = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_TLS_CA": ""}, cli_in_process=True)
     cluster.start_controller("--tokens", str(tokens), "--models-root", str(root), "--scripts-need-permission",
                              "--max-model-bytes", str(4 << 20))
     yield cluster, root, tokens

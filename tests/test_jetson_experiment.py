@@ -16,12 +16,12 @@ import pytest
 import yaml
 
 from farm.cli.main import build_parser
-from farm.model_generators.generate import generate_examples
+from farm.model_generators.generate import serialize_onnx
 from farm.model_generators.mobilenetv2 import INPUT_SIZES, WIDTHS, model_name
 from farm.model_generators.published_nets import JETSON_EXPERIMENT_MODELS
 from farm.model_generators.zoo import zoo_models
 from farm.proto.spec import JobSpec
-from grpc_processes import Cluster, wait_for
+from grpc_processes import in_process_cluster
 from sshd_peer import SshdPeer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -55,9 +55,15 @@ def _override(spec: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]
 
 @pytest.fixture(scope="module")
 def published_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    # the eight of the short form only (generating all sixteen, InceptionV3 among them, cost 4 CPU-s, these 1)
     dest = tmp_path_factory.mktemp("published")
-    return {f"{m.name}.onnx": m.path for m in generate_examples(dest, widths=(), formats=("onnx",), zoo=False,
-                                                                  published=True) if m.name in SHORT_IMAGE + SHORT_VIDEO}
+    models = {}
+    for m in JETSON_EXPERIMENT_MODELS:
+        if m.name in SHORT_IMAGE + SHORT_VIDEO:
+            models[f"{m.name}.onnx"] = dest / f"{m.name}.onnx"
+            models[f"{m.name}.onnx"].write_bytes(serialize_onnx(m.build()))
+    assert len(models) == len(SHORT_IMAGE + SHORT_VIDEO)
+    return models
 
 
 def _example_with(tmp_path: Path, models: dict[str, Path]) -> Path:
@@ -152,17 +158,18 @@ def test_the_jetson_experiment_runs_end_to_end_paired(board: SshdPeer, published
 
 
 def test_the_jetson_experiment_through_a_controller_and_a_remote_agent(board: SshdPeer, published_models,
-                                                                      tmp_path: Path) -> None:
+                                                                      tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """`farm agent --devices lab.yaml` on a rack host: the script folder goes client → controller → agent
-    → board, each hop by content hash; a video model, whose clips are 5-D."""
+    → board, each hop by content hash (over gRPC; the controller and the agent on threads of this process, as
+    `farm controller serve` and `farm agent` compose them); a video model, whose clips are 5-D."""
     job = _example_with(tmp_path, {"shufflenetv2_3d_x0.25.onnx": published_models["shufflenetv2_3d_x0.25.onnx"]})
-    cluster = Cluster(tmp_path, {"FARM_DB": str(tmp_path / "client.db")})
+    cluster = in_process_cluster(tmp_path, monkeypatch)
     try:
-        cluster.start_controller("--no-auth")
-        agent = cluster.start_agent("rack1", "--devices", str(_lab(tmp_path, board)))
-        wait_for(lambda: "connected to controller" in agent.output(), 30, "the agent to connect")
-        run = cluster.farm("submit", str(job), "--controller", cluster.address, "--json", timeout=400)
-        assert run.returncode == 0, run.stderr[-3000:] + agent.output()[-3000:]
+        cluster.serve_in_process()
+        cluster.agent_in_process("rack1", devices=_lab(tmp_path, board))  # returns once it is connected
+        run = cluster.farm("submit", str(job), "--controller", cluster.address, "--json")
+        assert run.returncode == 0, run.stderr[-3000:] + cluster.server_output()[-3000:]
     finally:
         cluster.stop_all()
     records = json.loads(run.stdout)["results"]

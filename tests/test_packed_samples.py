@@ -68,6 +68,9 @@ def _old_store(path: Path, runs: int) -> None:
     """A store as farm wrote it at schema 14: a row per timing and per telemetry sample."""
     conn = sqlite3.connect(path, isolation_level=None)
     db = sqlite_utils.Database(conn)
+    # one transaction: in autocommit every one of the ~22,000 rows of 200 runs was its own commit and fsync (48 s of
+    # a loaded machine's disk, issue 34); the file holds the same rows either way
+    conn.execute("BEGIN")
     db.table("schema_version").create({"version": int})
     db.table("schema_version").insert({"version": 0})
     for migration in MIGRATIONS[:14]:
@@ -83,6 +86,7 @@ def _old_store(path: Path, runs: int) -> None:
         if run_id % 2:  # some runs had no telemetry
             conn.executemany("INSERT INTO telemetry (run_id, idx, t_s, cpu_percent, memory_bytes) VALUES (?, ?, ?, ?, ?)",
                              [(run_id, i, i * 0.04, 90.0 + i, 1_000_000 * run_id + i) for i in range(25)])
+    conn.execute("COMMIT")
     conn.close()
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import browser_fixture  # noqa: F401 (the `browser` fixture)
+from browser import module_chromium_fixture, shared_browser_fixture  # noqa: F401 (`browser`: one chromium per module)
 from grpc_processes import Cluster, sleep_job, wait_for
 
 pytestmark = pytest.mark.timeout(300)
@@ -53,7 +53,10 @@ def _seed(db: Path) -> int:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("web-lab")
-    cluster = Cluster(root, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_CONFIG": str(root / "none.toml")})
+    # the controller and agents are processes; the `farm` client calls run in this process (issue 34), unless
+    # pytest --farm-subprocess
+    cluster = Cluster(root, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_CONFIG": str(root / "none.toml")},
+                      cli_in_process=True)
     calibration_id = _seed(root / "controller.db")
     tokens = root / "tokens"
     tokens.write_text(f"admin {ADMIN}\nclient {CLIENT}\nagent {AGENT}\n")

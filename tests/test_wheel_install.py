@@ -31,8 +31,12 @@ def installed(tmp_path_factory: pytest.TempPathFactory, farm_wheel: Path) -> Pat
     """bin/ of a fresh venv holding farm installed from its wheel."""
     root = tmp_path_factory.mktemp("wheel")
     wheel = farm_wheel
-    _run([sys.executable, "-m", "venv", str(root / "venv")], cwd=root)  # without --system-site-packages
-    _run([str(root / "venv" / "bin" / "python"), "-m", "pip", "install", "--quiet", f"{wheel}[all]"], cwd=root)  # the nightly needs the controller and analysis extras
+    # without --system-site-packages. This session's pip installs into it (--python): the venv's own copy would cost
+    # ~7 CPU-s to seed and installs the same. --no-compile: byte-compiling every module of scipy, pandas and
+    # matplotlib was ~2/3 of the install's CPU (issue 34); the modules a test imports compile as Python loads them
+    _run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], cwd=root)
+    _run([sys.executable, "-m", "pip", "--python", str(root / "venv" / "bin" / "python"), "install", "--quiet",
+          "--no-compile", f"{wheel}[all]"], cwd=root)  # the nightly needs the controller and analysis extras
     return root / "venv" / "bin"
 
 

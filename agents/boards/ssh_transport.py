@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import secrets
 import shlex
 import socket
 import threading
@@ -328,7 +329,9 @@ class SshTransport:
         remote_path = f"{remote_dir.rstrip('/')}/{sha}{local.suffix}"
         if not known_missing and self.remote_sha256(remote_path) == sha:
             return UploadResult(remote_path, sha, size, uploaded=False)
-        partial = f"{remote_path}.part"
+        # a name of this upload's own: two agents (or two test boards sharing one root) pushing the same file at once
+        # must not write into one partial file; the rename into place is atomic, so either copy may win
+        partial = f"{remote_path}.{secrets.token_hex(6)}.part"
         quoted_dir, quoted_partial = shlex.quote(remote_dir), shlex.quote(partial)
         # A plain `cat` works on any board, also those without an sftp subsystem.
         channel = self._open_channel(f"mkdir -p {quoted_dir} && cat > {quoted_partial}")
