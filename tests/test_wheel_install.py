@@ -80,6 +80,6 @@ def test_farm_refresh_runs_the_bundled_suite_from_a_wheel(installed: Path, tmp_p
               "store = Store(default_db_path())\n"
               "job = NightlyRefresh(store, None, Cron.parse('@daily'), lambda: [DeviceTarget('g6-1')]).submit()\n"
               "row = store.jobs.get(job)\n"
-              "print(row['name'], row['kind'], row['priority'], len(store.jobs.tasks(job)))\n")
+              "print(row.name, row.kind, row.priority, len(store.jobs.tasks(job)))\n")
     nightly = _run([str(installed / "python"), "-c", script], cwd=tmp_path, env=env)
     assert nightly.stdout.split() == ["reference-suite", "health_check", "low", "20"], nightly.stderr
