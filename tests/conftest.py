@@ -13,6 +13,11 @@ from pathlib import Path
 # thread (measured: 1.5 vs 1.0 CPU-s for ten calibrations), and `make test`'s two workers already fill both cores.
 # Set before numpy loads; processes the tests start inherit it.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# A worker hosts in-process controllers and agents (gRPC threads running) and starts processes beside them: with
+# gRPC's fork handlers on, a child can die before exec (`epoll_wait error: Bad file descriptor`, grpc/grpc#43055; a
+# controller process started so exited in a run beside two hogs). farm's own processes turn them off the same way
+# (cli/remote.py, client/remote.py); here before anything imports grpc.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import pytest
 
