@@ -18,15 +18,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import (
     AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, PlainSerializer, SerializationInfo,
-    SerializerFunctionWrapHandler, ValidationError, computed_field, field_validator, model_serializer,
+    SerializerFunctionWrapHandler, ValidationError, computed_field, create_model, field_validator, model_serializer,
 )
 
 from farm.proto.escape import printable
 from farm.proto.job_summary import iso_utc as iso_utc  # one spelling of a moment, with the listing that needs no model
+from farm.proto.results import FIGURES
 
 MAX_LIST = 256  # metrics, device jobs, devices in one request
 Metric = Annotated[str, Field(max_length=40)]
@@ -350,10 +351,12 @@ class RecordLimits(Model):
     memory_mb: float | None
 
 
-class RunRecord(Sparse):
-    """One task's run as `farm results --format json` has it."""
+class RunRecordFields(Sparse):
+    """One task's run as `farm results --format json` has it: these fields, then each declared run figure's
+    (farm.proto.results.FIGURES: RunRecord adds them), present only where the run has the figure."""
 
-    SPARSE: ClassVar[tuple[str, ...]] = ("op_profile", "op_profile_note", "predictions", "gpu", "accuracy")
+    SPARSE: ClassVar[tuple[str, ...]] = ("op_profile", "op_profile_note", "predictions", "gpu", "accuracy",
+                                         *(f.record for f in FIGURES))
     job: int
     task: int
     model: RunModel
@@ -400,6 +403,14 @@ class RunRecord(Sparse):
     gpu: dict[str, JsonValue] | None = None  # NVIDIA hosts: the GPU's figures over the run (agents/parsers/nvidia_smi)
     # workload.dataset: outputs' digests and summaries, agreement with the reference, accuracy (proto/accuracy.py)
     accuracy: dict[str, JsonValue] | None = None
+
+
+if TYPE_CHECKING:  # the figures' fields are read by name (farm.proto.results.Figure.record), never as attributes
+    RunRecord = RunRecordFields
+else:
+    RunRecord = create_model("RunRecord", __base__=RunRecordFields, __module__=__name__, __doc__=RunRecordFields.__doc__,
+                             **{f.record: (int | None if f.column is int and f.per == 1.0 else float | None, None)
+                                for f in FIGURES})
 
 
 class ResultsAnswer(Model):

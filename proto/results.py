@@ -174,6 +174,38 @@ class Contention:
     exclusive: str | None = None  # what the kernel granted for an exclusive cpuset, in words
 
 
+@dataclasses.dataclass(frozen=True)
+class Figure:
+    """A run figure declared once, as a RunResult field's metadata (`figure(...)`): the field's name is the
+    summaries column the store writes and reads, `column` its type there, `record` its key in `farm results
+    --json` (the stored value divided by `per`, rounded to `digits`), `unit` the record's unit. The wire
+    carries it under the field's name (proto/wire.py fills messages by name): a figure needs its field in
+    the RunResult message of proto/farm/v1/common.proto, nothing else outside its declaration and its driver.
+    docs/architecture.md, "Adding a result figure", walks through one; docs/reference/run-figures.md lists them."""
+
+    unit: str
+    column: type[int] | type[float]
+    record: str
+    doc: str
+    per: float = 1.0
+    digits: int = 4
+    name: str = ""  # the RunResult field's (filled in by FIGURES)
+
+    def shown(self, stored: float | None) -> float | int | None:
+        """The record's value of a stored one."""
+        if stored is None:
+            return None
+        if self.per == 1.0 and self.column is int:
+            return int(stored)
+        return round(stored / self.per, self.digits)
+
+
+def figure(unit: str, column: type[int] | type[float], record: str, doc: str, *, per: float = 1.0,
+           digits: int = 4) -> Any:
+    """A RunResult field that is a run figure (None when a run does not measure it): see Figure."""
+    return field(default=None, metadata={"figure": Figure(unit, column, record, doc, per, digits)})
+
+
 # A completed run's message starts with this when its backend could not enforce its CPU budget per
 # inference (the process backend's fractional CPUs): reports and calibrations flag such runs.
 UNENFORCED_BUDGET = "budget not enforced: "
@@ -229,6 +261,12 @@ class RunResult:
         """The environment as the store keeps it (runs.environment_json): with the calibration keys, where
         rows of every version have them, so old and new rows read alike."""
         return self.environment if self.runtime is None else {**self.environment, "runtime": self.runtime}
+
+
+# Every declared run figure, in declaration order.
+FIGURES: tuple[Figure, ...] = tuple(
+    dataclasses.replace(f.metadata["figure"], name=f.name) for f in dataclasses.fields(RunResult)
+    if "figure" in f.metadata)
 
 
 @functools.cache

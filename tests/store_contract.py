@@ -23,7 +23,7 @@ from farm.controller.store.rows import (
     TaskRow)
 from farm.proto.op_profile import OpProfileRow as WireOpProfileRow
 from farm.proto.results import (
-    Contention, FailureClass, LatencyStats, ResultRefused, RunResult, RunStatus, Telemetry, TelemetrySample)
+    FIGURES, Contention, FailureClass, LatencyStats, ResultRefused, RunResult, RunStatus, Telemetry, TelemetrySample)
 
 
 
@@ -393,6 +393,23 @@ def test_a_result_is_stored_whole_and_read_back_exactly(store: Store) -> None:
     assert (row.peak_memory_bytes, row.sample_count, row.wall_s, row.backend) == (8 << 20, 2, 1.5, "test")
     assert store.runs.contended_runs(task.id) == 1
     assert store.calibrations.contended_completed_runs([job_id]) == 1 and store.calibrations.contended_completed_runs([]) == 0
+
+
+def test_every_declared_run_figure_is_written_and_read_back_under_its_name(store: Store) -> None:
+    """The figures declared on RunResult (proto/results.py, `figure(...)`) go to their columns and come back in the
+    result row and the run's record; a run without one reads None and its record has no key for it."""
+    from farm.controller.analysis.results import run_record
+    values = {f.name: (123 << 20) + i if f.column is int else 1.5 + i for i, f in enumerate(FIGURES)}
+    job_id = _job(store, [_task(0), _task(1)])
+    measured, unmeasured = _lease(store, {"sim"}, limit=2)
+    _run(store, measured, dataclasses.replace(_result(), **values))
+    _run(store, unmeasured)
+    rows = {row.task: row for row in store.runs.results(job_id)}
+    assert dict(rows[measured.id].figures) == values
+    assert dict(rows[unmeasured.id].figures) == {f.name: None for f in FIGURES}
+    record = run_record(rows[measured.id]).model_dump()
+    assert {f.record: record[f.record] for f in FIGURES} == {f.record: f.shown(values[f.name]) for f in FIGURES}
+    assert not {f.record for f in FIGURES} & set(run_record(rows[unmeasured.id]).model_dump())
 
 
 def test_a_jobs_task_plans_are_stored_once_and_every_task_reads_its_own(store: Store) -> None:

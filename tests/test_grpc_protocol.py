@@ -15,7 +15,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from farm.agents.link.remote_controller import AgentDevice, RemoteController
 from farm.proto.generated import common_pb2
 from farm.proto.results import (
-    FailureClass, LatencyStats, Limits, ModelFacts, RunResult, RunStatus, Telemetry, TelemetrySample, TensorInfo,
+    FIGURES, FailureClass, LatencyStats, Limits, ModelFacts, RunResult, RunStatus, Telemetry, TelemetrySample, TensorInfo,
 )
 from farm.proto.tasks import TaskPlan, TaskSpec
 from farm.proto.wire import result_from_message, result_to_message, task_from_message, task_to_message
@@ -57,7 +57,9 @@ def test_a_task_and_a_full_result_cross_the_wire_unchanged() -> None:
                                                            memory_peak_source="kernel", samples=[TelemetrySample(0.05, 98.0, 1 << 24)]),
         peak_rss_bytes=1 << 26, model=ModelFacts(path="/m.onnx", format="onnx", size_bytes=10, sha256="ab" * 32,
                                                  inputs=[TensorInfo("x", [1, "N", 3], "float32")], op_types={"Conv": 2}),
-        environment={"governor": "performance", "temps": [40.5, 41]}, tool_versions={"onnxruntime": "1.20"})
+        environment={"governor": "performance", "temps": [40.5, 41]}, tool_versions={"onnxruntime": "1.20"},
+        # every declared run figure (proto/results.py): the wire carries it under its field's name
+        **{f.name: (7 << 20) + i if f.column is int else 0.5 + i for i, f in enumerate(FIGURES)})
     wire_result = common_pb2.RunResult.FromString(result_to_message(result, common_pb2.RunResult()).SerializeToString())
     back = result_from_message(wire_result)
     assert back == result

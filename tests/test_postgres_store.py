@@ -676,3 +676,30 @@ def test_a_database_at_schema_19_moves_each_jobs_model_facts_in_place(pg_url: st
                 assert [t.model_facts_json for t in store.jobs.tasks(second)] == [small]
         finally:
             store.close()
+
+
+def test_a_database_without_a_declared_figures_column_gains_it_on_opening(pg_url: str, tmp_path: Path) -> None:
+    """A run figure declared after a database was written (proto/results.py, `figure(...)`) becomes its summaries
+    column when a controller opens it, with no schema version of its own; the runs already stored read it as None."""
+    import psycopg
+
+    from farm.controller.store.postgres import PostgresStore
+    from farm.controller.store.schema import SCHEMA_VERSION
+    from farm.proto.results import FIGURES
+
+    PostgresStore(pg_url, files_dir=tmp_path / "files").close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # as a farm before the figures wrote it
+        for f in FIGURES:
+            conn.execute(f"ALTER TABLE summaries DROP COLUMN {f.name}")
+        conn.execute("INSERT INTO runs (id) VALUES (1)")
+        conn.execute("INSERT INTO summaries (run_id, latency_avg_ms) VALUES (1, 2.5)")
+    store = PostgresStore(pg_url, files_dir=tmp_path / "files")
+    try:
+        assert store.schema_version() == SCHEMA_VERSION
+        columns = {r["column_name"] for r in store.query(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'summaries'")}
+        assert {f.name for f in FIGURES} <= columns
+        row = store.query("SELECT * FROM summaries WHERE run_id = 1")[0]
+        assert row["latency_avg_ms"] == 2.5 and all(row[f.name] is None for f in FIGURES)
+    finally:
+        store.close()

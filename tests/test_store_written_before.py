@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from farm.controller.store import SQLiteStore, open_store
+from farm.proto.results import FIGURES
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "store_v17"
 
@@ -65,6 +66,8 @@ def test_a_store_of_schema_17_reads_back_byte_identical(farm_inprocess, tmp_path
     assert conn.execute("SELECT COUNT(*) FROM tasks WHERE model_facts_json IS NOT NULL OR facts_id IS NULL").fetchone() == (0,)
     assert sorted(r[0] for r in conn.execute("SELECT facts_json FROM model_facts WHERE job_id = 1")) == sorted(
         set(facts_before))
+    # every declared run figure has its column, added from the declaration on opening (schema.figure_columns_to_add)
+    assert {f.name for f in FIGURES} <= {r[1] for r in conn.execute("PRAGMA table_info(summaries)")}
     conn.close()
     # sqlite-utils' own command line still opens it
     tables = subprocess.run([sys.executable, "-m", "sqlite_utils", "tables", str(db), "--counts"], capture_output=True,
@@ -87,6 +90,11 @@ def test_the_same_store_moved_to_postgresql_reads_back_byte_identical(farm_inpro
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout == (FIXTURE / "results.json").read_text()
     assert _samples(url) == json.loads((FIXTURE / "samples.json").read_text())
+    import psycopg
+    with psycopg.connect(url) as conn:  # the figures' columns, as on SQLite
+        columns = {r[0] for r in conn.execute("SELECT column_name FROM information_schema.columns "
+                                              "WHERE table_name = 'summaries'")}
+    assert {f.name for f in FIGURES} <= columns
 
 
 def test_a_store_at_schema_19_moves_each_jobs_model_facts_in_place_and_the_step_holds_when_replayed(

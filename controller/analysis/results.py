@@ -13,6 +13,7 @@ from farm.controller.store import Store
 from pydantic import JsonValue
 
 from farm.controller.store.rows import StoredOpProfileRow, ResultRow
+from farm.proto.results import FIGURES
 from farm.proto.questions import CpuPercent, IoBytes, Latency, RecordLimits, RunModel, RunRecord, Sampler
 from farm.proto.spec import SimBudget, default_cpus
 
@@ -136,7 +137,9 @@ def run_record(row: ResultRow, profile: list[JsonValue] | None = None) -> RunRec
         image_build=environment.get("build"),
         contention=json.loads(row.contention_json) if row.contention_json else None,
         tool_versions=json.loads(row.tool_versions_json) if row.tool_versions_json else {},
-        **_sparse_parts(environment, profile))
+        **_sparse_parts(environment, profile),
+        # the declared run figures (proto/results.py, Figure) the run has, each under its record key
+        **{f.record: f.shown(row.figures[f.name]) for f in FIGURES if row.figures.get(f.name) is not None})
 
 
 def _profile(profiles: dict[int, list[StoredOpProfileRow]], run_id: int | None) -> list[JsonValue]:
@@ -210,7 +213,7 @@ AVERAGED_FIGURES: tuple[tuple[str, ...], ...] = (
     ("latency_ms", "init"), ("latency_ms", "first"), ("latency_ms", "min"), ("latency_ms", "max"),
     ("peak_memory_mb",), ("avg_memory_mb",), ("peak_rss_mb",), ("baseline_memory_mb",),
     ("cpu_percent", "avg"), ("wall_s",), ("whole_run_s",), ("energy_per_inference_mj",),
-    ("throughput_per_s",), ("samples_per_s",), ("startup_ms",),
+    ("throughput_per_s",), ("samples_per_s",), ("startup_ms",), *((f.record,) for f in FIGURES),
 )
 
 

@@ -29,7 +29,8 @@ from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 from farm.controller.store.interface import StoreError, StoreUnavailable
 from farm.controller.store.metrics import MiB
 from farm.controller.store.rows import TaskRow
-from farm.controller.store.schema import LAB_WIDE_DDL, LAB_WIDE_TABLES, MOVE_MODEL_FACTS, SCHEMA_VERSION
+from farm.controller.store.schema import (
+    LAB_WIDE_DDL, LAB_WIDE_TABLES, MOVE_MODEL_FACTS, SCHEMA_VERSION, figure_columns_to_add)
 from farm.controller.store.sql import (
     COMMON_METRIC_SQL, HEALTHY_TARGET, TASK_FROM, TASK_SELECT, Leases, Repository, RepositoryStore, _q)
 
@@ -359,6 +360,21 @@ class PostgresStore(RepositoryStore):
             newer = current > SCHEMA_VERSION
             raise StoreError(f"{self.location} holds a farm store at schema {current}; this farm knows "
                              f"{SCHEMA_VERSION}: {'upgrade farm' if newer else 'it was written by an older farm'}.")
+        self._add_figure_columns()
+
+    def _summary_columns(self) -> list[str]:
+        return [r["column_name"] for r in self.query(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
+            "AND table_name = 'summaries'")]
+
+    def _add_figure_columns(self) -> None:
+        """Each declared run figure's column the database lacks (schema.figure_columns_to_add, as SQLite's store)."""
+        if not figure_columns_to_add(self._summary_columns()):
+            return
+        with self.transaction():
+            self.execute("SELECT pg_advisory_xact_lock(%s)", [SCHEMA_LOCK])
+            for statement in figure_columns_to_add(self._summary_columns()):  # another controller may have added it
+                self.execute(statement)
 
     def schema_version(self) -> int:
         return int(self.query("SELECT version FROM schema_version")[0]["version"])

@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, TypeVar
 
+from farm.proto.results import FIGURES
+
 R = TypeVar("R", bound="Row")
 
 
@@ -288,6 +290,14 @@ class ResultRow(Row):
     sample_count: int | None
     throughput_per_s: float | None
     startup_ms: float | None
+    # the declared run figures (farm.proto.results.FIGURES), by field name: a figure added there needs no field here
+    figures: Mapping[str, float | None] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> ResultRow:
+        named = {f.name for f in FIGURES}
+        return cls(**{k: v for k, v in values.items() if k not in named},
+                   figures={k: v for k, v in values.items() if k in named})
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,11 @@ module: nothing here crosses the store interface (controller/store/interface.py)
 from __future__ import annotations
 
 import sqlite3
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Collection
 
-__all__ = ["LAB_WIDE_DDL", "LAB_WIDE_TABLES", "MIGRATIONS", "MOVE_MODEL_FACTS", "PACKED_SAMPLES", "SCHEMA_VERSION", "database", "migrate", "schema_version", "sqlite_utils",
+from farm.proto.results import FIGURES
+
+__all__ = ["FIGURE_COLUMN_TYPES", "LAB_WIDE_DDL", "LAB_WIDE_TABLES", "MIGRATIONS", "MOVE_MODEL_FACTS", "PACKED_SAMPLES", "SCHEMA_VERSION", "database", "figure_columns_to_add", "migrate", "schema_version", "sqlite_utils",
            "up_to_date"]
 
 
@@ -308,6 +310,24 @@ LAB_WIDE_DDL = (
 LAB_WIDE_TABLES = ("agent_presence", "lab_leader", "lab_claims", "submit_keys")
 
 
+# The declared run figures (farm.proto.results.FIGURES) are columns of summaries, added from the declaration
+# wherever a store lacks one, on opening it (SQLite: `migrate`, and `up_to_date` says no; PostgreSQL:
+# postgres.py's _add_figure_columns): a new figure needs no numbered migration and no schema version, and a farm
+# of an earlier version still opens the store (it names the columns it reads and writes; the new one stays NULL).
+# The same DDL in both databases (SQLite's affinity of BIGINT is INTEGER, of DOUBLE PRECISION REAL).
+FIGURE_COLUMN_TYPES: dict[type, str] = {int: "BIGINT", float: "DOUBLE PRECISION"}
+
+
+def figure_columns_to_add(present: Collection[str]) -> list[str]:
+    """The statements adding each declared figure's column that summaries' columns `present` lack."""
+    return [f"ALTER TABLE summaries ADD COLUMN {f.name} {FIGURE_COLUMN_TYPES[f.column]}" for f in FIGURES
+            if f.name not in present]
+
+
+def _summary_columns(db: sqlite_utils.Database | sqlite3.Connection) -> list[str]:
+    return [row[1] for row in db.execute("PRAGMA table_info(summaries)").fetchall()]
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6, _migration_7, _migration_8,
     _migration_9, _migration_10, _migration_11, _migration_12, _migration_13, _migration_14, _migration_15,
@@ -332,6 +352,9 @@ def migrate(db: sqlite_utils.Database, path: object, upto: int = SCHEMA_VERSION)
         MIGRATIONS[version](db)
     if current < upto:
         db.execute("UPDATE schema_version SET version = ?", [upto])
+    if upto == SCHEMA_VERSION:
+        for statement in figure_columns_to_add(_summary_columns(db)):
+            db.execute(statement)
 
 
 def schema_version(db: sqlite_utils.Database | sqlite3.Connection) -> int:
@@ -342,4 +365,5 @@ def schema_version(db: sqlite_utils.Database | sqlite3.Connection) -> int:
 def up_to_date(db: sqlite_utils.Database | sqlite3.Connection) -> bool:
     """Plain SQL, so opening an up-to-date store needs no sqlite_utils."""
     has_table = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'").fetchone()
-    return has_table is not None and schema_version(db) == SCHEMA_VERSION
+    return (has_table is not None and schema_version(db) == SCHEMA_VERSION
+            and not figure_columns_to_add(_summary_columns(db)))

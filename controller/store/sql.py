@@ -41,7 +41,7 @@ from farm.controller.store.rows import (
     TaskRow, TelemetrySampleRow)
 from farm.controller.store.samples import pack_iterations, pack_telemetry, unpack_iterations, unpack_telemetry
 from farm.proto import op_profile
-from farm.proto.results import FailureClass, ResultRefused, RunResult, RunStatus, TaskStatus
+from farm.proto.results import FIGURES, FailureClass, ResultRefused, RunResult, RunStatus, TaskStatus
 
 # A quarantined device (or one in maintenance) is offered no task until it is released.
 HEALTHY_TARGET = "AND t.target NOT IN (SELECT name FROM device_health WHERE health IN ('bad', 'maintenance'))"
@@ -105,6 +105,10 @@ def _telemetry(get: Callable[[Any], Any]) -> Callable[[RunResult], Any]:
     return lambda r: get(r.telemetry) if r.telemetry else None
 
 
+def _figure(name: str) -> Callable[[RunResult], Any]:
+    return lambda r: getattr(r, name)
+
+
 def _contention_json(r: RunResult) -> str | None:
     return None if r.contention is None else json.dumps(dataclasses.asdict(r.contention))
 
@@ -150,6 +154,8 @@ SUMMARY_COLUMNS: dict[str, Callable[[RunResult], Any]] = {
     "sample_count": _telemetry(lambda t: len(t.samples)),
     "throughput_per_s": lambda r: r.throughput_per_s,
     "startup_ms": lambda r: r.startup_ms,
+    # the declared run figures (proto/results.py, Figure): each in a column of its name (schema.add_figure_columns)
+    **{f.name: _figure(f.name) for f in FIGURES},
 }
 # A task's model facts: tasks name their job's stored facts (model_facts, schema 20) as they name their plan; a
 # row written otherwise keeps its own. `alias` is the tasks row's, `facts` the joined model_facts row's.
