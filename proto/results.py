@@ -239,6 +239,10 @@ class RunResult:
     # Calibration keys the run decides (the device's are its type's and its facts'): what ran the model
     # (onnxruntime, litert, script), so a fit never mixes two runtimes. None: a driver that does not say.
     runtime: str | None = None
+    # --- run figures declared once (Figure): store columns, records, wire and reference derive from these ---
+    gpu_memory_peak_bytes: int | None = figure(
+        "MiB", int, "gpu_memory_peak_mb", "the GPU's memory in use at its peak over the run (NVIDIA hosts: "
+        "nvidia-smi's or NVML's memory.used, whole GPU)", per=1 << 20, digits=2)
 
     def __post_init__(self) -> None:
         # a result written before runtime was a field (an older agent, a stored row) had it in its environment

@@ -225,6 +225,8 @@ def with_gpu(result: RunResult, sampled: object) -> RunResult:
     """An NVIDIA host's run carries the GPU's own figures: power, memory, clocks, throttling."""
     if isinstance(sampled, GpuSampledRun):
         result.environment["gpu"] = sampled.summary.as_environment()
+        peak = sampled.summary.memory_peak_mib  # nvidia-smi's and NVML's memory.used, in MiB
+        result.gpu_memory_peak_bytes = None if peak is None else round(peak * (1 << 20))
     return result
 
 

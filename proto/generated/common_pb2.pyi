@@ -205,7 +205,7 @@ class Contention(_message.Message):
     def __init__(self, contended: _Optional[bool] = ..., reasons: _Optional[_Iterable[str]] = ..., cores: _Optional[str] = ..., window_s: _Optional[float] = ..., run_cpu_s: _Optional[float] = ..., budget_cpus: _Optional[float] = ..., cpu_of_budget: _Optional[float] = ..., others_cpu_share: _Optional[float] = ..., steal_share: _Optional[float] = ..., throttled_s: _Optional[float] = ..., host_pressure_share: _Optional[float] = ..., cgroup_pressure_share: _Optional[float] = ..., freq_mhz_start: _Optional[float] = ..., freq_mhz_end: _Optional[float] = ..., governor_start: _Optional[str] = ..., governor_end: _Optional[str] = ..., quiet_wait_s: _Optional[float] = ..., quiet_before: _Optional[bool] = ..., exclusive: _Optional[str] = ..., lost_share: _Optional[float] = ..., run_wait_s: _Optional[float] = ...) -> None: ...
 
 class RunResult(_message.Message):
-    __slots__ = ("status", "failure_class", "message", "backend", "limits", "approximate", "wall_s", "latency", "iterations_ms", "whole_run_s", "telemetry", "baseline_memory_bytes", "peak_rss_bytes", "model", "environment_json", "tool_versions", "log_tail", "contention", "throughput_per_s", "startup_ms", "op_profile", "runtime")
+    __slots__ = ("status", "failure_class", "message", "backend", "limits", "approximate", "wall_s", "latency", "iterations_ms", "whole_run_s", "telemetry", "baseline_memory_bytes", "peak_rss_bytes", "model", "environment_json", "tool_versions", "log_tail", "contention", "throughput_per_s", "startup_ms", "op_profile", "runtime", "gpu_memory_peak_bytes")
     class ToolVersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +235,7 @@ class RunResult(_message.Message):
     STARTUP_MS_FIELD_NUMBER: _ClassVar[int]
     OP_PROFILE_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
     status: str
     failure_class: str
     message: str
@@ -257,7 +258,8 @@ class RunResult(_message.Message):
     startup_ms: float
     op_profile: _containers.RepeatedCompositeFieldContainer[OpProfileRow]
     runtime: str
-    def __init__(self, status: _Optional[str] = ..., failure_class: _Optional[str] = ..., message: _Optional[str] = ..., backend: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., approximate: _Optional[bool] = ..., wall_s: _Optional[float] = ..., latency: _Optional[_Union[LatencyStats, _Mapping]] = ..., iterations_ms: _Optional[_Iterable[float]] = ..., whole_run_s: _Optional[float] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., baseline_memory_bytes: _Optional[int] = ..., peak_rss_bytes: _Optional[int] = ..., model: _Optional[_Union[ModelFacts, _Mapping]] = ..., environment_json: _Optional[str] = ..., tool_versions: _Optional[_Mapping[str, str]] = ..., log_tail: _Optional[str] = ..., contention: _Optional[_Union[Contention, _Mapping]] = ..., throughput_per_s: _Optional[float] = ..., startup_ms: _Optional[float] = ..., op_profile: _Optional[_Iterable[_Union[OpProfileRow, _Mapping]]] = ..., runtime: _Optional[str] = ...) -> None: ...
+    gpu_memory_peak_bytes: int
+    def __init__(self, status: _Optional[str] = ..., failure_class: _Optional[str] = ..., message: _Optional[str] = ..., backend: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., approximate: _Optional[bool] = ..., wall_s: _Optional[float] = ..., latency: _Optional[_Union[LatencyStats, _Mapping]] = ..., iterations_ms: _Optional[_Iterable[float]] = ..., whole_run_s: _Optional[float] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., baseline_memory_bytes: _Optional[int] = ..., peak_rss_bytes: _Optional[int] = ..., model: _Optional[_Union[ModelFacts, _Mapping]] = ..., environment_json: _Optional[str] = ..., tool_versions: _Optional[_Mapping[str, str]] = ..., log_tail: _Optional[str] = ..., contention: _Optional[_Union[Contention, _Mapping]] = ..., throughput_per_s: _Optional[float] = ..., startup_ms: _Optional[float] = ..., op_profile: _Optional[_Iterable[_Union[OpProfileRow, _Mapping]]] = ..., runtime: _Optional[str] = ..., gpu_memory_peak_bytes: _Optional[int] = ...) -> None: ...
 
 class OpProfileRow(_message.Message):
     __slots__ = ("kind", "node_type", "name", "avg_ms", "percent", "first_ms", "count", "times_called", "mem_kb")
