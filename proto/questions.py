@@ -352,8 +352,7 @@ class RecordLimits(Model):
 
 
 class RunRecordFields(Sparse):
-    """One task's run as `farm results --format json` has it: these fields, then each declared run figure's
-    (farm.proto.results.FIGURES: RunRecord adds them), present only where the run has the figure."""
+    """A RunRecord's fields but the declared run figures' (RunRecord adds those)."""
 
     SPARSE: ClassVar[tuple[str, ...]] = ("op_profile", "op_profile_note", "predictions", "gpu", "accuracy",
                                          *(f.record for f in FIGURES))
@@ -405,12 +404,17 @@ class RunRecordFields(Sparse):
     accuracy: dict[str, JsonValue] | None = None
 
 
-if TYPE_CHECKING:  # the figures' fields are read by name (farm.proto.results.Figure.record), never as attributes
-    RunRecord = RunRecordFields
+if TYPE_CHECKING:  # the figures' fields are read by name (farm.proto.results.RunFigure.record), never as attributes
+    _WithFigures = RunRecordFields
 else:
-    RunRecord = create_model("RunRecord", __base__=RunRecordFields, __module__=__name__, __doc__=RunRecordFields.__doc__,
-                             **{f.record: (int | None if f.column is int and f.per == 1.0 else float | None, None)
-                                for f in FIGURES})
+    _WithFigures = create_model(
+        "RunRecordFigures", __base__=RunRecordFields, __module__=__name__,
+        **{f.record: (int | None if f.column is int and f.per == 1.0 else float | None, None) for f in FIGURES})
+
+
+class RunRecord(_WithFigures):
+    """One task's run as `farm results --format json` has it: RunRecordFields, then one optional field per declared
+    run figure (farm.proto.results.FIGURES), set only where the run measured it."""
 
 
 class ResultsAnswer(Model):

@@ -175,7 +175,7 @@ class Contention:
 
 
 @dataclasses.dataclass(frozen=True)
-class Figure:
+class RunFigure:
     """A run figure declared once, as a RunResult field's metadata (`figure(...)`): the field's name is the
     summaries column the store writes and reads, `column` its type there, `record` its key in `farm results
     --json` (the stored value divided by `per`, rounded to `digits`), `unit` the record's unit. The wire
@@ -202,8 +202,8 @@ class Figure:
 
 def figure(unit: str, column: type[int] | type[float], record: str, doc: str, *, per: float = 1.0,
            digits: int = 4) -> Any:
-    """A RunResult field that is a run figure (None when a run does not measure it): see Figure."""
-    return field(default=None, metadata={"figure": Figure(unit, column, record, doc, per, digits)})
+    """A RunResult field that is a run figure (None when a run does not measure it): see RunFigure."""
+    return field(default=None, metadata={"figure": RunFigure(unit, column, record, doc, per, digits)})
 
 
 # A completed run's message starts with this when its backend could not enforce its CPU budget per
@@ -239,7 +239,7 @@ class RunResult:
     # Calibration keys the run decides (the device's are its type's and its facts'): what ran the model
     # (onnxruntime, litert, script), so a fit never mixes two runtimes. None: a driver that does not say.
     runtime: str | None = None
-    # --- run figures declared once (Figure): store columns, records, wire and reference derive from these ---
+    # --- run figures declared once (RunFigure): store columns, records, wire and reference derive from these ---
     gpu_memory_peak_bytes: int | None = figure(
         "MiB", int, "gpu_memory_peak_mb", "the GPU's memory in use at its peak over the run (NVIDIA hosts: "
         "nvidia-smi's or NVML's memory.used, whole GPU)", per=1 << 20, digits=2)
@@ -268,7 +268,7 @@ class RunResult:
 
 
 # Every declared run figure, in declaration order.
-FIGURES: tuple[Figure, ...] = tuple(
+FIGURES: tuple[RunFigure, ...] = tuple(
     dataclasses.replace(f.metadata["figure"], name=f.name) for f in dataclasses.fields(RunResult)
     if "figure" in f.metadata)
 

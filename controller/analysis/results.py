@@ -138,7 +138,7 @@ def run_record(row: ResultRow, profile: list[JsonValue] | None = None) -> RunRec
         contention=json.loads(row.contention_json) if row.contention_json else None,
         tool_versions=json.loads(row.tool_versions_json) if row.tool_versions_json else {},
         **_sparse_parts(environment, profile),
-        # the declared run figures (proto/results.py, Figure) the run has, each under its record key
+        # the declared run figures (proto/results.py, RunFigure) the run has, each under its record key
         **{f.record: f.shown(row.figures[f.name]) for f in FIGURES if row.figures.get(f.name) is not None})
 
 

@@ -154,7 +154,7 @@ SUMMARY_COLUMNS: dict[str, Callable[[RunResult], Any]] = {
     "sample_count": _telemetry(lambda t: len(t.samples)),
     "throughput_per_s": lambda r: r.throughput_per_s,
     "startup_ms": lambda r: r.startup_ms,
-    # the declared run figures (proto/results.py, Figure): each in a column of its name (schema.add_figure_columns)
+    # the declared run figures (proto/results.py, RunFigure): each in a column of its name (schema.figure_columns_to_add)
     **{f.name: _figure(f.name) for f in FIGURES},
 }
 # A task's model facts: tasks name their job's stored facts (model_facts, schema 20) as they name their plan; a
