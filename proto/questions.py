@@ -27,7 +27,7 @@ from pydantic import (
 
 from farm.proto.escape import printable
 from farm.proto.job_summary import iso_utc as iso_utc  # one spelling of a moment, with the listing that needs no model
-from farm.proto.results import FIGURES
+from farm.proto.results import FIGURES, check_figures
 
 MAX_LIST = 256  # metrics, device jobs, devices in one request
 Metric = Annotated[str, Field(max_length=40)]
@@ -409,7 +409,8 @@ if TYPE_CHECKING:  # the figures' fields are read by name (farm.proto.results.Ru
 else:
     _WithFigures = create_model(
         "RunRecordFigures", __base__=RunRecordFields, __module__=__name__,
-        **{f.record: (int | None if f.column is int and f.per == 1.0 else float | None, None) for f in FIGURES})
+        **{f.record: (int | None if f.column is int and f.per == 1.0 else float | None, None)
+           for f in check_figures(FIGURES, records=RunRecordFields.model_fields)})
 
 
 class RunRecord(_WithFigures):

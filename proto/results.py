@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Collection, Iterable
 
 from farm.proto.op_profile import OpProfileRow
 from pydantic import ConfigDict, TypeAdapter
@@ -206,6 +207,29 @@ def figure(unit: str, column: type[int] | type[float], record: str, doc: str, *,
     return field(default=None, metadata={"figure": RunFigure(unit, column, record, doc, per, digits)})
 
 
+def check_figures(figures: Iterable[RunFigure], *, columns: Collection[str] = (),
+                  records: Collection[str] = ()) -> tuple[RunFigure, ...]:
+    """The declared figures, or TypeError naming the RunResult field whose declaration cannot work: a column type
+    the store has no column for, a `per` or `digits` out of range, a record key that is no identifier or is another
+    figure's, or a name or record key already written by hand (`columns`: the result row's; `records`: RunRecord's)."""
+    figures = tuple(figures)
+    seen: set[str] = set()
+    for f in figures:
+        where = f"RunResult.{f.name}"
+        if f.column not in (int, float):
+            raise TypeError(f"{where}: a run figure's column is int or float, not {f.column!r}")
+        if not (math.isfinite(f.per) and f.per > 0) or not 0 <= f.digits <= 15:
+            raise TypeError(f"{where}: per must be a positive number and digits 0..15 (per={f.per!r}, digits={f.digits!r})")
+        if not f.record.isidentifier() or f.record in seen:
+            raise TypeError(f"{where}: record key {f.record!r} is not an identifier, or another figure's")
+        if f.name in columns:
+            raise TypeError(f"{where}: the store's result row already has {f.name!r}, written by hand")
+        if f.record in records:
+            raise TypeError(f"{where}: record key {f.record!r} is already a RunRecord field")
+        seen.add(f.record)
+    return figures
+
+
 # A completed run's message starts with this when its backend could not enforce its CPU budget per
 # inference (the process backend's fractional CPUs): reports and calibrations flag such runs.
 UNENFORCED_BUDGET = "budget not enforced: "
@@ -267,8 +291,8 @@ class RunResult:
         return self.environment if self.runtime is None else {**self.environment, "runtime": self.runtime}
 
 
-# Every declared run figure, in declaration order.
-FIGURES: tuple[RunFigure, ...] = tuple(
+# Every declared run figure, in declaration order (the store and RunRecord check them against their own names).
+FIGURES: tuple[RunFigure, ...] = check_figures(
     dataclasses.replace(f.metadata["figure"], name=f.name) for f in dataclasses.fields(RunResult)
     if "figure" in f.metadata)
 

@@ -41,7 +41,7 @@ from farm.controller.store.rows import (
     TaskRow, TelemetrySampleRow)
 from farm.controller.store.samples import pack_iterations, pack_telemetry, unpack_iterations, unpack_telemetry
 from farm.proto import op_profile
-from farm.proto.results import FIGURES, FailureClass, ResultRefused, RunResult, RunStatus, TaskStatus
+from farm.proto.results import FIGURES, FailureClass, ResultRefused, RunResult, RunStatus, TaskStatus, check_figures
 
 # A quarantined device (or one in maintenance) is offered no task until it is released.
 HEALTHY_TARGET = "AND t.target NOT IN (SELECT name FROM device_health WHERE health IN ('bad', 'maintenance'))"
@@ -154,9 +154,10 @@ SUMMARY_COLUMNS: dict[str, Callable[[RunResult], Any]] = {
     "sample_count": _telemetry(lambda t: len(t.samples)),
     "throughput_per_s": lambda r: r.throughput_per_s,
     "startup_ms": lambda r: r.startup_ms,
-    # the declared run figures (proto/results.py, RunFigure): each in a column of its name (schema.figure_columns_to_add)
-    **{f.name: _figure(f.name) for f in FIGURES},
 }
+# the declared run figures (proto/results.py, RunFigure): each in a column of its name (schema.figure_columns_to_add)
+SUMMARY_COLUMNS.update({f.name: _figure(f.name) for f in check_figures(
+    FIGURES, columns={*SUMMARY_COLUMNS, *ResultRow.__dataclass_fields__})})
 # A task's model facts: tasks name their job's stored facts (model_facts, schema 20) as they name their plan; a
 # row written otherwise keeps its own. `alias` is the tasks row's, `facts` the joined model_facts row's.
 def model_facts(alias: str = "t", facts: str = "f") -> str:
