@@ -92,15 +92,16 @@ def _on_grid(values: array[float], units: tuple[float, ...]) -> bytes | None:
     if not values:
         return _COLUMN.pack(0, 0) * len(units)
     scaled = np.frombuffer(values, dtype=np.float64).reshape(len(units), -1) * _scales(units)
-    lows, highs = scaled.min(axis=1).tolist(), scaled.max(axis=1).tolist()  # a NaN comes out of both
-    if not all(-_GRID_LIMIT < v < _GRID_LIMIT for v in lows + highs):
+    np.rint(scaled, out=scaled)  # half to even, as round()
+    lows, highs = scaled.min(axis=1), scaled.max(axis=1)  # a NaN comes out of both
+    low_list, high_list = lows.tolist(), highs.tolist()
+    if not all(-_GRID_LIMIT < v < _GRID_LIMIT for v in low_list + high_list):
         return None
-    bases = np.rint(scaled.min(axis=1, keepdims=True))
-    planes = (np.rint(scaled) - bases).astype("<u8").view(np.uint8).reshape(*scaled.shape, 8)  # exact: < 2**54
+    planes = (scaled - lows[:, None]).astype("<u8").view(np.uint8).reshape(*scaled.shape, 8)  # exact: < 2**54
     out = []
-    for low, high, column in zip(lows, highs, planes):
-        width = ((round(high) - round(low)).bit_length() + 7) // 8  # round() is rint's: half to even
-        out += [_COLUMN.pack(round(low), width), column[:, :width].T.tobytes()]
+    for low, high, column in zip(low_list, high_list, planes):
+        width = (int(high - low).bit_length() + 7) // 8
+        out += [_COLUMN.pack(int(low), width), column[:, :width].T.tobytes()]
     return b"".join(out)
 
 
