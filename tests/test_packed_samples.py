@@ -100,28 +100,16 @@ def test_telemetry_round_trips_and_missing_figures_stay_missing() -> None:
     samples = [(i * 0.05, 10.0 + i, (1 << 40) + i) for i in range(300)] + [(15.0, None, None)]
     back = unpack_telemetry(pack_telemetry(samples))
     assert [(s.t_s, s.cpu_percent, s.memory_bytes) for s in back] == samples
-    assert pack_telemetry(samples)[0] == 2  # a missing figure: exact (format 1), and zlib pays here
-
-
-@pytest.mark.parametrize("run", REAL_RUNS, ids=lambda r: f"t{r['threads']}{'-contended' if r['contended'] else ''}")
-def test_real_telemetry_keeps_microseconds_thousandths_of_a_percent_and_every_byte(run: dict) -> None:
-    samples = [tuple(s) for s in run["telemetry"]]
-    packed = pack_telemetry(samples)
-    back = unpack_telemetry(packed)
-    assert packed[0] == 3 and len(packed) < len(pack_telemetry(samples, exact=True))
-    assert len(back) == len(samples)
-    for (t_s, cpu, memory), got in zip(samples, back):
-        assert abs(got.t_s - t_s) <= 0.5e-6 + 1e-12 and abs(got.cpu_percent - cpu) <= 0.0005 + 1e-9
-        assert got.memory_bytes == memory and isinstance(got.memory_bytes, int)
-    assert pack_telemetry((s.t_s, s.cpu_percent, s.memory_bytes) for s in back) == packed
+    assert pack_telemetry(samples)[0] == 2  # regular times and close memory figures: zlib pays
 
 
 @pytest.mark.parametrize("data", [
-    b"\x03", b"\x03\x02\x00\x00\x00",  # no column header
+    b"\x03", b"\x03\x02\x00\x00\x00",  # no header
     b"\x03" + struct.pack("<IqB", 2, 0, 9) + bytes(18),  # wider than 8 bytes
     b"\x03" + struct.pack("<IqB", 2, 0, 1) + bytes(1),  # a plane cut short
-    b"\x03" + struct.pack("<IqB", 2, 0, 1) + bytes(3)])  # a byte too many
-def test_damaged_grid_bytes_are_refused_with_a_reason(data: bytes) -> None:
+    b"\x03" + struct.pack("<IqB", 2, 0, 1) + bytes(3),  # a byte too many
+    b"\x03" + struct.pack("<IqB", 0xFFFFFFFF, 0, 0)])  # four billion equal timings claimed: refused, not allocated
+def test_damaged_nanosecond_bytes_are_refused_with_a_reason(data: bytes) -> None:
     with pytest.raises(PackedSamplesError):
         unpack_iterations(data)
 
@@ -237,7 +225,7 @@ def test_the_controller_stores_packed_samples(tmp_path: Path) -> None:
         assert run_id is not None and store.runs.iterations(run_id) == timings
         assert [s.memory_bytes for s in store.runs.telemetry(run_id)] == [1 << 30] * 25
         (size,) = store.query("SELECT LENGTH(iterations) + LENGTH(telemetry) AS n FROM run_samples")[0].values()
-        # timings: 99,000 ns of range, 3 bytes each; telemetry: times to 960,000 us (3 bytes), CPU and memory constant
-        assert size == (1 + 4 + 9 + 3 * 100) + (1 + 4 + 3 * 9 + 3 * 25) and store.jobs.get(job) is not None
+        # timings: 99,000 ns of range, 3 bytes each after a 13-byte header; telemetry: float64, zlib'd when smaller
+        assert size <= (1 + 13 + 3 * 100) + (1 + 600) and store.jobs.get(job) is not None
     finally:
         store.close()
