@@ -1,5 +1,6 @@
-"""Per-iteration timings and telemetry are packed per run (issue 22): exact figures, less room, and an older
-store converted in place by a migration that resumes where it stopped."""
+"""Per-iteration timings and telemetry are packed per run (issue 22): timings in whole nanoseconds (all their clock
+measured, issue 35), telemetry exact, less room, every older format still read, and an older store converted in
+place by a migration that resumes where it stopped."""
 
 from __future__ import annotations
 
