@@ -325,7 +325,7 @@ def pack_stored_samples(db: sqlite_utils.Database, runs: int) -> int:
         samples[run_id].append((t_s, cpu, memory))
     db.conn.executemany(
         "INSERT OR REPLACE INTO run_samples (run_id, iterations, telemetry) VALUES (?, ?, ?)",
-        [(run_id, pack_iterations(timings[run_id]) if timings[run_id] else None,
+        [(run_id, pack_iterations(timings[run_id], exact=True) if timings[run_id] else None,
           pack_telemetry(samples[run_id]) if samples[run_id] else None) for run_id in run_ids])
     db.execute(f"DELETE FROM iterations WHERE run_id IN ({marks})", run_ids)
     db.execute(f"DELETE FROM telemetry WHERE run_id IN ({marks})", run_ids)
