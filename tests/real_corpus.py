@@ -235,7 +235,85 @@ def bare_p50_ms_sandboxed(path: Path, shapes: dict[str, list[int]], *, threads: 
     return float(lines[-1].split()[1])
 
 
-if __name__ == "__main__":  # the bare loop in a process of its own: PATH SHAPES_JSON THREADS ITERATIONS WARMUP
+class BareLoop:
+    """bare_p50_ms_sandboxed for many models from one sandboxed process: the same sandbox, budget and loop, but
+    the interpreter and the runtimes are started and imported once, not once per measurement (in
+    tests/test_corpus.py, two per model: ~0.25 CPU-s each of start-up, most of the file's CPU). Each request is
+    a model measured in a session of its own, as in a fresh process; requests and replies are lines on a Unix
+    socket in the sandbox's working folder, so a loop that dies ends the test with its output, never a hang."""
+
+    def __init__(self, *, threads: int, cpuset: str, backend: str = "auto", timeout_s: float = 600) -> None:
+        self.threads, self.cpuset, self.backend, self.timeout_s = threads, cpuset, backend, timeout_s
+
+    def __enter__(self) -> BareLoop:
+        import socket
+        import tempfile
+
+        from farm.agents.sandbox import choose_backend
+        from farm.agents.sandbox.base import Budget
+
+        self._folder = tempfile.TemporaryDirectory(prefix="farm-bare-")
+        address = str(Path(self._folder.name) / "loop.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(address)
+        listener.listen(1)
+        listener.settimeout(self.timeout_s)
+        argv = [sys.executable, str(Path(__file__).resolve()), "--serve", address, str(self.threads)]
+        self._sandbox = choose_backend(self.backend).start(
+            argv, Budget(cpus=float(self.threads), cpuset=self.cpuset),
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": str(self.threads)},
+            cwd=Path(self._folder.name), mounts=[])
+        try:
+            connection, _ = listener.accept()
+        except OSError as e:
+            self.__exit__(None, None, None)
+            raise RuntimeError(f"the bare loop did not connect: {e}") from e
+        finally:
+            listener.close()
+        connection.settimeout(self.timeout_s)
+        self._connection, self._replies = connection, connection.makefile("r", encoding="utf-8")
+        return self
+
+    def p50_ms(self, path: Path, shapes: dict[str, list[int]], *, iterations: int, warmup: int) -> float:
+        request = {"path": str(path), "shapes": shapes, "iterations": iterations, "warmup": warmup}
+        self._connection.sendall((json.dumps(request) + "\n").encode())
+        reply = self._replies.readline()
+        if not reply.startswith("p50_ms "):
+            info = self._sandbox.wait(30)
+            raise RuntimeError(f"the bare loop for {path} answered {reply!r}: {info.output[-500:]}")
+        return float(reply.split()[1])
+
+    def __exit__(self, *exc: object) -> None:
+        connection = getattr(self, "_connection", None)
+        if connection is not None:
+            connection.close()  # the loop reads end of file and exits
+        try:
+            self._sandbox.wait(60)
+        finally:
+            self._sandbox.close()
+            self._folder.cleanup()
+
+
+def _serve_bare_loop(address: str, threads: int) -> None:
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.connect(address)
+        requests = connection.makefile("r", encoding="utf-8")
+        for line in requests:
+            request = json.loads(line)
+            try:
+                p50 = bare_p50_ms(Path(request["path"]), request["shapes"], threads=threads,
+                                  iterations=request["iterations"], warmup=request["warmup"])
+                reply = f"p50_ms {p50}\n"
+            except Exception as e:  # each runtime raises its own types: the reply names it
+                reply = "error " + " ".join(f"{type(e).__name__}: {e}".split()) + "\n"
+            connection.sendall(reply.encode())
+
+
+if __name__ == "__main__" and sys.argv[1] == "--serve":  # BareLoop's process: --serve SOCKET THREADS
+    _serve_bare_loop(sys.argv[2], int(sys.argv[3]))
+elif __name__ == "__main__":  # the bare loop in a process of its own: PATH SHAPES_JSON THREADS ITERATIONS WARMUP
     model_path, shapes_json, threads_arg, iterations_arg, warmup_arg = sys.argv[1:6]
     p50 = bare_p50_ms(Path(model_path), json.loads(shapes_json), threads=int(threads_arg),
                       iterations=int(iterations_arg), warmup=int(warmup_arg))

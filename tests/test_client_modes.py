@@ -293,16 +293,19 @@ def test_farm_refresh_against_a_controller_runs_the_suite_on_its_agents_devices(
     suite_dir = tmp_path / "suite"
     suite_dir.mkdir()
     suite = suite_dir / "reference-suite.yaml"
-    suite.write_text(bundled_suite_text().replace("threads: [1, 2]", "threads: [1]").replace("iterations: 50", "iterations: 10"))
+    # a contended sim twin kept (flagged; --include-contended below), not measured up to 3 times
+    suite.write_text(bundled_suite_text().replace("threads: [1, 2]", "threads: [1]").replace("iterations: 50", "iterations: 10")
+                     + "sim: {on_contention: flag}\n")
     models = generate_examples(suite_dir / "models", widths=[0.35, 0.5, 0.75, 1.0, 1.4], input_sizes=[160],
                                formats=("tflite",), zoo=False)
     table = {}
     for m in models:  # the phone's speed: proportional to each model's MACs, like a real device's
-        us = inspect_model(m.path).macs / 60
-        table[inspect_model(m.path).sha256] = {"init": 20000, "first": us * 1.3, "warmup_avg": us, "avg": us,
-                                               "std": us * 0.01, "min": us * 0.97, "max": us * 1.05, "median": us,
-                                               "p5": us * 0.98, "p95": us * 1.03, "memory_init_mb": 5.0,
-                                               "memory_overall_mb": 20.0}
+        facts = inspect_model(m.path)  # one parse of each file
+        us = facts.macs / 60
+        table[facts.sha256] = {"init": 20000, "first": us * 1.3, "warmup_avg": us, "avg": us,
+                               "std": us * 0.01, "min": us * 0.97, "max": us * 1.05, "median": us,
+                               "p5": us * 0.98, "p95": us * 1.03, "memory_init_mb": 5.0,
+                               "memory_overall_mb": 20.0}
     key = tmp_path / "adbkey"
     load_or_create_lab_key(key)
     env = {"FARM_CONFIG": str(tmp_path / "none.toml"), "FARM_DB": str(tmp_path / "local.db"), "FARM_CONTROLLER": "",

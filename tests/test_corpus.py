@@ -21,7 +21,7 @@ from farm.agents.sim.driver import SimDriver
 from farm.cli.inspect_commands import inspect_report
 from farm.controller.scheduling.jobfile import JobFileError, load_job_text
 from farm.proto.tasks import TaskPlan, TaskSpec
-from real_corpus import CorpusModel, CorpusUnavailable, bare_load_error, bare_p50_ms_sandboxed, fetch_corpus, weight_elements
+from real_corpus import BareLoop, CorpusModel, CorpusUnavailable, bare_load_error, fetch_corpus, weight_elements
 
 COUNTED_OPS = {"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "Gemm", "MatMul", "MatMulInteger",
                "QLinearMatMul", "CONV_2D", "DEPTHWISE_CONV_2D", "CONV_3D", "TRANSPOSE_CONV", "FULLY_CONNECTED",
@@ -96,21 +96,22 @@ def _task(model: CorpusModel, cpu: str) -> TaskSpec:
                     run_timeout_s=300, base_dir=str(Path(str(model.file)).parent)))
 
 
-def _side_by_side(driver: SimDriver, model: CorpusModel, cpu: str) -> tuple[float, bool]:
+def _side_by_side(driver: SimDriver, bare: BareLoop, model: CorpusModel, cpu: str) -> tuple[float, bool]:
     """Bare, farm, bare on one core: farm's p50 over the mean of the bare pair, and whether the run was contended
     (farm's own flag, or the two bare loops around it disagreeing by 1.5x)."""
     assert model.file is not None
-    before = bare_p50_ms_sandboxed(model.file, model.shapes, threads=1, iterations=ITERATIONS, warmup=WARMUP, cpuset=cpu)
+    before = bare.p50_ms(model.file, model.shapes, iterations=ITERATIONS, warmup=WARMUP)
     result = driver.run(_task(model, cpu), lambda: False)
     assert result.ok and result.latency is not None, f"{model.label}: {result.message}"
-    after = bare_p50_ms_sandboxed(model.file, model.shapes, threads=1, iterations=ITERATIONS, warmup=WARMUP, cpuset=cpu)
+    after = bare.p50_ms(model.file, model.shapes, iterations=ITERATIONS, warmup=WARMUP)
     contended = bool(result.contention and result.contention.contended) or not 0.67 < before / after < 1.5
     return result.latency.p50 / statistics.mean([before, after]), contended
 
 
 def test_farm_latency_matches_the_bare_runtime_side_by_side(corpus: list[CorpusModel], tmp_path: Path) -> None:
     """Per model: bare, farm, bare on the same core, the bare loop in a sandbox of its own with the same budget
-    (so a busy machine weighs on both alike); the ratio of farm's p50 to the bare pair's. Single ratios move on
+    (so a busy machine weighs on both alike; one sandboxed process serves every bare measurement, a fresh
+    runtime session each); the ratio of farm's p50 to the bare pair's. Single ratios move on
     a busy machine (a 2.5 ms model's p50 of 15 doubled once in CI with both bare loops calm), so a ratio out of
     bounds is measured twice more and the model's ratio is the median of three: a real overhead repeats, a
     burst does not. The bounds are wide per model and tighter on the geometric mean; a miss on a machine where
@@ -118,16 +119,17 @@ def test_farm_latency_matches_the_bare_runtime_side_by_side(corpus: list[CorpusM
     cpu = str(sorted(os.sched_getaffinity(0))[-1])
     driver = SimDriver(tmp_path / "work")
     rows = []
-    for model in corpus:
-        assert model.file is not None
-        if bare_load_error(model.file) is not None:
-            continue
-        ratio, contended = _side_by_side(driver, model, cpu)
-        if not 0.5 < ratio < 2.0:
-            again = [_side_by_side(driver, model, cpu) for _ in range(2)]
-            ratio = statistics.median([ratio] + [r for r, _ in again])
-            contended = contended or any(c for _, c in again)
-        rows.append((model.label, ratio, contended))
+    with BareLoop(threads=1, cpuset=cpu) as bare:
+        for model in corpus:
+            assert model.file is not None
+            if bare_load_error(model.file) is not None:
+                continue
+            ratio, contended = _side_by_side(driver, bare, model, cpu)
+            if not 0.5 < ratio < 2.0:
+                again = [_side_by_side(driver, bare, model, cpu) for _ in range(2)]
+                ratio = statistics.median([ratio] + [r for r, _ in again])
+                contended = contended or any(c for _, c in again)
+            rows.append((model.label, ratio, contended))
     ratios = [ratio for _, ratio, _ in rows]
     geomean = math.exp(statistics.mean(math.log(r) for r in ratios))
     outliers = [(label, round(ratio, 2), contended) for label, ratio, contended in rows if not 0.5 < ratio < 2.0]

@@ -59,7 +59,8 @@ def test_a_hand_made_calibration_is_no_baseline_and_an_unchanged_device_raises_n
     suite.write_text(text.replace("iterations: 50, warmup: 5", "iterations: 10, warmup: 2") + "sim: {on_contention: flag}\n")
     models = generate_examples(suite_dir / "models", widths=list(WIDTHS), input_sizes=[160], formats=("tflite",),
                                zoo=False)
-    table = {inspect_model(m.path).sha256: _timings(inspect_model(m.path).macs / 60) for m in models}
+    facts = [inspect_model(m.path) for m in models]  # one parse of each file
+    table = {f.sha256: _timings(f.macs / 60) for f in facts}
     key = tmp_path / "adbkey"
     load_or_create_lab_key(key)
     env = {"FARM_WEBHOOK_URL": url, "FARM_HEALTH_MAX_AGE_H": "0"}

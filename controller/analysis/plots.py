@@ -380,7 +380,9 @@ def place_labels(ax: Axes, points: Iterable[tuple[float, float]], labels: Iterab
     """Annotate points so no two labels overlap: each label tries a few positions around its point
     and is left out when none is free (the table beside the figure names every point)."""
     fig = ax.figure
-    fig.canvas.draw()  # limits and layout settle first: label boxes are measured where they will be drawn
+    # limits settle first (reading viewLim applies a pending autoscale): label boxes are measured where they will
+    # be drawn. No draw of the whole figure: one per labelled panel made a 13-panel figure cost 13 figure draws.
+    ax.viewLim  # noqa: B018 (the read is the point)
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # the Agg canvas farm draws on has one
     frame = ax.get_window_extent(renderer)
     placed: list[Bbox] = [t.get_window_extent(renderer) for t in ax.texts]  # the formula box, and any other text
