@@ -28,16 +28,11 @@ def _run(cmd: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeou
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory, farm_wheel: Path) -> Path:
-    """bin/ of a fresh venv holding farm installed from its wheel."""
-    root = tmp_path_factory.mktemp("wheel")
-    wheel = farm_wheel
-    # without --system-site-packages. This session's pip installs into it (--python): the venv's own copy would cost
-    # ~7 CPU-s to seed and installs the same. --no-compile: byte-compiling every module of scipy, pandas and
-    # matplotlib was ~2/3 of the install's CPU (issue 34); the modules a test imports compile as Python loads them
-    _run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], cwd=root)
-    _run([sys.executable, "-m", "pip", "--python", str(root / "venv" / "bin" / "python"), "install", "--quiet",
-          "--no-compile", f"{wheel}[all]"], cwd=root)  # the nightly needs the controller and analysis extras
-    return root / "venv" / "bin"
+    """bin/ of a fresh venv holding farm installed from its wheel, its dependencies (the nightly needs the controller
+    and analysis extras) from a base cached per requirement list (tests/wheel_deps.py: installing them each run was
+    ~80 CPU-s). Without --system-site-packages; --no-compile: the modules a test imports compile as Python loads them."""
+    from wheel_deps import install_wheel
+    return install_wheel(farm_wheel, "all", tmp_path_factory.mktemp("wheel") / "venv")
 
 
 def _clean_env(tmp_path: Path) -> dict[str, str]:
@@ -50,6 +45,11 @@ def test_the_installed_package_is_the_wheel_not_this_checkout(installed: Path, t
     where = _run([str(installed / "python"), "-c", "import farm; print(farm.__file__)"],
                  cwd=tmp_path, env=_clean_env(tmp_path)).stdout.strip()
     assert "site-packages" in where and not Path(where).is_relative_to(ROOT)
+    assert Path(where).is_relative_to(installed.parent), where  # the venv's own wheel, not the cached dependencies'
+    # what the wheel declares is installed and consistent (pip reads the venv's path, the cached base included)
+    check = _run([sys.executable, "-m", "pip", "--python", str(installed / "python"), "check"], cwd=tmp_path,
+                 env=_clean_env(tmp_path))
+    assert "No broken requirements found" in check.stdout, check.stdout
 
 
 def test_farm_refresh_runs_the_bundled_suite_from_a_wheel(installed: Path, tmp_path: Path) -> None:

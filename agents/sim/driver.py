@@ -31,6 +31,7 @@ from farm.agents.harness.stats import latency_stats, startup_ms, summary_of_more
 from farm.agents.harness.task import HarnessOutput, HarnessTask, benchmark_task, runtime_env, script_task
 from farm.agents.sandbox import Budget, SandboxBackend, SandboxError, choose_backend, takes_images
 from farm.agents.sandbox.base import ExitInfo, RunningSandbox, parse_cpuset, pids_limit, whole_cores
+from farm.agents.sandbox.process import at_highest_priority
 from farm.agents.sandbox.docker_build import BuildFailed, BuildPolicy, ImageBuilder
 from farm.agents.sandbox.user_image import UserImageError, harness_argv
 from farm.agents.sandbox.isolation import (
@@ -631,7 +632,8 @@ class SimDriver:
         sampler = TelemetrySampler(sandbox, task.plan.sim.sample_interval_ms, avoid_cpuset=budget.cpuset,
                                    start_cpu_ns=cpu_ns_at_start, max_cores=len(cores) if cores else None).start()
         try:
-            exit_info = sandbox.wait(task.plan.run_timeout_s, cancel_check)
+            with at_highest_priority():
+                exit_info = sandbox.wait(task.plan.run_timeout_s, cancel_check)
             after = snapshot(cores)
             accounting = sandbox.cpu_accounting()
         except SandboxError as e:

@@ -17,6 +17,7 @@ import time
 
 from farm.agents.sim.contention import thread_wait_ns
 from farm.agents.sandbox.base import ExitInfo, RunningSandbox, parse_cpuset
+from farm.agents.sandbox.process import claim_cpu_weight
 from farm.proto.results import Telemetry, TelemetrySample
 
 
@@ -57,6 +58,7 @@ class TelemetrySampler:
 
     def _loop(self) -> None:
         self._keep_off_measured_cores()
+        claim_cpu_weight()  # as the runs do, where allowed: a run elsewhere at that weight must not starve this thread
         cpu0 = time.thread_time()
         wall0 = time.monotonic()
         next_tick = wall0
