@@ -143,8 +143,8 @@ def test_rankings_predict_each_batch_size_with_its_own_calibration(tmp_path: Pat
         for batch in (1, 8):
             _measure(store, new_job, None, model, batch, batch * sim_ms, None, None)
     ranking = rank_job(store, new_job, "latency", device_jobs=[], devices=["nano-1"])
-    groups = {group["batch_size"]: group for group in ranking["groups"]}
+    groups = {group.batch_size: group for group in ranking.groups}
     assert sorted(groups) == [1, 8]
     for batch, ratio in ((1, 2.0), (8, 3.0)):
-        predicted = dict(groups[batch]["columns"][1]["order"])
+        predicted = dict(groups[batch].columns[1].order)
         assert predicted["m2"] == pytest.approx(ratio * batch * SIM_MS[2], rel=0.03)

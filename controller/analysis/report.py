@@ -37,7 +37,7 @@ from farm.controller.analysis.results import AveragedRecord, average_repeats, is
 from farm.controller.store import Store
 from farm.controller.store.rows import CalibrationRow, plain_rows
 from farm.proto.escape import cut_list, printable
-from farm.proto.questions import RunModel, RunRecord
+from farm.proto.questions import RankGroup, RunModel, RunRecord
 
 FIGURE_SIZE_IN = (6.4, 4.8)
 MAX_TELEMETRY_FIGURES = 12  # one per model; a job of hundreds of models keeps its samples in the store
@@ -256,27 +256,26 @@ def rankings_section(store: Store, job_id: int, calibrations: list[StoredCalibra
         except RankError as e:  # an empty ranking says why
             parts.append(f"<p class=note>{_e(metric)}: not ranked: {_e(e)}</p>")
             continue
-        if ranking["contended_left_out"]:
-            parts.append(f"<p class=note>{_e(metric)}: {ranking['contended_left_out']} contended run(s) left out of "
+        if ranking.contended_left_out:
+            parts.append(f"<p class=note>{_e(metric)}: {ranking.contended_left_out} contended run(s) left out of "
                          "the ranking (<code>farm rank --include-contended</code> uses them)</p>")
-        for group in ranking["groups"]:
+        for group in ranking.groups:
             parts.append(_ranking_group(metric, group))
     return "".join(parts) or "<p>no completed runs to rank</p>"
 
 
-def _ranking_group(metric: str, group: dict[str, Any]) -> str:
+def _ranking_group(metric: str, group: RankGroup) -> str:
     """One cell's ranking table, then which models a column lacks and why (none left out silently)."""
-    cols = group["columns"]
-    headers = ["#"] + [f"{c['name']}" + (f" (τ = {c['kendall_tau']:.2f})" if c["kendall_tau"] is not None else "")
-                       for c in cols]
-    rows = [[i + 1] + [f"{col['order'][i][0]} ({_g(col['order'][i][1])} {_unit(metric)})"
-                       if i < len(col["order"]) else "" for col in cols]
-            for i in range(max(len(c["order"]) for c in cols))]
-    ranked = {m for m, _ in cols[0]["order"]}
-    notes = [f"{c['name']}: no completed figure for {cut_list(sorted(ranked - {m for m, _ in c['order']}))}"
-             for c in cols[1:] if ranked - {m for m, _ in c["order"]}]
-    notes += [n for c in cols for n in c["notes"]]
-    return (f"<h3>{_e(metric)} · {group['threads']} thread(s) · batch {group['batch_size']}</h3>{_table(headers, rows)}"
+    cols = group.columns
+    headers = ["#"] + [c.name + (f" (τ = {c.kendall_tau:.2f})" if c.kendall_tau is not None else "") for c in cols]
+    rows = [[i + 1] + [f"{col.order[i][0]} ({_g(col.order[i][1])} {_unit(metric)})" if i < len(col.order) else ""
+                       for col in cols]
+            for i in range(max(len(c.order) for c in cols))]
+    ranked = {m for m, _ in cols[0].order}
+    notes = [f"{c.name}: no completed figure for {cut_list(sorted(ranked - {m for m, _ in c.order}))}"
+             for c in cols[1:] if ranked - {m for m, _ in c.order}]
+    notes += [n for c in cols for n in c.notes]
+    return (f"<h3>{_e(metric)} · {group.threads} thread(s) · batch {group.batch_size}</h3>{_table(headers, rows)}"
             + "".join(f"<p class=note>{_e(n)}</p>" for n in notes))
 
 
