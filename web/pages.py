@@ -340,8 +340,8 @@ def jobs_list(jobs: list[dict[str, Any]], total: int) -> str:
                           ("created", "num"), ("progress", "num")], rows, caption)
 
 
-def job_progress_part(job: dict[str, Any], progress: dict[str, int]) -> str:
-    return (f'<p>status {status_span(job["status"], progress, "job-status")}</p>'
+def job_progress_part(status: str, progress: dict[str, int]) -> str:
+    return (f'<p>status {status_span(status, progress, "job-status")}</p>'
             f'<div id="job-progress-bar">{progress_bar(progress)}</div>')
 
 
@@ -565,25 +565,25 @@ def compare_page(view: CompareView) -> str:
 
 def job_page(view: JobView, *, csrf: str, may_cancel: bool) -> str:
     job = view.job
-    job_id = job["id"]
+    job_id = job.id
     cancel = ""
-    if may_cancel and job["status"] in ("queued", "running"):
+    if may_cancel and job.status in ("queued", "running"):
         cancel = (f'<form method="post" action="/jobs/{job_id}/cancel" class="inline" data-confirm="Cancel job {job_id}? '
                   f'Its unfinished tasks stop and are not run again."><input type="hidden" name="csrf" '
                   f'value="{e(csrf)}"><button class="danger" id="cancel">cancel job</button></form>')
-    parts = [f'<p class="meta">{e(job["name"])} · {e(job["kind"])} · priority {e(job["priority"])} · created '
-             f'{e(when(job["created_at"]))} {cancel}</p>',
+    parts = [f'<p class="meta">{e(job.name)} · {e(job.kind)} · priority {e(job.priority)} · created '
+             f'{e(when(job.created_at))} {cancel}</p>',
              f'<p class="downloads">download <a href="/jobs/{job_id}/results.csv" download>CSV</a> · '
              f'<a href="/jobs/{job_id}/results.json" download>JSON</a></p>', compare_form(job_id)]
-    if job.get("message"):
-        parts.append(f'<p class="message">{e(job["message"])}</p>')
+    if job.message:
+        parts.append(f'<p class="message">{e(job.message)}</p>')
     if view.failures:
         shown = view.failures[:FAILURES_SHOWN]
         more = (f"<p>The first {len(shown)} are shown; the JSON download has all {len(view.failures)}.</p>"
                 if len(view.failures) > len(shown) else "")
         parts.append(f'<h2 id="failures">Why {len(view.failures)} run(s) failed</h2>{more}' + "".join(
             failure_section(f, f"failure-{f.task}") for f in shown))
-    parts.append(live("job-progress", f"/jobs/{job_id}?part=progress", job_progress_part(job, view.progress)))
+    parts.append(live("job-progress", f"/jobs/{job_id}?part=progress", job_progress_part(job.status, view.progress)))
     parts.append("<h2>Results</h2>" + live("job-results", f"/jobs/{job_id}?part=results", results_part(view), 5))
     if view.averages and any(a.runs > 1 or a.contended for a in view.averages):
         parts.append("<h2>Averages over repeats</h2>" + averages_table(view.averages))

@@ -482,10 +482,10 @@ class DashboardApp:
             return Response(HTTPStatus.OK, data.encode(), kind,
                             {"Content-Disposition": f'attachment; filename="farm-job-{job_id}.{download}"'})
         if query.get("part") == "progress":
-            job, summary = plain(self.store.jobs.get(job_id)), views.job_summary(self.store, job_id)
+            job, summary = self.store.jobs.get(job_id), views.job_summary(self.store, job_id)
             if job is None or summary is None:  # removed since the check above
                 raise HttpRefused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
-            return Response(HTTPStatus.OK, pages.job_progress_part(job, summary["progress"]).encode())
+            return Response(HTTPStatus.OK, pages.job_progress_part(job.status, summary["progress"]).encode())
         view = views.job_view(self.store, job_id)
         if view is None:
             raise HttpRefused(HTTPStatus.NOT_FOUND, f"no job {job_id}")

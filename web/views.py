@@ -18,7 +18,7 @@ from farm.controller.analysis.calibrations import METRICS, current_calibration, 
 from farm.controller.operations.refresh import last_reference_checks
 from farm.controller.analysis.results import RunPair, is_contended, paired_records, run_records
 from farm.controller.store import Store
-from farm.controller.store.rows import CalibrationRow, LatestCalibration, QueuedWork, plain, plain_rows
+from farm.controller.store.rows import CalibrationRow, JobRow, LatestCalibration, QueuedWork, plain, plain_rows
 from farm.web.svg import Band, Chart
 
 if TYPE_CHECKING:  # sessions.py brings the gRPC messages; `farm web` over a store never needs them
@@ -292,7 +292,7 @@ class Failure:
 
 @dataclass
 class JobView:
-    job: dict[str, Any]
+    job: JobRow
     progress: dict[str, int]
     records: list[RunRecord]
     averages: list[AverageRow]
@@ -418,7 +418,7 @@ def failures(records: list[RunRecord], log_tails: dict[int, str]) -> list[Failur
 
 
 def job_view(store: Store, job_id: int) -> JobView | None:
-    job = plain(store.jobs.get(job_id))
+    job = store.jobs.get(job_id)
     if job is None:
         return None
     progress = job_progress(store.jobs.task_counts(job_id))
