@@ -26,6 +26,7 @@ from farm.proto.task_limits import DEFAULT_MAX_TASKS
 
 if TYPE_CHECKING:  # the client API and its answer models (pydantic) load when a command asks something
     from farm.client.api import Farm, Problem
+    from farm.proto.questions import RunRecord
 
 UserError = console.UserError
 _when = console.when
@@ -52,15 +53,15 @@ def _positive_int(text: str) -> int:
 def _finish(args: argparse.Namespace, farm: Farm, job_id: int, completed_normally: bool) -> int:
     from farm.cli.render import results_table, show, to_json
 
-    records = [r.model_dump() for r in farm.results(job_id)]  # the tables read a record's JSON form
+    records = farm.results(job_id)
     job = farm.job(job_id)
     if args.json:
-        print(to_json({"job": job_id, "status": job.status, "results": records,
+        print(to_json({"job": job_id, "status": job.status, "results": [r.model_dump() for r in records],
                        **({"warnings": args.warnings} if getattr(args, "warnings", None) else {})}))
     else:
         show(console.out, results_table(records, title=f"job {job_id} · {job.name} · {job.status}", **_table_form(args)),
              wide=_table_form(args)["wide"])
-        if any(r.get("approximate") for r in records):
+        if any(r.approximate for r in records):
             console.out.print("* approximate: the process backend enforces limits best-effort and samples memory.")
         _print_failures(records)
         console.out.print(f"kept by the {farm.where} · `farm results {job_id} --format json` for every figure", highlight=False)
@@ -171,19 +172,19 @@ def cmd_results(args: argparse.Namespace) -> int:
     from farm.cli.render import results_csv, results_table, show, to_json
 
     farm = open_farm(args)
-    records = [r.model_dump() for r in farm.results(args.job, ops=args.ops)]  # the tables read a record's JSON form
+    records = farm.results(args.job, ops=args.ops)
     fmt = "json" if args.json else args.format
     if args.pairs:
         from farm.cli.render import pairs_table
         from farm.controller.analysis.results import paired_records
         pairs = paired_records(records)
         if fmt == "json":
-            print(to_json(pairs))
+            print(to_json([p.model_dump() for p in pairs]))
         else:
             show(console.out, pairs_table(pairs, title=f"job {args.job} · sim and device side by side", wide=args.wide), wide=args.wide)
         return EXIT_OK
     if fmt == "json":
-        print(to_json(records))
+        print(to_json([r.model_dump() for r in records]))
     elif fmt == "csv":
         sys.stdout.write(results_csv(records))
     elif args.ops:
@@ -197,7 +198,7 @@ def cmd_results(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _print_failures(records: list[dict]) -> None:
+def _print_failures(records: list[RunRecord]) -> None:
     """Why each failed run failed, one paragraph each, under a results table (submit's, resume's and results')."""
     from rich.text import Text
 

@@ -15,7 +15,8 @@ from farm.controller.analysis.export import results_csv as results_csv, to_json 
 from farm.proto.escape import printable
 
 if TYPE_CHECKING:  # web/ imports this module too: the answer models load with the commands that print them
-    from farm.proto.questions import CalibrationVersion
+    from farm.controller.analysis.results import AveragedRecord, RunPair
+    from farm.proto.questions import CalibrationVersion, RecordLimits, RunRecord
 
 # How a table writes a moment (farm.cli.console.when): an answer's datetime or Unix seconds, None for never.
 When = Callable[[dt.datetime | float | None], str]
@@ -32,28 +33,30 @@ def _ms(v: float | None) -> str:
     return f"{v:.3g}" if v < 1000 else f"{v:.0f}"
 
 
-def _budget(lim: dict[str, Any]) -> str:
-    budget = f"{_fmt(lim['cpus'], 2).rstrip('0').rstrip('.')} cpu" if lim["cpus"] else "no cpu cap"
-    if lim["memory_mb"]:
-        budget += f", {lim['memory_mb']:g} MB"
-    if lim["cpuset"]:
-        budget += f" @{lim['cpuset']}"
+def _budget(lim: RecordLimits) -> str:
+    budget = f"{_fmt(lim.cpus, 2).rstrip('0').rstrip('.')} cpu" if lim.cpus else "no cpu cap"
+    if lim.memory_mb:
+        budget += f", {lim.memory_mb:g} MB"
+    if lim.cpuset:
+        budget += f" @{lim.cpuset}"
     return budget
 
 
-def _status(r: dict[str, Any]) -> str:
-    if r["status"] != "completed":
-        return r["status"] if not r["failure_class"] else f"[red]{r['failure_class']}[/red]"
-    runs, done = r.get("runs", 1), r.get("completed", 1)
-    ok = "ok" if done == runs else f"{done}/{runs} ok"
-    if is_contended(r) or r.get("contended"):
+def _status(r: AveragedRecord) -> str:
+    from farm.controller.analysis.results import is_contended  # the controller's stack: not on an agent-only install
+
+    if r.status != "completed":
+        return r.status if not r.failure_class else f"[red]{r.failure_class}[/red]"
+    ok = "ok" if r.completed == r.runs else f"{r.completed}/{r.runs} ok"
+    if is_contended(r) or r.contended:
         return f"[yellow]{ok} {CONTENDED_MARK}[/yellow]"
-    return f"[green]{ok}[/green]" if done == runs else f"[yellow]{ok}[/yellow]"
+    return f"[green]{ok}[/green]" if r.completed == r.runs else f"[yellow]{ok}[/yellow]"
 
 
-def _has(records: list[dict[str, Any]], key: str) -> bool:
-    """A figure another part of farm may add to records: shown only where some record carries it."""
-    return any(r.get(key) is not None for r in records)
+def _has(records: list[AveragedRecord], figure: Callable[[AveragedRecord], object]) -> bool:
+    """A figure only some runs have (a script's whole-run time, a board's energy): shown only where some record
+    carries it."""
+    return any(figure(r) is not None for r in records)
 
 
 class ModelTable:
@@ -121,90 +124,85 @@ class _Column:
     """One column of `farm results`: its header, its cell for a record, and rich's layout for it."""
 
     header: str
-    cell: Callable[[dict[str, Any]], str | Text]
+    cell: Callable[[AveragedRecord], str | Text]
     justify: Literal["left", "right"] = "left"
     overflow: Literal["fold", "ellipsis"] = "ellipsis"
 
 
-def _right(header: str, cell: Callable[[dict[str, Any]], str | Text]) -> _Column:
+def _right(header: str, cell: Callable[[AveragedRecord], str | Text]) -> _Column:
     return _Column(header, cell, justify="right")
 
 
-def _limits(r: dict[str, Any]) -> dict[str, Any]:
-    return r["limits"] or {}
-
-
-def _latency(r: dict[str, Any]) -> dict[str, Any]:
-    return r["latency_ms"] or {}
-
-
-def _cpus(r: dict[str, Any]) -> str:
-    cpus = _limits(r).get("cpus")
+def _cpus(r: AveragedRecord) -> str:
+    cpus = r.limits.cpus
     return _fmt(cpus, 2).rstrip("0").rstrip(".") if cpus else "—"
 
 
-def _avg_sd(r: dict[str, Any]) -> str:
-    lat = _latency(r)
-    return f"{_ms(lat.get('avg'))} ± {_ms(lat.get('std'))}" if lat else "—"
+def _avg_sd(r: AveragedRecord) -> str:
+    lat = r.latency_ms
+    return f"{_ms(lat.avg)} ± {_ms(lat.std)}" if lat else "—"
 
 
-def _gpu(r: dict[str, Any]) -> dict[str, Any]:
-    return r.get("gpu") or {}
+def _p90(r: AveragedRecord) -> str:
+    return _ms(r.latency_ms.p90) if r.latency_ms else "—"
 
 
-def _result_columns(records: list[dict[str, Any]], *, wide: bool, runs: bool) -> list[_Column]:
+def _gpu(r: AveragedRecord, figure: str) -> float | None:
+    from farm.controller.analysis.results import json_number
+
+    return json_number(r.gpu, figure) if r.gpu else None
+
+
+def _result_columns(records: list[AveragedRecord], *, wide: bool, runs: bool) -> list[_Column]:
     """The columns these records need, in their order: a column nobody's record fills is left out, and the detail
     (p90, avg memory, CPU, wall time, backend, budget) only with `wide`."""
-    def cpu(r: dict[str, Any]) -> dict[str, Any]:
-        return r["cpu_percent"] or {}
-
     wanted: list[tuple[bool, list[_Column]]] = [
-        (any(r["target"] != "sim" for r in records), [_Column("on", lambda r: Text(printable(r["target"])),
-                                                             overflow="fold")]),
-        (True, [_right("thr", lambda r: str(r["threads"]))]),
-        (not wide and any(_limits(r).get("cpus") not in (None, r["threads"]) for r in records), [_right("cpu", _cpus)]),
-        (any(r["batch_size"] != 1 for r in records), [_right("batch", lambda r: str(r["batch_size"]))]),
-        (any(r["input_size"] for r in records), [_right("size", lambda r: str(r["input_size"] or "—"))]),
+        (any(r.target != "sim" for r in records), [_Column("on", lambda r: Text(printable(r.target)),
+                                                           overflow="fold")]),
+        (True, [_right("thr", lambda r: str(r.threads))]),
+        (not wide and any(r.limits.cpus not in (None, r.threads) for r in records), [_right("cpu", _cpus)]),
+        (any(r.batch_size != 1 for r in records), [_right("batch", lambda r: str(r.batch_size))]),
+        (any(r.input_size for r in records), [_right("size", lambda r: str(r.input_size or "—"))]),
         # a job with matrix.accelerators
-        (any(r.get("accelerator", "cpu") != "cpu" for r in records),
-         [_Column("unit", lambda r: Text(printable(r.get("accelerator", "cpu"))))]),
-        (runs and any(r["repeat"] for r in records), [_right("rep", lambda r: str(r["repeat"]))]),
-        (_shows_n(records, runs), [_right("n", lambda r: str(r.get("averaged") or r.get("runs", 1)))]),
-        (wide, [_Column("budget", lambda r: _budget(_limits(r)))]),
+        (any(r.accelerator != "cpu" for r in records), [_Column("unit", lambda r: Text(printable(r.accelerator)))]),
+        (runs and any(r.repeat for r in records), [_right("rep", lambda r: str(r.repeat))]),
+        (_shows_n(records, runs), [_right("n", lambda r: str(r.averaged or r.runs))]),
+        (wide, [_Column("budget", lambda r: _budget(r.limits))]),
         (True, [_Column("status", _status)]),
         # a script job: its whole-run time is the figure it is run for
-        (_has(records, "whole_run_s"), [_right("whole run\ns", lambda r: _fmt(r.get("whole_run_s"), 3))]),
+        (_has(records, lambda r: r.whole_run_s), [_right("whole run\ns", lambda r: _fmt(r.whole_run_s, 3))]),
         (True, [_right("latency ms\navg ± sd", _avg_sd)]),
-        (wide, [_right("p90 ms", lambda r: _ms(_latency(r).get("p90")) if _latency(r) else "—")]),
-        (True, [_right("peak MB", lambda r: _fmt(r["peak_memory_mb"], 1))]),
-        (wide, [_right("avg MB", lambda r: _fmt(r["avg_memory_mb"], 1))]),
-        (_has(records, "throughput_per_s"), [_right("inf/s", lambda r: _ms(r.get("throughput_per_s")))]),
-        (wide and any(r.get("samples_per_s") is not None and r["batch_size"] != 1 for r in records),
-         [_right("samples/s", lambda r: _ms(r.get("samples_per_s")))]),
-        (wide and _has(records, "startup_ms"), [_right("startup ms", lambda r: _ms(r.get("startup_ms")))]),
+        (wide, [_right("p90 ms", _p90)]),
+        (True, [_right("peak MB", lambda r: _fmt(r.peak_memory_mb, 1))]),
+        (wide, [_right("avg MB", lambda r: _fmt(r.avg_memory_mb, 1))]),
+        (_has(records, lambda r: r.throughput_per_s), [_right("inf/s", lambda r: _ms(r.throughput_per_s))]),
+        (wide and any(r.samples_per_s is not None and r.batch_size != 1 for r in records),
+         [_right("samples/s", lambda r: _ms(r.samples_per_s))]),
+        (wide and _has(records, lambda r: r.startup_ms), [_right("startup ms", lambda r: _ms(r.startup_ms))]),
         # boards with power rails
-        (_has(records, "energy_per_inference_mj"),
-         [_right("mJ per\ninference", lambda r: _fmt(r.get("energy_per_inference_mj")))]),
+        (_has(records, lambda r: r.energy_per_inference_mj),
+         [_right("mJ per\ninference", lambda r: _fmt(r.energy_per_inference_mj))]),
         # NVIDIA hosts: the GPU's power and memory
-        (any(r.get("gpu") for r in records), [
-            _right("GPU W\navg/peak", lambda r: f"{_fmt(_gpu(r).get('power_avg_w'), 0)}/"
-                                                f"{_fmt(_gpu(r).get('power_peak_w'), 0)}"),
-            _right("GPU MiB\npeak", lambda r: _fmt(_gpu(r).get("memory_peak_mib"), 0))]),
+        (any(r.gpu for r in records), [
+            _right("GPU W\navg/peak", lambda r: f"{_fmt(_gpu(r, 'power_avg_w'), 0)}/{_fmt(_gpu(r, 'power_peak_w'), 0)}"),
+            _right("GPU MiB\npeak", lambda r: _fmt(_gpu(r, "memory_peak_mib"), 0))]),
         (wide, [
-            _right("CPU %\navg/peak", lambda r: f"{_fmt(cpu(r).get('avg'), 0)}/{_fmt(cpu(r).get('peak'), 0)}"),
-            _right("wall s", lambda r: _fmt(r["wall_s"])),
-            _Column("backend", lambda r: (r["backend"] or "—") + ("*" if r.get("approximate") else ""))]),
+            _right("CPU %\navg/peak", lambda r: f"{_fmt(r.cpu_percent.avg, 0)}/{_fmt(r.cpu_percent.peak, 0)}"),
+            _right("wall s", lambda r: _fmt(r.wall_s)),
+            _Column("backend", lambda r: (r.backend or "—") + ("*" if r.approximate else ""))]),
     ]
     return [column for shown, columns in wanted if shown for column in columns]
 
 
-def _shows_n(records: list[dict[str, Any]], runs: bool) -> bool:
+def _shows_n(records: list[AveragedRecord], runs: bool) -> bool:
     """Averaged records say how many runs each stands for when any stands for more than one."""
-    return not runs and any(r.get("runs", 1) > 1 for r in records)
+    return not runs and any(r.runs > 1 for r in records)
 
 
-def _result_notes(records: list[dict[str, Any]], per_run: list[dict[str, Any]], *, wide: bool,
+def _result_notes(records: list[AveragedRecord], per_run: list[RunRecord], *, wide: bool,
                   runs: bool) -> list[str]:
+    from farm.controller.analysis.results import is_contended
+
     notes = []
     if _shows_n(records, runs):
         notes.append("n: runs averaged (a cell's repeats; sd is their spread, `--runs` lists each)")
@@ -217,20 +215,19 @@ def _result_notes(records: list[dict[str, Any]], per_run: list[dict[str, Any]], 
     return notes
 
 
-def results_table(records: list[dict[str, Any]], title: str | None = None, *, wide: bool = False,
+def results_table(per_run: list[RunRecord], title: str | None = None, *, wide: bool = False,
                   runs: bool = False) -> ModelTable:
     """Averaged over repeats unless `runs`; readable at 100 columns unless `wide`: model names are
     never cut (other columns wrap), detail (p90, avg memory, CPU, wall time, backend, budget) is in --wide."""
-    per_run = records
-    if not runs:
-        from farm.controller.analysis.results import average_repeats  # the controller's stack: not on an agent-only install
-        records = average_repeats(records)
+    from farm.controller.analysis.results import AveragedRecord, average_repeats  # the controller's stack
+
+    records = [AveragedRecord.of_run(r) for r in per_run] if runs else average_repeats(per_run)
     columns = _result_columns(records, wide=wide, runs=runs)
     t = ModelTable(title, wide)
     for column in columns:
         t.add_column(column.header, justify=column.justify, overflow=column.overflow)
     for r in records:
-        t.add_row(Text(printable(r["model"]["name"], limit=None)), *(column.cell(r) for column in columns))
+        t.add_row(Text(printable(r.model.name, limit=None)), *(column.cell(r) for column in columns))
     t.notes = _result_notes(records, per_run, wide=wide, runs=runs)
     return t
 
@@ -238,11 +235,9 @@ def results_table(records: list[dict[str, Any]], title: str | None = None, *, wi
 CONTENDED_MARK = "!"
 
 
-def is_contended(record: dict[str, Any]) -> bool:
-    return bool((record.get("contention") or {}).get("contended"))
+def pairs_table(pairs: list[RunPair], title: str | None = None, *, wide: bool = False) -> RenderableType:
+    from farm.controller.analysis.results import is_contended
 
-
-def pairs_table(pairs: list[dict[str, Any]], title: str | None = None, *, wide: bool = False) -> RenderableType:
     t = ModelTable(title, wide)
     for c in ("thr", "rep", "device", "sim\nlat ms", "device\nlat ms", "device\n/ sim"):
         t.add_column(c, justify="left" if c == "device" else "right")
@@ -250,15 +245,15 @@ def pairs_table(pairs: list[dict[str, Any]], title: str | None = None, *, wide: 
         t.add_column("sim\npeak MB", justify="right")
         t.add_column("device\npeak MB", justify="right")
     for p in pairs:
-        s_lat = (p["sim"]["latency_ms"] or {}).get("avg")
-        d_lat = (p["device_run"]["latency_ms"] or {}).get("avg")
+        s_lat = p.sim.latency_ms.avg if p.sim.latency_ms else None
+        d_lat = p.device_run.latency_ms.avg if p.device_run.latency_ms else None
         ratio = d_lat / s_lat if s_lat and d_lat else None
-        mark = f" {CONTENDED_MARK}" if is_contended(p["sim"]) else ""
-        cells: list[str | Text] = [str(p["threads"]), str(p["repeat"]), Text(printable(p["device"])),
+        mark = f" {CONTENDED_MARK}" if is_contended(p.sim) else ""
+        cells: list[str | Text] = [str(p.threads), str(p.repeat), Text(printable(p.device)),
                                    _ms(s_lat) + mark, _ms(d_lat), _fmt(ratio)]
         if wide:
-            cells += [_fmt(p["sim"]["peak_memory_mb"], 1), _fmt(p["device_run"]["peak_memory_mb"], 1)]
-        t.add_row(Text(printable(p["model"]["name"], limit=None)), *cells)
+            cells += [_fmt(p.sim.peak_memory_mb, 1), _fmt(p.device_run.peak_memory_mb, 1)]
+        t.add_row(Text(printable(p.model.name, limit=None)), *cells)
     if not pairs:
         return Text(f"{printable(title, limit=None) + ': ' if title else ''}no completed pairs. A pair is a device run and its sim twin, both "
                     "completed: give the job a device target (targets: [NAME]), or compare two jobs with "
@@ -303,17 +298,17 @@ def show(console: Console, renderable: RenderableType, *, wide: bool = False) ->
         console.width = before
 
 
-def failures(records: list[dict[str, Any]]) -> list[str]:
+def failures(records: list[RunRecord]) -> list[str]:
     # a message may quote an agent or a script: escaped, but its lines kept
-    return [f"{printable(r['model']['name'])} (threads {r['threads']}, repeat {r['repeat']}): {r['failure_class']}: "
-            f"{printable(r['message'], limit=None, multiline=True)}{after_attempts(r)}" for r in records
-            if r["failure_class"] and r["status"] not in ("completed", "canceled")]
+    return [f"{printable(r.model.name)} (threads {r.threads}, repeat {r.repeat}): {r.failure_class}: "
+            f"{printable(r.message, limit=None, multiline=True)}{after_attempts(r)}" for r in records
+            if r.failure_class and r.status not in ("completed", "canceled")]
 
 
-def after_attempts(record: dict[str, Any]) -> str:
+def after_attempts(record: RunRecord) -> str:
     """A failed task tried more than once is told once, its last attempt's words, saying how many there were
     (each attempt is a run of its own: `farm results JOB --runs`)."""
-    attempts = record.get("attempts") or 0
+    attempts = record.attempts or 0
     return f" (the last of {attempts} attempts)" if attempts > 1 else ""
 
 

@@ -208,7 +208,7 @@ class Job:
         """Device runs beside their sim twins (completed pairs only), as `farm results JOB --pairs --json`."""
         from farm.controller.analysis.results import paired_records
 
-        return paired_records([r.model_dump() for r in self._lab.farm.results(self.id)])
+        return [p.model_dump() for p in paired_records(self._lab.farm.results(self.id))]
 
     def report(self, folder: str | Path, *, png: bool = False) -> list[Path]:
         """Writes `farm report`'s page (and with png=True each figure) into folder; the paths written, the page first."""

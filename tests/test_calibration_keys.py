@@ -15,7 +15,7 @@ from rich.console import Console
 from farm.cli.render import results_table
 from farm.controller.analysis.calibrations import calibration_history, fit_and_store, pair_within_job
 from farm.controller.analysis.ranking import rank_job
-from farm.controller.analysis.results import record_dicts
+from farm.controller.analysis.results import run_records
 from farm.controller.scheduling.schedule import pair_key
 from farm.controller.store import SQLiteStore as Store
 from farm.proto.results import LatencyStats, RunResult, RunStatus
@@ -94,14 +94,15 @@ def test_batch_sizes_are_never_averaged_together(tmp_path: Path) -> None:
 
 def test_energy_per_inference_is_a_result_and_a_calibration_metric(tmp_path: Path) -> None:
     store, job = _lab(tmp_path)
-    records = record_dicts(store, job)
-    board = [r for r in records if r["target"] == "nano-1"]
-    assert all(r["energy_per_inference_mj"] == pytest.approx(BOARD_POWER_W * r["latency_ms"]["avg"]) for r in board)
-    assert all(r["energy_per_inference_mj"] is None for r in records if r["target"] == "sim")  # the sim has no rails
+    records = run_records(store, job)
+    board = [r for r in records if r.target == "nano-1"]
+    assert all(r.latency_ms and r.energy_per_inference_mj == pytest.approx(BOARD_POWER_W * r.latency_ms.avg)
+               for r in board)
+    assert all(r.energy_per_inference_mj is None for r in records if r.target == "sim")  # the sim has no rails
     console = Console(record=True, width=250)
     console.print(results_table(records))
     shown = console.export_text()
-    assert "mJ per" in shown and f"{BOARD_POWER_W * board[0]['latency_ms']['avg']:.2f}" in shown
+    assert "mJ per" in shown and f"{BOARD_POWER_W * board[0].latency_ms.avg:.2f}" in shown
     paired = pair_within_job(store, job, "nano-1", "energy")
     assert len(paired) == 12
     assert all(p.pair.y == pytest.approx(BOARD_POWER_W * 2.0 * p.pair.x, rel=0.02) for p in paired if p.batch_size == 1)
@@ -142,8 +143,8 @@ def test_rankings_predict_each_batch_size_with_its_own_calibration(tmp_path: Pat
         for batch in (1, 8):
             _measure(store, new_job, None, model, batch, batch * sim_ms, None, None)
     ranking = rank_job(store, new_job, "latency", device_jobs=[], devices=["nano-1"])
-    groups = {group["batch_size"]: group for group in ranking["groups"]}
+    groups = {group.batch_size: group for group in ranking.groups}
     assert sorted(groups) == [1, 8]
     for batch, ratio in ((1, 2.0), (8, 3.0)):
-        predicted = dict(groups[batch]["columns"][1]["order"])
+        predicted = dict(groups[batch].columns[1].order)
         assert predicted["m2"] == pytest.approx(ratio * batch * SIM_MS[2], rel=0.03)

@@ -57,11 +57,13 @@ def _report(farm_inprocess, folder: Path, *jobs: str, where: tuple[str, ...] = (
 
 
 def _judged(farm_inprocess, *jobs: int) -> bool:
-    """Whether every job has two runs or more that no other work disturbed: the noise can then be judged (this
-    machine is shared; a contended run is flagged and left out where clean ones exist, as `farm compare` does)."""
+    """Whether every job has two runs or more to judge the noise by (this machine is shared): its clean runs where it
+    has any, else all its completed ones, contended too, as `farm compare` takes them."""
     for job in jobs:
         records = farm_inprocess("results", str(job), "--format", "json").json()
-        if sum(not (r.get("contention") or {}).get("contended") for r in records) < 2:
+        done = [r for r in records if r["status"] == "completed"]
+        clean = [r for r in done if not (r.get("contention") or {}).get("contended")]
+        if len(clean or done) < 2:
             return False
     return True
 

@@ -126,7 +126,7 @@ def _the_before_after_report_and_the_pareto_view(folder: Path, farm_inprocess, r
         view = job_view(store, 1)
     finally:
         store.close()
-    assert view is not None and [g["quality_metric"] for g, _ in view.pareto] == ["accuracy_top1"]
+    assert view is not None and [g.quality_metric for g, _ in view.pareto] == ["accuracy_top1"]
     shown = job_page(view, csrf="x", may_cancel=False)
     assert 'id="pareto-chart-0"' in shown and "on the front" in shown and "cosine with the reference" in shown
     assert 'action="/compare"' in shown  # the way to the comparison page

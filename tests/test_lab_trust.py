@@ -216,11 +216,12 @@ def test_report_names_models_a_sweep_chart_or_a_ranking_column_leaves_out(tmp_pa
 
 def test_a_ranking_column_names_the_models_it_has_no_figure_for() -> None:
     from farm.controller.analysis.report import _ranking_group
+    from farm.proto.questions import RankColumn, RankGroup
 
-    group = {"threads": 1, "batch_size": 1, "columns": [
-        {"name": "sim (job 1)", "kendall_tau": None, "order": [("a", 1.0), ("b", 2.0), ("c", 3.0)], "notes": []},
-        {"name": "pixel (job 2)", "kendall_tau": None, "order": [("a", 9.0)], "notes": []},
-        {"name": "jetson (predicted)", "kendall_tau": None, "order": [], "notes": ["c: not predicted (no macs)"]}]}
+    group = RankGroup(threads=1, batch_size=1, input_size=None, columns=[
+        RankColumn(name="sim (job 1)", kendall_tau=None, order=[("a", 1.0), ("b", 2.0), ("c", 3.0)], notes=[]),
+        RankColumn(name="pixel (job 2)", kendall_tau=None, order=[("a", 9.0)], notes=[]),
+        RankColumn(name="jetson (predicted)", kendall_tau=None, order=[], notes=["c: not predicted (no macs)"])])
     section = _ranking_group("latency", group)
     assert "<p class=note>pixel (job 2): no completed figure for b, c</p>" in section
     assert "<p class=note>jetson (predicted): no completed figure for a, b, c</p>" in section

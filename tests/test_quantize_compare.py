@@ -15,7 +15,10 @@ import numpy as np
 import pytest
 
 from conftest import write_job
+from run_records import run_record
+
 from farm.controller.analysis.compare import ONE_RUN, judge, pair_models
+from farm.proto.questions import RunRecord
 
 MODEL = "mobilenetv2_w0.35_r96.onnx"
 
@@ -238,7 +241,7 @@ def test_compare_variants_within_one_job_with_one_run_says_noise_unknown(
     finally:
         store.close()
     assert view is not None
-    assert sorted((v["source"], v["variant"], v["method"]) for v in view.variants) == [
+    assert sorted((v.source, v.variant, v.method) for v in view.variants) == [
         (source.stem, "other", "dynamic"), (source.stem, "variant", "qdq")]
     page = job_page(view, csrf="x", may_cancel=False)
     assert "Variants beside their source" in page and 'id="variants"' in page and ONE_RUN in page
@@ -248,18 +251,18 @@ def test_compare_variants_within_one_job_with_one_run_says_noise_unknown(
 
 
 def test_judge_uses_the_repeats_spread() -> None:
-    assert judge([10.0], [12.0])["verdict"] == ONE_RUN
-    assert judge([10.0, 10.2], [12.0])["verdict"] == "one run in B: noise unknown"
+    assert judge([10.0], [12.0]).verdict == ONE_RUN
+    assert judge([10.0, 10.2], [12.0]).verdict == "one run in B: noise unknown"
     close = judge([10.0, 10.4, 9.8, 10.1], [10.2, 9.9, 10.3, 10.0])
-    assert close["noise"] == "within" and close["t_critical"] > 2
+    assert close.noise == "within" and close.t_critical is not None and close.t_critical > 2
     far = judge([10.0, 10.4, 9.8, 10.1], [20.2, 19.9, 20.3, 20.0])
-    assert far["noise"] == "beyond" and far["change"] == pytest.approx(1.0, abs=0.03)
-    assert judge([5.0, 5.0], [5.0, 5.0])["noise"] == "within"
-    assert judge([5.0, 5.0], [6.0, 6.0])["noise"] == "beyond"
+    assert far.noise == "beyond" and far.change == pytest.approx(1.0, abs=0.03)
+    assert judge([5.0, 5.0], [5.0, 5.0]).noise == "within"
+    assert judge([5.0, 5.0], [6.0, 6.0]).noise == "beyond"
 
 
-def _record(name: str, sha: str) -> dict:
-    return {"model": {"name": name, "sha256": sha, "path": None, "size_bytes": 10}}
+def _record(name: str, sha: str) -> RunRecord:
+    return run_record(model={"name": name, "sha256": sha, "path": None, "size_bytes": 10})
 
 
 def test_models_pair_by_lineage_then_name_then_the_one_left_on_each_side() -> None:
@@ -267,14 +270,14 @@ def test_models_pair_by_lineage_then_name_then_the_one_left_on_each_side() -> No
     pairs, left_a, left_b = pair_models(
         [_record("net", "f" * 64), _record("shared", "1" * 64), _record("old", "2" * 64)],
         [_record("net-int8", "e" * 64), _record("shared", "3" * 64), _record("new", "4" * 64)],
-        same_job=False, lineage_of=lambda model: lineage if model["name"] == "net-int8" else None)
-    assert [(p["a"]["name"], p["b"]["name"], p["matched_by"]) for p in pairs] == [
+        same_job=False, lineage_of=lambda model: lineage if model.name == "net-int8" else None)
+    assert [(p.a.name, p.b.name, p.matched_by) for p in pairs] == [
         ("net", "net-int8", "lineage"), ("shared", "shared", "name"), ("old", "new", "only model on each side")]
     assert left_a == left_b == []
     # A is the variant: still paired, and said so
     pairs, _, _ = pair_models([_record("net-int8", "e" * 64)], [_record("net", "f" * 64), _record("x", "9" * 64)],
-                              same_job=False, lineage_of=lambda model: lineage if model["name"] == "net-int8" else None)
-    assert [(p["a"]["name"], p["b"]["name"], p["matched_by"]) for p in pairs] == [
+                              same_job=False, lineage_of=lambda model: lineage if model.name == "net-int8" else None)
+    assert [(p.a.name, p.b.name, p.matched_by) for p in pairs] == [
         ("net-int8", "net", "lineage (A is the variant)")]
 
 

@@ -74,36 +74,36 @@ def paired_job(tmp_path: Path) -> tuple[Store, int]:
 def test_a_paired_job_ranks_sim_and_phone_from_their_own_runs(paired_job: tuple[Store, int]) -> None:
     store, job = paired_job
     ranking = rank_job(store, job, "latency", device_jobs=[], devices=[PHONE])
-    [group] = ranking["groups"]
-    sim, phone, predicted = group["columns"]
-    sim_values = dict(sim["order"])
+    [group] = ranking.groups
+    sim, phone, predicted = group.columns
+    sim_values = dict(sim.order)
     expected_sim = {f"{f}{i}": ms for f, values in FAMILIES.items() for i, ms in enumerate(values)}
     assert sim_values == pytest.approx(expected_sim)  # the sim's runs only, never averaged with the phone's
-    assert phone["name"] == f"{PHONE} (job {job})"
+    assert phone.name == f"{PHONE} (job {job})"
     expected_phone = {m: PHONE_RATIO[m[:3]] * ms for m, ms in expected_sim.items()}
-    assert dict(phone["order"]) == pytest.approx(expected_phone)
+    assert dict(phone.order) == pytest.approx(expected_phone)
     common = sorted(expected_sim)
     tau = kendalltau([expected_sim[m] for m in common], [expected_phone[m] for m in common]).statistic
-    assert phone["kendall_tau"] == pytest.approx(tau)
+    assert phone.kendall_tau == pytest.approx(tau)
 
 
 def test_an_uncalibrated_family_is_named_and_left_out_of_tau(paired_job: tuple[Store, int]) -> None:
     store, job = paired_job
-    [group] = rank_job(store, job, "latency", device_jobs=[], devices=[PHONE])["groups"]
-    predicted = group["columns"][-1]
-    assert predicted["name"] == f"{PHONE} (predicted)"
-    values = dict(predicted["order"])
+    [group] = rank_job(store, job, "latency", device_jobs=[], devices=[PHONE]).groups
+    predicted = group.columns[-1]
+    assert predicted.name == f"{PHONE} (predicted)"
+    values = dict(predicted.order)
     assert not any(m.startswith("rnn") for m in values)  # never a made-up 0 ms
     assert all(v > 0 for v in values.values())
     for family in ("cnn", "vit"):  # each family predicted by its own fit
         for i, ms in enumerate(FAMILIES[family]):
             assert values[f"{family}{i}"] == pytest.approx(PHONE_RATIO[family] * ms, rel=0.05)
-    notes = predicted["notes"]
+    notes = predicted.notes
     assert len(notes) == 3 and all("no calibration for this family (rnn)" in n for n in notes)
     calibrated = sorted(values)
-    sim = dict(group["columns"][0]["order"])
+    sim = dict(group.columns[0].order)
     tau = kendalltau([sim[m] for m in calibrated], [values[m] for m in calibrated]).statistic
-    assert predicted["kendall_tau"] == pytest.approx(tau)  # over the calibrated models only
+    assert predicted.kendall_tau == pytest.approx(tau)  # over the calibrated models only
 
 
 def test_rank_cli_prints_the_note(paired_job: tuple[Store, int], farm) -> None:

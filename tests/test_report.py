@@ -18,7 +18,10 @@ from browser import install_chromium
 from conftest import write_job
 from farm.controller.analysis import plots
 from farm.controller.analysis.report import ops_section
-from farm.controller.analysis.results import average_repeats, record_dicts
+from farm.controller.analysis.results import AveragedRecord, average_repeats, run_records
+from run_records import run_record
+
+from farm.proto.questions import RunRecord
 from farm.controller.store import SQLiteStore as Store
 
 HOSTILE = "<script>alert(1)</script>$x_{1}$&\"'\x1b[31m"
@@ -107,7 +110,7 @@ def test_sweep_plots_per_family_against_threads_and_input_size(models: Path, far
     for name in names:
         _png_check((png_dir / name).read_bytes())
     store = Store(tmp_path / "farm.db")
-    averaged = [r for r in average_repeats(record_dicts(store, 1))]
+    averaged = [r for r in average_repeats(run_records(store, 1))]
     swept = [p.key for p in plots.swept_params(averaged)]
     assert swept == ["threads", "input_size"]
 
@@ -154,14 +157,14 @@ sim: {{memory: 1g}}
 
 
 def test_operator_profiles_render_when_runs_carry_them() -> None:
-    record = {"model": {"name": "m<b>"}, "target": "sim", "threads": 1, "batch_size": 1, "input_size": None, "repeat": 0,
-              "op_profile": [{"op": "CONV_2D", "count": 3, "avg_ms": 0.5, "pct": 60.0},
-                             {"op": "<img src=x>", "count": 1, "avg_ms": 0.1, "pct": 40.0},
-                             {"op": None, "count": "x"}, "not a dict"]}
-    html = ops_section([record, {**record, "op_profile": None}])
+    fields = {"model": {"name": "m<b>"}, "target": "sim", "threads": 1, "batch_size": 1, "input_size": None, "repeat": 0}
+    record = run_record(**fields, op_profile=[{"op": "CONV_2D", "count": 3, "avg_ms": 0.5, "pct": 60.0},
+                                              {"op": "<img src=x>", "count": 1, "avg_ms": 0.1, "pct": 40.0},
+                                              {"op": None, "count": "x"}, "not a dict"])
+    html = ops_section([record, run_record(**fields)])
     assert "CONV_2D" in html and "&lt;img src=x&gt;" in html and "<img" not in html and "m&lt;b&gt;" in html
     assert html.index("CONV_2D") < html.index("&lt;img")  # the biggest share first
-    assert ops_section([{**record, "op_profile": None}]) == ""
+    assert ops_section([run_record(**fields)]) == ""
 
 
 def test_calibration_scatter_labels_never_overlap() -> None:
@@ -213,8 +216,8 @@ def test_empty_lists_say_what_to_do(farm) -> None:
 
 
 def test_a_job_of_many_models_keeps_the_overview_readable() -> None:
-    records = [{"model": {"name": f"model_{i}", "family": None}, "threads": 1, "batch_size": 1, "input_size": None,
-                "target": "sim", "latency_ms": {"avg": 1.0 + i, "std": 0.1}, "peak_memory_mb": 10.0 + i}
+    records = [run_record(model={"name": f"model_{i}", "family": None}, threads=1, batch_size=1, input_size=None,
+                          target="sim", latency_ms={"avg": 1.0 + i, "std": 0.1}, peak_memory_mb=10.0 + i)
                for i in range(500)]
     fig = plots.overview_figure(records)
     image = _png_check(fig.png)
@@ -222,10 +225,10 @@ def test_a_job_of_many_models_keeps_the_overview_readable() -> None:
 
 
 def test_the_cpu_budget_gets_its_own_plot_only_when_swept_apart_from_threads() -> None:
-    def record(threads: int, cpus: float, name: str = "mobilenetv2_w0.5_r160") -> dict:
-        return {"model": {"name": name, "family": None}, "threads": threads, "batch_size": 1, "input_size": None,
-                "target": "sim", "limits": {"cpus": cpus}, "latency_ms": {"avg": 10 / cpus, "std": 0.1},
-                "peak_memory_mb": 20.0}
+    def record(threads: int, cpus: float, name: str = "mobilenetv2_w0.5_r160") -> RunRecord:
+        return run_record(model={"name": name, "family": None}, threads=threads, batch_size=1, input_size=None,
+                          target="sim", limits={"cpus": cpus}, latency_ms={"avg": 10 / cpus, "std": 0.1},
+                          peak_memory_mb=20.0)
     follows = [record(1, 1.0), record(2, 2.0)]  # the default: the budget is the thread count
     assert [p.key for p in plots.swept_params(follows)] == ["threads"]
     apart = [record(1, 0.5), record(1, 1.0), record(2, 1.0), record(2, 2.0)]  # matrix.cpus beside threads
@@ -244,25 +247,25 @@ def test_csv_keeps_formula_like_names_as_text() -> None:
     import io
 
     from farm.cli.render import results_csv
-    records = [{"model": {"name": "=HYPERLINK(\"http://x\")"}, "target": "@sim", "threads": 1, "latency_ms": {"avg": -1.5}}]
+    records = [run_record(model={"name": "=HYPERLINK(\"http://x\")"}, target="@sim", threads=1, latency_ms={"avg": -1.5})]
     row = next(csv.DictReader(io.StringIO(results_csv(records))))
     assert row["model.name"] == "'=HYPERLINK(\"http://x\")" and row["target"] == "'@sim"
     assert row["latency_ms.avg"] == "-1.5"  # numbers stay numbers
 
 
-def _device_records(script: bool = False) -> list[dict]:
+def _device_records(script: bool = False) -> list[AveragedRecord]:
     """Averaged records of a device experiment: a family of three models, the sim and two phones, 1/2/4 threads."""
     records = []
     for i, name in enumerate(("m_small", "m_mid", "m_big")):
         for target in ("sim", "g6-1", "s8-1"):
             for threads in (1, 2, 4):
                 scale = (1.0 if target == "sim" else 3.5) * (i + 1) / threads
-                records.append({"model": {"name": name, "family": "fam"}, "target": target, "threads": threads,
-                                "batch_size": 1, "input_size": None, "status": "completed", "completed": 1,
-                                "limits": {"cpus": float(threads)} if target == "sim" else None,
-                                "latency_ms": None if script else {"avg": 10 * scale, "std": 0.1},
-                                "whole_run_s": 2 * scale if script else None, "wall_s": 2 * scale,
-                                "peak_memory_mb": 50.0 + 10 * i, "avg_memory_mb": 40.0 + 10 * i})
+                records.append(AveragedRecord.of_run(run_record(
+                    model={"name": name, "family": "fam"}, target=target, threads=threads, batch_size=1,
+                    input_size=None, status="completed", limits={"cpus": float(threads)} if target == "sim" else None,
+                    latency_ms=None if script else {"avg": 10 * scale, "std": 0.1},
+                    whole_run_s=2 * scale if script else None, wall_s=2 * scale, peak_memory_mb=50.0 + 10 * i,
+                    avg_memory_mb=40.0 + 10 * i), completed=1))
     return records
 
 
@@ -284,7 +287,7 @@ def test_a_device_experiment_gets_one_figure_per_family_with_every_target_and_th
                                                                                    "avg_memory"]
     # a sim-only sweep keeps its figure against threads
     sim_only: list = []
-    sweep_section([r for r in records if r["target"] == "sim"], sim_only)
+    sweep_section([r for r in records if r.target == "sim"], sim_only)
     assert "sweep-fam-threads.png" in [f.name for f in sim_only]
 
 
@@ -310,17 +313,17 @@ def test_a_script_job_leads_with_whole_run_time() -> None:
     from farm.cli.render import results_table
     from farm.controller.analysis.report import results_section
 
-    def table(records: list[dict]) -> list[str]:
+    def table(records: list[RunRecord]) -> list[str]:
         console = Console(width=200, record=True)
         console.print(results_table(records, runs=True))
         return console.export_text().splitlines()
 
-    def record(whole_run: float | None, latency: dict | None) -> dict:
-        return {"model": {"name": "m", "family": None}, "target": "sim", "threads": 1, "batch_size": 1,
-                "input_size": None, "repeat": 0, "status": "completed", "failure_class": None, "message": "",
-                "limits": {"cpus": 1.0, "memory_mb": 1024.0}, "latency_ms": latency, "whole_run_s": whole_run,
-                "wall_s": 2.5, "peak_memory_mb": 50.0, "avg_memory_mb": 40.0, "cpu_percent": {"avg": 90.0, "peak": 100.0},
-                "backend": "cgroup", "contention": None, "runs": 1, "completed": 1}
+    def record(whole_run: float | None, latency: dict | None) -> AveragedRecord:
+        return AveragedRecord.of_run(run_record(
+            model={"name": "m", "family": None}, target="sim", threads=1, batch_size=1, input_size=None, repeat=0,
+            status="completed", failure_class=None, message="", limits={"cpus": 1.0, "memory_mb": 1024.0},
+            latency_ms=latency, whole_run_s=whole_run, wall_s=2.5, peak_memory_mb=50.0, avg_memory_mb=40.0,
+            cpu_percent={"avg": 90.0, "peak": 100.0}, backend="cgroup", contention=None), runs=1, completed=1)
 
     script = table([record(2.125, None)])
     header = next(line for line in script if "whole run" in line)

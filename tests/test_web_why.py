@@ -181,13 +181,18 @@ def test_pairs_get_a_scatter_with_the_devices_calibration_band_and_predictions_s
     stored, refused = fit_and_store(store, "pixel-7", "latency", paired, source={"job": 0})
     assert stored, refused
 
-    def run(target: str, avg: float) -> dict:
-        return {"target": target, "latency_ms": {"avg": avg}, "runtime": "litert", "peak_memory_mb": 10.0,
-                "contention": None}
-    pairs = [{"model": {"name": f"m<{k}>", "family": None}, "device": "pixel-7", "threads": 2, "batch_size": None,
-              "input_size": None, "repeat": 0, "sim": run("sim", 5.0 + k), "device_run": run("pixel-7", 11.0 + 2 * k)}
-             for k in range(3)]
-    pairs.append({**pairs[0], "device": "uncalibrated-phone"})
+    from farm.controller.analysis.results import RunPair
+    from farm.proto.questions import RunModel, RunRecord
+    from run_records import run_record
+
+    def run(target: str, avg: float) -> RunRecord:
+        return run_record(target=target, latency_ms={"avg": avg}, runtime="litert", peak_memory_mb=10.0,
+                          contention=None)
+    pairs = [RunPair(pair_key=f"p{k}", model=RunModel(name=f"m<{k}>", sha256="", family=None, path=None,
+                                                      size_bytes=None, param_count=None),
+                     device="pixel-7", threads=2, batch_size=1, input_size=None, repeat=0, sim=run("sim", 5.0 + k),
+                     device_run=run("pixel-7", 11.0 + 2 * k)) for k in range(3)]
+    pairs.append(pairs[0].model_copy(update={"device": "uncalibrated-phone"}))
     charts = pair_charts(store, pairs)
     assert [c.title for c in charts] == ["pixel-7 · 2 thread(s): device vs sim latency",
                                          "uncalibrated-phone · 2 thread(s): device vs sim latency"]
@@ -196,9 +201,9 @@ def test_pairs_get_a_scatter_with_the_devices_calibration_band_and_predictions_s
     assert "&lt;0&gt;" in calibrated and "<0>" not in calibrated.replace("<title>", "")
     assert 'class="band"' not in svg.render(charts[1]) and "no latency calibration" in charts[1].note
 
-    record = {"model": {"name": "net-9"}, "threads": 2, "repeat": 0, "latency_ms": {"avg": 7.0},
-              "predictions": {"pixel-7": {"latency": {"estimate": 15.2, "low": 14.1, "high": 16.3, "version": 1,
-                                                      "same_sim_budget": False}}, "<phone>": None}}
+    record = run_record(model={"name": "net-9"}, threads=2, repeat=0, latency_ms={"avg": 7.0},
+                        predictions={"pixel-7": {"latency": {"estimate": 15.2, "low": 14.1, "high": 16.3, "version": 1,
+                                                             "same_sim_budget": False}}, "<phone>": None})
     html = pages.predictions_table([record])
     assert "15.2" in html and "14.1 – 16.3 (calibrated under another sim budget)" in html
     assert "no calibration" in html and "&lt;phone&gt;" in html

@@ -10,14 +10,20 @@ import datetime as dt
 import hashlib
 import math
 from html import escape
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 from urllib.parse import quote, urlencode
 
 from farm.controller.scheduling.store_file import StoreFile
 from farm.web import svg
 from farm.web.views import (MIN_LOO_MODELS, ACTIVITIES, CONNECTIONS, FAILURES_SHOWN, HEALTHS, LAB_ROWS_SHOWN, AverageRow,
                             CalibrationSummary, CalibrationView, CompareView, DeviceLine, Failure, JobView, LabFilter, LabPage, LabView,
-                            Sweep, is_contended, lab_page)
+                            Sweep, lab_page)
+from farm.controller.analysis.results import RunPair, is_contended, json_number
+from farm.proto.questions import RunRecord
+
+if TYPE_CHECKING:
+    from farm.controller.analysis.compare import VariantRow
+    from farm.controller.analysis.pareto import ParetoGroup
 
 CONTENDED_MARK = "!"
 
@@ -334,42 +340,44 @@ def jobs_list(jobs: list[dict[str, Any]], total: int) -> str:
                           ("created", "num"), ("progress", "num")], rows, caption)
 
 
-def job_progress_part(job: dict[str, Any], progress: dict[str, int]) -> str:
-    return (f'<p>status {status_span(job["status"], progress, "job-status")}</p>'
+def job_progress_part(status: str, progress: dict[str, int]) -> str:
+    return (f'<p>status {status_span(status, progress, "job-status")}</p>'
             f'<div id="job-progress-bar">{progress_bar(progress)}</div>')
 
 
-def _budget(r: dict[str, Any]) -> str:
-    lim = r["limits"] or {}
-    text = f"{lim['cpus']:g} cpu" if lim.get("cpus") else "no cpu cap"
-    if lim.get("memory_mb"):
-        text += f", {lim['memory_mb']:g} MB"
+def _budget(r: RunRecord) -> str:
+    lim = r.limits
+    text = f"{lim.cpus:g} cpu" if lim.cpus else "no cpu cap"
+    if lim.memory_mb:
+        text += f", {lim.memory_mb:g} MB"
     return text
+
+
+def _result_row(r: RunRecord, earlier: list[dict[str, Any]]) -> list[tuple[Any, str]]:
+    """One run's row of the results table: each cell's sort value and its HTML."""
+    avg, p50, p90, std = ((getattr(r.latency_ms, k) if r.latency_ms else None) for k in ("avg", "p50", "p90", "std"))
+    status = r.status if not r.failure_class else f"{r.status} ({r.failure_class})"
+    why = ""
+    if r.status == "failed" and r.failure_class and r.message:
+        first = r.message.strip().splitlines()[0] if r.message.strip() else ""
+        why = f'<a href="#failure-{e(r.task)}" class="why">{e(first[:160])}</a>'
+    mark = attempt_note(r.attempts, earlier)
+    if r.status == "completed" and is_contended(r):
+        mark += (f' <abbr class="contended" title="contended: other work used the run\'s cores; calibrate, predict '
+                 f'and rank leave it out">{CONTENDED_MARK}</abbr>')
+    return [(r.model.name, e(r.model.name)), (r.target, e(r.target)), (r.threads, e(r.threads)),
+            (r.batch_size, e(r.batch_size)), (r.input_size, e(r.input_size or "—")),
+            (r.accelerator, e(r.accelerator)), (r.repeat, e(r.repeat)),
+            (status, f'<span class="status {e(r.status)}">{e(status)}</span>{mark}'),
+            (avg, num(avg)), (p50, num(p50)), (p90, num(p90)), (std, num(std)),
+            (r.peak_memory_mb, num(r.peak_memory_mb)), (r.avg_memory_mb, num(r.avg_memory_mb)),
+            (r.cpu_percent.avg, num(r.cpu_percent.avg)), (r.wall_s, num(r.wall_s)), (_budget(r), e(_budget(r))),
+            (r.backend, e(r.backend or "—")), (r.message if why else "", why)]
 
 
 def results_part(view: JobView) -> str:
     records = view.records
-    rows = []
-    for r in records:
-        lat = r["latency_ms"] or {}
-        status = r["status"] if not r["failure_class"] else f'{r["status"]} ({r["failure_class"]})'
-        why = ""
-        if r["status"] == "failed" and r["failure_class"] and r["message"]:
-            first = r["message"].strip().splitlines()[0] if r["message"].strip() else ""
-            why = f'<a href="#failure-{e(r["task"])}" class="why">{e(first[:160])}</a>'
-        mark = attempt_note(r.get("attempts"), view.earlier.get(r["task"], []))
-        if r["status"] == "completed" and is_contended(r):
-            mark += (f' <abbr class="contended" title="contended: other work used the run\'s cores; calibrate, predict '
-                    f'and rank leave it out">{CONTENDED_MARK}</abbr>')
-        rows.append([(r["model"]["name"], e(r["model"]["name"])), (r["target"], e(r["target"])), (r["threads"], e(r["threads"])),
-                     (r["batch_size"], e(r["batch_size"])), (r["input_size"], e(r["input_size"] or "—")),
-                     (r.get("accelerator", "cpu"), e(r.get("accelerator", "cpu"))), (r["repeat"], e(r["repeat"])), (status, f'<span class="status {e(r["status"])}">{e(status)}</span>{mark}'),
-                     (lat.get("avg"), num(lat.get("avg"))), (lat.get("p50"), num(lat.get("p50"))),
-                     (lat.get("p90"), num(lat.get("p90"))), (lat.get("std"), num(lat.get("std"))),
-                     (r["peak_memory_mb"], num(r["peak_memory_mb"])), (r["avg_memory_mb"], num(r["avg_memory_mb"])),
-                     ((r["cpu_percent"] or {}).get("avg"), num((r["cpu_percent"] or {}).get("avg"))),
-                     (r["wall_s"], num(r["wall_s"])), (_budget(r), e(_budget(r))),
-                     (r["backend"], e(r["backend"] or "—")), (r["message"] if why else "", why)])
+    rows = [_result_row(r, view.earlier.get(r.task, [])) for r in records]
     contended = sum(is_contended(r) for r in records)
     caption = (f"{CONTENDED_MARK} contended ({contended} run(s)): other work used the run's cores, its figures are not "
                "the budget's" if contended else "")
@@ -427,41 +435,45 @@ def averages_table(rows: list[AverageRow]) -> str:
                    (a.peak_memory_mb, num(a.peak_memory_mb)), (a.avg_memory_mb, num(a.avg_memory_mb))] for a in rows])
 
 
-def pairs_table(pairs: list[dict[str, Any]]) -> str:
+def pairs_table(pairs: list[RunPair]) -> str:
     rows = []
     for p in pairs:
-        s_lat = (p["sim"]["latency_ms"] or {}).get("avg")
-        d_lat = (p["device_run"]["latency_ms"] or {}).get("avg")
+        s_lat = _avg(p.sim)
+        d_lat = _avg(p.device_run)
         ratio = d_lat / s_lat if s_lat and d_lat else None
-        mark = f" {CONTENDED_MARK}" if is_contended(p["sim"]) else ""
-        rows.append([(p["model"]["name"], e(p["model"]["name"])), (p["device"], e(p["device"])), (p["threads"], e(p["threads"])),
-                     (p["repeat"], e(p["repeat"])), (s_lat, num(s_lat) + mark), (d_lat, num(d_lat)), (ratio, num(ratio)),
-                     (p["sim"]["peak_memory_mb"], num(p["sim"]["peak_memory_mb"])),
-                     (p["device_run"]["peak_memory_mb"], num(p["device_run"]["peak_memory_mb"]))])
+        mark = f" {CONTENDED_MARK}" if is_contended(p.sim) else ""
+        rows.append([(p.model.name, e(p.model.name)), (p.device, e(p.device)), (p.threads, e(p.threads)),
+                     (p.repeat, e(p.repeat)), (s_lat, num(s_lat) + mark), (d_lat, num(d_lat)), (ratio, num(ratio)),
+                     (p.sim.peak_memory_mb, num(p.sim.peak_memory_mb)),
+                     (p.device_run.peak_memory_mb, num(p.device_run.peak_memory_mb))])
     return table("pairs", [("model", "text"), ("device", "text"), ("threads", "num"), ("repeat", "num"),
                            ("sim latency ms", "num"), ("device latency ms", "num"), ("device / sim", "num"),
                            ("sim peak MB", "num"), ("device peak MB", "num")], rows)
 
 
-def predictions_table(records: list[dict[str, Any]]) -> str:
+def predictions_table(records: list[RunRecord]) -> str:
     """Each completed run with each device's calibrated latency estimate and its interval."""
     rows = []
     for r in records:
-        for device, entry in sorted((r.get("predictions") or {}).items()):
-            lat = (entry or {}).get("latency") or {}
-            interval = (f"{num(lat.get('low'))} – {num(lat.get('high'))}" if lat else "no calibration")
+        for device, entry in sorted((r.predictions or {}).items()):
+            lat = entry.get("latency") if isinstance(entry, dict) else None
+            if not isinstance(lat, dict):
+                lat = {}
+            low, high, estimate = (json_number(lat, k) for k in ("low", "high", "estimate"))
+            version = lat.get("version")
+            interval = (f"{num(low)} – {num(high)}" if lat else "no calibration")
             note = "" if not lat or lat.get("same_sim_budget") else " (calibrated under another sim budget)"
-            rows.append([(r["model"]["name"], e(r["model"]["name"])), (r["threads"], e(r["threads"])),
-                         (r["repeat"], e(r["repeat"])), (_avg(r), num(_avg(r))), (device, e(device)),
-                         (lat.get("estimate"), num(lat.get("estimate"))), (lat.get("low"), e(interval + note)),
-                         (lat.get("version"), e(lat.get("version", "—")))])
+            rows.append([(r.model.name, e(r.model.name)), (r.threads, e(r.threads)),
+                         (r.repeat, e(r.repeat)), (_avg(r), num(_avg(r))), (device, e(device)),
+                         (estimate, num(estimate)), (low, e(interval + note)),
+                         (version, e("—" if version is None else version))])
     return table("predictions", [("model", "text"), ("threads", "num"), ("repeat", "num"), ("sim latency ms", "num"),
                                  ("device", "text"), ("predicted ms", "num"), ("interval", "num"),
                                  ("calibration version", "num")], rows)
 
 
-def _avg(r: dict[str, Any]) -> float | None:
-    return (r.get("latency_ms") or {}).get("avg")
+def _avg(r: RunRecord) -> float | None:
+    return r.latency_ms.avg if r.latency_ms else None
 
 
 def sweep_part(sweep: Sweep, index: int) -> str:
@@ -478,23 +490,22 @@ VARIANT_FIGURES = (("energy_per_inference_mj", "mJ/inference"), ("agreement_cosi
                    ("agreement_top1", "top-1 agreement"), ("accuracy_top1", "accuracy top-1"))
 
 
-def variants_table(variants: list[dict[str, Any]], names: tuple[str, str] = ("source", "variant"),
+def variants_table(variants: list[VariantRow], names: tuple[str, str] = ("source", "variant"),
                    table_id: str = "variants") -> str:
     """A job's quantized variants beside their sources (`farm compare JOB`'s figures), noise judged over repeats;
     energy and the dataset's agreement/accuracy where both sides measured them."""
-    def arrow(a: Any, b: Any, scale: float = 1.0) -> tuple[Any, str]:
-        if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+    def arrow(a: float | None, b: float | None, scale: float = 1.0) -> tuple[float | None, str]:
+        if a is None or b is None:
             return (None, "—")
         return (b / scale, e(f"{num(a / scale)} → {num(b / scale)}"))
 
-    extra = [(key, header) for key, header in VARIANT_FIGURES
-             if any(v.get(f"{key}_a") is not None and v.get(f"{key}_b") is not None for v in variants)]
-    rows = [[(v["source"], e(v["source"])), (v["variant"], e(v["variant"])), (v["method"], e(v["method"] or "—")),
-             (v["target"], e(v["target"])), (v["accelerator"], e(v["accelerator"])), (v["threads"], e(v["threads"])),
-             arrow(v["size_a"], v["size_b"], 1e6), arrow(v["latency_a"], v["latency_b"]),
-             (v["latency_change"], e(f"{v['latency_change']:+.0%}") if v["latency_change"] is not None else "—"),
-             arrow(v["memory_a"], v["memory_b"]), *[arrow(v.get(f"{key}_a"), v.get(f"{key}_b")) for key, _ in extra],
-             (v["verdict"], e(v["verdict"] or "—"))] for v in variants]
+    extra = [(key, header) for key, header in VARIANT_FIGURES if any(v.figures.get(key) for v in variants)]
+    rows = [[(v.source, e(v.source)), (v.variant, e(v.variant)), (v.method, e(v.method or "—")),
+             (v.target, e(v.target)), (v.accelerator, e(v.accelerator)), (v.threads, e(v.threads)),
+             arrow(v.size_a, v.size_b, 1e6), arrow(v.latency_a, v.latency_b),
+             (v.latency_change, e(f"{v.latency_change:+.0%}") if v.latency_change is not None else "—"),
+             arrow(v.memory_a, v.memory_b), *[arrow(*v.sides(key)) for key, _ in extra],
+             (v.verdict, e(v.verdict or "—"))] for v in variants]
     return table(table_id, [(names[0], "text"), (names[1], "text"), ("method", "text"), ("on", "text"),
                               ("unit", "text"), ("threads", "num"), ("size MB", "num"), ("latency avg ms", "num"),
                               ("Δ latency", "num"), ("peak MB", "num"), *[(h, "num") for _, h in extra],
@@ -502,18 +513,18 @@ def variants_table(variants: list[dict[str, Any]], names: tuple[str, str] = ("so
                  "before → after; noise: Welch's t at 95 % over the repeats (farm compare JOB has every figure)")
 
 
-def pareto_part(pareto: list[tuple[dict[str, Any], svg.Chart]]) -> str:
+def pareto_part(pareto: list[tuple[ParetoGroup, svg.Chart]]) -> str:
     """Accuracy against latency per setting: the chart, then every model with the front marked."""
     parts = []
     for i, (group, chart) in enumerate(pareto):
-        rows = [[(p["label"], e(p["label"])), (p["latency_avg_ms"], e(num(p["latency_avg_ms"]))),
-                 (p["quality"], e(num(p["quality"]))),
-                 (p["runs"], e(f"{p['runs']}{' (contended)' if p['contended'] else ''}")),
-                 (0 if p["on_front"] else 1, e("on the front" if p["on_front"] else
-                                               "dominated by " + ", ".join(p["dominated_by"])))]
-                for p in group["points"]]
+        rows = [[(p.label, e(p.label)), (p.latency_avg_ms, e(num(p.latency_avg_ms))),
+                 (p.quality, e(num(p.quality))),
+                 (p.runs, e(f"{p.runs}{' (contended)' if p.contended else ''}")),
+                 (0 if p.on_front else 1, e("on the front" if p.on_front else
+                                            "dominated by " + ", ".join(p.dominated_by)))]
+                for p in group.points]
         parts.append(f'<figure class="pareto" id="pareto-chart-{i}">{svg.render(chart)}</figure>' + table(
-            f"pareto-{i}", [("model", "text"), ("latency avg ms", "num"), (group["quality_label"], "num"),
+            f"pareto-{i}", [("model", "text"), ("latency avg ms", "num"), (group.quality_label, "num"),
                             ("runs", "num"), ("Pareto", "text")], rows,
             "dominated: another model is at least as fast and as accurate, and better in one (means over the runs)"))
     return "".join(parts)
@@ -536,43 +547,43 @@ def compare_page(view: CompareView) -> str:
              f'<p class="downloads">download <a href="/compare/{e(a)}/{e(b)}.csv" download>CSV</a> · '
              f'<a href="/compare/{e(a)}/{e(b)}.json" download>JSON</a></p>']
     if view.rows:
-        matched = "; ".join(f"{p['model_b']['name']}: {p['matched_by']}" for p in report["pairs"])
+        matched = "; ".join(f"{p.model_b.name}: {p.matched_by}" for p in report.pairs)
         parts.append('<h2 id="before-after">Before → after</h2>'
                      + variants_table(view.rows, ("A", "B"), "compare") + f'<p class="note">paired by {e(matched)}</p>')
     else:
         parts.append('<p class="message">No model pair with a run condition in common: '
-                     + e(" ".join(report["notes"]) or "the jobs share no model name, no `farm quantize` lineage, and "
+                     + e(" ".join(report.notes) or "the jobs share no model name, no `farm quantize` lineage, and "
                          "are not one model each") + "</p>")
-    if report["unmatched_a"] or report["unmatched_b"]:
-        parts.append(f'<p class="note">not paired: A {e(", ".join(report["unmatched_a"]) or "—")}; B '
-                     f'{e(", ".join(report["unmatched_b"]) or "—")}</p>')
+    if report.unmatched_a or report.unmatched_b:
+        parts.append(f'<p class="note">not paired: A {e(", ".join(report.unmatched_a) or "—")}; B '
+                     f'{e(", ".join(report.unmatched_b) or "—")}</p>')
     if view.pareto:
         parts.append('<h2 id="pareto">Accuracy against latency (Pareto)</h2>' + pareto_part(view.pareto))
-    parts += [f'<p class="note">{e(note)}</p>' for note in [*report["notes"], *view.pareto_notes]]
+    parts += [f'<p class="note">{e(note)}</p>' for note in [*report.notes, *view.pareto_notes]]
     return "".join(parts)
 
 
 def job_page(view: JobView, *, csrf: str, may_cancel: bool) -> str:
     job = view.job
-    job_id = job["id"]
+    job_id = job.id
     cancel = ""
-    if may_cancel and job["status"] in ("queued", "running"):
+    if may_cancel and job.status in ("queued", "running"):
         cancel = (f'<form method="post" action="/jobs/{job_id}/cancel" class="inline" data-confirm="Cancel job {job_id}? '
                   f'Its unfinished tasks stop and are not run again."><input type="hidden" name="csrf" '
                   f'value="{e(csrf)}"><button class="danger" id="cancel">cancel job</button></form>')
-    parts = [f'<p class="meta">{e(job["name"])} · {e(job["kind"])} · priority {e(job["priority"])} · created '
-             f'{e(when(job["created_at"]))} {cancel}</p>',
+    parts = [f'<p class="meta">{e(job.name)} · {e(job.kind)} · priority {e(job.priority)} · created '
+             f'{e(when(job.created_at))} {cancel}</p>',
              f'<p class="downloads">download <a href="/jobs/{job_id}/results.csv" download>CSV</a> · '
              f'<a href="/jobs/{job_id}/results.json" download>JSON</a></p>', compare_form(job_id)]
-    if job.get("message"):
-        parts.append(f'<p class="message">{e(job["message"])}</p>')
+    if job.message:
+        parts.append(f'<p class="message">{e(job.message)}</p>')
     if view.failures:
         shown = view.failures[:FAILURES_SHOWN]
         more = (f"<p>The first {len(shown)} are shown; the JSON download has all {len(view.failures)}.</p>"
                 if len(view.failures) > len(shown) else "")
         parts.append(f'<h2 id="failures">Why {len(view.failures)} run(s) failed</h2>{more}' + "".join(
             failure_section(f, f"failure-{f.task}") for f in shown))
-    parts.append(live("job-progress", f"/jobs/{job_id}?part=progress", job_progress_part(job, view.progress)))
+    parts.append(live("job-progress", f"/jobs/{job_id}?part=progress", job_progress_part(job.status, view.progress)))
     parts.append("<h2>Results</h2>" + live("job-results", f"/jobs/{job_id}?part=results", results_part(view), 5))
     if view.averages and any(a.runs > 1 or a.contended for a in view.averages):
         parts.append("<h2>Averages over repeats</h2>" + averages_table(view.averages))
@@ -584,7 +595,7 @@ def job_page(view: JobView, *, csrf: str, may_cancel: bool) -> str:
         parts.append("<h2>Variants beside their source (farm quantize)</h2>" + variants_table(view.variants))
     if view.pareto:
         parts.append('<h2 id="pareto">Accuracy against latency (Pareto)</h2>' + pareto_part(view.pareto))
-    predicted = [r for r in view.records if r.get("predictions")]
+    predicted = [r for r in view.records if r.predictions]
     if predicted:
         parts.append("<h2>Predictions beside the runs (predict_for)</h2>" + predictions_table(predicted))
     if view.sweeps:

@@ -29,10 +29,10 @@ from importlib import resources
 from typing import Any, Callable
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
-from farm.controller.analysis.export import results_csv, to_json
+from farm.controller.analysis.export import results_csv, rows_csv, to_json
 from farm.controller.auth import Identity, TlsFiles, TokenTable, bearer_token, is_loopback
 from farm.controller.scheduling.controller import Controller
-from farm.controller.analysis.results import record_dicts
+from farm.controller.analysis.results import run_records
 from farm.controller import service as answers
 from farm.controller.scheduling.store_file import StoreFile, StoreFileWatch
 from farm.controller.store import Store
@@ -476,16 +476,16 @@ class DashboardApp:
         job_row = self.readable_job(job_id, identity)
         if download:
             # the JSON carries each run's op profile (as `farm results --ops`); the CSV stays one row a run
-            records = record_dicts(self.store, job_id, ops=download == "json")
-            data = results_csv(records) if download == "csv" else to_json(records)
+            records = run_records(self.store, job_id, ops=download == "json")
+            data = results_csv(records) if download == "csv" else to_json([r.model_dump() for r in records])
             kind = "text/csv; charset=utf-8" if download == "csv" else "application/json"
             return Response(HTTPStatus.OK, data.encode(), kind,
                             {"Content-Disposition": f'attachment; filename="farm-job-{job_id}.{download}"'})
         if query.get("part") == "progress":
-            job, summary = plain(self.store.jobs.get(job_id)), views.job_summary(self.store, job_id)
+            job, summary = self.store.jobs.get(job_id), views.job_summary(self.store, job_id)
             if job is None or summary is None:  # removed since the check above
                 raise HttpRefused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
-            return Response(HTTPStatus.OK, pages.job_progress_part(job, summary["progress"]).encode())
+            return Response(HTTPStatus.OK, pages.job_progress_part(job.status, summary["progress"]).encode())
         view = views.job_view(self.store, job_id)
         if view is None:
             raise HttpRefused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
@@ -515,10 +515,11 @@ class DashboardApp:
             name = f"farm-compare-{job_a['id']}-{job_b['id']}.{download}"
             if download == "csv":
                 rows = flat_rows(view.report)
-                data = results_csv(rows) if rows else "job_a,job_b,model_a,model_b\n"
+                data = rows_csv(rows) if rows else "job_a,job_b,model_a,model_b\n"
                 kind = "text/csv; charset=utf-8"
             else:
-                data, kind = to_json({**view.report, "pareto": view.pareto_data}), "application/json"
+                data = to_json({**view.report.model_dump(), "pareto": view.pareto_data.model_dump()})
+                kind = "application/json"
             return Response(HTTPStatus.OK, data.encode(), kind, {"Content-Disposition": f'attachment; filename="{name}"'})
         return page(f"Compare job {job_a['id']} → job {job_b['id']}", pages.compare_page(view), "jobs")
 

@@ -16,13 +16,18 @@ from typing import TYPE_CHECKING, Any, Callable
 from farm.controller.analysis.calibration import FitResult
 from farm.controller.analysis.calibrations import METRICS, current_calibration, model_features, stored_calibration
 from farm.controller.operations.refresh import last_reference_checks
-from farm.controller.analysis.results import paired_records, record_dicts
+from farm.controller.analysis.results import RunPair, is_contended, paired_records, run_records
 from farm.controller.store import Store
-from farm.controller.store.rows import CalibrationRow, LatestCalibration, QueuedWork, plain, plain_rows
+from farm.controller.store.rows import CalibrationRow, JobRow, LatestCalibration, QueuedWork, plain, plain_rows
 from farm.web.svg import Band, Chart
 
 if TYPE_CHECKING:  # sessions.py brings the gRPC messages; `farm web` over a store never needs them
+    from pydantic import JsonValue
+
+    from farm.controller.analysis.compare import Comparison, VariantRow
+    from farm.controller.analysis.pareto import ParetoGroup, ParetoView
     from farm.controller.scheduling.sessions import Sessions
+    from farm.proto.questions import RunRecord
 
 JOBS_SHOWN = 200  # newest jobs on the jobs page; older ones by URL
 DEVICES_PER_PAGE = 50  # a 200-device lab is four short pages, not one 69,000 px one
@@ -287,41 +292,36 @@ class Failure:
 
 @dataclass
 class JobView:
-    job: dict[str, Any]
+    job: JobRow
     progress: dict[str, int]
-    records: list[dict[str, Any]]
+    records: list[RunRecord]
     averages: list[AverageRow]
-    pairs: list[dict[str, Any]]
+    pairs: list[RunPair]
     sweeps: list[Sweep]
-    op_tables: list[tuple[str, list[str], list[list[Any]]]]  # (title, columns, rows)
+    op_tables: list[tuple[str, list[str], list[list[JsonValue]]]]  # (title, columns, rows)
     failures: list[Failure] = field(default_factory=list)
     pair_charts: list[Chart] = field(default_factory=list)  # device vs sim, with the device's current calibration
     earlier: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # task -> its runs before the counted one
-    variants: list[dict[str, Any]] = field(default_factory=list)  # `farm quantize` variants beside their sources
-    pareto: list[tuple[dict[str, Any], Chart]] = field(default_factory=list)  # accuracy vs latency per setting
-
-
-def is_contended(record: dict[str, Any]) -> bool:
-    return bool((record.get("contention") or {}).get("contended"))
+    variants: list[VariantRow] = field(default_factory=list)  # `farm quantize` variants beside their sources
+    pareto: list[tuple[ParetoGroup, Chart]] = field(default_factory=list)  # accuracy vs latency per setting
 
 
 def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def averages(records: list[dict[str, Any]]) -> list[AverageRow]:
-    groups: dict[tuple[str, str, str, int, int, int | None, float | None], list[dict[str, Any]]] = {}
+def averages(records: list[RunRecord]) -> list[AverageRow]:
+    groups: dict[tuple[str, str, str, int, int, int | None, float | None], list[RunRecord]] = {}
     for r in records:
-        key = (r["model"]["name"], r["model"]["sha256"], r["target"], r["threads"], r["batch_size"], r["input_size"],
-               (r.get("limits") or {}).get("cpus"))
+        key = (r.model.name, r.model.sha256, r.target, r.threads, r.batch_size, r.input_size, r.limits.cpus)
         groups.setdefault(key, []).append(r)
     rows = []
     for (model, _, target, threads, batch, size, cpus), group in groups.items():
-        done = [r for r in group if r["status"] == "completed"]
+        done = [r for r in group if r.status == "completed"]
         quiet = [r for r in done if not is_contended(r)]
-        lat = [r["latency_ms"]["avg"] for r in quiet if r["latency_ms"] and r["latency_ms"].get("avg") is not None]
-        peak = [r["peak_memory_mb"] for r in quiet if r["peak_memory_mb"] is not None]
-        avg_mem = [r["avg_memory_mb"] for r in quiet if r["avg_memory_mb"] is not None]
+        lat = [r.latency_ms.avg for r in quiet if r.latency_ms and r.latency_ms.avg is not None]
+        peak = [r.peak_memory_mb for r in quiet if r.peak_memory_mb is not None]
+        avg_mem = [r.avg_memory_mb for r in quiet if r.avg_memory_mb is not None]
         rows.append(AverageRow(model, target, threads, batch, size, cpus, len(quiet), len(done) - len(quiet), _mean(lat),
                                statistics.stdev(lat) if len(lat) > 1 else None, _mean(peak), _mean(avg_mem)))
     return rows
@@ -371,14 +371,11 @@ def sweep_charts(rows: list[AverageRow]) -> list[Sweep]:
     return sweeps
 
 
-def _op_table(profile: Any) -> tuple[list[str], list[list[Any]]] | None:
-    """A record's `op_profile` as columns and rows: a list of per-op objects, or a mapping op -> figures."""
-    if isinstance(profile, dict):
-        profile = [{"op": name, **(value if isinstance(value, dict) else {"value": value})}
-                   for name, value in profile.items()]
-    if not isinstance(profile, list) or not profile:
-        return None
+def _op_table(profile: list[JsonValue]) -> tuple[list[str], list[list[JsonValue]]] | None:
+    """A record's `op_profile` (a list of per-op objects: op types, then nodes) as columns and rows."""
     rows = [p for p in profile if isinstance(p, dict)][:OP_ROWS_SHOWN]
+    if not rows:
+        return None
     columns: list[str] = []
     for p in rows:
         columns += [str(k) for k in p if str(k) not in columns and not isinstance(p[k], (dict, list))]
@@ -388,23 +385,23 @@ def _op_table(profile: Any) -> tuple[list[str], list[list[Any]]] | None:
 _PEAK_IN_MESSAGE = re.compile(r"peak (?:reached )?([0-9.]+) ?MiB")
 
 
-def run_title(r: dict[str, Any]) -> str:
-    return f"{r['model']['name']} @ {r['target']} · threads {r['threads']} · repeat {r['repeat']}"
+def run_title(r: RunRecord) -> str:
+    return f"{r.model.name} @ {r.target} · threads {r.threads} · repeat {r.repeat}"
 
 
-def failures(records: list[dict[str, Any]], log_tails: dict[int, str]) -> list[Failure]:
+def failures(records: list[RunRecord], log_tails: dict[int, str]) -> list[Failure]:
     """Every failed task's class and message with its evidence, as the store keeps it."""
     out = []
     for r in records:
-        if r["status"] != "failed" or not r["failure_class"]:
+        if r.status != "failed" or not r.failure_class:
             continue
-        message = r["message"] or ""
-        tail = log_tails.get(r["run"], "") if r["run"] is not None else ""
-        failure = Failure(r["task"], run_title(r), r["failure_class"], message,
+        message = r.message or ""
+        tail = log_tails.get(r.run, "") if r.run is not None else ""
+        failure = Failure(r.task, run_title(r), r.failure_class, message,
                           log_lines=tail.rstrip("\n").splitlines()[-LOG_LINES_SHOWN:] if tail else [])
-        if r["failure_class"] == "resource":
-            failure.memory_limit_mb = (r["limits"] or {}).get("memory_mb")
-            failure.memory_peak_mb = r["peak_memory_mb"]
+        if r.failure_class == "resource":
+            failure.memory_limit_mb = r.limits.memory_mb
+            failure.memory_peak_mb = r.peak_memory_mb
             found = _PEAK_IN_MESSAGE.search(message)
             if failure.memory_peak_mb is None and found:
                 try:  # the sandbox's own words when no telemetry row survived the kill
@@ -421,18 +418,18 @@ def failures(records: list[dict[str, Any]], log_tails: dict[int, str]) -> list[F
 
 
 def job_view(store: Store, job_id: int) -> JobView | None:
-    job = plain(store.jobs.get(job_id))
+    job = store.jobs.get(job_id)
     if job is None:
         return None
     progress = job_progress(store.jobs.task_counts(job_id))
-    records = record_dicts(store, job_id, ops=True)  # with each run's op profile: the per-operator tables
+    records = run_records(store, job_id, ops=True)  # with each run's op profile: the per-operator tables
     rows = averages(records)
     tables = []
     for r in records:
-        table = _op_table(r.get("op_profile"))
+        table = _op_table(r.op_profile)
         if table:
             tables.append((run_title(r), *table))
-    failed_runs = [r["run"] for r in records if r["status"] == "failed" and r["run"] is not None]
+    failed_runs = [r.run for r in records if r.status == "failed" and r.run is not None]
     pairs = paired_records(records)
     from farm.controller.analysis.compare import sidecar_lineage, variant_rows  # sidecars only: no model parsed per visit
     return JobView(job, progress, records, rows, pairs, sweep_charts(rows), tables,
@@ -447,11 +444,11 @@ class CompareView:
 
     job_a: dict[str, Any]
     job_b: dict[str, Any]
-    report: dict[str, Any]  # compare_records' answer
-    rows: list[dict[str, Any]]  # one flat row per pair and setting (compare.variant_row)
-    pareto: list[tuple[dict[str, Any], Chart]]
+    report: Comparison  # compare_records' answer
+    rows: list[VariantRow]  # one flat row per pair and setting (compare.variant_row)
+    pareto: list[tuple[ParetoGroup, Chart]]
     pareto_notes: list[str]
-    pareto_data: dict[str, Any]  # pareto()'s answer, for the JSON download
+    pareto_data: ParetoView  # pareto()'s answer, for the JSON download
 
 
 def compare_view(store: Store, job_a: dict[str, Any], job_b: dict[str, Any]) -> CompareView:
@@ -460,53 +457,53 @@ def compare_view(store: Store, job_a: dict[str, Any], job_b: dict[str, Any]) -> 
     from farm.controller.analysis.pareto import pareto
 
     a, b = int(job_a["id"]), int(job_b["id"])
-    records_a = record_dicts(store, a)
-    records_b = records_a if b == a else record_dicts(store, b)
+    records_a = run_records(store, a)
+    records_b = records_a if b == a else run_records(store, b)
     report = compare_records(records_a, records_b, job_a=a, job_b=b, lineage_of=sidecar_lineage)
     both = [(a, records_a)] + ([] if b == a else [(b, records_b)])
     view = pareto(both)
-    return CompareView(job_a, job_b, report, [variant_row(p, r) for p in report["pairs"] for r in p["rows"]],
-                       _charts(view["groups"]), view["notes"], view)
+    return CompareView(job_a, job_b, report, [variant_row(p, r) for p in report.pairs for r in p.rows],
+                       _charts(view.groups), view.notes, view)
 
 
 MAX_PARETO_CHARTS = 12  # one per setting (target, unit, threads, batch, size, budget)
 
 
-def pareto_charts(job_id: int, records: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Chart]]:
+def pareto_charts(job_id: int, records: list[RunRecord]) -> list[tuple[ParetoGroup, Chart]]:
     """Accuracy against latency per setting (controller/analysis/pareto.py), each with its chart: the front as a
     line, every model a labelled point; empty for a job without `workload.dataset` figures."""
     from farm.controller.analysis.pareto import pareto
 
-    return _charts(pareto([(job_id, records)])["groups"])
+    return _charts(pareto([(job_id, records)]).groups)
 
 
-def _charts(groups: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Chart]]:
+def _charts(groups: list[ParetoGroup]) -> list[tuple[ParetoGroup, Chart]]:
     from farm.controller.analysis.pareto import group_title
 
     found = []
     for group in groups[:MAX_PARETO_CHARTS]:
-        front = [(p["latency_avg_ms"], p["quality"]) for p in group["points"] if p["on_front"]]
+        front = [(p.latency_avg_ms, p.quality) for p in group.points if p.on_front]
         chart = Chart(title=f"Pareto · {group_title(group)}", x_label="latency avg (ms)",
-                      y_label=group["quality_label"], series={"Pareto front": front},
-                      points=[(p["label"] + ("" if p["on_front"] else " (dominated)"), p["latency_avg_ms"], p["quality"])
-                              for p in group["points"]], point_axes=("latency ms", group["quality_metric"]))
+                      y_label=group.quality_label, series={"Pareto front": front},
+                      points=[(p.label + ("" if p.on_front else " (dominated)"), p.latency_avg_ms, p.quality)
+                              for p in group.points], point_axes=("latency ms", group.quality_metric))
         found.append((group, chart))
     return found
 
 
-def _avg_latency(record: dict[str, Any]) -> float | None:
-    return (record.get("latency_ms") or {}).get("avg")
+def _avg_latency(record: RunRecord) -> float | None:
+    return record.latency_ms.avg if record.latency_ms else None
 
 
-def pair_charts(store: Store, pairs: list[dict[str, Any]]) -> list[Chart]:
+def pair_charts(store: Store, pairs: list[RunPair]) -> list[Chart]:
     """One scatter per device and thread count: this job's pairs, with the line and band of the device's current
     latency calibration (what `farm predict` would use), so a point off the band stands out."""
-    groups: dict[tuple[str, int, str | None, int], list[dict[str, Any]]] = {}  # device, threads, runtime, batch
+    groups: dict[tuple[str, int, str | None, int], list[RunPair]] = {}  # device, threads, runtime, batch
     for p in pairs:
-        groups.setdefault((p["device"], p["threads"], p["device_run"].get("runtime"), p["batch_size"]), []).append(p)
+        groups.setdefault((p.device, p.threads, p.device_run.runtime, p.batch_size), []).append(p)
     charts = []
     for (device, threads, runtime, batch), group in sorted(groups.items(), key=lambda g: str(g[0])):
-        points = [(p["model"]["name"], _avg_latency(p["sim"]), _avg_latency(p["device_run"])) for p in group]
+        points = [(p.model.name, _avg_latency(p.sim), _avg_latency(p.device_run)) for p in group]
         finite = [(m, x, y) for m, x, y in points if x is not None and y is not None]
         chart = Chart(f"{device} · {threads} thread(s): device vs sim latency", "sim latency avg (ms)",
                       "device latency avg (ms)", points=finite)
@@ -516,9 +513,9 @@ def pair_charts(store: Store, pairs: list[dict[str, Any]]) -> list[Chart]:
             fit = cal.chosen_fit
             chart.note = f"calibration v{stored.version}: {fit.formula}\nR² = {fit.r2:.3f}"
             if fit.features_used:  # no single line in x: each model's predicted value with its interval
-                by_name = {p["model"]["name"]: p["model"] for p in group}
+                by_name = {p.model.name: p.model for p in group}
                 for name, x, _ in finite:
-                    f = fit.predict(x, features=model_features(by_name[name]), confidence=cal.confidence)
+                    f = fit.predict(x, features=model_features(by_name[name].model_dump()), confidence=cal.confidence)
                     chart.error_bars.append((x, f.estimate, f.low, f.high))
             else:
                 lo, hi = min(x for _, x, _ in finite), max(x for _, x, _ in finite)

@@ -11,16 +11,15 @@ runs and its spec. Rendered where the store is, as `farm report JOB` is; every s
 
 from __future__ import annotations
 
-from typing import Any
-
-from farm.controller.analysis.compare import compare_records, lineage_at_path
+from farm.controller.analysis.compare import ComparedCell, Comparison, JudgedFigure, compare_records, lineage_at_path
 from farm.controller.analysis.plots import Figure
 from farm.controller.analysis.report import (
     STYLE, ReportError, _e, _e_lines, _failures, _g, _table, _when, pareto_section, results_section, spec_yaml,
 )
-from farm.controller.analysis.results import average_repeats, record_dicts
+from farm.controller.analysis.results import average_repeats, run_records
 from farm.controller.store import Store
 from farm.controller.store.rows import JobRow
+from farm.proto.questions import RunRecord
 
 # the figures the page judges, in its order: (key in compare's metrics, what a person reads, lower is better)
 FIGURES: tuple[tuple[str, str, bool], ...] = (
@@ -36,34 +35,34 @@ FIGURES: tuple[tuple[str, str, bool], ...] = (
 )
 
 
-def _judged(m: dict[str, Any], lower_is_better: bool) -> str:
+def _judged(m: JudgedFigure, lower_is_better: bool) -> str:
     """B against A in words: which way, and whether it is inside the run-to-run noise."""
-    if m["noise"] == "unknown":
-        return f"{m['verdict']}: no judgement of the noise"
-    if m["noise"] == "within":
+    if m.noise == "unknown":
+        return f"{m.verdict}: no judgement of the noise"
+    if m.noise == "within":
         return "inside the run-to-run noise: no difference shown"
-    better = (m["diff"] < 0) == lower_is_better
+    better = (m.diff < 0) == lower_is_better
     return f"beyond the run-to-run noise: B is {'better' if better else 'worse'}"
 
 
-def _change(m: dict[str, Any]) -> str:
-    return f"{m['change']:+.1%}" if m.get("change") is not None else "—"
+def _change(m: JudgedFigure) -> str:
+    return f"{m.change:+.1%}" if m.change is not None else "—"
 
 
-def _condition(row: dict[str, Any]) -> str:
-    budget = f", {_g(row['cpus'], 3)} cpu" if row.get("cpus") is not None else ""
-    unit = f" {row['accelerator']}" if row["accelerator"] != "cpu" else ""
-    return f"{row['target']}{unit}, {row['threads']} thread(s), batch {row['batch_size']}{budget}"
+def _condition(row: ComparedCell) -> str:
+    budget = f", {_g(row.cpus, 3)} cpu" if row.cpus is not None else ""
+    unit = f" {row.accelerator}" if row.accelerator != "cpu" else ""
+    return f"{row.target}{unit}, {row.threads} thread(s), batch {row.batch_size}{budget}"
 
 
-def summary_section(report: dict[str, Any]) -> str:
+def summary_section(report: Comparison) -> str:
     """A line per pair and condition: each figure both sides have, A → B, its change and the noise verdict."""
     items = []
-    for pair in report["pairs"]:
-        names = f"{pair['model_a']['name']} → {pair['model_b']['name']}"
-        for row in pair["rows"]:
-            said = [f"{label} {_g(m['a'])} → {_g(m['b'])} ({_change(m)}), {_judged(m, lower)}"
-                    for key, label, lower in FIGURES if (m := row["metrics"].get(key)) is not None]
+    for pair in report.pairs:
+        names = f"{pair.model_a.name} → {pair.model_b.name}"
+        for row in pair.rows:
+            said = [f"{label} {_g(m.a)} → {_g(m.b)} ({_change(m)}), {_judged(m, lower)}"
+                    for key, label, lower in FIGURES if (m := row.metrics.get(key)) is not None]
             items.append(f"<li><b>{_e(names)}</b> on {_e(_condition(row))}: "
                          + ("; ".join(_e(s) for s in said) or "no figure on both sides") + "</li>")
     if not items:
@@ -71,38 +70,38 @@ def summary_section(report: dict[str, Any]) -> str:
     return f"<ul class=summary>{''.join(items)}</ul>"
 
 
-def pairs_table(report: dict[str, Any]) -> str:
+def pairs_table(report: Comparison) -> str:
     """Every figure of every pair and condition, one row each: A, B, the change, the noise verdict in full."""
-    def mb(n: Any) -> str:
+    def mb(n: int | None) -> str:
         return _g(n / 1e6, 3) if isinstance(n, (int, float)) else "—"
 
     rows = []
-    for pair in report["pairs"]:
-        names = f"{pair['model_a']['name']} → {pair['model_b']['name']}"
-        size = pair["size"]
-        for row in pair["rows"]:
-            first = [names, pair["matched_by"], _condition(row)]
-            rows.append([*first, "file size MB", mb(size["a"]), mb(size["b"]),
-                         f"{size['ratio'] - 1:+.1%}" if size.get("ratio") else "—", "one file each: no noise"])
+    for pair in report.pairs:
+        names = f"{pair.model_a.name} → {pair.model_b.name}"
+        size = pair.size
+        for row in pair.rows:
+            first = [names, pair.matched_by, _condition(row)]
+            rows.append([*first, "file size MB", mb(size.a), mb(size.b),
+                         f"{size.ratio - 1:+.1%}" if size.ratio else "—", "one file each: no noise"])
             for key, label, _ in FIGURES:
-                m = row["metrics"].get(key)
+                m = row.metrics.get(key)
                 if m is not None:
-                    rows.append([*first, label, _g(m["a"]), _g(m["b"]), _change(m), m["verdict"]])
+                    rows.append([*first, label, _g(m.a), _g(m.b), _change(m), m.verdict])
     if not rows:
         return ""
     return _table(["model A → B", "paired by", "condition", "figure", "A", "B", "change", "noise (Welch's t, 95 %)"],
                   rows)
 
 
-def _job_part(job_id: int, job: JobRow, records: list[dict[str, Any]], label: str) -> str:
-    done = sum(r["status"] == "completed" for r in records)
+def _job_part(job_id: int, job: JobRow, records: list[RunRecord], label: str) -> str:
+    done = sum(r.status == "completed" for r in records)
     when = "".join(f" · {word} {_when(moment)}" for word, moment in (("created", job.created_at),
                                                                      ("finished", job.finished_at)) if moment)
     spec = spec_yaml(job.spec_json or "{}")
-    targets = sorted({r["target"] for r in records})
+    targets = sorted({r.target for r in records})
     return (f"<h2 id=job{job_id}>{label}: job {job_id} · {_e(job.name or '')}</h2>"
             f"<p>status <b>{_e(job.status)}</b> · {len(records)} run(s), {done} completed · "
-            f"{len({r['model']['sha256'] for r in records})} model(s) · on {_e(', '.join(targets) or '—')}{_e(when)}</p>"
+            f"{len({r.model.sha256 for r in records})} model(s) · on {_e(', '.join(targets) or '—')}{_e(when)}</p>"
             f"{_failures(records)}<div class=wrap>{results_section(average_repeats(records))}</div>"
             f"<details><summary>job {job_id} as submitted (YAML, {len(spec.splitlines())} lines)</summary>"
             f"<pre>{_e_lines(spec)}</pre></details>")
@@ -114,25 +113,25 @@ def build_compare_report(store: Store, job_a: int, job_b: int) -> tuple[str, lis
     if job_a == job_b:
         raise ReportError(f"`farm report {job_a} {job_b}` compares two jobs; give two different ones (`farm report "
                           f"{job_a}` alone has its own variants, made by `farm quantize`, beside their sources).")
-    jobs: dict[int, tuple[JobRow, list[dict[str, Any]]]] = {}
+    jobs: dict[int, tuple[JobRow, list[RunRecord]]] = {}
     for job_id in (job_a, job_b):
         job = store.jobs.get(job_id)
         if job is None:
             raise ReportError(f"no job {job_id} in {store.location}; `farm jobs` lists the jobs there.")
-        jobs[job_id] = (job, record_dicts(store, job_id))
+        jobs[job_id] = (job, run_records(store, job_id))
     (info_a, records_a), (info_b, records_b) = jobs[job_a], jobs[job_b]
     report = compare_records(records_a, records_b, job_a=job_a, job_b=job_b, lineage_of=lineage_at_path)
     warnings = [f"job {job_id} has no completed run: it has nothing to compare; `farm status` and `farm results` "
-                "say why." for job_id, (_, records) in jobs.items() if not any(r["status"] == "completed" for r in records)]
-    if not report["pairs"]:
+                "say why." for job_id, (_, records) in jobs.items() if not any(r.status == "completed" for r in records)]
+    if not report.pairs:
         warnings.append(f"jobs {job_a} and {job_b} share no model: none has the same name, none was made from the "
                         f"other's (`farm quantize` lineage), and they are not one model each. A: "
-                        f"{', '.join(report['unmatched_a']) or 'none'}; B: {', '.join(report['unmatched_b']) or 'none'}")
-    warnings += [f"{note}." for note in report["notes"]]
+                        f"{', '.join(report.unmatched_a) or 'none'}; B: {', '.join(report.unmatched_b) or 'none'}")
+    warnings += [f"{note}." for note in report.notes]
     figures: list[Figure] = []
     front = pareto_section(job_a, records_a, figures, more=[(job_b, records_b)])
-    left = [f"A {', '.join(report['unmatched_a'])}" if report["unmatched_a"] else "",
-            f"B {', '.join(report['unmatched_b'])}" if report["unmatched_b"] else ""]
+    left = [f"A {', '.join(report.unmatched_a)}" if report.unmatched_a else "",
+            f"B {', '.join(report.unmatched_b)}" if report.unmatched_b else ""]
     unpaired = "; ".join(x for x in left if x)
     toc = [("summary", "Summary"), ("table", "Before → after"), *([("pareto", "Accuracy and latency")] if front else []),
            (f"job{job_a}", f"Job {job_a}"), (f"job{job_b}", f"Job {job_b}")]
@@ -142,7 +141,7 @@ def build_compare_report(store: Store, job_a: int, job_b: int) -> tuple[str, lis
 <title>{title} · {_e(info_a.name or '')} → {_e(info_b.name or '')}</title><style>{STYLE}</style></head><body>
 <h1>{title}</h1>
 <p>before: job {job_a} · {_e(info_a.name or '')} ({len(records_a)} run(s)) · after: job {job_b} ·
- {_e(info_b.name or '')} ({len(records_b)} run(s)) · {len(report['pairs'])} model pair(s)</p>
+ {_e(info_b.name or '')} ({len(records_b)} run(s)) · {len(report.pairs)} model pair(s)</p>
 <nav>{' · '.join(f"<a href='#{a}'>{t}</a>" for a, t in toc)}</nav>
 {''.join(f"<p class=warn>⚠ {_e(w)}</p>" for w in warnings)}
 <h2 id=summary>Summary</h2>{summary_section(report) or '<p class=note>no model pair with completed runs under one condition</p>'}

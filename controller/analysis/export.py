@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from farm.proto import strict_json
 
+if TYPE_CHECKING:  # the CLI's --json loads no pydantic until a command has answers to print
+    from pydantic import JsonValue
 
-def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    from farm.proto.questions import RunRecord
+
+
+def _flatten(prefix: str, value: JsonValue, out: dict[str, JsonValue]) -> None:
     if isinstance(value, dict):
         for k, v in value.items():
             _flatten(f"{prefix}.{k}" if prefix else k, v, out)
@@ -23,15 +29,21 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
-def _csv_cell(value: Any) -> Any:
+def _csv_cell(value: JsonValue) -> JsonValue:
     return "'" + value if isinstance(value, str) and value.startswith(FORMULA_START) else value
 
 
-def results_csv(records: list[dict[str, Any]]) -> str:
+def results_csv(records: list[RunRecord]) -> str:
+    """One row per run, its nested figures as dotted columns (latency_ms.avg); tool versions left out."""
+    return rows_csv([r.model_dump(exclude={"tool_versions"}) for r in records])
+
+
+def rows_csv(data: Sequence[Mapping[str, JsonValue]]) -> str:
+    """Rows of JSON values as CSV: nested objects as dotted columns, the columns in the order first met."""
     rows = []
-    for r in records:
-        flat: dict[str, Any] = {}
-        _flatten("", {k: v for k, v in r.items() if k != "tool_versions"}, flat)
+    for r in data:
+        flat: dict[str, JsonValue] = {}
+        _flatten("", dict(r), flat)
         rows.append({k: _csv_cell(v) for k, v in flat.items()})
     fields: list[str] = []
     for row in rows:

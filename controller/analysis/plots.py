@@ -16,9 +16,9 @@ from __future__ import annotations
 import io
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
@@ -31,6 +31,10 @@ from matplotlib.transforms import Bbox  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from farm.proto.escape import printable  # noqa: E402
+
+if TYPE_CHECKING:
+    from farm.controller.analysis.pareto import ParetoGroup
+    from farm.proto.questions import RunRecord
 
 DPI = 100
 PLOT_TEXT_LIMIT = 60  # characters of a name in a figure; tables beside it carry the whole name
@@ -67,11 +71,11 @@ def _finite(v: Any) -> float | None:
 
 
 # --- what a record is, for a plot ------------------------------------------------------------
-def input_size_of(record: dict[str, Any]) -> int | None:
+def input_size_of(record: RunRecord) -> int | None:
     """The input size a run had: the matrix's, else the size in the model's name (`_r160`)."""
-    if record.get("input_size"):
-        return int(record["input_size"])
-    m = _INPUT_SUFFIX.search(record["model"]["name"])
+    if record.input_size:
+        return int(record.input_size)
+    m = _INPUT_SUFFIX.search(record.model.name)
     return int(m.group(1)) if m else None
 
 
@@ -79,21 +83,21 @@ def model_stem(name: str) -> str:
     return _INPUT_SUFFIX.sub("", name)
 
 
-def family_of(record: dict[str, Any]) -> str:
-    return record["model"].get("family") or model_stem(record["model"]["name"])
+def family_of(record: RunRecord) -> str:
+    return record.model.family or model_stem(record.model.name)
 
 
-def latency_of(r: dict[str, Any]) -> float | None:
-    return _finite((r.get("latency_ms") or {}).get("avg"))
+def latency_of(r: RunRecord) -> float | None:
+    return _finite(r.latency_ms.avg) if r.latency_ms else None
 
 
-def latency_sd_of(r: dict[str, Any]) -> float | None:
-    return _finite((r.get("latency_ms") or {}).get("std"))
+def latency_sd_of(r: RunRecord) -> float | None:
+    return _finite(r.latency_ms.std) if r.latency_ms else None
 
 
-def throughput_of(r: dict[str, Any]) -> float | None:
+def throughput_of(r: RunRecord) -> float | None:
     """Inferences per second: the record's own figure, else from the average latency."""
-    own = _finite(r.get("throughput_per_s"))
+    own = _finite(r.throughput_per_s)
     if own is not None:
         return own
     lat = latency_of(r)
@@ -104,25 +108,25 @@ def throughput_of(r: dict[str, Any]) -> float | None:
 class Param:
     key: str
     label: str
-    value: Callable[[dict[str, Any]], Any]
+    value: Callable[[RunRecord], float | None]
 
 
 PARAMS: tuple[Param, ...] = (
-    Param("threads", "threads", lambda r: r["threads"]),
-    Param("cpus", "CPU budget (cores)", lambda r: (r.get("limits") or {}).get("cpus")),
-    Param("batch_size", "batch size", lambda r: r["batch_size"]),
+    Param("threads", "threads", lambda r: r.threads),
+    Param("cpus", "CPU budget (cores)", lambda r: r.limits.cpus),
+    Param("batch_size", "batch size", lambda r: r.batch_size),
     Param("input_size", "input size (px)", input_size_of),
 )
-METRICS: tuple[tuple[str, str, Callable[[dict[str, Any]], float | None]], ...] = (
+METRICS: tuple[tuple[str, str, Callable[[RunRecord], float | None]], ...] = (
     ("latency", "latency, avg (ms)", latency_of),
     ("throughput", "throughput (inferences/s)", throughput_of),
-    ("memory", "peak memory (MB)", lambda r: _finite(r.get("peak_memory_mb"))),
+    ("memory", "peak memory (MB)", lambda r: _finite(r.peak_memory_mb)),
 )
 
 
-def _follows(records: list[dict[str, Any]], dependent: Param, on: Param) -> bool:
+def _follows(records: Sequence[RunRecord], dependent: Param, on: Param) -> bool:
     """True when `dependent` is a function of `on` in these records (cpus = threads by default)."""
-    seen: dict[Any, Any] = {}
+    seen: dict[float | None, float] = {}
     for r in records:
         a, b = on.value(r), dependent.value(r)
         if b is None:  # a device run has no budget imposed: it neither follows nor breaks the rule
@@ -132,7 +136,7 @@ def _follows(records: list[dict[str, Any]], dependent: Param, on: Param) -> bool
     return True
 
 
-def swept_params(records: list[dict[str, Any]]) -> list[Param]:
+def swept_params(records: Sequence[RunRecord]) -> list[Param]:
     """Parameters with two or more values; the CPU budget only where it moves apart from threads."""
     swept = [p for p in PARAMS if len({p.value(r) for r in records if p.value(r) is not None}) >= 2]
     threads = PARAMS[0]
@@ -141,34 +145,34 @@ def swept_params(records: list[dict[str, Any]]) -> list[Param]:
     return swept
 
 
-def _series_label(r: dict[str, Any], x: Param, others: list[Param]) -> str:
-    name = model_stem(r["model"]["name"]) if x.key == "input_size" else r["model"]["name"]
+def _series_label(r: RunRecord, x: Param, others: list[Param]) -> str:
+    name = model_stem(r.model.name) if x.key == "input_size" else r.model.name
     parts = [plain(name, 40)]
     short = {"threads": "t", "cpus": "cpu ", "batch_size": "b", "input_size": "r"}
     for p in others:
-        if p.key == "input_size" and not r.get("input_size"):
+        if p.key == "input_size" and not r.input_size:
             continue  # the model's own size, already in its name
         v = p.value(r)
         parts.append(f"{short[p.key]}{v:g}" if isinstance(v, (int, float)) else f"{short[p.key]}—")
-    if r["target"] != "sim":
-        parts.append(f"on {plain(r['target'], 30)}")
+    if r.target != "sim":
+        parts.append(f"on {plain(r.target, 30)}")
     return " ".join(parts)
 
 
-def single_point_series(records: list[dict[str, Any]], x: Param, others: list[Param]) -> list[str]:
+def single_point_series(records: Sequence[RunRecord], x: Param, others: list[Param]) -> list[str]:
     """The lines sweep_figure leaves out: a model and setting with fewer than two values of `x` (no line to draw)."""
-    series: dict[str, set[Any]] = {}
+    series: dict[str, set[float]] = {}
     for r in records:
         if x.value(r) is not None:
-            series.setdefault(_series_label(r, x, others), set()).add(x.value(r))
+            series.setdefault(_series_label(r, x, others), set()).add(x.value(r) or 0.0)
     return sorted(label for label, xs in series.items() if len(xs) < 2)
 
 
-def sweep_figure(family: str, records: list[dict[str, Any]], x: Param, others: list[Param]) -> Figure | None:
+def sweep_figure(family: str, records: Sequence[RunRecord], x: Param, others: list[Param]) -> Figure | None:
     """Latency, throughput and peak memory against one swept parameter, a line per model and setting.
 
     records: averaged over repeats (one per cell), completed only."""
-    series: dict[str, list[dict[str, Any]]] = {}
+    series: dict[str, list[RunRecord]] = {}
     for r in records:
         if x.value(r) is not None:
             series.setdefault(_series_label(r, x, others), []).append(r)
@@ -180,7 +184,7 @@ def sweep_figure(family: str, records: list[dict[str, Any]], x: Param, others: l
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
     for ax, (_, ylabel, value) in zip(axes, METRICS):
         for label, runs in shown.items():
-            runs = sorted(runs, key=x.value)
+            runs = sorted(runs, key=lambda r: x.value(r) or 0.0)
             xs = [x.value(r) for r in runs]
             ys = [value(r) for r in runs]
             if ylabel.startswith("latency"):
@@ -190,7 +194,7 @@ def sweep_figure(family: str, records: list[dict[str, Any]], x: Param, others: l
                 ax.plot(xs, [math.nan if y is None else y for y in ys], marker="o", ms=4, label=label)
         ax.set_xlabel(x.label)
         ax.set_ylabel(ylabel)
-        ax.set_xticks(sorted({x.value(r) for runs in shown.values() for r in runs}))
+        ax.set_xticks(sorted({x.value(r) or 0.0 for runs in shown.values() for r in runs}))
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
     title = f"{plain(family)} · against {x.label}"
@@ -204,29 +208,29 @@ def sweep_figure(family: str, records: list[dict[str, Any]], x: Param, others: l
     return Figure(safe_file_name(f"sweep-{family}-{x.key}") + ".png", png_bytes(fig), f"{family} against {x.label}")
 
 
-def overview_figure(records: list[dict[str, Any]]) -> Figure | None:
+def overview_figure(records: Sequence[RunRecord]) -> Figure | None:
     """Every cell side by side (horizontal bars, names readable): latency and peak memory."""
-    rows = [r for r in records if latency_of(r) is not None or r.get("peak_memory_mb") is not None]
+    rows = [r for r in records if latency_of(r) is not None or r.peak_memory_mb is not None]
     if not rows:
         return None
     total = len(rows)
     rows = rows[:MAX_BARS]
     labels = []
     for r in rows:
-        bits = [plain(r["model"]["name"], 48), f"t{r['threads']}"]
-        if r["batch_size"] != 1:
-            bits.append(f"b{r['batch_size']}")
-        if r.get("input_size"):
-            bits.append(f"r{r['input_size']}")
-        if r["target"] != "sim":
-            bits.append(f"on {plain(r['target'], 24)}")
+        bits = [plain(r.model.name, 48), f"t{r.threads}"]
+        if r.batch_size != 1:
+            bits.append(f"b{r.batch_size}")
+        if r.input_size:
+            bits.append(f"r{r.input_size}")
+        if r.target != "sim":
+            bits.append(f"on {plain(r.target, 24)}")
         labels.append(" ".join(bits))
     height = max(2.6, 0.28 * len(rows) + 1.2)
     fig, (lat, mem) = plt.subplots(1, 2, figsize=(12, height), sharey=True)
     ys = list(range(len(rows)))
     lat.barh(ys, [latency_of(r) or 0.0 for r in rows], xerr=[latency_sd_of(r) or 0.0 for r in rows],
              color="tab:blue", capsize=2)
-    mem.barh(ys, [_finite(r.get("peak_memory_mb")) or 0.0 for r in rows], color="tab:green")
+    mem.barh(ys, [_finite(r.peak_memory_mb) or 0.0 for r in rows], color="tab:green")
     lat.set_yticks(ys, labels, fontsize=7)
     lat.invert_yaxis()
     lat.set_xlabel("latency, avg ± sd (ms)")
@@ -286,22 +290,22 @@ def telemetry_figure(model: str, runs: list[tuple[str, list[dict[str, Any]]]]) -
 
 
 # --- one figure per question: a family on every target and thread count --------------------
-def _whole_run_of(r: dict[str, Any]) -> float | None:
-    return _finite(r.get("whole_run_s")) if _finite(r.get("whole_run_s")) is not None else _finite(r.get("wall_s"))
+def _whole_run_of(r: RunRecord) -> float | None:
+    return _finite(r.whole_run_s) if _finite(r.whole_run_s) is not None else _finite(r.wall_s)
 
 
-FAMILY_PANELS: tuple[tuple[str, str, Callable[[dict[str, Any]], float | None]], ...] = (
+FAMILY_PANELS: tuple[tuple[str, str, Callable[[RunRecord], float | None]], ...] = (
     ("latency", "latency, avg (ms)", latency_of),
     ("whole_run", "whole run (s)", _whole_run_of),
-    ("peak_memory", "peak memory (MB)", lambda r: _finite(r.get("peak_memory_mb"))),
-    ("avg_memory", "average memory (MB)", lambda r: _finite(r.get("avg_memory_mb"))),
+    ("peak_memory", "peak memory (MB)", lambda r: _finite(r.peak_memory_mb)),
+    ("avg_memory", "average memory (MB)", lambda r: _finite(r.avg_memory_mb)),
 )
 _TARGET_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
                    "tab:olive", "tab:cyan", "tab:grey")
 _THREAD_STYLES = (("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."), ("v", "-"), ("P", "--"))
 
 
-def family_panels(records: list[dict[str, Any]]) -> list[tuple[str, str, Callable[[dict[str, Any]], float | None]]]:
+def family_panels(records: Sequence[RunRecord]) -> list[tuple[str, str, Callable[[RunRecord], float | None]]]:
     """What a family figure plots: latency and peak memory for a benchmark; for scripts (no per-inference
     latency) whole-run time, peak and average memory, the figures the published Jetson experiment shows."""
     has = {key: any(value(r) is not None for r in records) for key, _, value in FAMILY_PANELS}
@@ -309,38 +313,38 @@ def family_panels(records: list[dict[str, Any]]) -> list[tuple[str, str, Callabl
     return [p for p in FAMILY_PANELS if p[0] in wanted and has[p[0]]]
 
 
-def _setting(r: dict[str, Any]) -> str:
-    bits = [f"t{r['threads']}"]
-    if r["batch_size"] != 1:
-        bits.append(f"b{r['batch_size']}")
-    if r.get("input_size"):
-        bits.append(f"r{r['input_size']}")
+def _setting(r: RunRecord) -> str:
+    bits = [f"t{r.threads}"]
+    if r.batch_size != 1:
+        bits.append(f"b{r.batch_size}")
+    if r.input_size:
+        bits.append(f"r{r.input_size}")
     return " ".join(bits)
 
 
-def family_figure(family: str, records: list[dict[str, Any]]) -> Figure | None:
+def family_figure(family: str, records: Sequence[RunRecord]) -> Figure | None:
     """Every target (the sim and each device) and thread count of one family on one chart per metric:
     x the family's models (fastest in the sim first), a line per target and setting — colour the
     target, marker and dash the thread count. records: averaged over repeats, completed only."""
     panels = family_panels(records)
     if not panels:
         return None
-    targets = sorted({r["target"] for r in records}, key=lambda t: (t != "sim", t))
+    targets = sorted({r.target for r in records}, key=lambda t: (t != "sim", t))
     settings = sorted({_setting(r) for r in records}, key=lambda s: [int(p[1:]) if p[1:].isdigit() else 0 for p in s.split()])
     first = panels[0][2]
     order: dict[str, tuple[int, float]] = {}  # fastest in the sim first; models without a sim run after
     for r in records:
         v = first(r)
         if v is not None:
-            order[r["model"]["name"]] = min(order.get(r["model"]["name"], (2, math.inf)), (r["target"] != "sim", v))
-    models = sorted({r["model"]["name"] for r in records}, key=lambda m: (*order.get(m, (2, math.inf)), m))
+            order[r.model.name] = min(order.get(r.model.name, (2, math.inf)), (int(r.target != "sim"), v))
+    models = sorted({r.model.name for r in records}, key=lambda m: (*order.get(m, (2, math.inf)), m))
     if len(models) > MAX_BARS:
         models = models[:MAX_BARS]
     position = {m: i for i, m in enumerate(models)}
-    series: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    series: dict[tuple[str, str], list[RunRecord]] = {}
     for r in records:
-        if r["model"]["name"] in position:
-            series.setdefault((r["target"], _setting(r)), []).append(r)
+        if r.model.name in position:
+            series.setdefault((r.target, _setting(r)), []).append(r)
     keys = sorted(series, key=lambda k: (targets.index(k[0]), settings.index(k[1])))
     dropped = max(0, len(keys) - 2 * MAX_LINES)
     keys = keys[:2 * MAX_LINES]
@@ -349,8 +353,8 @@ def family_figure(family: str, records: list[dict[str, Any]]) -> Figure | None:
     for ax, (_, ylabel, value) in zip(axes[0], panels):
         shown: list[float] = []
         for target, setting in keys:
-            runs = sorted(series[(target, setting)], key=lambda r: position[r["model"]["name"]])
-            xs = [position[r["model"]["name"]] for r in runs]
+            runs = sorted(series[(target, setting)], key=lambda r: position[r.model.name])
+            xs = [position[r.model.name] for r in runs]
             ys = [value(r) for r in runs]
             shown += [y for y in ys if y is not None and y > 0]
             marker, dash = _THREAD_STYLES[settings.index(setting) % len(_THREAD_STYLES)]
@@ -405,26 +409,26 @@ def place_labels(ax: Axes, points: Iterable[tuple[float, float]], labels: Iterab
     return texts
 
 
-def pareto_figure(title: str, group: dict[str, Any]) -> Figure | None:
+def pareto_figure(title: str, group: ParetoGroup) -> Figure | None:
     """Accuracy (or agreement) against latency for one setting's models (controller/analysis/pareto.py): the front
     as a step line through its points, dominated models hollow and grey, each point labelled where room allows."""
-    points = [p for p in group["points"] if _finite(p["latency_avg_ms"]) is not None and _finite(p["quality"]) is not None]
+    points = [p for p in group.points if _finite(p.latency_avg_ms) is not None and _finite(p.quality) is not None]
     if not points:
         return None
     fig, ax = plt.subplots(figsize=(6.4, 4.8))
-    front = sorted((p for p in points if p["on_front"]), key=lambda p: p["latency_avg_ms"])
-    dominated = [p for p in points if not p["on_front"]]
-    ax.plot([p["latency_avg_ms"] for p in front], [p["quality"] for p in front], drawstyle="steps-post",
+    front = sorted((p for p in points if p.on_front), key=lambda p: p.latency_avg_ms)
+    dominated = [p for p in points if not p.on_front]
+    ax.plot([p.latency_avg_ms for p in front], [p.quality for p in front], drawstyle="steps-post",
             color="#1f77b4", marker="o", ms=7, label="Pareto front")
     if dominated:
-        ax.scatter([p["latency_avg_ms"] for p in dominated], [p["quality"] for p in dominated], s=40,
+        ax.scatter([p.latency_avg_ms for p in dominated], [p.quality for p in dominated], s=40,
                    facecolors="none", edgecolors="#888888", label="dominated")
     ax.set_xlabel("latency avg (ms) · lower is better")
-    ax.set_ylabel(f"{group['quality_label']} · higher is better")
+    ax.set_ylabel(f"{group.quality_label} · higher is better")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     ax.set_title(plain(title, limit=90), fontsize=9)
     fig.tight_layout()
-    place_labels(ax, [(p["latency_avg_ms"], p["quality"]) for p in [*front, *dominated]],
-                 [p["label"] for p in [*front, *dominated]])
+    place_labels(ax, [(p.latency_avg_ms, p.quality) for p in [*front, *dominated]],
+                 [p.label for p in [*front, *dominated]])
     return Figure(safe_file_name(f"pareto-{title}") + ".png", png_bytes(fig), f"Pareto: {title}")

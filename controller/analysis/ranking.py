@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from statistics import mean
-from typing import Any
 
 from scipy.stats import kendalltau
 
 from farm.controller.analysis.calibrations import CalibrationError, contended_left_out, current_calibration, job_values
 from farm.controller.store import Store
+from farm.proto.questions import RankAnswer, RankColumn, RankGroup
 
 
 class RankError(ValueError):
@@ -60,7 +60,7 @@ def _tau(reference: dict[str, float], other: dict[str, float]) -> float | None:
 
 
 def rank_job(store: Store, job: int, metric: str, *, device_jobs: list[int], devices: list[str],
-             include_contended: bool = False) -> dict[str, Any]:
+             include_contended: bool = False) -> RankAnswer:
     """Per cell: the sim column (sim runs only), a column per device the job (or a device job) measured,
     and a predicted column per calibrated device; τ against the sim over the models both sides have."""
     try:
@@ -78,21 +78,21 @@ def rank_job(store: Store, job: int, metric: str, *, device_jobs: list[int], dev
     for cell in sorted(sim):
         threads, batch_size, input_size = cell
         sim_values = {m: v for m, (v, _, _) in sim[cell].items()}
-        columns: list[dict[str, Any]] = [{"name": f"sim (job {job})", "kendall_tau": None,
-                                          "order": sorted(sim_values.items(), key=lambda kv: kv[1]), "notes": []}]
+        columns = [RankColumn(name=f"sim (job {job})", kendall_tau=None,
+                              order=sorted(sim_values.items(), key=lambda kv: kv[1]), notes=[])]
         for name, by_cell in measured:
             values = {m: v for m, (v, _, _) in by_cell.get(cell, {}).items()}
-            columns.append({"name": name, "kendall_tau": _tau(sim_values, values),
-                            "order": sorted(values.items(), key=lambda kv: kv[1]), "notes": []})
+            columns.append(RankColumn(name=name, kendall_tau=_tau(sim_values, values),
+                                      order=sorted(values.items(), key=lambda kv: kv[1]), notes=[]))
         for device in devices:
             columns.append(_predicted_column(store, device, metric, cell, sim[cell]))
-        groups.append({"threads": threads, "batch_size": batch_size, "input_size": input_size or None,
-                       "columns": columns})
-    return {"job": job, "metric": metric, "groups": groups, "contended_left_out": left_out}
+        groups.append(RankGroup(threads=threads, batch_size=batch_size, input_size=input_size or None,
+                                columns=columns))
+    return RankAnswer(job=job, metric=metric, groups=groups, contended_left_out=left_out)
 
 
 def _predicted_column(store: Store, device: str, metric: str, cell: Cell,
-                      sim_cell: dict[str, tuple[float, str | None, dict[str, float]]]) -> dict[str, Any]:
+                      sim_cell: dict[str, tuple[float, str | None, dict[str, float]]]) -> RankColumn:
     """A device's predictions from the calibration that applies to each model's family; a model with
     none gets a note and stays out of the order and of τ (never a made-up 0 ms)."""
     threads, batch_size, input_size = cell
@@ -116,5 +116,5 @@ def _predicted_column(store: Store, device: str, metric: str, cell: Cell,
             continue
         predicted[model] = estimate
     sim_values = {m: v for m, (v, _, _) in sim_cell.items()}
-    return {"name": f"{device} (predicted)", "kendall_tau": _tau(sim_values, predicted),
-            "order": sorted(predicted.items(), key=lambda kv: kv[1]), "notes": notes}
+    return RankColumn(name=f"{device} (predicted)", kendall_tau=_tau(sim_values, predicted),
+                      order=sorted(predicted.items(), key=lambda kv: kv[1]), notes=notes)

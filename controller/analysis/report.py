@@ -22,19 +22,22 @@ import json
 import logging
 import math
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
+from pydantic import JsonValue
 
 from farm.controller.analysis import plots
 from farm.controller.analysis.calibrations import METRICS, StoredCalibration, stored_calibration
 from farm.controller.analysis.plots import Figure, plain, safe_file_name
 from farm.controller.analysis.ranking import RankError, rank_job
-from farm.controller.analysis.results import average_repeats, record_dicts
+from farm.controller.analysis.results import AveragedRecord, average_repeats, is_contended, json_number, run_records
 from farm.controller.store import Store
 from farm.controller.store.rows import CalibrationRow, plain_rows
 from farm.proto.escape import cut_list, printable
+from farm.proto.questions import RankGroup, RunModel, RunRecord
 
 FIGURE_SIZE_IN = (6.4, 4.8)
 MAX_TELEMETRY_FIGURES = 12  # one per model; a job of hundreds of models keeps its samples in the store
@@ -253,70 +256,73 @@ def rankings_section(store: Store, job_id: int, calibrations: list[StoredCalibra
         except RankError as e:  # an empty ranking says why
             parts.append(f"<p class=note>{_e(metric)}: not ranked: {_e(e)}</p>")
             continue
-        if ranking["contended_left_out"]:
-            parts.append(f"<p class=note>{_e(metric)}: {ranking['contended_left_out']} contended run(s) left out of "
+        if ranking.contended_left_out:
+            parts.append(f"<p class=note>{_e(metric)}: {ranking.contended_left_out} contended run(s) left out of "
                          "the ranking (<code>farm rank --include-contended</code> uses them)</p>")
-        for group in ranking["groups"]:
+        for group in ranking.groups:
             parts.append(_ranking_group(metric, group))
     return "".join(parts) or "<p>no completed runs to rank</p>"
 
 
-def _ranking_group(metric: str, group: dict[str, Any]) -> str:
+def _ranking_group(metric: str, group: RankGroup) -> str:
     """One cell's ranking table, then which models a column lacks and why (none left out silently)."""
-    cols = group["columns"]
-    headers = ["#"] + [f"{c['name']}" + (f" (τ = {c['kendall_tau']:.2f})" if c["kendall_tau"] is not None else "")
-                       for c in cols]
-    rows = [[i + 1] + [f"{col['order'][i][0]} ({_g(col['order'][i][1])} {_unit(metric)})"
-                       if i < len(col["order"]) else "" for col in cols]
-            for i in range(max(len(c["order"]) for c in cols))]
-    ranked = {m for m, _ in cols[0]["order"]}
-    notes = [f"{c['name']}: no completed figure for {cut_list(sorted(ranked - {m for m, _ in c['order']}))}"
-             for c in cols[1:] if ranked - {m for m, _ in c["order"]}]
-    notes += [n for c in cols for n in c["notes"]]
-    return (f"<h3>{_e(metric)} · {group['threads']} thread(s) · batch {group['batch_size']}</h3>{_table(headers, rows)}"
+    cols = group.columns
+    headers = ["#"] + [c.name + (f" (τ = {c.kendall_tau:.2f})" if c.kendall_tau is not None else "") for c in cols]
+    rows = [[i + 1] + [f"{col.order[i][0]} ({_g(col.order[i][1])} {_unit(metric)})" if i < len(col.order) else ""
+                       for col in cols]
+            for i in range(max(len(c.order) for c in cols))]
+    ranked = {m for m, _ in cols[0].order}
+    notes = [f"{c.name}: no completed figure for {cut_list(sorted(ranked - {m for m, _ in c.order}))}"
+             for c in cols[1:] if ranked - {m for m, _ in c.order}]
+    notes += [n for c in cols for n in c.notes]
+    return (f"<h3>{_e(metric)} · {group.threads} thread(s) · batch {group.batch_size}</h3>{_table(headers, rows)}"
             + "".join(f"<p class=note>{_e(n)}</p>" for n in notes))
 
 
 # --- results, plots, facts ------------------------------------------------------------------
-def _has(records: list[dict[str, Any]], key: str) -> bool:
-    return any(r.get(key) is not None for r in records)
+def _has(records: list[AveragedRecord], figure: Callable[[AveragedRecord], object]) -> bool:
+    return any(figure(r) is not None for r in records)
 
 
-def results_section(averaged: list[dict[str, Any]]) -> str:
+def _gpu(r: RunRecord, figure: str) -> str:
+    return _g(json_number(r.gpu, figure) if r.gpu else None, 3)
+
+
+def _latency(r: RunRecord, figure: str, digits: int = 4) -> str:
+    return _g(getattr(r.latency_ms, figure) if r.latency_ms else None, digits)
+
+
+def results_section(averaged: list[AveragedRecord]) -> str:
     """One row per cell; a column only where some run has the figure (energy: boards with rails)."""
-    columns: list[tuple[str, Any]] = [
-        ("model", lambda r: r["model"]["name"]),
-        *([("target", lambda r: r["target"])] if any(r["target"] != "sim" for r in averaged) else []),
-        ("threads", lambda r: r["threads"]),
-        ("budget (cores · MB)", lambda r: f"{_g((r['limits'] or {}).get('cpus'))} · {_g((r['limits'] or {}).get('memory_mb'))}"),
-        *([("batch", lambda r: r["batch_size"])] if any(r["batch_size"] != 1 for r in averaged) else []),
-        *([("input (px)", lambda r: r["input_size"] or "model's")] if any(r["input_size"] for r in averaged) else []),
-        *([("unit", lambda r: r.get("accelerator", "cpu"))] if any(r.get("accelerator", "cpu") != "cpu" for r in averaged)
-          else []),
-        ("runs (ok/all)", lambda r: f"{r.get('completed', 0)}/{r.get('runs', 1)}"
-         + (f", {r['contended']} contended" if r.get("contended") else "")),
-        ("status", lambda r: ("ok" if r["status"] == "completed" else r["status"])
-         + (f": {r['failure_class']}" if r["failure_class"] else "")),
-        *([("whole run (s)", lambda r: _g(r.get("whole_run_s"), 3))] if _has(averaged, "whole_run_s") else []),
-        ("latency avg ± sd (ms)", lambda r: f"{_g((r['latency_ms'] or {}).get('avg'))} ± {_g((r['latency_ms'] or {}).get('std'), 2)}"
-         if r["latency_ms"] else "—"),
-        ("latency p90 (ms)", lambda r: _g((r["latency_ms"] or {}).get("p90"))),
-        ("first (ms)", lambda r: _g((r["latency_ms"] or {}).get("first"))),
-        *([("startup (ms)", lambda r: _g(r.get("startup_ms")))] if _has(averaged, "startup_ms") else []),
+    Column = tuple[str, Callable[[AveragedRecord], object]]
+    columns: list[Column] = [
+        ("model", lambda r: r.model.name),
+        *([("target", lambda r: r.target)] if any(r.target != "sim" for r in averaged) else []),
+        ("threads", lambda r: r.threads),
+        ("budget (cores · MB)", lambda r: f"{_g(r.limits.cpus)} · {_g(r.limits.memory_mb)}"),
+        *([("batch", lambda r: r.batch_size)] if any(r.batch_size != 1 for r in averaged) else []),
+        *([("input (px)", lambda r: r.input_size or "model's")] if any(r.input_size for r in averaged) else []),
+        *([("unit", lambda r: r.accelerator)] if any(r.accelerator != "cpu" for r in averaged) else []),
+        ("runs (ok/all)", lambda r: f"{r.completed}/{r.runs}" + (f", {r.contended} contended" if r.contended else "")),
+        ("status", lambda r: ("ok" if r.status == "completed" else r.status)
+         + (f": {r.failure_class}" if r.failure_class else "")),
+        *([("whole run (s)", lambda r: _g(r.whole_run_s, 3))] if _has(averaged, lambda r: r.whole_run_s) else []),
+        ("latency avg ± sd (ms)", lambda r: f"{_latency(r, 'avg')} ± {_latency(r, 'std', 2)}" if r.latency_ms else "—"),
+        ("latency p90 (ms)", lambda r: _latency(r, "p90")),
+        ("first (ms)", lambda r: _latency(r, "first")),
+        *([("startup (ms)", lambda r: _g(r.startup_ms))] if _has(averaged, lambda r: r.startup_ms) else []),
         ("throughput (inf/s)", lambda r: _g(plots.throughput_of(r))),
-        *([("samples/s", lambda r: _g(r.get("samples_per_s")))] if _has(averaged, "samples_per_s") else []),
-        ("peak memory (MB)", lambda r: _g(r.get("peak_memory_mb"))),
-        ("avg memory (MB)", lambda r: _g(r.get("avg_memory_mb"))),
-        ("CPU avg/peak (%)", lambda r: f"{_g((r['cpu_percent'] or {}).get('avg'), 3)}/"
-                                       f"{_g((r['cpu_percent'] or {}).get('peak'), 3)}"),
-        *([("energy (mJ/inference)", lambda r: _g(r.get("energy_per_inference_mj")))]
-          if _has(averaged, "energy_per_inference_mj") else []),
-        *([("GPU power avg/peak (W)", lambda r: f"{_g((r.get('gpu') or {}).get('power_avg_w'), 3)}/"
-                                                f"{_g((r.get('gpu') or {}).get('power_peak_w'), 3)}"),
-           ("GPU memory peak (MiB)", lambda r: _g((r.get("gpu") or {}).get("memory_peak_mib")))]
-          if any(r.get("gpu") for r in averaged) else []),
-        ("wall (s)", lambda r: _g(r.get("wall_s"), 3)),
-        ("backend", lambda r: (r["backend"] or "—") + (" (approximate)" if r.get("approximate") else "")),
+        *([("samples/s", lambda r: _g(r.samples_per_s))] if _has(averaged, lambda r: r.samples_per_s) else []),
+        ("peak memory (MB)", lambda r: _g(r.peak_memory_mb)),
+        ("avg memory (MB)", lambda r: _g(r.avg_memory_mb)),
+        ("CPU avg/peak (%)", lambda r: f"{_g(r.cpu_percent.avg, 3)}/{_g(r.cpu_percent.peak, 3)}"),
+        *([("energy (mJ/inference)", lambda r: _g(r.energy_per_inference_mj))]
+          if _has(averaged, lambda r: r.energy_per_inference_mj) else []),
+        *([("GPU power avg/peak (W)", lambda r: f"{_gpu(r, 'power_avg_w')}/{_gpu(r, 'power_peak_w')}"),
+           ("GPU memory peak (MiB)", lambda r: _g(json_number(r.gpu, "memory_peak_mib") if r.gpu else None))]
+          if any(r.gpu for r in averaged) else []),
+        ("wall (s)", lambda r: _g(r.wall_s, 3)),
+        ("backend", lambda r: (r.backend or "—") + (" (approximate)" if r.approximate else "")),
     ]
     rows = [[get(r) for _, get in columns] for r in averaged]
     note = ("<p class=note>One row per model and setting: figures are the mean over its completed repeats "
@@ -326,34 +332,34 @@ def results_section(averaged: list[dict[str, Any]]) -> str:
     return _table([h for h, _ in columns], rows, "results") + note
 
 
-def _attempts(record: dict[str, Any]) -> str:
+def _attempts(record: RunRecord) -> str:
     """A failed task tried more than once is one item, its last attempt's words, saying how many there were."""
-    attempts = record.get("attempts") or 0
+    attempts = record.attempts or 0
     return f", the last of {attempts} attempts" if attempts > 1 else ""
 
 
-def _failures(records: list[dict[str, Any]]) -> str:
-    failed = [r for r in records if r["status"] == "failed"]
+def _failures(records: list[RunRecord]) -> str:
+    failed = [r for r in records if r.status == "failed"]
     if not failed:
         return ""
-    items = "".join(f"<li><b>{_e(r['model']['name'])}</b> (threads {r['threads']}, repeat {r['repeat']}, "
-                    f"{_e(r['target'])}){_e(_attempts(r))}: {_e(r['failure_class'])}: <pre class=msg>"
-                    f"{html.escape(printable(r['message'], limit=2000, multiline=True))}</pre></li>"
+    items = "".join(f"<li><b>{_e(r.model.name)}</b> (threads {r.threads}, repeat {r.repeat}, "
+                    f"{_e(r.target)}){_e(_attempts(r))}: {_e(r.failure_class)}: <pre class=msg>"
+                    f"{html.escape(printable(r.message, limit=2000, multiline=True))}</pre></li>"
                     for r in failed[:50])
     more = f"<li>… and {len(failed) - 50} more (<code>farm results JOB --format json</code>)</li>" if len(failed) > 50 else ""
     return f"<details class=warn><summary>{len(failed)} failed run(s)</summary><ul>{items}{more}</ul></details>"
 
 
-def sweep_section(averaged: list[dict[str, Any]], figures: list[Figure]) -> str:
-    done = [r for r in averaged if r["status"] == "completed" and r.get("completed", 1)]
+def sweep_section(averaged: list[AveragedRecord], figures: list[Figure]) -> str:
+    done = [r for r in averaged if r.status == "completed" and r.completed]
     parts = []
     _progress("overview figure")
     overview = plots.overview_figure(done)
     swept = plots.swept_params(done)
-    families: dict[str, list[dict[str, Any]]] = {}
+    families: dict[str, list[AveragedRecord]] = {}
     for r in done:
         families.setdefault(plots.family_of(r), []).append(r)
-    if any(r["target"] != "sim" for r in done):
+    if any(r.target != "sim" for r in done):
         # a device experiment: one figure per family with every target and thread count on it (as published)
         for family, rows in sorted(families.items()):
             _progress(f"family figure {family}")
@@ -392,23 +398,23 @@ def sweep_section(averaged: list[dict[str, Any]], figures: list[Figure]) -> str:
     return "".join(parts)
 
 
-def telemetry_section(store: Store, records: list[dict[str, Any]], figures: list[Figure]) -> str:
-    by_model: dict[str, list[dict[str, Any]]] = {}
+def telemetry_section(store: Store, records: list[RunRecord], figures: list[Figure]) -> str:
+    by_model: dict[str, list[RunRecord]] = {}
     for r in records:
-        if r["status"] == "completed" and r["run"] is not None:
-            by_model.setdefault(r["model"]["name"], []).append(r)
+        if r.status == "completed" and r.run is not None:
+            by_model.setdefault(r.model.name, []).append(r)
     parts, skipped = [], 0
     for i, (model, runs) in enumerate(sorted(by_model.items())):
         if i >= MAX_TELEMETRY_FIGURES:
             skipped += 1
             continue
         lines = []
-        ordered = sorted(runs, key=lambda r: (r["repeat"], r["target"], r["threads"], r["batch_size"], r["input_size"] or 0))
+        ordered = sorted(runs, key=lambda r: (r.repeat, r.target, r.threads, r.batch_size, r.input_size or 0))
         for r in ordered[:plots.MAX_LINES]:
-            label = f"t{r['threads']}" + (f" b{r['batch_size']}" if r["batch_size"] != 1 else "") \
-                + (f" r{r['input_size']}" if r["input_size"] else "") + (f" on {plain(r['target'], 24)}" if r["target"] != "sim" else "") \
-                + f" rep {r['repeat']}"
-            lines.append((label, plain_rows(store.runs.telemetry(r["run"]))))
+            label = f"t{r.threads}" + (f" b{r.batch_size}" if r.batch_size != 1 else "") \
+                + (f" r{r.input_size}" if r.input_size else "") + (f" on {plain(r.target, 24)}" if r.target != "sim" else "") \
+                + f" rep {r.repeat}"
+            lines.append((label, plain_rows(store.runs.telemetry(r.run or 0))))
         _progress(f"telemetry figure {model}")
         fig = plots.telemetry_figure(model, lines)
         if fig is not None:
@@ -422,14 +428,15 @@ def telemetry_section(store: Store, records: list[dict[str, Any]], figures: list
             f"{plots.MAX_LINES} runs of each model.</p>" + "".join(parts) + more)
 
 
-def facts_section(records: list[dict[str, Any]]) -> str:
-    seen: dict[tuple[str, str], dict[str, Any]] = {}  # (name, sha256) -> the record's model
+def facts_section(records: list[RunRecord]) -> str:
+    seen: dict[tuple[str, str], RunModel] = {}  # (name, sha256) -> the record's model
     for r in records:
-        seen.setdefault((r["model"]["name"], r["model"]["sha256"]), r["model"])
+        seen.setdefault((r.model.name, r.model.sha256), r.model)
     known = {"name", "sha256", "family", "path", "size_bytes", "param_count"}
-    extra = sorted({k for m in seen.values() for k, v in m.items() if k not in known and v is not None})
+    facts = [name for name in RunModel.model_fields if name not in known]  # what calibrations use as features
+    extra = sorted({k for m in seen.values() for k in facts if getattr(m, k) is not None})
 
-    def fmt(key: str, v: Any) -> str:
+    def fmt(key: str, v: float | None) -> str:
         if key.endswith("_share"):
             return _g(100 * v, 3) + " %" if isinstance(v, (int, float)) else "—"
         if key in ("macs", "flops"):
@@ -446,31 +453,30 @@ def facts_section(records: list[dict[str, Any]]) -> str:
         return key.replace("_", " ")
 
     headers = ["model", "family", "format", "file size (KB)", "parameters (M)", *[header(k) for k in extra], "sha256"]
-    rows = [[m["name"], m.get("family") or "—", Path(m.get("path") or "").suffix.lstrip(".") or "—",
-             _g((m.get("size_bytes") or 0) / 1024) if m.get("size_bytes") else "—",
-             _g(m["param_count"] / 1e6) if isinstance(m.get("param_count"), (int, float)) else "—",
-             *[fmt(k, m.get(k)) for k in extra], (m.get("sha256") or "")[:16]] for m in seen.values()]
+    rows = [[m.name, m.family or "—", Path(m.path or "").suffix.lstrip(".") or "—",
+             _g((m.size_bytes or 0) / 1024) if m.size_bytes else "—",
+             _g(m.param_count / 1e6) if m.param_count is not None else "—",
+             *[fmt(k, getattr(m, k)) for k in extra], (m.sha256 or "")[:16]] for m in seen.values()]
     return _table(headers, rows)
 
 
-def _op_rows(profile: Any) -> list[list[Any]] | None:
+def _op_rows(profile: list[JsonValue]) -> list[list[str]] | None:
     """A run's `op_profile` as table rows, or None when it is not a list of {op, count, avg_ms, pct}."""
-    if not isinstance(profile, list):
-        return None
     rows = []
     for entry in profile:
-        if not isinstance(entry, dict) or not isinstance(entry.get("op"), str):
+        op = entry.get("op") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or not isinstance(op, str):
             continue
-        rows.append([entry["op"], _g(entry.get("count")), _g(entry.get("avg_ms")), _g(entry.get("pct"), 3)])
+        rows.append([op, _g(entry.get("count")), _g(entry.get("avg_ms")), _g(entry.get("pct"), 3)])
     rows.sort(key=lambda row: -float(row[3]) if row[3] != "—" else 0.0)
     return rows or None
 
 
-def ops_section(records: list[dict[str, Any]]) -> str:
+def ops_section(records: list[RunRecord]) -> str:
     parts, seen = [], set()
     for r in records:
-        rows = _op_rows(r.get("op_profile"))
-        key = (r["model"]["name"], r["target"], r["threads"], r["batch_size"], r["input_size"])
+        rows = _op_rows(r.op_profile)
+        key = (r.model.name, r.target, r.threads, r.batch_size, r.input_size)
         if rows is None or key in seen:
             continue
         seen.add(key)
@@ -479,7 +485,7 @@ def ops_section(records: list[dict[str, Any]]) -> str:
                          f"(the first {MAX_OP_TABLES} are shown).</p>")
             break
         more = f"<p class=note>{len(rows) - TOP_OPS} more operator(s) below these.</p>" if len(rows) > TOP_OPS else ""
-        parts.append(f"<h3>{_e(r['model']['name'])} · {r['threads']} thread(s) · {_e(r['target'])} · repeat {r['repeat']}</h3>"
+        parts.append(f"<h3>{_e(r.model.name)} · {r.threads} thread(s) · {_e(r.target)} · repeat {r.repeat}</h3>"
                      f"{_table(['operator', 'count', 'avg (ms)', 'share of time (%)'], rows[:TOP_OPS])}{more}")
     return "".join(parts)
 
@@ -504,22 +510,21 @@ VARIANT_FIGURES = (  # (row key, column header): shown where some variant row ha
 )
 
 
-def variants_section(job_id: int, records: list[dict[str, Any]]) -> str:
+def variants_section(job_id: int, records: list[RunRecord]) -> str:
     """The job's models made from another of its models (`farm quantize` lineage): before → after per cell, with
     energy where measured and the dataset's agreement and accuracy figures where the job had `workload.dataset`."""
     from farm.controller.analysis.compare import lineage_at_path, variant_rows
 
-    def mb(n: Any) -> str:
+    def mb(n: int | None) -> str:
         return _g(n / 1e6, 3) if isinstance(n, (int, float)) else "—"
 
     variants = variant_rows(job_id, records, lineage_at_path)
-    extra = [(key, header) for key, header in VARIANT_FIGURES
-             if any(v[f"{key}_a"] is not None and v[f"{key}_b"] is not None for v in variants)]
-    rows = [[v["source"], v["variant"], v["method"] or "—", v["target"], v["accelerator"], v["threads"],
-             f"{mb(v['size_a'])} → {mb(v['size_b'])}", f"{_g(v['latency_a'], 3)} → {_g(v['latency_b'], 3)}",
-             f"{v['latency_change']:+.0%}" if v["latency_change"] is not None else "—",
-             f"{_g(v['memory_a'], 3)} → {_g(v['memory_b'], 3)}",
-             *[f"{_g(v[f'{key}_a'])} → {_g(v[f'{key}_b'])}" for key, _ in extra], v["verdict"] or "—"]
+    extra = [(key, header) for key, header in VARIANT_FIGURES if any(v.figures.get(key) for v in variants)]
+    rows = [[v.source, v.variant, v.method or "—", v.target, v.accelerator, v.threads,
+             f"{mb(v.size_a)} → {mb(v.size_b)}", f"{_g(v.latency_a, 3)} → {_g(v.latency_b, 3)}",
+             f"{v.latency_change:+.0%}" if v.latency_change is not None else "—",
+             f"{_g(v.memory_a, 3)} → {_g(v.memory_b, 3)}",
+             *[f"{_g(v.sides(key)[0])} → {_g(v.sides(key)[1])}" for key, _ in extra], v.verdict or "—"]
             for v in variants]
     if not rows:
         return ""
@@ -532,8 +537,8 @@ def variants_section(job_id: int, records: list[dict[str, Any]]) -> str:
 MAX_PARETO_FIGURES = 12  # one per setting; the table under them lists every point
 
 
-def pareto_section(job_id: int, records: list[dict[str, Any]], figures: list[Figure],
-                   more: list[tuple[int, list[dict[str, Any]]]] | None = None) -> str:
+def pareto_section(job_id: int, records: list[RunRecord], figures: list[Figure],
+                   more: list[tuple[int, list[RunRecord]]] | None = None) -> str:
     """Accuracy against latency per setting (controller/analysis/pareto.py): a figure and a table per setting with
     the front marked and each dominated model named with what dominates it. Empty without dataset figures.
     `more`: other jobs' records on the same figures (a before/after report; points labelled by job)."""
@@ -541,7 +546,7 @@ def pareto_section(job_id: int, records: list[dict[str, Any]], figures: list[Fig
 
     view = pareto([(job_id, records), *(more or [])])
     parts = []
-    for i, group in enumerate(view["groups"]):
+    for i, group in enumerate(view.groups):
         title = group_title(group)
         if i < MAX_PARETO_FIGURES:
             _progress(f"Pareto figure: {title}")
@@ -549,13 +554,13 @@ def pareto_section(job_id: int, records: list[dict[str, Any]], figures: list[Fig
             if figure is not None:
                 figures.append(figure)
                 parts.append(f"<div class=figs>{_img(figure)}</div>")
-        rows = [[p["label"], _g(p["latency_avg_ms"]), _g(p["quality"]), f"{p['runs']}{' (contended)' if p['contended'] else ''}",
-                 "on the front" if p["on_front"] else "dominated by " + ", ".join(p["dominated_by"])]
-                for p in group["points"]]
-        parts.append(f"<h3>{_e(title)}</h3>" + _table(["model", "latency avg ms", group["quality_label"], "runs",
+        rows = [[p.label, _g(p.latency_avg_ms), _g(p.quality), f"{p.runs}{' (contended)' if p.contended else ''}",
+                 "on the front" if p.on_front else "dominated by " + ", ".join(p.dominated_by)]
+                for p in group.points]
+        parts.append(f"<h3>{_e(title)}</h3>" + _table(["model", "latency avg ms", group.quality_label, "runs",
                                                        "Pareto"], rows))
-        if group["without_quality"]:
-            parts.append(f"<p class=note>no figure: {_e(', '.join(group['without_quality']))}</p>")
+        if group.without_quality:
+            parts.append(f"<p class=note>no figure: {_e(', '.join(group.without_quality))}</p>")
     if not parts:
         return ""
     return "".join(parts) + ("<p class=note>A model is dominated when another is at least as fast and at least as "
@@ -569,15 +574,15 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
     if job is None:
         raise ReportError(f"no job {job_id} in {store.location}; `farm jobs` lists the jobs there.")
     _progress(f"reading job {job_id}")
-    records = record_dicts(store, job_id)
+    records = run_records(store, job_id)
     averaged = average_repeats(records)
     calibrations = calibrations_for_job(store, job_id)
     figures: list[Figure] = []
     warnings: list[str] = []
-    done = sum(r["status"] == "completed" for r in records)
+    done = sum(r.status == "completed" for r in records)
     if not done:
         warnings.append(f"job {job_id} has no completed run ({len(records)} run(s): "
-                        + ", ".join(f"{n} {s}" for s, n in sorted(Counter(r["status"] for r in records).items()))
+                        + ", ".join(f"{n} {s}" for s, n in sorted(Counter(r.status for r in records).items()))
                         + "): there is nothing to plot; `farm status` and `farm results` say why.")
     sweeps = sweep_section(averaged, figures) if done else ""
     telemetry = telemetry_section(store, records, figures) if done else ""
@@ -591,12 +596,12 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
                         "then make the report again.</p>")
     _progress("rankings")
     rankings = rankings_section(store, job_id, calibrations)
-    if any(r.get("approximate") for r in records):
+    if any(r.approximate for r in records):
         warnings.append("some runs used the approximate process backend: limits best-effort, memory sampled.")
-    contended = sum(bool((r.get("contention") or {}).get("contended")) for r in records)
+    contended = sum(is_contended(r) for r in records)
     if contended:
         warnings.append(f"{contended} run(s) contended: other work used their cores; their figures are not the budget's.")
-    targets = sorted({r["target"] for r in records})
+    targets = sorted({r.target for r in records})
     spec = spec_yaml(job.spec_json or "{}")
     when = "".join(f" · {label} {_when(moment)}" for label, moment in (("created", job.created_at),
                                                                         ("finished", job.finished_at)) if moment)
@@ -608,7 +613,7 @@ def build_report(store: Store, job_id: int) -> tuple[str, list[Figure], list[str
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>farm report · job {job_id} · {_e(job.name or '')}</title><style>{STYLE}</style></head><body>
 <h1>farm report · job {job_id} · {_e(job.name or '')}</h1>
-<p>status <b>{_e(job.status)}</b> · {len(records)} run(s), {done} completed · {len({r['model']['sha256'] for r in records})} model(s)
+<p>status <b>{_e(job.status)}</b> · {len(records)} run(s), {done} completed · {len({r.model.sha256 for r in records})} model(s)
  · on {_e(', '.join(targets))}{_e(when)} · {len(calibrations)} calibration(s)</p>
 <nav>{' · '.join(f"<a href='#{a}'>{t}</a>" for a, t in toc)}</nav>
 {''.join(f"<p class=warn>⚠ {_e(w)}</p>" for w in warnings)}{_failures(records)}

@@ -6,7 +6,9 @@ One record per task, from its latest run (a retried task shows the attempt that 
 from __future__ import annotations
 
 import json
-from typing import Any, TypedDict
+import math
+from collections.abc import Iterable
+from typing import TypedDict
 
 from farm.proto.accelerators import UNIT_CLASS, Accelerator, default_precision
 from farm.controller.store import Store
@@ -14,7 +16,7 @@ from pydantic import JsonValue
 
 from farm.controller.store.rows import StoredOpProfileRow, ResultRow
 from farm.proto.results import FIGURES
-from farm.proto.questions import CpuPercent, IoBytes, Latency, RecordLimits, RunModel, RunRecord, Sampler
+from farm.proto.questions import CpuPercent, IoBytes, Latency, Model, RecordLimits, RunModel, RunRecord, Sampler
 from farm.proto.spec import SimBudget, default_cpus
 
 MiB = 1 << 20
@@ -160,23 +162,45 @@ def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[RunReco
     return records
 
 
-def record_dicts(store: Store, job_id: int, *, ops: bool = False) -> list[dict[str, Any]]:
-    """The records' JSON form (`farm results --format json`'s), for the tables and pages that still read it by key."""
-    return [r.model_dump() for r in run_records(store, job_id, ops=ops)]
+class RunPair(Model):
+    """A device run beside its sim twin (same pair key), both completed: `farm results --pairs`'s row."""
+
+    pair_key: str
+    model: RunModel
+    device: str
+    threads: int
+    batch_size: int
+    input_size: int | None
+    repeat: int
+    sim: RunRecord
+    device_run: RunRecord
 
 
-def paired_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def paired_records(records: list[RunRecord]) -> list[RunPair]:
     """Device runs beside their sim twins (same pair key); only pairs where both completed."""
-    sims = {r["pair_key"]: r for r in records if r["target"] == "sim" and r["status"] == "completed"}
+    sims = {r.pair_key: r for r in records if r.target == "sim" and r.status == "completed"}
     pairs = []
     for r in records:
-        if r["target"] == "sim" or r["status"] != "completed" or r["pair_key"] not in sims:
+        if r.target == "sim" or r.status != "completed" or r.pair_key is None or r.pair_key not in sims:
             continue
-        sim = sims[r["pair_key"]]
-        pairs.append({"pair_key": r["pair_key"], "model": r["model"], "device": r["target"], "threads": r["threads"],
-                      "batch_size": r["batch_size"], "input_size": r["input_size"], "repeat": r["repeat"],
-                      "sim": sim, "device_run": r})
+        pairs.append(RunPair(pair_key=r.pair_key, model=r.model, device=r.target, threads=r.threads,
+                             batch_size=r.batch_size, input_size=r.input_size, repeat=r.repeat,
+                             sim=sims[r.pair_key], device_run=r))
     return pairs
+
+
+def is_contended(record: RunRecord) -> bool:
+    """Another process used the run's cores (its contention evidence says so): its figures are not the budget's."""
+    return isinstance(record.contention, dict) and bool(record.contention.get("contended"))
+
+
+def json_number(value: JsonValue, *path: str) -> float | None:
+    """The finite number at `path` inside a record's JSON part (its accuracy or GPU figures), None when absent."""
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 # --- r13-report: repeats averaged into one row per cell (tables and the report share this rule) ---
@@ -184,78 +208,85 @@ def paired_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 CellKey = tuple[str, str, str, int, int, int | None, str, float | None, float | None]
 
 
-def cell_key(record: dict[str, Any]) -> CellKey:
+def cell_key(record: RunRecord) -> CellKey:
     """What makes runs repeats of one another: everything but the repeat number and the cores they got."""
-    limits = record["limits"] or {}
-    return (record["model"]["name"], record["model"]["sha256"], record["target"], record["threads"],
-            record["batch_size"], record["input_size"], record.get("accelerator", "cpu"), limits.get("cpus"),
-            limits.get("memory_mb"))
+    return (record.model.name, record.model.sha256, record.target, record.threads, record.batch_size,
+            record.input_size, record.accelerator, record.limits.cpus, record.limits.memory_mb)
+
+
+class AveragedRecord(RunRecord):
+    """One matrix cell's runs on one target as a record: its figures the mean over the runs used.
+
+    `runs`, `completed` and `contended` say what went in, `averaged` how many runs the figures are the mean of;
+    `repeat` is None (repeats averaged). A single run read as itself (`of_run`) stands for one run."""
+
+    repeat: int | None  # type: ignore[assignment]  # None: the cell's repeats averaged
+    runs: int = 1
+    completed: int = 1
+    contended: int = 0
+    averaged: int = 0
+
+    @classmethod
+    def of_run(cls, record: RunRecord, **counts: int) -> AveragedRecord:
+        """The record as a cell of its own (`farm results --runs`), or with `counts` (runs, completed...) a cell's."""
+        return cls.model_validate({**{name: getattr(record, name) for name in record.model_fields_set}, **counts})
 
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _numbers(runs: list[dict[str, Any]], *path: str) -> list[float]:
-    found = []
-    for r in runs:
-        v: Any = r
-        for key in path:
-            v = v.get(key) if isinstance(v, dict) else None
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            found.append(float(v))
-    return found
+def _numbers(values: Iterable[float | None]) -> list[float]:
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
-# Figures averaged over repeats: (path in the record, how digits are kept).
-AVERAGED_FIGURES: tuple[tuple[str, ...], ...] = (
-    ("latency_ms", "avg"), ("latency_ms", "p50"), ("latency_ms", "p90"), ("latency_ms", "p99"),
-    ("latency_ms", "init"), ("latency_ms", "first"), ("latency_ms", "min"), ("latency_ms", "max"),
-    ("peak_memory_mb",), ("avg_memory_mb",), ("peak_rss_mb",), ("baseline_memory_mb",),
-    ("cpu_percent", "avg"), ("wall_s",), ("whole_run_s",), ("energy_per_inference_mj",),
-    ("throughput_per_s",), ("samples_per_s",), ("startup_ms",), *((f.record,) for f in FIGURES),
-)
+# Figures averaged over repeats: the record's own, then its latency's (the cpu share's average is averaged too).
+AVERAGED_FIGURES = ("peak_memory_mb", "avg_memory_mb", "peak_rss_mb", "baseline_memory_mb", "wall_s", "whole_run_s",
+                    "energy_per_inference_mj", "throughput_per_s", "samples_per_s", "startup_ms")
+AVERAGED_LATENCIES = ("avg", "p50", "p90", "p99", "init", "first", "min", "max")
 
 
-def average_repeats(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _averaged_figures(first: RunRecord, used: list[RunRecord]) -> dict[str, object]:
+    """The figures of a cell's record: each the mean over the runs used (None where none has it); latency_ms.std is
+    the spread of the runs' averages when there are two or more (repeat to repeat), else the run's own spread."""
+    figures: dict[str, object] = {name: _mean(_numbers(getattr(r, name) for r in used)) for name in AVERAGED_FIGURES}
+    for f in FIGURES:  # declared figures stay sparse: a key only where a run measured it (stores written before)
+        value = _mean(_numbers(getattr(r, f.record, None) for r in used))
+        if value is not None or f.record in first.model_fields_set:
+            figures[f.record] = value
+    if first.latency_ms is not None:
+        latency = {name: _mean(_numbers(getattr(r.latency_ms, name, None) for r in used)) for name in AVERAGED_LATENCIES}
+        avgs = _numbers(r.latency_ms.avg if r.latency_ms else None for r in used)
+        if len(avgs) >= 2:
+            m = sum(avgs) / len(avgs)
+            latency["std"] = (sum((v - m) ** 2 for v in avgs) / (len(avgs) - 1)) ** 0.5
+        figures["latency_ms"] = first.latency_ms.model_copy(update=latency)
+    peaks = _numbers(r.cpu_percent.peak for r in used)
+    figures["cpu_percent"] = first.cpu_percent.model_copy(
+        update={"avg": _mean(_numbers(r.cpu_percent.avg for r in used)), "peak": max(peaks) if peaks else None})
+    return figures
+
+
+def average_repeats(records: list[RunRecord]) -> list[AveragedRecord]:
     """One record per matrix cell and target: figures are the mean over its completed runs.
 
     Contended runs count only when a cell has no clean one. `runs`, `completed` and `contended`
     say what went in; latency_ms.std is the spread of the runs' averages when there are two or
     more (repeat to repeat), else the run's own spread."""
-    cells: dict[CellKey, list[dict[str, Any]]] = {}
+    cells: dict[CellKey, list[RunRecord]] = {}
     for r in records:
         cells.setdefault(cell_key(r), []).append(r)
     averaged = []
     for runs in cells.values():
-        done = [r for r in runs if r["status"] == "completed"]
-        clean = [r for r in done if not (r.get("contention") or {}).get("contended")]
+        done = [r for r in runs if r.status == "completed"]
+        clean = [r for r in done if not is_contended(r)]
         used = clean or done
         first = (used or runs)[0]
-        row: dict[str, Any] = {**first, "repeat": None, "runs": len(runs), "completed": len(done),
-                               "contended": len(done) - len(clean), "averaged": len(used)}
+        update: dict[str, object] = {"repeat": None, "runs": len(runs), "completed": len(done),
+                                     "contended": len(done) - len(clean), "averaged": len(used)}
         if done and len(done) < len(runs):
-            row["status"] = "completed"
-            row["failure_class"] = None
+            update.update(status="completed", failure_class=None)
         if used:
-            latency = dict(first["latency_ms"] or {}) if first.get("latency_ms") else None
-            cpu = dict(first["cpu_percent"] or {})
-            for path in AVERAGED_FIGURES:
-                value = _mean(_numbers(used, *path))
-                if len(path) == 1:
-                    if path[0] in row or value is not None:
-                        row[path[0]] = value
-                elif path[0] == "latency_ms" and latency is not None:
-                    latency[path[1]] = value
-                elif path[0] == "cpu_percent":
-                    cpu[path[1]] = value
-            peaks = _numbers(used, "cpu_percent", "peak")
-            cpu["peak"] = max(peaks) if peaks else None
-            avgs = _numbers(used, "latency_ms", "avg")
-            if latency is not None and len(avgs) >= 2:
-                m = sum(avgs) / len(avgs)
-                latency["std"] = (sum((v - m) ** 2 for v in avgs) / (len(avgs) - 1)) ** 0.5
-            row["latency_ms"] = latency
-            row["cpu_percent"] = cpu
-        averaged.append(row)
+            update.update(_averaged_figures(first, used))
+        averaged.append(AveragedRecord.of_run(first).model_copy(update=update))
     return averaged
