@@ -22,7 +22,6 @@ MAX_LINES = 80
 # "farm.module:Qualified.name" -> why it may stay long for now. Keep it short and say whose it is.
 ALLOWED: dict[str, str] = {
     # Not carved yet: issue #35 item 4 names them; the carve branch ran out of session before it reached them.
-    "farm.agents.android.driver:AndroidDriver.run": "not carved yet (issue #35 item 4)",
     "farm.agents.board_harness.board_harness:run_script": "not carved yet (issue #35 item 4)",
     "farm.agents.parsers.benchmark_model:parse_benchmark_model": "not carved yet (issue #35 item 4)",
     "farm.cli.main:build_parser": "not carved yet (issue #35 item 4)",
