@@ -24,7 +24,7 @@ from farm.proto.accelerators import parse_accelerator, why_not
 from farm.proto.device_types import DeviceType
 from farm.proto.escape import cut_list, printable
 from farm.proto.regular_files import MAX_JOB_FILE_BYTES, FileRefused, read_regular_file
-from farm.proto.results import ModelFacts
+from farm.proto.results import ModelFacts, TensorInfo
 from farm.proto.storable import field_path, refusal, unstorable
 from farm.proto.spec import JOB_FILE, MAX_INPUT_FILE_BYTES, MAX_INPUT_VALUE_ELEMENTS, BenchmarkWorkload, InputSpec, JobSpec, ModelEntry, ScriptWorkload, cores_missing, default_cpus, input_value_shape, parse_cpuset
 from farm.proto.tasks import DEFAULT_MAX_TASKS
@@ -354,10 +354,14 @@ def _input_problems(spec: JobSpec, model: ResolvedModel, layout: str) -> list[st
     """Every input of this model that cannot be fed as the job asks, each named by its field: a name the model
     lacks, a value its dtype cannot hold, a dynamic dimension left unset, a value whose shape disagrees with the
     shape the run feeds (input_shapes, the model's own, or a swept batch or size)."""
-    from farm.models.runtimes import InputShapeError, resolve_shape
-    import numpy as np  # loaded when a job is read, not for `farm jobs`
     workload = spec.workload_for(model.entry_index)
     assert isinstance(workload, BenchmarkWorkload)
+    return _input_name_problems(spec, model, workload) + _input_shape_problems(spec, model, workload, layout)
+
+
+def _input_name_problems(spec: JobSpec, model: ResolvedModel, workload: BenchmarkWorkload) -> list[str]:
+    """An input named in input_shapes or inputs that the model lacks, and a value its input's dtype cannot hold;
+    each named by the field that sets it (the model's own entry, else the workload)."""
     entry = spec.entry(model.entry_index)
     inputs = {t.name: t for t in model.facts.inputs}
     problems: list[str] = []
@@ -376,46 +380,61 @@ def _input_problems(spec: JobSpec, model: ResolvedModel, layout: str) -> list[st
         problem = _input_value_problem(name, given, inputs[name].dtype) if name in inputs else None
         if problem:
             problems.append(f"{where(name)}: {model.path.name}: {problem}")
+    return problems
+
+
+def _input_shape_problems(spec: JobSpec, model: ResolvedModel, workload: BenchmarkWorkload,
+                          layout: str) -> list[str]:
+    """The first shape problem of each input over the matrix's batch sizes and input sizes (the harness fills shapes
+    with this same function), in the model's input order."""
     overrides = workload.shape_overrides()
-    field = f"models[{model.entry_index}].inputs"  # where a shape conflict is fixed: the model's own entry
     found: dict[str, str] = {}
-    for batch in spec.matrix.batch_sizes:  # the harness fills shapes with this same function
+    for batch in spec.matrix.batch_sizes:
         for size in spec.matrix.input_sizes:
             for tensor in model.facts.inputs:
-                if tensor.name in found:
-                    continue
-                try:
-                    shape = resolve_shape(tensor.name, tensor.shape, layout=layout, batch_size=batch,
-                                          input_size=size, overrides=overrides)
-                except InputShapeError as e:
-                    found[tensor.name] = (f"{field}.{printable(tensor.name, 80)}: {model.path.name}: {e} (or "
-                                          f"{field.removesuffix('inputs')}input_shapes.{printable(tensor.name, 80)})")
-                    continue
-                fixed = [d if isinstance(d, int) and d > 0 else None for d in tensor.shape]
-                if layout == "nchw" and tensor.name in overrides and any(
-                        f is not None and f != d for axis, (f, d) in enumerate(zip(fixed, shape))
-                        if axis or batch == 1):  # ONNX Runtime feeds only a fixed dimension's own size
-                    found[tensor.name] = (f"{field}.{printable(tensor.name, 80)}: {model.path.name} declares "
-                                          f"{tensor.name!r} as {list(tensor.shape)}, but the job gives it the shape "
-                                          f"{shape}{_source(workload.inputs.get(tensor.name))}")
-                    continue
-                fed = workload.inputs.get(tensor.name)
-                if fed is None or not isinstance(fed.value, list):
-                    continue
-                value_shape = input_value_shape(fed.value)
-                try:
-                    fits = list(np.broadcast_shapes(tuple(value_shape), tuple(shape))) == shape
-                except ValueError:
-                    fits = False
-                if not fits:
-                    source = f"file {fed.file!r}" if fed.file else "value"
-                    cell = f" (batch {batch}{f', input size {size}' if size is not None else ''})" \
-                        if len(spec.matrix.batch_sizes) > 1 or size is not None else ""
-                    found[tensor.name] = (f"{field}.{printable(tensor.name, 80)}: {model.path.name}: the {source} has shape "
-                                          f"{value_shape}, but the run feeds {tensor.name!r} the shape {shape}{cell}; "
-                                          "give a value of that shape, or set the input's shape to the value's")
-    problems += found.values()
-    return problems
+                if tensor.name not in found:
+                    problem = _shape_problem(spec, model, workload, tensor, layout, batch, size, overrides)
+                    if problem is not None:
+                        found[tensor.name] = problem
+    return list(found.values())
+
+
+def _shape_problem(spec: JobSpec, model: ResolvedModel, workload: BenchmarkWorkload, tensor: TensorInfo,
+                   layout: str, batch: int, size: int | None, overrides: dict[str, list[int]]) -> str | None:
+    """Why one input cannot be fed in one cell of the matrix: its shape cannot be resolved, the job's shape
+    contradicts a fixed dimension (ONNX Runtime), or the job's value does not broadcast to the shape the run feeds."""
+    from farm.models.runtimes import InputShapeError, resolve_shape
+    import numpy as np  # loaded when a job is read, not for `farm jobs`
+    field = f"models[{model.entry_index}].inputs"  # where a shape conflict is fixed: the model's own entry
+    try:
+        shape = resolve_shape(tensor.name, tensor.shape, layout=layout, batch_size=batch,
+                              input_size=size, overrides=overrides)
+    except InputShapeError as e:
+        return (f"{field}.{printable(tensor.name, 80)}: {model.path.name}: {e} (or "
+                f"{field.removesuffix('inputs')}input_shapes.{printable(tensor.name, 80)})")
+    fixed = [d if isinstance(d, int) and d > 0 else None for d in tensor.shape]
+    if layout == "nchw" and tensor.name in overrides and any(
+            f is not None and f != d for axis, (f, d) in enumerate(zip(fixed, shape))
+            if axis or batch == 1):  # ONNX Runtime feeds only a fixed dimension's own size
+        return (f"{field}.{printable(tensor.name, 80)}: {model.path.name} declares "
+                f"{tensor.name!r} as {list(tensor.shape)}, but the job gives it the shape "
+                f"{shape}{_source(workload.inputs.get(tensor.name))}")
+    fed = workload.inputs.get(tensor.name)
+    if fed is None or not isinstance(fed.value, list):
+        return None
+    value_shape = input_value_shape(fed.value)
+    try:
+        fits = list(np.broadcast_shapes(tuple(value_shape), tuple(shape))) == shape
+    except ValueError:
+        fits = False
+    if fits:
+        return None
+    source = f"file {fed.file!r}" if fed.file else "value"
+    cell = f" (batch {batch}{f', input size {size}' if size is not None else ''})" \
+        if len(spec.matrix.batch_sizes) > 1 or size is not None else ""
+    return (f"{field}.{printable(tensor.name, 80)}: {model.path.name}: the {source} has shape "
+            f"{value_shape}, but the run feeds {tensor.name!r} the shape {shape}{cell}; "
+            "give a value of that shape, or set the input's shape to the value's")
 
 
 def _source(given: InputSpec | None) -> str:
