@@ -70,10 +70,11 @@ def _prop(read: _Reading, rest: str) -> None:
 
 def _cpu(read: _Reading, rest: str) -> None:
     """`cpu N max=… cur=… governor=…`: one core's frequencies (kHz) and governor."""
-    core, *fields = rest.split()
-    values = dict(f.split("=", 1) for f in fields if "=" in f)
-    if not core.isdigit():
-        return
+    words = rest.split()
+    if not words or not words[0].isdigit():
+        return  # a line without its core's number (a cut line) says nothing of any core
+    core = words[0]
+    values = dict(f.split("=", 1) for f in words[1:] if "=" in f)
     facts = read.facts
     if values.get("max", "").isdigit():
         facts.cpu_max_khz[int(core)] = int(values["max"])
