@@ -321,7 +321,32 @@ def cmd_backends(args: argparse.Namespace) -> int:
 
 # --- parser -------------------------------------------------------------------------------
 def build_parser(named: str | None = None) -> argparse.ArgumentParser:
-    """The whole parser; given the command a run names, when it is one of OWN_COMMANDS, only this module's."""
+    """The whole parser; given the command a run names, when it is one of OWN_COMMANDS, only this module's. Built
+    part by part, in the order `farm --help` lists the commands: the job's run, its read side, the lab's (other
+    modules), the local ones, the tools; then the options every leaf takes."""
+    common, local = _parent_parsers()
+    from farm.cli.environment import environment_help
+    p = argparse.ArgumentParser(prog="farm", description="Profile ML models under a device's CPU and memory budget.",
+                                epilog=environment_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"farm {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_run_commands(sub, common)
+    _add_read_commands(sub, common)
+    if named not in OWN_COMMANDS:  # every command: `farm --help`, completion, the other modules' commands
+        _add_lab_commands(sub, common)
+    _add_local_commands(sub, local)
+    if named not in OWN_COMMANDS:
+        _add_tool_commands(sub, common, local, p)
+    for command in _leaf_parsers(p):
+        _log_options(command)
+    for name in READ_ONLY_COMMANDS:  # a mistyped --db for these is an error, never a new empty store (issue 32)
+        if name in sub.choices:
+            sub.choices[name].set_defaults(read_only=True)
+    return p
+
+
+def _parent_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """(common, local): the store and controller flags most commands take, and local-only commands' --json."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--db", default=None, help="SQLite store file or postgresql:// URL (default: $FARM_DB or the "
                         "user data directory)")
@@ -333,22 +358,22 @@ def build_parser(named: str | None = None) -> argparse.ArgumentParser:
     # Local-only commands take --json but none of the store or controller flags.
     local = argparse.ArgumentParser(add_help=False)
     local.add_argument("--json", action="store_true", help="machine-readable output")
+    return common, local
 
-    from farm.cli.environment import environment_help
-    p = argparse.ArgumentParser(prog="farm", description="Profile ML models under a device's CPU and memory budget.",
-                                epilog=environment_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=f"farm {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def runner_options(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--slots", type=_positive_int, default=1, help="sim runs at once, each on its own cores (default 1)")
-        sp.add_argument("--backend", choices=BACKEND_CHOICES, default=None,
-                        help="override sim.backend of the job")
-        sp.add_argument("--quiet", action="store_true", help="no progress output")
-        sp.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
-        table_options(sp)
-        sp.add_argument("--devices", help="the lab's device list (YAML) for device targets; default $FARM_DEVICES")
+def _add_runner_options(sp: argparse.ArgumentParser) -> None:
+    """What a command that runs a job's tasks here (submit, resume, retry) takes."""
+    sp.add_argument("--slots", type=_positive_int, default=1, help="sim runs at once, each on its own cores (default 1)")
+    sp.add_argument("--backend", choices=BACKEND_CHOICES, default=None,
+                    help="override sim.backend of the job")
+    sp.add_argument("--quiet", action="store_true", help="no progress output")
+    sp.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
+    table_options(sp)
+    sp.add_argument("--devices", help="the lab's device list (YAML) for device targets; default $FARM_DEVICES")
 
+
+def _add_run_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """submit, resume, retry, watch: the commands that run a job (or follow it) to its end."""
     s = sub.add_parser("submit", parents=[common], help="validate a job file and run it")
     s.add_argument("job_file", help="the job file (YAML): models, matrix, workload, sim, targets")
     s.add_argument("--priority", choices=["interactive", "normal", "low"], default=None,
@@ -364,12 +389,12 @@ def build_parser(named: str | None = None) -> argparse.ArgumentParser:
                    help="change one field of the job for this submission (repeatable; YAML value, dotted path), "
                         "e.g. --set workload.iterations=20 --set 'matrix.threads=[1]'; validated like the file "
                         "and stored with the job")
-    runner_options(s)
+    _add_runner_options(s)
     s.set_defaults(func=cmd_submit)
 
     s = sub.add_parser("resume", parents=[common], help="carry on an interrupted job")
     s.add_argument("job", type=_job_id, help="the job id (42 or job-42; see `farm jobs`)")
-    runner_options(s)
+    _add_runner_options(s)
     s.set_defaults(func=cmd_resume)
 
     s = sub.add_parser("retry", parents=[common], help="run a finished job's failed (or canceled) tasks again")
@@ -377,7 +402,7 @@ def build_parser(named: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--failed", action="store_true", help="the failed tasks, those whose attempts were lost among them")
     s.add_argument("--canceled", action="store_true", help="the tasks canceled before they finished (farm cancel, "
                    "timeouts.job)")
-    runner_options(s)
+    _add_runner_options(s)
     s.set_defaults(func=cmd_retry)
 
     s = sub.add_parser("watch", parents=[common], help="follow a job to its end, then its results (exit code as submit's)")
@@ -386,6 +411,9 @@ def build_parser(named: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
     s.set_defaults(func=cmd_watch)
 
+
+def _add_read_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """results, jobs, status, cancel: a job's read side (and its cancel)."""
     s = sub.add_parser("results", parents=[common], help="a job's results")
     s.add_argument("job", type=_job_id, help="the job id (42 or job-42; see `farm jobs`)")
     s.add_argument("--format", choices=["table", "csv", "json"], default="table",
@@ -408,9 +436,9 @@ def build_parser(named: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("job", type=_job_id, help="the job id (42 or job-42; see `farm jobs`)")
     s.set_defaults(func=cmd_cancel)
 
-    if named not in OWN_COMMANDS:  # every command: `farm --help`, completion, the other modules' commands
-        _add_lab_commands(sub, common)
 
+def _add_local_commands(sub: argparse._SubParsersAction, local: argparse.ArgumentParser) -> None:
+    """schema, backends, models: what needs neither a store nor a controller."""
     # --json is accepted (the schema is JSON either way), so a script that passes it to every command works
     s = sub.add_parser("schema", parents=[local], help="print the job file's JSON Schema (for editors)")
     s.set_defaults(func=cmd_schema)
@@ -431,15 +459,6 @@ def build_parser(named: str | None = None) -> argparse.ArgumentParser:
                    "as ONNX: ShuffleNetV2-0.5x, SqueezeNet 1.1, ResNet18, InceptionV3 and 11 3D-CNN video models")
     g.add_argument("--quiet", action="store_true", help="no line per model written")
     g.set_defaults(func=cmd_models_generate)
-
-    if named not in OWN_COMMANDS:
-        _add_tool_commands(sub, common, local, p)
-    for command in _leaf_parsers(p):
-        _log_options(command)
-    for name in READ_ONLY_COMMANDS:  # a mistyped --db for these is an error, never a new empty store (issue 32)
-        if name in sub.choices:
-            sub.choices[name].set_defaults(read_only=True)
-    return p
 
 
 # The commands this module defines. A run that names one of them (`farm jobs ...`) gets a parser with only this

@@ -266,13 +266,32 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 # --- parser ------------------------------------------------------------------------------------
 def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """controller serve, agent, devices, agents: the commands of a farm with a controller, part by part."""
     c = sub.add_parser("controller", help="run the farm controller (gRPC)")
     csub = c.add_subparsers(dest="controller_command", required=True, metavar="ACTION")
     s = csub.add_parser("serve", help="serve agents and clients until SIGTERM")
+    for part in _SERVE_OPTIONS:
+        part(s)
+    s.set_defaults(func=cmd_controller_serve)
+    _add_agent_command(sub)
+    d = sub.add_parser("devices", parents=[common],
+                       help="devices: the controller's agents' (remote) or the lab's device list (embedded)")
+    d.add_argument("--devices", help="embedded: the lab's device list (default $FARM_DEVICES)")
+    d.set_defaults(func=cmd_devices)
+    g = sub.add_parser("agents", parents=[common], help="agents known to the controller")
+    g.set_defaults(func=cmd_agents)
+
+
+def _serve_store_options(s: argparse.ArgumentParser) -> None:
+    """Where the controller listens and keeps its store."""
     s.add_argument("--listen", default=f"127.0.0.1:{DEFAULT_PORT}", help=f"HOST:PORT (default 127.0.0.1:{DEFAULT_PORT}; :0 picks a port)")
     s.add_argument("--db", default=None, help="SQLite store file, or a postgresql://user@host/db URL (a password "
                    "is better in ~/.pgpass or PGPASSWORD) (default: $FARM_DB or the user data directory)")
     s.add_argument("--create", action="store_true", help="make the folder of --db (or $FARM_DB) when it is missing; without it a missing folder is an error")
+
+
+def _serve_access_options(s: argparse.ArgumentParser) -> None:
+    """Who may call it (tokens, TLS), the lease's life, and what else it serves (metrics, dashboard)."""
     s.add_argument("--tokens", default=None, help="tokens file: `ROLE TOKEN [AGENT_NAME]` a line (default $FARM_TOKENS)")
     s.add_argument("--no-auth", action="store_true", help="accept every caller (loopback addresses only)")
     s.add_argument("--tls-cert", default=None, help="server certificate (PEM); enables TLS")
@@ -284,11 +303,19 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
                    help="also serve Prometheus metrics at http://HOST:PORT/metrics (no auth: loopback or a trusted network)")
     s.add_argument("--web-listen", default=None, metavar="HOST:PORT",
                    help="also serve the lab dashboard at http(s)://HOST:PORT/ (same tokens; TLS with --tls-cert)")
+
+
+def _serve_refresh_options(s: argparse.ArgumentParser) -> None:
+    """The nightly reference-suite refresh."""
     s.add_argument("--refresh-cron", default=None, metavar="'M H DOM MON DOW'",
                    help="submit the reference suite to every registered device on this schedule, e.g. '30 2 * * *' or '@daily'")
     s.add_argument("--refresh-suite", default=None, help="the reference suite job file (default: the one farm ships)")
     s.add_argument("--refresh-include-contended", action="store_true",
                    help="the nightly refresh fits the suite's contended sim runs too (default: left out, and logged)")
+
+
+def _serve_limit_options(s: argparse.ArgumentParser) -> None:
+    """What one caller, team or stream may hold: calls, watches, timeouts, upload bytes."""
     s.add_argument("--max-streams", type=int, default=None,
                    help="calls open at once, each with its own thread: one per agent, one per watcher "
                         "(default 2500: 1,000 agents and their watchers)")
@@ -310,6 +337,10 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     s.add_argument("--upload-quota", type=int, default=None, metavar="BYTES",
                    help="bytes one client token's uploads may hold in the artifact store until `farm artifacts gc` "
                         "removes what no job names (default 20 GiB)")
+
+
+def _serve_job_options(s: argparse.ArgumentParser) -> None:
+    """What jobs may read and run: sharing, models on this host, scripts, their size."""
     s.add_argument("--job-sharing", choices=["shared", "team"], default="shared",
                    help="who may read a client's jobs and results: every client (shared, the default) or only its own "
                         "token and team (`team=NAME` in the tokens file); cancelling is never shared, admins see all")
@@ -324,8 +355,15 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
                    help="accept script workloads only from tokens with the `script` permission (`client+script`)")
     s.add_argument("--max-tasks", type=int, default=DEFAULT_MAX_TASKS,
                    help=f"refuse a submitted job that expands to more runs than this (default {DEFAULT_MAX_TASKS:,})")
-    s.set_defaults(func=cmd_controller_serve)
 
+
+# `farm controller serve`'s options, part by part, in the order its --help lists them.
+_SERVE_OPTIONS = (_serve_store_options, _serve_access_options, _serve_refresh_options, _serve_limit_options,
+                  _serve_job_options)
+
+
+def _add_agent_command(sub: argparse._SubParsersAction) -> None:
+    """`farm agent`: dial the controller(s), then what the agent runs and how."""
     a = sub.add_parser("agent", help="run an agent: dial the controller, run the tasks it leases")
     a.add_argument("--controller", default=None, metavar="HOST:PORT[,HOST:PORT…]",
                    help="the controller, or several sharing one PostgreSQL: the agent connects to the first that "
@@ -357,10 +395,3 @@ def add_remote_commands(sub: argparse._SubParsersAction, common: argparse.Argume
                         "run in (repeatable; farm's own base image always may)")
     a.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to wait for result acknowledgements at exit")
     a.set_defaults(func=cmd_agent)
-
-    d = sub.add_parser("devices", parents=[common],
-                       help="devices: the controller's agents' (remote) or the lab's device list (embedded)")
-    d.add_argument("--devices", help="embedded: the lab's device list (default $FARM_DEVICES)")
-    d.set_defaults(func=cmd_devices)
-    g = sub.add_parser("agents", parents=[common], help="agents known to the controller")
-    g.set_defaults(func=cmd_agents)

@@ -298,7 +298,43 @@ def check_source(model: Path, method: str) -> None:
 
 def quantize(model: Path, output: Path | None = None, *, method: str = "dynamic", calibration: Path | None = None,
              force: bool = False, shapes: dict[str, list[int]] | None = None) -> QuantizeResult:
-    """Write an int8 (or fp16) variant of `model` and its lineage; QuantizeError says why not."""
+    """Write an int8 (or fp16) variant of `model` and its lineage; QuantizeError says why not. The steps: the output
+    name checked, the source loaded as a run loads it, the calibration samples, the variant written to a temporary
+    file beside the output and loaded back, its lineage stamped in, then moved into place with its sidecar."""
+    out = _checked_output(model, output, method, calibration, force)
+    from farm.models.runtimes import onnx_session
+    try:  # the source must load as a run loads it: onnxruntime's own message otherwise
+        onnx_session(str(model), threads=1)
+    except Exception as e:
+        raise QuantizeError(f"{model}: ONNX Runtime cannot load it: {_onnxruntime_message(e)}") from None
+    samples, calibration_record = _calibration_samples(model, method, calibration, shapes)
+    started = time.perf_counter()
+    tmp = _temporary_beside(out)
+    try:
+        preprocess = _write_variant(model, tmp, method, samples)
+        seconds = time.perf_counter() - started
+        try:
+            onnx_session(str(tmp), threads=1)
+        except Exception as e:
+            raise QuantizeError(f"{model}: ONNX Runtime's quantizer wrote a model it cannot load "
+                                f"(--method {method}): {_onnxruntime_message(e)}") from None
+        lineage = _lineage(model, method, calibration_record, preprocess, seconds)
+        _stamp_metadata(tmp, lineage)
+        lineage["output"] = {"path": str(out.absolute()), "sha256": file_sha256(tmp), "size_bytes": tmp.stat().st_size}
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+        for extra in out.parent.iterdir():  # the pre-processed model and onnxruntime's files beside it
+            if extra.name.startswith(tmp.stem):
+                extra.unlink(missing_ok=True)
+    sidecar = lineage_path(out)
+    sidecar.write_text(json.dumps(lineage, indent=2) + "\n")
+    return QuantizeResult(out, sidecar, lineage, model.stat().st_size, out.stat().st_size, seconds)
+
+
+def _checked_output(model: Path, output: Path | None, method: str, calibration: Path | None, force: bool) -> Path:
+    """The variant's path (-o, else the default name beside the source), or QuantizeError naming what is wrong
+    with it, or with a --calibration the method does not use."""
     check_source(model, method)
     out = output or default_output(model, method)
     if out.suffix.lower() != ".onnx":
@@ -313,36 +349,35 @@ def quantize(model: Path, output: Path | None = None, *, method: str = "dynamic"
     if calibration is not None and method in ("dynamic", "fp16"):
         raise QuantizeError(f"--calibration {calibration}: --method {method} uses no calibration data; "
                             "use --method static or qdq")
+    return out
 
-    from farm.models.runtimes import onnx_session
-    try:  # the source must load as a run loads it: onnxruntime's own message otherwise
-        onnx_session(str(model), threads=1)
-    except Exception as e:
-        raise QuantizeError(f"{model}: ONNX Runtime cannot load it: {_onnxruntime_message(e)}") from None
+
+def _calibration_samples(model: Path, method: str, calibration: Path | None, shapes: dict[str, list[int]] | None,
+                         ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """(samples, the lineage's calibration record) for static and qdq: the --calibration file's samples, else
+    random inputs of the model's shapes (--shape fixing the dynamic ones); none for dynamic and fp16."""
     inputs = model_inputs(model)
-    calibration_record: dict[str, Any] | None = None
-    samples: list[dict[str, Any]] = []
-    if method in ("static", "qdq"):
-        if calibration is not None:
-            samples = read_calibration(calibration, inputs)
-            if not samples:
-                raise QuantizeError(f"--calibration {calibration}: no samples in it")
-            calibration_record = {"source": "file", "path": str(calibration.absolute()),
-                                  "sha256": calibration_sha256(calibration, calibration_files(calibration)),
-                                  "samples": len(samples)}
-        else:
-            unknown = sorted(set(shapes or {}) - {i.name for i in inputs})
-            if unknown:
-                raise QuantizeError(f"--shape {unknown[0][:80]}: {model} has no such input (its inputs: "
-                                    f"{', '.join(i.name for i in inputs)})")
-            samples = random_calibration(model, inputs, shapes=shapes)
-            calibration_record = {"source": "random", "path": None, "sha256": None, "samples": len(samples),
-                                  "note": "random inputs of the model's shapes (uniform [0, 1) for floats): the "
-                                          "activation ranges are not those of real data"}
+    if method not in ("static", "qdq"):
+        return [], None
+    if calibration is not None:
+        samples = read_calibration(calibration, inputs)
+        if not samples:
+            raise QuantizeError(f"--calibration {calibration}: no samples in it")
+        return samples, {"source": "file", "path": str(calibration.absolute()),
+                         "sha256": calibration_sha256(calibration, calibration_files(calibration)),
+                         "samples": len(samples)}
+    unknown = sorted(set(shapes or {}) - {i.name for i in inputs})
+    if unknown:
+        raise QuantizeError(f"--shape {unknown[0][:80]}: {model} has no such input (its inputs: "
+                            f"{', '.join(i.name for i in inputs)})")
+    samples = random_calibration(model, inputs, shapes=shapes)
+    return samples, {"source": "random", "path": None, "sha256": None, "samples": len(samples),
+                     "note": "random inputs of the model's shapes (uniform [0, 1) for floats): the "
+                             "activation ranges are not those of real data"}
 
-    import onnxruntime
 
-    started = time.perf_counter()
+def _temporary_beside(out: Path) -> Path:
+    """An empty file in the output's folder (so the final move is a rename), with a plain new file's mode."""
     try:
         fd, tmp_name = tempfile.mkstemp(suffix=".onnx", prefix=f".{out.stem}.", dir=out.parent)
     except OSError as e:
@@ -352,45 +387,43 @@ def quantize(model: Path, output: Path | None = None, *, method: str = "dynamic"
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)  # as a plain new file would be, not mkstemp's 0600
+    return tmp
+
+
+def _write_variant(model: Path, tmp: Path, method: str, samples: list[dict[str, Any]]) -> str:
+    """The variant written to tmp by ONNX Runtime's tools (pre-processed first where it can be); the pre-processing
+    as the lineage records it."""
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(4)  # its native log lines: the failure, if any, is our message
     try:
-        onnxruntime.set_default_logger_severity(4)  # its native log lines: the failure, if any, is our message
+        prepared, preprocess = _preprocess(model, tmp, method)
         try:
-            prepared, preprocess = _preprocess(model, tmp, method)
-            try:
-                _run_tool(prepared, tmp, method, samples, source=model)
-            finally:
-                if prepared != model:
-                    prepared.unlink(missing_ok=True)
+            _run_tool(prepared, tmp, method, samples, source=model)
         finally:
-            onnxruntime.set_default_logger_severity(2)  # onnxruntime's default (warnings)
-        seconds = time.perf_counter() - started
-        try:
-            onnx_session(str(tmp), threads=1)
-        except Exception as e:
-            raise QuantizeError(f"{model}: ONNX Runtime's quantizer wrote a model it cannot load "
-                                f"(--method {method}): {_onnxruntime_message(e)}") from None
-        lineage: dict[str, Any] = {
-            "kind": "farm-lineage", "version": 1,
-            "source": {"path": str(model.absolute()), "sha256": file_sha256(model), "size_bytes": model.stat().st_size},
-            "method": method, "precision": "fp16" if method == "fp16" else "int8",
-            "calibration": calibration_record,
-            "tool": {"name": "onnxruntime.quantization" if method != "fp16" else "onnxconverter_common.float16",
-                     "onnxruntime": onnxruntime.__version__},
-            "created": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
-            "preprocess": preprocess,
-            "quantize_s": round(seconds, 3),
-        }
-        _stamp_metadata(tmp, lineage)
-        lineage["output"] = {"path": str(out.absolute()), "sha256": file_sha256(tmp), "size_bytes": tmp.stat().st_size}
-        os.replace(tmp, out)
+            if prepared != model:
+                prepared.unlink(missing_ok=True)
     finally:
-        tmp.unlink(missing_ok=True)
-        for extra in out.parent.iterdir():  # the pre-processed model and onnxruntime's files beside it
-            if extra.name.startswith(tmp.stem):
-                extra.unlink(missing_ok=True)
-    sidecar = lineage_path(out)
-    sidecar.write_text(json.dumps(lineage, indent=2) + "\n")
-    return QuantizeResult(out, sidecar, lineage, model.stat().st_size, out.stat().st_size, seconds)
+        onnxruntime.set_default_logger_severity(2)  # onnxruntime's default (warnings)
+    return preprocess
+
+
+def _lineage(model: Path, method: str, calibration_record: dict[str, Any] | None, preprocess: str,
+             seconds: float) -> dict[str, Any]:
+    """The variant's lineage (the sidecar, and the model's metadata): source, method, calibration, tool, timing."""
+    import onnxruntime
+
+    return {
+        "kind": "farm-lineage", "version": 1,
+        "source": {"path": str(model.absolute()), "sha256": file_sha256(model), "size_bytes": model.stat().st_size},
+        "method": method, "precision": "fp16" if method == "fp16" else "int8",
+        "calibration": calibration_record,
+        "tool": {"name": "onnxruntime.quantization" if method != "fp16" else "onnxconverter_common.float16",
+                 "onnxruntime": onnxruntime.__version__},
+        "created": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "preprocess": preprocess,
+        "quantize_s": round(seconds, 3),
+    }
 
 
 def _preprocess(model: Path, tmp: Path, method: str) -> tuple[Path, str]:

@@ -26,6 +26,7 @@ from farm.agents.android.adb import (
     lab_key_fingerprint,
     load_or_create_lab_key,
 )
+from farm.agents.parsers.android_facts import parse_facts
 from farm.agents.parsers.benchmark_model import (
     BenchmarkOutputError,
     UnsupportedOperatorError,
@@ -96,6 +97,13 @@ def test_device_facts_are_read(phone: AdbDeviceEmulator, lab_key: Path):
     assert facts.thermal_c["tsens_tz_sensor0"] == 36.0
     assert (facts.battery_level, facts.battery_temp_c, facts.battery_plugged) == (87, 29.1, "usb")
     assert facts.to_environment()["model"] == "LG-H870"
+
+
+def test_a_cut_cpu_line_in_the_facts_is_skipped_not_an_error():
+    # a phone whose facts output was cut after "cpu" (or printed a core without its number) still gives its facts;
+    # before, the bare line raised ValueError, which the driver took for a job's bad compute unit
+    facts = parse_facts("prop ro.product.model=Pixel 7\ncpu\ncpu  \ncpu x max=1\ncpu 0 max=2850000\n", serial="s")
+    assert facts.model == "Pixel 7" and facts.cpu_max_khz == {0: 2850000}
 
 
 def test_exit_status_travels_back_through_the_sentinel(phone: AdbDeviceEmulator, lab_key: Path):

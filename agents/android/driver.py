@@ -197,6 +197,41 @@ def _path(p: str) -> Path:
     return Path(os.path.expanduser(p))
 
 
+@dataclass
+class _Measured:
+    """What one benchmark run on the phone measured, for the steps after it."""
+
+    before: AndroidFacts
+    after: AndroidFacts
+    cooled_s: float
+    command: str
+    shell: ShellResult
+    windows: list[dict[str, Any]]
+    wall: float
+    accuracy: dict[str, Any] | None
+    dataset_note: str
+
+
+class _RunFailed(Exception):
+    """A step ended the run: the result to store."""
+
+    def __init__(self, result: RunResult) -> None:
+        super().__init__(result.message)
+        self.result = result
+
+
+# How a failure of the measurement is stored, first match wins: (exception, failure class, message prefixed with the
+# device's name). A compute unit benchmark_model cannot drive is a ValueError: the job's.
+_FAILURE_TABLE: tuple[tuple[type[Exception], FailureClass, bool], ...] = (
+    (AndroidCommandTimeout, FailureClass.TIMEOUT, True),
+    (AppCanceled, FailureClass.CANCELED, True),
+    (AndroidInfrastructureError, FailureClass.INFRASTRUCTURE, True),
+    (LookupError, FailureClass.INFRASTRUCTURE, False),
+    (ValueError, FailureClass.JOB, True),
+)
+_PHONE_FAILURES = tuple(kind for kind, _, _ in _FAILURE_TABLE)
+
+
 class AndroidDriver:
     name = "android"
 
@@ -241,6 +276,9 @@ class AndroidDriver:
         return facts
 
     def run(self, task: TaskSpec, cancel_check: Callable[[], bool]) -> RunResult:
+        """One task as a pipeline of named steps: the script or benchmark branch, the measurement on the phone (cool
+        down, push, the timed loop, the sustained windows, the dataset pass), the run's environment, the parse of
+        benchmark_model's output, the delegate's verdict, the result."""
         budget = Limits()  # the phone's own: nothing is imposed
         base: dict[str, Any] = dict(backend="android", limits=budget)
         w = task.plan.workload
@@ -251,81 +289,115 @@ class AndroidDriver:
             return RunResult.failed(FailureClass.JOB, f"{Path(task.model_path).name}: benchmark_model on Android runs "
                                     ".tflite models", **base)
         try:
-            with AndroidDevice(self._target()) as device:
-                waiting = time.monotonic()
-                before = self._cool_down(device, cancel_check, limit_c)
-                cooled_s = time.monotonic() - waiting
-                app = w.android_mode == "app"
-                tool = "" if app else self._tool(device, before.abi)  # the app carries its own benchmark
-                model = device.push_by_hash(Path(task.model_path)).remote_path
-                if app:
-                    command = app_command(model, task, self.device_type, self.config.qnn_delegate)
-                else:
-                    command = benchmark_command(tool, model, task, self.device_type, self.config.qnn_delegate)
+            measured = self._measure(task, w, cancel_check, limit_c)
+        except _PHONE_FAILURES as e:
+            return self._phone_failure(e, base)
+        environment = self._environment(measured, w, limit_c)
+        raw = measured.shell.output[-RAW_OUTPUT_CHARS:]
+        try:
+            parsed = self._parsed(task, measured.shell, environment, raw, base)
+            message = self._delegation(task, measured.shell, environment, raw, base)
+        except _RunFailed as e:
+            return e.result
+        return self._completed(task, measured, parsed, message, environment, raw, base)
 
-                def once() -> ShellResult:
-                    if app:
-                        return run_in_app(device, command, task.plan.run_timeout_s, cancel_check)
-                    return device.shell(command, timeout_s=task.plan.run_timeout_s)
-                started = time.monotonic()
-                shell = once()
-                windows = [sustained_window(shell, 0.0, before)]
-                # at least two windows (a first and a last to set apart), then on until sustained_s has passed
-                while w.sustained_s and (len(windows) < 2 or time.monotonic() - started < w.sustained_s) \
-                        and not cancel_check():
-                    shell = once()  # the timed loop again, as long as the job asked: the phone heats, clocks drop
-                    windows.append(sustained_window(shell, time.monotonic() - started, device.facts()))
-                wall = time.monotonic() - started
-                after = device.facts()
-                accuracy, dataset_note = self._dataset(device, tool, model, task, app)
-        except AndroidCommandTimeout as e:
-            return RunResult.failed(FailureClass.TIMEOUT, f"{self.config.name}: {e}", **base)
-        except AppCanceled as e:
-            return RunResult.failed(FailureClass.CANCELED, f"{self.config.name}: {e}", **base)
-        except AndroidInfrastructureError as e:
-            return RunResult.failed(FailureClass.INFRASTRUCTURE, f"{self.config.name}: {e}", **base)
-        except LookupError as e:
-            return RunResult.failed(FailureClass.INFRASTRUCTURE, str(e), **base)
-        except ValueError as e:  # a compute unit benchmark_model cannot drive
-            return RunResult.failed(FailureClass.JOB, f"{self.config.name}: {e}", **base)
+    def _measure(self, task: TaskSpec, w: BenchmarkWorkload, cancel_check: Callable[[], bool],
+                 limit_c: float) -> _Measured:
+        """On the phone: cool down to limit_c, push the tool and the model, run the timed loop (again for each
+        sustained window), read the facts after and run the dataset pass."""
+        with AndroidDevice(self._target()) as device:
+            waiting = time.monotonic()
+            before = self._cool_down(device, cancel_check, limit_c)
+            cooled_s = time.monotonic() - waiting
+            app = w.android_mode == "app"
+            tool = "" if app else self._tool(device, before.abi)  # the app carries its own benchmark
+            model = device.push_by_hash(Path(task.model_path)).remote_path
+            if app:
+                command = app_command(model, task, self.device_type, self.config.qnn_delegate)
+            else:
+                command = benchmark_command(tool, model, task, self.device_type, self.config.qnn_delegate)
+
+            def once() -> ShellResult:
+                if app:
+                    return run_in_app(device, command, task.plan.run_timeout_s, cancel_check)
+                return device.shell(command, timeout_s=task.plan.run_timeout_s)
+            started = time.monotonic()
+            shell = once()
+            windows = [sustained_window(shell, 0.0, before)]
+            # at least two windows (a first and a last to set apart), then on until sustained_s has passed
+            while w.sustained_s and (len(windows) < 2 or time.monotonic() - started < w.sustained_s) \
+                    and not cancel_check():
+                shell = once()  # the timed loop again, as long as the job asked: the phone heats, clocks drop
+                windows.append(sustained_window(shell, time.monotonic() - started, device.facts()))
+            wall = time.monotonic() - started
+            after = device.facts()
+            accuracy, dataset_note = self._dataset(device, tool, model, task, app)
+        return _Measured(before, after, cooled_s, command, shell, windows, wall, accuracy, dataset_note)
+
+    def _phone_failure(self, e: Exception, base: dict[str, Any]) -> RunResult:
+        """A failure of the measurement as its failure class (_PHONE_FAILURES' table, first match wins)."""
+        for kind, failure_class, named in _FAILURE_TABLE:
+            if isinstance(e, kind):
+                return RunResult.failed(failure_class, f"{self.config.name}: {e}" if named else str(e), **base)
+        raise e  # not in the table: _PHONE_FAILURES and _FAILURE_TABLE name the same classes
+
+    def _environment(self, measured: _Measured, w: BenchmarkWorkload, limit_c: float) -> dict[str, Any]:
+        before, after = measured.before, measured.after
         environment: dict[str, Any] = {
-            "device": before.to_environment(), "command": command, "android_mode": w.android_mode,
+            "device": before.to_environment(), "command": measured.command, "android_mode": w.android_mode,
             "temperature_before_c": _hottest(before), "temperature_after_c": _hottest(after),
             "thermal_throttled": (_hottest(after) or 0) >= limit_c, "cooldown_c": limit_c,
-            "cooldown_waited_s": round(cooled_s, 3),
+            "cooldown_waited_s": round(measured.cooled_s, 3),
             "device_type": self.device_type.name if self.device_type else None}
         if w.sustained_s:
-            environment["sustained"] = sustained_summary(windows, w.sustained_s)
-        raw = shell.output[-RAW_OUTPUT_CHARS:]
+            environment["sustained"] = sustained_summary(measured.windows, w.sustained_s)
+        return environment
+
+    def _parsed(self, task: TaskSpec, shell: ShellResult, environment: dict[str, Any], raw: str,
+                base: dict[str, Any]) -> BenchmarkModelOutput:
+        """benchmark_model's output parsed, or _RunFailed: an unsupported operator, the delegate's own failure, or
+        no result farm can read (the raw output kept with the run either way)."""
         try:
-            parsed = parse_benchmark_model(shell.output)
+            return parse_benchmark_model(shell.output)
         except UnsupportedOperatorError as e:
-            return RunResult.failed(FailureClass.JOB, f"{Path(task.model_path).name}: unsupported operator {e.operator} "
-                                    f"on {self.config.name}", environment=environment, log_tail=raw, **base)
+            raise _RunFailed(RunResult.failed(
+                FailureClass.JOB, f"{Path(task.model_path).name}: unsupported operator {e.operator} on "
+                f"{self.config.name}", environment=environment, log_tail=raw, **base)) from None
         except BenchmarkOutputError:
             failed = parse_delegation(shell.output) if task.plan.accelerator != "cpu" else None
             if failed is not None and failed.verdict == "failed":  # the delegate's own failure, said as such
                 environment["accelerator"] = {"unit": task.plan.accelerator, "precision": task.plan.precision,
                                               **failed.as_environment()}
-                return RunResult.failed(FailureClass.JOB, f"{Path(task.model_path).name} on {self.config.name}: "
-                                        f"{failed.note()}, and benchmark_model stopped", environment=environment,
-                                        log_tail=raw, **base)
-            return RunResult.failed(
+                raise _RunFailed(RunResult.failed(
+                    FailureClass.JOB, f"{Path(task.model_path).name} on {self.config.name}: {failed.note()}, and "
+                    "benchmark_model stopped", environment=environment, log_tail=raw, **base)) from None
+            raise _RunFailed(RunResult.failed(
                 FailureClass.JOB, f"benchmark_model on {self.config.name} exited with status {shell.exit_status} "
                 "and printed no result farm can read; its raw output is kept with the run",
-                environment=environment, log_tail=raw, **base)
+                environment=environment, log_tail=raw, **base)) from None
+
+    def _delegation(self, task: TaskSpec, shell: ShellResult, environment: dict[str, Any], raw: str,
+                    base: dict[str, Any]) -> str:
+        """The accelerator block of the environment and the delegate's note, or _RunFailed where the delegate left
+        the run on the CPU: a run the delegate left on the CPU is no figure of the unit."""
         unit = task.plan.accelerator
         accelerator: dict[str, Any] = {"unit": unit, "precision": task.plan.precision}
         environment["accelerator"] = accelerator
-        message = ""
-        if unit != "cpu":  # what the delegate took: a run the delegate left on the CPU is no figure of the unit
-            delegation = parse_delegation(shell.output)
-            accelerator.update(delegation.as_environment())
-            message = delegation.note()
-            if delegation.on_cpu_entirely or delegation.verdict is None:
-                return RunResult.failed(FailureClass.JOB, f"{Path(task.model_path).name} on {self.config.name}: asked "
-                                        f"for {unit}, but {message}; no CPU figure is reported as a {unit} one",
-                                        environment=environment, log_tail=raw, **base)
+        if unit == "cpu":
+            return ""
+        delegation = parse_delegation(shell.output)
+        accelerator.update(delegation.as_environment())
+        message = delegation.note()
+        if delegation.on_cpu_entirely or delegation.verdict is None:
+            raise _RunFailed(RunResult.failed(
+                FailureClass.JOB, f"{Path(task.model_path).name} on {self.config.name}: asked for {unit}, but "
+                f"{message}; no CPU figure is reported as a {unit} one", environment=environment, log_tail=raw,
+                **base))
+        return message
+
+    def _completed(self, task: TaskSpec, measured: _Measured, parsed: BenchmarkModelOutput, message: str,
+                   environment: dict[str, Any], raw: str, base: dict[str, Any]) -> RunResult:
+        """The completed run: timings, memory, the op profile and the dataset pass's accuracy, judged."""
         peak = parsed.periodic_peak_mb if parsed.periodic_peak_mb is not None else parsed.memory_overall_mb
         telemetry = Telemetry(interval_ms=50.0, memory_peak_bytes=None if peak is None else int(peak * MiB),
                               memory_peak_source="benchmark_model")
@@ -333,17 +405,17 @@ class AndroidDriver:
         if _wants_op_profile(task) and not parsed.op_types and not parsed.run_order:
             environment["op_profile_note"] = ("benchmark_model was asked for --enable_op_profiling=true and printed no "
                                               "profiling tables (a build without the profiler?)")
-        if dataset_note:
-            environment["dataset_note"] = dataset_note
-            message = "; ".join(m for m in (message, dataset_note) if m)
+        if measured.dataset_note:
+            environment["dataset_note"] = measured.dataset_note
+            message = "; ".join(m for m in (message, measured.dataset_note) if m)
         result = RunResult(
-            status=RunStatus.COMPLETED, message=message, latency=latency, telemetry=telemetry, wall_s=wall,
+            status=RunStatus.COMPLETED, message=message, latency=latency, telemetry=telemetry, wall_s=measured.wall,
             throughput_per_s=throughput_per_s(latency), startup_ms=startup_ms(latency),
             op_profile=bounded(op_profile_rows(parsed)),
             peak_rss_bytes=None if parsed.memory_overall_mb is None else int(parsed.memory_overall_mb * MiB),
             environment=environment, tool_versions={"benchmark_model": parsed.generation}, log_tail=raw, **base)
-        if accuracy is not None:
-            judge_accuracy(result, accuracy, task)  # the block bounded, the job's thresholds judged here
+        if measured.accuracy is not None:
+            judge_accuracy(result, measured.accuracy, task)  # the block bounded, the job's thresholds judged here
         return result
 
     def _dataset(self, device: AndroidDevice, tool: str, model: str, task: TaskSpec,

@@ -647,7 +647,63 @@ def end_leftovers(pgid, out):
             "script's own exit".format(len(left), listed))
 
 
+class ScriptOutputReader(object):
+    """The script's output as a thread reads it: its timings (MAX_TIMINGS kept, the rest counted), the timing lines
+    no statistic can use, a bounded tail of its lines and the bytes it printed."""
+
+    def __init__(self):
+        self.timings, self.bad, self.tail = [], [], deque(maxlen=TAIL_LINES)
+        self.bytes, self.dropped = 0, 0
+        self._thread = None
+
+    def take(self, raw, number):
+        line = raw.decode("utf-8", "replace")
+        try:
+            value = parse_timing_line(line)
+        except BadTiming as e:
+            self.bad.append("output line {}: {}".format(number, e))
+            return
+        if value is not None:
+            if len(self.timings) < MAX_TIMINGS:
+                self.timings.append(value)
+            else:
+                self.dropped += 1
+        self.tail.append(line.rstrip()[:TAIL_LINE_CHARS])
+
+    def read(self, stream):
+        number = 0
+        partial = b""
+        while True:
+            chunk = stream.readline(READ_CHUNK)
+            if not chunk:
+                break
+            self.bytes += len(chunk)
+            if not chunk.endswith(b"\n") and len(partial) < READ_CHUNK:
+                partial += chunk  # the rest of a long line comes in the next read
+                continue
+            number += 1
+            self.take((partial + chunk)[:READ_CHUNK * 2], number)
+            partial = b""
+        if partial:  # the last line, without its newline
+            self.take(partial, number + 1)
+
+    def follow(self, stream):
+        self._thread = threading.Thread(target=self.read, args=(stream,), name="script-output")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def drain(self):
+        """Wait a bounded time for the last of the output: whatever still holds the pipe is dead or not ours, so
+        never wait forever."""
+        self._thread.join(OUTPUT_DRAIN_S)
+
+    def keep(self, out):
+        out["output_bytes"], out["output_tail"] = self.bytes, "\n".join(self.tail)
+
+
 def run_script(task, out):
+    """A script workload as named steps: its folder, the start in a session of its own, its output read by a thread
+    and its memory sampled, the wait (the timeout ends the whole group), the clean-up, the verdict. True: it ran."""
     out["runtime"] = "script"
     script_dir = task["script_dir"]
     if task.get("archive"):
@@ -657,60 +713,15 @@ def run_script(task, out):
         except tarfile.TarError as e:
             raise JobError("the script archive cannot be unpacked: {}".format(e))
     out["baseline_rss_bytes"] = status_bytes("VmRSS")
-    timings, bad, tail = [], [], deque(maxlen=TAIL_LINES)
-    counts = {"bytes": 0, "dropped": 0}
-    env = dict(os.environ)
-    env["PYTHONUNBUFFERED"] = "1"
-    env["OMP_NUM_THREADS"] = str(task["threads"])
+    output = ScriptOutputReader()
     adopt_orphans()
     t0 = time.perf_counter()
-    try:
-        # its own session: the group is what the timeout, the memory sampler and the clean-up act on
-        proc = subprocess.Popen(task["command"], cwd=script_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-    except (OSError, ValueError) as e:
-        missing = isinstance(e, OSError) and e.errno == 2
-        raise JobError("command {!r} {} on this board: {}".format(
-            task["command"][0], "was not found" if missing else "cannot be started", e))
+    proc = start_script(task, script_dir)
     if task.get("pgid_file"):
         with open(task["pgid_file"], "w") as f:
             f.write(str(proc.pid))
     sampler = GroupMemorySampler(proc.pid, max(0.02, task.get("sample_interval_ms", 100) / 1000.0)).start()
-
-    def take(raw, number):
-        line = raw.decode("utf-8", "replace")
-        try:
-            value = parse_timing_line(line)
-        except BadTiming as e:
-            bad.append("output line {}: {}".format(number, e))
-            return
-        if value is not None:
-            if len(timings) < MAX_TIMINGS:
-                timings.append(value)
-            else:
-                counts["dropped"] += 1
-        tail.append(line.rstrip()[:TAIL_LINE_CHARS])
-
-    def read_output():
-        number = 0
-        partial = b""
-        while True:
-            chunk = proc.stdout.readline(READ_CHUNK)
-            if not chunk:
-                break
-            counts["bytes"] += len(chunk)
-            if not chunk.endswith(b"\n") and len(partial) < READ_CHUNK:
-                partial += chunk  # the rest of a long line comes in the next read
-                continue
-            number += 1
-            take((partial + chunk)[:READ_CHUNK * 2], number)
-            partial = b""
-        if partial:  # the last line, without its newline
-            take(partial, number + 1)
-
-    reader = threading.Thread(target=read_output, name="script-output")
-    reader.daemon = True
-    reader.start()
+    output.follow(proc.stdout)
     timeout_s = task.get("timeout_s")
     try:
         status = proc.wait(timeout=timeout_s)
@@ -719,8 +730,8 @@ def run_script(task, out):
         sampler.stop(out)
         end_leftovers(proc.pid, out)
         proc.wait()
-        reader.join(OUTPUT_DRAIN_S)
-        out["output_bytes"], out["output_tail"] = counts["bytes"], "\n".join(tail)
+        output.drain()
+        output.keep(out)
         out["failure_class"] = "timeout"
         out["message"] = ("the script ran longer than timeouts.run = {:g} s and was stopped, with every process it "
                           "started".format(timeout_s))
@@ -728,23 +739,46 @@ def run_script(task, out):
     out["whole_run_s"] = time.perf_counter() - t0
     sampler.stop(out)
     leftovers = end_leftovers(proc.pid, out)
-    reader.join(OUTPUT_DRAIN_S)  # whatever still holds the pipe is dead or not ours: never wait forever
+    output.drain()
+    return script_verdict(status, output, leftovers, out)
+
+
+def start_script(task, script_dir):
+    """The script's process, in its own session: the group is what the timeout, the memory sampler and the clean-up
+    act on; JobError when the command cannot start."""
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["OMP_NUM_THREADS"] = str(task["threads"])
+    try:
+        return subprocess.Popen(task["command"], cwd=script_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    except (OSError, ValueError) as e:
+        missing = isinstance(e, OSError) and e.errno == 2
+        raise JobError("command {!r} {} on this board: {}".format(
+            task["command"][0], "was not found" if missing else "cannot be started", e))
+
+
+def script_verdict(status, output, leftovers, out):
+    """A script that exited: its memory, timings and notes kept, then MemoryError or JobError for a run that has
+    no usable timings (killed, a non-zero status, a timing line no statistic can use)."""
     out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    out["output_bytes"], out["output_tail"] = counts["bytes"], "\n".join(tail)
-    out["timings_dropped"] = counts["dropped"]
+    output.keep(out)
+    out["timings_dropped"] = output.dropped
     notes = [leftovers] if leftovers else []
-    if counts["dropped"]:
+    if output.dropped:
         notes.append("the script printed more than {} timings; the {} after them were counted, not kept".format(
-            MAX_TIMINGS, counts["dropped"]))
+            MAX_TIMINGS, output.dropped))
     out["message"] = "; ".join(notes)
     if status == -signal.SIGKILL:
         raise MemoryError("the script was killed (SIGKILL), most likely out of memory")
     if status != 0:
-        raise JobError("the script exited with status {}; its last output:\n{}".format(status, "\n".join(list(tail)[-5:])))
+        raise JobError("the script exited with status {}; its last output:\n{}".format(
+            status, "\n".join(list(output.tail)[-5:])))
+    bad = output.bad
     if bad:
         more = " (and {} more)".format(len(bad) - 3) if len(bad) > 3 else ""
         raise JobError("the script printed timings no statistic can use: " + "; ".join(bad[:3]) + more)
-    out["iterations_ms"] = timings
+    out["iterations_ms"] = output.timings
     return True
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,52 +73,71 @@ def trace_events(path: Path) -> Iterator[Any]:
 
 
 def rows_of_events(events: Iterable[Any], parents: dict[str, str] | None = None) -> list[OpProfileRow]:
-    """`parse_ort_profile`'s rows from events one at a time: memory grows with the graph's nodes, not the trace."""
-    runs = 0
-    first_end: float | None = None  # when the first run ended (trace µs), where the trace says
-    nodes: dict[str, OpProfileRow] = {}
-    calls: dict[str, int] = {}
+    """`parse_ort_profile`'s rows from events one at a time: memory grows with the graph's nodes, not the trace.
+    The steps: each event tallied, control-flow nodes left with their own time, the tallies averaged per run."""
+    tally = _Tally()
     for e in events:
-        if not isinstance(e, dict):
-            continue
+        if isinstance(e, dict):
+            tally.add(e)
+    _own_time_of_control_flow(tally.nodes, parents or {})
+    return tally.rows()
+
+
+@dataclass
+class _Tally:
+    """Runs seen, when the first ended, and per node its summed time, its first run's time and its calls."""
+
+    runs: int = 0
+    first_end: float | None = None  # when the first run ended (trace µs), where the trace says
+    nodes: dict[str, OpProfileRow] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)
+
+    def add(self, e: dict[str, Any]) -> None:
         if e.get("cat") == "Session" and e.get("name") == "model_run":
-            runs += 1
+            self.runs += 1
             ts, span = e.get("ts"), e.get("dur")
-            if runs == 1 and isinstance(ts, (int, float)) and isinstance(span, (int, float)):
-                first_end = ts + span
-            continue
-        if e.get("cat") != "Node":
-            continue
+            if self.runs == 1 and isinstance(ts, (int, float)) and isinstance(span, (int, float)):
+                self.first_end = ts + span
+        elif e.get("cat") == "Node":
+            self.kernel(e)
+
+    def kernel(self, e: dict[str, Any]) -> None:
+        """A node's kernel event (a fence event, a negative or non-finite time is skipped)."""
         name, dur, args = e.get("name"), e.get("dur"), e.get("args") or {}
         if not isinstance(name, str) or not name.endswith(KERNEL_SUFFIX) or not isinstance(dur, (int, float)):
-            continue
+            return
         if not math.isfinite(dur) or dur < 0:
-            continue
+            return
         node = name.removesuffix(KERNEL_SUFFIX)
-        row = nodes.get(node)
+        row = self.nodes.get(node)
         if row is None:
             op = args.get("op_name") if isinstance(args, dict) else None
-            row = nodes[node] = OpProfileRow(kind=NODE, node_type=str(op or "?"), name=node, first_ms=dur / 1000)
+            row = self.nodes[node] = OpProfileRow(kind=NODE, node_type=str(op or "?"), name=node, first_ms=dur / 1000)
             row.avg_ms = 0.0
-            calls[node] = 0
-        elif runs == 0 or (first_end is not None and isinstance(e.get("ts"), (int, float)) and e["ts"] < first_end):
+            self.calls[node] = 0
+        elif self.runs == 0 or (self.first_end is not None and isinstance(e.get("ts"), (int, float))
+                                and e["ts"] < self.first_end):
             # ORT logs a run after its nodes: a body node's first run is every call of it in that run
             row.first_ms = (row.first_ms or 0.0) + dur / 1000
-        row.avg_ms += dur / 1000  # summed here, divided by the runs below
-        calls[node] += 1
-    _own_time_of_control_flow(nodes, parents or {})
-    per_run = max(runs, 1)
-    for node, row in nodes.items():
-        # the first run is the cold one (allocations, caches): reported as first_ms, kept out of the average
-        if runs > 1 and calls[node] >= runs:
-            row.avg_ms = max(0.0, row.avg_ms - (row.first_ms or 0.0)) / (runs - 1)
-        else:
-            row.avg_ms /= per_run
-        row.times_called = round(calls[node] / per_run) or 1
-    whole = sum(r.avg_ms for r in nodes.values())
-    for row in nodes.values():
-        row.percent = 100.0 * row.avg_ms / whole if whole > 0 else None
-    return list(nodes.values())
+        row.avg_ms += dur / 1000  # summed here, divided by the runs in rows()
+        self.calls[node] += 1
+
+    def rows(self) -> list[OpProfileRow]:
+        """Per node: the average per run (the first, cold, run kept out where every run called it), calls per run,
+        share of the whole op time."""
+        runs, nodes = self.runs, self.nodes
+        per_run = max(runs, 1)
+        for node, row in nodes.items():
+            # the first run is the cold one (allocations, caches): reported as first_ms, kept out of the average
+            if runs > 1 and self.calls[node] >= runs:
+                row.avg_ms = max(0.0, row.avg_ms - (row.first_ms or 0.0)) / (runs - 1)
+            else:
+                row.avg_ms /= per_run
+            row.times_called = round(self.calls[node] / per_run) or 1
+        whole = sum(r.avg_ms for r in nodes.values())
+        for row in nodes.values():
+            row.percent = 100.0 * row.avg_ms / whole if whole > 0 else None
+        return list(nodes.values())
 
 
 def _own_time_of_control_flow(nodes: dict[str, OpProfileRow], parents: dict[str, str]) -> None:

@@ -19,6 +19,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Callable
 
 from farm.proto.results import LatencyStats
 
@@ -253,6 +254,90 @@ def _raise_if_unsupported(text: str) -> None:
             raise UnsupportedOperatorError(op, text)
 
 
+@dataclass
+class _Scan:
+    """What one pass over the cleaned lines found, before the summary is put together."""
+
+    stats_lines: list[RunStatsLine] = field(default_factory=list)
+    profiler_timings: RunStatsLine | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    generation: str | None = None
+    memory: tuple[MemoryKind, float, float] | None = None
+    periodic_peak: float | None = None
+    init_session: float | None = None
+    model_size: float | None = None
+    op_types: list[OpTypeRow] = field(default_factory=list)
+    init_op_types: list[OpTypeRow] = field(default_factory=list)
+    run_order: list[OpRow] = field(default_factory=list)
+    section: str = "regular"  # older tools print only the regular runs' tables, without a section title
+
+    def stats(self, match: re.Match[str]) -> None:
+        self.stats_lines.append(_stats_line(match.string))
+
+    def profiler(self, match: re.Match[str]) -> None:
+        self.profiler_timings = _stats_line(match.string)
+
+    def timing_summary(self, match: re.Match[str]) -> None:
+        self.generation = "average-timings" if match.group(1).startswith("Average") else "inference-timings"
+        self.timings = {k.strip().lower(): float(v) for k, v in _TIMING_ITEM.findall(match.group(2))}
+
+    def memory_line(self, match: re.Match[str]) -> None:
+        kind = MemoryKind.PEAK if match.group(1).startswith("Peak") else MemoryKind.DELTA
+        self.memory = (kind, float(match.group(2)), float(match.group(3)))
+
+    def periodic(self, match: re.Match[str]) -> None:
+        self.periodic_peak = float(match.group(1))
+
+    def session(self, match: re.Match[str]) -> None:
+        self.init_session = float(match.group(1))
+
+    def size(self, match: re.Match[str]) -> None:
+        self.model_size = float(match.group(1))
+
+    def init_section(self, match: re.Match[str]) -> None:
+        self.section = "init"
+
+    def regular_section(self, match: re.Match[str]) -> None:
+        self.section = "regular"
+
+    def table(self, lines: list[str], i: int, title: str) -> int:
+        """The profiling table whose title is lines[i], kept where its section says; the index after it."""
+        rows, after = _parse_table(lines, i + 1, title)
+        if title == "Summary by node type":
+            if self.section == "init":
+                self.init_op_types = rows  # type: ignore[assignment]
+            else:
+                self.op_types = rows  # type: ignore[assignment]
+        elif title == "Run Order" and self.section == "regular":
+            self.run_order = rows  # type: ignore[assignment]
+        return after
+
+    def read(self, lines: list[str], i: int) -> int:
+        """Line i read by the first rule that matches it (_LINE_RULES); the index of the next line to read."""
+        line = lines[i]
+        for pattern, step in _LINE_RULES:
+            if match := pattern.search(line):
+                step(self, match)
+                return i + 1
+        if match := _TABLE_TITLE.match(line):
+            return self.table(lines, i, match.group(1))
+        return i + 1
+
+
+# What a line is, first match wins; a table title (it spans the lines after it) is read apart, after these.
+_LINE_RULES: tuple[tuple[re.Pattern[str], Callable[[_Scan, re.Match[str]], None]], ...] = (
+    (re.compile(r"^count="), _Scan.stats),
+    (re.compile(r"^Timings \(microseconds\): count="), _Scan.profiler),
+    (_TIMINGS_LINE, _Scan.timing_summary),
+    (_MEMORY_LINE, _Scan.memory_line),
+    (_PERIODIC_PEAK, _Scan.periodic),
+    (_INIT_SESSION, _Scan.session),
+    (_MODEL_SIZE, _Scan.size),
+    (re.compile(r"^Profiling Info for Benchmark Initialization"), _Scan.init_section),
+    (re.compile(r"^Operator-wise Profiling Info for Regular Benchmark Runs"), _Scan.regular_section),
+)
+
+
 def parse_benchmark_model(text: str) -> BenchmarkModelOutput:
     """Parse the whole stdout+stderr of one benchmark_model run.
 
@@ -261,57 +346,53 @@ def parse_benchmark_model(text: str) -> BenchmarkModelOutput:
     """
     _raise_if_unsupported(text)
     lines = _clean_lines(text)
-    stats_lines: list[RunStatsLine] = []
-    profiler_timings: RunStatsLine | None = None
-    timings: dict[str, float] = {}
-    generation: str | None = None
-    out_memory: tuple[MemoryKind, float, float] | None = None
-    periodic_peak = init_session = model_size = None
-    op_types: list[OpTypeRow] = []
-    init_op_types: list[OpTypeRow] = []
-    run_order: list[OpRow] = []
-    section = "regular"  # older tools print only the regular runs' tables, without a section title
-
+    scan = _Scan()
     i = 0
     while i < len(lines):
-        line = lines[i]
-        if line.startswith("count="):
-            stats_lines.append(_stats_line(line))
-        elif line.startswith("Timings (microseconds): count="):
-            profiler_timings = _stats_line(line)
-        elif match := _TIMINGS_LINE.search(line):
-            generation = "average-timings" if match.group(1).startswith("Average") else "inference-timings"
-            timings = {k.strip().lower(): float(v) for k, v in _TIMING_ITEM.findall(match.group(2))}
-        elif match := _MEMORY_LINE.search(line):
-            kind = MemoryKind.PEAK if match.group(1).startswith("Peak") else MemoryKind.DELTA
-            out_memory = (kind, float(match.group(2)), float(match.group(3)))
-        elif match := _PERIODIC_PEAK.search(line):
-            periodic_peak = float(match.group(1))
-        elif match := _INIT_SESSION.search(line):
-            init_session = float(match.group(1))
-        elif match := _MODEL_SIZE.search(line):
-            model_size = float(match.group(1))
-        elif line.startswith("Profiling Info for Benchmark Initialization"):
-            section = "init"
-        elif line.startswith("Operator-wise Profiling Info for Regular Benchmark Runs"):
-            section = "regular"
-        elif match := _TABLE_TITLE.match(line):
-            title = match.group(1)
-            rows, i = _parse_table(lines, i + 1, title)
-            if title == "Summary by node type":
-                if section == "init":
-                    init_op_types = rows  # type: ignore[assignment]
-                else:
-                    op_types = rows  # type: ignore[assignment]
-            elif title == "Run Order" and section == "regular":
-                run_order = rows  # type: ignore[assignment]
-            continue
-        i += 1
+        i = scan.read(lines, i)
+    return _summary(scan, text)
 
+
+def _summary(scan: _Scan, text: str) -> BenchmarkModelOutput:
+    """The scan as the tool's result: its phases (warmup, timed runs), the headline timings, memory, tables."""
     # The first stats line is the warmup phase, the next one the timed runs (TF1 adds a third, profiled, one).
+    stats_lines = scan.stats_lines
     warmup = stats_lines[0] if len(stats_lines) >= 2 else None
-    inference = stats_lines[1] if len(stats_lines) >= 2 else (stats_lines[0] if stats_lines and timings else None)
-    spread = inference or profiler_timings
+    inference = stats_lines[1] if len(stats_lines) >= 2 else (stats_lines[0] if stats_lines and scan.timings else None)
+    spread = inference or scan.profiler_timings
+    avg_ms, init_ms, first_ms, warmup_avg_ms = _headline(scan, warmup, inference, text)
+    memory = scan.memory
+    return BenchmarkModelOutput(
+        generation=scan.generation or "inference-timings",
+        avg_ms=avg_ms,
+        init_ms=init_ms,
+        first_ms=first_ms,
+        warmup_avg_ms=warmup_avg_ms,
+        std_ms=spread.std_ms if spread else None,
+        min_ms=spread.min_ms if spread else None,
+        max_ms=spread.max_ms if spread else None,
+        count=spread.count if spread else None,
+        p5_ms=inference.p5_ms if inference else None,
+        median_ms=inference.median_ms if inference else None,
+        p95_ms=inference.p95_ms if inference else None,
+        memory_kind=memory[0] if memory else None,
+        memory_init_mb=memory[1] if memory else None,
+        memory_overall_mb=memory[2] if memory else None,
+        periodic_peak_mb=scan.periodic_peak,
+        model_size_mb=scan.model_size,
+        warmup=warmup,
+        inference=inference,
+        op_types=scan.op_types,
+        run_order=scan.run_order,
+        init_op_types=scan.init_op_types,
+    )
+
+
+def _headline(scan: _Scan, warmup: RunStatsLine | None, inference: RunStatsLine | None,
+              text: str) -> tuple[float, float | None, float | None, float | None]:
+    """(avg, init, first, warmup avg) in ms: the timings line's figures, else the stats lines' (init: the session's
+    start); BenchmarkOutputError when there is no average at all."""
+    timings = scan.timings
 
     def us(*keys: str) -> float | None:
         for key in keys:
@@ -328,36 +409,12 @@ def parse_benchmark_model(text: str) -> BenchmarkModelOutput:
             "statistics): the tool probably failed; its output is kept", text)
 
     init_ms = us("init")
-    if init_ms is None and init_session is not None:
-        init_ms = init_session
+    if init_ms is None and scan.init_session is not None:
+        init_ms = scan.init_session
     first_ms = us("first inference")
     if first_ms is None and warmup is not None:
         first_ms = warmup.first_ms
     warmup_avg_ms = us("warmup (avg)", "warmup")
     if warmup_avg_ms is None and warmup is not None:
         warmup_avg_ms = warmup.avg_ms
-
-    return BenchmarkModelOutput(
-        generation=generation or "inference-timings",
-        avg_ms=avg_ms,
-        init_ms=init_ms,
-        first_ms=first_ms,
-        warmup_avg_ms=warmup_avg_ms,
-        std_ms=spread.std_ms if spread else None,
-        min_ms=spread.min_ms if spread else None,
-        max_ms=spread.max_ms if spread else None,
-        count=spread.count if spread else None,
-        p5_ms=inference.p5_ms if inference else None,
-        median_ms=inference.median_ms if inference else None,
-        p95_ms=inference.p95_ms if inference else None,
-        memory_kind=out_memory[0] if out_memory else None,
-        memory_init_mb=out_memory[1] if out_memory else None,
-        memory_overall_mb=out_memory[2] if out_memory else None,
-        periodic_peak_mb=periodic_peak,
-        model_size_mb=model_size,
-        warmup=warmup,
-        inference=inference,
-        op_types=op_types,
-        run_order=run_order,
-        init_op_types=init_op_types,
-    )
+    return avg_ms, init_ms, first_ms, warmup_avg_ms

@@ -13,6 +13,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 _PREFIX = re.compile(r"^\s*(?:\[\d\d/\d\d/\d{4}-\d\d:\d\d:\d\d\]\s*)?(?:\[[IWEV]\]\s*)?(?:\[TRT\]\s*)?(?:\[[IWEV]\]\s*)?")
 _STATUS = re.compile(r"^&&&& (RUNNING|PASSED|FAILED) TensorRT\.trtexec(?: \[TensorRT v(\d+)\])?")
@@ -127,65 +128,97 @@ def _strip(line: str) -> tuple[str, str]:
 
 
 def parse_trtexec(text: str) -> TrtexecOutput:
+    """trtexec's whole output, a line at a time: the status banner, then a --dumpProfile table's rows while one is
+    open, else the first of the summary's and the build's lines (_read_line) that the line is."""
     out = TrtexecOutput()
     in_profile = False
     for raw in text.splitlines():
-        if m := _STATUS.match(raw.strip()):
-            if m.group(1) != "RUNNING":
-                out.status = m.group(1)
-            if m.group(2):
-                out.version = out.version or version_from_code(m.group(2))
+        if _read_status(out, raw):
             continue
         severity, line = _strip(raw)
-        if in_profile:
-            if not line:
-                in_profile = False
-            elif (row := _profile_row(line)) is not None:
-                if row.layer == "Total":
-                    out.profile_total_ms = row.avg_ms
-                elif len(out.profile) < MAX_PROFILE_ROWS:
-                    out.profile.append(row)
-            continue
-        if m := _STAT.match(line):
-            out.stats[m.group(1)] = _stat(m.group(2))
-        elif m := _THROUGHPUT.match(line):
-            out.throughput_qps = _finite(m.group(1))
-        elif m := _WALLTIME.match(line):
-            out.host_walltime_s = _finite(m.group(1))
-        elif m := _GPU_TOTAL.match(line):
-            out.gpu_compute_total_s = _finite(m.group(1))
-        elif m := _BUILT.match(line):
-            out.engine_build_s = _finite(m.group(1))
-        elif m := _LOADED.match(line):
-            out.engine_load_s = out.engine_load_s if out.engine_load_s is not None else _finite(m.group(1))
-        elif m := _ENGINE_SIZE.match(line):  # the built engine's own size first (its reload rounds it)
-            out.engine_size_mib = out.engine_size_mib if out.engine_size_mib is not None else _finite(m.group(1))
-        elif m := _VERSION.match(line):
-            out.version = m.group(1)
-        elif m := _DEVICE.match(line):
-            out.device = m.group(1)[:200]
-        elif m := _QUERIES.match(line):
-            out.queries = int(m.group(1))
-        elif m := _PROFILE_HEAD.match(line):
-            out.profile_iterations, in_profile = int(m.group(1)), True
-        elif line in ("Host Latency", "GPU Compute") or line.startswith("throughput: "):
-            out.legacy_summary = True
-        elif "e2e network timing is not reported" in line:
-            out.summary_skipped_for_profile = True
-        elif line.startswith("[DlaLayer]"):
-            out.layers_on_dla += 1
-        elif line.startswith("[GpuLayer]"):
-            out.layers_on_gpu += 1
-        elif m := _DLA_FALLBACK.search(line):
-            if len(out.dla_fallbacks) < 200:
-                out.dla_fallbacks.append((m.group(1) or m.group(3) or m.group(4) or "")[:200])
-        elif m := _NOT_NATIVE.search(line):
-            out.precision_not_native.append({"Half2": "FP16"}.get(m.group(1), m.group(1).upper()))
-        elif severity == "W" and line.startswith("* "):
-            out.warnings.append(line[2:][:300])
-        elif severity == "E" and len(out.errors) < 20:
-            out.errors.append(line[:300])
+        in_profile = _read_profile_line(out, line) if in_profile else _read_line(out, severity, line)
     return out
+
+
+def _read_status(out: TrtexecOutput, raw: str) -> bool:
+    """The `&&&& PASSED/FAILED` banner (the only authoritative status) and its version code; False: not one."""
+    m = _STATUS.match(raw.strip())
+    if m is None:
+        return False
+    if m.group(1) != "RUNNING":
+        out.status = m.group(1)
+    if m.group(2):
+        out.version = out.version or version_from_code(m.group(2))
+    return True
+
+
+def _read_profile_line(out: TrtexecOutput, line: str) -> bool:
+    """A row of the open --dumpProfile table (its Total row apart, at most MAX_PROFILE_ROWS); False: the blank line
+    that ends the table."""
+    if not line:
+        return False
+    row = _profile_row(line)
+    if row is not None:
+        if row.layer == "Total":
+            out.profile_total_ms = row.avg_ms
+        elif len(out.profile) < MAX_PROFILE_ROWS:
+            out.profile.append(row)
+    return True
+
+
+# A figure of one line: (its pattern, the field set from the pattern's first group, the conversion, whether the first
+# such line stays). In the order they are tried, after the statistics lines and before the profile head.
+_FIGURES: tuple[tuple[re.Pattern[str], str, Callable[[str], Any], bool], ...] = (
+    (_THROUGHPUT, "throughput_qps", _finite, False),
+    (_WALLTIME, "host_walltime_s", _finite, False),
+    (_GPU_TOTAL, "gpu_compute_total_s", _finite, False),
+    (_BUILT, "engine_build_s", _finite, False),
+    (_LOADED, "engine_load_s", _finite, True),
+    (_ENGINE_SIZE, "engine_size_mib", _finite, True),  # the built engine's own size first (its reload rounds it)
+    (_VERSION, "version", str, False),
+    (_DEVICE, "device", lambda text: text[:200], False),
+    (_QUERIES, "queries", int, False),
+)
+
+
+def _read_line(out: TrtexecOutput, severity: str, line: str) -> bool:
+    """A line outside a profile table: a statistics line, a figure (_FIGURES), the profile's head, or a note;
+    True: a profile table starts."""
+    if m := _STAT.match(line):
+        out.stats[m.group(1)] = _stat(m.group(2))
+        return False
+    for pattern, name, convert, first_stays in _FIGURES:
+        if m := pattern.match(line):
+            if not (first_stays and getattr(out, name) is not None):
+                setattr(out, name, convert(m.group(1)))
+            return False
+    if m := _PROFILE_HEAD.match(line):
+        out.profile_iterations = int(m.group(1))
+        return True
+    _read_note(out, severity, line)
+    return False
+
+
+def _read_note(out: TrtexecOutput, severity: str, line: str) -> None:
+    """What changes what a figure means: the legacy layout, a skipped summary, DLA placement and fallbacks, a
+    precision the hardware lacks, [W] bullet warnings, [E] errors (bounded)."""
+    if line in ("Host Latency", "GPU Compute") or line.startswith("throughput: "):
+        out.legacy_summary = True
+    elif "e2e network timing is not reported" in line:
+        out.summary_skipped_for_profile = True
+    elif line.startswith("[DlaLayer]"):
+        out.layers_on_dla += 1
+    elif line.startswith("[GpuLayer]"):
+        out.layers_on_gpu += 1
+    elif m := _DLA_FALLBACK.search(line):
+        if len(out.dla_fallbacks) < 200:
+            out.dla_fallbacks.append((m.group(1) or m.group(3) or m.group(4) or "")[:200])
+    elif m := _NOT_NATIVE.search(line):
+        out.precision_not_native.append({"Half2": "FP16"}.get(m.group(1), m.group(1).upper()))
+    elif severity == "W" and line.startswith("* "):
+        out.warnings.append(line[2:][:300])
+    elif severity == "E" and len(out.errors) < 20:
+        out.errors.append(line[:300])
 
 
 def _profile_row(line: str) -> ProfileRow | None:

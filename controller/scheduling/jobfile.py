@@ -24,7 +24,7 @@ from farm.proto.accelerators import parse_accelerator, why_not
 from farm.proto.device_types import DeviceType
 from farm.proto.escape import cut_list, printable
 from farm.proto.regular_files import MAX_JOB_FILE_BYTES, FileRefused, read_regular_file
-from farm.proto.results import ModelFacts
+from farm.proto.results import ModelFacts, TensorInfo
 from farm.proto.storable import field_path, refusal, unstorable
 from farm.proto.spec import JOB_FILE, MAX_INPUT_FILE_BYTES, MAX_INPUT_VALUE_ELEMENTS, BenchmarkWorkload, InputSpec, JobSpec, ModelEntry, ScriptWorkload, cores_missing, default_cpus, input_value_shape, parse_cpuset
 from farm.proto.tasks import DEFAULT_MAX_TASKS
@@ -266,56 +266,94 @@ def resolve_models(spec: JobSpec, root: yaml.Node | None, base_dir: Path, source
     """Every model the job names, inspected; the ones that cannot run come back apart, each with its problem.
 
     gate: None for the user's own files (embedded, the client); a controller passes its gate, and a
-    name outside its roots is refused at once (nothing is looked up outside them)."""
-    from farm.models.facts import ModelError, inspect_model  # numpy, onnx: loaded when a job is read
+    name outside its roots is refused at once (nothing is looked up outside them). The steps: each entry's paths
+    (its glob expanded), each path admitted and inspected, then the default names given and checked distinct."""
     resolved: list[ResolvedModel] = []
     invalid: list[InvalidModel] = []
     for index, raw in enumerate(spec.models):
         entry = raw if isinstance(raw, ModelEntry) else ModelEntry(path=raw)
-        line, field_path = _model_line(root, index), f"models[{index}]"
-        where = f"{source_name}:{line}: {field_path}"
+        place = _EntryPlace(entry, index, source_name, _model_line(root, index), invalid)
+        for path in _entry_paths(place, base_dir, gate):
+            model = _inspected(place, path, base_dir, gate)
+            if model is not None:
+                resolved.append(model)
+    _name_models(resolved, source_name)
+    return resolved, invalid
 
-        def bad(path: str, message: str) -> None:
-            name = entry.name or Path(path).stem
-            invalid.append(InvalidModel(path, name, entry.family, index, JobProblem(source_name, line, field_path, message)))
 
-        if gate is not None:
-            try:
-                gate.check_pattern(entry.path, base_dir)  # before any lookup: nothing is learnt outside the roots
-            except ValueError as e:
-                raise JobFileError(f"{where}: {e}") from None
-        pattern = str(base_dir / (os.path.expanduser(entry.path) if gate is None else entry.path))
-        if glob.has_magic(entry.path):
-            paths = sorted(Path(p) for p in glob.glob(pattern, recursive=True))
-            if not paths:
-                bad(entry.path, f"the glob {entry.path!r} matches no file (searched from {base_dir}).")
-                continue
-            if entry.name and len(paths) > 1:
-                raise JobFileError([JobProblem(source_name, line, field_path, f"`name` is given but the glob {entry.path!r} matches {len(paths)} files; give names per file or drop `name`.")])
-        else:
-            paths = [Path(pattern)]
-        for path in paths:
-            display = None
-            if gate is not None:
-                try:
-                    display, path = str(path), gate.admit(str(path), base_dir)
-                except ValueError as e:
-                    raise JobFileError(f"{where}: {e}") from None
-            if not path.exists():
-                bad(str(path), _missing_file(path, entry.path))
-                continue
-            if not os.access(path, os.R_OK) or path.is_dir():
-                bad(str(path), f"model file {path} cannot be read (is it a directory, or are permissions missing?).")
-                continue
-            try:
-                facts = inspect_model(path)
-            except ModelError as e:
-                bad(str(path), str(e))
-                continue
-            if display is not None:
-                facts.path = display
-            resolved.append(ResolvedModel(path.resolve(), entry.name or "", entry.family, facts, index, display))
-    # Default names are file stems; the same stem in two formats keeps its extension to stay distinct.
+@dataclass
+class _EntryPlace:
+    """A `models:` entry and where the job file has it; `bad` records one of its files as an InvalidModel."""
+
+    entry: ModelEntry
+    index: int
+    source_name: str
+    line: int
+    invalid: list[InvalidModel]
+
+    @property
+    def field_path(self) -> str:
+        return f"models[{self.index}]"
+
+    @property
+    def where(self) -> str:
+        return f"{self.source_name}:{self.line}: {self.field_path}"
+
+    def bad(self, path: str, message: str) -> None:
+        name = self.entry.name or Path(path).stem
+        self.invalid.append(InvalidModel(path, name, self.entry.family, self.index,
+                                         JobProblem(self.source_name, self.line, self.field_path, message)))
+
+
+def _entry_paths(place: _EntryPlace, base_dir: Path, gate: ModelFileGate | None) -> list[Path]:
+    """The files an entry names: its glob's matches (none: the entry is bad), else its one path; a controller's gate
+    refuses a pattern outside its roots before any lookup."""
+    entry = place.entry
+    if gate is not None:
+        try:
+            gate.check_pattern(entry.path, base_dir)  # before any lookup: nothing is learnt outside the roots
+        except ValueError as e:
+            raise JobFileError(f"{place.where}: {e}") from None
+    pattern = str(base_dir / (os.path.expanduser(entry.path) if gate is None else entry.path))
+    if not glob.has_magic(entry.path):
+        return [Path(pattern)]
+    paths = sorted(Path(p) for p in glob.glob(pattern, recursive=True))
+    if not paths:
+        place.bad(entry.path, f"the glob {entry.path!r} matches no file (searched from {base_dir}).")
+    elif entry.name and len(paths) > 1:
+        raise JobFileError([JobProblem(place.source_name, place.line, place.field_path, f"`name` is given but the glob {entry.path!r} matches {len(paths)} files; give names per file or drop `name`.")])
+    return paths
+
+
+def _inspected(place: _EntryPlace, path: Path, base_dir: Path, gate: ModelFileGate | None) -> ResolvedModel | None:
+    """One file of an entry, admitted by the gate and inspected; None when it is bad (recorded on the entry)."""
+    from farm.models.facts import ModelError, inspect_model  # numpy, onnx: loaded when a job is read
+    entry = place.entry
+    display = None
+    if gate is not None:
+        try:
+            display, path = str(path), gate.admit(str(path), base_dir)
+        except ValueError as e:
+            raise JobFileError(f"{place.where}: {e}") from None
+    if not path.exists():
+        place.bad(str(path), _missing_file(path, entry.path))
+        return None
+    if not os.access(path, os.R_OK) or path.is_dir():
+        place.bad(str(path), f"model file {path} cannot be read (is it a directory, or are permissions missing?).")
+        return None
+    try:
+        facts = inspect_model(path)
+    except ModelError as e:
+        place.bad(str(path), str(e))
+        return None
+    if display is not None:
+        facts.path = display
+    return ResolvedModel(path.resolve(), entry.name or "", entry.family, facts, place.index, display)
+
+
+def _name_models(resolved: list[ResolvedModel], source_name: str) -> None:
+    """Default names are file stems; the same stem in two formats keeps its extension to stay distinct. Two models
+    of one name are refused."""
     shown = {id(m): Path(m.display or m.path) for m in resolved}
     stems = [shown[id(m)].stem for m in resolved if not m.name]
     for m in resolved:
@@ -325,7 +363,6 @@ def resolve_models(spec: JobSpec, root: yaml.Node | None, base_dir: Path, source
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise JobFileError([JobProblem(source_name, None, "models", f"two models share the name(s) {dupes}; give each a distinct `name`.")])
-    return resolved, invalid
 
 
 def _benchmark_problem(spec: JobSpec, model: ResolvedModel) -> str | None:
@@ -354,10 +391,14 @@ def _input_problems(spec: JobSpec, model: ResolvedModel, layout: str) -> list[st
     """Every input of this model that cannot be fed as the job asks, each named by its field: a name the model
     lacks, a value its dtype cannot hold, a dynamic dimension left unset, a value whose shape disagrees with the
     shape the run feeds (input_shapes, the model's own, or a swept batch or size)."""
-    from farm.models.runtimes import InputShapeError, resolve_shape
-    import numpy as np  # loaded when a job is read, not for `farm jobs`
     workload = spec.workload_for(model.entry_index)
     assert isinstance(workload, BenchmarkWorkload)
+    return _input_name_problems(spec, model, workload) + _input_shape_problems(spec, model, workload, layout)
+
+
+def _input_name_problems(spec: JobSpec, model: ResolvedModel, workload: BenchmarkWorkload) -> list[str]:
+    """An input named in input_shapes or inputs that the model lacks, and a value its input's dtype cannot hold;
+    each named by the field that sets it (the model's own entry, else the workload)."""
     entry = spec.entry(model.entry_index)
     inputs = {t.name: t for t in model.facts.inputs}
     problems: list[str] = []
@@ -376,46 +417,61 @@ def _input_problems(spec: JobSpec, model: ResolvedModel, layout: str) -> list[st
         problem = _input_value_problem(name, given, inputs[name].dtype) if name in inputs else None
         if problem:
             problems.append(f"{where(name)}: {model.path.name}: {problem}")
+    return problems
+
+
+def _input_shape_problems(spec: JobSpec, model: ResolvedModel, workload: BenchmarkWorkload,
+                          layout: str) -> list[str]:
+    """The first shape problem of each input over the matrix's batch sizes and input sizes (the harness fills shapes
+    with this same function), in the model's input order."""
     overrides = workload.shape_overrides()
-    field = f"models[{model.entry_index}].inputs"  # where a shape conflict is fixed: the model's own entry
     found: dict[str, str] = {}
-    for batch in spec.matrix.batch_sizes:  # the harness fills shapes with this same function
+    for batch in spec.matrix.batch_sizes:
         for size in spec.matrix.input_sizes:
             for tensor in model.facts.inputs:
-                if tensor.name in found:
-                    continue
-                try:
-                    shape = resolve_shape(tensor.name, tensor.shape, layout=layout, batch_size=batch,
-                                          input_size=size, overrides=overrides)
-                except InputShapeError as e:
-                    found[tensor.name] = (f"{field}.{printable(tensor.name, 80)}: {model.path.name}: {e} (or "
-                                          f"{field.removesuffix('inputs')}input_shapes.{printable(tensor.name, 80)})")
-                    continue
-                fixed = [d if isinstance(d, int) and d > 0 else None for d in tensor.shape]
-                if layout == "nchw" and tensor.name in overrides and any(
-                        f is not None and f != d for axis, (f, d) in enumerate(zip(fixed, shape))
-                        if axis or batch == 1):  # ONNX Runtime feeds only a fixed dimension's own size
-                    found[tensor.name] = (f"{field}.{printable(tensor.name, 80)}: {model.path.name} declares "
-                                          f"{tensor.name!r} as {list(tensor.shape)}, but the job gives it the shape "
-                                          f"{shape}{_source(workload.inputs.get(tensor.name))}")
-                    continue
-                fed = workload.inputs.get(tensor.name)
-                if fed is None or not isinstance(fed.value, list):
-                    continue
-                value_shape = input_value_shape(fed.value)
-                try:
-                    fits = list(np.broadcast_shapes(tuple(value_shape), tuple(shape))) == shape
-                except ValueError:
-                    fits = False
-                if not fits:
-                    source = f"file {fed.file!r}" if fed.file else "value"
-                    cell = f" (batch {batch}{f', input size {size}' if size is not None else ''})" \
-                        if len(spec.matrix.batch_sizes) > 1 or size is not None else ""
-                    found[tensor.name] = (f"{field}.{printable(tensor.name, 80)}: {model.path.name}: the {source} has shape "
-                                          f"{value_shape}, but the run feeds {tensor.name!r} the shape {shape}{cell}; "
-                                          "give a value of that shape, or set the input's shape to the value's")
-    problems += found.values()
-    return problems
+                if tensor.name not in found:
+                    problem = _shape_problem(spec, model, workload, tensor, layout, batch, size, overrides)
+                    if problem is not None:
+                        found[tensor.name] = problem
+    return list(found.values())
+
+
+def _shape_problem(spec: JobSpec, model: ResolvedModel, workload: BenchmarkWorkload, tensor: TensorInfo,
+                   layout: str, batch: int, size: int | None, overrides: dict[str, list[int]]) -> str | None:
+    """Why one input cannot be fed in one cell of the matrix: its shape cannot be resolved, the job's shape
+    contradicts a fixed dimension (ONNX Runtime), or the job's value does not broadcast to the shape the run feeds."""
+    from farm.models.runtimes import InputShapeError, resolve_shape
+    import numpy as np  # loaded when a job is read, not for `farm jobs`
+    field = f"models[{model.entry_index}].inputs"  # where a shape conflict is fixed: the model's own entry
+    try:
+        shape = resolve_shape(tensor.name, tensor.shape, layout=layout, batch_size=batch,
+                              input_size=size, overrides=overrides)
+    except InputShapeError as e:
+        return (f"{field}.{printable(tensor.name, 80)}: {model.path.name}: {e} (or "
+                f"{field.removesuffix('inputs')}input_shapes.{printable(tensor.name, 80)})")
+    fixed = [d if isinstance(d, int) and d > 0 else None for d in tensor.shape]
+    if layout == "nchw" and tensor.name in overrides and any(
+            f is not None and f != d for axis, (f, d) in enumerate(zip(fixed, shape))
+            if axis or batch == 1):  # ONNX Runtime feeds only a fixed dimension's own size
+        return (f"{field}.{printable(tensor.name, 80)}: {model.path.name} declares "
+                f"{tensor.name!r} as {list(tensor.shape)}, but the job gives it the shape "
+                f"{shape}{_source(workload.inputs.get(tensor.name))}")
+    fed = workload.inputs.get(tensor.name)
+    if fed is None or not isinstance(fed.value, list):
+        return None
+    value_shape = input_value_shape(fed.value)
+    try:
+        fits = list(np.broadcast_shapes(tuple(value_shape), tuple(shape))) == shape
+    except ValueError:
+        fits = False
+    if fits:
+        return None
+    source = f"file {fed.file!r}" if fed.file else "value"
+    cell = f" (batch {batch}{f', input size {size}' if size is not None else ''})" \
+        if len(spec.matrix.batch_sizes) > 1 or size is not None else ""
+    return (f"{field}.{printable(tensor.name, 80)}: {model.path.name}: the {source} has shape "
+            f"{value_shape}, but the run feeds {tensor.name!r} the shape {shape}{cell}; "
+            "give a value of that shape, or set the input's shape to the value's")
 
 
 def _source(given: InputSpec | None) -> str:
@@ -695,7 +751,8 @@ def _gib(n: float) -> str:
 
 def check_host(spec: JobSpec, root: yaml.Node | None, source_name: str, host: HostCapacity,
                targets: list[DeviceTarget | None]) -> list[JobProblem]:
-    """The sim budget against the host that runs it: cores it lacks are an error, more than it has a warning."""
+    """The sim budget against the host that runs it: cores it lacks are an error, more than it has a warning. The
+    checks in turn: sim.cpuset's cores, the CPUs a run asks for, sim.memory, each device's sim twins."""
     sim = spec.sim
     cores = host.cores
     if sim.cpuset is not None:
@@ -705,38 +762,68 @@ def check_host(spec: JobSpec, root: yaml.Node | None, source_name: str, host: Ho
                                            f"{sim.cpuset!r} names core(s) {','.join(map(str, missing))}, which this "
                                            f"host cannot use (it has {','.join(map(str, cores))}).")])
         cores = parse_cpuset(sim.cpuset)
-    where = f"the {len(cores)} core(s) {'of sim.cpuset' if sim.cpuset else 'this host has'}"
-    warnings = []
-    if sim.cpus is not None and sim.cpus > len(cores):
-        warnings.append(JobProblem(source_name, _line(root, "sim", "cpus"), "sim.cpus",
-                                   f"{sim.cpus:g} CPUs is more than {where}; the sim cannot give more than it has, "
-                                   f"so runs get at most {len(cores)}."))
-    elif any(c is not None and c > len(cores) for c in spec.matrix.cpus):
-        warnings.append(JobProblem(source_name, _line(root, "matrix", "cpus"), "matrix.cpus",
-                                   f"{max(c for c in spec.matrix.cpus if c is not None):g} CPUs is more than {where}; "
-                                   f"the sim cannot give more than it has, so those runs get at most {len(cores)}."))
-    elif sim.cpus is None and None in spec.matrix.cpus and default_cpus(None, max(spec.matrix.threads)) > len(cores):
-        warnings.append(JobProblem(source_name, _line(root, "matrix", "threads"), "matrix.threads",
-                                   f"{max(spec.matrix.threads)} threads get a budget of as many CPUs, more than "
-                                   f"{where}; the sim cannot give more than it has, so those runs get at most "
-                                   f"{len(cores)} and their threads share cores."))
-    if sim.memory is not None and host.memory_bytes and sim.memory > host.memory_bytes:
-        warnings.append(JobProblem(source_name, _line(root, "sim", "memory"), "sim.memory",
-                                   f"{_gib(sim.memory)} is more than this host's {_gib(host.memory_bytes)}; the sim "
-                                   "cannot give more than it has, so a run may be killed below the limit."))
-    for device in {t.name: t for t in targets if t is not None and t.device_type is not None}.values():
-        device_type = device.device_type
-        assert device_type is not None  # the filter above
-        twins = [device_type.budget_for(threads) for threads in spec.matrix.threads]
-        cpus, memory = max(b.cpus for b in twins), max(b.memory for b in twins)
-        if cpus > len(cores) or (host.memory_bytes and memory > host.memory_bytes):
-            index = next((i for i, t in enumerate(spec.targets) if t in (device.name, f"type:{device_type.name}")
-                          or (t.startswith("tag:") and t[4:] in device.tags)), 0)
-            warnings.append(JobProblem(source_name, _line(root, "targets", index), f"targets[{index}]",
-                                       f"the sim twins of {device.name} get up to {cpus:g} CPUs and {_gib(memory)} "
-                                       f"(device type {device_type.name}), more than {where} or this host's "
-                                       "memory; the sim cannot give more than it has."))
-    return warnings
+    check = _HostCheck(spec, root, source_name, host, cores)
+    found = [check.cpus(), check.memory()]
+    return [w for w in found if w is not None] + check.twins(targets)
+
+
+@dataclass
+class _HostCheck:
+    """One job's budget against one host's cores (sim.cpuset's, where it names them) and memory: a warning each."""
+
+    spec: JobSpec
+    root: yaml.Node | None
+    source_name: str
+    host: HostCapacity
+    cores: list[int]
+
+    @property
+    def where(self) -> str:
+        return f"the {len(self.cores)} core(s) {'of sim.cpuset' if self.spec.sim.cpuset else 'this host has'}"
+
+    def cpus(self) -> JobProblem | None:
+        """sim.cpus, else the matrix's cpus, else its threads' default budget, over the cores."""
+        sim, matrix, n = self.spec.sim, self.spec.matrix, len(self.cores)
+        if sim.cpus is not None and sim.cpus > n:
+            return JobProblem(self.source_name, _line(self.root, "sim", "cpus"), "sim.cpus",
+                              f"{sim.cpus:g} CPUs is more than {self.where}; the sim cannot give more than it has, "
+                              f"so runs get at most {n}.")
+        if any(c is not None and c > n for c in matrix.cpus):
+            return JobProblem(self.source_name, _line(self.root, "matrix", "cpus"), "matrix.cpus",
+                              f"{max(c for c in matrix.cpus if c is not None):g} CPUs is more than {self.where}; "
+                              f"the sim cannot give more than it has, so those runs get at most {n}.")
+        if sim.cpus is None and None in matrix.cpus and default_cpus(None, max(matrix.threads)) > n:
+            return JobProblem(self.source_name, _line(self.root, "matrix", "threads"), "matrix.threads",
+                              f"{max(matrix.threads)} threads get a budget of as many CPUs, more than "
+                              f"{self.where}; the sim cannot give more than it has, so those runs get at most "
+                              f"{n} and their threads share cores.")
+        return None
+
+    def memory(self) -> JobProblem | None:
+        memory, host_memory = self.spec.sim.memory, self.host.memory_bytes
+        if memory is not None and host_memory and memory > host_memory:
+            return JobProblem(self.source_name, _line(self.root, "sim", "memory"), "sim.memory",
+                              f"{_gib(memory)} is more than this host's {_gib(host_memory)}; the sim "
+                              "cannot give more than it has, so a run may be killed below the limit.")
+        return None
+
+    def twins(self, targets: list[DeviceTarget | None]) -> list[JobProblem]:
+        """Each device target whose sim twins' budget (its device type's, at the matrix's threads) is over the host's,
+        named by the `targets` entry that chose it."""
+        warnings = []
+        for device in {t.name: t for t in targets if t is not None and t.device_type is not None}.values():
+            device_type = device.device_type
+            assert device_type is not None  # the filter above
+            twins = [device_type.budget_for(threads) for threads in self.spec.matrix.threads]
+            cpus, memory = max(b.cpus for b in twins), max(b.memory for b in twins)
+            if cpus > len(self.cores) or (self.host.memory_bytes and memory > self.host.memory_bytes):
+                index = next((i for i, t in enumerate(self.spec.targets) if t in (device.name, f"type:{device_type.name}")
+                              or (t.startswith("tag:") and t[4:] in device.tags)), 0)
+                warnings.append(JobProblem(self.source_name, _line(self.root, "targets", index), f"targets[{index}]",
+                                           f"the sim twins of {device.name} get up to {cpus:g} CPUs and {_gib(memory)} "
+                                           f"(device type {device_type.name}), more than {self.where} or this host's "
+                                           "memory; the sim cannot give more than it has."))
+        return warnings
 
 
 def load_job_text(text: str, source_name: str, base_dir: Path, source_path: Path | None = None,
