@@ -72,6 +72,11 @@ def test_rows_a_sandboxed_run_wrote_are_checked_before_they_are_believed() -> No
     assert from_dicts({"not": "a list"}) == [] and from_dicts(None) == []
 
 
+def _op_table_over_latency(record: dict) -> float:
+    """The op table's per-inference sum over the timed loop's average, for one run."""
+    return sum(o["avg_ms"] for o in record["op_profile"] if o["kind"] == "op_type") / record["latency_ms"]["avg"]
+
+
 def test_an_onnx_run_in_the_sim_has_throughput_startup_and_an_op_profile(tmp_path: Path, mobilenet_models,
                                                                            farm) -> None:
     os.symlink(mobilenet_models["mobilenetv2_w0.35_r96.onnx"], tmp_path / "m.onnx")
@@ -97,11 +102,15 @@ matrix: {batch_sizes: [1, 3]}
         assert sum(o["percent"] for o in types.values()) == pytest.approx(100, abs=0.01)
         assert 0 < len(nodes) <= MAX_NODES and all(o["name"] for o in nodes)
         assert nodes == sorted(nodes, key=lambda o: -o["avg_ms"])
-    # the op table is the same per-inference time as the whole, within the profiler's own overhead; the
-    # profiled pass comes after the timed loop, so a run whose cores other work took compares two machines
-    if not (records[0].get("contention") or {}).get("contended"):
-        assert sum(o["avg_ms"] for o in records[0]["op_profile"] if o["kind"] == "op_type") \
-            < records[0]["latency_ms"]["avg"] * 1.5
+    # the op table is the same per-inference time as the whole, within the profiler's own overhead. The profiled
+    # pass comes after the timed loop and the contention watch does not cover it, so load on a shared machine can
+    # make the two passes two machines: judged on the best of up to three jobs (a broken op table fails all three)
+    ratios = [_op_table_over_latency(records[0])]
+    while min(ratios) >= 1.5 and len(ratios) < 3:
+        again = farm("submit", str(job), "--json")
+        assert again.returncode == 0, again.stderr + again.stdout[-2000:]
+        ratios.append(_op_table_over_latency(farm("results", str(again.json()["job"]), "--ops", "--json").json()[0]))
+    assert min(ratios) < 1.5, f"op table ÷ timed average per job: {ratios}"
     plain = farm("results", "1").stdout
     table = farm("results", "1", "--ops").stdout
     assert "Conv" in table and "ms per inference" in table and "Conv" not in plain
