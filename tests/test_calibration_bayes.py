@@ -174,10 +174,10 @@ def test_other_devices_fits_join_their_class_prior() -> None:
 
 
 def _stored(calibration: Calibration, version: int):
-    from farm.controller.analysis.calibrations import StoredCalibration
+    from farm.controller.analysis.calibrations import CalibrationSource, StoredCalibration
 
     return StoredCalibration(id=version, device="phone-1", metric="latency", threads=1, runtime="litert", family="",
-                             version=version, calibration=calibration, source={})
+                             version=version, calibration=calibration, source=CalibrationSource())
 
 
 def test_drift_compares_like_with_like() -> None:
