@@ -139,7 +139,7 @@ def test_both_controllers_show_an_agent_on_either_the_same_way(pg_url: str, tmp_
         def seen_from(server: FarmServer) -> tuple:
             view = lab_view(server.store, live=agents_now(server.agents))
             listed = service.agents(service.Scope(server.controller, agents=server.agents), service.NoAsk()).agents
-            return ([(r["name"], r["state"], r["running"], r["controller"]) for r in view.agents],
+            return ([(r.name, r.state, r.running, r.controller) for r in view.agents],
                     [(d.name, d.state) for d in view.devices],
                     [(x.name, x.state, x.running, x.controller) for x in listed])
 
