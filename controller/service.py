@@ -109,7 +109,7 @@ def fit_figures(cal: Calibration) -> FitFigures:
         population_weight=None if population is None else population.prior_weight,
         population_source=None if population is None else population.prior_source,
         possible_flips=[[p.first, p.second] for p in f.possible_flips], warnings=list(cal.warnings),
-        choice=dict(cal.choice),
+        choice=cal.choice_json(),
         # the fit that came second in the choice, with its leave-one-out figures (to compare with the chosen)
         runner_up=None if runner_up is None else RunnerUp(
             kind=runner_up.kind, formula=runner_up.formula, loo_mape=runner_up.loo_mape,
