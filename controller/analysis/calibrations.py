@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, JsonValue, TypeAdapter, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, JsonValue, ValidationError
 
 from farm.controller.analysis.calibration import (
     Calibration, FitResult, Pair, PopulationPrior, Prior, calibrate, shipped_class_priors,
@@ -43,26 +43,42 @@ class CalibrationError(ValueError):
     """Nothing to fit, or an unknown metric/job: a message for a person."""
 
 
-_FACTS = TypeAdapter(ModelFacts)
-
-
-def stored_facts(text: str | None) -> ModelFacts | None:
-    """A task's model facts (tasks.model_facts_json: the scheduler's `asdict(ModelFacts)`, or "{}" for a model that
-    could not be read) as their model; None where there are none, or where they are not the facts' shape."""
-    if not text or text == "{}":
-        return None
-    try:
-        return _FACTS.validate_json(text)
-    except ValidationError:
-        return None
-
-
 def _object_or_none(value: object) -> object:
     return value if isinstance(value, dict) else None
 
 
 class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class StoredTensor(_Lenient):
+    dtype: str = ""
+
+
+class StoredFacts(_Lenient):
+    """The parts of a task's stored model facts (tasks.model_facts_json: the scheduler's `asdict(ModelFacts)`, "{}"
+    for a model that could not be read) a calibration reads: the FEATURES, the inputs' types, the op types. A fact
+    the stored JSON names (even as null) stands; one it does not name is not set (model_fields_set)."""
+
+    size_bytes: float | None = None
+    param_count: float | None = None
+    macs: float | None = None
+    conv_macs_share: float | None = None
+    depthwise_macs_share: float | None = None
+    fc_macs_share: float | None = None
+    conv1x1_macs_share: float | None = None
+    activation_bytes: float | None = None
+    op_count: float | None = None
+    inputs: list[StoredTensor] = []
+    op_types: dict[str, float] = {}
+
+
+def stored_facts(text: str | None) -> StoredFacts:
+    """A task's stored model facts; none (every fact unset) where the JSON is not the facts' shape."""
+    try:
+        return StoredFacts.model_validate_json(text or "{}")
+    except ValidationError:
+        return StoredFacts()
 
 
 class BoardIdentity(_Lenient):
@@ -104,12 +120,12 @@ class RunEnvironment(_Lenient):
         return [q for q in (board.power_identity, board.arch and f"arch={board.arch}", on) if q]
 
 
-def _features(facts: ModelFacts | None, size_bytes: int | None, param_count: int | None) -> dict[str, float]:
-    """The regressors of a stored task's model: its facts, else the size and parameter count its task row holds."""
-    if facts is not None:
-        return model_features(facts)
-    return {name: float(value) for name, value in (("param_count", param_count), ("size_bytes", size_bytes))
-            if value is not None}
+def _features(facts: StoredFacts, size_bytes: int | None, param_count: int | None) -> dict[str, float]:
+    """The regressors of a stored task's model: the size and parameter count its task row holds, and each fact its
+    stored facts name (those stand over the row's)."""
+    values: dict[str, float | None] = {"size_bytes": size_bytes, "param_count": param_count}
+    values.update({name: getattr(facts, name) for name in FEATURES if name in facts.model_fields_set})
+    return {name: float(value) for name in FEATURES if (value := values.get(name)) is not None}
 
 
 @dataclass
@@ -162,10 +178,8 @@ def job_values(store: Store, job_id: int, metric: str, *, include_contended: boo
     return out
 
 
-def model_precision(facts: ModelFacts | None) -> str:
+def model_precision(facts: StoredFacts) -> str:
     """int8 / fp16 / fp32 from a model's facts: its inputs' type, or quantize ops inside a float model."""
-    if facts is None:
-        return "fp32"
     dtypes = {t.dtype.lower() for t in facts.inputs}
     if dtypes & {"int8", "uint8"} or "QUANTIZE" in facts.op_types:
         return "int8"
@@ -299,12 +313,11 @@ def calibration_source(store: Store, sim_job: int, device_job: int | None = None
     job = store.jobs.get(sim_job)
     if job is None:
         raise ValueError(f"no job {sim_job} in {store.location}")
-    side = sim_side(job.spec_json)
-    if side is None:
-        raise CalibrationError(f"job {sim_job}'s stored spec has no sim budget and workload to record")
+    side = sim_side(job.spec_json)  # None: a spec without a sim side this farm reads; a prediction then says so
+    given = {} if side is None else {"sim": side.sim, "workload": side.workload}
     if device_job is None:
-        return CalibrationSource(job=sim_job, sim=side.sim, workload=side.workload)
-    return CalibrationSource(sim_job=sim_job, device_job=device_job, sim=side.sim, workload=side.workload)
+        return CalibrationSource(job=sim_job, **given)
+    return CalibrationSource(sim_job=sim_job, device_job=device_job, **given)
 
 
 def fit_and_store(store: Store, device: str, metric: str, paired: list[PairedRun], *, source: CalibrationSource | None,
@@ -512,7 +525,7 @@ def add_predictions(store: Store, records: list[RunRecord], devices: list[str], 
         record.predictions = predictions  # set: the record's JSON carries it
 
 
-def model_features(model: ModelFacts | RunModel | Mapping[str, Any]) -> dict[str, float]:
+def model_features(model: ModelFacts | StoredFacts | RunModel | Mapping[str, Any]) -> dict[str, float]:
     """The regressor values a model has (FEATURES), from its facts, a results record's model (or, until the
     record readers move to the model, its plain form)."""
     if isinstance(model, Mapping):
