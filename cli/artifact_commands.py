@@ -8,6 +8,7 @@ younger than `--grace-hours` stays: an upload may still be waiting for its submi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from pathlib import Path
 
@@ -32,10 +33,10 @@ def cmd_artifacts_gc(args: argparse.Namespace) -> int:
     files = controller_files(store)  # the store's own artifact folder, next to the SQLite file
     answer = service.collect_artifacts(store, files.store, grace_s=args.grace_hours * 3600.0, dry_run=args.dry_run)
     if args.json:
-        print(strict_json.dumps(answer, indent=2))
+        print(strict_json.dumps(dataclasses.asdict(answer), indent=2))
     else:
         verb = "would remove" if args.dry_run else "removed"
-        out.print(f"{verb} {answer['files']} artifact(s) no job names ({answer['bytes']:,} bytes) from {answer['store']}")
+        out.print(f"{verb} {answer.files} artifact(s) no job names ({answer.bytes:,} bytes) from {answer.store}")
     return 0
 
 

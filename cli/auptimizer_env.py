@@ -15,9 +15,8 @@ import shlex
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from pydantic import ValidationError
+from pydantic import JsonValue, ValidationError
 
 from farm.proto.spec import SimBuild, parse_memory
 
@@ -54,7 +53,7 @@ class EnvProblem:
         where = self.file if self.line is None else f"{self.file}:{self.line}"
         return ": ".join(p for p in (where, self.variable, self.message) if p)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, str | int | None]:
         return {"file": self.file, "line": self.line, "field": self.variable or None, "message": self.message}
 
 
@@ -268,9 +267,85 @@ def read_model_list(path: Path) -> list[tuple[str, int]]:
 
 
 @dataclass
+class ScriptPart:
+    """The job's script workload as the converter writes it (workload.type script)."""
+
+    command: str
+    args: list[str] = field(default_factory=list)
+    dir: str = "."
+    script: str | None = None
+
+    def document(self) -> dict[str, JsonValue]:
+        return {"type": "script", "command": self.command, **({"script": self.script} if self.script is not None else {}),
+                "args": list(self.args), "dir": self.dir}
+
+
+@dataclass
+class BuildPart:
+    """sim.build as the converter writes it: a Dockerfile, or the steps farm runs (and their base)."""
+
+    dockerfile: str | None = None
+    apt: list[str] | None = None
+    pip: list[str] | None = None
+    pip_wheels: str | None = None
+    run: list[str] | None = None
+    base: str | None = None
+
+    def document(self) -> dict[str, JsonValue]:
+        """The fields given, in the order the job file has them (farm's own spelling: the memory sizes as written)."""
+        texts = {"dockerfile": self.dockerfile, "pip_wheels": self.pip_wheels, "base": self.base}
+        lists = {"apt": self.apt, "pip": self.pip, "run": self.run}
+        document: dict[str, JsonValue] = {}
+        for name in ("dockerfile", "apt", "pip", "pip_wheels", "run", "base"):
+            text, values = texts.get(name), lists.get(name)
+            if text is not None:
+                document[name] = text
+            elif values is not None:
+                document[name] = list[JsonValue](values)
+        return document
+
+
+@dataclass
+class SimPart:
+    """The job's sim section as the converter writes it: the docker backend and the budget, in the order the env
+    file gave its parts (DOCKCPUS, DOCKMEMORY, then DOCK_ARGS' options as written), the image, the build."""
+
+    cpus: float | str | None = None  # DOCK_ARGS' --cpus as written until it is read as a number
+    cpuset: str | None = None
+    memory: str | None = None
+    image: str | None = None
+    build: BuildPart | None = None
+    order: list[str] = field(default_factory=list)  # the budget fields, as they were set
+
+    def given(self, name: str) -> bool:
+        return name in self.order
+
+    def set(self, name: str, value: str | float) -> None:
+        """One budget field (cpus, cpuset, memory), set once: the first part of the env file that gives it wins."""
+        setattr(self, name, value)
+        if name not in self.order:
+            self.order.append(name)
+
+    def document(self) -> dict[str, JsonValue]:
+        budget: dict[str, JsonValue] = {"cpus": self.cpus, "cpuset": self.cpuset, "memory": self.memory}
+        return {"backend": "docker", **{name: budget[name] for name in self.order},
+                **({"image": self.image} if self.image is not None else {}),
+                **({"build": self.build.document()} if self.build is not None else {})}
+
+
+@dataclass
 class Conversion:
-    job: dict[str, Any]
+    name: str
+    models: list[str]
+    workload: ScriptPart
+    sim: SimPart
     notes: list[EnvProblem]
+
+    @property
+    def job(self) -> dict[str, JsonValue]:
+        """The job file's document, its keys in the order a person reads them."""
+        return {"name": self.name, "models": list(self.models), "workload": self.workload.document(),
+                "sim": self.sim.document()}
 
 
 def _relative(path: Path, out_dir: Path) -> str:
@@ -317,7 +392,7 @@ def _package_list(env: EnvFile, variable: str, search: list[Path], root: Path) -
     return words, notes
 
 
-def _dock_args(env: EnvFile, sim: dict[str, Any], notes: list[EnvProblem]) -> list[tuple[str, str]]:
+def _dock_args(env: EnvFile, sim: SimPart, notes: list[EnvProblem]) -> list[tuple[str, str]]:
     """The docker-run options farm has a field for; every other one is named in a note. Returns the dropped
     mounts as (what was written, the path inside the container)."""
     item = env.values["DOCK_ARGS"]
@@ -351,12 +426,12 @@ def _dock_args(env: EnvFile, sim: dict[str, Any], notes: list[EnvProblem]) -> li
             reason = ("farm turns swap off (the limit is the memory)" if option == "--memory-swap"
                       else "farm sets the container's other options itself (no network, its own mounts and user)")
             notes.append(EnvProblem(str(env.path), item.line, item.name, f"{token!r} is not carried: {reason}."))
-        elif key in sim:
+        elif sim.given(key):
             notes.append(EnvProblem(str(env.path), item.line, item.name, f"{token!r} is not carried: "
                                  f"{'DOCKCPUS' if key == 'cpus' else 'DOCKMEMORY' if key == 'memory' else 'an earlier option'} "
                                  "already sets it."))
         else:
-            sim[key] = value
+            sim.set(key, value)
             notes.append(EnvProblem(str(env.path), item.line, item.name, f"{token!r} becomes sim.{key}."))
     return mounts
 
@@ -385,18 +460,18 @@ def _given_dockerfile(env: EnvFile, env_dir: Path, source: str, notes: list[EnvP
     return None
 
 
-def _from_dropped_mount(env: EnvFile, workload: dict[str, Any], mounts: list[tuple[str, str]],
+def _from_dropped_mount(env: EnvFile, workload: ScriptPart, mounts: list[tuple[str, str]],
                         notes: list[EnvProblem]) -> None:
     """An interpreter that existed only through a `-v` mount farm does not carry would fail every run: a Python
     one becomes the image's `python`, anything else is kept; either way a note names the mount and the fix."""
-    command = str(workload["command"])
+    command = workload.command
     for written, inside in mounts:
         if not Path(command).is_relative_to(inside):
             continue
         item = env.values.get("COMMAND")
         line = item.line if item is not None else None
         if Path(command).name.startswith("python"):
-            workload["command"] = "python"
+            workload.command = "python"
             fix = ("farm runs `python` instead (the image's own with sim.image, else the agent's); install what "
                    "that environment held with PIPREQUIREMENTS or build it into the image (sim.image)")
         else:
@@ -541,31 +616,31 @@ def _command_tokens(r: _Reading, script: str | None) -> list[str]:
     return tokens
 
 
-def _workload(r: _Reading, script: str | None, script_dir: Path, models: list[Path], out_dir: Path) -> dict[str, Any]:
+def _workload(r: _Reading, script: str | None, script_dir: Path, models: list[Path], out_dir: Path) -> ScriptPart:
     """The job's script workload: COMMAND's program, SCRIPT where the command names it, and the model last."""
     tokens = _command_tokens(r, script)
-    workload: dict[str, Any] = {"type": "script", "command": tokens[0]}
+    workload = ScriptPart(command=tokens[0])
     rest = [_literal_braces(t) for t in tokens[1:]]
     if script is not None and tokens[1:2] == [script]:
-        workload["script"], args = script, rest[1:]
+        workload.script, args = script, rest[1:]
     elif script is not None and script in tokens[1:]:
         args = rest
     elif script is not None and not rest:
-        workload["script"], args = script, []
+        workload.script, args = script, []
     else:
         args = rest + ([_literal_braces(script)] if script else [])
     if models:
         args.append("{model}")
         r.note(None, "COMMAND", "each model file is passed as the command's last argument ({model}), one run per "
                                 "model.")
-    workload["args"] = args
-    workload["dir"] = _relative(script_dir, out_dir)
+    workload.args = args
+    workload.dir = _relative(script_dir, out_dir)
     return workload
 
 
-def _sim_limits(r: _Reading, workload: dict[str, Any]) -> dict[str, Any]:
+def _sim_limits(r: _Reading, workload: ScriptPart) -> SimPart:
     """DOCKCPUS, DOCKMEMORY and DOCK_ARGS: the docker backend's CPU and memory budget."""
-    sim: dict[str, Any] = {"backend": "docker"}
+    sim = SimPart()
     if r.value("DOCKCPUS"):
         try:
             cpus = float(r.value("DOCKCPUS") or "")
@@ -573,42 +648,42 @@ def _sim_limits(r: _Reading, workload: dict[str, Any]) -> dict[str, Any]:
             raise r.fail("DOCKCPUS", f"{r.value('DOCKCPUS')!r} is not a number of CPUs (like 1 or 0.5).") from None
         if not 0 < cpus < 4096:
             raise r.fail("DOCKCPUS", f"{r.value('DOCKCPUS')!r} must be above 0.")
-        sim["cpus"] = cpus
+        sim.set("cpus", cpus)
     if r.value("DOCKMEMORY"):
         try:
             parse_memory(_memory(r.value("DOCKMEMORY") or ""))
         except ValueError as e:
             raise r.fail("DOCKMEMORY", str(e)) from None
-        sim["memory"] = _memory(r.value("DOCKMEMORY") or "")
+        sim.set("memory", _memory(r.value("DOCKMEMORY") or ""))
     if r.value("DOCK_ARGS"):
         _from_dropped_mount(r.env, workload, _dock_args(r.env, sim, r.notes), r.notes)
-        if "memory" in sim:
+        if sim.memory is not None:
             try:
-                parse_memory(_memory(str(sim["memory"])))
+                parse_memory(_memory(sim.memory))
             except ValueError as e:
                 raise r.fail("DOCK_ARGS", f"--memory: {e}") from None
-            sim["memory"] = _memory(str(sim["memory"]))
-        if "cpus" in sim:
+            sim.memory = _memory(sim.memory)
+        if sim.cpus is not None:
             try:
-                sim["cpus"] = float(sim["cpus"])
+                sim.cpus = float(sim.cpus)
             except ValueError:
-                raise r.fail("DOCK_ARGS", f"--cpus {sim['cpus']!r} is not a number.") from None
+                raise r.fail("DOCK_ARGS", f"--cpus {sim.cpus!r} is not a number.") from None
     return sim
 
 
-def _docfile_build(r: _Reading, dockerfile: Path, script: str | None, script_dir: Path, workload: dict[str, Any],
-                   out_dir: Path) -> dict[str, Any]:
+def _docfile_build(r: _Reading, dockerfile: Path, script: str | None, script_dir: Path, workload: ScriptPart,
+                   out_dir: Path) -> BuildPart:
     """DOCFILE: its Dockerfile builds the image; the other build variables are not carried."""
     env_dir = r.env_dir
     if not dockerfile.is_relative_to(script_dir):
         # The profiler built from the env file's folder (`docker build -f $DOCFILE .`): that folder is the
         # context, so workload.dir becomes it and the script is named from there.
         inner = script_dir.relative_to(env_dir).as_posix()
-        if "script" in workload:
-            workload["script"] = f"{inner}/{workload['script']}"
-        workload["args"] = [f"{inner}/{a}" if script is not None and a == _literal_braces(script) else a
-                            for a in workload["args"]]
-        workload["dir"] = _relative(env_dir, out_dir)
+        if workload.script is not None:
+            workload.script = f"{inner}/{workload.script}"
+        workload.args = [f"{inner}/{a}" if script is not None and a == _literal_braces(script) else a
+                         for a in workload.args]
+        workload.dir = _relative(env_dir, out_dir)
         r.note(r.line("DOCFILE"), "DOCFILE", f"{dockerfile.name} is beside the env file, outside DIR: the env file's "
                                              "folder is the build context, as the profiler's `docker build .` had it, "
                                              f"and the script runs from there as {inner}/{script}.")
@@ -619,49 +694,49 @@ def _docfile_build(r: _Reading, dockerfile: Path, script: str | None, script_dir
         if r.value(name):
             r.note(r.line(name), name, "not carried: DOCFILE is set, and its Dockerfile builds the image (write this "
                                        "step there).")
-    return {"dockerfile": dockerfile.relative_to(context).as_posix()}
+    return BuildPart(dockerfile=dockerfile.relative_to(context).as_posix())
 
 
-def _steps_build(r: _Reading, script_dir: Path, pip_wheels: str | None) -> dict[str, Any]:
+def _steps_build(r: _Reading, script_dir: Path, pip_wheels: str | None) -> BuildPart:
     """APTREQUIREMENTS, PIPREQUIREMENTS and PRERUN: the build steps farm runs itself."""
-    build: dict[str, Any] = {}
+    build = BuildPart()
     search, env_dir = [script_dir, r.env_dir], r.env_dir
     if r.value("APTREQUIREMENTS"):
-        build["apt"], more = _package_list(r.env, "APTREQUIREMENTS", search, env_dir)
+        build.apt, more = _package_list(r.env, "APTREQUIREMENTS", search, env_dir)
         r.notes += more
         r.note(r.line("APTREQUIREMENTS"), "APTREQUIREMENTS", "packages are unpacked into /opt/farm-build/apt (the "
                "run's /usr is the agent's own); list the libraries they depend on too, and the agent needs the "
                "network to fetch them.")
     if r.value("PIPREQUIREMENTS"):
-        build["pip"], more = _package_list(r.env, "PIPREQUIREMENTS", search, env_dir)
+        build.pip, more = _package_list(r.env, "PIPREQUIREMENTS", search, env_dir)
         r.notes += more
         if pip_wheels is not None:
             wheels = (script_dir / pip_wheels).resolve()
             if not wheels.is_dir() or not wheels.is_relative_to(script_dir):
                 raise r.fail("PIPREQUIREMENTS", f"--pip-wheels {pip_wheels!r} is not a folder inside DIR ({script_dir}).")
-            build["pip_wheels"] = wheels.relative_to(script_dir).as_posix()
+            build.pip_wheels = wheels.relative_to(script_dir).as_posix()
     if r.value("PRERUN"):
-        build["run"] = [r.value("PRERUN")]
+        build.run = [r.value("PRERUN") or ""]
         r.note(r.line("PRERUN"), "PRERUN", "runs once when the image is built, in DIR, not before every run; what it "
                                            "writes outside /usr is in the image.")
     return build
 
 
-def _image(r: _Reading, sim: dict[str, Any], build: dict[str, Any], *, keep_image: bool, host_python: bool) -> None:
+def _image(r: _Reading, sim: SimPart, build: BuildPart, *, keep_image: bool, host_python: bool) -> None:
     """IMAGEREPO: the run's image (sim.image), the build's base (--keep-image), or not carried."""
     image = r.value("IMAGEREPO")
     if not image:
         return
     line = r.line("IMAGEREPO")
-    if "apt" not in build and not keep_image and not host_python and _IMAGE_RE.fullmatch(image):
-        sim["image"] = image
+    if build.apt is None and not keep_image and not host_python and _IMAGE_RE.fullmatch(image):
+        sim.image = image
         steps = (" PIPREQUIREMENTS and PRERUN run in it, at build time, into a venv of the image's own "
                  "Python (as the profiler's `RUN pip install` did, without the PEP 668 refusal)."
-                 if build else "")
+                 if build.document() else "")
         r.note(line, "IMAGEREPO", "becomes sim.image: the script runs with the image's own Python and packages; it "
                                   f"must be on the agent's Docker engine (farm never pulls).{steps}")
     elif keep_image:
-        build["base"] = image
+        build.base = image
         r.note(line, "IMAGEREPO", "the build starts from it; it must be on the agent's Docker engine (farm never "
                                   "pulls), and its /usr is covered by the agent's own.")
     else:
@@ -672,10 +747,10 @@ def _image(r: _Reading, sim: dict[str, Any], build: dict[str, Any], *, keep_imag
                                   "sim.image).")
 
 
-def _checked_build(r: _Reading, build: dict[str, Any]) -> None:
+def _checked_build(r: _Reading, build: BuildPart) -> None:
     """Checked here, so a bad package names its variable and line, not the job file's."""
     try:
-        SimBuild.model_validate(build)
+        SimBuild.model_validate(build.document())
     except ValidationError as e:
         first = e.errors(include_url=False)[0]
         variable = {"apt": "APTREQUIREMENTS", "pip": "PIPREQUIREMENTS", "run": "PRERUN"}.get(
@@ -725,10 +800,9 @@ def convert(env: EnvFile, model_names: list[ModelName], out_path: Path, *, keep_
     else:
         build = _steps_build(r, script_dir, pip_wheels)
         _image(r, sim, build, keep_image=keep_image, host_python=host_python)
-    if build:
+    if build.document():
         _checked_build(r, build)
-        sim["build"] = build
+        sim.build = build
     _not_carried(r)
     model_paths = _model_paths(r, models, script, script_dir, out_dir)
-    job = {"name": env.path.stem, "models": model_paths, "workload": workload, "sim": sim}
-    return Conversion(job, sorted(r.notes, key=lambda n: n.line or 0))
+    return Conversion(env.path.stem, model_paths, workload, sim, sorted(r.notes, key=lambda n: n.line or 0))

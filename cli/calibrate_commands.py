@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 from rich.table import Table
@@ -27,6 +27,14 @@ from farm.proto.names import BACKEND_CHOICES
 from farm.cli.console import UserError, err, job_progress, open_farm, out, output_file, when
 from farm.proto import strict_json
 from farm.proto.escape import printable
+
+if TYPE_CHECKING:
+    from pydantic import JsonValue
+
+    from farm.proto.questions import CalibrationFit, FitFigures, RunnerUp, SuggestAnswer
+
+    Labels = tuple[str | int | None, ...]  # a fit's label cells (device, metric, ... or its group), as the columns name them
+    Fitted = list[tuple[Labels, FitFigures | CalibrationFit]]
 
 INCLUDE_CONTENDED_HELP = "also use sim runs whose cores other work used (left out by default)"
 
@@ -42,32 +50,32 @@ def _prior_cell(weight: float | None, source: str | None) -> str:
     return "—" if weight is None else f"{100 * weight:.0f} % ({source})"
 
 
-def _runner_up_cell(runner_up: dict[str, Any] | None) -> str:
+def _runner_up_cell(runner_up: RunnerUp | None) -> str:
     """The fit the choice ranked second and its leave-one-out MAPE: what the chosen one beat."""
     if not runner_up:
         return "— (one candidate)"
-    mape = runner_up.get("loo_mape")
-    return f"{runner_up['kind']} ({'no figure' if mape is None else format(100 * mape, '.1f')})"
+    mape = runner_up.loo_mape
+    return f"{runner_up.kind} ({'no figure' if mape is None else format(100 * mape, '.1f')})"
 
 
-def _fit_table(rows: list[dict[str, Any]], label_cols: list[str]) -> Table:
+def _fit_table(rows: Fitted, label_cols: list[str]) -> Table:
     t = Table(header_style="bold")
     for c in label_cols + ["fit", "formula", "R²", "n", "LOO MAPE %", "±10 %", "runner-up (LOO MAPE %)", "τ", "ρ",
                            "prior weight", "verdict", "may flip"]:
         t.add_column(c)
-    for r in rows:
-        flips = ", ".join(f"{a}/{b}" for a, b in r["possible_flips"][:3]) + (" …" if len(r["possible_flips"]) > 3 else "")
-        t.add_row(*[Text(str(r[c])) for c in label_cols], r["kind"], Text(r["formula"]),
-                  _fmt(r["r2"], ".3f", "device values all equal"), str(r["n"]),
-                  _fmt(100 * r["loo_mape"] if r["loo_mape"] is not None else None, ".1f", "device values all 0"),
-                  _fmt(100 * r["loo_within_10"] if r["loo_within_10"] is not None else None, ".0f",
+    for labels, r in rows:
+        flips = ", ".join(f"{a}/{b}" for a, b in r.possible_flips[:3]) + (" …" if len(r.possible_flips) > 3 else "")
+        t.add_row(*[Text(str(label)) for label in labels], r.kind, Text(r.formula),
+                  _fmt(r.r2, ".3f", "device values all equal"), str(r.n),
+                  _fmt(100 * r.loo_mape if r.loo_mape is not None else None, ".1f", "device values all 0"),
+                  _fmt(100 * r.loo_within_10 if r.loo_within_10 is not None else None, ".0f",
                        "device values all 0"),
-                  Text(_runner_up_cell(r.get("runner_up"))), _fmt(r["kendall_tau"], ".2f", "no order: values tie"),
-                  _fmt(r["spearman_rho"], ".2f", "no order: values tie"),
-                  Text(_prior_cell(r["prior_weight"], r["prior_source"]) + (
-                      f"; log_pop: population {100 * r['population_weight']:.0f} %"
-                      if r.get("population_weight") is not None and r["kind"] != "log_pop" else "")),
-                  Text("unsafe", style="red") if r["unsafe"] else Text("ok"), Text(flips or "—"))
+                  Text(_runner_up_cell(r.runner_up)), _fmt(r.kendall_tau, ".2f", "no order: values tie"),
+                  _fmt(r.spearman_rho, ".2f", "no order: values tie"),
+                  Text(_prior_cell(r.prior_weight, r.prior_source) + (
+                      f"; log_pop: population {100 * r.population_weight:.0f} %"
+                      if r.population_weight is not None and r.kind != "log_pop" else "")),
+                  Text("unsafe", style="red") if r.unsafe else Text("ok"), Text(flips or "—"))
     return t
 
 
@@ -75,7 +83,7 @@ WIDE_HINT = ("±10 % and MAPE: leave-one-out, on models each fit did not see. --
              "Spearman ρ, prior weight, models whose order may flip")
 
 
-def _compact_table(rows: list[dict[str, Any]], label_cols: list[str]) -> Table:
+def _compact_table(rows: Fitted, label_cols: list[str]) -> Table:
     """One line per calibration: what it is, the whole formula (folded, never cut), how well it
     predicts models it did not see (leave-one-out) and the verdict; --wide has every column."""
     t = Table(header_style="bold", caption=WIDE_HINT, caption_justify="left", caption_style="dim")
@@ -85,23 +93,27 @@ def _compact_table(rows: list[dict[str, Any]], label_cols: list[str]) -> Table:
     t.add_column("formula", overflow="fold", ratio=1)  # takes the width the short columns leave
     for c in ("±10 %", "MAPE %", "verdict"):
         t.add_column(c, no_wrap=True)
-    for r in rows:
+    for labels, r in rows:
         all_zero = "device values all 0"
-        t.add_row(*[Text(str(r[c]) if r[c] is not None else "—") for c in label_cols], str(r["n"]),
-                  Text(f"{r['kind']}: {r['formula'].split('  (')[0]}"),  # the log-space restatement: --wide
-                  _fmt(100 * r["loo_within_10"] if r["loo_within_10"] is not None else None, ".0f", all_zero),
-                  _fmt(100 * r["loo_mape"] if r["loo_mape"] is not None else None, ".1f", all_zero),
-                  Text("unsafe", style="red") if r["unsafe"] else Text("ok"))
+        t.add_row(*[Text(str(label) if label is not None else "—") for label in labels], str(r.n),
+                  Text(f"{r.kind}: {r.formula.split('  (')[0]}"),  # the log-space restatement: --wide
+                  _fmt(100 * r.loo_within_10 if r.loo_within_10 is not None else None, ".0f", all_zero),
+                  _fmt(100 * r.loo_mape if r.loo_mape is not None else None, ".1f", all_zero),
+                  Text("unsafe", style="red") if r.unsafe else Text("ok"))
     return t
 
 
-def _print_fits(rows: list[dict[str, Any]], label_cols: list[str], compact_cols: list[str], wide: bool) -> None:
+def _print_fits(rows: Fitted, label_cols: list[str], compact_cols: list[str], wide: bool) -> None:
+    """The fits, each with its label cells (as label_cols name them); the compact table keeps the compact_cols
+    among them that some fit has a value for."""
     from farm.cli.render import show
 
     if wide:
         show(out, _fit_table(rows, label_cols), wide=True)
-    else:
-        out.print(_compact_table(rows, [c for c in compact_cols if any(r.get(c) not in (None, "") for r in rows)]))
+        return
+    kept = [i for i, c in enumerate(label_cols) if c in compact_cols and any(labels[i] not in (None, "")
+                                                                            for labels, _ in rows)]
+    out.print(_compact_table([(tuple(labels[i] for i in kept), r) for labels, r in rows], [label_cols[i] for i in kept]))
 
 
 # --- calibrate ------------------------------------------------------------------------------
@@ -125,9 +137,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.json:
         print(strict_json.dumps(answer, indent=2))
     else:
-        if results:  # the table reads the rows as the offline fit's (fit_row) too
-            _print_fits([r.model_dump() for r in results], ["device", "metric", "threads", "family", "version"],
-                        ["device", "metric", "threads", "family"], args.wide)
+        if results:  # the same tables as the offline fits'
+            _print_fits([((r.device, r.metric, r.threads, r.family, r.version), r) for r in results],
+                        ["device", "metric", "threads", "family", "version"], ["device", "metric", "threads", "family"],
+                        args.wide)
         _say_left_out(answer.contended_left_out)
         for line in answer.refused:
             err.print(Text.assemble(("not fitted ", "yellow"), line))
@@ -227,36 +240,35 @@ def _suggest_from_store(args: argparse.Namespace) -> int:
                                   threads=args.threads, include_contended=args.include_contended)
         except FarmError as e:
             raise UserError(f"--suggest {args.suggest} --device {printable(args.device)}: {e}") from None
-    answer = suggested.model_dump(mode="json", exclude={"workload"})
     if args.output:
-        answer["job_file"] = str(args.output)
-        output_file(args.output).write_text(_suggested_job(answer, suggested.workload))
-    if args.json:
-        print(strict_json.dumps(answer, indent=2))
+        output_file(args.output).write_text(_suggested_job(suggested))
+    if args.json:  # the answer without the workload (the job file carries it), and the job file written
+        print(strict_json.dumps({**suggested.model_dump(mode="json", exclude={"workload"}),
+                                 **({"job_file": str(args.output)} if args.output else {})}, indent=2))
         return 0
     t = Table(header_style="bold", title=f"measure next on {printable(args.device)} ({metric}, "
-                                         f"{answer['threads']} thread(s))")
+                                         f"{suggested.threads} thread(s))")
     for c in ("model", "sim", "file", "sim job"):
         t.add_column(c, overflow="fold")
-    for s in answer["suggested"]:
-        t.add_row(Text(printable(s["model"])), _fmt(s["sim"]), Text(printable(s["path"] or "—")), str(s["job"]))
+    for s in suggested.suggested:
+        t.add_row(Text(printable(s.model)), _fmt(s.sim), Text(printable(s.path or "—")), str(s.job))
     out.print(t)
-    err.print(f"{len(answer['suggested'])} of {answer['candidates']} candidate(s), spread over sim and "
-              f"{', '.join(answer['features']) or 'no model facts'} (the most predictive variance removed over the candidates; {answer['measured']} already measured)"
+    err.print(f"{len(suggested.suggested)} of {suggested.candidates} candidate(s), spread over sim and "
+              f"{', '.join(suggested.features) or 'no model facts'} (the most predictive variance removed over the candidates; {suggested.measured} already measured)"
               + (f"; job written to {args.output}: `farm submit {args.output}`" if args.output else ""))
     return 0
 
 
-def _suggested_job(answer: dict[str, Any], workload: Any) -> str:
+def _suggested_job(answer: SuggestAnswer) -> str:
     """A job file that measures the suggested models on the device, as their sim job measured them."""
     import yaml
 
-    job = {"name": f"suggested-for-{answer['device']}",
-           "models": [{"path": s["path"], **({"family": s["family"]} if s["family"] else {})}
-                      for s in answer["suggested"]],
-           "workload": workload or {"type": "benchmark"},
-           "matrix": {"threads": [answer["threads"]]},
-           "targets": [answer["device"]]}
+    job: dict[str, JsonValue] = {"name": f"suggested-for-{answer.device}",
+                                 "models": [{"path": s.path, **({"family": s.family} if s.family else {})}
+                                            for s in answer.suggested],
+                                 "workload": answer.workload or {"type": "benchmark"},
+                                 "matrix": {"threads": [answer.threads]},
+                                 "targets": [answer.device]}
     return ("# farm calibrate --suggest: the models that most sharpen the calibration, on this device\n"
             + yaml.safe_dump(job, sort_keys=False))
 
@@ -282,7 +294,7 @@ def _population_prior(choice: str) -> Any:
 
 def _calibrate_offline(args: argparse.Namespace) -> int:
     from farm.controller.analysis.calibration import CalibrationInputError, calibrate, read_pairs_csv
-    from farm.controller.service import GROUP_ALL, fit_row
+    from farm.controller.service import GROUP_ALL, fit_figures
 
     population = _population_prior(args.population_prior)
     try:
@@ -291,6 +303,7 @@ def _calibrate_offline(args: argparse.Namespace) -> int:
     except (CalibrationInputError, OSError) as e:
         raise UserError(str(e)) from None
     fits, rows, refused, plots = {}, [], [], []
+    fitted: Fitted = []
     for group, pairs in sorted(groups.items(), key=lambda kv: str(kv[0])):
         try:
             cal = calibrate(pairs, min_pairs=args.min_pairs, features=sorted(pairs[0].features), population=population)
@@ -298,7 +311,9 @@ def _calibrate_offline(args: argparse.Namespace) -> int:
             refused.append(f"{group or GROUP_ALL}: {e}")
             continue
         fits[group or GROUP_ALL] = cal.to_json()
-        rows.append(fit_row(cal, group=group or GROUP_ALL))
+        chosen = fit_figures(cal)
+        fitted.append(((group or GROUP_ALL,), chosen))
+        rows.append({"group": group or GROUP_ALL, **chosen.model_dump()})  # --json: the group, then the figures
         if args.plot and not args.json:
             plots.append(_plot_calibration(cal, str(group or GROUP_ALL)))
     document = {"farm_calibration": 1, "x": args.x, "y": args.y, "group": args.group, "groups": fits}
@@ -307,15 +322,15 @@ def _calibrate_offline(args: argparse.Namespace) -> int:
     if args.json:
         print(strict_json.dumps({"calibrations": rows, "refused": refused, "written": args.output}, indent=2))
     else:
-        if rows:
-            _print_fits(rows, ["group"], ["group"], args.wide)
+        if fitted:
+            _print_fits(fitted, ["group"], ["group"], args.wide)
         for plot in plots:
             out.print(Text(plot))
         for line in refused:
             err.print(Text.assemble(("not fitted ", "yellow"), line))
-        for r in rows:
-            for w in r["warnings"]:
-                err.print(Text.assemble(("warning ", "yellow"), f"{r['group']}: {w}"))
+        for (group_label,), figures in fitted:
+            for w in figures.warnings:
+                err.print(Text.assemble(("warning ", "yellow"), f"{group_label}: {w}"))
         if args.output:
             out.print(f"fit written to {args.output}")
     return 0 if rows else 1

@@ -17,29 +17,32 @@ import json
 import math
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
-from farm.controller.scheduling.artifacts import GC_GRACE_S
+from farm.controller.scheduling.artifacts import GC_GRACE_S, ArtifactStore, SharedArtifactStore
 from farm.controller.scheduling.controller import Controller, RetryRefused
 from farm.controller.scheduling.job_state import job_fields
 from farm.controller.store import Store
-from farm.controller.store.rows import plain
+from farm.controller.store.rows import JobListing, JobRow
 from farm.proto.questions import (
     AgentInfo, AgentsAnswer, CalibrateAnswer, CalibrateAsk, CalibrationFit, CalibrationsAnswer, CalibrationsAsk,
-    CalibrationVersion, CancelAnswer, DeviceHealth, DeviceHealthAnswer, DeviceInfo, DevicesAnswer, DriftAnswer,
-    DriftAsk, DriftRecord, FinishRefreshAsk, ForgetDeviceAnswer, ForgetDeviceAsk, JobAsk, JobInfo, JobsAnswer, JobsAsk,
-    NoAsk, PredictAnswer, Prediction, PredictUploadedAsk, RankAnswer, RankAsk, RefreshAnswer, ReportAnswer, ReportAsk, ReportFile, ResultsAnswer,
-    RetryAnswer, RetryAsk, SetDeviceHealthAnswer, SetDeviceHealthAsk, SuggestAnswer, SuggestAsk,
+    CancelAnswer, DeviceHealth, DeviceHealthAnswer, DeviceInfo, DevicesAnswer, DriftAnswer, DriftAsk, DriftRecord,
+    FinishRefreshAsk, FitFigures, FitSummary, ForgetDeviceAnswer, ForgetDeviceAsk, JobAsk, JobInfo, JobsAnswer,
+    JobsAsk, NoAsk, PredictAnswer, Prediction, PredictionCalibration, PredictionOutOfRange, PredictUploadedAsk,
+    RankAnswer, RankAsk, RefreshAnswer, ReportAnswer, ReportAsk, ReportFile, ResultsAnswer, RetryAnswer, RetryAsk,
+    RunnerUp, SetDeviceHealthAnswer, SetDeviceHealthAsk, SuggestAnswer, SuggestAsk,
 )
 from farm.proto.questions import MAX_LIST as MAX_LIST
 from farm.proto.questions import Question
 from farm.proto.results import UNENFORCED_BUDGET
 
 if TYPE_CHECKING:  # the job-file models (and yaml) load when a job is made: `farm jobs` never needs them
+    from farm.controller.analysis.calibration import Calibration, FitResult
+    from farm.controller.analysis.calibrations import CalibrationSource, SimSide, StoredCalibration
     from farm.controller.scheduling.jobfile import ResolvedJob
 
 GROUP_ALL = "(all)"
@@ -80,39 +83,47 @@ def check_finite(what: str, value: float, low: float | None = None, high: float 
     return value
 
 
-def _coefficients(fit: Any) -> dict[str, float]:
+def _with_coefficients(figures: FitFigures | FitSummary, fit: FitResult) -> None:
     """A line's a (slope) and b (intercept); a power law's exponent and factor: never one name for both."""
-    return {"exponent": fit.a, "factor": fit.b} if fit.log_space else {"a": fit.a, "b": fit.b}
+    if fit.log_space:
+        figures.exponent, figures.factor = fit.a, fit.b
+    else:
+        figures.a, figures.b = fit.a, fit.b
 
 
-def fit_row(cal: Any, **labels: Any) -> dict[str, Any]:
-    """One fitted calibration as `farm calibrate --json` lists it."""
-    f = cal.fits[cal.chosen]
-    return {**labels, "kind": cal.chosen, "formula": f.formula, "features_used": list(f.features_used),
-            **_coefficients(f), "r2": f.r2, "n": f.n, "loo_mape": f.loo_mape,
-            "loo_within_10": f.loo_within_10, "kendall_tau": f.kendall_tau, "spearman_rho": f.spearman_rho,
-            "unsafe": cal.unsafe, "unsafe_reasons": list(cal.unsafe_reasons),
-            "prior_weight": f.prior_weight, "prior_source": f.prior_source, **_population(cal),
-            "possible_flips": [[p.first, p.second] for p in f.possible_flips], "warnings": list(cal.warnings),
-            "choice": dict(cal.choice), "runner_up": _runner_up(cal),
-            "fits": {k: {**_coefficients(v), "formula": v.formula, "r2": v.r2, "loo_mape": v.loo_mape,
-                         "loo_within_10": v.loo_within_10} for k, v in cal.fits.items()}}
+def _summary(fit: FitResult) -> FitSummary:
+    summary = FitSummary(formula=fit.formula, r2=fit.r2, loo_mape=fit.loo_mape, loo_within_10=fit.loo_within_10)
+    _with_coefficients(summary, fit)
+    return summary
 
 
-def _population(cal: Any) -> dict[str, Any]:
-    """The population prior's weight in the log_pop fit (None: no prior given or no FLOPs/size feature)."""
-    fit = cal.fits.get("log_pop")
-    return {"population_weight": None if fit is None else fit.prior_weight,
-            "population_source": None if fit is None else fit.prior_source}
+def fit_figures(cal: Calibration) -> FitFigures:
+    """One fitted calibration's figures, as `farm calibrate --json` lists them (offline, under its group)."""
+    f, population, runner_up = cal.chosen_fit, cal.fits.get("log_pop"), cal.runner_up
+    figures = FitFigures(
+        kind=cal.chosen, formula=f.formula, features_used=list(f.features_used), r2=f.r2, n=f.n,
+        loo_mape=f.loo_mape, loo_within_10=f.loo_within_10, kendall_tau=f.kendall_tau, spearman_rho=f.spearman_rho,
+        unsafe=cal.unsafe, unsafe_reasons=list(cal.unsafe_reasons), prior_weight=f.prior_weight,
+        prior_source=f.prior_source,
+        # the population prior's weight in the log_pop fit (None: no prior given or no FLOPs/size feature)
+        population_weight=None if population is None else population.prior_weight,
+        population_source=None if population is None else population.prior_source,
+        possible_flips=[[p.first, p.second] for p in f.possible_flips], warnings=list(cal.warnings),
+        choice=cal.choice_json(),
+        # the fit that came second in the choice, with its leave-one-out figures (to compare with the chosen)
+        runner_up=None if runner_up is None else RunnerUp(
+            kind=runner_up.kind, formula=runner_up.formula, loo_mape=runner_up.loo_mape,
+            loo_within_10=runner_up.loo_within_10, loo_log_rmse=runner_up.loo_log_rmse),
+        fits={k: _summary(v) for k, v in cal.fits.items()})
+    _with_coefficients(figures, f)
+    return figures
 
 
-def _runner_up(cal: Any) -> dict[str, Any] | None:
-    """The fit that came second in the choice, with its leave-one-out figures (to compare with the chosen)."""
-    fit = cal.runner_up
-    if fit is None:
-        return None
-    return {"kind": fit.kind, "formula": fit.formula, "loo_mape": fit.loo_mape, "loo_within_10": fit.loo_within_10,
-            "loo_log_rmse": fit.loo_log_rmse}
+def calibration_fit(stored: StoredCalibration) -> CalibrationFit:
+    """One stored calibration's fit as `farm calibrate --json` lists it: what it is for, then its figures."""
+    return CalibrationFit(id=stored.id, device=stored.device, metric=stored.metric, threads=stored.threads,
+                          family=stored.family or GROUP_ALL, version=stored.version,
+                          **fit_figures(stored.calibration).model_dump())
 
 
 # --- who may see and change a job (issue 18, N11) ------------------------------------------------
@@ -130,17 +141,17 @@ class Viewer:
     def sees_all(self) -> bool:
         return self.owner is None
 
-    def owns(self, job: dict[str, Any]) -> bool:
+    def owns(self, job: OwnedJob) -> bool:
         """May cancel it: its own token's job or its team's (never shared); the lab's own jobs are the admins'."""
         if self.sees_all:
             return True
-        if job.get("submitted_by") is None:
+        if job.submitted_by is None:
             return False
-        return job["submitted_by"] == self.owner or (self.team is not None and job.get("team") == self.team)
+        return job.submitted_by == self.owner or (self.team is not None and job.team == self.team)
 
-    def may_read(self, job: dict[str, Any], sharing: str) -> bool:
+    def may_read(self, job: OwnedJob, sharing: str) -> bool:
         """Reading: everything in a `shared` lab; in a `team` lab, its own, its team's and the lab's own jobs."""
-        return sharing == "shared" or job.get("submitted_by") is None or self.owns(job)
+        return sharing == "shared" or job.submitted_by is None or self.owns(job)
 
     def visible(self, sharing: str) -> tuple[str, str | None] | None:
         """The store's job_list filter for this viewer (None: every job)."""
@@ -148,6 +159,16 @@ class Viewer:
 
 
 EVERYONE = Viewer()
+
+
+class OwnedJob(Protocol):
+    """What the reading and changing rules read of a job (a stored job row, a listing's)."""
+
+    @property
+    def submitted_by(self) -> str | None: ...
+
+    @property
+    def team(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -165,31 +186,43 @@ class Scope:
     agents: Any = None  # scheduling.sessions.Sessions
     artifact: Callable[[str], Path | None] | None = None  # an uploaded model by its sha256 (a controller's store)
     submit: Callable[[ResolvedJob], int] | None = None  # queue a job for this caller (a controller: its agents run it)
-    alert: Callable[[dict[str, Any]], None] | None = field(default=None, compare=False)
+    alert: Callable[[dict[str, Any]], None] | None = field(default=None, compare=False)  # alerts.Webhook.send_async
 
     @property
     def store(self) -> Store:
         return self.controller.store
 
-    def readable_job(self, job_id: int, missing: type[ServiceError] = NotFound) -> dict[str, Any]:
+    def readable_job(self, job_id: int, missing: type[ServiceError] = NotFound) -> JobRow:
         """The job's row, when this caller may read it; another team's job in a `team` lab is as good as absent."""
-        job = plain(self.store.jobs.get(job_id)) if job_id else None
+        job = self.store.jobs.get(job_id) if job_id else None
         if job is None or not self.viewer.may_read(job, self.sharing):
             raise missing(f"no job {job_id} in this farm; `farm jobs` lists them")
         return job
 
 
 # --- artifacts no job names (`farm artifacts gc`, and the nightly) --------------------------------
-def collect_artifacts(store: Store, artifacts: Any, *, grace_s: float = GC_GRACE_S,
-                      dry_run: bool = False) -> dict[str, Any]:
-    """Remove the artifact store's files no job names; artifacts is a scheduling.artifacts.ArtifactStore."""
+@dataclass(frozen=True)
+class ArtifactsCollected:
+    """What `farm artifacts gc` removed (or, dry run, would remove): `--json` prints these fields in this order."""
+
+    removed: list[str]
+    files: int
+    bytes: int
+    dry_run: bool
+    store: str  # a PostgreSQL lab's artifacts: its database, lab-wide, and this host's copies
+
+
+def collect_artifacts(store: Store, artifacts: ArtifactStore, *, grace_s: float = GC_GRACE_S,
+                      dry_run: bool = False) -> ArtifactsCollected:
+    """Remove the artifact store's files no job names."""
     check_finite("grace", grace_s, 0, 3650 * 86400.0)
     removed = artifacts.collect(store.artifacts.referenced(), grace_s, dry_run=dry_run)
     if not dry_run:  # what is gone no longer counts against its uploader's quota
         store.artifacts.forget_uploads([name[:64] for name, _ in removed if not name.startswith(".")])
-    return {"removed": [name for name, _ in removed], "files": len(removed), "bytes": sum(size for _, size in removed),
-            "dry_run": dry_run,  # a PostgreSQL lab's artifacts: its database, lab-wide, and this host's copies
-            "store": f"{store.location} and {artifacts.root}" if getattr(artifacts, "chunks", None) else str(artifacts.root)}
+    return ArtifactsCollected(removed=[name for name, _ in removed], files=len(removed),
+                              bytes=sum(size for _, size in removed), dry_run=dry_run,
+                              store=f"{store.location} and {artifacts.root}" if isinstance(artifacts, SharedArtifactStore)
+                              else str(artifacts.root))
 
 
 def _need_job(scope: Scope, job: int) -> None:
@@ -200,8 +233,8 @@ def _owned_job(scope: Scope, job_id: int, verb: str) -> None:
     """Changing a job: reading may be shared, changing never is (its owner, its owner's team, an admin)."""
     row = scope.readable_job(job_id)
     if not scope.viewer.owns(row):
-        whose = (f"belongs to another token{' (team ' + row['team'] + ')' if row['team'] else ''}; only its owner, "
-                 f"its owner's team or an admin may {verb} it") if row["submitted_by"] else (
+        whose = (f"belongs to another token{' (team ' + row.team + ')' if row.team else ''}; only its owner, "
+                 f"its owner's team or an admin may {verb} it") if row.submitted_by else (
             f"is the lab's own (an admin's, the nightly's, or from before jobs had owners); only an admin may {verb} it")
         raise NotAllowed(f"job {job_id} {whose}")
 
@@ -240,15 +273,16 @@ def answer(question: Question[Any, Any], scope: Scope, ask: Any) -> Any:
 # --- jobs --------------------------------------------------------------------------------------
 def job_info(controller: Controller, job_id: int) -> JobInfo | None:
     """A job and its progress as `farm status --json` shows it, or None."""
-    job = plain(controller.store.jobs.get(job_id))
+    job = controller.store.jobs.get(job_id)
     if job is None:
         return None
     return job_info_of(job, controller.store.jobs.task_counts(job_id))
 
 
-def job_info_of(job: dict[str, Any], counts: dict[str, int] | None = None) -> JobInfo:
-    """job_info from a job row and its counts (default: the row's own, as Store.job_list gives them)."""
-    return JobInfo(**job_fields(job, counts))  # the fields `farm jobs` on a local store prints without the model
+def job_info_of(job: JobRow | JobListing, counts: dict[str, int] | None = None) -> JobInfo:
+    """job_info from a job row and its counts (default: the listing's own, as Store.job_list gives them)."""
+    # job_fields is the one reading of a job's fields (client/local_jobs.py reads a listing's plain form by it)
+    return JobInfo(**job_fields(job.as_dict(), counts))
 
 
 def job(scope: Scope, ask: JobAsk) -> JobInfo:
@@ -258,10 +292,10 @@ def job(scope: Scope, ask: JobAsk) -> JobInfo:
 
 def jobs(scope: Scope, ask: JobsAsk) -> JobsAnswer:
     """`farm jobs`: the newest jobs this caller may read, every job's counts in one grouped query."""
-    rows = scope.controller.jobs(ask.limit, scope.viewer.visible(scope.sharing))
+    rows = scope.store.jobs.listing(ask.limit, scope.viewer.visible(scope.sharing))
     for row in rows:  # the listing's filter is the reading rule; a row it let through by mistake is refused
         if not scope.viewer.may_read(row, scope.sharing):
-            raise NotFound(f"no job {row['id']} in this farm; `farm jobs` lists them")
+            raise NotFound(f"no job {row.id} in this farm; `farm jobs` lists them")
     return JobsAnswer(jobs=[job_info_of(row) for row in rows])
 
 
@@ -321,7 +355,7 @@ def calibrate(scope: Scope, ask: CalibrateAsk) -> CalibrateAnswer:
 
     store, job, sim_job, device_job, device = scope.store, ask.job, ask.sim_job, ask.device_job, ask.device
     metrics, min_pairs, include_contended = ask.metrics, ask.min_pairs, ask.include_contended
-    fitted: list[dict[str, Any]] = []
+    fitted: list[CalibrationFit] = []
     refused: list[str] = []
     try:
         if job:
@@ -333,7 +367,7 @@ def calibrate(scope: Scope, ask: CalibrateAsk) -> CalibrateAnswer:
             def within(name: str) -> Callable[[str], list[Any]]:
                 return lambda metric: pair_within_job(store, within_job, name, metric,
                                                       include_contended=include_contended)
-            groups: list[tuple[str, Callable[[str], list[Any]], dict[str, Any]]] = [
+            groups: list[tuple[str, Callable[[str], list[Any]], CalibrationSource]] = [
                 (d, within(d), calibration_source(store, job)) for d in devices]
             jobs = [job]
         else:
@@ -352,15 +386,14 @@ def calibrate(scope: Scope, ask: CalibrateAsk) -> CalibrateAnswer:
                     continue
                 stored, why = fit_and_store(store, name, metric, paired, min_pairs=min_pairs, source=source)
                 refused += why
-                fitted += [fit_row(s.calibration, id=s.id, device=s.device, metric=s.metric, threads=s.threads,
-                                    family=s.family or GROUP_ALL, version=s.version) for s in stored]
+                fitted += [calibration_fit(s) for s in stored]
     except CalibrationError as e:
         raise ServiceError(str(e)) from None
     unenforced = _unenforced_budget_runs(store, jobs)
-    for row in fitted if unenforced else []:
-        row["warnings"] = [*row["warnings"], unenforced]
-    return CalibrateAnswer(calibrations=[CalibrationFit.model_validate(row) for row in fitted], refused=refused,
-                           contended_left_out=left_out)
+    if unenforced:
+        for fit in fitted:
+            fit.warnings = [*fit.warnings, unenforced]
+    return CalibrateAnswer(calibrations=fitted, refused=refused, contended_left_out=left_out)
 
 
 def _unenforced_budget_runs(store: Store, jobs: list[int]) -> str | None:
@@ -378,8 +411,7 @@ def _unenforced_budget_runs(store: Store, jobs: list[int]) -> str | None:
 
 def calibrations(scope: Scope, ask: CalibrationsAsk) -> CalibrationsAnswer:
     from farm.controller.analysis.calibrations import calibration_history
-    return CalibrationsAnswer(calibrations=[CalibrationVersion.model_validate(row) for row in
-                                            calibration_history(scope.store, ask.device, ask.metric)])
+    return CalibrationsAnswer(calibrations=calibration_history(scope.store, ask.device, ask.metric))
 
 
 # --- rank, report, drift -----------------------------------------------------------------------
@@ -418,7 +450,7 @@ def report(scope: Scope, ask: ReportAsk) -> ReportAnswer:
 def suggest(scope: Scope, ask: SuggestAsk) -> SuggestAnswer:
     """`farm calibrate --suggest K --device D`: the models (of the jobs this caller may read) to measure on D next,
     and the workload their first one's sim job ran, so the client writes a job file that measures them alike."""
-    from farm.controller.analysis.calibrations import CalibrationError
+    from farm.controller.analysis.calibrations import CalibrationError, sim_side
     from farm.controller.analysis.suggestions import suggest_for_device
 
     try:  # the device may be one no calibration names yet: its name is shown escaped, never refused
@@ -427,9 +459,11 @@ def suggest(scope: Scope, ask: SuggestAsk) -> SuggestAnswer:
                                     visible_to=scope.viewer.visible(scope.sharing))
     except (CalibrationError, ValueError) as e:
         raise ServiceError(str(e)) from None
-    first = scope.store.jobs.get(answer["suggested"][0]["job"]) if answer["suggested"] else None
-    workload = json.loads(first.spec_json or "{}").get("workload") if first else None
-    return SuggestAnswer.model_validate({**answer, "workload": workload})
+    first = scope.store.jobs.get(answer.suggested[0].job) if answer.suggested else None
+    side = sim_side(first.spec_json) if first else None  # the workload the first suggestion's sim job ran
+    if side is not None:
+        answer.workload = side.workload.model_dump(mode="json")
+    return answer
 
 
 def drift(scope: Scope, ask: DriftAsk) -> DriftAnswer:
@@ -540,25 +574,27 @@ class MeasureFirst:
     threads: int
 
 
-def _reusable_job(store: Store, sha256: str, threads: int, source: dict[str, Any]) -> int | None:
+def _reusable_job(store: Store, sha256: str, threads: int, side: SimSide) -> int | None:
     """A job measured with the same sim budget and workload that has this model at these threads."""
+    from farm.controller.analysis.calibrations import sim_side
+
+    wanted = side.model_dump(mode="json")
     for row in store.jobs.completed_with_model(sha256, threads):
-        spec = json.loads(row.spec_json or "{}")
-        if spec.get("sim") == source["sim"] and spec.get("workload") == source["workload"]:
+        measured = sim_side(row.spec_json)
+        if measured is not None and measured.model_dump(mode="json") == wanted:
             return row.id
     return None
 
 
-def _measurement(model: Path, model_name: str, threads: int, source: dict[str, Any]) -> ResolvedJob:
+def _measurement(model: Path, model_name: str, threads: int, source: SimSide) -> ResolvedJob:
     """The sim job that measures `model` as the calibration's sim side was measured (its budget and workload)."""
     from farm.controller.scheduling.jobfile import JobFileError, resolve_job
-    from farm.proto.spec import JobSpec, Matrix, ModelEntry, SimBudget, Workload, job_file_text
+    from farm.proto.spec import JobSpec, Matrix, ModelEntry, job_file_text
 
     try:
         spec = JobSpec(name=f"predict {model_name}",
                        models=[ModelEntry(path=str(model), name=Path(model_name).stem or "model")],
-                       workload=TypeAdapter(Workload).validate_python(source["workload"]),
-                       sim=SimBudget.model_validate(source["sim"]),  # bytes, as the calibration stored them
+                       workload=source.workload, sim=source.sim,  # bytes, as the calibration stored them
                        matrix=Matrix(threads=[threads]), priority="interactive")
     except ValidationError as e:
         raise ServiceError(f"the calibration's sim side no longer makes a job ({e.errors()[0]['loc']}: "
@@ -577,7 +613,8 @@ def predict(store: Store, model: Path, model_name: str, device: str, metrics: li
     `model` is a file on the store's host (the user's, embedded; an uploaded artifact, remote);
     measured_jobs are the jobs run for this question so far (their runs are `measured now`)."""
     from farm.controller.analysis.calibrations import (
-        METRICS, SIM_SIDE, calibration_history, contended_left_out, current_calibration, job_values, model_features,
+        METRICS, SIM_SIDE, SimSide, calibration_history, contended_left_out, current_calibration, job_values,
+        model_features,
     )
     from farm.models.facts import ModelError, inspect_model
 
@@ -597,21 +634,22 @@ def predict(store: Store, model: Path, model_name: str, device: str, metrics: li
     history = calibration_history(store, device)
     if not history:
         raise ServiceError(f"no calibration for device {device!r} in this farm; run `farm calibrate` first")
-    thread_counts = sorted({r["threads"] for r in history if threads in (None, r["threads"])})
+    thread_counts = sorted({r.threads for r in history if threads in (None, r.threads)})
     if not thread_counts:
         raise ServiceError(f"device {device!r} has no calibration at {threads} thread(s); it has "
-                           f"{sorted({r['threads'] for r in history})}")
+                           f"{sorted({r.threads for r in history})}")
     predictions = []
     for t in thread_counts:
         newest = current_calibration(store, device, metrics[0] if metrics[0] in METRICS else "latency", t)
-        source = newest.source if newest else {}
-        if "sim" not in source:
+        source = newest.source if newest else None
+        if source is None or source.sim is None or source.workload is None:
             raise ServiceError(f"calibration #{newest.id if newest else '?'} does not record its sim budget; refit it")
-        job_id = _reusable_job(store, facts.sha256, t, source)
+        side = SimSide(sim=source.sim, workload=source.workload)
+        job_id = _reusable_job(store, facts.sha256, t, side)
         if job_id is None:  # a measurement of this question that did not complete says why below
             job_id = next((j for j in measured_jobs if store.jobs.model_tasks(j, facts.sha256, t)), None)
         if job_id is None:
-            return MeasureFirst(_measurement(model, model_name, t, source), t)
+            return MeasureFirst(_measurement(model, model_name, t, side), t)
         values = [v for v in job_values(store, job_id, "latency", include_contended=include_contended, target="sim")
                   if v.sha256 == facts.sha256 and v.threads == t]  # x is the sim's, never a paired device's
         if not values and not include_contended and contended_left_out(store, [job_id]):
@@ -632,19 +670,19 @@ def predict(store: Store, model: Path, model_name: str, device: str, metrics: li
                 raise ServiceError(f"device {device!r} has no {metric} calibration for {runtime} at {t} thread(s)")
             x = sum(measured) / len(measured)
             fit = stored.calibration.fits[stored.calibration.chosen]
-            p = fit.predict(x, features=model_features(asdict(facts)), confidence=confidence)
-            predictions.append(Prediction.model_validate({
-                "model": model_name, "sha256": facts.sha256, "device": device, "metric": metric, "threads": t,
-                "unit": METRICS[metric][1], "sim": x, "estimate": p.estimate, "low": p.low, "high": p.high,
-                "confidence": confidence, "sim_job": job_id, "sim_reused": job_id not in measured_jobs,
-                "calibration": {"id": stored.id, "version": stored.version, "kind": stored.calibration.chosen,
-                                "family": stored.family or None, "n": fit.n, "r2": fit.r2},
-                "unsafe": stored.calibration.unsafe, "formula": fit.formula,
-                "warnings": list(stored.calibration.warnings)
+            p = fit.predict(x, features=model_features(facts), confidence=confidence)
+            predictions.append(Prediction(
+                model=model_name, sha256=facts.sha256, device=device, metric=metric, threads=t,
+                unit=METRICS[metric][1], sim=x, estimate=p.estimate, low=p.low, high=p.high,
+                confidence=confidence, sim_job=job_id, sim_reused=job_id not in measured_jobs,
+                calibration=PredictionCalibration(id=stored.id, version=stored.version, kind=stored.calibration.chosen,
+                                                  family=stored.family or None, n=fit.n, r2=fit.r2),
+                unsafe=stored.calibration.unsafe, formula=fit.formula,
+                warnings=list(stored.calibration.warnings)
                 + ([f"extrapolating: {'; '.join(map(str, p.extrapolation))} (the interval is widened)"]
                    if p.extrapolation else []),
-                "verdict": p.verdict, "extrapolation": [o.to_json() for o in p.extrapolation],
-            }))
+                verdict=p.verdict, extrapolation=[PredictionOutOfRange(input=o.input, value=o.value, low=o.low,
+                                                                       high=o.high) for o in p.extrapolation]))
     return predictions
 
 

@@ -518,6 +518,37 @@ class RunnerUp(Model):
     loo_log_rmse: float | None
 
 
+class FitFigures(Sparse):
+    """One fitted calibration's figures (its chosen fit, the choice, every kind's summary): `farm calibrate
+    --pairs --json` lists them under their group, CalibrationFit under what the calibration is for."""
+
+    SPARSE: ClassVar[tuple[str, ...]] = ("a", "b", "exponent", "factor")
+    kind: str
+    formula: str
+    features_used: list[str]
+    a: float | None = None  # a line's slope and intercept
+    b: float | None = None
+    exponent: float | None = None  # a power law's
+    factor: float | None = None
+    r2: float | None
+    n: int
+    loo_mape: float | None
+    loo_within_10: float | None
+    kendall_tau: float | None
+    spearman_rho: float | None
+    unsafe: bool
+    unsafe_reasons: list[str]
+    prior_weight: float | None
+    prior_source: str | None
+    population_weight: float | None
+    population_source: str | None
+    possible_flips: list[list[str]]
+    warnings: list[str]
+    choice: dict[str, JsonValue]
+    runner_up: RunnerUp | None
+    fits: dict[str, FitSummary]
+
+
 class CalibrationFit(Coefficients):
     """One fitted calibration as `farm calibrate --json` lists it."""
 

@@ -130,7 +130,7 @@ def test_chosen_kind_is_log_bayes_unless_another_clearly_beats_it(latency_case):
     line = min(("ols", "robust"), key=lambda k: fits[k].loo_mape)
     expected = line if fits[line].loo_mape < (1.0 - CHOICE_MARGIN) * fits[log_best].loo_mape else log_best
     assert calibration.chosen == expected
-    assert calibration.choice["runner_up"] not in (None, calibration.chosen)
+    assert calibration.choice.runner_up not in (None, calibration.chosen)
 
 
 def test_an_additive_offset_still_gets_a_line():

@@ -69,7 +69,7 @@ def test_log_bayes_is_the_default_and_the_choice_names_a_runner_up() -> None:
     assert calibration.chosen == "log_bayes"
     fit = calibration.chosen_fit
     assert fit.device_class == "single_core" and "by evidence" in (fit.prior_source or "")
-    assert calibration.choice["runner_up"] not in (None, "log_bayes")
+    assert calibration.choice.runner_up not in (None, "log_bayes")
     restored = Calibration.from_json(json.loads(json.dumps(calibration.to_json())))
     assert restored.chosen_fit.device_class == "single_core" and restored.chosen_fit.ranges == fit.ranges
     given = calibrate(pairs_of(data, "s10_cpu_ms", np.arange(10)), features=["FLOPS", "size"], device_class="gpu")
@@ -86,7 +86,7 @@ def test_a_rich_fit_never_wins_below_the_size_it_needs() -> None:
     small = calibrate([Pair(f"m{i}", sim[i], device[i], features={"extra": extra[i]}) for i in range(10)],
                       features=["extra"])
     assert small.fits["ols"].features_used == ["extra"] and small.fits["ols"].loo_mape < 1e-6
-    assert small.chosen != "ols" and "ols" in small.choice["not_offered"]
+    assert small.chosen != "ols" and "ols" in small.choice.not_offered
     large = calibrate([Pair(f"m{i}", sim[i], device[i], features={"extra": extra[i]}) for i in range(RICH_MIN_MODELS)],
                       features=["extra"])
     assert large.chosen == "ols"  # with enough models it may win
@@ -174,10 +174,10 @@ def test_other_devices_fits_join_their_class_prior() -> None:
 
 
 def _stored(calibration: Calibration, version: int):
-    from farm.controller.analysis.calibrations import StoredCalibration
+    from farm.controller.analysis.calibrations import CalibrationSource, StoredCalibration
 
     return StoredCalibration(id=version, device="phone-1", metric="latency", threads=1, runtime="litert", family="",
-                             version=version, calibration=calibration, source={})
+                             version=version, calibration=calibration, source=CalibrationSource())
 
 
 def test_drift_compares_like_with_like() -> None:

@@ -71,12 +71,12 @@ def test_choice_and_runner_up_are_reported() -> None:
              for i in range(12)]
     calibration = calibrate(pairs, features=["FLOPS"])
     choice = calibration.choice
-    assert calibration.chosen in choice["errors"] and choice["runner_up"] in choice["errors"]
-    assert choice["runner_up"] != calibration.chosen and calibration.runner_up is not None
-    assert "leave-one-out" in choice["criterion"]
+    assert calibration.chosen in choice.errors and choice.runner_up in choice.errors
+    assert choice.runner_up != calibration.chosen and calibration.runner_up is not None
+    assert "leave-one-out" in choice.criterion
     work = calibration.fits["log_work"]
     assert work.features_used == ["FLOPS"] and "FLOPS^" in work.formula
-    errors = choice["errors"]
+    errors = choice.errors
     assert all(0 < value < 1 for value in errors.values())
     assert json_round_trip(calibration).choice == choice
 
@@ -188,7 +188,7 @@ def test_a_prior_from_elsewhere_makes_log_ridge_the_reference() -> None:
         previous = calibrate(pairs[5:], features=["FLOPS"])
         prior = Prior.from_fits([previous.fits["log_ridge"]], ["FLOPS"], "previous version")
         calibration = calibrate(pairs[:5], features=["FLOPS"], prior=prior)
-        assert "without the prior" in calibration.choice["criterion"]
+        assert "without the prior" in calibration.choice.criterion
         held = np.ones(sim.size, dtype=bool)
         held[picked] = False
         for kind in shares:

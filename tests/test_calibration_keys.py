@@ -73,7 +73,7 @@ def test_batch_sizes_are_never_averaged_together(tmp_path: Path) -> None:
     store, job = _lab(tmp_path)
     paired = pair_within_job(store, job, "nano-1", "latency")
     assert sorted({p.batch_size for p in paired}) == [1, 8] and len(paired) == 12
-    stored, refused = fit_and_store(store, "nano-1", "latency", paired, source={})
+    stored, refused = fit_and_store(store, "nano-1", "latency", paired, source=None)
     assert refused == []
     by_batch = {s.batch_size: s for s in stored}
     assert sorted(by_batch) == [1, 8]
@@ -86,10 +86,10 @@ def test_batch_sizes_are_never_averaged_together(tmp_path: Path) -> None:
                                                                                               rel=0.03)
         assert by_batch[batch].version == 1  # versions count per key
     history = calibration_history(store, "nano-1")
-    assert sorted((r["batch_size"], r["precision"]) for r in history) == [(1, "fp32"), (8, "fp32")]
+    assert sorted((r.batch_size, r.precision) for r in history) == [(1, "fp32"), (8, "fp32")]
     for row in history:
-        assert row["formula"].startswith("y = ")
-        assert ("exponent" in row) == row["formula"].startswith("y = e^")  # honest names for a power law
+        assert row.formula.startswith("y = ")
+        assert ("exponent" in row.model_dump(mode="json")) == row.formula.startswith("y = e^")  # honest names for a power law
 
 
 def test_energy_per_inference_is_a_result_and_a_calibration_metric(tmp_path: Path) -> None:
@@ -106,7 +106,7 @@ def test_energy_per_inference_is_a_result_and_a_calibration_metric(tmp_path: Pat
     paired = pair_within_job(store, job, "nano-1", "energy")
     assert len(paired) == 12
     assert all(p.pair.y == pytest.approx(BOARD_POWER_W * 2.0 * p.pair.x, rel=0.02) for p in paired if p.batch_size == 1)
-    stored, _ = fit_and_store(store, "nano-1", "energy", paired, source={})
+    stored, _ = fit_and_store(store, "nano-1", "energy", paired, source=None)
     batch_1 = next(s for s in stored if s.batch_size == 1)
     assert batch_1.metric == "energy"
     # energy from the sim's latency: 0.8 W × 2 × sim ms
@@ -116,9 +116,9 @@ def test_energy_per_inference_is_a_result_and_a_calibration_metric(tmp_path: Pat
 def test_a_refit_with_few_models_leans_on_the_previous_version_then_on_the_device_type(tmp_path: Path) -> None:
     store, job = _lab(tmp_path)
     paired = [p for p in pair_within_job(store, job, "nano-1", "latency") if p.batch_size == 1]
-    first, _ = fit_and_store(store, "nano-1", "latency", paired, source={})
+    first, _ = fit_and_store(store, "nano-1", "latency", paired, source=None)
     assert first[0].calibration.fits["log_ridge"].prior_source == "device = constant factor × sim"
-    second, _ = fit_and_store(store, "nano-1", "latency", paired[:4], source={})
+    second, _ = fit_and_store(store, "nano-1", "latency", paired[:4], source=None)
     refit = second[0].calibration.fits["log_ridge"]
     assert second[0].version == 2 and refit.prior_source == "nano-1 version 1"
     assert 0.0 <= refit.prior_weight <= 1.0
@@ -131,13 +131,13 @@ def test_a_refit_with_few_models_leans_on_the_previous_version_then_on_the_devic
     for model, sim_ms in enumerate(SIM_MS[:4]):
         _measure(store, other_job, "nano-2", model, 1, sim_ms, 2.1 * sim_ms, None)
     peer_fit, _ = fit_and_store(store, "nano-2", "latency", pair_within_job(store, other_job, "nano-2", "latency"),
-                                source={})
+                                source=None)
     assert peer_fit[0].calibration.fits["log_ridge"].prior_source == "1 other device(s) of type jetson-nano"
 
 
 def test_rankings_predict_each_batch_size_with_its_own_calibration(tmp_path: Path) -> None:
     store, job = _lab(tmp_path)
-    fit_and_store(store, "nano-1", "latency", pair_within_job(store, job, "nano-1", "latency"), source={})
+    fit_and_store(store, "nano-1", "latency", pair_within_job(store, job, "nano-1", "latency"), source=None)
     new_job = _job(store)
     for model, sim_ms in enumerate(SIM_MS):
         for batch in (1, 8):

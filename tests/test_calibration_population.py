@@ -23,7 +23,7 @@ from farm.controller.analysis.calibration import (
     calibrate,
     fit_population_prior,
 )
-from farm.controller.service import fit_row
+from farm.controller.service import fit_figures
 
 QED_CSV = Path(__file__).parent / "data" / "calibration_qed_phones_300.csv"
 SIM = "pixel4_cpu_ms"
@@ -55,8 +55,8 @@ def test_shipped_prior_loads_and_is_used_and_reported():
     fit = calibration.fits["log_pop"]
     assert fit.features_used == ["FLOPS", "size"] and 0.0 < fit.prior_weight < 1.0
     assert fit.prior_source.startswith("population: ") and "FLOPS^" in fit.formula
-    row = fit_row(calibration, group="all")
-    assert row["population_weight"] == fit.prior_weight and row["population_source"] == fit.prior_source
+    figures = fit_figures(calibration)
+    assert figures.population_weight == fit.prior_weight and figures.population_source == fit.prior_source
     again = Calibration.from_json(json.loads(json.dumps(calibration.to_json())))
     assert again.fits["log_pop"].prior_weight == fit.prior_weight
     held = np.arange(10, 20)

@@ -69,8 +69,8 @@ def test_an_artifact_one_controller_received_is_served_by_another_from_the_datab
         from farm.controller import service  # what `farm artifacts gc` and the nightly run
 
         answer = service.collect_artifacts(store_b, on_b, grace_s=0.0)
-        assert answer["removed"] == [f"{sha}.onnx"] and answer["bytes"] == len(data)
-        assert answer["store"].startswith(store_b.location), "the lab-wide collection names the database"
+        assert answer.removed == [f"{sha}.onnx"] and answer.bytes == len(data)
+        assert answer.store.startswith(store_b.location), "the lab-wide collection names the database"
         assert on_a.missing([sha]) == [sha]
         with psycopg.connect(pg_url) as conn:
             assert conn.execute("SELECT COUNT(*) FROM artifact_chunks").fetchone() == (0,)
@@ -139,7 +139,7 @@ def test_both_controllers_show_an_agent_on_either_the_same_way(pg_url: str, tmp_
         def seen_from(server: FarmServer) -> tuple:
             view = lab_view(server.store, live=agents_now(server.agents))
             listed = service.agents(service.Scope(server.controller, agents=server.agents), service.NoAsk()).agents
-            return ([(r["name"], r["state"], r["running"], r["controller"]) for r in view.agents],
+            return ([(r.name, r.state, r.running, r.controller) for r in view.agents],
                     [(d.name, d.state) for d in view.devices],
                     [(x.name, x.state, x.running, x.controller) for x in listed])
 

@@ -237,6 +237,7 @@ def test_tasks_failed_by_a_quarantine_are_recent_failures(tmp_path: Path, tiny_m
     from farm.controller.store import SQLiteStore
     from farm.proto.results import FailureClass, RunResult
     from farm.web.pages import failures_panel
+    from farm.web.views import RecentFailure
 
     controller = Controller(SQLiteStore(tmp_path / "farm.db"))
     job_id = controller.submit(load_job_text(f"models: [{tiny_models['tflite']}]\nsim: {{on_contention: flag}}\n",
@@ -253,7 +254,7 @@ def test_tasks_failed_by_a_quarantine_are_recent_failures(tmp_path: Path, tiny_m
     assert all(f["failure_class"] == "infrastructure" and "device pixel-1 is quarantined (adb says offline)" in f["message"]
                for f in quarantined)
     assert [f["job_id"] for f in failures] == [device_job, device_job, job_id]  # newest first, the run's too
-    panel = failures_panel(failures)
+    panel = failures_panel([RecentFailure(**f) for f in failures])
     assert panel.count("tiny @ pixel-1") == 2 and "device pixel-1 is quarantined" in panel and "bad model" in panel
 
 
@@ -427,6 +428,7 @@ def test_a_fetch_failure_retried_is_told_once_per_task(tmp_path: Path, tiny_mode
     many attempts failed, not once per attempt."""
     from farm.controller.analysis.results import run_records
     from farm.web.pages import failures_panel
+    from farm.web.views import RecentFailure
     from grpc_processes import Cluster, sleep_job, wait_for
 
     cluster = Cluster(tmp_path, env={"FARM_CONTROLLER": "", "FARM_TOKEN": "", "FARM_CONFIG": str(tmp_path / "none"),
@@ -452,7 +454,7 @@ def test_a_fetch_failure_retried_is_told_once_per_task(tmp_path: Path, tiny_mode
         assert record.attempts == 3
         recent = store.reads.recent_failures(10)
         assert [(r["task_id"], r["failed_attempts"]) for r in recent] == [(1, 3)], recent
-        panel = failures_panel(recent)
+        panel = failures_panel([RecentFailure(**r) for r in recent])
         assert panel.count("could not fetch") == 1 and "3 failed attempts" in panel
         report = tmp_path / "report.html"
         assert cluster.farm("report", "1", "--controller", str(cluster.address), "-o", str(report)).returncode == 0

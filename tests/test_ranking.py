@@ -62,7 +62,7 @@ def paired_job(tmp_path: Path) -> tuple[Store, int]:
         for i, ms in enumerate(FAMILIES[family]):
             _paired(store, calibration_job, family, i, ms, PHONE_RATIO[family] * ms)
     stored, refused = fit_and_store(store, PHONE, "latency", pair_within_job(store, calibration_job, PHONE, "latency"),
-                                    source={})
+                                    source=None)
     assert refused == [] and {s.family for s in stored} == {"", "cnn", "vit"}
     job = _job(store)
     for family, values in FAMILIES.items():

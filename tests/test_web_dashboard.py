@@ -33,7 +33,7 @@ QUARANTINED = "phone-7"
 def _seed(db: Path) -> int:
     """Before the controller starts: a calibration fitted on hostile model names, two quarantined devices."""
     from farm.controller.analysis.calibration import Pair
-    from farm.controller.analysis.calibrations import PairedRun, fit_and_store
+    from farm.controller.analysis.calibrations import CalibrationSource, PairedRun, fit_and_store
     from farm.controller.scheduling.controller import Controller
     from farm.controller.store import SQLiteStore as Store
 
@@ -41,7 +41,7 @@ def _seed(db: Path) -> int:
     names = [HOSTILE_MODEL] + [f"net-{k}" for k in range(1, 8)]
     paired = [PairedRun(Pair(m, 4.0 + 3 * k, 2.0 * (4.0 + 3 * k) + 3 + (0.4 if k % 2 else -0.4)), 1, "litert", 0, 0)
               for k, m in enumerate(names)]
-    stored, refused = fit_and_store(store, HOSTILE_DEVICE, "latency", paired, source={"job": 0})
+    stored, refused = fit_and_store(store, HOSTILE_DEVICE, "latency", paired, source=CalibrationSource(job=0))
     assert stored, refused
     controller = Controller(store)
     controller.quarantine(QUARANTINED, "3 infrastructure failures in a row; last: adb: device offline")

@@ -245,7 +245,7 @@ def test_operator_profiles_become_tables() -> None:
 
 def test_a_calibrations_history_and_drift_over_refreshes(tmp_path: Path) -> None:
     from farm.controller.analysis.calibration import Pair
-    from farm.controller.analysis.calibrations import PairedRun, fit_and_store
+    from farm.controller.analysis.calibrations import CalibrationSource, PairedRun, fit_and_store
     from farm.controller.scheduling.controller import Controller
     from farm.controller.operations.refresh import DriftThresholds, drift_between, record_drift
     from farm.controller.store import SQLiteStore as Store
@@ -256,7 +256,7 @@ def test_a_calibrations_history_and_drift_over_refreshes(tmp_path: Path) -> None
     for slope in (2.0, 2.1, 3.0):  # the third refresh moved: its slope change exceeds the threshold
         paired = [PairedRun(Pair(f"net-{k}", 4.0 + 3 * k, slope * (4.0 + 3 * k) + 1 + (0.3 if k % 2 else -0.3)), 2,
                             "litert", 0, 0) for k in range(6)]
-        stored, refused = fit_and_store(store, "pixel-7", "latency", paired, source={"job": 0})
+        stored, refused = fit_and_store(store, "pixel-7", "latency", paired, source=CalibrationSource(job=0))
         assert stored, refused
         versions.append(stored[0])
     for old, new in zip(versions, versions[1:]):

@@ -65,13 +65,13 @@ def _seed_lab(store, controller) -> None:
 
 def _drift(store) -> int:
     from farm.controller.analysis.calibration import Pair
-    from farm.controller.analysis.calibrations import PairedRun, fit_and_store
+    from farm.controller.analysis.calibrations import CalibrationSource, PairedRun, fit_and_store
     from farm.controller.operations.refresh import DriftThresholds, drift_between, record_drift
     versions = []
     for slope in (2.0, 3.0):  # the second refresh moved past the slope threshold: an alert
         paired = [PairedRun(Pair(f"net-{k}", 4.0 + 3 * k, slope * (4.0 + 3 * k) + 1 + (0.3 if k % 2 else -0.3)), 2,
                             "litert", 0, 0) for k in range(6)]
-        stored, refused = fit_and_store(store, "phone-001", "latency", paired, source={"job": 0})
+        stored, refused = fit_and_store(store, "phone-001", "latency", paired, source=CalibrationSource(job=0))
         assert stored, refused
         versions.append(stored[0])
     record_drift(store, drift_between(versions[0], versions[1], DriftThresholds()))

@@ -170,7 +170,7 @@ def test_a_retried_run_says_its_attempt_was_a_contention_retry(tmp_path: Path, t
 
 def test_pairs_get_a_scatter_with_the_devices_calibration_band_and_predictions_sit_beside_runs(tmp_path: Path) -> None:
     from farm.controller.analysis.calibration import Pair
-    from farm.controller.analysis.calibrations import PairedRun, fit_and_store
+    from farm.controller.analysis.calibrations import CalibrationSource, PairedRun, fit_and_store
     from farm.controller.store import SQLiteStore as Store
     from farm.web import pages, svg
     from farm.web.views import pair_charts
@@ -178,7 +178,7 @@ def test_pairs_get_a_scatter_with_the_devices_calibration_band_and_predictions_s
     store = Store(tmp_path / "farm.db")
     paired = [PairedRun(Pair(f"net-{k}", 4.0 + 3 * k, 2.0 * (4.0 + 3 * k) + 1 + (0.3 if k % 2 else -0.3)), 2,
                         "litert", 0, 0) for k in range(6)]
-    stored, refused = fit_and_store(store, "pixel-7", "latency", paired, source={"job": 0})
+    stored, refused = fit_and_store(store, "pixel-7", "latency", paired, source=CalibrationSource(job=0))
     assert stored, refused
 
     from farm.controller.analysis.results import RunPair

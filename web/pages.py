@@ -15,9 +15,10 @@ from urllib.parse import quote, urlencode
 
 from farm.controller.scheduling.store_file import StoreFile
 from farm.web import svg
+from farm.controller.store.rows import DriftRow
 from farm.web.views import (MIN_LOO_MODELS, ACTIVITIES, CONNECTIONS, FAILURES_SHOWN, HEALTHS, LAB_ROWS_SHOWN, AverageRow,
-                            CalibrationSummary, CalibrationView, CompareView, DeviceLine, Failure, JobView, LabFilter, LabPage, LabView,
-                            Sweep, lab_page)
+                            CalibrationSummary, CalibrationView, CompareView, DeviceLine, Failure, JobLine, JobView,
+                            LabFilter, LabPage, LabView, RecentFailure, Sweep, lab_page)
 from farm.controller.analysis.results import RunPair, is_contended, json_number
 from farm.proto.questions import RunRecord
 
@@ -184,23 +185,23 @@ def pagination(p: LabPage, f: LabFilter) -> str:
     return f'<nav class="pages" aria-label="device pages">{prev} <span>page {p.page} of {p.pages}</span> {nxt}</nav>'
 
 
-def failures_panel(rows: list[dict[str, Any]]) -> str:
+def failures_panel(rows: list[RecentFailure]) -> str:
     if not rows:
         return "<p>No failed runs.</p>"
     items = "".join(
-        f'<li><a href="/jobs/{r["job_id"]}#failure-{r["task_id"]}">job {r["job_id"]} task {r["task_id"]}</a> '
-        f'<span class="status failed">{e(r["failure_class"])}</span> {e(r["model_name"])} @ {e(r["target"])} '
-        f'· {e(when(r["finished_at"]))}{_attempts(r.get("failed_attempts"))}<br>'
-        f'<span class="why">{e(_first_line(r["message"])[:200])}</span></li>' for r in rows)
+        f'<li><a href="/jobs/{r.job_id}#failure-{r.task_id}">job {r.job_id} task {r.task_id}</a> '
+        f'<span class="status failed">{e(r.failure_class)}</span> {e(r.model_name)} @ {e(r.target)} '
+        f'· {e(when(r.finished_at))}{_attempts(r.failed_attempts)}<br>'
+        f'<span class="why">{e(_first_line(r.message)[:200])}</span></li>' for r in rows)
     return f'<ul class="panel">{items}</ul>'
 
 
-def drift_panel(rows: list[dict[str, Any]]) -> str:
+def drift_panel(rows: list[DriftRow]) -> str:
     if not rows:
         return "<p>No drift alerts: no refresh moved a calibration past its thresholds.</p>"
     items = "".join(
-        f'<li><a href="/calibrations/{r["calibration_id"]}">{e(r["device"])} · {e(r["metric"])} · {e(r["threads"])} '
-        f'thread(s)</a> · {e(when(r["created_at"]))}<br><span class="why">{e((r["reasons"] or "")[:200])}</span></li>'
+        f'<li><a href="/calibrations/{r.calibration_id}">{e(r.device)} · {e(r.metric)} · {e(r.threads)} '
+        f'thread(s)</a> · {e(when(r.created_at))}<br><span class="why">{e((r.reasons or "")[:200])}</span></li>'
         for r in rows)
     return f'<ul class="panel">{items}</ul>'
 
@@ -224,8 +225,8 @@ def lab_devices(view: LabView, *, csrf: str, may_operate: bool, f: LabFilter = L
     rows = []
     for d in p.shown:
         current = ('<span class="busy">busy</span>: ' + ", ".join(
-            "another team's task" if t.get("hidden") else
-            f'<a href="/jobs/{t["job_id"]}">job {t["job_id"]}</a> task {t["id"]} {e(t["model_name"])}' for t in d.current)
+            "another team's task" if t.hidden else
+            f'<a href="/jobs/{t.job_id}">job {t.job_id}</a> task {t.id} {e(t.task.model_name)}' for t in d.current)
             if d.current else '<span class="idle">idle</span>')
         rows.append([(d.name, f'<span class="device-name">{e(d.name)}</span>'),
                      (d.health, f'<span class="health {e(d.health)}">{e(d.health)}</span>'),
@@ -245,20 +246,21 @@ def lab_devices(view: LabView, *, csrf: str, may_operate: bool, f: LabFilter = L
     agents = table("agents", [("agent", "text"), ("connection", "text"), ("host", "text"), ("peer", "text"),
                               ("farm", "text"), ("connected", "num"), ("last seen", "num"), ("running", "num"),
                               ("controller", "text")],
-                   [[(a["name"], e(a["name"])), (a["state"], f'<span class="state {e(a["state"])}">{e(a["state"])}</span>'),
-                     (a["hostname"], e(a["hostname"])), (a["peer"], e(a["peer"])), (a["farm_version"], e(a["farm_version"])),
-                     (a["connected_at"], e(when(a["connected_at"]))), (a["last_seen"], e(when(a["last_seen"]))),
-                     (a.get("running"), e("—" if a.get("running") is None else a["running"])),
-                     (a.get("controller") or "", e(a.get("controller") or "—"))]
+                   [[(a.name, e(a.name)), (a.state, f'<span class="state {e(a.state)}">{e(a.state)}</span>'),
+                     (a.hostname, e(a.hostname)), (a.peer, e(a.peer)), (a.farm_version, e(a.farm_version)),
+                     (a.connected_at, e(when(a.connected_at))), (a.last_seen, e(when(a.last_seen))),
+                     (a.running, e("—" if a.running is None else a.running)),
+                     (a.controller or "", e(a.controller or "—"))]
                     for a in view.agents]) if view.agents else "<p>No agent has connected (embedded runs use none).</p>"
     shown_running = view.running[:LAB_ROWS_SHOWN]
     running = table("running", [("task", "num"), ("job", "num"), ("device", "text"), ("model", "text"),
                                 ("attempt", "num"), ("agent", "text")],
-                    [[(t["id"], e(t["id"])), (t["job_id"], f'<a href="/jobs/{t["job_id"]}">{t["job_id"]}</a>'),
-                      (t["device"], e(t["device"])), (t["model_name"], e(t["model_name"])), (t["attempts"], e(t["attempts"])),
-                      (t["leased_by"], e(t["leased_by"] or "—") + (
+                    [[(t.id, e(t.id)), (t.job_id, f'<a href="/jobs/{t.job_id}">{t.job_id}</a>'),
+                      (t.device, e(t.device)), (t.task.model_name, e(t.task.model_name)),
+                      (t.task.attempts, e(t.task.attempts)),
+                      (t.task.leased_by, e(t.task.leased_by or "—") + (
                           ' <span class="stale">(lease held; the agent is not running it now)</span>'
-                          if t.get("in_session") is False else ""))] for t in shown_running],
+                          if t.in_session is False else ""))] for t in shown_running],
                     f"the first {len(shown_running)} of {len(view.running)}" if len(view.running) > len(shown_running)
                     else "") if view.running else "<p>Nothing running.</p>"
     shown_queue = view.queue[:LAB_ROWS_SHOWN]
@@ -328,13 +330,13 @@ def attempt_note(attempts: int | None, earlier: list[dict[str, Any]]) -> str:
     return f' <abbr class="attempt" title="{e(text)}">attempt {attempts}</abbr><span class="visually-hidden"> ({e(text)})</span>'
 
 
-def jobs_list(jobs: list[dict[str, Any]], total: int) -> str:
+def jobs_list(jobs: list[JobLine], total: int) -> str:
     if not jobs:
         return "<p>No jobs yet: <code>farm submit job.yaml</code>.</p>"
-    rows = [[(j["id"], f'<a href="/jobs/{j["id"]}">{j["id"]}</a>'), (j["name"], e(j["name"])), (j["kind"], e(j["kind"])),
-             (j["status"], status_span(j["status"], j["progress"])),
-             (j["priority"], e(j["priority"])), (j["created_at"], e(when(j["created_at"]))),
-             (j["progress"]["done"], progress_bar(j["progress"]))] for j in jobs]
+    rows = [[(j.id, f'<a href="/jobs/{j.id}">{j.id}</a>'), (j.name, e(j.name)), (j.kind, e(j.kind)),
+             (j.status, status_span(j.status, line.progress)),
+             (j.priority, e(j.priority)), (j.created_at, e(when(j.created_at))),
+             (line.progress["done"], progress_bar(line.progress))] for line in jobs for j in (line.job,)]
     caption = f"newest {len(jobs)} of {total} jobs" if total > len(jobs) else ""
     return table("jobs", [("job", "num"), ("name", "text"), ("kind", "text"), ("status", "text"), ("priority", "text"),
                           ("created", "num"), ("progress", "num")], rows, caption)

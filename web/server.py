@@ -10,6 +10,7 @@ browser session, carry the form's CSRF token.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import logging
@@ -36,7 +37,7 @@ from farm.controller.analysis.results import run_records
 from farm.controller import service as answers
 from farm.controller.scheduling.store_file import StoreFile, StoreFileWatch
 from farm.controller.store import Store
-from farm.controller.store.rows import plain
+from farm.controller.store.rows import JobRow
 from farm.proto.questions import iso_utc
 from farm.web import pages, views
 from farm.web.session import COOKIE, LoginThrottle, Session, SessionSigner
@@ -89,6 +90,18 @@ class Response:
     content_type: str = "text/html; charset=utf-8"
     headers: dict[str, str] | None = None
     stream: "EventStream | None" = None  # server-sent events: the request's thread sends the opening, the hub the rest
+
+
+@dataclass(frozen=True)
+class StoreHealth:
+    """The store file as /healthz shows it to a client or admin token (its fields in this order)."""
+
+    path: str
+    linked: bool
+    replaced: bool
+    size_bytes: int | None
+    problem: str
+    last_write: str | None  # ISO 8601
 
 
 @dataclass(frozen=True)
@@ -156,8 +169,8 @@ class DashboardApp:
             return answers.EVERYONE
         return answers.Viewer(identity.owner or f"line-{identity.line}", identity.team)
 
-    def readable_job(self, job_id: int, identity: Identity) -> dict[str, Any]:
-        job = plain(self.store.jobs.get(job_id))
+    def readable_job(self, job_id: int, identity: Identity) -> JobRow:
+        job = self.store.jobs.get(job_id)
         if job is None or not self.viewer(identity).may_read(job, self.job_sharing):
             raise HttpRefused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
         return job
@@ -232,14 +245,12 @@ class DashboardApp:
         it is healthy; the path, size and last write are for a client or admin token (or an open dashboard)."""
         state = self.store_health()
         identity = self.identify(headers)[0]
-        body: dict[str, Any] = {"ok": state.ok}
-        if identity is not None and identity.role in VIEW_ROLES:
-            body["store"] = {"path": state.path, "linked": state.linked, "replaced": state.replaced,
-                             "size_bytes": state.size_bytes, "problem": state.problem,
-                             "last_write": None if state.last_write is None  # ISO 8601, as every JSON farm prints
-                             else iso_utc(datetime.fromtimestamp(state.last_write, UTC))}
-        return Response(HTTPStatus.OK if state.ok else HTTPStatus.SERVICE_UNAVAILABLE, json.dumps(body).encode(),
-                        "application/json")
+        store = StoreHealth(state.path, state.linked, state.replaced, state.size_bytes, state.problem,
+                            None if state.last_write is None  # ISO 8601, as every JSON farm prints
+                            else iso_utc(datetime.fromtimestamp(state.last_write, UTC)))
+        shown = identity is not None and identity.role in VIEW_ROLES
+        body = json.dumps({"ok": state.ok, "store": dataclasses.asdict(store)} if shown else {"ok": state.ok})
+        return Response(HTTPStatus.OK if state.ok else HTTPStatus.SERVICE_UNAVAILABLE, body.encode(), "application/json")
 
     def refuse_unauthenticated(self, method: str, path: str, identity: Identity | None, bearer: bool) -> Response:
         if identity is not None:  # a valid token of a role that may not read results (an agent's)
@@ -508,11 +519,11 @@ class DashboardApp:
         if not match:
             raise HttpRefused(HTTPStatus.NOT_FOUND, "no such page")
         job_a, job_b = (self.readable_job(int(match.group(i)), identity) for i in (1, 2))
-        view = views.compare_view(self.store, job_a, job_b)
+        view = views.compare_view(self.store, job_a.as_dict(), job_b.as_dict())
         download = match.group(4)
         if download:
             from farm.controller.analysis.compare import flat_rows
-            name = f"farm-compare-{job_a['id']}-{job_b['id']}.{download}"
+            name = f"farm-compare-{job_a.id}-{job_b.id}.{download}"
             if download == "csv":
                 rows = flat_rows(view.report)
                 data = rows_csv(rows) if rows else "job_a,job_b,model_a,model_b\n"
@@ -521,7 +532,7 @@ class DashboardApp:
                 data = to_json({**view.report.model_dump(), "pareto": view.pareto_data.model_dump()})
                 kind = "application/json"
             return Response(HTTPStatus.OK, data.encode(), kind, {"Content-Disposition": f'attachment; filename="{name}"'})
-        return page(f"Compare job {job_a['id']} → job {job_b['id']}", pages.compare_page(view), "jobs")
+        return page(f"Compare job {job_a.id} → job {job_b.id}", pages.compare_page(view), "jobs")
 
 
 def _cookie(header: str | None) -> str | None:

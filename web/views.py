@@ -18,7 +18,9 @@ from farm.controller.analysis.calibrations import METRICS, current_calibration, 
 from farm.controller.operations.refresh import last_reference_checks
 from farm.controller.analysis.results import RunPair, is_contended, paired_records, run_records
 from farm.controller.store import Store
-from farm.controller.store.rows import CalibrationRow, JobRow, LatestCalibration, QueuedWork, plain, plain_rows
+from farm.controller.store.rows import (
+    AgentRow, CalibrationRow, DashboardJob, DriftRow, JobRow, LatestCalibration, QueuedWork, RunningTask, plain, plain_rows,
+)
 from farm.web.svg import Band, Chart
 
 if TYPE_CHECKING:  # sessions.py brings the gRPC messages; `farm web` over a store never needs them
@@ -43,6 +45,68 @@ LOG_LINES_SHOWN = 30  # the last lines of a failed run's kept output
 UNSUPPORTED_OP = re.compile(r"unsupported operator[s]?:? ([A-Za-z0-9_.:/\-]{1,80})", re.IGNORECASE)
 
 
+@dataclass(frozen=True)
+class LabTask:
+    """A running task as the lab page shows it: the device it occupies and, with live sessions, whether one runs it."""
+
+    task: RunningTask
+    device: str
+    in_session: bool | None = None  # None: no live sessions to ask (the dashboard over a store alone)
+    hidden: bool = False  # another team's task: its device shows busy, and nothing more is said
+
+    @property
+    def id(self) -> int:
+        return self.task.id
+
+    @property
+    def job_id(self) -> int:
+        return self.task.job_id
+
+
+@dataclass(frozen=True)
+class LabAgent:
+    """An agent as the lab page lists it: its stored registration, with live sessions' state where there are some."""
+
+    name: str
+    state: str | None
+    hostname: str | None
+    peer: str | None
+    farm_version: str | None
+    connected_at: float | None
+    last_seen: float | None
+    running: int | None = None  # busy slots (None: no live sessions to ask)
+    controller: str = ""  # the controller it is connected to (HOST:PORT)
+
+    @classmethod
+    def stored(cls, row: AgentRow) -> LabAgent:
+        return cls(row.name, row.state, row.hostname, row.peer, row.farm_version, row.connected_at, row.last_seen)
+
+
+@dataclass(frozen=True)
+class RecentFailure:
+    """A failed run (the newest of its task's failed attempts), or a task failed without a run (a quarantine's)."""
+
+    run_id: int | None
+    job_id: int
+    task_id: int
+    attempt: int | None
+    failure_class: str | None
+    message: str | None
+    finished_at: float | None
+    limits_memory_mb: float | None
+    target: str
+    model_name: str
+    failed_attempts: int | None
+
+
+@dataclass(frozen=True)
+class JobLine:
+    """A job as the jobs page lists it, with its progress."""
+
+    job: DashboardJob
+    progress: dict[str, int]
+
+
 @dataclass
 class DeviceLine:
     name: str
@@ -55,7 +119,7 @@ class DeviceLine:
     changed_at: float | None
     last_check: float | None  # the last reference-suite run that completed on it
     calibration_age_s: float | None
-    current: list[dict[str, Any]] = field(default_factory=list)  # running tasks on it
+    current: list[LabTask] = field(default_factory=list)  # running tasks on it
 
     @property
     def busy(self) -> bool:
@@ -94,12 +158,12 @@ def agents_now(sessions: Sessions) -> dict[str, AgentNow]:
 @dataclass
 class LabView:
     devices: list[DeviceLine]
-    agents: list[dict[str, Any]]
-    running: list[dict[str, Any]]
+    agents: list[LabAgent]
+    running: list[LabTask]
     queue: list[QueuedWork]
     live: bool = False  # connection and last-seen come from the controller's sessions (else from the store)
-    recent_failures: list[dict[str, Any]] = field(default_factory=list)
-    drift_alerts: list[dict[str, Any]] = field(default_factory=list)
+    recent_failures: list[RecentFailure] = field(default_factory=list)
+    drift_alerts: list[DriftRow] = field(default_factory=list)
     hidden_pending: int = 0  # pending tasks of jobs this viewer may not read (counted, never named)
 
     @property
@@ -107,15 +171,32 @@ class LabView:
         return sum(q.pending for q in self.queue) + self.hidden_pending
 
 
-def _device_of(task: dict[str, Any], sim_device: dict[str, str]) -> str:
+def _device_of(task: RunningTask, sim_device: dict[str, str]) -> str:
     """The device a running task occupies: a sim task runs on its agent's own sim device (`AGENT/sim`)."""
-    if task["target"] == "sim" and task.get("leased_by") in sim_device:
-        return sim_device[task["leased_by"]]
-    return str(task["target"])
+    if task.target == "sim" and task.leased_by is not None and task.leased_by in sim_device:
+        return sim_device[task.leased_by]
+    return task.target
+
+
+def _in_session(task: RunningTask, live: dict[str, AgentNow], held: set[int], elsewhere: set[str]) -> bool:
+    """Whether a live session runs the task: a lease the store holds for an agent that is gone, or that no session
+    runs, is not (another controller's agent: its controller vouches for it)."""
+    agent = task.leased_by
+    return (task.id in held and agent is not None and agent in live) or (agent is not None and agent in elsewhere)
+
+
+def _live_agent(row: AgentRow, session: AgentNow | None) -> LabAgent:
+    """An agent as its live session (this controller's, or another's published one) says; no session: offline."""
+    if session is None:
+        return LabAgent(row.name, "offline", row.hostname, row.peer, row.farm_version, row.connected_at,
+                        row.last_seen, 0, "")
+    return LabAgent(row.name, session.state, row.hostname, row.peer, row.farm_version, session.connected_at,
+                    session.last_seen, len(session.running) if session.busy is None else session.busy,
+                    session.controller)
 
 
 def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] | None = None,
-             may_read: Callable[[dict[str, Any]], bool] | None = None) -> LabView:
+             may_read: Callable[[JobRow], bool] | None = None) -> LabView:
     """The lab; with `live` (the controller's sessions) connection, last-seen and what runs come from them.
     may_read (a job row -> whether this viewer may read it; None: everything): another team's running task is
     shown as a busy device and nothing more, its queue rows as a count, its failures not at all (issue 33)."""
@@ -127,24 +208,22 @@ def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] |
             return True
         if job_id not in jobs:
             job = store.jobs.get(job_id)
-            jobs[job_id] = job is not None and may_read(job.as_dict())
+            jobs[job_id] = job is not None and may_read(job)
         return jobs[job_id]
 
     checks = last_reference_checks(store)
     calibrated = store.calibrations.newest_by_device()
     stored_devices = store.reads.devices()
-    running = plain_rows(store.reads.running_tasks())
-    if live is not None:
-        held = {task for agent in live.values() for task, _ in agent.running}
-        elsewhere = {name for name, agent in live.items() if not agent.here}  # its controller vouches for it
-        for task in running:  # a lease the store holds for an agent that is gone, or that no session runs
-            task["in_session"] = (task["id"] in held and task.get("leased_by") in live) or task.get("leased_by") in elsewhere
     sim_device = {d.agent: d.name for d in stored_devices if d.driver == "sim" and d.agent}
-    by_device: dict[str, list[dict[str, Any]]] = {}
-    for task in running:
-        task["device"] = _device_of(task, sim_device)
-        by_device.setdefault(task["device"], []).append(task if readable(task["job_id"]) else {"hidden": True})
-    running = [task for task in running if readable(task["job_id"])]
+    held = {task for agent in live.values() for task, _ in agent.running} if live is not None else set()
+    elsewhere = {name for name, agent in live.items() if not agent.here} if live is not None else set()
+    running = [LabTask(task, _device_of(task, sim_device),
+                       None if live is None else _in_session(task, live, held, elsewhere),
+                       hidden=not readable(task.job_id)) for task in store.reads.running_tasks()]
+    by_device: dict[str, list[LabTask]] = {}
+    for lab_task in running:
+        by_device.setdefault(lab_task.device, []).append(lab_task)
+    running = [lab_task for lab_task in running if not lab_task.hidden]
     queue = store.reads.queue()
     hidden_pending = sum(q.pending for q in queue if not readable(q.job_id))
 
@@ -164,19 +243,13 @@ def lab_view(store: Store, now: float | None = None, live: dict[str, AgentNow] |
     devices += [DeviceLine(name=name, device_type=None, driver=None, agent=None, state="unknown", health="unknown",
                           reason=None, changed_at=None, last_check=checks.get(name), calibration_age_s=now - at,
                           current=by_device.get(name, [])) for name, at in sorted(calibrated.items()) if name not in known]
-    agents = plain_rows(store.reads.agents())
-    if live is not None:
-        for a in agents:
-            session = live.get(a["name"])
-            a["state"] = session.state if session else "offline"
-            if session:
-                a["last_seen"], a["connected_at"] = session.last_seen, session.connected_at
-            a["running"] = (len(session.running) if session.busy is None else session.busy) if session else 0
-            a["controller"] = session.controller if session else ""
-    failures = [f for f in store.reads.recent_failures(PANEL_ROWS * 4) if readable(f["job_id"])]
+    agents = [LabAgent.stored(a) if live is None else _live_agent(a, live.get(a.name)) for a in store.reads.agents()]
+    # the store's dashboard queries answer these two as plain rows: read into their shapes here, once
+    failures = [failure for failure in (RecentFailure(**f) for f in store.reads.recent_failures(PANEL_ROWS * 4))
+                if readable(failure.job_id)]
+    drift = [DriftRow.of(d) for d in store.reads.drift_alerts(PANEL_ROWS)]
     return LabView(devices, agents, running, [q for q in queue if readable(q.job_id)], live=live is not None,
-                   recent_failures=failures[:PANEL_ROWS], drift_alerts=store.reads.drift_alerts(PANEL_ROWS),
-                   hidden_pending=hidden_pending)
+                   recent_failures=failures[:PANEL_ROWS], drift_alerts=drift, hidden_pending=hidden_pending)
 
 
 HEALTHS = ("good", "bad", "maintenance", "unknown")
@@ -250,12 +323,10 @@ def job_progress(counts: dict[str, int]) -> dict[str, int]:
 
 
 def jobs_view(store: Store, limit: int = JOBS_SHOWN,
-              visible_to: tuple[str, str | None] | None = None) -> tuple[list[dict[str, Any]], int]:
+              visible_to: tuple[str, str | None] | None = None) -> tuple[list[JobLine], int]:
     """The newest jobs; visible_to (owner, team) keeps to what that viewer may read (service.Viewer)."""
-    jobs = plain_rows(store.reads.jobs(limit, visible_to))
-    for j in jobs:
-        j["progress"] = job_progress(j.pop("counts"))
-    return jobs, store.reads.job_count(visible_to)
+    return ([JobLine(j, job_progress(j.counts)) for j in store.reads.jobs(limit, visible_to)],
+            store.reads.job_count(visible_to))
 
 
 @dataclass

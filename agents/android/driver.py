@@ -198,7 +198,7 @@ def _path(p: str) -> Path:
 
 
 @dataclass
-class _Measured:
+class _PhoneRun:
     """What one benchmark run on the phone measured, for the steps after it."""
 
     before: AndroidFacts
@@ -212,7 +212,7 @@ class _Measured:
     dataset_note: str
 
 
-class _RunFailed(Exception):
+class _PhoneRunFailed(Exception):
     """A step ended the run: the result to store."""
 
     def __init__(self, result: RunResult) -> None:
@@ -297,12 +297,12 @@ class AndroidDriver:
         try:
             parsed = self._parsed(task, measured.shell, environment, raw, base)
             message = self._delegation(task, measured.shell, environment, raw, base)
-        except _RunFailed as e:
+        except _PhoneRunFailed as e:
             return e.result
         return self._completed(task, measured, parsed, message, environment, raw, base)
 
     def _measure(self, task: TaskSpec, w: BenchmarkWorkload, cancel_check: Callable[[], bool],
-                 limit_c: float) -> _Measured:
+                 limit_c: float) -> _PhoneRun:
         """On the phone: cool down to limit_c, push the tool and the model, run the timed loop (again for each
         sustained window), read the facts after and run the dataset pass."""
         with AndroidDevice(self._target()) as device:
@@ -332,7 +332,7 @@ class AndroidDriver:
             wall = time.monotonic() - started
             after = device.facts()
             accuracy, dataset_note = self._dataset(device, tool, model, task, app)
-        return _Measured(before, after, cooled_s, command, shell, windows, wall, accuracy, dataset_note)
+        return _PhoneRun(before, after, cooled_s, command, shell, windows, wall, accuracy, dataset_note)
 
     def _phone_failure(self, e: Exception, base: dict[str, Any]) -> RunResult:
         """A failure of the measurement as its failure class (_PHONE_FAILURES' table, first match wins)."""
@@ -341,7 +341,7 @@ class AndroidDriver:
                 return RunResult.failed(failure_class, f"{self.config.name}: {e}" if named else str(e), **base)
         raise e  # not in the table: _PHONE_FAILURES and _FAILURE_TABLE name the same classes
 
-    def _environment(self, measured: _Measured, w: BenchmarkWorkload, limit_c: float) -> dict[str, Any]:
+    def _environment(self, measured: _PhoneRun, w: BenchmarkWorkload, limit_c: float) -> dict[str, Any]:
         before, after = measured.before, measured.after
         environment: dict[str, Any] = {
             "device": before.to_environment(), "command": measured.command, "android_mode": w.android_mode,
@@ -355,12 +355,12 @@ class AndroidDriver:
 
     def _parsed(self, task: TaskSpec, shell: ShellResult, environment: dict[str, Any], raw: str,
                 base: dict[str, Any]) -> BenchmarkModelOutput:
-        """benchmark_model's output parsed, or _RunFailed: an unsupported operator, the delegate's own failure, or
+        """benchmark_model's output parsed, or _PhoneRunFailed: an unsupported operator, the delegate's own failure, or
         no result farm can read (the raw output kept with the run either way)."""
         try:
             return parse_benchmark_model(shell.output)
         except UnsupportedOperatorError as e:
-            raise _RunFailed(RunResult.failed(
+            raise _PhoneRunFailed(RunResult.failed(
                 FailureClass.JOB, f"{Path(task.model_path).name}: unsupported operator {e.operator} on "
                 f"{self.config.name}", environment=environment, log_tail=raw, **base)) from None
         except BenchmarkOutputError:
@@ -368,17 +368,17 @@ class AndroidDriver:
             if failed is not None and failed.verdict == "failed":  # the delegate's own failure, said as such
                 environment["accelerator"] = {"unit": task.plan.accelerator, "precision": task.plan.precision,
                                               **failed.as_environment()}
-                raise _RunFailed(RunResult.failed(
+                raise _PhoneRunFailed(RunResult.failed(
                     FailureClass.JOB, f"{Path(task.model_path).name} on {self.config.name}: {failed.note()}, and "
                     "benchmark_model stopped", environment=environment, log_tail=raw, **base)) from None
-            raise _RunFailed(RunResult.failed(
+            raise _PhoneRunFailed(RunResult.failed(
                 FailureClass.JOB, f"benchmark_model on {self.config.name} exited with status {shell.exit_status} "
                 "and printed no result farm can read; its raw output is kept with the run",
                 environment=environment, log_tail=raw, **base)) from None
 
     def _delegation(self, task: TaskSpec, shell: ShellResult, environment: dict[str, Any], raw: str,
                     base: dict[str, Any]) -> str:
-        """The accelerator block of the environment and the delegate's note, or _RunFailed where the delegate left
+        """The accelerator block of the environment and the delegate's note, or _PhoneRunFailed where the delegate left
         the run on the CPU: a run the delegate left on the CPU is no figure of the unit."""
         unit = task.plan.accelerator
         accelerator: dict[str, Any] = {"unit": unit, "precision": task.plan.precision}
@@ -389,13 +389,13 @@ class AndroidDriver:
         accelerator.update(delegation.as_environment())
         message = delegation.note()
         if delegation.on_cpu_entirely or delegation.verdict is None:
-            raise _RunFailed(RunResult.failed(
+            raise _PhoneRunFailed(RunResult.failed(
                 FailureClass.JOB, f"{Path(task.model_path).name} on {self.config.name}: asked for {unit}, but "
                 f"{message}; no CPU figure is reported as a {unit} one", environment=environment, log_tail=raw,
                 **base))
         return message
 
-    def _completed(self, task: TaskSpec, measured: _Measured, parsed: BenchmarkModelOutput, message: str,
+    def _completed(self, task: TaskSpec, measured: _PhoneRun, parsed: BenchmarkModelOutput, message: str,
                    environment: dict[str, Any], raw: str, base: dict[str, Any]) -> RunResult:
         """The completed run: timings, memory, the op profile and the dataset pass's accuracy, judged."""
         peak = parsed.periodic_peak_mb if parsed.periodic_peak_mb is not None else parsed.memory_overall_mb

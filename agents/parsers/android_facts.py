@@ -41,7 +41,7 @@ class AndroidFacts:
 def parse_facts(text: str, *, serial: str) -> AndroidFacts:
     """Pure: the facts script's output → AndroidFacts (tolerant of missing files and properties). Each line is read
     by the reader of its first word (_READERS); the properties are mapped onto the facts at the end."""
-    read = _Reading(AndroidFacts(serial=serial))
+    read = _FactsRead(AndroidFacts(serial=serial))
     for line in text.splitlines():
         kind, _, rest = line.partition(" ")
         reader = _READERS.get(kind)
@@ -55,7 +55,7 @@ def parse_facts(text: str, *, serial: str) -> AndroidFacts:
 
 
 @dataclass
-class _Reading:
+class _FactsRead:
     """The facts as they are read, the properties (mapped at the end) and the power sources seen plugged."""
 
     facts: AndroidFacts
@@ -63,12 +63,12 @@ class _Reading:
     plugged: list[str] = field(default_factory=list)
 
 
-def _prop(read: _Reading, rest: str) -> None:
+def _prop(read: _FactsRead, rest: str) -> None:
     key, _, value = rest.partition("=")
     read.props[key] = value.strip()
 
 
-def _cpu(read: _Reading, rest: str) -> None:
+def _cpu(read: _FactsRead, rest: str) -> None:
     """`cpu N max=… cur=… governor=…`: one core's frequencies (kHz) and governor."""
     words = rest.split()
     if not words or not words[0].isdigit():
@@ -84,7 +84,7 @@ def _cpu(read: _Reading, rest: str) -> None:
         facts.governors[int(core)] = values["governor"]
 
 
-def _mem(read: _Reading, rest: str) -> None:
+def _mem(read: _FactsRead, rest: str) -> None:
     match = re.match(r"(\w+):\s*(\d+)\s*kB", rest)
     if match:
         mb = int(match.group(2)) / 1024
@@ -94,7 +94,7 @@ def _mem(read: _Reading, rest: str) -> None:
             read.facts.mem_available_mb = round(mb, 1)
 
 
-def _thermal(read: _Reading, rest: str) -> None:
+def _thermal(read: _FactsRead, rest: str) -> None:
     zone, _, value = rest.rpartition("=")
     if zone and re.fullmatch(r"-?\d+", value.strip()):
         raw = int(value)
@@ -102,7 +102,7 @@ def _thermal(read: _Reading, rest: str) -> None:
         read.facts.thermal_c[zone] = raw / 1000 if abs(raw) >= 1000 else float(raw)
 
 
-def _battery(read: _Reading, rest: str) -> None:
+def _battery(read: _FactsRead, rest: str) -> None:
     """A `dumpsys battery` line: the level, the temperature (tenths of a degree), a power source plugged."""
     key, _, value = rest.partition(":")
     value = value.strip()
@@ -115,7 +115,7 @@ def _battery(read: _Reading, rest: str) -> None:
 
 
 # The facts script's line kinds (its first word) and their readers; any other line is ignored.
-_READERS: dict[str, Callable[[_Reading, str], None]] = {
+_READERS: dict[str, Callable[[_FactsRead, str], None]] = {
     "prop": _prop, "cpu": _cpu, "mem": _mem, "thermal": _thermal, "battery": _battery}
 
 

@@ -193,11 +193,11 @@ def _job_name(store: Store, job_id: Any) -> str:
 
 
 def _sources(store: Store, c: StoredCalibration) -> str:
-    src = c.source or {}
-    if "device_job" in src:
-        return f"sim side: {_job_name(store, src.get('sim_job'))} · device side: {_job_name(store, src['device_job'])}"
-    if "job" in src:
-        return f"device runs and their sim twins: {_job_name(store, src['job'])}"
+    src = c.source
+    if src.device_job is not None:
+        return f"sim side: {_job_name(store, src.sim_job)} · device side: {_job_name(store, src.device_job)}"
+    if src.job is not None:
+        return f"device runs and their sim twins: {_job_name(store, src.job)}"
     return "fitted from pairs outside any job"
 
 
@@ -248,7 +248,7 @@ def calibration_section(store: Store, c: StoredCalibration) -> str:
 
 
 def rankings_section(store: Store, job_id: int, calibrations: list[StoredCalibration]) -> str:
-    device_jobs = sorted({job for c in calibrations if isinstance(job := c.source.get("device_job"), int)} - {job_id})
+    device_jobs = sorted({job for c in calibrations if (job := c.source.device_job) is not None} - {job_id})
     parts = []
     for metric in sorted({c.metric for c in calibrations if c.metric != "energy"} or {"latency"}):
         try:

@@ -49,8 +49,7 @@ def _plain_line(pairs: list[Any]) -> tuple[float, float, float]:
 
 
 def _source_job(c: StoredCalibration) -> int | None:
-    job = c.source.get("job") or c.source.get("device_job") or c.source.get("sim_job")
-    return int(job) if isinstance(job, int) else None
+    return c.source.first_job()
 
 
 def unlike(store: Store, old: StoredCalibration, new: StoredCalibration) -> str | None:

@@ -11,7 +11,6 @@ import grpc
 
 from farm.controller.auth import identity_of
 from farm.controller import service as answers
-from farm.controller.store.rows import plain
 from farm.controller.rpc.farm_server import FarmServer
 
 
@@ -30,8 +29,8 @@ class FarmCalls:
 
     def _job(self, job_id: int, context: grpc.ServicerContext) -> dict[str, Any]:
         """The job, when this caller may read it; another team's job in a `team` lab is as good as absent."""
-        job = plain(self.server.store.jobs.get(job_id))
+        job = self.server.store.jobs.get(job_id)
         if job is None or not self._viewer(context).may_read(job, self.server.job_sharing):
             context.abort(grpc.StatusCode.NOT_FOUND, f"no job {job_id} on this controller; `farm jobs` lists its jobs")
         assert job is not None  # abort() raised otherwise
-        return job
+        return job.as_dict()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
@@ -19,6 +18,7 @@ from farm.controller.analysis.calibration.core import (
     UNSAFE_INTERVAL_RATIO,
     UNSAFE_LINEAR_MAPE,
     UNSAFE_LOG_ERROR,
+    FitChoice,
     FitResult,
     _nan_to_none,
     _Shared,
@@ -39,7 +39,7 @@ def _offered(fit: FitResult, prior_given: bool) -> bool:
     return shrunk or _free_terms(fit) == 0 or fit.n >= RICH_MIN_MODELS
 
 
-def _choose_kind(fits: Mapping[str, FitResult], prior_given: bool = False) -> tuple[str, dict[str, Any]]:
+def _choose_kind(fits: Mapping[str, FitResult], prior_given: bool = False) -> tuple[str, FitChoice]:
     """(chosen kind, how it was chosen): among the log kinds offered, the lowest leave-one-out log error.
 
     Every offered kind's error is honest: ``log`` and ``log_work`` choose nothing inside (plain
@@ -67,10 +67,10 @@ def _choose_kind(fits: Mapping[str, FitResult], prior_given: bool = False) -> tu
     if not log_kinds:
         candidates = lines or list(fits)
         ranked = sorted(candidates, key=mape)
-        return ranked[0], {"criterion": "leave-one-out MAPE",
-                           "errors": {k: _nan_to_none(fits[k].loo_mape) for k in ranked},
-                           "runner_up": ranked[1] if len(ranked) > 1 else None,
-                           "not_offered": sorted(set(fits) - set(candidates))}
+        return ranked[0], FitChoice(criterion="leave-one-out MAPE",
+                                    errors={k: _nan_to_none(fits[k].loo_mape) for k in ranked},
+                                    runner_up=ranked[1] if len(ranked) > 1 else None,
+                                    not_offered=sorted(set(fits) - set(candidates)))
 
     def has_prior(kind: str) -> bool:  # shrunk toward something learned elsewhere
         return kind in ("log_pop", "log_bayes") or (prior_given and kind == "log_ridge")
@@ -92,11 +92,11 @@ def _choose_kind(fits: Mapping[str, FitResult], prior_given: bool = False) -> tu
     if line is not None and mape(line) < (1.0 - CHOICE_MARGIN) * mape(best):
         ranked, best = [line, *ranked], line
     errors = {kind: fits[kind].loo_log_rmse for kind in log_kinds}
-    return best, {"criterion": "leave-one-out RMS log error (nested for log_ridge and log_bayes), "
-                               + (f"+{100 * margin:.0f} % for the kinds without the prior" if with_prior else
-                                  f"+{100 * margin:.0f} % per term more or fewer than {reference_kind}"),
-                  "errors": errors, "runner_up": ranked[1] if len(ranked) > 1 else None,
-                  "not_offered": sorted(kind for kind in fits if not _offered(fits[kind], prior_given))}
+    return best, FitChoice(criterion="leave-one-out RMS log error (nested for log_ridge and log_bayes), "
+                           + (f"+{100 * margin:.0f} % for the kinds without the prior" if with_prior else
+                              f"+{100 * margin:.0f} % per term more or fewer than {reference_kind}"),
+                           errors=errors, runner_up=ranked[1] if len(ranked) > 1 else None,
+                           not_offered=sorted(kind for kind in fits if not _offered(fits[kind], prior_given)))
 
 
 def _extra_terms(fit: FitResult) -> float:

@@ -6,6 +6,7 @@ confidence and NaN helpers); the fit kinds and every threshold the package's mod
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -400,6 +401,26 @@ class FitResult:
         )
 
 
+@dataclass(frozen=True)
+class FitChoice:
+    """How a calibration's kind was chosen (``_choose_kind``): the criterion, every candidate kind's error under it,
+    the kind that came second, the kinds fitted but not offered. Its JSON (``dataclasses.asdict``) is the
+    calibration's ``choice``, in this order."""
+
+    criterion: str
+    errors: dict[str, float | None]
+    runner_up: str | None
+    not_offered: list[str]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> FitChoice | None:
+        """A stored choice; None for a calibration stored without one."""
+        if not data:
+            return None
+        return cls(str(data.get("criterion") or ""), {str(k): v for k, v in (data.get("errors") or {}).items()},
+                   data.get("runner_up"), [str(k) for k in data.get("not_offered") or []])
+
+
 @dataclass
 class Calibration:
     """All fits of one device × metric group, the chosen one, and the warnings a user must see.
@@ -413,14 +434,17 @@ class Calibration:
     pairs: list[Pair]
     confidence: float
     unsafe_reasons: list[str] = field(default_factory=list)  # empty: the sim tracks this device
-    # How ``chosen`` was chosen: {"criterion", "errors" (kind → its error), "runner_up" (kind or None)}.
-    choice: dict[str, Any] = field(default_factory=dict)
+    choice: FitChoice | None = None  # how ``chosen`` was chosen (None: a calibration stored without it)
 
     @property
     def runner_up(self) -> FitResult | None:
         """The kind that came second in the choice, to compare the chosen one with."""
-        kind = self.choice.get("runner_up")
+        kind = self.choice.runner_up if self.choice else None
         return self.fits.get(kind) if kind else None
+
+    def choice_json(self) -> dict[str, str | list[str] | dict[str, float | None] | None]:
+        """The choice as the calibration's JSON has it ({} when it has none)."""
+        return dataclasses.asdict(self.choice) if self.choice else {}
 
     @property
     def unsafe(self) -> bool:
@@ -451,7 +475,7 @@ class Calibration:
             "confidence": self.confidence,
             "unsafe": self.unsafe,
             "unsafe_reasons": list(self.unsafe_reasons),
-            "choice": dict(self.choice),
+            "choice": self.choice_json(),
             "warnings": list(self.warnings),
             "fits": {kind: fit.to_json() for kind, fit in self.fits.items()},
             "pairs": [{"model": p.model, "x": float(p.x), "y": float(p.y), "family": p.family,
@@ -479,7 +503,7 @@ class Calibration:
                  for p in data["pairs"]]
         return cls(chosen=data["chosen"], fits=fits, warnings=list(data["warnings"]), pairs=pairs,
                    confidence=float(data["confidence"]), unsafe_reasons=list(data.get("unsafe_reasons") or []),
-                   choice=dict(data.get("choice") or {}))
+                   choice=FitChoice.from_json(data.get("choice")))
 
 
 @dataclass

@@ -119,9 +119,9 @@ def read_pairs_csv(path: str | Path, x: str = "x", y: str = "y", model: str = "m
     return groups
 
 
-def predict_rows(calibration: Calibration, rows: Iterable[Mapping[str, Any]], *, x: str = "x",
+def predict_rows(calibration: Calibration, rows: Iterable[Mapping[str, str | None]], *, x: str = "x",
                  kind: str | None = None, source: str | None = None, first_line: int = 2,
-                 confidence: float | None = None) -> list[dict[str, Any]]:
+                 confidence: float | None = None) -> list[dict[str, str | float | None]]:
     """Each row with ``estimate``, ``low``, ``high`` (chosen fit; ``confidence``, default the calibration's),
     ``verdict`` ("ok" or "extrapolating") and ``extrapolation`` (the inputs outside the fit's range, as text).
 
@@ -130,7 +130,7 @@ def predict_rows(calibration: Calibration, rows: Iterable[Mapping[str, Any]], *,
     read ``source:line: column …``; the first row is on line ``first_line`` (2: after a header).
     """
     fit = calibration.fit(kind)
-    materialised = [dict(row) for row in rows]
+    materialised: list[dict[str, str | float | None]] = [dict(row) for row in rows]  # a CSV row, its cells as read
     where = Path(source) if source else Path("<rows>")
     sim = np.array([_number_cell(row, x, where, first_line + index) for index, row in enumerate(materialised)])
     feature_values = {name: np.array([_number_cell(row, name, where, first_line + index)
