@@ -66,11 +66,12 @@ class _Outbox:
             self.ready.clear()  # a wake-up queued before this runs after it: none is lost
             if not self.session.outbox.empty():
                 continue
-            if timeout_s is None:  # no timer, no task: wait_for would wrap the wait in both
+            if timeout_s is None:  # no timer: wait_for would wrap the wait in a Task and a timer
                 await self.ready.wait()
                 continue
             try:
-                await asyncio.wait_for(self.ready.wait(), timeout_s)
+                async with asyncio.timeout(timeout_s):  # a timer on this task; wait_for adds a Task per wait
+                    await self.ready.wait()
             except TimeoutError:
                 return _EMPTY
 
