@@ -274,6 +274,7 @@ def run(agents: int, tasks: int, processes: int = 1, db: str | None = None, conn
         # the same by OS thread (clock ticks of 10 ms: read it over a whole job, not per call)
         "controller_cpu_ms_per_task_by_thread": _thread_split(threads_started, threads_cpu, tasks),
         "echo": echo,
+        "load_1min": round(os.getloadavg()[0], 1),  # the machine is shared: what else ran meanwhile
     }
 
 
@@ -357,6 +358,11 @@ def one_round(agents: int, tasks: int, processes: int, pythonpath: Path | None) 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _thread_pick(name: str):
+    """A round's CPU-ms per task in the controller's thread(s) `name` (None for a round run without the split)."""
+    return lambda r: (r.get("controller_cpu_ms_per_task_by_thread") or {}).get(name)
+
+
 def compare(agents: int, tasks: int, processes: int, rounds: int, rev: str) -> tuple[str, dict]:
     """Rounds of the baseline and of this tree, interleaved (so both see the same machine), as ratios."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -380,6 +386,11 @@ def compare(agents: int, tasks: int, processes: int, rounds: int, rev: str) -> t
             ("agents' CPU while the job ran (s)", lambda r: r["cpu_s"]["agents"]),
             ("controller CPU per task (ms)", lambda r: r["cpu_s"]["controller"] / r["tasks"] * 1000),
             ("grpc.aio echo CPU per round trip (ms, same run)", lambda r: (r.get("echo") or {}).get("cpu_ms_per_trip")),
+            ("controller CPU per task ÷ echo per round trip", lambda r: r["cpu_s"]["controller"] / r["tasks"] * 1000
+             / r["echo"]["cpu_ms_per_trip"] if r.get("echo") else None),
+            *((f"… of which thread {name} (ms per task)", _thread_pick(name))
+              for name in ("result-writer", "grpc-loop", "dispatcher", "agent-msg", "rpc", "MainThread")),
+            ("load average at the round's end (1 min)", lambda r: r.get("load_1min")),
             ("result application, ms per result", lambda r: r["controller_time"]["complete"]["seconds"]
              / max(1, r["controller_time"]["complete"]["calls"]) * 1000),
             ("lease, ms per transaction", lambda r: r["controller_time"]["lease"]["seconds"]
