@@ -215,6 +215,7 @@ def run(agents: int, tasks: int, processes: int = 1, db: str | None = None, conn
             stub = farm_pb2_grpc.FarmServiceStub(channel)
             started, cpu_started = time.perf_counter(), time.process_time()
             threads_started = thread_cpu_s()
+            times_started = os.times()
             jobs: list[dict] = []  # with soak_s, the same job again and again until that long has passed
             while True:
                 job_id = stub.SubmitJob(farm_pb2.SubmitJobRequest(job_yaml=job, base_dir=str(tmp_path))).job_id
@@ -231,6 +232,7 @@ def run(agents: int, tasks: int, processes: int = 1, db: str | None = None, conn
                     break
             finished, controller_cpu_s = time.perf_counter(), time.process_time() - cpu_started
             threads_cpu = thread_cpu_s()
+            times_done = os.times()
             # a task run more than once lost its lease on the way (a heartbeat late or not renewed)
             retried = int(store.query("SELECT COUNT(*) AS n FROM tasks WHERE attempts > 1")[0]["n"])
             channel.close()
@@ -273,6 +275,8 @@ def run(agents: int, tasks: int, processes: int = 1, db: str | None = None, conn
         "controller_cpu_ms_per_task": round(controller_cpu_s * 1000 / tasks, 3),
         # the same by OS thread (clock ticks of 10 ms: read it over a whole job, not per call)
         "controller_cpu_ms_per_task_by_thread": _thread_split(threads_started, threads_cpu, tasks),
+        # of the process's CPU per task, the kernel's share (system time: wake-ups, locks, sockets)
+        "controller_system_ms_per_task": round((times_done.system - times_started.system) * 1000 / tasks, 3),
         "echo": echo,
         "load_1min": round(os.getloadavg()[0], 1),  # the machine is shared: what else ran meanwhile
     }
