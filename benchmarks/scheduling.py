@@ -117,6 +117,30 @@ def realistic_result():
                      baseline_memory_bytes=30_000_000, peak_rss_bytes=48_100_000)
 
 
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds (user + system) of each of this process's OS threads so far, by name: a Python thread's name
+    (its native id matched), else the OS name (gRPC's C threads name themselves); pool threads summed by prefix.
+    Read from /proc (Linux); empty elsewhere."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    with contextlib.suppress(OSError):
+        for task in Path("/proc/self/task").iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                stat = (task / "stat").read_text()
+                comm, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+                name = names.get(int(task.name), f"os:{comm}")
+                name = name.rstrip("0123456789").rstrip("_-") or name  # rpc_3, agent-msg_0, Thread-12 summed
+                out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _thread_split(before: dict[str, float], after: dict[str, float], tasks: int) -> dict[str, float]:
+    """CPU-ms per task of each thread (by name) between two thread_cpu_s() readings, largest first."""
+    per = {k: (after[k] - before.get(k, 0.0)) * 1000 / tasks for k in after}
+    return {k: round(v, 3) for k, v in sorted(per.items(), key=lambda kv: -kv[1]) if v > 0}
+
+
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
@@ -190,6 +214,8 @@ def run(agents: int, tasks: int, processes: int = 1, db: str | None = None, conn
             channel = grpc.insecure_channel(address)
             stub = farm_pb2_grpc.FarmServiceStub(channel)
             started, cpu_started = time.perf_counter(), time.process_time()
+            threads_started = thread_cpu_s()
+            times_started = os.times()
             jobs: list[dict] = []  # with soak_s, the same job again and again until that long has passed
             while True:
                 job_id = stub.SubmitJob(farm_pb2.SubmitJobRequest(job_yaml=job, base_dir=str(tmp_path))).job_id
@@ -205,6 +231,8 @@ def run(agents: int, tasks: int, processes: int = 1, db: str | None = None, conn
                 if time.perf_counter() - started >= soak_s:
                     break
             finished, controller_cpu_s = time.perf_counter(), time.process_time() - cpu_started
+            threads_cpu = thread_cpu_s()
+            times_done = os.times()
             # a task run more than once lost its lease on the way (a heartbeat late or not renewed)
             retried = int(store.query("SELECT COUNT(*) AS n FROM tasks WHERE attempts > 1")[0]["n"])
             channel.close()
@@ -245,7 +273,12 @@ def run(agents: int, tasks: int, processes: int = 1, db: str | None = None, conn
         "agent_processes": processes,
         "connected": connected,
         "controller_cpu_ms_per_task": round(controller_cpu_s * 1000 / tasks, 3),
+        # the same by OS thread (clock ticks of 10 ms: read it over a whole job, not per call)
+        "controller_cpu_ms_per_task_by_thread": _thread_split(threads_started, threads_cpu, tasks),
+        # of the process's CPU per task, the kernel's share (system time: wake-ups, locks, sockets)
+        "controller_system_ms_per_task": round((times_done.system - times_started.system) * 1000 / tasks, 3),
         "echo": echo,
+        "load_1min": round(os.getloadavg()[0], 1),  # the machine is shared: what else ran meanwhile
     }
 
 
@@ -329,6 +362,11 @@ def one_round(agents: int, tasks: int, processes: int, pythonpath: Path | None) 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _thread_pick(name: str):
+    """A round's CPU-ms per task in the controller's thread(s) `name` (None for a round run without the split)."""
+    return lambda r: (r.get("controller_cpu_ms_per_task_by_thread") or {}).get(name)
+
+
 def compare(agents: int, tasks: int, processes: int, rounds: int, rev: str) -> tuple[str, dict]:
     """Rounds of the baseline and of this tree, interleaved (so both see the same machine), as ratios."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -352,6 +390,11 @@ def compare(agents: int, tasks: int, processes: int, rounds: int, rev: str) -> t
             ("agents' CPU while the job ran (s)", lambda r: r["cpu_s"]["agents"]),
             ("controller CPU per task (ms)", lambda r: r["cpu_s"]["controller"] / r["tasks"] * 1000),
             ("grpc.aio echo CPU per round trip (ms, same run)", lambda r: (r.get("echo") or {}).get("cpu_ms_per_trip")),
+            ("controller CPU per task ÷ echo per round trip", lambda r: r["cpu_s"]["controller"] / r["tasks"] * 1000
+             / r["echo"]["cpu_ms_per_trip"] if r.get("echo") else None),
+            *((f"… of which thread {name} (ms per task)", _thread_pick(name))
+              for name in ("result-writer", "grpc-loop", "dispatcher", "agent-msg", "rpc", "MainThread")),
+            ("load average at the round's end (1 min)", lambda r: r.get("load_1min")),
             ("result application, ms per result", lambda r: r["controller_time"]["complete"]["seconds"]
              / max(1, r["controller_time"]["complete"]["calls"]) * 1000),
             ("lease, ms per transaction", lambda r: r["controller_time"]["lease"]["seconds"]

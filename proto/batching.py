@@ -9,15 +9,17 @@ a quiet stream sends single messages as before, a busy one sends fewer, larger o
 from __future__ import annotations
 
 import queue
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Union
 
 BATCH_CAPABILITY = "batch"
 MAX_BATCH_MESSAGES = 64  # what one side may put in a batch; more is refused as hostile
 
 Message = TypeVar("Message")
+# a stream's outbox: the agent's queue.Queue (read with a timeout), the controller's SimpleQueue (no lock in Python)
+Outbox = Union["queue.Queue[Message | None]", "queue.SimpleQueue[Message | None]"]
 
 
-def _queued_after(outbox: "queue.Queue[Message | None]", limit: int) -> tuple[list[Message], bool]:
+def _queued_after(outbox: Outbox[Message], limit: int) -> tuple[list[Message], bool]:
     """What is queued right now behind a message just taken (at most `limit`, without waiting), and whether the
     stream's end (None) was among it: the end is taken out, so the caller sends what it has and then stops."""
     more: list[Message] = []
@@ -37,7 +39,7 @@ def opened(message: Any) -> list[Any]:
     return list(message.batch.messages) if message.WhichOneof("kind") == "batch" else [message]
 
 
-def gathered(first: Message, outbox: "queue.Queue[Message | None]") -> tuple[list[Message], bool]:
+def gathered(first: Message, outbox: Outbox[Message]) -> tuple[list[Message], bool]:
     """`first` and what is queued behind it, batches opened, at most MAX_BATCH_MESSAGES in all, and whether the
     stream's end was among it. A queued message holds at most two (an agent's result with its next request)."""
     messages = opened(first)

@@ -37,16 +37,26 @@ _EMPTY = object()  # nothing came within the wait
 
 class _Outbox:
     """A session's outbox, read on the server's loop: whoever queues a message (the dispatcher, the result
-    writer, a handler thread) wakes the reader through the loop, so a waiting stream holds no thread."""
+    writer, a handler thread) wakes the reader through the loop, so a waiting stream holds no thread. Wake-ups
+    queued while one is already on its way to the loop are folded into it (each is a callback and a write to
+    the loop's self-pipe): the message is queued before the wake, and the reader drains the whole outbox."""
 
     def __init__(self, session: AgentSession, loop: asyncio.AbstractEventLoop) -> None:
         self.session, self.loop = session, loop
         self.ready = asyncio.Event()
+        self._waking = False  # a wake-up is queued on the loop and has not run yet
         session.wake = self._wake
 
     def _wake(self) -> None:
+        if self._waking:
+            return  # the queued wake-up runs after this message was queued: it is seen
+        self._waking = True
         with contextlib.suppress(RuntimeError):  # the loop is closed: the server is stopping
-            self.loop.call_soon_threadsafe(self.ready.set)
+            self.loop.call_soon_threadsafe(self._woken)
+
+    def _woken(self) -> None:
+        self._waking = False  # before set(): a message queued from here on wakes again
+        self.ready.set()
 
     async def get(self, timeout_s: float | None = None) -> agent_pb2.ControllerMessage | None | object:
         """The next message (None: the stream ends), or _EMPTY when `timeout_s` passed first."""
@@ -56,10 +66,37 @@ class _Outbox:
             self.ready.clear()  # a wake-up queued before this runs after it: none is lost
             if not self.session.outbox.empty():
                 continue
+            if timeout_s is None:  # no timer: wait_for would wrap the wait in a Task and a timer
+                await self.ready.wait()
+                continue
             try:
-                await asyncio.wait_for(self.ready.wait(), timeout_s)
+                async with asyncio.timeout(timeout_s):  # a timer on this task; wait_for adds a Task per wait
+                    await self.ready.wait()
             except TimeoutError:
                 return _EMPTY
+
+
+class _IdleWatch:
+    """The --agent-idle-timeout of one stream's reader, without a timer per message: one timer per stream, moved
+    on when it fires, cancels the reader when it has waited for the next message for `idle_s`."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, idle_s: float) -> None:
+        self.loop, self.idle_s = loop, idle_s
+        self.reader = asyncio.current_task()
+        self.waiting_since: float | None = None  # when the reader began to wait for a message; None: not waiting
+        self.fired = False
+        self._timer = loop.call_later(idle_s, self._check)
+
+    def _check(self) -> None:
+        due = self.loop.time() + self.idle_s if self.waiting_since is None else self.waiting_since + self.idle_s
+        if due <= self.loop.time() and self.reader is not None:
+            self.fired = True
+            self.reader.cancel()
+            return
+        self._timer = self.loop.call_at(due, self._check)
+
+    def stop(self) -> None:
+        self._timer.cancel()
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
@@ -221,15 +258,12 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         --agent-idle-timeout (agents heartbeat on a clock, so a live one never does), else None."""
         loop = asyncio.get_running_loop()
         idle_s = self.server.agent_idle_s
+        watch = _IdleWatch(loop, idle_s)
         try:
             while True:
-                try:
-                    message = await asyncio.wait_for(next_request(request_iterator), idle_s)
-                except TimeoutError:
-                    log.warning("agent %s sent nothing for %g s; its stream is cut (--agent-idle-timeout)",
-                                session.name, idle_s)
-                    return (f"agent {session.name!r} sent nothing for {idle_s:g} s (not even a heartbeat); its stream "
-                            "was cut (--agent-idle-timeout). Connect again.")
+                watch.waiting_since = loop.time()
+                message = await next_request(request_iterator)
+                watch.waiting_since = None
                 if message is None or session.closed.is_set():
                     break
                 # one at a time, in order: a result before the work request that rides behind it
@@ -237,10 +271,16 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         except grpc.RpcError:
             pass  # the agent went away; its leases run out unless it comes back
         except asyncio.CancelledError:
-            pass  # the stream's writer ended first (the session closed, or the call was cut)
+            if watch.fired:
+                log.warning("agent %s sent nothing for %g s; its stream is cut (--agent-idle-timeout)",
+                            session.name, idle_s)
+                return (f"agent {session.name!r} sent nothing for {idle_s:g} s (not even a heartbeat); its stream "
+                        "was cut (--agent-idle-timeout). Connect again.")
+            # else the stream's writer ended first (the session closed, or the call was cut)
         except Exception:
             log.exception("agent %s: handling a message failed", session.name)
         finally:
+            watch.stop()
             session.close()
         return None
 
