@@ -17,6 +17,7 @@ ENVIRONMENT: dict[str, str] = {
     "FARM_DEVICE_TYPES": "extra folders of device-type YAML files, ':'-separated (later ones override by name)",
     "FARM_REFERENCE_SUITE": "the reference suite `farm refresh` runs (default: the one farm ships); --suite wins",
     "FARM_HEALTH_MAX_AGE_H": "hours before a device's health check is stale and re-run before user work (24)",
+    "FARM_STORE_WAIT_S": "seconds a write waits for an SQLite store another process holds locked before it gives up (30)",
     "FARM_WEBHOOK_URL": "where drift and quarantine alerts are POSTed",
     "FARM_CGROUP_VERSION": "2: the cgroup sandbox uses cgroup v2 even where a usable v1 hierarchy is mounted",
     "FARM_CGROUP_PARENT": "the cgroup v2 folder sim runs are made under (default: <mount>/farm)",

@@ -99,7 +99,7 @@ class RuntimeRefusal:
     ops: tuple[str, ...]  # operator names found in the message (or custom codes the resolver lacks); may be empty
 
 
-def runtime_refusal(path: Path, *, use_xnnpack: bool = True) -> RuntimeRefusal | None:
+def runtime_refusal(path: Path, *, use_xnnpack: bool = True, parsed_sha256: str | None = None) -> RuntimeRefusal | None:
     """Why the runtime a run uses cannot load this model, or None when it loads.
 
     The verdict is the runtime's own: the model is loaded exactly as a run loads it (models.runtimes;
@@ -107,19 +107,28 @@ def runtime_refusal(path: Path, *, use_xnnpack: bool = True) -> RuntimeRefusal |
     operator lists never refuse a model: ONNX Runtime folds Constant nodes and inlines functions, and
     LiteRT ships some custom ops, so only loading tells. None for 'other' files.
     Raises ModelError for files that do not parse as their format.
+
+    parsed_sha256: the sha256 of bytes the caller has already parsed without error (inspect_model's
+    facts.sha256). When the bytes read now hash the same, they are not parsed again before loading
+    (a .tflite parse is pure Python: ~0.02 CPU-s for a MobileNetV2); the file is always re-read and
+    re-hashed, so a file changed since it was inspected is parsed in full.
     """
     path = Path(path)
     fmt = model_format(path)
+    if fmt not in ("tflite", "onnx"):
+        return None
+    data = _read(path)
+    parsed = parsed_sha256 is not None and hashlib.sha256(data).hexdigest() == parsed_sha256
     if fmt == "tflite":
-        data = _read(path)
-        model = _parse_tflite(path, data)
+        model = None if parsed else _parse_tflite(path, data)
         message = _litert_load_error(data, use_xnnpack)
         if message is None:
             return None
+        model = model or _parse_tflite(path, data)  # a refusal names its operators from the parsed graph
         return RuntimeRefusal("litert", _first_lines(message), tuple(_tflite_unsupported_ops(message, model, use_xnnpack)))
     if fmt == "onnx":
-        data = _read(path)
-        _parse_onnx(path, data)
+        if not parsed:
+            _parse_onnx(path, data)
         message = _onnxruntime_load_error(data)
         if message is None:
             return None

@@ -79,11 +79,21 @@ def test_a_locked_store_waits_then_says_so_and_stores_nothing(job: Path, farm, f
     try:
         assert locker.stdout.readline().strip() == "locked"
         assert farm("jobs", "--json").json()[0]["status"] == "completed"  # readers are not held up
-        one_paragraph_error(farm("submit", str(job)), [str(farm_db), "locked by another process", "nothing was written"])
+        # the wait is FARM_STORE_WAIT_S's (default 30 s): the refusal after it is the same, sooner
+        one_paragraph_error(farm("submit", str(job), env={"FARM_STORE_WAIT_S": "1"}),
+                            [str(farm_db), "locked by another process (waited 1 s", "nothing was written"])
     finally:
         locker.kill()
         locker.wait()
     assert jobs_in(farm_db) == [(1, "completed")]  # no orphan job, the earlier one intact
+
+
+def test_a_store_wait_that_is_not_seconds_is_refused_naming_the_variable(job: Path, farm_inprocess,
+                                                                           farm_db: Path) -> None:
+    for bad in ("soon", "0", "-5", "nan", "86400"):
+        one_paragraph_error(farm_inprocess("submit", str(job), env={"FARM_STORE_WAIT_S": bad}),
+                            [f"FARM_STORE_WAIT_S={bad!r}", "number of seconds", "default 30 s"])
+    assert not farm_db.exists()  # refused before the store was made
 
 
 def test_a_read_only_store(job: Path, farm, tiny_models) -> None:

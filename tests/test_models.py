@@ -11,7 +11,7 @@ import pytest
 import yaml
 from ai_edge_litert.interpreter import Interpreter
 
-from farm.models.facts import ModelError, find_unsupported_ops, inspect_model
+from farm.models.facts import ModelError, find_unsupported_ops, inspect_model, runtime_refusal
 from farm.model_generators.generate import GeneratedModel, generate_examples, write_manifest, write_tiny_onnx, write_tiny_tflite
 from farm.model_generators.mobilenetv2 import WIDTHS, build_mobilenetv2, make_divisible, model_name
 from farm.model_generators.zoo import copy_zoo, zoo_models
@@ -170,6 +170,22 @@ def test_unsupported_ops_are_named(tmp_path: Path) -> None:
     assert find_unsupported_ops(onnx_path) == ["farm.test:FarmUnknownOp"]
     with pytest.raises(Exception, match="FarmUnknownOp"):
         onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+
+
+def test_a_refusal_check_trusts_an_earlier_parse_only_for_the_same_bytes(tmp_path: Path) -> None:
+    """A job's refusal check skips the parse inspect_model already made, keyed by the bytes' hash: a file
+    swapped for a broken one after it was inspected is parsed again and refused as broken, and a refused
+    model still names its operators."""
+    path = write_unsupported_op_tflite(tmp_path / "model.tflite")
+    facts = inspect_model(path)
+    refusal = runtime_refusal(path, parsed_sha256=facts.sha256)
+    assert refusal is not None and refusal.ops == ("FarmUnknownOp",)
+    write_corrupt_tflite(path)  # changed between the inspection and the check
+    with pytest.raises(ModelError, match="model.tflite is not a valid TFLite flatbuffer"):
+        runtime_refusal(path, parsed_sha256=facts.sha256)
+    onnx_path = write_corrupt_onnx(tmp_path / "model.onnx")
+    with pytest.raises(ModelError, match="model.onnx is not a valid ONNX model"):
+        runtime_refusal(onnx_path, parsed_sha256=facts.sha256)
 
 
 def test_supported_models_have_no_unsupported_ops(

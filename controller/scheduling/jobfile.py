@@ -375,7 +375,8 @@ def _benchmark_problem(spec: JobSpec, model: ResolvedModel) -> str | None:
     workload = spec.workload
     assert isinstance(workload, BenchmarkWorkload)
     try:
-        refusal = runtime_refusal(model.path, use_xnnpack=workload.use_xnnpack)
+        # inspect_model parsed these bytes in resolve_models: the hash lets the refusal check skip a second parse
+        refusal = runtime_refusal(model.path, use_xnnpack=workload.use_xnnpack, parsed_sha256=model.facts.sha256)
     except ModelError as e:
         return str(e)
     if refusal is not None:  # the runtime's verdict, loaded with the options a run uses

@@ -13,6 +13,7 @@ repositories share the store's connection and transaction (controller/store/inte
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import sqlite3
@@ -33,7 +34,8 @@ if TYPE_CHECKING:
     import sqlite_utils
 
 __all__ = ["HEALTHY_TARGET", "SCHEMA_VERSION", "SQLiteStore", "store_error_message"]
-BUSY_TIMEOUT_S = 30
+BUSY_TIMEOUT_S = 30  # how long a writer waits for a store another process holds locked (default)
+BUSY_ENV = "FARM_STORE_WAIT_S"  # seconds, overriding BUSY_TIMEOUT_S
 # SQLite's bound on ? parameters in one statement, with room to spare
 CHUNK = 500
 # runs converted per transaction when an older store's samples are packed (migration 15)
@@ -48,6 +50,21 @@ METRIC_SQL: dict[str, str] = {
 }
 
 
+def busy_timeout_s() -> float:
+    """Seconds a connection waits on a store another process holds locked: $FARM_STORE_WAIT_S, else 30."""
+    raw = os.environ.get(BUSY_ENV, "").strip()
+    if not raw:
+        return BUSY_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 3600:  # NaN fails too
+        raise StoreError(f"{BUSY_ENV}={raw[:40]!r} is not a number of seconds from 0 (exclusive) to 3600; "
+                         f"unset it for the default {BUSY_TIMEOUT_S} s.")
+    return value
+
+
 def store_error_message(path: Path, error: sqlite3.Error) -> str:
     """What a person can do about an SQLite error on the store, in one paragraph."""
     text = str(error)
@@ -55,7 +72,7 @@ def store_error_message(path: Path, error: sqlite3.Error) -> str:
         return (f"{path} is not a farm store that can be read (not SQLite, or damaged: {text}). farm did not "
                 "change it; point --db (or FARM_DB) at another file, or restore it from a backup.")
     if "locked" in text or "busy" in text:
-        return (f"{path} is locked by another process (waited {BUSY_TIMEOUT_S} s: {text}); nothing was written. "
+        return (f"{path} is locked by another process (waited {_wait_shown()} s: {text}); nothing was written. "
                 "Wait for that process (e.g. another `farm submit`) to finish, or stop it, and try again.")
     if "disk is full" in text or "database or disk is full" in text:
         return (f"the disk holding the store {path} is full ({text}): nothing more could be stored; what was stored "
@@ -64,6 +81,13 @@ def store_error_message(path: Path, error: sqlite3.Error) -> str:
         return (f"{path} cannot be opened for writing ({text}): check that the file and its folder are writable "
                 "by you (farm also writes the -wal and -shm files beside it), or point --db at another file.")
     return f"the store {path} failed: {text}"
+
+
+def _wait_shown() -> str:
+    try:
+        return f"{busy_timeout_s():g}"
+    except StoreError:  # refused when the store was opened; the message here is about the lock
+        return str(BUSY_TIMEOUT_S)
 
 
 def _rows(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
@@ -85,6 +109,7 @@ class SQLiteStore(RepositoryStore):
         self.path = Path(path) if str(path) == ":memory:" else Path(path).expanduser().absolute()
         self._on_disk = str(path) != ":memory:"
         self.location = str(self.path)
+        wait_s = busy_timeout_s()  # a bad $FARM_STORE_WAIT_S is refused before the file is made or opened
         if self._on_disk:
             if self.path.is_dir():
                 raise StoreError(f"{self.path} is a folder, not a farm store; give a file path such as {self.path / 'farm.db'}.")
@@ -109,9 +134,8 @@ class SQLiteStore(RepositoryStore):
         self._local = threading.local()  # whether this thread is inside a transaction
         self._readers: queue.SimpleQueue[sqlite3.Connection] = queue.SimpleQueue()  # idle reader connections
         try:
-            conn = sqlite3.connect(str(self.path), check_same_thread=False, timeout=BUSY_TIMEOUT_S,
-                                   isolation_level=None)
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
+            conn = sqlite3.connect(str(self.path), check_same_thread=False, timeout=wait_s, isolation_level=None)
+            conn.execute(f"PRAGMA busy_timeout = {round(wait_s * 1000)}")
             conn.execute("PRAGMA recursive_triggers = ON")  # as sqlite_utils.Database(conn) sets it
             self.conn = conn
             self._db: sqlite_utils.Database | None = None
