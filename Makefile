@@ -33,8 +33,10 @@ demo: models
 # fixture call as a real process again (the `farm` CLI runs in-process by default, issue 34).
 # The first run is spread over PYTEST_WORKERS pytest-xdist workers (a test file stays on one worker, so its module
 # peers start once); the --lf pass runs alone, in one process, so a test a busy neighbour failed is judged quietly.
-# PYTEST_WORKERS=0 runs everything in one process.
-PYTEST_WORKERS ?= 2
+# PYTEST_WORKERS=0 runs everything in one process. One worker more than the cores (at most 4): a third of the
+# suite's wall is spent waiting (emulated boards and the VM under qemu, peers starting, runs paced to a CPU budget),
+# which a third worker fills on two cores (benchmarks/results/2026-11-29-suite-session6.md).
+PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); n=$$((n + 1)); [ $$n -gt 4 ] && n=4; echo $$n)
 test: setup
 	@start=$$(date +%s); status=0; \
 	bash .ci/install-deps.sh && $(VENV)/bin/ruff check . && $(PY) tools/typecheck.py && \
