@@ -32,6 +32,7 @@ from farm.controller.store.rows import TaskRow
 from farm.controller.store.schema import (
     LAB_WIDE_DDL, LAB_WIDE_TABLES, MOVE_MODEL_FACTS, SCHEMA_VERSION, figure_columns_to_add)
 from farm.controller.store.sql import (
+    close_idle,
     COMMON_METRIC_SQL, HEALTHY_TARGET, TASK_FROM, TASK_SELECT, Leases, Repository, RepositoryStore, _q)
 
 if TYPE_CHECKING:
@@ -524,11 +525,7 @@ class PostgresStore(RepositoryStore):
         with self._lock:
             self._closed = True
             self.conn.close()
-        while True:
-            try:
-                self._readers.get_nowait().close()
-            except queue.Empty:
-                break
+        close_idle(self._readers)
 
     # --- PostgreSQL's answers to the shared repositories' questions (sql.py's Dialect) -------------------
     chunk = 100_000  # one array parameter: a chunk only bounds the array

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import queue
 import time
 from contextlib import AbstractContextManager
 from typing import Any, Callable, Collection, Iterator, Mapping, Protocol, Sequence
@@ -42,6 +43,16 @@ from farm.controller.store.rows import (
 from farm.controller.store.samples import pack_iterations, pack_telemetry, unpack_iterations, unpack_telemetry
 from farm.proto import op_profile
 from farm.proto.results import FIGURES, FailureClass, ResultRefused, RunResult, RunStatus, TaskStatus, check_figures
+
+
+def close_idle(readers: queue.SimpleQueue[Any]) -> None:
+    """Close every idle reader connection of a store's pool (both databases' `close`)."""
+    while True:
+        try:
+            readers.get_nowait().close()
+        except queue.Empty:
+            return
+
 
 # A quarantined device (or one in maintenance) is offered no task until it is released.
 HEALTHY_TARGET = "AND t.target NOT IN (SELECT name FROM device_health WHERE health IN ('bad', 'maintenance'))"

@@ -28,6 +28,7 @@ from farm.controller.store.rows import TaskRow
 from farm.controller.store.samples import pack_iterations, pack_telemetry
 from farm.controller.store.schema import PACKED_SAMPLES, SCHEMA_VERSION, database, migrate, schema_version, up_to_date
 from farm.controller.store.sql import (
+    close_idle,
     COMMON_METRIC_SQL, HEALTHY_TARGET, TASK_FROM, TASK_SELECT, Leases, RepositoryStore)
 
 if TYPE_CHECKING:
@@ -267,11 +268,7 @@ class SQLiteStore(RepositoryStore):
     def close(self) -> None:
         with self._lock:
             self.conn.close()
-        while True:
-            try:
-                self._readers.get_nowait().close()
-            except queue.Empty:
-                break
+        close_idle(self._readers)
 
     # --- SQLite's answers to the shared repositories' questions (sql.py's Dialect) -----------------------
     chunk = CHUNK
