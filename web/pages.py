@@ -542,10 +542,10 @@ def compare_form(job_id: int) -> str:
 def compare_page(view: CompareView) -> str:
     """`farm compare A B` on the dashboard: before → after per model pair and setting, then accuracy against latency
     of both jobs' models with the Pareto front; downloads as CSV (one row per pair and setting) and JSON."""
-    a, b = view.job_a["id"], view.job_b["id"]
+    a, b = view.job_a.id, view.job_b.id
     report = view.report
-    parts = [f'<p class="meta">before: <a href="/jobs/{e(a)}">job {e(a)}</a> {e(view.job_a["name"] or "")} · after: '
-             f'<a href="/jobs/{e(b)}">job {e(b)}</a> {e(view.job_b["name"] or "")}</p>',
+    parts = [f'<p class="meta">before: <a href="/jobs/{e(a)}">job {e(a)}</a> {e(view.job_a.name or "")} · after: '
+             f'<a href="/jobs/{e(b)}">job {e(b)}</a> {e(view.job_b.name or "")}</p>',
              f'<p class="downloads">download <a href="/compare/{e(a)}/{e(b)}.csv" download>CSV</a> · '
              f'<a href="/compare/{e(a)}/{e(b)}.json" download>JSON</a></p>']
     if view.rows:

@@ -19,7 +19,7 @@ from farm.controller.operations.refresh import last_reference_checks
 from farm.controller.analysis.results import RunPair, is_contended, paired_records, run_records
 from farm.controller.store import Store
 from farm.controller.store.rows import (
-    AgentRow, CalibrationRow, DashboardJob, DriftRow, JobRow, LatestCalibration, QueuedWork, RunningTask, plain, plain_rows,
+    AgentRow, CalibrationRow, DashboardJob, DriftRow, JobRow, LatestCalibration, QueuedWork, RunningTask, plain_rows,
 )
 from farm.web.svg import Band, Chart
 
@@ -513,8 +513,8 @@ def job_view(store: Store, job_id: int) -> JobView | None:
 class CompareView:
     """Two jobs (or one job's variants) side by side: `farm compare A B`'s figures and the Pareto view of both."""
 
-    job_a: dict[str, Any]
-    job_b: dict[str, Any]
+    job_a: JobRow
+    job_b: JobRow
     report: Comparison  # compare_records' answer
     rows: list[VariantRow]  # one flat row per pair and setting (compare.variant_row)
     pareto: list[tuple[ParetoGroup, Chart]]
@@ -522,12 +522,12 @@ class CompareView:
     pareto_data: ParetoView  # pareto()'s answer, for the JSON download
 
 
-def compare_view(store: Store, job_a: dict[str, Any], job_b: dict[str, Any]) -> CompareView:
+def compare_view(store: Store, job_a: JobRow, job_b: JobRow) -> CompareView:
     """Both jobs already checked readable by the caller; lineage from the sidecars only (no model parsed per visit)."""
     from farm.controller.analysis.compare import compare_records, sidecar_lineage, variant_row
     from farm.controller.analysis.pareto import pareto
 
-    a, b = int(job_a["id"]), int(job_b["id"])
+    a, b = job_a.id, job_b.id
     records_a = run_records(store, a)
     records_b = records_a if b == a else run_records(store, b)
     report = compare_records(records_a, records_b, job_a=a, job_b=b, lineage_of=sidecar_lineage)
@@ -601,12 +601,23 @@ def pair_charts(store: Store, pairs: list[RunPair]) -> list[Chart]:
     return charts
 
 
-def job_summary(store: Store, job_id: int) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class JobSummary:
+    """What the live parts of a job page poll for (/api/jobs/N)."""
+    id: int
+    status: str
+    progress: dict[str, int]  # job_progress: total, done and each status's count
+
+    def to_json(self) -> str:
+        return json.dumps({"id": self.id, "status": self.status, "progress": self.progress})
+
+
+def job_summary(store: Store, job_id: int) -> JobSummary | None:
     """What the live parts of a job page poll for."""
-    job = plain(store.jobs.get(job_id))
+    job = store.jobs.get(job_id)
     if job is None:
         return None
-    return {"id": job_id, "status": job["status"], "progress": job_progress(store.jobs.task_counts(job_id))}
+    return JobSummary(job_id, job.status, job_progress(store.jobs.task_counts(job_id)))
 
 
 @dataclass
