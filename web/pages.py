@@ -10,12 +10,12 @@ import datetime as dt
 import hashlib
 import math
 from html import escape
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from urllib.parse import quote, urlencode
 
 from farm.controller.scheduling.store_file import StoreFile
 from farm.web import svg
-from farm.controller.store.rows import DriftRow
+from farm.controller.store.rows import DriftRow, EarlierAttempt
 from farm.web.views import (MIN_LOO_MODELS, ACTIVITIES, CONNECTIONS, FAILURES_SHOWN, HEALTHS, LAB_ROWS_SHOWN, AverageRow,
                             CalibrationSummary, CalibrationView, CompareView, DeviceLine, Failure, JobLine, JobView,
                             LabFilter, LabPage, LabView, RecentFailure, Sweep, lab_page)
@@ -311,18 +311,18 @@ def status_span(status: str, p: dict[str, int], element_id: str = "") -> str:
     return f'<span class="status {e(css)}"{ident} data-status="{e(status)}">{e(words)}</span>'
 
 
-def attempt_note(attempts: int | None, earlier: list[dict[str, Any]]) -> str:
+def attempt_note(attempts: int | None, earlier: Sequence[EarlierAttempt]) -> str:
     """`attempt N` with why the earlier ones were run again (contention retries, lost or failed attempts)."""
     if not attempts or attempts < 2:
         return ""
-    contended = sum(1 for x in earlier if x.get("contended"))
-    lost = [x for x in earlier if not x.get("contended")]
+    contended = sum(1 for x in earlier if x.contended)
+    lost = [x for x in earlier if not x.contended]
     why = []
     if contended:
         why.append(f"{contended} contention retr{'y' if contended == 1 else 'ies'} (other work used the run's cores, "
                    "so the sim run was measured again)")
     if lost:
-        classes = sorted({str(x.get("failure_class") or x.get("status") or "lost") for x in lost})
+        classes = sorted({str(x.failure_class or x.status or "lost") for x in lost})
         why.append(f"{len(lost)} earlier attempt(s) ended {', '.join(classes)} and were retried")
     if not why:
         why.append(f"{attempts - 1} earlier attempt(s) were retried")
@@ -355,7 +355,7 @@ def _budget(r: RunRecord) -> str:
     return text
 
 
-def _result_row(r: RunRecord, earlier: list[dict[str, Any]]) -> list[tuple[Any, str]]:
+def _result_row(r: RunRecord, earlier: Sequence[EarlierAttempt]) -> list[tuple[Any, str]]:
     """One run's row of the results table: each cell's sort value and its HTML."""
     avg, p50, p90, std = ((getattr(r.latency_ms, k) if r.latency_ms else None) for k in ("avg", "p50", "p90", "std"))
     status = r.status if not r.failure_class else f"{r.status} ({r.failure_class})"

@@ -19,7 +19,7 @@ from farm.controller.operations.refresh import last_reference_checks
 from farm.controller.analysis.results import RunPair, is_contended, paired_records, run_records
 from farm.controller.store import Store
 from farm.controller.store.rows import (
-    AgentRow, CalibrationRow, DashboardJob, DriftRow, JobRow, LatestCalibration, QueuedWork, RunningTask, plain_rows,
+    AgentRow, CalibrationRow, DashboardJob, DriftRow, EarlierAttempt, JobRow, LatestCalibration, QueuedWork, RunningTask, plain_rows,
 )
 from farm.web.svg import Band, Chart
 
@@ -372,7 +372,7 @@ class JobView:
     op_tables: list[tuple[str, list[str], list[list[JsonValue]]]]  # (title, columns, rows)
     failures: list[Failure] = field(default_factory=list)
     pair_charts: list[Chart] = field(default_factory=list)  # device vs sim, with the device's current calibration
-    earlier: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # task -> its runs before the counted one
+    earlier: dict[int, list[EarlierAttempt]] = field(default_factory=dict)  # task -> its runs before the counted one
     variants: list[VariantRow] = field(default_factory=list)  # `farm quantize` variants beside their sources
     pareto: list[tuple[ParetoGroup, Chart]] = field(default_factory=list)  # accuracy vs latency per setting
 
