@@ -657,33 +657,33 @@ def calibration_page(v: CalibrationView) -> str:
     parts.append("<h2>Models</h2>" + table("models", [("model", "text"), ("family", "text"), (f"sim {v.unit}", "num"),
                                                       (f"device {v.unit}", "num"), ("fitted", "num"), ("low", "num"),
                                                       ("high", "num")],
-                                           [[(m["model"], e(m["model"])), (m["family"], e(m["family"] or "—")),
-                                             (m["sim"], num(m["sim"])), (m["device"], num(m["device"])),
-                                             (m["fitted"], num(m["fitted"])), (m["low"], num(m["low"])),
-                                             (m["high"], num(m["high"]))] for m in v.models]))
+                                           [[(m.model, e(m.model)), (m.family, e(m.family or "—")),
+                                             (m.sim, num(m.sim)), (m.device, num(m.device)),
+                                             (m.fitted, num(m.fitted)), (m.low, num(m.low)),
+                                             (m.high, num(m.high))] for m in v.models]))
     parts.append("<h2>History</h2>")
     if len(v.versions) > 1:
         parts.append('<div class="two" id="history">' + "".join(
             f'<figure class="history-chart">{svg.render(c)}</figure>' for c in v.history_charts) + "</div>")
     parts.append(table("versions", [("version", "num"), ("stored", "num"), ("fit", "text"), ("models", "num"), ("R²", "num"),
                                     ("LOO error %", "num"), ("Kendall τ", "num"), ("verdict", "num"), ("formula", "text")],
-                       [[(x["version"], f'<a href="/calibrations/{x["id"]}">v{x["version"]}</a>'),
-                         (x["created_at"], e(when(x["created_at"]))), (x["kind"], e(x["kind"])), (x["n"], e(x["n"])),
-                         (x["r2"], num(x["r2"])), (x["loo_mape"], loo_text(x["loo_mape"], x["n"])),
-                         (x["kendall_tau"], num(x["kendall_tau"])), (int(x["unsafe"]), verdict(x["unsafe"])),
-                         (x["formula"], e(x["formula"]))] for x in v.versions]))
+                       [[(x.version, f'<a href="/calibrations/{x.id}">v{x.version}</a>'),
+                         (x.created_at, e(when(x.created_at))), (x.kind, e(x.kind)), (x.n, e(x.n)),
+                         (x.r2, num(x.r2)), (x.loo_mape, loo_text(x.loo_mape, x.n)),
+                         (x.kendall_tau, num(x.kendall_tau)), (int(line.unsafe), verdict(line.unsafe)),
+                         (line.formula, e(line.formula))] for line in v.versions for x in (line.row,)]))
     parts.append("<h2>Drift between refreshes</h2>")
     if v.drift:
         parts.append(f'<figure id="drift-chart">{svg.render(v.drift_chart)}</figure>')
         parts.append(table("drift", [("stored", "num"), ("calibration", "num"), ("previous", "num"), ("slope change", "num"),
                                      ("intercept change", "num"), ("R² drop", "num"), ("prediction shift", "num"),
                                      ("exceeded", "num"), ("reasons", "text")],
-                           [[(d["created_at"], e(when(d["created_at"]))),
-                             (d["calibration_id"], f'<a href="/calibrations/{d["calibration_id"]}">{d["calibration_id"]}</a>'),
-                             (d["previous_id"], f'<a href="/calibrations/{d["previous_id"]}">{d["previous_id"]}</a>'),
-                             (d["slope_change"], num(d["slope_change"])), (d["intercept_change"], num(d["intercept_change"])),
-                             (d["r2_drop"], num(d["r2_drop"])), (d["prediction_shift"], num(d["prediction_shift"])),
-                             (d["exceeded"], "yes" if d["exceeded"] else "no"), (d["reasons"], e(d["reasons"] or ""))]
+                           [[(d.created_at, e(when(d.created_at))),
+                             (d.calibration_id, f'<a href="/calibrations/{d.calibration_id}">{d.calibration_id}</a>'),
+                             (d.previous_id, f'<a href="/calibrations/{d.previous_id}">{d.previous_id}</a>'),
+                             (d.slope_change, num(d.slope_change)), (d.intercept_change, num(d.intercept_change)),
+                             (d.r2_drop, num(d.r2_drop)), (d.prediction_shift, num(d.prediction_shift)),
+                             (d.exceeded, "yes" if d.exceeded else "no"), (d.reasons, e(d.reasons or ""))]
                             for d in v.drift]))
     else:
         parts.append("<p>No refresh has compared this calibration with an earlier one yet.</p>")
