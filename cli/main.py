@@ -272,6 +272,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_models_generate(args: argparse.Namespace) -> int:
     from farm.cli.render import to_json
     from farm.model_generators.generate import generate_examples
+    from farm.model_generators.mobilenetv2 import INPUT_SIZES, WIDTHS
 
     dest = Path(args.dir).absolute()
     if dest.exists() and not dest.is_dir():
@@ -279,19 +280,14 @@ def cmd_models_generate(args: argparse.Namespace) -> int:
                         "(new or existing) instead; the file was left as it is.")
     widths = [float(w) for w in args.widths.split(",")] if args.widths else None
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
-    kwargs: dict[str, Any] = {"formats": tuple(args.formats.split(",")), "zoo": not args.no_zoo,
-                              "published": args.published}
-    if widths:
-        kwargs["widths"] = widths
-    if sizes:
-        kwargs["input_sizes"] = sizes
 
     def progress(model, done: int, total: int) -> None:
         if not args.json and not args.quiet:
             console.err.print(f"[{done}/{total}] {model.path}{'' if model.written else ' (unchanged)'}", highlight=False)
 
     try:
-        models = generate_examples(dest, progress=progress, **kwargs)
+        models = generate_examples(dest, progress=progress, formats=tuple(args.formats.split(",")), zoo=not args.no_zoo,
+                                   published=args.published, widths=widths or WIDTHS, input_sizes=sizes or INPUT_SIZES)
     except OSError as e:
         raise UserError(f"cannot write the models into {dest}: {e.strerror or e}.") from None
     if args.json:

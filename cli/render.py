@@ -59,6 +59,14 @@ def _has(records: list[AveragedRecord], figure: Callable[[AveragedRecord], objec
     return any(figure(r) is not None for r in records)
 
 
+@dataclass(frozen=True)
+class _ModelTableColumn:
+    """A column of a ModelTable after the model: its header and rich's layout for it."""
+    header: str
+    justify: Literal["left", "right"] = "left"
+    overflow: Literal["fold", "ellipsis"] = "ellipsis"
+
+
 class ModelTable:
     """A table whose first column is a model name, which is never cut. When whole names leave the
     figures too little room, each model's name gets a line of its own above its rows instead
@@ -69,12 +77,13 @@ class ModelTable:
         # a title carries the job's name: shown as text, never as markup or a terminal escape
         self.title = Text(printable(title, limit=None)) if title is not None else None
         self.wide = wide
-        self.columns: list[tuple[str, dict[str, Any]]] = []
+        self.columns: list[_ModelTableColumn] = []
         self.rows: list[tuple[Text, list[str | Text]]] = []
         self.notes: list[str] = []
 
-    def add_column(self, header: str, **kwargs: Any) -> None:
-        self.columns.append((header, kwargs))
+    def add_column(self, header: str, *, justify: Literal["left", "right"] = "left",
+                   overflow: Literal["fold", "ellipsis"] = "ellipsis") -> None:
+        self.columns.append(_ModelTableColumn(header, justify, overflow))
 
     def add_row(self, name: Text, *cells: str | Text) -> None:
         self.rows.append((name, list(cells)))
@@ -84,15 +93,17 @@ class ModelTable:
         t = Table(title=title, header_style="bold", show_edge=self.wide, pad_edge=self.wide, show_header=header)
         if model:
             t.add_column("model", no_wrap=True, min_width=max([5] + [n.cell_len for n, _ in rows]))
-        for i, (head, kwargs) in enumerate(self.columns):
-            t.add_column(head, **({**kwargs, "width": widths[i], "no_wrap": True} if widths else kwargs))
+        for i, column in enumerate(self.columns):
+            t.add_column(column.header, justify=column.justify, overflow=column.overflow,
+                         width=widths[i] if widths else None, no_wrap=bool(widths))
         for name, cells in rows:
             t.add_row(*([name] if model else []), *cells)
         return t
 
     def _natural_widths(self) -> list[int]:
         widths = []
-        for i, (head, _) in enumerate(self.columns):
+        for i, column in enumerate(self.columns):
+            head = column.header
             cells = [c if isinstance(c, Text) else Text.from_markup(c) for _, row in self.rows for c in row[i:i + 1]]
             widths.append(max([len(line) for line in head.split("\n")] + [c.cell_len for c in cells]))
         return widths

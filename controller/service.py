@@ -43,6 +43,7 @@ from farm.proto.results import UNENFORCED_BUDGET
 if TYPE_CHECKING:  # the job-file models (and yaml) load when a job is made: `farm jobs` never needs them
     from farm.controller.analysis.calibration import Calibration, FitResult
     from farm.controller.analysis.calibrations import CalibrationSource, SimSide, StoredCalibration
+    from farm.controller.operations.alerts import DriftEvent
     from farm.controller.scheduling.jobfile import ResolvedJob
 
 GROUP_ALL = "(all)"
@@ -186,7 +187,7 @@ class Scope:
     agents: Any = None  # scheduling.sessions.Sessions
     artifact: Callable[[str], Path | None] | None = None  # an uploaded model by its sha256 (a controller's store)
     submit: Callable[[ResolvedJob], int] | None = None  # queue a job for this caller (a controller: its agents run it)
-    alert: Callable[[dict[str, Any]], None] | None = field(default=None, compare=False)  # alerts.Webhook.send_async
+    alert: Callable[[DriftEvent], None] | None = field(default=None, compare=False)  # alerts.Webhook.send_async
 
     @property
     def store(self) -> Store:

@@ -23,6 +23,7 @@ from run_records import run_record
 
 from farm.proto.questions import RunRecord
 from farm.controller.store import SQLiteStore as Store
+from farm.controller.store.rows import TelemetrySampleRow
 
 HOSTILE = "<script>alert(1)</script>$x_{1}$&\"'\x1b[31m"
 LONG = "mobilenetv2_w0.35_r96_a_model_name_long_enough_to_be_cut"
@@ -300,7 +301,8 @@ def test_telemetry_lines_stop_at_gaps() -> None:
     assert [y for y in ys if y == y] == [1.0, 2.0, 3.0, 4.0, 9.0, 9.0, 9.0, 9.0]  # no sample lost (bar the timeless)
     assert all(y == y for y in plots.break_gaps([0.0, 0.1, 0.2, 0.31, 0.4], [1.0] * 5)[1])  # jitter is no gap
     assert plots.break_gaps([], []) == ([], [])
-    samples = [{"t_s": t, "memory_bytes": 1e6 * v, "cpu_percent": 50.0} for t, v in zip(ts, values) if t is not None]
+    samples = [TelemetrySampleRow(t_s=t, memory_bytes=int(1e6 * v), cpu_percent=50.0)
+               for t, v in zip(ts, values) if t is not None]
     fig = plots.telemetry_figure("m", [("t1", samples)])
     assert fig is not None
     _png_check(fig.png)

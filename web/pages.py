@@ -10,12 +10,12 @@ import datetime as dt
 import hashlib
 import math
 from html import escape
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from urllib.parse import quote, urlencode
 
 from farm.controller.scheduling.store_file import StoreFile
 from farm.web import svg
-from farm.controller.store.rows import DriftRow
+from farm.controller.store.rows import DriftRow, EarlierAttempt
 from farm.web.views import (MIN_LOO_MODELS, ACTIVITIES, CONNECTIONS, FAILURES_SHOWN, HEALTHS, LAB_ROWS_SHOWN, AverageRow,
                             CalibrationSummary, CalibrationView, CompareView, DeviceLine, Failure, JobLine, JobView,
                             LabFilter, LabPage, LabView, RecentFailure, Sweep, lab_page)
@@ -311,18 +311,18 @@ def status_span(status: str, p: dict[str, int], element_id: str = "") -> str:
     return f'<span class="status {e(css)}"{ident} data-status="{e(status)}">{e(words)}</span>'
 
 
-def attempt_note(attempts: int | None, earlier: list[dict[str, Any]]) -> str:
+def attempt_note(attempts: int | None, earlier: Sequence[EarlierAttempt]) -> str:
     """`attempt N` with why the earlier ones were run again (contention retries, lost or failed attempts)."""
     if not attempts or attempts < 2:
         return ""
-    contended = sum(1 for x in earlier if x.get("contended"))
-    lost = [x for x in earlier if not x.get("contended")]
+    contended = sum(1 for x in earlier if x.contended)
+    lost = [x for x in earlier if not x.contended]
     why = []
     if contended:
         why.append(f"{contended} contention retr{'y' if contended == 1 else 'ies'} (other work used the run's cores, "
                    "so the sim run was measured again)")
     if lost:
-        classes = sorted({str(x.get("failure_class") or x.get("status") or "lost") for x in lost})
+        classes = sorted({str(x.failure_class or x.status or "lost") for x in lost})
         why.append(f"{len(lost)} earlier attempt(s) ended {', '.join(classes)} and were retried")
     if not why:
         why.append(f"{attempts - 1} earlier attempt(s) were retried")
@@ -355,7 +355,7 @@ def _budget(r: RunRecord) -> str:
     return text
 
 
-def _result_row(r: RunRecord, earlier: list[dict[str, Any]]) -> list[tuple[Any, str]]:
+def _result_row(r: RunRecord, earlier: Sequence[EarlierAttempt]) -> list[tuple[Any, str]]:
     """One run's row of the results table: each cell's sort value and its HTML."""
     avg, p50, p90, std = ((getattr(r.latency_ms, k) if r.latency_ms else None) for k in ("avg", "p50", "p90", "std"))
     status = r.status if not r.failure_class else f"{r.status} ({r.failure_class})"
@@ -542,10 +542,10 @@ def compare_form(job_id: int) -> str:
 def compare_page(view: CompareView) -> str:
     """`farm compare A B` on the dashboard: before → after per model pair and setting, then accuracy against latency
     of both jobs' models with the Pareto front; downloads as CSV (one row per pair and setting) and JSON."""
-    a, b = view.job_a["id"], view.job_b["id"]
+    a, b = view.job_a.id, view.job_b.id
     report = view.report
-    parts = [f'<p class="meta">before: <a href="/jobs/{e(a)}">job {e(a)}</a> {e(view.job_a["name"] or "")} · after: '
-             f'<a href="/jobs/{e(b)}">job {e(b)}</a> {e(view.job_b["name"] or "")}</p>',
+    parts = [f'<p class="meta">before: <a href="/jobs/{e(a)}">job {e(a)}</a> {e(view.job_a.name or "")} · after: '
+             f'<a href="/jobs/{e(b)}">job {e(b)}</a> {e(view.job_b.name or "")}</p>',
              f'<p class="downloads">download <a href="/compare/{e(a)}/{e(b)}.csv" download>CSV</a> · '
              f'<a href="/compare/{e(a)}/{e(b)}.json" download>JSON</a></p>']
     if view.rows:
@@ -657,33 +657,33 @@ def calibration_page(v: CalibrationView) -> str:
     parts.append("<h2>Models</h2>" + table("models", [("model", "text"), ("family", "text"), (f"sim {v.unit}", "num"),
                                                       (f"device {v.unit}", "num"), ("fitted", "num"), ("low", "num"),
                                                       ("high", "num")],
-                                           [[(m["model"], e(m["model"])), (m["family"], e(m["family"] or "—")),
-                                             (m["sim"], num(m["sim"])), (m["device"], num(m["device"])),
-                                             (m["fitted"], num(m["fitted"])), (m["low"], num(m["low"])),
-                                             (m["high"], num(m["high"]))] for m in v.models]))
+                                           [[(m.model, e(m.model)), (m.family, e(m.family or "—")),
+                                             (m.sim, num(m.sim)), (m.device, num(m.device)),
+                                             (m.fitted, num(m.fitted)), (m.low, num(m.low)),
+                                             (m.high, num(m.high))] for m in v.models]))
     parts.append("<h2>History</h2>")
     if len(v.versions) > 1:
         parts.append('<div class="two" id="history">' + "".join(
             f'<figure class="history-chart">{svg.render(c)}</figure>' for c in v.history_charts) + "</div>")
     parts.append(table("versions", [("version", "num"), ("stored", "num"), ("fit", "text"), ("models", "num"), ("R²", "num"),
                                     ("LOO error %", "num"), ("Kendall τ", "num"), ("verdict", "num"), ("formula", "text")],
-                       [[(x["version"], f'<a href="/calibrations/{x["id"]}">v{x["version"]}</a>'),
-                         (x["created_at"], e(when(x["created_at"]))), (x["kind"], e(x["kind"])), (x["n"], e(x["n"])),
-                         (x["r2"], num(x["r2"])), (x["loo_mape"], loo_text(x["loo_mape"], x["n"])),
-                         (x["kendall_tau"], num(x["kendall_tau"])), (int(x["unsafe"]), verdict(x["unsafe"])),
-                         (x["formula"], e(x["formula"]))] for x in v.versions]))
+                       [[(x.version, f'<a href="/calibrations/{x.id}">v{x.version}</a>'),
+                         (x.created_at, e(when(x.created_at))), (x.kind, e(x.kind)), (x.n, e(x.n)),
+                         (x.r2, num(x.r2)), (x.loo_mape, loo_text(x.loo_mape, x.n)),
+                         (x.kendall_tau, num(x.kendall_tau)), (int(line.unsafe), verdict(line.unsafe)),
+                         (line.formula, e(line.formula))] for line in v.versions for x in (line.row,)]))
     parts.append("<h2>Drift between refreshes</h2>")
     if v.drift:
         parts.append(f'<figure id="drift-chart">{svg.render(v.drift_chart)}</figure>')
         parts.append(table("drift", [("stored", "num"), ("calibration", "num"), ("previous", "num"), ("slope change", "num"),
                                      ("intercept change", "num"), ("R² drop", "num"), ("prediction shift", "num"),
                                      ("exceeded", "num"), ("reasons", "text")],
-                           [[(d["created_at"], e(when(d["created_at"]))),
-                             (d["calibration_id"], f'<a href="/calibrations/{d["calibration_id"]}">{d["calibration_id"]}</a>'),
-                             (d["previous_id"], f'<a href="/calibrations/{d["previous_id"]}">{d["previous_id"]}</a>'),
-                             (d["slope_change"], num(d["slope_change"])), (d["intercept_change"], num(d["intercept_change"])),
-                             (d["r2_drop"], num(d["r2_drop"])), (d["prediction_shift"], num(d["prediction_shift"])),
-                             (d["exceeded"], "yes" if d["exceeded"] else "no"), (d["reasons"], e(d["reasons"] or ""))]
+                           [[(d.created_at, e(when(d.created_at))),
+                             (d.calibration_id, f'<a href="/calibrations/{d.calibration_id}">{d.calibration_id}</a>'),
+                             (d.previous_id, f'<a href="/calibrations/{d.previous_id}">{d.previous_id}</a>'),
+                             (d.slope_change, num(d.slope_change)), (d.intercept_change, num(d.intercept_change)),
+                             (d.r2_drop, num(d.r2_drop)), (d.prediction_shift, num(d.prediction_shift)),
+                             (d.exceeded, "yes" if d.exceeded else "no"), (d.reasons, e(d.reasons or ""))]
                             for d in v.drift]))
     else:
         parts.append("<p>No refresh has compared this calibration with an earlier one yet.</p>")

@@ -402,7 +402,7 @@ class DashboardApp:
             summary = views.job_summary(self.store, int(match.group(1)))
             if summary is None:
                 raise HttpRefused(HTTPStatus.NOT_FOUND, "no such job")
-            return Response(HTTPStatus.OK, json.dumps(summary).encode(), "application/json")
+            return Response(HTTPStatus.OK, summary.to_json().encode(), "application/json")
         if path == "/compare" or path.startswith("/compare/"):
             return self.compare(path, query, identity, page)
         if path == "/calibrations":
@@ -496,7 +496,7 @@ class DashboardApp:
             job, summary = self.store.jobs.get(job_id), views.job_summary(self.store, job_id)
             if job is None or summary is None:  # removed since the check above
                 raise HttpRefused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
-            return Response(HTTPStatus.OK, pages.job_progress_part(job.status, summary["progress"]).encode())
+            return Response(HTTPStatus.OK, pages.job_progress_part(job.status, summary.progress).encode())
         view = views.job_view(self.store, job_id)
         if view is None:
             raise HttpRefused(HTTPStatus.NOT_FOUND, f"no job {job_id}")
@@ -519,7 +519,7 @@ class DashboardApp:
         if not match:
             raise HttpRefused(HTTPStatus.NOT_FOUND, "no such page")
         job_a, job_b = (self.readable_job(int(match.group(i)), identity) for i in (1, 2))
-        view = views.compare_view(self.store, job_a.as_dict(), job_b.as_dict())
+        view = views.compare_view(self.store, job_a, job_b)
         download = match.group(4)
         if download:
             from farm.controller.analysis.compare import flat_rows

@@ -19,7 +19,7 @@ from farm.controller.operations.refresh import last_reference_checks
 from farm.controller.analysis.results import RunPair, is_contended, paired_records, run_records
 from farm.controller.store import Store
 from farm.controller.store.rows import (
-    AgentRow, CalibrationRow, DashboardJob, DriftRow, JobRow, LatestCalibration, QueuedWork, RunningTask, plain, plain_rows,
+    AgentRow, CalibrationRow, DashboardJob, DriftRow, EarlierAttempt, JobRow, LatestCalibration, QueuedWork, RunningTask,
 )
 from farm.web.svg import Band, Chart
 
@@ -372,7 +372,7 @@ class JobView:
     op_tables: list[tuple[str, list[str], list[list[JsonValue]]]]  # (title, columns, rows)
     failures: list[Failure] = field(default_factory=list)
     pair_charts: list[Chart] = field(default_factory=list)  # device vs sim, with the device's current calibration
-    earlier: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # task -> its runs before the counted one
+    earlier: dict[int, list[EarlierAttempt]] = field(default_factory=dict)  # task -> its runs before the counted one
     variants: list[VariantRow] = field(default_factory=list)  # `farm quantize` variants beside their sources
     pareto: list[tuple[ParetoGroup, Chart]] = field(default_factory=list)  # accuracy vs latency per setting
 
@@ -513,8 +513,8 @@ def job_view(store: Store, job_id: int) -> JobView | None:
 class CompareView:
     """Two jobs (or one job's variants) side by side: `farm compare A B`'s figures and the Pareto view of both."""
 
-    job_a: dict[str, Any]
-    job_b: dict[str, Any]
+    job_a: JobRow
+    job_b: JobRow
     report: Comparison  # compare_records' answer
     rows: list[VariantRow]  # one flat row per pair and setting (compare.variant_row)
     pareto: list[tuple[ParetoGroup, Chart]]
@@ -522,12 +522,12 @@ class CompareView:
     pareto_data: ParetoView  # pareto()'s answer, for the JSON download
 
 
-def compare_view(store: Store, job_a: dict[str, Any], job_b: dict[str, Any]) -> CompareView:
+def compare_view(store: Store, job_a: JobRow, job_b: JobRow) -> CompareView:
     """Both jobs already checked readable by the caller; lineage from the sidecars only (no model parsed per visit)."""
     from farm.controller.analysis.compare import compare_records, sidecar_lineage, variant_row
     from farm.controller.analysis.pareto import pareto
 
-    a, b = int(job_a["id"]), int(job_b["id"])
+    a, b = job_a.id, job_b.id
     records_a = run_records(store, a)
     records_b = records_a if b == a else run_records(store, b)
     report = compare_records(records_a, records_b, job_a=a, job_b=b, lineage_of=sidecar_lineage)
@@ -601,12 +601,23 @@ def pair_charts(store: Store, pairs: list[RunPair]) -> list[Chart]:
     return charts
 
 
-def job_summary(store: Store, job_id: int) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class JobSummary:
+    """What the live parts of a job page poll for (/api/jobs/N)."""
+    id: int
+    status: str
+    progress: dict[str, int]  # job_progress: total, done and each status's count
+
+    def to_json(self) -> str:
+        return json.dumps({"id": self.id, "status": self.status, "progress": self.progress})
+
+
+def job_summary(store: Store, job_id: int) -> JobSummary | None:
     """What the live parts of a job page poll for."""
-    job = plain(store.jobs.get(job_id))
+    job = store.jobs.get(job_id)
     if job is None:
         return None
-    return {"id": job_id, "status": job["status"], "progress": job_progress(store.jobs.task_counts(job_id))}
+    return JobSummary(job_id, job.status, job_progress(store.jobs.task_counts(job_id)))
 
 
 @dataclass
@@ -625,6 +636,26 @@ def calibrations_view(store: Store) -> list[CalibrationSummary]:
     return out
 
 
+@dataclass(frozen=True)
+class FittedModel:
+    """One pair of a calibration with the chosen fit's value and interval at its sim value."""
+    model: str
+    family: str | None
+    sim: float
+    device: float
+    fitted: float
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class VersionLine:
+    """One stored version of a calibration's key, with its fit's verdict and formula."""
+    row: CalibrationRow
+    unsafe: bool
+    formula: str
+
+
 @dataclass
 class CalibrationView:
     row: CalibrationRow
@@ -636,11 +667,11 @@ class CalibrationView:
     warnings: list[str]
     confidence: float
     chart: Chart
-    versions: list[dict[str, Any]]
+    versions: list[VersionLine]
     history_charts: list[Chart]
-    drift: list[dict[str, Any]]
+    drift: list[DriftRow]
     drift_chart: Chart
-    models: list[dict[str, Any]]  # each pair with its fitted value and interval
+    models: list[FittedModel]  # each pair with its fitted value and interval
 
 
 def key_label(row: CalibrationRow | LatestCalibration) -> str:
@@ -648,6 +679,11 @@ def key_label(row: CalibrationRow | LatestCalibration) -> str:
     family = f" · family {row.family}" if row.family else ""
     return (f"{row.device} · {row.metric} · {row.threads} thread(s) · batch {row.batch_size or 1}"
             f"{size} · {row.precision or 'fp32'}{family}")
+
+
+DRIFT_FIGURES: tuple[tuple[str, Callable[[DriftRow], float | None]], ...] = (
+    ("slope change", lambda d: d.slope_change), ("intercept change", lambda d: d.intercept_change),
+    ("R² drop", lambda d: d.r2_drop), ("prediction shift", lambda d: d.prediction_shift))
 
 
 def calibration_view(store: Store, calibration_id: int) -> CalibrationView | None:
@@ -669,28 +705,25 @@ def calibration_view(store: Store, calibration_id: int) -> CalibrationView | Non
         estimate, low, high = fit.predict_arrays(grid, confidence=cal.confidence)  # one call, not one per point
         chart.band = Band(grid, estimate.tolist(), low.tolist(), high.tolist(),
                           f"{cal.chosen}, {cal.confidence:.0%} prediction interval")
-    models = [{"model": p.model, "family": p.family, "sim": p.x, "device": p.y, "fitted": f.estimate, "low": f.low,
-               "high": f.high} for p, f in zip(cal.pairs, fitted)]
+    models = [FittedModel(p.model, p.family, p.x, p.y, f.estimate, f.low, f.high) for p, f in zip(cal.pairs, fitted)]
     versions = []
     for v in store.calibrations.versions(row.id):
         c = stored_calibration(v).calibration
-        versions.append({"id": v.id, "version": v.version, "created_at": v.created_at, "kind": v.kind,
-                         "n": v.n, "r2": v.r2, "loo_mape": v.loo_mape, "kendall_tau": v.kendall_tau,
-                         "unsafe": c.unsafe, "formula": c.chosen_fit.formula,
-                         "source": json.loads(v.source or "{}")})
+        versions.append(VersionLine(v, c.unsafe, c.chosen_fit.formula))
     # by date, R² and the error each on its own axis (two values of different scales), fit-kind changes marked
-    changes = [(v["created_at"], f"→ {v['kind']}") for prev, v in zip(versions, versions[1:]) if v["kind"] != prev["kind"]]
+    changes = [(v.row.created_at, f"→ {v.row.kind}") for prev, v in zip(versions, versions[1:])
+               if v.row.kind != prev.row.kind and v.row.created_at is not None]
     history = [
         Chart("R² by date", "stored (UTC)", "R²", dates_x=True, markers=changes,
-              series={"R²": [(v["created_at"], v["r2"]) for v in versions if v["r2"] is not None and v["created_at"]]}),
+              series={"R²": [(v.row.created_at, v.row.r2) for v in versions if v.row.r2 is not None and v.row.created_at]}),
         Chart("leave-one-out error by date", "stored (UTC)", "mean absolute error (%)", dates_x=True, markers=changes,
-              series={"LOO error %": [(v["created_at"], 100 * v["loo_mape"]) for v in versions
-                                      if v["loo_mape"] is not None and v["created_at"] and v["n"] >= MIN_LOO_MODELS]})]
-    drift = plain_rows(store.calibrations.drift_history(row.device, metric=row.metric, threads=row.threads))
+              series={"LOO error %": [(v.row.created_at, 100 * v.row.loo_mape) for v in versions
+                                      if v.row.loo_mape is not None and v.row.created_at
+                                      and (v.row.n or 0) >= MIN_LOO_MODELS]})]
+    drift = store.calibrations.drift_history(row.device, metric=row.metric, threads=row.threads)
     drift_chart = Chart("drift at each refresh (relative to the calibration before)", "refresh", "change",
                         integer_x=True, series={
-        name: [(i, d[column]) for i, d in enumerate(drift, 1) if d[column] is not None]
-        for name, column in (("slope change", "slope_change"), ("intercept change", "intercept_change"),
-                             ("R² drop", "r2_drop"), ("prediction shift", "prediction_shift"))})
+        name: [(i, value) for i, d in enumerate(drift, 1) if (value := figure(d)) is not None]
+        for name, figure in DRIFT_FIGURES})
     return CalibrationView(row, unit, cal.chosen, fit.formula, fit, cal.unsafe_reasons, cal.warnings, cal.confidence,
                            chart, versions, history, drift, drift_chart, models)

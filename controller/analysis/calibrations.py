@@ -496,8 +496,9 @@ def lab_class_priors(store: Store, device: str, metric: str, key: CalibrationKey
             for name, prior in shipped_class_priors().items()}
 
 
-def add_predictions(store: Store, records: list[RunRecord], devices: list[str], sim_budget: dict[str, Any]) -> None:
-    """`predict_for`: put each device's calibrated estimate beside every completed record."""
+def add_predictions(store: Store, records: list[RunRecord], devices: list[str], sim_budget: SimBudget | None) -> None:
+    """`predict_for`: put each device's calibrated estimate beside every completed record; `sim_budget` is the
+    job's (None: one this farm cannot read, which no calibration's counts as)."""
     for record in records:
         if record.status != "completed":
             continue
@@ -519,8 +520,7 @@ def add_predictions(store: Store, records: list[RunRecord], devices: list[str], 
                 entry[metric] = {"estimate": p.estimate, "low": p.low, "high": p.high, "calibration": stored.id,
                                  "version": stored.version,
                                  # a calibration from another sim budget does not apply to these numbers
-                                 "same_sim_budget": stored.source.sim is not None
-                                 and stored.source.sim.model_dump(mode="json") == sim_budget}
+                                 "same_sim_budget": stored.source.sim is not None and stored.source.sim == sim_budget}
             predictions[device] = entry or None
         record.predictions = predictions  # set: the record's JSON carries it
 

@@ -34,6 +34,7 @@ from farm.proto.escape import printable  # noqa: E402
 
 if TYPE_CHECKING:
     from farm.controller.analysis.pareto import ParetoGroup
+    from farm.controller.store.rows import TelemetrySampleRow
     from farm.proto.questions import RunRecord
 
 DPI = 100
@@ -263,18 +264,18 @@ def break_gaps(ts: list[float | None], values: list[float]) -> tuple[list[float]
     return xs, ys
 
 
-def telemetry_figure(model: str, runs: list[tuple[str, list[dict[str, Any]]]]) -> Figure | None:
+def telemetry_figure(model: str, runs: Sequence[tuple[str, Sequence[TelemetrySampleRow]]]) -> Figure | None:
     """Memory and CPU over time, one line per run (label, samples with t_s, memory_bytes, cpu_percent);
     a line stops at a gap in the samples (break_gaps) rather than joining the samples on either side."""
-    runs = [(label, s) for label, s in runs if s][:MAX_LINES]
-    if not runs:
+    kept = [(label, s) for label, s in runs if s][:MAX_LINES]
+    if not kept:
         return None
     fig, (mem, cpu) = plt.subplots(1, 2, figsize=(12, 3.6))
-    for label, samples in runs:
-        ts = [_finite(s["t_s"]) for s in samples]
-        line = mem.plot(*break_gaps(ts, [(_finite(s["memory_bytes"]) or math.nan) / (1 << 20) for s in samples]),
+    for label, samples in kept:
+        ts = [_finite(s.t_s) for s in samples]
+        line = mem.plot(*break_gaps(ts, [(_finite(s.memory_bytes) or math.nan) / (1 << 20) for s in samples]),
                         marker=".", label=label)[0]
-        cpu_values = [_finite(s["cpu_percent"]) for s in samples]
+        cpu_values = [_finite(s.cpu_percent) for s in samples]
         cpu.plot(*break_gaps(ts, [math.nan if v is None else v for v in cpu_values]), marker=".", label=label,
                  color=line.get_color())
     mem.set_ylabel("memory (MB)")

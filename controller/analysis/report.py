@@ -35,7 +35,7 @@ from farm.controller.analysis.plots import Figure, plain, safe_file_name
 from farm.controller.analysis.ranking import RankError, rank_job
 from farm.controller.analysis.results import AveragedRecord, average_repeats, is_contended, json_number, run_records
 from farm.controller.store import Store
-from farm.controller.store.rows import CalibrationRow, plain_rows
+from farm.controller.store.rows import CalibrationRow
 from farm.proto.escape import cut_list, printable
 from farm.proto.questions import RankGroup, RunModel, RunRecord
 
@@ -414,7 +414,7 @@ def telemetry_section(store: Store, records: list[RunRecord], figures: list[Figu
             label = f"t{r.threads}" + (f" b{r.batch_size}" if r.batch_size != 1 else "") \
                 + (f" r{r.input_size}" if r.input_size else "") + (f" on {plain(r.target, 24)}" if r.target != "sim" else "") \
                 + f" rep {r.repeat}"
-            lines.append((label, plain_rows(store.runs.telemetry(r.run or 0))))
+            lines.append((label, store.runs.telemetry(r.run or 0)))
         _progress(f"telemetry figure {model}")
         fig = plots.telemetry_figure(model, lines)
         if fig is not None:

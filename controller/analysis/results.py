@@ -12,7 +12,7 @@ from typing import TypedDict
 
 from farm.proto.accelerators import UNIT_CLASS, Accelerator, default_precision
 from farm.controller.store import Store
-from pydantic import JsonValue
+from pydantic import JsonValue, ValidationError
 
 from farm.controller.store.rows import StoredOpProfileRow, ResultRow
 from farm.proto.results import FIGURES
@@ -158,8 +158,16 @@ def run_records(store: Store, job_id: int, *, ops: bool = False) -> list[RunReco
     spec = json.loads(job.spec_json or "{}") if job else {}
     if spec.get("predict_for"):
         from farm.controller.analysis.calibrations import add_predictions
-        add_predictions(store, records, spec["predict_for"], spec["sim"])
+        add_predictions(store, records, spec["predict_for"], _job_sim(spec.get("sim")))
     return records
+
+
+def _job_sim(stored: object) -> SimBudget | None:
+    """A job's stored sim budget; None where this farm cannot read it (no calibration then counts as its budget)."""
+    try:
+        return SimBudget.model_validate(stored)
+    except ValidationError:
+        return None
 
 
 class RunPair(Model):

@@ -22,7 +22,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Callable
+from typing import Callable, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from farm.version import __version__
 
@@ -43,21 +45,52 @@ def _iso_utc(at: float | None) -> str:
     return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def quarantine_event(device: str, reason: str, *, at: float | None = None) -> dict[str, Any]:
+class QuarantineEvent(BaseModel):
+    """The webhook's JSON for a device that gets no more tasks until `farm device release` (fields in sent order)."""
+
+    model_config = ConfigDict(frozen=True)
+    event: Literal["device_quarantined"] = "device_quarantined"
+    device: str
+    reason: str
+    at: str  # ISO 8601, UTC
+
+
+class DriftEvent(BaseModel):
+    """The webhook's JSON for a new calibration that moved beyond its thresholds from the previous one."""
+
+    model_config = ConfigDict(frozen=True)
+    event: Literal["calibration_drift"] = "calibration_drift"
+    device: str
+    metric: str
+    threads: int | None
+    slope_change: float | None
+    intercept_change: float | None
+    r2_drop: float | None
+    prediction_shift: float | None
+    calibration_id: int | None
+    previous_id: int | None
+    reasons: list[str]
+    at: str  # ISO 8601, UTC
+
+
+AlertEvent = QuarantineEvent | DriftEvent
+
+
+def quarantine_event(device: str, reason: str, *, at: float | None = None) -> QuarantineEvent:
     """The event for a device that gets no more tasks until `farm device release`."""
-    return {"event": "device_quarantined", "device": device, "reason": reason, "at": _iso_utc(at)}
+    return QuarantineEvent(device=device, reason=reason, at=_iso_utc(at))
 
 
 def drift_event(*, device: str, metric: str, threads: int | None, slope_change: float | None,
                 intercept_change: float | None, r2_drop: float | None, prediction_shift: float | None,
                 calibration_id: int | None, previous_id: int | None, at: float | None = None,
-                reasons: list[str] | None = None) -> dict[str, Any]:
+                reasons: list[str] | None = None) -> DriftEvent:
     """The event for a new calibration that moved beyond its thresholds from the previous one; `reasons` say
     which threshold each figure passed, from what to what (refresh.drift_between)."""
-    return {"event": "calibration_drift", "device": device, "metric": metric, "threads": threads,
-            "slope_change": slope_change, "intercept_change": intercept_change, "r2_drop": r2_drop,
-            "prediction_shift": prediction_shift, "calibration_id": calibration_id, "previous_id": previous_id,
-            "reasons": list(reasons or []), "at": _iso_utc(at)}
+    return DriftEvent(device=device, metric=metric, threads=threads, slope_change=slope_change,
+                      intercept_change=intercept_change, r2_drop=r2_drop, prediction_shift=prediction_shift,
+                      calibration_id=calibration_id, previous_id=previous_id, reasons=list(reasons or []),
+                      at=_iso_utc(at))
 
 
 def _redacted(url: str) -> str:
@@ -78,7 +111,7 @@ class Webhook:
         self._sleep = sleep
         self.queue_limit = queue_limit
         self.dropped = 0  # events dropped because queue_limit were already waiting
-        self._pending: collections.deque[dict[str, Any]] = collections.deque()
+        self._pending: collections.deque[AlertEvent] = collections.deque()
         self._sending = 0  # 1 while the sender thread holds an event it took off the queue
         self._pending_changed = threading.Condition()
         self._worker: threading.Thread | None = None
@@ -87,12 +120,12 @@ class Webhook:
     def __repr__(self) -> str:
         return f"Webhook({_redacted(self.url)}, attempts={self.attempts})"
 
-    def send(self, event: dict[str, Any]) -> bool:
+    def send(self, event: AlertEvent) -> bool:
         """POST the event; True once the receiver answers 2xx. Never raises."""
         try:
-            body = json.dumps(event).encode()
+            body = json.dumps(event.model_dump()).encode()  # json's own spacing, as a receiver has had it
         except (TypeError, ValueError) as e:
-            log.error("webhook: event %r is not JSON (%s); not sent", event.get("event"), e)
+            log.error("webhook: event %r is not JSON (%s); not sent", event.event, e)
             return False
         last_error = ""
         for attempt in range(1, self.attempts + 1):
@@ -100,12 +133,12 @@ class Webhook:
             if retryable is None:
                 return True
             if not retryable:
-                log.warning("webhook %s refused %s: %s; not retried", _redacted(self.url), event.get("event"), last_error)
+                log.warning("webhook %s refused %s: %s; not retried", _redacted(self.url), event.event, last_error)
                 return False
             if attempt < self.attempts:
                 self._sleep(self.backoff_s * 2 ** (attempt - 1))
         log.warning("webhook %s: %s not delivered after %d attempts; last: %s",
-                    _redacted(self.url), event.get("event"), self.attempts, last_error)
+                    _redacted(self.url), event.event, self.attempts, last_error)
         return False
 
     def _post_once(self, body: bytes) -> tuple[bool | None, str]:
@@ -127,7 +160,7 @@ class Webhook:
             return False, f"{type(e).__name__}: {e}"
 
     # --- background delivery -------------------------------------------------------------------
-    def send_async(self, event: dict[str, Any]) -> None:
+    def send_async(self, event: AlertEvent) -> None:
         """Queue the event for this hook's background thread (delivered in order); returns at once.
 
         Past queue_limit waiting events the oldest is dropped, counted in `dropped` and logged: the
@@ -137,7 +170,7 @@ class Webhook:
                 oldest = self._pending.popleft()
                 self.dropped += 1
                 log.warning("webhook %s: %d events waiting; dropped the oldest (%s), %d dropped so far",
-                            _redacted(self.url), self.queue_limit, oldest.get("event"), self.dropped)
+                            _redacted(self.url), self.queue_limit, oldest.event, self.dropped)
             self._pending.append(event)
             self._pending_changed.notify_all()
             if self._worker is None or not self._worker.is_alive():
@@ -202,4 +235,4 @@ def alert_quarantine(device: str, reason: str) -> None:
         hook.send_async(quarantine_event(device, reason))
 
 
-__all__ = ["Webhook", "alert_quarantine", "alerts_from_environment", "drift_event", "quarantine_event", "WEBHOOK_ENV"]
+__all__ = ["AlertEvent", "DriftEvent", "QuarantineEvent", "Webhook", "alert_quarantine", "alerts_from_environment", "drift_event", "quarantine_event", "WEBHOOK_ENV"]

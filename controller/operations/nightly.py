@@ -15,12 +15,13 @@ import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from croniter import CroniterError, croniter
 
 from farm.controller.scheduling.artifacts import GC_GRACE_S, ArtifactStore
 from farm.controller.scheduling.jobfile import DeviceTarget, JobFileError
+from farm.controller.operations.alerts import DriftEvent
 from farm.controller.operations.reference_suite import HEALTH_CHECK, SuiteError, submit_reference_suite
 from farm.controller.operations.refresh import after_reference_run
 from farm.controller.store import Store
@@ -87,7 +88,7 @@ class NightlyRefresh:
     """Submits the reference suite when the cron says so; checks each such job once it is done."""
 
     def __init__(self, store: Store, suite: Path | None, cron: Cron, devices: Callable[[], list[DeviceTarget]], *,
-                 alert: Callable[[dict[str, Any]], None] | None = None, clock: Callable[[], dt.datetime] = dt.datetime.now,
+                 alert: Callable[[DriftEvent], None] | None = None, clock: Callable[[], dt.datetime] = dt.datetime.now,
                  artifacts: ArtifactStore | None = None, duties: LabDuties | None = None,
                  holder: str = "", include_contended: bool = False) -> None:
         self.store = store

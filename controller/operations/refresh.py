@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from farm.controller.operations.alerts import drift_event
+from farm.controller.operations.alerts import DriftEvent, drift_event
 from farm.controller.analysis.calibrations import (
     ALL_FAMILIES, StoredCalibration, contended_left_out, calibration_source, fit_and_store,
     job_devices, pair_within_job,
@@ -204,7 +204,7 @@ class RefreshReport:
 
 
 def after_reference_run(store: Store, job_id: int, *, thresholds: DriftThresholds | None = None, k: float = 3.0,
-                        alert: Callable[[dict[str, Any]], None] | None = None,
+                        alert: Callable[[DriftEvent], None] | None = None,
                         include_contended: bool = False) -> RefreshReport:
     """Refit every device of the suite job, record drift, quarantine devices whose golden results moved."""
     thresholds = thresholds or DriftThresholds()

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Protocol, 
 
 if TYPE_CHECKING:  # annotations only: StoreError and the Protocols load without the rows and the results' models
     from farm.controller.store.rows import (
-        AgentRow, CalibrationFitRow, CalibrationRow, CalibrationTime, DashboardJob, DeviceLatency, DeviceRow, DriftRow,
+        AgentRow, CalibrationFitRow, CalibrationRow, CalibrationTime, DashboardJob, DeviceLatency, DeviceRow, DriftRow, EarlierAttempt,
         HealthRow, JobListing, JobRow, JobSpecRow, LabDeviceRow, LatestCalibration, LatestDrift, LeaseState, MeasuredRow,
         StoredOpProfileRow, PairedRow, QuarantinedTarget, QueuedWork, ResultRow, RunningAttempt, RunningTask, TaskOutcome,
         TaskRow, TelemetrySampleRow)
@@ -174,7 +174,7 @@ class LabReadRepository(Protocol):
     def log_tails(self, run_ids: Sequence[int]) -> dict[int, str]: ...
     def recent_failures(self, limit: int) -> list[dict[str, Any]]: ...
     def drift_alerts(self, limit: int) -> list[dict[str, Any]]: ...
-    def earlier_attempts(self, job_id: int) -> dict[int, list[dict[str, Any]]]: ...
+    def earlier_attempts(self, job_id: int) -> dict[int, list[EarlierAttempt]]: ...
 
 
 class Store(Protocol):

@@ -204,6 +204,15 @@ class QueuedWork(Row):
 
 
 @dataclass(frozen=True, slots=True)
+class EarlierAttempt(Row):
+    """A task's run before its counted one (store.reads.earlier_attempts): why the task was run again."""
+    attempt: int
+    status: str | None
+    failure_class: str | None
+    contended: int | None  # 1: other work used the run's cores (a contention retry)
+
+
+@dataclass(frozen=True, slots=True)
 class TelemetrySampleRow(Row):
     t_s: float
     cpu_percent: float | None

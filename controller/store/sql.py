@@ -36,7 +36,7 @@ from farm.controller.store.interface import DeviceRecord, RunWrite, VisibleTo
 from farm.controller.store.job_listing import LISTING_SELECT, TASK_COUNTS_SELECT
 from farm.controller.store.metrics import UnknownMetric
 from farm.controller.store.rows import (
-    AgentRow, CalibrationFitRow, CalibrationRow, CalibrationTime, DashboardJob, DeviceLatency, DeviceRow, DriftRow,
+    AgentRow, CalibrationFitRow, CalibrationRow, CalibrationTime, DashboardJob, DeviceLatency, DeviceRow, DriftRow, EarlierAttempt,
     HealthRow, JobListing, JobRow, JobSpecRow, LabDeviceRow, LatestCalibration, LatestDrift, LeaseState, MeasuredRow,
     StoredOpProfileRow, PairedRow, QuarantinedTarget, QueuedWork, ResultRow, RunningAttempt, RunningTask, TaskOutcome,
     TaskRow, TelemetrySampleRow)
@@ -1038,13 +1038,13 @@ class LabReads(Repository):
         """The newest refreshes whose drift exceeded a threshold."""
         return self._query("SELECT * FROM calibration_drift WHERE exceeded = 1 ORDER BY id DESC LIMIT ?", [limit])
 
-    def earlier_attempts(self, job_id: int) -> dict[int, list[dict[str, Any]]]:
+    def earlier_attempts(self, job_id: int) -> dict[int, list[EarlierAttempt]]:
         """Each task's runs before its counted one (why it was run again: contention or a lost attempt), by task."""
-        found: dict[int, list[dict[str, Any]]] = {}
+        found: dict[int, list[EarlierAttempt]] = {}
         for row in self._query("SELECT r.task_id, r.attempt, r.status, r.failure_class, r.contended FROM runs r "
                                "JOIN tasks t ON t.id = r.task_id WHERE r.job_id = ? AND r.id != t.last_run_id "
                                "ORDER BY r.task_id, r.attempt", [job_id]):
-            found.setdefault(int(row.pop("task_id")), []).append(row)
+            found.setdefault(int(row.pop("task_id")), []).append(EarlierAttempt.of(row))
         return found
 
 

@@ -115,9 +115,6 @@ class OutOfRange:
     def __str__(self) -> str:
         return f"{'sim' if self.input == 'x' else self.input} {self.value:.4g} outside {self.low:.4g}–{self.high:.4g}"
 
-    def to_json(self) -> dict[str, Any]:
-        return {"input": self.input, "value": self.value, "low": self.low, "high": self.high}
-
 
 @dataclass(frozen=True)
 class Flip:
