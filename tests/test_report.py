@@ -342,12 +342,12 @@ def test_calibrations_of_a_family_share_one_figure_and_many_devices_split_it(tmp
     a lab of many devices gets a figure per few devices rather than one unreadable grid."""
     from farm.controller.analysis import report
     from farm.controller.analysis.calibration import Pair, calibrate
-    from farm.controller.analysis.calibrations import StoredCalibration
+    from farm.controller.analysis.calibrations import CalibrationSource, StoredCalibration
 
     def stored(device: str, metric: str, threads: int, r2_nan: bool = False) -> StoredCalibration:
         pairs = [Pair(f"m{i}", float(i + 1), 5.0 if r2_nan else 3.0 * (i + 1) / threads + 0.1 * (i % 2))
                  for i in range(6)]
-        return StoredCalibration(1, device, metric, threads, "tflite", "", 1, calibrate(pairs), {"job": 1})
+        return StoredCalibration(1, device, metric, threads, "tflite", "", 1, calibrate(pairs), CalibrationSource(job=1))
 
     group = [stored(d, m, t) for d in ("g6-1", "s8-1") for m in ("latency", "peak_memory") for t in (1, 2, 4)]
     store = Store(tmp_path / "farm.db")
