@@ -26,8 +26,6 @@ import zlib
 from array import array
 from typing import Any, Iterable, Sequence, cast
 
-import numpy as np
-
 from farm.controller.store.rows import TelemetrySampleRow
 
 PLAIN, ZLIB, NANOSECONDS = 1, 2, 3
@@ -83,6 +81,8 @@ def _nanoseconds(timings: array[float]) -> bytes | None:
     """Format 3: each timing in whole nanoseconds (rounded half to even), as its smallest value and each one's
     offset from it in the fewest whole bytes that hold the largest; None where one is not finite or beyond
     2**53 ns. A few vectorised steps: a loop per timing cost ten times as much."""
+    import numpy as np  # here, not at module load: `farm jobs` opens the store and must not load numpy
+
     if not timings:
         return _HEADER.pack(0, 0, 0)
     ns = np.frombuffer(timings, dtype=np.float64) * NS_PER_MS
@@ -97,6 +97,8 @@ def _nanoseconds(timings: array[float]) -> bytes | None:
 
 
 def _from_nanoseconds(body: bytes) -> list[float]:
+    import numpy as np
+
     if len(body) < _HEADER.size:
         raise PackedSamplesError(f"packed timings of {len(body)} bytes: shorter than their header")
     n, base, width = _HEADER.unpack_from(body)

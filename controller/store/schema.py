@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 from typing import TYPE_CHECKING, Any, Callable, Collection
 
-from farm.proto.results import FIGURES
+from farm.controller.store.figure_columns import FIGURE_COLUMNS
 
 __all__ = ["FIGURE_COLUMN_TYPES", "LAB_WIDE_DDL", "LAB_WIDE_TABLES", "MIGRATIONS", "MOVE_MODEL_FACTS", "PACKED_SAMPLES", "SCHEMA_VERSION", "database", "figure_columns_to_add", "migrate", "schema_version", "sqlite_utils",
            "up_to_date"]
@@ -310,18 +310,19 @@ LAB_WIDE_DDL = (
 LAB_WIDE_TABLES = ("agent_presence", "lab_leader", "lab_claims", "submit_keys")
 
 
-# The declared run figures (farm.proto.results.FIGURES) are columns of summaries, added from the declaration
+# The declared run figures (farm.proto.results.FIGURES, read here from their generated plain copy,
+# figure_columns.py, so opening a store loads no pydantic) are columns of summaries, added from the declaration
 # wherever a store lacks one, on opening it (SQLite: `migrate`, and `up_to_date` says no; PostgreSQL:
 # postgres.py's _add_figure_columns): a new figure needs no numbered migration and no schema version, and a farm
 # of an earlier version still opens the store (it names the columns it reads and writes; the new one stays NULL).
 # The same DDL in both databases (SQLite's affinity of BIGINT is INTEGER, of DOUBLE PRECISION REAL).
-FIGURE_COLUMN_TYPES: dict[type, str] = {int: "BIGINT", float: "DOUBLE PRECISION"}
+FIGURE_COLUMN_TYPES: dict[str, str] = {"int": "BIGINT", "float": "DOUBLE PRECISION"}
 
 
 def figure_columns_to_add(present: Collection[str]) -> list[str]:
     """The statements adding each declared figure's column that summaries' columns `present` lack."""
-    return [f"ALTER TABLE summaries ADD COLUMN {f.name} {FIGURE_COLUMN_TYPES[f.column]}" for f in FIGURES
-            if f.name not in present]
+    return [f"ALTER TABLE summaries ADD COLUMN {name} {FIGURE_COLUMN_TYPES[column]}" for name, column in FIGURE_COLUMNS
+            if name not in present]
 
 
 def _summary_columns(db: sqlite_utils.Database | sqlite3.Connection) -> list[str]:
