@@ -19,7 +19,8 @@ from farm.agents.sim.driver import SimDriver, SimSlot
 from farm.controller.scheduling.controller import Controller
 from farm.controller.scheduling.jobfile import JobFileError, load_job_text
 from farm.controller.store import SQLiteStore as Store
-from farm.controller.service import ServiceError, _measurement
+from farm.controller.analysis.calibrations import CalibrationSource, SimSide
+from farm.controller.service import _measurement
 from farm.proto.device_types import load_device_types
 from farm.proto.generated import common_pb2
 from farm.proto.results import RunResult, RunStatus, run_result_from_dict
@@ -200,8 +201,8 @@ def test_a_predictions_job_spec_equals_the_one_its_job_file_gives(tmp_path: Path
         "workload: {type: benchmark, iterations: 7, warmup: 2}\nsim: {cpus: 1, memory: 768m, disk: 1g}\n"
         "matrix: {threads: [2]}\npriority: interactive\n", "job.yaml", tmp_path)
     # what a calibration records of its sim side: the stored spec's budget and workload (bytes, all fields)
-    source = {"sim": user.spec.sim.model_dump(mode="json"), "workload": user.spec.workload.model_dump(mode="json")}
-    measured = _measurement(tmp_path / "tiny.onnx", "tiny.onnx", 2, source)
+    stored = {"sim": user.spec.sim.model_dump(mode="json"), "workload": user.spec.workload.model_dump(mode="json")}
+    measured = _measurement(tmp_path / "tiny.onnx", "tiny.onnx", 2, SimSide.model_validate(stored))
     assert measured.spec == user.spec and measured.spec.sim.memory == 768 * MiB
     assert [m.facts.sha256 for m in measured.models] == [m.facts.sha256 for m in user.models]
     # the text stored with the prediction job is a job file that gives the same spec back
@@ -209,10 +210,14 @@ def test_a_predictions_job_spec_equals_the_one_its_job_file_gives(tmp_path: Path
     assert again.spec == measured.spec
 
 
-def test_a_prediction_from_a_calibration_whose_sim_side_no_longer_validates_says_so(tmp_path: Path, tiny_models) -> None:
-    source = {"sim": {"memory": 1024}, "workload": {"type": "benchmark"}}  # below 1 MiB: never a real budget
-    with pytest.raises(ServiceError, match="sim.*memory.*refit"):
-        _measurement(Path(tiny_models["onnx"]), "tiny.onnx", 1, source)
+def test_a_calibration_whose_stored_sim_side_no_longer_validates_records_none(tmp_path: Path) -> None:
+    """The stored source is parsed once, where it is read: a sim side this farm no longer accepts (below 1 MiB is
+    never a real budget) reads as none recorded, so `farm predict` says to refit rather than measure it wrongly."""
+    stored = json.dumps({"job": 3, "sim": {"memory": 1024}, "workload": {"type": "benchmark"}})
+    source = CalibrationSource.of(stored)
+    assert source.sim is None and source.workload is None
+    good = json.dumps({"job": 3, "sim": {"memory": 768 * MiB}, "workload": {"type": "benchmark"}})
+    assert CalibrationSource.of(good).sim is not None  # the same source with a real budget keeps it
 
 
 # --- a calibration key is a result field: typed on the wire, stored where old rows have it -------

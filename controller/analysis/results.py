@@ -15,6 +15,7 @@ from farm.controller.store import Store
 from pydantic import JsonValue, ValidationError
 
 from farm.controller.store.rows import StoredOpProfileRow, ResultRow
+from farm.proto.copying import replaced
 from farm.proto.results import FIGURES
 from farm.proto.questions import CpuPercent, IoBytes, Latency, Model, RecordLimits, RunModel, RunRecord, Sampler
 from farm.proto.spec import SimBudget, default_cpus
@@ -268,10 +269,10 @@ def _averaged_figures(first: RunRecord, used: list[RunRecord]) -> dict[str, obje
         if len(avgs) >= 2:
             m = sum(avgs) / len(avgs)
             latency["std"] = (sum((v - m) ** 2 for v in avgs) / (len(avgs) - 1)) ** 0.5
-        figures["latency_ms"] = first.latency_ms.model_copy(update=latency)
+        figures["latency_ms"] = replaced(first.latency_ms, **latency)
     peaks = _numbers(r.cpu_percent.peak for r in used)
-    figures["cpu_percent"] = first.cpu_percent.model_copy(
-        update={"avg": _mean(_numbers(r.cpu_percent.avg for r in used)), "peak": max(peaks) if peaks else None})
+    figures["cpu_percent"] = replaced(first.cpu_percent, avg=_mean(_numbers(r.cpu_percent.avg for r in used)),
+                                      peak=max(peaks) if peaks else None)
     return figures
 
 
@@ -296,5 +297,5 @@ def average_repeats(records: list[RunRecord]) -> list[AveragedRecord]:
             update.update(status="completed", failure_class=None)
         if used:
             update.update(_averaged_figures(first, used))
-        averaged.append(AveragedRecord.of_run(first).model_copy(update=update))
+        averaged.append(replaced(AveragedRecord.of_run(first), **update))
     return averaged
