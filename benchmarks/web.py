@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 
 from farm.controller.analysis.calibration import Pair
-from farm.controller.analysis.calibrations import PairedRun, fit_and_store
+from farm.controller.analysis.calibrations import CalibrationSource, PairedRun, fit_and_store
 from farm.controller.scheduling.controller import Controller
 from farm.controller.grpc_server import FarmServer
 from farm.controller.scheduling.jobfile import DeviceTarget, load_job_text
@@ -89,12 +89,12 @@ def seed(store: Store, model: Path, *, jobs: int, devices: int, versions: int, c
     for v in range(versions):
         paired = [PairedRun(Pair(m, x := 5 + 3 * k, 2.1 * x + 4 + rng.gauss(0, 0.5 + v / 50)), 1, "onnxruntime", 0, 0)
                   for k, m in enumerate(models)]
-        stored, _ = fit_and_store(store, names[0], "latency", paired, source={"job": 1})
+        stored, _ = fit_and_store(store, names[0], "latency", paired, source=CalibrationSource(job=1))
         cal_id = stored[0].id
     for name in names[1:50]:  # the calibrations list: 50 keys, one of them with every version
         paired = [PairedRun(Pair(m, x := 5 + 3 * k, 1.7 * x + 2 + rng.gauss(0, 0.5)), 1, "onnxruntime", 0, 0)
                   for k, m in enumerate(models)]
-        fit_and_store(store, name, "latency", paired, source={"job": 1})
+        fit_and_store(store, name, "latency", paired, source=CalibrationSource(job=1))
     return {"job": 1, "big_job": big, "calibration": cal_id}
 
 
