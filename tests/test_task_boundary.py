@@ -215,7 +215,8 @@ def test_a_calibration_whose_stored_sim_side_no_longer_validates_records_none(tm
     never a real budget) reads as none recorded, so `farm predict` says to refit rather than measure it wrongly."""
     stored = json.dumps({"job": 3, "sim": {"memory": 1024}, "workload": {"type": "benchmark"}})
     source = CalibrationSource.of(stored)
-    assert source.sim is None and source.workload is None
+    assert source.sim is None and source.workload is None and source.job == 3  # the job it came from stays
+    assert CalibrationSource.of('{"job": "x"}') == CalibrationSource() and CalibrationSource.of("[1]") == CalibrationSource()
     good = json.dumps({"job": 3, "sim": {"memory": 768 * MiB}, "workload": {"type": "benchmark"}})
     assert CalibrationSource.of(good).sim is not None  # the same source with a real budget keeps it
 

@@ -264,10 +264,17 @@ class CalibrationSource(BaseModel):
 
     @classmethod
     def of(cls, text: str | None) -> CalibrationSource:
-        """A stored source; one that is not a source's shape (or none) records nothing."""
+        """A stored source; one that is not a source's shape (or none) records nothing. A sim side this farm no
+        longer accepts is dropped alone: the jobs it came from stay (the report names them; predict says refit)."""
         try:
             return cls.model_validate_json(text or "{}")
         except ValidationError:
+            pass
+        try:
+            stored = json.loads(text or "{}")
+            jobs = {k: stored[k] for k in ("job", "sim_job", "device_job") if k in stored} if isinstance(stored, dict) else {}
+            return cls.model_validate(jobs)
+        except (ValueError, ValidationError):
             return cls()
 
     def first_job(self) -> int | None:
