@@ -111,8 +111,8 @@ class ComparedFigures(Sparse):
         return found if isinstance(found, JudgedFigure) else None
 
 
-class ComparedCell(Model):
-    """A pair's runs under one condition (target, unit, threads, batch, input size, budget) on both sides."""
+class Setting(Model):
+    """A condition's fields (target, unit, threads, batch, input size, budget): a compared cell's, a Pareto group's."""
 
     target: str
     accelerator: str
@@ -121,6 +121,11 @@ class ComparedCell(Model):
     input_size: int | None
     cpus: float | None
     memory_mb: float | None
+
+
+class ComparedCell(Setting):
+    """A pair's runs under one condition on both sides."""
+
     runs_a: int
     runs_b: int
     used_a: int

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from farm.controller.analysis.compare import Condition, _accuracy, _finite, _runs_used, _with_accuracy, condition
+from farm.controller.analysis.compare import Condition, Setting, _accuracy, _finite, _runs_used, _with_accuracy, condition
 from farm.proto.questions import Model, RunRecord
 
 PointKey = tuple[int, str, str]  # (job, model name, sha256)
@@ -68,16 +68,9 @@ class ParetoPoint(Model):
     on_front: bool
 
 
-class ParetoGroup(Model):
+class ParetoGroup(Setting):
     """A setting (everything a cell is but the model) and its models placed by latency and one quality figure."""
 
-    target: str
-    accelerator: str
-    threads: int
-    batch_size: int
-    input_size: int | None
-    cpus: float | None
-    memory_mb: float | None
     quality_metric: str
     quality_label: str
     points: list[ParetoPoint]
